@@ -1,0 +1,398 @@
+"""The local agent: runs one role's ranks on this node, restarts the group on failure, keeps the
+event log, and is what the CLI and the TUI drive (snapshots out, commands in; SPEC 2.5).
+
+There is one monitor loop (`_monitor`), running in whichever thread called `run()`. Commands from
+other threads go through the PContext's lock and wake the loop; they never block on a rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import json
+import os
+import secrets
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.context import PContext, RunProcsResult, plan_streams, prefix_for
+from core.errors import ProcessFailure, UsageError, signal_name
+from core.process import exit_status_for_signal
+from core.spec import WorkerSpec, free_port, rank_env
+from core.state import GroupSnapshot, GroupState, RankSnapshot, RankState, RootCause
+
+_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class WorkerState(str, enum.Enum):
+    UNKNOWN = "UNKNOWN"
+    INIT = "INIT"
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+    @staticmethod
+    def is_running(state: WorkerState) -> bool:
+        return state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY)
+
+
+@dataclass
+class RunResult:
+    """The end of a run; return values and failures are keyed by global rank."""
+
+    state: WorkerState
+    return_values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, ProcessFailure] = field(default_factory=dict)
+    root_cause: RootCause | None = None
+    stop_signal: int | None = None  # the signal that stopped us, if one did
+
+    def is_failed(self) -> bool:
+        return self.state == WorkerState.FAILED
+
+    @property
+    def exit_status(self) -> int:
+        """The CLI's exit status: 0 success, 1 a rank failed, 128+N stopped by signal N."""
+        if self.stop_signal is not None:
+            return exit_status_for_signal(self.stop_signal)
+        return 0 if self.state == WorkerState.SUCCEEDED else 1
+
+
+def new_run_id() -> str:
+    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+def prepare_log_root(log_dir: str | None) -> str:
+    """The directory that will hold run directories; created, checked writable (UsageError if not)."""
+    root = os.path.abspath(log_dir or os.path.join(tempfile.gettempdir(), f"ranktop-{os.getuid()}"))
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise UsageError(f"bad --log-dir {log_dir}: it is a file, expected a directory")
+    try:
+        os.makedirs(root, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=root, prefix=".ranktop-probe-")
+        probe.close()
+    except OSError as exc:
+        raise UsageError(f"bad --log-dir {log_dir}: cannot write there ({exc.strerror})") from None
+    return root
+
+
+class EventLog:
+    """events.jsonl: one JSON object a line, appended as things happen, from any thread."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._file = open(path, "a", buffering=1)
+        self._lock = threading.Lock()
+
+    def write(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str)
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(line + "\n")
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+class LocalAgent:
+    """Runs `spec` on this node: per-rank environment, restarts, events, snapshots, commands."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        log_dir: str | None = None,
+        start_method: str = "spawn",
+        log_line_prefix_template: str | None = None,
+        *,
+        shutdown_timeout: float = 10.0,
+        stall_timeout: float | None = None,
+        console: bool = True,
+        color: bool = False,
+        ring_lines: int = 10_000,
+        sampler: Any = None,
+        on_stall: Callable[[RankSnapshot], None] | None = None,
+    ):
+        self.spec = spec
+        self.start_method = start_method
+        self.prefix_template = log_line_prefix_template or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+        self.shutdown_timeout = shutdown_timeout
+        self.stall_timeout = stall_timeout
+        self.console = console
+        self.color = color
+        self.ring_lines = ring_lines
+        self.sampler = sampler  # core.stats.StatsSampler or None: cpu/rss/GPU per rank
+        self.on_stall = on_stall
+        self.run_id = spec.run_id or new_run_id()
+        self.run_dir = os.path.join(prepare_log_root(log_dir), self.run_id)
+        if os.path.exists(self.run_dir) and os.listdir(self.run_dir):
+            raise UsageError(f"run directory {self.run_dir} exists and is not empty: pick another --run-id")
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
+        self.master_port = spec.master_port or free_port()
+        self.attempt = 0
+        self.state = GroupState.INIT
+        self.started_at = time.time()
+        self.ended_at: float | None = None
+        self.pcontext: PContext | None = None
+        self.root_cause: RootCause | None = None
+        self._stop_signal: int | None = None
+        self._user_stop = False
+        self._restart_requested = False
+        self._stalled: set[int] = set()
+        self._started = threading.Event()
+
+    # ----- the run -----------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Run to the end (restarting as allowed); the calling thread becomes the monitor loop."""
+        handlers = self._install_signal_handlers()
+        self.events.write("run_started", run_id=self.run_id, name=self.spec.display_name(),
+                          world_size=self.spec.world_size, node_rank=self.spec.node_rank,
+                          master_port=self.master_port, pid=os.getpid())
+        try:
+            while True:
+                self._start_attempt()
+                result = self._monitor()
+                if self._restart_requested and self._stop_signal is None:
+                    self._restart_requested = False
+                    self._next_attempt("user")
+                    continue
+                if (result.is_failed() and not self._user_stop and self._stop_signal is None
+                        and self.attempt < self.spec.max_restarts):
+                    self._next_attempt("failure")
+                    continue
+                return self._finish(result)
+        finally:
+            if self.pcontext is not None:
+                self.pcontext.close(timeout=self.shutdown_timeout)
+            self._restore_signal_handlers(handlers)
+            self.events.close()
+
+    def attempt_dir(self, attempt: int | None = None) -> str:
+        return os.path.join(self.run_dir, f"attempt_{self.attempt if attempt is None else attempt}")
+
+    def _start_attempt(self) -> None:
+        spec, n = self.spec, self.spec.local_world_size
+        log_dir = self.attempt_dir()
+        os.makedirs(log_dir, exist_ok=True)
+        envs = {
+            r: rank_env(spec, r, master_port=self.master_port, restart_count=self.attempt,
+                        run_id=self.run_id, error_file=os.path.join(log_dir, str(r), "error.json"),
+                        color=self.color)
+            for r in range(n)
+        }
+        prefixes = {r: prefix_for(self.prefix_template, spec.role, spec.global_rank(r), r) for r in range(n)}
+        streams = plan_streams(n, spec.redirects, spec.tee, capture_all=True,
+                               console_ranks=spec.local_ranks_filter if self.console else set(),
+                               prefixes=prefixes)
+        self._stalled.clear()
+        self.pcontext = PContext(
+            spec.display_name(), spec.entrypoint, {r: spec.args for r in range(n)}, envs, log_dir, streams,
+            global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
+            ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False,
+        ).start()
+        self.state = GroupState.RUNNING
+        self._started.set()
+
+    def _monitor(self) -> RunProcsResult:
+        pc = self.pcontext
+        while True:
+            self._handle_stop_request(pc)
+            result = pc.step()
+            if result is not None:
+                return result
+            self._check_stalls()
+            pc.wait_activity(self.spec.monitor_interval if self.stall_timeout else 1.0)
+
+    def _next_attempt(self, reason: str) -> None:
+        self.pcontext.close(timeout=self.shutdown_timeout)
+        self.attempt += 1
+        self.state = GroupState.RESTARTING
+        self.events.write("group_restart", attempt=self.attempt, reason=reason)
+
+    def _finish(self, result: RunProcsResult) -> RunResult:
+        failures = {self.spec.global_rank(r): f for r, f in result.failures.items()}
+        values = {self.spec.global_rank(r): v for r, v in result.return_values.items()}
+        if self._stop_signal is not None or self._user_stop:
+            state, self.state = WorkerState.STOPPED, GroupState.STOPPED
+        elif failures:
+            state, self.state = WorkerState.FAILED, GroupState.FAILED
+        else:
+            state, self.state = WorkerState.SUCCEEDED, GroupState.SUCCEEDED
+        self.root_cause = self._root_cause() if failures else None
+        self.ended_at = time.time()
+        run = RunResult(state, values, failures, self.root_cause, self._stop_signal)
+        self.events.write("run_finished", state=state.value, exit_status=run.exit_status,
+                          root_cause_rank=self.root_cause.rank if self.root_cause else None)
+        return run
+
+    def _root_cause(self) -> RootCause | None:
+        slots = [s for s in self.pcontext.slots if s.failure is not None]
+        if not slots:
+            return None
+        # The first rank that failed on its own is the cause; the ranks we stopped are effects.
+        own = [s for s in slots if not s.stopped_by_us] or slots
+        slot = min(own, key=lambda s: s.failure.timestamp)
+        f = slot.failure
+        tail = tuple(line.decode(errors="replace") for line in slot.ring.tail(20))
+        return RootCause(
+            rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
+            signal_name=signal_name(f.exitcode) if f.exitcode < 0 else None, message=f.message,
+            traceback=f.traceback, timestamp=f.timestamp,
+            error_file=f.error_file if os.path.exists(f.error_file) else None, last_lines=tail,
+        )
+
+    # ----- signals to ranktop itself -----------------------------------------------------------
+    def _install_signal_handlers(self) -> dict:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {sig: signal.signal(sig, self._on_signal) for sig in _FORWARDED_SIGNALS}
+
+    @staticmethod
+    def _restore_signal_handlers(handlers: dict) -> None:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        # Only note it and wake the loop: the loop does the work, outside the interrupted code.
+        self._pending_signal = signum
+        if self.pcontext is not None:
+            self.pcontext.wake()
+
+    _pending_signal: int | None = None
+
+    def _handle_stop_request(self, pc: PContext) -> None:
+        signum, self._pending_signal = self._pending_signal, None
+        if signum is None:
+            return
+        again = self._stop_signal is not None
+        self._stop_signal = self._stop_signal or signum
+        self.state = GroupState.STOPPING
+        self.events.write("signal_received", signal=signal.Signals(signum).name, forwarded=True)
+        # A second Ctrl-C means "now": no more grace.
+        pc.stop(signal.SIGKILL if again else signum, 0 if again else self.shutdown_timeout)
+
+    # ----- commands (any thread) ---------------------------------------------------------------
+    def wait_started(self, timeout: float | None = None) -> bool:
+        return self._started.wait(timeout)
+
+    def signal_rank(self, local_rank: int, sig: int) -> bool:
+        return self.pcontext.signal_rank(local_rank, sig)
+
+    def signal_group(self, sig: int) -> None:
+        for r in range(self.spec.local_world_size):
+            self.pcontext.signal_rank(r, sig)
+
+    def kill_rank(self, local_rank: int) -> bool:
+        return self.signal_rank(local_rank, signal.SIGKILL)
+
+    def restart_rank(self, local_rank: int) -> None:
+        self.events.write("user_restart_rank", rank=self.spec.global_rank(local_rank), local_rank=local_rank)
+        self.pcontext.restart_rank(local_rank)
+
+    def restart_group(self) -> None:
+        """Stop every rank (with the grace) and start the group again as the next attempt."""
+        self.events.write("user_restart_group", attempt=self.attempt)
+        self._restart_requested = True
+        self.pcontext.stop()
+
+    def stop(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
+        """Stop the run on the user's behalf: `sig` to every rank, SIGKILL after the grace."""
+        self._user_stop = True
+        self._restart_requested = False
+        self.state = GroupState.STOPPING
+        self.events.write("user_stop", signal=signal.Signals(sig).name)
+        self.pcontext.stop(sig, grace)
+
+    def kill_group(self) -> None:
+        self.stop(signal.SIGKILL, 0)
+
+    # ----- snapshots ---------------------------------------------------------------------------
+    def _on_rank_event(self, event: dict) -> None:
+        self.events.write(event.pop("event"), attempt=self.attempt, **event)
+
+    def _check_stalls(self) -> None:
+        if not self.stall_timeout:
+            return
+        now = time.time()
+        for slot in self.pcontext.slots:
+            r = slot.local_rank
+            silent = now - (slot.ring.last_output_at or slot.proc.started_at)
+            if slot.alive and silent >= self.stall_timeout and r not in self._stalled:
+                self._stalled.add(r)
+                snap = self._rank_snapshot(slot, now)
+                self.events.write("stall_detected", rank=snap.rank, local_rank=r, silent_s=round(silent, 1),
+                                  cpu_percent=snap.cpu_percent,
+                                  gpu_util=snap.gpu.util_percent if snap.gpu else None)
+                if self.on_stall:
+                    self.on_stall(snap)
+            elif r in self._stalled and (silent < self.stall_timeout or not slot.alive):
+                self._stalled.discard(r)
+                if slot.alive:
+                    self.events.write("stall_cleared", rank=self.spec.global_rank(r), local_rank=r)
+
+    def _rank_state(self, slot: Any) -> RankState:
+        proc = slot.proc
+        if proc is None:
+            return RankState.STARTING
+        code = proc.returncode
+        if code is None:
+            if slot.stopped_by_us or slot.restart_pending:
+                return RankState.STOPPING
+            if slot.local_rank in self._stalled:
+                return RankState.STALLED
+            return RankState.RUNNING if slot.ring.last_output_at else RankState.STARTING
+        if code == 0:
+            return RankState.SUCCEEDED
+        return RankState.KILLED if slot.stopped_by_us else RankState.FAILED
+
+    def _rank_snapshot(self, slot: Any, now: float) -> RankSnapshot:
+        proc, r = slot.proc, slot.local_rank
+        stats = self.sampler.latest(r) if self.sampler is not None else None
+        state = self._rank_state(slot)
+        last = slot.ring.last_output_at
+        code = proc.returncode if proc else None
+        return RankSnapshot(
+            rank=self.spec.global_rank(r), local_rank=r, pid=proc.pid if proc else None, state=state,
+            exitcode=code, signal_name=signal_name(code) if code is not None and code < 0 else None,
+            restarts=self.attempt + slot.restarts, started_at=proc.started_at if proc else None,
+            ended_at=proc.exited_at if proc else None, last_output_at=last, output_version=slot.ring.version,
+            cpu_percent=stats.cpu_percent if stats else None, rss=stats.rss if stats else None,
+            gpu=stats.gpu if stats else None,
+            stall_seconds=(now - (last or proc.started_at)) if state == RankState.STALLED else None,
+            native=not callable(self.spec.entrypoint) and not _is_python(self.spec),
+        )
+
+    def snapshot(self) -> GroupSnapshot:
+        """A consistent picture of the group, cheap enough to take several times a second."""
+        now = time.time()
+        pc = self.pcontext
+        ranks = tuple(self._rank_snapshot(s, now) for s in pc.slots) if pc else ()
+        return GroupSnapshot(
+            name=self.spec.display_name(), role=self.spec.role, run_id=self.run_id, state=self.state,
+            world_size=self.spec.world_size, local_world_size=self.spec.local_world_size,
+            node_rank=self.spec.node_rank, nnodes=self.spec.nnodes, attempt=self.attempt,
+            max_restarts=self.spec.max_restarts, started_at=self.started_at, ended_at=self.ended_at,
+            log_dir=self.run_dir, ranks=ranks,
+            gpu_status=self.sampler.gpu_status() if self.sampler is not None else None,
+            root_cause=self.root_cause,
+        )
+
+    def output(self, local_rank: int, n: int | None = None) -> list[bytes]:
+        """The rank's recent output lines (raw bytes, '\\r' collapsed), oldest first."""
+        return self.pcontext.slots[local_rank].ring.tail(n)
+
+    def ring(self, local_rank: int):
+        return self.pcontext.slots[local_rank].ring
+
+
+def _is_python(spec: WorkerSpec) -> bool:
+    exe = os.path.basename(str(spec.entrypoint))
+    return exe.startswith("python") or str(spec.entrypoint) == sys.executable

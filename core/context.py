@@ -1,0 +1,472 @@
+"""A group of ranks started together: `start_processes` and the PContext it returns.
+
+The context owns the one monitor step (`step`): reap what exited, stop the siblings of a failed
+rank with the shutdown grace, SIGKILL what outlived its grace, restart single ranks on request,
+and report the result once every rank is reaped. `wait`, `close`, the agent and the TUI all go
+through it. Exits are noticed at once through pidfds rather than by sleeping.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from string import Template
+from typing import Any
+
+from core.errors import ERROR_FILE_ENV, ProcessFailure, signal_name
+from core.guard import MARKER
+from core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
+from core.process import Launch, RankProcess, is_terminating, python_call_argv
+from core.spec import Std, per_rank
+
+_GUARD_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
+DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
+
+EventSink = Callable[[dict], None]
+
+
+@dataclass
+class RunProcsResult:
+    """What a finished group left: values returned by callables, failures, log file paths
+    (all keyed by local rank; a path is "" where that stream was not written to a file)."""
+
+    return_values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, ProcessFailure] = field(default_factory=dict)
+    stdouts: dict[int, str] = field(default_factory=dict)
+    stderrs: dict[int, str] = field(default_factory=dict)
+
+    def is_failed(self) -> bool:
+        return bool(self.failures)
+
+
+@dataclass
+class StreamPlan:
+    """How one rank's output is handled; built once per context by `plan_streams`."""
+
+    files: Std  # streams written to <log_dir>/<rank>/std{out,err}.log
+    console: Std  # streams shown on our stdout/stderr, prefixed
+    prefix: bytes = b""
+
+
+@dataclass
+class RankSlot:
+    """Bookkeeping for one local rank across single-rank restarts within this context."""
+
+    local_rank: int
+    ring: LineRing
+    proc: RankProcess | None = None
+    restarts: int = 0
+    stopped_by_us: bool = False  # its end was asked for (group stop, user kill): not a failure cause
+    kill_at: float | None = None  # monotonic time after which the group gets SIGKILL
+    restart_pending: bool = False
+    failure: ProcessFailure | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+
+def plan_streams(
+    nprocs: int,
+    redirects: Std | Mapping[int, Std],
+    tee: Std | Mapping[int, Std],
+    *,
+    capture_all: bool = False,
+    console_ranks: set[int] | None = None,
+    prefixes: Mapping[int, str] | None = None,
+) -> dict[int, StreamPlan]:
+    """torch's semantics: redirect = file only, tee = file and console, neither = console as is.
+    With capture_all (the agent, the CLI) every stream also goes to a file and the ring, and
+    what is not redirected is shown prefixed; `console_ranks` limits who reaches the console."""
+    redirects, tee = per_rank(redirects, nprocs), per_rank(tee, nprocs)
+    plans = {}
+    for r in range(nprocs):
+        if capture_all:
+            files, console = Std.ALL, Std.ALL & ~redirects[r]
+        else:
+            files, console = redirects[r] | tee[r], tee[r] & ~redirects[r]
+        if console_ranks is not None and r not in console_ranks:
+            console = Std.NONE
+        prefix = (prefixes or {}).get(r, "")
+        plans[r] = StreamPlan(files=files, console=console, prefix=prefix.encode())
+    return plans
+
+
+def prefix_for(template: str | None, role: str, rank: int, local_rank: int) -> str:
+    return Template(template or DEFAULT_PREFIX_TEMPLATE).safe_substitute(
+        role_name=role, rank=rank, local_rank=local_rank
+    )
+
+
+class PContext:
+    """Ranks started together, watched by one monitor step. Use `start_processes` to make one."""
+
+    def __init__(
+        self,
+        name: str,
+        entrypoint: Callable[..., Any] | str,
+        args: Mapping[int, tuple],
+        envs: Mapping[int, Mapping[str, str]],
+        log_dir: str,
+        streams: Mapping[int, StreamPlan],
+        *,
+        global_ranks: Mapping[int, int] | None = None,
+        shutdown_timeout: float = 30.0,
+        ring_lines: int = 10_000,
+        on_event: EventSink | None = None,
+        passthrough_console: bool = True,
+        cwd: str | None = None,
+    ):
+        self.name = name
+        self.entrypoint = entrypoint
+        self.args = {r: tuple(args[r]) for r in sorted(args)}
+        self.envs = {r: dict(envs[r]) for r in sorted(envs)}
+        self.nprocs = len(self.args)
+        self.log_dir = log_dir
+        self.streams = dict(streams)
+        self.global_ranks = dict(global_ranks or {r: r for r in range(self.nprocs)})
+        self.shutdown_timeout = shutdown_timeout
+        self.on_event = on_event
+        self.cwd = cwd
+        self._passthrough = passthrough_console  # unredirected, unteed streams: inherit our fds
+        self.slots = [RankSlot(r, LineRing(ring_lines)) for r in range(self.nprocs)]
+        self.token = secrets.token_hex(8)
+        self._pump: OutputPump | None = None
+        self._console: ConsoleWriter | None = None
+        self._guard: subprocess.Popen | None = None
+        self._tmp: str | None = None
+        self._stopping = False
+        self._result: RunProcsResult | None = None
+        self._closed = False
+        self._lock = threading.RLock()  # commands may come from other threads (the TUI)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+
+    # ----- paths -------------------------------------------------------------------------------
+    def rank_dir(self, local_rank: int) -> str:
+        return os.path.join(self.log_dir, str(local_rank))
+
+    def error_file(self, local_rank: int) -> str:
+        return os.path.join(self.rank_dir(local_rank), "error.json")
+
+    def log_path(self, local_rank: int, stream: int) -> str:
+        return os.path.join(self.rank_dir(local_rank), "stdout.log" if stream == STDOUT else "stderr.log")
+
+    def _result_path(self, local_rank: int) -> str:
+        return os.path.join(self._tmp or "", f"{local_rank}.ret")
+
+    # ----- starting ----------------------------------------------------------------------------
+    def start(self) -> PContext:
+        self._start_guard()
+        self._pump = OutputPump()
+        if any(plan.console for plan in self.streams.values()):
+            self._console = ConsoleWriter()
+        if callable(self.entrypoint):
+            self._tmp = tempfile.mkdtemp(prefix="ranktop-")
+        for slot in self.slots:
+            self._spawn(slot)
+        return self
+
+    def _start_guard(self) -> None:
+        grace = str(self.shutdown_timeout)
+        self._guard = subprocess.Popen(
+            [sys.executable, "-I", _GUARD_PATH, self.token, grace],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C to our terminal must not reach it
+        )
+
+    def _tell_guard(self, line: str) -> None:
+        try:
+            self._guard.stdin.write(line.encode() + b"\n")
+            self._guard.stdin.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def _spawn(self, slot: RankSlot) -> None:
+        r = slot.local_rank
+        os.makedirs(self.rank_dir(r), exist_ok=True)
+        self._remove_stale(self.error_file(r))
+        env = {**os.environ, **self.envs[r], ERROR_FILE_ENV: self.error_file(r), MARKER: self.token}
+        if callable(self.entrypoint):
+            payload = os.path.join(self._tmp, f"{r}.payload")
+            self._remove_stale(self._result_path(r))
+            argv = python_call_argv(self.entrypoint, self.args[r], payload, self._result_path(r))
+        else:
+            argv = [str(self.entrypoint), *map(str, self.args[r])]
+        launch = Launch(r, argv, env, self._sinks(r, slot.ring), cwd=self.cwd)
+        slot.proc = RankProcess(launch, self._pump)
+        slot.stopped_by_us = False
+        slot.kill_at = None
+        slot.failure = None
+        self._tell_guard(f"+{slot.proc.pid}")
+        self._emit("started", r, pid=slot.proc.pid, restarts=slot.restarts)
+
+    @staticmethod
+    def _remove_stale(path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def _sinks(self, r: int, ring: LineRing) -> dict[int, StreamSink]:
+        plan = self.streams[r]
+        sinks = {}
+        for stream, flag, target in ((STDOUT, Std.OUT, sys.stdout), (STDERR, Std.ERR, sys.stderr)):
+            to_file, to_console = bool(plan.files & flag), bool(plan.console & flag)
+            if not (to_file or to_console) and self._passthrough:
+                continue  # inherit our descriptor: the rank writes straight to our console
+            console = (self._console, target.buffer, plan.prefix) if to_console else None
+            path = self.log_path(r, stream) if to_file else None
+            sinks[stream] = StreamSink(stream, ring, path, console)
+        return sinks
+
+    # ----- the monitor step --------------------------------------------------------------------
+    def step(self) -> RunProcsResult | None:
+        """One pass of the monitor: never blocks; returns the result once every rank is reaped."""
+        with self._lock:
+            if self._result is not None:
+                return self._result
+            now = time.monotonic()
+            for slot in self.slots:
+                self._reap(slot)
+                if slot.alive and slot.kill_at is not None and now >= slot.kill_at:
+                    slot.proc.signal_group(signal.SIGKILL)
+                    slot.kill_at = None
+                if slot.restart_pending and not slot.alive:
+                    slot.restart_pending = False
+                    slot.restarts += 1
+                    self._spawn(slot)
+            if all(not s.alive and not s.restart_pending for s in self.slots):
+                self._result = self._collect()
+            return self._result
+
+    def _reap(self, slot: RankSlot) -> None:
+        proc = slot.proc
+        if proc is None or proc.returncode is not None or proc.poll() is None:
+            return
+        code = proc.returncode
+        self._tell_guard(f"-{proc.pid}")
+        self._emit("exited", slot.local_rank, pid=proc.pid, exitcode=code,
+                   signal=signal_name(code) if code < 0 else None, by_us=slot.stopped_by_us)
+        if code == 0:
+            return
+        slot.failure = ProcessFailure(
+            slot.local_rank, proc.pid, code, self.error_file(slot.local_rank),
+            rank=self.global_ranks[slot.local_rank], timestamp=proc.exited_at,
+        )
+        if not slot.stopped_by_us and not self._stopping:
+            self._stop_all(signal.SIGTERM, self.shutdown_timeout)  # one failure ends the group
+
+    def wait_activity(self, timeout: float) -> None:
+        """Sleep until a rank exits, a command arrives, or `timeout` passes."""
+        with self._lock:
+            fds = [s.proc.pidfd for s in self.slots if s.alive and s.proc.pidfd is not None]
+            kill_times = [s.kill_at for s in self.slots if s.alive and s.kill_at is not None]
+        if kill_times:
+            timeout = min(timeout, max(0.0, min(kill_times) - time.monotonic()))
+        poller = select.poll()
+        for fd in (*fds, self._wake_r):
+            poller.register(fd, select.POLLIN)
+        try:
+            if any(fd == self._wake_r for fd, _ in poller.poll(max(0.0, timeout) * 1000)):
+                os.read(self._wake_r, 4096)
+        except OSError:
+            pass  # a pidfd closed under us by a concurrent reap: just run the step again
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def wait(self, timeout: float = -1, period: float = 1) -> RunProcsResult | None:
+        """Block until every rank ended (the result) or `timeout` passed (None); <0 blocks."""
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        while True:
+            result = self.step()
+            if result is not None:
+                return result
+            left = period if deadline is None else min(period, deadline - time.monotonic())
+            if left <= 0:
+                return None
+            self.wait_activity(left)
+
+    # ----- commands ----------------------------------------------------------------------------
+    def _stop_all(self, sig: int, grace: float) -> None:
+        self._stopping = True
+        for slot in self.slots:
+            slot.restart_pending = False
+            if slot.alive:
+                self._stop_slot(slot, sig, grace)
+
+    def _stop_slot(self, slot: RankSlot, sig: int, grace: float) -> None:
+        slot.stopped_by_us = True
+        slot.proc.signal_group(sig)
+        deadline = time.monotonic() + grace
+        slot.kill_at = deadline if slot.kill_at is None else min(slot.kill_at, deadline)
+
+    def stop(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
+        """Ask every rank to stop (`sig` now, SIGKILL after the grace); returns at once."""
+        with self._lock:
+            self._stop_all(sig, self.shutdown_timeout if grace is None else grace)
+        self.wake()
+
+    def signal_rank(self, local_rank: int, sig: int) -> bool:
+        """Send `sig` to one rank's process group on the user's behalf."""
+        with self._lock:
+            slot = self.slots[local_rank]
+            if not slot.alive:
+                return False
+            if is_terminating(sig):
+                slot.stopped_by_us = True
+            self._emit("signalled", local_rank, pid=slot.proc.pid, signal=signal.Signals(sig).name)
+            return slot.proc.signal_group(sig)
+
+    def restart_rank(self, local_rank: int, grace: float | None = None) -> None:
+        """Stop one rank (with the grace) and start it again in this context."""
+        with self._lock:
+            slot = self.slots[local_rank]
+            if self._result is not None:  # the group had ended: this rank runs on its own again
+                self._result, self._stopping = None, False
+            slot.restart_pending = True
+            if slot.alive:
+                self._stop_slot(slot, signal.SIGTERM, self.shutdown_timeout if grace is None else grace)
+            self._emit("restart_requested", local_rank)
+        self.wake()
+
+    def pids(self) -> dict[int, int]:
+        return {s.local_rank: s.proc.pid for s in self.slots if s.proc is not None}
+
+    # ----- results and teardown ----------------------------------------------------------------
+    def _collect(self) -> RunProcsResult:
+        result = RunProcsResult()
+        drain_until = time.monotonic() + 1.0  # a stray grandchild may hold a pipe: do not wait on it
+        for slot in self.slots:
+            r = slot.local_rank
+            slot.proc.output_drained(timeout=max(0.0, drain_until - time.monotonic()))
+            plan = self.streams[r]
+            result.stdouts[r] = self.log_path(r, STDOUT) if plan.files & Std.OUT else ""
+            result.stderrs[r] = self.log_path(r, STDERR) if plan.files & Std.ERR else ""
+            if slot.failure is not None:
+                result.failures[r] = slot.failure
+            elif callable(self.entrypoint):
+                result.return_values[r] = self._read_return_value(r)
+        return result
+
+    def _read_return_value(self, local_rank: int) -> Any:
+        try:
+            with open(self._result_path(local_rank), "rb") as f:
+                return pickle.load(f)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return None
+
+    def close(self, death_sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        """Stop every rank's whole group (`death_sig`, then SIGKILL after `timeout`) and clean up."""
+        with self._lock:
+            if self._closed:
+                return
+            self._stop_all(death_sig, timeout)
+        while self.step() is None:
+            self.wait_activity(0.05)
+        with self._lock:
+            self._closed = True
+            for slot in self.slots:  # the ranks are reaped; a grandchild may still hold the group
+                if slot.proc is not None:
+                    slot.proc.signal_group(signal.SIGKILL)
+            self._pump.close(timeout=2.0)
+            if self._console is not None:
+                self._console.close()
+            self._finish_guard()
+            if self._tmp:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _finish_guard(self) -> None:
+        self._tell_guard("done")
+        try:
+            self._guard.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._guard.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass  # it is sweeping strays with their grace; it exits on its own
+
+    # ----- for UIs -----------------------------------------------------------------------------
+    def _emit(self, event: str, local_rank: int, **fields: Any) -> None:
+        if self.on_event is not None:
+            self.on_event({"event": event, "local_rank": local_rank,
+                           "rank": self.global_ranks[local_rank], **fields})
+
+
+class MultiprocessContext(PContext):
+    """Ranks that run a Python callable in a fresh interpreter each; return values come back."""
+
+
+class SubprocessContext(PContext):
+    """Ranks that run a binary; arguments are passed as strings."""
+
+
+def start_processes(
+    name: str,
+    entrypoint: Callable[..., Any] | str,
+    args: Mapping[int, tuple],
+    envs: Mapping[int, Mapping[str, str]],
+    log_dir: str,
+    start_method: str = "spawn",
+    redirects: Std | Mapping[int, Std] = Std.NONE,
+    tee: Std | Mapping[int, Std] = Std.NONE,
+) -> PContext:
+    """Start one process per local rank (torch.distributed.elastic's API, same semantics)."""
+    _check_start_method(start_method)
+    nprocs = len(args)
+    expected = set(range(nprocs))
+    if set(args) != expected or set(envs) != expected:
+        raise ValueError(
+            f"args and envs must both have exactly the local ranks 0..{nprocs - 1}; "
+            f"got args for {sorted(args)} and envs for {sorted(envs)}"
+        )
+    check_empty_log_dir(log_dir)
+    streams = plan_streams(nprocs, redirects, tee, prefixes={r: f"[{name}{r}]:" for r in range(nprocs)})
+    cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
+    return cls(name, entrypoint, args, envs, log_dir, streams).start()
+
+
+def check_empty_log_dir(log_dir: str) -> None:
+    if not os.path.exists(log_dir):
+        raise ValueError(f"log_dir {log_dir!r} does not exist")
+    if not os.path.isdir(log_dir):
+        raise ValueError(f"log_dir {log_dir!r} is not a directory")
+    if os.listdir(log_dir):
+        raise ValueError(f"log_dir {log_dir!r} is not empty; give each run an empty directory")
+
+
+_START_METHODS = ("spawn", "fork", "forkserver")
+_default_start_method = "spawn"
+
+
+def _check_start_method(method: str) -> None:
+    if method not in _START_METHODS:
+        raise ValueError(f"unknown start method {method!r}: expected one of {', '.join(_START_METHODS)}")
+
+
+def set_start_method(method: str) -> None:
+    """Accepted for parity. Every callable rank runs in a fresh interpreter (spawn semantics):
+    forking a parent that holds threads and CUDA state is what makes fork unsafe for training."""
+    global _default_start_method
+    _check_start_method(method)
+    _default_start_method = method

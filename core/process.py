@@ -1,0 +1,146 @@
+"""One rank as an OS process: the only place where a rank is started, signalled and reaped.
+
+Every rank is a session leader (start_new_session), so its pid is also its process group and
+a signal to the group reaches everything the rank started. Popen without preexec_fn lets
+CPython use vfork, which keeps starting many ranks cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from core.output import STDERR, STDOUT, OutputPump, StreamSink
+
+_CORE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_BOOTSTRAP = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "from core._bootstrap import main; main()"
+)
+
+
+@dataclass
+class Launch:
+    """Everything needed to start one rank. `argv` is the full command line."""
+
+    local_rank: int
+    argv: list[str]
+    env: dict[str, str]
+    sinks: dict[int, StreamSink]  # stream -> sink; a stream without one is inherited from us
+    cwd: str | None = None
+
+
+def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, result_path: str) -> list[str]:
+    """Command line that runs fn(*args) in a fresh interpreter, like multiprocessing's spawn.
+
+    The function and its arguments are pickled to `payload_path`; the return value comes back
+    through `result_path`, a file rather than a pipe, so a large result can never deadlock.
+    """
+    main = sys.modules.get("__main__")
+    prep = {
+        "sys_path": list(sys.path),
+        "cwd": os.getcwd(),
+        # A function defined in the caller's script pickles as __main__.fn: the child must load
+        # that script (as __mp_main__, so its `if __name__ == "__main__"` block stays quiet).
+        "main_path": getattr(main, "__file__", None) if getattr(fn, "__module__", None) == "__main__" else None,
+    }
+    try:
+        with open(payload_path, "wb") as f:
+            pickle.dump(prep, f)
+            pickle.dump((fn, tuple(args)), f)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise ValueError(f"cannot send {fn!r} to a new process (it must be importable by name): {exc}") from exc
+    return [sys.executable, "-c", _BOOTSTRAP, _CORE_PARENT, payload_path, result_path]
+
+
+class RankProcess:
+    """A started rank. Thin by design: the context above decides when to signal or restart."""
+
+    def __init__(self, launch: Launch, pump: OutputPump):
+        self.local_rank = launch.local_rank
+        self.started_at = time.time()
+        stdout = subprocess.PIPE if STDOUT in launch.sinks else None
+        stderr = subprocess.PIPE if STDERR in launch.sinks else None
+        self.popen = subprocess.Popen(
+            launch.argv,
+            env=launch.env,
+            cwd=launch.cwd,
+            stdin=subprocess.DEVNULL,  # the terminal belongs to ranktop (and a rank outside the
+            stdout=stdout,  # foreground group reading it would only get SIGTTIN)
+            stderr=stderr,
+            start_new_session=True,
+            close_fds=True,
+        )
+        self.pid = self.popen.pid
+        self.sinks = launch.sinks
+        for stream, pipe in ((STDOUT, self.popen.stdout), (STDERR, self.popen.stderr)):
+            if pipe is not None:
+                pump.add(os.dup(pipe.fileno()), launch.sinks[stream])
+                pipe.close()
+        self.exited_at: float | None = None
+        self.pidfd = _pidfd_open(self.pid)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def poll(self) -> int | None:
+        """Reap if it exited; Popen's convention: -N when killed by signal N."""
+        if self.popen.returncode is None and self.popen.poll() is not None:
+            self.exited_at = time.time()
+            self.close_pidfd()
+        return self.popen.returncode
+
+    def signal_group(self, sig: int) -> bool:
+        """Signal the rank's whole process group; False when nothing is left to signal."""
+        try:
+            os.killpg(self.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            # The group id can only be reused once the whole group is gone; EPERM means a
+            # stranger owns it now, so ours is gone too.
+            return False
+
+    def group_alive(self) -> bool:
+        return self.signal_group(0)
+
+    def output_drained(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for sink in self.sinks.values():
+            if not sink.done.wait(max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
+    def close_pidfd(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def _pidfd_open(pid: int) -> int | None:
+    """A descriptor that becomes readable when `pid` exits (Linux 5.3+); None where unsupported."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+SIGNAL_EXIT_OFFSET = 128
+
+
+def exit_status_for_signal(sig: int) -> int:
+    return SIGNAL_EXIT_OFFSET + int(sig)
+
+
+def is_terminating(sig: int) -> bool:
+    """Whether a signal's default action ends a process (so a rank that gets it will exit)."""
+    return sig not in (signal.SIGSTOP, signal.SIGCONT, signal.SIGCHLD, signal.SIGWINCH, signal.SIGURG, 0)

@@ -1,0 +1,33 @@
+"""Plain-text report of how a run ended, for the terminal (headless) and for logs."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+from core.state import RootCause
+
+
+def describe_exit(exitcode: int, signal_name: str | None) -> str:
+    return f"was killed by {signal_name}" if exitcode < 0 else f"exited with code {exitcode}"
+
+
+def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts: int) -> str:
+    when = datetime.datetime.fromtimestamp(cause.timestamp).strftime("%H:%M:%S.%f")[:-3]
+    lines = [
+        f"ranktop: {name} failed (attempt {attempt + 1} of {max_restarts + 1})",
+        f"  root cause: rank {cause.rank} (local rank {cause.local_rank}, pid {cause.pid}) "
+        f"{describe_exit(cause.exitcode, cause.signal_name)} at {when}",
+        f"  {cause.message}",
+    ]
+    if cause.traceback:
+        lines += ["  " + line for line in cause.traceback.rstrip().splitlines()]
+    elif cause.last_lines:
+        lines.append("  last output:")
+        lines += ["    " + line for line in cause.last_lines[-10:]]
+    if cause.error_file:
+        lines.append(f"  error file: {cause.error_file}")
+    logs = os.path.dirname(cause.error_file or "")
+    if logs:
+        lines.append(f"  logs: {logs}")
+    return "\n".join(lines)

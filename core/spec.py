@@ -1,0 +1,190 @@
+"""What to run and how: stream flags, the -j syntax, the worker spec and each rank's environment."""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import signal
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.errors import UsageError
+
+
+class Std(enum.IntFlag):
+    NONE = 0
+    OUT = 1
+    ERR = 2
+    ALL = 3
+
+    @classmethod
+    def from_str(cls, vm: str) -> Std | dict[int, Std]:
+        """'3' -> Std.ALL; '0:1,1:2' -> {0: Std.OUT, 1: Std.ERR}. Anything else raises ValueError."""
+        text = vm.strip()
+        if re.fullmatch(r"[0-3]", text):
+            return cls(int(text))
+        if re.fullmatch(r"\d+:[0-3](,\d+:[0-3])*", text):
+            pairs = (item.split(":") for item in text.split(","))
+            return {int(rank): cls(int(flag)) for rank, flag in pairs}
+        raise ValueError(
+            f"bad stream spec {vm!r}: expected 0-3 (0 none, 1 stdout, 2 stderr, 3 both) "
+            "or a per-rank map like '0:3,1:1'"
+        )
+
+
+def per_rank(value: Std | Mapping[int, Std], nprocs: int) -> dict[int, Std]:
+    """Expand a Std or a partial per-rank map to a full map (missing ranks get NONE)."""
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(range(nprocs)))
+        if unknown:
+            raise ValueError(f"stream map names local rank(s) {unknown}; there are {nprocs} (0..{nprocs - 1})")
+        return {r: Std(value.get(r, Std.NONE)) for r in range(nprocs)}
+    return {r: Std(value) for r in range(nprocs)}
+
+
+_NNODES_FORMS = "N, NxM or MIN:MAXxM (e.g. 4, 2x8, 1:4x8)"
+
+
+def parse_nnodes(j: str) -> tuple[int, int, int, str]:
+    """TorchX's -j: '[[MIN:]MAX x]NPROC' -> (min_nnodes, max_nnodes, nproc_per_node, nnodes_repr)."""
+    m = re.fullmatch(r"(?:(?:(\d+):)?(\d+)x)?(\d+)", j.strip())
+    if not m:
+        raise ValueError(f"bad -j {j!r}: expected {_NNODES_FORMS}")
+    lo, hi, nproc = m.group(1), m.group(2), int(m.group(3))
+    if hi is None:
+        return 1, 1, nproc, "1"
+    if lo is None:
+        return int(hi), int(hi), nproc, hi
+    return int(lo), int(hi), nproc, f"{lo}:{hi}"
+
+
+def parse_signal(name: str | int) -> signal.Signals:
+    """'TERM', 'SIGTERM', 'sigterm' or 15 -> signal.SIGTERM; else UsageError naming the choices."""
+    text = str(name).strip().upper()
+    try:
+        if text.isdigit():
+            return signal.Signals(int(text))
+        return signal.Signals[text if text.startswith("SIG") else "SIG" + text]
+    except (KeyError, ValueError):
+        raise UsageError(f"unknown signal {name!r}: use a name like TERM, INT, KILL, USR1 or a number") from None
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port that was free a moment ago (bind to 0 and let the kernel pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port(port: int) -> int:
+    if not 0 < port < 65536:
+        raise UsageError(f"bad --master-port {port}: expected 1..65535")
+    return port
+
+
+Entrypoint = Callable[..., Any] | str
+
+
+@dataclass
+class WorkerSpec:
+    """One role's ranks on this node: what to run and how often it may be restarted."""
+
+    role: str
+    local_world_size: int
+    entrypoint: Entrypoint
+    args: tuple = ()
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # None: pick a free one (standalone)
+    env: dict[str, str] = field(default_factory=dict)  # extra variables for every rank
+    redirects: Std | dict[int, Std] = Std.NONE
+    tee: Std | dict[int, Std] = Std.ALL
+    local_ranks_filter: set[int] | None = None  # which ranks reach the console; None = all
+    run_id: str | None = None
+    name: str | None = None  # shown as the job name; defaults to the entrypoint's name
+
+    def __post_init__(self) -> None:
+        if self.local_world_size < 1:
+            raise UsageError(f"bad number of processes per node {self.local_world_size}: expected 1 or more")
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise UsageError(f"bad --node-rank {self.node_rank} for --nnodes {self.nnodes}: expected 0..{self.nnodes - 1}")
+        if self.max_restarts < 0:
+            raise UsageError(f"bad --max-restarts {self.max_restarts}: expected 0 or more")
+        if self.master_port is not None:
+            check_port(self.master_port)
+        if self.local_ranks_filter is not None:
+            bad = sorted(self.local_ranks_filter - set(range(self.local_world_size)))
+            if bad:
+                raise UsageError(
+                    f"bad --local-ranks-filter {','.join(map(str, bad))}: "
+                    f"local ranks are 0..{self.local_world_size - 1}"
+                )
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.local_world_size
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.node_rank * self.local_world_size + local_rank
+
+    def display_name(self) -> str:
+        if self.name:
+            return self.name
+        if callable(self.entrypoint):
+            return getattr(self.entrypoint, "__name__", "fn")
+        return os.path.basename(str(self.entrypoint))
+
+
+def rank_env(
+    spec: WorkerSpec,
+    local_rank: int,
+    *,
+    master_port: int,
+    restart_count: int,
+    run_id: str,
+    error_file: str,
+    color: bool = False,
+) -> dict[str, str]:
+    """The variables a rank gets on top of the caller's environment (SPEC 2.2, torchrun's names)."""
+    rank = spec.global_rank(local_rank)
+    env = {
+        "RANK": rank,
+        "LOCAL_RANK": local_rank,
+        "GROUP_RANK": spec.node_rank,
+        "ROLE_RANK": rank,
+        "ROLE_NAME": spec.role,
+        "LOCAL_WORLD_SIZE": spec.local_world_size,
+        "WORLD_SIZE": spec.world_size,
+        "GROUP_WORLD_SIZE": spec.nnodes,
+        "ROLE_WORLD_SIZE": spec.world_size,
+        "MASTER_ADDR": spec.master_addr,
+        "MASTER_PORT": master_port,
+        "TORCHELASTIC_RESTART_COUNT": restart_count,
+        "TORCHELASTIC_MAX_RESTARTS": spec.max_restarts,
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_ERROR_FILE": error_file,
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if color:
+        env["FORCE_COLOR"] = "1"
+        env.setdefault("COLUMNS", os.environ.get("COLUMNS", "120"))
+    out = {k: str(v) for k, v in env.items()}
+    out.update(spec.env)
+    return out
+
+
+DEBUG_ENV = {
+    "CUDA_LAUNCH_BLOCKING": "1",
+    "NCCL_DESYNC_DEBUG": "1",
+    "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+    "TORCH_SHOW_CPP_STACKTRACES": "1",
+}

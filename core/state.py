@@ -1,0 +1,107 @@
+"""The narrow, typed interface between the engine and whatever shows it (SPEC 2.5).
+
+A UI reads immutable snapshots at its own pace and sends commands; it never touches a
+process or a pipe itself. Everything here is plain data so that it could later be served
+over a local socket for detach/attach.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RankState(str, enum.Enum):
+    STARTING = "starting"  # spawned, no output yet
+    RUNNING = "running"
+    STALLED = "stalled"  # alive, silent for longer than the stall timeout
+    STOPPING = "stopping"  # asked to stop, not reaped yet
+    SUCCEEDED = "exited"  # exit code 0
+    FAILED = "failed"  # non-zero exit code or a signal
+    KILLED = "killed"  # stopped by ranktop or the user
+
+    @property
+    def alive(self) -> bool:
+        return self in (RankState.STARTING, RankState.RUNNING, RankState.STALLED, RankState.STOPPING)
+
+
+class GroupState(str, enum.Enum):
+    INIT = "init"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # stopped by a signal or the user
+
+    @property
+    def finished(self) -> bool:
+        return self in (GroupState.SUCCEEDED, GroupState.FAILED, GroupState.STOPPED)
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One rank's GPU as NVML last saw it. `index` is None when no GPU is known for the rank."""
+
+    index: int | None = None
+    util_percent: float | None = None
+    mem_used: int | None = None  # bytes, whole device
+    mem_total: int | None = None  # bytes
+    proc_mem: int | None = None  # bytes used by this rank's process tree on that device
+
+
+@dataclass(frozen=True)
+class RankSnapshot:
+    rank: int
+    local_rank: int
+    pid: int | None
+    state: RankState
+    exitcode: int | None  # Popen convention: -N means killed by signal N
+    signal_name: str | None  # "SIGSEGV" when exitcode < 0
+    restarts: int  # how often this rank was started again (group or single-rank restarts)
+    started_at: float | None  # time.time()
+    ended_at: float | None
+    last_output_at: float | None
+    output_version: int  # grows whenever new output arrived; cheap dirtiness check for UIs
+    cpu_percent: float | None = None  # summed over the rank's process tree
+    rss: int | None = None  # bytes, summed over the process tree
+    gpu: GpuSample | None = None
+    stall_seconds: float | None = None  # seconds without output while stalled
+    native: bool = False  # a binary rather than a Python rank (stack dumps need to know)
+
+
+@dataclass(frozen=True)
+class GroupSnapshot:
+    name: str  # the job: script or binary name
+    role: str
+    run_id: str
+    state: GroupState
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    nnodes: int
+    attempt: int  # 0-based; the UI shows attempt+1 of max_restarts+1
+    max_restarts: int
+    started_at: float
+    ended_at: float | None
+    log_dir: str | None  # the run directory (holds events.jsonl and attempt_<k>/)
+    ranks: tuple[RankSnapshot, ...]
+    gpu_status: str | None = None  # e.g. "no GPU" when NVML is unavailable; None when fine
+    root_cause: RootCause | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """The earliest failure of the run, ready to show."""
+
+    rank: int
+    local_rank: int
+    pid: int | None
+    exitcode: int
+    signal_name: str | None
+    message: str
+    traceback: str | None
+    timestamp: float
+    error_file: str | None
+    last_lines: tuple[str, ...] = ()
