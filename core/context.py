@@ -174,8 +174,12 @@ class PContext:
             self._console = ConsoleWriter()
         if callable(self.entrypoint):
             self._tmp = tempfile.mkdtemp(prefix="ranktop-")
-        for slot in self.slots:
-            self._spawn(slot)
+        try:
+            for slot in self.slots:
+                self._spawn(slot)
+        except BaseException:
+            self.close(signal.SIGKILL, 0)  # whatever did start must not outlive the error
+            raise
         return self
 
     def _start_guard(self) -> None:
@@ -353,10 +357,11 @@ class PContext:
     # ----- results and teardown ----------------------------------------------------------------
     def _collect(self) -> RunProcsResult:
         result = RunProcsResult()
-        drain_until = time.monotonic() + 1.0  # a stray grandchild may hold a pipe: do not wait on it
+        drain_until = time.monotonic() + 0.5  # a stray grandchild may hold a pipe: do not wait on it
         for slot in self.slots:
             r = slot.local_rank
-            slot.proc.output_drained(timeout=max(0.0, drain_until - time.monotonic()))
+            if slot.proc is not None:
+                slot.proc.output_drained(timeout=max(0.0, drain_until - time.monotonic()))
             plan = self.streams[r]
             result.stdouts[r] = self.log_path(r, STDOUT) if plan.files & Std.OUT else ""
             result.stderrs[r] = self.log_path(r, STDERR) if plan.files & Std.ERR else ""
@@ -386,7 +391,11 @@ class PContext:
             for slot in self.slots:  # the ranks are reaped; a grandchild may still hold the group
                 if slot.proc is not None:
                     slot.proc.signal_group(signal.SIGKILL)
-            self._pump.close(timeout=2.0)
+            self._tell_guard("done")  # it sweeps strays that left the group while we drain
+            if self._guard is not None:
+                self._guard.stdin.close()
+            if self._pump is not None:
+                self._pump.close(timeout=2.0)
             if self._console is not None:
                 self._console.close()
             self._finish_guard()
@@ -396,11 +405,8 @@ class PContext:
             os.close(self._wake_w)
 
     def _finish_guard(self) -> None:
-        self._tell_guard("done")
-        try:
-            self._guard.stdin.close()
-        except OSError:
-            pass
+        if self._guard is None:
+            return
         try:
             self._guard.wait(timeout=5)
         except subprocess.TimeoutExpired:

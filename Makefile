@@ -1,0 +1,35 @@
+# Everything a fresh machine needs, in one place. `make demo` and `make test` set up .venv first.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench screenshots clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]' torch==2.13.0
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/ranktop --nproc-per-node 4 examples/demo_train.py
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+bench: setup
+	$(PY) bench/bench_launch.py
+	$(PY) bench/bench_stacks.py
+
+screenshots: setup
+	$(PY) -m pip install --quiet -e '.[screenshots]'
+	$(PY) scripts/screenshots.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

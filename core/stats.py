@@ -1,0 +1,263 @@
+"""Per-rank cpu%, rss and GPU, sampled by one background thread (SPEC 2.6).
+
+The UI never waits on this: `latest()` returns what the last tick found. A tick reads each rank's
+pid from the agent's slots (slots are replaced on restart, and a new attempt brings a new
+PContext, so nothing is remembered across ticks but the per-process counters), walks each rank's
+process tree, and asks the GPU monitor about the same trees. It takes no lock of the engine:
+reading `slot.proc.pid` is a plain attribute read.
+
+cpu% is per process tree, 100 = one core busy (like `top`); rss is summed over the tree, so
+memory shared between a rank and its children (fork, shared memory) is counted more than once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from core.gpu import GpuMonitor, RankQuery
+from core.state import GpuSample
+
+_CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
+
+
+@dataclass(frozen=True)
+class RankStats:
+    pid: int
+    cpu_percent: float | None  # None until a rank has been seen twice
+    rss: int | None  # bytes
+    gpu: GpuSample | None
+    nprocs: int  # processes in the rank's tree (the rank itself included)
+    sampled_at: float  # time.time()
+
+
+# A process is known by (pid, start time in clock ticks) so that a reused pid is a new process.
+ProcKey = tuple[int, int]
+
+
+def scan_processes() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, start time) for every process, from one pass over /proc.
+
+    psutil's children(recursive=True) scans the whole process table once per call; one scan per
+    tick shared by all ranks keeps a tick cheap on a busy node with many ranks.
+    """
+    table = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return _scan_with_psutil()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # The command name may contain spaces and parentheses: fields start after the last ')'.
+        fields = data[data.rfind(b")") + 2:].split()
+        try:
+            table[int(entry)] = (int(fields[1]), int(fields[19]))
+        except (IndexError, ValueError):
+            continue
+    return table
+
+
+def _scan_with_psutil() -> dict[int, tuple[int, int]]:
+    table = {}
+    for p in psutil.process_iter(["ppid", "create_time"]):
+        table[p.pid] = (p.info["ppid"] or 0, int((p.info["create_time"] or 0) * 100))
+    return table
+
+
+def process_tree(root: int, table: dict[int, tuple[int, int]]) -> list[int]:
+    """`root` and all its descendants present in `table`, root first."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _start) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+@dataclass
+class _Counter:
+    """What we keep about one process between ticks: the handle and its last cpu time."""
+
+    proc: psutil.Process
+    cpu: float | None = None  # user+system seconds at the last tick
+    visible_devices: str | None = None
+    env_read: bool = False
+
+
+class StatsSampler:
+    """The one sampling thread: `attach(agent)`, then `latest(local_rank)` from any thread."""
+
+    def __init__(self, interval: float = 1.0, gpu: GpuMonitor | None = None):
+        self.interval = interval
+        self.gpu = gpu if gpu is not None else GpuMonitor.from_env()
+        self.ticks = 0  # completed ticks; tests wait on it
+        self.last_error: str | None = None  # the last unexpected error inside a tick, for debugging
+        self._agent: Any = None
+        self._latest: dict[int, RankStats] = {}
+        self._counters: dict[ProcKey, _Counter] = {}
+        self._last_tick: float | None = None  # monotonic
+        self._gpu_started = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ----- the interface -----------------------------------------------------------------------
+    def attach(self, agent: Any) -> StatsSampler:
+        """Sample `agent`'s ranks from now on; fine before `agent.run()` started (nothing to see yet)."""
+        self._agent = agent
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="ranktop-stats", daemon=True)
+            self._thread.start()
+        return self
+
+    def latest(self, local_rank: int) -> RankStats | None:
+        """The last sample of a live rank; None before the first one or once it exited."""
+        return self._latest.get(local_rank)
+
+    def gpu_status(self) -> str | None:
+        """Why there is no GPU data ("no GPU", "NVML error: ..."); None while GPUs are fine or not asked yet."""
+        return self.gpu.status() if self._gpu_started else None
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self.gpu.close()
+
+    # ----- the thread --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        # NVML's first init can take seconds on a big node: that is why it happens here.
+        try:
+            self.gpu.start()
+        except Exception as exc:  # GpuMonitor catches NVML's errors; this is a last line of defence
+            self.last_error = f"GPU init: {exc!r}"
+        self._gpu_started = True
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                self.tick()
+            except Exception as exc:  # a sampler must never take the supervisor down
+                self.last_error = repr(exc)
+            self.ticks += 1
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
+
+    def tick(self) -> None:
+        """One sample of every live rank (called by the thread; public for callers without one)."""
+        pc = getattr(self._agent, "pcontext", None)
+        now = time.monotonic()
+        elapsed = None if self._last_tick is None else now - self._last_tick
+        roots = _live_roots(pc)
+        table = scan_processes() if roots else {}
+        seen: dict[ProcKey, _Counter] = {}
+        found: dict[int, tuple[int, float | None, int, list[int]]] = {}
+        for r, pid in roots.items():
+            if pid not in table:
+                continue  # exited between the slot read and the scan
+            tree = process_tree(pid, table)
+            cpu, rss = self._measure_tree(tree, table, seen, elapsed)
+            found[r] = (pid, cpu, rss, tree)
+        self._counters = seen  # forget processes that are gone
+        self._last_tick = now
+        gpus = self._sample_gpus(pc, found, table)
+        stamp = time.time()
+        self._latest = {
+            r: RankStats(pid=pid, cpu_percent=cpu, rss=rss, gpu=gpus.get(r), nprocs=len(tree), sampled_at=stamp)
+            for r, (pid, cpu, rss, tree) in found.items()
+        }
+
+    def _measure_tree(
+        self, tree: list[int], table: dict[int, tuple[int, int]], seen: dict[ProcKey, _Counter],
+        elapsed: float | None,
+    ) -> tuple[float | None, int]:
+        cpu_delta, rss, baseline = 0.0, 0, False
+        for i, pid in enumerate(tree):
+            key = (pid, table[pid][1])
+            counter = self._counters.get(key) or self._new_counter(pid)
+            if counter is None:
+                continue
+            try:
+                with counter.proc.oneshot():
+                    times = counter.proc.cpu_times()
+                    mem = counter.proc.memory_info().rss
+            except psutil.Error:
+                continue  # exited, zombie or not ours to read: it simply does not count
+            total = times.user + times.system
+            if counter.cpu is not None:
+                cpu_delta += max(0.0, total - counter.cpu)
+                baseline = baseline or i == 0
+            elif key not in self._counters and elapsed is not None and self._born_since_last_tick(counter, elapsed):
+                cpu_delta += total  # all of a newcomer's cpu time falls into this interval
+            counter.cpu = total
+            rss += mem
+            seen[key] = counter
+        # The rank's own process needs two samples; before that its cpu% would be a guess.
+        cpu = round(100.0 * cpu_delta / elapsed, 1) if baseline and elapsed else None
+        return cpu, rss
+
+    @staticmethod
+    def _new_counter(pid: int) -> _Counter | None:
+        try:
+            return _Counter(psutil.Process(pid))
+        except psutil.Error:
+            return None
+
+    @staticmethod
+    def _born_since_last_tick(counter: _Counter, elapsed: float) -> bool:
+        try:
+            return counter.proc.create_time() >= time.time() - elapsed
+        except psutil.Error:
+            return False
+
+    # ----- GPU ---------------------------------------------------------------------------------
+    def _sample_gpus(self, pc: Any, found: dict, table: dict[int, tuple[int, int]]) -> dict[int, GpuSample | None]:
+        if not found or not self.gpu.ok:
+            return {}
+        queries = {
+            r: RankQuery(frozenset(tree), self._visible_devices(pc, r, (pid, table[pid][1])))
+            for r, (pid, _cpu, _rss, tree) in found.items()
+        }
+        try:
+            return self.gpu.sample(queries)
+        except Exception as exc:  # GpuMonitor handles NVML errors; anything else must not stop cpu/rss
+            self.last_error = f"GPU sample: {exc!r}"
+            return {}
+
+    def _visible_devices(self, pc: Any, local_rank: int, key: ProcKey) -> str | None:
+        """The rank's CUDA_VISIBLE_DEVICES as it was started (read once per process)."""
+        counter = self._counters.get(key)
+        if counter is not None and counter.env_read:
+            return counter.visible_devices
+        try:
+            value = counter.proc.environ().get(_CUDA_VISIBLE) if counter is not None else None
+        except psutil.Error:
+            # Not readable: the environment we gave it says the same unless the rank changed it.
+            env = {**os.environ, **(getattr(pc, "envs", {}) or {}).get(local_rank, {})}
+            value = env.get(_CUDA_VISIBLE)
+        if counter is not None:
+            counter.visible_devices, counter.env_read = value, True
+        return value
+
+
+def _live_roots(pc: Any) -> dict[int, int]:
+    """local rank -> pid of each running rank; tolerant of a context that is being replaced."""
+    if pc is None:
+        return {}
+    roots = {}
+    for slot in list(getattr(pc, "slots", ())):
+        proc = slot.proc
+        if proc is not None and proc.returncode is None:
+            roots[slot.local_rank] = proc.pid
+    return roots

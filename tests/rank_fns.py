@@ -1,0 +1,45 @@
+"""Functions that tests run as ranks. Importable by name (no pytest import): a rank unpickles
+them in a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def double(x):
+    return x * 2
+
+
+def big_value(n_bytes):
+    return bytes([int(os.environ["LOCAL_RANK"])]) * n_bytes
+
+
+def echo_env(*names):
+    return {n: os.environ.get(n) for n in names}
+
+
+def raise_value_error(text):
+    raise ValueError(text)
+
+
+def exit_with(code):
+    sys.exit(code)
+
+
+def print_streams(out_text, err_text):
+    print(out_text)
+    print(err_text, file=sys.stderr)
+    return os.environ["LOCAL_RANK"]
+
+
+def sleep_forever():
+    while True:
+        time.sleep(1)
+
+
+def fail_rank(rank_to_fail, text):
+    if int(os.environ["LOCAL_RANK"]) == rank_to_fail:
+        raise RuntimeError(text)
+    time.sleep(60)

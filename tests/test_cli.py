@@ -1,0 +1,291 @@
+"""`ranktop --headless`: flags, environment, files, exit statuses, stopping, restarts, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
+
+from core.errors import UsageError
+from core.spec import parse_nnodes, parse_signal
+
+RANKS = ROOT / "tests" / "ranks"
+
+
+def _events(run_dir):
+    with open(os.path.join(run_dir, "events.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def _env_of(run_dir, rank, attempt=0):
+    text = open(os.path.join(run_dir, f"attempt_{attempt}", str(rank), "stdout.log")).read()
+    return json.loads(text.split("ENV ", 1)[1])
+
+
+def test_per_rank_environment(tmp_path):
+    res = run_ranktop("--headless", "--nproc_per_node", "2", "--log-dir", str(tmp_path), "--run-id", "envs",
+                      "--role", "trainer", "--env", "EXTRA=1", "--debug", str(RANKS / "env_dump.py"))
+    assert res.returncode == 0, res.stderr
+    run_dir = tmp_path / "envs"
+    envs = [_env_of(run_dir, r) for r in (0, 1)]
+    port = envs[0]["MASTER_PORT"]
+    for r, env in enumerate(envs):
+        assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE",
+                                    "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "ROLE_NAME")} == {
+            "RANK": str(r), "LOCAL_RANK": str(r), "GROUP_RANK": "0", "ROLE_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
+            "WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": "2", "ROLE_NAME": "trainer"}
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == port and 0 < int(port) < 65536
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "0" and env["TORCHELASTIC_MAX_RESTARTS"] == "0"
+        assert env["TORCHELASTIC_RUN_ID"] == "envs"
+        assert env["TORCHELASTIC_ERROR_FILE"] == str(run_dir / "attempt_0" / str(r) / "error.json")
+        assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and env["OMP_NUM_THREADS"] == "1"
+        assert env["PYTHONUNBUFFERED"] == "1" and env["EXTRA"] == "1"
+        assert env["RANKTOP_TEST_ID"] == os.environ["RANKTOP_TEST_ID"]  # the caller's environment is kept
+        assert env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL" and env["CUDA_LAUNCH_BLOCKING"] == "1"
+        assert env["NCCL_DESYNC_DEBUG"] == "1" and env["TORCH_SHOW_CPP_STACKTRACES"] == "1"
+
+
+def test_static_multi_node_ranks_and_user_omp_threads(tmp_path):
+    res = run_ranktop("--headless", "-j", "3x2", "--node-rank", "2", "--master-addr", "10.0.0.5",
+                      "--master-port", "29555", "--log-dir", str(tmp_path), "--run-id", "mn",
+                      str(RANKS / "env_dump.py"), env={**os.environ, "OMP_NUM_THREADS": "4"})
+    assert res.returncode == 0, res.stderr
+    env = _env_of(tmp_path / "mn", 1)
+    assert (env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"], env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == (
+        "5", "1", "2", "6", "3")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["OMP_NUM_THREADS"]) == ("10.0.0.5", "29555", "4")
+    assert "[default5]:ENV" in res.stdout and "[default4]:ENV" in res.stdout
+
+
+def test_standalone_picks_a_free_port(tmp_path):
+    res = run_ranktop("--headless", "--standalone", "--log-dir", str(tmp_path), "--run-id", "s",
+                      str(RANKS / "env_dump.py"))
+    assert res.returncode == 0
+    assert _env_of(tmp_path / "s", 0)["MASTER_PORT"] != "29500"
+
+
+def test_prefixed_console_filter_and_log_layout(tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text("import os, sys\nprint('out', os.environ['RANK'])\nprint('err', os.environ['RANK'], file=sys.stderr)\n")
+    res = run_ranktop("--headless", "--nproc-per-node", "3", "--local-ranks-filter", "1", "--log-dir",
+                      str(tmp_path / "logs"), "--run-id", "f", str(script))
+    assert res.returncode == 0, res.stderr
+    assert "[default1]:out 1" in res.stdout and "[default1]:err 1" in res.stderr
+    assert "out 0" not in res.stdout and "out 2" not in res.stdout
+    for r in range(3):
+        rank_dir = tmp_path / "logs" / "f" / "attempt_0" / str(r)
+        assert (rank_dir / "stdout.log").read_text() == f"out {r}\n"
+        assert (rank_dir / "stderr.log").read_text() == f"err {r}\n"
+    events = _events(tmp_path / "logs" / "f")
+    assert [e["event"] for e in events][0] == "run_started" and events[-1]["event"] == "run_finished"
+    assert sorted(e["rank"] for e in events if e["event"] == "started") == [0, 1, 2]
+    assert sorted((e["rank"], e["exitcode"]) for e in events if e["event"] == "exited") == [(0, 0), (1, 0), (2, 0)]
+    assert all(isinstance(e["ts"], float) for e in events)
+
+
+def test_prefix_template_from_flag_and_environment(tmp_path):
+    script = tmp_path / "p.py"
+    script.write_text("print('hi')\n")
+    res = run_ranktop("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path), "--role", "w",
+                      "--log-line-prefix-template", "<${role_name}|${rank}|${local_rank}> ", str(script))
+    assert sorted(res.stdout.splitlines()) == ["<w|0|0> hi", "<w|1|1> hi"]
+    env = {**os.environ, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "${rank}: "}
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path), str(script), env=env)
+    assert res.stdout == "0: hi\n"
+
+
+def test_redirects_keep_streams_off_the_console_but_in_files(tmp_path):
+    script = tmp_path / "r.py"
+    script.write_text("import sys\nprint('to out')\nprint('to err', file=sys.stderr)\n")
+    res = run_ranktop("--headless", "-r", "1", "--log-dir", str(tmp_path), "--run-id", "r", str(script))
+    assert "to out" not in res.stdout and "[default0]:to err" in res.stderr
+    assert (tmp_path / "r" / "attempt_0" / "0" / "stdout.log").read_text() == "to out\n"
+
+
+def test_module_and_no_python_modes(tmp_path):
+    res = run_ranktop("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path), "-m", "json.tool",
+                      "--help")
+    assert res.returncode == 0 and "[default1]:usage:" in res.stdout
+    res = run_ranktop("--headless", "--no-python", "--log-dir", str(tmp_path), "echo", "a", "1")
+    assert res.returncode == 0 and res.stdout == "[default0]:a 1\n"
+
+
+def test_failure_exit_status_and_root_cause(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "sys.path.insert(0, %r)\n"
+        "from core import record\n"
+        "@record\n"
+        "def main():\n"
+        "    if os.environ['RANK'] == '1':\n"
+        "        print('about to fail', flush=True)\n"
+        "        raise ValueError('bad batch')\n"
+        "    time.sleep(30)\n"
+        "main()\n" % str(ROOT))
+    res = run_ranktop("--headless", "--nproc-per-node", "3", "--log-dir", str(tmp_path), "--run-id", "x", str(script))
+    assert res.returncode == 1
+    assert "root cause: rank 1 (local rank 1" in res.stderr and "exited with code 1" in res.stderr
+    assert "ValueError: bad batch" in res.stderr and "Traceback" in res.stderr
+    exited = {e["rank"]: e for e in _events(tmp_path / "x") if e["event"] == "exited"}
+    assert exited[1]["exitcode"] == 1 and not exited[1]["by_us"]
+    assert exited[0]["signal"] == "SIGTERM" and exited[0]["by_us"]
+
+
+def test_signal_death_is_named(tmp_path):
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--no-python", sys.executable, "-c",
+                      "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    assert res.returncode == 1
+    assert "was killed by SIGSEGV" in res.stderr
+
+
+def test_restart_after_crash_picks_up_attempt_1(tmp_path):
+    res = run_ranktop("--headless", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", str(tmp_path),
+                      "--run-id", "re", "--shutdown-timeout", "5", str(RANKS / "crash_first_attempt.py"))
+    assert res.returncode == 0, res.stderr
+    run = tmp_path / "re"
+    assert sorted(os.listdir(run)) == ["attempt_0", "attempt_1", "events.jsonl"]
+    assert (run / "attempt_1" / "1" / "stdout.log").read_text() == "rank 1 attempt 1\n"
+    assert (run / "attempt_0" / "1" / "stdout.log").read_text() == "rank 1 attempt 0\n"
+    events = _events(run)
+    restarts = [e for e in events if e["event"] == "group_restart"]
+    assert [(e["attempt"], e["reason"]) for e in restarts] == [(1, "failure")]
+    assert events[-1]["state"] == "SUCCEEDED"
+
+
+def test_restarts_exhausted_gives_exit_1(tmp_path):
+    res = run_ranktop("--headless", "--max-restarts", "1", "--log-dir", str(tmp_path), "--run-id", "ex",
+                      "--no-python", "false")
+    assert res.returncode == 1
+    assert "(attempt 2 of 2)" in res.stderr
+    assert sorted(os.listdir(tmp_path / "ex")) == ["attempt_0", "attempt_1", "events.jsonl"]
+
+
+def _start_family(tmp_path, *flags, script_args=()):
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path),
+                                        "--run-id", "fam", *flags, str(RANKS / "family.py"), *script_args),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = []
+    for _ in range(2):
+        line = proc.stdout.readline()
+        assert "PIDS" in line, line + proc.stderr.read()
+        pids += [int(p) for p in line.split("PIDS", 1)[1].split()]
+    return proc, pids
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_signal_to_ranktop_is_forwarded_and_exit_is_128_plus_n(tmp_path, sig):
+    proc, pids = _start_family(tmp_path)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 128 + sig
+    assert f"stopped by {signal.Signals(sig).name}" in err
+    wait_for(lambda: not any(_alive(p) for p in pids), timeout=5, what="ranks and grandchildren gone")
+    assert any(e["event"] == "signal_received" for e in _events(tmp_path / "fam"))
+
+
+def test_shutdown_timeout_escalates_to_sigkill(tmp_path):
+    proc, pids = _start_family(tmp_path, "--shutdown-timeout", "0.5", script_args=["--ignore-term"])
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=20)
+    exited = {e["pid"]: e for e in _events(tmp_path / "fam") if e["event"] == "exited"}
+    assert {exited[pids[0]]["signal"], exited[pids[3]]["signal"]} == {"SIGKILL"}
+    wait_for(lambda: not any(_alive(p) for p in pids), timeout=5, what="everything gone")
+
+
+def test_sigkill_of_ranktop_leaves_nothing_behind(tmp_path):
+    proc, pids = _start_family(tmp_path, "--shutdown-timeout", "1")
+    proc.kill()
+    proc.communicate(timeout=10)
+    # The guard stops groups and the setsid-escaped grandchildren (they carry the run's marker).
+    wait_for(lambda: not any(_alive(p) for p in pids), timeout=10, what="ranks and grandchildren gone")
+
+
+def test_headless_does_not_import_textual(tmp_path):
+    code = ("import sys; from tui.cli import main; rc = main(['--headless', '--log-dir', %r, '--no-python', 'true']);"
+            "print('textual' in sys.modules, rc)" % str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert res.stdout.strip() == "False 0", res.stderr
+
+
+def test_version_and_help():
+    assert run_ranktop("--version").stdout.startswith("ranktop ")
+    help_text = run_ranktop("--help").stdout
+    for flag in ("--nproc-per-node", "-j", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                 "--standalone", "--module", "--no-python", "--max-restarts", "--monitor-interval", "--log-dir",
+                 "--redirects", "--tee", "--local-ranks-filter", "--role", "--log-line-prefix-template",
+                 "--shutdown-timeout", "--env", "--debug", "--stall-timeout", "--headless", "--tui"):
+        assert flag in help_text
+
+
+BAD_INPUT = [
+    (["missing.py"], "bad script 'missing.py': no such file"),
+    (["--no-python", "{nonexec}"], "not executable"),
+    (["--no-python", "no-such-binary-xyz"], "bad binary 'no-such-binary-xyz': not found"),
+    (["--nproc-per-node", "0", "{script}"], "bad --nproc-per-node '0'"),
+    (["--nproc-per-node", "-3", "{script}"], "bad --nproc-per-node '-3'"),
+    (["--nproc-per-node", "abc", "{script}"], "bad --nproc-per-node 'abc': expected a positive whole number"),
+    (["-j", "2x", "{script}"], "bad -j '2x'"),
+    (["-j", "x4", "{script}"], "bad -j 'x4'"),
+    (["-j", "1:2:3x4", "{script}"], "bad -j '1:2:3x4': expected N, NxM or MIN:MAXxM"),
+    (["--redirects", "0:5", "{script}"], "bad -r/-t: bad stream spec '0:5'"),
+    (["--nproc-per-node", "2", "--tee", "3:1", "{script}"], "bad --tee: names local rank(s) [3]"),
+    (["--nproc-per-node", "2", "--local-ranks-filter", "7", "{script}"], "bad --local-ranks-filter 7"),
+    (["--local-ranks-filter", "a", "{script}"], "bad --local-ranks-filter 'a'"),
+    (["--log-dir", "{file}", "{script}"], "it is a file"),
+    (["--log-dir", "/proc/ranktop-test", "{script}"], "cannot write there"),
+    (["--master-port", "70000", "{script}"], "bad --master-port 70000: expected 1..65535"),
+    (["--env", "NOEQUALS", "{script}"], "bad --env 'NOEQUALS'"),
+    (["--nnodes", "2", "--node-rank", "2", "{script}"], "bad --node-rank 2"),
+    (["--max-restarts", "x", "{script}"], "argument --max-restarts/--max_restarts: invalid int value: 'x'"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_INPUT)
+def test_bad_input_gives_one_line_and_starts_nothing(tmp_path, argv, message):
+    script = tmp_path / "never.py"
+    script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('x')\n")
+    nonexec = tmp_path / "nonexec"
+    nonexec.write_text("#!/bin/sh\n")
+    (tmp_path / "afile").write_text("keep")
+    subst = {"{script}": str(script), "{nonexec}": str(nonexec), "{file}": str(tmp_path / "afile")}
+    args = [subst.get(a, a) for a in argv]
+    if "--log-dir" not in args:
+        args = ["--log-dir", str(tmp_path / "logs"), *args]
+    res = run_ranktop("--headless", *args)
+    assert res.returncode == 2
+    assert res.stdout == ""
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and message in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "ran").exists()
+    assert not (tmp_path / "logs").exists() or not os.listdir(tmp_path / "logs")
+    assert (tmp_path / "afile").read_text() == "keep"
+
+
+def test_unknown_signal_name_is_refused():
+    assert parse_signal("usr1") == signal.SIGUSR1 and parse_signal("SIGTERM") == signal.SIGTERM
+    with pytest.raises(UsageError, match="unknown signal 'SIGFOO': use a name like TERM"):
+        parse_signal("SIGFOO")
+
+
+def test_parse_nnodes_forms():
+    assert parse_nnodes("2:4x8") == (2, 4, 8, "2:4")
+    assert parse_nnodes("2x8") == (2, 2, 8, "2")
+    assert parse_nnodes("8") == (1, 1, 8, "1")
+    for bad in ("2x", "x4", "1:2:3x4", "", "a"):
+        with pytest.raises(ValueError, match="expected N, NxM or MIN:MAXxM"):
+            parse_nnodes(bad)

@@ -1,0 +1,267 @@
+"""The Python API with torch's start_processes semantics, on real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import rank_fns
+from conftest import ROOT, wait_for
+
+from core import ProcessFailure, RunProcsResult, Std, record, start_processes
+from core.errors import read_error_file, write_error_file
+
+PY = sys.executable
+RANKS = os.path.join(os.path.dirname(__file__), "ranks")
+
+
+def _envs(n):
+    return {r: {"LOCAL_RANK": str(r)} for r in range(n)}
+
+
+def _run(fn, args, tmp_path, **kw) -> RunProcsResult:
+    ctx = start_processes("trainer", fn, args, _envs(len(args)), str(tmp_path), **kw)
+    try:
+        result = ctx.wait(timeout=60)
+        assert result is not None, "ranks still running after 60 s"
+        return result
+    finally:
+        ctx.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_return_values_by_rank(tmp_path):
+    result = _run(rank_fns.double, {0: (1,), 1: (21,), 2: ("ab",)}, tmp_path)
+    assert not result.is_failed()
+    assert result.return_values == {0: 2, 1: 42, 2: "abab"}
+
+
+def test_large_return_values_do_not_deadlock(tmp_path):
+    size = 10 * 1024 * 1024
+    result = _run(rank_fns.big_value, {0: (size,), 1: (size,)}, tmp_path)
+    assert {r: (len(v), v[:1]) for r, v in result.return_values.items()} == {0: (size, b"\0"), 1: (size, b"\1")}
+
+
+@pytest.mark.parametrize(
+    "redirects, tee, files, console",
+    [
+        (Std.NONE, Std.NONE, (False, False), (True, True)),  # straight through, no files
+        (Std.OUT, Std.NONE, (True, False), (False, True)),
+        (Std.ALL, Std.NONE, (True, True), (False, False)),
+        (Std.NONE, Std.ERR, (False, True), (True, True)),
+        (Std.NONE, Std.ALL, (True, True), (True, True)),
+    ],
+)
+def test_redirect_and_tee_land_in_the_right_files(tmp_path, capfd, redirects, tee, files, console):
+    result = _run(rank_fns.print_streams, {0: ("out-0", "err-0"), 1: ("out-1", "err-1")}, tmp_path,
+                  redirects=redirects, tee=tee)
+    out, err = capfd.readouterr()
+    for r in (0, 1):
+        for (paths, text, expect) in ((result.stdouts, f"out-{r}", files[0]), (result.stderrs, f"err-{r}", files[1])):
+            if expect:
+                assert paths[r] == str(tmp_path / str(r) / os.path.basename(paths[r]))
+                with open(paths[r]) as f:
+                    assert f.read() == text + "\n"
+            else:
+                assert paths[r] == ""
+        assert (f"out-{r}" in out) == console[0]
+        assert (f"err-{r}" in err) == console[1]
+    if tee & Std.ERR:
+        assert "[trainer0]:err-0" in err and "[trainer1]:err-1" in err
+
+
+def test_per_rank_redirect_map(tmp_path):
+    result = _run(rank_fns.print_streams, {0: ("a", "b"), 1: ("c", "d")}, tmp_path,
+                  redirects=Std.from_str("0:3,1:1"))
+    assert result.stdouts[0] and result.stderrs[0] and result.stdouts[1] and not result.stderrs[1]
+
+
+def test_raising_function_gives_one_failure_with_error_file(tmp_path):
+    result = _run(rank_fns.raise_value_error, {0: ("boom",)}, tmp_path)
+    assert list(result.failures) == [0]
+    failure = result.failures[0]
+    assert failure.exitcode == 1
+    assert failure.message == "ValueError: boom"
+    assert "raise_value_error" in failure.traceback
+    with open(failure.error_file) as f:
+        data = json.load(f)
+    assert data["message"]["message"] == "ValueError: boom"
+    assert data["message"]["extraInfo"]["timestamp"].isdigit()
+
+
+def test_sys_exit_gives_its_code_and_no_error_file(tmp_path):
+    result = _run(rank_fns.exit_with, {0: (138,)}, tmp_path)
+    failure = result.failures[0]
+    assert failure.exitcode == 138
+    assert not os.path.exists(failure.error_file)
+    assert failure.signal_name() == "<N/A>"
+
+
+def test_binary_failure_stops_its_sibling_with_sigterm(tmp_path):
+    args = {0: ("-c", "import sys; sys.exit(138)"), 1: ("-c", "import time; time.sleep(60)")}
+    result = _run(PY, args, tmp_path)
+    assert result.failures[0].exitcode == 138
+    assert result.failures[1].exitcode == -signal.SIGTERM
+    assert result.failures[1].signal_name() == "SIGTERM"
+    assert result.failures[0].timestamp <= result.failures[1].timestamp
+
+
+def test_segfaulting_binary_reports_sigsegv(tmp_path):
+    result = _run(PY, {0: ("-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")}, tmp_path)
+    failure = result.failures[0]
+    assert failure.exitcode == -11 and failure.signal_name() == "SIGSEGV"
+    assert failure.message == f"Signal 11 (SIGSEGV) received by PID {failure.pid}"
+
+
+def test_binaries_get_str_cast_args(tmp_path):
+    result = _run("/bin/echo", {0: (1, 2.5, None)}, tmp_path, redirects=Std.OUT)
+    with open(result.stdouts[0]) as f:
+        assert f.read() == "1 2.5 None\n"
+
+
+def test_wait_returns_none_while_running_and_close_leaves_nothing(tmp_path):
+    ctx = start_processes("t", PY, {0: (os.path.join(RANKS, "family.py"),)}, _envs(1), str(tmp_path),
+                          redirects=Std.OUT)
+    try:
+        assert ctx.wait(timeout=0.1) is None
+        line = wait_for(lambda: _pids_line(tmp_path / "0" / "stdout.log"), what="family pids")
+        pids = [int(p) for p in line.split()[1:]]
+        assert all(_pid_alive(p) for p in pids)
+    finally:
+        ctx.close(timeout=2)
+    wait_for(lambda: not any(_pid_alive(p) for p in pids), timeout=5, what="every process of the rank to exit")
+
+
+def _pids_line(path):
+    try:
+        return next((line for line in path.read_text().splitlines() if line.startswith("PIDS")), None)
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_nothing_left_after_the_parent_is_signalled(tmp_path, sig):
+    parent = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from core import start_processes, Std
+        ctx = start_processes("p", sys.executable, {{0: ({os.path.join(RANKS, 'family.py')!r},), 1: ({os.path.join(RANKS, 'family.py')!r},)}},
+                              {{0: {{}}, 1: {{}}}}, {str(tmp_path)!r}, redirects=Std.OUT)
+        print("started", flush=True)
+        ctx.wait()
+    """)
+    proc = subprocess.Popen([PY, "-c", parent], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "started"
+    lines = [wait_for(lambda r=r: _pids_line(tmp_path / str(r) / "stdout.log"), what=f"rank {r} pids") for r in (0, 1)]
+    pids = [int(p) for line in lines for p in line.split()[1:]]
+    proc.send_signal(sig)
+    proc.wait(timeout=10)
+    proc.stdout.close()
+    wait_for(lambda: not any(_pid_alive(p) for p in pids), timeout=10, what="ranks and grandchildren to be gone")
+
+
+def test_output_bytes_reach_the_log_file_unchanged(tmp_path):
+    sys.path.insert(0, RANKS)
+    try:
+        from output_fidelity import payload
+    finally:
+        sys.path.remove(RANKS)
+    ctx = start_processes("t", PY, {0: (os.path.join(RANKS, "output_fidelity.py"),)}, _envs(1), str(tmp_path),
+                          redirects=Std.ALL)
+    try:
+        result = ctx.wait(timeout=60)
+        with open(result.stdouts[0], "rb") as f:
+            assert f.read() == payload()
+        lines = ctx.slots[0].ring.tail()
+        assert b"progress 100%" in lines and not any(b"progress 10%" in line for line in lines)
+        assert lines[-1] == b"partial last line without newline"
+        assert b"bad utf8 \xff\xfe\xc3\x28 end" in lines
+        assert any(len(line) == 5 * 1024 * 1024 for line in lines)
+    finally:
+        ctx.close()
+
+
+@pytest.mark.parametrize(
+    "args, envs, message",
+    [
+        ({0: (), 1: ()}, {0: {}}, "args and envs must both have exactly the local ranks 0..1"),
+        ({0: (), 2: ()}, {0: {}, 2: {}}, "exactly the local ranks 0..1"),
+    ],
+)
+def test_mismatched_ranks_are_refused(tmp_path, args, envs, message):
+    with pytest.raises(ValueError, match=message):
+        start_processes("t", PY, args, envs, str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
+def test_log_dir_must_exist_be_a_directory_and_be_empty(tmp_path):
+    args, envs = {0: ("-c", "pass")}, {0: {}}
+    with pytest.raises(ValueError, match="does not exist"):
+        start_processes("t", PY, args, envs, str(tmp_path / "missing"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is not a directory"):
+        start_processes("t", PY, args, envs, str(tmp_path / "file"))
+    with pytest.raises(ValueError, match="is not empty"):
+        start_processes("t", PY, args, envs, str(tmp_path))
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_redirect_map_naming_a_missing_rank_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"names local rank\(s\) \[5\]"):
+        start_processes("t", PY, {0: ("-c", "pass")}, {0: {}}, str(tmp_path), redirects={5: Std.OUT})
+    assert os.listdir(tmp_path) == []
+
+
+def test_unpicklable_callable_is_refused_clearly(tmp_path):
+    with pytest.raises(ValueError, match="must be importable by name"):
+        ctx = start_processes("t", lambda: 1, {0: ()}, {0: {}}, str(tmp_path))
+        ctx.close()
+
+
+def test_record_writes_torch_format_and_reads_torch_files(tmp_path, monkeypatch):
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    with pytest.raises(KeyError):
+        record(lambda: {}["missing"])()
+    content = read_error_file(path)
+    assert content.message == "KeyError: 'missing'" and "Traceback" in content.traceback
+    # What torch's own @record writes (same keys; an old-style plain message too).
+    path.write_text(json.dumps({"message": {"message": "RuntimeError: from torch",
+                                            "extraInfo": {"py_callstack": "tb", "timestamp": "1700000000"}}}))
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(path))
+    assert (failure.message, failure.traceback, failure.timestamp) == ("RuntimeError: from torch", "tb", 1700000000.0)
+    path.write_text(json.dumps({"message": "plain text"}))
+    assert read_error_file(path).message == "plain text"
+    write_error_file(path, OSError("disk"))
+    assert read_error_file(path).message == "OSError: disk"
+
+
+def test_error_file_from_torch_record_is_read(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "torch_rank.py"
+    script.write_text(textwrap.dedent("""
+        from torch.distributed.elastic.multiprocessing.errors import record
+        @record
+        def main():
+            raise ZeroDivisionError("torch side")
+        main()
+    """))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    result = _run(PY, {0: (str(script),)}, logs, redirects=Std.ALL)
+    failure = result.failures[0]
+    assert failure.exitcode == 1
+    assert "ZeroDivisionError: torch side" in failure.message
+    assert "torch side" in (failure.traceback or "")
