@@ -1,0 +1,193 @@
+"""LocalAgent, launch() and the snapshot/command interface the TUI uses, on real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import rank_fns
+from conftest import ROOT, wait_for
+
+from core import GroupState, LocalAgent, RankState, WorkerError, WorkerSpec, WorkerState, launch
+
+PY = sys.executable
+
+
+def _agent(tmp_path, code, n=2, **kw):
+    spec_kw = {k: kw.pop(k) for k in list(kw) if k in ("max_restarts", "monitor_interval")}
+    spec = WorkerSpec(role="default", local_world_size=n, entrypoint=PY, args=("-c", textwrap.dedent(code)),
+                      **spec_kw)
+    return LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=kw.pop("shutdown_timeout", 5),
+                      **kw)
+
+
+class Running:
+    """Run an agent's monitor loop in a thread, as the TUI does."""
+
+    def __init__(self, agent):
+        self.agent, self.result = agent, None
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+        assert agent.wait_started(10)
+
+    def _run(self):
+        self.result = self.agent.run()
+
+    def join(self, timeout=30):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "agent did not finish"
+        return self.result
+
+    def rank(self, r):
+        return self.agent.snapshot().ranks[r]
+
+
+def _events(agent):
+    with open(os.path.join(agent.run_dir, "events.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_callable_ranks_return_values_by_global_rank(tmp_path):
+    spec = WorkerSpec(role="r", local_world_size=2, entrypoint=rank_fns.echo_env, args=("RANK", "WORLD_SIZE"),
+                      nnodes=2, node_rank=1)
+    result = LocalAgent(spec, log_dir=str(tmp_path), console=False).run()
+    assert result.state == WorkerState.SUCCEEDED and result.exit_status == 0
+    assert result.return_values == {2: {"RANK": "2", "WORLD_SIZE": "4"}, 3: {"RANK": "3", "WORLD_SIZE": "4"}}
+
+
+def test_failure_has_root_cause_with_traceback_and_last_lines(tmp_path):
+    spec = WorkerSpec(role="r", local_world_size=3, entrypoint=rank_fns.fail_rank, args=(2, "lost the batch"))
+    result = LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=5).run()
+    assert result.state == WorkerState.FAILED and result.exit_status == 1
+    assert set(result.failures) == {0, 1, 2}
+    cause = result.root_cause
+    assert (cause.rank, cause.exitcode, cause.message) == (2, 1, "RuntimeError: lost the batch")
+    assert "fail_rank" in cause.traceback and cause.error_file.endswith("attempt_0/2/error.json")
+    assert any("RuntimeError: lost the batch" in line for line in cause.last_lines)
+
+
+def test_snapshot_states_and_user_commands(tmp_path):
+    agent = _agent(tmp_path, """
+        import signal, time
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.05)
+    """, n=3)
+    run = Running(agent)
+    try:
+        wait_for(lambda: all(r.state == RankState.RUNNING for r in agent.snapshot().ranks), what="running ranks")
+        snap = agent.snapshot()
+        assert snap.state == GroupState.RUNNING and snap.world_size == 3 and snap.log_dir == agent.run_dir
+        assert agent.output(0) == [b"ready"]
+
+        agent.signal_rank(0, signal.SIGSTOP)  # not terminating: the rank stays, just stopped
+        agent.signal_rank(0, signal.SIGCONT)
+        assert run.rank(0).state == RankState.RUNNING
+
+        old_pid = run.rank(1).pid
+        agent.restart_rank(1)
+        wait_for(lambda: run.rank(1).pid != old_pid and run.rank(1).state == RankState.RUNNING,
+                 what="rank 1 restarted")
+        assert run.rank(1).restarts == 1 and run.rank(0).restarts == 0
+
+        agent.kill_rank(2)
+        wait_for(lambda: run.rank(2).state == RankState.KILLED, what="rank 2 killed")
+        assert run.rank(2).signal_name == "SIGKILL"
+        assert run.rank(0).state == RankState.RUNNING  # a user kill is not a failure that stops the group
+        agent.kill_group()
+        result = run.join()
+    finally:
+        agent.kill_group() if run.thread.is_alive() else None
+        run.join()
+    assert result.state == WorkerState.STOPPED and agent.snapshot().state == GroupState.STOPPED
+    names = [(e["event"], e.get("local_rank"), e.get("signal")) for e in _events(agent)]
+    assert ("signalled", 0, "SIGSTOP") in names and ("signalled", 0, "SIGCONT") in names
+    assert ("signalled", 2, "SIGKILL") in names and ("user_restart_rank", 1, None) in names
+    assert ("user_stop", None, "SIGKILL") in names
+
+
+def test_restart_group_starts_the_next_attempt(tmp_path):
+    agent = _agent(tmp_path, """
+        import os, time
+        print("attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], flush=True)
+        time.sleep(60)
+    """)
+    run = Running(agent)
+    try:
+        wait_for(lambda: agent.output(0) == [b"attempt 0"], what="attempt 0 output")
+        agent.restart_group()
+        wait_for(lambda: agent.snapshot().attempt == 1 and agent.output(0) == [b"attempt 1"], what="attempt 1")
+        assert all(r.restarts == 1 for r in agent.snapshot().ranks)
+    finally:
+        agent.stop()
+        run.join()
+    assert ("group_restart", "user") in [(e["event"], e.get("reason")) for e in _events(agent)]
+
+
+def test_stall_detection_marks_silent_rank_and_clears(tmp_path):
+    stalls = []
+    agent = _agent(tmp_path, """
+        import os, time
+        if os.environ["RANK"] == "1":
+            print("quiet now", flush=True)
+            time.sleep(1.0)
+            print("back", flush=True)
+            time.sleep(60)
+        while True:
+            print("tick", flush=True)
+            time.sleep(0.05)
+    """, stall_timeout=0.4, monitor_interval=0.05, on_stall=stalls.append)
+    run = Running(agent)
+    try:
+        wait_for(lambda: run.rank(1).state == RankState.STALLED, what="rank 1 stalled")
+        assert run.rank(0).state == RankState.RUNNING
+        assert run.rank(1).stall_seconds >= 0.4
+        wait_for(lambda: run.rank(1).state == RankState.RUNNING, what="rank 1 back")
+    finally:
+        agent.stop()
+        run.join()
+    assert [s.rank for s in stalls][:1] == [1]
+    kinds = [(e["event"], e.get("rank")) for e in _events(agent)]
+    assert ("stall_detected", 1) in kinds and ("stall_cleared", 1) in kinds
+
+
+def test_launch_returns_values_and_raises_worker_error(tmp_path):
+    assert launch(rank_fns.echo_env, "RANK", nprocs=2) == {0: {"RANK": "0"}, 1: {"RANK": "1"}}
+    with pytest.raises(WorkerError, match=r"worker\[0\] failed with exitcode=3") as info:
+        launch(rank_fns.exit_with, 3, nprocs=1)
+    assert (info.value.worker_id, info.value.exitcode) == (0, 3)
+
+
+def test_launch_caller_signalled_stops_ranks_and_raises(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]
+        import rank_fns
+        from core import launch, MainProcessError
+        try:
+            launch(rank_fns.fail_rank, 99, 2)  # no rank 99: both ranks sleep until stopped
+        except MainProcessError as e:
+            print("MainProcessError", e.signal_no, flush=True)
+    """)
+    proc = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True)
+    wait_for(lambda: len(_children(proc.pid)) >= 2, what="two ranks started")
+    ranks = _children(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert out.strip() == f"MainProcessError {int(signal.SIGTERM)}"
+    wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in ranks), what="ranks gone")
+
+
+def _children(pid):
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children() if "guard.py" not in " ".join(c.cmdline())]
+    except psutil.Error:
+        return []
