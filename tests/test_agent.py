@@ -191,3 +191,18 @@ def _children(pid):
         return [c.pid for c in psutil.Process(pid).children() if "guard.py" not in " ".join(c.cmdline())]
     except psutil.Error:
         return []
+
+
+def test_lingering_run_restarts_after_the_end_and_returns_on_release(tmp_path):
+    agent = _agent(tmp_path, """
+        import os
+        print("attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], flush=True)
+    """, n=1, linger=True)
+    run = Running(agent)
+    wait_for(lambda: agent.snapshot().state == GroupState.SUCCEEDED, what="first run ended")
+    assert run.thread.is_alive()  # waiting for the user
+    agent.restart_group()
+    wait_for(lambda: agent.snapshot().attempt == 1 and agent.snapshot().state == GroupState.SUCCEEDED
+             and agent.output(0) == [b"attempt 1"], what="second attempt ended")
+    agent.release()
+    assert run.join().state == WorkerState.SUCCEEDED
