@@ -27,6 +27,7 @@ FAKE_ENV = "RANKTOP_FAKE_GPUS"
 NO_GPU = "no GPU"
 
 # NVML's error codes that mean "there is no usable NVIDIA GPU here" rather than "something broke".
+_ERROR_NOT_SUPPORTED = 3
 _ERROR_DRIVER_NOT_LOADED = 9
 _ERROR_LIBRARY_NOT_FOUND = 12
 _NO_GPU_CODES = (_ERROR_DRIVER_NOT_LOADED, _ERROR_LIBRARY_NOT_FOUND)
@@ -126,11 +127,12 @@ class GpuMonitor:
             pass
 
     def close(self) -> None:
+        """Shut NVML down if we brought it up; the monitor reads nothing after this."""
         with self._lock:
-            if self._started and self._init_status is None:
+            if self.ok:
                 self._shutdown()
-                self._init_status = "closed"
             self._started = True
+            self._init_status = self._init_status or "closed"
 
     @property
     def ok(self) -> bool:
@@ -171,15 +173,15 @@ class GpuMonitor:
 
     def _read_device(self, index: int, handle: Any) -> DeviceReading:
         nvml = self._nvml
-        util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
         mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+        util = _unless_unsupported(lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
         procs: dict[int, int | None] = {}
-        for info in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        for info in _unless_unsupported(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle)) or ():
             used = getattr(info, "usedGpuMemory", None)
             # A process can hold several contexts on one device: add them up.
             prev = procs.get(info.pid)
             procs[info.pid] = used if prev is None else prev + (used or 0)
-        return DeviceReading(index, float(util), int(mem.used), int(mem.total), procs)
+        return DeviceReading(index, util, int(mem.used), int(mem.total), procs)
 
     def uuid(self, index: int) -> str | None:
         if index not in self._uuids and index in self._handles:
@@ -196,6 +198,16 @@ class GpuMonitor:
         if not readings:
             return {r: None for r in ranks}
         return {r: rank_sample(r, q, readings, self.uuid) for r, q in ranks.items()}
+
+
+def _unless_unsupported(read: Callable[[], Any]) -> Any:
+    """`read()`, or None where the device does not support it (utilisation of a MIG-mode GPU)."""
+    try:
+        return read()
+    except Exception as exc:
+        if getattr(exc, "value", None) == _ERROR_NOT_SUPPORTED:
+            return None
+        raise
 
 
 def rank_sample(
@@ -300,6 +312,7 @@ class FakeDevice:
     mem_total: int = 80 * GiB
     uuid: str = ""
     error: FakeNvmlError | None = None  # raised by every query of this device while set
+    util_supported: bool = True  # False: utilisation raises Not Supported, as on a MIG-mode GPU
 
 
 @dataclass
@@ -383,7 +396,10 @@ class FakeNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:  # noqa: N802
         self.calls["nvmlDeviceGetUtilizationRates"] += 1
-        return _Util(gpu=int(self._device(handle).util), memory=0)
+        dev = self._device(handle)
+        if not dev.util_supported:
+            raise FakeNvmlError(_ERROR_NOT_SUPPORTED, "Not Supported")
+        return _Util(gpu=int(dev.util), memory=0)
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:  # noqa: N802
         self.calls["nvmlDeviceGetMemoryInfo"] += 1

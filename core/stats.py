@@ -133,8 +133,12 @@ class StatsSampler:
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            # A wedged GPU can hang an NVML call: do not hang with it (the thread is a daemon).
+            thread.join(timeout=max(5.0, 2 * self.interval))
+            if thread.is_alive():
+                return  # shutting NVML down under a call in flight is worse than leaving it
         self.gpu.close()
 
     # ----- the thread --------------------------------------------------------------------------
