@@ -120,6 +120,7 @@ class LocalAgent:
         sampler: Any = None,
         on_stall: Callable[[RankSnapshot], None] | None = None,
         linger: bool = False,
+        faulthandler: bool = True,
     ):
         self.spec = spec
         self.start_method = start_method
@@ -150,6 +151,7 @@ class LocalAgent:
         self._stalled: set[int] = set()
         self._started = threading.Event()
         self.linger = linger
+        self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
         self._released = False
         self._wakeup = threading.Event()
 
@@ -214,6 +216,11 @@ class LocalAgent:
                         color=self.color)
             for r in range(n)
         }
+        if self.faulthandler and (callable(spec.entrypoint) or _is_python(spec)):
+            from core.stacks import faulthandler_env
+
+            for env in envs.values():
+                env.update(faulthandler_env(True, {**os.environ, **env}))
         prefixes = {r: prefix_for(self.prefix_template, spec.role, spec.global_rank(r), r) for r in range(n)}
         streams = plan_streams(n, spec.redirects, spec.tee, capture_all=True,
                                console_ranks=spec.local_ranks_filter if self.console else set(),

@@ -29,11 +29,17 @@ def launch(
                       master_addr=master_addr, master_port=master_port or free_port())
     envs = {r: rank_env(spec, r, master_port=spec.master_port, restart_count=0, run_id="launch", error_file="")
             for r in range(nprocs)}
+    received: list[int] = []
+    contexts = []  # the handler goes in before any rank starts, so no signal finds us unprepared
+    previous = _catch_signals(received, lambda: [c.wake() for c in contexts])
     with tempfile.TemporaryDirectory(prefix="ranktop-launch-") as log_dir:
-        ctx = start_processes("launch", func, {r: (args,) for r in range(nprocs)}, envs, log_dir,
-                              redirects=Std.NONE, tee=Std.NONE)
-        received: list[int] = []
-        previous = _catch_signals(received, ctx.wake)
+        try:
+            ctx = start_processes("launch", func, {r: (args,) for r in range(nprocs)}, envs, log_dir,
+                                  redirects=Std.NONE, tee=Std.NONE)
+        except BaseException:
+            _restore(previous)
+            raise
+        contexts.append(ctx)
         try:
             while (result := ctx.wait(timeout=0.5, period=0.5)) is None:
                 if received:

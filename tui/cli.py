@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--headless", action="store_true", help="no TUI: prefixed output, like torchrun")
     mode.add_argument("--tui", action="store_true", help="the TUI even when stdout is not a terminal")
     add("--exit-on-end", action="store_true", help="TUI: close as soon as the group ends")
+    add(*_both("no-faulthandler"), action="store_true",
+        help="do not make SIGUSR1 dump a Python rank's stacks (faulthandler)")
     add("--version", action="version", version=f"ranktop {VERSION}")
     add("training_script", help="the script (or binary with --no-python, module with -m)")
     add("training_script_args", nargs=argparse.REMAINDER)
@@ -212,7 +214,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         sampler = StatsSampler()
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout,
-                       sampler=sampler, on_stall=on_stall)
+                       sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler)
     if sampler is not None:
         sampler.attach(agent)
     try:
