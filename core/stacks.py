@@ -12,11 +12,13 @@ rank prints its own stacks to stderr, which lands in its log and its pane.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import enum
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -70,7 +72,7 @@ class ThreadStack:
     name: str
     thread_id: int
     os_thread_id: int | None
-    active: bool  # py-spy: on CPU right now (spinning) rather than idle (blocked)
+    active: bool | None  # py-spy: on CPU now (spinning) or idle (blocked); None: not known (faulthandler)
     owns_gil: bool
     is_main: bool
     frames: tuple[Frame, ...]
@@ -190,7 +192,7 @@ def dump_pid(pid: int, rank: int = 0, local_rank: int | None = None, *, native: 
         if child is None:
             return RankStack(**base, status=StackStatus.NATIVE,
                              reason="native binary rank: no Python stack to show",
-                             hint="attach gdb (`gdb -p PID -batch -ex 'thread apply all bt'`) for native frames")
+                             hint=f"for native frames: gdb -p {pid} -batch -ex 'thread apply all bt'")
         target = child
     gone = _gone_reason(target)
     if gone:
@@ -247,12 +249,14 @@ def _gone_reason(pid: int) -> str | None:
 
 
 def python_descendant(pid: int) -> int | None:
-    """The shallowest Python process under a native rank (e.g. a shell script that runs python)."""
+    """A `--no-python` rank's Python: itself (a script with a python shebang), else the shallowest
+    Python process under it (a shell script that runs python)."""
     try:
-        children = psutil.Process(pid).children(recursive=True)
+        proc = psutil.Process(pid)
+        candidates = [proc, *proc.children(recursive=True)]
     except psutil.Error:
         return None
-    for child in children:
+    for child in candidates:
         try:
             if os.path.basename(child.exe() or child.name()).startswith("python"):
                 return child.pid
@@ -305,9 +309,7 @@ def dump_pids(pids: Mapping[int, int], *, local_ranks: Mapping[int, int] | None 
 
 
 def _with_extra(stack: RankStack, fields: dict | None) -> RankStack:
-    if not fields:
-        return stack
-    return RankStack(**{**{k: getattr(stack, k) for k in RankStack.__dataclass_fields__}, **fields})
+    return dataclasses.replace(stack, **fields) if fields else stack
 
 
 def build_report(stacks: list[RankStack], taken_at: float, elapsed_s: float) -> StackReport:
@@ -369,7 +371,7 @@ def save_report(report: StackReport, run_dir: str, events: Any = None, source: s
     txt, js = os.path.join(folder, stamp + ".txt"), os.path.join(folder, stamp + ".json")
     try:
         os.makedirs(folder, exist_ok=True)
-        saved = _replace(report, saved_txt=txt, saved_json=js)
+        saved = dataclasses.replace(report, saved_txt=txt, saved_json=js)
         with open(js, "w") as f:
             json.dump(report_to_dict(saved), f, indent=1)
         with open(txt, "w") as f:
@@ -397,10 +399,6 @@ def append_event(path: str, event: str, **fields: Any) -> None:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
-
-
-def _replace(report: StackReport, **changes: Any) -> StackReport:
-    return StackReport(**{**{k: getattr(report, k) for k in StackReport.__dataclass_fields__}, **changes})
 
 
 def report_to_dict(report: StackReport) -> dict:
@@ -432,7 +430,7 @@ def rank_facts(s: RankStack) -> str:
         facts.append(f"cpu {s.cpu_percent:.0f}%")
     if s.stall_seconds is not None:
         facts.append(f"silent {s.stall_seconds:.0f}s")
-    if s.main is not None:
+    if s.main is not None and s.main.active is not None:
         facts.append("on CPU" if s.main.active else "idle")
     return ", ".join(facts)
 
@@ -640,3 +638,104 @@ def _run_dir_from_env(env: Mapping[str, str]) -> str | None:
         return None
     run_dir = os.path.dirname(os.path.dirname(os.path.dirname(path)))
     return run_dir if os.path.isfile(os.path.join(run_dir, "events.jsonl")) else None
+
+
+# ----- the SIGUSR1 fallback as a grouped view -------------------------------------------------
+_FH_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
+_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
+
+
+def parse_faulthandler(text: str) -> tuple[ThreadStack, ...]:
+    """faulthandler's dump (all threads, most recent call first) -> threads, main first.
+
+    The thread that ran the handler ("Current thread") is the main thread: Linux delivers a
+    signal sent to a process to its main thread when that thread does not block it, and Python
+    threads do not. faulthandler prints no thread names, so other threads are grouped by stack.
+    """
+    blocks: dict[int, tuple[bool, list[Frame]]] = {}  # by thread id: a second dump replaces the first
+    frames: list[Frame] | None = None
+    for line in text.splitlines():
+        head = _FH_HEADER.match(line.strip())
+        if head:
+            frames = []
+            blocks.pop(int(head.group(2), 16), None)
+            blocks[int(head.group(2), 16)] = (head.group(1) == "Current thread", frames)
+            continue
+        frame = _FH_FRAME.match(line)
+        if frame and frames is not None:
+            path = frame.group(1)
+            frames.append(Frame(frame.group(3), path, os.path.basename(path), int(frame.group(2))))
+    threads = [ThreadStack("" if current else "(unnamed)", tid, None, None, False, current, tuple(reversed(fs)))
+               for tid, (current, fs) in blocks.items()]
+    threads.sort(key=lambda t: not t.is_main)
+    return tuple(threads)
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def signal_report(pids: Mapping[int, int], stderr_logs: Mapping[int, str], *,
+                  local_ranks: Mapping[int, int] | None = None, timeout: float = 3.0,
+                  run_dir: str | None = None, events: Any = None, source: str = "signal") -> StackReport:
+    """The grouped view without ptrace: SIGUSR1 to each rank, then read its dump from its stderr log.
+
+    A rank's dump is taken as complete once its new stderr holds a stack and stops growing.
+    """
+    started, taken_at = time.perf_counter(), time.time()
+    offsets = {r: _size(stderr_logs.get(r, "")) for r in pids}
+    outcome = signal_pids(pids)
+    pending = {r for r, what in outcome.items() if what == "sent"}
+    texts: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.03)
+        for r in list(pending):
+            text = _read_from(stderr_logs.get(r, ""), offsets[r])
+            if "(most recent call first):" in text and texts.get(r) == text:
+                pending.discard(r)  # unchanged since the last look: the handler is done
+            texts[r] = text
+    found = []
+    for r in sorted(pids):
+        base = {"rank": r, "local_rank": (local_ranks or {}).get(r), "pid": pids[r]}
+        threads = parse_faulthandler(texts.get(r, "")) if outcome[r] == "sent" else ()
+        if threads:
+            found.append(RankStack(**base, status=StackStatus.OK, threads=threads))
+        elif outcome[r] == "gone":
+            found.append(RankStack(**base, status=StackStatus.GONE, reason="process gone"))
+        elif outcome[r] == "sent":
+            found.append(RankStack(**base, status=StackStatus.FAILED,
+                                   reason=f"no stack in its stderr log within {timeout:g}s",
+                                   hint="a Python handler for SIGUSR1 in the program replaces faulthandler's"))
+        else:
+            found.append(RankStack(**base, status=StackStatus.NOT_PYTHON, reason=outcome[r],
+                                   hint="start the ranks with ranktop (faulthandler is on unless --no-faulthandler)"))
+    report = build_report(found, taken_at, time.perf_counter() - started)
+    return save_report(report, run_dir, events, source) if run_dir else report
+
+
+def latest_attempt_dir(run_dir: str) -> str | None:
+    attempts = [d for d in os.listdir(run_dir) if re.fullmatch(r"attempt_\d+", d)]
+    return os.path.join(run_dir, max(attempts, key=lambda d: int(d.split("_")[1]))) if attempts else None
+
+
+def signal_agent_report(agent: Any, local_ranks: Iterable[int] | None = None, timeout: float = 3.0) -> StackReport:
+    """`signal_report` for the agent's live ranks (the TUI's fallback when py-spy cannot attach)."""
+    snap = agent.snapshot()
+    wanted = set(local_ranks) if local_ranks is not None else None
+    live = [r for r in snap.ranks if r.pid and r.state.alive and (wanted is None or r.local_rank in wanted)]
+    logs = {r.rank: os.path.join(agent.attempt_dir(), str(r.local_rank), "stderr.log") for r in live}
+    return signal_report({r.rank: r.pid for r in live}, logs, local_ranks={r.rank: r.local_rank for r in live},
+                         timeout=timeout, run_dir=agent.run_dir, events=agent.events, source="signal")

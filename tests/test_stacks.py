@@ -1,0 +1,333 @@
+"""Stack dumps of real ranks: grouping, odd rank out, native and vanishing ranks, the SIGUSR1
+fallback, missing ptrace permission, and `ranktop stacks` (core/stacks.py, tui/stacks_cli.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+
+import pytest
+from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
+
+from core import stacks
+from core.agent import LocalAgent
+from core.spec import WorkerSpec
+from core.stacks import StackStatus
+from core.stats import StatsSampler
+
+PY = sys.executable
+
+# Rank SPINNER burns CPU in spin(); the others block in wait_for_lock() on a lock that their
+# "holder" thread keeps: two different stacks, one of them on CPU.
+LOCK_OR_SPIN = """
+import os, threading, time
+SPINNER = 2
+lock = threading.Lock()
+
+def holder():
+    with lock:
+        time.sleep(3600)
+
+def spin():
+    x = 0
+    while True:
+        x += 1
+
+def wait_for_lock():
+    lock.acquire()
+
+if int(os.environ["RANK"]) == SPINNER:
+    print("ready", flush=True)
+    spin()
+threading.Thread(target=holder, name="holder", daemon=True).start()
+while not lock.locked():
+    time.sleep(0.005)
+print("ready", flush=True)
+wait_for_lock()
+"""
+
+WAIT_HERE = """
+import time
+def wait_here():
+    time.sleep(3600)
+print("ready", flush=True)
+wait_here()
+"""
+
+
+class Running:
+    """An agent's monitor loop in a thread (as the TUI runs it), stopped on exit."""
+
+    def __init__(self, tmp_path, code: str | None = None, n: int = 3, entrypoint: str = PY, args=None, env=None,
+                 sampler=None):
+        spec = WorkerSpec(role="default", local_world_size=n, entrypoint=entrypoint,
+                          args=args if args is not None else ("-u", "-c", textwrap.dedent(code)), env=env or {})
+        self.agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2, sampler=sampler)
+        self.sampler = sampler.attach(self.agent) if sampler is not None else None
+        self.thread = threading.Thread(target=self.agent.run)
+
+    def __enter__(self) -> LocalAgent:
+        self.thread.start()
+        assert self.agent.wait_started(10)
+        return self.agent
+
+    def __exit__(self, *exc) -> None:
+        self.agent.stop(signal.SIGKILL, 0)
+        self.thread.join(20)
+        if self.sampler is not None:
+            self.sampler.close()
+        assert not self.thread.is_alive()
+
+
+def wait_ready(agent: LocalAgent, n: int) -> None:
+    wait_for(lambda: all(b"ready" in b"".join(agent.output(r)) for r in range(n)), 20, what="ranks ready")
+
+
+def events(run_dir: str) -> list[dict]:
+    with open(os.path.join(run_dir, "events.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def py_spy_can_attach():
+    """Skip (with the reason) where py-spy is missing or may not ptrace, rather than fail."""
+    proc = subprocess.Popen([PY, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE)
+    try:
+        proc.stdout.readline()
+        probe = stacks.dump_pid(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    if probe.status != StackStatus.OK:
+        pytest.skip(f"py-spy cannot dump here: {probe.status.value}: {probe.reason} ({probe.hint})")
+
+
+def test_blocked_ranks_group_and_spinning_rank_is_odd_one_out(tmp_path):
+    with Running(tmp_path, LOCK_OR_SPIN, n=3, sampler=StatsSampler(interval=0.1)) as agent:
+        wait_ready(agent, 3)
+
+        def cpu(r: int) -> float:
+            return agent.snapshot().ranks[r].cpu_percent or 0.0
+
+        # With a sampler attached, cpu% tells the spinner from the blocked ranks.
+        wait_for(lambda: cpu(2) > 20 and cpu(0) < 10 and cpu(1) < 10, 20, what="spinner busy, others idle")
+        report = stacks.dump_agent_stacks(agent)
+        assert report.ranks[2].cpu_percent > 20 and "cpu " in stacks.rank_facts(report.ranks[2])
+
+        assert [s.status for s in report.ranks] == [StackStatus.OK] * 3
+        blocked, spinning = report.groups
+        assert blocked.ranks == (0, 1) and not blocked.odd
+        assert blocked.frames[-1].name == "wait_for_lock"
+        assert spinning.ranks == (2,) and spinning.odd and report.odd_ranks == [2]
+        assert spinning.frames[-1].name == "spin"
+        # py-spy tells a thread on CPU from an idle one: spinning and blocked look different.
+        by_rank = {s.rank: s for s in report.ranks}
+        assert by_rank[2].main.active and not by_rank[0].main.active
+        assert spinning.active == (2,) and blocked.active == ()
+        # The merged tree forks at the first frame that differs (<module> calls from two lines).
+        assert report.tree.ranks == [0, 1, 2]
+        assert sorted(tuple(c.ranks) for c in report.tree.children) == [(0, 1), (2,)]
+        # Other threads are kept: the lock holder in ranks 0 and 1.
+        assert [(name, ranks) for name, _, ranks in stacks.other_thread_groups(report)] == [("holder", [0, 1])]
+
+        text = stacks.format_report(report, threads=True)
+        assert "rank 2 (1)  <-- ODD ONE OUT" in text and "odd one out: rank 2" in text
+        assert "thread 'holder' in ranks 0-1" in text
+        # Saved under the run dir, with an event.
+        assert report.saved_txt.startswith(os.path.join(agent.run_dir, "stacks"))
+        assert os.path.exists(report.saved_txt) and os.path.exists(report.saved_json)
+        with open(report.saved_json) as f:
+            assert json.load(f)["odd_ranks"] == [2]
+        dumped = [e for e in events(agent.run_dir) if e["event"] == "stacks_dumped"]
+        assert dumped[-1]["odd_ranks"] == [2] and dumped[-1]["file"] == report.saved_txt
+
+        one = stacks.dump_agent_stacks(agent, local_ranks=[1])
+        assert [s.rank for s in one.ranks] == [1] and not one.odd_ranks
+
+        # The same from another terminal: by run dir, by log root, by a rank's pid.
+        cli = run_ranktop("stacks", agent.run_dir, timeout=30)
+        assert cli.returncode == 0, cli.stderr
+        assert "odd one out: rank 2" in cli.stdout and "wait_for_lock" in cli.stdout
+        root = run_ranktop("stacks", "--threads", str(tmp_path), timeout=30)
+        assert root.returncode == 0 and "thread 'holder'" in root.stdout
+        pid = agent.snapshot().ranks[2].pid
+        single = run_ranktop("stacks", "--json", str(pid), timeout=30)
+        data = json.loads(single.stdout)
+        assert [r["rank"] for r in data["ranks"]] == [2]
+        assert data["groups"][0]["frames"][-1]["name"] == "spin"
+        assert sum(e["event"] == "stacks_dumped" for e in events(agent.run_dir)) >= 5
+
+
+def test_native_rank_is_listed_as_native_and_python_under_it_is_found(tmp_path):
+    with Running(tmp_path, n=2, entrypoint="/bin/sleep", args=("60",)) as agent:
+        wait_for(lambda: all(r.pid for r in agent.snapshot().ranks), what="ranks started")
+        report = stacks.dump_agent_stacks(agent)
+        assert [s.status for s in report.ranks] == [StackStatus.NATIVE] * 2
+        assert all(s.threads == () and "native" in s.reason for s in report.ranks)
+        assert not report.groups and "native binary rank" in stacks.format_report(report)
+        # A bare pid says the same through py-spy's own error.
+        bare = stacks.dump_pids({0: agent.snapshot().ranks[0].pid})
+        assert bare.ranks[0].status == StackStatus.NOT_PYTHON
+
+    # A shell script rank that runs Python: the Python child is dumped in its place.
+    (tmp_path / "wait.py").write_text(WAIT_HERE)
+    script = f"{PY} -u {tmp_path / 'wait.py'}; echo done"  # not the last command: sh forks for it
+    with Running(tmp_path / "sh", n=1, entrypoint="/bin/sh", args=("-c", script)) as agent:
+        wait_ready(agent, 1)
+        (rank,) = stacks.dump_agent_stacks(agent).ranks
+        assert rank.status == StackStatus.OK and rank.dumped_pid not in (None, rank.pid)
+        assert rank.main.frames[-1].name == "wait_here"
+
+    # A --no-python rank that is a script with a python shebang is itself the Python process.
+    shebang = tmp_path / "shebang.py"
+    shebang.write_text(f"#!{PY} -u\n{WAIT_HERE}")
+    shebang.chmod(0o755)
+    with Running(tmp_path / "shebang", n=1, entrypoint=str(shebang), args=()) as agent:
+        wait_ready(agent, 1)
+        assert agent.snapshot().ranks[0].native
+        (rank,) = stacks.dump_agent_stacks(agent).ranks
+        assert rank.status == StackStatus.OK and rank.dumped_pid is None
+
+
+def test_rank_that_exits_during_the_dump_gets_a_clean_status():
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(0.3)"])
+    seen = set()
+    while proc.poll() is None:  # dump until it is gone: whatever moment we catch, no exception
+        (s,) = stacks.dump_pids({0: proc.pid}).ranks
+        seen.add(s.status)
+        assert s.status == StackStatus.OK or s.reason
+    (s,) = stacks.dump_pids({0: proc.pid}).ranks
+    assert s.status == StackStatus.GONE and "exited" in s.reason
+    assert seen <= {StackStatus.OK, StackStatus.GONE, StackStatus.NOT_PYTHON, StackStatus.FAILED}
+
+    zombie = subprocess.Popen([PY, "-c", "pass"])
+    wait_for(lambda: stacks.psutil.Process(zombie.pid).status() == stacks.psutil.STATUS_ZOMBIE, what="zombie")
+    (z,) = stacks.dump_pids({5: zombie.pid}).ranks
+    assert (z.rank, z.status, z.reason) == (5, StackStatus.GONE, "process exited (not reaped yet)")
+    zombie.wait()
+    assert "not dumped:" in stacks.format_report(stacks.dump_pids({5: zombie.pid}))
+
+
+def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
+    env = stacks.faulthandler_env(True, os.environ)
+    with Running(tmp_path, WAIT_HERE, n=2, env=env) as agent:
+        wait_ready(agent, 2)
+        assert stacks.signal_dump(agent) == {0: "sent", 1: "sent"}
+        log = os.path.join(agent.attempt_dir(), "1", "stderr.log")
+
+        def dumped() -> bool:
+            with open(log) as f:
+                text = f.read()
+            return "most recent call first" in text and "in wait_here" in text
+
+        wait_for(dumped, 10, what="faulthandler's stack in stderr.log")
+        assert all(r.state.alive for r in agent.snapshot().ranks)  # a dump, not a death
+        assert any(e["event"] == "stacks_signalled" for e in events(agent.run_dir))
+        # The same dumps, read back and grouped: the view without ptrace.
+        report = stacks.signal_agent_report(agent)
+        assert [s.status for s in report.ranks] == [StackStatus.OK] * 2, stacks.format_report(report)
+        (group,) = report.groups
+        assert group.ranks == (0, 1) and group.frames[-1].name == "wait_here" and not report.odd_ranks
+        assert os.path.exists(report.saved_txt)
+
+    # Without faulthandler the signal would kill the process: it is not sent.
+    plain = subprocess.Popen([PY, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE)
+    try:
+        plain.stdout.readline()
+        assert stacks.signal_pids({0: plain.pid})[0].startswith("skipped")
+        assert plain.poll() is None
+    finally:
+        plain.kill()
+        plain.wait()
+
+
+def test_faulthandler_env_chains_to_the_shadowed_sitecustomize(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = 'yes'\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.update(stacks.faulthandler_env(True, env))
+    assert env["PYTHONPATH"] == stacks.BOOT_DIR + os.pathsep + str(tmp_path)
+    assert stacks.faulthandler_env(False, env) == {}
+    assert stacks.faulthandler_env(True, {})["PYTHONPATH"] == stacks.BOOT_DIR  # no empty entry
+    probe = textwrap.dedent(f"""
+        import json, os, sys, signal
+        from core.stacks import catches_signal
+        print(json.dumps([os.environ.get("CHAINED"), sys.modules["sitecustomize"].__file__,
+                          {stacks.BOOT_DIR!r} in sys.path, catches_signal(os.getpid(), signal.SIGUSR1)]))
+    """)
+    out = subprocess.run([PY, "-c", probe], env=env, capture_output=True, text=True, cwd=ROOT, check=True)
+    chained, site, boot_on_path, catches = json.loads(out.stdout)
+    assert (chained, site, boot_on_path, catches) == ("yes", str(tmp_path / "sitecustomize.py"), False, True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to drop privileges")
+def test_no_ptrace_permission_says_how_to_get_it(monkeypatch):
+    # py-spy run as `nobody` against our process: the kernel refuses, as without SYS_PTRACE.
+    folder = tempfile.mkdtemp(prefix="ranktop-spy-")
+    try:
+        os.chmod(folder, 0o755)
+        spy = os.path.join(folder, "py-spy")
+        shutil.copy(stacks.find_py_spy(), os.path.join(folder, "py-spy.bin"))
+        with open(spy, "w") as f:
+            f.write(f'#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {folder}/py-spy.bin "$@"\n')
+        os.chmod(spy, 0o755)
+        monkeypatch.setenv("RANKTOP_PY_SPY", spy)
+        proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+        try:
+            (s,) = stacks.dump_pids({0: proc.pid}).ranks
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        shutil.rmtree(folder)
+    assert s.status == StackStatus.NO_PERMISSION
+    assert "SYS_PTRACE" in s.hint and "ptrace_scope" in s.hint
+
+
+@pytest.mark.parametrize("args", [
+    ("stacks",), ("stacks", "/no/such/dir"), ("stacks", "999999999"), ("stacks", "--bogus", "1"),
+    ("stacks", "not a pid"), ("stacks", "/"),
+])
+def test_stacks_cli_bad_input_is_one_line_and_exit_2(args):
+    out = run_ranktop(*args)
+    assert out.returncode == 2, out
+    assert out.stdout == "" and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_stacks_cli_against_a_ranktop_process_and_the_signal_fallback(tmp_path):
+    script = tmp_path / "wait.py"
+    script.write_text(WAIT_HERE)
+    cmd = ranktop_cmd("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"), "--run-id", "r1",
+                      "--env", "RANKTOP_FAULTHANDLER=1", "--env", f"PYTHONPATH={stacks.BOOT_DIR}", str(script))
+    ranktop = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for _ in range(2):
+            assert "ready" in ranktop.stdout.readline()
+        out = run_ranktop("stacks", str(ranktop.pid), timeout=30)
+        assert out.returncode == 0 and "ranks 0-1 (2)" in out.stdout and "wait_here" in out.stdout, out
+        # The dump is saved in the run dir found from the ranks' environment.
+        assert os.listdir(tmp_path / "logs" / "r1" / "stacks")
+
+        # No ptrace: SIGUSR1, and the grouped view read back from the stderr logs.
+        sig = run_ranktop("stacks", "--signal", str(tmp_path / "logs"), timeout=30)
+        assert sig.returncode == 0 and "ranks 0-1 (2)" in sig.stdout and "wait_here (wait.py:" in sig.stdout, sig
+        log = tmp_path / "logs" / "r1" / "attempt_0" / "0" / "stderr.log"
+        wait_for(lambda: "in wait_here" in log.read_text(), 10, what="stack in stderr.log")
+    finally:
+        ranktop.send_signal(signal.SIGTERM)
+        ranktop.communicate(timeout=30)
+    ended = run_ranktop("stacks", str(tmp_path / "logs" / "r1"))
+    assert ended.returncode == 1 and "no live ranks" in ended.stderr
+
+
+def test_stacks_cli_does_not_import_textual():
+    code = "import sys, tui.stacks_cli, core.stacks; sys.exit('textual' in sys.modules)"
+    assert subprocess.run([PY, "-c", code], cwd=ROOT).returncode == 0

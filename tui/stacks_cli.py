@@ -1,0 +1,103 @@
+"""`ranktop stacks <run dir | log dir | pid>`: the grouped stack view of a running group, from
+another terminal. No Textual here: it must start fast and work over any SSH session.
+
+Exit status: 0 dumped (even when some ranks could not be), 1 nothing running to dump,
+2 bad input (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+import psutil
+
+from core import stacks
+
+USAGE_EXIT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_EXIT, f"ranktop stacks: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ranktop stacks", allow_abbrev=False,
+                description="Dump and group the Python stacks of a running group's ranks (py-spy).")
+    p.add_argument("target", help="a run directory, a log directory (newest live run), a ranktop pid or a rank pid")
+    p.add_argument("--threads", action="store_true", help="also show threads other than the main thread")
+    p.add_argument("--json", action="store_true", help="print the raw report as JSON")
+    p.add_argument("--signal", action="store_true",
+                   help="no py-spy, no ptrace: SIGUSR1 makes each rank print its stacks (faulthandler) to its stderr log, "
+                        "read back from there")
+    p.add_argument("--no-save", action="store_true", help="do not write the dump under the run directory")
+    return p
+
+
+class BadTarget(Exception):
+    pass
+
+
+def resolve(target: str) -> tuple[dict[int, int], dict[int, int], str | None]:
+    """({rank: pid}, {rank: local_rank}, run_dir or None) for a path or a pid; BadTarget if neither."""
+    if target.isdigit():
+        pid = int(target)
+        if not psutil.pid_exists(pid):
+            raise BadTarget(f"bad target {target}: no process with that pid")
+        try:
+            pids, local, run_dir = stacks.ranks_of_pid(pid)
+        except psutil.Error as exc:
+            raise BadTarget(f"bad target {target}: cannot inspect that process ({exc})") from None
+        # Neither a rank nor a ranktop with ranks: dump the process itself as the one "rank".
+        return (pids or {0: pid}), local, run_dir
+    if not os.path.isdir(target):
+        raise BadTarget(f"bad target {target!r}: expected a run directory, a log directory or a pid")
+    run_dir = stacks.find_run_dir(target)
+    if run_dir is None:
+        raise BadTarget(f"bad target {target!r}: no events.jsonl there or in its subdirectories (not a ranktop log dir)")
+    pids, local = stacks.live_ranks_in_run_dir(run_dir)
+    return pids, local, run_dir
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        pids, local, run_dir = resolve(ns.target)
+    except BadTarget as exc:
+        print(f"ranktop stacks: {exc}", file=sys.stderr)
+        return USAGE_EXIT
+    if not pids:
+        print(f"ranktop stacks: no live ranks in {run_dir} (the run has ended)", file=sys.stderr)
+        return 1
+    if ns.signal:
+        return _signal(pids, local, run_dir, ns)
+    report = stacks.dump_pids(pids, local_ranks=local, run_dir=None if ns.no_save else run_dir, source="cli")
+    if ns.json:
+        print(json.dumps(stacks.report_to_dict(report), indent=1, default=str))
+    else:
+        print(stacks.format_report(report, threads=ns.threads))
+    return 0
+
+
+def _signal(pids: dict[int, int], local: dict[int, int], run_dir: str | None, ns: argparse.Namespace) -> int:
+    """SIGUSR1 to every rank; with the run dir known, read the dumps back from the stderr logs."""
+    attempt = stacks.latest_attempt_dir(run_dir) if run_dir else None
+    if attempt is None or set(local) != set(pids):
+        for rank, what in stacks.signal_pids(pids).items():
+            print(f"rank {rank} (pid {pids[rank]}): {what}")
+        print("the stacks go to each rank's stderr")
+        return 0
+    logs = {r: os.path.join(attempt, str(local[r]), "stderr.log") for r in pids}
+    report = stacks.signal_report(pids, logs, local_ranks=local, run_dir=None if ns.no_save else run_dir,
+                                  source="cli-signal")
+    print(stacks.format_report(report, threads=ns.threads))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

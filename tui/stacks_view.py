@@ -1,0 +1,168 @@
+"""The stack dump screen (SPEC 2.7): groups of ranks with the same main-thread stack, the odd
+one(s) out highlighted, the merged call tree, and why a rank could not be dumped.
+
+The dump runs in a worker thread (py-spy takes tens of milliseconds per rank, all ranks at
+once); this module only renders a core.stacks.StackReport and dispatches keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static, Tree
+from textual.widgets.tree import TreeNode as UITreeNode
+
+from core import stacks
+from core.stacks import StackReport, TreeNode
+
+
+class StacksScreen(Screen):
+    """Stacks of `local_ranks` (None: every rank) of `agent`'s running group."""
+
+    CSS_PATH = "stacks.tcss"
+    BINDINGS = [
+        Binding("escape,q", "close", "Close"),
+        Binding("t", "toggle_threads", "Other threads"),
+        Binding("g", "dump", "Dump again"),
+        Binding("u", "signal", "SIGUSR1 fallback"),
+    ]
+
+    def __init__(self, agent: Any, local_ranks: list[int] | None = None) -> None:
+        super().__init__()
+        self.agent = agent
+        self.local_ranks = local_ranks
+        self.report: StackReport | None = None
+        self.show_threads = False
+
+    def compose(self) -> ComposeResult:
+        yield Static("dumping stacks…", id="stacks-summary")
+        with Horizontal(id="stacks-body"):
+            yield VerticalScroll(id="stacks-groups")
+            yield Tree(Text("call tree"), id="stacks-tree")
+        yield Static(id="stacks-problems")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#stacks-problems").display = False
+        self.action_dump()
+
+    # ----- the dump (worker thread) -------------------------------------------------------------
+    def action_dump(self) -> None:
+        self.query_one("#stacks-summary", Static).update(Text("dumping stacks…"))
+        self._dump()
+
+    @work(thread=True, exclusive=True, group="stacks")
+    def _dump(self) -> None:
+        try:
+            report = stacks.dump_agent_stacks(self.agent, self.local_ranks)
+        except Exception as exc:  # the group may be gone mid-dump: say so, keep the UI alive
+            self.app.call_from_thread(self._failed, exc)
+            return
+        self.app.call_from_thread(self.show_report, report)
+
+    def _failed(self, exc: Exception) -> None:
+        self.query_one("#stacks-summary", Static).update(Text(f"stack dump failed: {exc}", style="bold red"))
+
+    # ----- rendering ----------------------------------------------------------------------------
+    def show_report(self, report: StackReport) -> None:
+        self.report = report
+        summary = Text(report.summary(), style="bold")
+        if report.saved_txt:
+            summary.append(f"   saved: {report.saved_txt}", style="dim")
+        self.query_one("#stacks-summary", Static).update(summary)
+        self._render_groups()
+        self._render_tree(report)
+        self._render_problems(report)
+
+    def _render_groups(self) -> None:
+        box = self.query_one("#stacks-groups", VerticalScroll)
+        box.remove_children()
+        if self.report is None:
+            return
+        if self.show_threads:
+            box.mount_all(self._thread_widgets(self.report))
+        else:
+            box.mount_all(self._group_widgets(self.report))
+
+    def _group_widgets(self, report: StackReport) -> list[Static]:
+        by_rank = {s.rank: s for s in report.ranks}
+        widgets = []
+        for g in report.groups:
+            body = Text()
+            for r in g.ranks:
+                body.append(f"{stacks.rank_list([r])}: {stacks.rank_facts(by_rank[r])}\n", style="dim")
+            for f in g.frames:
+                body.append(f"  {f.name}", style="bold" if f is g.frames[-1] else "")
+                body.append(f" ({f.short_filename}:{f.line})\n", style="dim")
+            w = Static(body, classes="stack-group odd" if g.odd else "stack-group")
+            w.border_title = stacks.rank_list(g.ranks) + (" — ODD ONE OUT" if g.odd else "")
+            widgets.append(w)
+        if not widgets:
+            widgets.append(Static(Text("no Python stacks (see below)"), classes="stack-group"))
+        return widgets
+
+    def _thread_widgets(self, report: StackReport) -> list[Static]:
+        widgets = []
+        for name, frames, ranks in stacks.other_thread_groups(report):
+            body = Text()
+            for f in frames:
+                body.append(f"  {f.name}")
+                body.append(f" ({f.short_filename}:{f.line})\n", style="dim")
+            w = Static(body or Text("(no Python frames)"), classes="stack-group thread")
+            w.border_title = f"thread {name!r} — {stacks.rank_list(ranks)}"
+            widgets.append(w)
+        return widgets or [Static(Text("no other threads"), classes="stack-group thread")]
+
+    def _render_tree(self, report: StackReport) -> None:
+        tree = self.query_one("#stacks-tree", Tree)
+        tree.clear()
+        tree.root.set_label(Text(f"call tree — {stacks.rank_list(report.tree.ranks)}"))
+        odd = set(report.odd_ranks)
+        self._add_nodes(tree.root, report.tree, odd)
+        tree.root.expand_all()
+
+    def _add_nodes(self, parent: UITreeNode, node: TreeNode, odd: set[int]) -> None:
+        for child in node.children:
+            label = Text(child.frame.label)
+            is_odd = bool(odd) and set(child.ranks) <= odd
+            label.append(f"  [{stacks.rank_list(child.ranks)}]", style="bold red" if is_odd else "cyan")
+            self._add_nodes(parent.add(label, expand=True), child, odd)
+
+    def _render_problems(self, report: StackReport) -> None:
+        box = self.query_one("#stacks-problems", Static)
+        box.display = bool(report.problems)
+        text = Text()
+        for s in report.problems:
+            text.append(f"{stacks.rank_list([s.rank])} (pid {s.pid}): ", style="bold")
+            text.append(f"{s.status.value}: {s.reason}\n")
+            if s.hint:
+                text.append(f"    {s.hint}\n", style="yellow")
+        box.update(text)
+
+    # ----- keys ---------------------------------------------------------------------------------
+    def action_toggle_threads(self) -> None:
+        self.show_threads = not self.show_threads
+        self._render_groups()
+
+    def action_signal(self) -> None:
+        """No ptrace needed: SIGUSR1 makes each rank print its stacks; group what they printed."""
+        self.query_one("#stacks-summary", Static).update(Text("SIGUSR1 sent; reading the ranks' stderr…"))
+        self._signal()
+
+    @work(thread=True, exclusive=True, group="stacks")
+    def _signal(self) -> None:
+        try:
+            report = stacks.signal_agent_report(self.agent, self.local_ranks)
+        except Exception as exc:
+            self.app.call_from_thread(self._failed, exc)
+            return
+        self.app.call_from_thread(self.show_report, report)
+
+    def action_close(self) -> None:
+        self.app.pop_screen()
