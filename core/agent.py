@@ -259,7 +259,8 @@ class LocalAgent:
             state, self.state = WorkerState.FAILED, GroupState.FAILED
         else:
             state, self.state = WorkerState.SUCCEEDED, GroupState.SUCCEEDED
-        self.root_cause = self._root_cause() if failures else None
+        # A stop the user asked for has no culprit among the ranks.
+        self.root_cause = self._root_cause() if failures and not self._user_stop else None
         self.ended_at = time.time()
         run = RunResult(state, values, failures, self.root_cause, self._stop_signal)
         self.events.write("run_finished", state=state.value, exit_status=run.exit_status,
@@ -271,15 +272,15 @@ class LocalAgent:
         if not slots:
             return None
         # The first rank that failed on its own is the cause; the ranks we stopped are effects.
-        own = [s for s in slots if not s.stopped_by_us] or slots
-        slot = min(own, key=lambda s: s.failure.timestamp)
-        f = slot.failure
-        tail = tuple(line.decode(errors="replace") for line in slot.ring.tail(20))
+        own = sorted([s for s in slots if not s.stopped_by_us] or slots, key=lambda s: s.failure.timestamp)
+        slot, f = own[0], own[0].failure
+        tail = _decoded(slot.ring.tail(20))
         return RootCause(
             rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
             signal_name=signal_name(f.exitcode) if f.exitcode < 0 else None, message=f.message,
             traceback=f.traceback, timestamp=f.timestamp,
             error_file=f.error_file if os.path.exists(f.error_file) else None, last_lines=tail,
+            failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(10))) for s in own),
         )
 
     # ----- signals to ranktop itself -----------------------------------------------------------
@@ -425,6 +426,10 @@ class LocalAgent:
 
     def ring(self, local_rank: int):
         return self.pcontext.slots[local_rank].ring
+
+
+def _decoded(lines: list[bytes]) -> tuple[str, ...]:
+    return tuple(line.decode(errors="replace") for line in lines)
 
 
 def _is_python(spec: WorkerSpec) -> bool:

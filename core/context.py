@@ -27,7 +27,7 @@ from typing import Any
 from core.errors import ERROR_FILE_ENV, ProcessFailure, signal_name
 from core.guard import MARKER
 from core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
-from core.process import Launch, RankProcess, is_terminating, python_call_argv
+from core.process import LEADER_ONLY_SIGNALS, STOP_SIGNALS, Launch, RankProcess, python_call_argv
 from core.spec import Std, per_rank
 
 _GUARD_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
@@ -329,14 +329,17 @@ class PContext:
         self.wake()
 
     def signal_rank(self, local_rank: int, sig: int) -> bool:
-        """Send `sig` to one rank's process group on the user's behalf."""
+        """Send `sig` to one rank on the user's behalf: its whole process group, except for
+        USR1/USR2, which go to the rank process alone."""
         with self._lock:
             slot = self.slots[local_rank]
             if not slot.alive:
                 return False
-            if is_terminating(sig):
+            if sig in STOP_SIGNALS:
                 slot.stopped_by_us = True
             self._emit("signalled", local_rank, pid=slot.proc.pid, signal=signal.Signals(sig).name)
+            if sig in LEADER_ONLY_SIGNALS:
+                return slot.proc.signal_leader(sig)
             return slot.proc.signal_group(sig)
 
     def restart_rank(self, local_rank: int, grace: float | None = None) -> None:

@@ -110,6 +110,14 @@ class RankProcess:
             # stranger owns it now, so ours is gone too.
             return False
 
+    def signal_leader(self, sig: int) -> bool:
+        """Signal the rank process alone (not the helpers it started)."""
+        try:
+            os.kill(self.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
     def group_alive(self) -> bool:
         return self.signal_group(0)
 
@@ -141,6 +149,8 @@ def exit_status_for_signal(sig: int) -> int:
     return SIGNAL_EXIT_OFFSET + int(sig)
 
 
-def is_terminating(sig: int) -> bool:
-    """Whether a signal's default action ends a process (so a rank that gets it will exit)."""
-    return sig not in (signal.SIGSTOP, signal.SIGCONT, signal.SIGCHLD, signal.SIGWINCH, signal.SIGURG, 0)
+# Signals a user sends to end a rank: its end is then no failure of its own.
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGKILL, signal.SIGHUP, signal.SIGQUIT})
+# Signals that ask the rank itself for something (a stack dump, a checkpoint). Its helpers, such as
+# data loader workers, rarely handle them and would die of the default action.
+LEADER_ONLY_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})

@@ -22,12 +22,11 @@ def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts
     ]
     if cause.traceback:
         lines += ["  " + line for line in cause.traceback.rstrip().splitlines()]
-    elif cause.last_lines:
-        lines.append("  last output:")
-        lines += ["    " + line for line in cause.last_lines[-10:]]
+    for rank, tail in cause.failed_tails:
+        if tail:
+            lines.append(f"  last output of rank {rank}:")
+            lines += ["    " + line for line in tail]
     if cause.error_file:
         lines.append(f"  error file: {cause.error_file}")
-    logs = os.path.dirname(cause.error_file or "")
-    if logs:
-        lines.append(f"  logs: {logs}")
+        lines.append(f"  logs: {os.path.dirname(cause.error_file)}")
     return "\n".join(lines)

@@ -104,4 +104,6 @@ class RootCause:
     traceback: str | None
     timestamp: float
     error_file: str | None
-    last_lines: tuple[str, ...] = ()
+    last_lines: tuple[str, ...] = ()  # the root-cause rank's last output lines
+    # (rank, its last lines) for every rank that failed on its own, earliest first
+    failed_tails: tuple[tuple[int, tuple[str, ...]], ...] = ()

@@ -206,3 +206,27 @@ def test_lingering_run_restarts_after_the_end_and_returns_on_release(tmp_path):
              and agent.output(0) == [b"attempt 1"], what="second attempt ended")
     agent.release()
     assert run.join().state == WorkerState.SUCCEEDED
+
+
+def test_usr1_goes_to_the_rank_alone_and_user_stop_has_no_root_cause(tmp_path):
+    agent = _agent(tmp_path, """
+        import signal, subprocess, sys, time
+        signal.signal(signal.SIGUSR1, lambda *a: print("got USR1", flush=True))
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        print("child", child.pid, flush=True)
+        while True:
+            time.sleep(0.05)
+    """, n=1)
+    run = Running(agent)
+    try:
+        line = wait_for(lambda: next((x for x in agent.output(0) if x.startswith(b"child")), None), what="child pid")
+        child = int(line.split()[1])
+        agent.signal_rank(0, signal.SIGUSR1)
+        wait_for(lambda: b"got USR1" in agent.output(0), what="the rank's handler ran")
+        with open(f"/proc/{child}/stat") as f:
+            assert f.read().split(") ")[1][0] != "Z"  # the child, without a handler, was not signalled
+        assert run.rank(0).state == RankState.RUNNING
+    finally:
+        agent.stop()
+    result = run.join()
+    assert result.state == WorkerState.STOPPED and result.root_cause is None

@@ -132,6 +132,8 @@ def test_failure_exit_status_and_root_cause(tmp_path):
     assert res.returncode == 1
     assert "root cause: rank 1 (local rank 1" in res.stderr and "exited with code 1" in res.stderr
     assert "ValueError: bad batch" in res.stderr and "Traceback" in res.stderr
+    assert "last output of rank 1:\n    about to fail" in res.stderr
+    assert "last output of rank 0" not in res.stderr  # stopped by us: not a failure of its own
     exited = {e["rank"]: e for e in _events(tmp_path / "x") if e["event"] == "exited"}
     assert exited[1]["exitcode"] == 1 and not exited[1]["by_us"]
     assert exited[0]["signal"] == "SIGTERM" and exited[0]["by_us"]
