@@ -119,7 +119,6 @@ class LocalAgent:
         ring_lines: int = 10_000,
         sampler: Any = None,
         on_stall: Callable[[RankSnapshot], None] | None = None,
-        linger: bool = False,
         faulthandler: bool = True,
     ):
         self.spec = spec
@@ -150,10 +149,7 @@ class LocalAgent:
         self._restart_requested = False
         self._stalled: set[int] = set()
         self._started = threading.Event()
-        self.linger = linger
         self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
-        self._released = False
-        self._wakeup = threading.Event()
 
     # ----- the run -----------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -174,34 +170,12 @@ class LocalAgent:
                         and self.attempt < self.spec.max_restarts):
                     self._next_attempt("failure")
                     continue
-                run = self._finish(result)
-                if self._linger_for_restart():
-                    continue
-                return run
+                return self._finish(result)
         finally:
             if self.pcontext is not None:
                 self.pcontext.close(timeout=self.shutdown_timeout)
             self._restore_signal_handlers(handlers)
             self.events.close()
-
-    def _linger_for_restart(self) -> bool:
-        """With `linger` (the TUI), an ended run waits for the user: a restart command starts the
-        group again as the next attempt (True); release() lets run() return (False)."""
-        if not self.linger or self._stop_signal is not None:
-            return False
-        self._wakeup.wait()
-        self._wakeup.clear()
-        if self._released or not self._restart_requested:
-            return False
-        self._restart_requested = self._user_stop = False
-        self.root_cause, self.ended_at = None, None
-        self._next_attempt("user")
-        return True
-
-    def release(self) -> None:
-        """Let a lingering run() return (the TUI quits)."""
-        self._released = True
-        self._wakeup.set()
 
     def attempt_dir(self, attempt: int | None = None) -> str:
         return os.path.join(self.run_dir, f"attempt_{self.attempt if attempt is None else attempt}")
@@ -295,7 +269,12 @@ class LocalAgent:
             signal.signal(sig, handler)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        # Only note it and wake the loop: the loop does the work, outside the interrupted code.
+        self.handle_signal(signum)
+
+    def handle_signal(self, signum: int) -> None:
+        """ranktop itself got `signum`: forward it to every rank (grace, then SIGKILL; a second
+        one kills at once) and end with 128+N. Safe from a signal handler: it only notes the
+        signal and wakes the loop, which does the work outside the interrupted code."""
         self._pending_signal = signum
         if self.pcontext is not None:
             self.pcontext.wake()
@@ -336,7 +315,6 @@ class LocalAgent:
         self.events.write("user_restart_group", attempt=self.attempt)
         self._restart_requested = True
         self.pcontext.stop()
-        self._wakeup.set()
 
     def stop(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
         """Stop the run on the user's behalf: `sig` to every rank, SIGKILL after the grace."""

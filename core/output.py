@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import fcntl
+import itertools
 import os
 import queue
 import selectors
@@ -54,8 +55,9 @@ class LineRing:
             if len(pieces) > 1:
                 pieces[0] = self.partial[stream] + pieces[0]
                 self.partial[stream] = pieces.pop()
-                if b"\r" in chunk:
-                    pieces = [collapse_cr(p) for p in pieces]
+                # The '\r' of a finished line may have come in an earlier chunk (still partial then).
+                if b"\r" in chunk or b"\r" in pieces[0]:
+                    pieces = [collapse_cr(p) if b"\r" in p else p for p in pieces]
                 self.lines.extend(pieces)
                 self.total_lines += len(pieces)
             else:
@@ -71,11 +73,17 @@ class LineRing:
         lines.extend(open_lines)
         return lines if n is None else lines[-n:]
 
-    def clear(self) -> None:
+    def since(self, seen: int) -> tuple[int, int, list[bytes], list[bytes]]:
+        """For UIs that keep their own copy: (version, total_lines, the complete lines numbered
+        `seen` and up that are still kept, the open lines with '\r' collapsed). Line k is the
+        k-th complete line ever fed; only the new lines are copied, not the whole ring."""
         with self._lock:
-            self.lines.clear()
-            self.partial = {STDOUT: b"", STDERR: b""}
-            self.version += 1
+            count = max(0, min(self.total_lines - seen, len(self.lines)))
+            new = list(itertools.islice(reversed(self.lines), count))
+            open_lines = [p for p in self.partial.values() if p]
+            version, total = self.version, self.total_lines
+        new.reverse()
+        return version, total, new, [collapse_cr(p) for p in open_lines]
 
 
 class ConsoleWriter:

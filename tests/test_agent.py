@@ -193,21 +193,6 @@ def _children(pid):
         return []
 
 
-def test_lingering_run_restarts_after_the_end_and_returns_on_release(tmp_path):
-    agent = _agent(tmp_path, """
-        import os
-        print("attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], flush=True)
-    """, n=1, linger=True)
-    run = Running(agent)
-    wait_for(lambda: agent.snapshot().state == GroupState.SUCCEEDED, what="first run ended")
-    assert run.thread.is_alive()  # waiting for the user
-    agent.restart_group()
-    wait_for(lambda: agent.snapshot().attempt == 1 and agent.snapshot().state == GroupState.SUCCEEDED
-             and agent.output(0) == [b"attempt 1"], what="second attempt ended")
-    agent.release()
-    assert run.join().state == WorkerState.SUCCEEDED
-
-
 def test_usr1_goes_to_the_rank_alone_and_user_stop_has_no_root_cause(tmp_path):
     agent = _agent(tmp_path, """
         import signal, subprocess, sys, time
