@@ -1,0 +1,211 @@
+"""TUI benchmark (SPEC 5), run by hand: the real `ranktop --tui` inside tmux (a real terminal),
+beside a Textual app built on Textual's own Log widget and a bare grid of ranktop's LogView.
+
+    python bench/bench_tui.py                    # everything (about 3 minutes)
+    python bench/bench_tui.py --cases steady     # steady | burst | memory, comma separated
+    python bench/bench_tui.py --apps ranktop,log # ranktop | log | logview
+
+Per case and app: the app process's own CPU (user+system of that one process, not its ranks) as %
+of one core over the time the ranks were writing, its peak RSS (VmHWM), and whether every rank's
+stdout.log holds exactly the bytes its generator wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+from gen_lines import expected  # noqa: E402
+
+SOCKET = "ranktop-bench"  # our own tmux server: other tmux sessions are left alone
+COLS, ROWS = 160, 48
+TARGET_CPU, TARGET_MB = 15.0, 150.0
+
+
+@dataclass
+class Case:
+    name: str
+    ranks: int
+    lines: int
+    rate: float  # lines/s per rank; 0 = as fast as possible
+    timeout: float
+
+
+@dataclass
+class Result:
+    case: str
+    app: str
+    cpu_percent: float | None = None  # of one core, while the ranks wrote
+    seconds: float | None = None  # first byte in the logs to the last
+    peak_mb: float | None = None
+    rss_mb: float | None = None  # after the ranks were done and the screen had settled
+    complete: bool = False
+    note: str = ""
+
+
+def tmux(*args: str) -> str:
+    return subprocess.run(["tmux", "-L", SOCKET, *args], check=True, capture_output=True, text=True).stdout
+
+
+def ranktop_argv(case: Case, log_dir: str) -> list[str]:
+    exe = shutil.which("ranktop")
+    head = [exe] if exe else [sys.executable, "-m", "tui.cli"]
+    return [*head, "--tui", "--nproc-per-node", str(case.ranks), "--log-dir", log_dir, "--run-id", "bench",
+            "--shutdown-timeout", "2", str(BENCH / "gen_lines.py"), *gen_args(case)]
+
+
+def grid_argv(widget: str, case: Case, log_dir: str) -> list[str]:
+    return [sys.executable, str(BENCH / "textual_log_app.py"), "--widget", widget, "--ranks", str(case.ranks),
+            "--log-dir", log_dir, *gen_args(case)]
+
+
+def gen_args(case: Case) -> list[str]:
+    return ["--lines", str(case.lines), "--rate", str(case.rate)]
+
+
+def own_cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def vm_hwm(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def log_files(log_dir: Path) -> dict[int, Path]:
+    return {int(p.parent.name): p for p in log_dir.glob("**/stdout.log") if p.parent.name.isdigit()}
+
+
+def run_case(case: Case, app: str, log_dir: Path) -> Result:
+    argv = ranktop_argv(case, str(log_dir)) if app == "ranktop" else grid_argv(app, case, str(log_dir))
+    want = {r: len(expected(r, case.lines)) for r in range(case.ranks)}
+    result = Result(case.name, app)
+    pid = int(tmux("new-session", "-d", "-s", "bench", "-x", str(COLS), "-y", str(ROWS), "-c", str(ROOT),
+                   "-P", "-F", "#{pane_pid}", "exec " + shlex.join(argv)).strip())
+    proc = psutil.Process(pid)
+    try:
+        start = cpu_start = None
+        deadline = time.monotonic() + case.timeout
+        while time.monotonic() < deadline:
+            files = log_files(log_dir)
+            sizes = {r: p.stat().st_size for r, p in files.items()}
+            if start is None and any(sizes.values()):
+                start, cpu_start = time.monotonic(), own_cpu(proc)
+            if all(sizes.get(r, 0) >= n for r, n in want.items()):
+                break
+            time.sleep(0.05)
+        else:
+            result.note = f"ranks not done after {case.timeout:.0f}s"
+        if start is not None:
+            result.seconds = time.monotonic() - start
+            result.cpu_percent = 100 * (own_cpu(proc) - cpu_start) / max(result.seconds, 1e-9)
+        time.sleep(2.0)  # let the screen catch up with the last lines, then weigh it
+        result.rss_mb = proc.memory_info().rss / 2**20
+        result.peak_mb = vm_hwm(pid) / 2**20
+        (log_dir / "screen.txt").write_text(tmux("capture-pane", "-p", "-t", "bench"))
+        files = log_files(log_dir)
+        result.complete = all(r in files and files[r].read_bytes() == expected(r, case.lines) for r in want)
+    except psutil.NoSuchProcess:
+        result.note = "the app exited early: see " + str(log_dir)
+    finally:
+        quit_app(proc)
+    return result
+
+
+def quit_app(proc: psutil.Process) -> None:
+    """q (y if it asks to confirm); the tmux session goes if that did not end it."""
+    try:
+        family = proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    for keys in ("q", "y"):
+        try:
+            tmux("send-keys", "-t", "bench", keys)
+            proc.wait(5)
+            break
+        except (psutil.TimeoutExpired, subprocess.CalledProcessError):
+            continue
+    subprocess.run(["tmux", "-L", SOCKET, "kill-session", "-t", "bench"], capture_output=True)
+    for p in [proc, *family]:
+        try:
+            p.wait(10)
+        except psutil.TimeoutExpired:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def mb(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def table(results: list[Result]) -> str:
+    head = ("case", "app", "CPU % of 1 core", "seconds", "peak RSS MB", "RSS after MB", "all bytes", "note")
+    rows = [head, tuple("-" * len(h) for h in head)]
+    for r in results:
+        rows.append((r.case, r.app, "-" if r.cpu_percent is None else f"{r.cpu_percent:.1f}",
+                     "-" if r.seconds is None else f"{r.seconds:.1f}", mb(r.peak_mb), mb(r.rss_mb),
+                     "yes" if r.complete else "NO", r.note))
+    return "\n".join("| " + " | ".join(map(str, row)) + " |" for row in rows)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default="steady,burst,memory")
+    p.add_argument("--apps", default="ranktop,log,logview")
+    p.add_argument("--seconds", type=float, default=20, help="steady case length (default 20)")
+    p.add_argument("--keep", action="store_true", help="keep the log directories")
+    ns = p.parse_args()
+    if not shutil.which("tmux"):
+        print("bench_tui: needs tmux", file=sys.stderr)
+        return 2
+    cases = {
+        "steady": Case("steady 8 x 1000 lines/s", 8, int(1000 * ns.seconds), 1000, ns.seconds + 60),
+        "burst": Case("burst 8 x 200k lines", 8, 200_000, 0, 300),
+        "memory": Case("memory 64 x 10k lines", 64, 10_000, 0, 300),
+    }
+    # Textual's Log only runs the steady case: it is the comparison SPEC 4 refers to.
+    plan = [(cases[c], a) for c in ns.cases.split(",") for a in ns.apps.split(",")
+            if a == "ranktop" or (a == "logview" and c != "memory") or (a == "log" and c == "steady")]
+    root = Path(tempfile.mkdtemp(prefix="ranktop-bench-"))
+    results = []
+    try:
+        for case, app in plan:
+            log_dir = root / f"{case.name.split()[0]}-{app}"
+            log_dir.mkdir()
+            print(f"... {case.name}: {app}", file=sys.stderr, flush=True)
+            results.append(run_case(case, app, log_dir))
+            print(table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    finally:
+        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
+        if ns.keep:
+            print(f"logs kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"\nTUI benchmark, {os.cpu_count()} cores, terminal {COLS}x{ROWS} in tmux "
+          f"(targets, SPEC 5: CPU <= {TARGET_CPU:.0f}% of one core at 8 x 1000 lines/s, every byte kept, "
+          f"<= {TARGET_MB:.0f} MB with 64 x 10k lines)\n")
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

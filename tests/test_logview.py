@@ -1,0 +1,277 @@
+"""The rank output pane (tui/logview.py): a tiny host app with one LogView over a real LineRing,
+driven by Pilot; and one run of real ranks through the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sys
+import threading
+
+import pytest
+from conftest import ROOT, wait_for
+from textual.app import App, ComposeResult
+
+from core import LocalAgent, WorkerSpec
+from core.output import STDERR, STDOUT, LineRing
+from tui.logview import MAX_CHARS, LogView
+
+SIZE = (60, 12)
+
+
+def sync(test):
+    """Run an async Pilot test without an asyncio pytest plugin."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        return asyncio.run(test(*args, **kwargs))
+
+    return run
+
+
+class Host(App):
+    def __init__(self, ring: LineRing | None, **kw) -> None:
+        super().__init__()
+        self.ring, self.kw = ring, kw
+
+    def compose(self) -> ComposeResult:
+        yield LogView(self.ring, **self.kw)
+
+    @property
+    def view(self) -> LogView:
+        return self.query_one(LogView)
+
+
+def feed_lines(ring: LineRing, start: int, stop: int, text: str = "line") -> None:
+    ring.feed(STDOUT, "".join(f"{text} {i}\n" for i in range(start, stop)).encode())
+
+
+def screen_rows(view: LogView) -> list[str]:
+    return [view.render_line(y).text.rstrip() for y in range(view.scrollable_content_region.height)]
+
+
+def styles_of(view: LogView, y: int, word: str) -> list:
+    return [seg.style for seg in view.render_line(y) if word in seg.text]
+
+
+@sync
+async def test_follows_the_tail_then_scrolling_up_holds_the_view_and_end_resumes():
+    ring = LineRing()
+    feed_lines(ring, 0, 100)
+    app = Host(ring)
+    async with app.run_test(size=SIZE) as pilot:
+        view = app.view
+        await pilot.pause()
+        assert view.follow and screen_rows(view)[-1] == "line 99"
+        feed_lines(ring, 100, 150)
+        assert view.poll()
+        assert screen_rows(view)[-1] == "line 149"
+
+        view.focus()
+        await pilot.press("pageup", "up")
+        assert not view.follow
+        held = screen_rows(view)
+        feed_lines(ring, 150, 400)
+        view.poll()
+        await pilot.pause()
+        assert screen_rows(view) == held, "new lines moved a view scrolled away from the tail"
+
+        await pilot.press("end")
+        assert view.follow and screen_rows(view)[-1] == "line 399"
+        view.scroll_to(y=10, animate=False)  # what the mouse wheel and the scrollbar do
+        await pilot.pause()
+        assert not view.follow
+        view.scroll_to(y=view.max_scroll_y, animate=False)
+        await pilot.pause()
+        assert view.follow, "scrolling back to the bottom rejoins the tail"
+        await pilot.press("f")
+        assert not view.follow
+        await pilot.press("f")
+        assert view.follow and screen_rows(view)[-1] == "line 399"
+
+
+@sync
+async def test_poll_is_false_when_nothing_changed_and_shows_the_open_line():
+    ring = LineRing()
+    feed_lines(ring, 0, 3)
+    app = Host(ring)
+    async with app.run_test(size=SIZE) as pilot:
+        view = app.view
+        await pilot.pause()
+        assert not view.poll()
+        ring.feed(STDOUT, b"epoch 1 50%\repoch 1 80%")  # unfinished progress bar: its latest state shows
+        assert view.poll() and not view.poll()
+        assert screen_rows(view)[3] == "epoch 1 80%" and view.line_count == 4
+        ring.feed(STDERR, b"warn\n")
+        ring.feed(STDOUT, b"\repoch 1 100%\n")
+        assert view.poll()
+        assert screen_rows(view)[:5] == ["line 0", "line 1", "line 2", "warn", "epoch 1 100%"]
+
+
+@sync
+async def test_a_full_ring_drops_old_lines_without_moving_a_held_view():
+    ring = LineRing(maxlen=50)
+    feed_lines(ring, 0, 50)
+    app = Host(ring)
+    async with app.run_test(size=SIZE) as pilot:
+        view = app.view
+        await pilot.pause()
+        view.focus()
+        await pilot.press("pageup")
+        held = screen_rows(view)
+        feed_lines(ring, 50, 55)  # five lines leave the top of the ring
+        view.poll()
+        assert view.line_count == 50 and screen_rows(view) == held
+        feed_lines(ring, 55, 500)  # far more than the ring keeps: start from its window
+        view.poll()
+        assert view.line_count == 50 and screen_rows(view)[0] == "line 450"
+
+
+@sync
+async def test_search_counts_highlights_and_moves_between_matches():
+    ring = LineRing()
+    for i in range(200):
+        ring.feed(STDOUT, f"step {i} {'NaN loss' if i % 50 == 7 else 'ok'}\n".encode())
+    app = Host(ring)
+    async with app.run_test(size=SIZE) as pilot:
+        view = app.view
+        await pilot.pause()
+        assert view.search("nan") == 4
+        assert not view.follow
+        assert "step 157 NaN loss" in screen_rows(view), "search goes to the match nearest the tail"
+        current = screen_rows(view).index("step 157 NaN loss")
+        assert styles_of(view, current, "NaN")[0] != styles_of(view, current, "loss")[0], "match highlighted"
+
+        view.focus()
+        await pilot.press("N")
+        assert "step 107 NaN loss" in screen_rows(view)
+        await pilot.press("N", "N")
+        assert "step 7 NaN loss" in screen_rows(view)
+        await pilot.press("N")  # wraps round to the newest
+        assert "step 157 NaN loss" in screen_rows(view)
+        await pilot.press("n")  # and forward past the newest to the oldest
+        assert "step 7 NaN loss" in screen_rows(view)
+
+        ring.feed(STDOUT, b"step 200 NaN loss\n")
+        view.poll()
+        await pilot.press("N")
+        assert "step 200 NaN loss" in screen_rows(view), "new matching lines join the search"
+        assert view.search("no such words") == 0
+        view.clear_search()
+        assert view.search_query == ""
+
+
+@sync
+async def test_ansi_colours_are_kept_and_invalid_utf8_is_replaced():
+    ring = LineRing()
+    ring.feed(STDOUT, b"\x1b[31mred\x1b[0m plain \x1b[1;32mgreen\x1b[0m\n")
+    ring.feed(STDOUT, b"bad \xff\xfe\xc3\x28 end\n")
+    ring.feed(STDOUT, b"tab\tbell\x07 esc\x1b alone\n")
+    ring.feed(STDOUT, bytes(range(256)) + b"\n")
+    app = Host(ring)
+    async with app.run_test(size=SIZE) as pilot:
+        view = app.view
+        await pilot.pause()
+        (red,) = styles_of(view, 0, "red")
+        (green,) = styles_of(view, 0, "green")
+        assert red.color.name == "color(1)" and green.color.name == "color(2)" and green.bold
+        assert "\ufffd" in screen_rows(view)[1] and screen_rows(view)[1].endswith("end")
+        assert screen_rows(view)[2] == "tab     bell esc␛ alone"
+        assert all(ord(c) >= 32 for row in screen_rows(view) for c in row), "no control bytes reach the terminal"
+
+
+@sync
+async def test_no_color_drops_colours(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    ring = LineRing()
+    ring.feed(STDOUT, b"\x1b[31mred\x1b[0m plain\n")
+    app = Host(ring)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        (red,) = styles_of(app.view, 0, "red")
+        assert red.color is None or red.color.name != "color(1)"
+
+
+@sync
+async def test_a_5mb_line_is_cut_with_a_marker():
+    ring = LineRing()
+    ring.feed(STDOUT, b"x" * (5 << 20) + b"\nafter\n")
+    ring.feed(STDOUT, "é".encode() * (3 << 20))  # still arriving, no newline yet
+    app = Host(ring)
+    async with app.run_test(size=SIZE) as pilot:
+        view = app.view
+        await pilot.pause()
+        assert view.virtual_size.width < 2 * MAX_CHARS
+        view.scroll_to(x=view.max_scroll_x, animate=False)
+        await pilot.pause()
+        rows = screen_rows(view)
+        assert rows[0].endswith("[line cut: 5,242,880 bytes]") and rows[2].endswith("[line cut: 6,291,456 bytes]")
+        view.wrap = True
+        await pilot.pause()
+        assert view.virtual_size.height > 3
+
+
+@sync
+async def test_wrap_toggle_changes_the_virtual_height():
+    ring = LineRing()
+    for i in range(20):
+        ring.feed(STDOUT, f"{i:03d} ".encode() + b"w" * 150 + b"\n")
+    app = Host(ring)
+    async with app.run_test(size=SIZE) as pilot:
+        view = app.view
+        await pilot.pause()
+        assert view.virtual_size.height == 20 and view.virtual_size.width == 154
+        view.focus()
+        await pilot.press("w")
+        assert view.wrap
+        width = view.scrollable_content_region.width
+        assert view.virtual_size.height == 20 * -(-154 // width) and view.max_scroll_x == 0
+        assert screen_rows(view)[-1].startswith("w") and view.follow
+        ring.feed(STDOUT, b"short\n")
+        view.poll()
+        assert screen_rows(view)[-1] == "short"
+        await pilot.press("w")
+        assert not view.wrap and view.virtual_size.height == 21
+
+
+@sync
+async def test_set_ring_starts_over():
+    first, second = LineRing(), LineRing()
+    feed_lines(first, 0, 30, "old")
+    feed_lines(second, 0, 2, "new")
+    app = Host(first)
+    async with app.run_test(size=SIZE) as pilot:
+        view = app.view
+        await pilot.pause()
+        view.set_ring(second)
+        await pilot.pause()
+        assert view.line_count == 2 and screen_rows(view)[:3] == ["new 0", "new 1", ""]
+
+
+@pytest.mark.timeout(60)
+@sync
+async def test_real_ranks_through_the_engine(tmp_path):
+    """Awkward bytes from real processes (binary, invalid UTF-8, '\\r' bars, a 5 MB line, a
+    partial last line) reach the pane through the engine's pipes and ring."""
+    script = str(ROOT / "tests" / "ranks" / "output_fidelity.py")
+    spec = WorkerSpec(role="r", local_world_size=2, entrypoint=sys.executable, args=("-u", script))
+    agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=5)
+    runner = threading.Thread(target=agent.run)
+    runner.start()
+    try:
+        assert agent.wait_started(10)
+        app = Host(agent.ring(1))
+        async with app.run_test(size=(80, 24)) as pilot:
+            view = app.view
+            wait_for(lambda: b"partial last line" in b"".join(agent.ring(1).tail(3)), 20, what="rank output")
+            view.poll()
+            await pilot.pause()
+            rows = [row for row in screen_rows(view) if row]
+            assert rows[-1] == "partial last line without newline" and view.follow
+            assert {"crlf line", "after the long line", "stderr too"} <= set(rows)
+            assert view.search("PROGRESS") == 1
+            assert "progress 100%" in screen_rows(view)
+            assert view.search("bad utf8") == 1 and any("bad utf8 \ufffd" in r for r in screen_rows(view))
+    finally:
+        runner.join(30)
+    assert not runner.is_alive()

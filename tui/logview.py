@@ -1,0 +1,467 @@
+"""A rank's output pane: a line-virtualised view over the engine's LineRing (SPEC 4).
+
+Only the rows on screen are ever parsed (ANSI colours kept) and turned into strips; parsed strips
+are cached by absolute line number, so a repaint of an unchanged pane parses nothing. The app
+calls `poll()` a few times a second for visible panes: it costs one integer compare when the ring
+did not move, and otherwise copies just the new lines.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.binding import Binding
+from textual.cache import LRUCache
+from textual.geometry import Region, Size
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+if TYPE_CHECKING:
+    from core.output import LineRing
+
+MAX_CHARS = 10_000  # per line: past this a line is cut with a marker, so a 5 MB line costs no more than 10k
+_MAX_BYTES = MAX_CHARS * 4  # UTF-8 needs at most 4 bytes a character
+_TAB = 8
+_CACHE_LINES = 512  # strips kept per pane: a few screens' worth, small even with 64 panes
+# C0 controls other than tab and ESC would move the terminal's cursor: drop them (ESC starts SGR).
+_CONTROLS = {c: None for c in (*range(0, 9), *range(10, 27), *range(28, 32), 127)}
+_PLAIN_LINE = re.compile(rb"[\x20-\x7e]{0,%d}" % MAX_CHARS)  # printable ASCII: one cell a byte
+_PLAIN = Style()  # Textual's colour filters want a style on every segment, even an empty one
+_ANSI_BYTES = re.compile(rb"\x1b(?:\][^\x07\x1b]*(?:\x07|\x1b\\)?|\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
+
+
+def _marker(raw: bytes) -> str:
+    return f" … [line cut: {len(raw):,} bytes]"
+
+
+def parse_line(raw: bytes, style: Style | None = None, color: bool = True) -> Text:
+    """One ring line as Rich text: UTF-8 with replacement, ANSI SGR kept (or dropped without
+    colour), controls removed, tabs expanded, and cut at MAX_CHARS with a marker."""
+    text = raw[:_MAX_BYTES].decode("utf-8", "replace")
+    cut = len(raw) > _MAX_BYTES or len(text) > MAX_CHARS
+    text = text[:MAX_CHARS].translate(_CONTROLS)
+    if "\x1b" in text:
+        parsed = Text.from_ansi(text, no_wrap=True, end="")
+        # An ESC that starts no sequence stays in the text: show it, never send it to the terminal.
+        plain = parsed.plain.replace("\x1b", "␛")
+        rich_text = Text(plain, style=style if style is not None else "", spans=parsed.spans if color else [], no_wrap=True, end="")
+    else:
+        rich_text = Text(text, style=style if style is not None else "", no_wrap=True, end="")
+    if "\t" in rich_text.plain:
+        rich_text.expand_tabs(_TAB)
+    if cut:
+        rich_text.append(_marker(raw), "dim italic")
+    return rich_text
+
+
+def line_width(raw: bytes) -> int:
+    """The cells `parse_line(raw)` takes, cheaply for the common plain-ASCII case."""
+    if len(raw) > MAX_CHARS:
+        return parse_line(raw).cell_len  # bounded: parse_line reads at most _MAX_BYTES
+    if b"\x1b" in raw:
+        raw = _ANSI_BYTES.sub(b"", raw)
+    if raw.isascii() and b"\t" not in raw:
+        return len(raw)  # a stray control byte counts one cell too many: harmless for a scroll range
+    return parse_line(raw).cell_len
+
+
+def _matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
+    raw = raw[:_MAX_BYTES]
+    if needle_bytes is not None and b"\x1b" not in raw:
+        return needle_bytes in raw.lower()  # ASCII needle: bytes.lower is enough and fast
+    return needle in parse_line(raw, color=False).plain.lower()
+
+
+class LogView(ScrollView, can_focus=True):
+    """Recent output of one rank, newest at the bottom; follows the tail until scrolled up."""
+
+    COMPONENT_CLASSES = {"logview--match", "logview--match-current"}
+    DEFAULT_CSS = """
+    LogView { scrollbar-gutter: stable; }
+    LogView > .logview--match { text-style: reverse; }
+    LogView > .logview--match-current { background: $accent; color: $text; text-style: bold; }
+    """
+    BINDINGS = [
+        Binding("end", "scroll_end", "Tail", show=False),
+        Binding("home", "scroll_home", "Top", show=False),
+        Binding("f", "toggle_follow", "Follow"),
+        Binding("w", "toggle_wrap", "Wrap"),
+        Binding("n", "search_next", "Next match", show=False),
+        Binding("N", "search_prev", "Previous match", show=False),
+    ]
+
+    follow: reactive[bool] = reactive(True)
+    wrap: reactive[bool] = reactive(False)
+
+    def __init__(
+        self,
+        ring: LineRing | None = None,
+        *,
+        follow: bool = True,
+        wrap: bool = False,
+        name: str | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+    ) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self.set_reactive(LogView.follow, follow)
+        self.set_reactive(LogView.wrap, wrap)
+        self._strips: LRUCache[Any, Any] = LRUCache(_CACHE_LINES)
+        self._by_me = False  # True while we move the view ourselves (not the user)
+        self._base_style: Style | None = None
+        self._frame: tuple[int, int, int] | None = None
+        self._reset(ring)
+
+    # ----- the data ------------------------------------------------------------------------------
+    def _reset(self, ring: LineRing | None) -> None:
+        self._ring = ring
+        self._maxlen = (ring.lines.maxlen if ring is not None else None) or 10_000
+        self._version = -1
+        self._lines: list[bytes] = []  # complete lines, oldest first; self._first is the number of the first
+        self._widths: list[int] = []
+        self._first = 0
+        self._open: list[bytes] = []  # unfinished last line of each stream, shown after the complete ones
+        self._open_widths: list[int] = []
+        self._max_width = 0
+        self._cum: list[int] = [0]  # wrap mode: absolute first row of each kept line, then the end
+        self._wrap_width = 80  # set from the real width once mounted
+        self._query, self._query_bytes = "", None
+        self._hits: list[int] = []  # absolute numbers of matching complete lines, ascending
+        self._current: int | None = None  # the match the view was moved to
+        self._strips.clear()
+
+    def set_ring(self, ring: LineRing | None) -> None:
+        """Show another ring (a new attempt of the rank): start over from it."""
+        query = self._query
+        self._reset(ring)
+        if self.is_mounted:
+            self.poll()
+            if query:
+                self.search(query)
+
+    @property
+    def line_count(self) -> int:
+        return len(self._lines) + len(self._open)
+
+    def poll(self) -> bool:
+        """Take what the ring got since the last call; repaint if the view changed. Cheap when
+        nothing moved. Returns True when it repainted."""
+        ring = self._ring
+        if ring is None or ring.version == self._version:
+            return False
+        self._version, total, new, open_lines = ring.since(self._first + len(self._lines))
+        changed_from, top_row = self._row_count() - self._open_rows(), self.scroll_offset.y
+        dropped_rows = self._take(total, new, open_lines)
+        self._update_virtual_size()
+        if not self.size:
+            return False  # not laid out yet: on_resize will place the view
+        if self.follow:
+            self._move_to(self.max_scroll_y)
+        elif dropped_rows:
+            self._move_to(max(0, top_row - dropped_rows))  # keep the same lines on screen
+        elif changed_from >= top_row + self.scrollable_content_region.height:
+            return False  # only rows below the screen changed: the scrollbar updates by itself
+        self.refresh()
+        return True
+
+    def _take(self, total: int, new: list[bytes], open_lines: list[bytes]) -> int:
+        """Add the new complete lines, replace the open ones; return the rows dropped at the top."""
+        expected = self._first + len(self._lines)
+        if total - len(new) != expected:  # lines went by unseen (a hidden pane): start from the ring's window
+            dropped = self._row_count() - self._open_rows()
+            self._lines, self._widths, self._first, self._max_width = [], [], total - len(new), 0
+            self._cum = [0]
+            self._strips.clear()
+            self._hits = []
+        else:
+            dropped = 0
+        widths = [line_width(line) for line in new]
+        self._lines.extend(new)
+        self._widths.extend(widths)
+        self._max_width = max(self._max_width, *widths, 0)
+        if self.wrap:
+            self._extend_rows(widths)
+        if self._query:
+            self._hits.extend(n for n, line in enumerate(new, total - len(new)) if self._hit(line))
+        over = len(self._lines) - self._maxlen
+        if over > 0:
+            dropped += self._drop_front(over)
+        self._open = open_lines
+        self._open_widths = [line_width(line) for line in open_lines]
+        self._max_width = max(self._max_width, *self._open_widths, 0)
+        return dropped
+
+    def _drop_front(self, count: int) -> int:
+        rows = (self._cum[count] - self._cum[0]) if self.wrap else count
+        del self._lines[:count], self._widths[:count]
+        if self.wrap:
+            del self._cum[:count]
+        self._first += count
+        if self._hits and self._hits[0] < self._first:
+            del self._hits[: bisect.bisect_left(self._hits, self._first)]
+        return rows
+
+    # ----- rows (a line is one row, or several when wrapped) -------------------------------------
+    def _rows_of(self, width: int) -> int:
+        return max(1, math.ceil(width / self._wrap_width)) if self.wrap else 1
+
+    def _extend_rows(self, widths: list[int]) -> None:
+        rows = itertools.accumulate((self._rows_of(w) for w in widths), initial=self._cum[-1])
+        self._cum.extend(itertools.islice(rows, 1, None))  # accumulate starts with its initial value
+
+    def _rebuild_rows(self) -> None:
+        self._wrap_width = max(1, self.scrollable_content_region.width)
+        self._cum = list(itertools.accumulate((self._rows_of(w) for w in self._widths), initial=0))
+        self._strips.clear()
+
+    def _open_rows(self) -> int:
+        return sum(self._rows_of(w) for w in self._open_widths)
+
+    def _row_count(self) -> int:
+        complete = (self._cum[-1] - self._cum[0]) if self.wrap else len(self._lines)
+        return complete + self._open_rows()
+
+    def _row_of_line(self, index: int) -> int:
+        """The first row of the line at `index` (0 = oldest kept)."""
+        if not self.wrap:
+            return index
+        if index < len(self._lines):
+            return self._cum[index] - self._cum[0]
+        return self._cum[-1] - self._cum[0] + sum(self._rows_of(w) for w in self._open_widths[: index - len(self._lines)])
+
+    def _locate(self, row: int) -> tuple[int, int]:
+        """(line index, row within that line) for a row of the whole view."""
+        if not self.wrap:
+            return row, 0
+        complete = self._cum[-1] - self._cum[0]
+        if row < complete:
+            index = bisect.bisect_right(self._cum, row + self._cum[0]) - 1
+            return index, row + self._cum[0] - self._cum[index]
+        row -= complete
+        for k, width in enumerate(self._open_widths):
+            rows = self._rows_of(width)
+            if row < rows:
+                return len(self._lines) + k, row
+            row -= rows
+        return self.line_count, 0
+
+    def _update_virtual_size(self) -> None:
+        size = Size(self._wrap_width if self.wrap else self._max_width, self._row_count())
+        if size == self.virtual_size:
+            return
+        view = self.scrollable_content_region.size
+        same_bars = (size.width > view.width) == (self.virtual_size.width > view.width) and (
+            size.height > view.height) == (self.virtual_size.height > view.height)
+        if same_bars and self.size:
+            # Setting virtual_size re-lays out the whole screen; when no scrollbar comes or goes,
+            # updating the scrollbars is all it needs (measured: most of the cost of a poll).
+            self.set_reactive(ScrollView.virtual_size, size)
+            self._scroll_update(size)
+        else:
+            self.virtual_size = size
+
+    # ----- rendering -----------------------------------------------------------------------------
+    @property
+    def _style(self) -> Style:
+        # rich_style walks the CSS of every ancestor (most of a cached repaint's cost): keep it
+        # until the styles change.
+        if self._base_style is None:
+            self._base_style = self.rich_style
+        return self._base_style
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # Read the scroll position and width once per repaint, not once per row.
+        self._frame = (*self.scroll_offset, self.size.width)  # Textual crops away the scrollbar's columns
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._frame = None
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y, width = self._frame or (*self.scroll_offset, self.size.width)
+        index, sub = self._locate(scroll_y + y)
+        raw = self._raw(index)
+        if raw is not None and _PLAIN_LINE.fullmatch(raw) and not (self._query and self._hit(raw)):
+            # Most log lines: printable ASCII, one cell a byte. Slicing the bytes is far cheaper than
+            # parsing, rendering and cropping a Rich Text, and needs no cache.
+            if self.wrap:
+                raw = raw[sub * self._wrap_width : (sub + 1) * self._wrap_width]
+            visible = raw[scroll_x : scroll_x + width].decode("ascii")
+            return Strip([Segment(visible.ljust(width), self._style)], width)
+        strip = self._strip(index, sub)
+        if strip is None:
+            return Strip.blank(width, self._style)
+        return strip.crop_extend(scroll_x, scroll_x + width, self._style)
+
+    def _raw(self, index: int) -> bytes | None:
+        if index < len(self._lines):
+            return self._lines[index]
+        if index < self.line_count:
+            return self._open[index - len(self._lines)]
+        return None
+
+    def _strip(self, index: int, sub: int) -> Strip | None:
+        if index >= self.line_count:
+            return None
+        if index < len(self._lines):
+            raw, key = self._lines[index], self._first + index
+        else:
+            raw = self._open[index - len(self._lines)]
+            key = ("open", raw)
+        pieces = self._strips.get(key)
+        if pieces is None:
+            pieces = self._render_raw(raw, key)
+            self._strips[key] = pieces
+        return pieces[sub] if sub < len(pieces) else None
+
+    def _render_raw(self, raw: bytes, key: Any) -> list[Strip]:
+        text = parse_line(raw, self._style, color=not self.app.no_color)
+        if self._query:
+            current = key == self._current
+            name = "logview--match-current" if current else "logview--match"
+            text.highlight_words([self._query], self.get_component_rich_style(name), case_sensitive=False)
+        segments = [seg if seg.style else Segment(seg.text, _PLAIN) for seg in text.render(self.app.console)]
+        strip = Strip(segments, text.cell_len)
+        if not self.wrap or strip.cell_length <= self._wrap_width:
+            return [strip]
+        cuts = [*range(self._wrap_width, strip.cell_length, self._wrap_width), strip.cell_length]
+        return list(strip.divide(cuts))
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._base_style = None
+        self._strips.clear()
+
+    # ----- following and scrolling ---------------------------------------------------------------
+    def _move_to(self, y: float) -> None:
+        self._by_me = True
+        try:
+            self.scroll_to(y=y, animate=False, immediate=True)
+        finally:
+            self._by_me = False
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if not self._by_me:  # the user scrolled: up leaves the tail, reaching the bottom rejoins it
+            self.follow = round(new_value) >= self.max_scroll_y
+
+    def watch_follow(self, follow: bool) -> None:
+        if follow:
+            self._move_to(self.max_scroll_y)
+
+    def watch_wrap(self, wrap: bool) -> None:
+        top = self._locate(round(self.scroll_offset.y))[0]
+        if wrap:
+            self._rebuild_rows()
+        else:
+            self._strips.clear()
+        self._update_virtual_size()
+        self._move_to(self.max_scroll_y if self.follow else self._row_of_line(top))
+        self.refresh()
+
+    def on_resize(self) -> None:
+        if self.wrap and self.scrollable_content_region.width != self._wrap_width:
+            self._rebuild_rows()
+            self._update_virtual_size()
+        if self.follow:
+            self.call_after_refresh(self._follow_tail)
+
+    def _follow_tail(self) -> None:
+        if self.follow:
+            self._move_to(self.max_scroll_y)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.poll()
+
+    def action_scroll_end(self) -> None:
+        self.follow = True
+        self._move_to(self.max_scroll_y)
+
+    def action_scroll_home(self) -> None:
+        self.follow = False
+        self._move_to(0)
+
+    def action_toggle_follow(self) -> None:
+        self.follow = not self.follow
+
+    def action_toggle_wrap(self) -> None:
+        self.wrap = not self.wrap
+
+    # ----- search --------------------------------------------------------------------------------
+    def _hit(self, raw: bytes) -> bool:
+        return _matches(raw, self._query, self._query_bytes)
+
+    def search(self, query: str) -> int:
+        """Highlight `query` (plain text, any case) and go to its last match; the number of
+        matching lines (0 clears the search when the query is empty)."""
+        self._query = query.lower()
+        self._query_bytes = self._query.encode() if self._query.isascii() else None
+        self._strips.clear()
+        if not self._query:
+            self.clear_search()
+            return 0
+        self._hits = [self._first + i for i, line in enumerate(self._lines) if self._hit(line)]
+        open_hits = [i for i, line in enumerate(self._open) if self._hit(line)]
+        self._current = None
+        if open_hits:
+            self._show_line(len(self._lines) + open_hits[-1])
+        elif self._hits:
+            self._go_to_hit(self._hits[-1])
+        self.refresh()
+        return len(self._hits) + len(open_hits)
+
+    def search_next(self) -> None:
+        """The next match towards the tail (wrapping round to the oldest)."""
+        self._step(+1)
+
+    def search_prev(self) -> None:
+        """The previous match towards the oldest line (wrapping round to the newest)."""
+        self._step(-1)
+
+    def _step(self, direction: int) -> None:
+        if not self._hits:
+            return
+        if self._current is None:
+            at = len(self._hits) if direction > 0 else -1
+        else:
+            at = bisect.bisect_left(self._hits, self._current)
+        self._go_to_hit(self._hits[(at + direction) % len(self._hits)])
+
+    def _go_to_hit(self, number: int) -> None:
+        self._current = number
+        self._strips.clear()  # the current-match colour moved
+        self._show_line(number - self._first)
+
+    def _show_line(self, index: int) -> None:
+        self.follow = False
+        row = self._row_of_line(index)
+        height = self.scrollable_content_region.height
+        top = round(self.scroll_offset.y)
+        if not top <= row < top + height:
+            self._move_to(max(0, row - height // 2))
+        self.refresh()
+
+    def clear_search(self) -> None:
+        self._query, self._query_bytes = "", None
+        self._hits, self._current = [], None
+        self._strips.clear()
+        self.refresh()
+
+    @property
+    def search_query(self) -> str:
+        return self._query
+
+    def action_search_next(self) -> None:
+        self.search_next()
+
+    def action_search_prev(self) -> None:
+        self.search_prev()
