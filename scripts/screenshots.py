@@ -1,0 +1,126 @@
+"""Make the README's screenshots from the app's own SVG export, then PNGs with cairosvg.
+
+    python scripts/screenshots.py [--out screenshots]
+
+Runs examples/demo_train.py under the real app (real ranks, fake NVML via RANKTOP_FAKE_GPUS=4 so
+the GPU columns show) and writes <name>.svg and <name>.png for: 4 ranks training, a failed rank
+with its root cause, a zoomed pane with a search, and 16 ranks. PNGs need the Fira Code font
+(Debian: apt-get install fonts-firacode) for cairosvg to render the SVG's font-family.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("RANKTOP_FAKE_GPUS", "4")
+
+from core.agent import LocalAgent  # noqa: E402
+from core.spec import WorkerSpec  # noqa: E402
+from core.stats import StatsSampler  # noqa: E402
+from tui.app import RanktopApp  # noqa: E402
+
+DEMO = str(ROOT / "examples" / "demo_train.py")
+SIZE = (160, 48)
+
+Scene = Callable[[RanktopApp, object], Awaitable[None]]
+
+
+async def until(pilot, condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("scene did not reach its state")
+        await pilot.pause(0.05)
+
+
+def lines_of(app: RanktopApp, local_rank: int) -> int:
+    return len(app.agent.output(local_rank))
+
+
+async def training(app, pilot) -> None:
+    await until(pilot, lambda: all(lines_of(app, r) > 30 for r in range(4)))
+    await pilot.pause(1.2)  # one more stats sample so cpu% is a steady figure
+
+
+async def failed(app, pilot) -> None:
+    await until(pilot, lambda: app.main is not None and app.main.ended)
+    await pilot.pause(0.3)
+
+
+async def zoom_search(app, pilot) -> None:
+    await until(pilot, lambda: any(b"warning" in line for line in app.agent.output(1)) and lines_of(app, 1) > 60)
+    await pilot.press("1", "z", "slash", *"warning", "enter")
+    await pilot.pause(0.5)
+
+
+async def sixteen(app, pilot) -> None:
+    await until(pilot, lambda: all(lines_of(app, r) > 15 for r in range(16)), timeout=60)
+    await pilot.pause(1.2)
+
+
+SCENES: list[tuple[str, int, tuple[str, ...], Scene]] = [
+    ("training-4-ranks", 4, ("--rate", "12"), training),
+    ("failed-rank-root-cause", 4, ("--rate", "25", "--fail-rank", "2", "--fail-step", "40"), failed),
+    ("zoomed-pane-search", 4, ("--rate", "25"), zoom_search),
+    ("sixteen-ranks", 16, ("--rate", "8"), sixteen),
+]
+
+
+def shoot(name: str, nproc: int, args: tuple[str, ...], scene: Scene, out: Path, log_root: str) -> Path:
+    spec = WorkerSpec(role="default", local_world_size=nproc, entrypoint=sys.executable,
+                      args=("-u", DEMO, *args), name="demo_train.py", max_restarts=0)
+    sampler = StatsSampler(interval=0.5)
+    agent = LocalAgent(spec, log_dir=log_root, console=False, color=True, shutdown_timeout=3.0,
+                       stall_timeout=60.0, sampler=sampler)
+    sampler.attach(agent)
+    app = RanktopApp(agent)
+    svg = out / f"{name}.svg"
+
+    async def run() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.main is not None and app.main.is_mounted)
+            await scene(app, pilot)
+            svg.write_text(app.export_screenshot(title=f"ranktop · {name}"))
+
+    try:
+        asyncio.run(run())
+    finally:
+        sampler.close()
+    return svg
+
+
+def to_png(svg: Path) -> Path:
+    import cairosvg
+
+    png = svg.with_suffix(".png")
+    cairosvg.svg2png(url=str(svg), write_to=str(png), output_width=1600)
+    return png
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "screenshots"))
+    parser.add_argument("--only", default=None, help="one scene name")
+    ns = parser.parse_args(argv)
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ranktop-shots-") as logs:
+        for name, nproc, args, scene in SCENES:
+            if ns.only and ns.only != name:
+                continue
+            png = to_png(shoot(name, nproc, args, scene, out, logs))
+            print(f"wrote {png.relative_to(ROOT) if png.is_relative_to(ROOT) else png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

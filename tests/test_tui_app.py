@@ -1,0 +1,390 @@
+"""The Textual app driven by Pilot around a real LocalAgent: every key's effect on real ranks,
+on the pane titles, and in events.jsonl."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from core.agent import LocalAgent
+from core.spec import WorkerSpec
+from core.state import GroupState, RankState
+from tests.conftest import wait_for
+from tui.app import QUIT_STATUS, RanktopApp
+from tui.main_screen import plan_grid
+from tui.panes import RankList, RankPane
+from tui.screens import ConfirmQuit, HelpScreen, SignalPicker
+
+pytestmark = pytest.mark.timeout(60)
+
+# A rank that says hello, then ticks until it is told to stop (SIGTERM's default action ends it).
+TICKER = "import os, time\nprint('hello from', os.environ['RANK'], flush=True)\nwhile True:\n    time.sleep(0.1)\n"
+FAILER = (
+    "import os, time\nfrom core.errors import record\n@record\ndef main():\n"
+    "    print('rank', os.environ['RANK'], 'up', flush=True)\n"
+    "    if os.environ['RANK'] == '1':\n        time.sleep(0.3)\n        raise ValueError('boom 42')\n"
+    "    time.sleep(60)\nmain()\n"
+)
+
+
+def make_agent(tmp_path: Path, code: str = TICKER, n: int = 2, *, sampler=None, **spec_kw) -> LocalAgent:
+    spec = WorkerSpec(role="default", local_world_size=n, entrypoint=sys.executable, args=("-u", "-c", code),
+                      name="ticker.py", **spec_kw)
+    return LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2.0, stall_timeout=60.0,
+                      sampler=sampler)
+
+
+async def until(pilot, condition, timeout: float = 10.0, what: str = "condition"):
+    """Like conftest.wait_for, but lets the app run (timers, messages) while waiting."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        await pilot.pause(0.02)
+
+
+def drive(app: RanktopApp, body, size=(160, 48)):
+    """Run `body(app, pilot)` inside the app; the app's unmount stops whatever still runs."""
+
+    async def main():
+        async with app.run_test(size=size) as pilot:
+            await until(pilot, lambda: app.main is not None and app.main.is_mounted, what="main screen")
+            await until(pilot, lambda: all(r.pid for r in app.agent.snapshot().ranks), what="ranks started")
+            await body(app, pilot)
+
+    asyncio.run(main())
+
+
+def rank(app: RanktopApp, local_rank: int):
+    return app.agent.snapshot().ranks[local_rank]
+
+
+def title(app: RanktopApp, local_rank: int) -> str:
+    return app.main.pane(local_rank)._title_plain
+
+
+def events(app: RanktopApp) -> list[dict]:
+    with open(os.path.join(app.agent.run_dir, "events.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+async def quit_confirmed(app: RanktopApp, pilot) -> None:
+    await pilot.press("q")
+    await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="quit confirmation")
+    await pilot.press("y")
+    await until(pilot, lambda: app.agent_done, what="ranks stopped after quit")
+
+
+def test_kill_rank_key_then_quit_confirm_stops_the_rest(tmp_path):
+    app = RanktopApp(make_agent(tmp_path))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: "hello from 1" in b"".join(app.agent.output(1)).decode(), what="rank 1 output")
+        await pilot.press("1")
+        assert app.main.current == 1 and app.main.pane(1).has_class("focused")
+        await pilot.press("k")
+        await until(pilot, lambda: rank(app, 1).state == RankState.KILLED, what="rank 1 killed")
+        await until(pilot, lambda: "killed SIGKILL" in title(app, 1), what="title shows the kill")
+        assert rank(app, 0).state.alive
+        assert any(e["event"] == "signalled" and e["signal"] == "SIGKILL" and e["local_rank"] == 1
+                   for e in events(app))
+        await quit_confirmed(app, pilot)
+        assert rank(app, 0).state == RankState.KILLED
+
+    drive(app, body)
+    assert app.exit_status == QUIT_STATUS
+    assert any(e["event"] == "user_stop" for e in events(app))
+
+
+def test_quit_can_be_cancelled(tmp_path):
+    app = RanktopApp(make_agent(tmp_path, n=1))
+
+    async def body(app, pilot):
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="quit confirmation")
+        await pilot.press("n")
+        await until(pilot, lambda: app.screen is app.main, what="back on the grid")
+        assert rank(app, 0).state.alive and not app.user_quit
+
+    drive(app, body)
+
+
+def test_signal_picker_stop_cont_and_group_term(tmp_path):
+    app = RanktopApp(make_agent(tmp_path))
+
+    async def body(app, pilot):
+        pid = rank(app, 0).pid
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, SignalPicker), what="signal picker")
+        await pilot.press("7")  # SIGSTOP
+        await until(pilot, lambda: proc_state(pid) == "T", what="rank 0 stopped by SIGSTOP")
+        await until(pilot, lambda: " paused " in title(app, 0), what="title shows paused")
+        await pilot.press("x", "8")  # SIGCONT
+        await until(pilot, lambda: proc_state(pid) != "T", what="rank 0 resumed")
+        await until(pilot, lambda: " running " in title(app, 0), what="title shows running again")
+        await pilot.press("x", "g", "2")  # SIGTERM to the whole group
+        await until(pilot, lambda: app.agent_done, what="group ended")
+        await until(pilot, lambda: app.main.ended, what="end noticed")
+        assert all(r.state == RankState.KILLED and r.signal_name == "SIGTERM" for r in app.agent.snapshot().ranks)
+        assert "killed SIGTERM" in title(app, 1)
+        assert app.main.query_one("#root-cause").display
+        sent = [(e["local_rank"], e["signal"]) for e in events(app) if e["event"] == "signalled"]
+        assert sent == [(0, "SIGSTOP"), (0, "SIGCONT"), (0, "SIGTERM"), (1, "SIGTERM")]
+        await pilot.press("q")  # nothing runs: no confirmation
+        await until(pilot, lambda: not app.is_running, what="app closed")
+
+    drive(app, body)
+
+
+def test_restart_rank_then_restart_group(tmp_path):
+    app = RanktopApp(make_agent(tmp_path))
+
+    async def body(app, pilot):
+        old = rank(app, 1).pid
+        await pilot.press("1", "r")
+        await until(pilot, lambda: rank(app, 1).pid not in (None, old) and rank(app, 1).state.alive,
+                    what="rank 1 restarted")
+        assert rank(app, 1).restarts == 1
+        await until(pilot, lambda: "↻1" in title(app, 1) and f"pid {rank(app, 1).pid}" in title(app, 1),
+                    what="title shows the new pid and restart")
+        await pilot.press("R")
+        await until(pilot, lambda: app.agent.attempt == 1 and all(r.pid and r.state.alive for r in
+                                                                   app.agent.snapshot().ranks),
+                    what="attempt 1 running")
+        await until(pilot, lambda: "attempt 2" in app.main.query_one("#header").render().plain,
+                    what="header shows attempt 2")
+        kinds = [e["event"] for e in events(app)]
+        assert "user_restart_rank" in kinds and "user_restart_group" in kinds and "group_restart" in kinds
+
+    drive(app, body)
+
+
+def test_kill_group_key_stays_open_on_final_states(tmp_path):
+    app = RanktopApp(make_agent(tmp_path, n=3))
+
+    async def body(app, pilot):
+        await pilot.press("K")
+        await until(pilot, lambda: app.main.ended, what="group ended")
+        snap = app.agent.snapshot()
+        assert snap.state == GroupState.STOPPED
+        assert all(r.state == RankState.KILLED for r in snap.ranks)
+        assert app.is_running  # stays open on the final states
+        assert "SIGKILL" in title(app, 2)
+        await pilot.press("k")  # nothing to kill any more: a warning, no crash
+        await pilot.press("q")
+
+    drive(app, body)
+    assert any(e["event"] == "user_stop" and e["signal"] == "SIGKILL" for e in events(app))
+
+
+def test_failed_rank_root_cause_panel_and_exit_status(tmp_path):
+    app = RanktopApp(make_agent(tmp_path, FAILER))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: app.main.ended, what="group failed")
+        panel = app.main.query_one("#root-cause-text").render().plain
+        assert "ROOT CAUSE" in panel and "rank 1" in panel and "exit code 1" in panel
+        assert "ValueError" in panel and "boom 42" in panel
+        assert "last output of rank 1:" in panel and "last output of rank 0" not in panel
+        assert app.main.current == 1  # the culprit is focused
+        assert "failed 1" in title(app, 1) and "killed SIGTERM" in title(app, 0)
+        await pilot.press("e")
+        assert not app.main.query_one("#root-cause").display
+        await pilot.press("q")
+
+    drive(app, body)
+    assert app.exit_status == 1
+
+
+def test_exit_on_end_closes_at_once(tmp_path):
+    app = RanktopApp(make_agent(tmp_path, "print('done')"), exit_on_end=True)
+
+    async def main():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: not app.is_running, what="app closed by itself")
+
+    asyncio.run(main())
+    assert app.exit_status == 0
+
+
+def test_focus_keys_zoom_and_mouse(tmp_path):
+    app = RanktopApp(make_agent(tmp_path, n=4))
+
+    async def body(app, pilot):
+        main = app.main
+        assert (main.cols, main.compact) == (2, False)
+        await pilot.press("right")
+        assert main.current == 1
+        await pilot.press("down")
+        assert main.current == 3
+        await pilot.press("left", "up")
+        assert main.current == 0
+        await pilot.press("tab", "tab")
+        assert main.current == 2
+        await pilot.press("shift+tab")
+        assert main.current == 1
+        await pilot.press("z")
+        assert main.zoomed and [r for r in range(4) if main.pane(r).display] == [1]
+        await pilot.press("down")  # moves the zoom to the next rank
+        assert main.current == 2 and [r for r in range(4) if main.pane(r).display] == [2]
+        await pilot.press("escape")
+        assert not main.zoomed and all(main.pane(r).display for r in range(4))
+        await pilot.press("enter")
+        assert main.zoomed
+        await pilot.press("z")
+        await pilot.click("#pane-3", offset=(5, 3))
+        assert main.current == 3 and isinstance(app.focused.parent, RankPane)
+
+    drive(app, body)
+
+
+def test_search_follow_and_wrap_keys(tmp_path):
+    code = "import time\nfor i in range(300):\n    print(f'line {i}', flush=True)\nprint('needle here')\ntime.sleep(60)\n"
+    app = RanktopApp(make_agent(tmp_path, code, n=1))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: app.main.pane(0).log.line_count >= 301, what="output in the pane")
+        log = app.main.pane(0).log
+        await pilot.press("slash")
+        assert app.main.query_one("#search").display
+        await pilot.press(*"line 12", "enter")  # typed into the input, not taken as rank keys
+        assert app.main.current == 0 and not app.main.query_one("#search").display
+        assert log.search_query == "line 12" and app.focused is log
+        assert not log.follow  # a search jumps to the match and stops following
+        await pilot.press("n")
+        await pilot.press("f")
+        assert log.follow
+        wrap = log.wrap
+        await pilot.press("w")
+        assert log.wrap != wrap
+        await pilot.press("slash", "escape")
+        assert not app.main.query_one("#search").display and app.focused is log
+
+    drive(app, body)
+
+
+def test_help_screen_and_palette_list_every_key(tmp_path):
+    app = RanktopApp(make_agent(tmp_path, n=2))
+
+    async def body(app, pilot):
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        shown = app.export_screenshot()
+        for text in ("Zoom", "Search", "Signal", "Kill rank", "Kill group", "Restart rank", "Restart group",
+                     "Follow", "Wrap", "Next match", "Quit", "Move focus between panes", "Focus local rank N",
+                     "Stacks", "Page Up"):
+            assert text.replace(" ", "&#160;") in shown or text in shown, text
+        await pilot.press("escape")
+        titles = {c.title for c in app.get_system_commands(app.main)}
+        assert {"Kill rank", "Restart group", "Signal…", "Follow", "Wrap", "Quit", "Help"} <= titles
+        # Run one through the palette itself: it must act on the focused rank.
+        await pilot.press("1", "ctrl+p")
+        await pilot.press(*"kill rank")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await until(pilot, lambda: rank(app, 1).state == RankState.KILLED, what="palette killed rank 1")
+
+    drive(app, body)
+
+
+def test_compact_list_past_what_fits(tmp_path):
+    # Native ranks keep 32 processes cheap on a 2-core machine.
+    spec = WorkerSpec(role="default", local_world_size=32, entrypoint="/bin/sh",
+                      args=("-c", "echo rank $RANK; exec sleep 60"), name="sleepers")
+    agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2.0)
+    app = RanktopApp(agent)
+
+    async def body(app, pilot):
+        main = app.main
+        assert main.compact
+        assert main.query_one("#rank-list-box").display
+        assert [r for r in range(32) if main.pane(r).display] == [0]
+        await until(pilot, lambda: "31" in main.query_one(RankList)._plain, what="all ranks listed")
+        await pilot.press("down", "down")
+        assert main.current == 2 and [r for r in range(32) if main.pane(r).display] == [2]
+        await pilot.click("#rank-list", offset=(3, 5))
+        assert main.current == 5
+
+    drive(app, body)
+
+
+@pytest.mark.parametrize(("n", "expected"), [(1, (1, 1)), (4, (2, 2)), (8, (4, 2)), (16, (4, 4)), (32, None),
+                                             (64, None)])
+def test_plan_grid_in_160x48(n, expected):
+    assert plan_grid(n, 160, 46) == expected
+
+
+def test_fake_nvml_values_reach_the_right_rank(tmp_path, monkeypatch):
+    from core.stats import StatsSampler
+
+    monkeypatch.setenv("RANKTOP_FAKE_GPUS", "4")
+    sampler = StatsSampler(interval=0.2)
+    agent = make_agent(tmp_path, n=3, sampler=sampler)
+    sampler.attach(agent)
+    app = RanktopApp(agent)
+
+    async def body(app, pilot):
+        # Device i reports util (35 + 20 i) % 100 and the rank's own 1.5 GiB + 256 MiB * LOCAL_RANK.
+        # Three panes in 160 columns get the narrow title: "g2" for GPU 2.
+        await until(pilot, lambda: " g2 75% 2.0G/80.0G" in title(app, 2), what="rank 2's fake GPU")
+        assert " g0 35% 1.5G/80.0G" in title(app, 0)
+        assert " g1 55% 1.8G/80.0G" in title(app, 1)
+        assert "no GPU" not in app.main.query_one("#header").render().plain
+
+    try:
+        drive(app, body)
+    finally:
+        sampler.close()
+
+
+def test_flood_every_byte_logged_and_keys_still_work(tmp_path):
+    # 8 ranks print as fast as they can for 2 s, then report how many lines they wrote.
+    code = ("import sys, time\nend = time.time() + 2.0\nn = 0\nw = sys.stdout.write\n"
+            "while time.time() < end:\n    for _ in range(200):\n        w(f'flood line {n} ' + 'x' * 60 + '\\n')\n"
+            "        n += 1\nsys.stdout.flush()\nsys.stderr.write(f'TOTAL {n}\\n')\n")
+    app = RanktopApp(make_agent(tmp_path, code, n=8))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: all(r.last_output_at for r in app.agent.snapshot().ranks), what="flood started")
+        assert any(r.state.alive for r in app.agent.snapshot().ranks)
+        await pilot.press("3", "z")
+        flooding = any(r.state.alive for r in app.agent.snapshot().ranks)
+        assert app.main.zoomed and app.main.current == 3
+        await until(pilot, lambda: app.agent_done, timeout=30, what="flood over")
+        return flooding
+
+    drive(app, body)
+    attempt = Path(app.agent.attempt_dir(0))
+    for r in range(8):
+        total = int((attempt / str(r) / "stderr.log").read_text().split()[-1])
+        with open(attempt / str(r) / "stdout.log", "rb") as f:
+            lines = f.read().splitlines()
+        assert len(lines) == total and total > 1000
+        assert lines[-1].startswith(f"flood line {total - 1} ".encode())
+
+
+def test_sigterm_to_ranktop_stops_ranks_and_exits_143(tmp_path):
+    app = RanktopApp(make_agent(tmp_path))
+
+    async def body(app, pilot):
+        app.stop_on_signal(signal.SIGTERM)  # what run_tui's handler calls
+        await until(pilot, lambda: not app.is_running, what="app closed after SIGTERM")
+
+    drive(app, body)
+    assert app.exit_status == 128 + signal.SIGTERM
+    wait_for(lambda: all(not r.state.alive for r in app.agent.snapshot().ranks), what="ranks gone")

@@ -1,0 +1,69 @@
+"""`ranktop --tui` in a real terminal (tmux): read the screen, press keys, quit cleanly."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from tests.conftest import ROOT, wait_for
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
+
+SCRIPT = "import os, time\nprint('hello from', os.environ['RANK'], flush=True)\nwhile True:\n    time.sleep(0.1)\n"
+
+
+class Terminal:
+    """One tmux server of our own (-L): it inherits this environment, and dies with the test."""
+
+    def __init__(self, command: str, width: int = 160, height: int = 48):
+        self.socket = f"ranktop-test-{uuid.uuid4().hex[:8]}"
+        self._tmux("new-session", "-d", "-s", "t", "-x", str(width), "-y", str(height), command)
+
+    def _tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True).stdout
+
+    def screen(self) -> str:
+        return self._tmux("capture-pane", "-p", "-t", "t")
+
+    def press(self, *keys: str) -> None:
+        self._tmux("send-keys", "-t", "t", *keys)
+
+    def wait_screen(self, text: str, timeout: float = 15.0) -> str:
+        return wait_for(lambda: text in (s := self.screen()) and s, timeout, what=f"{text!r} on screen")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+
+
+def test_tui_in_tmux_keys_and_clean_quit(tmp_path):
+    script = tmp_path / "ticker.py"
+    script.write_text(SCRIPT)
+    status = tmp_path / "status"
+    command = (f"cd {ROOT} && {sys.executable} -m tui.cli --tui --nproc-per-node 2 --shutdown-timeout 3 "
+               f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
+    term = Terminal(command)
+    try:
+        screen = term.wait_screen("hello from 1")
+        assert "ticker.py" in screen and "world 2" in screen and "attempt 1/1" in screen
+        assert " 0/0 " in screen and " 1/1 " in screen and "running" in screen
+        term.press("1", "z")  # focus rank 1 and zoom it: rank 0's pane goes away
+        wait_for(lambda: " 0/0 " not in term.screen(), what="zoomed onto rank 1")
+        assert " 1/1 " in term.screen()
+        term.press("?")
+        term.wait_screen("Restart group")
+        term.press("Escape", "Escape")
+        wait_for(lambda: " 0/0 " in term.screen() and "Restart group" not in term.screen().split("\n")[10],
+                 what="back on the grid")
+        term.press("q")
+        term.wait_screen("still running")
+        term.press("y")
+        wait_for(lambda: status.exists() and status.read_text().strip(), timeout=15, what="ranktop exited")
+        assert status.read_text().strip() == "130"
+        events = next((tmp_path / "logs").iterdir()) / "events.jsonl"
+        assert '"user_stop"' in events.read_text()
+    finally:
+        term.close()

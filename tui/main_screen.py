@@ -1,0 +1,348 @@
+"""The main screen: header, the grid of rank panes (or the compact list past what fits), the
+search bar, the root-cause panel, and every key that acts on a rank or the group.
+
+A timer reads `agent.snapshot()` a few times a second and repaints what is visible; commands go
+to the agent, which returns at once (it never waits on a rank), so no key ever blocks the UI.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Container, Horizontal, VerticalScroll
+from textual.events import DescendantFocus, Resize
+from textual.screen import Screen
+from textual.widgets import Footer, Input, Static
+
+from core.state import GroupSnapshot, RankState
+from tui.panes import RankList, RankPane, header_text, rank_title
+from tui.screens import RootCausePanel, SignalPicker
+
+if TYPE_CHECKING:
+    from tui.app import RanktopApp
+
+TICK_SECONDS = 0.2  # snapshot + repaint rate: 5 Hz is live to the eye and cheap under floods
+MIN_PANE_WIDTH = 36
+MIN_PANE_HEIGHT = 6  # title + 5 lines of output: less than that is not worth a pane
+NARROW_TITLE = 72  # panes narrower than this get the label-free title
+
+
+def plan_grid(n: int, width: int, height: int) -> tuple[int, int] | None:
+    """(columns, rows) of the best grid for n panes in width x height cells, or None when even the
+    best leaves panes under the minimum size (then the compact list is used)."""
+    best, best_score = None, -1.0
+    for cols in range(1, n + 1):
+        rows = math.ceil(n / cols)
+        w, h = (width - (cols - 1)) // cols, height // rows  # one column of gutter between panes
+        if w < MIN_PANE_WIDTH or h < MIN_PANE_HEIGHT:
+            continue
+        # Cells are about twice as tall as wide: balance w/2 against h, then prefer fewer empty cells.
+        score = min(w / 2, h) - 0.01 * (cols * rows - n)
+        if score > best_score:
+            best, best_score = (cols, rows), score
+    return best
+
+
+class MainScreen(Screen):
+    AUTO_FOCUS = None  # focus follows the focused rank, set explicitly; never "the first widget"
+
+    BINDINGS = [
+        Binding("left", "move(-1, 0)", "Move focus between panes", show=False, priority=True),
+        Binding("right", "move(1, 0)", "Move focus between panes", show=False, priority=True),
+        Binding("up", "move(0, -1)", "Move focus between panes", show=False, priority=True),
+        Binding("down", "move(0, 1)", "Move focus between panes", show=False, priority=True),
+        Binding("tab", "cycle(1)", "Focus next rank", show=False),
+        Binding("shift+tab", "cycle(-1)", "Focus previous rank", show=False),
+        *[Binding(str(i), f"focus_rank({i})", "Focus local rank N", show=False) for i in range(10)],
+        Binding("z,enter", "zoom", "Zoom"),
+        Binding("escape", "unzoom", "Back to the grid", show=False),
+        Binding("slash", "search", "Search"),
+        Binding("x", "signal", "Signal…"),
+        Binding("k", "kill_rank", "Kill rank"),
+        Binding("K", "kill_group", "Kill group"),
+        Binding("r", "restart_rank", "Restart rank"),
+        Binding("R", "restart_group", "Restart group"),
+        Binding("d", "stacks(False)", "Stacks"),
+        Binding("D", "stacks(True)", "Stacks (all ranks)", show=False),
+        Binding("e", "toggle_end_panel", "Show/hide the end report", show=False),
+    ]
+
+    def __init__(self, agent: Any) -> None:
+        super().__init__()
+        self.agent = agent
+        self.n = agent.spec.local_world_size
+        self.current = 0
+        self.zoomed = False
+        self.compact = False
+        self.cols = 1
+        self.paused: dict[int, int] = {}  # local rank -> pid we sent SIGSTOP to (until SIGCONT or exit)
+        self.ended = False
+        self.end_panel_hidden = False
+        self.note: str | None = None  # shown in the header, e.g. "stopping…"
+        self._rings: dict[int, int] = {}  # local rank -> id() of the ring its LogView shows
+        self._shown: set[int] = set(range(self.n))  # every pane starts displayed
+        self.last: GroupSnapshot | None = None
+
+    # ----- building ---------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Static(" ", id="header", markup=False)
+        with Horizontal(id="body"):
+            with VerticalScroll(id="rank-list-box"):
+                yield RankList(id="rank-list")
+            with Container(id="grid"):
+                for r in range(self.n):
+                    yield RankPane(r, id=f"pane-{r}")
+        yield RootCausePanel(id="root-cause")
+        yield Input(placeholder="search this rank's output (enter: find, esc: cancel)", id="search")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.relayout()
+        self.focus_rank(0)
+        self.tick()
+        self.set_interval(TICK_SECONDS, self.tick)
+
+    @property
+    def ranktop(self) -> RanktopApp:
+        return self.app  # type: ignore[return-value]
+
+    def pane(self, local_rank: int) -> RankPane:
+        return self.query_one(f"#pane-{local_rank}", RankPane)
+
+    # ----- layout -----------------------------------------------------------------------------
+    def on_resize(self, event: Resize) -> None:
+        self.relayout()
+
+    def relayout(self) -> None:
+        """Grid when every pane fits at a useful size; else the rank list plus the focused pane."""
+        width, height = self.size.width, max(1, self.size.height - 2)  # header and footer rows
+        plan = plan_grid(self.n, width, height) if self.size.width else (1, 1)
+        self.compact = plan is None
+        single = self.zoomed or self.compact
+        cols, rows = (1, 1) if single else plan
+        self.cols = 1 if single else cols
+        grid = self.query_one("#grid")
+        grid.styles.grid_size_columns = cols
+        grid.styles.grid_size_rows = rows
+        self.query_one("#rank-list-box").display = self.compact and not self.zoomed
+        self.set_class(single, "single")
+        self.set_class(not single, "-grid")
+        self._show_panes({self.current} if single else set(range(self.n)))
+
+    def _show_panes(self, wanted: set[int]) -> None:
+        # Touch only panes whose visibility changes: with 64 ranks most stay as they were.
+        for r in range(self.n):
+            want = r in wanted
+            if want != (r in self._shown):
+                self.pane(r).display = want
+        self._shown = set(wanted)
+
+    # ----- focus ------------------------------------------------------------------------------
+    def focus_rank(self, local_rank: int) -> None:
+        local_rank %= self.n
+        previous, self.current = self.current, local_rank
+        self.pane(previous).remove_class("focused")
+        self.pane(local_rank).add_class("focused")
+        if self.zoomed or self.compact:
+            self._show_panes({local_rank})
+        self.pane(local_rank).log.focus()
+        self.tick()
+
+    def on_descendant_focus(self, event: DescendantFocus) -> None:
+        # A click (or Textual's own focus moves) on a log widget makes its rank the focused one.
+        for node in event.widget.ancestors_with_self:
+            if isinstance(node, RankPane) and node.local_rank != self.current:
+                self.focus_rank(node.local_rank)
+                return
+
+    @on(RankPane.Picked)
+    @on(RankList.Picked)
+    def picked(self, event: RankPane.Picked | RankList.Picked) -> None:
+        self.focus_rank(event.local_rank)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Arrow keys are priority bindings (they beat the log's own scrolling); let the search
+        # input keep them while it is being typed into.
+        if action in ("move", "focus_rank", "cycle", "zoom") and isinstance(self.focused, Input):
+            return False
+        return True
+
+    def action_move(self, dx: int, dy: int) -> None:
+        step = dx + dy * self.cols
+        target = self.current + step
+        if 0 <= target < self.n:
+            self.focus_rank(target)
+
+    def action_cycle(self, step: int) -> None:
+        self.focus_rank(self.current + step)
+
+    def action_focus_rank(self, local_rank: int) -> None:
+        if local_rank < self.n:
+            self.focus_rank(local_rank)
+
+    def action_zoom(self) -> None:
+        self.zoomed = not self.zoomed
+        self.relayout()
+        self.pane(self.current).log.focus()
+
+    def action_unzoom(self) -> None:
+        if self.zoomed:
+            self.action_zoom()
+
+    # ----- search -----------------------------------------------------------------------------
+    def action_search(self) -> None:
+        box = self.query_one("#search", Input)
+        box.display = True
+        box.focus()
+
+    @on(Input.Submitted, "#search")
+    def run_search(self, event: Input.Submitted) -> None:
+        log = self.pane(self.current).log
+        query = event.value.strip()
+        self._close_search()
+        if not query:
+            log.clear_search()
+            return
+        hits = log.search(query)
+        self.notify(f"{hits} match{'es' if hits != 1 else ''} for {query!r} in rank {self.rank_of(self.current)}"
+                    + ("  (n / N: next / previous)" if hits else ""), timeout=3)
+
+    def on_key(self, event: Any) -> None:
+        if event.key == "escape" and isinstance(self.focused, Input):
+            event.stop()
+            self._close_search()
+
+    def _close_search(self) -> None:
+        box = self.query_one("#search", Input)
+        box.display = False
+        self.pane(self.current).log.focus()
+
+    # ----- commands to the ranks ----------------------------------------------------------------
+    def rank_of(self, local_rank: int) -> int:
+        return self.agent.spec.global_rank(local_rank)
+
+    def _group_over(self) -> bool:
+        if self.ranktop.agent_done:
+            self.notify("the group has ended: nothing left to signal or restart (q quits)", severity="warning")
+            return True
+        return False
+
+    def send_signal(self, sig: int, whole_group: bool) -> None:
+        if self._group_over():
+            return
+        name = signal.Signals(sig).name
+        targets = range(self.n) if whole_group else [self.current]
+        sent = [r for r in targets if self.agent.signal_rank(r, sig)]
+        for r in sent:
+            if sig == signal.SIGSTOP:
+                self.paused[r] = self._pid(r)
+            elif sig in (signal.SIGCONT, signal.SIGKILL):
+                self.paused.pop(r, None)
+        who = "every rank" if whole_group else f"rank {self.rank_of(self.current)}"
+        self.notify(f"{name} → {who}" if sent else f"{who}: not running, no {name} sent",
+                    severity="information" if sent else "warning", timeout=3)
+        self.tick()
+
+    def _pid(self, local_rank: int) -> int | None:
+        slot = self.agent.pcontext.slots[local_rank]
+        return slot.proc.pid if slot.proc else None
+
+    def action_signal(self) -> None:
+        if self._group_over():
+            return
+        picker = SignalPicker(self.rank_of(self.current), self.current, self.n)
+        self.app.push_screen(picker, lambda choice: choice and self.send_signal(*choice))
+
+    def action_kill_rank(self) -> None:
+        self.send_signal(signal.SIGKILL, False)
+
+    def action_kill_group(self) -> None:
+        if self._group_over():
+            return
+        self.agent.kill_group()
+        self.paused.clear()
+        self.notify("SIGKILL → every rank", timeout=3)
+        self.tick()
+
+    def action_restart_rank(self) -> None:
+        if self._group_over():
+            return
+        self.paused.pop(self.current, None)
+        self.agent.restart_rank(self.current)
+        self.notify(f"restarting rank {self.rank_of(self.current)}", timeout=3)
+        self.tick()
+
+    def action_restart_group(self) -> None:
+        if self._group_over():
+            return
+        self.paused.clear()
+        self.agent.restart_group()
+        self.notify("restarting the group (next attempt)", timeout=3)
+        self.tick()
+
+    def action_stacks(self, all_ranks: bool) -> None:
+        try:
+            from tui.stacks_view import StacksScreen
+        except ImportError:
+            self.notify("stack dumps are not available in this build", severity="warning")
+            return
+        self.app.push_screen(StacksScreen(self.agent, None if all_ranks else [self.current]))
+
+    def action_toggle_end_panel(self) -> None:
+        if self.ended:
+            self.end_panel_hidden = not self.end_panel_hidden
+            self.query_one("#root-cause").display = not self.end_panel_hidden
+
+    # ----- the timer --------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Read one snapshot and repaint what changed; the only place the engine is read."""
+        if not self.is_mounted:
+            return
+        snap = self.agent.snapshot()
+        self.last = snap
+        now = time.time()
+        self.query_one("#header", Static).update(header_text(snap, now, note=self.note))
+        if self.agent.pcontext is None or not snap.ranks:
+            return
+        self._forget_resumed(snap)
+        digits = len(str(snap.world_size - 1))
+        for rank in snap.ranks:
+            r = rank.local_rank
+            if r not in self._shown:
+                continue
+            pane = self.pane(r)
+            ring = self.agent.ring(r)
+            if self._rings.get(r) != id(ring):  # a group restart brings new rings
+                self._rings[r] = id(ring)
+                pane.log.set_ring(ring)
+            pane.set_title(rank_title(rank, now, world_digits=digits, paused=r in self.paused,
+                                       narrow=pane.size.width < NARROW_TITLE))
+            pane.log.poll()
+        if self.compact:
+            self.query_one(RankList).show(snap.ranks, self.current, now, set(self.paused))
+        if self.ranktop.agent_done and not self.ended:
+            self._on_end(snap)
+
+    def _forget_resumed(self, snap: GroupSnapshot) -> None:
+        for rank in snap.ranks:
+            pid = self.paused.get(rank.local_rank)
+            if pid is not None and (rank.pid != pid or rank.state not in (RankState.RUNNING, RankState.STALLED,
+                                                                          RankState.STARTING)):
+                del self.paused[rank.local_rank]
+
+    def _on_end(self, snap: GroupSnapshot) -> None:
+        self.ended = True
+        self.note = None
+        self.query_one("#header", Static).update(header_text(snap, time.time()))
+        panel = self.query_one(RootCausePanel)
+        panel.show(snap)
+        panel.display = not self.end_panel_hidden
+        if snap.root_cause is not None and not self.zoomed:
+            self.focus_rank(snap.root_cause.local_rank)  # the culprit's output is what one wants to read
+        self.ranktop.group_ended()

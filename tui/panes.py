@@ -1,0 +1,265 @@
+"""What the main screen is made of: the job header, one pane per rank, the compact rank list.
+
+Everything here is drawn from engine snapshots (core.state) handed in by the screen's timer; no
+widget here polls the engine or touches a process.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.events import Click
+from textual.message import Message
+from textual.widgets import Static
+
+from core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
+
+try:
+    from tui.logview import LogView
+except ImportError:  # the real line widget ships separately; a plain stand-in keeps the app usable meanwhile
+    from textual.widgets import Static as _Plain
+
+    class LogView(_Plain):  # type: ignore[no-redef]
+        can_focus = True
+
+        def __init__(self, ring=None, *, follow: bool = True, wrap: bool = False, id=None, classes=None):
+            super().__init__("", id=id, classes=classes)
+            self.ring, self.follow, self.wrap, self._seen = ring, follow, wrap, -1
+
+        @property
+        def line_count(self) -> int:
+            return self.ring.total_lines if self.ring else 0
+
+        def set_ring(self, ring) -> None:
+            self.ring, self._seen = ring, -1
+
+        def poll(self) -> bool:
+            if self.ring is None or self.ring.version == self._seen:
+                return False
+            self._seen = self.ring.version
+            lines = self.ring.tail(max(1, self.size.height))
+            self.update(Text.from_ansi(b"\n".join(lines).decode(errors="replace")))
+            return True
+
+        def search(self, query: str) -> int:
+            return 0
+
+        def search_next(self) -> None: ...
+
+        def search_prev(self) -> None: ...
+
+        def clear_search(self) -> None: ...
+
+
+# Colour per state: the one place the palette lives, shared by titles, the rank list and the help.
+STATE_STYLE = {
+    RankState.STARTING: "yellow",
+    RankState.RUNNING: "bold green",
+    RankState.STALLED: "bold magenta",
+    RankState.STOPPING: "yellow",
+    RankState.SUCCEEDED: "bold blue",
+    RankState.FAILED: "bold white on red",
+    RankState.KILLED: "bold red",
+}
+PAUSED_STYLE = "bold black on yellow"
+
+GROUP_STYLE = {
+    GroupState.INIT: "yellow",
+    GroupState.RUNNING: "bold green",
+    GroupState.RESTARTING: "bold yellow",
+    GroupState.STOPPING: "bold yellow",
+    GroupState.SUCCEEDED: "bold blue",
+    GroupState.FAILED: "bold white on red",
+    GroupState.STOPPED: "bold red",
+}
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "K", "M", "G", "T"):
+        if n < 1024 or unit == "T":
+            return f"{n:.0f}{unit}" if unit in ("B", "K", "M") or n >= 100 else f"{n:.1f}{unit}"
+        n /= 1024
+    return "-"
+
+
+def human_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
+    return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
+
+
+def human_duration(seconds: float) -> str:
+    seconds = int(max(0.0, seconds))
+    return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def state_label(snap: RankSnapshot, paused: bool = False) -> str:
+    """'running', 'exited 0', 'failed 1', 'failed SIGSEGV', 'killed SIGKILL', 'paused'."""
+    if paused and snap.state.alive:
+        return "paused"
+    if snap.state == RankState.SUCCEEDED:
+        return "exited 0"
+    if snap.state in (RankState.FAILED, RankState.KILLED):
+        detail = snap.signal_name or (str(snap.exitcode) if snap.exitcode is not None else "")
+        return f"{snap.state.value} {detail}".strip()
+    if snap.state == RankState.STALLED and snap.stall_seconds is not None:
+        return f"stalled {human_age(snap.stall_seconds)}"
+    return snap.state.value
+
+
+def state_style(snap: RankSnapshot, paused: bool = False) -> str:
+    return PAUSED_STYLE if paused and snap.state.alive else STATE_STYLE[snap.state]
+
+
+def last_output_age(snap: RankSnapshot, now: float) -> float | None:
+    """Seconds since the rank last printed; frozen at its end once it is gone."""
+    if snap.last_output_at is None:
+        return None
+    end = snap.ended_at if snap.ended_at is not None and not snap.state.alive else now
+    return end - snap.last_output_at
+
+
+def gpu_text(snap: RankSnapshot) -> str | None:
+    gpu = snap.gpu
+    if gpu is None or gpu.index is None:
+        return None
+    util = "-" if gpu.util_percent is None else f"{gpu.util_percent:.0f}%"
+    mem = human_bytes(gpu.proc_mem if gpu.proc_mem is not None else gpu.mem_used)
+    total = human_bytes(gpu.mem_total)
+    return f"gpu{gpu.index} {util} {mem}/{total}"
+
+
+def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1, paused: bool = False,
+               narrow: bool = False) -> Text:
+    """One line: rank/local, pid, state, restarts, cpu, rss, GPU, last output age. `narrow` (a pane
+    under ~70 columns) drops the labels so the GPU and the age still fit."""
+    title = Text(no_wrap=True, overflow="ellipsis")
+    title.append(f" {snap.rank:>{world_digits}}", style="bold")
+    title.append(f"/{snap.local_rank} ", style="dim")
+    title.append(f" {state_label(snap, paused)} ", style=state_style(snap, paused))
+    title.append(("" if narrow else " pid") + (f" {snap.pid}" if snap.pid else " -"))
+    if snap.restarts:
+        title.append(f" ↻{snap.restarts}", style="bold yellow")
+    if snap.cpu_percent is not None:
+        title.append(f" {snap.cpu_percent:.0f}%" if narrow else f"  cpu {snap.cpu_percent:.0f}%")
+    if snap.rss is not None:
+        title.append(f" {human_bytes(snap.rss)}")
+    gpu = gpu_text(snap)
+    if gpu:
+        title.append(f" {gpu.replace('gpu', 'g', 1)}" if narrow else f"  {gpu}", style="cyan")
+    age = last_output_age(snap, now)
+    if age is not None:
+        title.append(f" {human_age(age)}" if narrow else f"  {human_age(age)} ago",
+                     style="dim" if age < 5 else "bold yellow")
+    return title
+
+
+def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) -> Text:
+    """The job line: name, world size, node, attempt, state, elapsed, log dir, GPU status."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(" ranktop ", style="bold reverse")
+    text.append(f" {group.name} ", style="bold")
+    text.append(f" {group.state.value} ", style=GROUP_STYLE[group.state])
+    text.append(f"  world {group.world_size}")
+    text.append(f"  node {group.node_rank}/{group.nnodes}")
+    # Restarts the user asked for may go past --max-restarts: then the "of N" would mislead.
+    limit = f"/{group.max_restarts + 1}" if group.attempt <= group.max_restarts else ""
+    text.append(f"  attempt {group.attempt + 1}{limit}")
+    end = group.ended_at if group.ended_at is not None else now
+    text.append(f"  {human_duration(end - group.started_at)}")
+    alive = sum(1 for r in group.ranks if r.state.alive)
+    text.append(f"  {alive}/{len(group.ranks)} alive", style="dim")
+    if group.gpu_status:
+        text.append(f"  {group.gpu_status}", style="dim")
+    if group.log_dir:
+        text.append(f"  logs {_short_path(group.log_dir)}", style="dim")
+    if note:
+        text.append(f"  {note}", style="bold yellow")
+    return text
+
+
+def _short_path(path: str) -> str:
+    home = os.path.expanduser("~")
+    return "~" + path[len(home):] if home != "/" and path.startswith(home + os.sep) else path
+
+
+class RankPane(Vertical):
+    """One rank: a one-line title bar over its output."""
+
+    class Picked(Message):
+        """The user clicked this pane."""
+
+        def __init__(self, local_rank: int) -> None:
+            super().__init__()
+            self.local_rank = local_rank
+
+    def __init__(self, local_rank: int, *, id: str | None = None) -> None:
+        super().__init__(id=id, classes="pane")
+        self.local_rank = local_rank
+        self._title_plain = ""
+
+    def compose(self) -> ComposeResult:
+        yield Static(" ", classes="title", markup=False)
+        yield LogView(None, id=f"log-{self.local_rank}")
+
+    @property
+    def log(self) -> LogView:
+        return self.query_one(LogView)
+
+    def set_title(self, text: Text) -> None:
+        # Skip identical titles: a Static update costs a layout pass, and most ticks change nothing.
+        if text.plain != self._title_plain or not self._title_plain:
+            self._title_plain = text.plain
+            self.query_one(".title", Static).update(text)
+
+    def on_click(self, event: Click) -> None:
+        self.post_message(self.Picked(self.local_rank))
+
+
+class RankList(Static):
+    """The compact view: one row per rank (state colour, cpu, last output age), for many ranks."""
+
+    class Picked(Message):
+        def __init__(self, local_rank: int) -> None:
+            super().__init__()
+            self.local_rank = local_rank
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id, markup=False)
+        self._order: list[int] = []
+        self._plain = ""
+
+    def show(self, ranks: tuple[RankSnapshot, ...], focused: int, now: float, paused: set[int]) -> None:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        digits = len(str(max((r.rank for r in ranks), default=0)))
+        self._order = [r.local_rank for r in ranks]
+        for snap in ranks:
+            mark = "▶" if snap.local_rank == focused else " "
+            text.append(f"{mark}{snap.rank:>{digits}} ", style="bold reverse" if snap.local_rank == focused else "bold")
+            is_paused = snap.local_rank in paused
+            text.append(f"{state_label(snap, is_paused):<14.14}", style=state_style(snap, is_paused))
+            cpu = "-" if snap.cpu_percent is None else f"{snap.cpu_percent:.0f}%"
+            text.append(f" {cpu:>5}")
+            age = last_output_age(snap, now)
+            text.append(f" {human_age(age):>6}", style="dim")
+            text.append("\n")
+        text.rstrip()
+        if text.plain != self._plain:
+            self._plain = text.plain
+            self.update(text)
+
+    def on_click(self, event: Click) -> None:
+        row = event.y
+        if 0 <= row < len(self._order):
+            self.post_message(self.Picked(self._order[row]))
+

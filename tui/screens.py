@@ -1,0 +1,199 @@
+"""The small screens on top of the grid: help, signal picker, quit confirmation, and the
+root-cause panel shown once the group has ended."""
+
+from __future__ import annotations
+
+import datetime
+import signal
+from collections.abc import Iterable
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import OptionList, Static
+from textual.widgets.option_list import Option
+
+from core.state import GroupSnapshot, GroupState, RootCause
+from tui.panes import human_duration
+
+PICKER_SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGSTOP", "SIGCONT")
+_SIGNAL_HELP = {
+    "SIGINT": "interrupt, like Ctrl-C",
+    "SIGTERM": "ask to terminate",
+    "SIGKILL": "kill now, cannot be caught",
+    "SIGHUP": "hang up",
+    "SIGUSR1": "user signal 1",
+    "SIGUSR2": "user signal 2",
+    "SIGSTOP": "pause the process",
+    "SIGCONT": "resume a paused process",
+}
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every key, grouped by the widget that owns it (the same bindings the palette lists)."""
+
+    BINDINGS = [
+        Binding("escape,q,question_mark", "dismiss", "Close help"),
+    ]
+
+    def __init__(self, groups: Iterable[tuple[str, list[tuple[str, str]]]]) -> None:
+        super().__init__()
+        self.groups = list(groups)
+
+    def compose(self) -> ComposeResult:
+        extra = [("mouse", "click a pane or a rank to focus it"), ("wheel", "scroll the pane under the mouse"),
+                 ("ctrl+p", "command palette: every action by name")]
+        with VerticalScroll(id="help-box"):
+            yield Static(Text("ranktop keys  (esc to close)", style="bold"), classes="dialog-title")
+            yield Static(_key_table(self.groups[:1], [*self.groups[1:], ("Mouse", extra)]))
+
+    def action_dismiss(self) -> None:
+        self.dismiss(None)
+
+
+def _key_rows(groups: list[tuple[str, list[tuple[str, str]]]]) -> list[tuple[Text | str, str]]:
+    rows: list[tuple[Text | str, str]] = []
+    for index, (title, group_rows) in enumerate(groups):
+        if index:
+            rows.append(("", ""))
+        rows.append((Text(title, style="bold underline"), ""))
+        rows.extend(group_rows)
+    return rows
+
+
+def _key_table(left: list, right: list) -> Table:
+    """Two columns of (keys, description) groups side by side."""
+    table = Table.grid(padding=(0, 1))
+    for _ in range(2):
+        table.add_column(style="bold cyan", no_wrap=True, min_width=16)
+        table.add_column(no_wrap=True, min_width=38)
+    a, b = _key_rows(left), _key_rows(right)
+    a += [("", "")] * (len(b) - len(a))
+    b += [("", "")] * (len(a) - len(b))
+    for (k1, d1), (k2, d2) in zip(a, b, strict=True):
+        table.add_row(k1, d1, k2, d2)
+    return table
+
+
+class SignalPicker(ModalScreen[tuple[int, bool] | None]):
+    """Pick a signal for the focused rank, or (g) for the whole group. Dismisses (signum, whole_group)."""
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("g", "toggle_scope", "Rank / whole group"),
+        *[Binding(str(i + 1), f"pick({i})", name, show=False) for i, name in enumerate(PICKER_SIGNALS)],
+    ]
+
+    def __init__(self, rank: int, local_rank: int, world: int) -> None:
+        super().__init__()
+        self.rank, self.local_rank, self.world = rank, local_rank, world
+        self.whole_group = False
+
+    def compose(self) -> ComposeResult:
+        options = [
+            Option(Text.assemble((f"{i + 1} ", "dim"), (f"{name:<8}", "bold"), f"  {_SIGNAL_HELP[name]}"), id=name)
+            for i, name in enumerate(PICKER_SIGNALS)
+        ]
+        with Vertical(id="picker-box"):
+            yield Static(self._scope_text(), id="picker-scope")
+            yield OptionList(*options, id="picker-list")
+            yield Static(Text("enter/1-8 send  g rank/group  esc cancel", style="dim"))
+
+    def _scope_text(self) -> Text:
+        target = "every rank of the group" if self.whole_group else f"rank {self.rank} (local {self.local_rank})"
+        return Text.assemble(("Send a signal to ", "bold"), (target, "bold reverse"))
+
+    def action_toggle_scope(self) -> None:
+        self.whole_group = not self.whole_group
+        self.query_one("#picker-scope", Static).update(self._scope_text())
+
+    def action_pick(self, index: int) -> None:
+        self.dismiss((int(signal.Signals[PICKER_SIGNALS[index]]), self.whole_group))
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss((int(signal.Signals[event.option.id]), self.whole_group))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ConfirmQuit(ModalScreen[bool]):
+    """Quitting stops running ranks: say so and ask."""
+
+    BINDINGS = [
+        Binding("y,enter", "answer(True)", "Stop and quit"),
+        Binding("n,escape", "answer(False)", "Stay"),
+    ]
+
+    def __init__(self, alive: int, grace: float) -> None:
+        super().__init__()
+        self.alive, self.grace = alive, grace
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm-box"):
+            yield Static(Text(f"{self.alive} rank(s) still running.", style="bold"))
+            yield Static(f"Stop them (SIGTERM, SIGKILL after {self.grace:g} s) and quit?")
+            yield Static(Text("y / enter: stop and quit     n / esc: stay", style="dim"))
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+def _describe(cause: RootCause) -> str:
+    return f"killed by {cause.signal_name}" if cause.exitcode < 0 else f"exit code {cause.exitcode}"
+
+
+def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: int = 6) -> Text:
+    """How the run ended, for the panel under the grid: the culprit rank first, then the evidence."""
+    text = Text()
+    elapsed = human_duration((group.ended_at or group.started_at) - group.started_at)
+    cause = group.root_cause
+    if group.state == GroupState.SUCCEEDED:
+        text.append(" DONE: all ranks exited 0 ", style="bold reverse blue")
+        text.append(f"  {group.name} finished in {elapsed}")
+    elif cause is None or group.state == GroupState.STOPPED:
+        # Stopped on request (a key, a signal to ranktop): the ranks' ends are effects, not a cause.
+        text.append(f" {group.state.value.upper()} ", style="bold reverse red")
+        text.append(f"  {group.name} stopped after {elapsed}; the ranks were stopped on request\n")
+    else:
+        when = datetime.datetime.fromtimestamp(cause.timestamp).strftime("%H:%M:%S.%f")[:-3]
+        text.append(" ROOT CAUSE ", style="bold white on red")
+        text.append(f"  rank {cause.rank}", style="bold")
+        text.append(f" (local {cause.local_rank}, pid {cause.pid}) ")
+        text.append(_describe(cause), style="bold red")
+        text.append(f" at {when}, attempt {group.attempt + 1}/{group.max_restarts + 1}\n")
+        if cause.message:
+            text.append(f"  {cause.message}\n", style="bold")
+        if cause.traceback:
+            lines = cause.traceback.rstrip().splitlines()
+            if len(lines) > max_traceback:
+                text.append(f"  … {len(lines) - max_traceback} more traceback lines in error.json\n", style="dim")
+            for line in lines[-max_traceback:]:
+                text.append(f"  {line}\n", style="red" if not line.startswith(" ") else "")
+        for rank, tail in cause.failed_tails or ((cause.rank, cause.last_lines),):
+            if tail:
+                text.append(f"  last output of rank {rank}:\n", style="dim")
+            for line in tail[-max_tail:]:
+                text.append("    ")
+                text.append(Text.from_ansi(line))
+                text.append("\n")
+        if cause.error_file:
+            text.append(f"  error file {cause.error_file}\n", style="dim")
+    if group.log_dir:
+        text.append(f"\n  logs {group.log_dir}   ", style="dim")
+    text.append("q quits, e hides this", style="dim")
+    return text
+
+
+class RootCausePanel(VerticalScroll):
+    """Docked under the grid once the group ends; stays until the user quits (or hides it with e)."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="root-cause-text", markup=False)
+
+    def show(self, group: GroupSnapshot) -> None:
+        self.query_one("#root-cause-text", Static).update(root_cause_text(group))
+        self.set_class(group.state != GroupState.SUCCEEDED, "bad")
