@@ -24,7 +24,7 @@ from typing import Any
 from core.context import PContext, RunProcsResult, plan_streams, prefix_for
 from core.errors import ProcessFailure, UsageError, signal_name
 from core.process import exit_status_for_signal
-from core.spec import WorkerSpec, free_port, rank_env
+from core.spec import WorkerSpec, faulthandler_env, free_port, rank_env
 from core.state import GroupSnapshot, GroupState, RankSnapshot, RankState, RootCause
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -191,8 +191,6 @@ class LocalAgent:
             for r in range(n)
         }
         if self.faulthandler and (callable(spec.entrypoint) or _is_python(spec)):
-            from core.stacks import faulthandler_env
-
             for env in envs.values():
                 env.update(faulthandler_env(True, {**os.environ, **env}))
         prefixes = {r: prefix_for(self.prefix_template, spec.role, spec.global_rank(r), r) for r in range(n)}

@@ -185,7 +185,7 @@ class PContext:
     def _start_guard(self) -> None:
         grace = str(self.shutdown_timeout)
         self._guard = subprocess.Popen(
-            [sys.executable, "-I", _GUARD_PATH, self.token, grace],
+            [sys.executable, "-I", "-S", _GUARD_PATH, self.token, grace],  # stdlib only: no site
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

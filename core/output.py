@@ -161,6 +161,8 @@ class StreamSink:
             return
         body = self._console_partial + head
         self._console_partial = rest
+        if b"\r" in body:  # a redrawn progress bar would overwrite the prefix: show its last state
+            body = b"\n".join(collapse_cr(line) for line in body.split(b"\n"))
         if prefix:
             body = prefix + body.replace(b"\n", b"\n" + prefix)
         writer.write(target, body + b"\n")

@@ -182,6 +182,24 @@ def rank_env(
     return out
 
 
+FAULTHANDLER_ENV = "RANKTOP_FAULTHANDLER"
+BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faulthandler_boot")
+
+
+def faulthandler_env(enabled: bool, base_env: Mapping[str, str]) -> dict[str, str]:
+    """Variables to add to a Python rank's environment so SIGUSR1 dumps its stacks to stderr.
+
+    `base_env` is the environment the rank would get otherwise (for its PYTHONPATH). Our
+    sitecustomize goes first on the path and then runs the one it shadows, if any.
+    """
+    if not enabled:
+        return {}
+    current = base_env.get("PYTHONPATH", "")
+    # No trailing separator: an empty PYTHONPATH entry would put the cwd on sys.path.
+    path = BOOT_DIR + (os.pathsep + current if current else "")
+    return {FAULTHANDLER_ENV: "1", "PYTHONPATH": path}
+
+
 DEBUG_ENV = {
     "CUDA_LAUNCH_BLOCKING": "1",
     "NCCL_DESYNC_DEBUG": "1",

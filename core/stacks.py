@@ -6,7 +6,7 @@ TUI (StacksScreen) and `ranktop stacks`; a failure to dump one rank is a per-ran
 reason and a hint, never an exception.
 
 The fallback that needs no ptrace is SIGUSR1: Python ranks started by ranktop register
-faulthandler for it (see `faulthandler_env` and core/faulthandler_boot/sitecustomize.py), so the
+faulthandler for it (see `core.spec.faulthandler_env` and core/faulthandler_boot/sitecustomize.py), so the
 rank prints its own stacks to stderr, which lands in its log and its pane.
 """
 
@@ -32,8 +32,6 @@ from typing import Any
 import psutil
 
 DUMP_TIMEOUT = 5.0  # seconds one py-spy may take; a process in uninterruptible sleep can hold it
-FAULTHANDLER_ENV = "RANKTOP_FAULTHANDLER"
-BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faulthandler_boot")
 
 PTRACE_HINT = (
     "py-spy needs ptrace permission: run as root or as the ranks' user (sudo ranktop stacks ...), "
@@ -492,20 +490,6 @@ def _thread_lines(report: StackReport) -> list[str]:
 
 
 # ----- the SIGUSR1 fallback -------------------------------------------------------------------
-def faulthandler_env(enabled: bool, base_env: Mapping[str, str]) -> dict[str, str]:
-    """Variables to add to a Python rank's environment so SIGUSR1 dumps its stacks to stderr.
-
-    `base_env` is the environment the rank would get otherwise (for its PYTHONPATH). Our
-    sitecustomize goes first on the path and then runs the one it shadows, if any.
-    """
-    if not enabled:
-        return {}
-    current = base_env.get("PYTHONPATH", "")
-    # No trailing separator: an empty PYTHONPATH entry would put the cwd on sys.path.
-    path = BOOT_DIR + (os.pathsep + current if current else "")
-    return {FAULTHANDLER_ENV: "1", "PYTHONPATH": path}
-
-
 def catches_signal(pid: int, sig: int) -> bool:
     """Whether the process has a handler for `sig` (SigCgt in /proc), i.e. it will not die of it."""
     try:

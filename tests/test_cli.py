@@ -291,3 +291,11 @@ def test_parse_nnodes_forms():
     for bad in ("2x", "x4", "1:2:3x4", "", "a"):
         with pytest.raises(ValueError, match="expected N, NxM or MIN:MAXxM"):
             parse_nnodes(bad)
+
+
+def test_console_shows_the_last_state_of_a_progress_bar_but_files_keep_every_byte(tmp_path):
+    script = tmp_path / "bar.py"
+    script.write_text("import sys\nfor i in (10, 50, 100):\n    sys.stdout.write(f'\\rbar {i}%')\n    sys.stdout.flush()\nprint()\n")
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--run-id", "bar", str(script))
+    assert res.stdout == "[default0]:bar 100%\n"
+    assert (tmp_path / "bar" / "attempt_0" / "0" / "stdout.log").read_bytes() == b"\rbar 10%\rbar 50%\rbar 100%\n"

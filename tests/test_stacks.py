@@ -16,7 +16,7 @@ import threading
 import pytest
 from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
 
-from core import stacks
+from core import spec, stacks
 from core.agent import LocalAgent
 from core.spec import WorkerSpec
 from core.stacks import StackStatus
@@ -217,7 +217,7 @@ def test_rank_that_exits_during_the_dump_gets_a_clean_status():
 
 
 def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
-    env = stacks.faulthandler_env(True, os.environ)
+    env = spec.faulthandler_env(True, os.environ)
     with Running(tmp_path, WAIT_HERE, n=2, env=env) as agent:
         wait_ready(agent, 2)
         assert stacks.signal_dump(agent) == {0: "sent", 1: "sent"}
@@ -253,15 +253,15 @@ def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
 def test_faulthandler_env_chains_to_the_shadowed_sitecustomize(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = 'yes'\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    env.update(stacks.faulthandler_env(True, env))
-    assert env["PYTHONPATH"] == stacks.BOOT_DIR + os.pathsep + str(tmp_path)
-    assert stacks.faulthandler_env(False, env) == {}
-    assert stacks.faulthandler_env(True, {})["PYTHONPATH"] == stacks.BOOT_DIR  # no empty entry
+    env.update(spec.faulthandler_env(True, env))
+    assert env["PYTHONPATH"] == spec.BOOT_DIR + os.pathsep + str(tmp_path)
+    assert spec.faulthandler_env(False, env) == {}
+    assert spec.faulthandler_env(True, {})["PYTHONPATH"] == spec.BOOT_DIR  # no empty entry
     probe = textwrap.dedent(f"""
         import json, os, sys, signal
         from core.stacks import catches_signal
         print(json.dumps([os.environ.get("CHAINED"), sys.modules["sitecustomize"].__file__,
-                          {stacks.BOOT_DIR!r} in sys.path, catches_signal(os.getpid(), signal.SIGUSR1)]))
+                          {spec.BOOT_DIR!r} in sys.path, catches_signal(os.getpid(), signal.SIGUSR1)]))
     """)
     out = subprocess.run([PY, "-c", probe], env=env, capture_output=True, text=True, cwd=ROOT, check=True)
     chained, site, boot_on_path, catches = json.loads(out.stdout)
@@ -306,7 +306,7 @@ def test_stacks_cli_against_a_ranktop_process_and_the_signal_fallback(tmp_path):
     script = tmp_path / "wait.py"
     script.write_text(WAIT_HERE)
     cmd = ranktop_cmd("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"), "--run-id", "r1",
-                      "--env", "RANKTOP_FAULTHANDLER=1", "--env", f"PYTHONPATH={stacks.BOOT_DIR}", str(script))
+                      "--env", "RANKTOP_FAULTHANDLER=1", "--env", f"PYTHONPATH={spec.BOOT_DIR}", str(script))
     ranktop = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         for _ in range(2):

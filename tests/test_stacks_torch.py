@@ -20,7 +20,7 @@ from test_stacks import py_spy_can_attach  # noqa: F401  (module fixture: skip w
 
 from core import stacks
 from core.agent import LocalAgent
-from core.spec import WorkerSpec
+from core.spec import WorkerSpec, faulthandler_env
 from core.stacks import StackStatus
 
 pytest.importorskip("torch")
@@ -52,7 +52,7 @@ def test_hung_allreduce_names_rank_3_everywhere(tmp_path):
     from tui.app import RanktopApp
     from tui.stacks_view import StacksScreen
 
-    env = {**stacks.faulthandler_env(True, os.environ), "HANG_STEP": "2"}
+    env = {**faulthandler_env(True, os.environ), "HANG_STEP": "2"}
     spec = WorkerSpec(role="default", local_world_size=4, entrypoint=sys.executable,
                       args=("-u", str(ROOT / "examples" / "hang_allreduce.py")), env=env)
     agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, stall_timeout=1.0, shutdown_timeout=2)

@@ -214,7 +214,8 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         sampler = StatsSampler()
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout,
-                       sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler)
+                       sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,
+                       color=sys.stdout.isatty() and "NO_COLOR" not in os.environ)
     if sampler is not None:
         sampler.attach(agent)
     try:

@@ -1,4 +1,4 @@
-"""Put first on a Python rank's PYTHONPATH by ranktop (core.stacks.faulthandler_env).
+"""Put first on a Python rank's PYTHONPATH by ranktop (core.spec.faulthandler_env).
 
 With RANKTOP_FAULTHANDLER=1, SIGUSR1 makes the rank print every thread's stack to stderr (its
 log and pane): a stack dump that needs no ptrace. A handler the program installs later for
