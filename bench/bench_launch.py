@@ -1,0 +1,403 @@
+"""Launch benchmark: ranktop --headless vs torchrun vs a bare parallel spawn, side by side.
+
+    python bench/bench_launch.py                       # every scenario, 5 repeats each
+    python bench/bench_launch.py -s trivial -s stop -n 3 --no-torchrun
+
+Scenarios (SPEC 5 targets in brackets):
+  trivial  8 ranks of an empty script, launch to reap          [within 0.15 s of bare]
+  lines    8 ranks x 200k lines, --tee 3 and log files         [within 1.5x of bare to /dev/null]
+           (every log file is checked to hold exactly the bytes its rank wrote)
+  stop     8 ranks, each with a grandchild, all exit on SIGINT;
+           SIGINT to the launcher until every rank and grandchild is dead   [0.3 s]
+
+Run by hand, not by the tests. The launchers' own console output goes to /dev/null. Each
+figure is the median of the repeats after one unmeasured warm-up run; the contenders take
+turns, so a change in background load hits them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NPROC = 8
+DEADLINE = 120.0  # seconds any one launch may take before the bench gives up on it
+STOP_WAIT = 10.0  # seconds to wait for ranks to die after SIGINT before calling it a miss
+
+TRIVIAL = "pass\n"
+
+# One write(2) per line (like print() with PYTHONUNBUFFERED=1, which both launchers set or
+# recommend): the worst case for whoever reads the pipes. The rank leaves the size and sha256 of
+# what it wrote next to the logs, so the bench can check that nothing was lost.
+SPEW = """\
+import hashlib, os, sys
+n, out = int(sys.argv[1]), sys.argv[2]
+rank = os.environ.get("RANK", sys.argv[3] if len(sys.argv) > 3 else "0")
+h, size, fd = hashlib.sha256(), 0, sys.stdout.fileno()
+for i in range(n):
+    line = f"[rank {rank}] step {i:7d} loss {1.0 / (i + 1):.8f} lr 3.0e-04 tokens/s 123456 ok\\n".encode()
+    os.write(fd, line)
+    h.update(line)
+    size += len(line)
+with open(f"{out}/expect.{rank}", "w") as f:
+    f.write(f"{size} {h.hexdigest()}")
+"""
+
+# A rank with a grandchild; both die of SIGINT's default action (Python's KeyboardInterrupt
+# re-raises it as a death by signal). The pid file says both are up.
+STOPPER = """\
+import os, subprocess, sys, time
+out = sys.argv[1]
+rank = os.environ.get("RANK", sys.argv[2] if len(sys.argv) > 2 else "0")
+child = subprocess.Popen(["sleep", "600"])
+tmp = f"{out}/pids.{rank}.tmp"
+with open(tmp, "w") as f:
+    f.write(f"{os.getpid()} {child.pid}")
+os.replace(tmp, f"{out}/pids.{rank}")
+time.sleep(600)
+"""
+
+
+@dataclass
+class Result:
+    times: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.times) if self.times else None
+
+
+# ----- the three ways to launch ----------------------------------------------------------------
+
+def ranktop_cmd(script: str, args: list[str], log_dir: str, tee: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "tui.cli", "--headless", "--nproc-per-node", str(NPROC),
+           "--log-dir", log_dir, "--run-id", "bench"]
+    if tee:
+        cmd += ["--tee", "3"]
+    return cmd + [script, *args]
+
+
+def torchrun_cmd(script: str, args: list[str], log_dir: str, tee: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(NPROC)]
+    if tee:
+        cmd += ["--tee", "3", "--log-dir", log_dir]
+    return cmd + [script, *args]
+
+
+def launcher_env() -> dict[str, str]:
+    # Same for every contender: torchrun would otherwise warn about OMP_NUM_THREADS per run.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # Installed packages (torch) come with .pyc files; a source checkout gets them on first
+    # import unless this is set, in which case ranktop alone would recompile itself every run.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def rank_env(rank: int) -> dict[str, str]:
+    return {**launcher_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(NPROC)}
+
+
+def run_launcher(cmd: list[str]) -> float:
+    """Wall time of one launcher run to its exit; its console output is thrown away."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        code = proc.wait(DEADLINE)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise RuntimeError(f"gave up after {DEADLINE}s: {' '.join(cmd)}") from None
+    elapsed = time.perf_counter() - start
+    if code != 0:
+        raise RuntimeError(f"exit status {code}: {' '.join(cmd)}")
+    return elapsed
+
+
+def run_bare(script: str, args: list[str], stdout=subprocess.DEVNULL) -> float:
+    """The reference: Popen every rank at once, wait for all of them."""
+    start = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-u", script, *args, str(r)], env=rank_env(r), stdout=stdout,
+                              stderr=stdout, cwd=ROOT) for r in range(NPROC)]
+    codes = [p.wait(DEADLINE) for p in procs]
+    elapsed = time.perf_counter() - start
+    if any(codes):
+        raise RuntimeError(f"bare ranks exited with {codes}")
+    return elapsed
+
+
+# ----- scenarios ---------------------------------------------------------------------------------
+
+def interleaved(n: int, contenders: dict[str, Callable[[], float]]) -> dict[str, Result]:
+    """One warm-up each (page cache, .pyc files), then n rounds of one run per contender, so a
+    change in background load hits every contender alike."""
+    results = {name: Result() for name in contenders}
+    live = dict(contenders)
+    for round_no in range(n + 1):
+        for name, once in list(live.items()):
+            try:
+                elapsed = once()
+            except RuntimeError as exc:
+                results[name].note = str(exc)[:200]
+                del live[name]
+                continue
+            if round_no:
+                results[name].times.append(elapsed)
+    return results
+
+
+def fresh_dir(base: str, name: str) -> str:
+    path = os.path.join(base, name)
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def bench_trivial(base: str, n: int, torchrun: bool) -> dict[str, Result]:
+    script = os.path.join(base, "trivial.py")
+    Path(script).write_text(TRIVIAL)
+    contenders = {
+        "ranktop": lambda: run_launcher(ranktop_cmd(script, [], fresh_dir(base, "rt"), tee=False)),
+        "bare": lambda: run_bare(script, []),
+    }
+    if torchrun:
+        contenders["torchrun"] = lambda: run_launcher(torchrun_cmd(script, [], fresh_dir(base, "tr"), tee=False))
+    return interleaved(n, contenders)
+
+
+def check_logs(log_root: str, expect_dir: str) -> str | None:
+    """None when every rank's stdout.log holds exactly what the rank wrote, else what is wrong."""
+    for r in range(NPROC):
+        size, digest = Path(expect_dir, f"expect.{r}").read_text().split()
+        logs = sorted(Path(log_root).glob(f"**/attempt_0/{r}/stdout.log"))
+        if len(logs) != 1:
+            return f"rank {r}: expected one stdout.log, found {len(logs)}"
+        data = logs[0].read_bytes()
+        if len(data) != int(size) or hashlib.sha256(data).hexdigest() != digest:
+            return f"rank {r}: log has {len(data)} bytes, rank wrote {size} (or content differs)"
+    return None
+
+
+def bench_lines(base: str, n: int, torchrun: bool, lines: int) -> dict[str, Result]:
+    script = os.path.join(base, "spew.py")
+    Path(script).write_text(SPEW)
+    problems: dict[str, str] = {}
+
+    def launched(name: str, make_cmd) -> Callable[[], float]:
+        def once() -> float:
+            logs, expect = fresh_dir(base, f"{name}-logs"), fresh_dir(base, f"{name}-expect")
+            elapsed = run_launcher(make_cmd(script, [str(lines), expect], logs, tee=True))
+            problem = check_logs(logs, expect)
+            if problem:
+                problems[name] = problem
+            return elapsed
+        return once
+
+    def bare() -> float:
+        return run_bare(script, [str(lines), fresh_dir(base, "bare-expect")])
+
+    contenders = {"ranktop": launched("ranktop", ranktop_cmd), "bare": bare}
+    if torchrun:
+        contenders["torchrun"] = launched("torchrun", torchrun_cmd)
+    out = interleaved(n, contenders)
+    for name, problem in problems.items():
+        out[name].note = f"BYTES LOST: {problem}"
+    for name in ("ranktop", "torchrun"):
+        if name in out and name not in problems and out[name].times:
+            out[name].note = "logs byte-identical"
+    return out
+
+
+def read_pids(pid_dir: str, timeout: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = [p for p in Path(pid_dir).glob("pids.*") if not p.name.endswith(".tmp")]
+        if len(files) == NPROC:
+            return [int(x) for p in files for x in p.read_text().split()]
+        time.sleep(0.005)
+    raise RuntimeError(f"ranks did not all start within {timeout}s")
+
+
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie (dead, waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def time_until_dead(pids: list[int]) -> float | None:
+    """Seconds until none of `pids` runs, from now; None if some still run after STOP_WAIT."""
+    start = time.perf_counter()
+    while any(alive(p) for p in pids):
+        if time.perf_counter() - start > STOP_WAIT:
+            return None
+        time.sleep(0.001)
+    return time.perf_counter() - start
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def stop_launcher(base: str, make_cmd, script: str) -> float:
+    pid_dir = fresh_dir(base, "pids")
+    cmd = make_cmd(script, [pid_dir], fresh_dir(base, "stop-logs"), tee=False)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    pids: list[int] = []
+    try:
+        pids = read_pids(pid_dir)
+        proc.send_signal(signal.SIGINT)
+        took = time_until_dead(pids)
+        if took is None:
+            left = sum(alive(p) for p in pids)
+            raise RuntimeError(f"{left} of {len(pids)} rank/grandchild processes still alive {STOP_WAIT}s after SIGINT")
+        return took
+    finally:
+        kill_all(pids)
+        try:
+            proc.wait(STOP_WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def stop_bare(base: str, script: str) -> float:
+    pid_dir = fresh_dir(base, "pids")
+    procs = [subprocess.Popen([sys.executable, "-u", script, pid_dir, str(r)], env=rank_env(r), cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+             for r in range(NPROC)]
+    pids: list[int] = []
+    try:
+        pids = read_pids(pid_dir)
+        for p in procs:
+            os.killpg(p.pid, signal.SIGINT)  # the whole session: rank and grandchild
+        took = time_until_dead(pids)
+        if took is None:
+            raise RuntimeError("bare ranks outlived SIGINT")
+        return took
+    finally:
+        kill_all(pids)
+        for p in procs:
+            p.wait()
+
+
+def bench_stop(base: str, n: int, torchrun: bool) -> dict[str, Result]:
+    script = os.path.join(base, "stopper.py")
+    Path(script).write_text(STOPPER)
+    contenders = {"ranktop": lambda: stop_launcher(base, ranktop_cmd, script),
+                  "bare": lambda: stop_bare(base, script)}
+    if torchrun:
+        contenders["torchrun"] = lambda: stop_launcher(base, torchrun_cmd, script)
+    return interleaved(n, contenders)
+
+
+# ----- the table ---------------------------------------------------------------------------------
+
+def fmt(res: Result | None) -> str:
+    if res is None:
+        return "-"
+    return "failed" if res.median is None else f"{res.median:.3f} s"
+
+
+def verdict(name: str, rt: float | None, bare: float | None, lines: int) -> tuple[str, str, str]:
+    """(ranktop vs bare, SPEC 5 target, met?)"""
+    if rt is None or bare is None:
+        return "-", "-", "-"
+    if name == "trivial":
+        return f"+{rt - bare:.3f} s ({rt / bare:.2f}x)", "within 0.15 s of bare", _yes(rt - bare <= 0.15)
+    if name == "lines":
+        return f"{rt / bare:.2f}x", "within 1.5x of bare", _yes(rt / bare <= 1.5)
+    return f"{rt / bare:.2f}x", "all dead within 0.3 s", _yes(rt <= 0.3)
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def print_table(rows: dict[str, dict[str, Result]], lines: int, repeats: int) -> None:
+    labels = {"trivial": f"{NPROC} trivial ranks, launch+reap",
+              "lines": f"{NPROC} x {lines // 1000}k lines, tee 3 + logs (bare: /dev/null)",
+              "stop": f"SIGINT -> {NPROC} ranks + grandchildren dead"}
+    header = ["scenario", "ranktop", "torchrun", "bare", "ranktop vs bare", "SPEC 5 target", "met"]
+    body = []
+    for name, res in rows.items():
+        rt, bare = res["ranktop"].median, res["bare"].median
+        body.append([labels[name], fmt(res["ranktop"]), fmt(res.get("torchrun")), fmt(res["bare"]),
+                     *verdict(name, rt, bare, lines)])
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    print(f"\nmedians of {repeats} runs, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    print(_row(header, widths))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in body:
+        print(_row(row, widths))
+    for name, res in rows.items():
+        for who, r in res.items():
+            if r.note:
+                print(f"  {name}/{who}: {r.note}")
+            if len(r.times) > 1:
+                print(f"  {name}/{who}: runs {' '.join(f'{t:.3f}' for t in r.times)}")
+
+
+def _row(cells: list[str], widths: list[int]) -> str:
+    return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+
+def have_torch() -> bool:
+    try:
+        import torch.distributed.run  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-s", "--scenario", action="append", choices=("trivial", "lines", "stop"),
+                   help="run only these (repeatable; default all)")
+    p.add_argument("-n", "--repeats", type=int, default=5, help="measured runs per contender (default 5)")
+    p.add_argument("--lines", type=int, default=200_000, help="lines per rank in 'lines' (default 200000)")
+    p.add_argument("--no-torchrun", action="store_true", help="skip torchrun even when torch is installed")
+    ns = p.parse_args(argv)
+    torchrun = not ns.no_torchrun and have_torch()
+    if not torchrun:
+        print("torchrun: skipped" + ("" if ns.no_torchrun else " (torch is not importable)"))
+    scenarios = ns.scenario or ["trivial", "lines", "stop"]
+    rows: dict[str, dict[str, Result]] = {}
+    base = tempfile.mkdtemp(prefix="ranktop-bench-")
+    try:
+        for name in scenarios:
+            print(f"running {name} ...", flush=True)
+            if name == "trivial":
+                rows[name] = bench_trivial(base, ns.repeats, torchrun)
+            elif name == "lines":
+                rows[name] = bench_lines(base, ns.repeats, torchrun, ns.lines)
+            else:
+                rows[name] = bench_stop(base, ns.repeats, torchrun)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print_table(rows, ns.lines, ns.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
