@@ -12,6 +12,19 @@ def describe_exit(exitcode: int, signal_name: str | None) -> str:
     return f"was killed by {signal_name}" if exitcode < 0 else f"exited with code {exitcode}"
 
 
+def output_tails(cause: RootCause) -> list[tuple[int, tuple[str, ...]]]:
+    """The last lines of every rank that failed on its own. Where the rank's traceback is shown
+    already, its lines are left out of that rank's tail: only what is news remains."""
+    shown = {line.strip() for line in (cause.traceback or "").splitlines()}
+    tails = []
+    for rank, tail in cause.failed_tails or ((cause.rank, cause.last_lines),):
+        if rank == cause.rank and shown:
+            tail = tuple(line for line in tail if line.strip() not in shown)
+        if tail:
+            tails.append((rank, tail))
+    return tails
+
+
 def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts: int) -> str:
     when = datetime.datetime.fromtimestamp(cause.timestamp).strftime("%H:%M:%S.%f")[:-3]
     lines = [
@@ -22,10 +35,9 @@ def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts
     ]
     if cause.traceback:
         lines += ["  " + line for line in cause.traceback.rstrip().splitlines()]
-    for rank, tail in cause.failed_tails:
-        if tail:
-            lines.append(f"  last output of rank {rank}:")
-            lines += ["    " + line for line in tail]
+    for rank, tail in output_tails(cause):
+        lines.append(f"  last output of rank {rank}:")
+        lines += ["    " + line for line in tail]
     if cause.error_file:
         lines.append(f"  error file: {cause.error_file}")
         lines.append(f"  logs: {os.path.dirname(cause.error_file)}")

@@ -27,7 +27,7 @@ from tui.screens import RootCausePanel, SignalPicker
 if TYPE_CHECKING:
     from tui.app import RanktopApp
 
-TICK_SECONDS = 0.2  # snapshot + repaint rate: 5 Hz is live to the eye and cheap under floods
+TICK_SECONDS = 0.25  # snapshot + repaint rate: 4 Hz is live to the eye and cheap under floods
 MIN_PANE_WIDTH = 36
 MIN_PANE_HEIGHT = 6  # title + 5 lines of output: less than that is not worth a pane
 NARROW_TITLE = 72  # panes narrower than this get the label-free title

@@ -16,6 +16,7 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
+from core.report import output_tails
 from core.state import GroupSnapshot, GroupState, RootCause
 from tui.panes import human_duration
 
@@ -173,9 +174,8 @@ def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
                 text.append(f"  … {len(lines) - max_traceback} more traceback lines in error.json\n", style="dim")
             for line in lines[-max_traceback:]:
                 text.append(f"  {line}\n", style="red" if not line.startswith(" ") else "")
-        for rank, tail in cause.failed_tails or ((cause.rank, cause.last_lines),):
-            if tail:
-                text.append(f"  last output of rank {rank}:\n", style="dim")
+        for rank, tail in output_tails(cause):
+            text.append(f"  last output of rank {rank}:\n", style="dim")
             for line in tail[-max_tail:]:
                 text.append("    ")
                 text.append(Text.from_ansi(line))
