@@ -100,23 +100,11 @@ class RankProcess:
 
     def signal_group(self, sig: int) -> bool:
         """Signal the rank's whole process group; False when nothing is left to signal."""
-        try:
-            os.killpg(self.pid, sig)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            # The group id can only be reused once the whole group is gone; EPERM means a
-            # stranger owns it now, so ours is gone too.
-            return False
+        return _deliver(os.killpg, self.pid, sig)
 
     def signal_leader(self, sig: int) -> bool:
         """Signal the rank process alone (not the helpers it started)."""
-        try:
-            os.kill(self.pid, sig)
-            return True
-        except ProcessLookupError:
-            return False
+        return _deliver(os.kill, self.pid, sig)
 
     def group_alive(self) -> bool:
         return self.signal_group(0)
@@ -132,6 +120,17 @@ class RankProcess:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
+
+
+def _deliver(send: Callable[[int, int], None], target: int, sig: int) -> bool:
+    try:
+        send(target, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        # A pid or group id is only reused once ours is gone; EPERM means a stranger owns it now.
+        return False
 
 
 def _pidfd_open(pid: int) -> int | None:
