@@ -106,9 +106,6 @@ class RankProcess:
         """Signal the rank process alone (not the helpers it started)."""
         return _deliver(os.kill, self.pid, sig)
 
-    def group_alive(self) -> bool:
-        return self.signal_group(0)
-
     def output_drained(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         for sink in self.sinks.values():
