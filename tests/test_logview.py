@@ -90,6 +90,50 @@ async def test_follows_the_tail_then_scrolling_up_holds_the_view_and_end_resumes
         assert view.follow and screen_rows(view)[-1] == "line 399"
 
 
+def thumb_rows(view: LogView) -> list[int]:
+    """Rows whose last cell (the scrollbar the view draws itself) has the thumb's colour."""
+    thumb = view.get_component_rich_style("logview--thumb", partial=True)
+    return [y for y in range(view.scrollable_content_region.height)
+            if list(view.render_line(y))[-1].style == thumb]
+
+
+@sync
+async def test_the_scrollbar_is_drawn_in_the_last_column_and_the_mouse_drags_it():
+    ring = LineRing()
+    feed_lines(ring, 0, 100)
+    app = Host(ring)
+    async with app.run_test(size=SIZE) as pilot:
+        view = app.view
+        await pilot.pause()
+        height, bar_x = view.scrollable_content_region.height, view.text_width
+        assert bar_x == SIZE[0] - 1 and all(view.render_line(y).cell_length == SIZE[0] for y in range(height))
+        assert thumb_rows(view) == [height - 1], "following the tail: a one-row thumb at the bottom"
+
+        await pilot.mouse_down(view, offset=(bar_x, 0))  # press at the top of the bar: jump to the top
+        assert view.scroll_offset.y == 0 and not view.follow
+        assert screen_rows(view)[0] == "line 0" and thumb_rows(view) == [0]
+        await pilot.hover(view, offset=(bar_x, height // 2))  # drag to the middle
+        assert 0 < view.scroll_offset.y < view.max_scroll_y and 0 < thumb_rows(view)[0] < height - 1
+        await pilot.hover(view, offset=(bar_x, height - 1))  # to the bottom: the tail again
+        await pilot.mouse_up(view, offset=(bar_x, height - 1))
+        assert view.follow and screen_rows(view)[-1] == "line 99"
+
+        await pilot.click(view, offset=(3, 0))  # a click on the text is not a scroll
+        assert view.follow and screen_rows(view)[-1] == "line 99"
+
+
+@sync
+async def test_no_thumb_when_everything_fits():
+    ring = LineRing()
+    feed_lines(ring, 0, 3)
+    app = Host(ring)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert thumb_rows(app.view) == [] and screen_rows(app.view)[:3] == ["line 0", "line 1", "line 2"]
+        await pilot.mouse_down(app.view, offset=(app.view.text_width, 0))
+        assert app.view.follow
+
+
 @sync
 async def test_poll_is_false_when_nothing_changed_and_shows_the_open_line():
     ring = LineRing()
@@ -220,12 +264,12 @@ async def test_wrap_toggle_changes_the_virtual_height():
     async with app.run_test(size=SIZE) as pilot:
         view = app.view
         await pilot.pause()
-        assert view.virtual_size.height == 20 and view.virtual_size.width == 154
+        # Scrolled all the way right, the last of the 154 columns sits just left of the scrollbar.
+        assert view.virtual_size.height == 20 and view.max_scroll_x == 154 - view.text_width
         view.focus()
         await pilot.press("w")
         assert view.wrap
-        width = view.scrollable_content_region.width
-        assert view.virtual_size.height == 20 * -(-154 // width) and view.max_scroll_x == 0
+        assert view.virtual_size.height == 20 * -(-154 // view.text_width) and view.max_scroll_x == 0
         assert screen_rows(view)[-1].startswith("w") and view.follow
         ring.feed(STDOUT, b"short\n")
         view.poll()

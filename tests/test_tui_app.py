@@ -70,7 +70,7 @@ def rank(app: RanktopApp, local_rank: int):
 
 
 def title(app: RanktopApp, local_rank: int) -> str:
-    return app.main.pane(local_rank)._title_plain
+    return app.main.pane(local_rank).title
 
 
 def events(app: RanktopApp) -> list[dict]:

@@ -19,6 +19,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
 from textual.cache import LRUCache
+from textual.events import MouseDown, MouseMove, MouseUp
 from textual.geometry import Region, Size
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 MAX_CHARS = 10_000  # per line: past this a line is cut with a marker, so a 5 MB line costs no more than 10k
 _MAX_BYTES = MAX_CHARS * 4  # UTF-8 needs at most 4 bytes a character
 _TAB = 8
+_BAR = 1  # columns of the scrollbar LogView draws itself: Textual's ScrollBar widgets re-render
+# apart from the text, which made a second compositor pass over every pane on each tick
+# (measured: more than half the TUI's CPU under a steady flood).
 _CACHE_LINES = 512  # strips kept per pane: a few screens' worth, small even with 64 panes
 # C0 controls other than tab and ESC would move the terminal's cursor: drop them (ESC starts SGR).
 _CONTROLS = {c: None for c in (*range(0, 9), *range(10, 27), *range(28, 32), 127)}
@@ -83,11 +87,16 @@ def _matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
 class LogView(ScrollView, can_focus=True):
     """Recent output of one rank, newest at the bottom; follows the tail until scrolled up."""
 
-    COMPONENT_CLASSES = {"logview--match", "logview--match-current"}
+    COMPONENT_CLASSES = {"logview--match", "logview--match-current", "logview--bar", "logview--thumb"}
+    # The vertical scrollbar is drawn by render_line in the last column (see _BAR), so Textual's
+    # own is sized to nothing; the horizontal one stays Textual's (it rarely changes).
     DEFAULT_CSS = """
-    LogView { scrollbar-gutter: stable; }
+    LogView { scrollbar-size-vertical: 0; }
     LogView > .logview--match { text-style: reverse; }
     LogView > .logview--match-current { background: $accent; color: $text; text-style: bold; }
+    LogView > .logview--bar { background: $scrollbar-background; }
+    LogView > .logview--thumb { background: $scrollbar; }
+    LogView:focus > .logview--thumb { background: $scrollbar-active; }
     """
     BINDINGS = [
         Binding("end", "scroll_end", "Tail", show=False),
@@ -117,7 +126,9 @@ class LogView(ScrollView, can_focus=True):
         self._strips: LRUCache[Any, Any] = LRUCache(_CACHE_LINES)
         self._by_me = False  # True while we move the view ourselves (not the user)
         self._base_style: Style | None = None
-        self._frame: tuple[int, int, int] | None = None
+        self._bar: tuple[Segment, Segment] | None = None
+        self._frame: tuple[int, int, int, int, int] | None = None
+        self._dragging = False  # the mouse holds the scrollbar
         self._reset(ring)
 
     # ----- the data ------------------------------------------------------------------------------
@@ -218,7 +229,7 @@ class LogView(ScrollView, can_focus=True):
         self._cum.extend(itertools.islice(rows, 1, None))  # accumulate starts with its initial value
 
     def _rebuild_rows(self) -> None:
-        self._wrap_width = max(1, self.scrollable_content_region.width)
+        self._wrap_width = self.text_width
         self._cum = list(itertools.accumulate((self._rows_of(w) for w in self._widths), initial=0))
         self._strips.clear()
 
@@ -254,7 +265,7 @@ class LogView(ScrollView, can_focus=True):
         return self.line_count, 0
 
     def _update_virtual_size(self) -> None:
-        size = Size(self._wrap_width if self.wrap else self._max_width, self._row_count())
+        size = Size((self._wrap_width if self.wrap else self._max_width) + _BAR, self._row_count())
         if size == self.virtual_size:
             return
         view = self.scrollable_content_region.size
@@ -277,16 +288,43 @@ class LogView(ScrollView, can_focus=True):
             self._base_style = self.rich_style
         return self._base_style
 
+    @property
+    def text_width(self) -> int:
+        """Columns for text: the content width less the scrollbar."""
+        return max(1, self.scrollable_content_region.width - _BAR)
+
+    def _thumb(self, scroll_y: int) -> tuple[int, int]:
+        """Rows [start, end) of the scrollbar's thumb; (0, 0) when everything fits."""
+        height, total = self.scrollable_content_region.height, self.virtual_size.height
+        if total <= height or height <= 0:
+            return 0, 0
+        size = max(1, round(height * height / total))
+        start = round(scroll_y / (total - height) * (height - size))
+        return start, start + size
+
+    def _frame_now(self) -> tuple[int, int, int, int, int]:
+        scroll_x, scroll_y = self.scroll_offset
+        return scroll_x, scroll_y, self.text_width, *self._thumb(scroll_y)
+
+    @property
+    def _bar_cells(self) -> tuple[Segment, Segment]:
+        """The scrollbar's track cell and thumb cell, kept until the styles change."""
+        if self._bar is None:
+            self._bar = tuple(Segment(" " * _BAR, self.get_component_rich_style(name, partial=True))
+                              for name in ("logview--bar", "logview--thumb"))
+        return self._bar
+
     def render_lines(self, crop: Region) -> list[Strip]:
-        # Read the scroll position and width once per repaint, not once per row.
-        self._frame = (*self.scroll_offset, self.size.width)  # Textual crops away the scrollbar's columns
+        # Read the scroll position, width and thumb once per repaint, not once per row.
+        self._frame = self._frame_now()
         try:
             return super().render_lines(crop)
         finally:
             self._frame = None
 
     def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y, width = self._frame or (*self.scroll_offset, self.size.width)
+        scroll_x, scroll_y, width, thumb_start, thumb_end = self._frame or self._frame_now()
+        bar = self._bar_cells[thumb_start <= y < thumb_end]
         index, sub = self._locate(scroll_y + y)
         raw = self._raw(index)
         if raw is not None and _PLAIN_LINE.fullmatch(raw) and not (self._query and self._hit(raw)):
@@ -295,11 +333,10 @@ class LogView(ScrollView, can_focus=True):
             if self.wrap:
                 raw = raw[sub * self._wrap_width : (sub + 1) * self._wrap_width]
             visible = raw[scroll_x : scroll_x + width].decode("ascii")
-            return Strip([Segment(visible.ljust(width), self._style)], width)
+            return Strip([Segment(visible.ljust(width), self._style), bar], width + _BAR)
         strip = self._strip(index, sub)
-        if strip is None:
-            return Strip.blank(width, self._style)
-        return strip.crop_extend(scroll_x, scroll_x + width, self._style)
+        text = Strip.blank(width, self._style) if strip is None else strip.crop_extend(scroll_x, scroll_x + width, self._style)
+        return Strip([*text, bar], width + _BAR)
 
     def _raw(self, index: int) -> bytes | None:
         if index < len(self._lines):
@@ -337,7 +374,7 @@ class LogView(ScrollView, can_focus=True):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._base_style = None
+        self._base_style = self._bar = None
         self._strips.clear()
 
     # ----- following and scrolling ---------------------------------------------------------------
@@ -368,11 +405,33 @@ class LogView(ScrollView, can_focus=True):
         self.refresh()
 
     def on_resize(self) -> None:
-        if self.wrap and self.scrollable_content_region.width != self._wrap_width:
+        if self.wrap and self.text_width != self._wrap_width:
             self._rebuild_rows()
             self._update_virtual_size()
         if self.follow:
             self.call_after_refresh(self._follow_tail)
+
+    # The scrollbar: a press on it jumps there, and dragging keeps moving the view.
+    def on_mouse_down(self, event: MouseDown) -> None:
+        offset = event.get_content_offset(self)
+        if offset is not None and offset.x >= self.text_width and self.max_scroll_y:
+            event.stop()
+            self._dragging = True
+            self.capture_mouse()
+            self._scroll_to_bar(offset.y)
+
+    def on_mouse_move(self, event: MouseMove) -> None:
+        if self._dragging:
+            self._scroll_to_bar(event.y - self.gutter.top)
+
+    def on_mouse_up(self, event: MouseUp) -> None:
+        if self._dragging:
+            self._dragging = False
+            self.release_mouse()
+
+    def _scroll_to_bar(self, y: int) -> None:
+        fraction = min(1.0, max(0.0, y / max(1, self.scrollable_content_region.height - 1)))
+        self.scroll_to(y=round(fraction * self.max_scroll_y), animate=False, immediate=True)
 
     def _follow_tail(self) -> None:
         if self.follow:

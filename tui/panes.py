@@ -16,43 +16,7 @@ from textual.message import Message
 from textual.widgets import Static
 
 from core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
-
-try:
-    from tui.logview import LogView
-except ImportError:  # the real line widget ships separately; a plain stand-in keeps the app usable meanwhile
-    from textual.widgets import Static as _Plain
-
-    class LogView(_Plain):  # type: ignore[no-redef]
-        can_focus = True
-
-        def __init__(self, ring=None, *, follow: bool = True, wrap: bool = False, id=None, classes=None):
-            super().__init__("", id=id, classes=classes)
-            self.ring, self.follow, self.wrap, self._seen = ring, follow, wrap, -1
-
-        @property
-        def line_count(self) -> int:
-            return self.ring.total_lines if self.ring else 0
-
-        def set_ring(self, ring) -> None:
-            self.ring, self._seen = ring, -1
-
-        def poll(self) -> bool:
-            if self.ring is None or self.ring.version == self._seen:
-                return False
-            self._seen = self.ring.version
-            lines = self.ring.tail(max(1, self.size.height))
-            self.update(Text.from_ansi(b"\n".join(lines).decode(errors="replace")))
-            return True
-
-        def search(self, query: str) -> int:
-            return 0
-
-        def search_next(self) -> None: ...
-
-        def search_prev(self) -> None: ...
-
-        def clear_search(self) -> None: ...
-
+from tui.logview import LogView
 
 # Colour per state: the one place the palette lives, shared by titles, the rank list and the help.
 STATE_STYLE = {
@@ -193,6 +157,25 @@ def _short_path(path: str) -> str:
     return "~" + path[len(home):] if home != "/" and path.startswith(home + os.sep) else path
 
 
+class TextLine(Static):
+    """A one-row line of styled text (the header, a pane's title) that repaints only when its
+    text changes, and never asks for a layout pass: its size is set by CSS, not by its text."""
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(" ", id=id, classes=classes, markup=False)
+        self._plain: str | None = None
+
+    @property
+    def plain(self) -> str:
+        """The text shown, without its styles."""
+        return self._plain or ""
+
+    def show(self, text: Text) -> None:
+        if text.plain != self._plain:
+            self._plain = text.plain
+            self.update(text, layout=False)
+
+
 class RankPane(Vertical):
     """One rank: a one-line title bar over its output."""
 
@@ -206,21 +189,22 @@ class RankPane(Vertical):
     def __init__(self, local_rank: int, *, id: str | None = None) -> None:
         super().__init__(id=id, classes="pane")
         self.local_rank = local_rank
-        self._title_plain = ""
 
     def compose(self) -> ComposeResult:
-        yield Static(" ", classes="title", markup=False)
+        yield TextLine(classes="title")
         yield LogView(None, id=f"log-{self.local_rank}")
 
     @property
     def log(self) -> LogView:
         return self.query_one(LogView)
 
+    @property
+    def title(self) -> str:
+        """The title as plain text."""
+        return self.query_one(".title", TextLine).plain
+
     def set_title(self, text: Text) -> None:
-        # Skip identical titles: a Static update costs a layout pass, and most ticks change nothing.
-        if text.plain != self._title_plain or not self._title_plain:
-            self._title_plain = text.plain
-            self.query_one(".title", Static).update(text)
+        self.query_one(".title", TextLine).show(text)
 
     def on_click(self, event: Click) -> None:
         self.post_message(self.Picked(self.local_rank))
