@@ -17,7 +17,7 @@ import threading
 import time
 from typing import BinaryIO
 
-_READ_SIZE = 1 << 20
+_READ_SIZE = 1 << 20  # one buffer, reused: os.read(fd, 1 MiB) would map and unmap 1 MiB per read
 _PIPE_SIZE = 1 << 20  # ask the kernel for 1 MiB pipes: fewer wake-ups, ranks block less
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
@@ -191,6 +191,7 @@ class OutputPump:
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._pending: queue.SimpleQueue[tuple[int, StreamSink]] = queue.SimpleQueue()
+        self._buffer = memoryview(bytearray(_READ_SIZE))
         self._open = 0
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="ranktop-output", daemon=True)
@@ -216,7 +217,7 @@ class OutputPump:
                     self._register_pending()
                     continue
                 try:
-                    data = os.read(key.fd, _READ_SIZE)
+                    data = self._buffer[: os.readv(key.fd, [self._buffer])].tobytes()
                 except OSError:
                     data = b""
                 if data:
