@@ -252,7 +252,8 @@ class LocalAgent:
             signal_name=signal_name(f.exitcode) if f.exitcode < 0 else None, message=f.message,
             traceback=f.traceback, timestamp=f.timestamp,
             error_file=f.error_file if os.path.exists(f.error_file) else None, last_lines=tail,
-            failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(10))) for s in own),
+            # Enough lines to see past the rank's own printed traceback (the report cuts it out).
+            failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
         )
 
     # ----- signals to ranktop itself -----------------------------------------------------------

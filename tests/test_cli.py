@@ -115,6 +115,27 @@ def test_module_and_no_python_modes(tmp_path):
     assert res.returncode == 0 and res.stdout == "[default0]:a 1\n"
 
 
+def test_root_cause_tail_skips_a_chained_printed_traceback(tmp_path):
+    script = tmp_path / "chain.py"
+    script.write_text(
+        "import sys\n"
+        "sys.path.insert(0, %r)\n"
+        "from core import record\n"
+        "@record\n"
+        "def main():\n"
+        "    for i in range(15):\n"
+        "        print(f'step {i}', flush=True)\n"
+        "    try:\n"
+        "        {}['missing']\n"
+        "    except KeyError:\n"
+        "        raise RuntimeError('lost the batch')\n"
+        "main()\n" % str(ROOT))
+    res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", str(tmp_path), "--run-id", "x", str(script))
+    assert res.returncode == 1 and "RuntimeError: lost the batch" in res.stderr
+    tail = res.stderr.split("last output of rank 0:\n", 1)[1].split("  error file:", 1)[0]
+    assert tail.splitlines() == [f"    step {i}" for i in range(5, 15)]
+
+
 def test_failure_exit_status_and_root_cause(tmp_path):
     script = tmp_path / "fail.py"
     script.write_text(
@@ -132,7 +153,9 @@ def test_failure_exit_status_and_root_cause(tmp_path):
     assert res.returncode == 1
     assert "root cause: rank 1 (local rank 1" in res.stderr and "exited with code 1" in res.stderr
     assert "ValueError: bad batch" in res.stderr and "Traceback" in res.stderr
-    assert "last output of rank 1:\n    about to fail" in res.stderr
+    # The tail is what came before the traceback; the printed one (with its module-level frame,
+    # which error.json does not have) is not repeated under it.
+    assert "last output of rank 1:\n    about to fail\n  error file:" in res.stderr
     assert "last output of rank 0" not in res.stderr  # stopped by us: not a failure of its own
     exited = {e["rank"]: e for e in _events(tmp_path / "x") if e["event"] == "exited"}
     assert exited[1]["exitcode"] == 1 and not exited[1]["by_us"]
