@@ -24,7 +24,7 @@ from typing import Any
 from core.context import PContext, RunProcsResult, plan_streams, prefix_for
 from core.errors import ProcessFailure, UsageError, signal_name
 from core.process import exit_status_for_signal
-from core.spec import WorkerSpec, faulthandler_env, free_port, rank_env
+from core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
 from core.state import GroupSnapshot, GroupState, RankSnapshot, RankState, RootCause
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -198,10 +198,15 @@ class LocalAgent:
                                console_ranks=spec.local_ranks_filter if self.console else set(),
                                prefixes=prefixes)
         self._stalled.clear()
+        pty = None
+        if spec.pty:
+            for env in envs.values():
+                env.setdefault("TERM", os.environ.get("TERM") or "xterm-256color")
+            pty = pty_size(envs[0])
         self.pcontext = PContext(
             spec.display_name(), spec.entrypoint, {r: spec.args for r in range(n)}, envs, log_dir, streams,
             global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
-            ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False,
+            ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False, pty=pty,
         ).start()
         self.state = GroupState.RUNNING
         self._started.set()

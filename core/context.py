@@ -127,6 +127,7 @@ class PContext:
         on_event: EventSink | None = None,
         passthrough_console: bool = True,
         cwd: str | None = None,
+        pty: tuple[int, int] | None = None,
     ):
         self.name = name
         self.entrypoint = entrypoint
@@ -139,6 +140,7 @@ class PContext:
         self.shutdown_timeout = shutdown_timeout
         self.on_event = on_event
         self.cwd = cwd
+        self.pty = pty  # (columns, rows) of the terminal each rank writes to; None: pipes
         self._passthrough = passthrough_console  # unredirected, unteed streams: inherit our fds
         self.slots = [RankSlot(r, LineRing(ring_lines)) for r in range(self.nprocs)]
         self.token = secrets.token_hex(8)
@@ -210,7 +212,7 @@ class PContext:
             argv = python_call_argv(self.entrypoint, self.args[r], payload, self._result_path(r))
         else:
             argv = [str(self.entrypoint), *map(str, self.args[r])]
-        launch = Launch(r, argv, env, self._sinks(r, slot.ring), cwd=self.cwd)
+        launch = Launch(r, argv, env, self._sinks(r, slot.ring), cwd=self.cwd, pty=self.pty)
         slot.proc = RankProcess(launch, self._pump)
         slot.stopped_by_us = False
         slot.kill_at = None
@@ -229,6 +231,8 @@ class PContext:
         plan = self.streams[r]
         sinks = {}
         for stream, flag, target in ((STDOUT, Std.OUT, sys.stdout), (STDERR, Std.ERR, sys.stderr)):
+            if stream == STDERR and self.pty is not None and STDOUT in sinks:
+                break  # stderr shares the terminal with stdout: no stderr.log
             to_file, to_console = bool(plan.files & flag), bool(plan.console & flag)
             if not (to_file or to_console) and self._passthrough:
                 continue  # inherit our descriptor: the rank writes straight to our console

@@ -7,11 +7,14 @@ CPython use vfork, which keeps starting many ranks cheap.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pickle
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +38,24 @@ class Launch:
     env: dict[str, str]
     sinks: dict[int, StreamSink]  # stream -> sink; a stream without one is inherited from us
     cwd: str | None = None
+    pty: tuple[int, int] | None = None  # (columns, rows): stdout and stderr go to one terminal
+
+
+def open_pty(columns: int, rows: int) -> tuple[int, int]:
+    """A pseudo-terminal (master, slave) of the given size whose output arrives as written: no
+    output processing, so a rank's '\n' is not turned into '\r\n' in its log file."""
+    master, slave = os.openpty()
+    try:
+        attrs = termios.tcgetattr(slave)
+        attrs[1] &= ~termios.OPOST
+        attrs[3] &= ~termios.ECHO  # nothing is typed into it; never echo if something were
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    except BaseException:
+        os.close(master)
+        os.close(slave)
+        raise
+    return master, slave
 
 
 def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, result_path: str) -> list[str]:
@@ -66,20 +87,38 @@ class RankProcess:
     def __init__(self, launch: Launch, pump: OutputPump):
         self.local_rank = launch.local_rank
         self.started_at = time.time()
-        stdout = subprocess.PIPE if STDOUT in launch.sinks else None
-        stderr = subprocess.PIPE if STDERR in launch.sinks else None
-        self.popen = subprocess.Popen(
-            launch.argv,
-            env=launch.env,
-            cwd=launch.cwd,
-            stdin=subprocess.DEVNULL,  # the terminal belongs to ranktop (and a rank outside the
-            stdout=stdout,  # foreground group reading it would only get SIGTTIN)
-            stderr=stderr,
-            start_new_session=True,
-            close_fds=True,
-        )
+        master = slave = None
+        if launch.pty is not None and STDOUT in launch.sinks:
+            # A terminal has one output: stderr joins stdout (the rank is not given it as its
+            # controlling terminal, so it has isatty() and a size but no /dev/tty).
+            master, slave = open_pty(*launch.pty)
+            stdout = stderr = slave
+            self.sinks = {STDOUT: launch.sinks[STDOUT]}
+        else:
+            stdout = subprocess.PIPE if STDOUT in launch.sinks else None
+            stderr = subprocess.PIPE if STDERR in launch.sinks else None
+            self.sinks = launch.sinks
+        try:
+            self.popen = subprocess.Popen(
+                launch.argv,
+                env=launch.env,
+                cwd=launch.cwd,
+                stdin=subprocess.DEVNULL,  # the terminal belongs to ranktop (and a rank outside the
+                stdout=stdout,  # foreground group reading it would only get SIGTTIN)
+                stderr=stderr,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except BaseException:
+            if master is not None:
+                os.close(master)
+            raise
+        finally:
+            if slave is not None:
+                os.close(slave)  # the rank has it now: its end of file is ours once the rank's tree closes it
         self.pid = self.popen.pid
-        self.sinks = launch.sinks
+        if master is not None:
+            pump.add(master, self.sinks[STDOUT])  # reading it past the last writer fails with EIO: the end
         for stream, pipe in ((STDOUT, self.popen.stdout), (STDERR, self.popen.stderr)):
             if pipe is not None:
                 pump.add(os.dup(pipe.fileno()), launch.sinks[stream])

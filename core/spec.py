@@ -109,6 +109,7 @@ class WorkerSpec:
     local_ranks_filter: set[int] | None = None  # which ranks reach the console; None = all
     run_id: str | None = None
     name: str | None = None  # shown as the job name; defaults to the entrypoint's name
+    pty: bool = False  # give each rank a pseudo-terminal for stdout and stderr (merged) instead of pipes
 
     def __post_init__(self) -> None:
         if self.local_world_size < 1:
@@ -180,6 +181,14 @@ def rank_env(
     out = {k: str(v) for k, v in env.items()}
     out.update(spec.env)
     return out
+
+
+def pty_size(env: dict[str, str]) -> tuple[int, int]:
+    """(columns, rows) for a rank's pseudo-terminal: its COLUMNS and LINES, else 120 x 40."""
+    def number(name: str, default: int) -> int:
+        value = env.get(name, "")
+        return int(value) if value.isdigit() and 0 < int(value) < 10_000 else default
+    return number("COLUMNS", 120), number("LINES", 40)
 
 
 FAULTHANDLER_ENV = "RANKTOP_FAULTHANDLER"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -322,3 +323,46 @@ def test_console_shows_the_last_state_of_a_progress_bar_but_files_keep_every_byt
     res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--run-id", "bar", str(script))
     assert res.stdout == "[default0]:bar 100%\n"
     assert (tmp_path / "bar" / "attempt_0" / "0" / "stdout.log").read_bytes() == b"\rbar 10%\rbar 50%\rbar 100%\n"
+
+
+PTY_RANK = """\
+import hashlib, json, os, random, sys
+rank = int(os.environ["RANK"])
+size = os.get_terminal_size(1)
+print(json.dumps({"tty": [sys.stdout.isatty(), sys.stderr.isatty()], "size": [size.columns, size.lines],
+                  "term": os.environ.get("TERM")}), flush=True)
+sys.stderr.write("from stderr\\n")
+sys.stderr.flush()
+rng = random.Random(rank)  # any bytes at all: controls, '\\r', '\\n', invalid UTF-8
+blob = bytes(rng.randrange(256) for _ in range(3 << 20))
+view = memoryview(blob)
+while view:
+    view = view[os.write(1, view[:65536]):]
+with open(sys.argv[1] + f"/expect.{rank}", "w") as f:
+    f.write(hashlib.sha256(blob).hexdigest())
+"""
+
+
+def test_pty_mode_gives_each_rank_a_terminal_and_keeps_every_byte(tmp_path):
+    script = tmp_path / "tty.py"
+    script.write_text(PTY_RANK)
+    res = run_ranktop("--headless", "--pty", "-r", "3", "--nproc-per-node", "2", "--env", "COLUMNS=100",
+                      "--env", "LINES=30", "--log-dir", str(tmp_path), "--run-id", "x", str(script), str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    for rank in range(2):
+        rank_dir = tmp_path / "x" / "attempt_0" / str(rank)
+        data = (rank_dir / "stdout.log").read_bytes()
+        first, rest = data.split(b"\n", 1)
+        assert json.loads(first) == {"tty": [True, True], "size": [100, 30], "term": os.environ.get("TERM") or "xterm-256color"}
+        # stderr shares the terminal, in order; then the blob exactly as written ('\n' not made '\r\n').
+        assert rest.startswith(b"from stderr\n")
+        blob = rest[len(b"from stderr\n"):]
+        assert hashlib.sha256(blob).hexdigest() == (tmp_path / f"expect.{rank}").read_text()
+        assert not (rank_dir / "stderr.log").exists()
+
+
+def test_without_pty_ranks_write_to_pipes(tmp_path):
+    script = tmp_path / "tty.py"
+    script.write_text("import sys\nprint(sys.stdout.isatty(), sys.stderr.isatty())\n")
+    res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", str(tmp_path), "--run-id", "x", str(script))
+    assert res.returncode == 0 and res.stdout == "[default0]:False False\n"

@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--headless", action="store_true", help="no TUI: prefixed output, like torchrun")
     mode.add_argument("--tui", action="store_true", help="the TUI even when stdout is not a terminal")
     add("--exit-on-end", action="store_true", help="TUI: close as soon as the group ends")
+    add("--pty", action="store_true",
+        help="give each rank a pseudo-terminal (isatty() true; stderr merged into stdout.log)")
     add(*_both("no-faulthandler"), action="store_true",
         help="do not make SIGUSR1 dump a Python rank's stacks (faulthandler)")
     add("--version", action="version", version=f"ranktop {VERSION}")
@@ -168,7 +170,7 @@ def build_spec(ns: argparse.Namespace):
         max_restarts=ns.max_restarts, monitor_interval=ns.monitor_interval, nnodes=nnodes,
         node_rank=ns.node_rank, master_addr=ns.master_addr, master_port=port, env=env,
         redirects=redirects, tee=tee, local_ranks_filter=parse_ranks(ns.local_ranks_filter),
-        run_id=ns.run_id, name=os.path.basename(ns.training_script),
+        run_id=ns.run_id, name=os.path.basename(ns.training_script), pty=ns.pty,
     )
 
 
