@@ -198,7 +198,7 @@ def test_usr1_goes_to_the_rank_alone_and_user_stop_has_no_root_cause(tmp_path):
         import signal, subprocess, sys, time
         signal.signal(signal.SIGUSR1, lambda *a: print("got USR1", flush=True))
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        print("child", child.pid, flush=True)
+        sys.stdout.write(f"child {child.pid}\\n")  # one write: never seen half-printed
         while True:
             time.sleep(0.05)
     """, n=1)
