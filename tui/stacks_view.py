@@ -7,6 +7,7 @@ once); this module only renders a core.stacks.StackReport and dispatches keys.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.text import Text
@@ -54,13 +55,17 @@ class StacksScreen(Screen):
 
     # ----- the dump (worker thread) -------------------------------------------------------------
     def action_dump(self) -> None:
-        self.query_one("#stacks-summary", Static).update(Text("dumping stacks…"))
-        self._dump()
+        self._fetch("dumping stacks…", stacks.dump_agent_stacks)
+
+    def _fetch(self, status: str, get_report: Callable[[Any, list[int] | None], StackReport]) -> None:
+        """Show `status`, then the report `get_report(agent, local_ranks)` makes off the UI thread."""
+        self.query_one("#stacks-summary", Static).update(Text(status))
+        self._report_in_thread(get_report)
 
     @work(thread=True, exclusive=True, group="stacks")
-    def _dump(self) -> None:
+    def _report_in_thread(self, get_report: Callable[[Any, list[int] | None], StackReport]) -> None:
         try:
-            report = stacks.dump_agent_stacks(self.agent, self.local_ranks)
+            report = get_report(self.agent, self.local_ranks)
         except Exception as exc:  # the group may be gone mid-dump: say so, keep the UI alive
             self.app.call_from_thread(self._failed, exc)
             return
@@ -152,17 +157,7 @@ class StacksScreen(Screen):
 
     def action_signal(self) -> None:
         """No ptrace needed: SIGUSR1 makes each rank print its stacks; group what they printed."""
-        self.query_one("#stacks-summary", Static).update(Text("SIGUSR1 sent; reading the ranks' stderr…"))
-        self._signal()
-
-    @work(thread=True, exclusive=True, group="stacks")
-    def _signal(self) -> None:
-        try:
-            report = stacks.signal_agent_report(self.agent, self.local_ranks)
-        except Exception as exc:
-            self.app.call_from_thread(self._failed, exc)
-            return
-        self.app.call_from_thread(self.show_report, report)
+        self._fetch("SIGUSR1 sent; reading the ranks' stderr…", stacks.signal_agent_report)
 
     def action_close(self) -> None:
         self.app.pop_screen()
