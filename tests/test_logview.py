@@ -4,13 +4,16 @@ driven by Pilot; and one run of real ranks through the engine."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sys
 import threading
+from collections.abc import AsyncIterator
 
 import pytest
 from conftest import ROOT, wait_for
 from textual.app import App, ComposeResult
+from textual.pilot import Pilot
 
 from core import LocalAgent, WorkerSpec
 from core.output import STDERR, STDOUT, LineRing
@@ -42,6 +45,15 @@ class Host(App):
         return self.query_one(LogView)
 
 
+@contextlib.asynccontextmanager
+async def shown(ring: LineRing | None, **kw) -> AsyncIterator[tuple[LogView, Pilot]]:
+    """A LogView over `ring` in a small app, laid out: (the view, the app's pilot)."""
+    app = Host(ring, **kw)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        yield app.view, pilot
+
+
 def feed_lines(ring: LineRing, start: int, stop: int, text: str = "line") -> None:
     ring.feed(STDOUT, "".join(f"{text} {i}\n" for i in range(start, stop)).encode())
 
@@ -58,10 +70,7 @@ def styles_of(view: LogView, y: int, word: str) -> list:
 async def test_follows_the_tail_then_scrolling_up_holds_the_view_and_end_resumes():
     ring = LineRing()
     feed_lines(ring, 0, 100)
-    app = Host(ring)
-    async with app.run_test(size=SIZE) as pilot:
-        view = app.view
-        await pilot.pause()
+    async with shown(ring) as (view, pilot):
         assert view.follow and screen_rows(view)[-1] == "line 99"
         feed_lines(ring, 100, 150)
         assert view.poll()
@@ -101,10 +110,7 @@ def thumb_rows(view: LogView) -> list[int]:
 async def test_the_scrollbar_is_drawn_in_the_last_column_and_the_mouse_drags_it():
     ring = LineRing()
     feed_lines(ring, 0, 100)
-    app = Host(ring)
-    async with app.run_test(size=SIZE) as pilot:
-        view = app.view
-        await pilot.pause()
+    async with shown(ring) as (view, pilot):
         height, bar_x = view.scrollable_content_region.height, view.text_width
         assert bar_x == SIZE[0] - 1 and all(view.render_line(y).cell_length == SIZE[0] for y in range(height))
         assert thumb_rows(view) == [height - 1], "following the tail: a one-row thumb at the bottom"
@@ -126,22 +132,17 @@ async def test_the_scrollbar_is_drawn_in_the_last_column_and_the_mouse_drags_it(
 async def test_no_thumb_when_everything_fits():
     ring = LineRing()
     feed_lines(ring, 0, 3)
-    app = Host(ring)
-    async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        assert thumb_rows(app.view) == [] and screen_rows(app.view)[:3] == ["line 0", "line 1", "line 2"]
-        await pilot.mouse_down(app.view, offset=(app.view.text_width, 0))
-        assert app.view.follow
+    async with shown(ring) as (view, pilot):
+        assert thumb_rows(view) == [] and screen_rows(view)[:3] == ["line 0", "line 1", "line 2"]
+        await pilot.mouse_down(view, offset=(view.text_width, 0))
+        assert view.follow
 
 
 @sync
 async def test_poll_is_false_when_nothing_changed_and_shows_the_open_line():
     ring = LineRing()
     feed_lines(ring, 0, 3)
-    app = Host(ring)
-    async with app.run_test(size=SIZE) as pilot:
-        view = app.view
-        await pilot.pause()
+    async with shown(ring) as (view, pilot):
         assert not view.poll()
         ring.feed(STDOUT, b"epoch 1 50%\repoch 1 80%")  # unfinished progress bar: its latest state shows
         assert view.poll() and not view.poll()
@@ -156,10 +157,7 @@ async def test_poll_is_false_when_nothing_changed_and_shows_the_open_line():
 async def test_a_full_ring_drops_old_lines_without_moving_a_held_view():
     ring = LineRing(maxlen=50)
     feed_lines(ring, 0, 50)
-    app = Host(ring)
-    async with app.run_test(size=SIZE) as pilot:
-        view = app.view
-        await pilot.pause()
+    async with shown(ring) as (view, pilot):
         view.focus()
         await pilot.press("pageup")
         held = screen_rows(view)
@@ -176,10 +174,7 @@ async def test_search_counts_highlights_and_moves_between_matches():
     ring = LineRing()
     for i in range(200):
         ring.feed(STDOUT, f"step {i} {'NaN loss' if i % 50 == 7 else 'ok'}\n".encode())
-    app = Host(ring)
-    async with app.run_test(size=SIZE) as pilot:
-        view = app.view
-        await pilot.pause()
+    async with shown(ring) as (view, pilot):
         assert view.search("nan") == 4
         assert not view.follow
         assert "step 157 NaN loss" in screen_rows(view), "search goes to the match nearest the tail"
@@ -212,10 +207,7 @@ async def test_ansi_colours_are_kept_and_invalid_utf8_is_replaced():
     ring.feed(STDOUT, b"bad \xff\xfe\xc3\x28 end\n")
     ring.feed(STDOUT, b"tab\tbell\x07 esc\x1b alone\n")
     ring.feed(STDOUT, bytes(range(256)) + b"\n")
-    app = Host(ring)
-    async with app.run_test(size=SIZE) as pilot:
-        view = app.view
-        await pilot.pause()
+    async with shown(ring) as (view, pilot):
         (red,) = styles_of(view, 0, "red")
         (green,) = styles_of(view, 0, "green")
         assert red.color.name == "color(1)" and green.color.name == "color(2)" and green.bold
@@ -229,10 +221,8 @@ async def test_no_color_drops_colours(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     ring = LineRing()
     ring.feed(STDOUT, b"\x1b[31mred\x1b[0m plain\n")
-    app = Host(ring)
-    async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        (red,) = styles_of(app.view, 0, "red")
+    async with shown(ring) as (view, pilot):
+        (red,) = styles_of(view, 0, "red")
         assert red.color is None or red.color.name != "color(1)"
 
 
@@ -241,10 +231,7 @@ async def test_a_5mb_line_is_cut_with_a_marker():
     ring = LineRing()
     ring.feed(STDOUT, b"x" * (5 << 20) + b"\nafter\n")
     ring.feed(STDOUT, "é".encode() * (3 << 20))  # still arriving, no newline yet
-    app = Host(ring)
-    async with app.run_test(size=SIZE) as pilot:
-        view = app.view
-        await pilot.pause()
+    async with shown(ring) as (view, pilot):
         assert view.virtual_size.width < 2 * MAX_CHARS
         view.scroll_to(x=view.max_scroll_x, animate=False)
         await pilot.pause()
@@ -260,10 +247,7 @@ async def test_wrap_toggle_changes_the_virtual_height():
     ring = LineRing()
     for i in range(20):
         ring.feed(STDOUT, f"{i:03d} ".encode() + b"w" * 150 + b"\n")
-    app = Host(ring)
-    async with app.run_test(size=SIZE) as pilot:
-        view = app.view
-        await pilot.pause()
+    async with shown(ring) as (view, pilot):
         # Scrolled all the way right, the last of the 154 columns sits just left of the scrollbar.
         assert view.virtual_size.height == 20 and view.max_scroll_x == 154 - view.text_width
         view.focus()
@@ -283,10 +267,7 @@ async def test_set_ring_starts_over():
     first, second = LineRing(), LineRing()
     feed_lines(first, 0, 30, "old")
     feed_lines(second, 0, 2, "new")
-    app = Host(first)
-    async with app.run_test(size=SIZE) as pilot:
-        view = app.view
-        await pilot.pause()
+    async with shown(first) as (view, pilot):
         view.set_ring(second)
         await pilot.pause()
         assert view.line_count == 2 and screen_rows(view)[:3] == ["new 0", "new 1", ""]
