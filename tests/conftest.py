@@ -22,15 +22,21 @@ TEST_ID = os.environ.setdefault("RANKTOP_TEST_ID", uuid.uuid4().hex)
 MARK = f"RANKTOP_TEST_ID={TEST_ID}\0".encode()
 
 
-def wait_for(condition, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
-    """Poll `condition` until it returns something truthy; fail the test after `timeout`."""
+def polls(timeout: float, what: str):
+    """Yields once per try, and fails the test once `timeout` seconds have gone by: the one
+    deadline loop behind wait_for and the async waits of the TUI tests."""
     deadline = time.monotonic() + timeout
     while True:
-        value = condition()
-        if value:
-            return value
+        yield
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def wait_for(condition, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
+    """Poll `condition` until it returns something truthy; fail the test after `timeout`."""
+    for _ in polls(timeout, what):
+        if value := condition():
+            return value
         time.sleep(interval)
 
 

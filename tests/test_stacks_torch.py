@@ -12,10 +12,9 @@ import asyncio
 import json
 import os
 import sys
-import time
 
 import pytest
-from conftest import ROOT, run_ranktop
+from conftest import ROOT, polls, run_ranktop
 from test_stacks import py_spy_can_attach  # noqa: F401  (module fixture: skip where py-spy cannot attach)
 
 from core import stacks
@@ -41,10 +40,9 @@ def _hung(agent: LocalAgent) -> bool:
 
 
 async def _until(condition, what: str, timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+    for _ in polls(timeout, what):
+        if condition():
+            return
         await asyncio.sleep(0.05)
 
 

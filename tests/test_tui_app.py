@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from core.agent import LocalAgent
 from core.spec import WorkerSpec
 from core.state import GroupState, RankState
-from tests.conftest import wait_for
+from tests.conftest import polls, wait_for
 from tui.app import QUIT_STATUS, RanktopApp
 from tui.main_screen import plan_grid
 from tui.panes import RankList, RankPane
@@ -43,13 +42,9 @@ def make_agent(tmp_path: Path, code: str = TICKER, n: int = 2, *, sampler=None, 
 
 async def until(pilot, condition, timeout: float = 10.0, what: str = "condition"):
     """Like conftest.wait_for, but lets the app run (timers, messages) while waiting."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
+    for _ in polls(timeout, what):
+        if value := condition():
             return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
         await pilot.pause(0.02)
 
 
