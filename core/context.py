@@ -212,7 +212,9 @@ class PContext:
             argv = python_call_argv(self.entrypoint, self.args[r], payload, self._result_path(r))
         else:
             argv = [str(self.entrypoint), *map(str, self.args[r])]
-        launch = Launch(r, argv, env, self._sinks(r, slot.ring), cwd=self.cwd, pty=self.pty)
+        sinks = self._sinks(r, slot.ring)
+        pty = self.pty if STDOUT in sinks else None  # no sink: the rank inherits our own stdout
+        launch = Launch(r, argv, env, sinks, cwd=self.cwd, pty=pty)
         slot.proc = RankProcess(launch, self._pump)
         slot.stopped_by_us = False
         slot.kill_at = None

@@ -217,12 +217,13 @@ class OutputPump:
     def _run(self) -> None:
         last_round = 0.0
         while True:
-            self._selector.select()  # until some pipe has data, or we are woken
+            ready = self._selector.select()  # until some pipe has data, or we are woken
             pause = last_round + _ROUND_SECONDS - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
+                ready = self._selector.select(0)  # everything that came in meanwhile
             last_round = time.monotonic()
-            for key, _ in self._selector.select(0):
+            for key, _ in ready:
                 if key.data is None:
                     os.read(self._wake_r, 4096)
                     self._register_pending()

@@ -38,7 +38,8 @@ class Launch:
     env: dict[str, str]
     sinks: dict[int, StreamSink]  # stream -> sink; a stream without one is inherited from us
     cwd: str | None = None
-    pty: tuple[int, int] | None = None  # (columns, rows): stdout and stderr go to one terminal
+    pty: tuple[int, int] | None = None  # (columns, rows): stdout and stderr go to one terminal,
+    # read into sinks[STDOUT]
 
 
 def open_pty(columns: int, rows: int) -> tuple[int, int]:
@@ -88,7 +89,7 @@ class RankProcess:
         self.local_rank = launch.local_rank
         self.started_at = time.time()
         master = slave = None
-        if launch.pty is not None and STDOUT in launch.sinks:
+        if launch.pty is not None:
             # A terminal has one output: stderr joins stdout (the rank is not given it as its
             # controlling terminal, so it has isatty() and a size but no /dev/tty).
             master, slave = open_pty(*launch.pty)
