@@ -309,7 +309,7 @@ def test_compact_list_past_what_fits(tmp_path):
         assert main.compact
         assert main.query_one("#rank-list-box").display
         assert [r for r in range(32) if main.pane(r).display] == [0]
-        await until(pilot, lambda: "31" in main.query_one(RankList)._plain, what="all ranks listed")
+        await until(pilot, lambda: "31" in main.query_one(RankList).plain, what="all ranks listed")
         await pilot.press("down", "down")
         assert main.current == 2 and [r for r in range(32) if main.pane(r).display] == [2]
         await pilot.click("#rank-list", offset=(3, 5))

@@ -21,7 +21,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input
 
 from core.state import GroupSnapshot, RankState
-from tui.panes import RankList, RankPane, TextLine, header_text, rank_title
+from tui.panes import LiveText, RankList, RankPane, header_text, rank_title
 from tui.screens import RootCausePanel, SignalPicker
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class MainScreen(Screen):
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        yield TextLine(id="header")
+        yield LiveText(id="header")
         with Horizontal(id="body"):
             with VerticalScroll(id="rank-list-box"):
                 yield RankList(id="rank-list")
@@ -307,7 +307,7 @@ class MainScreen(Screen):
         snap = self.agent.snapshot()
         self.last = snap
         now = time.time()
-        self.query_one("#header", TextLine).show(header_text(snap, now, note=self.note))
+        self.query_one("#header", LiveText).show(header_text(snap, now, note=self.note))
         if self.agent.pcontext is None or not snap.ranks:
             return
         self._forget_resumed(snap)
@@ -325,7 +325,7 @@ class MainScreen(Screen):
                                        narrow=pane.size.width < NARROW_TITLE))
             pane.log.poll()
         if self.compact:
-            self.query_one(RankList).show(snap.ranks, self.current, now, set(self.paused))
+            self.query_one(RankList).show_ranks(snap.ranks, self.current, now, set(self.paused))
         if self.ranktop.agent_done and not self.ended:
             self._on_end(snap)
 
@@ -339,7 +339,7 @@ class MainScreen(Screen):
     def _on_end(self, snap: GroupSnapshot) -> None:
         self.ended = True
         self.note = None
-        self.query_one("#header", TextLine).show(header_text(snap, time.time()))
+        self.query_one("#header", LiveText).show(header_text(snap, time.time()))
         panel = self.query_one(RootCausePanel)
         panel.show(snap)
         panel.display = not self.end_panel_hidden

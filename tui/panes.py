@@ -157,9 +157,10 @@ def _short_path(path: str) -> str:
     return "~" + path[len(home):] if home != "/" and path.startswith(home + os.sep) else path
 
 
-class TextLine(Static):
-    """A one-row line of styled text (the header, a pane's title) that repaints only when its
-    text changes, and never asks for a layout pass: its size is set by CSS, not by its text."""
+class LiveText(Static):
+    """Styled text redrawn every tick (the header, a pane's title, the rank list) that repaints
+    only when its characters change, and asks for a layout pass only when its number of lines
+    does: most ticks change nothing, and a layout pass re-arranges the whole screen."""
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(" ", id=id, classes=classes, markup=False)
@@ -172,8 +173,9 @@ class TextLine(Static):
 
     def show(self, text: Text) -> None:
         if text.plain != self._plain:
+            lines_changed = text.plain.count("\n") != self.plain.count("\n")
             self._plain = text.plain
-            self.update(text, layout=False)
+            self.update(text, layout=lines_changed)
 
 
 class RankPane(Vertical):
@@ -191,7 +193,7 @@ class RankPane(Vertical):
         self.local_rank = local_rank
 
     def compose(self) -> ComposeResult:
-        yield TextLine(classes="title")
+        yield LiveText(classes="title")
         yield LogView(None, id=f"log-{self.local_rank}")
 
     @property
@@ -201,16 +203,16 @@ class RankPane(Vertical):
     @property
     def title(self) -> str:
         """The title as plain text."""
-        return self.query_one(".title", TextLine).plain
+        return self.query_one(".title", LiveText).plain
 
     def set_title(self, text: Text) -> None:
-        self.query_one(".title", TextLine).show(text)
+        self.query_one(".title", LiveText).show(text)
 
     def on_click(self, event: Click) -> None:
         self.post_message(self.Picked(self.local_rank))
 
 
-class RankList(Static):
+class RankList(LiveText):
     """The compact view: one row per rank (state colour, cpu, last output age), for many ranks."""
 
     class Picked(Message):
@@ -219,11 +221,10 @@ class RankList(Static):
             self.local_rank = local_rank
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("", id=id, markup=False)
+        super().__init__(id=id)
         self._order: list[int] = []
-        self._plain = ""
 
-    def show(self, ranks: tuple[RankSnapshot, ...], focused: int, now: float, paused: set[int]) -> None:
+    def show_ranks(self, ranks: tuple[RankSnapshot, ...], focused: int, now: float, paused: set[int]) -> None:
         text = Text(no_wrap=True, overflow="ellipsis")
         digits = len(str(max((r.rank for r in ranks), default=0)))
         self._order = [r.local_rank for r in ranks]
@@ -238,9 +239,7 @@ class RankList(Static):
             text.append(f" {human_age(age):>6}", style="dim")
             text.append("\n")
         text.rstrip()
-        if text.plain != self._plain:
-            self._plain = text.plain
-            self.update(text)
+        self.show(text)
 
     def on_click(self, event: Click) -> None:
         row = event.y
