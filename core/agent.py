@@ -341,7 +341,7 @@ class LocalAgent:
         now = time.time()
         for slot in self.pcontext.slots:
             r = slot.local_rank
-            silent = now - (slot.ring.last_output_at or slot.proc.started_at)
+            silent = self._silent_for(slot, now)
             if slot.alive and silent >= self.stall_timeout and r not in self._stalled:
                 self._stalled.add(r)
                 snap = self._rank_snapshot(slot, now)
@@ -355,7 +355,14 @@ class LocalAgent:
                 if slot.alive:
                     self.events.write("stall_cleared", rank=self.spec.global_rank(r), local_rank=r)
 
-    def _rank_state(self, slot: Any) -> RankState:
+    @staticmethod
+    def _silent_for(slot: Any, now: float) -> float:
+        """Seconds since the rank last printed (since it started, if it never did)."""
+        return now - (slot.ring.last_output_at or slot.proc.started_at)
+
+    def _rank_state(self, slot: Any, now: float) -> RankState:
+        # Stalled is read off the ring each time, not off the monitor's last pass: a rank that
+        # printed again is running at once, not up to a monitor interval later.
         proc = slot.proc
         if proc is None:
             return RankState.STARTING
@@ -363,7 +370,7 @@ class LocalAgent:
         if code is None:
             if slot.stopped_by_us or slot.restart_pending:
                 return RankState.STOPPING
-            if slot.local_rank in self._stalled:
+            if self.stall_timeout and self._silent_for(slot, now) >= self.stall_timeout:
                 return RankState.STALLED
             return RankState.RUNNING if slot.ring.last_output_at else RankState.STARTING
         if code == 0:
@@ -373,7 +380,7 @@ class LocalAgent:
     def _rank_snapshot(self, slot: Any, now: float) -> RankSnapshot:
         proc, r = slot.proc, slot.local_rank
         stats = self.sampler.latest(r) if self.sampler is not None else None
-        state = self._rank_state(slot)
+        state = self._rank_state(slot, now)
         last = slot.ring.last_output_at
         code = proc.returncode if proc else None
         return RankSnapshot(
@@ -383,7 +390,7 @@ class LocalAgent:
             ended_at=proc.exited_at if proc else None, last_output_at=last, output_version=slot.ring.version,
             cpu_percent=stats.cpu_percent if stats else None, rss=stats.rss if stats else None,
             gpu=stats.gpu if stats else None,
-            stall_seconds=(now - (last or proc.started_at)) if state == RankState.STALLED else None,
+            stall_seconds=self._silent_for(slot, now) if state == RankState.STALLED else None,
             native=not callable(self.spec.entrypoint) and not _is_python(self.spec),
         )
 

@@ -149,12 +149,18 @@ def test_stall_detection_marks_silent_rank_and_clears(tmp_path):
         assert run.rank(0).state == RankState.RUNNING
         assert run.rank(1).stall_seconds >= 0.4
         wait_for(lambda: run.rank(1).state == RankState.RUNNING, what="rank 1 back")
+        # The state is read off the output at once; the monitor logs the change on its next pass.
+        wait_for(lambda: ("stall_cleared", 1) in _event_kinds(agent), what="the stall_cleared event")
     finally:
         agent.stop()
         run.join()
     assert [s.rank for s in stalls][:1] == [1]
-    kinds = [(e["event"], e.get("rank")) for e in _events(agent)]
+    kinds = _event_kinds(agent)
     assert ("stall_detected", 1) in kinds and ("stall_cleared", 1) in kinds
+
+
+def _event_kinds(agent) -> list[tuple[str, int | None]]:
+    return [(e["event"], e.get("rank")) for e in _events(agent)]
 
 
 def test_launch_returns_values_and_raises_worker_error(tmp_path):
