@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 
 import pytest
 from conftest import ROOT, polls, run_ranktop
@@ -33,10 +34,13 @@ def _events(agent: LocalAgent) -> list[dict]:
 
 
 def _hung(agent: LocalAgent) -> bool:
-    """Every rank printed its last good step and has been silent past the stall timeout since."""
-    snap = agent.snapshot()
-    printed = all(any(b"step 1 " in line for line in agent.output(r.local_rank)) for r in snap.ranks)
-    return printed and all(r.state.value == "stalled" for r in snap.ranks)
+    """Every rank printed its last good step and has been silent past the stall timeout since.
+    The output is read before the snapshot, and the silence is measured from the snapshot's own
+    last-output time: a rank still marked stalled from its slow start-up does not count."""
+    printed = all(any(b"step 1 " in line for line in agent.output(r)) for r in range(agent.spec.local_world_size))
+    snap, now = agent.snapshot(), time.time()
+    return printed and all(r.state.value == "stalled" and r.last_output_at is not None
+                           and now - r.last_output_at >= 1.0 for r in snap.ranks)
 
 
 async def _until(condition, what: str, timeout: float = TIMEOUT) -> None:
@@ -63,7 +67,7 @@ def test_hung_allreduce_names_rank_3_everywhere(tmp_path):
             # The engine API.
             report = await asyncio.to_thread(stacks.dump_agent_stacks, agent)
             assert [s.status for s in report.ranks] == [StackStatus.OK] * 4, stacks.format_report(report)
-            assert report.odd_ranks == [3]
+            assert report.odd_ranks == [3], stacks.format_report(report)
             majority, odd = report.groups
             assert majority.ranks == (0, 1, 2) and "all_reduce" in [f.name for f in majority.frames]
             assert odd.ranks == (3,) and "load_batch" in [f.name for f in odd.frames]
