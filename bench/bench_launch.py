@@ -83,7 +83,7 @@ class Result:
 # ----- the three ways to launch ----------------------------------------------------------------
 
 def ranktop_cmd(script: str, args: list[str], log_dir: str, tee: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "tui.cli", "--headless", "--nproc-per-node", str(NPROC),
+    cmd = [sys.executable, "-m", "ranktop", "--headless", "--nproc-per-node", str(NPROC),
            "--log-dir", log_dir, "--run-id", "bench"]
     if tee:
         cmd += ["--tee", "3"]

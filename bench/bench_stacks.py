@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from core import stacks  # noqa: E402
-from core.agent import LocalAgent  # noqa: E402
-from core.spec import WorkerSpec  # noqa: E402
+from ranktop.core import stacks  # noqa: E402
+from ranktop.core.agent import LocalAgent  # noqa: E402
+from ranktop.core.spec import WorkerSpec  # noqa: E402
 
 TARGET_S = 0.3
 

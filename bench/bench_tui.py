@@ -63,7 +63,7 @@ def tmux(*args: str) -> str:
 
 def ranktop_argv(case: Case, log_dir: str) -> list[str]:
     exe = shutil.which("ranktop")
-    head = [exe] if exe else [sys.executable, "-m", "tui.cli"]
+    head = [exe] if exe else [sys.executable, "-m", "ranktop"]
     return [*head, "--tui", "--nproc-per-node", str(case.ranks), "--log-dir", log_dir, "--run-id", "bench",
             "--shutdown-timeout", "2", str(BENCH / "gen_lines.py"), *gen_args(case)]
 

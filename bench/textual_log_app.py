@@ -97,12 +97,12 @@ class LogViewGridApp(GridApp):
     """ranktop's engine (LocalAgent, console off) and LogView, polled a few times a second."""
 
     def panes(self) -> list:
-        from tui.logview import LogView
+        from ranktop.tui.logview import LogView
 
         return [LogView(None, id=f"r{r}") for r in range(self.ns.ranks)]
 
     def on_mount(self) -> None:
-        from core import LocalAgent, WorkerSpec
+        from ranktop.core import LocalAgent, WorkerSpec
 
         spec = WorkerSpec(role="bench", local_world_size=self.ns.ranks, entrypoint=sys.executable,
                           args=("-u", GEN, *gen_args(self.ns)), run_id="logview")

@@ -10,33 +10,33 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Std": "core.spec",
-    "WorkerSpec": "core.spec",
-    "parse_nnodes": "core.spec",
-    "free_port": "core.spec",
-    "start_processes": "core.context",
-    "PContext": "core.context",
-    "MultiprocessContext": "core.context",
-    "SubprocessContext": "core.context",
-    "RunProcsResult": "core.context",
-    "set_start_method": "core.context",
-    "ProcessFailure": "core.errors",
-    "record": "core.errors",
-    "read_error_file": "core.errors",
-    "write_error_file": "core.errors",
-    "WorkerError": "core.errors",
-    "MainProcessError": "core.errors",
-    "UsageError": "core.errors",
-    "LocalAgent": "core.agent",
-    "RunResult": "core.agent",
-    "WorkerState": "core.agent",
-    "launch": "core.launch",
-    "RankState": "core.state",
-    "GroupState": "core.state",
-    "RankSnapshot": "core.state",
-    "GroupSnapshot": "core.state",
-    "RootCause": "core.state",
-    "GpuSample": "core.state",
+    "Std": "ranktop.core.spec",
+    "WorkerSpec": "ranktop.core.spec",
+    "parse_nnodes": "ranktop.core.spec",
+    "free_port": "ranktop.core.spec",
+    "start_processes": "ranktop.core.context",
+    "PContext": "ranktop.core.context",
+    "MultiprocessContext": "ranktop.core.context",
+    "SubprocessContext": "ranktop.core.context",
+    "RunProcsResult": "ranktop.core.context",
+    "set_start_method": "ranktop.core.context",
+    "ProcessFailure": "ranktop.core.errors",
+    "record": "ranktop.core.errors",
+    "read_error_file": "ranktop.core.errors",
+    "write_error_file": "ranktop.core.errors",
+    "WorkerError": "ranktop.core.errors",
+    "MainProcessError": "ranktop.core.errors",
+    "UsageError": "ranktop.core.errors",
+    "LocalAgent": "ranktop.core.agent",
+    "RunResult": "ranktop.core.agent",
+    "WorkerState": "ranktop.core.agent",
+    "launch": "ranktop.core.launch",
+    "RankState": "ranktop.core.state",
+    "GroupState": "ranktop.core.state",
+    "RankSnapshot": "ranktop.core.state",
+    "GroupSnapshot": "ranktop.core.state",
+    "RootCause": "ranktop.core.state",
+    "GpuSample": "ranktop.core.state",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -44,7 +44,7 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
-        raise AttributeError(f"module 'core' has no attribute {name!r}")
+        raise AttributeError(f"module 'ranktop.core' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value

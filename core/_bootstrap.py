@@ -27,7 +27,7 @@ def main() -> None:
             _load_main(prep["main_path"])
         fn, args = pickle.load(f)
 
-    from core.errors import record
+    from ranktop.core.errors import record
 
     result = record(fn)(*args)
     tmp = result_path + ".tmp"

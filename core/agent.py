@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.context import PContext, RunProcsResult, plan_streams, prefix_for
-from core.errors import ProcessFailure, UsageError, signal_name
-from core.process import exit_status_for_signal
-from core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
-from core.state import GroupSnapshot, GroupState, RankSnapshot, RankState, RootCause
+from ranktop.core.context import PContext, RunProcsResult, plan_streams, prefix_for
+from ranktop.core.errors import ProcessFailure, UsageError, signal_name
+from ranktop.core.process import exit_status_for_signal
+from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
+from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState, RootCause
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any
 
-from core.errors import ERROR_FILE_ENV, ProcessFailure, signal_name
-from core.guard import MARKER
-from core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
-from core.process import LEADER_ONLY_SIGNALS, STOP_SIGNALS, Launch, RankProcess, python_call_argv
-from core.spec import Std, per_rank
+from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, signal_name
+from ranktop.core.guard import MARKER
+from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
+from ranktop.core.process import LEADER_ONLY_SIGNALS, STOP_SIGNALS, Launch, RankProcess, python_call_argv
+from ranktop.core.spec import Std, per_rank
 
 _GUARD_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
-_NO_TRACE_HINT = "To see the traceback, wrap the rank's main function in @core.record (or torch's @record)."
+_NO_TRACE_HINT = "To see the traceback, wrap the rank's main function in @ranktop.core.record (or torch's @record)."
 
 F = TypeVar("F", bound=Callable[..., Any])
 

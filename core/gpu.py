@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.state import GpuSample
+from ranktop.core.state import GpuSample
 
 FAKE_ENV = "RANKTOP_FAKE_GPUS"
 NO_GPU = "no GPU"

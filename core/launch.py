@@ -8,9 +8,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from core.context import start_processes
-from core.errors import MainProcessError, WorkerError
-from core.spec import Std, WorkerSpec, free_port, rank_env
+from ranktop.core.context import start_processes
+from ranktop.core.errors import MainProcessError, WorkerError
+from ranktop.core.spec import Std, WorkerSpec, free_port, rank_env
 
 
 def launch(

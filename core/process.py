@@ -20,13 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.output import STDERR, STDOUT, OutputPump, StreamSink
+from ranktop.core.output import STDERR, STDOUT, OutputPump, StreamSink
 
-_CORE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_BOOTSTRAP = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from core._bootstrap import main; main()"
-)
+# `-c` puts the working directory first on sys.path; drop it so that nothing there can stand in
+# for ranktop (the bootstrap restores the caller's sys.path before running the function).
+_BOOTSTRAP = "import sys; del sys.path[0]; from ranktop.core._bootstrap import main; main()"
 
 
 @dataclass
@@ -79,7 +77,7 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
             pickle.dump((fn, tuple(args)), f)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise ValueError(f"cannot send {fn!r} to a new process (it must be importable by name): {exc}") from exc
-    return [sys.executable, "-c", _BOOTSTRAP, _CORE_PARENT, payload_path, result_path]
+    return [sys.executable, "-c", _BOOTSTRAP, payload_path, result_path]
 
 
 class RankProcess:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 
-from core.state import RootCause
+from ranktop.core.state import RootCause
 
 
 def describe_exit(exitcode: int, signal_name: str | None) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import UsageError
+from ranktop.core.errors import UsageError
 
 
 class Std(enum.IntFlag):

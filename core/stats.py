@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import psutil
-
-from core.gpu import GpuMonitor, RankQuery
-from core.state import GpuSample
+from ranktop.core.gpu import GpuMonitor, RankQuery
+from ranktop.core.state import GpuSample
 
 _CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
 

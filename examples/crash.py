@@ -18,7 +18,7 @@ import sys
 import time
 
 try:
-    from core.errors import record
+    from ranktop.core.errors import record
 except ImportError:  # pragma: no cover - only outside the repo
     def record(fn):
         return fn

@@ -21,7 +21,7 @@ import sys
 import time
 
 try:  # error.json for the root-cause report; the demo still runs without ranktop installed
-    from core.errors import record
+    from ranktop.core.errors import record
 except ImportError:  # pragma: no cover - only outside the repo
     def record(fn):
         return fn

@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RANKTOP_FAKE_GPUS", "4")
 
-from core.agent import LocalAgent  # noqa: E402
-from core.spec import WorkerSpec  # noqa: E402
-from core.stats import StatsSampler  # noqa: E402
-from tui.app import RanktopApp  # noqa: E402
+from ranktop.core.agent import LocalAgent  # noqa: E402
+from ranktop.core.spec import WorkerSpec  # noqa: E402
+from ranktop.core.stats import StatsSampler  # noqa: E402
+from ranktop.tui.app import RanktopApp  # noqa: E402
 
 DEMO = str(ROOT / "examples" / "demo_train.py")
 SIZE = (160, 48)

@@ -85,7 +85,7 @@ def no_orphans():
 
 
 def ranktop_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tui.cli", *args]
+    return [sys.executable, "-m", "ranktop", *args]
 
 
 def run_ranktop(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:

@@ -13,8 +13,7 @@ import threading
 import pytest
 import rank_fns
 from conftest import ROOT, wait_for
-
-from core import GroupState, LocalAgent, RankState, WorkerError, WorkerSpec, WorkerState, launch
+from ranktop.core import GroupState, LocalAgent, RankState, WorkerError, WorkerSpec, WorkerState, launch
 
 PY = sys.executable
 
@@ -175,7 +174,7 @@ def test_launch_caller_signalled_stops_ranks_and_raises(tmp_path):
         import sys
         sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]
         import rank_fns
-        from core import launch, MainProcessError
+        from ranktop.core import launch, MainProcessError
         try:
             launch(rank_fns.fail_rank, 99, 2)  # no rank 99: both ranks sleep until stopped
         except MainProcessError as e:

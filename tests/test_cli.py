@@ -11,9 +11,8 @@ import sys
 
 import pytest
 from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
-
-from core.errors import UsageError
-from core.spec import parse_nnodes, parse_signal
+from ranktop.core.errors import UsageError
+from ranktop.core.spec import parse_nnodes, parse_signal
 
 RANKS = ROOT / "tests" / "ranks"
 
@@ -121,7 +120,7 @@ def test_root_cause_tail_skips_a_chained_printed_traceback(tmp_path):
     script.write_text(
         "import sys\n"
         "sys.path.insert(0, %r)\n"
-        "from core import record\n"
+        "from ranktop.core import record\n"
         "@record\n"
         "def main():\n"
         "    for i in range(15):\n"
@@ -142,7 +141,7 @@ def test_failure_exit_status_and_root_cause(tmp_path):
     script.write_text(
         "import os, sys, time\n"
         "sys.path.insert(0, %r)\n"
-        "from core import record\n"
+        "from ranktop.core import record\n"
         "@record\n"
         "def main():\n"
         "    if os.environ['RANK'] == '1':\n"
@@ -241,7 +240,7 @@ def test_sigkill_of_ranktop_leaves_nothing_behind(tmp_path):
 
 
 def test_headless_does_not_import_textual(tmp_path):
-    code = ("import sys; from tui.cli import main; rc = main(['--headless', '--log-dir', %r, '--no-python', 'true']);"
+    code = ("import sys; from ranktop.tui.cli import main; rc = main(['--headless', '--log-dir', %r, '--no-python', 'true']);"
             "print('textual' in sys.modules, rc)" % str(tmp_path))
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert res.stdout.strip() == "False 0", res.stderr

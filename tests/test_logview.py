@@ -12,12 +12,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 from conftest import ROOT, wait_for
+from ranktop.core import LocalAgent, WorkerSpec
+from ranktop.core.output import STDERR, STDOUT, LineRing
+from ranktop.tui.logview import MAX_CHARS, LogView
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
-
-from core import LocalAgent, WorkerSpec
-from core.output import STDERR, STDOUT, LineRing
-from tui.logview import MAX_CHARS, LogView
 
 SIZE = (60, 12)
 

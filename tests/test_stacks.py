@@ -15,12 +15,11 @@ import threading
 
 import pytest
 from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
-
-from core import spec, stacks
-from core.agent import LocalAgent
-from core.spec import WorkerSpec
-from core.stacks import StackStatus
-from core.stats import StatsSampler
+from ranktop.core import spec, stacks
+from ranktop.core.agent import LocalAgent
+from ranktop.core.spec import WorkerSpec
+from ranktop.core.stacks import StackStatus
+from ranktop.core.stats import StatsSampler
 
 PY = sys.executable
 
@@ -259,7 +258,7 @@ def test_faulthandler_env_chains_to_the_shadowed_sitecustomize(tmp_path):
     assert spec.faulthandler_env(True, {})["PYTHONPATH"] == spec.BOOT_DIR  # no empty entry
     probe = textwrap.dedent(f"""
         import json, os, sys, signal
-        from core.stacks import catches_signal
+        from ranktop.core.stacks import catches_signal
         print(json.dumps([os.environ.get("CHAINED"), sys.modules["sitecustomize"].__file__,
                           {spec.BOOT_DIR!r} in sys.path, catches_signal(os.getpid(), signal.SIGUSR1)]))
     """)
@@ -329,5 +328,5 @@ def test_stacks_cli_against_a_ranktop_process_and_the_signal_fallback(tmp_path):
 
 
 def test_stacks_cli_does_not_import_textual():
-    code = "import sys, tui.stacks_cli, core.stacks; sys.exit('textual' in sys.modules)"
+    code = "import sys, ranktop.tui.stacks_cli, ranktop.core.stacks; sys.exit('textual' in sys.modules)"
     assert subprocess.run([PY, "-c", code], cwd=ROOT).returncode == 0

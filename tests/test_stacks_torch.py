@@ -16,12 +16,11 @@ import time
 
 import pytest
 from conftest import ROOT, polls, run_ranktop
+from ranktop.core import stacks
+from ranktop.core.agent import LocalAgent
+from ranktop.core.spec import WorkerSpec, faulthandler_env
+from ranktop.core.stacks import StackStatus
 from test_stacks import py_spy_can_attach  # noqa: F401  (module fixture: skip where py-spy cannot attach)
-
-from core import stacks
-from core.agent import LocalAgent
-from core.spec import WorkerSpec, faulthandler_env
-from core.stacks import StackStatus
 
 pytest.importorskip("torch")
 
@@ -51,8 +50,8 @@ async def _until(condition, what: str, timeout: float = TIMEOUT) -> None:
 
 
 def test_hung_allreduce_names_rank_3_everywhere(tmp_path):
-    from tui.app import RanktopApp
-    from tui.stacks_view import StacksScreen
+    from ranktop.tui.app import RanktopApp
+    from ranktop.tui.stacks_view import StacksScreen
 
     env = {**faulthandler_env(True, os.environ), "HANG_STEP": "2"}
     spec = WorkerSpec(role="default", local_world_size=4, entrypoint=sys.executable,

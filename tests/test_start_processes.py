@@ -12,9 +12,8 @@ import textwrap
 import pytest
 import rank_fns
 from conftest import ROOT, wait_for
-
-from core import ProcessFailure, RunProcsResult, Std, record, start_processes
-from core.errors import read_error_file, write_error_file
+from ranktop.core import ProcessFailure, RunProcsResult, Std, record, start_processes
+from ranktop.core.errors import read_error_file, write_error_file
 
 PY = sys.executable
 RANKS = os.path.join(os.path.dirname(__file__), "ranks")
@@ -156,7 +155,7 @@ def test_nothing_left_after_the_parent_is_signalled(tmp_path, sig):
     parent = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        from core import start_processes, Std
+        from ranktop.core import start_processes, Std
         ctx = start_processes("p", sys.executable, {{0: ({os.path.join(RANKS, 'family.py')!r},), 1: ({os.path.join(RANKS, 'family.py')!r},)}},
                               {{0: {{}}, 1: {{}}}}, {str(tmp_path)!r}, redirects=Std.OUT)
         print("started", flush=True)

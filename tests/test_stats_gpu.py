@@ -9,9 +9,8 @@ from contextlib import contextmanager
 import psutil
 import pytest
 from conftest import wait_for
-
-from core.agent import LocalAgent
-from core.gpu import (
+from ranktop.core.agent import LocalAgent
+from ranktop.core.gpu import (
     FAKE_ENV,
     FakeNvml,
     FakeNvmlError,
@@ -21,8 +20,8 @@ from core.gpu import (
     device_count,
     device_for_local_rank,
 )
-from core.spec import WorkerSpec
-from core.stats import StatsSampler
+from ranktop.core.spec import WorkerSpec
+from ranktop.core.stats import StatsSampler
 
 SLEEP = "import time; time.sleep(120)"
 SPIN_RANK0 = "import os, time\nif os.environ['LOCAL_RANK'] == '0':\n    while True: pass\ntime.sleep(120)"
@@ -241,7 +240,7 @@ def test_fake_gpus_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv(FAKE_ENV, "2")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert device_count() == 2
-    from tui.cli import parse_nproc
+    from ranktop.tui.cli import parse_nproc
 
     assert parse_nproc("gpu") == 2
     sampler = StatsSampler(interval=INTERVAL)  # default monitor: picks the fake up from the environment

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, ranktop_cmd, run_ranktop
-
-from core.spec import free_port
+from ranktop.core.spec import free_port
 
 pytest.importorskip("torch")
 

@@ -11,22 +11,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from ranktop.core.agent import LocalAgent
+from ranktop.core.spec import WorkerSpec
+from ranktop.core.state import GroupState, RankState
+from ranktop.tui.app import QUIT_STATUS, RanktopApp
+from ranktop.tui.main_screen import plan_grid
+from ranktop.tui.panes import RankList, RankPane
+from ranktop.tui.screens import ConfirmQuit, HelpScreen, SignalPicker
 
-from core.agent import LocalAgent
-from core.spec import WorkerSpec
-from core.state import GroupState, RankState
 from tests.conftest import polls, wait_for
-from tui.app import QUIT_STATUS, RanktopApp
-from tui.main_screen import plan_grid
-from tui.panes import RankList, RankPane
-from tui.screens import ConfirmQuit, HelpScreen, SignalPicker
 
 pytestmark = pytest.mark.timeout(60)
 
 # A rank that says hello, then ticks until it is told to stop (SIGTERM's default action ends it).
 TICKER = "import os, time\nprint('hello from', os.environ['RANK'], flush=True)\nwhile True:\n    time.sleep(0.1)\n"
 FAILER = (
-    "import os, time\nfrom core.errors import record\n@record\ndef main():\n"
+    "import os, time\nfrom ranktop.core.errors import record\n@record\ndef main():\n"
     "    print('rank', os.environ['RANK'], 'up', flush=True)\n"
     "    if os.environ['RANK'] == '1':\n        time.sleep(0.3)\n        raise ValueError('boom 42')\n"
     "    time.sleep(60)\nmain()\n"
@@ -325,7 +325,7 @@ def test_plan_grid_in_160x48(n, expected):
 
 
 def test_fake_nvml_values_reach_the_right_rank(tmp_path, monkeypatch):
-    from core.stats import StatsSampler
+    from ranktop.core.stats import StatsSampler
 
     monkeypatch.setenv("RANKTOP_FAKE_GPUS", "4")
     sampler = StatsSampler(interval=0.2)

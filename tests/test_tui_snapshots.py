@@ -9,12 +9,12 @@ import re
 import sys
 
 import pytest
+from ranktop.core.agent import LocalAgent
+from ranktop.core.spec import WorkerSpec
+from ranktop.tui.app import RanktopApp
+from ranktop.tui.screens import HelpScreen, SignalPicker
 
-from core.agent import LocalAgent
-from core.spec import WorkerSpec
 from tests.test_tui_app import until
-from tui.app import RanktopApp
-from tui.screens import HelpScreen, SignalPicker
 
 pytestmark = pytest.mark.timeout(60)
 

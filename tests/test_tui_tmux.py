@@ -43,7 +43,7 @@ def test_tui_in_tmux_keys_and_clean_quit(tmp_path):
     script = tmp_path / "ticker.py"
     script.write_text(SCRIPT)
     status = tmp_path / "status"
-    command = (f"cd {ROOT} && {sys.executable} -m tui.cli --tui --nproc-per-node 2 --shutdown-timeout 3 "
+    command = (f"cd {ROOT} && {sys.executable} -m ranktop --tui --nproc-per-node 2 --shutdown-timeout 3 "
                f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
     term = Terminal(command)
     try:

@@ -15,14 +15,13 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from ranktop.tui.commands import help_groups, palette_commands
+from ranktop.tui.main_screen import MainScreen
+from ranktop.tui.panes import LogView
+from ranktop.tui.screens import ConfirmQuit, HelpScreen
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
-
-from tui.commands import help_groups, palette_commands
-from tui.main_screen import MainScreen
-from tui.panes import LogView
-from tui.screens import ConfirmQuit, HelpScreen
 
 QUIT_STATUS = 128 + signal.SIGINT  # the user interrupted the run from the TUI
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -159,10 +158,10 @@ def _detach_terminal() -> None:
 
 
 def _tui_agent(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, Any]:
-    from core.agent import LocalAgent
+    from ranktop.core.agent import LocalAgent
 
     try:
-        from core.stats import StatsSampler
+        from ranktop.core.stats import StatsSampler
     except ImportError:  # stats are optional: titles show '-' without them
         StatsSampler = None  # noqa: N806
     sampler = StatsSampler() if StatsSampler is not None else None

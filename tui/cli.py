@@ -13,9 +13,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from core.errors import UsageError
+from ranktop.core.errors import UsageError
 
-VERSION = "0.1.0"
+from ranktop import __version__ as VERSION
+
 USAGE_EXIT = 2
 
 
@@ -83,7 +84,7 @@ def parse_nproc(value: str) -> int:
     if text == "cpu":
         return os.cpu_count() or 1
     if text in ("gpu", "auto"):
-        from core.gpu import device_count
+        from ranktop.core.gpu import device_count
 
         n = device_count()
         if n:
@@ -141,7 +142,7 @@ def entrypoint_and_args(ns: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
 
 
 def build_spec(ns: argparse.Namespace):
-    from core.spec import DEBUG_ENV, Std, WorkerSpec, check_port, parse_nnodes
+    from ranktop.core.spec import DEBUG_ENV, Std, WorkerSpec, check_port, parse_nnodes
 
     if ns.jobs:
         try:
@@ -183,14 +184,14 @@ def want_tui(ns: argparse.Namespace) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "stacks":
-        from tui.stacks_cli import main as stacks_main
+        from ranktop.tui.stacks_cli import main as stacks_main
 
         return stacks_main(argv[1:])
     ns = build_parser().parse_args(argv)
     try:
         spec = build_spec(ns)
         if want_tui(ns):
-            from tui.app import run_tui
+            from ranktop.tui.app import run_tui
 
             return run_tui(spec, ns)
         return run_headless(spec, ns)
@@ -200,8 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_headless(spec, ns: argparse.Namespace) -> int:
-    from core.agent import LocalAgent
-    from core.report import format_root_cause
+    from ranktop.core.agent import LocalAgent
+    from ranktop.core.report import format_root_cause
 
     def on_stall(snap) -> None:
         cpu = "-" if snap.cpu_percent is None else f"{snap.cpu_percent:.0f}%"
@@ -211,7 +212,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
 
     sampler = None
     if ns.stall_timeout:
-        from core.stats import StatsSampler
+        from ranktop.core.stats import StatsSampler
 
         sampler = StatsSampler()
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,

@@ -26,7 +26,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 if TYPE_CHECKING:
-    from core.output import LineRing
+    from ranktop.core.output import LineRing
 
 MAX_CHARS = 10_000  # per line: past this a line is cut with a marker, so a 5 MB line costs no more than 10k
 _MAX_BYTES = MAX_CHARS * 4  # UTF-8 needs at most 4 bytes a character

@@ -12,6 +12,9 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+from ranktop.core.state import GroupSnapshot, RankState
+from ranktop.tui.panes import LiveText, RankList, RankPane, header_text, rank_title
+from ranktop.tui.screens import RootCausePanel, SignalPicker
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -20,12 +23,8 @@ from textual.events import DescendantFocus, Resize
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
-from core.state import GroupSnapshot, RankState
-from tui.panes import LiveText, RankList, RankPane, header_text, rank_title
-from tui.screens import RootCausePanel, SignalPicker
-
 if TYPE_CHECKING:
-    from tui.app import RanktopApp
+    from ranktop.tui.app import RanktopApp
 
 TICK_SECONDS = 0.25  # snapshot + repaint rate: 4 Hz is live to the eye and cheap under floods
 MIN_PANE_WIDTH = 36
@@ -288,7 +287,7 @@ class MainScreen(Screen):
 
     def action_stacks(self, all_ranks: bool) -> None:
         try:
-            from tui.stacks_view import StacksScreen
+            from ranktop.tui.stacks_view import StacksScreen
         except ImportError:
             self.notify("stack dumps are not available in this build", severity="warning")
             return

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import os
 
+from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
+from ranktop.tui.logview import LogView
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.events import Click
 from textual.message import Message
 from textual.widgets import Static
-
-from core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
-from tui.logview import LogView
 
 # Colour per state: the one place the palette lives, shared by titles, the rank list and the help.
 STATE_STYLE = {

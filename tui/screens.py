@@ -7,6 +7,9 @@ import datetime
 import signal
 from collections.abc import Iterable
 
+from ranktop.core.report import output_tails
+from ranktop.core.state import GroupSnapshot, GroupState, RootCause
+from ranktop.tui.panes import human_duration
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -15,10 +18,6 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
-
-from core.report import output_tails
-from core.state import GroupSnapshot, GroupState, RootCause
-from tui.panes import human_duration
 
 PICKER_SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGSTOP", "SIGCONT")
 _SIGNAL_HELP = {

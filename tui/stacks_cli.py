@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 import psutil
-
-from core import stacks
+from ranktop.core import stacks
 
 USAGE_EXIT = 2
 

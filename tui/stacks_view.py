@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ranktop.core import stacks
+from ranktop.core.stacks import StackReport, TreeNode
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -18,9 +20,6 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static, Tree
 from textual.widgets.tree import TreeNode as UITreeNode
-
-from core import stacks
-from core.stacks import StackReport, TreeNode
 
 
 class StacksScreen(Screen):

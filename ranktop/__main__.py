@@ -1,0 +1,7 @@
+"""`python -m ranktop` is the `ranktop` command."""
+
+import sys
+
+from ranktop.tui.cli import main
+
+sys.exit(main())
