@@ -24,6 +24,7 @@ from typing import Any
 
 from ranktop.core.context import PContext, RunProcsResult, plan_streams, prefix_for
 from ranktop.core.errors import ProcessFailure, UsageError, signal_name
+from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.process import exit_status_for_signal
 from ranktop.core.signals import StopAction, StopRule
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
@@ -123,6 +124,11 @@ class LocalAgent:
         on_stall: Callable[[RankSnapshot], None] | None = None,
         faulthandler: bool = True,
     ):
+        check_timeout("shutdown_timeout", shutdown_timeout)
+        if stall_timeout is not None:
+            POSITIVE_SECONDS.check("stall_timeout", stall_timeout)
+        LINES.check("ring_lines", ring_lines)
+        ensure_fds_for(spec.local_world_size)  # before anything exists: a shortage is one line
         self.spec = spec
         self.start_method = start_method
         self.prefix_template = log_line_prefix_template or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")

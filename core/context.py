@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any
 
-from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, signal_name
+from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, signal_name
 from ranktop.core.guard import MARKER
+from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
 from ranktop.core.process import LEADER_ONLY_SIGNALS, STOP_SIGNALS, Launch, RankProcess, python_call_argv
 from ranktop.core.spec import Std, per_rank
@@ -129,6 +130,7 @@ class PContext:
         cwd: str | None = None,
         pty: tuple[int, int] | None = None,
     ):
+        check_timeout("shutdown_timeout", shutdown_timeout)
         self.name = name
         self.entrypoint = entrypoint
         self.args = {r: tuple(args[r]) for r in sorted(args)}
@@ -304,6 +306,9 @@ class PContext:
 
     def wait(self, timeout: float = -1, period: float = 1) -> RunProcsResult | None:
         """Block until every rank ended (the result) or `timeout` passed (None); <0 blocks."""
+        if timeout != timeout:  # nan: no deadline would ever pass, and none is meant by it either
+            raise UsageError("bad timeout nan: expected seconds, or a negative number to wait to the end")
+        POSITIVE_SECONDS.check("period", period)
         deadline = None if timeout < 0 else time.monotonic() + timeout
         while True:
             result = self.step()
@@ -330,6 +335,8 @@ class PContext:
 
     def stop(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
         """Ask every rank to stop (`sig` now, SIGKILL after the grace); returns at once."""
+        if grace is not None:
+            check_timeout("grace", grace)
         with self._lock:
             self._stop_all(sig, self.shutdown_timeout if grace is None else grace)
         self.wake()
@@ -350,6 +357,8 @@ class PContext:
 
     def restart_rank(self, local_rank: int, grace: float | None = None) -> None:
         """Stop one rank (with the grace) and start it again in this context."""
+        if grace is not None:
+            check_timeout("grace", grace)
         with self._lock:
             slot = self.slots[local_rank]
             if self._result is not None:  # the group had ended: this rank runs on its own again
@@ -389,6 +398,7 @@ class PContext:
 
     def close(self, death_sig: int = signal.SIGTERM, timeout: float = 30) -> None:
         """Stop every rank's whole group (`death_sig`, then SIGKILL after `timeout`) and clean up."""
+        check_timeout("timeout", timeout)
         with self._lock:
             if self._closed:
                 return
@@ -449,6 +459,7 @@ def start_processes(
     """Start one process per local rank (torch.distributed.elastic's API, same semantics)."""
     _check_start_method(start_method)
     nprocs = len(args)
+    ensure_fds_for(nprocs)
     expected = set(range(nprocs))
     if set(args) != expected or set(envs) != expected:
         raise ValueError(
