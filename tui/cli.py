@@ -234,6 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         spec = build_spec(ns)
+        # ranktop owns this process: helpers that leave their rank are re-parented to us, not
+        # to init, so they can be reaped, told to the guard and swept.
+        from ranktop.core.strays import adopt_orphans
+
+        adopt_orphans()
         if want_tui(ns):
             from ranktop.tui.app import run_tui
 
