@@ -25,7 +25,7 @@ from string import Template
 from typing import Any
 
 from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, signal_name
-from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, open_pidfd
+from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, PIDFDS, open_pidfd, send_signal
 from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
 from ranktop.core.process import LEADER_ONLY_SIGNALS, STOP_SIGNALS, Launch, RankProcess, python_call_argv
@@ -289,25 +289,22 @@ class PContext:
             self._emit_group("strays_left", pids=sorted(found))
             return True
         sig = signal.SIGKILL if now >= self._sweep_deadline else signal.SIGTERM
-        for key in found.items():
-            if self._sweep_sent.get(key) != sig:
-                self._sweep_sent[key] = sig
-                self._signal_stray(key, sig)
+        fresh = [key for key in found.items() if self._sweep_sent.get(key) != sig]
+        if sig == signal.SIGKILL and fresh:
+            self._emit_group("strays_killed", pids=sorted(pid for pid, _ in fresh))
+        for key in fresh:
+            self._sweep_sent[key] = sig
+            self._signal_stray(key, sig)
         return False
 
     def _signal_stray(self, key: tuple[int, int], sig: int) -> None:
-        fd = self._sweep_fds.get(key)
-        if fd is None:
-            fd = open_pidfd(*key)  # None: it is gone, or its pid names another process now
-            if fd is None:
+        if key not in self._sweep_fds:
+            fd = open_pidfd(*key)  # None: gone, its pid names another process now, or no pidfds
+            if fd is not None:
+                self._sweep_fds[key] = fd
+            elif PIDFDS:
                 return
-            self._sweep_fds[key] = fd
-        try:
-            signal.pidfd_send_signal(fd, sig)
-            if sig == signal.SIGTERM:
-                signal.pidfd_send_signal(fd, signal.SIGCONT)  # a stopped process could not act on it
-        except OSError:
-            pass
+        send_signal(*key, sig, self._sweep_fds.get(key))
 
     def _reap(self, slot: RankSlot) -> None:
         proc = slot.proc

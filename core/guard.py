@@ -137,11 +137,12 @@ def find_strays(
 
 
 def open_pidfd(pid: int, start: int) -> int | None:
-    """A pidfd for `pid` if it is still the process that started at `start`, else None. Checked
-    after opening: from then on the descriptor names that process, whatever reuses the pid."""
+    """A pidfd for `pid` if it is still the process that started at `start`, else None (also
+    where the kernel has no pidfds). Checked after opening: from then on the descriptor names
+    that process, whatever reuses the pid."""
     try:
         fd = os.pidfd_open(pid)
-    except OSError:
+    except (OSError, AttributeError):
         return None
     proc = read_proc(pid)
     if proc is None or proc.start != start:
@@ -150,20 +151,40 @@ def open_pidfd(pid: int, start: int) -> int | None:
     return fd
 
 
-def signal_process(pid: int, start: int, sig: int) -> bool:
-    """Send `sig` to `pid` only if it is still the process that started at `start`."""
-    fd = open_pidfd(pid, start)
-    if fd is None:
-        return False
+def _pidfds_work() -> bool:
     try:
-        signal.pidfd_send_signal(fd, sig)
-        if sig == signal.SIGTERM:
-            signal.pidfd_send_signal(fd, signal.SIGCONT)  # a stopped process could not act on it
+        os.close(os.pidfd_open(os.getpid()))
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+PIDFDS = _pidfds_work()  # Linux 5.3 and later
+
+
+def send_signal(pid: int, start: int, sig: int, fd: int | None = None) -> bool:
+    """Send `sig` (and SIGCONT after SIGTERM: a stopped process could not act on it) to `pid` only
+    if it is still the process that started at `start`: through `fd` or a pidfd opened for it.
+    Without pidfds (old kernels) the start time is checked just before signalling by pid."""
+    own_fd = fd is None and PIDFDS
+    if own_fd:
+        fd = open_pidfd(pid, start)
+        if fd is None:
+            return False
+    try:
+        for each in (sig, signal.SIGCONT) if sig == signal.SIGTERM else (sig,):
+            if fd is not None:
+                signal.pidfd_send_signal(fd, each)
+            elif (proc := read_proc(pid)) is not None and proc.start == start:
+                os.kill(pid, each)
+            else:
+                return False
         return True
     except OSError:
         return False
     finally:
-        os.close(fd)
+        if own_fd:
+            os.close(fd)
 
 
 def sweep(token: str, ranks: dict[int, int], strays: dict[int, int], grace: float) -> None:
@@ -182,7 +203,7 @@ def sweep(token: str, ranks: dict[int, int], strays: dict[int, int], grace: floa
             return
         sig = signal.SIGKILL if now >= deadline else signal.SIGTERM
         for pid, start in found.items():
-            if signalled.get(pid) != sig and signal_process(pid, start, sig):
+            if signalled.get(pid) != sig and send_signal(pid, start, sig):
                 signalled[pid] = sig
         time.sleep(RESCAN_SECONDS)
 

@@ -9,22 +9,33 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import textwrap
+import threading
 
 import pytest
 from conftest import ROOT, ranktop_cmd, wait_for
-from ranktop.core.guard import Proc, find_strays, read_orders
+from ranktop.core.guard import Proc, find_strays, read_orders, read_proc
 
 HELPERS = str(ROOT / "tests" / "ranks" / "helpers.py")
 KINDS = ("setsid", "setpgid")
 
 
-def _alive(pid):
+def _running(pid, mark):
+    """Is `pid` a live process whose command line holds `mark` (a path unique to the test)? The
+    pid alone may name another process by the time we look again."""
+    proc = read_proc(pid)
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return proc is not None and not proc.zombie and mark.encode() in f.read()
     except OSError:
         return False
+
+
+def _zombie_of(pid, parent):
+    """Is `pid` a child of `parent` that exited and was not reaped (or one still running)?"""
+    proc = read_proc(pid)
+    return proc is not None and proc.ppid == parent
 
 
 def _events(run_dir):
@@ -48,13 +59,16 @@ class Helpers:
         return {(r, k): int(self.path(r, k, "pid").read_text()) for r in self.ranks for k in KINDS
                 if self.path(r, k, "pid").exists()}
 
+    def running(self, pid):
+        return _running(pid, str(self.folder))
+
     def got_term(self, rank, kind):
         path = self.path(rank, kind, "term")
         return path.exists() and "TERM" in path.read_text()
 
     def kill_leftovers(self):
         for pid in self.pids().values():
-            if _alive(pid):
+            if self.running(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -89,7 +103,7 @@ def test_normal_end_gives_escaped_helpers_sigterm_then_the_grace(tmp_path, helpe
     assert set(pids) == {(0, "setsid"), (0, "setpgid")}
     for kind in KINDS:
         assert h.got_term(0, kind), kind
-    wait_for(lambda: not any(_alive(p) for p in pids.values()), timeout=5, what="helpers gone")
+    wait_for(lambda: not any(h.running(p) for p in pids.values()), timeout=5, what="helpers gone")
     events = _events(tmp_path / "logs" / "h")
     stopping = [e for e in events if e["event"] == "strays_stopping"]
     assert len(stopping) == 1 and set(pids.values()) <= set(stopping[0]["pids"]) and stopping[0]["grace"] == 1
@@ -104,11 +118,12 @@ def test_a_helper_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, helpe
     assert proc.returncode == 0, err
     pids = h.pids()
     assert all(h.got_term(0, kind) for kind in KINDS)  # SIGTERM came first ...
-    wait_for(lambda: not any(_alive(p) for p in pids.values()), timeout=5, what="helpers gone")  # ... then SIGKILL
+    wait_for(lambda: not any(h.running(p) for p in pids.values()), timeout=5, what="helpers gone")  # ... then SIGKILL
     events = _events(tmp_path / "logs" / "h")
     stopping = next(e for e in events if e["event"] == "strays_stopping")
-    finished = next(e for e in events if e["event"] == "run_finished")
-    assert finished["ts"] - stopping["ts"] >= 1.5  # they had their grace
+    killed = next(e for e in events if e["event"] == "strays_killed")
+    assert set(pids.values()) <= set(stopping["pids"]) and set(pids.values()) <= set(killed["pids"])
+    assert killed["ts"] - stopping["ts"] > 1.4  # they had their grace (the clock is read just before the event)
 
 
 def test_sigkilled_ranktop_leaves_no_escaped_helper(tmp_path, helpers):
@@ -125,7 +140,7 @@ def test_sigkilled_ranktop_leaves_no_escaped_helper(tmp_path, helpers):
                  timeout=20, what="ranktop adopted the orphans (and told the guard)")
         proc.kill()
         proc.communicate(timeout=10)
-        wait_for(lambda: not any(_alive(p) for p in pids.values()), timeout=15, what="the guard swept every helper")
+        wait_for(lambda: not any(h.running(p) for p in pids.values()), timeout=15, what="the guard swept every helper")
         for rank, kind in pids:
             assert h.got_term(rank, kind), (rank, kind)  # SIGTERM, with the grace, not SIGKILL at once
     finally:
@@ -142,8 +157,11 @@ def test_orphans_that_exit_are_reaped_while_ranktop_runs(tmp_path):
         for _ in range(3):
             middle = os.fork()
             if middle == 0:
+                middle_pid = os.getpid()
                 if os.fork() == 0:
-                    print("ORPHAN", os.getpid(), flush=True)
+                    while os.getppid() == middle_pid:  # until the middle one exited
+                        time.sleep(0.01)
+                    print("ORPHAN", os.getpid(), os.getppid(), flush=True)
                     time.sleep(0.3)
                     os._exit(0)
                 os._exit(0)
@@ -154,8 +172,10 @@ def test_orphans_that_exit_are_reaped_while_ranktop_runs(tmp_path):
     proc = subprocess.Popen(ranktop_cmd("--headless", "--log-dir", str(tmp_path / "logs"), str(script)),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        orphans = [int(proc.stdout.readline().split()[-1]) for _ in range(3)]
-        wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in orphans), timeout=10,
+        lines = [proc.stdout.readline().split() for _ in range(3)]
+        orphans = [int(words[-2]) for words in lines]
+        assert [int(words[-1]) for words in lines] == [proc.pid] * 3  # re-parented to ranktop, not init
+        wait_for(lambda: not any(_zombie_of(p, proc.pid) for p in orphans), timeout=10,
                  what="the exited orphans reaped (not left as zombies of ranktop)")
         assert proc.poll() is None
     finally:
@@ -189,3 +209,39 @@ def test_guard_reads_what_ranktop_told_it():
     lines = [b"rank 10 5\n", b"rank 11 6\n", b"stray 12 7\n", b"gone 10\n", b"garbage\n", b"done\n"]
     assert read_orders(lines) == ({11: 6}, {12: 7}, True)
     assert read_orders([b"rank 10 5\n"]) == ({10: 5}, {}, False)
+
+
+def test_library_stop_sweeps_a_setsid_helper_found_by_the_parent_chain(tmp_path):
+    """Without a subreaper (the Python API in someone else's process), a helper that cleared its
+    environment and called setsid is still found below its rank when the group is stopped."""
+    from ranktop.core import LocalAgent, WorkerSpec
+
+    term = tmp_path / "helper.term"
+    code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        helper = subprocess.Popen(["env", "-i", "setsid", "/bin/sh", "-c",
+                                   "trap 'echo TERM >> {term}; exit 0' TERM; while :; do /bin/sleep 0.05; done"],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        sys.stdout.write(f"HELPER {{helper.pid}}\\n")
+        while True:
+            time.sleep(1)
+    """)
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sys.executable, args=("-c", code))
+    agent = LocalAgent(spec, log_dir=str(tmp_path / "logs"), console=False, shutdown_timeout=5)
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(result=agent.run()))
+    thread.start()
+    helper = None
+    try:
+        assert agent.wait_started(10)
+        line = wait_for(lambda: next((x for x in agent.output(0) if x.startswith(b"HELPER")), None), what="helper")
+        helper = int(line.split()[1])
+        agent.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+        assert term.read_text() == "TERM\n"
+        wait_for(lambda: not _running(helper, str(term)), timeout=5, what="helper gone")
+    finally:
+        if helper is not None and _running(helper, str(term)):
+            os.kill(helper, signal.SIGKILL)
+        thread.join(30)
