@@ -2,8 +2,10 @@
 
 The context owns the one monitor step (`step`): reap what exited, stop the siblings of a failed
 rank with the shutdown grace, SIGKILL what outlived its grace, restart single ranks on request,
-and report the result once every rank is reaped. `wait`, `close`, the agent and the TUI all go
-through it. Exits are noticed at once through pidfds rather than by sleeping.
+and report the result once every rank is reaped and what the ranks left running (helpers that
+left their group, orphans; see core/strays.py) has had SIGTERM, the grace, then SIGKILL. `wait`,
+`close`, the agent and the TUI all go through it. Exits are noticed at once through pidfds rather
+than by sleeping.
 """
 
 from __future__ import annotations
