@@ -108,6 +108,8 @@ class StrayTracker:
         self._looked_at = 0.0
 
     def rank_started(self, pid: int) -> None:
+        if pid in self._reaped:  # the pid of a rank reaped a moment ago, reused: settle that one first
+            self.look(force=True)
         proc = read_proc(pid)  # our unreaped child: its entry is there even if it already exited
         start = proc.start if proc is not None else 0
         self.ranks[pid] = start
