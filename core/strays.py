@@ -104,7 +104,7 @@ class StrayTracker:
         self._emit = emit  # an event for the run's log
         self.ranks: dict[int, int] = {}  # pid -> start time, until what it left was looked at
         self.known: dict[int, int] = {}  # strays: pid -> start time
-        self._adopted: set[tuple[int, int]] = set()  # (pid, start) of the orphans re-parented to us
+        self._adopted: dict[int, int] = {}  # the orphans re-parented to us: pid -> start time
         self._reaped: list[int] = []
         self._looked_at = 0.0
 
@@ -142,8 +142,10 @@ class StrayTracker:
         for pid, proc in adopted_children().items():
             if proc.zombie:
                 _reap(pid)  # ours to reap: nobody else will
-            elif (pid, proc.start) not in self._adopted:
-                self._adopted.add((pid, proc.start))
+                self._adopted.pop(pid, None)  # gone: a long run with many such orphans keeps no trace
+                self.known.pop(pid, None)
+            elif self._adopted.get(pid) != proc.start:
+                self._adopted[pid] = proc.start
                 self._note(pid, proc.start)
                 self._emit("stray_adopted", pid=pid, command=command_of(pid))
         if self._reaped:
