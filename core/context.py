@@ -2,8 +2,10 @@
 
 The context owns the one monitor step (`step`): reap what exited, stop the siblings of a failed
 rank with the shutdown grace, SIGKILL what outlived its grace, restart single ranks on request,
-and report the result once every rank is reaped. `wait`, `close`, the agent and the TUI all go
-through it. Exits are noticed at once through pidfds rather than by sleeping.
+and report the result once every rank is reaped and what the ranks left running (helpers that
+left their group, orphans; see core/strays.py) has had SIGTERM, the grace, then SIGKILL. `wait`,
+`close`, the agent and the TUI all go through it. Exits are noticed at once through pidfds rather
+than by sleeping.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any
 
-from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, signal_name
-from ranktop.core.guard import MARKER
+from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, signal_name
+from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, PIDFDS, open_pidfd, send_signal
+from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
 from ranktop.core.process import LEADER_ONLY_SIGNALS, STOP_SIGNALS, Launch, RankProcess, python_call_argv
 from ranktop.core.spec import Std, per_rank
+from ranktop.core.strays import StrayTracker, forget_own_child, note_own_child
 
 _GUARD_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
@@ -129,6 +133,7 @@ class PContext:
         cwd: str | None = None,
         pty: tuple[int, int] | None = None,
     ):
+        check_timeout("shutdown_timeout", shutdown_timeout)
         self.name = name
         self.entrypoint = entrypoint
         self.args = {r: tuple(args[r]) for r in sorted(args)}
@@ -144,6 +149,12 @@ class PContext:
         self._passthrough = passthrough_console  # unredirected, unteed streams: inherit our fds
         self.slots = [RankSlot(r, LineRing(ring_lines)) for r in range(self.nprocs)]
         self.token = secrets.token_hex(8)
+        self._strays = StrayTracker(self.token, self._tell_guard, self._emit_group)
+        # The end sweep: what the ranks left running gets SIGTERM, then SIGKILL after the grace.
+        self._sweep_grace = shutdown_timeout
+        self._sweep_deadline: float | None = None
+        self._sweep_sent: dict[tuple[int, int], int] = {}  # (pid, start) -> last signal sent
+        self._sweep_fds: dict[tuple[int, int], int] = {}  # pidfds: a stray's exit wakes the monitor
         self._pump: OutputPump | None = None
         self._console: ConsoleWriter | None = None
         self._guard: subprocess.Popen | None = None
@@ -193,6 +204,7 @@ class PContext:
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C to our terminal must not reach it
         )
+        note_own_child(self._guard.pid)
 
     def _tell_guard(self, line: str) -> None:
         try:
@@ -219,7 +231,7 @@ class PContext:
         slot.stopped_by_us = False
         slot.kill_at = None
         slot.failure = None
-        self._tell_guard(f"+{slot.proc.pid}")
+        self._strays.rank_started(slot.proc.pid)
         self._emit("started", r, pid=slot.proc.pid, restarts=slot.restarts)
 
     @staticmethod
@@ -259,16 +271,49 @@ class PContext:
                     slot.restart_pending = False
                     slot.restarts += 1
                     self._spawn(slot)
-            if all(not s.alive and not s.restart_pending for s in self.slots):
+            self._strays.look()
+            if all(not s.alive and not s.restart_pending for s in self.slots) and self._swept(now):
                 self._result = self._collect()
             return self._result
+
+    def _swept(self, now: float) -> bool:
+        """One pass of the end sweep: True once nothing the ranks left is running (or what is left
+        would not die of SIGKILL either: the guard tries again after we exit)."""
+        found = self._strays.find(with_marker=self._sweep_deadline is None)
+        for key in set(self._sweep_fds) - set(found.items()):
+            os.close(self._sweep_fds.pop(key))
+        if not found:
+            return True
+        if self._sweep_deadline is None:
+            self._sweep_deadline = now + self._sweep_grace
+            self._emit_group("strays_stopping", pids=sorted(found), grace=self._sweep_grace)
+        if now > self._sweep_deadline + GIVE_UP_SECONDS:
+            self._emit_group("strays_left", pids=sorted(found))
+            return True
+        sig = signal.SIGKILL if now >= self._sweep_deadline else signal.SIGTERM
+        fresh = [key for key in found.items() if self._sweep_sent.get(key) != sig]
+        if sig == signal.SIGKILL and fresh:
+            self._emit_group("strays_killed", pids=sorted(pid for pid, _ in fresh))
+        for key in fresh:
+            self._sweep_sent[key] = sig
+            self._signal_stray(key, sig)
+        return False
+
+    def _signal_stray(self, key: tuple[int, int], sig: int) -> None:
+        if key not in self._sweep_fds:
+            fd = open_pidfd(*key)  # None: gone, its pid names another process now, or no pidfds
+            if fd is not None:
+                self._sweep_fds[key] = fd
+            elif PIDFDS:
+                return
+        send_signal(*key, sig, self._sweep_fds.get(key))
 
     def _reap(self, slot: RankSlot) -> None:
         proc = slot.proc
         if proc is None or proc.returncode is not None or proc.poll() is None:
             return
         code = proc.returncode
-        self._tell_guard(f"-{proc.pid}")
+        self._strays.rank_reaped(proc.pid)
         self._emit("exited", slot.local_rank, pid=proc.pid, exitcode=code,
                    signal=signal_name(code) if code < 0 else None, by_us=slot.stopped_by_us)
         if code == 0:
@@ -284,7 +329,11 @@ class PContext:
         """Sleep until a rank exits, a command arrives, or `timeout` passes."""
         with self._lock:
             fds = [s.proc.pidfd for s in self.slots if s.alive and s.proc.pidfd is not None]
+            fds += self._sweep_fds.values()
             kill_times = [s.kill_at for s in self.slots if s.alive and s.kill_at is not None]
+            if self._sweep_deadline is not None:  # the SIGKILL, then the giving up
+                kill_times.append(self._sweep_deadline if time.monotonic() < self._sweep_deadline
+                                  else self._sweep_deadline + GIVE_UP_SECONDS)
         if kill_times:
             timeout = min(timeout, max(0.0, min(kill_times) - time.monotonic()))
         poller = select.poll()
@@ -304,6 +353,9 @@ class PContext:
 
     def wait(self, timeout: float = -1, period: float = 1) -> RunProcsResult | None:
         """Block until every rank ended (the result) or `timeout` passed (None); <0 blocks."""
+        if timeout != timeout:  # nan: no deadline would ever pass, and none is meant by it either
+            raise UsageError("bad timeout nan: expected seconds, or a negative number to wait to the end")
+        POSITIVE_SECONDS.check("period", period)
         deadline = None if timeout < 0 else time.monotonic() + timeout
         while True:
             result = self.step()
@@ -317,6 +369,10 @@ class PContext:
     # ----- commands ----------------------------------------------------------------------------
     def _stop_all(self, sig: int, grace: float) -> None:
         self._stopping = True
+        self._strays.note_below_ranks()
+        self._sweep_grace = grace
+        if self._sweep_deadline is not None:
+            self._sweep_deadline = min(self._sweep_deadline, time.monotonic() + grace)
         for slot in self.slots:
             slot.restart_pending = False
             if slot.alive:
@@ -330,6 +386,8 @@ class PContext:
 
     def stop(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
         """Ask every rank to stop (`sig` now, SIGKILL after the grace); returns at once."""
+        if grace is not None:
+            check_timeout("grace", grace)
         with self._lock:
             self._stop_all(sig, self.shutdown_timeout if grace is None else grace)
         self.wake()
@@ -350,10 +408,14 @@ class PContext:
 
     def restart_rank(self, local_rank: int, grace: float | None = None) -> None:
         """Stop one rank (with the grace) and start it again in this context."""
+        if grace is not None:
+            check_timeout("grace", grace)
         with self._lock:
             slot = self.slots[local_rank]
             if self._result is not None:  # the group had ended: this rank runs on its own again
                 self._result, self._stopping = None, False
+                self._sweep_deadline = None
+                self._sweep_sent.clear()
             slot.restart_pending = True
             if slot.alive:
                 self._stop_slot(slot, signal.SIGTERM, self.shutdown_timeout if grace is None else grace)
@@ -389,6 +451,7 @@ class PContext:
 
     def close(self, death_sig: int = signal.SIGTERM, timeout: float = 30) -> None:
         """Stop every rank's whole group (`death_sig`, then SIGKILL after `timeout`) and clean up."""
+        check_timeout("timeout", timeout)
         with self._lock:
             if self._closed:
                 return
@@ -408,6 +471,9 @@ class PContext:
             if self._console is not None:
                 self._console.close()
             self._finish_guard()
+            for fd in self._sweep_fds.values():
+                os.close(fd)
+            self._sweep_fds.clear()
             if self._tmp:
                 shutil.rmtree(self._tmp, ignore_errors=True)
             os.close(self._wake_r)
@@ -418,14 +484,17 @@ class PContext:
             return
         try:
             self._guard.wait(timeout=5)
+            forget_own_child(self._guard.pid)
         except subprocess.TimeoutExpired:
             pass  # it is sweeping strays with their grace; it exits on its own
 
     # ----- for UIs -----------------------------------------------------------------------------
     def _emit(self, event: str, local_rank: int, **fields: Any) -> None:
+        self._emit_group(event, local_rank=local_rank, rank=self.global_ranks[local_rank], **fields)
+
+    def _emit_group(self, event: str, **fields: Any) -> None:
         if self.on_event is not None:
-            self.on_event({"event": event, "local_rank": local_rank,
-                           "rank": self.global_ranks[local_rank], **fields})
+            self.on_event({"event": event, **fields})
 
 
 class MultiprocessContext(PContext):
@@ -449,6 +518,7 @@ def start_processes(
     """Start one process per local rank (torch.distributed.elastic's API, same semantics)."""
     _check_start_method(start_method)
     nprocs = len(args)
+    ensure_fds_for(nprocs)
     expected = set(range(nprocs))
     if set(args) != expected or set(envs) != expected:
         raise ValueError(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ranktop.core.errors import UsageError
+from ranktop.core.limits import COUNT, MONITOR_SECONDS, NNODES, NPROC, PORT
 
 
 class Std(enum.IntFlag):
@@ -81,9 +82,7 @@ def free_port(host: str = "") -> int:
 
 
 def check_port(port: int) -> int:
-    if not 0 < port < 65536:
-        raise UsageError(f"bad --master-port {port}: expected 1..65535")
-    return port
+    return PORT.check("--master-port", port)
 
 
 Entrypoint = Callable[..., Any] | str
@@ -112,12 +111,15 @@ class WorkerSpec:
     pty: bool = False  # give each rank a pseudo-terminal for stdout and stderr (merged) instead of pipes
 
     def __post_init__(self) -> None:
-        if self.local_world_size < 1:
-            raise UsageError(f"bad number of processes per node {self.local_world_size}: expected 1 or more")
-        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+        # The command line checks its flags first; this keeps the Python API from being given
+        # nan, a negative count or a million ranks either.
+        NPROC.check("local_world_size", self.local_world_size)
+        NNODES.check("nnodes", self.nnodes)
+        COUNT.check("node_rank", self.node_rank)
+        if self.node_rank >= self.nnodes:
             raise UsageError(f"bad --node-rank {self.node_rank} for --nnodes {self.nnodes}: expected 0..{self.nnodes - 1}")
-        if self.max_restarts < 0:
-            raise UsageError(f"bad --max-restarts {self.max_restarts}: expected 0 or more")
+        COUNT.check("max_restarts", self.max_restarts)
+        MONITOR_SECONDS.check("monitor_interval", self.monitor_interval)
         if self.master_port is not None:
             check_port(self.master_port)
         if self.local_ranks_filter is not None:

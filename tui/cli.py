@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from ranktop.core import limits
 from ranktop.core.errors import UsageError
 
 from ranktop import __version__ as VERSION
@@ -20,10 +21,34 @@ from ranktop import __version__ as VERSION
 USAGE_EXIT = 2
 
 
+class _BadNumber(Exception):
+    """A number flag's value out of bounds. Not a ValueError: argparse lets it through (it only
+    rewords ValueError, TypeError and ArgumentTypeError), so the line printed is our own, naming
+    the flag, the value as typed and what is accepted."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, no usage dump: the message already names the bad value.
         self.exit(USAGE_EXIT, f"ranktop: error: {message}\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001 (argparse's signature)
+        try:
+            return super().parse_known_args(args, namespace)
+        except _BadNumber as exc:
+            self.error(str(exc))
+
+
+def _number(flag: str, bounds: limits.Bounds):
+    """An argparse type: the number in the text, within `bounds`, else one line naming `flag`."""
+
+    def parse(text: str) -> int | float:
+        try:
+            return bounds.parse(flag, text)
+        except UsageError as exc:
+            raise _BadNumber(str(exc)) from None
+
+    return parse
 
 
 def _both(name: str) -> list[str]:
@@ -43,15 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     add(*_both("nproc-per-node"), default="1", metavar="N|auto|cpu|gpu", help="ranks on this node (default 1)")
     add("-j", dest="jobs", metavar="[MIN:]NxM", help="TorchX style: N nodes x M ranks per node")
     add("--nnodes", default="1", help="number of nodes, N or MIN:MAX (static: MAX is used)")
-    add(*_both("node-rank"), type=int, default=0, help="this node's rank (default 0)")
+    add(*_both("node-rank"), type=_number("--node-rank", limits.COUNT), default=0, help="this node's rank (default 0)")
     add(*_both("master-addr"), default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
-    add(*_both("master-port"), type=int, default=None,
+    add(*_both("master-port"), type=_number("--master-port", limits.PORT), default=None,
         help="port on node 0 (default: a free port on one node, 29500 with several)")
     add("--standalone", action="store_true", help="single node, pick a free port")
     add("-m", "--module", action="store_true", help="run the script as a module (python -m)")
     add(*_both("no-python"), action="store_true", help="run the script as a binary, not with python")
-    add(*_both("max-restarts"), type=int, default=0, help="group restarts on failure (default 0)")
-    add(*_both("monitor-interval"), type=float, default=0.1, help="seconds between monitor passes")
+    add(*_both("max-restarts"), type=_number("--max-restarts", limits.COUNT), default=0, help="group restarts on failure (default 0)")
+    add(*_both("monitor-interval"), type=_number("--monitor-interval", limits.MONITOR_SECONDS), default=0.1, help="seconds between monitor passes")
     add(*_both("log-dir"), default=None, help="where run directories go (default $TMPDIR/ranktop-UID)")
     add("--run-id", default=None, help="name of the run directory and TORCHELASTIC_RUN_ID")
     add("-r", "--redirects", default="0", help="streams to files only: 0-3 or a map like 0:3,1:1")
@@ -60,10 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--role", default="default", help="role name (ROLE_NAME, default 'default')")
     add(*_both("log-line-prefix-template"), default=None,
         help="console prefix, e.g. '[${role_name}${rank}]:' (also $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)")
-    add(*_both("shutdown-timeout"), type=float, default=10.0, help="grace before SIGKILL (default 10 s)")
+    add(*_both("shutdown-timeout"), type=_number("--shutdown-timeout", limits.SECONDS), default=10.0, help="grace before SIGKILL (default 10 s)")
     add("--env", action="append", default=[], metavar="K=V", help="extra variable for every rank (repeatable)")
     add("--debug", action="store_true", help="set CUDA/NCCL/torch.distributed debug variables")
-    add(*_both("stall-timeout"), type=float, default=None,
+    add(*_both("stall-timeout"), type=_number("--stall-timeout", limits.POSITIVE_SECONDS), default=None,
         help="seconds without output before a rank is shown stalled (headless: off)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--headless", action="store_true", help="no TUI: prefixed output, like torchrun")
@@ -82,26 +107,50 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_nproc(value: str) -> int:
     text = value.strip().lower()
     if text == "cpu":
-        return os.cpu_count() or 1
+        return _within_nproc(value, os.cpu_count() or 1)
     if text in ("gpu", "auto"):
         from ranktop.core.gpu import device_count
 
         n = device_count()
         if n:
-            return n
+            return _within_nproc(value, n)
         if text == "gpu":
             raise UsageError("bad --nproc-per-node gpu: no GPU found (NVML sees none)")
-        return os.cpu_count() or 1
-    if not text.lstrip("-").isdigit() or int(text) < 1:
-        raise UsageError(f"bad --nproc-per-node {value!r}: expected a positive whole number, auto, cpu or gpu")
+        return _within_nproc(value, os.cpu_count() or 1)
+    if not text.lstrip("-").isdigit() or not limits.NPROC.accepts(int(text)):
+        raise UsageError(f"bad --nproc-per-node {value!r}: expected a positive whole number "
+                         f"(at most {limits.MAX_NPROC_PER_NODE}), auto, cpu or gpu")
     return int(text)
+
+
+def _within_nproc(value: str, n: int) -> int:
+    if n > limits.MAX_NPROC_PER_NODE:
+        raise UsageError(f"bad --nproc-per-node {value}: it means {n} ranks, more than the "
+                         f"{limits.MAX_NPROC_PER_NODE} ranktop runs on one node; give a number")
+    return n
 
 
 def parse_nnodes_flag(value: str) -> int:
     lo, _, hi = value.partition(":")
-    if not (lo.isdigit() and (not hi or hi.isdigit())) or int(hi or lo) < 1:
-        raise UsageError(f"bad --nnodes {value!r}: expected N or MIN:MAX (static: MAX nodes)")
+    ok = lo.isdigit() and (not hi or hi.isdigit())
+    if not ok or not limits.NNODES.accepts(int(hi or lo)) or int(lo) > int(hi or lo) or int(lo) < 1:
+        raise UsageError(f"bad --nnodes {value!r}: expected N or MIN:MAX with 1 <= MIN <= MAX <= "
+                         f"{limits.MAX_NNODES} (static: MAX nodes)")
     return int(hi or lo)
+
+
+def parse_jobs(value: str) -> tuple[int, int]:
+    """-j [[MIN:]MAX x]NPROC -> (nodes, ranks per node), both within their bounds."""
+    from ranktop.core.spec import parse_nnodes
+
+    try:
+        lo, nnodes, nproc, _ = parse_nnodes(value)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not (limits.NPROC.accepts(nproc) and limits.NNODES.accepts(nnodes) and 1 <= lo <= nnodes):
+        raise UsageError(f"bad -j {value!r}: expected 1 <= MIN <= MAX <= {limits.MAX_NNODES} nodes "
+                         f"and 1 to {limits.MAX_NPROC_PER_NODE} ranks per node")
+    return nnodes, nproc
 
 
 def parse_env(pairs: Sequence[str]) -> dict[str, str]:
@@ -142,17 +191,12 @@ def entrypoint_and_args(ns: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
 
 
 def build_spec(ns: argparse.Namespace):
-    from ranktop.core.spec import DEBUG_ENV, Std, WorkerSpec, check_port, parse_nnodes
+    from ranktop.core.spec import DEBUG_ENV, Std, WorkerSpec
 
     if ns.jobs:
-        try:
-            _, nnodes, nproc, _ = parse_nnodes(ns.jobs)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        nnodes, nproc = parse_jobs(ns.jobs)
     else:
         nnodes, nproc = parse_nnodes_flag(ns.nnodes), parse_nproc(ns.nproc_per_node)
-    if ns.master_port is not None:
-        check_port(ns.master_port)
     try:
         redirects, tee = Std.from_str(ns.redirects), Std.from_str(ns.tee)
     except ValueError as exc:
@@ -190,6 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         spec = build_spec(ns)
+        # ranktop owns this process: helpers that leave their rank are re-parented to us, not
+        # to init, so they can be reaped, told to the guard and swept.
+        from ranktop.core.strays import adopt_orphans
+
+        adopt_orphans()
         if want_tui(ns):
             from ranktop.tui.app import run_tui
 
