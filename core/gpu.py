@@ -285,11 +285,25 @@ def device_for_local_rank(
     return None  # MIG instances and anything else: no device-level answer
 
 
-def device_count(nvml: Any = None) -> int:
-    """How many GPUs NVML sees (honours RANKTOP_FAKE_GPUS); 0 without a driver or on any error."""
+def device_count(nvml: Any = None, visible: str | None = None) -> int:
+    """How many GPUs this process may use: those NVML sees (honours RANKTOP_FAKE_GPUS), narrowed
+    by `visible` (a CUDA_VISIBLE_DEVICES value; None: unset). 0 without a driver or on any error."""
     monitor = GpuMonitor(nvml) if nvml is not None else GpuMonitor.from_env()
     try:
         monitor.start()
-        return monitor.count
+        total = monitor.count
     finally:
         monitor.close()
+    return total if visible is None else count_visible(visible, total)
+
+
+def count_visible(visible: str, total: int) -> int:
+    """CUDA's reading of CUDA_VISIBLE_DEVICES: entries up to the first one that names no device
+    (a bad index, a repeat, anything that is neither an index nor a GPU-/MIG- UUID) count."""
+    seen: set[str] = set()
+    for entry in (e.strip() for e in visible.split(",")):
+        is_index = entry.isdigit() and int(entry) < total
+        if not (is_index or entry.startswith(("GPU-", "MIG-"))) or entry in seen:
+            break
+        seen.add(entry)
+    return min(len(seen), total)

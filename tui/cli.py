@@ -10,7 +10,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from ranktop.core import limits
@@ -58,11 +58,43 @@ def _both(name: str) -> list[str]:
     return [dashed] if dashed == underscored else [dashed, underscored]
 
 
-def build_parser() -> argparse.ArgumentParser:
+# torchrun reads a default for these flags from PET_<DEST> (Kubeflow's PyTorchJob sets them):
+# without that, every pod would run its own one-rank world and exit 0.
+PET_FLAGS = frozenset({
+    "nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "standalone",
+    "max_restarts", "monitor_interval", "start_method", "event_log_handler", "role", "module", "no_python",
+    "run_path", "log_dir", "redirects", "tee", "local_ranks_filter", "duplicate_stdout_filters",
+    "duplicate_stderr_filters", "node_rank", "master_addr", "master_port", "local_addr",
+    "signals_to_handle", "shutdown_timeout", "virtual_local_rank",
+})
+NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
+
+
+def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """Take each torchrun flag's default from PET_<DEST> when set; a bad value is one line naming
+    the variable. A flag given on the command line still wins."""
+    for action in parser._actions:
+        name = f"PET_{action.dest.upper()}"
+        if action.dest not in PET_FLAGS or name not in environ:
+            continue
+        text = environ[name]
+        if action.nargs == 0:  # a switch: torchrun reads it as an integer, non-zero means on
+            if not text.strip().lstrip("-").isdigit():
+                parser.error(f"bad {name}={text!r}: expected 0 or 1")
+            action.default = int(text) != 0
+            continue
+        try:
+            action.default = action.type(text) if action.type else text
+        except (_BadNumber, ValueError, TypeError) as exc:
+            parser.error(f"bad {name}={text!r}: {exc}")
+        if action.choices and action.default not in action.choices:
+            parser.error(f"bad {name}={text!r}: expected one of {', '.join(action.choices)}")
+
+
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     p = _Parser(
         prog="ranktop",
         description="Launch and watch one process per rank (torchrun-compatible), in a TUI or headless.",
-        allow_abbrev=False,
     )
     add = p.add_argument
     add(*_both("nproc-per-node"), default="1", metavar="N|auto|cpu|gpu", help="ranks on this node (default 1)")
@@ -98,9 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="give each rank a pseudo-terminal (isatty() true; stderr merged into stdout.log)")
     add(*_both("no-faulthandler"), action="store_true",
         help="do not make SIGUSR1 dump a Python rank's stacks (faulthandler)")
+    add(*_both("start-method"), default="spawn", choices=("spawn", "fork", "forkserver"),
+        help="accepted for torchrun: every rank is a fresh process either way")
+    add(*_both("run-path"), action="store_true",
+        help="run the script with runpy.run_path inside each rank's interpreter (torchrun --run-path)")
+    add(*_both("virtual-local-rank"), action="store_true",
+        help="LOCAL_RANK=0 in every rank, CUDA_VISIBLE_DEVICES narrowed to the rank's own GPU")
+    add(*_both("numa-binding"), default=None, choices=NUMA_MODES,
+        help="bind each rank to the CPUs of its GPU's NUMA node (needs NVIDIA GPUs)")
     add("--version", action="version", version=f"ranktop {VERSION}")
     add("training_script", help="the script (or binary with --no-python, module with -m)")
     add("training_script_args", nargs=argparse.REMAINDER)
+    apply_pet_defaults(p, os.environ if environ is None else environ)
     return p
 
 
@@ -111,16 +152,34 @@ def parse_nproc(value: str) -> int:
     if text in ("gpu", "auto"):
         from ranktop.core.gpu import device_count
 
-        n = device_count()
+        n = device_count(visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
         if n:
             return _within_nproc(value, n)
         if text == "gpu":
-            raise UsageError("bad --nproc-per-node gpu: no GPU found (NVML sees none)")
+            raise UsageError("bad --nproc-per-node gpu: no GPU found (NVML sees none that "
+                             "CUDA_VISIBLE_DEVICES allows)")
         return _within_nproc(value, os.cpu_count() or 1)
+    if text == "xpu":
+        return _within_nproc(value, xpu_count())
     if not text.lstrip("-").isdigit() or not limits.NPROC.accepts(int(text)):
         raise UsageError(f"bad --nproc-per-node {value!r}: expected a positive whole number "
-                         f"(at most {limits.MAX_NPROC_PER_NODE}), auto, cpu or gpu")
+                         f"(at most {limits.MAX_NPROC_PER_NODE}), auto, cpu, gpu or xpu")
     return int(text)
+
+
+def xpu_count() -> int:
+    """Intel GPUs, as torchrun counts them: through torch's XPU backend."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # torch warns at import time (e.g. no numpy): not ours to print
+            warnings.simplefilter("ignore")
+            import torch
+    except ImportError:
+        raise UsageError("bad --nproc-per-node xpu: counting XPUs needs torch (pip install torch)") from None
+    if not torch.xpu.is_available():
+        raise UsageError("bad --nproc-per-node xpu: no XPU found (torch.xpu sees none)")
+    return torch.xpu.device_count()
 
 
 def _within_nproc(value: str, n: int) -> int:
@@ -172,22 +231,64 @@ def parse_ranks(value: str | None) -> set[int] | None:
         raise UsageError(f"bad --local-ranks-filter {value!r}: expected local ranks like 0 or 0,2") from None
 
 
+# --run-path: the script runs inside the rank's interpreter through runpy, as torchrun's
+# run_script_path does, instead of as `python script`.
+RUN_PATH_CODE = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+def python_for_ranks(environ: Mapping[str, str] | None = None) -> str:
+    """The interpreter Python ranks run: $PYTHON_EXEC (torchrun's override), else the active
+    virtualenv's or conda env's python when ranktop itself runs from another install (pipx),
+    else ranktop's own."""
+    environ = os.environ if environ is None else environ
+    chosen = environ.get("PYTHON_EXEC")
+    if chosen:
+        path = shutil.which(chosen)
+        if path is None:
+            raise UsageError(f"bad PYTHON_EXEC={chosen!r}: no such executable")
+        return path
+    for var in ("VIRTUAL_ENV", "CONDA_PREFIX"):
+        prefix = environ.get(var)
+        if prefix and os.path.realpath(prefix) != os.path.realpath(sys.prefix):
+            python = os.path.join(prefix, "bin", "python")
+            if os.access(python, os.X_OK):
+                return python
+    return sys.executable
+
+
 def entrypoint_and_args(ns: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
     script, rest = ns.training_script, tuple(ns.training_script_args)
     if ns.no_python:
-        if ns.module:
-            raise UsageError("--no-python and --module exclude each other")
+        if ns.module or ns.run_path:
+            raise UsageError(f"--no-python and {'--module' if ns.module else '--run-path'} exclude each other")
         path = shutil.which(script) if os.sep not in script else script
         if path is None or not os.path.exists(path):
             raise UsageError(f"bad binary {script!r}: not found")
         if os.path.isdir(path) or not os.access(path, os.X_OK):
             raise UsageError(f"bad binary {script!r}: not executable (chmod +x it, or drop --no-python)")
         return path, rest
+    python = python_for_ranks()
     if ns.module:
-        return sys.executable, ("-u", "-m", script, *rest)
+        if ns.run_path:
+            raise UsageError("--module and --run-path exclude each other")
+        return python, ("-u", "-m", script, *rest)
     if not os.path.isfile(script):
         raise UsageError(f"bad script {script!r}: no such file")
-    return sys.executable, ("-u", script, *rest)
+    if ns.run_path:
+        return python, ("-u", "-c", RUN_PATH_CODE, script, *rest)
+    return python, ("-u", script, *rest)
+
+
+def check_numa_binding(mode: str) -> None:
+    """Binding follows each rank's GPU to its NUMA node: without NVIDIA GPUs there is nothing to
+    follow. With them, ranktop does not bind yet (see README): refuse rather than run unbound."""
+    from ranktop.core.gpu import device_count
+
+    if not device_count(visible=os.environ.get("CUDA_VISIBLE_DEVICES")):
+        raise UsageError(f"bad --numa-binding {mode}: it binds each rank to its GPU's NUMA node, "
+                         "and NVML sees no GPU here; drop the flag")
+    raise UsageError(f"--numa-binding {mode}: not supported by ranktop yet; drop the flag, or bind with "
+                     "numactl inside the rank's command")
 
 
 def build_spec(ns: argparse.Namespace):
@@ -201,10 +302,8 @@ def build_spec(ns: argparse.Namespace):
         redirects, tee = Std.from_str(ns.redirects), Std.from_str(ns.tee)
     except ValueError as exc:
         raise UsageError(f"bad -r/-t: {exc}") from None
-    for flag, value in (("--redirects", redirects), ("--tee", tee)):
-        if isinstance(value, dict) and not set(value) <= set(range(nproc)):
-            raise UsageError(f"bad {flag}: names local rank(s) {sorted(set(value) - set(range(nproc)))}, "
-                             f"local ranks are 0..{nproc - 1}")
+    if ns.numa_binding:
+        check_numa_binding(ns.numa_binding)
     entrypoint, args = entrypoint_and_args(ns)
     env = {**(DEBUG_ENV if ns.debug else {}), **parse_env(ns.env)}
     port = ns.master_port
@@ -216,6 +315,7 @@ def build_spec(ns: argparse.Namespace):
         node_rank=ns.node_rank, master_addr=ns.master_addr, master_port=port, env=env,
         redirects=redirects, tee=tee, local_ranks_filter=parse_ranks(ns.local_ranks_filter),
         run_id=ns.run_id, name=os.path.basename(ns.training_script), pty=ns.pty,
+        virtual_local_rank=ns.virtual_local_rank,
     )
 
 
@@ -264,6 +364,8 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         from ranktop.core.stats import StatsSampler
 
         sampler = StatsSampler()
+    if spec.entrypoint != sys.executable and not ns.no_python:
+        print(f"ranktop: ranks run {spec.entrypoint}", file=sys.stderr)
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout,
                        sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,
