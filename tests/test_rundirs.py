@@ -14,6 +14,7 @@ import time
 
 import pytest
 from conftest import run_ranktop, wait_for
+from ranktop.core import Std, start_processes
 from ranktop.core.agent import LocalAgent
 from ranktop.core.errors import UsageError
 from ranktop.core.spec import WorkerSpec
@@ -235,3 +236,15 @@ def test_bad_error_file_is_named_and_the_failure_still_reported(tmp_path, case):
         events = [json.loads(line) for line in f]
     sibling = [e for e in events if e["event"] == "exited" and e["rank"] == 1]
     assert len(sibling) == 1 and sibling[0]["by_us"], events
+
+
+def test_start_processes_log_dir_is_private_too(tmp_path):
+    ctx = start_processes("t", "/bin/echo", {0: ("hi",)}, {0: {}}, str(tmp_path), redirects=Std.ALL)
+    try:
+        result = ctx.wait(30)
+    finally:
+        ctx.close()
+    assert result is not None and not result.failures
+    assert open(result.stdouts[0]).read() == "hi\n"
+    assert _mode(tmp_path / "0") == 0o700
+    assert _mode(result.stdouts[0]) == _mode(result.stderrs[0]) == 0o600
