@@ -242,7 +242,8 @@ def _open_default_root(path: str) -> Dir:
     try:
         fd = os.open(path, _DIR_FLAGS | os.O_NOFOLLOW)
     except OSError as exc:
-        what = "a symlink" if exc.errno == errno.ELOOP else "not a directory" if exc.errno == errno.ENOTDIR else None
+        # With O_DIRECTORY, a symlink fails as ENOTDIR, not ELOOP: ask what it is.
+        what = "a symlink" if os.path.islink(path) else "not a directory" if exc.errno in _NOT_OURS else None
         if what is None:
             raise UsageError(f"cannot open the log root {path} ({exc.strerror}): pass --log-dir DIR") from None
         raise UsageError(f"log root {path} is {what}; ranktop will not write through it: "
@@ -277,6 +278,6 @@ def _root_problem(info: os.stat_result, allow_sticky: bool) -> str | None:
         return f"belongs to uid {info.st_uid}, not to you (uid {me})"
     shared = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     if shared and not (allow_sticky and info.st_mode & stat.S_ISVTX):
-        return f"is writable by {'group and others' if shared == 0o22 else 'group' if shared == 0o20 else 'others'} " \
-               f"(mode {stat.S_IMODE(info.st_mode):o})"
+        who = {stat.S_IWGRP: "group", stat.S_IWOTH: "others"}.get(shared, "group and others")
+        return f"is writable by {who} (mode {stat.S_IMODE(info.st_mode):o})"
     return None
