@@ -10,12 +10,10 @@ from __future__ import annotations
 import collections
 import datetime
 import enum
-import json
 import os
 import secrets
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ranktop.core.context import PContext, RunProcsResult, plan_streams, prefix_for
-from ranktop.core.errors import ProcessFailure, UsageError, signal_name
+from ranktop.core.errors import ProcessFailure, signal_name
+from ranktop.core.events import EventLog
+from ranktop.core.layout import ERROR_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.process import exit_status_for_signal
 from ranktop.core.signals import StopAction, StopRule
@@ -72,39 +72,6 @@ def new_run_id() -> str:
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-def prepare_log_root(log_dir: str | None) -> str:
-    """The directory that will hold run directories; created, checked writable (UsageError if not)."""
-    root = os.path.abspath(log_dir or os.path.join(tempfile.gettempdir(), f"ranktop-{os.getuid()}"))
-    if os.path.exists(root) and not os.path.isdir(root):
-        raise UsageError(f"bad --log-dir {log_dir}: it is a file, expected a directory")
-    try:
-        os.makedirs(root, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=root, prefix=".ranktop-probe-")
-        probe.close()
-    except OSError as exc:
-        raise UsageError(f"bad --log-dir {log_dir}: cannot write there ({exc.strerror})") from None
-    return root
-
-
-class EventLog:
-    """events.jsonl: one JSON object a line, appended as things happen, from any thread."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self._file = open(path, "a", buffering=1)
-        self._lock = threading.Lock()
-
-    def write(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str)
-        with self._lock:
-            if not self._file.closed:
-                self._file.write(line + "\n")
-
-    def close(self) -> None:
-        with self._lock:
-            self._file.close()
-
-
 class LocalAgent:
     """Runs `spec` on this node: per-rank environment, restarts, events, snapshots, commands."""
 
@@ -139,12 +106,11 @@ class LocalAgent:
         self.ring_lines = ring_lines
         self.sampler = sampler  # core.stats.StatsSampler or None: cpu/rss/GPU per rank
         self.on_stall = on_stall
-        self.run_id = spec.run_id or new_run_id()
-        self.run_dir = os.path.join(prepare_log_root(log_dir), self.run_id)
-        if os.path.exists(self.run_dir) and os.listdir(self.run_dir):
-            raise UsageError(f"run directory {self.run_dir} exists and is not empty: pick another --run-id")
-        os.makedirs(self.run_dir, exist_ok=True)
-        self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
+        self.run_id = check_run_id(spec.run_id) if spec.run_id is not None else new_run_id()
+        # Made fresh and held until the end: every file of the run is opened through it.
+        self.layout = RunDir.create(log_dir, self.run_id)
+        self.run_dir = self.layout.path
+        self.events = EventLog(self.layout.open_events())
         self.master_port = spec.master_port or free_port()
         self.attempt = 0
         self.state = GroupState.INIT
@@ -187,17 +153,17 @@ class LocalAgent:
                 self.pcontext.close(timeout=self.shutdown_timeout)
             self._restore_signal_handlers(handlers)
             self.events.close()
+            self.layout.close()
 
     def attempt_dir(self, attempt: int | None = None) -> str:
-        return os.path.join(self.run_dir, f"attempt_{self.attempt if attempt is None else attempt}")
+        return self.layout.attempt_path(self.attempt if attempt is None else attempt)
 
     def _start_attempt(self) -> None:
         spec, n = self.spec, self.spec.local_world_size
-        log_dir = self.attempt_dir()
-        os.makedirs(log_dir, exist_ok=True)
+        log_dir = self.layout.attempt(self.attempt)  # the PContext holds it, and closes it
         envs = {
             r: rank_env(spec, r, master_port=self.master_port, restart_count=self.attempt,
-                        run_id=self.run_id, error_file=os.path.join(log_dir, str(r), "error.json"),
+                        run_id=self.run_id, error_file=os.path.join(log_dir.path, str(r), ERROR_FILE),
                         color=self.color)
             for r in range(n)
         }
@@ -267,7 +233,7 @@ class LocalAgent:
             rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
             signal_name=signal_name(f.exitcode) if f.exitcode < 0 else None, message=f.message,
             traceback=f.traceback, timestamp=f.timestamp,
-            error_file=f.error_file if os.path.exists(f.error_file) else None, last_lines=tail,
+            error_file=f.error_file if f.error_file_read else None, last_lines=tail,
             # Enough lines to see past the rank's own printed traceback (the report cuts it out).
             failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
         )

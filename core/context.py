@@ -28,6 +28,7 @@ from typing import Any
 
 from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, signal_name
 from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, PIDFDS, open_pidfd, send_signal
+from ranktop.core.layout import ERROR_FILE, Dir, RunDir, log_name
 from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
 from ranktop.core.process import LEADER_ONLY_SIGNALS, STOP_SIGNALS, Launch, RankProcess, python_call_argv
@@ -122,7 +123,7 @@ class PContext:
         entrypoint: Callable[..., Any] | str,
         args: Mapping[int, tuple],
         envs: Mapping[int, Mapping[str, str]],
-        log_dir: str,
+        log_dir: Dir,
         streams: Mapping[int, StreamPlan],
         *,
         global_ranks: Mapping[int, int] | None = None,
@@ -139,7 +140,10 @@ class PContext:
         self.args = {r: tuple(args[r]) for r in sorted(args)}
         self.envs = {r: dict(envs[r]) for r in sorted(envs)}
         self.nprocs = len(self.args)
-        self.log_dir = log_dir
+        # Held from here to close(): rank directories are made and files opened relative to it.
+        self.dir = log_dir
+        self.log_dir = log_dir.path
+        self._rank_dirs: dict[int, Dir] = {}
         self.streams = dict(streams)
         self.global_ranks = dict(global_ranks or {r: r for r in range(self.nprocs)})
         self.shutdown_timeout = shutdown_timeout
@@ -166,15 +170,22 @@ class PContext:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
 
-    # ----- paths -------------------------------------------------------------------------------
+    # ----- paths (to tell people and ranks; ranktop itself goes through the held directories) --
     def rank_dir(self, local_rank: int) -> str:
-        return os.path.join(self.log_dir, str(local_rank))
+        return self.dir.path_of(str(local_rank))
 
     def error_file(self, local_rank: int) -> str:
-        return os.path.join(self.rank_dir(local_rank), "error.json")
+        return os.path.join(self.rank_dir(local_rank), ERROR_FILE)
 
     def log_path(self, local_rank: int, stream: int) -> str:
-        return os.path.join(self.rank_dir(local_rank), "stdout.log" if stream == STDOUT else "stderr.log")
+        return os.path.join(self.rank_dir(local_rank), log_name(stream))
+
+    def _held_rank_dir(self, local_rank: int) -> Dir:
+        """The rank's directory, made and opened at its first start and held: a restart writes
+        into the same directory whatever has been renamed or planted in the tree since."""
+        if local_rank not in self._rank_dirs:
+            self._rank_dirs[local_rank] = self.dir.sub(str(local_rank))
+        return self._rank_dirs[local_rank]
 
     def _result_path(self, local_rank: int) -> str:
         return os.path.join(self._tmp or "", f"{local_rank}.ret")
@@ -215,8 +226,7 @@ class PContext:
 
     def _spawn(self, slot: RankSlot) -> None:
         r = slot.local_rank
-        os.makedirs(self.rank_dir(r), exist_ok=True)
-        self._remove_stale(self.error_file(r))
+        self._held_rank_dir(r).remove(ERROR_FILE)  # a stale one would be taken for this start's
         env = {**os.environ, **self.envs[r], ERROR_FILE_ENV: self.error_file(r), MARKER: self.token}
         if callable(self.entrypoint):
             payload = os.path.join(self._tmp, f"{r}.payload")
@@ -251,8 +261,8 @@ class PContext:
             if not (to_file or to_console) and self._passthrough:
                 continue  # inherit our descriptor: the rank writes straight to our console
             console = (self._console, target.buffer, plan.prefix) if to_console else None
-            path = self.log_path(r, stream) if to_file else None
-            sinks[stream] = StreamSink(stream, ring, path, console)
+            log_fd = self._held_rank_dir(r).open_append(log_name(stream)) if to_file else None
+            sinks[stream] = StreamSink(stream, ring, log_fd, console)
         return sinks
 
     # ----- the monitor step --------------------------------------------------------------------
@@ -321,6 +331,7 @@ class PContext:
         slot.failure = ProcessFailure(
             slot.local_rank, proc.pid, code, self.error_file(slot.local_rank),
             rank=self.global_ranks[slot.local_rank], timestamp=proc.exited_at,
+            error_dir_fd=self._held_rank_dir(slot.local_rank).fd,
         )
         if not slot.stopped_by_us and not self._stopping:
             self._stop_all(signal.SIGTERM, self.shutdown_timeout)  # one failure ends the group
@@ -476,6 +487,8 @@ class PContext:
             self._sweep_fds.clear()
             if self._tmp:
                 shutil.rmtree(self._tmp, ignore_errors=True)
+            for held in (*self._rank_dirs.values(), self.dir):
+                held.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
 
@@ -525,19 +538,10 @@ def start_processes(
             f"args and envs must both have exactly the local ranks 0..{nprocs - 1}; "
             f"got args for {sorted(args)} and envs for {sorted(envs)}"
         )
-    check_empty_log_dir(log_dir)
+    run_dir = RunDir.adopt(log_dir)  # checked empty, then held: see core/layout.py
     streams = plan_streams(nprocs, redirects, tee, prefixes={r: f"[{name}{r}]:" for r in range(nprocs)})
     cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
-    return cls(name, entrypoint, args, envs, log_dir, streams).start()
-
-
-def check_empty_log_dir(log_dir: str) -> None:
-    if not os.path.exists(log_dir):
-        raise ValueError(f"log_dir {log_dir!r} does not exist")
-    if not os.path.isdir(log_dir):
-        raise ValueError(f"log_dir {log_dir!r} is not a directory")
-    if os.listdir(log_dir):
-        raise ValueError(f"log_dir {log_dir!r} is not empty; give each run an empty directory")
+    return cls(name, entrypoint, args, envs, run_dir, streams).start()
 
 
 _START_METHODS = ("spawn", "fork", "forkserver")

@@ -92,10 +92,10 @@ def check_timeout(name: str, value: object) -> float:
 
 
 # ----- file descriptors ---------------------------------------------------------------------------
-# What each rank holds open in ranktop: its stdout and stderr pipes, a pidfd, stdout.log and
-# stderr.log (measured: 100 ranks take 500 more than one). The spare covers what starting a rank
+# What each rank holds open in ranktop: its stdout and stderr pipes, a pidfd, stdout.log,
+# stderr.log and its log directory (measured: 100 ranks take 600 more than one). The spare covers what starting a rank
 # holds for a moment (three pipes), the event log, the TUI, the stats sampler and py-spy's pipes.
-FDS_PER_RANK = 5
+FDS_PER_RANK = 6
 FDS_SPARE = 64
 
 

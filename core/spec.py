@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ranktop.core.errors import UsageError
+from ranktop.core.layout import check_run_id
 from ranktop.core.limits import COUNT, MONITOR_SECONDS, NNODES, NPROC, PORT
 
 
@@ -117,6 +118,8 @@ class WorkerSpec:
         NPROC.check("local_world_size", self.local_world_size)
         NNODES.check("nnodes", self.nnodes)
         COUNT.check("node_rank", self.node_rank)
+        if self.run_id is not None:
+            check_run_id(self.run_id)
         if self.node_rank >= self.nnodes:
             raise UsageError(f"bad --node-rank {self.node_rank} for --nnodes {self.nnodes}: expected 0..{self.nnodes - 1}")
         COUNT.check("max_restarts", self.max_restarts)
