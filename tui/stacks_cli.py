@@ -16,6 +16,7 @@ from typing import NoReturn
 
 import psutil
 from ranktop.core import stacks
+from ranktop.core.sanitize import clean
 
 USAGE_EXIT = 2
 
@@ -79,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.json:
         print(json.dumps(stacks.report_to_dict(report), indent=1, default=str))
     else:
-        print(stacks.format_report(report, threads=ns.threads))
+        print(clean(stacks.format_report(report, threads=ns.threads), newlines=True))
     return 0
 
 
@@ -94,7 +95,7 @@ def _signal(pids: dict[int, int], local: dict[int, int], run_dir: str | None, ns
     logs = {r: os.path.join(attempt, str(local[r]), "stderr.log") for r in pids}
     report = stacks.signal_report(pids, logs, local_ranks=local, run_dir=None if ns.no_save else run_dir,
                                   source="cli-signal")
-    print(stacks.format_report(report, threads=ns.threads))
+    print(clean(stacks.format_report(report, threads=ns.threads), newlines=True))
     return 0
 
 
