@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from ranktop.core import limits
 from ranktop.core.errors import UsageError
+from ranktop.core.stdio import reopen_closed_streams, terminal_problem
 
 from ranktop import __version__ as VERSION
 
@@ -219,6 +220,14 @@ def build_spec(ns: argparse.Namespace):
     )
 
 
+def _terminal_usable() -> bool:
+    """Whether the TUI can run; if not, say in one line that the run goes on headless."""
+    problem = terminal_problem()
+    if problem is not None:
+        print(f"ranktop: no terminal for the TUI ({problem}): running headless", file=sys.stderr, flush=True)
+    return problem is None
+
+
 def want_tui(ns: argparse.Namespace) -> bool:
     if ns.headless:
         return False
@@ -226,6 +235,7 @@ def want_tui(ns: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    reopen_closed_streams()  # before any file is opened: a closed 0/1/2 would be taken by it
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "stacks":
         from ranktop.tui.stacks_cli import main as stacks_main
@@ -239,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ranktop.core.strays import adopt_orphans
 
         adopt_orphans()
-        if want_tui(ns):
+        if want_tui(ns) and _terminal_usable():
             from ranktop.tui.app import run_tui
 
             return run_tui(spec, ns)
