@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--headless", action="store_true", help="no TUI: prefixed output, like torchrun")
     mode.add_argument("--tui", action="store_true", help="the TUI even when stdout is not a terminal")
+    add("--sanitize-console", action="store_true",
+        help="headless: pass rank output to the console through the TUI's filter (escape sequences other "
+             "than colours dropped, control characters shown); the log files keep the raw bytes")
     add("--exit-on-end", action="store_true", help="TUI: close as soon as the group ends")
     add("--pty", action="store_true",
         help="give each rank a pseudo-terminal (isatty() true; stderr merged into stdout.log)")
@@ -277,6 +280,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout,
                        sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,
+                       sanitize_console=ns.sanitize_console,
                        color=sys.stdout.isatty() and "NO_COLOR" not in os.environ)
     if sampler is not None:
         sampler.attach(agent)

@@ -1,0 +1,43 @@
+"""Headless: the console gets a rank's bytes exactly, like torchrun, unless --sanitize-console asks
+for the TUI's filter there; the log files always keep the raw bytes."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.conftest import ROOT, ranktop_cmd
+
+pytestmark = pytest.mark.timeout(60)
+
+PAYLOAD = b"cHduZWQ="
+HOSTILE = (b"\x1b[32mgreen\x1b[0m \x1b]52;c;" + PAYLOAD + b"\x07\x1b]0;EVIL-TITLE\x07\x1b[2J"
+           b"\x1bP+q" + PAYLOAD + b"\x1b\\bad \xff\x9b utf8 bell\x07 end")
+RANK = f"import sys\nsys.stdout.buffer.write(bytes.fromhex('{HOSTILE.hex()}') + b'\\n')\n"
+
+
+def run(tmp_path, *flags: str) -> tuple[bytes, bytes]:
+    """(ranktop's stdout, the rank's stdout.log) of one headless run."""
+    script = tmp_path / "hostile.py"
+    script.write_text(RANK)
+    logs = tmp_path / "logs"
+    done = subprocess.run(ranktop_cmd("--headless", "--log-dir", str(logs), *flags, str(script)), cwd=ROOT,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (log,) = logs.rglob("stdout.log")
+    return done.stdout, log.read_bytes()
+
+
+def test_headless_console_is_byte_exact_by_default(tmp_path):
+    console, log = run(tmp_path)
+    assert console == b"[default0]:" + HOSTILE + b"\n"  # the rank's bytes after ranktop's prefix
+    assert log == HOSTILE + b"\n"
+
+
+def test_sanitize_console_filters_the_console_and_keeps_the_file_raw(tmp_path):
+    console, log = run(tmp_path, "--sanitize-console")
+    assert log == HOSTILE + b"\n"
+    line = console.decode("utf-8")
+    assert line == "[default0]:\x1b[32mgreen\x1b[0m bad \ufffd\ufffd utf8 bell␇ end\n"
+    assert PAYLOAD not in console and b"EVIL-TITLE" not in console
