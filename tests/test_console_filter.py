@@ -41,3 +41,24 @@ def test_sanitize_console_filters_the_console_and_keeps_the_file_raw(tmp_path):
     line = console.decode("utf-8")
     assert line == "[default0]:\x1b[32mgreen\x1b[0m bad \ufffd\ufffd utf8 bell␇ end\n"
     assert PAYLOAD not in console and b"EVIL-TITLE" not in console
+
+
+FAILER = ("from ranktop.core.errors import record\n"
+          f"HOSTILE = bytes.fromhex('{HOSTILE.hex()}').decode('utf-8', 'replace')\n"
+          "@record\ndef main():\n    raise ValueError('boom:' + HOSTILE)\nmain()\n")
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_the_end_report_quotes_error_json_filtered_only_with_sanitize_console(tmp_path, sanitize):
+    script = tmp_path / "fail.py"
+    script.write_text(FAILER)
+    flags = ["--sanitize-console"] if sanitize else []
+    done = subprocess.run(ranktop_cmd("--headless", "--log-dir", str(tmp_path / "logs"), *flags, str(script)),
+                          cwd=ROOT, capture_output=True, timeout=60)
+    assert done.returncode == 1
+    report = done.stderr[done.stderr.index(b"ranktop: fail.py failed"):]
+    assert b"ValueError: boom:" in report
+    if sanitize:
+        assert b"\x1b]" not in report and PAYLOAD not in report and b"\x07" not in report
+    else:
+        assert b"\x1b]52;c;" + PAYLOAD in report  # like torchrun: the error text as the rank wrote it

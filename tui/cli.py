@@ -265,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_headless(spec, ns: argparse.Namespace) -> int:
     from ranktop.core.agent import LocalAgent
     from ranktop.core.report import format_root_cause
+    from ranktop.core.sanitize import clean
 
     def on_stall(snap) -> None:
         cpu = "-" if snap.cpu_percent is None else f"{snap.cpu_percent:.0f}%"
@@ -290,8 +291,10 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         if sampler is not None:
             sampler.close()
     if result.root_cause is not None and result.stop_signal is None:
-        print(format_root_cause(result.root_cause, name=spec.display_name(), attempt=agent.attempt,
-                                max_restarts=spec.max_restarts), file=sys.stderr)
+        report = format_root_cause(result.root_cause, name=spec.display_name(), attempt=agent.attempt,
+                                   max_restarts=spec.max_restarts)
+        # It quotes error.json and the rank's last lines: filtered too when the console is.
+        print(clean(report, sgr=True, newlines=True) if ns.sanitize_console else report, file=sys.stderr)
     elif result.stop_signal is not None:
         print(f"ranktop: stopped by {signal.Signals(result.stop_signal).name}; logs in {agent.run_dir}",
               file=sys.stderr)
