@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from ranktop.core.agent import LocalAgent
 from ranktop.core.spec import WorkerSpec
+from ranktop.core.stacks import find_py_spy
 from ranktop.tui.app import RanktopApp
+from ranktop.tui.stacks_view import StacksScreen
 from textual.geometry import Region
 
 from tests.test_tui_app import drive, until
@@ -82,3 +84,43 @@ def test_header_root_cause_and_pane_show_rank_text_safely(tmp_path):
 
     drive(app, body)
     assert app.exit_status == 1
+
+
+# A rank at a hostile file name, with a thread named with escape sequences: py-spy reports both raw.
+WAITER = (
+    "import threading, time\n"
+    f"threading.Thread(target=time.sleep, args=(3600,), daemon=True, name='t\\x1b]52;c;{PAYLOAD}\\x07x').start()\n"
+    "def wait_here():\n    time.sleep(3600)\n"
+    "print('ready', flush=True)\nwait_here()\n"
+)
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_stack_view_shows_hostile_file_and_thread_names_safely(tmp_path):
+    script = tmp_path / f"w\x1b]0;EVIL-TITLE\x07\x1b]52;c;{PAYLOAD}\x07.py"
+    script.write_text(WAITER)
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sys.executable, args=("-u", str(script)),
+                      name="waiter.py")
+    app = RanktopApp(LocalAgent(spec, log_dir=str(tmp_path / "logs"), console=False, shutdown_timeout=2.0))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: app.main.pane(0).log.line_count, what="rank ready")
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
+                    what="stack report")
+        screen = app.screen
+        assert screen.report.ranks[0].status.value == "ok", screen.report.ranks[0]
+        for show_threads in (False, True):
+            if show_threads:
+                await pilot.press("t")
+            await pilot.pause(0.2)
+            texts = [painted(widget) for widget in screen.query("Static, Tree")]
+            for text, styles in texts:
+                assert_safe(text, styles)
+            shown = "".join(text for text, _ in texts)
+            assert "wait_here" in shown and ("w.py" in shown or show_threads)
+            titles = [str(widget.border_title or "") for widget in screen.query(".stack-group")]
+            assert not any(_CONTROL.findall(title) or PAYLOAD in title for title in titles), titles
+        await pilot.press("escape", "q", "y")
+
+    drive(app, body)
