@@ -1,11 +1,14 @@
 """Headless: the console gets a rank's bytes exactly, like torchrun, unless --sanitize-console asks
-for the TUI's filter there; the log files always keep the raw bytes."""
+for the TUI's filter there; the log files always keep the raw bytes.
+`ranktop stacks` prints what py-spy read from a rank through the same filter."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 
 import pytest
+from ranktop.core.stacks import find_py_spy
 
 from tests.conftest import ROOT, ranktop_cmd
 
@@ -62,3 +65,20 @@ def test_the_end_report_quotes_error_json_filtered_only_with_sanitize_console(tm
         assert b"\x1b]" not in report and PAYLOAD not in report and b"\x07" not in report
     else:
         assert b"\x1b]52;c;" + PAYLOAD in report  # like torchrun: the error text as the rank wrote it
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_stacks_cli_prints_hostile_file_names_safely(tmp_path):
+    script = tmp_path / "w\x1b]0;EVIL-TITLE\x07\x1b]52;c;cHduZWQ=\x07.py"
+    script.write_text("import time\ndef wait_here():\n    time.sleep(3600)\nprint('ready', flush=True)\nwait_here()\n")
+    ranktop = subprocess.Popen(ranktop_cmd("--headless", "--log-dir", str(tmp_path / "logs"), str(script)),
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert b"ready" in ranktop.stdout.readline()
+        out = subprocess.run(ranktop_cmd("stacks", "--no-save", str(ranktop.pid)), cwd=ROOT, capture_output=True,
+                             timeout=30)
+        assert out.returncode == 0 and b"wait_here (w.py:" in out.stdout, out
+        assert b"\x1b" not in out.stdout and PAYLOAD not in out.stdout and b"EVIL-TITLE" not in out.stdout
+    finally:
+        ranktop.send_signal(signal.SIGTERM)
+        ranktop.communicate(timeout=30)
