@@ -90,6 +90,7 @@ class LocalAgent:
         sampler: Any = None,
         on_stall: Callable[[RankSnapshot], None] | None = None,
         faulthandler: bool = True,
+        sanitize_console: bool = False,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
         if stall_timeout is not None:
@@ -102,6 +103,7 @@ class LocalAgent:
         self.shutdown_timeout = shutdown_timeout
         self.stall_timeout = stall_timeout
         self.console = console
+        self.sanitize_console = sanitize_console  # the console tee through core.sanitize; files stay raw
         self.color = color
         self.ring_lines = ring_lines
         self.sampler = sampler  # core.stats.StatsSampler or None: cpu/rss/GPU per rank
@@ -184,6 +186,7 @@ class LocalAgent:
             spec.display_name(), spec.entrypoint, {r: spec.args for r in range(n)}, envs, log_dir, streams,
             global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
             ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False, pty=pty,
+            sanitize_console=self.sanitize_console,
         ).start()
         self.state = GroupState.RUNNING
         self._started.set()

@@ -32,6 +32,7 @@ from ranktop.core.layout import ERROR_FILE, Dir, RunDir, log_name
 from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
 from ranktop.core.process import LEADER_ONLY_SIGNALS, STOP_SIGNALS, Launch, RankProcess, python_call_argv
+from ranktop.core.sanitize import clean_console
 from ranktop.core.spec import Std, per_rank
 from ranktop.core.strays import StrayTracker, forget_own_child, note_own_child
 
@@ -131,6 +132,7 @@ class PContext:
         ring_lines: int = 10_000,
         on_event: EventSink | None = None,
         passthrough_console: bool = True,
+        sanitize_console: bool = False,
         cwd: str | None = None,
         pty: tuple[int, int] | None = None,
     ):
@@ -151,6 +153,7 @@ class PContext:
         self.cwd = cwd
         self.pty = pty  # (columns, rows) of the terminal each rank writes to; None: pipes
         self._passthrough = passthrough_console  # unredirected, unteed streams: inherit our fds
+        self._sanitize_console = sanitize_console  # filter what the console shows (files stay raw)
         self.slots = [RankSlot(r, LineRing(ring_lines)) for r in range(self.nprocs)]
         self.token = secrets.token_hex(8)
         self._strays = StrayTracker(self.token, self._tell_guard, self._emit_group)
@@ -195,7 +198,7 @@ class PContext:
         self._start_guard()
         self._pump = OutputPump()
         if any(plan.console for plan in self.streams.values()):
-            self._console = ConsoleWriter()
+            self._console = ConsoleWriter(clean=clean_console if self._sanitize_console else None)
         if callable(self.entrypoint):
             self._tmp = tempfile.mkdtemp(prefix="ranktop-")
         try:

@@ -15,6 +15,7 @@ import queue
 import selectors
 import threading
 import time
+from collections.abc import Callable
 from typing import BinaryIO
 
 _READ_SIZE = 1 << 20  # one buffer, reused: os.read(fd, 1 MiB) would map and unmap 1 MiB per read
@@ -96,7 +97,8 @@ class ConsoleWriter:
     terminal never stalls the pipe reader and through it the ranks. Past `budget` bytes
     waiting, console output is dropped with a note; the log files still get every byte."""
 
-    def __init__(self, budget: int = 64 << 20):
+    def __init__(self, budget: int = 64 << 20, clean: Callable[[bytes], bytes] | None = None):
+        self._clean = clean  # applied to every write of rank output; the log files keep the raw bytes
         self._queue: queue.SimpleQueue[tuple[BinaryIO, bytes] | None] = queue.SimpleQueue()
         self._pending = 0
         self._dropped = 0
@@ -106,6 +108,8 @@ class ConsoleWriter:
         self._thread.start()
 
     def write(self, target: BinaryIO, data: bytes) -> None:
+        if self._clean is not None:
+            data = self._clean(data)
         with self._lock:
             if self._pending + len(data) > self._budget:
                 self._dropped += len(data)

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from ranktop.core.sanitize import clean
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import LogView
@@ -68,7 +69,8 @@ class RanktopApp(App):
     def group_ended(self) -> None:
         """Called by the main screen once the agent's run returned."""
         if self.error is not None:
-            self.notify(f"ranktop failed: {self.error!r}", severity="error", timeout=30)
+            # The error may quote rank-supplied text: shown as plain, safe text, never as markup.
+            self.notify(clean(f"ranktop failed: {self.error!r}"), severity="error", timeout=30, markup=False)
         if self._exit_when_ended:
             self.exit(self.exit_status)
 

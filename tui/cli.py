@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from ranktop.core import limits
 from ranktop.core.errors import UsageError
+from ranktop.core.stdio import reopen_closed_streams, terminal_problem
 
 from ranktop import __version__ as VERSION
 
@@ -125,6 +126,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--headless", action="store_true", help="no TUI: prefixed output, like torchrun")
     mode.add_argument("--tui", action="store_true", help="the TUI even when stdout is not a terminal")
+    add("--sanitize-console", action="store_true",
+        help="headless: pass rank output to the console through the TUI's filter (escape sequences other "
+             "than colours dropped, control characters shown); the log files keep the raw bytes")
     add("--exit-on-end", action="store_true", help="TUI: close as soon as the group ends")
     add("--pty", action="store_true",
         help="give each rank a pseudo-terminal (isatty() true; stderr merged into stdout.log)")
@@ -319,6 +323,14 @@ def build_spec(ns: argparse.Namespace):
     )
 
 
+def _terminal_usable() -> bool:
+    """Whether the TUI can run; if not, say in one line that the run goes on headless."""
+    problem = terminal_problem()
+    if problem is not None:
+        print(f"ranktop: no terminal for the TUI ({problem}): running headless", file=sys.stderr, flush=True)
+    return problem is None
+
+
 def want_tui(ns: argparse.Namespace) -> bool:
     if ns.headless:
         return False
@@ -326,6 +338,7 @@ def want_tui(ns: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    reopen_closed_streams()  # before any file is opened: a closed 0/1/2 would be taken by it
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "stacks":
         from ranktop.tui.stacks_cli import main as stacks_main
@@ -339,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ranktop.core.strays import adopt_orphans
 
         adopt_orphans()
-        if want_tui(ns):
+        if want_tui(ns) and _terminal_usable():
             from ranktop.tui.app import run_tui
 
             return run_tui(spec, ns)
@@ -352,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_headless(spec, ns: argparse.Namespace) -> int:
     from ranktop.core.agent import LocalAgent
     from ranktop.core.report import format_root_cause
+    from ranktop.core.sanitize import clean
 
     def on_stall(snap) -> None:
         cpu = "-" if snap.cpu_percent is None else f"{snap.cpu_percent:.0f}%"
@@ -369,6 +383,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout,
                        sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,
+                       sanitize_console=ns.sanitize_console,
                        color=sys.stdout.isatty() and "NO_COLOR" not in os.environ)
     if sampler is not None:
         sampler.attach(agent)
@@ -378,8 +393,10 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         if sampler is not None:
             sampler.close()
     if result.root_cause is not None and result.stop_signal is None:
-        print(format_root_cause(result.root_cause, name=spec.display_name(), attempt=agent.attempt,
-                                max_restarts=spec.max_restarts), file=sys.stderr)
+        report = format_root_cause(result.root_cause, name=spec.display_name(), attempt=agent.attempt,
+                                   max_restarts=spec.max_restarts)
+        # It quotes error.json and the rank's last lines: filtered too when the console is.
+        print(clean(report, sgr=True, newlines=True) if ns.sanitize_console else report, file=sys.stderr)
     elif result.stop_signal is not None:
         print(f"ranktop: stopped by {signal.Signals(result.stop_signal).name}; logs in {agent.run_dir}",
               file=sys.stderr)

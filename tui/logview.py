@@ -14,6 +14,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
+from ranktop.core.sanitize import clean
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -35,11 +36,8 @@ _BAR = 1  # columns of the scrollbar LogView draws itself: Textual's ScrollBar w
 # apart from the text, which made a second compositor pass over every pane on each tick
 # (measured: more than half the TUI's CPU under a steady flood).
 _CACHE_LINES = 512  # strips kept per pane: a few screens' worth, small even with 64 panes
-# C0 controls other than tab and ESC would move the terminal's cursor: drop them (ESC starts SGR).
-_CONTROLS = {c: None for c in (*range(0, 9), *range(10, 27), *range(28, 32), 127)}
 _PLAIN_LINE = re.compile(rb"[\x20-\x7e]{0,%d}" % MAX_CHARS)  # printable ASCII: one cell a byte
 _PLAIN = Style()  # Textual's colour filters want a style on every segment, even an empty one
-_ANSI_BYTES = re.compile(rb"\x1b(?:\][^\x07\x1b]*(?:\x07|\x1b\\)?|\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 
 
 def _marker(raw: bytes) -> str:
@@ -47,18 +45,18 @@ def _marker(raw: bytes) -> str:
 
 
 def parse_line(raw: bytes, style: Style | None = None, color: bool = True) -> Text:
-    """One ring line as Rich text: UTF-8 with replacement, ANSI SGR kept (or dropped without
-    colour), controls removed, tabs expanded, and cut at MAX_CHARS with a marker."""
+    """One ring line as Rich text: through the sanitiser (UTF-8 with replacement, SGR colours kept
+    or dropped without colour, every other sequence dropped, controls shown as symbols), tabs
+    expanded, and cut at MAX_CHARS with a marker."""
     text = raw[:_MAX_BYTES].decode("utf-8", "replace")
     cut = len(raw) > _MAX_BYTES or len(text) > MAX_CHARS
-    text = text[:MAX_CHARS].translate(_CONTROLS)
-    if "\x1b" in text:
+    text = clean(text[:MAX_CHARS], sgr=color)
+    base = style if style is not None else ""
+    if "\x1b" in text:  # only kept SGR sequences are left
         parsed = Text.from_ansi(text, no_wrap=True, end="")
-        # An ESC that starts no sequence stays in the text: show it, never send it to the terminal.
-        plain = parsed.plain.replace("\x1b", "␛")
-        rich_text = Text(plain, style=style if style is not None else "", spans=parsed.spans if color else [], no_wrap=True, end="")
+        rich_text = Text(parsed.plain, style=base, spans=parsed.spans, no_wrap=True, end="")
     else:
-        rich_text = Text(text, style=style if style is not None else "", no_wrap=True, end="")
+        rich_text = Text(text, style=base, no_wrap=True, end="")
     if "\t" in rich_text.plain:
         rich_text.expand_tabs(_TAB)
     if cut:
@@ -68,13 +66,13 @@ def parse_line(raw: bytes, style: Style | None = None, color: bool = True) -> Te
 
 def line_width(raw: bytes) -> int:
     """The cells `parse_line(raw)` takes, cheaply for the common plain-ASCII case."""
-    if len(raw) > MAX_CHARS:
-        return parse_line(raw).cell_len  # bounded: parse_line reads at most _MAX_BYTES
-    if b"\x1b" in raw:
-        raw = _ANSI_BYTES.sub(b"", raw)
-    if raw.isascii() and b"\t" not in raw:
-        return len(raw)  # a stray control byte counts one cell too many: harmless for a scroll range
-    return parse_line(raw).cell_len
+    if len(raw) <= MAX_CHARS and raw.isascii():
+        if _PLAIN_LINE.fullmatch(raw):
+            return len(raw)
+        plain = clean(raw.decode("ascii"))  # one cell a character once sequences are gone
+        if "\t" not in plain:
+            return len(plain)
+    return parse_line(raw).cell_len  # bounded: parse_line reads at most _MAX_BYTES
 
 
 def _matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:

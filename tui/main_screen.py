@@ -12,6 +12,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, RankState
 from ranktop.tui.panes import LiveText, RankList, RankPane, header_text, rank_title
 from ranktop.tui.screens import RootCausePanel, SignalPicker
@@ -209,8 +210,9 @@ class MainScreen(Screen):
             log.clear_search()
             return
         hits = log.search(query)
-        self.notify(f"{hits} match{'es' if hits != 1 else ''} for {query!r} in rank {self.rank_of(self.current)}"
-                    + ("  (n / N: next / previous)" if hits else ""), timeout=3)
+        # The query is often pasted from rank output: plain, safe text, never markup.
+        self.notify(clean(f"{hits} match{'es' if hits != 1 else ''} for {query!r} in rank {self.rank_of(self.current)}"
+                          + ("  (n / N: next / previous)" if hits else "")), timeout=3, markup=False)
 
     def on_key(self, event: Any) -> None:
         if event.key == "escape" and isinstance(self.focused, Input):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
 from ranktop.tui.logview import LogView
 from rich.text import Text
@@ -131,7 +132,7 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) ->
     """The job line: name, world size, node, attempt, state, elapsed, log dir, GPU status."""
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" ranktop ", style="bold reverse")
-    text.append(f" {group.name} ", style="bold")
+    text.append(f" {clean(group.name)} ", style="bold")
     text.append(f" {group.state.value} ", style=GROUP_STYLE[group.state])
     text.append(f"  world {group.world_size}")
     text.append(f"  node {group.node_rank}/{group.nnodes}")
@@ -145,7 +146,7 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) ->
     if group.gpu_status:
         text.append(f"  {group.gpu_status}", style="dim")
     if group.log_dir:
-        text.append(f"  logs {_short_path(group.log_dir)}", style="dim")
+        text.append(f"  logs {clean(_short_path(group.log_dir))}", style="dim")
     if note:
         text.append(f"  {note}", style="bold yellow")
     return text

@@ -8,6 +8,7 @@ import signal
 from collections.abc import Iterable
 
 from ranktop.core.report import output_tails
+from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, RootCause
 from ranktop.tui.panes import human_duration
 from rich.table import Table
@@ -153,11 +154,11 @@ def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
     cause = group.root_cause
     if group.state == GroupState.SUCCEEDED:
         text.append(" DONE: all ranks exited 0 ", style="bold reverse blue")
-        text.append(f"  {group.name} finished in {elapsed}")
+        text.append(f"  {clean(group.name)} finished in {elapsed}")
     elif cause is None or group.state == GroupState.STOPPED:
         # Stopped on request (a key, a signal to ranktop): the ranks' ends are effects, not a cause.
         text.append(f" {group.state.value.upper()} ", style="bold reverse red")
-        text.append(f"  {group.name} stopped after {elapsed}; the ranks were stopped on request\n")
+        text.append(f"  {clean(group.name)} stopped after {elapsed}; the ranks were stopped on request\n")
     else:
         when = datetime.datetime.fromtimestamp(cause.timestamp).strftime("%H:%M:%S.%f")[:-3]
         text.append(" ROOT CAUSE ", style="bold white on red")
@@ -166,9 +167,9 @@ def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
         text.append(_describe(cause), style="bold red")
         text.append(f" at {when}, attempt {group.attempt + 1}/{group.max_restarts + 1}\n")
         if cause.message:
-            text.append(f"  {cause.message}\n", style="bold")
+            text.append(f"  {clean(cause.message, newlines=True)}\n", style="bold")
         if cause.traceback:
-            lines = cause.traceback.rstrip().splitlines()
+            lines = clean(cause.traceback, newlines=True).rstrip().split("\n")
             if len(lines) > max_traceback:
                 text.append(f"  … {len(lines) - max_traceback} more traceback lines in error.json\n", style="dim")
             for line in lines[-max_traceback:]:
@@ -177,12 +178,12 @@ def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
             text.append(f"  last output of rank {rank}:\n", style="dim")
             for line in tail[-max_tail:]:
                 text.append("    ")
-                text.append(Text.from_ansi(line))
+                text.append(Text.from_ansi(clean(line, sgr=True)))
                 text.append("\n")
         if cause.error_file:
-            text.append(f"  error file {cause.error_file}\n", style="dim")
+            text.append(f"  error file {clean(cause.error_file)}\n", style="dim")
     if group.log_dir:
-        text.append(f"\n  logs {group.log_dir}   ", style="dim")
+        text.append(f"\n  logs {clean(group.log_dir)}   ", style="dim")
     text.append("q quits, e hides this", style="dim")
     return text
 

@@ -17,6 +17,7 @@ from typing import NoReturn
 import psutil
 from ranktop.core import stacks
 from ranktop.core.layout import RunDir, dump_log_path, latest_attempt_path
+from ranktop.core.sanitize import clean
 
 USAGE_EXIT = 2
 
@@ -85,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.json:
         print(json.dumps(stacks.report_to_dict(report), indent=1, default=str))
     else:
-        print(stacks.format_report(report, threads=ns.threads))
+        print(clean(stacks.format_report(report, threads=ns.threads), newlines=True))
     return 0
 
 
@@ -100,7 +101,7 @@ def _signal(pids: dict[int, int], local: dict[int, int], run_dir: str | None, sa
         return 0
     logs = {r: dump_log_path(os.path.join(attempt, str(local[r]))) for r in pids}
     report = stacks.signal_report(pids, logs, local_ranks=local, run_dir=save_to, source="cli-signal")
-    print(stacks.format_report(report, threads=ns.threads))
+    print(clean(stacks.format_report(report, threads=ns.threads), newlines=True))
     return 0
 
 

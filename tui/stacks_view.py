@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ranktop.core import stacks
+from ranktop.core.sanitize import clean
 from ranktop.core.stacks import StackReport, TreeNode
 from rich.text import Text
 from textual import work
@@ -58,7 +59,7 @@ class StacksScreen(Screen):
 
     def _fetch(self, status: str, get_report: Callable[[Any, list[int] | None], StackReport]) -> None:
         """Show `status`, then the report `get_report(agent, local_ranks)` makes off the UI thread."""
-        self.query_one("#stacks-summary", Static).update(Text(status))
+        self.query_one("#stacks-summary", Static).update(Text(clean(status)))
         self._report_in_thread(get_report)
 
     @work(thread=True, exclusive=True, group="stacks")
@@ -71,14 +72,14 @@ class StacksScreen(Screen):
         self.app.call_from_thread(self.show_report, report)
 
     def _failed(self, exc: Exception) -> None:
-        self.query_one("#stacks-summary", Static).update(Text(f"stack dump failed: {exc}", style="bold red"))
+        self.query_one("#stacks-summary", Static).update(Text(clean(f"stack dump failed: {exc}"), style="bold red"))
 
     # ----- rendering ----------------------------------------------------------------------------
     def show_report(self, report: StackReport) -> None:
         self.report = report
         summary = Text(report.summary(), style="bold")
         if report.saved_txt:
-            summary.append(f"   saved: {report.saved_txt}", style="dim")
+            summary.append(f"   saved: {clean(report.saved_txt)}", style="dim")
         self.query_one("#stacks-summary", Static).update(summary)
         self._render_groups()
         self._render_tree(report)
@@ -102,8 +103,8 @@ class StacksScreen(Screen):
             for r in g.ranks:
                 body.append(f"{stacks.rank_list([r])}: {stacks.rank_facts(by_rank[r])}\n", style="dim")
             for f in g.frames:
-                body.append(f"  {f.name}", style="bold" if f is g.frames[-1] else "")
-                body.append(f" ({f.short_filename}:{f.line})\n", style="dim")
+                body.append(f"  {clean(f.name)}", style="bold" if f is g.frames[-1] else "")
+                body.append(f" ({clean(f.short_filename)}:{f.line})\n", style="dim")
             w = Static(body, classes="stack-group odd" if g.odd else "stack-group")
             w.border_title = stacks.rank_list(g.ranks) + (" — ODD ONE OUT" if g.odd else "")
             widgets.append(w)
@@ -116,10 +117,10 @@ class StacksScreen(Screen):
         for name, frames, ranks in stacks.other_thread_groups(report):
             body = Text()
             for f in frames:
-                body.append(f"  {f.name}")
-                body.append(f" ({f.short_filename}:{f.line})\n", style="dim")
+                body.append(f"  {clean(f.name)}")
+                body.append(f" ({clean(f.short_filename)}:{f.line})\n", style="dim")
             w = Static(body or Text("(no Python frames)"), classes="stack-group thread")
-            w.border_title = f"thread {name!r} — {stacks.rank_list(ranks)}"
+            w.border_title = Text(f"thread {clean(name)!r} — {stacks.rank_list(ranks)}")  # Text: never markup
             widgets.append(w)
         return widgets or [Static(Text("no other threads"), classes="stack-group thread")]
 
@@ -133,7 +134,7 @@ class StacksScreen(Screen):
 
     def _add_nodes(self, parent: UITreeNode, node: TreeNode, odd: set[int]) -> None:
         for child in node.children:
-            label = Text(child.frame.label)
+            label = Text(clean(child.frame.label))
             is_odd = bool(odd) and set(child.ranks) <= odd
             label.append(f"  [{stacks.rank_list(child.ranks)}]", style="bold red" if is_odd else "cyan")
             self._add_nodes(parent.add(label, expand=True), child, odd)
@@ -144,9 +145,9 @@ class StacksScreen(Screen):
         text = Text()
         for s in report.problems:
             text.append(f"{stacks.rank_list([s.rank])} (pid {s.pid}): ", style="bold")
-            text.append(f"{s.status.value}: {s.reason}\n")
+            text.append(f"{s.status.value}: {clean(s.reason or '', newlines=True)}\n")
             if s.hint:
-                text.append(f"    {s.hint}\n", style="yellow")
+                text.append(f"    {clean(s.hint)}\n", style="yellow")
         box.update(text)
 
     # ----- keys ---------------------------------------------------------------------------------

@@ -1,0 +1,89 @@
+"""The one filter between text a rank supplies and the user's terminal.
+
+Rank output, error.json messages and tracebacks, script and file names, stack dumps: any of it may
+hold escape sequences that a terminal obeys (OSC 52 writes the clipboard, OSC 0/2 sets the window
+title, CSI 2J clears the screen, OSC 8 opens a hyperlink whose URL can smuggle the rest). Every such
+string goes through `clean` before it reaches a widget (or, with --sanitize-console, the console):
+
+- OSC, DCS, SOS, PM and APC strings are dropped whole, OSC 8 hyperlinks included (their link text,
+  which sits outside the sequence, stays);
+- CSI sequences are dropped, except SGR (colours, bold) when the caller keeps colours;
+- other escape sequences (ESC 7, ESC c, ESC ( B ...) are dropped;
+- remaining C0 and C1 control characters are shown as visible symbols (U+2400 block: ␛ for a lone
+  ESC, ␇ for BEL; a C1 character as ␛ and its 7-bit letter), so nothing invisible is lost.
+
+Work is per string: an unterminated string sequence at the end is dropped to the end, so a
+sequence split over two lines never becomes a live one on either.
+"""
+
+from __future__ import annotations
+
+import re
+
+# 7-bit (ESC x) or 8-bit (one C1 character) introducers of the string sequences: DCS P, SOS X,
+# OSC ], PM ^, APC _. They end at ST (ESC \ or U+009C) or, for OSC as xterm allows, BEL; here
+# also at a line break (left in place), so an unterminated one hides no more than its own line.
+_STRING = r"(?:\x1b[P\]X^_]|[\x90\x98\x9d\x9e\x9f])(?:[^\x07\x1b\x9c\n]|\x1b(?!\\))*(?:\x07|\x1b\\|\x9c|(?=\n)|\Z)"
+_CSI = r"(?:\x1b\[|\x9b)([\x30-\x3f]*)([\x20-\x2f]*)([\x40-\x7e]|\Z)"
+_OTHER_ESC = r"\x1b[\x20-\x2f]*[\x30-\x7e]"  # nF (ESC ( B), Fp/Fe/Fs (ESC 7, ESC M, ESC c)
+_SEQUENCE = re.compile(f"{_STRING}|{_CSI}|{_OTHER_ESC}")
+_SGR_PARAMS = re.compile(r"[0-9;:]*")
+
+_TAB, _NEWLINE = 0x09, 0x0A
+
+
+def _symbol(code: int) -> str:
+    if code == 0x7F:
+        return "␡"
+    if code < 0x20:
+        return chr(0x2400 + code)  # ␀ … ␟ (␛ for ESC)
+    return "␛" + chr(code - 0x40)  # a C1 control is ESC plus this letter in 7-bit form
+
+
+def _symbols(newlines: bool) -> dict[int, str]:
+    keep = {_TAB, _NEWLINE} if newlines else {_TAB}
+    codes = [*range(0x20), 0x7F, *range(0x80, 0xA0)]
+    return {code: _symbol(code) for code in codes if code not in keep}
+
+
+_VISIBLE = _symbols(newlines=False)
+_VISIBLE_WITH_NEWLINES = _symbols(newlines=True)
+_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def _keep_sgr(match: re.Match[str]) -> str:
+    params, intermediates, final = match.group(1, 2, 3)
+    if final == "m" and not intermediates and params is not None and _SGR_PARAMS.fullmatch(params):
+        return "\x1b[" + params + "m"  # the 8-bit CSI form is rewritten to the 7-bit one
+    return ""
+
+
+def _drop(match: re.Match[str]) -> str:
+    return ""
+
+
+def clean(text: str, *, sgr: bool = False, newlines: bool = False) -> str:
+    """`text` with nothing a terminal would act on: see the module docstring. `sgr` keeps colour
+    sequences (rank output panes); `newlines` keeps line breaks (multi-line text like a
+    traceback); tabs are always kept."""
+    if not _UNSAFE.search(text):
+        return text  # the common case: printable text, nothing to do
+    text = _SEQUENCE.sub(_keep_sgr if sgr else _drop, text)
+    table = _VISIBLE_WITH_NEWLINES if newlines else _VISIBLE
+    if not sgr:
+        return text.translate(table)
+    # Keep the ESC of each kept SGR; show every other control.
+    pieces = text.split("\x1b[")
+    head = pieces[0].translate(table)
+    return "\x1b[".join([head, *(piece.translate(table) for piece in pieces[1:])])
+
+
+def clean_bytes(raw: bytes, *, sgr: bool = False, newlines: bool = False) -> str:
+    """Raw rank bytes as safe text: UTF-8 with invalid bytes replaced (a stray 8-bit C1 byte is
+    invalid UTF-8, so it becomes U+FFFD), then `clean`."""
+    return clean(raw.decode("utf-8", "replace"), sgr=sgr, newlines=newlines)
+
+
+def clean_console(data: bytes) -> bytes:
+    """The console filter of --sanitize-console: lines as `clean` makes them, colours kept."""
+    return clean_bytes(data, sgr=True, newlines=True).encode("utf-8")

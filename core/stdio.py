@@ -1,0 +1,51 @@
+"""ranktop's own standard streams, made usable before anything else runs.
+
+Started with a stream closed (`ranktop ... >&-`, a daemon manager), Python sets sys.stdout (or
+stdin, stderr) to None, and the first file ranktop opens takes the free descriptor 0, 1 or 2: rank
+output would be teed into a log file, or a print would crash. A closed stream counts as /dev/null.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import sys
+
+_STREAMS = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        fcntl.fcntl(fd, fcntl.F_GETFD)
+    except OSError as exc:
+        if exc.errno == errno.EBADF:
+            return False
+        raise
+    return True
+
+
+def reopen_closed_streams() -> list[str]:
+    """Open /dev/null on each of descriptors 0, 1 and 2 that is closed, and give Python a file
+    object for it; returns the names of the streams that were closed. Call it first thing,
+    before any file is opened."""
+    closed = [(fd, name, mode) for fd, name, mode in _STREAMS if not _is_open(fd)]
+    for fd, _name, _mode in closed:
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:  # the lowest free descriptor: it is fd itself unless a lower one is closed too
+            os.dup2(null, fd)
+            os.close(null)
+    for fd, name, mode in closed:
+        stream = open(fd, mode, closefd=False, encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    return [name for _, name, _ in closed]
+
+
+def terminal_problem() -> str | None:
+    """Why the TUI cannot run here, or None when it can: Textual reads keys from stdin and draws
+    on stderr, and both must be a terminal."""
+    for fd, name in ((0, "stdin"), (2, "stderr")):
+        if not os.isatty(fd):
+            return f"{name} is not a terminal"
+    return None

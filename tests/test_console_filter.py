@@ -1,0 +1,84 @@
+"""Headless: the console gets a rank's bytes exactly, like torchrun, unless --sanitize-console asks
+for the TUI's filter there; the log files always keep the raw bytes.
+`ranktop stacks` prints what py-spy read from a rank through the same filter."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+from ranktop.core.stacks import find_py_spy
+
+from tests.conftest import ROOT, ranktop_cmd
+
+pytestmark = pytest.mark.timeout(60)
+
+PAYLOAD = b"cHduZWQ="
+HOSTILE = (b"\x1b[32mgreen\x1b[0m \x1b]52;c;" + PAYLOAD + b"\x07\x1b]0;EVIL-TITLE\x07\x1b[2J"
+           b"\x1bP+q" + PAYLOAD + b"\x1b\\bad \xff\x9b utf8 bell\x07 end")
+RANK = f"import sys\nsys.stdout.buffer.write(bytes.fromhex('{HOSTILE.hex()}') + b'\\n')\n"
+
+
+def run(tmp_path, *flags: str) -> tuple[bytes, bytes]:
+    """(ranktop's stdout, the rank's stdout.log) of one headless run."""
+    script = tmp_path / "hostile.py"
+    script.write_text(RANK)
+    logs = tmp_path / "logs"
+    done = subprocess.run(ranktop_cmd("--headless", "--log-dir", str(logs), *flags, str(script)), cwd=ROOT,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (log,) = logs.rglob("stdout.log")
+    return done.stdout, log.read_bytes()
+
+
+def test_headless_console_is_byte_exact_by_default(tmp_path):
+    console, log = run(tmp_path)
+    assert console == b"[default0]:" + HOSTILE + b"\n"  # the rank's bytes after ranktop's prefix
+    assert log == HOSTILE + b"\n"
+
+
+def test_sanitize_console_filters_the_console_and_keeps_the_file_raw(tmp_path):
+    console, log = run(tmp_path, "--sanitize-console")
+    assert log == HOSTILE + b"\n"
+    line = console.decode("utf-8")
+    assert line == "[default0]:\x1b[32mgreen\x1b[0m bad \ufffd\ufffd utf8 bell␇ end\n"
+    assert PAYLOAD not in console and b"EVIL-TITLE" not in console
+
+
+FAILER = ("from ranktop.core.errors import record\n"
+          f"HOSTILE = bytes.fromhex('{HOSTILE.hex()}').decode('utf-8', 'replace')\n"
+          "@record\ndef main():\n    raise ValueError('boom:' + HOSTILE)\nmain()\n")
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_the_end_report_quotes_error_json_filtered_only_with_sanitize_console(tmp_path, sanitize):
+    script = tmp_path / "fail.py"
+    script.write_text(FAILER)
+    flags = ["--sanitize-console"] if sanitize else []
+    done = subprocess.run(ranktop_cmd("--headless", "--log-dir", str(tmp_path / "logs"), *flags, str(script)),
+                          cwd=ROOT, capture_output=True, timeout=60)
+    assert done.returncode == 1
+    report = done.stderr[done.stderr.index(b"ranktop: fail.py failed"):]
+    assert b"ValueError: boom:" in report
+    if sanitize:
+        assert b"\x1b]" not in report and PAYLOAD not in report and b"\x07" not in report
+    else:
+        assert b"\x1b]52;c;" + PAYLOAD in report  # like torchrun: the error text as the rank wrote it
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_stacks_cli_prints_hostile_file_names_safely(tmp_path):
+    script = tmp_path / "w\x1b]0;EVIL-TITLE\x07\x1b]52;c;cHduZWQ=\x07.py"
+    script.write_text("import time\ndef wait_here():\n    time.sleep(3600)\nprint('ready', flush=True)\nwait_here()\n")
+    ranktop = subprocess.Popen(ranktop_cmd("--headless", "--log-dir", str(tmp_path / "logs"), str(script)),
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert b"ready" in ranktop.stdout.readline()
+        out = subprocess.run(ranktop_cmd("stacks", "--no-save", str(ranktop.pid)), cwd=ROOT, capture_output=True,
+                             timeout=30)
+        assert out.returncode == 0 and b"wait_here (w.py:" in out.stdout, out
+        assert b"\x1b" not in out.stdout and PAYLOAD not in out.stdout and b"EVIL-TITLE" not in out.stdout
+    finally:
+        ranktop.send_signal(signal.SIGTERM)
+        ranktop.communicate(timeout=30)

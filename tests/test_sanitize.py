@@ -1,0 +1,115 @@
+"""The one sanitiser between rank-supplied text and the terminal (core.sanitize), and the
+LogView's line conversion that uses it."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from ranktop.core.sanitize import clean, clean_bytes, clean_console
+from ranktop.tui.logview import line_width, parse_line
+
+ESC, BEL, ST = "\x1b", "\x07", "\x1b\\"
+CLIPBOARD = "cHduZWQ="  # base64 of "pwned"
+OSC52 = f"{ESC}]52;c;{CLIPBOARD}{BEL}"
+TITLE = f"{ESC}]0;EVIL-TITLE{ST}{ESC}]2;EVIL-TITLE2{BEL}"
+# A link whose URL carries a clipboard write: what Rich's ANSI decoder turned into a live link.
+LINK = f"{ESC}]8;;http://x/{BEL}{OSC52}{ST}click{ESC}]8;;{ST}"
+DCS = f"{ESC}Pq#0;2;0;0;0#1!14~{ST}"
+
+# Anything a terminal acts on: ESC, or any C0/C1 control other than tab and newline.
+_LIVE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def live(text: str, sgr: bool = False) -> list[str]:
+    """The control characters left in `text` (kept SGR sequences excepted when `sgr`)."""
+    if sgr:
+        text = re.sub(r"\x1b\[[0-9;:]*m", "", text)
+    return _LIVE.findall(text)
+
+
+@pytest.mark.parametrize("sgr", [False, True])
+@pytest.mark.parametrize(("raw", "visible", "payload"), [
+    (f"a{OSC52}b", "ab", CLIPBOARD),
+    (f"{TITLE}after", "after", "EVIL-TITLE"),
+    (f"{ESC}[2J{ESC}[H{ESC}[?1049hcleared", "cleared", "?1049"),
+    (f"see {LINK} here", "see click here", CLIPBOARD),
+    (f"x{DCS}y", "xy", "14~"),
+    (f"{ESC}_apc payload{ST}{ESC}^pm payload{ST}{ESC}Xsos payload{ST}z", "z", "payload"),
+    (f"{ESC}c{ESC}7{ESC}(B{ESC}#8ok", "ok", ""),
+])
+def test_sequences_are_dropped_and_the_text_stays(raw, visible, payload, sgr):
+    out = clean(raw, sgr=sgr)
+    assert out == visible
+    assert not live(out)
+    if payload:
+        assert payload not in out
+
+
+def test_eight_bit_c1_introducers_are_sequences_too():
+    raw = "\x9b2J\x9d52;c;" + CLIPBOARD + "\x9cok\x90dcs\x9c\x9f" + "apc\x9c!"
+    out = clean(raw, sgr=True)
+    assert out == "ok!"
+    assert not live(out)
+
+
+def test_other_c1_and_c0_controls_become_visible_symbols():
+    assert clean("a\x85b\x8dc") == "a␛Eb␛Mc"  # NEL, RI: shown as their 7-bit ESC letter
+    assert clean("bell\x07 bs\x08 cr\r nul\x00 del\x7f") == "bell␇ bs␈ cr␍ nul␀ del␡"
+    assert clean("lone escape\x1b") == "lone escape␛"
+    assert clean("tab\tkept") == "tab\tkept"
+
+
+def test_newlines_are_kept_only_when_asked():
+    assert clean("one\ntwo") == "one␊two"
+    assert clean("one\ntwo", newlines=True) == "one\ntwo"
+
+
+def test_sgr_colours_are_kept_only_when_asked():
+    raw = f"{ESC}[1;31mred{ESC}[0m {ESC}[38;2;1;2;3mrgb{ESC}[m"
+    assert clean(raw, sgr=True) == raw
+    assert clean(raw) == "red rgb"
+    assert clean(f"{ESC}[31$mno", sgr=True) == "no"  # an intermediate byte: not an SGR
+    assert clean("\x9b31mc1", sgr=True) == f"{ESC}[31mc1"  # 8-bit CSI rewritten to the 7-bit form
+
+
+def test_an_unterminated_sequence_is_dropped_to_the_end_of_its_line():
+    assert clean(f"start{ESC}]52;c;{CLIPBOARD}") == "start"
+    assert clean(f"start{ESC}[12") == "start"
+    # Split over two lines (two ring lines, two console chunks): neither half is live.
+    first, second = clean(f"a{ESC}]52;c;AAAA"), clean(f"BBBB{BEL}z")
+    assert first == "a" and second == "BBBB␇z"
+    assert clean(f"a{ESC}]0;title\nnext{BEL}", newlines=True) == "a\nnext␇"
+
+
+def test_invalid_utf8_is_replaced_and_stray_c1_bytes_cannot_act():
+    out = clean_bytes(b"ok \xff\xfe \x9b2J \xc2\x9b2J end")
+    assert out == "ok \ufffd\ufffd \ufffd2J  end"
+    assert not live(out)
+
+
+def test_plain_text_is_returned_unchanged():
+    text = "epoch 3 loss 0.25 ✓ [bold]not markup[/bold]"
+    assert clean(text) is text
+
+
+def test_console_filter_keeps_colours_and_lines():
+    raw = f"[0]:{ESC}[32mok{ESC}[0m{OSC52}\n[1]:{TITLE}done\n".encode()
+    assert clean_console(raw) == f"[0]:{ESC}[32mok{ESC}[0m\n[1]:done\n".encode()
+
+
+# ----- the LogView's one conversion function -------------------------------------------------
+def test_parse_line_keeps_colours_and_drops_everything_else():
+    raw = f"{ESC}[31mred{ESC}[0m {LINK} {OSC52}{TITLE}{ESC}[2J\x07end".encode()
+    text = parse_line(raw)
+    assert text.plain == "red click ␇end"
+    assert not live(text.plain)
+    assert [(span.start, span.end, span.style.color.number) for span in text.spans] == [(0, 3, 1)]
+    assert not any(span.style.link for span in text.spans)
+    assert line_width(raw) == text.cell_len
+
+
+def test_parse_line_does_not_read_markup():
+    text = parse_line(b"[link=http://evil]x[/link] [bold]b[/bold]")
+    assert text.plain == "[link=http://evil]x[/link] [bold]b[/bold]"
+    assert not text.spans
