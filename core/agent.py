@@ -8,11 +8,13 @@ other threads go through the PContext's lock and wake the loop; they never block
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import enum
 import json
 import os
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -28,7 +30,7 @@ from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_f
 from ranktop.core.process import exit_status_for_signal
 from ranktop.core.signals import StopAction, StopRule
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
-from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState, RootCause
+from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -56,16 +58,18 @@ class RunResult:
     failures: dict[int, ProcessFailure] = field(default_factory=dict)
     root_cause: RootCause | None = None
     stop_signal: int | None = None  # the signal that stopped us, if one did
+    incomplete_logs: tuple[LogLoss, ...] = ()  # log files a write failed on (disk full)
 
     def is_failed(self) -> bool:
         return self.state == WorkerState.FAILED
 
     @property
     def exit_status(self) -> int:
-        """The CLI's exit status: 0 success, 1 a rank failed, 128+N stopped by signal N."""
+        """The CLI's exit status: 0 success, 1 a rank failed or output was lost on its way to a
+        log file, 128+N stopped by signal N."""
         if self.stop_signal is not None:
             return exit_status_for_signal(self.stop_signal)
-        return 0 if self.state == WorkerState.SUCCEEDED else 1
+        return 0 if self.state == WorkerState.SUCCEEDED and not self.incomplete_logs else 1
 
 
 def new_run_id() -> str:
@@ -87,22 +91,50 @@ def prepare_log_root(log_dir: str | None) -> str:
 
 
 class EventLog:
-    """events.jsonl: one JSON object a line, appended as things happen, from any thread."""
+    """events.jsonl: one JSON object a line, appended as things happen, from any thread.
+
+    A line is written whole or not at all. When the disk is full, lines are held back (up to
+    `_HELD_LINES`) and written, in order, with the next line that fits."""
+
+    _HELD_LINES = 10_000
 
     def __init__(self, path: str):
         self.path = path
-        self._file = open(path, "a", buffering=1)
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._held: collections.deque[bytes] = collections.deque(maxlen=self._HELD_LINES)
         self._lock = threading.Lock()
 
-    def write(self, event: str, **fields: Any) -> None:
+    def write(self, event: str, *, strict: bool = False, **fields: Any) -> None:
+        """Append one event; `strict` raises OSError rather than holding the line back."""
         line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str)
         with self._lock:
-            if not self._file.closed:
-                self._file.write(line + "\n")
+            if self._fd is None:
+                return
+            self._held.append(line.encode() + b"\n")
+            while self._held:
+                try:
+                    self._append(self._held[0])
+                except OSError:
+                    if strict:
+                        raise
+                    return
+                self._held.popleft()
+
+    def _append(self, data: bytes) -> None:
+        start = os.lseek(self._fd, 0, os.SEEK_END)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError:
+            os.ftruncate(self._fd, start)  # no torn line for readers of the file
+            raise
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 class LocalAgent:
@@ -143,9 +175,8 @@ class LocalAgent:
         self.run_dir = os.path.join(prepare_log_root(log_dir), self.run_id)
         if os.path.exists(self.run_dir) and os.listdir(self.run_dir):
             raise UsageError(f"run directory {self.run_dir} exists and is not empty: pick another --run-id")
-        os.makedirs(self.run_dir, exist_ok=True)
-        self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
         self.master_port = spec.master_port or free_port()
+        self.events = self._open_events()
         self.attempt = 0
         self.state = GroupState.INIT
         self.started_at = time.time()
@@ -160,15 +191,32 @@ class LocalAgent:
         # (signal, monotonic arrival time), appended by signal handlers, drained by the loop.
         self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
         self._stop_rule = StopRule()
+        self._earlier_losses: list[LogLoss] = []  # incomplete logs of the attempts before this one
         self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
+
+    def _open_events(self) -> EventLog:
+        """The run directory and its event log, with the first event written: a disk that is full
+        (or read-only) from the start is a UsageError, before any rank starts."""
+        created = not os.path.isdir(self.run_dir)
+        events = None
+        try:
+            os.makedirs(self.run_dir, exist_ok=True)
+            events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
+            events.write("run_started", strict=True, run_id=self.run_id, name=self.spec.display_name(),
+                         world_size=self.spec.world_size, node_rank=self.spec.node_rank,
+                         master_port=self.master_port, pid=os.getpid())
+            return events
+        except OSError as exc:
+            if events is not None:
+                events.close()
+            if created:
+                shutil.rmtree(self.run_dir, ignore_errors=True)  # leave no empty run behind
+            raise UsageError(f"cannot start the run in {self.run_dir}: {exc.strerror or exc}") from None
 
     # ----- the run -----------------------------------------------------------------------------
     def run(self) -> RunResult:
         """Run to the end (restarting as allowed); the calling thread becomes the monitor loop."""
         handlers = self._install_signal_handlers()
-        self.events.write("run_started", run_id=self.run_id, name=self.spec.display_name(),
-                          world_size=self.spec.world_size, node_rank=self.spec.node_rank,
-                          master_port=self.master_port, pid=os.getpid())
         try:
             while True:
                 self._start_attempt()
@@ -234,6 +282,7 @@ class LocalAgent:
 
     def _next_attempt(self, reason: str) -> None:
         self.pcontext.close(timeout=self.shutdown_timeout)
+        self._earlier_losses += self.pcontext.incomplete_logs()
         self.attempt += 1
         self.state = GroupState.RESTARTING
         self.events.write("group_restart", attempt=self.attempt, reason=reason)
@@ -250,9 +299,10 @@ class LocalAgent:
         # A stop the user asked for has no culprit among the ranks.
         self.root_cause = self._root_cause() if failures and not self._user_stop else None
         self.ended_at = time.time()
-        run = RunResult(state, values, failures, self.root_cause, self._stop_signal)
+        run = RunResult(state, values, failures, self.root_cause, self._stop_signal, self.incomplete_logs())
         self.events.write("run_finished", state=state.value, exit_status=run.exit_status,
-                          root_cause_rank=self.root_cause.rank if self.root_cause else None)
+                          root_cause_rank=self.root_cause.rank if self.root_cause else None,
+                          incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
         return run
 
     def _root_cause(self) -> RootCause | None:
@@ -347,7 +397,16 @@ class LocalAgent:
 
     # ----- snapshots ---------------------------------------------------------------------------
     def _on_rank_event(self, event: dict) -> None:
-        self.events.write(event.pop("event"), attempt=self.attempt, **event)
+        name = event.pop("event")
+        self.events.write(name, attempt=self.attempt, **event)
+        if name == "log_write_failed" and self.console:
+            _say(f"ranktop: rank {event['rank']}: cannot write {event['path']}: {event['error']}; "
+                 "its output is still read and shown, but no longer saved there")
+
+    def incomplete_logs(self) -> tuple[LogLoss, ...]:
+        """Every log file of the run that misses output, with the bytes each lost so far."""
+        now = self.pcontext.incomplete_logs() if self.pcontext is not None else []
+        return tuple(self._earlier_losses + now)
 
     def _check_stalls(self) -> None:
         if not self.stall_timeout:
@@ -406,6 +465,7 @@ class LocalAgent:
             gpu=stats.gpu if stats else None,
             stall_seconds=self._silent_for(slot, now) if state == RankState.STALLED else None,
             native=not callable(self.spec.entrypoint) and not _is_python(self.spec),
+            log_bytes_lost=slot.log_bytes_lost, log_error=slot.log_error,
         )
 
     def snapshot(self) -> GroupSnapshot:
@@ -420,7 +480,7 @@ class LocalAgent:
             max_restarts=self.spec.max_restarts, started_at=self.started_at, ended_at=self.ended_at,
             log_dir=self.run_dir, ranks=ranks,
             gpu_status=self.sampler.gpu_status() if self.sampler is not None else None,
-            root_cause=self.root_cause,
+            root_cause=self.root_cause, incomplete_logs=self.incomplete_logs(),
         )
 
     def output(self, local_rank: int, n: int | None = None) -> list[bytes]:
@@ -429,6 +489,14 @@ class LocalAgent:
 
     def ring(self, local_rank: int):
         return self.pcontext.slots[local_rank].ring
+
+
+def _say(line: str) -> None:
+    """One line to our stderr, from any thread; a closed or broken stderr loses only the line."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _decoded(lines: list[bytes]) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ than by sleeping.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import secrets
@@ -32,6 +33,7 @@ from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
 from ranktop.core.process import LEADER_ONLY_SIGNALS, STOP_SIGNALS, Launch, RankProcess, python_call_argv
 from ranktop.core.spec import Std, per_rank
+from ranktop.core.state import LogLoss
 from ranktop.core.strays import StrayTracker, forget_own_child, note_own_child
 
 _GUARD_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
@@ -75,6 +77,15 @@ class RankSlot:
     kill_at: float | None = None  # monotonic time after which the group gets SIGKILL
     restart_pending: bool = False
     failure: ProcessFailure | None = None
+    sinks: list[StreamSink] = field(default_factory=list)  # every one this slot had, restarts included
+
+    @property
+    def log_bytes_lost(self) -> int:
+        return sum(sink.bytes_lost for sink in self.sinks)
+
+    @property
+    def log_error(self) -> str | None:
+        return next((sink.log_error for sink in self.sinks if sink.log_error), None)
 
     @property
     def alive(self) -> bool:
@@ -215,7 +226,10 @@ class PContext:
 
     def _spawn(self, slot: RankSlot) -> None:
         r = slot.local_rank
-        os.makedirs(self.rank_dir(r), exist_ok=True)
+        try:
+            os.makedirs(self.rank_dir(r), exist_ok=True)
+        except OSError:
+            pass  # disk full: the log files cannot be opened either, and their sinks report that
         self._remove_stale(self.error_file(r))
         env = {**os.environ, **self.envs[r], ERROR_FILE_ENV: self.error_file(r), MARKER: self.token}
         if callable(self.entrypoint):
@@ -252,8 +266,19 @@ class PContext:
                 continue  # inherit our descriptor: the rank writes straight to our console
             console = (self._console, target.buffer, plan.prefix) if to_console else None
             path = self.log_path(r, stream) if to_file else None
-            sinks[stream] = StreamSink(stream, ring, path, console)
+            sinks[stream] = StreamSink(stream, ring, path, console,
+                                        on_log_error=functools.partial(self._log_write_failed, r))
+        self.slots[r].sinks.extend(sinks.values())
         return sinks
+
+    def _log_write_failed(self, r: int, sink: StreamSink) -> None:
+        """Called once per log file, from the output thread, when a write to it failed."""
+        self._emit("log_write_failed", r, path=sink.log_path, error=sink.log_error, bytes_lost=sink.bytes_lost)
+
+    def incomplete_logs(self) -> list[LogLoss]:
+        """The log files of this context that miss output, with the bytes each lost so far."""
+        return [LogLoss(self.global_ranks[slot.local_rank], sink.log_path, sink.log_error, sink.bytes_lost)
+                for slot in self.slots for sink in slot.sinks if sink.log_error]
 
     # ----- the monitor step --------------------------------------------------------------------
     def step(self) -> RunProcsResult | None:

@@ -15,6 +15,7 @@ import queue
 import selectors
 import threading
 import time
+from collections.abc import Callable
 from typing import BinaryIO
 
 _READ_SIZE = 1 << 20  # one buffer, reused: os.read(fd, 1 MiB) would map and unmap 1 MiB per read
@@ -135,7 +136,11 @@ class ConsoleWriter:
 
 
 class StreamSink:
-    """Where one stream of one rank goes: a log file, the ring, maybe the console (prefixed)."""
+    """Where one stream of one rank goes: a log file, the ring, maybe the console (prefixed).
+
+    A log write that fails (disk full) never stops the reading: the rank must not block on its
+    pipe. The file keeps what was written, the rest is counted in `bytes_lost`, `log_error` says
+    why, and `on_log_error` is told once."""
 
     def __init__(
         self,
@@ -143,20 +148,47 @@ class StreamSink:
         ring: LineRing,
         log_path: str | None = None,
         console: tuple[ConsoleWriter, BinaryIO, bytes] | None = None,
+        on_log_error: Callable[[StreamSink], None] | None = None,
     ):
         self.stream = stream
         self.ring = ring
-        self.log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if log_path else None
+        self.log_path = log_path
+        self.log_error: str | None = None
+        self.bytes_lost = 0
+        self._on_log_error = on_log_error
+        self.log_fd = None
+        if log_path:
+            try:
+                self.log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            except OSError as exc:
+                self._log_failed(exc, 0)
         self.console = console
         self._console_partial = b""
         self.done = threading.Event()
 
     def feed(self, data: bytes) -> None:
-        if self.log_fd is not None:
-            _write_all(self.log_fd, data)
+        if self.log_path:
+            self._log(data)
         self.ring.feed(self.stream, data)
         if self.console is not None:
             self._tee(data)
+
+    def _log(self, data: bytes) -> None:
+        if self.log_error is not None:
+            self.bytes_lost += len(data)
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.log_fd, view) :]
+        except OSError as exc:
+            self._log_failed(exc, len(view))
+
+    def _log_failed(self, exc: OSError, unwritten: int) -> None:
+        self.log_error = exc.strerror or str(exc)
+        self.bytes_lost += unwritten
+        if self._on_log_error is not None:
+            self._on_log_error(self)
 
     def _tee(self, data: bytes) -> None:
         writer, target, prefix = self.console
@@ -179,12 +211,6 @@ class StreamSink:
             os.close(self.log_fd)
             self.log_fd = None
         self.done.set()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 class OutputPump:
