@@ -12,6 +12,7 @@ import fcntl
 import itertools
 import os
 import queue
+import re
 import selectors
 import threading
 import time
@@ -43,13 +44,87 @@ def collapse_cr(line: bytes) -> bytes:
     return parts[-1] if parts else b""
 
 
+LINE_CAP = 64 << 10  # bytes of one line the ring keeps (its head); the log files keep it whole
+RING_BYTES = 8 << 20  # bytes of complete lines the ring keeps per rank, besides the line count
+
+
+def cut_line(line: bytes, length: int | None = None) -> bytes:
+    """The head of an over-long line with a note of its full `length`; short lines as they are."""
+    length = len(line) if length is None else length
+    if length <= LINE_CAP:
+        return line
+    return line[:LINE_CAP] + f" \u2026 [ranktop: line cut, {length:,} bytes; the log file has it all]".encode()
+
+
+_CUT_NOTE = re.compile(rb" \xe2\x80\xa6 \[ranktop: line cut, ([0-9,]+) bytes; the log file has it all\]$")
+
+
+def line_length(line: bytes) -> int:
+    """How long a ring line was when it was printed, before `cut_line` cut it."""
+    if len(line) > LINE_CAP and (note := _CUT_NOTE.search(line, LINE_CAP)):
+        return int(note.group(1).replace(b",", b""))
+    return len(line)
+
+
+class OpenLine:
+    """The unfinished last line of one stream, in bounded memory and linear time however long it
+    grows: what a terminal would show of it (the text after its last '\r', or the last non-empty
+    state before that) is kept up to LINE_CAP bytes, with the true lengths."""
+
+    def __init__(self) -> None:
+        self.current = bytearray()  # head of the text since the last '\r'
+        self.current_len = 0
+        self.shown_before = b""  # the last non-empty state before that '\r', already cut
+        self.length = 0  # bytes of the whole line, '\r's included
+
+    def add(self, piece: bytes) -> None:
+        self.length += len(piece)
+        segments = piece.split(b"\r") if b"\r" in piece else (piece,)
+        self._extend(segments[0])
+        for segment in segments[1:]:
+            if self.current_len:
+                self.shown_before = self.state()
+            self.current, self.current_len = bytearray(), 0
+            self._extend(segment)
+
+    def _extend(self, segment: bytes) -> None:
+        room = LINE_CAP - len(self.current)
+        if room > 0:
+            self.current += segment[:room]
+        self.current_len += len(segment)
+
+    def state(self) -> bytes:
+        """The line as shown: '\r' collapsed, cut at LINE_CAP with a note."""
+        if not self.current_len:
+            return self.shown_before
+        return cut_line(bytes(self.current), self.current_len)
+
+    def finish(self, last: bytes) -> bytes:
+        """The complete line once `last` (its text up to the newline) came; the line starts over."""
+        if not self.length and b"\r" not in last:
+            return cut_line(last)  # the usual case: the line came whole in one chunk
+        self.add(last)
+        line = self.state()
+        self.__init__()
+        return line
+
+
+def _shown(line: bytes) -> bytes:
+    """A complete line as the ring keeps it: '\r' collapsed, cut at LINE_CAP."""
+    return cut_line(collapse_cr(line) if b"\r" in line else line)
+
+
 class LineRing:
     """The recent complete lines of one rank (both streams, in arrival order) plus the unfinished
-    last line of each stream. Written by the reader thread, read by UIs from any thread."""
+    last line of each stream. Written by the reader thread, read by UIs from any thread.
+    Bounded by `maxlen` lines and `max_bytes` bytes; a line is kept up to LINE_CAP bytes."""
 
-    def __init__(self, maxlen: int = 10_000):
-        self.lines: collections.deque[bytes] = collections.deque(maxlen=maxlen)
-        self.partial = {STDOUT: b"", STDERR: b""}
+    def __init__(self, maxlen: int = 10_000, max_bytes: int = RING_BYTES):
+        self.lines: collections.deque[bytes] = collections.deque()
+        self.maxlen = maxlen
+        self.max_bytes = max_bytes
+        self.bytes = 0  # of the complete lines kept
+        self.partial = {STDOUT: OpenLine(), STDERR: OpenLine()}
         self.version = 0  # bumped per chunk: UIs repaint only when it moved
         self.total_lines = 0
         self.last_output_at: float | None = None
@@ -58,25 +133,34 @@ class LineRing:
     def feed(self, stream: int, chunk: bytes) -> None:
         pieces = chunk.split(b"\n")
         with self._lock:
+            open_line = self.partial[stream]
             if len(pieces) > 1:
-                pieces[0] = self.partial[stream] + pieces[0]
-                self.partial[stream] = pieces.pop()
-                # The '\r' of a finished line may have come in an earlier chunk (still partial then).
-                if b"\r" in chunk or b"\r" in pieces[0]:
-                    pieces = [collapse_cr(p) if b"\r" in p else p for p in pieces]
-                self.lines.extend(pieces)
-                self.total_lines += len(pieces)
+                first = open_line.finish(pieces[0])
+                open_line.add(pieces.pop())
+                if b"\r" in chunk or max(map(len, pieces)) > LINE_CAP:
+                    pieces = [_shown(p) for p in pieces]
+                pieces[0] = first
+                self._keep(pieces)
             else:
-                self.partial[stream] += chunk
+                open_line.add(chunk)
             self.version += 1
             self.last_output_at = time.time()
+
+    def _keep(self, lines: list[bytes]) -> None:
+        self.lines.extend(lines)
+        self.total_lines += len(lines)
+        self.bytes += sum(map(len, lines))
+        while len(self.lines) > self.maxlen or self.bytes > self.max_bytes:
+            self.bytes -= len(self.lines.popleft())
+
+    def _open_lines(self) -> list[bytes]:
+        return [line for line in (p.state() for p in self.partial.values()) if line]
 
     def tail(self, n: int | None = None) -> list[bytes]:
         """The last n lines (all kept lines when None), unfinished ones last, '\\r' collapsed."""
         with self._lock:
             lines = list(self.lines)
-            open_lines = [collapse_cr(p) for p in self.partial.values() if p]
-        lines.extend(open_lines)
+            lines.extend(self._open_lines())
         return lines if n is None else lines[-n:]
 
     def since(self, seen: int) -> tuple[int, int, list[bytes], list[bytes]]:
@@ -86,49 +170,72 @@ class LineRing:
         with self._lock:
             count = max(0, min(self.total_lines - seen, len(self.lines)))
             new = list(itertools.islice(reversed(self.lines), count))
-            open_lines = [p for p in self.partial.values() if p]
+            open_lines = self._open_lines()
             version, total = self.version, self.total_lines
         new.reverse()
-        return version, total, new, [collapse_cr(p) for p in open_lines]
+        return version, total, new, open_lines
+
+
+class _Gap:
+    """Console output of one rank dropped in a row: a note in the queue at the place it went."""
+
+    def __init__(self) -> None:
+        self.dropped = 0
 
 
 class ConsoleWriter:
     """Writes teed output to our own stdout/stderr from a thread of its own, so that a slow
-    terminal never stalls the pipe reader and through it the ranks. Past `budget` bytes
-    waiting, console output is dropped with a note; the log files still get every byte."""
+    terminal never stalls the pipe reader and through it the ranks. Each rank (`key`) may have
+    `budget` bytes waiting; past that its console output is dropped, and a note saying how much
+    takes its place, so a flooding rank cannot crowd out a quiet one. The log files still get
+    every byte."""
 
-    def __init__(self, budget: int = 64 << 20):
-        self._queue: queue.SimpleQueue[tuple[BinaryIO, bytes] | None] = queue.SimpleQueue()
-        self._pending = 0
-        self._dropped = 0
+    def __init__(self, budget: int = 16 << 20):
+        self._queue: queue.SimpleQueue[tuple[BinaryIO, bytes | _Gap, object] | None] = queue.SimpleQueue()
+        self._pending: dict[object, int] = collections.defaultdict(int)
+        self._gaps: dict[object, _Gap] = {}  # key -> the gap its drops go to now
         self._budget = budget
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="ranktop-console", daemon=True)
         self._thread.start()
 
-    def write(self, target: BinaryIO, data: bytes) -> None:
+    def write(self, target: BinaryIO, data: bytes, key: object = None) -> None:
         with self._lock:
-            if self._pending + len(data) > self._budget:
-                self._dropped += len(data)
+            if self._pending[key] + len(data) > self._budget:
+                self._drop(target, len(data), key)
                 return
-            self._pending += len(data)
-        self._queue.put((target, data))
+            self._pending[key] += len(data)
+            self._gaps.pop(key, None)  # what comes next goes after the note
+            self._queue.put((target, data, key))
+
+    def _drop(self, target: BinaryIO, size: int, key: object) -> None:
+        gap = self._gaps.get(key)
+        if gap is None:
+            gap = self._gaps[key] = _Gap()
+            self._queue.put((target, gap, key))
+        gap.dropped += size
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            target, data = item
+            target, data, key = item
+            if isinstance(data, _Gap):
+                with self._lock:
+                    if self._gaps.get(key) is data:
+                        del self._gaps[key]  # later drops make a new note
+                    dropped = data.dropped
+                data = f"[ranktop: console fell behind, {dropped} bytes not shown here; see the log files]\n".encode()
+                size = 0
+            else:
+                size = len(data)
             try:
                 target.write(data)
                 if self._queue.empty():
                     target.flush()
             except (OSError, ValueError):
                 pass  # console gone (closed pipe, detached terminal): the log files still have it
-            with self._lock:
-                self._pending -= len(data)
-                dropped, self._dropped = self._dropped, 0
-            if dropped:
-                note = f"[ranktop: console fell behind, {dropped} bytes not shown here; see the log files]\n"
-                self._queue.put((target, note.encode()))
+            if size:
+                with self._lock:
+                    self._pending[key] -= size
 
     def close(self, timeout: float = 5.0) -> None:
         self._queue.put(None)
@@ -202,7 +309,7 @@ class StreamSink:
             body = b"\n".join(collapse_cr(line) for line in body.split(b"\n"))
         if prefix:
             body = prefix + body.replace(b"\n", b"\n" + prefix)
-        writer.write(target, body + b"\n")
+        writer.write(target, body + b"\n", self.ring)
 
     def finish(self) -> None:
         if self.console is not None and self._console_partial:

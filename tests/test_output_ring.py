@@ -1,0 +1,112 @@
+"""The ring of recent lines stays bounded in bytes and linear in time, whatever a rank prints:
+one endless line, a progress bar redrawn on it, or many huge lines."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import re
+import threading
+
+from ranktop.core.output import LINE_CAP, STDERR, STDOUT, ConsoleWriter, LineRing, collapse_cr
+
+MB = 1 << 20
+
+
+def _open_bytes(ring: LineRing) -> int:
+    return sum(len(p.current) + len(p.shown_before) for p in ring.partial.values())
+
+
+def test_an_endless_line_keeps_its_head_and_its_length_in_bounded_memory():
+    ring = LineRing()
+    chunk = b"a" * MB
+    for _ in range(64):
+        ring.feed(STDOUT, chunk)
+        assert _open_bytes(ring) <= LINE_CAP
+    shown = ring.tail()[-1]
+    assert shown.startswith(b"a" * LINE_CAP) and shown[LINE_CAP:].startswith(" \u2026".encode())
+    assert f"{64 * MB:,} bytes".encode() in shown
+    ring.feed(STDOUT, b"!\n")
+    assert ring.total_lines == 1 and f"{64 * MB + 1:,} bytes".encode() in ring.tail()[0]
+    assert ring.bytes == len(ring.tail()[0]) < LINE_CAP + 200
+
+
+def test_a_progress_bar_redrawn_on_a_huge_open_line_shows_its_last_state():
+    ring = LineRing()
+    step = 0
+    while step < 1_000_000:  # about 20 MB of redraws on one unfinished line
+        ring.feed(STDERR, b"".join(b"\rtraining step %07d" % k for k in range(step, step + 20_000)))
+        step += 20_000
+        assert ring.tail() == [b"training step %07d" % (step - 1)]
+        assert _open_bytes(ring) <= 64
+    ring.feed(STDERR, b"\r" + b"p" * MB + b"\r")  # one huge state: its head, with its length
+    assert ring.tail()[0].startswith(b"p" * LINE_CAP) and f"{MB:,} bytes".encode() in ring.tail()[0]
+    ring.feed(STDERR, b"done\n")
+    assert ring.tail() == [b"done"]
+
+
+def test_the_ring_is_capped_in_bytes_as_well_as_lines():
+    ring = LineRing(maxlen=10_000, max_bytes=4 * MB)
+    for _ in range(1000):
+        ring.feed(STDOUT, b"z" * MB + b"\n")  # 1000 lines of 1 MB would be 1 GB
+        assert ring.bytes <= 4 * MB
+    assert ring.total_lines == 1000
+    assert ring.bytes == sum(map(len, ring.lines)) and len(ring.lines) > 1
+    small = LineRing(maxlen=10_000, max_bytes=1000)
+    small.feed(STDOUT, b"".join(b"line %05d\n" % i for i in range(5000)))
+    assert small.bytes <= 1000 and small.total_lines == 5000
+    version, total, new, _ = small.since(4990)
+    assert total == 5000 and new == [b"line %05d" % i for i in range(4990, 5000)]
+
+
+def test_lines_are_the_same_however_the_bytes_are_chunked():
+    rng = random.Random(7)
+    text = b"".join(rng.choice([b"ab", b"\r", b"\n", b"cde\r\n", b"x" * 50, b"\r\r"]) for _ in range(3000)) + b"\n"
+    expected = [collapse_cr(line) for line in text.split(b"\n")[:-1]]
+    ring = LineRing(maxlen=100_000)
+    pos = 0
+    while pos < len(text):
+        step = rng.randint(1, 40)
+        ring.feed(STDOUT, text[pos : pos + step])
+        pos += step
+    assert list(ring.lines) == expected
+
+
+def _through_a_slow_console(writes: list[tuple[str, bytes]]) -> bytes:
+    """What a ConsoleWriter with a 1000-byte budget per rank shows of `writes` (rank, data) on a
+    terminal (a 4 KiB pipe) that reads nothing until every write was made."""
+    r, w = os.pipe()
+    fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)
+    target = open(w, "wb")
+    writer = ConsoleWriter(budget=1000)
+    for key, data in writes:
+        writer.write(target, data, key=key)
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(r, 65536), b"")))
+    reader.start()  # the terminal catches up only now
+    writer.close()
+    target.close()
+    reader.join(10)
+    os.close(r)
+    return b"".join(chunks)
+
+
+_FLOOD = [b"A%05d" % i + b"." * 93 + b"\n" for i in range(200)]  # 100 bytes each
+
+
+def _notes(shown: bytes) -> list[int]:
+    return [int(n) for n in re.findall(rb"\[ranktop: console fell behind, (\d+) bytes not shown here", shown)]
+
+
+def test_a_console_that_falls_behind_drops_per_rank_and_says_how_much():
+    shown = _through_a_slow_console([("flood", line) for line in _FLOOD] + [("quiet", b"quiet rank's line\n")])
+    assert shown.count(b"quiet rank's line\n") == 1  # the flood used its own budget, not the quiet one's
+    shown_flood = [line for line in _FLOOD if line in shown]
+    assert _notes(shown) and sum(_notes(shown)) + 100 * len(shown_flood) == 100 * len(_FLOOD)
+
+
+def test_the_drop_note_appears_even_when_nothing_follows():
+    shown = _through_a_slow_console([("flood", line) for line in _FLOOD])
+    assert shown.endswith(b"bytes not shown here; see the log files]\n")
+    assert sum(_notes(shown)) + 100 * sum(line in shown for line in _FLOOD) == 100 * len(_FLOOD)
