@@ -45,7 +45,8 @@ def collapse_cr(line: bytes) -> bytes:
 
 
 LINE_CAP = 64 << 10  # bytes of one line the ring keeps (its head); the log files keep it whole
-RING_BYTES = 8 << 20  # bytes of complete lines the ring keeps per rank, besides the line count
+RING_BYTES = 8 << 20  # bytes of output the ring keeps per rank, besides the line count
+_FEW_LINES = 16  # a chunk with no more lines than this costs little to make into lines
 
 
 def cut_line(line: bytes, length: int | None = None) -> bytes:
@@ -115,43 +116,92 @@ def _shown(line: bytes) -> bytes:
 
 
 class LineRing:
-    """The recent complete lines of one rank (both streams, in arrival order) plus the unfinished
-    last line of each stream. Written by the reader thread, read by UIs from any thread.
-    Bounded by `maxlen` lines and `max_bytes` bytes; a line is kept up to LINE_CAP bytes."""
+    """The recent output of one rank (both streams, in arrival order) as lines, plus the
+    unfinished last line of each stream. Written by the reader thread, read by UIs from any thread.
+
+    The reader only appends the chunk as read (and counts its newlines, in C): lines are made
+    only when someone asks (`tail`, `since`), so a run nobody watches pays nothing per line.
+    Bounded by `max_bytes` bytes (chunks waiting and lines together) and `maxlen` lines; a line
+    is kept up to LINE_CAP bytes."""
 
     def __init__(self, maxlen: int = 10_000, max_bytes: int = RING_BYTES):
         self.lines: collections.deque[bytes] = collections.deque()
         self.maxlen = maxlen
         self.max_bytes = max_bytes
-        self.bytes = 0  # of the complete lines kept
+        self.bytes = 0  # of the complete lines made so far and kept
         self.partial = {STDOUT: OpenLine(), STDERR: OpenLine()}
+        self._chunks: collections.deque[tuple[int, bytes]] = collections.deque()  # not made into lines yet
+        self._chunk_bytes = 0
         self.version = 0  # bumped per chunk: UIs repaint only when it moved
-        self.total_lines = 0
+        self.total_lines = 0  # newlines ever fed: line k is the k-th complete line
         self.last_output_at: float | None = None
         self._lock = threading.Lock()
 
     def feed(self, stream: int, chunk: bytes) -> None:
-        pieces = chunk.split(b"\n")
         with self._lock:
-            open_line = self.partial[stream]
-            if len(pieces) > 1:
-                first = open_line.finish(pieces[0])
-                open_line.add(pieces.pop())
-                if b"\r" in chunk or max(map(len, pieces)) > LINE_CAP:
-                    pieces = [_shown(p) for p in pieces]
-                pieces[0] = first
-                self._keep(pieces)
-            else:
-                open_line.add(chunk)
+            self._chunks.append((stream, chunk))
+            self._chunk_bytes += len(chunk)
+            self.total_lines += chunk.count(b"\n")
+            self._fit()
             self.version += 1
             self.last_output_at = time.time()
 
+    def _fit(self) -> None:
+        """Back within `max_bytes`: the oldest chunks go first (those of a few lines, a long line
+        among them, are made into lines, which are short once cut; the others are skipped), then
+        the oldest lines."""
+        while self._chunk_bytes > self.max_bytes and len(self._chunks) > 1:
+            stream, chunk = self._chunks.popleft()
+            self._chunk_bytes -= len(chunk)
+            if chunk.count(b"\n") <= _FEW_LINES:
+                self._make(stream, chunk)
+            else:
+                self._skip(stream, chunk)
+        while self._chunk_bytes + self.bytes > self.max_bytes and self.lines:
+            self.bytes -= len(self.lines.popleft())
+
+    def _skip(self, stream: int, chunk: bytes) -> None:
+        """Drop a chunk that waited too long to be made into lines: its lines would have left
+        the ring by now, and so did every line before it. Only the open line carries over."""
+        self.lines.clear()
+        self.bytes = 0
+        head, newline, rest = chunk.rpartition(b"\n")
+        open_line = self.partial[stream]
+        if newline:
+            open_line.__init__()
+            open_line.add(rest)
+        else:
+            open_line.add(chunk)
+
+    def _make_lines(self) -> None:
+        while self._chunks:
+            stream, chunk = self._chunks.popleft()
+            self._chunk_bytes -= len(chunk)
+            self._make(stream, chunk)
+
+    def _make(self, stream: int, chunk: bytes) -> None:
+        pieces = chunk.split(b"\n")
+        open_line = self.partial[stream]
+        if len(pieces) == 1:
+            open_line.add(chunk)
+            return
+        first = open_line.finish(pieces[0])
+        open_line.add(pieces.pop())
+        if b"\r" in chunk or max(map(len, pieces)) > LINE_CAP:
+            pieces = [_shown(p) for p in pieces]
+        pieces[0] = first
+        self._keep(pieces)
+
     def _keep(self, lines: list[bytes]) -> None:
         self.lines.extend(lines)
-        self.total_lines += len(lines)
         self.bytes += sum(map(len, lines))
         while len(self.lines) > self.maxlen or self.bytes > self.max_bytes:
             self.bytes -= len(self.lines.popleft())
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of output the ring holds: its lines and the chunks not made into lines yet."""
+        return self.bytes + self._chunk_bytes
 
     def _open_lines(self) -> list[bytes]:
         return [line for line in (p.state() for p in self.partial.values()) if line]
@@ -159,6 +209,7 @@ class LineRing:
     def tail(self, n: int | None = None) -> list[bytes]:
         """The last n lines (all kept lines when None), unfinished ones last, '\\r' collapsed."""
         with self._lock:
+            self._make_lines()
             lines = list(self.lines)
             lines.extend(self._open_lines())
         return lines if n is None else lines[-n:]
@@ -168,6 +219,7 @@ class LineRing:
         `seen` and up that are still kept, the open lines with '\r' collapsed). Line k is the
         k-th complete line ever fed; only the new lines are copied, not the whole ring."""
         with self._lock:
+            self._make_lines()
             count = max(0, min(self.total_lines - seen, len(self.lines)))
             new = list(itertools.islice(reversed(self.lines), count))
             open_lines = self._open_lines()

@@ -48,16 +48,31 @@ def test_a_progress_bar_redrawn_on_a_huge_open_line_shows_its_last_state():
 
 def test_the_ring_is_capped_in_bytes_as_well_as_lines():
     ring = LineRing(maxlen=10_000, max_bytes=4 * MB)
-    for _ in range(1000):
+    for i in range(1000):
         ring.feed(STDOUT, b"z" * MB + b"\n")  # 1000 lines of 1 MB would be 1 GB
-        assert ring.bytes <= 4 * MB
-    assert ring.total_lines == 1000
-    assert ring.bytes == sum(map(len, ring.lines)) and len(ring.lines) > 1
+        if i % 7 == 0:
+            ring.tail(1)  # watched now and then: lines made from what came so far
+        assert ring.held_bytes <= 4 * MB
+    assert ring.total_lines == 1000 and len(ring.tail()) > 1
+    assert ring.bytes == sum(map(len, ring.lines)) <= 4 * MB
     small = LineRing(maxlen=10_000, max_bytes=1000)
     small.feed(STDOUT, b"".join(b"line %05d\n" % i for i in range(5000)))
-    assert small.bytes <= 1000 and small.total_lines == 5000
     version, total, new, _ = small.since(4990)
-    assert total == 5000 and new == [b"line %05d" % i for i in range(4990, 5000)]
+    assert small.bytes <= 1000 and total == small.total_lines == 5000
+    assert new == [b"line %05d" % i for i in range(4990, 5000)]
+
+
+def test_nobody_watching_costs_no_lines_and_the_newest_output_survives():
+    ring = LineRing(maxlen=10_000, max_bytes=300)
+    many = [b"".join(b"x%03d\n" % i for i in range(start, start + 20)) for start in range(0, 500, 20)]
+    feeds = [b"open line start ", b"and more ", *many, b"open at the end"]
+    for chunk in feeds:
+        ring.feed(STDOUT, chunk)
+        assert not ring.lines and ring.held_bytes <= 300  # the reader made no line objects
+    assert ring.total_lines == 500
+    tail = ring.tail()
+    assert tail[-1] == b"open at the end" and tail[-2] == b"x499"
+    assert tail[:-1] == [b"x%03d" % i for i in range(500 - len(tail) + 1, 500)]
 
 
 def test_lines_are_the_same_however_the_bytes_are_chunked():
@@ -70,7 +85,7 @@ def test_lines_are_the_same_however_the_bytes_are_chunked():
         step = rng.randint(1, 40)
         ring.feed(STDOUT, text[pos : pos + step])
         pos += step
-    assert list(ring.lines) == expected
+    assert ring.tail() == expected
 
 
 def _through_a_slow_console(writes: list[tuple[str, bytes]]) -> bytes:
