@@ -31,11 +31,43 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 STDOUT, STDERR = 1, 2
 
 
-def widen_pipe(fd: int) -> None:
+_PIPE_BUDGET_SHARE = 2  # we take at most 1/2 of the user's pipe budget: their other pipes need room
+_widened_lock = threading.Lock()
+_widened: set[int] = set()  # our descriptors of pipes we asked 1 MiB for (each counts _PIPE_SIZE)
+
+
+def pipe_budget() -> int | None:
+    """Bytes of pipe buffers this user may hold before the kernel shrinks new pipes to one page
+    (/proc/sys/fs/pipe-user-pages-soft); None when there is no such limit for us (root)."""
+    if os.geteuid() == 0:  # CAP_SYS_RESOURCE: exempt from the per-user pipe limits
+        return None
     try:
-        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
-    except OSError:
-        pass  # over /proc/sys/fs/pipe-max-size for unprivileged users: keep the default
+        with open("/proc/sys/fs/pipe-user-pages-soft") as f:
+            pages = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") if pages else None
+
+
+def widen_pipe(fd: int, budget: int | None = None) -> bool:
+    """Ask for a 1 MiB buffer on the pipe `fd` if that stays within our share of `budget`
+    (the user's pipe budget, `pipe_budget()` when None); True if it was granted. `release_pipe(fd)`
+    gives the share back when the pipe is closed."""
+    budget = pipe_budget() if budget is None else budget
+    with _widened_lock:
+        if budget is not None and (len(_widened) + 1) * _PIPE_SIZE > budget // _PIPE_BUDGET_SHARE:
+            return False  # the default 64 KiB pipe: slower, but the user's other pipes keep theirs
+        try:
+            fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
+        except OSError:
+            return False  # over /proc/sys/fs/pipe-max-size for unprivileged users: keep the default
+        _widened.add(fd)
+        return True
+
+
+def release_pipe(fd: int) -> None:
+    with _widened_lock:
+        _widened.discard(fd)
 
 
 def collapse_cr(line: bytes) -> bytes:
@@ -390,6 +422,7 @@ class OutputPump:
     def add(self, fd: int, sink: StreamSink) -> None:
         """Start reading `fd` (ours to close) into `sink`."""
         widen_pipe(fd)
+        os.set_blocking(fd, False)  # a round reads each descriptor until it is empty
         self._pending.put((fd, sink))
         self._wake()
 
@@ -413,19 +446,33 @@ class OutputPump:
                     os.read(self._wake_r, 4096)
                     self._register_pending()
                     continue
-                try:
-                    data = self._buffer[: os.readv(key.fd, [self._buffer])].tobytes()
-                except OSError:
-                    data = b""
+                data = self._read(key.fd)
                 if data:
-                    key.data.feed(data)
+                    key.data.feed(data)  # at end of file the descriptor stays ready: closed next round
                 else:
                     self._selector.unregister(key.fd)
+                    release_pipe(key.fd)
                     os.close(key.fd)
                     self._open -= 1
                     key.data.finish()
             if self._closing and self._open == 0 and self._pending.empty():
                 return
+
+    def _read(self, fd: int) -> bytes:
+        """What `fd` holds now, up to one buffer; b"" at end of file. A pty hands out at most 4 KiB
+        a read, so one read a round would hold a rank to that pace: read again until it is empty."""
+        filled, size = 0, len(self._buffer)
+        while filled < size:
+            try:
+                count = os.readv(fd, [self._buffer[filled:]])
+            except BlockingIOError:
+                break
+            except OSError:  # EIO: a pty whose last writer is gone, the end as for a pipe
+                break
+            if not count:
+                break
+            filled += count
+        return self._buffer[:filled].tobytes()
 
     def _register_pending(self) -> None:
         while not self._pending.empty():

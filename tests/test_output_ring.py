@@ -125,3 +125,57 @@ def test_the_drop_note_appears_even_when_nothing_follows():
     shown = _through_a_slow_console([("flood", line) for line in _FLOOD])
     assert shown.endswith(b"bytes not shown here; see the log files]\n")
     assert sum(_notes(shown)) + 100 * sum(line in shown for line in _FLOOD) == 100 * len(_FLOOD)
+
+
+def test_a_pty_is_read_until_empty_in_one_round():
+    import pty
+    import select
+    import tty
+
+    from conftest import polls
+    from ranktop.core.output import OutputPump
+
+    master, slave = pty.openpty()
+    tty.setraw(slave)  # bytes as written: no newline translation
+    os.set_blocking(slave, False)
+    os.set_blocking(master, False)
+    pump = OutputPump()
+    try:
+        written = b""
+        try:
+            while True:  # fill the pty: several times what one read of it hands out (4 KiB)
+                written += bytes(range(256))[: os.write(slave, bytes(range(256)))]
+        except BlockingIOError:
+            pass
+        select.select([master], [], [], 10)
+        got = pump._read(master)
+        assert len(got) > 4096  # more than one read's worth in one call
+        for _ in polls(10, "the rest of the pty's bytes"):
+            if len(got) >= len(written):
+                break
+            got += pump._read(master)
+        assert got == written
+    finally:
+        pump.close(timeout=1)
+        os.close(slave)
+        os.close(master)
+
+
+def test_pipes_are_widened_only_within_our_share_of_the_users_budget():
+    from ranktop.core.output import pipe_budget, release_pipe, widen_pipe
+
+    f_getpipe_sz = getattr(fcntl, "F_GETPIPE_SZ", 1032)
+    pipes = [os.pipe() for _ in range(3)]
+    try:
+        budget = 4 * MB  # half of it for us: two 1 MiB pipes
+        granted = [widen_pipe(r, budget) for r, _ in pipes]
+        assert granted == [True, True, False]
+        assert [fcntl.fcntl(r, f_getpipe_sz) for r, _ in pipes] == [MB, MB, 64 << 10]
+        release_pipe(pipes[0][0])  # a closed pipe gives its share back
+        assert widen_pipe(pipes[2][0], budget) and fcntl.fcntl(pipes[2][0], f_getpipe_sz) == MB
+    finally:
+        for r, w in pipes:
+            release_pipe(r)
+            os.close(r)
+            os.close(w)
+    assert (pipe_budget() is None) == (os.geteuid() == 0)  # root has no per-user pipe limit
