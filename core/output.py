@@ -354,7 +354,11 @@ class StreamSink:
             except OSError as exc:
                 self._log_failed(exc, 0)
         self.console = console
-        self._console_partial = b""
+        # The unfinished line, held for the console until its newline (to prefix it and collapse
+        # its '\r's) as pieces, and only up to LINE_CAP: past that it is shown as it comes.
+        self._console_open: list[bytes] = []
+        self._console_open_bytes = 0
+        self._console_streaming = False  # the open line's start (and prefix) is out already
         self.done = threading.Event()
 
     def feed(self, data: bytes) -> None:
@@ -385,18 +389,32 @@ class StreamSink:
         writer, target, prefix = self.console
         head, sep, rest = data.rpartition(b"\n")
         if not sep:
-            self._console_partial += data
+            self._hold(data)
             return
-        body = self._console_partial + head
-        self._console_partial = rest
+        streamed = self._console_streaming
+        body = b"".join(self._console_open) + head
+        self._console_open, self._console_open_bytes, self._console_streaming = [], 0, False
         if b"\r" in body:  # a redrawn progress bar would overwrite the prefix: show its last state
             body = b"\n".join(collapse_cr(line) for line in body.split(b"\n"))
         if prefix:
-            body = prefix + body.replace(b"\n", b"\n" + prefix)
+            body = (b"" if streamed else prefix) + body.replace(b"\n", b"\n" + prefix)
         writer.write(target, body + b"\n", self.ring)
+        if rest:
+            self._hold(rest)
+
+    def _hold(self, piece: bytes) -> None:
+        writer, target, prefix = self.console
+        if self._console_streaming:
+            writer.write(target, piece, self.ring)
+            return
+        self._console_open.append(piece)
+        self._console_open_bytes += len(piece)
+        if self._console_open_bytes > LINE_CAP:  # too long to hold: show it as it comes
+            writer.write(target, prefix + b"".join(self._console_open), self.ring)
+            self._console_open, self._console_open_bytes, self._console_streaming = [], 0, True
 
     def finish(self) -> None:
-        if self.console is not None and self._console_partial:
+        if self.console is not None and (self._console_open or self._console_streaming):
             self._tee(b"\n")
         if self.log_fd is not None:
             os.close(self.log_fd)

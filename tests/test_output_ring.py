@@ -179,3 +179,21 @@ def test_pipes_are_widened_only_within_our_share_of_the_users_budget():
             os.close(r)
             os.close(w)
     assert (pipe_budget() is None) == (os.geteuid() == 0)  # root has no per-user pipe limit
+
+
+def test_the_console_tee_of_an_endless_line_holds_little_and_loses_nothing():
+    import io
+
+    from ranktop.core.output import StreamSink
+
+    console = io.BytesIO()
+    writer = ConsoleWriter()
+    sink = StreamSink(STDOUT, LineRing(), None, (writer, console, b"[r0]:"))
+    piece = b"a" * (64 << 10)
+    for _ in range(160):  # a 10 MB line, no newline yet
+        sink.feed(piece)
+        assert sink._console_open_bytes <= LINE_CAP + len(piece)
+    sink.feed(b"b\nnext\nopen")
+    sink.finish()
+    writer.close()
+    assert console.getvalue() == b"[r0]:" + piece * 160 + b"b\n[r0]:next\n[r0]:open\n"
