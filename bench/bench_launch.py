@@ -9,6 +9,16 @@ Scenarios (SPEC 5 targets in brackets):
            (every log file is checked to hold exactly the bytes its rank wrote)
   stop     8 ranks, each with a grandchild, all exit on SIGINT;
            SIGINT to the launcher until every rank and grandchild is dead   [0.3 s]
+  writes   8 ranks x 400k short lines that only write (one write(2) each), --tee 3 + logs,
+           beside the C floor (each rank piped into `cat` writing its log file) and /dev/null
+           [16 cores: within 1.3x of /dev/null; 2 cores: at or below the floor]
+  bigline  one rank writes a 200 MB line without a newline      [ranktop CPU <= 3 s, RSS <= 100 MB]
+  mblines  one rank writes 1000 lines of 1 MB                    [peak RSS <= 150 MB]
+  pty      one rank writes 20 MB through --pty and through pipes [pty within 3x of pipes]
+
+For bigline and mblines "ranktop CPU" is the launcher's user+system time less what the rank
+reported for itself, and peak RSS is the launcher's (ru_maxrss over it and its reaped children;
+the ranks are far smaller).
 
 Run by hand, not by the tests. The launchers' own console output goes to /dev/null. Each
 figure is the median of the repeats after one unmeasured warm-up run; the contenders take
@@ -68,6 +78,38 @@ with open(tmp, "w") as f:
 os.replace(tmp, f"{out}/pids.{rank}")
 time.sleep(600)
 """
+
+
+# Only writes: no hashing, so the ranks are as fast as they can be and the launcher's tax shows.
+# The bench rebuilds the expected bytes itself (`writes_payload`) to check the logs.
+WRITER = """\
+import os, sys
+n = int(sys.argv[1])
+rank = os.environ.get("RANK", sys.argv[2] if len(sys.argv) > 2 else "0").encode()
+w = os.write
+for i in range(n):
+    w(1, b"[rank %s] step %7d loss 0.12345678 lr 3.0e-04 ok\\n" % (rank, i))
+"""
+
+# One rank, big writes: argv = total MB, MB per line (0: no newline at all), where to report
+# its own CPU seconds.
+BIG = """\
+import os, sys
+total_mb, line_mb, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+block = b"x" * (1 << 20)
+for i in range(total_mb):
+    os.write(1, block[:-1] + b"\\n" if line_mb and (i + 1) % line_mb == 0 else block)
+if not line_mb:
+    os.write(1, b"\\n")
+t = os.times()
+with open(out, "w") as f:
+    f.write(str(t.user + t.system))
+"""
+
+
+def writes_payload(rank: int, n: int) -> bytes:
+    r = str(rank).encode()
+    return b"".join(b"[rank %s] step %7d loss 0.12345678 lr 3.0e-04 ok\n" % (r, i) for i in range(n))
 
 
 @dataclass
@@ -301,6 +343,103 @@ def stop_bare(base: str, script: str) -> float:
             p.wait()
 
 
+def run_cat_floor(script: str, args: list[str], log_dir: str) -> float:
+    """The C floor: every rank's output piped into its own `cat`, which writes the log file."""
+    start = time.perf_counter()
+    procs = []
+    for r in range(NPROC):
+        log = open(os.path.join(log_dir, f"{r}.log"), "wb")
+        cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=log)
+        log.close()
+        rank = subprocess.Popen([sys.executable, "-u", script, *args, str(r)], env=rank_env(r), cwd=ROOT,
+                                stdout=cat.stdin, stderr=cat.stdin)
+        cat.stdin.close()
+        procs += [rank, cat]
+    codes = [p.wait(DEADLINE) for p in procs]
+    elapsed = time.perf_counter() - start
+    if any(codes):
+        raise RuntimeError(f"floor processes exited with {codes}")
+    return elapsed
+
+
+def check_writes(log_root: str, lines: int, pattern: str) -> str | None:
+    for r in range(NPROC):
+        logs = sorted(Path(log_root).glob(pattern.format(r=r)))
+        if len(logs) != 1:
+            return f"rank {r}: expected one log, found {len(logs)}"
+        if logs[0].read_bytes() != writes_payload(r, lines):
+            return f"rank {r}: log differs from what the rank wrote"
+    return None
+
+
+def bench_writes(base: str, n: int, torchrun: bool, lines: int) -> dict[str, Result]:
+    script = os.path.join(base, "writer.py")
+    Path(script).write_text(WRITER)
+    problems: dict[str, str] = {}
+    logs = {"ranktop": "**/attempt_0/{r}/stdout.log", "floor": "{r}.log"}
+
+    def checked(name: str, run: Callable[[str], float]) -> Callable[[], float]:
+        def once() -> float:
+            log_dir = fresh_dir(base, f"{name}-logs")
+            elapsed = run(log_dir)
+            problem = check_writes(log_dir, lines, logs[name]) if name in logs else None
+            if problem:
+                problems[name] = problem
+            return elapsed
+        return once
+
+    contenders = {
+        "ranktop": checked("ranktop", lambda d: run_launcher(ranktop_cmd(script, [str(lines)], d, tee=True))),
+        "floor": checked("floor", lambda d: run_cat_floor(script, [str(lines)], d)),
+        "bare": lambda: run_bare(script, [str(lines)]),
+    }
+    if torchrun:
+        contenders["torchrun"] = checked("torchrun", lambda d: run_launcher(torchrun_cmd(script, [str(lines)], d, tee=True)))
+    out = interleaved(n, contenders)
+    for name, problem in problems.items():
+        out[name].note = f"BYTES LOST: {problem}"
+    return out
+
+
+def launcher_cost(cmd: list[str], rank_cpu_file: str) -> tuple[float, float, float]:
+    """(wall seconds, launcher CPU seconds less the rank's own, peak RSS in MB) of one run."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"exit status {proc.returncode}: {' '.join(cmd)}")
+    rank_cpu = float(Path(rank_cpu_file).read_text())
+    return elapsed, usage.ru_utime + usage.ru_stime - rank_cpu, usage.ru_maxrss / 1024
+
+
+def bench_big(base: str, name: str) -> dict[str, str]:
+    """One run of bigline, mblines or pty; figures as text."""
+    script = os.path.join(base, "big.py")
+    Path(script).write_text(BIG)
+    cpu_file = os.path.join(base, "rank-cpu")
+
+    def cmd(total_mb: int, line_mb: int, *flags: str) -> list[str]:
+        return [sys.executable, "-m", "ranktop", "--headless", "--nproc-per-node", "1", "--log-dir",
+                fresh_dir(base, "big-logs"), "--run-id", "bench", *flags, script, str(total_mb),
+                str(line_mb), cpu_file]
+
+    if name == "bigline":
+        wall, cpu, rss = launcher_cost(cmd(200, 0, "--tee", "3"), cpu_file)
+        return {"figure": f"wall {wall:.2f} s, ranktop CPU {cpu:.2f} s, peak RSS {rss:.0f} MB",
+                "target": "CPU <= 3 s, RSS <= 100 MB", "met": _yes(cpu <= 3 and rss <= 100)}
+    if name == "mblines":
+        wall, cpu, rss = launcher_cost(cmd(1000, 1, "--tee", "3"), cpu_file)
+        return {"figure": f"wall {wall:.2f} s, ranktop CPU {cpu:.2f} s, peak RSS {rss:.0f} MB",
+                "target": "RSS <= 150 MB", "met": _yes(rss <= 150)}
+    pipes, _, _ = launcher_cost(cmd(20, 1), cpu_file)
+    pty, _, _ = launcher_cost(cmd(20, 1, "--pty"), cpu_file)
+    return {"figure": f"pty {pty:.2f} s, pipes {pipes:.2f} s ({pty / pipes:.1f}x)",
+            "target": "pty within 3x of pipes", "met": _yes(pty <= 3 * pipes)}
+
+
 def bench_stop(base: str, n: int, torchrun: bool) -> dict[str, Result]:
     script = os.path.join(base, "stopper.py")
     Path(script).write_text(STOPPER)
@@ -327,6 +466,8 @@ def verdict(name: str, rt: float | None, bare: float | None, lines: int) -> tupl
         return f"+{rt - bare:.3f} s ({rt / bare:.2f}x)", "within 0.15 s of bare", _yes(rt - bare <= 0.15)
     if name == "lines":
         return f"{rt / bare:.2f}x", "within 1.5x of bare", _yes(rt / bare <= 1.5)
+    if name == "writes":
+        return f"{rt / bare:.2f}x", "within 1.3x of bare (16 cores)", _yes(rt / bare <= 1.3)
     return f"{rt / bare:.2f}x", "all dead within 0.3 s", _yes(rt <= 0.3)
 
 
@@ -334,16 +475,17 @@ def _yes(ok: bool) -> str:
     return "yes" if ok else "NO"
 
 
-def print_table(rows: dict[str, dict[str, Result]], lines: int, repeats: int) -> None:
+def print_table(rows: dict[str, dict[str, Result]], lines: int, repeats: int, writes: int) -> None:
     labels = {"trivial": f"{NPROC} trivial ranks, launch+reap",
               "lines": f"{NPROC} x {lines // 1000}k lines, tee 3 + logs (bare: /dev/null)",
-              "stop": f"SIGINT -> {NPROC} ranks + grandchildren dead"}
-    header = ["scenario", "ranktop", "torchrun", "bare", "ranktop vs bare", "SPEC 5 target", "met"]
+              "stop": f"SIGINT -> {NPROC} ranks + grandchildren dead",
+              "writes": f"{NPROC} x {writes // 1000}k write-only lines, tee 3 + logs"}
+    header = ["scenario", "ranktop", "torchrun", "C floor", "bare", "ranktop vs bare", "SPEC 5 target", "met"]
     body = []
     for name, res in rows.items():
         rt, bare = res["ranktop"].median, res["bare"].median
-        body.append([labels[name], fmt(res["ranktop"]), fmt(res.get("torchrun")), fmt(res["bare"]),
-                     *verdict(name, rt, bare, lines)])
+        body.append([labels[name], fmt(res["ranktop"]), fmt(res.get("torchrun")), fmt(res.get("floor")),
+                     fmt(res["bare"]), *verdict(name, rt, bare, lines)])
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
     print(f"\nmedians of {repeats} runs, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     print(_row(header, widths))
@@ -362,6 +504,9 @@ def _row(cells: list[str], widths: list[int]) -> str:
     return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
 
 
+_BIG = ("bigline", "mblines", "pty")
+
+
 def have_torch() -> bool:
     try:
         import torch.distributed.run  # noqa: F401
@@ -372,22 +517,28 @@ def have_torch() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-s", "--scenario", action="append", choices=("trivial", "lines", "stop"),
+    p.add_argument("-s", "--scenario", action="append", choices=("trivial", "lines", "stop", "writes", *_BIG),
                    help="run only these (repeatable; default all)")
     p.add_argument("-n", "--repeats", type=int, default=5, help="measured runs per contender (default 5)")
     p.add_argument("--lines", type=int, default=200_000, help="lines per rank in 'lines' (default 200000)")
+    p.add_argument("--writes", type=int, default=400_000, help="lines per rank in 'writes' (default 400000)")
     p.add_argument("--no-torchrun", action="store_true", help="skip torchrun even when torch is installed")
     ns = p.parse_args(argv)
     torchrun = not ns.no_torchrun and have_torch()
     if not torchrun:
         print("torchrun: skipped" + ("" if ns.no_torchrun else " (torch is not importable)"))
-    scenarios = ns.scenario or ["trivial", "lines", "stop"]
+    scenarios = ns.scenario or ["trivial", "lines", "stop", "writes", *_BIG]
     rows: dict[str, dict[str, Result]] = {}
+    big: dict[str, dict[str, str]] = {}
     base = tempfile.mkdtemp(prefix="ranktop-bench-")
     try:
         for name in scenarios:
             print(f"running {name} ...", flush=True)
-            if name == "trivial":
+            if name in _BIG:
+                big[name] = bench_big(base, name)  # once: each run is long and the figure is coarse
+            elif name == "writes":
+                rows[name] = bench_writes(base, ns.repeats, torchrun, ns.writes)
+            elif name == "trivial":
                 rows[name] = bench_trivial(base, ns.repeats, torchrun)
             elif name == "lines":
                 rows[name] = bench_lines(base, ns.repeats, torchrun, ns.lines)
@@ -395,7 +546,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows[name] = bench_stop(base, ns.repeats, torchrun)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    print_table(rows, ns.lines, ns.repeats)
+    print_table(rows, ns.lines, ns.repeats, ns.writes)
+    for name, figures in big.items():
+        print(f"{name}: {figures['figure']}  [target: {figures['target']}: {figures['met']}]")
     return 0
 
 

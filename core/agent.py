@@ -8,10 +8,12 @@ other threads go through the PContext's lock and wake the loop; they never block
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import enum
 import os
 import secrets
+import shutil
 import signal
 import sys
 import threading
@@ -21,14 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ranktop.core.context import PContext, RunProcsResult, plan_streams, prefix_for
-from ranktop.core.errors import ProcessFailure, signal_name
+from ranktop.core.errors import ProcessFailure, UsageError, signal_name
 from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.process import exit_status_for_signal
 from ranktop.core.signals import StopAction, StopRule
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
-from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState, RootCause
+from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -56,16 +58,18 @@ class RunResult:
     failures: dict[int, ProcessFailure] = field(default_factory=dict)
     root_cause: RootCause | None = None
     stop_signal: int | None = None  # the signal that stopped us, if one did
+    incomplete_logs: tuple[LogLoss, ...] = ()  # log files a write failed on (disk full)
 
     def is_failed(self) -> bool:
         return self.state == WorkerState.FAILED
 
     @property
     def exit_status(self) -> int:
-        """The CLI's exit status: 0 success, 1 a rank failed, 128+N stopped by signal N."""
+        """The CLI's exit status: 0 success, 1 a rank failed or output was lost on its way to a
+        log file, 128+N stopped by signal N."""
         if self.stop_signal is not None:
             return exit_status_for_signal(self.stop_signal)
-        return 0 if self.state == WorkerState.SUCCEEDED else 1
+        return 0 if self.state == WorkerState.SUCCEEDED and not self.incomplete_logs else 1
 
 
 def new_run_id() -> str:
@@ -112,8 +116,8 @@ class LocalAgent:
         # Made fresh and held until the end: every file of the run is opened through it.
         self.layout = RunDir.create(log_dir, self.run_id)
         self.run_dir = self.layout.path
-        self.events = EventLog(self.layout.open_events())
         self.master_port = spec.master_port or free_port()
+        self.events = self._open_events()
         self.attempt = 0
         self.state = GroupState.INIT
         self.started_at = time.time()
@@ -128,15 +132,30 @@ class LocalAgent:
         # (signal, monotonic arrival time), appended by signal handlers, drained by the loop.
         self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
         self._stop_rule = StopRule()
+        self._earlier_losses: list[LogLoss] = []  # incomplete logs of the attempts before this one
         self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
+
+    def _open_events(self) -> EventLog:
+        """The run directory and its event log, with the first event written: a disk that is full
+        (or read-only) from the start is a UsageError, before any rank starts."""
+        events = None
+        try:
+            events = EventLog(self.layout.open_events())
+            events.write("run_started", strict=True, run_id=self.run_id, name=self.spec.display_name(),
+                         world_size=self.spec.world_size, node_rank=self.spec.node_rank,
+                         master_port=self.master_port, pid=os.getpid())
+            return events
+        except OSError as exc:
+            if events is not None:
+                events.close()
+            self.layout.close()
+            shutil.rmtree(self.run_dir, ignore_errors=True)  # ours, made just now: leave no empty run
+            raise UsageError(f"cannot start the run in {self.run_dir}: {exc.strerror or exc}") from None
 
     # ----- the run -----------------------------------------------------------------------------
     def run(self) -> RunResult:
         """Run to the end (restarting as allowed); the calling thread becomes the monitor loop."""
         handlers = self._install_signal_handlers()
-        self.events.write("run_started", run_id=self.run_id, name=self.spec.display_name(),
-                          world_size=self.spec.world_size, node_rank=self.spec.node_rank,
-                          master_port=self.master_port, pid=os.getpid())
         try:
             while True:
                 self._start_attempt()
@@ -203,6 +222,7 @@ class LocalAgent:
 
     def _next_attempt(self, reason: str) -> None:
         self.pcontext.close(timeout=self.shutdown_timeout)
+        self._earlier_losses += self.pcontext.incomplete_logs()
         self.attempt += 1
         self.state = GroupState.RESTARTING
         self.events.write("group_restart", attempt=self.attempt, reason=reason)
@@ -219,9 +239,10 @@ class LocalAgent:
         # A stop the user asked for has no culprit among the ranks.
         self.root_cause = self._root_cause() if failures and not self._user_stop else None
         self.ended_at = time.time()
-        run = RunResult(state, values, failures, self.root_cause, self._stop_signal)
+        run = RunResult(state, values, failures, self.root_cause, self._stop_signal, self.incomplete_logs())
         self.events.write("run_finished", state=state.value, exit_status=run.exit_status,
-                          root_cause_rank=self.root_cause.rank if self.root_cause else None)
+                          root_cause_rank=self.root_cause.rank if self.root_cause else None,
+                          incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
         return run
 
     def _root_cause(self) -> RootCause | None:
@@ -316,7 +337,16 @@ class LocalAgent:
 
     # ----- snapshots ---------------------------------------------------------------------------
     def _on_rank_event(self, event: dict) -> None:
-        self.events.write(event.pop("event"), attempt=self.attempt, **event)
+        name = event.pop("event")
+        self.events.write(name, attempt=self.attempt, **event)
+        if name == "log_write_failed" and self.console:
+            _say(f"ranktop: rank {event['rank']}: cannot write {event['path']}: {event['error']}; "
+                 "its output is still read and shown, but no longer saved there")
+
+    def incomplete_logs(self) -> tuple[LogLoss, ...]:
+        """Every log file of the run that misses output, with the bytes each lost so far."""
+        now = self.pcontext.incomplete_logs() if self.pcontext is not None else []
+        return tuple(self._earlier_losses + now)
 
     def _check_stalls(self) -> None:
         if not self.stall_timeout:
@@ -375,6 +405,7 @@ class LocalAgent:
             gpu=stats.gpu if stats else None,
             stall_seconds=self._silent_for(slot, now) if state == RankState.STALLED else None,
             native=not callable(self.spec.entrypoint) and not _is_python(self.spec),
+            log_bytes_lost=slot.log_bytes_lost, log_error=slot.log_error,
         )
 
     def snapshot(self) -> GroupSnapshot:
@@ -389,7 +420,7 @@ class LocalAgent:
             max_restarts=self.spec.max_restarts, started_at=self.started_at, ended_at=self.ended_at,
             log_dir=self.run_dir, ranks=ranks,
             gpu_status=self.sampler.gpu_status() if self.sampler is not None else None,
-            root_cause=self.root_cause,
+            root_cause=self.root_cause, incomplete_logs=self.incomplete_logs(),
         )
 
     def output(self, local_rank: int, n: int | None = None) -> list[bytes]:
@@ -398,6 +429,14 @@ class LocalAgent:
 
     def ring(self, local_rank: int):
         return self.pcontext.slots[local_rank].ring
+
+
+def _say(line: str) -> None:
+    """One line to our stderr, from any thread; a closed or broken stderr loses only the line."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _decoded(lines: list[bytes]) -> tuple[str, ...]:

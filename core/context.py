@@ -10,6 +10,7 @@ than by sleeping.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import secrets
@@ -34,6 +35,7 @@ from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputP
 from ranktop.core.process import LEADER_ONLY_SIGNALS, STOP_SIGNALS, Launch, RankProcess, python_call_argv
 from ranktop.core.sanitize import clean_console
 from ranktop.core.spec import Std, per_rank
+from ranktop.core.state import LogLoss
 from ranktop.core.strays import StrayTracker, forget_own_child, note_own_child
 
 _GUARD_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
@@ -77,6 +79,15 @@ class RankSlot:
     kill_at: float | None = None  # monotonic time after which the group gets SIGKILL
     restart_pending: bool = False
     failure: ProcessFailure | None = None
+    sinks: list[StreamSink] = field(default_factory=list)  # every one this slot had, restarts included
+
+    @property
+    def log_bytes_lost(self) -> int:
+        return sum(sink.bytes_lost for sink in self.sinks)
+
+    @property
+    def log_error(self) -> str | None:
+        return next((sink.log_error for sink in self.sinks if sink.log_error), None)
 
     @property
     def alive(self) -> bool:
@@ -229,7 +240,10 @@ class PContext:
 
     def _spawn(self, slot: RankSlot) -> None:
         r = slot.local_rank
-        self._held_rank_dir(r).remove(ERROR_FILE)  # a stale one would be taken for this start's
+        try:
+            self._held_rank_dir(r).remove(ERROR_FILE)  # a stale one would be taken for this start's
+        except OSError:
+            pass  # disk full: the log files cannot be opened either, and their sinks report that
         env = {**os.environ, **self.envs[r], ERROR_FILE_ENV: self.error_file(r), MARKER: self.token}
         if callable(self.entrypoint):
             payload = os.path.join(self._tmp, f"{r}.payload")
@@ -264,9 +278,24 @@ class PContext:
             if not (to_file or to_console) and self._passthrough:
                 continue  # inherit our descriptor: the rank writes straight to our console
             console = (self._console, target.buffer, plan.prefix) if to_console else None
-            log_fd = self._held_rank_dir(r).open_append(log_name(stream)) if to_file else None
-            sinks[stream] = StreamSink(stream, ring, log_fd, console)
+            sinks[stream] = StreamSink(
+                stream, ring, console=console,
+                log=(self.log_path(r, stream), functools.partial(self._open_log, r, stream)) if to_file else None,
+                on_log_error=functools.partial(self._log_write_failed, r))
+        self.slots[r].sinks.extend(sinks.values())
         return sinks
+
+    def _open_log(self, r: int, stream: int) -> int:
+        return self._held_rank_dir(r).open_append(log_name(stream))
+
+    def _log_write_failed(self, r: int, sink: StreamSink) -> None:
+        """Called once per log file, from the output thread, when a write to it failed."""
+        self._emit("log_write_failed", r, path=sink.log_path, error=sink.log_error, bytes_lost=sink.bytes_lost)
+
+    def incomplete_logs(self) -> list[LogLoss]:
+        """The log files of this context that miss output, with the bytes each lost so far."""
+        return [LogLoss(self.global_ranks[slot.local_rank], sink.log_path, sink.log_error, sink.bytes_lost)
+                for slot in self.slots for sink in slot.sinks if sink.log_error]
 
     # ----- the monitor step --------------------------------------------------------------------
     def step(self) -> RunProcsResult | None:
@@ -331,10 +360,11 @@ class PContext:
                    signal=signal_name(code) if code < 0 else None, by_us=slot.stopped_by_us)
         if code == 0:
             return
+        held = self._rank_dirs.get(slot.local_rank)  # none if the disk was too full to make it
         slot.failure = ProcessFailure(
-            slot.local_rank, proc.pid, code, self.error_file(slot.local_rank),
+            slot.local_rank, proc.pid, code, self.error_file(slot.local_rank) if held else None,
             rank=self.global_ranks[slot.local_rank], timestamp=proc.exited_at,
-            error_dir_fd=self._held_rank_dir(slot.local_rank).fd,
+            error_dir_fd=held.fd if held else None,
         )
         if not slot.stopped_by_us and not self._stopping:
             self._stop_all(signal.SIGTERM, self.shutdown_timeout)  # one failure ends the group

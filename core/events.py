@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import threading
@@ -12,17 +13,43 @@ from typing import Any
 class EventLog:
     """Appends events to an events.jsonl opened for appending (see core/layout.py), from any
     thread. Each line is a single write to an O_APPEND descriptor, so lines written at the same
-    time by this process and by another one (`ranktop stacks`) never mix."""
+    time by this process and by another one (`ranktop stacks`) never mix.
+
+    A line is written whole or not at all. When the disk is full, lines are held back (up to
+    `HELD_LINES`) and written, in order, with the next line that fits."""
+
+    HELD_LINES = 10_000
 
     def __init__(self, fd: int):
         self._fd = fd
+        self._held: collections.deque[bytes] = collections.deque(maxlen=self.HELD_LINES)
         self._lock = threading.Lock()
 
-    def write(self, event: str, **fields: Any) -> None:
+    def write(self, event: str, *, strict: bool = False, **fields: Any) -> None:
+        """Append one event; `strict` raises OSError rather than holding the line back."""
         line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str) + "\n"
         with self._lock:
-            if self._fd >= 0:
-                os.write(self._fd, line.encode())
+            if self._fd < 0:
+                return
+            self._held.append(line.encode())
+            while self._held:
+                try:
+                    self._append(self._held[0])
+                except OSError:
+                    if strict:
+                        raise
+                    return
+                self._held.popleft()
+
+    def _append(self, data: bytes) -> None:
+        start = os.lseek(self._fd, 0, os.SEEK_END)
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+        except OSError:
+            os.ftruncate(self._fd, start)  # no torn line for readers of the file
+            raise
 
     def close(self) -> None:
         with self._lock:

@@ -12,6 +12,7 @@ import fcntl
 import itertools
 import os
 import queue
+import re
 import selectors
 import threading
 import time
@@ -30,11 +31,43 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 STDOUT, STDERR = 1, 2
 
 
-def widen_pipe(fd: int) -> None:
+_PIPE_BUDGET_SHARE = 2  # we take at most 1/2 of the user's pipe budget: their other pipes need room
+_widened_lock = threading.Lock()
+_widened: set[int] = set()  # our descriptors of pipes we asked 1 MiB for (each counts _PIPE_SIZE)
+
+
+def pipe_budget() -> int | None:
+    """Bytes of pipe buffers this user may hold before the kernel shrinks new pipes to one page
+    (/proc/sys/fs/pipe-user-pages-soft); None when there is no such limit for us (root)."""
+    if os.geteuid() == 0:  # CAP_SYS_RESOURCE: exempt from the per-user pipe limits
+        return None
     try:
-        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
-    except OSError:
-        pass  # over /proc/sys/fs/pipe-max-size for unprivileged users: keep the default
+        with open("/proc/sys/fs/pipe-user-pages-soft") as f:
+            pages = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") if pages else None
+
+
+def widen_pipe(fd: int, budget: int | None = None) -> bool:
+    """Ask for a 1 MiB buffer on the pipe `fd` if that stays within our share of `budget`
+    (the user's pipe budget, `pipe_budget()` when None); True if it was granted. `release_pipe(fd)`
+    gives the share back when the pipe is closed."""
+    budget = pipe_budget() if budget is None else budget
+    with _widened_lock:
+        if budget is not None and (len(_widened) + 1) * _PIPE_SIZE > budget // _PIPE_BUDGET_SHARE:
+            return False  # the default 64 KiB pipe: slower, but the user's other pipes keep theirs
+        try:
+            fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
+        except OSError:
+            return False  # over /proc/sys/fs/pipe-max-size for unprivileged users: keep the default
+        _widened.add(fd)
+        return True
+
+
+def release_pipe(fd: int) -> None:
+    with _widened_lock:
+        _widened.discard(fd)
 
 
 def collapse_cr(line: bytes) -> bytes:
@@ -43,40 +76,174 @@ def collapse_cr(line: bytes) -> bytes:
     return parts[-1] if parts else b""
 
 
-class LineRing:
-    """The recent complete lines of one rank (both streams, in arrival order) plus the unfinished
-    last line of each stream. Written by the reader thread, read by UIs from any thread."""
+LINE_CAP = 64 << 10  # bytes of one line the ring keeps (its head); the log files keep it whole
+RING_BYTES = 8 << 20  # bytes of output the ring keeps per rank, besides the line count
+_FEW_LINES = 16  # a chunk with no more lines than this costs little to make into lines
 
-    def __init__(self, maxlen: int = 10_000):
-        self.lines: collections.deque[bytes] = collections.deque(maxlen=maxlen)
-        self.partial = {STDOUT: b"", STDERR: b""}
+
+def cut_line(line: bytes, length: int | None = None) -> bytes:
+    """The head of an over-long line with a note of its full `length`; short lines as they are."""
+    length = len(line) if length is None else length
+    if length <= LINE_CAP:
+        return line
+    return line[:LINE_CAP] + f" \u2026 [ranktop: line cut, {length:,} bytes; the log file has it all]".encode()
+
+
+_CUT_NOTE = re.compile(rb" \xe2\x80\xa6 \[ranktop: line cut, ([0-9,]+) bytes; the log file has it all\]$")
+
+
+def line_length(line: bytes) -> int:
+    """How long a ring line was when it was printed, before `cut_line` cut it."""
+    if len(line) > LINE_CAP and (note := _CUT_NOTE.search(line, LINE_CAP)):
+        return int(note.group(1).replace(b",", b""))
+    return len(line)
+
+
+class OpenLine:
+    """The unfinished last line of one stream, in bounded memory and linear time however long it
+    grows: what a terminal would show of it (the text after its last '\r', or the last non-empty
+    state before that) is kept up to LINE_CAP bytes, with the true lengths."""
+
+    def __init__(self) -> None:
+        self.current = bytearray()  # head of the text since the last '\r'
+        self.current_len = 0
+        self.shown_before = b""  # the last non-empty state before that '\r', already cut
+        self.length = 0  # bytes of the whole line, '\r's included
+
+    def add(self, piece: bytes) -> None:
+        self.length += len(piece)
+        segments = piece.split(b"\r") if b"\r" in piece else (piece,)
+        self._extend(segments[0])
+        for segment in segments[1:]:
+            if self.current_len:
+                self.shown_before = self.state()
+            self.current, self.current_len = bytearray(), 0
+            self._extend(segment)
+
+    def _extend(self, segment: bytes) -> None:
+        room = LINE_CAP - len(self.current)
+        if room > 0:
+            self.current += segment[:room]
+        self.current_len += len(segment)
+
+    def state(self) -> bytes:
+        """The line as shown: '\r' collapsed, cut at LINE_CAP with a note."""
+        if not self.current_len:
+            return self.shown_before
+        return cut_line(bytes(self.current), self.current_len)
+
+    def finish(self, last: bytes) -> bytes:
+        """The complete line once `last` (its text up to the newline) came; the line starts over."""
+        if not self.length and b"\r" not in last:
+            return cut_line(last)  # the usual case: the line came whole in one chunk
+        self.add(last)
+        line = self.state()
+        self.__init__()
+        return line
+
+
+def _shown(line: bytes) -> bytes:
+    """A complete line as the ring keeps it: '\r' collapsed, cut at LINE_CAP."""
+    return cut_line(collapse_cr(line) if b"\r" in line else line)
+
+
+class LineRing:
+    """The recent output of one rank (both streams, in arrival order) as lines, plus the
+    unfinished last line of each stream. Written by the reader thread, read by UIs from any thread.
+
+    The reader only appends the chunk as read (and counts its newlines, in C): lines are made
+    only when someone asks (`tail`, `since`), so a run nobody watches pays nothing per line.
+    Bounded by `max_bytes` bytes (chunks waiting and lines together) and `maxlen` lines; a line
+    is kept up to LINE_CAP bytes."""
+
+    def __init__(self, maxlen: int = 10_000, max_bytes: int = RING_BYTES):
+        self.lines: collections.deque[bytes] = collections.deque()
+        self.maxlen = maxlen
+        self.max_bytes = max_bytes
+        self.bytes = 0  # of the complete lines made so far and kept
+        self.partial = {STDOUT: OpenLine(), STDERR: OpenLine()}
+        self._chunks: collections.deque[tuple[int, bytes]] = collections.deque()  # not made into lines yet
+        self._chunk_bytes = 0
         self.version = 0  # bumped per chunk: UIs repaint only when it moved
-        self.total_lines = 0
+        self.total_lines = 0  # newlines ever fed: line k is the k-th complete line
         self.last_output_at: float | None = None
         self._lock = threading.Lock()
 
     def feed(self, stream: int, chunk: bytes) -> None:
-        pieces = chunk.split(b"\n")
         with self._lock:
-            if len(pieces) > 1:
-                pieces[0] = self.partial[stream] + pieces[0]
-                self.partial[stream] = pieces.pop()
-                # The '\r' of a finished line may have come in an earlier chunk (still partial then).
-                if b"\r" in chunk or b"\r" in pieces[0]:
-                    pieces = [collapse_cr(p) if b"\r" in p else p for p in pieces]
-                self.lines.extend(pieces)
-                self.total_lines += len(pieces)
-            else:
-                self.partial[stream] += chunk
+            self._chunks.append((stream, chunk))
+            self._chunk_bytes += len(chunk)
+            self.total_lines += chunk.count(b"\n")
+            self._fit()
             self.version += 1
             self.last_output_at = time.time()
+
+    def _fit(self) -> None:
+        """Back within `max_bytes`: the oldest chunks go first (those of a few lines, a long line
+        among them, are made into lines, which are short once cut; the others are skipped), then
+        the oldest lines."""
+        while self._chunk_bytes > self.max_bytes and len(self._chunks) > 1:
+            stream, chunk = self._chunks.popleft()
+            self._chunk_bytes -= len(chunk)
+            if chunk.count(b"\n") <= _FEW_LINES:
+                self._make(stream, chunk)
+            else:
+                self._skip(stream, chunk)
+        while self._chunk_bytes + self.bytes > self.max_bytes and self.lines:
+            self.bytes -= len(self.lines.popleft())
+
+    def _skip(self, stream: int, chunk: bytes) -> None:
+        """Drop a chunk that waited too long to be made into lines: its lines would have left
+        the ring by now, and so did every line before it. Only the open line carries over."""
+        self.lines.clear()
+        self.bytes = 0
+        head, newline, rest = chunk.rpartition(b"\n")
+        open_line = self.partial[stream]
+        if newline:
+            open_line.__init__()
+            open_line.add(rest)
+        else:
+            open_line.add(chunk)
+
+    def _make_lines(self) -> None:
+        while self._chunks:
+            stream, chunk = self._chunks.popleft()
+            self._chunk_bytes -= len(chunk)
+            self._make(stream, chunk)
+
+    def _make(self, stream: int, chunk: bytes) -> None:
+        pieces = chunk.split(b"\n")
+        open_line = self.partial[stream]
+        if len(pieces) == 1:
+            open_line.add(chunk)
+            return
+        first = open_line.finish(pieces[0])
+        open_line.add(pieces.pop())
+        if b"\r" in chunk or max(map(len, pieces)) > LINE_CAP:
+            pieces = [_shown(p) for p in pieces]
+        pieces[0] = first
+        self._keep(pieces)
+
+    def _keep(self, lines: list[bytes]) -> None:
+        self.lines.extend(lines)
+        self.bytes += sum(map(len, lines))
+        while len(self.lines) > self.maxlen or self.bytes > self.max_bytes:
+            self.bytes -= len(self.lines.popleft())
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of output the ring holds: its lines and the chunks not made into lines yet."""
+        return self.bytes + self._chunk_bytes
+
+    def _open_lines(self) -> list[bytes]:
+        return [line for line in (p.state() for p in self.partial.values()) if line]
 
     def tail(self, n: int | None = None) -> list[bytes]:
         """The last n lines (all kept lines when None), unfinished ones last, '\\r' collapsed."""
         with self._lock:
+            self._make_lines()
             lines = list(self.lines)
-            open_lines = [collapse_cr(p) for p in self.partial.values() if p]
-        lines.extend(open_lines)
+            lines.extend(self._open_lines())
         return lines if n is None else lines[-n:]
 
     def since(self, seen: int) -> tuple[int, int, list[bytes], list[bytes]]:
@@ -84,54 +251,78 @@ class LineRing:
         `seen` and up that are still kept, the open lines with '\r' collapsed). Line k is the
         k-th complete line ever fed; only the new lines are copied, not the whole ring."""
         with self._lock:
+            self._make_lines()
             count = max(0, min(self.total_lines - seen, len(self.lines)))
             new = list(itertools.islice(reversed(self.lines), count))
-            open_lines = [p for p in self.partial.values() if p]
+            open_lines = self._open_lines()
             version, total = self.version, self.total_lines
         new.reverse()
-        return version, total, new, [collapse_cr(p) for p in open_lines]
+        return version, total, new, open_lines
+
+
+class _Gap:
+    """Console output of one rank dropped in a row: a note in the queue at the place it went."""
+
+    def __init__(self) -> None:
+        self.dropped = 0
 
 
 class ConsoleWriter:
     """Writes teed output to our own stdout/stderr from a thread of its own, so that a slow
-    terminal never stalls the pipe reader and through it the ranks. Past `budget` bytes
-    waiting, console output is dropped with a note; the log files still get every byte."""
+    terminal never stalls the pipe reader and through it the ranks. Each rank (`key`) may have
+    `budget` bytes waiting; past that its console output is dropped, and a note saying how much
+    takes its place, so a flooding rank cannot crowd out a quiet one. The log files still get
+    every byte."""
 
-    def __init__(self, budget: int = 64 << 20, clean: Callable[[bytes], bytes] | None = None):
+    def __init__(self, budget: int = 16 << 20, clean: Callable[[bytes], bytes] | None = None):
         self._clean = clean  # applied to every write of rank output; the log files keep the raw bytes
-        self._queue: queue.SimpleQueue[tuple[BinaryIO, bytes] | None] = queue.SimpleQueue()
-        self._pending = 0
-        self._dropped = 0
+        self._queue: queue.SimpleQueue[tuple[BinaryIO, bytes | _Gap, object] | None] = queue.SimpleQueue()
+        self._pending: dict[object, int] = collections.defaultdict(int)
+        self._gaps: dict[object, _Gap] = {}  # key -> the gap its drops go to now
         self._budget = budget
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="ranktop-console", daemon=True)
         self._thread.start()
 
-    def write(self, target: BinaryIO, data: bytes) -> None:
+    def write(self, target: BinaryIO, data: bytes, key: object = None) -> None:
         if self._clean is not None:
             data = self._clean(data)
         with self._lock:
-            if self._pending + len(data) > self._budget:
-                self._dropped += len(data)
+            if self._pending[key] + len(data) > self._budget:
+                self._drop(target, len(data), key)
                 return
-            self._pending += len(data)
-        self._queue.put((target, data))
+            self._pending[key] += len(data)
+            self._gaps.pop(key, None)  # what comes next goes after the note
+            self._queue.put((target, data, key))
+
+    def _drop(self, target: BinaryIO, size: int, key: object) -> None:
+        gap = self._gaps.get(key)
+        if gap is None:
+            gap = self._gaps[key] = _Gap()
+            self._queue.put((target, gap, key))
+        gap.dropped += size
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            target, data = item
+            target, data, key = item
+            if isinstance(data, _Gap):
+                with self._lock:
+                    if self._gaps.get(key) is data:
+                        del self._gaps[key]  # later drops make a new note
+                    dropped = data.dropped
+                data = f"[ranktop: console fell behind, {dropped} bytes not shown here; see the log files]\n".encode()
+                size = 0
+            else:
+                size = len(data)
             try:
                 target.write(data)
                 if self._queue.empty():
                     target.flush()
             except (OSError, ValueError):
                 pass  # console gone (closed pipe, detached terminal): the log files still have it
-            with self._lock:
-                self._pending -= len(data)
-                dropped, self._dropped = self._dropped, 0
-            if dropped:
-                note = f"[ranktop: console fell behind, {dropped} bytes not shown here; see the log files]\n"
-                self._queue.put((target, note.encode()))
+            if size:
+                with self._lock:
+                    self._pending[key] -= size
 
     def close(self, timeout: float = 5.0) -> None:
         self._queue.put(None)
@@ -140,56 +331,100 @@ class ConsoleWriter:
 
 class StreamSink:
     """Where one stream of one rank goes: a log file, the ring, maybe the console (prefixed).
-    `log_fd` is the log file, already open for appending (core/layout.py); the sink closes it."""
+
+    `log` is the log file: its path (for messages) and how to open it for appending (relative
+    to the held rank directory, core/layout.py); the sink closes it. A log write that fails
+    (disk full) never stops the reading: the rank must not block on its pipe. The file keeps
+    what was written, the rest is counted in `bytes_lost`, `log_error` says why, and
+    `on_log_error` is told once."""
 
     def __init__(
         self,
         stream: int,
         ring: LineRing,
-        log_fd: int | None = None,
         console: tuple[ConsoleWriter, BinaryIO, bytes] | None = None,
+        log: tuple[str, Callable[[], int]] | None = None,
+        on_log_error: Callable[[StreamSink], None] | None = None,
     ):
         self.stream = stream
         self.ring = ring
-        self.log_fd = log_fd
+        self.log_path = log[0] if log else None
+        self.log_error: str | None = None
+        self.bytes_lost = 0
+        self._on_log_error = on_log_error
+        self.log_fd: int | None = None
+        if log:
+            try:
+                self.log_fd = log[1]()
+            except OSError as exc:
+                self._log_failed(exc, 0)
         self.console = console
-        self._console_partial = b""
+        # The unfinished line, held for the console until its newline (to prefix it and collapse
+        # its '\r's) as pieces, and only up to LINE_CAP: past that it is shown as it comes.
+        self._console_open: list[bytes] = []
+        self._console_open_bytes = 0
+        self._console_streaming = False  # the open line's start (and prefix) is out already
         self.done = threading.Event()
 
     def feed(self, data: bytes) -> None:
-        if self.log_fd is not None:
-            _write_all(self.log_fd, data)
+        if self.log_path:
+            self._log(data)
         self.ring.feed(self.stream, data)
         if self.console is not None:
             self._tee(data)
+
+    def _log(self, data: bytes) -> None:
+        if self.log_error is not None:
+            self.bytes_lost += len(data)
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.log_fd, view) :]
+        except OSError as exc:
+            self._log_failed(exc, len(view))
+
+    def _log_failed(self, exc: OSError, unwritten: int) -> None:
+        self.log_error = exc.strerror or str(exc)
+        self.bytes_lost += unwritten
+        if self._on_log_error is not None:
+            self._on_log_error(self)
 
     def _tee(self, data: bytes) -> None:
         writer, target, prefix = self.console
         head, sep, rest = data.rpartition(b"\n")
         if not sep:
-            self._console_partial += data
+            self._hold(data)
             return
-        body = self._console_partial + head
-        self._console_partial = rest
+        streamed = self._console_streaming
+        body = b"".join(self._console_open) + head
+        self._console_open, self._console_open_bytes, self._console_streaming = [], 0, False
         if b"\r" in body:  # a redrawn progress bar would overwrite the prefix: show its last state
             body = b"\n".join(collapse_cr(line) for line in body.split(b"\n"))
         if prefix:
-            body = prefix + body.replace(b"\n", b"\n" + prefix)
-        writer.write(target, body + b"\n")
+            body = (b"" if streamed else prefix) + body.replace(b"\n", b"\n" + prefix)
+        writer.write(target, body + b"\n", self.ring)
+        if rest:
+            self._hold(rest)
+
+    def _hold(self, piece: bytes) -> None:
+        writer, target, prefix = self.console
+        if self._console_streaming:
+            writer.write(target, piece, self.ring)
+            return
+        self._console_open.append(piece)
+        self._console_open_bytes += len(piece)
+        if self._console_open_bytes > LINE_CAP:  # too long to hold: show it as it comes
+            writer.write(target, prefix + b"".join(self._console_open), self.ring)
+            self._console_open, self._console_open_bytes, self._console_streaming = [], 0, True
 
     def finish(self) -> None:
-        if self.console is not None and self._console_partial:
+        if self.console is not None and (self._console_open or self._console_streaming):
             self._tee(b"\n")
         if self.log_fd is not None:
             os.close(self.log_fd)
             self.log_fd = None
         self.done.set()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 class OutputPump:
@@ -210,6 +445,7 @@ class OutputPump:
     def add(self, fd: int, sink: StreamSink) -> None:
         """Start reading `fd` (ours to close) into `sink`."""
         widen_pipe(fd)
+        os.set_blocking(fd, False)  # a round reads each descriptor until it is empty
         self._pending.put((fd, sink))
         self._wake()
 
@@ -233,19 +469,33 @@ class OutputPump:
                     os.read(self._wake_r, 4096)
                     self._register_pending()
                     continue
-                try:
-                    data = self._buffer[: os.readv(key.fd, [self._buffer])].tobytes()
-                except OSError:
-                    data = b""
+                data = self._read(key.fd)
                 if data:
-                    key.data.feed(data)
+                    key.data.feed(data)  # at end of file the descriptor stays ready: closed next round
                 else:
                     self._selector.unregister(key.fd)
+                    release_pipe(key.fd)
                     os.close(key.fd)
                     self._open -= 1
                     key.data.finish()
             if self._closing and self._open == 0 and self._pending.empty():
                 return
+
+    def _read(self, fd: int) -> bytes:
+        """What `fd` holds now, up to one buffer; b"" at end of file. A pty hands out at most 4 KiB
+        a read, so one read a round would hold a rank to that pace: read again until it is empty."""
+        filled, size = 0, len(self._buffer)
+        while filled < size:
+            try:
+                count = os.readv(fd, [self._buffer[filled:]])
+            except BlockingIOError:
+                break
+            except OSError:  # EIO: a pty whose last writer is gone, the end as for a pipe
+                break
+            if not count:
+                break
+            filled += count
+        return self._buffer[:filled].tobytes()
 
     def _register_pending(self) -> None:
         while not self._pending.empty():

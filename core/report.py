@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 
-from ranktop.core.state import RootCause
+from ranktop.core.state import LogLoss, RootCause
 
 
 def describe_exit(exitcode: int, signal_name: str | None) -> str:
@@ -64,4 +64,14 @@ def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts
     if cause.error_file:
         lines.append(f"  error file: {cause.error_file}")
         lines.append(f"  logs: {os.path.dirname(cause.error_file)}")
+    return "\n".join(lines)
+
+
+def format_incomplete_logs(losses: tuple[LogLoss, ...] | list[LogLoss]) -> str:
+    """Which log files miss output and by how much ("" when every log is whole)."""
+    if not losses:
+        return ""
+    lines = [f"ranktop: {len(losses)} log file{'s' if len(losses) > 1 else ''} incomplete "
+             "(exit status 1 for that): a write failed, the rest of that output was not saved"]
+    lines += [f"  {loss.path}: {loss.error}, {loss.bytes_lost} bytes lost (rank {loss.rank})" for loss in losses]
     return "\n".join(lines)

@@ -68,6 +68,8 @@ class RankSnapshot:
     gpu: GpuSample | None = None
     stall_seconds: float | None = None  # seconds without output while stalled
     native: bool = False  # a binary rather than a Python rank (stack dumps need to know)
+    log_bytes_lost: int = 0  # output read but not saved: a log file write failed (disk full)
+    log_error: str | None = None  # why, e.g. "No space left on device"; None while the logs are whole
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,18 @@ class GroupSnapshot:
     ranks: tuple[RankSnapshot, ...]
     gpu_status: str | None = None  # e.g. "no GPU" when NVML is unavailable; None when fine
     root_cause: RootCause | None = None
+    incomplete_logs: tuple[LogLoss, ...] = ()  # log files a write failed on, this run so far
     extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LogLoss:
+    """A log file that misses output: a write to it failed (disk full), the rest was dropped."""
+
+    rank: int
+    path: str
+    error: str
+    bytes_lost: int
 
 
 @dataclass(frozen=True)

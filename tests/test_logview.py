@@ -169,6 +169,17 @@ async def test_a_full_ring_drops_old_lines_without_moving_a_held_view():
 
 
 @sync
+async def test_a_pane_caches_no_more_bytes_than_its_ring_keeps():
+    ring = LineRing(maxlen=10_000, max_bytes=64 << 10)
+    async with shown(ring) as (view, pilot):
+        for start in range(0, 400, 20):  # polled as it comes: the pane keeps its own copy
+            ring.feed(STDOUT, b"".join(b"%04d " % i + b"w" * 4000 + b"\n" for i in range(start, start + 20)))
+            view.poll()
+            assert view._bytes == sum(map(len, view._lines)) <= 64 << 10
+        assert view._lines == list(ring.lines) and view._lines[-1].startswith(b"0399 ")
+
+
+@sync
 async def test_search_counts_highlights_and_moves_between_matches():
     ring = LineRing()
     for i in range(200):

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -194,6 +195,10 @@ def run_tui(spec: Any, ns: argparse.Namespace) -> int:
             sampler.close()
     if app.error is not None:
         raise app.error
+    if app.result is not None and app.result.incomplete_logs:
+        from ranktop.core.report import format_incomplete_logs
+
+        print(format_incomplete_logs(app.result.incomplete_logs), file=sys.stderr)
     return app.exit_status
 
 

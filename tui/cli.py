@@ -364,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_headless(spec, ns: argparse.Namespace) -> int:
     from ranktop.core.agent import LocalAgent
-    from ranktop.core.report import format_root_cause
+    from ranktop.core.report import format_incomplete_logs, format_root_cause
     from ranktop.core.sanitize import clean
 
     def on_stall(snap) -> None:
@@ -400,6 +400,8 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     elif result.stop_signal is not None:
         print(f"ranktop: stopped by {signal.Signals(result.stop_signal).name}; logs in {agent.run_dir}",
               file=sys.stderr)
+    if result.incomplete_logs:
+        print(format_incomplete_logs(result.incomplete_logs), file=sys.stderr)
     return result.exit_status
 
 

@@ -14,6 +14,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
+from ranktop.core.output import RING_BYTES, line_length
 from ranktop.core.sanitize import clean
 from rich.segment import Segment
 from rich.style import Style
@@ -41,7 +42,7 @@ _PLAIN = Style()  # Textual's colour filters want a style on every segment, even
 
 
 def _marker(raw: bytes) -> str:
-    return f" … [line cut: {len(raw):,} bytes]"
+    return f" … [line cut: {line_length(raw):,} bytes]"
 
 
 def parse_line(raw: bytes, style: Style | None = None, color: bool = True) -> Text:
@@ -132,7 +133,10 @@ class LogView(ScrollView, can_focus=True):
     # ----- the data ------------------------------------------------------------------------------
     def _reset(self, ring: LineRing | None) -> None:
         self._ring = ring
-        self._maxlen = (ring.lines.maxlen if ring is not None else None) or 10_000
+        self._maxlen = (ring.maxlen if ring is not None else None) or 10_000
+        # As many bytes as the ring keeps: a pane never holds more than its rank's ring.
+        self._max_bytes = ring.max_bytes if ring is not None else RING_BYTES
+        self._bytes = 0  # of self._lines
         self._version = -1
         self._lines: list[bytes] = []  # complete lines, oldest first; self._first is the number of the first
         self._widths: list[int] = []
@@ -187,6 +191,7 @@ class LogView(ScrollView, can_focus=True):
         if total - len(new) != expected:  # lines went by unseen (a hidden pane): start from the ring's window
             dropped = self._row_count() - self._open_rows()
             self._lines, self._widths, self._first, self._max_width = [], [], total - len(new), 0
+            self._bytes = 0
             self._cum = [0]
             self._strips.clear()
             self._hits = []
@@ -194,13 +199,14 @@ class LogView(ScrollView, can_focus=True):
             dropped = 0
         widths = [line_width(line) for line in new]
         self._lines.extend(new)
+        self._bytes += sum(map(len, new))
         self._widths.extend(widths)
         self._max_width = max(self._max_width, *widths, 0)
         if self.wrap:
             self._extend_rows(widths)
         if self._query:
             self._hits.extend(n for n, line in enumerate(new, total - len(new)) if self._hit(line))
-        over = len(self._lines) - self._maxlen
+        over = max(len(self._lines) - self._maxlen, self._lines_over_bytes())
         if over > 0:
             dropped += self._drop_front(over)
         self._open = open_lines
@@ -208,8 +214,17 @@ class LogView(ScrollView, can_focus=True):
         self._max_width = max(self._max_width, *self._open_widths, 0)
         return dropped
 
+    def _lines_over_bytes(self) -> int:
+        """How many of the oldest lines to drop to be within the byte cap again."""
+        excess, count = self._bytes - self._max_bytes, 0
+        while excess > 0:
+            excess -= len(self._lines[count])
+            count += 1
+        return count
+
     def _drop_front(self, count: int) -> int:
         rows = (self._cum[count] - self._cum[0]) if self.wrap else count
+        self._bytes -= sum(map(len, self._lines[:count]))
         del self._lines[:count], self._widths[:count]
         if self.wrap:
             del self._cum[:count]

@@ -111,6 +111,8 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1, paused:
     title.append(f" {snap.rank:>{world_digits}}", style="bold")
     title.append(f"/{snap.local_rank} ", style="dim")
     title.append(f" {state_label(snap, paused)} ", style=state_style(snap, paused))
+    if snap.log_error:  # first, so a narrow pane still shows it: this rank's log misses output
+        title.append(f" log: {snap.log_error}, {human_bytes(snap.log_bytes_lost)} lost ", style="bold white on red")
     title.append(("" if narrow else " pid") + (f" {snap.pid}" if snap.pid else " -"))
     if snap.restarts:
         title.append(f" ↻{snap.restarts}", style="bold yellow")
@@ -134,6 +136,10 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) ->
     text.append(" ranktop ", style="bold reverse")
     text.append(f" {clean(group.name)} ", style="bold")
     text.append(f" {group.state.value} ", style=GROUP_STYLE[group.state])
+    if group.incomplete_logs:
+        lost = sum(loss.bytes_lost for loss in group.incomplete_logs)
+        text.append(f" {len(group.incomplete_logs)} log(s) incomplete: {group.incomplete_logs[0].error}, "
+                    f"{human_bytes(lost)} not saved ", style="bold white on red")
     text.append(f"  world {group.world_size}")
     text.append(f"  node {group.node_rank}/{group.nnodes}")
     # Restarts the user asked for may go past --max-restarts: then the "of N" would mislead.

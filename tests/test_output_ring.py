@@ -1,0 +1,199 @@
+"""The ring of recent lines stays bounded in bytes and linear in time, whatever a rank prints:
+one endless line, a progress bar redrawn on it, or many huge lines."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import re
+import threading
+
+from ranktop.core.output import LINE_CAP, STDERR, STDOUT, ConsoleWriter, LineRing, collapse_cr
+
+MB = 1 << 20
+
+
+def _open_bytes(ring: LineRing) -> int:
+    return sum(len(p.current) + len(p.shown_before) for p in ring.partial.values())
+
+
+def test_an_endless_line_keeps_its_head_and_its_length_in_bounded_memory():
+    ring = LineRing()
+    chunk = b"a" * MB
+    for _ in range(64):
+        ring.feed(STDOUT, chunk)
+        assert _open_bytes(ring) <= LINE_CAP
+    shown = ring.tail()[-1]
+    assert shown.startswith(b"a" * LINE_CAP) and shown[LINE_CAP:].startswith(" \u2026".encode())
+    assert f"{64 * MB:,} bytes".encode() in shown
+    ring.feed(STDOUT, b"!\n")
+    assert ring.total_lines == 1 and f"{64 * MB + 1:,} bytes".encode() in ring.tail()[0]
+    assert ring.bytes == len(ring.tail()[0]) < LINE_CAP + 200
+
+
+def test_a_progress_bar_redrawn_on_a_huge_open_line_shows_its_last_state():
+    ring = LineRing()
+    step = 0
+    while step < 1_000_000:  # about 20 MB of redraws on one unfinished line
+        ring.feed(STDERR, b"".join(b"\rtraining step %07d" % k for k in range(step, step + 20_000)))
+        step += 20_000
+        assert ring.tail() == [b"training step %07d" % (step - 1)]
+        assert _open_bytes(ring) <= 64
+    ring.feed(STDERR, b"\r" + b"p" * MB + b"\r")  # one huge state: its head, with its length
+    assert ring.tail()[0].startswith(b"p" * LINE_CAP) and f"{MB:,} bytes".encode() in ring.tail()[0]
+    ring.feed(STDERR, b"done\n")
+    assert ring.tail() == [b"done"]
+
+
+def test_the_ring_is_capped_in_bytes_as_well_as_lines():
+    ring = LineRing(maxlen=10_000, max_bytes=4 * MB)
+    for i in range(1000):
+        ring.feed(STDOUT, b"z" * MB + b"\n")  # 1000 lines of 1 MB would be 1 GB
+        if i % 7 == 0:
+            ring.tail(1)  # watched now and then: lines made from what came so far
+        assert ring.held_bytes <= 4 * MB
+    assert ring.total_lines == 1000 and len(ring.tail()) > 1
+    assert ring.bytes == sum(map(len, ring.lines)) <= 4 * MB
+    small = LineRing(maxlen=10_000, max_bytes=1000)
+    small.feed(STDOUT, b"".join(b"line %05d\n" % i for i in range(5000)))
+    version, total, new, _ = small.since(4990)
+    assert small.bytes <= 1000 and total == small.total_lines == 5000
+    assert new == [b"line %05d" % i for i in range(4990, 5000)]
+
+
+def test_nobody_watching_costs_no_lines_and_the_newest_output_survives():
+    ring = LineRing(maxlen=10_000, max_bytes=300)
+    many = [b"".join(b"x%03d\n" % i for i in range(start, start + 20)) for start in range(0, 500, 20)]
+    feeds = [b"open line start ", b"and more ", *many, b"open at the end"]
+    for chunk in feeds:
+        ring.feed(STDOUT, chunk)
+        assert not ring.lines and ring.held_bytes <= 300  # the reader made no line objects
+    assert ring.total_lines == 500
+    tail = ring.tail()
+    assert tail[-1] == b"open at the end" and tail[-2] == b"x499"
+    assert tail[:-1] == [b"x%03d" % i for i in range(500 - len(tail) + 1, 500)]
+
+
+def test_lines_are_the_same_however_the_bytes_are_chunked():
+    rng = random.Random(7)
+    text = b"".join(rng.choice([b"ab", b"\r", b"\n", b"cde\r\n", b"x" * 50, b"\r\r"]) for _ in range(3000)) + b"\n"
+    expected = [collapse_cr(line) for line in text.split(b"\n")[:-1]]
+    ring = LineRing(maxlen=100_000)
+    pos = 0
+    while pos < len(text):
+        step = rng.randint(1, 40)
+        ring.feed(STDOUT, text[pos : pos + step])
+        pos += step
+    assert ring.tail() == expected
+
+
+def _through_a_slow_console(writes: list[tuple[str, bytes]]) -> bytes:
+    """What a ConsoleWriter with a 1000-byte budget per rank shows of `writes` (rank, data) on a
+    terminal (a 4 KiB pipe) that reads nothing until every write was made."""
+    r, w = os.pipe()
+    fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)
+    target = open(w, "wb")
+    writer = ConsoleWriter(budget=1000)
+    for key, data in writes:
+        writer.write(target, data, key=key)
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(r, 65536), b"")))
+    reader.start()  # the terminal catches up only now
+    writer.close()
+    target.close()
+    reader.join(10)
+    os.close(r)
+    return b"".join(chunks)
+
+
+_FLOOD = [b"A%05d" % i + b"." * 93 + b"\n" for i in range(200)]  # 100 bytes each
+
+
+def _notes(shown: bytes) -> list[int]:
+    return [int(n) for n in re.findall(rb"\[ranktop: console fell behind, (\d+) bytes not shown here", shown)]
+
+
+def test_a_console_that_falls_behind_drops_per_rank_and_says_how_much():
+    shown = _through_a_slow_console([("flood", line) for line in _FLOOD] + [("quiet", b"quiet rank's line\n")])
+    assert shown.count(b"quiet rank's line\n") == 1  # the flood used its own budget, not the quiet one's
+    shown_flood = [line for line in _FLOOD if line in shown]
+    assert _notes(shown) and sum(_notes(shown)) + 100 * len(shown_flood) == 100 * len(_FLOOD)
+
+
+def test_the_drop_note_appears_even_when_nothing_follows():
+    shown = _through_a_slow_console([("flood", line) for line in _FLOOD])
+    assert shown.endswith(b"bytes not shown here; see the log files]\n")
+    assert sum(_notes(shown)) + 100 * sum(line in shown for line in _FLOOD) == 100 * len(_FLOOD)
+
+
+def test_a_pty_is_read_until_empty_in_one_round():
+    import pty
+    import select
+    import tty
+
+    from conftest import polls
+    from ranktop.core.output import OutputPump
+
+    master, slave = pty.openpty()
+    tty.setraw(slave)  # bytes as written: no newline translation
+    os.set_blocking(slave, False)
+    os.set_blocking(master, False)
+    pump = OutputPump()
+    try:
+        written = b""
+        try:
+            while True:  # fill the pty: several times what one read of it hands out (4 KiB)
+                written += bytes(range(256))[: os.write(slave, bytes(range(256)))]
+        except BlockingIOError:
+            pass
+        select.select([master], [], [], 10)
+        got = pump._read(master)
+        assert len(got) > 4096  # more than one read's worth in one call
+        for _ in polls(10, "the rest of the pty's bytes"):
+            if len(got) >= len(written):
+                break
+            got += pump._read(master)
+        assert got == written
+    finally:
+        pump.close(timeout=1)
+        os.close(slave)
+        os.close(master)
+
+
+def test_pipes_are_widened_only_within_our_share_of_the_users_budget():
+    from ranktop.core.output import pipe_budget, release_pipe, widen_pipe
+
+    f_getpipe_sz = getattr(fcntl, "F_GETPIPE_SZ", 1032)
+    pipes = [os.pipe() for _ in range(3)]
+    try:
+        budget = 4 * MB  # half of it for us: two 1 MiB pipes
+        granted = [widen_pipe(r, budget) for r, _ in pipes]
+        assert granted == [True, True, False]
+        assert [fcntl.fcntl(r, f_getpipe_sz) for r, _ in pipes] == [MB, MB, 64 << 10]
+        release_pipe(pipes[0][0])  # a closed pipe gives its share back
+        assert widen_pipe(pipes[2][0], budget) and fcntl.fcntl(pipes[2][0], f_getpipe_sz) == MB
+    finally:
+        for r, w in pipes:
+            release_pipe(r)
+            os.close(r)
+            os.close(w)
+    assert (pipe_budget() is None) == (os.geteuid() == 0)  # root has no per-user pipe limit
+
+
+def test_the_console_tee_of_an_endless_line_holds_little_and_loses_nothing():
+    import io
+
+    from ranktop.core.output import StreamSink
+
+    console = io.BytesIO()
+    writer = ConsoleWriter()
+    sink = StreamSink(STDOUT, LineRing(), (writer, console, b"[r0]:"))
+    piece = b"a" * (64 << 10)
+    for _ in range(160):  # a 10 MB line, no newline yet
+        sink.feed(piece)
+        assert sink._console_open_bytes <= LINE_CAP + len(piece)
+    sink.feed(b"b\nnext\nopen")
+    sink.finish()
+    writer.close()
+    assert console.getvalue() == b"[r0]:" + piece * 160 + b"b\n[r0]:next\n[r0]:open\n"
