@@ -7,6 +7,7 @@ other threads go through the PContext's lock and wake the loop; they never block
 
 from __future__ import annotations
 
+import collections
 import datetime
 import enum
 import json
@@ -23,7 +24,9 @@ from typing import Any
 
 from ranktop.core.context import PContext, RunProcsResult, plan_streams, prefix_for
 from ranktop.core.errors import ProcessFailure, UsageError, signal_name
+from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.process import exit_status_for_signal
+from ranktop.core.signals import StopAction, StopRule
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
 from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState, RootCause
 
@@ -121,6 +124,11 @@ class LocalAgent:
         on_stall: Callable[[RankSnapshot], None] | None = None,
         faulthandler: bool = True,
     ):
+        check_timeout("shutdown_timeout", shutdown_timeout)
+        if stall_timeout is not None:
+            POSITIVE_SECONDS.check("stall_timeout", stall_timeout)
+        LINES.check("ring_lines", ring_lines)
+        ensure_fds_for(spec.local_world_size)  # before anything exists: a shortage is one line
         self.spec = spec
         self.start_method = start_method
         self.prefix_template = log_line_prefix_template or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
@@ -149,6 +157,9 @@ class LocalAgent:
         self._restart_requested = False
         self._stalled: set[int] = set()
         self._started = threading.Event()
+        # (signal, monotonic arrival time), appended by signal handlers, drained by the loop.
+        self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
+        self._stop_rule = StopRule()
         self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
 
     # ----- the run -----------------------------------------------------------------------------
@@ -276,25 +287,28 @@ class LocalAgent:
         self.handle_signal(signum)
 
     def handle_signal(self, signum: int) -> None:
-        """ranktop itself got `signum`: forward it to every rank (grace, then SIGKILL; a second
-        one kills at once) and end with 128+N. Safe from a signal handler: it only notes the
-        signal and wakes the loop, which does the work outside the interrupted code."""
-        self._pending_signal = signum
+        """ranktop itself got `signum`: forward it to every rank (grace, then SIGKILL) and end with
+        128+N; `StopRule` says what a repeat means. Safe from a signal handler: it only notes the
+        signal and when it came, and wakes the loop, which decides and acts outside the
+        interrupted code."""
+        self._pending_signals.append((signum, time.monotonic()))
         if self.pcontext is not None:
             self.pcontext.wake()
 
-    _pending_signal: int | None = None
-
     def _handle_stop_request(self, pc: PContext) -> None:
-        signum, self._pending_signal = self._pending_signal, None
-        if signum is None:
-            return
-        again = self._stop_signal is not None
-        self._stop_signal = self._stop_signal or signum
-        self.state = GroupState.STOPPING
-        self.events.write("signal_received", signal=signal.Signals(signum).name, forwarded=True)
-        # A second Ctrl-C means "now": no more grace.
-        pc.stop(signal.SIGKILL if again else signum, 0 if again else self.shutdown_timeout)
+        while self._pending_signals:
+            signum, received_at = self._pending_signals.popleft()
+            action = self._stop_rule.decide(signum, received_at)
+            self.events.write("signal_received", signal=signal.Signals(signum).name,
+                              forwarded=action != StopAction.DUPLICATE, action=action.value)
+            if action == StopAction.DUPLICATE:
+                continue
+            self._stop_signal = self._stop_signal or signum
+            self.state = GroupState.STOPPING
+            if action == StopAction.KILL_NOW:
+                pc.stop(signal.SIGKILL, 0)
+            else:
+                pc.stop(signum, self.shutdown_timeout)
 
     # ----- commands (any thread) ---------------------------------------------------------------
     def wait_started(self, timeout: float | None = None) -> bool:

@@ -2,9 +2,10 @@
 
 The context owns the one monitor step (`step`): reap what exited, stop the siblings of a failed
 rank with the shutdown grace, SIGKILL what outlived its grace, give up on what outlived SIGKILL,
-restart single ranks on request, and report the result once every rank is accounted for. `wait`,
-`close` and the agent all go through it. Exits are noticed at once through pidfds rather than by
-sleeping.
+restart single ranks on request, and report the result once every rank is accounted for and what
+the ranks left running (helpers that left their group, orphans; see core/strays.py) has had
+SIGTERM, the grace, then SIGKILL. `wait`, `close` and the agent all go through it. Exits are
+noticed at once through pidfds rather than by sleeping.
 
 Every wait has a deadline. A rank in uninterruptible sleep (a hung NCCL or NFS call: "D" state)
 does not die of SIGKILL until the kernel lets go of it, which may be never; after `reap_timeout`
@@ -31,8 +32,9 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any
 
-from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, signal_name
-from ranktop.core.guard import MARKER
+from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, signal_name
+from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, PIDFDS, open_pidfd, send_signal
+from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
 from ranktop.core.process import (
     LEADER_ONLY_SIGNALS,
@@ -43,6 +45,7 @@ from ranktop.core.process import (
     python_call_argv,
 )
 from ranktop.core.spec import Std, per_rank
+from ranktop.core.strays import StrayTracker, forget_own_child, note_own_child
 
 _GUARD_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
@@ -187,6 +190,7 @@ class PContext:
         generation: int = 0,
         reap_timeout: float = REAP_TIMEOUT,
     ):
+        check_timeout("shutdown_timeout", shutdown_timeout)
         self.name = name
         self.entrypoint = entrypoint
         self.args = {r: tuple(args[r]) for r in sorted(args)}
@@ -204,6 +208,12 @@ class PContext:
         self._passthrough = passthrough_console  # unredirected, unteed streams: inherit our fds
         self.slots = [RankSlot(r, LineRing(ring_lines)) for r in range(self.nprocs)]
         self.token = secrets.token_hex(8)
+        self._strays = StrayTracker(self.token, self._tell_guard, self._emit_group)
+        # The end sweep: what the ranks left running gets SIGTERM, then SIGKILL after the grace.
+        self._sweep_grace = shutdown_timeout
+        self._sweep_deadline: float | None = None
+        self._sweep_sent: dict[tuple[int, int], int] = {}  # (pid, start) -> last signal sent
+        self._sweep_fds: dict[tuple[int, int], int] = {}  # pidfds: a stray's exit wakes the monitor
         self._pump: OutputPump | None = None
         self._console: ConsoleWriter | None = None
         self._guard: subprocess.Popen | None = None
@@ -261,6 +271,7 @@ class PContext:
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C to our terminal must not reach it
         )
+        note_own_child(self._guard.pid)
 
     def _tell_guard(self, line: str) -> None:
         try:
@@ -288,7 +299,7 @@ class PContext:
         slot.kill_at = slot.reap_by = None
         slot.failure = None
         slot.paused = slot.unreapable = False
-        self._tell_guard(f"+{slot.proc.pid}")
+        self._strays.rank_started(slot.proc.pid)
         self._emit("started", r, pid=slot.proc.pid, restarts=slot.restarts)
 
     @staticmethod
@@ -323,7 +334,8 @@ class PContext:
             now = time.monotonic()
             for slot in self.slots:
                 self._advance(slot, now)
-            if any(s.alive or s.restart_pending for s in self.slots):
+            self._strays.look()
+            if any(s.alive or s.restart_pending for s in self.slots) or not self._swept(now):
                 return None
         result = self._collect()
         with self._lock:
@@ -356,12 +368,44 @@ class PContext:
         self._emit("unreapable", slot.local_rank, pid=slot.proc.pid, kernel_state=kernel_state(slot.proc.pid),
                    waited_s=self.reap_timeout)
 
+    def _swept(self, now: float) -> bool:
+        """One pass of the end sweep: True once nothing the ranks left is running (or what is left
+        would not die of SIGKILL either: the guard tries again after we exit)."""
+        found = self._strays.find(with_marker=self._sweep_deadline is None)
+        for key in set(self._sweep_fds) - set(found.items()):
+            os.close(self._sweep_fds.pop(key))
+        if not found:
+            return True
+        if self._sweep_deadline is None:
+            self._sweep_deadline = now + self._sweep_grace
+            self._emit_group("strays_stopping", pids=sorted(found), grace=self._sweep_grace)
+        if now > self._sweep_deadline + GIVE_UP_SECONDS:
+            self._emit_group("strays_left", pids=sorted(found))
+            return True
+        sig = signal.SIGKILL if now >= self._sweep_deadline else signal.SIGTERM
+        fresh = [key for key in found.items() if self._sweep_sent.get(key) != sig]
+        if sig == signal.SIGKILL and fresh:
+            self._emit_group("strays_killed", pids=sorted(pid for pid, _ in fresh))
+        for key in fresh:
+            self._sweep_sent[key] = sig
+            self._signal_stray(key, sig)
+        return False
+
+    def _signal_stray(self, key: tuple[int, int], sig: int) -> None:
+        if key not in self._sweep_fds:
+            fd = open_pidfd(*key)  # None: gone, its pid names another process now, or no pidfds
+            if fd is not None:
+                self._sweep_fds[key] = fd
+            elif PIDFDS:
+                return
+        send_signal(*key, sig, self._sweep_fds.get(key))
+
     def _reap(self, slot: RankSlot) -> None:
         proc = slot.proc
         if proc is None or proc.returncode is not None or proc.poll() is None:
             return
         code = proc.returncode
-        self._tell_guard(f"-{proc.pid}")
+        self._strays.rank_reaped(proc.pid)
         self._emit("exited", slot.local_rank, pid=proc.pid, exitcode=code,
                    signal=signal_name(code) if code < 0 else None, by_us=slot.stopped_by_us)
         if code == 0:
@@ -379,7 +423,11 @@ class PContext:
         with self._lock:
             live = [s for s in self.slots if s.alive]
             fds = [s.proc.pidfd for s in live if s.proc.pidfd is not None]
+            fds += self._sweep_fds.values()
             deadlines = [t for s in live for t in (s.kill_at, s.reap_by) if t is not None]
+            if self._sweep_deadline is not None:  # the SIGKILL, then the giving up
+                deadlines.append(self._sweep_deadline if time.monotonic() < self._sweep_deadline
+                                 else self._sweep_deadline + GIVE_UP_SECONDS)
         if deadlines:
             timeout = min(timeout, max(0.0, min(deadlines) - time.monotonic()))
         poller = select.poll()
@@ -397,6 +445,9 @@ class PContext:
 
     def wait(self, timeout: float = -1, period: float = 1) -> RunProcsResult | None:
         """Block until every rank ended (the result) or `timeout` passed (None); <0 blocks."""
+        if timeout != timeout:  # nan: no deadline would ever pass, and none is meant by it either
+            raise UsageError("bad timeout nan: expected seconds, or a negative number to wait to the end")
+        POSITIVE_SECONDS.check("period", period)
         deadline = None if timeout < 0 else time.monotonic() + timeout
         while True:
             result = self.step()
@@ -410,6 +461,10 @@ class PContext:
     # ----- commands ----------------------------------------------------------------------------
     def _stop_all(self, sig: int, grace: float) -> None:
         self._stopping = True
+        self._strays.note_below_ranks()
+        self._sweep_grace = grace
+        if self._sweep_deadline is not None:
+            self._sweep_deadline = min(self._sweep_deadline, time.monotonic() + grace)
         for slot in self.slots:
             slot.restart_pending = False
             if slot.alive:
@@ -428,6 +483,8 @@ class PContext:
         """Ask every rank to stop (`sig` now, SIGKILL after the grace); returns at once. A
         `reap_timeout` shorter than the context's gives up sooner on ranks that outlive SIGKILL
         (a second Ctrl-C: the user wants out now)."""
+        if grace is not None:
+            check_timeout("grace", grace)
         with self._lock:
             self._stop_all(sig, self.shutdown_timeout if grace is None else grace)
             if reap_timeout is not None:
@@ -460,6 +517,8 @@ class PContext:
     def restart_rank(self, local_rank: int, grace: float | None = None) -> bool:
         """Stop one rank (with the grace) and start it again in this context. False once the
         group has ended: there is nothing left to restart it into."""
+        if grace is not None:
+            check_timeout("grace", grace)
         with self._lock:
             if self._result is not None:
                 return False
@@ -503,6 +562,7 @@ class PContext:
     def close(self, death_sig: int = signal.SIGTERM, timeout: float = 30) -> None:
         """Stop every rank's whole group (`death_sig`, then SIGKILL after `timeout`) and clean up.
         Bounded: a rank that outlives SIGKILL by `reap_timeout` is left to the guard."""
+        check_timeout("timeout", timeout)
         with self._lock:
             if self._closed:
                 return
@@ -526,23 +586,29 @@ class PContext:
         if self._console is not None:
             self._console.close()
         self._finish_guard()
+        with self._lock:
+            for fd in self._sweep_fds.values():
+                os.close(fd)
+            self._sweep_fds.clear()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
-
 
     def _finish_guard(self) -> None:
         if self._guard is None:
             return
         try:
             self._guard.wait(timeout=5)
+            forget_own_child(self._guard.pid)
         except subprocess.TimeoutExpired:
             pass  # it is sweeping strays with their grace; it exits on its own
 
     # ----- for UIs -----------------------------------------------------------------------------
     def _emit(self, event: str, local_rank: int, **fields: Any) -> None:
+        self._emit_group(event, local_rank=local_rank, rank=self.global_ranks[local_rank], **fields)
+
+    def _emit_group(self, event: str, **fields: Any) -> None:
         if self.on_event is not None:
-            self.on_event({"event": event, "local_rank": local_rank,
-                           "rank": self.global_ranks[local_rank], **fields})
+            self.on_event({"event": event, **fields})
 
 
 class MultiprocessContext(PContext):
@@ -566,6 +632,7 @@ def start_processes(
     """Start one process per local rank (torch.distributed.elastic's API, same semantics)."""
     _check_start_method(start_method)
     nprocs = len(args)
+    ensure_fds_for(nprocs)
     expected = set(range(nprocs))
     if set(args) != expected or set(envs) != expected:
         raise ValueError(
