@@ -559,9 +559,17 @@ class PContext:
         except (OSError, EOFError, pickle.UnpicklingError):
             return None
 
-    def close(self, death_sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+    @property
+    def ended(self) -> bool:
+        """Every rank is accounted for: the result is known."""
+        return self._result is not None
+
+    def close(self, death_sig: int = signal.SIGTERM, timeout: float = 30,
+              between: Callable[[], None] | None = None) -> None:
         """Stop every rank's whole group (`death_sig`, then SIGKILL after `timeout`) and clean up.
-        Bounded: a rank that outlives SIGKILL by `reap_timeout` is left to the guard."""
+        Bounded: a rank that outlives SIGKILL by `reap_timeout` is left to the guard. `between`
+        runs on each pass of the wait (the agent applies its commands there: a second Ctrl-C
+        still acts while closing)."""
         check_timeout("timeout", timeout)
         with self._lock:
             if self._closed:
@@ -569,6 +577,8 @@ class PContext:
             self._closed = True
             self._stop_all(death_sig, timeout)
         while self.step() is None:
+            if between is not None:
+                between()
             self.wait_activity(0.05)
         self._release()
 
