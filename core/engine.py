@@ -58,7 +58,7 @@ class LocalEngine:
     """The engine in this process: the agent's run() in a thread of its own, behind `Engine`."""
 
     def __init__(self, agent: Any) -> None:
-        self._agent = agent
+        self.agent = agent
         self._thread = threading.Thread(target=self._run, name="ranktop-engine", daemon=True)
         self.result: Any = None  # the agent's RunResult, once the run returned
         self.error: BaseException | None = None  # what the run raised instead, if it did
@@ -66,12 +66,12 @@ class LocalEngine:
     def start(self, timeout: float = 5.0) -> LocalEngine:
         """Start the run; return once the first attempt's ranks exist (or `timeout` passed)."""
         self._thread.start()
-        self._agent.wait_started(timeout)
+        self.agent.wait_started(timeout)
         return self
 
     def _run(self) -> None:
         try:
-            self.result = self._agent.run()
+            self.result = self.agent.run()
         except BaseException as exc:  # shown to the user through the snapshot, not lost in a thread
             self.error = exc
 
@@ -81,7 +81,7 @@ class LocalEngine:
 
     # ----- the interface ------------------------------------------------------------------------
     def snapshot(self) -> GroupSnapshot:
-        snap = self._agent.snapshot()
+        snap = self.agent.snapshot()
         if not self.ended:
             return dataclasses.replace(snap, ended=False, exit_status=None)
         status = self.result.exit_status if self.result is not None else 1
@@ -90,7 +90,7 @@ class LocalEngine:
 
     def output_since(self, local_rank: int, cursor: OutputCursor | None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
         # The one place that reads a rank's ring: what the UI gets is copies of its lines.
-        pc = self._agent.pcontext
+        pc = self.agent.pcontext
         if pc is None or not 0 <= local_rank < len(pc.slots):
             return OutputCursor(), [], []
         generation, ring = pc.generation, pc.slots[local_rank].ring
@@ -99,20 +99,20 @@ class LocalEngine:
         return OutputCursor(generation, total, version), lines, open_lines
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
-        problem = cmd.problem(command, self._agent.spec.local_world_size)
+        problem = cmd.problem(command, self.agent.spec.local_world_size)
         if problem is not None:
             return cmd.Ack(False, problem)
         if isinstance(command, (cmd.DumpStacks, cmd.SignalDump)):
             return self._stacks(command)
-        return self._agent.submit(command)
+        return self.agent.submit(command)
 
     def close(self, wait: float | None = None) -> None:
         if not self._thread.is_alive():
             return
-        self._agent.submit(cmd.Stop(signal.SIGTERM))
-        self._thread.join(self._agent.shutdown_timeout + 5.0 if wait is None else wait)
+        self.agent.submit(cmd.Stop(signal.SIGTERM))
+        self._thread.join(self.agent.shutdown_timeout + 5.0 if wait is None else wait)
         if self._thread.is_alive():
-            self._agent.submit(cmd.KillGroup())
+            self.agent.submit(cmd.KillGroup())
             self._thread.join(10.0)
 
     # ----- stacks -------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ class LocalEngine:
         ranks = list(command.local_ranks) if command.local_ranks is not None else None
         get = stacks.dump_agent_stacks if isinstance(command, cmd.DumpStacks) else stacks.signal_agent_report
         try:
-            report = get(self._agent, ranks)
+            report = get(self.agent, ranks)
         except Exception as exc:  # the group may be gone mid-dump: an answer, not a traceback
             return cmd.Ack(False, f"stack dump failed: {exc}")
         return cmd.Ack(True, report.summary(), report=report)

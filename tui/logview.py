@@ -84,6 +84,13 @@ def _matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
     return needle in parse_line(raw, color=False).plain.lower()
 
 
+def _kept_lines(source: Any) -> int:
+    """How many complete lines the source keeps: an engine feed says so; a LineRing's deque knows."""
+    if source is None:
+        return 10_000
+    return getattr(source, "maxlen", None) or source.lines.maxlen or 10_000
+
+
 class LogView(ScrollView, can_focus=True):
     """Recent output of one rank, newest at the bottom; follows the tail until scrolled up."""
 
@@ -134,7 +141,7 @@ class LogView(ScrollView, can_focus=True):
     # ----- the data ------------------------------------------------------------------------------
     def _reset(self, ring: LineRing | None) -> None:
         self._ring = ring
-        self._maxlen = (ring.lines.maxlen if ring is not None else None) or 10_000
+        self._maxlen = _kept_lines(ring)
         self._version = -1
         self._lines: list[bytes] = []  # complete lines, oldest first; self._first is the number of the first
         self._widths: list[int] = []
