@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ranktop.core import commands as cmd
-from ranktop.core.context import PContext, RunProcsResult, Waker, plan_streams, prefix_for
+from ranktop.core.context import REAP_TIMEOUT, PContext, RunProcsResult, Waker, plan_streams, prefix_for
 from ranktop.core.errors import ProcessFailure, UsageError, signal_name
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.process import exit_status_for_signal
@@ -143,6 +143,7 @@ class LocalAgent:
         sampler: Any = None,
         on_stall: Callable[[RankSnapshot], None] | None = None,
         faulthandler: bool = True,
+        reap_timeout: float = REAP_TIMEOUT,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
         if stall_timeout is not None:
@@ -187,6 +188,7 @@ class LocalAgent:
         self._waker = Waker()  # wakes the loop; shared by every attempt's context
         self.result: RunResult | None = None  # once run() returned
         self._between_attempts = False  # closing one attempt to start the next
+        self.reap_timeout = reap_timeout  # how long a SIGKILLed rank may take to go before it is given up on
         self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
 
     # ----- the run -----------------------------------------------------------------------------
@@ -270,7 +272,7 @@ class LocalAgent:
             spec.display_name(), spec.entrypoint, {r: spec.args for r in range(n)}, envs, log_dir, streams,
             global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
             ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False, pty=pty,
-            waker=self._waker, generation=self.attempt,
+            waker=self._waker, generation=self.attempt, reap_timeout=self.reap_timeout,
         ).start()
         self.state = GroupState.RUNNING
         self._started.set()

@@ -367,6 +367,13 @@ class PContext:
         slot.proc.close_pidfd()
         self._emit("unreapable", slot.local_rank, pid=slot.proc.pid, kernel_state=kernel_state(slot.proc.pid),
                    waited_s=self.reap_timeout)
+        # It got SIGKILL, so that is how it counts: a failure, the group's end unless we stopped it.
+        slot.failure = ProcessFailure(
+            slot.local_rank, slot.proc.pid, -signal.SIGKILL, self.error_file(slot.local_rank),
+            rank=self.global_ranks[slot.local_rank], timestamp=time.time(),
+        )
+        if not slot.stopped_by_us and not self._stopping:
+            self._stop_all(signal.SIGTERM, self.shutdown_timeout)
 
     def _swept(self, now: float) -> bool:
         """One pass of the end sweep: True once nothing the ranks left is running (or what is left
