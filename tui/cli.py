@@ -383,6 +383,9 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     elif result.stop_signal is not None:
         print(f"ranktop: stopped by {signal.Signals(result.stop_signal).name}; logs in {agent.run_dir}",
               file=sys.stderr)
+    for rank, pid in sorted(result.unreapable.items()):
+        print(f"ranktop: rank {rank} (pid {pid}) outlived SIGKILL (stuck in the kernel); "
+              "left to the orphan guard", file=sys.stderr)
     return result.exit_status
 
 
