@@ -21,6 +21,7 @@ from ranktop.tui.panes import RankList, RankPane
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, SignalPicker
 
 from tests.conftest import polls, wait_for
+from tests.fake_engine import FakeEngine
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,14 +57,14 @@ def drive(app: RanktopApp, body, size=(160, 48)):
         app.engine.start()  # the app is handed a running engine
         async with app.run_test(size=size) as pilot:
             await until(pilot, lambda: app.main is not None and app.main.is_mounted, what="main screen")
-            await until(pilot, lambda: all(r.pid for r in app.engine.agent.snapshot().ranks), what="ranks started")
+            await until(pilot, lambda: all(r.pid for r in app.engine.snapshot().ranks), what="ranks started")
             await body(app, pilot)
 
     asyncio.run(main())
 
 
 def rank(app: RanktopApp, local_rank: int):
-    return app.engine.agent.snapshot().ranks[local_rank]
+    return app.engine.snapshot().ranks[local_rank]
 
 
 def title(app: RanktopApp, local_rank: int) -> str:
@@ -151,7 +152,7 @@ def test_signal_picker_stop_cont_and_group_term(tmp_path):
         await pilot.press("x", "g", "2")  # SIGTERM to the whole group
         await until(pilot, lambda: app.ended, what="group ended")
         await until(pilot, lambda: app.main.ended, what="end noticed")
-        assert all(r.state == RankState.KILLED and r.signal_name == "SIGTERM" for r in app.engine.agent.snapshot().ranks)
+        assert all(r.state == RankState.KILLED and r.signal_name == "SIGTERM" for r in app.engine.snapshot().ranks)
         assert "killed SIGTERM" in title(app, 1)
         assert app.main.query_one("#root-cause").display
         sent = [(e["local_rank"], e["signal"]) for e in events(app) if e["event"] == "signalled"]
@@ -175,7 +176,7 @@ def test_restart_rank_then_restart_group(tmp_path):
                     what="title shows the new pid and restart")
         await pilot.press("R")
         await until(pilot, lambda: app.engine.agent.attempt == 1 and all(r.pid and r.state.alive for r in
-                                                                   app.engine.agent.snapshot().ranks),
+                                                                   app.engine.snapshot().ranks),
                     what="attempt 1 running")
         await until(pilot, lambda: "attempt 2" in app.main.query_one("#header").render().plain,
                     what="header shows attempt 2")
@@ -191,7 +192,7 @@ def test_kill_group_key_stays_open_on_final_states(tmp_path):
     async def body(app, pilot):
         await pilot.press("K")
         await until(pilot, lambda: app.main.ended, what="group ended")
-        snap = app.engine.agent.snapshot()
+        snap = app.engine.snapshot()
         assert snap.state == GroupState.STOPPED
         assert all(r.state == RankState.KILLED for r in snap.ranks)
         assert app.is_running  # stays open on the final states
@@ -234,8 +235,8 @@ def test_exit_on_end_closes_at_once(tmp_path):
     assert app.exit_status == 0
 
 
-def test_focus_keys_zoom_and_mouse(tmp_path):
-    app = RanktopApp(LocalEngine(make_agent(tmp_path, n=4)))
+def test_focus_keys_zoom_and_mouse():
+    app = RanktopApp(FakeEngine(4))  # keys and layout only: no real ranks needed
 
     async def body(app, pilot):
         main = app.main
@@ -314,12 +315,8 @@ def test_help_screen_and_palette_list_every_key(tmp_path):
     drive(app, body)
 
 
-def test_compact_list_past_what_fits(tmp_path):
-    # Native ranks keep 32 processes cheap on a 2-core machine.
-    spec = WorkerSpec(role="default", local_world_size=32, entrypoint="/bin/sh",
-                      args=("-c", "echo rank $RANK; exec sleep 60"), name="sleepers")
-    agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2.0)
-    app = RanktopApp(LocalEngine(agent))
+def test_compact_list_past_what_fits():
+    app = RanktopApp(FakeEngine(32))
 
     async def body(app, pilot):
         main = app.main
@@ -372,10 +369,10 @@ def test_flood_every_byte_logged_and_keys_still_work(tmp_path):
     app = RanktopApp(LocalEngine(make_agent(tmp_path, code, n=8)))
 
     async def body(app, pilot):
-        await until(pilot, lambda: all(r.last_output_at for r in app.engine.agent.snapshot().ranks), what="flood started")
-        assert any(r.state.alive for r in app.engine.agent.snapshot().ranks)
+        await until(pilot, lambda: all(r.last_output_at for r in app.engine.snapshot().ranks), what="flood started")
+        assert any(r.state.alive for r in app.engine.snapshot().ranks)
         await pilot.press("3", "z")
-        flooding = any(r.state.alive for r in app.engine.agent.snapshot().ranks)
+        flooding = any(r.state.alive for r in app.engine.snapshot().ranks)
         assert app.main.zoomed and app.main.current == 3
         await until(pilot, lambda: app.ended, timeout=30, what="flood over")
         return flooding
@@ -399,4 +396,4 @@ def test_sigterm_to_ranktop_stops_ranks_and_exits_143(tmp_path):
 
     drive(app, body)
     assert app.exit_status == 128 + signal.SIGTERM
-    wait_for(lambda: all(not r.state.alive for r in app.engine.agent.snapshot().ranks), what="ranks gone")
+    wait_for(lambda: all(not r.state.alive for r in app.engine.snapshot().ranks), what="ranks gone")
