@@ -557,6 +557,14 @@ class LocalAgent:
             output_lines_kept=self.ring_lines, stop_signal=self._stop_signal,
         )
 
+    def rank_processes(self) -> dict[int, tuple[int, dict[str, str]]]:
+        """local rank -> (pid, the environment we started it with) of each running rank, for the
+        stats sampler; a plain read, safe from any thread while attempts come and go."""
+        pc = self.pcontext
+        if pc is None:
+            return {}
+        return {s.local_rank: (s.proc.pid, pc.envs.get(s.local_rank, {})) for s in list(pc.slots) if s.alive}
+
     def output(self, local_rank: int, n: int | None = None) -> list[bytes]:
         """The rank's recent output lines (raw bytes, '\\r' collapsed), oldest first."""
         return self.pcontext.slots[local_rank].ring.tail(n)

@@ -115,6 +115,11 @@ class LocalEngine:
             self.agent.submit(cmd.KillGroup())
             self._thread.join(10.0)
 
+    def rank_processes(self) -> dict[int, tuple[int, dict[str, str]]]:
+        """For the stats sampler, which runs inside the engine's process: each running rank's pid
+        and start environment."""
+        return self.agent.rank_processes()
+
     # ----- stacks -------------------------------------------------------------------------------
     def _stacks(self, command: cmd.DumpStacks | cmd.SignalDump) -> cmd.Ack:
         """Stack dumps read the ranks and change nothing in the group: they run in the caller's

@@ -157,9 +157,10 @@ def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, An
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout or 60.0,
                        console=False, color=color, sampler=sampler,
                        faulthandler=not getattr(ns, "no_faulthandler", False))
+    engine = LocalEngine(agent)
     if sampler is not None:
-        sampler.attach(agent)
-    return LocalEngine(agent), sampler
+        sampler.attach(engine)
+    return engine, sampler
 
 
 def run_tui(spec: Any, ns: argparse.Namespace) -> int:
