@@ -81,7 +81,9 @@ class RanktopApp(App):
         if signum == signal.SIGHUP:
             _detach_terminal()
         self.engine.submit(cmd.Interrupt(signum))  # answered at once: safe from a signal handler
-        if self.ended:
+        # No snapshot here (it may take locks the interrupted code holds): if the screen already
+        # saw the end, leave now; if not, it will, and GroupEnded leaves then.
+        if self.main is not None and self.main.ended:
             self.call_later(self.exit, self.exit_status)
 
     def action_quit(self) -> None:
