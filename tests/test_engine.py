@@ -106,6 +106,30 @@ def test_commands_from_many_threads_are_all_applied_in_the_loop(tmp_path):
         engine.close()
 
 
+def test_only_the_monitor_thread_acts_on_the_ranks(tmp_path):
+    engine = make_engine(tmp_path, n=2).start()
+    acting: list[tuple[str, str]] = []
+    write = engine.agent.events.write
+
+    def noting_thread(event, **fields):  # which thread wrote each record of an action
+        acting.append((event, threading.current_thread().name))
+        write(event, **fields)
+
+    engine.agent.events.write = noting_thread
+    try:
+        running(engine)
+        engine.submit(cmd.SignalRank(0, signal.SIGCONT))
+        engine.submit(cmd.RestartRank(1))
+        engine.submit(cmd.Stop())
+        wait_for(lambda: engine.snapshot().ended, what="run over")
+    finally:
+        engine.close()
+    acted = {event: name for event, name in acting
+             if event in ("signalled", "user_restart_rank", "restart_requested", "user_stop")}
+    assert acted == dict.fromkeys(("signalled", "user_restart_rank", "restart_requested", "user_stop"),
+                                  "ranktop-engine")
+
+
 def test_stop_during_a_restart_ends_the_run_and_no_attempt_starts(tmp_path):
     engine = make_engine(tmp_path, STUBBORN, n=2, shutdown_timeout=1.0).start()
     try:
