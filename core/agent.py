@@ -1,8 +1,11 @@
 """The local agent: runs one role's ranks on this node, restarts the group on failure, keeps the
 event log, and is what the CLI and the TUI drive (snapshots out, commands in; SPEC 2.5).
 
-There is one monitor loop (`_monitor`), running in whichever thread called `run()`. Commands from
-other threads go through the PContext's lock and wake the loop; they never block on a rank.
+There is one monitor loop (`_monitor`), running in whichever thread called `run()`, and it is the
+only thread that changes the group's state. Every command (core/commands.py), from a UI, an API
+caller or a signal to ranktop itself, goes into one queue that the loop drains on each pass, and
+also while it waits for an attempt to close: a stop that arrives between two attempts is applied,
+never recorded and forgotten. Callers wait for the loop's Ack; a signal handler does not.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ranktop.core.context import PContext, RunProcsResult, plan_streams, prefix_for
+from ranktop.core import commands as cmd
+from ranktop.core.context import REAP_TIMEOUT, PContext, RunProcsResult, Waker, plan_streams, prefix_for
 from ranktop.core.errors import ProcessFailure, UsageError, signal_name
 from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, RunDir, check_run_id
@@ -33,6 +37,20 @@ from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size,
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+ACK_TIMEOUT = 5.0  # the loop answers within milliseconds; this only bounds a wedged engine
+KILL_NOW_REAP_TIMEOUT = 1.0  # after a second Ctrl-C, how long a rank may outlive SIGKILL
+
+
+class _Reply:
+    """Where the monitor loop puts its answer to one command, and the event its caller waits on."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.ack: cmd.Ack | None = None
+
+    def answer(self, ack: cmd.Ack) -> None:
+        self.ack = ack
+        self.done.set()
 
 
 class WorkerState(str, enum.Enum):
@@ -59,6 +77,8 @@ class RunResult:
     root_cause: RootCause | None = None
     stop_signal: int | None = None  # the signal that stopped us, if one did
     incomplete_logs: tuple[LogLoss, ...] = ()  # log files a write failed on (disk full)
+    # global rank -> pid of each rank that outlived SIGKILL (stuck in the kernel), left to the guard
+    unreapable: dict[int, int] = field(default_factory=dict)
 
     def is_failed(self) -> bool:
         return self.state == WorkerState.FAILED
@@ -95,6 +115,7 @@ class LocalAgent:
         on_stall: Callable[[RankSnapshot], None] | None = None,
         faulthandler: bool = True,
         sanitize_console: bool = False,
+        reap_timeout: float = REAP_TIMEOUT,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
         if stall_timeout is not None:
@@ -133,6 +154,14 @@ class LocalAgent:
         self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
         self._stop_rule = StopRule()
         self._earlier_losses: list[LogLoss] = []  # incomplete logs of the attempts before this one
+        # Commands waiting for the monitor loop, each with the slot its Ack goes into.
+        self._commands: collections.deque[tuple[cmd.Command, _Reply | None]] = collections.deque()
+        self._accepting = True  # False once the run is over: a late command is answered at once
+        self._queue_lock = threading.Lock()  # only around the queue: never held while applying
+        self._waker = Waker()  # wakes the loop; shared by every attempt's context
+        self.result: RunResult | None = None  # once run() returned
+        self._between_attempts = False  # closing one attempt to start the next
+        self.reap_timeout = reap_timeout  # how long a SIGKILLed rank may take to go before it is given up on
         self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
 
     def _open_events(self) -> EventLog:
@@ -157,24 +186,50 @@ class LocalAgent:
         """Run to the end (restarting as allowed); the calling thread becomes the monitor loop."""
         handlers = self._install_signal_handlers()
         try:
-            while True:
-                self._start_attempt()
-                result = self._monitor()
-                if self._restart_requested and self._stop_signal is None:
-                    self._restart_requested = False
-                    self._next_attempt("user")
-                    continue
-                if (result.is_failed() and not self._user_stop and self._stop_signal is None
-                        and self.attempt < self.spec.max_restarts):
-                    self._next_attempt("failure")
-                    continue
-                return self._finish(result)
+            self.result = self._finish(self._attempts())
+            self._close_attempt()
+            return self.result
         finally:
-            if self.pcontext is not None:
-                self.pcontext.close(timeout=self.shutdown_timeout)
+            self._close_attempt()  # after an error too: no rank outlives run()
+            self._stop_accepting()
             self._restore_signal_handlers(handlers)
             self.events.close()
             self.layout.close()
+
+    def _attempts(self) -> RunProcsResult:
+        """Run attempts until one ends for good; returns its result (the ranks may still close)."""
+        while True:
+            self._start_attempt()
+            result = self._monitor()
+            reason = self._restart_reason(result)
+            if reason is None:
+                return result
+            self._between_attempts = True
+            try:
+                self._close_attempt()  # commands are applied meanwhile: a stop here ends the run
+            finally:
+                self._between_attempts = False
+            if self._stop_signal is not None or self._user_stop:
+                return result
+            self._restart_requested = False
+            self._earlier_losses += self.pcontext.incomplete_logs()
+            self.attempt += 1
+            self.state = GroupState.RESTARTING
+            self.events.write("group_restart", attempt=self.attempt, reason=reason)
+
+    def _restart_reason(self, result: RunProcsResult) -> str | None:
+        if self._stop_signal is not None or self._user_stop:
+            return None
+        if self._restart_requested:
+            return "user"
+        if result.is_failed() and self.attempt < self.spec.max_restarts:
+            return "failure"
+        return None
+
+    def _close_attempt(self) -> None:
+        """Close the current attempt's context, bounded, applying commands while it waits."""
+        if self.pcontext is not None:
+            self.pcontext.close(timeout=self.shutdown_timeout, between=self._apply_commands)
 
     def attempt_dir(self, attempt: int | None = None) -> str:
         return self.layout.attempt_path(self.attempt if attempt is None else attempt)
@@ -206,6 +261,7 @@ class LocalAgent:
             global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
             ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False, pty=pty,
             sanitize_console=self.sanitize_console,
+            waker=self._waker, generation=self.attempt, reap_timeout=self.reap_timeout,
         ).start()
         self.state = GroupState.RUNNING
         self._started.set()
@@ -213,19 +269,12 @@ class LocalAgent:
     def _monitor(self) -> RunProcsResult:
         pc = self.pcontext
         while True:
-            self._handle_stop_request(pc)
+            self._apply_commands()
             result = pc.step()
             if result is not None:
                 return result
             self._check_stalls()
             pc.wait_activity(self.spec.monitor_interval if self.stall_timeout else 1.0)
-
-    def _next_attempt(self, reason: str) -> None:
-        self.pcontext.close(timeout=self.shutdown_timeout)
-        self._earlier_losses += self.pcontext.incomplete_logs()
-        self.attempt += 1
-        self.state = GroupState.RESTARTING
-        self.events.write("group_restart", attempt=self.attempt, reason=reason)
 
     def _finish(self, result: RunProcsResult) -> RunResult:
         failures = {self.spec.global_rank(r): f for r, f in result.failures.items()}
@@ -239,7 +288,9 @@ class LocalAgent:
         # A stop the user asked for has no culprit among the ranks.
         self.root_cause = self._root_cause() if failures and not self._user_stop else None
         self.ended_at = time.time()
-        run = RunResult(state, values, failures, self.root_cause, self._stop_signal, self.incomplete_logs())
+        unreapable = {self.spec.global_rank(r): pid for r, pid in result.unreapable.items()}
+        run = RunResult(state, values, failures, self.root_cause, self._stop_signal,
+                        incomplete_logs=self.incomplete_logs(), unreapable=unreapable)
         self.events.write("run_finished", state=state.value, exit_status=run.exit_status,
                           root_cause_rank=self.root_cause.rank if self.root_cause else None,
                           incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
@@ -282,10 +333,10 @@ class LocalAgent:
         signal and when it came, and wakes the loop, which decides and acts outside the
         interrupted code."""
         self._pending_signals.append((signum, time.monotonic()))
-        if self.pcontext is not None:
-            self.pcontext.wake()
+        self._waker.wake()
 
     def _handle_stop_request(self, pc: PContext) -> None:
+        """Apply the signals ranktop received (monitor thread only)."""
         while self._pending_signals:
             signum, received_at = self._pending_signals.popleft()
             action = self._stop_rule.decide(signum, received_at)
@@ -295,8 +346,8 @@ class LocalAgent:
                 continue
             self._stop_signal = self._stop_signal or signum
             self.state = GroupState.STOPPING
-            if action == StopAction.KILL_NOW:
-                pc.stop(signal.SIGKILL, 0)
+            if action == StopAction.KILL_NOW:  # the user wants out now: do not wait long on the kernel
+                pc.stop(signal.SIGKILL, 0, reap_timeout=KILL_NOW_REAP_TIMEOUT)
             else:
                 pc.stop(signum, self.shutdown_timeout)
 
@@ -304,36 +355,115 @@ class LocalAgent:
     def wait_started(self, timeout: float | None = None) -> bool:
         return self._started.wait(timeout)
 
+    def submit(self, command: cmd.Command, timeout: float = ACK_TIMEOUT) -> cmd.Ack:
+        """Queue `command` for the monitor loop and wait (at most `timeout`) for its answer. A bad
+        command is refused at once and changes nothing. `Interrupt` is answered without waiting
+        (a signal handler submits it)."""
+        problem = cmd.problem(command, self.spec.local_world_size)
+        if problem is not None:
+            return cmd.Ack(False, problem)
+        if isinstance(command, cmd.Interrupt):
+            self.handle_signal(command.signal)
+            return cmd.Ack(True, f"{signal.Signals(command.signal).name} noted")
+        reply = _Reply()
+        with self._queue_lock:
+            if not self._accepting:
+                return cmd.Ack(False, "the run has ended: nothing left to act on")
+            self._commands.append((command, reply))
+        self._waker.wake()
+        if not reply.done.wait(timeout):
+            return cmd.Ack(False, f"no answer from the monitor loop within {timeout:g}s; the command stays queued")
+        return reply.ack
+
+    def _apply_commands(self) -> None:
+        """Monitor thread only: apply the signals and commands received since the last pass."""
+        pc = self.pcontext
+        if pc is None:
+            return
+        self._handle_stop_request(pc)
+        while True:
+            with self._queue_lock:
+                if not self._commands:
+                    return
+                command, reply = self._commands.popleft()
+            try:
+                ack = self._apply(pc, command)
+            except Exception as exc:  # a command must never take the loop down
+                ack = cmd.Ack(False, f"{type(command).__name__} failed: {exc}")
+            if reply is not None:
+                reply.answer(ack)
+
+    def _stop_accepting(self) -> None:
+        with self._queue_lock:
+            self._accepting = False
+            left, self._commands = list(self._commands), collections.deque()
+        for _command, reply in left:
+            if reply is not None:
+                reply.answer(cmd.Ack(False, "the run has ended: nothing left to act on"))
+
+    def _apply(self, pc: PContext, command: cmd.Command) -> cmd.Ack:
+        stopping = isinstance(command, (cmd.Stop, cmd.KillGroup))
+        if pc.ended and not (stopping and self._between_attempts):
+            if self._between_attempts:
+                return cmd.Ack(False, "between two attempts: try again once the next one started")
+            return cmd.Ack(False, "the group has ended: nothing left to signal or restart")
+        if isinstance(command, cmd.SignalRank):
+            return self._signal_ranks(pc, [command.local_rank], command.signal)
+        if isinstance(command, cmd.SignalGroup):
+            return self._signal_ranks(pc, range(self.spec.local_world_size), command.signal)
+        if isinstance(command, cmd.KillRank):
+            return self._signal_ranks(pc, [command.local_rank], signal.SIGKILL)
+        if isinstance(command, cmd.RestartRank):
+            rank = self.spec.global_rank(command.local_rank)
+            self.events.write("user_restart_rank", rank=rank, local_rank=command.local_rank)
+            pc.restart_rank(command.local_rank)
+            return cmd.Ack(True, f"restarting rank {rank}")
+        if isinstance(command, cmd.RestartGroup):
+            self.events.write("user_restart_group", attempt=self.attempt)
+            self._restart_requested = True
+            pc.stop()
+            return cmd.Ack(True, "restarting the group (next attempt)")
+        if isinstance(command, (cmd.Stop, cmd.KillGroup)):
+            sig, grace = (signal.SIGKILL, 0.0) if isinstance(command, cmd.KillGroup) else (command.signal, command.grace)
+            self._user_stop = True
+            self._restart_requested = False
+            self.state = GroupState.STOPPING
+            self.events.write("user_stop", signal=signal.Signals(sig).name)
+            pc.stop(sig, grace)
+            return cmd.Ack(True, f"{signal.Signals(sig).name} → every rank")
+        return cmd.Ack(False, f"{type(command).__name__} is not applied by the monitor loop")
+
+    def _signal_ranks(self, pc: PContext, local_ranks: Any, sig: int) -> cmd.Ack:
+        name = signal.Signals(sig).name
+        sent = [r for r in local_ranks if pc.signal_rank(r, sig)]
+        if not sent:
+            return cmd.Ack(False, f"not running: no {name} sent")
+        who = "every rank" if len(sent) > 1 else f"rank {self.spec.global_rank(sent[0])}"
+        return cmd.Ack(True, f"{name} → {who}")
+
+    # The calls below are kept for API users and tests; each is one queued command.
     def signal_rank(self, local_rank: int, sig: int) -> bool:
-        return self.pcontext.signal_rank(local_rank, sig)
+        return self.submit(cmd.SignalRank(local_rank, sig)).ok
 
     def signal_group(self, sig: int) -> None:
-        for r in range(self.spec.local_world_size):
-            self.pcontext.signal_rank(r, sig)
+        self.submit(cmd.SignalGroup(sig))
 
     def kill_rank(self, local_rank: int) -> bool:
-        return self.signal_rank(local_rank, signal.SIGKILL)
+        return self.submit(cmd.KillRank(local_rank)).ok
 
     def restart_rank(self, local_rank: int) -> None:
-        self.events.write("user_restart_rank", rank=self.spec.global_rank(local_rank), local_rank=local_rank)
-        self.pcontext.restart_rank(local_rank)
+        self.submit(cmd.RestartRank(local_rank))
 
     def restart_group(self) -> None:
         """Stop every rank (with the grace) and start the group again as the next attempt."""
-        self.events.write("user_restart_group", attempt=self.attempt)
-        self._restart_requested = True
-        self.pcontext.stop()
+        self.submit(cmd.RestartGroup())
 
     def stop(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
         """Stop the run on the user's behalf: `sig` to every rank, SIGKILL after the grace."""
-        self._user_stop = True
-        self._restart_requested = False
-        self.state = GroupState.STOPPING
-        self.events.write("user_stop", signal=signal.Signals(sig).name)
-        self.pcontext.stop(sig, grace)
+        self.submit(cmd.Stop(sig, grace))
 
     def kill_group(self) -> None:
-        self.stop(signal.SIGKILL, 0)
+        self.submit(cmd.KillGroup())
 
     # ----- snapshots ---------------------------------------------------------------------------
     def _on_rank_event(self, event: dict) -> None:
@@ -379,6 +509,8 @@ class LocalAgent:
         proc = slot.proc
         if proc is None:
             return RankState.STARTING
+        if slot.unreapable:
+            return RankState.UNREAPABLE
         code = proc.returncode
         if code is None:
             if slot.stopped_by_us or slot.restart_pending:
@@ -396,6 +528,7 @@ class LocalAgent:
         state = self._rank_state(slot, now)
         last = slot.ring.last_output_at
         code = proc.returncode if proc else None
+        logs = self.pcontext.log_files(r)
         return RankSnapshot(
             rank=self.spec.global_rank(r), local_rank=r, pid=proc.pid if proc else None, state=state,
             exitcode=code, signal_name=signal_name(code) if code is not None and code < 0 else None,
@@ -406,6 +539,7 @@ class LocalAgent:
             stall_seconds=self._silent_for(slot, now) if state == RankState.STALLED else None,
             native=not callable(self.spec.entrypoint) and not _is_python(self.spec),
             log_bytes_lost=slot.log_bytes_lost, log_error=slot.log_error,
+            paused=slot.paused, stdout_log=logs[0], stderr_log=logs[1],
         )
 
     def snapshot(self) -> GroupSnapshot:
@@ -420,8 +554,18 @@ class LocalAgent:
             max_restarts=self.spec.max_restarts, started_at=self.started_at, ended_at=self.ended_at,
             log_dir=self.run_dir, ranks=ranks,
             gpu_status=self.sampler.gpu_status() if self.sampler is not None else None,
-            root_cause=self.root_cause, incomplete_logs=self.incomplete_logs(),
+            root_cause=self.root_cause, incomplete_logs=self.incomplete_logs(), taken_at=now,
+            shutdown_timeout=self.shutdown_timeout, output_lines_kept=self.ring_lines,
+            stop_signal=self._stop_signal,
         )
+
+    def rank_processes(self) -> dict[int, tuple[int, dict[str, str]]]:
+        """local rank -> (pid, the environment we started it with) of each running rank, for the
+        stats sampler; a plain read, safe from any thread while attempts come and go."""
+        pc = self.pcontext
+        if pc is None:
+            return {}
+        return {s.local_rank: (s.proc.pid, pc.envs.get(s.local_rank, {})) for s in list(pc.slots) if s.alive}
 
     def output(self, local_rank: int, n: int | None = None) -> list[bytes]:
         """The rank's recent output lines (raw bytes, '\\r' collapsed), oldest first."""

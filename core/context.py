@@ -1,11 +1,16 @@
 """A group of ranks started together: `start_processes` and the PContext it returns.
 
 The context owns the one monitor step (`step`): reap what exited, stop the siblings of a failed
-rank with the shutdown grace, SIGKILL what outlived its grace, restart single ranks on request,
-and report the result once every rank is reaped and what the ranks left running (helpers that
-left their group, orphans; see core/strays.py) has had SIGTERM, the grace, then SIGKILL. `wait`,
-`close`, the agent and the TUI all go through it. Exits are noticed at once through pidfds rather
-than by sleeping.
+rank with the shutdown grace, SIGKILL what outlived its grace, give up on what outlived SIGKILL,
+restart single ranks on request, and report the result once every rank is accounted for and what
+the ranks left running (helpers that left their group, orphans; see core/strays.py) has had
+SIGTERM, the grace, then SIGKILL. `wait`, `close` and the agent all go through it. Exits are
+noticed at once through pidfds rather than by sleeping.
+
+Every wait has a deadline. A rank in uninterruptible sleep (a hung NCCL or NFS call: "D" state)
+does not die of SIGKILL until the kernel lets go of it, which may be never; after `reap_timeout`
+seconds the context stops waiting, reports the rank as unreapable and leaves it to the orphan
+guard, which still holds its process group.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from string import Template
@@ -32,7 +38,14 @@ from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, PIDFDS, open_pidfd, send
 from ranktop.core.layout import ERROR_FILE, Dir, RunDir, log_name
 from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
-from ranktop.core.process import LEADER_ONLY_SIGNALS, STOP_SIGNALS, Launch, RankProcess, python_call_argv
+from ranktop.core.process import (
+    LEADER_ONLY_SIGNALS,
+    STOP_SIGNALS,
+    Launch,
+    RankProcess,
+    kernel_state,
+    python_call_argv,
+)
 from ranktop.core.sanitize import clean_console
 from ranktop.core.spec import Std, per_rank
 from ranktop.core.state import LogLoss
@@ -42,6 +55,40 @@ _GUARD_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
 
 EventSink = Callable[[dict], None]
+# Seconds a SIGKILLed rank may take to be gone before it counts as unreapable. A killed process
+# normally vanishes within milliseconds; one that lingers is stuck in the kernel.
+REAP_TIMEOUT = 5.0
+
+
+class Waker:
+    """A pipe that wakes a loop sleeping in poll(); `wake()` is safe from any thread and from a
+    signal handler. Its descriptors are closed only when the object is garbage-collected: whoever
+    can still call wake() holds a reference, so a late wake (a signal after the end, a UI command
+    after close) can never write into a descriptor number that was closed and then reused."""
+
+    def __init__(self) -> None:
+        self.fd, self._write_fd = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._write_fd, False)
+        weakref.finalize(self, _close_fds, self.fd, self._write_fd)
+
+    def wake(self) -> None:
+        try:
+            os.write(self._write_fd, b"x")
+        except OSError:
+            pass  # the pipe is full: the loop has plenty of reasons to wake already
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.fd, 4096):
+                pass
+        except OSError:
+            pass  # empty (EAGAIN)
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 @dataclass
@@ -53,6 +100,9 @@ class RunProcsResult:
     failures: dict[int, ProcessFailure] = field(default_factory=dict)
     stdouts: dict[int, str] = field(default_factory=dict)
     stderrs: dict[int, str] = field(default_factory=dict)
+    # local rank -> pid of each rank that outlived SIGKILL; left to the orphan guard, not a failure
+    # of its own (it only ends that way after a stop), but it may still be running
+    unreapable: dict[int, int] = field(default_factory=dict)
 
     def is_failed(self) -> bool:
         return bool(self.failures)
@@ -80,6 +130,9 @@ class RankSlot:
     restart_pending: bool = False
     failure: ProcessFailure | None = None
     sinks: list[StreamSink] = field(default_factory=list)  # every one this slot had, restarts included
+    paused: bool = False  # the user sent SIGSTOP and no SIGCONT since
+    reap_by: float | None = None  # monotonic time after which a SIGKILLed rank counts as unreapable
+    unreapable: bool = False  # it outlived SIGKILL by reap_timeout: no longer waited for
 
     @property
     def log_bytes_lost(self) -> int:
@@ -91,7 +144,8 @@ class RankSlot:
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
+        """Running, or at least not given up on: the context still waits for its exit."""
+        return self.proc is not None and self.proc.returncode is None and not self.unreapable
 
 
 def plan_streams(
@@ -146,6 +200,9 @@ class PContext:
         sanitize_console: bool = False,
         cwd: str | None = None,
         pty: tuple[int, int] | None = None,
+        waker: Waker | None = None,
+        generation: int = 0,
+        reap_timeout: float = REAP_TIMEOUT,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
         self.name = name
@@ -163,6 +220,8 @@ class PContext:
         self.on_event = on_event
         self.cwd = cwd
         self.pty = pty  # (columns, rows) of the terminal each rank writes to; None: pipes
+        self.generation = generation  # which attempt of a run this is: new rings, new pids
+        self.reap_timeout = reap_timeout
         self._passthrough = passthrough_console  # unredirected, unteed streams: inherit our fds
         self._sanitize_console = sanitize_console  # filter what the console shows (files stay raw)
         self.slots = [RankSlot(r, LineRing(ring_lines)) for r in range(self.nprocs)]
@@ -180,9 +239,9 @@ class PContext:
         self._stopping = False
         self._result: RunProcsResult | None = None
         self._closed = False
-        self._lock = threading.RLock()  # commands may come from other threads (the TUI)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
+        # Commands may come from other threads (API users); it is never held across a wait.
+        self._lock = threading.RLock()
+        self._waker = waker or Waker()  # an agent passes its own, woken by its command queue too
 
     # ----- paths (to tell people and ranks; ranktop itself goes through the held directories) --
     def rank_dir(self, local_rank: int) -> str:
@@ -200,6 +259,14 @@ class PContext:
         if local_rank not in self._rank_dirs:
             self._rank_dirs[local_rank] = self.dir.sub(str(local_rank))
         return self._rank_dirs[local_rank]
+
+    def log_files(self, local_rank: int) -> tuple[str | None, str | None]:
+        """(stdout log, stderr log) of a rank; None for a stream not written to a file. With a
+        pty, stderr shares stdout's terminal and lands in stdout.log."""
+        plan = self.streams[local_rank]
+        out = self.log_path(local_rank, STDOUT) if plan.files & Std.OUT else None
+        err = self.log_path(local_rank, STDERR) if plan.files & Std.ERR and self.pty is None else None
+        return out, err
 
     def _result_path(self, local_rank: int) -> str:
         return os.path.join(self._tmp or "", f"{local_rank}.ret")
@@ -256,8 +323,9 @@ class PContext:
         launch = Launch(r, argv, env, sinks, cwd=self.cwd, pty=pty)
         slot.proc = RankProcess(launch, self._pump)
         slot.stopped_by_us = False
-        slot.kill_at = None
+        slot.kill_at = slot.reap_by = None
         slot.failure = None
+        slot.paused = slot.unreapable = False
         self._strays.rank_started(slot.proc.pid)
         self._emit("started", r, pid=slot.proc.pid, restarts=slot.restarts)
 
@@ -299,24 +367,55 @@ class PContext:
 
     # ----- the monitor step --------------------------------------------------------------------
     def step(self) -> RunProcsResult | None:
-        """One pass of the monitor: never blocks; returns the result once every rank is reaped."""
+        """One pass of the monitor: returns the result once every rank is reaped (or given up
+        on). It never waits on a rank; only the final collection waits, briefly and with a
+        deadline, for the last output to drain, and it does so without holding the lock."""
         with self._lock:
             if self._result is not None:
                 return self._result
             now = time.monotonic()
             for slot in self.slots:
-                self._reap(slot)
-                if slot.alive and slot.kill_at is not None and now >= slot.kill_at:
-                    slot.proc.signal_group(signal.SIGKILL)
-                    slot.kill_at = None
-                if slot.restart_pending and not slot.alive:
-                    slot.restart_pending = False
-                    slot.restarts += 1
-                    self._spawn(slot)
+                self._advance(slot, now)
             self._strays.look()
-            if all(not s.alive and not s.restart_pending for s in self.slots) and self._swept(now):
-                self._result = self._collect()
+            if any(s.alive or s.restart_pending for s in self.slots) or not self._swept(now):
+                return None
+        result = self._collect()
+        with self._lock:
+            self._result = self._result or result
             return self._result
+
+    def _advance(self, slot: RankSlot, now: float) -> None:
+        self._reap(slot)
+        if slot.alive and slot.kill_at is not None and now >= slot.kill_at:
+            self._kill(slot, now)
+        if slot.alive and slot.reap_by is not None and now >= slot.reap_by:
+            self._give_up(slot)
+        if slot.restart_pending and not slot.alive:
+            slot.restart_pending = False
+            slot.restarts += 1
+            self._spawn(slot)
+
+    def _kill(self, slot: RankSlot, now: float, reap_timeout: float | None = None) -> None:
+        """SIGKILL the rank's group and start the clock on its reaping."""
+        slot.proc.signal_group(signal.SIGKILL)
+        slot.kill_at, slot.paused = None, False
+        deadline = now + (self.reap_timeout if reap_timeout is None else reap_timeout)
+        slot.reap_by = deadline if slot.reap_by is None else min(slot.reap_by, deadline)
+
+    def _give_up(self, slot: RankSlot) -> None:
+        """The rank outlived SIGKILL: stop waiting. The guard keeps its process group (we never
+        told it the rank was gone) and sweeps it when we exit."""
+        slot.unreapable = True
+        slot.proc.close_pidfd()
+        self._emit("unreapable", slot.local_rank, pid=slot.proc.pid, kernel_state=kernel_state(slot.proc.pid),
+                   waited_s=self.reap_timeout)
+        # It got SIGKILL, so that is how it counts: a failure, the group's end unless we stopped it.
+        slot.failure = ProcessFailure(
+            slot.local_rank, slot.proc.pid, -signal.SIGKILL, self.error_file(slot.local_rank),
+            rank=self.global_ranks[slot.local_rank], timestamp=time.time(),
+        )
+        if not slot.stopped_by_us and not self._stopping:
+            self._stop_all(signal.SIGTERM, self.shutdown_timeout)
 
     def _swept(self, now: float) -> bool:
         """One pass of the end sweep: True once nothing the ranks left is running (or what is left
@@ -370,30 +469,30 @@ class PContext:
             self._stop_all(signal.SIGTERM, self.shutdown_timeout)  # one failure ends the group
 
     def wait_activity(self, timeout: float) -> None:
-        """Sleep until a rank exits, a command arrives, or `timeout` passes."""
+        """Sleep until a rank exits, a command arrives, a deadline (grace, reaping) is due, or
+        `timeout` passes."""
         with self._lock:
-            fds = [s.proc.pidfd for s in self.slots if s.alive and s.proc.pidfd is not None]
+            live = [s for s in self.slots if s.alive]
+            fds = [s.proc.pidfd for s in live if s.proc.pidfd is not None]
             fds += self._sweep_fds.values()
-            kill_times = [s.kill_at for s in self.slots if s.alive and s.kill_at is not None]
+            deadlines = [t for s in live for t in (s.kill_at, s.reap_by) if t is not None]
             if self._sweep_deadline is not None:  # the SIGKILL, then the giving up
-                kill_times.append(self._sweep_deadline if time.monotonic() < self._sweep_deadline
-                                  else self._sweep_deadline + GIVE_UP_SECONDS)
-        if kill_times:
-            timeout = min(timeout, max(0.0, min(kill_times) - time.monotonic()))
+                deadlines.append(self._sweep_deadline if time.monotonic() < self._sweep_deadline
+                                 else self._sweep_deadline + GIVE_UP_SECONDS)
+        if deadlines:
+            timeout = min(timeout, max(0.0, min(deadlines) - time.monotonic()))
         poller = select.poll()
-        for fd in (*fds, self._wake_r):
+        for fd in (*fds, self._waker.fd):
             poller.register(fd, select.POLLIN)
         try:
-            if any(fd == self._wake_r for fd, _ in poller.poll(max(0.0, timeout) * 1000)):
-                os.read(self._wake_r, 4096)
+            if any(fd == self._waker.fd for fd, _ in poller.poll(max(0.0, timeout) * 1000)):
+                self._waker.drain()
         except OSError:
             pass  # a pidfd closed under us by a concurrent reap: just run the step again
 
     def wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
+        """Wake `wait_activity` (safe from any thread, from a signal handler, and after close)."""
+        self._waker.wake()
 
     def wait(self, timeout: float = -1, period: float = 1) -> RunProcsResult | None:
         """Block until every rank ended (the result) or `timeout` passed (None); <0 blocks."""
@@ -425,15 +524,25 @@ class PContext:
     def _stop_slot(self, slot: RankSlot, sig: int, grace: float) -> None:
         slot.stopped_by_us = True
         slot.proc.signal_group(sig)
+        if slot.paused:  # a stopped process would only see the signal once resumed
+            slot.proc.signal_group(signal.SIGCONT)
+            slot.paused = False
         deadline = time.monotonic() + grace
         slot.kill_at = deadline if slot.kill_at is None else min(slot.kill_at, deadline)
 
-    def stop(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
-        """Ask every rank to stop (`sig` now, SIGKILL after the grace); returns at once."""
+    def stop(self, sig: int = signal.SIGTERM, grace: float | None = None, *, reap_timeout: float | None = None) -> None:
+        """Ask every rank to stop (`sig` now, SIGKILL after the grace); returns at once. A
+        `reap_timeout` shorter than the context's gives up sooner on ranks that outlive SIGKILL
+        (a second Ctrl-C: the user wants out now)."""
         if grace is not None:
             check_timeout("grace", grace)
         with self._lock:
             self._stop_all(sig, self.shutdown_timeout if grace is None else grace)
+            if reap_timeout is not None:
+                now = time.monotonic()
+                for slot in self.slots:
+                    if slot.alive:
+                        self._kill(slot, now, reap_timeout)
         self.wake()
 
     def signal_rank(self, local_rank: int, sig: int) -> bool:
@@ -446,25 +555,31 @@ class PContext:
             if sig in STOP_SIGNALS:
                 slot.stopped_by_us = True
             self._emit("signalled", local_rank, pid=slot.proc.pid, signal=signal.Signals(sig).name)
+            if sig == signal.SIGKILL:
+                self._kill(slot, time.monotonic())
+                return True
             if sig in LEADER_ONLY_SIGNALS:
                 return slot.proc.signal_leader(sig)
-            return slot.proc.signal_group(sig)
+            sent = slot.proc.signal_group(sig)
+            if sent and sig in (signal.SIGSTOP, signal.SIGCONT):
+                slot.paused = sig == signal.SIGSTOP
+            return sent
 
-    def restart_rank(self, local_rank: int, grace: float | None = None) -> None:
-        """Stop one rank (with the grace) and start it again in this context."""
+    def restart_rank(self, local_rank: int, grace: float | None = None) -> bool:
+        """Stop one rank (with the grace) and start it again in this context. False once the
+        group has ended: there is nothing left to restart it into."""
         if grace is not None:
             check_timeout("grace", grace)
         with self._lock:
+            if self._result is not None:
+                return False
             slot = self.slots[local_rank]
-            if self._result is not None:  # the group had ended: this rank runs on its own again
-                self._result, self._stopping = None, False
-                self._sweep_deadline = None
-                self._sweep_sent.clear()
             slot.restart_pending = True
             if slot.alive:
                 self._stop_slot(slot, signal.SIGTERM, self.shutdown_timeout if grace is None else grace)
             self._emit("restart_requested", local_rank)
         self.wake()
+        return True
 
     def pids(self) -> dict[int, int]:
         return {s.local_rank: s.proc.pid for s in self.slots if s.proc is not None}
@@ -480,6 +595,8 @@ class PContext:
             plan = self.streams[r]
             result.stdouts[r] = self.log_path(r, STDOUT) if plan.files & Std.OUT else ""
             result.stderrs[r] = self.log_path(r, STDERR) if plan.files & Std.ERR else ""
+            if slot.unreapable:
+                result.unreapable[r] = slot.proc.pid
             if slot.failure is not None:
                 result.failures[r] = slot.failure
             elif callable(self.entrypoint):
@@ -493,37 +610,51 @@ class PContext:
         except (OSError, EOFError, pickle.UnpicklingError):
             return None
 
-    def close(self, death_sig: int = signal.SIGTERM, timeout: float = 30) -> None:
-        """Stop every rank's whole group (`death_sig`, then SIGKILL after `timeout`) and clean up."""
+    @property
+    def ended(self) -> bool:
+        """Every rank is accounted for: the result is known."""
+        return self._result is not None
+
+    def close(self, death_sig: int = signal.SIGTERM, timeout: float = 30,
+              between: Callable[[], None] | None = None) -> None:
+        """Stop every rank's whole group (`death_sig`, then SIGKILL after `timeout`) and clean up.
+        Bounded: a rank that outlives SIGKILL by `reap_timeout` is left to the guard. `between`
+        runs on each pass of the wait (the agent applies its commands there: a second Ctrl-C
+        still acts while closing)."""
         check_timeout("timeout", timeout)
         with self._lock:
             if self._closed:
                 return
+            self._closed = True
             self._stop_all(death_sig, timeout)
         while self.step() is None:
+            if between is not None:
+                between()
             self.wait_activity(0.05)
+        self._release()
+
+    def _release(self) -> None:
+        """Let go of everything once the ranks are accounted for. Every wait here has its own
+        deadline, and no lock is held: a UI reading snapshots meanwhile never stalls."""
+        for slot in self.slots:  # the ranks are reaped; a grandchild may still hold the group
+            if slot.proc is not None:
+                slot.proc.signal_group(signal.SIGKILL)
+        self._tell_guard("done")  # it sweeps strays that left the group while we drain
+        if self._guard is not None:
+            self._guard.stdin.close()
+        if self._pump is not None:
+            self._pump.close(timeout=2.0)
+        if self._console is not None:
+            self._console.close()
+        self._finish_guard()
         with self._lock:
-            self._closed = True
-            for slot in self.slots:  # the ranks are reaped; a grandchild may still hold the group
-                if slot.proc is not None:
-                    slot.proc.signal_group(signal.SIGKILL)
-            self._tell_guard("done")  # it sweeps strays that left the group while we drain
-            if self._guard is not None:
-                self._guard.stdin.close()
-            if self._pump is not None:
-                self._pump.close(timeout=2.0)
-            if self._console is not None:
-                self._console.close()
-            self._finish_guard()
             for fd in self._sweep_fds.values():
                 os.close(fd)
             self._sweep_fds.clear()
-            if self._tmp:
-                shutil.rmtree(self._tmp, ignore_errors=True)
             for held in (*self._rank_dirs.values(), self.dir):
                 held.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
     def _finish_guard(self) -> None:
         if self._guard is None:

@@ -171,6 +171,19 @@ def _deliver(send: Callable[[int, int], None], target: int, sig: int) -> bool:
         return False
 
 
+def kernel_state(pid: int) -> str | None:
+    """The process's state letter as the kernel reports it ("R", "S", "D" uninterruptible sleep,
+    "T" stopped, "Z" zombie), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: the state follows the last ')'.
+    fields = data[data.rfind(b")") + 2:].split()
+    return fields[0].decode() if fields else None
+
+
 def _pidfd_open(pid: int) -> int | None:
     """A descriptor that becomes readable when `pid` exits (Linux 5.3+); None where unsupported."""
     try:

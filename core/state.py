@@ -1,4 +1,4 @@
-"""The narrow, typed interface between the engine and whatever shows it (SPEC 2.5).
+"""The narrow, typed interface between the engine and whatever shows it.
 
 A UI reads immutable snapshots at its own pace and sends commands; it never touches a
 process or a pipe itself. Everything here is plain data so that it could later be served
@@ -8,7 +8,7 @@ over a local socket for detach/attach.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class RankState(str, enum.Enum):
@@ -19,6 +19,9 @@ class RankState(str, enum.Enum):
     SUCCEEDED = "exited"  # exit code 0
     FAILED = "failed"  # non-zero exit code or a signal
     KILLED = "killed"  # stopped by ranktop or the user
+    # SIGKILLed, yet not gone long after: stuck in the kernel (uninterruptible sleep, "D" state,
+    # e.g. a hung NCCL or NFS call). ranktop stopped waiting and left it to the orphan guard.
+    UNREAPABLE = "unreapable"
 
     @property
     def alive(self) -> bool:
@@ -70,6 +73,9 @@ class RankSnapshot:
     native: bool = False  # a binary rather than a Python rank (stack dumps need to know)
     log_bytes_lost: int = 0  # output read but not saved: a log file write failed (disk full)
     log_error: str | None = None  # why, e.g. "No space left on device"; None while the logs are whole
+    paused: bool = False  # the user sent it SIGSTOP (no SIGCONT since)
+    stdout_log: str | None = None  # where its stdout goes (None: not to a file)
+    stderr_log: str | None = None  # None also with --pty, where stderr shares stdout's terminal
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,23 @@ class GroupSnapshot:
     gpu_status: str | None = None  # e.g. "no GPU" when NVML is unavailable; None when fine
     root_cause: RootCause | None = None
     incomplete_logs: tuple[LogLoss, ...] = ()  # log files a write failed on, this run so far
-    extra: dict = field(default_factory=dict)
+    taken_at: float = 0.0  # time.time() when the engine took this picture
+    shutdown_timeout: float = 10.0  # the grace a stop gives the ranks before SIGKILL
+    output_lines_kept: int = 10_000  # complete lines the engine keeps per rank for output_since
+    ended: bool = False  # the run is over and the engine has let go of every rank
+    exit_status: int | None = None  # once ended: 0, 1 or 128+N (the CLI's exit status)
+    stop_signal: int | None = None  # the signal to ranktop that ended the run, if one did
+    error: str | None = None  # the engine itself failed (a bug, a spawn error): what went wrong
+
+    @property
+    def paused(self) -> tuple[int, ...]:
+        """Local ranks the user paused with SIGSTOP."""
+        return tuple(r.local_rank for r in self.ranks if r.paused)
+
+    @property
+    def unreapable(self) -> tuple[int, ...]:
+        """Local ranks that outlived SIGKILL and were left to the orphan guard."""
+        return tuple(r.local_rank for r in self.ranks if r.state == RankState.UNREAPABLE)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Per-rank cpu%, rss and GPU, sampled by one background thread (SPEC 2.6).
 
-The UI never waits on this: `latest()` returns what the last tick found. A tick reads each rank's
-pid from the agent's slots (slots are replaced on restart, and a new attempt brings a new
-PContext, so nothing is remembered across ticks but the per-process counters), walks each rank's
-process tree, and asks the GPU monitor about the same trees. It takes no lock of the engine:
-reading `slot.proc.pid` is a plain attribute read.
+The UI never waits on this: `latest()` returns what the last tick found. A tick asks its source
+(the engine, or an agent) for each running rank's pid and start environment with
+`rank_processes()` (a restart brings new pids, so nothing is remembered across ticks but the
+per-process counters), walks each rank's process tree, and asks the GPU monitor about the same
+trees.
 
 cpu% is per process tree, 100 = one core busy (like `top`); rss is summed over the tree, so
 memory shared between a rank and its children (fork, shared memory) is counted more than once.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +99,7 @@ class _Counter:
 
 
 class StatsSampler:
-    """The one sampling thread: `attach(agent)`, then `latest(local_rank)` from any thread."""
+    """The one sampling thread: `attach(engine)`, then `latest(local_rank)` from any thread."""
 
     def __init__(self, interval: float = 1.0, gpu: GpuMonitor | None = None):
         self.interval = interval
@@ -115,7 +116,8 @@ class StatsSampler:
 
     # ----- the interface -----------------------------------------------------------------------
     def attach(self, agent: Any) -> StatsSampler:
-        """Sample `agent`'s ranks from now on; fine before `agent.run()` started (nothing to see yet)."""
+        """Sample the ranks of `agent` (anything with `rank_processes()`: a LocalEngine or its agent)
+        from now on; fine before the run started (nothing to see yet)."""
         self._agent = agent
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="ranktop-stats", daemon=True)
@@ -159,10 +161,10 @@ class StatsSampler:
 
     def tick(self) -> None:
         """One sample of every live rank (called by the thread; public for callers without one)."""
-        pc = getattr(self._agent, "pcontext", None)
+        ranks = _live_ranks(self._agent)
         now = time.monotonic()
         elapsed = None if self._last_tick is None else now - self._last_tick
-        roots = _live_roots(pc)
+        roots = {r: pid for r, (pid, _env) in ranks.items()}
         table = scan_processes() if roots else {}
         seen: dict[ProcKey, _Counter] = {}
         found: dict[int, tuple[int, float | None, int, list[int]]] = {}
@@ -174,7 +176,7 @@ class StatsSampler:
             found[r] = (pid, cpu, rss, tree)
         self._counters = seen  # forget processes that are gone
         self._last_tick = now
-        gpus = self._sample_gpus(pc, found, table)
+        gpus = self._sample_gpus(ranks, found, table)
         stamp = time.time()
         self._latest = {
             r: RankStats(pid=pid, cpu_percent=cpu, rss=rss, gpu=gpus.get(r), nprocs=len(tree), sampled_at=stamp)
@@ -225,11 +227,11 @@ class StatsSampler:
             return False
 
     # ----- GPU ---------------------------------------------------------------------------------
-    def _sample_gpus(self, pc: Any, found: dict, table: dict[int, tuple[int, int]]) -> dict[int, GpuSample | None]:
+    def _sample_gpus(self, ranks: dict, found: dict, table: dict[int, tuple[int, int]]) -> dict[int, GpuSample | None]:
         if not found or not self.gpu.ok:
             return {}
         queries = {
-            r: RankQuery(frozenset(tree), self._visible_devices(pc, r, (pid, table[pid][1])))
+            r: RankQuery(frozenset(tree), self._visible_devices(ranks[r][1], (pid, table[pid][1])))
             for r, (pid, _cpu, _rss, tree) in found.items()
         }
         try:
@@ -238,7 +240,7 @@ class StatsSampler:
             self.last_error = f"GPU sample: {exc!r}"
             return {}
 
-    def _visible_devices(self, pc: Any, local_rank: int, key: ProcKey) -> str | None:
+    def _visible_devices(self, started_env: Mapping[str, str], key: ProcKey) -> str | None:
         """The rank's CUDA_VISIBLE_DEVICES as it was started (read once per process)."""
         counter = self._counters.get(key)
         if counter is not None and counter.env_read:
@@ -247,20 +249,16 @@ class StatsSampler:
             value = counter.proc.environ().get(_CUDA_VISIBLE) if counter is not None else None
         except psutil.Error:
             # Not readable: the environment we gave it says the same unless the rank changed it.
-            env = {**os.environ, **(getattr(pc, "envs", {}) or {}).get(local_rank, {})}
+            env = {**os.environ, **started_env}
             value = env.get(_CUDA_VISIBLE)
         if counter is not None:
             counter.visible_devices, counter.env_read = value, True
         return value
 
 
-def _live_roots(pc: Any) -> dict[int, int]:
-    """local rank -> pid of each running rank; tolerant of a context that is being replaced."""
-    if pc is None:
+def _live_ranks(source: Any) -> dict[int, tuple[int, Mapping[str, str]]]:
+    """local rank -> (pid, the environment it was started with) of each running rank, as the
+    engine (or its agent) tells it; nothing when there is no source yet."""
+    if source is None:
         return {}
-    roots = {}
-    for slot in list(getattr(pc, "slots", ())):
-        proc = slot.proc
-        if proc is not None and proc.returncode is None:
-            roots[slot.local_rank] = proc.pid
-    return roots
+    return source.rank_processes()

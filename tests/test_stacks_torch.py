@@ -18,6 +18,7 @@ import pytest
 from conftest import ROOT, polls, run_ranktop
 from ranktop.core import stacks
 from ranktop.core.agent import LocalAgent
+from ranktop.core.engine import LocalEngine
 from ranktop.core.spec import WorkerSpec, faulthandler_env
 from ranktop.core.stacks import StackStatus
 from test_stacks import py_spy_can_attach  # noqa: F401  (module fixture: skip where py-spy cannot attach)
@@ -57,9 +58,10 @@ def test_hung_allreduce_names_rank_3_everywhere(tmp_path):
     spec = WorkerSpec(role="default", local_world_size=4, entrypoint=sys.executable,
                       args=("-u", str(ROOT / "examples" / "hang_allreduce.py")), env=env)
     agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, stall_timeout=1.0, shutdown_timeout=2)
-    app = RanktopApp(agent)
+    app = RanktopApp(LocalEngine(agent))
 
     async def scenario() -> None:
+        app.engine.start()  # the app is handed a running engine
         async with app.run_test(size=(180, 50)) as pilot:
             await _until(lambda: _hung(agent), "ranks 0-2 in all_reduce and rank 3 stuck, all stalled")
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from ranktop.core.agent import LocalAgent
+from ranktop.core.engine import LocalEngine
 from ranktop.core.spec import WorkerSpec
 from ranktop.tui.app import RanktopApp
 from ranktop.tui.screens import HelpScreen, SignalPicker
@@ -32,10 +33,11 @@ def shoot(tmp_path, steps, *, n: int = 3, env=None, size=(120, 36)) -> list[str]
     spec = WorkerSpec(role="default", local_world_size=n, entrypoint=sys.executable, args=("-u", "-c", FIXED),
                       name="fixed.py", env=env or {})
     agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2.0)
-    app = RanktopApp(agent)
+    app = RanktopApp(LocalEngine(agent))
     shots: list[str] = []
 
     async def main():
+        app.engine.start()  # the app is handed a running engine
         async with app.run_test(size=size) as pilot:
             await until(pilot, lambda: app.main is not None and app.main.is_mounted, what="main screen")
             for step in steps:
@@ -47,7 +49,7 @@ def shoot(tmp_path, steps, *, n: int = 3, env=None, size=(120, 36)) -> list[str]
 
 
 async def all_printed(app, pilot):
-    await until(pilot, lambda: all(b"red text" in b"".join(app.agent.output(r)) for r in range(app.main.n)),
+    await until(pilot, lambda: all(b"red text" in b"".join(app.engine.agent.output(r)) for r in range(app.main.n)),
                 what="every rank printed")
     await pilot.pause(0.3)  # one repaint tick
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from ranktop.core.agent import LocalAgent
+from ranktop.core.engine import LocalEngine
 from ranktop.core.spec import WorkerSpec
 from ranktop.core.stacks import find_py_spy
 from ranktop.tui.app import RanktopApp
@@ -56,7 +57,7 @@ def assert_safe(text: str, styles: list) -> None:
 
 
 def test_header_root_cause_and_pane_show_rank_text_safely(tmp_path):
-    app = RanktopApp(make_agent(tmp_path))
+    app = RanktopApp(LocalEngine(make_agent(tmp_path)))
 
     async def body(app, pilot):
         await until(pilot, lambda: app.main.ended, what="group failed")
@@ -101,7 +102,7 @@ def test_stack_view_shows_hostile_file_and_thread_names_safely(tmp_path):
     script.write_text(WAITER)
     spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sys.executable, args=("-u", str(script)),
                       name="waiter.py")
-    app = RanktopApp(LocalAgent(spec, log_dir=str(tmp_path / "logs"), console=False, shutdown_timeout=2.0))
+    app = RanktopApp(LocalEngine(LocalAgent(spec, log_dir=str(tmp_path / "logs"), console=False, shutdown_timeout=2.0)))
 
     async def body(app, pilot):
         await until(pilot, lambda: app.main.pane(0).log.line_count, what="rank ready")

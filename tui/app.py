@@ -1,8 +1,9 @@
-"""The Textual app around one LocalAgent, and `run_tui`, the CLI's entry point for the TUI.
+"""The Textual app around one Engine, and `run_tui`, the CLI's entry point for the TUI.
 
-The agent's monitor loop runs in a background thread; the app only reads snapshots and sends
-commands. The exit status is the headless one (0 / 1 / 128+N); quitting while ranks run stops
-them with the shutdown grace and exits 130, as an interrupted headless run would.
+The app knows only the Engine interface (core/engine.py): `run_tui` starts a LocalEngine (the
+agent's monitor loop in a thread of its own) and hands it over; the app reads snapshots and
+submits commands. The exit status is the headless one (0 / 1 / 128+N); quitting while ranks run
+stops them with the shutdown grace and exits 130, as an interrupted headless run would.
 """
 
 from __future__ import annotations
@@ -12,15 +13,17 @@ import dataclasses
 import os
 import signal
 import sys
-import threading
 from collections.abc import Iterable
 from typing import Any
 
+from ranktop.core import commands as cmd
+from ranktop.core.engine import Engine
 from ranktop.core.sanitize import clean
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import LogView
 from ranktop.tui.screens import ConfirmQuit, HelpScreen
+from textual import on
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
@@ -30,7 +33,7 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 class RanktopApp(App):
-    """One live pane per rank of `agent`. Starts `agent.run()` in a thread when mounted."""
+    """One live pane per rank of a running `engine` (already started)."""
 
     CSS_PATH = "app.tcss"
     TITLE = "ranktop"
@@ -39,92 +42,78 @@ class RanktopApp(App):
         Binding("question_mark", "help", "Help"),
     ]
 
-    def __init__(self, agent: Any, *, exit_on_end: bool = False) -> None:
+    def __init__(self, engine: Engine, *, exit_on_end: bool = False) -> None:
         super().__init__()
-        self.agent = agent
+        self.engine = engine
         self.exit_on_end = exit_on_end
-        self.result: Any = None  # the agent's RunResult once run() returned
-        self.error: BaseException | None = None
         self.user_quit = False  # the user asked to quit while ranks ran
         self._exit_when_ended = exit_on_end
-        self._runner = threading.Thread(target=self._run_agent, name="ranktop-agent", daemon=True)
         self.main: MainScreen | None = None
 
-    # ----- the agent thread -------------------------------------------------------------------
-    def _run_agent(self) -> None:
-        try:
-            self.result = self.agent.run()
-        except BaseException as exc:  # shown to the user rather than lost in a thread
-            self.error = exc
-
     @property
-    def agent_done(self) -> bool:
-        return self._runner.ident is not None and not self._runner.is_alive()
+    def ended(self) -> bool:
+        return self.engine.snapshot().ended
 
     def on_mount(self) -> None:
-        self._runner.start()
-        self.agent.wait_started(timeout=5.0)  # a spawn takes milliseconds; the panes want rings
-        self.main = MainScreen(self.agent)
+        self.main = MainScreen(self.engine)
         self.push_screen(self.main)
 
-    def group_ended(self) -> None:
-        """Called by the main screen once the agent's run returned."""
-        if self.error is not None:
+    @on(MainScreen.GroupEnded)
+    def group_ended(self, event: MainScreen.GroupEnded) -> None:
+        if event.snapshot.error is not None:
             # The error may quote rank-supplied text: shown as plain, safe text, never as markup.
-            self.notify(clean(f"ranktop failed: {self.error!r}"), severity="error", timeout=30, markup=False)
+            self.notify(clean(f"ranktop failed: {event.snapshot.error}"), severity="error", timeout=30,
+                        markup=False)
         if self._exit_when_ended:
             self.exit(self.exit_status)
 
     @property
     def exit_status(self) -> int:
-        if self.result is None:
+        snap = self.engine.snapshot()
+        if snap.exit_status is None:
             return 1
-        if self.user_quit and self.result.stop_signal is None:
+        if self.user_quit and snap.stop_signal is None:
             return QUIT_STATUS
-        return self.result.exit_status
+        return snap.exit_status
 
     # ----- stopping ---------------------------------------------------------------------------
     def stop_on_signal(self, signum: int) -> None:
-        """SIGTERM/SIGHUP/SIGINT to ranktop: the agent's rule, as headless (forwarded with the
+        """SIGTERM/SIGHUP/SIGINT to ranktop: the engine's rule, as headless (forwarded with the
         grace, then SIGKILL; a repeated SIGHUP/SIGTERM within a second is the same event, only a
         second SIGINT kills at once), and leave as soon as the ranks are gone."""
         self._exit_when_ended = True
         if signum == signal.SIGHUP:
             _detach_terminal()
-        self.agent.handle_signal(signum)  # records 128+N and wakes the agent's loop
-        if self.agent_done:
+        self.engine.submit(cmd.Interrupt(signum))  # answered at once: safe from a signal handler
+        # No snapshot here (it may take locks the interrupted code holds): if the screen already
+        # saw the end, leave now; if not, it will, and GroupEnded leaves then.
+        if self.main is not None and self.main.ended:
             self.call_later(self.exit, self.exit_status)
 
     def action_quit(self) -> None:
-        if self.agent_done:
+        snap = self.engine.snapshot()
+        if snap.ended:
             self.exit(self.exit_status)
             return
         if self.user_quit:  # a second q while stopping: do not wait for the grace
-            self.agent.kill_group()
+            self.engine.submit(cmd.KillGroup())
             return
-        alive = sum(1 for r in self.agent.snapshot().ranks if r.state.alive)
+        alive = sum(1 for r in snap.ranks if r.state.alive)
         if not alive:
             self._stop_and_exit()
             return
-        self.push_screen(ConfirmQuit(alive, self.agent.shutdown_timeout),
-                         lambda yes: yes and self._stop_and_exit())
+        self.push_screen(ConfirmQuit(alive, snap.shutdown_timeout), lambda yes: yes and self._stop_and_exit())
 
     def _stop_and_exit(self) -> None:
         self.user_quit = True
         self._exit_when_ended = True
-        self.agent.stop(signal.SIGTERM)
+        self.engine.submit(cmd.Stop(signal.SIGTERM))
         if self.main is not None:
             self.main.note = "stopping… (q again: kill now)"
-            self.main.tick()
 
     def on_unmount(self) -> None:
         # Whatever ended the app (an exception, a test leaving its context), no rank outlives it.
-        if self._runner.is_alive():
-            self.agent.stop(signal.SIGTERM)
-            self._runner.join(self.agent.shutdown_timeout + 5.0)
-            if self._runner.is_alive():
-                self.agent.kill_group()
-                self._runner.join(10.0)
+        self.engine.close()
 
     # ----- help and palette -------------------------------------------------------------------
     def _sections(self, screen: Screen | None = None) -> list[tuple[str, Any, tuple[str, ...]]]:
@@ -161,8 +150,9 @@ def _detach_terminal() -> None:
     os.close(devnull)
 
 
-def _tui_agent(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, Any]:
+def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, Any]:
     from ranktop.core.agent import LocalAgent
+    from ranktop.core.engine import LocalEngine
 
     try:
         from ranktop.core.stats import StatsSampler
@@ -173,9 +163,10 @@ def _tui_agent(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, Any
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout or 60.0,
                        console=False, color=color, sampler=sampler,
                        faulthandler=not getattr(ns, "no_faulthandler", False))
+    engine = LocalEngine(agent)
     if sampler is not None:
-        sampler.attach(agent)
-    return agent, sampler
+        sampler.attach(engine)
+    return engine, sampler
 
 
 def run_tui(spec: Any, ns: argparse.Namespace) -> int:
@@ -183,22 +174,24 @@ def run_tui(spec: Any, ns: argparse.Namespace) -> int:
     no_color = os.environ.get("NO_COLOR") is not None
     if no_color:  # Textual consumes NO_COLOR; the ranks must still see it
         spec = dataclasses.replace(spec, env={**spec.env, "NO_COLOR": os.environ["NO_COLOR"]})
-    agent, sampler = _tui_agent(spec, ns, color=not no_color)
-    app = RanktopApp(agent, exit_on_end=getattr(ns, "exit_on_end", False))
+    engine, sampler = _tui_engine(spec, ns, color=not no_color)
+    app = RanktopApp(engine, exit_on_end=getattr(ns, "exit_on_end", False))
     previous = {sig: signal.signal(sig, lambda signum, _frame: app.stop_on_signal(signum)) for sig in _STOP_SIGNALS}
     try:
+        engine.start()
         app.run()
     finally:
+        engine.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if sampler is not None:
             sampler.close()
-    if app.error is not None:
-        raise app.error
-    if app.result is not None and app.result.incomplete_logs:
+    if engine.error is not None:
+        raise engine.error
+    if engine.result is not None and engine.result.incomplete_logs:
         from ranktop.core.report import format_incomplete_logs
 
-        print(format_incomplete_logs(app.result.incomplete_logs), file=sys.stderr)
+        print(format_incomplete_logs(engine.result.incomplete_logs), file=sys.stderr)
     return app.exit_status
 
 

@@ -402,6 +402,9 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
               file=sys.stderr)
     if result.incomplete_logs:
         print(format_incomplete_logs(result.incomplete_logs), file=sys.stderr)
+    for rank, pid in sorted(result.unreapable.items()):
+        print(f"ranktop: rank {rank} (pid {pid}) outlived SIGKILL (stuck in the kernel); "
+              "left to the orphan guard", file=sys.stderr)
     return result.exit_status
 
 

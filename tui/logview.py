@@ -83,6 +83,11 @@ def _matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
     return needle in parse_line(raw, color=False).plain.lower()
 
 
+def _kept_lines(source: Any) -> int:
+    """How many complete lines the source (a LineRing, an engine's RankFeed) keeps."""
+    return getattr(source, "maxlen", None) or 10_000
+
+
 class LogView(ScrollView, can_focus=True):
     """Recent output of one rank, newest at the bottom; follows the tail until scrolled up."""
 
@@ -133,9 +138,9 @@ class LogView(ScrollView, can_focus=True):
     # ----- the data ------------------------------------------------------------------------------
     def _reset(self, ring: LineRing | None) -> None:
         self._ring = ring
-        self._maxlen = (ring.maxlen if ring is not None else None) or 10_000
+        self._maxlen = _kept_lines(ring)
         # As many bytes as the ring keeps: a pane never holds more than its rank's ring.
-        self._max_bytes = ring.max_bytes if ring is not None else RING_BYTES
+        self._max_bytes = getattr(ring, "max_bytes", RING_BYTES)
         self._bytes = 0  # of self._lines
         self._version = -1
         self._lines: list[bytes] = []  # complete lines, oldest first; self._first is the number of the first

@@ -1,31 +1,34 @@
 """The main screen: header, the grid of rank panes (or the compact list past what fits), the
 search bar, the root-cause panel, and every key that acts on a rank or the group.
 
-A timer reads `agent.snapshot()` a few times a second and repaints what is visible; commands go
-to the agent, which returns at once (it never waits on a rank), so no key ever blocks the UI.
+The screen knows only the Engine interface (core/engine.py): a timer reads `engine.snapshot()` a
+few times a second and repaints what is visible, output comes through `engine.output_since()`,
+and every key is one `engine.submit(command)`, answered by the engine's monitor loop within
+milliseconds (it never waits on a rank), so no key ever blocks the UI. When the group has ended
+the screen posts `GroupEnded`; it never calls into the app.
 """
 
 from __future__ import annotations
 
 import math
-import signal
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ranktop.core import commands as cmd
+from ranktop.core.engine import Engine
 from ranktop.core.sanitize import clean
-from ranktop.core.state import GroupSnapshot, RankState
-from ranktop.tui.panes import LiveText, RankList, RankPane, header_text, rank_title
+from ranktop.core.state import GroupSnapshot
+from ranktop.tui.panes import LiveText, RankFeed, RankList, RankPane, header_text, rank_title
 from ranktop.tui.screens import RootCausePanel, SignalPicker
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Horizontal, VerticalScroll
 from textual.events import DescendantFocus, Resize
+from textual.message import Message
+from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Input
-
-if TYPE_CHECKING:
-    from ranktop.tui.app import RanktopApp
 
 TICK_SECONDS = 0.25  # snapshot + repaint rate: 4 Hz is live to the eye and cheap under floods
 MIN_PANE_WIDTH = 36
@@ -73,21 +76,28 @@ class MainScreen(Screen):
         Binding("e", "toggle_end_panel", "Show/hide the end report", show=False),
     ]
 
-    def __init__(self, agent: Any) -> None:
+    class GroupEnded(Message):
+        """The engine's run is over (its snapshot says ended); posted once."""
+
+        def __init__(self, snapshot: GroupSnapshot) -> None:
+            super().__init__()
+            self.snapshot = snapshot
+
+    note: reactive[str | None] = reactive(None, init=False)  # shown in the header, e.g. "stopping…"
+
+    def __init__(self, engine: Engine) -> None:
         super().__init__()
-        self.agent = agent
-        self.n = agent.spec.local_world_size
+        self.engine = engine
+        self.last: GroupSnapshot = engine.snapshot()
+        self.n = self.last.local_world_size
         self.current = 0
         self.zoomed = False
         self.compact = False
         self.cols = 1
-        self.paused: dict[int, int] = {}  # local rank -> pid we sent SIGSTOP to (until SIGCONT or exit)
         self.ended = False
         self.end_panel_hidden = False
-        self.note: str | None = None  # shown in the header, e.g. "stopping…"
-        self._rings: dict[int, int] = {}  # local rank -> id() of the ring its LogView shows
+        self._feeds: dict[int, RankFeed] = {}  # local rank -> the feed its LogView shows
         self._shown: set[int] = set(range(self.n))  # every pane starts displayed
-        self.last: GroupSnapshot | None = None
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -108,9 +118,8 @@ class MainScreen(Screen):
         self.tick()
         self.set_interval(TICK_SECONDS, self.tick)
 
-    @property
-    def ranktop(self) -> RanktopApp:
-        return self.app  # type: ignore[return-value]
+    def watch_note(self) -> None:
+        self.tick()
 
     def pane(self, local_rank: int) -> RankPane:
         return self.query_one(f"#pane-{local_rank}", RankPane)
@@ -226,33 +235,25 @@ class MainScreen(Screen):
 
     # ----- commands to the ranks ----------------------------------------------------------------
     def rank_of(self, local_rank: int) -> int:
-        return self.agent.spec.global_rank(local_rank)
+        ranks = self.last.ranks
+        return ranks[local_rank].rank if local_rank < len(ranks) else local_rank
 
     def _group_over(self) -> bool:
-        if self.ranktop.agent_done:
+        if self.engine.snapshot().ended:
             self.notify("the group has ended: nothing left to signal or restart (q quits)", severity="warning")
             return True
         return False
 
-    def send_signal(self, sig: int, whole_group: bool) -> None:
-        if self._group_over():
-            return
-        name = signal.Signals(sig).name
-        targets = range(self.n) if whole_group else [self.current]
-        sent = [r for r in targets if self.agent.signal_rank(r, sig)]
-        for r in sent:
-            if sig == signal.SIGSTOP:
-                self.paused[r] = self._pid(r)
-            elif sig in (signal.SIGCONT, signal.SIGKILL):
-                self.paused.pop(r, None)
-        who = "every rank" if whole_group else f"rank {self.rank_of(self.current)}"
-        self.notify(f"{name} → {who}" if sent else f"{who}: not running, no {name} sent",
-                    severity="information" if sent else "warning", timeout=3)
+    def _submit(self, command: cmd.Command) -> cmd.Ack:
+        """Hand one command to the engine and show its answer."""
+        ack = self.engine.submit(command)
+        self.notify(ack.message, severity="information" if ack.ok else "warning", timeout=3)
         self.tick()
+        return ack
 
-    def _pid(self, local_rank: int) -> int | None:
-        slot = self.agent.pcontext.slots[local_rank]
-        return slot.proc.pid if slot.proc else None
+    def send_signal(self, sig: int, whole_group: bool) -> None:
+        if not self._group_over():
+            self._submit(cmd.SignalGroup(sig) if whole_group else cmd.SignalRank(self.current, sig))
 
     def action_signal(self) -> None:
         if self._group_over():
@@ -261,31 +262,20 @@ class MainScreen(Screen):
         self.app.push_screen(picker, lambda choice: choice and self.send_signal(*choice))
 
     def action_kill_rank(self) -> None:
-        self.send_signal(signal.SIGKILL, False)
+        if not self._group_over():
+            self._submit(cmd.KillRank(self.current))
 
     def action_kill_group(self) -> None:
-        if self._group_over():
-            return
-        self.agent.kill_group()
-        self.paused.clear()
-        self.notify("SIGKILL → every rank", timeout=3)
-        self.tick()
+        if not self._group_over():
+            self._submit(cmd.KillGroup())
 
     def action_restart_rank(self) -> None:
-        if self._group_over():
-            return
-        self.paused.pop(self.current, None)
-        self.agent.restart_rank(self.current)
-        self.notify(f"restarting rank {self.rank_of(self.current)}", timeout=3)
-        self.tick()
+        if not self._group_over():
+            self._submit(cmd.RestartRank(self.current))
 
     def action_restart_group(self) -> None:
-        if self._group_over():
-            return
-        self.paused.clear()
-        self.agent.restart_group()
-        self.notify("restarting the group (next attempt)", timeout=3)
-        self.tick()
+        if not self._group_over():
+            self._submit(cmd.RestartGroup())
 
     def action_stacks(self, all_ranks: bool) -> None:
         try:
@@ -293,7 +283,7 @@ class MainScreen(Screen):
         except ImportError:
             self.notify("stack dumps are not available in this build", severity="warning")
             return
-        self.app.push_screen(StacksScreen(self.agent, None if all_ranks else [self.current]))
+        self.app.push_screen(StacksScreen(self.engine, None if all_ranks else [self.current]))
 
     def action_toggle_end_panel(self) -> None:
         if self.ended:
@@ -305,45 +295,43 @@ class MainScreen(Screen):
         """Read one snapshot and repaint what changed; the only place the engine is read."""
         if not self.is_mounted:
             return
-        snap = self.agent.snapshot()
+        snap = self.engine.snapshot()
         self.last = snap
-        now = time.time()
+        now = snap.taken_at or time.time()
         self.query_one("#header", LiveText).show(header_text(snap, now, note=self.note))
-        if self.agent.pcontext is None or not snap.ranks:
+        if not snap.ranks:
             return
-        self._forget_resumed(snap)
         digits = len(str(snap.world_size - 1))
         for rank in snap.ranks:
             r = rank.local_rank
             if r not in self._shown:
                 continue
             pane = self.pane(r)
-            ring = self.agent.ring(r)
-            if self._rings.get(r) != id(ring):  # a group restart brings new rings
-                self._rings[r] = id(ring)
-                pane.log.set_ring(ring)
-            pane.set_title(rank_title(rank, now, world_digits=digits, paused=r in self.paused,
-                                       narrow=pane.size.width < NARROW_TITLE))
+            feed = self._feed(r, snap)
+            feed.version = rank.output_version
+            pane.set_title(rank_title(rank, now, world_digits=digits, narrow=pane.size.width < NARROW_TITLE))
             pane.log.poll()
         if self.compact:
-            self.query_one(RankList).show_ranks(snap.ranks, self.current, now, set(self.paused))
-        if self.ranktop.agent_done and not self.ended:
+            self.query_one(RankList).show_ranks(snap.ranks, self.current, now)
+        if snap.ended and not self.ended:
             self._on_end(snap)
 
-    def _forget_resumed(self, snap: GroupSnapshot) -> None:
-        for rank in snap.ranks:
-            pid = self.paused.get(rank.local_rank)
-            if pid is not None and (rank.pid != pid or rank.state not in (RankState.RUNNING, RankState.STALLED,
-                                                                          RankState.STARTING)):
-                del self.paused[rank.local_rank]
+    def _feed(self, local_rank: int, snap: GroupSnapshot) -> RankFeed:
+        """The rank's feed for this attempt: a group restart starts every pane over."""
+        feed = self._feeds.get(local_rank)
+        if feed is None or feed.generation != snap.attempt:
+            feed = RankFeed(self.engine, local_rank, snap.attempt, snap.output_lines_kept)
+            self._feeds[local_rank] = feed
+            self.pane(local_rank).log.set_ring(feed)
+        return feed
 
     def _on_end(self, snap: GroupSnapshot) -> None:
         self.ended = True
-        self.note = None
+        self.set_reactive(MainScreen.note, None)
         self.query_one("#header", LiveText).show(header_text(snap, time.time()))
         panel = self.query_one(RootCausePanel)
         panel.show(snap)
         panel.display = not self.end_panel_hidden
         if snap.root_cause is not None and not self.zoomed:
             self.focus_rank(snap.root_cause.local_rank)  # the culprit's output is what one wants to read
-        self.ranktop.group_ended()
+        self.post_message(self.GroupEnded(snap))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from ranktop.core.engine import Engine, OutputCursor
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
 from ranktop.tui.logview import LogView
@@ -27,6 +28,7 @@ STATE_STYLE = {
     RankState.SUCCEEDED: "bold blue",
     RankState.FAILED: "bold white on red",
     RankState.KILLED: "bold red",
+    RankState.UNREAPABLE: "bold white on magenta",
 }
 PAUSED_STYLE = "bold black on yellow"
 
@@ -67,9 +69,9 @@ def human_duration(seconds: float) -> str:
     return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def state_label(snap: RankSnapshot, paused: bool = False) -> str:
+def state_label(snap: RankSnapshot) -> str:
     """'running', 'exited 0', 'failed 1', 'failed SIGSEGV', 'killed SIGKILL', 'paused'."""
-    if paused and snap.state.alive:
+    if snap.paused and snap.state.alive:
         return "paused"
     if snap.state == RankState.SUCCEEDED:
         return "exited 0"
@@ -81,8 +83,8 @@ def state_label(snap: RankSnapshot, paused: bool = False) -> str:
     return snap.state.value
 
 
-def state_style(snap: RankSnapshot, paused: bool = False) -> str:
-    return PAUSED_STYLE if paused and snap.state.alive else STATE_STYLE[snap.state]
+def state_style(snap: RankSnapshot) -> str:
+    return PAUSED_STYLE if snap.paused and snap.state.alive else STATE_STYLE[snap.state]
 
 
 def last_output_age(snap: RankSnapshot, now: float) -> float | None:
@@ -103,14 +105,14 @@ def gpu_text(snap: RankSnapshot) -> str | None:
     return f"gpu{gpu.index} {util} {mem}/{total}"
 
 
-def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1, paused: bool = False,
+def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
                narrow: bool = False) -> Text:
     """One line: rank/local, pid, state, restarts, cpu, rss, GPU, last output age. `narrow` (a pane
     under ~70 columns) drops the labels so the GPU and the age still fit."""
     title = Text(no_wrap=True, overflow="ellipsis")
     title.append(f" {snap.rank:>{world_digits}}", style="bold")
     title.append(f"/{snap.local_rank} ", style="dim")
-    title.append(f" {state_label(snap, paused)} ", style=state_style(snap, paused))
+    title.append(f" {state_label(snap)} ", style=state_style(snap))
     if snap.log_error:  # first, so a narrow pane still shows it: this rank's log misses output
         title.append(f" log: {snap.log_error}, {human_bytes(snap.log_bytes_lost)} lost ", style="bold white on red")
     title.append(("" if narrow else " pid") + (f" {snap.pid}" if snap.pid else " -"))
@@ -161,6 +163,25 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) ->
 def _short_path(path: str) -> str:
     home = os.path.expanduser("~")
     return "~" + path[len(home):] if home != "/" and path.startswith(home + os.sep) else path
+
+
+class RankFeed:
+    """One rank's output pulled through the engine, in the shape a LogView polls: `version` (set by
+    the screen from each snapshot, so an unchanged rank costs one compare), `since()` and `maxlen`.
+    One feed per attempt: a new attempt's lines start from line 0 again."""
+
+    def __init__(self, engine: Engine, local_rank: int, generation: int, maxlen: int) -> None:
+        self._engine = engine
+        self.local_rank = local_rank
+        self.generation = generation
+        self.maxlen = maxlen
+        self.version = -1
+
+    def since(self, seen: int) -> tuple[int, int, list[bytes], list[bytes]]:
+        cursor, lines, open_lines = self._engine.output_since(self.local_rank, OutputCursor(self.generation, seen))
+        if cursor.generation != self.generation:  # the next attempt began: the screen brings a new feed
+            return self.version, seen, [], []
+        return cursor.version, cursor.line, lines, open_lines
 
 
 class LiveText(Static):
@@ -230,15 +251,14 @@ class RankList(LiveText):
         super().__init__(id=id)
         self._order: list[int] = []
 
-    def show_ranks(self, ranks: tuple[RankSnapshot, ...], focused: int, now: float, paused: set[int]) -> None:
+    def show_ranks(self, ranks: tuple[RankSnapshot, ...], focused: int, now: float) -> None:
         text = Text(no_wrap=True, overflow="ellipsis")
         digits = len(str(max((r.rank for r in ranks), default=0)))
         self._order = [r.local_rank for r in ranks]
         for snap in ranks:
             mark = "▶" if snap.local_rank == focused else " "
             text.append(f"{mark}{snap.rank:>{digits}} ", style="bold reverse" if snap.local_rank == focused else "bold")
-            is_paused = snap.local_rank in paused
-            text.append(f"{state_label(snap, is_paused):<14.14}", style=state_style(snap, is_paused))
+            text.append(f"{state_label(snap):<14.14}", style=state_style(snap))
             cpu = "-" if snap.cpu_percent is None else f"{snap.cpu_percent:.0f}%"
             text.append(f" {cpu:>5}")
             age = last_output_age(snap, now)

@@ -182,6 +182,10 @@ def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
                 text.append("\n")
         if cause.error_file:
             text.append(f"  error file {clean(cause.error_file)}\n", style="dim")
+    for rank in group.ranks:
+        if rank.local_rank in group.unreapable:
+            text.append(f"  rank {rank.rank} (pid {rank.pid}) outlived SIGKILL (stuck in the kernel): "
+                        "left to the orphan guard\n", style="bold magenta")
     if group.log_dir:
         text.append(f"\n  logs {clean(group.log_dir)}   ", style="dim")
     text.append("q quits, e hides this", style="dim")

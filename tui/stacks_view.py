@@ -7,10 +7,9 @@ once); this module only renders a core.stacks.StackReport and dispatches keys.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
+from ranktop.core import commands as cmd
 from ranktop.core import stacks
+from ranktop.core.engine import Engine
 from ranktop.core.sanitize import clean
 from ranktop.core.stacks import StackReport, TreeNode
 from rich.text import Text
@@ -24,7 +23,7 @@ from textual.widgets.tree import TreeNode as UITreeNode
 
 
 class StacksScreen(Screen):
-    """Stacks of `local_ranks` (None: every rank) of `agent`'s running group."""
+    """Stacks of `local_ranks` (None: every rank) of the engine's running group."""
 
     CSS_PATH = "stacks.tcss"
     BINDINGS = [
@@ -34,9 +33,9 @@ class StacksScreen(Screen):
         Binding("u", "signal", "SIGUSR1 fallback"),
     ]
 
-    def __init__(self, agent: Any, local_ranks: list[int] | None = None) -> None:
+    def __init__(self, engine: Engine, local_ranks: list[int] | None = None) -> None:
         super().__init__()
-        self.agent = agent
+        self.engine = engine
         self.local_ranks = local_ranks
         self.report: StackReport | None = None
         self.show_threads = False
@@ -55,24 +54,24 @@ class StacksScreen(Screen):
 
     # ----- the dump (worker thread) -------------------------------------------------------------
     def action_dump(self) -> None:
-        self._fetch("dumping stacks…", stacks.dump_agent_stacks)
+        self._fetch("dumping stacks…", cmd.DumpStacks)
 
-    def _fetch(self, status: str, get_report: Callable[[Any, list[int] | None], StackReport]) -> None:
-        """Show `status`, then the report `get_report(agent, local_ranks)` makes off the UI thread."""
+    def _fetch(self, status: str, command: type[cmd.DumpStacks] | type[cmd.SignalDump]) -> None:
+        """Show `status`, then the report the engine answers `command` with, off the UI thread."""
         self.query_one("#stacks-summary", Static).update(Text(clean(status)))
-        self._report_in_thread(get_report)
+        ranks = tuple(self.local_ranks) if self.local_ranks is not None else None
+        self._report_in_thread(command(ranks))
 
     @work(thread=True, exclusive=True, group="stacks")
-    def _report_in_thread(self, get_report: Callable[[Any, list[int] | None], StackReport]) -> None:
-        try:
-            report = get_report(self.agent, self.local_ranks)
-        except Exception as exc:  # the group may be gone mid-dump: say so, keep the UI alive
-            self.app.call_from_thread(self._failed, exc)
+    def _report_in_thread(self, command: cmd.DumpStacks | cmd.SignalDump) -> None:
+        ack = self.engine.submit(command)
+        if ack.report is None:  # the group may be gone mid-dump: say so, keep the UI alive
+            self.app.call_from_thread(self._failed, ack.message)
             return
-        self.app.call_from_thread(self.show_report, report)
+        self.app.call_from_thread(self.show_report, ack.report)
 
-    def _failed(self, exc: Exception) -> None:
-        self.query_one("#stacks-summary", Static).update(Text(clean(f"stack dump failed: {exc}"), style="bold red"))
+    def _failed(self, message: str) -> None:
+        self.query_one("#stacks-summary", Static).update(Text(clean(message), style="bold red"))
 
     # ----- rendering ----------------------------------------------------------------------------
     def show_report(self, report: StackReport) -> None:
@@ -157,7 +156,7 @@ class StacksScreen(Screen):
 
     def action_signal(self) -> None:
         """No ptrace needed: SIGUSR1 makes each rank print its stacks; group what they printed."""
-        self._fetch("SIGUSR1 sent; reading the ranks' stderr…", stacks.signal_agent_report)
+        self._fetch("SIGUSR1 sent; reading the ranks' stderr…", cmd.SignalDump)
 
     def action_close(self) -> None:
         self.app.pop_screen()

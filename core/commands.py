@@ -1,0 +1,134 @@
+"""What a UI may ask of the engine, and the engine's answer: small frozen dataclasses, plain data.
+
+Every action a person can take on a running group is one of these, handed to `Engine.submit`.
+They hold only numbers, strings and tuples, so that the same commands can later travel over a
+local socket (detach/attach) unchanged. The engine's monitor loop applies them, one at a time,
+in the order they came; no other thread changes the engine's state.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from ranktop.core.stacks import StackReport
+
+
+@dataclass(frozen=True)
+class SignalRank:
+    """Send `signal` to one rank: its whole process group (USR1/USR2: the rank process alone)."""
+
+    local_rank: int
+    signal: int
+
+
+@dataclass(frozen=True)
+class SignalGroup:
+    """Send `signal` to every rank, as SignalRank does to one."""
+
+    signal: int
+
+
+@dataclass(frozen=True)
+class KillRank:
+    """SIGKILL to one rank's process group. The others go on: a user kill is not a failure."""
+
+    local_rank: int
+
+
+@dataclass(frozen=True)
+class KillGroup:
+    """End the run now: SIGKILL to every rank, no grace."""
+
+
+@dataclass(frozen=True)
+class RestartRank:
+    """Stop one rank (the shutdown grace, then SIGKILL) and start it again in this attempt."""
+
+    local_rank: int
+
+
+@dataclass(frozen=True)
+class RestartGroup:
+    """Stop every rank (with the grace) and start the group again as the next attempt."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the run on the user's behalf: `signal` to every rank, SIGKILL after `grace` seconds
+    (None: the engine's shutdown grace)."""
+
+    signal: int = signal.SIGTERM
+    grace: float | None = None
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """ranktop itself received `signal` (Ctrl-C, SIGTERM, a hang-up): forward it to every rank
+    with the grace and end with 128+N; a repeated one kills at once. Answered without waiting,
+    so that a signal handler may submit it."""
+
+    signal: int
+
+
+@dataclass(frozen=True)
+class DumpStacks:
+    """py-spy every live rank (or these local ranks) and group the stacks; the Ack carries the report."""
+
+    local_ranks: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SignalDump:
+    """No ptrace needed: SIGUSR1 makes each Python rank print its stacks (faulthandler); the
+    engine reads them back from the rank's log and the Ack carries the grouped report."""
+
+    local_ranks: tuple[int, ...] | None = None
+
+
+Command = (SignalRank | SignalGroup | KillRank | KillGroup | RestartRank | RestartGroup | Stop | Interrupt
+           | DumpStacks | SignalDump)
+
+
+@dataclass(frozen=True)
+class Ack:
+    """The engine's answer to one command: whether it was applied, and one line saying what
+    happened (or why not). Stack commands also carry their report."""
+
+    ok: bool
+    message: str
+    report: StackReport | None = None
+
+
+def problem(command: object, local_world_size: int) -> str | None:
+    """Why `command` cannot be applied to a group of `local_world_size` ranks (one line), or None.
+    Checked before anything happens, so a bad value changes nothing."""
+    if not isinstance(command, _COMMAND_TYPES):
+        return f"unknown command {type(command).__name__}: expected one of {', '.join(_NAMES)}"
+    ranks = [getattr(command, "local_rank", None)] if hasattr(command, "local_rank") else []
+    ranks += list(getattr(command, "local_ranks", None) or ())
+    for rank in ranks:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < local_world_size:
+            return f"bad local rank {rank!r}: local ranks are 0..{local_world_size - 1}"
+    sig = getattr(command, "signal", None)
+    if hasattr(command, "signal") and _signal_of(sig) is None:
+        return f"bad signal {sig!r}: expected a signal number such as {int(signal.SIGTERM)} (SIGTERM)"
+    grace = getattr(command, "grace", None)
+    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, (int, float))
+                              or not 0 <= grace < float("inf")):
+        return f"bad grace {grace!r}: expected seconds, 0 or more"
+    return None
+
+
+def _signal_of(value: object) -> signal.Signals | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    try:
+        return signal.Signals(value)
+    except ValueError:
+        return None
+
+
+_COMMAND_TYPES = (SignalRank, SignalGroup, KillRank, KillGroup, RestartRank, RestartGroup, Stop, Interrupt,
+                  DumpStacks, SignalDump)
+_NAMES = [t.__name__ for t in _COMMAND_TYPES]

@@ -1,0 +1,135 @@
+"""The one interface between the engine and every UI: `Engine`, and `LocalEngine`, the in-process
+implementation over a LocalAgent.
+
+A UI reads `snapshot()` (a frozen GroupSnapshot) at its own pace, pulls a rank's output with
+`output_since()`, and acts with `submit(command)` (core/commands.py). Everything that crosses the
+interface is plain data (dataclasses of numbers, strings, bytes and tuples), so the same calls
+can be served over a local socket to a UI in another process. Nothing here hands out a live
+object: no agent, context, slot, ring or process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+from typing import Any, Protocol
+
+from ranktop.core import commands as cmd
+from ranktop.core.state import GroupSnapshot
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputCursor:
+    """Where a reader of one rank's output is: `line` complete lines of attempt `generation` seen
+    (line k is the k-th complete line the rank printed in that attempt), at ring `version`."""
+
+    generation: int = -1
+    line: int = 0
+    version: int = -1
+
+
+class Engine(Protocol):
+    """What every UI (the TUI, tests, a future attached client) uses, and all it uses."""
+
+    def snapshot(self) -> GroupSnapshot:
+        """A consistent picture of the group now (cheap: a UI takes a few a second)."""
+        ...
+
+    def output_since(self, local_rank: int, cursor: OutputCursor | None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
+        """(new cursor, complete lines after `cursor` that are still kept, the unfinished last
+        line of each stream). The first returned line is number `new.line - len(lines)`: when that
+        is past `cursor.line`, lines went by unread; a cursor of another generation (None: none
+        yet) starts over from the oldest kept line."""
+        ...
+
+    def submit(self, command: cmd.Command) -> cmd.Ack:
+        """Apply one command (a rank signal, a kill, a restart, a stop, a stack dump) and say how
+        it went. A bad command changes nothing and is answered with a one-line reason."""
+        ...
+
+    def close(self) -> None:
+        """The UI is going away: stop the run if it still runs (with the grace) and wait for it
+        to end, bounded."""
+        ...
+
+
+class LocalEngine:
+    """The engine in this process: the agent's run() in a thread of its own, behind `Engine`."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self._thread = threading.Thread(target=self._run, name="ranktop-engine", daemon=True)
+        self.result: Any = None  # the agent's RunResult, once the run returned
+        self.error: BaseException | None = None  # what the run raised instead, if it did
+
+    def start(self, timeout: float = 5.0) -> LocalEngine:
+        """Start the run; return once the first attempt's ranks exist (or `timeout` passed)."""
+        self._thread.start()
+        self.agent.wait_started(timeout)
+        return self
+
+    def _run(self) -> None:
+        try:
+            self.result = self.agent.run()
+        except BaseException as exc:  # shown to the user through the snapshot, not lost in a thread
+            self.error = exc
+
+    @property
+    def ended(self) -> bool:
+        return self._thread.ident is not None and not self._thread.is_alive()
+
+    # ----- the interface ------------------------------------------------------------------------
+    def snapshot(self) -> GroupSnapshot:
+        snap = self.agent.snapshot()
+        if not self.ended:
+            return dataclasses.replace(snap, ended=False, exit_status=None)
+        status = self.result.exit_status if self.result is not None else 1
+        return dataclasses.replace(snap, ended=True, exit_status=status,
+                                   error=None if self.error is None else repr(self.error))
+
+    def output_since(self, local_rank: int, cursor: OutputCursor | None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
+        # The one place that reads a rank's ring: what the UI gets is copies of its lines.
+        pc = self.agent.pcontext
+        if pc is None or not 0 <= local_rank < len(pc.slots):
+            return OutputCursor(), [], []
+        generation, ring = pc.generation, pc.slots[local_rank].ring
+        seen = cursor.line if cursor is not None and cursor.generation == generation else 0
+        version, total, lines, open_lines = ring.since(seen)
+        return OutputCursor(generation, total, version), lines, open_lines
+
+    def submit(self, command: cmd.Command) -> cmd.Ack:
+        problem = cmd.problem(command, self.agent.spec.local_world_size)
+        if problem is not None:
+            return cmd.Ack(False, problem)
+        if isinstance(command, (cmd.DumpStacks, cmd.SignalDump)):
+            return self._stacks(command)
+        return self.agent.submit(command)
+
+    def close(self, wait: float | None = None) -> None:
+        if not self._thread.is_alive():
+            return
+        self.agent.submit(cmd.Stop(signal.SIGTERM))
+        self._thread.join(self.agent.shutdown_timeout + 5.0 if wait is None else wait)
+        if self._thread.is_alive():
+            self.agent.submit(cmd.KillGroup())
+            self._thread.join(10.0)
+
+    def rank_processes(self) -> dict[int, tuple[int, dict[str, str]]]:
+        """For the stats sampler, which runs inside the engine's process: each running rank's pid
+        and start environment."""
+        return self.agent.rank_processes()
+
+    # ----- stacks -------------------------------------------------------------------------------
+    def _stacks(self, command: cmd.DumpStacks | cmd.SignalDump) -> cmd.Ack:
+        """Stack dumps read the ranks and change nothing in the group: they run in the caller's
+        thread (the TUI's worker), never in the monitor loop, which must not wait on py-spy."""
+        from ranktop.core import stacks
+
+        ranks = list(command.local_ranks) if command.local_ranks is not None else None
+        get = stacks.dump_agent_stacks if isinstance(command, cmd.DumpStacks) else stacks.signal_agent_report
+        try:
+            report = get(self.agent, ranks)
+        except Exception as exc:  # the group may be gone mid-dump: an answer, not a traceback
+            return cmd.Ack(False, f"stack dump failed: {exc}")
+        return cmd.Ack(True, report.summary(), report=report)

@@ -1,0 +1,258 @@
+"""The Engine interface and its command queue, on real ranks: every command goes through the
+monitor loop; teardown is bounded even for a rank that outlives SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import wait_for
+from ranktop.core import commands as cmd
+from ranktop.core import start_processes
+from ranktop.core.agent import LocalAgent
+from ranktop.core.context import PContext, plan_streams
+from ranktop.core.engine import LocalEngine, OutputCursor
+from ranktop.core.layout import RunDir
+from ranktop.core.spec import WorkerSpec
+from ranktop.core.state import GroupState, RankState
+
+pytestmark = pytest.mark.timeout(60)
+
+PY = sys.executable
+TICKER = "import os, time\nprint('hello from', os.environ['RANK'], flush=True)\nwhile True:\n    time.sleep(0.05)\n"
+# Ignores SIGTERM: only the SIGKILL after the grace ends it.
+STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(60)\n"
+
+
+def make_engine(tmp_path, code: str = TICKER, n: int = 2, **agent_kw) -> LocalEngine:
+    spec = WorkerSpec(role="default", local_world_size=n, entrypoint=PY, args=("-u", "-c", code), name="t.py")
+    agent_kw.setdefault("shutdown_timeout", 2.0)
+    return LocalEngine(LocalAgent(spec, log_dir=str(tmp_path), console=False, **agent_kw))
+
+
+def events(engine: LocalEngine) -> list[dict]:
+    with open(os.path.join(engine.agent.run_dir, "events.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def running(engine: LocalEngine):
+    wait_for(lambda: all(r.pid and r.last_output_at for r in engine.snapshot().ranks), what="ranks printing")
+
+
+def test_snapshot_and_output_since_are_plain_data(tmp_path):
+    engine = make_engine(tmp_path).start()
+    try:
+        running(engine)
+        snap = engine.snapshot()
+        assert not snap.ended and snap.exit_status is None and snap.shutdown_timeout == 2.0
+        assert abs(snap.taken_at - time.time()) < 5 and snap.paused == ()
+        assert snap.ranks[1].stdout_log.endswith(os.path.join("attempt_0", "1", "stdout.log"))
+        cursor, lines, open_lines = engine.output_since(1, None)
+        assert lines == [b"hello from 1"] and open_lines == [] and cursor == OutputCursor(0, 1, cursor.version)
+        again = engine.output_since(1, cursor)
+        assert again == (cursor, [], [])  # nothing new since the cursor
+    finally:
+        engine.close()
+    snap = engine.snapshot()
+    assert snap.ended and snap.state == GroupState.STOPPED and snap.exit_status == 1
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (cmd.SignalRank(5, signal.SIGTERM), "bad local rank 5: local ranks are 0..1"),
+        (cmd.KillRank(-1), "bad local rank -1: local ranks are 0..1"),
+        (cmd.SignalGroup(999), "bad signal 999: expected a signal number such as 15 (SIGTERM)"),
+        (cmd.Stop(signal.SIGTERM, grace=-1.0), "bad grace -1.0: expected seconds, 0 or more"),
+        (cmd.DumpStacks((0, 7)), "bad local rank 7: local ranks are 0..1"),
+        ("stop", "unknown command str: expected one of SignalRank, SignalGroup, KillRank, KillGroup, "
+                 "RestartRank, RestartGroup, Stop, Interrupt, DumpStacks, SignalDump"),
+    ],
+)
+def test_bad_commands_are_one_line_and_change_nothing(tmp_path, command, message):
+    engine = make_engine(tmp_path).start()
+    try:
+        running(engine)
+        before = [(r.pid, r.state) for r in engine.snapshot().ranks]
+        ack = engine.submit(command)
+        assert not ack.ok and ack.message == message and "\n" not in ack.message
+        assert [(r.pid, r.state) for r in engine.snapshot().ranks] == before
+        assert not any(e["event"] in ("signalled", "user_stop") for e in events(engine))
+    finally:
+        engine.close()
+
+
+def test_commands_from_many_threads_are_all_applied_in_the_loop(tmp_path):
+    engine = make_engine(tmp_path, n=2).start()
+    try:
+        running(engine)
+        acks: list[cmd.Ack] = []
+        threads = [threading.Thread(target=lambda r=r: acks.append(engine.submit(cmd.SignalRank(r % 2, signal.SIGCONT))))
+                   for r in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        # None lost, each answered by the loop once it was applied.
+        assert len(acks) == 10 and all(a.ok and a.message.startswith("SIGCONT → rank ") for a in acks)
+        sent = [e["local_rank"] for e in events(engine) if e["event"] == "signalled"]
+        assert sorted(sent) == [0] * 5 + [1] * 5
+    finally:
+        engine.close()
+
+
+def test_only_the_monitor_thread_acts_on_the_ranks(tmp_path):
+    engine = make_engine(tmp_path, n=2).start()
+    acting: list[tuple[str, str]] = []
+    write = engine.agent.events.write
+
+    def noting_thread(event, **fields):  # which thread wrote each record of an action
+        acting.append((event, threading.current_thread().name))
+        write(event, **fields)
+
+    engine.agent.events.write = noting_thread
+    try:
+        running(engine)
+        engine.submit(cmd.SignalRank(0, signal.SIGCONT))
+        engine.submit(cmd.RestartRank(1))
+        engine.submit(cmd.Stop())
+        wait_for(lambda: engine.snapshot().ended, what="run over")
+    finally:
+        engine.close()
+    acted = {event: name for event, name in acting
+             if event in ("signalled", "user_restart_rank", "restart_requested", "user_stop")}
+    assert acted == dict.fromkeys(("signalled", "user_restart_rank", "restart_requested", "user_stop"),
+                                  "ranktop-engine")
+
+
+def test_stop_during_a_restart_ends_the_run_and_no_attempt_starts(tmp_path):
+    engine = make_engine(tmp_path, STUBBORN, n=2, shutdown_timeout=1.0).start()
+    try:
+        running(engine)
+        assert engine.submit(cmd.RestartGroup()).ok  # the ranks ignore SIGTERM: a second of grace
+        assert engine.submit(cmd.Stop()).ok  # lands while the restart is under way
+        wait_for(lambda: engine.snapshot().ended, timeout=15, what="run over")
+    finally:
+        engine.close()
+    snap = engine.snapshot()
+    assert snap.state == GroupState.STOPPED and snap.attempt == 0
+    assert not any(e["event"] == "group_restart" for e in events(engine))
+    assert engine.submit(cmd.KillGroup()) == cmd.Ack(False, "the run has ended: nothing left to act on")
+
+
+def test_interrupt_while_closing_kills_at_once(tmp_path):
+    engine = make_engine(tmp_path, STUBBORN.replace("SIGTERM", "SIGINT"), n=2, shutdown_timeout=30.0).start()
+    try:
+        running(engine)
+        began = time.monotonic()
+        assert engine.submit(cmd.Interrupt(signal.SIGINT)).ok  # forwarded: the ranks ignore it
+        wait_for(lambda: engine.snapshot().state == GroupState.STOPPING, what="stopping")
+        assert engine.submit(cmd.Interrupt(signal.SIGINT)).ok  # a second Ctrl-C: no more grace
+        wait_for(lambda: engine.snapshot().ended, timeout=15, what="run over")
+        assert time.monotonic() - began < 15  # far less than the 30 s grace
+    finally:
+        engine.close()
+    snap = engine.snapshot()
+    assert snap.exit_status == 128 + signal.SIGINT
+    assert all(r.signal_name == "SIGKILL" for r in snap.ranks)
+
+
+def test_restart_rank_after_the_end_is_refused(tmp_path):
+    engine = make_engine(tmp_path, "print('done')", n=1).start()
+    wait_for(lambda: engine.snapshot().ended, what="run over")
+    ack = engine.submit(cmd.RestartRank(0))
+    assert not ack.ok and ack.message == "the run has ended: nothing left to act on"
+    assert engine.snapshot().exit_status == 0
+
+
+def test_wake_after_close_writes_into_no_reused_descriptor(tmp_path):
+    ctx = start_processes("t", PY, {0: ("-c", "pass")}, {0: {}}, str(tmp_path))
+    assert ctx.wait(timeout=30) is not None
+    ctx.close()
+    pipes = [os.pipe() for _ in range(16)]  # take the lowest free descriptor numbers
+    try:
+        ctx.wake()  # a late wake (a signal, a UI command) after the close
+        for r, _w in pipes:
+            os.set_blocking(r, False)
+            with pytest.raises(BlockingIOError):
+                os.read(r, 1)
+    finally:
+        for pair in pipes:
+            for fd in pair:
+                os.close(fd)
+
+
+# ----- a rank that outlives SIGKILL ---------------------------------------------------------------
+# A rank stuck in the kernel (D state: a hung NFS or NCCL call) cannot be made on demand here, so
+# the test makes a rank that really outlives SIGKILL in another way the kernel offers: a ptrace
+# tracer that never waits for it. The SIGKILLed rank is then a zombie its parent (us) cannot reap
+# until the tracer lets go: from ranktop's side exactly a rank whose pid is not reaped in time.
+TRACER = """
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+PTRACE_SEIZE = 0x4206
+if libc.ptrace(PTRACE_SEIZE, int(sys.argv[1]), None, None) != 0:
+    print('error', ctypes.get_errno(), flush=True)
+    sys.exit(1)
+print('attached', flush=True)
+time.sleep(120)  # never waits for the tracee
+"""
+
+
+def test_a_rank_that_outlives_sigkill_is_left_to_the_guard_and_close_is_bounded(tmp_path):
+    seen: list[dict] = []
+    ctx = PContext("t", PY, {0: ("-c", "import time; print('up', flush=True); time.sleep(60)")}, {0: {}},
+                   RunDir.adopt(str(tmp_path)), plan_streams(1, 0, 0, capture_all=True), on_event=seen.append,
+                   passthrough_console=False, reap_timeout=1.0).start()
+    pid = ctx.pids()[0]
+    tracer = subprocess.Popen([PY, "-c", TRACER, str(pid)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = tracer.stdout.readline().strip()
+        if line != "attached":
+            pytest.skip(f"cannot ptrace here ({line})")
+        began = time.monotonic()
+        ctx.close(timeout=0.5)  # SIGTERM, 0.5 s of grace, SIGKILL, then 1 s for the reaping
+        took = time.monotonic() - began
+        assert took < 8, f"close took {took:.1f}s"
+        gone = [e for e in seen if e["event"] == "unreapable"]
+        assert len(gone) == 1 and gone[0]["pid"] == pid and gone[0]["kernel_state"] == "Z"
+        assert ctx.step().unreapable == {0: pid}
+        assert ctx.slots[0].unreapable and not ctx.slots[0].alive
+    finally:
+        tracer.kill()
+        tracer.wait()
+        os.waitpid(pid, 0)  # the tracer let go: now the zombie is ours to reap
+        ctx.slots[0].proc.popen.returncode = -signal.SIGKILL
+
+
+def test_agent_reports_an_unreapable_rank_in_snapshot_and_events(tmp_path):
+    engine = make_engine(tmp_path, TICKER, n=1, shutdown_timeout=0.5, reap_timeout=1.0).start()
+    running(engine)
+    pid = engine.snapshot().ranks[0].pid
+    tracer = subprocess.Popen([PY, "-c", TRACER, str(pid)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = tracer.stdout.readline().strip()
+        if line != "attached":
+            pytest.skip(f"cannot ptrace here ({line})")
+        assert engine.submit(cmd.KillRank(0)).ok
+        wait_for(lambda: engine.snapshot().ranks[0].state == RankState.UNREAPABLE, timeout=10, what="unreapable")
+        assert engine.snapshot().unreapable == (0,)
+        engine.close()
+        assert engine.snapshot().ended
+        assert engine.result.unreapable == {0: pid}
+        assert any(e["event"] == "unreapable" and e["pid"] == pid for e in events(engine))
+    finally:
+        tracer.kill()
+        tracer.wait()
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        engine.close()
+

@@ -1,0 +1,109 @@
+"""Pilot tests of what the TUI shows and sends, over the fake Engine (tests/fake_engine.py): the
+screen knows only the interface, so rendering and keys need no real ranks."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+from ranktop.core import commands as cmd
+from ranktop.core.state import GroupState, RankState
+from ranktop.tui.app import RanktopApp
+from ranktop.tui.screens import SignalPicker
+
+from tests.fake_engine import FakeEngine
+from tests.test_tui_app import until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def drive(engine: FakeEngine, body, **app_kw) -> RanktopApp:
+    app = RanktopApp(engine, **app_kw)
+
+    async def main():
+        async with app.run_test(size=(160, 48)) as pilot:
+            await until(pilot, lambda: app.main is not None and app.main.is_mounted, what="main screen")
+            await body(app, pilot)
+
+    asyncio.run(main())
+    return app
+
+
+def test_keys_submit_one_command_each_and_show_the_answer():
+    engine = FakeEngine(3)
+
+    async def body(app, pilot):
+        await pilot.press("2", "k")
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, SignalPicker), what="picker")
+        await pilot.press("7")  # SIGSTOP to rank 2
+        await pilot.press("x", "g", "8")  # SIGCONT to the group
+        await pilot.press("0", "r", "R", "K")
+        await until(pilot, lambda: len(engine.commands) == 6, what="six commands")
+
+    drive(engine, body)
+    assert engine.commands == [cmd.KillRank(2), cmd.SignalRank(2, signal.SIGSTOP), cmd.SignalGroup(signal.SIGCONT),
+                               cmd.RestartRank(0), cmd.RestartGroup(), cmd.KillGroup()]
+    assert engine.closed  # the app let go of its engine on the way out
+
+
+def test_output_titles_and_paused_come_from_the_engine():
+    engine = FakeEngine(2)
+    engine.print(1, "first line", "second line")
+
+    async def body(app, pilot):
+        await until(pilot, lambda: app.main.pane(1).log.line_count == 2, what="rank 1's lines in its pane")
+        engine.print(1, "third line")
+        await until(pilot, lambda: app.main.pane(1).log.line_count == 3, what="a new line arrives")
+        assert app.main.pane(0).log.line_count == 0
+        engine.set_rank(0, paused=True)
+        await until(pilot, lambda: " paused " in app.main.pane(0).title, what="paused in the title")
+        engine.set_rank(0, state=RankState.UNREAPABLE, paused=False)
+        await until(pilot, lambda: " unreapable " in app.main.pane(0).title, what="unreapable in the title")
+
+    drive(engine, body)
+
+
+def test_the_end_panel_names_an_unreapable_rank():
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        engine.set_rank(1, state=RankState.UNREAPABLE)
+        engine.set_rank(0, state=RankState.KILLED, exitcode=-9, signal_name="SIGKILL")
+        engine.end(GroupState.STOPPED, 137)
+        await until(pilot, lambda: app.main.ended, what="the end noticed")
+        panel = app.main.query_one("#root-cause-text").render().plain
+        assert "rank 1 (pid 1001) outlived SIGKILL" in panel and "rank 0 (pid" not in panel
+        assert app.is_running  # stays open on the final states
+
+    drive(engine, body)
+
+
+def test_exit_on_end_leaves_with_the_engines_status():
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        engine.end(GroupState.FAILED, 1, state=RankState.FAILED, exitcode=1)
+        await until(pilot, lambda: not app.is_running, what="the app left once the group ended")
+
+    app = drive(engine, body, exit_on_end=True)
+    assert app.exit_status == 1 and app.main.ended
+
+
+def test_quit_confirmation_names_the_engines_grace_and_stops_through_it():
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("q")
+        await until(pilot, lambda: app.screen is not app.main, what="confirmation")
+        shown = " ".join(str(w.render()) for w in app.screen.query("Static"))
+        assert "2 rank(s) still running" in shown and "SIGKILL after 3 s" in shown  # the engine's grace
+        await pilot.press("y")
+        await until(pilot, lambda: cmd.Stop(signal.SIGTERM) in engine.commands, what="stop submitted")
+        assert "stopping" in app.main.query_one("#header").render().plain
+        engine.end(GroupState.STOPPED, 1)
+        await until(pilot, lambda: not app.is_running, what="app closed once stopped")
+
+    app = drive(engine, body)
+    assert app.exit_status == 130
