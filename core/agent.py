@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import itertools
 import json
 import os
 import secrets
@@ -24,6 +25,7 @@ from typing import Any
 from ranktop.core.context import PContext, RunProcsResult, plan_streams, prefix_for
 from ranktop.core.errors import ProcessFailure, UsageError, signal_name
 from ranktop.core.process import exit_status_for_signal
+from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
 from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState, RootCause
 
@@ -53,6 +55,7 @@ class RunResult:
     failures: dict[int, ProcessFailure] = field(default_factory=dict)
     root_cause: RootCause | None = None
     stop_signal: int | None = None  # the signal that stopped us, if one did
+    rendezvous_error: str | None = None  # why the rendezvous ended this node's run, if it did
 
     def is_failed(self) -> bool:
         return self.state == WorkerState.FAILED
@@ -81,6 +84,27 @@ def prepare_log_root(log_dir: str | None) -> str:
     except OSError as exc:
         raise UsageError(f"bad --log-dir {log_dir}: cannot write there ({exc.strerror})") from None
     return root
+
+
+def claim_run_dir(root: str, run_id: str | None, shared_id: str | None = None) -> tuple[str, str]:
+    """(run id, run directory) under `root`. An id the user gave must name a new or empty folder.
+    A rendezvous's id (the same on every node) names it too, with '.N' added when that folder is
+    taken: nodes sharing a file system, or the job run again. Else a fresh id."""
+    if run_id or not shared_id:
+        run_id = run_id or new_run_id()
+        path = os.path.join(root, run_id)
+        if os.path.exists(path) and os.listdir(path):
+            raise UsageError(f"run directory {path} exists and is not empty: pick another --run-id")
+        os.makedirs(path, exist_ok=True)
+        return run_id, path
+    for n in itertools.count():
+        path = os.path.join(root, shared_id if n == 0 else f"{shared_id}.{n}")
+        try:
+            os.mkdir(path)  # atomic: two nodes on one file system never get the same folder
+            return shared_id, path
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
 
 
 class EventLog:
@@ -120,6 +144,8 @@ class LocalAgent:
         sampler: Any = None,
         on_stall: Callable[[RankSnapshot], None] | None = None,
         faulthandler: bool = True,
+        exit_barrier_timeout: float = 300.0,
+        on_notice: Callable[[str], None] | None = None,
     ):
         self.spec = spec
         self.start_method = start_method
@@ -131,11 +157,11 @@ class LocalAgent:
         self.ring_lines = ring_lines
         self.sampler = sampler  # core.stats.StatsSampler or None: cpu/rss/GPU per rank
         self.on_stall = on_stall
-        self.run_id = spec.run_id or new_run_id()
-        self.run_dir = os.path.join(prepare_log_root(log_dir), self.run_id)
-        if os.path.exists(self.run_dir) and os.listdir(self.run_dir):
-            raise UsageError(f"run directory {self.run_dir} exists and is not empty: pick another --run-id")
-        os.makedirs(self.run_dir, exist_ok=True)
+        self.rendezvous = (Rendezvous(spec.rdzv_handler, spec.role, spec.local_world_size)
+                           if spec.rdzv_handler is not None else None)
+        shared_id = self.rendezvous.run_id if self.rendezvous is not None else None
+        self.run_id, self.run_dir = claim_run_dir(prepare_log_root(log_dir), spec.run_id,
+                                                  None if shared_id == "none" else shared_id)
         self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
         self.master_port = spec.master_port or free_port()
         self.attempt = 0
@@ -150,6 +176,12 @@ class LocalAgent:
         self._stalled: set[int] = set()
         self._started = threading.Event()
         self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
+        self.on_notice = on_notice  # one-line news for the person watching (rendezvous rounds)
+        self.exit_barrier_timeout = exit_barrier_timeout
+        self._watch: RoundWatch | None = None
+        self._round_end = None  # a RoundEnd once the watch saw one for the running group
+        self._rdzv_error: str | None = None
+        self._attempt_log_dir: str | None = None
 
     # ----- the run -----------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -158,31 +190,54 @@ class LocalAgent:
         self.events.write("run_started", run_id=self.run_id, name=self.spec.display_name(),
                           world_size=self.spec.world_size, node_rank=self.spec.node_rank,
                           master_port=self.master_port, pid=os.getpid())
+        result = RunProcsResult()
         try:
             while True:
-                self._start_attempt()
+                if not self._start_attempt():  # the rendezvous failed, or a stop came first
+                    return self._finish(result)
                 result = self._monitor()
+                self._end_watch()
                 if self._restart_requested and self._stop_signal is None:
                     self._restart_requested = False
                     self._next_attempt("user")
                     continue
+                if self._nodes_joined(result):
+                    self._next_attempt("nodes_joined", spend_restart=False)
+                    continue
                 if (result.is_failed() and not self._user_stop and self._stop_signal is None
-                        and self.attempt < self.spec.max_restarts):
+                        and self._rdzv_error is None and self.attempt < self.spec.max_restarts):
                     self._next_attempt("failure")
                     continue
                 return self._finish(result)
         finally:
+            self._end_watch()
             if self.pcontext is not None:
                 self.pcontext.close(timeout=self.shutdown_timeout)
             self._restore_signal_handlers(handlers)
             self.events.close()
 
     def attempt_dir(self, attempt: int | None = None) -> str:
+        """attempt_<k>; with `attempt` None, the running group's (attempt_<k>.<n> once nodes joined)."""
+        if attempt is None and self._attempt_log_dir is not None:
+            return self._attempt_log_dir
         return os.path.join(self.run_dir, f"attempt_{self.attempt if attempt is None else attempt}")
 
-    def _start_attempt(self) -> None:
+    def _new_attempt_dir(self) -> str:
+        # Nodes joining restart the group without spending a restart: same attempt, next folder.
+        base = path = os.path.join(self.run_dir, f"attempt_{self.attempt}")
+        n = 0
+        while os.path.exists(path):
+            n += 1
+            path = f"{base}.{n}"
+        return path
+
+    def _start_attempt(self) -> bool:
+        """Start the group; in a rendezvous run, join the next round first (False: the rendezvous
+        failed, or a stop came while waiting for it)."""
+        if self.rendezvous is not None and not self._join_round():
+            return False
         spec, n = self.spec, self.spec.local_world_size
-        log_dir = self.attempt_dir()
+        log_dir = self._attempt_log_dir = self._new_attempt_dir()
         os.makedirs(log_dir, exist_ok=True)
         envs = {
             r: rank_env(spec, r, master_port=self.master_port, restart_count=self.attempt,
@@ -209,21 +264,24 @@ class LocalAgent:
             ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False, pty=pty,
         ).start()
         self.state = GroupState.RUNNING
+        self._start_watch()
         self._started.set()
+        return True
 
     def _monitor(self) -> RunProcsResult:
         pc = self.pcontext
         while True:
             self._handle_stop_request(pc)
+            self._check_round_end(pc)
             result = pc.step()
             if result is not None:
                 return result
             self._check_stalls()
             pc.wait_activity(self.spec.monitor_interval if self.stall_timeout else 1.0)
 
-    def _next_attempt(self, reason: str) -> None:
+    def _next_attempt(self, reason: str, spend_restart: bool = True) -> None:
         self.pcontext.close(timeout=self.shutdown_timeout)
-        self.attempt += 1
+        self.attempt += spend_restart
         self.state = GroupState.RESTARTING
         self.events.write("group_restart", attempt=self.attempt, reason=reason)
 
@@ -232,14 +290,17 @@ class LocalAgent:
         values = {self.spec.global_rank(r): v for r, v in result.return_values.items()}
         if self._stop_signal is not None or self._user_stop:
             state, self.state = WorkerState.STOPPED, GroupState.STOPPED
-        elif failures:
+        elif failures or self._rdzv_error:
             state, self.state = WorkerState.FAILED, GroupState.FAILED
         else:
             state, self.state = WorkerState.SUCCEEDED, GroupState.SUCCEEDED
-        # A stop the user asked for has no culprit among the ranks.
-        self.root_cause = self._root_cause() if failures and not self._user_stop else None
+        # A stop the user asked for has no culprit among the ranks, nor has one for a node that gave up.
+        peer_stop = self._round_end is not None and self._round_end.kind == "peer_gave_up"
+        self.root_cause = self._root_cause() if failures and not self._user_stop and not peer_stop else None
+        if self.rendezvous is not None:
+            self._leave_rendezvous(state)
         self.ended_at = time.time()
-        run = RunResult(state, values, failures, self.root_cause, self._stop_signal)
+        run = RunResult(state, values, failures, self.root_cause, self._stop_signal, self._rdzv_error)
         self.events.write("run_finished", state=state.value, exit_status=run.exit_status,
                           root_cause_rank=self.root_cause.rank if self.root_cause else None)
         return run
@@ -260,6 +321,113 @@ class LocalAgent:
             # Enough lines to see past the rank's own printed traceback (the report cuts it out).
             failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
         )
+
+    # ----- rendezvous: the hooks of a multi-node run through torch's rendezvous -----------------
+    def _join_round(self) -> bool:
+        """Before each start of the group: the next round decides this node's ranks and master."""
+        self.state = GroupState.RENDEZVOUS
+        self._round_end = None
+        self.events.write("rendezvous_joining", rendezvous=self.rendezvous.describe(), attempt=self.attempt)
+        outcome = self._wait_unless_stopped(self.rendezvous.next_round)
+        if outcome is None:
+            return False
+        if isinstance(outcome, RendezvousFailed):
+            self._rdzv_error = str(outcome)
+            self.events.write("rendezvous_failed", message=self._rdzv_error)
+            return False
+        p = outcome
+        self.spec = self.spec.placed(p)
+        self.master_port = p.master_port
+        self.events.write("rendezvous_joined", round=p.round, group_rank=p.group_rank, nodes=p.group_world_size,
+                          base_rank=p.base_rank, world_size=p.world_size, master=f"{p.master_addr}:{p.master_port}")
+        last = p.base_rank + self.spec.local_world_size - 1
+        self._notice(f"{self.rendezvous.describe()} round {p.round}: this node is group rank {p.group_rank} "
+                     f"of {p.group_world_size}, ranks {p.base_rank}-{last} of {p.world_size} "
+                     f"(master {p.master_addr}:{p.master_port})")
+        return True
+
+    def _wait_unless_stopped(self, call: Callable[[], Any]) -> Any:
+        """`call()`'s value, or the RendezvousFailed it raised; None if a stop came first. It runs
+        in a thread: a store call blocks for as long as its timeout, and a stop must not wait."""
+        box: list[Any] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box.append(call())
+            except RendezvousFailed as exc:
+                box.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="ranktop-rdzv-join", daemon=True).start()
+        while not done.wait(0.1):
+            if self._stop_asked():
+                return None
+        return box[0] if box else RendezvousFailed(f"the {self.rendezvous.describe()} failed")
+
+    def _stop_asked(self) -> bool:
+        signum, self._pending_signal = self._pending_signal, None
+        if signum is not None:
+            self._stop_signal = self._stop_signal or signum
+            self.events.write("signal_received", signal=signal.Signals(signum).name, forwarded=False)
+        return self._stop_signal is not None or self._user_stop
+
+    def _start_watch(self) -> None:
+        if self.rendezvous is not None:
+            self._watch = RoundWatch(self.rendezvous, max(self.spec.monitor_interval, 0.5), self._wake_monitor)
+
+    def _end_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+
+    def _wake_monitor(self) -> None:
+        if self.pcontext is not None:
+            self.pcontext.wake()
+
+    def _check_round_end(self, pc: PContext) -> None:
+        """While monitoring: nodes waiting to join, or a node that gave up, end the running group."""
+        end = self._watch.end if self._watch is not None else None
+        if end is None or self._round_end is not None or self._stop_signal is not None or self._user_stop:
+            return
+        self._round_end = end
+        self.events.write("round_end", kind=end.kind, message=end.message)
+        if end.kind == "peer_gave_up":
+            self._rdzv_error = f"{end.message}; the {self.rendezvous.describe()} is closed, this node stops"
+            self.state = GroupState.STOPPING
+        else:
+            self._notice(f"{end.message}: restarting the group (no restart spent)")
+            self.state = GroupState.RESTARTING
+        pc.stop()
+
+    def _nodes_joined(self, result: RunProcsResult) -> bool:
+        """The group ended because nodes joined: stopped by us, not failed on its own, not done."""
+        if self._round_end is None or self._round_end.kind != "nodes_joined" or not result.is_failed():
+            return False
+        return all(s.stopped_by_us for s in self.pcontext.slots if s.failure is not None)
+
+    def _leave_rendezvous(self, state: WorkerState) -> None:
+        """Success: wait at the exit barrier, then close. Giving up: tell the others, close. A stop
+        (signal, user) leaves the rendezvous open: the other nodes may go on without this one."""
+        if state == WorkerState.SUCCEEDED:
+            timeout = self.exit_barrier_timeout
+            self.state = GroupState.RENDEZVOUS
+            if not self.rendezvous.exit_barrier(timeout, self._stop_asked):
+                self._notice(f"exit barrier: not every node of the {self.rendezvous.describe()} "
+                             f"finished within {timeout:g}s")
+                self.events.write("exit_barrier_timeout", timeout=timeout)
+            self.state = GroupState.SUCCEEDED
+            self.rendezvous.close()
+        elif state == WorkerState.FAILED and self._rdzv_error is None:
+            cause = self.root_cause
+            what = f"rank {cause.rank} failed (exit {cause.exitcode})" if cause else "its ranks failed"
+            self.rendezvous.give_up(f"{what}, no restarts left ({self.attempt} of {self.spec.max_restarts} spent)")
+            self.events.write("rendezvous_closed", reason="gave_up")
+
+    def _notice(self, text: str) -> None:
+        if self.on_notice is not None:
+            self.on_notice(text)
 
     # ----- signals to ranktop itself -----------------------------------------------------------
     def _install_signal_handlers(self) -> dict:
@@ -311,6 +479,8 @@ class LocalAgent:
         return self.signal_rank(local_rank, signal.SIGKILL)
 
     def restart_rank(self, local_rank: int) -> None:
+        if self.rendezvous is not None:  # one new rank cannot rejoin the others' collectives
+            return self.restart_group()
         self.events.write("user_restart_rank", rank=self.spec.global_rank(local_rank), local_rank=local_rank)
         self.pcontext.restart_rank(local_rank)
 
@@ -326,7 +496,8 @@ class LocalAgent:
         self._restart_requested = False
         self.state = GroupState.STOPPING
         self.events.write("user_stop", signal=signal.Signals(sig).name)
-        self.pcontext.stop(sig, grace)
+        if self.pcontext is not None:  # None while the first rendezvous round is still forming
+            self.pcontext.stop(sig, grace)
 
     def kill_group(self) -> None:
         self.stop(signal.SIGKILL, 0)
@@ -406,7 +577,7 @@ class LocalAgent:
             max_restarts=self.spec.max_restarts, started_at=self.started_at, ended_at=self.ended_at,
             log_dir=self.run_dir, ranks=ranks,
             gpu_status=self.sampler.gpu_status() if self.sampler is not None else None,
-            root_cause=self.root_cause,
+            root_cause=self.root_cause, round=self.spec.placement.round if self.spec.placement else None,
         )
 
     def output(self, local_rank: int, n: int | None = None) -> list[bytes]:

@@ -27,6 +27,7 @@ class RankState(str, enum.Enum):
 
 class GroupState(str, enum.Enum):
     INIT = "init"
+    RENDEZVOUS = "rendezvous"  # waiting for a rendezvous round (or at the exit barrier)
     RUNNING = "running"
     RESTARTING = "restarting"
     STOPPING = "stopping"
@@ -88,6 +89,7 @@ class GroupSnapshot:
     ranks: tuple[RankSnapshot, ...]
     gpu_status: str | None = None  # e.g. "no GPU" when NVML is unavailable; None when fine
     root_cause: RootCause | None = None
+    round: int | None = None  # the rendezvous round (node_rank is then this round's group rank)
     extra: dict = field(default_factory=dict)
 
 
