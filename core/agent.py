@@ -7,15 +7,13 @@ other threads go through the PContext's lock and wake the loop; they never block
 
 from __future__ import annotations
 
+import collections
 import datetime
 import enum
-import itertools
-import json
 import os
 import secrets
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -23,9 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ranktop.core.context import PContext, RunProcsResult, plan_streams, prefix_for
-from ranktop.core.errors import ProcessFailure, UsageError, signal_name
+from ranktop.core.errors import ProcessFailure, signal_name
+from ranktop.core.events import EventLog
+from ranktop.core.layout import ERROR_FILE, RunDir, check_run_id
+from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.process import exit_status_for_signal
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
+from ranktop.core.signals import StopAction, StopRule
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
 from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState, RootCause
 
@@ -72,60 +74,6 @@ def new_run_id() -> str:
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-def prepare_log_root(log_dir: str | None) -> str:
-    """The directory that will hold run directories; created, checked writable (UsageError if not)."""
-    root = os.path.abspath(log_dir or os.path.join(tempfile.gettempdir(), f"ranktop-{os.getuid()}"))
-    if os.path.exists(root) and not os.path.isdir(root):
-        raise UsageError(f"bad --log-dir {log_dir}: it is a file, expected a directory")
-    try:
-        os.makedirs(root, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=root, prefix=".ranktop-probe-")
-        probe.close()
-    except OSError as exc:
-        raise UsageError(f"bad --log-dir {log_dir}: cannot write there ({exc.strerror})") from None
-    return root
-
-
-def claim_run_dir(root: str, run_id: str | None, shared_id: str | None = None) -> tuple[str, str]:
-    """(run id, run directory) under `root`. An id the user gave must name a new or empty folder.
-    A rendezvous's id (the same on every node) names it too, with '.N' added when that folder is
-    taken: nodes sharing a file system, or the job run again. Else a fresh id."""
-    if run_id or not shared_id:
-        run_id = run_id or new_run_id()
-        path = os.path.join(root, run_id)
-        if os.path.exists(path) and os.listdir(path):
-            raise UsageError(f"run directory {path} exists and is not empty: pick another --run-id")
-        os.makedirs(path, exist_ok=True)
-        return run_id, path
-    for n in itertools.count():
-        path = os.path.join(root, shared_id if n == 0 else f"{shared_id}.{n}")
-        try:
-            os.mkdir(path)  # atomic: two nodes on one file system never get the same folder
-            return shared_id, path
-        except FileExistsError:
-            continue
-    raise AssertionError("unreachable")
-
-
-class EventLog:
-    """events.jsonl: one JSON object a line, appended as things happen, from any thread."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self._file = open(path, "a", buffering=1)
-        self._lock = threading.Lock()
-
-    def write(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str)
-        with self._lock:
-            if not self._file.closed:
-                self._file.write(line + "\n")
-
-    def close(self) -> None:
-        with self._lock:
-            self._file.close()
-
-
 class LocalAgent:
     """Runs `spec` on this node: per-rank environment, restarts, events, snapshots, commands."""
 
@@ -147,6 +95,11 @@ class LocalAgent:
         exit_barrier_timeout: float = 300.0,
         on_notice: Callable[[str], None] | None = None,
     ):
+        check_timeout("shutdown_timeout", shutdown_timeout)
+        if stall_timeout is not None:
+            POSITIVE_SECONDS.check("stall_timeout", stall_timeout)
+        LINES.check("ring_lines", ring_lines)
+        ensure_fds_for(spec.local_world_size)  # before anything exists: a shortage is one line
         self.spec = spec
         self.start_method = start_method
         self.prefix_template = log_line_prefix_template or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
@@ -159,10 +112,16 @@ class LocalAgent:
         self.on_stall = on_stall
         self.rendezvous = (Rendezvous(spec.rdzv_handler, spec.role, spec.local_world_size)
                            if spec.rdzv_handler is not None else None)
-        shared_id = self.rendezvous.run_id if self.rendezvous is not None else None
-        self.run_id, self.run_dir = claim_run_dir(prepare_log_root(log_dir), spec.run_id,
-                                                  None if shared_id == "none" else shared_id)
-        self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
+        shared_id = self.rendezvous.run_id if self.rendezvous is not None else "none"
+        if spec.run_id is not None:
+            self.run_id = check_run_id(spec.run_id)
+        else:
+            self.run_id = check_run_id(shared_id) if shared_id != "none" else new_run_id()
+        # Made fresh and held until the end: every file of the run is opened through it. The
+        # rendezvous id is the same on every node: nodes sharing a file system get <id>.1, <id>.2...
+        self.layout = RunDir.create(log_dir, self.run_id, numbered=spec.run_id is None and shared_id != "none")
+        self.run_dir = self.layout.path
+        self.events = EventLog(self.layout.open_events())
         self.master_port = spec.master_port or free_port()
         self.attempt = 0
         self.state = GroupState.INIT
@@ -175,13 +134,18 @@ class LocalAgent:
         self._restart_requested = False
         self._stalled: set[int] = set()
         self._started = threading.Event()
+        # (signal, monotonic arrival time), appended by signal handlers, drained by the loop.
+        self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
+        self._stop_rule = StopRule()
         self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
         self.on_notice = on_notice  # one-line news for the person watching (rendezvous rounds)
         self.exit_barrier_timeout = exit_barrier_timeout
         self._watch: RoundWatch | None = None
         self._round_end = None  # a RoundEnd once the watch saw one for the running group
         self._rdzv_error: str | None = None
-        self._attempt_log_dir: str | None = None
+        # Starts of the group since the last restart was spent: nodes joining restart the group
+        # without spending one, and that start logs to attempt_<k>.<n>.
+        self._same_attempt_starts = 0
 
     # ----- the run -----------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -215,21 +179,13 @@ class LocalAgent:
                 self.pcontext.close(timeout=self.shutdown_timeout)
             self._restore_signal_handlers(handlers)
             self.events.close()
+            self.layout.close()
 
     def attempt_dir(self, attempt: int | None = None) -> str:
-        """attempt_<k>; with `attempt` None, the running group's (attempt_<k>.<n> once nodes joined)."""
-        if attempt is None and self._attempt_log_dir is not None:
-            return self._attempt_log_dir
-        return os.path.join(self.run_dir, f"attempt_{self.attempt if attempt is None else attempt}")
-
-    def _new_attempt_dir(self) -> str:
-        # Nodes joining restart the group without spending a restart: same attempt, next folder.
-        base = path = os.path.join(self.run_dir, f"attempt_{self.attempt}")
-        n = 0
-        while os.path.exists(path):
-            n += 1
-            path = f"{base}.{n}"
-        return path
+        """attempt_<k>; with `attempt` None, the running group's (attempt_<k>.<n> after nodes joined)."""
+        if attempt is None:
+            return self.layout.attempt_path(self.attempt, self._same_attempt_starts)
+        return self.layout.attempt_path(attempt)
 
     def _start_attempt(self) -> bool:
         """Start the group; in a rendezvous run, join the next round first (False: the rendezvous
@@ -237,11 +193,11 @@ class LocalAgent:
         if self.rendezvous is not None and not self._join_round():
             return False
         spec, n = self.spec, self.spec.local_world_size
-        log_dir = self._attempt_log_dir = self._new_attempt_dir()
-        os.makedirs(log_dir, exist_ok=True)
+        # the PContext holds it, and closes it
+        log_dir = self.layout.attempt(self.attempt, self._same_attempt_starts)
         envs = {
             r: rank_env(spec, r, master_port=self.master_port, restart_count=self.attempt,
-                        run_id=self.run_id, error_file=os.path.join(log_dir, str(r), "error.json"),
+                        run_id=self.run_id, error_file=os.path.join(log_dir.path, str(r), ERROR_FILE),
                         color=self.color)
             for r in range(n)
         }
@@ -282,6 +238,7 @@ class LocalAgent:
     def _next_attempt(self, reason: str, spend_restart: bool = True) -> None:
         self.pcontext.close(timeout=self.shutdown_timeout)
         self.attempt += spend_restart
+        self._same_attempt_starts = 0 if spend_restart else self._same_attempt_starts + 1
         self.state = GroupState.RESTARTING
         self.events.write("group_restart", attempt=self.attempt, reason=reason)
 
@@ -317,7 +274,7 @@ class LocalAgent:
             rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
             signal_name=signal_name(f.exitcode) if f.exitcode < 0 else None, message=f.message,
             traceback=f.traceback, timestamp=f.timestamp,
-            error_file=f.error_file if os.path.exists(f.error_file) else None, last_lines=tail,
+            error_file=f.error_file if f.error_file_read else None, last_lines=tail,
             # Enough lines to see past the rank's own printed traceback (the report cuts it out).
             failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
         )
@@ -367,10 +324,8 @@ class LocalAgent:
         return box[0] if box else RendezvousFailed(f"the {self.rendezvous.describe()} failed")
 
     def _stop_asked(self) -> bool:
-        signum, self._pending_signal = self._pending_signal, None
-        if signum is not None:
-            self._stop_signal = self._stop_signal or signum
-            self.events.write("signal_received", signal=signal.Signals(signum).name, forwarded=False)
+        """Between starts of the group (no ranks run): take in pending stop signals; stop now?"""
+        self._handle_stop_request(None)
         return self._stop_signal is not None or self._user_stop
 
     def _start_watch(self) -> None:
@@ -444,25 +399,30 @@ class LocalAgent:
         self.handle_signal(signum)
 
     def handle_signal(self, signum: int) -> None:
-        """ranktop itself got `signum`: forward it to every rank (grace, then SIGKILL; a second
-        one kills at once) and end with 128+N. Safe from a signal handler: it only notes the
-        signal and wakes the loop, which does the work outside the interrupted code."""
-        self._pending_signal = signum
+        """ranktop itself got `signum`: forward it to every rank (grace, then SIGKILL) and end with
+        128+N; `StopRule` says what a repeat means. Safe from a signal handler: it only notes the
+        signal and when it came, and wakes the loop, which decides and acts outside the
+        interrupted code."""
+        self._pending_signals.append((signum, time.monotonic()))
         if self.pcontext is not None:
             self.pcontext.wake()
 
-    _pending_signal: int | None = None
-
-    def _handle_stop_request(self, pc: PContext) -> None:
-        signum, self._pending_signal = self._pending_signal, None
-        if signum is None:
-            return
-        again = self._stop_signal is not None
-        self._stop_signal = self._stop_signal or signum
-        self.state = GroupState.STOPPING
-        self.events.write("signal_received", signal=signal.Signals(signum).name, forwarded=True)
-        # A second Ctrl-C means "now": no more grace.
-        pc.stop(signal.SIGKILL if again else signum, 0 if again else self.shutdown_timeout)
+    def _handle_stop_request(self, pc: PContext | None) -> None:
+        while self._pending_signals:
+            signum, received_at = self._pending_signals.popleft()
+            action = self._stop_rule.decide(signum, received_at)
+            self.events.write("signal_received", signal=signal.Signals(signum).name,
+                              forwarded=action != StopAction.DUPLICATE, action=action.value)
+            if action == StopAction.DUPLICATE:
+                continue
+            self._stop_signal = self._stop_signal or signum
+            self.state = GroupState.STOPPING
+            if pc is None:  # waiting on the rendezvous: no ranks to stop
+                continue
+            if action == StopAction.KILL_NOW:
+                pc.stop(signal.SIGKILL, 0)
+            else:
+                pc.stop(signum, self.shutdown_timeout)
 
     # ----- commands (any thread) ---------------------------------------------------------------
     def wait_started(self, timeout: float | None = None) -> bool:

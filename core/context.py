@@ -2,8 +2,10 @@
 
 The context owns the one monitor step (`step`): reap what exited, stop the siblings of a failed
 rank with the shutdown grace, SIGKILL what outlived its grace, restart single ranks on request,
-and report the result once every rank is reaped. `wait`, `close`, the agent and the TUI all go
-through it. Exits are noticed at once through pidfds rather than by sleeping.
+and report the result once every rank is reaped and what the ranks left running (helpers that
+left their group, orphans; see core/strays.py) has had SIGTERM, the grace, then SIGKILL. `wait`,
+`close`, the agent and the TUI all go through it. Exits are noticed at once through pidfds rather
+than by sleeping.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any
 
-from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, signal_name
-from ranktop.core.guard import MARKER
+from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, signal_name
+from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, PIDFDS, open_pidfd, send_signal
+from ranktop.core.layout import ERROR_FILE, Dir, RunDir, log_name
+from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
 from ranktop.core.process import LEADER_ONLY_SIGNALS, STOP_SIGNALS, Launch, RankProcess, python_call_argv
 from ranktop.core.spec import Std, per_rank
+from ranktop.core.strays import StrayTracker, forget_own_child, note_own_child
 
 _GUARD_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
@@ -118,7 +123,7 @@ class PContext:
         entrypoint: Callable[..., Any] | str,
         args: Mapping[int, tuple],
         envs: Mapping[int, Mapping[str, str]],
-        log_dir: str,
+        log_dir: Dir,
         streams: Mapping[int, StreamPlan],
         *,
         global_ranks: Mapping[int, int] | None = None,
@@ -129,12 +134,16 @@ class PContext:
         cwd: str | None = None,
         pty: tuple[int, int] | None = None,
     ):
+        check_timeout("shutdown_timeout", shutdown_timeout)
         self.name = name
         self.entrypoint = entrypoint
         self.args = {r: tuple(args[r]) for r in sorted(args)}
         self.envs = {r: dict(envs[r]) for r in sorted(envs)}
         self.nprocs = len(self.args)
-        self.log_dir = log_dir
+        # Held from here to close(): rank directories are made and files opened relative to it.
+        self.dir = log_dir
+        self.log_dir = log_dir.path
+        self._rank_dirs: dict[int, Dir] = {}
         self.streams = dict(streams)
         self.global_ranks = dict(global_ranks or {r: r for r in range(self.nprocs)})
         self.shutdown_timeout = shutdown_timeout
@@ -144,6 +153,12 @@ class PContext:
         self._passthrough = passthrough_console  # unredirected, unteed streams: inherit our fds
         self.slots = [RankSlot(r, LineRing(ring_lines)) for r in range(self.nprocs)]
         self.token = secrets.token_hex(8)
+        self._strays = StrayTracker(self.token, self._tell_guard, self._emit_group)
+        # The end sweep: what the ranks left running gets SIGTERM, then SIGKILL after the grace.
+        self._sweep_grace = shutdown_timeout
+        self._sweep_deadline: float | None = None
+        self._sweep_sent: dict[tuple[int, int], int] = {}  # (pid, start) -> last signal sent
+        self._sweep_fds: dict[tuple[int, int], int] = {}  # pidfds: a stray's exit wakes the monitor
         self._pump: OutputPump | None = None
         self._console: ConsoleWriter | None = None
         self._guard: subprocess.Popen | None = None
@@ -155,15 +170,22 @@ class PContext:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
 
-    # ----- paths -------------------------------------------------------------------------------
+    # ----- paths (to tell people and ranks; ranktop itself goes through the held directories) --
     def rank_dir(self, local_rank: int) -> str:
-        return os.path.join(self.log_dir, str(local_rank))
+        return self.dir.path_of(str(local_rank))
 
     def error_file(self, local_rank: int) -> str:
-        return os.path.join(self.rank_dir(local_rank), "error.json")
+        return os.path.join(self.rank_dir(local_rank), ERROR_FILE)
 
     def log_path(self, local_rank: int, stream: int) -> str:
-        return os.path.join(self.rank_dir(local_rank), "stdout.log" if stream == STDOUT else "stderr.log")
+        return os.path.join(self.rank_dir(local_rank), log_name(stream))
+
+    def _held_rank_dir(self, local_rank: int) -> Dir:
+        """The rank's directory, made and opened at its first start and held: a restart writes
+        into the same directory whatever has been renamed or planted in the tree since."""
+        if local_rank not in self._rank_dirs:
+            self._rank_dirs[local_rank] = self.dir.sub(str(local_rank))
+        return self._rank_dirs[local_rank]
 
     def _result_path(self, local_rank: int) -> str:
         return os.path.join(self._tmp or "", f"{local_rank}.ret")
@@ -193,6 +215,7 @@ class PContext:
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C to our terminal must not reach it
         )
+        note_own_child(self._guard.pid)
 
     def _tell_guard(self, line: str) -> None:
         try:
@@ -203,8 +226,7 @@ class PContext:
 
     def _spawn(self, slot: RankSlot) -> None:
         r = slot.local_rank
-        os.makedirs(self.rank_dir(r), exist_ok=True)
-        self._remove_stale(self.error_file(r))
+        self._held_rank_dir(r).remove(ERROR_FILE)  # a stale one would be taken for this start's
         env = {**os.environ, **self.envs[r], ERROR_FILE_ENV: self.error_file(r), MARKER: self.token}
         if callable(self.entrypoint):
             payload = os.path.join(self._tmp, f"{r}.payload")
@@ -219,7 +241,7 @@ class PContext:
         slot.stopped_by_us = False
         slot.kill_at = None
         slot.failure = None
-        self._tell_guard(f"+{slot.proc.pid}")
+        self._strays.rank_started(slot.proc.pid)
         self._emit("started", r, pid=slot.proc.pid, restarts=slot.restarts)
 
     @staticmethod
@@ -239,8 +261,8 @@ class PContext:
             if not (to_file or to_console) and self._passthrough:
                 continue  # inherit our descriptor: the rank writes straight to our console
             console = (self._console, target.buffer, plan.prefix) if to_console else None
-            path = self.log_path(r, stream) if to_file else None
-            sinks[stream] = StreamSink(stream, ring, path, console)
+            log_fd = self._held_rank_dir(r).open_append(log_name(stream)) if to_file else None
+            sinks[stream] = StreamSink(stream, ring, log_fd, console)
         return sinks
 
     # ----- the monitor step --------------------------------------------------------------------
@@ -259,16 +281,49 @@ class PContext:
                     slot.restart_pending = False
                     slot.restarts += 1
                     self._spawn(slot)
-            if all(not s.alive and not s.restart_pending for s in self.slots):
+            self._strays.look()
+            if all(not s.alive and not s.restart_pending for s in self.slots) and self._swept(now):
                 self._result = self._collect()
             return self._result
+
+    def _swept(self, now: float) -> bool:
+        """One pass of the end sweep: True once nothing the ranks left is running (or what is left
+        would not die of SIGKILL either: the guard tries again after we exit)."""
+        found = self._strays.find(with_marker=self._sweep_deadline is None)
+        for key in set(self._sweep_fds) - set(found.items()):
+            os.close(self._sweep_fds.pop(key))
+        if not found:
+            return True
+        if self._sweep_deadline is None:
+            self._sweep_deadline = now + self._sweep_grace
+            self._emit_group("strays_stopping", pids=sorted(found), grace=self._sweep_grace)
+        if now > self._sweep_deadline + GIVE_UP_SECONDS:
+            self._emit_group("strays_left", pids=sorted(found))
+            return True
+        sig = signal.SIGKILL if now >= self._sweep_deadline else signal.SIGTERM
+        fresh = [key for key in found.items() if self._sweep_sent.get(key) != sig]
+        if sig == signal.SIGKILL and fresh:
+            self._emit_group("strays_killed", pids=sorted(pid for pid, _ in fresh))
+        for key in fresh:
+            self._sweep_sent[key] = sig
+            self._signal_stray(key, sig)
+        return False
+
+    def _signal_stray(self, key: tuple[int, int], sig: int) -> None:
+        if key not in self._sweep_fds:
+            fd = open_pidfd(*key)  # None: gone, its pid names another process now, or no pidfds
+            if fd is not None:
+                self._sweep_fds[key] = fd
+            elif PIDFDS:
+                return
+        send_signal(*key, sig, self._sweep_fds.get(key))
 
     def _reap(self, slot: RankSlot) -> None:
         proc = slot.proc
         if proc is None or proc.returncode is not None or proc.poll() is None:
             return
         code = proc.returncode
-        self._tell_guard(f"-{proc.pid}")
+        self._strays.rank_reaped(proc.pid)
         self._emit("exited", slot.local_rank, pid=proc.pid, exitcode=code,
                    signal=signal_name(code) if code < 0 else None, by_us=slot.stopped_by_us)
         if code == 0:
@@ -276,6 +331,7 @@ class PContext:
         slot.failure = ProcessFailure(
             slot.local_rank, proc.pid, code, self.error_file(slot.local_rank),
             rank=self.global_ranks[slot.local_rank], timestamp=proc.exited_at,
+            error_dir_fd=self._held_rank_dir(slot.local_rank).fd,
         )
         if not slot.stopped_by_us and not self._stopping:
             self._stop_all(signal.SIGTERM, self.shutdown_timeout)  # one failure ends the group
@@ -284,7 +340,11 @@ class PContext:
         """Sleep until a rank exits, a command arrives, or `timeout` passes."""
         with self._lock:
             fds = [s.proc.pidfd for s in self.slots if s.alive and s.proc.pidfd is not None]
+            fds += self._sweep_fds.values()
             kill_times = [s.kill_at for s in self.slots if s.alive and s.kill_at is not None]
+            if self._sweep_deadline is not None:  # the SIGKILL, then the giving up
+                kill_times.append(self._sweep_deadline if time.monotonic() < self._sweep_deadline
+                                  else self._sweep_deadline + GIVE_UP_SECONDS)
         if kill_times:
             timeout = min(timeout, max(0.0, min(kill_times) - time.monotonic()))
         poller = select.poll()
@@ -304,6 +364,9 @@ class PContext:
 
     def wait(self, timeout: float = -1, period: float = 1) -> RunProcsResult | None:
         """Block until every rank ended (the result) or `timeout` passed (None); <0 blocks."""
+        if timeout != timeout:  # nan: no deadline would ever pass, and none is meant by it either
+            raise UsageError("bad timeout nan: expected seconds, or a negative number to wait to the end")
+        POSITIVE_SECONDS.check("period", period)
         deadline = None if timeout < 0 else time.monotonic() + timeout
         while True:
             result = self.step()
@@ -317,6 +380,10 @@ class PContext:
     # ----- commands ----------------------------------------------------------------------------
     def _stop_all(self, sig: int, grace: float) -> None:
         self._stopping = True
+        self._strays.note_below_ranks()
+        self._sweep_grace = grace
+        if self._sweep_deadline is not None:
+            self._sweep_deadline = min(self._sweep_deadline, time.monotonic() + grace)
         for slot in self.slots:
             slot.restart_pending = False
             if slot.alive:
@@ -330,6 +397,8 @@ class PContext:
 
     def stop(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
         """Ask every rank to stop (`sig` now, SIGKILL after the grace); returns at once."""
+        if grace is not None:
+            check_timeout("grace", grace)
         with self._lock:
             self._stop_all(sig, self.shutdown_timeout if grace is None else grace)
         self.wake()
@@ -350,10 +419,14 @@ class PContext:
 
     def restart_rank(self, local_rank: int, grace: float | None = None) -> None:
         """Stop one rank (with the grace) and start it again in this context."""
+        if grace is not None:
+            check_timeout("grace", grace)
         with self._lock:
             slot = self.slots[local_rank]
             if self._result is not None:  # the group had ended: this rank runs on its own again
                 self._result, self._stopping = None, False
+                self._sweep_deadline = None
+                self._sweep_sent.clear()
             slot.restart_pending = True
             if slot.alive:
                 self._stop_slot(slot, signal.SIGTERM, self.shutdown_timeout if grace is None else grace)
@@ -389,6 +462,7 @@ class PContext:
 
     def close(self, death_sig: int = signal.SIGTERM, timeout: float = 30) -> None:
         """Stop every rank's whole group (`death_sig`, then SIGKILL after `timeout`) and clean up."""
+        check_timeout("timeout", timeout)
         with self._lock:
             if self._closed:
                 return
@@ -408,8 +482,13 @@ class PContext:
             if self._console is not None:
                 self._console.close()
             self._finish_guard()
+            for fd in self._sweep_fds.values():
+                os.close(fd)
+            self._sweep_fds.clear()
             if self._tmp:
                 shutil.rmtree(self._tmp, ignore_errors=True)
+            for held in (*self._rank_dirs.values(), self.dir):
+                held.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
 
@@ -418,14 +497,17 @@ class PContext:
             return
         try:
             self._guard.wait(timeout=5)
+            forget_own_child(self._guard.pid)
         except subprocess.TimeoutExpired:
             pass  # it is sweeping strays with their grace; it exits on its own
 
     # ----- for UIs -----------------------------------------------------------------------------
     def _emit(self, event: str, local_rank: int, **fields: Any) -> None:
+        self._emit_group(event, local_rank=local_rank, rank=self.global_ranks[local_rank], **fields)
+
+    def _emit_group(self, event: str, **fields: Any) -> None:
         if self.on_event is not None:
-            self.on_event({"event": event, "local_rank": local_rank,
-                           "rank": self.global_ranks[local_rank], **fields})
+            self.on_event({"event": event, **fields})
 
 
 class MultiprocessContext(PContext):
@@ -449,25 +531,17 @@ def start_processes(
     """Start one process per local rank (torch.distributed.elastic's API, same semantics)."""
     _check_start_method(start_method)
     nprocs = len(args)
+    ensure_fds_for(nprocs)
     expected = set(range(nprocs))
     if set(args) != expected or set(envs) != expected:
         raise ValueError(
             f"args and envs must both have exactly the local ranks 0..{nprocs - 1}; "
             f"got args for {sorted(args)} and envs for {sorted(envs)}"
         )
-    check_empty_log_dir(log_dir)
+    run_dir = RunDir.adopt(log_dir)  # checked empty, then held: see core/layout.py
     streams = plan_streams(nprocs, redirects, tee, prefixes={r: f"[{name}{r}]:" for r in range(nprocs)})
     cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
-    return cls(name, entrypoint, args, envs, log_dir, streams).start()
-
-
-def check_empty_log_dir(log_dir: str) -> None:
-    if not os.path.exists(log_dir):
-        raise ValueError(f"log_dir {log_dir!r} does not exist")
-    if not os.path.isdir(log_dir):
-        raise ValueError(f"log_dir {log_dir!r} is not a directory")
-    if os.listdir(log_dir):
-        raise ValueError(f"log_dir {log_dir!r} is not empty; give each run an empty directory")
+    return cls(name, entrypoint, args, envs, run_dir, streams).start()
 
 
 _START_METHODS = ("spawn", "fork", "forkserver")

@@ -9,10 +9,13 @@ read by the other:
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
+import math
 import os
 import signal
+import stat
 import time
 import traceback
 from collections.abc import Callable
@@ -81,23 +84,90 @@ class ErrorFileContent:
     timestamp: int | None
 
 
+ERROR_FILE_LIMIT = 1 << 20  # bytes; a real error file is a message and a traceback
+
+
+class BadErrorFile(Exception):
+    """An error file that is there but cannot be trusted; the text says what is wrong with it."""
+
+
 def read_error_file(path: str | os.PathLike) -> ErrorFileContent | None:
-    """Read an error file written by us or by torch; None when missing or unreadable."""
+    """Read an error file written by us or by torch; None when missing, unreadable or malformed."""
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        return load_error_file(path)
+    except BadErrorFile:
         return None
-    msg = data.get("message", data) if isinstance(data, dict) else data
-    if isinstance(msg, dict):
-        extra = msg.get("extraInfo") or {}
-        stamp = extra.get("timestamp")
-        return ErrorFileContent(
-            message=str(msg.get("message", "")),
-            traceback=extra.get("py_callstack"),
-            timestamp=int(stamp) if str(stamp or "").isdigit() else None,
-        )
-    return ErrorFileContent(message=str(msg), traceback=None, timestamp=None)
+
+
+def load_error_file(path: str | os.PathLike, dir_fd: int | None = None) -> ErrorFileContent | None:
+    """An error file is input a rank controls, so: None when there is none; BadErrorFile when it
+    is a symlink, not a regular file (a FIFO would block a plain open forever), over 1 MB, not
+    JSON, or not in torch's shape. With `dir_fd`, the file is opened relative to that directory."""
+    name = os.path.basename(path) if dir_fd is not None else path
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise BadErrorFile("is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BadErrorFile(f"is not a regular file ({_file_kind(info.st_mode)})")
+        data = _read_at_most(fd, ERROR_FILE_LIMIT + 1)
+    finally:
+        os.close(fd)
+    if len(data) > ERROR_FILE_LIMIT:
+        raise BadErrorFile(f"is larger than {ERROR_FILE_LIMIT >> 20} MB")
+    try:
+        parsed = json.loads(data)
+    except (ValueError, RecursionError):
+        raise BadErrorFile("is not valid JSON") from None
+    return _error_content(parsed)
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks, size = [], 0
+    while size < limit and (chunk := os.read(fd, min(1 << 16, limit - size))):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((kind for test, kind in kinds if test(mode)), "not a file")
+
+
+def _error_content(data: object) -> ErrorFileContent:
+    """torch's {"message": {"message": str, "extraInfo": {"py_callstack": str, "timestamp": str}}}
+    or the plain {"message": str, "timestamp": N}; anything else is BadErrorFile."""
+    if not isinstance(data, dict) or "message" not in data:
+        raise BadErrorFile('has no "message" object at the top')
+    msg = data["message"]
+    if isinstance(msg, str):
+        return ErrorFileContent(msg, None, _timestamp(data.get("timestamp")))
+    if not isinstance(msg, dict) or not isinstance(msg.get("message", ""), str):
+        raise BadErrorFile('has a "message" that is neither text nor torch\'s {"message": text, ...}')
+    extra = msg.get("extraInfo") or {}
+    if not isinstance(extra, dict):
+        raise BadErrorFile('has an "extraInfo" that is not an object')
+    trace = extra.get("py_callstack")
+    if trace is not None and not isinstance(trace, str):
+        raise BadErrorFile('has a "py_callstack" that is not text')
+    return ErrorFileContent(msg.get("message", ""), trace, _timestamp(extra.get("timestamp")))
+
+
+def _timestamp(value: object) -> int | None:
+    """torch writes seconds as a string of digits; a number is taken too."""
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return int(value)
+    if value is None:
+        return None
+    raise BadErrorFile('has a "timestamp" that is not a number of seconds')
 
 
 def record(fn: F, error_file: str | None = None) -> F:
@@ -133,20 +203,30 @@ class ProcessFailure:
     # When the engine saw the exit (sub-second, so the earliest failure can be told apart).
     # Left at 0 it falls back to the error file's whole-second stamp, then to now.
     timestamp: float = 0.0
+    # The held rank directory the error file is in: read relative to it, never by path again.
+    error_dir_fd: int | None = field(default=None, repr=False, compare=False)
     message: str = field(init=False)
     traceback: str | None = field(init=False, default=None)
+    error_file_read: bool = field(init=False, default=False)  # a trustworthy error file was there
 
     def __post_init__(self) -> None:
-        content = read_error_file(self.error_file) if self.error_file else None
+        problem = content = None
+        try:
+            content = load_error_file(self.error_file, self.error_dir_fd) if self.error_file else None
+        except BadErrorFile as exc:
+            problem = f"error file {self.error_file} {exc}; ignored"
         if content is not None:
             self.message = content.message
             self.traceback = content.traceback
+            self.error_file_read = True
             if not self.timestamp and content.timestamp is not None:
                 self.timestamp = float(content.timestamp)
         elif self.exitcode < 0:
             self.message = f"Signal {-self.exitcode} ({self.signal_name()}) received by PID {self.pid}"
         else:
             self.message = f"exited with code {self.exitcode}. {_NO_TRACE_HINT}"
+        if problem:
+            self.message = f"{self.message.split('. ')[0]}; {problem}"
         if not self.timestamp:
             self.timestamp = time.time()
         if self.rank is None:

@@ -1,14 +1,14 @@
 """GPU sampling through NVML (SPEC 2.6).
 
 Everything talks to a pynvml-shaped module object: the real `pynvml` (package nvidia-ml-py,
-imported lazily so that a machine without it still runs), or `FakeNvml` for tests and demos.
+imported lazily so that a machine without it still runs), or `ranktop.core.gpu_fake.FakeNvml` for tests and demos.
 The code that reads a device is the same either way; only the module object differs.
 
 NVML is initialised once. If that fails (no driver, no library, no device) the monitor says so
 in `status` and never tries again: a supervisor must not hammer a broken driver every second.
 An error on one device during a sample only blanks that device for that sample.
 
-`RANKTOP_FAKE_GPUS=N` selects N fake devices (see `FakeNvml.from_env`) so the TUI, screenshots
+`RANKTOP_FAKE_GPUS=N` selects N fake devices (see `gpu_fake.FakeNvml.from_env`) so the TUI, screenshots
 and end-to-end tests can show GPU columns on machines without a GPU.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,10 +26,10 @@ FAKE_ENV = "RANKTOP_FAKE_GPUS"
 NO_GPU = "no GPU"
 
 # NVML's error codes that mean "there is no usable NVIDIA GPU here" rather than "something broke".
-_ERROR_NOT_SUPPORTED = 3
-_ERROR_DRIVER_NOT_LOADED = 9
-_ERROR_LIBRARY_NOT_FOUND = 12
-_NO_GPU_CODES = (_ERROR_DRIVER_NOT_LOADED, _ERROR_LIBRARY_NOT_FOUND)
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+_NO_GPU_CODES = (NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIBRARY_NOT_FOUND)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -81,8 +80,12 @@ class GpuMonitor:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GpuMonitor:
         """The real NVML, or the fake when RANKTOP_FAKE_GPUS is set."""
-        fake = FakeNvml.from_env(os.environ if environ is None else environ)
-        return cls(fake)
+        environ = os.environ if environ is None else environ
+        if not environ.get(FAKE_ENV, "").strip():
+            return cls()
+        from ranktop.core.gpu_fake import FakeNvml  # demos and tests only: never on the real path
+
+        return cls(FakeNvml.from_env(environ))
 
     # ----- life cycle --------------------------------------------------------------------------
     def start(self) -> str | None:
@@ -205,7 +208,7 @@ def _unless_unsupported(read: Callable[[], Any]) -> Any:
     try:
         return read()
     except Exception as exc:
-        if getattr(exc, "value", None) == _ERROR_NOT_SUPPORTED:
+        if getattr(exc, "value", None) == NVML_ERROR_NOT_SUPPORTED:
             return None
         raise
 
@@ -282,214 +285,25 @@ def device_for_local_rank(
     return None  # MIG instances and anything else: no device-level answer
 
 
-def device_count(nvml: Any = None) -> int:
-    """How many GPUs NVML sees (honours RANKTOP_FAKE_GPUS); 0 without a driver or on any error."""
+def device_count(nvml: Any = None, visible: str | None = None) -> int:
+    """How many GPUs this process may use: those NVML sees (honours RANKTOP_FAKE_GPUS), narrowed
+    by `visible` (a CUDA_VISIBLE_DEVICES value; None: unset). 0 without a driver or on any error."""
     monitor = GpuMonitor(nvml) if nvml is not None else GpuMonitor.from_env()
     try:
         monitor.start()
-        return monitor.count
+        total = monitor.count
     finally:
         monitor.close()
+    return total if visible is None else count_visible(visible, total)
 
 
-# ----- the fake at the pynvml boundary ----------------------------------------------------------
-class FakeNvmlError(Exception):
-    """Shaped like pynvml.NVMLError: carries NVML's numeric `value`."""
-
-    def __init__(self, value: int, text: str = ""):
-        super().__init__(value)
-        self.value = value
-        self.text = text
-
-    def __str__(self) -> str:
-        return self.text or f"NVML Error with code {self.value}"
-
-
-@dataclass
-class FakeDevice:
-    util: float = 0.0
-    mem_used: int = 0
-    mem_total: int = 80 * GiB
-    uuid: str = ""
-    error: FakeNvmlError | None = None  # raised by every query of this device while set
-    util_supported: bool = True  # False: utilisation raises Not Supported, as on a MIG-mode GPU
-
-
-@dataclass
-class _ProcInfo:
-    pid: int
-    usedGpuMemory: int | None  # noqa: N815 - pynvml's field name
-
-
-class FakeNvml:
-    """A pynvml-shaped module object with scriptable devices, processes and errors.
-
-    `procs[i]` maps pid -> bytes for device i; `process_source`, when set, is called with the
-    device index instead (used by RANKTOP_FAKE_GPUS to follow live processes). `calls` counts
-    every NVML function called, so tests can check, e.g., that init is tried once.
-    """
-
-    NVMLError = FakeNvmlError
-    NVML_ERROR_DRIVER_NOT_LOADED = _ERROR_DRIVER_NOT_LOADED
-    NVML_ERROR_LIBRARY_NOT_FOUND = _ERROR_LIBRARY_NOT_FOUND
-    NVML_ERROR_GPU_IS_LOST = 15
-
-    def __init__(
-        self,
-        devices: int | list[FakeDevice] = 0,
-        *,
-        init_error: FakeNvmlError | None = None,
-        process_source: Callable[[int], Mapping[int, int | None]] | None = None,
-    ):
-        if isinstance(devices, int):
-            devices = [fake_device(i) for i in range(devices)]
-        self.devices = devices
-        self.init_error = init_error
-        self.process_source = process_source
-        self.procs: dict[int, dict[int, int | None]] = {i: {} for i in range(len(devices))}
-        self.calls: Counter[str] = Counter()
-        self.initialised = 0
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> FakeNvml | None:
-        """RANKTOP_FAKE_GPUS=N: N devices; device i reports the local processes whose LOCAL_RANK % N == i.
-
-        None when the variable is unset (the caller then uses the real pynvml).
-        """
-        text = environ.get(FAKE_ENV, "").strip()
-        if not text:
-            return None
-        try:
-            n = max(0, int(text))
-        except ValueError:
-            return cls(init_error=FakeNvmlError(_ERROR_LIBRARY_NOT_FOUND, f"bad {FAKE_ENV}={text!r}"))
-        fake = cls(n)
-        fake.process_source = _LocalRankProcesses(n)
-        return fake
-
-    # -- the pynvml surface -----------------------------------------------------------------
-    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
-        self.calls["nvmlInit"] += 1
-        if self.init_error is not None:
-            raise self.init_error
-        self.initialised += 1
-
-    def nvmlShutdown(self) -> None:  # noqa: N802
-        self.calls["nvmlShutdown"] += 1
-        self.initialised = max(0, self.initialised - 1)
-
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
-        self.calls["nvmlDeviceGetCount"] += 1
-        self._check_init()
-        return len(self.devices)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
-        self.calls["nvmlDeviceGetHandleByIndex"] += 1
-        self._check_init()
-        if not 0 <= index < len(self.devices):
-            raise FakeNvmlError(2, "Invalid Argument")
-        return index
-
-    def nvmlDeviceGetUUID(self, handle: int) -> str:  # noqa: N802
-        self.calls["nvmlDeviceGetUUID"] += 1
-        return self._device(handle).uuid
-
-    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:  # noqa: N802
-        self.calls["nvmlDeviceGetUtilizationRates"] += 1
-        dev = self._device(handle)
-        if not dev.util_supported:
-            raise FakeNvmlError(_ERROR_NOT_SUPPORTED, "Not Supported")
-        return _Util(gpu=int(dev.util), memory=0)
-
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:  # noqa: N802
-        self.calls["nvmlDeviceGetMemoryInfo"] += 1
-        dev = self._device(handle)
-        return _Mem(total=dev.mem_total, used=dev.mem_used, free=dev.mem_total - dev.mem_used)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[_ProcInfo]:  # noqa: N802
-        self.calls["nvmlDeviceGetComputeRunningProcesses"] += 1
-        self._device(handle)
-        procs = self.process_source(handle) if self.process_source else self.procs.get(handle, {})
-        return [_ProcInfo(pid, mem) for pid, mem in dict(procs).items()]
-
-    def _check_init(self) -> None:
-        if not self.initialised:
-            raise FakeNvmlError(1, "Uninitialized")
-
-    def _device(self, handle: int) -> FakeDevice:
-        self._check_init()
-        dev = self.devices[handle]
-        if dev.error is not None:
-            raise dev.error
-        return dev
-
-
-@dataclass(frozen=True)
-class _Util:
-    gpu: int
-    memory: int
-
-
-@dataclass(frozen=True)
-class _Mem:
-    total: int
-    used: int
-    free: int
-
-
-def fake_device(index: int) -> FakeDevice:
-    """Deterministic, distinct values per device, so screenshots and tests can tell them apart."""
-    return FakeDevice(util=float((35 + 20 * index) % 100), mem_used=(12 + 7 * index) * GiB, mem_total=80 * GiB,
-                      uuid=f"GPU-fake{index:04d}-0000-0000-0000-000000000000")
-
-
-class _LocalRankProcesses:
-    """The fake's process list for RANKTOP_FAKE_GPUS: our children whose LOCAL_RANK % N is the device.
-
-    That is what a torchrun-style job using cuda:LOCAL_RANK would show, so the process-list
-    matching is exercised end to end. Each such process "uses" 1.5 GiB + 256 MiB * LOCAL_RANK.
-    """
-
-    def __init__(self, n: int):
-        self.n = n
-        self._local_rank: dict[tuple[int, float], int | None] = {}  # (pid, create_time) -> LOCAL_RANK
-        self._scan: dict[int, tuple[int, int]] | None = None  # pid -> (LOCAL_RANK, bytes)
-        self._scanned_at = 0.0
-
-    def __call__(self, device: int) -> dict[int, int]:
-        import time
-
-        # One scan of our children serves every device of the same sample.
-        now = time.monotonic()
-        if self._scan is None or now - self._scanned_at > 0.2:
-            self._scan, self._scanned_at = self._scan_children(), now
-        return {pid: mem for pid, (lr, mem) in self._scan.items() if lr % self.n == device}
-
-    def _scan_children(self) -> dict[int, tuple[int, int]]:
-        import psutil
-
-        try:
-            children = psutil.Process().children()
-        except psutil.Error:
-            return {}
-        out, seen = {}, {}
-        for child in children:
-            key, lr = self._lookup(child)
-            if key is not None:
-                seen[key] = lr
-            if lr is not None and self.n:
-                out[child.pid] = (lr, int(1.5 * GiB) + 256 * MiB * lr)
-        self._local_rank = seen  # forget processes that are gone
-        return out
-
-    def _lookup(self, proc: Any) -> tuple[tuple[int, float] | None, int | None]:
-        import psutil
-
-        try:
-            key = (proc.pid, proc.create_time())
-            if key not in self._local_rank:
-                value = proc.environ().get("LOCAL_RANK")
-                self._local_rank[key] = int(value) if value and value.isdigit() else None
-            return key, self._local_rank[key]
-        except (psutil.Error, OSError):
-            return None, None
+def count_visible(visible: str, total: int) -> int:
+    """CUDA's reading of CUDA_VISIBLE_DEVICES: entries up to the first one that names no device
+    (a bad index, a repeat, anything that is neither an index nor a GPU-/MIG- UUID) count."""
+    seen: set[str] = set()
+    for entry in (e.strip() for e in visible.split(",")):
+        is_index = entry.isdigit() and int(entry) < total
+        if not (is_index or entry.startswith(("GPU-", "MIG-"))) or entry in seen:
+            break
+        seen.add(entry)
+    return min(len(seen), total)

@@ -1,13 +1,28 @@
-"""The orphan guard: a tiny watcher process that outlives ranktop by a moment.
+"""The orphan guard, a tiny watcher process that outlives ranktop by a moment, and the reading of
+the process table that it shares with ranktop.
 
 Each rank runs in a session of its own, so nothing the kernel does on ranktop's death reaches it,
 and PR_SET_PDEATHSIG would only cover the rank itself, not what the rank started. So ranktop
-starts this guard with a pipe on its stdin and tells it every rank's process group. When that pipe
-reaches end of file (ranktop exited, normally or by SIGKILL), the guard signals those groups and
-every process that still carries the run's marker variable in its environment (grandchildren that
-left the group with setsid keep it), waits the grace period, then SIGKILLs what is left.
+starts this guard with a pipe on its stdin and tells it, while it runs:
 
-Runs as `python -I guard.py TOKEN GRACE` and imports only the standard library, so it starts fast.
+    rank PID START    a rank started; it leads its own session and process group
+    gone PID          that rank was reaped, and ranktop took note of what was left in its
+                      group and session (as `stray` lines)
+    stray PID START   a process that left its rank's group: a helper that called setsid or
+                      setpgid and was orphaned (ranktop, their subreaper, adopted it), or one
+                      left behind when its rank ended
+    done              ranktop is ending normally and has swept its strays itself
+
+When the pipe reaches end of file (ranktop exited, normally or by SIGKILL), the guard sweeps:
+every process in a live rank's group or session, every stray it was told about, every process
+that still carries the run's marker variable, and everything below any of these in the parent
+chain (a helper that cleared its environment and called setsid while its rank lives). Each gets
+SIGTERM (and SIGCONT, should it be stopped), then SIGKILL after the grace. A process is known by
+its pid AND its start time, and signalled through a pidfd opened after checking both, so a pid
+reused by someone else is never signalled.
+
+Runs as `python -I -S guard.py TOKEN GRACE` and imports only the standard library, so it starts
+fast; ranktop imports the table helpers from here so the two agree on what a stray is.
 """
 
 from __future__ import annotations
@@ -16,81 +31,209 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterable
+from typing import NamedTuple
 
 MARKER = "RANKTOP_GUARD_TOKEN"
+RESCAN_SECONDS = 0.05  # how often a sweep looks for what is left (and for new forks)
+GIVE_UP_SECONDS = 5.0  # after SIGKILL: a process in uninterruptible sleep may never go
 
 
-def marked_pids(token: str) -> set[int]:
+class Proc(NamedTuple):
+    """One line of the process table: /proc/PID/stat's ids and start time (clock ticks since boot)."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    start: int
+    zombie: bool
+
+
+def read_proc(pid: int) -> Proc | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: the fields after it are split
+    # after its last ')'. Field 3 is the state, 4 the parent, 5 the group, 6 the session, 22 the
+    # start time.
+    fields = data[data.rindex(b")") + 2:].split()
+    return Proc(pid, int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]), fields[0] in (b"Z", b"X"))
+
+
+def process_table() -> dict[int, Proc]:
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (proc := read_proc(int(entry))) is not None:
+            table[proc.pid] = proc
+    return table
+
+
+def descendants(table: dict[int, Proc], roots: Iterable[int]) -> set[int]:
+    """Everything below `roots` in the parent chain (the roots not included)."""
+    children: dict[int, list[int]] = {}
+    for proc in table.values():
+        children.setdefault(proc.ppid, []).append(proc.pid)
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def marked_pids(token: str, pids: Iterable[int] | None = None) -> set[int]:
     """Live processes whose environment holds MARKER=token (those we may read)."""
     needle = f"{MARKER}={token}\0".encode()
     found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in pids if pids is not None else (int(e) for e in os.listdir("/proc") if e.isdigit()):
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
+            with open(f"/proc/{pid}/environ", "rb") as f:
                 if needle in f.read() + b"\0":
-                    found.add(int(entry))
+                    found.add(pid)
         except OSError:
             continue
     found.discard(os.getpid())
     return found
 
 
-def _signal_all(pgids: set[int], pids: set[int], sig: int) -> None:
-    for pgid in pgids:
-        try:
-            os.killpg(pgid, sig)
-        except OSError:
-            pass
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
+def _in_rank(proc: Proc, ranks: dict[int, int], table: dict[int, Proc]) -> bool:
+    """In the process group or session of one of `ranks` (pid -> start time)?"""
+    for leader_pid in {proc.pgid, proc.sid}:
+        start = ranks.get(leader_pid)
+        if start is None or proc.start < start:
+            continue  # not a rank's id, or started before that rank: not from it
+        leader = table.get(leader_pid)
+        if leader is None or leader.start == start:  # else that pid names someone else now
+            return True
+    return False
 
 
-def _alive(pgids: set[int], token: str) -> tuple[set[int], set[int]]:
-    live_groups = set()
-    for pgid in pgids:
-        try:
-            os.killpg(pgid, 0)
-            live_groups.add(pgid)
-        except OSError:
-            pass
-    return live_groups, marked_pids(token)
+def find_strays(
+    table: dict[int, Proc],
+    ranks: dict[int, int],
+    strays: dict[int, int],
+    marked: set[int] = frozenset(),
+    skip: Iterable[int] = (),
+) -> dict[int, int]:
+    """Live processes (pid -> start time) that belong to the run: the ranks with their groups and
+    sessions, the known `strays` (same start time: a reused pid is someone else), the `marked`
+    ones, and all below any of these in the parent chain. Zombies are gone already."""
+    skipped = set(skip)
+    found = {}
+    for proc in table.values():
+        if proc.zombie or proc.pid in skipped:
+            continue
+        if _in_rank(proc, ranks, table) or strays.get(proc.pid) == proc.start or proc.pid in marked:
+            found[proc.pid] = proc.start
+    for pid in descendants(table, list(found)) - skipped:
+        if not table[pid].zombie:
+            found[pid] = table[pid].start
+    return found
 
 
-def sweep(token: str, pgids: set[int], grace: float) -> None:
-    groups, pids = _alive(pgids, token)
-    if not groups and not pids:
-        return
-    _signal_all(groups, pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        groups, pids = _alive(groups, token)
-        if not groups and not pids:
+def open_pidfd(pid: int, start: int) -> int | None:
+    """A pidfd for `pid` if it is still the process that started at `start`, else None (also
+    where the kernel has no pidfds). Checked after opening: from then on the descriptor names
+    that process, whatever reuses the pid."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+    proc = read_proc(pid)
+    if proc is None or proc.start != start:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _pidfds_work() -> bool:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+PIDFDS = _pidfds_work()  # Linux 5.3 and later
+
+
+def send_signal(pid: int, start: int, sig: int, fd: int | None = None) -> bool:
+    """Send `sig` (and SIGCONT after SIGTERM: a stopped process could not act on it) to `pid` only
+    if it is still the process that started at `start`: through `fd` or a pidfd opened for it.
+    Without pidfds (old kernels) the start time is checked just before signalling by pid."""
+    own_fd = fd is None and PIDFDS
+    if own_fd:
+        fd = open_pidfd(pid, start)
+        if fd is None:
+            return False
+    try:
+        for each in (sig, signal.SIGCONT) if sig == signal.SIGTERM else (sig,):
+            if fd is not None:
+                signal.pidfd_send_signal(fd, each)
+            elif (proc := read_proc(pid)) is not None and proc.start == start:
+                os.kill(pid, each)
+            else:
+                return False
+        return True
+    except OSError:
+        return False
+    finally:
+        if own_fd:
+            os.close(fd)
+
+
+def sweep(token: str, ranks: dict[int, int], strays: dict[int, int], grace: float) -> None:
+    """SIGTERM everything that belongs to the run, SIGKILL what is left after `grace` seconds."""
+    marked = marked_pids(token)  # once: what they start later is below them in the parent chain
+    signalled: dict[int, int] = {}
+    deadline = None
+    while True:
+        found = find_strays(process_table(), ranks, strays, marked, skip=(os.getpid(),))
+        strays.update(found)  # known by identity from now on, wherever it moves
+        if not found:
             return
-        time.sleep(0.02)
-    _signal_all(groups, pids, signal.SIGKILL)
+        now = time.monotonic()
+        deadline = now + grace if deadline is None else deadline
+        if now > deadline + GIVE_UP_SECONDS:
+            return
+        sig = signal.SIGKILL if now >= deadline else signal.SIGTERM
+        for pid, start in found.items():
+            if signalled.get(pid) != sig and send_signal(pid, start, sig):
+                signalled[pid] = sig
+        time.sleep(RESCAN_SECONDS)
+
+
+def read_orders(lines: Iterable[bytes]) -> tuple[dict[int, int], dict[int, int], bool]:
+    """ranktop's lines -> (ranks, strays, ended normally)."""
+    ranks: dict[int, int] = {}
+    strays: dict[int, int] = {}
+    normal_exit = False
+    for line in lines:
+        words = line.split()
+        if words == [b"done"]:
+            normal_exit = True
+        elif len(words) == 3 and words[0] == b"rank":
+            ranks[int(words[1])] = int(words[2])
+        elif len(words) == 2 and words[0] == b"gone":
+            ranks.pop(int(words[1]), None)
+        elif len(words) == 3 and words[0] == b"stray":
+            strays[int(words[1])] = int(words[2])
+    return ranks, strays, normal_exit
 
 
 def main() -> None:
     token, grace = sys.argv[1], float(sys.argv[2])
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # only end of file on stdin ends us
-    pgids: set[int] = set()
-    normal_exit = False
-    for line in sys.stdin.buffer:
-        word = line.strip()
-        if word == b"done":
-            normal_exit = True
-        elif word.startswith(b"+"):
-            pgids.add(int(word[1:]))
-        elif word.startswith(b"-"):
-            pgids.discard(int(word[1:]))
-    # After a normal exit ranktop has reaped its ranks already; only strays can be left.
-    sweep(token, pgids, 0.5 if normal_exit else grace)
+    ranks, strays, normal_exit = read_orders(sys.stdin.buffer)
+    # After a normal exit ranktop has reaped its ranks and swept with the grace already; only
+    # what appeared meanwhile can be left.
+    sweep(token, ranks, strays, 0.5 if normal_exit else grace)
 
 
 if __name__ == "__main__":

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import collections
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from ranktop.core.context import start_processes
+from ranktop.core.context import PContext, RunProcsResult, start_processes
 from ranktop.core.errors import MainProcessError, WorkerError
+from ranktop.core.signals import StopAction, StopRule
 from ranktop.core.spec import Std, WorkerSpec, free_port, rank_env
+
+_GRACE = 10.0  # seconds a rank has to stop after the caller was signalled, before SIGKILL
 
 
 def launch(
@@ -29,7 +34,7 @@ def launch(
                       master_addr=master_addr, master_port=master_port or free_port())
     envs = {r: rank_env(spec, r, master_port=spec.master_port, restart_count=0, run_id="launch", error_file="")
             for r in range(nprocs)}
-    received: list[int] = []
+    received: collections.deque[tuple[int, float]] = collections.deque()  # (signal, arrival time)
     contexts = []  # the handler goes in before any rank starts, so no signal finds us unprepared
     previous = _catch_signals(received, lambda: [c.wake() for c in contexts])
     with tempfile.TemporaryDirectory(prefix="ranktop-launch-") as log_dir:
@@ -41,27 +46,46 @@ def launch(
             raise
         contexts.append(ctx)
         try:
-            while (result := ctx.wait(timeout=0.5, period=0.5)) is None:
-                if received:
-                    ctx.close(death_sig=received[0], timeout=10)
-                    raise MainProcessError(received[0])
-            if received:
-                raise MainProcessError(received[0])
+            result, stopped_by = _run_until_end(ctx, received)
         finally:
             _restore(previous)
             ctx.close()
+    if stopped_by is not None:
+        raise MainProcessError(stopped_by)
     if result.failures:
         first = min(result.failures.values(), key=lambda f: f.timestamp)
         raise WorkerError(first.local_rank, first.exitcode, first)
     return result.return_values
 
 
-def _catch_signals(received: list[int], wake: Callable[[], None]) -> dict:
+def _run_until_end(ctx: PContext, received: collections.deque[tuple[int, float]]) -> tuple[RunProcsResult, int | None]:
+    """Watch the ranks to their end, stopping them as the caller's signals ask (the agent's rule:
+    a repeated interrupt kills at once). Returns the result and the signal that stopped the
+    ranks, if one did."""
+    rule, stopped_by = StopRule(), None
+    while True:
+        while received:
+            signum, received_at = received.popleft()
+            action = rule.decide(signum, received_at)
+            if action == StopAction.DUPLICATE:
+                continue
+            stopped_by = stopped_by or signum
+            if action == StopAction.KILL_NOW:
+                ctx.stop(signal.SIGKILL, 0)
+            else:
+                ctx.stop(signum, _GRACE)
+        result = ctx.step()
+        if result is not None and not received:
+            return result, stopped_by
+        ctx.wait_activity(1.0)
+
+
+def _catch_signals(received: collections.deque[tuple[int, float]], wake: Callable[[], None]) -> dict:
     if threading.current_thread() is not threading.main_thread():
         return {}
 
     def note(signum: int, _frame: Any) -> None:
-        received.append(signum)
+        received.append((signum, time.monotonic()))
         wake()
 
     return {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -135,18 +135,19 @@ class ConsoleWriter:
 
 
 class StreamSink:
-    """Where one stream of one rank goes: a log file, the ring, maybe the console (prefixed)."""
+    """Where one stream of one rank goes: a log file, the ring, maybe the console (prefixed).
+    `log_fd` is the log file, already open for appending (core/layout.py); the sink closes it."""
 
     def __init__(
         self,
         stream: int,
         ring: LineRing,
-        log_path: str | None = None,
+        log_fd: int | None = None,
         console: tuple[ConsoleWriter, BinaryIO, bytes] | None = None,
     ):
         self.stream = stream
         self.ring = ring
-        self.log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if log_path else None
+        self.log_fd = log_fd
         self.console = console
         self._console_partial = b""
         self.done = threading.Event()

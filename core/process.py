@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ranktop.core.output import STDERR, STDOUT, OutputPump, StreamSink
+from ranktop.core.strays import forget_own_child, note_own_child
 
 # `-c` puts the working directory first on sys.path; drop it so that nothing there can stand in
 # for ranktop (the bootstrap restores the caller's sys.path before running the function).
@@ -116,6 +117,7 @@ class RankProcess:
             if slave is not None:
                 os.close(slave)  # the rank has it now: its end of file is ours once the rank's tree closes it
         self.pid = self.popen.pid
+        note_own_child(self.pid)  # not an orphan to adopt: we started it, Popen reaps it
         if master is not None:
             pump.add(master, self.sinks[STDOUT])  # reading it past the last writer fails with EIO: the end
         for stream, pipe in ((STDOUT, self.popen.stdout), (STDERR, self.popen.stderr)):
@@ -134,6 +136,7 @@ class RankProcess:
         if self.popen.returncode is None and self.popen.poll() is not None:
             self.exited_at = time.time()
             self.close_pidfd()
+            forget_own_child(self.pid)
         return self.popen.returncode
 
     def signal_group(self, sig: int) -> bool:

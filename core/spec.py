@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ranktop.core.errors import UsageError
+from ranktop.core.layout import check_run_id
+from ranktop.core.limits import COUNT, MONITOR_SECONDS, NNODES, NPROC, PORT
 
 
 class Std(enum.IntFlag):
@@ -37,11 +39,10 @@ class Std(enum.IntFlag):
 
 
 def per_rank(value: Std | Mapping[int, Std], nprocs: int) -> dict[int, Std]:
-    """Expand a Std or a partial per-rank map to a full map (missing ranks get NONE)."""
+    """Expand a Std or a partial per-rank map to a full map (missing ranks get NONE). As in
+    torchrun, a map may name ranks this node does not have: they are ignored, so one command
+    line serves nodes with different numbers of ranks."""
     if isinstance(value, Mapping):
-        unknown = sorted(set(value) - set(range(nprocs)))
-        if unknown:
-            raise ValueError(f"stream map names local rank(s) {unknown}; there are {nprocs} (0..{nprocs - 1})")
         return {r: Std(value.get(r, Std.NONE)) for r in range(nprocs)}
     return {r: Std(value) for r in range(nprocs)}
 
@@ -82,9 +83,7 @@ def free_port(host: str = "") -> int:
 
 
 def check_port(port: int) -> int:
-    if not 0 < port < 65536:
-        raise UsageError(f"bad --master-port {port}: expected 1..65535")
-    return port
+    return PORT.check("--master-port", port)
 
 
 Entrypoint = Callable[..., Any] | str
@@ -128,27 +127,29 @@ class WorkerSpec:
     run_id: str | None = None
     name: str | None = None  # shown as the job name; defaults to the entrypoint's name
     pty: bool = False  # give each rank a pseudo-terminal for stdout and stderr (merged) instead of pipes
+    # Every rank sees LOCAL_RANK=0 and only its own GPU (CUDA_VISIBLE_DEVICES narrowed to it).
+    virtual_local_rank: bool = False
     # torch's RendezvousHandler (torch's WorkerSpec has it too): the nodes, ranks and master come
     # from its rounds instead of the static fields above. The agent joins each round.
     rdzv_handler: Any = None
     placement: Placement | None = None  # the current round's, set by the agent via `placed`
 
     def __post_init__(self) -> None:
-        if self.local_world_size < 1:
-            raise UsageError(f"bad number of processes per node {self.local_world_size}: expected 1 or more")
-        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+        # The command line checks its flags first; this keeps the Python API from being given
+        # nan, a negative count or a million ranks either.
+        NPROC.check("local_world_size", self.local_world_size)
+        NNODES.check("nnodes", self.nnodes)
+        COUNT.check("node_rank", self.node_rank)
+        if self.run_id is not None:
+            check_run_id(self.run_id)
+        if self.node_rank >= self.nnodes:
             raise UsageError(f"bad --node-rank {self.node_rank} for --nnodes {self.nnodes}: expected 0..{self.nnodes - 1}")
-        if self.max_restarts < 0:
-            raise UsageError(f"bad --max-restarts {self.max_restarts}: expected 0 or more")
+        COUNT.check("max_restarts", self.max_restarts)
+        MONITOR_SECONDS.check("monitor_interval", self.monitor_interval)
         if self.master_port is not None:
             check_port(self.master_port)
-        if self.local_ranks_filter is not None:
-            bad = sorted(self.local_ranks_filter - set(range(self.local_world_size)))
-            if bad:
-                raise UsageError(
-                    f"bad --local-ranks-filter {','.join(map(str, bad))}: "
-                    f"local ranks are 0..{self.local_world_size - 1}"
-                )
+        if self.virtual_local_rank:
+            visible_device(self.local_world_size - 1)  # every rank must have a device of its own
 
     @property
     def world_size(self) -> int:
@@ -214,18 +215,35 @@ def rank_env(
         "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_ERROR_FILE": error_file,
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         "PYTHONUNBUFFERED": "1",
     }
     if spec.placement is not None:
         env["TORCHELASTIC_RUN_ID"] = spec.placement.run_id
         env["TORCHELASTIC_USE_AGENT_STORE"] = spec.placement.use_agent_store  # "True"/"False", as torch reads it
+    if spec.local_world_size > 1:  # torchrun's rule: one thread each unless the user chose
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+    if spec.virtual_local_rank:
+        env["LOCAL_RANK"] = 0
+        env["CUDA_VISIBLE_DEVICES"] = visible_device(local_rank)
     if color:
         env["FORCE_COLOR"] = "1"
         env.setdefault("COLUMNS", os.environ.get("COLUMNS", "120"))
     out = {k: str(v) for k, v in env.items()}
     out.update(spec.env)
     return out
+
+
+def visible_device(local_rank: int) -> str:
+    """The device a rank gets with a virtual local rank: the LOCAL_RANK-th entry of ranktop's own
+    CUDA_VISIBLE_DEVICES, or the index itself when that is unset."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return str(local_rank)
+    devices = visible.split(",")
+    if local_rank >= len(devices):
+        raise UsageError(f"bad --virtual-local-rank with {local_rank + 1} ranks: CUDA_VISIBLE_DEVICES="
+                         f"{visible!r} lists {len(devices)} device(s), one per rank is needed")
+    return devices[local_rank].strip()
 
 
 def pty_size(env: dict[str, str]) -> tuple[int, int]:

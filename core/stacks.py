@@ -30,6 +30,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psutil
+from ranktop.core.errors import ERROR_FILE_ENV
+from ranktop.core.events import EventLog
+from ranktop.core.layout import EVENTS, STACKS, Dir, RunDir, dump_log_path, run_dir_of_error_file
 
 DUMP_TIMEOUT = 5.0  # seconds one py-spy may take; a process in uninterruptible sleep can hold it
 
@@ -287,11 +290,11 @@ def parse_py_spy_json(text: str, pid: int) -> tuple[ThreadStack, ...]:
 # ----- many ranks at once ---------------------------------------------------------------------
 def dump_pids(pids: Mapping[int, int], *, local_ranks: Mapping[int, int] | None = None,
               native: Iterable[int] = (), extra: Mapping[int, dict] | None = None,
-              run_dir: str | None = None, events: Any = None, source: str = "api") -> StackReport:
+              run_dir: RunDir | None = None, events: EventLog | None = None, source: str = "api") -> StackReport:
     """Dump `pids` ({rank: pid}) concurrently, group them, and save the report under `run_dir`.
 
-    `events` is an object with `.write(event, **fields)` (the agent's EventLog); without one and
-    with a run dir, the event is appended to <run_dir>/events.jsonl directly.
+    `events` is the run's open EventLog; without one and with a run dir, the event is appended
+    to that run's events.jsonl (another process's run, for `ranktop stacks`).
     """
     started, taken_at = time.perf_counter(), time.time()
     native, extra, local_ranks = set(native), extra or {}, local_ranks or {}
@@ -358,22 +361,24 @@ def dump_agent_stacks(agent: Any, local_ranks: Iterable[int] | None = None) -> S
     report = dump_pids(pids, local_ranks=local, native=native, extra=extra)
     stacks = sorted([*report.ranks, *absent], key=lambda s: s.rank)
     report = build_report(stacks, taken_at, time.perf_counter() - started)
-    return save_report(report, agent.run_dir, agent.events, "agent")
+    return save_report(report, agent.layout, agent.events, "agent")
 
 
 # ----- saving ---------------------------------------------------------------------------------
-def save_report(report: StackReport, run_dir: str, events: Any = None, source: str = "api") -> StackReport:
-    """Write <run_dir>/stacks/<timestamp>.{txt,json} and a `stacks_dumped` event; best effort."""
+def save_report(report: StackReport, run_dir: RunDir, events: EventLog | None = None,
+                source: str = "api") -> StackReport:
+    """Write <run dir>/stacks/<timestamp>.{txt,json} and a `stacks_dumped` event; best effort."""
     stamp = datetime.datetime.fromtimestamp(report.taken_at).strftime("%Y%m%d-%H%M%S-%f")[:-3]
-    folder = os.path.join(run_dir, "stacks")
+    folder = os.path.join(run_dir.path, STACKS)
     txt, js = os.path.join(folder, stamp + ".txt"), os.path.join(folder, stamp + ".json")
+    saved = dataclasses.replace(report, saved_txt=txt, saved_json=js)
     try:
-        os.makedirs(folder, exist_ok=True)
-        saved = dataclasses.replace(report, saved_txt=txt, saved_json=js)
-        with open(js, "w") as f:
-            json.dump(report_to_dict(saved), f, indent=1)
-        with open(txt, "w") as f:
-            f.write(format_report(saved, threads=True) + "\n")
+        held = run_dir.stacks()
+        try:
+            _write_new(held, stamp + ".json", json.dumps(report_to_dict(saved), indent=1))
+            _write_new(held, stamp + ".txt", format_report(saved, threads=True) + "\n")
+        finally:
+            held.close()
     except OSError:
         return report  # a read-only log dir must not cost the user the view itself
     fields = {"file": txt, "ranks": [s.rank for s in report.ranks], "groups": len(report.groups),
@@ -381,22 +386,18 @@ def save_report(report: StackReport, run_dir: str, events: Any = None, source: s
               "elapsed_s": round(report.elapsed_s, 4), "source": source}
     if events is not None:
         events.write("stacks_dumped", **fields)
-    else:
-        append_event(os.path.join(run_dir, "events.jsonl"), "stacks_dumped", **fields)
+    elif (fd := run_dir.open_events(create=False)) is not None:
+        theirs = EventLog(fd)
+        try:
+            theirs.write("stacks_dumped", **fields)
+        finally:
+            theirs.close()
     return saved
 
 
-def append_event(path: str, event: str, **fields: Any) -> None:
-    """Append one line to another process's events.jsonl: one O_APPEND write, so lines never mix."""
-    line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str) + "\n"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-    except OSError:
-        return
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+def _write_new(folder: Dir, name: str, text: str) -> None:
+    with os.fdopen(folder.open_new(name), "w") as f:
+        f.write(text)
 
 
 def report_to_dict(report: StackReport) -> dict:
@@ -549,7 +550,7 @@ def _read_events(path: str) -> list[dict]:
 
 def live_ranks_in_run_dir(run_dir: str) -> tuple[dict[int, int], dict[int, int]]:
     """({rank: pid}, {rank: local_rank}) of the latest attempt's ranks that still run."""
-    events = _read_events(os.path.join(run_dir, "events.jsonl"))
+    events = _read_events(os.path.join(run_dir, EVENTS))
     run_id = next((e.get("run_id") for e in events if e.get("event") == "run_started"), None)
     latest = max((e.get("attempt", 0) for e in events if e.get("event") == "started"), default=None)
     pids, local, exited = {}, {}, set()
@@ -577,14 +578,14 @@ def _is_our_rank(pid: int, run_id: str | None) -> bool:
 
 def find_run_dir(path: str) -> str | None:
     """`path` if it is a run directory, else its newest run directory with live ranks (a log root)."""
-    if os.path.isfile(os.path.join(path, "events.jsonl")):
+    if os.path.isfile(os.path.join(path, EVENTS)):
         return path
     try:
         runs = [os.path.join(path, d) for d in os.listdir(path)]
     except OSError:
         return None
-    runs = [d for d in runs if os.path.isfile(os.path.join(d, "events.jsonl"))]
-    runs.sort(key=lambda d: os.path.getmtime(os.path.join(d, "events.jsonl")), reverse=True)
+    runs = [d for d in runs if os.path.isfile(os.path.join(d, EVENTS))]
+    runs.sort(key=lambda d: os.path.getmtime(os.path.join(d, EVENTS)), reverse=True)
     return next((d for d in runs if live_ranks_in_run_dir(d)[0]), runs[0] if runs else None)
 
 
@@ -616,12 +617,11 @@ def _environ(proc: psutil.Process) -> dict[str, str]:
 
 
 def _run_dir_from_env(env: Mapping[str, str]) -> str | None:
-    """TORCHELASTIC_ERROR_FILE is <run_dir>/attempt_<k>/<local_rank>/error.json."""
-    path = env.get("TORCHELASTIC_ERROR_FILE")
+    path = env.get(ERROR_FILE_ENV)
     if not path:
         return None
-    run_dir = os.path.dirname(os.path.dirname(os.path.dirname(path)))
-    return run_dir if os.path.isfile(os.path.join(run_dir, "events.jsonl")) else None
+    run_dir = run_dir_of_error_file(path)
+    return run_dir if os.path.isfile(os.path.join(run_dir, EVENTS)) else None
 
 
 # ----- the SIGUSR1 fallback as a grouped view -------------------------------------------------
@@ -671,15 +671,17 @@ def _size(path: str) -> int:
         return 0
 
 
-def signal_report(pids: Mapping[int, int], stderr_logs: Mapping[int, str], *,
+def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
                   local_ranks: Mapping[int, int] | None = None, timeout: float = 3.0,
-                  run_dir: str | None = None, events: Any = None, source: str = "signal") -> StackReport:
-    """The grouped view without ptrace: SIGUSR1 to each rank, then read its dump from its stderr log.
+                  run_dir: RunDir | None = None, events: EventLog | None = None,
+                  source: str = "signal") -> StackReport:
+    """The grouped view without ptrace: SIGUSR1 to each rank, then read its dump from the log its
+    stderr goes to (`layout.dump_log_path`).
 
-    A rank's dump is taken as complete once its new stderr holds a stack and stops growing.
+    A rank's dump is taken as complete once the new part of that log holds a stack and stops growing.
     """
     started, taken_at = time.perf_counter(), time.time()
-    offsets = {r: _size(stderr_logs.get(r, "")) for r in pids}
+    offsets = {r: _size(dump_logs.get(r, "")) for r in pids}
     outcome = signal_pids(pids)
     pending = {r for r, what in outcome.items() if what == "sent"}
     texts: dict[int, str] = {}
@@ -687,7 +689,7 @@ def signal_report(pids: Mapping[int, int], stderr_logs: Mapping[int, str], *,
     while pending and time.monotonic() < deadline:
         time.sleep(0.03)
         for r in list(pending):
-            text = _read_from(stderr_logs.get(r, ""), offsets[r])
+            text = _read_from(dump_logs.get(r, ""), offsets[r])
             if "(most recent call first):" in text and texts.get(r) == text:
                 pending.discard(r)  # unchanged since the last look: the handler is done
             texts[r] = text
@@ -701,7 +703,7 @@ def signal_report(pids: Mapping[int, int], stderr_logs: Mapping[int, str], *,
             found.append(RankStack(**base, status=StackStatus.GONE, reason="process gone"))
         elif outcome[r] == "sent":
             found.append(RankStack(**base, status=StackStatus.FAILED,
-                                   reason=f"no stack in its stderr log within {timeout:g}s",
+                                   reason=f"no stack in its log within {timeout:g}s",
                                    hint="a Python handler for SIGUSR1 in the program replaces faulthandler's"))
         else:
             found.append(RankStack(**base, status=StackStatus.NOT_PYTHON, reason=outcome[r],
@@ -710,16 +712,11 @@ def signal_report(pids: Mapping[int, int], stderr_logs: Mapping[int, str], *,
     return save_report(report, run_dir, events, source) if run_dir else report
 
 
-def latest_attempt_dir(run_dir: str) -> str | None:
-    attempts = [d for d in os.listdir(run_dir) if re.fullmatch(r"attempt_\d+", d)]
-    return os.path.join(run_dir, max(attempts, key=lambda d: int(d.split("_")[1]))) if attempts else None
-
-
 def signal_agent_report(agent: Any, local_ranks: Iterable[int] | None = None, timeout: float = 3.0) -> StackReport:
     """`signal_report` for the agent's live ranks (the TUI's fallback when py-spy cannot attach)."""
     snap = agent.snapshot()
     wanted = set(local_ranks) if local_ranks is not None else None
     live = [r for r in snap.ranks if r.pid and r.state.alive and (wanted is None or r.local_rank in wanted)]
-    logs = {r.rank: os.path.join(agent.attempt_dir(), str(r.local_rank), "stderr.log") for r in live}
+    logs = {r.rank: dump_log_path(os.path.join(agent.attempt_dir(), str(r.local_rank))) for r in live}
     return signal_report({r.rank: r.pid for r in live}, logs, local_ranks={r.rank: r.local_rank for r in live},
-                         timeout=timeout, run_dir=agent.run_dir, events=agent.events, source="signal")
+                         timeout=timeout, run_dir=agent.layout, events=agent.events, source="signal")

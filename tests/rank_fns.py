@@ -43,3 +43,21 @@ def fail_rank(rank_to_fail, text):
     if int(os.environ["LOCAL_RANK"]) == rank_to_fail:
         raise RuntimeError(text)
     time.sleep(60)
+
+
+def checkpoint_on_signal(path, delay=60.0):
+    """Trap SIGHUP/SIGTERM/SIGINT like a trainer that checkpoints on the way out: say which signal
+    came, spend `delay` seconds "saving", write `path`, and exit 128+N."""
+    import signal
+
+    got = []
+    for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: got.append(signum))
+    print(f"READY {os.getpid()}", flush=True)
+    while not got:
+        time.sleep(0.02)
+    print(f"GOT {got[0]}", flush=True)
+    time.sleep(delay)  # a repeat of the signal runs the handler again; the sleep goes on
+    with open(path, "w") as f:
+        f.write(f"checkpoint after signal {got[0]}\n")
+    sys.exit(128 + got[0])

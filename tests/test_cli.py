@@ -267,19 +267,54 @@ BAD_INPUT = [
     (["-j", "x4", "{script}"], "bad -j 'x4'"),
     (["-j", "1:2:3x4", "{script}"], "bad -j '1:2:3x4': expected N, NxM or MIN:MAXxM"),
     (["--redirects", "0:5", "{script}"], "bad -r/-t: bad stream spec '0:5'"),
-    (["--nproc-per-node", "2", "--tee", "3:1", "{script}"], "bad --tee: names local rank(s) [3]"),
-    (["--nproc-per-node", "2", "--local-ranks-filter", "7", "{script}"], "bad --local-ranks-filter 7"),
     (["--local-ranks-filter", "a", "{script}"], "bad --local-ranks-filter 'a'"),
     (["--log-dir", "{file}", "{script}"], "it is a file"),
     (["--log-dir", "/proc/ranktop-test", "{script}"], "cannot write there"),
-    (["--master-port", "70000", "{script}"], "bad --master-port 70000: expected 1..65535"),
+    (["--master-port", "70000", "{script}"], "bad --master-port 70000: expected a whole number from 1 to 65535"),
     (["--env", "NOEQUALS", "{script}"], "bad --env 'NOEQUALS'"),
     (["--nnodes", "2", "--node-rank", "2", "{script}"], "bad --node-rank 2"),
-    (["--max-restarts", "x", "{script}"], "argument --max-restarts/--max_restarts: invalid int value: 'x'"),
+    (["--max-restarts", "x", "{script}"], "bad --max-restarts x: expected a whole number, 0 or more"),
+]
+
+# Every number flag: finite and in range, else one line naming the flag, the value as typed and
+# what is accepted (nan seconds used to busy-loop forever; 1e8 ranks ate memory).
+SECONDS = "expected a number of seconds from 0 to 604800"
+NUMBER_INPUT = [
+    (["--shutdown-timeout", "nan", "{script}"], f"bad --shutdown-timeout nan: {SECONDS}"),
+    (["--shutdown-timeout", "-1", "{script}"], f"bad --shutdown-timeout -1: {SECONDS}"),
+    (["--shutdown-timeout=inf", "{script}"], f"bad --shutdown-timeout inf: {SECONDS}"),
+    (["--shutdown_timeout", "1e400", "{script}"], f"bad --shutdown-timeout 1e400: {SECONDS}"),
+    (["--shutdown-timeout", "soon", "{script}"], f"bad --shutdown-timeout soon: {SECONDS}"),
+    (["--shutdown-timeout", "604801", "{script}"], f"bad --shutdown-timeout 604801: {SECONDS}"),
+    (["--monitor-interval", "0", "{script}"],
+     "bad --monitor-interval 0: expected a number of seconds from 0.001 to 604800"),
+    (["--monitor-interval", "nan", "{script}"], "bad --monitor-interval nan: expected a number of seconds"),
+    (["--monitor_interval", "-0.5", "{script}"], "bad --monitor-interval -0.5: expected a number of seconds"),
+    (["--stall-timeout", "0", "{script}"],
+     "bad --stall-timeout 0: expected a number of seconds above 0, at most 604800"),
+    (["--stall-timeout", "nan", "{script}"], "bad --stall-timeout nan: expected a number of seconds above 0"),
+    (["--stall-timeout=-inf", "{script}"], "bad --stall-timeout -inf: expected a number of seconds above 0"),
+    (["--max-restarts", "-1", "{script}"], "bad --max-restarts -1: expected a whole number, 0 or more"),
+    (["--max-restarts", "1.5", "{script}"], "bad --max-restarts 1.5: expected a whole number, 0 or more"),
+    (["--nproc-per-node", "100000000", "{script}"],
+     "bad --nproc-per-node '100000000': expected a positive whole number (at most 4096), auto, cpu, gpu or xpu"),
+    (["--nproc-per-node", "1e8", "{script}"], "bad --nproc-per-node '1e8': expected a positive whole number"),
+    (["--nproc-per-node", "4097", "{script}"], "bad --nproc-per-node '4097': expected a positive whole number"),
+    (["-j", "1x100000000", "{script}"], "bad -j '1x100000000': expected 1 <= MIN <= MAX <= 524287 nodes and 1 to 4096"),
+    (["-j", "0x2", "{script}"], "bad -j '0x2': expected 1 <= MIN <= MAX"),
+    (["-j", "3:2x2", "{script}"], "bad -j '3:2x2': expected 1 <= MIN <= MAX"),
+    (["-j", "0", "{script}"], "bad -j '0': expected 1 <= MIN <= MAX"),
+    (["--nnodes", "0", "{script}"], "bad --nnodes '0': expected N or MIN:MAX with 1 <= MIN <= MAX <= 524287"),
+    (["--nnodes", "4:2", "{script}"], "bad --nnodes '4:2': expected N or MIN:MAX"),
+    (["--nnodes", "99999999999", "{script}"], "bad --nnodes '99999999999': expected N or MIN:MAX"),
+    (["--node-rank", "-1", "{script}"], "bad --node-rank -1: expected a whole number, 0 or more"),
+    (["--node_rank", "first", "{script}"], "bad --node-rank first: expected a whole number, 0 or more"),
+    (["--master-port", "0", "{script}"], "bad --master-port 0: expected a whole number from 1 to 65535"),
+    (["--master-port", "nan", "{script}"], "bad --master-port nan: expected a whole number from 1 to 65535"),
 ]
 
 
-@pytest.mark.parametrize("argv, message", BAD_INPUT)
+@pytest.mark.parametrize("argv, message", BAD_INPUT + NUMBER_INPUT)
 def test_bad_input_gives_one_line_and_starts_nothing(tmp_path, argv, message):
     script = tmp_path / "never.py"
     script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('x')\n")

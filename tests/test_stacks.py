@@ -65,9 +65,10 @@ class Running:
     """An agent's monitor loop in a thread (as the TUI runs it), stopped on exit."""
 
     def __init__(self, tmp_path, code: str | None = None, n: int = 3, entrypoint: str = PY, args=None, env=None,
-                 sampler=None):
+                 sampler=None, pty=False):
         spec = WorkerSpec(role="default", local_world_size=n, entrypoint=entrypoint,
-                          args=args if args is not None else ("-u", "-c", textwrap.dedent(code)), env=env or {})
+                          args=args if args is not None else ("-u", "-c", textwrap.dedent(code)), env=env or {},
+                          pty=pty)
         self.agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2, sampler=sampler)
         self.sampler = sampler.attach(self.agent) if sampler is not None else None
         self.thread = threading.Thread(target=self.agent.run)
@@ -247,6 +248,17 @@ def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
     finally:
         plain.kill()
         plain.wait()
+
+
+def test_sigusr1_fallback_with_pty_reads_the_dump_from_stdout_log(tmp_path):
+    # With a pseudo-terminal, stderr shares the terminal with stdout: there is no stderr.log.
+    env = spec.faulthandler_env(True, os.environ)
+    with Running(tmp_path, WAIT_HERE, n=2, env=env, pty=True) as agent:
+        wait_ready(agent, 2)
+        report = stacks.signal_agent_report(agent)
+        assert [s.status for s in report.ranks] == [StackStatus.OK] * 2, stacks.format_report(report)
+        assert report.groups[0].frames[-1].name == "wait_here"
+        assert not os.path.exists(os.path.join(agent.attempt_dir(), "0", "stderr.log"))
 
 
 def test_faulthandler_env_chains_to_the_shadowed_sitecustomize(tmp_path):

@@ -12,14 +12,13 @@ from conftest import wait_for
 from ranktop.core.agent import LocalAgent
 from ranktop.core.gpu import (
     FAKE_ENV,
-    FakeNvml,
-    FakeNvmlError,
     GiB,
     GpuMonitor,
     MiB,
     device_count,
     device_for_local_rank,
 )
+from ranktop.core.gpu_fake import FakeNvml, FakeNvmlError
 from ranktop.core.spec import WorkerSpec
 from ranktop.core.stats import StatsSampler
 

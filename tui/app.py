@@ -82,8 +82,9 @@ class RanktopApp(App):
 
     # ----- stopping ---------------------------------------------------------------------------
     def stop_on_signal(self, signum: int) -> None:
-        """SIGTERM/SIGHUP/SIGINT to ranktop: forward it like headless (grace, then SIGKILL; a
-        second one kills at once) and leave as soon as the ranks are gone."""
+        """SIGTERM/SIGHUP/SIGINT to ranktop: the agent's rule, as headless (forwarded with the
+        grace, then SIGKILL; a repeated SIGHUP/SIGTERM within a second is the same event, only a
+        second SIGINT kills at once), and leave as soon as the ranks are gone."""
         self._exit_when_ended = True
         if signum == signal.SIGHUP:
             _detach_terminal()

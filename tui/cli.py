@@ -10,9 +10,10 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
+from ranktop.core import limits
 from ranktop.core.errors import UsageError
 
 from ranktop import __version__ as VERSION
@@ -20,10 +21,34 @@ from ranktop import __version__ as VERSION
 USAGE_EXIT = 2
 
 
+class _BadNumber(Exception):
+    """A number flag's value out of bounds. Not a ValueError: argparse lets it through (it only
+    rewords ValueError, TypeError and ArgumentTypeError), so the line printed is our own, naming
+    the flag, the value as typed and what is accepted."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, no usage dump: the message already names the bad value.
         self.exit(USAGE_EXIT, f"ranktop: error: {message}\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001 (argparse's signature)
+        try:
+            return super().parse_known_args(args, namespace)
+        except _BadNumber as exc:
+            self.error(str(exc))
+
+
+def _number(flag: str, bounds: limits.Bounds):
+    """An argparse type: the number in the text, within `bounds`, else one line naming `flag`."""
+
+    def parse(text: str) -> int | float:
+        try:
+            return bounds.parse(flag, text)
+        except UsageError as exc:
+            raise _BadNumber(str(exc)) from None
+
+    return parse
 
 
 def _both(name: str) -> list[str]:
@@ -33,19 +58,51 @@ def _both(name: str) -> list[str]:
     return [dashed] if dashed == underscored else [dashed, underscored]
 
 
-def build_parser() -> argparse.ArgumentParser:
+# torchrun reads a default for these flags from PET_<DEST> (Kubeflow's PyTorchJob sets them):
+# without that, every pod would run its own one-rank world and exit 0.
+PET_FLAGS = frozenset({
+    "nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "standalone",
+    "max_restarts", "monitor_interval", "start_method", "event_log_handler", "role", "module", "no_python",
+    "run_path", "log_dir", "redirects", "tee", "local_ranks_filter", "duplicate_stdout_filters",
+    "duplicate_stderr_filters", "node_rank", "master_addr", "master_port", "local_addr",
+    "signals_to_handle", "shutdown_timeout", "virtual_local_rank",
+})
+NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
+
+
+def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """Take each torchrun flag's default from PET_<DEST> when set; a bad value is one line naming
+    the variable. A flag given on the command line still wins."""
+    for action in parser._actions:
+        name = f"PET_{action.dest.upper()}"
+        if action.dest not in PET_FLAGS or name not in environ:
+            continue
+        text = environ[name]
+        if action.nargs == 0:  # a switch: torchrun reads it as an integer, non-zero means on
+            if not text.strip().lstrip("-").isdigit():
+                parser.error(f"bad {name}={text!r}: expected 0 or 1")
+            action.default = int(text) != 0
+            continue
+        try:
+            action.default = action.type(text) if action.type else text
+        except (_BadNumber, ValueError, TypeError) as exc:
+            parser.error(f"bad {name}={text!r}: {exc}")
+        if action.choices and action.default not in action.choices:
+            parser.error(f"bad {name}={text!r}: expected one of {', '.join(action.choices)}")
+
+
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     p = _Parser(
         prog="ranktop",
         description="Launch and watch one process per rank (torchrun-compatible), in a TUI or headless.",
-        allow_abbrev=False,
     )
     add = p.add_argument
     add(*_both("nproc-per-node"), default="1", metavar="N|auto|cpu|gpu", help="ranks on this node (default 1)")
     add("-j", dest="jobs", metavar="[MIN:]NxM", help="TorchX style: N nodes x M ranks per node")
     add("--nnodes", default="1", help="number of nodes, N or MIN:MAX (elastic with --rdzv-backend; static: MAX)")
-    add(*_both("node-rank"), type=int, default=0, help="this node's rank (default 0)")
+    add(*_both("node-rank"), type=_number("--node-rank", limits.COUNT), default=0, help="this node's rank (default 0)")
     add(*_both("master-addr"), default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
-    add(*_both("master-port"), type=int, default=None,
+    add(*_both("master-port"), type=_number("--master-port", limits.PORT), default=None,
         help="port on node 0 (default: a free port on one node, 29500 with several)")
     add("--standalone", action="store_true", help="single node, pick a free port")
     add(*_both("rdzv-backend"), default=None, metavar="NAME",
@@ -60,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="this node's address in the rendezvous (default: its fully qualified host name)")
     add("-m", "--module", action="store_true", help="run the script as a module (python -m)")
     add(*_both("no-python"), action="store_true", help="run the script as a binary, not with python")
-    add(*_both("max-restarts"), type=int, default=0, help="group restarts on failure (default 0)")
-    add(*_both("monitor-interval"), type=float, default=0.1, help="seconds between monitor passes")
+    add(*_both("max-restarts"), type=_number("--max-restarts", limits.COUNT), default=0, help="group restarts on failure (default 0)")
+    add(*_both("monitor-interval"), type=_number("--monitor-interval", limits.MONITOR_SECONDS), default=0.1, help="seconds between monitor passes")
     add(*_both("log-dir"), default=None, help="where run directories go (default $TMPDIR/ranktop-UID)")
     add("--run-id", default=None, help="name of the run directory and TORCHELASTIC_RUN_ID")
     add("-r", "--redirects", default="0", help="streams to files only: 0-3 or a map like 0:3,1:1")
@@ -70,10 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--role", default="default", help="role name (ROLE_NAME, default 'default')")
     add(*_both("log-line-prefix-template"), default=None,
         help="console prefix, e.g. '[${role_name}${rank}]:' (also $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)")
-    add(*_both("shutdown-timeout"), type=float, default=10.0, help="grace before SIGKILL (default 10 s)")
+    add(*_both("shutdown-timeout"), type=_number("--shutdown-timeout", limits.SECONDS), default=10.0, help="grace before SIGKILL (default 10 s)")
     add("--env", action="append", default=[], metavar="K=V", help="extra variable for every rank (repeatable)")
     add("--debug", action="store_true", help="set CUDA/NCCL/torch.distributed debug variables")
-    add(*_both("stall-timeout"), type=float, default=None,
+    add(*_both("stall-timeout"), type=_number("--stall-timeout", limits.POSITIVE_SECONDS), default=None,
         help="seconds without output before a rank is shown stalled (headless: off)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--headless", action="store_true", help="no TUI: prefixed output, like torchrun")
@@ -83,40 +140,87 @@ def build_parser() -> argparse.ArgumentParser:
         help="give each rank a pseudo-terminal (isatty() true; stderr merged into stdout.log)")
     add(*_both("no-faulthandler"), action="store_true",
         help="do not make SIGUSR1 dump a Python rank's stacks (faulthandler)")
+    add(*_both("start-method"), default="spawn", choices=("spawn", "fork", "forkserver"),
+        help="accepted for torchrun: every rank is a fresh process either way")
+    add(*_both("run-path"), action="store_true",
+        help="run the script with runpy.run_path inside each rank's interpreter (torchrun --run-path)")
+    add(*_both("virtual-local-rank"), action="store_true",
+        help="LOCAL_RANK=0 in every rank, CUDA_VISIBLE_DEVICES narrowed to the rank's own GPU")
+    add(*_both("numa-binding"), default=None, choices=NUMA_MODES,
+        help="bind each rank to the CPUs of its GPU's NUMA node (needs NVIDIA GPUs)")
     add("--version", action="version", version=f"ranktop {VERSION}")
     add("training_script", help="the script (or binary with --no-python, module with -m)")
     add("training_script_args", nargs=argparse.REMAINDER)
+    apply_pet_defaults(p, os.environ if environ is None else environ)
     return p
 
 
 def parse_nproc(value: str) -> int:
     text = value.strip().lower()
     if text == "cpu":
-        return os.cpu_count() or 1
+        return _within_nproc(value, os.cpu_count() or 1)
     if text in ("gpu", "auto"):
         from ranktop.core.gpu import device_count
 
-        n = device_count()
+        n = device_count(visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
         if n:
-            return n
+            return _within_nproc(value, n)
         if text == "gpu":
-            raise UsageError("bad --nproc-per-node gpu: no GPU found (NVML sees none)")
-        return os.cpu_count() or 1
-    if not text.lstrip("-").isdigit() or int(text) < 1:
-        raise UsageError(f"bad --nproc-per-node {value!r}: expected a positive whole number, auto, cpu or gpu")
+            raise UsageError("bad --nproc-per-node gpu: no GPU found (NVML sees none that "
+                             "CUDA_VISIBLE_DEVICES allows)")
+        return _within_nproc(value, os.cpu_count() or 1)
+    if text == "xpu":
+        return _within_nproc(value, xpu_count())
+    if not text.lstrip("-").isdigit() or not limits.NPROC.accepts(int(text)):
+        raise UsageError(f"bad --nproc-per-node {value!r}: expected a positive whole number "
+                         f"(at most {limits.MAX_NPROC_PER_NODE}), auto, cpu, gpu or xpu")
     return int(text)
 
 
-def parse_nnodes_flag(value: str) -> int:
-    return parse_nnodes_range(value)[1]
+def xpu_count() -> int:
+    """Intel GPUs, as torchrun counts them: through torch's XPU backend."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # torch warns at import time (e.g. no numpy): not ours to print
+            warnings.simplefilter("ignore")
+            import torch
+    except ImportError:
+        raise UsageError("bad --nproc-per-node xpu: counting XPUs needs torch (pip install torch)") from None
+    if not torch.xpu.is_available():
+        raise UsageError("bad --nproc-per-node xpu: no XPU found (torch.xpu sees none)")
+    return torch.xpu.device_count()
+
+
+def _within_nproc(value: str, n: int) -> int:
+    if n > limits.MAX_NPROC_PER_NODE:
+        raise UsageError(f"bad --nproc-per-node {value}: it means {n} ranks, more than the "
+                         f"{limits.MAX_NPROC_PER_NODE} ranktop runs on one node; give a number")
+    return n
 
 
 def parse_nnodes_range(value: str) -> tuple[int, int]:
     """--nnodes N or MIN:MAX -> (MIN, MAX); elastic between them with a rendezvous backend."""
     lo, sep, hi = value.partition(":")
-    if not (lo.isdigit() and (not sep or hi.isdigit())) or not 1 <= int(lo) <= int(hi or lo):
-        raise UsageError(f"bad --nnodes {value!r}: expected N or MIN:MAX with 1 <= MIN <= MAX")
+    ok = lo.isdigit() and (not sep or hi.isdigit())
+    if not ok or not limits.NNODES.accepts(int(hi or lo)) or not 1 <= int(lo) <= int(hi or lo):
+        raise UsageError(f"bad --nnodes {value!r}: expected N or MIN:MAX with 1 <= MIN <= MAX <= "
+                         f"{limits.MAX_NNODES} (elastic with --rdzv-backend; static: MAX nodes)")
     return int(lo), int(hi or lo)
+
+
+def parse_jobs(value: str) -> tuple[int, int, int]:
+    """-j [[MIN:]MAX x]NPROC -> (min nodes, nodes, ranks per node), all within their bounds."""
+    from ranktop.core.spec import parse_nnodes
+
+    try:
+        lo, nnodes, nproc, _ = parse_nnodes(value)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not (limits.NPROC.accepts(nproc) and limits.NNODES.accepts(nnodes) and 1 <= lo <= nnodes):
+        raise UsageError(f"bad -j {value!r}: expected 1 <= MIN <= MAX <= {limits.MAX_NNODES} nodes "
+                         f"and 1 to {limits.MAX_NPROC_PER_NODE} ranks per node")
+    return lo, nnodes, nproc
 
 
 def parse_env(pairs: Sequence[str]) -> dict[str, str]:
@@ -138,44 +242,79 @@ def parse_ranks(value: str | None) -> set[int] | None:
         raise UsageError(f"bad --local-ranks-filter {value!r}: expected local ranks like 0 or 0,2") from None
 
 
+# --run-path: the script runs inside the rank's interpreter through runpy, as torchrun's
+# run_script_path does, instead of as `python script`.
+RUN_PATH_CODE = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+def python_for_ranks(environ: Mapping[str, str] | None = None) -> str:
+    """The interpreter Python ranks run: $PYTHON_EXEC (torchrun's override), else the active
+    virtualenv's or conda env's python when ranktop itself runs from another install (pipx),
+    else ranktop's own."""
+    environ = os.environ if environ is None else environ
+    chosen = environ.get("PYTHON_EXEC")
+    if chosen:
+        path = shutil.which(chosen)
+        if path is None:
+            raise UsageError(f"bad PYTHON_EXEC={chosen!r}: no such executable")
+        return path
+    for var in ("VIRTUAL_ENV", "CONDA_PREFIX"):
+        prefix = environ.get(var)
+        if prefix and os.path.realpath(prefix) != os.path.realpath(sys.prefix):
+            python = os.path.join(prefix, "bin", "python")
+            if os.access(python, os.X_OK):
+                return python
+    return sys.executable
+
+
 def entrypoint_and_args(ns: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
     script, rest = ns.training_script, tuple(ns.training_script_args)
     if ns.no_python:
-        if ns.module:
-            raise UsageError("--no-python and --module exclude each other")
+        if ns.module or ns.run_path:
+            raise UsageError(f"--no-python and {'--module' if ns.module else '--run-path'} exclude each other")
         path = shutil.which(script) if os.sep not in script else script
         if path is None or not os.path.exists(path):
             raise UsageError(f"bad binary {script!r}: not found")
         if os.path.isdir(path) or not os.access(path, os.X_OK):
             raise UsageError(f"bad binary {script!r}: not executable (chmod +x it, or drop --no-python)")
         return path, rest
+    python = python_for_ranks()
     if ns.module:
-        return sys.executable, ("-u", "-m", script, *rest)
+        if ns.run_path:
+            raise UsageError("--module and --run-path exclude each other")
+        return python, ("-u", "-m", script, *rest)
     if not os.path.isfile(script):
         raise UsageError(f"bad script {script!r}: no such file")
-    return sys.executable, ("-u", script, *rest)
+    if ns.run_path:
+        return python, ("-u", "-c", RUN_PATH_CODE, script, *rest)
+    return python, ("-u", script, *rest)
+
+
+def check_numa_binding(mode: str) -> None:
+    """Binding follows each rank's GPU to its NUMA node: without NVIDIA GPUs there is nothing to
+    follow. With them, ranktop does not bind yet (see README): refuse rather than run unbound."""
+    from ranktop.core.gpu import device_count
+
+    if not device_count(visible=os.environ.get("CUDA_VISIBLE_DEVICES")):
+        raise UsageError(f"bad --numa-binding {mode}: it binds each rank to its GPU's NUMA node, "
+                         "and NVML sees no GPU here; drop the flag")
+    raise UsageError(f"--numa-binding {mode}: not supported by ranktop yet; drop the flag, or bind with "
+                     "numactl inside the rank's command")
 
 
 def build_spec(ns: argparse.Namespace):
-    from ranktop.core.spec import DEBUG_ENV, Std, WorkerSpec, check_port, parse_nnodes
+    from ranktop.core.spec import DEBUG_ENV, Std, WorkerSpec
 
     if ns.jobs:
-        try:
-            min_nodes, nnodes, nproc, _ = parse_nnodes(ns.jobs)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        min_nodes, nnodes, nproc = parse_jobs(ns.jobs)
     else:
         (min_nodes, nnodes), nproc = parse_nnodes_range(ns.nnodes), parse_nproc(ns.nproc_per_node)
-    if ns.master_port is not None:
-        check_port(ns.master_port)
     try:
         redirects, tee = Std.from_str(ns.redirects), Std.from_str(ns.tee)
     except ValueError as exc:
         raise UsageError(f"bad -r/-t: {exc}") from None
-    for flag, value in (("--redirects", redirects), ("--tee", tee)):
-        if isinstance(value, dict) and not set(value) <= set(range(nproc)):
-            raise UsageError(f"bad {flag}: names local rank(s) {sorted(set(value) - set(range(nproc)))}, "
-                             f"local ranks are 0..{nproc - 1}")
+    if ns.numa_binding:
+        check_numa_binding(ns.numa_binding)
     entrypoint, args = entrypoint_and_args(ns)
     env = {**(DEBUG_ENV if ns.debug else {}), **parse_env(ns.env)}
     port = ns.master_port
@@ -191,6 +330,7 @@ def build_spec(ns: argparse.Namespace):
         redirects=redirects, tee=tee, local_ranks_filter=parse_ranks(ns.local_ranks_filter),
         run_id=ns.run_id or (ns.rdzv_id if elastic and ns.rdzv_id != "none" else None),
         name=os.path.basename(ns.training_script), pty=ns.pty,
+        virtual_local_rank=ns.virtual_local_rank,
     )
     if elastic:  # last: the c10d host starts its store here, once every other value is known good
         spec.rdzv_handler = rendezvous_handler(ns, min_nodes, nnodes, port)
@@ -242,6 +382,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         spec = build_spec(ns)
+        # ranktop owns this process: helpers that leave their rank are re-parented to us, not
+        # to init, so they can be reaped, told to the guard and swept.
+        from ranktop.core.strays import adopt_orphans
+
+        adopt_orphans()
         if want_tui(ns):
             from ranktop.tui.app import run_tui
 
@@ -270,6 +415,8 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         from ranktop.core.stats import StatsSampler
 
         sampler = StatsSampler()
+    if spec.entrypoint != sys.executable and not ns.no_python:
+        print(f"ranktop: ranks run {spec.entrypoint}", file=sys.stderr)
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout,
                        sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,

@@ -16,6 +16,7 @@ from typing import NoReturn
 
 import psutil
 from ranktop.core import stacks
+from ranktop.core.layout import RunDir, dump_log_path, latest_attempt_path
 
 USAGE_EXIT = 2
 
@@ -73,9 +74,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not pids:
         print(f"ranktop stacks: no live ranks in {run_dir} (the run has ended)", file=sys.stderr)
         return 1
-    if ns.signal:
-        return _signal(pids, local, run_dir, ns)
-    report = stacks.dump_pids(pids, local_ranks=local, run_dir=None if ns.no_save else run_dir, source="cli")
+    save_to = None if ns.no_save or not run_dir else RunDir.open_existing(run_dir)
+    try:
+        if ns.signal:
+            return _signal(pids, local, run_dir, save_to, ns)
+        report = stacks.dump_pids(pids, local_ranks=local, run_dir=save_to, source="cli")
+    finally:
+        if save_to is not None:
+            save_to.close()
     if ns.json:
         print(json.dumps(stacks.report_to_dict(report), indent=1, default=str))
     else:
@@ -83,17 +89,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _signal(pids: dict[int, int], local: dict[int, int], run_dir: str | None, ns: argparse.Namespace) -> int:
-    """SIGUSR1 to every rank; with the run dir known, read the dumps back from the stderr logs."""
-    attempt = stacks.latest_attempt_dir(run_dir) if run_dir else None
+def _signal(pids: dict[int, int], local: dict[int, int], run_dir: str | None, save_to: RunDir | None,
+            ns: argparse.Namespace) -> int:
+    """SIGUSR1 to every rank; with the run dir known, read the dumps back from the logs."""
+    attempt = latest_attempt_path(run_dir) if run_dir else None
     if attempt is None or set(local) != set(pids):
         for rank, what in stacks.signal_pids(pids).items():
             print(f"rank {rank} (pid {pids[rank]}): {what}")
         print("the stacks go to each rank's stderr")
         return 0
-    logs = {r: os.path.join(attempt, str(local[r]), "stderr.log") for r in pids}
-    report = stacks.signal_report(pids, logs, local_ranks=local, run_dir=None if ns.no_save else run_dir,
-                                  source="cli-signal")
+    logs = {r: dump_log_path(os.path.join(attempt, str(local[r]))) for r in pids}
+    report = stacks.signal_report(pids, logs, local_ranks=local, run_dir=save_to, source="cli-signal")
     print(stacks.format_report(report, threads=ns.threads))
     return 0
 

@@ -1,0 +1,302 @@
+"""The run directory: the one place that knows its layout, and the only way ranktop writes there.
+
+    <log root>/<run id>/events.jsonl
+                       /attempt_<k>/<local rank>/stdout.log, stderr.log, error.json
+                       /stacks/<timestamp>.txt, .json
+
+ranktop often runs as root under a shared /tmp. A path can be swapped between two uses of it (a
+directory renamed, a symlink planted), so every directory here is opened once, with
+O_NOFOLLOW, and held; what lies beneath is made and opened relative to a held descriptor, never
+by path, and never through a symlink. Directories are 0700, files 0600, like mkdtemp's. Paths
+are still kept, but only to tell people where things are.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import secrets
+import stat
+import tempfile
+
+from ranktop.core.errors import UsageError
+
+EVENTS = "events.jsonl"
+STACKS = "stacks"
+STDOUT_LOG = "stdout.log"
+STDERR_LOG = "stderr.log"
+ERROR_FILE = "error.json"
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO planted in a log file's place must not wait for a reader.
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# What opening a non-directory (or a symlink) as a directory, or a non-file as a file, fails with.
+_NOT_OURS = (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EISDIR, errno.EEXIST)
+
+
+def attempt_name(attempt: int, start: int = 0) -> str:
+    """attempt_<k>; a later start of the same attempt (nodes joined a rendezvous run, no restart
+    spent) is attempt_<k>.<start>."""
+    return f"attempt_{attempt}" + (f".{start}" if start else "")
+
+
+def log_name(stream: int) -> str:
+    """The log file of stream 1 (stdout) or 2 (stderr)."""
+    return STDOUT_LOG if stream == 1 else STDERR_LOG
+
+
+def dump_log_path(rank_dir: str) -> str:
+    """The log a rank's SIGUSR1 stack dump lands in: faulthandler writes to stderr, which is
+    stderr.log, except with --pty, where stderr shares the terminal with stdout and there is no
+    stderr.log (ranktop writes one at every start otherwise)."""
+    stderr_log = os.path.join(rank_dir, STDERR_LOG)
+    return stderr_log if os.path.lexists(stderr_log) else os.path.join(rank_dir, STDOUT_LOG)
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id names one directory under the log root: no separators, no '..', nothing unprintable."""
+    if not run_id:
+        raise UsageError("bad --run-id '': expected a name such as exp-1")
+    if run_id in (".", "..") or not run_id.isprintable() or "/" in run_id:
+        raise UsageError(f"bad --run-id {run_id!r}: it names a directory, so no '/', '.', '..' "
+                         "or control characters; use letters, digits, '-', '_' or '.'")
+    return run_id
+
+
+class Dir:
+    """A directory held open: `path` is for people, `fd` is what ranktop uses."""
+
+    def __init__(self, path: str, fd: int):
+        self.path = path
+        self.fd = fd
+
+    def sub(self, name: str) -> Dir:
+        """The sub-directory `name`, made (0700) unless there. Whatever else is there under that
+        name (a symlink, a file) is set aside first: we never follow it."""
+        try:
+            os.mkdir(name, DIR_MODE, dir_fd=self.fd)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno not in _NOT_OURS:
+                raise
+            self.set_aside(name)
+            os.mkdir(name, DIR_MODE, dir_fd=self.fd)
+            fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self.fd)
+        return Dir(os.path.join(self.path, name), fd)
+
+    def open_append(self, name: str) -> int:
+        """`name` opened for appending (made 0600 unless there). Anything there but a plain file
+        of ours (a symlink, a FIFO, a hard link to a file elsewhere) is set aside for a new file."""
+        try:
+            fd = os.open(name, _APPEND_FLAGS, FILE_MODE, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno not in _NOT_OURS:
+                raise
+        else:
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+                return fd
+            os.close(fd)
+        self.set_aside(name)
+        return os.open(name, _APPEND_FLAGS | os.O_EXCL, FILE_MODE, dir_fd=self.fd)
+
+    def open_new(self, name: str) -> int:
+        """A new file `name` (0600) opened for writing; fails if anything has that name."""
+        return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       FILE_MODE, dir_fd=self.fd)
+
+    def remove(self, name: str) -> None:
+        """Remove the entry `name` if there (a symlink itself, never what it points to)."""
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except FileNotFoundError:
+            pass
+        except (IsADirectoryError, PermissionError):
+            self.set_aside(name)
+
+    def set_aside(self, name: str) -> None:
+        """Move what is called `name` out of the way (kept, renamed), if anything is."""
+        try:
+            os.rename(name, f"{name}.set-aside-{secrets.token_hex(4)}", src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except FileNotFoundError:
+            pass
+
+    def entries(self) -> list[str]:
+        return os.listdir(self.fd)
+
+    def path_of(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class RunDir(Dir):
+    """One run's directory, created fresh (never reused) and held from the moment the run begins."""
+
+    @classmethod
+    def create(cls, log_dir: str | None, run_id: str, numbered: bool = False) -> RunDir:
+        """<log root>/<run_id>, made private and exclusively; UsageError (one line) if it cannot be.
+        `numbered`: when taken, <run_id>.1, <run_id>.2, ... instead (a rendezvous id, the same on
+        every node, where nodes share a file system or the job runs again)."""
+        check_run_id(run_id)
+        root = open_log_root(log_dir)
+        try:
+            name = cls._make(root, run_id, numbered)
+            fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root.fd)
+        except FileExistsError:
+            raise UsageError(f"run directory {root.path_of(run_id)} already exists: pick another --run-id") from None
+        except OSError as exc:
+            raise UsageError(f"bad --log-dir {root.path}: cannot write there ({exc.strerror})") from None
+        finally:
+            root.close()
+        return cls(root.path_of(name), fd)
+
+    @staticmethod
+    def _make(root: Dir, run_id: str, numbered: bool) -> str:
+        for n in range(10_000 if numbered else 1):
+            name = f"{run_id}.{n}" if n else run_id
+            try:
+                os.mkdir(name, DIR_MODE, dir_fd=root.fd)  # atomic: two nodes never get the same one
+                return name
+            except FileExistsError:
+                continue
+        raise FileExistsError(run_id)
+
+    @classmethod
+    def adopt(cls, path: str) -> RunDir:
+        """An existing, empty directory the caller gave us (start_processes' log_dir)."""
+        try:
+            fd = os.open(path, _DIR_FLAGS)
+        except FileNotFoundError:
+            raise ValueError(f"log_dir {path!r} does not exist") from None
+        except NotADirectoryError:
+            raise ValueError(f"log_dir {path!r} is not a directory") from None
+        if os.listdir(fd):
+            os.close(fd)
+            raise ValueError(f"log_dir {path!r} is not empty; give each run an empty directory")
+        return cls(os.path.abspath(path), fd)
+
+    @classmethod
+    def open_existing(cls, path: str) -> RunDir | None:
+        """A run directory another ranktop made (for `ranktop stacks`); None if it cannot be opened."""
+        try:
+            return cls(os.path.abspath(path), os.open(path, _DIR_FLAGS))
+        except OSError:
+            return None
+
+    def attempt(self, attempt: int, start: int = 0) -> Dir:
+        return self.sub(attempt_name(attempt, start))
+
+    def attempt_path(self, attempt: int, start: int = 0) -> str:
+        return self.path_of(attempt_name(attempt, start))
+
+    def stacks(self) -> Dir:
+        return self.sub(STACKS)
+
+    def open_events(self, create: bool = True) -> int | None:
+        """events.jsonl for appending; without `create`, None unless it is there (another process's)."""
+        if create:
+            return self.open_append(EVENTS)
+        try:
+            fd = os.open(EVENTS, _APPEND_FLAGS & ~os.O_CREAT, dir_fd=self.fd)
+        except OSError:
+            return None
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        os.close(fd)
+        return None
+
+
+def latest_attempt_path(run_dir: str) -> str | None:
+    """The newest attempt_<k> directory of a run (for readers outside the run's process)."""
+    attempts = [d for d in os.listdir(run_dir) if re.fullmatch(r"attempt_\d+(\.\d+)?", d)]
+    return os.path.join(run_dir, max(attempts, key=_attempt_order)) if attempts else None
+
+
+def _attempt_order(name: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in name.removeprefix("attempt_").split("."))
+
+
+def run_dir_of_error_file(path: str) -> str:
+    """TORCHELASTIC_ERROR_FILE is <run dir>/attempt_<k>/<local rank>/error.json."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(path)))
+
+
+# ----- the log root ---------------------------------------------------------------------------
+def default_log_root() -> str:
+    return os.path.join(tempfile.gettempdir(), f"ranktop-{os.geteuid()}")
+
+
+def open_log_root(log_dir: str | None) -> Dir:
+    """The directory that holds run directories, opened and checked; UsageError says why not.
+
+    The default root under the shared temp directory must be ours alone: not a symlink, owned by
+    us, writable by no one else (anyone who could rename things in it could point a later run's
+    paths elsewhere). A --log-dir the user named is followed through symlinks (they chose it) and
+    may be shared the way /tmp is (writable by all with the sticky bit: no one can rename our
+    run directory there), but not writable by others without the sticky bit, nor owned by another
+    user (root aside)."""
+    if log_dir is None:
+        return _open_default_root(default_log_root())
+    return _open_chosen_root(os.path.abspath(log_dir))
+
+
+def _open_default_root(path: str) -> Dir:
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UsageError(f"cannot make the log root {path} ({exc.strerror}): pass --log-dir DIR") from None
+    try:
+        fd = os.open(path, _DIR_FLAGS | os.O_NOFOLLOW)
+    except OSError as exc:
+        # With O_DIRECTORY, a symlink fails as ENOTDIR, not ELOOP: ask what it is.
+        what = "a symlink" if os.path.islink(path) else "not a directory" if exc.errno in _NOT_OURS else None
+        if what is None:
+            raise UsageError(f"cannot open the log root {path} ({exc.strerror}): pass --log-dir DIR") from None
+        raise UsageError(f"log root {path} is {what}; ranktop will not write through it: "
+                         f"remove it, or pass --log-dir DIR") from None
+    problem = _root_problem(os.fstat(fd), allow_sticky=False)
+    if problem:
+        os.close(fd)
+        raise UsageError(f"log root {path} {problem}, so others could tamper with run logs: "
+                         f"remove it (ranktop makes it again, private), or pass --log-dir DIR")
+    return Dir(path, fd)
+
+
+def _open_chosen_root(path: str) -> Dir:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"bad --log-dir {path}: it is a file, expected a directory")
+    try:
+        os.makedirs(path, DIR_MODE, exist_ok=True)
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError as exc:
+        raise UsageError(f"bad --log-dir {path}: cannot write there ({exc.strerror})") from None
+    problem = _root_problem(os.fstat(fd), allow_sticky=True)
+    if problem:
+        os.close(fd)
+        raise UsageError(f"bad --log-dir {path}: it {problem}, so others could tamper with run logs: "
+                         f"chmod go-w it, or pick a directory of your own")
+    return Dir(path, fd)
+
+
+def _root_problem(info: os.stat_result, allow_sticky: bool) -> str | None:
+    me = os.geteuid()
+    if info.st_uid != me and (not allow_sticky or info.st_uid != 0):
+        return f"belongs to uid {info.st_uid}, not to you (uid {me})"
+    shared = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if shared and not (allow_sticky and info.st_mode & stat.S_ISVTX):
+        who = {stat.S_IWGRP: "group", stat.S_IWOTH: "others"}.get(shared, "group and others")
+        return f"is writable by {who} (mode {stat.S_IMODE(info.st_mode):o})"
+    return None

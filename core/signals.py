@@ -1,0 +1,47 @@
+"""What a stop signal to ranktop means: one rule for the agent, the TUI and `launch()`.
+
+A real SSH hangup often arrives as two SIGHUPs (the terminal's and the login shell's), and a
+service manager may send SIGTERM to a whole scope while a wrapper forwards its own: repeats of
+SIGHUP/SIGTERM within a second are one event, so the ranks keep their whole grace and a
+checkpoint-on-hangup handler gets to run. Only a person's repeated interrupt (a second Ctrl-C)
+means "now": SIGKILL without the grace.
+
+The rule is pure (the caller passes the time each signal arrived), so a signal handler only
+records (signal, time) and the loop that owns the ranks decides and acts.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass
+
+# Repeats of SIGHUP/SIGTERM closer than this to the one acted on are the same event.
+DUPLICATE_WINDOW = 1.0
+
+
+class StopAction(str, enum.Enum):
+    FORWARD = "forward"  # send the signal to every rank; SIGKILL what is left after the grace
+    DUPLICATE = "duplicate"  # a repeat of the hangup/termination just forwarded: nothing more to do
+    KILL_NOW = "kill_now"  # a repeated interrupt: SIGKILL every rank at once
+
+
+@dataclass
+class StopRule:
+    """Decides, signal by signal, what ranktop does with the stop signals it receives."""
+
+    window: float = DUPLICATE_WINDOW
+    _interrupted: bool = False
+    _forwarded_at: float | None = None  # when the last SIGHUP/SIGTERM acted on arrived
+
+    def decide(self, signum: int, received_at: float) -> StopAction:
+        """`received_at` is a monotonic time taken when the signal arrived."""
+        if signum == signal.SIGINT:
+            if self._interrupted:
+                return StopAction.KILL_NOW
+            self._interrupted = True
+            return StopAction.FORWARD
+        if self._forwarded_at is not None and received_at - self._forwarded_at < self.window:
+            return StopAction.DUPLICATE
+        self._forwarded_at = received_at
+        return StopAction.FORWARD

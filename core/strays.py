@@ -1,0 +1,174 @@
+"""Helpers that leave their rank, and how ranktop keeps hold of them.
+
+A rank's helper may clear its environment (no marker variable) and call setsid or setpgid (out of
+the rank's process group), or outlive its rank. Such a process is still found:
+- while its parent chain reaches a live rank, by that chain;
+- once orphaned, by being re-parented to ranktop, which makes itself the subreaper of all it
+  starts (`adopt_orphans`, called by the ranktop command); ranktop must then reap it when it exits;
+- when its rank ends, by the rank's session and process group, looked at before the rank's ids
+  can be reused.
+Each such process is told to the guard by pid and start time (so the guard can sweep it should
+ranktop itself be SIGKILLed), and swept by ranktop at the end of the group with SIGTERM, the
+grace, then SIGKILL, like the ranks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Callable
+
+from ranktop.core.guard import Proc, descendants, find_strays, marked_pids, process_table, read_proc
+
+_PR_SET_CHILD_SUBREAPER = 36
+LOOK_SECONDS = 0.25  # at most this often, a monitor pass looks for newly orphaned helpers
+
+_adopting = False
+_own_children: set[int] = set()  # the session leaders this process started itself: ranks, guards
+
+
+def adopt_orphans() -> bool:
+    """Make this process the subreaper of everything it starts: a helper whose parent exits (a
+    double fork, or its rank ended) is re-parented here instead of to init, so it stays in
+    sight. For a process that runs one group at a time and starts no other session leaders of
+    its own (the ranktop command): every child outside our session that we did not start
+    ourselves is then an orphan from the ranks. Returns whether the kernel agreed."""
+    global _adopting
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        _adopting = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        _adopting = False
+    return _adopting
+
+
+def note_own_child(pid: int) -> None:
+    _own_children.add(pid)
+
+
+def forget_own_child(pid: int) -> None:
+    _own_children.discard(pid)
+
+
+def adopted_children() -> dict[int, Proc]:
+    """Our children that we did not start: orphans from the ranks' trees (when adopting)."""
+    if not _adopting:
+        return {}
+    me, my_session = os.getpid(), os.getsid(0)
+    found = {}
+    for pid in _children_of_self() - _own_children:
+        proc = read_proc(pid)
+        # Our own tools (py-spy, a pager) run in our session; nothing from a rank can join it.
+        if proc is not None and proc.ppid == me and proc.sid != my_session:
+            found[pid] = proc
+    return found
+
+
+def _children_of_self() -> set[int]:
+    pids: set[int] = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):  # an orphan may be given to any of our threads
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+    except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: read the whole table
+        me = os.getpid()
+        return {p.pid for p in process_table().values() if p.ppid == me}
+    except OSError:
+        pass  # a thread that ended while we listed: the next look sees the rest
+    return pids
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def command_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return ""
+
+
+class StrayTracker:
+    """One group's ranks and the strays they left, kept by pid and start time, told to the guard
+    as they are learnt. Not thread-safe: the context calls it under its lock."""
+
+    def __init__(self, token: str, tell: Callable[[str], None], emit: Callable[..., None]):
+        self.token = token
+        self._tell = tell  # a line for the guard
+        self._emit = emit  # an event for the run's log
+        self.ranks: dict[int, int] = {}  # pid -> start time, until what it left was looked at
+        self.known: dict[int, int] = {}  # strays: pid -> start time
+        self._adopted: dict[int, int] = {}  # the orphans re-parented to us: pid -> start time
+        self._reaped: list[int] = []
+        self._looked_at = 0.0
+
+    def rank_started(self, pid: int) -> None:
+        if pid in self._reaped:  # the pid of a rank reaped a moment ago, reused: settle that one first
+            self.look(force=True)
+        proc = read_proc(pid)  # our unreaped child: its entry is there even if it already exited
+        start = proc.start if proc is not None else 0
+        self.ranks[pid] = start
+        self._tell(f"rank {pid} {start}")
+
+    def rank_reaped(self, pid: int) -> None:
+        self._reaped.append(pid)
+
+    def note_below_ranks(self) -> None:
+        """Take note of everything below the live ranks now (their helpers that left the group
+        with setsid): they are about to be stopped, and once their rank is gone nothing else
+        leads to them where no subreaper adopts them."""
+        live = [pid for pid in self.ranks if pid not in self._reaped]
+        if not live:
+            return
+        table = process_table()
+        for pid in descendants(table, live):
+            proc = table[pid]
+            if not proc.zombie and proc.pgid not in self.ranks:
+                self._note(pid, proc.start)
+
+    def look(self, force: bool = False) -> None:
+        """Cheap enough for every monitor pass: adopt newly orphaned helpers (reaping those that
+        exited), and note what reaped ranks left in their group and session."""
+        now = time.monotonic()
+        if not force and now - self._looked_at < LOOK_SECONDS:
+            return
+        self._looked_at = now
+        for pid, proc in adopted_children().items():
+            if proc.zombie:
+                _reap(pid)  # ours to reap: nobody else will
+                self._adopted.pop(pid, None)  # gone: a long run with many such orphans keeps no trace
+                self.known.pop(pid, None)
+            elif self._adopted.get(pid) != proc.start:
+                self._adopted[pid] = proc.start
+                self._note(pid, proc.start)
+                self._emit("stray_adopted", pid=pid, command=command_of(pid))
+        if self._reaped:
+            reaped = {pid: self.ranks[pid] for pid in self._reaped}
+            for pid, start in find_strays(process_table(), reaped, {}, skip=(os.getpid(),)).items():
+                self._note(pid, start)
+            for pid in reaped:  # their ids may be reused from now on: the guard forgets them
+                del self.ranks[pid]
+                self._tell(f"gone {pid}")
+            self._reaped.clear()
+
+    def find(self, with_marker: bool) -> dict[int, int]:
+        """Every live process of the group (pid -> start time), for the end sweep. The marker
+        scan reads every process's environment: the first look of a sweep is enough."""
+        self.look(force=True)
+        table = process_table()
+        marked = marked_pids(self.token, [p.pid for p in table.values() if not p.zombie]) if with_marker else set()
+        found = find_strays(table, self.ranks, self.known, marked, skip=(os.getpid(),))
+        for pid, start in found.items():
+            self._note(pid, start)
+        return found
+
+    def _note(self, pid: int, start: int) -> None:
+        if self.known.get(pid) != start and self.ranks.get(pid) != start:
+            self.known[pid] = start
+            self._tell(f"stray {pid} {start}")

@@ -1,0 +1,250 @@
+"""Run directories under a shared /tmp, as root: a log root someone else controls is refused, run
+ids cannot leave the root, nothing is written through a planted symlink or a swapped directory,
+everything is private, and error.json is read as hostile input (core/layout.py, core/errors.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from conftest import run_ranktop, wait_for
+from ranktop.core import Std, start_processes
+from ranktop.core.agent import LocalAgent
+from ranktop.core.errors import UsageError
+from ranktop.core.spec import WorkerSpec
+
+PY = sys.executable
+NOBODY = 65534
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def _one_error_line(res) -> str:
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res
+    assert lines[0].startswith("ranktop: error: ")
+    return lines[0]
+
+
+def _with_tmpdir(tmp_path) -> dict:
+    return {**os.environ, "TMPDIR": str(tmp_path)}
+
+
+# ----- the log root -----------------------------------------------------------------------------
+def _shared_root(tmp_path, how: str):
+    """The default root $TMPDIR/ranktop-<uid>, made the way another user (or a mistake) left it."""
+    root = tmp_path / f"ranktop-{os.geteuid()}"
+    if how == "symlink":
+        target = tmp_path / "elsewhere"
+        target.mkdir(mode=0o700)
+        root.symlink_to(target)
+        return root, target
+    root.mkdir()
+    if how == "other user":
+        os.chmod(root, 0o700)
+        os.chown(root, NOBODY, NOBODY)
+    else:
+        os.chmod(root, {"group-writable": 0o770, "world-writable": 0o777, "sticky world-writable": 0o1777}[how])
+    return root, root
+
+
+@pytest.mark.parametrize("how, why", [
+    ("other user", f"belongs to uid {NOBODY}, not to you"),
+    ("group-writable", "is writable by group (mode 770)"),
+    ("world-writable", "is writable by group and others (mode 777)"),
+    ("sticky world-writable", "is writable by group and others (mode 1777)"),
+    ("symlink", "is a symlink"),
+])
+def test_default_log_root_that_others_control_is_refused(tmp_path, how, why):
+    root, target = _shared_root(tmp_path, how)
+    marker = tmp_path / "rank-ran"
+    res = run_ranktop("--headless", "--no-python", "touch", str(marker), env=_with_tmpdir(tmp_path))
+    line = _one_error_line(res)
+    assert f"log root {root} {why}" in line and "--log-dir" in line
+    assert not marker.exists() and os.listdir(target) == []
+
+
+def test_default_log_root_is_made_private_and_everything_in_a_run_is_private(tmp_path):
+    res = run_ranktop("--headless", "--nproc-per-node", "2", "--run-id", "r", "--no-python", PY, "-c",
+                      "import sys; print('out'); print('err', file=sys.stderr)", env=_with_tmpdir(tmp_path))
+    assert res.returncode == 0, res.stderr
+    root = tmp_path / f"ranktop-{os.geteuid()}"
+    run = root / "r"
+    dirs = [root, run, run / "attempt_0", run / "attempt_0" / "0", run / "attempt_0" / "1"]
+    files = [run / "events.jsonl", *(run / "attempt_0" / r / f for r in "01" for f in ("stdout.log", "stderr.log"))]
+    assert {str(d): _mode(d) for d in dirs} == {str(d): 0o700 for d in dirs}
+    assert {str(f): _mode(f) for f in files} == {str(f): 0o600 for f in files}
+    assert (run / "attempt_0" / "1" / "stdout.log").read_text() == "out\n"
+
+
+@pytest.mark.parametrize("mode, chown, ok", [
+    (0o1777, None, True),  # like /tmp: no one can rename our run directory there
+    (0o777, None, False),
+    (0o770, None, False),
+    (0o755, NOBODY, False),
+])
+def test_explicit_log_dir_may_be_shared_like_tmp_but_no_more(tmp_path, mode, chown, ok):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    os.chmod(logs, mode)
+    if chown is not None:
+        os.chown(logs, chown, chown)
+    res = run_ranktop("--headless", "--log-dir", str(logs), "--run-id", "r", "--no-python", "echo", "hi")
+    if ok:
+        assert res.returncode == 0, res.stderr
+        assert _mode(logs / "r") == 0o700 and (logs / "r" / "attempt_0" / "0" / "stdout.log").read_text() == "hi\n"
+    else:
+        assert f"bad --log-dir {logs}: it " in _one_error_line(res)
+        assert os.listdir(logs) == []
+
+
+def test_an_existing_run_directory_is_never_reused(tmp_path):
+    (tmp_path / "taken").mkdir()
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--run-id", "taken", "--no-python", "echo", "hi")
+    assert "run directory" in _one_error_line(res) and "already exists" in res.stderr
+    assert os.listdir(tmp_path / "taken") == []
+
+
+@pytest.mark.parametrize("run_id", ["a/b", "../escape", "..", ".", "", "two\nlines", "tab\there"])
+def test_bad_run_id_is_one_line(tmp_path, run_id):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    res = run_ranktop("--headless", "--log-dir", str(logs), "--run-id", run_id, "--no-python", "echo", "hi")
+    assert "bad --run-id" in _one_error_line(res)
+    assert os.listdir(logs) == [] and sorted(os.listdir(tmp_path)) == ["logs"]
+
+
+def test_bad_run_id_through_the_api(tmp_path):
+    with pytest.raises(UsageError, match="bad --run-id"):
+        WorkerSpec(role="r", local_world_size=1, entrypoint="true", run_id="a\0b")
+    spec = WorkerSpec(role="r", local_world_size=1, entrypoint="true")
+    spec.run_id = "../../escape"  # set after the spec checked itself: the agent checks again
+    with pytest.raises(UsageError, match="bad --run-id"):
+        LocalAgent(spec, log_dir=str(tmp_path / "logs"), console=False)
+    assert not (tmp_path / "escape").exists()
+
+
+# ----- planted symlinks and swapped directories -------------------------------------------------
+PLANT_THEN_FAIL = """
+import os, sys
+rank_dir = os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"])
+run_dir = os.path.dirname(os.path.dirname(rank_dir))
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    # What an attacker would do between two attempts: the next attempt's directory points outside.
+    os.symlink(sys.argv[1], os.path.join(run_dir, "attempt_1"))
+    sys.exit(3)
+print("second attempt")
+"""
+
+
+def test_group_restart_never_writes_through_a_planted_attempt_directory(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_text("precious\n")
+    script = tmp_path / "plant.py"
+    script.write_text(PLANT_THEN_FAIL)
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path / "logs"), "--run-id", "r", "--max-restarts", "1",
+                      str(script), str(outside))
+    assert res.returncode == 0, res.stderr
+    assert sorted(os.listdir(outside)) == ["victim"] and (outside / "victim").read_text() == "precious\n"
+    attempt_1 = tmp_path / "logs" / "r" / "attempt_1"
+    assert stat.S_ISDIR(os.lstat(attempt_1).st_mode)
+    assert (attempt_1 / "0" / "stdout.log").read_text() == "second attempt\n"
+
+
+def test_rank_restart_writes_into_its_own_directory_whatever_was_swapped(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim"
+    victim.write_text("precious\n")
+    code = "import time; print('hello', flush=True); time.sleep(3600)"
+    spec = WorkerSpec(role="r", local_world_size=2, entrypoint=PY, args=("-c", code))
+    agent = LocalAgent(spec, log_dir=str(tmp_path / "logs"), console=False, shutdown_timeout=2)
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    try:
+        assert agent.wait_started(10)
+        wait_for(lambda: all(agent.output(r) == [b"hello"] for r in (0, 1)), 20, what="ranks printed")
+        attempt = agent.attempt_dir()
+        # Rank 0's directory is renamed and a symlink to a directory outside takes its place;
+        # rank 1's stdout.log becomes a symlink to a file outside.
+        os.rename(os.path.join(attempt, "0"), os.path.join(attempt, "0.old"))
+        os.symlink(outside, os.path.join(attempt, "0"))
+        os.unlink(os.path.join(attempt, "1", "stdout.log"))
+        os.symlink(victim, os.path.join(attempt, "1", "stdout.log"))
+        for r in (0, 1):
+            agent.restart_rank(r)
+        wait_for(lambda: all(agent.output(r) == [b"hello", b"hello"] for r in (0, 1)), 20, what="restarted")
+    finally:
+        agent.stop(9, 0)
+        thread.join(20)
+    assert not thread.is_alive()
+    assert sorted(os.listdir(outside)) == ["victim"] and victim.read_text() == "precious\n"
+    assert open(os.path.join(attempt, "0.old", "stdout.log")).read() == "hello\nhello\n"
+    log_1 = os.path.join(attempt, "1", "stdout.log")
+    assert stat.S_ISREG(os.lstat(log_1).st_mode) and open(log_1).read() == "hello\n"
+
+
+# ----- error.json is hostile input --------------------------------------------------------------
+BAD_ERROR_FILES = {
+    "wrong type": ('json.dump({"message": {"message": 5}}, open(p, "w"))', 'has a "message" that is neither text'),
+    "wrong callstack type": ('json.dump({"message": {"message": "m", "extraInfo": {"py_callstack": [1]}}}, '
+                             'open(p, "w"))', 'has a "py_callstack" that is not text'),
+    "wrong extraInfo type": ('json.dump({"message": {"message": "m", "extraInfo": "x"}}, open(p, "w"))',
+                             'has an "extraInfo" that is not an object'),  # crashed with a traceback
+    "wrong top": ('json.dump([1, 2], open(p, "w"))', 'has no "message" object'),
+    "wrong timestamp": ('json.dump({"message": "m", "timestamp": {}}, open(p, "w"))', 'has a "timestamp" that is not'),
+    "fifo": ("os.mkfifo(p)", "is not a regular file (a FIFO); ignored"),
+    "dev zero": ('os.symlink("/dev/zero", p)', "is a symlink; ignored"),
+    "too large": ('json.dump({"message": "x" * (1 << 20)}, open(p, "w"))', "is larger than 1 MB; ignored"),
+    "garbage": ('open(p, "wb").write(bytes(range(256)))', "is not valid JSON; ignored"),
+}
+
+LEAVE_BAD_ERROR_FILE = """
+import json, os, sys, time
+p = os.environ["TORCHELASTIC_ERROR_FILE"]
+if os.environ["RANK"] == "1":
+    print("waiting", flush=True)
+    time.sleep(3600)
+{setup}
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ERROR_FILES))
+def test_bad_error_file_is_named_and_the_failure_still_reported(tmp_path, case):
+    setup, why = BAD_ERROR_FILES[case]
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent(LEAVE_BAD_ERROR_FILE).replace("{setup}", setup))
+    started = time.monotonic()
+    res = run_ranktop("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path), "--run-id", "r",
+                      "--shutdown-timeout", "5", str(script), timeout=60)
+    assert time.monotonic() - started < 30
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    error_file = tmp_path / "r" / "attempt_0" / "0" / "error.json"
+    assert f"exited with code 1; error file {error_file} {why}" in res.stderr
+    assert "root cause: rank 0" in res.stderr
+    with open(tmp_path / "r" / "events.jsonl") as f:
+        events = [json.loads(line) for line in f]
+    sibling = [e for e in events if e["event"] == "exited" and e["rank"] == 1]
+    assert len(sibling) == 1 and sibling[0]["by_us"], events
+
+
+def test_start_processes_log_dir_is_private_too(tmp_path):
+    ctx = start_processes("t", "/bin/echo", {0: ("hi",)}, {0: {}}, str(tmp_path), redirects=Std.ALL)
+    try:
+        result = ctx.wait(30)
+    finally:
+        ctx.close()
+    assert result is not None and not result.failures
+    assert open(result.stdouts[0]).read() == "hi\n"
+    assert _mode(tmp_path / "0") == 0o700
+    assert _mode(result.stdouts[0]) == _mode(result.stderrs[0]) == 0o600

@@ -1,0 +1,129 @@
+"""Stop signals to ranktop: a repeated SIGHUP/SIGTERM is one event (the ranks keep their grace),
+only a repeated SIGINT kills at once. Real ranktop, real ranks, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+from conftest import ROOT, ranktop_cmd, wait_for
+from ranktop.core import LocalAgent, WorkerSpec
+from ranktop.core.signals import StopAction, StopRule
+
+RANK = str(ROOT / "tests" / "ranks" / "checkpoint_on_signal.py")
+HUP, TERM, INT = signal.SIGHUP, signal.SIGTERM, signal.SIGINT
+FWD, DUP, KILL = StopAction.FORWARD, StopAction.DUPLICATE, StopAction.KILL_NOW
+
+
+@pytest.mark.parametrize("arrivals, actions", [
+    ([(HUP, 0.0)], [FWD]),
+    ([(HUP, 0.0), (HUP, 0.01)], [FWD, DUP]),  # an SSH hangup's two SIGHUPs
+    ([(TERM, 0.0), (TERM, 0.5), (TERM, 0.99)], [FWD, DUP, DUP]),
+    ([(HUP, 0.0), (TERM, 0.2)], [FWD, DUP]),  # a hangup and a service manager's TERM: one event
+    ([(TERM, 0.0), (TERM, 1.0)], [FWD, FWD]),  # a second later it is new: forwarded again, no kill
+    ([(TERM, 0.0), (TERM, 0.6), (TERM, 1.2)], [FWD, DUP, FWD]),  # the window runs from the one acted on
+    ([(INT, 0.0), (INT, 0.01)], [FWD, KILL]),  # Ctrl-C twice: now
+    ([(INT, 0.0), (INT, 30.0)], [FWD, KILL]),
+    ([(TERM, 0.0), (INT, 0.1)], [FWD, FWD]),  # the first interrupt of a person gets the grace
+    ([(TERM, 0.0), (INT, 0.1), (INT, 0.2)], [FWD, FWD, KILL]),
+    ([(INT, 0.0), (HUP, 0.1), (HUP, 0.2)], [FWD, FWD, DUP]),
+])
+def test_stop_rule(arrivals, actions):
+    rule = StopRule()
+    assert [rule.decide(sig, at) for sig, at in arrivals] == actions
+
+
+def _events(run_dir):
+    with open(os.path.join(run_dir, "events.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def _start(tmp_path, delay):
+    proc = subprocess.Popen(
+        ranktop_cmd("--headless", "--shutdown-timeout", "60", "--log-dir", str(tmp_path / "logs"),
+                    "--run-id", "sig", RANK, str(tmp_path / "checkpoint"), str(delay)),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert "READY" in line, line + proc.stderr.read()
+    return proc, int(line.split()[-1])
+
+
+def _signal_twice(proc, sig):
+    """The second signal comes once the first was handled (the rank says it got it): two signals
+    that close together could merge into one in the kernel and prove nothing."""
+    proc.send_signal(sig)
+    line = proc.stdout.readline()
+    assert f"GOT {int(sig)}" in line, line
+    proc.send_signal(sig)
+    return proc.communicate(timeout=40)
+
+
+@pytest.mark.parametrize("sig", [HUP, TERM])
+def test_repeated_hangup_or_term_keeps_the_grace(tmp_path, sig):
+    proc, rank_pid = _start(tmp_path, delay=1.5)
+    _, err = _signal_twice(proc, sig)
+    assert proc.returncode == 128 + sig, err
+    assert (tmp_path / "checkpoint").read_text() == f"checkpoint after signal {int(sig)}\n"
+    exited = [e for e in _events(tmp_path / "logs" / "sig") if e["event"] == "exited"]
+    assert [(e["pid"], e["exitcode"], e["signal"]) for e in exited] == [(rank_pid, 128 + sig, None)]
+    received = [e for e in _events(tmp_path / "logs" / "sig") if e["event"] == "signal_received"]
+    assert len(received) == 2 and received[0]["action"] == "forward" and received[1]["action"] != "kill_now"
+
+
+def test_repeated_interrupt_kills_at_once(tmp_path):
+    proc, rank_pid = _start(tmp_path, delay=30)
+    _, err = _signal_twice(proc, INT)  # within the 40 s wait only if the 60 s grace was cut short
+    assert proc.returncode == 128 + INT, err
+    assert not (tmp_path / "checkpoint").exists()
+    exited = [e for e in _events(tmp_path / "logs" / "sig") if e["event"] == "exited"]
+    assert [(e["pid"], e["signal"]) for e in exited] == [(rank_pid, "SIGKILL")]
+    assert [e["action"] for e in _events(tmp_path / "logs" / "sig") if e["event"] == "signal_received"] == [
+        "forward", "kill_now"]
+
+
+def test_agent_handle_signal_applies_the_rule(tmp_path):
+    """The TUI hands signals to the agent through handle_signal: the same rule holds there."""
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sys.executable,
+                      args=("-u", RANK, str(tmp_path / "checkpoint"), "1.0"))
+    agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=60)
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(result=agent.run()))
+    thread.start()
+    try:
+        assert agent.wait_started(10)
+        wait_for(lambda: any(line.startswith(b"READY") for line in agent.output(0)), what="rank ready")
+        agent.handle_signal(HUP)
+        wait_for(lambda: any(line.startswith(b"GOT") for line in agent.output(0)), what="rank got SIGHUP")
+        agent.handle_signal(HUP)
+    finally:
+        thread.join(40)
+    assert not thread.is_alive()
+    assert box["result"].exit_status == 128 + HUP
+    assert (tmp_path / "checkpoint").exists()
+
+
+def test_launch_second_interrupt_kills_at_once(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]
+        import rank_fns
+        from ranktop.core import launch, MainProcessError
+        try:
+            launch(rank_fns.checkpoint_on_signal, {str(tmp_path / 'checkpoint')!r}, 1)
+        except MainProcessError as e:
+            print("MainProcessError", e.signal_no, flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert "READY" in proc.stdout.readline()
+    proc.send_signal(INT)
+    assert proc.stdout.readline().startswith("GOT")
+    proc.send_signal(INT)
+    out, _ = proc.communicate(timeout=8)  # launch's grace is 10 s: only SIGKILL ends it this soon
+    assert out.strip() == f"MainProcessError {int(INT)}"
+    assert not (tmp_path / "checkpoint").exists()

@@ -1,0 +1,247 @@
+"""Helpers that escape their rank (no marker variable, a session or process group of their own,
+orphaned) are still swept: SIGTERM and the grace at a normal end, and by the guard when ranktop is
+SIGKILLed. They clear their environment, so the no_orphans fixture cannot see them: every test
+here checks their pids itself and kills whatever is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+from conftest import ROOT, ranktop_cmd, wait_for
+from ranktop.core.guard import Proc, find_strays, read_orders, read_proc
+
+HELPERS = str(ROOT / "tests" / "ranks" / "helpers.py")
+KINDS = ("setsid", "setpgid")
+
+
+def _running(pid, mark):
+    """Is `pid` a live process whose command line holds `mark` (a path unique to the test)? The
+    pid alone may name another process by the time we look again."""
+    proc = read_proc(pid)
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return proc is not None and not proc.zombie and mark.encode() in f.read()
+    except OSError:
+        return False
+
+
+def _zombie_of(pid, parent):
+    """Is `pid` a child of `parent` that exited and was not reaped (or one still running)?"""
+    proc = read_proc(pid)
+    return proc is not None and proc.ppid == parent
+
+
+def _events(run_dir):
+    try:
+        with open(os.path.join(run_dir, "events.jsonl")) as f:
+            return [json.loads(line) for line in f if line.endswith("\n")]
+    except FileNotFoundError:
+        return []
+
+
+class Helpers:
+    """The helpers' files in one folder: their pids and the SIGTERMs they recorded."""
+
+    def __init__(self, folder, ranks):
+        self.folder, self.ranks = folder, ranks
+
+    def path(self, rank, kind, ext):
+        return self.folder / f"{rank}-{kind}.{ext}"
+
+    def pids(self):
+        return {(r, k): int(self.path(r, k, "pid").read_text()) for r in self.ranks for k in KINDS
+                if self.path(r, k, "pid").exists()}
+
+    def running(self, pid):
+        return _running(pid, str(self.folder))
+
+    def got_term(self, rank, kind):
+        path = self.path(rank, kind, "term")
+        return path.exists() and "TERM" in path.read_text()
+
+    def kill_leftovers(self):
+        for pid in self.pids().values():
+            if self.running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def helpers(tmp_path):
+    box = {}
+
+    def make(ranks):
+        folder = tmp_path / "helpers"
+        folder.mkdir()
+        box["h"] = Helpers(folder, ranks)
+        return box["h"]
+
+    yield make
+    if "h" in box:
+        box["h"].kill_leftovers()
+
+
+def _ranktop(tmp_path, nproc, *script_args, grace="1"):
+    return subprocess.Popen(
+        ranktop_cmd("--headless", "--nproc-per-node", str(nproc), "--shutdown-timeout", grace, "--log-dir",
+                    str(tmp_path / "logs"), "--run-id", "h", HELPERS, str(tmp_path / "helpers"), *script_args),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_normal_end_gives_escaped_helpers_sigterm_then_the_grace(tmp_path, helpers):
+    h = helpers([0])
+    proc = _ranktop(tmp_path, 1, "0")  # the rank exits 0 at once: its helpers are left behind
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    pids = h.pids()
+    assert set(pids) == {(0, "setsid"), (0, "setpgid")}
+    for kind in KINDS:
+        assert h.got_term(0, kind), kind
+    wait_for(lambda: not any(h.running(p) for p in pids.values()), timeout=5, what="helpers gone")
+    events = _events(tmp_path / "logs" / "h")
+    stopping = [e for e in events if e["event"] == "strays_stopping"]
+    assert len(stopping) == 1 and set(pids.values()) <= set(stopping[0]["pids"]) and stopping[0]["grace"] == 1
+    adopted = {e["pid"] for e in events if e["event"] == "stray_adopted"}
+    assert set(pids.values()) <= adopted  # both were orphaned to ranktop, their subreaper
+
+
+def test_a_helper_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, helpers):
+    h = helpers([0])
+    proc = _ranktop(tmp_path, 1, "0", "stubborn", grace="1.5")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    pids = h.pids()
+    assert all(h.got_term(0, kind) for kind in KINDS)  # SIGTERM came first ...
+    wait_for(lambda: not any(h.running(p) for p in pids.values()), timeout=5, what="helpers gone")  # ... then SIGKILL
+    events = _events(tmp_path / "logs" / "h")
+    stopping = next(e for e in events if e["event"] == "strays_stopping")
+    killed = next(e for e in events if e["event"] == "strays_killed")
+    assert set(pids.values()) <= set(stopping["pids"]) and set(pids.values()) <= set(killed["pids"])
+    assert killed["ts"] - stopping["ts"] > 1.4  # they had their grace (the clock is read just before the event)
+
+
+def test_sigkilled_ranktop_leaves_no_escaped_helper(tmp_path, helpers):
+    # Rank 0 exits (its helpers are orphaned to ranktop), rank 1 lives on (its setsid helper is
+    # still its child; its double-forked one is orphaned to ranktop).
+    h = helpers([0, 1])
+    proc = _ranktop(tmp_path, 2, "0", grace="5")
+    try:
+        wait_for(lambda: len(h.pids()) == 4, timeout=20, what="four helpers started")
+        pids = h.pids()
+        orphans = {pids[(0, "setsid")], pids[(0, "setpgid")], pids[(1, "setpgid")]}
+        wait_for(lambda: orphans <= {e["pid"] for e in _events(tmp_path / "logs" / "h")
+                                     if e["event"] == "stray_adopted"},
+                 timeout=20, what="ranktop adopted the orphans (and told the guard)")
+        proc.kill()
+        proc.communicate(timeout=10)
+        wait_for(lambda: not any(h.running(p) for p in pids.values()), timeout=15, what="the guard swept every helper")
+        for rank, kind in pids:
+            assert h.got_term(rank, kind), (rank, kind)  # SIGTERM, with the grace, not SIGKILL at once
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_orphans_that_exit_are_reaped_while_ranktop_runs(tmp_path):
+    """Being the subreaper, ranktop must reap the orphans it adopts: no zombies pile up."""
+    script = tmp_path / "short_helpers.py"
+    script.write_text(textwrap.dedent("""
+        import os, time
+        for _ in range(3):
+            middle = os.fork()
+            if middle == 0:
+                middle_pid = os.getpid()
+                if os.fork() == 0:
+                    while os.getppid() == middle_pid:  # until the middle one exited
+                        time.sleep(0.01)
+                    print("ORPHAN", os.getpid(), os.getppid(), flush=True)
+                    time.sleep(0.3)
+                    os._exit(0)
+                os._exit(0)
+            os.waitpid(middle, 0)
+        while True:
+            time.sleep(1)
+    """))
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--log-dir", str(tmp_path / "logs"), str(script)),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline().split() for _ in range(3)]
+        orphans = [int(words[-2]) for words in lines]
+        assert [int(words[-1]) for words in lines] == [proc.pid] * 3  # re-parented to ranktop, not init
+        wait_for(lambda: not any(_zombie_of(p, proc.pid) for p in orphans), timeout=10,
+                 what="the exited orphans reaped (not left as zombies of ranktop)")
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+
+
+def _proc(pid, ppid, pgid, sid, start, zombie=False):
+    return Proc(pid, ppid, pgid, sid, start, zombie)
+
+
+def test_find_strays_never_takes_a_reused_pid():
+    table = {p.pid: p for p in [
+        _proc(100, 1, 100, 100, 50),  # rank 100
+        _proc(101, 100, 100, 100, 60),  # its child, in its group
+        _proc(102, 1, 102, 100, 70),  # left the group (setpgid), still in the session
+        _proc(103, 100, 103, 103, 80),  # setsid: below the rank in the parent chain
+        _proc(104, 103, 103, 103, 90),  # and its child
+        _proc(200, 1, 200, 200, 10),  # a stray we were told of, but this pid is someone else now
+        _proc(300, 1, 300, 300, 20),  # a stray we were told of, the same process
+        _proc(400, 1, 400, 400, 5),  # pid 400 was a rank; now another process leads group 400
+        _proc(401, 400, 400, 400, 6),
+        _proc(500, 1, 500, 500, 30, zombie=True),  # a dead stray: nothing to do
+    ]}
+    found = find_strays(table, ranks={100: 50, 400: 1}, strays={200: 11, 300: 20, 500: 30})
+    assert found == {100: 50, 101: 60, 102: 70, 103: 80, 104: 90, 300: 20}
+
+
+def test_guard_reads_what_ranktop_told_it():
+    lines = [b"rank 10 5\n", b"rank 11 6\n", b"stray 12 7\n", b"gone 10\n", b"garbage\n", b"done\n"]
+    assert read_orders(lines) == ({11: 6}, {12: 7}, True)
+    assert read_orders([b"rank 10 5\n"]) == ({10: 5}, {}, False)
+
+
+def test_library_stop_sweeps_a_setsid_helper_found_by_the_parent_chain(tmp_path):
+    """Without a subreaper (the Python API in someone else's process), a helper that cleared its
+    environment and called setsid is still found below its rank when the group is stopped."""
+    from ranktop.core import LocalAgent, WorkerSpec
+
+    term = tmp_path / "helper.term"
+    code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        helper = subprocess.Popen(["env", "-i", "setsid", "/bin/sh", "-c",
+                                   "trap 'echo TERM >> {term}; exit 0' TERM; while :; do /bin/sleep 0.05; done"],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        sys.stdout.write(f"HELPER {{helper.pid}}\\n")
+        while True:
+            time.sleep(1)
+    """)
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sys.executable, args=("-c", code))
+    agent = LocalAgent(spec, log_dir=str(tmp_path / "logs"), console=False, shutdown_timeout=5)
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(result=agent.run()))
+    thread.start()
+    helper = None
+    try:
+        assert agent.wait_started(10)
+        line = wait_for(lambda: next((x for x in agent.output(0) if x.startswith(b"HELPER")), None), what="helper")
+        helper = int(line.split()[1])
+        agent.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+        assert term.read_text() == "TERM\n"
+        wait_for(lambda: not _running(helper, str(term)), timeout=5, what="helper gone")
+    finally:
+        if helper is not None and _running(helper, str(term)):
+            os.kill(helper, signal.SIGKILL)
+        thread.join(30)

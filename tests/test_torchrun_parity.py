@@ -1,0 +1,155 @@
+"""torchrun command lines, run by torchrun and by ranktop: the ranks must get the same world.
+
+The reference is the installed torch's own launcher (torch.distributed.run), run on the same lines
+in one process (tests/parity/torchrun_reference.py); each rank records its environment, argv and
+`__name__` (tests/parity/dump_rank.py). Also: PET_* defaults, abbreviations, and the flags torchrun
+has that are checked one by one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, run_ranktop
+
+pytest.importorskip("torch")
+
+PARITY = ROOT / "tests" / "parity"
+S, M, B = str(PARITY / "dump_rank.py"), "dump_module", str(PARITY / "dump_bin")
+
+# (id, argv, extra environment): the kinds of lines found in docs, READMEs and Slurm/Kubeflow scripts.
+LINES = [
+    ("standalone", ["--standalone", "--nproc-per-node", "2", S], {}),
+    ("equals-underscore", ["--nproc_per_node=2", S], {}),
+    ("module", ["--nproc-per-node", "2", "-m", M, "--lr", "0.1"], {}),
+    ("no-python", ["--nproc-per-node", "2", "--no-python", B, "x"], {}),
+    ("args-after-dashes", ["--nproc-per-node", "2", S, "--", "--epochs", "3"], {}),
+    ("abbreviations", ["--stand", "--nproc-per", "2", "--max-r", "1", S], {}),
+    ("nnodes-range-1", ["--nnodes=1:1", "--nproc-per-node=2", S], {}),
+    ("max-restarts", ["--max-restarts", "3", "--nproc-per-node", "2", S], {}),
+    ("role", ["--role", "trainer", "--nproc-per-node", "2", S], {}),
+    ("static-one-node", ["--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                         "--master-port", "29561", "--nproc-per-node", "2", S], {}),
+    ("master-port-underscore", ["--master_port=29562", "--nproc_per_node=2", S], {}),
+    ("pet-only", [S], {"PET_NPROC_PER_NODE": "2", "PET_MAX_RESTARTS": "1"}),
+    ("pet-standalone", [S, "a"], {"PET_STANDALONE": "1", "PET_NPROC_PER_NODE": "3"}),
+    ("flag-beats-pet", ["--nproc-per-node", "1", S], {"PET_NPROC_PER_NODE": "3"}),
+    ("run-path", ["--run-path", "--nproc-per-node", "2", S, "a", "b"], {}),
+    ("virtual-local-rank", ["--virtual-local-rank", "--nproc-per-node", "2", S], {}),
+    ("virtual-local-rank-visible", ["--virtual-local-rank", "--nproc-per-node", "2", S],
+     {"CUDA_VISIBLE_DEVICES": "3,5"}),
+    ("one-rank-no-omp", ["--nproc-per-node", "1", S], {}),
+    ("omp-kept", ["--nproc-per-node", "2", S], {"OMP_NUM_THREADS": "4"}),
+    ("redirect-maps", ["-r", "3", "-t", "0:3,7:1", "--nproc-per-node", "2", S], {}),
+    ("ranks-filter-beyond", ["--local_ranks_filter=0,5", "--nproc_per_node=2", S], {}),
+    ("nproc-cpu", ["--nproc-per-node", "cpu", S], {}),
+    ("start-method", ["--start-method", "fork", "--nproc-per-node", "2", S], {}),
+    ("monitor-interval", ["--monitor-interval", "0.5", "--nproc-per-node", "2", S], {}),
+]
+# What torchrun derives from its own rendezvous rather than from the line: compared only where the
+# line fixes it.
+FIXED_PORT = {"static-one-node", "master-port-underscore"}
+
+
+def _records(dump_dir) -> dict[str, dict]:
+    return {name[:-5]: json.loads((dump_dir / name).read_text()) for name in sorted(os.listdir(dump_dir))}
+
+
+def _comparable(records: dict[str, dict], line_id: str) -> dict[str, dict]:
+    out = {}
+    for rank, rec in records.items():
+        rec = dict(rec)
+        if line_id not in FIXED_PORT:
+            rec.pop("MASTER_PORT")
+            rec.pop("MASTER_ADDR")
+        out[rank] = rec
+    return out
+
+
+@pytest.fixture(scope="module")
+def torchrun_results(tmp_path_factory):
+    """Every line through torchrun at once (one torch import for all of them)."""
+    base = tmp_path_factory.mktemp("torchrun")
+    cases = []
+    for line_id, argv, env in LINES:
+        dump = base / line_id
+        dump.mkdir()
+        cases.append({"argv": argv, "env": env, "dump": str(dump)})
+    (base / "cases.json").write_text(json.dumps(cases))
+    env = {**os.environ, "LOGLEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
+    res = subprocess.run([sys.executable, str(PARITY / "torchrun_reference.py"), str(base / "cases.json")],
+                         cwd=PARITY, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    statuses = json.loads(res.stdout.strip().splitlines()[-1])
+    return {line_id: (status, base / line_id) for (line_id, _, _), status in zip(LINES, statuses, strict=True)}
+
+
+@pytest.mark.parametrize("line_id,argv,env", LINES, ids=[line[0] for line in LINES])
+def test_same_world_as_torchrun(line_id, argv, env, torchrun_results, tmp_path):
+    status, torch_dump = torchrun_results[line_id]
+    assert status == 0, f"torchrun failed on this line: {status}"
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path / "logs"), *argv, cwd=PARITY,
+                      env={**os.environ, **env, "DUMP_TO": str(dump)})
+    assert res.returncode == 0, res.stderr
+    theirs, ours = _comparable(_records(torch_dump), line_id), _comparable(_records(dump), line_id)
+    assert ours == theirs, json.dumps({"ranktop": ours, "torchrun": theirs}, indent=1)
+
+
+# ----- one line for each bad value; nothing started ------------------------------------------------
+BAD = [
+    ([S], {"PET_MAX_RESTARTS": "lots"}, "ranktop: error: bad PET_MAX_RESTARTS='lots'"),
+    ([S], {"PET_STANDALONE": "yes"}, "ranktop: error: bad PET_STANDALONE='yes': expected 0 or 1"),
+    ([S], {"PET_START_METHOD": "thread"}, "ranktop: error: bad PET_START_METHOD='thread': expected one of spawn"),
+    (["--nproc", "2", S], {}, "ranktop: error: ambiguous option: --nproc could match"),
+    (["--nproc-per-node", "xpu", S], {}, "ranktop: error: bad --nproc-per-node xpu: no XPU found"),
+    (["--numa-binding", "node", S], {}, "ranktop: error: bad --numa-binding node: it binds each rank"),
+    (["--virtual-local-rank", "--nproc-per-node", "2", S], {"CUDA_VISIBLE_DEVICES": "3"},
+     "ranktop: error: bad --virtual-local-rank with 2 ranks: CUDA_VISIBLE_DEVICES='3' lists 1 device(s)"),
+    ([S], {"PYTHON_EXEC": "/nonexistent/python"}, "ranktop: error: bad PYTHON_EXEC='/nonexistent/python'"),
+    (["--no-python", "--run-path", B], {}, "ranktop: error: --no-python and --run-path exclude each other"),
+    (["-m", "--run-path", M], {}, "ranktop: error: --module and --run-path exclude each other"),
+    (["--nproc-per-node", "gpu", S], {"RANKTOP_FAKE_GPUS": "2", "CUDA_VISIBLE_DEVICES": ""},
+     "ranktop: error: bad --nproc-per-node gpu: no GPU found"),
+]
+
+
+@pytest.mark.parametrize("argv,env,message", BAD, ids=[b[2][16:50] for b in BAD])
+def test_bad_value_is_one_line(argv, env, message, tmp_path):
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path), *argv, cwd=PARITY,
+                      env={**os.environ, **env, "DUMP_TO": str(tmp_path)})
+    assert res.returncode == 2
+    assert res.stderr.startswith(message) and res.stderr.count("\n") == 1, res.stderr
+    assert os.listdir(tmp_path) == []  # no run directory, no rank
+
+
+def test_gpu_count_follows_cuda_visible_devices(tmp_path):
+    env = {**os.environ, "RANKTOP_FAKE_GPUS": "4", "CUDA_VISIBLE_DEVICES": "2,0", "DUMP_TO": str(tmp_path)}
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "gpu", S, env=env)
+    assert res.returncode == 0, res.stderr
+    assert sorted(os.listdir(tmp_path)) == ["0.json", "1.json", "logs"]
+
+
+@pytest.mark.parametrize("visible,count", [("2,0", 2), ("", 0), ("1,9,2", 1), ("0,0", 1), ("GPU-abc,3", 2),
+                                           ("-1", 0), ("3,x,1", 1)])
+def test_count_visible_reads_the_list_as_cuda_does(visible, count):
+    from ranktop.core.gpu import count_visible
+
+    assert count_visible(visible, 4) == count
+
+
+def test_python_exec_picks_the_ranks_interpreter(tmp_path):
+    python = tmp_path / "py"
+    python.symlink_to(sys.executable)
+    (tmp_path / "dump").mkdir()
+    (tmp_path / "which.py").write_text("import sys; print('EXE', sys.executable)\n")
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path / "logs"), str(tmp_path / "which.py"),
+                      env={**os.environ, "PYTHON_EXEC": str(python)})
+    assert res.returncode == 0, res.stderr
+    assert f"EXE {python}" in res.stdout
+    assert f"ranktop: ranks run {python}" in res.stderr  # the run says which interpreter it used
