@@ -170,6 +170,8 @@ class LocalAgent:
                     continue
                 if (result.is_failed() and not self._user_stop and self._stop_signal is None
                         and self._rdzv_error is None and self.attempt < self.spec.max_restarts):
+                    if self.rendezvous is not None:  # the other nodes spend a restart too
+                        self.rendezvous.agree_on_end("failure")
                     self._next_attempt("failure")
                     continue
                 return self._finish(result)
@@ -352,7 +354,8 @@ class LocalAgent:
             self._rdzv_error = f"{end.message}; the {self.rendezvous.describe()} is closed, this node stops"
             self.state = GroupState.STOPPING
         else:
-            self._notice(f"{end.message}: restarting the group (no restart spent)")
+            spent = "no restart spent" if end.kind == "nodes_joined" else "one restart spent"
+            self._notice(f"{end.message}: restarting the group ({spent})")
             self.state = GroupState.RESTARTING
         pc.stop()
 

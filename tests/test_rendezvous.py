@@ -1,0 +1,201 @@
+"""Multi-node through torch's rendezvous, for real: several ranktop processes on loopback, each
+one node (`--headless`), meeting through a c10d store that the first of them serves.
+
+Skipped as a whole when torch is not importable (the without-torch test fakes that itself).
+Small --rdzv-conf timeouts keep every round quick; deadlines are generous for a busy machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, ranktop_cmd, run_ranktop
+from ranktop.core.spec import free_port
+
+RANK = str(ROOT / "tests" / "ranks" / "rdzv_rank.py")
+CONF = "join_timeout=40,last_call_timeout=1,close_timeout=5"
+TIMEOUT = 90
+
+
+class Job:
+    """ranktop processes that meet at one c10d endpoint, one per node."""
+
+    def __init__(self, tmp_path: Path, rdzv_id: str, nnodes: str = "2"):
+        self.tmp_path, self.rdzv_id, self.nnodes = tmp_path, rdzv_id, nnodes
+        self.endpoint = f"127.0.0.1:{free_port()}"
+        self.nodes: list[subprocess.Popen] = []
+
+    def start(self, *rank_args: str, nproc: int = 1, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+        name = f"node{len(self.nodes)}"
+        cmd = ranktop_cmd("--headless", "--nnodes", self.nnodes, "--nproc-per-node", str(nproc),
+                          "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.rdzv_id,
+                          "--rdzv-conf", CONF, "--local-addr", "127.0.0.1", "--monitor-interval", "0.2",
+                          "--log-dir", str(self.tmp_path / name), "--shutdown-timeout", "2", *extra,
+                          RANK, *rank_args)
+        node = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.nodes.append(node)
+        return node
+
+    def finish(self) -> list[tuple[int, str, str]]:
+        """(exit status, stdout, stderr) of every node, once all have ended."""
+        try:
+            outputs = [node.communicate(timeout=TIMEOUT) for node in self.nodes]
+        finally:
+            for node in self.nodes:  # only reached with a node still running after a timeout
+                if node.poll() is None:
+                    node.kill()
+                    node.communicate()
+        return [(node.returncode, out, err) for node, (out, err) in zip(self.nodes, outputs, strict=True)]
+
+
+def placements(stdout: str) -> list[dict]:
+    return [json.loads(line.split("PLACED ", 1)[1]) for line in stdout.splitlines() if "PLACED " in line]
+
+
+def events(log_dir: Path) -> list[dict]:
+    (events_file,) = log_dir.glob("*/events.jsonl")
+    return [json.loads(line) for line in events_file.read_text().splitlines()]
+
+
+@pytest.fixture
+def torch_installed():
+    pytest.importorskip("torch")
+
+
+def test_two_nodes_allreduce_over_c10d(tmp_path, torch_installed):
+    job = Job(tmp_path, "two-nodes")
+    for _ in range(2):
+        job.start("allreduce", nproc=2)
+    results = job.finish()
+    for status, out, err in results:
+        assert status == 0, err
+        assert out.count("SUM 6 world 4") == 2, out
+    placed = [p for _, out, _ in results for p in placements(out)]
+    assert sorted(int(p["RANK"]) for p in placed) == [0, 1, 2, 3]
+    assert {p["TORCHELASTIC_RUN_ID"] for p in placed} == {"two-nodes"}
+    assert {p["GROUP_WORLD_SIZE"] for p in placed} == {"2"}
+    # one run id for every node: the run directory is named after the rendezvous id
+    for node in ("node0", "node1"):
+        assert (tmp_path / node / "two-nodes" / "attempt_0").is_dir()
+        assert any(e["event"] == "rendezvous_joined" and e["round"] == 0 for e in events(tmp_path / node))
+
+
+def test_nodes_with_different_nproc_get_torchruns_ranks(tmp_path, torch_installed):
+    job = Job(tmp_path, "mixed")
+    job.start("print", nproc=2)
+    job.start("print", nproc=1)
+    results = job.finish()
+    by_group = {}
+    for status, out, err in results:
+        assert status == 0, err
+        for p in placements(out):
+            by_group.setdefault(int(p["GROUP_RANK"]), []).append(p)
+    # global ranks run through the nodes in group-rank order, whichever node that is
+    sizes = [len(by_group[g]) for g in (0, 1)]
+    expected = list(range(3))
+    got = sorted(int(p["RANK"]) for g in (0, 1) for p in by_group[g])
+    assert got == expected and sorted(sizes) == [1, 2]
+    first = sorted(int(p["RANK"]) for p in by_group[0])
+    assert first == list(range(sizes[0]))
+    for p in by_group[0] + by_group[1]:
+        assert p["WORLD_SIZE"] == p["ROLE_WORLD_SIZE"] == "3"
+        assert p["ROLE_RANK"] == p["RANK"]
+
+
+def test_third_node_joining_restarts_the_group_without_spending_a_restart(tmp_path, torch_installed):
+    job = Job(tmp_path, "scale-up", nnodes="2:3")
+    first = [job.start("wait-world", "3") for _ in range(2)]
+    # the two-node group is running once both nodes' ranks have printed where they are
+    for node in first:
+        line = node.stdout.readline()
+        while "PLACED " not in line:
+            assert line, node.stderr.read()
+            line = node.stdout.readline()
+        assert json.loads(line.split("PLACED ", 1)[1])["WORLD_SIZE"] == "2"
+    job.start("wait-world", "3")
+    results = job.finish()
+    for status, out, err in results:
+        assert status == 0, err
+    for node in ("node0", "node1", "node2"):
+        log = events(tmp_path / node)
+        assert not any(e["event"] == "group_restart" and e["reason"] == "failure" for e in log)
+    third = placements(results[2][1])
+    assert [p["WORLD_SIZE"] for p in third] == ["3"]
+    assert third[0]["TORCHELASTIC_RESTART_COUNT"] == "0"
+    sums = sum(out.count("SUM 3 world 3") for _, out, _ in results)
+    assert sums == 3
+    for status, out, err in results[:2]:
+        assert [p["WORLD_SIZE"] for p in placements(out)][-1] == "3"
+        assert "restarting the group (no restart spent)" in err
+        assert [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)][-1] == "0"
+
+
+def test_failure_with_restarts_left_re_rendezvous_on_both_nodes(tmp_path, torch_installed):
+    job = Job(tmp_path, "retry")
+    for _ in range(2):
+        job.start("fail-first", "1", extra=("--max-restarts", "1"))
+    results = job.finish()
+    for status, out, err in results:
+        assert status == 0, err
+        restarts = [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)]
+        assert restarts == ["0", "1"], out
+    for node in ("node0", "node1"):
+        rounds = [e["round"] for e in events(tmp_path / node) if e["event"] == "rendezvous_joined"]
+        assert len(rounds) == 2 and rounds[1] > rounds[0]
+        assert (tmp_path / node / "retry" / "attempt_1").is_dir()
+
+
+def test_giving_up_closes_the_rendezvous_and_stops_the_other_node(tmp_path, torch_installed):
+    job = Job(tmp_path, "give-up")
+    for _ in range(2):
+        job.start("fail", "1")
+    results = job.finish()
+    failed = [r for r in results if "exitcode" in r[2] or "exit 3" in r[2]]
+    assert all(status == 1 for status, _, _ in results), results
+    gave_up = [err for _, _, err in results if "gave up:" in err]
+    assert len(gave_up) == 1, results
+    line = [ln for ln in gave_up[0].splitlines() if "gave up:" in ln][0]
+    assert line.startswith("ranktop: error: node ") and "rank 1 failed (exit 3), no restarts left" in line
+    assert "rendezvous 'give-up' is closed, this node stops" in line
+    assert failed
+
+
+def test_without_torch_a_rendezvous_backend_is_a_one_line_error(tmp_path):
+    hide_torch = textwrap.dedent("""
+        import runpy, sys
+        sys.modules['torch'] = None
+        sys.argv = ['ranktop', *sys.argv[1:]]
+        runpy.run_module('ranktop', run_name='__main__')
+    """)
+    args = ("--headless", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1",
+            "--log-dir", str(tmp_path), RANK, "print")
+    res = subprocess.run([sys.executable, "-c", hide_torch, *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.startswith("ranktop: error: --rdzv-backend c10d needs torch (pip install torch)")
+    assert len(res.stderr.splitlines()) == 1
+    assert not list(tmp_path.iterdir())  # nothing started, no run directory
+    # the static backend without torch is ranktop's own static form, exactly as without the flag
+    res = subprocess.run([sys.executable, "-c", hide_torch, "--headless", "--rdzv-backend", "static",
+                          "--log-dir", str(tmp_path), "--run-id", "plain", RANK, "print"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert placements(res.stdout)[0]["WORLD_SIZE"] == "1"
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--rdzv-conf", "join_timeout"), "bad --rdzv-conf 'join_timeout': expected KEY=VALUE"),
+    (("--nnodes", "3:2"), "bad --nnodes '3:2': expected N or MIN:MAX with 1 <= MIN <= MAX"),
+    (("--nnodes", "0:2"), "bad --nnodes '0:2'"),
+])
+def test_bad_rendezvous_flags_are_one_line_errors(tmp_path, flags, message):
+    res = run_ranktop("--headless", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1",
+                      "--log-dir", str(tmp_path), *flags, RANK, "print")
+    assert res.returncode == 2
+    assert res.stderr.startswith(f"ranktop: error: {message}") and len(res.stderr.splitlines()) == 1
+    assert not list(tmp_path.iterdir())
