@@ -119,7 +119,7 @@ def test_third_node_joining_restarts_the_group_without_spending_a_restart(tmp_pa
         assert json.loads(line.split("PLACED ", 1)[1])["WORLD_SIZE"] == "2"
     job.start("wait-world", "3")
     results = job.finish()
-    for status, out, err in results:
+    for status, _out, err in results:
         assert status == 0, err
     for node in ("node0", "node1", "node2"):
         log = events(tmp_path / node)
@@ -129,7 +129,7 @@ def test_third_node_joining_restarts_the_group_without_spending_a_restart(tmp_pa
     assert third[0]["TORCHELASTIC_RESTART_COUNT"] == "0"
     sums = sum(out.count("SUM 3 world 3") for _, out, _ in results)
     assert sums == 3
-    for status, out, err in results[:2]:
+    for _status, out, err in results[:2]:
         assert [p["WORLD_SIZE"] for p in placements(out)][-1] == "3"
         assert "restarting the group (no restart spent)" in err
         assert [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)][-1] == "0"
@@ -155,14 +155,12 @@ def test_giving_up_closes_the_rendezvous_and_stops_the_other_node(tmp_path, torc
     for _ in range(2):
         job.start("fail", "1")
     results = job.finish()
-    failed = [r for r in results if "exitcode" in r[2] or "exit 3" in r[2]]
     assert all(status == 1 for status, _, _ in results), results
     gave_up = [err for _, _, err in results if "gave up:" in err]
     assert len(gave_up) == 1, results
     line = [ln for ln in gave_up[0].splitlines() if "gave up:" in ln][0]
     assert line.startswith("ranktop: error: node ") and "rank 1 failed (exit 3), no restarts left" in line
     assert "rendezvous 'give-up' is closed, this node stops" in line
-    assert failed
 
 
 def test_without_torch_a_rendezvous_backend_is_a_one_line_error(tmp_path):

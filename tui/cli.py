@@ -328,7 +328,7 @@ def build_spec(ns: argparse.Namespace):
         node_rank=ns.node_rank if not elastic or ns.rdzv_backend == "static" else 0,
         master_addr=ns.master_addr, master_port=port, env=env,
         redirects=redirects, tee=tee, local_ranks_filter=parse_ranks(ns.local_ranks_filter),
-        run_id=ns.run_id or (ns.rdzv_id if elastic and ns.rdzv_id != "none" else None),
+        run_id=ns.run_id,
         name=os.path.basename(ns.training_script), pty=ns.pty,
         virtual_local_rank=ns.virtual_local_rank,
     )
