@@ -11,10 +11,11 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, ranktop_cmd, run_ranktop
+from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
 from ranktop.core.spec import free_port
 
 RANK = str(ROOT / "tests" / "ranks" / "rdzv_rank.py")
@@ -197,3 +198,32 @@ def test_bad_rendezvous_flags_are_one_line_errors(tmp_path, flags, message):
     assert res.returncode == 2
     assert res.stderr.startswith(f"ranktop: error: {message}") and len(res.stderr.splitlines()) == 1
     assert not list(tmp_path.iterdir())
+
+
+def test_restarting_one_rank_restarts_the_group_and_the_snapshot_shows_the_round(tmp_path, torch_installed):
+    from ranktop.core import GroupState, LocalAgent, WorkerSpec, WorkerState
+    from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
+
+    handler = create_handler("c10d", f"127.0.0.1:{free_port()}", "solo", 1, 1, conf=parse_rdzv_conf(CONF),
+                             local_addr="127.0.0.1")
+    spec = WorkerSpec(role="default", local_world_size=2, entrypoint=sys.executable, args=(RANK, "wait-world", "9"),
+                      rdzv_handler=handler)
+    agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(agent.run()))
+    thread.start()
+    try:
+        assert agent.wait_started(30)
+        first = agent.snapshot()
+        assert (first.round, first.node_rank, first.nnodes, first.attempt) == (0, 0, 1, 0)
+        agent.restart_rank(1)  # one new rank could not rejoin the others' collectives: all restart
+        again = wait_for(lambda: (s := agent.snapshot()).attempt == 1 and s.state == GroupState.RUNNING and s,
+                         timeout=30, what="the group's second start")
+        assert again.round == 1
+    finally:
+        agent.stop()
+        thread.join(30)
+    assert results[0].state == WorkerState.STOPPED
+    log = events(tmp_path)
+    assert [e["reason"] for e in log if e["event"] == "group_restart"] == ["user"]
+    assert not any(e["event"] == "user_restart_rank" for e in log)
