@@ -300,8 +300,9 @@ class LocalAgent:
         self.events.write("rendezvous_joined", round=p.round, group_rank=p.group_rank, nodes=p.group_world_size,
                           base_rank=p.base_rank, world_size=p.world_size, master=f"{p.master_addr}:{p.master_port}")
         last = p.base_rank + self.spec.local_world_size - 1
+        ranks = f"rank {last}" if last == p.base_rank else f"ranks {p.base_rank}-{last}"
         self._notice(f"{self.rendezvous.describe()} round {p.round}: this node is group rank {p.group_rank} "
-                     f"of {p.group_world_size}, ranks {p.base_rank}-{last} of {p.world_size} "
+                     f"of {p.group_world_size}, {ranks} of {p.world_size} "
                      f"(master {p.master_addr}:{p.master_port})")
         return True
 

@@ -8,6 +8,7 @@ Small --rdzv-conf timeouts keep every round quick; deadlines are generous for a 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -227,3 +228,37 @@ def test_restarting_one_rank_restarts_the_group_and_the_snapshot_shows_the_round
     log = events(tmp_path)
     assert [e["reason"] for e in log if e["event"] == "group_restart"] == ["user"]
     assert not any(e["event"] == "user_restart_rank" for e in log)
+
+
+@pytest.mark.parametrize(("backend", "message"), [
+    ("etcd", "--rdzv-backend etcd needs the etcd client: pip install python-etcd"),
+    ("nope", "bad rendezvous (--rdzv-backend nope"),
+])
+def test_a_backend_that_cannot_be_used_is_a_one_line_error(tmp_path, torch_installed, backend, message):
+    res = run_ranktop("--headless", "--rdzv-backend", backend, "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                      "--log-dir", str(tmp_path), RANK, "print")
+    assert res.returncode == 2
+    assert res.stderr.startswith(f"ranktop: error: {message}") and len(res.stderr.splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
+def test_too_few_nodes_time_out_with_a_clear_message(tmp_path, torch_installed):
+    job = Job(tmp_path, "alone")
+    job.start("print", extra=("--rdzv-conf", "join_timeout=2,last_call_timeout=1,close_timeout=1"))
+    ((status, out, err),) = job.finish()
+    assert status == 1 and "PLACED" not in out
+    assert "ranktop: error: the c10d rendezvous 'alone' timed out: not enough nodes joined" in err
+    assert "Traceback" not in err
+    assert [e["event"] for e in events(tmp_path / "node0")][-2:] == ["rendezvous_failed", "run_finished"]
+
+
+def test_a_stop_signal_while_waiting_for_nodes_ends_at_once(tmp_path, torch_installed):
+    job = Job(tmp_path, "waiting")
+    node = job.start("print")
+    wait_for(lambda: list(tmp_path.glob("node0/*/events.jsonl")) and any(
+        e["event"] == "rendezvous_joining" for e in events(tmp_path / "node0")), timeout=30,
+        what="the node waiting in the rendezvous")
+    node.send_signal(signal.SIGTERM)
+    ((status, out, err),) = job.finish()
+    assert status == 128 + signal.SIGTERM and "PLACED" not in out
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
