@@ -249,7 +249,8 @@ class Rendezvous:
             why = peer or "another node gave up or the job ended"
             return f"the {self.describe()} is closed ({why}); this node stops"
         if name == "RendezvousTimeoutError":
-            return f"the {self.describe()} timed out: not enough nodes joined ({_one_line(exc)})"
+            detail = " ".join(str(exc).split())
+            return f"the {self.describe()} timed out: not enough nodes joined" + (f" ({detail})" if detail else "")
         if name in ("RendezvousConnectionError", "DistNetworkError", "DistStoreError"):
             return (f"lost the {self.describe()}: {_one_line(exc)} "
                     "(the node serving its store may have ended)")

@@ -262,3 +262,32 @@ def test_a_stop_signal_while_waiting_for_nodes_ends_at_once(tmp_path, torch_inst
     ((status, out, err),) = job.finish()
     assert status == 128 + signal.SIGTERM and "PLACED" not in out
     assert "stopped by SIGTERM" in err and "Traceback" not in err
+
+
+def test_tui_shows_the_wait_for_nodes_and_why_the_run_ended(tmp_path, torch_installed):
+    import asyncio
+
+    from ranktop.core import LocalAgent, WorkerSpec
+    from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
+    from ranktop.tui.app import RanktopApp
+    from ranktop.tui.panes import LiveText
+
+    handler = create_handler("c10d", f"127.0.0.1:{free_port()}", "tui", 2, 2, local_addr="127.0.0.1",
+                             conf=parse_rdzv_conf("join_timeout=4,last_call_timeout=1,close_timeout=1"))
+    spec = WorkerSpec(role="default", local_world_size=2, entrypoint=sys.executable, args=(RANK, "print"),
+                      rdzv_handler=handler)
+    app = RanktopApp(LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2))
+    headers, notes = [], []
+    app.notify = lambda message, **kw: notes.append(message)
+
+    async def main():
+        async with app.run_test(size=(160, 48)) as pilot:
+            while not app.agent_done or not notes:
+                if app.main is not None and app.main.is_mounted:
+                    headers.append(app.main.query_one("#header", LiveText).render().plain)
+                await pilot.pause(0.1)
+
+    asyncio.run(asyncio.wait_for(main(), 40))
+    assert any(" rendezvous " in h and "node 0/1" in h for h in headers), headers
+    assert notes == ["the c10d rendezvous 'tui' timed out: not enough nodes joined"]
+    assert app.exit_status == 1

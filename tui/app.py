@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -61,7 +62,8 @@ class RanktopApp(App):
 
     def on_mount(self) -> None:
         self._runner.start()
-        self.agent.wait_started(timeout=5.0)  # a spawn takes milliseconds; the panes want rings
+        if getattr(self.agent, "rendezvous", None) is None:  # a rendezvous may take minutes: show it
+            self.agent.wait_started(timeout=5.0)  # a spawn takes milliseconds; the panes want rings
         self.main = MainScreen(self.agent)
         self.push_screen(self.main)
 
@@ -69,6 +71,8 @@ class RanktopApp(App):
         """Called by the main screen once the agent's run returned."""
         if self.error is not None:
             self.notify(f"ranktop failed: {self.error!r}", severity="error", timeout=30)
+        elif self.result is not None and self.result.rendezvous_error:
+            self.notify(self.result.rendezvous_error, severity="error", timeout=30)
         if self._exit_when_ended:
             self.exit(self.exit_status)
 
@@ -192,6 +196,8 @@ def run_tui(spec: Any, ns: argparse.Namespace) -> int:
             sampler.close()
     if app.error is not None:
         raise app.error
+    if app.result is not None and app.result.rendezvous_error and app.result.stop_signal is None:
+        print(f"ranktop: error: {app.result.rendezvous_error}", file=sys.stderr)  # the TUI is gone now
     return app.exit_status
 
 

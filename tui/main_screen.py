@@ -308,6 +308,8 @@ class MainScreen(Screen):
         now = time.time()
         self.query_one("#header", LiveText).show(header_text(snap, now, note=self.note))
         if self.agent.pcontext is None or not snap.ranks:
+            if self.ranktop.agent_done and not self.ended:  # ended before any rank started (rendezvous)
+                self._on_end(snap)
             return
         self._forget_resumed(snap)
         digits = len(str(snap.world_size - 1))
