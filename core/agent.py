@@ -165,13 +165,12 @@ class LocalAgent:
                     self._restart_requested = False
                     self._next_attempt("user")
                     continue
-                if self._nodes_joined(result):
+                failed = (result.is_failed() and not self._user_stop and self._stop_signal is None
+                          and self._rdzv_error is None)
+                if self._nodes_joined(result) or (failed and self._peers_joined()):
                     self._next_attempt("nodes_joined", spend_restart=False)
                     continue
-                if (result.is_failed() and not self._user_stop and self._stop_signal is None
-                        and self._rdzv_error is None and self.attempt < self.spec.max_restarts):
-                    if self.rendezvous is not None:  # the other nodes spend a restart too
-                        self.rendezvous.agree_on_end("failure")
+                if failed and self.attempt < self.spec.max_restarts:
                     self._next_attempt("failure")
                     continue
                 return self._finish(result)
@@ -365,6 +364,11 @@ class LocalAgent:
         if self._round_end is None or self._round_end.kind != "nodes_joined" or not result.is_failed():
             return False
         return all(s.stopped_by_us for s in self.pcontext.slots if s.failure is not None)
+
+    def _peers_joined(self) -> bool:
+        """This node's ranks failed: was it because another node stopped its own for newcomers
+        (restart free), or a real failure (every node spends a restart: they all agree on it)?"""
+        return self.rendezvous is not None and self.rendezvous.agree_on_end("failure") == "nodes_joined"
 
     def _leave_rendezvous(self, state: WorkerState) -> None:
         """Success: wait at the exit barrier, then close. Giving up: tell the others, close. A stop

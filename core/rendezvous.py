@@ -229,10 +229,10 @@ class Rendezvous:
         """MASTER_ADDR/PORT for this start of the group, which group rank 0 writes in the round's
         store every round (see the module's docstring for why every round, and why a new store)."""
         key = f"{_RANKS_STORE}{number}"
+        self._ranks_store = None  # the previous group's store goes before the new one comes
         if group_rank == 0:
             addr, port = bootstrap.master_addr, bootstrap.master_port
             if use_agent_store:
-                self._ranks_store = None  # the previous group's store goes before the new one comes
                 self._ranks_store = _serve_ranks_store(addr)
                 port = self._ranks_store.port
             store.set(key, json.dumps([addr, port]))

@@ -123,17 +123,18 @@ def test_third_node_joining_restarts_the_group_without_spending_a_restart(tmp_pa
     results = job.finish()
     for status, _out, err in results:
         assert status == 0, err
-    for node in ("node0", "node1", "node2"):
-        log = events(tmp_path / node)
-        assert not any(e["event"] == "group_restart" and e["reason"] == "failure" for e in log)
+    for node in ("node0", "node1"):  # the first two restarted their group once, for the newcomer
+        restarts = [(e["reason"], e["attempt"]) for e in events(tmp_path / node) if e["event"] == "group_restart"]
+        assert restarts == [("nodes_joined", 0)]
+        assert (tmp_path / node / "scale-up" / "attempt_0.1").is_dir()
+    assert not [e for e in events(tmp_path / "node2") if e["event"] == "group_restart"]
     third = placements(results[2][1])
     assert [p["WORLD_SIZE"] for p in third] == ["3"]
     assert third[0]["TORCHELASTIC_RESTART_COUNT"] == "0"
-    sums = sum(out.count("SUM 3 world 3") for _, out, _ in results)
-    assert sums == 3
-    for _status, out, err in results[:2]:
+    assert [out.count("SUM 3 world 3") for _, out, _ in results] == [1, 1, 1]
+    assert [out.count("SUM 1 world 2") for _, out, _ in results] == [1, 1, 0]
+    for _status, out, _err in results[:2]:
         assert [p["WORLD_SIZE"] for p in placements(out)][-1] == "3"
-        assert "restarting the group (no restart spent)" in err
         assert [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)][-1] == "0"
 
 

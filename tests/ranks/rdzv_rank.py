@@ -2,7 +2,8 @@
 
     print           nothing more
     allreduce       a gloo all_reduce of the rank numbers over the whole job; prints the sum
-    wait-world N    waits until stopped while WORLD_SIZE < N; then the all_reduce
+    wait-world N    while WORLD_SIZE < N, all_reduces over and over until stopped (or until a peer
+                    stopped breaks the collective); with N ranks, one all_reduce
     fail-first R    global rank R exits 3 in attempt 0; the others wait until stopped in attempt 0
     fail R          global rank R exits 3; the others wait until stopped
 """
@@ -24,7 +25,7 @@ def wait_until_stopped() -> None:
         time.sleep(60)
 
 
-def allreduce() -> None:
+def allreduce(until_stopped: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
@@ -32,15 +33,16 @@ def allreduce() -> None:
     t = torch.tensor([float(rank)])
     dist.all_reduce(t)
     print(f"SUM {t.item():g} world {dist.get_world_size()}", flush=True)
+    while until_stopped:
+        dist.all_reduce(torch.tensor([1.0]))
+        time.sleep(0.05)
     dist.destroy_process_group()
 
 
 if mode == "allreduce":
     allreduce()
 elif mode == "wait-world":
-    if world < arg:
-        wait_until_stopped()
-    allreduce()
+    allreduce(until_stopped=world < arg)
 elif mode in ("fail-first", "fail"):
     if rank == arg and (mode == "fail" or attempt == 0):
         sys.exit(3)
