@@ -27,15 +27,15 @@ TIMEOUT = 90
 class Job:
     """ranktop processes that meet at one c10d endpoint, one per node."""
 
-    def __init__(self, tmp_path: Path, rdzv_id: str, nnodes: str = "2"):
-        self.tmp_path, self.rdzv_id, self.nnodes = tmp_path, rdzv_id, nnodes
+    def __init__(self, tmp_path: Path, rdzv_id: str, nnodes: str = "2", backend: str = "c10d"):
+        self.tmp_path, self.rdzv_id, self.nnodes, self.backend = tmp_path, rdzv_id, nnodes, backend
         self.endpoint = f"127.0.0.1:{free_port()}"
         self.nodes: list[subprocess.Popen] = []
 
     def start(self, *rank_args: str, nproc: int = 1, extra: tuple[str, ...] = ()) -> subprocess.Popen:
         name = f"node{len(self.nodes)}"
         cmd = ranktop_cmd("--headless", "--nnodes", self.nnodes, "--nproc-per-node", str(nproc),
-                          "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.rdzv_id,
+                          "--rdzv-backend", self.backend, "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.rdzv_id,
                           "--rdzv-conf", CONF, "--local-addr", "127.0.0.1", "--monitor-interval", "0.2",
                           "--log-dir", str(self.tmp_path / name), "--shutdown-timeout", "2", *extra,
                           RANK, *rank_args)
@@ -107,6 +107,17 @@ def test_nodes_with_different_nproc_get_torchruns_ranks(tmp_path, torch_installe
     for p in by_group[0] + by_group[1]:
         assert p["WORLD_SIZE"] == p["ROLE_WORLD_SIZE"] == "3"
         assert p["ROLE_RANK"] == p["RANK"]
+
+
+def test_two_nodes_through_torchs_static_rendezvous(tmp_path, torch_installed):
+    job = Job(tmp_path, "static", backend="static")
+    for node_rank in (1, 0):  # the group rank is the --node-rank, whoever starts first
+        job.start("print", extra=("--node-rank", str(node_rank)))
+    results = job.finish()
+    for status, _out, err in results:
+        assert status == 0, err
+    placed = [placements(out)[0] for _, out, _ in results]
+    assert [(p["GROUP_RANK"], p["RANK"], p["WORLD_SIZE"]) for p in placed] == [("1", "1", "2"), ("0", "0", "2")]
 
 
 def test_third_node_joining_restarts_the_group_without_spending_a_restart(tmp_path, torch_installed):
