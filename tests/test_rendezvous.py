@@ -87,10 +87,10 @@ def test_two_nodes_allreduce_over_c10d(tmp_path, torch_installed):
         assert any(e["event"] == "rendezvous_joined" and e["round"] == 0 for e in events(tmp_path / node))
 
 
-def test_nodes_with_different_nproc_get_torchruns_ranks(tmp_path, torch_installed):
+def test_nodes_with_different_nproc_and_roles_get_torchruns_ranks(tmp_path, torch_installed):
     job = Job(tmp_path, "mixed")
-    job.start("print", nproc=2)
-    job.start("print", nproc=1)
+    job.start("print", nproc=2, extra=("--role", "trainer"))
+    job.start("print", nproc=1, extra=("--role", "reader"))
     results = job.finish()
     by_group = {}
     for status, out, err in results:
@@ -104,9 +104,10 @@ def test_nodes_with_different_nproc_get_torchruns_ranks(tmp_path, torch_installe
     assert got == expected and sorted(sizes) == [1, 2]
     first = sorted(int(p["RANK"]) for p in by_group[0])
     assert first == list(range(sizes[0]))
-    for p in by_group[0] + by_group[1]:
-        assert p["WORLD_SIZE"] == p["ROLE_WORLD_SIZE"] == "3"
-        assert p["ROLE_RANK"] == p["RANK"]
+    # role ranks count within one role: the trainer's two ranks, the reader's one
+    roles = {p["ROLE_WORLD_SIZE"]: sorted(q["ROLE_RANK"] for q in by_group[g]) for g in (0, 1) for p in by_group[g]}
+    assert roles == {"2": ["0", "1"], "1": ["0"]}
+    assert {p["WORLD_SIZE"] for g in (0, 1) for p in by_group[g]} == {"3"}
 
 
 def test_two_nodes_through_torchs_static_rendezvous(tmp_path, torch_installed):
