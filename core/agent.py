@@ -32,6 +32,7 @@ from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.process import exit_status_for_signal
+from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
 from ranktop.core.signals import StopAction, StopRule
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
@@ -79,6 +80,7 @@ class RunResult:
     incomplete_logs: tuple[LogLoss, ...] = ()  # log files a write failed on (disk full)
     # global rank -> pid of each rank that outlived SIGKILL (stuck in the kernel), left to the guard
     unreapable: dict[int, int] = field(default_factory=dict)
+    rendezvous_error: str | None = None  # why the rendezvous ended this node's run, if it did
 
     def is_failed(self) -> bool:
         return self.state == WorkerState.FAILED
@@ -116,6 +118,8 @@ class LocalAgent:
         faulthandler: bool = True,
         sanitize_console: bool = False,
         reap_timeout: float = REAP_TIMEOUT,
+        exit_barrier_timeout: float = 300.0,
+        on_notice: Callable[[str], None] | None = None,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
         if stall_timeout is not None:
@@ -133,9 +137,16 @@ class LocalAgent:
         self.ring_lines = ring_lines
         self.sampler = sampler  # core.stats.StatsSampler or None: cpu/rss/GPU per rank
         self.on_stall = on_stall
-        self.run_id = check_run_id(spec.run_id) if spec.run_id is not None else new_run_id()
-        # Made fresh and held until the end: every file of the run is opened through it.
-        self.layout = RunDir.create(log_dir, self.run_id)
+        self.rendezvous = (Rendezvous(spec.rdzv_handler, spec.role, spec.local_world_size)
+                           if spec.rdzv_handler is not None else None)
+        shared_id = self.rendezvous.run_id if self.rendezvous is not None else "none"
+        if spec.run_id is not None:
+            self.run_id = check_run_id(spec.run_id)
+        else:
+            self.run_id = check_run_id(shared_id) if shared_id != "none" else new_run_id()
+        # Made fresh and held until the end: every file of the run is opened through it. The
+        # rendezvous id is the same on every node: nodes sharing a file system get <id>.1, <id>.2...
+        self.layout = RunDir.create(log_dir, self.run_id, numbered=spec.run_id is None and shared_id != "none")
         self.run_dir = self.layout.path
         self.master_port = spec.master_port or free_port()
         self.events = self._open_events()
@@ -163,6 +174,15 @@ class LocalAgent:
         self._between_attempts = False  # closing one attempt to start the next
         self.reap_timeout = reap_timeout  # how long a SIGKILLed rank may take to go before it is given up on
         self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
+        self.on_notice = on_notice  # one-line news for the person watching (rendezvous rounds)
+        self.exit_barrier_timeout = exit_barrier_timeout
+        self._watch: RoundWatch | None = None
+        self._round_end = None  # a RoundEnd once the watch saw one for the running group
+        self._rdzv_error: str | None = None
+        # Starts of the group since the last restart was spent: nodes joining restart the group
+        # without spending one, and that start logs to attempt_<k>.<n>.
+        self._same_attempt_starts = 0
+        self._generation = -1  # the group's starts so far, less one: each start's rings are new
 
     def _open_events(self) -> EventLog:
         """The run directory and its event log, with the first event written: a disk that is full
@@ -190,6 +210,7 @@ class LocalAgent:
             self._close_attempt()
             return self.result
         finally:
+            self._end_watch()
             self._close_attempt()  # after an error too: no rank outlives run()
             self._stop_accepting()
             self._restore_signal_handlers(handlers)
@@ -198,9 +219,12 @@ class LocalAgent:
 
     def _attempts(self) -> RunProcsResult:
         """Run attempts until one ends for good; returns its result (the ranks may still close)."""
+        result = RunProcsResult()
         while True:
-            self._start_attempt()
+            if not self._start_attempt():  # the rendezvous failed, or a stop came first
+                return result
             result = self._monitor()
+            self._end_watch()
             reason = self._restart_reason(result)
             if reason is None:
                 return result
@@ -213,7 +237,9 @@ class LocalAgent:
                 return result
             self._restart_requested = False
             self._earlier_losses += self.pcontext.incomplete_logs()
-            self.attempt += 1
+            spend = reason != "nodes_joined"  # newcomers restart the group without spending a restart
+            self.attempt += spend
+            self._same_attempt_starts = 0 if spend else self._same_attempt_starts + 1
             self.state = GroupState.RESTARTING
             self.events.write("group_restart", attempt=self.attempt, reason=reason)
 
@@ -222,7 +248,10 @@ class LocalAgent:
             return None
         if self._restart_requested:
             return "user"
-        if result.is_failed() and self.attempt < self.spec.max_restarts:
+        failed = result.is_failed() and self._rdzv_error is None
+        if self._nodes_joined(result) or (failed and self._peers_joined()):
+            return "nodes_joined"
+        if failed and self.attempt < self.spec.max_restarts:
             return "failure"
         return None
 
@@ -232,11 +261,19 @@ class LocalAgent:
             self.pcontext.close(timeout=self.shutdown_timeout, between=self._apply_commands)
 
     def attempt_dir(self, attempt: int | None = None) -> str:
-        return self.layout.attempt_path(self.attempt if attempt is None else attempt)
+        """attempt_<k>; with `attempt` None, the running group's (attempt_<k>.<n> after nodes joined)."""
+        if attempt is None:
+            return self.layout.attempt_path(self.attempt, self._same_attempt_starts)
+        return self.layout.attempt_path(attempt)
 
-    def _start_attempt(self) -> None:
+    def _start_attempt(self) -> bool:
+        """Start the group; in a rendezvous run, join the next round first (False: the rendezvous
+        failed, or a stop came while waiting for it)."""
+        if self.rendezvous is not None and not self._join_round():
+            return False
         spec, n = self.spec, self.spec.local_world_size
-        log_dir = self.layout.attempt(self.attempt)  # the PContext holds it, and closes it
+        # the PContext holds it, and closes it
+        log_dir = self.layout.attempt(self.attempt, self._same_attempt_starts)
         envs = {
             r: rank_env(spec, r, master_port=self.master_port, restart_count=self.attempt,
                         run_id=self.run_id, error_file=os.path.join(log_dir.path, str(r), ERROR_FILE),
@@ -261,15 +298,22 @@ class LocalAgent:
             global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
             ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False, pty=pty,
             sanitize_console=self.sanitize_console,
-            waker=self._waker, generation=self.attempt, reap_timeout=self.reap_timeout,
+            waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
         ).start()
         self.state = GroupState.RUNNING
+        self._start_watch()
         self._started.set()
+        return True
+
+    def _next_generation(self) -> int:
+        self._generation += 1
+        return self._generation
 
     def _monitor(self) -> RunProcsResult:
         pc = self.pcontext
         while True:
             self._apply_commands()
+            self._check_round_end(pc)
             result = pc.step()
             if result is not None:
                 return result
@@ -281,16 +325,20 @@ class LocalAgent:
         values = {self.spec.global_rank(r): v for r, v in result.return_values.items()}
         if self._stop_signal is not None or self._user_stop:
             state, self.state = WorkerState.STOPPED, GroupState.STOPPED
-        elif failures:
+        elif failures or self._rdzv_error:
             state, self.state = WorkerState.FAILED, GroupState.FAILED
         else:
             state, self.state = WorkerState.SUCCEEDED, GroupState.SUCCEEDED
-        # A stop the user asked for has no culprit among the ranks.
-        self.root_cause = self._root_cause() if failures and not self._user_stop else None
+        # A stop the user asked for has no culprit among the ranks, nor has one for a node that gave up.
+        peer_stop = self._round_end is not None and self._round_end.kind == "peer_gave_up"
+        self.root_cause = self._root_cause() if failures and not self._user_stop and not peer_stop else None
+        if self.rendezvous is not None:
+            self._leave_rendezvous(state)
         self.ended_at = time.time()
         unreapable = {self.spec.global_rank(r): pid for r, pid in result.unreapable.items()}
         run = RunResult(state, values, failures, self.root_cause, self._stop_signal,
-                        incomplete_logs=self.incomplete_logs(), unreapable=unreapable)
+                        incomplete_logs=self.incomplete_logs(), unreapable=unreapable,
+                        rendezvous_error=self._rdzv_error)
         self.events.write("run_finished", state=state.value, exit_status=run.exit_status,
                           root_cause_rank=self.root_cause.rank if self.root_cause else None,
                           incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
@@ -312,6 +360,118 @@ class LocalAgent:
             # Enough lines to see past the rank's own printed traceback (the report cuts it out).
             failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
         )
+
+    # ----- rendezvous: the hooks of a multi-node run through torch's rendezvous -----------------
+    def _join_round(self) -> bool:
+        """Before each start of the group: the next round decides this node's ranks and master."""
+        self.state = GroupState.RENDEZVOUS
+        self._round_end = None
+        self.events.write("rendezvous_joining", rendezvous=self.rendezvous.describe(), attempt=self.attempt)
+        outcome = self._wait_unless_stopped(self.rendezvous.next_round)
+        if outcome is None:
+            return False
+        if isinstance(outcome, RendezvousFailed):
+            self._rdzv_error = str(outcome)
+            self.events.write("rendezvous_failed", message=self._rdzv_error)
+            return False
+        p = outcome
+        self.spec = self.spec.placed(p)
+        self.master_port = p.master_port
+        self.events.write("rendezvous_joined", round=p.round, group_rank=p.group_rank, nodes=p.group_world_size,
+                          base_rank=p.base_rank, world_size=p.world_size, master=f"{p.master_addr}:{p.master_port}")
+        last = p.base_rank + self.spec.local_world_size - 1
+        ranks = f"rank {last}" if last == p.base_rank else f"ranks {p.base_rank}-{last}"
+        self._notice(f"{self.rendezvous.describe()} round {p.round}: this node is group rank {p.group_rank} "
+                     f"of {p.group_world_size}, {ranks} of {p.world_size} "
+                     f"(master {p.master_addr}:{p.master_port})")
+        return True
+
+    def _wait_unless_stopped(self, call: Callable[[], Any]) -> Any:
+        """`call()`'s value, or the RendezvousFailed it raised; None if a stop came first. It runs
+        in a thread: a store call blocks for as long as its timeout, and a stop must not wait."""
+        box: list[Any] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box.append(call())
+            except RendezvousFailed as exc:
+                box.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="ranktop-rdzv-join", daemon=True).start()
+        while not done.wait(0.1):
+            if self._stop_asked():
+                return None
+        return box[0] if box else RendezvousFailed(f"the {self.rendezvous.describe()} failed")
+
+    def _stop_asked(self) -> bool:
+        """While no ranks run (a rendezvous round, the exit barrier): take in pending signals and
+        commands; stop now?"""
+        self._apply_commands()
+        return self._stop_signal is not None or self._user_stop
+
+    def _start_watch(self) -> None:
+        if self.rendezvous is not None:
+            self._watch = RoundWatch(self.rendezvous, max(self.spec.monitor_interval, 0.5), self._wake_monitor)
+
+    def _end_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+
+    def _wake_monitor(self) -> None:
+        self._waker.wake()
+
+    def _check_round_end(self, pc: PContext) -> None:
+        """While monitoring: nodes waiting to join, or a node that gave up, end the running group."""
+        end = self._watch.end if self._watch is not None else None
+        if end is None or self._round_end is not None or self._stop_signal is not None or self._user_stop:
+            return
+        self._round_end = end
+        self.events.write("round_end", kind=end.kind, message=end.message)
+        if end.kind == "peer_gave_up":
+            self._rdzv_error = f"{end.message}; the {self.rendezvous.describe()} is closed, this node stops"
+            self.state = GroupState.STOPPING
+        else:
+            spent = "no restart spent" if end.kind == "nodes_joined" else "one restart spent"
+            self._notice(f"{end.message}: restarting the group ({spent})")
+            self.state = GroupState.RESTARTING
+        pc.stop()
+
+    def _nodes_joined(self, result: RunProcsResult) -> bool:
+        """The group ended because nodes joined: stopped by us, not failed on its own, not done."""
+        if self._round_end is None or self._round_end.kind != "nodes_joined" or not result.is_failed():
+            return False
+        return all(s.stopped_by_us for s in self.pcontext.slots if s.failure is not None)
+
+    def _peers_joined(self) -> bool:
+        """This node's ranks failed: was it because another node stopped its own for newcomers
+        (restart free), or a real failure (every node spends a restart: they all agree on it)?"""
+        return self.rendezvous is not None and self.rendezvous.agree_on_end("failure") == "nodes_joined"
+
+    def _leave_rendezvous(self, state: WorkerState) -> None:
+        """Success: wait at the exit barrier, then close. Giving up: tell the others, close. A stop
+        (signal, user) leaves the rendezvous open: the other nodes may go on without this one."""
+        if state == WorkerState.SUCCEEDED:
+            timeout = self.exit_barrier_timeout
+            self.state = GroupState.RENDEZVOUS
+            if not self.rendezvous.exit_barrier(timeout, self._stop_asked):
+                self._notice(f"exit barrier: not every node of the {self.rendezvous.describe()} "
+                             f"finished within {timeout:g}s")
+                self.events.write("exit_barrier_timeout", timeout=timeout)
+            self.state = GroupState.SUCCEEDED
+            self.rendezvous.close()
+        elif state == WorkerState.FAILED and self._rdzv_error is None:
+            cause = self.root_cause
+            what = f"rank {cause.rank} failed (exit {cause.exitcode})" if cause else "its ranks failed"
+            self.rendezvous.give_up(f"{what}, no restarts left ({self.attempt} of {self.spec.max_restarts} spent)")
+            self.events.write("rendezvous_closed", reason="gave_up")
+
+    def _notice(self, text: str) -> None:
+        if self.on_notice is not None:
+            self.on_notice(text)
 
     # ----- signals to ranktop itself -----------------------------------------------------------
     def _install_signal_handlers(self) -> dict:
@@ -335,8 +495,8 @@ class LocalAgent:
         self._pending_signals.append((signum, time.monotonic()))
         self._waker.wake()
 
-    def _handle_stop_request(self, pc: PContext) -> None:
-        """Apply the signals ranktop received (monitor thread only)."""
+    def _handle_stop_request(self, pc: PContext | None) -> None:
+        """Apply the signals ranktop received (monitor thread only; `pc` None: no ranks yet)."""
         while self._pending_signals:
             signum, received_at = self._pending_signals.popleft()
             action = self._stop_rule.decide(signum, received_at)
@@ -346,6 +506,8 @@ class LocalAgent:
                 continue
             self._stop_signal = self._stop_signal or signum
             self.state = GroupState.STOPPING
+            if pc is None:  # waiting on the rendezvous: no ranks to stop
+                continue
             if action == StopAction.KILL_NOW:  # the user wants out now: do not wait long on the kernel
                 pc.stop(signal.SIGKILL, 0, reap_timeout=KILL_NOW_REAP_TIMEOUT)
             else:
@@ -378,8 +540,6 @@ class LocalAgent:
     def _apply_commands(self) -> None:
         """Monitor thread only: apply the signals and commands received since the last pass."""
         pc = self.pcontext
-        if pc is None:
-            return
         self._handle_stop_request(pc)
         while True:
             with self._queue_lock:
@@ -401,18 +561,24 @@ class LocalAgent:
             if reply is not None:
                 reply.answer(cmd.Ack(False, "the run has ended: nothing left to act on"))
 
-    def _apply(self, pc: PContext, command: cmd.Command) -> cmd.Ack:
+    def _apply(self, pc: PContext | None, command: cmd.Command) -> cmd.Ack:
         stopping = isinstance(command, (cmd.Stop, cmd.KillGroup))
-        if pc.ended and not (stopping and self._between_attempts):
-            if self._between_attempts:
-                return cmd.Ack(False, "between two attempts: try again once the next one started")
-            return cmd.Ack(False, "the group has ended: nothing left to signal or restart")
+        waiting = pc is None or self.state == GroupState.RENDEZVOUS  # a round forming, or the exit barrier
+        if waiting or pc.ended:
+            if not (stopping and (waiting or self._between_attempts)):
+                if waiting:
+                    return cmd.Ack(False, "waiting for the rendezvous: no ranks to act on yet")
+                if self._between_attempts:
+                    return cmd.Ack(False, "between two attempts: try again once the next one started")
+                return cmd.Ack(False, "the group has ended: nothing left to signal or restart")
         if isinstance(command, cmd.SignalRank):
             return self._signal_ranks(pc, [command.local_rank], command.signal)
         if isinstance(command, cmd.SignalGroup):
             return self._signal_ranks(pc, range(self.spec.local_world_size), command.signal)
         if isinstance(command, cmd.KillRank):
             return self._signal_ranks(pc, [command.local_rank], signal.SIGKILL)
+        if isinstance(command, cmd.RestartRank) and self.rendezvous is not None:
+            command = cmd.RestartGroup()  # one new rank cannot rejoin the other nodes' collectives
         if isinstance(command, cmd.RestartRank):
             rank = self.spec.global_rank(command.local_rank)
             self.events.write("user_restart_rank", rank=rank, local_rank=command.local_rank)
@@ -429,7 +595,8 @@ class LocalAgent:
             self._restart_requested = False
             self.state = GroupState.STOPPING
             self.events.write("user_stop", signal=signal.Signals(sig).name)
-            pc.stop(sig, grace)
+            if pc is not None:
+                pc.stop(sig, grace)
             return cmd.Ack(True, f"{signal.Signals(sig).name} → every rank")
         return cmd.Ack(False, f"{type(command).__name__} is not applied by the monitor loop")
 
@@ -556,7 +723,8 @@ class LocalAgent:
             gpu_status=self.sampler.gpu_status() if self.sampler is not None else None,
             root_cause=self.root_cause, incomplete_logs=self.incomplete_logs(), taken_at=now,
             shutdown_timeout=self.shutdown_timeout, output_lines_kept=self.ring_lines,
-            stop_signal=self._stop_signal,
+            stop_signal=self._stop_signal, round=self.spec.placement.round if self.spec.placement else None,
+            generation=pc.generation if pc else 0, rendezvous_error=self._rdzv_error,
         )
 
     def rank_processes(self) -> dict[int, tuple[int, dict[str, str]]]:

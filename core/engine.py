@@ -66,7 +66,8 @@ class LocalEngine:
     def start(self, timeout: float = 5.0) -> LocalEngine:
         """Start the run; return once the first attempt's ranks exist (or `timeout` passed)."""
         self._thread.start()
-        self.agent.wait_started(timeout)
+        if getattr(self.agent, "rendezvous", None) is None:  # a rendezvous round may take minutes
+            self.agent.wait_started(timeout)
         return self
 
     def _run(self) -> None:

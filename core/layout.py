@@ -38,8 +38,10 @@ _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NO
 _NOT_OURS = (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EISDIR, errno.EEXIST)
 
 
-def attempt_name(attempt: int) -> str:
-    return f"attempt_{attempt}"
+def attempt_name(attempt: int, start: int = 0) -> str:
+    """attempt_<k>; a later start of the same attempt (nodes joined a rendezvous run, no restart
+    spent) is attempt_<k>.<start>."""
+    return f"attempt_{attempt}" + (f".{start}" if start else "")
 
 
 def log_name(stream: int) -> str:
@@ -142,20 +144,33 @@ class RunDir(Dir):
     """One run's directory, created fresh (never reused) and held from the moment the run begins."""
 
     @classmethod
-    def create(cls, log_dir: str | None, run_id: str) -> RunDir:
-        """<log root>/<run_id>, made private and exclusively; UsageError (one line) if it cannot be."""
+    def create(cls, log_dir: str | None, run_id: str, numbered: bool = False) -> RunDir:
+        """<log root>/<run_id>, made private and exclusively; UsageError (one line) if it cannot be.
+        `numbered`: when taken, <run_id>.1, <run_id>.2, ... instead (a rendezvous id, the same on
+        every node, where nodes share a file system or the job runs again)."""
         check_run_id(run_id)
         root = open_log_root(log_dir)
         try:
-            os.mkdir(run_id, DIR_MODE, dir_fd=root.fd)
-            fd = os.open(run_id, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root.fd)
+            name = cls._make(root, run_id, numbered)
+            fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root.fd)
         except FileExistsError:
             raise UsageError(f"run directory {root.path_of(run_id)} already exists: pick another --run-id") from None
         except OSError as exc:
             raise UsageError(f"bad --log-dir {root.path}: cannot write there ({exc.strerror})") from None
         finally:
             root.close()
-        return cls(root.path_of(run_id), fd)
+        return cls(root.path_of(name), fd)
+
+    @staticmethod
+    def _make(root: Dir, run_id: str, numbered: bool) -> str:
+        for n in range(10_000 if numbered else 1):
+            name = f"{run_id}.{n}" if n else run_id
+            try:
+                os.mkdir(name, DIR_MODE, dir_fd=root.fd)  # atomic: two nodes never get the same one
+                return name
+            except FileExistsError:
+                continue
+        raise FileExistsError(run_id)
 
     @classmethod
     def adopt(cls, path: str) -> RunDir:
@@ -179,11 +194,11 @@ class RunDir(Dir):
         except OSError:
             return None
 
-    def attempt(self, attempt: int) -> Dir:
-        return self.sub(attempt_name(attempt))
+    def attempt(self, attempt: int, start: int = 0) -> Dir:
+        return self.sub(attempt_name(attempt, start))
 
-    def attempt_path(self, attempt: int) -> str:
-        return self.path_of(attempt_name(attempt))
+    def attempt_path(self, attempt: int, start: int = 0) -> str:
+        return self.path_of(attempt_name(attempt, start))
 
     def stacks(self) -> Dir:
         return self.sub(STACKS)
@@ -204,8 +219,12 @@ class RunDir(Dir):
 
 def latest_attempt_path(run_dir: str) -> str | None:
     """The newest attempt_<k> directory of a run (for readers outside the run's process)."""
-    attempts = [d for d in os.listdir(run_dir) if re.fullmatch(r"attempt_\d+", d)]
-    return os.path.join(run_dir, max(attempts, key=lambda d: int(d.split("_")[1]))) if attempts else None
+    attempts = [d for d in os.listdir(run_dir) if re.fullmatch(r"attempt_\d+(\.\d+)?", d)]
+    return os.path.join(run_dir, max(attempts, key=_attempt_order)) if attempts else None
+
+
+def _attempt_order(name: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in name.removeprefix("attempt_").split("."))
 
 
 def run_dir_of_error_file(path: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import re
@@ -88,6 +89,23 @@ def check_port(port: int) -> int:
 Entrypoint = Callable[..., Any] | str
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where this node's ranks sit in the whole job, as one rendezvous round decided it."""
+
+    group_rank: int  # this node's rank among the nodes (GROUP_RANK)
+    group_world_size: int  # the number of nodes in the round
+    base_rank: int  # the global rank of local rank 0
+    world_size: int
+    base_role_rank: int  # the role rank of local rank 0
+    role_world_size: int
+    master_addr: str
+    master_port: int
+    run_id: str  # the rendezvous's run id (TORCHELASTIC_RUN_ID), the same on every node
+    round: int  # the rendezvous round, the same on every node of the round
+    use_agent_store: bool  # the ranks reach the store that group rank 0's agent serves
+
+
 @dataclass
 class WorkerSpec:
     """One role's ranks on this node: what to run and how often it may be restarted."""
@@ -111,6 +129,10 @@ class WorkerSpec:
     pty: bool = False  # give each rank a pseudo-terminal for stdout and stderr (merged) instead of pipes
     # Every rank sees LOCAL_RANK=0 and only its own GPU (CUDA_VISIBLE_DEVICES narrowed to it).
     virtual_local_rank: bool = False
+    # torch's RendezvousHandler (torch's WorkerSpec has it too): the nodes, ranks and master come
+    # from its rounds instead of the static fields above. The agent joins each round.
+    rdzv_handler: Any = None
+    placement: Placement | None = None  # the current round's, set by the agent via `placed`
 
     def __post_init__(self) -> None:
         # The command line checks its flags first; this keeps the Python API from being given
@@ -131,10 +153,30 @@ class WorkerSpec:
 
     @property
     def world_size(self) -> int:
+        if self.placement is not None:
+            return self.placement.world_size
         return self.nnodes * self.local_world_size
 
     def global_rank(self, local_rank: int) -> int:
+        if self.placement is not None:
+            return self.placement.base_rank + local_rank
         return self.node_rank * self.local_world_size + local_rank
+
+    @property
+    def role_world_size(self) -> int:
+        return self.placement.role_world_size if self.placement is not None else self.world_size
+
+    def role_rank(self, local_rank: int) -> int:
+        if self.placement is not None:
+            return self.placement.base_role_rank + local_rank
+        return self.global_rank(local_rank)
+
+    def placed(self, placement: Placement) -> WorkerSpec:
+        """This spec with its node, ranks and master taken from a rendezvous round."""
+        return dataclasses.replace(
+            self, node_rank=placement.group_rank, nnodes=placement.group_world_size,
+            master_addr=placement.master_addr, master_port=placement.master_port, placement=placement,
+        )
 
     def display_name(self) -> str:
         if self.name:
@@ -160,12 +202,12 @@ def rank_env(
         "RANK": rank,
         "LOCAL_RANK": local_rank,
         "GROUP_RANK": spec.node_rank,
-        "ROLE_RANK": rank,
+        "ROLE_RANK": spec.role_rank(local_rank),
         "ROLE_NAME": spec.role,
         "LOCAL_WORLD_SIZE": spec.local_world_size,
         "WORLD_SIZE": spec.world_size,
         "GROUP_WORLD_SIZE": spec.nnodes,
-        "ROLE_WORLD_SIZE": spec.world_size,
+        "ROLE_WORLD_SIZE": spec.role_world_size,
         "MASTER_ADDR": spec.master_addr,
         "MASTER_PORT": master_port,
         "TORCHELASTIC_RESTART_COUNT": restart_count,
@@ -175,6 +217,9 @@ def rank_env(
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "PYTHONUNBUFFERED": "1",
     }
+    if spec.placement is not None:
+        env["TORCHELASTIC_RUN_ID"] = spec.placement.run_id
+        env["TORCHELASTIC_USE_AGENT_STORE"] = spec.placement.use_agent_store  # "True"/"False", as torch reads it
     if spec.local_world_size > 1:  # torchrun's rule: one thread each unless the user chose
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     if spec.virtual_local_rank:

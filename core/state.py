@@ -30,6 +30,7 @@ class RankState(str, enum.Enum):
 
 class GroupState(str, enum.Enum):
     INIT = "init"
+    RENDEZVOUS = "rendezvous"  # waiting for a rendezvous round (or at the exit barrier)
     RUNNING = "running"
     RESTARTING = "restarting"
     STOPPING = "stopping"
@@ -104,6 +105,11 @@ class GroupSnapshot:
     exit_status: int | None = None  # once ended: 0, 1 or 128+N (the CLI's exit status)
     stop_signal: int | None = None  # the signal to ranktop that ended the run, if one did
     error: str | None = None  # the engine itself failed (a bug, a spawn error): what went wrong
+    rendezvous_error: str | None = None  # why the rendezvous ended this node's run, if it did
+    round: int | None = None  # the rendezvous round (node_rank is then this round's group rank)
+    # Starts of the group so far, from 0: a new one brings new output rings. It differs from
+    # `attempt` when nodes joining restart the group without spending a restart.
+    generation: int = 0
 
     @property
     def paused(self) -> tuple[int, ...]:

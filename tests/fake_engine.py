@@ -65,9 +65,9 @@ class FakeEngine:
     def output_since(self, local_rank: int, cursor: OutputCursor | None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
         with self._lock:
             lines = self.lines[local_rank]
-            seen = cursor.line if cursor is not None and cursor.generation == self.group.attempt else 0
+            seen = cursor.line if cursor is not None and cursor.generation == self.group.generation else 0
             version = self.group.ranks[local_rank].output_version
-            return OutputCursor(self.group.attempt, len(lines), version), lines[seen:], []
+            return OutputCursor(self.group.generation, len(lines), version), lines[seen:], []
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
         problem = cmd.problem(command, self.group.local_world_size)

@@ -64,6 +64,8 @@ class RanktopApp(App):
             # The error may quote rank-supplied text: shown as plain, safe text, never as markup.
             self.notify(clean(f"ranktop failed: {event.snapshot.error}"), severity="error", timeout=30,
                         markup=False)
+        elif event.snapshot.rendezvous_error:
+            self.notify(clean(event.snapshot.rendezvous_error), severity="error", timeout=30, markup=False)
         if self._exit_when_ended:
             self.exit(self.exit_status)
 
@@ -188,10 +190,13 @@ def run_tui(spec: Any, ns: argparse.Namespace) -> int:
             sampler.close()
     if engine.error is not None:
         raise engine.error
-    if engine.result is not None and engine.result.incomplete_logs:
+    result = engine.result
+    if result is not None and result.incomplete_logs:
         from ranktop.core.report import format_incomplete_logs
 
-        print(format_incomplete_logs(engine.result.incomplete_logs), file=sys.stderr)
+        print(format_incomplete_logs(result.incomplete_logs), file=sys.stderr)
+    if result is not None and result.rendezvous_error and result.stop_signal is None:
+        print(f"ranktop: error: {result.rendezvous_error}", file=sys.stderr)  # the TUI is gone now
     return app.exit_status
 
 

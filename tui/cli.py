@@ -100,12 +100,22 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add = p.add_argument
     add(*_both("nproc-per-node"), default="1", metavar="N|auto|cpu|gpu", help="ranks on this node (default 1)")
     add("-j", dest="jobs", metavar="[MIN:]NxM", help="TorchX style: N nodes x M ranks per node")
-    add("--nnodes", default="1", help="number of nodes, N or MIN:MAX (static: MAX is used)")
+    add("--nnodes", default="1", help="number of nodes, N or MIN:MAX (elastic with --rdzv-backend; static: MAX)")
     add(*_both("node-rank"), type=_number("--node-rank", limits.COUNT), default=0, help="this node's rank (default 0)")
     add(*_both("master-addr"), default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
     add(*_both("master-port"), type=_number("--master-port", limits.PORT), default=None,
         help="port on node 0 (default: a free port on one node, 29500 with several)")
     add("--standalone", action="store_true", help="single node, pick a free port")
+    add(*_both("rdzv-backend"), default=None, metavar="NAME",
+        help="rendezvous through torch: c10d, etcd, etcd-v2, static or a torchrun plugin "
+             "(default: ranktop's static form, no torch needed)")
+    add(*_both("rdzv-endpoint"), default="", metavar="HOST[:PORT]", help="where the rendezvous is served")
+    add(*_both("rdzv-id"), default="none", metavar="ID",
+        help="the job's id, the same on every node (TORCHELASTIC_RUN_ID and the run directory's name)")
+    add(*_both("rdzv-conf"), default="", metavar="K=V,...",
+        help="rendezvous settings, e.g. join_timeout=600,last_call_timeout=30,close_timeout=30,is_host=1")
+    add(*_both("local-addr"), default=None, metavar="ADDR",
+        help="this node's address in the rendezvous (default: its fully qualified host name)")
     add("-m", "--module", action="store_true", help="run the script as a module (python -m)")
     add(*_both("no-python"), action="store_true", help="run the script as a binary, not with python")
     add(*_both("max-restarts"), type=_number("--max-restarts", limits.COUNT), default=0, help="group restarts on failure (default 0)")
@@ -193,17 +203,18 @@ def _within_nproc(value: str, n: int) -> int:
     return n
 
 
-def parse_nnodes_flag(value: str) -> int:
-    lo, _, hi = value.partition(":")
-    ok = lo.isdigit() and (not hi or hi.isdigit())
-    if not ok or not limits.NNODES.accepts(int(hi or lo)) or int(lo) > int(hi or lo) or int(lo) < 1:
+def parse_nnodes_range(value: str) -> tuple[int, int]:
+    """--nnodes N or MIN:MAX -> (MIN, MAX); elastic between them with a rendezvous backend."""
+    lo, sep, hi = value.partition(":")
+    ok = lo.isdigit() and (not sep or hi.isdigit())
+    if not ok or not limits.NNODES.accepts(int(hi or lo)) or not 1 <= int(lo) <= int(hi or lo):
         raise UsageError(f"bad --nnodes {value!r}: expected N or MIN:MAX with 1 <= MIN <= MAX <= "
-                         f"{limits.MAX_NNODES} (static: MAX nodes)")
-    return int(hi or lo)
+                         f"{limits.MAX_NNODES} (elastic with --rdzv-backend; static: MAX nodes)")
+    return int(lo), int(hi or lo)
 
 
-def parse_jobs(value: str) -> tuple[int, int]:
-    """-j [[MIN:]MAX x]NPROC -> (nodes, ranks per node), both within their bounds."""
+def parse_jobs(value: str) -> tuple[int, int, int]:
+    """-j [[MIN:]MAX x]NPROC -> (min nodes, nodes, ranks per node), all within their bounds."""
     from ranktop.core.spec import parse_nnodes
 
     try:
@@ -213,7 +224,7 @@ def parse_jobs(value: str) -> tuple[int, int]:
     if not (limits.NPROC.accepts(nproc) and limits.NNODES.accepts(nnodes) and 1 <= lo <= nnodes):
         raise UsageError(f"bad -j {value!r}: expected 1 <= MIN <= MAX <= {limits.MAX_NNODES} nodes "
                          f"and 1 to {limits.MAX_NPROC_PER_NODE} ranks per node")
-    return nnodes, nproc
+    return lo, nnodes, nproc
 
 
 def parse_env(pairs: Sequence[str]) -> dict[str, str]:
@@ -299,9 +310,9 @@ def build_spec(ns: argparse.Namespace):
     from ranktop.core.spec import DEBUG_ENV, Std, WorkerSpec
 
     if ns.jobs:
-        nnodes, nproc = parse_jobs(ns.jobs)
+        min_nodes, nnodes, nproc = parse_jobs(ns.jobs)
     else:
-        nnodes, nproc = parse_nnodes_flag(ns.nnodes), parse_nproc(ns.nproc_per_node)
+        (min_nodes, nnodes), nproc = parse_nnodes_range(ns.nnodes), parse_nproc(ns.nproc_per_node)
     try:
         redirects, tee = Std.from_str(ns.redirects), Std.from_str(ns.tee)
     except ValueError as exc:
@@ -313,14 +324,49 @@ def build_spec(ns: argparse.Namespace):
     port = ns.master_port
     if port is None and nnodes > 1 and not ns.standalone:
         port = 29500  # like torchrun: every node must agree on it without talking first
-    return WorkerSpec(
+    elastic = uses_rendezvous(ns)
+    spec = WorkerSpec(
         role=ns.role, local_world_size=nproc, entrypoint=entrypoint, args=args,
         max_restarts=ns.max_restarts, monitor_interval=ns.monitor_interval, nnodes=nnodes,
-        node_rank=ns.node_rank, master_addr=ns.master_addr, master_port=port, env=env,
+        # torchrun ignores --node-rank with a dynamic rendezvous: the round gives the group rank.
+        node_rank=ns.node_rank if not elastic or ns.rdzv_backend == "static" else 0,
+        master_addr=ns.master_addr, master_port=port, env=env,
         redirects=redirects, tee=tee, local_ranks_filter=parse_ranks(ns.local_ranks_filter),
-        run_id=ns.run_id, name=os.path.basename(ns.training_script), pty=ns.pty,
+        run_id=ns.run_id,
+        name=os.path.basename(ns.training_script), pty=ns.pty,
         virtual_local_rank=ns.virtual_local_rank,
     )
+    if elastic:  # last: the c10d host starts its store here, once every other value is known good
+        spec.rdzv_handler = rendezvous_handler(ns, min_nodes, nnodes, port)
+    return spec
+
+
+def uses_rendezvous(ns: argparse.Namespace) -> bool:
+    """torch's rendezvous runs the nodes: a --rdzv-backend was named, and it is not the static
+    one with torch missing (ranktop's own static form gives the same ranks without torch)."""
+    if ns.standalone or ns.rdzv_backend is None:
+        return False
+    if ns.rdzv_backend == "static":
+        import importlib.util
+
+        try:
+            return importlib.util.find_spec("torch") is not None
+        except ValueError:  # torch in sys.modules as None: it cannot be imported
+            return False
+    return True
+
+
+def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, master_port: int | None):
+    from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
+    from ranktop.core.spec import free_port
+
+    conf: dict = parse_rdzv_conf(ns.rdzv_conf)
+    endpoint = ns.rdzv_endpoint
+    if ns.rdzv_backend == "static":  # as torchrun: the master's address, and the node rank from the flags
+        conf["rank"] = ns.node_rank
+        endpoint = endpoint or f"{ns.master_addr}:{master_port or free_port()}"
+    return create_handler(ns.rdzv_backend, endpoint, ns.rdzv_id, min_nodes, max_nodes,
+                          conf=conf, local_addr=ns.local_addr)
 
 
 def _terminal_usable() -> bool:
@@ -345,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return stacks_main(argv[1:])
     ns = build_parser().parse_args(argv)
+    from ranktop.core.rendezvous import RendezvousFailed
+
     try:
         spec = build_spec(ns)
         # ranktop owns this process: helpers that leave their rank are re-parented to us, not
@@ -360,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"ranktop: error: {exc}", file=sys.stderr)
         return USAGE_EXIT
+    except RendezvousFailed as exc:  # e.g. the endpoint cannot be reached: not a usage error
+        print(f"ranktop: error: {exc}", file=sys.stderr)
+        return 1
 
 
 def run_headless(spec, ns: argparse.Namespace) -> int:
@@ -384,6 +435,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout,
                        sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,
                        sanitize_console=ns.sanitize_console,
+                       on_notice=lambda text: print(f"ranktop: {text}", file=sys.stderr, flush=True),
                        color=sys.stdout.isatty() and "NO_COLOR" not in os.environ)
     if sampler is not None:
         sampler.attach(agent)
@@ -405,6 +457,8 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     for rank, pid in sorted(result.unreapable.items()):
         print(f"ranktop: rank {rank} (pid {pid}) outlived SIGKILL (stuck in the kernel); "
               "left to the orphan guard", file=sys.stderr)
+    if result.rendezvous_error and result.stop_signal is None:
+        print(f"ranktop: error: {result.rendezvous_error}", file=sys.stderr)
     return result.exit_status
 
 

@@ -299,7 +299,9 @@ class MainScreen(Screen):
         self.last = snap
         now = snap.taken_at or time.time()
         self.query_one("#header", LiveText).show(header_text(snap, now, note=self.note))
-        if not snap.ranks:
+        if not snap.ranks:  # none started yet (a rendezvous round forming), or none ever will
+            if snap.ended and not self.ended:
+                self._on_end(snap)
             return
         digits = len(str(snap.world_size - 1))
         for rank in snap.ranks:
@@ -319,8 +321,8 @@ class MainScreen(Screen):
     def _feed(self, local_rank: int, snap: GroupSnapshot) -> RankFeed:
         """The rank's feed for this attempt: a group restart starts every pane over."""
         feed = self._feeds.get(local_rank)
-        if feed is None or feed.generation != snap.attempt:
-            feed = RankFeed(self.engine, local_rank, snap.attempt, snap.output_lines_kept)
+        if feed is None or feed.generation != snap.generation:
+            feed = RankFeed(self.engine, local_rank, snap.generation, snap.output_lines_kept)
             self._feeds[local_rank] = feed
             self.pane(local_rank).log.set_ring(feed)
         return feed

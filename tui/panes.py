@@ -34,6 +34,7 @@ PAUSED_STYLE = "bold black on yellow"
 
 GROUP_STYLE = {
     GroupState.INIT: "yellow",
+    GroupState.RENDEZVOUS: "yellow",
     GroupState.RUNNING: "bold green",
     GroupState.RESTARTING: "bold yellow",
     GroupState.STOPPING: "bold yellow",
@@ -143,7 +144,7 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) ->
         text.append(f" {len(group.incomplete_logs)} log(s) incomplete: {group.incomplete_logs[0].error}, "
                     f"{human_bytes(lost)} not saved ", style="bold white on red")
     text.append(f"  world {group.world_size}")
-    text.append(f"  node {group.node_rank}/{group.nnodes}")
+    text.append(f"  node {group.node_rank}/{group.nnodes}" + (f" round {group.round}" if group.round is not None else ""))
     # Restarts the user asked for may go past --max-restarts: then the "of N" would mislead.
     limit = f"/{group.max_restarts + 1}" if group.attempt <= group.max_restarts else ""
     text.append(f"  attempt {group.attempt + 1}{limit}")

@@ -1,0 +1,364 @@
+"""Multi-node through torch's own rendezvous (torchrun's --rdzv-* flags), round by round.
+
+torch is imported here only, and only when a rendezvous backend is asked for: ranktop's static
+form (--nnodes/--node-rank/--master-addr) needs no torch, and `--headless` starts fast.
+
+In each round this node
+  1. joins the round (`next_rendezvous()`): its group rank, the number of nodes, a shared store;
+  2. learns MASTER_ADDR/MASTER_PORT from that store, where group rank 0 writes them every round;
+  3. learns where its ranks sit in the job, through the same store, with the keys and JSON that
+     torch's agent uses: nodes with different --nproc-per-node or roles get torchrun's ranks.
+While the ranks run, a `RoundWatch` looks for nodes waiting to join and for a node that gave up.
+When the group ends early, the nodes of the round agree on why (nodes joined: no restart spent;
+a failure: one restart spent on every node). At the end the node waits at the exit barrier
+(success), or says it gave up and closes the rendezvous so that no new round starts.
+
+Two things torchrun 2.13 gets wrong with torch's default store sharing, and ranktop avoids:
+  - group rank 0 writes the master's address into the first round's store only, so a node joining
+    a later round waits for it forever while the others wait for that node (the scale-up hang);
+  - the ranks' store (served by group rank 0's agent) is the same for every start of the group and
+    the ranks use it without a prefix, so a restarted group reads the previous group's keys and
+    gloo dials ranks that are gone. ranktop's group rank 0 serves a fresh store for each start.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ranktop.core.errors import UsageError
+from ranktop.core.spec import Placement
+
+# Keys torch's agent reads and writes: the same ones let ranktop and torchrun nodes work together.
+_ROLE_INFO = "torchelastic/role_info/"
+_ASSIGNED_RANKS = "torchelastic/assigned_ranks/"
+_EXIT_BARRIER = "torchelastic/agent/terminal_state"
+_MASTER_ADDR, _MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
+# ranktop's own, in each round's store: where the ranks' store is; why the group ended (the first
+# node to know writes it, the others take its answer); a node that gave up, and who has read that.
+_RANKS_STORE = "ranktop/ranks_store/"
+_GROUP_END = "ranktop/group_end"
+_GAVE_UP = "ranktop/gave_up"
+_GAVE_UP_HEARD = "ranktop/gave_up_heard"
+
+BUILTIN_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
+_POLL = 0.1  # seconds between looks at the store while waiting on it
+GAVE_UP_LINGER = 5.0  # at most this long a node that gave up waits for the others to hear it
+
+
+class RendezvousFailed(RuntimeError):
+    """The rendezvous cannot go on (closed, timed out, unreachable); str() is one line for the user."""
+
+
+def parse_rdzv_conf(text: str) -> dict[str, str]:
+    """torchrun's --rdzv-conf: 'join_timeout=60,is_host=1' -> {'join_timeout': '60', 'is_host': '1'}."""
+    conf: dict[str, str] = {}
+    if not text.strip():
+        return conf
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if not key.strip() or not value.strip():
+            raise UsageError(f"bad --rdzv-conf {text!r}: expected KEY=VALUE[,KEY=VALUE...], "
+                             "e.g. join_timeout=60,last_call_timeout=5")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def _torch_rendezvous(backend: str) -> Any:
+    """torch's rendezvous package (importing it registers c10d, etcd, static and plugins)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns at import time when numpy is missing
+            from torch.distributed.elastic import rendezvous
+            from torch.distributed.elastic.rendezvous import registry
+    except ImportError:
+        raise UsageError(
+            f"--rdzv-backend {backend} needs torch (pip install torch); without it, run the static "
+            "form: --nnodes N --node-rank R --master-addr HOST --master-port PORT") from None
+    return rendezvous, registry
+
+
+def create_handler(
+    backend: str,
+    endpoint: str,
+    run_id: str,
+    min_nodes: int,
+    max_nodes: int,
+    *,
+    conf: dict[str, str] | None = None,
+    local_addr: str | None = None,
+) -> Any:
+    """torch's RendezvousHandler for torchrun's flags, from torch's handler registry (plugins too).
+
+    As with torchrun, the c10d node that hosts the store starts it here and the others connect to
+    it. UsageError for bad values or a missing package (naming what to install); RendezvousFailed
+    when the endpoint cannot be reached.
+    """
+    rdzv, registry = _torch_rendezvous(backend)
+    try:
+        params = rdzv.RendezvousParameters(backend=backend, endpoint=endpoint, run_id=run_id,
+                                           min_nodes=min_nodes, max_nodes=max_nodes,
+                                           local_addr=local_addr, **(conf or {}))
+        return registry.get_rendezvous_handler(params)
+    except ImportError as exc:
+        if backend.startswith("etcd"):
+            raise UsageError(f"--rdzv-backend {backend} needs the etcd client: pip install python-etcd") from None
+        raise UsageError(f"--rdzv-backend {backend}: {_one_line(exc)}") from None
+    except rdzv.RendezvousError as exc:
+        raise RendezvousFailed(f"cannot reach the {backend} rendezvous at {endpoint or '(no endpoint)'}: "
+                               f"{_one_line(exc)}") from None
+    except (ValueError, TypeError, KeyError) as exc:
+        known = ", ".join(BUILTIN_BACKENDS)
+        raise UsageError(f"bad rendezvous (--rdzv-backend {backend}, --rdzv-endpoint {endpoint!r}, "
+                         f"--rdzv-conf): {_one_line(exc)} (backends: {known} or a torchrun plugin)") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception's message and its cause's, on one line."""
+    parts = []
+    while exc is not None and len(parts) < 3:
+        text = " ".join(str(exc).split())
+        if text and text not in parts:
+            parts.append(text)
+        exc = exc.__cause__ or exc.__context__
+    return "; ".join(parts) or "unknown error"
+
+
+def plan_ranks(nodes: list[tuple[str, int]]) -> list[tuple[int, int, int, int]]:
+    """Ranks for every node, as torch's agent assigns them.
+
+    `nodes[g]` is (role, local_world_size) of the node with group rank g. Returns, per node,
+    (base global rank, world size, base role rank, role world size): global ranks run through the
+    nodes in group-rank order; role ranks do the same among the nodes of one role.
+    """
+    world = sum(size for _, size in nodes)
+    role_sizes: dict[str, int] = {}
+    for role, size in nodes:
+        role_sizes[role] = role_sizes.get(role, 0) + size
+    plan, next_rank, next_role_rank = [], 0, dict.fromkeys(role_sizes, 0)
+    for role, size in nodes:
+        plan.append((next_rank, world, next_role_rank[role], role_sizes[role]))
+        next_rank += size
+        next_role_rank[role] += size
+    return plan
+
+
+def assign_ranks(store: Any, group_rank: int, nodes: int, role: str, local_world_size: int) -> tuple[int, int, int, int]:
+    """This node's (base rank, world size, base role rank, role world size) through the round's
+    store: each node writes its role and size, group rank 0 plans and writes every node's answer."""
+    store.set(f"{_ROLE_INFO}{group_rank}",
+              json.dumps({"role": role, "rank": group_rank, "local_world_size": local_world_size}))
+    if group_rank == 0:
+        infos = [json.loads(store.get(f"{_ROLE_INFO}{g}")) for g in range(nodes)]
+        plan = plan_ranks([(info["role"], info["local_world_size"]) for info in infos])
+        store.multi_set([f"{_ASSIGNED_RANKS}{g}" for g in range(nodes)], [json.dumps(p) for p in plan])
+    base, world, role_base, role_world = json.loads(store.get(f"{_ASSIGNED_RANKS}{group_rank}"))
+    return base, world, role_base, role_world
+
+
+def _serve_ranks_store(host: str) -> Any:
+    """A new TCPStore server in this process, on a free port, for one start of the group's ranks."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host_name=host, port=0, is_master=True, wait_for_workers=False)
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """Why the running round must end although the ranks are fine."""
+
+    # "nodes_joined": restart the group, no restart spent; "peer_failed": another node's ranks
+    # failed, restart the group as a failure; "peer_gave_up": stop, the rendezvous is closed
+    kind: str
+    message: str
+
+
+class Rendezvous:
+    """This node's side of torch's rendezvous: the only view of it the agent has."""
+
+    def __init__(self, handler: Any, role: str, local_world_size: int):
+        self.handler = handler
+        self.role = role
+        self.local_world_size = local_world_size
+        self.store: Any = None  # the current round's store
+        self.placement: Placement | None = None
+        self._rounds = 0
+        self._ranks_store: Any = None  # served here while this node is group rank 0
+        self._told_gave_up = False
+
+    @property
+    def run_id(self) -> str:
+        return self.handler.get_run_id()
+
+    def describe(self) -> str:
+        return f"{self.handler.get_backend()} rendezvous '{self.run_id}'"
+
+    def next_round(self) -> Placement:
+        """Join the next round (blocks until it completes) and place this node's ranks in it.
+        RendezvousFailed when the rendezvous is closed, times out or cannot be reached."""
+        try:
+            info = self.handler.next_rendezvous()
+            self._rounds += 1
+            store, group_rank, nodes, number = info.store, info.rank, info.world_size, self._round_number()
+            use_agent_store = bool(self.handler.use_agent_store)
+            master_addr, master_port = self._master(store, group_rank, info.bootstrap_store_info, number,
+                                                    use_agent_store)
+            ranks = assign_ranks(store, group_rank, nodes, self.role, self.local_world_size)
+        except Exception as exc:
+            raise RendezvousFailed(self._failure_message(exc)) from None
+        self.store, self._told_gave_up = store, False
+        self.placement = Placement(group_rank, nodes, *ranks, master_addr=master_addr, master_port=master_port,
+                                   run_id=self.run_id, round=number, use_agent_store=use_agent_store)
+        return self.placement
+
+    def _round_number(self) -> int:
+        # torch's dynamic handler (c10d, etcd-v2) numbers its rounds the same on every node, but
+        # keeps the number in its private state; other handlers: the rounds this node joined.
+        state = getattr(getattr(self.handler, "_state_holder", None), "state", None)
+        number = getattr(state, "round", None)
+        return number if isinstance(number, int) else self._rounds - 1
+
+    def _master(self, store: Any, group_rank: int, bootstrap: Any, number: int,
+                use_agent_store: bool) -> tuple[str, int]:
+        """MASTER_ADDR/PORT for this start of the group, which group rank 0 writes in the round's
+        store every round (see the module's docstring for why every round, and why a new store)."""
+        key = f"{_RANKS_STORE}{number}"
+        self._ranks_store = None  # the previous group's store goes before the new one comes
+        if group_rank == 0:
+            addr, port = bootstrap.master_addr, bootstrap.master_port
+            if use_agent_store:
+                self._ranks_store = _serve_ranks_store(addr)
+                port = self._ranks_store.port
+            store.set(key, json.dumps([addr, port]))
+            # torch's handler on a node new to the job waits for these in every round it joins
+            store.set(_MASTER_ADDR, addr)
+            store.set(_MASTER_PORT, str(port))
+        addr, port = json.loads(store.get(key))
+        return addr, int(port)
+
+    def _failure_message(self, exc: Exception) -> str:
+        name = type(exc).__name__
+        if name == "RendezvousClosedError":
+            peer = self.peer_gave_up()
+            why = peer or "another node gave up or the job ended"
+            return f"the {self.describe()} is closed ({why}); this node stops"
+        if name == "RendezvousTimeoutError":
+            detail = " ".join(str(exc).split())
+            return f"the {self.describe()} timed out: not enough nodes joined" + (f" ({detail})" if detail else "")
+        if name in ("RendezvousConnectionError", "DistNetworkError", "DistStoreError"):
+            return (f"lost the {self.describe()}: {_one_line(exc)} "
+                    "(the node serving its store may have ended)")
+        return f"the {self.describe()} failed: {name}: {_one_line(exc)}"
+
+    def nodes_waiting(self) -> int:
+        return self.handler.num_nodes_waiting()
+
+    def agree_on_end(self, seen: str) -> str:
+        """Why the running group ended, the same on every ranktop node of the round: `seen`
+        ("nodes_joined" or "failure") if this node is the first to say, else the first one's word.
+        A node whose ranks broke because another stopped its own for newcomers spends no restart;
+        after a real failure every node spends one."""
+        try:
+            return self.store.compare_set(_GROUP_END, "", seen).decode()
+        except Exception:
+            return seen  # out of reach: this node's own view
+
+    def peer_gave_up(self) -> str | None:
+        """What a node that gave up in this round said, once it did (and count this node as told)."""
+        try:
+            if self.store is None or not self.store.check([_GAVE_UP]):
+                return None
+            said = json.loads(self.store.get(_GAVE_UP))
+            if not self._told_gave_up and said["group_rank"] != self.placement.group_rank:
+                self._told_gave_up = True
+                self.store.add(_GAVE_UP_HEARD, 1)
+        except Exception:
+            return None  # the store is out of reach: the ranks or the next round will tell
+        return f"node {said['host']} (group rank {said['group_rank']}) gave up: {said['reason']}"
+
+    def give_up(self, reason: str) -> str | None:
+        """Tell this round's other nodes that this node gave up, then close the rendezvous.
+        Returns what another node said if it had given up first (then this one says nothing)."""
+        placement, store = self.placement, self.store
+        first = self.peer_gave_up()
+        if first is None and store is not None and placement is not None and placement.group_world_size > 1:
+            try:
+                store.set(_GAVE_UP, json.dumps({"host": socket.gethostname(), "reason": reason,
+                                                "group_rank": placement.group_rank}))
+                # The store may live in this process: give the others a moment to read it first.
+                others, deadline = placement.group_world_size - 1, time.monotonic() + GAVE_UP_LINGER
+                while store.add(_GAVE_UP_HEARD, 0) < others and time.monotonic() < deadline:
+                    time.sleep(_POLL)
+            except Exception:
+                pass  # out of reach: the others learn it when they next join a round
+        self.close()
+        return first
+
+    def close(self) -> bool:
+        """Close the rendezvous: no node can start a new round of it. False if that failed."""
+        try:
+            return self.handler.shutdown() is not False
+        except Exception:
+            return False
+
+    def exit_barrier(self, timeout: float, stopped: Callable[[], bool]) -> bool:
+        """Wait until every node of the round got here (True), `timeout` passed, or `stopped()`."""
+        placement, store = self.placement, self.store
+        if store is None or placement is None:
+            return True
+        last = f"{_EXIT_BARRIER}/last_member"
+        deadline = time.monotonic() + timeout
+        try:
+            if store.add(f"{_EXIT_BARRIER}/num_members", 1) >= placement.group_world_size:
+                store.set(last, "<val_ignored>")
+            while not store.check([last]):
+                if stopped() or time.monotonic() > deadline:
+                    return False
+                time.sleep(_POLL)
+        except Exception:
+            return False
+        return True
+
+
+class RoundWatch:
+    """While the ranks run: looks for nodes waiting to join and for a node that gave up, without
+    holding up the monitor loop (a store call can block for as long as the store's timeout)."""
+
+    def __init__(self, rdzv: Rendezvous, interval: float, wake: Callable[[], None]):
+        self.rdzv = rdzv
+        self.interval = interval
+        self.wake = wake
+        self.end: RoundEnd | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ranktop-rdzv-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)  # a store call may hang; the thread is a daemon
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval) and self.end is None:
+            self.end = self._look()
+            if self.end is not None:
+                self.wake()
+
+    def _look(self) -> RoundEnd | None:
+        said = self.rdzv.peer_gave_up()
+        if said:
+            return RoundEnd("peer_gave_up", said)
+        try:
+            waiting = self.rdzv.nodes_waiting()
+        except Exception:
+            return None  # out of reach for now: the ranks or the next round will tell
+        if waiting <= 0:
+            return None
+        if self.rdzv.agree_on_end("nodes_joined") == "failure":
+            return RoundEnd("peer_failed", f"another node of the {self.rdzv.describe()} failed")
+        return RoundEnd("nodes_joined", f"{waiting} node(s) waiting to join the {self.rdzv.describe()}")

@@ -1,0 +1,50 @@
+"""A rank for the rendezvous tests: prints where the round placed it, then does what argv says.
+
+    print           nothing more
+    allreduce       a gloo all_reduce of the rank numbers over the whole job; prints the sum
+    wait-world N    while WORLD_SIZE < N, all_reduces over and over until stopped (or until a peer
+                    stopped breaks the collective); with N ranks, one all_reduce
+    fail-first R    global rank R exits 3 in attempt 0; the others wait until stopped in attempt 0
+    fail R          global rank R exits 3; the others wait until stopped
+"""
+import json
+import os
+import sys
+import time
+
+NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
+         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "MASTER_ADDR")
+print("PLACED " + json.dumps({k: os.environ.get(k) for k in NAMES}), flush=True)
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+mode, arg = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0
+
+
+def wait_until_stopped() -> None:
+    while True:
+        time.sleep(60)
+
+
+def allreduce(until_stopped: bool = False) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)
+    print(f"SUM {t.item():g} world {dist.get_world_size()}", flush=True)
+    while until_stopped:
+        dist.all_reduce(torch.tensor([1.0]))
+        time.sleep(0.05)
+    dist.destroy_process_group()
+
+
+if mode == "allreduce":
+    allreduce()
+elif mode == "wait-world":
+    allreduce(until_stopped=world < arg)
+elif mode in ("fail-first", "fail"):
+    if rank == arg and (mode == "fail" or attempt == 0):
+        sys.exit(3)
+    if mode == "fail" or attempt == 0:
+        wait_until_stopped()

@@ -1,0 +1,309 @@
+"""Multi-node through torch's rendezvous, for real: several ranktop processes on loopback, each
+one node (`--headless`), meeting through a c10d store that the first of them serves.
+
+Skipped as a whole when torch is not importable (the without-torch test fakes that itself).
+Small --rdzv-conf timeouts keep every round quick; deadlines are generous for a busy machine.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
+from ranktop.core.spec import free_port
+
+RANK = str(ROOT / "tests" / "ranks" / "rdzv_rank.py")
+CONF = "join_timeout=40,last_call_timeout=1,close_timeout=5"
+TIMEOUT = 90
+
+
+class Job:
+    """ranktop processes that meet at one c10d endpoint, one per node."""
+
+    def __init__(self, tmp_path: Path, rdzv_id: str, nnodes: str = "2", backend: str = "c10d"):
+        self.tmp_path, self.rdzv_id, self.nnodes, self.backend = tmp_path, rdzv_id, nnodes, backend
+        self.endpoint = f"127.0.0.1:{free_port()}"
+        self.nodes: list[subprocess.Popen] = []
+
+    def start(self, *rank_args: str, nproc: int = 1, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+        name = f"node{len(self.nodes)}"
+        cmd = ranktop_cmd("--headless", "--nnodes", self.nnodes, "--nproc-per-node", str(nproc),
+                          "--rdzv-backend", self.backend, "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.rdzv_id,
+                          "--rdzv-conf", CONF, "--local-addr", "127.0.0.1", "--monitor-interval", "0.2",
+                          "--log-dir", str(self.tmp_path / name), "--shutdown-timeout", "2", *extra,
+                          RANK, *rank_args)
+        node = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.nodes.append(node)
+        return node
+
+    def finish(self) -> list[tuple[int, str, str]]:
+        """(exit status, stdout, stderr) of every node, once all have ended."""
+        try:
+            outputs = [node.communicate(timeout=TIMEOUT) for node in self.nodes]
+        finally:
+            for node in self.nodes:  # only reached with a node still running after a timeout
+                if node.poll() is None:
+                    node.kill()
+                    node.communicate()
+        return [(node.returncode, out, err) for node, (out, err) in zip(self.nodes, outputs, strict=True)]
+
+
+def placements(stdout: str) -> list[dict]:
+    return [json.loads(line.split("PLACED ", 1)[1]) for line in stdout.splitlines() if "PLACED " in line]
+
+
+def events(log_dir: Path) -> list[dict]:
+    (events_file,) = log_dir.glob("*/events.jsonl")
+    return [json.loads(line) for line in events_file.read_text().splitlines()]
+
+
+@pytest.fixture
+def torch_installed():
+    pytest.importorskip("torch")
+
+
+def test_two_nodes_allreduce_over_c10d(tmp_path, torch_installed):
+    job = Job(tmp_path, "two-nodes")
+    for _ in range(2):
+        job.start("allreduce", nproc=2)
+    results = job.finish()
+    for status, out, err in results:
+        assert status == 0, err
+        assert out.count("SUM 6 world 4") == 2, out
+    placed = [p for _, out, _ in results for p in placements(out)]
+    assert sorted(int(p["RANK"]) for p in placed) == [0, 1, 2, 3]
+    assert {p["TORCHELASTIC_RUN_ID"] for p in placed} == {"two-nodes"}
+    assert {p["GROUP_WORLD_SIZE"] for p in placed} == {"2"}
+    # one run id for every node: the run directory is named after the rendezvous id
+    for node in ("node0", "node1"):
+        assert (tmp_path / node / "two-nodes" / "attempt_0").is_dir()
+        assert any(e["event"] == "rendezvous_joined" and e["round"] == 0 for e in events(tmp_path / node))
+
+
+def test_nodes_with_different_nproc_and_roles_get_torchruns_ranks(tmp_path, torch_installed):
+    job = Job(tmp_path, "mixed")
+    job.start("print", nproc=2, extra=("--role", "trainer"))
+    job.start("print", nproc=1, extra=("--role", "reader"))
+    results = job.finish()
+    by_group = {}
+    for status, out, err in results:
+        assert status == 0, err
+        for p in placements(out):
+            by_group.setdefault(int(p["GROUP_RANK"]), []).append(p)
+    # global ranks run through the nodes in group-rank order, whichever node that is
+    sizes = [len(by_group[g]) for g in (0, 1)]
+    expected = list(range(3))
+    got = sorted(int(p["RANK"]) for g in (0, 1) for p in by_group[g])
+    assert got == expected and sorted(sizes) == [1, 2]
+    first = sorted(int(p["RANK"]) for p in by_group[0])
+    assert first == list(range(sizes[0]))
+    # role ranks count within one role: the trainer's two ranks, the reader's one
+    roles = {p["ROLE_WORLD_SIZE"]: sorted(q["ROLE_RANK"] for q in by_group[g]) for g in (0, 1) for p in by_group[g]}
+    assert roles == {"2": ["0", "1"], "1": ["0"]}
+    assert {p["WORLD_SIZE"] for g in (0, 1) for p in by_group[g]} == {"3"}
+
+
+def test_two_nodes_through_torchs_static_rendezvous(tmp_path, torch_installed):
+    job = Job(tmp_path, "static", backend="static")
+    for node_rank in (1, 0):  # the group rank is the --node-rank, whoever starts first
+        job.start("print", extra=("--node-rank", str(node_rank)))
+    results = job.finish()
+    for status, _out, err in results:
+        assert status == 0, err
+    placed = [placements(out)[0] for _, out, _ in results]
+    assert [(p["GROUP_RANK"], p["RANK"], p["WORLD_SIZE"]) for p in placed] == [("1", "1", "2"), ("0", "0", "2")]
+
+
+def test_third_node_joining_restarts_the_group_without_spending_a_restart(tmp_path, torch_installed):
+    job = Job(tmp_path, "scale-up", nnodes="2:3")
+    first = [job.start("wait-world", "3") for _ in range(2)]
+    # the two-node group is running once both nodes' ranks have printed where they are
+    for node in first:
+        line = node.stdout.readline()
+        while "PLACED " not in line:
+            assert line, node.stderr.read()
+            line = node.stdout.readline()
+        assert json.loads(line.split("PLACED ", 1)[1])["WORLD_SIZE"] == "2"
+    job.start("wait-world", "3")
+    results = job.finish()
+    for status, _out, err in results:
+        assert status == 0, err
+    for node in ("node0", "node1"):  # the first two restarted their group once, for the newcomer
+        restarts = [(e["reason"], e["attempt"]) for e in events(tmp_path / node) if e["event"] == "group_restart"]
+        assert restarts == [("nodes_joined", 0)]
+        assert (tmp_path / node / "scale-up" / "attempt_0.1").is_dir()
+    assert not [e for e in events(tmp_path / "node2") if e["event"] == "group_restart"]
+    third = placements(results[2][1])
+    assert [p["WORLD_SIZE"] for p in third] == ["3"]
+    assert third[0]["TORCHELASTIC_RESTART_COUNT"] == "0"
+    assert [out.count("SUM 3 world 3") for _, out, _ in results] == [1, 1, 1]
+    assert [out.count("SUM 1 world 2") for _, out, _ in results] == [1, 1, 0]
+    for _status, out, _err in results[:2]:
+        assert [p["WORLD_SIZE"] for p in placements(out)][-1] == "3"
+        assert [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)][-1] == "0"
+
+
+def test_failure_with_restarts_left_re_rendezvous_on_both_nodes(tmp_path, torch_installed):
+    job = Job(tmp_path, "retry")
+    for _ in range(2):
+        job.start("fail-first", "1", extra=("--max-restarts", "1"))
+    results = job.finish()
+    for status, out, err in results:
+        assert status == 0, err
+        restarts = [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)]
+        assert restarts == ["0", "1"], out
+    for node in ("node0", "node1"):
+        rounds = [e["round"] for e in events(tmp_path / node) if e["event"] == "rendezvous_joined"]
+        assert len(rounds) == 2 and rounds[1] > rounds[0]
+        assert (tmp_path / node / "retry" / "attempt_1").is_dir()
+
+
+def test_giving_up_closes_the_rendezvous_and_stops_the_other_node(tmp_path, torch_installed):
+    job = Job(tmp_path, "give-up")
+    for _ in range(2):
+        job.start("fail", "1")
+    results = job.finish()
+    assert all(status == 1 for status, _, _ in results), results
+    gave_up = [err for _, _, err in results if "gave up:" in err]
+    assert len(gave_up) == 1, results
+    line = [ln for ln in gave_up[0].splitlines() if "gave up:" in ln][0]
+    assert line.startswith("ranktop: error: node ") and "rank 1 failed (exit 3), no restarts left" in line
+    assert "rendezvous 'give-up' is closed, this node stops" in line
+
+
+def test_without_torch_a_rendezvous_backend_is_a_one_line_error(tmp_path):
+    hide_torch = textwrap.dedent("""
+        import runpy, sys
+        sys.modules['torch'] = None
+        sys.argv = ['ranktop', *sys.argv[1:]]
+        runpy.run_module('ranktop', run_name='__main__')
+    """)
+    args = ("--headless", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1",
+            "--log-dir", str(tmp_path), RANK, "print")
+    res = subprocess.run([sys.executable, "-c", hide_torch, *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.startswith("ranktop: error: --rdzv-backend c10d needs torch (pip install torch)")
+    assert len(res.stderr.splitlines()) == 1
+    assert not list(tmp_path.iterdir())  # nothing started, no run directory
+    # the static backend without torch is ranktop's own static form, exactly as without the flag
+    res = subprocess.run([sys.executable, "-c", hide_torch, "--headless", "--rdzv-backend", "static",
+                          "--log-dir", str(tmp_path), "--run-id", "plain", RANK, "print"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert placements(res.stdout)[0]["WORLD_SIZE"] == "1"
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--rdzv-conf", "join_timeout"), "bad --rdzv-conf 'join_timeout': expected KEY=VALUE"),
+    (("--nnodes", "3:2"), "bad --nnodes '3:2': expected N or MIN:MAX with 1 <= MIN <= MAX"),
+    (("--nnodes", "0:2"), "bad --nnodes '0:2'"),
+])
+def test_bad_rendezvous_flags_are_one_line_errors(tmp_path, flags, message):
+    res = run_ranktop("--headless", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1",
+                      "--log-dir", str(tmp_path), *flags, RANK, "print")
+    assert res.returncode == 2
+    assert res.stderr.startswith(f"ranktop: error: {message}") and len(res.stderr.splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
+def test_restarting_one_rank_restarts_the_group_and_the_snapshot_shows_the_round(tmp_path, torch_installed):
+    from ranktop.core import GroupState, LocalAgent, WorkerSpec, WorkerState
+    from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
+
+    handler = create_handler("c10d", f"127.0.0.1:{free_port()}", "solo", 1, 1, conf=parse_rdzv_conf(CONF),
+                             local_addr="127.0.0.1")
+    spec = WorkerSpec(role="default", local_world_size=2, entrypoint=sys.executable, args=(RANK, "wait-world", "9"),
+                      rdzv_handler=handler)
+    agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(agent.run()))
+    thread.start()
+    try:
+        assert agent.wait_started(30)
+        first = agent.snapshot()
+        assert (first.round, first.node_rank, first.nnodes, first.attempt) == (0, 0, 1, 0)
+        agent.restart_rank(1)  # one new rank could not rejoin the others' collectives: all restart
+        again = wait_for(lambda: (s := agent.snapshot()).attempt == 1 and s.state == GroupState.RUNNING and s,
+                         timeout=30, what="the group's second start")
+        assert again.round == 1
+    finally:
+        agent.stop()
+        thread.join(30)
+    assert results[0].state == WorkerState.STOPPED
+    log = events(tmp_path)
+    assert [e["reason"] for e in log if e["event"] == "group_restart"] == ["user"]
+    assert not any(e["event"] == "user_restart_rank" for e in log)
+
+
+@pytest.mark.parametrize(("backend", "message"), [
+    ("etcd", "--rdzv-backend etcd needs the etcd client: pip install python-etcd"),
+    ("nope", "bad rendezvous (--rdzv-backend nope"),
+])
+def test_a_backend_that_cannot_be_used_is_a_one_line_error(tmp_path, torch_installed, backend, message):
+    res = run_ranktop("--headless", "--rdzv-backend", backend, "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                      "--log-dir", str(tmp_path), RANK, "print")
+    assert res.returncode == 2
+    assert res.stderr.startswith(f"ranktop: error: {message}") and len(res.stderr.splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
+def test_too_few_nodes_time_out_with_a_clear_message(tmp_path, torch_installed):
+    job = Job(tmp_path, "alone")
+    job.start("print", extra=("--rdzv-conf", "join_timeout=2,last_call_timeout=1,close_timeout=1"))
+    ((status, out, err),) = job.finish()
+    assert status == 1 and "PLACED" not in out
+    assert "ranktop: error: the c10d rendezvous 'alone' timed out: not enough nodes joined" in err
+    assert "Traceback" not in err
+    assert [e["event"] for e in events(tmp_path / "node0")][-2:] == ["rendezvous_failed", "run_finished"]
+
+
+def test_a_stop_signal_while_waiting_for_nodes_ends_at_once(tmp_path, torch_installed):
+    job = Job(tmp_path, "waiting")
+    node = job.start("print")
+    wait_for(lambda: list(tmp_path.glob("node0/*/events.jsonl")) and any(
+        e["event"] == "rendezvous_joining" for e in events(tmp_path / "node0")), timeout=30,
+        what="the node waiting in the rendezvous")
+    node.send_signal(signal.SIGTERM)
+    ((status, out, err),) = job.finish()
+    assert status == 128 + signal.SIGTERM and "PLACED" not in out
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
+
+
+def test_tui_shows_the_wait_for_nodes_and_why_the_run_ended(tmp_path, torch_installed):
+    import asyncio
+
+    from ranktop.core import LocalAgent, WorkerSpec
+    from ranktop.core.engine import LocalEngine
+    from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
+    from ranktop.tui.app import RanktopApp
+    from ranktop.tui.panes import LiveText
+
+    handler = create_handler("c10d", f"127.0.0.1:{free_port()}", "tui", 2, 2, local_addr="127.0.0.1",
+                             conf=parse_rdzv_conf("join_timeout=4,last_call_timeout=1,close_timeout=1"))
+    spec = WorkerSpec(role="default", local_world_size=2, entrypoint=sys.executable, args=(RANK, "print"),
+                      rdzv_handler=handler)
+    engine = LocalEngine(LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2))
+    app = RanktopApp(engine)
+    headers, notes = [], []
+    app.notify = lambda message, **kw: notes.append(message)
+
+    async def main():
+        engine.start()  # returns at once: the round waits for a second node that never comes
+        async with app.run_test(size=(160, 48)) as pilot:
+            while not app.ended or not notes:
+                if app.main is not None and app.main.is_mounted:
+                    headers.append(app.main.query_one("#header", LiveText).render().plain)
+                await pilot.pause(0.1)
+
+    asyncio.run(asyncio.wait_for(main(), 40))
+    assert any(" rendezvous " in h and "node 0/1" in h for h in headers), headers
+    assert notes == ["the c10d rendezvous 'tui' timed out: not enough nodes joined"]
+    assert app.exit_status == 1
