@@ -53,7 +53,9 @@ def test_snapshot_and_output_since_are_plain_data(tmp_path):
         assert not snap.ended and snap.exit_status is None and snap.shutdown_timeout == 2.0
         assert abs(snap.taken_at - time.time()) < 5 and snap.paused == ()
         assert snap.ranks[1].stdout_log.endswith(os.path.join("attempt_0", "1", "stdout.log"))
-        cursor, lines, open_lines = engine.output_since(1, None)
+        # last_output_at is stamped as bytes arrive, a moment before the ring has split the line
+        cursor, lines, open_lines = wait_for(lambda: (got := engine.output_since(1, None))[1] and got,
+                                             what="rank 1's line in its ring")
         assert lines == [b"hello from 1"] and open_lines == [] and cursor == OutputCursor(0, 1, cursor.version)
         again = engine.output_since(1, cursor)
         assert again == (cursor, [], [])  # nothing new since the cursor
