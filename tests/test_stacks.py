@@ -13,6 +13,7 @@ import tempfile
 import textwrap
 import threading
 
+import psutil
 import pytest
 from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
 from ranktop.core import spec, stacks
@@ -209,7 +210,7 @@ def test_rank_that_exits_during_the_dump_gets_a_clean_status():
     assert seen <= {StackStatus.OK, StackStatus.GONE, StackStatus.NOT_PYTHON, StackStatus.FAILED}
 
     zombie = subprocess.Popen([PY, "-c", "pass"])
-    wait_for(lambda: stacks.psutil.Process(zombie.pid).status() == stacks.psutil.STATUS_ZOMBIE, what="zombie")
+    wait_for(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, what="zombie")
     (z,) = stacks.dump_pids({5: zombie.pid}).ranks
     assert (z.rank, z.status, z.reason) == (5, StackStatus.GONE, "process exited (not reaped yet)")
     zombie.wait()

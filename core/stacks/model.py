@@ -1,0 +1,137 @@
+"""What a stack dump is: per-thread frames, per-rank results, groups of ranks, the merged tree."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+class StackStatus(str, enum.Enum):
+    OK = "ok"
+    NATIVE = "native"  # a binary rank with no Python in it
+    NOT_PYTHON = "not-python"  # py-spy found no interpreter in the process
+    GONE = "gone"  # exited before or during the dump
+    NO_PERMISSION = "no-permission"
+    NO_PY_SPY = "no-py-spy"
+    FAILED = "failed"  # anything else py-spy reported, or it timed out
+
+
+@dataclass(frozen=True)
+class Frame:
+    name: str
+    filename: str
+    short_filename: str
+    line: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.short_filename}:{self.line})"
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """One thread's frames, outermost call first (the order of a Python traceback)."""
+
+    name: str
+    thread_id: int
+    os_thread_id: int | None
+    active: bool | None  # py-spy: on CPU now (spinning) or idle (blocked); None: not known (faulthandler)
+    owns_gil: bool
+    is_main: bool
+    frames: tuple[Frame, ...]
+
+    @property
+    def key(self) -> tuple:
+        return tuple((f.name, f.filename, f.line) for f in self.frames)
+
+
+@dataclass(frozen=True)
+class RankStack:
+    rank: int
+    local_rank: int | None
+    pid: int
+    status: StackStatus
+    threads: tuple[ThreadStack, ...] = ()
+    reason: str | None = None
+    hint: str | None = None
+    dumped_pid: int | None = None  # the Python process dumped, when not the rank itself (native rank)
+    cpu_percent: float | None = None  # from the stats sampler, when the agent has one
+    stall_seconds: float | None = None
+
+    @property
+    def main(self) -> ThreadStack | None:
+        return next((t for t in self.threads if t.is_main), None)
+
+    @property
+    def others(self) -> tuple[ThreadStack, ...]:
+        return tuple(t for t in self.threads if not t.is_main)
+
+
+@dataclass(frozen=True)
+class StackGroup:
+    """Ranks whose main threads have the identical stack."""
+
+    ranks: tuple[int, ...]
+    frames: tuple[Frame, ...]
+    odd: bool  # a minority group: look here first
+    active: tuple[int, ...] = ()  # ranks whose main thread was on CPU
+
+
+@dataclass
+class TreeNode:
+    """The merged call tree: each frame with the ranks whose main thread passes through it."""
+
+    frame: Frame | None  # None for the root
+    ranks: list[int] = field(default_factory=list)
+    children: list[TreeNode] = field(default_factory=list)
+
+    def child(self, frame: Frame) -> TreeNode:
+        key = (frame.name, frame.filename, frame.line)
+        for node in self.children:
+            if (node.frame.name, node.frame.filename, node.frame.line) == key:
+                return node
+        node = TreeNode(frame)
+        self.children.append(node)
+        return node
+
+
+@dataclass(frozen=True)
+class StackReport:
+    taken_at: float
+    elapsed_s: float
+    ranks: tuple[RankStack, ...]
+    groups: tuple[StackGroup, ...]
+    tree: TreeNode
+    saved_txt: str | None = None
+    saved_json: str | None = None
+
+    @property
+    def odd_ranks(self) -> list[int]:
+        return sorted(r for g in self.groups if g.odd for r in g.ranks)
+
+    @property
+    def problems(self) -> list[RankStack]:
+        return [r for r in self.ranks if r.status != StackStatus.OK]
+
+    def summary(self) -> str:
+        ok = len(self.ranks) - len(self.problems)
+        text = f"{ok} of {len(self.ranks)} ranks dumped, {len(self.groups)} distinct stack(s)"
+        if self.odd_ranks:
+            text += f"; odd one out: {rank_list(self.odd_ranks)}"
+        elif len(self.groups) > 1:
+            text += "; no majority stack"
+        return text
+
+
+def rank_list(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 5] -> 'ranks 0-2,5'; [3] -> 'rank 3'."""
+    rs = sorted(set(ranks))
+    parts, i = [], 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ("rank " if len(rs) == 1 else "ranks ") + ",".join(parts)

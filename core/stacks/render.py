@@ -1,0 +1,68 @@
+"""The grouped text view of a report (`ranktop stacks`, the saved .txt)."""
+
+from __future__ import annotations
+
+import datetime
+
+from ranktop.core.stacks.grouping import other_thread_groups
+from ranktop.core.stacks.model import RankStack, StackReport, TreeNode, rank_list
+
+
+def rank_facts(s: RankStack) -> str:
+    """' (pid 12, cpu 98%, stalled 31s, idle)' — what tells spinning from blocked."""
+    facts = [f"pid {s.pid}"]
+    if s.dumped_pid:
+        facts.append(f"Python child {s.dumped_pid}")
+    if s.cpu_percent is not None:
+        facts.append(f"cpu {s.cpu_percent:.0f}%")
+    if s.stall_seconds is not None:
+        facts.append(f"silent {s.stall_seconds:.0f}s")
+    if s.main is not None and s.main.active is not None:
+        facts.append("on CPU" if s.main.active else "idle")
+    return ", ".join(facts)
+
+
+def format_report(report: StackReport, *, threads: bool = False) -> str:
+    """The grouped view: groups (odd ones marked), the merged tree, per-rank problems."""
+    when = datetime.datetime.fromtimestamp(report.taken_at).strftime("%H:%M:%S")
+    out = [f"stacks at {when} ({report.elapsed_s:.2f}s): {report.summary()}"]
+    if report.saved_txt:
+        out.append(f"saved: {report.saved_txt}")
+    by_rank = {s.rank: s for s in report.ranks}
+    for g in report.groups:
+        mark = "  <-- ODD ONE OUT" if g.odd else ""
+        out += ["", f"== {rank_list(g.ranks)} ({len(g.ranks)}){mark}"]
+        out += [f"   {rank_list([r])}: {rank_facts(by_rank[r])}" for r in g.ranks if len(g.ranks) <= 8]
+        out += [f"     {f.label}" for f in g.frames] or ["     (no Python frames)"]
+    if report.tree.children:
+        out += ["", "call tree (main threads; ranks under each frame):"]
+        out += _tree_lines(report.tree, set(report.odd_ranks), 1)
+    if report.problems:
+        out += ["", "not dumped:"]
+        for s in report.problems:
+            out.append(f"   {rank_list([s.rank])} (pid {s.pid}): {s.status.value}: {s.reason}")
+            if s.hint:
+                out.append(f"      hint: {s.hint}")
+    if threads:
+        out += _thread_lines(report)
+    return "\n".join(out)
+
+
+def _tree_lines(node: TreeNode, odd: set[int], depth: int) -> list[str]:
+    lines = []
+    for child in node.children:
+        flag = "  <-- odd" if odd and set(child.ranks) <= odd and len(child.ranks) < len(node.ranks) else ""
+        lines.append(f"{'  ' * depth}{child.frame.label}  [{rank_list(child.ranks)}]{flag}")
+        lines += _tree_lines(child, odd, depth + 1)
+    return lines
+
+
+def _thread_lines(report: StackReport) -> list[str]:
+    groups = other_thread_groups(report)
+    if not groups:
+        return ["", "other threads: none"]
+    out = ["", "other threads:"]
+    for name, frames, ranks in groups:
+        out.append(f"-- thread {name!r} in {rank_list(ranks)}")
+        out += [f"     {f.label}" for f in frames] or ["     (no Python frames)"]
+    return out

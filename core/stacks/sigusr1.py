@@ -1,0 +1,160 @@
+"""The fallback that needs no ptrace: SIGUSR1 makes a rank's faulthandler print its stacks to
+its stderr (its log and its pane); read them back from the log and group them like py-spy's."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ranktop.core.events import EventLog
+from ranktop.core.layout import RunDir, dump_log_path
+from ranktop.core.stacks.grouping import build_report
+from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack
+from ranktop.core.stacks.procs import gone_reason
+from ranktop.core.stacks.saving import save_report
+
+
+def catches_signal(pid: int, sig: int) -> bool:
+    """Whether the process has a handler for `sig` (SigCgt in /proc), i.e. it will not die of it."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def signal_pids(pids: Mapping[int, int], sig: int = signal.SIGUSR1) -> dict[int, str]:
+    """Send `sig` to each rank process (not its group) that catches it; {rank: what happened}.
+
+    Only the rank process: its children (data loader workers, compilers) did not necessarily
+    register faulthandler, and SIGUSR1's default action would kill them. A rank that does not
+    catch the signal is skipped for the same reason.
+    """
+    outcome = {}
+    for rank, pid in sorted(pids.items()):
+        if gone_reason(pid):
+            outcome[rank] = "gone"
+        elif not catches_signal(pid, sig):
+            outcome[rank] = "skipped: it does not handle SIGUSR1 (faulthandler off, or not Python)"
+        else:
+            try:
+                os.kill(pid, sig)
+                outcome[rank] = "sent"
+            except ProcessLookupError:
+                outcome[rank] = "gone"
+            except PermissionError:
+                outcome[rank] = "no permission to signal it"
+    return outcome
+
+
+def signal_dump(agent: Any) -> dict[int, str]:
+    """SIGUSR1 to every live rank that handles it; each writes its stacks to its stderr (log, pane)."""
+    snap = agent.snapshot()
+    pids = {r.rank: r.pid for r in snap.ranks if r.pid is not None and r.state.alive}
+    outcome = signal_pids(pids)
+    agent.events.write("stacks_signalled", signal="SIGUSR1", ranks=outcome)
+    return outcome
+
+
+_FH_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
+_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
+
+
+def parse_faulthandler(text: str) -> tuple[ThreadStack, ...]:
+    """faulthandler's dump (all threads, most recent call first) -> threads, main first.
+
+    The thread that ran the handler ("Current thread") is the main thread: Linux delivers a
+    signal sent to a process to its main thread when that thread does not block it, and Python
+    threads do not. faulthandler prints no thread names, so other threads are grouped by stack.
+    """
+    blocks: dict[int, tuple[bool, list[Frame]]] = {}  # by thread id: a second dump replaces the first
+    frames: list[Frame] | None = None
+    for line in text.splitlines():
+        head = _FH_HEADER.match(line.strip())
+        if head:
+            frames = []
+            blocks.pop(int(head.group(2), 16), None)
+            blocks[int(head.group(2), 16)] = (head.group(1) == "Current thread", frames)
+            continue
+        frame = _FH_FRAME.match(line)
+        if frame and frames is not None:
+            path = frame.group(1)
+            frames.append(Frame(frame.group(3), path, os.path.basename(path), int(frame.group(2))))
+    threads = [ThreadStack("" if current else "(unnamed)", tid, None, None, False, current, tuple(reversed(fs)))
+               for tid, (current, fs) in blocks.items()]
+    threads.sort(key=lambda t: not t.is_main)
+    return tuple(threads)
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
+                  local_ranks: Mapping[int, int] | None = None, timeout: float = 3.0,
+                  run_dir: RunDir | None = None, events: EventLog | None = None,
+                  source: str = "signal") -> StackReport:
+    """The grouped view without ptrace: SIGUSR1 to each rank, then read its dump from the log its
+    stderr goes to (`layout.dump_log_path`).
+
+    A rank's dump is taken as complete once the new part of that log holds a stack and stops growing.
+    """
+    started, taken_at = time.perf_counter(), time.time()
+    offsets = {r: _size(dump_logs.get(r, "")) for r in pids}
+    outcome = signal_pids(pids)
+    pending = {r for r, what in outcome.items() if what == "sent"}
+    texts: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.03)
+        for r in list(pending):
+            text = _read_from(dump_logs.get(r, ""), offsets[r])
+            if "(most recent call first):" in text and texts.get(r) == text:
+                pending.discard(r)  # unchanged since the last look: the handler is done
+            texts[r] = text
+    found = []
+    for r in sorted(pids):
+        base = {"rank": r, "local_rank": (local_ranks or {}).get(r), "pid": pids[r]}
+        threads = parse_faulthandler(texts.get(r, "")) if outcome[r] == "sent" else ()
+        if threads:
+            found.append(RankStack(**base, status=StackStatus.OK, threads=threads))
+        elif outcome[r] == "gone":
+            found.append(RankStack(**base, status=StackStatus.GONE, reason="process gone"))
+        elif outcome[r] == "sent":
+            found.append(RankStack(**base, status=StackStatus.FAILED,
+                                   reason=f"no stack in its log within {timeout:g}s",
+                                   hint="a Python handler for SIGUSR1 in the program replaces faulthandler's"))
+        else:
+            found.append(RankStack(**base, status=StackStatus.NOT_PYTHON, reason=outcome[r],
+                                   hint="start the ranks with ranktop (faulthandler is on unless --no-faulthandler)"))
+    report = build_report(found, taken_at, time.perf_counter() - started)
+    return save_report(report, run_dir, events, source) if run_dir else report
+
+
+def signal_agent_report(agent: Any, local_ranks: Iterable[int] | None = None, timeout: float = 3.0) -> StackReport:
+    """`signal_report` for the agent's live ranks (the TUI's fallback when py-spy cannot attach)."""
+    snap = agent.snapshot()
+    wanted = set(local_ranks) if local_ranks is not None else None
+    live = [r for r in snap.ranks if r.pid and r.state.alive and (wanted is None or r.local_rank in wanted)]
+    logs = {r.rank: dump_log_path(os.path.join(agent.attempt_dir(), str(r.local_rank))) for r in live}
+    return signal_report({r.rank: r.pid for r in live}, logs, local_ranks={r.rank: r.local_rank for r in live},
+                         timeout=timeout, run_dir=agent.layout, events=agent.events, source="signal")
