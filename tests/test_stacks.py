@@ -312,6 +312,7 @@ def test_stacks_cli_bad_input_is_one_line_and_exit_2(args):
     out = run_ranktop(*args)
     assert out.returncode == 2, out
     assert out.stdout == "" and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("ranktop: error: "), out.stderr
 
 
 def test_stacks_cli_against_a_ranktop_process_and_the_signal_fallback(tmp_path):

@@ -11,33 +11,13 @@ import shutil
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from typing import NoReturn
 
 from ranktop.core import limits
 from ranktop.core.errors import UsageError
 from ranktop.core.stdio import reopen_closed_streams, terminal_problem
+from ranktop.tui.usage import BadValue, UsageParser, usage_error
 
 from ranktop import __version__ as VERSION
-
-USAGE_EXIT = 2
-
-
-class _BadNumber(Exception):
-    """A number flag's value out of bounds. Not a ValueError: argparse lets it through (it only
-    rewords ValueError, TypeError and ArgumentTypeError), so the line printed is our own, naming
-    the flag, the value as typed and what is accepted."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, no usage dump: the message already names the bad value.
-        self.exit(USAGE_EXIT, f"ranktop: error: {message}\n")
-
-    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001 (argparse's signature)
-        try:
-            return super().parse_known_args(args, namespace)
-        except _BadNumber as exc:
-            self.error(str(exc))
 
 
 def _number(flag: str, bounds: limits.Bounds):
@@ -47,7 +27,7 @@ def _number(flag: str, bounds: limits.Bounds):
         try:
             return bounds.parse(flag, text)
         except UsageError as exc:
-            raise _BadNumber(str(exc)) from None
+            raise BadValue(str(exc)) from None
 
     return parse
 
@@ -86,14 +66,14 @@ def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
             continue
         try:
             action.default = action.type(text) if action.type else text
-        except (_BadNumber, ValueError, TypeError) as exc:
+        except (BadValue, ValueError, TypeError) as exc:
             parser.error(f"bad {name}={text!r}: {exc}")
         if action.choices and action.default not in action.choices:
             parser.error(f"bad {name}={text!r}: expected one of {', '.join(action.choices)}")
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
-    p = _Parser(
+    p = UsageParser(
         prog="ranktop",
         description="Launch and watch one process per rank (torchrun-compatible), in a TUI or headless.",
     )
@@ -406,8 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_tui(spec, ns)
         return run_headless(spec, ns)
     except UsageError as exc:
-        print(f"ranktop: error: {exc}", file=sys.stderr)
-        return USAGE_EXIT
+        return usage_error(str(exc))
     except RendezvousFailed as exc:  # e.g. the endpoint cannot be reached: not a usage error
         print(f"ranktop: error: {exc}", file=sys.stderr)
         return 1

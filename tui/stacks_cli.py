@@ -12,24 +12,17 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 import psutil
 from ranktop.core import stacks
 from ranktop.core.layout import RunDir, dump_log_path, latest_attempt_path
 from ranktop.core.sanitize import clean
-
-USAGE_EXIT = 2
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(USAGE_EXIT, f"ranktop stacks: error: {message}\n")
+from ranktop.tui.usage import UsageParser, usage_error
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ranktop stacks", allow_abbrev=False,
-                description="Dump and group the Python stacks of a running group's ranks (py-spy).")
+    p = UsageParser(prog="ranktop stacks", allow_abbrev=False,
+                    description="Dump and group the Python stacks of a running group's ranks (py-spy).")
     p.add_argument("target", help="a run directory, a log directory (newest live run), a ranktop pid or a rank pid")
     p.add_argument("--threads", action="store_true", help="also show threads other than the main thread")
     p.add_argument("--json", action="store_true", help="print the raw report as JSON")
@@ -70,8 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         pids, local, run_dir = resolve(ns.target)
     except BadTarget as exc:
-        print(f"ranktop stacks: {exc}", file=sys.stderr)
-        return USAGE_EXIT
+        return usage_error(str(exc))
     if not pids:
         print(f"ranktop stacks: no live ranks in {run_dir} (the run has ended)", file=sys.stderr)
         return 1

@@ -1,0 +1,41 @@
+"""The one way a command line refuses bad input: `ranktop: error: <one line>` on stderr, exit 2.
+
+Every parser of `ranktop` and its subcommands is a `UsageParser`; errors found after parsing go
+through `usage_error`, so they read the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+USAGE_EXIT = 2
+
+
+class BadValue(Exception):
+    """A flag's value that an argparse type rejects with our own line (naming the flag, the value
+    as typed and what is accepted). Not a ValueError: argparse would reword that one (it rewords
+    ValueError, TypeError and ArgumentTypeError)."""
+
+
+def usage_line(message: str) -> str:
+    return f"ranktop: error: {message}"
+
+
+def usage_error(message: str) -> int:
+    """Print the one line for bad input; the exit status to return."""
+    print(usage_line(message), file=sys.stderr)
+    return USAGE_EXIT
+
+
+class UsageParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, no usage dump: the message already names the bad value.
+        self.exit(USAGE_EXIT, usage_line(message) + "\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001 (argparse's signature)
+        try:
+            return super().parse_known_args(args, namespace)
+        except BadValue as exc:
+            self.error(str(exc))
