@@ -105,7 +105,6 @@ class LocalAgent:
         self,
         spec: WorkerSpec,
         log_dir: str | None = None,
-        start_method: str = "spawn",
         log_line_prefix_template: str | None = None,
         *,
         shutdown_timeout: float = 10.0,
@@ -127,7 +126,6 @@ class LocalAgent:
         LINES.check("ring_lines", ring_lines)
         ensure_fds_for(spec.local_world_size)  # before anything exists: a shortage is one line
         self.spec = spec
-        self.start_method = start_method
         self.prefix_template = log_line_prefix_template or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
         self.shutdown_timeout = shutdown_timeout
         self.stall_timeout = stall_timeout

@@ -709,7 +709,6 @@ def start_processes(
 
 
 _START_METHODS = ("spawn", "fork", "forkserver")
-_default_start_method = "spawn"
 
 
 def _check_start_method(method: str) -> None:
@@ -719,7 +718,6 @@ def _check_start_method(method: str) -> None:
 
 def set_start_method(method: str) -> None:
     """Accepted for parity. Every callable rank runs in a fresh interpreter (spawn semantics):
-    forking a parent that holds threads and CUDA state is what makes fork unsafe for training."""
-    global _default_start_method
+    forking a parent that holds threads and CUDA state is what makes fork unsafe for training,
+    so the method is checked and otherwise ignored."""
     _check_start_method(method)
-    _default_start_method = method

@@ -98,10 +98,8 @@ class GpuMonitor:
 
     def _init(self) -> str | None:
         if self._nvml is None:
-            try:
-                import pynvml
-            except ImportError:
-                return f"{NO_GPU} (nvidia-ml-py not installed)"
+            import pynvml  # here, not at the top: only a run that samples GPUs pays for it
+
             self._nvml = pynvml
         nvml = self._nvml
         try:

@@ -50,16 +50,24 @@ class Proc(NamedTuple):
     zombie: bool
 
 
-def read_proc(pid: int) -> Proc | None:
+def stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat from field 3 on (the state, the parent, ...), or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: the fields after it are split
-    # after its last ')'. Field 3 is the state, 4 the parent, 5 the group, 6 the session, 22 the
-    # start time.
-    fields = data[data.rindex(b")") + 2:].split()
+    # after its last ')'.
+    end = data.rfind(b")")
+    return (data[end + 2:].split() or None) if end >= 0 else None
+
+
+def read_proc(pid: int) -> Proc | None:
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
+    # Field 3 is the state, 4 the parent, 5 the group, 6 the session, 22 the start time.
     return Proc(pid, int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]), fields[0] in (b"Z", b"X"))
 
 

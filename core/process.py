@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ranktop.core.guard import stat_fields
 from ranktop.core.output import STDERR, STDOUT, OutputPump, StreamSink
 from ranktop.core.strays import forget_own_child, note_own_child
 
@@ -174,13 +175,7 @@ def _deliver(send: Callable[[int, int], None], target: int, sig: int) -> bool:
 def kernel_state(pid: int) -> str | None:
     """The process's state letter as the kernel reports it ("R", "S", "D" uninterruptible sleep,
     "T" stopped, "Z" zombie), or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    # The command name may hold spaces and parentheses: the state follows the last ')'.
-    fields = data[data.rfind(b")") + 2:].split()
+    fields = stat_fields(pid)
     return fields[0].decode() if fields else None
 
 

@@ -19,7 +19,7 @@ from conftest import ROOT, run_ranktop
 pytest.importorskip("torch")
 
 PARITY = ROOT / "tests" / "parity"
-S, M, B = str(PARITY / "dump_rank.py"), "dump_module", str(PARITY / "dump_bin")
+S, M, B = str(PARITY / "dump_rank.py"), "dump_rank", str(PARITY / "dump_bin")
 
 # (id, argv, extra environment): the kinds of lines found in docs, READMEs and Slurm/Kubeflow scripts.
 LINES = [

@@ -155,19 +155,15 @@ def _detach_terminal() -> None:
 def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, Any]:
     from ranktop.core.agent import LocalAgent
     from ranktop.core.engine import LocalEngine
+    from ranktop.core.stats import StatsSampler
 
-    try:
-        from ranktop.core.stats import StatsSampler
-    except ImportError:  # stats are optional: titles show '-' without them
-        StatsSampler = None  # noqa: N806
-    sampler = StatsSampler() if StatsSampler is not None else None
+    sampler = StatsSampler()
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout or 60.0,
                        console=False, color=color, sampler=sampler,
                        faulthandler=not getattr(ns, "no_faulthandler", False))
     engine = LocalEngine(agent)
-    if sampler is not None:
-        sampler.attach(engine)
+    sampler.attach(engine)
     return engine, sampler
 
 
@@ -186,8 +182,7 @@ def run_tui(spec: Any, ns: argparse.Namespace) -> int:
         engine.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if sampler is not None:
-            sampler.close()
+        sampler.close()
     if engine.error is not None:
         raise engine.error
     result = engine.result

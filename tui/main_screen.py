@@ -278,11 +278,8 @@ class MainScreen(Screen):
             self._submit(cmd.RestartGroup())
 
     def action_stacks(self, all_ranks: bool) -> None:
-        try:
-            from ranktop.tui.stacks_view import StacksScreen
-        except ImportError:
-            self.notify("stack dumps are not available in this build", severity="warning")
-            return
+        from ranktop.tui.stacks_view import StacksScreen
+
         self.app.push_screen(StacksScreen(self.engine, None if all_ranks else [self.current]))
 
     def action_toggle_end_panel(self) -> None:
