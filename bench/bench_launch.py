@@ -3,7 +3,7 @@
     python bench/bench_launch.py                       # every scenario, 5 repeats each
     python bench/bench_launch.py -s trivial -s stop -n 3 --no-torchrun
 
-Scenarios (SPEC 5 targets in brackets):
+Scenarios (the project's targets in brackets):
   trivial  8 ranks of an empty script, launch to reap          [within 0.15 s of bare]
   lines    8 ranks x 200k lines, --tee 3 and log files         [within 1.5x of bare to /dev/null]
            (every log file is checked to hold exactly the bytes its rank wrote)
@@ -459,7 +459,7 @@ def fmt(res: Result | None) -> str:
 
 
 def verdict(name: str, rt: float | None, bare: float | None, lines: int) -> tuple[str, str, str]:
-    """(ranktop vs bare, SPEC 5 target, met?)"""
+    """(ranktop vs bare, the target, met?)"""
     if rt is None or bare is None:
         return "-", "-", "-"
     if name == "trivial":
@@ -480,7 +480,7 @@ def print_table(rows: dict[str, dict[str, Result]], lines: int, repeats: int, wr
               "lines": f"{NPROC} x {lines // 1000}k lines, tee 3 + logs (bare: /dev/null)",
               "stop": f"SIGINT -> {NPROC} ranks + grandchildren dead",
               "writes": f"{NPROC} x {writes // 1000}k write-only lines, tee 3 + logs"}
-    header = ["scenario", "ranktop", "torchrun", "C floor", "bare", "ranktop vs bare", "SPEC 5 target", "met"]
+    header = ["scenario", "ranktop", "torchrun", "C floor", "bare", "ranktop vs bare", "target", "met"]
     body = []
     for name, res in rows.items():
         rt, bare = res["ranktop"].median, res["bare"].median

@@ -1,4 +1,4 @@
-"""Stack dump benchmark: time from "dump" to the grouped view for 8 ranks (SPEC 5: at most 0.3 s).
+"""Stack dump benchmark: time from "dump" to the grouped view for 8 ranks (target: at most 0.3 s).
 
     python bench/bench_stacks.py            # 8 ranks, 9 repeats
     python bench/bench_stacks.py -n 16 -r 5

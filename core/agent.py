@@ -1,5 +1,5 @@
 """The local agent: runs one role's ranks on this node, restarts the group on failure, keeps the
-event log, and is what the CLI and the TUI drive (snapshots out, commands in; SPEC 2.5).
+event log, and is what the CLI and the TUI drive (snapshots out, commands in).
 
 There is one monitor loop (`_monitor`), running in whichever thread called `run()`, and it is the
 only thread that changes the group's state. Every command (core/commands.py), from a UI, an API

@@ -1,4 +1,4 @@
-"""GPU sampling through NVML (SPEC 2.6).
+"""GPU sampling through NVML.
 
 Everything talks to a pynvml-shaped module object: the real `pynvml` (package nvidia-ml-py,
 imported lazily so that a machine without it still runs), or `ranktop.core.gpu_fake.FakeNvml` for tests and demos.

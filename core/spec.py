@@ -196,7 +196,7 @@ def rank_env(
     error_file: str,
     color: bool = False,
 ) -> dict[str, str]:
-    """The variables a rank gets on top of the caller's environment (SPEC 2.2, torchrun's names)."""
+    """The variables a rank gets on top of the caller's environment (torchrun's names, so a script written for torchrun runs unchanged)."""
     rank = spec.global_rank(local_rank)
     env = {
         "RANK": rank,

@@ -1,4 +1,4 @@
-"""Per-rank cpu%, rss and GPU, sampled by one background thread (SPEC 2.6).
+"""Per-rank cpu%, rss and GPU, sampled by one background thread.
 
 The UI never waits on this: `latest()` returns what the last tick found. A tick asks its source
 (the engine, or an agent) for each running rank's pid and start environment with

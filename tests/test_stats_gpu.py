@@ -1,4 +1,4 @@
-"""cpu%, rss and GPU per rank (SPEC 2.6): real ranks, real process trees; NVML faked at the pynvml boundary."""
+"""cpu%, rss and GPU per rank: real ranks, real process trees; NVML faked at the pynvml boundary."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A rank's output pane: a line-virtualised view over the engine's LineRing (SPEC 4).
+"""A rank's output pane: a line-virtualised view over the engine's LineRing.
 
 Only the rows on screen are ever parsed (ANSI colours kept) and turned into strips; parsed strips
 are cached by absolute line number, so a repaint of an unchanged pane parses nothing. The app

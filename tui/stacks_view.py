@@ -1,4 +1,4 @@
-"""The stack dump screen (SPEC 2.7): groups of ranks with the same main-thread stack, the odd
+"""The stack dump screen: groups of ranks with the same main-thread stack, the odd
 one(s) out highlighted, the merged call tree, and why a rank could not be dumped.
 
 The dump runs in a worker thread (py-spy takes tens of milliseconds per rank, all ranks at
