@@ -1,4 +1,8 @@
-"""Shared test plumbing: no orphans after any test, and waiting on conditions with a deadline.
+"""Shared test plumbing: no orphans after any test, waiting on conditions with a deadline, and
+the helpers several test files use (agents over real ranks, events.jsonl, the app, a pty).
+
+Test files import this module as `conftest` (pytest puts tests/ first on sys.path), never as
+`tests.conftest`: that would be a second copy of the module.
 
 Every process a test starts inherits RANKTOP_TEST_ID from this session's environment (ranktop
 passes the caller's environment on to ranks, and ranks to their children). After each test no
@@ -7,17 +11,30 @@ process carrying it may be left, apart from pytest itself.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import fcntl
+import json
 import os
+import pty
+import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
+import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from ranktop.core.agent import LocalAgent, RunResult
+from ranktop.core.spec import WorkerSpec
 
 ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
 TEST_ID = os.environ.setdefault("RANKTOP_TEST_ID", uuid.uuid4().hex)
 MARK = f"RANKTOP_TEST_ID={TEST_ID}\0".encode()
 
@@ -97,3 +114,136 @@ def run_ranktop(*args: str, timeout: float = 60, **kwargs) -> subprocess.Complet
 @pytest.fixture
 def examples() -> Path:
     return ROOT / "examples"
+
+
+# ----- agents over real ranks -------------------------------------------------------------------
+_SPEC_FIELDS = {f.name for f in dataclasses.fields(WorkerSpec)}
+
+
+def make_agent(tmp_path: Path, code: str | None = None, n: int = 2, *, entrypoint: str = PY,
+               args: tuple | None = None, **kw) -> LocalAgent:
+    """A LocalAgent logging under `tmp_path` for `n` ranks: Python running `code` unbuffered, or
+    `entrypoint` with `args`. Keywords that name a WorkerSpec field (env, pty, name, max_restarts,
+    ...) go to the spec, the rest to the agent; no console tee and a 2 s grace unless told."""
+    spec_kw = {k: kw.pop(k) for k in list(kw) if k in _SPEC_FIELDS}
+    if args is None:
+        args = ("-u", "-c", textwrap.dedent(code))
+    spec = WorkerSpec(role="default", local_world_size=n, entrypoint=entrypoint, args=tuple(args), **spec_kw)
+    kw.setdefault("console", False)
+    kw.setdefault("shutdown_timeout", 2.0)
+    return LocalAgent(spec, log_dir=str(tmp_path), **kw)
+
+
+class Running:
+    """An agent's monitor loop in a thread, as the TUI runs it, with its sampler (if any) attached
+    before the run starts. `join` waits for the run's own end; as a context manager, whatever
+    still runs is killed on the way out."""
+
+    def __init__(self, agent: LocalAgent):
+        self.agent, self.result = agent, None
+        if agent.sampler is not None:
+            agent.sampler.attach(agent)  # pcontext is still None here: the sampler must cope
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert agent.wait_started(15), "the agent did not start"
+
+    def _run(self) -> None:
+        self.result = self.agent.run()
+
+    def join(self, timeout: float = 30) -> RunResult:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "agent did not finish"
+        return self.result
+
+    def rank(self, r: int):
+        return self.agent.snapshot().ranks[r]
+
+    def __enter__(self) -> LocalAgent:
+        return self.agent
+
+    def __exit__(self, *exc) -> None:
+        self.agent.kill_group()
+        self.thread.join(20)
+        if self.agent.sampler is not None:
+            self.agent.sampler.close()
+        assert not self.thread.is_alive(), "agent did not finish"
+
+
+def read_events(run_dir: str | Path, *, while_written: bool = False) -> list[dict]:
+    """The run's events.jsonl, every line parsed: a torn line fails the test. `while_written`:
+    the run may still be writing it, so a missing file is no events and an unfinished last line
+    is left for later."""
+    path = os.path.join(run_dir, "events.jsonl")
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines(keepends=True)
+    except FileNotFoundError:
+        if while_written:
+            return []
+        raise
+    if while_written and lines and not lines[-1].endswith(b"\n"):
+        lines.pop()
+    return [json.loads(line) for line in lines]
+
+
+# ----- the app under Pilot ----------------------------------------------------------------------
+async def until(pilot, condition, timeout: float = 10.0, what: str = "condition"):
+    """Like wait_for, but lets the app run (timers, messages) while waiting."""
+    for _ in polls(timeout, what):
+        if value := condition():
+            return value
+        await pilot.pause(0.02)
+
+
+def drive(app, body, size=(160, 48)) -> None:
+    """Run `body(app, pilot)` inside a RanktopApp over a real engine, once the main screen is up and
+    every rank started; the app's unmount stops whatever still runs."""
+
+    async def main():
+        app.engine.start()  # the app is handed a running engine
+        async with app.run_test(size=size) as pilot:
+            await until(pilot, lambda: app.main is not None and app.main.is_mounted, what="main screen")
+            await until(pilot, lambda: all(r.pid for r in app.engine.snapshot().ranks), what="ranks started")
+            await body(app, pilot)
+
+    asyncio.run(main())
+
+
+# ----- a real terminal --------------------------------------------------------------------------
+def run_in_pty(argv: list[str], cwd: Path, until: bytes, keys: bytes = b"", timeout: float = 60.0,
+               stdin_closed: bool = False) -> tuple[bytes, int]:
+    """Run argv on a 160x48 pseudo-terminal; once `until` was written, type `keys`. Returns every
+    byte written to the terminal and the exit status."""
+    pid, master = pty.fork()
+    if pid == 0:  # the child: the pty is its stdin, stdout and stderr
+        try:
+            os.chdir(cwd)
+            if stdin_closed:
+                os.close(0)
+            os.execve(argv[0], argv, {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT)})
+        finally:
+            os._exit(127)
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 48, 160, 0, 0))
+    out, typed = bytearray(), False
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not typed and until in out:
+                os.write(master, keys)
+                typed = True
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child side closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        else:
+            os.kill(pid, signal.SIGTERM)  # ranktop stops its ranks with the grace
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(master)
+    return bytes(out), os.waitstatus_to_exitcode(status)

@@ -2,54 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
-import threading
 
 import pytest
 import rank_fns
-from conftest import ROOT, wait_for
+from conftest import PY, ROOT, Running, make_agent, read_events, wait_for
 from ranktop.core import GroupState, LocalAgent, RankState, WorkerError, WorkerSpec, WorkerState, launch
-
-PY = sys.executable
-
-
-def _agent(tmp_path, code, n=2, **kw):
-    spec_kw = {k: kw.pop(k) for k in list(kw) if k in ("max_restarts", "monitor_interval")}
-    spec = WorkerSpec(role="default", local_world_size=n, entrypoint=PY, args=("-c", textwrap.dedent(code)),
-                      **spec_kw)
-    return LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=kw.pop("shutdown_timeout", 5),
-                      **kw)
-
-
-class Running:
-    """Run an agent's monitor loop in a thread, as the TUI does."""
-
-    def __init__(self, agent):
-        self.agent, self.result = agent, None
-        self.thread = threading.Thread(target=self._run)
-        self.thread.start()
-        assert agent.wait_started(10)
-
-    def _run(self):
-        self.result = self.agent.run()
-
-    def join(self, timeout=30):
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "agent did not finish"
-        return self.result
-
-    def rank(self, r):
-        return self.agent.snapshot().ranks[r]
-
-
-def _events(agent):
-    with open(os.path.join(agent.run_dir, "events.jsonl")) as f:
-        return [json.loads(line) for line in f]
+from ranktop.core.process import kernel_state
 
 
 def test_callable_ranks_return_values_by_global_rank(tmp_path):
@@ -72,22 +34,30 @@ def test_failure_has_root_cause_with_traceback_and_last_lines(tmp_path):
 
 
 def test_snapshot_states_and_user_commands(tmp_path):
-    agent = _agent(tmp_path, """
-        import signal, time
+    agent = make_agent(tmp_path, shutdown_timeout=5, code="""
+        import time
         print("ready", flush=True)
         while True:
-            time.sleep(0.05)
+            print("tick", flush=True)
+            time.sleep(0.02)
     """, n=3)
     run = Running(agent)
     try:
         wait_for(lambda: all(r.state == RankState.RUNNING for r in agent.snapshot().ranks), what="running ranks")
         snap = agent.snapshot()
         assert snap.state == GroupState.RUNNING and snap.world_size == 3 and snap.log_dir == agent.run_dir
-        assert agent.output(0) == [b"ready"]
+        assert agent.output(0)[0] == b"ready"
 
+        pid = run.rank(0).pid
         agent.signal_rank(0, signal.SIGSTOP)  # not terminating: the rank stays, just stopped
+        wait_for(lambda: kernel_state(pid) == "T", what="rank 0 stopped by the kernel")
+        frozen = _lines_once_rank_1_printed(agent, 3)  # what rank 0 wrote before it stopped has been read
+        _lines_once_rank_1_printed(agent, 10)
+        assert len(agent.output(0)) == frozen, "a stopped rank printed"
+        assert run.rank(0).state == RankState.RUNNING and run.rank(0).paused
         agent.signal_rank(0, signal.SIGCONT)
-        assert run.rank(0).state == RankState.RUNNING
+        wait_for(lambda: len(agent.output(0)) > frozen + 3, what="rank 0 printing again")
+        assert run.rank(0).state == RankState.RUNNING and not run.rank(0).paused
 
         old_pid = run.rank(1).pid
         agent.restart_rank(1)
@@ -105,14 +75,14 @@ def test_snapshot_states_and_user_commands(tmp_path):
         agent.kill_group() if run.thread.is_alive() else None
         run.join()
     assert result.state == WorkerState.STOPPED and agent.snapshot().state == GroupState.STOPPED
-    names = [(e["event"], e.get("local_rank"), e.get("signal")) for e in _events(agent)]
+    names = [(e["event"], e.get("local_rank"), e.get("signal")) for e in read_events(agent.run_dir)]
     assert ("signalled", 0, "SIGSTOP") in names and ("signalled", 0, "SIGCONT") in names
     assert ("signalled", 2, "SIGKILL") in names and ("user_restart_rank", 1, None) in names
     assert ("user_stop", None, "SIGKILL") in names
 
 
 def test_restart_group_starts_the_next_attempt(tmp_path):
-    agent = _agent(tmp_path, """
+    agent = make_agent(tmp_path, shutdown_timeout=5, code="""
         import os, time
         print("attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], flush=True)
         time.sleep(60)
@@ -126,12 +96,12 @@ def test_restart_group_starts_the_next_attempt(tmp_path):
     finally:
         agent.stop()
         run.join()
-    assert ("group_restart", "user") in [(e["event"], e.get("reason")) for e in _events(agent)]
+    assert ("group_restart", "user") in [(e["event"], e.get("reason")) for e in read_events(agent.run_dir)]
 
 
 def test_stall_detection_marks_silent_rank_and_clears(tmp_path):
     stalls = []
-    agent = _agent(tmp_path, """
+    agent = make_agent(tmp_path, shutdown_timeout=5, code="""
         import os, time
         if os.environ["RANK"] == "1":
             print("quiet now", flush=True)
@@ -158,8 +128,16 @@ def test_stall_detection_marks_silent_rank_and_clears(tmp_path):
     assert ("stall_detected", 1) in kinds and ("stall_cleared", 1) in kinds
 
 
+def _lines_once_rank_1_printed(agent, more: int) -> int:
+    """Rank 0's line count, taken once rank 1 printed `more` lines after this call: the output
+    thread has then read everything rank 0 wrote before that."""
+    start = len(agent.output(1))
+    wait_for(lambda: len(agent.output(1)) >= start + more, what=f"rank 1 printed {more} more lines")
+    return len(agent.output(0))
+
+
 def _event_kinds(agent) -> list[tuple[str, int | None]]:
-    return [(e["event"], e.get("rank")) for e in _events(agent)]
+    return [(e["event"], e.get("rank")) for e in read_events(agent.run_dir)]
 
 
 def test_launch_returns_values_and_raises_worker_error(tmp_path):
@@ -199,7 +177,7 @@ def _children(pid):
 
 
 def test_usr1_goes_to_the_rank_alone_and_user_stop_has_no_root_cause(tmp_path):
-    agent = _agent(tmp_path, """
+    agent = make_agent(tmp_path, shutdown_timeout=5, code="""
         import signal, subprocess, sys, time
         signal.signal(signal.SIGUSR1, lambda *a: print("got USR1", flush=True))
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

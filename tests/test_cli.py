@@ -10,16 +10,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
 from ranktop.core.errors import UsageError
 from ranktop.core.spec import parse_nnodes, parse_signal
 
 RANKS = ROOT / "tests" / "ranks"
-
-
-def _events(run_dir):
-    with open(os.path.join(run_dir, "events.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def _env_of(run_dir, rank, attempt=0):
@@ -81,7 +76,7 @@ def test_prefixed_console_filter_and_log_layout(tmp_path):
         rank_dir = tmp_path / "logs" / "f" / "attempt_0" / str(r)
         assert (rank_dir / "stdout.log").read_text() == f"out {r}\n"
         assert (rank_dir / "stderr.log").read_text() == f"err {r}\n"
-    events = _events(tmp_path / "logs" / "f")
+    events = read_events(tmp_path / "logs" / "f")
     assert [e["event"] for e in events][0] == "run_started" and events[-1]["event"] == "run_finished"
     assert sorted(e["rank"] for e in events if e["event"] == "started") == [0, 1, 2]
     assert sorted((e["rank"], e["exitcode"]) for e in events if e["event"] == "exited") == [(0, 0), (1, 0), (2, 0)]
@@ -157,7 +152,7 @@ def test_failure_exit_status_and_root_cause(tmp_path):
     # which error.json does not have) is not repeated under it.
     assert "last output of rank 1:\n    about to fail\n  error file:" in res.stderr
     assert "last output of rank 0" not in res.stderr  # stopped by us: not a failure of its own
-    exited = {e["rank"]: e for e in _events(tmp_path / "x") if e["event"] == "exited"}
+    exited = {e["rank"]: e for e in read_events(tmp_path / "x") if e["event"] == "exited"}
     assert exited[1]["exitcode"] == 1 and not exited[1]["by_us"]
     assert exited[0]["signal"] == "SIGTERM" and exited[0]["by_us"]
 
@@ -177,7 +172,7 @@ def test_restart_after_crash_picks_up_attempt_1(tmp_path):
     assert sorted(os.listdir(run)) == ["attempt_0", "attempt_1", "events.jsonl"]
     assert (run / "attempt_1" / "1" / "stdout.log").read_text() == "rank 1 attempt 1\n"
     assert (run / "attempt_0" / "1" / "stdout.log").read_text() == "rank 1 attempt 0\n"
-    events = _events(run)
+    events = read_events(run)
     restarts = [e for e in events if e["event"] == "group_restart"]
     assert [(e["attempt"], e["reason"]) for e in restarts] == [(1, "failure")]
     assert events[-1]["state"] == "SUCCEEDED"
@@ -219,14 +214,14 @@ def test_signal_to_ranktop_is_forwarded_and_exit_is_128_plus_n(tmp_path, sig):
     assert proc.returncode == 128 + sig
     assert f"stopped by {signal.Signals(sig).name}" in err
     wait_for(lambda: not any(_alive(p) for p in pids), timeout=5, what="ranks and grandchildren gone")
-    assert any(e["event"] == "signal_received" for e in _events(tmp_path / "fam"))
+    assert any(e["event"] == "signal_received" for e in read_events(tmp_path / "fam"))
 
 
 def test_shutdown_timeout_escalates_to_sigkill(tmp_path):
     proc, pids = _start_family(tmp_path, "--shutdown-timeout", "0.5", script_args=["--ignore-term"])
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=20)
-    exited = {e["pid"]: e for e in _events(tmp_path / "fam") if e["event"] == "exited"}
+    exited = {e["pid"]: e for e in read_events(tmp_path / "fam") if e["event"] == "exited"}
     assert {exited[pids[0]]["signal"], exited[pids[3]]["signal"]} == {"SIGKILL"}
     wait_for(lambda: not any(_alive(p) for p in pids), timeout=5, what="everything gone")
 

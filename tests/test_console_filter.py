@@ -8,9 +8,8 @@ import signal
 import subprocess
 
 import pytest
+from conftest import ROOT, ranktop_cmd
 from ranktop.core.stacks import find_py_spy
-
-from tests.conftest import ROOT, ranktop_cmd
 
 pytestmark = pytest.mark.timeout(60)
 

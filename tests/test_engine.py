@@ -3,7 +3,6 @@ monitor loop; teardown is bounded even for a rank that outlives SIGKILL."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,14 +11,12 @@ import threading
 import time
 
 import pytest
-from conftest import wait_for
+from conftest import make_agent, read_events, wait_for
 from ranktop.core import commands as cmd
 from ranktop.core import start_processes
-from ranktop.core.agent import LocalAgent
 from ranktop.core.context import PContext, plan_streams
 from ranktop.core.engine import LocalEngine, OutputCursor
 from ranktop.core.layout import RunDir
-from ranktop.core.spec import WorkerSpec
 from ranktop.core.state import GroupState, RankState
 
 pytestmark = pytest.mark.timeout(60)
@@ -31,14 +28,7 @@ STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n
 
 
 def make_engine(tmp_path, code: str = TICKER, n: int = 2, **agent_kw) -> LocalEngine:
-    spec = WorkerSpec(role="default", local_world_size=n, entrypoint=PY, args=("-u", "-c", code), name="t.py")
-    agent_kw.setdefault("shutdown_timeout", 2.0)
-    return LocalEngine(LocalAgent(spec, log_dir=str(tmp_path), console=False, **agent_kw))
-
-
-def events(engine: LocalEngine) -> list[dict]:
-    with open(os.path.join(engine.agent.run_dir, "events.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return LocalEngine(make_agent(tmp_path, code, n, name="t.py", **agent_kw))
 
 
 def running(engine: LocalEngine):
@@ -85,7 +75,7 @@ def test_bad_commands_are_one_line_and_change_nothing(tmp_path, command, message
         ack = engine.submit(command)
         assert not ack.ok and ack.message == message and "\n" not in ack.message
         assert [(r.pid, r.state) for r in engine.snapshot().ranks] == before
-        assert not any(e["event"] in ("signalled", "user_stop") for e in events(engine))
+        assert not any(e["event"] in ("signalled", "user_stop") for e in read_events(engine.agent.run_dir))
     finally:
         engine.close()
 
@@ -103,7 +93,7 @@ def test_commands_from_many_threads_are_all_applied_in_the_loop(tmp_path):
             t.join(10)
         # None lost, each answered by the loop once it was applied.
         assert len(acks) == 10 and all(a.ok and a.message.startswith("SIGCONT → rank ") for a in acks)
-        sent = [e["local_rank"] for e in events(engine) if e["event"] == "signalled"]
+        sent = [e["local_rank"] for e in read_events(engine.agent.run_dir) if e["event"] == "signalled"]
         assert sorted(sent) == [0] * 5 + [1] * 5
     finally:
         engine.close()
@@ -144,7 +134,7 @@ def test_stop_during_a_restart_ends_the_run_and_no_attempt_starts(tmp_path):
         engine.close()
     snap = engine.snapshot()
     assert snap.state == GroupState.STOPPED and snap.attempt == 0
-    assert not any(e["event"] == "group_restart" for e in events(engine))
+    assert not any(e["event"] == "group_restart" for e in read_events(engine.agent.run_dir))
     assert engine.submit(cmd.KillGroup()) == cmd.Ack(False, "the run has ended: nothing left to act on")
 
 
@@ -248,7 +238,7 @@ def test_agent_reports_an_unreapable_rank_in_snapshot_and_events(tmp_path):
         engine.close()
         assert engine.snapshot().ended
         assert engine.result.unreapable == {0: pid}
-        assert any(e["event"] == "unreapable" and e["pid"] == pid for e in events(engine))
+        assert any(e["event"] == "unreapable" and e["pid"] == pid for e in read_events(engine.agent.run_dir))
     finally:
         tracer.kill()
         tracer.wait()

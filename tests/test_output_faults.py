@@ -4,7 +4,6 @@ A small tmpfs stands in for the full disk."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
 from ranktop.core.events import EventLog
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState
 from ranktop.tui.panes import header_text, rank_title
@@ -54,10 +53,6 @@ def _fill(path, size: int | None = None) -> None:
     finally:
         os.close(fd)
 
-
-def _events(run_dir) -> list[dict]:
-    with open(os.path.join(run_dir, "events.jsonl"), "rb") as f:
-        return [json.loads(line) for line in f.read().splitlines()]  # a torn line fails here
 
 
 # Writes 3 MiB (three pipes' worth: it would block if ranktop stopped reading), then waits for the
@@ -103,7 +98,7 @@ def test_disk_full_midway_is_reported_counted_and_exits_1(small_disk, tmp_path):
     assert error_lines[0].startswith(f"ranktop: rank 0: cannot write {log}: No space left on device;")
     assert f"{log}: No space left on device, {lost} bytes lost (rank 0)" in stderr
     assert "Traceback" not in stderr
-    events = _events(small_disk / "full")
+    events = read_events(small_disk / "full")
     failed = [e for e in events if e["event"] == "log_write_failed"]
     assert [(e["rank"], e["path"], e["error"]) for e in failed] == [(0, str(log), "No space left on device")]
     finished = events[-1]
@@ -132,14 +127,14 @@ def test_event_log_holds_lines_back_while_full_and_never_tears_one(small_disk):
         _fill(small_disk / "ballast")
         events.write("while_full", blob="y" * 10_000)
         events.write("still_full")
-        assert [e["event"] for e in _events(small_disk)] == ["first"]
+        assert [e["event"] for e in read_events(small_disk)] == ["first"]
         with pytest.raises(OSError):
             events.write("strict", strict=True)
         os.unlink(small_disk / "ballast")
         events.write("after")
     finally:
         events.close()
-    assert [e["event"] for e in _events(small_disk)] == ["first", "while_full", "still_full", "strict", "after"]
+    assert [e["event"] for e in read_events(small_disk)] == ["first", "while_full", "still_full", "strict", "after"]
 
 
 def _rank(**fields) -> RankSnapshot:

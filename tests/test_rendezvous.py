@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
 from ranktop.core.spec import free_port
 
 RANK = str(ROOT / "tests" / "ranks" / "rdzv_rank.py")
@@ -60,8 +60,9 @@ def placements(stdout: str) -> list[dict]:
 
 
 def events(log_dir: Path) -> list[dict]:
+    """The events of the one run under `log_dir` (its run id is the rendezvous id)."""
     (events_file,) = log_dir.glob("*/events.jsonl")
-    return [json.loads(line) for line in events_file.read_text().splitlines()]
+    return read_events(events_file.parent)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ everything is private, and error.json is read as hostile input (core/layout.py, 
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
@@ -13,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import run_ranktop, wait_for
+from conftest import read_events, run_ranktop, wait_for
 from ranktop.core import Std, start_processes
 from ranktop.core.agent import LocalAgent
 from ranktop.core.errors import UsageError
@@ -232,8 +231,7 @@ def test_bad_error_file_is_named_and_the_failure_still_reported(tmp_path, case):
     error_file = tmp_path / "r" / "attempt_0" / "0" / "error.json"
     assert f"exited with code 1; error file {error_file} {why}" in res.stderr
     assert "root cause: rank 0" in res.stderr
-    with open(tmp_path / "r" / "events.jsonl") as f:
-        events = [json.loads(line) for line in f]
+    events = read_events(tmp_path / "r")
     sibling = [e for e in events if e["event"] == "exited" and e["rank"] == 1]
     assert len(sibling) == 1 and sibling[0]["by_us"], events
 

@@ -3,8 +3,6 @@ only a repeated SIGINT kills at once. Real ranktop, real ranks, real signals."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +10,7 @@ import textwrap
 import threading
 
 import pytest
-from conftest import ROOT, ranktop_cmd, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, wait_for
 from ranktop.core import LocalAgent, WorkerSpec
 from ranktop.core.signals import StopAction, StopRule
 
@@ -37,11 +35,6 @@ FWD, DUP, KILL = StopAction.FORWARD, StopAction.DUPLICATE, StopAction.KILL_NOW
 def test_stop_rule(arrivals, actions):
     rule = StopRule()
     assert [rule.decide(sig, at) for sig, at in arrivals] == actions
-
-
-def _events(run_dir):
-    with open(os.path.join(run_dir, "events.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def _start(tmp_path, delay):
@@ -70,9 +63,9 @@ def test_repeated_hangup_or_term_keeps_the_grace(tmp_path, sig):
     _, err = _signal_twice(proc, sig)
     assert proc.returncode == 128 + sig, err
     assert (tmp_path / "checkpoint").read_text() == f"checkpoint after signal {int(sig)}\n"
-    exited = [e for e in _events(tmp_path / "logs" / "sig") if e["event"] == "exited"]
+    exited = [e for e in read_events(tmp_path / "logs" / "sig") if e["event"] == "exited"]
     assert [(e["pid"], e["exitcode"], e["signal"]) for e in exited] == [(rank_pid, 128 + sig, None)]
-    received = [e for e in _events(tmp_path / "logs" / "sig") if e["event"] == "signal_received"]
+    received = [e for e in read_events(tmp_path / "logs" / "sig") if e["event"] == "signal_received"]
     assert len(received) == 2 and received[0]["action"] == "forward" and received[1]["action"] != "kill_now"
 
 
@@ -81,9 +74,9 @@ def test_repeated_interrupt_kills_at_once(tmp_path):
     _, err = _signal_twice(proc, INT)  # within the 40 s wait only if the 60 s grace was cut short
     assert proc.returncode == 128 + INT, err
     assert not (tmp_path / "checkpoint").exists()
-    exited = [e for e in _events(tmp_path / "logs" / "sig") if e["event"] == "exited"]
+    exited = [e for e in read_events(tmp_path / "logs" / "sig") if e["event"] == "exited"]
     assert [(e["pid"], e["signal"]) for e in exited] == [(rank_pid, "SIGKILL")]
-    assert [e["action"] for e in _events(tmp_path / "logs" / "sig") if e["event"] == "signal_received"] == [
+    assert [e["action"] for e in read_events(tmp_path / "logs" / "sig") if e["event"] == "signal_received"] == [
         "forward", "kill_now"]
 
 

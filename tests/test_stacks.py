@@ -8,21 +8,16 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import textwrap
-import threading
 
 import psutil
 import pytest
-from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
+from conftest import PY, ROOT, Running, make_agent, ranktop_cmd, read_events, run_ranktop, wait_for
 from ranktop.core import spec, stacks
 from ranktop.core.agent import LocalAgent
-from ranktop.core.spec import WorkerSpec
 from ranktop.core.stacks import StackStatus
 from ranktop.core.stats import StatsSampler
-
-PY = sys.executable
 
 # Rank SPINNER burns CPU in spin(); the others block in wait_for_lock() on a lock that their
 # "holder" thread keeps: two different stacks, one of them on CPU.
@@ -62,38 +57,8 @@ wait_here()
 """
 
 
-class Running:
-    """An agent's monitor loop in a thread (as the TUI runs it), stopped on exit."""
-
-    def __init__(self, tmp_path, code: str | None = None, n: int = 3, entrypoint: str = PY, args=None, env=None,
-                 sampler=None, pty=False):
-        spec = WorkerSpec(role="default", local_world_size=n, entrypoint=entrypoint,
-                          args=args if args is not None else ("-u", "-c", textwrap.dedent(code)), env=env or {},
-                          pty=pty)
-        self.agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2, sampler=sampler)
-        self.sampler = sampler.attach(self.agent) if sampler is not None else None
-        self.thread = threading.Thread(target=self.agent.run)
-
-    def __enter__(self) -> LocalAgent:
-        self.thread.start()
-        assert self.agent.wait_started(10)
-        return self.agent
-
-    def __exit__(self, *exc) -> None:
-        self.agent.stop(signal.SIGKILL, 0)
-        self.thread.join(20)
-        if self.sampler is not None:
-            self.sampler.close()
-        assert not self.thread.is_alive()
-
-
 def wait_ready(agent: LocalAgent, n: int) -> None:
     wait_for(lambda: all(b"ready" in b"".join(agent.output(r)) for r in range(n)), 20, what="ranks ready")
-
-
-def events(run_dir: str) -> list[dict]:
-    with open(os.path.join(run_dir, "events.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -112,7 +77,7 @@ def py_spy_can_attach():
 
 
 def test_blocked_ranks_group_and_spinning_rank_is_odd_one_out(tmp_path):
-    with Running(tmp_path, LOCK_OR_SPIN, n=3, sampler=StatsSampler(interval=0.1)) as agent:
+    with Running(make_agent(tmp_path, LOCK_OR_SPIN, n=3, sampler=StatsSampler(interval=0.1))) as agent:
         wait_ready(agent, 3)
 
         def cpu(r: int) -> float:
@@ -147,7 +112,7 @@ def test_blocked_ranks_group_and_spinning_rank_is_odd_one_out(tmp_path):
         assert os.path.exists(report.saved_txt) and os.path.exists(report.saved_json)
         with open(report.saved_json) as f:
             assert json.load(f)["odd_ranks"] == [2]
-        dumped = [e for e in events(agent.run_dir) if e["event"] == "stacks_dumped"]
+        dumped = [e for e in read_events(agent.run_dir) if e["event"] == "stacks_dumped"]
         assert dumped[-1]["odd_ranks"] == [2] and dumped[-1]["file"] == report.saved_txt
 
         one = stacks.dump_agent_stacks(agent, local_ranks=[1])
@@ -164,11 +129,11 @@ def test_blocked_ranks_group_and_spinning_rank_is_odd_one_out(tmp_path):
         data = json.loads(single.stdout)
         assert [r["rank"] for r in data["ranks"]] == [2]
         assert data["groups"][0]["frames"][-1]["name"] == "spin"
-        assert sum(e["event"] == "stacks_dumped" for e in events(agent.run_dir)) >= 5
+        assert sum(e["event"] == "stacks_dumped" for e in read_events(agent.run_dir)) >= 5
 
 
 def test_native_rank_is_listed_as_native_and_python_under_it_is_found(tmp_path):
-    with Running(tmp_path, n=2, entrypoint="/bin/sleep", args=("60",)) as agent:
+    with Running(make_agent(tmp_path, n=2, entrypoint="/bin/sleep", args=("60",))) as agent:
         wait_for(lambda: all(r.pid for r in agent.snapshot().ranks), what="ranks started")
         report = stacks.dump_agent_stacks(agent)
         assert [s.status for s in report.ranks] == [StackStatus.NATIVE] * 2
@@ -181,7 +146,7 @@ def test_native_rank_is_listed_as_native_and_python_under_it_is_found(tmp_path):
     # A shell script rank that runs Python: the Python child is dumped in its place.
     (tmp_path / "wait.py").write_text(WAIT_HERE)
     script = f"{PY} -u {tmp_path / 'wait.py'}; echo done"  # not the last command: sh forks for it
-    with Running(tmp_path / "sh", n=1, entrypoint="/bin/sh", args=("-c", script)) as agent:
+    with Running(make_agent(tmp_path / "sh", n=1, entrypoint="/bin/sh", args=("-c", script))) as agent:
         wait_ready(agent, 1)
         (rank,) = stacks.dump_agent_stacks(agent).ranks
         assert rank.status == StackStatus.OK and rank.dumped_pid not in (None, rank.pid)
@@ -191,7 +156,7 @@ def test_native_rank_is_listed_as_native_and_python_under_it_is_found(tmp_path):
     shebang = tmp_path / "shebang.py"
     shebang.write_text(f"#!{PY} -u\n{WAIT_HERE}")
     shebang.chmod(0o755)
-    with Running(tmp_path / "shebang", n=1, entrypoint=str(shebang), args=()) as agent:
+    with Running(make_agent(tmp_path / "shebang", n=1, entrypoint=str(shebang), args=())) as agent:
         wait_ready(agent, 1)
         assert agent.snapshot().ranks[0].native
         (rank,) = stacks.dump_agent_stacks(agent).ranks
@@ -219,7 +184,7 @@ def test_rank_that_exits_during_the_dump_gets_a_clean_status():
 
 def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
     env = spec.faulthandler_env(True, os.environ)
-    with Running(tmp_path, WAIT_HERE, n=2, env=env) as agent:
+    with Running(make_agent(tmp_path, WAIT_HERE, n=2, env=env)) as agent:
         wait_ready(agent, 2)
         assert stacks.signal_dump(agent) == {0: "sent", 1: "sent"}
         log = os.path.join(agent.attempt_dir(), "1", "stderr.log")
@@ -231,7 +196,7 @@ def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
 
         wait_for(dumped, 10, what="faulthandler's stack in stderr.log")
         assert all(r.state.alive for r in agent.snapshot().ranks)  # a dump, not a death
-        assert any(e["event"] == "stacks_signalled" for e in events(agent.run_dir))
+        assert any(e["event"] == "stacks_signalled" for e in read_events(agent.run_dir))
         # The same dumps, read back and grouped: the view without ptrace.
         report = stacks.signal_agent_report(agent)
         assert [s.status for s in report.ranks] == [StackStatus.OK] * 2, stacks.format_report(report)
@@ -254,7 +219,7 @@ def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
 def test_sigusr1_fallback_with_pty_reads_the_dump_from_stdout_log(tmp_path):
     # With a pseudo-terminal, stderr shares the terminal with stdout: there is no stderr.log.
     env = spec.faulthandler_env(True, os.environ)
-    with Running(tmp_path, WAIT_HERE, n=2, env=env, pty=True) as agent:
+    with Running(make_agent(tmp_path, WAIT_HERE, n=2, env=env, pty=True)) as agent:
         wait_ready(agent, 2)
         report = stacks.signal_agent_report(agent)
         assert [s.status for s in report.ranks] == [StackStatus.OK] * 2, stacks.format_report(report)

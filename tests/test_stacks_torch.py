@@ -9,13 +9,12 @@ the `D` key in the TUI. Skipped when torch is not installed or py-spy cannot att
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 import time
 
 import pytest
-from conftest import ROOT, polls, run_ranktop
+from conftest import ROOT, polls, read_events, run_ranktop
 from ranktop.core import stacks
 from ranktop.core.agent import LocalAgent
 from ranktop.core.engine import LocalEngine
@@ -26,11 +25,6 @@ from test_stacks import py_spy_can_attach  # noqa: F401  (module fixture: skip w
 pytest.importorskip("torch")
 
 TIMEOUT = 60
-
-
-def _events(agent: LocalAgent) -> list[dict]:
-    with open(os.path.join(agent.run_dir, "events.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def _hung(agent: LocalAgent) -> bool:
@@ -113,7 +107,7 @@ def test_hung_allreduce_names_rank_3_everywhere(tmp_path):
 
     asyncio.run(scenario())
 
-    events = _events(agent)
+    events = read_events(agent.run_dir)
     stalled = {e["rank"] for e in events if e["event"] == "stall_detected"}
     assert stalled == {0, 1, 2, 3}
     dumps = [e for e in events if e["event"] == "stacks_dumped"]

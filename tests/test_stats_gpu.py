@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-import threading
-from contextlib import contextmanager
-
 import psutil
 import pytest
-from conftest import wait_for
-from ranktop.core.agent import LocalAgent
+from conftest import Running, make_agent, wait_for
 from ranktop.core.gpu import (
     FAKE_ENV,
     GiB,
@@ -19,7 +14,6 @@ from ranktop.core.gpu import (
     device_for_local_rank,
 )
 from ranktop.core.gpu_fake import FakeNvml, FakeNvmlError
-from ranktop.core.spec import WorkerSpec
 from ranktop.core.stats import StatsSampler
 
 SLEEP = "import time; time.sleep(120)"
@@ -32,24 +26,6 @@ CHILD_ALLOCATES = (
     "child.wait()"
 )
 INTERVAL = 0.1  # fast ticks keep the tests short; the product default is 1 s
-
-
-@contextmanager
-def running(tmp_path, code: str, sampler: StatsSampler, n: int = 1, env: dict | None = None):
-    """Start `n` real Python ranks under a LocalAgent with `sampler` attached before the run starts."""
-    spec = WorkerSpec(role="default", local_world_size=n, entrypoint=sys.executable, args=("-c", code),
-                      env=env or {})
-    agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, sampler=sampler, shutdown_timeout=2)
-    sampler.attach(agent)  # pcontext is still None here: the sampler must cope
-    thread = threading.Thread(target=agent.run, daemon=True)
-    thread.start()
-    try:
-        assert agent.wait_started(15)
-        yield agent
-    finally:
-        agent.kill_group()
-        thread.join(20)
-        sampler.close()
 
 
 def stats(sampler: StatsSampler, r: int, pred) -> bool:
@@ -67,7 +43,7 @@ def child_pids(pid: int) -> list[int]:
 # ----- cpu and memory --------------------------------------------------------------------------
 def test_spinning_rank_shows_high_cpu_and_sleeping_rank_near_zero(tmp_path):
     sampler = StatsSampler(interval=INTERVAL, gpu=GpuMonitor(FakeNvml(0)))
-    with running(tmp_path, SPIN_RANK0, sampler, n=2) as agent:
+    with Running(make_agent(tmp_path, SPIN_RANK0, n=2, sampler=sampler)) as agent:
         wait_for(lambda: stats(sampler, 0, lambda s: s.cpu_percent is not None and s.cpu_percent > 40)
                  and stats(sampler, 1, lambda s: s.cpu_percent is not None and s.cpu_percent < 10),
                  timeout=20, what="rank 0 busy and rank 1 idle")
@@ -82,7 +58,7 @@ def test_spinning_rank_shows_high_cpu_and_sleeping_rank_near_zero(tmp_path):
 
 def test_rss_is_summed_over_the_rank_process_tree(tmp_path):
     sampler = StatsSampler(interval=INTERVAL, gpu=GpuMonitor(FakeNvml(0)))
-    with running(tmp_path, CHILD_ALLOCATES, sampler) as agent:
+    with Running(make_agent(tmp_path, CHILD_ALLOCATES, n=1, sampler=sampler)) as agent:
         wait_for(lambda: any(b"allocated" in line for line in agent.output(0)), timeout=20, what="child allocated")
         pid = agent.snapshot().ranks[0].pid
         wait_for(lambda: stats(sampler, 0, lambda s: s.nprocs >= 2 and s.rss >= 100 * MiB),
@@ -93,7 +69,7 @@ def test_rss_is_summed_over_the_rank_process_tree(tmp_path):
 
 def test_restarted_rank_is_sampled_under_its_new_pid(tmp_path):
     sampler = StatsSampler(interval=INTERVAL, gpu=GpuMonitor(FakeNvml(0)))
-    with running(tmp_path, SLEEP, sampler) as agent:
+    with Running(make_agent(tmp_path, SLEEP, n=1, sampler=sampler)) as agent:
         first = wait_for(lambda: agent.snapshot().ranks[0].pid, what="rank started")
         wait_for(lambda: stats(sampler, 0, lambda s: s.pid == first), what="first pid sampled")
         agent.restart_rank(0)
@@ -108,7 +84,7 @@ def test_gpu_found_from_nvml_process_list_of_the_rank_tree(tmp_path):
     sampler = StatsSampler(interval=INTERVAL, gpu=GpuMonitor(fake))
     code = "import os, subprocess, sys\nif os.environ['LOCAL_RANK'] == '0':\n" \
            "    subprocess.run([sys.executable, '-c', 'import time; time.sleep(120)'])\nimport time; time.sleep(120)"
-    with running(tmp_path, code, sampler, n=2) as agent:
+    with Running(make_agent(tmp_path, code, n=2, sampler=sampler)) as agent:
         pid0, pid1 = wait_for(lambda: all(r.pid for r in agent.snapshot().ranks)
                               and [r.pid for r in agent.snapshot().ranks], what="pids")
         grandchild = wait_for(lambda: child_pids(pid0), what="rank 0's child")[0]
@@ -134,7 +110,7 @@ def test_gpu_falls_back_to_local_rank(tmp_path, monkeypatch, devices, visible, e
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     sampler = StatsSampler(interval=INTERVAL, gpu=GpuMonitor(FakeNvml(devices)))  # no processes listed
     env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
-    with running(tmp_path, SLEEP, sampler, n=2, env=env):
+    with Running(make_agent(tmp_path, SLEEP, n=2, env=env, sampler=sampler)):
         wait_for(lambda: all(stats(sampler, r, lambda s: s.cpu_percent is not None) for r in (0, 1)),
                  what="both ranks sampled")
         got = [g.index if (g := sampler.latest(r).gpu) else None for r in (0, 1)]
@@ -159,7 +135,7 @@ def test_device_for_local_rank_rules():
 def test_no_nvml_says_no_gpu_once_and_keeps_sampling_cpu(tmp_path):
     fake = FakeNvml(init_error=FakeNvmlError(FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library Not Found"))
     sampler = StatsSampler(interval=INTERVAL, gpu=GpuMonitor(fake))
-    with running(tmp_path, SLEEP, sampler) as agent:
+    with Running(make_agent(tmp_path, SLEEP, n=1, sampler=sampler)) as agent:
         wait_for(lambda: stats(sampler, 0, lambda s: s.cpu_percent is not None), what="cpu sampled")
         ticks = sampler.ticks
         wait_for(lambda: sampler.ticks >= ticks + 3, what="more ticks")
@@ -192,7 +168,7 @@ def test_nvml_error_on_one_device_mid_run_spares_the_others(tmp_path, monkeypatc
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     fake = FakeNvml(2)
     sampler = StatsSampler(interval=INTERVAL, gpu=GpuMonitor(fake))
-    with running(tmp_path, SLEEP, sampler, n=2):
+    with Running(make_agent(tmp_path, SLEEP, n=2, sampler=sampler)):
         wait_for(lambda: all(stats(sampler, r, lambda s: s.gpu and s.gpu.util_percent is not None) for r in (0, 1)),
                  what="both GPUs sampled")
         fake.devices[0].error = FakeNvmlError(FakeNvml.NVML_ERROR_GPU_IS_LOST, "GPU is lost")
@@ -243,7 +219,7 @@ def test_fake_gpus_from_the_environment(tmp_path, monkeypatch):
 
     assert parse_nproc("gpu") == 2
     sampler = StatsSampler(interval=INTERVAL)  # default monitor: picks the fake up from the environment
-    with running(tmp_path, SLEEP, sampler, n=3) as agent:
+    with Running(make_agent(tmp_path, SLEEP, n=3, sampler=sampler)) as agent:
         # Each rank is listed on device LOCAL_RANK % 2, using 1.5 GiB + 256 MiB * LOCAL_RANK.
         wait_for(lambda: all(stats(sampler, r, lambda s: s.gpu and s.gpu.proc_mem) for r in range(3)),
                  what="fake GPUs matched")

@@ -9,9 +9,7 @@ import subprocess
 import sys
 
 import pytest
-
-from tests.conftest import ROOT, ranktop_cmd
-from tests.test_tui_pty import run_in_pty
+from conftest import ROOT, ranktop_cmd, run_in_pty
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -5,7 +5,6 @@ here checks their pids itself and kills whatever is left."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import textwrap
 import threading
 
 import pytest
-from conftest import ROOT, ranktop_cmd, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, wait_for
 from ranktop.core.guard import Proc, find_strays, read_orders, read_proc
 
 HELPERS = str(ROOT / "tests" / "ranks" / "helpers.py")
@@ -36,14 +35,6 @@ def _zombie_of(pid, parent):
     """Is `pid` a child of `parent` that exited and was not reaped (or one still running)?"""
     proc = read_proc(pid)
     return proc is not None and proc.ppid == parent
-
-
-def _events(run_dir):
-    try:
-        with open(os.path.join(run_dir, "events.jsonl")) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
-    except FileNotFoundError:
-        return []
 
 
 class Helpers:
@@ -104,7 +95,7 @@ def test_normal_end_gives_escaped_helpers_sigterm_then_the_grace(tmp_path, helpe
     for kind in KINDS:
         assert h.got_term(0, kind), kind
     wait_for(lambda: not any(h.running(p) for p in pids.values()), timeout=5, what="helpers gone")
-    events = _events(tmp_path / "logs" / "h")
+    events = read_events(tmp_path / "logs" / "h", while_written=True)
     stopping = [e for e in events if e["event"] == "strays_stopping"]
     assert len(stopping) == 1 and set(pids.values()) <= set(stopping[0]["pids"]) and stopping[0]["grace"] == 1
     adopted = {e["pid"] for e in events if e["event"] == "stray_adopted"}
@@ -119,7 +110,7 @@ def test_a_helper_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, helpe
     pids = h.pids()
     assert all(h.got_term(0, kind) for kind in KINDS)  # SIGTERM came first ...
     wait_for(lambda: not any(h.running(p) for p in pids.values()), timeout=5, what="helpers gone")  # ... then SIGKILL
-    events = _events(tmp_path / "logs" / "h")
+    events = read_events(tmp_path / "logs" / "h", while_written=True)
     stopping = next(e for e in events if e["event"] == "strays_stopping")
     killed = next(e for e in events if e["event"] == "strays_killed")
     assert set(pids.values()) <= set(stopping["pids"]) and set(pids.values()) <= set(killed["pids"])
@@ -135,7 +126,7 @@ def test_sigkilled_ranktop_leaves_no_escaped_helper(tmp_path, helpers):
         wait_for(lambda: len(h.pids()) == 4, timeout=20, what="four helpers started")
         pids = h.pids()
         orphans = {pids[(0, "setsid")], pids[(0, "setpgid")], pids[(1, "setpgid")]}
-        wait_for(lambda: orphans <= {e["pid"] for e in _events(tmp_path / "logs" / "h")
+        wait_for(lambda: orphans <= {e["pid"] for e in read_events(tmp_path / "logs" / "h", while_written=True)
                                      if e["event"] == "stray_adopted"},
                  timeout=20, what="ranktop adopted the orphans (and told the guard)")
         proc.kill()

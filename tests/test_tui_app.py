@@ -4,24 +4,21 @@ on the pane titles, and in events.jsonl."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import drive, make_agent, read_events, until, wait_for
+from fake_engine import FakeEngine
 from ranktop.core.agent import LocalAgent
 from ranktop.core.engine import LocalEngine
-from ranktop.core.spec import WorkerSpec
+from ranktop.core.process import kernel_state
 from ranktop.core.state import GroupState, RankState
 from ranktop.tui.app import QUIT_STATUS, RanktopApp
 from ranktop.tui.main_screen import plan_grid
 from ranktop.tui.panes import RankList, RankPane
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, SignalPicker
-
-from tests.conftest import polls, wait_for
-from tests.fake_engine import FakeEngine
+from textual.command import CommandList
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,32 +32,8 @@ FAILER = (
 )
 
 
-def make_agent(tmp_path: Path, code: str = TICKER, n: int = 2, *, sampler=None, **spec_kw) -> LocalAgent:
-    spec = WorkerSpec(role="default", local_world_size=n, entrypoint=sys.executable, args=("-u", "-c", code),
-                      name="ticker.py", **spec_kw)
-    return LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2.0, stall_timeout=60.0,
-                      sampler=sampler)
-
-
-async def until(pilot, condition, timeout: float = 10.0, what: str = "condition"):
-    """Like conftest.wait_for, but lets the app run (timers, messages) while waiting."""
-    for _ in polls(timeout, what):
-        if value := condition():
-            return value
-        await pilot.pause(0.02)
-
-
-def drive(app: RanktopApp, body, size=(160, 48)):
-    """Run `body(app, pilot)` inside the app; the app's unmount stops whatever still runs."""
-
-    async def main():
-        app.engine.start()  # the app is handed a running engine
-        async with app.run_test(size=size) as pilot:
-            await until(pilot, lambda: app.main is not None and app.main.is_mounted, what="main screen")
-            await until(pilot, lambda: all(r.pid for r in app.engine.snapshot().ranks), what="ranks started")
-            await body(app, pilot)
-
-    asyncio.run(main())
+def ticker_agent(tmp_path: Path, code: str = TICKER, n: int = 2, **kw) -> LocalAgent:
+    return make_agent(tmp_path, code, n, name="ticker.py", stall_timeout=60.0, **kw)
 
 
 def rank(app: RanktopApp, local_rank: int):
@@ -71,14 +44,13 @@ def title(app: RanktopApp, local_rank: int) -> str:
     return app.main.pane(local_rank).title
 
 
-def events(app: RanktopApp) -> list[dict]:
-    with open(os.path.join(app.engine.agent.run_dir, "events.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-def proc_state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
+def palette_top(app: RanktopApp) -> str:
+    """The highlighted entry of the open command palette, '' while it shows none."""
+    lists = app.screen.query(CommandList)
+    if not lists or lists.first().highlighted is None:
+        return ""
+    found = lists.first()
+    return str(found.get_option_at_index(found.highlighted).prompt)
 
 
 async def quit_confirmed(app: RanktopApp, pilot) -> None:
@@ -89,7 +61,7 @@ async def quit_confirmed(app: RanktopApp, pilot) -> None:
 
 
 def test_kill_rank_key_then_quit_confirm_stops_the_rest(tmp_path):
-    app = RanktopApp(LocalEngine(make_agent(tmp_path)))
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path)))
 
     async def body(app, pilot):
         await until(pilot, lambda: "hello from 1" in b"".join(app.engine.agent.output(1)).decode(), what="rank 1 output")
@@ -100,17 +72,17 @@ def test_kill_rank_key_then_quit_confirm_stops_the_rest(tmp_path):
         await until(pilot, lambda: "killed SIGKILL" in title(app, 1), what="title shows the kill")
         assert rank(app, 0).state.alive
         assert any(e["event"] == "signalled" and e["signal"] == "SIGKILL" and e["local_rank"] == 1
-                   for e in events(app))
+                   for e in read_events(app.engine.agent.run_dir))
         await quit_confirmed(app, pilot)
         assert rank(app, 0).state == RankState.KILLED
 
     drive(app, body)
     assert app.exit_status == QUIT_STATUS
-    assert any(e["event"] == "user_stop" for e in events(app))
+    assert any(e["event"] == "user_stop" for e in read_events(app.engine.agent.run_dir))
 
 
 def test_quit_can_be_cancelled(tmp_path):
-    app = RanktopApp(LocalEngine(make_agent(tmp_path, n=1)))
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, n=1)))
 
     async def body(app, pilot):
         await pilot.press("q")
@@ -126,7 +98,7 @@ COUNTER = "import time\nn = 0\nwhile True:\n    print('tick', n, flush=True)\n  
 
 
 def test_signal_picker_stop_cont_and_group_term(tmp_path):
-    app = RanktopApp(LocalEngine(make_agent(tmp_path, COUNTER)))
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, COUNTER)))
 
     def printed(r: int) -> int:
         return len(app.engine.agent.output(r))
@@ -137,15 +109,18 @@ def test_signal_picker_stop_cont_and_group_term(tmp_path):
         await pilot.press("x")
         await until(pilot, lambda: isinstance(app.screen, SignalPicker), what="signal picker")
         await pilot.press("7")  # SIGSTOP
-        await until(pilot, lambda: proc_state(pid) == "T", what="rank 0 stopped by SIGSTOP")
+        await until(pilot, lambda: kernel_state(pid) == "T", what="rank 0 stopped by SIGSTOP")
         await until(pilot, lambda: " paused " in title(app, 0), what="title shows paused")
         assert rank(app, 0).paused and not rank(app, 1).paused
-        await pilot.pause(0.1)  # a line the rank wrote just before it stopped may still be in flight
+        # A line rank 0 wrote just before it stopped may still be in the pipe: once rank 1 printed
+        # more after the stop, the output thread has read it.
+        others = printed(1)
+        await until(pilot, lambda: printed(1) > others + 3, what="rank 1 printed after the stop")
         frozen, others = printed(0), printed(1)
         await until(pilot, lambda: printed(1) > others + 10, what="rank 1 keeps printing meanwhile")
         assert printed(0) == frozen  # a stopped rank prints nothing: it really is stopped
         await pilot.press("x", "8")  # SIGCONT
-        await until(pilot, lambda: proc_state(pid) != "T", what="rank 0 resumed")
+        await until(pilot, lambda: kernel_state(pid) != "T", what="rank 0 resumed")
         await until(pilot, lambda: printed(0) > frozen + 3, what="rank 0 prints again")
         await until(pilot, lambda: " running " in title(app, 0), what="title shows running again")
         assert not rank(app, 0).paused
@@ -155,7 +130,7 @@ def test_signal_picker_stop_cont_and_group_term(tmp_path):
         assert all(r.state == RankState.KILLED and r.signal_name == "SIGTERM" for r in app.engine.snapshot().ranks)
         assert "killed SIGTERM" in title(app, 1)
         assert app.main.query_one("#root-cause").display
-        sent = [(e["local_rank"], e["signal"]) for e in events(app) if e["event"] == "signalled"]
+        sent = [(e["local_rank"], e["signal"]) for e in read_events(app.engine.agent.run_dir) if e["event"] == "signalled"]
         assert sent == [(0, "SIGSTOP"), (0, "SIGCONT"), (0, "SIGTERM"), (1, "SIGTERM")]
         await pilot.press("q")  # nothing runs: no confirmation
         await until(pilot, lambda: not app.is_running, what="app closed")
@@ -164,7 +139,7 @@ def test_signal_picker_stop_cont_and_group_term(tmp_path):
 
 
 def test_restart_rank_then_restart_group(tmp_path):
-    app = RanktopApp(LocalEngine(make_agent(tmp_path)))
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path)))
 
     async def body(app, pilot):
         old = rank(app, 1).pid
@@ -180,14 +155,14 @@ def test_restart_rank_then_restart_group(tmp_path):
                     what="attempt 1 running")
         await until(pilot, lambda: "attempt 2" in app.main.query_one("#header").render().plain,
                     what="header shows attempt 2")
-        kinds = [e["event"] for e in events(app)]
+        kinds = [e["event"] for e in read_events(app.engine.agent.run_dir)]
         assert "user_restart_rank" in kinds and "user_restart_group" in kinds and "group_restart" in kinds
 
     drive(app, body)
 
 
 def test_kill_group_key_stays_open_on_final_states(tmp_path):
-    app = RanktopApp(LocalEngine(make_agent(tmp_path, n=3)))
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, n=3)))
 
     async def body(app, pilot):
         await pilot.press("K")
@@ -201,11 +176,11 @@ def test_kill_group_key_stays_open_on_final_states(tmp_path):
         await pilot.press("q")
 
     drive(app, body)
-    assert any(e["event"] == "user_stop" and e["signal"] == "SIGKILL" for e in events(app))
+    assert any(e["event"] == "user_stop" and e["signal"] == "SIGKILL" for e in read_events(app.engine.agent.run_dir))
 
 
 def test_failed_rank_root_cause_panel_and_exit_status(tmp_path):
-    app = RanktopApp(LocalEngine(make_agent(tmp_path, FAILER)))
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, FAILER)))
 
     async def body(app, pilot):
         await until(pilot, lambda: app.main.ended, what="group failed")
@@ -224,7 +199,7 @@ def test_failed_rank_root_cause_panel_and_exit_status(tmp_path):
 
 
 def test_exit_on_end_closes_at_once(tmp_path):
-    app = RanktopApp(LocalEngine(make_agent(tmp_path, "print('done')")), exit_on_end=True)
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, "print('done')")), exit_on_end=True)
 
     async def main():
         app.engine.start()  # the app is handed a running engine
@@ -268,7 +243,7 @@ def test_focus_keys_zoom_and_mouse():
 
 def test_search_follow_and_wrap_keys(tmp_path):
     code = "import time\nfor i in range(300):\n    print(f'line {i}', flush=True)\nprint('needle here')\ntime.sleep(60)\n"
-    app = RanktopApp(LocalEngine(make_agent(tmp_path, code, n=1)))
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, code, n=1)))
 
     async def body(app, pilot):
         await until(pilot, lambda: app.main.pane(0).log.line_count >= 301, what="output in the pane")
@@ -292,7 +267,7 @@ def test_search_follow_and_wrap_keys(tmp_path):
 
 
 def test_help_screen_and_palette_list_every_key(tmp_path):
-    app = RanktopApp(LocalEngine(make_agent(tmp_path, n=2)))
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, n=2)))
 
     async def body(app, pilot):
         await pilot.press("question_mark")
@@ -308,7 +283,7 @@ def test_help_screen_and_palette_list_every_key(tmp_path):
         # Run one through the palette itself: it must act on the focused rank.
         await pilot.press("1", "ctrl+p")
         await pilot.press(*"kill rank")
-        await pilot.pause(0.3)
+        await until(pilot, lambda: palette_top(app).startswith("Kill rank"), what="'Kill rank' on top of the palette")
         await pilot.press("enter")
         await until(pilot, lambda: rank(app, 1).state == RankState.KILLED, what="palette killed rank 1")
 
@@ -343,7 +318,7 @@ def test_fake_nvml_values_reach_the_right_rank(tmp_path, monkeypatch):
 
     monkeypatch.setenv("RANKTOP_FAKE_GPUS", "4")
     sampler = StatsSampler(interval=0.2)
-    agent = make_agent(tmp_path, n=3, sampler=sampler)
+    agent = ticker_agent(tmp_path, n=3, sampler=sampler)
     sampler.attach(agent)
     app = RanktopApp(LocalEngine(agent))
 
@@ -369,7 +344,7 @@ def test_flood_every_byte_logged_and_keys_still_work(tmp_path):
             f"while time.time() < end and not os.path.exists({str(stop)!r}):\n"
             "    for _ in range(200):\n        w(f'flood line {n} ' + 'x' * 60 + '\\n')\n"
             "        n += 1\nsys.stdout.flush()\nsys.stderr.write(f'TOTAL {n}\\n')\n")
-    app = RanktopApp(LocalEngine(make_agent(tmp_path / "logs", code, n=8)))
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path / "logs", code, n=8)))
 
     async def body(app, pilot):
         await until(pilot, lambda: all(r.last_output_at for r in app.engine.snapshot().ranks), what="flood started")
@@ -390,7 +365,7 @@ def test_flood_every_byte_logged_and_keys_still_work(tmp_path):
 
 
 def test_sigterm_to_ranktop_stops_ranks_and_exits_143(tmp_path):
-    app = RanktopApp(LocalEngine(make_agent(tmp_path)))
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path)))
 
     async def body(app, pilot):
         app.stop_on_signal(signal.SIGTERM)  # what run_tui's handler calls

@@ -7,13 +7,12 @@ import asyncio
 import signal
 
 import pytest
+from conftest import until
+from fake_engine import FakeEngine
 from ranktop.core import commands as cmd
 from ranktop.core.state import GroupState, RankState
 from ranktop.tui.app import RanktopApp
 from ranktop.tui.screens import SignalPicker
-
-from tests.fake_engine import FakeEngine
-from tests.test_tui_app import until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -4,21 +4,11 @@ reach the terminal, while the text around them does."""
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
 import re
-import select
-import signal
-import struct
 import sys
-import termios
-import time
-from pathlib import Path
 
 import pytest
-
-from tests.conftest import ROOT
+from conftest import run_in_pty
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -43,45 +33,6 @@ RANK = (
 )
 SCRIPT_NAME = f"train\x1b]0;{TITLE}\x07\x1b]52;c;{PAYLOAD}\x07.py"
 OSC = re.compile(rb"\x1b\](\d*)[;\x07\x1b]")
-
-
-def run_in_pty(argv: list[str], cwd: Path, until: bytes, keys: bytes = b"", timeout: float = 60.0,
-               stdin_closed: bool = False) -> tuple[bytes, int]:
-    """Run argv on a 160x48 pseudo-terminal; once `until` was written, type `keys`. Returns every
-    byte written to the terminal and the exit status."""
-    pid, master = pty.fork()
-    if pid == 0:  # the child: the pty is its stdin, stdout and stderr
-        try:
-            os.chdir(cwd)
-            if stdin_closed:
-                os.close(0)
-            os.execve(argv[0], argv, {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT)})
-        finally:
-            os._exit(127)
-    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 48, 160, 0, 0))
-    out, typed = bytearray(), False
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if not typed and until in out:
-                os.write(master, keys)
-                typed = True
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child side closed
-                break
-            if not chunk:
-                break
-            out += chunk
-        else:
-            os.kill(pid, signal.SIGTERM)  # ranktop stops its ranks with the grace
-        _, status = os.waitpid(pid, 0)
-    finally:
-        os.close(master)
-    return bytes(out), os.waitstatus_to_exitcode(status)
 
 
 def test_no_rank_escape_reaches_the_terminal(tmp_path):

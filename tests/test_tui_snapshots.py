@@ -9,13 +9,13 @@ import re
 import sys
 
 import pytest
+from conftest import until
 from ranktop.core.agent import LocalAgent
 from ranktop.core.engine import LocalEngine
 from ranktop.core.spec import WorkerSpec
 from ranktop.tui.app import RanktopApp
+from ranktop.tui.panes import RankPane
 from ranktop.tui.screens import HelpScreen, SignalPicker
-
-from tests.test_tui_app import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,7 +51,10 @@ def shoot(tmp_path, steps, *, n: int = 3, env=None, size=(120, 36)) -> list[str]
 async def all_printed(app, pilot):
     await until(pilot, lambda: all(b"red text" in b"".join(app.engine.agent.output(r)) for r in range(app.main.n)),
                 what="every rank printed")
-    await pilot.pause(0.3)  # one repaint tick
+    await until(pilot, lambda: all(pane.log.line_count >= len(app.engine.agent.output(pane.local_rank))
+                                   for pane in app.main.query(RankPane) if pane.display),
+                what="every pane shown polled its rank's lines")
+    await pilot.pause()  # let the pending repaint land before the screenshot
 
 
 def test_grid_help_and_picker_screens(tmp_path):

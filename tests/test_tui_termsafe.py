@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import drive, make_agent, until
 from ranktop.core.agent import LocalAgent
 from ranktop.core.engine import LocalEngine
 from ranktop.core.spec import WorkerSpec
@@ -16,8 +16,6 @@ from ranktop.core.stacks import find_py_spy
 from ranktop.tui.app import RanktopApp
 from ranktop.tui.stacks_view import StacksScreen
 from textual.geometry import Region
-
-from tests.test_tui_app import drive, until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,12 +34,6 @@ SCRIPT_NAME = "train\x1b]0;EVIL-TITLE\x07\x1b]52;c;" + PAYLOAD + "\x07[bold]x[/b
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
-def make_agent(tmp_path: Path) -> LocalAgent:
-    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sys.executable, args=("-u", "-c", FAILER),
-                      name=SCRIPT_NAME)
-    return LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2.0, stall_timeout=60.0)
-
-
 def painted(widget) -> tuple[str, list]:
     """What the widget hands the compositor: its text, and the styles of its segments."""
     size = widget.size
@@ -57,11 +49,11 @@ def assert_safe(text: str, styles: list) -> None:
 
 
 def test_header_root_cause_and_pane_show_rank_text_safely(tmp_path):
-    app = RanktopApp(LocalEngine(make_agent(tmp_path)))
+    app = RanktopApp(LocalEngine(make_agent(tmp_path, FAILER, 1, name=SCRIPT_NAME, stall_timeout=60.0)))
 
     async def body(app, pilot):
-        await until(pilot, lambda: app.main.ended, what="group failed")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: app.main.ended and "boom:" in app.main.query_one("#root-cause-text").render().plain
+                    and app.main.pane(0).log.line_count, what="group failed, its root cause and output shown")
         header = app.main.query_one("#header")
         text, styles = painted(header)
         assert_safe(text, styles)
@@ -114,7 +106,8 @@ def test_stack_view_shows_hostile_file_and_thread_names_safely(tmp_path):
         for show_threads in (False, True):
             if show_threads:
                 await pilot.press("t")
-            await pilot.pause(0.2)
+            await until(pilot, lambda want=show_threads: (groups := screen.query(".stack-group")) and all(
+                w.has_class("thread") == want and w.size.height for w in groups), what="the view redrawn")
             texts = [painted(widget) for widget in screen.query("Static, Tree")]
             for text, styles in texts:
                 assert_safe(text, styles)
