@@ -27,7 +27,7 @@ from typing import Any
 
 from ranktop.core import commands as cmd
 from ranktop.core.context import REAP_TIMEOUT, PContext, RunProcsResult, Waker, plan_streams, prefix_for
-from ranktop.core.errors import ProcessFailure, UsageError, signal_name
+from ranktop.core.errors import ProcessFailure, UsageError, killed_by
 from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
@@ -55,6 +55,9 @@ class _Reply:
 
 
 class WorkerState(str, enum.Enum):
+    """torch's names for a worker group's state, kept for API parity (`RunResult.state`, the
+    `run_finished` event). The engine itself tracks `GroupState`; `of` translates how it ended."""
+
     UNKNOWN = "UNKNOWN"
     INIT = "INIT"
     HEALTHY = "HEALTHY"
@@ -66,6 +69,13 @@ class WorkerState(str, enum.Enum):
     @staticmethod
     def is_running(state: WorkerState) -> bool:
         return state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY)
+
+    @staticmethod
+    def of(group: GroupState) -> WorkerState:
+        """The torch name of an ended group's state (UNKNOWN while it has not ended)."""
+        ended = {GroupState.SUCCEEDED: WorkerState.SUCCEEDED, GroupState.FAILED: WorkerState.FAILED,
+                 GroupState.STOPPED: WorkerState.STOPPED}
+        return ended.get(group, WorkerState.UNKNOWN)
 
 
 @dataclass
@@ -322,11 +332,12 @@ class LocalAgent:
         failures = {self.spec.global_rank(r): f for r, f in result.failures.items()}
         values = {self.spec.global_rank(r): v for r, v in result.return_values.items()}
         if self._stop_signal is not None or self._user_stop:
-            state, self.state = WorkerState.STOPPED, GroupState.STOPPED
+            self.state = GroupState.STOPPED
         elif failures or self._rdzv_error:
-            state, self.state = WorkerState.FAILED, GroupState.FAILED
+            self.state = GroupState.FAILED
         else:
-            state, self.state = WorkerState.SUCCEEDED, GroupState.SUCCEEDED
+            self.state = GroupState.SUCCEEDED
+        state = WorkerState.of(self.state)
         # A stop the user asked for has no culprit among the ranks, nor has one for a node that gave up.
         peer_stop = self._round_end is not None and self._round_end.kind == "peer_gave_up"
         self.root_cause = self._root_cause() if failures and not self._user_stop and not peer_stop else None
@@ -352,7 +363,7 @@ class LocalAgent:
         tail = _decoded(slot.ring.tail(20))
         return RootCause(
             rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
-            signal_name=signal_name(f.exitcode) if f.exitcode < 0 else None, message=f.message,
+            signal_name=killed_by(f.exitcode), message=f.message,
             traceback=f.traceback, timestamp=f.timestamp,
             error_file=f.error_file if f.error_file_read else None, last_lines=tail,
             # Enough lines to see past the rank's own printed traceback (the report cuts it out).
@@ -696,7 +707,7 @@ class LocalAgent:
         logs = self.pcontext.log_files(r)
         return RankSnapshot(
             rank=self.spec.global_rank(r), local_rank=r, pid=proc.pid if proc else None, state=state,
-            exitcode=code, signal_name=signal_name(code) if code is not None and code < 0 else None,
+            exitcode=code, signal_name=killed_by(code),
             restarts=self.attempt + slot.restarts, started_at=proc.started_at if proc else None,
             ended_at=proc.exited_at if proc else None, last_output_at=last, output_version=slot.ring.version,
             cpu_percent=stats.cpu_percent if stats else None, rss=stats.rss if stats else None,

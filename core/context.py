@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any
 
-from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, signal_name
+from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, killed_by
 from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, PIDFDS, open_pidfd, send_signal
 from ranktop.core.layout import ERROR_FILE, Dir, RunDir, log_name
 from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
@@ -456,7 +456,7 @@ class PContext:
         code = proc.returncode
         self._strays.rank_reaped(proc.pid)
         self._emit("exited", slot.local_rank, pid=proc.pid, exitcode=code,
-                   signal=signal_name(code) if code < 0 else None, by_us=slot.stopped_by_us)
+                   signal=killed_by(code), by_us=slot.stopped_by_us)
         if code == 0:
             return
         held = self._rank_dirs.get(slot.local_rank)  # none if the disk was too full to make it

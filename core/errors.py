@@ -60,6 +60,19 @@ def signal_name(exitcode: int | None) -> str:
         return f"SIG{-exitcode}"
 
 
+def killed_by(exitcode: int | None) -> str | None:
+    """The signal that ended a process ('SIGSEGV' for -11), or None when it exited by itself."""
+    return signal_name(exitcode) if exitcode is not None and exitcode < 0 else None
+
+
+def describe_exit(exitcode: int, signal: str | None = None, *, sentence: bool = False) -> str:
+    """How a process ended, the one wording of it: 'exit code 3' / 'killed by SIGKILL', or as the
+    end of a sentence about it ('exited with code 3' / 'was killed by SIGKILL')."""
+    if exitcode < 0:
+        return f"{'was ' if sentence else ''}killed by {signal or signal_name(exitcode)}"
+    return f"exited with code {exitcode}" if sentence else f"exit code {exitcode}"
+
+
 def write_error_file(path: str | os.PathLike, exc: BaseException) -> None:
     """Write `exc` (with its traceback) in torch's error-file format."""
     data = {

@@ -1,16 +1,14 @@
-"""Plain-text report of how a run ended, for the terminal (headless) and for logs."""
+"""How a run ended, told once: the root cause's lines (`root_cause_lines`) for every renderer,
+the plain-text report for the terminal (headless) and logs, and incomplete logs."""
 
 from __future__ import annotations
 
 import datetime
 import os
+from typing import NamedTuple
 
+from ranktop.core.errors import describe_exit
 from ranktop.core.state import LogLoss, RootCause
-
-
-def describe_exit(exitcode: int, signal_name: str | None) -> str:
-    return f"was killed by {signal_name}" if exitcode < 0 else f"exited with code {exitcode}"
-
 
 TAIL_LINES = 10  # lines of a failed rank's output shown under the root cause
 _TRACEBACK_HEAD = "Traceback (most recent call last):"
@@ -48,21 +46,52 @@ def _before_traceback(tail: tuple[str, ...], shown: set[str]) -> tuple[str, ...]
     return tail[:start]
 
 
+def failed_at(cause: RootCause) -> str:
+    """The failure's time of day, to the millisecond: ranks of one group fail within moments."""
+    return datetime.datetime.fromtimestamp(cause.timestamp).strftime("%H:%M:%S.%f")[:-3]
+
+
+class CauseLine(NamedTuple):
+    """One line under a root cause's headline. `kind`: message, traceback (an exception line),
+    frame (an indented traceback line), more (traceback lines left out), tail-head, tail (a failed
+    rank's last output) or file. `text` is the rank's own, unfiltered: each renderer filters it
+    for its terminal."""
+
+    kind: str
+    text: str
+
+    @property
+    def indent(self) -> str:
+        return "    " if self.kind == "tail" else "  "
+
+
+def root_cause_lines(cause: RootCause, *, max_traceback: int | None = None,
+                     max_tail: int = TAIL_LINES) -> list[CauseLine]:
+    """The evidence for a root cause, the same for every view: the message, the traceback (its
+    last `max_traceback` lines), each failed rank's last output, the error file."""
+    lines = [CauseLine("message", cause.message)] if cause.message else []
+    if cause.traceback:
+        trace = cause.traceback.rstrip().splitlines()
+        if max_traceback is not None and len(trace) > max_traceback:
+            lines.append(CauseLine("more", f"… {len(trace) - max_traceback} more traceback lines in error.json"))
+            trace = trace[-max_traceback:]
+        lines += [CauseLine("frame" if line.startswith(" ") else "traceback", line) for line in trace]
+    for rank, tail in output_tails(cause):
+        lines.append(CauseLine("tail-head", f"last output of rank {rank}:"))
+        lines += [CauseLine("tail", line) for line in tail[-max_tail:]]
+    if cause.error_file:
+        lines.append(CauseLine("file", f"error file: {cause.error_file}"))
+    return lines
+
+
 def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts: int) -> str:
-    when = datetime.datetime.fromtimestamp(cause.timestamp).strftime("%H:%M:%S.%f")[:-3]
     lines = [
         f"ranktop: {name} failed (attempt {attempt + 1} of {max_restarts + 1})",
         f"  root cause: rank {cause.rank} (local rank {cause.local_rank}, pid {cause.pid}) "
-        f"{describe_exit(cause.exitcode, cause.signal_name)} at {when}",
-        f"  {cause.message}",
+        f"{describe_exit(cause.exitcode, cause.signal_name, sentence=True)} at {failed_at(cause)}",
     ]
-    if cause.traceback:
-        lines += ["  " + line for line in cause.traceback.rstrip().splitlines()]
-    for rank, tail in output_tails(cause):
-        lines.append(f"  last output of rank {rank}:")
-        lines += ["    " + line for line in tail]
+    lines += [line.indent + line.text for line in root_cause_lines(cause)]
     if cause.error_file:
-        lines.append(f"  error file: {cause.error_file}")
         lines.append(f"  logs: {os.path.dirname(cause.error_file)}")
     return "\n".join(lines)
 

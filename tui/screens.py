@@ -3,13 +3,13 @@ root-cause panel shown once the group has ended."""
 
 from __future__ import annotations
 
-import datetime
 import signal
 from collections.abc import Iterable
 
-from ranktop.core.report import output_tails
+from ranktop.core.errors import describe_exit
+from ranktop.core.report import failed_at, root_cause_lines
 from ranktop.core.sanitize import clean
-from ranktop.core.state import GroupSnapshot, GroupState, RootCause
+from ranktop.core.state import GroupSnapshot, GroupState
 from ranktop.tui.panes import human_duration
 from rich.table import Table
 from rich.text import Text
@@ -143,8 +143,7 @@ class ConfirmQuit(ModalScreen[bool]):
         self.dismiss(yes)
 
 
-def _describe(cause: RootCause) -> str:
-    return f"killed by {cause.signal_name}" if cause.exitcode < 0 else f"exit code {cause.exitcode}"
+_CAUSE_STYLES = {"message": "bold", "traceback": "red", "more": "dim", "tail-head": "dim", "file": "dim"}
 
 
 def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: int = 6) -> Text:
@@ -160,28 +159,18 @@ def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
         text.append(f" {group.state.value.upper()} ", style="bold reverse red")
         text.append(f"  {clean(group.name)} stopped after {elapsed}; the ranks were stopped on request\n")
     else:
-        when = datetime.datetime.fromtimestamp(cause.timestamp).strftime("%H:%M:%S.%f")[:-3]
         text.append(" ROOT CAUSE ", style="bold white on red")
         text.append(f"  rank {cause.rank}", style="bold")
         text.append(f" (local {cause.local_rank}, pid {cause.pid}) ")
-        text.append(_describe(cause), style="bold red")
-        text.append(f" at {when}, attempt {group.attempt + 1}/{group.max_restarts + 1}\n")
-        if cause.message:
-            text.append(f"  {clean(cause.message, newlines=True)}\n", style="bold")
-        if cause.traceback:
-            lines = clean(cause.traceback, newlines=True).rstrip().split("\n")
-            if len(lines) > max_traceback:
-                text.append(f"  … {len(lines) - max_traceback} more traceback lines in error.json\n", style="dim")
-            for line in lines[-max_traceback:]:
-                text.append(f"  {line}\n", style="red" if not line.startswith(" ") else "")
-        for rank, tail in output_tails(cause):
-            text.append(f"  last output of rank {rank}:\n", style="dim")
-            for line in tail[-max_tail:]:
-                text.append("    ")
-                text.append(Text.from_ansi(clean(line, sgr=True)))
-                text.append("\n")
-        if cause.error_file:
-            text.append(f"  error file {clean(cause.error_file)}\n", style="dim")
+        text.append(describe_exit(cause.exitcode, cause.signal_name), style="bold red")
+        text.append(f" at {failed_at(cause)}, attempt {group.attempt + 1}/{group.max_restarts + 1}\n")
+        for line in root_cause_lines(cause, max_traceback=max_traceback, max_tail=max_tail):
+            text.append(line.indent)
+            if line.kind == "tail":
+                text.append(Text.from_ansi(clean(line.text, sgr=True)))
+            else:
+                text.append(clean(line.text, newlines=True), style=_CAUSE_STYLES.get(line.kind, ""))
+            text.append("\n")
     for rank in group.ranks:
         if rank.local_rank in group.unreapable:
             text.append(f"  rank {rank.rank} (pid {rank.pid}) outlived SIGKILL (stuck in the kernel): "

@@ -1,0 +1,46 @@
+"""How a run ended is told once (core/report.py, core/errors.py): the headless report and the
+TUI's root-cause panel show the same evidence, in the same words."""
+
+from __future__ import annotations
+
+import signal
+
+from ranktop.core.errors import describe_exit, killed_by
+from ranktop.core.report import format_root_cause, root_cause_lines
+from ranktop.core.state import GroupSnapshot, GroupState, RootCause
+from ranktop.tui.screens import root_cause_text
+
+TRACEBACK = "Traceback (most recent call last):\n" + "".join(f'  File "t.py", line {i}, in f{i}\n' for i in range(12)) \
+    + "ValueError: boom"
+
+
+def _cause(**kw) -> RootCause:
+    fields = dict(rank=1, local_rank=1, pid=42, exitcode=1, signal_name=None, message="ValueError: boom",
+                  traceback=TRACEBACK, timestamp=0.0, error_file="/logs/r/attempt_0/1/error.json",
+                  last_lines=("step 9", "about to fail"))
+    return RootCause(**{**fields, **kw})
+
+
+def test_one_wording_for_how_a_process_ended():
+    assert describe_exit(3) == "exit code 3" and describe_exit(3, sentence=True) == "exited with code 3"
+    assert describe_exit(-9) == "killed by SIGKILL" and describe_exit(-9, sentence=True) == "was killed by SIGKILL"
+    assert killed_by(-int(signal.SIGSEGV)) == "SIGSEGV" and killed_by(0) is None and killed_by(None) is None
+
+
+def test_headless_report_and_tui_panel_show_the_same_evidence():
+    cause = _cause()
+    headless = format_root_cause(cause, name="t.py", attempt=0, max_restarts=0)
+    panel = root_cause_text(_group(cause)).plain
+    for line in root_cause_lines(cause, max_traceback=10, max_tail=6):
+        assert line.text in panel, line
+    for line in root_cause_lines(cause):
+        assert line.indent + line.text in headless, line
+    assert "exited with code 1" in headless and "exit code 1" in panel
+    # The panel keeps the traceback's last lines and says how many it left out.
+    assert "… 4 more traceback lines in error.json" in panel and "more traceback" not in headless
+
+
+def _group(cause: RootCause) -> GroupSnapshot:
+    return GroupSnapshot(name="t.py", role="default", run_id="r", state=GroupState.FAILED, world_size=2,
+                         local_world_size=2, node_rank=0, nnodes=1, attempt=0, max_restarts=0, started_at=0.0,
+                         ended_at=1.0, log_dir="/logs/r", ranks=(), root_cause=cause)
