@@ -1,5 +1,5 @@
 """Stack dumps of real ranks: grouping, odd rank out, native and vanishing ranks, the SIGUSR1
-fallback, missing ptrace permission, and `ranktop stacks` (core/stacks.py, tui/stacks_cli.py)."""
+fallback, missing ptrace permission, and `ranktop stacks` (core/stacks/, tui/stacks_cli.py)."""
 
 from __future__ import annotations
 
