@@ -48,7 +48,7 @@ def test_tui_in_tmux_keys_and_clean_quit(tmp_path):
     term = Terminal(command)
     try:
         screen = term.wait_screen("hello from 1")
-        assert "ticker.py" in screen and "world 2" in screen and "attempt 1/1" in screen
+        assert "ticker.py" in screen and "world 2" in screen and "attempt_0" in screen
         assert " 0/0 " in screen and " 1/1 " in screen and "running" in screen
         term.press("1", "z")  # focus rank 1 and zoom it: rank 0's pane goes away
         wait_for(lambda: " 0/0 " not in term.screen(), what="zoomed onto rank 1")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
@@ -415,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_headless(spec, ns: argparse.Namespace) -> int:
     from ranktop.core.agent import LocalAgent
-    from ranktop.core.report import format_incomplete_logs, format_root_cause
+    from ranktop.core.report import format_end_report
     from ranktop.core.sanitize import clean
 
     def on_stall(snap) -> None:
@@ -444,21 +443,11 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     finally:
         if sampler is not None:
             sampler.close()
-    if result.root_cause is not None and result.stop_signal is None:
-        report = format_root_cause(result.root_cause, name=spec.display_name(), attempt=agent.attempt,
-                                   max_restarts=spec.max_restarts)
+    report = format_end_report(result, name=spec.display_name(), attempt=agent.attempt,
+                               max_restarts=spec.max_restarts, run_dir=agent.run_dir)
+    if report:
         # It quotes error.json and the rank's last lines: filtered too when the console is.
         print(clean(report, sgr=True, newlines=True) if ns.sanitize_console else report, file=sys.stderr)
-    elif result.stop_signal is not None:
-        print(f"ranktop: stopped by {signal.Signals(result.stop_signal).name}; logs in {agent.run_dir}",
-              file=sys.stderr)
-    if result.incomplete_logs:
-        print(format_incomplete_logs(result.incomplete_logs), file=sys.stderr)
-    for rank, pid in sorted(result.unreapable.items()):
-        print(f"ranktop: rank {rank} (pid {pid}) outlived SIGKILL (stuck in the kernel); "
-              "left to the orphan guard", file=sys.stderr)
-    if result.rendezvous_error and result.stop_signal is None:
-        print(f"ranktop: error: {result.rendezvous_error}", file=sys.stderr)
     return result.exit_status
 
 

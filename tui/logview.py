@@ -105,8 +105,9 @@ class LogView(ScrollView, can_focus=True):
     BINDINGS = [
         Binding("end", "scroll_end", "Tail", show=False),
         Binding("home", "scroll_home", "Top", show=False),
-        Binding("f", "toggle_follow", "Follow"),
-        Binding("w", "toggle_wrap", "Wrap"),
+        # Not in the footer: the pane's title says whether it follows, and the help lists them.
+        Binding("f", "toggle_follow", "Follow", show=False),
+        Binding("w", "toggle_wrap", "Wrap", show=False),
         Binding("n", "search_next", "Next match", show=False),
         Binding("N", "search_prev", "Previous match", show=False),
     ]
@@ -469,9 +470,20 @@ class LogView(ScrollView, can_focus=True):
 
     def action_toggle_follow(self) -> None:
         self.follow = not self.follow
+        self.notify(f"{self.position_text}  (f: {'pause' if self.follow else 'follow the tail'})", timeout=2)
 
     def action_toggle_wrap(self) -> None:
         self.wrap = not self.wrap
+        self.notify(f"long lines {'wrapped' if self.wrap else 'cut (scroll right to read)'}  (w: toggle)", timeout=2)
+
+    @property
+    def position_text(self) -> str:
+        """'following' while the view follows the tail, else 'paused at line N' (the top line
+        on screen, numbered as the rank printed it, from 1)."""
+        if self.follow:
+            return "following"
+        top = self._locate(round(self.scroll_offset.y))[0]
+        return f"paused at line {self._first + top + 1}"
 
     # ----- search --------------------------------------------------------------------------------
     def _hit(self, raw: bytes) -> bool:

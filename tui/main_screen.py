@@ -11,6 +11,7 @@ the screen posts `GroupEnded`; it never calls into the app.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from typing import Any
 
@@ -34,6 +35,8 @@ TICK_SECONDS = 0.25  # snapshot + repaint rate: 4 Hz is live to the eye and chea
 MIN_PANE_WIDTH = 36
 MIN_PANE_HEIGHT = 6  # title + 5 lines of output: less than that is not worth a pane
 NARROW_TITLE = 72  # panes narrower than this get the label-free title
+CONFIRM_SECONDS = 3.0  # a destructive key acts when pressed again within this long
+DIGIT_SECONDS = 1.0  # digits typed within this long of each other make one rank number (1 2 -> 12)
 
 
 def plan_grid(n: int, width: int, height: int) -> tuple[int, int] | None:
@@ -56,19 +59,25 @@ class MainScreen(Screen):
     AUTO_FOCUS = None  # focus follows the focused rank, set explicitly; never "the first widget"
 
     BINDINGS = [
+        # The app's, repeated here first so that a narrow footer still shows them (it lists the
+        # focused widget's keys, then the screen's, then the app's, and cuts what does not fit).
+        Binding("q", "app.quit", "Quit"),
+        Binding("question_mark", "app.help", "Help"),
         Binding("left", "move(-1, 0)", "Move focus between panes", show=False, priority=True),
         Binding("right", "move(1, 0)", "Move focus between panes", show=False, priority=True),
         Binding("up", "move(0, -1)", "Move focus between panes", show=False, priority=True),
         Binding("down", "move(0, 1)", "Move focus between panes", show=False, priority=True),
         Binding("tab", "cycle(1)", "Focus next rank", show=False),
         Binding("shift+tab", "cycle(-1)", "Focus previous rank", show=False),
-        *[Binding(str(i), f"focus_rank({i})", "Focus local rank N", show=False) for i in range(10)],
+        *[Binding(str(i), f"digit({i})", "Focus rank N (type its number: 1 2 is rank 12)", show=False)
+          for i in range(10)],
+        Binding("g,colon", "go_to", "Go to rank…", show=False),
         Binding("z,enter", "zoom", "Zoom"),
         Binding("escape", "unzoom", "Back to the grid", show=False),
         Binding("slash", "search", "Search"),
         Binding("x", "signal", "Signal…"),
         Binding("k", "kill_rank", "Kill rank"),
-        Binding("K", "kill_group", "Kill group"),
+        Binding("K", "kill_group", "Stop group"),
         Binding("r", "restart_rank", "Restart rank"),
         Binding("R", "restart_group", "Restart group"),
         Binding("d", "stacks(False)", "Stacks"),
@@ -98,6 +107,8 @@ class MainScreen(Screen):
         self.end_panel_hidden = False
         self._feeds: dict[int, RankFeed] = {}  # local rank -> the feed its LogView shows
         self._shown: set[int] = set(range(self.n))  # every pane starts displayed
+        self._armed: tuple[str, int, float] | None = None  # (action, local rank, when): awaiting its second press
+        self._digits = ("", 0.0)  # the rank number being typed, and when its last digit came
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -110,6 +121,7 @@ class MainScreen(Screen):
                     yield RankPane(r, id=f"pane-{r}")
         yield RootCausePanel(id="root-cause")
         yield Input(placeholder="search this rank's output (enter: find, esc: cancel)", id="search")
+        yield Input(placeholder="go to rank: type its number, enter (esc: cancel)", id="goto", type="integer")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -178,7 +190,9 @@ class MainScreen(Screen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Arrow keys are priority bindings (they beat the log's own scrolling); let the search
         # input keep them while it is being typed into.
-        if action in ("move", "focus_rank", "cycle", "zoom") and isinstance(self.focused, Input):
+        if action in ("move", "focus_rank", "digit", "cycle", "zoom") and isinstance(self.focused, Input):
+            return False
+        if action == "move" and self.zoomed:  # zoomed: the arrows scroll the pane, line by line
             return False
         return True
 
@@ -194,6 +208,45 @@ class MainScreen(Screen):
     def action_focus_rank(self, local_rank: int) -> None:
         if local_rank < self.n:
             self.focus_rank(local_rank)
+
+    def action_digit(self, digit: int) -> None:
+        """Digits typed in quick succession make one number: 1 then 2 is rank 12 (when it exists)."""
+        typed, at = self._digits
+        now = time.monotonic()
+        number = typed + str(digit)
+        if not typed or now - at > DIGIT_SECONDS or self._local_of(int(number)) is None:
+            number = str(digit)
+        self._digits = (number, now)
+        local = self._local_of(int(number))
+        if local is not None:
+            self.focus_rank(local)
+
+    def _local_of(self, rank: int) -> int | None:
+        """The local rank showing global rank `rank`, or None when this node has no such rank."""
+        for snap in self.last.ranks:
+            if snap.rank == rank:
+                return snap.local_rank
+        return rank if not self.last.ranks and 0 <= rank < self.n else None
+
+    def action_go_to(self) -> None:
+        box = self.query_one("#goto", Input)
+        box.value = ""
+        box.display = True
+        box.focus()
+
+    @on(Input.Submitted, "#goto")
+    def go_to(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        self._close_input("#goto")
+        if not text:
+            return
+        local = self._local_of(int(text)) if text.isdigit() else None
+        if local is None:
+            ranks = self.last.ranks
+            span = f"{ranks[0].rank}..{ranks[-1].rank}" if ranks else f"0..{self.n - 1}"
+            self.notify(f"no rank {text} here: ranks are {span}", severity="warning", timeout=3, markup=False)
+            return
+        self.focus_rank(local)
 
     def action_zoom(self) -> None:
         self.zoomed = not self.zoomed
@@ -226,10 +279,13 @@ class MainScreen(Screen):
     def on_key(self, event: Any) -> None:
         if event.key == "escape" and isinstance(self.focused, Input):
             event.stop()
-            self._close_search()
+            self._close_input(f"#{self.focused.id}")
 
     def _close_search(self) -> None:
-        box = self.query_one("#search", Input)
+        self._close_input("#search")
+
+    def _close_input(self, selector: str) -> None:
+        box = self.query_one(selector, Input)
         box.display = False
         self.pane(self.current).log.focus()
 
@@ -261,20 +317,46 @@ class MainScreen(Screen):
         picker = SignalPicker(self.rank_of(self.current), self.current, self.n)
         self.app.push_screen(picker, lambda choice: choice and self.send_signal(*choice))
 
+    def _confirmed(self, action: str, key: str, question: str) -> bool:
+        """Destructive keys act on a second press within CONFIRM_SECONDS (of the same key, on
+        the same rank); the first one says what the second will do."""
+        now = time.monotonic()
+        armed = self._armed
+        if armed is not None and armed[:2] == (action, self.current) and now - armed[2] <= CONFIRM_SECONDS:
+            self._armed = None
+            return True
+        self._armed = (action, self.current, now)
+        self.notify(f"{question}  Press {key} again to confirm.", title="Confirm", severity="warning",
+                    timeout=CONFIRM_SECONDS, markup=False)
+        return False
+
     def action_kill_rank(self) -> None:
-        if not self._group_over():
+        rank = self.rank_of(self.current)
+        if not self._group_over() and self._confirmed("kill_rank", "k", f"Kill rank {rank} (SIGKILL)?"):
             self._submit(cmd.KillRank(self.current))
 
     def action_kill_group(self) -> None:
-        if not self._group_over():
-            self._submit(cmd.KillGroup())
+        grace = self.last.shutdown_timeout
+        if not self._group_over() and self._confirmed(
+                "kill_group", "K", f"Stop every rank (SIGTERM, SIGKILL after {grace:g} s)?"):
+            self._submit(cmd.Stop(signal.SIGTERM))
 
     def action_restart_rank(self) -> None:
-        if not self._group_over():
+        if self._group_over():
+            return
+        rank = self.rank_of(self.current)
+        question = f"Restart rank {rank}?"
+        if self.last.world_size > 1:
+            # Every rank gets MASTER_ADDR/MASTER_PORT: a collective (gloo, NCCL) cannot take back
+            # one new process, so its peers fail. ranktop cannot see whether they use one.
+            question += (" Its peers share MASTER_ADDR: in a collective job (gloo/NCCL) they will fail"
+                         " without it (R restarts the whole group).")
+        if self._confirmed("restart_rank", "r", question):
             self._submit(cmd.RestartRank(self.current))
 
     def action_restart_group(self) -> None:
-        if not self._group_over():
+        if not self._group_over() and self._confirmed(
+                "restart_group", "R", f"Restart every rank as attempt_{self.last.attempt + 1}?"):
             self._submit(cmd.RestartGroup())
 
     def action_stacks(self, all_ranks: bool) -> None:
@@ -311,7 +393,8 @@ class MainScreen(Screen):
             pane = self.pane(r)
             feed = self._feed(r, snap)
             feed.version = rank.output_version
-            pane.set_title(rank_title(rank, now, world_digits=digits, narrow=pane.size.width < NARROW_TITLE))
+            pane.set_title(rank_title(rank, now, world_digits=digits, narrow=pane.size.width < NARROW_TITLE,
+                                      position=pane.log.position_text))
             pane.log.poll()
         if self.compact:
             self.query_one(RankList).show_ranks(snap.ranks, self.current, now)

@@ -19,18 +19,21 @@ from textual.events import Click
 from textual.message import Message
 from textual.widgets import Static
 
-# Colour per state: the one place the palette lives, shared by titles, the rank list and the help.
+# Style per state: the one place the palette lives, shared by titles, the rank list and the help.
+# Every state reads from its text first; the states that need a look (failed, stalled, paused,
+# unreapable) are reversed, so they stand out under NO_COLOR too, where colours are dropped.
+# Ranks ranktop stopped (killed) are not red: they are effects, not failures.
 STATE_STYLE = {
     RankState.STARTING: "yellow",
     RankState.RUNNING: "bold green",
-    RankState.STALLED: "bold magenta",
+    RankState.STALLED: "bold reverse magenta",
     RankState.STOPPING: "yellow",
     RankState.SUCCEEDED: "bold blue",
-    RankState.FAILED: "bold white on red",
-    RankState.KILLED: "bold red",
-    RankState.UNREAPABLE: "bold white on magenta",
+    RankState.FAILED: "bold reverse red",
+    RankState.KILLED: "italic yellow",
+    RankState.UNREAPABLE: "bold reverse magenta",
 }
-PAUSED_STYLE = "bold black on yellow"
+PAUSED_STYLE = "bold reverse yellow"
 
 GROUP_STYLE = {
     GroupState.INIT: "yellow",
@@ -71,11 +74,13 @@ def human_duration(seconds: float) -> str:
 
 
 def state_label(snap: RankSnapshot) -> str:
-    """'running', 'exited 0', 'failed 1', 'failed SIGSEGV', 'killed SIGKILL', 'paused'."""
+    """'running', 'exited 0', 'exit 1', 'failed SIGSEGV', 'killed SIGKILL', 'paused'."""
     if snap.paused and snap.state.alive:
         return "paused"
     if snap.state == RankState.SUCCEEDED:
         return "exited 0"
+    if snap.state == RankState.FAILED and snap.signal_name is None and snap.exitcode is not None:
+        return f"exit {snap.exitcode}"
     if snap.state in (RankState.FAILED, RankState.KILLED):
         detail = snap.signal_name or (str(snap.exitcode) if snap.exitcode is not None else "")
         return f"{snap.state.value} {detail}".strip()
@@ -89,11 +94,11 @@ def state_style(snap: RankSnapshot) -> str:
 
 
 def last_output_age(snap: RankSnapshot, now: float) -> float | None:
-    """Seconds since the rank last printed; frozen at its end once it is gone."""
-    if snap.last_output_at is None:
+    """Seconds since the rank last printed; None once it is gone (a dead rank's "0s ago" would
+    read as if it were still talking)."""
+    if snap.last_output_at is None or not snap.state.alive:
         return None
-    end = snap.ended_at if snap.ended_at is not None and not snap.state.alive else now
-    return end - snap.last_output_at
+    return now - snap.last_output_at
 
 
 def gpu_text(snap: RankSnapshot) -> str | None:
@@ -107,9 +112,10 @@ def gpu_text(snap: RankSnapshot) -> str | None:
 
 
 def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
-               narrow: bool = False) -> Text:
-    """One line: rank/local, pid, state, restarts, cpu, rss, GPU, last output age. `narrow` (a pane
-    under ~70 columns) drops the labels so the GPU and the age still fit."""
+               narrow: bool = False, position: str | None = None) -> Text:
+    """One line: rank/local, pid, state, restarts, cpu, rss, GPU, last output age, and where the
+    pane is (`position`: 'following' / 'paused at line N'). `narrow` (a pane under ~70 columns)
+    drops the labels so the GPU and the age still fit."""
     title = Text(no_wrap=True, overflow="ellipsis")
     title.append(f" {snap.rank:>{world_digits}}", style="bold")
     title.append(f"/{snap.local_rank} ", style="dim")
@@ -130,6 +136,11 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
     if age is not None:
         title.append(f" {human_age(age)}" if narrow else f"  {human_age(age)} ago",
                      style="dim" if age < 5 else "bold yellow")
+    if position and position != "following":  # paused: say so, it is why new lines do not show
+        title.append(f"  {position.replace('paused at line', 'paused @') if narrow else position}",
+                     style="bold reverse")
+    elif position:
+        title.append("" if narrow else "  following", style="dim")
     return title
 
 
@@ -145,13 +156,18 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) ->
                     f"{human_bytes(lost)} not saved ", style="bold white on red")
     text.append(f"  world {group.world_size}")
     text.append(f"  node {group.node_rank}/{group.nnodes}" + (f" round {group.round}" if group.round is not None else ""))
-    # Restarts the user asked for may go past --max-restarts: then the "of N" would mislead.
-    limit = f"/{group.max_restarts + 1}" if group.attempt <= group.max_restarts else ""
-    text.append(f"  attempt {group.attempt + 1}{limit}")
+    # Named as its directory is (attempt_<k>); restarts the user asked for may go past the limit.
+    text.append(f"  attempt_{group.attempt}")
+    if group.max_restarts:
+        text.append(f" ({max(0, group.max_restarts - group.attempt)} restarts left)", style="dim")
     end = group.ended_at if group.ended_at is not None else now
     text.append(f"  {human_duration(end - group.started_at)}")
     alive = sum(1 for r in group.ranks if r.state.alive)
     text.append(f"  {alive}/{len(group.ranks)} alive", style="dim")
+    if group.earlier_attempts:  # "all ranks exited 0" must not hide that an earlier attempt failed
+        text.append(f"  earlier: {clean(group.earlier_attempts[-1])}", style="bold yellow")
+        if len(group.earlier_attempts) > 1:
+            text.append(f" (+{len(group.earlier_attempts) - 1})", style="bold yellow")
     if group.gpu_status:
         text.append(f"  {group.gpu_status}", style="dim")
     if group.log_dir:
