@@ -402,7 +402,7 @@ class PContext:
         process's output ends and the new one's begins."""
         open_line = bool(slot.ring.since(slot.ring.total_lines)[3])  # the old process left a line open
         when = time.strftime("%H:%M:%S")
-        line = f"──── ranktop: restart {slot.restarts} of this rank at {when} ────\n".encode()
+        line = f"──── {when} restart {slot.restarts} of this rank (ranktop) ────\n".encode()
         slot.ring.feed(STDOUT, (b"\n" if open_line else b"") + line)
 
     def _kill(self, slot: RankSlot, now: float, reap_timeout: float | None = None) -> None:

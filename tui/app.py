@@ -41,7 +41,7 @@ class RanktopApp(App):
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help"),
-        Binding("ctrl+c", "help_quit", "Stop and quit, as q (twice: kill now)", show=False),
+        Binding("ctrl+c", "help_quit", "Stop and quit, as q (twice: kill now)", show=False, system=True),
     ]
 
     def __init__(self, engine: Engine, *, exit_on_end: bool = False) -> None:

@@ -91,10 +91,17 @@ def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
             parser.error(f"bad {name}={text!r}: expected one of {', '.join(action.choices)}")
 
 
+SUBCOMMANDS = """subcommands:
+  ranktop stacks [TARGET]   the grouped Python stacks of a running group's ranks (py-spy, or --signal);
+                            TARGET: a run or log directory or a pid (default: the newest run)
+                            (ranktop stacks --help for its options)"""
+
+
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     p = _Parser(
         prog="ranktop",
         description="Launch and watch one process per rank (torchrun-compatible), in a TUI or headless.",
+        epilog=SUBCOMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = p.add_argument
     add(*_both("nproc-per-node"), default="1", metavar="N|auto|cpu|gpu", help="ranks on this node (default 1)")

@@ -237,16 +237,13 @@ class MainScreen(Screen):
     @on(Input.Submitted, "#goto")
     def go_to(self, event: Input.Submitted) -> None:
         text = event.value.strip()
-        self._close_input("#goto")
-        if not text:
-            return
         local = self._local_of(int(text)) if text.isdigit() else None
-        if local is None:
+        self._close_input("#goto", local)
+        if text and local is None:
             ranks = self.last.ranks
             span = f"{ranks[0].rank}..{ranks[-1].rank}" if ranks else f"0..{self.n - 1}"
             self.notify(f"no rank {text} here: ranks are {span}", severity="warning", timeout=3, markup=False)
             return
-        self.focus_rank(local)
 
     def action_zoom(self) -> None:
         self.zoomed = not self.zoomed
@@ -284,10 +281,15 @@ class MainScreen(Screen):
     def _close_search(self) -> None:
         self._close_input("#search")
 
-    def _close_input(self, selector: str) -> None:
+    def _close_input(self, selector: str, local_rank: int | None = None) -> None:
+        """Hide the input and give the focus back to a pane: the current one, or `local_rank`'s
+        (focused here, in one go: a focus moved twice would come back to the first pane)."""
         box = self.query_one(selector, Input)
         box.display = False
-        self.pane(self.current).log.focus()
+        if local_rank is None:
+            self.pane(self.current).log.focus()
+        else:
+            self.focus_rank(local_rank)
 
     # ----- commands to the ranks ----------------------------------------------------------------
     def rank_of(self, local_rank: int) -> int:

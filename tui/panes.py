@@ -120,6 +120,9 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
     title.append(f" {snap.rank:>{world_digits}}", style="bold")
     title.append(f"/{snap.local_rank} ", style="dim")
     title.append(f" {state_label(snap)} ", style=state_style(snap))
+    if position and position != "following":  # early, so a narrow pane shows why new lines do not
+        title.append(f" {position.replace('paused at line', 'paused @') if narrow else position} ",
+                     style="bold reverse")
     if snap.log_error:  # first, so a narrow pane still shows it: this rank's log misses output
         title.append(f" log: {snap.log_error}, {human_bytes(snap.log_bytes_lost)} lost ", style="bold white on red")
     title.append(("" if narrow else " pid") + (f" {snap.pid}" if snap.pid else " -"))
@@ -136,11 +139,8 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
     if age is not None:
         title.append(f" {human_age(age)}" if narrow else f"  {human_age(age)} ago",
                      style="dim" if age < 5 else "bold yellow")
-    if position and position != "following":  # paused: say so, it is why new lines do not show
-        title.append(f"  {position.replace('paused at line', 'paused @') if narrow else position}",
-                     style="bold reverse")
-    elif position:
-        title.append("" if narrow else "  following", style="dim")
+    if position == "following" and not narrow:
+        title.append("  following", style="dim")
     return title
 
 

@@ -41,6 +41,7 @@ class HelpScreen(ModalScreen[None]):
 
     BINDINGS = [
         Binding("escape,q,question_mark", "dismiss", "Close help"),
+        Binding("ctrl+c", "app.help_quit", show=False),  # a modal hides the app's keys: Ctrl-C still stops
     ]
 
     def __init__(self, groups: Iterable[tuple[str, list[tuple[str, str]]]]) -> None:
@@ -97,6 +98,7 @@ class SignalPicker(ModalScreen[tuple[int, bool] | None]):
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+c", "app.help_quit", show=False),  # a modal hides the app's keys: Ctrl-C still stops
         Binding("g", "toggle_scope", "Rank / whole group"),
         *[Binding(str(i + 1), f"pick({i})", name, show=False) for i, name in enumerate(PICKER_SIGNALS)],
     ]
@@ -140,6 +142,7 @@ class ConfirmQuit(ModalScreen[bool]):
     BINDINGS = [
         Binding("y,enter", "answer(True)", "Stop and quit"),
         Binding("n,escape", "answer(False)", "Stay"),
+        Binding("ctrl+c", "app.help_quit", show=False),  # a modal hides the app's keys: Ctrl-C still stops
     ]
 
     def __init__(self, alive: int, grace: float) -> None:

@@ -1,0 +1,217 @@
+"""Controls a person can trust (SPEC 8): destructive keys ask first, stops give the grace (to
+stopped ranks too), Ctrl-C as q, restarts that show and say what they did, go to rank N, the
+follow state in the titles. Real ranks wherever the effect is on ranks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+from ranktop.core import commands as cmd
+from ranktop.core.agent import LocalAgent
+from ranktop.core.engine import LocalEngine
+from ranktop.core.report import format_root_cause
+from ranktop.core.spec import WorkerSpec
+from ranktop.core.state import RankSnapshot, RankState
+from ranktop.tui.app import QUIT_STATUS, RanktopApp
+from ranktop.tui.panes import STATE_STYLE, rank_title, state_label
+from ranktop.tui.screens import ConfirmQuit
+
+from tests.conftest import wait_for
+from tests.fake_engine import FakeEngine
+from tests.test_tui_app import TICKER, drive, events, make_agent, notes, proc_state, rank, until
+from tests.test_tui_fake import drive as drive_fake
+
+pytestmark = pytest.mark.timeout(60)
+
+# Rank 1 marks its first and second start; rank 0 fails once rank 1 came back (a peer that lost
+# its collective partner, as gloo/NCCL would).
+PEER_LOSS = (
+    "import os, sys, time\nd = os.environ['MARKS']\nr = os.environ['RANK']\n"
+    "if r == '1':\n"
+    "    name = 'second' if os.path.exists(os.path.join(d, 'first')) else 'first'\n"
+    "    open(os.path.join(d, name), 'w').close()\n"
+    "print('rank', r, 'up', flush=True)\n"
+    "while True:\n"
+    "    if r == '0' and os.path.exists(os.path.join(d, 'second')):\n"
+    "        print('peer lost', flush=True); sys.exit(3)\n"
+    "    time.sleep(0.05)\n"
+)
+TRAP_TERM = ("import signal, sys, time\n"
+             "def bye(*_):\n    print('checkpoint saved', flush=True); sys.exit(0)\n"
+             "signal.signal(signal.SIGTERM, bye)\nprint('up', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+
+
+def test_kill_group_asks_then_stops_with_sigterm_and_resumes_stopped_ranks(tmp_path):
+    app = RanktopApp(LocalEngine(make_agent(tmp_path, TRAP_TERM)))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: all(b"up" in b"".join(app.engine.agent.output(r)) for r in (0, 1)), what="ranks up")
+        pid = rank(app, 1).pid
+        os.kill(pid, signal.SIGSTOP)  # stopped from elsewhere: ranktop did not pause it
+        await until(pilot, lambda: proc_state(pid) == "T", what="rank 1 stopped")
+        await pilot.press("K")
+        assert "Press K again" in notes(app) and rank(app, 0).state.alive
+        await pilot.press("K")
+        await until(pilot, lambda: app.main.ended, what="group stopped")
+        # SIGTERM reached both (SIGCONT let the stopped one run its handler): no SIGKILL needed.
+        for r in (0, 1):
+            assert b"checkpoint saved" in b"".join(app.engine.agent.output(r)), r
+        await pilot.press("q")
+
+    drive(app, body)
+    assert [e["signal"] for e in events(app) if e["event"] == "user_stop"] == ["SIGTERM"]
+
+
+def test_kill_key_confirms_only_on_the_same_rank(tmp_path):
+    app = RanktopApp(LocalEngine(make_agent(tmp_path)))
+
+    async def body(app, pilot):
+        await pilot.press("0", "k", "1", "k")  # a k on another rank asks again, kills nothing
+        assert rank(app, 0).state.alive and rank(app, 1).state.alive
+        await pilot.press("k")
+        await until(pilot, lambda: rank(app, 1).state == RankState.KILLED, what="rank 1 killed")
+        assert rank(app, 0).state.alive
+
+    drive(app, body)
+
+
+def test_ctrl_c_asks_like_q_and_twice_kills(tmp_path):
+    app = RanktopApp(LocalEngine(make_agent(tmp_path, TRAP_TERM.replace("sys.exit(0)", "time.sleep(60)"))))
+
+    async def body(app, pilot):
+        await pilot.press("ctrl+c")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="quit question")
+        assert all(r.state.alive for r in app.engine.snapshot().ranks)
+        await pilot.press("ctrl+c")  # the ranks ignore SIGTERM: only a kill ends them
+        await until(pilot, lambda: app.engine.snapshot().ended, what="ranks killed")
+        assert all(r.signal_name == "SIGKILL" for r in app.engine.snapshot().ranks)
+
+    drive(app, body)
+    assert app.exit_status == QUIT_STATUS
+
+
+def test_restart_rank_separator_and_root_cause_names_the_restart(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    app = RanktopApp(LocalEngine(make_agent(tmp_path / "logs", PEER_LOSS, env={"MARKS": str(marks)})))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: (marks / "first").exists(), what="rank 1 up")
+        await pilot.press("1", "r", "r")
+        await until(pilot, lambda: app.main.ended, what="rank 0 failed after the restart")
+        output = b"".join(app.engine.agent.output(1)).decode()
+        assert "restart 1 of this rank (ranktop)" in output
+        assert output.index("restart 1 of this rank") < output.rindex("rank 1 up")
+        panel = app.main.query_one("#root-cause-text").render().plain
+        assert "rank 0" in panel and "after a user action: you restarted rank 1 at" in panel
+        cause = app.engine.snapshot().root_cause
+        assert cause.rank == 0 and "you restarted rank 1" in cause.user_action
+        text = format_root_cause(cause, name="x", attempt=0, max_restarts=0)
+        assert "note: you restarted rank 1 at" in text.splitlines()[1]
+
+    drive(app, body)
+
+
+def _agent(tmp_path, code: str, stall: float) -> LocalAgent:
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sys.executable, args=("-u", "-c", code),
+                      name="quiet.py")
+    return LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2.0, stall_timeout=stall)
+
+
+QUIET = "import time\nprint('one line', flush=True)\ntime.sleep(60)\n"
+
+
+def test_restart_starts_the_stall_clock_again(tmp_path):
+    engine = LocalEngine(_agent(tmp_path, QUIET, stall=1.5)).start()
+    try:
+        wait_for(lambda: engine.snapshot().ranks[0].state == RankState.STALLED, what="stalled")
+        old = engine.snapshot().ranks[0].pid
+        assert engine.submit(cmd.RestartRank(0)).ok
+        wait_for(lambda: engine.snapshot().ranks[0].pid != old and engine.snapshot().ranks[0].state.alive,
+                 what="restarted")
+        assert engine.snapshot().ranks[0].state != RankState.STALLED  # the new process has not been silent yet
+    finally:
+        engine.close()
+
+
+def test_our_own_signal_dump_does_not_clear_a_stall(tmp_path):
+    engine = LocalEngine(_agent(tmp_path, QUIET, stall=1.0)).start()
+    try:
+        wait_for(lambda: engine.snapshot().ranks[0].state == RankState.STALLED, what="stalled")
+        ack = engine.submit(cmd.SignalDump())
+        assert ack.ok and ack.report is not None and ack.report.ranks[0].threads  # it did print its stacks
+        assert b"most recent call first" in b"".join(engine.agent.output(0))
+        assert engine.snapshot().ranks[0].state == RankState.STALLED
+        kinds = [e for e in open(os.path.join(engine.agent.run_dir, "events.jsonl")).read().splitlines()]
+        assert not any('"stall_cleared"' in k for k in kinds)
+    finally:
+        engine.close()
+
+
+def test_go_to_rank_digits_and_palette():
+    engine = FakeEngine(32)
+
+    async def body(app, pilot):
+        main = app.main
+        await pilot.press("1", "2")  # typed together: rank 12, not rank 2
+        assert main.current == 12
+        await pilot.press("g", *"27", "enter")
+        assert main.current == 27 and not main.query_one("#goto").display
+        await pilot.press("colon", *"99", "enter")
+        assert main.current == 27 and "no rank 99 here: ranks are 0..31" in notes(app)
+        titles = [c.title for c in app.get_system_commands(main)]
+        assert "Focus rank 31" in titles and "Focus rank 32" not in titles
+        assert not any("Focus rank N" in t for t in titles)
+
+    drive_fake(engine, body)
+
+
+def test_follow_state_in_the_title():
+    engine = FakeEngine(1)
+    engine.print(0, *[f"line {i}" for i in range(100)])
+
+    async def body(app, pilot):
+        await until(pilot, lambda: app.main.pane(0).log.line_count == 100, what="lines")
+        await until(pilot, lambda: "following" in app.main.pane(0).title, what="following")
+        await pilot.press("f")
+        await until(pilot, lambda: "paused at line" in app.main.pane(0).title, what="paused shown")
+        assert "paused at line" in notes(app)
+        await pilot.press("home")
+        await until(pilot, lambda: "paused at line 1 " in app.main.pane(0).title, what="top line shown")
+        await pilot.press("end")
+        await until(pilot, lambda: "following" in app.main.pane(0).title, what="following again")
+
+    drive_fake(engine, body)
+
+
+def _snap(state: RankState, **kw) -> RankSnapshot:
+    base = dict(rank=0, local_rank=0, pid=1, state=state, exitcode=None, signal_name=None, restarts=0,
+                started_at=0.0, ended_at=None, last_output_at=None, output_version=0)
+    return RankSnapshot(**{**base, **kw})
+
+
+def test_state_words_and_looks_without_colour():
+    assert state_label(_snap(RankState.FAILED, exitcode=1)) == "exit 1"
+    assert state_label(_snap(RankState.FAILED, exitcode=-11, signal_name="SIGSEGV")) == "failed SIGSEGV"
+    # Under NO_COLOR colours go: the states that need a look are reversed, and kills are not red.
+    for state in (RankState.FAILED, RankState.STALLED, RankState.UNREAPABLE):
+        assert "reverse" in STATE_STYLE[state]
+    assert "red" not in STATE_STYLE[RankState.KILLED]
+    dead = _snap(RankState.FAILED, exitcode=1, last_output_at=100.0, ended_at=100.0)
+    assert "ago" not in rank_title(dead, now=500.0).plain
+    alive = _snap(RankState.RUNNING, last_output_at=100.0)
+    assert "6m40s ago" in rank_title(alive, now=500.0).plain
+
+
+def test_attempt_named_as_its_directory(tmp_path):
+    app = RanktopApp(LocalEngine(make_agent(tmp_path, TICKER, n=1, max_restarts=2)))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: "attempt_0 (2 restarts left)" in app.main.query_one("#header").render().plain,
+                    what="attempt named as its directory")
+        assert os.path.isdir(os.path.join(app.engine.agent.run_dir, "attempt_0"))
+
+    drive(app, body)
