@@ -254,6 +254,7 @@ def test_version_and_help():
                  "--redirects", "--tee", "--local-ranks-filter", "--role", "--log-line-prefix-template",
                  "--shutdown-timeout", "--env", "--debug", "--stall-timeout", "--headless", "--tui"):
         assert flag in help_text
+    assert "subcommands:" in help_text and "ranktop stacks [TARGET]" in help_text
 
 
 BAD_INPUT = [

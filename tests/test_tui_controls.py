@@ -5,6 +5,7 @@ follow state in the titles. Real ranks wherever the effect is on ranks."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 
@@ -19,10 +20,11 @@ from ranktop.tui.app import QUIT_STATUS, RanktopApp
 from ranktop.tui.panes import STATE_STYLE, rank_title, state_label
 from ranktop.tui.screens import ConfirmQuit
 
-from tests.conftest import wait_for
+from tests.conftest import ROOT, wait_for
 from tests.fake_engine import FakeEngine
 from tests.test_tui_app import TICKER, drive, events, make_agent, notes, proc_state, rank, until
 from tests.test_tui_fake import drive as drive_fake
+from tests.test_tui_tmux import Terminal
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -215,3 +217,58 @@ def test_attempt_named_as_its_directory(tmp_path):
         assert os.path.isdir(os.path.join(app.engine.agent.run_dir, "attempt_0"))
 
     drive(app, body)
+
+
+# ----- in a real terminal ----------------------------------------------------------------------
+TWO_STEPS = ("import os, sys, time\nr = os.environ['RANK']\nprint('hello from', r, flush=True)\n"
+             "if r == '1' and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+             "    time.sleep(0.3); sys.exit(4)\n"
+             "while not os.path.exists(os.environ['DONE']):\n    time.sleep(0.05)\n")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_small_terminal_ctrl_c_and_the_report_left_behind(tmp_path):
+    script = tmp_path / "ticker.py"
+    script.write_text(TRAP_TERM.replace("sys.exit(0)", "time.sleep(60)"))  # only SIGKILL ends it
+    status = tmp_path / "status"
+    command = (f"cd {ROOT} && {sys.executable} -m ranktop --tui --nproc-per-node 2 --shutdown-timeout 20 "
+               f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
+    term = Terminal(command, width=80, height=24)
+    try:
+        screen = term.wait_screen(" 1/1  running")
+        footer = screen.rstrip("\n").split("\n")[-1]
+        assert "q Quit" in footer and "? Help" in footer  # the essentials survive 80 columns
+        term.press("C-c")
+        term.wait_screen("still running")
+        term.press("C-c")  # twice: kill now
+        wait_for(lambda: status.exists() and status.read_text().strip(), timeout=15, what="ranktop exited")
+        assert status.read_text().strip() == "130"
+        run_dir = next((tmp_path / "logs").iterdir())
+        wait_for(lambda: f"ticker.py stopped on request; logs in {run_dir}" in term.screen().replace("\n", ""),
+                 what="the end report left in the terminal")
+        assert '"signal": "SIGKILL", "by_us": true' in (run_dir / "events.jsonl").read_text()  # not the grace
+    finally:
+        term.close()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_earlier_attempt_failure_stays_in_sight(tmp_path):
+    script = tmp_path / "two_steps.py"
+    script.write_text(TWO_STEPS)
+    done = tmp_path / "done"
+    status = tmp_path / "status"
+    command = (f"cd {ROOT} && {sys.executable} -m ranktop --tui --exit-on-end --nproc-per-node 2 --max-restarts 1 "
+               f"--env DONE={done} --log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
+    term = Terminal(command)
+    try:
+        term.wait_screen("attempt_1")
+        screen = term.wait_screen("earlier: attempt_0: rank 1 failed (exit 4)")
+        assert "attempt_1 (0 restarts left)" in screen
+        done.write_text("")
+        wait_for(lambda: status.exists() and status.read_text().strip(), timeout=15, what="ranktop exited")
+        assert status.read_text().strip() == "0"
+        text = term.screen().replace("\n", "")
+        assert "two_steps.py succeeded: all ranks exited 0; logs in" in text
+        assert "earlier attempts: attempt_0: rank 1 failed (exit 4)" in text
+    finally:
+        term.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,11 @@ class Terminal:
         self._tmux("new-session", "-d", "-s", "t", "-x", str(width), "-y", str(height), command)
 
     def _tmux(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True).stdout
+        # Without COLUMNS/LINES (pytest's process has them, 80x24): the app inside would take them
+        # over the terminal's real size.
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True,
+                              env=env).stdout
 
     def screen(self) -> str:
         return self._tmux("capture-pane", "-p", "-t", "t")

@@ -174,6 +174,15 @@ class MainScreen(Screen):
             self._show_panes({local_rank})
         self.pane(local_rank).log.focus()
         self.tick()
+        if self.compact:
+            self.call_after_refresh(self._list_shows, local_rank)
+
+    def _list_shows(self, local_rank: int) -> None:
+        """Scroll the rank list so that the focused rank's row is on screen."""
+        box = self.query_one("#rank-list-box")
+        top, height = round(box.scroll_y), box.scrollable_content_region.height
+        if not top <= local_rank < top + height:
+            box.scroll_to(y=max(0, local_rank - height // 2), animate=False, immediate=True)
 
     def on_descendant_focus(self, event: DescendantFocus) -> None:
         # A click (or Textual's own focus moves) on a log widget makes its rank the focused one.
@@ -211,6 +220,9 @@ class MainScreen(Screen):
 
     def action_digit(self, digit: int) -> None:
         """Digits typed in quick succession make one number: 1 then 2 is rank 12 (when it exists)."""
+        if self._goto_pending():
+            self.query_one("#goto", Input).insert_text_at_cursor(str(digit))
+            return
         typed, at = self._digits
         now = time.monotonic()
         number = typed + str(digit)
@@ -228,6 +240,12 @@ class MainScreen(Screen):
                 return snap.local_rank
         return rank if not self.last.ranks and 0 <= rank < self.n else None
 
+    def _goto_pending(self) -> bool:
+        """`g` was pressed but its input has no focus yet (focus moves a moment later): keys typed
+        fast after it (g 2 3 enter) are meant for it, not for the grid."""
+        box = self.query_one("#goto", Input)
+        return bool(box.display) and self.focused is not box
+
     def action_go_to(self) -> None:
         box = self.query_one("#goto", Input)
         box.value = ""
@@ -236,7 +254,9 @@ class MainScreen(Screen):
 
     @on(Input.Submitted, "#goto")
     def go_to(self, event: Input.Submitted) -> None:
-        text = event.value.strip()
+        self._go_to(event.value.strip())
+
+    def _go_to(self, text: str) -> None:
         local = self._local_of(int(text)) if text.isdigit() else None
         self._close_input("#goto", local)
         if text and local is None:
@@ -246,6 +266,9 @@ class MainScreen(Screen):
             return
 
     def action_zoom(self) -> None:
+        if self._goto_pending():  # enter right after g and a number
+            self._go_to(self.query_one("#goto", Input).value.strip())
+            return
         self.zoomed = not self.zoomed
         self.relayout()
         self.pane(self.current).log.focus()
@@ -326,6 +349,7 @@ class MainScreen(Screen):
         armed = self._armed
         if armed is not None and armed[:2] == (action, self.current) and now - armed[2] <= CONFIRM_SECONDS:
             self._armed = None
+            self.app.clear_notifications()  # the question is answered: the outcome replaces it
             return True
         self._armed = (action, self.current, now)
         self.notify(f"{question}  Press {key} again to confirm.", title="Confirm", severity="warning",

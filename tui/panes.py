@@ -145,35 +145,37 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
 
 
 def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) -> Text:
-    """The job line: name, world size, node, attempt, state, elapsed, log dir, GPU status."""
+    """The job line, most important first (a narrow terminal cuts the end): name, state, a note
+    ("stopping…"), lost logs, the attempt and how earlier ones ended, world, node, elapsed, alive
+    ranks, GPU status, the log dir."""
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" ranktop ", style="bold reverse")
     text.append(f" {clean(group.name)} ", style="bold")
     text.append(f" {group.state.value} ", style=GROUP_STYLE[group.state])
+    if note:
+        text.append(f"  {note}", style="bold yellow")
     if group.incomplete_logs:
         lost = sum(loss.bytes_lost for loss in group.incomplete_logs)
         text.append(f" {len(group.incomplete_logs)} log(s) incomplete: {group.incomplete_logs[0].error}, "
                     f"{human_bytes(lost)} not saved ", style="bold white on red")
-    text.append(f"  world {group.world_size}")
-    text.append(f"  node {group.node_rank}/{group.nnodes}" + (f" round {group.round}" if group.round is not None else ""))
     # Named as its directory is (attempt_<k>); restarts the user asked for may go past the limit.
     text.append(f"  attempt_{group.attempt}")
     if group.max_restarts:
         text.append(f" ({max(0, group.max_restarts - group.attempt)} restarts left)", style="dim")
-    end = group.ended_at if group.ended_at is not None else now
-    text.append(f"  {human_duration(end - group.started_at)}")
-    alive = sum(1 for r in group.ranks if r.state.alive)
-    text.append(f"  {alive}/{len(group.ranks)} alive", style="dim")
     if group.earlier_attempts:  # "all ranks exited 0" must not hide that an earlier attempt failed
         text.append(f"  earlier: {clean(group.earlier_attempts[-1])}", style="bold yellow")
         if len(group.earlier_attempts) > 1:
             text.append(f" (+{len(group.earlier_attempts) - 1})", style="bold yellow")
+    text.append(f"  world {group.world_size}")
+    text.append(f"  node {group.node_rank}/{group.nnodes}" + (f" round {group.round}" if group.round is not None else ""))
+    end = group.ended_at if group.ended_at is not None else now
+    text.append(f"  {human_duration(end - group.started_at)}")
+    alive = sum(1 for r in group.ranks if r.state.alive)
+    text.append(f"  {alive}/{len(group.ranks)} alive", style="dim")
     if group.gpu_status:
         text.append(f"  {group.gpu_status}", style="dim")
     if group.log_dir:
         text.append(f"  logs {clean(_short_path(group.log_dir))}", style="dim")
-    if note:
-        text.append(f"  {note}", style="bold yellow")
     return text
 
 

@@ -51,8 +51,7 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         extra = [("mouse", "click a pane or a rank to focus it"), ("wheel", "scroll the pane under the mouse"),
                  ("ctrl+p", "command palette: every action by name"),
-                 ("k K r R", "ask first: press the key again within 3 s"),
-                 ("ctrl+c", "as q: stop and quit; twice: kill now")]
+                 ("k K r R", "ask first: press the key again within 3 s")]
         with VerticalScroll(id="help-box"):
             yield Static(Text("ranktop keys  (esc to close)", style="bold"), classes="dialog-title")
             groups = [*self.groups, ("Mouse", extra)]
