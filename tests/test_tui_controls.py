@@ -272,3 +272,40 @@ def test_earlier_attempt_failure_stays_in_sight(tmp_path):
         assert "earlier attempts: attempt_0: rank 1 failed (exit 4)" in text
     finally:
         term.close()
+
+
+FAILER = ("import os, sys, time\nprint('rank', os.environ['RANK'], 'up', flush=True)\n"
+          "if os.environ['RANK'] == '1':\n    time.sleep(0.2)\n    raise ValueError('boom 42')\ntime.sleep(60)\n")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path):
+    script = tmp_path / "failer.py"
+    script.write_text(FAILER)
+    copied = tmp_path / "copied.log"
+    pager = tmp_path / "pager.sh"  # a pager that keeps what it was given
+    pager.write_text(f"#!/bin/sh\ncat \"$1\" > {copied}\n")
+    pager.chmod(0o755)
+    command = (f"cd {ROOT} && PAGER={pager} {sys.executable} -m ranktop --tui --nproc-per-node 2 "
+               f"--log-dir {tmp_path / 'logs'} {script}; sleep 30")
+    term = Terminal(command)
+    try:
+        term._tmux("set-option", "-s", "set-clipboard", "on")
+        term.wait_screen("ROOT CAUSE")
+        term.press("y")
+        term.wait_screen("root cause copied")
+        buffer = wait_for(lambda: (b := term._tmux("show-buffer")) and "boom 42" in b and b, what="tmux buffer")
+        assert "root cause: rank 1" in buffer and "ValueError: boom 42" in buffer
+        term.press("o")  # the culprit is focused: its stdout log goes to the pager, then the TUI is back
+        wait_for(lambda: copied.exists() and "rank 1 up" in copied.read_text(), what="the pager got the log")
+        term.wait_screen("ROOT CAUSE")
+    finally:
+        term.close()
+
+
+def test_copy_key_without_a_root_cause_says_so():
+    async def body(app, pilot):
+        await pilot.press("y")
+        assert "no root cause to copy" in notes(app) and app.clipboard == ""
+
+    drive_fake(FakeEngine(2), body)

@@ -11,18 +11,22 @@ the screen posts `GroupEnded`; it never calls into the app.
 from __future__ import annotations
 
 import math
+import os
+import shlex
 import signal
+import subprocess
 import time
 from typing import Any
 
 from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
+from ranktop.core.report import format_root_cause
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.panes import LiveText, RankFeed, RankList, RankPane, header_text, rank_title
 from ranktop.tui.screens import RootCausePanel, SignalPicker
 from textual import on
-from textual.app import ComposeResult
+from textual.app import ComposeResult, SuspendNotSupported
 from textual.binding import Binding
 from textual.containers import Container, Horizontal, VerticalScroll
 from textual.events import DescendantFocus, Resize
@@ -83,6 +87,8 @@ class MainScreen(Screen):
         Binding("d", "stacks(False)", "Stacks"),
         Binding("D", "stacks(True)", "Stacks (all ranks)", show=False),
         Binding("e", "toggle_end_panel", "Show/hide the end report", show=False),
+        Binding("y", "copy_root_cause", "Copy the root cause (clipboard, OSC 52)", show=False),
+        Binding("o", "open_log", "Open the rank's log in $PAGER", show=False),
     ]
 
     class GroupEnded(Message):
@@ -392,6 +398,38 @@ class MainScreen(Screen):
             self.notify("stack dumps are not available in this build", severity="warning")
             return
         self.app.push_screen(StacksScreen(self.engine, None if all_ranks else [self.current]))
+
+    def action_copy_root_cause(self) -> None:
+        """The root cause as the text report has it, to the terminal's clipboard (OSC 52: works
+        over SSH, and in tmux with `set-clipboard on`)."""
+        snap = self.engine.snapshot()
+        if snap.root_cause is None:
+            self.notify("no root cause to copy: no rank has failed on its own", severity="warning", timeout=3)
+            return
+        text = clean(format_root_cause(snap.root_cause, name=snap.name, attempt=snap.attempt,
+                                       max_restarts=snap.max_restarts), newlines=True)
+        self.app.copy_to_clipboard(text)
+        self.notify(f"root cause copied ({text.count(chr(10)) + 1} lines) to the terminal's clipboard (OSC 52)",
+                    timeout=3)
+
+    def action_open_log(self) -> None:
+        """The focused rank's log files in $PAGER (less if unset); the TUI steps aside meanwhile."""
+        snap = self.last.ranks[self.current] if self.current < len(self.last.ranks) else None
+        paths = [p for p in (snap.stdout_log, snap.stderr_log) if p and os.path.exists(p)] if snap else []
+        if not paths:
+            self.notify("this rank has no log file to open", severity="warning", timeout=3)
+            return
+        pager = shlex.split(os.environ.get("PAGER") or "less") or ["less"]
+        try:
+            with self.app.suspend():
+                subprocess.run([*pager, *paths], check=False)
+        except SuspendNotSupported:
+            self.notify(clean(f"cannot hand the terminal over here; the log: {paths[0]}"), severity="warning",
+                        markup=False)
+        except OSError as exc:
+            self.notify(clean(f"cannot run {pager[0]}: {exc.strerror or exc}; the log: {paths[0]}"),
+                        severity="warning", markup=False)
+        self.refresh()
 
     def action_toggle_end_panel(self) -> None:
         if self.ended:
