@@ -17,7 +17,7 @@ from ranktop.core.report import format_root_cause
 from ranktop.core.spec import WorkerSpec
 from ranktop.core.state import RankSnapshot, RankState
 from ranktop.tui.app import QUIT_STATUS, RanktopApp
-from ranktop.tui.panes import STATE_STYLE, rank_title, state_label
+from ranktop.tui.panes import STATE_STYLE, RankList, rank_title, state_label
 from ranktop.tui.screens import ConfirmQuit
 
 from tests.conftest import ROOT, wait_for
@@ -309,3 +309,27 @@ def test_copy_key_without_a_root_cause_says_so():
         assert "no root cause to copy" in notes(app) and app.clipboard == ""
 
     drive_fake(FakeEngine(2), body)
+
+
+def test_rank_list_sorts_and_filters_by_state():
+    engine = FakeEngine(32)
+    engine.set_rank(7, state=RankState.FAILED, exitcode=1)
+    engine.set_rank(20, state=RankState.STALLED, stall_seconds=61.0)
+
+    async def body(app, pilot):
+        main = app.main
+        listing = main.query_one(RankList)
+        await until(pilot, lambda: listing.order[:3] == [0, 1, 2], what="rank order")
+        await pilot.press("s")  # by state: the failed and the stalled first
+        await until(pilot, lambda: listing.order[:2] == [7, 20], what="state order")
+        assert "by state" in listing.plain
+        await pilot.press("v")  # problems only
+        await until(pilot, lambda: listing.order == [7, 20], what="problems only")
+        await pilot.press("down")  # the arrows walk the list as shown
+        assert main.current == 7
+        await pilot.press("down")
+        assert main.current == 20
+        await pilot.press("v", "v", "s", "s", "s")  # back to every rank, by rank
+        await until(pilot, lambda: len(listing.order) == 32 and listing.order[0] == 0, what="all again")
+
+    drive_fake(engine, body)

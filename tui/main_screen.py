@@ -23,7 +23,7 @@ from ranktop.core.engine import Engine
 from ranktop.core.report import format_root_cause
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot
-from ranktop.tui.panes import LiveText, RankFeed, RankList, RankPane, header_text, rank_title
+from ranktop.tui.panes import FILTERS, SORTS, LiveText, RankFeed, RankList, RankPane, header_text, rank_title
 from ranktop.tui.screens import RootCausePanel, SignalPicker
 from textual import on
 from textual.app import ComposeResult, SuspendNotSupported
@@ -87,6 +87,8 @@ class MainScreen(Screen):
         Binding("d", "stacks(False)", "Stacks"),
         Binding("D", "stacks(True)", "Stacks (all ranks)", show=False),
         Binding("e", "toggle_end_panel", "Show/hide the end report", show=False),
+        Binding("s", "cycle_sort", "Sort the rank list (rank, state, cpu, quiet)", show=False),
+        Binding("v", "cycle_filter", "Filter the rank list (all, problems, running)", show=False),
         Binding("y", "copy_root_cause", "Copy the root cause (clipboard, OSC 52)", show=False),
         Binding("o", "open_log", "Open the rank's log in $PAGER", show=False),
     ]
@@ -115,6 +117,7 @@ class MainScreen(Screen):
         self._shown: set[int] = set(range(self.n))  # every pane starts displayed
         self._armed: tuple[str, int, float] | None = None  # (action, local rank, when): awaiting its second press
         self._digits = ("", 0.0)  # the rank number being typed, and when its last digit came
+        self.sort, self.filter = SORTS[0], FILTERS[0]  # the compact rank list's order and filter
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -186,9 +189,25 @@ class MainScreen(Screen):
     def _list_shows(self, local_rank: int) -> None:
         """Scroll the rank list so that the focused rank's row is on screen."""
         box = self.query_one("#rank-list-box")
+        row = self.query_one(RankList).row_of(local_rank)
         top, height = round(box.scroll_y), box.scrollable_content_region.height
-        if not top <= local_rank < top + height:
-            box.scroll_to(y=max(0, local_rank - height // 2), animate=False, immediate=True)
+        if row is not None and not top <= row < top + height:
+            box.scroll_to(y=max(0, row - height // 2), animate=False, immediate=True)
+
+    def action_cycle_sort(self) -> None:
+        self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
+        self._list_changed(f"rank list sorted by {self.sort}")
+
+    def action_cycle_filter(self) -> None:
+        self.filter = FILTERS[(FILTERS.index(self.filter) + 1) % len(FILTERS)]
+        self._list_changed(f"rank list shows {self.filter} ranks" if self.filter != "all" else "rank list shows every rank")
+
+    def _list_changed(self, what: str) -> None:
+        where = "" if self.compact else " (the list shows when the panes do not fit: zoom out or enlarge to see it)"
+        self.notify(what + where, timeout=2)
+        self.tick()
+        if self.compact:
+            self.call_after_refresh(self._list_shows, self.current)
 
     def on_descendant_focus(self, event: DescendantFocus) -> None:
         # A click (or Textual's own focus moves) on a log widget makes its rank the focused one.
@@ -212,6 +231,15 @@ class MainScreen(Screen):
         return True
 
     def action_move(self, dx: int, dy: int) -> None:
+        order = self.query_one(RankList).order
+        if self.compact and dy and order:  # up/down walk the list as it is sorted and filtered
+            if self.current not in order:  # filtered out: start from the list's end nearest the key
+                self.focus_rank(order[0] if dy > 0 else order[-1])
+                return
+            target = order.index(self.current) + dy
+            if 0 <= target < len(order):
+                self.focus_rank(order[target])
+            return
         step = dx + dy * self.cols
         target = self.current + step
         if 0 <= target < self.n:
@@ -461,7 +489,7 @@ class MainScreen(Screen):
                                       position=pane.log.position_text))
             pane.log.poll()
         if self.compact:
-            self.query_one(RankList).show_ranks(snap.ranks, self.current, now)
+            self.query_one(RankList).show_ranks(snap.ranks, self.current, now, sort=self.sort, filter_=self.filter)
         if snap.ended and not self.ended:
             self._on_end(snap)
 

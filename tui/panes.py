@@ -258,8 +258,45 @@ class RankPane(Vertical):
         self.post_message(self.Picked(self.local_rank))
 
 
+# The compact list's orders and filters: (name, key) and (name, which states pass).
+_STATE_ORDER = {state: i for i, state in enumerate((
+    RankState.FAILED, RankState.UNREAPABLE, RankState.STALLED, RankState.STOPPING, RankState.STARTING,
+    RankState.RUNNING, RankState.KILLED, RankState.SUCCEEDED))}
+SORTS = ("rank", "state", "cpu", "quiet")
+FILTERS = ("all", "problems", "running")
+
+
+def _sort_key(sort: str, now: float):
+    def key(snap: RankSnapshot) -> tuple:
+        if sort == "state":  # the ones that need a look first; paused with the stalled
+            order = _STATE_ORDER[RankState.STALLED] if snap.paused and snap.state.alive else _STATE_ORDER[snap.state]
+            return (order, snap.rank)
+        if sort == "cpu":
+            return (-(snap.cpu_percent or 0.0), snap.rank)
+        if sort == "quiet":  # the longest silent first; the dead after the living
+            age = last_output_age(snap, now)
+            return (age is None, -(age or 0.0), snap.rank)
+        return (snap.rank,)
+    return key
+
+
+def _passes(filter_: str, snap: RankSnapshot) -> bool:
+    if filter_ == "problems":
+        return snap.state in (RankState.FAILED, RankState.STALLED, RankState.UNREAPABLE) or (
+            snap.paused and snap.state.alive)
+    if filter_ == "running":
+        return snap.state.alive
+    return True
+
+
+def list_order(ranks: tuple[RankSnapshot, ...], sort: str, filter_: str, now: float) -> list[RankSnapshot]:
+    """The ranks the compact list shows, in its order."""
+    return sorted((r for r in ranks if _passes(filter_, r)), key=_sort_key(sort, now))
+
+
 class RankList(LiveText):
-    """The compact view: one row per rank (state colour, cpu, last output age), for many ranks."""
+    """The compact view: a header row (order and filter), then one row per rank (state, cpu,
+    last output age), for many ranks."""
 
     class Picked(Message):
         def __init__(self, local_rank: int) -> None:
@@ -268,13 +305,17 @@ class RankList(LiveText):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self._order: list[int] = []
+        self.order: list[int] = []  # local ranks, one per row after the header
 
-    def show_ranks(self, ranks: tuple[RankSnapshot, ...], focused: int, now: float) -> None:
+    def show_ranks(self, ranks: tuple[RankSnapshot, ...], focused: int, now: float, *, sort: str = "rank",
+                   filter_: str = "all") -> None:
+        shown = list_order(ranks, sort, filter_, now)
         text = Text(no_wrap=True, overflow="ellipsis")
+        head = f"{len(shown)}/{len(ranks)} by {sort}" + ("" if filter_ == "all" else f", {filter_}")
+        text.append(f" {head}  (s sort, v filter)\n", style="dim")
         digits = len(str(max((r.rank for r in ranks), default=0)))
-        self._order = [r.local_rank for r in ranks]
-        for snap in ranks:
+        self.order = [r.local_rank for r in shown]
+        for snap in shown:
             mark = "▶" if snap.local_rank == focused else " "
             text.append(f"{mark}{snap.rank:>{digits}} ", style="bold reverse" if snap.local_rank == focused else "bold")
             text.append(f"{state_label(snap):<14.14}", style=state_style(snap))
@@ -286,8 +327,11 @@ class RankList(LiveText):
         text.rstrip()
         self.show(text)
 
-    def on_click(self, event: Click) -> None:
-        row = event.y
-        if 0 <= row < len(self._order):
-            self.post_message(self.Picked(self._order[row]))
+    def row_of(self, local_rank: int) -> int | None:
+        """The list row (0: the header) showing `local_rank`, None when filtered out."""
+        return self.order.index(local_rank) + 1 if local_rank in self.order else None
 
+    def on_click(self, event: Click) -> None:
+        row = event.y - 1
+        if 0 <= row < len(self.order):
+            self.post_message(self.Picked(self.order[row]))
