@@ -333,3 +333,32 @@ def test_rank_list_sorts_and_filters_by_state():
         await until(pilot, lambda: len(listing.order) == 32 and listing.order[0] == 0, what="all again")
 
     drive_fake(engine, body)
+
+
+def test_search_every_rank_counts_and_steps_across_ranks():
+    engine = FakeEngine(3)
+    engine.print(0, "a needle", "hay", "needle again")
+    engine.print(1, "only hay")
+    engine.print(2, "NEEDLE in caps")
+
+    async def body(app, pilot):
+        main = app.main
+        await until(pilot, lambda: main.pane(0).log.line_count == 3, what="lines in")
+        await pilot.press("1", "ctrl+f", *"needle", "enter")
+        assert "3 matches for 'needle' in 2 ranks: 0 (2), 2 (1)" in notes(app)
+        assert main.current == 2  # rank 1 has none: the next rank that has
+        await until(pilot, lambda: " 1 hit " in main.pane(2).title and " 0 hits " in main.pane(1).title
+                    and " 2 hits " in main.pane(0).title, what="hit counts in the titles")
+        await pilot.press("n")  # rank 2's only match: on to rank 0's first
+        assert main.current == 0 and main.pane(0).log.search_query == "needle"
+        await pilot.press("n")  # rank 0's second match
+        assert main.current == 0
+        await pilot.press("n")  # and round to rank 2
+        assert main.current == 2
+        await pilot.press("N")  # back: rank 0's last match
+        assert main.current == 0
+        await pilot.press("slash", "escape")  # an ordinary search, cancelled: the counts stay
+        await pilot.press("slash", *"hay", "enter")  # a search of this rank ends the one of every rank
+        await until(pilot, lambda: "hit" not in main.pane(1).title, what="counts gone")
+
+    drive_fake(engine, body)

@@ -76,7 +76,9 @@ def line_width(raw: bytes) -> int:
     return parse_line(raw).cell_len  # bounded: parse_line reads at most _MAX_BYTES
 
 
-def _matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
+def matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
+    """Whether one raw output line holds `needle` (lower case; `needle_bytes` its ASCII bytes, or
+    None), in any case, as the pane shows it (escape sequences do not count)."""
     raw = raw[:_MAX_BYTES]
     if needle_bytes is not None and b"\x1b" not in raw:
         return needle_bytes in raw.lower()  # ASCII needle: bytes.lower is enough and fast
@@ -487,7 +489,7 @@ class LogView(ScrollView, can_focus=True):
 
     # ----- search --------------------------------------------------------------------------------
     def _hit(self, raw: bytes) -> bool:
-        return _matches(raw, self._query, self._query_bytes)
+        return matches(raw, self._query, self._query_bytes)
 
     def search(self, query: str) -> int:
         """Highlight `query` (plain text, any case) and go to its last match; the number of
@@ -538,6 +540,18 @@ class LogView(ScrollView, can_focus=True):
         if not top <= row < top + height:
             self._move_to(max(0, row - height // 2))
         self.refresh()
+
+    def at_edge_match(self, direction: int) -> bool:
+        """Whether the view is on the last match (direction +1) or the first (-1), or has none:
+        next/previous across ranks go on to another rank from there."""
+        if not self._hits or self._current is None:
+            return True
+        return self._current == (self._hits[-1] if direction > 0 else self._hits[0])
+
+    def go_to_edge_match(self, direction: int) -> None:
+        """Go to the first match (direction +1: arriving from an earlier rank) or the last (-1)."""
+        if self._hits:
+            self._go_to_hit(self._hits[0] if direction > 0 else self._hits[-1])
 
     def clear_search(self) -> None:
         self._query, self._query_bytes = "", None

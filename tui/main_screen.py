@@ -25,6 +25,7 @@ from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.panes import FILTERS, SORTS, LiveText, RankFeed, RankList, RankPane, header_text, rank_title
 from ranktop.tui.screens import RootCausePanel, SignalPicker
+from ranktop.tui.search_all import RankSearch
 from textual import on
 from textual.app import ComposeResult, SuspendNotSupported
 from textual.binding import Binding
@@ -79,6 +80,9 @@ class MainScreen(Screen):
         Binding("z,enter", "zoom", "Zoom"),
         Binding("escape", "unzoom", "Back to the grid", show=False),
         Binding("slash", "search", "Search"),
+        Binding("ctrl+f", "search(True)", "Search every rank", show=False),
+        Binding("n", "search_step(1)", "Next match (every rank)", show=False, priority=True),
+        Binding("N", "search_step(-1)", "Previous match (every rank)", show=False, priority=True),
         Binding("x", "signal", "Signal…"),
         Binding("k", "kill_rank", "Kill rank"),
         Binding("K", "kill_group", "Stop group"),
@@ -118,6 +122,8 @@ class MainScreen(Screen):
         self._armed: tuple[str, int, float] | None = None  # (action, local rank, when): awaiting its second press
         self._digits = ("", 0.0)  # the rank number being typed, and when its last digit came
         self.sort, self.filter = SORTS[0], FILTERS[0]  # the compact rank list's order and filter
+        self.everywhere: RankSearch | None = None  # the last search of every rank, while it stands
+        self._search_all = False  # the search input is for every rank
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -211,6 +217,8 @@ class MainScreen(Screen):
 
     def on_descendant_focus(self, event: DescendantFocus) -> None:
         # A click (or Textual's own focus moves) on a log widget makes its rank the focused one.
+        if event.widget is not self.focused:  # stale: the focus has moved on since (two moves in a row)
+            return
         for node in event.widget.ancestors_with_self:
             if isinstance(node, RankPane) and node.local_rank != self.current:
                 self.focus_rank(node.local_rank)
@@ -224,7 +232,9 @@ class MainScreen(Screen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Arrow keys are priority bindings (they beat the log's own scrolling); let the search
         # input keep them while it is being typed into.
-        if action in ("move", "focus_rank", "digit", "cycle", "zoom") and isinstance(self.focused, Input):
+        if action in ("move", "focus_rank", "digit", "cycle", "zoom", "search_step") and isinstance(self.focused, Input):
+            return False
+        if action == "search_step" and self.everywhere is None:  # n / N: the pane's own search
             return False
         if action == "move" and self.zoomed:  # zoomed: the arrows scroll the pane, line by line
             return False
@@ -312,8 +322,11 @@ class MainScreen(Screen):
             self.action_zoom()
 
     # ----- search -----------------------------------------------------------------------------
-    def action_search(self) -> None:
+    def action_search(self, every_rank: bool = False) -> None:
+        self._search_all = every_rank
         box = self.query_one("#search", Input)
+        box.placeholder = ("search every rank's output (enter: find, esc: cancel)" if every_rank
+                           else "search this rank's output (enter: find, esc: cancel)")
         box.display = True
         box.focus()
 
@@ -322,6 +335,11 @@ class MainScreen(Screen):
         log = self.pane(self.current).log
         query = event.value.strip()
         self._close_search()
+        self.everywhere = None
+        self.tick()
+        if self._search_all:
+            self._search_every_rank(query)
+            return
         if not query:
             log.clear_search()
             return
@@ -329,6 +347,40 @@ class MainScreen(Screen):
         # The query is often pasted from rank output: plain, safe text, never markup.
         self.notify(clean(f"{hits} match{'es' if hits != 1 else ''} for {query!r} in rank {self.rank_of(self.current)}"
                           + ("  (n / N: next / previous)" if hits else "")), timeout=3, markup=False)
+
+    def _search_every_rank(self, query: str) -> None:
+        for r in range(self.n):
+            self.pane(r).log.clear_search()
+        if not query:
+            self.tick()
+            return
+        found = RankSearch.run(self.engine, range(self.n), query)
+        self.notify(clean(found.summary(self.rank_of)), timeout=5, markup=False)
+        if not found.counts:
+            return
+        self.everywhere = found
+        first = self.current if self.current in found.counts else found.next_rank(self.current, +1)
+        self._show_matches_of(first, -1)
+
+    def _show_matches_of(self, local_rank: int, direction: int) -> None:
+        """Focus `local_rank` and highlight the search there, at its first (+1) or last (-1) match."""
+        self.focus_rank(local_rank)
+        log = self.pane(local_rank).log
+        log.search(self.everywhere.query)
+        log.go_to_edge_match(direction)
+
+    def action_search_step(self, direction: int) -> None:
+        """n / N after a search of every rank: through this rank's matches, then on to the next rank's."""
+        log = self.pane(self.current).log
+        if log.search_query and not log.at_edge_match(direction):
+            if direction > 0:
+                log.search_next()
+            else:
+                log.search_prev()
+            return
+        target = self.everywhere.next_rank(self.current, direction)
+        if target is not None:
+            self._show_matches_of(target, direction)
 
     def on_key(self, event: Any) -> None:
         if event.key == "escape" and isinstance(self.focused, Input):
@@ -486,12 +538,16 @@ class MainScreen(Screen):
             feed = self._feed(r, snap)
             feed.version = rank.output_version
             pane.set_title(rank_title(rank, now, world_digits=digits, narrow=pane.size.width < NARROW_TITLE,
-                                      position=pane.log.position_text))
+                                      position=pane.log.position_text, hits=self._hits_of(r)))
             pane.log.poll()
         if self.compact:
-            self.query_one(RankList).show_ranks(snap.ranks, self.current, now, sort=self.sort, filter_=self.filter)
+            self.query_one(RankList).show_ranks(snap.ranks, self.current, now, sort=self.sort, filter_=self.filter,
+                                                hits=None if self.everywhere is None else self.everywhere.counts)
         if snap.ended and not self.ended:
             self._on_end(snap)
+
+    def _hits_of(self, local_rank: int) -> int | None:
+        return None if self.everywhere is None else self.everywhere.counts.get(local_rank, 0)
 
     def _feed(self, local_rank: int, snap: GroupSnapshot) -> RankFeed:
         """The rank's feed for this attempt: a group restart starts every pane over."""

@@ -112,7 +112,7 @@ def gpu_text(snap: RankSnapshot) -> str | None:
 
 
 def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
-               narrow: bool = False, position: str | None = None) -> Text:
+               narrow: bool = False, position: str | None = None, hits: int | None = None) -> Text:
     """One line: rank/local, pid, state, restarts, cpu, rss, GPU, last output age, and where the
     pane is (`position`: 'following' / 'paused at line N'). `narrow` (a pane under ~70 columns)
     drops the labels so the GPU and the age still fit."""
@@ -123,6 +123,8 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
     if position and position != "following":  # early, so a narrow pane shows why new lines do not
         title.append(f" {position.replace('paused at line', 'paused @') if narrow else position} ",
                      style="bold reverse")
+    if hits is not None:  # a search of every rank stands: how many of its lines match, early
+        title.append(f" {hits} hit{'s' if hits != 1 else ''} ", style="bold reverse" if hits else "dim")
     if snap.log_error:  # first, so a narrow pane still shows it: this rank's log misses output
         title.append(f" log: {snap.log_error}, {human_bytes(snap.log_bytes_lost)} lost ", style="bold white on red")
     title.append(("" if narrow else " pid") + (f" {snap.pid}" if snap.pid else " -"))
@@ -308,7 +310,7 @@ class RankList(LiveText):
         self.order: list[int] = []  # local ranks, one per row after the header
 
     def show_ranks(self, ranks: tuple[RankSnapshot, ...], focused: int, now: float, *, sort: str = "rank",
-                   filter_: str = "all") -> None:
+                   filter_: str = "all", hits: dict[int, int] | None = None) -> None:
         shown = list_order(ranks, sort, filter_, now)
         text = Text(no_wrap=True, overflow="ellipsis")
         head = f"{len(shown)}/{len(ranks)} by {sort}" + ("" if filter_ == "all" else f", {filter_}")
@@ -323,6 +325,9 @@ class RankList(LiveText):
             text.append(f" {cpu:>5}")
             age = last_output_age(snap, now)
             text.append(f" {human_age(age):>6}", style="dim")
+            if hits is not None:
+                count = hits.get(snap.local_rank, 0)
+                text.append(f" {count:>4}", style="bold reverse" if count else "dim")
             text.append("\n")
         text.rstrip()
         self.show(text)
