@@ -275,6 +275,7 @@ BAD_INPUT = [
     (["--env", "NOEQUALS", "{script}"], "bad --env 'NOEQUALS'"),
     (["--nnodes", "2", "--node-rank", "2", "{script}"], "bad --node-rank 2"),
     (["--max-restarts", "x", "{script}"], "bad --max-restarts x: expected a whole number, 0 or more"),
+    (["--metric", "loss ([", "{script}"], "bad --metric 'loss ([': unterminated character set at position 6"),
 ]
 
 # Every number flag: finite and in range, else one line naming the flag, the value as typed and

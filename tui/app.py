@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterable
@@ -44,9 +45,10 @@ class RanktopApp(App):
         Binding("ctrl+c", "help_quit", "Stop and quit, as q (twice: kill now)", show=False, system=True),
     ]
 
-    def __init__(self, engine: Engine, *, exit_on_end: bool = False) -> None:
+    def __init__(self, engine: Engine, *, exit_on_end: bool = False, metric: re.Pattern[str] | None = None) -> None:
         super().__init__()
         self.engine = engine
+        self.metric = metric
         self.exit_on_end = exit_on_end
         self.user_quit = False  # the user asked to quit while ranks ran
         self._exit_when_ended = exit_on_end
@@ -57,7 +59,7 @@ class RanktopApp(App):
         return self.engine.snapshot().ended
 
     def on_mount(self) -> None:
-        self.main = MainScreen(self.engine)
+        self.main = MainScreen(self.engine, metric=self.metric)
         self.push_screen(self.main)
 
     @on(MainScreen.GroupEnded)
@@ -210,7 +212,7 @@ def run_tui(spec: Any, ns: argparse.Namespace) -> int:
     if no_color:  # Textual consumes NO_COLOR; the ranks must still see it
         spec = dataclasses.replace(spec, env={**spec.env, "NO_COLOR": os.environ["NO_COLOR"]})
     engine, sampler = _tui_engine(spec, ns, color=not no_color)
-    app = RanktopApp(engine, exit_on_end=getattr(ns, "exit_on_end", False))
+    app = RanktopApp(engine, exit_on_end=getattr(ns, "exit_on_end", False), metric=getattr(ns, "metric", None))
     previous = {sig: signal.signal(sig, lambda signum, _frame: app.stop_on_signal(signum)) for sig in _STOP_SIGNALS}
     try:
         engine.start()

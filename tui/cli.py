@@ -51,6 +51,16 @@ def _number(flag: str, bounds: limits.Bounds):
     return parse
 
 
+def _metric(text: str):
+    """An argparse type: the --metric regular expression, compiled, else one line."""
+    from ranktop.tui.metric import BadMetric, compile_metric
+
+    try:
+        return compile_metric(text)
+    except BadMetric as exc:
+        raise _BadNumber(str(exc)) from None
+
+
 def _both(name: str) -> list[str]:
     """torchrun accepts --nproc-per-node and --nproc_per_node; so do we."""
     dashed = "--" + name
@@ -146,6 +156,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="headless: pass rank output to the console through the TUI's filter (escape sequences other "
              "than colours dropped, control characters shown); the log files keep the raw bytes")
     add("--exit-on-end", action="store_true", help="TUI: close as soon as the group ends")
+    add("--metric", type=_metric, default=None, metavar="REGEX",
+        help="TUI: a number from each rank's output, e.g. 'loss ([0-9.eE+-]+)' (its first group, else the match)")
     add("--pty", action="store_true",
         help="give each rank a pseudo-terminal (isatty() true; stderr merged into stdout.log)")
     add(*_both("no-faulthandler"), action="store_true",

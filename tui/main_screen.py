@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from ranktop.core.engine import Engine
 from ranktop.core.report import format_root_cause
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot
+from ranktop.tui.metric import Tracker
 from ranktop.tui.panes import FILTERS, SORTS, LiveText, RankFeed, RankList, RankPane, header_text, rank_title
 from ranktop.tui.screens import RootCausePanel, SignalPicker
 from ranktop.tui.search_all import RankSearch
@@ -106,9 +108,10 @@ class MainScreen(Screen):
 
     note: reactive[str | None] = reactive(None, init=False)  # shown in the header, e.g. "stopping…"
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, metric: re.Pattern[str] | None = None) -> None:
         super().__init__()
         self.engine = engine
+        self.tracker = Tracker(engine, metric)
         self.last: GroupSnapshot = engine.snapshot()
         self.n = self.last.local_world_size
         self.current = 0
@@ -140,6 +143,8 @@ class MainScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        if self.tracker.pattern is not None:  # room for the metric column
+            self.query_one("#rank-list-box").styles.width = 47
         self.relayout()
         self.focus_rank(0)
         self.tick()
@@ -530,6 +535,8 @@ class MainScreen(Screen):
                 self._on_end(snap)
             return
         digits = len(str(snap.world_size - 1))
+        self.tracker.update(snap)
+        outliers = self.tracker.outliers()
         for rank in snap.ranks:
             r = rank.local_rank
             if r not in self._shown:
@@ -538,11 +545,16 @@ class MainScreen(Screen):
             feed = self._feed(r, snap)
             feed.version = rank.output_version
             pane.set_title(rank_title(rank, now, world_digits=digits, narrow=pane.size.width < NARROW_TITLE,
-                                      position=pane.log.position_text, hits=self._hits_of(r)))
+                                      position=pane.log.position_text, hits=self._hits_of(r),
+                                      metric=self.tracker.title_part(r), outlier=r in outliers,
+                                      sparks=self.tracker.sparks(r) if self.zoomed else None))
             pane.log.poll()
         if self.compact:
+            metrics = None if self.tracker.pattern is None else {
+                r: track.value or "-" for r, track in self.tracker.ranks.items()}
             self.query_one(RankList).show_ranks(snap.ranks, self.current, now, sort=self.sort, filter_=self.filter,
-                                                hits=None if self.everywhere is None else self.everywhere.counts)
+                                                hits=None if self.everywhere is None else self.everywhere.counts,
+                                                metrics=metrics, outliers=outliers)
         if snap.ended and not self.ended:
             self._on_end(snap)
 

@@ -112,7 +112,8 @@ def gpu_text(snap: RankSnapshot) -> str | None:
 
 
 def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
-               narrow: bool = False, position: str | None = None, hits: int | None = None) -> Text:
+               narrow: bool = False, position: str | None = None, hits: int | None = None,
+               metric: str | None = None, outlier: bool = False, sparks: str | None = None) -> Text:
     """One line: rank/local, pid, state, restarts, cpu, rss, GPU, last output age, and where the
     pane is (`position`: 'following' / 'paused at line N'). `narrow` (a pane under ~70 columns)
     drops the labels so the GPU and the age still fit."""
@@ -125,6 +126,8 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
                      style="bold reverse")
     if hits is not None:  # a search of every rank stands: how many of its lines match, early
         title.append(f" {hits} hit{'s' if hits != 1 else ''} ", style="bold reverse" if hits else "dim")
+    if metric is not None:  # early: comparing ranks by it is the point of asking for it
+        title.append(f" {metric}{' !' if outlier else ''} ", style="bold reverse" if outlier else "bold cyan")
     if snap.log_error:  # first, so a narrow pane still shows it: this rank's log misses output
         title.append(f" log: {snap.log_error}, {human_bytes(snap.log_bytes_lost)} lost ", style="bold white on red")
     title.append(("" if narrow else " pid") + (f" {snap.pid}" if snap.pid else " -"))
@@ -143,6 +146,8 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
                      style="dim" if age < 5 else "bold yellow")
     if position == "following" and not narrow:
         title.append("  following", style="dim")
+    if sparks:
+        title.append(f"  {sparks}", style="cyan")
     return title
 
 
@@ -310,7 +315,8 @@ class RankList(LiveText):
         self.order: list[int] = []  # local ranks, one per row after the header
 
     def show_ranks(self, ranks: tuple[RankSnapshot, ...], focused: int, now: float, *, sort: str = "rank",
-                   filter_: str = "all", hits: dict[int, int] | None = None) -> None:
+                   filter_: str = "all", hits: dict[int, int] | None = None,
+                   metrics: dict[int, str] | None = None, outliers: set[int] | frozenset[int] = frozenset()) -> None:
         shown = list_order(ranks, sort, filter_, now)
         text = Text(no_wrap=True, overflow="ellipsis")
         head = f"{len(shown)}/{len(ranks)} by {sort}" + ("" if filter_ == "all" else f", {filter_}")
@@ -328,6 +334,10 @@ class RankList(LiveText):
             if hits is not None:
                 count = hits.get(snap.local_rank, 0)
                 text.append(f" {count:>4}", style="bold reverse" if count else "dim")
+            if metrics is not None:
+                odd = snap.local_rank in outliers
+                text.append(f" {metrics.get(snap.local_rank, '-'):>9.9}{'!' if odd else ' '}",
+                            style="bold reverse" if odd else "cyan")
             text.append("\n")
         text.rstrip()
         self.show(text)
