@@ -362,3 +362,28 @@ def test_search_every_rank_counts_and_steps_across_ranks():
         await until(pilot, lambda: "hit" not in main.pane(1).title, what="counts gone")
 
     drive_fake(engine, body)
+
+
+ATTEMPTS = ("import os, sys, time\nk = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
+            "print('rank', os.environ['RANK'], 'in attempt', k, flush=True)\n"
+            "if k == '0' and os.environ['RANK'] == '1':\n    print('dying', file=sys.stderr, flush=True); sys.exit(5)\n"
+            "time.sleep(60)\n")
+
+
+def test_attempt_switcher_reads_earlier_attempts_from_the_logs(tmp_path):
+    app = RanktopApp(LocalEngine(make_agent(tmp_path, ATTEMPTS, max_restarts=1)))
+
+    async def body(app, pilot):
+        main = app.main
+        await until(pilot, lambda: app.engine.snapshot().attempt == 1 and main.pane(1).log.line_count == 1,
+                    what="attempt 1 running")
+        await pilot.press("1", "left_square_bracket")
+        log = main.pane(1).log
+        await until(pilot, lambda: "attempt_0 (log files" in main.pane(1).title, what="viewing attempt_0")
+        lines = [bytes(line) for line in log._lines]
+        assert lines == [b"rank 1 in attempt 0", "──── attempt_0 stderr.log ────".encode(), b"dying"]
+        await pilot.press("right_square_bracket")  # back to the live attempt
+        await until(pilot, lambda: "following" in main.pane(1).title and log.line_count == 1, what="live again")
+        assert [bytes(line) for line in log._lines] == [b"rank 1 in attempt 1"]
+
+    drive(app, body)

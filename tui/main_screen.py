@@ -24,6 +24,7 @@ from ranktop.core.engine import Engine
 from ranktop.core.report import format_root_cause
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot
+from ranktop.tui.attempts import FileFeed, attempt_dirs
 from ranktop.tui.metric import Tracker
 from ranktop.tui.panes import FILTERS, SORTS, LiveText, RankFeed, RankList, RankPane, header_text, rank_title
 from ranktop.tui.screens import RootCausePanel, SignalPicker
@@ -95,6 +96,8 @@ class MainScreen(Screen):
         Binding("e", "toggle_end_panel", "Show/hide the end report", show=False),
         Binding("s", "cycle_sort", "Sort the rank list (rank, state, cpu, quiet)", show=False),
         Binding("v", "cycle_filter", "Filter the rank list (all, problems, running)", show=False),
+        Binding("left_square_bracket", "attempt(-1)", "Earlier attempt's output (log files)", show=False),
+        Binding("right_square_bracket", "attempt(1)", "Later attempt's output", show=False),
         Binding("y", "copy_root_cause", "Copy the root cause (clipboard, OSC 52)", show=False),
         Binding("o", "open_log", "Open the rank's log in $PAGER", show=False),
     ]
@@ -126,6 +129,7 @@ class MainScreen(Screen):
         self._digits = ("", 0.0)  # the rank number being typed, and when its last digit came
         self.sort, self.filter = SORTS[0], FILTERS[0]  # the compact rank list's order and filter
         self.everywhere: RankSearch | None = None  # the last search of every rank, while it stands
+        self._viewing: dict[int, FileFeed] = {}  # local rank -> the earlier attempt its pane shows
         self._search_all = False  # the search input is for every rank
 
     # ----- building ---------------------------------------------------------------------------
@@ -484,6 +488,30 @@ class MainScreen(Screen):
             return
         self.app.push_screen(StacksScreen(self.engine, None if all_ranks else [self.current]))
 
+    def action_attempt(self, step: int) -> None:
+        """Show the focused rank's output of an earlier (step -1) or later (+1) attempt, read from
+        its log files; past the newest, the live output again."""
+        r = self.current
+        dirs = attempt_dirs(self.last.log_dir)
+        if len(dirs) < 2:
+            self.notify("no earlier attempt: this is the first", timeout=2)
+            return
+        names = [os.path.basename(d) for d in dirs]
+        viewing = self._viewing.get(r)
+        at = names.index(viewing.name) if viewing is not None and viewing.name in names else len(dirs) - 1
+        target = max(0, min(len(dirs) - 1, at + step))
+        if target == len(dirs) - 1:  # the newest attempt is the live one
+            self._viewing.pop(r, None)
+            self._feeds.pop(r, None)  # the next tick brings the live feed back
+            self.tick()
+            self.notify(f"rank {self.rank_of(r)}: live output ({names[-1]})", timeout=2)
+            return
+        feed = FileFeed(dirs[target], r, self.last.output_lines_kept)
+        self._viewing[r] = feed
+        self.pane(r).log.set_ring(feed)
+        self.tick()
+        self.notify(f"rank {self.rank_of(r)}: {feed.name} from its log files  ([ earlier, ] later)", timeout=3)
+
     def action_copy_root_cause(self) -> None:
         """The root cause as the text report has it, to the terminal's clipboard (OSC 52: works
         over SSH, and in tmux with `set-clipboard on`)."""
@@ -542,10 +570,13 @@ class MainScreen(Screen):
             if r not in self._shown:
                 continue
             pane = self.pane(r)
-            feed = self._feed(r, snap)
-            feed.version = rank.output_version
+            viewing = self._viewing.get(r)
+            if viewing is None:
+                feed = self._feed(r, snap)
+                feed.version = rank.output_version
+            position = pane.log.position_text if viewing is None else f"{viewing.name} (log files, ] newer)"
             pane.set_title(rank_title(rank, now, world_digits=digits, narrow=pane.size.width < NARROW_TITLE,
-                                      position=pane.log.position_text, hits=self._hits_of(r),
+                                      position=position, hits=self._hits_of(r),
                                       metric=self.tracker.title_part(r), outlier=r in outliers,
                                       sparks=self.tracker.sparks(r) if self.zoomed else None))
             pane.log.poll()
