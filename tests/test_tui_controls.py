@@ -17,7 +17,7 @@ from ranktop.core.report import format_root_cause
 from ranktop.core.spec import WorkerSpec
 from ranktop.core.state import RankSnapshot, RankState
 from ranktop.tui.app import QUIT_STATUS, RanktopApp
-from ranktop.tui.panes import STATE_STYLE, RankList, rank_title, state_label
+from ranktop.tui.panes import STATE_STYLE, RankList, rank_title, state_label, state_style
 from ranktop.tui.screens import ConfirmQuit
 
 from tests.conftest import ROOT, wait_for
@@ -193,6 +193,13 @@ def _snap(state: RankState, **kw) -> RankSnapshot:
     base = dict(rank=0, local_rank=0, pid=1, state=state, exitcode=None, signal_name=None, restarts=0,
                 started_at=0.0, ended_at=None, last_output_at=None, output_version=0)
     return RankSnapshot(**{**base, **kw})
+
+
+def test_no_color_drops_colours_but_keeps_reverse(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    stalled = _snap(RankState.STALLED, stall_seconds=12.0)
+    assert state_label(stalled) == "stalled 12s" and state_style(stalled) == "bold reverse"
+    assert state_style(_snap(RankState.KILLED, exitcode=-15, signal_name="SIGTERM")) == "italic"
 
 
 def test_state_words_and_looks_without_colour():

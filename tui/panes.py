@@ -12,6 +12,7 @@ from ranktop.core.engine import Engine, OutputCursor
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
 from ranktop.tui.logview import LogView
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -42,7 +43,7 @@ GROUP_STYLE = {
     GroupState.RESTARTING: "bold yellow",
     GroupState.STOPPING: "bold yellow",
     GroupState.SUCCEEDED: "bold blue",
-    GroupState.FAILED: "bold white on red",
+    GroupState.FAILED: "bold reverse red",
     GroupState.STOPPED: "bold red",
 }
 
@@ -89,8 +90,17 @@ def state_label(snap: RankSnapshot) -> str:
     return snap.state.value
 
 
+def look(style: str) -> str:
+    """`style` as shown: under NO_COLOR its colours are dropped here, keeping bold/reverse/italic.
+    Textual would turn them into greys, and a reversed dark grey on a dark title is unreadable;
+    reversed default colours are not."""
+    if os.environ.get("NO_COLOR") is None:
+        return style
+    return str(Style.parse(style).without_color) or "none"
+
+
 def state_style(snap: RankSnapshot) -> str:
-    return PAUSED_STYLE if snap.paused and snap.state.alive else STATE_STYLE[snap.state]
+    return look(PAUSED_STYLE if snap.paused and snap.state.alive else STATE_STYLE[snap.state])
 
 
 def last_output_age(snap: RankSnapshot, now: float) -> float | None:
@@ -158,7 +168,7 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) ->
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" ranktop ", style="bold reverse")
     text.append(f" {clean(group.name)} ", style="bold")
-    text.append(f" {group.state.value} ", style=GROUP_STYLE[group.state])
+    text.append(f" {group.state.value} ", style=look(GROUP_STYLE[group.state]))
     if note:
         text.append(f"  {note}", style="bold yellow")
     if group.incomplete_logs:
