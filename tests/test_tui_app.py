@@ -313,7 +313,7 @@ def test_help_screen_and_palette_list_every_key(tmp_path):
         shown = app.export_screenshot()
         for text in ("Zoom", "Search", "Signal", "Kill rank", "Stop group", "Restart rank", "Restart group",
                      "Follow", "Wrap", "Next match", "Quit", "Move focus between panes", "Focus rank N",
-                     "Stacks", "Page Up"):
+                     "Stacks", "Page Up", "Stack view", "Other threads", "Signal picker", "Rank / whole group"):
             assert text.replace(" ", "&#160;") in shown or text in shown, text
         await pilot.press("escape")
         titles = {c.title for c in app.get_system_commands(app.main)}

@@ -24,7 +24,7 @@ from ranktop.core.sanitize import clean
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import LogView
-from ranktop.tui.screens import ConfirmQuit, HelpScreen
+from ranktop.tui.screens import ConfirmQuit, HelpScreen, SignalPicker
 from textual import on
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -143,7 +143,21 @@ class RanktopApp(App):
                 # The screen's arrow keys take precedence over the log's: do not list what never fires.
                 sections.append(("Pane output", log, ("scroll_up", "scroll_down", "scroll_left", "scroll_right")))
         sections.append(("App", self, ()))
+        if not palette:  # the other screens' keys too (the palette runs actions: only the ones here)
+            sections += self._other_screens()
         return sections
+
+    def _other_screens(self) -> list[tuple[str, Any, tuple[str, ...]]]:
+        generic = ("focus_next", "focus_previous", "copy_text")  # every screen's, said once above
+        sections: list[tuple[str, Any, tuple[str, ...]]] = [
+            ("Signal picker (x)", SignalPicker(0, 0, 1), (*generic, "pick")),
+            ("Quit question", ConfirmQuit(0, 0.0), generic),
+        ]
+        try:
+            from ranktop.tui.stacks_view import StacksScreen
+        except ImportError:
+            return sections
+        return [("Stack view (d / D)", StacksScreen(self.engine), generic), *sections]
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
