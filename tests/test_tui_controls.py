@@ -303,6 +303,8 @@ def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path)
         term.wait_screen("root cause copied")
         buffer = wait_for(lambda: (b := term._tmux("show-buffer")) and "boom 42" in b and b, what="tmux buffer")
         assert "root cause: rank 1" in buffer and "ValueError: boom 42" in buffer
+        term.press("z")  # zoomed, the title says where the rank's log is
+        term.wait_screen("attempt_0/1/stdout.log")
         term.press("o")  # the culprit is focused: its stdout log goes to the pager, then the TUI is back
         wait_for(lambda: copied.exists() and "rank 1 up" in copied.read_text(), what="the pager got the log")
         term.wait_screen("ROOT CAUSE")

@@ -578,7 +578,8 @@ class MainScreen(Screen):
             pane.set_title(rank_title(rank, now, world_digits=digits, narrow=pane.size.width < NARROW_TITLE,
                                       position=position, hits=self._hits_of(r),
                                       metric=self.tracker.title_part(r), outlier=r in outliers,
-                                      sparks=self.tracker.sparks(r) if self.zoomed else None))
+                                      sparks=self.tracker.sparks(r) if self.zoomed else None,
+                                      log_path=rank.stdout_log if self.zoomed else None))
             pane.log.poll()
         if self.compact:
             metrics = None if self.tracker.pattern is None else {

@@ -123,7 +123,8 @@ def gpu_text(snap: RankSnapshot) -> str | None:
 
 def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
                narrow: bool = False, position: str | None = None, hits: int | None = None,
-               metric: str | None = None, outlier: bool = False, sparks: str | None = None) -> Text:
+               metric: str | None = None, outlier: bool = False, sparks: str | None = None,
+               log_path: str | None = None) -> Text:
     """One line: rank/local, pid, state, restarts, cpu, rss, GPU, last output age, and where the
     pane is (`position`: 'following' / 'paused at line N'). `narrow` (a pane under ~70 columns)
     drops the labels so the GPU and the age still fit."""
@@ -158,6 +159,8 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
         title.append("  following", style="dim")
     if sparks:
         title.append(f"  {sparks}", style="cyan")
+    if log_path:  # zoomed: where the whole output is (o opens it)
+        title.append(f"  log {clean(_short_path(log_path))}", style="dim")
     return title
 
 
