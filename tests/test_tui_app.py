@@ -25,6 +25,15 @@ from tests.fake_engine import FakeEngine
 
 pytestmark = pytest.mark.timeout(60)
 
+
+@pytest.fixture(autouse=True)
+def patient_confirm(monkeypatch):
+    """A second press of k/K/r/R confirms within 3 s; a loaded box may take longer between two
+    keys, and these tests are about what the keys do, not about the window."""
+    from ranktop.tui import main_screen
+
+    monkeypatch.setattr(main_screen, "CONFIRM_SECONDS", 60.0)
+
 # A rank that says hello, then ticks until it is told to stop (SIGTERM's default action ends it).
 TICKER = "import os, time\nprint('hello from', os.environ['RANK'], flush=True)\nwhile True:\n    time.sleep(0.1)\n"
 FAILER = (

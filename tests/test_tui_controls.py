@@ -16,6 +16,7 @@ from ranktop.core.engine import LocalEngine
 from ranktop.core.report import format_root_cause
 from ranktop.core.spec import WorkerSpec
 from ranktop.core.state import RankSnapshot, RankState
+from ranktop.tui import main_screen
 from ranktop.tui.app import QUIT_STATUS, RanktopApp
 from ranktop.tui.panes import STATE_STYLE, RankList, rank_title, state_label, state_style
 from ranktop.tui.screens import ConfirmQuit
@@ -27,6 +28,15 @@ from tests.test_tui_fake import drive as drive_fake
 from tests.test_tui_tmux import Terminal
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def patient_confirm(monkeypatch):
+    """A second press of k/K/r/R confirms within 3 s; a loaded box may take longer between two
+    keys, and these tests are about what the keys do, not about the window."""
+    from ranktop.tui import main_screen
+
+    monkeypatch.setattr(main_screen, "CONFIRM_SECONDS", 60.0)
 
 # Rank 1 marks its first and second start; rank 0 fails once rank 1 came back (a peer that lost
 # its collective partner, as gloo/NCCL would).
@@ -153,7 +163,8 @@ def test_our_own_signal_dump_does_not_clear_a_stall(tmp_path):
         engine.close()
 
 
-def test_go_to_rank_digits_and_palette():
+def test_go_to_rank_digits_and_palette(monkeypatch):
+    monkeypatch.setattr(main_screen, "DIGIT_SECONDS", 60.0)  # a loaded box may be slow between two keys
     engine = FakeEngine(32)
 
     async def body(app, pilot):

@@ -18,6 +18,15 @@ from tests.test_tui_app import until
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.fixture(autouse=True)
+def patient_confirm(monkeypatch):
+    """A second press of k/K/r/R confirms within 3 s; a loaded box may take longer between two
+    keys, and these tests are about what the keys do, not about the window."""
+    from ranktop.tui import main_screen
+
+    monkeypatch.setattr(main_screen, "CONFIRM_SECONDS", 60.0)
+
+
 def drive(engine: FakeEngine, body, **app_kw) -> RanktopApp:
     app = RanktopApp(engine, **app_kw)
 
