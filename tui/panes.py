@@ -44,7 +44,7 @@ GROUP_STYLE = {
     GroupState.STOPPING: "bold yellow",
     GroupState.SUCCEEDED: "bold blue",
     GroupState.FAILED: "bold reverse red",
-    GroupState.STOPPED: "bold red",
+    GroupState.STOPPED: "bold yellow",
 }
 
 

@@ -176,7 +176,7 @@ def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
         text.append("\n")
     elif cause is None or group.state == GroupState.STOPPED:
         # Stopped on request (a key, a signal to ranktop): the ranks' ends are effects, not a cause.
-        text.append(f" {group.state.value.upper()} ", style="bold reverse red")
+        text.append(f" {group.state.value.upper()} ", style="bold reverse yellow")  # on request: not a failure
         text.append(f"  {clean(group.name)} stopped after {elapsed}; the ranks were stopped on request\n")
     else:
         when = datetime.datetime.fromtimestamp(cause.timestamp).strftime("%H:%M:%S.%f")[:-3]
@@ -221,4 +221,5 @@ class RootCausePanel(VerticalScroll):
 
     def show(self, group: GroupSnapshot) -> None:
         self.query_one("#root-cause-text", Static).update(root_cause_text(group))
-        self.set_class(group.state != GroupState.SUCCEEDED, "bad")
+        self.set_class(group.state not in (GroupState.SUCCEEDED, GroupState.STOPPED), "bad")
+        self.set_class(group.state == GroupState.STOPPED, "stopped")  # on request: not a failure
