@@ -407,3 +407,21 @@ def test_attempt_switcher_reads_earlier_attempts_from_the_logs(tmp_path):
         assert [bytes(line) for line in log._lines] == [b"rank 1 in attempt 1"]
 
     drive(app, body)
+
+
+def test_regular_expression_searches_and_a_bad_one():
+    engine = FakeEngine(2)
+    engine.print(0, "step 1 loss 0.5", "step 2 loss nan", "eval")
+    engine.print(1, "step 1 loss 0.4")
+
+    async def body(app, pilot):
+        main = app.main
+        await until(pilot, lambda: main.pane(0).log.line_count == 3, what="lines in")
+        await pilot.press("ctrl+f", *"re:loss [0-9.]+$", "enter")
+        assert "2 matches for 're:loss [0-9.]+$' in 2 ranks: 0 (1), 1 (1)" in notes(app)
+        await pilot.press("slash", *"re:LOSS (nan|inf)", "enter")  # any case
+        assert "1 match for 're:LOSS (nan|inf)' in rank 0" in notes(app)
+        await pilot.press("slash", *"re:loss [", "enter")
+        assert "bad regular expression 'loss [': unterminated character set" in notes(app)
+
+    drive_fake(engine, body)

@@ -85,6 +85,25 @@ def matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
     return needle in parse_line(raw, color=False).plain.lower()
 
 
+REGEX_PREFIX = "re:"  # a search query starting so is a regular expression (any case)
+
+
+def search_pattern(query: str) -> re.Pattern[str] | None:
+    """The regular expression of a `re:` query (any case), None for a plain one; ValueError
+    with a one-line reason when it does not compile."""
+    if not query.startswith(REGEX_PREFIX):
+        return None
+    try:
+        return re.compile(query[len(REGEX_PREFIX):], re.IGNORECASE)
+    except re.error as exc:
+        raise ValueError(f"bad regular expression {query[len(REGEX_PREFIX):]!r}: {exc}") from None
+
+
+def regex_matches(raw: bytes, pattern: re.Pattern[str]) -> bool:
+    """Whether one raw output line matches a `re:` search, as the pane shows the line."""
+    return pattern.search(parse_line(raw[:_MAX_BYTES], color=False).plain) is not None
+
+
 def _kept_lines(source: Any) -> int:
     """How many complete lines the source (a LineRing, an engine's RankFeed) keeps."""
     return getattr(source, "maxlen", None) or 10_000
@@ -155,6 +174,7 @@ class LogView(ScrollView, can_focus=True):
         self._cum: list[int] = [0]  # wrap mode: absolute first row of each kept line, then the end
         self._wrap_width = 80  # set from the real width once mounted
         self._query, self._query_bytes = "", None
+        self._regex: re.Pattern[str] | None = None
         self._hits: list[int] = []  # absolute numbers of matching complete lines, ascending
         self._current: int | None = None  # the match the view was moved to
         self._strips.clear()
@@ -385,7 +405,11 @@ class LogView(ScrollView, can_focus=True):
         if self._query:
             current = key == self._current
             name = "logview--match-current" if current else "logview--match"
-            text.highlight_words([self._query], self.get_component_rich_style(name), case_sensitive=False)
+            style = self.get_component_rich_style(name)
+            if self._regex is not None:
+                text.highlight_regex(self._regex, style)
+            else:
+                text.highlight_words([self._query], style, case_sensitive=False)
         segments = [seg if seg.style else Segment(seg.text, _PLAIN) for seg in text.render(self.app.console)]
         strip = Strip(segments, text.cell_len)
         if not self.wrap or strip.cell_length <= self._wrap_width:
@@ -489,12 +513,17 @@ class LogView(ScrollView, can_focus=True):
 
     # ----- search --------------------------------------------------------------------------------
     def _hit(self, raw: bytes) -> bool:
+        if self._regex is not None:
+            return regex_matches(raw, self._regex)
         return matches(raw, self._query, self._query_bytes)
 
     def search(self, query: str) -> int:
-        """Highlight `query` (plain text, any case) and go to its last match; the number of
-        matching lines (0 clears the search when the query is empty)."""
-        self._query = query.lower()
+        """Highlight `query` (plain text, any case; `re:` then a regular expression) and go to its
+        last match; the number of matching lines (0 clears the search when the query is empty).
+        ValueError for a regular expression that does not compile (nothing changes then)."""
+        regex = search_pattern(query)
+        self._regex = regex
+        self._query = query if regex is not None else query.lower()
         self._query_bytes = self._query.encode() if self._query.isascii() else None
         self._strips.clear()
         if not self._query:
@@ -554,7 +583,7 @@ class LogView(ScrollView, can_focus=True):
             self._go_to_hit(self._hits[0] if direction > 0 else self._hits[-1])
 
     def clear_search(self) -> None:
-        self._query, self._query_bytes = "", None
+        self._query, self._query_bytes, self._regex = "", None, None
         self._hits, self._current = [], None
         self._strips.clear()
         self.refresh()

@@ -352,7 +352,11 @@ class MainScreen(Screen):
         if not query:
             log.clear_search()
             return
-        hits = log.search(query)
+        try:
+            hits = log.search(query)
+        except ValueError as exc:  # a bad regular expression: say why, change nothing
+            self.notify(clean(str(exc)), severity="warning", timeout=5, markup=False)
+            return
         # The query is often pasted from rank output: plain, safe text, never markup.
         self.notify(clean(f"{hits} match{'es' if hits != 1 else ''} for {query!r} in rank {self.rank_of(self.current)}"
                           + ("  (n / N: next / previous)" if hits else "")), timeout=3, markup=False)
@@ -363,7 +367,11 @@ class MainScreen(Screen):
         if not query:
             self.tick()
             return
-        found = RankSearch.run(self.engine, range(self.n), query)
+        try:
+            found = RankSearch.run(self.engine, range(self.n), query)
+        except ValueError as exc:
+            self.notify(clean(str(exc)), severity="warning", timeout=5, markup=False)
+            return
         self.notify(clean(found.summary(self.rank_of)), timeout=5, markup=False)
         if not found.counts:
             return

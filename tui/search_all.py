@@ -8,7 +8,7 @@ rank (output_since from the start); they are not kept up to date as ranks print 
 from __future__ import annotations
 
 from ranktop.core.engine import Engine
-from ranktop.tui.logview import matches
+from ranktop.tui.logview import matches, regex_matches, search_pattern
 
 
 class RankSearch:
@@ -20,12 +20,19 @@ class RankSearch:
 
     @classmethod
     def run(cls, engine: Engine, local_ranks: range, query: str) -> RankSearch:
+        """Count the matches of `query` (plain text, any case; `re:` then a regular expression)
+        in every rank; ValueError for a regular expression that does not compile."""
+        pattern = search_pattern(query)
         needle = query.lower()
         needle_bytes = needle.encode() if needle.isascii() else None
+
+        def hit(line: bytes) -> bool:
+            return regex_matches(line, pattern) if pattern is not None else matches(line, needle, needle_bytes)
+
         counts = {}
         for r in local_ranks:
             _cursor, lines, open_lines = engine.output_since(r, None)
-            hits = sum(1 for line in (*lines, *open_lines) if matches(line, needle, needle_bytes))
+            hits = sum(1 for line in (*lines, *open_lines) if hit(line))
             if hits:
                 counts[r] = hits
         return cls(query, counts)
