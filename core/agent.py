@@ -168,6 +168,14 @@ class LocalAgent:
         self._user_stop = False
         self._restart_requested = False
         self._stalled: set[int] = set()
+        # (time, attempt, what) of each action the user took on single ranks: a root cause that
+        # follows one says so (restarting a rank of a collective job makes its peers fail)
+        self._user_actions: list[tuple[float, int, str]] = []
+        # "attempt_<k>: why it ended" for each attempt before this one that failed or was restarted
+        self._earlier_attempts: list[str] = []
+        # local rank -> (pid, its last output before a stack dump we asked for, until when the
+        # dump's own lines may come): a dump does not count as the rank speaking
+        self._dump_holds: dict[int, tuple[int, float | None, float]] = {}
         self._started = threading.Event()
         # (signal, monotonic arrival time), appended by signal handlers, drained by the loop.
         self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
@@ -236,6 +244,7 @@ class LocalAgent:
             reason = self._restart_reason(result)
             if reason is None:
                 return result
+            self._earlier_attempts.append(self._attempt_summary(reason))
             self._between_attempts = True
             try:
                 self._close_attempt()  # commands are applied meanwhile: a stop here ends the run
@@ -250,6 +259,19 @@ class LocalAgent:
             self._same_attempt_starts = 0 if spend else self._same_attempt_starts + 1
             self.state = GroupState.RESTARTING
             self.events.write("group_restart", attempt=self.attempt, reason=reason)
+
+    def _attempt_summary(self, reason: str) -> str:
+        """One line on how the attempt that is being restarted ended, for the UI's header."""
+        name = f"attempt_{self.attempt}"
+        if reason == "user":
+            return f"{name}: restarted by the user"
+        if reason == "nodes_joined":
+            return f"{name}: restarted, nodes joined"
+        cause = self._root_cause()
+        if cause is None:
+            return f"{name}: failed"
+        how = f"signal {cause.signal_name}" if cause.exitcode < 0 else f"exit {cause.exitcode}"
+        return f"{name}: rank {cause.rank} failed ({how})"
 
     def _restart_reason(self, result: RunProcsResult) -> str | None:
         if self._stop_signal is not None or self._user_stop:
@@ -361,6 +383,7 @@ class LocalAgent:
         own = sorted([s for s in slots if not s.stopped_by_us] or slots, key=lambda s: s.failure.timestamp)
         slot, f = own[0], own[0].failure
         tail = _decoded(slot.ring.tail(20))
+        before = [(t, what) for t, attempt, what in self._user_actions if attempt == self.attempt and t <= f.timestamp]
         return RootCause(
             rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
             signal_name=killed_by(f.exitcode), message=f.message,
@@ -368,6 +391,7 @@ class LocalAgent:
             error_file=f.error_file if f.error_file_read else None, last_lines=tail,
             # Enough lines to see past the rank's own printed traceback (the report cuts it out).
             failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
+            user_action=_user_action_text(*before[-1], f.timestamp) if before else None,
         )
 
     # ----- rendezvous: the hooks of a multi-node run through torch's rendezvous -----------------
@@ -581,16 +605,21 @@ class LocalAgent:
                     return cmd.Ack(False, "between two attempts: try again once the next one started")
                 return cmd.Ack(False, "the group has ended: nothing left to signal or restart")
         if isinstance(command, cmd.SignalRank):
+            if command.signal not in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT):
+                name = signal.Signals(command.signal).name
+                self._note_user_action(f"sent {name} to rank {self.spec.global_rank(command.local_rank)}")
             return self._signal_ranks(pc, [command.local_rank], command.signal)
         if isinstance(command, cmd.SignalGroup):
             return self._signal_ranks(pc, range(self.spec.local_world_size), command.signal)
         if isinstance(command, cmd.KillRank):
+            self._note_user_action(f"killed rank {self.spec.global_rank(command.local_rank)}")
             return self._signal_ranks(pc, [command.local_rank], signal.SIGKILL)
         if isinstance(command, cmd.RestartRank) and self.rendezvous is not None:
             command = cmd.RestartGroup()  # one new rank cannot rejoin the other nodes' collectives
         if isinstance(command, cmd.RestartRank):
             rank = self.spec.global_rank(command.local_rank)
             self.events.write("user_restart_rank", rank=rank, local_rank=command.local_rank)
+            self._note_user_action(f"restarted rank {rank}")
             pc.restart_rank(command.local_rank)
             return cmd.Ack(True, f"restarting rank {rank}")
         if isinstance(command, cmd.RestartGroup):
@@ -608,6 +637,21 @@ class LocalAgent:
                 pc.stop(sig, grace)
             return cmd.Ack(True, f"{signal.Signals(sig).name} → every rank")
         return cmd.Ack(False, f"{type(command).__name__} is not applied by the monitor loop")
+
+    def _note_user_action(self, what: str) -> None:
+        self._user_actions.append((time.time(), self.attempt, what))
+
+    def hold_stall_clock(self, local_ranks: Any, seconds: float) -> None:
+        """We are about to make these ranks print their stacks (SIGUSR1): output in the next
+        `seconds` is the dump, not the rank speaking, and must not clear a stall."""
+        pc = self.pcontext
+        if pc is None:
+            return
+        until = time.time() + seconds
+        for r in local_ranks:
+            slot = pc.slots[r]
+            if slot.proc is not None:
+                self._dump_holds[r] = (slot.proc.pid, self._spoke_at(slot), until)
 
     def _signal_ranks(self, pc: PContext, local_ranks: Any, sig: int) -> cmd.Ack:
         name = signal.Signals(sig).name
@@ -674,10 +718,19 @@ class LocalAgent:
                 if slot.alive:
                     self.events.write("stall_cleared", rank=self.spec.global_rank(r), local_rank=r)
 
-    @staticmethod
-    def _silent_for(slot: Any, now: float) -> float:
-        """Seconds since the rank last printed (since it started, if it never did)."""
-        return now - (slot.ring.last_output_at or slot.proc.started_at)
+    def _silent_for(self, slot: Any, now: float) -> float:
+        """Seconds since the rank last printed (since it started, if it never did, or since it
+        was restarted: the ring holds the previous process's output too)."""
+        return now - max(self._spoke_at(slot) or 0.0, slot.proc.started_at)
+
+    def _spoke_at(self, slot: Any) -> float | None:
+        """When the rank last printed, leaving out the stack dumps we asked it for."""
+        last = slot.ring.last_output_at
+        hold = self._dump_holds.get(slot.local_rank)
+        if hold is None or slot.proc is None or hold[0] != slot.proc.pid:
+            return last
+        _pid, before, until = hold
+        return before if last is not None and last <= until else last
 
     def _rank_state(self, slot: Any, now: float) -> RankState:
         # Stalled is read off the ring each time, not off the monitor's last pass: a rank that
@@ -734,6 +787,7 @@ class LocalAgent:
             shutdown_timeout=self.shutdown_timeout, output_lines_kept=self.ring_lines,
             stop_signal=self._stop_signal, round=self.spec.placement.round if self.spec.placement else None,
             generation=pc.generation if pc else 0, rendezvous_error=self._rdzv_error,
+            earlier_attempts=tuple(self._earlier_attempts),
         )
 
     def rank_processes(self) -> dict[int, tuple[int, dict[str, str]]]:
@@ -758,6 +812,12 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError, AttributeError):
         pass
+
+
+def _user_action_text(at: float, what: str, failed_at: float) -> str:
+    """'you restarted rank 2 at 12:03:04, 1.2 s before this failure'"""
+    when = time.strftime("%H:%M:%S", time.localtime(at))
+    return f"you {what} at {when}, {max(0.0, failed_at - at):.1f} s before this failure"
 
 
 def _decoded(lines: list[bytes]) -> tuple[str, ...]:

@@ -393,7 +393,17 @@ class PContext:
         if slot.restart_pending and not slot.alive:
             slot.restart_pending = False
             slot.restarts += 1
+            self._mark_restart(slot)
             self._spawn(slot)
+
+    @staticmethod
+    def _mark_restart(slot: RankSlot) -> None:
+        """A separator in the rank's output ring (not its log files): the pane shows where the old
+        process's output ends and the new one's begins."""
+        open_line = bool(slot.ring.since(slot.ring.total_lines)[3])  # the old process left a line open
+        when = time.strftime("%H:%M:%S")
+        line = f"──── {when} restart {slot.restarts} of this rank (ranktop) ────\n".encode()
+        slot.ring.feed(STDOUT, (b"\n" if open_line else b"") + line)
 
     def _kill(self, slot: RankSlot, now: float, reap_timeout: float | None = None) -> None:
         """SIGKILL the rank's group and start the clock on its reaping."""
@@ -524,9 +534,11 @@ class PContext:
     def _stop_slot(self, slot: RankSlot, sig: int, grace: float) -> None:
         slot.stopped_by_us = True
         slot.proc.signal_group(sig)
-        if slot.paused:  # a stopped process would only see the signal once resumed
+        if sig != signal.SIGKILL:
+            # A stopped process (paused here, or with `kill -STOP` from elsewhere) sees the signal
+            # only once resumed: without this it would wait out the grace and get SIGKILL.
             slot.proc.signal_group(signal.SIGCONT)
-            slot.paused = False
+        slot.paused = False
         deadline = time.monotonic() + grace
         slot.kill_at = deadline if slot.kill_at is None else min(slot.kill_at, deadline)
 

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 from ranktop.core import commands as cmd
 from ranktop.core.state import GroupSnapshot
 
+SIGNAL_DUMP_SECONDS = 3.0  # how long a SIGUSR1 dump is waited for in the ranks' logs
+
 
 @dataclasses.dataclass(frozen=True)
 class OutputCursor:
@@ -128,9 +130,14 @@ class LocalEngine:
         from ranktop.core import stacks
 
         ranks = list(command.local_ranks) if command.local_ranks is not None else None
-        get = stacks.dump_agent_stacks if isinstance(command, cmd.DumpStacks) else stacks.signal_agent_report
+        if isinstance(command, cmd.SignalDump):  # the dump's lines are not the ranks speaking
+            every = range(self.agent.spec.local_world_size)
+            self.agent.hold_stall_clock(every if ranks is None else ranks, SIGNAL_DUMP_SECONDS + 1.0)
         try:
-            report = get(self.agent, ranks)
+            if isinstance(command, cmd.DumpStacks):
+                report = stacks.dump_agent_stacks(self.agent, ranks)
+            else:
+                report = stacks.signal_agent_report(self.agent, ranks, timeout=SIGNAL_DUMP_SECONDS)
         except Exception as exc:  # the group may be gone mid-dump: an answer, not a traceback
             return cmd.Ack(False, f"stack dump failed: {exc}")
         return cmd.Ack(True, report.summary(), report=report)

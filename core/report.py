@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import NamedTuple
+import signal
+from typing import Any, NamedTuple
 
 from ranktop.core.errors import describe_exit
 from ranktop.core.state import LogLoss, RootCause
@@ -90,6 +91,8 @@ def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts
         f"  root cause: rank {cause.rank} (local rank {cause.local_rank}, pid {cause.pid}) "
         f"{describe_exit(cause.exitcode, cause.signal_name, sentence=True)} at {failed_at(cause)}",
     ]
+    if cause.user_action:  # the failure may be an effect of it: say so before the evidence
+        lines.insert(1, f"  note: {cause.user_action}")
     lines += [line.indent + line.text for line in root_cause_lines(cause)]
     if cause.error_file:
         lines.append(f"  logs: {os.path.dirname(cause.error_file)}")
@@ -104,3 +107,29 @@ def format_incomplete_logs(losses: tuple[LogLoss, ...] | list[LogLoss]) -> str:
              "(exit status 1 for that): a write failed, the rest of that output was not saved"]
     lines += [f"  {loss.path}: {loss.error}, {loss.bytes_lost} bytes lost (rank {loss.rank})" for loss in losses]
     return "\n".join(lines)
+
+
+def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int, run_dir: str | None,
+                      success_line: bool = False, earlier_attempts: tuple[str, ...] = ()) -> str:
+    """Everything said on the terminal once a run is over (headless, and after the TUI closed):
+    the root cause or how it was stopped, incomplete logs, ranks left to the guard, a rendezvous
+    error. `success_line`: also say so when it succeeded (the TUI leaves nothing else behind)."""
+    parts = []
+    if result.root_cause is not None and result.stop_signal is None:
+        parts.append(format_root_cause(result.root_cause, name=name, attempt=attempt, max_restarts=max_restarts))
+    elif result.stop_signal is not None:
+        parts.append(f"ranktop: stopped by {signal.Signals(result.stop_signal).name}; logs in {run_dir}")
+    elif success_line and result.state.value == "STOPPED":
+        parts.append(f"ranktop: {name} stopped on request; logs in {run_dir}")
+    elif success_line and result.state.value == "SUCCEEDED":
+        parts.append(f"ranktop: {name} succeeded: all ranks exited 0; logs in {run_dir}")
+    if success_line and earlier_attempts:
+        parts.append("  earlier attempts: " + "; ".join(earlier_attempts))
+    if result.incomplete_logs:
+        parts.append(format_incomplete_logs(result.incomplete_logs))
+    for rank, pid in sorted(result.unreapable.items()):
+        parts.append(f"ranktop: rank {rank} (pid {pid}) outlived SIGKILL (stuck in the kernel); "
+                     "left to the orphan guard")
+    if result.rendezvous_error and result.stop_signal is None:
+        parts.append(f"ranktop: error: {result.rendezvous_error}")
+    return "\n".join(parts)

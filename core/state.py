@@ -110,6 +110,8 @@ class GroupSnapshot:
     # Starts of the group so far, from 0: a new one brings new output rings. It differs from
     # `attempt` when nodes joining restart the group without spending a restart.
     generation: int = 0
+    # "attempt_<k>: rank 1 failed (exit 1)" for each earlier attempt of this run, oldest first
+    earlier_attempts: tuple[str, ...] = ()
 
     @property
     def paused(self) -> tuple[int, ...]:
@@ -148,3 +150,6 @@ class RootCause:
     last_lines: tuple[str, ...] = ()  # the root-cause rank's last output lines
     # (rank, its last lines) for every rank that failed on its own, earliest first
     failed_tails: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    # a user action on a rank that came before this failure (a restart, a kill), e.g. "you
+    # restarted rank 2 at 12:03:04, 1.2 s before this failure"; None when there was none
+    user_action: str | None = None

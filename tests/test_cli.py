@@ -249,6 +249,7 @@ def test_version_and_help():
                  "--redirects", "--tee", "--local-ranks-filter", "--role", "--log-line-prefix-template",
                  "--shutdown-timeout", "--env", "--debug", "--stall-timeout", "--headless", "--tui"):
         assert flag in help_text
+    assert "subcommands:" in help_text and "ranktop stacks [TARGET]" in help_text
 
 
 BAD_INPUT = [
@@ -269,6 +270,7 @@ BAD_INPUT = [
     (["--env", "NOEQUALS", "{script}"], "bad --env 'NOEQUALS'"),
     (["--nnodes", "2", "--node-rank", "2", "{script}"], "bad --node-rank 2"),
     (["--max-restarts", "x", "{script}"], "bad --max-restarts x: expected a whole number, 0 or more"),
+    (["--metric", "loss ([", "{script}"], "bad --metric 'loss ([': unterminated character set at position 6"),
 ]
 
 # Every number flag: finite and in range, else one line naming the flag, the value as typed and

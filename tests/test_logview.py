@@ -299,7 +299,9 @@ async def test_real_ranks_through_the_engine(tmp_path):
         app = Host(agent.ring(1))
         async with app.run_test(size=(80, 24)) as pilot:
             view = app.view
-            wait_for(lambda: b"partial last line" in b"".join(agent.ring(1).tail(3)), 20, what="rank output")
+            # stdout and stderr are two pipes: wait for the last line of each, not only stdout's
+            wait_for(lambda: b"partial last line" in (out := b"".join(agent.ring(1).tail())) and b"stderr too" in out,
+                     20, what="rank output")
             view.poll()
             await pilot.pause()
             rows = [row for row in screen_rows(view) if row]

@@ -181,7 +181,10 @@ def test_rank_restart_writes_into_its_own_directory_whatever_was_swapped(tmp_pat
         os.symlink(victim, os.path.join(attempt, "1", "stdout.log"))
         for r in (0, 1):
             agent.restart_rank(r)
-        wait_for(lambda: all(agent.output(r) == [b"hello", b"hello"] for r in (0, 1)), 20, what="restarted")
+        # The ring (not the log file) has the restart's separator line between the two processes.
+        wait_for(lambda: all([line for line in agent.output(r) if b"restart 1 of this rank" not in line]
+                             == [b"hello", b"hello"] and len(agent.output(r)) == 3 for r in (0, 1)),
+                 20, what="restarted")
     finally:
         agent.stop(9, 0)
         thread.join(20)

@@ -270,7 +270,7 @@ def test_no_ptrace_permission_says_how_to_get_it(monkeypatch):
 
 
 @pytest.mark.parametrize("args", [
-    ("stacks",), ("stacks", "/no/such/dir"), ("stacks", "999999999"), ("stacks", "--bogus", "1"),
+    ("stacks", "/no/such/dir"), ("stacks", "999999999"), ("stacks", "--bogus", "1"),
     ("stacks", "not a pid"), ("stacks", "/"),
 ])
 def test_stacks_cli_bad_input_is_one_line_and_exit_2(args):
@@ -304,6 +304,18 @@ def test_stacks_cli_against_a_ranktop_process_and_the_signal_fallback(tmp_path):
         ranktop.communicate(timeout=30)
     ended = run_ranktop("stacks", str(tmp_path / "logs" / "r1"))
     assert ended.returncode == 1 and "no live ranks" in ended.stderr
+
+
+def test_stacks_cli_without_a_target_uses_the_default_log_directory(tmp_path):
+    empty = run_ranktop("stacks", env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert empty.returncode == 2 and empty.stdout == ""
+    assert empty.stderr.strip() == (f"ranktop: error: no target given and no runs in {tmp_path}/ranktop-{os.geteuid()}: "
+                                    "give a run directory, a log directory or a pid")
+    run = tmp_path / f"ranktop-{os.geteuid()}" / "r1"
+    run.mkdir(parents=True)
+    (run / "events.jsonl").write_text("")
+    ended = run_ranktop("stacks", env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert ended.returncode == 1 and f"no live ranks in {run}" in ended.stderr
 
 
 def test_stacks_cli_does_not_import_textual():

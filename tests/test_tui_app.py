@@ -22,6 +22,15 @@ from textual.command import CommandList
 
 pytestmark = pytest.mark.timeout(60)
 
+
+@pytest.fixture(autouse=True)
+def patient_confirm(monkeypatch):
+    """A second press of k/K/r/R confirms within 3 s; a loaded box may take longer between two
+    keys, and these tests are about what the keys do, not about the window."""
+    from ranktop.tui import main_screen
+
+    monkeypatch.setattr(main_screen, "CONFIRM_SECONDS", 60.0)
+
 # A rank that says hello, then ticks until it is told to stop (SIGTERM's default action ends it).
 TICKER = "import os, time\nprint('hello from', os.environ['RANK'], flush=True)\nwhile True:\n    time.sleep(0.1)\n"
 FAILER = (
@@ -53,6 +62,11 @@ def palette_top(app: RanktopApp) -> str:
     return str(found.get_option_at_index(found.highlighted).prompt)
 
 
+def notes(app: RanktopApp) -> str:
+    """Every notification shown so far, as one text."""
+    return "\n".join(str(n.message) for n in app._notifications)
+
+
 async def quit_confirmed(app: RanktopApp, pilot) -> None:
     await pilot.press("q")
     await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="quit confirmation")
@@ -67,6 +81,8 @@ def test_kill_rank_key_then_quit_confirm_stops_the_rest(tmp_path):
         await until(pilot, lambda: "hello from 1" in b"".join(app.engine.agent.output(1)).decode(), what="rank 1 output")
         await pilot.press("1")
         assert app.main.current == 1 and app.main.pane(1).has_class("focused")
+        await pilot.press("k")  # destructive: the first press only asks
+        assert rank(app, 1).state.alive and "Press k again" in notes(app)
         await pilot.press("k")
         await until(pilot, lambda: rank(app, 1).state == RankState.KILLED, what="rank 1 killed")
         await until(pilot, lambda: "killed SIGKILL" in title(app, 1), what="title shows the kill")
@@ -144,17 +160,20 @@ def test_restart_rank_then_restart_group(tmp_path):
     async def body(app, pilot):
         old = rank(app, 1).pid
         await pilot.press("1", "r")
+        assert "peers share MASTER_ADDR" in notes(app) and rank(app, 1).pid == old  # warned, not yet done
+        await pilot.press("r")
         await until(pilot, lambda: rank(app, 1).pid not in (None, old) and rank(app, 1).state.alive,
                     what="rank 1 restarted")
         assert rank(app, 1).restarts == 1
         await until(pilot, lambda: "↻1" in title(app, 1) and f"pid {rank(app, 1).pid}" in title(app, 1),
                     what="title shows the new pid and restart")
-        await pilot.press("R")
+        await pilot.press("R", "R")
         await until(pilot, lambda: app.engine.agent.attempt == 1 and all(r.pid and r.state.alive for r in
                                                                    app.engine.snapshot().ranks),
                     what="attempt 1 running")
-        await until(pilot, lambda: "attempt 2" in app.main.query_one("#header").render().plain,
-                    what="header shows attempt 2")
+        await until(pilot, lambda: "attempt_1" in app.main.query_one("#header").render().plain,
+                    what="header shows attempt_1, as its directory is named")
+        assert "earlier: attempt_0: restarted by the user" in app.main.query_one("#header").render().plain
         kinds = [e["event"] for e in read_events(app.engine.agent.run_dir)]
         assert "user_restart_rank" in kinds and "user_restart_group" in kinds and "group_restart" in kinds
 
@@ -165,18 +184,18 @@ def test_kill_group_key_stays_open_on_final_states(tmp_path):
     app = RanktopApp(LocalEngine(ticker_agent(tmp_path, n=3)))
 
     async def body(app, pilot):
-        await pilot.press("K")
+        await pilot.press("K", "K")
         await until(pilot, lambda: app.main.ended, what="group ended")
         snap = app.engine.snapshot()
         assert snap.state == GroupState.STOPPED
         assert all(r.state == RankState.KILLED for r in snap.ranks)
         assert app.is_running  # stays open on the final states
-        assert "SIGKILL" in title(app, 2)
+        assert "killed SIGTERM" in title(app, 2)  # K stops with SIGTERM first: the ticker ends on it
         await pilot.press("k")  # nothing to kill any more: a warning, no crash
         await pilot.press("q")
 
     drive(app, body)
-    assert any(e["event"] == "user_stop" and e["signal"] == "SIGKILL" for e in read_events(app.engine.agent.run_dir))
+    assert any(e["event"] == "user_stop" and e["signal"] == "SIGTERM" for e in read_events(app.engine.agent.run_dir))
 
 
 def test_failed_rank_root_cause_panel_and_exit_status(tmp_path):
@@ -189,7 +208,8 @@ def test_failed_rank_root_cause_panel_and_exit_status(tmp_path):
         assert "ValueError" in panel and "boom 42" in panel
         assert "last output of rank 1:" in panel and "last output of rank 0" not in panel
         assert app.main.current == 1  # the culprit is focused
-        assert "failed 1" in title(app, 1) and "killed SIGTERM" in title(app, 0)
+        assert "exit 1" in title(app, 1) and "killed SIGTERM" in title(app, 0)
+        assert " ago" not in title(app, 1)  # a dead rank is not "0s ago"
         await pilot.press("e")
         assert not app.main.query_one("#root-cause").display
         await pilot.press("q")
@@ -228,7 +248,9 @@ def test_focus_keys_zoom_and_mouse():
         assert main.current == 1
         await pilot.press("z")
         assert main.zoomed and [r for r in range(4) if main.pane(r).display] == [1]
-        await pilot.press("down")  # moves the zoom to the next rank
+        await pilot.press("down")  # zoomed, the arrows scroll the pane: the rank stays
+        assert main.current == 1
+        await pilot.press("tab")  # tab moves the zoom to the next rank
         assert main.current == 2 and [r for r in range(4) if main.pane(r).display] == [2]
         await pilot.press("escape")
         assert not main.zoomed and all(main.pane(r).display for r in range(4))
@@ -273,9 +295,9 @@ def test_help_screen_and_palette_list_every_key(tmp_path):
         await pilot.press("question_mark")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
         shown = app.export_screenshot()
-        for text in ("Zoom", "Search", "Signal", "Kill rank", "Kill group", "Restart rank", "Restart group",
-                     "Follow", "Wrap", "Next match", "Quit", "Move focus between panes", "Focus local rank N",
-                     "Stacks", "Page Up"):
+        for text in ("Zoom", "Search", "Signal", "Kill rank", "Stop group", "Restart rank", "Restart group",
+                     "Follow", "Wrap", "Next match", "Quit", "Move focus between panes", "Focus rank N",
+                     "Stacks", "Page Up", "Stack view", "Other threads", "Signal picker", "Rank / whole group"):
             assert text.replace(" ", "&#160;") in shown or text in shown, text
         await pilot.press("escape")
         titles = {c.title for c in app.get_system_commands(app.main)}
@@ -285,6 +307,7 @@ def test_help_screen_and_palette_list_every_key(tmp_path):
         await pilot.press(*"kill rank")
         await until(pilot, lambda: palette_top(app).startswith("Kill rank"), what="'Kill rank' on top of the palette")
         await pilot.press("enter")
+        await pilot.press("k")  # the palette asks as the key does: a second k confirms
         await until(pilot, lambda: rank(app, 1).state == RankState.KILLED, what="palette killed rank 1")
 
     drive(app, body)
@@ -301,7 +324,7 @@ def test_compact_list_past_what_fits():
         await until(pilot, lambda: "31" in main.query_one(RankList).plain, what="all ranks listed")
         await pilot.press("down", "down")
         assert main.current == 2 and [r for r in range(32) if main.pane(r).display] == [2]
-        await pilot.click("#rank-list", offset=(3, 5))
+        await pilot.click("#rank-list", offset=(3, 6))  # row 0 is the list's header
         assert main.current == 5
 
     drive(app, body)

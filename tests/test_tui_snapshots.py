@@ -68,7 +68,7 @@ def test_grid_help_and_picker_screens(tmp_path):
 
     grid, helps, pick = shoot(tmp_path, [all_printed, help_screen, picker])
     grid_text = screen_text(grid)
-    assert "fixed.py" in grid_text and "world 3" in grid_text and "attempt 1/1" in grid_text
+    assert "fixed.py" in grid_text and "world 3" in grid_text and "attempt_0" in grid_text
     for r in range(3):
         assert f" {r}/{r}  running " in grid_text and f"rank {r} line 4" in grid_text
     assert "red text" in grid_text and "#" in grid  # ANSI colour survives into the SVG's styles
@@ -90,7 +90,7 @@ def test_root_cause_screen(tmp_path):
     (shot,) = shoot(tmp_path, [ended], env={"FAIL": "1"})
     text = screen_text(shot)
     assert "ROOT CAUSE" in text and "rank 1 (local 1" in text and "exit code 3" in text
-    assert " 1/1  failed 3 " in text and "killed SIGTERM" in text
+    assert " 1/1  exit 3 " in text and "killed SIGTERM" in text
     assert " failed " in text  # the header's group state
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,11 @@ class Terminal:
         self._tmux("new-session", "-d", "-s", "t", "-x", str(width), "-y", str(height), command)
 
     def _tmux(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True).stdout
+        # Without COLUMNS/LINES (pytest's process has them, 80x24): the app inside would take them
+        # over the terminal's real size.
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True,
+                              env=env).stdout
 
     def screen(self) -> str:
         return self._tmux("capture-pane", "-p", "-t", "t")
@@ -47,7 +52,7 @@ def test_tui_in_tmux_keys_and_clean_quit(tmp_path):
     term = Terminal(command)
     try:
         screen = term.wait_screen("hello from 1")
-        assert "ticker.py" in screen and "world 2" in screen and "attempt 1/1" in screen
+        assert "ticker.py" in screen and "world 2" in screen and "attempt_0" in screen
         assert " 0/0 " in screen and " 1/1 " in screen and "running" in screen
         term.press("1", "z")  # focus rank 1 and zoom it: rank 0's pane goes away
         wait_for(lambda: " 0/0 " not in term.screen(), what="zoomed onto rank 1")

@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 from ranktop.core import commands as cmd
@@ -22,7 +24,7 @@ from ranktop.core.sanitize import clean
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import LogView
-from ranktop.tui.screens import ConfirmQuit, HelpScreen
+from ranktop.tui.screens import ConfirmQuit, HelpScreen, SignalPicker
 from textual import on
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -40,11 +42,13 @@ class RanktopApp(App):
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help"),
+        Binding("ctrl+c", "help_quit", "Stop and quit, as q (twice: kill now)", show=False, system=True),
     ]
 
-    def __init__(self, engine: Engine, *, exit_on_end: bool = False) -> None:
+    def __init__(self, engine: Engine, *, exit_on_end: bool = False, metric: re.Pattern[str] | None = None) -> None:
         super().__init__()
         self.engine = engine
+        self.metric = metric
         self.exit_on_end = exit_on_end
         self.user_quit = False  # the user asked to quit while ranks ran
         self._exit_when_ended = exit_on_end
@@ -55,7 +59,7 @@ class RanktopApp(App):
         return self.engine.snapshot().ended
 
     def on_mount(self) -> None:
-        self.main = MainScreen(self.engine)
+        self.main = MainScreen(self.engine, metric=self.metric)
         self.push_screen(self.main)
 
     @on(MainScreen.GroupEnded)
@@ -113,22 +117,47 @@ class RanktopApp(App):
         if self.main is not None:
             self.main.note = "stopping… (q again: kill now)"
 
+    def action_help_quit(self) -> None:
+        """Ctrl-C (Textual's key for it; with text selected it copies instead): what torchrun
+        users expect, as q: ask, then stop with the grace. A second Ctrl-C kills at once."""
+        if isinstance(self.screen, ConfirmQuit):  # Ctrl-C twice: stop, and do not wait for the grace
+            self.pop_screen()
+            self._stop_and_exit()
+            self.engine.submit(cmd.KillGroup())
+            return
+        self.action_quit()
+
     def on_unmount(self) -> None:
         # Whatever ended the app (an exception, a test leaving its context), no rank outlives it.
         self.engine.close()
 
     # ----- help and palette -------------------------------------------------------------------
-    def _sections(self, screen: Screen | None = None) -> list[tuple[str, Any, tuple[str, ...]]]:
+    def _sections(self, palette: bool = False) -> list[tuple[str, Any, tuple[str, ...]]]:
         main = self.main
         sections: list[tuple[str, Any, tuple[str, ...]]] = []
         if main is not None:
-            sections.append(("Ranks", main, ("copy_text",)))
+            hidden = ("copy_text", "quit", "help") + (("digit",) if palette else ())
+            sections.append(("Ranks", main, hidden))
             log = main.pane(main.current).log if main.is_mounted else None
             if log is not None:
                 # The screen's arrow keys take precedence over the log's: do not list what never fires.
                 sections.append(("Pane output", log, ("scroll_up", "scroll_down", "scroll_left", "scroll_right")))
         sections.append(("App", self, ()))
+        if not palette:  # the other screens' keys too (the palette runs actions: only the ones here)
+            sections += self._other_screens()
         return sections
+
+    def _other_screens(self) -> list[tuple[str, Any, tuple[str, ...]]]:
+        generic = ("focus_next", "focus_previous", "copy_text")  # every screen's, said once above
+        sections: list[tuple[str, Any, tuple[str, ...]]] = [
+            ("Signal picker (x)", SignalPicker(0, 0, 1), (*generic, "pick")),
+            ("Quit question", ConfirmQuit(0, 0.0), generic),
+        ]
+        try:
+            from ranktop.tui.stacks_view import StacksScreen
+        except ImportError:
+            return sections
+        return [("Stack view (d / D)", StacksScreen(self.engine), generic), *sections]
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -136,7 +165,12 @@ class RanktopApp(App):
         self.push_screen(HelpScreen(help_groups(self, self._sections())))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from palette_commands(self, self._sections(screen))
+        yield from palette_commands(self, self._sections(palette=True))
+        if self.main is not None:  # one "Focus rank N" per rank that exists, not per digit key
+            main = self.main
+            for snap in main.last.ranks:
+                yield SystemCommand(f"Focus rank {snap.rank}", f"local rank {snap.local_rank} · keys: its number, or g",
+                                    partial(main.focus_rank, snap.local_rank))
         yield from super().get_system_commands(screen)
 
 
@@ -167,13 +201,28 @@ def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, An
     return engine, sampler
 
 
+def _print_end_report(engine: Any, spec: Any) -> None:
+    """The TUI is gone: leave what headless would have said (and the success line) in the
+    terminal, so the root cause and the run directory outlive the screen."""
+    from ranktop.core.report import format_end_report
+
+    result, agent = engine.result, engine.agent
+    if result is None:
+        return
+    report = format_end_report(result, name=spec.display_name(), attempt=agent.attempt,
+                               max_restarts=spec.max_restarts, run_dir=agent.run_dir, success_line=True,
+                               earlier_attempts=engine.snapshot().earlier_attempts)
+    if report:
+        print(clean(report, sgr=True, newlines=True), file=sys.stderr)
+
+
 def run_tui(spec: Any, ns: argparse.Namespace) -> int:
     """Run `spec` under the TUI; returns the exit status headless would have returned."""
     no_color = os.environ.get("NO_COLOR") is not None
     if no_color:  # Textual consumes NO_COLOR; the ranks must still see it
         spec = dataclasses.replace(spec, env={**spec.env, "NO_COLOR": os.environ["NO_COLOR"]})
     engine, sampler = _tui_engine(spec, ns, color=not no_color)
-    app = RanktopApp(engine, exit_on_end=getattr(ns, "exit_on_end", False))
+    app = RanktopApp(engine, exit_on_end=getattr(ns, "exit_on_end", False), metric=getattr(ns, "metric", None))
     previous = {sig: signal.signal(sig, lambda signum, _frame: app.stop_on_signal(signum)) for sig in _STOP_SIGNALS}
     try:
         engine.start()
@@ -185,13 +234,7 @@ def run_tui(spec: Any, ns: argparse.Namespace) -> int:
         sampler.close()
     if engine.error is not None:
         raise engine.error
-    result = engine.result
-    if result is not None and result.incomplete_logs:
-        from ranktop.core.report import format_incomplete_logs
-
-        print(format_incomplete_logs(result.incomplete_logs), file=sys.stderr)
-    if result is not None and result.rendezvous_error and result.stop_signal is None:
-        print(f"ranktop: error: {result.rendezvous_error}", file=sys.stderr)  # the TUI is gone now
+    _print_end_report(engine, spec)
     return app.exit_status
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -30,6 +29,16 @@ def _number(flag: str, bounds: limits.Bounds):
             raise BadValue(str(exc)) from None
 
     return parse
+
+
+def _metric(text: str):
+    """An argparse type: the --metric regular expression, compiled, else one line."""
+    from ranktop.tui.metric import BadMetric, compile_metric
+
+    try:
+        return compile_metric(text)
+    except BadMetric as exc:
+        raise BadValue(str(exc)) from None
 
 
 def _both(name: str) -> list[str]:
@@ -72,10 +81,17 @@ def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
             parser.error(f"bad {name}={text!r}: expected one of {', '.join(action.choices)}")
 
 
+SUBCOMMANDS = """subcommands:
+  ranktop stacks [TARGET]   the grouped Python stacks of a running group's ranks (py-spy, or --signal);
+                            TARGET: a run or log directory or a pid (default: the newest run)
+                            (ranktop stacks --help for its options)"""
+
+
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     p = UsageParser(
         prog="ranktop",
         description="Launch and watch one process per rank (torchrun-compatible), in a TUI or headless.",
+        epilog=SUBCOMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = p.add_argument
     add(*_both("nproc-per-node"), default="1", metavar="N|auto|cpu|gpu", help="ranks on this node (default 1)")
@@ -120,6 +136,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="headless: pass rank output to the console through the TUI's filter (escape sequences other "
              "than colours dropped, control characters shown); the log files keep the raw bytes")
     add("--exit-on-end", action="store_true", help="TUI: close as soon as the group ends")
+    add("--metric", type=_metric, default=None, metavar="REGEX",
+        help="TUI: a number from each rank's output, e.g. 'loss ([0-9.eE+-]+)' (its first group, else the match)")
     add("--pty", action="store_true",
         help="give each rank a pseudo-terminal (isatty() true; stderr merged into stdout.log)")
     add(*_both("no-faulthandler"), action="store_true",
@@ -394,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_headless(spec, ns: argparse.Namespace) -> int:
     from ranktop.core.agent import LocalAgent
-    from ranktop.core.report import format_incomplete_logs, format_root_cause
+    from ranktop.core.report import format_end_report
     from ranktop.core.sanitize import clean
 
     def on_stall(snap) -> None:
@@ -423,21 +441,11 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     finally:
         if sampler is not None:
             sampler.close()
-    if result.root_cause is not None and result.stop_signal is None:
-        report = format_root_cause(result.root_cause, name=spec.display_name(), attempt=agent.attempt,
-                                   max_restarts=spec.max_restarts)
+    report = format_end_report(result, name=spec.display_name(), attempt=agent.attempt,
+                               max_restarts=spec.max_restarts, run_dir=agent.run_dir)
+    if report:
         # It quotes error.json and the rank's last lines: filtered too when the console is.
         print(clean(report, sgr=True, newlines=True) if ns.sanitize_console else report, file=sys.stderr)
-    elif result.stop_signal is not None:
-        print(f"ranktop: stopped by {signal.Signals(result.stop_signal).name}; logs in {agent.run_dir}",
-              file=sys.stderr)
-    if result.incomplete_logs:
-        print(format_incomplete_logs(result.incomplete_logs), file=sys.stderr)
-    for rank, pid in sorted(result.unreapable.items()):
-        print(f"ranktop: rank {rank} (pid {pid}) outlived SIGKILL (stuck in the kernel); "
-              "left to the orphan guard", file=sys.stderr)
-    if result.rendezvous_error and result.stop_signal is None:
-        print(f"ranktop: error: {result.rendezvous_error}", file=sys.stderr)
     return result.exit_status
 
 

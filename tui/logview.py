@@ -76,11 +76,32 @@ def line_width(raw: bytes) -> int:
     return parse_line(raw).cell_len  # bounded: parse_line reads at most _MAX_BYTES
 
 
-def _matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
+def matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
+    """Whether one raw output line holds `needle` (lower case; `needle_bytes` its ASCII bytes, or
+    None), in any case, as the pane shows it (escape sequences do not count)."""
     raw = raw[:_MAX_BYTES]
     if needle_bytes is not None and b"\x1b" not in raw:
         return needle_bytes in raw.lower()  # ASCII needle: bytes.lower is enough and fast
     return needle in parse_line(raw, color=False).plain.lower()
+
+
+REGEX_PREFIX = "re:"  # a search query starting so is a regular expression (any case)
+
+
+def search_pattern(query: str) -> re.Pattern[str] | None:
+    """The regular expression of a `re:` query (any case), None for a plain one; ValueError
+    with a one-line reason when it does not compile."""
+    if not query.startswith(REGEX_PREFIX):
+        return None
+    try:
+        return re.compile(query[len(REGEX_PREFIX):], re.IGNORECASE)
+    except re.error as exc:
+        raise ValueError(f"bad regular expression {query[len(REGEX_PREFIX):]!r}: {exc}") from None
+
+
+def regex_matches(raw: bytes, pattern: re.Pattern[str]) -> bool:
+    """Whether one raw output line matches a `re:` search, as the pane shows the line."""
+    return pattern.search(parse_line(raw[:_MAX_BYTES], color=False).plain) is not None
 
 
 def _kept_lines(source: Any) -> int:
@@ -105,8 +126,9 @@ class LogView(ScrollView, can_focus=True):
     BINDINGS = [
         Binding("end", "scroll_end", "Tail", show=False),
         Binding("home", "scroll_home", "Top", show=False),
-        Binding("f", "toggle_follow", "Follow"),
-        Binding("w", "toggle_wrap", "Wrap"),
+        # Not in the footer: the pane's title says whether it follows, and the help lists them.
+        Binding("f", "toggle_follow", "Follow", show=False),
+        Binding("w", "toggle_wrap", "Wrap", show=False),
         Binding("n", "search_next", "Next match", show=False),
         Binding("N", "search_prev", "Previous match", show=False),
     ]
@@ -152,6 +174,7 @@ class LogView(ScrollView, can_focus=True):
         self._cum: list[int] = [0]  # wrap mode: absolute first row of each kept line, then the end
         self._wrap_width = 80  # set from the real width once mounted
         self._query, self._query_bytes = "", None
+        self._regex: re.Pattern[str] | None = None
         self._hits: list[int] = []  # absolute numbers of matching complete lines, ascending
         self._current: int | None = None  # the match the view was moved to
         self._strips.clear()
@@ -382,7 +405,11 @@ class LogView(ScrollView, can_focus=True):
         if self._query:
             current = key == self._current
             name = "logview--match-current" if current else "logview--match"
-            text.highlight_words([self._query], self.get_component_rich_style(name), case_sensitive=False)
+            style = self.get_component_rich_style(name)
+            if self._regex is not None:
+                text.highlight_regex(self._regex, style)
+            else:
+                text.highlight_words([self._query], style, case_sensitive=False)
         segments = [seg if seg.style else Segment(seg.text, _PLAIN) for seg in text.render(self.app.console)]
         strip = Strip(segments, text.cell_len)
         if not self.wrap or strip.cell_length <= self._wrap_width:
@@ -469,18 +496,34 @@ class LogView(ScrollView, can_focus=True):
 
     def action_toggle_follow(self) -> None:
         self.follow = not self.follow
+        self.notify(f"{self.position_text}  (f: {'pause' if self.follow else 'follow the tail'})", timeout=2)
 
     def action_toggle_wrap(self) -> None:
         self.wrap = not self.wrap
+        self.notify(f"long lines {'wrapped' if self.wrap else 'cut (scroll right to read)'}  (w: toggle)", timeout=2)
+
+    @property
+    def position_text(self) -> str:
+        """'following' while the view follows the tail, else 'paused at line N' (the top line
+        on screen, numbered as the rank printed it, from 1)."""
+        if self.follow:
+            return "following"
+        top = self._locate(round(self.scroll_offset.y))[0]
+        return f"paused at line {self._first + top + 1}"
 
     # ----- search --------------------------------------------------------------------------------
     def _hit(self, raw: bytes) -> bool:
-        return _matches(raw, self._query, self._query_bytes)
+        if self._regex is not None:
+            return regex_matches(raw, self._regex)
+        return matches(raw, self._query, self._query_bytes)
 
     def search(self, query: str) -> int:
-        """Highlight `query` (plain text, any case) and go to its last match; the number of
-        matching lines (0 clears the search when the query is empty)."""
-        self._query = query.lower()
+        """Highlight `query` (plain text, any case; `re:` then a regular expression) and go to its
+        last match; the number of matching lines (0 clears the search when the query is empty).
+        ValueError for a regular expression that does not compile (nothing changes then)."""
+        regex = search_pattern(query)
+        self._regex = regex
+        self._query = query if regex is not None else query.lower()
         self._query_bytes = self._query.encode() if self._query.isascii() else None
         self._strips.clear()
         if not self._query:
@@ -527,8 +570,20 @@ class LogView(ScrollView, can_focus=True):
             self._move_to(max(0, row - height // 2))
         self.refresh()
 
+    def at_edge_match(self, direction: int) -> bool:
+        """Whether the view is on the last match (direction +1) or the first (-1), or has none:
+        next/previous across ranks go on to another rank from there."""
+        if not self._hits or self._current is None:
+            return True
+        return self._current == (self._hits[-1] if direction > 0 else self._hits[0])
+
+    def go_to_edge_match(self, direction: int) -> None:
+        """Go to the first match (direction +1: arriving from an earlier rank) or the last (-1)."""
+        if self._hits:
+            self._go_to_hit(self._hits[0] if direction > 0 else self._hits[-1])
+
     def clear_search(self) -> None:
-        self._query, self._query_bytes = "", None
+        self._query, self._query_bytes, self._regex = "", None, None
         self._hits, self._current = [], None
         self._strips.clear()
         self.refresh()

@@ -11,17 +11,26 @@ the screen posts `GroupEnded`; it never calls into the app.
 from __future__ import annotations
 
 import math
+import os
+import re
+import shlex
+import signal
+import subprocess
 import time
 from typing import Any
 
 from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
+from ranktop.core.report import format_root_cause
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot
-from ranktop.tui.panes import LiveText, RankFeed, RankList, RankPane, header_text, rank_title
+from ranktop.tui.attempts import FileFeed, attempt_dirs
+from ranktop.tui.metric import Tracker
+from ranktop.tui.panes import FILTERS, SORTS, LiveText, RankFeed, RankList, RankPane, header_text, rank_title
 from ranktop.tui.screens import RootCausePanel, SignalPicker
+from ranktop.tui.search_all import RankSearch
 from textual import on
-from textual.app import ComposeResult
+from textual.app import ComposeResult, SuspendNotSupported
 from textual.binding import Binding
 from textual.containers import Container, Horizontal, VerticalScroll
 from textual.events import DescendantFocus, Resize
@@ -34,6 +43,8 @@ TICK_SECONDS = 0.25  # snapshot + repaint rate: 4 Hz is live to the eye and chea
 MIN_PANE_WIDTH = 36
 MIN_PANE_HEIGHT = 6  # title + 5 lines of output: less than that is not worth a pane
 NARROW_TITLE = 72  # panes narrower than this get the label-free title
+CONFIRM_SECONDS = 3.0  # a destructive key acts when pressed again within this long
+DIGIT_SECONDS = 1.0  # digits typed within this long of each other make one rank number (1 2 -> 12)
 
 
 def plan_grid(n: int, width: int, height: int) -> tuple[int, int] | None:
@@ -56,24 +67,39 @@ class MainScreen(Screen):
     AUTO_FOCUS = None  # focus follows the focused rank, set explicitly; never "the first widget"
 
     BINDINGS = [
+        # The app's, repeated here first so that a narrow footer still shows them (it lists the
+        # focused widget's keys, then the screen's, then the app's, and cuts what does not fit).
+        Binding("q", "app.quit", "Quit"),
+        Binding("question_mark", "app.help", "Help"),
         Binding("left", "move(-1, 0)", "Move focus between panes", show=False, priority=True),
         Binding("right", "move(1, 0)", "Move focus between panes", show=False, priority=True),
         Binding("up", "move(0, -1)", "Move focus between panes", show=False, priority=True),
         Binding("down", "move(0, 1)", "Move focus between panes", show=False, priority=True),
         Binding("tab", "cycle(1)", "Focus next rank", show=False),
         Binding("shift+tab", "cycle(-1)", "Focus previous rank", show=False),
-        *[Binding(str(i), f"focus_rank({i})", "Focus local rank N", show=False) for i in range(10)],
+        *[Binding(str(i), f"digit({i})", "Focus rank N (type its number: 1 2 is rank 12)", show=False)
+          for i in range(10)],
+        Binding("g,colon", "go_to", "Go to rank…", show=False),
         Binding("z,enter", "zoom", "Zoom"),
         Binding("escape", "unzoom", "Back to the grid", show=False),
         Binding("slash", "search", "Search"),
+        Binding("ctrl+f", "search(True)", "Search every rank", show=False),
+        Binding("n", "search_step(1)", "Next match (every rank)", show=False, priority=True),
+        Binding("N", "search_step(-1)", "Previous match (every rank)", show=False, priority=True),
         Binding("x", "signal", "Signal…"),
         Binding("k", "kill_rank", "Kill rank"),
-        Binding("K", "kill_group", "Kill group"),
+        Binding("K", "kill_group", "Stop group"),
         Binding("r", "restart_rank", "Restart rank"),
         Binding("R", "restart_group", "Restart group"),
         Binding("d", "stacks(False)", "Stacks"),
         Binding("D", "stacks(True)", "Stacks (all ranks)", show=False),
         Binding("e", "toggle_end_panel", "Show/hide the end report", show=False),
+        Binding("s", "cycle_sort", "Sort the rank list (rank, state, cpu, quiet)", show=False),
+        Binding("v", "cycle_filter", "Filter the rank list (all, problems, running)", show=False),
+        Binding("left_square_bracket", "attempt(-1)", "Earlier attempt's output (log files)", show=False),
+        Binding("right_square_bracket", "attempt(1)", "Later attempt's output", show=False),
+        Binding("y", "copy_root_cause", "Copy the root cause (clipboard, OSC 52)", show=False),
+        Binding("o", "open_log", "Open the rank's log in $PAGER", show=False),
     ]
 
     class GroupEnded(Message):
@@ -85,9 +111,10 @@ class MainScreen(Screen):
 
     note: reactive[str | None] = reactive(None, init=False)  # shown in the header, e.g. "stopping…"
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, metric: re.Pattern[str] | None = None) -> None:
         super().__init__()
         self.engine = engine
+        self.tracker = Tracker(engine, metric)
         self.last: GroupSnapshot = engine.snapshot()
         self.n = self.last.local_world_size
         self.current = 0
@@ -98,6 +125,12 @@ class MainScreen(Screen):
         self.end_panel_hidden = False
         self._feeds: dict[int, RankFeed] = {}  # local rank -> the feed its LogView shows
         self._shown: set[int] = set(range(self.n))  # every pane starts displayed
+        self._armed: tuple[str, int, float] | None = None  # (action, local rank, when): awaiting its second press
+        self._digits = ("", 0.0)  # the rank number being typed, and when its last digit came
+        self.sort, self.filter = SORTS[0], FILTERS[0]  # the compact rank list's order and filter
+        self.everywhere: RankSearch | None = None  # the last search of every rank, while it stands
+        self._viewing: dict[int, FileFeed] = {}  # local rank -> the earlier attempt its pane shows
+        self._search_all = False  # the search input is for every rank
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -110,9 +143,12 @@ class MainScreen(Screen):
                     yield RankPane(r, id=f"pane-{r}")
         yield RootCausePanel(id="root-cause")
         yield Input(placeholder="search this rank's output (enter: find, esc: cancel)", id="search")
+        yield Input(placeholder="go to rank: type its number, enter (esc: cancel)", id="goto", type="integer")
         yield Footer()
 
     def on_mount(self) -> None:
+        if self.tracker.pattern is not None:  # room for the metric column
+            self.query_one("#rank-list-box").styles.width = 47
         self.relayout()
         self.focus_rank(0)
         self.tick()
@@ -162,9 +198,36 @@ class MainScreen(Screen):
             self._show_panes({local_rank})
         self.pane(local_rank).log.focus()
         self.tick()
+        if self.compact:
+            self.call_after_refresh(self._list_shows, local_rank)
+
+    def _list_shows(self, local_rank: int) -> None:
+        """Scroll the rank list so that the focused rank's row is on screen."""
+        box = self.query_one("#rank-list-box")
+        row = self.query_one(RankList).row_of(local_rank)
+        top, height = round(box.scroll_y), box.scrollable_content_region.height
+        if row is not None and not top <= row < top + height:
+            box.scroll_to(y=max(0, row - height // 2), animate=False, immediate=True)
+
+    def action_cycle_sort(self) -> None:
+        self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
+        self._list_changed(f"rank list sorted by {self.sort}")
+
+    def action_cycle_filter(self) -> None:
+        self.filter = FILTERS[(FILTERS.index(self.filter) + 1) % len(FILTERS)]
+        self._list_changed(f"rank list shows {self.filter} ranks" if self.filter != "all" else "rank list shows every rank")
+
+    def _list_changed(self, what: str) -> None:
+        where = "" if self.compact else " (the list shows when the panes do not fit: zoom out or enlarge to see it)"
+        self.notify(what + where, timeout=2)
+        self.tick()
+        if self.compact:
+            self.call_after_refresh(self._list_shows, self.current)
 
     def on_descendant_focus(self, event: DescendantFocus) -> None:
         # A click (or Textual's own focus moves) on a log widget makes its rank the focused one.
+        if event.widget is not self.focused:  # stale: the focus has moved on since (two moves in a row)
+            return
         for node in event.widget.ancestors_with_self:
             if isinstance(node, RankPane) and node.local_rank != self.current:
                 self.focus_rank(node.local_rank)
@@ -178,11 +241,24 @@ class MainScreen(Screen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Arrow keys are priority bindings (they beat the log's own scrolling); let the search
         # input keep them while it is being typed into.
-        if action in ("move", "focus_rank", "cycle", "zoom") and isinstance(self.focused, Input):
+        if action in ("move", "focus_rank", "digit", "cycle", "zoom", "search_step") and isinstance(self.focused, Input):
+            return False
+        if action == "search_step" and self.everywhere is None:  # n / N: the pane's own search
+            return False
+        if action == "move" and self.zoomed:  # zoomed: the arrows scroll the pane, line by line
             return False
         return True
 
     def action_move(self, dx: int, dy: int) -> None:
+        order = self.query_one(RankList).order
+        if self.compact and dy and order:  # up/down walk the list as it is sorted and filtered
+            if self.current not in order:  # filtered out: start from the list's end nearest the key
+                self.focus_rank(order[0] if dy > 0 else order[-1])
+                return
+            target = order.index(self.current) + dy
+            if 0 <= target < len(order):
+                self.focus_rank(order[target])
+            return
         step = dx + dy * self.cols
         target = self.current + step
         if 0 <= target < self.n:
@@ -195,7 +271,57 @@ class MainScreen(Screen):
         if local_rank < self.n:
             self.focus_rank(local_rank)
 
+    def action_digit(self, digit: int) -> None:
+        """Digits typed in quick succession make one number: 1 then 2 is rank 12 (when it exists)."""
+        if self._goto_pending():
+            self.query_one("#goto", Input).insert_text_at_cursor(str(digit))
+            return
+        typed, at = self._digits
+        now = time.monotonic()
+        number = typed + str(digit)
+        if not typed or now - at > DIGIT_SECONDS or self._local_of(int(number)) is None:
+            number = str(digit)
+        self._digits = (number, now)
+        local = self._local_of(int(number))
+        if local is not None:
+            self.focus_rank(local)
+
+    def _local_of(self, rank: int) -> int | None:
+        """The local rank showing global rank `rank`, or None when this node has no such rank."""
+        for snap in self.last.ranks:
+            if snap.rank == rank:
+                return snap.local_rank
+        return rank if not self.last.ranks and 0 <= rank < self.n else None
+
+    def _goto_pending(self) -> bool:
+        """`g` was pressed but its input has no focus yet (focus moves a moment later): keys typed
+        fast after it (g 2 3 enter) are meant for it, not for the grid."""
+        box = self.query_one("#goto", Input)
+        return bool(box.display) and self.focused is not box
+
+    def action_go_to(self) -> None:
+        box = self.query_one("#goto", Input)
+        box.value = ""
+        box.display = True
+        box.focus()
+
+    @on(Input.Submitted, "#goto")
+    def go_to(self, event: Input.Submitted) -> None:
+        self._go_to(event.value.strip())
+
+    def _go_to(self, text: str) -> None:
+        local = self._local_of(int(text)) if text.isdigit() else None
+        self._close_input("#goto", local)
+        if text and local is None:
+            ranks = self.last.ranks
+            span = f"{ranks[0].rank}..{ranks[-1].rank}" if ranks else f"0..{self.n - 1}"
+            self.notify(f"no rank {text} here: ranks are {span}", severity="warning", timeout=3, markup=False)
+            return
+
     def action_zoom(self) -> None:
+        if self._goto_pending():  # enter right after g and a number
+            self._go_to(self.query_one("#goto", Input).value.strip())
+            return
         self.zoomed = not self.zoomed
         self.relayout()
         self.pane(self.current).log.focus()
@@ -205,8 +331,11 @@ class MainScreen(Screen):
             self.action_zoom()
 
     # ----- search -----------------------------------------------------------------------------
-    def action_search(self) -> None:
+    def action_search(self, every_rank: bool = False) -> None:
+        self._search_all = every_rank
         box = self.query_one("#search", Input)
+        box.placeholder = ("search every rank's output (enter: find, esc: cancel)" if every_rank
+                           else "search this rank's output (enter: find, esc: cancel)")
         box.display = True
         box.focus()
 
@@ -215,23 +344,78 @@ class MainScreen(Screen):
         log = self.pane(self.current).log
         query = event.value.strip()
         self._close_search()
+        self.everywhere = None
+        self.tick()
+        if self._search_all:
+            self._search_every_rank(query)
+            return
         if not query:
             log.clear_search()
             return
-        hits = log.search(query)
+        try:
+            hits = log.search(query)
+        except ValueError as exc:  # a bad regular expression: say why, change nothing
+            self.notify(clean(str(exc)), severity="warning", timeout=5, markup=False)
+            return
         # The query is often pasted from rank output: plain, safe text, never markup.
         self.notify(clean(f"{hits} match{'es' if hits != 1 else ''} for {query!r} in rank {self.rank_of(self.current)}"
                           + ("  (n / N: next / previous)" if hits else "")), timeout=3, markup=False)
 
+    def _search_every_rank(self, query: str) -> None:
+        for r in range(self.n):
+            self.pane(r).log.clear_search()
+        if not query:
+            self.tick()
+            return
+        try:
+            found = RankSearch.run(self.engine, range(self.n), query)
+        except ValueError as exc:
+            self.notify(clean(str(exc)), severity="warning", timeout=5, markup=False)
+            return
+        self.notify(clean(found.summary(self.rank_of)), timeout=5, markup=False)
+        if not found.counts:
+            return
+        self.everywhere = found
+        first = self.current if self.current in found.counts else found.next_rank(self.current, +1)
+        self._show_matches_of(first, -1)
+
+    def _show_matches_of(self, local_rank: int, direction: int) -> None:
+        """Focus `local_rank` and highlight the search there, at its first (+1) or last (-1) match."""
+        self.focus_rank(local_rank)
+        log = self.pane(local_rank).log
+        log.search(self.everywhere.query)
+        log.go_to_edge_match(direction)
+
+    def action_search_step(self, direction: int) -> None:
+        """n / N after a search of every rank: through this rank's matches, then on to the next rank's."""
+        log = self.pane(self.current).log
+        if log.search_query and not log.at_edge_match(direction):
+            if direction > 0:
+                log.search_next()
+            else:
+                log.search_prev()
+            return
+        target = self.everywhere.next_rank(self.current, direction)
+        if target is not None:
+            self._show_matches_of(target, direction)
+
     def on_key(self, event: Any) -> None:
         if event.key == "escape" and isinstance(self.focused, Input):
             event.stop()
-            self._close_search()
+            self._close_input(f"#{self.focused.id}")
 
     def _close_search(self) -> None:
-        box = self.query_one("#search", Input)
+        self._close_input("#search")
+
+    def _close_input(self, selector: str, local_rank: int | None = None) -> None:
+        """Hide the input and give the focus back to a pane: the current one, or `local_rank`'s
+        (focused here, in one go: a focus moved twice would come back to the first pane)."""
+        box = self.query_one(selector, Input)
         box.display = False
-        self.pane(self.current).log.focus()
+        if local_rank is None:
+            self.pane(self.current).log.focus()
+        else:
+            self.focus_rank(local_rank)
 
     # ----- commands to the ranks ----------------------------------------------------------------
     def rank_of(self, local_rank: int) -> int:
@@ -261,26 +445,109 @@ class MainScreen(Screen):
         picker = SignalPicker(self.rank_of(self.current), self.current, self.n)
         self.app.push_screen(picker, lambda choice: choice and self.send_signal(*choice))
 
+    def _confirmed(self, action: str, key: str, question: str) -> bool:
+        """Destructive keys act on a second press within CONFIRM_SECONDS (of the same key, on
+        the same rank); the first one says what the second will do."""
+        now = time.monotonic()
+        armed = self._armed
+        if armed is not None and armed[:2] == (action, self.current) and now - armed[2] <= CONFIRM_SECONDS:
+            self._armed = None
+            self.app.clear_notifications()  # the question is answered: the outcome replaces it
+            return True
+        self._armed = (action, self.current, now)
+        self.notify(f"{question}  Press {key} again to confirm.", title="Confirm", severity="warning",
+                    timeout=CONFIRM_SECONDS, markup=False)
+        return False
+
     def action_kill_rank(self) -> None:
-        if not self._group_over():
+        rank = self.rank_of(self.current)
+        if not self._group_over() and self._confirmed("kill_rank", "k", f"Kill rank {rank} (SIGKILL)?"):
             self._submit(cmd.KillRank(self.current))
 
     def action_kill_group(self) -> None:
-        if not self._group_over():
-            self._submit(cmd.KillGroup())
+        grace = self.last.shutdown_timeout
+        if not self._group_over() and self._confirmed(
+                "kill_group", "K", f"Stop every rank (SIGTERM, SIGKILL after {grace:g} s)?"):
+            self._submit(cmd.Stop(signal.SIGTERM))
 
     def action_restart_rank(self) -> None:
-        if not self._group_over():
+        if self._group_over():
+            return
+        rank = self.rank_of(self.current)
+        question = f"Restart rank {rank}?"
+        if self.last.world_size > 1:
+            # Every rank gets MASTER_ADDR/MASTER_PORT: a collective (gloo, NCCL) cannot take back
+            # one new process, so its peers fail. ranktop cannot see whether they use one.
+            question += (" Its peers share MASTER_ADDR: in a collective job (gloo/NCCL) they will fail"
+                         " without it (R restarts the whole group).")
+        if self._confirmed("restart_rank", "r", question):
             self._submit(cmd.RestartRank(self.current))
 
     def action_restart_group(self) -> None:
-        if not self._group_over():
+        if not self._group_over() and self._confirmed(
+                "restart_group", "R", f"Restart every rank as attempt_{self.last.attempt + 1}?"):
             self._submit(cmd.RestartGroup())
 
     def action_stacks(self, all_ranks: bool) -> None:
         from ranktop.tui.stacks_view import StacksScreen
 
         self.app.push_screen(StacksScreen(self.engine, None if all_ranks else [self.current]))
+
+    def action_attempt(self, step: int) -> None:
+        """Show the focused rank's output of an earlier (step -1) or later (+1) attempt, read from
+        its log files; past the newest, the live output again."""
+        r = self.current
+        dirs = attempt_dirs(self.last.log_dir)
+        if len(dirs) < 2:
+            self.notify("no earlier attempt: this is the first", timeout=2)
+            return
+        names = [os.path.basename(d) for d in dirs]
+        viewing = self._viewing.get(r)
+        at = names.index(viewing.name) if viewing is not None and viewing.name in names else len(dirs) - 1
+        target = max(0, min(len(dirs) - 1, at + step))
+        if target == len(dirs) - 1:  # the newest attempt is the live one
+            self._viewing.pop(r, None)
+            self._feeds.pop(r, None)  # the next tick brings the live feed back
+            self.tick()
+            self.notify(f"rank {self.rank_of(r)}: live output ({names[-1]})", timeout=2)
+            return
+        feed = FileFeed(dirs[target], r, self.last.output_lines_kept)
+        self._viewing[r] = feed
+        self.pane(r).log.set_ring(feed)
+        self.tick()
+        self.notify(f"rank {self.rank_of(r)}: {feed.name} from its log files  ([ earlier, ] later)", timeout=3)
+
+    def action_copy_root_cause(self) -> None:
+        """The root cause as the text report has it, to the terminal's clipboard (OSC 52: works
+        over SSH, and in tmux with `set-clipboard on`)."""
+        snap = self.engine.snapshot()
+        if snap.root_cause is None:
+            self.notify("no root cause to copy: no rank has failed on its own", severity="warning", timeout=3)
+            return
+        text = clean(format_root_cause(snap.root_cause, name=snap.name, attempt=snap.attempt,
+                                       max_restarts=snap.max_restarts), newlines=True)
+        self.app.copy_to_clipboard(text)
+        self.notify(f"root cause copied ({text.count(chr(10)) + 1} lines) to the terminal's clipboard (OSC 52)",
+                    timeout=3)
+
+    def action_open_log(self) -> None:
+        """The focused rank's log files in $PAGER (less if unset); the TUI steps aside meanwhile."""
+        snap = self.last.ranks[self.current] if self.current < len(self.last.ranks) else None
+        paths = [p for p in (snap.stdout_log, snap.stderr_log) if p and os.path.exists(p)] if snap else []
+        if not paths:
+            self.notify("this rank has no log file to open", severity="warning", timeout=3)
+            return
+        pager = shlex.split(os.environ.get("PAGER") or "less") or ["less"]
+        try:
+            with self.app.suspend():
+                subprocess.run([*pager, *paths], check=False)
+        except SuspendNotSupported:
+            self.notify(clean(f"cannot hand the terminal over here; the log: {paths[0]}"), severity="warning",
+                        markup=False)
+        except OSError as exc:
+            self.notify(clean(f"cannot run {pager[0]}: {exc.strerror or exc}; the log: {paths[0]}"),
+                        severity="warning", markup=False)
+        self.refresh()
 
     def action_toggle_end_panel(self) -> None:
         if self.ended:
@@ -301,19 +568,35 @@ class MainScreen(Screen):
                 self._on_end(snap)
             return
         digits = len(str(snap.world_size - 1))
+        self.tracker.update(snap)
+        outliers = self.tracker.outliers()
         for rank in snap.ranks:
             r = rank.local_rank
             if r not in self._shown:
                 continue
             pane = self.pane(r)
-            feed = self._feed(r, snap)
-            feed.version = rank.output_version
-            pane.set_title(rank_title(rank, now, world_digits=digits, narrow=pane.size.width < NARROW_TITLE))
+            viewing = self._viewing.get(r)
+            if viewing is None:
+                feed = self._feed(r, snap)
+                feed.version = rank.output_version
+            position = pane.log.position_text if viewing is None else f"{viewing.name} (log files, ] newer)"
+            pane.set_title(rank_title(rank, now, world_digits=digits, narrow=pane.size.width < NARROW_TITLE,
+                                      position=position, hits=self._hits_of(r),
+                                      metric=self.tracker.title_part(r), outlier=r in outliers,
+                                      sparks=self.tracker.sparks(r) if self.zoomed else None,
+                                      log_path=rank.stdout_log if self.zoomed else None))
             pane.log.poll()
         if self.compact:
-            self.query_one(RankList).show_ranks(snap.ranks, self.current, now)
+            metrics = None if self.tracker.pattern is None else {
+                r: track.value or "-" for r, track in self.tracker.ranks.items()}
+            self.query_one(RankList).show_ranks(snap.ranks, self.current, now, sort=self.sort, filter_=self.filter,
+                                                hits=None if self.everywhere is None else self.everywhere.counts,
+                                                metrics=metrics, outliers=outliers)
         if snap.ended and not self.ended:
             self._on_end(snap)
+
+    def _hits_of(self, local_rank: int) -> int | None:
+        return None if self.everywhere is None else self.everywhere.counts.get(local_rank, 0)
 
     def _feed(self, local_rank: int, snap: GroupSnapshot) -> RankFeed:
         """The rank's feed for this attempt: a group restart starts every pane over."""

@@ -12,6 +12,7 @@ from ranktop.core.engine import Engine, OutputCursor
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
 from ranktop.tui.logview import LogView
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -19,18 +20,21 @@ from textual.events import Click
 from textual.message import Message
 from textual.widgets import Static
 
-# Colour per state: the one place the palette lives, shared by titles, the rank list and the help.
+# Style per state: the one place the palette lives, shared by titles, the rank list and the help.
+# Every state reads from its text first; the states that need a look (failed, stalled, paused,
+# unreapable) are reversed, so they stand out under NO_COLOR too, where colours are dropped.
+# Ranks ranktop stopped (killed) are not red: they are effects, not failures.
 STATE_STYLE = {
     RankState.STARTING: "yellow",
     RankState.RUNNING: "bold green",
-    RankState.STALLED: "bold magenta",
+    RankState.STALLED: "bold reverse magenta",
     RankState.STOPPING: "yellow",
     RankState.SUCCEEDED: "bold blue",
-    RankState.FAILED: "bold white on red",
-    RankState.KILLED: "bold red",
-    RankState.UNREAPABLE: "bold white on magenta",
+    RankState.FAILED: "bold reverse red",
+    RankState.KILLED: "italic yellow",
+    RankState.UNREAPABLE: "bold reverse magenta",
 }
-PAUSED_STYLE = "bold black on yellow"
+PAUSED_STYLE = "bold reverse yellow"
 
 GROUP_STYLE = {
     GroupState.INIT: "yellow",
@@ -39,8 +43,8 @@ GROUP_STYLE = {
     GroupState.RESTARTING: "bold yellow",
     GroupState.STOPPING: "bold yellow",
     GroupState.SUCCEEDED: "bold blue",
-    GroupState.FAILED: "bold white on red",
-    GroupState.STOPPED: "bold red",
+    GroupState.FAILED: "bold reverse red",
+    GroupState.STOPPED: "bold yellow",
 }
 
 
@@ -71,11 +75,13 @@ def human_duration(seconds: float) -> str:
 
 
 def state_label(snap: RankSnapshot) -> str:
-    """'running', 'exited 0', 'failed 1', 'failed SIGSEGV', 'killed SIGKILL', 'paused'."""
+    """'running', 'exited 0', 'exit 1', 'failed SIGSEGV', 'killed SIGKILL', 'paused'."""
     if snap.paused and snap.state.alive:
         return "paused"
     if snap.state == RankState.SUCCEEDED:
         return "exited 0"
+    if snap.state == RankState.FAILED and snap.signal_name is None and snap.exitcode is not None:
+        return f"exit {snap.exitcode}"
     if snap.state in (RankState.FAILED, RankState.KILLED):
         detail = snap.signal_name or (str(snap.exitcode) if snap.exitcode is not None else "")
         return f"{snap.state.value} {detail}".strip()
@@ -84,16 +90,25 @@ def state_label(snap: RankSnapshot) -> str:
     return snap.state.value
 
 
+def look(style: str) -> str:
+    """`style` as shown: under NO_COLOR its colours are dropped here, keeping bold/reverse/italic.
+    Textual would turn them into greys, and a reversed dark grey on a dark title is unreadable;
+    reversed default colours are not."""
+    if os.environ.get("NO_COLOR") is None:
+        return style
+    return str(Style.parse(style).without_color) or "none"
+
+
 def state_style(snap: RankSnapshot) -> str:
-    return PAUSED_STYLE if snap.paused and snap.state.alive else STATE_STYLE[snap.state]
+    return look(PAUSED_STYLE if snap.paused and snap.state.alive else STATE_STYLE[snap.state])
 
 
 def last_output_age(snap: RankSnapshot, now: float) -> float | None:
-    """Seconds since the rank last printed; frozen at its end once it is gone."""
-    if snap.last_output_at is None:
+    """Seconds since the rank last printed; None once it is gone (a dead rank's "0s ago" would
+    read as if it were still talking)."""
+    if snap.last_output_at is None or not snap.state.alive:
         return None
-    end = snap.ended_at if snap.ended_at is not None and not snap.state.alive else now
-    return end - snap.last_output_at
+    return now - snap.last_output_at
 
 
 def gpu_text(snap: RankSnapshot) -> str | None:
@@ -107,13 +122,23 @@ def gpu_text(snap: RankSnapshot) -> str | None:
 
 
 def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
-               narrow: bool = False) -> Text:
-    """One line: rank/local, pid, state, restarts, cpu, rss, GPU, last output age. `narrow` (a pane
-    under ~70 columns) drops the labels so the GPU and the age still fit."""
+               narrow: bool = False, position: str | None = None, hits: int | None = None,
+               metric: str | None = None, outlier: bool = False, sparks: str | None = None,
+               log_path: str | None = None) -> Text:
+    """One line: rank/local, pid, state, restarts, cpu, rss, GPU, last output age, and where the
+    pane is (`position`: 'following' / 'paused at line N'). `narrow` (a pane under ~70 columns)
+    drops the labels so the GPU and the age still fit."""
     title = Text(no_wrap=True, overflow="ellipsis")
     title.append(f" {snap.rank:>{world_digits}}", style="bold")
     title.append(f"/{snap.local_rank} ", style="dim")
     title.append(f" {state_label(snap)} ", style=state_style(snap))
+    if position and position != "following":  # early, so a narrow pane shows why new lines do not
+        title.append(f" {position.replace('paused at line', 'paused @') if narrow else position} ",
+                     style="bold reverse")
+    if hits is not None:  # a search of every rank stands: how many of its lines match, early
+        title.append(f" {hits} hit{'s' if hits != 1 else ''} ", style="bold reverse" if hits else "dim")
+    if metric is not None:  # early: comparing ranks by it is the point of asking for it
+        title.append(f" {metric}{' !' if outlier else ''} ", style="bold reverse" if outlier else "bold cyan")
     if snap.log_error:  # first, so a narrow pane still shows it: this rank's log misses output
         title.append(f" log: {snap.log_error}, {human_bytes(snap.log_bytes_lost)} lost ", style="bold white on red")
     title.append(("" if narrow else " pid") + (f" {snap.pid}" if snap.pid else " -"))
@@ -130,24 +155,39 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
     if age is not None:
         title.append(f" {human_age(age)}" if narrow else f"  {human_age(age)} ago",
                      style="dim" if age < 5 else "bold yellow")
+    if position == "following" and not narrow:
+        title.append("  following", style="dim")
+    if sparks:
+        title.append(f"  {sparks}", style="cyan")
+    if log_path:  # zoomed: where the whole output is (o opens it)
+        title.append(f"  log {clean(_short_path(log_path))}", style="dim")
     return title
 
 
 def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) -> Text:
-    """The job line: name, world size, node, attempt, state, elapsed, log dir, GPU status."""
+    """The job line, most important first (a narrow terminal cuts the end): name, state, a note
+    ("stopping…"), lost logs, the attempt and how earlier ones ended, world, node, elapsed, alive
+    ranks, GPU status, the log dir."""
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" ranktop ", style="bold reverse")
     text.append(f" {clean(group.name)} ", style="bold")
-    text.append(f" {group.state.value} ", style=GROUP_STYLE[group.state])
+    text.append(f" {group.state.value} ", style=look(GROUP_STYLE[group.state]))
+    if note:
+        text.append(f"  {note}", style="bold yellow")
     if group.incomplete_logs:
         lost = sum(loss.bytes_lost for loss in group.incomplete_logs)
         text.append(f" {len(group.incomplete_logs)} log(s) incomplete: {group.incomplete_logs[0].error}, "
                     f"{human_bytes(lost)} not saved ", style="bold white on red")
+    # Named as its directory is (attempt_<k>); restarts the user asked for may go past the limit.
+    text.append(f"  attempt_{group.attempt}")
+    if group.max_restarts:
+        text.append(f" ({max(0, group.max_restarts - group.attempt)} restarts left)", style="dim")
+    if group.earlier_attempts:  # "all ranks exited 0" must not hide that an earlier attempt failed
+        text.append(f"  earlier: {clean(group.earlier_attempts[-1])}", style="bold yellow")
+        if len(group.earlier_attempts) > 1:
+            text.append(f" (+{len(group.earlier_attempts) - 1})", style="bold yellow")
     text.append(f"  world {group.world_size}")
     text.append(f"  node {group.node_rank}/{group.nnodes}" + (f" round {group.round}" if group.round is not None else ""))
-    # Restarts the user asked for may go past --max-restarts: then the "of N" would mislead.
-    limit = f"/{group.max_restarts + 1}" if group.attempt <= group.max_restarts else ""
-    text.append(f"  attempt {group.attempt + 1}{limit}")
     end = group.ended_at if group.ended_at is not None else now
     text.append(f"  {human_duration(end - group.started_at)}")
     alive = sum(1 for r in group.ranks if r.state.alive)
@@ -156,8 +196,6 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) ->
         text.append(f"  {group.gpu_status}", style="dim")
     if group.log_dir:
         text.append(f"  logs {clean(_short_path(group.log_dir))}", style="dim")
-    if note:
-        text.append(f"  {note}", style="bold yellow")
     return text
 
 
@@ -240,8 +278,45 @@ class RankPane(Vertical):
         self.post_message(self.Picked(self.local_rank))
 
 
+# The compact list's orders and filters: (name, key) and (name, which states pass).
+_STATE_ORDER = {state: i for i, state in enumerate((
+    RankState.FAILED, RankState.UNREAPABLE, RankState.STALLED, RankState.STOPPING, RankState.STARTING,
+    RankState.RUNNING, RankState.KILLED, RankState.SUCCEEDED))}
+SORTS = ("rank", "state", "cpu", "quiet")
+FILTERS = ("all", "problems", "running")
+
+
+def _sort_key(sort: str, now: float):
+    def key(snap: RankSnapshot) -> tuple:
+        if sort == "state":  # the ones that need a look first; paused with the stalled
+            order = _STATE_ORDER[RankState.STALLED] if snap.paused and snap.state.alive else _STATE_ORDER[snap.state]
+            return (order, snap.rank)
+        if sort == "cpu":
+            return (-(snap.cpu_percent or 0.0), snap.rank)
+        if sort == "quiet":  # the longest silent first; the dead after the living
+            age = last_output_age(snap, now)
+            return (age is None, -(age or 0.0), snap.rank)
+        return (snap.rank,)
+    return key
+
+
+def _passes(filter_: str, snap: RankSnapshot) -> bool:
+    if filter_ == "problems":
+        return snap.state in (RankState.FAILED, RankState.STALLED, RankState.UNREAPABLE) or (
+            snap.paused and snap.state.alive)
+    if filter_ == "running":
+        return snap.state.alive
+    return True
+
+
+def list_order(ranks: tuple[RankSnapshot, ...], sort: str, filter_: str, now: float) -> list[RankSnapshot]:
+    """The ranks the compact list shows, in its order."""
+    return sorted((r for r in ranks if _passes(filter_, r)), key=_sort_key(sort, now))
+
+
 class RankList(LiveText):
-    """The compact view: one row per rank (state colour, cpu, last output age), for many ranks."""
+    """The compact view: a header row (order and filter), then one row per rank (state, cpu,
+    last output age), for many ranks."""
 
     class Picked(Message):
         def __init__(self, local_rank: int) -> None:
@@ -250,13 +325,18 @@ class RankList(LiveText):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self._order: list[int] = []
+        self.order: list[int] = []  # local ranks, one per row after the header
 
-    def show_ranks(self, ranks: tuple[RankSnapshot, ...], focused: int, now: float) -> None:
+    def show_ranks(self, ranks: tuple[RankSnapshot, ...], focused: int, now: float, *, sort: str = "rank",
+                   filter_: str = "all", hits: dict[int, int] | None = None,
+                   metrics: dict[int, str] | None = None, outliers: set[int] | frozenset[int] = frozenset()) -> None:
+        shown = list_order(ranks, sort, filter_, now)
         text = Text(no_wrap=True, overflow="ellipsis")
+        head = f"{len(shown)}/{len(ranks)} by {sort}" + ("" if filter_ == "all" else f", {filter_}")
+        text.append(f" {head}  (s sort, v filter)\n", style="dim")
         digits = len(str(max((r.rank for r in ranks), default=0)))
-        self._order = [r.local_rank for r in ranks]
-        for snap in ranks:
+        self.order = [r.local_rank for r in shown]
+        for snap in shown:
             mark = "▶" if snap.local_rank == focused else " "
             text.append(f"{mark}{snap.rank:>{digits}} ", style="bold reverse" if snap.local_rank == focused else "bold")
             text.append(f"{state_label(snap):<14.14}", style=state_style(snap))
@@ -264,12 +344,22 @@ class RankList(LiveText):
             text.append(f" {cpu:>5}")
             age = last_output_age(snap, now)
             text.append(f" {human_age(age):>6}", style="dim")
+            if hits is not None:
+                count = hits.get(snap.local_rank, 0)
+                text.append(f" {count:>4}", style="bold reverse" if count else "dim")
+            if metrics is not None:
+                odd = snap.local_rank in outliers
+                text.append(f" {metrics.get(snap.local_rank, '-'):>9.9}{'!' if odd else ' '}",
+                            style="bold reverse" if odd else "cyan")
             text.append("\n")
         text.rstrip()
         self.show(text)
 
-    def on_click(self, event: Click) -> None:
-        row = event.y
-        if 0 <= row < len(self._order):
-            self.post_message(self.Picked(self._order[row]))
+    def row_of(self, local_rank: int) -> int | None:
+        """The list row (0: the header) showing `local_rank`, None when filtered out."""
+        return self.order.index(local_rank) + 1 if local_rank in self.order else None
 
+    def on_click(self, event: Click) -> None:
+        row = event.y - 1
+        if 0 <= row < len(self.order):
+            self.post_message(self.Picked(self.order[row]))

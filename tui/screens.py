@@ -33,11 +33,15 @@ _SIGNAL_HELP = {
 }
 
 
+TWO_COLUMN_HELP = 116  # terminal columns the two-column key table needs
+
+
 class HelpScreen(ModalScreen[None]):
     """Every key, grouped by the widget that owns it (the same bindings the palette lists)."""
 
     BINDINGS = [
         Binding("escape,q,question_mark", "dismiss", "Close help"),
+        Binding("ctrl+c", "app.help_quit", show=False),  # a modal hides the app's keys: Ctrl-C still stops
     ]
 
     def __init__(self, groups: Iterable[tuple[str, list[tuple[str, str]]]]) -> None:
@@ -46,10 +50,15 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         extra = [("mouse", "click a pane or a rank to focus it"), ("wheel", "scroll the pane under the mouse"),
-                 ("ctrl+p", "command palette: every action by name")]
+                 ("ctrl+p", "command palette: every action by name"),
+                 ("k K r R", "ask first: press the key again within 3 s")]
         with VerticalScroll(id="help-box"):
             yield Static(Text("ranktop keys  (esc to close)", style="bold"), classes="dialog-title")
-            yield Static(_key_table(self.groups[:1], [*self.groups[1:], ("Mouse", extra)]))
+            groups = [*self.groups, ("Mouse", extra)]
+            if self.app.size.width >= TWO_COLUMN_HELP:
+                yield Static(_key_table(groups[:1], groups[1:]))
+            else:  # a small terminal: one column, scrolled with the arrows
+                yield Static(_key_table(groups, []))
 
     def action_dismiss(self) -> None:
         self.dismiss(None)
@@ -68,10 +77,14 @@ def _key_rows(groups: list[tuple[str, list[tuple[str, str]]]]) -> list[tuple[Tex
 def _key_table(left: list, right: list) -> Table:
     """Two columns of (keys, description) groups side by side."""
     table = Table.grid(padding=(0, 1))
-    for _ in range(2):
+    for _ in range(2 if right else 1):
         table.add_column(style="bold cyan", no_wrap=True, min_width=16)
-        table.add_column(no_wrap=True, min_width=38)
+        table.add_column(no_wrap=False, min_width=38)
     a, b = _key_rows(left), _key_rows(right)
+    if not right:
+        for k, d in a:
+            table.add_row(k, d)
+        return table
     a += [("", "")] * (len(b) - len(a))
     b += [("", "")] * (len(a) - len(b))
     for (k1, d1), (k2, d2) in zip(a, b, strict=True):
@@ -84,6 +97,7 @@ class SignalPicker(ModalScreen[tuple[int, bool] | None]):
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+c", "app.help_quit", show=False),  # a modal hides the app's keys: Ctrl-C still stops
         Binding("g", "toggle_scope", "Rank / whole group"),
         *[Binding(str(i + 1), f"pick({i})", name, show=False) for i, name in enumerate(PICKER_SIGNALS)],
     ]
@@ -127,6 +141,7 @@ class ConfirmQuit(ModalScreen[bool]):
     BINDINGS = [
         Binding("y,enter", "answer(True)", "Stop and quit"),
         Binding("n,escape", "answer(False)", "Stay"),
+        Binding("ctrl+c", "app.help_quit", show=False),  # a modal hides the app's keys: Ctrl-C still stops
     ]
 
     def __init__(self, alive: int, grace: float) -> None:
@@ -154,16 +169,22 @@ def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
     if group.state == GroupState.SUCCEEDED:
         text.append(" DONE: all ranks exited 0 ", style="bold reverse blue")
         text.append(f"  {clean(group.name)} finished in {elapsed}")
+        if group.earlier_attempts:
+            text.append(f"  after {len(group.earlier_attempts)} restart(s): "
+                        + clean("; ".join(group.earlier_attempts)), style="bold yellow")
+        text.append("\n")
     elif cause is None or group.state == GroupState.STOPPED:
         # Stopped on request (a key, a signal to ranktop): the ranks' ends are effects, not a cause.
-        text.append(f" {group.state.value.upper()} ", style="bold reverse red")
+        text.append(f" {group.state.value.upper()} ", style="bold reverse yellow")  # on request: not a failure
         text.append(f"  {clean(group.name)} stopped after {elapsed}; the ranks were stopped on request\n")
     else:
         text.append(" ROOT CAUSE ", style="bold white on red")
         text.append(f"  rank {cause.rank}", style="bold")
         text.append(f" (local {cause.local_rank}, pid {cause.pid}) ")
         text.append(describe_exit(cause.exitcode, cause.signal_name), style="bold red")
-        text.append(f" at {failed_at(cause)}, attempt {group.attempt + 1}/{group.max_restarts + 1}\n")
+        text.append(f" at {failed_at(cause)}, attempt_{group.attempt}\n")
+        if cause.user_action:  # the failure may be its effect: first, before the evidence
+            text.append(f"  after a user action: {clean(cause.user_action)}\n", style="bold yellow")
         for line in root_cause_lines(cause, max_traceback=max_traceback, max_tail=max_tail):
             text.append(line.indent)
             if line.kind == "tail":
@@ -189,4 +210,5 @@ class RootCausePanel(VerticalScroll):
 
     def show(self, group: GroupSnapshot) -> None:
         self.query_one("#root-cause-text", Static).update(root_cause_text(group))
-        self.set_class(group.state != GroupState.SUCCEEDED, "bad")
+        self.set_class(group.state not in (GroupState.SUCCEEDED, GroupState.STOPPED), "bad")
+        self.set_class(group.state == GroupState.STOPPED, "stopped")  # on request: not a failure

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import psutil
 from ranktop.core import stacks
-from ranktop.core.layout import RunDir, dump_log_path, latest_attempt_path
+from ranktop.core.layout import RunDir, default_log_root, dump_log_path, latest_attempt_path
 from ranktop.core.sanitize import clean
 from ranktop.tui.usage import UsageParser, usage_error
 
@@ -23,7 +23,9 @@ from ranktop.tui.usage import UsageParser, usage_error
 def build_parser() -> argparse.ArgumentParser:
     p = UsageParser(prog="ranktop stacks", allow_abbrev=False,
                     description="Dump and group the Python stacks of a running group's ranks (py-spy).")
-    p.add_argument("target", help="a run directory, a log directory (newest live run), a ranktop pid or a rank pid")
+    p.add_argument("target", nargs="?", default=None,
+                   help="a run directory, a log directory (newest live run), a ranktop pid or a rank pid "
+                        "(default: the newest live run in the default log directory, $TMPDIR/ranktop-UID)")
     p.add_argument("--threads", action="store_true", help="also show threads other than the main thread")
     p.add_argument("--json", action="store_true", help="print the raw report as JSON")
     p.add_argument("--signal", action="store_true",
@@ -37,8 +39,14 @@ class BadTarget(Exception):
     pass
 
 
-def resolve(target: str) -> tuple[dict[int, int], dict[int, int], str | None]:
-    """({rank: pid}, {rank: local_rank}, run_dir or None) for a path or a pid; BadTarget if neither."""
+def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | None]:
+    """({rank: pid}, {rank: local_rank}, run_dir or None) for a path or a pid (None: the default
+    log directory); BadTarget if neither."""
+    if target is None:
+        root = default_log_root()
+        if not os.path.isdir(root):
+            raise BadTarget(f"no target given and no runs in {root}: give a run directory, a log directory or a pid")
+        target = root
     if target.isdigit():
         pid = int(target)
         if not psutil.pid_exists(pid):

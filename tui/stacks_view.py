@@ -133,9 +133,10 @@ class StacksScreen(Screen):
 
     def _add_nodes(self, parent: UITreeNode, node: TreeNode, odd: set[int]) -> None:
         for child in node.children:
-            label = Text(clean(child.frame.label))
+            # The ranks first: a narrow tree cuts the end of a label, and the ranks are the point.
             is_odd = bool(odd) and set(child.ranks) <= odd
-            label.append(f"  [{stacks.rank_list(child.ranks)}]", style="bold red" if is_odd else "cyan")
+            label = Text(f"[{stacks.rank_list(child.ranks)}] ", style="bold red" if is_odd else "cyan")
+            label.append(clean(child.frame.label))
             self._add_nodes(parent.add(label, expand=True), child, odd)
 
     def _render_problems(self, report: StackReport) -> None:

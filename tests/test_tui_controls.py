@@ -1,0 +1,427 @@
+"""Controls a person can trust (SPEC 8): destructive keys ask first, stops give the grace (to
+stopped ranks too), Ctrl-C as q, restarts that show and say what they did, go to rank N, the
+follow state in the titles. Real ranks wherever the effect is on ranks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+
+import pytest
+from conftest import ROOT, drive, read_events, until, wait_for
+from fake_engine import FakeEngine
+from ranktop.core import commands as cmd
+from ranktop.core.agent import LocalAgent
+from ranktop.core.engine import LocalEngine
+from ranktop.core.process import kernel_state
+from ranktop.core.report import format_root_cause
+from ranktop.core.spec import WorkerSpec
+from ranktop.core.state import RankSnapshot, RankState
+from ranktop.tui import main_screen
+from ranktop.tui.app import QUIT_STATUS, RanktopApp
+from ranktop.tui.panes import STATE_STYLE, RankList, rank_title, state_label, state_style
+from ranktop.tui.screens import ConfirmQuit
+from test_tui_app import TICKER, notes, rank, ticker_agent
+from test_tui_fake import drive as drive_fake
+from test_tui_tmux import Terminal
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def patient_confirm(monkeypatch):
+    """A second press of k/K/r/R confirms within 3 s; a loaded box may take longer between two
+    keys, and these tests are about what the keys do, not about the window."""
+    from ranktop.tui import main_screen
+
+    monkeypatch.setattr(main_screen, "CONFIRM_SECONDS", 60.0)
+
+# Rank 1 marks its first and second start; rank 0 fails once rank 1 came back (a peer that lost
+# its collective partner, as gloo/NCCL would).
+PEER_LOSS = (
+    "import os, sys, time\nd = os.environ['MARKS']\nr = os.environ['RANK']\n"
+    "if r == '1':\n"
+    "    name = 'second' if os.path.exists(os.path.join(d, 'first')) else 'first'\n"
+    "    open(os.path.join(d, name), 'w').close()\n"
+    "print('rank', r, 'up', flush=True)\n"
+    "while True:\n"
+    "    if r == '0' and os.path.exists(os.path.join(d, 'second')):\n"
+    "        print('peer lost', flush=True); sys.exit(3)\n"
+    "    time.sleep(0.05)\n"
+)
+TRAP_TERM = ("import signal, sys, time\n"
+             "def bye(*_):\n    print('checkpoint saved', flush=True); sys.exit(0)\n"
+             "signal.signal(signal.SIGTERM, bye)\nprint('up', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+
+
+def test_kill_group_asks_then_stops_with_sigterm_and_resumes_stopped_ranks(tmp_path):
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, TRAP_TERM)))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: all(b"up" in b"".join(app.engine.agent.output(r)) for r in (0, 1)), what="ranks up")
+        pid = rank(app, 1).pid
+        os.kill(pid, signal.SIGSTOP)  # stopped from elsewhere: ranktop did not pause it
+        await until(pilot, lambda: kernel_state(pid) == "T", what="rank 1 stopped")
+        await pilot.press("K")
+        assert "Press K again" in notes(app) and rank(app, 0).state.alive
+        await pilot.press("K")
+        await until(pilot, lambda: app.main.ended, what="group stopped")
+        # SIGTERM reached both (SIGCONT let the stopped one run its handler): no SIGKILL needed.
+        for r in (0, 1):
+            assert b"checkpoint saved" in b"".join(app.engine.agent.output(r)), r
+        await pilot.press("q")
+
+    drive(app, body)
+    assert [e["signal"] for e in read_events(app.engine.agent.run_dir) if e["event"] == "user_stop"] == ["SIGTERM"]
+
+
+def test_kill_key_confirms_only_on_the_same_rank(tmp_path):
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path)))
+
+    async def body(app, pilot):
+        await pilot.press("0", "k", "1", "k")  # a k on another rank asks again, kills nothing
+        assert rank(app, 0).state.alive and rank(app, 1).state.alive
+        await pilot.press("k")
+        await until(pilot, lambda: rank(app, 1).state == RankState.KILLED, what="rank 1 killed")
+        assert rank(app, 0).state.alive
+
+    drive(app, body)
+
+
+def test_ctrl_c_asks_like_q_and_twice_kills(tmp_path):
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, TRAP_TERM.replace("sys.exit(0)", "time.sleep(60)"))))
+
+    async def body(app, pilot):
+        await pilot.press("ctrl+c")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="quit question")
+        assert all(r.state.alive for r in app.engine.snapshot().ranks)
+        await pilot.press("ctrl+c")  # the ranks ignore SIGTERM: only a kill ends them
+        await until(pilot, lambda: app.engine.snapshot().ended, what="ranks killed")
+        assert all(r.signal_name == "SIGKILL" for r in app.engine.snapshot().ranks)
+
+    drive(app, body)
+    assert app.exit_status == QUIT_STATUS
+
+
+def test_restart_rank_separator_and_root_cause_names_the_restart(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path / "logs", PEER_LOSS, env={"MARKS": str(marks)})))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: (marks / "first").exists(), what="rank 1 up")
+        await pilot.press("1", "r", "r")
+        await until(pilot, lambda: app.main.ended, what="rank 0 failed after the restart")
+        output = b"".join(app.engine.agent.output(1)).decode()
+        assert "restart 1 of this rank (ranktop)" in output
+        assert output.index("restart 1 of this rank") < output.rindex("rank 1 up")
+        panel = app.main.query_one("#root-cause-text").render().plain
+        assert "rank 0" in panel and "after a user action: you restarted rank 1 at" in panel
+        cause = app.engine.snapshot().root_cause
+        assert cause.rank == 0 and "you restarted rank 1" in cause.user_action
+        text = format_root_cause(cause, name="x", attempt=0, max_restarts=0)
+        assert "note: you restarted rank 1 at" in text.splitlines()[1]
+
+    drive(app, body)
+
+
+def _agent(tmp_path, code: str, stall: float) -> LocalAgent:
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sys.executable, args=("-u", "-c", code),
+                      name="quiet.py")
+    return LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2.0, stall_timeout=stall)
+
+
+QUIET = "import time\nprint('one line', flush=True)\ntime.sleep(60)\n"
+
+
+def test_restart_starts_the_stall_clock_again(tmp_path):
+    engine = LocalEngine(_agent(tmp_path, QUIET, stall=1.5)).start()
+    try:
+        wait_for(lambda: engine.snapshot().ranks[0].state == RankState.STALLED, what="stalled")
+        old = engine.snapshot().ranks[0].pid
+        assert engine.submit(cmd.RestartRank(0)).ok
+        wait_for(lambda: engine.snapshot().ranks[0].pid != old and engine.snapshot().ranks[0].state.alive,
+                 what="restarted")
+        assert engine.snapshot().ranks[0].state != RankState.STALLED  # the new process has not been silent yet
+    finally:
+        engine.close()
+
+
+def test_our_own_signal_dump_does_not_clear_a_stall(tmp_path):
+    engine = LocalEngine(_agent(tmp_path, QUIET, stall=1.0)).start()
+    try:
+        wait_for(lambda: engine.snapshot().ranks[0].state == RankState.STALLED, what="stalled")
+        ack = engine.submit(cmd.SignalDump())
+        assert ack.ok and ack.report is not None and ack.report.ranks[0].threads  # it did print its stacks
+        assert b"most recent call first" in b"".join(engine.agent.output(0))
+        assert engine.snapshot().ranks[0].state == RankState.STALLED
+        kinds = [e for e in open(os.path.join(engine.agent.run_dir, "events.jsonl")).read().splitlines()]
+        assert not any('"stall_cleared"' in k for k in kinds)
+    finally:
+        engine.close()
+
+
+def test_go_to_rank_digits_and_palette(monkeypatch):
+    monkeypatch.setattr(main_screen, "DIGIT_SECONDS", 60.0)  # a loaded box may be slow between two keys
+    engine = FakeEngine(32)
+
+    async def body(app, pilot):
+        main = app.main
+        await pilot.press("1", "2")  # typed together: rank 12, not rank 2
+        assert main.current == 12
+        await pilot.press("g", *"27", "enter")
+        assert main.current == 27 and not main.query_one("#goto").display
+        await pilot.press("colon", *"99", "enter")
+        assert main.current == 27 and "no rank 99 here: ranks are 0..31" in notes(app)
+        titles = [c.title for c in app.get_system_commands(main)]
+        assert "Focus rank 31" in titles and "Focus rank 32" not in titles
+        assert not any("Focus rank N" in t for t in titles)
+
+    drive_fake(engine, body)
+
+
+def test_follow_state_in_the_title():
+    engine = FakeEngine(1)
+    engine.print(0, *[f"line {i}" for i in range(100)])
+
+    async def body(app, pilot):
+        await until(pilot, lambda: app.main.pane(0).log.line_count == 100, what="lines")
+        await until(pilot, lambda: "following" in app.main.pane(0).title, what="following")
+        await pilot.press("f")
+        await until(pilot, lambda: "paused at line" in app.main.pane(0).title, what="paused shown")
+        assert "paused at line" in notes(app)
+        await pilot.press("home")
+        await until(pilot, lambda: "paused at line 1 " in app.main.pane(0).title, what="top line shown")
+        await pilot.press("end")
+        await until(pilot, lambda: "following" in app.main.pane(0).title, what="following again")
+
+    drive_fake(engine, body)
+
+
+def _snap(state: RankState, **kw) -> RankSnapshot:
+    base = dict(rank=0, local_rank=0, pid=1, state=state, exitcode=None, signal_name=None, restarts=0,
+                started_at=0.0, ended_at=None, last_output_at=None, output_version=0)
+    return RankSnapshot(**{**base, **kw})
+
+
+def test_no_color_drops_colours_but_keeps_reverse(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    stalled = _snap(RankState.STALLED, stall_seconds=12.0)
+    assert state_label(stalled) == "stalled 12s" and state_style(stalled) == "bold reverse"
+    assert state_style(_snap(RankState.KILLED, exitcode=-15, signal_name="SIGTERM")) == "italic"
+
+
+def test_state_words_and_looks_without_colour():
+    assert state_label(_snap(RankState.FAILED, exitcode=1)) == "exit 1"
+    assert state_label(_snap(RankState.FAILED, exitcode=-11, signal_name="SIGSEGV")) == "failed SIGSEGV"
+    # Under NO_COLOR colours go: the states that need a look are reversed, and kills are not red.
+    for state in (RankState.FAILED, RankState.STALLED, RankState.UNREAPABLE):
+        assert "reverse" in STATE_STYLE[state]
+    assert "red" not in STATE_STYLE[RankState.KILLED]
+    dead = _snap(RankState.FAILED, exitcode=1, last_output_at=100.0, ended_at=100.0)
+    assert "ago" not in rank_title(dead, now=500.0).plain
+    alive = _snap(RankState.RUNNING, last_output_at=100.0)
+    assert "6m40s ago" in rank_title(alive, now=500.0).plain
+
+
+def test_attempt_named_as_its_directory(tmp_path):
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, TICKER, n=1, max_restarts=2)))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: "attempt_0 (2 restarts left)" in app.main.query_one("#header").render().plain,
+                    what="attempt named as its directory")
+        assert os.path.isdir(os.path.join(app.engine.agent.run_dir, "attempt_0"))
+
+    drive(app, body)
+
+
+# ----- in a real terminal ----------------------------------------------------------------------
+TWO_STEPS = ("import os, sys, time\nr = os.environ['RANK']\nprint('hello from', r, flush=True)\n"
+             "if r == '1' and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+             "    time.sleep(0.3); sys.exit(4)\n"
+             "while not os.path.exists(os.environ['DONE']):\n    time.sleep(0.05)\n")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_small_terminal_ctrl_c_and_the_report_left_behind(tmp_path):
+    script = tmp_path / "ticker.py"
+    script.write_text(TRAP_TERM.replace("sys.exit(0)", "time.sleep(60)"))  # only SIGKILL ends it
+    status = tmp_path / "status"
+    command = (f"cd {ROOT} && {sys.executable} -m ranktop --tui --nproc-per-node 2 --shutdown-timeout 20 "
+               f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
+    term = Terminal(command, width=80, height=24)
+    try:
+        screen = term.wait_screen(" 1/1  running")
+        footer = screen.rstrip("\n").split("\n")[-1]
+        assert "q Quit" in footer and "? Help" in footer  # the essentials survive 80 columns
+        term.press("C-c")
+        term.wait_screen("still running")
+        term.press("C-c")  # twice: kill now
+        wait_for(lambda: status.exists() and status.read_text().strip(), timeout=15, what="ranktop exited")
+        assert status.read_text().strip() == "130"
+        run_dir = next((tmp_path / "logs").iterdir())
+        wait_for(lambda: f"ticker.py stopped on request; logs in {run_dir}" in term.screen().replace("\n", ""),
+                 what="the end report left in the terminal")
+        assert '"signal": "SIGKILL", "by_us": true' in (run_dir / "events.jsonl").read_text()  # not the grace
+    finally:
+        term.close()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_earlier_attempt_failure_stays_in_sight(tmp_path):
+    script = tmp_path / "two_steps.py"
+    script.write_text(TWO_STEPS)
+    done = tmp_path / "done"
+    status = tmp_path / "status"
+    command = (f"cd {ROOT} && {sys.executable} -m ranktop --tui --exit-on-end --nproc-per-node 2 --max-restarts 1 "
+               f"--env DONE={done} --log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
+    term = Terminal(command)
+    try:
+        term.wait_screen("attempt_1")
+        screen = term.wait_screen("earlier: attempt_0: rank 1 failed (exit 4)")
+        assert "attempt_1 (0 restarts left)" in screen
+        done.write_text("")
+        wait_for(lambda: status.exists() and status.read_text().strip(), timeout=15, what="ranktop exited")
+        assert status.read_text().strip() == "0"
+        text = term.screen().replace("\n", "")
+        assert "two_steps.py succeeded: all ranks exited 0; logs in" in text
+        assert "earlier attempts: attempt_0: rank 1 failed (exit 4)" in text
+    finally:
+        term.close()
+
+
+FAILER = ("import os, sys, time\nprint('rank', os.environ['RANK'], 'up', flush=True)\n"
+          "if os.environ['RANK'] == '1':\n    time.sleep(0.2)\n    raise ValueError('boom 42')\ntime.sleep(60)\n")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path):
+    script = tmp_path / "failer.py"
+    script.write_text(FAILER)
+    copied = tmp_path / "copied.log"
+    pager = tmp_path / "pager.sh"  # a pager that keeps what it was given
+    pager.write_text(f"#!/bin/sh\ncat \"$1\" > {copied}\n")
+    pager.chmod(0o755)
+    command = (f"cd {ROOT} && PAGER={pager} {sys.executable} -m ranktop --tui --nproc-per-node 2 "
+               f"--log-dir {tmp_path / 'logs'} {script}; sleep 30")
+    term = Terminal(command)
+    try:
+        term._tmux("set-option", "-s", "set-clipboard", "on")
+        term.wait_screen("ROOT CAUSE")
+        term.press("y")
+        term.wait_screen("root cause copied")
+        buffer = wait_for(lambda: (b := term._tmux("show-buffer")) and "boom 42" in b and b, what="tmux buffer")
+        assert "root cause: rank 1" in buffer and "ValueError: boom 42" in buffer
+        term.press("z")  # zoomed, the title says where the rank's log is
+        term.wait_screen("attempt_0/1/stdout.log")
+        term.press("o")  # the culprit is focused: its stdout log goes to the pager, then the TUI is back
+        wait_for(lambda: copied.exists() and "rank 1 up" in copied.read_text(), what="the pager got the log")
+        term.wait_screen("ROOT CAUSE")
+    finally:
+        term.close()
+
+
+def test_copy_key_without_a_root_cause_says_so():
+    async def body(app, pilot):
+        await pilot.press("y")
+        assert "no root cause to copy" in notes(app) and app.clipboard == ""
+
+    drive_fake(FakeEngine(2), body)
+
+
+def test_rank_list_sorts_and_filters_by_state():
+    engine = FakeEngine(32)
+    engine.set_rank(7, state=RankState.FAILED, exitcode=1)
+    engine.set_rank(20, state=RankState.STALLED, stall_seconds=61.0)
+
+    async def body(app, pilot):
+        main = app.main
+        listing = main.query_one(RankList)
+        await until(pilot, lambda: listing.order[:3] == [0, 1, 2], what="rank order")
+        await pilot.press("s")  # by state: the failed and the stalled first
+        await until(pilot, lambda: listing.order[:2] == [7, 20], what="state order")
+        assert "by state" in listing.plain
+        await pilot.press("v")  # problems only
+        await until(pilot, lambda: listing.order == [7, 20], what="problems only")
+        await pilot.press("down")  # the arrows walk the list as shown
+        assert main.current == 7
+        await pilot.press("down")
+        assert main.current == 20
+        await pilot.press("v", "v", "s", "s", "s")  # back to every rank, by rank
+        await until(pilot, lambda: len(listing.order) == 32 and listing.order[0] == 0, what="all again")
+
+    drive_fake(engine, body)
+
+
+def test_search_every_rank_counts_and_steps_across_ranks():
+    engine = FakeEngine(3)
+    engine.print(0, "a needle", "hay", "needle again")
+    engine.print(1, "only hay")
+    engine.print(2, "NEEDLE in caps")
+
+    async def body(app, pilot):
+        main = app.main
+        await until(pilot, lambda: main.pane(0).log.line_count == 3, what="lines in")
+        await pilot.press("1", "ctrl+f", *"needle", "enter")
+        assert "3 matches for 'needle' in 2 ranks: 0 (2), 2 (1)" in notes(app)
+        assert main.current == 2  # rank 1 has none: the next rank that has
+        await until(pilot, lambda: " 1 hit " in main.pane(2).title and " 0 hits " in main.pane(1).title
+                    and " 2 hits " in main.pane(0).title, what="hit counts in the titles")
+        await pilot.press("n")  # rank 2's only match: on to rank 0's first
+        assert main.current == 0 and main.pane(0).log.search_query == "needle"
+        await pilot.press("n")  # rank 0's second match
+        assert main.current == 0
+        await pilot.press("n")  # and round to rank 2
+        assert main.current == 2
+        await pilot.press("N")  # back: rank 0's last match
+        assert main.current == 0
+        await pilot.press("slash", "escape")  # an ordinary search, cancelled: the counts stay
+        await pilot.press("slash", *"hay", "enter")  # a search of this rank ends the one of every rank
+        await until(pilot, lambda: "hit" not in main.pane(1).title, what="counts gone")
+
+    drive_fake(engine, body)
+
+
+ATTEMPTS = ("import os, sys, time\nk = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
+            "print('rank', os.environ['RANK'], 'in attempt', k, flush=True)\n"
+            "if k == '0' and os.environ['RANK'] == '1':\n    print('dying', file=sys.stderr, flush=True); sys.exit(5)\n"
+            "time.sleep(60)\n")
+
+
+def test_attempt_switcher_reads_earlier_attempts_from_the_logs(tmp_path):
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, ATTEMPTS, max_restarts=1)))
+
+    async def body(app, pilot):
+        main = app.main
+        await until(pilot, lambda: app.engine.snapshot().attempt == 1 and main.pane(1).log.line_count == 1,
+                    what="attempt 1 running")
+        await pilot.press("1", "left_square_bracket")
+        log = main.pane(1).log
+        await until(pilot, lambda: "attempt_0 (log files" in main.pane(1).title, what="viewing attempt_0")
+        lines = [bytes(line) for line in log._lines]
+        assert lines == [b"rank 1 in attempt 0", "──── attempt_0 stderr.log ────".encode(), b"dying"]
+        await pilot.press("right_square_bracket")  # back to the live attempt
+        await until(pilot, lambda: "following" in main.pane(1).title and log.line_count == 1, what="live again")
+        assert [bytes(line) for line in log._lines] == [b"rank 1 in attempt 1"]
+
+    drive(app, body)
+
+
+def test_regular_expression_searches_and_a_bad_one():
+    engine = FakeEngine(2)
+    engine.print(0, "step 1 loss 0.5", "step 2 loss nan", "eval")
+    engine.print(1, "step 1 loss 0.4")
+
+    async def body(app, pilot):
+        main = app.main
+        await until(pilot, lambda: main.pane(0).log.line_count == 3, what="lines in")
+        await pilot.press("ctrl+f", *"re:loss [0-9.]+$", "enter")
+        assert "2 matches for 're:loss [0-9.]+$' in 2 ranks: 0 (1), 1 (1)" in notes(app)
+        await pilot.press("slash", *"re:LOSS (nan|inf)", "enter")  # any case
+        assert "1 match for 're:LOSS (nan|inf)' in rank 0" in notes(app)
+        await pilot.press("slash", *"re:loss [", "enter")
+        assert "bad regular expression 'loss [': unterminated character set" in notes(app)
+
+    drive_fake(engine, body)

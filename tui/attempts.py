@@ -1,0 +1,62 @@
+"""Earlier attempts' output: the engine keeps only the running attempt's lines, so a rank's output
+from an attempt before a group restart is read back from its log files (`attempt_<k>/<local
+rank>/stdout.log` and `stderr.log` under the run directory) for the pane's attempt switcher.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ranktop.core.output import RING_BYTES
+
+_ATTEMPT = re.compile(r"attempt_(\d+)(?:\.(\d+))?$")
+
+
+def attempt_dirs(run_dir: str | None) -> list[str]:
+    """The run's attempt directories, oldest first (attempt_0, attempt_1, attempt_1.1, ...)."""
+    if not run_dir:
+        return []
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return []
+    found = [(m, name) for name in names if (m := _ATTEMPT.match(name))]
+    found.sort(key=lambda pair: (int(pair[0].group(1)), int(pair[0].group(2) or 0)))
+    return [os.path.join(run_dir, name) for _m, name in found]
+
+
+def _tail_lines(path: str, max_bytes: int) -> list[bytes]:
+    """The file's last `max_bytes` bytes as lines (the first, cut one dropped); [] if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.split(b"\n")
+    if size > max_bytes:
+        lines = lines[1:]
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
+class FileFeed:
+    """One rank's logs of a finished attempt, in the shape a LogView polls (version, since, maxlen):
+    stdout's lines, then stderr's under a marker (the files do not keep their interleaving)."""
+
+    def __init__(self, attempt_dir: str, local_rank: int, maxlen: int) -> None:
+        rank_dir = os.path.join(attempt_dir, str(local_rank))
+        self.name = os.path.basename(attempt_dir)
+        self.maxlen, self.max_bytes = maxlen, RING_BYTES
+        half = RING_BYTES // 2
+        out = _tail_lines(os.path.join(rank_dir, "stdout.log"), half)
+        err = _tail_lines(os.path.join(rank_dir, "stderr.log"), half)
+        lines = out + ([f"──── {self.name} stderr.log ────".encode(), *err] if err else [])
+        self.lines = lines[-maxlen:] or [f"({self.name}: no output in its log files)".encode()]
+        self.version = 0
+
+    def since(self, seen: int) -> tuple[int, int, list[bytes], list[bytes]]:
+        return self.version, len(self.lines), self.lines[seen:], []

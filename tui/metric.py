@@ -1,0 +1,157 @@
+"""A number taken from every rank's output (`--metric 'loss ([0-9.eE+-]+)'`), its output rate, and
+a short history of both and of the engine's samples, for the titles, the rank list and sparklines.
+
+With a metric, every rank is read, shown or not, through its own cursor on `engine.output_since`,
+once a second: only the lines printed since the last look are copied (which also gives the output
+rate). Without one no output is read here: a run nobody asked a metric of pays nothing per line,
+and the histories are the engine's samples only (cpu, rss, GPU).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import statistics
+import time
+
+from ranktop.core.engine import Engine, OutputCursor
+from ranktop.core.sanitize import clean
+from ranktop.core.state import GroupSnapshot
+
+HISTORY = 60  # samples kept per series (one a second: the last minute)
+READ_SECONDS = 1.0  # how often every rank's new output is read
+OUTLIER_MADS = 3.0  # a value this many median absolute deviations from the median is marked
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+class BadMetric(ValueError):
+    """The --metric expression does not compile; the message is the one line to show."""
+
+
+def compile_metric(pattern: str) -> re.Pattern[str]:
+    """The --metric regular expression: its first group (or the whole match) is the value."""
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise BadMetric(f"bad --metric {pattern!r}: {exc}") from None
+
+
+def metric_name(pattern: re.Pattern[str]) -> str:
+    """A named group's name, else the literal words before the first group ('loss'), else 'metric'."""
+    if pattern.groupindex:
+        return next(iter(pattern.groupindex))
+    head = re.match(r"[A-Za-z_][\w ]*?(?=\s*[:=]?\s*\()", pattern.pattern)
+    return head.group(0).strip() if head else "metric"
+
+
+def sparkline(values: list[float], width: int = 12) -> str:
+    """The last `width` values as bar characters, scaled between their own min and max."""
+    values = values[-width:]
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+    return "".join(_BARS[min(len(_BARS) - 1, int((v - low) / span * len(_BARS)))] for v in values)
+
+
+class RankTrack:
+    """One rank: its cursor, its last metric value, its output rate and their histories."""
+
+    def __init__(self) -> None:
+        self.cursor: OutputCursor | None = None
+        self.value: str | None = None
+        self.rate = 0.0  # complete lines a second over the last read
+        self.history: dict[str, collections.deque[float]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=HISTORY))
+
+    def number(self) -> float | None:
+        try:
+            return float(self.value) if self.value is not None else None
+        except ValueError:
+            return None
+
+
+class Tracker:
+    """Metric, output rate and history for every rank of an engine."""
+
+    def __init__(self, engine: Engine, pattern: re.Pattern[str] | None) -> None:
+        self.engine = engine
+        self.pattern = pattern
+        self.name = metric_name(pattern) if pattern is not None else None
+        self.ranks: dict[int, RankTrack] = {}
+        self._last_read = 0.0
+        self._generation = -1
+
+    def update(self, snap: GroupSnapshot, now: float | None = None) -> bool:
+        """Read the ranks' new output and the snapshot's samples, at most once a READ_SECONDS;
+        True when it did."""
+        now = time.monotonic() if now is None else now
+        if now - self._last_read < READ_SECONDS:
+            return False
+        elapsed = now - self._last_read if self._last_read else READ_SECONDS
+        self._last_read = now
+        if snap.generation != self._generation:  # a group restart: new rings, new numbers
+            self._generation, self.ranks = snap.generation, {}
+        for rank in snap.ranks:
+            track = self.ranks.setdefault(rank.local_rank, RankTrack())
+            if self.pattern is not None:
+                self._read(rank.local_rank, track, elapsed)
+            self._sample(track, rank, rate=self.pattern is not None)
+        return True
+
+    def _read(self, local_rank: int, track: RankTrack, elapsed: float) -> None:
+        before = track.cursor.line if track.cursor is not None else None
+        cursor, lines, open_lines = self.engine.output_since(local_rank, track.cursor)
+        track.cursor = cursor
+        track.rate = 0.0 if before is None else max(0, cursor.line - before) / elapsed
+        for raw in (*reversed(open_lines), *reversed(lines)):  # the newest match is the one wanted
+            found = self.pattern.search(raw.decode("utf-8", "replace"))
+            if found:
+                track.value = clean(found.group(1) if found.groups() else found.group(0))[:16]
+                break
+
+    @staticmethod
+    def _sample(track: RankTrack, rank, *, rate: bool) -> None:  # noqa: ANN001 (a RankSnapshot)
+        history = track.history
+        if rate:
+            history["out"].append(track.rate)
+        if rank.cpu_percent is not None:
+            history["cpu"].append(rank.cpu_percent)
+        if rank.rss is not None:
+            history["rss"].append(float(rank.rss))
+        if rank.gpu is not None and rank.gpu.util_percent is not None:
+            history["gpu"].append(rank.gpu.util_percent)
+        if rank.gpu is not None and (rank.gpu.proc_mem or rank.gpu.mem_used) is not None:
+            history["gmem"].append(float(rank.gpu.proc_mem or rank.gpu.mem_used))
+        number = track.number()
+        if number is not None:
+            history["metric"].append(number)
+
+    def outliers(self) -> set[int]:
+        """Local ranks whose metric is far from the others' (median absolute deviation)."""
+        values = {r: t.number() for r, t in self.ranks.items()}
+        numbers = {r: v for r, v in values.items() if v is not None}
+        if len(numbers) < 3:
+            return set()
+        median = statistics.median(numbers.values())
+        mad = statistics.median(abs(v - median) for v in numbers.values())
+        if mad == 0:
+            return {r for r, v in numbers.items() if v != median} if len(set(numbers.values())) > 1 else set()
+        return {r for r, v in numbers.items() if abs(v - median) > OUTLIER_MADS * mad}
+
+    def title_part(self, local_rank: int) -> str | None:
+        """'loss 0.0123 4.0/s' for a rank's title, or None without a metric."""
+        track = self.ranks.get(local_rank)
+        if self.pattern is None or track is None:
+            return None
+        return f"{self.name} {track.value or '-'} {track.rate:.1f}/s"
+
+    def sparks(self, local_rank: int) -> str:
+        """'cpu ▁▃▅ out ▂▂▇ loss ▇▅▃' for the zoomed title."""
+        track = self.ranks.get(local_rank)
+        if track is None:
+            return ""
+        names = {"cpu": "cpu", "rss": "rss", "gpu": "gpu", "gmem": "gmem", "out": "out", "metric": self.name}
+        parts = [f"{names[key]} {sparkline(list(track.history[key]))}" for key in names
+                 if len(track.history.get(key, ())) > 1]
+        return "  ".join(parts)
