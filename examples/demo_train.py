@@ -69,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-step", type=int, default=None, help="step at which it fails (default steps/3)")
     p.add_argument("--hang-rank", type=int, default=None, help="this global rank stops making progress")
     p.add_argument("--hang-step", type=int, default=None, help="step at which it hangs (default steps/3)")
+    p.add_argument("--slow-rank", type=int, default=None, help="this global rank steps at half the rate")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     return p.parse_args(argv)
 
@@ -104,6 +105,8 @@ def train(args: argparse.Namespace, paint: Paint, rank: int, world: int) -> None
     fail_step = args.fail_step if args.fail_step is not None else args.steps // 3
     hang_step = args.hang_step if args.hang_step is not None else args.steps // 3
     period = 1.0 / args.rate * (1.0 + 0.03 * rank)  # ranks drift apart a little, like real ones
+    if rank == args.slow_rank:
+        period *= 2  # a straggler (a slow GPU, a busy host): what --metric makes visible
     started = time.monotonic()
     epoch_loss = 0.0
     for step in range(args.steps):

@@ -4,7 +4,8 @@
 
 Runs examples/demo_train.py under the real app (real ranks, fake NVML via RANKTOP_FAKE_GPUS=4 so
 the GPU columns show) and writes <name>.svg and <name>.png for: 4 ranks training, a failed rank
-with its root cause, a zoomed pane with a search, and 16 ranks. PNGs need the Fira Code font
+with its root cause, a zoomed pane with a search, 16 ranks, 8 ranks with a --metric column and a
+straggler, a zoomed rank with sparklines, a restarted rank's separator, and an 80x24 terminal. PNGs need the Fira Code font
 (Debian: apt-get install fonts-firacode) for cairosvg to render the SVG's font-family.
 """
 
@@ -24,12 +25,15 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RANKTOP_FAKE_GPUS", "4")
 
 from ranktop.core.agent import LocalAgent  # noqa: E402
+from ranktop.core.engine import LocalEngine  # noqa: E402
 from ranktop.core.spec import WorkerSpec  # noqa: E402
 from ranktop.core.stats import StatsSampler  # noqa: E402
 from ranktop.tui.app import RanktopApp  # noqa: E402
+from ranktop.tui.metric import compile_metric  # noqa: E402
 
 DEMO = str(ROOT / "examples" / "demo_train.py")
 SIZE = (160, 48)
+LOSS = compile_metric(r"loss ([0-9.]+)")
 
 Scene = Callable[[RanktopApp, object], Awaitable[None]]
 
@@ -43,7 +47,7 @@ async def until(pilot, condition, timeout: float = 30.0) -> None:
 
 
 def lines_of(app: RanktopApp, local_rank: int) -> int:
-    return len(app.agent.output(local_rank))
+    return len(app.engine.agent.output(local_rank))
 
 
 async def training(app, pilot) -> None:
@@ -57,7 +61,7 @@ async def failed(app, pilot) -> None:
 
 
 async def zoom_search(app, pilot) -> None:
-    await until(pilot, lambda: any(b"warning" in line for line in app.agent.output(1)) and lines_of(app, 1) > 60)
+    await until(pilot, lambda: any(b"warning" in line for line in app.engine.agent.output(1)) and lines_of(app, 1) > 60)
     await pilot.press("1", "z", "slash", *"warning", "enter")
     await pilot.pause(0.5)
 
@@ -67,26 +71,53 @@ async def sixteen(app, pilot) -> None:
     await pilot.pause(1.2)
 
 
-SCENES: list[tuple[str, int, tuple[str, ...], Scene]] = [
-    ("training-4-ranks", 4, ("--rate", "12"), training),
-    ("failed-rank-root-cause", 4, ("--rate", "25", "--fail-rank", "2", "--fail-step", "40"), failed),
-    ("zoomed-pane-search", 4, ("--rate", "25"), zoom_search),
-    ("sixteen-ranks", 16, ("--rate", "8"), sixteen),
+async def metric_lens(app, pilot) -> None:
+    await until(pilot, lambda: all(lines_of(app, r) > 25 for r in range(8)), timeout=60)
+    await pilot.pause(2.5)  # a few output-rate samples, so the straggler stands out
+
+
+async def sparklines(app, pilot) -> None:
+    await until(pilot, lambda: lines_of(app, 0) > 40, timeout=60)
+    await pilot.press("0", "z")
+    await pilot.pause(3.0)  # the sparklines fill from the samples taken while zoomed
+
+
+async def restart_separator(app, pilot) -> None:
+    await until(pilot, lambda: lines_of(app, 1) > 20)
+    await pilot.press("1", "r", "r")  # the second press confirms
+    await until(pilot, lambda: any(b"restart 1 of this rank" in line for line in app.engine.agent.output(1)))
+    await until(pilot, lambda: lines_of(app, 1) > 8)
+    await pilot.press("z")
+    await pilot.pause(1.0)
+
+
+SCENES: list[tuple[str, int, tuple[str, ...], Scene, dict]] = [
+    ("training-4-ranks", 4, ("--rate", "12"), training, {}),
+    ("failed-rank-root-cause", 4, ("--rate", "25", "--fail-rank", "2", "--fail-step", "40"), failed, {}),
+    ("zoomed-pane-search", 4, ("--rate", "25"), zoom_search, {}),
+    ("sixteen-ranks", 16, ("--rate", "8"), sixteen, {}),
+    ("metric-straggler", 8, ("--rate", "10", "--slow-rank", "5"), metric_lens, {"metric": LOSS}),
+    ("zoomed-sparklines", 4, ("--rate", "10"), sparklines, {"metric": LOSS}),
+    ("restart-separator", 2, ("--rate", "12"), restart_separator, {}),
+    ("small-80x24", 4, ("--rate", "12"), training, {"size": (80, 24)}),
 ]
 
 
-def shoot(name: str, nproc: int, args: tuple[str, ...], scene: Scene, out: Path, log_root: str) -> Path:
+def shoot(name: str, nproc: int, args: tuple[str, ...], scene: Scene, out: Path, log_root: str,
+          metric=None, size: tuple[int, int] = SIZE) -> Path:
     spec = WorkerSpec(role="default", local_world_size=nproc, entrypoint=sys.executable,
                       args=("-u", DEMO, *args), name="demo_train.py", max_restarts=0)
     sampler = StatsSampler(interval=0.5)
     agent = LocalAgent(spec, log_dir=log_root, console=False, color=True, shutdown_timeout=3.0,
                        stall_timeout=60.0, sampler=sampler)
-    sampler.attach(agent)
-    app = RanktopApp(agent)
+    engine = LocalEngine(agent)
+    sampler.attach(engine)
+    app = RanktopApp(engine, metric=metric)
     svg = out / f"{name}.svg"
 
     async def run() -> None:
-        async with app.run_test(size=SIZE) as pilot:
+        engine.start()
+        async with app.run_test(size=size) as pilot:
             await until(pilot, lambda: app.main is not None and app.main.is_mounted)
             await scene(app, pilot)
             svg.write_text(app.export_screenshot(title=f"ranktop · {name}"))
@@ -94,6 +125,7 @@ def shoot(name: str, nproc: int, args: tuple[str, ...], scene: Scene, out: Path,
     try:
         asyncio.run(run())
     finally:
+        engine.close()
         sampler.close()
     return svg
 
@@ -114,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ranktop-shots-") as logs:
-        for name, nproc, args, scene in SCENES:
+        for name, nproc, args, scene, options in SCENES:
             if ns.only and ns.only != name:
                 continue
-            png = to_png(shoot(name, nproc, args, scene, out, logs))
+            png = to_png(shoot(name, nproc, args, scene, out, logs, **options))
             print(f"wrote {png.relative_to(ROOT) if png.is_relative_to(ROOT) else png}")
     return 0
 
