@@ -79,7 +79,7 @@ async def metric_lens(app, pilot) -> None:
 async def sparklines(app, pilot) -> None:
     await until(pilot, lambda: lines_of(app, 0) > 40, timeout=60)
     await pilot.press("0", "z")
-    await pilot.pause(3.0)  # the sparklines fill from the samples taken while zoomed
+    await pilot.pause(6.0)  # the sparklines fill from the samples taken while zoomed
 
 
 async def restart_separator(app, pilot) -> None:

@@ -165,7 +165,7 @@ def test_restart_rank_then_restart_group(tmp_path):
         await until(pilot, lambda: rank(app, 1).pid not in (None, old) and rank(app, 1).state.alive,
                     what="rank 1 restarted")
         assert rank(app, 1).restarts == 1
-        await until(pilot, lambda: "↻1" in title(app, 1) and f"pid {rank(app, 1).pid}" in title(app, 1),
+        await until(pilot, lambda: "⟳1" in title(app, 1) and f"pid {rank(app, 1).pid}" in title(app, 1),
                     what="title shows the new pid and restart")
         await pilot.press("R", "R")
         await until(pilot, lambda: app.engine.agent.attempt == 1 and all(r.pid and r.state.alive for r in

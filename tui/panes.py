@@ -143,7 +143,7 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
         title.append(f" log: {snap.log_error}, {human_bytes(snap.log_bytes_lost)} lost ", style="bold white on red")
     title.append(("" if narrow else " pid") + (f" {snap.pid}" if snap.pid else " -"))
     if snap.restarts:
-        title.append(f" ↻{snap.restarts}", style="bold yellow")
+        title.append(f" ⟳{snap.restarts}", style="bold yellow")
     if snap.cpu_percent is not None:
         title.append(f" {snap.cpu_percent:.0f}%" if narrow else f"  cpu {snap.cpu_percent:.0f}%")
     if snap.rss is not None:
