@@ -328,6 +328,8 @@ class LocalAgent:
             global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
             ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False, pty=pty,
             sanitize_console=self.sanitize_console,
+            # headless: our stdin, as torchrun gives it (pdb works); a UI types through SendInput
+            rank_stdin="inherit" if self.console else "pipe",
             waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
         ).start()
         self.state = GroupState.RUNNING
@@ -614,6 +616,8 @@ class LocalAgent:
         if isinstance(command, cmd.KillRank):
             self._note_user_action(f"killed rank {self.spec.global_rank(command.local_rank)}")
             return self._signal_ranks(pc, [command.local_rank], signal.SIGKILL)
+        if isinstance(command, cmd.SendInput):
+            return self._send_input(pc, command)
         if isinstance(command, cmd.RestartRank) and self.rendezvous is not None:
             command = cmd.RestartGroup()  # one new rank cannot rejoin the other nodes' collectives
         if isinstance(command, cmd.RestartRank):
@@ -652,6 +656,18 @@ class LocalAgent:
             slot = pc.slots[r]
             if slot.proc is not None:
                 self._dump_holds[r] = (slot.proc.pid, self._spoke_at(slot), until)
+
+    def _send_input(self, pc: PContext, command: cmd.SendInput) -> cmd.Ack:
+        rank = self.spec.global_rank(command.local_rank)
+        data = command.text.encode()
+        try:
+            taken = pc.send_input(command.local_rank, data)
+        except OSError as exc:
+            return cmd.Ack(False, f"rank {rank}: cannot type into its stdin: {exc.strerror or exc}")
+        if taken < len(data):
+            return cmd.Ack(False, f"rank {rank} is not reading its stdin: {taken} of {len(data)} bytes taken")
+        self.events.write("user_input", rank=rank, local_rank=command.local_rank, bytes=len(data))
+        return cmd.Ack(True, f"typed {len(data)} bytes into rank {rank}")
 
     def _signal_ranks(self, pc: PContext, local_ranks: Any, sig: int) -> cmd.Ack:
         name = signal.Signals(sig).name

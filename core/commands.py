@@ -86,8 +86,19 @@ class SignalDump:
     local_ranks: tuple[int, ...] | None = None
 
 
+@dataclass(frozen=True)
+class SendInput:
+    """Type `text` into one rank's standard input (a pipe, or its terminal with --pty): a
+    `breakpoint()` in a rank gets its commands this way."""
+
+    local_rank: int
+    text: str
+
+
+MAX_INPUT = 64 << 10  # characters one SendInput may carry: a typed line, not a file
+
 Command = (SignalRank | SignalGroup | KillRank | KillGroup | RestartRank | RestartGroup | Stop | Interrupt
-           | DumpStacks | SignalDump)
+           | DumpStacks | SignalDump | SendInput)
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,8 @@ def problem(command: object, local_world_size: int) -> str | None:
     if grace is not None and (isinstance(grace, bool) or not isinstance(grace, (int, float))
                               or not 0 <= grace < float("inf")):
         return f"bad grace {grace!r}: expected seconds, 0 or more"
+    if isinstance(command, SendInput) and (not isinstance(command.text, str) or len(command.text) > MAX_INPUT):
+        return f"bad input: expected text of at most {MAX_INPUT} characters"
     return None
 
 
@@ -130,5 +143,5 @@ def _signal_of(value: object) -> signal.Signals | None:
 
 
 _COMMAND_TYPES = (SignalRank, SignalGroup, KillRank, KillGroup, RestartRank, RestartGroup, Stop, Interrupt,
-                  DumpStacks, SignalDump)
+                  DumpStacks, SignalDump, SendInput)
 _NAMES = [t.__name__ for t in _COMMAND_TYPES]

@@ -15,6 +15,7 @@ guard, which still holds its process group.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import pickle
@@ -200,6 +201,7 @@ class PContext:
         sanitize_console: bool = False,
         cwd: str | None = None,
         pty: tuple[int, int] | None = None,
+        rank_stdin: str = "null",
         waker: Waker | None = None,
         generation: int = 0,
         reap_timeout: float = REAP_TIMEOUT,
@@ -220,6 +222,7 @@ class PContext:
         self.on_event = on_event
         self.cwd = cwd
         self.pty = pty  # (columns, rows) of the terminal each rank writes to; None: pipes
+        self.rank_stdin = rank_stdin  # "null", "inherit" (ours) or "pipe" (send_input): see Launch
         self.generation = generation  # which attempt of a run this is: new rings, new pids
         self.reap_timeout = reap_timeout
         self._passthrough = passthrough_console  # unredirected, unteed streams: inherit our fds
@@ -320,7 +323,7 @@ class PContext:
             argv = [str(self.entrypoint), *map(str, self.args[r])]
         sinks = self._sinks(r, slot.ring)
         pty = self.pty if STDOUT in sinks else None  # no sink: the rank inherits our own stdout
-        launch = Launch(r, argv, env, sinks, cwd=self.cwd, pty=pty)
+        launch = Launch(r, argv, env, sinks, cwd=self.cwd, pty=pty, stdin=self.rank_stdin)
         slot.proc = RankProcess(launch, self._pump)
         slot.stopped_by_us = False
         slot.kill_at = slot.reap_by = None
@@ -464,6 +467,7 @@ class PContext:
         if proc is None or proc.returncode is not None or proc.poll() is None:
             return
         code = proc.returncode
+        proc.close_input()
         self._strays.rank_reaped(proc.pid)
         self._emit("exited", slot.local_rank, pid=proc.pid, exitcode=code,
                    signal=killed_by(code), by_us=slot.stopped_by_us)
@@ -593,6 +597,18 @@ class PContext:
         self.wake()
         return True
 
+    def send_input(self, local_rank: int, data: bytes) -> int:
+        """Write `data` to a running rank's stdin (rank_stdin="pipe"); the bytes it took now.
+        OSError when it is not running or does not read from us."""
+        with self._lock:
+            slot = self.slots[local_rank]
+            if not slot.alive:
+                raise OSError(errno.ESRCH, "it is not running")
+            taken = slot.proc.write_input(data)
+            if self.pty is None:  # a pipe does not echo: show the line in the pane as a terminal would
+                slot.ring.feed(STDOUT, data[:taken])
+            return taken
+
     def pids(self) -> dict[int, int]:
         return {s.local_rank: s.proc.pid for s in self.slots if s.proc is not None}
 
@@ -651,6 +667,7 @@ class PContext:
         for slot in self.slots:  # the ranks are reaped; a grandchild may still hold the group
             if slot.proc is not None:
                 slot.proc.signal_group(signal.SIGKILL)
+                slot.proc.close_input()
         self._tell_guard("done")  # it sweeps strays that left the group while we drain
         if self._guard is not None:
             self._guard.stdin.close()

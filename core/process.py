@@ -7,6 +7,7 @@ CPython use vfork, which keeps starting many ranks cheap.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import pickle
@@ -40,6 +41,7 @@ class Launch:
     cwd: str | None = None
     pty: tuple[int, int] | None = None  # (columns, rows): stdout and stderr go to one terminal,
     # read into sinks[STDOUT]
+    stdin: str = "null"  # "null": /dev/null; "inherit": ours (as torchrun); "pipe": typed through write_input
 
 
 def open_pty(columns: int, rows: int) -> tuple[int, int]:
@@ -89,11 +91,15 @@ class RankProcess:
         self.local_rank = launch.local_rank
         self.started_at = time.time()
         master = slave = None
+        self._input_fd: int | None = None
+        stdin = {"null": subprocess.DEVNULL, "inherit": None, "pipe": subprocess.PIPE}[launch.stdin]
         if launch.pty is not None:
             # A terminal has one output: stderr joins stdout (the rank is not given it as its
             # controlling terminal, so it has isatty() and a size but no /dev/tty).
             master, slave = open_pty(*launch.pty)
             stdout = stderr = slave
+            if launch.stdin == "pipe":  # typed input goes to the terminal, as if from a keyboard
+                stdin = slave
             self.sinks = {STDOUT: launch.sinks[STDOUT]}
         else:
             stdout = subprocess.PIPE if STDOUT in launch.sinks else None
@@ -104,8 +110,8 @@ class RankProcess:
                 launch.argv,
                 env=launch.env,
                 cwd=launch.cwd,
-                stdin=subprocess.DEVNULL,  # the terminal belongs to ranktop (and a rank outside the
-                stdout=stdout,  # foreground group reading it would only get SIGTTIN)
+                stdin=stdin,  # the rank has its own session: a terminal it inherits is not its
+                stdout=stdout,  # controlling one, so reading it raises no SIGTTIN
                 stderr=stderr,
                 start_new_session=True,
                 close_fds=True,
@@ -119,6 +125,11 @@ class RankProcess:
                 os.close(slave)  # the rank has it now: its end of file is ours once the rank's tree closes it
         self.pid = self.popen.pid
         note_own_child(self.pid)  # not an orphan to adopt: we started it, Popen reaps it
+        if launch.stdin == "pipe":
+            self._input_fd = os.dup(master) if master is not None else os.dup(self.popen.stdin.fileno())
+            os.set_blocking(self._input_fd, False)  # a rank that does not read must never block us
+            if self.popen.stdin is not None:
+                self.popen.stdin.close()
         if master is not None:
             pump.add(master, self.sinks[STDOUT])  # reading it past the last writer fails with EIO: the end
         for stream, pipe in ((STDOUT, self.popen.stdout), (STDERR, self.popen.stderr)):
@@ -127,6 +138,21 @@ class RankProcess:
                 pipe.close()
         self.exited_at: float | None = None
         self.pidfd = _pidfd_open(self.pid)
+
+    def write_input(self, data: bytes) -> int:
+        """Write what fits of `data` to the rank's stdin now; the bytes written. OSError when it
+        has no stdin of ours or the rank closed it."""
+        if self._input_fd is None:
+            raise OSError(errno.EBADF, "its stdin is not ranktop's to write")
+        try:
+            return os.write(self._input_fd, data)
+        except BlockingIOError:
+            return 0  # its pipe is full: the rank is not reading
+
+    def close_input(self) -> None:
+        if self._input_fd is not None:
+            os.close(self._input_fd)
+            self._input_fd = None
 
     @property
     def returncode(self) -> int | None:

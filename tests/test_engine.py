@@ -64,7 +64,7 @@ def test_snapshot_and_output_since_are_plain_data(tmp_path):
         (cmd.Stop(signal.SIGTERM, grace=-1.0), "bad grace -1.0: expected seconds, 0 or more"),
         (cmd.DumpStacks((0, 7)), "bad local rank 7: local ranks are 0..1"),
         ("stop", "unknown command str: expected one of SignalRank, SignalGroup, KillRank, KillGroup, "
-                 "RestartRank, RestartGroup, Stop, Interrupt, DumpStacks, SignalDump"),
+                 "RestartRank, RestartGroup, Stop, Interrupt, DumpStacks, SignalDump, SendInput"),
     ],
 )
 def test_bad_commands_are_one_line_and_change_nothing(tmp_path, command, message):

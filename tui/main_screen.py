@@ -100,6 +100,7 @@ class MainScreen(Screen):
         Binding("right_square_bracket", "attempt(1)", "Later attempt's output", show=False),
         Binding("y", "copy_root_cause", "Copy the root cause (clipboard, OSC 52)", show=False),
         Binding("o", "open_log", "Open the rank's log in $PAGER", show=False),
+        Binding("i", "type_input", "Type into the rank's stdin (pdb, prompts)", show=False),
     ]
 
     class GroupEnded(Message):
@@ -144,6 +145,7 @@ class MainScreen(Screen):
         yield RootCausePanel(id="root-cause")
         yield Input(placeholder="search this rank's output (enter: find, esc: cancel)", id="search")
         yield Input(placeholder="go to rank: type its number, enter (esc: cancel)", id="goto", type="integer")
+        yield Input(id="stdin")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -329,6 +331,27 @@ class MainScreen(Screen):
     def action_unzoom(self) -> None:
         if self.zoomed:
             self.action_zoom()
+
+    # ----- typing into a rank --------------------------------------------------------------------
+    def action_type_input(self) -> None:
+        """A line for the focused rank's stdin (a breakpoint()'s pdb reads it); it stays open
+        for the next line until esc."""
+        if self._group_over():
+            return
+        box = self.query_one("#stdin", Input)
+        box.placeholder = (f"stdin of rank {self.rank_of(self.current)}: type a line, enter sends it "
+                           "(esc: close)")
+        box.border_title = f"rank {self.rank_of(self.current)} stdin"
+        box.value = ""
+        box.display = True
+        box.focus()
+
+    @on(Input.Submitted, "#stdin")
+    def send_input(self, event: Input.Submitted) -> None:
+        event.input.value = ""
+        ack = self.engine.submit(cmd.SendInput(self.current, event.value + "\n"))
+        if not ack.ok:  # a typed line shows in the pane itself; only a refusal needs words
+            self.notify(ack.message, severity="warning", timeout=4, markup=False)
 
     # ----- search -----------------------------------------------------------------------------
     def action_search(self, every_rank: bool = False) -> None:

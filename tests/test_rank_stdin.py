@@ -1,0 +1,70 @@
+"""Typing into a rank: the TUI's `i` reaches a breakpoint() in a rank (pdb over a pipe), and
+headless ranks read ranktop's own stdin, as under torchrun."""
+
+from __future__ import annotations
+
+import sys
+
+from conftest import drive, make_agent, read_events, run_ranktop, until
+from ranktop.core import commands as cmd
+from ranktop.core.engine import LocalEngine
+from ranktop.tui.app import RanktopApp
+
+PDB_RANK = (
+    "import os\n"
+    "x = 41 + int(os.environ['LOCAL_RANK'])\n"
+    "print('before', flush=True)\n"
+    "breakpoint()\n"
+    "print('after', x, flush=True)\n"
+)
+
+
+def pane_text(app, local_rank: int) -> str:
+    return "\n".join(line.decode(errors="replace") for line in app.engine.agent.output(local_rank))
+
+
+def test_i_types_into_a_breakpoint_and_the_rank_goes_on(tmp_path):
+    app = RanktopApp(LocalEngine(make_agent(tmp_path, PDB_RANK, n=2, name="pdb.py")))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: all(b"before" in b"".join(app.engine.agent.output(r)) for r in range(2)),
+                    what="both ranks at their breakpoint")
+        await pilot.press("1", "i")
+        await until(pilot, lambda: app.main.query_one("#stdin").display, what="the stdin box")
+        await pilot.press(*"p x", "enter")
+        await until(pilot, lambda: "42" in pane_text(app, 1), what="pdb printed x of rank 1")
+        await pilot.press(*"c", "enter")
+        await until(pilot, lambda: "after 42" in pane_text(app, 1), what="rank 1 went on")
+        assert "p x" in pane_text(app, 1)  # the typed line shows in the pane, as a terminal echoes it
+        assert "after" not in pane_text(app, 0)  # rank 0 still waits in its own pdb
+        await pilot.press("escape")
+        ack = app.engine.submit(cmd.SendInput(0, "c\n"))
+        assert ack.ok and ack.message == "typed 2 bytes into rank 0"
+        await until(pilot, lambda: app.main.ended, what="both ranks done")
+        typed = [e for e in read_events(app.engine.agent.run_dir) if e["event"] == "user_input"]
+        assert [(e["rank"], e["bytes"]) for e in typed] == [(1, 4), (1, 2), (0, 2)]
+        await pilot.press("q")
+
+    drive(app, body)
+    assert app.exit_status == 0
+
+
+def test_input_to_a_rank_that_ended_or_a_bad_one_is_refused(tmp_path):
+    app = RanktopApp(LocalEngine(make_agent(tmp_path, "print('done')", n=1)))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: app.main.ended, what="rank done")
+        assert app.engine.submit(cmd.SendInput(3, "x\n")).message == "bad local rank 3: local ranks are 0..0"
+        too_long = app.engine.submit(cmd.SendInput(0, "x" * (cmd.MAX_INPUT + 1)))
+        assert not too_long.ok and too_long.message == f"bad input: expected text of at most {cmd.MAX_INPUT} characters"
+        await pilot.press("q")
+
+    drive(app, body)
+
+
+def test_headless_ranks_read_ranktops_stdin(tmp_path):
+    code = "import sys; line = sys.stdin.readline(); print('got', line.strip(), flush=True)"
+    done = run_ranktop("--headless", "--no-python", "--log-dir", str(tmp_path), sys.executable, "-c", code,
+                       input="hello\n")
+    assert done.returncode == 0, done.stderr
+    assert "got hello" in done.stdout
