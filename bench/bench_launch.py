@@ -353,22 +353,31 @@ def stop_bare(base: str, script: str) -> float:
             p.wait()
 
 
-def run_cat_floor(script: str, args: list[str], log_dir: str) -> float:
-    """The C floor: every rank's output piped into its own `cat`, which writes the log file."""
+def run_cat_floor(script: str, args: list[str], log_dir: str, cpu: list[float] | None = None) -> float:
+    """The C floor: every rank's output piped into its own `cat`, which writes the log file.
+    The cats' CPU seconds together go to `cpu`."""
     start = time.perf_counter()
-    procs = []
+    ranks, cats = [], []
     for r in range(NPROC):
         log = open(os.path.join(log_dir, f"{r}.log"), "wb")
         cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=log)
         log.close()
-        rank = subprocess.Popen([sys.executable, "-u", script, *args, str(r)], env=rank_env(r), cwd=ROOT,
-                                stdout=cat.stdin, stderr=cat.stdin)
+        ranks.append(subprocess.Popen([sys.executable, "-u", script, *args, str(r)], env=rank_env(r), cwd=ROOT,
+                                      stdout=cat.stdin, stderr=cat.stdin))
         cat.stdin.close()
-        procs += [rank, cat]
-    codes = [p.wait(DEADLINE) for p in procs]
+        cats.append(cat)
+    codes = [p.wait(DEADLINE) for p in ranks]
+    cats_cpu = 0.0
+    for cat in cats:
+        _, status, usage = os.wait4(cat.pid, 0)
+        cat.returncode = os.waitstatus_to_exitcode(status)
+        codes.append(cat.returncode)
+        cats_cpu += usage.ru_utime + usage.ru_stime
     elapsed = time.perf_counter() - start
     if any(codes):
         raise RuntimeError(f"floor processes exited with {codes}")
+    if cpu is not None:
+        cpu.append(cats_cpu)
     return elapsed
 
 
@@ -386,14 +395,15 @@ def bench_writes(base: str, n: int, torchrun: bool, lines: int) -> dict[str, Res
     script = os.path.join(base, "writer.py")
     Path(script).write_text(WRITER)
     problems: dict[str, str] = {}
-    cpu: dict[str, list[float]] = {"ranktop": [], "torchrun": []}
-    logs = {"ranktop": "**/attempt_0/{r}/stdout.log", "floor": "{r}.log", "torchrun": "**/attempt_0/{r}/stdout.log"}
+    cpu: dict[str, list[float]] = {"ranktop": [], "torchrun": [], "floor": [], "ranktop-idle": []}
+    logs = {"ranktop": "**/attempt_0/{r}/stdout.log", "floor": "{r}.log", "torchrun": "**/attempt_0/{r}/stdout.log",
+            "ranktop-idle": "**/attempt_0/{r}/stdout.log"}
 
-    def checked(name: str, run: Callable[[str, list[str]], float]) -> Callable[[], float]:
+    def checked(name: str, run: Callable[[str, list[str]], float], count: int = lines) -> Callable[[], float]:
         def once() -> float:
             log_dir, cpu_dir = fresh_dir(base, f"{name}-logs"), fresh_dir(base, f"{name}-cpu")
-            elapsed = run(log_dir, [str(lines), cpu_dir])
-            problem = check_writes(log_dir, lines, logs[name]) if name in logs else None
+            elapsed = run(log_dir, [str(count), cpu_dir])
+            problem = check_writes(log_dir, count, logs[name]) if name in logs else None
             if problem:
                 problems[name] = problem
             return elapsed
@@ -408,8 +418,10 @@ def bench_writes(base: str, n: int, torchrun: bool, lines: int) -> dict[str, Res
 
     contenders = {
         "ranktop": checked("ranktop", launched("ranktop", ranktop_cmd)),
-        "floor": checked("floor", lambda d, args: run_cat_floor(script, args, d)),
+        "floor": checked("floor", lambda d, args: run_cat_floor(script, args, d, cpu["floor"])),
         "bare": checked("bare", lambda d, args: run_bare(script, args)),
+        # the same job with one line per rank: ranktop's start-up and teardown, to take apart
+        "ranktop-idle": checked("ranktop-idle", launched("ranktop-idle", ranktop_cmd), count=1),
     }
     if torchrun:
         contenders["torchrun"] = checked("torchrun", launched("torchrun", torchrun_cmd))
@@ -537,16 +549,23 @@ def print_table(rows: dict[str, dict[str, Result]], lines: int, repeats: int, wr
                 print(f"  {name}/{who}: {r.note}")
             if len(r.times) > 1:
                 print(f"  {name}/{who}: runs {' '.join(f'{t:.3f}' for t in r.times)}")
-            if r.cpu:
-                print(f"  {name}/{who}: {own_cpu_line(r.cpu, len(writes_payload(0, writes)))}")
+            if r.cpu and who != "ranktop-idle":
+                idle = res.get("ranktop-idle")
+                print(f"  {name}/{who}: {own_cpu_line(r.cpu, len(writes_payload(0, writes)), idle.cpu if idle and who == 'ranktop' else None)}")
 
 
-def own_cpu_line(seconds: list[float], rank_bytes: float) -> str:
-    """The launcher's own CPU for the job and what it comes to per GB of output."""
+def own_cpu_line(seconds: list[float], rank_bytes: float, idle: list[float] | None) -> str:
+    """The CPU a reader spent on the job and what it comes to per GB of output; with `idle` (the
+    same launcher's CPU for a job of one line per rank), also without its start-up."""
     total = NPROC * rank_bytes
     cpu = statistics.median(seconds)
-    return (f"own CPU {cpu:.3f} s (runs {' '.join(f'{c:.3f}' for c in seconds)}) for {total / 1e6:.0f} MB: "
+    line = (f"CPU {cpu:.3f} s (runs {' '.join(f'{c:.3f}' for c in seconds)}) for {total / 1e6:.0f} MB: "
             f"{total / 1e9 / cpu:.2f} GB of lines per CPU second [target >= 1 GB/s: {_yes(total / 1e9 / cpu >= 1)}]")
+    if idle:
+        start = statistics.median(idle)
+        line += (f"; start-up and teardown alone {start:.3f} s (runs {' '.join(f'{c:.3f}' for c in idle)}), "
+                 f"the output itself {cpu - start:.3f} s = {total / 1e9 / max(cpu - start, 1e-9):.2f} GB/s")
+    return line
 
 
 def _row(cells: list[str], widths: list[int]) -> str:
