@@ -28,6 +28,7 @@ _READ_SIZE = 1 << 20  # one buffer, reused: os.read(fd, 1 MiB) would map and unm
 # starts at once, so occasional output is not delayed at all.
 _ROUND_SECONDS = 0.005
 _PIPE_SIZE = 1 << 20  # ask the kernel for 1 MiB pipes: fewer wake-ups, ranks block less
+_FULL_PIPE = 64 << 10  # what a pipe holds when it could not be widened (over the user's budget)
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 STDOUT, STDERR = 1, 2
@@ -521,9 +522,10 @@ class OutputPump:
                 return
 
     def _read(self, fd: int, tty: bool | None = None) -> bytes:
-        """What `fd` holds now, up to one buffer; b"" at end of file. One read empties a pipe, but
-        a pty (`tty`; asked of the descriptor when None) hands out at most 4 KiB a read, so one
-        read a round would hold a rank to that pace: a pty is read again until it is empty."""
+        """What `fd` holds now, up to one buffer; b"" at end of file. One read empties a pipe
+        (read again only if it was full: its writer may have been waiting with more), but a pty
+        (`tty`; asked of the descriptor when None) hands out at most 4 KiB a read, so one read a
+        round would hold a rank to that pace: a pty is read again until it is empty."""
         if tty is None:
             tty = os.isatty(fd)
         filled, size = 0, len(self._buffer)
@@ -537,8 +539,8 @@ class OutputPump:
             if not count:
                 break
             filled += count
-            if not tty:
-                break
+            if not tty and count < _FULL_PIPE:
+                break  # a pipe read short of a full pipe left it empty: no second read to see that
         return self._buffer[:filled].tobytes()
 
     def _register_pending(self) -> None:
