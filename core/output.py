@@ -491,9 +491,10 @@ class OutputPump:
         widen_pipe(fd)
         os.set_blocking(fd, False)  # a round never waits on one descriptor
         self._pending.put((fd, sink))
-        self._wake()
+        self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Start a read round now (a rank ended: its pipes are at their end)."""
         try:
             os.write(self._wake_w, b"x")
         except BlockingIOError:
@@ -562,7 +563,7 @@ class OutputPump:
     def close(self, timeout: float = 5.0) -> None:
         """Stop once every pipe reached end of file (or after `timeout`)."""
         self._closing = True
-        self._wake()
+        self.wake()
         self._thread.join(timeout)
         if not self._thread.is_alive():
             os.close(self._wake_r)
