@@ -5,6 +5,7 @@
 
 Scenarios (the project's targets in brackets):
   trivial  8 ranks of an empty script, launch to reap          [within 0.15 s of bare]
+  many     128 ranks of an empty script, launch to reap        [within 0.3 s of bare]
   lines    8 ranks x 200k lines, --tee 3 and log files         [within 1.5x of bare to /dev/null]
            (every log file is checked to hold exactly the bytes its rank wrote)
   stop     8 ranks, each with a grandchild, all exit on SIGINT;
@@ -12,12 +13,14 @@ Scenarios (the project's targets in brackets):
   writes   8 ranks x 400k short lines that only write (one write(2) each), --tee 3 + logs,
            beside the C floor (each rank piped into `cat` writing its log file) and /dev/null
            [16 cores: within 1.3x of /dev/null; 2 cores: at or below the floor]
+           and ranktop's own CPU seconds for the job                [>= 1 GB of lines per CPU s]
   bigline  one rank writes a 200 MB line without a newline      [ranktop CPU <= 3 s, RSS <= 100 MB]
   mblines  one rank writes 1000 lines of 1 MB                    [peak RSS <= 150 MB]
   pty      one rank writes 20 MB through --pty and through pipes [pty within 3x of pipes]
 
-For bigline and mblines "ranktop CPU" is the launcher's user+system time less what the rank
-reported for itself, and peak RSS is the launcher's (ru_maxrss over it and its reaped children;
+For writes, bigline and mblines "ranktop CPU" is the launcher's user+system time (wait4: the
+launcher and every process it reaped) less what the ranks reported for themselves just before
+they exit (os.times, then os._exit), and peak RSS is the launcher's (ru_maxrss over it and its reaped children;
 the ranks are far smaller).
 
 Run by hand, not by the tests. The launchers' own console output goes to /dev/null. Each
@@ -43,6 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NPROC = 8
+MANY = 128  # ranks of the 'many' scenario
 DEADLINE = 120.0  # seconds any one launch may take before the bench gives up on it
 STOP_WAIT = 10.0  # seconds to wait for ranks to die after SIGINT before calling it a miss
 
@@ -82,13 +86,18 @@ time.sleep(600)
 
 # Only writes: no hashing, so the ranks are as fast as they can be and the launcher's tax shows.
 # The bench rebuilds the expected bytes itself (`writes_payload`) to check the logs.
+# argv = lines, where to leave its own CPU seconds (cpu.<rank>), [rank when no $RANK].
 WRITER = """\
 import os, sys
-n = int(sys.argv[1])
-rank = os.environ.get("RANK", sys.argv[2] if len(sys.argv) > 2 else "0").encode()
-w = os.write
+n, out = int(sys.argv[1]), sys.argv[2]
+rank = os.environ.get("RANK", sys.argv[3] if len(sys.argv) > 3 else "0")
+w, r = os.write, rank.encode()
 for i in range(n):
-    w(1, b"[rank %s] step %7d loss 0.12345678 lr 3.0e-04 ok\\n" % (rank, i))
+    w(1, b"[rank %s] step %7d loss 0.12345678 lr 3.0e-04 ok\\n" % (r, i))
+t = os.times()
+with open(f"{out}/cpu.{rank}", "w") as f:
+    f.write(str(t.user + t.system))
+os._exit(0)
 """
 
 # One rank, big writes: argv = total MB, MB per line (0: no newline at all), where to report
@@ -116,6 +125,7 @@ def writes_payload(rank: int, n: int) -> bytes:
 class Result:
     times: list[float] = field(default_factory=list)
     note: str = ""
+    cpu: list[float] = field(default_factory=list)  # the launcher's own CPU seconds per run (writes)
 
     @property
     def median(self) -> float | None:
@@ -124,8 +134,8 @@ class Result:
 
 # ----- the three ways to launch ----------------------------------------------------------------
 
-def ranktop_cmd(script: str, args: list[str], log_dir: str, tee: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "ranktop", "--headless", "--nproc-per-node", str(NPROC),
+def ranktop_cmd(script: str, args: list[str], log_dir: str, tee: bool, nproc: int = NPROC) -> list[str]:
+    cmd = [sys.executable, "-m", "ranktop", "--headless", "--nproc-per-node", str(nproc),
            "--log-dir", log_dir, "--run-id", "bench"]
     if tee:
         cmd += ["--tee", "3"]
@@ -148,8 +158,8 @@ def launcher_env() -> dict[str, str]:
     return env
 
 
-def rank_env(rank: int) -> dict[str, str]:
-    return {**launcher_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(NPROC)}
+def rank_env(rank: int, nproc: int = NPROC) -> dict[str, str]:
+    return {**launcher_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc)}
 
 
 def run_launcher(cmd: list[str]) -> float:
@@ -169,11 +179,11 @@ def run_launcher(cmd: list[str]) -> float:
     return elapsed
 
 
-def run_bare(script: str, args: list[str], stdout=subprocess.DEVNULL) -> float:
+def run_bare(script: str, args: list[str], stdout=subprocess.DEVNULL, nproc: int = NPROC) -> float:
     """The reference: Popen every rank at once, wait for all of them."""
     start = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-u", script, *args, str(r)], env=rank_env(r), stdout=stdout,
-                              stderr=stdout, cwd=ROOT) for r in range(NPROC)]
+    procs = [subprocess.Popen([sys.executable, "-u", script, *args, str(r)], env=rank_env(r, nproc), stdout=stdout,
+                              stderr=stdout, cwd=ROOT) for r in range(nproc)]
     codes = [p.wait(DEADLINE) for p in procs]
     elapsed = time.perf_counter() - start
     if any(codes):
@@ -208,14 +218,14 @@ def fresh_dir(base: str, name: str) -> str:
     return path
 
 
-def bench_trivial(base: str, n: int, torchrun: bool) -> dict[str, Result]:
+def bench_trivial(base: str, n: int, torchrun: bool, nproc: int = NPROC) -> dict[str, Result]:
     script = os.path.join(base, "trivial.py")
     Path(script).write_text(TRIVIAL)
     contenders = {
-        "ranktop": lambda: run_launcher(ranktop_cmd(script, [], fresh_dir(base, "rt"), tee=False)),
-        "bare": lambda: run_bare(script, []),
+        "ranktop": lambda: run_launcher(ranktop_cmd(script, [], fresh_dir(base, "rt"), tee=False, nproc=nproc)),
+        "bare": lambda: run_bare(script, [], nproc=nproc),
     }
-    if torchrun:
+    if torchrun and nproc == NPROC:  # 128 ranks: torchrun takes seconds, SPEC 5 quotes it already
         contenders["torchrun"] = lambda: run_launcher(torchrun_cmd(script, [], fresh_dir(base, "tr"), tee=False))
     return interleaved(n, contenders)
 
@@ -343,22 +353,31 @@ def stop_bare(base: str, script: str) -> float:
             p.wait()
 
 
-def run_cat_floor(script: str, args: list[str], log_dir: str) -> float:
-    """The C floor: every rank's output piped into its own `cat`, which writes the log file."""
+def run_cat_floor(script: str, args: list[str], log_dir: str, cpu: list[float] | None = None) -> float:
+    """The C floor: every rank's output piped into its own `cat`, which writes the log file.
+    The cats' CPU seconds together go to `cpu`."""
     start = time.perf_counter()
-    procs = []
+    ranks, cats = [], []
     for r in range(NPROC):
         log = open(os.path.join(log_dir, f"{r}.log"), "wb")
         cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=log)
         log.close()
-        rank = subprocess.Popen([sys.executable, "-u", script, *args, str(r)], env=rank_env(r), cwd=ROOT,
-                                stdout=cat.stdin, stderr=cat.stdin)
+        ranks.append(subprocess.Popen([sys.executable, "-u", script, *args, str(r)], env=rank_env(r), cwd=ROOT,
+                                      stdout=cat.stdin, stderr=cat.stdin))
         cat.stdin.close()
-        procs += [rank, cat]
-    codes = [p.wait(DEADLINE) for p in procs]
+        cats.append(cat)
+    codes = [p.wait(DEADLINE) for p in ranks]
+    cats_cpu = 0.0
+    for cat in cats:
+        _, status, usage = os.wait4(cat.pid, 0)
+        cat.returncode = os.waitstatus_to_exitcode(status)
+        codes.append(cat.returncode)
+        cats_cpu += usage.ru_utime + usage.ru_stime
     elapsed = time.perf_counter() - start
     if any(codes):
         raise RuntimeError(f"floor processes exited with {codes}")
+    if cpu is not None:
+        cpu.append(cats_cpu)
     return elapsed
 
 
@@ -376,29 +395,58 @@ def bench_writes(base: str, n: int, torchrun: bool, lines: int) -> dict[str, Res
     script = os.path.join(base, "writer.py")
     Path(script).write_text(WRITER)
     problems: dict[str, str] = {}
-    logs = {"ranktop": "**/attempt_0/{r}/stdout.log", "floor": "{r}.log"}
+    cpu: dict[str, list[float]] = {"ranktop": [], "torchrun": [], "floor": [], "ranktop-idle": []}
+    logs = {"ranktop": "**/attempt_0/{r}/stdout.log", "floor": "{r}.log", "torchrun": "**/attempt_0/{r}/stdout.log",
+            "ranktop-idle": "**/attempt_0/{r}/stdout.log"}
 
-    def checked(name: str, run: Callable[[str], float]) -> Callable[[], float]:
+    def checked(name: str, run: Callable[[str, list[str]], float], count: int = lines) -> Callable[[], float]:
         def once() -> float:
-            log_dir = fresh_dir(base, f"{name}-logs")
-            elapsed = run(log_dir)
-            problem = check_writes(log_dir, lines, logs[name]) if name in logs else None
+            log_dir, cpu_dir = fresh_dir(base, f"{name}-logs"), fresh_dir(base, f"{name}-cpu")
+            elapsed = run(log_dir, [str(count), cpu_dir])
+            problem = check_writes(log_dir, count, logs[name]) if name in logs else None
             if problem:
                 problems[name] = problem
             return elapsed
         return once
 
+    def launched(name: str, make_cmd) -> Callable[[str, list[str]], float]:
+        def run(log_dir: str, args: list[str]) -> float:
+            elapsed, own = launcher_cpu(make_cmd(script, args, log_dir, tee=True), args[1])
+            cpu[name].append(own)
+            return elapsed
+        return run
+
     contenders = {
-        "ranktop": checked("ranktop", lambda d: run_launcher(ranktop_cmd(script, [str(lines)], d, tee=True))),
-        "floor": checked("floor", lambda d: run_cat_floor(script, [str(lines)], d)),
-        "bare": lambda: run_bare(script, [str(lines)]),
+        "ranktop": checked("ranktop", launched("ranktop", ranktop_cmd)),
+        "floor": checked("floor", lambda d, args: run_cat_floor(script, args, d, cpu["floor"])),
+        "bare": checked("bare", lambda d, args: run_bare(script, args)),
+        # the same job with one line per rank: ranktop's start-up and teardown, to take apart
+        "ranktop-idle": checked("ranktop-idle", launched("ranktop-idle", ranktop_cmd), count=1),
     }
     if torchrun:
-        contenders["torchrun"] = checked("torchrun", lambda d: run_launcher(torchrun_cmd(script, [str(lines)], d, tee=True)))
+        contenders["torchrun"] = checked("torchrun", launched("torchrun", torchrun_cmd))
     out = interleaved(n, contenders)
+    for name, seconds in cpu.items():
+        if name in out:
+            out[name].cpu = seconds[1:]  # the warm-up run is not counted
     for name, problem in problems.items():
         out[name].note = f"BYTES LOST: {problem}"
     return out
+
+
+def launcher_cpu(cmd: list[str], cpu_dir: str) -> tuple[float, float]:
+    """(wall seconds, the launcher's own CPU seconds) of one run: what wait4 reports for it and
+    every process it reaped, less what its ranks reported for themselves."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"exit status {proc.returncode}: {' '.join(cmd)}")
+    ranks = sum(float(p.read_text()) for p in Path(cpu_dir).glob("cpu.*"))
+    return elapsed, usage.ru_utime + usage.ru_stime - ranks
 
 
 def launcher_cost(cmd: list[str], rank_cpu_file: str) -> tuple[float, float, float]:
@@ -464,6 +512,8 @@ def verdict(name: str, rt: float | None, bare: float | None, lines: int) -> tupl
         return "-", "-", "-"
     if name == "trivial":
         return f"+{rt - bare:.3f} s ({rt / bare:.2f}x)", "within 0.15 s of bare", _yes(rt - bare <= 0.15)
+    if name == "many":
+        return f"+{rt - bare:.3f} s ({rt / bare:.2f}x)", "within 0.3 s of bare", _yes(rt - bare <= 0.3)
     if name == "lines":
         return f"{rt / bare:.2f}x", "within 1.5x of bare", _yes(rt / bare <= 1.5)
     if name == "writes":
@@ -477,6 +527,7 @@ def _yes(ok: bool) -> str:
 
 def print_table(rows: dict[str, dict[str, Result]], lines: int, repeats: int, writes: int) -> None:
     labels = {"trivial": f"{NPROC} trivial ranks, launch+reap",
+              "many": f"{MANY} trivial ranks, launch+reap",
               "lines": f"{NPROC} x {lines // 1000}k lines, tee 3 + logs (bare: /dev/null)",
               "stop": f"SIGINT -> {NPROC} ranks + grandchildren dead",
               "writes": f"{NPROC} x {writes // 1000}k write-only lines, tee 3 + logs"}
@@ -498,6 +549,23 @@ def print_table(rows: dict[str, dict[str, Result]], lines: int, repeats: int, wr
                 print(f"  {name}/{who}: {r.note}")
             if len(r.times) > 1:
                 print(f"  {name}/{who}: runs {' '.join(f'{t:.3f}' for t in r.times)}")
+            if r.cpu and who != "ranktop-idle":
+                idle = res.get("ranktop-idle")
+                print(f"  {name}/{who}: {own_cpu_line(r.cpu, len(writes_payload(0, writes)), idle.cpu if idle and who == 'ranktop' else None)}")
+
+
+def own_cpu_line(seconds: list[float], rank_bytes: float, idle: list[float] | None) -> str:
+    """The CPU a reader spent on the job and what it comes to per GB of output; with `idle` (the
+    same launcher's CPU for a job of one line per rank), also without its start-up."""
+    total = NPROC * rank_bytes
+    cpu = statistics.median(seconds)
+    line = (f"CPU {cpu:.3f} s (runs {' '.join(f'{c:.3f}' for c in seconds)}) for {total / 1e6:.0f} MB: "
+            f"{total / 1e9 / cpu:.2f} GB of lines per CPU second [target >= 1 GB/s: {_yes(total / 1e9 / cpu >= 1)}]")
+    if idle:
+        start = statistics.median(idle)
+        line += (f"; start-up and teardown alone {start:.3f} s (runs {' '.join(f'{c:.3f}' for c in idle)}), "
+                 f"the output itself {cpu - start:.3f} s = {total / 1e9 / max(cpu - start, 1e-9):.2f} GB/s")
+    return line
 
 
 def _row(cells: list[str], widths: list[int]) -> str:
@@ -517,7 +585,7 @@ def have_torch() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-s", "--scenario", action="append", choices=("trivial", "lines", "stop", "writes", *_BIG),
+    p.add_argument("-s", "--scenario", action="append", choices=("trivial", "many", "lines", "stop", "writes", *_BIG),
                    help="run only these (repeatable; default all)")
     p.add_argument("-n", "--repeats", type=int, default=5, help="measured runs per contender (default 5)")
     p.add_argument("--lines", type=int, default=200_000, help="lines per rank in 'lines' (default 200000)")
@@ -527,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     torchrun = not ns.no_torchrun and have_torch()
     if not torchrun:
         print("torchrun: skipped" + ("" if ns.no_torchrun else " (torch is not importable)"))
-    scenarios = ns.scenario or ["trivial", "lines", "stop", "writes", *_BIG]
+    scenarios = ns.scenario or ["trivial", "many", "lines", "stop", "writes", *_BIG]
     rows: dict[str, dict[str, Result]] = {}
     big: dict[str, dict[str, str]] = {}
     base = tempfile.mkdtemp(prefix="ranktop-bench-")
@@ -540,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows[name] = bench_writes(base, ns.repeats, torchrun, ns.writes)
             elif name == "trivial":
                 rows[name] = bench_trivial(base, ns.repeats, torchrun)
+            elif name == "many":
+                rows[name] = bench_trivial(base, ns.repeats, torchrun, nproc=MANY)
             elif name == "lines":
                 rows[name] = bench_lines(base, ns.repeats, torchrun, ns.lines)
             else:

@@ -4,6 +4,7 @@ beside a Textual app built on Textual's own Log widget and a bare grid of rankto
     python bench/bench_tui.py                    # everything (about 3 minutes)
     python bench/bench_tui.py --cases steady     # steady | burst | memory, comma separated
     python bench/bench_tui.py --apps ranktop,log # ranktop | log | logview
+    python bench/bench_tui.py --cases memory --apps ranktop --memory-lines 100   # the app alone
 
 Per case and app: the app process's own CPU (user+system of that one process, not its ranks) as %
 of one core over the time the ranks were writing, its peak RSS (VmHWM), and whether every rank's
@@ -172,6 +173,8 @@ def main() -> int:
     p.add_argument("--cases", default="steady,burst,memory")
     p.add_argument("--apps", default="ranktop,log,logview")
     p.add_argument("--seconds", type=float, default=20, help="steady case length (default 20)")
+    p.add_argument("--memory-lines", type=int, default=10_000,
+                   help="lines per rank in the memory case (default 10000; 100 shows the app's own size)")
     p.add_argument("--keep", action="store_true", help="keep the log directories")
     ns = p.parse_args()
     if not shutil.which("tmux"):
@@ -180,7 +183,7 @@ def main() -> int:
     cases = {
         "steady": Case("steady 8 x 1000 lines/s", 8, int(1000 * ns.seconds), 1000, ns.seconds + 60),
         "burst": Case("burst 8 x 200k lines", 8, 200_000, 0, 300),
-        "memory": Case("memory 64 x 10k lines", 64, 10_000, 0, 300),
+        "memory": Case(f"memory 64 x {ns.memory_lines:,} lines", 64, ns.memory_lines, 0, 300),
     }
     # Textual's Log only runs the steady case: it is the widget LogView replaces, compared at the
     # rate the CPU target is set for.

@@ -2,6 +2,11 @@
 Python thread names py-spy reports. Run by hand beside a load:
 
     python bench/thread_cpu.py PID [SECONDS]
+    python bench/thread_cpu.py --run -- COMMAND...   # its whole life, e.g. a headless ranktop
+
+With --run the command is started here (its output goes where ours goes) and its threads are
+sampled every 10 ms until it exits (the report goes to stderr); each thread's last sample is reported, in CPU seconds and as a
+share of the command's wall time (a thread that ends between samples loses at most 10 ms).
 
 Reads /proc/PID/task/*/stat at both ends of the window; the names come from `py-spy dump`
 (ptrace: run as the same user, or root), and are left blank when py-spy cannot attach.
@@ -15,6 +20,9 @@ import subprocess
 import sys
 import time
 
+# py-spy beside the interpreter running this (a virtual environment's bin/), else from PATH
+_BESIDE = os.path.join(os.path.dirname(sys.executable), "py-spy")
+PY_SPY = _BESIDE if os.path.exists(_BESIDE) else "py-spy"
 
 def thread_seconds(pid: int) -> dict[int, float]:
     """CPU seconds (user + system) so far of each thread of pid."""
@@ -32,14 +40,38 @@ def thread_seconds(pid: int) -> dict[int, float]:
 
 def thread_names(pid: int) -> dict[int, str]:
     try:
-        dump = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True,
+        dump = subprocess.run([PY_SPY, "dump", "--pid", str(pid)], capture_output=True, text=True,
                               timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
     return {int(tid): name for tid, name in re.findall(r'Thread (\d+) \(\w+\): "([^"]+)"', dump)}
 
 
+def run_whole(cmd: list[str]) -> int:
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd)
+    last: dict[int, float] = {}
+    names: dict[int, str] = {}
+    while proc.poll() is None:
+        try:
+            last.update(thread_seconds(proc.pid))
+        except OSError:
+            break  # gone between poll and read
+        if not names and time.monotonic() - start > 0.5:  # its threads are up by now
+            names = thread_names(proc.pid)
+        time.sleep(0.01)
+    proc.wait()
+    wall = time.monotonic() - start
+    for tid, used in sorted(last.items()):
+        print(f"{tid:>8} {names.get(tid, ''):<20} {used:7.3f} s {100 * used / wall:5.1f}%", file=sys.stderr)
+    print(f"{'':>8} {'total':<20} {sum(last.values()):7.3f} s over {wall:.2f} s wall (exit {proc.returncode})",
+          file=sys.stderr)
+    return 0
+
+
 def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--run":
+        return run_whole(sys.argv[3:] if sys.argv[2] == "--" else sys.argv[2:])
     if len(sys.argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2

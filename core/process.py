@@ -90,6 +90,7 @@ class RankProcess:
     def __init__(self, launch: Launch, pump: OutputPump):
         self.local_rank = launch.local_rank
         self.started_at = time.time()
+        self._pump = pump
         master = slave = None
         self._input_fd: int | None = None
         stdin = {"null": subprocess.DEVNULL, "inherit": None, "pipe": subprocess.PIPE}[launch.stdin]
@@ -176,6 +177,7 @@ class RankProcess:
 
     def output_drained(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
+        self._pump.wake()  # the rank is gone: read its pipes to their end now, not after a pause
         for sink in self.sinks.values():
             if not sink.done.wait(max(0.0, deadline - time.monotonic())):
                 return False

@@ -197,3 +197,38 @@ def test_the_console_tee_of_an_endless_line_holds_little_and_loses_nothing():
     sink.finish()
     writer.close()
     assert console.getvalue() == b"[r0]:" + piece * 160 + b"b\n[r0]:next\n[r0]:open\n"
+
+
+def _tee_model(text: bytes, prefix: bytes) -> bytes:
+    """What the console should show of `text` (every line shorter than LINE_CAP): each line
+    prefixed, '\\r' collapsed to its last state, the unfinished last line ended at the finish."""
+    lines = text.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return b"".join(prefix + collapse_cr(line) + b"\n" for line in lines)
+
+
+def test_the_console_tee_and_the_line_count_do_not_depend_on_how_the_bytes_are_chunked():
+    import io
+
+    from ranktop.core.output import StreamSink
+
+    rng = random.Random(11)
+    pieces = [b"step 12 loss 0.5\n", b"ab", b"\n", b"\r", b"x" * 300, b"\n\n", b"tail\r\n", b"\xff\x00"]
+    for prefix in (b"[default3]:", b""):
+        for trial in range(30):
+            text = b"".join(rng.choice(pieces[:3] if trial % 3 == 0 else pieces) for _ in range(400))
+            console, writer, ring = io.BytesIO(), ConsoleWriter(), LineRing(maxlen=100_000)
+            sink = StreamSink(STDOUT, ring, (writer, console, prefix))
+            pos = 0
+            while pos < len(text):
+                step = rng.choice([1, 7, 64, 2000, 1 << 14])
+                sink.feed(text[pos : pos + step])
+                pos += step
+            sink.finish()
+            writer.close()
+            assert console.getvalue() == _tee_model(text, prefix), (prefix, trial)
+            *complete, open_line = text.split(b"\n")
+            assert ring.total_lines == len(complete)  # counted by the tee's replace or by the ring
+            shown_open = [collapse_cr(open_line)] if collapse_cr(open_line) else []
+            assert ring.tail() == [collapse_cr(line) for line in complete] + shown_open
