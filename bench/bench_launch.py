@@ -225,7 +225,7 @@ def bench_trivial(base: str, n: int, torchrun: bool, nproc: int = NPROC) -> dict
         "ranktop": lambda: run_launcher(ranktop_cmd(script, [], fresh_dir(base, "rt"), tee=False, nproc=nproc)),
         "bare": lambda: run_bare(script, [], nproc=nproc),
     }
-    if torchrun and nproc == NPROC:  # 128 ranks: torchrun takes seconds, SPEC 5 quotes it already
+    if torchrun and nproc == NPROC:  # 128 ranks: torchrun takes seconds; the target compares with a bare spawn
         contenders["torchrun"] = lambda: run_launcher(torchrun_cmd(script, [], fresh_dir(base, "tr"), tee=False))
     return interleaved(n, contenders)
 

@@ -5,9 +5,15 @@ The engine is `ranktop.core` (from the `core/` folder) and the terminal UI `rank
 package never shadows them, in the caller or in a rank.
 """
 
-from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("ranktop")
-except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
+
+def __getattr__(name: str) -> str:
+    # Read on first use only: importlib.metadata costs ~60 ms at start-up, before any rank starts.
+    if name != "__version__":
+        raise AttributeError(f"module 'ranktop' has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ranktop")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
