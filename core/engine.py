@@ -78,6 +78,11 @@ class LocalEngine:
         except BaseException as exc:  # shown to the user through the snapshot, not lost in a thread
             self.error = exc
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until the run returned (or `timeout`); whether it has."""
+        self._thread.join(timeout)
+        return self.ended
+
     @property
     def ended(self) -> bool:
         return self._thread.ident is not None and not self._thread.is_alive()

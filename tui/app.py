@@ -51,6 +51,7 @@ class RanktopApp(App):
         self.metric = metric
         self.exit_on_end = exit_on_end
         self.user_quit = False  # the user asked to quit while ranks ran
+        self.detached = False  # the terminal hung up: the run goes on without the TUI
         self._exit_when_ended = exit_on_end
         self.main: MainScreen | None = None
 
@@ -84,12 +85,15 @@ class RanktopApp(App):
 
     # ----- stopping ---------------------------------------------------------------------------
     def stop_on_signal(self, signum: int) -> None:
-        """SIGTERM/SIGHUP/SIGINT to ranktop: the engine's rule, as headless (forwarded with the
-        grace, then SIGKILL; a repeated SIGHUP/SIGTERM within a second is the same event, only a
-        second SIGINT kills at once), and leave as soon as the ranks are gone."""
-        self._exit_when_ended = True
+        """SIGTERM/SIGINT to ranktop: the engine's rule, as headless (forwarded with the grace,
+        then SIGKILL; only a second SIGINT kills at once), and leave as soon as the ranks are gone.
+        SIGHUP (the terminal went away) detaches instead: the TUI leaves, the run goes on."""
         if signum == signal.SIGHUP:
             _detach_terminal()
+            self.detached = True
+            self.call_later(self.exit, 0)  # the loop's own turn: not from inside the handler
+            return
+        self._exit_when_ended = True
         self.engine.submit(cmd.Interrupt(signum))  # answered at once: safe from a signal handler
         # No snapshot here (it may take locks the interrupted code holds): if the screen already
         # saw the end, leave now; if not, it will, and GroupEnded leaves then.
@@ -128,8 +132,10 @@ class RanktopApp(App):
         self.action_quit()
 
     def on_unmount(self) -> None:
-        # Whatever ended the app (an exception, a test leaving its context), no rank outlives it.
-        self.engine.close()
+        # Whatever ended the app (an exception, a test leaving its context), no rank outlives it;
+        # only a lost terminal leaves the run going (run_tui serves and waits for it).
+        if not self.detached:
+            self.engine.close()
 
     # ----- help and palette -------------------------------------------------------------------
     def _sections(self, palette: bool = False) -> list[tuple[str, Any, tuple[str, ...]]]:
@@ -216,6 +222,17 @@ def _print_end_report(engine: Any, spec: Any) -> None:
         print(clean(report, sgr=True, newlines=True), file=sys.stderr)
 
 
+def _run_detached(engine: Any) -> None:
+    """The TUI is gone with its terminal; the ranks run on until they end or a stop comes
+    (`ranktop stop`, SIGTERM). Our stdio already points at /dev/null."""
+    engine.agent.events.write("detached", reason="SIGHUP")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: engine.submit(cmd.Interrupt(signum)))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    while not engine.ended:
+        engine.wait(1.0)  # in slices: the signal handlers run between them
+
+
 def run_tui(spec: Any, ns: argparse.Namespace) -> int:
     """Run `spec` under the TUI; returns the exit status headless would have returned."""
     no_color = os.environ.get("NO_COLOR") is not None
@@ -224,11 +241,19 @@ def run_tui(spec: Any, ns: argparse.Namespace) -> int:
     engine, sampler = _tui_engine(spec, ns, color=not no_color)
     app = RanktopApp(engine, exit_on_end=getattr(ns, "exit_on_end", False), metric=getattr(ns, "metric", None))
     previous = {sig: signal.signal(sig, lambda signum, _frame: app.stop_on_signal(signum)) for sig in _STOP_SIGNALS}
+    server = None
     try:
         engine.start()
+        from ranktop.tui.cli import serve_run
+
+        server = serve_run(engine, engine.agent.run_id)
         app.run()
+        if app.detached:
+            _run_detached(engine)
     finally:
         engine.close()
+        if server is not None:
+            server.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sampler.close()

@@ -80,6 +80,10 @@ def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
 
 
 SUBCOMMANDS = """subcommands:
+  ranktop ls [--json]       the runs served on this host, newest first
+  ranktop stop [RUN]        stop a run from any terminal (SIGTERM, SIGKILL after its grace)
+  ranktop logs [RUN] [--rank R] [-f]
+                            a run's output, prefixed, from its engine; -f follows it to the end
   ranktop stacks [TARGET]   the grouped Python stacks of a running group's ranks (py-spy, or --signal);
                             TARGET: a run or log directory or a pid (default: the newest run)
                             (ranktop stacks --help for its options)"""
@@ -395,6 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ranktop.tui.stacks_cli import main as stacks_main
 
         return stacks_main(argv[1:])
+    if argv and argv[0] in ("ls", "stop", "logs"):
+        from ranktop.tui.runs_cli import main as runs_main
+
+        return runs_main(argv)
     ns = build_parser().parse_args(argv)
     from ranktop.core.rendezvous import RendezvousFailed
 
@@ -417,8 +425,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def serve_run(engine, run_id: str):
+    """Serve the run on its socket (ranktop ls/stop/logs); None, after one line, if it cannot be."""
+    from ranktop.core.server import serve
+
+    server, problem = serve(engine, run_id)
+    if problem is not None:
+        print(f"ranktop: {problem}", file=sys.stderr, flush=True)
+    return server
+
+
 def run_headless(spec, ns: argparse.Namespace) -> int:
     from ranktop.core.agent import LocalAgent
+    from ranktop.core.engine import LocalEngine
     from ranktop.core.report import format_end_report
     from ranktop.core.sanitize import clean
 
@@ -443,9 +462,12 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
                        color=sys.stdout.isatty() and "NO_COLOR" not in os.environ)
     if sampler is not None:
         sampler.attach(agent)
+    server = serve_run(LocalEngine(agent), agent.run_id)  # the loop stays in this thread: not started
     try:
         result = agent.run()
     finally:
+        if server is not None:
+            server.close()
         if sampler is not None:
             sampler.close()
     report = format_end_report(result, name=spec.display_name(), attempt=agent.attempt,

@@ -1,0 +1,280 @@
+"""A run's engine, served on a Unix socket: `ranktop ls`, `stop` and `logs` reach a run from any
+terminal of the same user, also after the terminal that started it is gone.
+
+One thread in the engine's process accepts clients and answers their requests, one at a time,
+over core/protocol.py's frames. It only calls the Engine interface (snapshot, output_since,
+submit), so it never changes engine state itself: a command it relays goes through the monitor
+loop's queue like a key press. Requests (after each side's hello):
+
+- {"type": "snapshot"} -> {"type": "snapshot", "snapshot": GroupSnapshot as JSON}
+- {"type": "output", "rank": R, "generation": G, "line": N} -> {"type": "output", "rank": R,
+  "generation": G', "line": N', "version": V, "lines": k, "open": m}, then two output frames: the
+  k complete lines after line N joined with b"\\n", and the m unfinished ones (bytes, as written)
+- {"type": "command", "id": I, "command": NAME, "args": {...}} -> {"type": "ack", "id": I, "ok": B,
+  "message": S}, for the commands in RELAYED
+
+A client that sends anything else, that is not ours (SO_PEERCRED: another uid), or that does not
+read its answers within SEND_TIMEOUT is dropped; the engine and the ranks never wait on one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import errno
+import os
+import selectors
+import socket
+import stat
+import struct
+import tempfile
+import threading
+from typing import Any
+
+from ranktop.core import commands as cmd
+from ranktop.core import protocol
+from ranktop.core.engine import Engine, OutputCursor
+
+SEND_TIMEOUT = 2.0  # seconds a client may take to read one answer before it is dropped
+MAX_REPLY_BYTES = 2 << 20  # output lines per answer: a client asks again for the rest
+RELAYED = {c.__name__: c for c in (cmd.SignalRank, cmd.SignalGroup, cmd.KillRank, cmd.KillGroup, cmd.RestartRank,
+                                   cmd.RestartGroup, cmd.Stop, cmd.SendInput)}
+_PEERCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+class SocketDirError(Exception):
+    """The socket directory is not safe to use; the message says why."""
+
+
+def socket_dir() -> str:
+    """$XDG_RUNTIME_DIR/ranktop, else $TMPDIR/ranktop-<uid>/sock: made 0700, and refused when it
+    is a symlink, someone else's, or open to others (a planted socket would receive commands)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        path = os.path.join(runtime, "ranktop")
+    else:
+        path = os.path.join(tempfile.gettempdir(), f"ranktop-{os.geteuid()}", "sock")
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise SocketDirError(f"{path} is not a directory")
+    if info.st_uid != os.geteuid():
+        raise SocketDirError(f"{path} belongs to uid {info.st_uid}, not to you")
+    if info.st_mode & 0o077:
+        raise SocketDirError(f"{path} is open to others (mode {stat.S_IMODE(info.st_mode):o})")
+    return path
+
+
+def socket_path(run_id: str) -> str:
+    return os.path.join(socket_dir(), f"{run_id}.sock")
+
+
+def to_json(value: Any) -> Any:
+    """A snapshot (nested frozen dataclasses, enums, tuples) as plain JSON data."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value
+
+
+class EngineServer:
+    """Serves `engine` at `path` until close(); see the module's docstring for the requests."""
+
+    def __init__(self, engine: Engine, path: str, run_id: str):
+        self.engine, self.path, self.run_id = engine, path, run_id
+        self.clients = 0  # connected now, for `ranktop ls`
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        _remove_stale(path)
+        old_umask = os.umask(0o177)  # the socket is ours alone (its directory is already 0700)
+        try:
+            self._listener.bind(path)
+        finally:
+            os.umask(old_umask)
+        self._listener.listen(16)
+        self._listener.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._wake_r, self._wake_w = os.pipe()
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._decoders: dict[socket.socket, protocol.FrameDecoder] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="ranktop-server", daemon=True)
+        self._thread.start()
+
+    # ----- the loop -----------------------------------------------------------------------------
+    def _serve(self) -> None:
+        while not self._closed:
+            for key, _ in self._selector.select():
+                if key.fileobj is self._listener:
+                    self._accept()
+                elif key.fileobj == self._wake_r:
+                    return
+                else:
+                    self._read(key.fileobj)
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self._listener.accept()
+        except OSError:
+            return
+        uid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[1]
+        if uid not in (os.geteuid(), 0):
+            self._refuse(conn, f"uid {uid} may not reach this run: it belongs to uid {os.geteuid()}")
+            return
+        conn.settimeout(SEND_TIMEOUT)
+        try:
+            conn.sendall(protocol.encode_control(protocol.hello("engine", run_id=self.run_id, pid=os.getpid())))
+        except OSError:
+            conn.close()
+            return
+        conn.setblocking(False)
+        self._decoders[conn] = protocol.FrameDecoder()
+        self._selector.register(conn, selectors.EVENT_READ)
+        self.clients += 1
+
+    def _read(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return
+        try:
+            for message in self._decoders[conn].feed(data):
+                self._answer(conn, message)
+        except (protocol.ProtocolError, OSError) as exc:
+            self._drop(conn, str(exc))
+
+    def _answer(self, conn: socket.socket, message: Any) -> None:
+        if not isinstance(message, dict):
+            raise protocol.ProtocolError("clients send control messages only")
+        kind = message["type"]
+        if kind == "hello":
+            protocol.check_hello(message, "client")
+            return
+        if kind == "snapshot":
+            self._send(conn, protocol.encode_control({"type": "snapshot", "snapshot": to_json(self.engine.snapshot()),
+                                                      "clients": self.clients}))
+        elif kind == "output":
+            self._send(conn, self._output(message))
+        elif kind == "command":
+            self._send(conn, protocol.encode_control({"type": "ack", "id": message.get("id"),
+                                                      **self._command(message)}))
+        else:
+            raise protocol.ProtocolError(f"unknown request {kind[:40]!r}")
+
+    def _output(self, message: dict) -> bytes:
+        rank, generation, line = message.get("rank"), message.get("generation", -1), message.get("line", 0)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, generation, line)):
+            raise protocol.ProtocolError("output request needs integer rank, generation and line")
+        cursor, lines, open_lines = self.engine.output_since(rank, OutputCursor(generation, line))
+        sent, size = [], 0
+        for text in lines:
+            size += len(text) + 1
+            if sent and size > MAX_REPLY_BYTES:
+                break
+            sent.append(text)
+        first = cursor.line - len(lines)  # the number of the first line returned
+        head = {"type": "output", "rank": rank, "generation": cursor.generation, "line": first + len(sent),
+                "version": cursor.version, "lines": len(sent), "open": len(open_lines),
+                "more": len(sent) < len(lines)}
+        return (protocol.encode_control(head) + protocol.encode_output(rank, first + len(sent), b"\n".join(sent))
+                + protocol.encode_output(rank, 0, b"\n".join(open_lines)[: protocol.MAX_OUTPUT - 64]))
+
+    def _command(self, message: dict) -> dict:
+        kind, args = RELAYED.get(str(message.get("command"))), message.get("args") or {}
+        if kind is None or not isinstance(args, dict):
+            return {"ok": False, "message": f"unknown command {str(message.get('command'))[:40]!r}: "
+                                            f"expected one of {', '.join(RELAYED)}"}
+        try:
+            command = kind(**args)
+        except TypeError as exc:
+            return {"ok": False, "message": f"bad {kind.__name__}: {exc}"}
+        ack = self.engine.submit(command)
+        return {"ok": ack.ok, "message": ack.message}
+
+    def _send(self, conn: socket.socket, data: bytes) -> None:
+        conn.settimeout(SEND_TIMEOUT)  # a client that does not read is dropped, never waited on long
+        try:
+            conn.sendall(data)
+        finally:
+            conn.setblocking(False)
+
+    def _refuse(self, conn: socket.socket, reason: str) -> None:
+        try:
+            conn.settimeout(SEND_TIMEOUT)
+            conn.sendall(protocol.encode_control({"type": "error", "message": reason}))
+        except OSError:
+            pass
+        conn.close()
+
+    def _drop(self, conn: socket.socket, reason: str | None = None) -> None:
+        if reason:
+            try:
+                conn.send(protocol.encode_control({"type": "error", "message": reason}))
+            except OSError:
+                pass
+        self._selector.unregister(conn)
+        del self._decoders[conn]
+        conn.close()
+        self.clients -= 1
+
+    def close(self) -> None:
+        """Stop serving and remove the socket: `ranktop ls` no longer lists the run."""
+        if self._closed:
+            return
+        self._closed = True
+        os.write(self._wake_w, b"x")
+        self._thread.join(5.0)
+        for conn in list(self._decoders):
+            self._drop(conn)
+        self._selector.close()
+        self._listener.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def _remove_stale(path: str) -> None:
+    """A socket left by an engine that died: nobody answers on it, so it may go."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except FileNotFoundError:
+        return
+    except ConnectionRefusedError:
+        os.unlink(path)
+        return
+    except OSError as exc:
+        if exc.errno == errno.ENOTSOCK:
+            raise SocketDirError(f"{path} is there and is not a socket") from None
+        raise
+    finally:
+        probe.close()
+    raise SocketDirError(f"{path} is in use: another run has this run id")
+
+
+def serve(engine: Engine, run_id: str) -> tuple[EngineServer | None, str | None]:
+    """Serve `engine` for `run_id`; (server, None), or (None, why not) - a run without its socket
+    still runs, it only cannot be reached from another terminal."""
+    try:
+        return EngineServer(engine, socket_path(run_id), run_id), None
+    except (SocketDirError, OSError) as exc:
+        return None, f"not serving this run for ranktop ls/stop/logs: {exc}"

@@ -1,0 +1,142 @@
+"""A run served on its socket: ranktop ls / logs / stop from another terminal, a TUI that
+outlives its terminal's hang-up, and a socket that refuses strangers and garbage."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
+from ranktop.core import protocol
+from test_tui_tmux import Terminal
+
+TICKER = "import os, time\nprint('hello from', os.environ['RANK'], flush=True)\nwhile True:\n    time.sleep(0.1)\n"
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    """Sockets in a directory of this test's own (what $XDG_RUNTIME_DIR is for)."""
+    path = tmp_path / "rt"
+    path.mkdir(mode=0o700)
+    return {**os.environ, "XDG_RUNTIME_DIR": str(path)}
+
+
+def ls(env) -> list[dict]:
+    done = run_ranktop("ls", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def start_headless(tmp_path, env, run_id: str) -> subprocess.Popen:
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    return subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--shutdown-timeout", "3",
+                                        "--run-id", run_id, "--log-dir", str(tmp_path / "logs"), str(script)),
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def test_ls_logs_and_stop_reach_a_headless_run(tmp_path, runtime):
+    proc = start_headless(tmp_path, runtime, "served")
+    try:
+        (run,) = wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
+        assert run["run_id"] == "served" and run["world"] == 2 and run["script"] == "ticker.py"
+        assert run["pid"] == proc.pid
+        table = run_ranktop("ls", env=runtime).stdout
+        assert table.splitlines()[0].split()[:4] == ["RUN", "SCRIPT", "WORLD", "STATE"] and "served" in table
+        logs = wait_for(lambda: "[1]:hello from 1" in (out := run_ranktop("logs", "serv", env=runtime).stdout)
+                        and out, what="rank 1's line through the socket")
+        assert "[0]:hello from 0" in logs
+        one = run_ranktop("logs", "served", "--rank", "0", env=runtime).stdout
+        assert one.strip() == "[0]:hello from 0"
+        stopped = run_ranktop("stop", env=runtime)  # no RUN: the newest running one
+        assert stopped.returncode == 0 and stopped.stdout.strip() == "ranktop: stopped served", stopped.stderr
+        assert proc.wait(30) == 1  # stopped on request: the ranks ended by our SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert ls(runtime) == []
+    assert [e["signal"] for e in read_events(tmp_path / "logs" / "served") if e["event"] == "user_stop"] == ["SIGTERM"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("stop", "nope"), "ranktop: error: 'nope' names no run served on this host: runs are none"),
+    (("logs",), "ranktop: error: no runs are served on this host (ranktop ls lists them)"),
+])
+def test_a_run_that_is_not_there_is_one_line(runtime, args, message):
+    done = run_ranktop(*args, env=runtime)
+    assert done.returncode == 2 and done.stderr.strip() == message
+
+
+@pytest.fixture
+def open_runtime():
+    """A runtime directory another uid can traverse (pytest's own tmp dirs are 0700)."""
+    path = tempfile.mkdtemp(prefix="ranktop-rt-")
+    os.chmod(path, 0o711)
+    yield {**os.environ, "XDG_RUNTIME_DIR": path}
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_socket_refuses_other_users_and_garbage(tmp_path, open_runtime):
+    runtime = open_runtime
+    proc = start_headless(tmp_path, runtime, "guarded")
+    try:
+        (run,) = wait_for(lambda: ls(runtime), what="the run listed")
+        # Another uid: a child that gives up root before it connects.
+        code = ("import os, socket, sys; os.setgid(65534); os.setuid(65534); s = socket.socket(socket.AF_UNIX); "
+                "s.connect(sys.argv[1]); print(s.recv(4096)[5:].decode())")
+        os.chmod(os.path.dirname(run["socket"]), 0o711)  # let it reach the socket, which must refuse it
+        os.chmod(run["socket"], 0o777)
+        other = subprocess.run([sys.executable, "-c", code, run["socket"]], capture_output=True, text=True, timeout=30)
+        assert "uid 65534 may not reach this run" in other.stdout, other.stderr
+        os.chmod(os.path.dirname(run["socket"]), 0o700)  # back to private: ls refuses a directory open to others
+        for garbage in (b"GET / HTTP/1.1\r\n\r\n", b"J\xff\xff\xff\xff", protocol.encode_control({"type": "hello",
+                                                                                                   "version": 99,
+                                                                                                   "role": "client"})):
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(10)
+                s.connect(run["socket"])
+                s.sendall(garbage)
+                reply = b""
+                while chunk := s.recv(4096):
+                    reply += chunk
+                assert b'"type":"error"' in reply  # dropped with a reason
+        assert [r["state"] for r in ls(runtime)] == ["running"]  # the engine did not notice
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+def test_a_hangup_detaches_the_tui_and_the_run_goes_on(tmp_path, runtime):
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    env = f"XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']}"
+    term = Terminal(f"cd {ROOT} && {env} {sys.executable} -m ranktop --tui --nproc-per-node 2 --shutdown-timeout 3 "
+                    f"--run-id hup --log-dir {tmp_path / 'logs'} {script}")
+    try:
+        term.wait_screen("hello from 1")
+    finally:
+        term.close()  # the terminal goes away: SIGHUP
+    run_dir = tmp_path / "logs" / "hup"
+    wait_for(lambda: any(e["event"] == "detached" for e in read_events(run_dir)), what="detached event")
+    (run,) = ls(runtime)
+    assert run["state"] == "running"
+    assert "[1]:hello from 1" in run_ranktop("logs", "hup", env=runtime).stdout
+    assert run_ranktop("stop", "hup", env=runtime).returncode == 0
+    wait_for(lambda: gone(run["pid"]), what="ranktop gone after the stop")
+    assert [e["event"] for e in read_events(run_dir)][-1] == "run_finished"

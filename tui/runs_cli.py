@@ -1,0 +1,130 @@
+"""`ranktop ls`, `ranktop stop` and `ranktop logs`: reach a run from any terminal of its user,
+through the socket its engine serves (core/server.py). Never imports Textual."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+from ranktop.core.client import Connection, RunGone, ServedRun, find_run, served_runs, wait_gone
+from ranktop.core.sanitize import clean
+from ranktop.tui.usage import UsageParser, usage_error
+
+_RUN_HELP = "a run id, a unique prefix of one, or its run directory (default: the newest running run)"
+
+
+def main(argv: Sequence[str]) -> int:
+    command, rest = argv[0], list(argv[1:])
+    return {"ls": ls, "stop": stop, "logs": logs}[command](rest)
+
+
+def _pick(target: str | None) -> ServedRun | int:
+    try:
+        return find_run(target, served_runs())
+    except ValueError as exc:
+        return usage_error(str(exc))
+
+
+# ----- ls ---------------------------------------------------------------------------------------
+def ls(argv: list[str]) -> int:
+    p = UsageParser(prog="ranktop ls", description="The runs served on this host, newest first.")
+    p.add_argument("--json", action="store_true", help="one JSON object per run")
+    ns = p.parse_args(argv)
+    runs = served_runs()
+    if ns.json:
+        print(json.dumps([{"run_id": r.run_id, "pid": r.pid, "socket": r.path, "clients": r.clients,
+                           **_facts(r)} for r in runs]))
+        return 0
+    if not runs:
+        print("no runs are served on this host")
+        return 0
+    rows = [("RUN", "SCRIPT", "WORLD", "STATE", "AGE", "CLIENTS", "LOGS")]
+    rows += [(r.run_id, *(str(v) for v in _facts(r).values()), str(r.clients), r.snapshot.get("log_dir") or "")
+             for r in runs]
+    rows = [tuple(clean(cell) for cell in row) for row in rows]  # names come from the runs: shown safely
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    return 0
+
+
+def _facts(run: ServedRun) -> dict:
+    snap = run.snapshot
+    return {"script": snap.get("name"), "world": snap.get("world_size"), "state": snap.get("state"),
+            "age": _age(time.time() - (snap.get("started_at") or time.time()))}
+
+
+def _age(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+# ----- stop -------------------------------------------------------------------------------------
+def stop(argv: list[str]) -> int:
+    p = UsageParser(prog="ranktop stop", description="Stop a run: SIGTERM to every rank, SIGKILL after its grace.")
+    p.add_argument("run", nargs="?", default=None, help=_RUN_HELP)
+    ns = p.parse_args(argv)
+    run = _pick(ns.run)
+    if isinstance(run, int):
+        return run
+    try:
+        with Connection(run.path) as conn:
+            ack = conn.command("Stop")
+            grace = conn.snapshot().get("shutdown_timeout") or 10.0
+    except RunGone as exc:
+        print(f"ranktop: {run.run_id}: {exc}", file=sys.stderr)
+        return 1
+    if not ack.get("ok"):
+        print(f"ranktop: {run.run_id}: {ack.get('message')}", file=sys.stderr)
+        return 1
+    if not wait_gone(run.path, grace + 15.0):
+        print(f"ranktop: {run.run_id} is still there {grace + 15:g}s after the stop", file=sys.stderr)
+        return 1
+    print(f"ranktop: stopped {run.run_id}")
+    return 0
+
+
+# ----- logs -------------------------------------------------------------------------------------
+def logs(argv: list[str]) -> int:
+    p = UsageParser(prog="ranktop logs", description="A run's output, prefixed with each rank, from its engine.")
+    p.add_argument("run", nargs="?", default=None, help=_RUN_HELP)
+    p.add_argument("--rank", type=int, default=None, help="only this local rank")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the run ends")
+    ns = p.parse_args(argv)
+    run = _pick(ns.run)
+    if isinstance(run, int):
+        return run
+    try:
+        with Connection(run.path) as conn:
+            return _print_logs(conn, run, ns.rank, ns.follow)
+    except RunGone:
+        return 0  # the run ended and its engine left: everything it had was printed
+    except BrokenPipeError:  # `ranktop logs | head`
+        return 0
+
+
+def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool) -> int:
+    ranks = run.snapshot.get("ranks") or []
+    if only is not None and not 0 <= only < len(ranks):
+        return usage_error(f"bad --rank {only}: local ranks of {run.run_id} are 0..{len(ranks) - 1}")
+    wanted = [r for r in ranks if only is None or r["local_rank"] == only]
+    cursors = {r["local_rank"]: (-1, 0) for r in wanted}
+    out = sys.stdout.buffer
+    while True:
+        for snap in wanted:
+            local = snap["local_rank"]
+            prefix = f"[{snap['rank']}]:".encode()
+            while True:
+                answer, lines, _open = conn.output(local, *cursors[local])
+                cursors[local] = (answer["generation"], answer["line"])
+                out.writelines(prefix + line + b"\n" for line in lines)
+                if not answer.get("more"):
+                    break
+        out.flush()
+        if not follow or conn.snapshot().get("ended"):
+            return 0
+        time.sleep(0.2)
