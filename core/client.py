@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import os
 import socket
+import threading
 import time
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
+from ranktop.core import commands as cmd
 from ranktop.core import protocol
+from ranktop.core.engine import OutputCursor
 from ranktop.core.server import SocketDirError, socket_dir
+from ranktop.core.state import GroupSnapshot
 
 CONNECT_TIMEOUT = 3.0
 
@@ -163,3 +171,77 @@ def wait_gone(path: str, timeout: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+# ----- the Engine interface over the socket (ranktop attach) -------------------------------------
+def from_json(kind: Any, data: Any) -> Any:
+    """`data` (plain JSON, as core/server.py's to_json makes it) as an instance of the type `kind`:
+    nested frozen dataclasses, enums, tuples and optionals, as the snapshot types use them."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if data is None:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        return from_json(options[0], data) if len(options) == 1 else data
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(from_json(args[0], item) for item in data)
+        return tuple(from_json(a, item) for a, item in zip(args, data, strict=False))
+    if origin is dict:
+        return {k: from_json(args[1], v) for k, v in data.items()} if args else dict(data)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return kind(data)
+    if dataclasses.is_dataclass(kind):
+        hints = typing.get_type_hints(kind)
+        fields = {f.name for f in dataclasses.fields(kind) if f.init}
+        return kind(**{name: from_json(hints[name], value) for name, value in data.items() if name in fields})
+    return data
+
+
+class RemoteEngine:
+    """The Engine interface of a run served elsewhere on this host: what `ranktop attach` hands
+    the TUI. close() only disconnects: the run goes on."""
+
+    def __init__(self, path: str):
+        self._conn = Connection(path)
+        self._lock = threading.Lock()  # one request at a time (the UI's timer and its workers)
+        self.gone = False  # the engine left (its run ended, or it was stopped)
+        self.last = self.snapshot()
+
+    def snapshot(self) -> GroupSnapshot:
+        if self.gone:
+            return self.last
+        try:
+            with self._lock:
+                answer, _ = self._conn.request({"type": "snapshot"})
+        except RunGone:
+            # The engine serves until its run is over: what we saw last is the end, as far as we know.
+            self.gone = True
+            self.last = dataclasses.replace(self.last, ended=True)
+            return self.last
+        self.last = from_json(GroupSnapshot, answer["snapshot"])
+        return self.last
+
+    def output_since(self, local_rank: int, cursor: OutputCursor | None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
+        cursor = cursor or OutputCursor()
+        try:
+            with self._lock:
+                answer, lines, open_lines = self._conn.output(local_rank, cursor.generation, cursor.line)
+        except RunGone:
+            self.gone = True
+            return cursor, [], []
+        # More lines wait on the engine: a version no one has makes the pane ask again at once.
+        version = -2 if answer.get("more") else answer["version"]
+        return OutputCursor(answer["generation"], answer["line"], version), lines, open_lines
+
+    def submit(self, command: cmd.Command) -> cmd.Ack:
+        args = dataclasses.asdict(command) if dataclasses.is_dataclass(command) else {}
+        try:
+            with self._lock:
+                answer = self._conn.command(type(command).__name__, **args)
+        except RunGone as exc:
+            return cmd.Ack(False, str(exc))
+        return cmd.Ack(bool(answer.get("ok")), str(answer.get("message")))
+
+    def close(self) -> None:
+        self._conn.close()

@@ -140,3 +140,25 @@ def test_a_hangup_detaches_the_tui_and_the_run_goes_on(tmp_path, runtime):
     assert run_ranktop("stop", "hup", env=runtime).returncode == 0
     wait_for(lambda: gone(run["pid"]), what="ranktop gone after the stop")
     assert [e["event"] for e in read_events(run_dir)][-1] == "run_finished"
+
+
+def test_attach_shows_the_run_acts_on_it_and_leaves_it_running(tmp_path, runtime):
+    proc = start_headless(tmp_path, runtime, "att")
+    env = f"XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']}"
+    term = None
+    try:
+        wait_for(lambda: ls(runtime), what="the run listed")
+        term = Terminal(f"cd {ROOT} && {env} {sys.executable} -m ranktop attach at; sleep 30", width=120, height=30)
+        screen = term.wait_screen("hello from 1")
+        assert "ticker.py" in screen and "world 2" in screen and "hello from 0" in screen
+        term.press("1", "k", "k")  # through the socket, confirmed as in the local TUI
+        term.wait_screen("killed SIGKILL")
+        term.press("q")
+        term.wait_screen("ranktop: left att; it runs on")
+        assert [r["state"] for r in ls(runtime)] == ["running"]
+        assert any(e["event"] == "exited" and e["local_rank"] == 1 for e in read_events(tmp_path / "logs" / "att"))
+    finally:
+        if term is not None:
+            term.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)

@@ -52,6 +52,7 @@ class RanktopApp(App):
         self.exit_on_end = exit_on_end
         self.user_quit = False  # the user asked to quit while ranks ran
         self.detached = False  # the terminal hung up: the run goes on without the TUI
+        self.attached = False  # a client of a run served elsewhere (ranktop attach): q only leaves
         self._exit_when_ended = exit_on_end
         self.main: MainScreen | None = None
 
@@ -102,8 +103,8 @@ class RanktopApp(App):
 
     def action_quit(self) -> None:
         snap = self.engine.snapshot()
-        if snap.ended:
-            self.exit(self.exit_status)
+        if snap.ended or self.attached:  # an attached client leaves; the run goes on (ranktop stop ends it)
+            self.exit(self.exit_status if snap.ended else 0)
             return
         if self.user_quit:  # a second q while stopping: do not wait for the grace
             self.engine.submit(cmd.KillGroup())

@@ -81,6 +81,7 @@ def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
 
 SUBCOMMANDS = """subcommands:
   ranktop ls [--json]       the runs served on this host, newest first
+  ranktop attach [RUN]      the TUI of a run started elsewhere (q leaves it running)
   ranktop stop [RUN]        stop a run from any terminal (SIGTERM, SIGKILL after its grace)
   ranktop logs [RUN] [--rank R] [-f]
                             a run's output, prefixed, from its engine; -f follows it to the end
@@ -399,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ranktop.tui.stacks_cli import main as stacks_main
 
         return stacks_main(argv[1:])
-    if argv and argv[0] in ("ls", "stop", "logs"):
+    if argv and argv[0] in ("ls", "stop", "logs", "attach"):
         from ranktop.tui.runs_cli import main as runs_main
 
         return runs_main(argv)

@@ -17,7 +17,7 @@ _RUN_HELP = "a run id, a unique prefix of one, or its run directory (default: th
 
 def main(argv: Sequence[str]) -> int:
     command, rest = argv[0], list(argv[1:])
-    return {"ls": ls, "stop": stop, "logs": logs}[command](rest)
+    return {"ls": ls, "stop": stop, "logs": logs, "attach": attach}[command](rest)
 
 
 def _pick(target: str | None) -> ServedRun | int:
@@ -61,6 +61,34 @@ def _age(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+# ----- attach -----------------------------------------------------------------------------------
+def attach(argv: list[str]) -> int:
+    p = UsageParser(prog="ranktop attach", description="The TUI of a run started elsewhere (it goes on when you leave).")
+    p.add_argument("run", nargs="?", default=None, help=_RUN_HELP)
+    ns = p.parse_args(argv)
+    run = _pick(ns.run)
+    if isinstance(run, int):
+        return run
+    from ranktop.core.client import RemoteEngine
+    from ranktop.tui.app import RanktopApp
+
+    try:
+        engine = RemoteEngine(run.path)
+    except RunGone as exc:
+        print(f"ranktop: {run.run_id}: {exc}", file=sys.stderr)
+        return 1
+    app = RanktopApp(engine)
+    app.attached = True
+    try:
+        app.run()
+    finally:
+        engine.close()
+    if not engine.last.ended:  # the last snapshot the TUI took
+        print(f"ranktop: left {run.run_id}; it runs on (ranktop attach {run.run_id}, ranktop stop {run.run_id})",
+              file=sys.stderr)
+    return 0
 
 
 # ----- stop -------------------------------------------------------------------------------------
