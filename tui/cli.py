@@ -96,7 +96,8 @@ class _Version(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         import ranktop
 
-        parser.exit(0, f"ranktop {ranktop.__version__}\n")
+        print(f"ranktop {ranktop.__version__}")
+        parser.exit(0)
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
