@@ -27,7 +27,7 @@ from typing import Any
 
 from ranktop.core import commands as cmd
 from ranktop.core.context import REAP_TIMEOUT, PContext, RunProcsResult, Waker, plan_streams, prefix_for
-from ranktop.core.errors import ProcessFailure, UsageError, killed_by
+from ranktop.core.errors import ProcessFailure, UsageError, describe_exit, killed_by
 from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
@@ -259,6 +259,9 @@ class LocalAgent:
             self._same_attempt_starts = 0 if spend else self._same_attempt_starts + 1
             self.state = GroupState.RESTARTING
             self.events.write("group_restart", attempt=self.attempt, reason=reason)
+            if reason == "failure":  # one line a restart, as the console contract says
+                self._notice(f"{self._earlier_attempts[-1].split(': ', 1)[1]}; restarting the group: "
+                             f"attempt_{self.attempt} ({self.attempt} of {self.spec.max_restarts} restarts spent)")
 
     def _attempt_summary(self, reason: str) -> str:
         """One line on how the attempt that is being restarted ended, for the UI's header."""
@@ -394,6 +397,8 @@ class LocalAgent:
             # Enough lines to see past the rank's own printed traceback (the report cuts it out).
             failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
             user_action=_user_action_text(*before[-1], f.timestamp) if before else None,
+            stopped=tuple((s.failure.rank, describe_exit(s.failure.exitcode)) for s in slots
+                          if s.stopped_by_us and s not in own),
         )
 
     # ----- rendezvous: the hooks of a multi-node run through torch's rendezvous -----------------

@@ -55,7 +55,7 @@ def failed_at(cause: RootCause) -> str:
 class CauseLine(NamedTuple):
     """One line under a root cause's headline. `kind`: message, traceback (an exception line),
     frame (an indented traceback line), more (traceback lines left out), tail-head, tail (a failed
-    rank's last output) or file. `text` is the rank's own, unfiltered: each renderer filters it
+    rank's last output), file or stopped (the ranks ranktop stopped because of it). `text` is the rank's own, unfiltered: each renderer filters it
     for its terminal."""
 
     kind: str
@@ -82,6 +82,9 @@ def root_cause_lines(cause: RootCause, *, max_traceback: int | None = None,
         lines += [CauseLine("tail", line) for line in tail[-max_tail:]]
     if cause.error_file:
         lines.append(CauseLine("file", f"error file: {cause.error_file}"))
+    if cause.stopped:
+        ranks = ", ".join(f"{rank} ({how})" for rank, how in cause.stopped)
+        lines.append(CauseLine("stopped", f"stopped by ranktop after it, not the cause: rank{'s' if len(cause.stopped) > 1 else ''} {ranks}"))
     return lines
 
 

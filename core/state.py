@@ -153,3 +153,6 @@ class RootCause:
     # a user action on a rank that came before this failure (a restart, a kill), e.g. "you
     # restarted rank 2 at 12:03:04, 1.2 s before this failure"; None when there was none
     user_action: str | None = None
+    # The ranks ranktop stopped because of this failure, (global rank, how each ended): effects,
+    # named so that nobody blames them.
+    stopped: tuple[tuple[int, str], ...] = ()

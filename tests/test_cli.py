@@ -397,3 +397,17 @@ def test_without_pty_ranks_write_to_pipes(tmp_path):
     script.write_text("import sys\nprint(sys.stdout.isatty(), sys.stderr.isatty())\n")
     res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", str(tmp_path), "--run-id", "x", str(script))
     assert res.returncode == 0 and res.stdout == "[default0]:False False\n"
+
+
+def test_headless_says_one_line_per_restart_and_names_the_ranks_it_stopped(tmp_path):
+    script = tmp_path / "fail1.py"
+    script.write_text("import os, sys, time\nprint('up', flush=True)\n"
+                      "if os.environ['RANK'] == '1':\n    sys.exit(3)\ntime.sleep(60)\n")
+    done = run_ranktop("--headless", "--nproc-per-node", "3", "--max-restarts", "2", "--shutdown-timeout", "5",
+                       "--log-dir", str(tmp_path / "logs"), str(script))
+    assert done.returncode == 1
+    ours = [line for line in done.stderr.splitlines() if line.startswith("ranktop: rank")]
+    assert ours == ["ranktop: rank 1 failed (exit 3); restarting the group: attempt_1 (1 of 2 restarts spent)",
+                    "ranktop: rank 1 failed (exit 3); restarting the group: attempt_2 (2 of 2 restarts spent)"]
+    assert ("  stopped by ranktop after it, not the cause: ranks 0 (killed by SIGTERM), 2 (killed by SIGTERM)"
+            in done.stderr.splitlines())

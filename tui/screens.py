@@ -158,7 +158,8 @@ class ConfirmQuit(ModalScreen[bool]):
         self.dismiss(yes)
 
 
-_CAUSE_STYLES = {"message": "bold", "traceback": "red", "more": "dim", "tail-head": "dim", "file": "dim"}
+_CAUSE_STYLES = {"message": "bold", "traceback": "red", "more": "dim", "tail-head": "dim", "file": "dim",
+                 "stopped": "yellow"}
 
 
 def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: int = 6) -> Text:
