@@ -128,6 +128,7 @@ class LocalAgent:
         sanitize_console: bool = False,
         reap_timeout: float = REAP_TIMEOUT,
         exit_barrier_timeout: float = 300.0,
+        signals_to_handle: tuple[int, ...] = (),
         on_notice: Callable[[str], None] | None = None,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
@@ -190,6 +191,9 @@ class LocalAgent:
         self._between_attempts = False  # closing one attempt to start the next
         self.reap_timeout = reap_timeout  # how long a SIGKILLed rank may take to go before it is given up on
         self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
+        # Handled besides SIGINT/TERM/HUP (which ranktop always handles: no rank may outlive it):
+        # a stop signal like those, or a notice (USR1/USR2) passed on to the ranks.
+        self.signals_to_handle = tuple(signals_to_handle)
         self.on_notice = on_notice  # one-line news for the person watching (rendezvous rounds)
         self.exit_barrier_timeout = exit_barrier_timeout
         self._watch: RoundWatch | None = None
@@ -517,7 +521,8 @@ class LocalAgent:
     def _install_signal_handlers(self) -> dict:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        return {sig: signal.signal(sig, self._on_signal) for sig in _FORWARDED_SIGNALS}
+        handled = dict.fromkeys((*_FORWARDED_SIGNALS, *self.signals_to_handle))
+        return {sig: signal.signal(sig, self._on_signal) for sig in handled}
 
     @staticmethod
     def _restore_signal_handlers(handlers: dict) -> None:
@@ -543,6 +548,11 @@ class LocalAgent:
             self.events.write("signal_received", signal=signal.Signals(signum).name,
                               forwarded=action != StopAction.DUPLICATE, action=action.value)
             if action == StopAction.DUPLICATE:
+                continue
+            if action == StopAction.PASS_ON:
+                if pc is not None:
+                    for r in range(self.spec.local_world_size):
+                        pc.signal_rank(r, signum)
                 continue
             self._stop_signal = self._stop_signal or signum
             self.state = GroupState.STOPPING

@@ -24,6 +24,10 @@ class StopAction(str, enum.Enum):
     FORWARD = "forward"  # send the signal to every rank; SIGKILL what is left after the grace
     DUPLICATE = "duplicate"  # a repeat of the hangup/termination just forwarded: nothing more to do
     KILL_NOW = "kill_now"  # a repeated interrupt: SIGKILL every rank at once
+    PASS_ON = "pass_on"  # a notice for the ranks (Slurm's SIGUSR1 before a requeue): sent, the run goes on
+
+
+NOTICE_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})  # passed on, never a reason to stop
 
 
 @dataclass
@@ -36,6 +40,8 @@ class StopRule:
 
     def decide(self, signum: int, received_at: float) -> StopAction:
         """`received_at` is a monotonic time taken when the signal arrived."""
+        if signum in NOTICE_SIGNALS:
+            return StopAction.PASS_ON
         if signum == signal.SIGINT:
             if self._interrupted:
                 return StopAction.KILL_NOW

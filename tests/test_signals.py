@@ -10,7 +10,7 @@ import textwrap
 import threading
 
 import pytest
-from conftest import ROOT, ranktop_cmd, read_events, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
 from ranktop.core import LocalAgent, WorkerSpec
 from ranktop.core.signals import StopAction, StopRule
 
@@ -120,3 +120,58 @@ def test_launch_second_interrupt_kills_at_once(tmp_path):
     out, _ = proc.communicate(timeout=8)  # launch's grace is 10 s: only SIGKILL ends it this soon
     assert out.strip() == f"MainProcessError {int(INT)}"
     assert not (tmp_path / "checkpoint").exists()
+
+
+USR1_RANK = ("import os, signal, sys, time\n"
+             "signal.signal(signal.SIGUSR1, lambda *_: print('requeue notice', os.environ['RANK'], flush=True))\n"
+             "print('up', os.environ['RANK'], flush=True)\n"
+             "while True:\n    time.sleep(0.05)\n")
+
+
+def _start_usr1(tmp_path, *flags):
+    script = tmp_path / "usr1.py"
+    script.write_text(USR1_RANK)
+    return subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--shutdown-timeout", "3",
+                                        "--log-dir", str(tmp_path / "logs"), "--run-id", "r", *flags, str(script)),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _logged(tmp_path, rank: int) -> str:
+    path = tmp_path / "logs" / "r" / "attempt_0" / str(rank) / "stdout.log"
+    return path.read_text() if path.exists() else ""
+
+
+def test_signals_to_handle_passes_sigusr1_on_and_the_run_goes_on(tmp_path):
+    proc = _start_usr1(tmp_path, "--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1")
+    try:
+        wait_for(lambda: all("up" in _logged(tmp_path, r) for r in range(2)), what="ranks up")
+        proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: all("requeue notice" in _logged(tmp_path, r) for r in range(2)), what="notice passed on")
+        assert proc.poll() is None  # still running: a notice is not a stop
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_sigquit_stops_the_run_like_sigterm_by_default(tmp_path):
+    proc = _start_usr1(tmp_path)
+    try:
+        wait_for(lambda: all("up" in _logged(tmp_path, r) for r in range(2)), what="ranks up")
+        proc.send_signal(signal.SIGQUIT)
+        assert proc.wait(30) == 128 + signal.SIGQUIT
+        assert "stopped by SIGQUIT" in proc.communicate()[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("value", ["SIGKILL", "SIGNOPE", "SIG_IGN", "TERM"])
+def test_a_signal_that_cannot_be_handled_is_one_line(tmp_path, value):
+    done = run_ranktop("--headless", "--signals-to-handle", value, "--log-dir", str(tmp_path), "x.py")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert done.stderr.startswith(f"ranktop: error: bad --signals-to-handle {value!r}: {value!r} is not a signal")
+    assert not list(tmp_path.iterdir())

@@ -21,6 +21,7 @@ from typing import Any
 from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
 from ranktop.core.sanitize import clean
+from ranktop.core.signals import NOTICE_SIGNALS
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import LogView
@@ -93,6 +94,9 @@ class RanktopApp(App):
             _detach_terminal()
             self.detached = True
             self.call_later(self.exit, 0)  # the loop's own turn: not from inside the handler
+            return
+        if signum in NOTICE_SIGNALS:  # for the ranks (Slurm's requeue notice): the run goes on
+            self.engine.submit(cmd.Interrupt(signum))
             return
         self._exit_when_ended = True
         self.engine.submit(cmd.Interrupt(signum))  # answered at once: safe from a signal handler
@@ -242,6 +246,9 @@ def run_tui(spec: Any, ns: argparse.Namespace) -> int:
     engine, sampler = _tui_engine(spec, ns, color=not no_color)
     app = RanktopApp(engine, exit_on_end=getattr(ns, "exit_on_end", False), metric=getattr(ns, "metric", None))
     previous = {sig: signal.signal(sig, lambda signum, _frame: app.stop_on_signal(signum)) for sig in _STOP_SIGNALS}
+    for sig in getattr(ns, "signals_to_handle", ()):  # QUIT stops as TERM does; USR1/USR2 are passed on
+        if sig not in previous:
+            previous[sig] = signal.signal(sig, lambda signum, _frame: app.stop_on_signal(signum))
     server = None
     try:
         engine.start()

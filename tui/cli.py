@@ -39,6 +39,24 @@ def _metric(text: str):
         raise BadValue(str(exc)) from None
 
 
+_UNCATCHABLE = ("SIGKILL", "SIGSTOP")
+
+
+def _signal_list(text: str) -> tuple[int, ...]:
+    """An argparse type: torchrun's --signals-to-handle, 'SIGTERM,SIGUSR1', as signal numbers."""
+    import signal
+
+    found = []
+    for name in (part.strip() for part in text.split(",") if part.strip()):
+        number = getattr(signal, name, None)
+        if not name.startswith("SIG") or name.startswith("SIG_") or not isinstance(number, signal.Signals) \
+                or name in _UNCATCHABLE:
+            raise BadValue(f"bad --signals-to-handle {text!r}: {name!r} is not a signal ranktop can handle "
+                           "(names such as SIGTERM,SIGUSR1; SIGKILL and SIGSTOP cannot be caught)")
+        found.append(int(number))
+    return tuple(found)
+
+
 def _both(name: str) -> list[str]:
     """torchrun accepts --nproc-per-node and --nproc_per_node; so do we."""
     dashed = "--" + name
@@ -155,6 +173,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="give each rank a pseudo-terminal (isatty() true; stderr merged into stdout.log)")
     add(*_both("no-faulthandler"), action="store_true",
         help="do not make SIGUSR1 dump a Python rank's stacks (faulthandler)")
+    add(*_both("signals-to-handle"), type=_signal_list, default="SIGTERM,SIGINT,SIGHUP,SIGQUIT", metavar="SIGS",
+        help="signals ranktop handles: SIGINT/TERM/HUP/QUIT stop the run (forwarded, grace, SIGKILL); "
+             "SIGUSR1/USR2 are passed on to every rank and the run goes on (Slurm's requeue notice)")
     add(*_both("start-method"), default="spawn", choices=("spawn", "fork", "forkserver"),
         help="accepted for torchrun: every rank is a fresh process either way")
     add(*_both("run-path"), action="store_true",
@@ -459,7 +480,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout,
                        sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,
-                       sanitize_console=ns.sanitize_console,
+                       sanitize_console=ns.sanitize_console, signals_to_handle=ns.signals_to_handle,
                        on_notice=lambda text: print(f"ranktop: {text}", file=sys.stderr, flush=True),
                        color=sys.stdout.isatty() and "NO_COLOR" not in os.environ)
     if sampler is not None:
