@@ -129,6 +129,8 @@ class LocalAgent:
         reap_timeout: float = REAP_TIMEOUT,
         exit_barrier_timeout: float = 300.0,
         signals_to_handle: tuple[int, ...] = (),
+        echo_events: bool = False,
+        duplicate_filters: dict[int, tuple[str, ...]] | None = None,
         on_notice: Callable[[str], None] | None = None,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
@@ -158,6 +160,9 @@ class LocalAgent:
         self.layout = RunDir.create(log_dir, self.run_id, numbered=spec.run_id is None and shared_id != "none")
         self.run_dir = self.layout.path
         self.master_port = spec.master_port or free_port()
+        self._echo = sys.stderr if echo_events else None
+        self.duplicate_filters = {stream: tuple(n.encode() for n in needles)
+                                  for stream, needles in (duplicate_filters or {}).items()}  # torchrun's --event-log-handler console
         self.events = self._open_events()
         self.attempt = 0
         self.state = GroupState.INIT
@@ -210,6 +215,7 @@ class LocalAgent:
         events = None
         try:
             events = EventLog(self.layout.open_events())
+            events.echo = self._echo
             events.write("run_started", strict=True, run_id=self.run_id, name=self.spec.display_name(),
                          world_size=self.spec.world_size, node_rank=self.spec.node_rank,
                          master_port=self.master_port, pid=os.getpid())
@@ -336,7 +342,7 @@ class LocalAgent:
             ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False, pty=pty,
             sanitize_console=self.sanitize_console,
             # headless: our stdin, as torchrun gives it (pdb works); a UI types through SendInput
-            rank_stdin="inherit" if self.console else "pipe",
+            rank_stdin="inherit" if self.console else "pipe", duplicate_filters=self.duplicate_filters,
             waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
         ).start()
         self.state = GroupState.RUNNING

@@ -38,7 +38,7 @@ from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, kill
 from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, PIDFDS, open_pidfd, send_signal
 from ranktop.core.layout import ERROR_FILE, Dir, RunDir, log_name
 from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
-from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, LineRing, OutputPump, StreamSink
+from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, FilteredCopy, LineRing, OutputPump, StreamSink
 from ranktop.core.process import (
     LEADER_ONLY_SIGNALS,
     STOP_SIGNALS,
@@ -202,6 +202,7 @@ class PContext:
         cwd: str | None = None,
         pty: tuple[int, int] | None = None,
         rank_stdin: str = "null",
+        duplicate_filters: dict[int, tuple[bytes, ...]] | None = None,
         waker: Waker | None = None,
         generation: int = 0,
         reap_timeout: float = REAP_TIMEOUT,
@@ -223,6 +224,9 @@ class PContext:
         self.cwd = cwd
         self.pty = pty  # (columns, rows) of the terminal each rank writes to; None: pipes
         self.rank_stdin = rank_stdin  # "null", "inherit" (ours) or "pipe" (send_input): see Launch
+        # stream -> the attempt's filtered_<stream>.log (torchrun's --duplicate-*-filters)
+        self._filtered = {stream: FilteredCopy(self.dir.open_append(f"filtered_{log_name(stream)}"), needles)
+                          for stream, needles in (duplicate_filters or {}).items() if needles}
         self.generation = generation  # which attempt of a run this is: new rings, new pids
         self.reap_timeout = reap_timeout
         self._passthrough = passthrough_console  # unredirected, unteed streams: inherit our fds
@@ -352,7 +356,8 @@ class PContext:
             sinks[stream] = StreamSink(
                 stream, ring, console=console,
                 log=(self.log_path(r, stream), functools.partial(self._open_log, r, stream)) if to_file else None,
-                on_log_error=functools.partial(self._log_write_failed, r))
+                on_log_error=functools.partial(self._log_write_failed, r),
+                copy=self._filtered[stream].for_rank(plan.prefix) if stream in self._filtered else None)
         self.slots[r].sinks.extend(sinks.values())
         return sinks
 
@@ -682,6 +687,8 @@ class PContext:
             self._sweep_fds.clear()
             for held in (*self._rank_dirs.values(), self.dir):
                 held.close()
+            for copy in self._filtered.values():
+                copy.close()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 

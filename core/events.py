@@ -7,7 +7,7 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, TextIO
 
 
 class EventLog:
@@ -24,6 +24,7 @@ class EventLog:
         self._fd = fd
         self._held: collections.deque[bytes] = collections.deque(maxlen=self.HELD_LINES)
         self._lock = threading.Lock()
+        self.echo: TextIO | None = None  # also print each event here (torchrun's console handler)
 
     def write(self, event: str, *, strict: bool = False, **fields: Any) -> None:
         """Append one event; `strict` raises OSError rather than holding the line back."""
@@ -31,6 +32,8 @@ class EventLog:
         with self._lock:
             if self._fd < 0:
                 return
+            if self.echo is not None:
+                _echo(self.echo, line)
             self._held.append(line.encode())
             while self._held:
                 try:
@@ -56,3 +59,11 @@ class EventLog:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+def _echo(stream: TextIO, line: str) -> None:
+    try:
+        stream.write("ranktop: event " + line)
+        stream.flush()
+    except (OSError, ValueError):
+        pass  # a closed or broken stderr loses only the echo: events.jsonl has the event

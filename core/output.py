@@ -339,6 +339,44 @@ class ConsoleWriter:
         self._thread.join(timeout)
 
 
+class FilteredCopy:
+    """torchrun's --duplicate-stdout/stderr-filters: every line of every rank that contains one
+    of `needles` also goes, prefixed with its rank, into one file of the attempt
+    (filtered_stdout.log / filtered_stderr.log). A write that fails loses only the copy."""
+
+    def __init__(self, fd: int, needles: tuple[bytes, ...]):
+        self._fd, self._needles = fd, needles
+        self._lock = threading.Lock()  # one line at a time from every rank's sink
+
+    def for_rank(self, prefix: bytes) -> Callable[[bytes | None], None]:
+        """What one rank's sink calls with each chunk (None at its end): lines are matched whole."""
+        pending = bytearray()
+
+        def feed(data: bytes | None) -> None:
+            if data is None:
+                lines, pending[:] = [bytes(pending)] if pending else [], b""
+            else:
+                pending.extend(data)
+                *lines, rest = bytes(pending).split(b"\n")
+                pending[:] = rest[-LINE_CAP:]  # an endless line is matched by its tail
+            hits = [prefix + line + b"\n" for line in lines if any(n in line for n in self._needles)]
+            if hits:
+                self._write(b"".join(hits))
+
+        return feed
+
+    def _write(self, data: bytes) -> None:
+        with self._lock:
+            try:
+                while data:
+                    data = data[os.write(self._fd, data):]
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 class StreamSink:
     """Where one stream of one rank goes: a log file, the ring, maybe the console (prefixed).
 
@@ -355,9 +393,11 @@ class StreamSink:
         console: tuple[ConsoleWriter, BinaryIO, bytes] | None = None,
         log: tuple[str, Callable[[], int]] | None = None,
         on_log_error: Callable[[StreamSink], None] | None = None,
+        copy: Callable[[bytes | None], None] | None = None,
     ):
         self.stream = stream
         self.ring = ring
+        self._copy = copy  # FilteredCopy.for_rank(...): matching lines into the filtered file
         self.log_path = log[0] if log else None
         self.log_error: str | None = None
         self.bytes_lost = 0
@@ -382,6 +422,8 @@ class StreamSink:
         prefixed (one `replace` over the chunk, which also counts its lines for the ring)."""
         if self.log_path:
             self._log(data)
+        if self._copy is not None:
+            self._copy(data)
         newlines = self._tee(data) if self.console is not None else None
         self.ring.feed(self.stream, data, newlines)
 
@@ -460,6 +502,8 @@ class StreamSink:
     def finish(self) -> None:
         if self.console is not None and (self._console_open or self._console_streaming):
             self._tee_lines(b"")
+        if self._copy is not None:
+            self._copy(None)
         if self.log_fd is not None:
             os.close(self.log_fd)
             self.log_fd = None

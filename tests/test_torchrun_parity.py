@@ -153,3 +153,34 @@ def test_python_exec_picks_the_ranks_interpreter(tmp_path):
     assert res.returncode == 0, res.stderr
     assert f"EXE {python}" in res.stdout
     assert f"ranktop: ranks run {python}" in res.stderr  # the run says which interpreter it used
+
+
+def test_duplicate_filters_copy_matching_lines_of_every_rank(tmp_path):
+    script = tmp_path / "dup.py"
+    script.write_text("import os, sys\nr = os.environ['RANK']\nprint('loss 1.0 rank', r)\nprint('noise', r)\n"
+                      "print('apple, pie', r, file=sys.stderr)\nprint('grad NaN', r, end='')\n")
+    done = run_ranktop("--headless", "--nproc-per-node", "2", "--duplicate-stdout-filters", "loss,NaN",
+                       "--duplicate_stderr_filters", "apple,, pie", "--run-id", "dup", "--log-dir", str(tmp_path),
+                       str(script))
+    assert done.returncode == 0, done.stderr
+    attempt = tmp_path / "dup" / "attempt_0"
+    out = (attempt / "filtered_stdout.log").read_text().splitlines()
+    assert sorted(out) == ["[default0]:grad NaN 0", "[default0]:loss 1.0 rank 0",
+                           "[default1]:grad NaN 1", "[default1]:loss 1.0 rank 1"]
+    assert sorted((attempt / "filtered_stderr.log").read_text().splitlines()) == [
+        "[default0]:apple, pie 0", "[default1]:apple, pie 1"]  # ',,' is a comma inside the needle
+    assert "noise" in (attempt / "0" / "stdout.log").read_text()  # the logs themselves are untouched
+
+
+def test_event_log_handler_console_echoes_events_and_logs_specs_is_refused(tmp_path):
+    done = run_ranktop("--headless", "--event-log-handler", "console", "--log-dir", str(tmp_path),
+                       "--no-python", "true")
+    assert done.returncode == 0
+    echoed = [json.loads(line.split(" ", 2)[2])["event"] for line in done.stderr.splitlines()
+              if line.startswith("ranktop: event ")]
+    assert echoed[0] == "run_started" and echoed[-1] == "run_finished" and "exited" in echoed
+    refused = run_ranktop("--headless", "--logs-specs", "mine", "--log-dir", str(tmp_path / "x"), "--no-python", "true")
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        "ranktop: error: bad --logs-specs 'mine': ranktop writes its own log files (see --log-dir); "
+        "torchrun.logs_specs plugins are not loaded"]
+    assert not (tmp_path / "x").exists()

@@ -206,7 +206,9 @@ def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, An
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout or 60.0,
                        console=False, color=color, sampler=sampler,
-                       faulthandler=not getattr(ns, "no_faulthandler", False))
+                       faulthandler=not getattr(ns, "no_faulthandler", False),
+                       duplicate_filters={1: tuple(getattr(ns, "duplicate_stdout_filters", ())),
+                                          2: tuple(getattr(ns, "duplicate_stderr_filters", ()))})
     engine = LocalEngine(agent)
     sampler.attach(engine)
     return engine, sampler

@@ -57,6 +57,11 @@ def _signal_list(text: str) -> tuple[int, ...]:
     return tuple(found)
 
 
+def _comma_list(text: str) -> list[str]:
+    """torchrun's comma-separated list: ',,' stands for a comma inside an item; empty items go."""
+    return [item.replace("\0", ",") for item in text.replace(",,", "\0").split(",") if item]
+
+
 def _both(name: str) -> list[str]:
     """torchrun accepts --nproc-per-node and --nproc_per_node; so do we."""
     dashed = "--" + name
@@ -176,6 +181,14 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add(*_both("signals-to-handle"), type=_signal_list, default="SIGTERM,SIGINT,SIGHUP,SIGQUIT", metavar="SIGS",
         help="signals ranktop handles: SIGINT/TERM/HUP/QUIT stop the run (forwarded, grace, SIGKILL); "
              "SIGUSR1/USR2 are passed on to every rank and the run goes on (Slurm's requeue notice)")
+    for stream in ("stdout", "stderr"):
+        add(*_both(f"duplicate-{stream}-filters"), type=_comma_list, default=[], metavar="A,B",
+            help=f"{stream} lines of any rank containing one of these also go, prefixed, to "
+                 f"attempt_<k>/filtered_{stream}.log (',,' is a comma)")
+    add(*_both("event-log-handler"), default="null", choices=("null", "console", "dynamic_rendezvous"),
+        help="torchrun's event handler: console also prints each events.jsonl event to stderr")
+    add(*_both("logs-specs"), default=None, metavar="NAME",
+        help="torchrun's LogsSpecs plugin name: ranktop writes its own logs, so any name is refused")
     add(*_both("start-method"), default="spawn", choices=("spawn", "fork", "forkserver"),
         help="accepted for torchrun: every rank is a fresh process either way")
     add(*_both("run-path"), action="store_true",
@@ -338,8 +351,16 @@ def check_numa_binding(mode: str) -> None:
                      "numactl inside the rank's command")
 
 
+def check_logs_specs(name: str | None) -> None:
+    if name is not None:
+        raise UsageError(f"bad --logs-specs {name!r}: ranktop writes its own log files (see --log-dir); "
+                         "torchrun.logs_specs plugins are not loaded")
+
+
 def build_spec(ns: argparse.Namespace):
     from ranktop.core.spec import DEBUG_ENV, Std, WorkerSpec
+
+    check_logs_specs(ns.logs_specs)
 
     if ns.jobs:
         min_nodes, nnodes, nproc = parse_jobs(ns.jobs)
@@ -481,6 +502,8 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout,
                        sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,
                        sanitize_console=ns.sanitize_console, signals_to_handle=ns.signals_to_handle,
+                       echo_events=ns.event_log_handler == "console",
+                       duplicate_filters={1: tuple(ns.duplicate_stdout_filters), 2: tuple(ns.duplicate_stderr_filters)},
                        on_notice=lambda text: print(f"ranktop: {text}", file=sys.stderr, flush=True),
                        color=sys.stdout.isatty() and "NO_COLOR" not in os.environ)
     if sampler is not None:
