@@ -37,6 +37,16 @@ _EXPORTS = {
     "GroupSnapshot": "ranktop.core.state",
     "RootCause": "ranktop.core.state",
     "GpuSample": "ranktop.core.state",
+    # torch 2.13's names (torch.distributed.elastic.multiprocessing, its errors, the agent)
+    "LogsSpecs": "ranktop.core.logs_specs",
+    "LogsDest": "ranktop.core.logs_specs",
+    "DefaultLogsSpecs": "ranktop.core.logs_specs",
+    "to_map": "ranktop.core.logs_specs",
+    "SignalException": "ranktop.core.errors",
+    "ChildFailedError": "ranktop.core.errors",
+    "ErrorHandler": "ranktop.core.errors",
+    "get_error_handler": "ranktop.core.errors",
+    "LocalElasticAgent": "ranktop.core.agent",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -864,3 +864,17 @@ def _decoded(lines: list[bytes]) -> tuple[str, ...]:
 def _is_python(spec: WorkerSpec) -> bool:
     exe = os.path.basename(str(spec.entrypoint))
     return exe.startswith("python") or str(spec.entrypoint) == sys.executable
+
+
+def LocalElasticAgent(spec: WorkerSpec, logs_specs: Any = None, start_method: str = "spawn",  # noqa: N802
+                      exit_barrier_timeout: float = 300.0, log_line_prefix_template: str | None = None,
+                      **kwargs: Any) -> LocalAgent:
+    """torch's LocalElasticAgent constructor shape, giving a LocalAgent: the run directory goes
+    under the LogsSpecs' root log dir; its redirects and tee are ranktop's own (every stream is
+    kept in a file, the console shows what is not redirected)."""
+    from ranktop.core.context import set_start_method
+
+    set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
+    log_dir = getattr(logs_specs, "root_log_dir", None) if logs_specs is not None else None
+    return LocalAgent(spec, log_dir=log_dir, exit_barrier_timeout=exit_barrier_timeout,
+                      log_line_prefix_template=log_line_prefix_template, **kwargs)

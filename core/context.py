@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from string import Template
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, killed_by
 from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, PIDFDS, open_pidfd, send_signal
@@ -51,6 +51,9 @@ from ranktop.core.sanitize import clean_console
 from ranktop.core.spec import Std, per_rank
 from ranktop.core.state import LogLoss
 from ranktop.core.strays import StrayTracker, forget_own_child, note_own_child
+
+if TYPE_CHECKING:
+    from ranktop.core.logs_specs import LogsSpecs
 
 _GUARD_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
@@ -632,8 +635,10 @@ class PContext:
                 result.unreapable[r] = slot.proc.pid
             if slot.failure is not None:
                 result.failures[r] = slot.failure
-            elif callable(self.entrypoint):
-                result.return_values[r] = self._read_return_value(r)
+            else:  # a binary returns nothing: None, as torch reports it
+                result.return_values[r] = self._read_return_value(r) if callable(self.entrypoint) else None
+        if result.failures:
+            result.return_values = {}  # as torch: a failed group has no return values
         return result
 
     def _read_return_value(self, local_rank: int) -> Any:
@@ -718,30 +723,55 @@ class SubprocessContext(PContext):
     """Ranks that run a binary; arguments are passed as strings."""
 
 
+class RanksMismatch(RuntimeError, ValueError):
+    """args and envs do not name the same local ranks 0..n-1 (torch raises RuntimeError)."""
+
+
 def start_processes(
     name: str,
     entrypoint: Callable[..., Any] | str,
     args: Mapping[int, tuple],
     envs: Mapping[int, Mapping[str, str]],
-    log_dir: str,
+    logs_specs: LogsSpecs | str | None = None,
     start_method: str = "spawn",
     redirects: Std | Mapping[int, Std] = Std.NONE,
     tee: Std | Mapping[int, Std] = Std.NONE,
+    *,
+    log_dir: str | None = None,
+    log_line_prefixes: Mapping[int, str] | None = None,
+    duplicate_stdout_filters: list[str] | None = None,
+    duplicate_stderr_filters: list[str] | None = None,
 ) -> PContext:
-    """Start one process per local rank (torch.distributed.elastic's API, same semantics)."""
+    """Start one process per local rank (torch.distributed.elastic's API, same semantics). The
+    files go where `logs_specs` (torch 2.13: a LogsSpecs) says, or, in the older form, into
+    `log_dir` (an existing empty directory), with `redirects` and `tee`."""
+    from ranktop.core.logs_specs import LogsSpecs
+
     _check_start_method(start_method)
     nprocs = len(args)
     ensure_fds_for(nprocs)
     expected = set(range(nprocs))
     if set(args) != expected or set(envs) != expected:
-        raise ValueError(
+        raise RanksMismatch(
             f"args and envs must both have exactly the local ranks 0..{nprocs - 1}; "
             f"got args for {sorted(args)} and envs for {sorted(envs)}"
         )
+    console_ranks = None
+    if isinstance(logs_specs, LogsSpecs):
+        logs_specs.reify(envs)
+        log_dir, redirects, tee = logs_specs.attempt_dir, logs_specs.redirects, logs_specs.tee
+        console_ranks = logs_specs.local_ranks_filter
+    elif logs_specs is not None:
+        log_dir = logs_specs  # the older positional form: start_processes(name, fn, args, envs, log_dir)
+    if log_dir is None:
+        raise ValueError("start_processes needs logs_specs (a LogsSpecs) or log_dir")
     run_dir = RunDir.adopt(log_dir)  # checked empty, then held: see core/layout.py
-    streams = plan_streams(nprocs, redirects, tee, prefixes={r: f"[{name}{r}]:" for r in range(nprocs)})
+    prefixes = {r: (log_line_prefixes or {}).get(r, f"[{name}{r}]:") for r in range(nprocs)}
+    streams = plan_streams(nprocs, redirects, tee, prefixes=prefixes, console_ranks=console_ranks)
+    filters = {STDOUT: tuple(n.encode() for n in duplicate_stdout_filters or ()),
+               STDERR: tuple(n.encode() for n in duplicate_stderr_filters or ())}
     cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
-    return cls(name, entrypoint, args, envs, run_dir, streams).start()
+    return cls(name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters).start()
 
 
 _START_METHODS = ("spawn", "fork", "forkserver")

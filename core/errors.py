@@ -32,6 +32,76 @@ class UsageError(ValueError):
     """Bad input from the user: shown as one line, exit status 2, nothing started."""
 
 
+class SignalException(Exception):
+    """torch's: raised in the launcher when it receives a stop signal; `sigval` is the signal."""
+
+    def __init__(self, msg: str, sigval: signal.Signals) -> None:
+        super().__init__(msg)
+        self.sigval = sigval
+
+
+class ChildFailedError(Exception):
+    """torch's: one or more ranks failed; `failures` maps global rank -> ProcessFailure, and
+    the first (earliest) one is the root cause."""
+
+    def __init__(self, name: str, failures: dict[int, ProcessFailure]) -> None:
+        self.name = name
+        self.failures = failures
+        if not failures:
+            raise ValueError("ChildFailedError needs at least one failure")
+        super().__init__(self.format_msg())
+
+    def get_first_failure(self) -> tuple[int, ProcessFailure]:
+        rank = min(self.failures, key=lambda r: self.failures[r].timestamp)
+        return rank, self.failures[rank]
+
+    def format_msg(self) -> str:
+        rank, first = self.get_first_failure()
+        lines = [f"{self.name} FAILED", f"Root Cause (first observed failure): rank {rank} "
+                                        f"(local_rank {first.local_rank}, pid {first.pid}): {first.message}"]
+        lines += [f"  rank {r} (local_rank {f.local_rank}, pid {f.pid}): {f.message}"
+                  for r, f in sorted(self.failures.items()) if r != rank]
+        return "\n".join(lines)
+
+
+class ErrorHandler:
+    """torch's: writes a rank's exception to $TORCHELASTIC_ERROR_FILE (what @record uses)."""
+
+    def initialize(self) -> None:
+        try:
+            import faulthandler
+
+            faulthandler.enable(all_threads=True)
+        except (OSError, ValueError):
+            pass  # no usable stderr: the error file still gets the exception
+
+    def _error_file_path(self) -> str | None:
+        return os.environ.get("TORCHELASTIC_ERROR_FILE")
+
+    def record_exception(self, e: BaseException) -> None:
+        path = self._error_file_path()
+        if path:
+            write_error_file(path, e)
+
+    def dump_error_file(self, rootcause_error_file: str, error_code: int = 0) -> None:
+        """Copy a rank's error file to ours ($TORCHELASTIC_ERROR_FILE), as torchrun does for
+        the root cause when a scheduler watches the launcher's error file."""
+        target = self._error_file_path()
+        content = load_error_file(rootcause_error_file)
+        if not target or content is None:
+            return
+        data = {"message": {"message": content.message, "extraInfo": {
+            "py_callstack": content.traceback or "", "timestamp": str(content.timestamp or int(time.time())),
+            "errorCode": error_code}}}
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+
+
+def get_error_handler() -> ErrorHandler:
+    return ErrorHandler()
+
+
 class WorkerError(RuntimeError):
     """Raised by `launch` when a rank fails."""
 
@@ -247,3 +317,11 @@ class ProcessFailure:
 
     def signal_name(self) -> str:
         return signal_name(self.exitcode)
+
+    @property
+    def error_file_data(self) -> dict:
+        """The error file in torch's shape ({} when the rank wrote none, or a bad one)."""
+        if not self.error_file_read:
+            return {}
+        return {"message": {"message": self.message, "extraInfo": {
+            "py_callstack": self.traceback or "", "timestamp": str(int(self.timestamp))}}}

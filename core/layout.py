@@ -180,7 +180,9 @@ class RunDir(Dir):
         except FileNotFoundError:
             raise ValueError(f"log_dir {path!r} does not exist") from None
         except NotADirectoryError:
-            raise ValueError(f"log_dir {path!r} is not a directory") from None
+            from ranktop.core.logs_specs import LogDirNotADirectory
+
+            raise LogDirNotADirectory(f"log_dir {path!r} is not a directory") from None
         if os.listdir(fd):
             os.close(fd)
             raise ValueError(f"log_dir {path!r} is not empty; give each run an empty directory")

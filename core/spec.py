@@ -178,12 +178,14 @@ class WorkerSpec:
             master_addr=placement.master_addr, master_port=placement.master_port, placement=placement,
         )
 
-    def display_name(self) -> str:
-        if self.name:
-            return self.name
+    def get_entrypoint_name(self) -> str:
+        """torch's: the function's name, or the binary's file name."""
         if callable(self.entrypoint):
             return getattr(self.entrypoint, "__name__", "fn")
         return os.path.basename(str(self.entrypoint))
+
+    def display_name(self) -> str:
+        return self.name or self.get_entrypoint_name()
 
 
 def rank_env(

@@ -1,0 +1,115 @@
+"""torch 2.13's `LogsSpecs` API (`start_processes(..., logs_specs=DefaultLogsSpecs(...))`), in
+ranktop's terms: where a group's files go, decided from the ranks' environment.
+
+`DefaultLogsSpecs.reify` makes `<log_dir>/<run id>_<random>/attempt_<restart count>/` as torch
+does, but private (0700, made fresh with mkdtemp/mkdir, never emptied or reused): the context then
+holds that directory and opens every file of the group inside it (core/layout.py).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ranktop.core.layout import ERROR_FILE, STDERR_LOG, STDOUT_LOG
+from ranktop.core.spec import Std, per_rank
+
+
+@dataclass
+class LogsDest:
+    """For each kind of log, local rank -> the file's path (torch's field names)."""
+
+    stdouts: dict[int, str] = field(default_factory=dict)
+    stderrs: dict[int, str] = field(default_factory=dict)
+    tee_stdouts: dict[int, str] = field(default_factory=dict)
+    tee_stderrs: dict[int, str] = field(default_factory=dict)
+    error_files: dict[int, str] = field(default_factory=dict)
+    filtered_stdout: str = ""
+    filtered_stderr: str = ""
+
+
+class LogsSpecs(ABC):
+    """Where a group's logs go, and which streams are redirected (files only) or teed."""
+
+    def __init__(self, log_dir: str | None = None, redirects: Std | Mapping[int, Std] = Std.NONE,
+                 tee: Std | Mapping[int, Std] = Std.NONE, local_ranks_filter: set[int] | None = None) -> None:
+        self._root_log_dir = log_dir
+        self.redirects = redirects
+        self.tee = tee
+        self.local_ranks_filter = local_ranks_filter
+
+    @abstractmethod
+    def reify(self, envs: Mapping[int, Mapping[str, str]]) -> LogsDest:
+        """The files of each local rank, given the ranks' environment; makes their directory."""
+
+    @property
+    @abstractmethod
+    def root_log_dir(self) -> str: ...
+
+    @property
+    def attempt_dir(self) -> str:
+        """The directory the last reify() made: the group's files go there."""
+        raise NotImplementedError
+
+
+class DefaultLogsSpecs(LogsSpecs):
+    """torch's default layout: `<log_dir>/<TORCHELASTIC_RUN_ID>_<random>/attempt_<N>/<rank>/`."""
+
+    def __init__(self, log_dir: str | None = None, redirects: Std | Mapping[int, Std] = Std.NONE,
+                 tee: Std | Mapping[int, Std] = Std.NONE, local_ranks_filter: set[int] | None = None) -> None:
+        if not log_dir:
+            log_dir = tempfile.mkdtemp(prefix="torchelastic_")
+        elif os.path.isfile(log_dir):
+            raise LogDirNotADirectory(f"log_dir: {log_dir} is a file")
+        else:
+            os.makedirs(log_dir, mode=0o700, exist_ok=True)
+        super().__init__(log_dir, redirects, tee, local_ranks_filter)
+        self._run_log_dir: str | None = None
+        self._attempt_dir: str | None = None
+
+    @property
+    def root_log_dir(self) -> str:
+        return str(self._root_log_dir)
+
+    @property
+    def attempt_dir(self) -> str:
+        if self._attempt_dir is None:
+            raise RuntimeError("reify() has not made the attempt's directory yet")
+        return self._attempt_dir
+
+    def reify(self, envs: Mapping[int, Mapping[str, str]]) -> LogsDest:
+        first = envs.get(0, {}) if envs else {}
+        if self._run_log_dir is None:
+            prefix = f"{first.get('TORCHELASTIC_RUN_ID', 'test_run_id')}_".replace("/", "_")
+            self._run_log_dir = tempfile.mkdtemp(prefix=prefix, dir=self._root_log_dir)
+        attempt = os.path.join(self._run_log_dir, f"attempt_{int(first.get('TORCHELASTIC_RESTART_COUNT', '0'))}")
+        os.mkdir(attempt, 0o700)  # fresh: an attempt's directory is never reused
+        self._attempt_dir = attempt
+        nprocs = len(envs)
+        redirects, tee = per_rank(self.redirects, nprocs), per_rank(self.tee, nprocs)
+        dest = LogsDest(filtered_stdout=os.path.join(attempt, "filtered_stdout.log"),
+                        filtered_stderr=os.path.join(attempt, "filtered_stderr.log"))
+        for r in range(nprocs):
+            rank_dir = os.path.join(attempt, str(r))
+            dest.error_files[r] = os.path.join(rank_dir, ERROR_FILE)
+            for streams, tees, flag, name in ((dest.stdouts, dest.tee_stdouts, Std.OUT, STDOUT_LOG),
+                                              (dest.stderrs, dest.tee_stderrs, Std.ERR, STDERR_LOG)):
+                streams[r] = os.path.join(rank_dir, name)  # ranktop always keeps the file
+                if tee[r] & flag and (self.local_ranks_filter is None or r in self.local_ranks_filter):
+                    tees[r] = streams[r]
+        del redirects  # redirected or not, ranktop writes every stream to its file
+        return dest
+
+
+class LogDirNotADirectory(NotADirectoryError, ValueError):
+    """A log_dir that is a file: torch raises NotADirectoryError; earlier ranktop a ValueError."""
+
+
+def to_map(val_or_map: Std | Mapping[int, Std], local_world_size: int) -> dict[int, Std]:
+    """torch's helper: one Std for every local rank, or the map as given (missing ranks: NONE)."""
+    if isinstance(val_or_map, Std):
+        return dict.fromkeys(range(local_world_size), val_or_map)
+    return {r: val_or_map.get(r, Std.NONE) for r in range(local_world_size)}

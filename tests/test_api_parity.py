@@ -1,0 +1,101 @@
+"""torch 2.13's elastic API names in ranktop.core, checked against behaviour, with real ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from ranktop.core import (
+    ChildFailedError,
+    DefaultLogsSpecs,
+    LocalElasticAgent,
+    ProcessFailure,
+    Std,
+    WorkerSpec,
+    get_error_handler,
+    start_processes,
+    to_map,
+)
+from ranktop.core.errors import write_error_file
+
+PY = sys.executable
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def test_start_processes_with_default_logs_specs_uses_torchs_layout(tmp_path):
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path / "logs"), redirects=Std.OUT, tee=Std.ERR, local_ranks_filter={0})
+    envs = {r: {"TORCHELASTIC_RUN_ID": "job7", "TORCHELASTIC_RESTART_COUNT": "0"} for r in range(2)}
+    ctx = start_processes("sq", square, {0: (3,), 1: (4,)}, envs, specs)
+    try:
+        result = ctx.wait(timeout=60)
+    finally:
+        ctx.close()
+    assert result.return_values == {0: 9, 1: 16} and not result.failures
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    assert run_dir.name.startswith("job7_") and specs.attempt_dir == str(run_dir / "attempt_0")
+    assert sorted(os.listdir(run_dir / "attempt_0")) == ["0", "1"]
+    assert result.stdouts[0] == str(run_dir / "attempt_0" / "0" / "stdout.log")
+    dest = specs.reify(envs | {0: {**envs[0], "TORCHELASTIC_RESTART_COUNT": "1"}})  # the next attempt
+    assert dest.stdouts[1] == str(run_dir / "attempt_1" / "1" / "stdout.log")
+    assert dest.tee_stderrs == {0: str(run_dir / "attempt_1" / "0" / "stderr.log")}  # filtered to rank 0
+    assert dest.filtered_stdout == str(run_dir / "attempt_1" / "filtered_stdout.log")
+
+
+def test_binary_ranks_return_none_and_a_failed_group_returns_nothing(tmp_path):
+    for name, code, expected in (("ok", "pass", {0: None, 1: None}), ("bad", "import sys; sys.exit(2)", {})):
+        (tmp_path / name).mkdir()
+        ctx = start_processes("b", PY, {0: ("-c", "pass"), 1: ("-c", code)}, {0: {}, 1: {}}, str(tmp_path / name))
+        try:
+            result = ctx.wait(timeout=60)
+        finally:
+            ctx.close()
+        assert result.return_values == expected
+        assert bool(result.failures) == (name == "bad")
+
+
+def test_errors_are_torchs(tmp_path):
+    with pytest.raises(RuntimeError, match="exactly the local ranks 0..1"):
+        start_processes("t", PY, {0: (), 1: ()}, {0: {}}, str(tmp_path))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError):
+        DefaultLogsSpecs(log_dir=str(tmp_path / "file"))
+    with pytest.raises(NotADirectoryError):
+        start_processes("t", PY, {0: ()}, {0: {}}, str(tmp_path / "file"))
+    assert to_map(Std.OUT, 2) == {0: Std.OUT, 1: Std.OUT}
+    assert to_map({1: Std.ERR}, 2) == {0: Std.NONE, 1: Std.ERR}
+
+
+def test_child_failed_error_error_file_data_and_the_error_handler(tmp_path, monkeypatch):
+    rank_file = tmp_path / "rank_error.json"
+    try:
+        raise ValueError("boom")
+    except ValueError as exc:
+        write_error_file(rank_file, exc)
+    first = ProcessFailure(1, 4242, 1, str(rank_file), rank=1, timestamp=100.0)
+    later = ProcessFailure(0, 4241, -15, str(tmp_path / "none.json"), rank=0, timestamp=101.0)
+    err = ChildFailedError("train.py", {0: later, 1: first})
+    assert err.get_first_failure() == (1, first)
+    assert err.format_msg().splitlines()[1].startswith("Root Cause (first observed failure): rank 1 ")
+    assert first.error_file_data["message"]["message"] == "ValueError: boom"
+    assert later.error_file_data == {}
+    ours = tmp_path / "launcher_error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(ours))
+    get_error_handler().dump_error_file(str(rank_file), error_code=1)
+    copied = json.loads(ours.read_text())
+    assert copied["message"]["message"] == "ValueError: boom" and copied["message"]["extraInfo"]["errorCode"] == 1
+
+
+def test_local_elastic_agent_shape_and_entrypoint_name(tmp_path):
+    spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=square, args=(5,))
+    assert spec.get_entrypoint_name() == "square"
+    assert WorkerSpec(role="r", local_world_size=1, entrypoint="/usr/bin/python3").get_entrypoint_name() == "python3"
+    agent = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path)), start_method="spawn",
+                              exit_barrier_timeout=30, console=False)
+    result = agent.run()
+    assert result.return_values == {0: 25, 1: 25}
+    assert os.path.dirname(agent.run_dir) == str(tmp_path)
