@@ -27,7 +27,7 @@ from typing import Any
 
 from ranktop.core import commands as cmd
 from ranktop.core.context import REAP_TIMEOUT, PContext, RunProcsResult, Waker, plan_streams, prefix_for
-from ranktop.core.errors import ProcessFailure, UsageError, describe_exit, killed_by
+from ranktop.core.errors import ProcessFailure, UsageError, describe_exit, get_error_handler, killed_by
 from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
@@ -380,6 +380,7 @@ class LocalAgent:
         self.root_cause = self._root_cause() if failures and not self._user_stop and not peer_stop else None
         if self.rendezvous is not None:
             self._leave_rendezvous(state)
+        self._pass_error_file_up()
         self.ended_at = time.time()
         unreapable = {self.spec.global_rank(r): pid for r, pid in result.unreapable.items()}
         run = RunResult(state, values, failures, self.root_cause, self._stop_signal,
@@ -389,6 +390,17 @@ class LocalAgent:
                           root_cause_rank=self.root_cause.rank if self.root_cause else None,
                           incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
         return run
+
+    def _pass_error_file_up(self) -> None:
+        """A scheduler that gave ranktop itself a TORCHELASTIC_ERROR_FILE gets the root cause's,
+        as torchrun does."""
+        cause = self.root_cause
+        if cause is None or not cause.error_file or not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            return
+        try:
+            get_error_handler().dump_error_file(cause.error_file, error_code=cause.exitcode)
+        except OSError as exc:
+            self.events.write("error_file_copy_failed", error=exc.strerror or str(exc))
 
     def _root_cause(self) -> RootCause | None:
         slots = [s for s in self.pcontext.slots if s.failure is not None]

@@ -256,14 +256,19 @@ def _timestamp(value: object) -> int | None:
 def record(fn: F, error_file: str | None = None) -> F:
     """Decorator: an exception escaping `fn` is written to $TORCHELASTIC_ERROR_FILE, then re-raised.
 
-    SystemExit is not an error here: `sys.exit(138)` leaves no error file, only its exit code.
+    SystemExit is not an error here: `sys.exit(138)` leaves no error file, only its exit code,
+    and `sys.exit(0)` returns normally, as torch's does. As torch's, it turns faulthandler on, so
+    a crash in native code (a segfault) still shows the Python stack on stderr.
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ErrorHandler().initialize()
         try:
             return fn(*args, **kwargs)
-        except SystemExit:
+        except SystemExit as exc:
+            if exc.code in (0, None):
+                return None
             raise
         except BaseException as exc:
             path = error_file or os.environ.get(ERROR_FILE_ENV)
