@@ -162,3 +162,21 @@ def test_attach_shows_the_run_acts_on_it_and_leaves_it_running(tmp_path, runtime
             term.close()
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def test_detach_starts_the_run_in_the_background_and_returns(tmp_path, runtime):
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    done = run_ranktop("--detach", "--nproc-per-node", "2", "--run-id", "bg", "--log-dir", str(tmp_path / "logs"),
+                       str(script), env=runtime)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ranktop: started bg in the background (pid ")
+    (run,) = ls(runtime)
+    try:
+        assert run["run_id"] == "bg" and run["state"] == "running"
+        wait_for(lambda: "[1]:hello from 1" in run_ranktop("logs", "bg", env=runtime).stdout, what="its output")
+    finally:
+        assert run_ranktop("stop", "bg", env=runtime).returncode == 0
+        wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")
+    bad = run_ranktop("--detach", "--nproc-per-node", "0", "x.py", env=runtime)
+    assert bad.returncode == 2 and bad.stderr.startswith("ranktop: error: ") and ls(runtime) == []

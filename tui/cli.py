@@ -172,6 +172,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="headless: pass rank output to the console through the TUI's filter (escape sequences other "
              "than colours dropped, control characters shown); the log files keep the raw bytes")
     add("--exit-on-end", action="store_true", help="TUI: close as soon as the group ends")
+    add("--detach", action="store_true",
+        help="start the run in the background at once (headless, output in its log files) and print "
+             "how to reach it: ranktop attach/logs/stop")
     add("--metric", type=_metric, default=None, metavar="REGEX",
         help="TUI: a number from each rank's output, e.g. 'loss ([0-9.eE+-]+)' (its first group, else the match)")
     add("--pty", action="store_true",
@@ -456,6 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # to init, so they can be reaped, told to the guard and swept.
         from ranktop.core.strays import adopt_orphans
 
+        if ns.detach:
+            return start_detached(argv, ns)
         adopt_orphans()
         if want_tui(ns) and _terminal_usable():
             from ranktop.tui.app import run_tui
@@ -467,6 +472,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RendezvousFailed as exc:  # e.g. the endpoint cannot be reached: not a usage error
         print(f"ranktop: error: {exc}", file=sys.stderr)
         return 1
+
+
+def start_detached(argv: list[str], ns: argparse.Namespace) -> int:
+    """Run the same command line headless in a session of its own, with its stdio on /dev/null,
+    and return once its engine serves the run (so `ranktop attach` works at once)."""
+    import subprocess
+    import time
+
+    from ranktop.core.agent import new_run_id
+    from ranktop.core.client import Connection, RunGone
+    from ranktop.core.server import socket_path
+
+    run_id = ns.run_id or new_run_id()
+    script_at = argv.index(ns.training_script)  # what follows is the script's own arguments
+    options = [a for a in argv[:script_at] if a not in ("--detach", "--tui", "--headless")]
+    command = [sys.executable, "-m", "ranktop", "--headless", "--run-id", run_id, *options, *argv[script_at:]]
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    path, deadline = socket_path(run_id), time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            print(f"ranktop: error: the run {run_id} ended at once (exit {child.returncode}); run it without "
+                  "--detach to see why", file=sys.stderr)
+            return 1
+        try:
+            Connection(path, timeout=1.0).close()
+        except RunGone:
+            time.sleep(0.05)
+            continue
+        print(f"ranktop: started {run_id} in the background (pid {child.pid}): ranktop attach {run_id} | "
+              f"ranktop logs {run_id} -f | ranktop stop {run_id}")
+        return 0
+    print(f"ranktop: {run_id} (pid {child.pid}) started but does not answer yet: ranktop ls", file=sys.stderr)
+    return 1
 
 
 def serve_run(engine, run_id: str):
