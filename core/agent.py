@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import datetime
 import enum
+import json
 import os
 import secrets
 import shutil
@@ -29,7 +30,7 @@ from ranktop.core import commands as cmd
 from ranktop.core.context import REAP_TIMEOUT, PContext, RunProcsResult, Waker, plan_streams, prefix_for
 from ranktop.core.errors import ProcessFailure, UsageError, describe_exit, get_error_handler, killed_by
 from ranktop.core.events import EventLog
-from ranktop.core.layout import ERROR_FILE, RunDir, check_run_id
+from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.process import exit_status_for_signal
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
@@ -234,6 +235,7 @@ class LocalAgent:
         try:
             self.result = self._finish(self._attempts())
             self._close_attempt()
+            self._write_final()
             return self.result
         finally:
             self._end_watch()
@@ -390,6 +392,19 @@ class LocalAgent:
                           root_cause_rank=self.root_cause.rank if self.root_cause else None,
                           incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
         return run
+
+    def _write_final(self) -> None:
+        """final.json: the last snapshot, from which `ranktop attach` shows an ended run once its
+        engine has gone. Written through the held run directory, like every file of the run."""
+        from ranktop.core.server import to_json
+
+        final = dataclasses.replace(self.snapshot(), ended=True, exit_status=self.result.exit_status)
+        try:
+            fd = self.layout.open_new(FINAL_FILE)
+            with os.fdopen(fd, "w") as f:
+                json.dump(to_json(final), f)
+        except OSError as exc:
+            self.events.write("final_write_failed", error=exc.strerror or str(exc))
 
     def _pass_error_file_up(self) -> None:
         """A scheduler that gave ranktop itself a TORCHELASTIC_ERROR_FILE gets the root cause's,

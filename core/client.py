@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import os
 import socket
 import threading
@@ -245,3 +246,62 @@ class RemoteEngine:
 
     def close(self) -> None:
         self._conn.close()
+
+
+class FinalEngine:
+    """An ended run whose engine has gone, seen through its final.json and its log files:
+    read-only (every command is refused with why)."""
+
+    TAIL_BYTES = 1 << 20  # of each rank's stdout.log shown in its pane
+
+    def __init__(self, final_path: str):
+        with open(final_path, encoding="utf-8") as f:  # a file of our own run directory
+            self.last = from_json(GroupSnapshot, json.load(f))
+        self.gone = True
+
+    def snapshot(self) -> GroupSnapshot:
+        return self.last
+
+    def output_since(self, local_rank: int, cursor: OutputCursor | None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
+        generation = self.last.generation
+        if cursor is not None and cursor.generation == generation and cursor.line > 0:
+            return cursor, [], []
+        ranks = self.last.ranks
+        path = ranks[local_rank].stdout_log if 0 <= local_rank < len(ranks) else None
+        lines = _tail_lines(path, self.TAIL_BYTES) if path else []
+        return OutputCursor(generation, len(lines), 1), lines, []
+
+    def submit(self, command: cmd.Command) -> cmd.Ack:
+        return cmd.Ack(False, "the run has ended: this is its final view, read-only")
+
+    def close(self) -> None:
+        pass
+
+
+def _tail_lines(path: str, limit: int) -> list[bytes]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - limit))
+        data = f.read(limit)
+    lines = data.split(b"\n")
+    if size > limit:
+        lines = lines[1:]  # the first one is cut
+    return lines[:-1] if lines and not lines[-1] else lines
+
+
+def final_run(target: str | None) -> str | None:
+    """final.json of the ended run `target` names (its run directory, or its id under the default
+    log root), or None."""
+    from ranktop.core.layout import FINAL_FILE, default_log_root
+
+    if not target:
+        return None
+    for run_dir in (target, os.path.join(default_log_root(), target)):
+        path = os.path.join(run_dir, FINAL_FILE)
+        if os.path.isfile(path):
+            return path
+    return None

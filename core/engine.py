@@ -64,6 +64,7 @@ class LocalEngine:
         self._thread = threading.Thread(target=self._run, name="ranktop-engine", daemon=True)
         self.result: Any = None  # the agent's RunResult, once the run returned
         self.error: BaseException | None = None  # what the run raised instead, if it did
+        self._ran_here = False  # run_here() returned
 
     def start(self, timeout: float = 5.0) -> LocalEngine:
         """Start the run; return once the first attempt's ranks exist (or `timeout` passed)."""
@@ -78,6 +79,15 @@ class LocalEngine:
         except BaseException as exc:  # shown to the user through the snapshot, not lost in a thread
             self.error = exc
 
+    def run_here(self) -> Any:
+        """Run in the calling thread instead (headless: the main thread, which gets the signals);
+        the agent's RunResult, or what it raised."""
+        self._run()
+        self._ran_here = True
+        if self.error is not None:
+            raise self.error
+        return self.result
+
     def wait(self, timeout: float | None = None) -> bool:
         """Until the run returned (or `timeout`); whether it has."""
         self._thread.join(timeout)
@@ -85,7 +95,7 @@ class LocalEngine:
 
     @property
     def ended(self) -> bool:
-        return self._thread.ident is not None and not self._thread.is_alive()
+        return self._ran_here or (self._thread.ident is not None and not self._thread.is_alive())
 
     # ----- the interface ------------------------------------------------------------------------
     def snapshot(self) -> GroupSnapshot:

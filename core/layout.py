@@ -27,6 +27,7 @@ STACKS = "stacks"
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
 ERROR_FILE = "error.json"
+FINAL_FILE = "final.json"  # the run's last snapshot, for `ranktop attach` after its engine left
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600

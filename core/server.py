@@ -109,6 +109,7 @@ class EngineServer:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._decoders: dict[socket.socket, protocol.FrameDecoder] = {}
         self._closed = False
+        self._leave = threading.Event()  # set by a Stop once the run has ended: stop lingering
         self._thread = threading.Thread(target=self._serve, name="ranktop-server", daemon=True)
         self._thread.start()
 
@@ -204,6 +205,10 @@ class EngineServer:
             command = kind(**args)
         except TypeError as exc:
             return {"ok": False, "message": f"bad {kind.__name__}: {exc}"}
+        if isinstance(command, cmd.Stop):
+            self._leave.set()  # whoever stops a run wants it gone: no lingering after this end
+            if self.engine.snapshot().ended:
+                return {"ok": True, "message": "the run had ended: its engine leaves now"}
         ack = self.engine.submit(command)
         return {"ok": ack.ok, "message": ack.message}
 
@@ -232,6 +237,10 @@ class EngineServer:
         del self._decoders[conn]
         conn.close()
         self.clients -= 1
+
+    def linger(self, seconds: float) -> None:
+        """Keep serving the ended run for `seconds` (or until a client sends Stop)."""
+        self._leave.wait(seconds)
 
     def close(self) -> None:
         """Stop serving and remove the socket: `ranktop ls` no longer lists the run."""

@@ -180,3 +180,25 @@ def test_detach_starts_the_run_in_the_background_and_returns(tmp_path, runtime):
         wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")
     bad = run_ranktop("--detach", "--nproc-per-node", "0", "x.py", env=runtime)
     assert bad.returncode == 2 and bad.stderr.startswith("ranktop: error: ") and ls(runtime) == []
+
+
+def test_a_detached_run_lingers_after_its_end_and_attach_shows_its_final_view(tmp_path, runtime):
+    script = tmp_path / "quick.py"
+    script.write_text("import os\nprint('done on', os.environ['RANK'])\n")
+    done = run_ranktop("--detach", "--linger", "60", "--nproc-per-node", "2", "--run-id", "end",
+                       "--log-dir", str(tmp_path / "logs"), str(script), env=runtime)
+    assert done.returncode == 0, done.stderr
+    (run,) = wait_for(lambda: [r for r in ls(runtime) if r["state"] == "succeeded"], what="the ended run lingering")
+    assert "[1]:done on 1" in run_ranktop("logs", "end", env=runtime).stdout  # still served after the end
+    left = run_ranktop("stop", "end", env=runtime)
+    assert left.returncode == 0 and left.stdout.strip() == "ranktop: stopped end"
+    wait_for(lambda: gone(run["pid"]), what="the engine gone")
+    final = json.loads((tmp_path / "logs" / "end" / "final.json").read_text())
+    assert final["ended"] and final["exit_status"] == 0 and final["state"] == "succeeded"
+    term = Terminal(f"cd {ROOT} && {sys.executable} -m ranktop attach {tmp_path / 'logs' / 'end'}; sleep 30",
+                    width=120, height=30)
+    try:
+        screen = term.wait_screen("done on 1")
+        assert "DONE" in screen and "quick.py" in screen
+    finally:
+        term.close()

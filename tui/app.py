@@ -229,7 +229,7 @@ def _print_end_report(engine: Any, spec: Any) -> None:
         print(clean(report, sgr=True, newlines=True), file=sys.stderr)
 
 
-def _run_detached(engine: Any) -> None:
+def _run_detached(engine: Any, server: Any, linger: float) -> None:
     """The TUI is gone with its terminal; the ranks run on until they end or a stop comes
     (`ranktop stop`, SIGTERM). Our stdio already points at /dev/null."""
     engine.agent.events.write("detached", reason="SIGHUP")
@@ -238,6 +238,8 @@ def _run_detached(engine: Any) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     while not engine.ended:
         engine.wait(1.0)  # in slices: the signal handlers run between them
+    if server is not None:
+        server.linger(linger)  # clients still see the end; `ranktop stop` lets it go
 
 
 def run_tui(spec: Any, ns: argparse.Namespace) -> int:
@@ -259,7 +261,7 @@ def run_tui(spec: Any, ns: argparse.Namespace) -> int:
         server = serve_run(engine, engine.agent.run_id)
         app.run()
         if app.detached:
-            _run_detached(engine)
+            _run_detached(engine, server, getattr(ns, "linger", 600.0))
     finally:
         engine.close()
         if server is not None:

@@ -172,6 +172,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="headless: pass rank output to the console through the TUI's filter (escape sequences other "
              "than colours dropped, control characters shown); the log files keep the raw bytes")
     add("--exit-on-end", action="store_true", help="TUI: close as soon as the group ends")
+    add("--linger", type=_number("--linger", limits.SECONDS), default=600.0, metavar="S",
+        help="a detached run's engine stays S seconds after the end, for ranktop attach/logs (default 600)")
+    add("--detached-child", action="store_true", help=argparse.SUPPRESS)  # set by --detach
     add("--detach", action="store_true",
         help="start the run in the background at once (headless, output in its log files) and print "
              "how to reach it: ranktop attach/logs/stop")
@@ -487,7 +490,8 @@ def start_detached(argv: list[str], ns: argparse.Namespace) -> int:
     run_id = ns.run_id or new_run_id()
     script_at = argv.index(ns.training_script)  # what follows is the script's own arguments
     options = [a for a in argv[:script_at] if a not in ("--detach", "--tui", "--headless")]
-    command = [sys.executable, "-m", "ranktop", "--headless", "--run-id", run_id, *options, *argv[script_at:]]
+    command = [sys.executable, "-m", "ranktop", "--headless", "--detached-child", "--run-id", run_id, *options,
+               *argv[script_at:]]
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     path, deadline = socket_path(run_id), time.monotonic() + 30
@@ -547,9 +551,12 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
                        color=sys.stdout.isatty() and "NO_COLOR" not in os.environ)
     if sampler is not None:
         sampler.attach(agent)
-    server = serve_run(LocalEngine(agent), agent.run_id)  # the loop stays in this thread: not started
+    engine = LocalEngine(agent)
+    server = serve_run(engine, agent.run_id)
     try:
-        result = agent.run()
+        result = engine.run_here()  # the monitor loop in this thread, which gets the signals
+        if server is not None and ns.detached_child:
+            server.linger(ns.linger)  # clients still see the end; `ranktop stop` lets it go
     finally:
         if server is not None:
             server.close()

@@ -68,12 +68,16 @@ def attach(argv: list[str]) -> int:
     p = UsageParser(prog="ranktop attach", description="The TUI of a run started elsewhere (it goes on when you leave).")
     p.add_argument("run", nargs="?", default=None, help=_RUN_HELP)
     ns = p.parse_args(argv)
-    run = _pick(ns.run)
-    if isinstance(run, int):
-        return run
-    from ranktop.core.client import RemoteEngine
+    from ranktop.core.client import FinalEngine, RemoteEngine, final_run
     from ranktop.tui.app import RanktopApp
 
+    try:
+        run = find_run(ns.run, served_runs())
+    except ValueError as exc:
+        final = final_run(ns.run)  # an ended run whose engine has gone: its final view
+        if final is None:
+            return usage_error(str(exc))
+        return _show(RanktopApp(FinalEngine(final)))
     try:
         engine = RemoteEngine(run.path)
     except RunGone as exc:
@@ -91,6 +95,12 @@ def attach(argv: list[str]) -> int:
     return 0
 
 
+def _show(app) -> int:
+    app.attached = True
+    app.run()
+    return 0
+
+
 # ----- stop -------------------------------------------------------------------------------------
 def stop(argv: list[str]) -> int:
     p = UsageParser(prog="ranktop stop", description="Stop a run: SIGTERM to every rank, SIGKILL after its grace.")
@@ -101,8 +111,8 @@ def stop(argv: list[str]) -> int:
         return run
     try:
         with Connection(run.path) as conn:
-            ack = conn.command("Stop")
             grace = conn.snapshot().get("shutdown_timeout") or 10.0
+            ack = conn.command("Stop")  # an ended run's engine leaves at once, and says so
     except RunGone as exc:
         print(f"ranktop: {run.run_id}: {exc}", file=sys.stderr)
         return 1
