@@ -184,3 +184,9 @@ def test_event_log_handler_console_echoes_events_and_logs_specs_is_refused(tmp_p
         "ranktop: error: bad --logs-specs 'mine': ranktop writes its own log files (see --log-dir); "
         "torchrun.logs_specs plugins are not loaded"]
     assert not (tmp_path / "x").exists()
+
+
+def test_logs_specs_default_is_torchs_own_entry_point_and_runs(tmp_path):
+    done = run_ranktop("--headless", "--logs-specs=default", "--log-dir", str(tmp_path), "--no-python", "true")
+    assert done.returncode == 0, done.stderr
+    assert "error" not in done.stderr

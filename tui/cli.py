@@ -358,7 +358,8 @@ def check_numa_binding(mode: str) -> None:
 
 
 def check_logs_specs(name: str | None) -> None:
-    if name is not None:
+    # 'default' is the name torch registers for DefaultLogsSpecs, which is the layout ranktop writes.
+    if name not in (None, "default"):
         raise UsageError(f"bad --logs-specs {name!r}: ranktop writes its own log files (see --log-dir); "
                          "torchrun.logs_specs plugins are not loaded")
 
