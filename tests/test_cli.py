@@ -169,7 +169,7 @@ def test_restart_after_crash_picks_up_attempt_1(tmp_path):
                       "--run-id", "re", "--shutdown-timeout", "5", str(RANKS / "crash_first_attempt.py"))
     assert res.returncode == 0, res.stderr
     run = tmp_path / "re"
-    assert sorted(os.listdir(run)) == ["attempt_0", "attempt_1", "events.jsonl"]
+    assert sorted(os.listdir(run)) == ["attempt_0", "attempt_1", "events.jsonl", "final.json"]
     assert (run / "attempt_1" / "1" / "stdout.log").read_text() == "rank 1 attempt 1\n"
     assert (run / "attempt_0" / "1" / "stdout.log").read_text() == "rank 1 attempt 0\n"
     events = read_events(run)
@@ -183,7 +183,7 @@ def test_restarts_exhausted_gives_exit_1(tmp_path):
                       "--no-python", "false")
     assert res.returncode == 1
     assert "(attempt 2 of 2)" in res.stderr
-    assert sorted(os.listdir(tmp_path / "ex")) == ["attempt_0", "attempt_1", "events.jsonl"]
+    assert sorted(os.listdir(tmp_path / "ex")) == ["attempt_0", "attempt_1", "events.jsonl", "final.json"]
 
 
 def _start_family(tmp_path, *flags, script_args=()):

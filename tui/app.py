@@ -92,8 +92,10 @@ class RanktopApp(App):
         SIGHUP (the terminal went away) detaches instead: the TUI leaves, the run goes on."""
         if signum == signal.SIGHUP:
             _detach_terminal()
-            self.detached = True
-            self.call_later(self.exit, 0)  # the loop's own turn: not from inside the handler
+            # A run still going is detached; one already over has nothing left to reach but
+            # its final.json, so ranktop just leaves.
+            self.detached = not (self.main is not None and self.main.ended)
+            self.call_later(self.exit, self.exit_status if not self.detached else 0)
             return
         if signum in NOTICE_SIGNALS:  # for the ranks (Slurm's requeue notice): the run goes on
             self.engine.submit(cmd.Interrupt(signum))
