@@ -103,13 +103,14 @@ def test_local_elastic_agent_shape_and_entrypoint_name(tmp_path):
 
 
 def test_record_exits_zero_normally_and_the_root_cause_error_file_is_passed_up(tmp_path):
-    script = tmp_path / "fails.py"
+    script = tmp_path / "ranks.py"
     script.write_text("import os, sys\nfrom ranktop.core import record\n@record\ndef main():\n"
-                      "    if os.environ['RANK'] == '1':\n        raise KeyError('lost')\n    sys.exit(0)\n"
+                      "    if os.environ.get('FAIL'):\n        raise KeyError('lost')\n    sys.exit(0)\n"
                       "print('returned', main(), flush=True)\n")
+    fine = run_ranktop("--headless", "--log-dir", str(tmp_path / "a"), str(script))
+    assert fine.returncode == 0 and "[default0]:returned None" in fine.stdout  # sys.exit(0) in @record returns
     ours = tmp_path / "scheduler_error.json"
-    done = run_ranktop("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"), str(script),
+    done = run_ranktop("--headless", "--log-dir", str(tmp_path / "b"), "--env", "FAIL=1", str(script),
                        env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(ours)})
     assert done.returncode == 1
-    assert "[default0]:returned None" in done.stdout  # sys.exit(0) inside @record returns
     assert json.loads(ours.read_text())["message"]["message"] == "KeyError: 'lost'"
