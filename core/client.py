@@ -17,6 +17,7 @@ from typing import Any
 from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import OutputCursor
+from ranktop.core.layout import tail_lines
 from ranktop.core.server import SocketDirError, socket_dir
 from ranktop.core.state import GroupSnapshot
 
@@ -268,7 +269,7 @@ class FinalEngine:
             return cursor, [], []
         ranks = self.last.ranks
         path = ranks[local_rank].stdout_log if 0 <= local_rank < len(ranks) else None
-        lines = _tail_lines(path, self.TAIL_BYTES) if path else []
+        lines = tail_lines(path, self.TAIL_BYTES) if path else []
         return OutputCursor(generation, len(lines), 1), lines, []
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
@@ -276,21 +277,6 @@ class FinalEngine:
 
     def close(self) -> None:
         pass
-
-
-def _tail_lines(path: str, limit: int) -> list[bytes]:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return []
-    with os.fdopen(fd, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - limit))
-        data = f.read(limit)
-    lines = data.split(b"\n")
-    if size > limit:
-        lines = lines[1:]  # the first one is cut
-    return lines[:-1] if lines and not lines[-1] else lines
 
 
 def final_run(target: str | None) -> str | None:

@@ -220,6 +220,28 @@ class RunDir(Dir):
         return None
 
 
+def tail_lines(path: str, max_bytes: int) -> list[bytes]:
+    """The last `max_bytes` of a log file as lines (a cut first line dropped); [] when it cannot
+    be read. A rank can plant anything in its own directory: a symlink or a FIFO in place of its
+    log is not followed or waited on, only a regular file is read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return []
+        f.seek(max(0, info.st_size - max_bytes))
+        data = f.read(max_bytes)
+    lines = data.split(b"\n")
+    if info.st_size > max_bytes:
+        lines = lines[1:]
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
 def latest_attempt_path(run_dir: str) -> str | None:
     """The newest attempt_<k> directory of a run (for readers outside the run's process)."""
     attempts = [d for d in os.listdir(run_dir) if re.fullmatch(r"attempt_\d+(\.\d+)?", d)]

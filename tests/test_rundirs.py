@@ -249,3 +249,16 @@ def test_start_processes_log_dir_is_private_too(tmp_path):
     assert open(result.stdouts[0]).read() == "hi\n"
     assert _mode(tmp_path / "0") == 0o700
     assert _mode(result.stdouts[0]) == _mode(result.stderrs[0]) == 0o600
+
+
+def test_log_tails_read_only_regular_files_never_a_planted_fifo_or_link(tmp_path):
+    from ranktop.core.layout import tail_lines
+
+    log = tmp_path / "stdout.log"
+    log.write_bytes(b"cut-off start\n" + b"a\n" * 10 + b"last\n")
+    assert tail_lines(str(log), 8) == [b"a", b"last"]  # the cut first line is dropped
+    os.mkfifo(tmp_path / "fifo.log")  # nobody writes to it: a read would block forever
+    assert tail_lines(str(tmp_path / "fifo.log"), 1 << 20) == []
+    (tmp_path / "link.log").symlink_to(log)
+    assert tail_lines(str(tmp_path / "link.log"), 1 << 20) == []
+    assert tail_lines(str(tmp_path / "missing.log"), 1 << 20) == []

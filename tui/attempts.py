@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 
+from ranktop.core.layout import tail_lines
 from ranktop.core.output import RING_BYTES
 
 _ATTEMPT = re.compile(r"attempt_(\d+)(?:\.(\d+))?$")
@@ -26,23 +27,6 @@ def attempt_dirs(run_dir: str | None) -> list[str]:
     return [os.path.join(run_dir, name) for _m, name in found]
 
 
-def _tail_lines(path: str, max_bytes: int) -> list[bytes]:
-    """The file's last `max_bytes` bytes as lines (the first, cut one dropped); [] if unreadable."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except OSError:
-        return []
-    lines = data.split(b"\n")
-    if size > max_bytes:
-        lines = lines[1:]
-    if lines and lines[-1] == b"":
-        lines.pop()
-    return lines
-
-
 class FileFeed:
     """One rank's logs of a finished attempt, in the shape a LogView polls (version, since, maxlen):
     stdout's lines, then stderr's under a marker (the files do not keep their interleaving)."""
@@ -52,8 +36,8 @@ class FileFeed:
         self.name = os.path.basename(attempt_dir)
         self.maxlen, self.max_bytes = maxlen, RING_BYTES
         half = RING_BYTES // 2
-        out = _tail_lines(os.path.join(rank_dir, "stdout.log"), half)
-        err = _tail_lines(os.path.join(rank_dir, "stderr.log"), half)
+        out = tail_lines(os.path.join(rank_dir, "stdout.log"), half)
+        err = tail_lines(os.path.join(rank_dir, "stderr.log"), half)
         lines = out + ([f"──── {self.name} stderr.log ────".encode(), *err] if err else [])
         self.lines = lines[-maxlen:] or [f"({self.name}: no output in its log files)".encode()]
         self.version = 0
