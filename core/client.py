@@ -7,6 +7,7 @@ import enum
 import json
 import os
 import socket
+import stat
 import threading
 import time
 import types
@@ -18,7 +19,7 @@ from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import OutputCursor
 from ranktop.core.layout import tail_lines
-from ranktop.core.server import SocketDirError, socket_dir
+from ranktop.core.server import SocketDirError, remove_if_dead, socket_dir
 from ranktop.core.state import GroupSnapshot
 
 CONNECT_TIMEOUT = 3.0
@@ -120,27 +121,15 @@ def served_runs() -> list[ServedRun]:
             with Connection(path, timeout=1.0) as conn:
                 snap, pid = conn.snapshot(), conn.hello.get("pid")
         except RunGone:
-            _remove_if_dead(path)
+            try:
+                remove_if_dead(path)  # its engine died: ls cleans up after it
+            except (SocketDirError, OSError):
+                pass
             continue
         except (protocol.ProtocolError, KeyError):
             continue
         found.append(ServedRun(name[: -len(".sock")], path, snap, snap.get("clients", 1) - 1, pid))
     return sorted(found, key=lambda run: run.snapshot.get("started_at") or 0, reverse=True)
-
-
-def _remove_if_dead(path: str) -> None:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except ConnectionRefusedError:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-    except OSError:
-        pass
-    finally:
-        probe.close()
 
 
 def find_run(target: str | None, runs: list[ServedRun]) -> ServedRun:
@@ -249,15 +238,29 @@ class RemoteEngine:
         self._conn.close()
 
 
+class BadFinalFile(Exception):
+    """final.json cannot be shown (not ours, truncated, another shape); one line says why."""
+
+
 class FinalEngine:
     """An ended run whose engine has gone, seen through its final.json and its log files:
     read-only (every command is refused with why)."""
 
     TAIL_BYTES = 1 << 20  # of each rank's stdout.log shown in its pane
 
+    MAX_FINAL = 16 << 20  # a snapshot of thousands of ranks fits
+
     def __init__(self, final_path: str):
-        with open(final_path, encoding="utf-8") as f:  # a file of our own run directory
-            self.last = from_json(GroupSnapshot, json.load(f))
+        try:
+            fd = os.open(final_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise BadFinalFile(f"bad final view {final_path}: not a regular file")
+                self.last = from_json(GroupSnapshot, json.loads(f.read(self.MAX_FINAL + 1)))
+        except BadFinalFile:
+            raise
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise BadFinalFile(f"bad final view {final_path}: {type(exc).__name__}: {str(exc)[:200]}") from None
         self.gone = True
 
     def snapshot(self) -> GroupSnapshot:

@@ -95,7 +95,8 @@ class EngineServer:
         self.engine, self.path, self.run_id = engine, path, run_id
         self.clients = 0  # connected now, for `ranktop ls`
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        _remove_stale(path)
+        if remove_if_dead(path):
+            raise SocketDirError(f"{path} is in use: another run has this run id")
         old_umask = os.umask(0o177)  # the socket is ours alone (its directory is already 0700)
         try:
             self._listener.bind(path)
@@ -261,23 +262,27 @@ class EngineServer:
             pass
 
 
-def _remove_stale(path: str) -> None:
-    """A socket left by an engine that died: nobody answers on it, so it may go."""
+def remove_if_dead(path: str) -> bool:
+    """Remove a socket whose engine died (nobody answers on it); whether a live engine serves
+    it. SocketDirError when something that is not a socket has its name."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)
     except FileNotFoundError:
-        return
+        return False
     except ConnectionRefusedError:
-        os.unlink(path)
-        return
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return False
     except OSError as exc:
         if exc.errno == errno.ENOTSOCK:
             raise SocketDirError(f"{path} is there and is not a socket") from None
         raise
     finally:
         probe.close()
-    raise SocketDirError(f"{path} is in use: another run has this run id")
+    return True
 
 
 def serve(engine: Engine, run_id: str) -> tuple[EngineServer | None, str | None]:

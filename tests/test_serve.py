@@ -202,3 +202,38 @@ def test_a_detached_run_lingers_after_its_end_and_attach_shows_its_final_view(tm
         assert "DONE" in screen and "quick.py" in screen
     finally:
         term.close()
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (b'{"name": "x"', "JSONDecodeError"),  # truncated
+    (b'[1, 2]', "AttributeError"),  # another shape
+    (b'{"name": "x"}', "TypeError"),  # fields missing
+])
+def test_a_bad_final_view_is_one_line(tmp_path, runtime, content, why):
+    run_dir = tmp_path / "ended"
+    run_dir.mkdir()
+    (run_dir / "final.json").write_bytes(content)
+    done = run_ranktop("attach", str(run_dir), env=runtime)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert done.stderr.startswith(f"ranktop: error: bad final view {run_dir / 'final.json'}: {why}")
+
+
+def test_commands_with_bad_arguments_through_the_socket_change_nothing(tmp_path, runtime):
+    from ranktop.core.client import Connection
+
+    proc = start_headless(tmp_path, runtime, "args")
+    try:
+        (run,) = wait_for(lambda: ls(runtime), what="the run listed")
+        with Connection(run["socket"]) as conn:
+            answers = [conn.command("SignalRank", local_rank=9, signal=15),
+                       conn.command("SignalRank", local_rank=0, signal="TERM"),
+                       conn.command("Stop", nonsense=1),
+                       conn.command("RunShell", cmd="rm -rf /")]
+            assert [a["ok"] for a in answers] == [False] * 4
+            assert answers[0]["message"] == "bad local rank 9: local ranks are 0..1"
+            assert answers[2]["message"].startswith("bad Stop: ")
+            assert answers[3]["message"].startswith("unknown command 'RunShell': expected one of ")
+            assert conn.snapshot()["state"] == "running"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)

@@ -20,6 +20,13 @@ def main(argv: Sequence[str]) -> int:
     return {"ls": ls, "stop": stop, "logs": logs, "attach": attach}[command](rest)
 
 
+def _run_parser(prog: str, description: str) -> UsageParser:
+    """A parser for a subcommand that acts on one served run (its RUN argument first)."""
+    p = UsageParser(prog=prog, description=description)
+    p.add_argument("run", nargs="?", default=None, help=_RUN_HELP)
+    return p
+
+
 def _pick(target: str | None) -> ServedRun | int:
     try:
         return find_run(target, served_runs())
@@ -65,10 +72,9 @@ def _age(seconds: float) -> str:
 
 # ----- attach -----------------------------------------------------------------------------------
 def attach(argv: list[str]) -> int:
-    p = UsageParser(prog="ranktop attach", description="The TUI of a run started elsewhere (it goes on when you leave).")
-    p.add_argument("run", nargs="?", default=None, help=_RUN_HELP)
+    p = _run_parser("ranktop attach", "The TUI of a run started elsewhere (it goes on when you leave).")
     ns = p.parse_args(argv)
-    from ranktop.core.client import FinalEngine, RemoteEngine, final_run
+    from ranktop.core.client import BadFinalFile, FinalEngine, RemoteEngine, final_run
     from ranktop.tui.app import RanktopApp
 
     try:
@@ -77,7 +83,11 @@ def attach(argv: list[str]) -> int:
         final = final_run(ns.run)  # an ended run whose engine has gone: its final view
         if final is None:
             return usage_error(str(exc))
-        return _show(RanktopApp(FinalEngine(final)))
+        try:
+            engine = FinalEngine(final)
+        except BadFinalFile as bad:
+            return usage_error(str(bad))
+        return _show(RanktopApp(engine))
     try:
         engine = RemoteEngine(run.path)
     except RunGone as exc:
@@ -103,8 +113,7 @@ def _show(app) -> int:
 
 # ----- stop -------------------------------------------------------------------------------------
 def stop(argv: list[str]) -> int:
-    p = UsageParser(prog="ranktop stop", description="Stop a run: SIGTERM to every rank, SIGKILL after its grace.")
-    p.add_argument("run", nargs="?", default=None, help=_RUN_HELP)
+    p = _run_parser("ranktop stop", "Stop a run: SIGTERM to every rank, SIGKILL after its grace.")
     ns = p.parse_args(argv)
     run = _pick(ns.run)
     if isinstance(run, int):
@@ -128,8 +137,7 @@ def stop(argv: list[str]) -> int:
 
 # ----- logs -------------------------------------------------------------------------------------
 def logs(argv: list[str]) -> int:
-    p = UsageParser(prog="ranktop logs", description="A run's output, prefixed with each rank, from its engine.")
-    p.add_argument("run", nargs="?", default=None, help=_RUN_HELP)
+    p = _run_parser("ranktop logs", "A run's output, prefixed with each rank, from its engine.")
     p.add_argument("--rank", type=int, default=None, help="only this local rank")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the run ends")
     ns = p.parse_args(argv)
