@@ -256,7 +256,8 @@ class LocalAgent:
             reason = self._restart_reason(result)
             if reason is None:
                 return result
-            self._earlier_attempts.append(self._attempt_summary(reason))
+            how_it_ended = self._attempt_end(reason)
+            self._earlier_attempts.append(f"attempt_{self.attempt}: {how_it_ended}")
             self._between_attempts = True
             try:
                 self._close_attempt()  # commands are applied meanwhile: a stop here ends the run
@@ -272,21 +273,20 @@ class LocalAgent:
             self.state = GroupState.RESTARTING
             self.events.write("group_restart", attempt=self.attempt, reason=reason)
             if reason == "failure":  # one line a restart, as the console contract says
-                self._notice(f"{self._earlier_attempts[-1].split(': ', 1)[1]}; restarting the group: "
+                self._notice(f"{how_it_ended}; restarting the group: "
                              f"attempt_{self.attempt} ({self.attempt} of {self.spec.max_restarts} restarts spent)")
 
-    def _attempt_summary(self, reason: str) -> str:
-        """One line on how the attempt that is being restarted ended, for the UI's header."""
-        name = f"attempt_{self.attempt}"
+    def _attempt_end(self, reason: str) -> str:
+        """How the attempt that is being restarted ended, in a few words (the header, the console)."""
         if reason == "user":
-            return f"{name}: restarted by the user"
+            return "restarted by the user"
         if reason == "nodes_joined":
-            return f"{name}: restarted, nodes joined"
+            return "restarted, nodes joined"
         cause = self._root_cause()
         if cause is None:
-            return f"{name}: failed"
+            return "failed"
         how = f"signal {cause.signal_name}" if cause.exitcode < 0 else f"exit {cause.exitcode}"
-        return f"{name}: rank {cause.rank} failed ({how})"
+        return f"rank {cause.rank} failed ({how})"
 
     def _restart_reason(self, result: RunProcsResult) -> str | None:
         if self._stop_signal is not None or self._user_stop:
