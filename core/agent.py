@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
-import enum
 import json
 import os
 import secrets
@@ -55,28 +54,8 @@ class _Reply:
         self.done.set()
 
 
-class WorkerState(str, enum.Enum):
-    """torch's names for a worker group's state, kept for API parity (`RunResult.state`, the
-    `run_finished` event). The engine itself tracks `GroupState`; `of` translates how it ended."""
-
-    UNKNOWN = "UNKNOWN"
-    INIT = "INIT"
-    HEALTHY = "HEALTHY"
-    UNHEALTHY = "UNHEALTHY"
-    STOPPED = "STOPPED"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-
-    @staticmethod
-    def is_running(state: WorkerState) -> bool:
-        return state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY)
-
-    @staticmethod
-    def of(group: GroupState) -> WorkerState:
-        """The torch name of an ended group's state (UNKNOWN while it has not ended)."""
-        ended = {GroupState.SUCCEEDED: WorkerState.SUCCEEDED, GroupState.FAILED: WorkerState.FAILED,
-                 GroupState.STOPPED: WorkerState.STOPPED}
-        return ended.get(group, WorkerState.UNKNOWN)
+# torch's name for the group state (`RunResult.state`, the `run_finished` event): the same enum.
+WorkerState = GroupState
 
 
 @dataclass
@@ -376,10 +355,10 @@ class LocalAgent:
             self.state = GroupState.FAILED
         else:
             self.state = GroupState.SUCCEEDED
-        state = WorkerState.of(self.state)
         # A stop the user asked for has no culprit among the ranks, nor has one for a node that gave up.
         peer_stop = self._round_end is not None and self._round_end.kind == "peer_gave_up"
         self.root_cause = self._root_cause() if failures and not self._user_stop and not peer_stop else None
+        state = self.state
         if self.rendezvous is not None:
             self._leave_rendezvous(state)
         self._pass_error_file_up()
@@ -388,7 +367,7 @@ class LocalAgent:
         run = RunResult(state, values, failures, self.root_cause, self._stop_signal,
                         incomplete_logs=self.incomplete_logs(), unreapable=unreapable,
                         rendezvous_error=self._rdzv_error)
-        self.events.write("run_finished", state=state.value, exit_status=run.exit_status,
+        self.events.write("run_finished", state=state.name, exit_status=run.exit_status,
                           root_cause_rank=self.root_cause.rank if self.root_cause else None,
                           incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
         return run
@@ -528,10 +507,10 @@ class LocalAgent:
         (restart free), or a real failure (every node spends a restart: they all agree on it)?"""
         return self.rendezvous is not None and self.rendezvous.agree_on_end("failure") == "nodes_joined"
 
-    def _leave_rendezvous(self, state: WorkerState) -> None:
+    def _leave_rendezvous(self, state: GroupState) -> None:
         """Success: wait at the exit barrier, then close. Giving up: tell the others, close. A stop
         (signal, user) leaves the rendezvous open: the other nodes may go on without this one."""
-        if state == WorkerState.SUCCEEDED:
+        if state == GroupState.SUCCEEDED:
             timeout = self.exit_barrier_timeout
             self.state = GroupState.RENDEZVOUS
             if not self.rendezvous.exit_barrier(timeout, self._stop_asked):
@@ -540,7 +519,7 @@ class LocalAgent:
                 self.events.write("exit_barrier_timeout", timeout=timeout)
             self.state = GroupState.SUCCEEDED
             self.rendezvous.close()
-        elif state == WorkerState.FAILED and self._rdzv_error is None:
+        elif state == GroupState.FAILED and self._rdzv_error is None:
             cause = self.root_cause
             what = f"rank {cause.rank} failed (exit {cause.exitcode})" if cause else "its ranks failed"
             self.rendezvous.give_up(f"{what}, no restarts left ({self.attempt} of {self.spec.max_restarts} spent)")

@@ -9,7 +9,7 @@ import signal
 from typing import Any, NamedTuple
 
 from ranktop.core.errors import describe_exit
-from ranktop.core.state import LogLoss, RootCause
+from ranktop.core.state import GroupState, LogLoss, RootCause
 
 TAIL_LINES = 10  # lines of a failed rank's output shown under the root cause
 _TRACEBACK_HEAD = "Traceback (most recent call last):"
@@ -122,9 +122,9 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
         parts.append(format_root_cause(result.root_cause, name=name, attempt=attempt, max_restarts=max_restarts))
     elif result.stop_signal is not None:
         parts.append(f"ranktop: stopped by {signal.Signals(result.stop_signal).name}; logs in {run_dir}")
-    elif success_line and result.state.value == "STOPPED":
+    elif success_line and result.state == GroupState.STOPPED:
         parts.append(f"ranktop: {name} stopped on request; logs in {run_dir}")
-    elif success_line and result.state.value == "SUCCEEDED":
+    elif success_line and result.state == GroupState.SUCCEEDED:
         parts.append(f"ranktop: {name} succeeded: all ranks exited 0; logs in {run_dir}")
     if success_line and earlier_attempts:
         parts.append("  earlier attempts: " + "; ".join(earlier_attempts))

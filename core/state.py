@@ -29,6 +29,9 @@ class RankState(str, enum.Enum):
 
 
 class GroupState(str, enum.Enum):
+    """A worker group's state: the one enum for the engine, the TUI and torch's API. torch's
+    `WorkerState` is this enum under its name, and torch's member names are aliases of ours."""
+
     INIT = "init"
     RENDEZVOUS = "rendezvous"  # waiting for a rendezvous round (or at the exit barrier)
     RUNNING = "running"
@@ -37,10 +40,19 @@ class GroupState(str, enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"  # stopped by a signal or the user
+    # torch's names for the same states (enum aliases: `GroupState.HEALTHY is GroupState.RUNNING`).
+    HEALTHY = "running"
+    UNHEALTHY = "restarting"
+    UNKNOWN = "init"  # torch: the agent cannot tell; here: nothing to report yet
 
     @property
     def finished(self) -> bool:
         return self in (GroupState.SUCCEEDED, GroupState.FAILED, GroupState.STOPPED)
+
+    @staticmethod
+    def is_running(state: GroupState) -> bool:
+        """torch's `WorkerState.is_running`: the ranks are up (healthy or being restarted)."""
+        return state in (GroupState.RUNNING, GroupState.RESTARTING)
 
 
 @dataclass(frozen=True)

@@ -114,3 +114,14 @@ def test_record_exits_zero_normally_and_the_root_cause_error_file_is_passed_up(t
                        env={**os.environ, "TORCHELASTIC_ERROR_FILE": str(ours)})
     assert done.returncode == 1
     assert json.loads(ours.read_text())["message"]["message"] == "KeyError: 'lost'"
+
+
+def test_worker_state_is_the_group_state_under_torchs_names():
+    from ranktop.core import GroupState, WorkerState
+
+    torch_api = pytest.importorskip("torch.distributed.elastic.agent.server.api")
+    assert WorkerState is GroupState
+    assert {m for m in torch_api.WorkerState.__members__} <= set(WorkerState.__members__)
+    assert WorkerState.HEALTHY is GroupState.RUNNING and WorkerState.UNHEALTHY is GroupState.RESTARTING
+    assert WorkerState.is_running(WorkerState.HEALTHY) and not WorkerState.is_running(WorkerState.SUCCEEDED)
+    assert [s.name for s in GroupState if s.finished] == ["SUCCEEDED", "FAILED", "STOPPED"]
