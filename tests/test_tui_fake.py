@@ -115,3 +115,23 @@ def test_quit_confirmation_names_the_engines_grace_and_stops_through_it():
 
     app = drive(engine, body)
     assert app.exit_status == 130
+
+
+def test_note_and_end_state_are_bound_down_to_the_header_and_the_panel():
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        header, panel = app.main.query_one("#header"), app.main.query_one("#root-cause")
+        app.main.note = "a note from the screen"
+        await until(pilot, lambda: "a note from the screen" in header.plain, what="the note in the header")
+        assert header.note == "a note from the screen" and not panel.display
+        engine.end(GroupState.FAILED, 1, state=RankState.FAILED, exitcode=1)
+        await until(pilot, lambda: panel.display, what="the end panel shown")
+        assert header.ended and panel.ended and "a note from the screen" not in header.plain
+        await pilot.press("e")
+        await until(pilot, lambda: not panel.display, what="e hides the panel")
+        assert panel.end_panel_hidden
+        await pilot.press("e")
+        await until(pilot, lambda: panel.display, what="e shows it again")
+
+    drive(engine, body)

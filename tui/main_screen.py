@@ -26,7 +26,7 @@ from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.attempts import FileFeed, attempt_dirs
 from ranktop.tui.metric import Tracker
-from ranktop.tui.panes import FILTERS, SORTS, LiveText, RankFeed, RankList, RankPane, header_text, rank_title
+from ranktop.tui.panes import FILTERS, SORTS, GroupHeader, RankFeed, RankList, RankPane, rank_title
 from ranktop.tui.screens import RootCausePanel, SignalPicker
 from ranktop.tui.search_all import RankSearch
 from textual import on
@@ -110,7 +110,10 @@ class MainScreen(Screen):
             super().__init__()
             self.snapshot = snapshot
 
+    # State bound down to the widgets that show it (data_bind in compose).
     note: reactive[str | None] = reactive(None, init=False)  # shown in the header, e.g. "stopping…"
+    ended: reactive[bool] = reactive(False, init=False)  # the group is over: the end panel shows
+    end_panel_hidden: reactive[bool] = reactive(False, init=False)  # e hid it
 
     def __init__(self, engine: Engine, metric: re.Pattern[str] | None = None) -> None:
         super().__init__()
@@ -122,8 +125,6 @@ class MainScreen(Screen):
         self.zoomed = False
         self.compact = False
         self.cols = 1
-        self.ended = False
-        self.end_panel_hidden = False
         self._feeds: dict[int, RankFeed] = {}  # local rank -> the feed its LogView shows
         self._shown: set[int] = set(range(self.n))  # every pane starts displayed
         self._armed: tuple[str, int, float] | None = None  # (action, local rank, when): awaiting its second press
@@ -135,14 +136,14 @@ class MainScreen(Screen):
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        yield LiveText(id="header")
+        yield GroupHeader(id="header").data_bind(MainScreen.note, MainScreen.ended)
         with Horizontal(id="body"):
             with VerticalScroll(id="rank-list-box"):
                 yield RankList(id="rank-list")
             with Container(id="grid"):
                 for r in range(self.n):
                     yield RankPane(r, id=f"pane-{r}")
-        yield RootCausePanel(id="root-cause")
+        yield RootCausePanel(id="root-cause").data_bind(MainScreen.ended, MainScreen.end_panel_hidden)
         yield Input(placeholder="search this rank's output (enter: find, esc: cancel)", id="search")
         yield Input(placeholder="go to rank: type its number, enter (esc: cancel)", id="goto", type="integer")
         yield Input(id="stdin")
@@ -155,9 +156,6 @@ class MainScreen(Screen):
         self.focus_rank(0)
         self.tick()
         self.set_interval(TICK_SECONDS, self.tick)
-
-    def watch_note(self) -> None:
-        self.tick()
 
     def pane(self, local_rank: int) -> RankPane:
         return self.query_one(f"#pane-{local_rank}", RankPane)
@@ -575,7 +573,6 @@ class MainScreen(Screen):
     def action_toggle_end_panel(self) -> None:
         if self.ended:
             self.end_panel_hidden = not self.end_panel_hidden
-            self.query_one("#root-cause").display = not self.end_panel_hidden
 
     # ----- the timer --------------------------------------------------------------------------
     def tick(self) -> None:
@@ -585,7 +582,7 @@ class MainScreen(Screen):
         snap = self.engine.snapshot()
         self.last = snap
         now = snap.taken_at or time.time()
-        self.query_one("#header", LiveText).show(header_text(snap, now, note=self.note))
+        self.query_one(GroupHeader).show_group(snap, now)
         if not snap.ranks:  # none started yet (a rendezvous round forming), or none ever will
             if snap.ended and not self.ended:
                 self._on_end(snap)
@@ -631,12 +628,10 @@ class MainScreen(Screen):
         return feed
 
     def _on_end(self, snap: GroupSnapshot) -> None:
+        self.query_one(RootCausePanel).show(snap)
         self.ended = True
-        self.set_reactive(MainScreen.note, None)
-        self.query_one("#header", LiveText).show(header_text(snap, time.time()))
-        panel = self.query_one(RootCausePanel)
-        panel.show(snap)
-        panel.display = not self.end_panel_hidden
+        self.note = None
+        self.query_one(GroupHeader).show_group(snap, time.time())
         if snap.root_cause is not None and not self.zoomed:
             self.focus_rank(snap.root_cause.local_rank)  # the culprit's output is what one wants to read
         self.post_message(self.GroupEnded(snap))

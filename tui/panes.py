@@ -18,6 +18,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.events import Click
 from textual.message import Message
+from textual.reactive import reactive
 from textual.widgets import Static
 
 # Style per state: the one place the palette lives, shared by titles, the rank list and the help.
@@ -242,6 +243,28 @@ class LiveText(Static):
             lines_changed = text.plain.count("\n") != self.plain.count("\n")
             self._plain = text.plain
             self.update(text, layout=lines_changed)
+
+
+class GroupHeader(LiveText):
+    """The header line. `note` (e.g. "stopping…") and `ended` are the screen's, bound down to it
+    (data_bind): a note shows until the group ends, and a new note repaints at once, between ticks."""
+
+    note: reactive[str | None] = reactive(None, init=False)
+    ended: reactive[bool] = reactive(False, init=False)
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._group: tuple[GroupSnapshot, float] | None = None
+
+    def show_group(self, group: GroupSnapshot, now: float) -> None:
+        self._group = (group, now)
+        self._redraw()
+
+    def _redraw(self) -> None:
+        if self._group is not None:
+            self.show(header_text(*self._group, note=None if self.ended else self.note))
+
+    watch_note = watch_ended = _redraw
 
 
 class RankPane(Vertical):

@@ -16,6 +16,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
@@ -204,7 +205,16 @@ def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
 
 
 class RootCausePanel(VerticalScroll):
-    """Docked under the grid once the group ends; stays until the user quits (or hides it with e)."""
+    """Docked under the grid once the group ends; stays until the user quits (or hides it with e).
+    `ended` and `end_panel_hidden` are the screen's, bound down to it."""
+
+    ended: reactive[bool] = reactive(False, init=False)
+    end_panel_hidden: reactive[bool] = reactive(False, init=False)
+
+    def _show_or_hide(self) -> None:
+        self.display = self.ended and not self.end_panel_hidden
+
+    watch_ended = watch_end_panel_hidden = _show_or_hide
 
     def compose(self) -> ComposeResult:
         yield Static("", id="root-cause-text", markup=False)
