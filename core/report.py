@@ -9,7 +9,7 @@ import signal
 from typing import Any, NamedTuple
 
 from ranktop.core.errors import describe_exit
-from ranktop.core.state import GroupState, LogLoss, RootCause
+from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankState, RootCause
 
 TAIL_LINES = 10  # lines of a failed rank's output shown under the root cause
 _TRACEBACK_HEAD = "Traceback (most recent call last):"
@@ -136,3 +136,24 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
     if result.rendezvous_error and result.stop_signal is None:
         parts.append(f"ranktop: error: {result.rendezvous_error}")
     return "\n".join(parts)
+
+
+class _SeenEnd(NamedTuple):
+    """What format_end_report reads of a RunResult, as a final snapshot tells it."""
+
+    state: GroupState
+    root_cause: RootCause | None
+    stop_signal: int | None
+    incomplete_logs: tuple[LogLoss, ...]
+    unreapable: dict[int, int | None]
+    rendezvous_error: str | None
+
+
+def report_after_tui(group: GroupSnapshot) -> str:
+    """What a TUI leaves in the terminal once it closes on an ended run (in-process or attached):
+    the headless end report with its success line, from the run's final snapshot."""
+    unreapable = {r.rank: r.pid for r in group.ranks if r.state == RankState.UNREAPABLE}
+    seen = _SeenEnd(group.state, group.root_cause, group.stop_signal, group.incomplete_logs, unreapable,
+                    group.rendezvous_error)
+    return format_end_report(seen, name=group.name, attempt=group.attempt, max_restarts=group.max_restarts,
+                             run_dir=group.log_dir, success_line=True, earlier_attempts=group.earlier_attempts)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 
+import psutil
 import pytest
 from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
 from ranktop.core import protocol
@@ -142,6 +143,55 @@ def test_a_hangup_detaches_the_tui_and_the_run_goes_on(tmp_path, runtime):
     assert [e["event"] for e in read_events(run_dir)][-1] == "run_finished"
 
 
+def test_q_detach_gives_the_prompt_back_and_the_run_goes_on(tmp_path, runtime):
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    env = f"XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']}"
+    term = Terminal(f"cd {ROOT} && {env} {sys.executable} -m ranktop --tui --nproc-per-node 2 --shutdown-timeout 3 "
+                    f"--run-id qd --log-dir {tmp_path / 'logs'} {script}; echo PROMPT BACK $?; sleep 60")
+    try:
+        term.wait_screen("hello from 1")
+        term.press("q")
+        term.wait_screen("d: detach")
+        term.press("d")
+        shown = term.wait_screen("PROMPT BACK 0")
+        assert "run qd goes on in the background" in shown and "ranktop attach qd" in shown
+        run_dir = tmp_path / "logs" / "qd"
+        wait_for(lambda: any(e.get("reason") == "key" for e in read_events(run_dir) if e["event"] == "detached"),
+                 what="detached event")
+        (run,) = ls(runtime)
+        assert run["state"] == "running"
+        os.kill(run["pid"], 0)  # the engine lives on, in a session of its own
+        assert os.getsid(run["pid"]) == run["pid"]
+    finally:
+        term.close()
+    assert run_ranktop("stop", "qd", env=runtime).returncode == 0
+    wait_for(lambda: gone(run["pid"]), what="ranktop gone after the stop")
+    assert [e["event"] for e in read_events(run_dir)][-1] == "run_finished"
+
+
+def test_a_signal_to_the_tuis_own_pid_reaches_the_run_and_its_status_comes_back(tmp_path, runtime):
+    """The TUI runs in a child of the process the shell started (so that q can detach): a SIGTERM
+    to that pid still stops the run with the grace, and $? is the run's."""
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    env = f"XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']}"
+    term = Terminal(f"cd {ROOT} && {env} {sys.executable} -m ranktop --tui --nproc-per-node 2 --shutdown-timeout 3 "
+                    f"--run-id term --log-dir {tmp_path / 'logs'} {script}; echo STATUS $?; sleep 60")
+    try:
+        term.wait_screen("hello from 1")
+        (run,) = ls(runtime)
+        shell_started = psutil.Process(run["pid"]).ppid()
+        assert "ranktop" in " ".join(psutil.Process(shell_started).cmdline())
+        os.kill(shell_started, signal.SIGTERM)
+        term.wait_screen("STATUS 143")
+        wait_for(lambda: gone(run["pid"]), what="the engine gone")
+    finally:
+        term.close()
+    exits = [e for e in read_events(tmp_path / "logs" / "term") if e["event"] == "exited"]
+    assert [e["signal"] for e in exits] == ["SIGTERM", "SIGTERM"]
+
+
 def test_attach_shows_the_run_acts_on_it_and_leaves_it_running(tmp_path, runtime):
     proc = start_headless(tmp_path, runtime, "att")
     env = f"XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']}"
@@ -154,6 +204,8 @@ def test_attach_shows_the_run_acts_on_it_and_leaves_it_running(tmp_path, runtime
         term.press("1", "k", "k")  # through the socket, confirmed as in the local TUI
         term.wait_screen("killed SIGKILL")
         term.press("q")
+        term.wait_screen("d: detach")
+        term.press("d")
         term.wait_screen("ranktop: left att; it runs on")
         assert [r["state"] for r in ls(runtime)] == ["running"]
         assert any(e["event"] == "exited" and e["local_rank"] == 1 for e in read_events(tmp_path / "logs" / "att"))
@@ -200,6 +252,9 @@ def test_a_detached_run_lingers_after_its_end_and_attach_shows_its_final_view(tm
     try:
         screen = term.wait_screen("done on 1")
         assert "DONE" in screen and "quick.py" in screen
+        term.press("q")  # leaving the final view leaves the end report in the terminal
+        screen = term.wait_screen("ranktop: quick.py succeeded: all ranks exited 0; logs in")
+        assert str(tmp_path / "logs" / "end") in screen.replace("\n", "")
     finally:
         term.close()
 

@@ -135,3 +135,25 @@ def test_note_and_end_state_are_bound_down_to_the_header_and_the_panel():
         await until(pilot, lambda: panel.display, what="e shows it again")
 
     drive(engine, body)
+
+
+def test_q_offers_detach_only_where_the_run_can_go_on():
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("q")
+        await until(pilot, lambda: app.screen is not app.main, what="the quit question")
+        shown = " ".join(str(w.render()) for w in app.screen.query("Static"))
+        assert "d: detach" not in shown
+        await pilot.press("d")  # not offered: nothing happens
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is app.main, what="back to the ranks")
+        app.can_detach = True
+        await pilot.press("q")
+        await until(pilot, lambda: app.screen is not app.main, what="the quit question again")
+        assert "d: detach" in " ".join(str(w.render()) for w in app.screen.query("Static"))
+        await pilot.press("d")
+        await until(pilot, lambda: not app.is_running, what="the app left")
+
+    app = drive(engine, body)
+    assert app.detached == "key" and engine.commands == [] and not engine.closed  # the run goes on

@@ -22,7 +22,9 @@ from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
 from ranktop.core.sanitize import clean
 from ranktop.core.signals import NOTICE_SIGNALS
+from ranktop.core.state import GroupSnapshot
 from ranktop.tui.commands import help_groups, palette_commands
+from ranktop.tui.detach import Detacher
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import LogView
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, SignalPicker
@@ -52,8 +54,9 @@ class RanktopApp(App):
         self.metric = metric
         self.exit_on_end = exit_on_end
         self.user_quit = False  # the user asked to quit while ranks ran
-        self.detached = False  # the terminal hung up: the run goes on without the TUI
-        self.attached = False  # a client of a run served elsewhere (ranktop attach): q only leaves
+        self.detached: str | None = None  # why the TUI left a run that goes on ("SIGHUP", "key")
+        self.can_detach = False  # q may leave the run going (run_tui set up a process to hold it)
+        self.attached = False  # a client of a run served elsewhere (ranktop attach): detaching is leaving
         self._exit_when_ended = exit_on_end
         self.main: MainScreen | None = None
 
@@ -94,7 +97,7 @@ class RanktopApp(App):
             _detach_terminal()
             # A run still going is detached; one already over has nothing left to reach but
             # its final.json, so ranktop just leaves.
-            self.detached = not (self.main is not None and self.main.ended)
+            self.detached = None if self.main is not None and self.main.ended else "SIGHUP"
             self.call_later(self.exit, self.exit_status if not self.detached else 0)
             return
         if signum in NOTICE_SIGNALS:  # for the ranks (Slurm's requeue notice): the run goes on
@@ -109,17 +112,26 @@ class RanktopApp(App):
 
     def action_quit(self) -> None:
         snap = self.engine.snapshot()
-        if snap.ended or self.attached:  # an attached client leaves; the run goes on (ranktop stop ends it)
-            self.exit(self.exit_status if snap.ended else 0)
+        if snap.ended:
+            self.exit(self.exit_status)
             return
         if self.user_quit:  # a second q while stopping: do not wait for the grace
             self.engine.submit(cmd.KillGroup())
             return
         alive = sum(1 for r in snap.ranks if r.state.alive)
-        if not alive:
+        if not alive and not self.attached:
             self._stop_and_exit()
             return
-        self.push_screen(ConfirmQuit(alive, snap.shutdown_timeout), lambda yes: yes and self._stop_and_exit())
+        # An attached client can always leave the run going: that is detaching, for it.
+        can_detach = self.can_detach or self.attached
+        self.push_screen(ConfirmQuit(alive, snap.shutdown_timeout, can_detach=can_detach), self._quit_answer)
+
+    def _quit_answer(self, answer: str | None) -> None:
+        if answer == "stop":
+            self._stop_and_exit()
+        elif answer == "detach":
+            self.detached = None if self.attached else "key"  # (an attached client holds no run)
+            self.exit(0)
 
     def _stop_and_exit(self) -> None:
         self.user_quit = True
@@ -216,35 +228,43 @@ def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, An
     return engine, sampler
 
 
-def _print_end_report(engine: Any, spec: Any) -> None:
+def print_end_report(group: GroupSnapshot) -> None:
     """The TUI is gone: leave what headless would have said (and the success line) in the
     terminal, so the root cause and the run directory outlive the screen."""
-    from ranktop.core.report import format_end_report
+    from ranktop.core.report import report_after_tui
 
-    result, agent = engine.result, engine.agent
-    if result is None:
-        return
-    report = format_end_report(result, name=spec.display_name(), attempt=agent.attempt,
-                               max_restarts=spec.max_restarts, run_dir=agent.run_dir, success_line=True,
-                               earlier_attempts=engine.snapshot().earlier_attempts)
-    if report:
-        print(clean(report, sgr=True, newlines=True), file=sys.stderr)
+    if group.ended:
+        report = report_after_tui(group)
+        if report:
+            print(clean(report, sgr=True, newlines=True), file=sys.stderr)
 
 
-def _run_detached(engine: Any, server: Any, linger: float) -> None:
-    """The TUI is gone with its terminal; the ranks run on until they end or a stop comes
-    (`ranktop stop`, SIGTERM). Our stdio already points at /dev/null."""
-    engine.agent.events.write("detached", reason="SIGHUP")
+def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher: Detacher | None) -> None:
+    """The TUI is gone (its terminal hung up, or the user detached); the ranks run on until they
+    end or a stop comes (`ranktop stop`, SIGTERM), and the terminal is let go."""
+    run_id = engine.agent.run_id
+    if reason == "key":
+        # (q offers detach only where the run is served)
+        print(f"ranktop: run {run_id} goes on in the background (pid {os.getpid()}); ranktop attach {run_id} "
+              f"shows it again, ranktop stop {run_id} ends it", file=sys.stderr, flush=True)
+        _detach_terminal()
+    engine.agent.events.write("detached", reason=reason)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: engine.submit(cmd.Interrupt(signum)))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        os.setsid()  # out of the terminal's session: its later hang-ups and job control are not ours
+    except OSError:  # a process group leader already (no detacher fork): stdio is gone anyway
+        pass
+    if detacher is not None:
+        detacher.release()  # the shell gets its prompt back
     while not engine.ended:
         engine.wait(1.0)  # in slices: the signal handlers run between them
     if server is not None:
         server.linger(linger)  # clients still see the end; `ranktop stop` lets it go
 
 
-def run_tui(spec: Any, ns: argparse.Namespace) -> int:
+def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None) -> int:
     """Run `spec` under the TUI; returns the exit status headless would have returned."""
     no_color = os.environ.get("NO_COLOR") is not None
     if no_color:  # Textual consumes NO_COLOR; the ranks must still see it
@@ -261,9 +281,10 @@ def run_tui(spec: Any, ns: argparse.Namespace) -> int:
         from ranktop.tui.cli import serve_run
 
         server = serve_run(engine, engine.agent.run_id)
+        app.can_detach = detacher is not None and server is not None
         app.run()
         if app.detached:
-            _run_detached(engine, server, getattr(ns, "linger", 600.0))
+            _run_detached(engine, server, getattr(ns, "linger", 600.0), app.detached, detacher)
     finally:
         engine.close()
         if server is not None:
@@ -273,7 +294,7 @@ def run_tui(spec: Any, ns: argparse.Namespace) -> int:
         sampler.close()
     if engine.error is not None:
         raise engine.error
-    _print_end_report(engine, spec)
+    print_end_report(engine.snapshot())
     return app.exit_status
 
 

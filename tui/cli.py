@@ -465,11 +465,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if ns.detach:
             return start_detached(argv, ns)
-        adopt_orphans()
         if want_tui(ns) and _terminal_usable():
             from ranktop.tui.app import run_tui
+            from ranktop.tui.detach import hold_terminal
 
-            return run_tui(spec, ns)
+            detacher = hold_terminal()  # a child runs the TUI from here on, so that q can detach
+            adopt_orphans()
+            return run_tui(spec, ns, detacher=detacher)
+        adopt_orphans()
         return run_headless(spec, ns)
     except UsageError as exc:
         return usage_error(str(exc))

@@ -75,7 +75,7 @@ def attach(argv: list[str]) -> int:
     p = _run_parser("ranktop attach", "The TUI of a run started elsewhere (it goes on when you leave).")
     ns = p.parse_args(argv)
     from ranktop.core.client import BadFinalFile, FinalEngine, RemoteEngine, final_run
-    from ranktop.tui.app import RanktopApp
+    from ranktop.tui.app import RanktopApp, print_end_report
 
     try:
         run = find_run(ns.run, served_runs())
@@ -102,12 +102,16 @@ def attach(argv: list[str]) -> int:
     if not engine.last.ended:  # the last snapshot the TUI took
         print(f"ranktop: left {run.run_id}; it runs on (ranktop attach {run.run_id}, ranktop stop {run.run_id})",
               file=sys.stderr)
+    print_end_report(engine.last)
     return 0
 
 
 def _show(app) -> int:
+    from ranktop.tui.app import print_end_report
+
     app.attached = True
     app.run()
+    print_end_report(app.engine.snapshot())
     return 0
 
 

@@ -136,27 +136,34 @@ class SignalPicker(ModalScreen[tuple[int, bool] | None]):
         self.dismiss(None)
 
 
-class ConfirmQuit(ModalScreen[bool]):
-    """Quitting stops running ranks: say so and ask."""
+class ConfirmQuit(ModalScreen[str | None]):
+    """Quitting stops running ranks: say so and ask. Where the run can go on without this
+    terminal, detaching is offered too. Answers "stop", "detach" or None (stay)."""
 
     BINDINGS = [
-        Binding("y,enter", "answer(True)", "Stop and quit"),
-        Binding("n,escape", "answer(False)", "Stay"),
+        Binding("y,enter", "answer('stop')", "Stop and quit"),
+        Binding("d", "answer('detach')", "Detach: leave, the run goes on"),
+        Binding("n,escape", "answer(None)", "Stay"),
         Binding("ctrl+c", "app.help_quit", show=False),  # a modal hides the app's keys: Ctrl-C still stops
     ]
 
-    def __init__(self, alive: int, grace: float) -> None:
+    def __init__(self, alive: int, grace: float, *, can_detach: bool = False) -> None:
         super().__init__()
-        self.alive, self.grace = alive, grace
+        self.alive, self.grace, self.can_detach = alive, grace, can_detach
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-box"):
             yield Static(Text(f"{self.alive} rank(s) still running.", style="bold"))
             yield Static(f"Stop them (SIGTERM, SIGKILL after {self.grace:g} s) and quit?")
-            yield Static(Text("y / enter: stop and quit     n / esc: stay", style="dim"))
+            if self.can_detach:
+                yield Static("Or detach: this screen goes, the run goes on (ranktop attach shows it again).")
+            keys = "y / enter: stop and quit     " + ("d: detach     " if self.can_detach else "") + "n / esc: stay"
+            yield Static(Text(keys, style="dim"))
 
-    def action_answer(self, yes: bool) -> None:
-        self.dismiss(yes)
+    def action_answer(self, answer: str | None) -> None:
+        if answer == "detach" and not self.can_detach:
+            return
+        self.dismiss(answer)
 
 
 _CAUSE_STYLES = {"message": "bold", "traceback": "red", "more": "dim", "tail-head": "dim", "file": "dim",

@@ -1,0 +1,84 @@
+"""Leaving a TUI run in the background, as `q` → detach offers.
+
+A shell gives its prompt back only when the process it started exits, and the ranks must stay
+children of the process that runs their engine. So before anything starts, the TUI process forks:
+the parent (the pid the shell and any scheduler see) only waits, and passes on every signal it
+gets; the child runs the engine and the TUI. On detach the child lets go of the terminal (its
+stdio to /dev/null, a session of its own) and tells the parent, which exits 0: the prompt is
+back and the run goes on, reachable with `ranktop attach`. Otherwise the parent exits with the
+child's status, so `$?` is what it would have been without the fork.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+
+DETACHED = signal.SIGRTMIN  # child -> parent: "I let go of the terminal"
+# Passed on when another process sends them (kill, a scheduler); Ctrl-C and Ctrl-\ from the
+# terminal (outside the TUI's raw mode) reach the child from the terminal itself, once. A hang-up
+# is always passed on: when we lead the session, the kernel tells only us.
+_PASSED_ON = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2}
+_WAITED = _PASSED_ON | {signal.SIGCHLD, DETACHED}
+_SI_KERNEL = 0x80  # siginfo's si_code for a signal the kernel raised (the terminal's)
+_PR_SET_PDEATHSIG = 1
+
+
+class Detacher:
+    """The child's end: `release()` once the terminal is let go, and the waiting parent exits."""
+
+    def __init__(self, parent: int) -> None:
+        self._parent: int | None = parent
+
+    def release(self) -> None:
+        _on_parent_death(0)  # the parent is about to leave, as asked
+        # Only to the parent that waits: once it is gone our new parent is a subreaper or init.
+        if self._parent is not None and os.getppid() == self._parent:
+            os.kill(self._parent, DETACHED)
+        self._parent = None
+
+
+def hold_terminal() -> Detacher | None:
+    """Fork: in the child, return its Detacher; the parent never returns (it exits as the child
+    does, or with 0 when the child detaches). None, and no fork, where forking is not safe
+    (threads already running)."""
+    if threading.active_count() > 1:
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)  # before the fork: nothing is missed
+    pid = os.fork()
+    if pid == 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        _on_parent_death(signal.SIGHUP)  # the parent killed (SIGKILL): detach, as on a hang-up
+        return Detacher(parent)
+    os._exit(_wait_for(pid))
+
+
+def _wait_for(child: int) -> int:
+    while True:
+        info = signal.sigwaitinfo(_WAITED)
+        if info.si_signo == signal.SIGCHLD:
+            done, status = os.waitpid(child, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                return 128 - code if code < 0 else code
+        elif info.si_signo == DETACHED:
+            if info.si_pid == child:
+                return 0
+        elif info.si_pid != child and (info.si_code != _SI_KERNEL or info.si_signo == signal.SIGHUP):
+            try:
+                os.kill(child, info.si_signo)
+            except ProcessLookupError:
+                pass
+
+
+def _on_parent_death(signum: int) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
