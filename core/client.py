@@ -20,9 +20,11 @@ from ranktop.core import protocol
 from ranktop.core.engine import OutputCursor
 from ranktop.core.layout import tail_lines
 from ranktop.core.server import SocketDirError, remove_if_dead, socket_dir
+from ranktop.core.stacks import StackReport
 from ranktop.core.state import GroupSnapshot
 
 CONNECT_TIMEOUT = 3.0
+STACKS_TIMEOUT = 60.0  # py-spy on many ranks takes seconds; a dump that never answers is given up
 
 
 class RunGone(Exception):
@@ -178,6 +180,8 @@ def from_json(kind: Any, data: Any) -> Any:
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(from_json(args[0], item) for item in data)
         return tuple(from_json(a, item) for a, item in zip(args, data, strict=False))
+    if origin is list:
+        return [from_json(args[0], item) for item in data] if args else list(data)
     if origin is dict:
         return {k: from_json(args[1], v) for k, v in data.items()} if args else dict(data)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
@@ -227,15 +231,35 @@ class RemoteEngine:
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
         args = dataclasses.asdict(command) if dataclasses.is_dataclass(command) else {}
+        name = type(command).__name__
         try:
+            if isinstance(command, (cmd.DumpStacks, cmd.SignalDump)):
+                return self._stacks(name, args)
             with self._lock:
-                answer = self._conn.command(type(command).__name__, **args)
+                answer = self._conn.command(name, **args)
         except RunGone as exc:
             return cmd.Ack(False, str(exc))
         return cmd.Ack(bool(answer.get("ok")), str(answer.get("message")))
 
+    def _stacks(self, name: str, args: dict) -> cmd.Ack:
+        return dump_stacks(self._conn.path, name, args)
+
     def close(self) -> None:
         self._conn.close()
+
+
+def dump_stacks(path: str, name: str = "DumpStacks", args: dict | None = None) -> cmd.Ack:
+    """A stack dump (DumpStacks or SignalDump) by the engine served at `path`: the Ack carries
+    its report. It takes seconds, so it has a connection of its own (a UI's snapshots do not
+    wait behind it). RunGone if the engine cannot be reached."""
+    with Connection(path, timeout=STACKS_TIMEOUT) as conn:
+        answer = conn.command(name, **(args or {}))
+    report = answer.get("report")
+    try:
+        report = from_json(StackReport, report) if report is not None else None
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        return cmd.Ack(False, f"the engine's stack report cannot be read: {exc}")
+    return cmd.Ack(bool(answer.get("ok")), str(answer.get("message")), report=report)
 
 
 class BadFinalFile(Exception):

@@ -11,7 +11,9 @@ loop's queue like a key press. Requests (after each side's hello):
   "generation": G', "line": N', "version": V, "lines": k, "open": m}, then two output frames: the
   k complete lines after line N joined with b"\\n", and the m unfinished ones (bytes, as written)
 - {"type": "command", "id": I, "command": NAME, "args": {...}} -> {"type": "ack", "id": I, "ok": B,
-  "message": S}, for the commands in RELAYED
+  "message": S}, for the commands in RELAYED; a stack dump's ack also carries "report" (the
+  StackReport as JSON), and comes later, from a thread of its own, so a client waits for it on a
+  connection of its own
 
 A client that sends anything else, that is not ours (SO_PEERCRED: another uid), or that does not
 read its answers within SEND_TIMEOUT is dropped; the engine and the ranks never wait on one.
@@ -38,7 +40,9 @@ from ranktop.core.engine import Engine, OutputCursor
 SEND_TIMEOUT = 2.0  # seconds a client may take to read one answer before it is dropped
 MAX_REPLY_BYTES = 2 << 20  # output lines per answer: a client asks again for the rest
 RELAYED = {c.__name__: c for c in (cmd.SignalRank, cmd.SignalGroup, cmd.KillRank, cmd.KillGroup, cmd.RestartRank,
-                                   cmd.RestartGroup, cmd.Stop, cmd.SendInput)}
+                                   cmd.RestartGroup, cmd.Stop, cmd.SendInput, cmd.DumpStacks, cmd.SignalDump)}
+# Answered from a thread of their own (py-spy takes seconds): the other clients are not kept waiting.
+SLOW = (cmd.DumpStacks, cmd.SignalDump)
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -109,6 +113,8 @@ class EngineServer:
         self._wake_r, self._wake_w = os.pipe()
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._decoders: dict[socket.socket, protocol.FrameDecoder] = {}
+        self._later: list[tuple[socket.socket, bytes]] = []  # slow answers, sent by the server thread
+        self._later_lock = threading.Lock()
         self._closed = False
         self._leave = threading.Event()  # set by a Stop once the run has ended: stop lingering
         self._thread = threading.Thread(target=self._serve, name="ranktop-server", daemon=True)
@@ -121,7 +127,9 @@ class EngineServer:
                 if key.fileobj is self._listener:
                     self._accept()
                 elif key.fileobj == self._wake_r:
-                    return
+                    if b"x" in os.read(self._wake_r, 512):
+                        return
+                    self._send_later()
                 else:
                     self._read(key.fileobj)
 
@@ -174,8 +182,9 @@ class EngineServer:
         elif kind == "output":
             self._send(conn, self._output(message))
         elif kind == "command":
-            self._send(conn, protocol.encode_control({"type": "ack", "id": message.get("id"),
-                                                      **self._command(message)}))
+            answer = self._command(conn, message)
+            if answer is not None:
+                self._send(conn, protocol.encode_control({"type": "ack", "id": message.get("id"), **answer}))
         else:
             raise protocol.ProtocolError(f"unknown request {kind[:40]!r}")
 
@@ -197,7 +206,7 @@ class EngineServer:
         return (protocol.encode_control(head) + protocol.encode_output(rank, first + len(sent), b"\n".join(sent))
                 + protocol.encode_output(rank, 0, b"\n".join(open_lines)[: protocol.MAX_OUTPUT - 64]))
 
-    def _command(self, message: dict) -> dict:
+    def _command(self, conn: socket.socket, message: dict) -> dict | None:
         kind, args = RELAYED.get(str(message.get("command"))), message.get("args") or {}
         if kind is None or not isinstance(args, dict):
             return {"ok": False, "message": f"unknown command {str(message.get('command'))[:40]!r}: "
@@ -206,12 +215,42 @@ class EngineServer:
             command = kind(**args)
         except TypeError as exc:
             return {"ok": False, "message": f"bad {kind.__name__}: {exc}"}
+        if isinstance(command, SLOW):
+            threading.Thread(target=self._dump, args=(conn, message.get("id"), command), name="ranktop-server-dump",
+                             daemon=True).start()
+            return None
         if isinstance(command, cmd.Stop):
             self._leave.set()  # whoever stops a run wants it gone: no lingering after this end
             if self.engine.snapshot().ended:
                 return {"ok": True, "message": "the run had ended: its engine leaves now"}
         ack = self.engine.submit(command)
         return {"ok": ack.ok, "message": ack.message}
+
+    def _dump(self, conn: socket.socket, request_id: Any, command: cmd.DumpStacks | cmd.SignalDump) -> None:
+        ack = self.engine.submit(command)
+        answer = {"type": "ack", "id": request_id, "ok": ack.ok, "message": ack.message}
+        try:
+            data = protocol.encode_control({**answer, "report": to_json(ack.report)})
+        except protocol.ProtocolError as exc:  # thousands of ranks' stacks: the files have them all
+            saved = ack.report.saved_txt if ack.report is not None else None
+            data = protocol.encode_control({**answer, "ok": False, "message": f"{ack.message}; too large to "
+                                            f"relay ({exc}); the dump is saved in {saved}"})
+        with self._later_lock:
+            self._later.append((conn, data))
+        try:
+            os.write(self._wake_w, b"a")
+        except OSError:  # closed: the server is gone, and so is the client
+            pass
+
+    def _send_later(self) -> None:
+        with self._later_lock:
+            later, self._later = self._later, []
+        for conn, data in later:
+            if conn in self._decoders:  # the client may have left while its dump ran
+                try:
+                    self._send(conn, data)
+                except OSError as exc:
+                    self._drop(conn, str(exc))
 
     def _send(self, conn: socket.socket, data: bytes) -> None:
         conn.settimeout(SEND_TIMEOUT)  # a client that does not read is dropped, never waited on long

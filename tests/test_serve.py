@@ -292,3 +292,32 @@ def test_commands_with_bad_arguments_through_the_socket_change_nothing(tmp_path,
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
+    """`ranktop stacks RUN` and an attached TUI's stack view ask the run's engine, which dumps
+    its own ranks (py-spy, or SIGUSR1) from a thread of its own while other clients go on."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    proc = start_headless(tmp_path, runtime, "stk")
+    try:
+        wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
+        dumped = run_ranktop("stacks", env=runtime)  # no RUN: the newest running one, by its engine
+        assert dumped.returncode == 0, dumped.stderr
+        assert "2 of 2 ranks dumped" in dumped.stdout and "ticker.py" in dumped.stdout
+        as_json = json.loads(run_ranktop("stacks", "stk", "--json", env=runtime).stdout)
+        assert sorted(r["rank"] for r in as_json["ranks"]) == [0, 1]
+        monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+        (run,) = served_runs()
+        engine = RemoteEngine(run.path)
+        try:
+            ack = engine.submit(cmd.SignalDump((1,)))
+            assert ack.ok and [r.rank for r in ack.report.ranks] == [1], ack.message
+            assert ack.report.ranks[0].threads[0].frames  # the faulthandler dump, read back from its log
+            assert engine.snapshot().state.value == "running"  # the same client goes on
+        finally:
+            engine.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)

@@ -1,5 +1,6 @@
-"""`ranktop stacks <run dir | log dir | pid>`: the grouped stack view of a running group, from
-another terminal. No Textual here: it must start fast and work over any SSH session.
+"""`ranktop stacks [RUN | run dir | log dir | pid]`: the grouped stack view of a running group, from
+another terminal. A run served on this host (see `ranktop ls`) is dumped by its own engine;
+otherwise the ranks are found from the files and /proc. No Textual here: it must start fast and work over any SSH session.
 
 Exit status: 0 dumped (even when some ranks could not be), 1 nothing running to dump,
 2 bad input (one line).
@@ -24,8 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = UsageParser(prog="ranktop stacks", allow_abbrev=False,
                     description="Dump and group the Python stacks of a running group's ranks (py-spy).")
     p.add_argument("target", nargs="?", default=None,
-                   help="a run directory, a log directory (newest live run), a ranktop pid or a rank pid "
-                        "(default: the newest live run in the default log directory, $TMPDIR/ranktop-UID)")
+                   help="a run served on this host (its id, a prefix of it; dumped by its engine), a run directory, "
+                        "a log directory (newest live run), a ranktop pid or a rank pid (default: the newest "
+                        "running served run, else the newest live run in $TMPDIR/ranktop-UID)")
     p.add_argument("--threads", action="store_true", help="also show threads other than the main thread")
     p.add_argument("--json", action="store_true", help="print the raw report as JSON")
     p.add_argument("--signal", action="store_true",
@@ -68,6 +70,9 @@ def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | N
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    served = _served(ns.target)
+    if served is not None:
+        return _through_engine(served, ns)
     try:
         pids, local, run_dir = resolve(ns.target)
     except BadTarget as exc:
@@ -87,6 +92,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(stacks.report_to_dict(report), indent=1, default=str))
     else:
         print(clean(stacks.format_report(report, threads=ns.threads), newlines=True))
+    return 0
+
+
+def _served(target: str | None):
+    """The served run `target` names (run id, prefix, run directory; None: the newest running
+    one), or None: then it is a path or a pid, read from the files and /proc as before."""
+    if target is not None and target.isdigit():
+        return None
+    from ranktop.core.client import find_run, served_runs
+
+    try:
+        return find_run(target, served_runs())
+    except ValueError:
+        return None
+
+
+def _through_engine(run, ns: argparse.Namespace) -> int:
+    """The run's own engine dumps (it knows its ranks, their logs and the run directory)."""
+    from ranktop.core.client import RunGone, dump_stacks
+
+    try:
+        ack = dump_stacks(run.path, "SignalDump" if ns.signal else "DumpStacks")
+    except RunGone as exc:
+        print(f"ranktop stacks: {run.run_id}: {exc}", file=sys.stderr)
+        return 1
+    if ack.report is None:
+        print(clean(f"ranktop stacks: {run.run_id}: {ack.message}"), file=sys.stderr)
+        return 1
+    if ns.json:
+        print(json.dumps(stacks.report_to_dict(ack.report), indent=1, default=str))
+    else:
+        print(clean(stacks.format_report(ack.report, threads=ns.threads), newlines=True))
     return 0
 
 
