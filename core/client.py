@@ -111,8 +111,8 @@ def served_runs() -> list[ServedRun]:
     """Every run served on this host for this user, newest first; sockets nobody answers on
     (their engine died) are removed on the way."""
     try:
-        directory = socket_dir()
-    except (SocketDirError, OSError):
+        directory = socket_dir(create=False)
+    except (SocketDirError, OSError):  # (none yet: FileNotFoundError)
         return []
     found = []
     for name in os.listdir(directory):

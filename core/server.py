@@ -50,19 +50,26 @@ class SocketDirError(Exception):
     """The socket directory is not safe to use; the message says why."""
 
 
-def socket_dir() -> str:
-    """$XDG_RUNTIME_DIR/ranktop, else $TMPDIR/ranktop-<uid>/sock: made 0700, and refused when it
-    is a symlink, someone else's, or open to others (a planted socket would receive commands)."""
+def socket_dir(create: bool = True) -> str:
+    """$XDG_RUNTIME_DIR/ranktop, else $TMPDIR/ranktop-<uid>/sock: made 0700 (unless not `create`:
+    a lister makes nothing), and refused when it is a symlink, someone else's, or open to others
+    (a planted socket would receive commands)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isabs(runtime):
         path = os.path.join(runtime, "ranktop")
     else:
         path = os.path.join(tempfile.gettempdir(), f"ranktop-{os.geteuid()}", "sock")
+    if not create:
+        return _checked(path)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
+    return _checked(path)
+
+
+def _checked(path: str) -> str:
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
         raise SocketDirError(f"{path} is not a directory")
