@@ -1,0 +1,123 @@
+"""Attach benchmark, run by hand: a real headless run of 8 ranks at 1000 lines/s each, served on
+its socket, and real `ranktop attach` clients in tmux (real terminals).
+
+    python bench/bench_attach.py                 # about a minute
+    python bench/bench_attach.py --window 20     # longer CPU windows, steadier figures
+
+1. First frame: from starting `ranktop attach` to the first screen that shows a line of every
+   rank (tmux capture-pane every 20 ms), beside the same for a fresh local `ranktop --tui` of the
+   same job (its reference: a TUI that owns its engine). Target 0.5 s.
+2. Engine CPU per client: the headless engine's own CPU (user+system of that one process, not
+   its ranks) over a window with 0, 1 and 4 clients attached; the extra per client as % of one
+   core. Target at most 3 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+SOCKET = "ranktop-bench-attach"  # our own tmux server: other sessions are left alone
+RANKS, RATE = 8, 1000
+RANK_SCRIPT = """\
+import os, sys, time
+rank, rate = os.environ["RANK"], {rate}
+start, n = time.monotonic(), 0
+while True:
+    n += 1
+    sys.stdout.write(f"r{{rank}} line {{n}}\\n")
+    sys.stdout.flush()
+    ahead = n / rate - (time.monotonic() - start)
+    if ahead > 0:
+        time.sleep(ahead)
+"""
+
+
+def tmux(*args: str) -> str:
+    return subprocess.run(["tmux", "-L", SOCKET, *args], capture_output=True, text=True).stdout
+
+
+def shows_every_rank(session: str) -> bool:
+    screen = tmux("capture-pane", "-p", "-t", session)
+    return all(f"r{r} line" in screen for r in range(RANKS))
+
+
+def time_to_every_rank(session: str, command: str, timeout: float = 30.0) -> float:
+    start = time.monotonic()
+    tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", command)
+    while time.monotonic() - start < timeout:
+        if shows_every_rank(session):
+            return time.monotonic() - start
+        time.sleep(0.02)
+    raise SystemExit(f"{session}: no frame showed every rank within {timeout:g} s")
+
+
+def engine_cpu(pid: int, window: float) -> float:
+    """% of one core the engine process used over `window` seconds."""
+    proc = psutil.Process(pid)
+    before, start = proc.cpu_times(), time.monotonic()
+    time.sleep(window)
+    after, took = proc.cpu_times(), time.monotonic() - start
+    return 100.0 * ((after.user + after.system) - (before.user + before.system)) / took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--window", type=float, default=10.0, help="seconds per CPU measurement (default 10)")
+    ns = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ranktop-bench-attach-"))
+    runtime = work / "runtime"
+    runtime.mkdir(mode=0o700)
+    script = work / "writer.py"
+    script.write_text(RANK_SCRIPT.format(rate=RATE))
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
+    py = shlex.quote(sys.executable)
+    envs = f"XDG_RUNTIME_DIR={shlex.quote(str(runtime))}"
+    job = f"--nproc-per-node {RANKS} --log-dir {shlex.quote(str(work / 'logs'))}"
+    engine = subprocess.Popen([sys.executable, "-m", "ranktop", "--headless", *job.split(), "--run-id", "bench",
+                               str(script)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not (runtime / "ranktop" / "bench.sock").exists():
+            if time.monotonic() > deadline:
+                raise SystemExit("the run was never served")
+            time.sleep(0.05)
+        time.sleep(1.0)  # the ranks are writing
+        local = time_to_every_rank("local", f"cd {ROOT} && {envs} {py} -m ranktop --tui {job} --run-id local "
+                                            f"{shlex.quote(str(script))}")
+        tmux("kill-session", "-t", "local")  # a hang-up: the local run detaches; stop it
+        subprocess.run([sys.executable, "-m", "ranktop", "stop", "local"], cwd=ROOT, env=env, capture_output=True)
+        attach = time_to_every_rank("a0", f"cd {ROOT} && {envs} {py} -m ranktop attach bench")
+        print(f"first frame showing all {RANKS} ranks   attach {attach:.2f} s   "
+              f"(local --tui of the same job {local:.2f} s; target 0.5 s)")
+        tmux("kill-session", "-t", "a0")
+        time.sleep(1.0)
+        idle = engine_cpu(engine.pid, ns.window)
+        figures = [f"0 clients {idle:.1f}%"]
+        for clients in (1, 4):
+            for k in range(clients):
+                time_to_every_rank(f"c{clients}-{k}", f"cd {ROOT} && {envs} {py} -m ranktop attach bench")
+            used = engine_cpu(engine.pid, ns.window)
+            figures.append(f"{clients} client(s) {used:.1f}% (+{(used - idle) / clients:.1f}% each)")
+            for k in range(clients):
+                tmux("kill-session", "-t", f"c{clients}-{k}")
+            time.sleep(1.0)
+        print(f"engine CPU, {RANKS} ranks x {RATE} lines/s, % of one core over {ns.window:g} s: "
+              + "   ".join(figures) + "   (target: at most +3% per client)")
+    finally:
+        tmux("kill-server")
+        engine.terminate()
+        engine.wait(30)
+
+
+if __name__ == "__main__":
+    main()
