@@ -321,3 +321,27 @@ def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def test_two_clients_at_once_see_the_same_run(tmp_path, runtime, monkeypatch):
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    proc = start_headless(tmp_path, runtime, "two")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+    try:
+        wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
+        (run,) = served_runs()
+        first, second = RemoteEngine(run.path), RemoteEngine(run.path)
+        try:
+            assert wait_for(lambda: ls(runtime)[0]["clients"] == 2, what="two clients counted")
+            seen = [e.output_since(1, None)[1] for e in (first, second)]
+            assert seen[0][:1] == seen[1][:1] == [b"hello from 1"]
+            assert first.snapshot().ranks[1].pid == second.snapshot().ranks[1].pid
+        finally:
+            first.close()
+            second.close()
+        wait_for(lambda: ls(runtime)[0]["clients"] == 0, what="both clients gone, the run untouched")
+        assert ls(runtime)[0]["state"] == "running"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
