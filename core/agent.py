@@ -401,18 +401,18 @@ class LocalAgent:
         if not slots:
             return None
         # The first rank that failed on its own is the cause; the ranks we stopped are effects.
-        own = sorted([s for s in slots if not s.stopped_by_us] or slots, key=lambda s: s.failure.timestamp)
+        own = sorted([s for s in slots if not s.stopped_by_us] or slots, key=lambda s: s.failure.exited_at)
         slot, f = own[0], own[0].failure
         tail = _decoded(slot.ring.tail(20))
-        before = [(t, what) for t, attempt, what in self._user_actions if attempt == self.attempt and t <= f.timestamp]
+        before = [(t, what) for t, attempt, what in self._user_actions if attempt == self.attempt and t <= f.exited_at]
         return RootCause(
             rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
             signal_name=killed_by(f.exitcode), message=f.message,
-            traceback=f.traceback, timestamp=f.timestamp,
+            traceback=f.traceback, timestamp=f.exited_at,
             error_file=f.error_file if f.error_file_read else None, last_lines=tail,
             # Enough lines to see past the rank's own printed traceback (the report cuts it out).
             failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
-            user_action=_user_action_text(*before[-1], f.timestamp) if before else None,
+            user_action=_user_action_text(*before[-1], f.exited_at) if before else None,
             stopped=tuple((s.failure.rank, describe_exit(s.failure.exitcode)) for s in slots
                           if s.stopped_by_us and s not in own),
         )

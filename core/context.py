@@ -433,7 +433,7 @@ class PContext:
         # It got SIGKILL, so that is how it counts: a failure, the group's end unless we stopped it.
         slot.failure = ProcessFailure(
             slot.local_rank, slot.proc.pid, -signal.SIGKILL, self.error_file(slot.local_rank),
-            rank=self.global_ranks[slot.local_rank], timestamp=time.time(),
+            rank=self.global_ranks[slot.local_rank], exited_at=time.time(),
         )
         if not slot.stopped_by_us and not self._stopping:
             self._stop_all(signal.SIGTERM, self.shutdown_timeout)
@@ -484,7 +484,7 @@ class PContext:
         held = self._rank_dirs.get(slot.local_rank)  # none if the disk was too full to make it
         slot.failure = ProcessFailure(
             slot.local_rank, proc.pid, code, self.error_file(slot.local_rank) if held else None,
-            rank=self.global_ranks[slot.local_rank], timestamp=proc.exited_at,
+            rank=self.global_ranks[slot.local_rank], exited_at=proc.exited_at,
             error_dir_fd=held.fd if held else None,
         )
         if not slot.stopped_by_us and not self._stopping:
@@ -637,6 +637,9 @@ class PContext:
                 result.failures[r] = slot.failure
             else:  # a binary returns nothing: None, as torch reports it
                 result.return_values[r] = self._read_return_value(r) if callable(self.entrypoint) else None
+        own = {r: f for r, f in result.failures.items() if not self.slots[r].stopped_by_us}
+        if own:  # as torch: the ranks that failed, not the ones stopped because of them
+            result.failures = own
         if result.failures:
             result.return_values = {}  # as torch: a failed group has no return values
         return result

@@ -52,7 +52,7 @@ class ChildFailedError(Exception):
         super().__init__(self.format_msg())
 
     def get_first_failure(self) -> tuple[int, ProcessFailure]:
-        rank = min(self.failures, key=lambda r: self.failures[r].timestamp)
+        rank = min(self.failures, key=lambda r: self.failures[r].exited_at)
         return rank, self.failures[rank]
 
     def format_msg(self) -> str:
@@ -165,6 +165,7 @@ class ErrorFileContent:
     message: str
     traceback: str | None
     timestamp: int | None
+    data: dict = field(default_factory=dict, repr=False)  # the file as loaded (at most 1 MB)
 
 
 ERROR_FILE_LIMIT = 1 << 20  # bytes; a real error file is a message and a traceback
@@ -230,7 +231,7 @@ def _error_content(data: object) -> ErrorFileContent:
         raise BadErrorFile('has no "message" object at the top')
     msg = data["message"]
     if isinstance(msg, str):
-        return ErrorFileContent(msg, None, _timestamp(data.get("timestamp")))
+        return ErrorFileContent(msg, None, _timestamp(data.get("timestamp")), data)
     if not isinstance(msg, dict) or not isinstance(msg.get("message", ""), str):
         raise BadErrorFile('has a "message" that is neither text nor torch\'s {"message": text, ...}')
     extra = msg.get("extraInfo") or {}
@@ -239,7 +240,7 @@ def _error_content(data: object) -> ErrorFileContent:
     trace = extra.get("py_callstack")
     if trace is not None and not isinstance(trace, str):
         raise BadErrorFile('has a "py_callstack" that is not text')
-    return ErrorFileContent(msg.get("message", ""), trace, _timestamp(extra.get("timestamp")))
+    return ErrorFileContent(msg.get("message", ""), trace, _timestamp(extra.get("timestamp")), data)
 
 
 def _timestamp(value: object) -> int | None:
@@ -279,21 +280,30 @@ def record(fn: F, error_file: str | None = None) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+NOT_AVAILABLE = "<N/A>"  # torch's error_file when a rank wrote none
+NO_ERROR_DATA = {"message": "<NONE>"}  # torch's error_file_data then
+
+
 @dataclass
 class ProcessFailure:
-    """One rank that ended badly. `exitcode` is negative (-N) when signal N killed it."""
+    """One rank that ended badly, in torch's shape. `exitcode` is negative (-N) when signal N
+    killed it; `timestamp` is whole seconds (the error file's, else when the exit was seen) and
+    `error_file` is "<N/A>" when the rank wrote none. Unlike torch, a malformed error file is not
+    raised: a rank controls that file, so its problem is named in `message` instead."""
 
     local_rank: int
     pid: int
     exitcode: int
-    error_file: str
+    error_file: str | None
     rank: int | None = None
     # When the engine saw the exit (sub-second, so the earliest failure can be told apart).
     # Left at 0 it falls back to the error file's whole-second stamp, then to now.
-    timestamp: float = 0.0
+    exited_at: float = 0.0
     # The held rank directory the error file is in: read relative to it, never by path again.
     error_dir_fd: int | None = field(default=None, repr=False, compare=False)
     message: str = field(init=False)
+    timestamp: int = field(init=False)
+    error_file_data: dict = field(init=False, repr=False)
     traceback: str | None = field(init=False, default=None)
     error_file_read: bool = field(init=False, default=False)  # a trustworthy error file was there
 
@@ -303,30 +313,26 @@ class ProcessFailure:
             content = load_error_file(self.error_file, self.error_dir_fd) if self.error_file else None
         except BadErrorFile as exc:
             problem = f"error file {self.error_file} {exc}; ignored"
+        self.error_file_data = dict(NO_ERROR_DATA)
+        stamp = None
         if content is not None:
-            self.message = content.message
-            self.traceback = content.traceback
+            self.message, self.traceback, stamp = content.message, content.traceback, content.timestamp
+            self.error_file_data = content.data
             self.error_file_read = True
-            if not self.timestamp and content.timestamp is not None:
-                self.timestamp = float(content.timestamp)
         elif self.exitcode < 0:
             self.message = f"Signal {-self.exitcode} ({self.signal_name()}) received by PID {self.pid}"
         else:
             self.message = f"exited with code {self.exitcode}. {_NO_TRACE_HINT}"
         if problem:
             self.message = f"{self.message.split('. ')[0]}; {problem}"
-        if not self.timestamp:
-            self.timestamp = time.time()
+        elif content is None:
+            self.error_file = NOT_AVAILABLE
+        if not self.exited_at:
+            self.exited_at = float(stamp) if stamp is not None else time.time()
+        self.timestamp = int(stamp) if stamp is not None else int(self.exited_at)
         if self.rank is None:
             self.rank = self.local_rank
 
     def signal_name(self) -> str:
         return signal_name(self.exitcode)
 
-    @property
-    def error_file_data(self) -> dict:
-        """The error file in torch's shape ({} when the rank wrote none, or a bad one)."""
-        if not self.error_file_read:
-            return {}
-        return {"message": {"message": self.message, "extraInfo": {
-            "py_callstack": self.traceback or "", "timestamp": str(int(self.timestamp))}}}

@@ -53,7 +53,7 @@ def launch(
     if stopped_by is not None:
         raise MainProcessError(stopped_by)
     if result.failures:
-        first = min(result.failures.values(), key=lambda f: f.timestamp)
+        first = min(result.failures.values(), key=lambda f: f.exited_at)
         raise WorkerError(first.local_rank, first.exitcode, first)
     return result.return_values
 

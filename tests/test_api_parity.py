@@ -77,13 +77,24 @@ def test_child_failed_error_error_file_data_and_the_error_handler(tmp_path, monk
         raise ValueError("boom")
     except ValueError as exc:
         write_error_file(rank_file, exc)
-    first = ProcessFailure(1, 4242, 1, str(rank_file), rank=1, timestamp=100.0)
-    later = ProcessFailure(0, 4241, -15, str(tmp_path / "none.json"), rank=0, timestamp=101.0)
+    first = ProcessFailure(1, 4242, 1, str(rank_file), rank=1, exited_at=100.0)
+    later = ProcessFailure(0, 4241, -15, str(tmp_path / "none.json"), rank=0, exited_at=101.0)
     err = ChildFailedError("train.py", {0: later, 1: first})
     assert err.get_first_failure() == (1, first)
     assert err.format_msg().splitlines()[1].startswith("Root Cause (first observed failure): rank 1 ")
     assert first.error_file_data["message"]["message"] == "ValueError: boom"
-    assert later.error_file_data == {}
+    assert later.error_file_data == {"message": "<NONE>"} and later.error_file == "<N/A>"  # torch's, for none
+    assert first.timestamp == int(json.loads(rank_file.read_text())["message"]["extraInfo"]["timestamp"])
+    assert isinstance(first.timestamp, int) and isinstance(later.timestamp, int) and later.timestamp == 101
+    assert first.error_file_data == json.loads(rank_file.read_text())  # as loaded
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"message": "out of memory", "timestamp": 1700000000}))
+    simple = ProcessFailure(2, 4243, 1, str(plain))
+    assert (simple.message, simple.timestamp, simple.error_file_data["message"]) == ("out of memory", 1700000000,
+                                                                                    "out of memory")
+    plain.write_text("{not json")
+    bad = ProcessFailure(3, 4244, 1, str(plain))  # torch raises here; a rank's file must not stop us
+    assert "is not valid JSON; ignored" in bad.message and bad.error_file == str(plain)
     ours = tmp_path / "launcher_error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(ours))
     get_error_handler().dump_error_file(str(rank_file), error_code=1)
@@ -125,3 +136,18 @@ def test_worker_state_is_the_group_state_under_torchs_names():
     assert WorkerState.HEALTHY is GroupState.RUNNING and WorkerState.UNHEALTHY is GroupState.RESTARTING
     assert WorkerState.is_running(WorkerState.HEALTHY) and not WorkerState.is_running(WorkerState.SUCCEEDED)
     assert [s.name for s in GroupState if s.finished] == ["SUCCEEDED", "FAILED", "STOPPED"]
+
+
+def test_a_failed_group_reports_the_rank_that_failed_not_the_ones_stopped_for_it(tmp_path):
+    from rank_fns import fail_rank
+
+    ctx = start_processes("f", fail_rank, {0: (1, "rank one broke"), 1: (1, "rank one broke"), 2: (1, "x")},
+                          {r: {"LOCAL_RANK": str(r)} for r in range(3)}, logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)))
+    try:
+        result = ctx.wait(timeout=60)
+    finally:
+        ctx.close()
+    assert list(result.failures) == [1] and result.return_values == {}
+    failure = result.failures[1]
+    assert "rank one broke" in failure.message and isinstance(failure.timestamp, int)
+    assert failure.error_file != "<N/A>" and failure.error_file_data["message"]["message"].endswith("rank one broke")

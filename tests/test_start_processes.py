@@ -111,11 +111,15 @@ def test_sys_exit_gives_its_code_and_no_error_file(tmp_path):
 
 def test_binary_failure_stops_its_sibling_with_sigterm(tmp_path):
     args = {0: ("-c", "import sys; sys.exit(138)"), 1: ("-c", "import time; time.sleep(60)")}
-    result = _run(PY, args, tmp_path)
-    assert result.failures[0].exitcode == 138
-    assert result.failures[1].exitcode == -signal.SIGTERM
-    assert result.failures[1].signal_name() == "SIGTERM"
-    assert result.failures[0].timestamp <= result.failures[1].timestamp
+    ctx = start_processes("trainer", PY, args, _envs(2), str(tmp_path))
+    try:
+        result = ctx.wait(timeout=60)
+        sibling = ctx.slots[1].failure
+    finally:
+        ctx.close()
+    assert list(result.failures) == [0] and result.failures[0].exitcode == 138  # as torch: the cause only
+    assert sibling.exitcode == -signal.SIGTERM and sibling.signal_name() == "SIGTERM"  # stopped, with the grace
+    assert result.failures[0].exited_at <= sibling.exited_at
 
 
 def test_segfaulting_binary_reports_sigsegv(tmp_path):
