@@ -12,6 +12,7 @@ import threading
 import time
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +88,30 @@ class Connection:
                                               "line": line}, frames=2)
         lines = done.data.split(b"\n") if answer["lines"] else []
         return answer, lines, open_.data.split(b"\n") if answer["open"] else []
+
+    def subscribe(self, ranks: list[int] | None = None,
+                  cursors: dict[int, tuple[int, int]] | None = None) -> GroupSnapshot:
+        """Ask the engine to push these local ranks' output from `cursors` (default: all it
+        holds), state changes and the end; read them with pushed(). Returns the snapshot taken
+        with the subscription. Nothing but pushes comes on this connection afterwards."""
+        answer, _ = self.request({"type": "subscribe", "ranks": ranks,
+                                  "cursors": {str(r): list(c) for r, c in (cursors or {}).items()}})
+        self._sock.settimeout(None)  # a quiet run pushes nothing for as long as it likes
+        return from_json(GroupSnapshot, answer["snapshot"])
+
+    def pushed(self) -> Iterator[tuple[dict, list[bytes]]]:
+        """(message, complete lines) for each push after subscribe(): "output" messages carry
+        their rank's new lines; "snapshot" and "ended" none. RunGone when the engine leaves."""
+        while True:
+            try:
+                message = self._next()
+                if message.get("type") != "output":
+                    yield message, []
+                    continue
+                done, _open = self._next(), self._next()
+            except OSError as exc:
+                raise RunGone(f"the run's engine went away ({exc.strerror or exc})") from None
+            yield message, done.data.split(b"\n") if message["lines"] else []
 
     def close(self) -> None:
         self._sock.close()

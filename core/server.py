@@ -15,6 +15,15 @@ loop's queue like a key press. Requests (after each side's hello):
   StackReport as JSON), and comes later, from a thread of its own, so a client waits for it on a
   connection of its own
 
+- {"type": "subscribe", "ranks": [R...] | null, "cursors": {"R": [G, N]}} -> {"type": "subscribed",
+  "snapshot": ...}, then, pushed every PUSH_SECONDS: each subscribed rank's new output from its
+  cursor (as the answer to an output request: the head, then two output frames), a
+  {"type": "snapshot"} whenever a state changes, and {"type": "ended", "exit_status": N} once
+  the run is over. The cursors make the stream gapless and without overlap from where the
+  client stood. A subscriber that reads slowly is never waited on: while it has not taken what
+  was pushed, nothing more is made for it, and when it catches up it resumes from what the ranks'
+  rings still hold (it skips ahead); one that owes more than MAX_PENDING is dropped.
+
 A client that sends anything else, that is not ours (SO_PEERCRED: another uid), or that does not
 read its answers within SEND_TIMEOUT is dropped; the engine and the ranks never wait on one.
 """
@@ -31,6 +40,7 @@ import stat
 import struct
 import tempfile
 import threading
+import time
 from typing import Any
 
 from ranktop.core import commands as cmd
@@ -38,6 +48,8 @@ from ranktop.core import protocol
 from ranktop.core.engine import Engine, OutputCursor
 
 SEND_TIMEOUT = 2.0  # seconds a client may take to read one answer before it is dropped
+PUSH_SECONDS = 0.05  # how often subscribers get what is new
+MAX_PENDING = 16 << 20  # bytes a subscriber may owe before it is dropped
 MAX_REPLY_BYTES = 2 << 20  # output lines per answer: a client asks again for the rest
 RELAYED = {c.__name__: c for c in (cmd.SignalRank, cmd.SignalGroup, cmd.KillRank, cmd.KillGroup, cmd.RestartRank,
                                    cmd.RestartGroup, cmd.Stop, cmd.SendInput, cmd.DumpStacks, cmd.SignalDump)}
@@ -99,6 +111,15 @@ def to_json(value: Any) -> Any:
     return value
 
 
+@dataclasses.dataclass
+class _Subscriber:
+    ranks: list[int]
+    cursors: dict[int, OutputCursor]
+    pending: bytearray = dataclasses.field(default_factory=bytearray)  # pushed, not yet taken
+    seen: tuple = ()  # the states last pushed
+    ended: bool = False
+
+
 class EngineServer:
     """Serves `engine` at `path` until close(); see the module's docstring for the requests."""
 
@@ -122,6 +143,7 @@ class EngineServer:
         self._decoders: dict[socket.socket, protocol.FrameDecoder] = {}
         self._later: list[tuple[socket.socket, bytes]] = []  # slow answers, sent by the server thread
         self._later_lock = threading.Lock()
+        self._subscribers: dict[socket.socket, _Subscriber] = {}
         self._closed = False
         self._leave = threading.Event()  # set by a Stop once the run has ended: stop lingering
         self._thread = threading.Thread(target=self._serve, name="ranktop-server", daemon=True)
@@ -129,8 +151,12 @@ class EngineServer:
 
     # ----- the loop -----------------------------------------------------------------------------
     def _serve(self) -> None:
+        last_push = 0.0
         while not self._closed:
-            for key, _ in self._selector.select():
+            if self._subscribers and time.monotonic() - last_push >= PUSH_SECONDS:
+                last_push = time.monotonic()
+                self._push()
+            for key, _ in self._selector.select(PUSH_SECONDS if self._subscribers else None):
                 if key.fileobj is self._listener:
                     self._accept()
                 elif key.fileobj == self._wake_r:
@@ -188,6 +214,8 @@ class EngineServer:
                                                       "clients": self.clients}))
         elif kind == "output":
             self._send(conn, self._output(message))
+        elif kind == "subscribe":
+            self._subscribe(conn, message)
         elif kind == "command":
             answer = self._command(conn, message)
             if answer is not None:
@@ -197,9 +225,13 @@ class EngineServer:
 
     def _output(self, message: dict) -> bytes:
         rank, generation, line = message.get("rank"), message.get("generation", -1), message.get("line", 0)
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, generation, line)):
+        if not all(_is_int(v) for v in (rank, generation, line)):
             raise protocol.ProtocolError("output request needs integer rank, generation and line")
-        cursor, lines, open_lines = self.engine.output_since(rank, OutputCursor(generation, line))
+        return self._output_since(rank, OutputCursor(generation, line))[1]
+
+    def _output_since(self, rank: int, since: OutputCursor) -> tuple[OutputCursor, bytes, bool]:
+        """(the cursor after what is sent, the answer's frames, whether it holds anything new)."""
+        cursor, lines, open_lines = self.engine.output_since(rank, since)
         sent, size = [], 0
         for text in lines:
             size += len(text) + 1
@@ -210,8 +242,80 @@ class EngineServer:
         head = {"type": "output", "rank": rank, "generation": cursor.generation, "line": first + len(sent),
                 "version": cursor.version, "lines": len(sent), "open": len(open_lines),
                 "more": len(sent) < len(lines)}
-        return (protocol.encode_control(head) + protocol.encode_output(rank, first + len(sent), b"\n".join(sent))
-                + protocol.encode_output(rank, 0, b"\n".join(open_lines)[: protocol.MAX_OUTPUT - 64]))
+        frames = (protocol.encode_control(head) + protocol.encode_output(rank, first + len(sent), b"\n".join(sent))
+                  + protocol.encode_output(rank, 0, b"\n".join(open_lines)[: protocol.MAX_OUTPUT - 64]))
+        return OutputCursor(cursor.generation, first + len(sent), cursor.version), frames, bool(sent)
+
+    # ----- subscribers --------------------------------------------------------------------------
+    def _subscribe(self, conn: socket.socket, message: dict) -> None:
+        local_world = len(self.engine.snapshot().ranks)
+        ranks, cursors = message.get("ranks"), message.get("cursors") or {}
+        if ranks is None:
+            ranks = list(range(local_world))
+        if (not isinstance(ranks, list) or not all(_is_int(r) and 0 <= r < local_world for r in ranks)
+                or not isinstance(cursors, dict)):
+            raise protocol.ProtocolError(f"subscribe needs local ranks in 0..{local_world - 1} and cursors")
+        start = {}
+        for rank in ranks:
+            at = cursors.get(str(rank), [-1, 0])
+            if not (isinstance(at, list) and len(at) == 2 and all(_is_int(v) for v in at)):
+                raise protocol.ProtocolError("a cursor is [generation, line]")
+            start[rank] = OutputCursor(at[0], at[1])
+        snap = self.engine.snapshot()
+        self._subscribers[conn] = _Subscriber(ranks, start, seen=_states(snap))
+        self._send(conn, protocol.encode_control({"type": "subscribed", "snapshot": to_json(snap)}))
+
+    def _push(self) -> None:
+        snap = self.engine.snapshot()
+        for conn, sub in list(self._subscribers.items()):
+            if sub.pending or sub.ended:  # it has not taken the last push: nothing more, it skips ahead
+                self._flush(conn)
+            else:
+                self._make_push(sub, snap)
+                self._flush(conn)
+
+    def _make_push(self, sub: _Subscriber, snap: Any) -> None:
+        for rank in sub.ranks:
+            sub.cursors[rank], frames, new = self._output_since(rank, sub.cursors[rank])
+            if new:
+                sub.pending += frames
+        if _states(snap) != sub.seen:
+            sub.seen = _states(snap)
+            sub.pending += protocol.encode_control({"type": "snapshot", "snapshot": to_json(snap)})
+        if snap.ended and not sub.pending:  # all its output went first
+            sub.ended = True
+            sub.pending += protocol.encode_control({"type": "ended", "state": snap.state.value,
+                                                    "exit_status": snap.exit_status})
+
+    def _last_push(self) -> None:
+        """On the way out: each subscriber gets the rest of the output and the end, each send
+        bounded by SEND_TIMEOUT (and the rest by what the rings hold: 64 answers at most)."""
+        snap = self.engine.snapshot()
+        for conn in list(self._subscribers):
+            for _ in range(64):
+                sub = self._subscribers.get(conn)
+                if sub is None or (sub.ended and not sub.pending):
+                    break
+                if not sub.pending:
+                    self._make_push(sub, snap)
+                    continue
+                conn.settimeout(SEND_TIMEOUT)
+                try:
+                    conn.sendall(sub.pending)
+                    sub.pending.clear()
+                except OSError:
+                    self._drop(conn)
+
+    def _flush(self, conn: socket.socket) -> None:
+        sub = self._subscribers[conn]
+        try:
+            while sub.pending:
+                sub.pending = sub.pending[conn.send(sub.pending):]
+        except BlockingIOError:
+            if len(sub.pending) > MAX_PENDING:
+                self._drop(conn, f"too slow: {len(sub.pending)} bytes not taken")
+        except OSError as exc:
+            self._drop(conn, str(exc))
 
     def _command(self, conn: socket.socket, message: dict) -> dict | None:
         kind, args = RELAYED.get(str(message.get("command"))), message.get("args") or {}
@@ -260,6 +364,10 @@ class EngineServer:
                     self._drop(conn, str(exc))
 
     def _send(self, conn: socket.socket, data: bytes) -> None:
+        if conn in self._subscribers:  # behind what was pushed to it: never in the middle of a frame
+            self._subscribers[conn].pending += data
+            self._flush(conn)
+            return
         conn.settimeout(SEND_TIMEOUT)  # a client that does not read is dropped, never waited on long
         try:
             conn.sendall(data)
@@ -275,6 +383,8 @@ class EngineServer:
         conn.close()
 
     def _drop(self, conn: socket.socket, reason: str | None = None) -> None:
+        if conn not in self._decoders:  # dropped already (a failed push, then its request's answer)
+            return
         if reason:
             try:
                 conn.send(protocol.encode_control({"type": "error", "message": reason}))
@@ -282,6 +392,7 @@ class EngineServer:
                 pass
         self._selector.unregister(conn)
         del self._decoders[conn]
+        self._subscribers.pop(conn, None)
         conn.close()
         self.clients -= 1
 
@@ -296,6 +407,8 @@ class EngineServer:
         self._closed = True
         os.write(self._wake_w, b"x")
         self._thread.join(5.0)
+        if not self._thread.is_alive():
+            self._last_push()
         for conn in list(self._decoders):
             self._drop(conn)
         self._selector.close()
@@ -306,6 +419,15 @@ class EngineServer:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _states(snap: Any) -> tuple:
+    """What a subscriber is told again when it changes: the group's state and each rank's."""
+    return (snap.state, snap.generation, snap.ended, tuple((r.state, r.paused, r.restarts) for r in snap.ranks))
 
 
 def remove_if_dead(path: str) -> bool:

@@ -108,7 +108,11 @@ def test_the_socket_refuses_other_users_and_garbage(tmp_path, open_runtime):
         os.chmod(os.path.dirname(run["socket"]), 0o700)  # back to private: ls refuses a directory open to others
         for garbage in (b"GET / HTTP/1.1\r\n\r\n", b"J\xff\xff\xff\xff", protocol.encode_control({"type": "hello",
                                                                                                    "version": 99,
-                                                                                                   "role": "client"})):
+                                                                                                   "role": "client"}),
+                        protocol.encode_control(protocol.hello("client"))
+                        + protocol.encode_control({"type": "subscribe", "ranks": [7]}),
+                        protocol.encode_control(protocol.hello("client"))
+                        + protocol.encode_control({"type": "subscribe", "cursors": {"0": "x"}})):
             with socket.socket(socket.AF_UNIX) as s:
                 s.settimeout(10)
                 s.connect(run["socket"])
@@ -345,3 +349,44 @@ def test_two_clients_at_once_see_the_same_run(tmp_path, runtime, monkeypatch):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def test_logs_follow_is_pushed_history_then_live_with_no_gap_or_overlap(tmp_path, runtime):
+    script = tmp_path / "count.py"
+    script.write_text("import os, sys, time\nfor i in range(40):\n    print(os.environ['RANK'], i, flush=True)\n"
+                      "    time.sleep(0.05)\nsys.stdin.close()\n")
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--run-id", "follow", "--log-dir",
+                                        str(tmp_path / "logs"), str(script)),
+                            cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: ls(runtime), what="the run served")
+        followed = run_ranktop("logs", "follow", "-f", env=runtime)  # returns when the run ends
+    finally:
+        proc.wait(30)
+    assert followed.returncode == 0, followed.stderr
+    for rank in (0, 1):
+        mine = [line for line in followed.stdout.splitlines() if line.startswith(f"[{rank}]:")]
+        assert mine == [f"[{rank}]:{rank} {i}" for i in range(40)]  # every line, once, in order
+
+
+def test_a_subscriber_that_never_reads_does_not_slow_the_run(tmp_path, runtime):
+    script = tmp_path / "flood.py"
+    script.write_text("import sys\nfor i in range(400_000):\n    sys.stdout.write(f'line {i} ' + 'x' * 60 + '\\n')\n")
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--run-id", "flood", "--log-dir",
+                                        str(tmp_path / "logs"), str(script)),
+                            cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        (run,) = wait_for(lambda: ls(runtime), what="the run served")
+        with socket.socket(socket.AF_UNIX) as lazy:  # subscribes, then never reads a byte
+            lazy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            lazy.connect(run["socket"])
+            lazy.sendall(protocol.encode_control(protocol.hello("client"))
+                         + protocol.encode_control({"type": "subscribe"}))
+            assert proc.wait(60) == 0  # the ranks wrote ~50 MB and the run ended as if nobody watched
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for rank in (0, 1):  # and the log files have every line
+        log = tmp_path / "logs" / "flood" / "attempt_0" / str(rank) / "stdout.log"
+        assert log.read_bytes().count(b"\n") == 400_000

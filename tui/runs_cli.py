@@ -161,20 +161,23 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
     ranks = run.snapshot.get("ranks") or []
     if only is not None and not 0 <= only < len(ranks):
         return usage_error(f"bad --rank {only}: local ranks of {run.run_id} are 0..{len(ranks) - 1}")
-    wanted = [r for r in ranks if only is None or r["local_rank"] == only]
-    cursors = {r["local_rank"]: (-1, 0) for r in wanted}
+    prefixes = {r["local_rank"]: f"[{r['rank']}]:".encode() for r in ranks if only is None or r["local_rank"] == only}
     out = sys.stdout.buffer
-    while True:
-        for snap in wanted:
-            local = snap["local_rank"]
-            prefix = f"[{snap['rank']}]:".encode()
-            while True:
-                answer, lines, _open = conn.output(local, *cursors[local])
-                cursors[local] = (answer["generation"], answer["line"])
-                out.writelines(prefix + line + b"\n" for line in lines)
-                if not answer.get("more"):
-                    break
-        out.flush()
-        if not follow or conn.snapshot().get("ended"):
-            return 0
-        time.sleep(0.2)
+    if follow:  # what the ranks' rings hold, then live, pushed by the engine until the run ends
+        conn.subscribe(sorted(prefixes))
+        for message, lines in conn.pushed():
+            if message["type"] == "ended":
+                return 0
+            if lines:
+                out.writelines(prefixes[message["rank"]] + line + b"\n" for line in lines)
+                out.flush()
+    for local, prefix in prefixes.items():
+        cursor = (-1, 0)
+        while True:
+            answer, lines, _open = conn.output(local, *cursor)
+            cursor = (answer["generation"], answer["line"])
+            out.writelines(prefix + line + b"\n" for line in lines)
+            if not answer.get("more"):
+                break
+    out.flush()
+    return 0
