@@ -25,6 +25,7 @@ from ranktop.core.stacks import StackReport
 from ranktop.core.state import GroupSnapshot
 
 CONNECT_TIMEOUT = 3.0
+READ_ONLY = "read-only view: nothing was done (ranktop web --control, or ranktop attach, can act on ranks)"
 STACKS_TIMEOUT = 60.0  # py-spy on many ranks takes seconds; a dump that never answers is given up
 
 
@@ -222,7 +223,8 @@ class RemoteEngine:
     """The Engine interface of a run served elsewhere on this host: what `ranktop attach` hands
     the TUI. close() only disconnects: the run goes on."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, read_only: bool = False):
+        self.read_only = read_only  # watch only (ranktop web without --control): acting commands are refused
         self._conn = Connection(path)
         self._lock = threading.Lock()  # one request at a time (the UI's timer and its workers)
         self.gone = False  # the engine left (its run ended, or it was stopped)
@@ -257,6 +259,8 @@ class RemoteEngine:
     def submit(self, command: cmd.Command) -> cmd.Ack:
         args = dataclasses.asdict(command) if dataclasses.is_dataclass(command) else {}
         name = type(command).__name__
+        if self.read_only and not isinstance(command, cmd.DumpStacks):  # a py-spy dump only reads the ranks
+            return cmd.Ack(False, READ_ONLY)
         try:
             if isinstance(command, (cmd.DumpStacks, cmd.SignalDump)):
                 return self._stacks(name, args)

@@ -67,6 +67,8 @@ class RanktopApp(App):
     def on_mount(self) -> None:
         self.main = MainScreen(self.engine, metric=self.metric)
         self.push_screen(self.main)
+        if getattr(self.engine, "read_only", False):  # ranktop web without --control
+            self.main.note = "read-only view"
 
     @on(MainScreen.GroupEnded)
     def group_ended(self, event: MainScreen.GroupEnded) -> None:

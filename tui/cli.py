@@ -104,12 +104,15 @@ def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
 
 SUBCOMMANDS = """subcommands:
   ranktop ls [--json]       the runs served on this host, newest first
-  ranktop attach [RUN]      the TUI of a run started elsewhere (q leaves it running)
+  ranktop attach [RUN] [--read-only]
+                            the TUI of a run started elsewhere (q then d leaves it running)
+  ranktop web [RUN] [--host H] [--port P] [--control]
+                            the same TUI in browsers (textual-serve), read-only unless --control
   ranktop stop [RUN]        stop a run from any terminal (SIGTERM, SIGKILL after its grace)
   ranktop logs [RUN] [--rank R] [-f]
                             a run's output, prefixed, from its engine; -f follows it to the end
   ranktop stacks [TARGET]   the grouped Python stacks of a running group's ranks (py-spy, or --signal);
-                            TARGET: a run or log directory or a pid (default: the newest run)
+                            TARGET: a served run, a run or log directory, or a pid (default: the newest run)
                             (ranktop stacks --help for its options)"""
 
 
@@ -450,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ranktop.tui.stacks_cli import main as stacks_main
 
         return stacks_main(argv[1:])
-    if argv and argv[0] in ("ls", "stop", "logs", "attach"):
+    if argv and argv[0] in ("ls", "stop", "logs", "attach", "web"):
         from ranktop.tui.runs_cli import main as runs_main
 
         return runs_main(argv)

@@ -1,4 +1,4 @@
-"""`ranktop ls`, `ranktop stop` and `ranktop logs`: reach a run from any terminal of its user,
+"""`ranktop ls`, `attach`, `stop`, `logs` (and `web`, tui/web.py): reach a run from any terminal of its user,
 through the socket its engine serves (core/server.py). Never imports Textual."""
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ _RUN_HELP = "a run id, a unique prefix of one, or its run directory (default: th
 
 def main(argv: Sequence[str]) -> int:
     command, rest = argv[0], list(argv[1:])
+    if command == "web":
+        from ranktop.tui.web import main as web
+
+        return web(rest)
     return {"ls": ls, "stop": stop, "logs": logs, "attach": attach}[command](rest)
 
 
@@ -73,6 +77,7 @@ def _age(seconds: float) -> str:
 # ----- attach -----------------------------------------------------------------------------------
 def attach(argv: list[str]) -> int:
     p = _run_parser("ranktop attach", "The TUI of a run started elsewhere (it goes on when you leave).")
+    p.add_argument("--read-only", action="store_true", help="watch only: keys that act on ranks do nothing")
     ns = p.parse_args(argv)
     from ranktop.core.client import BadFinalFile, FinalEngine, RemoteEngine, final_run
     from ranktop.tui.app import RanktopApp, print_end_report
@@ -89,7 +94,7 @@ def attach(argv: list[str]) -> int:
             return usage_error(str(bad))
         return _show(RanktopApp(engine))
     try:
-        engine = RemoteEngine(run.path)
+        engine = RemoteEngine(run.path, read_only=ns.read_only)
     except RunGone as exc:
         print(f"ranktop: {run.run_id}: {exc}", file=sys.stderr)
         return 1
