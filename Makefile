@@ -30,6 +30,8 @@ bench: setup
 screenshots: setup
 	$(PY) -m pip install --quiet -e '.[screenshots]'
 	$(PY) scripts/screenshots.py
+	$(PY) -m pip install --quiet -e '.[web]'
+	$(PY) scripts/web_screenshot.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

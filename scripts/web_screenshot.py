@@ -1,0 +1,58 @@
+"""The README's picture of `ranktop web`: a real 4-rank demo run (fake NVML), served to a real
+headless chromium, shot once the page has drawn the app.
+
+    python scripts/web_screenshot.py [--out screenshots/web-view.png]
+
+Needs chromium (Debian: apt-get install chromium) and textual-serve (pip install 'ranktop[web]').
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from browser import screenshot  # noqa: E402
+
+FIRST_BYTE = "document.body.classList.contains('-first-byte')"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "screenshots" / "web-view.png"))
+    ap.add_argument("--port", type=int, default=8731)
+    ns = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ranktop-web-shot-"))
+    (work / "runtime").mkdir(mode=0o700)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(work / "runtime"), "RANKTOP_FAKE_GPUS": "4"}
+    ranktop = [sys.executable, "-m", "ranktop"]
+    run = subprocess.Popen([*ranktop, "--headless", "--nproc-per-node", "4", "--run-id", "demo", "--log-dir",
+                            str(work / "logs"), str(ROOT / "examples" / "demo_train.py")],
+                           cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    web = None
+    try:
+        time.sleep(3)  # a few steps of training in every pane
+        web = subprocess.Popen([*ranktop, "web", "demo", "--port", str(ns.port)], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(2)
+        if not screenshot(f"http://127.0.0.1:{ns.port}/", ns.out, FIRST_BYTE, settle=3.0, size=(1400, 820)):
+            raise SystemExit("the page never drew the app")
+        print(f"wrote {ns.out}")
+    finally:
+        if web is not None:
+            web.send_signal(signal.SIGINT)
+            web.wait(30)
+        run.send_signal(signal.SIGTERM)
+        run.wait(30)
+
+
+if __name__ == "__main__":
+    main()
