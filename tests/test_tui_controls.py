@@ -314,6 +314,9 @@ def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path)
         term.wait_screen("root cause copied")
         buffer = wait_for(lambda: (b := term._tmux("show-buffer")) and "boom 42" in b and b, what="tmux buffer")
         assert "root cause: rank 1" in buffer and "ValueError: boom 42" in buffer
+        term.press("V", "Up", "y")  # the culprit's last two lines, selected from the keyboard
+        wait_for(lambda: term._tmux("show-buffer").splitlines()[-1:] == ["ValueError: boom 42"]
+                 and len(term._tmux("show-buffer").splitlines()) == 2, what="the selection in tmux's buffer")
         term.press("z")  # zoomed, the title says where the rank's log is
         term.wait_screen("attempt_0/1/stdout.log")
         term.press("o")  # the culprit is focused: its stdout log goes to the pager, then the TUI is back
@@ -425,3 +428,47 @@ def test_regular_expression_searches_and_a_bad_one():
         assert "bad regular expression 'loss [': unterminated character set" in notes(app)
 
     drive_fake(engine, body)
+
+
+def test_v_selects_lines_beyond_the_screen_and_y_copies_them_as_shown():
+    engine = FakeEngine(2)
+    engine.print(0, *[f"line {i}" for i in range(100)], "bell\x07 and \x1b]52;c;evil\x07 gone", "last")
+
+    async def body(app, pilot):
+        main = app.main
+        await until(pilot, lambda: main.pane(0).log.line_count == 102, what="the lines in rank 0's pane")
+        await pilot.press("slash", "V")  # in the search box V is a letter, not a selection
+        await until(pilot, lambda: main.query_one("#search").value == "V", what="V typed into the search")
+        assert not main.selections
+        await pilot.press("escape")
+        await pilot.press("V")
+        await until(pilot, lambda: bool(main.selections), what="the bottom line selected")
+        await pilot.press(*["up"] * 60)  # past the top of the pane: the view follows the selection
+        await pilot.press("y")
+        await until(pilot, lambda: "copied" in notes(app), what="the copy said")
+        assert not main.selections  # copying ends the selection
+
+    app = drive_fake(engine, body)
+    copied = app.clipboard.split("\n")
+    assert copied[0] == "line 41" and copied[-2] == "bell␇ and  gone" and copied[-1] == "last"
+    assert len(copied) == 61 and "\x1b" not in app.clipboard and "\x07" not in app.clipboard
+
+
+def test_a_mouse_drag_selects_text_in_a_pane_and_y_copies_it():
+    engine = FakeEngine(2)
+    engine.print(1, "alpha beta gamma", "delta epsilon")
+
+    async def body(app, pilot):
+        main = app.main
+        log = main.pane(1).log
+        await until(pilot, lambda: log.line_count == 2, what="rank 1's lines")
+        first = log.row_count - 2 - round(log.scroll_offset.y)  # the screen row of "alpha..."
+        await pilot.mouse_down(log, offset=(6, first))
+        await pilot.hover(log, offset=(4, first + 1))
+        await pilot.mouse_up(log, offset=(4, first + 1))  # the cell under the pointer is in
+        await until(pilot, lambda: bool(main.selections), what="a selection")
+        await pilot.press("y")
+        await until(pilot, lambda: "copied" in notes(app), what="the copy said")
+
+    app = drive_fake(engine, body)
+    assert app.clipboard == "beta gamma\ndelta"

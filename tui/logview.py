@@ -22,9 +22,10 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.events import MouseDown, MouseMove, MouseUp
-from textual.geometry import Region, Size
+from textual.geometry import Offset, Region, Size
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
+from textual.selection import Selection
 from textual.strip import Strip
 
 if TYPE_CHECKING:
@@ -366,7 +367,8 @@ class LogView(ScrollView, can_focus=True):
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y, width, thumb_start, thumb_end = self._frame or self._frame_now()
         bar = self._bar_cells[thumb_start <= y < thumb_end]
-        index, sub = self._locate(scroll_y + y)
+        row = scroll_y + y
+        index, sub = self._locate(row)
         raw = self._raw(index)
         if raw is not None and _PLAIN_LINE.fullmatch(raw) and not (self._query and self._hit(raw)):
             # Most log lines: printable ASCII, one cell a byte. Slicing the bytes is far cheaper than
@@ -374,10 +376,78 @@ class LogView(ScrollView, can_focus=True):
             if self.wrap:
                 raw = raw[sub * self._wrap_width : (sub + 1) * self._wrap_width]
             visible = raw[scroll_x : scroll_x + width].decode("ascii")
-            return Strip([Segment(visible.ljust(width), self._style), bar], width + _BAR)
-        strip = self._strip(index, sub)
-        text = Strip.blank(width, self._style) if strip is None else strip.crop_extend(scroll_x, scroll_x + width, self._style)
-        return Strip([*text, bar], width + _BAR)
+            text = Strip([Segment(visible.ljust(width), self._style)], width)
+        else:
+            strip = self._strip(index, sub)
+            text = (Strip.blank(width, self._style) if strip is None
+                    else strip.crop_extend(scroll_x, scroll_x + width, self._style))
+        if self.text_selection is not None:
+            text = self._selected(text, row, scroll_x, width)
+        # Offsets tell Textual which row and column the mouse is over: what selection starts from.
+        return Strip([*text.apply_offsets(scroll_x, row), bar], width + _BAR)
+
+    # ----- selection (mouse, or V in the screen), copied through OSC 52 ----------------------------
+    def _selected(self, text: Strip, row: int, scroll_x: int, width: int) -> Strip:
+        span = self.text_selection.get_span(row)
+        if span is None:
+            return text
+        start, end = span
+        end = width + scroll_x if end == -1 else end
+        start, end = max(0, start - scroll_x), min(width, end - scroll_x)
+        if start >= end:
+            return text
+        before, chosen, after = text.divide([start, end, width])
+        return Strip.join([before, chosen.apply_style(self.screen.get_component_rich_style("screen--selection")),
+                           after])
+
+    def row_text(self, row: int) -> str:
+        """A row as it reads on screen (sanitised; a wrapped line's piece), for copying."""
+        index, sub = self._locate(row)
+        raw = self._raw(index)
+        if raw is None:
+            return ""
+        plain = parse_line(raw, color=False).plain
+        return plain[sub * self._wrap_width : (sub + 1) * self._wrap_width] if self.wrap else plain
+
+    @property
+    def row_count(self) -> int:
+        return self._row_count()
+
+    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
+        last = self._row_count() - 1 if selection.end is None else min(selection.end.y, self._row_count() - 1)
+        first = 0 if selection.start is None else selection.start.y
+        # Rows before the first stay empty: only what is selected is rendered to text.
+        rows = ["" if row < first else self.row_text(row) for row in range(last + 1)]
+        return selection.extract("\n".join(rows)), "\n"
+
+    def selection_updated(self, selection: Selection | None) -> None:
+        self.refresh()
+
+    def select_rows(self, first: int, last: int) -> Selection:
+        """Select whole rows first..last (either order) and keep `last` in view."""
+        top, bottom = sorted((max(0, first), max(0, min(last, self._row_count() - 1))))
+        selection = Selection(Offset(0, top), Offset(len(self.row_text(bottom)), bottom))
+        self.screen.selections = {self: selection}
+        self.show_row(last)
+        return selection
+
+    def show_row(self, row: int) -> None:
+        self.follow = False
+        height = self.scrollable_content_region.height
+        top = round(self.scroll_offset.y)
+        if row < top:
+            self._move_to(row)
+        elif row >= top + height:
+            self._move_to(row - height + 1)
+        self.refresh()
+
+    @property
+    def bottom_row(self) -> int:
+        """The last row shown (the newest when following)."""
+        if self.follow:  # (the view may not have caught up with the newest rows yet)
+            return max(0, self._row_count() - 1)
+        height = self.scrollable_content_region.height
+        return max(0, min(self._row_count(), round(self.scroll_offset.y) + height) - 1)
 
     def _raw(self, index: int) -> bytes | None:
         if index < len(self._lines):

@@ -25,6 +25,7 @@ from ranktop.core.report import format_root_cause
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.attempts import FileFeed, attempt_dirs
+from ranktop.tui.logview import LogView
 from ranktop.tui.metric import Tracker
 from ranktop.tui.panes import FILTERS, SORTS, GroupHeader, RankFeed, RankList, RankPane, rank_title
 from ranktop.tui.screens import RootCausePanel, SignalPicker
@@ -98,7 +99,11 @@ class MainScreen(Screen):
         Binding("v", "cycle_filter", "Filter the rank list (all, problems, running)", show=False),
         Binding("left_square_bracket", "attempt(-1)", "Earlier attempt's output (log files)", show=False),
         Binding("right_square_bracket", "attempt(1)", "Later attempt's output", show=False),
-        Binding("y", "copy_root_cause", "Copy the root cause (clipboard, OSC 52)", show=False),
+        Binding("y", "copy_root_cause", "Copy the selection, else the root cause (clipboard, OSC 52)", show=False),
+        # Priority, as the arrows that extend it are: a priority key is handled before the keys
+        # queued ahead of it, so "V up" typed fast would otherwise arrive as "up V".
+        Binding("V", "select_lines", "Select lines in the pane (up/down extend, y or enter copies, esc cancels)",
+                show=False, priority=True),
         Binding("o", "open_log", "Open the rank's log in $PAGER", show=False),
         Binding("i", "type_input", "Type into the rank's stdin (pdb, prompts)", show=False),
     ]
@@ -133,6 +138,7 @@ class MainScreen(Screen):
         self.everywhere: RankSearch | None = None  # the last search of every rank, while it stands
         self._viewing: dict[int, FileFeed] = {}  # local rank -> the earlier attempt its pane shows
         self._search_all = False  # the search input is for every rank
+        self._line_select: tuple[int, int] | None = None  # V: (anchor row, cursor row) in the focused pane
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -190,6 +196,8 @@ class MainScreen(Screen):
 
     # ----- focus ------------------------------------------------------------------------------
     def focus_rank(self, local_rank: int) -> None:
+        if self._line_select is not None:
+            self._end_selection()
         local_rank %= self.n
         previous, self.current = self.current, local_rank
         self.pane(previous).remove_class("focused")
@@ -241,15 +249,20 @@ class MainScreen(Screen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Arrow keys are priority bindings (they beat the log's own scrolling); let the search
         # input keep them while it is being typed into.
-        if action in ("move", "focus_rank", "digit", "cycle", "zoom", "search_step") and isinstance(self.focused, Input):
+        if action in ("move", "focus_rank", "digit", "cycle", "zoom", "search_step", "select_lines") and isinstance(
+                self.focused, Input):
             return False
         if action == "search_step" and self.everywhere is None:  # n / N: the pane's own search
             return False
-        if action == "move" and self.zoomed:  # zoomed: the arrows scroll the pane, line by line
+        if action == "move" and self.zoomed and self._line_select is None:  # zoomed: the arrows scroll the pane
             return False
         return True
 
     def action_move(self, dx: int, dy: int) -> None:
+        if self._line_select is not None:  # V: up/down extend the selection
+            if dy:
+                self._extend_selection(dy)
+            return
         order = self.query_one(RankList).order
         if self.compact and dy and order:  # up/down walk the list as it is sorted and filtered
             if self.current not in order:  # filtered out: start from the list's end nearest the key
@@ -319,6 +332,9 @@ class MainScreen(Screen):
             return
 
     def action_zoom(self) -> None:
+        if self._line_select is not None:  # enter copies what V selected
+            self._copy_selection()
+            return
         if self._goto_pending():  # enter right after g and a number
             self._go_to(self.query_one("#goto", Input).value.strip())
             return
@@ -327,8 +343,41 @@ class MainScreen(Screen):
         self.pane(self.current).log.focus()
 
     def action_unzoom(self) -> None:
-        if self.zoomed:
+        if self._line_select is not None or self.selections:
+            self._end_selection()
+        elif self.zoomed:
             self.action_zoom()
+
+    # ----- selecting text -----------------------------------------------------------------------
+    def action_select_lines(self) -> None:
+        """Line selection from the keyboard in the focused pane, from its bottom line."""
+        log = self.pane(self.current).log
+        if not log.row_count:
+            self.notify("nothing to select: this pane is empty", severity="warning", timeout=3)
+            return
+        row = log.bottom_row
+        self._line_select = (row, row)
+        log.select_rows(row, row)
+        self.notify("selecting lines: up/down extend, y or enter copies, esc cancels", timeout=3)
+
+    def _extend_selection(self, step: int) -> None:
+        anchor, cursor = self._line_select
+        log = self.pane(self.current).log
+        cursor = max(0, min(log.row_count - 1, cursor + step))
+        self._line_select = (anchor, cursor)
+        log.select_rows(anchor, cursor)
+
+    def _copy_selection(self) -> None:
+        """What is selected (V, or the mouse) in a pane, to the terminal's clipboard (OSC 52)."""
+        copied = [log.get_selection(sel) for log, sel in self.selections.items() if isinstance(log, LogView)]
+        text = "\n".join(found[0] for found in copied if found)
+        self._end_selection()
+        self.app.copy_to_clipboard(text)
+        self.notify(f"{text.count(chr(10)) + 1} line(s) copied to the terminal's clipboard (OSC 52)", timeout=3)
+
+    def _end_selection(self) -> None:
+        self._line_select = None
+        self.clear_selection()
 
     # ----- typing into a rank --------------------------------------------------------------------
     def action_type_input(self) -> None:
@@ -539,8 +588,11 @@ class MainScreen(Screen):
         self.notify(f"rank {self.rank_of(r)}: {feed.name} from its log files  ([ earlier, ] later)", timeout=3)
 
     def action_copy_root_cause(self) -> None:
-        """The root cause as the text report has it, to the terminal's clipboard (OSC 52: works
-        over SSH, and in tmux with `set-clipboard on`)."""
+        """The selection, if there is one; else the root cause as the text report has it, to the
+        terminal's clipboard (OSC 52: works over SSH, and in tmux with `set-clipboard on`)."""
+        if self._line_select is not None or self.selections:
+            self._copy_selection()
+            return
         snap = self.engine.snapshot()
         if snap.root_cause is None:
             self.notify("no root cause to copy: no rank has failed on its own", severity="warning", timeout=3)
