@@ -95,6 +95,16 @@ def log_files(log_dir: Path) -> dict[int, Path]:
     return {int(p.parent.name): p for p in log_dir.glob("**/stdout.log") if p.parent.name.isdigit()}
 
 
+def wait_for_tui_child(parent: psutil.Process, timeout: float = 10.0) -> psutil.Process:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in parent.children():
+            if "ranktop" in " ".join(child.cmdline()):
+                return child
+        time.sleep(0.02)
+    return parent  # (no fork: threads were running, or an older ranktop)
+
+
 def run_case(case: Case, app: str, log_dir: Path) -> Result:
     argv = ranktop_argv(case, str(log_dir)) if app == "ranktop" else grid_argv(app, case, str(log_dir))
     want = {r: len(expected(r, case.lines)) for r in range(case.ranks)}
@@ -102,6 +112,9 @@ def run_case(case: Case, app: str, log_dir: Path) -> Result:
     pid = int(tmux("new-session", "-d", "-s", "bench", "-x", str(COLS), "-y", str(ROWS), "-c", str(ROOT),
                    "-P", "-F", "#{pane_pid}", "exec " + shlex.join(argv)).strip())
     proc = psutil.Process(pid)
+    if app == "ranktop":  # the TUI runs in a child of the pid the shell started (so that q can detach)
+        proc = wait_for_tui_child(proc)
+        pid = proc.pid
     try:
         start = cpu_start = None
         deadline = time.monotonic() + case.timeout

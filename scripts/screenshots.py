@@ -5,7 +5,8 @@
 Runs examples/demo_train.py under the real app (real ranks, fake NVML via RANKTOP_FAKE_GPUS=4 so
 the GPU columns show) and writes <name>.svg and <name>.png for: 4 ranks training, a failed rank
 with its root cause, a zoomed pane with a search, 16 ranks, 8 ranks with a --metric column and a
-straggler, a zoomed rank with sparklines, a restarted rank's separator, and an 80x24 terminal. PNGs need the Fira Code font
+straggler, a zoomed rank with sparklines, a restarted rank's separator, an 80x24 terminal, a rank's
+details view, and lines selected with V. PNGs need the Fira Code font
 (Debian: apt-get install fonts-firacode) for cairosvg to render the SVG's font-family.
 """
 
@@ -91,6 +92,18 @@ async def restart_separator(app, pilot) -> None:
     await pilot.pause(1.0)
 
 
+async def details(app, pilot) -> None:
+    await until(pilot, lambda: lines_of(app, 2) > 40, timeout=60)
+    await pilot.press("2", "m")
+    await pilot.pause(8.0)  # the histories fill, a sample a second
+
+
+async def selection(app, pilot) -> None:
+    await until(pilot, lambda: lines_of(app, 1) > 40, timeout=60)
+    await pilot.press("1", "z", "V", *["up"] * 4)
+    await pilot.pause(0.3)
+
+
 SCENES: list[tuple[str, int, tuple[str, ...], Scene, dict]] = [
     ("training-4-ranks", 4, ("--rate", "12"), training, {}),
     ("failed-rank-root-cause", 4, ("--rate", "25", "--fail-rank", "2", "--fail-step", "40"), failed, {}),
@@ -100,6 +113,8 @@ SCENES: list[tuple[str, int, tuple[str, ...], Scene, dict]] = [
     ("zoomed-sparklines", 4, ("--rate", "10"), sparklines, {"metric": LOSS}),
     ("restart-separator", 2, ("--rate", "12"), restart_separator, {}),
     ("small-80x24", 4, ("--rate", "12"), training, {"size": (80, 24)}),
+    ("rank-details", 4, ("--rate", "10", "--slow-rank", "2"), details, {"metric": LOSS}),
+    ("line-selection", 4, ("--rate", "2"), selection, {}),
 ]
 
 

@@ -444,6 +444,10 @@ def test_v_selects_lines_beyond_the_screen_and_y_copies_them_as_shown():
         await pilot.press("V")
         await until(pilot, lambda: bool(main.selections), what="the bottom line selected")
         await pilot.press(*["up"] * 60)  # past the top of the pane: the view follows the selection
+        log = main.pane(0).log
+        marked = main.get_component_rich_style("screen--selection", partial=True).bgcolor
+        shown = log.render_line(41 - round(log.scroll_offset.y))  # the selection's first row, in view
+        assert any(seg.style and seg.style.bgcolor == marked for seg in shown)  # drawn as selected
         await pilot.press("y")
         await until(pilot, lambda: "copied" in notes(app), what="the copy said")
         assert not main.selections  # copying ends the selection

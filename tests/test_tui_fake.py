@@ -26,11 +26,11 @@ def patient_confirm(monkeypatch):
     monkeypatch.setattr(main_screen, "CONFIRM_SECONDS", 60.0)
 
 
-def drive(engine: FakeEngine, body, **app_kw) -> RanktopApp:
+def drive(engine: FakeEngine, body, size: tuple[int, int] = (160, 48), **app_kw) -> RanktopApp:
     app = RanktopApp(engine, **app_kw)
 
     async def main():
-        async with app.run_test(size=(160, 48)) as pilot:
+        async with app.run_test(size=size) as pilot:
             await until(pilot, lambda: app.main is not None and app.main.is_mounted, what="main screen")
             await body(app, pilot)
 

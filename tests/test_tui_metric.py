@@ -4,11 +4,12 @@ and the sparklines of the zoomed title (tui/metric.py)."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from conftest import until
 from fake_engine import FakeEngine
-from ranktop.tui.metric import BadMetric, Tracker, compile_metric, metric_name, sparkline
+from ranktop.tui.metric import BadMetric, RankTrack, Tracker, compile_metric, metric_name, sparkline
 from test_tui_fake import drive
 
 pytestmark = pytest.mark.timeout(60)
@@ -65,3 +66,34 @@ def test_metric_in_titles_list_and_zoomed_sparklines():
                     what="the metric's sparkline when zoomed")
 
     drive(engine, body, metric=compile_metric(r"loss ([0-9.]+)"))
+
+
+def test_the_details_view_shows_who_the_rank_is_and_its_histories():
+    from ranktop.tui.details import RankDetails, details_text
+
+    engine = FakeEngine(2)
+    engine.set_rank(1, cpu_percent=50.0, rss=200 << 20, stdout_log="/logs/r/attempt_0/1/stdout.log")
+
+    async def body(app, pilot):
+        await pilot.press("1", "m")
+        await until(pilot, lambda: isinstance(app.screen, RankDetails), what="the details view")
+        shown = lambda: str(app.screen.query_one("#details-text").render())  # noqa: E731
+        await until(pilot, lambda: "memory" in shown() and "now" in shown(), what="the histories")
+        text = shown()
+        assert "rank 1" in text and "pid 1001" in text and "running" in text
+        assert "/logs/r/attempt_0/1/stdout.log" in text and "now      50%" in text and "now     200M" in text
+        for _ in range(3):  # output while the view is open: its rate is measured for this rank
+            engine.print(1, "a", "b", "c", "d")
+            await pilot.pause(1.1)
+        await until(pilot, lambda: "/s" in shown().split("\noutput ", 1)[1].split("\n")[0], what="an output rate")
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is app.main, what="closed")
+
+    drive(engine, body, size=(80, 24))
+    # The text itself, without a screen: one line per series, the metric named by its expression.
+    track = RankTrack()
+    for v in (1.0, 0.5, 0.25):
+        track.history["metric"].append(v)
+    text = details_text(engine.snapshot().ranks[0], engine.snapshot(), track, time.time(), width=80,
+                        metric_name="loss").plain
+    assert "loss" in text and "now     0.25  min     0.25  max        1" in text and "cpu         no samples" in text

@@ -184,7 +184,11 @@ class RanktopApp(App):
             from ranktop.tui.stacks_view import StacksScreen
         except ImportError:
             return sections
-        return [("Stack view (d / D)", StacksScreen(self.engine), generic), *sections]
+        from ranktop.tui.details import RankDetails
+        from ranktop.tui.metric import Tracker
+
+        details = ("Rank details (m)", RankDetails(self.engine, Tracker(self.engine, None), 0), generic)
+        return [("Stack view (d / D)", StacksScreen(self.engine), generic), details, *sections]
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

@@ -397,8 +397,10 @@ class LogView(ScrollView, can_focus=True):
         if start >= end:
             return text
         before, chosen, after = text.divide([start, end, width])
-        return Strip.join([before, chosen.apply_style(self.screen.get_component_rich_style("screen--selection")),
-                           after])
+        # After each segment's own style, so the selection's colours win over the text's.
+        selected = self.screen.get_component_rich_style("screen--selection", partial=True)
+        marked = Segment.apply_style(chosen, post_style=selected)
+        return Strip.join([before, Strip(marked, chosen.cell_length), after])
 
     def row_text(self, row: int) -> str:
         """A row as it reads on screen (sanitised; a wrapped line's piece), for copying."""

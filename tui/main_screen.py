@@ -105,6 +105,7 @@ class MainScreen(Screen):
         Binding("V", "select_lines", "Select lines in the pane (up/down extend, y or enter copies, esc cancels)",
                 show=False, priority=True),
         Binding("o", "open_log", "Open the rank's log in $PAGER", show=False),
+        Binding("m", "details", "More about the rank: details and histories", show=False),
         Binding("i", "type_input", "Type into the rank's stdin (pdb, prompts)", show=False),
     ]
 
@@ -347,6 +348,11 @@ class MainScreen(Screen):
             self._end_selection()
         elif self.zoomed:
             self.action_zoom()
+
+    def action_details(self) -> None:
+        from ranktop.tui.details import RankDetails
+
+        self.app.push_screen(RankDetails(self.engine, self.tracker, self.current))
 
     # ----- selecting text -----------------------------------------------------------------------
     def action_select_lines(self) -> None:

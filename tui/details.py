@@ -1,0 +1,124 @@
+"""The details view of one rank (`m`): who it is, where its logs are, and the histories the TUI
+keeps of it (cpu, memory, GPU, output rate, the --metric value) as labelled sparklines with their
+current, lowest and highest values. Redrawn every second from the engine's snapshot."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+
+from ranktop.core.engine import Engine, OutputCursor
+from ranktop.core.sanitize import clean
+from ranktop.core.state import GroupSnapshot, RankSnapshot
+from ranktop.tui.metric import RankTrack, Tracker, sparkline
+from ranktop.tui.panes import human_bytes, human_duration, state_label
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+REFRESH_SECONDS = 1.0
+
+
+def _percent(v: float) -> str:
+    return f"{v:.0f}%"
+
+
+def _bytes(v: float) -> str:
+    return human_bytes(int(v))
+
+
+def _rate(v: float) -> str:
+    return f"{v:.1f}/s"
+
+
+def _number(v: float) -> str:
+    return f"{v:.4g}"
+
+
+# (history key, label, how a value reads)
+SERIES: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("cpu", "cpu", _percent), ("rss", "memory", _bytes), ("gpu", "gpu util", _percent),
+    ("gmem", "gpu memory", _bytes), ("out", "output", _rate), ("metric", "metric", _number),
+)
+
+
+def details_text(rank: RankSnapshot, group: GroupSnapshot, track: RankTrack | None, now: float, *,
+                 width: int = 76, metric_name: str | None = None) -> Text:
+    """The view's text for `rank`: identity lines, log paths, then one line per history."""
+    text = Text()
+    text.append(f"rank {rank.rank}", style="bold")
+    text.append(f"  local {rank.local_rank}  pid {rank.pid or '-'}  ")
+    text.append(state_label(rank), style="bold reverse")
+    text.append(f"\nrestarts {rank.restarts}  attempt_{group.attempt} (of {group.max_restarts + 1})")
+    if rank.started_at:
+        started = datetime.datetime.fromtimestamp(rank.started_at).strftime("%H:%M:%S")
+        text.append(f"  started {started}, {human_duration(now - rank.started_at)} ago")
+    if rank.last_output_at and rank.state.alive:
+        text.append(f"\nlast output {human_duration(now - rank.last_output_at)} ago")
+    for stream, path in (("stdout", rank.stdout_log), ("stderr", rank.stderr_log)):
+        if path:
+            text.append(f"\n{stream}  {clean(path)}", style="dim")
+    spark_width = max(8, width - 55)  # label 12, then "  now", "  min", "  max" with 8-column values
+    text.append("\n")
+    for key, label, fmt in SERIES:
+        if key == "metric":
+            if metric_name is None:
+                continue
+            label = clean(metric_name)[:12]
+        values = list(track.history[key]) if track is not None and key in track.history else []
+        text.append(f"\n{label:<12}")
+        if not values:
+            text.append("no samples yet" if key != "out" else "no samples yet (read while this view is open)",
+                        style="dim")
+            continue
+        text.append(sparkline(values, spark_width).ljust(spark_width), style="bold")
+        text.append(f"  now {fmt(values[-1]):>8}  min {fmt(min(values)):>8}  max {fmt(max(values)):>8}")
+    return text
+
+
+class RankDetails(ModalScreen[None]):
+    """One rank's details and histories; Esc (or m) closes it."""
+
+    BINDINGS = [Binding("escape,m", "dismiss", "Close the details")]
+
+    def __init__(self, engine: Engine, tracker: Tracker, local_rank: int) -> None:
+        super().__init__()
+        self.engine, self.tracker, self.local_rank = engine, tracker, local_rank
+        # Without a --metric the tracker reads no output: the rate is measured here, for this rank.
+        self._cursor: OutputCursor | None = None
+        self._read_at = 0.0
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="details-box"):
+            yield Static("", id="details-text", markup=False)
+            yield Static(Text("esc: close", style="dim"))
+
+    def on_mount(self) -> None:
+        self.redraw()
+        self.set_interval(REFRESH_SECONDS, self.redraw)
+
+    def redraw(self) -> None:
+        group = self.engine.snapshot()
+        rank = next((r for r in group.ranks if r.local_rank == self.local_rank), None)
+        box = self.query_one("#details-text", Static)
+        if rank is None:
+            box.update(Text(f"local rank {self.local_rank} has not started (yet)"))
+            return
+        track = self.tracker.ranks.get(self.local_rank)
+        if track is not None and self.tracker.pattern is None:
+            self._measure_rate(track)
+        width = self.query_one("#details-box").content_region.width or 76
+        box.update(details_text(rank, group, track, group.taken_at or time.time(), width=width,
+                                metric_name=self.tracker.name))
+
+    def _measure_rate(self, track: RankTrack) -> None:
+        now = time.monotonic()
+        before = self._cursor
+        self._cursor, _lines, _open = self.engine.output_since(self.local_rank, self._cursor)
+        if before is not None and before.generation == self._cursor.generation and now > self._read_at:
+            track.history["out"].append(max(0, self._cursor.line - before.line) / (now - self._read_at))
+        self._read_at = now
