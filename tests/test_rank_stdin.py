@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from conftest import drive, make_agent, read_events, run_ranktop, until
+from conftest import drive, make_agent, read_events, run_ranktop, until, wait_for
 from ranktop.core import commands as cmd
 from ranktop.core.engine import LocalEngine
 from ranktop.tui.app import RanktopApp
@@ -68,3 +68,27 @@ def test_headless_ranks_read_ranktops_stdin(tmp_path):
                        input="hello\n")
     assert done.returncode == 0, done.stderr
     assert "got hello" in done.stdout
+
+
+def test_breakpoint_driven_through_i_in_a_real_terminal(tmp_path):
+    from conftest import ROOT
+    from test_tui_tmux import Terminal
+
+    script = tmp_path / "pdb_rank.py"
+    script.write_text(PDB_RANK)
+    term = Terminal(f"cd {ROOT} && {sys.executable} -m ranktop --tui --nproc-per-node 1 --log-dir {tmp_path / 'logs'} "
+                    f"{script}; echo EXIT $?; sleep 30", width=100, height=30)
+    try:
+        term.wait_screen("(Pdb)")
+        term.press("i")
+        term.wait_screen("stdin of rank 0")
+        term.press("p x", "Enter")
+        term.wait_screen("41")
+        term.press("c", "Enter")
+        term.wait_screen("after 41")
+        term.press("Escape")
+        wait_for(lambda: "stdin of rank 0" not in term.screen(), what="the stdin box closed")
+        term.press("q")
+        term.wait_screen("EXIT 0")
+    finally:
+        term.close()
