@@ -142,6 +142,18 @@ def test_a_hangup_detaches_the_tui_and_the_run_goes_on(tmp_path, runtime):
     (run,) = ls(runtime)
     assert run["state"] == "running"
     assert "[1]:hello from 1" in run_ranktop("logs", "hup", env=runtime).stdout
+    client = Terminal(f"cd {ROOT} && {env} {sys.executable} -m ranktop attach; sleep 30")  # a new terminal
+    try:
+        shown = client.wait_screen("hello from 1")
+        assert "ticker.py" in shown and "2/2 alive" in shown
+        client.press("1", "x")  # the signal picker, through the socket: SIGSTOP to rank 1
+        client.wait_screen("SIGSTOP")
+        client.press("7")
+        client.wait_screen("paused")
+    finally:
+        client.close()  # the client is killed with its terminal: the run does not notice
+    wait_for(lambda: ls(runtime)[0]["clients"] == 0, what="the client gone")
+    assert ls(runtime)[0]["state"] == "running"
     assert run_ranktop("stop", "hup", env=runtime).returncode == 0
     wait_for(lambda: gone(run["pid"]), what="ranktop gone after the stop")
     assert [e["event"] for e in read_events(run_dir)][-1] == "run_finished"
