@@ -325,6 +325,7 @@ class LocalAgent:
             # headless: our stdin, as torchrun gives it (pdb works); a UI types through SendInput
             rank_stdin="inherit" if self.console else "pipe", duplicate_filters=self.duplicate_filters,
             waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
+            cpu_affinity=spec.cpu_affinity,
         ).start()
         self.state = GroupState.RUNNING
         self._start_watch()

@@ -209,6 +209,7 @@ class PContext:
         waker: Waker | None = None,
         generation: int = 0,
         reap_timeout: float = REAP_TIMEOUT,
+        cpu_affinity: Mapping[int, frozenset[int]] | None = None,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
         self.name = name
@@ -227,6 +228,7 @@ class PContext:
         self.cwd = cwd
         self.pty = pty  # (columns, rows) of the terminal each rank writes to; None: pipes
         self.rank_stdin = rank_stdin  # "null", "inherit" (ours) or "pipe" (send_input): see Launch
+        self.cpu_affinity = dict(cpu_affinity or {})  # local rank -> the CPUs it starts on (--numa-binding)
         # stream -> the attempt's filtered_<stream>.log (torchrun's --duplicate-*-filters)
         self._filtered = {stream: FilteredCopy(self.dir.open_append(f"filtered_{log_name(stream)}"), needles)
                           for stream, needles in (duplicate_filters or {}).items() if needles}
@@ -330,7 +332,8 @@ class PContext:
             argv = [str(self.entrypoint), *map(str, self.args[r])]
         sinks = self._sinks(r, slot.ring)
         pty = self.pty if STDOUT in sinks else None  # no sink: the rank inherits our own stdout
-        launch = Launch(r, argv, env, sinks, cwd=self.cwd, pty=pty, stdin=self.rank_stdin)
+        launch = Launch(r, argv, env, sinks, cwd=self.cwd, pty=pty, stdin=self.rank_stdin,
+                        cpus=self.cpu_affinity.get(r))
         slot.proc = RankProcess(launch, self._pump)
         slot.stopped_by_us = False
         slot.kill_at = slot.reap_by = None

@@ -193,6 +193,11 @@ class GpuMonitor:
                 return None
         return self._uuids.get(index)
 
+    def pci_bus_id(self, index: int) -> str:
+        """The device's PCI bus id as NVML gives it ("00000000:DC:00.0"); raises if it cannot."""
+        value = self._nvml.nvmlDeviceGetPciInfo(self._handles[index]).busId
+        return value.decode() if isinstance(value, bytes) else str(value)
+
     def sample(self, ranks: Mapping[int, RankQuery]) -> dict[int, GpuSample | None]:
         """Each local rank's GPU (None when no GPU can be told for it), from one device reading."""
         readings = self.read_devices()
@@ -281,6 +286,30 @@ def device_for_local_rank(
             if full and full.startswith(entry):
                 return index
     return None  # MIG instances and anything else: no device-level answer
+
+
+def numa_binding(mode: str, local_world_size: int, visible: str | None, nvml: Any = None) -> dict[int, frozenset[int]]:
+    """--numa-binding: {local rank: the CPUs near its GPU} (core/numa.py); NumaError in one line,
+    also when NVML sees no GPU to follow."""
+    from ranktop.core.numa import NumaError, plan
+
+    monitor = GpuMonitor(nvml) if nvml is not None else GpuMonitor.from_env()
+    try:
+        problem = monitor.start()
+        if problem is not None:
+            raise NumaError(f"--numa-binding {mode}: it binds each rank to its GPU's NUMA node, and NVML "
+                            f"says: {problem}")
+
+        def bus_id(index: int) -> str:
+            try:
+                return monitor.pci_bus_id(index)
+            except Exception as exc:
+                raise NumaError(f"--numa-binding {mode}: GPU {index}'s PCI address: {_describe(exc)}") from None
+
+        return plan(mode, local_world_size, lambda r: device_for_local_rank(r, visible, monitor.count, monitor.uuid),
+                    bus_id)
+    finally:
+        monitor.close()
 
 
 def device_count(nvml: Any = None, visible: str | None = None) -> int:

@@ -6,6 +6,7 @@ answer the same calls with the same shapes (and raise the same kind of error) as
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -43,6 +44,7 @@ class FakeDevice:
     uuid: str = ""
     error: FakeNvmlError | None = None  # raised by every query of this device while set
     util_supported: bool = True  # False: utilisation raises Not Supported, as on a MIG-mode GPU
+    pci_bus_id: str = "00000000:00:00.0"  # NVML's form; see fake_device
 
 
 @dataclass
@@ -124,6 +126,10 @@ class FakeNvml:
         self.calls["nvmlDeviceGetUUID"] += 1
         return self._device(handle).uuid
 
+    def nvmlDeviceGetPciInfo(self, handle: int) -> Any:  # noqa: N802
+        self.calls["nvmlDeviceGetPciInfo"] += 1
+        return _Pci(self._device(handle).pci_bus_id)
+
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:  # noqa: N802
         self.calls["nvmlDeviceGetUtilizationRates"] += 1
         dev = self._device(handle)
@@ -155,6 +161,11 @@ class FakeNvml:
 
 
 @dataclass(frozen=True)
+class _Pci:
+    busId: str  # noqa: N815 - pynvml's field name
+
+
+@dataclass(frozen=True)
 class _Util:
     gpu: int
     memory: int
@@ -168,9 +179,21 @@ class _Mem:
 
 
 def fake_device(index: int) -> FakeDevice:
-    """Deterministic, distinct values per device, so screenshots and tests can tell them apart."""
+    """Deterministic, distinct values per device, so screenshots and tests can tell them apart.
+    Its PCI address is one of this machine's real devices (so --numa-binding reads real sysfs)."""
     return FakeDevice(util=float((35 + 20 * index) % 100), mem_used=(12 + 7 * index) * GiB, mem_total=80 * GiB,
-                      uuid=f"GPU-fake{index:04d}-0000-0000-0000-000000000000")
+                      uuid=f"GPU-fake{index:04d}-0000-0000-0000-000000000000", pci_bus_id=_real_pci_bus_id(index))
+
+
+def _real_pci_bus_id(index: int) -> str:
+    try:
+        addresses = sorted(os.listdir("/sys/bus/pci/devices"))
+    except OSError:
+        addresses = []
+    if not addresses:
+        return "00000000:00:00.0"
+    domain, bus, slot = addresses[index % len(addresses)].split(":")
+    return f"0000{domain}:{bus.upper()}:{slot.upper()}"
 
 
 class _LocalRankProcesses:

@@ -7,6 +7,7 @@ CPython use vfork, which keeps starting many ranks cheap.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ class Launch:
     pty: tuple[int, int] | None = None  # (columns, rows): stdout and stderr go to one terminal,
     # read into sinks[STDOUT]
     stdin: str = "null"  # "null": /dev/null; "inherit": ours (as torchrun); "pipe": typed through write_input
+    cpus: frozenset[int] | None = None  # the CPU affinity it starts with (--numa-binding); None: ours
 
 
 def open_pty(columns: int, rows: int) -> tuple[int, int]:
@@ -84,6 +86,22 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
     return [sys.executable, "-c", _BOOTSTRAP, payload_path, result_path]
 
 
+@contextlib.contextmanager
+def _affinity(cpus: frozenset[int] | None) -> Iterator[None]:
+    """Run the body (a spawn) on `cpus`: a child starts with its parent thread's affinity, so
+    the rank and every thread it makes are bound from their first instruction. Only this thread
+    moves, and only for the spawn."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)  # pid 0: the calling thread
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 class RankProcess:
     """A started rank. Thin by design: the context above decides when to signal or restart."""
 
@@ -107,16 +125,17 @@ class RankProcess:
             stderr = subprocess.PIPE if STDERR in launch.sinks else None
             self.sinks = launch.sinks
         try:
-            self.popen = subprocess.Popen(
-                launch.argv,
-                env=launch.env,
-                cwd=launch.cwd,
-                stdin=stdin,  # the rank has its own session: a terminal it inherits is not its
-                stdout=stdout,  # controlling one, so reading it raises no SIGTTIN
-                stderr=stderr,
-                start_new_session=True,
-                close_fds=True,
-            )
+            with _affinity(launch.cpus):
+                self.popen = subprocess.Popen(
+                    launch.argv,
+                    env=launch.env,
+                    cwd=launch.cwd,
+                    stdin=stdin,  # the rank has its own session: a terminal it inherits is not its
+                    stdout=stdout,  # controlling one, so reading it raises no SIGTTIN
+                    stderr=stderr,
+                    start_new_session=True,
+                    close_fds=True,
+                )
         except BaseException:
             if master is not None:
                 os.close(master)

@@ -129,6 +129,8 @@ class WorkerSpec:
     pty: bool = False  # give each rank a pseudo-terminal for stdout and stderr (merged) instead of pipes
     # Every rank sees LOCAL_RANK=0 and only its own GPU (CUDA_VISIBLE_DEVICES narrowed to it).
     virtual_local_rank: bool = False
+    # --numa-binding: the CPUs each local rank starts on (core/numa.py); None: ranktop's own.
+    cpu_affinity: dict[int, frozenset[int]] | None = None
     # torch's RendezvousHandler (torch's WorkerSpec has it too): the nodes, ranks and master come
     # from its rounds instead of the static fields above. The agent joins each round.
     rdzv_handler: Any = None

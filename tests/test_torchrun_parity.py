@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, run_ranktop
+from conftest import ROOT, make_agent, run_ranktop
 
 pytest.importorskip("torch")
 
@@ -108,7 +108,12 @@ BAD = [
     ([S], {"PET_START_METHOD": "thread"}, "ranktop: error: bad PET_START_METHOD='thread': expected one of spawn"),
     (["--nproc", "2", S], {}, "ranktop: error: ambiguous option: --nproc could match"),
     (["--nproc-per-node", "xpu", S], {}, "ranktop: error: bad --nproc-per-node xpu: no XPU found"),
-    (["--numa-binding", "node", S], {}, "ranktop: error: bad --numa-binding node: it binds each rank"),
+    (["--numa-binding", "node", S], {}, "ranktop: error: --numa-binding node: it binds each rank to its GPU's "
+                                         "NUMA node, and NVML says: no GPU"),
+    (["--numa-binding", "exclusive", S], {"RANKTOP_FAKE_GPUS": "2"},
+     "ranktop: error: --numa-binding exclusive: not supported by ranktop"),
+    (["--numa-binding", "node", "--nproc-per-node", "3", S], {"RANKTOP_FAKE_GPUS": "2"},
+     "ranktop: error: --numa-binding node: local rank 2 has no GPU to follow"),
     (["--virtual-local-rank", "--nproc-per-node", "2", S], {"CUDA_VISIBLE_DEVICES": "3"},
      "ranktop: error: bad --virtual-local-rank with 2 ranks: CUDA_VISIBLE_DEVICES='3' lists 1 device(s)"),
     ([S], {"PYTHON_EXEC": "/nonexistent/python"}, "ranktop: error: bad PYTHON_EXEC='/nonexistent/python'"),
@@ -190,3 +195,45 @@ def test_logs_specs_default_is_torchs_own_entry_point_and_runs(tmp_path):
     done = run_ranktop("--headless", "--logs-specs=default", "--log-dir", str(tmp_path), "--no-python", "true")
     assert done.returncode == 0, done.stderr
     assert "error" not in done.stderr
+
+
+def test_numa_binding_starts_each_rank_on_the_cpus_near_its_gpu(tmp_path):
+    """Fake NVML (its devices sit at this machine's real PCI addresses), real sysfs, real affinity:
+    each rank starts on the CPUs near its GPU, within what ranktop itself may use, and so do the
+    threads it starts. (This box has one NUMA node: the binding is then every CPU ranktop has.)"""
+    from ranktop.core.gpu import numa_binding
+    from ranktop.core.gpu_fake import FakeNvml
+
+    script = tmp_path / "where.py"
+    script.write_text(WHERE)
+    plan = numa_binding("node", 2, None, nvml=FakeNvml(2))
+    assert plan[0] and plan[0] <= os.sched_getaffinity(0)
+    res = run_ranktop("--headless", "--numa-binding", "node", "--nproc-per-node", "2", "--log-dir",
+                      str(tmp_path / "logs"), str(script), env={**os.environ, "RANKTOP_FAKE_GPUS": "2"})
+    assert res.returncode == 0, res.stderr
+    for rank in (0, 1):
+        assert f"[default{rank}]:cpus {sorted(plan[rank])} thread {sorted(plan[rank])}" in res.stdout, res.stdout
+
+
+WHERE = ("import os, threading\nseen = []\nt = threading.Thread(target=lambda: seen.append("
+         "sorted(os.sched_getaffinity(0))))\nt.start(); t.join()\n"
+         "print('cpus', sorted(os.sched_getaffinity(0)), 'thread', seen[0], flush=True)\n")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to bind one rank to one of them")
+def test_a_rank_starts_on_the_cpus_it_is_given_and_the_others_keep_ours(tmp_path):
+    ours, one = sorted(os.sched_getaffinity(0)), min(os.sched_getaffinity(0))
+    agent = make_agent(tmp_path, WHERE, n=2, cpu_affinity={0: frozenset({one})})
+    assert agent.run().exit_status == 0  # in this thread: it spawns the ranks
+    lines = {r: b"".join(agent.output(r)).decode() for r in (0, 1)}
+    assert f"cpus [{one}] thread [{one}]" in lines[0] and f"cpus {ours} thread {ours}" in lines[1]
+    assert sorted(os.sched_getaffinity(0)) == ours  # the spawning thread got its own CPUs back
+
+
+def test_numa_text_forms():
+    from ranktop.core.numa import NumaError, cpu_list, pci_address
+
+    assert pci_address("00000000:DC:00.0") == "0000:dc:00.0" and pci_address(b"00000001:1A:00.0") == "0001:1a:00.0"
+    assert cpu_list("0-3,8-9,12") == {0, 1, 2, 3, 8, 9, 12} and cpu_list("") == set()
+    with pytest.raises(NumaError, match="unexpected PCI bus id 'nonsense'"):
+        pci_address("nonsense")

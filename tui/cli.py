@@ -78,7 +78,7 @@ PET_FLAGS = frozenset({
     "duplicate_stderr_filters", "node_rank", "master_addr", "master_port", "local_addr",
     "signals_to_handle", "shutdown_timeout", "virtual_local_rank",
 })
-NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
+NUMA_MODES = ("node", "socket", "exclusive", "core-complex")  # torch's (core/numa.py binds the first two)
 
 
 def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
@@ -348,16 +348,16 @@ def entrypoint_and_args(ns: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
     return python, ("-u", script, *rest)
 
 
-def check_numa_binding(mode: str) -> None:
-    """Binding follows each rank's GPU to its NUMA node: without NVIDIA GPUs there is nothing to
-    follow. With them, ranktop does not bind yet (see README): refuse rather than run unbound."""
-    from ranktop.core.gpu import device_count
+def numa_binding(mode: str, nproc: int) -> dict[int, frozenset[int]]:
+    """--numa-binding: the CPUs near each local rank's GPU (core/numa.py); a usage error in one
+    line where that cannot be told (no GPU, an unsupported mode, unreadable topology)."""
+    from ranktop.core.gpu import numa_binding as plan
+    from ranktop.core.numa import NumaError
 
-    if not device_count(visible=os.environ.get("CUDA_VISIBLE_DEVICES")):
-        raise UsageError(f"bad --numa-binding {mode}: it binds each rank to its GPU's NUMA node, "
-                         "and NVML sees no GPU here; drop the flag")
-    raise UsageError(f"--numa-binding {mode}: not supported by ranktop yet; drop the flag, or bind with "
-                     "numactl inside the rank's command")
+    try:
+        return plan(mode, nproc, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except NumaError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def check_logs_specs(name: str | None) -> None:
@@ -380,8 +380,7 @@ def build_spec(ns: argparse.Namespace):
         redirects, tee = Std.from_str(ns.redirects), Std.from_str(ns.tee)
     except ValueError as exc:
         raise UsageError(f"bad -r/-t: {exc}") from None
-    if ns.numa_binding:
-        check_numa_binding(ns.numa_binding)
+    cpus = numa_binding(ns.numa_binding, nproc) if ns.numa_binding else None
     entrypoint, args = entrypoint_and_args(ns)
     env = {**(DEBUG_ENV if ns.debug else {}), **parse_env(ns.env)}
     port = ns.master_port
@@ -397,7 +396,7 @@ def build_spec(ns: argparse.Namespace):
         redirects=redirects, tee=tee, local_ranks_filter=parse_ranks(ns.local_ranks_filter),
         run_id=ns.run_id,
         name=os.path.basename(ns.training_script), pty=ns.pty,
-        virtual_local_rank=ns.virtual_local_rank,
+        virtual_local_rank=ns.virtual_local_rank, cpu_affinity=cpus,
     )
     if elastic:  # last: the c10d host starts its store here, once every other value is known good
         spec.rdzv_handler = rendezvous_handler(ns, min_nodes, nnodes, port)
