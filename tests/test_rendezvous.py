@@ -125,15 +125,16 @@ def test_two_nodes_through_torchs_static_rendezvous(tmp_path, torch_installed):
 def test_third_node_joining_restarts_the_group_without_spending_a_restart(tmp_path, torch_installed):
     job = Job(tmp_path, "scale-up", nnodes="2:3")
     first = [job.start("wait-world", "3") for _ in range(2)]
-    # the two-node group is running once both nodes' ranks have printed where they are
-    for node in first:
-        line = node.stdout.readline()
-        while "PLACED " not in line:
-            assert line, node.stderr.read()
+    # The two-node group is running once both nodes' ranks have all-reduced in it (read, and kept,
+    # up to that line: a newcomer joining earlier would restart the group before it ever had).
+    seen = ["", ""]
+    for i, node in enumerate(first):
+        while "SUM 1 world 2" not in seen[i]:
             line = node.stdout.readline()
-        assert json.loads(line.split("PLACED ", 1)[1])["WORLD_SIZE"] == "2"
+            assert line, node.stderr.read()
+            seen[i] += line
     job.start("wait-world", "3")
-    results = job.finish()
+    results = [(status, (seen[i] if i < 2 else "") + out, err) for i, (status, out, err) in enumerate(job.finish())]
     for status, _out, err in results:
         assert status == 0, err
     for node in ("node0", "node1"):  # the first two restarted their group once, for the newcomer

@@ -382,8 +382,10 @@ def test_logs_follow_is_pushed_history_then_live_with_no_gap_or_overlap(tmp_path
 
 
 def test_a_subscriber_that_never_reads_does_not_slow_the_run(tmp_path, runtime):
-    script = tmp_path / "flood.py"
-    script.write_text("import sys\nfor i in range(400_000):\n    sys.stdout.write(f'line {i} ' + 'x' * 60 + '\\n')\n")
+    script = tmp_path / "flood.py"  # floods once the test has subscribed (the run must outlast the subscription)
+    go = tmp_path / "go"
+    script.write_text(f"import os, sys, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\n"
+                      "for i in range(400_000):\n    sys.stdout.write(f'line {i} ' + 'x' * 60 + '\\n')\n")
     proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--run-id", "flood", "--log-dir",
                                         str(tmp_path / "logs"), str(script)),
                             cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -394,6 +396,7 @@ def test_a_subscriber_that_never_reads_does_not_slow_the_run(tmp_path, runtime):
             lazy.connect(run["socket"])
             lazy.sendall(protocol.encode_control(protocol.hello("client"))
                          + protocol.encode_control({"type": "subscribe"}))
+            go.touch()
             assert proc.wait(60) == 0  # the ranks wrote ~50 MB and the run ended as if nobody watched
     finally:
         if proc.poll() is None:
