@@ -317,6 +317,16 @@ def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path)
         term.press("V", "Up", "y")  # the culprit's last two lines, selected from the keyboard
         wait_for(lambda: term._tmux("show-buffer").splitlines()[-1:] == ["ValueError: boom 42"]
                  and len(term._tmux("show-buffer").splitlines()) == 2, what="the selection in tmux's buffer")
+        # A mouse drag as the terminal reports it (SGR 1006: press, motion with the button held,
+        # release; 1-based columns and rows) across "raise ValueError..." and the next line.
+        screen = term.screen().splitlines()
+        row = next(i for i, line in enumerate(screen) if "raise ValueError('boom 42')" in line)
+        col = screen[row].index("raise ValueError")
+        term._tmux("send-keys", "-t", "t", "-l", f"\x1b[<0;{col + 1};{row + 1}M\x1b[<32;{col + 4};{row + 2}M"
+                   f"\x1b[<0;{col + 4};{row + 2}m")
+        term.press("y")
+        wait_for(lambda: term._tmux("show-buffer").startswith("raise ValueError('boom 42')\n"),
+                 what="the dragged text in tmux's buffer")
         term.press("z")  # zoomed, the title says where the rank's log is
         term.wait_screen("attempt_0/1/stdout.log")
         term.press("o")  # the culprit is focused: its stdout log goes to the pager, then the TUI is back
@@ -476,3 +486,24 @@ def test_a_mouse_drag_selects_text_in_a_pane_and_y_copies_it():
 
     app = drive_fake(engine, body)
     assert app.clipboard == "beta gamma\ndelta"
+
+
+def test_a_group_restart_drops_a_selection_of_the_old_attempts_lines():
+    import dataclasses
+
+    engine = FakeEngine(2)
+    engine.print(0, *[f"old {i}" for i in range(5)])
+
+    async def body(app, pilot):
+        main = app.main
+        await until(pilot, lambda: main.pane(0).log.line_count == 5, what="rank 0's lines")
+        await pilot.press("V", "up")
+        await until(pilot, lambda: bool(main.selections), what="a selection")
+        with engine._lock:  # the group restarts: new rings, new line numbers
+            engine.group = dataclasses.replace(engine.group, generation=1)
+            engine.lines[0] = [b"new 0"]
+        await until(pilot, lambda: not main.selections, what="the selection dropped with the old ring")
+        await pilot.press("y")  # nothing selected any more: y is the root cause key again
+        await until(pilot, lambda: "no root cause to copy" in notes(app), what="y back to its own job")
+
+    drive_fake(engine, body)

@@ -181,8 +181,11 @@ class LogView(ScrollView, can_focus=True):
         self._strips.clear()
 
     def set_ring(self, ring: LineRing | None) -> None:
-        """Show another ring (a new attempt of the rank): start over from it."""
+        """Show another ring (a new attempt of the rank): start over from it. A selection goes
+        too: its rows were the old ring's."""
         query = self._query
+        if self.is_mounted and self.text_selection is not None:
+            self.screen.selections = {w: sel for w, sel in self.screen.selections.items() if w is not self}
         self._reset(ring)
         if self.is_mounted:
             self.poll()

@@ -682,6 +682,8 @@ class MainScreen(Screen):
         if feed is None or feed.generation != snap.generation:
             feed = RankFeed(self.engine, local_rank, snap.generation, snap.output_lines_kept)
             self._feeds[local_rank] = feed
+            if local_rank == self.current and self._line_select is not None:
+                self._line_select = None  # its rows were the old attempt's (set_ring drops the selection)
             self.pane(local_rank).log.set_ring(feed)
         return feed
 
