@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import shutil
 import socket
@@ -14,7 +15,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -69,6 +70,29 @@ async def _shoot(ws_url: str, ready_js: str, settle: float, deadline: float,
         return base64.b64decode(shot["data"]), ready
 
 
+@contextlib.contextmanager
+def page_open(url: str, timeout: float = 30.0) -> Iterator[None]:
+    """Headless chromium showing `url` until the block ends (a tab someone left open)."""
+    profile = tempfile.mkdtemp(prefix="ranktop-chromium-")
+    browser = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
+                                f"--remote-debugging-port={_free_port()}", url],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield
+    finally:
+        _close(browser, profile)
+
+
+def _close(browser: subprocess.Popen, profile: str) -> None:
+    browser.terminate()
+    try:
+        browser.wait(10)
+    except subprocess.TimeoutExpired:
+        browser.kill()
+        browser.wait()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
 def screenshot(url: str, png_path: str, ready_js: str, *, timeout: float = 30.0, settle: float = 2.0,
                size: tuple[int, int] = (1280, 800), while_open: Callable[[], object] | None = None) -> bool:
     """Open `url` in headless chromium, wait until `ready_js` evaluates to true in the page (at
@@ -85,10 +109,4 @@ def screenshot(url: str, png_path: str, ready_js: str, *, timeout: float = 30.0,
             f.write(png)
         return ready
     finally:
-        browser.terminate()
-        try:
-            browser.wait(10)
-        except subprocess.TimeoutExpired:
-            browser.kill()
-            browser.wait()
-        shutil.rmtree(profile, ignore_errors=True)
+        _close(browser, profile)

@@ -9,7 +9,7 @@ import subprocess
 import urllib.request
 
 import pytest
-from browser import CHROMIUM, screenshot
+from browser import CHROMIUM, page_open, screenshot
 from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
 from ranktop.core import commands as cmd
 from test_serve import gone, ls, runtime, start_headless  # noqa: F401 (the runtime fixture)
@@ -119,7 +119,10 @@ def test_the_web_view_shows_the_ranks_in_a_real_browser(tmp_path, runtime):  # n
         assert ready, "the page never got the app's first frame"
         assert watchers and watchers[0] >= 1  # the tab's attach client was connected to the engine
         assert png.stat().st_size > 15_000  # drawn panes, not textual-serve's splash (about 13 kB)
-        err = stop_web(web)
+        with page_open(f"http://127.0.0.1:{port}/"):  # a tab left open does not hold up the stop
+            wait_for(lambda: ls(runtime)[0]["clients"] >= 1, what="the open tab's client", timeout=20)
+            web.send_signal(signal.SIGINT)
+            _, err = web.communicate(timeout=15)  # (aiohttp alone waits for open tabs: 20 s and more)
         assert "serving run demo on http://127.0.0.1:" in err
         wait_for(lambda: ls(runtime)[0]["clients"] == 0, what="the tab's client gone with the server")
         assert ls(runtime)[0]["state"] == "running"  # watching changed nothing

@@ -4,10 +4,14 @@ read-only (keys that act on ranks say so and do nothing)."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import os
 import shlex
+import signal
 import socket
 import sys
+import time
 
 from ranktop.tui.runs_cli import _pick, _run_parser
 from ranktop.tui.usage import BadValue, usage_error
@@ -61,8 +65,80 @@ def main(argv: list[str]) -> int:
     print(f"ranktop: serving run {run.run_id} on http://{_url_host(ns.host)}:{ns.port} "
           f"({'control' if ns.control else 'read-only'}; Ctrl-C stops serving, the run goes on)",
           file=sys.stderr, flush=True)
-    Server(command, host=ns.host, port=ns.port, title=f"ranktop {run.run_id}").serve()
+    try:
+        _tab_aware(Server)(command, host=ns.host, port=ns.port, title=f"ranktop {run.run_id}").serve()
+    finally:
+        end_children(CHILD_GRACE)
     return 0
+
+
+CHILD_GRACE = 5.0  # seconds an attach client has to leave after its hang-up, before SIGKILL
+
+
+def _tab_aware(server: type) -> type:
+    """textual-serve's Server, which also lets go of open tabs when it stops: aiohttp waits for
+    every running handler on shutdown (up to 60 s), and a tab's websocket handler runs until the
+    browser leaves."""
+
+    class WebServer(server):
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 (Server's own)
+            super().__init__(*args, **kwargs)
+            self.tabs: set[asyncio.Task] = set()
+
+        async def handle_websocket(self, request):  # noqa: ANN001, ANN201 (aiohttp's)
+            tab = asyncio.current_task()
+            self.tabs.add(tab)
+            try:
+                return await super().handle_websocket(request)
+            finally:
+                self.tabs.discard(tab)
+
+        async def on_shutdown(self, app) -> None:  # noqa: ANN001
+            for pid in _children():  # the clients leave first, so each tab's handler ends at once
+                _signal(pid, signal.SIGHUP)
+            for tab in self.tabs:
+                tab.cancel()
+
+    return WebServer
+
+
+def _children() -> list[int]:
+    pids: list[int] = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += [int(pid) for pid in f.read().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def end_children(grace: float) -> None:
+    """Attach clients textual-serve left running: a hang-up, SIGKILL after `grace`, reaped."""
+    pids = _children()
+    for pid in pids:
+        _signal(pid, signal.SIGHUP)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if not _reaped(pid)]
+        time.sleep(0.05)
+    for pid in pids:
+        _signal(pid, signal.SIGKILL)
+        _reaped(pid, wait=True)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _reaped(pid: int, wait: bool = False) -> bool:
+    try:
+        return os.waitpid(pid, 0 if wait else os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return True
 
 
 def _cannot_listen(host: str, port: int) -> str | None:
