@@ -157,3 +157,16 @@ def test_q_offers_detach_only_where_the_run_can_go_on():
 
     app = drive(engine, body)
     assert app.detached == "key" and engine.commands == [] and not engine.closed  # the run goes on
+
+
+def test_output_that_came_before_the_first_layout_is_shown_from_its_tail():
+    engine = FakeEngine(1)
+    engine.print(0, *[f"line {i}" for i in range(200)])  # all of it before the pane has a size
+
+    async def body(app, pilot):
+        log = app.main.pane(0).log
+        await until(pilot, lambda: log.line_count == 200 and log.max_scroll_y > 0, what="the lines laid out")
+        await until(pilot, lambda: round(log.scroll_offset.y) == log.max_scroll_y, what="the view at the tail")
+        assert log.follow and log.position_text == "following"
+
+    drive(engine, body, size=(100, 30))

@@ -323,6 +323,8 @@ class LogView(ScrollView, can_focus=True):
             self._scroll_update(size)
         else:
             self.virtual_size = size
+            if self.follow:  # the new height counts once laid out: go to the tail then, not before
+                self.call_after_refresh(self._follow_tail)
 
     # ----- rendering -----------------------------------------------------------------------------
     @property
