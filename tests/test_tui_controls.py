@@ -314,9 +314,10 @@ def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path)
         term.wait_screen("root cause copied")
         buffer = wait_for(lambda: (b := term._tmux("show-buffer")) and "boom 42" in b and b, what="tmux buffer")
         assert "root cause: rank 1" in buffer and "ValueError: boom 42" in buffer
-        term.press("V", "Up", "y")  # the culprit's last two lines, selected from the keyboard
-        wait_for(lambda: term._tmux("show-buffer").splitlines()[-1:] == ["ValueError: boom 42"]
-                 and len(term._tmux("show-buffer").splitlines()) == 2, what="the selection in tmux's buffer")
+        # The culprit's last line, selected from the keyboard. (No arrow key here: under load tmux
+        # may hand its escape sequence over in two reads, a lone Esc first; Pilot tests the arrows.)
+        term.press("V", "y")
+        wait_for(lambda: term._tmux("show-buffer") == "ValueError: boom 42", what="the selection in tmux's buffer")
         # A mouse drag as the terminal reports it (SGR 1006: press, motion with the button held,
         # release; 1-based columns and rows) across "raise ValueError..." and the next line.
         screen = term.screen().splitlines()
