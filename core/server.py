@@ -268,19 +268,18 @@ class EngineServer:
     def _push(self) -> None:
         snap = self.engine.snapshot()
         for conn, sub in list(self._subscribers.items()):
-            if sub.pending or sub.ended:  # it has not taken the last push: nothing more, it skips ahead
-                self._flush(conn)
-            else:
+            if not (sub.pending or sub.ended):  # one that has not taken the last push gets nothing more: it skips ahead
                 self._make_push(sub, snap)
-                self._flush(conn)
+            self._flush(conn)
 
     def _make_push(self, sub: _Subscriber, snap: Any) -> None:
         for rank in sub.ranks:
             sub.cursors[rank], frames, new = self._output_since(rank, sub.cursors[rank])
             if new:
                 sub.pending += frames
-        if _states(snap) != sub.seen:
-            sub.seen = _states(snap)
+        states = _states(snap)
+        if states != sub.seen:
+            sub.seen = states
             sub.pending += protocol.encode_control({"type": "snapshot", "snapshot": to_json(snap)})
         if snap.ended and not sub.pending:  # all its output went first
             sub.ended = True

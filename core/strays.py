@@ -35,12 +35,16 @@ def adopt_orphans() -> bool:
     its own (the ranktop command): every child outside our session that we did not start
     ourselves is then an orphan from the ranks. Returns whether the kernel agreed."""
     global _adopting
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        _adopting = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        _adopting = False
+    _adopting = prctl(_PR_SET_CHILD_SUBREAPER, 1)
     return _adopting
+
+
+def prctl(option: int, value: int) -> bool:
+    """Linux's prctl(option, value); whether the kernel agreed (False where there is none)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def note_own_child(pid: int) -> None:
@@ -57,7 +61,7 @@ def adopted_children() -> dict[int, Proc]:
         return {}
     me, my_session = os.getpid(), os.getsid(0)
     found = {}
-    for pid in _children_of_self() - _own_children:
+    for pid in children_of_self() - _own_children:
         proc = read_proc(pid)
         # Our own tools (py-spy, a pager) run in our session; nothing from a rank can join it.
         if proc is not None and proc.ppid == me and proc.sid != my_session:
@@ -65,7 +69,8 @@ def adopted_children() -> dict[int, Proc]:
     return found
 
 
-def _children_of_self() -> set[int]:
+def children_of_self() -> set[int]:
+    """Every child of this process, whichever of its threads is the parent."""
     pids: set[int] = set()
     try:
         for tid in os.listdir("/proc/self/task"):  # an orphan may be given to any of our threads

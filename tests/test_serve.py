@@ -127,12 +127,23 @@ def test_the_socket_refuses_other_users_and_garbage(tmp_path, open_runtime):
         proc.wait(30)
 
 
-def test_a_hangup_detaches_the_tui_and_the_run_goes_on(tmp_path, runtime):
+def ranktop_in_tmux(runtime, args: str, after: str = "", **size: int) -> Terminal:
+    """`ranktop ARGS` (with this test's socket directory) in a tmux session of its own; `after`
+    runs in the shell once ranktop has returned (e.g. `; echo STATUS $?`)."""
+    env = f"XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']}"
+    return Terminal(f"cd {ROOT} && {env} {sys.executable} -m ranktop {args}{after}", **size)
+
+
+def tui_in_tmux(tmp_path, runtime, run_id: str, after: str = "") -> Terminal:
+    """A 2-rank ticker run under the TUI."""
     script = tmp_path / "ticker.py"
     script.write_text(TICKER)
-    env = f"XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']}"
-    term = Terminal(f"cd {ROOT} && {env} {sys.executable} -m ranktop --tui --nproc-per-node 2 --shutdown-timeout 3 "
-                    f"--run-id hup --log-dir {tmp_path / 'logs'} {script}")
+    return ranktop_in_tmux(runtime, f"--tui --nproc-per-node 2 --shutdown-timeout 3 --run-id {run_id} "
+                                    f"--log-dir {tmp_path / 'logs'} {script}", after)
+
+
+def test_a_hangup_detaches_the_tui_and_the_run_goes_on(tmp_path, runtime):
+    term = tui_in_tmux(tmp_path, runtime, "hup")
     try:
         term.wait_screen("hello from 1")
     finally:
@@ -142,7 +153,7 @@ def test_a_hangup_detaches_the_tui_and_the_run_goes_on(tmp_path, runtime):
     (run,) = ls(runtime)
     assert run["state"] == "running"
     assert "[1]:hello from 1" in run_ranktop("logs", "hup", env=runtime).stdout
-    client = Terminal(f"cd {ROOT} && {env} {sys.executable} -m ranktop attach; sleep 30")  # a new terminal
+    client = ranktop_in_tmux(runtime, "attach", "; sleep 30")  # from a new terminal
     try:
         shown = client.wait_screen("hello from 1")
         assert "ticker.py" in shown and "2/2 alive" in shown
@@ -160,11 +171,7 @@ def test_a_hangup_detaches_the_tui_and_the_run_goes_on(tmp_path, runtime):
 
 
 def test_q_detach_gives_the_prompt_back_and_the_run_goes_on(tmp_path, runtime):
-    script = tmp_path / "ticker.py"
-    script.write_text(TICKER)
-    env = f"XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']}"
-    term = Terminal(f"cd {ROOT} && {env} {sys.executable} -m ranktop --tui --nproc-per-node 2 --shutdown-timeout 3 "
-                    f"--run-id qd --log-dir {tmp_path / 'logs'} {script}; echo PROMPT BACK $?; sleep 60")
+    term = tui_in_tmux(tmp_path, runtime, "qd", "; echo PROMPT BACK $?; sleep 60")
     try:
         term.wait_screen("hello from 1")
         term.press("q")
@@ -189,11 +196,7 @@ def test_q_detach_gives_the_prompt_back_and_the_run_goes_on(tmp_path, runtime):
 def test_a_signal_to_the_tuis_own_pid_reaches_the_run_and_its_status_comes_back(tmp_path, runtime):
     """The TUI runs in a child of the process the shell started (so that q can detach): a SIGTERM
     to that pid still stops the run with the grace, and $? is the run's."""
-    script = tmp_path / "ticker.py"
-    script.write_text(TICKER)
-    env = f"XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']}"
-    term = Terminal(f"cd {ROOT} && {env} {sys.executable} -m ranktop --tui --nproc-per-node 2 --shutdown-timeout 3 "
-                    f"--run-id term --log-dir {tmp_path / 'logs'} {script}; echo STATUS $?; sleep 60")
+    term = tui_in_tmux(tmp_path, runtime, "term", "; echo STATUS $?; sleep 60")
     try:
         term.wait_screen("hello from 1")
         (run,) = ls(runtime)
@@ -210,11 +213,10 @@ def test_a_signal_to_the_tuis_own_pid_reaches_the_run_and_its_status_comes_back(
 
 def test_attach_shows_the_run_acts_on_it_and_leaves_it_running(tmp_path, runtime):
     proc = start_headless(tmp_path, runtime, "att")
-    env = f"XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']}"
     term = None
     try:
         wait_for(lambda: ls(runtime), what="the run listed")
-        term = Terminal(f"cd {ROOT} && {env} {sys.executable} -m ranktop attach at; sleep 30", width=120, height=30)
+        term = ranktop_in_tmux(runtime, "attach at", "; sleep 30", width=120, height=30)
         screen = term.wait_screen("hello from 1")
         assert "ticker.py" in screen and "world 2" in screen and "hello from 0" in screen
         term.press("1", "k", "k")  # through the socket, confirmed as in the local TUI
@@ -263,8 +265,7 @@ def test_a_detached_run_lingers_after_its_end_and_attach_shows_its_final_view(tm
     wait_for(lambda: gone(run["pid"]), what="the engine gone")
     final = json.loads((tmp_path / "logs" / "end" / "final.json").read_text())
     assert final["ended"] and final["exit_status"] == 0 and final["state"] == "succeeded"
-    term = Terminal(f"cd {ROOT} && {sys.executable} -m ranktop attach {tmp_path / 'logs' / 'end'}; sleep 30",
-                    width=120, height=30)
+    term = ranktop_in_tmux(runtime, f"attach {tmp_path / 'logs' / 'end'}", "; sleep 30", width=120, height=30)
     try:
         screen = term.wait_screen("done on 1")
         assert "DONE" in screen and "quick.py" in screen

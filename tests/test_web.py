@@ -3,16 +3,18 @@ chromium; read-only unless --control; bad flags are one line."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 from browser import CHROMIUM, page_open, screenshot
 from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
 from ranktop.core import commands as cmd
-from test_serve import gone, ls, runtime, start_headless  # noqa: F401 (the runtime fixture)
+from test_serve import ls, runtime, start_headless  # noqa: F401 (the runtime fixture)
 
 FIRST_BYTE = "document.body.classList.contains('-first-byte')"  # textual-serve: the app has drawn
 
@@ -32,6 +34,26 @@ def stop_web(web: subprocess.Popen) -> str:
     web.send_signal(signal.SIGINT)  # textual-serve's own way out: it closes every tab's app
     _, err = web.communicate(timeout=30)
     return err
+
+
+@contextlib.contextmanager
+def serving(tmp_path, env, run_id: str, *web_args: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    """A headless 2-rank run and `ranktop web` on a free port, its page answering; both stopped
+    on the way out, whatever the test did."""
+    proc = start_headless(tmp_path, env, run_id)
+    web = None
+    try:
+        wait_for(lambda: ls(env), what="the run listed")
+        port = free_port()
+        web = start_web(env, "--port", str(port), *web_args)
+        wait_for(lambda: "textual" in page(port).lower(), what="the page served", timeout=20)
+        yield web, port
+    finally:
+        if web is not None and web.poll() is None:
+            web.kill()
+            web.wait()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
 
 
 def page(port: int) -> str:
@@ -85,33 +107,15 @@ def test_read_only_clients_refuse_what_acts_and_still_dump_stacks(tmp_path, runt
 
 
 def test_a_non_loopback_host_warns_that_anyone_can_watch(runtime, tmp_path):  # noqa: F811
-    proc = start_headless(tmp_path, runtime, "wide")
-    web = None
-    try:
-        wait_for(lambda: ls(runtime), what="the run listed")
-        port = free_port()
-        web = start_web(runtime, "--host", "0.0.0.0", "--port", str(port))
-        wait_for(lambda: "textual" in page(port).lower(), what="the page served", timeout=20)
+    with serving(tmp_path, runtime, "wide", "--host", "0.0.0.0") as (web, _port):
         err = stop_web(web)
-        assert "ranktop: warning: serving on 0.0.0.0: anyone who can reach it can watch this run" in err
-        assert "read-only" in err
-    finally:
-        if web is not None and web.poll() is None:
-            web.kill()
-            web.wait()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+    assert "ranktop: warning: serving on 0.0.0.0: anyone who can reach it can watch this run" in err
+    assert "read-only" in err
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
 def test_the_web_view_shows_the_ranks_in_a_real_browser(tmp_path, runtime):  # noqa: F811
-    proc = start_headless(tmp_path, runtime, "demo")
-    web = None
-    try:
-        wait_for(lambda: ls(runtime), what="the run listed")
-        port = free_port()
-        web = start_web(runtime, "--port", str(port))
-        wait_for(lambda: "textual" in page(port).lower(), what="the page served", timeout=20)
+    with serving(tmp_path, runtime, "demo") as (web, port):
         watchers = []
         png = tmp_path / "web.png"
         ready = screenshot(f"http://127.0.0.1:{port}/", str(png), FIRST_BYTE,
@@ -126,9 +130,3 @@ def test_the_web_view_shows_the_ranks_in_a_real_browser(tmp_path, runtime):  # n
         assert "serving run demo on http://127.0.0.1:" in err
         wait_for(lambda: ls(runtime)[0]["clients"] == 0, what="the tab's client gone with the server")
         assert ls(runtime)[0]["state"] == "running"  # watching changed nothing
-    finally:
-        if web is not None and web.poll() is None:
-            web.kill()
-            web.wait()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)

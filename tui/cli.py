@@ -11,7 +11,7 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 
-from ranktop.core import limits
+from ranktop.core import limits, numa
 from ranktop.core.errors import UsageError
 from ranktop.core.stdio import reopen_closed_streams, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, usage_error
@@ -78,7 +78,6 @@ PET_FLAGS = frozenset({
     "duplicate_stderr_filters", "node_rank", "master_addr", "master_port", "local_addr",
     "signals_to_handle", "shutdown_timeout", "virtual_local_rank",
 })
-NUMA_MODES = ("node", "socket", "exclusive", "core-complex")  # torch's (core/numa.py binds the first two)
 
 
 def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
@@ -204,7 +203,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="run the script with runpy.run_path inside each rank's interpreter (torchrun --run-path)")
     add(*_both("virtual-local-rank"), action="store_true",
         help="LOCAL_RANK=0 in every rank, CUDA_VISIBLE_DEVICES narrowed to the rank's own GPU")
-    add(*_both("numa-binding"), default=None, choices=NUMA_MODES,
+    add(*_both("numa-binding"), default=None, choices=numa.MODES,
         help="bind each rank to the CPUs of its GPU's NUMA node (needs NVIDIA GPUs)")
     add("--version", action=_Version, nargs=0, help="show ranktop's version and exit")
     add("training_script", help="the script (or binary with --no-python, module with -m)")

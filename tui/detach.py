@@ -11,11 +11,12 @@ child's status, so `$?` is what it would have been without the fork.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
 import threading
+
+from ranktop.core.strays import prctl
 
 DETACHED = signal.SIGRTMIN  # child -> parent: "I let go of the terminal"
 # Passed on when another process sends them (kill, a scheduler); Ctrl-C and Ctrl-\ from the
@@ -78,7 +79,4 @@ def _wait_for(child: int) -> int:
 
 
 def _on_parent_death(signum: int) -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    prctl(_PR_SET_PDEATHSIG, int(signum))

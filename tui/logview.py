@@ -421,11 +421,12 @@ class LogView(ScrollView, can_focus=True):
         return self._row_count()
 
     def get_selection(self, selection: Selection) -> tuple[str, str] | None:
+        start = selection.start or Offset(0, 0)
         last = self._row_count() - 1 if selection.end is None else min(selection.end.y, self._row_count() - 1)
-        first = 0 if selection.start is None else selection.start.y
-        # Rows before the first stay empty: only what is selected is rendered to text.
-        rows = ["" if row < first else self.row_text(row) for row in range(last + 1)]
-        return selection.extract("\n".join(rows)), "\n"
+        # Only the selected rows become text; the selection is moved to start at the first of them.
+        rows = [self.row_text(row) for row in range(start.y, last + 1)]
+        end = None if selection.end is None else Offset(selection.end.x, selection.end.y - start.y)
+        return Selection(Offset(start.x, 0), end).extract("\n".join(rows)), "\n"
 
     def selection_updated(self, selection: Selection | None) -> None:
         self.refresh()

@@ -25,7 +25,6 @@ from ranktop.core.report import format_root_cause
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.attempts import FileFeed, attempt_dirs
-from ranktop.tui.logview import LogView
 from ranktop.tui.metric import Tracker
 from ranktop.tui.panes import FILTERS, SORTS, GroupHeader, RankFeed, RankList, RankPane, rank_title
 from ranktop.tui.screens import RootCausePanel, SignalPicker
@@ -344,7 +343,7 @@ class MainScreen(Screen):
         self.pane(self.current).log.focus()
 
     def action_unzoom(self) -> None:
-        if self._line_select is not None or self.selections:
+        if self.selections:  # (V's selection is one too)
             self._end_selection()
         elif self.zoomed:
             self.action_zoom()
@@ -375,8 +374,7 @@ class MainScreen(Screen):
 
     def _copy_selection(self) -> None:
         """What is selected (V, or the mouse) in a pane, to the terminal's clipboard (OSC 52)."""
-        copied = [log.get_selection(sel) for log, sel in self.selections.items() if isinstance(log, LogView)]
-        text = "\n".join(found[0] for found in copied if found)
+        text = self.get_selected_text() or ""  # Textual's: each selected widget's get_selection
         self._end_selection()
         self.app.copy_to_clipboard(text)
         self.notify(f"{text.count(chr(10)) + 1} line(s) copied to the terminal's clipboard (OSC 52)", timeout=3)
@@ -596,7 +594,7 @@ class MainScreen(Screen):
     def action_copy_root_cause(self) -> None:
         """The selection, if there is one; else the root cause as the text report has it, to the
         terminal's clipboard (OSC 52: works over SSH, and in tmux with `set-clipboard on`)."""
-        if self._line_select is not None or self.selections:
+        if self.selections:  # V's, or the mouse's
             self._copy_selection()
             return
         snap = self.engine.snapshot()

@@ -24,14 +24,14 @@ def main(argv: Sequence[str]) -> int:
     return {"ls": ls, "stop": stop, "logs": logs, "attach": attach}[command](rest)
 
 
-def _run_parser(prog: str, description: str) -> UsageParser:
+def run_parser(prog: str, description: str) -> UsageParser:
     """A parser for a subcommand that acts on one served run (its RUN argument first)."""
     p = UsageParser(prog=prog, description=description)
     p.add_argument("run", nargs="?", default=None, help=_RUN_HELP)
     return p
 
 
-def _pick(target: str | None) -> ServedRun | int:
+def pick_run(target: str | None) -> ServedRun | int:
     try:
         return find_run(target, served_runs())
     except ValueError as exc:
@@ -76,7 +76,7 @@ def _age(seconds: float) -> str:
 
 # ----- attach -----------------------------------------------------------------------------------
 def attach(argv: list[str]) -> int:
-    p = _run_parser("ranktop attach", "The TUI of a run started elsewhere (it goes on when you leave).")
+    p = run_parser("ranktop attach", "The TUI of a run started elsewhere (it goes on when you leave).")
     p.add_argument("--read-only", action="store_true", help="watch only: keys that act on ranks do nothing")
     ns = p.parse_args(argv)
     from ranktop.core.client import BadFinalFile, FinalEngine, RemoteEngine, final_run
@@ -122,9 +122,9 @@ def _show(app) -> int:
 
 # ----- stop -------------------------------------------------------------------------------------
 def stop(argv: list[str]) -> int:
-    p = _run_parser("ranktop stop", "Stop a run: SIGTERM to every rank, SIGKILL after its grace.")
+    p = run_parser("ranktop stop", "Stop a run: SIGTERM to every rank, SIGKILL after its grace.")
     ns = p.parse_args(argv)
-    run = _pick(ns.run)
+    run = pick_run(ns.run)
     if isinstance(run, int):
         return run
     try:
@@ -146,11 +146,11 @@ def stop(argv: list[str]) -> int:
 
 # ----- logs -------------------------------------------------------------------------------------
 def logs(argv: list[str]) -> int:
-    p = _run_parser("ranktop logs", "A run's output, prefixed with each rank, from its engine.")
+    p = run_parser("ranktop logs", "A run's output, prefixed with each rank, from its engine.")
     p.add_argument("--rank", type=int, default=None, help="only this local rank")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the run ends")
     ns = p.parse_args(argv)
-    run = _pick(ns.run)
+    run = pick_run(ns.run)
     if isinstance(run, int):
         return run
     try:
@@ -176,6 +176,7 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
             if lines:
                 out.writelines(prefixes[message["rank"]] + line + b"\n" for line in lines)
                 out.flush()
+        return 0  # (not reached: pushes end with "ended", or RunGone when the engine leaves)
     for local, prefix in prefixes.items():
         cursor = (-1, 0)
         while True:

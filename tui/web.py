@@ -13,7 +13,8 @@ import socket
 import sys
 import time
 
-from ranktop.tui.runs_cli import _pick, _run_parser
+from ranktop.core.strays import children_of_self
+from ranktop.tui.runs_cli import pick_run, run_parser
 from ranktop.tui.usage import BadValue, usage_error
 
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
@@ -39,7 +40,7 @@ def is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    p = _run_parser("ranktop web", "A run's TUI in browsers (textual-serve): one attach client per tab.")
+    p = run_parser("ranktop web", "A run's TUI in browsers (textual-serve): one attach client per tab.")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this host only)")
     p.add_argument("--port", type=port_number, default=8000, help="the TCP port (default 8000)")
     p.add_argument("--control", action="store_true",
@@ -48,7 +49,7 @@ def main(argv: list[str]) -> int:
     problem = _cannot_listen(ns.host, ns.port)
     if problem is not None:
         return usage_error(problem)
-    run = _pick(ns.run)
+    run = pick_run(ns.run)
     if isinstance(run, int):
         return run
     if not is_loopback(ns.host):
@@ -94,7 +95,7 @@ def _tab_aware(server: type) -> type:
                 self.tabs.discard(tab)
 
         async def on_shutdown(self, app) -> None:  # noqa: ANN001
-            for pid in _children():  # the clients leave first, so each tab's handler ends at once
+            for pid in children_of_self():  # the clients leave first, so each tab's handler ends at once
                 _signal(pid, signal.SIGHUP)
             for tab in self.tabs:
                 tab.cancel()
@@ -102,20 +103,9 @@ def _tab_aware(server: type) -> type:
     return WebServer
 
 
-def _children() -> list[int]:
-    pids: list[int] = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids += [int(pid) for pid in f.read().split()]
-        except OSError:
-            continue
-    return pids
-
-
 def end_children(grace: float) -> None:
     """Attach clients textual-serve left running: a hang-up, SIGKILL after `grace`, reaped."""
-    pids = _children()
+    pids = sorted(children_of_self())
     for pid in pids:
         _signal(pid, signal.SIGHUP)
     deadline = time.monotonic() + grace
