@@ -307,7 +307,7 @@ def numa_binding(mode: str, local_world_size: int, visible: str | None, nvml: An
                 raise NumaError(f"--numa-binding {mode}: GPU {index}'s PCI address: {_describe(exc)}") from None
 
         return plan(mode, local_world_size, lambda r: device_for_local_rank(r, visible, monitor.count, monitor.uuid),
-                    bus_id)
+                    bus_id, monitor.count if visible is None else count_visible(visible, monitor.count))
     finally:
         monitor.close()
 

@@ -110,8 +110,8 @@ BAD = [
     (["--nproc-per-node", "xpu", S], {}, "ranktop: error: bad --nproc-per-node xpu: no XPU found"),
     (["--numa-binding", "node", S], {}, "ranktop: error: --numa-binding node: it binds each rank to its GPU's "
                                          "NUMA node, and NVML says: no GPU"),
-    (["--numa-binding", "exclusive", S], {"RANKTOP_FAKE_GPUS": "2"},
-     "ranktop: error: --numa-binding exclusive: not supported by ranktop"),
+    (["--numa-binding", "exclusive", S], {"RANKTOP_FAKE_GPUS": str(len(os.sched_getaffinity(0)) + 1)},
+     "ranktop: error: --numa-binding exclusive: GPU cuda:0: its NUMA node has "),
     (["--numa-binding", "node", "--nproc-per-node", "3", S], {"RANKTOP_FAKE_GPUS": "2"},
      "ranktop: error: --numa-binding node: local rank 2 has no GPU to follow"),
     (["--virtual-local-rank", "--nproc-per-node", "2", S], {"CUDA_VISIBLE_DEVICES": "3"},
