@@ -38,6 +38,7 @@ from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size,
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_STORE_CALL_THREAD = "ranktop-rdzv-join"
 ACK_TIMEOUT = 5.0  # the loop answers within milliseconds; this only bounds a wedged engine
 KILL_NOW_REAP_TIMEOUT = 1.0  # after a second Ctrl-C, how long a rank may outlive SIGKILL
 
@@ -457,7 +458,7 @@ class LocalAgent:
             finally:
                 done.set()
 
-        threading.Thread(target=run, name="ranktop-rdzv-join", daemon=True).start()
+        threading.Thread(target=run, name=_STORE_CALL_THREAD, daemon=True).start()
         while not done.wait(0.1):
             if self._stop_asked():
                 return None
@@ -885,3 +886,10 @@ def LocalElasticAgent(spec: WorkerSpec, logs_specs: Any = None, start_method: st
     log_dir = getattr(logs_specs, "root_log_dir", None) if logs_specs is not None else None
     return LocalAgent(spec, log_dir=log_dir, exit_barrier_timeout=exit_barrier_timeout,
                       log_line_prefix_template=log_line_prefix_template, **kwargs)
+
+
+def store_call_left_blocked() -> bool:
+    """Is a rendezvous call that a stop walked away from still blocked in torch's store? Then
+    finalizing the interpreter aborts the process (std::terminate on a thread still in C++), so a
+    command line leaves with os._exit instead."""
+    return any(t.name == _STORE_CALL_THREAD and t.is_alive() for t in threading.enumerate())

@@ -106,17 +106,27 @@ def create_handler(
                                            min_nodes=min_nodes, max_nodes=max_nodes,
                                            local_addr=local_addr, **(conf or {}))
         return registry.get_rendezvous_handler(params)
-    except ImportError as exc:
+    except Exception as exc:
+        raise _handler_error(exc, rdzv, backend, endpoint) from None
+
+
+def _handler_error(exc: Exception, rdzv: Any, backend: str, endpoint: str) -> Exception:
+    """What to tell about a handler that could not be made: one line, or `exc` itself if unforeseen."""
+    if isinstance(exc, ImportError):
         if backend.startswith("etcd"):
-            raise UsageError(f"--rdzv-backend {backend} needs the etcd client: pip install python-etcd") from None
-        raise UsageError(f"--rdzv-backend {backend}: {_one_line(exc)}") from None
-    except rdzv.RendezvousError as exc:
-        raise RendezvousFailed(f"cannot reach the {backend} rendezvous at {endpoint or '(no endpoint)'}: "
-                               f"{_one_line(exc)}") from None
-    except (ValueError, TypeError, KeyError) as exc:
+            return UsageError(f"--rdzv-backend {backend} needs the etcd client: pip install python-etcd")
+        return UsageError(f"--rdzv-backend {backend}: {_one_line(exc)}")
+    # python-etcd's client asks the server for its peers as it is made: its errors mean no server there.
+    if isinstance(exc, rdzv.RendezvousError) or type(exc).__module__.partition(".")[0] == "etcd":
+        why = _one_line(exc)
+        if backend.startswith("etcd") and "404" in why:  # an etcd 3.x serving only its v3 API
+            why += " (torch's etcd backends need etcd's v2 API: etcd 3.4/3.5 with --enable-v2)"
+        return RendezvousFailed(f"cannot reach the {backend} rendezvous at {endpoint or '(no endpoint)'}: {why}")
+    if isinstance(exc, (ValueError, TypeError, KeyError)):
         known = ", ".join(BUILTIN_BACKENDS)
-        raise UsageError(f"bad rendezvous (--rdzv-backend {backend}, --rdzv-endpoint {endpoint!r}, "
-                         f"--rdzv-conf): {_one_line(exc)} (backends: {known} or a torchrun plugin)") from None
+        return UsageError(f"bad rendezvous (--rdzv-backend {backend}, --rdzv-endpoint {endpoint!r}, "
+                          f"--rdzv-conf): {_one_line(exc)} (backends: {known} or a torchrun plugin)")
+    return exc
 
 
 def _one_line(exc: BaseException) -> str:

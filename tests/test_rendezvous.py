@@ -7,16 +7,19 @@ Small --rdzv-conf timeouts keep every round quick; deadlines are generous for a 
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, stop_process, wait_for
 from ranktop.core.spec import free_port
 
 RANK = str(ROOT / "tests" / "ranks" / "rdzv_rank.py")
@@ -27,9 +30,10 @@ TIMEOUT = 90
 class Job:
     """ranktop processes that meet at one c10d endpoint, one per node."""
 
-    def __init__(self, tmp_path: Path, rdzv_id: str, nnodes: str = "2", backend: str = "c10d"):
+    def __init__(self, tmp_path: Path, rdzv_id: str, nnodes: str = "2", backend: str = "c10d",
+                 endpoint: str | None = None):
         self.tmp_path, self.rdzv_id, self.nnodes, self.backend = tmp_path, rdzv_id, nnodes, backend
-        self.endpoint = f"127.0.0.1:{free_port()}"
+        self.endpoint = endpoint or f"127.0.0.1:{free_port()}"
         self.nodes: list[subprocess.Popen] = []
 
     def start(self, *rank_args: str, nproc: int = 1, extra: tuple[str, ...] = ()) -> subprocess.Popen:
@@ -245,16 +249,114 @@ def test_restarting_one_rank_restarts_the_group_and_the_snapshot_shows_the_round
     assert not any(e["event"] == "user_restart_rank" for e in log)
 
 
-@pytest.mark.parametrize(("backend", "message"), [
-    ("etcd", "--rdzv-backend etcd needs the etcd client: pip install python-etcd"),
-    ("nope", "bad rendezvous (--rdzv-backend nope"),
-])
-def test_a_backend_that_cannot_be_used_is_a_one_line_error(tmp_path, torch_installed, backend, message):
-    res = run_ranktop("--headless", "--rdzv-backend", backend, "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+def test_a_backend_torch_does_not_have_is_a_one_line_error(tmp_path, torch_installed):
+    res = run_ranktop("--headless", "--rdzv-backend", "nope", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                       "--log-dir", str(tmp_path), RANK, "print")
     assert res.returncode == 2
-    assert res.stderr.startswith(f"ranktop: error: {message}") and len(res.stderr.splitlines()) == 1
+    assert res.stderr.startswith("ranktop: error: bad rendezvous (--rdzv-backend nope")
+    assert len(res.stderr.splitlines()) == 1
     assert not list(tmp_path.iterdir())
+
+
+# ----- etcd: a real etcd server (Debian's etcd-server, v2 API on) and python-etcd -------------------
+# CI installs both (.ci/run, the `test` extra): missing, these tests fail rather than skip.
+
+@pytest.fixture
+def etcd_server(tmp_path, torch_installed):
+    """A throwaway etcd on loopback ports, v2 API on (torch's etcd backends speak v2); its
+    endpoint. Stopped and reaped after the test."""
+    yield from _etcd(tmp_path, "--enable-v2")
+
+
+@pytest.fixture
+def etcd_v3_only(tmp_path, torch_installed):
+    """The same etcd without its v2 API (etcd 3.4's default)."""
+    yield from _etcd(tmp_path)
+
+
+def _etcd(tmp_path: Path, *flags: str):
+    etcd = shutil.which("etcd")
+    if etcd is None:
+        pytest.fail("etcd is not installed (Debian/Ubuntu: apt-get install etcd-server; .ci/run installs it)")
+    if importlib.util.find_spec("etcd") is None:
+        pytest.fail("python-etcd is not installed (pip install python-etcd, part of the `test` extra)")
+    client, peer = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
+    log = open(tmp_path / "etcd.log", "w")  # noqa: SIM115 - open for the server's whole life
+    server = subprocess.Popen(
+        [etcd, "--name", "ranktop-test", "--data-dir", str(tmp_path / "etcd-data"), *flags,
+         "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+         "--initial-advertise-peer-urls", peer, "--initial-cluster", f"ranktop-test={peer}"],
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _etcd_answers(client, server, tmp_path / "etcd.log"), timeout=30,
+                 what="etcd to serve")
+        yield client.removeprefix("http://")
+    finally:
+        stop_process(server)
+        log.close()
+
+
+def _etcd_answers(client: str, server: subprocess.Popen, log: Path) -> bool:
+    if server.poll() is not None:
+        pytest.fail(f"etcd exited with {server.returncode}: {log.read_text()[-2000:]}")
+    try:
+        with urllib.request.urlopen(f"{client}/version", timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize(("backend", "rank"), [("etcd", "allreduce"), ("etcd-v2", "print")])
+def test_two_nodes_through_a_real_etcd_server(tmp_path, etcd_server, backend, rank):
+    """torch's etcd handler (its own rendezvous protocol over etcd keys) and etcd-v2 (torch's
+    dynamic rendezvous kept in etcd): two ranktop nodes form one world of two."""
+    job = Job(tmp_path, f"over-{backend}", backend=backend, endpoint=etcd_server)
+    for _ in range(2):
+        job.start(rank)
+    results = job.finish()
+    for status, out, err in results:
+        assert status == 0, err
+        assert f"ranktop: {backend} rendezvous 'over-{backend}' round 0: this node is group rank" in out + err
+        if rank == "allreduce":
+            assert "SUM 1 world 2" in out, out
+    placed = [p for _, out, _ in results for p in placements(out)]
+    assert sorted((p["RANK"], p["WORLD_SIZE"], p["GROUP_RANK"]) for p in placed) == [("0", "2", "0"), ("1", "2", "1")]
+    assert {p["TORCHELASTIC_RUN_ID"] for p in placed} == {f"over-{backend}"}
+
+
+# python's own way to make a module unimportable (sys.modules[name] = None), then ranktop as usual
+WITHOUT_ETCD_CLIENT = ("import runpy, sys; sys.modules['etcd'] = None; "
+                       "runpy.run_module('ranktop', run_name='__main__', alter_sys=True)")
+
+
+def test_etcd_without_its_client_is_a_one_line_error(tmp_path, torch_installed):
+    res = subprocess.run([sys.executable, "-c", WITHOUT_ETCD_CLIENT, "--headless", "--rdzv-backend", "etcd",
+                          "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--log-dir", str(tmp_path), RANK, "print"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr == "ranktop: error: --rdzv-backend etcd needs the etcd client: pip install python-etcd\n"
+    assert not list(tmp_path.iterdir())
+
+
+def test_no_etcd_server_at_the_endpoint_is_a_one_line_error(tmp_path, torch_installed):
+    if importlib.util.find_spec("etcd") is None:
+        pytest.fail("python-etcd is not installed (pip install python-etcd, part of the `test` extra)")
+    _cannot_reach(tmp_path / "logs", "etcd-v2", f"127.0.0.1:{free_port()}")
+
+
+def test_an_etcd_without_its_v2_api_is_a_one_line_error_saying_so(tmp_path, etcd_v3_only):
+    said = _cannot_reach(tmp_path / "logs", "etcd", etcd_v3_only)
+    assert said.endswith("(torch's etcd backends need etcd's v2 API: etcd 3.4/3.5 with --enable-v2)\n")
+
+
+def _cannot_reach(log_dir: Path, backend: str, endpoint: str) -> str:
+    res = run_ranktop("--headless", "--rdzv-backend", backend, "--rdzv-endpoint", endpoint,
+                      "--log-dir", str(log_dir), RANK, "print")
+    assert res.returncode == 1
+    assert res.stderr.startswith(f"ranktop: error: cannot reach the {backend} rendezvous at {endpoint}: ")
+    assert len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr
+    assert not log_dir.exists()
+    return res.stderr
 
 
 def test_too_few_nodes_time_out_with_a_clear_message(tmp_path, torch_installed):
@@ -309,3 +411,38 @@ def test_tui_shows_the_wait_for_nodes_and_why_the_run_ended(tmp_path, torch_inst
     assert any(" rendezvous " in h and "node 0/1" in h for h in headers), headers
     assert notes == ["the c10d rendezvous 'tui' timed out: not enough nodes joined"]
     assert app.exit_status == 1
+
+
+def test_a_node_done_first_times_out_at_the_exit_barrier_and_still_succeeds(tmp_path, torch_installed):
+    """torch's agent logs an exit-barrier time-out and returns its success; so does ranktop's (here
+    through the API, torch's LocalElasticAgent shape: the CLI has no flag for it, as torchrun has
+    none). This process hosts the c10d store and is the quick node; a ranktop node beside it keeps
+    its rank running until the quick one has given up waiting, then ends well too."""
+    from ranktop.core import DefaultLogsSpecs, LocalElasticAgent, WorkerSpec, WorkerState
+    from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
+
+    endpoint, release = f"127.0.0.1:{free_port()}", tmp_path / "release"
+    handler = create_handler("c10d", endpoint, "barrier", 2, 2, conf=parse_rdzv_conf(CONF), local_addr="127.0.0.1")
+    job = Job(tmp_path, "barrier", endpoint=endpoint)  # made first above: this process serves the store
+    slow = job.start("until-file", str(release))
+    notices: list[str] = []
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sys.executable, args=(RANK, "print"),
+                      rdzv_handler=handler, monitor_interval=0.2)
+    agent = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path / "quick")), exit_barrier_timeout=1.5,
+                              console=False, on_notice=notices.append, shutdown_timeout=2)
+    try:
+        result = agent.run()
+        assert slow.poll() is None  # the other node's rank was still running all along
+    finally:
+        release.touch()
+    ((status, out, err),) = job.finish()
+    assert result.state == WorkerState.SUCCEEDED and result.exit_status == 0
+    assert "exit barrier: not every node of the c10d rendezvous 'barrier' finished within 1.5s" in notices
+    quick = [e for e in events(tmp_path / "quick") if e["event"] in ("exit_barrier_timeout", "run_finished")]
+    assert [(e["event"], e.get("timeout"), e.get("exit_status")) for e in quick] == [
+        ("exit_barrier_timeout", 1.5, None), ("run_finished", None, 0)]
+    assert status == 0, err
+    assert "exit barrier" not in err  # the slow node found the quick one at the barrier
+    assert [p["WORLD_SIZE"] for p in placements(out)] == ["2"]
+    assert not any(e["event"] == "exit_barrier_timeout" for e in events(tmp_path / "node0"))
+    del handler  # the store it serves lives until the slow node is done

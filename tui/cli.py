@@ -6,6 +6,7 @@ Nothing here imports Textual unless the TUI is chosen: `--headless` must start f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -204,7 +205,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add(*_both("virtual-local-rank"), action="store_true",
         help="LOCAL_RANK=0 in every rank, CUDA_VISIBLE_DEVICES narrowed to the rank's own GPU")
     add(*_both("numa-binding"), default=None, choices=numa.MODES,
-        help="bind each rank to the CPUs of its GPU's NUMA node (needs NVIDIA GPUs)")
+        help="bind each rank to CPUs near its GPU, as torchrun: its NUMA node (node), package (socket), "
+             "a share of the node's cores (exclusive) or of its cache groups (core-complex); needs NVIDIA GPUs")
     add("--version", action=_Version, nargs=0, help="show ranktop's version and exit")
     add("training_script", help="the script (or binary with --no-python, module with -m)")
     add("training_script_args", nargs=argparse.REMAINDER)
@@ -445,6 +447,19 @@ def want_tui(ns: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    status = _run_command(argv)
+    if "ranktop.core.agent" in sys.modules:
+        from ranktop.core.agent import store_call_left_blocked
+
+        if store_call_left_blocked():
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):  # a dead console changes nothing here
+                    stream.flush()
+            os._exit(status)
+    return status
+
+
+def _run_command(argv: Sequence[str] | None) -> int:
     reopen_closed_streams()  # before any file is opened: a closed 0/1/2 would be taken by it
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "stacks":

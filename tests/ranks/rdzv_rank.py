@@ -6,6 +6,7 @@
                     stopped breaks the collective); with N ranks, one all_reduce
     fail-first R    global rank R exits 3 in attempt 0; the others wait until stopped in attempt 0
     fail R          global rank R exits 3; the others wait until stopped
+    until-file P    waits until file P exists, then exits 0
 """
 import json
 import os
@@ -17,7 +18,8 @@ NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "
 print("PLACED " + json.dumps({k: os.environ.get(k) for k in NAMES}), flush=True)
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-mode, arg = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0
+mode, rest = sys.argv[1], sys.argv[2:]
+arg = int(rest[0]) if rest and mode != "until-file" else 0
 
 
 def wait_until_stopped() -> None:
@@ -48,3 +50,6 @@ elif mode in ("fail-first", "fail"):
         sys.exit(3)
     if mode == "fail" or attempt == 0:
         wait_until_stopped()
+elif mode == "until-file":
+    while not os.path.exists(rest[0]):
+        time.sleep(0.05)
