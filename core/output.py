@@ -82,6 +82,10 @@ def collapse_cr(line: bytes) -> bytes:
 LINE_CAP = 64 << 10  # bytes of one line the ring keeps (its head); the log files keep it whole
 RING_BYTES = 8 << 20  # bytes of output the ring keeps per rank, besides the line count
 _FEW_LINES = 16  # a chunk with no more lines than this costs little to make into lines
+# Small reads of one stream are gathered into blocks of up to this many bytes: a rank printing a
+# line at a time would otherwise leave ~100k chunks in the byte budget, which the first look at
+# it (`ranktop attach` of a long run) has to walk.
+_BLOCK = 64 << 10
 
 
 def cut_line(line: bytes, length: int | None = None) -> bytes:
@@ -165,9 +169,10 @@ class LineRing:
         self.max_bytes = max_bytes
         self.bytes = 0  # of the complete lines made so far and kept
         self.partial = {STDOUT: OpenLine(), STDERR: OpenLine()}
-        # Not made into lines yet: (stream, chunk, its newlines), counted once as it came.
-        self._chunks: collections.deque[tuple[int, bytes, int]] = collections.deque()
+        # Not made into lines yet: [stream, chunk or gathered block, its newlines], counted once as it came.
+        self._chunks: collections.deque[list] = collections.deque()
         self._chunk_bytes = 0
+        self._block = min(_BLOCK, max_bytes // 8)  # a block is dropped whole: a small part of the budget
         self.version = 0  # bumped per chunk: UIs repaint only when it moved
         self.total_lines = 0  # newlines ever fed: line k is the k-th complete line
         self.last_output_at: float | None = None
@@ -178,7 +183,14 @@ class LineRing:
         if newlines is None:
             newlines = chunk.count(b"\n")
         with self._lock:
-            self._chunks.append((stream, chunk, newlines))
+            last = self._chunks[-1] if self._chunks else None
+            if last is not None and last[0] == stream and len(last[1]) + len(chunk) <= self._block:
+                if not isinstance(last[1], bytearray):
+                    last[1] = bytearray(last[1])
+                last[1] += chunk
+                last[2] += newlines
+            else:
+                self._chunks.append([stream, chunk, newlines])
             self._chunk_bytes += len(chunk)
             self.total_lines += newlines
             self._fit()
@@ -199,7 +211,22 @@ class LineRing:
         while self._chunk_bytes + self.bytes > self.max_bytes and self.lines:
             self.bytes -= len(self.lines.popleft())
 
-    def _skip(self, stream: int, chunk: bytes) -> None:
+    def _skip_unseen(self) -> None:
+        """Skip the chunks whose lines would all be dropped as soon as made: those followed by
+        at least `maxlen` newer lines. A first look at a long run's rank (`ranktop attach`)
+        then splits about `maxlen` lines, not every line the chunk budget holds."""
+        newer, last_skipped = 0, -1
+        for i in range(len(self._chunks) - 1, -1, -1):
+            if newer >= self.maxlen:
+                last_skipped = i
+                break
+            newer += self._chunks[i][2]
+        for _ in range(last_skipped + 1):
+            stream, chunk, _newlines = self._chunks.popleft()
+            self._chunk_bytes -= len(chunk)
+            self._skip(stream, chunk)
+
+    def _skip(self, stream: int, chunk: bytes | bytearray) -> None:
         """Drop a chunk that waited too long to be made into lines: its lines would have left
         the ring by now, and so did every line before it. Only the open line carries over."""
         self.lines.clear()
@@ -211,13 +238,14 @@ class LineRing:
         open_line.add(chunk[end:] if end else chunk)
 
     def _make_lines(self) -> None:
+        self._skip_unseen()
         while self._chunks:
             stream, chunk, _ = self._chunks.popleft()
             self._chunk_bytes -= len(chunk)
             self._make(stream, chunk)
 
-    def _make(self, stream: int, chunk: bytes) -> None:
-        pieces = chunk.split(b"\n")
+    def _make(self, stream: int, chunk: bytes | bytearray) -> None:
+        pieces = bytes(chunk).split(b"\n")  # a gathered block is a bytearray: lines are bytes
         open_line = self.partial[stream]
         if len(pieces) == 1:
             open_line.add(chunk)
@@ -251,13 +279,14 @@ class LineRing:
             lines.extend(self._open_lines())
         return lines if n is None else lines[-n:]
 
-    def since(self, seen: int) -> tuple[int, int, list[bytes], list[bytes]]:
+    def since(self, seen: int, tail: int | None = None) -> tuple[int, int, list[bytes], list[bytes]]:
         """For UIs that keep their own copy: (version, total_lines, the complete lines numbered
-        `seen` and up that are still kept, the open lines with '\r' collapsed). Line k is the
-        k-th complete line ever fed; only the new lines are copied, not the whole ring."""
+        `seen` and up that are still kept, at most the last `tail` of them, the open lines with
+        '\r' collapsed). Line k is the k-th complete line ever fed; only the new lines are copied,
+        not the whole ring."""
         with self._lock:
             self._make_lines()
-            count = max(0, min(self.total_lines - seen, len(self.lines)))
+            count = max(0, min(self.total_lines - seen, len(self.lines), len(self.lines) if tail is None else tail))
             new = list(itertools.islice(reversed(self.lines), count))
             open_lines = self._open_lines()
             version, total = self.version, self.total_lines

@@ -88,6 +88,25 @@ def test_lines_are_the_same_however_the_bytes_are_chunked():
     assert ring.tail() == expected
 
 
+def test_a_first_look_makes_only_the_lines_kept_and_they_are_the_newest():
+    # Chunks waiting to be made into lines, far more lines than the ring keeps, two streams
+    # interleaved, lines spanning chunks and '\r' redraws: the newest `maxlen` lines come out as
+    # a ring that made every line would give, and the old chunks are never split.
+    rng = random.Random(11)
+    full, windowed = LineRing(maxlen=1_000_000), LineRing(maxlen=50)
+    for n in range(4000):
+        stream = rng.choice((STDOUT, STDERR))
+        chunk = rng.choice([b"o%d" % n, b"\n", b"step %d\r" % n, b"line %d\n" % n, b"a\nb%d\nc" % n])
+        full.feed(stream, chunk)
+        windowed.feed(stream, chunk)
+    made = []
+    windowed._make = lambda stream, chunk, make=windowed._make: made.append(chunk) or make(stream, chunk)
+    _, total, lines, open_lines = windowed.since(0)
+    _, full_total, full_lines, full_open_lines = full.since(0)
+    assert (total, lines, open_lines) == (full_total, full_lines[-50:], full_open_lines)
+    assert sum(chunk.count(b"\n") for chunk in made) < 50 + 5  # only chunks that hold kept lines were split
+
+
 def _through_a_slow_console(writes: list[tuple[str, bytes]]) -> bytes:
     """What a ConsoleWriter with a 1000-byte budget per rank shows of `writes` (rank, data) on a
     terminal (a 4 KiB pipe) that reads nothing until every write was made."""
