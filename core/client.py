@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import os
 import socket
@@ -83,10 +84,11 @@ class Connection:
         answer, _ = self.request({"type": "command", "id": 1, "command": name, "args": args})
         return answer
 
-    def output(self, rank: int, generation: int, line: int) -> tuple[dict, list[bytes], list[bytes]]:
-        """(answer, complete lines after `line`, unfinished lines) of one rank."""
-        answer, (done, open_) = self.request({"type": "output", "rank": rank, "generation": generation,
-                                              "line": line}, frames=2)
+    def output(self, rank: int, generation: int, line: int,
+               tail: int | None = None) -> tuple[dict, list[bytes], list[bytes]]:
+        """(answer, complete lines after `line` (at most the last `tail`), unfinished lines) of one rank."""
+        request = {"type": "output", "rank": rank, "generation": generation, "line": line}
+        answer, (done, open_) = self.request(request if tail is None else {**request, "tail": tail}, frames=2)
         lines = done.data.split(b"\n") if answer["lines"] else []
         return answer, lines, open_.data.split(b"\n") if answer["open"] else []
 
@@ -213,10 +215,17 @@ def from_json(kind: Any, data: Any) -> Any:
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return kind(data)
     if dataclasses.is_dataclass(kind):
-        hints = typing.get_type_hints(kind)
-        fields = {f.name for f in dataclasses.fields(kind) if f.init}
-        return kind(**{name: from_json(hints[name], value) for name, value in data.items() if name in fields})
+        fields = _init_fields(kind)
+        return kind(**{name: from_json(fields[name], value) for name, value in data.items() if name in fields})
     return data
+
+
+@functools.cache
+def _init_fields(kind: type) -> dict[str, Any]:
+    """A dataclass's constructor fields and their types (resolving the hints takes milliseconds:
+    an attached TUI decodes a snapshot four times a second)."""
+    hints = typing.get_type_hints(kind)
+    return {f.name: hints[f.name] for f in dataclasses.fields(kind) if f.init}
 
 
 class RemoteEngine:
@@ -244,11 +253,12 @@ class RemoteEngine:
         self.last = from_json(GroupSnapshot, answer["snapshot"])
         return self.last
 
-    def output_since(self, local_rank: int, cursor: OutputCursor | None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
+    def output_since(self, local_rank: int, cursor: OutputCursor | None,
+                     tail: int | None = None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
         cursor = cursor or OutputCursor()
         try:
             with self._lock:
-                answer, lines, open_lines = self._conn.output(local_rank, cursor.generation, cursor.line)
+                answer, lines, open_lines = self._conn.output(local_rank, cursor.generation, cursor.line, tail)
         except RunGone:
             self.gone = True
             return cursor, [], []
@@ -319,14 +329,15 @@ class FinalEngine:
     def snapshot(self) -> GroupSnapshot:
         return self.last
 
-    def output_since(self, local_rank: int, cursor: OutputCursor | None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
+    def output_since(self, local_rank: int, cursor: OutputCursor | None,
+                     tail: int | None = None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
         generation = self.last.generation
         if cursor is not None and cursor.generation == generation and cursor.line > 0:
             return cursor, [], []
         ranks = self.last.ranks
         path = ranks[local_rank].stdout_log if 0 <= local_rank < len(ranks) else None
         lines = tail_lines(path, self.TAIL_BYTES) if path else []
-        return OutputCursor(generation, len(lines), 1), lines, []
+        return OutputCursor(generation, len(lines), 1), lines if tail is None else lines[max(0, len(lines) - tail):], []
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
         return cmd.Ack(False, "the run has ended: this is its final view, read-only")

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ranktop.core.stacks import StackReport
+if TYPE_CHECKING:  # the stack code loads when a dump is asked for, not at every start
+    from ranktop.core.stacks import StackReport
 
 
 @dataclass(frozen=True)

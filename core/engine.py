@@ -38,11 +38,13 @@ class Engine(Protocol):
         """A consistent picture of the group now (cheap: a UI takes a few a second)."""
         ...
 
-    def output_since(self, local_rank: int, cursor: OutputCursor | None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
+    def output_since(self, local_rank: int, cursor: OutputCursor | None,
+                     tail: int | None = None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
         """(new cursor, complete lines after `cursor` that are still kept, the unfinished last
         line of each stream). The first returned line is number `new.line - len(lines)`: when that
         is past `cursor.line`, lines went by unread; a cursor of another generation (None: none
-        yet) starts over from the oldest kept line."""
+        yet) starts over from the oldest kept line. `tail`: at most that many of the newest
+        lines (a new pane's first screen, before it asks for the rest)."""
         ...
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
@@ -106,14 +108,15 @@ class LocalEngine:
         return dataclasses.replace(snap, ended=True, exit_status=status,
                                    error=None if self.error is None else repr(self.error))
 
-    def output_since(self, local_rank: int, cursor: OutputCursor | None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
+    def output_since(self, local_rank: int, cursor: OutputCursor | None,
+                     tail: int | None = None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
         # The one place that reads a rank's ring: what the UI gets is copies of its lines.
         pc = self.agent.pcontext
         if pc is None or not 0 <= local_rank < len(pc.slots):
             return OutputCursor(), [], []
         generation, ring = pc.generation, pc.slots[local_rank].ring
         seen = cursor.line if cursor is not None and cursor.generation == generation else 0
-        version, total, lines, open_lines = ring.since(seen)
+        version, total, lines, open_lines = ring.since(seen, tail)
         return OutputCursor(generation, total, version), lines, open_lines
 
     def submit(self, command: cmd.Command) -> cmd.Ack:

@@ -225,13 +225,14 @@ class EngineServer:
 
     def _output(self, message: dict) -> bytes:
         rank, generation, line = message.get("rank"), message.get("generation", -1), message.get("line", 0)
-        if not all(_is_int(v) for v in (rank, generation, line)):
-            raise protocol.ProtocolError("output request needs integer rank, generation and line")
-        return self._output_since(rank, OutputCursor(generation, line))[1]
+        tail = message.get("tail")
+        if not all(_is_int(v) for v in (rank, generation, line)) or not (tail is None or _is_int(tail) and tail >= 0):
+            raise protocol.ProtocolError("output request needs integer rank, generation and line (and tail, if any, >= 0)")
+        return self._output_since(rank, OutputCursor(generation, line), tail)[1]
 
-    def _output_since(self, rank: int, since: OutputCursor) -> tuple[OutputCursor, bytes, bool]:
+    def _output_since(self, rank: int, since: OutputCursor, tail: int | None = None) -> tuple[OutputCursor, bytes, bool]:
         """(the cursor after what is sent, the answer's frames, whether it holds anything new)."""
-        cursor, lines, open_lines = self.engine.output_since(rank, since)
+        cursor, lines, open_lines = self.engine.output_since(rank, since, tail)
         sent, size = [], 0
         for text in lines:
             size += len(text) + 1

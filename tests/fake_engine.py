@@ -62,10 +62,13 @@ class FakeEngine:
         with self._lock:
             return dataclasses.replace(self.group, taken_at=time.time())
 
-    def output_since(self, local_rank: int, cursor: OutputCursor | None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
+    def output_since(self, local_rank: int, cursor: OutputCursor | None,
+                     tail: int | None = None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
         with self._lock:
             lines = self.lines[local_rank]
             seen = cursor.line if cursor is not None and cursor.generation == self.group.generation else 0
+            if tail is not None:
+                seen = max(seen, len(lines) - tail)
             version = self.group.ranks[local_rank].output_version
             return OutputCursor(self.group.generation, len(lines), version), lines[seen:], []
 

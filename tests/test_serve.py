@@ -112,7 +112,10 @@ def test_the_socket_refuses_other_users_and_garbage(tmp_path, open_runtime):
                         protocol.encode_control(protocol.hello("client"))
                         + protocol.encode_control({"type": "subscribe", "ranks": [7]}),
                         protocol.encode_control(protocol.hello("client"))
-                        + protocol.encode_control({"type": "subscribe", "cursors": {"0": "x"}})):
+                        + protocol.encode_control({"type": "subscribe", "cursors": {"0": "x"}}),
+                        *(protocol.encode_control(protocol.hello("client"))
+                          + protocol.encode_control({"type": "output", "rank": 0, "generation": 0, "line": 0,
+                                                     "tail": tail}) for tail in (-1, "3"))):
             with socket.socket(socket.AF_UNIX) as s:
                 s.settimeout(10)
                 s.connect(run["socket"])
@@ -353,6 +356,8 @@ def test_two_clients_at_once_see_the_same_run(tmp_path, runtime, monkeypatch):
             assert wait_for(lambda: ls(runtime)[0]["clients"] == 2, what="two clients counted")
             seen = [e.output_since(1, None)[1] for e in (first, second)]
             assert seen[0][:1] == seen[1][:1] == [b"hello from 1"]
+            cursor, newest, _ = first.output_since(1, None, tail=1)  # a new pane's first screen: the newest only
+            assert newest == [second.output_since(1, None)[1][cursor.line - 1]]
             assert first.snapshot().ranks[1].pid == second.snapshot().ranks[1].pid
         finally:
             first.close()

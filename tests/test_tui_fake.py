@@ -12,6 +12,7 @@ from fake_engine import FakeEngine
 from ranktop.core import commands as cmd
 from ranktop.core.state import GroupState, RankState
 from ranktop.tui.app import RanktopApp
+from ranktop.tui.panes import RankFeed
 from ranktop.tui.screens import SignalPicker
 
 pytestmark = pytest.mark.timeout(60)
@@ -170,3 +171,69 @@ def test_output_that_came_before_the_first_layout_is_shown_from_its_tail():
         assert log.follow and log.position_text == "following"
 
     drive(engine, body, size=(100, 30))
+
+
+def test_a_pane_shows_the_newest_lines_first_and_then_the_whole_scrollback():
+    engine = FakeEngine(2)
+    for r in range(2):
+        engine.print(r, *[f"r{r} line {i}" for i in range(5000)])
+    asked: list[tuple[int, int | None]] = []
+    output_since = engine.output_since
+    engine.output_since = lambda r, cursor, tail=None: asked.append((r, tail)) or output_since(r, cursor, tail)
+
+    async def body(app, pilot):
+        logs = [app.main.pane(r).log for r in range(2)]
+        await until(pilot, lambda: all(log.line_count == 5000 for log in logs), what="every line")
+        for r, log in enumerate(logs):
+            assert [tail for rank, tail in asked if rank == r][:2] == [RankFeed.FIRST_LINES, None]
+            assert log.row_text(0) == f"r{r} line 0" and log.row_text(4999) == f"r{r} line 4999"
+            await until(pilot, lambda log=log: round(log.scroll_offset.y) == log.max_scroll_y, what="the view at the tail")
+        engine.print(1, "r1 line 5000")
+        await until(pilot, lambda: logs[1].line_count == 5001, what="a new line after the scrollback")
+
+    drive(engine, body, size=(100, 30))
+
+
+def test_the_first_frame_holds_output_without_waiting_for_a_tick(monkeypatch):
+    from ranktop.tui import main_screen
+
+    monkeypatch.setattr(main_screen, "TICK_SECONDS", 3600.0)  # no timer tick comes during the test
+    engine = FakeEngine(4)
+    for r in range(4):
+        engine.print(r, f"hello from {r}")
+
+    async def body(app, pilot):
+        await until(pilot, lambda: all(app.main.pane(r).log.line_count == 1 for r in range(4)),
+                    what="every pane filled by the screen's first read")
+        assert all(app.main.pane(r).log.row_text(0) == f"hello from {r}" for r in range(4))
+
+    drive(engine, body, size=(160, 48))
+
+
+def test_the_focused_pane_takes_new_lines_every_tick_the_others_every_second(monkeypatch):
+    from ranktop.tui import main_screen
+
+    monkeypatch.setattr(main_screen, "TICK_SECONDS", 3600.0)  # the test calls the ticks itself
+    engine = FakeEngine(3)
+
+    async def body(app, pilot):
+        screen = app.main
+        logs = [screen.pane(r).log for r in range(3)]
+        if screen._reads % main_screen.UNFOCUSED_EVERY == 0:
+            screen.tick()  # line up on a tick that is not the unfocused panes' turn
+        for r in range(3):
+            engine.print(r, f"new on {r}")
+        screen.tick()
+        assert [log.line_count for log in logs] == [1, 0, 0]  # rank 0 has the focus
+        screen.tick()
+        assert [log.line_count for log in logs] == [1, 1, 1]
+        await pilot.press("z")  # zoom on rank 0: the others are hidden...
+        for r in range(3):
+            engine.print(r, f"more on {r}")
+        if screen._reads % main_screen.UNFOCUSED_EVERY == 0:
+            screen.tick()
+        await pilot.press("z")  # ...and shown again: filled on the next tick, though not their turn
+        screen.tick()
+        assert [log.line_count for log in logs] == [2, 2, 2]
+
+    drive(engine, body, size=(160, 48))

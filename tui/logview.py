@@ -154,7 +154,7 @@ class LogView(ScrollView, can_focus=True):
         self._by_me = False  # True while we move the view ourselves (not the user)
         self._base_style: Style | None = None
         self._bar: tuple[Segment, Segment] | None = None
-        self._frame: tuple[int, int, int, int, int] | None = None
+        self._frame: tuple[int, int, int, int, int, Selection | None] | None = None
         self._dragging = False  # the mouse holds the scrollbar
         self._reset(ring)
 
@@ -349,9 +349,10 @@ class LogView(ScrollView, can_focus=True):
         start = round(scroll_y / (total - height) * (height - size))
         return start, start + size
 
-    def _frame_now(self) -> tuple[int, int, int, int, int]:
+    def _frame_now(self) -> tuple[int, int, int, int, int, Selection | None]:
         scroll_x, scroll_y = self.scroll_offset
-        return scroll_x, scroll_y, self.text_width, *self._thumb(scroll_y)
+        # text_selection walks up to the screen on every call: once a repaint, not once a row
+        return scroll_x, scroll_y, self.text_width, *self._thumb(scroll_y), self.text_selection
 
     @property
     def _bar_cells(self) -> tuple[Segment, Segment]:
@@ -370,7 +371,7 @@ class LogView(ScrollView, can_focus=True):
             self._frame = None
 
     def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y, width, thumb_start, thumb_end = self._frame or self._frame_now()
+        scroll_x, scroll_y, width, thumb_start, thumb_end, selection = self._frame or self._frame_now()
         bar = self._bar_cells[thumb_start <= y < thumb_end]
         row = scroll_y + y
         index, sub = self._locate(row)
@@ -386,14 +387,14 @@ class LogView(ScrollView, can_focus=True):
             strip = self._strip(index, sub)
             text = (Strip.blank(width, self._style) if strip is None
                     else strip.crop_extend(scroll_x, scroll_x + width, self._style))
-        if self.text_selection is not None:
-            text = self._selected(text, row, scroll_x, width)
+        if selection is not None:
+            text = self._selected(text, selection, row, scroll_x, width)
         # Offsets tell Textual which row and column the mouse is over: what selection starts from.
         return Strip([*text.apply_offsets(scroll_x, row), bar], width + _BAR)
 
     # ----- selection (mouse, or V in the screen), copied through OSC 52 ----------------------------
-    def _selected(self, text: Strip, row: int, scroll_x: int, width: int) -> Strip:
-        span = self.text_selection.get_span(row)
+    def _selected(self, text: Strip, selection: Selection, row: int, scroll_x: int, width: int) -> Strip:
+        span = selection.get_span(row)
         if span is None:
             return text
         start, end = span

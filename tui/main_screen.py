@@ -40,6 +40,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input
 
 TICK_SECONDS = 0.25  # snapshot + repaint rate: 4 Hz is live to the eye and cheap under floods
+# A pane without focus takes its new lines every second tick (2 Hz): drawing eight scrolling panes
+# is most of the TUI's CPU under a flood, and the pane being read stays at 4 Hz.
+UNFOCUSED_EVERY = 2
 MIN_PANE_WIDTH = 36
 MIN_PANE_HEIGHT = 6  # title + 5 lines of output: less than that is not worth a pane
 NARROW_TITLE = 72  # panes narrower than this get the label-free title
@@ -139,16 +142,21 @@ class MainScreen(Screen):
         self._viewing: dict[int, FileFeed] = {}  # local rank -> the earlier attempt its pane shows
         self._search_all = False  # the search input is for every rank
         self._line_select: tuple[int, int] | None = None  # V: (anchor row, cursor row) in the focused pane
+        self._reads = 0  # of the engine, by ticks and by actions
+        self._unfilled: set[int] = set()  # panes shown since the last read: filled on the next one, whatever its turn
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
+        # The first layout's classes go on before anything mounts: changing a class later restyles
+        # every widget below it, which cost the first frame a tenth of a second.
+        self._set_layout_classes(self._plan(self.app.size.width, self.app.size.height))
         yield GroupHeader(id="header").data_bind(MainScreen.note, MainScreen.ended)
         with Horizontal(id="body"):
             with VerticalScroll(id="rank-list-box"):
                 yield RankList(id="rank-list")
             with Container(id="grid"):
                 for r in range(self.n):
-                    yield RankPane(r, id=f"pane-{r}")
+                    yield RankPane(r, id=f"pane-{r}", focused=r == self.current)
         yield RootCausePanel(id="root-cause").data_bind(MainScreen.ended, MainScreen.end_panel_hidden)
         yield Input(placeholder="search this rank's output (enter: find, esc: cancel)", id="search")
         yield Input(placeholder="go to rank: type its number, enter (esc: cancel)", id="goto", type="integer")
@@ -160,7 +168,7 @@ class MainScreen(Screen):
             self.query_one("#rank-list-box").styles.width = 47
         self.relayout()
         self.focus_rank(0)
-        self.tick()
+        self._read_engine()  # the first frame already shows the ranks' output (is_mounted is not true yet)
         self.set_interval(TICK_SECONDS, self.tick)
 
     def pane(self, local_rank: int) -> RankPane:
@@ -168,13 +176,13 @@ class MainScreen(Screen):
 
     # ----- layout -----------------------------------------------------------------------------
     def on_resize(self, event: Resize) -> None:
-        self.relayout()
+        if self.relayout():
+            self.tick()  # panes just shown (the first real size): fill them now, not on the next tick
 
-    def relayout(self) -> None:
-        """Grid when every pane fits at a useful size; else the rank list plus the focused pane."""
-        width, height = self.size.width, max(1, self.size.height - 2)  # header and footer rows
-        plan = plan_grid(self.n, width, height) if self.size.width else (1, 1)
-        self.compact = plan is None
+    def relayout(self) -> bool:
+        """Grid when every pane fits at a useful size; else the rank list plus the focused pane.
+        Returns whether a pane that was hidden is shown now."""
+        plan = self._plan(self.size.width, self.size.height)
         single = self.zoomed or self.compact
         cols, rows = (1, 1) if single else plan
         self.cols = 1 if single else cols
@@ -182,17 +190,31 @@ class MainScreen(Screen):
         grid.styles.grid_size_columns = cols
         grid.styles.grid_size_rows = rows
         self.query_one("#rank-list-box").display = self.compact and not self.zoomed
+        self._set_layout_classes(plan)
+        return self._show_panes({self.current} if single else set(range(self.n)))
+
+    def _plan(self, width: int, height: int) -> tuple[int, int] | None:
+        """(columns, rows) of the grid at this size, None for the compact view; sets `compact`."""
+        plan = plan_grid(self.n, width, max(1, height - 2)) if width else (1, 1)  # header and footer rows
+        self.compact = plan is None
+        return plan
+
+    def _set_layout_classes(self, plan: tuple[int, int] | None) -> None:
+        single = self.zoomed or plan is None
         self.set_class(single, "single")
         self.set_class(not single, "-grid")
-        self._show_panes({self.current} if single else set(range(self.n)))
 
-    def _show_panes(self, wanted: set[int]) -> None:
+    def _show_panes(self, wanted: set[int]) -> bool:
+        """Show these panes only; whether one of them was hidden."""
         # Touch only panes whose visibility changes: with 64 ranks most stay as they were.
         for r in range(self.n):
             want = r in wanted
             if want != (r in self._shown):
                 self.pane(r).display = want
+        newly = wanted - self._shown
+        self._unfilled |= newly
         self._shown = set(wanted)
+        return bool(newly)
 
     # ----- focus ------------------------------------------------------------------------------
     def focus_rank(self, local_rank: int) -> None:
@@ -200,8 +222,9 @@ class MainScreen(Screen):
             self._end_selection()
         local_rank %= self.n
         previous, self.current = self.current, local_rank
-        self.pane(previous).remove_class("focused")
-        self.pane(local_rank).add_class("focused")
+        if previous != local_rank:  # each class change restyles the pane's widgets
+            self.pane(previous).remove_class("focused")
+            self.pane(local_rank).add_class("focused")
         if self.zoomed or self.compact:
             self._show_panes({local_rank})
         self.pane(local_rank).log.focus()
@@ -633,8 +656,10 @@ class MainScreen(Screen):
     # ----- the timer --------------------------------------------------------------------------
     def tick(self) -> None:
         """Read one snapshot and repaint what changed; the only place the engine is read."""
-        if not self.is_mounted:
-            return
+        if self.is_mounted:
+            self._read_engine()
+
+    def _read_engine(self) -> None:
         snap = self.engine.snapshot()
         self.last = snap
         now = snap.taken_at or time.time()
@@ -661,7 +686,10 @@ class MainScreen(Screen):
                                       metric=self.tracker.title_part(r), outlier=r in outliers,
                                       sparks=self.tracker.sparks(r) if self.zoomed else None,
                                       log_path=rank.stdout_log if self.zoomed else None))
-            pane.log.poll()
+            if r == self.current or r in self._unfilled or self._reads % UNFOCUSED_EVERY == 0:
+                pane.log.poll()
+                self._unfilled.discard(r)
+        self._reads += 1
         if self.compact:
             metrics = None if self.tracker.pattern is None else {
                 r: track.value or "-" for r, track in self.tracker.ranks.items()}

@@ -208,7 +208,14 @@ def _short_path(path: str) -> str:
 class RankFeed:
     """One rank's output pulled through the engine, in the shape a LogView polls: `version` (set by
     the screen from each snapshot, so an unchanged rank costs one compare), `since()` and `maxlen`.
-    One feed per attempt: a new attempt's lines start from line 0 again."""
+    One feed per attempt: a new attempt's lines start from line 0 again.
+
+    A new feed first asks for the newest FIRST_LINES only and the whole scrollback on the next
+    poll: a pane opened on a long run (`ranktop attach`, a zoom) shows its screen without waiting
+    for 10k lines a rank to cross the socket and be measured."""
+
+    FIRST_LINES = 300  # more than the tallest pane shows
+    _AGAIN = -3  # a version no ring has: the pane polls again on the next tick
 
     def __init__(self, engine: Engine, local_rank: int, generation: int, maxlen: int) -> None:
         self._engine = engine
@@ -216,11 +223,20 @@ class RankFeed:
         self.generation = generation
         self.maxlen = maxlen
         self.version = -1
+        self._asked = False
+        self._scrollback_due = False  # the first answer was only the tail: fetch from the start next
 
     def since(self, seen: int) -> tuple[int, int, list[bytes], list[bytes]]:
-        cursor, lines, open_lines = self._engine.output_since(self.local_rank, OutputCursor(self.generation, seen))
+        first, self._asked = not self._asked, True
+        if self._scrollback_due:
+            seen, self._scrollback_due = 0, False  # the LogView takes the whole window in place of the tail
+        tail = self.FIRST_LINES if first else None
+        cursor, lines, open_lines = self._engine.output_since(self.local_rank, OutputCursor(self.generation, seen), tail)
         if cursor.generation != self.generation:  # the next attempt began: the screen brings a new feed
             return self.version, seen, [], []
+        if first and len(lines) == self.FIRST_LINES:
+            self._scrollback_due = True
+            return self._AGAIN, cursor.line, lines, open_lines
         return cursor.version, cursor.line, lines, open_lines
 
 
@@ -277,8 +293,8 @@ class RankPane(Vertical):
             super().__init__()
             self.local_rank = local_rank
 
-    def __init__(self, local_rank: int, *, id: str | None = None) -> None:
-        super().__init__(id=id, classes="pane")
+    def __init__(self, local_rank: int, *, id: str | None = None, focused: bool = False) -> None:
+        super().__init__(id=id, classes="pane focused" if focused else "pane")
         self.local_rank = local_rank
 
     def compose(self) -> ComposeResult:
