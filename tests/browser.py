@@ -10,20 +10,16 @@ import base64
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 
+from conftest import stop_process
+from ranktop.core.spec import free_port
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _page_socket(port: int, deadline: float) -> str:
@@ -75,7 +71,7 @@ def page_open(url: str, timeout: float = 30.0) -> Iterator[None]:
     """Headless chromium showing `url` until the block ends (a tab someone left open)."""
     profile = tempfile.mkdtemp(prefix="ranktop-chromium-")
     browser = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-                                f"--remote-debugging-port={_free_port()}", url],
+                                f"--remote-debugging-port={free_port('127.0.0.1')}", url],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         yield
@@ -84,12 +80,7 @@ def page_open(url: str, timeout: float = 30.0) -> Iterator[None]:
 
 
 def _close(browser: subprocess.Popen, profile: str) -> None:
-    browser.terminate()
-    try:
-        browser.wait(10)
-    except subprocess.TimeoutExpired:
-        browser.kill()
-        browser.wait()
+    stop_process(browser)
     shutil.rmtree(profile, ignore_errors=True)
 
 
@@ -98,7 +89,7 @@ def screenshot(url: str, png_path: str, ready_js: str, *, timeout: float = 30.0,
     """Open `url` in headless chromium, wait until `ready_js` evaluates to true in the page (at
     most `timeout` s), let it settle, call `while_open` (the page is still up), and save a PNG.
     Returns whether the page got ready."""
-    port, profile = _free_port(), tempfile.mkdtemp(prefix="ranktop-chromium-")
+    port, profile = free_port("127.0.0.1"), tempfile.mkdtemp(prefix="ranktop-chromium-")
     browser = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
                                 f"--remote-debugging-port={port}", f"--window-size={size[0]},{size[1]}", url],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

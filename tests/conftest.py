@@ -101,6 +101,16 @@ def no_orphans():
         pytest.fail(f"processes left behind: {left}")
 
 
+def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM a helper process a test started (a server, a browser), SIGKILL after `grace`; reaped."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def ranktop_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "ranktop", *args]
 

@@ -14,15 +14,10 @@ import pytest
 from browser import CHROMIUM, page_open, screenshot
 from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
 from ranktop.core import commands as cmd
+from ranktop.core.spec import free_port
 from test_serve import ls, runtime, start_headless  # noqa: F401 (the runtime fixture)
 
 FIRST_BYTE = "document.body.classList.contains('-first-byte')"  # textual-serve: the app has drawn
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_web(env, *args: str) -> subprocess.Popen:
@@ -44,7 +39,7 @@ def serving(tmp_path, env, run_id: str, *web_args: str) -> Iterator[tuple[subpro
     web = None
     try:
         wait_for(lambda: ls(env), what="the run listed")
-        port = free_port()
+        port = free_port("127.0.0.1")
         web = start_web(env, "--port", str(port), *web_args)
         wait_for(lambda: "textual" in page(port).lower(), what="the page served", timeout=20)
         yield web, port
@@ -72,7 +67,7 @@ def page(port: int) -> str:
     (("nope",), "ranktop: error: 'nope' names no run served on this host: runs are none"),
 ])
 def test_bad_web_arguments_are_one_line(runtime, args, message):  # noqa: F811
-    done = run_ranktop("web", "--port", str(free_port()), *args, env=runtime)
+    done = run_ranktop("web", "--port", str(free_port("127.0.0.1")), *args, env=runtime)
     assert done.returncode == 2 and done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
 
 
