@@ -18,6 +18,9 @@ demo: setup
 	$(VENV)/bin/ranktop --nproc-per-node 4 examples/demo_train.py
 
 test: setup
+	@# Compiled as an install would be: with PYTHONDONTWRITEBYTECODE=1 every ranktop a test starts
+	@# would otherwise compile its modules again (about 0.3 s of CPU each time).
+	$(PY) -m compileall -q ranktop core tui >/dev/null
 	$(PY) -m pytest -q
 
 lint: setup

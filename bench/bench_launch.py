@@ -44,6 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from compiled import compile_ranktop
+
 ROOT = Path(__file__).resolve().parent.parent
 NPROC = 8
 MANY = 128  # ranks of the 'many' scenario
@@ -592,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--writes", type=int, default=400_000, help="lines per rank in 'writes' (default 400000)")
     p.add_argument("--no-torchrun", action="store_true", help="skip torchrun even when torch is installed")
     ns = p.parse_args(argv)
+    compile_ranktop()
     torchrun = not ns.no_torchrun and have_torch()
     if not torchrun:
         print("torchrun: skipped" + ("" if ns.no_torchrun else " (torch is not importable)"))

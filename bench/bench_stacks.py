@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+from compiled import compile_ranktop
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -74,6 +76,7 @@ def main() -> int:
     p.add_argument("-r", "--repeats", type=int, default=9)
     p.add_argument("--torch", action="store_true", help="ranks import torch first")
     ns = p.parse_args()
+    compile_ranktop()
 
     code = textwrap.dedent(RANK.format(imports="import torch" if ns.torch else ""))
     spec = WorkerSpec(role="default", local_world_size=ns.nproc, entrypoint=sys.executable, args=("-u", "-c", code))

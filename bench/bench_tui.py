@@ -30,6 +30,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
+from compiled import compile_ranktop  # noqa: E402
 from gen_lines import expected  # noqa: E402
 
 SOCKET = "ranktop-bench"  # our own tmux server: other tmux sessions are left alone
@@ -190,6 +191,7 @@ def main() -> int:
                    help="lines per rank in the memory case (default 10000; 100 shows the app's own size)")
     p.add_argument("--keep", action="store_true", help="keep the log directories")
     ns = p.parse_args()
+    compile_ranktop()
     if not shutil.which("tmux"):
         print("bench_tui: needs tmux", file=sys.stderr)
         return 2
