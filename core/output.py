@@ -22,14 +22,18 @@ from typing import BinaryIO
 Buffer = bytes | memoryview  # what a console write takes: a memoryview spares a copy
 
 _READ_SIZE = 1 << 20  # one buffer, reused: os.read(fd, 1 MiB) would map and unmap 1 MiB per read
-# Under a steady flow, read rounds start this often: a round takes many writes from every pipe at
-# once (the 1 MiB pipes hold far more than 5 ms of output). With no output the pause doubles up to
-# _IDLE_SECONDS, the longest that output after a quiet spell waits to be read.
+# While a pipe fills fast, read rounds start this often: a round takes many writes from every pipe
+# at once (the 1 MiB pipes hold far more than 5 ms of output). While no pipe comes back more than
+# _PRESSING full, the pause doubles up to _IDLE_SECONDS, the longest that output waits to be read:
+# a trickle (a TUI's 8 ranks x 1000 lines/s) costs a round every 50 ms, not every 5 ms.
 _ROUND_SECONDS = 0.005
 _IDLE_SECONDS = 0.05
+_PRESSING = 0.25  # of a pipe's capacity: doubling the pause keeps such a pipe at most half full
+_TTY_ROOM = 16 << 10  # what a pty holds before its writer waits, roughly (the kernel's buffers)
 _PIPE_SIZE = 1 << 20  # ask the kernel for 1 MiB pipes: fewer wake-ups, ranks block less
 _FULL_PIPE = 64 << 10  # what a pipe holds when it could not be widened (over the user's budget)
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 
 STDOUT, STDERR = 1, 2
 
@@ -66,6 +70,25 @@ def widen_pipe(fd: int, budget: int | None = None) -> bool:
             return False  # over /proc/sys/fs/pipe-max-size for unprivileged users: keep the default
         _widened.add(fd)
         return True
+
+
+def _capacity(fd: int) -> int:
+    """Bytes the pipe `fd` holds before its writer waits (any other descriptor: a pipe's default)."""
+    try:
+        return fcntl.fcntl(fd, _F_GETPIPE_SZ)
+    except OSError:  # not a pipe (a file a test hands us, say)
+        return _FULL_PIPE
+
+
+def next_pause(pause: float, fill: float, busy: float) -> float:
+    """The read thread's sleep before its next round, after a round of `busy` seconds that found
+    its fullest pipe `fill` full (a share of its capacity) and followed a sleep of `pause`. While a
+    pipe fills fast, rounds start every _ROUND_SECONDS (a round takes what every pipe gathered
+    meanwhile); otherwise the pause doubles up to _IDLE_SECONDS, so a trickle or idle ranks cost
+    little and a pipe that was under _PRESSING full stays under twice that."""
+    if fill >= _PRESSING:
+        return max(0.0, _ROUND_SECONDS - busy)
+    return min(_IDLE_SECONDS, max(2 * pause, _ROUND_SECONDS))
 
 
 def release_pipe(fd: int) -> None:
@@ -546,15 +569,15 @@ class OutputPump:
     Linux wakes its poller on every write into it (`pipe->poll_usage`), which made 8 ranks that
     write a line at a time spend 12x the system time of the same ranks writing into `cat`'s pipes
     (3.5x their wall time on a 16-core host). Instead each round reads every pipe without
-    blocking, and the thread sleeps between rounds: _ROUND_SECONDS while output flows, longer
-    (up to _IDLE_SECONDS) while it does not. Adding a pipe or closing wakes it at once."""
+    blocking, and the thread sleeps between rounds: _ROUND_SECONDS while a pipe fills fast, longer
+    (up to _IDLE_SECONDS) while none does. Adding a pipe or closing wakes it at once."""
 
     def __init__(self) -> None:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._pending: queue.SimpleQueue[tuple[int, StreamSink]] = queue.SimpleQueue()
         self._buffer = memoryview(bytearray(_READ_SIZE))
-        self._pipes: dict[int, tuple[StreamSink, bool]] = {}  # fd -> (its sink, is it a pty)
+        self._pipes: dict[int, tuple[StreamSink, bool, int]] = {}  # fd -> (its sink, is it a pty, room)
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="ranktop-output", daemon=True)
         self._thread.start()
@@ -580,29 +603,27 @@ class OutputPump:
             if select.select([self._wake_r], [], [], pause)[0]:  # our own pipe: polling it costs nothing
                 os.read(self._wake_r, 4096)
                 self._register_pending()
-            flowed = self._round()
+            fill = self._round()
             if self._closing and not self._pipes and self._pending.empty():
                 return
-            # While output flows, rounds start every _ROUND_SECONDS (a round takes what every pipe
-            # gathered meanwhile); while it does not, the pause grows, so idle ranks cost little.
-            busy = time.monotonic() - started
-            pause = max(0.0, _ROUND_SECONDS - busy) if flowed else min(_IDLE_SECONDS, max(2 * pause, _ROUND_SECONDS))
+            pause = next_pause(pause, fill, time.monotonic() - started)
 
-    def _round(self) -> bool:
-        """Read every pipe once; True if any had output."""
-        flowed = False
-        for fd, (sink, tty) in list(self._pipes.items()):
+    def _round(self) -> float:
+        """Read every pipe once; how full the fullest was, as a share of what it holds (1.0 after
+        an end of file: the rank's other stream is likely ending too, so look again soon)."""
+        fill = 0.0
+        for fd, (sink, tty, room) in list(self._pipes.items()):
             data = self._read(fd, tty)
             if data:
                 sink.feed(data)
-                flowed = True
+                fill = max(fill, len(data) / room)
             elif data is None:  # end of file: every writer is gone
                 del self._pipes[fd]
                 release_pipe(fd)
                 os.close(fd)
                 sink.finish()
-                flowed = True  # look again soon: the rank's other stream is likely ending too
-        return flowed
+                fill = 1.0
+        return fill
 
     def _read(self, fd: int, tty: bool | None = None) -> bytes | None:
         """What `fd` holds now, up to one buffer (b"" if nothing); None at end of file. One read empties a pipe
@@ -631,7 +652,8 @@ class OutputPump:
     def _register_pending(self) -> None:
         while not self._pending.empty():
             fd, sink = self._pending.get()
-            self._pipes[fd] = (sink, os.isatty(fd))
+            tty = os.isatty(fd)
+            self._pipes[fd] = (sink, tty, _TTY_ROOM if tty else _capacity(fd))
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop once every pipe reached end of file (or after `timeout`)."""

@@ -251,3 +251,17 @@ def test_the_console_tee_and_the_line_count_do_not_depend_on_how_the_bytes_are_c
             assert ring.total_lines == len(complete)  # counted by the tee's replace or by the ring
             shown_open = [collapse_cr(open_line)] if collapse_cr(open_line) else []
             assert ring.tail() == [collapse_cr(line) for line in complete] + shown_open
+
+
+def test_rounds_come_fast_only_while_a_pipe_fills_fast():
+    from ranktop.core.output import _IDLE_SECONDS, _PRESSING, _ROUND_SECONDS, next_pause
+
+    pause, pauses = 0.0, []
+    for _ in range(6):  # a trickle: every round finds a little, far from filling a pipe
+        pause = next_pause(pause, _PRESSING / 10, busy=0.0)
+        pauses.append(pause)
+    assert pauses[0] == _ROUND_SECONDS and pauses == sorted(pauses) and pauses[-1] == _IDLE_SECONDS
+    # a pipe a quarter full (or an end of file): back to the fast pace at once, less the round's own time
+    assert next_pause(_IDLE_SECONDS, _PRESSING, busy=0.001) == _ROUND_SECONDS - 0.001
+    assert next_pause(_IDLE_SECONDS, 1.0, busy=1.0) == 0.0
+    assert next_pause(_IDLE_SECONDS, 0.0, busy=0.0) == _IDLE_SECONDS  # idle stays at the longest pause
