@@ -19,10 +19,9 @@ from typing import Any
 
 from ranktop.core import commands as cmd
 from ranktop.core import protocol
-from ranktop.core.engine import OutputCursor
+from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
 from ranktop.core.layout import tail_lines
 from ranktop.core.server import SocketDirError, remove_if_dead, socket_dir
-from ranktop.core.stacks import StackReport
 from ranktop.core.state import GroupSnapshot
 
 CONNECT_TIMEOUT = 3.0
@@ -232,12 +231,18 @@ class RemoteEngine:
     """The Engine interface of a run served elsewhere on this host: what `ranktop attach` hands
     the TUI. close() only disconnects: the run goes on."""
 
-    def __init__(self, path: str, *, read_only: bool = False):
+    def __init__(self, path: str, *, read_only: bool = False, look_ahead: bool = False):
+        """`look_ahead`: also fetch every rank's newest FIRST_LOOK_LINES now, which answer each
+        pane's first request (`ranktop attach` builds this engine while Textual loads)."""
         self.read_only = read_only  # watch only (ranktop web without --control): acting commands are refused
         self._conn = Connection(path)
         self._lock = threading.Lock()  # one request at a time (the UI's timer and its workers)
         self.gone = False  # the engine left (its run ended, or it was stopped)
         self.last = self.snapshot()
+        self._early: dict[int, tuple[OutputCursor, list[bytes], list[bytes]]] = {}
+        if look_ahead:
+            for rank in self.last.ranks:
+                self._early[rank.local_rank] = self.output_since(rank.local_rank, None, FIRST_LOOK_LINES)
 
     def snapshot(self) -> GroupSnapshot:
         if self.gone:
@@ -256,6 +261,9 @@ class RemoteEngine:
     def output_since(self, local_rank: int, cursor: OutputCursor | None,
                      tail: int | None = None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
         cursor = cursor or OutputCursor()
+        early = self._early.pop(local_rank, None) if self._early and tail == FIRST_LOOK_LINES else None
+        if early is not None and cursor.line == 0 and early[0].generation == cursor.generation:
+            return early  # what look_ahead fetched: the next request goes on from its cursor, no gap
         try:
             with self._lock:
                 answer, lines, open_lines = self._conn.output(local_rank, cursor.generation, cursor.line, tail)
@@ -291,6 +299,8 @@ def dump_stacks(path: str, name: str = "DumpStacks", args: dict | None = None) -
     """A stack dump (DumpStacks or SignalDump) by the engine served at `path`: the Ack carries
     its report. It takes seconds, so it has a connection of its own (a UI's snapshots do not
     wait behind it). RunGone if the engine cannot be reached."""
+    from ranktop.core.stacks import StackReport  # with psutil, 20 ms that attach need not wait for
+
     with Connection(path, timeout=STACKS_TIMEOUT) as conn:
         answer = conn.command(name, **(args or {}))
     report = answer.get("report")

@@ -19,6 +19,7 @@ from ranktop.core import commands as cmd
 from ranktop.core.state import GroupSnapshot
 
 SIGNAL_DUMP_SECONDS = 3.0  # how long a SIGUSR1 dump is waited for in the ranks' logs
+FIRST_LOOK_LINES = 300  # a new pane first asks for this many newest lines: more than the tallest pane shows
 
 
 @dataclasses.dataclass(frozen=True)

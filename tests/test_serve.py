@@ -369,6 +369,46 @@ def test_two_clients_at_once_see_the_same_run(tmp_path, runtime, monkeypatch):
         proc.wait(30)
 
 
+def test_attach_look_ahead_answers_the_first_screen_and_goes_on_with_no_gap(tmp_path, runtime, monkeypatch):
+    from ranktop.core.client import RemoteEngine, served_runs
+    from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
+
+    script = tmp_path / "count.py"  # 400 lines at once, then a line every 10 ms until stdin closes
+    script.write_text("import sys, time\nfor i in range(400):\n    print(i)\nsys.stdout.flush()\nfor i in range(400, 10**6):\n"
+                      "    print(i, flush=True)\n    time.sleep(0.01)\n")
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--run-id", "ahead", "--log-dir", str(tmp_path / "logs"),
+                                        "--shutdown-timeout", "3", str(script)),
+                            cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+    try:
+        wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
+        logged = lambda: b"".join(p.read_bytes() for p in (tmp_path / "logs").glob("ahead/*/*/stdout.log"))  # noqa: E731
+        wait_for(lambda: logged().count(b"\n") > 401, what="the first 400 lines read (and one after them)")
+        (run,) = served_runs()
+        engine = RemoteEngine(run.path, look_ahead=True)
+        try:
+            asked = []
+            real_output = engine._conn.output
+            monkeypatch.setattr(engine._conn, "output", lambda *a: asked.append(a) or real_output(*a))
+            cursor, lines, _ = engine.output_since(0, OutputCursor(engine.last.generation, 0), FIRST_LOOK_LINES)
+            assert asked == [] and len(lines) == FIRST_LOOK_LINES  # answered by the look-ahead
+            seen = [int(x) for x in lines]
+
+            def more() -> bool:  # later requests go on from its cursor
+                nonlocal cursor
+                cursor, lines, _ = engine.output_since(0, cursor)
+                seen.extend(int(x) for x in lines)
+                return seen[-1] >= 450
+
+            wait_for(more, what="lines printed after the look-ahead")
+            assert asked and seen == list(range(seen[0], seen[-1] + 1))  # no gap, no overlap
+        finally:
+            engine.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
 def test_logs_follow_is_pushed_history_then_live_with_no_gap_or_overlap(tmp_path, runtime):
     script = tmp_path / "count.py"
     script.write_text("import os, sys, time\nfor i in range(40):\n    print(os.environ['RANK'], i, flush=True)\n"

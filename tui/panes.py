@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from ranktop.core.engine import Engine, OutputCursor
+from ranktop.core.engine import FIRST_LOOK_LINES, Engine, OutputCursor
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
 from ranktop.tui.logview import LogView
@@ -214,7 +214,7 @@ class RankFeed:
     poll: a pane opened on a long run (`ranktop attach`, a zoom) shows its screen without waiting
     for 10k lines a rank to cross the socket and be measured."""
 
-    FIRST_LINES = 300  # more than the tallest pane shows
+    FIRST_LINES = FIRST_LOOK_LINES
     _AGAIN = -3  # a version no ring has: the pane polls again on the next tick
 
     def __init__(self, engine: Engine, local_rank: int, generation: int, maxlen: int) -> None:

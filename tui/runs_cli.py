@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -79,8 +80,7 @@ def attach(argv: list[str]) -> int:
     p = run_parser("ranktop attach", "The TUI of a run started elsewhere (it goes on when you leave).")
     p.add_argument("--read-only", action="store_true", help="watch only: keys that act on ranks do nothing")
     ns = p.parse_args(argv)
-    from ranktop.core.client import BadFinalFile, FinalEngine, RemoteEngine, final_run
-    from ranktop.tui.app import RanktopApp, print_end_report
+    from ranktop.core.client import BadFinalFile, FinalEngine, final_run
 
     try:
         run = find_run(ns.run, served_runs())
@@ -92,11 +92,17 @@ def attach(argv: list[str]) -> int:
             engine = FinalEngine(final)
         except BadFinalFile as bad:
             return usage_error(str(bad))
+        from ranktop.tui.app import RanktopApp
+
         return _show(RanktopApp(engine))
-    try:
-        engine = RemoteEngine(run.path, read_only=ns.read_only)
-    except RunGone as exc:
-        print(f"ranktop: {run.run_id}: {exc}", file=sys.stderr)
+    connecting = _Connecting(run.path, ns.read_only)
+    connecting.start()
+    from ranktop.tui.app import RanktopApp, print_end_report  # Textual loads while the engine answers
+
+    connecting.join()
+    engine = connecting.engine
+    if engine is None:
+        print(f"ranktop: {run.run_id}: {connecting.problem}", file=sys.stderr)
         return 1
     app = RanktopApp(engine)
     app.attached = True
@@ -109,6 +115,25 @@ def attach(argv: list[str]) -> int:
               file=sys.stderr)
     print_end_report(engine.last)
     return 0
+
+
+class _Connecting(threading.Thread):
+    """A RemoteEngine built in a thread, with every rank's first screenful fetched: importing
+    Textual takes most of attach's start, and the engine's answers need not wait for it."""
+
+    def __init__(self, path: str, read_only: bool) -> None:
+        super().__init__(name="ranktop-connect", daemon=True)
+        self.path, self.read_only = path, read_only
+        self.engine = None
+        self.problem: RunGone | None = None
+
+    def run(self) -> None:
+        from ranktop.core.client import RemoteEngine
+
+        try:
+            self.engine = RemoteEngine(self.path, read_only=self.read_only, look_ahead=True)
+        except RunGone as exc:
+            self.problem = exc
 
 
 def _show(app) -> int:
