@@ -15,7 +15,6 @@ import dataclasses
 import datetime
 import json
 import os
-import secrets
 import shutil
 import signal
 import sys
@@ -86,7 +85,7 @@ class RunResult:
 
 
 def new_run_id() -> str:
-    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + os.urandom(2).hex()
 
 
 class LocalAgent:

@@ -18,8 +18,6 @@ from __future__ import annotations
 import errno
 import functools
 import os
-import pickle
-import secrets
 import select
 import shutil
 import signal
@@ -237,7 +235,7 @@ class PContext:
         self._passthrough = passthrough_console  # unredirected, unteed streams: inherit our fds
         self._sanitize_console = sanitize_console  # filter what the console shows (files stay raw)
         self.slots = [RankSlot(r, LineRing(ring_lines)) for r in range(self.nprocs)]
-        self.token = secrets.token_hex(8)
+        self.token = os.urandom(8).hex()
         self._strays = StrayTracker(self.token, self._tell_guard, self._emit_group)
         # The end sweep: what the ranks left running gets SIGTERM, then SIGKILL after the grace.
         self._sweep_grace = shutdown_timeout
@@ -648,6 +646,8 @@ class PContext:
         return result
 
     def _read_return_value(self, local_rank: int) -> Any:
+        import pickle  # function ranks only: a command line's start does not pay for it
+
         try:
             with open(self._result_path(local_rank), "rb") as f:
                 return pickle.load(f)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import secrets
 import stat
 import tempfile
 
@@ -125,7 +124,7 @@ class Dir:
     def set_aside(self, name: str) -> None:
         """Move what is called `name` out of the way (kept, renamed), if anything is."""
         try:
-            os.rename(name, f"{name}.set-aside-{secrets.token_hex(4)}", src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            os.rename(name, f"{name}.set-aside-{os.urandom(4).hex()}", src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except FileNotFoundError:
             pass
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 from ranktop.core.sanitize import clean, clean_bytes, clean_console
-from ranktop.tui.logview import line_width, parse_line
+from ranktop.tui.logview import MAX_CHARS, line_width, line_widths, parse_line
 
 ESC, BEL, ST = "\x1b", "\x07", "\x1b\\"
 CLIPBOARD = "cHduZWQ="  # base64 of "pwned"
@@ -107,6 +107,14 @@ def test_parse_line_keeps_colours_and_drops_everything_else():
     assert [(span.start, span.end, span.style.color.number) for span in text.spans] == [(0, 3, 1)]
     assert not any(span.style.link for span in text.spans)
     assert line_width(raw) == text.cell_len
+
+
+def test_line_widths_of_a_batch_are_each_lines_width():
+    plain = [b"step 1 loss 0.5", b"", b"~" * MAX_CHARS]
+    for batch in (plain, [*plain, f"{ESC}[31mred{ESC}[0m".encode()], [*plain, b"a\tb"],
+                  [*plain, b"x" * (MAX_CHARS + 5)], [*plain, "漢字".encode()], [b"a\x7f"], []):
+        assert line_widths(batch) == [line_width(line) for line in batch]
+    assert line_widths(plain) == [15, 0, MAX_CHARS]
 
 
 def test_parse_line_does_not_read_markup():

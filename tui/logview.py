@@ -22,6 +22,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.events import MouseDown, MouseMove, MouseUp
+from textual.filter import ANSIToTruecolor
 from textual.geometry import Offset, Region, Size
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -39,6 +40,7 @@ _BAR = 1  # columns of the scrollbar LogView draws itself: Textual's ScrollBar w
 # (measured: more than half the TUI's CPU under a steady flood).
 _CACHE_LINES = 512  # strips kept per pane: a few screens' worth, small even with 64 panes
 _PLAIN_LINE = re.compile(rb"[\x20-\x7e]{0,%d}" % MAX_CHARS)  # printable ASCII: one cell a byte
+_PLAIN_LINES = re.compile(rb"[\x20-\x7e\n]*")  # such lines joined by newlines
 _PLAIN = Style()  # Textual's colour filters want a style on every segment, even an empty one
 
 
@@ -66,6 +68,13 @@ def parse_line(raw: bytes, style: Style | None = None, color: bool = True) -> Te
     return rich_text
 
 
+def _truecolor(style: Style | None) -> bool:
+    """Does Textual's ANSI-to-truecolor filter leave `style` as it is?"""
+    if style is None:
+        return True
+    return all(c is None or c.triplet is not None for c in (style.color, style.bgcolor)) and not style.dim
+
+
 def line_width(raw: bytes) -> int:
     """The cells `parse_line(raw)` takes, cheaply for the common plain-ASCII case."""
     if len(raw) <= MAX_CHARS and raw.isascii():
@@ -75,6 +84,14 @@ def line_width(raw: bytes) -> int:
         if "\t" not in plain:
             return len(plain)
     return parse_line(raw).cell_len  # bounded: parse_line reads at most _MAX_BYTES
+
+
+def line_widths(lines: list[bytes]) -> list[int]:
+    """line_width of each line, in one pass over them all when they are all plain (the usual batch)."""
+    widths = list(map(len, lines))
+    if widths and max(widths) <= MAX_CHARS and _PLAIN_LINES.fullmatch(b"\n".join(lines)):
+        return widths
+    return [line_width(line) for line in lines]
 
 
 def matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
@@ -229,7 +246,7 @@ class LogView(ScrollView, can_focus=True):
             self._hits = []
         else:
             dropped = 0
-        widths = [line_width(line) for line in new]
+        widths = line_widths(new)
         self._lines.extend(new)
         self._bytes += sum(map(len, new))
         self._widths.extend(widths)
@@ -242,7 +259,7 @@ class LogView(ScrollView, can_focus=True):
         if over > 0:
             dropped += self._drop_front(over)
         self._open = open_lines
-        self._open_widths = [line_width(line) for line in open_lines]
+        self._open_widths = line_widths(open_lines)
         self._max_width = max(self._max_width, *self._open_widths, 0)
         return dropped
 
@@ -381,16 +398,28 @@ class LogView(ScrollView, can_focus=True):
         """`crop` of the rows as render_line makes them, through the app's line filters."""
         background = self.background_colors[1]
         filters = self.get_line_filters()
+        # A plain row has only our CSS colours: when those are truecolor already, the usual filter
+        # (ANSI colours to truecolor) would remake the row for nothing, style by style (the offset
+        # meta makes every row's style new to its cache).
+        plain_filters = [] if self._filters_keep_plain_rows(filters) else filters
         x1, x2 = crop.column_span
         rows = []
         for y in crop.line_range:
-            row = self.render_line(y)
-            for line_filter in filters:
+            row, plain = self._row(y)
+            for line_filter in plain_filters if plain else filters:
                 row = row.apply_filter(line_filter, background)
             rows.append(row if (x1, x2) == (0, row.cell_length) else row.crop(x1, x2))
         return rows
 
+    def _filters_keep_plain_rows(self, filters: list) -> bool:
+        styles = (self._style, *(cell.style for cell in self._bar_cells))
+        return all(isinstance(f, ANSIToTruecolor) for f in filters) and all(map(_truecolor, styles))
+
     def render_line(self, y: int) -> Strip:
+        return self._row(y)[0]
+
+    def _row(self, y: int) -> tuple[Strip, bool]:
+        """Row `y` of the view, and whether it is a plain row (printable ASCII in our own style)."""
         scroll_x, scroll_y, width, thumb_start, thumb_end, selection = self._frame or self._frame_now()
         bar = self._bar_cells[thumb_start <= y < thumb_end]
         row = scroll_y + y
@@ -405,7 +434,7 @@ class LogView(ScrollView, can_focus=True):
             if selection is None:  # the usual row, in one Strip rather than three (each makes 7 caches)
                 offset = Style.from_meta({"offset": (scroll_x, row)})
                 style = self._style + offset if self._style else offset
-                return Strip([Segment(visible, style), bar], width + _BAR)
+                return Strip([Segment(visible, style), bar], width + _BAR), True
             text = Strip([Segment(visible, self._style)], width)
         else:
             strip = self._strip(index, sub)
@@ -415,7 +444,7 @@ class LogView(ScrollView, can_focus=True):
             text = self._selected(text, selection, row, scroll_x, width)
         # Offsets tell Textual which row and column the mouse is over (what selection starts from);
         # the plain row above carries the same meta.
-        return Strip([*text.apply_offsets(scroll_x, row), bar], width + _BAR)
+        return Strip([*text.apply_offsets(scroll_x, row), bar], width + _BAR), False
 
     # ----- selection (mouse, or V in the screen), copied through OSC 52 ----------------------------
     def _selected(self, text: Strip, selection: Selection, row: int, scroll_x: int, width: int) -> Strip:
