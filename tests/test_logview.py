@@ -313,3 +313,25 @@ async def test_real_ranks_through_the_engine(tmp_path):
     finally:
         runner.join(30)
     assert not runner.is_alive()
+
+
+@sync
+async def test_our_rows_are_what_textuals_own_restyling_would_make(monkeypatch):
+    """The bare-box shortcut (no StylesCache pass, no filter on plain rows) changes no cell."""
+    from textual.widget import Widget
+
+    ring = LineRing()
+    feed_lines(ring, 0, 20)
+    ring.feed(STDOUT, b"\x1b[31mred\x1b[0m plain\n")
+    async with shown(ring) as (view, pilot):
+        crop = view.scrollable_content_region.reset_offset
+        ours = view.render_lines(crop)
+        view._styles_cache.clear()
+        view._frame = view._frame_now()
+        theirs = Widget.render_lines(view, crop)
+        view._frame = None
+        assert [list(row) for row in ours] == [list(row) for row in theirs]
+        assert view._bare_box() and view._filters_keep_plain_rows(view.get_line_filters())
+        view.styles.padding = (0, 1)  # a box Textual must draw: its own pass again
+        await pilot.pause()
+        assert not view._bare_box()
