@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compiled import compile_ranktop
+from compiled import compile_ranktop, installed_python
 
 ROOT = Path(__file__).resolve().parent.parent
 NPROC = 8
@@ -136,8 +136,13 @@ class Result:
 
 # ----- the three ways to launch ----------------------------------------------------------------
 
+# --installed: a venv's Python with a built copy of ranktop (compiled.installed_python), and -P, so
+# that the checkout's ranktop/ in our working directory does not shadow it.
+RANKTOP_PYTHON = [sys.executable]
+
+
 def ranktop_cmd(script: str, args: list[str], log_dir: str, tee: bool, nproc: int = NPROC) -> list[str]:
-    cmd = [sys.executable, "-m", "ranktop", "--headless", "--nproc-per-node", str(nproc),
+    cmd = [*RANKTOP_PYTHON, "-m", "ranktop", "--headless", "--nproc-per-node", str(nproc),
            "--log-dir", log_dir, "--run-id", "bench"]
     if tee:
         cmd += ["--tee", "3"]
@@ -153,7 +158,8 @@ def torchrun_cmd(script: str, args: list[str], log_dir: str, tee: bool) -> list[
 
 def launcher_env() -> dict[str, str]:
     # Same for every contender: torchrun would otherwise warn about OMP_NUM_THREADS per run.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # PYTHON_EXEC: ranktop's ranks run the interpreter the bare ranks run, whichever runs ranktop.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHON_EXEC": sys.executable}
     # Installed packages (torch) come with .pyc files; a source checkout gets them on first
     # import unless this is set, in which case ranktop alone would recompile itself every run.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -472,7 +478,7 @@ def bench_big(base: str, name: str) -> dict[str, str]:
     cpu_file = os.path.join(base, "rank-cpu")
 
     def cmd(total_mb: int, line_mb: int, *flags: str) -> list[str]:
-        return [sys.executable, "-m", "ranktop", "--headless", "--nproc-per-node", "1", "--log-dir",
+        return [*RANKTOP_PYTHON, "-m", "ranktop", "--headless", "--nproc-per-node", "1", "--log-dir",
                 fresh_dir(base, "big-logs"), "--run-id", "bench", *flags, script, str(total_mb),
                 str(line_mb), cpu_file]
 
@@ -593,8 +599,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lines", type=int, default=200_000, help="lines per rank in 'lines' (default 200000)")
     p.add_argument("--writes", type=int, default=400_000, help="lines per rank in 'writes' (default 400000)")
     p.add_argument("--no-torchrun", action="store_true", help="skip torchrun even when torch is installed")
+    p.add_argument("--installed", action="store_true",
+                   help="run ranktop from a built copy in a venv of its own, as `pip install` leaves it, "
+                        "rather than from this (editable) checkout")
     ns = p.parse_args(argv)
     compile_ranktop()
+
     torchrun = not ns.no_torchrun and have_torch()
     if not torchrun:
         print("torchrun: skipped" + ("" if ns.no_torchrun else " (torch is not importable)"))
@@ -603,6 +613,10 @@ def main(argv: list[str] | None = None) -> int:
     big: dict[str, dict[str, str]] = {}
     base = tempfile.mkdtemp(prefix="ranktop-bench-")
     try:
+        global RANKTOP_PYTHON
+        if ns.installed:
+            RANKTOP_PYTHON = [installed_python(os.path.join(base, "installed")), "-P"]
+            print(f"ranktop: an installed copy, run by {RANKTOP_PYTHON[0]}")
         for name in scenarios:
             print(f"running {name} ...", flush=True)
             if name in _BIG:
