@@ -237,3 +237,29 @@ def test_the_focused_pane_takes_new_lines_every_tick_the_others_every_second(mon
         assert [log.line_count for log in logs] == [2, 2, 2]
 
     drive(engine, body, size=(160, 48))
+
+
+def test_the_footer_is_rebuilt_once_per_burst_of_focus_changes():
+    from ranktop.tui.panes import CalmFooter
+    from textual.widgets._footer import FooterKey
+
+    engine = FakeEngine(4)
+
+    async def body(app, pilot):
+        footer = app.main.query_one(CalmFooter)
+        await until(pilot, lambda: footer.query(FooterKey), what="the footer's keys")
+        rebuilt = []
+        real = footer.recompose
+
+        async def counted():
+            rebuilt.append(1)
+            await real()
+
+        footer.recompose = counted
+        for _ in range(4):  # a burst, as opening a screen makes: four changes within the settling time
+            footer.bindings_changed(app.main)
+        await until(pilot, lambda: rebuilt, what="a rebuild")
+        await pilot.pause(3 * CalmFooter.SETTLE_SECONDS)
+        assert len(rebuilt) == 1 and "Quit" in " ".join(str(k.description) for k in footer.query(FooterKey))
+
+    drive(engine, body)

@@ -26,7 +26,7 @@ from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.attempts import FileFeed, attempt_dirs
 from ranktop.tui.metric import Tracker
-from ranktop.tui.panes import FILTERS, SORTS, GroupHeader, RankFeed, RankList, RankPane, rank_title
+from ranktop.tui.panes import FILTERS, SORTS, CalmFooter, GroupHeader, RankFeed, RankList, RankPane, rank_title
 from ranktop.tui.screens import RootCausePanel, SignalPicker
 from ranktop.tui.search_all import RankSearch
 from textual import on
@@ -37,7 +37,7 @@ from textual.events import DescendantFocus, Resize
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer, Input
+from textual.widgets import Input
 
 TICK_SECONDS = 0.25  # snapshot + repaint rate: 4 Hz is live to the eye and cheap under floods
 # A pane without focus takes its new lines every second tick (2 Hz): drawing eight scrolling panes
@@ -161,7 +161,7 @@ class MainScreen(Screen):
         yield Input(placeholder="search this rank's output (enter: find, esc: cancel)", id="search")
         yield Input(placeholder="go to rank: type its number, enter (esc: cancel)", id="goto", type="integer")
         yield Input(id="stdin")
-        yield Footer()
+        yield CalmFooter()
 
     def on_mount(self) -> None:
         if self.tracker.pattern is not None:  # room for the metric column
