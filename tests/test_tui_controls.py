@@ -253,7 +253,8 @@ def test_small_terminal_ctrl_c_and_the_report_left_behind(tmp_path):
                f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
     term = Terminal(command, width=80, height=24)
     try:
-        screen = term.wait_screen(" 1/1  running")
+        term.wait_screen(" 1/1  running")
+        screen = term.wait_screen("? Help")  # the footer is built once the screen's bindings settle
         footer = screen.rstrip("\n").split("\n")[-1]
         assert "q Quit" in footer and "? Help" in footer  # the essentials survive 80 columns
         term.press("C-c")
