@@ -335,3 +335,20 @@ async def test_our_rows_are_what_textuals_own_restyling_would_make(monkeypatch):
         view.styles.padding = (0, 1)  # a box Textual must draw: its own pass again
         await pilot.pause()
         assert not view._bare_box()
+
+
+@sync
+async def test_rows_are_drawn_again_only_when_the_view_changed():
+    ring = LineRing()
+    ring.feed(STDOUT, b"0123456789" * 10 + b"\n")  # wider than the view: it can scroll sideways
+    feed_lines(ring, 1, 3)
+    async with shown(ring) as (view, pilot):
+        crop = view.scrollable_content_region.reset_offset
+        first = view.render_lines(crop)
+        assert all(a is b for a, b in zip(first, view.render_lines(crop), strict=True))  # nothing changed: kept
+        ring.feed(STDOUT, b"epoch 1 50%")  # an open line on the next row
+        assert view.poll()
+        again = view.render_lines(crop)
+        assert again[3].text.startswith("epoch 1 50%") and again[0] is not first[0]
+        view.scroll_to(x=2, animate=False, immediate=True)  # a new frame: no row of the old one
+        assert view.render_lines(crop)[0].text.startswith("23456789")

@@ -12,7 +12,7 @@ import bisect
 import itertools
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from ranktop.core.output import RING_BYTES, line_length
 from ranktop.core.sanitize import clean
@@ -172,6 +172,11 @@ class LogView(ScrollView, can_focus=True):
         self._base_style: Style | None = None
         self._bar: tuple[Segment, Segment] | None = None
         self._frame: tuple[int, int, int, int, int, Selection | None] | None = None
+        # The rows drawn for the frame in `_drawn_for`, by screen row: the compositor redraws every
+        # widget under the union of the screen's changes (a title's clock makes that the whole
+        # screen), so a pane that did not change is asked for its rows again.
+        self._drawn: dict[int, Strip] = {}
+        self._drawn_for: tuple | None = None
         self._dragging = False  # the mouse holds the scrollbar
         self._reset(ring)
 
@@ -398,6 +403,10 @@ class LogView(ScrollView, can_focus=True):
         """`crop` of the rows as render_line makes them, through the app's line filters."""
         background = self.background_colors[1]
         filters = self.get_line_filters()
+        frame = (self._frame, background, tuple(filters))
+        if frame != self._drawn_for:
+            self._drawn.clear()
+            self._drawn_for = frame
         # A plain row has only our CSS colours: when those are truecolor already, the usual filter
         # (ANSI colours to truecolor) would remake the row for nothing, style by style (the offset
         # meta makes every row's style new to its cache).
@@ -405,11 +414,20 @@ class LogView(ScrollView, can_focus=True):
         x1, x2 = crop.column_span
         rows = []
         for y in crop.line_range:
-            row, plain = self._row(y)
-            for line_filter in plain_filters if plain else filters:
-                row = row.apply_filter(line_filter, background)
+            row = self._drawn.get(y)
+            if row is None:
+                row, plain = self._row(y)
+                for line_filter in plain_filters if plain else filters:
+                    row = row.apply_filter(line_filter, background)
+                self._drawn[y] = row
             rows.append(row if (x1, x2) == (0, row.cell_length) else row.crop(x1, x2))
         return rows
+
+    def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False,
+                recompose: bool = False) -> Self:
+        if repaint:  # what the rows show changed (new lines, a search, the wrap): draw them again
+            self._drawn.clear()
+        return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
 
     def _filters_keep_plain_rows(self, filters: list) -> bool:
         styles = (self._style, *(cell.style for cell in self._bar_cells))
@@ -554,6 +572,7 @@ class LogView(ScrollView, can_focus=True):
         super().notify_style_update()
         self._base_style = self._bar = None
         self._strips.clear()
+        self._drawn.clear()
 
     # ----- following and scrolling ---------------------------------------------------------------
     def _move_to(self, y: float) -> None:
