@@ -309,7 +309,8 @@ class LineRing:
         not the whole ring."""
         with self._lock:
             self._make_lines()
-            count = max(0, min(self.total_lines - seen, len(self.lines), len(self.lines) if tail is None else tail))
+            kept = len(self.lines) if tail is None else min(tail, len(self.lines))
+            count = max(0, min(self.total_lines - seen, kept))
             new = list(itertools.islice(reversed(self.lines), count))
             open_lines = self._open_lines()
             version, total = self.version, self.total_lines

@@ -10,9 +10,9 @@ import pytest
 from conftest import until
 from fake_engine import FakeEngine
 from ranktop.core import commands as cmd
+from ranktop.core.engine import FIRST_LOOK_LINES
 from ranktop.core.state import GroupState, RankState
 from ranktop.tui.app import RanktopApp
-from ranktop.tui.panes import RankFeed
 from ranktop.tui.screens import SignalPicker
 
 pytestmark = pytest.mark.timeout(60)
@@ -185,7 +185,7 @@ def test_a_pane_shows_the_newest_lines_first_and_then_the_whole_scrollback():
         logs = [app.main.pane(r).log for r in range(2)]
         await until(pilot, lambda: all(log.line_count == 5000 for log in logs), what="every line")
         for r, log in enumerate(logs):
-            assert [tail for rank, tail in asked if rank == r][:2] == [RankFeed.FIRST_LINES, None]
+            assert [tail for rank, tail in asked if rank == r][:2] == [FIRST_LOOK_LINES, None]
             assert log.row_text(0) == f"r{r} line 0" and log.row_text(4999) == f"r{r} line 4999"
             await until(pilot, lambda log=log: round(log.scroll_offset.y) == log.max_scroll_y, what="the view at the tail")
         engine.print(1, "r1 line 5000")

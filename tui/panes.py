@@ -211,11 +211,10 @@ class RankFeed:
     the screen from each snapshot, so an unchanged rank costs one compare), `since()` and `maxlen`.
     One feed per attempt: a new attempt's lines start from line 0 again.
 
-    A new feed first asks for the newest FIRST_LINES only and the whole scrollback on the next
+    A new feed first asks for the newest FIRST_LOOK_LINES only and the whole scrollback on the next
     poll: a pane opened on a long run (`ranktop attach`, a zoom) shows its screen without waiting
     for 10k lines a rank to cross the socket and be measured."""
 
-    FIRST_LINES = FIRST_LOOK_LINES
     _AGAIN = -3  # a version no ring has: the pane polls again on the next tick
 
     def __init__(self, engine: Engine, local_rank: int, generation: int, maxlen: int) -> None:
@@ -231,11 +230,11 @@ class RankFeed:
         first, self._asked = not self._asked, True
         if self._scrollback_due:
             seen, self._scrollback_due = 0, False  # the LogView takes the whole window in place of the tail
-        tail = self.FIRST_LINES if first else None
+        tail = FIRST_LOOK_LINES if first else None
         cursor, lines, open_lines = self._engine.output_since(self.local_rank, OutputCursor(self.generation, seen), tail)
         if cursor.generation != self.generation:  # the next attempt began: the screen brings a new feed
             return self.version, seen, [], []
-        if first and len(lines) == self.FIRST_LINES:
+        if first and len(lines) == FIRST_LOOK_LINES:
             self._scrollback_due = True
             return self._AGAIN, cursor.line, lines, open_lines
         return cursor.version, cursor.line, lines, open_lines

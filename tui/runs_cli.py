@@ -101,9 +101,11 @@ def attach(argv: list[str]) -> int:
 
     connecting.join()
     engine = connecting.engine
-    if engine is None:
+    if isinstance(connecting.problem, RunGone):
         print(f"ranktop: {run.run_id}: {connecting.problem}", file=sys.stderr)
         return 1
+    if connecting.problem is not None:
+        raise connecting.problem  # not ours to word: raised here, as it was before the thread
     app = RanktopApp(engine)
     app.attached = True
     try:
@@ -125,14 +127,14 @@ class _Connecting(threading.Thread):
         super().__init__(name="ranktop-connect", daemon=True)
         self.path, self.read_only = path, read_only
         self.engine = None
-        self.problem: RunGone | None = None
+        self.problem: Exception | None = None  # what building it raised, for the main thread
 
     def run(self) -> None:
         from ranktop.core.client import RemoteEngine
 
         try:
             self.engine = RemoteEngine(self.path, read_only=self.read_only, look_ahead=True)
-        except RunGone as exc:
+        except Exception as exc:  # noqa: BLE001 - handed to the main thread, which raises what it does not word
             self.problem = exc
 
 
