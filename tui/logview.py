@@ -583,7 +583,11 @@ class LogView(ScrollView, can_focus=True):
             self._by_me = False
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
-        super().watch_scroll_y(old_value, new_value)
+        # Not ScrollView's: it moves Textual's ScrollBar widget, which we hide (we draw our own),
+        # and a refresh of a widget the compositor does not show makes it lay out the whole
+        # screen again: every poll that scrolled cost a full layout.
+        if round(old_value) != round(new_value):
+            self.refresh()
         if not self._by_me:  # the user scrolled: up leaves the tail, reaching the bottom rejoins it
             self.follow = round(new_value) >= self.max_scroll_y
 
