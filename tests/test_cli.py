@@ -241,6 +241,21 @@ def test_headless_does_not_import_textual(tmp_path):
     assert res.stdout.strip() == "False 0", res.stderr
 
 
+def test_the_collector_waits_out_start_up_and_collects_while_the_ranks_run(tmp_path):
+    # Collections are held while ranktop starts (it would scan the imports' objects again and
+    # again), and must be back, with start-up's objects frozen, before the run's long wait.
+    code = ("import gc, sys, time; from ranktop.core import collector; from ranktop.tui.cli import main; seen = []\n"
+            "release = collector.release\n"
+            "collector.release = lambda: (seen.append((gc.isenabled(), time.monotonic())), release())\n"
+            "rc = main(['--headless', '--log-dir', %r, '--no-python', 'sleep', '2'])\n"
+            "print(seen[0][0], round(time.monotonic() - seen[0][1]), gc.isenabled(), gc.get_freeze_count() > 0, rc)"
+            % str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    held, seconds_before_the_end, enabled, frozen, rc = res.stdout.split()
+    assert (held, enabled, frozen, rc) == ("False", "True", "True", "0"), res.stderr
+    assert int(seconds_before_the_end) >= 2  # released before the rank's 2 s, not at the exit
+
+
 def test_version_and_help():
     assert run_ranktop("--version").stdout.startswith("ranktop ")
     help_text = run_ranktop("--help").stdout

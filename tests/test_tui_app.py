@@ -110,6 +110,26 @@ def test_quit_can_be_cancelled(tmp_path):
     drive(app, body)
 
 
+def test_the_first_frame_ends_start_up_for_the_collector():
+    # `ranktop` holds cyclic collections while it starts (core/collector.py); the TUI's first
+    # frame is where start-up ends, so collections must be back from there on.
+    import gc
+
+    from ranktop.core import collector
+
+    app = RanktopApp(FakeEngine(2))
+    collector.hold()
+    try:
+        async def body(app, pilot):
+            await until(pilot, gc.isenabled, what="collections back after the first frame")
+            assert gc.get_freeze_count() > 0  # what start-up made is out of the collector's sight
+
+        drive(app, body)
+    finally:
+        gc.enable()
+        gc.unfreeze()  # (this test process is not a ranktop)
+
+
 COUNTER = "import time\nn = 0\nwhile True:\n    print('tick', n, flush=True)\n    n += 1\n    time.sleep(0.02)\n"
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
+from ranktop.core import collector
 from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
 from ranktop.core.sanitize import clean
@@ -67,6 +68,7 @@ class RanktopApp(App):
     def on_mount(self) -> None:
         self.main = MainScreen(self.engine, metric=self.metric)
         self.push_screen(self.main)
+        self.call_after_refresh(collector.release)  # the first frame ends start-up
         if getattr(self.engine, "read_only", False):  # ranktop web without --control
             self.main.note = "read-only view"
 
@@ -289,6 +291,7 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
         server = serve_run(engine, engine.agent.run_id)
         app.can_detach = detacher is not None and server is not None
         app.run()
+        collector.release()  # (if the app never got to its first frame)
         if app.detached:
             _run_detached(engine, server, getattr(ns, "linger", 600.0), app.detached, detacher)
     finally:

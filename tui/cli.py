@@ -12,7 +12,7 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 
-from ranktop.core import limits, numa
+from ranktop.core import collector, limits, numa
 from ranktop.core.errors import UsageError
 from ranktop.core.stdio import reopen_closed_streams, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, usage_error
@@ -447,7 +447,11 @@ def want_tui(ns: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    status = _run_command(argv)
+    collector.hold()  # released where start-up ends: the first frame, or the ranks started
+    try:
+        status = _run_command(argv)
+    finally:
+        collector.release()
     if "ranktop.core.agent" in sys.modules:
         from ranktop.core.agent import store_call_left_blocked
 
@@ -573,6 +577,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         sampler.attach(agent)
     engine = LocalEngine(agent)
     server = serve_run(engine, agent.run_id)
+    collector.release()
     try:
         result = engine.run_here()  # the monitor loop in this thread, which gets the signals
         if server is not None and ns.detached_child:

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from ranktop.core import collector
 from ranktop.core.client import Connection, RunGone, ServedRun, find_run, served_runs, wait_gone
 from ranktop.core.sanitize import clean
 from ranktop.tui.usage import UsageParser, usage_error
@@ -18,6 +19,8 @@ _RUN_HELP = "a run id, a unique prefix of one, or its run directory (default: th
 
 def main(argv: Sequence[str]) -> int:
     command, rest = argv[0], list(argv[1:])
+    if command != "attach":  # (attach's start-up ends with its first frame, as the TUI's does)
+        collector.release()
     if command == "web":
         from ranktop.tui.web import main as web
 
