@@ -211,6 +211,8 @@ def test_the_first_frame_holds_output_without_waiting_for_a_tick(monkeypatch):
 
 
 def test_the_focused_pane_takes_new_lines_every_tick_the_others_every_second(monkeypatch):
+    # The other panes' lines and titles change together, on every other tick, so that a tick
+    # between repaints only the focused pane (Textual redraws the box around all that changed).
     from ranktop.tui import main_screen
 
     monkeypatch.setattr(main_screen, "TICK_SECONDS", 3600.0)  # the test calls the ticks itself
@@ -223,10 +225,13 @@ def test_the_focused_pane_takes_new_lines_every_tick_the_others_every_second(mon
             screen.tick()  # line up on a tick that is not the unfocused panes' turn
         for r in range(3):
             engine.print(r, f"new on {r}")
+            engine.set_rank(r, restarts=3)
         screen.tick()
         assert [log.line_count for log in logs] == [1, 0, 0]  # rank 0 has the focus
+        assert ["⟳3" in screen.pane(r).title for r in range(3)] == [True, False, False]
         screen.tick()
         assert [log.line_count for log in logs] == [1, 1, 1]
+        assert ["⟳3" in screen.pane(r).title for r in range(3)] == [True, True, True]
         await pilot.press("z")  # zoom on rank 0: the others are hidden...
         for r in range(3):
             engine.print(r, f"more on {r}")

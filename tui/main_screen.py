@@ -23,7 +23,7 @@ from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
 from ranktop.core.report import format_root_cause
 from ranktop.core.sanitize import clean
-from ranktop.core.state import GroupSnapshot
+from ranktop.core.state import GroupSnapshot, GroupState
 from ranktop.tui.attempts import FileFeed, attempt_dirs
 from ranktop.tui.metric import Tracker
 from ranktop.tui.panes import FILTERS, SORTS, CalmFooter, GroupHeader, RankFeed, RankList, RankPane, rank_title
@@ -143,6 +143,7 @@ class MainScreen(Screen):
         self._search_all = False  # the search input is for every rank
         self._line_select: tuple[int, int] | None = None  # V: (anchor row, cursor row) in the focused pane
         self._reads = 0  # of the engine, by ticks and by actions
+        self._header_state: GroupState | None = None  # the state the header shows
         self._unfilled: set[int] = set()  # panes shown since the last read: filled on the next one, whatever its turn
 
     # ----- building ---------------------------------------------------------------------------
@@ -663,7 +664,10 @@ class MainScreen(Screen):
         snap = self.engine.snapshot()
         self.last = snap
         now = snap.taken_at or time.time()
-        self.query_one(GroupHeader).show_group(snap, now)
+        every_pane = self._reads % UNFOCUSED_EVERY == 0
+        if every_pane or snap.state != self._header_state:
+            self.query_one(GroupHeader).show_group(snap, now)
+            self._header_state = snap.state
         if not snap.ranks:  # none started yet (a rendezvous round forming), or none ever will
             if snap.ended and not self.ended:
                 self._on_end(snap)
@@ -674,6 +678,8 @@ class MainScreen(Screen):
         for rank in snap.ranks:
             r = rank.local_rank
             if r not in self._shown:
+                continue
+            if not (every_pane or r == self.current or r in self._unfilled):
                 continue
             pane = self.pane(r)
             viewing = self._viewing.get(r)
@@ -686,9 +692,8 @@ class MainScreen(Screen):
                                       metric=self.tracker.title_part(r), outlier=r in outliers,
                                       sparks=self.tracker.sparks(r) if self.zoomed else None,
                                       log_path=rank.stdout_log if self.zoomed else None))
-            if r == self.current or r in self._unfilled or self._reads % UNFOCUSED_EVERY == 0:
-                pane.log.poll()
-                self._unfilled.discard(r)
+            pane.log.poll()
+            self._unfilled.discard(r)
         self._reads += 1
         if self.compact:
             metrics = None if self.tracker.pattern is None else {
