@@ -3,6 +3,7 @@ its socket, and real `ranktop attach` clients in tmux (real terminals).
 
     python bench/bench_attach.py                 # about a minute
     python bench/bench_attach.py --window 20     # longer CPU windows, steadier figures
+    python bench/bench_attach.py --installed     # ranktop as `pip install` leaves it, not this checkout
 
 1. First frame: from starting `ranktop attach`, once the run has printed for `--history` seconds
    (by default enough to fill every rank's 10k-line ring), to the first screen that shows a line of every
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 import psutil
-from compiled import compile_ranktop
+from compiled import compile_ranktop, installed_python
 
 ROOT = Path(__file__).resolve().parent.parent
 SOCKET = "ranktop-bench-attach"  # our own tmux server: other sessions are left alone
@@ -79,18 +80,22 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="attaches timed (default 5)")
     ap.add_argument("--history", type=float, default=12.0,
                     help="seconds the run prints before the first attach (default 12: every rank's 10k-line ring is full)")
+    ap.add_argument("--installed", action="store_true",
+                    help="run ranktop from a built copy in a venv (what pip install leaves), not the editable checkout")
     ns = ap.parse_args()
     compile_ranktop()
     work = Path(tempfile.mkdtemp(prefix="ranktop-bench-attach-"))
+    # -P: the checkout's ranktop/ in the working directory must not shadow the installed copy
+    python = [installed_python(str(work / "installed")), "-P"] if ns.installed else [sys.executable]
     runtime = work / "runtime"
     runtime.mkdir(mode=0o700)
     script = work / "writer.py"
     script.write_text(RANK_SCRIPT.format(rate=RATE))
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
-    py = shlex.quote(sys.executable)
+    py = shlex.join(python)
     envs = f"XDG_RUNTIME_DIR={shlex.quote(str(runtime))}"
     job = f"--nproc-per-node {RANKS} --log-dir {shlex.quote(str(work / 'logs'))}"
-    engine = subprocess.Popen([sys.executable, "-m", "ranktop", "--headless", *job.split(), "--run-id", "bench",
+    engine = subprocess.Popen([*python, "-m", "ranktop", "--headless", *job.split(), "--run-id", "bench",
                                str(script)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 20
@@ -110,7 +115,7 @@ def main() -> None:
             time.sleep(0.5)
         attaches.sort()
         print(f"first frame showing all {RANKS} ranks   attach {statistics.median(attaches):.2f} s "
-              f"(median of {ns.repeats}, {attaches[0]:.2f}-{attaches[-1]:.2f})   "
+              f"(median of {ns.repeats}, {attaches[0]:.2f}-{attaches[-1]:.2f}: {' '.join(f'{a:.2f}' for a in attaches)})   "
               f"(local --tui of the same job {local:.2f} s; target 0.5 s)")
         time.sleep(1.0)
         idle = engine_cpu(engine.pid, ns.window)
