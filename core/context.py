@@ -44,6 +44,7 @@ from ranktop.core.process import (
     RankProcess,
     kernel_state,
     python_call_argv,
+    wait_exit,
 )
 from ranktop.core.sanitize import clean_console
 from ranktop.core.spec import Std, per_rank
@@ -706,11 +707,9 @@ class PContext:
     def _finish_guard(self) -> None:
         if self._guard is None:
             return
-        try:
-            self._guard.wait(timeout=5)
+        if wait_exit(self._guard, timeout=5):
             forget_own_child(self._guard.pid)
-        except subprocess.TimeoutExpired:
-            pass  # it is sweeping strays with their grace; it exits on its own
+        # (else it is sweeping strays with their grace; it exits on its own)
 
     # ----- for UIs -----------------------------------------------------------------------------
     def _emit(self, event: str, local_rank: int, **fields: Any) -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 
 import pytest
 import rank_fns
 from conftest import PY, ROOT, Running, make_agent, read_events, wait_for
 from ranktop.core import GroupState, LocalAgent, RankState, WorkerError, WorkerSpec, WorkerState, launch
-from ranktop.core.process import kernel_state
+from ranktop.core.process import kernel_state, wait_exit
 
 
 def test_callable_ranks_return_values_by_global_rank(tmp_path):
@@ -198,3 +199,16 @@ def test_usr1_goes_to_the_rank_alone_and_user_stop_has_no_root_cause(tmp_path):
         agent.stop()
     result = run.join()
     assert result.state == WorkerState.STOPPED and result.root_cause is None
+
+
+def test_wait_exit_reaps_at_the_exit_and_leaves_a_running_process_alone():
+    quick = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    assert wait_exit(quick, timeout=30) and quick.returncode == 0
+    assert wait_exit(quick, timeout=30)  # reaped already: nothing to wait for
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not wait_exit(slow, timeout=0.1)
+        assert slow.poll() is None  # still running, and still ours to reap
+    finally:
+        slow.kill()
+        assert wait_exit(slow, timeout=30) and slow.returncode == -signal.SIGKILL
