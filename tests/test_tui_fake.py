@@ -240,6 +240,11 @@ def test_the_focused_pane_takes_new_lines_every_tick_the_others_every_second(mon
         await pilot.press("z")  # ...and shown again: filled on the next tick, though not their turn
         screen.tick()
         assert [log.line_count for log in logs] == [2, 2, 2]
+        if screen._reads % main_screen.UNFOCUSED_EVERY == 0:
+            screen.tick()
+        engine.end(GroupState.SUCCEEDED, 0, state=RankState.SUCCEEDED, exitcode=0)
+        screen.tick()  # not the others' turn, but the group's end shows on every pane at once
+        assert all("exited 0" in screen.pane(r).title for r in range(3))
 
     drive(engine, body, size=(160, 48))
 

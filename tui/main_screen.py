@@ -664,8 +664,10 @@ class MainScreen(Screen):
         snap = self.engine.snapshot()
         self.last = snap
         now = snap.taken_at or time.time()
-        every_pane = self._reads % UNFOCUSED_EVERY == 0
-        if every_pane or snap.state != self._header_state:
+        # Every other tick repaints every pane; a change of the group's state (its end, say)
+        # shows everywhere at once.
+        every_pane = self._reads % UNFOCUSED_EVERY == 0 or snap.state != self._header_state
+        if every_pane:
             self.query_one(GroupHeader).show_group(snap, now)
             self._header_state = snap.state
         if not snap.ranks:  # none started yet (a rendezvous round forming), or none ever will
