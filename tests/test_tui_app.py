@@ -101,6 +101,7 @@ def test_quit_can_be_cancelled(tmp_path):
     app = RanktopApp(LocalEngine(ticker_agent(tmp_path, n=1)))
 
     async def body(app, pilot):
+        assert app.screen_stack == [app.main]  # the main screen is the first and only one: no blank one below
         await pilot.press("q")
         await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="quit confirmation")
         await pilot.press("n")

@@ -65,9 +65,13 @@ class RanktopApp(App):
     def ended(self) -> bool:
         return self.engine.snapshot().ended
 
-    def on_mount(self) -> None:
+    def get_default_screen(self) -> Screen:
+        # The main screen is the bottom of the stack itself, not pushed over Textual's blank
+        # default: that one was laid out, resized and painted for nothing before the first frame.
         self.main = MainScreen(self.engine, metric=self.metric)
-        self.push_screen(self.main)
+        return self.main
+
+    def on_mount(self) -> None:
         self.call_after_refresh(collector.release)  # the first frame ends start-up
         if getattr(self.engine, "read_only", False):  # ranktop web without --control
             self.main.note = "read-only view"
