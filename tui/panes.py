@@ -262,15 +262,17 @@ class LiveText(Static):
 
 
 class CalmFooter(Footer):
-    """Textual's Footer, rebuilt once per burst of binding changes rather than once per change.
-    Opening the main screen moves the focus five times, and each rebuild mounts and styles a
-    dozen keys: ~80 ms before the first frame of `ranktop attach`, now spent after it."""
+    """Textual's Footer, rebuilt once per burst of binding changes rather than once per change,
+    and only when the keys it shows did change. Opening the main screen moves the focus five
+    times, and moving it from pane to pane changes nothing the footer shows, but each rebuild
+    mounts and styles a dozen keys (~80 ms before the first frame of `ranktop attach`)."""
 
     SETTLE_SECONDS = 0.05
 
     def __init__(self) -> None:
         super().__init__()
         self._settling = False
+        self._shown: tuple | None = None  # the keys of the last rebuild
 
     def bindings_changed(self, screen: Screen) -> None:
         if not self._settling:
@@ -279,7 +281,11 @@ class CalmFooter(Footer):
 
     def _settled(self, screen: Screen) -> None:
         self._settling = False
-        super().bindings_changed(screen)
+        shown = tuple((binding.key, binding.action, binding.description, enabled, tooltip)
+                      for _, binding, enabled, tooltip in screen.active_bindings.values() if binding.show)
+        if shown != self._shown:
+            self._shown = shown
+            super().bindings_changed(screen)
 
 
 class GroupHeader(LiveText):
