@@ -284,7 +284,8 @@ class CalmFooter(Footer):
         shown = tuple((binding.key, binding.action, binding.description, enabled, tooltip)
                       for _, binding, enabled, tooltip in screen.active_bindings.values() if binding.show)
         if shown != self._shown:
-            self._shown = shown
+            if screen.app.app_focus and self.is_attached and screen is self.screen:
+                self._shown = shown  # (Textual's rebuilds only then: otherwise the next change must)
             super().bindings_changed(screen)
 
 
