@@ -5,6 +5,7 @@ beside a Textual app built on Textual's own Log widget and a bare grid of rankto
     python bench/bench_tui.py --cases steady     # steady | burst | memory, comma separated
     python bench/bench_tui.py --apps ranktop,log # ranktop | log | logview
     python bench/bench_tui.py --cases memory --apps ranktop --memory-lines 100   # the app alone
+    python bench/bench_tui.py --cases steady --apps ranktop --repeats 5          # the median of 5
 
 Per case and app: the app process's own CPU (user+system of that one process, not its ranks) as %
 of one core over the time the ranks were writing, its peak RSS (VmHWM), and whether every rank's
@@ -17,6 +18,7 @@ import argparse
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -189,6 +191,8 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=20, help="steady case length (default 20)")
     p.add_argument("--memory-lines", type=int, default=10_000,
                    help="lines per rank in the memory case (default 10000; 100 shows the app's own size)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs per case and app, taken in turns (default 1); the table gives each, then the median CPU")
     p.add_argument("--keep", action="store_true", help="keep the log directories")
     ns = p.parse_args()
     compile_ranktop()
@@ -207,8 +211,8 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="ranktop-bench-"))
     results = []
     try:
-        for case, app in plan:
-            log_dir = root / f"{case.name.split()[0]}-{app}"
+        for k, (case, app) in enumerate(plan * ns.repeats):  # in turns: the box's speed drifts
+            log_dir = root / f"{case.name.split()[0]}-{app}-{k}"
             log_dir.mkdir()
             print(f"... {case.name}: {app}", file=sys.stderr, flush=True)
             results.append(run_case(case, app, log_dir))
@@ -223,6 +227,12 @@ def main() -> int:
           f"(targets: CPU <= {TARGET_CPU:.0f}% of one core at 8 x 1000 lines/s, every byte kept, "
           f"<= {TARGET_MB:.0f} MB with 64 x 10k lines)\n")
     print(table(results))
+    if ns.repeats > 1:
+        for case, app in plan:
+            cpu = [r.cpu_percent for r in results if (r.case, r.app) == (case.name, app) and r.cpu_percent is not None]
+            if cpu:
+                print(f"{case.name}, {app}: median CPU {statistics.median(cpu):.1f}% of {len(cpu)} runs "
+                      f"({min(cpu):.1f}-{max(cpu):.1f})")
     return 0
 
 
