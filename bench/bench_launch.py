@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import select
 import shutil
 import signal
 import statistics
@@ -46,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compiled import compile_ranktop, installed_python
+from ranktop.core.process import wait_exit as exited
 
 ROOT = Path(__file__).resolve().parent.parent
 NPROC = 8
@@ -172,17 +172,11 @@ def rank_env(rank: int, nproc: int = NPROC) -> dict[str, str]:
 
 
 def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
-    """proc's exit status, taken as soon as it exits. Popen.wait(timeout) polls with sleeps that
-    double up to 50 ms, which put every figure 0-50 ms late (launch+reap times came in 50 ms steps)."""
-    if proc.returncode is None:
-        fd = os.pidfd_open(proc.pid)
-        try:
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            poller.poll(timeout * 1000)
-        finally:
-            os.close(fd)
-    return proc.wait(0)  # TimeoutExpired if it is still running
+    """proc's exit status, taken as soon as it exits (ranktop's own pidfd wait: Popen.wait(timeout)
+    polls with sleeps up to 50 ms, which put every figure 0-50 ms late, in 50 ms steps)."""
+    if not exited(proc, timeout):
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+    return proc.returncode
 
 
 def run_launcher(cmd: list[str]) -> float:
