@@ -25,8 +25,8 @@ _READ_SIZE = 1 << 20  # one buffer, reused: os.read(fd, 1 MiB) would map and unm
 # While a pipe fills fast, read rounds start this often: a round takes many writes from every pipe
 # at once (the 1 MiB pipes hold far more than 5 ms of output). While no pipe comes back more than
 # _PRESSING full, the pause doubles up to _IDLE_SECONDS, the longest that output waits to be read:
-# a trickle (a TUI's 8 ranks x 1000 lines/s) costs a round every 100 ms, not every 5 ms. 100 ms is also how
-# often torchrun's tee reads the log files it tails.
+# a trickle (a TUI's 8 ranks x 1000 lines/s) costs a round every 100 ms, not every 5 ms. 100 ms is
+# also how often torchrun's tee reads the log files it tails.
 _ROUND_SECONDS = 0.005
 _IDLE_SECONDS = 0.1
 _PRESSING = 0.25  # of a pipe's capacity: doubling the pause keeps such a pipe at most half full
