@@ -220,8 +220,7 @@ def test_attach_shows_the_run_acts_on_it_and_leaves_it_running(tmp_path, runtime
     try:
         wait_for(lambda: ls(runtime), what="the run listed")
         term = ranktop_in_tmux(runtime, "attach at", "; sleep 30", width=120, height=30)
-        screen = term.wait_screen("hello from 1")
-        assert "ticker.py" in screen and "world 2" in screen and "hello from 0" in screen
+        term.wait_screen("hello from 1", "ticker.py", "world 2", "hello from 0")
         term.press("1", "k", "k")  # through the socket, confirmed as in the local TUI
         term.wait_screen("killed SIGKILL")
         term.press("q")
@@ -270,8 +269,7 @@ def test_a_detached_run_lingers_after_its_end_and_attach_shows_its_final_view(tm
     assert final["ended"] and final["exit_status"] == 0 and final["state"] == "succeeded"
     term = ranktop_in_tmux(runtime, f"attach {tmp_path / 'logs' / 'end'}", "; sleep 30", width=120, height=30)
     try:
-        screen = term.wait_screen("done on 1")
-        assert "DONE" in screen and "quick.py" in screen
+        term.wait_screen("done on 1", "DONE: all ranks exited 0", "quick.py")  # the final view, its panel too
         term.press("q")  # leaving the final view leaves the end report in the terminal
         screen = term.wait_screen("ranktop: quick.py succeeded: all ranks exited 0; logs in")
         assert str(tmp_path / "logs" / "end") in screen.replace("\n", "")
@@ -298,8 +296,9 @@ def test_commands_with_bad_arguments_through_the_socket_change_nothing(tmp_path,
 
     proc = start_headless(tmp_path, runtime, "args")
     try:
-        (run,) = wait_for(lambda: ls(runtime), what="the run listed")
+        (run,) = wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run running")
         with Connection(run["socket"]) as conn:
+            before = [(r["pid"], r["state"]) for r in conn.snapshot()["ranks"]]
             answers = [conn.command("SignalRank", local_rank=9, signal=15),
                        conn.command("SignalRank", local_rank=0, signal="TERM"),
                        conn.command("Stop", nonsense=1),
@@ -308,7 +307,8 @@ def test_commands_with_bad_arguments_through_the_socket_change_nothing(tmp_path,
             assert answers[0]["message"] == "bad local rank 9: local ranks are 0..1"
             assert answers[2]["message"].startswith("bad Stop: ")
             assert answers[3]["message"].startswith("unknown command 'RunShell': expected one of ")
-            assert conn.snapshot()["state"] == "running"
+            after = conn.snapshot()
+            assert after["state"] == "running" and [(r["pid"], r["state"]) for r in after["ranks"]] == before
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)

@@ -281,8 +281,7 @@ def test_earlier_attempt_failure_stays_in_sight(tmp_path):
     term = Terminal(command)
     try:
         term.wait_screen("attempt_1")
-        screen = term.wait_screen("earlier: attempt_0: rank 1 failed (exit 4)")
-        assert "attempt_1 (0 restarts left)" in screen
+        term.wait_screen("earlier: attempt_0: rank 1 failed (exit 4)", "attempt_1 (0 restarts left)")
         done.write_text("")
         wait_for(lambda: status.exists() and status.read_text().strip(), timeout=15, what="ranktop exited")
         assert status.read_text().strip() == "0"

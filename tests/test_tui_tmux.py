@@ -36,8 +36,10 @@ class Terminal:
     def press(self, *keys: str) -> None:
         self._tmux("send-keys", "-t", "t", *keys)
 
-    def wait_screen(self, text: str, timeout: float = 15.0) -> str:
-        return wait_for(lambda: text in (s := self.screen()) and s, timeout, what=f"{text!r} on screen")
+    def wait_screen(self, *texts: str, timeout: float = 15.0) -> str:
+        """The screen once it shows every one of `texts` (tmux may be caught halfway through a frame)."""
+        return wait_for(lambda: all(t in (s := self.screen()) for t in texts) and s, timeout,
+                        what=f"{' and '.join(map(repr, texts))} on screen")
 
     def close(self) -> None:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
@@ -51,9 +53,7 @@ def test_tui_in_tmux_keys_and_clean_quit(tmp_path):
                f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
     term = Terminal(command)
     try:
-        screen = term.wait_screen("hello from 1")
-        assert "ticker.py" in screen and "world 2" in screen and "attempt_0" in screen
-        assert " 0/0 " in screen and " 1/1 " in screen and "running" in screen
+        term.wait_screen("hello from 1", "ticker.py", "world 2", "attempt_0", " 0/0 ", " 1/1 ", "running")
         term.press("1", "z")  # focus rank 1 and zoom it: rank 0's pane goes away
         wait_for(lambda: " 0/0 " not in term.screen(), what="zoomed onto rank 1")
         assert " 1/1 " in term.screen()

@@ -158,7 +158,7 @@ class MainScreen(Screen):
             with Container(id="grid"):
                 for r in range(self.n):
                     yield RankPane(r, id=f"pane-{r}", focused=r == self.current)
-        yield RootCausePanel(id="root-cause").data_bind(MainScreen.ended, MainScreen.end_panel_hidden)
+        yield RootCausePanel(id="root-cause").data_bind(MainScreen.end_panel_hidden)
         yield Input(placeholder="search this rank's output (enter: find, esc: cancel)", id="search")
         yield Input(placeholder="go to rank: type its number, enter (esc: cancel)", id="goto", type="integer")
         yield Input(id="stdin")

@@ -213,7 +213,9 @@ def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
 
 class RootCausePanel(VerticalScroll):
     """Docked under the grid once the group ends; stays until the user quits (or hides it with e).
-    `ended` and `end_panel_hidden` are the screen's, bound down to it."""
+    `end_panel_hidden` is the screen's, bound down to it. `show` sets `ended` at once rather than
+    through a binding, which Textual sets up after the screen's first read: an ended run's final
+    view would have drawn its first frame without the panel."""
 
     ended: reactive[bool] = reactive(False, init=False)
     end_panel_hidden: reactive[bool] = reactive(False, init=False)
@@ -228,5 +230,6 @@ class RootCausePanel(VerticalScroll):
 
     def show(self, group: GroupSnapshot) -> None:
         self.query_one("#root-cause-text", Static).update(root_cause_text(group))
+        self.ended = True
         self.set_class(group.state not in (GroupState.SUCCEEDED, GroupState.STOPPED), "bad")
         self.set_class(group.state == GroupState.STOPPED, "stopped")  # on request: not a failure
