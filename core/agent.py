@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import datetime
 import json
 import os
 import shutil
@@ -85,7 +84,7 @@ class RunResult:
 
 
 def new_run_id() -> str:
-    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + os.urandom(2).hex()
+    return time.strftime("%Y%m%d-%H%M%S-") + os.urandom(2).hex()
 
 
 class LocalAgent:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import TYPE_CHECKING, Any
 
+from ranktop.core import guard
 from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, killed_by
 from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, PIDFDS, open_pidfd, send_signal
 from ranktop.core.layout import ERROR_FILE, Dir, RunDir, log_name
@@ -54,7 +55,6 @@ from ranktop.core.strays import StrayTracker, forget_own_child, note_own_child
 if TYPE_CHECKING:
     from ranktop.core.logs_specs import LogsSpecs
 
-_GUARD_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
 
 EventSink = Callable[[dict], None]
@@ -299,14 +299,7 @@ class PContext:
         return self
 
     def _start_guard(self) -> None:
-        grace = str(self.shutdown_timeout)
-        self._guard = subprocess.Popen(
-            [sys.executable, "-I", "-S", _GUARD_PATH, self.token, grace],  # stdlib only: no site
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C to our terminal must not reach it
-        )
+        self._guard = guard.take(self.token, self.shutdown_timeout)
         note_own_child(self._guard.pid)
 
     def _tell_guard(self, line: str) -> None:

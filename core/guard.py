@@ -5,6 +5,7 @@ Each rank runs in a session of its own, so nothing the kernel does on ranktop's 
 and PR_SET_PDEATHSIG would only cover the rank itself, not what the rank started. So ranktop
 starts this guard with a pipe on its stdin and tells it, while it runs:
 
+    run TOKEN GRACE   first: the run's marker value and the grace between SIGTERM and SIGKILL
     rank PID START    a rank started; it leads its own session and process group
     gone PID          that rank was reaped, and ranktop took note of what was left in its
                       group and session (as `stray` lines)
@@ -21,8 +22,11 @@ SIGTERM (and SIGCONT, should it be stopped), then SIGKILL after the grace. A pro
 its pid AND its start time, and signalled through a pidfd opened after checking both, so a pid
 reused by someone else is never signalled.
 
-Runs as `python -I -S guard.py TOKEN GRACE` and imports only the standard library, so it starts
-fast; ranktop imports the table helpers from here so the two agree on what a stray is.
+Runs as `python -I -S guard.py` and imports only the standard library, so it starts fast;
+ranktop imports the table helpers from here so the two agree on what a stray is. A guard learns
+its run from its first line, so ranktop can start one before it knows the run (`prestart`): its
+interpreter then starts beside ranktop's own imports rather than beside the ranks'. Without the
+`run` line (ranktop gave up first) it exits at end of file and touches nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ import signal
 import sys
 import time
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import subprocess
 
 MARKER = "RANKTOP_GUARD_TOKEN"
 RESCAN_SECONDS = 0.05  # how often a sweep looks for what is left (and for new forks)
@@ -216,8 +223,18 @@ def sweep(token: str, ranks: dict[int, int], strays: dict[int, int], grace: floa
         time.sleep(RESCAN_SECONDS)
 
 
-def read_orders(lines: Iterable[bytes]) -> tuple[dict[int, int], dict[int, int], bool]:
-    """ranktop's lines -> (ranks, strays, ended normally)."""
+class Orders(NamedTuple):
+    """What ranktop told the guard, read to the end of the pipe."""
+
+    token: str | None  # None: never given a run
+    grace: float
+    ranks: dict[int, int]  # pid -> start time
+    strays: dict[int, int]
+    normal_exit: bool
+
+
+def read_orders(lines: Iterable[bytes]) -> Orders:
+    token, grace = None, 0.0
     ranks: dict[int, int] = {}
     strays: dict[int, int] = {}
     normal_exit = False
@@ -225,23 +242,87 @@ def read_orders(lines: Iterable[bytes]) -> tuple[dict[int, int], dict[int, int],
         words = line.split()
         if words == [b"done"]:
             normal_exit = True
+        elif len(words) == 3 and words[0] == b"run" and token is None:
+            try:
+                token, grace = words[1].decode("ascii"), float(words[2])
+            except ValueError:
+                pass
         elif len(words) == 3 and words[0] == b"rank":
             ranks[int(words[1])] = int(words[2])
         elif len(words) == 2 and words[0] == b"gone":
             ranks.pop(int(words[1]), None)
         elif len(words) == 3 and words[0] == b"stray":
             strays[int(words[1])] = int(words[2])
-    return ranks, strays, normal_exit
+    return Orders(token, grace, ranks, strays, normal_exit)
 
 
 def main() -> None:
-    token, grace = sys.argv[1], float(sys.argv[2])
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # only end of file on stdin ends us
-    ranks, strays, normal_exit = read_orders(sys.stdin.buffer)
+    orders = read_orders(sys.stdin.buffer)
+    if orders.token is None:
+        return  # a spare that no run took: nothing carries a marker of ours
     # After a normal exit ranktop has reaped its ranks and swept with the grace already; only
     # what appeared meanwhile can be left.
-    sweep(token, ranks, strays, 0.5 if normal_exit else grace)
+    sweep(orders.token, orders.ranks, orders.strays, 0.5 if orders.normal_exit else orders.grace)
+
+
+# ----- ranktop's side ----------------------------------------------------------------------------
+
+_spare: subprocess.Popen | None = None  # a guard started ahead of its run
+
+
+def _launch() -> subprocess.Popen:
+    import subprocess  # (ranktop's side only: the guard itself never needs it)
+
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", os.path.abspath(__file__)],  # stdlib only: no site
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a Ctrl-C to our terminal must not reach it
+    )
+
+
+def prestart() -> None:
+    """Start the next run's guard now. On a small machine a Python start-up beside the ranks'
+    slows their launch; one started while ranktop still imports its engine costs nothing there."""
+    global _spare
+    if _spare is None:
+        _spare = _launch()
+
+
+def take(token: str, grace: float) -> subprocess.Popen:
+    """A guard for the run marked `token`: the spare one if it is there and alive, else a new one."""
+    global _spare
+    guard, _spare = _spare, None
+    line = f"run {token} {grace!r}\n".encode()
+    if guard is not None:
+        try:
+            guard.stdin.write(line)
+            guard.stdin.flush()
+            return guard
+        except OSError:  # it died (someone killed it): reap it and start another
+            guard.wait()
+    guard = _launch()
+    guard.stdin.write(line)
+    guard.stdin.flush()
+    return guard
+
+
+def discard_spare() -> None:
+    """End a spare guard that no run took (the command line failed, say), and reap it."""
+    import subprocess
+
+    global _spare
+    guard, _spare = _spare, None
+    if guard is not None:
+        guard.stdin.close()  # end of file without a run: it exits at once
+        try:
+            guard.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # stuck: it holds nothing of ours
+            guard.kill()
+            guard.wait()
 
 
 if __name__ == "__main__":

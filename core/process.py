@@ -11,7 +11,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import pickle
 import select
 import signal
 import struct
@@ -78,6 +77,8 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
         # that script (as __mp_main__, so its `if __name__ == "__main__"` block stays quiet).
         "main_path": getattr(main, "__file__", None) if getattr(fn, "__module__", None) == "__main__" else None,
     }
+    import pickle  # function ranks only: a command line's start does not pay for it
+
     try:
         with open(payload_path, "wb") as f:
             pickle.dump(prep, f)

@@ -3,9 +3,9 @@ the plain-text report for the terminal (headless) and logs, and incomplete logs.
 
 from __future__ import annotations
 
-import datetime
 import os
 import signal
+import time
 from typing import Any, NamedTuple
 
 from ranktop.core.errors import describe_exit
@@ -49,7 +49,10 @@ def _before_traceback(tail: tuple[str, ...], shown: set[str]) -> tuple[str, ...]
 
 def failed_at(cause: RootCause) -> str:
     """The failure's time of day, to the millisecond: ranks of one group fail within moments."""
-    return datetime.datetime.fromtimestamp(cause.timestamp).strftime("%H:%M:%S.%f")[:-3]
+    seconds = int(cause.timestamp)
+    micros = round((cause.timestamp - seconds) * 1e6)  # rounded as datetime rounds it
+    seconds, micros = seconds + micros // 10**6, micros % 10**6
+    return time.strftime("%H:%M:%S", time.localtime(seconds)) + f".{micros // 1000:03d}"
 
 
 class CauseLine(NamedTuple):

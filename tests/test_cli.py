@@ -234,6 +234,26 @@ def test_sigkill_of_ranktop_leaves_nothing_behind(tmp_path):
     wait_for(lambda: not any(_alive(p) for p in pids), timeout=10, what="ranks and grandchildren gone")
 
 
+GUARDS_SEEN = ("import sys; from ranktop.core import guard; from ranktop.tui.cli import main\n"
+               "launch, started = guard._launch, []\n"
+               "guard._launch = lambda: started.append(launch()) or started[-1]\n"
+               "rc = main(sys.argv[1:])\n"
+               "print(rc, [p.returncode for p in started], guard._spare)")
+
+
+@pytest.mark.parametrize(("args", "status", "guards"), [
+    (["--no-python", "true"], "0", "[0]"),  # the guard started ahead is the run's: one in all
+    (["--max-restarts", "1", "--no-python", "false"], "1", "[0, 0]"),  # the restart gets a new one
+    (["--nnodes", "2:1", "--no-python", "true"], "2", "[0]"),  # a bad command line ends the spare
+])
+def test_the_headless_guard_starts_ahead_and_is_taken_or_ended(tmp_path, args, status, guards):
+    # A headless run starts its guard before it imports the engine (its interpreter starts
+    # beside ours, not beside the ranks'); every guard is reaped by the time main returns.
+    res = subprocess.run([sys.executable, "-c", GUARDS_SEEN, "--headless", "--log-dir", str(tmp_path), *args],
+                         cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert res.stdout.strip().split(maxsplit=1) == [status, f"{guards} None"], res.stderr
+
+
 def test_headless_does_not_import_textual(tmp_path):
     code = ("import sys; from ranktop.tui.cli import main; rc = main(['--headless', '--log-dir', %r, '--no-python', 'true']);"
             "print('textual' in sys.modules, rc)" % str(tmp_path))

@@ -12,7 +12,7 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 
-from ranktop.core import collector, limits, numa
+from ranktop.core import collector, guard, limits, numa
 from ranktop.core.errors import UsageError
 from ranktop.core.stdio import reopen_closed_streams, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, usage_error
@@ -475,6 +475,15 @@ def _run_command(argv: Sequence[str] | None) -> int:
 
         return runs_main(argv)
     ns = build_parser().parse_args(argv)
+    if not ns.detach and not want_tui(ns):
+        guard.prestart()  # its interpreter starts while ours imports the engine, not beside the ranks
+    try:
+        return _launch(ns, argv)
+    finally:
+        guard.discard_spare()  # not taken: the command line or the rendezvous failed first
+
+
+def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
     from ranktop.core.rendezvous import RendezvousFailed
 
     try:
