@@ -223,37 +223,38 @@ def sweep(token: str, ranks: dict[int, int], strays: dict[int, int], grace: floa
         time.sleep(RESCAN_SECONDS)
 
 
-class Orders(NamedTuple):
-    """What ranktop told the guard, read to the end of the pipe."""
+class Orders:
+    """What ranktop told the guard, read to the end of the pipe. (A plain class: a NamedTuple's
+    string annotations cost the guard's start-up a compile each.)"""
 
-    token: str | None  # None: never given a run
-    grace: float
-    ranks: dict[int, int]  # pid -> start time
-    strays: dict[int, int]
-    normal_exit: bool
+    __slots__ = ("token", "grace", "ranks", "strays", "normal_exit")
+
+    def __init__(self) -> None:
+        self.token: str | None = None  # None: never given a run
+        self.grace = 0.0
+        self.ranks: dict[int, int] = {}  # pid -> start time
+        self.strays: dict[int, int] = {}
+        self.normal_exit = False
 
 
 def read_orders(lines: Iterable[bytes]) -> Orders:
-    token, grace = None, 0.0
-    ranks: dict[int, int] = {}
-    strays: dict[int, int] = {}
-    normal_exit = False
+    orders = Orders()
     for line in lines:
         words = line.split()
         if words == [b"done"]:
-            normal_exit = True
-        elif len(words) == 3 and words[0] == b"run" and token is None:
+            orders.normal_exit = True
+        elif len(words) == 3 and words[0] == b"run" and orders.token is None:
             try:
-                token, grace = words[1].decode("ascii"), float(words[2])
+                orders.grace, orders.token = float(words[2]), words[1].decode("ascii")
             except ValueError:
                 pass
         elif len(words) == 3 and words[0] == b"rank":
-            ranks[int(words[1])] = int(words[2])
+            orders.ranks[int(words[1])] = int(words[2])
         elif len(words) == 2 and words[0] == b"gone":
-            ranks.pop(int(words[1]), None)
+            orders.ranks.pop(int(words[1]), None)
         elif len(words) == 3 and words[0] == b"stray":
-            strays[int(words[1])] = int(words[2])
-    return Orders(token, grace, ranks, strays, normal_exit)
+            orders.strays[int(words[1])] = int(words[2])
+    return orders
 
 
 def main() -> None:

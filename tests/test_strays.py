@@ -199,9 +199,13 @@ def test_find_strays_never_takes_a_reused_pid():
 def test_guard_reads_what_ranktop_told_it():
     lines = [b"run 0a1b 2.5\n", b"rank 10 5\n", b"rank 11 6\n", b"stray 12 7\n", b"gone 10\n", b"garbage\n",
              b"run ffff 9\n", b"done\n"]
-    assert read_orders(lines) == ("0a1b", 2.5, {11: 6}, {12: 7}, True)  # the first run line only
-    assert read_orders([b"rank 10 5\n"]) == (None, 0.0, {10: 5}, {}, False)  # a spare no run took
-    assert read_orders([b"run x y\n"]).token is None  # a bad grace: no run
+    def told(lines):
+        orders = read_orders(lines)
+        return orders.token, orders.grace, orders.ranks, orders.strays, orders.normal_exit
+
+    assert told(lines) == ("0a1b", 2.5, {11: 6}, {12: 7}, True)  # the first run line only
+    assert told([b"rank 10 5\n"]) == (None, 0.0, {10: 5}, {}, False)  # a spare no run took
+    assert told([b"run x y\n"])[:2] == (None, 0.0)  # a bad grace: no run
 
 
 def test_library_stop_sweeps_a_setsid_helper_found_by_the_parent_chain(tmp_path):
