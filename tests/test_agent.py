@@ -172,7 +172,7 @@ def _children(pid):
     import psutil
 
     try:
-        return [c.pid for c in psutil.Process(pid).children() if "guard.py" not in " ".join(c.cmdline())]
+        return [c.pid for c in psutil.Process(pid).children() if "guard.main()" not in " ".join(c.cmdline())]
     except psutil.Error:
         return []
 
