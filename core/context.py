@@ -246,6 +246,8 @@ class PContext:
         self._pump: OutputPump | None = None
         self._console: ConsoleWriter | None = None
         self._guard: subprocess.Popen | None = None
+        self._guard_lines_held = False
+        self._environ: dict[str, str] = {}  # ours when the group started: every rank's base
         self._tmp: str | None = None
         self._stopping = False
         self._result: RunProcsResult | None = None
@@ -290,22 +292,31 @@ class PContext:
             self._console = ConsoleWriter(clean=clean_console if self._sanitize_console else None)
         if callable(self.entrypoint):
             self._tmp = tempfile.mkdtemp(prefix="ranktop-")
+        self._environ = dict(os.environ)  # (os.environ decodes every variable on every read)
+        self._guard_lines_held = True  # told in one write once all started: no wake-up per rank
         try:
             for slot in self.slots:
                 self._spawn(slot)
         except BaseException:
             self.close(signal.SIGKILL, 0)  # whatever did start must not outlive the error
             raise
+        finally:
+            self._guard_lines_held = False
+            self._tell_guard(None)
         return self
 
     def _start_guard(self) -> None:
         self._guard = guard.take(self.token, self.shutdown_timeout)
         note_own_child(self._guard.pid)
 
-    def _tell_guard(self, line: str) -> None:
+    def _tell_guard(self, line: str | None) -> None:
+        """One line for the guard (None: only send what is held). Until then a rank it was not
+        told of yet is still found by the marker in its environment."""
         try:
-            self._guard.stdin.write(line.encode() + b"\n")
-            self._guard.stdin.flush()
+            if line is not None:
+                self._guard.stdin.write(line.encode() + b"\n")
+            if not self._guard_lines_held:
+                self._guard.stdin.flush()
         except (OSError, ValueError, AttributeError):
             pass
 
@@ -315,7 +326,7 @@ class PContext:
             self._held_rank_dir(r).remove(ERROR_FILE)  # a stale one would be taken for this start's
         except OSError:
             pass  # disk full: the log files cannot be opened either, and their sinks report that
-        env = {**os.environ, **self.envs[r], ERROR_FILE_ENV: self.error_file(r), MARKER: self.token}
+        env = {**self._environ, **self.envs[r], ERROR_FILE_ENV: self.error_file(r), MARKER: self.token}
         if callable(self.entrypoint):
             payload = os.path.join(self._tmp, f"{r}.payload")
             self._remove_stale(self._result_path(r))

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 from conftest import ROOT, ranktop_cmd, read_events, wait_for
-from ranktop.core.guard import Proc, find_strays, read_orders, read_proc
+from ranktop.core.guard import MARKER, Proc, find_strays, marked_pids, read_orders, read_proc
 
 HELPERS = str(ROOT / "tests" / "ranks" / "helpers.py")
 KINDS = ("setsid", "setpgid")
@@ -194,6 +194,19 @@ def test_find_strays_never_takes_a_reused_pid():
     ]}
     found = find_strays(table, ranks={100: 50, 400: 1}, strays={200: 11, 300: 20, 500: 30})
     assert found == {100: 50, 101: 60, 102: 70, 103: 80, 104: 90, 300: 20}
+
+
+def test_the_marker_is_found_after_a_long_environment():
+    # /proc/PID/environ is read in 64 KiB pieces: a marker 300 KiB in is still found.
+    env = {**{f"BIG{i}": "x" * (60 << 10) for i in range(5)}, MARKER: "f00d"}  # (one variable: 128 KiB at most)
+    proc = subprocess.Popen(["sleep", "30"], env=env)
+    try:
+        wait_for(lambda: read_proc(proc.pid) is not None and proc.pid in marked_pids("f00d", [proc.pid]),
+                 what="the marker read after the long variable")
+        assert marked_pids("beef", [proc.pid]) == set()
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_guard_reads_what_ranktop_told_it():
