@@ -162,6 +162,8 @@ def write_error_file(path: str | os.PathLike, exc: BaseException) -> None:
 
 @dataclass(frozen=True)
 class ErrorFileContent:
+    """An error file as read: the failure's message, the traceback and time when it has them."""
+
     message: str
     traceback: str | None
     timestamp: int | None

@@ -37,6 +37,8 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True)
 class Output:
+    """One rank's output in one binary frame, with the position it ends at."""
+
     local_rank: int
     cursor: int  # the rank's output position after `data`: a client resumes from here
     data: bytes

@@ -113,6 +113,8 @@ def to_json(value: Any) -> Any:
 
 @dataclasses.dataclass
 class _Subscriber:
+    """What one client subscribed to and has been sent so far."""
+
     ranks: list[int]
     cursors: dict[int, OutputCursor]
     pending: bytearray = dataclasses.field(default_factory=bytearray)  # pushed, not yet taken

@@ -68,6 +68,8 @@ class GpuSample:
 
 @dataclass(frozen=True)
 class RankSnapshot:
+    """One rank as the engine sees it at one moment: its state, exit, restarts and samples."""
+
     rank: int
     local_rank: int
     pid: int | None
@@ -93,6 +95,8 @@ class RankSnapshot:
 
 @dataclass(frozen=True)
 class GroupSnapshot:
+    """The whole group at one moment, the ranks included: what every view draws from."""
+
     name: str  # the job: script or binary name
     role: str
     run_id: str
