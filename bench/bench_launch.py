@@ -20,7 +20,8 @@ Scenarios (the project's targets in brackets):
 
 For writes, bigline and mblines "ranktop CPU" is the launcher's user+system time (wait4: the
 launcher and every process it reaped) less what the ranks reported for themselves just before
-they exit (os.times, then os._exit), and peak RSS is the launcher's (ru_maxrss over it and its reaped children;
+they exit (getrusage, to the microsecond as wait4 counts it: os.times counts in 10 ms ticks, and
+its truncation put ~5 ms a rank on ranktop's side), and peak RSS is the launcher's (ru_maxrss over it and its reaped children;
 the ranks are far smaller).
 
 Run by hand, not by the tests. The launchers' own console output goes to /dev/null. Each
@@ -91,31 +92,31 @@ time.sleep(600)
 # The bench rebuilds the expected bytes itself (`writes_payload`) to check the logs.
 # argv = lines, where to leave its own CPU seconds (cpu.<rank>), [rank when no $RANK].
 WRITER = """\
-import os, sys
+import os, resource, sys
 n, out = int(sys.argv[1]), sys.argv[2]
 rank = os.environ.get("RANK", sys.argv[3] if len(sys.argv) > 3 else "0")
 w, r = os.write, rank.encode()
 for i in range(n):
     w(1, b"[rank %s] step %7d loss 0.12345678 lr 3.0e-04 ok\\n" % (r, i))
-t = os.times()
+t = resource.getrusage(resource.RUSAGE_SELF)
 with open(f"{out}/cpu.{rank}", "w") as f:
-    f.write(str(t.user + t.system))
+    f.write(str(t.ru_utime + t.ru_stime))
 os._exit(0)
 """
 
 # One rank, big writes: argv = total MB, MB per line (0: no newline at all), where to report
 # its own CPU seconds.
 BIG = """\
-import os, sys
+import os, resource, sys
 total_mb, line_mb, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 block = b"x" * (1 << 20)
 for i in range(total_mb):
     os.write(1, block[:-1] + b"\\n" if line_mb and (i + 1) % line_mb == 0 else block)
 if not line_mb:
     os.write(1, b"\\n")
-t = os.times()
+t = resource.getrusage(resource.RUSAGE_SELF)
 with open(out, "w") as f:
-    f.write(str(t.user + t.system))
+    f.write(str(t.ru_utime + t.ru_stime))
 """
 
 
