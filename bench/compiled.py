@@ -23,17 +23,18 @@ def compile_ranktop() -> None:
         compileall.compile_dir(ROOT / package, quiet=1)
 
 
-def installed_python(into: str) -> str:
+def installed_python(into: str, source: str | Path = ROOT) -> str:
     """A Python that runs ranktop as `pip install ranktop` leaves it, made under `into`: a venv
-    holding a built copy of ranktop (compiled), with this interpreter's site-packages on its path
-    for the dependencies. The .pth files there are not run in it, so an editable checkout's finder
-    (which imports pathlib, urllib and ipaddress at every start, ~25 ms) is not paid for."""
+    holding a built copy of ranktop from `source` (a checkout; this one by default), compiled,
+    with this interpreter's site-packages on its path for the dependencies. The .pth files there
+    are not run in it, so an editable checkout's finder (which imports pathlib, urllib and
+    ipaddress at every start, ~25 ms) is not paid for."""
     venv.create(into, with_pip=False)
     python = os.path.join(into, "bin", "python")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", site, str(ROOT)], check=True, cwd=into)
+                    "--target", site, str(source)], check=True, cwd=into)
     compileall.compile_dir(os.path.join(site, "ranktop"), quiet=1)
     Path(site, "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return python

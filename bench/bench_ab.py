@@ -1,0 +1,87 @@
+"""Two versions of ranktop side by side: launch + reap of N trivial ranks, in turns, with a bare
+spawn of the same ranks as the reference. For a before/after on a box whose speed drifts.
+
+    python bench/bench_ab.py --rounds 21 before=HEAD~3 after=HEAD     # git revisions
+    python bench/bench_ab.py after=.                                  # this checkout as it is
+
+Each version is built into a venv of its own as `pip install` leaves it (bench/compiled.py), so
+neither pays for an editable checkout's finder. Every rank runs this interpreter, whichever
+ranktop starts it (PYTHON_EXEC), so the versions differ in ranktop alone. One unmeasured round
+first; then each round runs every version and the bare spawn once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from compiled import ROOT, installed_python  # noqa: E402
+
+sys.path.pop(0)  # (ranktop's own process module is what this bench waits with)
+from ranktop.core.process import wait_exit  # noqa: E402
+
+
+def build(name: str, rev: str, base: str) -> str:
+    """An installed copy of revision `rev` ("." for the checkout as it is); its Python."""
+    source = str(ROOT)
+    if rev != ".":
+        source = os.path.join(base, f"{name}-src")
+        os.makedirs(source)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", source], input=archive, check=True)
+    return installed_python(os.path.join(base, name), source)
+
+
+def run(argv: list[str], env: dict[str, str], count: int = 1) -> float:
+    start = time.perf_counter()
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for _ in range(count)]
+    for proc in procs:
+        if not wait_exit(proc, 60) or proc.returncode:
+            raise RuntimeError(f"{argv[:4]} failed (exit {proc.returncode})")
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("versions", nargs="+", metavar="NAME=REV", help="a git revision, or . for this checkout")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--ranks", type=int, default=8)
+    ns = p.parse_args()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHON_EXEC"] = sys.executable
+    with tempfile.TemporaryDirectory(prefix="ranktop-ab-") as base:
+        script = os.path.join(base, "trivial.py")
+        open(script, "w").close()
+        pythons = {}
+        for spec in ns.versions:
+            name, _, rev = spec.partition("=")
+            pythons[name] = build(name, rev or ".", base)
+        contenders = {name: (lambda py=py: run([py, "-P", "-m", "ranktop", "--headless", "--nproc-per-node",
+                                                 str(ns.ranks), "--log-dir", os.path.join(base, "logs"), script], env))
+                      for name, py in pythons.items()}
+        contenders["bare"] = lambda: run([sys.executable, "-u", script], env, count=ns.ranks)
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        for round_no in range(ns.rounds + 1):
+            for name, once in contenders.items():
+                elapsed = once()
+                if round_no:
+                    times[name].append(elapsed)
+    bare = statistics.median(times["bare"])
+    print(f"{ns.ranks} trivial ranks, launch + reap, medians of {ns.rounds} rounds in turns:")
+    for name, values in times.items():
+        median = statistics.median(values)
+        gap = "" if name == "bare" else f"  (+{median - bare:.3f} s vs bare)"
+        print(f"  {name:10s} {median:.3f} s{gap}   runs {' '.join(f'{v:.3f}' for v in values)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
