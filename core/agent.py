@@ -381,7 +381,7 @@ class LocalAgent:
         try:
             fd = self.layout.open_new(FINAL_FILE)
             with os.fdopen(fd, "w") as f:
-                json.dump(to_json(final), f)
+                f.write(json.dumps(to_json(final)))  # (json.dump encodes in Python, dumps in C)
         except OSError as exc:
             self.events.write("final_write_failed", error=exc.strerror or str(exc))
 

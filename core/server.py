@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import errno
+import functools
 import os
 import selectors
 import socket
@@ -96,10 +97,22 @@ def socket_path(run_id: str) -> str:
     return os.path.join(socket_dir(), f"{run_id}.sock")
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 def to_json(value: Any) -> Any:
-    """A snapshot (nested frozen dataclasses, enums, tuples) as plain JSON data."""
+    """A snapshot (nested frozen dataclasses, enums, tuples) as plain JSON data. Every push to a
+    client makes one, a field at a time: plain values are settled first, and each class's field
+    names are looked up once."""
+    if type(value) in _SCALARS:  # (exactly: a str enum is not plain)
+        return value
     if dataclasses.is_dataclass(value):
-        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {name: to_json(getattr(value, name)) for name in _field_names(type(value))}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, (list, tuple)):
