@@ -254,6 +254,16 @@ def test_the_headless_guard_starts_ahead_and_is_taken_or_ended(tmp_path, args, s
     assert res.stdout.strip().split(maxsplit=1) == [status, f"{guards} None"], res.stderr
 
 
+def test_a_guard_py_where_ranktop_runs_is_never_run_as_the_guard(tmp_path):
+    # The guard starts as `import guard` from ranktop's own directory, in isolated mode: a
+    # guard.py in the working directory (a shared one, say) must not be what runs.
+    planted = tmp_path / "planted"
+    (tmp_path / "guard.py").write_text(f"open({str(planted)!r}, 'w').close()\nmain = lambda: None\n")
+    done = run_ranktop("--headless", "--log-dir", str(tmp_path / "logs"), "--no-python", "true", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not planted.exists()
+
+
 def test_headless_does_not_import_textual(tmp_path):
     code = ("import sys; from ranktop.tui.cli import main; rc = main(['--headless', '--log-dir', %r, '--no-python', 'true']);"
             "print('textual' in sys.modules, rc)" % str(tmp_path))
