@@ -117,6 +117,11 @@ def descendants(table: dict[int, Proc], roots: Iterable[int]) -> set[int]:
     return found
 
 
+def younger_than(table: dict[int, Proc], start: int) -> list[int]:
+    """The live processes of `table` that started at or after `start` (clock ticks since boot)."""
+    return [p.pid for p in table.values() if p.start >= start and not p.zombie]
+
+
 def marked_pids(token: str, pids: Iterable[int] | None = None) -> set[int]:
     """Live processes whose environment holds MARKER=token (those we may read)."""
     needle = f"{MARKER}={token}\0".encode()
@@ -219,11 +224,16 @@ def send_signal(pid: int, start: int, sig: int, fd: int | None = None) -> bool:
 
 def sweep(token: str, ranks: dict[int, int], strays: dict[int, int], grace: float) -> None:
     """SIGTERM everything that belongs to the run, SIGKILL what is left after `grace` seconds."""
-    marked = marked_pids(token)  # once: what they start later is below them in the parent chain
+    table = process_table()
+    # Once: what they start later is below them in the parent chain. Only processes younger than
+    # this guard can carry the marker (the ranks start after it): a busy host's other processes
+    # are not read.
+    me = table.get(os.getpid())
+    marked = marked_pids(token, younger_than(table, me.start if me is not None else 0))
     signalled: dict[int, int] = {}
     deadline = None
     while True:
-        found = find_strays(process_table(), ranks, strays, marked, skip=(os.getpid(),))
+        found = find_strays(table, ranks, strays, marked, skip=(os.getpid(),))
         strays.update(found)  # known by identity from now on, wherever it moves
         if not found:
             return
@@ -236,6 +246,7 @@ def sweep(token: str, ranks: dict[int, int], strays: dict[int, int], grace: floa
             if signalled.get(pid) != sig and send_signal(pid, start, sig):
                 signalled[pid] = sig
         time.sleep(RESCAN_SECONDS)
+        table = process_table()
 
 
 class Orders:

@@ -19,7 +19,15 @@ import os
 import time
 from collections.abc import Callable
 
-from ranktop.core.guard import Proc, descendants, find_strays, marked_pids, process_table, read_proc
+from ranktop.core.guard import (
+    Proc,
+    descendants,
+    find_strays,
+    marked_pids,
+    process_table,
+    read_proc,
+    younger_than,
+)
 
 _PR_SET_CHILD_SUBREAPER = 36
 LOOK_SECONDS = 0.25  # at most this often, a monitor pass looks for newly orphaned helpers
@@ -111,6 +119,7 @@ class StrayTracker:
         self.known: dict[int, int] = {}  # strays: pid -> start time
         self._adopted: dict[int, int] = {}  # the orphans re-parented to us: pid -> start time
         self._reaped: list[int] = []
+        self.since: int | None = None  # the first rank's start (clock ticks since boot)
         self._looked_at = 0.0
 
     def rank_started(self, pid: int) -> None:
@@ -118,6 +127,7 @@ class StrayTracker:
             self.look(force=True)
         proc = read_proc(pid)  # our unreaped child: its entry is there even if it already exited
         start = proc.start if proc is not None else 0
+        self.since = start if self.since is None else min(self.since, start)
         self.ranks[pid] = start
         self._tell(f"rank {pid} {start}")
 
@@ -167,7 +177,8 @@ class StrayTracker:
         scan reads every process's environment: the first look of a sweep is enough."""
         self.look(force=True)
         table = process_table()
-        marked = marked_pids(self.token, [p.pid for p in table.values() if not p.zombie]) if with_marker else set()
+        # Only what started with or after the first rank can carry the marker.
+        marked = marked_pids(self.token, younger_than(table, self.since or 0)) if with_marker else set()
         found = find_strays(table, self.ranks, self.known, marked, skip=(os.getpid(),))
         for pid, start in found.items():
             self._note(pid, start)

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 from conftest import ROOT, ranktop_cmd, read_events, wait_for
-from ranktop.core.guard import MARKER, Proc, find_strays, marked_pids, read_orders, read_proc
+from ranktop.core.guard import MARKER, Proc, find_strays, marked_pids, read_orders, read_proc, younger_than
 
 HELPERS = str(ROOT / "tests" / "ranks" / "helpers.py")
 KINDS = ("setsid", "setpgid")
@@ -194,6 +194,15 @@ def test_find_strays_never_takes_a_reused_pid():
     ]}
     found = find_strays(table, ranks={100: 50, 400: 1}, strays={200: 11, 300: 20, 500: 30})
     assert found == {100: 50, 101: 60, 102: 70, 103: 80, 104: 90, 300: 20}
+
+
+def test_only_processes_as_young_as_the_run_are_read_for_the_marker():
+    # A process that started before the run's first rank (or its guard) cannot carry its marker:
+    # a busy host's other processes are never read.
+    table = {p.pid: p for p in [_proc(10, 1, 10, 10, 99), _proc(11, 1, 11, 11, 100), _proc(12, 11, 11, 11, 250),
+                                _proc(13, 1, 13, 13, 300, zombie=True)]}
+    assert younger_than(table, 100) == [11, 12]  # the same tick counts; a zombie is gone already
+    assert sorted(younger_than(table, 0)) == [10, 11, 12]
 
 
 def test_the_marker_is_found_after_a_long_environment():
