@@ -24,11 +24,12 @@ reused by someone else is never signalled.
 
 Runs as `python -I -S -c "...; import guard; guard.main()"` and imports only the standard library
 (not even typing), so it starts fast: imported rather than run as a script, it starts from its
-cached bytecode instead of compiling this file each time;
-ranktop imports the table helpers from here so the two agree on what a stray is. A guard learns
-its run from its first line, so ranktop can start one before it knows the run (`prestart`): its
-interpreter then starts beside ranktop's own imports rather than beside the ranks'. Without the
-`run` line (ranktop gave up first) it exits at end of file and touches nothing.
+cached bytecode instead of compiling this file each time. ranktop imports the table helpers from
+here so the two agree on what a stray is.
+
+A guard learns its run from its first line, so ranktop can start one before it knows the run
+(`prestart`): its interpreter then starts beside ranktop's own imports rather than beside the
+ranks'. Without the `run` line (ranktop gave up first) it exits at end of file and touches nothing.
 """
 
 from __future__ import annotations
@@ -264,6 +265,7 @@ class Orders:
 
 
 def read_orders(lines: Iterable[bytes]) -> Orders:
+    """ranktop's lines, to the end of the pipe; a line it cannot read is left out."""
     orders = Orders()
     for line in lines:
         words = line.split()
