@@ -147,9 +147,10 @@ class StrayTracker:
             if not proc.zombie and proc.pgid not in self.ranks:
                 self._note(pid, proc.start)
 
-    def look(self, force: bool = False) -> None:
+    def look(self, force: bool = False, table: dict[int, Proc] | None = None) -> None:
         """Cheap enough for every monitor pass: adopt newly orphaned helpers (reaping those that
-        exited), and note what reaped ranks left in their group and session."""
+        exited), and note what reaped ranks left in their group and session (in `table`, the
+        process table just read, if the caller has one)."""
         now = time.monotonic()
         if not force and now - self._looked_at < LOOK_SECONDS:
             return
@@ -165,7 +166,8 @@ class StrayTracker:
                 self._emit("stray_adopted", pid=pid, command=command_of(pid))
         if self._reaped:
             reaped = {pid: self.ranks[pid] for pid in self._reaped}
-            for pid, start in find_strays(process_table(), reaped, {}, skip=(os.getpid(),)).items():
+            table = process_table() if table is None else table
+            for pid, start in find_strays(table, reaped, {}, skip=(os.getpid(),)).items():
                 self._note(pid, start)
             for pid in reaped:  # their ids may be reused from now on: the guard forgets them
                 del self.ranks[pid]
@@ -174,9 +176,10 @@ class StrayTracker:
 
     def find(self, with_marker: bool) -> dict[int, int]:
         """Every live process of the group (pid -> start time), for the end sweep. The marker
-        scan reads every process's environment: the first look of a sweep is enough."""
-        self.look(force=True)
-        table = process_table()
+        scan reads the environment of every process as young as the run: the first look of a
+        sweep is enough."""
+        table = process_table()  # one read of the table for both: on a busy host each is long
+        self.look(force=True, table=table)
         # Only what started with or after the first rank can carry the marker.
         marked = marked_pids(self.token, younger_than(table, self.since or 0)) if with_marker else set()
         found = find_strays(table, self.ranks, self.known, marked, skip=(os.getpid(),))
