@@ -15,6 +15,7 @@ guard, which still holds its process group.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -246,7 +247,6 @@ class PContext:
         self._pump: OutputPump | None = None
         self._console: ConsoleWriter | None = None
         self._guard: subprocess.Popen | None = None
-        self._guard_lines_held = False
         self._environ: dict[str, str] = {}  # ours when the group started: every rank's base
         self._tmp: str | None = None
         self._stopping = False
@@ -293,30 +293,22 @@ class PContext:
         if callable(self.entrypoint):
             self._tmp = tempfile.mkdtemp(prefix="ranktop-")
         self._environ = dict(os.environ)  # (os.environ decodes every variable on every read)
-        self._guard_lines_held = True  # told in one write once all started: no wake-up per rank
         try:
             for slot in self.slots:
                 self._spawn(slot)
         except BaseException:
             self.close(signal.SIGKILL, 0)  # whatever did start must not outlive the error
             raise
-        finally:
-            self._guard_lines_held = False
-            self._tell_guard(None)
         return self
 
     def _start_guard(self) -> None:
         self._guard = guard.take(self.token, self.shutdown_timeout)
         note_own_child(self._guard.pid)
 
-    def _tell_guard(self, line: str | None) -> None:
-        """One line for the guard (None: only send what is held). Until then a rank it was not
-        told of yet is still found by the marker in its environment."""
+    def _tell_guard(self, line: str) -> None:
         try:
-            if line is not None:
-                self._guard.stdin.write(line.encode() + b"\n")
-            if not self._guard_lines_held:
-                self._guard.stdin.flush()
+            self._guard.stdin.write(line.encode() + b"\n")
+            self._guard.stdin.flush()
         except (OSError, ValueError, AttributeError):
             pass
 
@@ -691,7 +683,8 @@ class PContext:
                 slot.proc.close_input()
         self._tell_guard("done")  # it sweeps strays that left the group while we drain
         if self._guard is not None:
-            self._guard.stdin.close()
+            with contextlib.suppress(OSError, ValueError):  # a guard killed meanwhile: "done" stays unsent
+                self._guard.stdin.close()
         if self._pump is not None:
             self._pump.close(timeout=2.0)
         if self._console is not None:

@@ -289,6 +289,8 @@ def main() -> None:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # only end of file on stdin ends us
     orders = read_orders(sys.stdin.buffer)
+    if orders.token is None and len(sys.argv) == 3:  # `guard.py TOKEN GRACE`: started by a ranktop
+        orders.token, orders.grace = sys.argv[1], float(sys.argv[2])  # from before an upgrade in place
     if orders.token is None:
         return  # a spare that no run took: nothing carries a marker of ours
     # After a normal exit ranktop has reaped its ranks and swept with the grace already; only
@@ -318,10 +320,19 @@ def _launch() -> subprocess.Popen:
 
 def prestart() -> None:
     """Start the next run's guard now. On a small machine a Python start-up beside the ranks'
-    slows their launch; one started while ranktop still imports its engine costs nothing there."""
+    slows their launch; one started while ranktop still imports its engine costs nothing there.
+    Only a head start: if it cannot be started, the run starts its own."""
     global _spare
     if _spare is None:
-        _spare = _launch()
+        try:
+            _spare = _launch()
+        except OSError:
+            pass
+
+
+def spare_pid() -> int | None:
+    """The spare guard's pid: our own child, not an orphan to adopt."""
+    return _spare.pid if _spare is not None else None
 
 
 def take(token: str, grace: float) -> subprocess.Popen:
@@ -329,16 +340,19 @@ def take(token: str, grace: float) -> subprocess.Popen:
     global _spare
     guard, _spare = _spare, None
     line = f"run {token} {grace!r}\n".encode()
-    if guard is not None:
+    if guard is not None and guard.poll() is None:  # (poll reaps one that died)
         try:
             guard.stdin.write(line)
             guard.stdin.flush()
             return guard
-        except OSError:  # it died (someone killed it): reap it and start another
+        except OSError:  # it died just now: reap it and start another
             guard.wait()
     guard = _launch()
-    guard.stdin.write(line)
-    guard.stdin.flush()
+    try:
+        guard.stdin.write(line)
+        guard.stdin.flush()
+    except OSError:
+        pass  # it died at once: the run goes on without one, as when any line to it fails
     return guard
 
 

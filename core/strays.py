@@ -26,6 +26,7 @@ from ranktop.core.guard import (
     marked_pids,
     process_table,
     read_proc,
+    spare_pid,
     younger_than,
 )
 
@@ -69,7 +70,7 @@ def adopted_children() -> dict[int, Proc]:
         return {}
     me, my_session = os.getpid(), os.getsid(0)
     found = {}
-    for pid in children_of_self() - _own_children:
+    for pid in children_of_self() - _own_children - {spare_pid()}:
         proc = read_proc(pid)
         # Our own tools (py-spy, a pager) run in our session; nothing from a rank can join it.
         if proc is not None and proc.ppid == me and proc.sid != my_session:
@@ -147,13 +148,13 @@ class StrayTracker:
             if not proc.zombie and proc.pgid not in self.ranks:
                 self._note(pid, proc.start)
 
-    def look(self, force: bool = False, table: dict[int, Proc] | None = None) -> None:
+    def look(self, force: bool = False) -> dict[int, Proc] | None:
         """Cheap enough for every monitor pass: adopt newly orphaned helpers (reaping those that
-        exited), and note what reaped ranks left in their group and session (in `table`, the
-        process table just read, if the caller has one)."""
+        exited), and note what reaped ranks left in their group and session. Returns the process
+        table when it read one (after the adoptions), for a caller that needs it too."""
         now = time.monotonic()
         if not force and now - self._looked_at < LOOK_SECONDS:
-            return
+            return None
         self._looked_at = now
         for pid, proc in adopted_children().items():
             if proc.zombie:
@@ -166,20 +167,21 @@ class StrayTracker:
                 self._emit("stray_adopted", pid=pid, command=command_of(pid))
         if self._reaped:
             reaped = {pid: self.ranks[pid] for pid in self._reaped}
-            table = process_table() if table is None else table
+            table = process_table()
             for pid, start in find_strays(table, reaped, {}, skip=(os.getpid(),)).items():
                 self._note(pid, start)
             for pid in reaped:  # their ids may be reused from now on: the guard forgets them
                 del self.ranks[pid]
                 self._tell(f"gone {pid}")
             self._reaped.clear()
+            return table
+        return None
 
     def find(self, with_marker: bool) -> dict[int, int]:
         """Every live process of the group (pid -> start time), for the end sweep. The marker
         scan reads the environment of every process as young as the run: the first look of a
         sweep is enough."""
-        table = process_table()  # one read of the table for both: on a busy host each is long
-        self.look(force=True, table=table)
+        table = self.look(force=True) or process_table()  # one read for both: on a busy host each is long
         # Only what started with or after the first rank can carry the marker.
         marked = marked_pids(self.token, younger_than(table, self.since or 0)) if with_marker else set()
         found = find_strays(table, self.ranks, self.known, marked, skip=(os.getpid(),))

@@ -254,6 +254,26 @@ def test_the_headless_guard_starts_ahead_and_is_taken_or_ended(tmp_path, args, s
     assert res.stdout.strip().split(maxsplit=1) == [status, f"{guards} None"], res.stderr
 
 
+def test_a_guard_killed_during_the_run_does_not_fail_it(tmp_path):
+    import psutil
+
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--log-dir", str(tmp_path / "logs"), "--no-python", "sleep", "2"),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def children(word: str) -> list[psutil.Process]:
+            return [c for c in psutil.Process(proc.pid).children() if word in " ".join(c.cmdline())]
+
+        wait_for(lambda: children("sleep"), what="the rank running")  # (the run has taken its guard by then)
+        (guard,) = children("guard.main()")
+        guard.kill()  # someone kills it: the run goes on, and ends as it would have
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "Traceback" not in err, err
+
+
 def test_a_guard_py_where_ranktop_runs_is_never_run_as_the_guard(tmp_path):
     # The guard starts as `import guard` from ranktop's own directory, in isolated mode: a
     # guard.py in the working directory (a shared one, say) must not be what runs.

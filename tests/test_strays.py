@@ -218,6 +218,41 @@ def test_the_marker_is_found_after_a_long_environment():
         proc.wait()
 
 
+def test_a_guard_started_the_old_way_still_sweeps():
+    # A ranktop that was running when ranktop was upgraded in place starts its next attempt's
+    # guard as `guard.py TOKEN GRACE`: that guard must still sweep what carries the marker.
+    guard_py = ROOT / "core" / "guard.py"
+    old_way = subprocess.Popen([sys.executable, "-I", "-S", str(guard_py), "c0ffee", "1.0"], stdin=subprocess.PIPE)
+    marked = subprocess.Popen(["sleep", "30"], env={"PATH": os.environ["PATH"], MARKER: "c0ffee"})
+    try:
+        wait_for(lambda: read_proc(marked.pid) is not None, what="the marked process started")
+        old_way.stdin.close()  # its ranktop is gone
+        assert old_way.wait(15) == 0
+        assert marked.wait(5) == -signal.SIGTERM  # swept, with SIGTERM first
+    finally:
+        for proc in (old_way, marked):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_spare_guard_that_died_is_replaced_when_taken():
+    from ranktop.core import guard
+
+    guard.prestart()
+    dead = guard.spare_pid()
+    os.kill(dead, signal.SIGKILL)
+    wait_for(lambda: read_proc(dead).zombie, what="the spare guard dead")
+    taken = guard.take("feed", 1.0)  # the dead one is reaped, a live one started in its place
+    try:
+        assert guard.spare_pid() is None and taken.pid != dead and taken.poll() is None
+    finally:
+        taken.stdin.close()  # no rank was told of: it exits at once
+        assert taken.wait(15) == 0
+    with pytest.raises(ChildProcessError):
+        os.waitpid(dead, os.WNOHANG)  # reaped, not left a zombie
+
+
 def test_guard_reads_what_ranktop_told_it():
     lines = [b"run 0a1b 2.5\n", b"rank 10 5\n", b"rank 11 6\n", b"stray 12 7\n", b"gone 10\n", b"garbage\n",
              b"run ffff 9\n", b"done\n"]
