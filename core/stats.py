@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 from ranktop.core.gpu import GpuMonitor, RankQuery
+from ranktop.core.guard import process_table
 from ranktop.core.state import GpuSample
 
 _CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -41,31 +42,16 @@ ProcKey = tuple[int, int]
 
 
 def scan_processes() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, start time) for every process, from one pass over /proc.
+    """pid -> (ppid, start time) for every process, from one pass over /proc (the guard's reading
+    of the table, which ranktop's sweeps share).
 
     psutil's children(recursive=True) scans the whole process table once per call; one scan per
     tick shared by all ranks keeps a tick cheap on a busy node with many ranks.
     """
-    table = {}
     try:
-        entries = os.listdir("/proc")
-    except OSError:
+        return {proc.pid: (proc.ppid, proc.start) for proc in process_table().values()}
+    except OSError:  # no /proc to list
         return _scan_with_psutil()
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue  # gone meanwhile
-        # The command name may contain spaces and parentheses: fields start after the last ')'.
-        fields = data[data.rfind(b")") + 2:].split()
-        try:
-            table[int(entry)] = (int(fields[1]), int(fields[19]))
-        except (IndexError, ValueError):
-            continue
-    return table
 
 
 def _scan_with_psutil() -> dict[int, tuple[int, int]]:
