@@ -3,6 +3,7 @@ spawn of the same ranks as the reference. For a before/after on a box whose spee
 
     python bench/bench_ab.py --rounds 21 before=HEAD~3 after=HEAD     # git revisions
     python bench/bench_ab.py after=.                                  # this checkout as it is
+    python bench/bench_ab.py --busy 1000 before=HEAD~3 after=.       # beside 1000 idle processes
 
 Each version is built into a venv of its own as `pip install` leaves it (bench/compiled.py), so
 neither pays for an editable checkout's finder. Every rank runs this interpreter, whichever
@@ -54,6 +55,9 @@ def main() -> int:
     p.add_argument("versions", nargs="+", metavar="NAME=REV", help="a git revision, or . for this checkout")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--busy", type=int, default=0, metavar="N",
+                   help="N idle processes (sleep) on the box meanwhile, as on a busy host: the process "
+                        "table every run reads at its end is that much longer")
     ns = p.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHON_EXEC"] = sys.executable
@@ -69,13 +73,20 @@ def main() -> int:
                       for name, py in pythons.items()}
         contenders["bare"] = lambda: run([sys.executable, "-u", script], env, count=ns.ranks)
         times: dict[str, list[float]] = {name: [] for name in contenders}
-        for round_no in range(ns.rounds + 1):
-            for name, once in contenders.items():
-                elapsed = once()
-                if round_no:
-                    times[name].append(elapsed)
+        idle = [subprocess.Popen(["sleep", "3600"]) for _ in range(ns.busy)]
+        try:
+            for round_no in range(ns.rounds + 1):
+                for name, once in contenders.items():
+                    elapsed = once()
+                    if round_no:
+                        times[name].append(elapsed)
+        finally:
+            for proc in idle:
+                proc.kill()
+                proc.wait()
     bare = statistics.median(times["bare"])
-    print(f"{ns.ranks} trivial ranks, launch + reap, medians of {ns.rounds} rounds in turns:")
+    busy = f", beside {ns.busy} idle processes" if ns.busy else ""
+    print(f"{ns.ranks} trivial ranks, launch + reap, medians of {ns.rounds} rounds in turns{busy}:")
     for name, values in times.items():
         median = statistics.median(values)
         gap = "" if name == "bare" else f"  (+{median - bare:.3f} s vs bare)"
