@@ -31,6 +31,7 @@ _ROUND_SECONDS = 0.005
 _IDLE_SECONDS = 0.1
 _PRESSING = 0.25  # of a pipe's capacity: doubling the pause keeps such a pipe at most half full
 _TTY_ROOM = 16 << 10  # what a pty holds before its writer waits, roughly (the kernel's buffers)
+_TTY_FULL = _TTY_ROOM // 2  # read in one round from a pty: its writer likely waits on us (a raw pty held 11.5 KiB)
 _PIPE_SIZE = 1 << 20  # ask the kernel for 1 MiB pipes: fewer wake-ups, ranks block less
 _FULL_PIPE = 64 << 10  # what a pipe holds when it could not be widened (over the user's budget)
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -572,7 +573,11 @@ class OutputPump:
     write a line at a time spend 12x the system time of the same ranks writing into `cat`'s pipes
     (3.5x their wall time on a 16-core host). Instead each round reads every pipe without
     blocking, and the thread sleeps between rounds: _ROUND_SECONDS while a pipe fills fast, longer
-    (up to _IDLE_SECONDS) while none does. Adding a pipe or closing wakes it at once."""
+    (up to _IDLE_SECONDS) while none does. Adding a pipe or closing wakes it at once.
+
+    A pty is the exception, while its writer outpaces us: it holds ~16 KiB, so a writer that
+    filled it would wait out the whole pause. Such a pty is watched between rounds (a tty keeps no
+    such wake-on-every-write state once polled), and the next round starts when it has more."""
 
     def __init__(self) -> None:
         self._wake_r, self._wake_w = os.pipe()
@@ -580,6 +585,7 @@ class OutputPump:
         self._pending: queue.SimpleQueue[tuple[int, StreamSink]] = queue.SimpleQueue()
         self._buffer = memoryview(bytearray(_READ_SIZE))
         self._pipes: dict[int, tuple[StreamSink, bool, int]] = {}  # fd -> (its sink, is it a pty, room)
+        self._pressing: list[int] = []  # ptys that were full at the last round: watched until the next
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="ranktop-output", daemon=True)
         self._thread.start()
@@ -602,7 +608,8 @@ class OutputPump:
         pause = 0.0
         while True:
             started = time.monotonic()
-            if select.select([self._wake_r], [], [], pause)[0]:  # our own pipe: polling it costs nothing
+            ready = select.select([self._wake_r, *self._pressing], [], [], pause)[0]  # never a pipe of a rank
+            if self._wake_r in ready:  # our own pipe: polling it costs nothing
                 os.read(self._wake_r, 4096)
                 self._register_pending()
             fill = self._round()
@@ -614,11 +621,14 @@ class OutputPump:
         """Read every pipe once; how full the fullest was, as a share of what it holds (1.0 after
         an end of file: the rank's other stream is likely ending too, so look again soon)."""
         fill = 0.0
+        self._pressing = []
         for fd, (sink, tty, room) in list(self._pipes.items()):
             data = self._read(fd, tty)
             if data:
                 sink.feed(data)
                 fill = max(fill, len(data) / room)
+                if tty and len(data) >= _TTY_FULL:
+                    self._pressing.append(fd)
             elif data is None:  # end of file: every writer is gone
                 del self._pipes[fd]
                 release_pipe(fd)

@@ -180,6 +180,43 @@ def test_a_pty_is_read_until_empty_in_one_round():
         os.close(master)
 
 
+def test_a_pty_whose_writer_outpaces_the_reader_is_watched_until_the_next_round():
+    # A pty holds ~12 KiB: a writer that filled it would wait out the reader's whole pause, so a
+    # pty that was full at a round is watched (select) until the next; a pipe never is (once
+    # polled, a pipe wakes its poller on every write), nor a pty that was not full.
+    import pty
+    import tty
+
+    from ranktop.core.output import STDOUT, LineRing, OutputPump, StreamSink
+
+    master, slave = pty.openpty()
+    tty.setraw(slave)
+    os.set_blocking(slave, False)
+    os.set_blocking(master, False)
+    pipe_r, pipe_w = os.pipe()
+    os.set_blocking(pipe_r, False)
+    pump = OutputPump()
+    pump.close(timeout=5)  # its thread is gone: the rounds below are ours, one at a time
+    ring = LineRing()
+    pump._pipes = {master: (StreamSink(STDOUT, ring), True, 16 << 10), pipe_r: (StreamSink(STDOUT, ring), False, 1 << 16)}
+    try:
+        filled = 0
+        try:
+            while True:
+                filled += os.write(slave, b"x" * 1024)
+        except BlockingIOError:
+            pass
+        os.write(pipe_w, b"y" * (64 << 10))
+        pump._round()
+        assert pump._pressing == [master], filled
+        os.write(slave, b"z" * 100)  # a trickle: nobody waits on us
+        pump._round()
+        assert pump._pressing == []
+    finally:
+        for fd in (slave, master, pipe_r, pipe_w):
+            os.close(fd)
+
+
 def test_pipes_are_widened_only_within_our_share_of_the_users_budget():
     from ranktop.core.output import pipe_budget, release_pipe, widen_pipe
 
