@@ -22,7 +22,7 @@ For writes, bigline and mblines "ranktop CPU" is the launcher's user+system time
 launcher and every process it reaped) less what the ranks reported for themselves just before
 they exit (getrusage, to the microsecond as wait4 counts it: os.times counts in 10 ms ticks, and
 its truncation put ~5 ms a rank on ranktop's side), and peak RSS is the launcher's (ru_maxrss over it and its reaped children;
-the ranks are far smaller).
+the ranks are far smaller), as a small Python that starts it reports them (see _MEASURE).
 
 Run by hand, not by the tests. The launchers' own console output goes to /dev/null. Each
 figure is the median of the repeats after one unmeasured warm-up run; the contenders take
@@ -467,18 +467,29 @@ def launcher_cpu(cmd: list[str], cpu_dir: str) -> tuple[float, float]:
     return elapsed, usage.ru_utime + usage.ru_stime - ranks
 
 
+# The launcher is started by a small Python that reports its wall time, CPU and peak RSS: Linux
+# keeps a process's high-water mark across exec, and a vfork child's image before exec is its
+# parent's, so a launcher started straight from this bench read as at least the bench's own peak
+# (~130 MB once the writes scenario had built its expected bytes).
+_MEASURE = """\
+import resource, subprocess, sys, time
+start = time.perf_counter()
+code = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True).returncode
+elapsed = time.perf_counter() - start
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(code, elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
+"""
+
+
 def launcher_cost(cmd: list[str], rank_cpu_file: str) -> tuple[float, float, float]:
     """(wall seconds, launcher CPU seconds less the rank's own, peak RSS in MB) of one run."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"exit status {proc.returncode}: {' '.join(cmd)}")
+    done = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], cwd=ROOT, env=launcher_env(),
+                          capture_output=True, text=True, check=True)
+    code, elapsed, cpu, maxrss = done.stdout.split()
+    if int(code) != 0:
+        raise RuntimeError(f"exit status {code}: {' '.join(cmd)}")
     rank_cpu = float(Path(rank_cpu_file).read_text())
-    return elapsed, usage.ru_utime + usage.ru_stime - rank_cpu, usage.ru_maxrss / 1024
+    return float(elapsed), float(cpu) - rank_cpu, int(maxrss) / 1024
 
 
 def bench_big(base: str, name: str) -> dict[str, str]:
