@@ -575,8 +575,8 @@ class OutputPump:
     blocking, and the thread sleeps between rounds: _ROUND_SECONDS while a pipe fills fast, longer
     (up to _IDLE_SECONDS) while none does. Adding a pipe or closing wakes it at once.
 
-    A pty is the exception, while its writer outpaces us: it holds ~16 KiB, so a writer that
-    filled it would wait out the whole pause. Such a pty is watched between rounds (a tty keeps no
+    A pty is the exception, while its writer outpaces us: it holds only 12-16 KiB, so a writer
+    that filled it would wait out the whole pause. Such a pty is watched between rounds (a tty keeps no
     such wake-on-every-write state once polled), and the next round starts when it has more."""
 
     def __init__(self) -> None:
