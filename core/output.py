@@ -608,14 +608,21 @@ class OutputPump:
         pause = 0.0
         while True:
             started = time.monotonic()
-            ready = select.select([self._wake_r, *self._pressing], [], [], pause)[0]  # never a pipe of a rank
-            if self._wake_r in ready:  # our own pipe: polling it costs nothing
+            if self._sleep(pause):
                 os.read(self._wake_r, 4096)
                 self._register_pending()
             fill = self._round()
             if self._closing and not self._pipes and self._pending.empty():
                 return
             pause = next_pause(pause, fill, time.monotonic() - started)
+
+    def _sleep(self, pause: float) -> bool:
+        """Wait up to `pause` seconds for our own pipe or a pressing pty (never a rank's pipe);
+        whether our own pipe woke us. poll, not select: a many-rank run's descriptors pass 1023."""
+        poller = select.poll()
+        for fd in (self._wake_r, *self._pressing):
+            poller.register(fd, select.POLLIN)
+        return any(fd == self._wake_r for fd, _ in poller.poll(pause * 1000))
 
     def _round(self) -> float:
         """Read every pipe once; how full the fullest was, as a share of what it holds (1.0 after

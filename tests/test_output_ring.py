@@ -9,6 +9,7 @@ import random
 import re
 import threading
 
+import pytest
 from ranktop.core.output import LINE_CAP, STDERR, STDOUT, ConsoleWriter, LineRing, collapse_cr
 
 MB = 1 << 20
@@ -215,6 +216,35 @@ def test_a_pty_whose_writer_outpaces_the_reader_is_watched_until_the_next_round(
     finally:
         for fd in (slave, master, pipe_r, pipe_w):
             os.close(fd)
+
+
+def test_the_reader_sleeps_on_descriptors_past_1023():
+    # A run of many ranks has more descriptors than select() takes: a pressing pty numbered past
+    # 1023 must wake the reader like any other.
+    import pty
+    import resource
+
+    from ranktop.core.output import OutputPump
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1600:
+        pytest.skip("the open-files limit is below 1600")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1600), hard))
+    master, slave = pty.openpty()
+    high = os.dup2(master, 1500)
+    pump = OutputPump()
+    pump.close(timeout=5)  # its thread is gone, and its own pipe with it: the sleeps below are ours
+    pump._wake_r, pump._wake_w = os.pipe()
+    try:
+        os.write(slave, b"ready\n")
+        pump._pressing = [high]
+        assert pump._sleep(10) is False  # woken by the pty within the pause, not by our own pipe
+        pump.wake()
+        assert pump._sleep(10) is True
+    finally:
+        for fd in (high, slave, master, pump._wake_r, pump._wake_w):
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_pipes_are_widened_only_within_our_share_of_the_users_budget():
