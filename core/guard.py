@@ -340,20 +340,22 @@ def take(token: str, grace: float) -> subprocess.Popen:
     global _spare
     guard, _spare = _spare, None
     line = f"run {token} {grace!r}\n".encode()
-    if guard is not None and guard.poll() is None:  # (poll reaps one that died)
-        try:
-            guard.stdin.write(line)
-            guard.stdin.flush()
-            return guard
-        except OSError:  # it died just now: reap it and start another
-            guard.wait()
+    if guard is not None and guard.poll() is None and _send(guard, line):
+        return guard
+    if guard is not None:
+        guard.wait()  # it died (killed?): reap it and start another
     guard = _launch()
+    _send(guard, line)  # one that dies at once: the run goes on without it, as when any line to it fails
+    return guard
+
+
+def _send(guard: subprocess.Popen, line: bytes) -> bool:
     try:
         guard.stdin.write(line)
         guard.stdin.flush()
+        return True
     except OSError:
-        pass  # it died at once: the run goes on without one, as when any line to it fails
-    return guard
+        return False
 
 
 def discard_spare() -> None:
