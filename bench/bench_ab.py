@@ -4,6 +4,11 @@ spawn of the same ranks as the reference. For a before/after on a box whose spee
     python bench/bench_ab.py --rounds 21 before=HEAD~3 after=HEAD     # git revisions
     python bench/bench_ab.py after=.                                  # this checkout as it is
     python bench/bench_ab.py --busy 1000 before=HEAD~3 after=.       # beside 1000 idle processes
+    python bench/bench_ab.py --writes 400000 before=HEAD~3 after=.   # the output path's own CPU
+
+With --writes the ranks write that many short lines each (bench_launch's writes scenario, --tee 3
+and log files, the console to /dev/null), and what is compared is ranktop's own CPU seconds for
+the job (wait4's figure less what the ranks report for themselves) as well as the wall time.
 
 Each version is built into a venv of its own as `pip install` leaves it (bench/compiled.py), so
 neither pays for an editable checkout's finder. Every rank runs this interpreter, whichever
@@ -23,6 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from bench_launch import WRITER  # noqa: E402
 from compiled import ROOT, installed_python  # noqa: E402
 
 sys.path.pop(0)  # (ranktop's own process module is what this bench waits with)
@@ -50,6 +56,46 @@ def run(argv: list[str], env: dict[str, str], count: int = 1) -> float:
     return time.perf_counter() - start
 
 
+def run_writes(argv: list[str], env: dict[str, str], cpu_dir: str) -> tuple[float, float]:
+    """(wall seconds, the launcher's own CPU seconds) of one writes run."""
+    for name in os.listdir(cpu_dir):
+        os.unlink(os.path.join(cpu_dir, name))
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    if status:
+        raise RuntimeError(f"{argv[:4]} failed (status {status})")
+    ranks = 0.0
+    for name in os.listdir(cpu_dir):
+        with open(os.path.join(cpu_dir, name)) as f:
+            ranks += float(f.read())
+    return elapsed, usage.ru_utime + usage.ru_stime - ranks
+
+
+def compare_writes(pythons: dict[str, str], ns: argparse.Namespace, env: dict[str, str], base: str) -> None:
+    script, cpu_dir = os.path.join(base, "writer.py"), os.path.join(base, "cpu")
+    with open(script, "w") as f:
+        f.write(WRITER)
+    os.makedirs(cpu_dir)
+    wall: dict[str, list[float]] = {name: [] for name in pythons}
+    cpu: dict[str, list[float]] = {name: [] for name in pythons}
+    for round_no in range(ns.rounds + 1):
+        for name, py in pythons.items():
+            logs = os.path.join(base, "logs")
+            subprocess.run(["rm", "-rf", logs], check=True)
+            argv = [py, "-P", "-m", "ranktop", "--headless", "--nproc-per-node", str(ns.ranks), "--tee", "3",
+                    "--log-dir", logs, script, str(ns.writes), cpu_dir]
+            elapsed, own = run_writes(argv, env, cpu_dir)
+            if round_no:
+                wall[name].append(elapsed)
+                cpu[name].append(own)
+    print(f"{ns.ranks} ranks x {ns.writes} write-only lines, --tee 3 + logs, medians of {ns.rounds} rounds in turns:")
+    for name in pythons:
+        print(f"  {name:10s} own CPU {statistics.median(cpu[name]):.3f} s   wall {statistics.median(wall[name]):.3f} s"
+              f"   CPU runs {' '.join(f'{v:.3f}' for v in cpu[name])}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("versions", nargs="+", metavar="NAME=REV", help="a git revision, or . for this checkout")
@@ -58,6 +104,8 @@ def main() -> int:
     p.add_argument("--busy", type=int, default=0, metavar="N",
                    help="N idle processes (sleep) on the box meanwhile, as on a busy host: the process "
                         "table every run reads at its end is that much longer")
+    p.add_argument("--writes", type=int, default=0, metavar="LINES",
+                   help="compare the output path instead: each rank writes LINES short lines")
     ns = p.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHON_EXEC"] = sys.executable
@@ -68,6 +116,9 @@ def main() -> int:
         for spec in ns.versions:
             name, _, rev = spec.partition("=")
             pythons[name] = build(name, rev or ".", base)
+        if ns.writes:
+            compare_writes(pythons, ns, env, base)
+            return 0
         contenders = {name: (lambda py=py: run([py, "-P", "-m", "ranktop", "--headless", "--nproc-per-node",
                                                  str(ns.ranks), "--log-dir", os.path.join(base, "logs"), script], env))
                       for name, py in pythons.items()}
