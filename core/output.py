@@ -14,6 +14,7 @@ import os
 import queue
 import re
 import select
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -332,7 +333,11 @@ class ConsoleWriter:
     terminal never stalls the pipe reader and through it the ranks. Each rank (`key`) may have
     `budget` bytes waiting; past that its console output is dropped, and a note saying how much
     takes its place, so a flooding rank cannot crowd out a quiet one. The log files still get
-    every byte."""
+    every byte.
+
+    A console that is a regular file or /dev/null (a batch job's output file) is written at once
+    by the caller, as the log files are: such a write never waits on a reader, and handing each
+    chunk to the thread cost the reader a wake-up and a GIL handover per chunk."""
 
     def __init__(self, budget: int = 16 << 20, clean: Callable[[bytes], bytes] | None = None):
         self._clean = clean  # applied to every write of rank output; the log files keep the raw bytes
@@ -341,6 +346,7 @@ class ConsoleWriter:
         self._gaps: dict[object, _Gap] = {}  # key -> the gap its drops go to now
         self._budget = budget
         self._lock = threading.Lock()
+        self._direct: dict[int, bool] = {}  # id(target) -> written by the caller (never blocks)
         self._thread = threading.Thread(target=self._run, name="ranktop-console", daemon=True)
         self._thread.start()
 
@@ -350,6 +356,9 @@ class ConsoleWriter:
         parts = (data,) if not isinstance(data, tuple) else data
         if self._clean is not None:
             parts = (self._clean(b"".join(parts)),)
+        if self._writes_at_once(target):
+            _write_parts(target, parts, flush=True)
+            return
         size = sum(map(len, parts))
         with self._lock:
             if self._pending[key] + size > self._budget:
@@ -378,20 +387,45 @@ class ConsoleWriter:
                 size = 0
             else:
                 size = sum(map(len, data))
-            try:
-                for part in data:
-                    target.write(part)
-                if self._queue.empty():
-                    target.flush()
-            except (OSError, ValueError):
-                pass  # console gone (closed pipe, detached terminal): the log files still have it
+            _write_parts(target, data, flush=self._queue.empty())
             if size:
                 with self._lock:
                     self._pending[key] -= size
 
+    def _writes_at_once(self, target: BinaryIO) -> bool:
+        direct = self._direct.get(id(target))
+        if direct is None:
+            direct = self._direct[id(target)] = _never_blocks(target)
+        return direct
+
     def close(self, timeout: float = 5.0) -> None:
         self._queue.put(None)
         self._thread.join(timeout)
+
+
+def _write_parts(target: BinaryIO, parts: tuple[Buffer, ...], flush: bool) -> None:
+    try:
+        for part in parts:
+            target.write(part)
+        if flush:
+            target.flush()
+    except (OSError, ValueError):
+        pass  # console gone (closed pipe, detached terminal, full disk): the log files still have it
+
+
+def _never_blocks(target: BinaryIO) -> bool:
+    """Whether writes to `target` return at once: a regular file or /dev/null (not a terminal,
+    pipe or socket, which wait for their reader)."""
+    try:
+        mode = os.fstat(target.fileno())
+    except (OSError, ValueError, AttributeError):  # no descriptor (a test's BytesIO): the thread
+        return False
+    if stat.S_ISREG(mode.st_mode):
+        return True
+    try:
+        return stat.S_ISCHR(mode.st_mode) and mode.st_rdev == os.stat("/dev/null").st_rdev
+    except OSError:
+        return False
 
 
 class FilteredCopy:

@@ -267,6 +267,33 @@ def test_pipes_are_widened_only_within_our_share_of_the_users_budget():
     assert (pipe_budget() is None) == (os.geteuid() == 0)  # root has no per-user pipe limit
 
 
+def test_a_console_that_is_a_file_is_written_at_once_even_while_a_terminal_is_stuck(tmp_path):
+    """A batch job's output file (or /dev/null) never waits on a reader, so its writes are not
+    queued behind a terminal that stopped reading (ctrl-S, a stalled SSH session)."""
+    from ranktop.core.output import _never_blocks
+
+    r, w = os.pipe()
+    fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)
+    stuck = open(w, "wb")
+    out_file = open(tmp_path / "job.out", "wb")
+    with open(os.devnull, "wb") as null:
+        assert (_never_blocks(out_file), _never_blocks(null), _never_blocks(stuck)) == (True, True, False)
+        writer = ConsoleWriter()
+        writer.write(stuck, b"t" * 65536, key="terminal")  # the console thread now waits on the pipe
+        writer.write(out_file, (b"[r1]:", b"step 1\n"), key="file")
+        writer.write(null, b"gone\n", key="file")
+        assert (tmp_path / "job.out").read_bytes() == b"[r1]:step 1\n"  # already there: no wait
+    shown: list[bytes] = []
+    reader = threading.Thread(target=lambda: shown.extend(iter(lambda: os.read(r, 65536), b"")))
+    reader.start()  # the terminal reads again: the thread finishes its write and ends
+    writer.close()
+    stuck.close()
+    reader.join(10)
+    os.close(r)
+    out_file.close()
+    assert b"".join(shown) == b"t" * 65536
+
+
 def test_the_console_tee_of_an_endless_line_holds_little_and_loses_nothing():
     import io
 
