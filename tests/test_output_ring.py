@@ -89,6 +89,19 @@ def test_lines_are_the_same_however_the_bytes_are_chunked():
     assert ring.tail() == expected
 
 
+def test_a_ring_of_short_lines_holds_about_maxlen_lines_not_its_whole_byte_budget():
+    # 20 MB of short lines in chunks of 5000: the ring (8 MiB budget) keeps only the chunks that
+    # still hold one of the newest 1000 lines, and shows the same lines as ever.
+    ring, line = LineRing(maxlen=1000), b"step %07d loss 0.5\n"
+    for start in range(0, 1_000_000, 5000):
+        ring.feed(STDOUT, b"".join(line % i for i in range(start, start + 5000)))
+        assert ring.held_bytes <= (1000 + 5000) * len(line % 0)
+    ring.feed(STDOUT, b"open")
+    assert ring.tail() == [
+        (line % i)[:-1] for i in range(999_000, 1_000_000)] + [b"open"]
+    assert ring.total_lines == 1_000_000
+
+
 def test_a_first_look_makes_only_the_lines_kept_and_they_are_the_newest():
     # Chunks waiting to be made into lines, far more lines than the ring keeps, two streams
     # interleaved, lines spanning chunks and '\r' redraws: the newest `maxlen` lines come out as
