@@ -358,6 +358,7 @@ class PContext:
                 stream, ring, console=console,
                 log=(self.log_path(r, stream), functools.partial(self._open_log, r, stream)) if to_file else None,
                 on_log_error=functools.partial(self._log_write_failed, r),
+                on_failure=functools.partial(self._output_failed, r),
                 copy=self._filtered[stream].for_rank(plan.prefix) if stream in self._filtered else None)
         self.slots[r].sinks.extend(sinks.values())
         return sinks
@@ -368,6 +369,10 @@ class PContext:
     def _log_write_failed(self, r: int, sink: StreamSink) -> None:
         """Called once per log file, from the output thread, when a write to it failed."""
         self._emit("log_write_failed", r, path=sink.log_path, error=sink.log_error, bytes_lost=sink.bytes_lost)
+
+    def _output_failed(self, r: int, sink: StreamSink) -> None:
+        """Called once per stream, from the output thread, when handling its output raised."""
+        self._emit("output_failed", r, stream=sink.stream, error=sink.failure, path=sink.log_path)
 
     def incomplete_logs(self) -> list[LogLoss]:
         """The log files of this context that miss output, with the bytes each lost so far."""

@@ -480,6 +480,7 @@ class StreamSink:
         log: tuple[str, Callable[[], int]] | None = None,
         on_log_error: Callable[[StreamSink], None] | None = None,
         copy: Callable[[bytes | None], None] | None = None,
+        on_failure: Callable[[StreamSink], None] | None = None,
     ):
         self.stream = stream
         self.ring = ring
@@ -488,6 +489,8 @@ class StreamSink:
         self.log_error: str | None = None
         self.bytes_lost = 0
         self._on_log_error = on_log_error
+        self._on_failure = on_failure
+        self.failure: str | None = None  # why this sink went down to its log file alone (fail())
         self.log_fd: int | None = None
         if log:
             try:
@@ -508,10 +511,21 @@ class StreamSink:
         prefixed (one `replace` over the chunk, which also counts its lines for the ring)."""
         if self.log_path:
             self._log(data)
+        if self.failure is not None:
+            return
         if self._copy is not None:
             self._copy(data)
         newlines = self._tee(data) if self.console is not None else None
         self.ring.feed(self.stream, data, newlines)
+
+    def fail(self, exc: BaseException) -> None:
+        """What the reader calls when handling a chunk raised (a bug, no memory left): from now
+        on the sink only writes its log file, so the rank's pipe is still emptied (a rank
+        blocked on a full pipe would hang the run) and its bytes still saved. Told once."""
+        if self.failure is None:
+            self.failure = f"{type(exc).__name__}: {exc}"
+            if self._on_failure is not None:
+                self._on_failure(self)
 
     def _log(self, data: bytes) -> None:
         if self.log_error is not None:
@@ -586,14 +600,30 @@ class StreamSink:
             self._forget_open_line(streaming=True)
 
     def finish(self) -> None:
-        if self.console is not None and (self._console_open or self._console_streaming):
-            self._tee_lines(b"")
-        if self._copy is not None:
-            self._copy(None)
-        if self.log_fd is not None:
-            os.close(self.log_fd)
-            self.log_fd = None
-        self.done.set()
+        try:
+            if self.failure is None:
+                if self.console is not None and (self._console_open or self._console_streaming):
+                    self._tee_lines(b"")
+                if self._copy is not None:
+                    self._copy(None)
+        finally:
+            if self.log_fd is not None:
+                os.close(self.log_fd)
+                self.log_fd = None
+            self.done.set()
+
+
+def _guarded(sink: StreamSink, step: Callable[..., None], *args: bytes) -> None:
+    """`step(*args)` of `sink` (its feed or finish); if that raises, the sink goes down to its
+    log file alone (`fail`). The reader thread must never die: every rank would then block on
+    its full pipe and the run would hang."""
+    try:
+        step(*args)
+    except Exception as exc:
+        try:
+            sink.fail(exc)
+        except Exception:
+            pass  # (its note could not be made either) the next chunk is read all the same
 
 
 class OutputPump:
@@ -663,7 +693,7 @@ class OutputPump:
         for fd, (sink, tty, room) in list(self._pipes.items()):
             data = self._read(fd, tty)
             if data:
-                sink.feed(data)
+                _guarded(sink, sink.feed, data)
                 fill = max(fill, len(data) / room)
                 if tty and len(data) >= _TTY_FULL:
                     self._pressing.append(fd)
@@ -671,7 +701,7 @@ class OutputPump:
                 del self._pipes[fd]
                 release_pipe(fd)
                 os.close(fd)
-                sink.finish()
+                _guarded(sink, sink.finish)
                 fill = 1.0
         return fill
 

@@ -372,3 +372,43 @@ def test_rounds_come_fast_only_while_a_pipe_fills_fast():
     assert next_pause(_IDLE_SECONDS, _PRESSING, busy=0.001) == _ROUND_SECONDS - 0.001
     assert next_pause(_IDLE_SECONDS, 1.0, busy=1.0) == 0.0
     assert next_pause(_IDLE_SECONDS, 0.0, busy=0.0) == _IDLE_SECONDS  # idle stays at the longest pause
+
+
+def test_a_chunk_that_cannot_be_handled_leaves_the_pipe_drained_and_the_log_whole(tmp_path):
+    # Handling a chunk raised (here the ring runs out of memory on its second chunk): the sink
+    # says so once and keeps only its log file; the reader thread lives on, so the rank, which
+    # writes 4 MB through a 64 KiB pipe, is never left blocked, and its log has every byte.
+    import subprocess
+    import sys
+
+    from ranktop.core.output import OutputPump, StreamSink
+
+    class RingOutOfMemory(LineRing):
+        chunks = 0
+
+        def feed(self, stream, chunk, newlines=None):
+            self.chunks += 1
+            if self.chunks == 2:
+                raise MemoryError("no room for the ring")
+            super().feed(stream, chunk, newlines)
+
+    log_path = tmp_path / "stdout.log"
+    failures: list[str] = []
+    sink = StreamSink(STDOUT, RingOutOfMemory(), log=(str(log_path), lambda: os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o600)),
+                      on_failure=lambda s: failures.append(s.failure))
+    read_end, write_end = os.pipe()
+    rank = subprocess.Popen([sys.executable, "-c", "import os\nfor i in range(40000): os.write(1, b'%099d\\n' % i)"],
+                            stdout=write_end)
+    os.close(write_end)
+    pump = OutputPump()
+    pump.add(read_end, sink)
+    try:
+        assert rank.wait(timeout=10) == 0  # not blocked on its pipe
+        assert sink.done.wait(10)
+        assert pump._thread.is_alive()
+    finally:
+        rank.kill()
+        rank.wait()
+        pump.close()
+    assert failures == ["MemoryError: no room for the ring"]
+    assert log_path.read_bytes() == b"".join(b"%099d\n" % i for i in range(40000))
