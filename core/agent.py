@@ -736,9 +736,10 @@ class LocalAgent:
             _say(f"ranktop: rank {event['rank']}: cannot write {event['path']}: {event['error']}; "
                  "its output is still read and shown, but no longer saved there")
         if name == "output_failed" and self.console:
-            kept = f"still saved in {event['path']}" if event["path"] else "read and dropped"
+            kept = f"only saved in {event['path']}" if event["saved"] else "only read (to keep the rank going)"
             _say(f"ranktop: rank {event['rank']}: its {'stdout' if event['stream'] == 1 else 'stderr'} "
-                 f"could not be handled ({event['error']}); it is no longer shown, only {kept}")
+                 f"could not be handled ({event['error']}); it is no longer shown, {kept}; "
+                 "events.jsonl has the traceback")
 
     def incomplete_logs(self) -> tuple[LogLoss, ...]:
         """Every log file of the run that misses output, with the bytes each lost so far."""

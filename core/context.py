@@ -372,7 +372,8 @@ class PContext:
 
     def _output_failed(self, r: int, sink: StreamSink) -> None:
         """Called once per stream, from the output thread, when handling its output raised."""
-        self._emit("output_failed", r, stream=sink.stream, error=sink.failure, path=sink.log_path)
+        self._emit("output_failed", r, stream=sink.stream, error=sink.failure, path=sink.log_path,
+                   saved=sink.saving, traceback=sink.failure_trace)
 
     def incomplete_logs(self) -> list[LogLoss]:
         """The log files of this context that miss output, with the bytes each lost so far."""

@@ -286,6 +286,10 @@ class LineRing:
         while len(self.lines) > self.maxlen or self.bytes > self.max_bytes:
             self.bytes -= len(self.lines.popleft())
 
+    def touch(self) -> None:
+        """The rank wrote, though its output is no longer kept here (its sink failed)."""
+        self.last_output_at = time.time()
+
     @property
     def held_bytes(self) -> int:
         """Bytes of output the ring holds: its lines and the chunks not made into lines yet."""
@@ -332,9 +336,9 @@ class ConsoleWriter:
     takes its place, so a flooding rank cannot crowd out a quiet one. The log files still get
     every byte.
 
-    A console that is a regular file or /dev/null (a batch job's output file) is written at once
-    by the caller, as the log files are: such a write never waits on a reader, and handing each
-    chunk to the thread cost the reader a wake-up and a GIL handover per chunk."""
+    A console that is /dev/null or a file on a local filesystem (a batch job's output file) is
+    written at once by the caller, as the log files are: such a write never waits on a reader,
+    and handing each chunk to the thread cost the reader a wake-up and a GIL handover per chunk."""
 
     def __init__(self, budget: int = 16 << 20, clean: Callable[[bytes], bytes] | None = None):
         self._clean = clean  # applied to every write of rank output; the log files keep the raw bytes
@@ -343,7 +347,7 @@ class ConsoleWriter:
         self._gaps: dict[object, _Gap] = {}  # key -> the gap its drops go to now
         self._budget = budget
         self._lock = threading.Lock()
-        self._direct: dict[int, bool] = {}  # id(target) -> written by the caller (never blocks)
+        self._direct: dict[BinaryIO, bool] = {}  # target -> written by the caller (never blocks)
         self._thread = threading.Thread(target=self._run, name="ranktop-console", daemon=True)
         self._thread.start()
 
@@ -390,9 +394,9 @@ class ConsoleWriter:
                     self._pending[key] -= size
 
     def _writes_at_once(self, target: BinaryIO) -> bool:
-        direct = self._direct.get(id(target))
+        direct = self._direct.get(target)
         if direct is None:
-            direct = self._direct[id(target)] = _never_blocks(target)
+            direct = self._direct[target] = _never_blocks(target)
         return direct
 
     def close(self, timeout: float = 5.0) -> None:
@@ -410,19 +414,41 @@ def _write_parts(target: BinaryIO, parts: tuple[Buffer, ...], flush: bool) -> No
         pass  # console gone (closed pipe, detached terminal, full disk): the log files still have it
 
 
+# Filesystems whose writes return at once (local disks, memory). A console file elsewhere (NFS,
+# Lustre, GPFS, FUSE: a Slurm job's output file often is) can stall, so it goes through the
+# console thread, where a stall costs dropped console output, not ranks blocked on their pipes.
+_LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "bcachefs", "f2fs", "jfs",
+                                "reiserfs", "zfs", "tmpfs", "ramfs"})
+
+
 def _never_blocks(target: BinaryIO) -> bool:
-    """Whether writes to `target` return at once: a regular file or /dev/null (not a terminal,
-    pipe or socket, which wait for their reader)."""
+    """Whether writes to `target` return at once: /dev/null, or a regular file on a local
+    filesystem (not a terminal, pipe or socket, which wait for their reader)."""
     try:
         mode = os.fstat(target.fileno())
     except (OSError, ValueError, AttributeError):  # no descriptor (a test's BytesIO): the thread
         return False
     if stat.S_ISREG(mode.st_mode):
-        return True
+        return filesystem_type(mode.st_dev) in _LOCAL_FILESYSTEMS
     try:
         return stat.S_ISCHR(mode.st_mode) and mode.st_rdev == os.stat("/dev/null").st_rdev
     except OSError:
         return False
+
+
+def filesystem_type(dev: int) -> str | None:
+    """The type ("ext4", "nfs4", ...) of the filesystem mounted from device `dev` (a stat's
+    st_dev), from /proc/self/mountinfo; None when it is not listed there."""
+    wanted = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == wanted and "-" in fields:
+                    return fields[fields.index("-") + 1]
+    except OSError:
+        pass
+    return None
 
 
 class FilteredCopy:
@@ -490,7 +516,8 @@ class StreamSink:
         self.bytes_lost = 0
         self._on_log_error = on_log_error
         self._on_failure = on_failure
-        self.failure: str | None = None  # why this sink went down to its log file alone (fail())
+        self.failure: str | None = None  # why this sink went down to its files alone (fail())
+        self.failure_trace = ""
         self.log_fd: int | None = None
         if log:
             try:
@@ -512,20 +539,30 @@ class StreamSink:
         if self.log_path:
             self._log(data)
         if self.failure is not None:
-            return
+            self.ring.touch()  # the rank still writes: not stalled, only no longer shown
         if self._copy is not None:
             self._copy(data)
-        newlines = self._tee(data) if self.console is not None else None
-        self.ring.feed(self.stream, data, newlines)
+        if self.failure is None:
+            newlines = self._tee(data) if self.console is not None else None
+            self.ring.feed(self.stream, data, newlines)
 
     def fail(self, exc: BaseException) -> None:
         """What the reader calls when handling a chunk raised (a bug, no memory left): from now
-        on the sink only writes its log file, so the rank's pipe is still emptied (a rank
-        blocked on a full pipe would hang the run) and its bytes still saved. Told once."""
+        on the sink only writes its files (the log, the filtered copy), so the rank's pipe is
+        still emptied (a rank blocked on a full pipe would hang the run) and its bytes still
+        saved; the ring and the console get no more. Told once, with the traceback's end."""
         if self.failure is None:
+            import traceback  # only ever needed here
+
             self.failure = f"{type(exc).__name__}: {exc}"
+            self.failure_trace = "".join(traceback.format_exception(exc, limit=-5))
             if self._on_failure is not None:
                 self._on_failure(self)
+
+    @property
+    def saving(self) -> bool:
+        """Whether its output still reaches its log file (there is one, and no write failed)."""
+        return self.log_fd is not None and self.log_error is None
 
     def _log(self, data: bytes) -> None:
         if self.log_error is not None:
@@ -601,11 +638,13 @@ class StreamSink:
 
     def finish(self) -> None:
         try:
-            if self.failure is None:
-                if self.console is not None and (self._console_open or self._console_streaming):
-                    self._tee_lines(b"")
-                if self._copy is not None:
-                    self._copy(None)
+            if self.console is not None and self.failure is None and (self._console_open or self._console_streaming):
+                self._tee_lines(b"")
+            elif self.console is not None and self._console_streaming:  # cut short by fail(): end it
+                writer, target, _prefix = self.console
+                writer.write(target, b"\n", self.ring)
+            if self._copy is not None:
+                self._copy(None)
         finally:
             if self.log_fd is not None:
                 os.close(self.log_fd)
@@ -613,17 +652,11 @@ class StreamSink:
             self.done.set()
 
 
-def _guarded(sink: StreamSink, step: Callable[..., None], *args: bytes) -> None:
-    """`step(*args)` of `sink` (its feed or finish); if that raises, the sink goes down to its
-    log file alone (`fail`). The reader thread must never die: every rank would then block on
-    its full pipe and the run would hang."""
+def _fail(sink: StreamSink, exc: Exception) -> None:
     try:
-        step(*args)
-    except Exception as exc:
-        try:
-            sink.fail(exc)
-        except Exception:
-            pass  # (its note could not be made either) the next chunk is read all the same
+        sink.fail(exc)
+    except Exception:
+        pass  # (its note could not be made either) the next chunk is read all the same
 
 
 class OutputPump:
@@ -666,13 +699,20 @@ class OutputPump:
             pass  # already awake
 
     def _run(self) -> None:
+        """Rounds until closed and every pipe ended. The thread must never die of an error: every
+        rank would then block on its full pipe and the run would hang. A stream whose handling
+        raises goes down to its log file alone (`StreamSink.fail`); anything else that raises
+        costs one round."""
         pause = 0.0
         while True:
             started = time.monotonic()
-            if self._sleep(pause):
-                os.read(self._wake_r, 4096)
-                self._register_pending()
-            fill = self._round()
+            try:
+                if self._sleep(pause):
+                    os.read(self._wake_r, 4096)
+                    self._register_pending()
+                fill = self._round()
+            except Exception:
+                fill = 0.0  # nothing better to do than try again after a pause
             if self._closing and not self._pipes and self._pending.empty():
                 return
             pause = next_pause(pause, fill, time.monotonic() - started)
@@ -691,19 +731,26 @@ class OutputPump:
         fill = 0.0
         self._pressing = []
         for fd, (sink, tty, room) in list(self._pipes.items()):
-            data = self._read(fd, tty)
-            if data:
-                _guarded(sink, sink.feed, data)
-                fill = max(fill, len(data) / room)
-                if tty and len(data) >= _TTY_FULL:
-                    self._pressing.append(fd)
-            elif data is None:  # end of file: every writer is gone
-                del self._pipes[fd]
-                release_pipe(fd)
-                os.close(fd)
-                _guarded(sink, sink.finish)
-                fill = 1.0
+            try:
+                fill = max(fill, self._take(fd, sink, tty, room))
+            except Exception as exc:  # a bug, or no memory: this stream goes down to its log alone
+                _fail(sink, exc)
         return fill
+
+    def _take(self, fd: int, sink: StreamSink, tty: bool, room: int) -> float:
+        """One pipe's part of a round: read it, feed its sink; its fill (see _round)."""
+        data = self._read(fd, tty)
+        if data is None:  # end of file: every writer is gone
+            del self._pipes[fd]
+            release_pipe(fd)
+            os.close(fd)
+            sink.finish()
+            return 1.0
+        if data:
+            sink.feed(data)
+            if tty and len(data) >= _TTY_FULL:
+                self._pressing.append(fd)
+        return len(data) / room
 
     def _read(self, fd: int, tty: bool | None = None) -> bytes | None:
         """What `fd` holds now, up to one buffer (b"" if nothing); None at end of file. One read empties a pipe
