@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -60,17 +61,22 @@ def run_writes(argv: list[str], env: dict[str, str], cpu_dir: str) -> tuple[floa
     """(wall seconds, the launcher's own CPU seconds) of one writes run."""
     for name in os.listdir(cpu_dir):
         os.unlink(os.path.join(cpu_dir, name))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
+    if not wait_exit(proc, 300):
+        proc.kill()  # a hung run: the bench says so rather than hang with it
+        proc.wait()
+        raise RuntimeError(f"{argv[:4]} still ran after 300 s")
+    if proc.returncode:
+        raise RuntimeError(f"{argv[:4]} failed (exit {proc.returncode})")
     elapsed = time.perf_counter() - start
-    if status:
-        raise RuntimeError(f"{argv[:4]} failed (status {status})")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # it and all it reaped, as wait4 counts
     ranks = 0.0
     for name in os.listdir(cpu_dir):
         with open(os.path.join(cpu_dir, name)) as f:
             ranks += float(f.read())
-    return elapsed, usage.ru_utime + usage.ru_stime - ranks
+    return elapsed, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime - ranks
 
 
 def compare_writes(pythons: dict[str, str], ns: argparse.Namespace, env: dict[str, str], base: str) -> None:
