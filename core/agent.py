@@ -166,6 +166,7 @@ class LocalAgent:
         self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
         self._stop_rule = StopRule()
         self._earlier_losses: list[LogLoss] = []  # incomplete logs of the attempts before this one
+        self._consoles_lost: set[str] = set()  # "stdout"/"stderr" once a write to it failed
         # Commands waiting for the monitor loop, each with the slot its Ack goes into.
         self._commands: collections.deque[tuple[cmd.Command, _Reply | None]] = collections.deque()
         self._accepting = True  # False once the run is over: a late command is answered at once
@@ -731,7 +732,14 @@ class LocalAgent:
     # ----- snapshots ---------------------------------------------------------------------------
     def _on_rank_event(self, event: dict) -> None:
         name = event.pop("event")
+        if name == "console_lost":
+            if event["stream"] in self._consoles_lost:
+                return  # an attempt after the first found it gone too
+            self._consoles_lost.add(event["stream"])
         self.events.write(name, attempt=self.attempt, **event)
+        if name == "console_lost":
+            _say(f"ranktop: the console's {event['stream']} is gone ({event['error']}): rank output is no "
+                 "longer shown there; the ranks go on, and their log files keep their output")
         if name == "log_write_failed" and self.console:
             _say(f"ranktop: rank {event['rank']}: cannot write {event['path']}: {event['error']}; "
                  "its output is still read and shown, but no longer saved there")

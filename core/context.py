@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from string import Template
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ranktop.core import guard
 from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, killed_by
@@ -289,7 +289,8 @@ class PContext:
         self._start_guard()
         self._pump = OutputPump()
         if any(plan.console for plan in self.streams.values()):
-            self._console = ConsoleWriter(clean=clean_console if self._sanitize_console else None)
+            self._console = ConsoleWriter(clean=clean_console if self._sanitize_console else None,
+                                          on_lost=self._console_lost)
         if callable(self.entrypoint):
             self._tmp = tempfile.mkdtemp(prefix="ranktop-")
         self._environ = dict(os.environ)  # (os.environ decodes every variable on every read)
@@ -369,6 +370,12 @@ class PContext:
     def _log_write_failed(self, r: int, sink: StreamSink) -> None:
         """Called once per log file, from the output thread, when a write to it failed."""
         self._emit("log_write_failed", r, path=sink.log_path, error=sink.log_error, bytes_lost=sink.bytes_lost)
+
+    def _console_lost(self, target: BinaryIO, error: str) -> None:
+        """Called once per console stream, from a writing thread, when a write to it failed."""
+        name = getattr(target, "name", None)
+        self._emit_group("console_lost", stream={"<stdout>": "stdout", "<stderr>": "stderr"}.get(name, str(name)),
+                         error=error)
 
     def _output_failed(self, r: int, sink: StreamSink) -> None:
         """Called once per stream, from the output thread, when handling its output raised."""

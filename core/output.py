@@ -340,8 +340,13 @@ class ConsoleWriter:
     written at once by the caller, as the log files are: such a write never waits on a reader,
     and handing each chunk to the thread cost the reader a wake-up and a GIL handover per chunk."""
 
-    def __init__(self, budget: int = 16 << 20, clean: Callable[[bytes], bytes] | None = None):
+    def __init__(self, budget: int = 16 << 20, clean: Callable[[bytes], bytes] | None = None,
+                 on_lost: Callable[[BinaryIO, str], None] | None = None):
         self._clean = clean  # applied to every write of rank output; the log files keep the raw bytes
+        # A console whose write failed (closed pipe, gone terminal, full disk) gets no more
+        # writes; on_lost(target, why) is told once, from whichever thread wrote.
+        self._on_lost = on_lost
+        self._lost: set[BinaryIO] = set()
         self._queue: queue.SimpleQueue[tuple[BinaryIO, tuple[Buffer, ...] | _Gap, object] | None] = queue.SimpleQueue()
         self._pending: dict[object, int] = collections.defaultdict(int)
         self._gaps: dict[object, _Gap] = {}  # key -> the gap its drops go to now
@@ -354,11 +359,13 @@ class ConsoleWriter:
     def write(self, target: BinaryIO, data: Buffer | tuple[Buffer, ...], key: object = None) -> None:
         """Queue `data` (bytes, or parts written one after the other: no copy to join them) for
         `target`, or drop it if `key` has its budget waiting already."""
+        if target in self._lost:
+            return  # the log files still get it
         parts = (data,) if not isinstance(data, tuple) else data
         if self._clean is not None:
             parts = (self._clean(b"".join(parts)),)
         if self._writes_at_once(target):
-            _write_parts(target, parts, flush=True)
+            self._write(target, parts, flush=True)
             return
         size = sum(map(len, parts))
         with self._lock:
@@ -388,7 +395,8 @@ class ConsoleWriter:
                 size = 0
             else:
                 size = sum(map(len, data))
-            _write_parts(target, data, flush=self._queue.empty())
+            if target not in self._lost:
+                self._write(target, data, flush=self._queue.empty())
             if size:
                 with self._lock:
                     self._pending[key] -= size
@@ -403,15 +411,21 @@ class ConsoleWriter:
         self._queue.put(None)
         self._thread.join(timeout)
 
-
-def _write_parts(target: BinaryIO, parts: tuple[Buffer, ...], flush: bool) -> None:
-    try:
-        for part in parts:
-            target.write(part)
-        if flush:
-            target.flush()
-    except (OSError, ValueError):
-        pass  # console gone (closed pipe, detached terminal, full disk): the log files still have it
+    def _write(self, target: BinaryIO, parts: tuple[Buffer, ...], flush: bool) -> None:
+        try:
+            for part in parts:
+                target.write(part)
+            if flush:
+                target.flush()
+        except (OSError, ValueError) as exc:  # closed pipe, gone terminal, full disk
+            with self._lock:
+                first = target not in self._lost
+                self._lost.add(target)
+            if first and self._on_lost is not None:
+                try:
+                    self._on_lost(target, getattr(exc, "strerror", None) or str(exc))
+                except Exception:
+                    pass  # telling is best effort: the writing threads must go on
 
 
 # Filesystems whose writes return at once (local disks, memory). A console file elsewhere (NFS,

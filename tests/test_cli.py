@@ -476,3 +476,33 @@ def test_headless_says_one_line_per_restart_and_names_the_ranks_it_stopped(tmp_p
                     "ranktop: rank 1 failed (exit 3); restarting the group: attempt_2 (2 of 2 restarts spent)"]
     assert ("  stopped by ranktop after it, not the cause: ranks 0 (killed by SIGTERM), 2 (killed by SIGTERM)"
             in done.stderr.splitlines())
+
+
+def test_a_console_that_goes_away_is_reported_once_and_the_run_goes_on(tmp_path):
+    # `ranktop ... | head -1`: the reader of ranktop's stdout leaves while the ranks still print.
+    # The run goes on to its end (exit 0), the log files get every line, and the loss is said
+    # once: on stderr and in events.jsonl (not once per write, nor once per rank).
+    go = tmp_path / "go"
+    script = tmp_path / "chatty.py"
+    script.write_text(
+        "import os, time\n"
+        "print('ready', flush=True)\n"
+        "deadline = time.monotonic() + 30\n"
+        f"while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "for i in range(300):\n"
+        "    print(f'line {i}', flush=True)\n")
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--tee", "3", "--log-dir", str(tmp_path),
+                                        "--run-id", "c", str(script)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout.readline().endswith(b"]:ready\n")
+    proc.stdout.close()  # the console is gone
+    go.touch()  # only now do the ranks print the rest
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert err.count(b"the console's stdout is gone (Broken pipe)") == 1
+    lost = [(e["stream"], e["error"]) for e in read_events(tmp_path / "c") if e["event"] == "console_lost"]
+    assert lost == [("stdout", "Broken pipe")]
+    for rank in (0, 1):
+        log = (tmp_path / "c" / "attempt_0" / str(rank) / "stdout.log").read_text()
+        assert log == "ready\n" + "".join(f"line {i}\n" for i in range(300))
