@@ -5,10 +5,12 @@ spawn of the same ranks as the reference. For a before/after on a box whose spee
     python bench/bench_ab.py after=.                                  # this checkout as it is
     python bench/bench_ab.py --busy 1000 before=HEAD~3 after=.       # beside 1000 idle processes
     python bench/bench_ab.py --writes 400000 before=HEAD~3 after=.   # the output path's own CPU
+    python bench/bench_ab.py --writes 400000 --streams redirects before=HEAD after=.  # no console
 
 With --writes the ranks write that many short lines each (bench_launch's writes scenario, --tee 3
-and log files, the console to /dev/null), and what is compared is ranktop's own CPU seconds for
-the job (wait4's figure less what the ranks report for themselves) as well as the wall time.
+and log files, the console to /dev/null; --streams redirects: log files only), and what is
+compared is ranktop's own CPU seconds for the job (what it and all it reaped used, less what the
+ranks report for themselves) as well as the wall time.
 
 Each version is built into a venv of its own as `pip install` leaves it (bench/compiled.py), so
 neither pays for an editable checkout's finder. Every rank runs this interpreter, whichever
@@ -90,13 +92,13 @@ def compare_writes(pythons: dict[str, str], ns: argparse.Namespace, env: dict[st
         for name, py in pythons.items():
             logs = os.path.join(base, "logs")
             subprocess.run(["rm", "-rf", logs], check=True)
-            argv = [py, "-P", "-m", "ranktop", "--headless", "--nproc-per-node", str(ns.ranks), "--tee", "3",
+            argv = [py, "-P", "-m", "ranktop", "--headless", "--nproc-per-node", str(ns.ranks), f"--{ns.streams}", "3",
                     "--log-dir", logs, script, str(ns.writes), cpu_dir]
             elapsed, own = run_writes(argv, env, cpu_dir)
             if round_no:
                 wall[name].append(elapsed)
                 cpu[name].append(own)
-    print(f"{ns.ranks} ranks x {ns.writes} write-only lines, --tee 3 + logs, medians of {ns.rounds} rounds in turns:")
+    print(f"{ns.ranks} ranks x {ns.writes} write-only lines, --{ns.streams} 3 + logs, medians of {ns.rounds} rounds in turns:")
     for name in pythons:
         print(f"  {name:10s} own CPU {statistics.median(cpu[name]):.3f} s   wall {statistics.median(wall[name]):.3f} s"
               f"   CPU runs {' '.join(f'{v:.3f}' for v in cpu[name])}")
@@ -110,6 +112,9 @@ def main() -> int:
     p.add_argument("--busy", type=int, default=0, metavar="N",
                    help="N idle processes (sleep) on the box meanwhile, as on a busy host: the process "
                         "table every run reads at its end is that much longer")
+    p.add_argument("--streams", choices=("tee", "redirects"), default="tee",
+                   help="with --writes: --tee 3 (console and logs, the default) or --redirects 3 (logs only, "
+                        "as a detached run or a TUI reads: the ring counts the lines itself)")
     p.add_argument("--writes", type=int, default=0, metavar="LINES",
                    help="compare the output path instead: each rank writes LINES short lines")
     ns = p.parse_args()

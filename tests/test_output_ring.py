@@ -425,3 +425,12 @@ def test_a_chunk_that_cannot_be_handled_leaves_the_pipe_drained_and_the_log_whol
     # 4 MB through a pipe of at most 1 MiB took more reads after the failure: the rank still
     # counts as writing (no false stall), though the ring keeps nothing more
     assert sink.ring.last_output_at >= failed_at and sink.ring.chunks == 2
+
+
+def test_newlines_are_counted_as_bytes_count_would():
+    from ranktop.core.output import count_newlines
+
+    rng = random.Random(5)
+    samples = [b"", b"\n", b"no newline", b"\n\n\r\n", b"\xff\n\x00" * 1000]
+    samples += [bytes(rng.choice(b"ab\n\r\x00") for _ in range(rng.randint(0, 3000))) for _ in range(200)]
+    assert [count_newlines(s) for s in samples] == [s.count(b"\n") for s in samples]
