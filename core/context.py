@@ -38,7 +38,16 @@ from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, kill
 from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, PIDFDS, open_pidfd, send_signal
 from ranktop.core.layout import ERROR_FILE, Dir, RunDir, log_name
 from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
-from ranktop.core.output import STDERR, STDOUT, ConsoleWriter, FilteredCopy, LineRing, OutputPump, StreamSink
+from ranktop.core.output import (
+    STDERR,
+    STDOUT,
+    ConsoleWriter,
+    FilteredCopy,
+    LineRing,
+    OutputPump,
+    StreamSink,
+    console_budget,
+)
 from ranktop.core.process import (
     LEADER_ONLY_SIGNALS,
     STOP_SIGNALS,
@@ -289,7 +298,8 @@ class PContext:
         self._start_guard()
         self._pump = OutputPump()
         if any(plan.console for plan in self.streams.values()):
-            self._console = ConsoleWriter(clean=clean_console if self._sanitize_console else None,
+            self._console = ConsoleWriter(budget=console_budget(len(self.slots)),
+                                          clean=clean_console if self._sanitize_console else None,
                                           on_lost=self._console_lost)
         if callable(self.entrypoint):
             self._tmp = tempfile.mkdtemp(prefix="ranktop-")

@@ -336,6 +336,16 @@ class _Gap:
         self.dropped = 0
 
 
+CONSOLE_BUDGET = 16 << 20  # bytes one rank's tee may have waiting for a slow console
+CONSOLE_TOTAL = 128 << 20  # all ranks together: a stuck terminal must not cost gigabytes
+
+
+def console_budget(ranks: int) -> int:
+    """Each rank's share of what may wait for the console: CONSOLE_BUDGET, less with more
+    ranks than CONSOLE_TOTAL holds at that, but never under 1 MiB."""
+    return max(1 << 20, min(CONSOLE_BUDGET, CONSOLE_TOTAL // max(1, ranks)))
+
+
 class ConsoleWriter:
     """Writes teed output to our own stdout/stderr from a thread of its own, so that a slow
     terminal never stalls the pipe reader and through it the ranks. Each rank (`key`) may have
@@ -347,7 +357,7 @@ class ConsoleWriter:
     written at once by the caller, as the log files are: such a write never waits on a reader,
     and handing each chunk to the thread cost the reader a wake-up and a GIL handover per chunk."""
 
-    def __init__(self, budget: int = 16 << 20, clean: Callable[[bytes], bytes] | None = None,
+    def __init__(self, budget: int = CONSOLE_BUDGET, clean: Callable[[bytes], bytes] | None = None,
                  on_lost: Callable[[BinaryIO, str], None] | None = None):
         self._clean = clean  # applied to every write of rank output; the log files keep the raw bytes
         # A console whose write failed (closed pipe, gone terminal, full disk) gets no more

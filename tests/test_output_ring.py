@@ -434,3 +434,30 @@ def test_newlines_are_counted_as_bytes_count_would():
     samples = [b"", b"\n", b"no newline", b"\n\n\r\n", b"\xff\n\x00" * 1000]
     samples += [bytes(rng.choice(b"ab\n\r\x00") for _ in range(rng.randint(0, 3000))) for _ in range(200)]
     assert [count_newlines(s) for s in samples] == [s.count(b"\n") for s in samples]
+
+
+def test_many_ranks_share_a_bounded_console_budget():
+    # 64 ranks flooding a terminal that reads nothing: what waits for it stays within the total
+    # (each rank gets its share, 2 MiB), every rank's overflow becomes its own note, and the
+    # terminal, once it reads again, gets each rank's first 2 MiB and then that note.
+    from ranktop.core.output import CONSOLE_TOTAL, console_budget
+
+    assert [console_budget(n) for n in (1, 8, 64, 1000)] == [16 << 20, 16 << 20, 2 << 20, 1 << 20]
+    r, w = os.pipe()
+    stuck = open(w, "wb")
+    writer = ConsoleWriter(budget=console_budget(64))
+    piece = b"x" * (64 << 10)
+    for rank in range(64):
+        for _ in range(48):  # 3 MiB each
+            writer.write(stuck, piece, key=rank)
+    assert sum(writer._pending.values()) <= CONSOLE_TOTAL
+    shown: list[bytes] = []
+    reader = threading.Thread(target=lambda: shown.extend(iter(lambda: os.read(r, 1 << 20), b"")))
+    reader.start()
+    writer.close(timeout=60)
+    stuck.close()
+    reader.join(60)
+    os.close(r)
+    shown_bytes = b"".join(shown)
+    assert _notes(shown_bytes) == [1 << 20] * 64
+    assert shown_bytes.count(b"x") == 64 * (2 << 20)
