@@ -305,8 +305,8 @@ class LocalAgent:
             for r in range(n)
         }
         if self.faulthandler and (callable(spec.entrypoint) or _is_python(spec)):
-            for env in envs.values():
-                env.update(faulthandler_env(True, {**os.environ, **env}))
+            for env in envs.values():  # (a ChainMap: os.environ decodes every variable a copy reads)
+                env.update(faulthandler_env(True, collections.ChainMap(env, os.environ)))
         prefixes = {r: prefix_for(self.prefix_template, spec.role, spec.global_rank(r), r) for r in range(n)}
         streams = plan_streams(n, spec.redirects, spec.tee, capture_all=True,
                                console_ranks=spec.local_ranks_filter if self.console else set(),
