@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_launch import WRITER  # noqa: E402
+from bench_launch import WRITER, fresh_dir, launcher_cpu  # noqa: E402
 from compiled import ROOT, installed_python  # noqa: E402
 
 sys.path.pop(0)  # (ranktop's own process module is what this bench waits with)
@@ -59,42 +58,18 @@ def run(argv: list[str], env: dict[str, str], count: int = 1) -> float:
     return time.perf_counter() - start
 
 
-def run_writes(argv: list[str], env: dict[str, str], cpu_dir: str) -> tuple[float, float]:
-    """(wall seconds, the launcher's own CPU seconds) of one writes run."""
-    for name in os.listdir(cpu_dir):
-        os.unlink(os.path.join(cpu_dir, name))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if not wait_exit(proc, 300):
-        proc.kill()  # a hung run: the bench says so rather than hang with it
-        proc.wait()
-        raise RuntimeError(f"{argv[:4]} still ran after 300 s")
-    if proc.returncode:
-        raise RuntimeError(f"{argv[:4]} failed (exit {proc.returncode})")
-    elapsed = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # it and all it reaped, as wait4 counts
-    ranks = 0.0
-    for name in os.listdir(cpu_dir):
-        with open(os.path.join(cpu_dir, name)) as f:
-            ranks += float(f.read())
-    return elapsed, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime - ranks
-
-
-def compare_writes(pythons: dict[str, str], ns: argparse.Namespace, env: dict[str, str], base: str) -> None:
-    script, cpu_dir = os.path.join(base, "writer.py"), os.path.join(base, "cpu")
+def compare_writes(pythons: dict[str, str], ns: argparse.Namespace, base: str) -> None:
+    script = os.path.join(base, "writer.py")
     with open(script, "w") as f:
         f.write(WRITER)
-    os.makedirs(cpu_dir)
     wall: dict[str, list[float]] = {name: [] for name in pythons}
     cpu: dict[str, list[float]] = {name: [] for name in pythons}
     for round_no in range(ns.rounds + 1):
         for name, py in pythons.items():
-            logs = os.path.join(base, "logs")
-            subprocess.run(["rm", "-rf", logs], check=True)
+            logs, cpu_dir = fresh_dir(base, "logs"), fresh_dir(base, "cpu")
             argv = [py, "-P", "-m", "ranktop", "--headless", "--nproc-per-node", str(ns.ranks), f"--{ns.streams}", "3",
                     "--log-dir", logs, script, str(ns.writes), cpu_dir]
-            elapsed, own = run_writes(argv, env, cpu_dir)
+            elapsed, own = launcher_cpu(argv, cpu_dir)
             if round_no:
                 wall[name].append(elapsed)
                 cpu[name].append(own)
@@ -128,7 +103,7 @@ def main() -> int:
             name, _, rev = spec.partition("=")
             pythons[name] = build(name, rev or ".", base)
         if ns.writes:
-            compare_writes(pythons, ns, env, base)
+            compare_writes(pythons, ns, base)
             return 0
         contenders = {name: (lambda py=py: run([py, "-P", "-m", "ranktop", "--headless", "--nproc-per-node",
                                                  str(ns.ranks), "--log-dir", os.path.join(base, "logs"), script], env))

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -453,18 +454,25 @@ def bench_writes(base: str, n: int, torchrun: bool, lines: int) -> dict[str, Res
 
 
 def launcher_cpu(cmd: list[str], cpu_dir: str) -> tuple[float, float]:
-    """(wall seconds, the launcher's own CPU seconds) of one run: what wait4 reports for it and
-    every process it reaped, less what its ranks reported for themselves."""
+    """(wall seconds, the launcher's own CPU seconds) of one run: what it and every process it
+    reaped used (RUSAGE_CHILDREN across the run, as wait4 counts), less what its ranks reported
+    for themselves in `cpu_dir`. A run past DEADLINE is killed and reported."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    try:
+        code = wait_exit(proc, DEADLINE)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise RuntimeError(f"gave up after {DEADLINE}s: {' '.join(cmd)}") from None
     elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"exit status {proc.returncode}: {' '.join(cmd)}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if code != 0:
+        raise RuntimeError(f"exit status {code}: {' '.join(cmd)}")
     ranks = sum(float(p.read_text()) for p in Path(cpu_dir).glob("cpu.*"))
-    return elapsed, usage.ru_utime + usage.ru_stime - ranks
+    return elapsed, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime - ranks
 
 
 # The launcher is started by a small Python that reports its wall time, CPU and peak RSS: Linux
