@@ -732,12 +732,11 @@ class LocalAgent:
     # ----- snapshots ---------------------------------------------------------------------------
     def _on_rank_event(self, event: dict) -> None:
         name = event.pop("event")
-        if name == "console_lost":
-            if event["stream"] in self._consoles_lost:
-                return  # an attempt after the first found it gone too
-            self._consoles_lost.add(event["stream"])
+        if name == "console_lost" and event["stream"] in self._consoles_lost:
+            return  # an attempt after the first found it gone too
         self.events.write(name, attempt=self.attempt, **event)
         if name == "console_lost":
+            self._consoles_lost.add(event["stream"])
             _say(f"ranktop: the console's {event['stream']} is gone ({event['error']}): rank output is no "
                  "longer shown there; the ranks go on, and their log files keep their output")
         if name == "log_write_failed" and self.console:

@@ -569,13 +569,13 @@ class StreamSink:
         prefixed (one `replace` over the chunk, which also counts its lines for the ring)."""
         if self.log_path:
             self._log(data)
-        if self.failure is not None:
-            self.ring.touch()  # the rank still writes: not stalled, only no longer shown
         if self._copy is not None:
             self._copy(data)
-        if self.failure is None:
-            newlines = self._tee(data) if self.console is not None else None
-            self.ring.feed(self.stream, data, newlines)
+        if self.failure is not None:
+            self.ring.touch()  # the rank still writes: not stalled, only no longer shown
+            return
+        newlines = self._tee(data) if self.console is not None else None
+        self.ring.feed(self.stream, data, newlines)
 
     def fail(self, exc: BaseException) -> None:
         """What the reader calls when handling a chunk raised (a bug, no memory left): from now
