@@ -10,7 +10,11 @@ string goes through `clean` before it reaches a widget (or, with --sanitize-cons
 - CSI sequences are dropped, except SGR (colours, bold) when the caller keeps colours;
 - other escape sequences (ESC 7, ESC c, ESC ( B ...) are dropped;
 - remaining C0 and C1 control characters are shown as visible symbols (U+2400 block: ␛ for a lone
-  ESC, ␇ for BEL; a C1 character as ␛ and its 7-bit letter), so nothing invisible is lost.
+  ESC, ␇ for BEL; a C1 character as ␛ and its 7-bit letter), so nothing invisible is lost;
+- the bidirectional embeddings, overrides and isolates (U+202A-202E, U+2066-2069) are shown as
+  their code point (`⟨U+202E⟩`): a terminal that implements bidi would let one reorder the rest of
+  a line, so that a message reads other than its bytes ("Trojan Source"). The marks LRM, RLM and
+  ALM, which only place neighbouring punctuation, are left to right-to-left text that needs them.
 
 Work is per string: an unterminated string sequence at the end is dropped to the end, so a
 sequence split over two lines never becomes a live one on either.
@@ -40,15 +44,19 @@ def _symbol(code: int) -> str:
     return "␛" + chr(code - 0x40)  # a C1 control is ESC plus this letter in 7-bit form
 
 
+_BIDI_CONTROLS = [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+
+
 def _symbols(newlines: bool) -> dict[int, str]:
     keep = {_TAB, _NEWLINE} if newlines else {_TAB}
     codes = [*range(0x20), 0x7F, *range(0x80, 0xA0)]
-    return {code: _symbol(code) for code in codes if code not in keep}
+    symbols = {code: _symbol(code) for code in codes if code not in keep}
+    return symbols | {code: f"⟨U+{code:04X}⟩" for code in _BIDI_CONTROLS}
 
 
 _VISIBLE = _symbols(newlines=False)
 _VISIBLE_WITH_NEWLINES = _symbols(newlines=True)
-_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def _keep_sgr(match: re.Match[str]) -> str:

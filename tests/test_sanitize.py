@@ -60,6 +60,18 @@ def test_other_c1_and_c0_controls_become_visible_symbols():
     assert clean("tab\tkept") == "tab\tkept"
 
 
+def test_bidi_overrides_and_isolates_are_shown_as_code_points_and_marks_are_kept():
+    # "Trojan Source": an override makes a terminal that implements bidi show `exe.txt`.
+    assert clean("saved to \u202etxt.exe") == "saved to ⟨U+202E⟩txt.exe"
+    raw = "".join(chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A)))
+    out = clean(f"[{raw}]", sgr=True)
+    assert out == "[" + "".join(f"⟨U+{c:04X}⟩" for c in map(ord, raw)) + "]"
+    assert clean_console("[0]:a\u2067b\n".encode()) == "[0]:a⟨U+2067⟩b\n".encode()
+    assert parse_line("x\u202ey".encode()).plain == "x⟨U+202E⟩y"
+    rtl = "שלום\u200f! \u061cمرحبا\u200e"  # the marks only place punctuation: kept as they are
+    assert clean(rtl) is rtl
+
+
 def test_newlines_are_kept_only_when_asked():
     assert clean("one\ntwo") == "one␊two"
     assert clean("one\ntwo", newlines=True) == "one\ntwo"
