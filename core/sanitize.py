@@ -5,8 +5,9 @@ hold escape sequences that a terminal obeys (OSC 52 writes the clipboard, OSC 0/
 title, CSI 2J clears the screen, OSC 8 opens a hyperlink whose URL can smuggle the rest). Every such
 string goes through `clean` before it reaches a widget (or, with --sanitize-console, the console):
 
-- OSC, DCS, SOS, PM and APC strings are dropped whole, OSC 8 hyperlinks included (their link text,
-  which sits outside the sequence, stays);
+- OSC, DCS, SOS, PM and APC strings are dropped whole, OSC 8 hyperlinks included: their link text,
+  which sits outside the sequence, stays, followed by the target as plain text (`docs <https://x>`)
+  unless the text already is the target, so a link still says where it goes but cannot be clicked;
 - CSI sequences are dropped, except SGR (colours, bold) when the caller keeps colours;
 - other escape sequences (ESC 7, ESC c, ESC ( B ...) are dropped;
 - remaining C0 and C1 control characters are shown as visible symbols (U+2400 block: ␛ for a lone
@@ -23,6 +24,7 @@ sequence split over two lines never becomes a live one on either.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 # 7-bit (ESC x) or 8-bit (one C1 character) introducers of the string sequences: DCS P, SOS X,
 # OSC ], PM ^, APC _. They end at ST (ESC \ or U+009C) or, for OSC as xterm allows, BEL; here
@@ -70,13 +72,57 @@ def _drop(match: re.Match[str]) -> str:
     return ""
 
 
+_LINK_INTRODUCERS = ("\x1b]8;", "\x9d8;")
+
+
+class _LinkTargets:
+    """Replaces the sequences of one string as `keep` does, and writes each OSC 8 link's target
+    after its text. A link ends at the next OSC 8 (`ESC ] 8 ; ; ST` closes it, another target
+    replaces it) or at the end of the string."""
+
+    def __init__(self, text: str, keep: Callable[[re.Match[str]], str]):
+        self._text, self._keep = text, keep
+        self._open: tuple[str, int] | None = None  # the open link's target, and where its text starts
+
+    def __call__(self, match: re.Match[str]) -> str:
+        if not match[0].startswith(_LINK_INTRODUCERS):
+            return self._keep(match)
+        shown = self.close(match.start())
+        target = _link_target(match[0])
+        self._open = (target, match.end()) if target else None
+        return shown
+
+    def close(self, end: int) -> str:
+        """What follows the open link's text, which ends at `end`: ` <target>`, or nothing."""
+        if self._open is None:
+            return ""
+        target, start = self._open
+        self._open = None
+        label = _SEQUENCE.sub("", self._text[start:end]).strip()
+        return "" if label == target else f" <{target}>"
+
+
+def _link_target(sequence: str) -> str:
+    """The URI of an OSC 8 sequence: `8;params;URI` between the introducer and the terminator."""
+    body = sequence[2:] if sequence.startswith("\x1b") else sequence[1:]
+    for terminator in ("\x07", "\x1b\\", "\x9c"):
+        body = body.removesuffix(terminator)
+    fields = body.split(";", 2)
+    return fields[2].strip() if len(fields) == 3 else ""
+
+
 def clean(text: str, *, sgr: bool = False, newlines: bool = False) -> str:
     """`text` with nothing a terminal would act on: see the module docstring. `sgr` keeps colour
     sequences (rank output panes); `newlines` keeps line breaks (multi-line text like a
     traceback); tabs are always kept."""
     if not _UNSAFE.search(text):
         return text  # the common case: printable text, nothing to do
-    text = _SEQUENCE.sub(_keep_sgr if sgr else _drop, text)
+    keep = _keep_sgr if sgr else _drop
+    if "]8;" in text or "\x9d8;" in text:
+        links = _LinkTargets(text, keep)
+        text = _SEQUENCE.sub(links, text) + links.close(len(text))
+    else:
+        text = _SEQUENCE.sub(keep, text)
     table = _VISIBLE_WITH_NEWLINES if newlines else _VISIBLE
     if not sgr:
         return text.translate(table)

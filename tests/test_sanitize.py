@@ -33,7 +33,7 @@ def live(text: str, sgr: bool = False) -> list[str]:
     (f"a{OSC52}b", "ab", CLIPBOARD),
     (f"{TITLE}after", "after", "EVIL-TITLE"),
     (f"{ESC}[2J{ESC}[H{ESC}[?1049hcleared", "cleared", "?1049"),
-    (f"see {LINK} here", "see click here", CLIPBOARD),
+    (f"see {LINK} here", "see click <http://x/> here", CLIPBOARD),
     (f"x{DCS}y", "xy", "14~"),
     (f"{ESC}_apc payload{ST}{ESC}^pm payload{ST}{ESC}Xsos payload{ST}z", "z", "payload"),
     (f"{ESC}c{ESC}7{ESC}(B{ESC}#8ok", "ok", ""),
@@ -70,6 +70,23 @@ def test_bidi_overrides_and_isolates_are_shown_as_code_points_and_marks_are_kept
     assert parse_line("x\u202ey".encode()).plain == "x⟨U+202E⟩y"
     rtl = "שלום\u200f! \u061cمرحبا\u200e"  # the marks only place punctuation: kept as they are
     assert clean(rtl) is rtl
+
+
+def test_a_link_keeps_its_text_and_shows_its_target_as_plain_text():
+    def link(target: str, text: str, st: str = ST) -> str:
+        return f"{ESC}]8;id=7;{target}{st}{text}{ESC}]8;;{st}"
+
+    assert clean(f"docs: {link('https://x.org/a', 'here')}.") == "docs: here <https://x.org/a>."
+    # Rich's links say their own target: it is not written twice.
+    assert clean(link("https://wandb.ai/r/1", "https://wandb.ai/r/1", BEL)) == "https://wandb.ai/r/1"
+    # A new link ends the one before; a link still open at the end of the line ends there.
+    two = f"{ESC}]8;;http://a{BEL}A{ESC}]8;;http://b{BEL}B"
+    assert clean(two, sgr=True) == "A <http://a>B <http://b>"
+    assert clean("\x9d8;;http://c\x9cC\x9d8;;\x9c!") == "C <http://c>!"
+    # The target is text like any other: its controls are shown, and it is never a live link.
+    out = clean(link("http://a/\x01\u202e", f"{ESC}[1mt{ESC}[0m"), sgr=True)
+    assert out == f"{ESC}[1mt{ESC}[0m <http://a/␁⟨U+202E⟩>"
+    assert "]8;" not in out and not live(out, sgr=True)
 
 
 def test_newlines_are_kept_only_when_asked():
@@ -114,7 +131,7 @@ def test_console_filter_keeps_colours_and_lines():
 def test_parse_line_keeps_colours_and_drops_everything_else():
     raw = f"{ESC}[31mred{ESC}[0m {LINK} {OSC52}{TITLE}{ESC}[2J\x07end".encode()
     text = parse_line(raw)
-    assert text.plain == "red click ␇end"
+    assert text.plain == "red click <http://x/> ␇end"
     assert not live(text.plain)
     assert [(span.start, span.end, span.style.color.number) for span in text.spans] == [(0, 3, 1)]
     assert not any(span.style.link for span in text.spans)
