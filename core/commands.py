@@ -12,6 +12,8 @@ import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ranktop.core.limits import SECONDS
+
 if TYPE_CHECKING:  # the stack code loads when a dump is asked for, not at every start
     from ranktop.core.stacks import StackReport
 
@@ -119,7 +121,10 @@ def problem(command: object, local_world_size: int) -> str | None:
     if not isinstance(command, _COMMAND_TYPES):
         return f"unknown command {type(command).__name__}: expected one of {', '.join(_NAMES)}"
     ranks = [getattr(command, "local_rank", None)] if hasattr(command, "local_rank") else []
-    ranks += list(getattr(command, "local_ranks", None) or ())
+    chosen = getattr(command, "local_ranks", None)
+    if chosen is not None and not isinstance(chosen, (list, tuple)):
+        return f"bad local ranks {chosen!r}: expected a list of local ranks, or none for all"
+    ranks += chosen or ()
     for rank in ranks:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < local_world_size:
             return f"bad local rank {rank!r}: local ranks are 0..{local_world_size - 1}"
@@ -127,9 +132,8 @@ def problem(command: object, local_world_size: int) -> str | None:
     if hasattr(command, "signal") and _signal_of(sig) is None:
         return f"bad signal {sig!r}: expected a signal number such as {int(signal.SIGTERM)} (SIGTERM)"
     grace = getattr(command, "grace", None)
-    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, (int, float))
-                              or not 0 <= grace < float("inf")):
-        return f"bad grace {grace!r}: expected seconds, 0 or more"
+    if grace is not None and not SECONDS.accepts(grace):  # the bound PContext.stop holds it to
+        return f"bad grace {grace!r}: expected {SECONDS.describe()}"
     if isinstance(command, SendInput) and (not isinstance(command.text, str) or len(command.text) > MAX_INPUT):
         return f"bad input: expected text of at most {MAX_INPUT} characters"
     return None

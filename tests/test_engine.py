@@ -61,8 +61,11 @@ def test_snapshot_and_output_since_are_plain_data(tmp_path):
         (cmd.SignalRank(5, signal.SIGTERM), "bad local rank 5: local ranks are 0..1"),
         (cmd.KillRank(-1), "bad local rank -1: local ranks are 0..1"),
         (cmd.SignalGroup(999), "bad signal 999: expected a signal number such as 15 (SIGTERM)"),
-        (cmd.Stop(signal.SIGTERM, grace=-1.0), "bad grace -1.0: expected seconds, 0 or more"),
+        (cmd.Stop(signal.SIGTERM, grace=-1.0), "bad grace -1.0: expected a number of seconds from 0 to 604800"),
+        # past the longest wait ranktop takes: refused here, not half-applied (the run marked stopping)
+        (cmd.Stop(signal.SIGTERM, grace=1e6), "bad grace 1000000.0: expected a number of seconds from 0 to 604800"),
         (cmd.DumpStacks((0, 7)), "bad local rank 7: local ranks are 0..1"),
+        (cmd.SignalDump(5), "bad local ranks 5: expected a list of local ranks, or none for all"),
         ("stop", "unknown command str: expected one of SignalRank, SignalGroup, KillRank, KillGroup, "
                  "RestartRank, RestartGroup, Stop, Interrupt, DumpStacks, SignalDump, SendInput"),
     ],
@@ -75,6 +78,7 @@ def test_bad_commands_are_one_line_and_change_nothing(tmp_path, command, message
         ack = engine.submit(command)
         assert not ack.ok and ack.message == message and "\n" not in ack.message
         assert [(r.pid, r.state) for r in engine.snapshot().ranks] == before
+        assert engine.snapshot().state == GroupState.RUNNING
         assert not any(e["event"] in ("signalled", "user_stop") for e in read_events(engine.agent.run_dir))
     finally:
         engine.close()
