@@ -24,8 +24,12 @@ loop's queue like a key press. Requests (after each side's hello):
   was pushed, nothing more is made for it, and when it catches up it resumes from what the ranks'
   rings still hold (it skips ahead); one that owes more than MAX_PENDING is dropped.
 
-A client that sends anything else, that is not ours (SO_PEERCRED: another uid), or that does not
-read its answers within SEND_TIMEOUT is dropped; the engine and the ranks never wait on one.
+A client that sends anything else (or anything before its hello, or no hello within
+HELLO_SECONDS), that is not ours (SO_PEERCRED: another uid), or that does not read its answers
+within SEND_TIMEOUT is dropped; so is one whose request fails to be answered, whatever the reason:
+it costs its own connection, never the server. At most MAX_CLIENTS are served at once, and
+running out of descriptors refuses the newcomer rather than spinning on it. The engine and the
+ranks never wait on a client.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ SEND_TIMEOUT = 2.0  # seconds a client may take to read one answer before it is 
 PUSH_SECONDS = 0.05  # how often subscribers get what is new
 MAX_PENDING = 16 << 20  # bytes a subscriber may owe before it is dropped
 MAX_REPLY_BYTES = 2 << 20  # output lines per answer: a client asks again for the rest
+MAX_CLIENTS = 64  # ls, attach, logs -f, browser tabs: far more than anyone opens; each is a descriptor
+HELLO_SECONDS = 5.0  # a client that has not said hello by then is dropped (it holds a descriptor)
+ACCEPT_PAUSE = 0.5  # out of descriptors even for the spare: stop accepting for this long
 RELAYED = {c.__name__: c for c in (cmd.SignalRank, cmd.SignalGroup, cmd.KillRank, cmd.KillGroup, cmd.RestartRank,
                                    cmd.RestartGroup, cmd.Stop, cmd.SendInput, cmd.DumpStacks, cmd.SignalDump)}
 # Answered from a thread of their own (py-spy takes seconds): the other clients are not kept waiting.
@@ -66,24 +73,45 @@ class SocketDirError(Exception):
 def socket_dir(create: bool = True) -> str:
     """$XDG_RUNTIME_DIR/ranktop, else $TMPDIR/ranktop-<uid>/sock: made 0700 (unless not `create`:
     a lister makes nothing), and refused when it is a symlink, someone else's, or open to others
-    (a planted socket would receive commands)."""
+    (a planted socket would receive commands). Each directory on the way that ranktop owns is
+    checked before anything is made in it: `ranktop-<uid>` under the shared temp directory could
+    have been planted as a symlink into someone else's directory (or /etc), and
+    $XDG_RUNTIME_DIR is another user's after `sudo`, so it is used only when it is ours and private."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime):
-        path = os.path.join(runtime, "ranktop")
+    if runtime and os.path.isabs(runtime) and _private(runtime):
+        parent = runtime
     else:
-        path = os.path.join(tempfile.gettempdir(), f"ranktop-{os.geteuid()}", "sock")
-    if not create:
-        return _checked(path)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        parent = os.path.join(tempfile.gettempdir(), f"ranktop-{os.geteuid()}")
+        if create:
+            _make(parent)
+        if not _private(parent):
+            _checked(parent)  # says why
+    path = os.path.join(parent, "ranktop" if parent == runtime else "sock")
+    if create:
+        _make(path)
+    return _checked(path)
+
+
+def _make(path: str) -> None:
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
-        pass
-    return _checked(path)
+        pass  # checked next, without following it
+
+
+def _private(path: str) -> bool:
+    """A directory of ours that no one else can write to (not a symlink to one)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 
 def _checked(path: str) -> str:
     info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise SocketDirError(f"{path} is a symlink; ranktop will not make or serve sockets through it")
     if not stat.S_ISDIR(info.st_mode):
         raise SocketDirError(f"{path} is not a directory")
     if info.st_uid != os.geteuid():
@@ -93,8 +121,17 @@ def _checked(path: str) -> str:
     return path
 
 
+SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, less its NUL)
+
+
 def socket_path(run_id: str) -> str:
-    return os.path.join(socket_dir(), f"{run_id}.sock")
+    """The socket of `run_id`, its directory made and checked; SocketDirError when the directory
+    is not safe or the path is too long for a socket (a long run id under a deep $TMPDIR)."""
+    path = os.path.join(socket_dir(), f"{run_id}.sock")
+    if len(os.fsencode(path)) > SUN_PATH_MAX:
+        raise SocketDirError(f"the socket path {path} is over the {SUN_PATH_MAX} bytes a Unix socket allows: "
+                             "use a shorter --run-id")
+    return path
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -156,6 +193,9 @@ class EngineServer:
         self._wake_r, self._wake_w = os.pipe()
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._decoders: dict[socket.socket, protocol.FrameDecoder] = {}
+        self._hello_due: dict[socket.socket, float] = {}  # clients yet to say hello: by when
+        self._spare_fd = _spare_fd()  # given up for a moment to refuse a client when out of descriptors
+        self._accept_paused_until = 0.0
         self._later: list[tuple[socket.socket, bytes]] = []  # slow answers, sent by the server thread
         self._later_lock = threading.Lock()
         self._subscribers: dict[socket.socket, _Subscriber] = {}
@@ -171,7 +211,8 @@ class EngineServer:
             if self._subscribers and time.monotonic() - last_push >= PUSH_SECONDS:
                 last_push = time.monotonic()
                 self._push()
-            for key, _ in self._selector.select(PUSH_SECONDS if self._subscribers else None):
+            self._keep_time()
+            for key, _ in self._selector.select(self._select_timeout()):
                 if key.fileobj is self._listener:
                     self._accept()
                 elif key.fileobj == self._wake_r:
@@ -181,14 +222,35 @@ class EngineServer:
                 else:
                     self._read(key.fileobj)
 
+    def _select_timeout(self) -> float | None:
+        waits = [PUSH_SECONDS] if self._subscribers else []
+        if self._hello_due or self._accept_paused_until:
+            waits.append(ACCEPT_PAUSE)
+        return min(waits, default=None)
+
+    def _keep_time(self) -> None:
+        """Drop clients that did not say hello in time; accept again after a pause."""
+        now = time.monotonic()
+        for conn, due in list(self._hello_due.items()):
+            if now >= due:
+                self._drop(conn, f"no hello within {HELLO_SECONDS:g}s")
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._selector.register(self._listener, selectors.EVENT_READ)
+
     def _accept(self) -> None:
         try:
             conn, _ = self._listener.accept()
-        except OSError:
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self._refuse_one_for_lack_of_descriptors()
             return
         uid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[1]
         if uid not in (os.geteuid(), 0):
             self._refuse(conn, f"uid {uid} may not reach this run: it belongs to uid {os.geteuid()}")
+            return
+        if len(self._decoders) >= MAX_CLIENTS:
+            self._refuse(conn, f"this run already has {MAX_CLIENTS} clients: try again once one has left")
             return
         conn.settimeout(SEND_TIMEOUT)
         try:
@@ -198,8 +260,27 @@ class EngineServer:
             return
         conn.setblocking(False)
         self._decoders[conn] = protocol.FrameDecoder()
+        self._hello_due[conn] = time.monotonic() + HELLO_SECONDS
         self._selector.register(conn, selectors.EVENT_READ)
         self.clients += 1
+
+    def _refuse_one_for_lack_of_descriptors(self) -> None:
+        """accept() failed for want of a descriptor, and the client still waits in the queue, so
+        the listener stays readable: without this the loop would spin. Free the spare descriptor,
+        take the client and tell it why; if even that fails, stop accepting for a moment."""
+        if self._spare_fd >= 0:
+            os.close(self._spare_fd)
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                conn = None
+            if conn is not None:
+                self._refuse(conn, "the run's engine is out of file descriptors: try again later")
+            self._spare_fd = _spare_fd()
+            if conn is not None:
+                return
+        self._selector.unregister(self._listener)
+        self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE
 
     def _read(self, conn: socket.socket) -> None:
         try:
@@ -216,6 +297,8 @@ class EngineServer:
                 self._answer(conn, message)
         except (protocol.ProtocolError, OSError) as exc:
             self._drop(conn, str(exc))
+        except Exception as exc:  # a request we could not answer costs its client, never the server
+            self._drop(conn, f"request failed: {type(exc).__name__}: {exc}"[:200])
 
     def _answer(self, conn: socket.socket, message: Any) -> None:
         if not isinstance(message, dict):
@@ -223,7 +306,10 @@ class EngineServer:
         kind = message["type"]
         if kind == "hello":
             protocol.check_hello(message, "client")
+            self._hello_due.pop(conn, None)
             return
+        if conn in self._hello_due:
+            raise protocol.ProtocolError("say hello first")
         if kind == "snapshot":
             self._send(conn, protocol.encode_control({"type": "snapshot", "snapshot": to_json(self.engine.snapshot()),
                                                       "clients": self.clients}))
@@ -240,9 +326,11 @@ class EngineServer:
 
     def _output(self, message: dict) -> bytes:
         rank, generation, line = message.get("rank"), message.get("generation", -1), message.get("line", 0)
-        tail = message.get("tail")
-        if not all(_is_int(v) for v in (rank, generation, line)) or not (tail is None or _is_int(tail) and tail >= 0):
-            raise protocol.ProtocolError("output request needs integer rank, generation and line (and tail, if any, >= 0)")
+        tail, local_world = message.get("tail"), len(self.engine.snapshot().ranks)
+        if not (_is_int(rank) and 0 <= rank < local_world and _is_int(generation) and -1 <= generation < _BIG
+                and _is_int(line) and 0 <= line < _BIG and (tail is None or _is_int(tail) and 0 <= tail < _BIG)):
+            raise protocol.ProtocolError(f"output request needs a local rank in 0..{local_world - 1}, a generation "
+                                         "(-1 or more), a line (0 or more) and, if any, a tail (0 or more)")
         return self._output_since(rank, OutputCursor(generation, line), tail)[1]
 
     def _output_since(self, rank: int, since: OutputCursor, tail: int | None = None) -> tuple[OutputCursor, bytes, bool]:
@@ -274,7 +362,7 @@ class EngineServer:
         start = {}
         for rank in ranks:
             at = cursors.get(str(rank), [-1, 0])
-            if not (isinstance(at, list) and len(at) == 2 and all(_is_int(v) for v in at)):
+            if not (isinstance(at, list) and len(at) == 2 and all(_is_int(v) and -1 <= v < _BIG for v in at)):
                 raise protocol.ProtocolError("a cursor is [generation, line]")
             start[rank] = OutputCursor(at[0], at[1])
         snap = self.engine.snapshot()
@@ -284,8 +372,12 @@ class EngineServer:
     def _push(self) -> None:
         snap = self.engine.snapshot()
         for conn, sub in list(self._subscribers.items()):
-            if not (sub.pending or sub.ended):  # one that has not taken the last push gets nothing more: it skips ahead
-                self._make_push(sub, snap)
+            try:
+                if not (sub.pending or sub.ended):  # one that has not taken the last push gets nothing more: it skips ahead
+                    self._make_push(sub, snap)
+            except Exception as exc:  # as for a request: it costs this subscriber only
+                self._drop(conn, f"push failed: {type(exc).__name__}: {exc}"[:200])
+                continue
             self._flush(conn)
 
     def _make_push(self, sub: _Subscriber, snap: Any) -> None:
@@ -407,6 +499,7 @@ class EngineServer:
                 pass
         self._selector.unregister(conn)
         del self._decoders[conn]
+        self._hello_due.pop(conn, None)
         self._subscribers.pop(conn, None)
         conn.close()
         self.clients -= 1
@@ -430,14 +523,26 @@ class EngineServer:
         self._listener.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+        if self._spare_fd >= 0:
+            os.close(self._spare_fd)
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
 
 
+_BIG = 1 << 62  # cursors and counts past this are not ours (and would not fit the frames' fields)
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _spare_fd() -> int:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
 
 
 def _states(snap: Any) -> tuple:
@@ -447,12 +552,21 @@ def _states(snap: Any) -> tuple:
 
 def remove_if_dead(path: str) -> bool:
     """Remove a socket whose engine died (nobody answers on it); whether a live engine serves
-    it. SocketDirError when something that is not a socket has its name."""
+    it. SocketDirError when something that is not a socket has its name: a file or a symlink is
+    not ours to remove. A listener whose queue is full counts as live (the connect is bounded)."""
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise SocketDirError(f"{path} is there and is not a socket")
+    except FileNotFoundError:
+        return False
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
     try:
         probe.connect(path)
     except FileNotFoundError:
         return False
+    except (TimeoutError, BlockingIOError):
+        return True  # someone listens there, too busy to take us now
     except ConnectionRefusedError:
         try:
             os.unlink(path)

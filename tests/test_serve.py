@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -115,7 +116,12 @@ def test_the_socket_refuses_other_users_and_garbage(tmp_path, open_runtime):
                         + protocol.encode_control({"type": "subscribe", "cursors": {"0": "x"}}),
                         *(protocol.encode_control(protocol.hello("client"))
                           + protocol.encode_control({"type": "output", "rank": 0, "generation": 0, "line": 0,
-                                                     "tail": tail}) for tail in (-1, "3"))):
+                                                     "tail": tail}) for tail in (-1, "3")),
+                        # values the frames cannot carry: these used to take the server thread down
+                        *(protocol.encode_control(protocol.hello("client"))
+                          + protocol.encode_control({"type": "output", "rank": rank, "line": line})
+                          for rank, line in ((-1, 0), (2**40, 0), (2, 0), (0, 2**70), (0, -5))),
+                        protocol.encode_control({"type": "snapshot"})):  # no hello first
             with socket.socket(socket.AF_UNIX) as s:
                 s.settimeout(10)
                 s.connect(run["socket"])
@@ -128,6 +134,95 @@ def test_the_socket_refuses_other_users_and_garbage(tmp_path, open_runtime):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def test_a_run_out_of_descriptors_refuses_newcomers_with_a_reason_and_drops_silent_clients(tmp_path, runtime):
+    """Each client holds a descriptor. Out of them, accept() fails while the client still waits,
+    so the listener stays readable: the server used to spin on it at a full core and never answer."""
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "1", "--run-id", "fds", "--log-dir",
+                                        str(tmp_path / "logs"), str(script)),
+                            cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    clients: list[socket.socket] = []
+    try:
+        (run,) = wait_for(lambda: ls(runtime), what="the run listed")
+        # Room for 5 more descriptors from now on (ranktop raises its own limit at start, so set it after).
+        limit = len(os.listdir(f"/proc/{proc.pid}/fd")) + 5
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (limit, limit))
+        refusal = b""
+        for _ in range(20):  # silent clients: connected, no hello
+            conn = socket.socket(socket.AF_UNIX)
+            conn.settimeout(10)
+            conn.connect(run["socket"])
+            clients.append(conn)
+            first = conn.recv(4096)
+            if b'"type":"error"' in first:
+                refusal = first
+                break
+        assert b"out of file descriptors" in refusal
+        # The silent ones are dropped once their time to say hello is over, and the run is served again.
+        assert b"no hello within 5s" in clients[0].recv(4096) + clients[0].recv(4096)
+        wait_for(lambda: [r["state"] for r in ls(runtime)] == ["running"], what="the run served again")
+    finally:
+        for conn in clients:
+            conn.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+def test_a_name_in_the_socket_directory_that_is_not_a_socket_is_left_alone(runtime):
+    directory = os.path.join(runtime["XDG_RUNTIME_DIR"], "ranktop")
+    os.mkdir(directory, 0o700)
+    with open(os.path.join(directory, "file.sock"), "w") as f:
+        f.write("mine")
+    os.symlink("/etc/hostname", os.path.join(directory, "link.sock"))
+    assert ls(runtime) == []
+    assert sorted(os.listdir(directory)) == ["file.sock", "link.sock"]  # not ours to remove
+
+
+def test_a_detached_run_is_refused_before_it_starts_when_its_socket_would_be_unsafe_or_too_long(tmp_path):
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    root = tmp_path / "tmp" / f"ranktop-{os.geteuid()}"
+    root.symlink_to(victim)  # planted by someone who can write to the shared temp directory
+
+    def detach(*args: str) -> subprocess.CompletedProcess:
+        return run_ranktop("--detach", *args, "--log-dir", str(tmp_path / "logs"), str(script), env=env)
+
+    done = detach("--run-id", "planted")
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"ranktop: error: cannot serve a detached run: {root} is a symlink; ranktop will not make or serve sockets "
+        "through it")
+    assert list(victim.iterdir()) == [] and not (tmp_path / "logs" / "planted").exists()  # nothing made, nothing run
+    root.unlink()
+    done = detach("--run-id", "x" * 120)
+    assert done.returncode == 2 and "a Unix socket allows: use a shorter --run-id" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "logs").exists()
+    # A run id that starts with a dash reaches the background run as the same id.
+    done = detach("--nproc-per-node", "1", "--run-id=-dash")
+    assert done.returncode == 0 and done.stdout.startswith("ranktop: started -dash in the background"), done.stderr
+    (run,) = ls(env)
+    assert run["run_id"] == "-dash"
+    assert run_ranktop("stop", env=env).returncode == 0
+    wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")
+
+
+def test_a_runtime_directory_that_is_not_ours_is_not_used(tmp_path, monkeypatch):
+    from ranktop.core import server
+
+    runtime = tmp_path / "run-user-1000"
+    runtime.mkdir(mode=0o700)
+    os.chown(runtime, 65534, 65534)  # another user's, as $XDG_RUNTIME_DIR is after sudo
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert server.socket_dir() == str(tmp_path / f"ranktop-{os.geteuid()}" / "sock")
+    assert list(runtime.iterdir()) == []
 
 
 def ranktop_in_tmux(runtime, args: str, after: str = "", **size: int) -> Terminal:
@@ -354,6 +449,8 @@ def test_two_clients_at_once_see_the_same_run(tmp_path, runtime, monkeypatch):
         first, second = RemoteEngine(run.path), RemoteEngine(run.path)
         try:
             assert wait_for(lambda: ls(runtime)[0]["clients"] == 2, what="two clients counted")
+            # running is not yet printed: wait for rank 1's first line, then both clients see it
+            wait_for(lambda: first.output_since(1, None)[1], what="rank 1's first line")
             seen = [e.output_since(1, None)[1] for e in (first, second)]
             assert seen[0][:1] == seen[1][:1] == [b"hello from 1"]
             cursor, newest, _ = first.output_since(1, None, tail=1)  # a new pane's first screen: the newest only
