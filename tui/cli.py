@@ -518,16 +518,25 @@ def start_detached(argv: list[str], ns: argparse.Namespace) -> int:
 
     from ranktop.core.agent import new_run_id
     from ranktop.core.client import Connection, RunGone
-    from ranktop.core.server import socket_path
+    from ranktop.core.layout import check_run_id
+    from ranktop.core.server import SocketDirError, socket_path
 
-    run_id = ns.run_id or new_run_id()
+    # The run's id, as the child will take it: a multi-node run's is the rendezvous id, the same on
+    # every node, so the child derives it itself; any other is fixed here, so we know its socket.
+    shared = ns.rdzv_id if ns.run_id is None and uses_rendezvous(ns) and ns.rdzv_id != "none" else None
+    run_id = check_run_id(ns.run_id or shared or new_run_id())
+    try:
+        path = socket_path(run_id)  # a detached run nobody can reach is refused before it starts
+    except (SocketDirError, OSError) as exc:
+        return usage_error(f"cannot serve a detached run: {exc}")
     script_at = argv.index(ns.training_script)  # what follows is the script's own arguments
     options = [a for a in argv[:script_at] if a not in ("--detach", "--tui", "--headless")]
-    command = [sys.executable, "-m", "ranktop", "--headless", "--detached-child", "--run-id", run_id, *options,
-               *argv[script_at:]]
+    # --run-id=ID in one word: an id that starts with a dash is not taken for an option
+    named = [] if shared else [f"--run-id={run_id}"]
+    command = [sys.executable, "-m", "ranktop", "--headless", "--detached-child", *named, *options, *argv[script_at:]]
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
-    path, deadline = socket_path(run_id), time.monotonic() + 30
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if child.poll() is not None:
             print(f"ranktop: error: the run {run_id} ended at once (exit {child.returncode}); run it without "
