@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -446,3 +447,25 @@ def test_a_node_done_first_times_out_at_the_exit_barrier_and_still_succeeds(tmp_
     assert [p["WORLD_SIZE"] for p in placements(out)] == ["2"]
     assert not any(e["event"] == "exit_barrier_timeout" for e in events(tmp_path / "node0"))
     del handler  # the store it serves lives until the slow node is done
+
+
+def test_a_detached_node_keeps_the_rendezvous_id_as_its_run_id(tmp_path, torch_installed):
+    """--detach fixes the background run's id up front; a multi-node run's must stay the
+    rendezvous id, the same on every node, as in the foreground."""
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
+    script = tmp_path / "ticker.py"
+    script.write_text("import time\nprint('up', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+    done = run_ranktop("--detach", "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                       "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "job-7", "--rdzv-conf", CONF,
+                       "--local-addr", "127.0.0.1", "--log-dir", str(tmp_path / "logs"), str(script), env=env,
+                       timeout=TIMEOUT)
+    assert done.returncode == 0 and done.stdout.startswith("ranktop: started job-7 in the background"), done.stderr
+    try:
+        (run,) = json.loads(run_ranktop("ls", "--json", env=env).stdout)
+        assert run["run_id"] == "job-7"
+        assert [p.name for p in (tmp_path / "logs").iterdir()] == ["job-7"]  # the run directory too
+    finally:
+        stopped = run_ranktop("stop", "job-7", env=env, timeout=TIMEOUT)
+    assert stopped.returncode == 0, stopped.stderr
