@@ -117,19 +117,23 @@ def clean(text: str, *, sgr: bool = False, newlines: bool = False) -> str:
     traceback); tabs are always kept."""
     if not _UNSAFE.search(text):
         return text  # the common case: printable text, nothing to do
-    keep = _keep_sgr if sgr else _drop
-    if "]8;" in text or "\x9d8;" in text:
-        links = _LinkTargets(text, keep)
-        text = _SEQUENCE.sub(links, text) + links.close(len(text))
-    else:
-        text = _SEQUENCE.sub(keep, text)
     table = _VISIBLE_WITH_NEWLINES if newlines else _VISIBLE
-    if not sgr:
-        return text.translate(table)
-    # Keep the ESC of each kept SGR; show every other control.
-    pieces = text.split("\x1b[")
-    head = pieces[0].translate(table)
-    return "\x1b[".join([head, *(piece.translate(table) for piece in pieces[1:])])
+    keep = _keep_sgr if sgr else _drop
+    links = _LinkTargets(text, keep) if "]8;" in text or "\x9d8;" in text else None
+    replace = links or keep
+    # One pass: the text between two sequences has its controls shown before it is joined to
+    # anything, so a lone ESC left in front of a dropped sequence cannot meet the text after it
+    # and become a live one (ESC ESC ] 0 ; x BEL [ 2 J must not end as ESC [ 2 J).
+    out, at = [], 0
+    for match in _SEQUENCE.finditer(text):
+        out.append(text[at:match.start()].translate(table))
+        shown = replace(match)
+        out.append(shown if shown.startswith("\x1b[") else shown.translate(table))  # a kept SGR is whole
+        at = match.end()
+    out.append(text[at:].translate(table))
+    if links is not None:
+        out.append(links.close(len(text)).translate(table))
+    return "".join(out)
 
 
 def clean_bytes(raw: bytes, *, sgr: bool = False, newlines: bool = False) -> str:

@@ -14,8 +14,9 @@ from ranktop.core.stacks import find_py_spy
 pytestmark = pytest.mark.timeout(60)
 
 PAYLOAD = b"cHduZWQ="
+# The last piece: a lone ESC before a sequence that is dropped, then the text of another one.
 HOSTILE = (b"\x1b[32mgreen\x1b[0m \x1b]52;c;" + PAYLOAD + b"\x07\x1b]0;EVIL-TITLE\x07\x1b[2J"
-           b"\x1bP+q" + PAYLOAD + b"\x1b\\bad \xff\x9b utf8 bell\x07 end")
+           b"\x1bP+q" + PAYLOAD + b"\x1b\\bad \xff\x9b utf8 bell\x07 end \x1b\x1b]0;x\x07[2J")
 RANK = f"import sys\nsys.stdout.buffer.write(bytes.fromhex('{HOSTILE.hex()}') + b'\\n')\n"
 
 
@@ -41,7 +42,7 @@ def test_sanitize_console_filters_the_console_and_keeps_the_file_raw(tmp_path):
     console, log = run(tmp_path, "--sanitize-console")
     assert log == HOSTILE + b"\n"
     line = console.decode("utf-8")
-    assert line == "[default0]:\x1b[32mgreen\x1b[0m bad \ufffd\ufffd utf8 bell␇ end\n"
+    assert line == "[default0]:\x1b[32mgreen\x1b[0m bad \ufffd\ufffd utf8 bell␇ end ␛[2J\n"
     assert PAYLOAD not in console and b"EVIL-TITLE" not in console
 
 
@@ -62,6 +63,7 @@ def test_the_end_report_quotes_error_json_filtered_only_with_sanitize_console(tm
     assert b"ValueError: boom:" in report
     if sanitize:
         assert b"\x1b]" not in report and PAYLOAD not in report and b"\x07" not in report
+        assert b"\x1b[2J" not in report and "␛[2J".encode() in report
     else:
         assert b"\x1b]52;c;" + PAYLOAD in report  # like torchrun: the error text as the rank wrote it
 

@@ -89,6 +89,16 @@ def test_a_link_keeps_its_text_and_shows_its_target_as_plain_text():
     assert "]8;" not in out and not live(out, sgr=True)
 
 
+@pytest.mark.parametrize("sgr", [False, True])
+@pytest.mark.parametrize("raw", [f"a{ESC}{ESC}]0;x{BEL}[2J", f"{ESC}{ESC}c[2J", f"{ESC}{ESC}{DCS}[?1049h",
+                                 f"{ESC}{ESC}[6n", f"{ESC}{OSC52}[1mbold"])
+def test_a_lone_escape_cannot_meet_the_text_after_a_dropped_sequence(raw, sgr):
+    """A sequence dropped from between a lone ESC and `[2J` used to leave them side by side: a live
+    clear-screen where colours are kept (the panes, the end report, --sanitize-console)."""
+    out = clean(raw, sgr=sgr)
+    assert not live(out, sgr=sgr) and "␛" in out
+
+
 def test_newlines_are_kept_only_when_asked():
     assert clean("one\ntwo") == "one␊two"
     assert clean("one\ntwo", newlines=True) == "one\ntwo"
