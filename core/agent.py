@@ -29,8 +29,10 @@ from ranktop.core.errors import ProcessFailure, UsageError, describe_exit, get_e
 from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
+from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, console_budget, console_name
 from ranktop.core.process import exit_status_for_signal
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
+from ranktop.core.sanitize import clean_console
 from ranktop.core.signals import StopAction, StopRule
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
@@ -139,7 +141,13 @@ class LocalAgent:
         self.layout = RunDir.create(log_dir, self.run_id, numbered=spec.run_id is None and shared_id != "none")
         self.run_dir = self.layout.path
         self.master_port = spec.master_port or free_port()
-        self._echo = sys.stderr if echo_events else None
+        # Headless, one console writer serves every attempt: the ranks' tee and our own lines,
+        # none of which may wait on a stuck terminal (the monitor loop says things too).
+        self._tee = (ConsoleWriter(budget=console_budget(2 * spec.local_world_size),
+                                   clean=clean_console if sanitize_console else None, on_lost=self._console_lost)
+                     if console else None)
+        self.console_unshown = 0  # bytes of output the console had not taken when the run ended
+        self._echo = (lambda line: self.say("ranktop: event " + line)) if echo_events else None
         self.duplicate_filters = {stream: tuple(n.encode() for n in needles)
                                   for stream, needles in (duplicate_filters or {}).items()}  # torchrun's --event-log-handler console
         self.events = self._open_events()
@@ -166,7 +174,6 @@ class LocalAgent:
         self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
         self._stop_rule = StopRule()
         self._earlier_losses: list[LogLoss] = []  # incomplete logs of the attempts before this one
-        self._consoles_lost: set[str] = set()  # "stdout"/"stderr" once a write to it failed
         # Commands waiting for the monitor loop, each with the slot its Ack goes into.
         self._commands: collections.deque[tuple[cmd.Command, _Reply | None]] = collections.deque()
         self._accepting = True  # False once the run is over: a late command is answered at once
@@ -221,8 +228,16 @@ class LocalAgent:
             self._close_attempt()  # after an error too: no rank outlives run()
             self._stop_accepting()
             self._restore_signal_handlers(handlers)
+            self._close_console()
             self.events.close()
             self.layout.close()
+
+    def _close_console(self) -> None:
+        """Let the console take what waits for it, for as long as it keeps taking it."""
+        if self._tee is not None:
+            self.console_unshown = self._tee.close()
+            if self.console_unshown:
+                self.events.write("console_behind", bytes=self.console_unshown, stall_seconds=CONSOLE_STALL)
 
     def _attempts(self) -> RunProcsResult:
         """Run attempts until one ends for good; returns its result (the ranks may still close)."""
@@ -325,7 +340,7 @@ class LocalAgent:
             # headless: our stdin, as torchrun gives it (pdb works); a UI types through SendInput
             rank_stdin="inherit" if self.console else "pipe", duplicate_filters=self.duplicate_filters,
             waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
-            cpu_affinity=spec.cpu_affinity,
+            cpu_affinity=spec.cpu_affinity, console=self._tee,
         ).start()
         self.state = GroupState.RUNNING
         self._start_watch()
@@ -529,6 +544,19 @@ class LocalAgent:
     def _notice(self, text: str) -> None:
         if self.on_notice is not None:
             self.on_notice(text)
+        elif self.console:
+            self.say(f"ranktop: {text}")
+
+    def say(self, line: str) -> None:
+        """One line of ours to stderr, from any thread: headless, in order with the ranks' output
+        and never waiting on a stuck console; a closed or broken stderr loses only the line."""
+        if self._tee is not None:
+            self._tee.say(binary_console(sys.stderr), line)
+        else:
+            _say(line)
+
+    def _console_lost(self, target, error: str) -> None:
+        self._on_rank_event({"event": "console_lost", "stream": console_name(target), "error": error})
 
     # ----- signals to ranktop itself -----------------------------------------------------------
     def _install_signal_handlers(self) -> dict:
@@ -732,21 +760,19 @@ class LocalAgent:
     # ----- snapshots ---------------------------------------------------------------------------
     def _on_rank_event(self, event: dict) -> None:
         name = event.pop("event")
-        if name == "console_lost" and event["stream"] in self._consoles_lost:
-            return  # an attempt after the first found it gone too
         self.events.write(name, attempt=self.attempt, **event)
         if name == "console_lost":
-            self._consoles_lost.add(event["stream"])
-            _say(f"ranktop: the console's {event['stream']} is gone ({event['error']}): rank output is no "
-                 "longer shown there; the ranks go on, and their log files keep their output")
+            self.say(f"ranktop: the console's {event['stream']} is gone ({event['error']}): rank output is no "
+                     "longer shown there; the ranks go on, and their log files keep their output")
         if name == "log_write_failed" and self.console:
-            _say(f"ranktop: rank {event['rank']}: cannot write {event['path']}: {event['error']}; "
-                 "its output is still read and shown, but no longer saved there")
+            still = "read and shown" if event.get("shown") else "read (so that the rank goes on)"
+            self.say(f"ranktop: rank {event['rank']}: cannot write {event['path']}: {event['error']}; "
+                     f"its output is still {still}, but no longer saved there")
         if name == "output_failed" and self.console:
             kept = f"only saved in {event['path']}" if event["saved"] else "only read (to keep the rank going)"
-            _say(f"ranktop: rank {event['rank']}: its {'stdout' if event['stream'] == 1 else 'stderr'} "
-                 f"could not be handled ({event['error']}); it is no longer shown, {kept}; "
-                 "events.jsonl has the traceback")
+            self.say(f"ranktop: rank {event['rank']}: its {'stdout' if event['stream'] == 1 else 'stderr'} "
+                     f"could not be handled ({event['error']}); it is no longer shown, {kept}; "
+                     "events.jsonl has the traceback")
 
     def incomplete_logs(self) -> tuple[LogLoss, ...]:
         """Every log file of the run that misses output, with the bytes each lost so far."""

@@ -46,7 +46,9 @@ from ranktop.core.output import (
     LineRing,
     OutputPump,
     StreamSink,
+    binary_console,
     console_budget,
+    console_name,
 )
 from ranktop.core.process import (
     LEADER_ONLY_SIGNALS,
@@ -219,6 +221,7 @@ class PContext:
         generation: int = 0,
         reap_timeout: float = REAP_TIMEOUT,
         cpu_affinity: Mapping[int, frozenset[int]] | None = None,
+        console: ConsoleWriter | None = None,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
         self.name = name
@@ -254,7 +257,9 @@ class PContext:
         self._sweep_sent: dict[tuple[int, int], int] = {}  # (pid, start) -> last signal sent
         self._sweep_fds: dict[tuple[int, int], int] = {}  # pidfds: a stray's exit wakes the monitor
         self._pump: OutputPump | None = None
-        self._console: ConsoleWriter | None = None
+        # The tee's writer: the caller's (an agent keeps one for all its attempts), else our own.
+        self._console: ConsoleWriter | None = console
+        self._owns_console = console is None
         self._guard: subprocess.Popen | None = None
         self._environ: dict[str, str] = {}  # ours when the group started: every rank's base
         self._tmp: str | None = None
@@ -297,8 +302,8 @@ class PContext:
     def start(self) -> PContext:
         self._start_guard()
         self._pump = OutputPump()
-        if any(plan.console for plan in self.streams.values()):
-            self._console = ConsoleWriter(budget=console_budget(len(self.slots)),
+        if self._owns_console and any(plan.console for plan in self.streams.values()):
+            self._console = ConsoleWriter(budget=console_budget(2 * len(self.slots)),  # a budget per stream
                                           clean=clean_console if self._sanitize_console else None,
                                           on_lost=self._console_lost)
         if callable(self.entrypoint):
@@ -364,7 +369,7 @@ class PContext:
             to_file, to_console = bool(plan.files & flag), bool(plan.console & flag)
             if not (to_file or to_console) and self._passthrough:
                 continue  # inherit our descriptor: the rank writes straight to our console
-            console = (self._console, target.buffer, plan.prefix) if to_console else None
+            console = (self._console, binary_console(target), plan.prefix) if to_console else None
             sinks[stream] = StreamSink(
                 stream, ring, console=console,
                 log=(self.log_path(r, stream), functools.partial(self._open_log, r, stream)) if to_file else None,
@@ -379,13 +384,12 @@ class PContext:
 
     def _log_write_failed(self, r: int, sink: StreamSink) -> None:
         """Called once per log file, from the output thread, when a write to it failed."""
-        self._emit("log_write_failed", r, path=sink.log_path, error=sink.log_error, bytes_lost=sink.bytes_lost)
+        self._emit("log_write_failed", r, path=sink.log_path, error=sink.log_error, bytes_lost=sink.bytes_lost,
+                   shown=sink.console is not None)
 
     def _console_lost(self, target: BinaryIO, error: str) -> None:
         """Called once per console stream, from a writing thread, when a write to it failed."""
-        name = getattr(target, "name", None)
-        self._emit_group("console_lost", stream={"<stdout>": "stdout", "<stderr>": "stderr"}.get(name, str(name)),
-                         error=error)
+        self._emit_group("console_lost", stream=console_name(target), error=error)
 
     def _output_failed(self, r: int, sink: StreamSink) -> None:
         """Called once per stream, from the output thread, when handling its output raised."""
@@ -710,7 +714,7 @@ class PContext:
                 self._guard.stdin.close()
         if self._pump is not None:
             self._pump.close(timeout=2.0)
-        if self._console is not None:
+        if self._console is not None and self._owns_console:
             self._console.close()
         self._finish_guard()
         with self._lock:

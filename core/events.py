@@ -7,7 +7,8 @@ import json
 import os
 import threading
 import time
-from typing import Any, TextIO
+from collections.abc import Callable
+from typing import Any
 
 
 class EventLog:
@@ -24,7 +25,7 @@ class EventLog:
         self._fd = fd
         self._held: collections.deque[bytes] = collections.deque(maxlen=self.HELD_LINES)
         self._lock = threading.Lock()
-        self.echo: TextIO | None = None  # also print each event here (torchrun's console handler)
+        self.echo: Callable[[str], None] | None = None  # also say each line here (torchrun's console handler)
 
     def write(self, event: str, *, strict: bool = False, **fields: Any) -> None:
         """Append one event; `strict` raises OSError rather than holding the line back."""
@@ -33,7 +34,7 @@ class EventLog:
             if self._fd < 0:
                 return
             if self.echo is not None:
-                _echo(self.echo, line)
+                self.echo(line)
             self._held.append(line.encode())
             while self._held:
                 try:
@@ -60,10 +61,3 @@ class EventLog:
                 os.close(self._fd)
                 self._fd = -1
 
-
-def _echo(stream: TextIO, line: str) -> None:
-    try:
-        stream.write("ranktop: event " + line)
-        stream.flush()
-    except (OSError, ValueError):
-        pass  # a closed or broken stderr loses only the echo: events.jsonl has the event

@@ -106,6 +106,7 @@ def collapse_cr(line: bytes) -> bytes:
 
 
 LINE_CAP = 64 << 10  # bytes of one line the ring keeps (its head); the log files keep it whole
+PROMPT_SECONDS = 0.2  # a line begun and left this long is shown as it is: a prompt waits on it
 RING_BYTES = 8 << 20  # bytes of output the ring keeps per rank, besides the line count
 _FEW_LINES = 16  # a chunk with no more lines than this costs little to make into lines
 # Small reads of one stream are gathered into blocks of up to this many bytes: a rank printing a
@@ -332,12 +333,23 @@ class LineRing:
 class _Gap:
     """Console output of one rank dropped in a row: a note in the queue at the place it went."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: bytes, ends_line: bool) -> None:
         self.dropped = 0
+        self.prefix = prefix  # the rank's, so that one can tell whose output went
+        self.ends_line = ends_line  # a line was open on the screen: the note starts on a line of its own
 
+    def note(self) -> bytes:
+        return (b"\n" if self.ends_line else b"") + self.prefix + (
+            f"[ranktop: console fell behind, {self.dropped} bytes of this stream not shown here; "
+            "see its log file]\n").encode()
+
+
+_Queue = queue.SimpleQueue  # of (target, parts or a _Gap, key), or None: the end
 
 CONSOLE_BUDGET = 16 << 20  # bytes one rank's tee may have waiting for a slow console
 CONSOLE_TOTAL = 128 << 20  # all ranks together: a stuck terminal must not cost gigabytes
+CONSOLE_STALL = 5.0  # at the end, seconds a console may take no output at all before what waits is given up
+_OWN = "ranktop"  # the key of ranktop's own lines (restarts, notices)
 
 
 def console_budget(ranks: int) -> int:
@@ -348,14 +360,20 @@ def console_budget(ranks: int) -> int:
 
 class ConsoleWriter:
     """Writes teed output to our own stdout/stderr from a thread of its own, so that a slow
-    terminal never stalls the pipe reader and through it the ranks. Each rank (`key`) may have
-    `budget` bytes waiting; past that its console output is dropped, and a note saying how much
-    takes its place, so a flooding rank cannot crowd out a quiet one. The log files still get
-    every byte.
+    terminal never stalls the pipe reader and through it the ranks. Each rank's stream (`key`)
+    may have `budget` bytes waiting; past that its console output is dropped, and a note saying
+    how much takes its place, so a flooding rank cannot crowd out a quiet one. The log files
+    still get every byte. One writer serves a whole run, attempt after attempt: what waits for a
+    stuck console is bounded once, not once per restart.
 
     A console that is /dev/null or a file on a local filesystem (a batch job's output file) is
     written at once by the caller, as the log files are: such a write never waits on a reader,
-    and handing each chunk to the thread cost the reader a wake-up and a GIL handover per chunk."""
+    and handing each chunk to the thread cost the reader a wake-up and a GIL handover per chunk.
+
+    Lines of different ranks never share a line on the screen (stdout and stderr on one terminal
+    are one screen). A stream may leave a line open (a prompt waiting for input, a line too long
+    to hold): if anything else comes to that screen first, the writer ends the open line, and
+    starts the rest of it on a line of its own with its stream's prefix."""
 
     def __init__(self, budget: int = CONSOLE_BUDGET, clean: Callable[[bytes], bytes] | None = None,
                  on_lost: Callable[[BinaryIO, str], None] | None = None):
@@ -364,59 +382,111 @@ class ConsoleWriter:
         # writes; on_lost(target, why) is told once, from whichever thread wrote.
         self._on_lost = on_lost
         self._lost: set[BinaryIO] = set()
-        self._queue: queue.SimpleQueue[tuple[BinaryIO, tuple[Buffer, ...] | _Gap, object] | None] = queue.SimpleQueue()
         self._pending: dict[object, int] = collections.defaultdict(int)
         self._gaps: dict[object, _Gap] = {}  # key -> the gap its drops go to now
         self._budget = budget
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # also orders the writes to each screen
         self._direct: dict[BinaryIO, bool] = {}  # target -> written by the caller (never blocks)
-        self._thread = threading.Thread(target=self._run, name="ranktop-console", daemon=True)
-        self._thread.start()
+        self._screens: dict[BinaryIO, object] = {}  # target -> what it shows on (a terminal, a file)
+        self._open_line: dict[object, object] = {}  # screen -> the key whose line is open there
+        self._cut: set[object] = set()  # keys whose open line something else ended
+        # A queue and a thread per screen: a stuck terminal holds up only what goes to it (our
+        # stderr lines still reach a log file), and one screen's writes keep their order.
+        self._lanes: dict[object, tuple[_Queue, threading.Thread]] = {}
+        self.written = 0  # bytes written so far (how close() sees a slow console still taking them)
 
-    def write(self, target: BinaryIO, data: Buffer | tuple[Buffer, ...], key: object = None) -> None:
+    def write(self, target: BinaryIO, data: Buffer | tuple[Buffer, ...], key: object = None, *,
+              prefix: bytes = b"", line_open: bool = False) -> None:
         """Queue `data` (bytes, or parts written one after the other: no copy to join them) for
-        `target`, or drop it if `key` has its budget waiting already."""
+        `target`, or drop it if `key` has its budget waiting already. `prefix` is the stream's
+        (for the drop note, and the rest of a line that was ended under it); `line_open`: `data`
+        leaves a line open, which `key`'s next write goes on with."""
         if target in self._lost:
             return  # the log files still get it
         parts = (data,) if not isinstance(data, tuple) else data
-        if self._clean is not None:
+        if self._clean is not None and key != _OWN:
             parts = (self._clean(b"".join(parts)),)
-        if self._writes_at_once(target):
-            self._write(target, parts, flush=True)
-            return
-        size = sum(map(len, parts))
+        direct, failed = self._writes_at_once(target), None
         with self._lock:
-            if self._pending[key] + size > self._budget:
-                self._drop(target, size, key)
+            screen = self._screen(target)
+            if not direct and self._pending[key] + sum(map(len, parts)) > self._budget:
+                self._drop(target, screen, sum(map(len, parts)), key, prefix, line_open)
                 return
-            self._pending[key] += size
-            self._gaps.pop(key, None)  # what comes next goes after the note
-            self._queue.put((target, parts, key))
+            parts = self._place(screen, key, parts, prefix, line_open)
+            if direct:  # under the lock: another thread's line cannot land between placing and writing
+                failed = self._write(target, parts, flush=True)
+            else:
+                self._pending[key] += sum(map(len, parts))
+                self._gaps.pop(key, None)  # what comes next goes after the note
+                self._lane(screen).put((target, parts, key))
+        if failed is not None:
+            self._lose(target, failed)
 
-    def _drop(self, target: BinaryIO, size: int, key: object) -> None:
+    def say(self, target: BinaryIO, line: str) -> None:
+        """One line of ranktop's own (a restart, a stall, a notice), in order with the ranks'
+        output, and never waiting on the console: a stuck terminal must not stop the monitor."""
+        self.write(target, (line.rstrip("\n") + "\n").encode(errors="replace"), _OWN)
+
+    def _place(self, screen: object, key: object, parts: tuple[Buffer, ...], prefix: bytes,
+               line_open: bool) -> tuple[Buffer, ...]:
+        """`parts` as they must go out on `screen`: after the end of another stream's open line,
+        and with `key`'s prefix again when its own open line was ended meanwhile. Lock held."""
+        owner = self._open_line.get(screen)
+        if owner is not None and owner != key:
+            parts = (b"\n", *parts)
+            self._cut.add(owner)
+        if key in self._cut:
+            self._cut.discard(key)
+            parts = _resumed(parts, prefix)
+        if line_open:
+            self._open_line[screen] = key
+        else:
+            self._open_line.pop(screen, None)
+        return parts
+
+    def _drop(self, target: BinaryIO, screen: object, size: int, key: object, prefix: bytes,
+              line_open: bool) -> None:
+        """`key` is over its budget: `size` bytes go, and a note says so. Lock held."""
         gap = self._gaps.get(key)
         if gap is None:
-            gap = self._gaps[key] = _Gap()
-            self._queue.put((target, gap, key))
+            owner = self._open_line.pop(screen, None)  # the note ends the line open there
+            if owner is not None and owner != key:
+                self._cut.add(owner)
+            gap = self._gaps[key] = _Gap(prefix, ends_line=owner is not None)
+            self._lane(screen).put((target, gap, key))
         gap.dropped += size
+        if line_open:
+            self._cut.add(key)  # the stream goes on with a line whose start is not on the screen
+        else:
+            self._cut.discard(key)
+            if self._open_line.get(screen) == key:
+                del self._open_line[screen]
 
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
+    def _lane(self, screen: object) -> _Queue:
+        """The queue of `screen`, and its thread started on first use. Lock held."""
+        lane = self._lanes.get(screen)
+        if lane is None:
+            lanes: _Queue = queue.SimpleQueue()
+            thread = threading.Thread(target=self._run, args=(lanes,), name="ranktop-console", daemon=True)
+            thread.start()
+            lane = self._lanes[screen] = (lanes, thread)
+        return lane[0]
+
+    def _run(self, lane: _Queue) -> None:
+        while (item := lane.get()) is not None:
             target, data, key = item
             if isinstance(data, _Gap):
                 with self._lock:
                     if self._gaps.get(key) is data:
                         del self._gaps[key]  # later drops make a new note
-                    dropped = data.dropped
-                data = (f"[ranktop: console fell behind, {dropped} bytes not shown here; see the log files]\n".encode(),)
-                size = 0
+                data, size = (data.note(),), 0
             else:
                 size = sum(map(len, data))
-            if target not in self._lost:
-                self._write(target, data, flush=self._queue.empty())
-            if size:
-                with self._lock:
-                    self._pending[key] -= size
+            if target not in self._lost and (failed := self._write(target, data, flush=lane.empty())):
+                self._lose(target, failed)
+            with self._lock:
+                self._pending[key] -= size
+                self.written += size
 
     def _writes_at_once(self, target: BinaryIO) -> bool:
         direct = self._direct.get(target)
@@ -424,25 +494,100 @@ class ConsoleWriter:
             direct = self._direct[target] = _never_blocks(target)
         return direct
 
-    def close(self, timeout: float = 5.0) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout)
+    def _screen(self, target: BinaryIO) -> object:
+        screen = self._screens.get(target)
+        if screen is None:
+            screen = self._screens[target] = _screen_of(target)
+        return screen
 
-    def _write(self, target: BinaryIO, parts: tuple[Buffer, ...], flush: bool) -> None:
+    def waiting(self) -> int:
+        """Bytes queued for a slow console and not written yet."""
+        with self._lock:
+            return sum(self._pending.values())
+
+    def close(self, stall: float = CONSOLE_STALL) -> int:
+        """Write what waits, for as long as the console keeps taking it, and stop; the bytes
+        given up because it took nothing for `stall` seconds (0: everything was written)."""
+        with self._lock:
+            lanes = list(self._lanes.values())
+        for lane, _thread in lanes:
+            lane.put(None)
+        seen, since = -1, time.monotonic()
+        while any(thread.is_alive() for _lane, thread in lanes):
+            if self.written != seen:
+                seen, since = self.written, time.monotonic()
+            elif time.monotonic() - since > stall:
+                break
+            next(thread for _lane, thread in lanes if thread.is_alive()).join(0.05)
+        return self.waiting()
+
+    @staticmethod
+    def _write(target: BinaryIO, parts: tuple[Buffer, ...], flush: bool) -> str | None:
+        """Write `parts`; why that failed (a closed pipe, a gone terminal, a full disk), or None."""
         try:
             for part in parts:
                 target.write(part)
             if flush:
                 target.flush()
-        except (OSError, ValueError) as exc:  # closed pipe, gone terminal, full disk
-            with self._lock:
-                first = target not in self._lost
-                self._lost.add(target)
-            if first and self._on_lost is not None:
-                try:
-                    self._on_lost(target, getattr(exc, "strerror", None) or str(exc))
-                except Exception:
-                    pass  # telling is best effort: the writing threads must go on
+        except (OSError, ValueError) as exc:
+            return getattr(exc, "strerror", None) or str(exc)
+        return None
+
+    def _lose(self, target: BinaryIO, why: str) -> None:
+        """No more writes to `target`; on_lost is told once. Called without the lock: what it
+        does may write (a line saying so, on the other stream)."""
+        with self._lock:
+            first = target not in self._lost
+            self._lost.add(target)
+        if first and self._on_lost is not None:
+            try:
+                self._on_lost(target, why)
+            except Exception:
+                pass  # telling is best effort: the writing threads must go on
+
+
+def _resumed(parts: tuple[Buffer, ...], prefix: bytes) -> tuple[Buffer, ...]:
+    """The rest of a stream's line that something else ended on the screen: on a line of its own,
+    with the stream's prefix (or, when the rest is only the line's end, without that end)."""
+    data = b"".join(parts)
+    if data.startswith(b"\n"):
+        return (data[1:],)
+    return (prefix, data)
+
+
+def _screen_of(target: BinaryIO) -> object:
+    """What `target` shows on: one terminal or file for our stdout and stderr alike (`2>&1`)."""
+    try:
+        info = os.fstat(target.fileno())
+    except (OSError, ValueError, AttributeError):
+        return target
+    return (info.st_dev, info.st_ino)
+
+
+class TextConsole:
+    """A console that takes text only (a test's StringIO, `contextlib.redirect_stdout`): the
+    bytes written decoded as UTF-8, as torch writes text there."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, data: Buffer) -> None:
+        self._stream.write(bytes(data).decode("utf-8", "replace"))
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+def console_name(target: BinaryIO) -> str:
+    """"stdout" or "stderr" for ours (their buffers are named after them), else the target's name."""
+    name = str(getattr(target, "name", None) or getattr(getattr(target, "_stream", None), "name", target))
+    return {"<stdout>": "stdout", "<stderr>": "stderr"}.get(name, name)
+
+
+def binary_console(stream) -> BinaryIO:
+    """The byte stream under `stream` (sys.stdout or sys.stderr as they are now)."""
+    buffer = getattr(stream, "buffer", None)
+    return buffer if buffer is not None else TextConsole(stream)
 
 
 # Filesystems whose writes return at once (local disks, memory). A console file elsewhere (NFS,
@@ -562,6 +707,7 @@ class StreamSink:
         self._console_open_bytes = 0
         self._console_open_cr = False  # a held piece has a '\r': the line must be collapsed
         self._console_streaming = False  # the open line's start (and prefix) is out already
+        self.console_held_since = 0.0  # when the held line's first piece came (0: none held)
         self.done = threading.Event()
 
     def feed(self, data: bytes) -> None:
@@ -633,7 +779,7 @@ class StreamSink:
                 cut = len(body) - len(prefix) - (len(data) - end)
             else:
                 body, cut = data, end
-            writer.write(target, (*lead, memoryview(body)[:cut]), self.ring)
+            writer.write(target, (*lead, memoryview(body)[:cut]), self, prefix=prefix)
         if end < len(data):
             self._hold(data[end:])
         return newlines
@@ -649,31 +795,46 @@ class StreamSink:
             body = b"\n".join(collapse_cr(line) for line in body.split(b"\n"))
         if prefix:
             body = (b"" if streamed else prefix) + body.replace(b"\n", b"\n" + prefix)
-        writer.write(target, body + b"\n", self.ring)
+        writer.write(target, body + b"\n", self, prefix=prefix)
 
     def _forget_open_line(self, streaming: bool = False) -> None:
         self._console_open, self._console_open_bytes, self._console_open_cr = [], 0, False
         self._console_streaming = streaming
+        self.console_held_since = 0.0
 
     def _hold(self, piece: bytes) -> None:
         writer, target, prefix = self.console
         if self._console_streaming:
-            writer.write(target, piece, self.ring)
+            writer.write(target, piece, self, prefix=prefix, line_open=True)
             return
+        if not self._console_open:
+            self.console_held_since = time.monotonic()
         self._console_open.append(piece)
         self._console_open_bytes += len(piece)
         self._console_open_cr = self._console_open_cr or b"\r" in piece
         if self._console_open_bytes > LINE_CAP:  # too long to hold: show it as it comes
-            writer.write(target, (prefix, *self._console_open), self.ring)
-            self._forget_open_line(streaming=True)
+            self._show_held()
+
+    def show_held_if_quiet(self, now: float) -> None:
+        """The rank has written nothing since it began a line PROMPT_SECONDS ago: a prompt
+        (`input()`, `(Pdb) `) waits for an answer that cannot come before it is seen. Show the
+        line so far; the rest follows on it. (Not a line with a '\r': a progress bar shows its
+        last state when its line ends, as always.)"""
+        if now - self.console_held_since >= PROMPT_SECONDS and not self._console_open_cr and self.failure is None:
+            self._show_held()
+
+    def _show_held(self) -> None:
+        writer, target, prefix = self.console
+        writer.write(target, (prefix, *self._console_open), self, prefix=prefix, line_open=True)
+        self._forget_open_line(streaming=True)
 
     def finish(self) -> None:
         try:
             if self.console is not None and self.failure is None and (self._console_open or self._console_streaming):
                 self._tee_lines(b"")
             elif self.console is not None and self._console_streaming:  # cut short by fail(): end it
-                writer, target, _prefix = self.console
-                writer.write(target, b"\n", self.ring)
+                writer, target, prefix = self.console
+                writer.write(target, b"\n", self, prefix=prefix)
             if self._copy is not None:
                 self._copy(None)
         finally:
@@ -781,6 +942,8 @@ class OutputPump:
             sink.feed(data)
             if tty and len(data) >= _TTY_FULL:
                 self._pressing.append(fd)
+        elif sink.console_held_since:
+            sink.show_held_if_quiet(time.monotonic())
         return len(data) / room
 
     def _read(self, fd: int, tty: bool | None = None) -> bytes | None:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import select
 import sys
+import time
+from typing import TextIO
 
 _STREAMS = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
 
@@ -49,3 +52,35 @@ def terminal_problem() -> str | None:
         if not os.isatty(fd):
             return f"{name} is not a terminal"
     return None
+
+
+_PIECE = 512  # bytes a write may take once poll said the descriptor has room: it then never blocks
+
+
+def write_within(stream: TextIO, text: str, seconds: float) -> bool:
+    """Write `text` to `stream` unless it takes nothing for `seconds` (a stuck terminal, a pipe
+    nobody reads: ranktop must still end); whether all of it went out. Ctrl-C cannot break a
+    blocked write once ranktop handles its signals, so this one never blocks for long."""
+    try:
+        stream.flush()
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # no descriptor (a test's StringIO): it cannot block
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):
+            return False
+        return True
+    data = memoryview(text.encode(getattr(stream, "encoding", None) or "utf-8", errors="replace"))
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    deadline = time.monotonic() + seconds
+    try:
+        while data:
+            if not poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                return False
+            data = data[os.write(fd, data[:_PIECE]):]
+            deadline = time.monotonic() + seconds  # it took some: the wait starts again
+    except OSError:
+        return False
+    return True

@@ -567,14 +567,16 @@ def serve_run(engine, run_id: str):
 def run_headless(spec, ns: argparse.Namespace) -> int:
     from ranktop.core.agent import LocalAgent
     from ranktop.core.engine import LocalEngine
+    from ranktop.core.output import CONSOLE_STALL
     from ranktop.core.report import format_end_report
     from ranktop.core.sanitize import clean
+    from ranktop.core.stdio import write_within
 
     def on_stall(snap) -> None:
         cpu = "-" if snap.cpu_percent is None else f"{snap.cpu_percent:.0f}%"
         gpu = "-" if snap.gpu is None or snap.gpu.util_percent is None else f"{snap.gpu.util_percent:.0f}%"
-        print(f"ranktop: rank {snap.rank} stalled: no output for {snap.stall_seconds or 0:.0f}s "
-              f"(cpu {cpu}, gpu {gpu}, pid {snap.pid})", file=sys.stderr, flush=True)
+        agent.say(f"ranktop: rank {snap.rank} stalled: no output for {snap.stall_seconds or 0:.0f}s "
+                  f"(cpu {cpu}, gpu {gpu}, pid {snap.pid})")
 
     sampler = None
     if ns.stall_timeout:
@@ -589,7 +591,6 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
                        sanitize_console=ns.sanitize_console, signals_to_handle=ns.signals_to_handle,
                        echo_events=ns.event_log_handler == "console",
                        duplicate_filters={1: tuple(ns.duplicate_stdout_filters), 2: tuple(ns.duplicate_stderr_filters)},
-                       on_notice=lambda text: print(f"ranktop: {text}", file=sys.stderr, flush=True),
                        color=sys.stdout.isatty() and "NO_COLOR" not in os.environ)
     if sampler is not None:
         sampler.attach(agent)
@@ -606,10 +607,14 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         if sampler is not None:
             sampler.close()
     report = format_end_report(result, name=spec.display_name(), attempt=agent.attempt,
-                               max_restarts=spec.max_restarts, run_dir=agent.run_dir)
+                               max_restarts=spec.max_restarts, run_dir=agent.run_dir) or ""
+    if report and ns.sanitize_console:  # it quotes error.json and the rank's last lines
+        report = clean(report, sgr=True, newlines=True)
+    if agent.console_unshown:
+        report += (f"\nranktop: the console took nothing for {CONSOLE_STALL:g}s after the run ended: the last "
+                   f"{agent.console_unshown} bytes of rank output were not shown; the log files have them")
     if report:
-        # It quotes error.json and the rank's last lines: filtered too when the console is.
-        print(clean(report, sgr=True, newlines=True) if ns.sanitize_console else report, file=sys.stderr)
+        write_within(sys.stderr, report.lstrip("\n") + "\n", CONSOLE_STALL)  # a stuck stderr must not hang us
     return result.exit_status
 
 
