@@ -1,0 +1,81 @@
+"""Stack dumps against ranks and files that fight back: a rank that plants a FIFO or a symlink
+where its log was, an events.jsonl of the wrong shape, a stack command with arguments of the
+wrong shape. Each ends in an answer (a per-rank reason, a one-line error), never a hang or a
+traceback. No py-spy needed: the SIGUSR1 dump and the file readers only."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+from conftest import ROOT, ranktop_cmd, run_ranktop, stop_process
+
+# Ranks 0 and 1 put something hostile where their stderr.log was (the rank directory is the
+# error file's): their stderr stays open to the old file, so the dump itself still happens.
+# Rank 2 leaves its log alone.
+PLANTS = """
+import os, time
+rank_dir = os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"])
+planted = os.path.join(rank_dir, "planted")
+if os.environ["RANK"] == "0":
+    os.mkfifo(planted)  # a plain open() of it waits for a writer forever
+    os.replace(planted, os.path.join(rank_dir, "stderr.log"))
+elif os.environ["RANK"] == "1":
+    os.symlink("/dev/zero", planted)  # a plain read() of it never ends
+    os.replace(planted, os.path.join(rank_dir, "stderr.log"))
+def wait_here():
+    time.sleep(3600)
+print("planted", flush=True)
+wait_here()
+"""
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    """Sockets in a directory of this test's own (what $XDG_RUNTIME_DIR is for)."""
+    path = tmp_path / "rt"
+    path.mkdir(mode=0o700)
+    return {**os.environ, "XDG_RUNTIME_DIR": str(path)}
+
+
+def start(tmp_path, env, run_id: str, code: str, n: int = 2) -> subprocess.Popen:
+    script = tmp_path / "rank.py"
+    script.write_text(code)
+    return subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", str(n), "--shutdown-timeout", "3",
+                                        "--run-id", run_id, "--log-dir", str(tmp_path / "logs"), str(script)),
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def wait_lines(proc: subprocess.Popen, text: str, n: int) -> None:
+    """Until the ranks printed `text` n times (headless: their lines on ranktop's stdout)."""
+    for _ in range(n):
+        line = proc.stdout.readline()
+        assert text in line, line
+
+
+def test_a_planted_fifo_or_symlink_log_is_a_reason_not_a_hang(tmp_path, runtime):
+    proc = start(tmp_path, runtime, "planted", PLANTS, n=3)
+    try:
+        wait_lines(proc, "planted", 3)
+        rank_dir = tmp_path / "logs" / "planted" / "attempt_0"
+        assert (rank_dir / "0" / "stderr.log").is_fifo() and (rank_dir / "1" / "stderr.log").is_symlink()
+        began = time.monotonic()
+        out = run_ranktop("stacks", "--signal", "planted", env=runtime, timeout=30)  # by the run's engine
+        assert out.returncode == 0, out.stderr
+        assert time.monotonic() - began < 15  # the engine's 3 s wait at most, not the client's 60 s
+        lines = out.stdout.splitlines()
+        assert "1 of 3 ranks dumped" in lines[0] and "wait_here (rank.py:" in out.stdout, out.stdout
+        assert any(line.startswith("   rank 0 (pid ") and "stderr.log cannot be read: not a regular file (a FIFO)"
+                   in line for line in lines), out.stdout
+        assert any(line.startswith("   rank 1 (pid ") and "stderr.log cannot be read: a symlink, not followed"
+                   in line for line in lines), out.stdout
+        # The same from the files (no engine): a run directory given as a path.
+        local = run_ranktop("stacks", "--signal", str(tmp_path / "logs" / "planted"),
+                            env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}, timeout=30)
+        assert local.returncode == 0 and "1 of 3 ranks dumped" in local.stdout, local
+        assert "not a regular file (a FIFO)" in local.stdout and "a symlink, not followed" in local.stdout
+        assert proc.poll() is None  # the run goes on
+    finally:
+        stop_process(proc)
