@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import ROOT, ranktop_cmd, run_ranktop, stop_process
+from conftest import PY, ROOT, ranktop_cmd, run_ranktop, stop_process
 
 # Ranks 0 and 1 put something hostile where their stderr.log was (the rank directory is the
 # error file's): their stderr stays open to the old file, so the dump itself still happens.
@@ -79,3 +79,64 @@ def test_a_planted_fifo_or_symlink_log_is_a_reason_not_a_hang(tmp_path, runtime)
         assert proc.poll() is None  # the run goes on
     finally:
         stop_process(proc)
+
+
+# Lines a hostile events.jsonl may hold (PID: a live process of this test's).
+BAD_EVENTS = [
+    '5', '[]', '"started"', 'null', '{', '{"event": "run_started", "run_id": 5}',
+    '{"event": "started", "rank": 0, "local_rank": 0}',  # no pid
+    '{"event": "started", "rank": 0, "local_rank": 0, "pid": "PID"}',
+    '{"event": "started", "rank": true, "local_rank": 0, "pid": PID}',
+    '{"event": "started", "attempt": "9", "rank": 0, "local_rank": 0, "pid": PID}',
+    '{"event": "started", "rank": 0, "local_rank": 0, "pid": 0}',  # os.kill(0, ...): our own group
+    '{"event": "exited", "pid": [PID]}',
+]
+
+
+@pytest.fixture
+def bystander():
+    """A live process that says it belongs to run `hostile` (and does not handle SIGUSR1)."""
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, "TORCHELASTIC_RUN_ID": "hostile"})
+    yield proc.pid
+    stop_process(proc)
+
+
+def write_events(run_dir, lines: list[str], pid: int) -> None:
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_text("".join(line.replace("PID", str(pid)) + "\n" for line in lines))
+
+
+@pytest.mark.parametrize("bad", BAD_EVENTS)
+def test_a_bad_events_line_is_skipped_not_a_traceback(tmp_path, runtime, bystander, bad):
+    run_dir = tmp_path / "run"
+    write_events(run_dir, ['{"event": "run_started", "run_id": "hostile"}', bad], bystander)
+    out = run_ranktop("stacks", "--signal", str(run_dir), env=runtime, timeout=30)
+    assert (out.returncode, out.stdout) == (1, ""), out.stderr
+    assert out.stderr == f"ranktop stacks: no live ranks in {run_dir} (the run has ended)\n"
+
+
+def test_the_good_events_among_bad_ones_still_find_the_rank(tmp_path, runtime, bystander):
+    run_dir = tmp_path / "run"
+    good = '{"event": "started", "rank": 3, "local_rank": 1, "pid": PID}'
+    write_events(run_dir, ['{"event": "run_started", "run_id": "hostile"}', *BAD_EVENTS, good, *BAD_EVENTS],
+                 bystander)
+    out = run_ranktop("stacks", "--signal", str(run_dir), env=runtime, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == f"rank 3 (pid {bystander}): skipped: it does not handle SIGUSR1 " \
+                                         "(faulthandler off, or not Python)"
+    # Without its run_started, nothing in the file is taken for a rank of that run.
+    write_events(tmp_path / "anonymous", [good], bystander)
+    out = run_ranktop("stacks", "--signal", str(tmp_path / "anonymous"), env=runtime, timeout=30)
+    assert out.returncode == 1 and "no live ranks" in out.stderr
+
+
+def test_a_process_whose_rank_variables_are_not_numbers_is_dumped_as_itself(runtime):
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, "RANK": "x", "LOCAL_RANK": "1" * 5000})
+    try:
+        out = run_ranktop("stacks", str(proc.pid), env=runtime, timeout=60)
+    finally:
+        stop_process(proc)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout.startswith("stacks at ") and f"pid {proc.pid}" in out.stdout, out.stdout
