@@ -140,3 +140,24 @@ def test_a_process_whose_rank_variables_are_not_numbers_is_dumped_as_itself(runt
         stop_process(proc)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert out.stdout.startswith("stacks at ") and f"pid {proc.pid}" in out.stdout, out.stdout
+
+
+def test_a_stack_command_with_ranks_of_the_wrong_shape_is_answered_at_once(tmp_path, runtime):
+    from ranktop.core.client import Connection
+
+    proc = start(tmp_path, runtime, "shapes", "import time\nprint('up', flush=True)\ntime.sleep(3600)\n")
+    try:
+        wait_lines(proc, "up", 2)
+        (sock,) = (tmp_path / "rt" / "ranktop").glob("shapes.sock")
+        with Connection(str(sock), timeout=20) as conn:  # a dump thread that died would leave it waiting
+            for name, ranks in [("SignalDump", 5), ("SignalDump", 0), ("SignalDump", True), ("DumpStacks", 1.5)]:
+                began = time.monotonic()
+                answer = conn.command(name, local_ranks=ranks)
+                assert not answer["ok"] and answer["report"] is None, answer
+                assert answer["message"].startswith(("bad local_ranks ", "bad local rank ")), answer
+                assert "\n" not in answer["message"] and time.monotonic() - began < 10
+            good = conn.command("SignalDump", local_ranks=[1])  # the engine is fine
+            assert good["ok"] and [r["rank"] for r in good["report"]["ranks"]] == [1], good
+            assert conn.snapshot()["state"] == "running"
+    finally:
+        stop_process(proc)
