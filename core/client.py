@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import functools
 import json
+import math
 import os
 import socket
 import stat
@@ -21,8 +22,9 @@ from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
 from ranktop.core.layout import tail_lines
+from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.server import SocketDirError, remove_if_dead, socket_dir
-from ranktop.core.state import GroupSnapshot
+from ranktop.core.state import GroupSnapshot, RankSnapshot
 
 CONNECT_TIMEOUT = 3.0
 READ_ONLY = "read-only view: nothing was done (ranktop web --control, or ranktop attach, can act on ranks)"
@@ -317,24 +319,70 @@ class BadFinalFile(Exception):
 
 class FinalEngine:
     """An ended run whose engine has gone, seen through its final.json and its log files:
-    read-only (every command is refused with why)."""
+    read-only (every command is refused with why).
+
+    Whoever could write the run directory could have written all of it, and ranktop may read it
+    as root: final.json is checked field by field (`from_final_json`), and the view reads only
+    log files below the directory final.json lies in, opened from a descriptor of it, never
+    through a symlink, wherever final.json says they are."""
 
     TAIL_BYTES = 1 << 20  # of each rank's stdout.log shown in its pane
 
     MAX_FINAL = 16 << 20  # a snapshot of thousands of ranks fits
 
     def __init__(self, final_path: str):
+        run_dir = os.path.dirname(os.path.abspath(final_path))
         try:
-            fd = os.open(final_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            self._run_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise BadFinalFile(f"bad final view {final_path}: its directory cannot be opened "
+                               f"({exc.strerror})") from None
+        try:
+            snap = self._read(final_path)
+        except BadFinalFile:
+            os.close(self._run_fd)
+            raise
+        self._stdout_logs: dict[int, list[str]] = {}  # local rank -> names from the run directory to its stdout.log
+        ranks = tuple(self._logs_below(rank, snap.log_dir, run_dir) for rank in snap.ranks)
+        # The directory it was found in: the one it recorded may have moved, or be anyone's.
+        self.last = dataclasses.replace(snap, log_dir=run_dir, ranks=ranks)
+        self.gone = True
+
+    def _read(self, final_path: str) -> GroupSnapshot:
+        try:
+            fd = os.open(os.path.basename(final_path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=self._run_fd)
             with os.fdopen(fd, "rb") as f:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise BadFinalFile(f"bad final view {final_path}: not a regular file")
-                self.last = from_json(GroupSnapshot, json.loads(f.read(self.MAX_FINAL + 1)))
+                data = f.read(self.MAX_FINAL + 1)
+            if len(data) > self.MAX_FINAL:
+                raise BadFinalFile(f"bad final view {final_path}: larger than {self.MAX_FINAL >> 20} MiB")
+            snap = from_final_json(GroupSnapshot, json.loads(data))
         except BadFinalFile:
             raise
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        except BadValue as exc:
+            raise BadFinalFile(f"bad final view {final_path}: {exc}") from None
+        except (OSError, ValueError, RecursionError) as exc:
             raise BadFinalFile(f"bad final view {final_path}: {type(exc).__name__}: {str(exc)[:200]}") from None
-        self.gone = True
+        problem = final_problem(snap)
+        if problem:
+            raise BadFinalFile(f"bad final view {final_path}: {problem}")
+        return snap
+
+    def _logs_below(self, rank: RankSnapshot, recorded_dir: str | None, run_dir: str) -> RankSnapshot:
+        """`rank` with only those of its log paths that name a regular file below the run
+        directory (rebased there); the others unknown (None), so no view opens them either."""
+        found = {}
+        for field in ("stdout_log", "stderr_log"):
+            names = names_below(getattr(rank, field), recorded_dir)
+            if names is None or not _regular_below(self._run_fd, names):
+                found[field] = None
+                continue
+            found[field] = os.path.join(run_dir, *names)
+            if field == "stdout_log":
+                self._stdout_logs[rank.local_rank] = names
+        return dataclasses.replace(rank, **found)
 
     def snapshot(self) -> GroupSnapshot:
         return self.last
@@ -344,16 +392,187 @@ class FinalEngine:
         generation = self.last.generation
         if cursor is not None and cursor.generation == generation and cursor.line > 0:
             return cursor, [], []
-        ranks = self.last.ranks
-        path = ranks[local_rank].stdout_log if 0 <= local_rank < len(ranks) else None
-        lines = tail_lines(path, self.TAIL_BYTES) if path else []
+        names = self._stdout_logs.get(local_rank)
+        lines = self._tail(names) if names else []
         return OutputCursor(generation, len(lines), 1), lines if tail is None else lines[max(0, len(lines) - tail):], []
+
+    def _tail(self, names: list[str]) -> list[bytes]:
+        try:
+            rank_dir = _open_dir_below(self._run_fd, names[:-1])
+        except OSError:
+            return []
+        try:
+            # The held rank directory's own path in /proc: tail_lines opens the log in it, not
+            # following a link, whatever was renamed on the way since.
+            return tail_lines(f"/proc/self/fd/{rank_dir}/{names[-1]}", self.TAIL_BYTES)
+        finally:
+            os.close(rank_dir)
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
         return cmd.Ack(False, "the run has ended: this is its final view, read-only")
 
     def close(self) -> None:
-        pass
+        if self._run_fd >= 0:
+            os.close(self._run_fd)
+            self._run_fd = -1
+
+
+def names_below(path: str | None, recorded_dir: str | None) -> list[str] | None:
+    """The names that lead from the run directory to `path` (a log path final.json gives:
+    absolute below the run directory it recorded, or relative to it), or None where it would
+    leave the directory: another absolute path, '..', '.', an empty name, a NUL."""
+    if not path:
+        return None
+    if os.path.isabs(path):
+        prefix = (recorded_dir or "").rstrip("/") + "/"
+        if not recorded_dir or not os.path.isabs(recorded_dir) or not path.startswith(prefix):
+            return None
+        path = path[len(prefix):]
+    names = path.split("/")
+    return names if all(name not in ("", ".", "..") and "\0" not in name for name in names) else None
+
+
+def _open_dir_below(dir_fd: int, names: list[str]) -> int:
+    """The directory `names` lead to from `dir_fd`, each step opened without following a symlink."""
+    fd = os.dup(dir_fd)
+    for name in names:
+        try:
+            below = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = below
+    return fd
+
+
+def _regular_below(dir_fd: int, names: list[str]) -> bool:
+    try:
+        parent = _open_dir_below(dir_fd, names[:-1])
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.stat(names[-1], dir_fd=parent, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+    finally:
+        os.close(parent)
+
+
+# ----- final.json, checked (anyone who could write the run directory could have written it) -------
+# Every float in a snapshot is a time of day (epoch seconds), a duration or a percentage: none is
+# negative or past 1e11 (the year 5138), which every clock the views use can still show.
+MAX_FLOAT = 1e11
+MAX_INT = 2**63  # pids, exit codes, byte counts: C longs
+
+
+class BadValue(ValueError):
+    """A value of final.json that its field cannot hold; the message names the field."""
+
+    def __init__(self, where: str, message: str):
+        super().__init__(f"{where or 'the top'} {message}")
+        self.where = where
+
+
+def _not(where: str, value: Any, expected: str) -> BadValue:
+    shown = json.dumps(value)  # escaped: quoted to a terminal as it is
+    return BadValue(where, f"is {shown[:40]}{'…' if len(shown) > 40 else ''}, expected {expected}")
+
+
+def from_final_json(kind: Any, data: Any, where: str = "") -> Any:
+    """`data` as an instance of `kind`, as from_json makes it, but every value checked against
+    its type. A bad value in a field that may be unknown becomes unknown (`_unknown`); any other
+    raises BadValue naming it (`ranks[1].state is "zombie", expected one of ...`)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):  # every union in a snapshot is `X | None`
+        (option,) = [a for a in args if a is not type(None)]
+        return None if data is None else from_final_json(option, data, where)
+    if origin is tuple:
+        if not isinstance(data, list):
+            raise _not(where, data, "a list")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(from_final_json(args[0], item, f"{where}[{i}]") for i, item in enumerate(data))
+        if len(data) != len(args):
+            raise _not(where, data, f"a list of {len(args)}")
+        return tuple(from_final_json(a, item, f"{where}[{i}]")
+                     for i, (a, item) in enumerate(zip(args, data, strict=True)))
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        if not isinstance(data, str) or data not in {m.value for m in kind}:
+            raise _not(where, data, "one of " + ", ".join(m.value for m in kind))
+        return kind(data)
+    if dataclasses.is_dataclass(kind):
+        return _final_dataclass(kind, data, where)
+    if _holds(kind, data):
+        return float(data) if kind is float else data
+    raise _not(where, data, _EXPECTED.get(kind, str(kind)))
+
+
+_EXPECTED = {bool: "true or false", str: "text", int: "a whole number",
+             float: f"a number from 0 to {MAX_FLOAT:g}"}
+
+
+def _holds(kind: Any, value: Any) -> bool:
+    """Whether a field of the plain type `kind` can hold `value` (bool is no number here)."""
+    if kind is bool or kind is str:
+        return isinstance(value, kind)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if kind is int:
+        return isinstance(value, int) and -MAX_INT < value < MAX_INT
+    return kind is float and math.isfinite(value) and 0 <= value <= MAX_FLOAT
+
+
+def _final_dataclass(kind: Any, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise _not(where, data, "an object")
+    values = {}
+    for field in dataclasses.fields(kind):
+        if not field.init:
+            continue
+        hint, path = _init_fields(kind)[field.name], f"{where}.{field.name}" if where else field.name
+        if field.name not in data:
+            if field.default is dataclasses.MISSING:
+                raise BadValue(path, "is missing")
+            continue
+        try:
+            values[field.name] = from_final_json(hint, data[field.name], path)
+        except BadValue as bad:
+            unknown = _unknown(field, hint)
+            # Inside an object of its own (a rank's field): that object's field it is, judged there.
+            if unknown is _NONE or (bad.where != path and _holds_objects(hint)):
+                raise
+            values[field.name] = unknown
+    return kind(**values)
+
+
+_NONE = object()  # a field that cannot be unknown
+
+
+def _unknown(field: dataclasses.Field, hint: Any) -> Any:
+    """What a field shows when final.json's value for it is bad: its default, None where it may
+    be None, NaN for a time it must have (shown as an unknown time); _NONE where nothing fits."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if type(None) in typing.get_args(hint):
+        return None
+    return math.nan if hint is float else _NONE
+
+
+def _holds_objects(hint: Any) -> bool:
+    return dataclasses.is_dataclass(hint) or any(_holds_objects(a) for a in typing.get_args(hint))
+
+
+def final_problem(snap: GroupSnapshot) -> str | None:
+    """What in a well-typed final snapshot no run could have left (one line), or None: sizes
+    the views allocate by, and ranks out of their places."""
+    if not 0 < snap.local_world_size <= MAX_NPROC_PER_NODE:
+        return f"local_world_size is {snap.local_world_size}, expected 1 to {MAX_NPROC_PER_NODE}"
+    if snap.ranks and len(snap.ranks) != snap.local_world_size:
+        return f"ranks has {len(snap.ranks)} ranks, local_world_size says {snap.local_world_size}"
+    misplaced = next((i for i, rank in enumerate(snap.ranks) if rank.local_rank != i), None)
+    if misplaced is not None:
+        return f"ranks[{misplaced}].local_rank is {snap.ranks[misplaced].local_rank}, expected {misplaced}"
+    if snap.output_lines_kept < 1:
+        return f"output_lines_kept is {snap.output_lines_kept}, expected 1 or more"
+    return None
 
 
 def final_run(target: str | None) -> str | None:

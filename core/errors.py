@@ -199,8 +199,8 @@ def load_error_file(path: str | os.PathLike, dir_fd: int | None = None) -> Error
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise BadErrorFile(f"is not a regular file ({_file_kind(info.st_mode)})")
-        data = _read_at_most(fd, ERROR_FILE_LIMIT + 1)
+            raise BadErrorFile(f"is not a regular file ({file_kind(info.st_mode)})")
+        data = read_at_most(fd, ERROR_FILE_LIMIT + 1)
     finally:
         os.close(fd)
     if len(data) > ERROR_FILE_LIMIT:
@@ -212,7 +212,8 @@ def load_error_file(path: str | os.PathLike, dir_fd: int | None = None) -> Error
     return _error_content(parsed)
 
 
-def _read_at_most(fd: int, limit: int) -> bytes:
+def read_at_most(fd: int, limit: int) -> bytes:
+    """At most `limit` bytes from `fd`'s position on: a file a rank controls may grow without end."""
     chunks, size = [], 0
     while size < limit and (chunk := os.read(fd, min(1 << 16, limit - size))):
         chunks.append(chunk)
@@ -220,7 +221,8 @@ def _read_at_most(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _file_kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for a one-line reason: 'a FIFO', 'a directory', ..."""
     kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"),
              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
     return next((kind for test, kind in kinds if test(mode)), "not a file")

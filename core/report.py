@@ -3,6 +3,7 @@ the plain-text report for the terminal (headless) and logs, and incomplete logs.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -48,11 +49,26 @@ def _before_traceback(tail: tuple[str, ...], shown: set[str]) -> tuple[str, ...]
 
 
 def failed_at(cause: RootCause) -> str:
-    """The failure's time of day, to the millisecond: ranks of one group fail within moments."""
+    """The failure's time of day, to the millisecond: ranks of one group fail within moments.
+    'an unknown time' for one no clock shows (NaN, 1e300: an ended run's final.json is read
+    back, and anyone who could write its directory could have written that)."""
+    if not math.isfinite(cause.timestamp):
+        return "an unknown time"
     seconds = int(cause.timestamp)
     micros = round((cause.timestamp - seconds) * 1e6)  # rounded as datetime rounds it
     seconds, micros = seconds + micros // 10**6, micros % 10**6
-    return time.strftime("%H:%M:%S", time.localtime(seconds)) + f".{micros // 1000:03d}"
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(seconds)) + f".{micros // 1000:03d}"
+    except (OverflowError, OSError, ValueError):
+        return "an unknown time"
+
+
+def _signal_label(number: int) -> str:
+    """'SIGTERM' for 15; 'signal 99999' for a number that names no signal (a final.json's)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 class CauseLine(NamedTuple):
@@ -124,7 +140,7 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
     if result.root_cause is not None and result.stop_signal is None:
         parts.append(format_root_cause(result.root_cause, name=name, attempt=attempt, max_restarts=max_restarts))
     elif result.stop_signal is not None:
-        parts.append(f"ranktop: stopped by {signal.Signals(result.stop_signal).name}; logs in {run_dir}")
+        parts.append(f"ranktop: stopped by {_signal_label(result.stop_signal)}; logs in {run_dir}")
     elif success_line and result.state == GroupState.STOPPED:
         parts.append(f"ranktop: {name} stopped on request; logs in {run_dir}")
     elif success_line and result.state == GroupState.SUCCEEDED:

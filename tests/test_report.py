@@ -3,10 +3,11 @@ TUI's root-cause panel show the same evidence, in the same words."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 
 from ranktop.core.errors import describe_exit, killed_by
-from ranktop.core.report import format_root_cause, root_cause_lines
+from ranktop.core.report import format_root_cause, report_after_tui, root_cause_lines
 from ranktop.core.state import GroupSnapshot, GroupState, RootCause
 from ranktop.tui.screens import root_cause_text
 
@@ -44,3 +45,15 @@ def _group(cause: RootCause) -> GroupSnapshot:
     return GroupSnapshot(name="t.py", role="default", run_id="r", state=GroupState.FAILED, world_size=2,
                          local_world_size=2, node_rank=0, nnodes=1, attempt=0, max_restarts=0, started_at=0.0,
                          ended_at=1.0, log_dir="/logs/r", ranks=(), root_cause=cause)
+
+
+def test_a_time_no_clock_shows_and_a_signal_that_names_none_are_said_so():
+    # Values an ended run's final.json may hold (anyone who could write its directory wrote them).
+    for timestamp in (1e300, -1e300, float("nan"), float("inf")):
+        cause = _cause(timestamp=timestamp)
+        assert "exited with code 1 at an unknown time" in format_root_cause(cause, name="t.py", attempt=0,
+                                                                           max_restarts=0)
+        assert "exit code 1 at an unknown time" in root_cause_text(_group(cause)).plain
+    stopped = dataclasses.replace(_group(_cause()), state=GroupState.STOPPED, stop_signal=99999, ended=True)
+    assert report_after_tui(stopped) == "ranktop: stopped by signal 99999; logs in /logs/r"
+    assert report_after_tui(dataclasses.replace(stopped, stop_signal=15)) == "ranktop: stopped by SIGTERM; logs in /logs/r"

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import psutil
 import pytest
@@ -374,8 +375,9 @@ def test_a_detached_run_lingers_after_its_end_and_attach_shows_its_final_view(tm
 
 @pytest.mark.parametrize(("content", "why"), [
     (b'{"name": "x"', "JSONDecodeError"),  # truncated
-    (b'[1, 2]', "AttributeError"),  # another shape
-    (b'{"name": "x"}', "TypeError"),  # fields missing
+    (b'[1, 2]', "the top is [1, 2], expected an object"),  # another shape
+    (b'{"name": "x"}', "role is missing"),  # fields missing
+    (b'[' * 100_000, "RecursionError"),
 ])
 def test_a_bad_final_view_is_one_line(tmp_path, runtime, content, why):
     run_dir = tmp_path / "ended"
@@ -384,6 +386,141 @@ def test_a_bad_final_view_is_one_line(tmp_path, runtime, content, why):
     done = run_ranktop("attach", str(run_dir), env=runtime)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
     assert done.stderr.startswith(f"ranktop: error: bad final view {run_dir / 'final.json'}: {why}")
+
+
+# Rank 1 fails once rank 0 has said its line (else rank 0 might be stopped before it could).
+FAIL_ON_1 = """
+import os, sys, time
+done = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank0-said-it")
+print("out of", os.environ["RANK"], flush=True)
+if os.environ["RANK"] == "0":
+    open(done, "w").close()
+    sys.exit(0)
+deadline = time.monotonic() + 20
+while not os.path.exists(done) and time.monotonic() < deadline:
+    time.sleep(0.01)
+sys.exit(3)
+"""
+SECRET = "SECRET-LINE-42"
+
+
+def ended_run(tmp_path, env) -> Path:
+    """A real 2-rank run that has ended (rank 1 exited 3): its directory, with final.json and the logs."""
+    script = tmp_path / "fail.py"
+    script.write_text(FAIL_ON_1)
+    done = run_ranktop("--headless", "--nproc-per-node", "2", "--run-id", "ended", "--log-dir", str(tmp_path / "logs"),
+                       str(script), env=env)
+    assert done.returncode == 1, done.stderr
+    (tmp_path / "secret.txt").write_text(SECRET + "\n")  # outside the run directory: never shown
+    return tmp_path / "logs" / "ended"
+
+
+def edit_final(run_dir: Path, **edits) -> None:
+    """Set fields of final.json: `ranks__1__state="zombie"` sets final["ranks"][1]["state"]."""
+    final = json.loads((run_dir / "final.json").read_text())
+    for name, value in edits.items():
+        *path, last = [int(k) if k.isdigit() else k for k in name.split("__")]
+        target = final
+        for key in path:
+            target = target[key]
+        target[last] = value
+    (run_dir / "final.json").write_text(json.dumps(final))
+
+
+@pytest.mark.parametrize(("edits", "shown", "report"), [
+    # A time no clock shows, a string for a time, a bad pid, a log outside the run directory:
+    # the rest is shown, those are unknown.
+    ({"root_cause__timestamp": 1e300, "started_at": "yesterday", "ranks__1__pid": "x", "gpu_status": 5,
+      "ranks__1__cpu_percent": float("nan"), "ranks__0__stdout_log": "SECRET"},
+     "exit code 3 at an unknown time",
+     "root cause: rank 1 (local rank 1, pid PID) exited with code 3 at an unknown time"),
+    ({"stop_signal": 99999}, "exit code 3", "ranktop: stopped by signal 99999; logs in"),
+])
+def test_a_final_view_with_bad_fields_shows_the_rest(tmp_path, runtime, edits, shown, report):
+    run_dir = ended_run(tmp_path, runtime)
+    pid = json.loads((run_dir / "final.json").read_text())["root_cause"]["pid"]
+    if edits.get("ranks__0__stdout_log") == "SECRET":
+        edits["ranks__0__stdout_log"] = str(tmp_path / "secret.txt")
+    edit_final(run_dir, **edits)
+    term = ranktop_in_tmux(runtime, f"attach {run_dir}", "; sleep 30", width=120, height=30)
+    try:
+        screen = term.wait_screen(shown, "out of 1", "fail.py")
+        assert SECRET not in screen and "Traceback" not in screen
+        term.press("q")  # the end report after the final view
+        assert "Traceback" not in term.wait_screen(report.replace("PID", str(pid)))
+    finally:
+        term.close()
+
+
+@pytest.mark.parametrize(("edits", "why"), [
+    ({"ranks__1__state": "zombie"},
+     'ranks[1].state is "zombie", expected one of starting, running, stalled, stopping, exited, failed, killed, '
+     'unreapable'),
+    ({"world_size": "two"}, 'world_size is "two", expected a whole number'),
+    ({"root_cause__exitcode": 3.5}, "root_cause.exitcode is 3.5, expected a whole number"),
+    ({"ranks__0__local_rank": 1}, "ranks[0].local_rank is 1, expected 0"),
+    ({"local_world_size": 10**6}, "local_world_size is 1000000, expected 1 to 4096"),
+    ({"ranks": 5}, "ranks is 5, expected a list"),
+    ({"root_cause__message": ["x"]}, 'root_cause.message is ["x"], expected text'),
+])
+def test_a_final_view_no_run_could_have_left_is_one_line(tmp_path, runtime, edits, why):
+    run_dir = ended_run(tmp_path, runtime)
+    edit_final(run_dir, **edits)
+    done = run_ranktop("attach", str(run_dir), env=runtime)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"ranktop: error: bad final view {run_dir / 'final.json'}: {why}\n"
+
+
+def plant_rank_dir_link(tmp_path, run_dir) -> None:
+    """attempt_0/1 becomes a symlink to a directory outside whose stdout.log is the secret."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "stdout.log").write_text(SECRET + "\n")
+    (run_dir / "attempt_0" / "1").rename(tmp_path / "moved")
+    (run_dir / "attempt_0" / "1").symlink_to(outside)
+
+
+@pytest.mark.parametrize("lead_out", [
+    lambda tmp_path, run_dir: edit_final(run_dir, ranks__1__stdout_log=str(tmp_path / "secret.txt")),
+    lambda tmp_path, run_dir: edit_final(run_dir, ranks__1__stdout_log="attempt_0/../../../secret.txt"),
+    lambda tmp_path, run_dir: edit_final(run_dir, ranks__1__stdout_log="../secret.txt", log_dir=None,
+                                         ranks__0__stdout_log="attempt_0/0/stdout.log"),
+    lambda tmp_path, run_dir: edit_final(run_dir, ranks__1__stdout_log=str(tmp_path / "secret.txt"), log_dir="/",
+                                         ranks__0__stdout_log="attempt_0/0/stdout.log"),
+    lambda tmp_path, run_dir: (run_dir / "attempt_0" / "1" / "stdout.log").unlink()
+    or (run_dir / "attempt_0" / "1" / "stdout.log").symlink_to(tmp_path / "secret.txt"),
+    plant_rank_dir_link,
+], ids=["absolute", "dot-dot", "relative-up", "recorded-root", "symlinked-log", "symlinked-rank-dir"])
+def test_the_final_view_reads_no_log_outside_its_run_directory(tmp_path, runtime, lead_out):
+    from ranktop.core.client import FinalEngine
+
+    run_dir = ended_run(tmp_path, runtime)
+    lead_out(tmp_path, run_dir)
+    engine = FinalEngine(str(run_dir / "final.json"))
+    try:
+        snap = engine.snapshot()
+        assert snap.log_dir == str(run_dir)  # where final.json lies, whatever it says
+        assert snap.ranks[1].stdout_log is None and engine.output_since(1, None)[1] == []
+        # The other rank's log, where final.json says (in the run directory), is read.
+        assert snap.ranks[0].stdout_log == str(run_dir / "attempt_0" / "0" / "stdout.log")
+        assert engine.output_since(0, None)[1] == [b"out of 0"]
+    finally:
+        engine.close()
+
+
+def test_a_moved_final_view_reads_its_logs_below_where_it_lies(tmp_path, runtime):
+    from ranktop.core.client import FinalEngine
+
+    run_dir = ended_run(tmp_path, runtime)
+    moved = tmp_path / "moved-run"
+    run_dir.rename(moved)  # a run directory moved: its recorded paths are taken below it, as relative ones
+    edit_final(moved, ranks__1__stdout_log="attempt_0/1/stdout.log")
+    engine = FinalEngine(str(moved / "final.json"))
+    try:
+        assert engine.output_since(1, None)[1] == [b"out of 1"] and engine.output_since(0, None)[1] == [b"out of 0"]
+        assert engine.snapshot().ranks[0].stdout_log == str(moved / "attempt_0" / "0" / "stdout.log")
+    finally:
+        engine.close()
 
 
 def test_commands_with_bad_arguments_through_the_socket_change_nothing(tmp_path, runtime):

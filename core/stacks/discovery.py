@@ -4,43 +4,67 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import stat
+from collections.abc import Iterator, Mapping
 
 import psutil
 from ranktop.core.errors import ERROR_FILE_ENV
 from ranktop.core.layout import EVENTS, run_dir_of_error_file
 from ranktop.core.stacks.procs import environ, gone_reason
 
+MAX_EVENT_LINE = 4 << 20  # longer than any event ranktop writes: a longer "line" is not one of them
 
-def _read_events(path: str) -> list[dict]:
-    events = []
-    with open(path, errors="replace") as f:
-        for line in f:
+
+def _read_events(path: str) -> Iterator[dict]:
+    """events.jsonl's events, in order. Whoever could write the run directory could write this
+    file, so it is opened as a log is (never through a symlink, never waiting on a FIFO) and a
+    line that is not a JSON object (half-written, or planted) is skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        while line := f.readline(MAX_EVENT_LINE):
             try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue  # a line being written right now
-    return events
+                event = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(event, dict):
+                yield event
+
+
+def _count(value: object) -> int | None:
+    """`value` if it is a whole number, 0 or more (a rank, a pid, an attempt), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def live_ranks_in_run_dir(run_dir: str) -> tuple[dict[int, int], dict[int, int]]:
-    """({rank: pid}, {rank: local_rank}) of the latest attempt's ranks that still run."""
-    events = _read_events(os.path.join(run_dir, EVENTS))
-    run_id = next((e.get("run_id") for e in events if e.get("event") == "run_started"), None)
-    latest = max((e.get("attempt", 0) for e in events if e.get("event") == "started"), default=None)
-    pids, local, exited = {}, {}, set()
-    for e in events:
-        if e.get("event") == "started" and e.get("attempt", 0) == latest:
-            pids[e["rank"]], local[e["rank"]] = e["pid"], e["local_rank"]
-        elif e.get("event") == "exited":
-            exited.add(e.get("pid"))
-    live = {r: p for r, p in pids.items() if p not in exited and _is_our_rank(p, run_id)}
-    return live, {r: local[r] for r in live}
+    """({rank: pid}, {rank: local_rank}) of the latest attempt's ranks that still run. An event
+    with a field of the wrong kind counts as not written."""
+    run_id, latest, starts, exited = None, -1, {}, set()
+    for e in _read_events(os.path.join(run_dir, EVENTS)):
+        if e.get("event") == "run_started" and run_id is None and isinstance(e.get("run_id"), str):
+            run_id = e["run_id"]
+        elif e.get("event") == "started":
+            attempt, pid = _count(e.get("attempt", 0)), _count(e.get("pid"))
+            rank, local = _count(e.get("rank")), _count(e.get("local_rank"))
+            if None in (attempt, rank, local) or not pid or attempt < latest:
+                continue  # pid 0 would signal our own process group
+            if attempt > latest:
+                latest, starts = attempt, {}
+            starts[rank] = (pid, local)
+        elif e.get("event") == "exited" and _count(e.get("pid")):
+            exited.add(e["pid"])
+    live = {r: (p, local) for r, (p, local) in starts.items() if p not in exited and _is_our_rank(p, run_id)}
+    return {r: p for r, (p, _) in live.items()}, {r: local for r, (_, local) in live.items()}
 
 
 def _is_our_rank(pid: int, run_id: str | None) -> bool:
-    """Alive, and (when we may read its environment) really that run's rank, not a reused pid."""
-    if gone_reason(pid):
+    """Alive, and (when we may read its environment) really that run's rank, not a reused pid nor
+    a process an events.jsonl without its run_started names."""
+    if run_id is None or gone_reason(pid):
         return False
     try:
         env = psutil.Process(pid).environ()
@@ -48,7 +72,7 @@ def _is_our_rank(pid: int, run_id: str | None) -> bool:
         return True
     except psutil.Error:
         return False
-    return run_id is None or env.get("TORCHELASTIC_RUN_ID") == run_id
+    return env.get("TORCHELASTIC_RUN_ID") == run_id
 
 
 def find_run_dir(path: str) -> str | None:
@@ -72,16 +96,22 @@ def ranks_of_pid(pid: int) -> tuple[dict[int, int], dict[int, int], str | None]:
     """
     proc = psutil.Process(pid)
     env = environ(proc)
-    if "RANK" in env and "LOCAL_RANK" in env:
-        rank = int(env["RANK"])
-        return {rank: pid}, {rank: int(env["LOCAL_RANK"])}, _run_dir_from_env(env)
+    if (ranks := _ranks_in(env)) is not None:
+        return {ranks[0]: pid}, {ranks[0]: ranks[1]}, _run_dir_from_env(env)
     pids, local, run_dir = {}, {}, None
     for child in proc.children():
         cenv = environ(child)
-        if "RANK" in cenv and "LOCAL_RANK" in cenv and not gone_reason(child.pid):
-            pids[int(cenv["RANK"])], local[int(cenv["RANK"])] = child.pid, int(cenv["LOCAL_RANK"])
+        if (ranks := _ranks_in(cenv)) is not None and not gone_reason(child.pid):
+            pids[ranks[0]], local[ranks[0]] = child.pid, ranks[1]
             run_dir = run_dir or _run_dir_from_env(cenv)
     return pids, local, run_dir
+
+
+def _ranks_in(env: Mapping[str, str]) -> tuple[int, int] | None:
+    """(RANK, LOCAL_RANK) of a rank's environment; None unless both are numbers (a process can
+    rewrite what /proc shows of its environment)."""
+    rank, local = (env.get(name, "") for name in ("RANK", "LOCAL_RANK"))
+    return (int(rank), int(local)) if all(v.isdecimal() and len(v) < 10 for v in (rank, local)) else None
 
 
 def _run_dir_from_env(env: Mapping[str, str]) -> str | None:

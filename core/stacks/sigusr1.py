@@ -3,13 +3,16 @@ its stderr (its log and its pane); read them back from the log and group them li
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
+import stat
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ranktop.core.errors import file_kind, read_at_most
 from ranktop.core.events import EventLog
 from ranktop.core.layout import RunDir, dump_log_path
 from ranktop.core.stacks.grouping import build_report
@@ -93,20 +96,43 @@ def parse_faulthandler(text: str) -> tuple[ThreadStack, ...]:
     return tuple(threads)
 
 
-def _read_from(path: str, offset: int) -> str:
+MAX_DUMP_BYTES = 4 << 20  # read of a log after the signal: faulthandler's dump of hundreds of threads is far less
+
+
+class UnreadableLog(Exception):
+    """A rank's log cannot be read back (a FIFO or a symlink planted in its place, gone); one line says why."""
+
+
+def _open_log(path: str) -> int:
+    """The log opened as layout.tail_lines opens one: a rank can plant anything in its own
+    directory, so never through a symlink, never waiting on a FIFO, and only a regular file."""
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UnreadableLog("a symlink, not followed" if exc.errno == errno.ELOOP else exc.strerror) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UnreadableLog(f"not a regular file ({file_kind(mode)})")
+    return fd
 
 
 def _size(path: str) -> int:
+    fd = _open_log(path)
     try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def _read_from(path: str, offset: int) -> str:
+    """What the log holds past `offset`, at most MAX_DUMP_BYTES of it (the rank may write without end)."""
+    fd = _open_log(path)
+    try:
+        os.lseek(fd, offset, os.SEEK_SET)
+        return read_at_most(fd, MAX_DUMP_BYTES).decode(errors="replace")
+    finally:
+        os.close(fd)
 
 
 def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
@@ -119,15 +145,26 @@ def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
     A rank's dump is taken as complete once the new part of that log holds a stack and stops growing.
     """
     started, taken_at = time.perf_counter(), time.time()
-    offsets = {r: _size(dump_logs.get(r, "")) for r in pids}
+    offsets, unreadable = {}, {}  # unreadable: {rank: why its log cannot be read}
+    for r in pids:
+        try:
+            offsets[r] = _size(dump_logs.get(r, ""))
+        except UnreadableLog as exc:
+            unreadable[r] = str(exc)
+    # Signalled all the same: the stacks still reach the rank's stderr, and its pane.
     outcome = signal_pids(pids)
-    pending = {r for r, what in outcome.items() if what == "sent"}
+    pending = {r for r, what in outcome.items() if what == "sent" and r not in unreadable}
     texts: dict[int, str] = {}
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         time.sleep(0.03)
         for r in list(pending):
-            text = _read_from(dump_logs.get(r, ""), offsets[r])
+            try:
+                text = _read_from(dump_logs.get(r, ""), offsets[r])
+            except UnreadableLog as exc:  # replaced since: what was read so far stands
+                unreadable[r] = str(exc)
+                pending.discard(r)
+                continue
             if "(most recent call first):" in text and texts.get(r) == text:
                 pending.discard(r)  # unchanged since the last look: the handler is done
             texts[r] = text
@@ -139,6 +176,10 @@ def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
             found.append(RankStack(**base, status=StackStatus.OK, threads=threads))
         elif outcome[r] == "gone":
             found.append(RankStack(**base, status=StackStatus.GONE, reason="process gone"))
+        elif outcome[r] == "sent" and r in unreadable:
+            found.append(RankStack(**base, status=StackStatus.FAILED,
+                                   reason=f"its log {dump_logs.get(r, '')} cannot be read: {unreadable[r]}",
+                                   hint="the stacks still went to its stderr (a TUI's pane shows them)"))
         elif outcome[r] == "sent":
             found.append(RankStack(**base, status=StackStatus.FAILED,
                                    reason=f"no stack in its log within {timeout:g}s",

@@ -1,0 +1,163 @@
+"""Stack dumps against ranks and files that fight back: a rank that plants a FIFO or a symlink
+where its log was, an events.jsonl of the wrong shape, a stack command with arguments of the
+wrong shape. Each ends in an answer (a per-rank reason, a one-line error), never a hang or a
+traceback. No py-spy needed: the SIGUSR1 dump and the file readers only."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+from conftest import PY, ROOT, ranktop_cmd, run_ranktop, stop_process
+
+# Ranks 0 and 1 put something hostile where their stderr.log was (the rank directory is the
+# error file's): their stderr stays open to the old file, so the dump itself still happens.
+# Rank 2 leaves its log alone.
+PLANTS = """
+import os, time
+rank_dir = os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"])
+planted = os.path.join(rank_dir, "planted")
+if os.environ["RANK"] == "0":
+    os.mkfifo(planted)  # a plain open() of it waits for a writer forever
+    os.replace(planted, os.path.join(rank_dir, "stderr.log"))
+elif os.environ["RANK"] == "1":
+    os.symlink("/dev/zero", planted)  # a plain read() of it never ends
+    os.replace(planted, os.path.join(rank_dir, "stderr.log"))
+def wait_here():
+    time.sleep(3600)
+print("planted", flush=True)
+wait_here()
+"""
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    """Sockets in a directory of this test's own (what $XDG_RUNTIME_DIR is for)."""
+    path = tmp_path / "rt"
+    path.mkdir(mode=0o700)
+    return {**os.environ, "XDG_RUNTIME_DIR": str(path)}
+
+
+def start(tmp_path, env, run_id: str, code: str, n: int = 2) -> subprocess.Popen:
+    script = tmp_path / "rank.py"
+    script.write_text(code)
+    return subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", str(n), "--shutdown-timeout", "3",
+                                        "--run-id", run_id, "--log-dir", str(tmp_path / "logs"), str(script)),
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def wait_lines(proc: subprocess.Popen, text: str, n: int) -> None:
+    """Until the ranks printed `text` n times (headless: their lines on ranktop's stdout)."""
+    for _ in range(n):
+        line = proc.stdout.readline()
+        assert text in line, line
+
+
+def test_a_planted_fifo_or_symlink_log_is_a_reason_not_a_hang(tmp_path, runtime):
+    proc = start(tmp_path, runtime, "planted", PLANTS, n=3)
+    try:
+        wait_lines(proc, "planted", 3)
+        rank_dir = tmp_path / "logs" / "planted" / "attempt_0"
+        assert (rank_dir / "0" / "stderr.log").is_fifo() and (rank_dir / "1" / "stderr.log").is_symlink()
+        began = time.monotonic()
+        out = run_ranktop("stacks", "--signal", "planted", env=runtime, timeout=30)  # by the run's engine
+        assert out.returncode == 0, out.stderr
+        assert time.monotonic() - began < 15  # the engine's 3 s wait at most, not the client's 60 s
+        lines = out.stdout.splitlines()
+        assert "1 of 3 ranks dumped" in lines[0] and "wait_here (rank.py:" in out.stdout, out.stdout
+        assert any(line.startswith("   rank 0 (pid ") and "stderr.log cannot be read: not a regular file (a FIFO)"
+                   in line for line in lines), out.stdout
+        assert any(line.startswith("   rank 1 (pid ") and "stderr.log cannot be read: a symlink, not followed"
+                   in line for line in lines), out.stdout
+        # The same from the files (no engine): a run directory given as a path.
+        local = run_ranktop("stacks", "--signal", str(tmp_path / "logs" / "planted"),
+                            env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}, timeout=30)
+        assert local.returncode == 0 and "1 of 3 ranks dumped" in local.stdout, local
+        assert "not a regular file (a FIFO)" in local.stdout and "a symlink, not followed" in local.stdout
+        assert proc.poll() is None  # the run goes on
+    finally:
+        stop_process(proc)
+
+
+# Lines a hostile events.jsonl may hold (PID: a live process of this test's).
+BAD_EVENTS = [
+    '5', '[]', '"started"', 'null', '{', '{"event": "run_started", "run_id": 5}',
+    '{"event": "started", "rank": 0, "local_rank": 0}',  # no pid
+    '{"event": "started", "rank": 0, "local_rank": 0, "pid": "PID"}',
+    '{"event": "started", "rank": true, "local_rank": 0, "pid": PID}',
+    '{"event": "started", "attempt": "9", "rank": 0, "local_rank": 0, "pid": PID}',
+    '{"event": "started", "rank": 0, "local_rank": 0, "pid": 0}',  # os.kill(0, ...): our own group
+    '{"event": "exited", "pid": [PID]}',
+]
+
+
+@pytest.fixture
+def bystander():
+    """A live process that says it belongs to run `hostile` (and does not handle SIGUSR1)."""
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, "TORCHELASTIC_RUN_ID": "hostile"})
+    yield proc.pid
+    stop_process(proc)
+
+
+def write_events(run_dir, lines: list[str], pid: int) -> None:
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_text("".join(line.replace("PID", str(pid)) + "\n" for line in lines))
+
+
+@pytest.mark.parametrize("bad", BAD_EVENTS)
+def test_a_bad_events_line_is_skipped_not_a_traceback(tmp_path, runtime, bystander, bad):
+    run_dir = tmp_path / "run"
+    write_events(run_dir, ['{"event": "run_started", "run_id": "hostile"}', bad], bystander)
+    out = run_ranktop("stacks", "--signal", str(run_dir), env=runtime, timeout=30)
+    assert (out.returncode, out.stdout) == (1, ""), out.stderr
+    assert out.stderr == f"ranktop stacks: no live ranks in {run_dir} (the run has ended)\n"
+
+
+def test_the_good_events_among_bad_ones_still_find_the_rank(tmp_path, runtime, bystander):
+    run_dir = tmp_path / "run"
+    good = '{"event": "started", "rank": 3, "local_rank": 1, "pid": PID}'
+    write_events(run_dir, ['{"event": "run_started", "run_id": "hostile"}', *BAD_EVENTS, good, *BAD_EVENTS],
+                 bystander)
+    out = run_ranktop("stacks", "--signal", str(run_dir), env=runtime, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == f"rank 3 (pid {bystander}): skipped: it does not handle SIGUSR1 " \
+                                         "(faulthandler off, or not Python)"
+    # Without its run_started, nothing in the file is taken for a rank of that run.
+    write_events(tmp_path / "anonymous", [good], bystander)
+    out = run_ranktop("stacks", "--signal", str(tmp_path / "anonymous"), env=runtime, timeout=30)
+    assert out.returncode == 1 and "no live ranks" in out.stderr
+
+
+def test_a_process_whose_rank_variables_are_not_numbers_is_dumped_as_itself(runtime):
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, "RANK": "x", "LOCAL_RANK": "1" * 5000})
+    try:
+        out = run_ranktop("stacks", str(proc.pid), env=runtime, timeout=60)
+    finally:
+        stop_process(proc)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout.startswith("stacks at ") and f"pid {proc.pid}" in out.stdout, out.stdout
+
+
+def test_a_stack_command_with_ranks_of_the_wrong_shape_is_answered_at_once(tmp_path, runtime):
+    from ranktop.core.client import Connection
+
+    proc = start(tmp_path, runtime, "shapes", "import time\nprint('up', flush=True)\ntime.sleep(3600)\n")
+    try:
+        wait_lines(proc, "up", 2)
+        (sock,) = (tmp_path / "rt" / "ranktop").glob("shapes.sock")
+        with Connection(str(sock), timeout=20) as conn:  # a dump thread that died would leave it waiting
+            for name, ranks in [("SignalDump", 5), ("SignalDump", 0), ("SignalDump", True), ("DumpStacks", 1.5)]:
+                began = time.monotonic()
+                answer = conn.command(name, local_ranks=ranks)
+                assert not answer["ok"] and answer["report"] is None, answer
+                assert answer["message"].startswith(("bad local_ranks ", "bad local rank ")), answer
+                assert "\n" not in answer["message"] and time.monotonic() - began < 10
+            good = conn.command("SignalDump", local_ranks=[1])  # the engine is fine
+            assert good["ok"] and [r["rank"] for r in good["report"]["ranks"]] == [1], good
+            assert conn.snapshot()["state"] == "running"
+    finally:
+        stop_process(proc)
