@@ -121,11 +121,11 @@ class LocalEngine:
         return OutputCursor(generation, total, version), lines, open_lines
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
-        if isinstance(command, (cmd.DumpStacks, cmd.SignalDump)):
-            return self._stacks(command)  # checked there, where nothing may raise
         problem = cmd.problem(command, self.agent.spec.local_world_size)
         if problem is not None:
             return cmd.Ack(False, problem)
+        if isinstance(command, (cmd.DumpStacks, cmd.SignalDump)):
+            return self._stacks(command)
         return self.agent.submit(command)
 
     def close(self, wait: float | None = None) -> None:
@@ -146,17 +146,11 @@ class LocalEngine:
     def _stacks(self, command: cmd.DumpStacks | cmd.SignalDump) -> cmd.Ack:
         """Stack dumps read the ranks and change nothing in the group: they run in the caller's
         thread (the TUI's worker, the server's dump thread), never in the monitor loop, which must
-        not wait on py-spy. Whatever goes wrong is the Ack, checking the command included: a
-        client waits on that server thread for its answer."""
+        not wait on py-spy. Whatever goes wrong is the Ack: a client waits on that server thread
+        for its answer."""
         from ranktop.core import stacks
 
-        try:
-            problem = cmd.problem(command, self.agent.spec.local_world_size)
-            if problem is not None:
-                return cmd.Ack(False, problem)
-            ranks = list(command.local_ranks) if command.local_ranks is not None else None
-        except TypeError:  # local_ranks that is no list (a number, from a client): problem() iterates it
-            return cmd.Ack(False, f"bad local_ranks {command.local_ranks!r}: expected a list of local ranks")
+        ranks = list(command.local_ranks) if command.local_ranks is not None else None
         if isinstance(command, cmd.SignalDump):  # the dump's lines are not the ranks speaking
             every = range(self.agent.spec.local_world_size)
             self.agent.hold_stall_clock(every if ranks is None else ranks, SIGNAL_DUMP_SECONDS + 1.0)

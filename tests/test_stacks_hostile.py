@@ -151,11 +151,9 @@ def test_a_stack_command_with_ranks_of_the_wrong_shape_is_answered_at_once(tmp_p
         (sock,) = (tmp_path / "rt" / "ranktop").glob("shapes.sock")
         with Connection(str(sock), timeout=20) as conn:  # a dump thread that died would leave it waiting
             for name, ranks in [("SignalDump", 5), ("SignalDump", 0), ("SignalDump", True), ("DumpStacks", 1.5)]:
-                began = time.monotonic()
                 answer = conn.command(name, local_ranks=ranks)
                 assert not answer["ok"] and answer["report"] is None, answer
-                assert answer["message"].startswith(("bad local_ranks ", "bad local rank ")), answer
-                assert "\n" not in answer["message"] and time.monotonic() - began < 10
+                assert answer["message"] == f"bad local ranks {ranks!r}: expected a list of local ranks, or none for all"
             good = conn.command("SignalDump", local_ranks=[1])  # the engine is fine
             assert good["ok"] and [r["rank"] for r in good["report"]["ranks"]] == [1], good
             assert conn.snapshot()["state"] == "running"
