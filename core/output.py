@@ -462,6 +462,13 @@ class ConsoleWriter:
             if self._open_line.get(screen) == key:
                 del self._open_line[screen]
 
+    def forget(self, key: object) -> None:
+        """`key`'s stream has ended: nothing of it is kept beyond what still waits to be written."""
+        with self._lock:
+            self._cut.discard(key)
+            for screen in [screen for screen, owner in self._open_line.items() if owner == key]:
+                del self._open_line[screen]
+
     def _lane(self, screen: object) -> _Queue:
         """The queue of `screen`, and its thread started on first use. Lock held."""
         lane = self._lanes.get(screen)
@@ -485,8 +492,11 @@ class ConsoleWriter:
             if target not in self._lost and (failed := self._write(target, data, flush=lane.empty())):
                 self._lose(target, failed)
             with self._lock:
-                self._pending[key] -= size
                 self.written += size
+                if not (left := self._pending[key] - size):
+                    del self._pending[key]  # (a key is a stream: an ended attempt's go with their rings)
+                else:
+                    self._pending[key] = left
 
     def _writes_at_once(self, target: BinaryIO) -> bool:
         direct = self._direct.get(target)
@@ -835,6 +845,8 @@ class StreamSink:
             elif self.console is not None and self._console_streaming:  # cut short by fail(): end it
                 writer, target, prefix = self.console
                 writer.write(target, b"\n", self, prefix=prefix)
+            if self.console is not None:
+                self.console[0].forget(self)
             if self._copy is not None:
                 self._copy(None)
         finally:

@@ -41,7 +41,9 @@ def _drain(fifo: Path) -> None:
             pass
 
 
-_FLOOD_THEN_FAIL = "import sys\nfor i in range(4000):\n    print('flood', i, 'x' * 200)\nsys.exit(3)\n"
+# Rank 0 fails once it has written its lines; rank 1 waits after its own, to be stopped whole.
+_FLOOD_THEN_FAIL = ("import os, sys, time\nfor i in range(4000):\n    print('flood', i, 'x' * 200)\nsys.stdout.flush()\n"
+                    "if os.environ['LOCAL_RANK'] == '0':\n    sys.exit(3)\ntime.sleep(60)\n")
 
 
 def test_a_stuck_console_is_given_up_at_the_end_with_a_word_and_ranktop_ends(tmp_path):
