@@ -33,17 +33,21 @@ class EventLog:
         with self._lock:
             if self._fd < 0:
                 return
-            if self.echo is not None:
-                self.echo(line)
             self._held.append(line.encode())
-            while self._held:
-                try:
-                    self._append(self._held[0])
-                except OSError:
-                    if strict:
-                        raise
-                    return
-                self._held.popleft()
+            self._write_held(strict)
+        if self.echo is not None:  # outside the lock: saying it may fail, and the failure is an event too
+            self.echo(line)
+
+    def _write_held(self, strict: bool) -> None:
+        """The lines held back, then the new one, in order, while they fit. Lock held."""
+        while self._held:
+            try:
+                self._append(self._held[0])
+            except OSError:
+                if strict:
+                    raise
+                return
+            self._held.popleft()
 
     def _append(self, data: bytes) -> None:
         start = os.lseek(self._fd, 0, os.SEEK_END)
