@@ -482,9 +482,11 @@ class EngineServer:
             conn.setblocking(False)
 
     def _refuse(self, conn: socket.socket, reason: str) -> None:
+        """Tell a client we do not serve why, in one send that cannot wait (a new connection's
+        buffer is empty), and close it: refusing a crowd never holds up the others."""
         try:
-            conn.settimeout(SEND_TIMEOUT)
-            conn.sendall(protocol.encode_control({"type": "error", "message": reason}))
+            conn.setblocking(False)
+            conn.send(protocol.encode_control({"type": "error", "message": reason}))
         except OSError:
             pass
         conn.close()
