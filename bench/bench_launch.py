@@ -182,7 +182,8 @@ def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
 
 
 def run_launcher(cmd: list[str]) -> float:
-    """Wall time of one launcher run to its exit; its console output is thrown away."""
+    """Wall time of one launcher run to its exit; its console output is thrown away. A run past
+    DEADLINE is killed, and a run that fails is an error."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -458,19 +459,8 @@ def launcher_cpu(cmd: list[str], cpu_dir: str) -> tuple[float, float]:
     reaped used (RUSAGE_CHILDREN across the run, as wait4 counts), less what its ranks reported
     for themselves in `cpu_dir`. A run past DEADLINE is killed and reported."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=launcher_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        code = wait_exit(proc, DEADLINE)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise RuntimeError(f"gave up after {DEADLINE}s: {' '.join(cmd)}") from None
-    elapsed = time.perf_counter() - start
+    elapsed = run_launcher(cmd)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if code != 0:
-        raise RuntimeError(f"exit status {code}: {' '.join(cmd)}")
     ranks = sum(float(p.read_text()) for p in Path(cpu_dir).glob("cpu.*"))
     return elapsed, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime - ranks
 
