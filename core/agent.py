@@ -43,6 +43,14 @@ ACK_TIMEOUT = 5.0  # the loop answers within milliseconds; this only bounds a we
 KILL_NOW_REAP_TIMEOUT = 1.0  # after a second Ctrl-C, how long a rank may outlive SIGKILL
 
 
+def _after_the_end(command: cmd.Command) -> cmd.Ack:
+    """The answer to a command that came once the run had ended (or while it was ending, before
+    the monitor loop took it): a stop got what it asked for; anything else has nothing to act on."""
+    if isinstance(command, (cmd.Stop, cmd.KillGroup)):
+        return cmd.Ack(True, "the run had ended already")
+    return cmd.Ack(False, "the run has ended: nothing left to act on")
+
+
 class _Reply:
     """Where the monitor loop puts its answer to one command, and the event its caller waits on."""
 
@@ -621,7 +629,7 @@ class LocalAgent:
         reply = _Reply()
         with self._queue_lock:
             if not self._accepting:
-                return cmd.Ack(False, "the run has ended: nothing left to act on")
+                return _after_the_end(command)
             self._commands.append((command, reply))
         self._waker.wake()
         if not reply.done.wait(timeout):
@@ -648,9 +656,9 @@ class LocalAgent:
         with self._queue_lock:
             self._accepting = False
             left, self._commands = list(self._commands), collections.deque()
-        for _command, reply in left:
+        for command, reply in left:
             if reply is not None:
-                reply.answer(cmd.Ack(False, "the run has ended: nothing left to act on"))
+                reply.answer(_after_the_end(command))
 
     def _apply(self, pc: PContext | None, command: cmd.Command) -> cmd.Ack:
         stopping = isinstance(command, (cmd.Stop, cmd.KillGroup))

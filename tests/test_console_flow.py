@@ -41,9 +41,22 @@ def _drain(fifo: Path) -> None:
             pass
 
 
-# Rank 0 fails once it has written its lines; rank 1 waits after its own, to be stopped whole.
-_FLOOD_THEN_FAIL = ("import os, sys, time\nfor i in range(4000):\n    print('flood', i, 'x' * 200)\nsys.stdout.flush()\n"
-                    "if os.environ['LOCAL_RANK'] == '0':\n    sys.exit(3)\ntime.sleep(60)\n")
+# Each rank writes its lines; rank 1 then says so in a file (under $FLOOD_MARKS) and waits to be
+# stopped; rank 0 fails once it sees that file, so that no rank is stopped with lines unwritten.
+_FLOOD_THEN_FAIL = """\
+import os, sys, time
+for i in range(4000):
+    print('flood', i, 'x' * 200)
+sys.stdout.flush()
+written = os.path.join(os.environ['FLOOD_MARKS'], 'written-' + os.environ['TORCHELASTIC_RESTART_COUNT'])
+if os.environ['LOCAL_RANK'] == '1':
+    open(written, 'w').close()
+    time.sleep(60)
+deadline = time.monotonic() + 60
+while not os.path.exists(written) and time.monotonic() < deadline:
+    time.sleep(0.01)
+sys.exit(3)
+"""
 
 
 def test_a_stuck_console_is_given_up_at_the_end_with_a_word_and_ranktop_ends(tmp_path):
@@ -52,7 +65,8 @@ def test_a_stuck_console_is_given_up_at_the_end_with_a_word_and_ranktop_ends(tmp
     with stuck_console(tmp_path) as fifo, open(fifo, "wb") as console:
         done = subprocess.run(ranktop_cmd("--headless", "--nproc-per-node", "2", "--max-restarts", "2",
                                           "--log-dir", str(tmp_path / "logs"), "--run-id", "stuck", str(script)),
-                              cwd=ROOT, stdout=console, stderr=subprocess.PIPE, timeout=90)
+                              cwd=ROOT, stdout=console, stderr=subprocess.PIPE, timeout=90,
+                              env={**os.environ, "FLOOD_MARKS": str(tmp_path)})
     stderr = done.stderr.decode()
     assert done.returncode == 1, stderr
     events = read_events(tmp_path / "logs" / "stuck")
@@ -74,7 +88,8 @@ def test_every_attempt_tees_through_the_runs_one_console_writer(tmp_path, monkey
     with stuck_console(tmp_path) as fifo, open(fifo, "w") as console:
         monkeypatch.setattr(sys, "stdout", console)
         monkeypatch.setattr(sys, "stderr", open(tmp_path / "stderr", "w"))  # noqa: SIM115 (closed below)
-        agent = make_agent(tmp_path / "logs", _FLOOD_THEN_FAIL, console=True, max_restarts=2)
+        agent = make_agent(tmp_path / "logs", _FLOOD_THEN_FAIL, console=True, max_restarts=2,
+                           env={"FLOOD_MARKS": str(tmp_path)})
         writers: set[int] = set()
         running = Running(agent)
         while running.thread.is_alive():

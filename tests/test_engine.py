@@ -139,7 +139,9 @@ def test_stop_during_a_restart_ends_the_run_and_no_attempt_starts(tmp_path):
     snap = engine.snapshot()
     assert snap.state == GroupState.STOPPED and snap.attempt == 0
     assert not any(e["event"] == "group_restart" for e in read_events(engine.agent.run_dir))
-    assert engine.submit(cmd.KillGroup()) == cmd.Ack(False, "the run has ended: nothing left to act on")
+    # A stop got what it asked for (`ranktop stop` of a run that ended meanwhile exits 0); a restart cannot.
+    assert engine.submit(cmd.KillGroup()) == cmd.Ack(True, "the run had ended already")
+    assert engine.submit(cmd.RestartGroup()) == cmd.Ack(False, "the run has ended: nothing left to act on")
 
 
 def test_interrupt_while_closing_kills_at_once(tmp_path):

@@ -468,4 +468,4 @@ def test_a_detached_node_keeps_the_rendezvous_id_as_its_run_id(tmp_path, torch_i
         assert [p.name for p in (tmp_path / "logs").iterdir()] == ["job-7"]  # the run directory too
     finally:
         stopped = run_ranktop("stop", "job-7", env=env, timeout=TIMEOUT)
-    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.returncode == 0, (stopped.stderr, read_events(tmp_path / "logs" / "job-7"))
