@@ -21,7 +21,7 @@ from typing import Any
 from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
-from ranktop.core.layout import tail_lines
+from ranktop.core.layout import open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.server import SocketDirError, remove_if_dead, socket_dir
 from ranktop.core.state import GroupSnapshot, RankSnapshot
@@ -397,16 +397,7 @@ class FinalEngine:
         return OutputCursor(generation, len(lines), 1), lines if tail is None else lines[max(0, len(lines) - tail):], []
 
     def _tail(self, names: list[str]) -> list[bytes]:
-        try:
-            rank_dir = _open_dir_below(self._run_fd, names[:-1])
-        except OSError:
-            return []
-        try:
-            # The held rank directory's own path in /proc: tail_lines opens the log in it, not
-            # following a link, whatever was renamed on the way since.
-            return tail_lines(f"/proc/self/fd/{rank_dir}/{names[-1]}", self.TAIL_BYTES)
-        finally:
-            os.close(rank_dir)
+        return tail_lines_below(self._run_fd, names, self.TAIL_BYTES)
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
         return cmd.Ack(False, "the run has ended: this is its final view, read-only")
@@ -432,21 +423,9 @@ def names_below(path: str | None, recorded_dir: str | None) -> list[str] | None:
     return names if all(name not in ("", ".", "..") and "\0" not in name for name in names) else None
 
 
-def _open_dir_below(dir_fd: int, names: list[str]) -> int:
-    """The directory `names` lead to from `dir_fd`, each step opened without following a symlink."""
-    fd = os.dup(dir_fd)
-    for name in names:
-        try:
-            below = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-        finally:
-            os.close(fd)
-        fd = below
-    return fd
-
-
 def _regular_below(dir_fd: int, names: list[str]) -> bool:
     try:
-        parent = _open_dir_below(dir_fd, names[:-1])
+        parent = open_dir_below(dir_fd, names[:-1])
     except OSError:
         return False
     try:

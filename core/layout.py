@@ -219,12 +219,12 @@ class RunDir(Dir):
         return None
 
 
-def tail_lines(path: str, max_bytes: int) -> list[bytes]:
+def tail_lines(path: str, max_bytes: int, *, dir_fd: int | None = None) -> list[bytes]:
     """The last `max_bytes` of a log file as lines (a cut first line dropped); [] when it cannot
     be read. A rank can plant anything in its own directory: a symlink or a FIFO in place of its
     log is not followed or waited on, only a regular file is read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return []
     with os.fdopen(fd, "rb") as f:
@@ -239,6 +239,39 @@ def tail_lines(path: str, max_bytes: int) -> list[bytes]:
     if lines and lines[-1] == b"":
         lines.pop()
     return lines
+
+
+def tail_lines_below(top: str | int, names: list[str], max_bytes: int) -> list[bytes]:
+    """tail_lines of the file that `names` lead to under the directory `top` (a path or a held
+    descriptor), no step following a symlink: a rank can swap its own directory for a link to
+    anywhere while a view is open."""
+    try:
+        top_fd = os.open(top, _DIR_FLAGS) if isinstance(top, str) else os.dup(top)
+    except OSError:
+        return []
+    try:
+        parent = open_dir_below(top_fd, names[:-1])
+    except OSError:
+        return []
+    finally:
+        os.close(top_fd)
+    try:
+        return tail_lines(names[-1], max_bytes, dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
+def open_dir_below(dir_fd: int, names: list[str]) -> int:
+    """A new descriptor of the directory `names` lead to from `dir_fd`, each step opened without
+    following a symlink."""
+    fd = os.dup(dir_fd)
+    for name in names:
+        try:
+            below = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = below
+    return fd
 
 
 def latest_attempt_path(run_dir: str) -> str | None:

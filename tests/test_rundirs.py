@@ -262,3 +262,21 @@ def test_log_tails_read_only_regular_files_never_a_planted_fifo_or_link(tmp_path
     (tmp_path / "link.log").symlink_to(log)
     assert tail_lines(str(tmp_path / "link.log"), 1 << 20) == []
     assert tail_lines(str(tmp_path / "missing.log"), 1 << 20) == []
+
+
+def test_an_earlier_attempts_view_follows_no_directory_a_rank_swapped_for_a_link(tmp_path):
+    """The attempt switcher reads attempt_<k>/<rank>/stdout.log: a rank that replaced its own
+    directory (or the attempt's) with a link elsewhere gets nothing shown from there."""
+    from ranktop.tui.attempts import FileFeed
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "stdout.log").write_bytes(b"secret\n")
+    run = tmp_path / "run"
+    (run / "attempt_0" / "1").mkdir(parents=True)
+    (run / "attempt_0" / "1" / "stdout.log").write_bytes(b"mine\n")
+    (run / "attempt_0" / "0").symlink_to(elsewhere)  # the rank's directory
+    (run / "attempt_1").symlink_to(run / "attempt_0")  # a whole attempt
+    assert FileFeed(str(run / "attempt_0"), 1, 100).lines == [b"mine"]
+    assert FileFeed(str(run / "attempt_0"), 0, 100).lines == [b"(attempt_0: no output in its log files)"]
+    assert FileFeed(str(run / "attempt_1"), 1, 100).lines == [b"(attempt_1: no output in its log files)"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 
-from ranktop.core.layout import tail_lines
+from ranktop.core.layout import tail_lines_below
 from ranktop.core.output import RING_BYTES
 
 _ATTEMPT = re.compile(r"attempt_(\d+)(?:\.(\d+))?$")
@@ -32,12 +32,11 @@ class FileFeed:
     stdout's lines, then stderr's under a marker (the files do not keep their interleaving)."""
 
     def __init__(self, attempt_dir: str, local_rank: int, maxlen: int) -> None:
-        rank_dir = os.path.join(attempt_dir, str(local_rank))
-        self.name = os.path.basename(attempt_dir)
+        run_dir, self.name = os.path.split(attempt_dir)
         self.maxlen, self.max_bytes = maxlen, RING_BYTES
         half = RING_BYTES // 2
-        out = tail_lines(os.path.join(rank_dir, "stdout.log"), half)
-        err = tail_lines(os.path.join(rank_dir, "stderr.log"), half)
+        out = tail_lines_below(run_dir, [self.name, str(local_rank), "stdout.log"], half)
+        err = tail_lines_below(run_dir, [self.name, str(local_rank), "stderr.log"], half)
         lines = out + ([f"──── {self.name} stderr.log ────".encode(), *err] if err else [])
         self.lines = lines[-maxlen:] or [f"({self.name}: no output in its log files)".encode()]
         self.version = 0
