@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO
 
+from ranktop.core.sanitize import unfinished_tail
+
 Buffer = bytes | memoryview  # what a console write takes: a memoryview spares a copy
 
 _READ_SIZE = 1 << 20  # one buffer, reused: os.read(fd, 1 MiB) would map and unmap 1 MiB per read
@@ -378,6 +380,7 @@ class ConsoleWriter:
     def __init__(self, budget: int = CONSOLE_BUDGET, clean: Callable[[bytes], bytes] | None = None,
                  on_lost: Callable[[BinaryIO, str], None] | None = None):
         self._clean = clean  # applied to every write of rank output; the log files keep the raw bytes
+        self._unfinished: dict[object, bytes] = {}  # key -> the tail its last piece kept back from _clean
         # A console whose write failed (closed pipe, gone terminal, full disk) gets no more
         # writes; on_lost(target, why) is told once, from whichever thread wrote.
         self._on_lost = on_lost
@@ -405,7 +408,7 @@ class ConsoleWriter:
             return  # the log files still get it
         parts = (data,) if not isinstance(data, tuple) else data
         if self._clean is not None and key != _OWN:
-            parts = (self._clean(b"".join(parts)),)
+            parts = self._cleaned(parts, key, line_open)
         direct, failed = self._writes_at_once(target), None
         with self._lock:
             screen = self._screen(target)
@@ -421,6 +424,14 @@ class ConsoleWriter:
                 self._lane(screen).put((target, parts, key))
         if failed is not None:
             self._lose(target, failed)
+
+    def _cleaned(self, parts: tuple[Buffer, ...], key: object, line_open: bool) -> tuple[bytes]:
+        """`parts` through the console filter; a piece of a line still open keeps back an
+        unfinished tail (a cut UTF-8 character) for the next, to be cleaned whole."""
+        data = self._unfinished.pop(key, b"") + b"".join(parts)
+        if line_open and (tail := unfinished_tail(data)):
+            data, self._unfinished[key] = data[:-tail], data[-tail:]
+        return (self._clean(data),)
 
     def say(self, target: BinaryIO, line: str) -> None:
         """One line of ranktop's own (a restart, a stall, a notice), in order with the ranks'
@@ -466,6 +477,7 @@ class ConsoleWriter:
         """`key`'s stream has ended: nothing of it is kept beyond what still waits to be written."""
         with self._lock:
             self._cut.discard(key)
+            self._unfinished.pop(key, None)
             for screen in [screen for screen, owner in self._open_line.items() if owner == key]:
                 del self._open_line[screen]
 

@@ -142,6 +142,26 @@ def clean_bytes(raw: bytes, *, sgr: bool = False, newlines: bool = False) -> str
     return clean(raw.decode("utf-8", "replace"), sgr=sgr, newlines=newlines)
 
 
+_UNFINISHED_ESCAPE = re.compile(rb"\x1b(?:\[[\x30-\x3f]*[\x20-\x2f]*|[\x20-\x2f]*)\Z")
+
+
+def unfinished_tail(data: bytes) -> int:
+    """How many bytes at the end of `data` start what only a next piece can finish: a UTF-8
+    character cut short, or an escape or CSI sequence still without its final byte. A piece of a
+    long line is cleaned on its own: held back, such a tail is cleaned whole with the next piece
+    rather than shown as U+FFFD or stray parameters. (String sequences are not held: one may run
+    on without end, and `clean` drops an unterminated one to the end of its piece.)"""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
+            continue
+        if byte >= 0xC0 and back < (2 if byte < 0xE0 else 3 if byte < 0xF0 else 4):
+            return back
+        break
+    escape = _UNFINISHED_ESCAPE.search(data, max(0, len(data) - 64))
+    return len(escape[0]) if escape else 0
+
+
 def clean_console(data: bytes) -> bytes:
     """The console filter of --sanitize-console: lines as `clean` makes them, colours kept."""
     return clean_bytes(data, sgr=True, newlines=True).encode("utf-8")

@@ -83,3 +83,31 @@ def test_stacks_cli_prints_hostile_file_names_safely(tmp_path):
     finally:
         ranktop.send_signal(signal.SIGTERM)
         ranktop.communicate(timeout=30)
+
+
+def test_a_long_line_cut_into_pieces_keeps_its_characters_with_sanitize_console(tmp_path):
+    """A line longer than ranktop holds is shown piece by piece as it is read, and each piece is
+    cleaned on its own: a character cut between two reads used to show as two U+FFFD."""
+    script = tmp_path / "long.py"
+    # 3-byte characters, so that most read boundaries (at 64 KiB or 1 MiB) fall inside one.
+    script.write_text("import sys\nsys.stdout.write('\\u20ac' * 1_000_000 + '\\x1b[31m!\\n')\n")
+    logs = tmp_path / "logs"
+    done = subprocess.run(ranktop_cmd("--headless", "--log-dir", str(logs), "--sanitize-console", str(script)),
+                          cwd=ROOT, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ("[default0]:" + "\u20ac" * 1_000_000 + "\x1b[31m!\n").encode()
+
+
+def test_the_console_filter_cleans_a_character_or_sequence_cut_between_two_pieces_whole(tmp_path):
+    from ranktop.core.output import ConsoleWriter
+    from ranktop.core.sanitize import clean_console, unfinished_tail
+
+    assert [unfinished_tail(b) for b in (b"ab", b"a\xe2", b"a\xe2\x82", b"\xe2\x82\xac", b"x\x1b", b"x\x1b[3",
+                                         b"x\x1b[31m", b"\xf0\x9f\x98")] == [0, 1, 2, 0, 1, 3, 0, 3]
+    with open(tmp_path / "console", "wb") as console:
+        writer = ConsoleWriter(clean=clean_console)
+        for piece in (b"a\xe2\x82", b"\xac b \x1b[3", b"1mred"):
+            writer.write(console, piece, "rank", line_open=True)
+        writer.write(console, b"!\n", "rank")
+        writer.close()
+    assert (tmp_path / "console").read_bytes() == "a\u20ac b \x1b[31mred!\n".encode()
