@@ -115,6 +115,10 @@ _FEW_LINES = 16  # a chunk with no more lines than this costs little to make int
 # line at a time would otherwise leave ~100k chunks in the byte budget, which the first look at
 # it (`ranktop attach` of a long run) has to walk.
 _BLOCK = 64 << 10
+# Chunks the ring keeps before it makes the oldest into lines, whatever their bytes: tiny writes
+# that alternate between stdout and stderr cannot be gathered, and each costs ~100 bytes of
+# Python objects that the byte budget does not see (1-byte chunks would reach ~1 GB in 8 MiB).
+_MAX_CHUNKS = 4096
 
 
 def count_newlines(data: bytes) -> int:
@@ -242,11 +246,11 @@ class LineRing:
         memory cost the reader ~20k page faults per 170 MB), and a first look at a long run's rank
         (`ranktop attach`) splits only what it shows. Over the byte budget the oldest chunks go
         first (those of a few lines, a long line among them, are made into lines, which are short
-        once cut), then the oldest lines."""
+        once cut), then the oldest lines; so do the oldest chunks beyond _MAX_CHUNKS."""
         while len(self._chunks) > 1 and self._chunk_newlines - self._chunks[0][2] >= self.maxlen:
             stream, chunk, _ = self._pop_chunk()
             self._skip(stream, chunk)
-        while self._chunk_bytes > self.max_bytes and len(self._chunks) > 1:
+        while (self._chunk_bytes > self.max_bytes or len(self._chunks) > _MAX_CHUNKS) and len(self._chunks) > 1:
             stream, chunk, newlines = self._pop_chunk()
             if newlines <= _FEW_LINES:
                 self._make(stream, chunk)
@@ -349,6 +353,9 @@ class _Gap:
 _Queue = queue.SimpleQueue  # of (target, parts or a _Gap, key), or None: the end
 
 CONSOLE_BUDGET = 16 << 20  # bytes one rank's tee may have waiting for a slow console
+# What one queued write costs besides its bytes (a tuple, the parts, the queue's slot): counted
+# against the budget, so a stream of 1-byte writes cannot queue 16 million of them.
+_ITEM_COST = 128
 CONSOLE_TOTAL = 128 << 20  # all ranks together: a stuck terminal must not cost gigabytes
 CONSOLE_STALL = 5.0  # at the end, seconds a console may take no output at all before what waits is given up
 _OWN = "ranktop"  # the key of ranktop's own lines (restarts, notices)
@@ -385,7 +392,8 @@ class ConsoleWriter:
         # writes; on_lost(target, why) is told once, from whichever thread wrote.
         self._on_lost = on_lost
         self._lost: set[BinaryIO] = set()
-        self._pending: dict[object, int] = collections.defaultdict(int)
+        self._pending: dict[object, int] = collections.defaultdict(int)  # key -> bytes queued, and _ITEM_COST per write
+        self._items = 0  # writes queued
         self._gaps: dict[object, _Gap] = {}  # key -> the gap its drops go to now
         self._budget = budget
         self._lock = threading.Lock()  # also orders the writes to each screen
@@ -412,14 +420,15 @@ class ConsoleWriter:
         direct, failed = self._writes_at_once(target), None
         with self._lock:
             screen = self._screen(target)
-            if not direct and self._pending[key] + sum(map(len, parts)) > self._budget:
+            if not direct and self._pending[key] + sum(map(len, parts)) + _ITEM_COST > self._budget:
                 self._drop(target, screen, sum(map(len, parts)), key, prefix, line_open)
                 return
             parts = self._place(screen, key, parts, prefix, line_open)
             if direct:  # under the lock: another thread's line cannot land between placing and writing
                 failed = self._write(target, parts, flush=True)
             else:
-                self._pending[key] += sum(map(len, parts))
+                self._pending[key] += sum(map(len, parts)) + _ITEM_COST
+                self._items += 1
                 self._gaps.pop(key, None)  # what comes next goes after the note
                 self._lane(screen).put((target, parts, key))
         if failed is not None:
@@ -498,14 +507,16 @@ class ConsoleWriter:
                 with self._lock:
                     if self._gaps.get(key) is data:
                         del self._gaps[key]  # later drops make a new note
-                data, size = (data.note(),), 0
+                data, size, charged = (data.note(),), 0, 0
             else:
                 size = sum(map(len, data))
+                charged = size + _ITEM_COST
             if target not in self._lost and (failed := self._write(target, data, flush=lane.empty())):
                 self._lose(target, failed)
             with self._lock:
                 self.written += size
-                if not (left := self._pending[key] - size):
+                self._items -= charged > 0
+                if not (left := self._pending[key] - charged):
                     del self._pending[key]  # (a key is a stream: an ended attempt's go with their rings)
                 else:
                     self._pending[key] = left
@@ -525,7 +536,7 @@ class ConsoleWriter:
     def waiting(self) -> int:
         """Bytes queued for a slow console and not written yet."""
         with self._lock:
-            return sum(self._pending.values())
+            return sum(self._pending.values()) - self._items * _ITEM_COST
 
     def close(self, stall: float = CONSOLE_STALL) -> int:
         """Write what waits, for as long as the console keeps taking it, and stop; the bytes

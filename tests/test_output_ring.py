@@ -439,8 +439,9 @@ def test_newlines_are_counted_as_bytes_count_would():
 def test_many_ranks_share_a_bounded_console_budget():
     # 64 ranks flooding a terminal that reads nothing: what waits for it stays within the total
     # (each rank gets its share, 2 MiB), every rank's overflow becomes its own note, and the
-    # terminal, once it reads again, gets each rank's first 2 MiB and then that note.
-    from ranktop.core.output import CONSOLE_TOTAL, console_budget
+    # terminal, once it reads again, gets each rank's first 2 MiB (less what each write costs
+    # besides its bytes) and then that note.
+    from ranktop.core.output import _ITEM_COST, CONSOLE_TOTAL, console_budget
 
     assert [console_budget(n) for n in (1, 8, 64, 1000)] == [16 << 20, 16 << 20, 2 << 20, 1 << 20]
     r, w = os.pipe()
@@ -459,5 +460,41 @@ def test_many_ranks_share_a_bounded_console_budget():
     reader.join(60)
     os.close(r)
     shown_bytes = b"".join(shown)
-    assert _notes(shown_bytes) == [1 << 20] * 64
-    assert shown_bytes.count(b"x") == 64 * (2 << 20)
+    fits = (2 << 20) // (len(piece) + _ITEM_COST)  # each queued write also costs a little besides its bytes
+    assert _notes(shown_bytes) == [(48 - fits) * len(piece)] * 64
+    assert shown_bytes.count(b"x") == 64 * fits * len(piece)
+
+
+def test_tiny_writes_alternating_between_the_streams_hold_bounded_memory():
+    """Alternating streams cannot be gathered into blocks: 1-byte chunks each cost ~100 bytes of
+    objects that the byte budget does not count, so 8 MiB of them used to hold ~1 GB."""
+    import tracemalloc
+
+    ring = LineRing()
+    tracemalloc.start()
+    try:
+        for _ in range(40_000):
+            ring.feed(STDOUT, b"a", 0)
+            ring.feed(STDERR, b"b", 0)
+        held, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 2 << 20  # 80k chunks kept would be ~7 MB
+    ring.feed(STDOUT, b"!\n")
+    assert ring.tail() == [b"a" * 40_000 + b"!", b"b" * 40_000]  # nothing else lost
+
+
+def test_tiny_writes_to_a_stuck_console_are_bounded_in_number_as_well_as_bytes():
+    """Each queued write costs a tuple and a queue slot besides its bytes: a stream of 1-byte
+    writes to a stuck console used to queue 16 million of them (~2 GB) within its 16 MiB."""
+    r, w = os.pipe()  # 64 KiB: ~64k 1-byte writes fill it, the rest wait
+    stuck = open(w, "wb", buffering=0)  # noqa: SIM115 (closed below)
+    writer = ConsoleWriter(budget=1 << 20)
+    try:
+        for _ in range(100_000):
+            writer.write(stuck, b"y", key=0, line_open=True)
+        assert 0 < writer.waiting() < (1 << 20) // 128  # not the ~35k writes beyond what the pipe took
+    finally:
+        os.close(r)  # the blocked write fails: the writer gives the console up
+        writer.close(stall=1.0)
+        stuck.close()
