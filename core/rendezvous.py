@@ -93,19 +93,21 @@ def create_handler(
     *,
     conf: dict[str, str] | None = None,
     local_addr: str | None = None,
+    check_only: bool = False,
 ) -> Any:
     """torch's RendezvousHandler for torchrun's flags, from torch's handler registry (plugins too).
 
     As with torchrun, the c10d node that hosts the store starts it here and the others connect to
     it. UsageError for bad values or a missing package (naming what to install); RendezvousFailed
-    when the endpoint cannot be reached.
+    when the endpoint cannot be reached. `check_only`: the values checked, nothing started or
+    reached, None returned (`--detach`: the store must be the background run's, not ours).
     """
     rdzv, registry = _torch_rendezvous(backend)
     try:
         params = rdzv.RendezvousParameters(backend=backend, endpoint=endpoint, run_id=run_id,
                                            min_nodes=min_nodes, max_nodes=max_nodes,
                                            local_addr=local_addr, **(conf or {}))
-        return registry.get_rendezvous_handler(params)
+        return None if check_only else registry.get_rendezvous_handler(params)
     except Exception as exc:
         raise _handler_error(exc, rdzv, backend, endpoint) from None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import os
 import shutil
 import signal
@@ -462,10 +463,40 @@ def test_a_detached_node_keeps_the_rendezvous_id_as_its_run_id(tmp_path, torch_i
                        "--local-addr", "127.0.0.1", "--log-dir", str(tmp_path / "logs"), str(script), env=env,
                        timeout=TIMEOUT)
     assert done.returncode == 0 and done.stdout.startswith("ranktop: started job-7 in the background"), done.stderr
+    run_dir = tmp_path / "logs" / "job-7"
     try:
         (run,) = json.loads(run_ranktop("ls", "--json", env=env).stdout)
         assert run["run_id"] == "job-7"
         assert [p.name for p in (tmp_path / "logs").iterdir()] == ["job-7"]  # the run directory too
+        # The store is the background run's: the command that started it used to host one too, and
+        # its exit took the rendezvous of the run it had just started down with it half the time.
+        wait_for(lambda: any(e["event"] in ("started", "rendezvous_failed")
+                             for e in read_events(run_dir, while_written=True)), timeout=TIMEOUT, what="a round")
     finally:
         stopped = run_ranktop("stop", "job-7", env=env, timeout=TIMEOUT)
-    assert stopped.returncode == 0, (stopped.stderr, read_events(tmp_path / "logs" / "job-7"))
+    events = read_events(run_dir)
+    assert stopped.returncode == 0, (stopped.stderr, events)
+    assert [e["event"] for e in events if e["event"] in ("rendezvous_joined", "rendezvous_failed", "user_stop")] == [
+        "rendezvous_joined", "user_stop"], events
+
+
+def test_a_detached_run_that_cannot_join_says_why_in_one_line(tmp_path, torch_installed):
+    """What stops the background run before it serves (a bad backend, a store out of reach) is
+    its own one line on the terminal that asked, as without --detach; nothing is left running."""
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
+    script = tmp_path / "ok.py"
+    script.write_text("print('never')\n")
+    common = ("--detach", "--nnodes", "1", "--rdzv-id", "j9", "--log-dir", str(tmp_path / "logs"))
+    bad = run_ranktop(*common, "--rdzv-backend", "nosuch", "--rdzv-endpoint", "127.0.0.1:29123", str(script),
+                      env=env, timeout=TIMEOUT)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert re.fullmatch(r"ranktop: error: bad rendezvous \(--rdzv-backend nosuch.*'nosuch' is not registered.*\n",
+                        bad.stderr), bad.stderr
+    gone = run_ranktop(*common, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                       "--rdzv-conf", "read_timeout=1,is_host=0", str(script), env=env, timeout=TIMEOUT)
+    assert gone.returncode == 1
+    assert gone.stderr.startswith("ranktop: error: cannot reach the c10d rendezvous at 127.0.0.1:"), gone.stderr
+    assert gone.stderr.count("\n") == 1, gone.stderr
+    assert run_ranktop("ls", env=env).stdout.startswith("no runs")

@@ -368,7 +368,9 @@ def check_logs_specs(name: str | None) -> None:
                          "torchrun.logs_specs plugins are not loaded")
 
 
-def build_spec(ns: argparse.Namespace):
+def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
+    """The WorkerSpec of the command line, every value checked. `start_rendezvous` False: the
+    rendezvous values are checked but no handler is made (a c10d host would start its store)."""
     from ranktop.core.spec import DEBUG_ENV, Std, WorkerSpec
 
     check_logs_specs(ns.logs_specs)
@@ -400,7 +402,7 @@ def build_spec(ns: argparse.Namespace):
         virtual_local_rank=ns.virtual_local_rank, cpu_affinity=cpus,
     )
     if elastic:  # last: the c10d host starts its store here, once every other value is known good
-        spec.rdzv_handler = rendezvous_handler(ns, min_nodes, nnodes, port)
+        spec.rdzv_handler = rendezvous_handler(ns, min_nodes, nnodes, port, check_only=not start_rendezvous)
     return spec
 
 
@@ -419,7 +421,8 @@ def uses_rendezvous(ns: argparse.Namespace) -> bool:
     return True
 
 
-def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, master_port: int | None):
+def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, master_port: int | None, *,
+                       check_only: bool = False):
     from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
     from ranktop.core.spec import free_port
 
@@ -429,7 +432,7 @@ def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, m
         conf["rank"] = ns.node_rank
         endpoint = endpoint or f"{ns.master_addr}:{master_port or free_port()}"
     return create_handler(ns.rdzv_backend, endpoint, ns.rdzv_id, min_nodes, max_nodes,
-                          conf=conf, local_addr=ns.local_addr)
+                          conf=conf, local_addr=ns.local_addr, check_only=check_only)
 
 
 def _terminal_usable() -> bool:
@@ -487,7 +490,9 @@ def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
     from ranktop.core.rendezvous import RendezvousFailed
 
     try:
-        spec = build_spec(ns)
+        # --detach: checked here, run by the background process; a c10d host's store must be its,
+        # not this process's, which ends at once (the child then lost its rendezvous half the time).
+        spec = build_spec(ns, start_rendezvous=not ns.detach)
         # ranktop owns this process: helpers that leave their rank are re-parented to us, not
         # to init, so they can be reaped, told to the guard and swept.
         from ranktop.core.strays import adopt_orphans
@@ -514,10 +519,8 @@ def start_detached(argv: list[str], ns: argparse.Namespace) -> int:
     """Run the same command line headless in a session of its own, with its stdio on /dev/null,
     and return once its engine serves the run (so `ranktop attach` works at once)."""
     import subprocess
-    import time
 
     from ranktop.core.agent import new_run_id
-    from ranktop.core.client import Connection, RunGone
     from ranktop.core.layout import check_run_id
     from ranktop.core.server import SocketDirError, socket_path
 
@@ -534,14 +537,30 @@ def start_detached(argv: list[str], ns: argparse.Namespace) -> int:
     # --run-id=ID in one word: an id that starts with a dash is not taken for an option
     named = [] if shared else [f"--run-id={run_id}"]
     command = [sys.executable, "-m", "ranktop", "--headless", "--detached-child", *named, *options, *argv[script_at:]]
+    # Its stderr comes here until it serves the run (then it is /dev/null): what stops it before
+    # that (a bad --rdzv-backend, an endpoint out of reach) is said here, as without --detach.
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
+                             stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        return _wait_served(child, run_id, path)
+    finally:
+        child.stderr.close()
+
+
+def _wait_served(child, run_id: str, path: str) -> int:
+    import time
+
+    from ranktop.core.client import Connection, RunGone
+
+    said = _PipeTail(child.stderr.fileno())
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
+        said.drain()  # torch may say a lot (a store out of reach): the pipe must never fill
         if child.poll() is not None:
-            print(f"ranktop: error: the run {run_id} ended at once (exit {child.returncode}); run it without "
-                  "--detach to see why", file=sys.stderr)
-            return 1
+            said.drain()
+            print(said.verdict() or f"ranktop: error: the run {run_id} ended at once (exit {child.returncode}); "
+                  "run it without --detach to see why", file=sys.stderr)
+            return child.returncode or 1
         try:
             Connection(path, timeout=1.0).close()
         except RunGone:
@@ -554,6 +573,32 @@ def start_detached(argv: list[str], ns: argparse.Namespace) -> int:
     return 1
 
 
+class _PipeTail:
+    """The last few KiB of what a child wrote to a pipe, read without waiting: whatever it left
+    running may hold the pipe open after it ended."""
+
+    KEEP = 8192
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.data = fd, b""
+        os.set_blocking(fd, False)
+
+    def drain(self) -> None:
+        try:
+            while chunk := os.read(self.fd, 65536):
+                self.data = (self.data + chunk)[-self.KEEP:]
+        except BlockingIOError:
+            pass
+
+    def verdict(self) -> str:
+        """ranktop's own lines of it (why the run could not start), else its last lines."""
+        from ranktop.core.sanitize import clean
+
+        lines = clean(self.data.decode(errors="replace"), newlines=True).splitlines()
+        ours = [line for line in lines if line.startswith("ranktop: ")]
+        return "\n".join(ours or lines[-5:])
+
+
 def serve_run(engine, run_id: str):
     """Serve the run on its socket (ranktop ls/stop/logs); None, after one line, if it cannot be."""
     from ranktop.core.server import serve
@@ -562,6 +607,15 @@ def serve_run(engine, run_id: str):
     if problem is not None:
         print(f"ranktop: {problem}", file=sys.stderr, flush=True)
     return server
+
+
+def _stderr_to_devnull() -> None:
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        sys.stderr.flush()
+        os.dup2(null, 2)
+    finally:
+        os.close(null)
 
 
 def run_headless(spec, ns: argparse.Namespace) -> int:
@@ -596,6 +650,8 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         sampler.attach(agent)
     engine = LocalEngine(agent)
     server = serve_run(engine, agent.run_id)
+    if ns.detached_child:  # served: the command that started us stops reading our stderr now
+        _stderr_to_devnull()
     collector.release()
     try:
         result = engine.run_here()  # the monitor loop in this thread, which gets the signals
