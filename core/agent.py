@@ -25,7 +25,7 @@ from typing import Any
 
 from ranktop.core import commands as cmd
 from ranktop.core.context import REAP_TIMEOUT, PContext, RunProcsResult, Waker, plan_streams, prefix_for
-from ranktop.core.errors import ProcessFailure, UsageError, describe_exit, get_error_handler, killed_by
+from ranktop.core.errors import ProcessFailure, RankStartError, UsageError, describe_exit, get_error_handler, killed_by
 from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
@@ -79,7 +79,9 @@ class RunResult:
     incomplete_logs: tuple[LogLoss, ...] = ()  # log files a write failed on (disk full)
     # global rank -> pid of each rank that outlived SIGKILL (stuck in the kernel), left to the guard
     unreapable: dict[int, int] = field(default_factory=dict)
-    rendezvous_error: str | None = None  # why the rendezvous ended this node's run, if it did
+    # why this node's run ended with no rank to blame, if it did: the rendezvous, a rank that
+    # could not be started
+    rendezvous_error: str | None = None
 
     def is_failed(self) -> bool:
         return self.state == WorkerState.FAILED
@@ -340,7 +342,7 @@ class LocalAgent:
             for env in envs.values():
                 env.setdefault("TERM", os.environ.get("TERM") or "xterm-256color")
             pty = pty_size(envs[0])
-        self.pcontext = PContext(
+        context = PContext(
             spec.display_name(), spec.entrypoint, {r: spec.args for r in range(n)}, envs, log_dir, streams,
             global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
             ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False, pty=pty,
@@ -349,11 +351,21 @@ class LocalAgent:
             rank_stdin="inherit" if self.console else "pipe", duplicate_filters=self.duplicate_filters,
             waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
             cpu_affinity=spec.cpu_affinity, console=self._tee,
-        ).start()
+        )
+        try:
+            self.pcontext = context.start()  # what did start is stopped if a rank cannot be
+        except RankStartError as exc:
+            self._start_failed(exc)
+            return False
         self.state = GroupState.RUNNING
         self._start_watch()
         self._started.set()
         return True
+
+    def _start_failed(self, exc: RankStartError) -> None:
+        """A rank's process could not be made: the run ends, failed, saying why (no rank to blame)."""
+        self._rdzv_error = str(exc.strerror)
+        self.events.write("start_failed", message=self._rdzv_error)
 
     def _next_generation(self) -> int:
         self._generation += 1
@@ -364,7 +376,12 @@ class LocalAgent:
         while True:
             self._apply_commands()
             self._check_round_end(pc)
-            result = pc.step()
+            try:
+                result = pc.step()
+            except RankStartError as exc:  # a rank restarted on its own could not be
+                self._start_failed(exc)
+                pc.stop()
+                continue
             if result is not None:
                 return result
             self._check_stalls()

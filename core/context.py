@@ -34,7 +34,7 @@ from string import Template
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ranktop.core import guard
-from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, UsageError, killed_by
+from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, RankStartError, UsageError, killed_by
 from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, PIDFDS, open_pidfd, send_signal
 from ranktop.core.layout import ERROR_FILE, Dir, RunDir, log_name
 from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
@@ -345,7 +345,10 @@ class PContext:
         pty = self.pty if STDOUT in sinks else None  # no sink: the rank inherits our own stdout
         launch = Launch(r, argv, env, sinks, cwd=self.cwd, pty=pty, stdin=self.rank_stdin,
                         cpus=self.cpu_affinity.get(r))
-        slot.proc = RankProcess(launch, self._pump)
+        try:
+            slot.proc = RankProcess(launch, self._pump)
+        except OSError as exc:
+            raise RankStartError.of(r, exc) from None
         slot.stopped_by_us = False
         slot.kill_at = slot.reap_by = None
         slot.failure = None

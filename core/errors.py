@@ -32,6 +32,18 @@ class UsageError(ValueError):
     """Bad input from the user: shown as one line, exit status 2, nothing started."""
 
 
+class RankStartError(OSError):
+    """A rank's process could not be made (the fork or the exec failed: a process limit, no
+    memory). Its message is one line naming the rank and why."""
+
+    @classmethod
+    def of(cls, local_rank: int, exc: OSError) -> RankStartError:
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.EAGAIN:
+            why += " (a process limit: ulimit -u, or the container's pids.max)"
+        return cls(exc.errno, f"cannot start local rank {local_rank}: {why}")
+
+
 class SignalException(Exception):
     """torch's: raised in the launcher when it receives a stop signal; `sigval` is the signal."""
 

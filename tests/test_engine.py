@@ -254,3 +254,42 @@ def test_agent_reports_an_unreapable_rank_in_snapshot_and_events(tmp_path):
             pass
         engine.close()
 
+
+
+# A rank whose executable lost its execute bit: its next start fails at exec, as a start does when
+# fork fails (a process limit, no memory), which a test cannot bring about as root.
+def test_a_rank_that_cannot_be_restarted_ends_the_run_in_one_line(tmp_path):
+    script = tmp_path / "rank.sh"
+    script.write_text("#!/bin/sh\necho up\nexec sleep 60\n")
+    script.chmod(0o755)
+    engine = LocalEngine(make_agent(tmp_path / "logs", entrypoint=str(script), args=(), n=2, name="rank.sh")).start()
+    try:
+        running(engine)
+        script.chmod(0o644)
+        assert engine.submit(cmd.RestartRank(0)).ok
+        wait_for(lambda: engine.snapshot().ended, timeout=20, what="the run over")
+    finally:
+        engine.close()
+    snap = engine.snapshot()
+    assert snap.state == GroupState.FAILED and snap.exit_status == 1 and snap.error is None  # no exception
+    assert snap.rendezvous_error == "cannot start local rank 0: Permission denied"
+    events = read_events(engine.agent.run_dir)
+    assert [e["message"] for e in events if e["event"] == "start_failed"] == [snap.rendezvous_error]
+    assert snap.ranks[1].state != RankState.RUNNING  # stopped with the run
+
+
+def test_a_group_that_cannot_be_restarted_ends_the_run_in_one_line(tmp_path):
+    script = tmp_path / "rank.sh"  # rank 0 takes the bit away once rank 1 has started; then both fail
+    script.write_text("#!/bin/sh\necho up\nif [ \"$LOCAL_RANK\" = 1 ]; then\n  touch \"$0.started\"\n"
+                      "  while [ -x \"$0\" ]; do sleep 0.01; done\n  exit 3\nfi\n"
+                      "while [ ! -e \"$0.started\" ]; do sleep 0.01; done\nchmod -x \"$0\"\nexit 3\n")
+    script.chmod(0o755)
+    done = subprocess.run([sys.executable, "-m", "ranktop", "--headless", "--no-python", "--nproc-per-node", "2",
+                           "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"), "--run-id", "r", str(script)],
+                          capture_output=True, text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "ranktop: error: cannot start local rank 0: Permission denied\n" in done.stderr, done.stderr
+    events = read_events(tmp_path / "logs" / "r")
+    assert [e["event"] for e in events if e["event"] in ("group_restart", "start_failed", "run_finished")] == [
+        "group_restart", "start_failed", "run_finished"]
