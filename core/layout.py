@@ -190,11 +190,18 @@ class RunDir(Dir):
 
     @classmethod
     def open_existing(cls, path: str) -> RunDir | None:
-        """A run directory another ranktop made (for `ranktop stacks`); None if it cannot be opened."""
+        """A run directory another ranktop made (for `ranktop stacks`); None if it cannot be
+        opened, or is not as ranktop makes one: ours and private (anyone else's, or one others
+        may write, gets no dump of ours)."""
         try:
-            return cls(os.path.abspath(path), os.open(path, _DIR_FLAGS))
+            fd = os.open(path, _DIR_FLAGS)
         except OSError:
             return None
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            os.close(fd)
+            return None
+        return cls(os.path.abspath(path), fd)
 
     def attempt(self, attempt: int, start: int = 0) -> Dir:
         return self.sub(attempt_name(attempt, start))
@@ -213,7 +220,8 @@ class RunDir(Dir):
             fd = os.open(EVENTS, _APPEND_FLAGS & ~os.O_CREAT, dir_fd=self.fd)
         except OSError:
             return None
-        if stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:  # not a hard link to a file elsewhere
             return fd
         os.close(fd)
         return None

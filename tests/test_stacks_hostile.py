@@ -1,7 +1,7 @@
 """Stack dumps against ranks and files that fight back: a rank that plants a FIFO or a symlink
 where its log was, an events.jsonl of the wrong shape, a stack command with arguments of the
 wrong shape. Each ends in an answer (a per-rank reason, a one-line error), never a hang or a
-traceback. No py-spy needed: the SIGUSR1 dump and the file readers only."""
+traceback. Most need no py-spy (the SIGUSR1 dump and the file readers); the last one dumps with it."""
 
 from __future__ import annotations
 
@@ -159,3 +159,24 @@ def test_a_stack_command_with_ranks_of_the_wrong_shape_is_answered_at_once(tmp_p
             assert conn.snapshot()["state"] == "running"
     finally:
         stop_process(proc)
+
+
+def test_a_process_naming_another_runs_directory_gets_no_dump_saved_there(tmp_path, runtime):
+    """`ranktop stacks PID` saves a rank's dump in its run directory, which it learns from the
+    rank's environment: anyone can start a process that names someone else's run. Only the run
+    that the process's parent started (its run_started pid) is written to."""
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    events = '{"event": "run_started", "run_id": "victim", "pid": 1}\n'
+    (victim / "events.jsonl").write_text(events)
+    error_file = victim / "attempt_0" / "0" / "error.json"
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, "RANK": "0", "LOCAL_RANK": "0", "TORCHELASTIC_ERROR_FILE": str(error_file)})
+    try:
+        out = run_ranktop("stacks", str(proc.pid), env=runtime, timeout=60)
+    finally:
+        stop_process(proc)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert "time.sleep" in out.stdout or "<module>" in out.stdout, out.stdout  # dumped all the same
+    assert sorted(p.name for p in victim.iterdir()) == ["events.jsonl"]  # no stacks/ made there
+    assert (victim / "events.jsonl").read_text() == events

@@ -97,13 +97,13 @@ def ranks_of_pid(pid: int) -> tuple[dict[int, int], dict[int, int], str | None]:
     proc = psutil.Process(pid)
     env = environ(proc)
     if (ranks := _ranks_in(env)) is not None:
-        return {ranks[0]: pid}, {ranks[0]: ranks[1]}, _run_dir_from_env(env)
+        return {ranks[0]: pid}, {ranks[0]: ranks[1]}, _run_dir_from_env(env, proc.ppid())
     pids, local, run_dir = {}, {}, None
     for child in proc.children():
         cenv = environ(child)
         if (ranks := _ranks_in(cenv)) is not None and not gone_reason(child.pid):
             pids[ranks[0]], local[ranks[0]] = child.pid, ranks[1]
-            run_dir = run_dir or _run_dir_from_env(cenv)
+            run_dir = run_dir or _run_dir_from_env(cenv, pid)
     return pids, local, run_dir
 
 
@@ -114,9 +114,15 @@ def _ranks_in(env: Mapping[str, str]) -> tuple[int, int] | None:
     return (int(rank), int(local)) if all(v.isdecimal() and len(v) < 10 for v in (rank, local)) else None
 
 
-def _run_dir_from_env(env: Mapping[str, str]) -> str | None:
+def _run_dir_from_env(env: Mapping[str, str], launcher_pid: int) -> str | None:
+    """The run directory a rank's environment names, if the ranktop that started that run is
+    `launcher_pid` (the rank's parent). Anyone can start a process whose environment names some
+    other run's directory: the dump must not be saved there."""
     path = env.get(ERROR_FILE_ENV)
     if not path:
         return None
     run_dir = run_dir_of_error_file(path)
-    return run_dir if os.path.isfile(os.path.join(run_dir, EVENTS)) else None
+    first = next(_read_events(os.path.join(run_dir, EVENTS)), None)
+    if first is None or first.get("event") != "run_started" or first.get("pid") != launcher_pid:
+        return None
+    return run_dir
