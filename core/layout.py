@@ -343,8 +343,13 @@ def _open_default_root(path: str) -> Dir:
 def _open_chosen_root(path: str) -> Dir:
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"bad --log-dir {path}: it is a file, expected a directory")
+    foreign = _foreign_link(path)
+    if foreign is not None:
+        link, uid = foreign
+        raise UsageError(f"bad --log-dir {path}: it goes through {link}, a symlink of uid {uid}'s in a "
+                         "directory anyone may write: ranktop will not follow it; pick a directory of your own")
     try:
-        os.makedirs(path, DIR_MODE, exist_ok=True)
+        _make_private_dirs(path)
         fd = os.open(path, _DIR_FLAGS)
     except OSError as exc:
         raise UsageError(f"bad --log-dir {path}: cannot write there ({exc.strerror})") from None
@@ -354,6 +359,44 @@ def _open_chosen_root(path: str) -> Dir:
         raise UsageError(f"bad --log-dir {path}: it {problem}, so others could tamper with run logs: "
                          f"chmod go-w it, or pick a directory of your own")
     return Dir(path, fd)
+
+
+def _foreign_link(path: str) -> tuple[str, int] | None:
+    """The first symlink on the absolute `path` that another user left in a shared directory
+    (writable by all, sticky: /tmp), with its owner. Following one, ranktop (root, often) would
+    write wherever that user points it: the kernel's protected_symlinks rule, applied here
+    whatever the sysctl says."""
+    me, parts = os.geteuid(), path.split("/")
+    for end in range(2, len(parts) + 1):
+        prefix = "/".join(parts[:end])
+        try:
+            info = os.lstat(prefix)
+        except OSError:
+            return None  # missing from here on: ranktop makes the rest
+        if not stat.S_ISLNK(info.st_mode) or info.st_uid == me:
+            continue
+        try:
+            parent = os.stat(os.path.dirname(prefix))
+        except OSError:
+            continue
+        shared = parent.st_mode & stat.S_IWOTH and parent.st_mode & stat.S_ISVTX
+        if shared and info.st_uid != parent.st_uid:
+            return prefix, info.st_uid
+    return None
+
+
+def _make_private_dirs(path: str) -> None:
+    """`path` and every missing directory above it, each made private (os.makedirs gives the
+    ones above the last the umask's mode: 0755, where anyone may list the run ids)."""
+    missing = []
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for name in reversed(missing):
+        try:
+            os.mkdir(name, DIR_MODE)
+        except FileExistsError:
+            pass
 
 
 def _root_problem(info: os.stat_result, allow_sticky: bool) -> str | None:

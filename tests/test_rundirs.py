@@ -105,6 +105,33 @@ def test_explicit_log_dir_may_be_shared_like_tmp_but_no_more(tmp_path, mode, cho
         assert os.listdir(logs) == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants another user's symlink: needs root")
+def test_a_log_dir_through_another_users_symlink_in_a_shared_directory_is_refused(tmp_path):
+    """In /tmp-like directories the kernel follows another user's symlink only where
+    protected_symlinks is on: with it off, root wrote its run into whatever the link named."""
+    shared, target = tmp_path / "shared", tmp_path / "etc"
+    shared.mkdir()
+    target.mkdir()
+    os.chmod(shared, 0o1777)
+    link = shared / "myrun"
+    link.symlink_to(target)
+    os.lchown(link, NOBODY, NOBODY)
+    res = run_ranktop("--headless", "--log-dir", str(link), "--run-id", "r", "--no-python", "echo", "hi")
+    assert _one_error_line(res) == (f"ranktop: error: bad --log-dir {link}: it goes through {link}, a symlink of "
+                                    f"uid {NOBODY}'s in a directory anyone may write: ranktop will not follow it; "
+                                    "pick a directory of your own")
+    assert os.listdir(target) == []
+    os.lchown(link, 0, 0)  # one's own link there is followed, as the kernel would
+    assert run_ranktop("--headless", "--log-dir", str(link), "--run-id", "r", "--no-python", "true").returncode == 0
+    assert os.listdir(target) == ["r"]
+
+
+def test_a_log_dir_made_by_ranktop_is_private_all_the_way_down(tmp_path):
+    logs = tmp_path / "a" / "b" / "logs"
+    assert run_ranktop("--headless", "--log-dir", str(logs), "--run-id", "r", "--no-python", "true").returncode == 0
+    assert [_mode(d) for d in (tmp_path / "a", tmp_path / "a" / "b", logs)] == [0o700] * 3
+
+
 def test_an_existing_run_directory_is_never_reused(tmp_path):
     (tmp_path / "taken").mkdir()
     res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--run-id", "taken", "--no-python", "echo", "hi")
