@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ranktop.core import guard
 from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, RankStartError, UsageError, killed_by
-from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, PIDFDS, open_pidfd, send_signal
+from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, open_pidfd, send_signal
 from ranktop.core.layout import ERROR_FILE, Dir, RunDir, log_name
 from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import (
@@ -491,11 +491,11 @@ class PContext:
 
     def _signal_stray(self, key: tuple[int, int], sig: int) -> None:
         if key not in self._sweep_fds:
-            fd = open_pidfd(*key)  # None: gone, its pid names another process now, or no pidfds
+            # None: gone, its pid names another process now, no pidfds, or no descriptor to spare
+            # (hundreds of strays under a low `ulimit -n`): send_signal then goes by pid.
+            fd = open_pidfd(*key)
             if fd is not None:
                 self._sweep_fds[key] = fd
-            elif PIDFDS:
-                return
         send_signal(*key, sig, self._sweep_fds.get(key))
 
     def _reap(self, slot: RankSlot) -> None:

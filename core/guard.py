@@ -201,12 +201,11 @@ PIDFDS = _pidfds_work()  # Linux 5.3 and later
 def send_signal(pid: int, start: int, sig: int, fd: int | None = None) -> bool:
     """Send `sig` (and SIGCONT after SIGTERM: a stopped process could not act on it) to `pid` only
     if it is still the process that started at `start`: through `fd` or a pidfd opened for it.
-    Without pidfds (old kernels) the start time is checked just before signalling by pid."""
+    Without one (old kernels, or no descriptor to spare) the start time is checked just before
+    signalling by pid."""
     own_fd = fd is None and PIDFDS
     if own_fd:
         fd = open_pidfd(pid, start)
-        if fd is None:
-            return False
     try:
         for each in (sig, signal.SIGCONT) if sig == signal.SIGTERM else (sig,):
             if fd is not None:
@@ -219,7 +218,7 @@ def send_signal(pid: int, start: int, sig: int, fd: int | None = None) -> bool:
     except OSError:
         return False
     finally:
-        if own_fd:
+        if own_fd and fd is not None:
             os.close(fd)
 
 

@@ -299,3 +299,43 @@ def test_library_stop_sweeps_a_setsid_helper_found_by_the_parent_chain(tmp_path)
         if helper is not None and _running(helper, str(term)):
             os.kill(helper, signal.SIGKILL)
         thread.join(30)
+
+
+_MANY_STUBBORN = """
+import os, signal, sys, time
+pids = []
+for _ in range(int(sys.argv[1])):
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(60)
+        os._exit(0)
+    pids.append(pid)
+print(*pids, flush=True)
+"""
+
+
+def test_more_strays_than_descriptors_are_all_killed(tmp_path):
+    """The end sweep holds a pidfd per stray: under a low `ulimit -n`, those it could not open
+    were never signalled, and were then reported as having outlived SIGKILL. (These strays keep
+    the marker: the no_orphans fixture kills and reports any that are left.)"""
+    import resource
+
+    script = tmp_path / "many.py"
+    script.write_text(_MANY_STUBBORN)
+
+    def few_descriptors():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (96, 96))
+
+    done = subprocess.run(ranktop_cmd("--headless", "--shutdown-timeout", "1", "--log-dir", str(tmp_path / "logs"),
+                                      "--run-id", "m", str(script), "150"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=90, preexec_fn=few_descriptors)
+    assert done.returncode == 0, done.stderr
+    pids = [int(p) for p in done.stdout.split(":", 1)[1].split()]
+    assert len(pids) == 150
+    events = read_events(tmp_path / "logs" / "m")
+    assert not [e for e in events if e["event"] == "strays_left"], done.stderr
+    (killed,) = [e for e in events if e["event"] == "strays_killed"]
+    assert set(pids) <= set(killed["pids"])
+    wait_for(lambda: not any(_running(p, str(script)) for p in pids), timeout=10, what="every stray gone")
