@@ -456,6 +456,7 @@ class PContext:
         told it the rank was gone) and sweeps it when we exit."""
         slot.unreapable = True
         slot.proc.close_pidfd()
+        self._strays.rank_given_up(slot.proc.pid)
         self._emit("unreapable", slot.local_rank, pid=slot.proc.pid, kernel_state=kernel_state(slot.proc.pid),
                    waited_s=self.reap_timeout)
         # It got SIGKILL, so that is how it counts: a failure, the group's end unless we stopped it.
@@ -734,7 +735,8 @@ class PContext:
     def _finish_guard(self) -> None:
         if self._guard is None:
             return
-        if wait_exit(self._guard, timeout=5):
+        # A rank that outlived SIGKILL keeps the guard at it for its own 5 s: no waiting on that.
+        if wait_exit(self._guard, timeout=0.5 if any(s.unreapable for s in self.slots) else 5):
             forget_own_child(self._guard.pid)
         # (else it is sweeping strays with their grace; it exits on its own)
 

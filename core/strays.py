@@ -120,6 +120,7 @@ class StrayTracker:
         self.known: dict[int, int] = {}  # strays: pid -> start time
         self._adopted: dict[int, int] = {}  # the orphans re-parented to us: pid -> start time
         self._reaped: list[int] = []
+        self._given_up: set[int] = set()  # ranks that outlived SIGKILL: the guard's, not the sweep's
         self.since: int | None = None  # the first rank's start (clock ticks since boot)
         self._looked_at = 0.0
 
@@ -134,6 +135,11 @@ class StrayTracker:
 
     def rank_reaped(self, pid: int) -> None:
         self._reaped.append(pid)
+
+    def rank_given_up(self, pid: int) -> None:
+        """The rank outlived SIGKILL (stuck in the kernel): the end sweep would only signal it
+        again and wait as long once more; what it left is still swept."""
+        self._given_up.add(pid)
 
     def note_below_ranks(self) -> None:
         """Take note of everything below the live ranks now (their helpers that left the group
@@ -184,7 +190,7 @@ class StrayTracker:
         table = self.look(force=True) or process_table()  # one read for both: on a busy host each is long
         # Only what started with or after the first rank can carry the marker.
         marked = marked_pids(self.token, younger_than(table, self.since or 0)) if with_marker else set()
-        found = find_strays(table, self.ranks, self.known, marked, skip=(os.getpid(),))
+        found = find_strays(table, self.ranks, self.known, marked, skip=(os.getpid(), *self._given_up))
         for pid, start in found.items():
             self._note(pid, start)
         return found

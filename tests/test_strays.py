@@ -339,3 +339,24 @@ def test_more_strays_than_descriptors_are_all_killed(tmp_path):
     (killed,) = [e for e in events if e["event"] == "strays_killed"]
     assert set(pids) <= set(killed["pids"])
     wait_for(lambda: not any(_running(p, str(script)) for p in pids), timeout=10, what="every stray gone")
+
+
+def test_a_rank_given_up_as_unreapable_is_left_out_of_the_sweep_but_not_what_it_left():
+    """A rank stuck in the kernel had its SIGKILL and its wait: the end sweep used to take it for
+    a stray and do both again (a run with a D-state rank took three times as long to end)."""
+    import psutil
+    from ranktop.core.strays import StrayTracker
+
+    rank = subprocess.Popen(["sh", "-c", "sleep 30 & wait"], start_new_session=True)
+    try:
+        wait_for(lambda: psutil.Process(rank.pid).children(), what="the rank's child")
+        (child,) = psutil.Process(rank.pid).children()
+        tracker = StrayTracker("token", tell=lambda line: None, emit=lambda *a, **k: None)
+        tracker.rank_started(rank.pid)
+        assert {rank.pid, child.pid} <= set(tracker.find(with_marker=False))
+        tracker.rank_given_up(rank.pid)
+        found = tracker.find(with_marker=False)
+        assert rank.pid not in found and child.pid in found
+    finally:
+        os.killpg(rank.pid, signal.SIGKILL)
+        rank.wait()
