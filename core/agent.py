@@ -36,6 +36,7 @@ from ranktop.core.sanitize import clean_console
 from ranktop.core.signals import StopAction, StopRule
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
+from ranktop.core.strays import LOOK_SECONDS, adopting
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _STORE_CALL_THREAD = "ranktop-rdzv-join"
@@ -385,7 +386,8 @@ class LocalAgent:
             if result is not None:
                 return result
             self._check_stalls()
-            pc.wait_activity(self.spec.monitor_interval if self.stall_timeout else 1.0)
+            idle = self.spec.monitor_interval if self.stall_timeout else 1.0
+            pc.wait_activity(min(idle, LOOK_SECONDS) if adopting() else idle)  # orphans come without a word
 
     def _finish(self, result: RunProcsResult) -> RunResult:
         failures = {self.spec.global_rank(r): f for r, f in result.failures.items()}

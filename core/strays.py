@@ -31,7 +31,10 @@ from ranktop.core.guard import (
 )
 
 _PR_SET_CHILD_SUBREAPER = 36
-LOOK_SECONDS = 0.25  # at most this often, a monitor pass looks for newly orphaned helpers
+# At most this often, a monitor pass looks for newly orphaned helpers, and at least this often
+# while we adopt them: until then, a daemon that left its rank's group, session and environment
+# is known to nobody, and would outlive a SIGKILLed ranktop.
+LOOK_SECONDS = 0.1
 
 _adopting = False
 _own_children: set[int] = set()  # the session leaders this process started itself: ranks, guards
@@ -62,6 +65,11 @@ def note_own_child(pid: int) -> None:
 
 def forget_own_child(pid: int) -> None:
     _own_children.discard(pid)
+
+
+def adopting() -> bool:
+    """Whether this process is the subreaper of what its ranks leave behind."""
+    return _adopting
 
 
 def adopted_children() -> dict[int, Proc]:
