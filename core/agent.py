@@ -423,9 +423,14 @@ class LocalAgent:
         final = dataclasses.replace(self.snapshot(), ended=True, exit_status=self.result.exit_status)
         try:
             fd = self.layout.open_new(FINAL_FILE)
+        except OSError as exc:
+            self.events.write("final_write_failed", error=exc.strerror or str(exc))
+            return
+        try:
             with os.fdopen(fd, "w") as f:
                 f.write(json.dumps(to_json(final)))  # (json.dump encodes in Python, dumps in C)
-        except OSError as exc:
+        except OSError as exc:  # a full disk: no half-written file for a view to stumble on
+            self.layout.remove(FINAL_FILE)
             self.events.write("final_write_failed", error=exc.strerror or str(exc))
 
     def _pass_error_file_up(self) -> None:

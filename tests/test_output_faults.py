@@ -170,3 +170,15 @@ def test_run_result_with_lost_output_exits_1_unless_a_signal_stopped_it():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+def test_a_final_view_that_cannot_be_written_whole_is_not_left_half_written(small_disk, tmp_path):
+    """The rank fills the disk as it ends: final.json cannot be written. It used to be left empty,
+    and `ranktop attach RUN_DIR` then failed on it with a JSON error."""
+    script = tmp_path / "fill.py"
+    script.write_text("import os, sys\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)\n"
+                      "try:\n    while True:\n        os.write(fd, b'b' * 4096)\nexcept OSError:\n    pass\n")
+    done = subprocess.run(ranktop_cmd("--headless", "--log-dir", str(small_disk), "--run-id", "full", str(script),
+                                      str(small_disk / "ballast")), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert not (small_disk / "full" / "final.json").exists()
