@@ -398,9 +398,12 @@ class LocalAgent:
             self.state = GroupState.FAILED
         else:
             self.state = GroupState.SUCCEEDED
-        # A stop the user asked for has no culprit among the ranks, nor has one for a node that gave up.
+        # A stop the user asked for has no culprit among the ranks, nor has one for a node that gave up,
+        # nor a stop signal unless a rank had failed on its own first.
         peer_stop = self._round_end is not None and self._round_end.kind == "peer_gave_up"
-        self.root_cause = self._root_cause() if failures and not self._user_stop and not peer_stop else None
+        slots = self.pcontext.slots if self.pcontext is not None else ()
+        blamed = self._stop_signal is None or any(not s.stopped_by_us for s in slots if s.failure)
+        self.root_cause = self._root_cause() if failures and blamed and not self._user_stop and not peer_stop else None
         state = self.state
         if self.rendezvous is not None:
             self._leave_rendezvous(state)

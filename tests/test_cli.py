@@ -214,7 +214,10 @@ def test_signal_to_ranktop_is_forwarded_and_exit_is_128_plus_n(tmp_path, sig):
     assert proc.returncode == 128 + sig
     assert f"stopped by {signal.Signals(sig).name}" in err
     wait_for(lambda: not any(_alive(p) for p in pids), timeout=5, what="ranks and grandchildren gone")
-    assert any(e["event"] == "signal_received" for e in read_events(tmp_path / "fam"))
+    events = read_events(tmp_path / "fam")
+    assert any(e["event"] == "signal_received" for e in events)
+    # The ranks it stopped are not to blame: no root cause (it used to name rank 0).
+    assert [e["root_cause_rank"] for e in events if e["event"] == "run_finished"] == [None]
 
 
 def test_shutdown_timeout_escalates_to_sigkill(tmp_path):
