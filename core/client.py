@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import functools
 import json
 import math
@@ -14,15 +15,16 @@ import threading
 import time
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
-from ranktop.core.layout import open_dir_below, tail_lines_below
+from ranktop.core.layout import FINAL_FILE, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
+from ranktop.core.sanitize import clean
 from ranktop.core.server import SocketDirError, remove_if_dead, socket_dir
 from ranktop.core.state import GroupSnapshot, RankSnapshot
 
@@ -31,8 +33,16 @@ READ_ONLY = "read-only view: nothing was done (ranktop web --control, or ranktop
 STACKS_TIMEOUT = 60.0  # py-spy on many ranks takes seconds; a dump that never answers is given up
 
 
+REQUEST_SECONDS = 5.0  # a whole answer, however slowly its bytes come
+
+
 class RunGone(Exception):
     """The run's engine is not there (any more), or it refused us; the message says which."""
+
+
+class EngineSilent(RunGone):
+    """The engine is there but gave no whole answer in time (stopped, or swamped): this
+    connection is of no more use, though the run may well go on."""
 
 
 class Connection:
@@ -41,6 +51,7 @@ class Connection:
 
     def __init__(self, path: str, timeout: float = CONNECT_TIMEOUT):
         self.path = path
+        self._timeout: float | None = timeout
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
         self._decoder = protocol.FrameDecoder()
@@ -48,7 +59,10 @@ class Connection:
         try:
             self._sock.connect(path)
             self._sock.sendall(protocol.encode_control(protocol.hello("client")))
-            first = self._next()
+            first = self._next(time.monotonic() + max(timeout, REQUEST_SECONDS))
+        except TimeoutError:
+            self._sock.close()
+            raise EngineSilent(f"the engine at {path} does not answer") from None
         except OSError as exc:
             self._sock.close()
             raise RunGone(f"no engine answers at {path} ({exc.strerror or exc})") from None
@@ -58,8 +72,14 @@ class Connection:
         protocol.check_hello(first, "engine")
         self.hello = first
 
-    def _next(self) -> Any:
+    def _next(self, deadline: float | None = None) -> Any:
+        """The next message or frame; by `deadline` (TimeoutError), if given, however the bytes trickle."""
         while not self._frames:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(errno.ETIMEDOUT, "no whole answer in time")
+                self._sock.settimeout(left if self._timeout is None else min(left, self._timeout))
             data = self._sock.recv(1 << 16)
             if not data:
                 raise ConnectionResetError(0, "the engine closed the connection")
@@ -67,10 +87,13 @@ class Connection:
         return self._frames.pop(0)
 
     def request(self, message: dict, frames: int = 0) -> tuple[dict, list[protocol.Output]]:
+        deadline = time.monotonic() + REQUEST_SECONDS
         try:
             self._sock.sendall(protocol.encode_control(message))
-            answer = self._next()
-            outputs = [self._next() for _ in range(frames if answer.get("type") == message["type"] else 0)]
+            answer = self._next(deadline)
+            outputs = [self._next(deadline) for _ in range(frames if answer.get("type") == message["type"] else 0)]
+        except TimeoutError:
+            raise EngineSilent(f"the run's engine gave no answer within {REQUEST_SECONDS:g}s") from None
         except OSError as exc:
             raise RunGone(f"the run's engine went away ({exc.strerror or exc})") from None
         if answer.get("type") == "error":
@@ -100,8 +123,12 @@ class Connection:
         with the subscription. Nothing but pushes comes on this connection afterwards."""
         answer, _ = self.request({"type": "subscribe", "ranks": ranks,
                                   "cursors": {str(r): list(c) for r, c in (cursors or {}).items()}})
+        self._timeout = None
         self._sock.settimeout(None)  # a quiet run pushes nothing for as long as it likes
-        return from_json(GroupSnapshot, answer["snapshot"])
+        try:
+            return decode_snapshot(answer["snapshot"])
+        except BadValue as exc:
+            raise RunGone(f"the run's engine sent a bad snapshot: {exc}") from None
 
     def pushed(self) -> Iterator[tuple[dict, list[bytes]]]:
         """(message, complete lines) for each push after subscribe(): "output" messages carry
@@ -231,34 +258,75 @@ def _init_fields(kind: type) -> dict[str, Any]:
 
 class RemoteEngine:
     """The Engine interface of a run served elsewhere on this host: what `ranktop attach` hands
-    the TUI. close() only disconnects: the run goes on."""
+    the TUI. close() only disconnects: the run goes on.
+
+    An engine that does not answer in time (stopped, swamped) is asked again on a new connection
+    a second later; the view keeps what it last saw meanwhile. An engine that has gone leaves the
+    last snapshot as the end, or better, the run's final.json when it wrote one."""
 
     def __init__(self, path: str, *, read_only: bool = False, look_ahead: bool = False):
         """`look_ahead`: also fetch every rank's newest FIRST_LOOK_LINES now, which answer each
         pane's first request (`ranktop attach` builds this engine while Textual loads)."""
+        self.path = path
         self.read_only = read_only  # watch only (ranktop web without --control): acting commands are refused
-        self._conn = Connection(path)
+        self._conn: Connection | None = Connection(path)
+        self._retry_at = 0.0
         self._lock = threading.Lock()  # one request at a time (the UI's timer and its workers)
         self.gone = False  # the engine left (its run ended, or it was stopped)
-        self.last = self.snapshot()
+        try:
+            self.last = decode_snapshot(self._conn.snapshot())
+        except BadValue as exc:
+            self._conn.close()
+            raise RunGone(f"the run's engine sent a bad snapshot: {exc}") from None
         self._early: dict[int, tuple[OutputCursor, list[bytes], list[bytes]]] = {}
         if look_ahead:
             for rank in self.last.ranks:
                 self._early[rank.local_rank] = self.output_since(rank.local_rank, None, FIRST_LOOK_LINES)
 
+    def _ask(self, ask: Callable[[Connection], Any]) -> Any:
+        """ask(connection)'s answer; EngineSilent while the engine does not answer (the
+        connection is dropped, a new one tried a second later); RunGone once it has gone."""
+        with self._lock:
+            if self._conn is None:
+                if time.monotonic() < self._retry_at:
+                    raise EngineSilent("the run's engine does not answer")
+                try:
+                    self._conn = Connection(self.path, timeout=1.0)
+                except EngineSilent:
+                    self._retry_at = time.monotonic() + 1.0
+                    raise
+            try:
+                return ask(self._conn)
+            except EngineSilent:
+                self._conn.close()
+                self._conn, self._retry_at = None, time.monotonic() + 1.0
+                raise
+
     def snapshot(self) -> GroupSnapshot:
         if self.gone:
             return self.last
         try:
-            with self._lock:
-                answer, _ = self._conn.request({"type": "snapshot"})
-        except RunGone:
-            # The engine serves until its run is over: what we saw last is the end, as far as we know.
-            self.gone = True
-            self.last = dataclasses.replace(self.last, ended=True)
-            return self.last
-        self.last = from_json(GroupSnapshot, answer["snapshot"])
+            self.last = decode_snapshot(self._ask(lambda conn: conn.snapshot()))
+        except EngineSilent:
+            pass  # what we saw last, until it answers again
+        except (RunGone, BadValue) as exc:
+            self._lose(str(exc))
         return self.last
+
+    def _lose(self, why: str) -> None:
+        """The engine went away: the run's end is its final.json, if it left one; else what we
+        saw last, marked as ended with the end unknown."""
+        self.gone = True
+        if self.last.ended:
+            return
+        final = os.path.join(self.last.log_dir or "", FINAL_FILE)
+        try:
+            view = FinalEngine(final)
+        except BadFinalFile:
+            self.last = dataclasses.replace(self.last, ended=True, error=f"lost the run's engine before its end ({why})")
+            return
+        self.last = view.snapshot()
+        view.close()
 
     def output_since(self, local_rank: int, cursor: OutputCursor | None,
                      tail: int | None = None) -> tuple[OutputCursor, list[bytes], list[bytes]]:
@@ -266,11 +334,12 @@ class RemoteEngine:
         early = self._early.pop(local_rank, None) if self._early and tail == FIRST_LOOK_LINES else None
         if early is not None and cursor.line == 0 and early[0].generation == cursor.generation:
             return early  # what look_ahead fetched: the next request goes on from its cursor, no gap
+        if self.gone:
+            return cursor, [], []
         try:
-            with self._lock:
-                answer, lines, open_lines = self._conn.output(local_rank, cursor.generation, cursor.line, tail)
-        except RunGone:
-            self.gone = True
+            answer, lines, open_lines = self._ask(
+                lambda conn: conn.output(local_rank, cursor.generation, cursor.line, tail))
+        except RunGone:  # silent for now, or gone: the next snapshot says which
             return cursor, [], []
         # More lines wait on the engine: a version no one has makes the pane ask again at once.
         version = -2 if answer.get("more") else answer["version"]
@@ -284,17 +353,19 @@ class RemoteEngine:
         try:
             if isinstance(command, (cmd.DumpStacks, cmd.SignalDump)):
                 return self._stacks(name, args)
-            with self._lock:
-                answer = self._conn.command(name, **args)
+            answer = self._ask(lambda conn: conn.command(name, **args))
         except RunGone as exc:
             return cmd.Ack(False, str(exc))
         return cmd.Ack(bool(answer.get("ok")), str(answer.get("message")))
 
     def _stacks(self, name: str, args: dict) -> cmd.Ack:
-        return dump_stacks(self._conn.path, name, args)
+        return dump_stacks(self.path, name, args)
 
     def close(self) -> None:
-        self._conn.close()
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
 
 def dump_stacks(path: str, name: str = "DumpStacks", args: dict | None = None) -> cmd.Ack:
@@ -322,7 +393,7 @@ class FinalEngine:
     read-only (every command is refused with why).
 
     Whoever could write the run directory could have written all of it, and ranktop may read it
-    as root: final.json is checked field by field (`from_final_json`), and the view reads only
+    as root: final.json is checked field by field (`checked_from_json`), and the view reads only
     log files below the directory final.json lies in, opened from a descriptor of it, never
     through a symlink, wherever final.json says they are."""
 
@@ -358,17 +429,13 @@ class FinalEngine:
                 data = f.read(self.MAX_FINAL + 1)
             if len(data) > self.MAX_FINAL:
                 raise BadFinalFile(f"bad final view {final_path}: larger than {self.MAX_FINAL >> 20} MiB")
-            snap = from_final_json(GroupSnapshot, json.loads(data))
+            return decode_snapshot(json.loads(data))
         except BadFinalFile:
             raise
         except BadValue as exc:
             raise BadFinalFile(f"bad final view {final_path}: {exc}") from None
         except (OSError, ValueError, RecursionError) as exc:
             raise BadFinalFile(f"bad final view {final_path}: {type(exc).__name__}: {str(exc)[:200]}") from None
-        problem = final_problem(snap)
-        if problem:
-            raise BadFinalFile(f"bad final view {final_path}: {problem}")
-        return snap
 
     def _logs_below(self, rank: RankSnapshot, recorded_dir: str | None, run_dir: str) -> RankSnapshot:
         """`rank` with only those of its log paths that name a regular file below the run
@@ -444,11 +511,13 @@ MAX_INT = 2**63  # pids, exit codes, byte counts: C longs
 
 
 class BadValue(ValueError):
-    """A value of final.json that its field cannot hold; the message names the field."""
+    """A value of a snapshot (final.json, a live engine's) that its field cannot hold; the
+    message names the field."""
 
-    def __init__(self, where: str, message: str):
-        super().__init__(f"{where or 'the top'} {message}")
-        self.where = where
+    def __init__(self, where: str | None, message: str):
+        """`where`: the field ("" for the whole); None: `message` says it all."""
+        super().__init__(message if where is None else f"{where or 'the top'} {message}")
+        self.where = where or ""
 
 
 def _not(where: str, value: Any, expected: str) -> BadValue:
@@ -456,22 +525,25 @@ def _not(where: str, value: Any, expected: str) -> BadValue:
     return BadValue(where, f"is {shown[:40]}{'…' if len(shown) > 40 else ''}, expected {expected}")
 
 
-def from_final_json(kind: Any, data: Any, where: str = "") -> Any:
+def checked_from_json(kind: Any, data: Any, where: str = "") -> Any:
     """`data` as an instance of `kind`, as from_json makes it, but every value checked against
-    its type. A bad value in a field that may be unknown becomes unknown (`_unknown`); any other
-    raises BadValue naming it (`ranks[1].state is "zombie", expected one of ...`)."""
+    its type, for what another process supplies (final.json, which anyone who could write the
+    run directory could have written; a live engine's snapshot). Text comes cleaned of anything
+    a terminal would act on (the views put these fields on the screen as they are). A bad value
+    in a field that may be unknown becomes unknown (`_unknown`); any other raises BadValue naming
+    it (`ranks[1].state is "zombie", expected one of ...`)."""
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if origin in (typing.Union, types.UnionType):  # every union in a snapshot is `X | None`
         (option,) = [a for a in args if a is not type(None)]
-        return None if data is None else from_final_json(option, data, where)
+        return None if data is None else checked_from_json(option, data, where)
     if origin is tuple:
         if not isinstance(data, list):
             raise _not(where, data, "a list")
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(from_final_json(args[0], item, f"{where}[{i}]") for i, item in enumerate(data))
+            return tuple(checked_from_json(args[0], item, f"{where}[{i}]") for i, item in enumerate(data))
         if len(data) != len(args):
             raise _not(where, data, f"a list of {len(args)}")
-        return tuple(from_final_json(a, item, f"{where}[{i}]")
+        return tuple(checked_from_json(a, item, f"{where}[{i}]")
                      for i, (a, item) in enumerate(zip(args, data, strict=True)))
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         if not isinstance(data, str) or data not in {m.value for m in kind}:
@@ -480,7 +552,7 @@ def from_final_json(kind: Any, data: Any, where: str = "") -> Any:
     if dataclasses.is_dataclass(kind):
         return _final_dataclass(kind, data, where)
     if _holds(kind, data):
-        return float(data) if kind is float else data
+        return float(data) if kind is float else clean(data, newlines=True) if kind is str else data
     raise _not(where, data, _EXPECTED.get(kind, str(kind)))
 
 
@@ -512,7 +584,7 @@ def _final_dataclass(kind: Any, data: Any, where: str) -> Any:
                 raise BadValue(path, "is missing")
             continue
         try:
-            values[field.name] = from_final_json(hint, data[field.name], path)
+            values[field.name] = checked_from_json(hint, data[field.name], path)
         except BadValue as bad:
             unknown = _unknown(field, hint)
             # Inside an object of its own (a rank's field): that object's field it is, judged there.
@@ -539,9 +611,19 @@ def _holds_objects(hint: Any) -> bool:
     return dataclasses.is_dataclass(hint) or any(_holds_objects(a) for a in typing.get_args(hint))
 
 
-def final_problem(snap: GroupSnapshot) -> str | None:
-    """What in a well-typed final snapshot no run could have left (one line), or None: sizes
-    the views allocate by, and ranks out of their places."""
+def decode_snapshot(data: Any) -> GroupSnapshot:
+    """A snapshot another process sent or left, checked (checked_from_json, snapshot_problem);
+    BadValue says what is wrong with it, in one line."""
+    snap = checked_from_json(GroupSnapshot, data)
+    problem = snapshot_problem(snap)
+    if problem:
+        raise BadValue(None, problem)
+    return snap
+
+
+def snapshot_problem(snap: GroupSnapshot) -> str | None:
+    """What in a well-typed snapshot no run could have made (one line), or None: sizes the views
+    allocate by, and ranks out of their places."""
     if not 0 < snap.local_world_size <= MAX_NPROC_PER_NODE:
         return f"local_world_size is {snap.local_world_size}, expected 1 to {MAX_NPROC_PER_NODE}"
     if snap.ranks and len(snap.ranks) != snap.local_world_size:
@@ -557,7 +639,7 @@ def final_problem(snap: GroupSnapshot) -> str | None:
 def final_run(target: str | None) -> str | None:
     """final.json of the ended run `target` names (its run directory, or its id under the default
     log root), or None."""
-    from ranktop.core.layout import FINAL_FILE, default_log_root
+    from ranktop.core.layout import default_log_root
 
     if not target:
         return None

@@ -307,3 +307,21 @@ def test_an_earlier_attempts_view_follows_no_directory_a_rank_swapped_for_a_link
     assert FileFeed(str(run / "attempt_0"), 1, 100).lines == [b"mine"]
     assert FileFeed(str(run / "attempt_0"), 0, 100).lines == [b"(attempt_0: no output in its log files)"]
     assert FileFeed(str(run / "attempt_1"), 1, 100).lines == [b"(attempt_1: no output in its log files)"]
+
+
+def test_the_attempt_switcher_lists_only_real_attempt_directories_up_to_the_engines():
+    """A rank can make names in its run directory: a name that only looks like an attempt
+    (`attempt_6` and a newline), a link, a file, or an attempt past the engine's own are not
+    listed (the newest listed is taken for the live one)."""
+    import tempfile
+
+    from ranktop.tui.attempts import attempt_dirs
+
+    with tempfile.TemporaryDirectory() as run:
+        for name in ("attempt_0", "attempt_1", "attempt_1.1", "attempt_6\n", "attempt_9", "attempt_x"):
+            os.mkdir(os.path.join(run, name))
+        os.symlink("/tmp", os.path.join(run, "attempt_5"))
+        open(os.path.join(run, "attempt_7"), "w").close()  # noqa: SIM115
+        names = [os.path.basename(d) for d in attempt_dirs(run, newest=1)]
+        assert names == ["attempt_0", "attempt_1", "attempt_1.1"]
+        assert [os.path.basename(d) for d in attempt_dirs(run)][-1] == "attempt_9"

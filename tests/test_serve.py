@@ -3,7 +3,9 @@ outlives its terminal's hang-up, and a socket that refuses strangers and garbage
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import resource
 import shutil
@@ -12,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -685,3 +688,102 @@ def test_a_subscriber_that_never_reads_does_not_slow_the_run(tmp_path, runtime):
     for rank in (0, 1):  # and the log files have every line
         log = tmp_path / "logs" / "flood" / "attempt_0" / str(rank) / "stdout.log"
         assert log.read_bytes().count(b"\n") == 400_000
+
+
+# ----- what an attached view takes from an engine (a fake one, served by the real server) ----------
+ESCAPES = "\x1b]52;c;cHduZWQ=\x1b\\\x1b]0;PWNTITLE\x07\x1b[2J\x9d0;c1\x9c"
+
+
+@pytest.fixture
+def served_fake(runtime, monkeypatch):
+    """A FakeEngine served on a real socket: (engine, its socket path)."""
+    from fake_engine import FakeEngine
+    from ranktop.core.server import serve
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+    engine = FakeEngine(2)
+    server, problem = serve(engine, "fake")
+    assert problem is None
+    try:
+        yield engine, server.path
+    finally:
+        server.close()
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if dataclasses.is_dataclass(value):
+        return [s for f in dataclasses.fields(value) for s in _strings(getattr(value, f.name))]
+    if isinstance(value, (tuple, list)):
+        return [s for item in value for s in _strings(item)]
+    return []
+
+
+def test_an_engines_text_reaches_an_attached_view_cleaned(served_fake):
+    """A snapshot's text is put on the screen as it is (titles, the end panel): an engine's, or
+    a final.json's, is cleaned on the way in. Raw, its escapes wrote the clipboard and the title."""
+    from ranktop.core.client import RemoteEngine
+    from ranktop.core.state import LogLoss
+
+    fake, path = served_fake
+    fake.group = dataclasses.replace(
+        fake.group, name="t.py" + ESCAPES, gpu_status="gpu" + ESCAPES,
+        incomplete_logs=(LogLoss(0, "/p", "err" + ESCAPES, 5),),
+        ranks=tuple(dataclasses.replace(r, signal_name="SIGSEGV" + ESCAPES, log_error="disk" + ESCAPES)
+                    for r in fake.group.ranks))
+    engine = RemoteEngine(path)
+    try:
+        snap = engine.snapshot()
+    finally:
+        engine.close()
+    assert not [t for t in _strings(snap) if any(c in t for c in "\x1b\x07\x9c\x9d")]
+    assert (snap.name, snap.gpu_status, snap.incomplete_logs[0].error) == ("t.py", "gpu", "err")
+    assert [(r.signal_name, r.log_error) for r in snap.ranks] == [("SIGSEGV", "disk")] * 2
+
+
+def test_a_bad_snapshot_from_an_engine_is_one_line_not_a_traceback(served_fake):
+    from ranktop.core.client import RemoteEngine, RunGone
+
+    fake, path = served_fake
+    fake.group = dataclasses.replace(fake.group, local_world_size=10**6)
+    with pytest.raises(RunGone, match=r"^the run's engine sent a bad snapshot: local_world_size is 1000000, "):
+        RemoteEngine(path)
+    fake.group = dataclasses.replace(fake.group, local_world_size=2)
+    engine = RemoteEngine(path)
+    try:
+        fake.group = dataclasses.replace(fake.group, started_at=1e308)  # a time no clock can show: unknown
+        assert math.isnan(engine.snapshot().started_at)
+        fake.group = dataclasses.replace(fake.group, local_world_size=10**6)  # no view can be made of it
+        snap = engine.snapshot()
+    finally:
+        engine.close()
+    assert snap.ended and snap.state.value == "running" and snap.local_world_size == 2  # what it had
+    assert snap.error == "lost the run's engine before its end (local_world_size is 1000000, expected 1 to 4096)"
+
+
+def test_an_engine_that_stops_answering_is_waited_for_not_taken_for_the_runs_end(served_fake, monkeypatch):
+    """A stopped (SIGSTOP) or swamped engine: an attached view used to freeze on a trickling
+    answer, or take a 3 s silence for the run's end and say it was stopped on request."""
+    import threading
+
+    from ranktop.core import client
+
+    monkeypatch.setattr(client, "REQUEST_SECONDS", 0.3)
+    fake, path = served_fake
+    engine = client.RemoteEngine(path)
+    hold = threading.Event()
+    answer = fake.snapshot
+    fake.snapshot = lambda: (hold.wait(30), answer())[1]  # the engine's loop stuck until `hold`
+    try:
+        began = time.monotonic()
+        snap = engine.snapshot()
+        assert time.monotonic() - began < 2 and not snap.ended and not engine.gone  # what it saw last
+        assert not engine.submit(client.cmd.KillGroup()).ok  # asked again later, on a new connection
+        hold.set()
+        fake.group = dataclasses.replace(fake.group, attempt=1)
+        wait_for(lambda: engine.snapshot().attempt == 1, timeout=10, what="the engine answering again")
+        assert not engine.gone
+    finally:
+        hold.set()
+        engine.close()

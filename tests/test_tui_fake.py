@@ -4,6 +4,7 @@ screen knows only the interface, so rendering and keys need no real ranks."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 
 import pytest
@@ -85,6 +86,29 @@ def test_the_end_panel_names_an_unreapable_rank():
         panel = app.main.query_one("#root-cause-text").render().plain
         assert "rank 1 (pid 1001) outlived SIGKILL" in panel and "rank 0 (pid" not in panel
         assert app.is_running  # stays open on the final states
+
+    drive(engine, body)
+
+
+@pytest.mark.parametrize("state, fields, shown", [
+    # A rank that could not be started (or a rendezvous): no rank to blame, and no stop asked for.
+    (GroupState.FAILED, {"rendezvous_error": "cannot start local rank 0: Permission denied"},
+     "FAILED   fake.py after 0:00:00: cannot start local rank 0: Permission denied"),
+    # An attached view that lost its engine before the end: not "stopped on request".
+    (GroupState.RUNNING, {"error": "lost the run's engine before its end (Connection refused)"},
+     "END UNKNOWN   fake.py: lost the run's engine before its end (Connection refused); "
+     "`ranktop ls` says whether it still runs"),
+])
+def test_the_end_panel_says_why_a_run_ended_with_no_rank_to_blame(state, fields, shown):
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        engine.end(state, 1)
+        engine.group = dataclasses.replace(engine.group, **fields)
+        await until(pilot, lambda: app.main.ended, what="the end noticed")
+        await until(pilot, lambda: shown in app.main.query_one("#root-cause-text").render().plain,
+                    what="why, in the end panel")
+        assert "stopped on request" not in app.main.query_one("#root-cause-text").render().plain
 
     drive(engine, body)
 

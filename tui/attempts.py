@@ -11,20 +11,31 @@ import re
 from ranktop.core.layout import tail_lines_below
 from ranktop.core.output import RING_BYTES
 
-_ATTEMPT = re.compile(r"attempt_(\d+)(?:\.(\d+))?$")
+_ATTEMPT = re.compile(r"attempt_(\d{1,9})(?:\.(\d{1,9}))?")
 
 
-def attempt_dirs(run_dir: str | None) -> list[str]:
-    """The run's attempt directories, oldest first (attempt_0, attempt_1, attempt_1.1, ...)."""
+def attempt_dirs(run_dir: str | None, newest: int | None = None) -> list[str]:
+    """The run's attempt directories, oldest first (attempt_0, attempt_1, attempt_1.1, ...), up
+    to attempt `newest` (the engine's own: a rank may make an attempt_9 in the run directory).
+    Only real directories: a symlink in their place is not one of ours."""
     if not run_dir:
         return []
     try:
-        names = os.listdir(run_dir)
+        entries = list(os.scandir(run_dir))
     except OSError:
         return []
-    found = [(m, name) for name in names if (m := _ATTEMPT.match(name))]
+    found = [(m, entry.name) for entry in entries
+             if (m := _ATTEMPT.fullmatch(entry.name)) and _real_dir(entry)
+             and (newest is None or int(m.group(1)) <= newest)]
     found.sort(key=lambda pair: (int(pair[0].group(1)), int(pair[0].group(2) or 0)))
     return [os.path.join(run_dir, name) for _m, name in found]
+
+
+def _real_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
 
 
 class FileFeed:

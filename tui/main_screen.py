@@ -426,7 +426,7 @@ class MainScreen(Screen):
         event.input.value = ""
         ack = self.engine.submit(cmd.SendInput(self.current, event.value + "\n"))
         if not ack.ok:  # a typed line shows in the pane itself; only a refusal needs words
-            self.notify(ack.message, severity="warning", timeout=4, markup=False)
+            self.notify(clean(ack.message), severity="warning", timeout=4, markup=False)
 
     # ----- search -----------------------------------------------------------------------------
     def action_search(self, every_rank: bool = False) -> None:
@@ -529,7 +529,8 @@ class MainScreen(Screen):
     def _submit(self, command: cmd.Command) -> cmd.Ack:
         """Hand one command to the engine and show its answer."""
         ack = self.engine.submit(command)
-        self.notify(ack.message, severity="information" if ack.ok else "warning", timeout=3)
+        # An attached engine's words: plain, safe text, never markup.
+        self.notify(clean(ack.message), severity="information" if ack.ok else "warning", timeout=3, markup=False)
         self.tick()
         return ack
 
@@ -595,7 +596,7 @@ class MainScreen(Screen):
         """Show the focused rank's output of an earlier (step -1) or later (+1) attempt, read from
         its log files; past the newest, the live output again."""
         r = self.current
-        dirs = attempt_dirs(self.last.log_dir)
+        dirs = attempt_dirs(self.last.log_dir, self.last.attempt)
         if len(dirs) < 2:
             self.notify("no earlier attempt: this is the first", timeout=2)
             return

@@ -118,8 +118,11 @@ def attach(argv: list[str]) -> int:
     if not engine.last.ended:  # the last snapshot the TUI took
         print(f"ranktop: left {run.run_id}; it runs on (ranktop attach {run.run_id}, ranktop stop {run.run_id})",
               file=sys.stderr)
+    elif engine.last.error is not None:  # its engine went away before we saw the end
+        print(f"ranktop: {run.run_id}: {clean(engine.last.error)}; ranktop ls says whether it still runs",
+              file=sys.stderr)
     print_end_report(engine.last)
-    return 0
+    return app.return_code or 0  # 1 when the TUI itself failed: never a clean exit after a traceback
 
 
 class _Connecting(threading.Thread):

@@ -182,6 +182,13 @@ def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
             text.append(f"  after {len(group.earlier_attempts)} restart(s): "
                         + clean("; ".join(group.earlier_attempts)), style="bold yellow")
         text.append("\n")
+    elif group.state not in (GroupState.FAILED, GroupState.STOPPED):  # the engine left before the end
+        text.append(" END UNKNOWN ", style="bold reverse yellow")
+        text.append(f"  {clean(group.name)}: {clean(group.error or 'its engine went away')}; "
+                    "`ranktop ls` says whether it still runs\n")
+    elif cause is None and group.state == GroupState.FAILED and group.rendezvous_error:
+        text.append(" FAILED ", style="bold white on red")  # no rank to blame: the rendezvous, a start
+        text.append(f"  {clean(group.name)} after {elapsed}: {clean(group.rendezvous_error)}\n")
     elif cause is None or group.state == GroupState.STOPPED:
         # Stopped on request (a key, a signal to ranktop): the ranks' ends are effects, not a cause.
         text.append(f" {group.state.value.upper()} ", style="bold reverse yellow")  # on request: not a failure
