@@ -6,15 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import sys
 import threading
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import ROOT, wait_for
+from conftest import ROOT, polls, wait_for
 from ranktop.core import LocalAgent, WorkerSpec
 from ranktop.core.output import STDERR, STDOUT, LineRing
 from ranktop.tui.logview import MAX_CHARS, LogView
+from rich.cells import cell_len, chop_cells
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 
@@ -45,10 +47,10 @@ class Host(App):
 
 
 @contextlib.asynccontextmanager
-async def shown(ring: LineRing | None, **kw) -> AsyncIterator[tuple[LogView, Pilot]]:
+async def shown(ring: LineRing | None, size: tuple[int, int] = SIZE, **kw) -> AsyncIterator[tuple[LogView, Pilot]]:
     """A LogView over `ring` in a small app, laid out: (the view, the app's pilot)."""
     app = Host(ring, **kw)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=size) as pilot:
         await pilot.pause()
         yield app.view, pilot
 
@@ -352,3 +354,95 @@ async def test_rows_are_drawn_again_only_when_the_view_changed():
         assert again[3].text.startswith("epoch 1 50%") and again[0] is not first[0]
         view.scroll_to(x=2, animate=False, immediate=True)  # a new frame: no row of the old one
         assert view.render_lines(crop)[0].text.startswith("23456789")
+
+
+# Double-width characters (fullwidth digits, CJK, emoji), a combining accent and zero-width-joined
+# emoji, each line placed so that a wide character or a cluster falls across the wrap column.
+WIDE_LINES = [
+    "W:" + "".join(chr(0xFF10 + i % 10) for i in range(200)),  # the reviewer's line: ８ was lost at 80x24
+    "\x1b[31m" + "红色" * 30 + "\x1b[0mx\x1b[32m" + "绿" * 40 + "\x1b[0m",  # colours across the wrap
+    "a" + "漢字🙂" * 40,
+    "x" * 78 + "e\u0301y" * 3,  # the accent stays on its e
+    "x" * 78 + "👩\u200d💻z" + "👩\u200d💻" * 40,  # a joined emoji moves whole
+]
+
+
+def plain_of(line: str) -> str:
+    return "".join(part.split("m", 1)[-1] for part in line.split("\x1b["))
+
+
+def shown_cells(view: LogView, y: int) -> str:
+    """Screen row `y` as its cells read: the text, without the scrollbar's last cell."""
+    strip = view.render_line(y)
+    assert strip.cell_length == view.size.width, "every row is exactly as wide as the pane"
+    return "".join(seg.text for seg in list(strip)[:-1])
+
+
+def check_wrapped(view: LogView, lines: list[str]) -> None:
+    """Every row on screen is each line cut by whole cells, as rich's chop_cells cuts it: nothing lost
+    or doubled, a wide character or cluster never split, each row padded to the pane's width."""
+    width = view.text_width
+    expected = [row for line in lines for row in chop_cells(plain_of(line), width)]
+    assert view.row_count == len(expected) == view.virtual_size.height <= view.scrollable_content_region.height
+    for y, want in enumerate(expected):
+        cells = shown_cells(view, y)
+        assert view.row_text(y) == want and cells == want + " " * (width - cell_len(want)), f"row {y}"
+        assert "\ufffd" not in cells and cell_len(cells) == width
+    for line in lines:
+        rows = chop_cells(plain_of(line), width)
+        assert "".join(rows) == plain_of(line)
+        for row, after in itertools.pairwise(rows):  # a row ends short only for a wide character
+            assert cell_len(row) == width or (cell_len(row) == width - 1 and cell_len(after[0]) == 2), row
+
+
+async def settle(pilot: Pilot, condition, what: str, timeout: float = 5.0) -> None:
+    for _ in polls(timeout, what):
+        if condition():
+            return
+        await pilot.pause(0.01)
+
+
+@sync
+async def test_wrap_moves_wide_characters_whole_and_keeps_clusters_and_colours():
+    ring = LineRing()
+    ring.feed(STDOUT, "".join(line + "\n" for line in WIDE_LINES[:-1]).encode())
+    ring.feed(STDOUT, WIDE_LINES[-1].encode())  # the open last line wraps the same way
+    async with shown(ring, size=(80, 24)) as (view, pilot):
+        view.focus()
+        await pilot.press("w")
+        assert view.wrap and view.text_width == 79
+        check_wrapped(view, WIDE_LINES)
+        assert shown_cells(view, 1).startswith("８９０"), "the character across the wrap column moves whole"
+        for y in range(6, 9):  # the coloured line's rows: each character keeps its colour
+            assert {s.color.name for s in styles_of(view, y, "红")} <= {"color(1)"}
+            assert {s.color.name for s in styles_of(view, y, "绿")} <= {"color(2)"}
+        assert any(styles_of(view, y, "绿") for y in (7, 8)), "the green part reaches a later row"
+
+        await pilot.resize_terminal(71, 24)  # rows are cut again for the new width
+        await settle(pilot, lambda: view.text_width == 70 and view.row_count == sum(
+            len(chop_cells(plain_of(line), 70)) for line in WIDE_LINES), "rows for the new width")
+        check_wrapped(view, WIDE_LINES)
+
+
+@sync
+async def test_without_wrap_a_wide_character_cut_by_the_edge_is_a_blank_cell():
+    ring = LineRing()
+    ring.feed(STDOUT, (WIDE_LINES[0] + "\n").encode())
+    line = plain_of(WIDE_LINES[0])
+    async with shown(ring, size=(80, 24)) as (view, pilot):
+        for scroll_x in (0, 1, 2, 3):  # the right edge, then the left, cut a ０..９ in half
+            view.scroll_to(x=scroll_x, animate=False, immediate=True)
+            cells = shown_cells(view, 0)
+            assert cell_len(cells) == view.text_width and "\ufffd" not in cells
+            assert cells.strip(" ") in line, "whole characters, in order, none lost inside the row"
+            assert cell_len(cells.strip(" ")) >= view.text_width - 2
+
+
+def test_row_ends_cut_by_whole_clusters_as_richs_chop_cells_does():
+    from ranktop.tui.cells import row_ends
+
+    for text in ["", "abc", "汉字" * 5, "a" + "汉" * 5, "e\u0301" * 9, "x👩\u200d💻" * 4, "☺\ufe0f" * 5, "\u0301x"]:
+        for width in (2, 3, 4, 7):
+            ends = [0, *row_ends(text, width)]
+            rows = [text[a:b] for a, b in itertools.pairwise(ends)]
+            assert "".join(rows) == text and rows == (chop_cells(text, width) or [""]), (text, width)

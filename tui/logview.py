@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import math
 import re
 from typing import TYPE_CHECKING, Any, Self
 
 from ranktop.core.output import RING_BYTES, line_length
 from ranktop.core.sanitize import clean
+from ranktop.tui.cells import may_be_wide, row_ends, split_segments
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -92,6 +92,14 @@ def line_widths(lines: list[bytes]) -> list[int]:
     if widths and max(widths) <= MAX_CHARS and _PLAIN_LINES.fullmatch(b"\n".join(lines)):
         return widths
     return [line_width(line) for line in lines]
+
+
+def line_rows(raw: bytes, cells: int, width: int) -> int:
+    """The rows `parse_line(raw)` (`cells` wide) takes wrapped at `width` cells: a line that may
+    hold a double-width character is cut as the pane cuts it, by whole characters."""
+    if raw.isascii() or not may_be_wide(raw[:_MAX_BYTES].decode("utf-8", "replace")):
+        return max(1, -(-cells // width))
+    return len(row_ends(parse_line(raw, color=False).plain, width))
 
 
 def matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
@@ -193,6 +201,7 @@ class LogView(ScrollView, can_focus=True):
         self._first = 0
         self._open: list[bytes] = []  # unfinished last line of each stream, shown after the complete ones
         self._open_widths: list[int] = []
+        self._open_rows_each: list[int] = []  # rows of each open line (1 each unless wrapped)
         self._max_width = 0
         self._cum: list[int] = [0]  # wrap mode: absolute first row of each kept line, then the end
         self._wrap_width = 80  # set from the real width once mounted
@@ -257,7 +266,7 @@ class LogView(ScrollView, can_focus=True):
         self._widths.extend(widths)
         self._max_width = max(self._max_width, *widths, 0)
         if self.wrap:
-            self._extend_rows(widths)
+            self._extend_rows(new, widths)
         if self._query:
             self._hits.extend(n for n, line in enumerate(new, total - len(new)) if self._hit(line))
         over = max(len(self._lines) - self._maxlen, self._lines_over_bytes())
@@ -265,6 +274,7 @@ class LogView(ScrollView, can_focus=True):
             dropped += self._drop_front(over)
         self._open = open_lines
         self._open_widths = line_widths(open_lines)
+        self._count_open_rows()
         self._max_width = max(self._max_width, *self._open_widths, 0)
         return dropped
 
@@ -288,20 +298,24 @@ class LogView(ScrollView, can_focus=True):
         return rows
 
     # ----- rows (a line is one row, or several when wrapped) -------------------------------------
-    def _rows_of(self, width: int) -> int:
-        return max(1, math.ceil(width / self._wrap_width)) if self.wrap else 1
+    def _rows_of(self, raw: bytes, width: int) -> int:
+        return line_rows(raw, width, self._wrap_width) if self.wrap else 1
 
-    def _extend_rows(self, widths: list[int]) -> None:
-        rows = itertools.accumulate((self._rows_of(w) for w in widths), initial=self._cum[-1])
+    def _extend_rows(self, lines: list[bytes], widths: list[int]) -> None:
+        rows = itertools.accumulate(map(self._rows_of, lines, widths), initial=self._cum[-1])
         self._cum.extend(itertools.islice(rows, 1, None))  # accumulate starts with its initial value
 
     def _rebuild_rows(self) -> None:
         self._wrap_width = self.text_width
-        self._cum = list(itertools.accumulate((self._rows_of(w) for w in self._widths), initial=0))
+        self._cum = list(itertools.accumulate(map(self._rows_of, self._lines, self._widths), initial=0))
+        self._count_open_rows()
         self._strips.clear()
 
+    def _count_open_rows(self) -> None:
+        self._open_rows_each = list(map(self._rows_of, self._open, self._open_widths))
+
     def _open_rows(self) -> int:
-        return sum(self._rows_of(w) for w in self._open_widths)
+        return sum(self._open_rows_each)
 
     def _row_count(self) -> int:
         complete = (self._cum[-1] - self._cum[0]) if self.wrap else len(self._lines)
@@ -313,7 +327,7 @@ class LogView(ScrollView, can_focus=True):
             return index
         if index < len(self._lines):
             return self._cum[index] - self._cum[0]
-        return self._cum[-1] - self._cum[0] + sum(self._rows_of(w) for w in self._open_widths[: index - len(self._lines)])
+        return self._cum[-1] - self._cum[0] + sum(self._open_rows_each[: index - len(self._lines)])
 
     def _locate(self, row: int) -> tuple[int, int]:
         """(line index, row within that line) for a row of the whole view."""
@@ -324,8 +338,7 @@ class LogView(ScrollView, can_focus=True):
             index = bisect.bisect_right(self._cum, row + self._cum[0]) - 1
             return index, row + self._cum[0] - self._cum[index]
         row -= complete
-        for k, width in enumerate(self._open_widths):
-            rows = self._rows_of(width)
+        for k, rows in enumerate(self._open_rows_each):
             if row < rows:
                 return len(self._lines) + k, row
             row -= rows
@@ -487,7 +500,10 @@ class LogView(ScrollView, can_focus=True):
         if raw is None:
             return ""
         plain = parse_line(raw, color=False).plain
-        return plain[sub * self._wrap_width : (sub + 1) * self._wrap_width] if self.wrap else plain
+        if not self.wrap:
+            return plain
+        ends = [0, *row_ends(plain, self._wrap_width)]
+        return plain[ends[sub] : ends[sub + 1]] if sub + 1 < len(ends) else ""
 
     @property
     def row_count(self) -> int:
@@ -562,11 +578,11 @@ class LogView(ScrollView, can_focus=True):
             else:
                 text.highlight_words([self._query], style, case_sensitive=False)
         segments = [seg if seg.style else Segment(seg.text, _PLAIN) for seg in text.render(self.app.console)]
-        strip = Strip(segments, text.cell_len)
-        if not self.wrap or strip.cell_length <= self._wrap_width:
-            return [strip]
-        cuts = [*range(self._wrap_width, strip.cell_length, self._wrap_width), strip.cell_length]
-        return list(strip.divide(cuts))
+        if not self.wrap or text.cell_len <= self._wrap_width:
+            return [Strip(segments, text.cell_len)]
+        # By whole characters: a wide one that does not fit in a row's last cell starts the next row.
+        rows = split_segments(segments, row_ends(text.plain, self._wrap_width))
+        return [Strip(row) for row in rows]  # measured as Textual measures them
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
@@ -600,6 +616,7 @@ class LogView(ScrollView, can_focus=True):
         if wrap:
             self._rebuild_rows()
         else:
+            self._count_open_rows()
             self._strips.clear()
         self._update_virtual_size()
         self._move_to(self.max_scroll_y if self.follow else self._row_of_line(top))

@@ -1,0 +1,77 @@
+"""Cutting a line into rows by whole terminal cells, for the wrap mode of the output pane.
+
+A row may end only between clusters: a character with the zero-width ones after it (combining
+marks, variation selectors) and, through a zero-width joiner, the character after that too. A
+double-width cluster that does not fit in the last cell of a row starts the next one, and that row
+ends a cell short. Cells are counted with rich's `cell_len`, as Textual's Strip counts them, so a
+row is as wide here as on screen.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+
+from rich.cells import cell_len
+from rich.segment import Segment
+
+_ZWJ = "\u200d"
+_FIRST_WIDE = "\u1100"  # no character below this takes two cells
+
+
+def may_be_wide(text: str) -> bool:
+    """Whether `text` may hold a character of two cells (when not, it wraps every `width` cells)."""
+    return bool(text) and max(text) >= _FIRST_WIDE
+
+
+def clusters(text: str) -> tuple[list[int], list[int]]:
+    """The index of the first character of each cluster of `text`, and the cells of each."""
+    sizes = list(map(cell_len, text))
+    if 0 not in sizes:  # the usual line: every character is a cluster of its own
+        return list(range(len(text))), sizes
+    starts: list[int] = []
+    joined = False
+    for index, size in enumerate(sizes):
+        if joined:  # the character after a joiner, whatever it is, is part of the joiner's cluster
+            joined = False
+        elif size or not starts:
+            starts.append(index)
+        else:  # zero width: part of the cluster before it
+            joined = text[index] == _ZWJ
+    ends = [*starts[1:], len(text)]
+    return starts, [cell_len(text[start:end]) for start, end in zip(starts, ends, strict=True)]
+
+
+def row_ends(text: str, width: int) -> list[int]:
+    """Where each row of `text` wrapped at `width` cells ends (character indices, the last its
+    length): always one row at least, and a cluster wider than `width` gets a row of its own."""
+    starts, sizes = clusters(text)
+    edges = list(itertools.accumulate(sizes, initial=0))  # cells before each cluster
+    ends: list[int] = []
+    first = 0  # the cluster the row starts with
+    while True:
+        after = max(first + 1, bisect.bisect_right(edges, edges[first] + width) - 1)  # the next row's first
+        if after >= len(sizes):
+            return [*ends, len(text)]
+        ends.append(starts[after])
+        first = after
+
+
+def split_segments(segments: list[Segment], ends: list[int]) -> list[list[Segment]]:
+    """`segments` cut into rows at character offsets `ends` (ascending, the last the length of
+    their whole text), each piece keeping its segment's style."""
+    rows: list[list[Segment]] = [[]]
+    limits = iter(ends)
+    end, pos = next(limits), 0
+    for segment in segments:
+        text, style = segment.text, segment.style
+        while pos + len(text) > end:  # this row ends inside the segment
+            head, text = text[: end - pos], text[end - pos :]
+            if head:
+                rows[-1].append(Segment(head, style))
+            rows.append([])
+            pos, end = end, next(limits)
+        if text:
+            rows[-1].append(Segment(text, style))
+        pos += len(text)
+    return rows
