@@ -40,6 +40,7 @@ import errno
 import functools
 import os
 import selectors
+import signal
 import socket
 import stat
 import struct
@@ -507,8 +508,24 @@ class EngineServer:
         self.clients -= 1
 
     def linger(self, seconds: float) -> None:
-        """Keep serving the ended run for `seconds` (or until a client sends Stop)."""
-        self._leave.wait(seconds)
+        """Keep serving the ended run for `seconds`, or until a client sends Stop. Not at all
+        when a signal stopped the run, and no longer once SIGTERM or SIGINT comes: whoever
+        stops a run, or kills its engine, wants it gone (it used to stay 10 minutes, as if it
+        ignored them)."""
+        if self.engine.snapshot().stop_signal is not None:
+            return
+        before = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                before[sig] = signal.signal(sig, lambda _signum, _frame: self._leave.set())
+        try:
+            deadline = time.monotonic() + seconds
+            while not self._leave.wait(max(0.0, min(1.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    return
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
 
     def close(self) -> None:
         """Stop serving and remove the socket: `ranktop ls` no longer lists the run."""

@@ -376,6 +376,27 @@ def test_a_detached_run_lingers_after_its_end_and_attach_shows_its_final_view(tm
         term.close()
 
 
+def test_a_detached_engine_stopped_by_a_signal_does_not_linger(tmp_path, runtime):
+    """A SIGTERM to a detached engine stops its run, and the engine leaves; one lingering after
+    its run's end leaves on SIGTERM too. It used to stay its 10 minutes, as if it ignored it."""
+    script = tmp_path / "ticker.py"
+    script.write_text("import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.2)\n")
+    for run_id, entry in (("ticking", str(script)), ("ended", "--no-python")):
+        args = ("true",) if entry == "--no-python" else ()
+        done = run_ranktop("--detach", "--run-id", run_id, "--log-dir", str(tmp_path / "logs"), entry, *args,
+                           env=runtime)
+        assert done.returncode == 0, done.stderr
+    runs = wait_for(lambda: {r["run_id"]: r for r in ls(runtime)}.keys() == {"ticking", "ended"}
+                    and {r["run_id"]: r for r in ls(runtime)}, what="both runs served")
+    wait_for(lambda: {r["run_id"]: r["state"] for r in ls(runtime)}["ended"] == "succeeded", what="the end")
+    for run in runs.values():
+        os.kill(run["pid"], signal.SIGTERM)
+    wait_for(lambda: all(gone(run["pid"]) for run in runs.values()), timeout=15, what="both engines gone")
+    assert ls(runtime) == []
+    events = read_events(tmp_path / "logs" / "ticking")
+    assert [e["state"] for e in events if e["event"] == "run_finished"] == ["STOPPED"]
+
+
 @pytest.mark.parametrize(("content", "why"), [
     (b'{"name": "x"', "JSONDecodeError"),  # truncated
     (b'[1, 2]', "the top is [1, 2], expected an object"),  # another shape
