@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +25,25 @@ sys.path.insert(0, str(ROOT / "tests"))
 from browser import screenshot  # noqa: E402
 
 FIRST_BYTE = "document.body.classList.contains('-first-byte')"
+
+
+def served_address(web: subprocess.Popen, timeout: float = 20.0) -> str:
+    """The address `ranktop web` printed (it carries the launch's token), once its page answers."""
+    for line in web.stderr:  # the address is its first line; EOF if it failed
+        if found := re.search(r" on (http://\S+/\?token=\S+) ", line):
+            url = found.group(1)
+            break
+    else:
+        raise SystemExit("ranktop web printed no address")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return url
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{url} never answered") from None
+            time.sleep(0.1)
 
 
 def main() -> None:
@@ -41,9 +62,9 @@ def main() -> None:
     try:
         time.sleep(3)  # a few steps of training in every pane
         web = subprocess.Popen([*ranktop, "web", "demo", "--port", str(ns.port)], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(2)
-        if not screenshot(f"http://127.0.0.1:{ns.port}/", ns.out, FIRST_BYTE, settle=3.0, size=(1400, 820)):
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        url = served_address(web)
+        if not screenshot(url, ns.out, FIRST_BYTE, settle=3.0, size=(1400, 820)):
             raise SystemExit("the page never drew the app")
         print(f"wrote {ns.out}")
     finally:

@@ -1,18 +1,23 @@
 """`ranktop web`: the attach client served to browsers by textual-serve, seen in a real headless
-chromium; read-only unless --control; bad flags are one line."""
+chromium; read-only unless --control; bad flags are one line; other sites' pages, other names
+for this host and requests without the launch's token are refused before any client starts."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import re
 import signal
 import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from browser import CHROMIUM, page_open, screenshot
-from conftest import ROOT, ranktop_cmd, run_ranktop, wait_for
+from conftest import ROOT, marked_processes, ranktop_cmd, run_ranktop, wait_for
 from ranktop.core import commands as cmd
 from ranktop.core.spec import free_port
 from test_serve import ls, runtime, start_headless  # noqa: F401 (the runtime fixture)
@@ -20,29 +25,37 @@ from test_serve import ls, runtime, start_headless  # noqa: F401 (the runtime fi
 FIRST_BYTE = "document.body.classList.contains('-first-byte')"  # textual-serve: the app has drawn
 
 
-def start_web(env, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(ranktop_cmd("web", *args), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+ADDRESS = re.compile(r"ranktop: serving run \S+ on http://\S+/\?token=([\w-]+) ")
 
 
-def stop_web(web: subprocess.Popen) -> str:
+def start_web(env, err: Path, *args: str) -> subprocess.Popen:
+    """`ranktop web`, its stderr in the file `err` (read while it runs: the address it prints)."""
+    with open(err, "w") as f:
+        return subprocess.Popen(ranktop_cmd("web", *args), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                stderr=f, start_new_session=True)
+
+
+def stop_web(web: subprocess.Popen, err: Path) -> str:
     web.send_signal(signal.SIGINT)  # textual-serve's own way out: it closes every tab's app
-    _, err = web.communicate(timeout=30)
-    return err
+    web.wait(timeout=30)
+    return err.read_text()
 
 
 @contextlib.contextmanager
-def serving(tmp_path, env, run_id: str, *web_args: str) -> Iterator[tuple[subprocess.Popen, int]]:
-    """A headless 2-rank run and `ranktop web` on a free port, its page answering; both stopped
-    on the way out, whatever the test did."""
+def serving(tmp_path, env, run_id: str, *web_args: str) -> Iterator[tuple[subprocess.Popen, int, str]]:
+    """A headless 2-rank run and `ranktop web` on a free port, its page answering: the server,
+    its port and the token in the address it printed (its stderr is tmp_path/web.err); both
+    stopped on the way out, whatever the test did."""
     proc = start_headless(tmp_path, env, run_id)
     web = None
     try:
         wait_for(lambda: ls(env), what="the run listed")
         port = free_port("127.0.0.1")
-        web = start_web(env, "--port", str(port), *web_args)
-        wait_for(lambda: "textual" in page(port).lower(), what="the page served", timeout=20)
-        yield web, port
+        web = start_web(env, tmp_path / "web.err", "--port", str(port), *web_args)
+        printed = wait_for(lambda: ADDRESS.search((tmp_path / "web.err").read_text()), what="the address", timeout=20)
+        token = printed.group(1)
+        wait_for(lambda: "textual" in page(port, token).lower(), what="the page served", timeout=20)
+        yield web, port, token
     finally:
         if web is not None and web.poll() is None:
             web.kill()
@@ -51,13 +64,18 @@ def serving(tmp_path, env, run_id: str, *web_args: str) -> Iterator[tuple[subpro
         proc.wait(30)
 
 
-def page(port: int) -> str:
+def page(port: int, token: str) -> str:
     """The web view's page ("" while nothing listens yet)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as answer:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/?token={token}", timeout=5) as answer:
             return answer.read().decode()
     except OSError:
         return ""
+
+
+def attach_clients() -> list[str]:
+    """The attach clients textual-serve started (and the shells it starts them with)."""
+    return [line for line in marked_processes().values() if "ranktop attach" in line]
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -105,26 +123,86 @@ def test_read_only_clients_refuse_what_acts_and_still_dump_stacks(tmp_path, runt
 
 
 def test_a_non_loopback_host_warns_that_anyone_can_watch(runtime, tmp_path):  # noqa: F811
-    with serving(tmp_path, runtime, "wide", "--host", "0.0.0.0") as (web, _port):
-        err = stop_web(web)
+    with serving(tmp_path, runtime, "wide", "--host", "0.0.0.0") as (web, _port, _token):
+        err = stop_web(web, tmp_path / "web.err")
     assert "ranktop: warning: serving on 0.0.0.0: anyone who can reach it can watch this run" in err
     assert "read-only" in err
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
 def test_the_web_view_shows_the_ranks_in_a_real_browser(tmp_path, runtime):  # noqa: F811
-    with serving(tmp_path, runtime, "demo") as (web, port):
+    with serving(tmp_path, runtime, "demo") as (web, port, token):
         watchers = []
         png = tmp_path / "web.png"
-        ready = screenshot(f"http://127.0.0.1:{port}/", str(png), FIRST_BYTE,
+        ready = screenshot(f"http://127.0.0.1:{port}/?token={token}", str(png), FIRST_BYTE,
                            while_open=lambda: watchers.append(ls(runtime)[0]["clients"]))
         assert ready, "the page never got the app's first frame"
         assert watchers and watchers[0] >= 1  # the tab's attach client was connected to the engine
         assert png.stat().st_size > 15_000  # drawn panes, not textual-serve's splash (about 13 kB)
-        with page_open(f"http://127.0.0.1:{port}/"):  # a tab left open does not hold up the stop
+        with page_open(f"http://127.0.0.1:{port}/?token={token}"):  # a tab left open does not hold up the stop
             wait_for(lambda: ls(runtime)[0]["clients"] >= 1, what="the open tab's client", timeout=20)
             web.send_signal(signal.SIGINT)
-            _, err = web.communicate(timeout=15)  # (aiohttp alone waits for open tabs: 20 s and more)
-        assert "serving run demo on http://127.0.0.1:" in err
+            web.wait(timeout=15)  # (aiohttp alone waits for open tabs: 20 s and more)
+        err = (tmp_path / "web.err").read_text()
+        assert f"serving run demo on http://127.0.0.1:{port}/?token={token} (read-only;" in err
         wait_for(lambda: ls(runtime)[0]["clients"] == 0, what="the tab's client gone with the server")
         assert ls(runtime)[0]["state"] == "running"  # watching changed nothing
+
+
+async def _handshake(url: str, headers: dict[str, str]) -> int:
+    """The status a websocket handshake to `url` got (101: upgraded, and the tab's first bytes came)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
+        try:
+            async with session.ws_connect(url, headers=headers) as ws:
+                deadline = time.monotonic() + 20
+                while (await ws.receive(timeout=deadline - time.monotonic())).type != aiohttp.WSMsgType.BINARY:
+                    pass  # textual-serve's own messages, until the app's output
+                assert attach_clients(), "a tab drawn without an attach client"
+                return 101
+        except aiohttp.WSServerHandshakeError as refused:
+            return refused.status
+
+
+async def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        async with session.get(url, headers=headers or {}) as answer:
+            return answer.status, await answer.text()
+
+
+def test_other_sites_other_names_and_no_token_are_refused_before_a_client_starts(tmp_path, runtime):  # noqa: F811
+    with serving(tmp_path, runtime, "guard", "--control") as (web, port, token):
+        here = f"127.0.0.1:{port}"
+        tab, own = f"http://{here}/ws/{token}", {"Origin": f"http://{here}"}
+        rebound = {"Host": f"attacker.example:{port}"}  # DNS rebinding: the attacker's name, this address
+        refused = {
+            "another site's page": (tab, {"Origin": "http://evil.example"}),
+            "a page of this host's on another port": (tab, {"Origin": "http://127.0.0.1:1"}),
+            "a sandboxed page": (tab, {"Origin": "null"}),
+            "a rebound page": (tab, {**rebound, "Origin": f"http://attacker.example:{port}"}),
+            "a rebound name, no Origin": (tab, rebound),
+            "textual-serve's own /ws": (f"http://{here}/ws", own),
+            "a wrong token": (f"http://{here}/ws/{token[::-1]}", own),
+        }
+        for why, (url, headers) in refused.items():
+            assert asyncio.run(_handshake(url, headers)) == 403, why
+        assert attach_clients() == [] and ls(runtime)[0]["clients"] == 0
+
+        assert asyncio.run(_get(f"http://{here}/?token={token}", rebound))[0] == 403  # a rebound page never loads
+        status, text = asyncio.run(_get(f"http://{here}/"))
+        assert status == 403 and "open the address ranktop web printed" in text
+        for name in (here, f"localhost:{port}"):  # the page's websocket goes where the page came from
+            status, text = asyncio.run(_get(f"http://{here}/?token={token}", {"Host": name}))
+            assert status == 200 and f'data-session-websocket-url="ws://{name}/ws/{token}"' in text
+        assert attach_clients() == []
+
+        # the page's own websocket draws the app; so does a program's (no Origin: not a browser)
+        assert asyncio.run(_handshake(f"{tab}?width=100&height=30", own)) == 101
+        assert asyncio.run(_handshake(f"{tab}?width=100&height=30", {"Origin": f"http://localhost:{port}",
+                                                                     "Host": f"localhost:{port}"})) == 101
+        assert asyncio.run(_handshake(tab, {})) == 101
+        wait_for(lambda: not attach_clients(), what="the closed tabs' clients gone", timeout=20)
+        stop_web(web, tmp_path / "web.err")

@@ -1,17 +1,26 @@
 """`ranktop web [RUN]`: a run's TUI in browsers, for demos. textual-serve runs one `ranktop attach`
 per browser tab, each a client of the same engine; without `--control` those clients are
-read-only (keys that act on ranks say so and do nothing)."""
+read-only (keys that act on ranks say so and do nothing).
+
+textual-serve checks nobody: any page a browser shows could open its websocket (cross-site
+websocket hijacking) or reach the server under its own name (DNS rebinding), and watch the run,
+or act on it with --control. So every request is refused (403) before it is handled unless its
+Host names this server, a websocket's Origin (where sent) is the page's own, and the page and the
+websocket carry this launch's token (see Gate)."""
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
 import os
+import secrets
 import shlex
 import signal
 import socket
 import sys
 import time
+import urllib.parse
 
 from ranktop.core.strays import children_of_self
 from ranktop.tui.runs_cli import pick_run, run_parser
@@ -63,11 +72,12 @@ def main(argv: list[str]) -> int:
     except ImportError:
         print("ranktop: error: ranktop web needs textual-serve: pip install 'ranktop[web]'", file=sys.stderr)
         return 1
-    print(f"ranktop: serving run {run.run_id} on http://{_url_host(ns.host)}:{ns.port} "
+    gate = Gate(ns.host, secrets.token_urlsafe(18))
+    print(f"ranktop: serving run {run.run_id} on http://{_url_host(ns.host)}:{ns.port}/?token={gate.token} "
           f"({'control' if ns.control else 'read-only'}; Ctrl-C stops serving, the run goes on)",
           file=sys.stderr, flush=True)
     try:
-        _tab_aware(Server)(command, host=ns.host, port=ns.port, title=f"ranktop {run.run_id}").serve()
+        _tab_aware(Server)(command, host=ns.host, port=ns.port, title=f"ranktop {run.run_id}", gate=gate).serve()
     finally:
         end_children(CHILD_GRACE)
     return 0
@@ -76,15 +86,147 @@ def main(argv: list[str]) -> int:
 CHILD_GRACE = 5.0  # seconds an attach client has to leave after its hang-up, before SIGKILL
 
 
+LOOPBACK_HOSTS = frozenset({*LOOPBACK_NAMES, "127.0.0.1", "::1"})
+WILDCARDS = ("", "0.0.0.0", "::")  # bound to every address
+
+
+class Gate:
+    """Which requests `ranktop web` handles at all; the rest get a 403 before anything runs.
+
+    - Host (every route): a name this server answers for, port aside: the host it was bound to,
+      the address the request came in on, the loopback names when that is a loopback address,
+      and this machine's names when bound to every address. A page reached under some other name
+      (DNS rebinding: an attacker's name that resolves to this host) does not even load. The
+      port is not compared, as Django and Jupyter do not: no rebinding picks it, and a tunnel
+      (ssh -L 9000:localhost:8000) may present another.
+    - Origin (where sent): http:// and the request's own Host, exactly: the page builds its
+      websocket's address from the Host it was loaded under. Browsers send an Origin with every
+      websocket handshake, so one from another site's page is refused. A request without one is
+      let in: it comes from a program, not a browser, and a program can reach the port and send
+      any Origin it likes anyway; the token is what keeps it out.
+    - Token: a secret drawn per launch and printed in the address to open. The page (?token=)
+      and the websocket (/ws/TOKEN) need it; textual-serve's bare /ws is always refused. Other
+      users of this host can reach a loopback port too, and would pass the checks above.
+    """
+
+    def __init__(self, bound: str, token: str) -> None:
+        self.token = token
+        self.names = {_host_name(bound)}
+        if is_loopback(bound):
+            self.names |= LOOPBACK_HOSTS
+        if bound in WILDCARDS:
+            self.names |= {_host_name(socket.gethostname()), _host_name(socket.getfqdn())}
+
+    def refusal(self, request) -> str | None:  # noqa: ANN001 (aiohttp's)
+        """Why `request` is refused, in words; None when it may go on."""
+        host = request.headers.get("Host", "")
+        where = _netloc(host)
+        if where is None or where[0] not in self._names_for(request):
+            return f"Host {host!r} is not a name this server answers for"
+        origin = request.headers.get("Origin")
+        if origin is not None and _origin(origin) != where:
+            return f"Origin {origin!r} is not this page's own (http://{host})"
+        route = request.match_info.route.name
+        if route == "index":
+            given = request.query.get("token", "")
+        elif route in ("websocket", "tab"):
+            given = request.match_info.get("token", "")
+        else:
+            return None  # textual-serve's own scripts and styles; downloads go by a random key
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            return "no token, or not this launch's: open the address ranktop web printed"
+        return None
+
+    def _names_for(self, request) -> set[str]:  # noqa: ANN001
+        names = set(self.names)
+        sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+        if sockname:
+            local = _host_name(sockname[0])
+            names.add(local)
+            if is_loopback(local):
+                names |= LOOPBACK_HOSTS
+        return names
+
+
+def _host_name(host: str) -> str:
+    """`host` as Gate compares it: an address in its one spelling (IPv4-mapped IPv6 unwrapped), a
+    name in lower case without a trailing dot."""
+    host = host.strip("[]")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host.lower().rstrip(".")
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return str(address)
+
+
+def _netloc(text: str) -> tuple[str, int] | None:
+    """A Host header's (host, port), the port 80 when left out; None if it is not host[:port]."""
+    if not text or not text.isprintable() or any(c in text for c in " @/\\?#"):
+        return None
+    try:
+        parts = urllib.parse.urlsplit(f"//{text}")
+        port = parts.port
+    except ValueError:  # a bad port, an unclosed [
+        return None
+    if not parts.hostname:
+        return None
+    return _host_name(parts.hostname), 80 if port is None else port
+
+
+def _origin(text: str) -> tuple[str, int] | None:
+    """An Origin header's (host, port) when it is http://host[:port]; None otherwise ("null", https)."""
+    scheme, sep, rest = text.partition("://")
+    return _netloc(rest) if sep and scheme.lower() == "http" else None
+
+
 def _tab_aware(server: type) -> type:
-    """textual-serve's Server, which also lets go of open tabs when it stops: aiohttp waits for
-    every running handler on shutdown (up to 60 s), and a tab's websocket handler runs until the
+    """textual-serve's Server, which lets in only what its Gate lets through, builds the page's
+    addresses from the Host it was loaded under (not the bound host, which a remote browser cannot
+    use for 0.0.0.0), and also lets go of open tabs when it stops: aiohttp waits for every
+    running handler on shutdown (up to 60 s), and a tab's websocket handler runs until the
     browser leaves."""
+    import aiohttp_jinja2
+    from aiohttp import web
+    from textual_serve.server import to_int
 
     class WebServer(server):
-        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 (Server's own)
+        def __init__(self, *args, gate: Gate, **kwargs) -> None:  # noqa: ANN002, ANN003 (Server's own)
             super().__init__(*args, **kwargs)
+            self.gate = gate
             self.tabs: set[asyncio.Task] = set()
+
+        async def _make_app(self) -> web.Application:
+            app = await super()._make_app()
+            app.router.add_get("/ws/{token}", self.handle_websocket, name="tab")
+
+            @web.middleware
+            async def guard(request, handler):  # noqa: ANN001, ANN202
+                refusal = self.gate.refusal(request)  # before the handler: no upgrade, no client started
+                if refusal is not None:
+                    return web.Response(status=403, text=f"ranktop web: refused: {refusal}\n")
+                return await handler(request)
+
+            app.middlewares.append(guard)
+            return app
+
+        async def on_startup(self, app) -> None:  # noqa: ANN001
+            pass  # textual-serve's banner names the address without the token; ranktop printed its own
+
+        async def handle_index(self, request):  # noqa: ANN001, ANN201 (aiohttp's)
+            base = f"http://{request.headers['Host']}"  # the Gate has checked it
+            router = request.app.router
+            context = {
+                "font_size": to_int(request.query.get("fontsize", "16"), 16),
+                "app_websocket_url": f"ws://{request.headers['Host']}{router['tab'].url_for(token=self.gate.token)}",
+                "config": {"static": {"url": f"{base}{router['static'].url_for(filename='/')}".rstrip("/") + "/"}},
+                "application": {"name": self.title},
+            }
+            response = aiohttp_jinja2.render_template("app_index.html", request, context)
+            response.headers["Referrer-Policy"] = "no-referrer"  # the token stays in this address bar
+            response.headers["Cache-Control"] = "no-store"
+            return response
 
         async def handle_websocket(self, request):  # noqa: ANN001, ANN201 (aiohttp's)
             tab = asyncio.current_task()
