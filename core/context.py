@@ -172,16 +172,17 @@ def plan_streams(
     console_ranks: set[int] | None = None,
     prefixes: Mapping[int, str] | None = None,
 ) -> dict[int, StreamPlan]:
-    """torch's semantics: redirect = file only, tee = file and console, neither = console as is.
+    """torch's semantics: redirect = file only, tee = file and console (also when the same stream
+    is redirected: torch tees by tailing the file a redirect writes), neither = console as is.
     With capture_all (the agent, the CLI) every stream also goes to a file and the ring, and
     what is not redirected is shown prefixed; `console_ranks` limits who reaches the console."""
     redirects, tee = per_rank(redirects, nprocs), per_rank(tee, nprocs)
     plans = {}
     for r in range(nprocs):
         if capture_all:
-            files, console = Std.ALL, Std.ALL & ~redirects[r]
+            files, console = Std.ALL, (Std.ALL & ~redirects[r]) | tee[r]
         else:
-            files, console = redirects[r] | tee[r], tee[r] & ~redirects[r]
+            files, console = redirects[r] | tee[r], tee[r]
         if console_ranks is not None and r not in console_ranks:
             console = Std.NONE
         prefix = (prefixes or {}).get(r, "")

@@ -57,12 +57,13 @@ def dump_log_path(rank_dir: str) -> str:
     return stderr_log if os.path.lexists(stderr_log) else os.path.join(rank_dir, STDOUT_LOG)
 
 
-def check_run_id(run_id: str) -> str:
-    """A run id names one directory under the log root: no separators, no '..', nothing unprintable."""
+def check_run_id(run_id: str, flag: str = "--run-id") -> str:
+    """A run id names one directory under the log root: no separators, no '..', nothing
+    unprintable. `flag`: the option it came from, for the message (a rendezvous id is one too)."""
     if not run_id:
-        raise UsageError("bad --run-id '': expected a name such as exp-1")
+        raise UsageError(f"bad {flag} '': expected a name such as exp-1")
     if run_id in (".", "..") or not run_id.isprintable() or "/" in run_id:
-        raise UsageError(f"bad --run-id {run_id!r}: it names a directory, so no '/', '.', '..' "
+        raise UsageError(f"bad {flag} {run_id!r}: it names a directory, so no '/', '.', '..' "
                          "or control characters; use letters, digits, '-', '_' or '.'")
     return run_id
 

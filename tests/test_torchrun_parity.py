@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, make_agent, run_ranktop
+from conftest import ROOT, make_agent, ranktop_cmd, run_ranktop
 
 pytest.importorskip("torch")
 
@@ -49,6 +49,11 @@ LINES = [
     ("nproc-cpu", ["--nproc-per-node", "cpu", S], {}),
     ("start-method", ["--start-method", "fork", "--nproc-per-node", "2", S], {}),
     ("monitor-interval", ["--monitor-interval", "0.5", "--nproc-per-node", "2", S], {}),
+    ("run-path-beats-no-python", ["--no-python", "--run-path", "--nproc-per-node", "2", S, "a"], {}),
+    ("run-path-beats-module", ["-m", "--run-path", S], {}),
+    ("nproc-plus", ["--nproc-per-node", "+2", S], {}),
+    ("prefix-t-is-tee", ["--t", "3", "--nproc-per-node", "2", S], {}),  # not --tui, a flag torchrun lacks
+    ("signals-to-handle", ["--signals-to-handle", "SIGTERM,SIGUSR1", S], {}),
 ]
 # What torchrun derives from its own rendezvous rather than from the line: compared only where the
 # line fixes it.
@@ -117,8 +122,14 @@ BAD = [
     (["--virtual-local-rank", "--nproc-per-node", "2", S], {"CUDA_VISIBLE_DEVICES": "3"},
      "ranktop: error: bad --virtual-local-rank with 2 ranks: CUDA_VISIBLE_DEVICES='3' lists 1 device(s)"),
     ([S], {"PYTHON_EXEC": "/nonexistent/python"}, "ranktop: error: bad PYTHON_EXEC='/nonexistent/python'"),
-    (["--no-python", "--run-path", B], {}, "ranktop: error: --no-python and --run-path exclude each other"),
-    (["-m", "--run-path", M], {}, "ranktop: error: --module and --run-path exclude each other"),
+    (["--no-python", "-m", B], {}, "ranktop: error: --no-python and --module exclude each other"),
+    (["--local-ranks-filter", ",", S], {}, "ranktop: error: bad --local-ranks-filter ','"),
+    # torchrun waits for ever: no other node can find its store on a random local port
+    (["--standalone", "--nnodes", "2", S], {}, "ranktop: error: --standalone runs this one node, and --nnodes 2"),
+    # torchrun reads it as host ":", port 1, and hangs
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "::1", S], {}, "ranktop: error: bad --rdzv-endpoint '::1': "),
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-id", "../x", S], {},
+     "ranktop: error: bad --rdzv-id '../x': it names a directory"),
     (["--nproc-per-node", "gpu", S], {"RANKTOP_FAKE_GPUS": "2", "CUDA_VISIBLE_DEVICES": ""},
      "ranktop: error: bad --nproc-per-node gpu: no GPU found"),
 ]
@@ -131,6 +142,42 @@ def test_bad_value_is_one_line(argv, env, message, tmp_path):
     assert res.returncode == 2
     assert res.stderr.startswith(message) and res.stderr.count("\n") == 1, res.stderr
     assert os.listdir(tmp_path) == []  # no run directory, no rank
+
+
+def test_our_own_options_are_the_ones_torchrun_lacks():
+    """RANKTOP_ONLY yields to torchrun's options in abbreviations: it must name exactly ours."""
+    from ranktop.tui.cli import RANKTOP_ONLY, build_parser
+    from torch.distributed.run import get_args_parser
+
+    theirs = {o for a in get_args_parser()._actions for o in a.option_strings}
+    ours = {o for a in build_parser()._actions for o in a.option_strings}
+    assert ours - theirs == RANKTOP_ONLY
+
+
+def test_nproc_cpu_an_empty_filter_and_standalone_give_torchruns_world(tmp_path):
+    """As torch: `cpu` is the CPUs of our affinity (taskset, Slurm, cgroups), not the machine's;
+    an empty --local-ranks-filter is no filter (it used to hide every rank)."""
+    script = tmp_path / "hi.py"
+    script.write_text("import os\nprint('hi from', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n")
+    one_cpu = subprocess.run(["taskset", "-c", "0", *ranktop_cmd("--headless", "--nproc-per-node", "cpu",
+                                                                 "--log-dir", str(tmp_path / "a"), str(script))],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert one_cpu.returncode == 0 and one_cpu.stdout == "[default0]:hi from 0 of 1\n", one_cpu.stderr
+    every = run_ranktop("--headless", "--nproc-per-node", "2", "--local-ranks-filter=", "--log-dir",
+                        str(tmp_path / "b"), str(script))
+    assert sorted(every.stdout.splitlines()) == ["[default0]:hi from 0 of 2", "[default1]:hi from 1 of 2"]
+    # --standalone with room for more nodes: the one node alone, as torchrun ends up once its wait
+    # for others (30 s) is over; it used to tell the rank WORLD_SIZE 2.
+    alone = run_ranktop("--headless", "--standalone", "--nnodes", "1:2", "--log-dir", str(tmp_path / "c"), str(script))
+    assert alone.stdout == "[default0]:hi from 0 of 1\n", alone.stderr
+
+
+def test_a_stream_both_redirected_and_teed_is_shown_as_torchrun_shows_it(tmp_path):
+    script = tmp_path / "hi.py"
+    script.write_text("import os\nprint('hi from', os.environ['RANK'])\n")
+    done = run_ranktop("--headless", "--nproc-per-node", "2", "-r", "1", "-t", "3", "--log-dir", str(tmp_path),
+                       str(script))
+    assert sorted(done.stdout.splitlines()) == ["[default0]:hi from 0", "[default1]:hi from 1"]  # tee wins
 
 
 def test_gpu_count_follows_cuda_visible_devices(tmp_path):

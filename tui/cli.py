@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -126,12 +127,23 @@ class _Version(argparse.Action):
         parser.exit(0)
 
 
+# ranktop's options that torchrun 2.13 does not have (tests/test_torchrun_parity.py checks the list
+# against the installed torch's parser).
+RANKTOP_ONLY = frozenset({
+    "--debug", "--detach", "--detached-child", "--env", "--exit-on-end", "--headless", "--linger",
+    "--log-line-prefix-template", "--log_line_prefix_template", "--metric", "--no-faulthandler",
+    "--no_faulthandler", "--pty", "--run-id", "--sanitize-console", "--stall-timeout", "--stall_timeout",
+    "--tui", "--version", "-j",
+})
+
+
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     p = UsageParser(
         prog="ranktop",
         description="Launch and watch one process per rank (torchrun-compatible), in a TUI or headless.",
         epilog=SUBCOMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.extra_options = RANKTOP_ONLY
     add = p.add_argument
     add(*_both("nproc-per-node"), default="1", metavar="N|auto|cpu|gpu", help="ranks on this node (default 1)")
     add("-j", dest="jobs", metavar="[MIN:]NxM", help="TorchX style: N nodes x M ranks per node")
@@ -217,7 +229,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
 def parse_nproc(value: str) -> int:
     text = value.strip().lower()
     if text == "cpu":
-        return _within_nproc(value, os.cpu_count() or 1)
+        return _within_nproc(value, usable_cpus())
     if text in ("gpu", "auto"):
         from ranktop.core.gpu import device_count
 
@@ -227,13 +239,26 @@ def parse_nproc(value: str) -> int:
         if text == "gpu":
             raise UsageError("bad --nproc-per-node gpu: no GPU found (NVML sees none that "
                              "CUDA_VISIBLE_DEVICES allows)")
-        return _within_nproc(value, os.cpu_count() or 1)
+        return _within_nproc(value, usable_cpus())
     if text == "xpu":
         return _within_nproc(value, xpu_count())
-    if not text.lstrip("-").isdigit() or not limits.NPROC.accepts(int(text)):
+    try:
+        n = int(text)  # as torchrun reads it: "+2" and " 2" too
+    except ValueError:
+        n = None
+    if n is None or not limits.NPROC.accepts(n):
         raise UsageError(f"bad --nproc-per-node {value!r}: expected a positive whole number "
                          f"(at most {limits.MAX_NPROC_PER_NODE}), auto, cpu, gpu or xpu")
-    return int(text)
+    return n
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (taskset, cgroups, Slurm), as torch counts them for
+    --nproc-per-node cpu: not every CPU of the machine."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def xpu_count() -> int:
@@ -293,10 +318,10 @@ def parse_env(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def parse_ranks(value: str | None) -> set[int] | None:
-    if value is None:
+    if not value:  # as torchrun: empty is no filter
         return None
     try:
-        return {int(v) for v in value.split(",") if v.strip()}
+        return {int(v) for v in value.split(",")}  # an empty item ("0,", ",") is an error, as in torchrun
     except ValueError:
         raise UsageError(f"bad --local-ranks-filter {value!r}: expected local ranks like 0 or 0,2") from None
 
@@ -328,9 +353,13 @@ def python_for_ranks(environ: Mapping[str, str] | None = None) -> str:
 
 def entrypoint_and_args(ns: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
     script, rest = ns.training_script, tuple(ns.training_script_args)
+    if ns.run_path:  # as torchrun: it takes precedence over --no-python and --module
+        if not os.path.isfile(script):
+            raise UsageError(f"bad script {script!r}: no such file")
+        return python_for_ranks(), ("-u", "-c", RUN_PATH_CODE, script, *rest)
     if ns.no_python:
-        if ns.module or ns.run_path:
-            raise UsageError(f"--no-python and {'--module' if ns.module else '--run-path'} exclude each other")
+        if ns.module:
+            raise UsageError("--no-python and --module exclude each other")
         path = shutil.which(script) if os.sep not in script else script
         if path is None or not os.path.exists(path):
             raise UsageError(f"bad binary {script!r}: not found")
@@ -339,13 +368,9 @@ def entrypoint_and_args(ns: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
         return path, rest
     python = python_for_ranks()
     if ns.module:
-        if ns.run_path:
-            raise UsageError("--module and --run-path exclude each other")
         return python, ("-u", "-m", script, *rest)
     if not os.path.isfile(script):
         raise UsageError(f"bad script {script!r}: no such file")
-    if ns.run_path:
-        return python, ("-u", "-c", RUN_PATH_CODE, script, *rest)
     return python, ("-u", script, *rest)
 
 
@@ -379,6 +404,11 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
         min_nodes, nnodes, nproc = parse_jobs(ns.jobs)
     else:
         (min_nodes, nnodes), nproc = parse_nnodes_range(ns.nnodes), parse_nproc(ns.nproc_per_node)
+    if ns.standalone and nnodes > 1:
+        if min_nodes > 1:  # torchrun waits for nodes that cannot find its random local store
+            raise UsageError(f"--standalone runs this one node, and --nnodes {ns.nnodes} asks for at least "
+                             f"{min_nodes}: drop --standalone and name a --rdzv-endpoint every node reaches")
+        min_nodes = nnodes = 1  # what torchrun ends with once its wait for more nodes is over
     try:
         redirects, tee = Std.from_str(ns.redirects), Std.from_str(ns.tee)
     except ValueError as exc:
@@ -423,11 +453,16 @@ def uses_rendezvous(ns: argparse.Namespace) -> bool:
 
 def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, master_port: int | None, *,
                        check_only: bool = False):
+    from ranktop.core.layout import check_run_id
     from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
     from ranktop.core.spec import free_port
 
     conf: dict = parse_rdzv_conf(ns.rdzv_conf)
     endpoint = ns.rdzv_endpoint
+    if ns.rdzv_id != "none":  # it becomes the run's id, and its directory's name, on every node
+        check_run_id(ns.rdzv_id, "--rdzv-id")
+    if endpoint.count(":") > 1 and not endpoint.startswith("["):  # torch reads "::1" as host ":", port 1, and waits
+        raise UsageError(f"bad --rdzv-endpoint {endpoint!r}: write an IPv6 address in brackets, [::1]:29400")
     if ns.rdzv_backend == "static":  # as torchrun: the master's address, and the node rank from the flags
         conf["rank"] = ns.node_rank
         endpoint = endpoint or f"{ns.master_addr}:{master_port or free_port()}"
@@ -493,6 +528,9 @@ def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
         # --detach: checked here, run by the background process; a c10d host's store must be its,
         # not this process's, which ends at once (the child then lost its rendezvous half the time).
         spec = build_spec(ns, start_rendezvous=not ns.detach)
+        # As torchrun: the ranks (and a launcher nested in one) see which signals the agent handles.
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(
+            signal.Signals(sig).name for sig in ns.signals_to_handle)
         # ranktop owns this process: helpers that leave their rank are re-parented to us, not
         # to init, so they can be reaped, told to the guard and swept.
         from ranktop.core.strays import adopt_orphans

@@ -30,6 +30,17 @@ def usage_error(message: str) -> int:
 
 
 class UsageParser(argparse.ArgumentParser):
+    # Options of ours that the tool we stand in for lacks: an abbreviation it reads as one of its
+    # own (torchrun's `--t` is --tee) must not turn ambiguous because of them (--tui).
+    extra_options: frozenset[str] = frozenset()
+
+    def _get_option_tuples(self, option_string: str) -> list:
+        found = super()._get_option_tuples(option_string)
+        if len(found) > 1:
+            theirs = [match for match in found if match[1] not in self.extra_options]
+            return theirs or found
+        return found
+
     def error(self, message: str) -> NoReturn:
         # One line, no usage dump: the message already names the bad value.
         self.exit(USAGE_EXIT, usage_line(message) + "\n")
