@@ -111,3 +111,13 @@ def test_the_console_filter_cleans_a_character_or_sequence_cut_between_two_piece
         writer.write(console, b"!\n", "rank")
         writer.close()
     assert (tmp_path / "console").read_bytes() == "a\u20ac b \x1b[31mred!\n".encode()
+
+
+def test_the_end_report_names_a_hostile_script_safely(tmp_path):
+    """The script's name is ranktop's to print: one named with an OSC sequence retitled the terminal."""
+    script = tmp_path / "ev\x1b]0;PWN\x07il.py"
+    script.write_text("raise SystemExit(3)\n")
+    done = subprocess.run(ranktop_cmd("--headless", "--log-dir", str(tmp_path / "logs"), str(script)), cwd=ROOT,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.startswith(b"ranktop: evil.py failed (attempt 1 of 1)\n") and b"\x1b" not in done.stderr

@@ -676,7 +676,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
 
         sampler = StatsSampler()
     if spec.entrypoint != sys.executable and not ns.no_python:
-        print(f"ranktop: ranks run {spec.entrypoint}", file=sys.stderr)
+        print(f"ranktop: ranks run {clean(spec.entrypoint)}", file=sys.stderr)
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout,
                        sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,
@@ -700,7 +700,9 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
             server.close()
         if sampler is not None:
             sampler.close()
-    report = format_end_report(result, name=spec.display_name(), attempt=agent.attempt,
+    # The script's name is ours to print (the rank's own words stay raw, as torchrun prints them):
+    # a name with escape sequences in it must not retitle the terminal.
+    report = format_end_report(result, name=clean(spec.display_name()), attempt=agent.attempt,
                                max_restarts=spec.max_restarts, run_dir=agent.run_dir) or ""
     if report and ns.sanitize_console:  # it quotes error.json and the rank's last lines
         report = clean(report, sgr=True, newlines=True)
