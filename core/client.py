@@ -49,8 +49,11 @@ class Connection:
     """One connection to a run's engine: request() sends a control message and returns the answer
     (a dict, plus the output frames that came with it)."""
 
-    def __init__(self, path: str, timeout: float = CONNECT_TIMEOUT):
+    def __init__(self, path: str, timeout: float = CONNECT_TIMEOUT, *, answer_within: float | None = None):
+        """`answer_within`: the time a whole answer may take, however slowly its bytes come
+        (REQUEST_SECONDS unless given: a stack dump's takes longer)."""
         self.path = path
+        self.answer_within = REQUEST_SECONDS if answer_within is None else answer_within
         self._timeout: float | None = timeout
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
@@ -87,9 +90,7 @@ class Connection:
         return self._frames.pop(0)
 
     def request(self, message: dict, frames: int = 0) -> tuple[dict, list[protocol.Output]]:
-        # A whole answer within REQUEST_SECONDS, or the connection's own timeout where that is
-        # longer (a stack dump's: py-spy on many ranks takes seconds).
-        deadline = time.monotonic() + max(REQUEST_SECONDS, self._timeout or 0.0)
+        deadline = time.monotonic() + self.answer_within
         try:
             self._sock.sendall(protocol.encode_control(message))
             answer = self._next(deadline)
@@ -376,7 +377,7 @@ def dump_stacks(path: str, name: str = "DumpStacks", args: dict | None = None) -
     wait behind it). RunGone if the engine cannot be reached."""
     from ranktop.core.stacks import StackReport  # with psutil, 20 ms that attach need not wait for
 
-    with Connection(path, timeout=STACKS_TIMEOUT) as conn:
+    with Connection(path, timeout=STACKS_TIMEOUT, answer_within=STACKS_TIMEOUT) as conn:
         answer = conn.command(name, **(args or {}))
     report = answer.get("report")
     try:

@@ -799,7 +799,7 @@ def test_an_engine_that_stops_answering_is_waited_for_not_taken_for_the_runs_end
     try:
         began = time.monotonic()
         snap = engine.snapshot()
-        assert time.monotonic() - began < 2 and not snap.ended and not engine.gone  # what it saw last
+        assert time.monotonic() - began < 10 and not snap.ended and not engine.gone  # what it saw last
         assert not engine.submit(client.cmd.KillGroup()).ok  # asked again later, on a new connection
         hold.set()
         fake.group = dataclasses.replace(fake.group, attempt=1)
