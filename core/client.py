@@ -128,10 +128,7 @@ class Connection:
                                   "cursors": {str(r): list(c) for r, c in (cursors or {}).items()}})
         self._timeout = None
         self._sock.settimeout(None)  # a quiet run pushes nothing for as long as it likes
-        try:
-            return decode_snapshot(answer["snapshot"])
-        except BadValue as exc:
-            raise RunGone(f"the run's engine sent a bad snapshot: {exc}") from None
+        return served_snapshot(answer["snapshot"])
 
     def pushed(self) -> Iterator[tuple[dict, list[bytes]]]:
         """(message, complete lines) for each push after subscribe(): "output" messages carry
@@ -277,10 +274,10 @@ class RemoteEngine:
         self._lock = threading.Lock()  # one request at a time (the UI's timer and its workers)
         self.gone = False  # the engine left (its run ended, or it was stopped)
         try:
-            self.last = decode_snapshot(self._conn.snapshot())
-        except BadValue as exc:
+            self.last = served_snapshot(self._conn.snapshot())
+        except RunGone:
             self._conn.close()
-            raise RunGone(f"the run's engine sent a bad snapshot: {exc}") from None
+            raise
         self._early: dict[int, tuple[OutputCursor, list[bytes], list[bytes]]] = {}
         if look_ahead:
             for rank in self.last.ranks:
@@ -622,6 +619,14 @@ def decode_snapshot(data: Any) -> GroupSnapshot:
     if problem:
         raise BadValue(None, problem)
     return snap
+
+
+def served_snapshot(data: Any) -> GroupSnapshot:
+    """The first snapshot an engine serves, checked: RunGone (one line) if no view can be made of it."""
+    try:
+        return decode_snapshot(data)
+    except BadValue as exc:
+        raise RunGone(f"the run's engine sent a bad snapshot: {exc}") from None
 
 
 def snapshot_problem(snap: GroupSnapshot) -> str | None:

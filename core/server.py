@@ -438,10 +438,8 @@ class EngineServer:
             threading.Thread(target=self._dump, args=(conn, message.get("id"), command), name="ranktop-server-dump",
                              daemon=True).start()
             return None
-        if isinstance(command, cmd.Stop):
+        if isinstance(command, cmd.Stop):  # (an ended run's engine says the stop got what it asked for)
             self._leave.set()  # whoever stops a run wants it gone: no lingering after this end
-            if self.engine.snapshot().ended:
-                return {"ok": True, "message": "the run had ended: its engine leaves now"}
         ack = self.engine.submit(command)
         return {"ok": ack.ok, "message": ack.message}
 
