@@ -21,6 +21,7 @@ _EXPORTS = {
     "RunProcsResult": "ranktop.core.context",
     "set_start_method": "ranktop.core.context",
     "ProcessFailure": "ranktop.core.errors",
+    "BadErrorFile": "ranktop.core.errors",
     "record": "ranktop.core.errors",
     "read_error_file": "ranktop.core.errors",
     "write_error_file": "ranktop.core.errors",

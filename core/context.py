@@ -463,7 +463,7 @@ class PContext:
         # It got SIGKILL, so that is how it counts: a failure, the group's end unless we stopped it.
         slot.failure = ProcessFailure(
             slot.local_rank, slot.proc.pid, -signal.SIGKILL, self.error_file(slot.local_rank),
-            rank=self.global_ranks[slot.local_rank], exited_at=time.time(),
+            rank=self.global_ranks[slot.local_rank], exited_at=time.time(), raise_bad_file=False,
         )
         if not slot.stopped_by_us and not self._stopping:
             self._stop_all(signal.SIGTERM, self.shutdown_timeout)
@@ -515,7 +515,7 @@ class PContext:
         slot.failure = ProcessFailure(
             slot.local_rank, proc.pid, code, self.error_file(slot.local_rank) if held else None,
             rank=self.global_ranks[slot.local_rank], exited_at=proc.exited_at,
-            error_dir_fd=held.fd if held else None,
+            error_dir_fd=held.fd if held else None, raise_bad_file=False,  # the rank's file: named, not raised
         )
         if not slot.stopped_by_us and not self._stopping:
             self._stop_all(signal.SIGTERM, self.shutdown_timeout)  # one failure ends the group

@@ -19,7 +19,7 @@ import stat
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, TypeVar
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
@@ -185,8 +185,9 @@ class ErrorFileContent:
 ERROR_FILE_LIMIT = 1 << 20  # bytes; a real error file is a message and a traceback
 
 
-class BadErrorFile(Exception):
-    """An error file that is there but cannot be trusted; the text says what is wrong with it."""
+class BadErrorFile(ValueError):
+    """An error file that is there but cannot be trusted; the text says what is wrong with it.
+    A ValueError, as json's JSONDecodeError is (what torch's ProcessFailure raises for one)."""
 
 
 def read_error_file(path: str | os.PathLike) -> ErrorFileContent | None:
@@ -304,8 +305,9 @@ NO_ERROR_DATA = {"message": "<NONE>"}  # torch's error_file_data then
 class ProcessFailure:
     """One rank that ended badly, in torch's shape. `exitcode` is negative (-N) when signal N
     killed it; `timestamp` is whole seconds (the error file's, else when the exit was seen) and
-    `error_file` is "<N/A>" when the rank wrote none. Unlike torch, a malformed error file is not
-    raised: a rank controls that file, so its problem is named in `message` instead."""
+    `error_file` is "<N/A>" when the rank wrote none. A malformed error file raises BadErrorFile,
+    as torch raises; the engine, which reads files its ranks control, passes `raise_bad_file=False`
+    and the problem is named in `message` instead."""
 
     local_rank: int
     pid: int
@@ -322,12 +324,15 @@ class ProcessFailure:
     error_file_data: dict = field(init=False, repr=False)
     traceback: str | None = field(init=False, default=None)
     error_file_read: bool = field(init=False, default=False)  # a trustworthy error file was there
+    raise_bad_file: InitVar[bool] = True
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, raise_bad_file: bool) -> None:
         problem = content = None
         try:
             content = load_error_file(self.error_file, self.error_dir_fd) if self.error_file else None
         except BadErrorFile as exc:
+            if raise_bad_file:
+                raise BadErrorFile(f"error file {self.error_file} {exc}") from None
             problem = f"error file {self.error_file} {exc}; ignored"
         self.error_file_data = dict(NO_ERROR_DATA)
         stamp = None

@@ -19,7 +19,7 @@ from ranktop.core import (
     start_processes,
     to_map,
 )
-from ranktop.core.errors import write_error_file
+from ranktop.core.errors import BadErrorFile, write_error_file
 
 PY = sys.executable
 
@@ -93,8 +93,15 @@ def test_child_failed_error_error_file_data_and_the_error_handler(tmp_path, monk
     assert (simple.message, simple.timestamp, simple.error_file_data["message"]) == ("out of memory", 1700000000,
                                                                                     "out of memory")
     plain.write_text("{not json")
-    bad = ProcessFailure(3, 4244, 1, str(plain))  # torch raises here; a rank's file must not stop us
-    assert "is not valid JSON; ignored" in bad.message and bad.error_file == str(plain)
+    with pytest.raises(ValueError, match="is not valid JSON") as raised:  # as torch's: json's JSONDecodeError
+        ProcessFailure(3, 4244, 1, str(plain))
+    assert isinstance(raised.value, BadErrorFile)
+    plain.write_text(json.dumps({"timestamp": 1}))
+    with pytest.raises(ValueError, match='has no "message"'):  # torch: KeyError
+        ProcessFailure(3, 4244, 1, str(plain))
+    # the engine reads files its ranks control: there the problem is named, not raised
+    bad = ProcessFailure(3, 4244, 1, str(plain), raise_bad_file=False)
+    assert 'has no "message" object at the top; ignored' in bad.message and bad.error_file == str(plain)
     ours = tmp_path / "launcher_error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(ours))
     get_error_handler().dump_error_file(str(rank_file), error_code=1)
