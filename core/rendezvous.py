@@ -5,9 +5,9 @@ form (--nnodes/--node-rank/--master-addr) needs no torch, and `--headless` start
 
 In each round this node
   1. joins the round (`next_rendezvous()`): its group rank, the number of nodes, a shared store;
-  2. learns MASTER_ADDR/MASTER_PORT from that store, where group rank 0 writes them every round;
-  3. learns where its ranks sit in the job, through the same store, with the keys and JSON that
-     torch's agent uses: nodes with different --nproc-per-node or roles get torchrun's ranks.
+  2. learns where its ranks sit in the job, through the same store, with the keys and JSON that
+     torch's agent uses: nodes with different --nproc-per-node or roles get torchrun's ranks;
+  3. learns MASTER_ADDR/MASTER_PORT, which group rank 0 publishes before it assigns the ranks.
 While the ranks run, a `RoundWatch` looks for nodes waiting to join and for a node that gave up.
 When the group ends early, the nodes of the round agree on why (nodes joined: no restart spent;
 a failure: one restart spent on every node). At the end the node waits at the exit barrier
@@ -19,11 +19,15 @@ Two things torchrun 2.13 gets wrong with torch's default store sharing, and rank
   - the ranks' store (served by group rank 0's agent) is the same for every start of the group and
     the ranks use it without a prefix, so a restarted group reads the previous group's keys and
     gloo dials ranks that are gone. ranktop's group rank 0 serves a fresh store for each start.
+torchrun nodes can join a ranktop job and the other way round: group rank 0 writes torch's own
+MASTER_* keys every round, and uses torch's shared store, as torchrun does, in a round where a
+node did not mark itself as ranktop (a torchrun node's ranks can only reach that store).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -43,6 +47,7 @@ _MASTER_ADDR, _MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
 # ranktop's own, in each round's store: where the ranks' store is; why the group ended (the first
 # node to know writes it, the others take its answer); a node that gave up, and who has read that.
 _RANKS_STORE = "ranktop/ranks_store/"
+_RANKTOP_NODE = "ranktop/node/"  # written by each ranktop node before its role info
 _GROUP_END = "ranktop/group_end"
 _GAVE_UP = "ranktop/gave_up"
 _GAVE_UP_HEARD = "ranktop/gave_up_heard"
@@ -161,13 +166,26 @@ def plan_ranks(nodes: list[tuple[str, int]]) -> list[tuple[int, int, int, int]]:
     return plan
 
 
-def assign_ranks(store: Any, group_rank: int, nodes: int, role: str, local_world_size: int) -> tuple[int, int, int, int]:
+def identical_nodes() -> bool:
+    """torch's fast path (TORCH_ELASTIC_WORKER_IDENTICAL=1): every node has the same role and size,
+    so ranks follow from the group rank and nothing goes through the store."""
+    return os.environ.get("TORCH_ELASTIC_WORKER_IDENTICAL", "0") == "1"
+
+
+def assign_ranks(store: Any, group_rank: int, nodes: int, role: str, local_world_size: int,
+                 before_answers: Callable[[], None] | None = None) -> tuple[int, int, int, int]:
     """This node's (base rank, world size, base role rank, role world size) through the round's
-    store: each node writes its role and size, group rank 0 plans and writes every node's answer."""
+    store: each node writes its role and size, group rank 0 plans and writes every node's answer
+    (after `before_answers()`, which sees every node's role written)."""
+    if identical_nodes():
+        world = nodes * local_world_size
+        return group_rank * local_world_size, world, group_rank * local_world_size, world
     store.set(f"{_ROLE_INFO}{group_rank}",
               json.dumps({"role": role, "rank": group_rank, "local_world_size": local_world_size}))
     if group_rank == 0:
         infos = [json.loads(store.get(f"{_ROLE_INFO}{g}")) for g in range(nodes)]
+        if before_answers is not None:
+            before_answers()
         plan = plan_ranks([(info["role"], info["local_world_size"]) for info in infos])
         store.multi_set([f"{_ASSIGNED_RANKS}{g}" for g in range(nodes)], [json.dumps(p) for p in plan])
     base, world, role_base, role_world = json.loads(store.get(f"{_ASSIGNED_RANKS}{group_rank}"))
@@ -219,9 +237,19 @@ class Rendezvous:
             self._rounds += 1
             store, group_rank, nodes, number = info.store, info.rank, info.world_size, self._round_number()
             use_agent_store = bool(self.handler.use_agent_store)
-            master_addr, master_port = self._master(store, group_rank, info.bootstrap_store_info, number,
-                                                    use_agent_store)
-            ranks = assign_ranks(store, group_rank, nodes, self.role, self.local_world_size)
+            bootstrap = (info.bootstrap_store_info.master_addr, int(info.bootstrap_store_info.master_port))
+            self._ranks_store = None  # the previous group's store goes before the new one comes
+            if group_rank == 0:  # torch's handler on a node new to the job waits for these in every round
+                store.set(_MASTER_ADDR, bootstrap[0])
+                store.set(_MASTER_PORT, str(bootstrap[1]))
+            store.set(f"{_RANKTOP_NODE}{group_rank}", "1")
+
+            def publish_master() -> None:
+                self._publish_master(store, nodes, number, bootstrap, use_agent_store)
+
+            ranks = assign_ranks(store, group_rank, nodes, self.role, self.local_world_size,
+                                 before_answers=publish_master)
+            master_addr, master_port = self._master(store, number, bootstrap)
         except Exception as exc:
             raise RendezvousFailed(self._failure_message(exc)) from None
         self.store, self._told_gave_up = store, False
@@ -236,21 +264,24 @@ class Rendezvous:
         number = getattr(state, "round", None)
         return number if isinstance(number, int) else self._rounds - 1
 
-    def _master(self, store: Any, group_rank: int, bootstrap: Any, number: int,
-                use_agent_store: bool) -> tuple[str, int]:
-        """MASTER_ADDR/PORT for this start of the group, which group rank 0 writes in the round's
-        store every round (see the module's docstring for why every round, and why a new store)."""
+    def _publish_master(self, store: Any, nodes: int, number: int, bootstrap: tuple[str, int],
+                        use_agent_store: bool) -> None:
+        """Group rank 0: say where this start of the group's ranks meet, before any node learns its
+        ranks. A fresh store when every node is ranktop (see the module's docstring for why); torch's
+        own store when a torchrun node is in the round, since its ranks can only go there."""
+        addr, port = bootstrap
+        if use_agent_store and store.check([f"{_RANKTOP_NODE}{g}" for g in range(nodes)]):
+            self._ranks_store = _serve_ranks_store(addr)
+            port = self._ranks_store.port
+        store.set(f"{_RANKS_STORE}{number}", json.dumps([addr, port]))
+
+    def _master(self, store: Any, number: int, bootstrap: tuple[str, int]) -> tuple[str, int]:
+        """MASTER_ADDR/PORT for this node's ranks: what a ranktop group rank 0 published (it does so
+        before it assigns the ranks, so it is there by now), else torch's, as on a torchrun node (group
+        rank 0 is one, or TORCH_ELASTIC_WORKER_IDENTICAL skipped the assignment)."""
         key = f"{_RANKS_STORE}{number}"
-        self._ranks_store = None  # the previous group's store goes before the new one comes
-        if group_rank == 0:
-            addr, port = bootstrap.master_addr, bootstrap.master_port
-            if use_agent_store:
-                self._ranks_store = _serve_ranks_store(addr)
-                port = self._ranks_store.port
-            store.set(key, json.dumps([addr, port]))
-            # torch's handler on a node new to the job waits for these in every round it joins
-            store.set(_MASTER_ADDR, addr)
-            store.set(_MASTER_PORT, str(port))
+        if not store.check([key]):
+            return bootstrap  # group rank 0 is a torchrun node
         addr, port = json.loads(store.get(key))
         return addr, int(port)
 

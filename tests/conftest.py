@@ -115,10 +115,20 @@ def ranktop_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "ranktop", *args]
 
 
-def run_ranktop(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
-    """Run the real command line to the end, capturing its output as text."""
+def ranktop_cmd_without(module: str, *args: str) -> list[str]:
+    """The command line run as if `module` were not installed (python's own way to make a module
+    unimportable: sys.modules[name] = None)."""
+    hide = (f"import runpy, sys; sys.modules[{module!r}] = None; "
+            "runpy.run_module('ranktop', run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", hide, *args]
+
+
+def run_ranktop(*args: str, timeout: float = 60, without: str | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """Run the real command line to the end, capturing its output as text (`without`: as if that
+    module were not installed)."""
     kwargs.setdefault("cwd", ROOT)
-    return subprocess.run(ranktop_cmd(*args), capture_output=True, text=True, timeout=timeout, **kwargs)
+    cmd = ranktop_cmd_without(without, *args) if without else ranktop_cmd(*args)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import urllib.request
 from pathlib import Path
@@ -37,15 +36,31 @@ class Job:
         self.tmp_path, self.rdzv_id, self.nnodes, self.backend = tmp_path, rdzv_id, nnodes, backend
         self.endpoint = endpoint or f"127.0.0.1:{free_port()}"
         self.nodes: list[subprocess.Popen] = []
+        self.env: dict[str, str] = {}  # more environment for every node
 
-    def start(self, *rank_args: str, nproc: int = 1, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    def start(self, *rank_args: str, nproc: int = 1, extra: tuple[str, ...] = (),
+              local_addr: str = "127.0.0.1") -> subprocess.Popen:
+        """A ranktop node. torch sorts a round's nodes by address, then pid: `local_addr` can fix
+        the group ranks (127.0.0.1 before 127.0.0.2, both loopback)."""
         name = f"node{len(self.nodes)}"
-        cmd = ranktop_cmd("--headless", "--nnodes", self.nnodes, "--nproc-per-node", str(nproc),
-                          "--rdzv-backend", self.backend, "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.rdzv_id,
-                          "--rdzv-conf", CONF, "--local-addr", "127.0.0.1", "--monitor-interval", "0.2",
+        cmd = ranktop_cmd("--headless", *self._rendezvous_flags(nproc, local_addr),
                           "--log-dir", str(self.tmp_path / name), "--shutdown-timeout", "2", *extra,
                           RANK, *rank_args)
-        node = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return self._popen(cmd, {**os.environ, **self.env})
+
+    def start_torchrun(self, *rank_args: str, nproc: int = 1, local_addr: str = "127.0.0.1") -> subprocess.Popen:
+        """A node run by torch's own launcher on the same flags."""
+        cmd = [sys.executable, "-m", "torch.distributed.run", *self._rendezvous_flags(nproc, local_addr),
+               RANK, *rank_args]
+        return self._popen(cmd, {**os.environ, **self.env, "LOGLEVEL": "ERROR", "PYTHONWARNINGS": "ignore"})
+
+    def _rendezvous_flags(self, nproc: int, local_addr: str) -> tuple[str, ...]:
+        return ("--nnodes", self.nnodes, "--nproc-per-node", str(nproc), "--rdzv-backend", self.backend,
+                "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.rdzv_id, "--rdzv-conf", CONF,
+                "--local-addr", local_addr, "--monitor-interval", "0.2")
+
+    def _popen(self, cmd: list[str], env) -> subprocess.Popen:
+        node = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.nodes.append(node)
         return node
 
@@ -62,7 +77,8 @@ class Job:
 
 
 def placements(stdout: str) -> list[dict]:
-    return [json.loads(line.split("PLACED ", 1)[1]) for line in stdout.splitlines() if "PLACED " in line]
+    # found anywhere: a torchrun node's ranks share its stdout, and their lines can run together
+    return [json.loads(found) for found in re.findall(r"PLACED (\{[^{}]*\})", stdout)]
 
 
 def events(log_dir: Path) -> list[dict]:
@@ -115,6 +131,55 @@ def test_nodes_with_different_nproc_and_roles_get_torchruns_ranks(tmp_path, torc
     roles = {p["ROLE_WORLD_SIZE"]: sorted(q["ROLE_RANK"] for q in by_group[g]) for g in (0, 1) for p in by_group[g]}
     assert roles == {"2": ["0", "1"], "1": ["0"]}
     assert {p["WORLD_SIZE"] for g in (0, 1) for p in by_group[g]} == {"3"}
+
+
+@pytest.mark.parametrize(("group_rank_0", "identical"), [("ranktop", False), ("torchrun", False), ("ranktop", True)],
+                         ids=["ranktop-first", "torchrun-first", "worker-identical"])
+def test_a_ranktop_node_and_a_torchrun_node_make_one_job(tmp_path, torch_installed, group_rank_0, identical):
+    """The same c10d line on two nodes, one launched by ranktop and one by torchrun: one world of
+    four ranks whose gloo all-reduce meets, whichever launcher is group rank 0. With torch's
+    TORCH_ELASTIC_WORKER_IDENTICAL=1 neither node writes its role to the store (a ranktop node that
+    waited for the torchrun node's would wait for ever)."""
+    job = Job(tmp_path, f"with-torchrun-{group_rank_0}")
+    if identical:
+        job.env["TORCH_ELASTIC_WORKER_IDENTICAL"] = "1"
+    starts = {"ranktop": job.start, "torchrun": job.start_torchrun}
+    other = "torchrun" if group_rank_0 == "ranktop" else "ranktop"
+    starts[group_rank_0]("allreduce", nproc=2, local_addr="127.0.0.1")
+    starts[other]("allreduce", nproc=2, local_addr="127.0.0.2")
+    results = dict(zip((group_rank_0, other), job.finish(), strict=True))
+    for launcher, (status, out, err) in results.items():
+        assert status == 0, (launcher, err[-3000:])
+        assert out.count("SUM 6 world 4") == 2, (launcher, out)
+    ours = placements(results["ranktop"][1])
+    assert {p["GROUP_RANK"] for p in ours} == {"0" if group_rank_0 == "ranktop" else "1"}
+    placed = ours + placements(results["torchrun"][1])
+    assert sorted(int(p["RANK"]) for p in placed) == [0, 1, 2, 3]
+    # the ranks meet on the store torch's handler shares, as a torchrun node's ranks must
+    assert {(p["MASTER_ADDR"], p["TORCHELASTIC_USE_AGENT_STORE"]) for p in placed} == {("127.0.0.1", "True")}
+    ranktop_node = "node0" if group_rank_0 == "ranktop" else "node1"
+    assert (tmp_path / ranktop_node / job.rdzv_id / "attempt_0").is_dir()  # the rendezvous id names the run
+
+
+def test_the_static_line_without_a_backend_makes_one_job_with_a_torchrun_node(tmp_path, torch_installed):
+    """torchrun's most common multi-node line (--nnodes 2 --node-rank R --master-addr/-port, no
+    --rdzv-backend) is torch's static rendezvous: a ranktop node and a torchrun node make one job."""
+    port = str(free_port())
+    flags = ("--nnodes", "2", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", port)
+    torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *flags, "--node-rank", "0",
+                                 RANK, "allreduce"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, "LOGLEVEL": "ERROR", "PYTHONWARNINGS": "ignore"})
+    try:
+        ours = run_ranktop("--headless", *flags, "--node-rank", "1", "--log-dir", str(tmp_path), RANK, "allreduce",
+                           timeout=TIMEOUT)
+        theirs = torchrun.communicate(timeout=TIMEOUT)
+    finally:
+        stop_process(torchrun)
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    assert torchrun.returncode == 0, theirs[1][-3000:]
+    assert ours.stdout.count("SUM 6 world 4") == 2 and theirs[0].count("SUM 6 world 4") == 2
+    assert sorted(p["RANK"] for p in placements(ours.stdout)) == ["2", "3"]
+    assert "static rendezvous" in ours.stdout + ours.stderr
 
 
 def test_two_nodes_through_torchs_static_rendezvous(tmp_path, torch_installed):
@@ -187,24 +252,15 @@ def test_giving_up_closes_the_rendezvous_and_stops_the_other_node(tmp_path, torc
 
 
 def test_without_torch_a_rendezvous_backend_is_a_one_line_error(tmp_path):
-    hide_torch = textwrap.dedent("""
-        import runpy, sys
-        sys.modules['torch'] = None
-        sys.argv = ['ranktop', *sys.argv[1:]]
-        runpy.run_module('ranktop', run_name='__main__')
-    """)
-    args = ("--headless", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1",
-            "--log-dir", str(tmp_path), RANK, "print")
-    res = subprocess.run([sys.executable, "-c", hide_torch, *args], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60)
+    res = run_ranktop("--headless", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1",
+                      "--log-dir", str(tmp_path), RANK, "print", without="torch")
     assert res.returncode == 2
     assert res.stderr.startswith("ranktop: error: --rdzv-backend c10d needs torch (pip install torch)")
     assert len(res.stderr.splitlines()) == 1
     assert not list(tmp_path.iterdir())  # nothing started, no run directory
     # the static backend without torch is ranktop's own static form, exactly as without the flag
-    res = subprocess.run([sys.executable, "-c", hide_torch, "--headless", "--rdzv-backend", "static",
-                          "--log-dir", str(tmp_path), "--run-id", "plain", RANK, "print"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    res = run_ranktop("--headless", "--rdzv-backend", "static", "--log-dir", str(tmp_path), "--run-id", "plain",
+                      RANK, "print", without="torch")
     assert res.returncode == 0, res.stderr
     assert placements(res.stdout)[0]["WORLD_SIZE"] == "1"
 
@@ -326,15 +382,9 @@ def test_two_nodes_through_a_real_etcd_server(tmp_path, etcd_server, backend, ra
     assert {p["TORCHELASTIC_RUN_ID"] for p in placed} == {f"over-{backend}"}
 
 
-# python's own way to make a module unimportable (sys.modules[name] = None), then ranktop as usual
-WITHOUT_ETCD_CLIENT = ("import runpy, sys; sys.modules['etcd'] = None; "
-                       "runpy.run_module('ranktop', run_name='__main__', alter_sys=True)")
-
-
 def test_etcd_without_its_client_is_a_one_line_error(tmp_path, torch_installed):
-    res = subprocess.run([sys.executable, "-c", WITHOUT_ETCD_CLIENT, "--headless", "--rdzv-backend", "etcd",
-                          "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--log-dir", str(tmp_path), RANK, "print"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    res = run_ranktop("--headless", "--rdzv-backend", "etcd", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                      "--log-dir", str(tmp_path), RANK, "print", without="etcd")
     assert res.returncode == 2
     assert res.stderr == "ranktop: error: --rdzv-backend etcd needs the etcd client: pip install python-etcd\n"
     assert not list(tmp_path.iterdir())

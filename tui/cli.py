@@ -409,6 +409,8 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
             raise UsageError(f"--standalone runs this one node, and --nnodes {ns.nnodes} asks for at least "
                              f"{min_nodes}: drop --standalone and name a --rdzv-endpoint every node reaches")
         min_nodes = nnodes = 1  # what torchrun ends with once its wait for more nodes is over
+    if ns.rdzv_backend is None and nnodes > 1 and not ns.standalone:
+        ns.rdzv_backend = "static"  # torchrun's default: its nodes and ranktop's can make one job
     try:
         redirects, tee = Std.from_str(ns.redirects), Std.from_str(ns.tee)
     except ValueError as exc:
@@ -437,8 +439,9 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
 
 
 def uses_rendezvous(ns: argparse.Namespace) -> bool:
-    """torch's rendezvous runs the nodes: a --rdzv-backend was named, and it is not the static
-    one with torch missing (ranktop's own static form gives the same ranks without torch)."""
+    """torch's rendezvous runs the nodes: a --rdzv-backend was named (more than one node and none
+    named is torchrun's default, static), and it is not the static one with torch missing
+    (ranktop's own static form gives the same ranks without torch)."""
     if ns.standalone or ns.rdzv_backend is None:
         return False
     if ns.rdzv_backend == "static":
