@@ -83,6 +83,7 @@ class RunResult:
     # why this node's run ended with no rank to blame, if it did: the rendezvous, a rank that
     # could not be started
     rendezvous_error: str | None = None
+    interpreter: str | None = None  # the ranks' Python, when not ranktop's own (see GroupSnapshot)
 
     def is_failed(self) -> bool:
         return self.state == WorkerState.FAILED
@@ -177,6 +178,8 @@ class LocalAgent:
         self._user_actions: list[tuple[float, int, str]] = []
         # "attempt_<k>: why it ended" for each attempt before this one that failed or was restarted
         self._earlier_attempts: list[str] = []
+        self._interpreter = other_interpreter(spec)
+        self._native_ranks = not callable(spec.entrypoint) and not _is_python(spec)  # py-spy's --native
         # local rank -> (pid, its last output before a stack dump we asked for, until when the
         # dump's own lines may come): a dump does not count as the rank speaking
         self._dump_holds: dict[int, tuple[int, float | None, float]] = {}
@@ -412,7 +415,7 @@ class LocalAgent:
         unreapable = {self.spec.global_rank(r): pid for r, pid in result.unreapable.items()}
         run = RunResult(state, values, failures, self.root_cause, self._stop_signal,
                         incomplete_logs=self.incomplete_logs(), unreapable=unreapable,
-                        rendezvous_error=self._rdzv_error)
+                        rendezvous_error=self._rdzv_error, interpreter=self._interpreter)
         self.events.write("run_finished", state=state.name, exit_status=run.exit_status,
                           root_cause_rank=self.root_cause.rank if self.root_cause else None,
                           incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
@@ -882,7 +885,7 @@ class LocalAgent:
             cpu_percent=stats.cpu_percent if stats else None, rss=stats.rss if stats else None,
             gpu=stats.gpu if stats else None,
             stall_seconds=self._silent_for(slot, now) if state == RankState.STALLED else None,
-            native=not callable(self.spec.entrypoint) and not _is_python(self.spec),
+            native=self._native_ranks,
             log_bytes_lost=slot.log_bytes_lost, log_error=slot.log_error,
             paused=slot.paused, stdout_log=logs[0], stderr_log=logs[1],
         )
@@ -903,7 +906,7 @@ class LocalAgent:
             shutdown_timeout=self.shutdown_timeout, output_lines_kept=self.ring_lines,
             stop_signal=self._stop_signal, round=self.spec.placement.round if self.spec.placement else None,
             generation=pc.generation if pc else 0, rendezvous_error=self._rdzv_error,
-            earlier_attempts=tuple(self._earlier_attempts),
+            earlier_attempts=tuple(self._earlier_attempts), interpreter=self._interpreter,
         )
 
     def rank_processes(self) -> dict[int, tuple[int, dict[str, str]]]:
@@ -940,9 +943,19 @@ def _decoded(lines: list[bytes]) -> tuple[str, ...]:
     return tuple(line.decode(errors="replace") for line in lines)
 
 
+def other_interpreter(spec: WorkerSpec) -> str | None:
+    """The ranks' Python when it is not ranktop's own interpreter (None for that, or a binary)."""
+    if callable(spec.entrypoint) or not _is_python(spec) or spec.entrypoint == sys.executable:
+        return None
+    return str(spec.entrypoint)
+
+
 def _is_python(spec: WorkerSpec) -> bool:
-    exe = os.path.basename(str(spec.entrypoint))
-    return exe.startswith("python") or str(spec.entrypoint) == sys.executable
+    path = str(spec.entrypoint)
+    if path == sys.executable:
+        return True
+    # by name, or by what a link named otherwise (PYTHON_EXEC=~/bin/py) points to
+    return any(os.path.basename(p).startswith(("python", "pypy")) for p in (path, os.path.realpath(path)))
 
 
 def LocalElasticAgent(spec: WorkerSpec, logs_specs: Any = None, start_method: str = "spawn",  # noqa: N802

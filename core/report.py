@@ -10,6 +10,7 @@ import time
 from typing import Any, NamedTuple
 
 from ranktop.core.errors import describe_exit
+from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankState, RootCause
 
 TAIL_LINES = 10  # lines of a failed rank's output shown under the root cause
@@ -154,6 +155,8 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
                      "left to the orphan guard")
     if result.rendezvous_error and result.stop_signal is None:
         parts.append(f"ranktop: error: {result.rendezvous_error}")
+    if parts and result.interpreter:  # PYTHON_EXEC or another env's python: which one ran matters
+        parts.append(f"  the ranks ran {clean(result.interpreter)}")
     return "\n".join(parts)
 
 
@@ -166,6 +169,7 @@ class _SeenEnd(NamedTuple):
     incomplete_logs: tuple[LogLoss, ...]
     unreapable: dict[int, int | None]
     rendezvous_error: str | None
+    interpreter: str | None
 
 
 def report_after_tui(group: GroupSnapshot) -> str:
@@ -173,6 +177,6 @@ def report_after_tui(group: GroupSnapshot) -> str:
     the headless end report with its success line, from the run's final snapshot."""
     unreapable = {r.rank: r.pid for r in group.ranks if r.state == RankState.UNREAPABLE}
     seen = _SeenEnd(group.state, group.root_cause, group.stop_signal, group.incomplete_logs, unreapable,
-                    group.rendezvous_error)
+                    group.rendezvous_error, group.interpreter)
     return format_end_report(seen, name=group.name, attempt=group.attempt, max_restarts=group.max_restarts,
                              run_dir=group.log_dir, success_line=True, earlier_attempts=group.earlier_attempts)

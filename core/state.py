@@ -128,6 +128,9 @@ class GroupSnapshot:
     generation: int = 0
     # "attempt_<k>: rank 1 failed (exit 1)" for each earlier attempt of this run, oldest first
     earlier_attempts: tuple[str, ...] = ()
+    # The Python the ranks run when it is not ranktop's own (PYTHON_EXEC, or the active virtualenv
+    # or conda env when ranktop runs from an install of its own): said where it could surprise.
+    interpreter: str | None = None
 
     @property
     def paused(self) -> tuple[int, ...]:

@@ -207,6 +207,27 @@ def test_python_exec_picks_the_ranks_interpreter(tmp_path):
     assert f"ranktop: ranks run {python}" in res.stderr  # the run says which interpreter it used
 
 
+@pytest.mark.parametrize("variable", ["VIRTUAL_ENV", "CONDA_PREFIX"])
+def test_an_active_env_other_than_ranktops_own_runs_the_ranks_and_the_report_says_so(tmp_path, variable):
+    """ranktop installed on its own (pipx), a virtualenv or conda env active: the ranks run that
+    env's python, and the start line and the end report name it."""
+    env_dir = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=60)
+    script = tmp_path / "which.py"
+    script.write_text("import sys\nprint('EXE', sys.executable)\nsys.exit(3)\n")
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path / "logs"), str(script),
+                      env={**os.environ, variable: str(env_dir)})
+    python = str(env_dir / "bin" / "python")
+    assert res.returncode == 1, res.stderr
+    assert f"EXE {python}" in res.stdout
+    assert res.stderr.startswith(f"ranktop: ranks run {python}\n")
+    assert res.stderr.rstrip().endswith(f"the ranks ran {python}")  # the end report, after the root cause
+    # ranktop's own env active (the usual install): its own interpreter, nothing said
+    same = run_ranktop("--headless", "--log-dir", str(tmp_path / "logs"), str(script),
+                       env={**os.environ, variable: sys.prefix})
+    assert f"EXE {sys.executable}" in same.stdout and "ranks ran" not in same.stderr and "ranks run" not in same.stderr
+
+
 def test_duplicate_filters_copy_matching_lines_of_every_rank(tmp_path):
     script = tmp_path / "dup.py"
     script.write_text("import os, sys\nr = os.environ['RANK']\nprint('loss 1.0 rank', r)\nprint('noise', r)\n"

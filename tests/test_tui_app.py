@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,27 @@ def test_signal_picker_stop_cont_and_group_term(tmp_path):
         await until(pilot, lambda: not app.is_running, what="app closed")
 
     drive(app, body)
+
+
+def test_the_header_names_the_ranks_python_when_it_is_not_ranktops_own(tmp_path):
+    """PYTHON_EXEC, or another env's python: the header says which interpreter the ranks run."""
+    other = tmp_path / "env" / "bin" / "python3"
+    other.parent.mkdir(parents=True)
+    other.symlink_to(sys.executable)
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path / "logs", entrypoint=str(other))))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: f"python {other}" in app.main.query_one("#header").render().plain,
+                    what="the header names the ranks' python")
+        assert rank(app, 0).state.alive and not rank(app, 0).native  # a Python rank: py-spy reads its stack
+
+    drive(app, body)
+    own = RanktopApp(LocalEngine(ticker_agent(tmp_path / "own")))  # ranktop's own interpreter: not said
+
+    async def plain(app, pilot):
+        assert " python " not in app.main.query_one("#header").render().plain
+
+    drive(own, plain)
 
 
 def test_restart_rank_then_restart_group(tmp_path):

@@ -660,7 +660,7 @@ def _stderr_to_devnull() -> None:
 
 
 def run_headless(spec, ns: argparse.Namespace) -> int:
-    from ranktop.core.agent import LocalAgent
+    from ranktop.core.agent import LocalAgent, other_interpreter
     from ranktop.core.engine import LocalEngine
     from ranktop.core.output import CONSOLE_STALL
     from ranktop.core.report import format_end_report
@@ -678,8 +678,9 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         from ranktop.core.stats import StatsSampler
 
         sampler = StatsSampler()
-    if spec.entrypoint != sys.executable and not ns.no_python:
-        print(f"ranktop: ranks run {clean(spec.entrypoint)}", file=sys.stderr)
+    interpreter = other_interpreter(spec)
+    if interpreter:
+        print(f"ranktop: ranks run {clean(interpreter)}", file=sys.stderr)
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout,
                        sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,

@@ -188,6 +188,8 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) ->
         text.append(f"  earlier: {clean(group.earlier_attempts[-1])}", style="bold yellow")
         if len(group.earlier_attempts) > 1:
             text.append(f" (+{len(group.earlier_attempts) - 1})", style="bold yellow")
+    if group.interpreter:
+        text.append(f"  python {clean(_short_path(group.interpreter))}", style="dim")
     text.append(f"  world {group.world_size}")
     text.append(f"  node {group.node_rank}/{group.nnodes}" + (f" round {group.round}" if group.round is not None else ""))
     end = group.ended_at if group.ended_at is not None else now
