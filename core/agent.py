@@ -825,8 +825,10 @@ class LocalAgent:
             r = slot.local_rank
             silent = self._silent_for(slot, now)
             if slot.alive and silent >= self.stall_timeout and r not in self._stalled:
-                self._stalled.add(r)
                 snap = self._rank_snapshot(slot, now)
+                if snap.cpu_percent is None and silent < self.stall_timeout + self._cpu_wait():
+                    continue  # a short stall time beat the sampler's second look: "cpu -" tells nothing
+                self._stalled.add(r)
                 self.events.write("stall_detected", rank=snap.rank, local_rank=r, silent_s=round(silent, 1),
                                   cpu_percent=snap.cpu_percent,
                                   gpu_util=snap.gpu.util_percent if snap.gpu else None)
@@ -836,6 +838,11 @@ class LocalAgent:
                 self._stalled.discard(r)
                 if slot.alive:
                     self.events.write("stall_cleared", rank=self.spec.global_rank(r), local_rank=r)
+
+    def _cpu_wait(self) -> float:
+        """How long a stall's report may wait for the rank's cpu% (two samples of the sampler;
+        past that, the sampler cannot read the rank and the report goes without it)."""
+        return 2.5 * self.sampler.interval if self.sampler is not None else 0.0
 
     def _silent_for(self, slot: Any, now: float) -> float:
         """Seconds since the rank last printed (since it started, if it never did, or since it

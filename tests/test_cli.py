@@ -511,3 +511,23 @@ def test_a_console_that_goes_away_is_reported_once_and_the_run_goes_on(tmp_path)
     for rank in (0, 1):
         log = (tmp_path / "c" / "attempt_0" / str(rank) / "stdout.log").read_text()
         assert log == "ready\n" + "".join(f"line {i}\n" for i in range(300))
+
+
+def test_a_headless_stall_line_tells_a_busy_rank_from_a_blocked_one(tmp_path):
+    """The stall line's cpu% is what tells a rank spinning from one blocked in a collective; with
+    a stall time shorter than the sampler needs for two looks it used to say `cpu -`."""
+    script = tmp_path / "quiet.py"
+    script.write_text("import os, time\nend = time.time() + 3\n"
+                      "if os.environ['RANK'] == '0':\n    while time.time() < end:\n        pass\n"
+                      "else:\n    time.sleep(3)\n")
+    res = run_ranktop("--headless", "--nproc-per-node", "2", "--stall-timeout", "1", "--log-dir", str(tmp_path),
+                      str(script))
+    assert res.returncode == 0, res.stderr
+    cpu = {}
+    for line in res.stderr.splitlines():
+        if " stalled: no output for " in line:
+            rank, percent = line.split("ranktop: rank ")[1].split(" ")[0], line.split("(cpu ")[1].split(",")[0]
+            cpu[rank] = percent
+    assert sorted(cpu) == ["0", "1"], res.stderr
+    assert "-" not in cpu.values(), res.stderr
+    assert int(cpu["0"].rstrip("%")) >= 50 and int(cpu["1"].rstrip("%")) <= 20, cpu
