@@ -80,6 +80,21 @@ def test_ls_logs_and_stop_reach_a_headless_run(tmp_path, runtime):
     assert [e["signal"] for e in read_events(tmp_path / "logs" / "served") if e["event"] == "user_stop"] == ["SIGTERM"]
 
 
+def test_ls_cleans_the_socket_of_an_engine_that_died(tmp_path, runtime):
+    """ranktop SIGKILLed: nothing unlinks its socket (the guard ends its ranks); the next ls finds
+    nobody answering there, leaves the run out and removes the socket."""
+    proc = start_headless(tmp_path, runtime, "doomed")
+    try:
+        (run,) = wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert os.path.exists(run["socket"])  # left behind by the dead engine
+    assert ls(runtime) == []
+    assert not os.path.exists(run["socket"])
+    assert run_ranktop("ls", env=runtime).stdout.strip() == "no runs are served on this host"
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("stop", "nope"), "ranktop: error: 'nope' names no run served on this host: runs are none"),
     (("logs",), "ranktop: error: no runs are served on this host (ranktop ls lists them)"),
