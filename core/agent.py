@@ -125,6 +125,7 @@ class LocalAgent:
         echo_events: bool = False,
         duplicate_filters: dict[int, tuple[str, ...]] | None = None,
         on_notice: Callable[[str], None] | None = None,
+        hangup_stops: bool = True,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
         if stall_timeout is not None:
@@ -186,7 +187,7 @@ class LocalAgent:
         self._started = threading.Event()
         # (signal, monotonic arrival time), appended by signal handlers, drained by the loop.
         self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
-        self._stop_rule = StopRule()
+        self._stop_rule = StopRule(hangup_stops=hangup_stops)
         self._earlier_losses: list[LogLoss] = []  # incomplete logs of the attempts before this one
         # Commands waiting for the monitor loop, each with the slot its Ack goes into.
         self._commands: collections.deque[tuple[cmd.Command, _Reply | None]] = collections.deque()
@@ -611,6 +612,10 @@ class LocalAgent:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.handle_signal(signum)
 
+    def ignore_hangups(self) -> None:
+        """The run let go of its terminal: from now on a SIGHUP is noted, not a stop."""
+        self._stop_rule.hangup_stops = False
+
     def handle_signal(self, signum: int) -> None:
         """ranktop itself got `signum`: forward it to every rank (grace, then SIGKILL) and end with
         128+N; `StopRule` says what a repeat means. Safe from a signal handler: it only notes the
@@ -624,9 +629,10 @@ class LocalAgent:
         while self._pending_signals:
             signum, received_at = self._pending_signals.popleft()
             action = self._stop_rule.decide(signum, received_at)
+            ignored = action in (StopAction.DUPLICATE, StopAction.IGNORED)
             self.events.write("signal_received", signal=signal.Signals(signum).name,
-                              forwarded=action != StopAction.DUPLICATE, action=action.value)
-            if action == StopAction.DUPLICATE:
+                              forwarded=not ignored, action=action.value)
+            if ignored:
                 continue
             if action == StopAction.PASS_ON:
                 if pc is not None:

@@ -48,6 +48,11 @@ class Engine(Protocol):
         lines (a new pane's first screen, before it asks for the rest)."""
         ...
 
+    def events_since(self, seen: int) -> tuple[int, list[str]]:
+        """(events so far, the events.jsonl lines of those after the first `seen`, the newest
+        few hundred at most): what a served run pushes to its subscribers as it happens."""
+        ...
+
     def submit(self, command: cmd.Command) -> cmd.Ack:
         """Apply one command (a rank signal, a kill, a restart, a stop, a stack dump) and say how
         it went. A bad command changes nothing and is answered with a one-line reason."""
@@ -119,6 +124,9 @@ class LocalEngine:
         seen = cursor.line if cursor is not None and cursor.generation == generation else 0
         version, total, lines, open_lines = ring.since(seen, tail)
         return OutputCursor(generation, total, version), lines, open_lines
+
+    def events_since(self, seen: int) -> tuple[int, list[str]]:
+        return self.agent.events.since(seen)
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
         problem = cmd.problem(command, self.agent.spec.local_world_size)

@@ -20,10 +20,13 @@ class EventLog:
     `HELD_LINES`) and written, in order, with the next line that fits."""
 
     HELD_LINES = 10_000
+    RECENT = 256  # the newest events, kept for the served run's subscribers (see since())
 
     def __init__(self, fd: int):
         self._fd = fd
         self._held: collections.deque[bytes] = collections.deque(maxlen=self.HELD_LINES)
+        self._recent: collections.deque[str] = collections.deque(maxlen=self.RECENT)
+        self._count = 0  # events written so far
         self._lock = threading.Lock()
         self.echo: Callable[[str], None] | None = None  # also say each line here (torchrun's console handler)
 
@@ -33,10 +36,19 @@ class EventLog:
         with self._lock:
             if self._fd < 0:
                 return
+            self._count += 1
+            self._recent.append(line)
             self._held.append(line.encode())
             self._write_held(strict)
         if self.echo is not None:  # outside the lock: saying it may fail, and the failure is an event too
             self.echo(line)
+
+    def since(self, seen: int) -> tuple[int, list[str]]:
+        """(events written so far, the lines of those after the first `seen` that are still
+        kept): a reader that falls more than RECENT behind skips the oldest."""
+        with self._lock:
+            new = min(self._count - seen, len(self._recent))
+            return self._count, list(self._recent)[len(self._recent) - new:] if new > 0 else []
 
     def _write_held(self, strict: bool) -> None:
         """The lines held back, then the new one, in order, while they fit. Lock held."""

@@ -108,7 +108,10 @@ def root_cause_lines(cause: RootCause, *, max_traceback: int | None = None,
     return lines
 
 
-def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts: int) -> str:
+def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts: int,
+                      run_dir: str | None = None) -> str:
+    """The headline, the evidence and where the logs are: the run directory when known (a rank
+    killed by a signal leaves no error file, and its logs are what is left to read)."""
     lines = [
         f"ranktop: {name} failed (attempt {attempt + 1} of {max_restarts + 1})",
         f"  root cause: rank {cause.rank} (local rank {cause.local_rank}, pid {cause.pid}) "
@@ -117,8 +120,9 @@ def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts
     if cause.user_action:  # the failure may be an effect of it: say so before the evidence
         lines.insert(1, f"  note: {cause.user_action}")
     lines += [line.indent + line.text for line in root_cause_lines(cause)]
-    if cause.error_file:
-        lines.append(f"  logs: {os.path.dirname(cause.error_file)}")
+    logs = run_dir or (os.path.dirname(cause.error_file) if cause.error_file else None)
+    if logs:
+        lines.append(f"  logs: {logs}")
     return "\n".join(lines)
 
 
@@ -139,7 +143,8 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
     error. `success_line`: also say so when it succeeded (the TUI leaves nothing else behind)."""
     parts = []
     if result.root_cause is not None and result.stop_signal is None:
-        parts.append(format_root_cause(result.root_cause, name=name, attempt=attempt, max_restarts=max_restarts))
+        parts.append(format_root_cause(result.root_cause, name=name, attempt=attempt, max_restarts=max_restarts,
+                                       run_dir=run_dir))
     elif result.stop_signal is not None:
         parts.append(f"ranktop: stopped by {_signal_label(result.stop_signal)}; logs in {run_dir}")
     elif success_line and result.state == GroupState.STOPPED:

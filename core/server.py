@@ -18,14 +18,14 @@ loop's queue like a key press. Requests (after each side's hello):
 - {"type": "subscribe", "ranks": [R...] | null, "cursors": {"R": [G, N]}} -> {"type": "subscribed",
   "snapshot": ...}, then, pushed every PUSH_SECONDS: each subscribed rank's new output from its
   cursor (as the answer to an output request: the head, then two output frames), a
-  {"type": "snapshot"} whenever a state changes, and {"type": "ended", "exit_status": N} once
-  the run is over. The cursors make the stream gapless and without overlap from where the
+  {"type": "snapshot"} whenever a state changes, {"type": "event", "event": {...}} for each line
+  the run adds to events.jsonl, and {"type": "ended", "exit_status": N} once the run is over. The cursors make the stream gapless and without overlap from where the
   client stood. A subscriber that reads slowly is never waited on: while it has not taken what
   was pushed, nothing more is made for it, and when it catches up it resumes from what the ranks'
   rings still hold (it skips ahead); one that owes more than MAX_PENDING is dropped.
 
 A client that sends anything else (or anything before its hello, or no hello within
-HELLO_SECONDS), that is not ours (SO_PEERCRED: another uid), or that does not read its answers
+HELLO_SECONDS, or a frame it leaves unfinished for FRAME_SECONDS), that is not ours (SO_PEERCRED: another uid), or that does not read its answers
 within SEND_TIMEOUT is dropped; so is one whose request fails to be answered, whatever the reason:
 it costs its own connection, never the server. At most MAX_CLIENTS are served at once, and
 running out of descriptors refuses the newcomer rather than spinning on it. The engine and the
@@ -38,12 +38,14 @@ import dataclasses
 import enum
 import errno
 import functools
+import json
 import os
 import selectors
 import signal
 import socket
 import stat
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -59,6 +61,7 @@ MAX_PENDING = 16 << 20  # bytes a subscriber may owe before it is dropped
 MAX_REPLY_BYTES = 2 << 20  # output lines per answer: a client asks again for the rest
 MAX_CLIENTS = 64  # ls, attach, logs -f, browser tabs: far more than anyone opens; each is a descriptor
 HELLO_SECONDS = 5.0  # a client that has not said hello by then is dropped (it holds a descriptor)
+FRAME_SECONDS = 5.0  # a client that leaves a frame unfinished this long is dropped (it holds a slot)
 ACCEPT_PAUSE = 0.5  # out of descriptors even for the spare: stop accepting for this long
 RELAYED = {c.__name__: c for c in (cmd.SignalRank, cmd.SignalGroup, cmd.KillRank, cmd.KillGroup, cmd.RestartRank,
                                    cmd.RestartGroup, cmd.Stop, cmd.SendInput, cmd.DumpStacks, cmd.SignalDump)}
@@ -170,6 +173,7 @@ class _Subscriber:
     cursors: dict[int, OutputCursor]
     pending: bytearray = dataclasses.field(default_factory=bytearray)  # pushed, not yet taken
     seen: tuple = ()  # the states last pushed
+    events: int = 0  # the run's events so far when last pushed
     ended: bool = False
 
 
@@ -195,6 +199,7 @@ class EngineServer:
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._decoders: dict[socket.socket, protocol.FrameDecoder] = {}
         self._hello_due: dict[socket.socket, float] = {}  # clients yet to say hello: by when
+        self._frame_due: dict[socket.socket, float] = {}  # clients in the middle of a frame: by when it must end
         self._spare_fd = _spare_fd()  # given up for a moment to refuse a client when out of descriptors
         self._accept_paused_until = 0.0
         self._later: list[tuple[socket.socket, bytes]] = []  # slow answers, sent by the server thread
@@ -225,16 +230,19 @@ class EngineServer:
 
     def _select_timeout(self) -> float | None:
         waits = [PUSH_SECONDS] if self._subscribers else []
-        if self._hello_due or self._accept_paused_until:
+        if self._hello_due or self._frame_due or self._accept_paused_until:
             waits.append(ACCEPT_PAUSE)
         return min(waits, default=None)
 
     def _keep_time(self) -> None:
-        """Drop clients that did not say hello in time; accept again after a pause."""
+        """Drop clients that did not say hello, or finish a frame, in time; accept again after a pause."""
         now = time.monotonic()
         for conn, due in list(self._hello_due.items()):
             if now >= due:
                 self._drop(conn, f"no hello within {HELLO_SECONDS:g}s")
+        for conn, due in list(self._frame_due.items()):
+            if now >= due:
+                self._drop(conn, f"a frame left unfinished for {FRAME_SECONDS:g}s")
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
             self._selector.register(self._listener, selectors.EVENT_READ)
@@ -294,8 +302,13 @@ class EngineServer:
             self._drop(conn)
             return
         try:
-            for message in self._decoders[conn].feed(data):
+            decoder = self._decoders[conn]
+            for message in decoder.feed(data):
                 self._answer(conn, message)
+            if not decoder.pending:
+                self._frame_due.pop(conn, None)
+            elif conn in self._decoders:
+                self._frame_due.setdefault(conn, time.monotonic() + FRAME_SECONDS)
         except (protocol.ProtocolError, OSError) as exc:
             self._drop(conn, str(exc))
         except Exception as exc:  # a request we could not answer costs its client, never the server
@@ -367,7 +380,8 @@ class EngineServer:
                 raise protocol.ProtocolError("a cursor is [generation, line]")
             start[rank] = OutputCursor(at[0], at[1])
         snap = self.engine.snapshot()
-        self._subscribers[conn] = _Subscriber(ranks, start, seen=_states(snap))
+        events, _ = self.engine.events_since(sys.maxsize)  # what happened so far is in the snapshot; news follows
+        self._subscribers[conn] = _Subscriber(ranks, start, seen=_states(snap), events=events)
         self._send(conn, protocol.encode_control({"type": "subscribed", "snapshot": to_json(snap)}))
 
     def _push(self) -> None:
@@ -386,6 +400,9 @@ class EngineServer:
             sub.cursors[rank], frames, new = self._output_since(rank, sub.cursors[rank])
             if new:
                 sub.pending += frames
+        sub.events, events = self.engine.events_since(sub.events)
+        for line in events:  # ours, written as JSON: sent as it was written
+            sub.pending += protocol.encode_control({"type": "event", "event": json.loads(line)})
         states = _states(snap)
         if states != sub.seen:
             sub.seen = states
@@ -501,6 +518,7 @@ class EngineServer:
         self._selector.unregister(conn)
         del self._decoders[conn]
         self._hello_due.pop(conn, None)
+        self._frame_due.pop(conn, None)
         self._subscribers.pop(conn, None)
         conn.close()
         self.clients -= 1

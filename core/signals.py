@@ -25,6 +25,7 @@ class StopAction(str, enum.Enum):
     DUPLICATE = "duplicate"  # a repeat of the hangup/termination just forwarded: nothing more to do
     KILL_NOW = "kill_now"  # a repeated interrupt: SIGKILL every rank at once
     PASS_ON = "pass_on"  # a notice for the ranks (Slurm's SIGUSR1 before a requeue): sent, the run goes on
+    IGNORED = "ignored"  # a hang-up to a run that has no terminal to lose (detached): the run goes on
 
 
 NOTICE_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})  # passed on, never a reason to stop
@@ -35,6 +36,7 @@ class StopRule:
     """Decides, signal by signal, what ranktop does with the stop signals it receives."""
 
     window: float = DUPLICATE_WINDOW
+    hangup_stops: bool = True  # False once the run is detached: it was started to outlive a hang-up
     _interrupted: bool = False
     _forwarded_at: float | None = None  # when the last SIGHUP/SIGTERM acted on arrived
 
@@ -42,6 +44,8 @@ class StopRule:
         """`received_at` is a monotonic time taken when the signal arrived."""
         if signum in NOTICE_SIGNALS:
             return StopAction.PASS_ON
+        if signum == signal.SIGHUP and not self.hangup_stops:
+            return StopAction.IGNORED
         if signum == signal.SIGINT:
             if self._interrupted:
                 return StopAction.KILL_NOW

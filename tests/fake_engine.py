@@ -20,6 +20,7 @@ class FakeEngine:
         now = time.time()
         self.lines: dict[int, list[bytes]] = {r: [] for r in range(n)}
         self.commands: list[cmd.Command] = []
+        self.events: list[str] = []  # events.jsonl lines, as a test adds them
         self.closed = False
         self._lock = threading.Lock()
         ranks = tuple(RankSnapshot(rank=r, local_rank=r, pid=1000 + r, state=RankState.RUNNING, exitcode=None,
@@ -71,6 +72,9 @@ class FakeEngine:
                 seen = max(seen, len(lines) - tail)
             version = self.group.ranks[local_rank].output_version
             return OutputCursor(self.group.generation, len(lines), version), lines[seen:], []
+
+    def events_since(self, seen: int) -> tuple[int, list[str]]:
+        return len(self.events), self.events[seen:]
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
         problem = cmd.problem(command, self.group.local_world_size)

@@ -159,11 +159,13 @@ def test_failure_exit_status_and_root_cause(tmp_path):
     assert exited[0]["signal"] == "SIGTERM" and exited[0]["by_us"]
 
 
-def test_signal_death_is_named(tmp_path):
-    res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--no-python", sys.executable, "-c",
-                      "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+def test_signal_death_is_named_and_the_report_says_where_the_logs_are(tmp_path):
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--run-id", "sg", "--no-python", sys.executable,
+                      "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     assert res.returncode == 1
     assert "was killed by SIGSEGV" in res.stderr
+    # No error file to point at: the report still ends with the run directory.
+    assert "error file:" not in res.stderr and f"  logs: {tmp_path / 'sg'}\n" in res.stderr
 
 
 def test_restart_after_crash_picks_up_attempt_1(tmp_path):

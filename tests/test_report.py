@@ -57,3 +57,12 @@ def test_a_time_no_clock_shows_and_a_signal_that_names_none_are_said_so():
     stopped = dataclasses.replace(_group(_cause()), state=GroupState.STOPPED, stop_signal=99999, ended=True)
     assert report_after_tui(stopped) == "ranktop: stopped by signal 99999; logs in /logs/r"
     assert report_after_tui(dataclasses.replace(stopped, stop_signal=15)) == "ranktop: stopped by SIGTERM; logs in /logs/r"
+
+
+def test_a_failure_without_an_error_file_still_says_where_the_logs_are():
+    killed = _cause(exitcode=-9, signal_name="SIGKILL", message="", traceback="", error_file=None)
+    after_tui = report_after_tui(dataclasses.replace(_group(killed), ended=True))
+    assert after_tui.splitlines()[-1] == "  logs: /logs/r" and "error file" not in after_tui
+    # With an error file, the run directory is still what the logs line names (not the rank's).
+    assert format_root_cause(_cause(), name="t.py", attempt=0, max_restarts=0,
+                             run_dir="/logs/r").splitlines()[-1] == "  logs: /logs/r"

@@ -61,7 +61,16 @@ def test_ls_logs_and_stop_reach_a_headless_run(tmp_path, runtime):
     try:
         (run,) = wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
         assert run["run_id"] == "served" and run["world"] == 2 and run["script"] == "ticker.py"
-        assert run["pid"] == proc.pid
+        assert run["pid"] == proc.pid and run["log_dir"] == str(tmp_path / "logs" / "served")
+        # A client killed with SIGKILL mid-stream: the engine lets it go and serves on.
+        follower = subprocess.Popen(ranktop_cmd("logs", "served", "-f"), cwd=ROOT, env=runtime,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert follower.stdout.readline().startswith(b"[")  # subscribed, and streaming
+        follower.kill()
+        follower.wait()
+        follower.stdout.close()
+        wait_for(lambda: [(r["state"], r["clients"]) for r in ls(runtime)] == [("running", 0)],
+                 what="the killed client let go")
         table = run_ranktop("ls", env=runtime).stdout
         assert table.splitlines()[0].split()[:4] == ["RUN", "SCRIPT", "WORLD", "STATE"] and "served" in table
         logs = wait_for(lambda: "[1]:hello from 1" in (out := run_ranktop("logs", "serv", env=runtime).stdout)
@@ -98,10 +107,28 @@ def test_ls_cleans_the_socket_of_an_engine_that_died(tmp_path, runtime):
 @pytest.mark.parametrize(("args", "message"), [
     (("stop", "nope"), "ranktop: error: 'nope' names no run served on this host: runs are none"),
     (("logs",), "ranktop: error: no runs are served on this host (ranktop ls lists them)"),
+    (("logs", "--events"), "ranktop: error: --events needs -f: the events so far are in events.jsonl in the run "
+                           "directory"),
 ])
 def test_a_run_that_is_not_there_is_one_line(runtime, args, message):
     done = run_ranktop(*args, env=runtime)
     assert done.returncode == 2 and done.stderr.strip() == message
+
+
+def test_a_run_is_named_by_its_id_a_unique_prefix_or_its_directory_else_the_candidates_are_listed():
+    from ranktop.core.client import ServedRun, find_run
+
+    def run(run_id, **snap):
+        return ServedRun(run_id, f"/run/{run_id}.sock", {"log_dir": f"/logs/{run_id}", **snap}, 0, 1)
+
+    runs = [run("job-b", ended=True), run("job-a"), run("other")]  # newest first, as served_runs gives them
+    assert find_run("job-a", runs) is runs[1] and find_run("oth", runs) is runs[2]
+    assert find_run("/logs/job-b", runs) is runs[0]
+    assert find_run(None, runs) is runs[1]  # the newest one still running
+    with pytest.raises(ValueError, match=r"^'job-' matches several runs: runs are job-b, job-a$"):
+        find_run("job-", runs)
+    with pytest.raises(ValueError, match=r"^'nope' names no run served on this host: runs are job-b, job-a, other$"):
+        find_run("nope", runs)
 
 
 @pytest.fixture
@@ -179,9 +206,13 @@ def test_a_run_out_of_descriptors_refuses_newcomers_with_a_reason_and_drops_sile
             if b'"type":"error"' in first:
                 refusal = first
                 break
+            if len(clients) == 1:  # this one says hello, then starts a frame it never finishes
+                conn.sendall(protocol.encode_control(protocol.hello("client")) + protocol.encode_control({"type": "x"})[:7])
         assert b"out of file descriptors" in refusal
-        # The silent ones are dropped once their time to say hello is over, and the run is served again.
-        assert b"no hello within 5s" in clients[0].recv(4096) + clients[0].recv(4096)
+        # The silent ones are dropped once their time to say hello (or to end a frame) is over, and
+        # the run is served again.
+        assert b"a frame left unfinished for 5s" in clients[0].recv(4096) + clients[0].recv(4096)
+        assert b"no hello within 5s" in clients[1].recv(4096) + clients[1].recv(4096)
         wait_for(lambda: [r["state"] for r in ls(runtime)] == ["running"], what="the run served again")
     finally:
         for conn in clients:
@@ -269,6 +300,11 @@ def test_a_hangup_detaches_the_tui_and_the_run_goes_on(tmp_path, runtime):
     wait_for(lambda: any(e["event"] == "detached" for e in read_events(run_dir)), what="detached event")
     (run,) = ls(runtime)
     assert run["state"] == "running"
+    # Nothing of the engine's holds the dead terminal, and a later hang-up is noted, not a stop.
+    assert [os.readlink(f"/proc/{run['pid']}/fd/{fd}") for fd in (0, 1, 2)] == ["/dev/null"] * 3
+    os.kill(run["pid"], signal.SIGHUP)
+    wait_for(lambda: [e["action"] for e in read_events(run_dir) if e["event"] == "signal_received"] == ["ignored"],
+             what="the hang-up noted")
     assert "[1]:hello from 1" in run_ranktop("logs", "hup", env=runtime).stdout
     client = ranktop_in_tmux(runtime, "attach", "; sleep 30")  # from a new terminal
     try:
@@ -287,7 +323,16 @@ def test_a_hangup_detaches_the_tui_and_the_run_goes_on(tmp_path, runtime):
     assert [e["event"] for e in read_events(run_dir)][-1] == "run_finished"
 
 
-def test_q_detach_gives_the_prompt_back_and_the_run_goes_on(tmp_path, runtime):
+def _status_field(pid: int, name: str) -> str | None:
+    with open(f"/proc/{pid}/status") as status:
+        return next((line.split()[1] for line in status if line.startswith(f"{name}:")), None)
+
+
+def test_q_detach_gives_the_prompt_back_and_the_run_goes_on(tmp_path, runtime, monkeypatch):
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
     term = tui_in_tmux(tmp_path, runtime, "qd", "; echo PROMPT BACK $?; sleep 60")
     try:
         term.wait_screen("hello from 1")
@@ -303,6 +348,16 @@ def test_q_detach_gives_the_prompt_back_and_the_run_goes_on(tmp_path, runtime):
         assert run["state"] == "running"
         os.kill(run["pid"], 0)  # the engine lives on, in a session of its own
         assert os.getsid(run["pid"]) == run["pid"]
+        # A rank started after the detach hears a hang-up as any process does (none is ignored).
+        engine = RemoteEngine(served_runs()[0].path)
+        try:
+            assert engine.submit(cmd.RestartRank(0)).ok
+        finally:
+            engine.close()
+        (again,) = wait_for(lambda: [e["pid"] for e in read_events(run_dir) if e["event"] == "started"][2:],
+                            what="rank 0 started again")
+        ignored = wait_for(lambda: _status_field(again, "SigIgn"), what="the new rank's signal mask")
+        assert not int(ignored, 16) & (1 << (signal.SIGHUP - 1))
     finally:
         term.close()
     assert run_ranktop("stop", "qd", env=runtime).returncode == 0
@@ -361,6 +416,12 @@ def test_detach_starts_the_run_in_the_background_and_returns(tmp_path, runtime):
     try:
         assert run["run_id"] == "bg" and run["state"] == "running"
         wait_for(lambda: "[1]:hello from 1" in run_ranktop("logs", "bg", env=runtime).stdout, what="its output")
+        # Started to outlive its terminal: a hang-up is noted, and the run goes on.
+        os.kill(run["pid"], signal.SIGHUP)
+        run_dir = tmp_path / "logs" / "bg"
+        wait_for(lambda: [e["action"] for e in read_events(run_dir) if e["event"] == "signal_received"] == ["ignored"],
+                 what="the hang-up noted")
+        assert [r["state"] for r in ls(runtime)] == ["running"]
     finally:
         assert run_ranktop("stop", "bg", env=runtime).returncode == 0
         wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")
@@ -599,6 +660,10 @@ def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
         assert "2 of 2 ranks dumped" in dumped.stdout and "ticker.py" in dumped.stdout
         as_json = json.loads(run_ranktop("stacks", "stk", "--json", env=runtime).stdout)
         assert sorted(r["rank"] for r in as_json["ranks"]) == [0, 1]
+        unknown = run_ranktop("stacks", "nope", env=runtime)  # neither a served run nor a path: the runs there are
+        assert unknown.returncode == 2 and unknown.stderr.strip() == (
+            "ranktop: error: 'nope' names no run served on this host: runs are stk "
+            "(or give a run directory, a log directory or a pid)")
         monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
         (run,) = served_runs()
         engine = RemoteEngine(run.path)
@@ -691,13 +756,19 @@ def test_logs_follow_is_pushed_history_then_live_with_no_gap_or_overlap(tmp_path
                             cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: ls(runtime), what="the run served")
-        followed = run_ranktop("logs", "follow", "-f", env=runtime)  # returns when the run ends
+        followed = run_ranktop("logs", "follow", "-f", "--events", env=runtime)  # returns when the run ends
     finally:
         proc.wait(30)
     assert followed.returncode == 0, followed.stderr
     for rank in (0, 1):
         mine = [line for line in followed.stdout.splitlines() if line.startswith(f"[{rank}]:")]
         assert mine == [f"[{rank}]:{rank} {i}" for i in range(40)]  # every line, once, in order
+    # The engine pushed each event as it wrote it to events.jsonl: both ranks' exits among them.
+    pushed = [json.loads(line[len("[ranktop]:"):]) for line in followed.stdout.splitlines()
+              if line.startswith("[ranktop]:")]
+    assert sorted(e["local_rank"] for e in pushed if e["event"] == "exited") == [0, 1]
+    written = read_events(tmp_path / "logs" / "follow")
+    assert pushed == written[written.index(pushed[0]):][:len(pushed)]
 
 
 def test_a_subscriber_that_never_reads_does_not_slow_the_run(tmp_path, runtime):

@@ -211,11 +211,12 @@ class RanktopApp(App):
         yield from super().get_system_commands(screen)
 
 
-def _detach_terminal() -> None:
+def _detach_terminal(stdin: bool = False) -> None:
     """The terminal hung up: send what Textual still writes (its shutdown sequence) to /dev/null,
-    so a write to the dead terminal cannot wedge its writer thread and keep us from exiting."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for fd in (1, 2):
+    so a write to the dead terminal cannot wedge its writer thread and keep us from exiting.
+    `stdin` too once Textual's input thread is gone, so that nothing of ours holds the terminal."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2) if stdin else (1, 2):
         try:
             os.dup2(devnull, fd)
         except OSError:
@@ -259,11 +260,13 @@ def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher
         # (q offers detach only where the run is served)
         print(f"ranktop: run {run_id} goes on in the background (pid {os.getpid()}); ranktop attach {run_id} "
               f"shows it again, ranktop stop {run_id} ends it", file=sys.stderr, flush=True)
-        _detach_terminal()
+    _detach_terminal(stdin=True)  # Textual has stopped reading it: the dead terminal is nothing of ours now
     engine.agent.events.write("detached", reason=reason)
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # A later SIGHUP is noted in events.jsonl and the run goes on. (Not SIG_IGN: ranks the run
+    # starts from now on would inherit it through exec and be deaf to a hang-up of their own.)
+    engine.agent.ignore_hangups()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: engine.submit(cmd.Interrupt(signum)))
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         os.setsid()  # out of the terminal's session: its later hang-ups and job control are not ours
     except OSError:  # a process group leader already (no detacher fork): stdio is gone anyway

@@ -685,7 +685,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout,
                        sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,
                        sanitize_console=ns.sanitize_console, signals_to_handle=ns.signals_to_handle,
-                       echo_events=ns.event_log_handler == "console",
+                       echo_events=ns.event_log_handler == "console", hangup_stops=not ns.detached_child,
                        duplicate_filters={1: tuple(ns.duplicate_stdout_filters), 2: tuple(ns.duplicate_stderr_filters)},
                        color=sys.stdout.isatty() and "NO_COLOR" not in os.environ)
     if sampler is not None:

@@ -50,7 +50,7 @@ def ls(argv: list[str]) -> int:
     runs = served_runs()
     if ns.json:
         print(json.dumps([{"run_id": r.run_id, "pid": r.pid, "socket": r.path, "clients": r.clients,
-                           **_facts(r)} for r in runs]))
+                           "log_dir": r.snapshot.get("log_dir"), **_facts(r)} for r in runs]))
         return 0
     if not runs:
         print("no runs are served on this host")
@@ -182,20 +182,25 @@ def logs(argv: list[str]) -> int:
     p = run_parser("ranktop logs", "A run's output, prefixed with each rank, from its engine.")
     p.add_argument("--rank", type=int, default=None, help="only this local rank")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the run ends")
+    p.add_argument("--events", action="store_true",
+                   help="with -f: also print the run's events as they happen (restarts, signals, exits), each as "
+                        "'[ranktop]:' and its events.jsonl line")
     ns = p.parse_args(argv)
+    if ns.events and not ns.follow:
+        return usage_error("--events needs -f: the events so far are in events.jsonl in the run directory")
     run = pick_run(ns.run)
     if isinstance(run, int):
         return run
     try:
         with Connection(run.path) as conn:
-            return _print_logs(conn, run, ns.rank, ns.follow)
+            return _print_logs(conn, run, ns.rank, ns.follow, ns.events)
     except RunGone:
         return 0  # the run ended and its engine left: everything it had was printed
     except BrokenPipeError:  # `ranktop logs | head`
         return 0
 
 
-def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool) -> int:
+def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool, events: bool = False) -> int:
     ranks = run.snapshot.get("ranks") or []
     if only is not None and not 0 <= only < len(ranks):
         return usage_error(f"bad --rank {only}: local ranks of {run.run_id} are 0..{len(ranks) - 1}")
@@ -206,6 +211,9 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
         for message, lines in conn.pushed():
             if message["type"] == "ended":
                 return 0
+            if events and message["type"] == "event":  # JSON escapes every control character: safe to show
+                out.write(b"[ranktop]:" + json.dumps(message["event"]).encode() + b"\n")
+                out.flush()
             if lines:
                 out.writelines(prefixes[message["rank"]] + line + b"\n" for line in lines)
                 out.flush()

@@ -70,7 +70,10 @@ def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | N
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    served = _served(ns.target)
+    try:
+        served = _served(ns.target)
+    except BadTarget as exc:
+        return usage_error(str(exc))
     if served is not None:
         return _through_engine(served, ns)
     try:
@@ -97,15 +100,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _served(target: str | None):
     """The served run `target` names (run id, prefix, run directory; None: the newest running
-    one), or None: then it is a path or a pid, read from the files and /proc as before."""
+    one), or None: then it is a path or a pid, read from the files and /proc as before.
+    BadTarget listing the served runs for a name that is neither a run nor a path."""
     if target is not None and target.isdigit():
         return None
     from ranktop.core.client import find_run, served_runs
 
     try:
         return find_run(target, served_runs())
-    except ValueError:
-        return None
+    except ValueError as exc:
+        if target is None or os.path.exists(target):
+            return None
+        raise BadTarget(f"{exc} (or give a run directory, a log directory or a pid)") from None
 
 
 def _through_engine(run, ns: argparse.Namespace) -> int:
