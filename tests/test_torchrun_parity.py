@@ -54,10 +54,22 @@ LINES = [
     ("nproc-plus", ["--nproc-per-node", "+2", S], {}),
     ("prefix-t-is-tee", ["--t", "3", "--nproc-per-node", "2", S], {}),  # not --tui, a flag torchrun lacks
     ("signals-to-handle", ["--signals-to-handle", "SIGTERM,SIGUSR1", S], {}),
+    # Rendezvous lines (one node, so that a line is one command): the ids and the store come from the round.
+    ("c10d", ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29573", "--rdzv-id", "job",
+              "--nnodes", "1", "--nproc-per-node", "2", S], {}),
+    ("c10d-underscores-conf", ["--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29574", "--rdzv_id=job2",
+                               "--rdzv-conf=join_timeout=60,read_timeout=60", "--nnodes=1:1", "--nproc_per_node=2",
+                               S], {}),
+    ("pet-c10d", [S], {"PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "127.0.0.1:29575", "PET_RDZV_ID": "kf",
+                       "PET_NNODES": "1", "PET_NPROC_PER_NODE": "2"}),
+    ("static-backend", ["--rdzv-backend", "static", "--rdzv-endpoint", "127.0.0.1:29576", "--rdzv-id", "st",
+                        "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2", S], {}),
 ]
 # What torchrun derives from its own rendezvous rather than from the line: compared only where the
 # line fixes it.
 FIXED_PORT = {"static-one-node", "master-port-underscore"}
+# Lines that name a rendezvous: the run id and whether the agent hosts the ranks' store are the round's.
+RENDEZVOUS = {"c10d", "c10d-underscores-conf", "pet-c10d", "static-backend"}
 
 
 def _records(dump_dir) -> dict[str, dict]:
@@ -71,6 +83,9 @@ def _comparable(records: dict[str, dict], line_id: str) -> dict[str, dict]:
         if line_id not in FIXED_PORT:
             rec.pop("MASTER_PORT")
             rec.pop("MASTER_ADDR")
+        if line_id not in RENDEZVOUS:
+            rec.pop("TORCHELASTIC_RUN_ID", None)  # (dump_bin, a shell rank, records fewer keys)
+            rec.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         out[rank] = rec
     return out
 
