@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import resource
 import shutil
 import signal
@@ -131,6 +132,13 @@ def test_a_run_is_named_by_its_id_a_unique_prefix_or_its_directory_else_the_cand
         find_run("nope", runs)
 
 
+def _rank_pids(path: str) -> list[int]:
+    from ranktop.core.client import Connection
+
+    with Connection(path) as conn:
+        return [r["pid"] for r in conn.snapshot()["ranks"]]
+
+
 @pytest.fixture
 def open_runtime():
     """A runtime directory another uid can traverse (pytest's own tmp dirs are 0700)."""
@@ -176,7 +184,24 @@ def test_the_socket_refuses_other_users_and_garbage(tmp_path, open_runtime):
                 while chunk := s.recv(4096):
                     reply += chunk
                 assert b'"type":"error"' in reply  # dropped with a reason
-        assert [r["state"] for r in ls(runtime)] == ["running"]  # the engine did not notice
+        # Fuzz: seeded random frames, after a hello or without one, each on a connection of its own
+        # whose end is closed after them (a frame left unfinished is dropped on end of file).
+        pids = _rank_pids(run["socket"])
+        rng = random.Random(11)
+        hello = protocol.encode_control(protocol.hello("client"))
+        for _ in range(60):
+            junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300)))
+            if rng.random() < 0.5:  # a plausible head: a known frame type and a small length
+                junk = rng.choice((b"J", b"O")) + rng.randrange(0, 400).to_bytes(4, "big") + junk
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(10)
+                s.connect(run["socket"])
+                s.sendall((hello if rng.random() < 0.7 else b"") + junk)
+                s.shutdown(socket.SHUT_WR)
+                while s.recv(4096):  # until the engine lets it go
+                    pass
+        assert _rank_pids(run["socket"]) == pids  # the engine and the ranks did not notice
+        assert [r["state"] for r in ls(runtime)] == ["running"]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
