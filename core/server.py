@@ -19,15 +19,17 @@ loop's queue like a key press. Requests (after each side's hello):
   "snapshot": ...}, then, pushed every PUSH_SECONDS: each subscribed rank's new output from its
   cursor (as the answer to an output request: the head, then two output frames), a
   {"type": "snapshot"} whenever a state changes, {"type": "event", "event": {...}} for each line
-  the run adds to events.jsonl, and {"type": "ended", "exit_status": N} once the run is over. The cursors make the stream gapless and without overlap from where the
-  client stood. A subscriber that reads slowly is never waited on: while it has not taken what
-  was pushed, nothing more is made for it, and when it catches up it resumes from what the ranks'
-  rings still hold (it skips ahead); one that owes more than MAX_PENDING is dropped.
+  the run adds to events.jsonl, and {"type": "ended", "exit_status": N} once the run is over.
+  The cursors make the stream gapless and without overlap from where the client stood. A
+  subscriber that reads slowly is never waited on: while it has not taken what was pushed,
+  nothing more is made for it, and when it catches up it resumes from what the ranks' rings still
+  hold (it skips ahead); one that owes more than MAX_PENDING is dropped.
 
 A client that sends anything else (or anything before its hello, or no hello within
-HELLO_SECONDS, or a frame it leaves unfinished for FRAME_SECONDS), that is not ours (SO_PEERCRED: another uid), or that does not read its answers
-within SEND_TIMEOUT is dropped; so is one whose request fails to be answered, whatever the reason:
-it costs its own connection, never the server. At most MAX_CLIENTS are served at once, and
+HELLO_SECONDS, or a frame it leaves unfinished for FRAME_SECONDS), that is not ours
+(SO_PEERCRED: another uid), or that does not read its answers within SEND_TIMEOUT is dropped;
+so is one whose request fails to be answered, whatever the reason: it costs its own connection,
+never the server. At most MAX_CLIENTS are served at once, and
 running out of descriptors refuses the newcomer rather than spinning on it. The engine and the
 ranks never wait on a client.
 """
