@@ -132,6 +132,7 @@ class LocalAgent:
             POSITIVE_SECONDS.check("stall_timeout", stall_timeout)
         LINES.check("ring_lines", ring_lines)
         ensure_fds_for(spec.local_world_size)  # before anything exists: a shortage is one line
+        spec = _bind_numa(spec)
         self.spec = spec
         self.prefix_template = log_line_prefix_template or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
         self.shutdown_timeout = shutdown_timeout
@@ -160,9 +161,13 @@ class LocalAgent:
                                    clean=clean_console if sanitize_console else None, on_lost=self._console_lost)
                      if console else None)
         self.console_unshown = 0  # bytes of output the console had not taken when the run ended
+        # torchrun's --event-log-handler console (or torch's WorkerSpec field of that name)
+        echo_events = echo_events or spec.event_log_handler == "console"
         self._echo = (lambda line: self.say("ranktop: event " + line)) if echo_events else None
+        if duplicate_filters is None:  # the Python API's: torch's WorkerSpec fields
+            duplicate_filters = {1: tuple(spec.duplicate_stdout_filters or ()), 2: tuple(spec.duplicate_stderr_filters or ())}
         self.duplicate_filters = {stream: tuple(n.encode() for n in needles)
-                                  for stream, needles in (duplicate_filters or {}).items()}  # torchrun's --event-log-handler console
+                                  for stream, needles in duplicate_filters.items()}
         self.events = self._open_events()
         self.attempt = 0
         self.state = GroupState.INIT
@@ -971,18 +976,44 @@ def _is_python(spec: WorkerSpec) -> bool:
     return any(os.path.basename(p).startswith(("python", "pypy")) for p in (path, os.path.realpath(path)))
 
 
-def LocalElasticAgent(spec: WorkerSpec, logs_specs: Any = None, start_method: str = "spawn",  # noqa: N802
-                      exit_barrier_timeout: float = 300.0, log_line_prefix_template: str | None = None,
-                      **kwargs: Any) -> LocalAgent:
-    """torch's LocalElasticAgent constructor shape, giving a LocalAgent: the run directory goes
-    under the LogsSpecs' root log dir; its redirects and tee are ranktop's own (every stream is
-    kept in a file, the console shows what is not redirected)."""
-    from ranktop.core.context import set_start_method
+def _bind_numa(spec: WorkerSpec) -> WorkerSpec:
+    """torch's numa_options on a spec from the Python API: the CPUs each rank starts on, as
+    --numa-binding gives them; a usage error in one line where they cannot be told."""
+    if spec.numa_options is None or spec.cpu_affinity is not None:
+        return spec
+    from ranktop.core.gpu import numa_options_binding
+    from ranktop.core.numa import NumaError
 
-    set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
-    log_dir = getattr(logs_specs, "root_log_dir", None) if logs_specs is not None else None
-    return LocalAgent(spec, log_dir=log_dir, exit_barrier_timeout=exit_barrier_timeout,
-                      log_line_prefix_template=log_line_prefix_template, **kwargs)
+    try:
+        return dataclasses.replace(spec, cpu_affinity=numa_options_binding(spec.numa_options, spec.local_world_size))
+    except NumaError as exc:
+        raise UsageError(str(exc)) from None
+
+
+class LocalElasticAgent(LocalAgent):
+    """torch's LocalElasticAgent, constructor and all, as a LocalAgent: the run directory goes
+    under the LogsSpecs' root log dir, and its redirects, tee and local_ranks_filter say what
+    reaches the console (ranktop keeps every stream in its file whatever they say). torch's
+    defaults hold here: a 30 s grace. `health_check_server` is kept, not started: torch's own
+    starts nothing either; `uninterruptible_state_timeout` is kept for code that reads it."""
+
+    def __init__(self, spec: WorkerSpec, logs_specs: Any = None, start_method: str = "spawn",
+                 exit_barrier_timeout: float = 300.0, log_line_prefix_template: str | None = None,
+                 shutdown_timeout: float = 30.0, health_check_server: Any = None,
+                 uninterruptible_state_timeout: float | None = None, **kwargs: Any) -> None:
+        from ranktop.core.context import set_start_method
+
+        set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
+        log_dir = None
+        if logs_specs is not None:
+            log_dir = getattr(logs_specs, "root_log_dir", None)
+            spec = dataclasses.replace(spec, redirects=logs_specs.redirects, tee=logs_specs.tee,
+                                       local_ranks_filter=logs_specs.local_ranks_filter)
+        self.health_check_server = health_check_server
+        self.uninterruptible_state_timeout = uninterruptible_state_timeout
+        super().__init__(spec, log_dir=log_dir, exit_barrier_timeout=exit_barrier_timeout,
+                         log_line_prefix_template=log_line_prefix_template, shutdown_timeout=shutdown_timeout,
+                         **kwargs)
 
 
 def store_call_left_blocked() -> bool:

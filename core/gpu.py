@@ -312,6 +312,20 @@ def numa_binding(mode: str, local_world_size: int, visible: str | None, nvml: An
         monitor.close()
 
 
+def numa_options_binding(options: Any, local_world_size: int) -> dict[int, frozenset[int]] | None:
+    """torch's NumaOptions (WorkerSpec.numa_options): the binding --numa-binding gives for its
+    affinity mode. Where none can be told, None if the options allow falling back, else NumaError."""
+    from ranktop.core.numa import NumaError
+
+    mode = getattr(options.affinity_mode, "value", options.affinity_mode)
+    try:
+        return numa_binding(str(mode), local_world_size, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except NumaError:
+        if getattr(options, "should_fall_back_if_binding_fails", False):
+            return None
+        raise
+
+
 def device_count(nvml: Any = None, visible: str | None = None) -> int:
     """How many GPUs this process may use: those NVML sees (honours RANKTOP_FAKE_GPUS), narrowed
     by `visible` (a CUDA_VISIBLE_DEVICES value; None: unset). 0 without a driver or on any error."""

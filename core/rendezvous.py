@@ -89,6 +89,11 @@ def _torch_rendezvous(backend: str) -> Any:
     return rendezvous, registry
 
 
+# torchrun's launcher gives every backend this `timeout` unless --rdzv-conf names one (the static
+# and etcd backends wait that long for the other nodes; their own default is 600 s).
+RDZV_TIMEOUT = 900
+
+
 def create_handler(
     backend: str,
     endpoint: str,
@@ -110,8 +115,8 @@ def create_handler(
     rdzv, registry = _torch_rendezvous(backend)
     try:
         params = rdzv.RendezvousParameters(backend=backend, endpoint=endpoint, run_id=run_id,
-                                           min_nodes=min_nodes, max_nodes=max_nodes,
-                                           local_addr=local_addr, **(conf or {}))
+                                           min_nodes=min_nodes, max_nodes=max_nodes, local_addr=local_addr,
+                                           **{"timeout": RDZV_TIMEOUT, **(conf or {})})
         return None if check_only else registry.get_rendezvous_handler(params)
     except Exception as exc:
         raise _handler_error(exc, rdzv, backend, endpoint) from None

@@ -87,6 +87,7 @@ def check_port(port: int) -> int:
 
 
 Entrypoint = Callable[..., Any] | str
+EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")  # the names torch registers
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class WorkerSpec:
 
     role: str
     local_world_size: int
-    entrypoint: Entrypoint
+    entrypoint: Entrypoint | None = None  # required: given here, or as torch's older `fn`
     args: tuple = ()
     max_restarts: int = 0
     monitor_interval: float = 0.1
@@ -135,8 +136,23 @@ class WorkerSpec:
     # from its rounds instead of the static fields above. The agent joins each round.
     rdzv_handler: Any = None
     placement: Placement | None = None  # the current round's, set by the agent via `placed`
+    # torch's WorkerSpec fields, so that code written for torch's agent runs unchanged (by keyword:
+    # ranktop's positional order is its own):
+    fn: Callable[..., Any] | None = None  # torch's deprecated name for the entrypoint
+    local_addr: str | None = None  # kept, as torch's agent keeps it: the rendezvous handler uses the address
+    event_log_handler: str = "null"  # "console": the agent also says each event (--event-log-handler)
+    numa_options: Any = None  # torch's NumaOptions: its affinity mode binds the ranks as --numa-binding does
+    duplicate_stdout_filters: list[str] | None = None  # as --duplicate-stdout-filters
+    duplicate_stderr_filters: list[str] | None = None
 
     def __post_init__(self) -> None:
+        if self.entrypoint is None:
+            self.entrypoint = self.fn
+        if self.entrypoint is None:
+            raise UsageError("WorkerSpec needs an entrypoint: a binary's path or a function")
+        if self.event_log_handler not in EVENT_LOG_HANDLERS:
+            raise UsageError(f"bad event_log_handler {self.event_log_handler!r}: expected one of "
+                             f"{', '.join(EVENT_LOG_HANDLERS)}")
         # The command line checks its flags first; this keeps the Python API from being given
         # nan, a negative count or a million ranks either.
         NPROC.check("local_world_size", self.local_world_size)
@@ -181,9 +197,9 @@ class WorkerSpec:
         )
 
     def get_entrypoint_name(self) -> str:
-        """torch's: the function's name, or the binary's file name."""
+        """torch's: the function's qualified name, or the binary's file name."""
         if callable(self.entrypoint):
-            return getattr(self.entrypoint, "__name__", "fn")
+            return getattr(self.entrypoint, "__qualname__", None) or getattr(self.entrypoint, "__name__", "fn")
         return os.path.basename(str(self.entrypoint))
 
     def display_name(self) -> str:

@@ -158,3 +158,98 @@ def test_a_failed_group_reports_the_rank_that_failed_not_the_ones_stopped_for_it
     failure = result.failures[1]
     assert "rank one broke" in failure.message and isinstance(failure.timestamp, int)
     assert failure.error_file != "<N/A>" and failure.error_file_data["message"]["message"].endswith("rank one broke")
+
+
+PRINT_TWO = ("-u", "-c", "import os, sys\nprint('out', os.environ['LOCAL_RANK'])\nprint('keep me', flush=True)\n")
+
+
+def test_local_elastic_agent_takes_torchs_whole_constructor_and_honours_its_logs_specs(tmp_path, capfd):
+    from ranktop.core.agent import LocalAgent
+
+    torch_agent = pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
+    import inspect
+
+    theirs = list(inspect.signature(torch_agent.LocalElasticAgent.__init__).parameters)
+    ours = [p for p in inspect.signature(LocalElasticAgent.__init__).parameters if p != "kwargs"]
+    assert ours == theirs  # every parameter, in torch's order
+
+    class Mine(LocalElasticAgent):  # a class, as torch's is: code that subclasses it keeps working
+        pass
+
+    spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=PY, args=PRINT_TWO)
+    # torch's positional form, to its last parameter; redirects=ALL: files only, a silent console
+    agent = Mine(spec, DefaultLogsSpecs(log_dir=str(tmp_path), redirects=Std.ALL), "spawn", 300, None, 5, None, 10.0)
+    assert isinstance(agent, LocalAgent) and agent.shutdown_timeout == 5
+    assert agent.uninterruptible_state_timeout == 10.0 and agent.health_check_server is None
+    capfd.readouterr()
+    assert agent.run().is_failed() is False
+    shown = capfd.readouterr()
+    assert "out" not in shown.out + shown.err
+    for rank in (0, 1):
+        assert (tmp_path / os.path.basename(agent.run_dir) / "attempt_0" / str(rank) / "stdout.log").read_text() \
+            == f"out {rank}\nkeep me\n"
+    # tee ALL with a filter: only rank 1 reaches the console
+    filtered = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path / "f"), tee=Std.ALL,
+                                                        local_ranks_filter={1}))
+    assert filtered.shutdown_timeout == 30  # torch's default grace
+    filtered.run()
+    shown = capfd.readouterr().out
+    assert "out 1" in shown and "out 0" not in shown
+
+
+def test_worker_spec_takes_torchs_fields_by_keyword(tmp_path, capfd):
+    api = pytest.importorskip("torch.distributed.elastic.agent.server.api")
+    import dataclasses
+
+    from ranktop.core import LocalAgent, UsageError
+
+    assert {f.name for f in dataclasses.fields(api.WorkerSpec)} <= {f.name for f in dataclasses.fields(WorkerSpec)}
+    old = WorkerSpec(role="r", local_world_size=1, rdzv_handler=None, fn=square, args=(3,))  # torch's older `fn`
+    assert old.entrypoint is square
+
+    def nested() -> None: ...
+
+    assert WorkerSpec(role="r", local_world_size=1, entrypoint=nested).get_entrypoint_name() == \
+        "test_worker_spec_takes_torchs_fields_by_keyword.<locals>.nested"  # torch's: the qualified name
+    with pytest.raises(UsageError, match=r"^WorkerSpec needs an entrypoint: a binary's path or a function$"):
+        WorkerSpec(role="r", local_world_size=1)
+    with pytest.raises(UsageError, match=r"^bad event_log_handler 'loud': expected one of null, console, "
+                                         r"dynamic_rendezvous$"):
+        WorkerSpec(role="r", local_world_size=1, entrypoint=PY, event_log_handler="loud")
+    spec = WorkerSpec(role="r", local_world_size=2, entrypoint=PY, args=PRINT_TWO, event_log_handler="console",
+                      duplicate_stdout_filters=["keep"], local_addr="127.0.0.1", run_id="tf")
+    capfd.readouterr()
+    agent = LocalAgent(spec, log_dir=str(tmp_path))
+    agent.run()
+    shown = "".join(capfd.readouterr())
+    assert "ranktop: event " in shown and '"event": "run_finished"' in shown  # event_log_handler="console"
+    assert sorted((tmp_path / "tf" / "attempt_0" / "filtered_stdout.log").read_text().splitlines()) == [
+        "[r0]:keep me", "[r1]:keep me"]
+
+
+def test_worker_spec_numa_options_bind_as_the_flag_does_or_say_why_not(tmp_path, monkeypatch):
+    binding = pytest.importorskip("torch.numa.binding")
+    from ranktop.core import LocalAgent, UsageError
+    from ranktop.core.gpu import numa_binding
+    from ranktop.core.gpu_fake import FakeNvml
+
+    spec = WorkerSpec(role="r", local_world_size=2, entrypoint=PY, args=("-c", "pass"),
+                      numa_options=binding.NumaOptions(affinity_mode=binding.AffinityMode.NODE))
+    monkeypatch.delenv("RANKTOP_FAKE_GPUS", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU to follow, whatever this host has
+    with pytest.raises(UsageError, match=r"^--numa-binding node: it binds each rank to its GPU's NUMA node"):
+        LocalAgent(spec, log_dir=str(tmp_path / "a"))
+    assert os.listdir(tmp_path) == []  # refused before any run directory
+    lenient = dataclasses_replace(spec, numa_options=binding.NumaOptions(
+        affinity_mode=binding.AffinityMode.NODE, should_fall_back_if_binding_fails=True))
+    assert LocalAgent(lenient, log_dir=str(tmp_path / "b")).spec.cpu_affinity is None  # runs unbound, as torch falls back
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setenv("RANKTOP_FAKE_GPUS", "2")
+    agent = LocalAgent(spec, log_dir=str(tmp_path / "c"))
+    assert agent.spec.cpu_affinity == numa_binding("node", 2, None, nvml=FakeNvml(2))
+
+
+def dataclasses_replace(spec: WorkerSpec, **changes) -> WorkerSpec:
+    import dataclasses
+
+    return dataclasses.replace(spec, **changes)

@@ -550,3 +550,16 @@ def test_a_detached_run_that_cannot_join_says_why_in_one_line(tmp_path, torch_in
     assert gone.stderr.startswith("ranktop: error: cannot reach the c10d rendezvous at 127.0.0.1:"), gone.stderr
     assert gone.stderr.count("\n") == 1, gone.stderr
     assert run_ranktop("ls", env=env).stdout.startswith("no runs")
+
+
+def test_the_static_and_etcd_backends_wait_torchruns_900_s_unless_the_conf_says_otherwise():
+    """torchrun's launcher hands every backend timeout=900; the static backend's own default is 600."""
+    pytest.importorskip("torch")
+    import datetime
+
+    from ranktop.core.rendezvous import create_handler
+
+    endpoint = f"127.0.0.1:{free_port()}"  # nothing is reached until the first round
+    assert create_handler("static", endpoint, "st", 2, 2, conf={"rank": "1"}).timeout == datetime.timedelta(seconds=900)
+    told = create_handler("static", endpoint, "st", 2, 2, conf={"rank": "1", "timeout": "30"})
+    assert told.timeout == datetime.timedelta(seconds=30)

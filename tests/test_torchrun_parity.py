@@ -147,6 +147,7 @@ BAD = [
      "ranktop: error: bad --rdzv-id '../x': it names a directory"),
     (["--nproc-per-node", "gpu", S], {"RANKTOP_FAKE_GPUS": "2", "CUDA_VISIBLE_DEVICES": ""},
      "ranktop: error: bad --nproc-per-node gpu: no GPU found"),
+    ([S], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "soon"}, "ranktop: error: bad TORCH_ELASTIC_SHUTDOWN_TIMEOUT='soon'"),
 ]
 
 
@@ -320,3 +321,16 @@ def test_numa_text_forms():
     assert cpu_list("0-3,8-9,12") == {0, 1, 2, 3, 8, 9, 12} and cpu_list("") == set()
     with pytest.raises(NumaError, match="unexpected PCI bus id 'nonsense'"):
         pci_address("nonsense")
+
+
+def test_the_grace_is_torch_elastic_shutdown_timeout_then_pet_then_the_flag(tmp_path):
+    """As torchrun: TORCH_ELASTIC_SHUTDOWN_TIMEOUT when nothing else says; PET_SHUTDOWN_TIMEOUT and
+    the flag win over it. (Neither: ranktop's 10 s.) The grace a run used is in its final.json."""
+    cases = [({}, [], 10.0), ({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "3"}, [], 3.0),
+             ({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "3", "PET_SHUTDOWN_TIMEOUT": "4"}, [], 4.0),
+             ({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "3", "PET_SHUTDOWN_TIMEOUT": "4"}, ["--shutdown-timeout", "5"], 5.0)]
+    for i, (env, flags, grace) in enumerate(cases):
+        done = run_ranktop("--headless", "--run-id", f"g{i}", "--log-dir", str(tmp_path), *flags, "--no-python", "true",
+                           env={**os.environ, **env})
+        assert done.returncode == 0, done.stderr
+        assert json.loads((tmp_path / f"g{i}" / "final.json").read_text())["shutdown_timeout"] == grace, env

@@ -103,6 +103,19 @@ def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
             parser.error(f"bad {name}={text!r}: expected one of {', '.join(action.choices)}")
 
 
+def apply_shutdown_timeout_default(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """torchrun's grace comes from TORCH_ELASTIC_SHUTDOWN_TIMEOUT when the line gives none; a bad
+    value is one line naming the variable. (Without it ranktop's default is 10 s, torchrun's 30.)"""
+    text = environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    if text is None:
+        return
+    action = next(a for a in parser._actions if a.dest == "shutdown_timeout")
+    try:
+        action.default = action.type(text)
+    except (BadValue, ValueError, TypeError) as exc:
+        parser.error(f"bad TORCH_ELASTIC_SHUTDOWN_TIMEOUT={text!r}: {exc}")
+
+
 SUBCOMMANDS = """subcommands:
   ranktop ls [--json]       the runs served on this host, newest first
   ranktop attach [RUN] [--read-only]
@@ -175,7 +188,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--role", default="default", help="role name (ROLE_NAME, default 'default')")
     add(*_both("log-line-prefix-template"), default=None,
         help="console prefix, e.g. '[${role_name}${rank}]:' (also $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)")
-    add(*_both("shutdown-timeout"), type=_number("--shutdown-timeout", limits.SECONDS), default=10.0, help="grace before SIGKILL (default 10 s)")
+    add(*_both("shutdown-timeout"), type=_number("--shutdown-timeout", limits.SECONDS), default=10.0,
+        help="grace before SIGKILL (default $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 10 s)")
     add("--env", action="append", default=[], metavar="K=V", help="extra variable for every rank (repeatable)")
     add("--debug", action="store_true", help="set CUDA/NCCL/torch.distributed debug variables")
     add(*_both("stall-timeout"), type=_number("--stall-timeout", limits.POSITIVE_SECONDS), default=None,
@@ -222,7 +236,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--version", action=_Version, nargs=0, help="show ranktop's version and exit")
     add("training_script", help="the script (or binary with --no-python, module with -m)")
     add("training_script_args", nargs=argparse.REMAINDER)
-    apply_pet_defaults(p, os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    apply_shutdown_timeout_default(p, environ)
+    apply_pet_defaults(p, environ)  # PET_SHUTDOWN_TIMEOUT, then the flag, win over it, as in torchrun
     return p
 
 
