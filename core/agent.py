@@ -453,8 +453,8 @@ class LocalAgent:
             return
         try:
             get_error_handler().dump_error_file(cause.error_file, error_code=cause.exitcode)
-        except OSError as exc:
-            self.events.write("error_file_copy_failed", error=exc.strerror or str(exc))
+        except (OSError, ValueError) as exc:  # ValueError: BadErrorFile, the file changed since it was read
+            self.events.write("error_file_copy_failed", error=getattr(exc, "strerror", None) or str(exc))
 
     def _root_cause(self) -> RootCause | None:
         slots = [s for s in self.pcontext.slots if s.failure is not None]
@@ -467,7 +467,7 @@ class LocalAgent:
         before = [(t, what) for t, attempt, what in self._user_actions if attempt == self.attempt and t <= f.exited_at]
         return RootCause(
             rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
-            signal_name=killed_by(f.exitcode), message=f.message,
+            signal_name=killed_by(f.exitcode), message=f.message_text,
             traceback=f.traceback, timestamp=f.exited_at,
             error_file=f.error_file if f.error_file_read else None, last_lines=tail,
             # Enough lines to see past the rank's own printed traceback (the report cuts it out).

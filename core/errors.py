@@ -9,23 +9,30 @@ read by the other:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
+import logging
 import math
 import os
 import signal
+import socket
 import stat
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 _NO_TRACE_HINT = "To see the traceback, wrap the rank's main function in @ranktop.core.record (or torch's @record)."
 
 F = TypeVar("F", bound=Callable[..., Any])
+# Debug only: the launcher's stderr may be a TUI, and what goes wrong in copying an error file is
+# raised to the caller (the agent records it as an event).
+_log = logging.getLogger(__name__)
 
 
 class UsageError(ValueError):
@@ -54,7 +61,8 @@ class SignalException(Exception):
 
 class ChildFailedError(Exception):
     """torch's: one or more ranks failed; `failures` maps global rank -> ProcessFailure, and
-    the first (earliest) one is the root cause."""
+    the first (earliest) one is the root cause. Its text is torch's table: the other failures,
+    then the root cause, each with time, host, rank, exit code, error file and traceback."""
 
     def __init__(self, name: str, failures: dict[int, ProcessFailure]) -> None:
         self.name = name
@@ -64,50 +72,125 @@ class ChildFailedError(Exception):
         super().__init__(self.format_msg())
 
     def get_first_failure(self) -> tuple[int, ProcessFailure]:
-        rank = min(self.failures, key=lambda r: self.failures[r].exited_at)
+        # exited_at orders failures within one second; a failure made by torch's own
+        # ProcessFailure has only the whole-second timestamp, which is torch's order.
+        rank = min(self.failures, key=lambda r: getattr(self.failures[r], "exited_at", self.failures[r].timestamp))
         return rank, self.failures[rank]
 
-    def format_msg(self) -> str:
-        rank, first = self.get_first_failure()
-        lines = [f"{self.name} FAILED", f"Root Cause (first observed failure): rank {rank} "
-                                        f"(local_rank {first.local_rank}, pid {first.pid}): {first.message}"]
-        lines += [f"  rank {r} (local_rank {f.local_rank}, pid {f.pid}): {f.message}"
-                  for r, f in sorted(self.failures.items()) if r != rank]
-        return "\n".join(lines)
+    def format_msg(self, boarder_delim: str = "=", section_delim: str = "-") -> str:
+        """The table str() shows. The parameter names are torch's, its spelling included, so a
+        call by keyword written for torch works here."""
+        title = f"{self.name} FAILED"
+        root_rank, _ = self.get_first_failure()
+        root, others, width = "", [], len(title)
+        # idx counts every failure in the dict's order, the root cause's too, as torch numbers them.
+        for idx, (rank, failure) in enumerate(self.failures.items()):
+            block = _failure_block(idx, rank, failure)
+            width = max([width] + [len(line) for line in block.splitlines()])
+            if rank == root_rank:
+                root = block
+            else:
+                others.append(block)
+        width = min(width, 60)  # a long traceback line must not make a rule as wide as itself
+        rule, section = boarder_delim * width, section_delim * width
+        return "\n".join(["", rule, title, section, "Failures:", "\n".join(others or ["  <NO_OTHER_FAILURES>"]),
+                          section, "Root Cause (first observed failure):", root, rule])
+
+
+@functools.cache
+def _hostname() -> str:
+    # getfqdn may wait on DNS; the host does not change while we run, so ask once.
+    return socket.getfqdn()
+
+
+def _failure_block(idx: int, rank: int, failure: ProcessFailure) -> str:
+    """One failure as a block of the table; the traceback's lines are indented under it."""
+    shown: object = failure.message
+    if isinstance(shown, dict):
+        extra = shown.get("extraInfo")
+        trace = extra.get("py_callstack") if isinstance(extra, dict) else None
+        shown = trace if isinstance(trace, str) else shown.get("message", NOT_AVAILABLE)
+        shown = str(shown).replace("\n", "\n  ")
+    sig = failure.signal_name()
+    return "\n".join([
+        f"[{idx}]:",
+        f"  time      : {failure.timestamp_isoformat()}",
+        f"  host      : {_hostname()}",
+        f"  rank      : {rank} (local_rank: {failure.local_rank})",
+        # torch's line has a space before the signal part and one inside it; kept, so the
+        # text (and the table's width) is the same byte for byte.
+        f"  exitcode  : {failure.exitcode} (pid: {failure.pid}) {f' ({sig})' if sig != NOT_AVAILABLE else ''}",
+        f"  error_file: {failure.error_file}",
+        f"  traceback : {shown}",
+    ])
 
 
 class ErrorHandler:
-    """torch's: writes a rank's exception to $TORCHELASTIC_ERROR_FILE (what @record uses)."""
+    """torch's: writes a rank's exception to $TORCHELASTIC_ERROR_FILE (what @record uses), and
+    copies a rank's error file to the launcher's own (`dump_error_file`)."""
 
     def initialize(self) -> None:
         try:
             import faulthandler
 
             faulthandler.enable(all_threads=True)
-        except (OSError, ValueError):
-            pass  # no usable stderr: the error file still gets the exception
+        except Exception:
+            pass  # no usable stderr (None, or no file descriptor): the error file still gets the exception
 
-    def _error_file_path(self) -> str | None:
-        return os.environ.get("TORCHELASTIC_ERROR_FILE")
+    def _get_error_file_path(self) -> str | None:
+        return os.environ.get(ERROR_FILE_ENV) or None
 
     def record_exception(self, e: BaseException) -> None:
-        path = self._error_file_path()
+        path = self._get_error_file_path()
         if path:
             write_error_file(path, e)
 
+    def override_error_code_in_rootcause_data(self, rootcause_error_file: str, rootcause_error: dict[str, Any],
+                                              error_code: int = 0) -> None:
+        """Put the exit code the launcher saw into a loaded error file, as `message.errorCode`:
+        a rank killed by a signal could not write it. Only torch's {"message": {...}} shape has a
+        place for it; a plain-text message or a file without one is left as it is."""
+        message = rootcause_error.get("message") if isinstance(rootcause_error, dict) else None
+        if isinstance(message, dict):
+            message["errorCode"] = error_code
+        else:
+            _log.debug("error file %s has no message object; exit code %s not added", rootcause_error_file, error_code)
+
     def dump_error_file(self, rootcause_error_file: str, error_code: int = 0) -> None:
-        """Copy a rank's error file to ours ($TORCHELASTIC_ERROR_FILE), as torchrun does for
-        the root cause when a scheduler watches the launcher's error file."""
-        target = self._error_file_path()
-        content = load_error_file(rootcause_error_file)
-        if not target or content is None:
+        """Copy the root cause's error file to ours ($TORCHELASTIC_ERROR_FILE), as torchrun does
+        for a scheduler that watches the launcher's error file: every key is kept, and a nonzero
+        `error_code` goes into `message.errorCode`.
+
+        The rank's file is read as input the rank controls (no symlink, a regular file, at most
+        1 MB, JSON); a missing one raises FileNotFoundError, a bad one BadErrorFile (also json's
+        JSONDecodeError when it is not JSON, as torch raises). Ours is replaced whole, never
+        written through a symlink planted at its name."""
+        data = _read_json(rootcause_error_file)
+        if data is _MISSING:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), rootcause_error_file)
+        if error_code:  # 0 is torch's "not known": the rank's own errorCode, if any, stays
+            self.override_error_code_in_rootcause_data(rootcause_error_file, data, error_code)
+        target = self._get_error_file_path()
+        if not target:
+            _log.debug("no %s for the launcher: %s not copied", ERROR_FILE_ENV, rootcause_error_file)
             return
-        data = {"message": {"message": content.message, "extraInfo": {
-            "py_callstack": content.traceback or "", "timestamp": str(content.timestamp or int(time.time())),
-            "errorCode": error_code}}}
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        _replace_file(target, json.dumps(data))
+
+
+def _replace_file(path: str | os.PathLike, text: str) -> None:
+    """Write `path` whole: a temporary file next to it (O_EXCL|O_NOFOLLOW: nothing planted there
+    is opened), then a rename, which replaces a symlink at `path` rather than writing through
+    it, and never truncates a file that another name (a hard link) shares."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def get_error_handler() -> ErrorHandler:
@@ -187,7 +270,39 @@ ERROR_FILE_LIMIT = 1 << 20  # bytes; a real error file is a message and a traceb
 
 class BadErrorFile(ValueError):
     """An error file that is there but cannot be trusted; the text says what is wrong with it.
-    A ValueError, as json's JSONDecodeError is (what torch's ProcessFailure raises for one)."""
+    A ValueError; the kinds below are also what torch's ProcessFailure raises for the same file,
+    so `except json.JSONDecodeError` or `except KeyError` written for torch catches them too."""
+
+    def __str__(self) -> str:
+        # Plain text even where KeyError (which quotes its argument) is a base class.
+        return str(self.args[0]) if self.args else ""
+
+    def about(self, path: str | os.PathLike) -> BadErrorFile:
+        """The same error, its text naming the file."""
+        return type(self)(f"error file {path} {self}")
+
+
+class ErrorFileNotJSON(BadErrorFile, json.JSONDecodeError):
+    """The file is not JSON (or not UTF-8, or nested too deep to parse): torch raises
+    json.JSONDecodeError here. `msg`, `pos`, `lineno`, `colno` are json's when json found the
+    fault; `doc` is left empty, as the file may be a megabyte."""
+
+    def __init__(self, text: str, msg: str = "", pos: int = 0, lineno: int = 1, colno: int = 1) -> None:
+        ValueError.__init__(self, text)  # not JSONDecodeError's: our text, not its "line N column M"
+        self.msg, self.doc, self.pos, self.lineno, self.colno = msg, "", pos, lineno, colno
+
+    def about(self, path: str | os.PathLike) -> BadErrorFile:
+        return type(self)(f"error file {path} {self}", self.msg, self.pos, self.lineno, self.colno)
+
+    def __reduce__(self) -> tuple:  # JSONDecodeError's own rebuilds with its (msg, doc, pos)
+        return type(self), (str(self), self.msg, self.pos, self.lineno, self.colno)
+
+
+class ErrorFileWithoutMessage(BadErrorFile, KeyError):
+    """A JSON object with no "message" key: torch raises KeyError('message') here."""
+
+
+_MISSING = object()  # _read_json's answer for a file that is not there
 
 
 def read_error_file(path: str | os.PathLike) -> ErrorFileContent | None:
@@ -202,11 +317,18 @@ def load_error_file(path: str | os.PathLike, dir_fd: int | None = None) -> Error
     """An error file is input a rank controls, so: None when there is none; BadErrorFile when it
     is a symlink, not a regular file (a FIFO would block a plain open forever), over 1 MB, not
     JSON, or not in torch's shape. With `dir_fd`, the file is opened relative to that directory."""
+    data = _read_json(path, dir_fd)
+    return None if data is _MISSING else _error_content(data)
+
+
+def _read_json(path: str | os.PathLike, dir_fd: int | None = None) -> Any:
+    """The JSON in a file a rank controls, or _MISSING; BadErrorFile (or one of its kinds) when
+    it cannot be trusted. Read at most 1 MB, never through a symlink, never from a FIFO."""
     name = os.path.basename(path) if dir_fd is not None else path
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
-        return None
+        return _MISSING
     except OSError as exc:
         raise BadErrorFile("is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})") from None
     try:
@@ -219,10 +341,11 @@ def load_error_file(path: str | os.PathLike, dir_fd: int | None = None) -> Error
     if len(data) > ERROR_FILE_LIMIT:
         raise BadErrorFile(f"is larger than {ERROR_FILE_LIMIT >> 20} MB")
     try:
-        parsed = json.loads(data)
-    except (ValueError, RecursionError):
-        raise BadErrorFile("is not valid JSON") from None
-    return _error_content(parsed)
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise ErrorFileNotJSON("is not valid JSON", exc.msg, exc.pos, exc.lineno, exc.colno) from None
+    except (ValueError, RecursionError) as exc:  # bytes that are not UTF-8; nesting past the stack
+        raise ErrorFileNotJSON("is not valid JSON", type(exc).__name__) from None
 
 
 def read_at_most(fd: int, limit: int) -> bytes:
@@ -244,8 +367,10 @@ def file_kind(mode: int) -> str:
 def _error_content(data: object) -> ErrorFileContent:
     """torch's {"message": {"message": str, "extraInfo": {"py_callstack": str, "timestamp": str}}}
     or the plain {"message": str, "timestamp": N}; anything else is BadErrorFile."""
-    if not isinstance(data, dict) or "message" not in data:
+    if not isinstance(data, dict):
         raise BadErrorFile('has no "message" object at the top')
+    if "message" not in data:
+        raise ErrorFileWithoutMessage('has no "message" object at the top')
     msg = data["message"]
     if isinstance(msg, str):
         return ErrorFileContent(msg, None, _timestamp(data.get("timestamp")), data)
@@ -271,27 +396,49 @@ def _timestamp(value: object) -> int | None:
     raise BadErrorFile('has a "timestamp" that is not a number of seconds')
 
 
-def record(fn: F, error_file: str | None = None) -> F:
-    """Decorator: an exception escaping `fn` is written to $TORCHELASTIC_ERROR_FILE, then re-raised.
+class _FileErrorHandler(ErrorHandler):
+    """An ErrorHandler for one fixed file: record(fn, error_file=...), ranktop's older form."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def _get_error_file_path(self) -> str | None:
+        return self._path
+
+
+def record(fn: F, error_handler: ErrorHandler | None = None, *, error_file: str | None = None) -> F:
+    """Decorator: an exception escaping `fn` is written to $TORCHELASTIC_ERROR_FILE (through
+    `error_handler`, torch's keyword, or to `error_file`), then re-raised.
 
     SystemExit is not an error here: `sys.exit(138)` leaves no error file, only its exit code,
-    and `sys.exit(0)` returns normally, as torch's does. As torch's, it turns faulthandler on, so
-    a crash in native code (a segfault) still shows the Python stack on stderr.
+    and `sys.exit(0)` returns normally, as torch's does. A ChildFailedError (fn launched ranks and
+    one failed) is not written either: the root cause's own error file is copied instead, as
+    torch does, so the file names the rank's exception rather than the launcher's. As torch's,
+    it turns faulthandler on, so a crash in native code still shows the Python stack on stderr.
     """
+    if error_handler is None:
+        error_handler = _FileErrorHandler(error_file) if error_file else get_error_handler()
+    handler = error_handler
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        ErrorHandler().initialize()
+        handler.initialize()
         try:
             return fn(*args, **kwargs)
         except SystemExit as exc:
             if exc.code in (0, None):
                 return None
             raise
-        except BaseException as exc:
-            path = error_file or os.environ.get(ERROR_FILE_ENV)
-            if path:
-                write_error_file(path, exc)
+        except ChildFailedError as exc:
+            _, failure = exc.get_first_failure()
+            # A ranktop failure says whether its file was read and trusted; torch's own
+            # ProcessFailure only marks a missing one "<N/A>".
+            usable = getattr(failure, "error_file_read", failure.error_file != NOT_AVAILABLE)
+            if usable:
+                handler.dump_error_file(failure.error_file, failure.exitcode)
+            raise
+        except BaseException as exc:  # KeyboardInterrupt too: a rank stopped by ^C says so
+            handler.record_exception(exc)
             raise
 
     return wrapper  # type: ignore[return-value]
@@ -299,15 +446,24 @@ def record(fn: F, error_file: str | None = None) -> F:
 
 NOT_AVAILABLE = "<N/A>"  # torch's error_file when a rank wrote none
 NO_ERROR_DATA = {"message": "<NONE>"}  # torch's error_file_data then
+# torch's error_file_data for a rank that exited by itself with no error file: exit codes are
+# the program's, so torch marks the failure as one the system did not cause and not to retry.
+NO_ERROR_DATA_EXITED = {"message": "<NONE>",
+                        "errorTraits": {"category": "system_terminated_error", "retryability": "False"}}
 
 
 @dataclass
 class ProcessFailure:
     """One rank that ended badly, in torch's shape. `exitcode` is negative (-N) when signal N
     killed it; `timestamp` is whole seconds (the error file's, else when the exit was seen) and
-    `error_file` is "<N/A>" when the rank wrote none. A malformed error file raises BadErrorFile,
-    as torch raises; the engine, which reads files its ranks control, passes `raise_bad_file=False`
-    and the problem is named in `message` instead."""
+    `error_file` is "<N/A>" when the rank wrote none.
+
+    `message` is torch's: what the error file has under "message", so the whole
+    {"message": ..., "extraInfo": {...}} object for a file @record wrote, text for a plain one,
+    and ranktop's own sentence when there is no file; `message_text` is always the one line.
+    A malformed error file raises BadErrorFile (ErrorFileNotJSON, also json's JSONDecodeError;
+    ErrorFileWithoutMessage, also a KeyError), as torch raises; the engine, which reads files its
+    ranks control, passes `raise_bad_file=False` and the problem is named in `message` instead."""
 
     local_rank: int
     pid: int
@@ -319,7 +475,7 @@ class ProcessFailure:
     exited_at: float = 0.0
     # The held rank directory the error file is in: read relative to it, never by path again.
     error_dir_fd: int | None = field(default=None, repr=False, compare=False)
-    message: str = field(init=False)
+    message: str | dict = field(init=False)
     timestamp: int = field(init=False)
     error_file_data: dict = field(init=False, repr=False)
     traceback: str | None = field(init=False, default=None)
@@ -332,17 +488,19 @@ class ProcessFailure:
             content = load_error_file(self.error_file, self.error_dir_fd) if self.error_file else None
         except BadErrorFile as exc:
             if raise_bad_file:
-                raise BadErrorFile(f"error file {self.error_file} {exc}") from None
+                raise exc.about(self.error_file) from None
             problem = f"error file {self.error_file} {exc}; ignored"
-        self.error_file_data = dict(NO_ERROR_DATA)
         stamp = None
         if content is not None:
-            self.message, self.traceback, stamp = content.message, content.traceback, content.timestamp
+            self.message, self.traceback, stamp = content.data["message"], content.traceback, content.timestamp
             self.error_file_data = content.data
             self.error_file_read = True
         elif self.exitcode < 0:
+            self.error_file_data = dict(NO_ERROR_DATA)
             self.message = f"Signal {-self.exitcode} ({self.signal_name()}) received by PID {self.pid}"
         else:
+            # A fresh copy each time: a caller may add to one failure's data.
+            self.error_file_data = json.loads(json.dumps(NO_ERROR_DATA_EXITED))
             self.message = f"exited with code {self.exitcode}. {_NO_TRACE_HINT}"
         if problem:
             self.message = f"{self.message.split('. ')[0]}; {problem}"
@@ -357,3 +515,15 @@ class ProcessFailure:
     def signal_name(self) -> str:
         return signal_name(self.exitcode)
 
+    @property
+    def message_text(self) -> str:
+        """The failure in one line of text whatever `message` holds: the exception line of a
+        file @record wrote ("ValueError: boom"), else `message` itself."""
+        if isinstance(self.message, dict):
+            inner = self.message.get("message", "")
+            return inner if isinstance(inner, str) else ""
+        return self.message
+
+    def timestamp_isoformat(self) -> str:
+        """`timestamp` as local time, 'YYYY-MM-DD_HH:MM:SS' (torch's form, for the table)."""
+        return datetime.fromtimestamp(self.timestamp).isoformat(sep="_")

@@ -81,7 +81,8 @@ def test_child_failed_error_error_file_data_and_the_error_handler(tmp_path, monk
     later = ProcessFailure(0, 4241, -15, str(tmp_path / "none.json"), rank=0, exited_at=101.0)
     err = ChildFailedError("train.py", {0: later, 1: first})
     assert err.get_first_failure() == (1, first)
-    assert err.format_msg().splitlines()[1].startswith("Root Cause (first observed failure): rank 1 ")
+    table = err.format_msg().splitlines()  # torch's table: the root cause last, under its heading
+    assert table[table.index("Root Cause (first observed failure):") + 4] == "  rank      : 1 (local_rank: 1)"
     assert first.error_file_data["message"]["message"] == "ValueError: boom"
     assert later.error_file_data == {"message": "<NONE>"} and later.error_file == "<N/A>"  # torch's, for none
     assert first.timestamp == int(json.loads(rank_file.read_text())["message"]["extraInfo"]["timestamp"])
@@ -106,7 +107,7 @@ def test_child_failed_error_error_file_data_and_the_error_handler(tmp_path, monk
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(ours))
     get_error_handler().dump_error_file(str(rank_file), error_code=1)
     copied = json.loads(ours.read_text())
-    assert copied["message"]["message"] == "ValueError: boom" and copied["message"]["extraInfo"]["errorCode"] == 1
+    assert copied["message"]["message"] == "ValueError: boom" and copied["message"]["errorCode"] == 1
 
 
 def test_local_elastic_agent_shape_and_entrypoint_name(tmp_path):
@@ -156,7 +157,7 @@ def test_a_failed_group_reports_the_rank_that_failed_not_the_ones_stopped_for_it
         ctx.close()
     assert list(result.failures) == [1] and result.return_values == {}
     failure = result.failures[1]
-    assert "rank one broke" in failure.message and isinstance(failure.timestamp, int)
+    assert "rank one broke" in failure.message_text and isinstance(failure.timestamp, int)
     assert failure.error_file != "<N/A>" and failure.error_file_data["message"]["message"].endswith("rank one broke")
 
 

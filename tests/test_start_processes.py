@@ -93,7 +93,7 @@ def test_raising_function_gives_one_failure_with_error_file(tmp_path):
     assert list(result.failures) == [0]
     failure = result.failures[0]
     assert failure.exitcode == 1
-    assert failure.message == "ValueError: boom"
+    assert failure.message_text == "ValueError: boom" and failure.message["message"] == "ValueError: boom"
     assert "raise_value_error" in failure.traceback
     with open(failure.error_file) as f:
         data = json.load(f)
@@ -251,7 +251,7 @@ def test_record_writes_torch_format_and_reads_torch_files(tmp_path, monkeypatch)
     path.write_text(json.dumps({"message": {"message": "RuntimeError: from torch",
                                             "extraInfo": {"py_callstack": "tb", "timestamp": "1700000000"}}}))
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(path))
-    assert (failure.message, failure.traceback, failure.timestamp) == ("RuntimeError: from torch", "tb", 1700000000.0)
+    assert (failure.message_text, failure.traceback, failure.timestamp) == ("RuntimeError: from torch", "tb", 1700000000.0)
     path.write_text(json.dumps({"message": "plain text"}))
     assert read_error_file(path).message == "plain text"
     write_error_file(path, OSError("disk"))
@@ -273,5 +273,5 @@ def test_error_file_from_torch_record_is_read(tmp_path):
     result = _run(PY, {0: (str(script),)}, logs, redirects=Std.ALL)
     failure = result.failures[0]
     assert failure.exitcode == 1
-    assert "ZeroDivisionError: torch side" in failure.message
+    assert "ZeroDivisionError: torch side" in failure.message_text
     assert "torch side" in (failure.traceback or "")
