@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from string import Template
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 from ranktop.core import guard
 from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, RankStartError, UsageError, killed_by
@@ -130,6 +130,11 @@ class StreamPlan:
     files: Std  # streams written to <log_dir>/<rank>/std{out,err}.log
     console: Std  # streams shown on our stdout/stderr, prefixed
     prefix: bytes = b""
+    # Streams shown nowhere (torch's os.devnull: a rank local_ranks_filter leaves out, unredirected).
+    discard: Std = Std.NONE
+    # Streams whose lines feed the filtered_std*.log copies; None: every stream with a sink (the
+    # agent). start_processes: the teed ones only, as torch tails only those into the copies.
+    filtered: Std | None = None
 
 
 @dataclass
@@ -183,10 +188,13 @@ def plan_streams(
             files, console = Std.ALL, (Std.ALL & ~redirects[r]) | tee[r]
         else:
             files, console = redirects[r] | tee[r], tee[r]
-        if console_ranks is not None and r not in console_ranks:
+        hidden = console_ranks is not None and r not in console_ranks
+        if hidden:
             console = Std.NONE
         prefix = (prefixes or {}).get(r, "")
-        plans[r] = StreamPlan(files=files, console=console, prefix=prefix.encode())
+        plans[r] = StreamPlan(files=files, console=console, prefix=prefix.encode(),
+                              discard=Std.ALL & ~files if hidden else Std.NONE,
+                              filtered=None if capture_all else console)
     return plans
 
 
@@ -243,8 +251,17 @@ class PContext:
         self.rank_stdin = rank_stdin  # "null", "inherit" (ours) or "pipe" (send_input): see Launch
         self.cpu_affinity = dict(cpu_affinity or {})  # local rank -> the CPUs it starts on (--numa-binding)
         # stream -> the attempt's filtered_<stream>.log (torchrun's --duplicate-*-filters)
-        self._filtered = {stream: FilteredCopy(self.dir.open_append(f"filtered_{log_name(stream)}"), needles)
-                          for stream, needles in (duplicate_filters or {}).items() if needles}
+        self._filtered: dict[int, FilteredCopy] = {}
+        # torch's names: local rank -> where each stream went ("" the console as is, os.devnull
+        # nowhere), the error file each rank is told of, and the filtered copies as open files.
+        self.stdouts = {r: self._stream_path(r, STDOUT) for r in range(self.nprocs)}
+        self.stderrs = {r: self._stream_path(r, STDERR) for r in range(self.nprocs)}
+        self.error_files = {r: self.error_file(r) for r in range(self.nprocs)}
+        self.filtered_stdout: TextIO | None = None
+        self.filtered_stderr: TextIO | None = None
+        for stream, needles in (duplicate_filters or {}).items():
+            if needles:
+                self._open_filtered(stream, needles)
         self.generation = generation  # which attempt of a run this is: new rings, new pids
         self.reap_timeout = reap_timeout
         self._passthrough = passthrough_console  # unredirected, unteed streams: inherit our fds
@@ -295,6 +312,25 @@ class PContext:
         out = self.log_path(local_rank, STDOUT) if plan.files & Std.OUT else None
         err = self.log_path(local_rank, STDERR) if plan.files & Std.ERR and self.pty is None else None
         return out, err
+
+    def _stream_path(self, local_rank: int, stream: int) -> str:
+        plan, flag = self.streams[local_rank], Std.OUT if stream == STDOUT else Std.ERR
+        if plan.files & flag:
+            return self.log_path(local_rank, stream)
+        return os.devnull if plan.discard & flag else ""
+
+    def _open_filtered(self, stream: int, needles: tuple[bytes, ...]) -> None:
+        name = f"filtered_{log_name(stream)}"
+        fd = self.dir.open_append(name)
+        self._filtered[stream] = FilteredCopy(fd, needles)
+        # torch hands out the open file; the copy owns the descriptor (it closes it), so this
+        # view of it never does, and carries the path as its name, as torch's file does.
+        view = open(fd, "w", buffering=1, errors="replace", closefd=False)  # noqa: SIM115
+        view.buffer.raw.name = self.dir.path_of(name)
+        if stream == STDOUT:
+            self.filtered_stdout = view
+        else:
+            self.filtered_stderr = view
 
     def _result_path(self, local_rank: int) -> str:
         return os.path.join(self._tmp or "", f"{local_rank}.ret")
@@ -371,7 +407,7 @@ class PContext:
             if stream == STDERR and self.pty is not None and STDOUT in sinks:
                 break  # stderr shares the terminal with stdout: no stderr.log
             to_file, to_console = bool(plan.files & flag), bool(plan.console & flag)
-            if not (to_file or to_console) and self._passthrough:
+            if not (to_file or to_console or plan.discard & flag) and self._passthrough:
                 continue  # inherit our descriptor: the rank writes straight to our console
             console = (self._console, binary_console(target), plan.prefix) if to_console else None
             sinks[stream] = StreamSink(
@@ -379,7 +415,8 @@ class PContext:
                 log=(self.log_path(r, stream), functools.partial(self._open_log, r, stream)) if to_file else None,
                 on_log_error=functools.partial(self._log_write_failed, r),
                 on_failure=functools.partial(self._output_failed, r),
-                copy=self._filtered[stream].for_rank(plan.prefix) if stream in self._filtered else None)
+                copy=self._filtered[stream].for_rank(plan.prefix)
+                if stream in self._filtered and (plan.filtered is None or plan.filtered & flag) else None)
         self.slots[r].sinks.extend(sinks.values())
         return sinks
 
@@ -658,9 +695,7 @@ class PContext:
             r = slot.local_rank
             if slot.proc is not None:
                 slot.proc.output_drained(timeout=max(0.0, drain_until - time.monotonic()))
-            plan = self.streams[r]
-            result.stdouts[r] = self.log_path(r, STDOUT) if plan.files & Std.OUT else ""
-            result.stderrs[r] = self.log_path(r, STDERR) if plan.files & Std.ERR else ""
+            result.stdouts[r], result.stderrs[r] = self.stdouts[r], self.stderrs[r]
             if slot.unreapable:
                 result.unreapable[r] = slot.proc.pid
             if slot.failure is not None:
@@ -728,6 +763,10 @@ class PContext:
             self._sweep_fds.clear()
             for held in (*self._rank_dirs.values(), self.dir):
                 held.close()
+            for view in (self.filtered_stdout, self.filtered_stderr):
+                if view is not None:
+                    with contextlib.suppress(OSError):  # what a caller wrote there and could not be flushed
+                        view.close()
             for copy in self._filtered.values():
                 copy.close()
         if self._tmp:
@@ -762,27 +801,65 @@ class RanksMismatch(RuntimeError, ValueError):
     """args and envs do not name the same local ranks 0..n-1 (torch raises RuntimeError)."""
 
 
+_UNSET: Any = object()  # "not given": tells a keyword apart from one also given by position
+# What follows logs_specs by position in each form: torch 2.13's when the fifth argument is a
+# LogsSpecs, the older log_dir form's otherwise.
+_LOGS_SPECS_FORM = ("log_line_prefixes", "start_method", "numa_options",
+                    "duplicate_stdout_filters", "duplicate_stderr_filters")
+_LOG_DIR_FORM = ("start_method", "redirects", "tee", "log_line_prefixes")
+
+
 def start_processes(
     name: str,
     entrypoint: Callable[..., Any] | str,
     args: Mapping[int, tuple],
-    envs: Mapping[int, Mapping[str, str]],
+    envs: Mapping[int, dict[str, str]],
     logs_specs: LogsSpecs | str | None = None,
-    start_method: str = "spawn",
-    redirects: Std | Mapping[int, Std] = Std.NONE,
-    tee: Std | Mapping[int, Std] = Std.NONE,
-    *,
-    log_dir: str | None = None,
-    log_line_prefixes: Mapping[int, str] | None = None,
-    duplicate_stdout_filters: list[str] | None = None,
-    duplicate_stderr_filters: list[str] | None = None,
+    *more: Any,
+    log_dir: str | None = _UNSET,
+    start_method: str = _UNSET,
+    redirects: Std | Mapping[int, Std] = _UNSET,
+    tee: Std | Mapping[int, Std] = _UNSET,
+    log_line_prefixes: Mapping[int, str] | None = _UNSET,
+    numa_options: Any = _UNSET,
+    duplicate_stdout_filters: list[str] | None = _UNSET,
+    duplicate_stderr_filters: list[str] | None = _UNSET,
 ) -> PContext:
-    """Start one process per local rank (torch.distributed.elastic's API, same semantics). The
-    files go where `logs_specs` (torch 2.13: a LogsSpecs) says, or, in the older form, into
-    `log_dir` (an existing empty directory), with `redirects` and `tee`."""
+    """Start one process per local rank (torch.distributed.elastic's API, same semantics).
+
+    torch 2.13's form: (name, entrypoint, args, envs, logs_specs, log_line_prefixes, start_method,
+    numa_options, duplicate_stdout_filters, duplicate_stderr_filters), the files where the
+    LogsSpecs says. The older form: (name, entrypoint, args, envs, log_dir, start_method,
+    redirects, tee, log_line_prefixes), `log_dir` an existing empty directory. Which form the
+    positions after the fifth follow is decided by whether it is a LogsSpecs."""
     from ranktop.core.logs_specs import LogsSpecs
 
-    _check_start_method(start_method)
+    options = {"log_dir": log_dir, "start_method": start_method, "redirects": redirects, "tee": tee,
+               "log_line_prefixes": log_line_prefixes, "numa_options": numa_options,
+               "duplicate_stdout_filters": duplicate_stdout_filters,
+               "duplicate_stderr_filters": duplicate_stderr_filters}
+    new_form = isinstance(logs_specs, LogsSpecs)
+    form = _LOGS_SPECS_FORM if new_form else _LOG_DIR_FORM
+    if len(more) > len(form):
+        raise TypeError(f"start_processes() takes at most {5 + len(form)} positional arguments when the fifth "
+                        f"is {'a LogsSpecs' if new_form else 'a log_dir'} ({5 + len(more)} given)")
+    for key, value in zip(form, more, strict=False):  # more may be shorter: the rest keep their defaults
+        if options[key] is not _UNSET:
+            raise TypeError(f"start_processes() got multiple values for argument {key!r}")
+        options[key] = value
+    if new_form:
+        given = [key for key in ("log_dir", "redirects", "tee") if options[key] is not _UNSET]
+        if given:  # torch has no such parameters; silently preferring the LogsSpecs' would mislead
+            raise TypeError(f"start_processes() got {', '.join(given)} with a LogsSpecs: "
+                            "they belong in the LogsSpecs (DefaultLogsSpecs(log_dir, redirects, tee))")
+    elif logs_specs is not None:
+        if options["log_dir"] is not _UNSET:
+            raise TypeError("start_processes() got multiple values for argument 'log_dir'")
+        options["log_dir"] = logs_specs  # the older positional form: (name, fn, args, envs, log_dir)
+    defaults = {"log_dir": None, "start_method": "spawn", "redirects": Std.NONE, "tee": Std.NONE}
+    opts = {key: defaults.get(key) if value is _UNSET else value for key, value in options.items()}
+
+    _check_start_method(opts["start_method"])
     nprocs = len(args)
     ensure_fds_for(nprocs)
     expected = set(range(nprocs))
@@ -791,22 +868,43 @@ def start_processes(
             f"args and envs must both have exactly the local ranks 0..{nprocs - 1}; "
             f"got args for {sorted(args)} and envs for {sorted(envs)}"
         )
-    console_ranks = None
-    if isinstance(logs_specs, LogsSpecs):
+    cpu_affinity = _numa_affinity(opts["numa_options"], nprocs)
+    console_ranks, redirects, tee, log_dir = None, opts["redirects"], opts["tee"], opts["log_dir"]
+    if new_form:
         logs_specs.reify(envs)
         log_dir, redirects, tee = logs_specs.attempt_dir, logs_specs.redirects, logs_specs.tee
-        console_ranks = logs_specs.local_ranks_filter
-    elif logs_specs is not None:
-        log_dir = logs_specs  # the older positional form: start_processes(name, fn, args, envs, log_dir)
+        console_ranks = logs_specs.local_ranks_filter or None  # torch: an empty filter filters nothing
     if log_dir is None:
         raise ValueError("start_processes needs logs_specs (a LogsSpecs) or log_dir")
     run_dir = RunDir.adopt(log_dir)  # checked empty, then held: see core/layout.py
-    prefixes = {r: (log_line_prefixes or {}).get(r, f"[{name}{r}]:") for r in range(nprocs)}
+    prefixes = {r: (opts["log_line_prefixes"] or {}).get(r, f"[{name}{r}]:") for r in range(nprocs)}
     streams = plan_streams(nprocs, redirects, tee, prefixes=prefixes, console_ranks=console_ranks)
-    filters = {STDOUT: tuple(n.encode() for n in duplicate_stdout_filters or ()),
-               STDERR: tuple(n.encode() for n in duplicate_stderr_filters or ())}
+    filters = {STDOUT: tuple(n.encode() for n in opts["duplicate_stdout_filters"] or ()),
+               STDERR: tuple(n.encode() for n in opts["duplicate_stderr_filters"] or ())}
     cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
-    return cls(name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters).start()
+    return cls(name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters,
+               cpu_affinity=cpu_affinity).start()
+
+
+def _numa_affinity(numa_options: Any, nprocs: int) -> dict[int, frozenset[int]] | None:
+    """torch's NumaOptions (or anything with its two fields) as ranktop's --numa-binding: each
+    rank starts on the CPUs near its GPU. should_fall_back_if_binding_fails: no binding instead
+    of the error, as torch then silences its binding's errors."""
+    if numa_options is None:
+        return None
+    mode = getattr(numa_options, "affinity_mode", None)
+    mode = getattr(mode, "value", mode)  # torch's AffinityMode is a str enum
+    if not isinstance(mode, str):
+        raise TypeError(f"numa_options must be a torch NumaOptions (with an affinity_mode), got {numa_options!r}")
+    from ranktop.core.gpu import numa_binding
+    from ranktop.core.numa import NumaError
+
+    try:
+        return numa_binding(mode, nprocs, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except NumaError as exc:
+        if getattr(numa_options, "should_fall_back_if_binding_fails", False):
+            return None
+        raise NumaError(f"numa_options: {exc}") from None
 
 
 _START_METHODS = ("spawn", "fork", "forkserver")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 from ranktop.core.layout import ERROR_FILE, STDERR_LOG, STDOUT_LOG
@@ -42,8 +42,9 @@ class LogsSpecs(ABC):
         self.local_ranks_filter = local_ranks_filter
 
     @abstractmethod
-    def reify(self, envs: Mapping[int, Mapping[str, str]]) -> LogsDest:
-        """The files of each local rank, given the ranks' environment; makes their directory."""
+    def reify(self, envs: Mapping[int, MutableMapping[str, str]]) -> LogsDest:
+        """The files of each local rank, given the ranks' environment; makes their directory and
+        sets each rank's TORCHELASTIC_ERROR_FILE in `envs`."""
 
     @property
     @abstractmethod
@@ -60,6 +61,11 @@ class DefaultLogsSpecs(LogsSpecs):
 
     def __init__(self, log_dir: str | None = None, redirects: Std | Mapping[int, Std] = Std.NONE,
                  tee: Std | Mapping[int, Std] = Std.NONE, local_ranks_filter: set[int] | None = None) -> None:
+        if log_dir == os.devnull:
+            # torch's "no files at all"; ranktop's context writes each rank's error file and
+            # logs into a directory it holds, so there is nothing to run that mode on.
+            raise LogDirNotADirectory(f"log_dir: {os.devnull} (no log files) is not supported by ranktop; "
+                                      "give a directory, or none for a fresh temporary one")
         if not log_dir:
             log_dir = tempfile.mkdtemp(prefix="torchelastic_")
         elif os.path.isfile(log_dir):
@@ -80,7 +86,7 @@ class DefaultLogsSpecs(LogsSpecs):
             raise RuntimeError("reify() has not made the attempt's directory yet")
         return self._attempt_dir
 
-    def reify(self, envs: Mapping[int, Mapping[str, str]]) -> LogsDest:
+    def reify(self, envs: Mapping[int, MutableMapping[str, str]]) -> LogsDest:
         first = envs.get(0, {}) if envs else {}
         if self._run_log_dir is None:
             prefix = f"{first.get('TORCHELASTIC_RUN_ID', 'test_run_id')}_".replace("/", "_")
@@ -90,17 +96,25 @@ class DefaultLogsSpecs(LogsSpecs):
         self._attempt_dir = attempt
         nprocs = len(envs)
         redirects, tee = per_rank(self.redirects, nprocs), per_rank(self.tee, nprocs)
+        # torch treats an empty filter like none at all (it tests the set's truth): so do we.
+        hidden = set(range(nprocs)) - set(self.local_ranks_filter) if self.local_ranks_filter else set()
         dest = LogsDest(filtered_stdout=os.path.join(attempt, "filtered_stdout.log"),
                         filtered_stderr=os.path.join(attempt, "filtered_stderr.log"))
         for r in range(nprocs):
             rank_dir = os.path.join(attempt, str(r))
+            for paths, tees, flag, name in ((dest.stdouts, dest.tee_stdouts, Std.OUT, STDOUT_LOG),
+                                            (dest.stderrs, dest.tee_stderrs, Std.ERR, STDERR_LOG)):
+                # torch: a teed stream is redirected too (the console copy tails the file); "" is
+                # the console as is, and os.devnull a console stream of a rank the filter leaves out.
+                if (redirects[r] | tee[r]) & flag:
+                    paths[r] = os.path.join(rank_dir, name)
+                else:
+                    paths[r] = os.devnull if r in hidden else ""
+                if tee[r] & flag and r not in hidden:
+                    tees[r] = paths[r]
             dest.error_files[r] = os.path.join(rank_dir, ERROR_FILE)
-            for streams, tees, flag, name in ((dest.stdouts, dest.tee_stdouts, Std.OUT, STDOUT_LOG),
-                                              (dest.stderrs, dest.tee_stderrs, Std.ERR, STDERR_LOG)):
-                streams[r] = os.path.join(rank_dir, name)  # ranktop always keeps the file
-                if tee[r] & flag and (self.local_ranks_filter is None or r in self.local_ranks_filter):
-                    tees[r] = streams[r]
-        del redirects  # redirected or not, ranktop writes every stream to its file
+            # In place, as torch does: the caller's envs are what the ranks get.
+            envs[r]["TORCHELASTIC_ERROR_FILE"] = dest.error_files[r]
         return dest
 
 

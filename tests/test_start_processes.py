@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 
 import pytest
 import rank_fns
@@ -275,3 +276,238 @@ def test_error_file_from_torch_record_is_read(tmp_path):
     assert failure.exitcode == 1
     assert "ZeroDivisionError: torch side" in failure.message_text
     assert "torch side" in (failure.traceback or "")
+
+
+# ----- torch 2.13's context attributes, call forms, LogsSpecs console filter ------------------
+
+# Runs every redirects x tee x local_ranks_filter combination with one implementation and prints
+# what each left: where the context says each stream went, and each file's text (paths relative
+# to the attempt directory). The console is what the caller captures from this process.
+_TABLE_SCRIPT = """
+import itertools, json, os, sys, tempfile
+if sys.argv[1] == "torch":
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
+else:
+    from ranktop.core import DefaultLogsSpecs, Std, start_processes
+STD = {"N": Std.NONE, "O": Std.OUT, "E": Std.ERR, "A": Std.ALL}
+FILTERS = {"all": None, "r1": {1}, "empty": set()}
+CODE = "import sys; print('out-' + sys.argv[1], flush=True); print('err-' + sys.argv[1], file=sys.stderr, flush=True)"
+report = {}
+for red, tee, flt in itertools.product("NOA", "NEA", FILTERS):
+    key = red + tee + flt
+    root = tempfile.mkdtemp(dir=sys.argv[2])
+    specs = DefaultLogsSpecs(log_dir=root, redirects=STD[red], tee=STD[tee], local_ranks_filter=FILTERS[flt])
+    args = {r: ("-c", CODE, f"{key}-r{r}") for r in range(2)}
+    ctx = start_processes("p", sys.executable, args, {0: {}, 1: {}}, specs, duplicate_stdout_filters=["out"])
+    result = ctx.wait(60, period=0.05)
+    ctx.close()
+    rel = lambda p: p if p in ("", os.devnull) else os.path.relpath(p, root).split(os.sep, 1)[1]
+    files = {}
+    for d, _, names in os.walk(root):
+        for n in names:
+            with open(os.path.join(d, n)) as f:
+                files[rel(os.path.join(d, n))] = sorted(f.read().splitlines())
+    report[key] = {"ctx": [{r: rel(p) for r, p in ctx.stdouts.items()}, {r: rel(p) for r, p in ctx.stderrs.items()}],
+                   "result": [{r: rel(p) for r, p in result.stdouts.items()},
+                              {r: rel(p) for r, p in result.stderrs.items()}],
+                   "files": files}
+print("REPORT " + json.dumps(report), flush=True)
+"""
+
+
+def _table(impl: str, tmp_path) -> tuple[dict, str, str]:
+    work = tmp_path / impl
+    work.mkdir()
+    proc = subprocess.run([PY, "-c", _TABLE_SCRIPT, impl, str(work)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    report = json.loads(out[out.index("REPORT ") + 7:])
+    return report, out[:out.index("REPORT ")], proc.stderr
+
+
+def _shown(console: str, token: str, rank: int) -> str:
+    """How a rank's line reached the console: prefixed (a tee), plain (passed through), or not.
+    Ranks writing to a shared console may interleave their lines, so no line anchors."""
+    prefixed = console.count(f"[p{rank}]:{token}")
+    plain = console.count(token) - prefixed
+    return "+".join(kind for kind, n in (("prefixed", prefixed), ("plain", plain)) if n) or "absent"
+
+
+def test_console_and_files_match_torch_for_every_redirect_tee_and_filter(tmp_path):
+    pytest.importorskip("torch.distributed.elastic.multiprocessing")
+    torch_report, torch_out, torch_err = _table("torch", tmp_path)
+    ours, our_out, our_err = _table("ranktop", tmp_path)
+    assert set(ours) == set(torch_report) and len(ours) == 27
+    for key in torch_report:
+        assert ours[key] == torch_report[key], key  # same paths ("" / os.devnull / file) and file texts
+        for r in (0, 1):
+            for stream, theirs, mine in (("out", torch_out, our_out), ("err", torch_err, our_err)):
+                token = f"{stream}-{key}-r{r}"
+                assert _shown(mine, token, r) == _shown(theirs, token, r), token
+    # The case of the report: a filter leaving rank 0 out hides its untouched console output.
+    assert _shown(our_out, "out-NNr1-r0", 0) == "absent" and _shown(our_out, "out-NNr1-r1", 1) == "plain"
+    assert ours["NNr1"]["ctx"][0] == {"0": os.devnull, "1": ""}
+
+
+def _specs_run(tmp_path, *more, envs=None, code="print('hi')", nprocs=2, **kw):
+    envs = envs if envs is not None else {r: {} for r in range(nprocs)}
+    ctx = start_processes("b", PY, {r: ("-c", code) for r in range(nprocs)}, envs, *more, **kw)
+    try:
+        result = ctx.wait(timeout=60)
+        assert result is not None
+    finally:
+        ctx.close()
+    return ctx, result
+
+
+def test_context_has_torchs_stdouts_stderrs_error_files_and_filtered_files(tmp_path):
+    from ranktop.core import DefaultLogsSpecs
+
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path), redirects={1: Std.OUT}, tee={0: Std.ALL})
+    ctx = start_processes("b", PY, {r: ("-c", "print('keep me'); print('drop me')") for r in (0, 1)}, {0: {}, 1: {}},
+                          specs, duplicate_stdout_filters=["keep"])
+    attempt = specs.attempt_dir
+    try:
+        assert ctx.stdouts == {0: os.path.join(attempt, "0", "stdout.log"), 1: os.path.join(attempt, "1", "stdout.log")}
+        assert ctx.stderrs == {0: os.path.join(attempt, "0", "stderr.log"), 1: ""}  # "": not redirected
+        assert ctx.error_files == {r: os.path.join(attempt, str(r), "error.json") for r in (0, 1)}
+        assert ctx.filtered_stdout.name == os.path.join(attempt, "filtered_stdout.log")
+        assert not ctx.filtered_stdout.closed and ctx.filtered_stderr is None  # no stderr filters
+        result = ctx.wait(timeout=60)
+    finally:
+        ctx.close()
+    assert ctx.filtered_stdout.closed
+    assert (result.stdouts, result.stderrs) == (ctx.stdouts, ctx.stderrs)
+    with open(os.path.join(attempt, "filtered_stdout.log")) as f:
+        assert f.read() == "[b0]:keep me\n"  # as torch: only teed streams feed the copy
+    with open(ctx.stdouts[1]) as f:
+        assert f.read() == "keep me\ndrop me\n"
+
+
+def test_older_form_context_paths(tmp_path):
+    ctx = start_processes("b", PY, {0: ("-c", "pass")}, {0: {}}, str(tmp_path), "spawn", Std.ERR)
+    try:
+        assert (ctx.stdouts, ctx.stderrs) == ({0: ""}, {0: str(tmp_path / "0" / "stderr.log")})
+        assert ctx.error_files == {0: str(tmp_path / "0" / "error.json")}
+        assert ctx.filtered_stdout is None and ctx.filtered_stderr is None
+    finally:
+        ctx.close()
+
+
+def test_reify_sets_the_error_file_in_envs_in_place_and_ranks_get_it(tmp_path):
+    from ranktop.core import DefaultLogsSpecs
+
+    envs = {0: {"TORCHELASTIC_RUN_ID": "r"}, 1: {}}
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path / "a"))
+    dest = specs.reify(envs)
+    assert dest.error_files == {r: os.path.join(specs.attempt_dir, str(r), "error.json") for r in (0, 1)}
+    assert {r: envs[r]["TORCHELASTIC_ERROR_FILE"] for r in (0, 1)} == dest.error_files
+    envs = {0: {}}
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path / "b"), redirects=Std.OUT)
+    ctx, _ = _specs_run(tmp_path, specs, envs=envs, nprocs=1,
+                        code="import os; print(os.environ['TORCHELASTIC_ERROR_FILE'])")
+    with open(ctx.stdouts[0]) as f:
+        assert f.read().strip() == envs[0]["TORCHELASTIC_ERROR_FILE"] == ctx.error_files[0]
+
+
+def test_positions_after_a_logs_specs_follow_torchs_order(tmp_path, capfd):
+    from ranktop.core import DefaultLogsSpecs
+
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path), tee=Std.OUT)
+    # (name, entrypoint, args, envs, logs_specs, log_line_prefixes, start_method, numa_options,
+    #  duplicate_stdout_filters, duplicate_stderr_filters): torch runs this; ranktop used to refuse it.
+    ctx, result = _specs_run(tmp_path, specs, {0: "[a]", 1: "[b]"}, "spawn", None, ["hi"], None)
+    assert not result.is_failed()
+    out = capfd.readouterr().out
+    assert "[a]hi" in out and "[b]hi" in out
+    with open(os.path.join(specs.attempt_dir, "filtered_stdout.log")) as f:
+        assert sorted(f.read().splitlines()) == ["[a]hi", "[b]hi"]
+
+
+def test_the_older_positional_form_still_works(tmp_path, capfd):
+    ctx, result = _specs_run(tmp_path, str(tmp_path), "spawn", Std.NONE, Std.OUT, {0: "<0>", 1: "<1>"})
+    assert not result.is_failed() and result.stdouts[0] == str(tmp_path / "0" / "stdout.log")
+    out = capfd.readouterr().out
+    assert "<0>hi" in out and "<1>hi" in out
+
+
+@pytest.mark.parametrize(
+    "more, kw, error, message",
+    [
+        (("specs", None, "spawn", None, None, None, "extra"), {}, TypeError,
+         r"takes at most 10 positional arguments when the fifth is a LogsSpecs \(11 given\)"),
+        (("dir", "spawn", Std.NONE, Std.NONE, None, "extra"), {}, TypeError,
+         r"takes at most 9 positional arguments when the fifth is a log_dir \(10 given\)"),
+        (("specs", None, "spawn"), {"start_method": "fork"}, TypeError, "multiple values for argument 'start_method'"),
+        (("dir", "spawn", Std.OUT), {"redirects": Std.ERR}, TypeError, "multiple values for argument 'redirects'"),
+        (("dir",), {"log_dir": "dir"}, TypeError, "multiple values for argument 'log_dir'"),
+        (("specs",), {"redirects": Std.OUT, "tee": Std.ERR}, TypeError,
+         r"got redirects, tee with a LogsSpecs: they belong in the LogsSpecs"),
+        (("specs", None, "thread"), {}, ValueError, "unknown start method 'thread'"),
+        (("specs", None, "spawn", "node"), {}, TypeError,
+         "numa_options must be a torch NumaOptions \\(with an affinity_mode\\), got 'node'"),
+    ],
+)
+def test_bad_call_forms_are_refused_with_one_line(tmp_path, more, kw, error, message):
+    from ranktop.core import DefaultLogsSpecs
+
+    (tmp_path / "logs").mkdir()
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path / "logs"))
+    more = tuple(specs if m == "specs" else str(tmp_path / "logs") if m == "dir" else m for m in more)
+    kw = {k: str(tmp_path / "logs") if v == "dir" else v for k, v in kw.items()}
+    with pytest.raises(error, match=message):
+        start_processes("b", PY, {0: ("-c", "pass")}, {0: {}}, *more, **kw)
+    assert os.listdir(tmp_path / "logs") == []  # refused before anything was made or started
+
+
+def test_devnull_log_dir_is_refused_with_one_line():
+    from ranktop.core import DefaultLogsSpecs
+
+    with pytest.raises(NotADirectoryError, match=r"log_dir: /dev/null \(no log files\) is not supported by ranktop"):
+        DefaultLogsSpecs(log_dir=os.devnull)
+
+
+@dataclass
+class _Numa:  # the shape of torch's NumaOptions, without needing torch
+    affinity_mode: str
+    should_fall_back_if_binding_fails: bool = False
+
+
+def test_numa_options_bind_each_rank_as_numa_binding_does(tmp_path, monkeypatch):
+    from ranktop.core.gpu import numa_binding
+    from ranktop.core.logs_specs import DefaultLogsSpecs
+
+    monkeypatch.setenv("RANKTOP_FAKE_GPUS", "2")  # fake GPUs on this machine's real PCI devices and sysfs
+    expected = numa_binding("node", 2, None)
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path), redirects=Std.OUT)
+    ctx, result = _specs_run(tmp_path, specs, None, "spawn", _Numa("node"),
+                             code="import os; print(sorted(os.sched_getaffinity(0)))")
+    for r in (0, 1):
+        with open(ctx.stdouts[r]) as f:
+            assert f.read().strip() == str(sorted(expected[r]))
+
+
+def test_numa_options_that_cannot_be_honoured_fail_in_one_line_or_fall_back(tmp_path, monkeypatch):
+    from ranktop.core.logs_specs import DefaultLogsSpecs
+    from ranktop.core.numa import NumaError
+
+    monkeypatch.setenv("RANKTOP_FAKE_GPUS", "2")
+    with pytest.raises(NumaError, match=r"^numa_options: bad --numa-binding 'sideways': expected one of node, "):
+        start_processes("b", PY, {0: ("-c", "pass")}, {0: {}}, DefaultLogsSpecs(log_dir=str(tmp_path / "a")),
+                        numa_options=_Numa("sideways"))
+    # torch's should_fall_back_if_binding_fails: the ranks run on ranktop's own CPUs instead.
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path / "b"), redirects=Std.OUT)
+    ctx, result = _specs_run(tmp_path, specs, numa_options=_Numa("sideways", True), nprocs=1,
+                             code="import os; print(sorted(os.sched_getaffinity(0)))")
+    with open(ctx.stdouts[0]) as f:
+        assert f.read().strip() == str(sorted(os.sched_getaffinity(0)))
+
+
+def test_torchs_own_numa_options_are_accepted(tmp_path, monkeypatch):
+    binding = pytest.importorskip("torch.numa.binding")
+    from ranktop.core.logs_specs import DefaultLogsSpecs
+
+    monkeypatch.setenv("RANKTOP_FAKE_GPUS", "1")
+    options = binding.NumaOptions(affinity_mode=binding.AffinityMode.SOCKET)
+    ctx, result = _specs_run(tmp_path, DefaultLogsSpecs(log_dir=str(tmp_path)), numa_options=options, nprocs=1)
+    assert not result.is_failed()
