@@ -986,7 +986,7 @@ def _bind_numa(spec: WorkerSpec) -> WorkerSpec:
 
     try:
         return dataclasses.replace(spec, cpu_affinity=numa_options_binding(spec.numa_options, spec.local_world_size))
-    except NumaError as exc:
+    except (NumaError, TypeError) as exc:
         raise UsageError(str(exc)) from None
 
 

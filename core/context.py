@@ -868,7 +868,9 @@ def start_processes(
             f"args and envs must both have exactly the local ranks 0..{nprocs - 1}; "
             f"got args for {sorted(args)} and envs for {sorted(envs)}"
         )
-    cpu_affinity = _numa_affinity(opts["numa_options"], nprocs)
+    from ranktop.core.gpu import numa_options_binding  # NVML only when asked for
+
+    cpu_affinity = numa_options_binding(opts["numa_options"], nprocs)
     console_ranks, redirects, tee, log_dir = None, opts["redirects"], opts["tee"], opts["log_dir"]
     if new_form:
         logs_specs.reify(envs)
@@ -884,27 +886,6 @@ def start_processes(
     cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
     return cls(name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters,
                cpu_affinity=cpu_affinity).start()
-
-
-def _numa_affinity(numa_options: Any, nprocs: int) -> dict[int, frozenset[int]] | None:
-    """torch's NumaOptions (or anything with its two fields) as ranktop's --numa-binding: each
-    rank starts on the CPUs near its GPU. should_fall_back_if_binding_fails: no binding instead
-    of the error, as torch then silences its binding's errors."""
-    if numa_options is None:
-        return None
-    mode = getattr(numa_options, "affinity_mode", None)
-    mode = getattr(mode, "value", mode)  # torch's AffinityMode is a str enum
-    if not isinstance(mode, str):
-        raise TypeError(f"numa_options must be a torch NumaOptions (with an affinity_mode), got {numa_options!r}")
-    from ranktop.core.gpu import numa_binding
-    from ranktop.core.numa import NumaError
-
-    try:
-        return numa_binding(mode, nprocs, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    except NumaError as exc:
-        if getattr(numa_options, "should_fall_back_if_binding_fails", False):
-            return None
-        raise NumaError(f"numa_options: {exc}") from None
 
 
 _START_METHODS = ("spawn", "fork", "forkserver")

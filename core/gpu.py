@@ -313,17 +313,23 @@ def numa_binding(mode: str, local_world_size: int, visible: str | None, nvml: An
 
 
 def numa_options_binding(options: Any, local_world_size: int) -> dict[int, frozenset[int]] | None:
-    """torch's NumaOptions (WorkerSpec.numa_options): the binding --numa-binding gives for its
-    affinity mode. Where none can be told, None if the options allow falling back, else NumaError."""
+    """torch's NumaOptions (WorkerSpec.numa_options, start_processes' numa_options): the binding
+    --numa-binding gives for its affinity mode. Where none can be told: None if the options allow
+    falling back (torch then silences its binding's errors), else NumaError "numa_options: why"."""
     from ranktop.core.numa import NumaError
 
-    mode = getattr(options.affinity_mode, "value", options.affinity_mode)
+    if options is None:
+        return None
+    mode = getattr(options, "affinity_mode", None)
+    mode = getattr(mode, "value", mode)  # torch's AffinityMode is a str enum
+    if not isinstance(mode, str):
+        raise TypeError(f"numa_options must be a torch NumaOptions (with an affinity_mode), got {options!r}")
     try:
-        return numa_binding(str(mode), local_world_size, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    except NumaError:
+        return numa_binding(mode, local_world_size, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except NumaError as exc:
         if getattr(options, "should_fall_back_if_binding_fails", False):
             return None
-        raise
+        raise NumaError(f"numa_options: {exc}") from None
 
 
 def device_count(nvml: Any = None, visible: str | None = None) -> int:

@@ -238,7 +238,7 @@ def test_worker_spec_numa_options_bind_as_the_flag_does_or_say_why_not(tmp_path,
                       numa_options=binding.NumaOptions(affinity_mode=binding.AffinityMode.NODE))
     monkeypatch.delenv("RANKTOP_FAKE_GPUS", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU to follow, whatever this host has
-    with pytest.raises(UsageError, match=r"^--numa-binding node: it binds each rank to its GPU's NUMA node"):
+    with pytest.raises(UsageError, match=r"^numa_options: --numa-binding node: it binds each rank to its GPU's NUMA node"):
         LocalAgent(spec, log_dir=str(tmp_path / "a"))
     assert os.listdir(tmp_path) == []  # refused before any run directory
     lenient = dataclasses_replace(spec, numa_options=binding.NumaOptions(
