@@ -13,26 +13,20 @@ import contextlib
 import errno
 import functools
 import json
-import logging
 import math
 import os
 import signal
-import socket
 import stat
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
-from datetime import datetime
 from typing import Any, TypeVar
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 _NO_TRACE_HINT = "To see the traceback, wrap the rank's main function in @ranktop.core.record (or torch's @record)."
 
 F = TypeVar("F", bound=Callable[..., Any])
-# Debug only: the launcher's stderr may be a TUI, and what goes wrong in copying an error file is
-# raised to the caller (the agent records it as an event).
-_log = logging.getLogger(__name__)
 
 
 class UsageError(ValueError):
@@ -99,7 +93,10 @@ class ChildFailedError(Exception):
 
 @functools.cache
 def _hostname() -> str:
-    # getfqdn may wait on DNS; the host does not change while we run, so ask once.
+    # getfqdn may wait on DNS; the host does not change while we run, so ask once. Imported
+    # here, as datetime below: only a failure's table needs them, and every start pays imports.
+    import socket
+
     return socket.getfqdn()
 
 
@@ -153,8 +150,6 @@ class ErrorHandler:
         message = rootcause_error.get("message") if isinstance(rootcause_error, dict) else None
         if isinstance(message, dict):
             message["errorCode"] = error_code
-        else:
-            _log.debug("error file %s has no message object; exit code %s not added", rootcause_error_file, error_code)
 
     def dump_error_file(self, rootcause_error_file: str, error_code: int = 0) -> None:
         """Copy the root cause's error file to ours ($TORCHELASTIC_ERROR_FILE), as torchrun does
@@ -171,8 +166,7 @@ class ErrorHandler:
         if error_code:  # 0 is torch's "not known": the rank's own errorCode, if any, stays
             self.override_error_code_in_rootcause_data(rootcause_error_file, data, error_code)
         target = self._get_error_file_path()
-        if not target:
-            _log.debug("no %s for the launcher: %s not copied", ERROR_FILE_ENV, rootcause_error_file)
+        if not target:  # no scheduler asked for one: nothing to copy to
             return
         _replace_file(target, json.dumps(data))
 
@@ -526,4 +520,6 @@ class ProcessFailure:
 
     def timestamp_isoformat(self) -> str:
         """`timestamp` as local time, 'YYYY-MM-DD_HH:MM:SS' (torch's form, for the table)."""
+        from datetime import datetime
+
         return datetime.fromtimestamp(self.timestamp).isoformat(sep="_")
