@@ -723,18 +723,18 @@ class PContext:
         """Every rank is accounted for: the result is known."""
         return self._result is not None
 
-    def close(self, death_sig: int = signal.SIGTERM, timeout: float = 30,
+    def close(self, death_sig: int | None = None, timeout: float = 30,
               between: Callable[[], None] | None = None) -> None:
         """Stop every rank's whole group (`death_sig`, then SIGKILL after `timeout`) and clean up.
-        Bounded: a rank that outlives SIGKILL by `reap_timeout` is left to the guard. `between`
-        runs on each pass of the wait (the agent applies its commands there: a second Ctrl-C
-        still acts while closing)."""
+        No `death_sig` (None, or 0 as torch tests it) is SIGTERM, torch's default. Bounded: a rank
+        that outlives SIGKILL by `reap_timeout` is left to the guard. `between` runs on each pass
+        of the wait (the agent applies its commands there: a second Ctrl-C still acts while closing)."""
         check_timeout("timeout", timeout)
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._stop_all(death_sig, timeout)
+            self._stop_all(death_sig or signal.SIGTERM, timeout)
         while self.step() is None:
             if between is not None:
                 between()
@@ -873,19 +873,48 @@ def start_processes(
     cpu_affinity = numa_options_binding(opts["numa_options"], nprocs)
     console_ranks, redirects, tee, log_dir = None, opts["redirects"], opts["tee"], opts["log_dir"]
     if new_form:
-        logs_specs.reify(envs)
-        log_dir, redirects, tee = logs_specs.attempt_dir, logs_specs.redirects, logs_specs.tee
+        redirects, tee = logs_specs.redirects, logs_specs.tee
         console_ranks = logs_specs.local_ranks_filter or None  # torch: an empty filter filters nothing
+    # Every argument is checked before a directory is made or opened: a refused call leaves
+    # nothing behind, on disk or among our descriptors.
+    prefixes = _line_prefixes(opts["log_line_prefixes"], name, nprocs)
+    streams = plan_streams(nprocs, redirects, tee, prefixes=prefixes, console_ranks=console_ranks)
+    filters = {STDOUT: _filter_needles("duplicate_stdout_filters", opts["duplicate_stdout_filters"]),
+               STDERR: _filter_needles("duplicate_stderr_filters", opts["duplicate_stderr_filters"])}
+    if new_form:
+        logs_specs.reify(envs)
+        log_dir = logs_specs.attempt_dir
     if log_dir is None:
         raise ValueError("start_processes needs logs_specs (a LogsSpecs) or log_dir")
     run_dir = RunDir.adopt(log_dir)  # checked empty, then held: see core/layout.py
-    prefixes = {r: (opts["log_line_prefixes"] or {}).get(r, f"[{name}{r}]:") for r in range(nprocs)}
-    streams = plan_streams(nprocs, redirects, tee, prefixes=prefixes, console_ranks=console_ranks)
-    filters = {STDOUT: tuple(n.encode() for n in opts["duplicate_stdout_filters"] or ()),
-               STDERR: tuple(n.encode() for n in opts["duplicate_stderr_filters"] or ())}
     cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
-    return cls(name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters,
-               cpu_affinity=cpu_affinity).start()
+    try:
+        return cls(name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters,
+                   cpu_affinity=cpu_affinity).start()
+    except BaseException:
+        run_dir.close()  # a context that failed to start has closed it already: closing twice is a no-op
+        raise
+
+
+def _line_prefixes(given: Any, name: str, nprocs: int) -> dict[int, str]:
+    """torch's log_line_prefixes (local rank -> the text before each console line), with
+    "[<name><rank>]:" for a rank it does not name; TypeError (one line) for anything else."""
+    if given is not None and not isinstance(given, Mapping):
+        raise TypeError(f"log_line_prefixes must map local ranks to text, not {type(given).__name__}")
+    prefixes = {r: (given or {}).get(r, f"[{name}{r}]:") for r in range(nprocs)}
+    for r, prefix in prefixes.items():
+        if not isinstance(prefix, str):
+            raise TypeError(f"log_line_prefixes[{r}] must be text, not {type(prefix).__name__}")
+    return prefixes
+
+
+def _filter_needles(what: str, given: Any) -> tuple[bytes, ...]:
+    """A duplicate_*_filters list as the bytes looked for; TypeError (one line) for anything else."""
+    needles = tuple(given or ())
+    for needle in needles:
+        if not isinstance(needle, str):
+            raise TypeError(f"{what} must be a list of text, not one holding {type(needle).__name__}")
+    return tuple(needle.encode() for needle in needles)
 
 
 _START_METHODS = ("spawn", "fork", "forkserver")

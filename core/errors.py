@@ -13,7 +13,6 @@ import contextlib
 import errno
 import functools
 import json
-import math
 import os
 import signal
 import stat
@@ -172,14 +171,23 @@ class ErrorHandler:
 
 
 def _replace_file(path: str | os.PathLike, text: str) -> None:
-    """Write `path` whole: a temporary file next to it (O_EXCL|O_NOFOLLOW: nothing planted there
-    is opened), then a rename, which replaces a symlink at `path` rather than writing through
-    it, and never truncates a file that another name (a hard link) shares."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    """Write `path` whole: a temporary file with a random name next to it (mkstemp: made
+    exclusively, 0600, never through a symlink, and a file planted under a guessable name cannot
+    block it), then a rename, which replaces a symlink at `path` rather than writing through it
+    and never truncates a file that another name (a hard link) shares. The temporary file is
+    removed on any failure."""
+    import tempfile  # only a failure writes a file: a rank's start does not pay for the import
+
+    path = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(path) or ".")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        try:
+            view = memoryview(text.encode())
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -243,10 +251,7 @@ def write_error_file(path: str | os.PathLike, exc: BaseException) -> None:
             },
         }
     }
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+    _replace_file(path, json.dumps(data))
 
 
 @dataclass(frozen=True)
@@ -379,15 +384,24 @@ def _error_content(data: object) -> ErrorFileContent:
     return ErrorFileContent(msg.get("message", ""), trace, _timestamp(extra.get("timestamp")), data)
 
 
+# The latest error-file timestamp taken: 9999-01-01 UTC in seconds. Later is no time a rank
+# failed, and the table's local time (datetime) cannot show all of that year in every time zone.
+MAX_TIMESTAMP = 253_370_764_800
+_TIMESTAMP_DIGITS = 12  # as text: enough for MAX_TIMESTAMP, and int() never sees a huge string
+
+
 def _timestamp(value: object) -> int | None:
-    """torch writes seconds as a string of digits; a number is taken too."""
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
-        return int(value)
+    """torch writes seconds as a string of digits; a number is taken too. Only 0..MAX_TIMESTAMP:
+    a huge, negative, infinite or NaN value, or digits that are not ASCII, is BadErrorFile, so
+    nothing that later turns it into a time can raise."""
     if value is None:
         return None
-    raise BadErrorFile('has a "timestamp" that is not a number of seconds')
+    if isinstance(value, str) and len(value) <= _TIMESTAMP_DIGITS and value.isascii() and value.isdigit():
+        value = int(value)
+    # NaN fails both comparisons; bool is an int but no time
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_TIMESTAMP:
+        return int(value)
+    raise BadErrorFile('has a "timestamp" that is not a number of seconds up to the year 9999')
 
 
 class _FileErrorHandler(ErrorHandler):
@@ -404,11 +418,12 @@ def record(fn: F, error_handler: ErrorHandler | None = None, *, error_file: str 
     """Decorator: an exception escaping `fn` is written to $TORCHELASTIC_ERROR_FILE (through
     `error_handler`, torch's keyword, or to `error_file`), then re-raised.
 
-    SystemExit is not an error here: `sys.exit(138)` leaves no error file, only its exit code,
-    and `sys.exit(0)` returns normally, as torch's does. A ChildFailedError (fn launched ranks and
-    one failed) is not written either: the root cause's own error file is copied instead, as
-    torch does, so the file names the rank's exception rather than the launcher's. As torch's,
-    it turns faulthandler on, so a crash in native code still shows the Python stack on stderr.
+    SystemExit is not an error here and leaves no error file: `sys.exit(0)` returns normally
+    (None), any other (`sys.exit()`, `sys.exit(138)`, `sys.exit("text")`) is re-raised, as
+    torch's does. A ChildFailedError (fn launched ranks and one failed) is not written either:
+    the root cause's own error file is copied instead, as torch does, so the file names the
+    rank's exception rather than the launcher's. As torch's, it turns faulthandler on, so a
+    crash in native code still shows the Python stack on stderr.
     """
     if error_handler is None:
         error_handler = _FileErrorHandler(error_file) if error_file else get_error_handler()
@@ -420,7 +435,9 @@ def record(fn: F, error_handler: ErrorHandler | None = None, *, error_file: str 
         try:
             return fn(*args, **kwargs)
         except SystemExit as exc:
-            if exc.code in (0, None):
+            # torch's test, exactly: `code == 0` (0, and False or 0.0 that equal it). A bare
+            # sys.exit() (None) goes up as any other SystemExit: the process still exits 0.
+            if exc.code == 0:
                 return None
             raise
         except ChildFailedError as exc:
@@ -507,7 +524,10 @@ class ProcessFailure:
             self.rank = self.local_rank
 
     def signal_name(self) -> str:
-        return signal_name(self.exitcode)
+        """'SIGSEGV' for -11; '<N/A>' for an exit by itself and, as torch, for a signal without a
+        name (a real-time one: -40)."""
+        name = signal_name(self.exitcode)
+        return name if name in signal.Signals.__members__ else NOT_AVAILABLE
 
     @property
     def message_text(self) -> str:

@@ -2,7 +2,8 @@
 ranktop's terms: where a group's files go, decided from the ranks' environment.
 
 `DefaultLogsSpecs.reify` makes `<log_dir>/<run id>_<random>/attempt_<restart count>/` as torch
-does, but private (0700, made fresh with mkdtemp/mkdir, never emptied or reused): the context then
+does, but private (0700, made fresh with mkdtemp/mkdir, never emptied or reused: a spec that serves
+a second call with the same restart count gets a fresh run directory): the context then
 holds that directory and opens every file of the group inside it (core/layout.py).
 """
 
@@ -86,14 +87,26 @@ class DefaultLogsSpecs(LogsSpecs):
             raise RuntimeError("reify() has not made the attempt's directory yet")
         return self._attempt_dir
 
+    def _make_attempt_dir(self, first: Mapping[str, str]) -> str:
+        """<run dir>/attempt_<restart count>, made fresh (0700). The run dir is made at the first
+        call; where this restart count's directory is there already (the spec serves another
+        call), a fresh run dir takes it. torch empties and reuses that directory instead: here the
+        earlier call's files are kept, and nothing a rank left there is written into."""
+        name = f"attempt_{int(first.get('TORCHELASTIC_RESTART_COUNT', '0'))}"
+        if self._run_log_dir is not None:
+            try:
+                os.mkdir(os.path.join(self._run_log_dir, name), 0o700)
+                return os.path.join(self._run_log_dir, name)
+            except FileExistsError:
+                pass
+        prefix = f"{first.get('TORCHELASTIC_RUN_ID', 'test_run_id')}_".replace("/", "_")
+        self._run_log_dir = tempfile.mkdtemp(prefix=prefix, dir=self._root_log_dir)
+        os.mkdir(os.path.join(self._run_log_dir, name), 0o700)
+        return os.path.join(self._run_log_dir, name)
+
     def reify(self, envs: Mapping[int, MutableMapping[str, str]]) -> LogsDest:
         first = envs.get(0, {}) if envs else {}
-        if self._run_log_dir is None:
-            prefix = f"{first.get('TORCHELASTIC_RUN_ID', 'test_run_id')}_".replace("/", "_")
-            self._run_log_dir = tempfile.mkdtemp(prefix=prefix, dir=self._root_log_dir)
-        attempt = os.path.join(self._run_log_dir, f"attempt_{int(first.get('TORCHELASTIC_RESTART_COUNT', '0'))}")
-        os.mkdir(attempt, 0o700)  # fresh: an attempt's directory is never reused
-        self._attempt_dir = attempt
+        attempt = self._attempt_dir = self._make_attempt_dir(first)
         nprocs = len(envs)
         redirects, tee = per_rank(self.redirects, nprocs), per_rank(self.tee, nprocs)
         # torch treats an empty filter like none at all (it tests the set's truth): so do we.

@@ -154,6 +154,46 @@ def test_dump_error_file_never_writes_through_what_is_planted_at_our_name(tmp_pa
     assert sorted(os.listdir(tmp_path)) == ["dst.json", "src.json", "victim"]  # the temporary file removed
 
 
+def test_record_replaces_what_is_planted_at_the_error_file_never_writing_through(tmp_path, monkeypatch):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim"
+    victim.write_text("keep me")
+    run = tmp_path / "run"
+    run.mkdir()
+    dest = run / "error.json"
+    monkeypatch.setenv(ENV, str(dest))
+    dest.symlink_to(victim)
+    # the names a temporary file once had (<file>.tmp<pid>) planted too: they neither block nor leak
+    for pid in {os.getpid(), os.getppid()}:
+        (run / f"error.json.tmp{pid}").symlink_to(victim)
+    with pytest.raises(SentinelError):
+        R.record(_raise_sentinel)()
+    assert victim.read_text() == "keep me"
+    assert not dest.is_symlink() and json.loads(dest.read_text())["message"]["message"] == "SentinelError: foobar"
+    assert oct(os.stat(dest).st_mode & 0o777) == oct(0o600)
+    assert sorted(os.listdir(run)) == sorted(["error.json", *(f"error.json.tmp{p}" for p in {os.getpid(), os.getppid()})])
+
+
+def test_a_failed_error_file_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    src = tmp_path / "src.json"
+    _rich_rank_file(src)
+    dest = tmp_path / "dest"
+    dest.mkdir()  # the rename onto it fails
+    monkeypatch.setenv(ENV, str(dest))
+    for record in (T.record, R.record):  # the write's error goes up, the rank's behind it, as torch's
+        with pytest.raises(IsADirectoryError) as raised:
+            record(_raise_sentinel)()
+        assert isinstance(raised.value.__context__, SentinelError)
+    with pytest.raises(IsADirectoryError):
+        R.ErrorHandler().dump_error_file(str(src), 3)
+    assert sorted(os.listdir(tmp_path)) == ["dest", "src.json"] and os.listdir(dest) == []
+    # and the copy that does land is private
+    monkeypatch.setenv(ENV, str(tmp_path / "copy.json"))
+    R.ErrorHandler().dump_error_file(str(src), 3)
+    assert oct(os.stat(tmp_path / "copy.json").st_mode & 0o777) == oct(0o600)
+
+
 def test_override_error_code_in_rootcause_data_as_torch(tmp_path):
     for loaded in ({"message": {"message": "m", "extraInfo": {}}}, {"message": "plain"}, {"other": 1},
                    {"message": {"message": "m", "errorCode": 3}}):
@@ -202,17 +242,23 @@ def test_record_takes_torchs_error_handler_keyword(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "old.json").read_text())["message"]["message"] == "SentinelError: foobar"
 
 
-def test_record_system_exit_and_good_fn_write_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv(ENV, str(tmp_path / "error.json"))
+def _leave(code):
+    raise SystemExit(code)
 
-    def leave(code):
-        raise SystemExit(code)
 
-    assert R.record(leave)(0) is None
-    with pytest.raises(SystemExit):
-        R.record(leave)(1)
+@pytest.mark.parametrize("code", [0, False, None, 1, 138, "text"])
+def test_record_returns_normally_only_for_what_torch_does_and_writes_no_file(tmp_path, monkeypatch, code):
+    ends = {}
+    for side, record in (("torch", T.record), ("ranktop", R.record)):
+        monkeypatch.setenv(ENV, str(tmp_path / f"{side}.json"))
+        try:
+            ends[side] = ("returned", record(_leave)(code))
+        except SystemExit as exc:
+            ends[side] = ("raised", exc.code)
+    # torch tests `code == 0`: a bare sys.exit() (None) goes up as every other code does
+    assert ends["ranktop"] == ends["torch"] == (("returned", None) if code == 0 else ("raised", code))
+    assert os.listdir(tmp_path) == []
     assert R.record(lambda: 5)() == 5
-    assert not (tmp_path / "error.json").exists()
 
 
 def _child_failed(side, name: str, child_file: str):
@@ -304,6 +350,41 @@ def test_a_malformed_file_raises_what_torch_raises_and_stays_a_bad_error_file(tm
     named = R.ProcessFailure(0, 997, 1, str(path), raise_bad_file=False)
     assert named.message == named.message_text == f"exited with code 1; error file {path} is not valid JSON; ignored"
     assert named.error_file == str(path) and not named.error_file_read and named.error_file_data["message"] == "<NONE>"
+
+
+HOSTILE_STAMPS = ["\u0661\u0662\u0663", "\u00b2", "9" * 13, "-1", "1e3", "", 10**30, R.MAX_TIMESTAMP + 1, 1e308,
+                  float("inf"), float("nan"), -1, True, [1]]
+
+
+@pytest.mark.parametrize("stamp", HOSTILE_STAMPS, ids=repr)
+@pytest.mark.parametrize("shape", ["torch", "plain"])
+def test_a_timestamp_that_is_no_time_is_a_bad_error_file(tmp_path, stamp, shape):
+    path = tmp_path / "error.json"
+    data = ({"message": {"message": "ValueError: x", "extraInfo": {"timestamp": stamp}}} if shape == "torch"
+            else {"message": "x", "timestamp": stamp})
+    path.write_text(json.dumps(data))  # inf and nan as JSON's Infinity and NaN, which json reads back
+    with pytest.raises(R.BadErrorFile, match='has a "timestamp" that is not a number of seconds up to the year 9999'):
+        R.ProcessFailure(0, 997, 1, str(path))
+    named = R.ProcessFailure(0, 997, 1, str(path), raise_bad_file=False)  # the engine's way
+    assert named.message.endswith('has a "timestamp" that is not a number of seconds up to the year 9999; ignored')
+    assert not named.error_file_read and named.error_file_data["message"] == "<NONE>"
+    assert named.timestamp_isoformat()  # the time the exit was seen, which formats
+    assert R.read_error_file(path) is None
+
+
+@pytest.mark.parametrize("stamp", ["1700000000", "0", "253370764800", 1700000000, 1700000000.5, 0, R.MAX_TIMESTAMP])
+def test_a_timestamp_of_seconds_is_taken(tmp_path, stamp):
+    path = tmp_path / "error.json"
+    path.write_text(json.dumps({"message": {"message": "ValueError: x", "extraInfo": {"timestamp": stamp}}}))
+    failure = R.ProcessFailure(0, 997, 1, str(path))
+    assert failure.timestamp == int(stamp) and failure.timestamp_isoformat()
+
+
+def test_signal_name_is_torchs_for_named_unnamed_and_no_signal():
+    for code in (-signal.SIGSEGV, -signal.SIGKILL, -(signal.SIGRTMIN + 6), -200, 1, 0):
+        ours = R.ProcessFailure(0, 997, code, "/nonexistent").signal_name()
+        assert ours == T.ProcessFailure(0, 997, code, "/nonexistent").signal_name(), code
+    assert R.ProcessFailure(0, 997, -(signal.SIGRTMIN + 6), "/nonexistent").signal_name() == "<N/A>"
 
 
 # ----- ChildFailedError --------------------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -446,6 +448,12 @@ def test_the_older_positional_form_still_works(tmp_path, capfd):
         (("specs", None, "thread"), {}, ValueError, "unknown start method 'thread'"),
         (("specs", None, "spawn", "node"), {}, TypeError,
          "numa_options must be a torch NumaOptions \\(with an affinity_mode\\), got 'node'"),
+        (("specs", "[a]"), {}, TypeError, "log_line_prefixes must map local ranks to text, not str"),
+        (("specs", {0: 7}), {}, TypeError, "log_line_prefixes\\[0\\] must be text, not int"),
+        (("specs", None, "spawn", None, [1]), {}, TypeError,
+         "duplicate_stdout_filters must be a list of text, not one holding int"),
+        (("dir",), {"duplicate_stderr_filters": [b"x"]}, TypeError,
+         "duplicate_stderr_filters must be a list of text, not one holding bytes"),
     ],
 )
 def test_bad_call_forms_are_refused_with_one_line(tmp_path, more, kw, error, message):
@@ -511,3 +519,91 @@ def test_torchs_own_numa_options_are_accepted(tmp_path, monkeypatch):
     options = binding.NumaOptions(affinity_mode=binding.AffinityMode.SOCKET)
     ctx, result = _specs_run(tmp_path, DefaultLogsSpecs(log_dir=str(tmp_path)), numa_options=options, nprocs=1)
     assert not result.is_failed()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_refused_call_closes_every_descriptor_it_opened(tmp_path):
+    from ranktop.core import DefaultLogsSpecs
+
+    gc.collect()  # a context's wake-up pipe is closed when the context is collected (see Waker)
+    before = _open_fds()
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path / "logs"))
+    # refused before anything is made; then a rank that cannot start, after the attempt
+    # directory was made and opened, with a filtered copy open in it
+    with pytest.raises(TypeError):
+        start_processes("b", PY, {0: ("-c", "pass")}, {0: {}}, specs, None, duplicate_stdout_filters=[1])
+    with pytest.raises(OSError, match="cannot start local rank 0"):
+        start_processes("b", str(tmp_path / "no-such-binary"), {0: ()}, {0: {}}, specs,
+                        duplicate_stdout_filters=["x"])
+    assert os.path.isdir(specs.attempt_dir)
+    (tmp_path / "old").mkdir()
+    with pytest.raises(OSError, match="cannot start local rank 0"):  # the older form: log_dir held, then refused
+        start_processes("b", str(tmp_path / "no-such-binary"), {0: ()}, {0: {}}, str(tmp_path / "old"))
+    gc.collect()
+    assert _open_fds() == before
+
+
+def test_one_logs_specs_serves_two_calls_each_in_a_fresh_directory(tmp_path):
+    from ranktop.core import DefaultLogsSpecs
+
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path), redirects=Std.OUT)
+    stdouts = []
+    for text in ("first", "second"):
+        ctx, result = _specs_run(tmp_path, specs, nprocs=1, code=f"print({text!r})")
+        assert not result.is_failed()
+        stdouts.append(ctx.stdouts[0])
+    # both kept, each <log_dir>/<run id>_<random>/attempt_0/0/stdout.log, in different run dirs
+    assert [open(path).read() for path in stdouts] == ["first\n", "second\n"]
+    runs = [os.path.dirname(os.path.dirname(os.path.dirname(path))) for path in stdouts]
+    assert runs[0] != runs[1] and all(os.path.dirname(run) == str(tmp_path) for run in runs)
+    assert all(path.endswith(os.path.join("attempt_0", "0", "stdout.log")) for path in stdouts)
+    assert specs.attempt_dir == os.path.join(runs[1], "attempt_0")
+
+
+@pytest.mark.parametrize("stamp", ["\u0661\u0662\u0663", "\u00b2", "9" * 13, 10**30, 1e308, float("inf"), -1])
+def test_a_hostile_timestamp_in_a_rank_error_file_is_named_not_raised(tmp_path, stamp):
+    from ranktop.core import ChildFailedError
+
+    text = json.dumps({"message": {"message": "ValueError: x", "extraInfo": {"timestamp": stamp}}})
+    code = f"import os; open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w').write({text!r}); raise SystemExit(1)"
+    result = _run(PY, {0: ("-c", code)}, tmp_path)
+    failure = result.failures[0]
+    assert failure.exitcode == 1 and not failure.error_file_read
+    assert failure.message == (f"exited with code 1; error file {failure.error_file} has a \"timestamp\" "
+                               "that is not a number of seconds up to the year 9999; ignored")
+    assert abs(failure.timestamp - time.time()) < 60  # when the exit was seen
+    assert "Root Cause" in str(ChildFailedError("trainer", result.failures))  # the table's time formats
+
+
+def test_a_rank_killed_by_a_signal_without_a_name_has_torchs_signal_name(tmp_path):
+    sig = signal.SIGRTMIN + 6  # real-time: no name in signal.Signals
+    result = _run(PY, {0: ("-c", f"import os; os.kill(os.getpid(), {int(sig)})")}, tmp_path)
+    failure = result.failures[0]
+    assert failure.exitcode == -sig and failure.signal_name() == "<N/A>"
+    assert failure.message == f"Signal {int(sig)} (<N/A>) received by PID {failure.pid}"
+
+
+@pytest.mark.parametrize("death_sig", [None, signal.SIGINT])
+def test_close_sends_sigterm_without_a_death_sig_as_torch(tmp_path, death_sig):
+    got = tmp_path / "got"
+    code = textwrap.dedent(f"""
+        import os, signal, sys
+        def note(sig, frame):
+            with open({str(got)!r}, "w") as f:
+                f.write(str(sig))
+            sys.exit(0)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+            signal.signal(s, note)
+        open({str(tmp_path / "ready")!r}, "w").close()
+        signal.pause()
+    """)
+    (tmp_path / "run").mkdir()
+    ctx = start_processes("t", PY, {0: ("-c", code)}, _envs(1), str(tmp_path / "run"))
+    try:
+        wait_for(lambda: (tmp_path / "ready").exists(), what="the rank's handlers")
+    finally:
+        ctx.close(death_sig, timeout=10)
+    assert got.read_text() == str(int(death_sig or signal.SIGTERM))
