@@ -285,8 +285,10 @@ def xpu_count() -> int:
         with warnings.catch_warnings():  # torch warns at import time (e.g. no numpy): not ours to print
             warnings.simplefilter("ignore")
             import torch
-    except ImportError:
-        raise UsageError("bad --nproc-per-node xpu: counting XPUs needs torch (pip install torch)") from None
+    except ImportError as exc:
+        from ranktop.core.rendezvous import torch_import_problem
+
+        raise UsageError(f"bad --nproc-per-node xpu: counting XPUs needs torch, and {torch_import_problem(exc)}") from None
     if not torch.xpu.is_available():
         raise UsageError("bad --nproc-per-node xpu: no XPU found (torch.xpu sees none)")
     return torch.xpu.device_count()
@@ -461,12 +463,9 @@ def uses_rendezvous(ns: argparse.Namespace) -> bool:
     if ns.standalone or ns.rdzv_backend is None:
         return False
     if ns.rdzv_backend == "static":
-        import importlib.util
+        from ranktop.core.rendezvous import torch_installed
 
-        try:
-            return importlib.util.find_spec("torch") is not None
-        except ValueError:  # torch in sys.modules as None: it cannot be imported
-            return False
+        return torch_installed()
     return True
 
 
