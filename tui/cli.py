@@ -522,21 +522,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_command(argv: Sequence[str] | None) -> int:
     reopen_closed_streams()  # before any file is opened: a closed 0/1/2 would be taken by it
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "stacks":
-        from ranktop.tui.stacks_cli import main as stacks_main
-
-        return stacks_main(argv[1:])
-    if argv and argv[0] in ("ls", "stop", "logs", "attach", "web"):
-        from ranktop.tui.runs_cli import main as runs_main
-
-        return runs_main(argv)
+    if argv and argv[0] in ("stacks", "ls", "stop", "logs", "attach", "web"):
+        return _subcommand(argv)
     ns = build_parser().parse_args(argv)
+    if ns.detach and ns.tui:  # it used to be dropped without a word
+        return usage_error("--detach and --tui exclude each other: a detached run has no TUI; "
+                           "start it with --detach, then ranktop attach RUN shows it")
     if not ns.detach and not want_tui(ns):
         guard.prestart()  # its interpreter starts while ours imports the engine, not beside the ranks
     try:
         return _launch(ns, argv)
     finally:
         guard.discard_spare()  # not taken: the command line or the rendezvous failed first
+
+
+def _subcommand(argv: list[str]) -> int:
+    try:
+        if argv[0] == "stacks":
+            from ranktop.tui.stacks_cli import main as stacks_main
+
+            return stacks_main(argv[1:])
+        from ranktop.tui.runs_cli import main as runs_main
+
+        return runs_main(argv)
+    except KeyboardInterrupt:  # Ctrl-C is how one leaves `logs -f` or a wait: no traceback, as a shell reports it
+        return 128 + signal.SIGINT
 
 
 def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
