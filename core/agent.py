@@ -91,9 +91,12 @@ class RunResult:
     @property
     def exit_status(self) -> int:
         """The CLI's exit status: 0 success, 1 a rank failed or output was lost on its way to a
-        log file, 128+N stopped by signal N."""
+        log file, 128+N stopped by signal N, 130 stopped by the user (a TUI's K or q, `ranktop
+        stop`): an interrupt, as Ctrl-C's, whichever way it was asked for, never a rank's failure."""
         if self.stop_signal is not None:
             return exit_status_for_signal(self.stop_signal)
+        if self.state == WorkerState.STOPPED:  # no signal stopped it: the user did
+            return exit_status_for_signal(signal.SIGINT)
         return 0 if self.state == WorkerState.SUCCEEDED and not self.incomplete_logs else 1
 
 

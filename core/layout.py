@@ -60,12 +60,23 @@ def dump_log_path(rank_dir: str) -> str:
 def check_run_id(run_id: str, flag: str = "--run-id") -> str:
     """A run id names one directory under the log root: no separators, no '..', nothing
     unprintable. `flag`: the option it came from, for the message (a rendezvous id is one too)."""
-    if not run_id:
-        raise UsageError(f"bad {flag} '': expected a name such as exp-1")
-    if run_id in (".", "..") or not run_id.isprintable() or "/" in run_id:
-        raise UsageError(f"bad {flag} {run_id!r}: it names a directory, so no '/', '.', '..' "
-                         "or control characters; use letters, digits, '-', '_' or '.'")
+    why = _run_id_problem(run_id)
+    if why is not None:
+        raise UsageError(f"bad {flag} {run_id!r}: {why} (a run id names its run directory: printable "
+                         "characters other than '/', and not '.' or '..'; e.g. exp-1)")
     return run_id
+
+
+def _run_id_problem(run_id: str) -> str | None:
+    if not run_id:
+        return "it is empty"
+    if "/" in run_id:
+        return "it contains '/'"
+    if run_id in (".", ".."):
+        return "it is the name of the current or parent directory"
+    if not run_id.isprintable():
+        return "it contains a control character"
+    return None
 
 
 class Dir:

@@ -82,11 +82,28 @@ def _torch_rendezvous(backend: str) -> Any:
             warnings.simplefilter("ignore")  # torch warns at import time when numpy is missing
             from torch.distributed.elastic import rendezvous
             from torch.distributed.elastic.rendezvous import registry
-    except ImportError:
-        raise UsageError(
-            f"--rdzv-backend {backend} needs torch (pip install torch); without it, run the static "
-            "form: --nnodes N --node-rank R --master-addr HOST --master-port PORT") from None
+    except ImportError as exc:
+        raise UsageError(f"--rdzv-backend {backend} needs torch, and {torch_import_problem(exc)}; without it, "
+                         "run the static form: --nnodes N --node-rank R --master-addr HOST --master-port PORT") from None
     return rendezvous, registry
+
+
+def torch_import_problem(exc: ImportError) -> str:
+    """Why importing torch (or a part of it) failed, in words for the user: not installed, or
+    installed and broken (a CUDA library missing, a bad build): then pip install would not help."""
+    if not torch_installed():
+        return "torch is not installed (pip install torch)"
+    return f"torch failed to import: {_one_line(exc)}"
+
+
+def torch_installed() -> bool:
+    """Whether there is a torch to import (it may still fail to import), without importing it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except ValueError:  # torch in sys.modules as None: it cannot be imported
+        return False
 
 
 # torchrun's launcher gives every backend this `timeout` unless --rdzv-conf names one (the static

@@ -405,6 +405,30 @@ def test_bad_input_gives_one_line_and_starts_nothing(tmp_path, argv, message):
     assert (tmp_path / "afile").read_text() == "keep"
 
 
+ALLOWED = "(a run id names its run directory: printable characters other than '/', and not '.' or '..'; e.g. exp-1)"
+
+
+@pytest.mark.parametrize(("run_id", "why"), [
+    ("a/b", "it contains '/'"),
+    ("..", "it is the name of the current or parent directory"),
+    ("a\x1bb", "it contains a control character"),
+    ("", "it is empty"),
+])
+@pytest.mark.parametrize("mode", ["--headless", "--detach"])
+def test_a_bad_run_id_says_why_and_what_is_allowed(tmp_path, run_id, why, mode):
+    """The line names the flag, the value, what is wrong with it and what a run id may be. It used
+    to list '.' both among the characters refused and those to use."""
+    script = tmp_path / "never.py"
+    script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('x')\n")
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    res = run_ranktop(mode, "--run-id", run_id, "--log-dir", str(tmp_path / "logs"), str(script),
+                      env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr == f"ranktop: error: bad --run-id {run_id!r}: {why} {ALLOWED}\n"
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "logs").exists() and os.listdir(runtime) == []
+
+
 def test_unknown_signal_name_is_refused():
     assert parse_signal("usr1") == signal.SIGUSR1 and parse_signal("SIGTERM") == signal.SIGTERM
     with pytest.raises(UsageError, match="unknown signal 'SIGFOO': use a name like TERM"):

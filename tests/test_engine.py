@@ -52,7 +52,7 @@ def test_snapshot_and_output_since_are_plain_data(tmp_path):
     finally:
         engine.close()
     snap = engine.snapshot()
-    assert snap.ended and snap.state == GroupState.STOPPED and snap.exit_status == 1
+    assert snap.ended and snap.state == GroupState.STOPPED and snap.exit_status == 128 + signal.SIGINT  # a user stop
 
 
 @pytest.mark.parametrize(

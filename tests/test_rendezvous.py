@@ -255,7 +255,8 @@ def test_without_torch_a_rendezvous_backend_is_a_one_line_error(tmp_path):
     res = run_ranktop("--headless", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1",
                       "--log-dir", str(tmp_path), RANK, "print", without="torch")
     assert res.returncode == 2
-    assert res.stderr.startswith("ranktop: error: --rdzv-backend c10d needs torch (pip install torch)")
+    assert res.stderr.startswith("ranktop: error: --rdzv-backend c10d needs torch, and torch is not installed "
+                                 "(pip install torch)")
     assert len(res.stderr.splitlines()) == 1
     assert not list(tmp_path.iterdir())  # nothing started, no run directory
     # the static backend without torch is ranktop's own static form, exactly as without the flag
@@ -263,6 +264,25 @@ def test_without_torch_a_rendezvous_backend_is_a_one_line_error(tmp_path):
                       RANK, "print", without="torch")
     assert res.returncode == 0, res.stderr
     assert placements(res.stdout)[0]["WORLD_SIZE"] == "1"
+
+
+@pytest.mark.parametrize("flags", [
+    ("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1"),
+    ("--nnodes", "2", "--node-rank", "1"),  # torch's static rendezvous, as torchrun's default
+    ("--nproc-per-node", "xpu"),
+])
+def test_a_torch_that_fails_to_import_is_named_not_pip_installed(tmp_path, flags):
+    """torch installed but broken (here: a torch package whose import raises): the one line names
+    the import's error; `pip install torch` would not mend it."""
+    broken = tmp_path / "broken"
+    (broken / "torch").mkdir(parents=True)
+    (broken / "torch" / "__init__.py").write_text("raise ImportError('boom')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(broken), str(ROOT)])}
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path / "logs"), *flags, RANK, "print", env=env)
+    assert res.returncode == 2, res.stderr
+    assert "needs torch, and torch failed to import: boom" in res.stderr and "pip install" not in res.stderr
+    assert res.stderr.startswith("ranktop: error: ") and len(res.stderr.splitlines()) == 1, res.stderr
+    assert not (tmp_path / "logs").exists()  # nothing started, no run directory
 
 
 @pytest.mark.parametrize(("flags", "message"), [

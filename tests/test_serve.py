@@ -9,6 +9,7 @@ import math
 import os
 import random
 import resource
+import shlex
 import shutil
 import signal
 import socket
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, run_in_pty, run_ranktop, wait_for
 from ranktop.core import protocol
 from test_tui_tmux import Terminal
 
@@ -81,7 +82,7 @@ def test_ls_logs_and_stop_reach_a_headless_run(tmp_path, runtime):
         assert one.strip() == "[0]:hello from 0"
         stopped = run_ranktop("stop", env=runtime)  # no RUN: the newest running one
         assert stopped.returncode == 0 and stopped.stdout.strip() == "ranktop: stopped served", stopped.stderr
-        assert proc.wait(30) == 1  # stopped on request: the ranks ended by our SIGTERM
+        assert proc.wait(30) == 130  # stopped on request: a user's stop, as Ctrl-C's, not a rank's failure
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -463,7 +464,9 @@ def test_a_detached_run_lingers_after_its_end_and_attach_shows_its_final_view(tm
     (run,) = wait_for(lambda: [r for r in ls(runtime) if r["state"] == "succeeded"], what="the ended run lingering")
     assert "[1]:done on 1" in run_ranktop("logs", "end", env=runtime).stdout  # still served after the end
     left = run_ranktop("stop", "end", env=runtime)
-    assert left.returncode == 0 and left.stdout.strip() == "ranktop: stopped end"
+    # The stop let the lingering engine go, and says the run was over, with how it ended.
+    assert left.returncode == 0 and left.stdout.strip() == "ranktop: end had already ended (succeeded); its engine has left"
+    assert ls(runtime) == []  # no longer served once stop returned
     wait_for(lambda: gone(run["pid"]), what="the engine gone")
     final = json.loads((tmp_path / "logs" / "end" / "final.json").read_text())
     assert final["ended"] and final["exit_status"] == 0 and final["state"] == "succeeded"
@@ -919,3 +922,128 @@ def test_an_engine_that_stops_answering_is_waited_for_not_taken_for_the_runs_end
     finally:
         hold.set()
         engine.close()
+
+
+# Rank 0 ignores SIGTERM (a stop waits out the grace); on SIGUSR1 (a --signal stack dump) it
+# marks that it was asked and freezes its engine, its parent, so the dump's answer never comes.
+FREEZER = """import os, signal, sys, time
+def freeze(*_):
+    open(sys.argv[1], 'w').close()
+    os.kill(os.getppid(), signal.SIGSTOP)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGUSR1, freeze)
+print('up', flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def interrupted(proc: subprocess.Popen) -> tuple[int, str]:
+    """SIGINT to a subcommand (Ctrl-C): its exit status and what it said on stderr."""
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=30)
+    return proc.returncode, err
+
+
+def test_ctrl_c_ends_a_subcommand_with_130_and_no_traceback(tmp_path, runtime):
+    script = tmp_path / "freezer.py"
+    script.write_text(FREEZER)
+    asked = tmp_path / "asked"
+    engine = subprocess.Popen(ranktop_cmd("--headless", "--shutdown-timeout", "3", "--run-id", "ctrlc", "--log-dir",
+                                          str(tmp_path / "logs"), str(script), str(asked)),
+                              cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def subcommand(*args: str) -> subprocess.Popen:
+        return subprocess.Popen(ranktop_cmd(*args), cwd=ROOT, env=runtime, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    try:
+        wait_for(lambda: ls(runtime), what="the run served")
+        follower = subcommand("logs", "ctrlc", "-f")
+        assert follower.stdout.readline() == "[0]:up\n"  # following, until the run ends
+        status, err = interrupted(follower)
+        assert status == 130 and "Traceback" not in err, err
+        # The engine is frozen mid-dump (by the rank it signalled): stacks waits for its answer.
+        dumper = subcommand("stacks", "ctrlc", "--signal")
+        wait_for(lambda: asked.exists() and _status_field(engine.pid, "State").startswith("T"),
+                 what="the engine frozen while it dumps")
+        status, err = interrupted(dumper)
+        assert status == 130 and "Traceback" not in err, err
+        os.kill(engine.pid, signal.SIGCONT)
+        # stop sends the stop, then waits out the grace the rank takes (it ignores SIGTERM).
+        stopper = subcommand("stop", "ctrlc")
+        wait_for(lambda: any(e["event"] == "user_stop" for e in read_events(tmp_path / "logs" / "ctrlc", while_written=True)),
+                 what="the stop sent")
+        status, err = interrupted(stopper)
+        assert status == 130 and "Traceback" not in err, err
+        assert engine.wait(30) == 130  # the stop went on without the command that sent it: SIGKILL after 3 s
+    finally:
+        if engine.poll() is None:
+            os.kill(engine.pid, signal.SIGCONT)
+            engine.kill()
+            engine.wait()
+
+
+def test_an_ended_run_whose_engine_has_gone_is_said_so_by_logs_stop_and_stacks(tmp_path, runtime):
+    """Its run directory holds final.json: logs shows what attach's final view shows, stop has
+    nothing left to do, stacks nothing to dump; each names the run's final state. They used to say
+    that RUN 'names no run served on this host'."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}  # the default log root, where a run id is looked for
+    script = tmp_path / "fail.py"
+    script.write_text("import os, sys\nprint('out of', os.environ['RANK'])\n"
+                      "print('err of', os.environ['RANK'], file=sys.stderr)\nsys.exit(int(os.environ['RANK']) * 3)\n")
+    done = run_ranktop("--headless", "--nproc-per-node", "2", "--run-id", "over", str(script), env=env)
+    assert done.returncode == 1, done.stderr
+    run_dir = tmp_path / f"ranktop-{os.geteuid()}" / "over"
+    assert (run_dir / "final.json").is_file() and ls(env) == []
+    ended = "over has ended (failed); its engine has left"
+    for target in ("over", str(run_dir)):
+        stopped = run_ranktop("stop", target, env=env)
+        assert stopped.returncode == 0 and stopped.stdout == "ranktop: over had already ended (failed); its engine " \
+                                                               "has left\n" and stopped.stderr == "", stopped.stderr
+        for follow in ((), ("-f",)):
+            logs = run_ranktop("logs", target, *follow, env=env)
+            assert logs.returncode == 0 and logs.stdout == "[0]:out of 0\n[1]:out of 1\n", logs.stderr
+            assert logs.stderr == (f"ranktop: {ended}: that was each rank's stdout.log (its last MiB); all its log "
+                                   f"files, stderr.log too, are under {run_dir}\n")
+        stacks = run_ranktop("stacks", target, env=env)
+        assert stacks.returncode == 1 and stacks.stderr == f"ranktop stacks: {ended}: no ranks to dump\n"
+    one = run_ranktop("logs", "over", "--rank", "1", env=env)
+    assert one.returncode == 0 and one.stdout == "[1]:out of 1\n"
+    bad = run_ranktop("logs", "over", "--rank", "2", env=env)
+    assert bad.returncode == 2 and bad.stderr == "ranktop: error: bad --rank 2: local ranks of over are 0..1\n"
+
+
+def test_attach_without_a_terminal_is_one_line(tmp_path, runtime, monkeypatch):
+    """Textual drew into the pipe and waited for keys that never came; now one line, exit 2,
+    before any connection (the run has no client)."""
+    proc = start_headless(tmp_path, runtime, "att")
+    try:
+        wait_for(lambda: ls(runtime), what="the run served")
+        piped = run_ranktop("attach", "att", env=runtime, stdin=subprocess.DEVNULL)
+        assert piped.returncode == 2 and piped.stdout == ""
+        assert piped.stderr == ("ranktop: error: ranktop attach needs a terminal (stdin is not a terminal): "
+                                "ranktop logs att -f prints a run's output instead\n")
+        # stdin and stderr a terminal, stdout into a file
+        monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+        out_file = tmp_path / "out"
+        screen, status = run_in_pty(["/bin/sh", "-c", f"exec {shlex.quote(sys.executable)} -m ranktop attach "
+                                     f"> {shlex.quote(str(out_file))}"], ROOT, until=b"")
+        assert status == 2 and out_file.read_text() == ""
+        assert screen == (b"ranktop: error: ranktop attach needs a terminal (stdout is not a terminal): "
+                          b"ranktop logs -f prints a run's output instead\r\n")
+        assert [(r["state"], r["clients"]) for r in ls(runtime)] == [("running", 0)]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+def test_detach_with_tui_is_refused_and_starts_nothing(tmp_path, runtime):
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    done = run_ranktop("--detach", "--tui", "--run-id", "both", "--log-dir", str(tmp_path / "logs"), str(script),
+                       env=runtime)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == ("ranktop: error: --detach and --tui exclude each other: a detached run has no TUI; "
+                           "start it with --detach, then ranktop attach RUN shows it\n")
+    assert ls(runtime) == [] and not (tmp_path / "logs").exists()

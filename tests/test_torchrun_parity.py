@@ -144,7 +144,7 @@ BAD = [
     # torchrun reads it as host ":", port 1, and hangs
     (["--rdzv-backend", "c10d", "--rdzv-endpoint", "::1", S], {}, "ranktop: error: bad --rdzv-endpoint '::1': "),
     (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-id", "../x", S], {},
-     "ranktop: error: bad --rdzv-id '../x': it names a directory"),
+     "ranktop: error: bad --rdzv-id '../x': it contains '/' (a run id names its run directory"),
     (["--nproc-per-node", "gpu", S], {"RANKTOP_FAKE_GPUS": "2", "CUDA_VISIBLE_DEVICES": ""},
      "ranktop: error: bad --nproc-per-node gpu: no GPU found"),
     ([S], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "soon"}, "ranktop: error: bad TORCH_ELASTIC_SHUTDOWN_TIMEOUT='soon'"),

@@ -77,6 +77,25 @@ def test_kill_group_asks_then_stops_with_sigterm_and_resumes_stopped_ranks(tmp_p
     assert [e["signal"] for e in read_events(app.engine.agent.run_dir) if e["event"] == "user_stop"] == ["SIGTERM"]
 
 
+@pytest.mark.parametrize("keys", [("K", "K"), ("q", "y")], ids=["K-then-q", "q-then-stop"])
+def test_a_user_stop_exits_130_by_any_path(tmp_path, keys):
+    """K (confirmed) then q used to exit 1, the status of a rank's failure, where q then stop
+    exits 130: both are the user's stop, and exit as Ctrl-C does."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path)))
+
+    async def body(app, pilot):
+        await pilot.press(*keys)
+        await until(pilot, lambda: app.engine.snapshot().ended, what="group stopped")
+        if keys[0] == "K":  # K leaves the TUI open on the final states: q leaves
+            assert app.is_running
+            await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, what="the app left")
+
+    drive(app, body)
+    assert app.exit_status == QUIT_STATUS == 128 + signal.SIGINT
+    assert [e["exit_status"] for e in read_events(app.engine.agent.run_dir) if e["event"] == "run_finished"] == [130]
+
+
 def test_kill_key_confirms_only_on_the_same_rank(tmp_path):
     app = RanktopApp(LocalEngine(ticker_agent(tmp_path)))
 

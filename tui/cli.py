@@ -285,8 +285,10 @@ def xpu_count() -> int:
         with warnings.catch_warnings():  # torch warns at import time (e.g. no numpy): not ours to print
             warnings.simplefilter("ignore")
             import torch
-    except ImportError:
-        raise UsageError("bad --nproc-per-node xpu: counting XPUs needs torch (pip install torch)") from None
+    except ImportError as exc:
+        from ranktop.core.rendezvous import torch_import_problem
+
+        raise UsageError(f"bad --nproc-per-node xpu: counting XPUs needs torch, and {torch_import_problem(exc)}") from None
     if not torch.xpu.is_available():
         raise UsageError("bad --nproc-per-node xpu: no XPU found (torch.xpu sees none)")
     return torch.xpu.device_count()
@@ -461,12 +463,9 @@ def uses_rendezvous(ns: argparse.Namespace) -> bool:
     if ns.standalone or ns.rdzv_backend is None:
         return False
     if ns.rdzv_backend == "static":
-        import importlib.util
+        from ranktop.core.rendezvous import torch_installed
 
-        try:
-            return importlib.util.find_spec("torch") is not None
-        except ValueError:  # torch in sys.modules as None: it cannot be imported
-            return False
+        return torch_installed()
     return True
 
 
@@ -523,21 +522,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_command(argv: Sequence[str] | None) -> int:
     reopen_closed_streams()  # before any file is opened: a closed 0/1/2 would be taken by it
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "stacks":
-        from ranktop.tui.stacks_cli import main as stacks_main
-
-        return stacks_main(argv[1:])
-    if argv and argv[0] in ("ls", "stop", "logs", "attach", "web"):
-        from ranktop.tui.runs_cli import main as runs_main
-
-        return runs_main(argv)
+    if argv and argv[0] in ("stacks", "ls", "stop", "logs", "attach", "web"):
+        return _subcommand(argv)
     ns = build_parser().parse_args(argv)
+    if ns.detach and ns.tui:  # it used to be dropped without a word
+        return usage_error("--detach and --tui exclude each other: a detached run has no TUI; "
+                           "start it with --detach, then ranktop attach RUN shows it")
     if not ns.detach and not want_tui(ns):
         guard.prestart()  # its interpreter starts while ours imports the engine, not beside the ranks
     try:
         return _launch(ns, argv)
     finally:
         guard.discard_spare()  # not taken: the command line or the rendezvous failed first
+
+
+def _subcommand(argv: list[str]) -> int:
+    try:
+        if argv[0] == "stacks":
+            from ranktop.tui.stacks_cli import main as stacks_main
+
+            return stacks_main(argv[1:])
+        from ranktop.tui.runs_cli import main as runs_main
+
+        return runs_main(argv)
+    except KeyboardInterrupt:  # Ctrl-C is how one leaves `logs -f` or a wait: no traceback, as a shell reports it
+        return 128 + signal.SIGINT
 
 
 def _launch(ns: argparse.Namespace, argv: list[str]) -> int:

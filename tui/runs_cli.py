@@ -4,16 +4,30 @@ through the socket its engine serves (core/server.py). Never imports Textual."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import sys
 import threading
 import time
 from collections.abc import Sequence
 
 from ranktop.core import collector
-from ranktop.core.client import Connection, RunGone, ServedRun, find_run, served_runs, wait_gone
+from ranktop.core.client import (
+    BadFinalFile,
+    Connection,
+    FinalEngine,
+    RunGone,
+    ServedRun,
+    final_run,
+    find_run,
+    served_runs,
+    wait_gone,
+)
 from ranktop.core.sanitize import clean
+from ranktop.core.stdio import terminal_problem
 from ranktop.tui.usage import UsageParser, usage_error
 
+INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C ended the command, as a shell reports it
 _RUN_HELP = "a run id, a unique prefix of one, or its run directory (default: the newest running run)"
 
 
@@ -35,11 +49,35 @@ def run_parser(prog: str, description: str) -> UsageParser:
     return p
 
 
-def pick_run(target: str | None) -> ServedRun | int:
+def pick_run(target: str | None) -> ServedRun | FinalEngine | int:
+    """The served run `target` names; else the final view of the ended run it names (its engine
+    has gone: its directory holds final.json); else the one line saying why not, as a status."""
     try:
         return find_run(target, served_runs())
     except ValueError as exc:
-        return usage_error(str(exc))
+        not_served = str(exc)
+    try:
+        view = ended_view(target)
+    except BadFinalFile as bad:
+        return usage_error(str(bad))
+    return usage_error(not_served) if view is None else view
+
+
+def ended_view(target: str | None) -> FinalEngine | None:
+    """The final view of the ended run `target` names (a run directory, or a run id under the
+    default log root), or None. BadFinalFile if its final.json cannot be shown."""
+    final = final_run(target)
+    return None if final is None else FinalEngine(final)
+
+
+def ended_words(run_id: str, state: str, *, already: bool = False) -> str:
+    """How a command that came after the end says so: the run and its final state."""
+    return clean(f"{run_id} {'had already' if already else 'has'} ended ({state}); its engine has left")
+
+
+def final_words(view: FinalEngine, *, already: bool = False) -> str:
+    snap = view.snapshot()
+    return ended_words(snap.run_id, snap.state.value, already=already)
 
 
 # ----- ls ---------------------------------------------------------------------------------------
@@ -83,21 +121,19 @@ def attach(argv: list[str]) -> int:
     p = run_parser("ranktop attach", "The TUI of a run started elsewhere (it goes on when you leave).")
     p.add_argument("--read-only", action="store_true", help="watch only: keys that act on ranks do nothing")
     ns = p.parse_args(argv)
-    from ranktop.core.client import BadFinalFile, FinalEngine, final_run
-
-    try:
-        run = find_run(ns.run, served_runs())
-    except ValueError as exc:
-        final = final_run(ns.run)  # an ended run whose engine has gone: its final view
-        if final is None:
-            return usage_error(str(exc))
-        try:
-            engine = FinalEngine(final)
-        except BadFinalFile as bad:
-            return usage_error(str(bad))
+    run = pick_run(ns.run)
+    if isinstance(run, int):
+        return run
+    problem = _no_terminal()
+    if problem is not None:  # Textual would draw into a pipe, and wait for keys that never come
+        if isinstance(run, FinalEngine):
+            run.close()
+        return usage_error(f"ranktop attach needs a terminal ({problem}): ranktop logs "
+                           f"{shlex.quote(ns.run) + ' ' if ns.run else ''}-f prints a run's output instead")
+    if isinstance(run, FinalEngine):  # an ended run whose engine has gone: its final view
         from ranktop.tui.app import RanktopApp
 
-        return _show(RanktopApp(engine))
+        return _show(RanktopApp(run))
     connecting = _Connecting(run.path, ns.read_only)
     connecting.start()
     from ranktop.tui.app import RanktopApp, print_end_report  # Textual loads while the engine answers
@@ -144,6 +180,14 @@ class _Connecting(threading.Thread):
             self.problem = exc
 
 
+def _no_terminal() -> str | None:
+    """Why attach cannot show its TUI here, or None. Under textual-serve (`ranktop web`) the
+    driver is Textual's web driver, which needs no terminal."""
+    if os.environ.get("TEXTUAL_DRIVER"):
+        return None
+    return terminal_problem() or (None if os.isatty(1) else "stdout is not a terminal")
+
+
 def _show(app) -> int:
     from ranktop.tui.app import print_end_report
 
@@ -160,9 +204,13 @@ def stop(argv: list[str]) -> int:
     run = pick_run(ns.run)
     if isinstance(run, int):
         return run
+    if isinstance(run, FinalEngine):  # nothing left to stop: what it asked for
+        print(f"ranktop: {final_words(run, already=True)}")
+        run.close()
+        return 0
     try:
         with Connection(run.path) as conn:
-            grace = conn.snapshot().get("shutdown_timeout") or 10.0
+            snap = conn.snapshot()
             ack = conn.command("Stop")  # an ended run's engine leaves at once, and says so
     except RunGone as exc:
         print(f"ranktop: {run.run_id}: {exc}", file=sys.stderr)
@@ -170,10 +218,20 @@ def stop(argv: list[str]) -> int:
     if not ack.get("ok"):
         print(f"ranktop: {run.run_id}: {ack.get('message')}", file=sys.stderr)
         return 1
-    if not wait_gone(run.path, grace + 15.0):
+    grace = snap.get("shutdown_timeout") or 10.0
+    try:
+        gone = wait_gone(run.path, grace + 15.0)
+    except KeyboardInterrupt:  # the stop was sent: only the waiting for it ends here
+        print(f"\nranktop: {run.run_id} goes on stopping (SIGKILL after its {grace:g}s grace); ranktop ls shows it",
+              file=sys.stderr)
+        return INTERRUPTED
+    if not gone:
         print(f"ranktop: {run.run_id} is still there {grace + 15:g}s after the stop", file=sys.stderr)
         return 1
-    print(f"ranktop: stopped {run.run_id}")
+    if snap.get("ended"):  # a lingering engine of a run that was over: it let the engine go
+        print(f"ranktop: {ended_words(run.run_id, str(snap.get('state')), already=True)}")
+    else:
+        print(f"ranktop: stopped {run.run_id}")
     return 0
 
 
@@ -191,6 +249,11 @@ def logs(argv: list[str]) -> int:
     run = pick_run(ns.run)
     if isinstance(run, int):
         return run
+    if isinstance(run, FinalEngine):
+        try:
+            return _print_final_logs(run, ns.rank)
+        finally:
+            run.close()
     try:
         with Connection(run.path) as conn:
             return _print_logs(conn, run, ns.rank, ns.follow, ns.events)
@@ -200,11 +263,36 @@ def logs(argv: list[str]) -> int:
         return 0
 
 
+def _prefixes(run_id: str, ranks: list[tuple[int, int]], only: int | None) -> dict[int, bytes] | int:
+    """{local rank: its `[rank]:` prefix} for the (local rank, rank) pairs `--rank` keeps; the usage
+    error's status for a --rank the run does not have."""
+    if only is not None and not 0 <= only < len(ranks):
+        return usage_error(f"bad --rank {only}: local ranks of {run_id} are 0..{len(ranks) - 1}")
+    return {local: f"[{rank}]:".encode() for local, rank in ranks if only is None or local == only}
+
+
+def _print_final_logs(view: FinalEngine, only: int | None) -> int:
+    """An ended run whose engine has gone: what its final view shows of each rank (the last MiB
+    of its stdout.log), prefixed as the engine's output is, then one line saying where the rest is."""
+    snap = view.snapshot()
+    prefixes = _prefixes(clean(snap.run_id), [(r.local_rank, r.rank) for r in snap.ranks], only)
+    if isinstance(prefixes, int):
+        return prefixes
+    out = sys.stdout.buffer
+    for local, prefix in prefixes.items():
+        _cursor, lines, _open = view.output_since(local, None)
+        out.writelines(prefix + line + b"\n" for line in lines)
+    out.flush()
+    print(f"ranktop: {final_words(view)}: that was each rank's stdout.log (its last MiB); all its log files, "
+          f"stderr.log too, are under {clean(snap.log_dir or '?')}", file=sys.stderr)
+    return 0
+
+
 def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool, events: bool = False) -> int:
     ranks = run.snapshot.get("ranks") or []
-    if only is not None and not 0 <= only < len(ranks):
-        return usage_error(f"bad --rank {only}: local ranks of {run.run_id} are 0..{len(ranks) - 1}")
-    prefixes = {r["local_rank"]: f"[{r['rank']}]:".encode() for r in ranks if only is None or r["local_rank"] == only}
+    prefixes = _prefixes(run.run_id, [(r["local_rank"], r["rank"]) for r in ranks], only)
+    if isinstance(prefixes, int):
+        return prefixes
     out = sys.stdout.buffer
     if follow:  # what the ranks' rings hold, then live, pushed by the engine until the run ends
         conn.subscribe(sorted(prefixes))

@@ -73,7 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         served = _served(ns.target)
     except BadTarget as exc:
-        return usage_error(str(exc))
+        ended = _ended(ns.target)  # a run id under the default log root whose engine has gone
+        if ended is None:
+            return usage_error(str(exc))
+        print(f"ranktop stacks: {ended}: no ranks to dump", file=sys.stderr)
+        return 1
     if served is not None:
         return _through_engine(served, ns)
     try:
@@ -81,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadTarget as exc:
         return usage_error(str(exc))
     if not pids:
-        print(f"ranktop stacks: no live ranks in {run_dir} (the run has ended)", file=sys.stderr)
+        ended = _ended(run_dir)
+        print(f"ranktop stacks: {ended + ': no ranks to dump' if ended else f'no live ranks in {run_dir} (the run has ended)'}",
+              file=sys.stderr)
         return 1
     save_to = None if ns.no_save or not run_dir else RunDir.open_existing(run_dir)
     try:
@@ -112,6 +118,24 @@ def _served(target: str | None):
         if target is None or os.path.exists(target):
             return None
         raise BadTarget(f"{exc} (or give a run directory, a log directory or a pid)") from None
+
+
+def _ended(target: str | None) -> str | None:
+    """'RUN has ended (STATE); ...' for an ended run that `target` names, from its final.json;
+    None if it names none (or its final.json cannot be read: the caller's own line stands)."""
+    from ranktop.core.client import BadFinalFile
+    from ranktop.tui.runs_cli import ended_view, final_words
+
+    try:
+        view = ended_view(target)
+    except BadFinalFile:
+        return None
+    if view is None:
+        return None
+    try:
+        return final_words(view)
+    finally:
+        view.close()
 
 
 def _through_engine(run, ns: argparse.Namespace) -> int:
