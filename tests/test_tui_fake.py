@@ -18,6 +18,7 @@ from ranktop.core.state import GroupState, RankState, RootCause
 from ranktop.tui.app import RanktopApp
 from ranktop.tui.details import RankDetails
 from ranktop.tui.screens import ConfirmQuit, RootCausePanel, SignalPicker
+from ranktop.tui.stacks_view import StacksScreen
 from textual.widgets import Button
 from textual.widgets._footer import FooterKey
 
@@ -348,13 +349,13 @@ def test_the_quit_question_shows_its_answers_on_one_row_within_80_columns():
 
 
 def shown_footer_keys(app: RanktopApp) -> list[FooterKey]:
-    return [key for key in app.main.query(FooterKey) if not key.has_class("-command-palette") and key.display]
+    return [key for key in app.screen.query(FooterKey) if not key.has_class("-command-palette") and key.display]
 
 
 def assert_footer_whole(app: RanktopApp, width: int) -> None:
     """Every key the footer shows reads whole on its row, left of the palette key."""
     footer_row = screen_rows(app)[-1]
-    palette = app.main.query_one(FooterKey.__name__ + ".-command-palette").region
+    palette = app.screen.query_one(FooterKey.__name__ + ".-command-palette").region
     for key in shown_footer_keys(app):
         assert key.region.right <= palette.x <= width
         assert f"{key.key_display} {key.description}" in footer_row, (key.description, footer_row)
@@ -380,6 +381,12 @@ def test_the_footer_shows_only_keys_that_fit_whole_and_every_key_still_works():
         await until(pilot, lambda: len(shown_footer_keys(app)) < len(shown), what="fewer keys at 60 columns")
         await pilot.pause(0.2)
         assert_footer_whole(app, 60)
+        await pilot.resize_terminal(80, 24)
+        await pilot.press("d")  # the stack view's footer too
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and shown_footer_keys(app), what="stacks")
+        await pilot.pause(0.2)
+        assert_footer_whole(app, 80)
+        assert [key.description for key in shown_footer_keys(app)][:2] == ["Close", "Other threads"]
 
     drive(engine, body, size=(80, 24))
 
