@@ -215,6 +215,12 @@ async def until(pilot, condition, timeout: float = 10.0, what: str = "condition"
         await pilot.pause(0.02)
 
 
+def screen_rows(app) -> list[str]:
+    """The screen as a person reads it, one string per row: every layer composed, toasts and
+    dialogs over the panes. (Textual has no public reader of its composed frame.)"""
+    return ["".join(segment.text for segment in strip) for strip in app.screen._compositor.render_strips()]
+
+
 def drive(app, body, size=(160, 48)) -> None:
     """Run `body(app, pilot)` inside a RanktopApp over a real engine, once the main screen is up and
     every rank started; the app's unmount stops whatever still runs."""

@@ -363,7 +363,7 @@ def test_q_detach_gives_the_prompt_back_and_the_run_goes_on(tmp_path, runtime, m
     try:
         term.wait_screen("hello from 1")
         term.press("q")
-        term.wait_screen("d: detach")
+        term.wait_screen("Detach (d)")
         term.press("d")
         shown = term.wait_screen("PROMPT BACK 0")
         assert "run qd goes on in the background" in shown and "ranktop attach qd" in shown
@@ -419,7 +419,7 @@ def test_attach_shows_the_run_acts_on_it_and_leaves_it_running(tmp_path, runtime
         term.press("1", "k", "k")  # through the socket, confirmed as in the local TUI
         term.wait_screen("killed SIGKILL")
         term.press("q")
-        term.wait_screen("d: detach")
+        term.wait_screen("Detach (d)")
         term.press("d")
         term.wait_screen("ranktop: left att; it runs on")
         assert [r["state"] for r in ls(runtime)] == ["running"]

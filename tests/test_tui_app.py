@@ -112,6 +112,27 @@ def test_quit_can_be_cancelled(tmp_path):
     drive(app, body)
 
 
+def test_enter_in_the_quit_question_stays_and_stops_nothing(tmp_path):
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, n=2)))
+    app.can_detach = True  # all three answers offered: the focus is still on the harmless one
+
+    async def body(app, pilot):
+        pids = [r.pid for r in app.engine.snapshot().ranks]
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="quit confirmation")
+        assert app.screen.focused.id == "quit-stay"
+        await pilot.press("enter")
+        await until(pilot, lambda: app.screen is app.main, what="back on the grid")
+        assert app.is_running and not app.user_quit and app.detached is None
+        assert [r.pid for r in app.engine.snapshot().ranks] == pids
+        assert all(r.state == RankState.RUNNING and kernel_state(r.pid) not in (None, "Z", "T") for r in
+                   app.engine.snapshot().ranks)
+        assert not any(e["event"] in ("user_stop", "signalled") for e in read_events(app.engine.agent.run_dir,
+                                                                                       while_written=True))
+
+    drive(app, body)
+
+
 def test_the_first_frame_ends_start_up_for_the_collector():
     # `ranktop` holds cyclic collections while it starts (core/collector.py); the TUI's first
     # frame is where start-up ends, so collections must be back from there on.
@@ -246,7 +267,7 @@ def test_failed_rank_root_cause_panel_and_exit_status(tmp_path):
 
     async def body(app, pilot):
         await until(pilot, lambda: app.main.ended, what="group failed")
-        panel = app.main.query_one("#root-cause-text").render().plain
+        panel = "\n".join(app.main.query_one(part).render().plain for part in ("#root-cause-head", "#root-cause-text"))
         assert "ROOT CAUSE" in panel and "rank 1" in panel and "exit code 1" in panel
         assert "ValueError" in panel and "boom 42" in panel
         assert "last output of rank 1:" in panel and "last output of rank 0" not in panel

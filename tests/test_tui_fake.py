@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import signal
+import time
 
 import pytest
-from conftest import until
+from conftest import screen_rows, until
 from fake_engine import FakeEngine
 from ranktop.core import commands as cmd
 from ranktop.core.engine import FIRST_LOOK_LINES
-from ranktop.core.state import GroupState, RankState
+from ranktop.core.state import GroupState, RankState, RootCause
 from ranktop.tui.app import RanktopApp
-from ranktop.tui.screens import SignalPicker
+from ranktop.tui.details import RankDetails
+from ranktop.tui.screens import ConfirmQuit, RootCausePanel, SignalPicker
+from ranktop.tui.stacks_view import StacksScreen
+from textual.widgets import Button
+from textual.widgets._footer import FooterKey
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,16 +34,23 @@ def patient_confirm(monkeypatch):
     monkeypatch.setattr(main_screen, "CONFIRM_SECONDS", 60.0)
 
 
-def drive(engine: FakeEngine, body, size: tuple[int, int] = (160, 48), **app_kw) -> RanktopApp:
+def drive(engine: FakeEngine, body, size: tuple[int, int] = (160, 48), *, toasts: bool = False,
+          **app_kw) -> RanktopApp:
+    """`toasts`: show notifications on the screen (Pilot's run leaves them out by default)."""
     app = RanktopApp(engine, **app_kw)
 
     async def main():
-        async with app.run_test(size=size) as pilot:
+        async with app.run_test(size=size, notifications=toasts) as pilot:
             await until(pilot, lambda: app.main is not None and app.main.is_mounted, what="main screen")
             await body(app, pilot)
 
     asyncio.run(main())
     return app
+
+
+def end_panel(app: RanktopApp) -> str:
+    """The end panel's text: its one-line heading, then the rest."""
+    return "\n".join(app.main.query_one(f"#root-cause-{part}").render().plain for part in ("head", "text"))
 
 
 def test_keys_submit_one_command_each_and_show_the_answer():
@@ -93,10 +106,10 @@ def test_the_end_panel_names_an_unreapable_rank():
 @pytest.mark.parametrize("state, fields, shown", [
     # A rank that could not be started (or a rendezvous): no rank to blame, and no stop asked for.
     (GroupState.FAILED, {"rendezvous_error": "cannot start local rank 0: Permission denied"},
-     "FAILED   fake.py after 0:00:00: cannot start local rank 0: Permission denied"),
+     "FAILED   fake.py after 0:00:00\n  cannot start local rank 0: Permission denied"),
     # An attached view that lost its engine before the end: not "stopped on request".
     (GroupState.RUNNING, {"error": "lost the run's engine before its end (Connection refused)"},
-     "END UNKNOWN   fake.py: lost the run's engine before its end (Connection refused); "
+     "END UNKNOWN   fake.py\n  lost the run's engine before its end (Connection refused); "
      "`ranktop ls` says whether it still runs"),
 ])
 def test_the_end_panel_says_why_a_run_ended_with_no_rank_to_blame(state, fields, shown):
@@ -106,9 +119,8 @@ def test_the_end_panel_says_why_a_run_ended_with_no_rank_to_blame(state, fields,
         engine.end(state, 1)
         engine.group = dataclasses.replace(engine.group, **fields)
         await until(pilot, lambda: app.main.ended, what="the end noticed")
-        await until(pilot, lambda: shown in app.main.query_one("#root-cause-text").render().plain,
-                    what="why, in the end panel")
-        assert "stopped on request" not in app.main.query_one("#root-cause-text").render().plain
+        await until(pilot, lambda: shown in end_panel(app), what="why, in the end panel")
+        assert "stopped on request" not in end_panel(app)
 
     drive(engine, body)
 
@@ -168,15 +180,14 @@ def test_q_offers_detach_only_where_the_run_can_go_on():
     async def body(app, pilot):
         await pilot.press("q")
         await until(pilot, lambda: app.screen is not app.main, what="the quit question")
-        shown = " ".join(str(w.render()) for w in app.screen.query("Static"))
-        assert "d: detach" not in shown
+        assert not app.screen.query("#quit-detach")
         await pilot.press("d")  # not offered: nothing happens
         await pilot.press("escape")
         await until(pilot, lambda: app.screen is app.main, what="back to the ranks")
         app.can_detach = True
         await pilot.press("q")
         await until(pilot, lambda: app.screen is not app.main, what="the quit question again")
-        assert "d: detach" in " ".join(str(w.render()) for w in app.screen.query("Static"))
+        assert app.screen.query("#quit-detach")
         await pilot.press("d")
         await until(pilot, lambda: not app.is_running, what="the app left")
 
@@ -307,3 +318,134 @@ def test_the_footer_is_rebuilt_once_per_burst_and_only_when_its_keys_change():
         assert len(rebuilt) == 1 and "Quit" not in keys()
 
     drive(engine, body)
+
+
+# ----- what fits a small terminal (80x24) --------------------------------------------------------
+def test_the_quit_question_shows_its_answers_on_one_row_within_80_columns():
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        app.can_detach = True
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="the quit question")
+        await pilot.pause()
+        box = app.screen.query_one("#confirm-box").region
+        buttons = [app.screen.query_one(f"#quit-{name}", Button) for name in ("stop", "detach", "stay")]
+        regions = [button.region for button in buttons]
+        assert len({region.y for region in regions}) == 1  # one row
+        assert all(box.contains_region(region) and region.right <= 80 for region in regions)
+        assert all(3 <= right.x - left.right <= 6 for left, right in itertools.pairwise(regions))  # a few apart
+        row = screen_rows(app)[regions[0].y]
+        for button in buttons:
+            assert str(button.label) in row  # each label whole, nothing over it
+        assert app.screen.focused is buttons[2]  # the harmless answer: Enter stays
+        await pilot.press("left", "left")
+        assert app.screen.focused is buttons[0]
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is app.main, what="back to the ranks")
+        assert engine.commands == []
+
+    drive(engine, body, size=(80, 24))
+
+
+def shown_footer_keys(app: RanktopApp) -> list[FooterKey]:
+    return [key for key in app.screen.query(FooterKey) if not key.has_class("-command-palette") and key.display]
+
+
+def assert_footer_whole(app: RanktopApp, width: int) -> None:
+    """Every key the footer shows reads whole on its row, left of the palette key."""
+    footer_row = screen_rows(app)[-1]
+    palette = app.screen.query_one(FooterKey.__name__ + ".-command-palette").region
+    for key in shown_footer_keys(app):
+        assert key.region.right <= palette.x <= width
+        assert f"{key.key_display} {key.description}" in footer_row, (key.description, footer_row)
+    assert footer_row.rstrip().endswith("^p palette")
+
+
+def test_the_footer_shows_only_keys_that_fit_whole_and_every_key_still_works():
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await until(pilot, lambda: shown_footer_keys(app), what="the footer's keys")
+        await pilot.pause(0.2)
+        assert_footer_whole(app, 80)
+        shown = [key.description for key in shown_footer_keys(app)]
+        assert shown[:2] == ["Quit", "Help"] and "Stop group" in shown and "Restart rank" not in shown
+        await pilot.press("r", "r")  # not in the footer at this width: works all the same
+        await until(pilot, lambda: engine.commands == [cmd.RestartRank(0)], what="r r restarted rank 0")
+        await pilot.resize_terminal(160, 48)
+        await until(pilot, lambda: "Stacks" in [key.description for key in shown_footer_keys(app)],
+                    what="every key at 160 columns")
+        assert_footer_whole(app, 160)
+        await pilot.resize_terminal(60, 24)
+        await until(pilot, lambda: len(shown_footer_keys(app)) < len(shown), what="fewer keys at 60 columns")
+        await pilot.pause(0.2)
+        assert_footer_whole(app, 60)
+        await pilot.resize_terminal(80, 24)
+        await pilot.press("d")  # the stack view's footer too
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and shown_footer_keys(app), what="stacks")
+        await pilot.pause(0.2)
+        assert_footer_whole(app, 80)
+        assert [key.description for key in shown_footer_keys(app)][:2] == ["Close", "Other threads"]
+
+    drive(engine, body, size=(80, 24))
+
+
+def test_the_root_cause_heading_is_one_line_at_80_columns():
+    engine = FakeEngine(4)
+    cause = RootCause(rank=2, local_rank=2, pid=4967, exitcode=1, signal_name=None,
+                      message="RuntimeError: loss became NaN at step 133 on rank 2", traceback=None,
+                      timestamp=time.time(), error_file=None, last_lines=("step 132",))
+
+    async def body(app, pilot):
+        engine.end(GroupState.FAILED, 1, root_cause=cause)
+        head = app.main.query_one("#root-cause-head")
+        await until(pilot, lambda: head.region.height, what="the end panel")
+        await pilot.pause()
+        assert head.region.height == 1
+        rows = screen_rows(app)
+        heading = rows[head.region.y]
+        assert heading.startswith("  ROOT CAUSE   rank 2 exit code 1 at ") and "attempt_0 (pid 4967)" in heading
+        assert rows[head.region.y + 1].strip() == "RuntimeError: loss became NaN at step 133 on rank 2"
+        assert "q quits, e hides this" in rows[-2]  # the panel's last line, above the footer
+        # A longer heading than the row holds: cut with an ellipsis, never wrapped.
+        long_name = dataclasses.replace(cause, local_rank=0, rank=1234567)
+        app.main.query_one(RootCausePanel).show(dataclasses.replace(engine.snapshot(), root_cause=long_name))
+        await pilot.pause()
+        assert head.region.height == 1 and screen_rows(app)[head.region.y].rstrip().endswith("…")
+
+    drive(engine, body, size=(80, 24))
+
+
+def test_the_stop_toast_leaves_the_end_panels_state_in_sight():
+    engine = FakeEngine(4)
+
+    async def body(app, pilot):
+        await pilot.press("K", "K")
+        await until(pilot, lambda: cmd.Stop(signal.SIGTERM) in engine.commands, what="stop submitted")
+        await until(pilot, lambda: "fake: Stop" in "\n".join(screen_rows(app)), what="its answer, in a toast")
+        engine.end(GroupState.STOPPED, 143, state=RankState.KILLED, exitcode=-15, signal_name="SIGTERM")
+        head = app.main.query_one("#root-cause-head")
+        await until(pilot, lambda: head.region.height, what="the end panel")
+        await pilot.pause()  # one frame: the toast (3 s) would still be up
+        rows = screen_rows(app)
+        assert "fake: Stop" not in "\n".join(rows)
+        assert rows[head.region.y].rstrip() == "  STOPPED   fake.py stopped on request after 0:00:00"
+
+    drive(engine, body, size=(80, 24), toasts=True)
+
+
+def test_the_details_say_no_gpu_where_there_is_none():
+    engine = FakeEngine(2)
+    engine.group = dataclasses.replace(engine.group, gpu_status="no GPU")
+
+    async def body(app, pilot):
+        await pilot.press("m")
+        await until(pilot, lambda: isinstance(app.screen, RankDetails), what="the details")
+        text = app.screen.query_one("#details-text")
+        await until(pilot, lambda: "gpu util" in text.render().plain, what="the histories")
+        lines = text.render().plain.splitlines()
+        assert [line.split(None, 2)[2] for line in lines if line.startswith("gpu ")] == ["no GPU", "no GPU"]
+        assert "no samples yet" in text.render().plain  # (the others: not read yet)
+
+    drive(engine, body, size=(80, 24))

@@ -89,7 +89,7 @@ def test_root_cause_screen(tmp_path):
 
     (shot,) = shoot(tmp_path, [ended], env={"FAIL": "1"})
     text = screen_text(shot)
-    assert "ROOT CAUSE" in text and "rank 1 (local 1" in text and "exit code 3" in text
+    assert "ROOT CAUSE" in text and "rank 1 exit code 3 at " in text and "attempt_0 (pid " in text
     assert " 1/1  exit 3 " in text and "killed SIGTERM" in text
     assert " failed " in text  # the header's group state
 

@@ -72,12 +72,23 @@ def details_text(rank: RankSnapshot, group: GroupSnapshot, track: RankTrack | No
         values = list(track.history[key]) if track is not None and key in track.history else []
         text.append(f"\n{label:<12}")
         if not values:
-            text.append("no samples yet" if key != "out" else "no samples yet (read while this view is open)",
-                        style="dim")
+            text.append(_why_no_values(key, rank, group, track), style="dim")
             continue
         text.append(sparkline(values, spark_width).ljust(spark_width), style="bold")
         text.append(f"  now {fmt(values[-1]):>8}  min {fmt(min(values)):>8}  max {fmt(max(values)):>8}")
     return text
+
+
+def _why_no_values(key: str, rank: RankSnapshot, group: GroupSnapshot, track: RankTrack | None) -> str:
+    """What an empty history means: not sampled yet, or nothing to sample (no GPU: it never fills)."""
+    if key in ("gpu", "gmem"):
+        if group.gpu_status:  # "no GPU" (no NVML, no driver, no device), "NVML error: ..."
+            return clean(group.gpu_status)
+        if rank.gpu is None and track is not None and track.history.get("cpu"):  # sampled: no device is the rank's
+            return "no GPU seen for this rank"
+    if key == "out":
+        return "no samples yet (read while this view is open)"
+    return "no samples yet"
 
 
 class RankDetails(ModalScreen[None]):

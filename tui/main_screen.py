@@ -722,6 +722,9 @@ class MainScreen(Screen):
         return feed
 
     def _on_end(self, snap: GroupSnapshot) -> None:
+        # The panel says how it ended: the toasts of the last commands ("SIGTERM → every rank")
+        # would sit on its heading, in the corner where toasts show, for their few seconds.
+        self.app.clear_notifications()
         self.query_one(RootCausePanel).show(snap)
         self.ended = True
         self.note = None

@@ -12,6 +12,7 @@ from ranktop.core.engine import FIRST_LOOK_LINES, Engine, OutputCursor
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
 from ranktop.tui.logview import LogView
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
@@ -21,6 +22,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Static
+from textual.widgets._footer import FooterKey
 
 # Style per state: the one place the palette lives, shared by titles, the rank list and the help.
 # Every state reads from its text first; the states that need a look (failed, stalled, paused,
@@ -263,11 +265,33 @@ class LiveText(Static):
             self.update(text, layout=lines_changed)
 
 
+PALETTE_KEY_CELLS = 12  # "▏^p palette ", docked at the footer's right end
+
+
+def footer_fit(labels: list[tuple[str, str]], width: int) -> tuple[bool, int]:
+    """(compact, how many) of these (key, description) labels the footer shows whole in `width`
+    columns, in their order: the roomy style where it shows as many keys, else the compact one.
+    The first keys are the most useful; the rest are in the help (?) and the palette, and work."""
+    room = width - PALETTE_KEY_CELLS
+    fits = [_keys_that_fit(labels, room, pad) for pad in (3, 2)]  # " k desc " | "k desc" and a margin
+    return (fits[1] > fits[0]), max(fits)
+
+
+def _keys_that_fit(labels: list[tuple[str, str]], room: int, pad: int) -> int:
+    used = 0
+    for shown, (key, description) in enumerate(labels):
+        used += cell_len(key) + cell_len(description) + pad
+        if used > room:
+            return shown
+    return len(labels)
+
+
 class CalmFooter(Footer):
     """Textual's Footer, rebuilt once per burst of binding changes rather than once per change,
     and only when the keys it shows did change. Opening the main screen moves the focus five
     times, and moving it from pane to pane changes nothing the footer shows, but each rebuild
-    mounts and styles a dozen keys (~80 ms before the first frame of `ranktop attach`)."""
+    mounts and styles a dozen keys (~80 ms before the first frame of `ranktop attach`).
+    It shows only the keys that fit whole (footer_fit): Textual's would cut the last one mid-word."""
 
     SETTLE_SECONDS = 0.05
 
@@ -275,6 +299,21 @@ class CalmFooter(Footer):
         super().__init__()
         self._settling = False
         self._shown: tuple | None = None  # the keys of the last rebuild
+        self._labels: list[tuple[str, str]] = []  # every key the last rebuild had, shown or not
+        self._fit: tuple[bool, int] | None = None  # the last rebuild's footer_fit
+
+    def compose(self) -> ComposeResult:
+        made = list(super().compose())
+        keys = [w for w in made if isinstance(w, FooterKey) and not w.has_class("-command-palette")]
+        self._labels = [(key.key_display, key.description) for key in keys]
+        self._fit = footer_fit(self._labels, self.app.size.width)
+        self.compact, shown = self._fit
+        left_out = set(keys[shown:])
+        yield from (w for w in made if w not in left_out)
+
+    def on_resize(self) -> None:
+        if self._fit is not None and footer_fit(self._labels, self.app.size.width) != self._fit:
+            self.call_after_refresh(self.recompose)
 
     def bindings_changed(self, screen: Screen) -> None:
         if not self._settling:

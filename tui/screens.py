@@ -9,16 +9,16 @@ from collections.abc import Iterable
 from ranktop.core.errors import describe_exit
 from ranktop.core.report import failed_at, root_cause_lines
 from ranktop.core.sanitize import clean
-from ranktop.core.state import GroupSnapshot, GroupState
+from ranktop.core.state import GroupSnapshot, GroupState, RootCause
 from ranktop.tui.panes import human_duration
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import ModalScreen
-from textual.widgets import OptionList, Static
+from textual.widgets import Button, OptionList, Static
 from textual.widgets.option_list import Option
 
 PICKER_SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGSTOP", "SIGCONT")
@@ -138,14 +138,18 @@ class SignalPicker(ModalScreen[tuple[int, bool] | None]):
 
 class ConfirmQuit(ModalScreen[str | None]):
     """Quitting stops running ranks: say so and ask. Where the run can go on without this
-    terminal, detaching is offered too. Answers "stop", "detach" or None (stay)."""
+    terminal, detaching is offered too. Answers "stop", "detach" or None (stay). The focus starts
+    on the harmless answer: an Enter typed by habit (or meant for the screen below) stops nothing."""
 
     BINDINGS = [
-        Binding("y,enter", "answer('stop')", "Stop and quit"),
+        Binding("y", "answer('stop')", "Stop and quit"),
         Binding("d", "answer('detach')", "Detach: leave, the run goes on"),
         Binding("n,escape", "answer(None)", "Stay"),
+        Binding("left", "app.focus_previous", "Previous answer", show=False),
+        Binding("right", "app.focus_next", "Next answer", show=False),
         Binding("ctrl+c", "app.help_quit", show=False),  # a modal hides the app's keys: Ctrl-C still stops
     ]
+    AUTO_FOCUS = "#quit-stay"
 
     def __init__(self, alive: int, grace: float, *, can_detach: bool = False) -> None:
         super().__init__()
@@ -157,8 +161,14 @@ class ConfirmQuit(ModalScreen[str | None]):
             yield Static(f"Stop them (SIGTERM, SIGKILL after {self.grace:g} s) and quit?")
             if self.can_detach:
                 yield Static("Or detach: this screen goes, the run goes on (ranktop attach shows it again).")
-            keys = "y / enter: stop and quit     " + ("d: detach     " if self.can_detach else "") + "n / esc: stay"
-            yield Static(Text(keys, style="dim"))
+            with Horizontal(id="confirm-buttons"):
+                yield Button("Stop and quit (y)", variant="error", id="quit-stop", compact=True)
+                if self.can_detach:
+                    yield Button("Detach (d)", variant="primary", id="quit-detach", compact=True)
+                yield Button("Cancel (n)", id="quit-stay", compact=True)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.action_answer(_QUIT_ANSWERS[event.button.id or ""])
 
     def action_answer(self, answer: str | None) -> None:
         if answer == "detach" and not self.can_detach:
@@ -166,48 +176,70 @@ class ConfirmQuit(ModalScreen[str | None]):
         self.dismiss(answer)
 
 
+_QUIT_ANSWERS = {"quit-stop": "stop", "quit-detach": "detach", "quit-stay": None}
+
+
 _CAUSE_STYLES = {"message": "bold", "traceback": "red", "more": "dim", "tail-head": "dim", "file": "dim",
                  "stopped": "yellow"}
 
 
 def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: int = 6) -> Text:
-    """How the run ended, for the panel under the grid: the culprit rank first, then the evidence."""
+    """How the run ended, for the panel under the grid: the culprit rank first, then the evidence.
+    Its first line is the heading (root_cause_heading): the panel keeps it to one line."""
+    return Text("\n").join([root_cause_heading(group),
+                            root_cause_body(group, max_traceback=max_traceback, max_tail=max_tail)])
+
+
+def root_cause_heading(group: GroupSnapshot) -> Text:
+    """One line: how the group ended, and the culprit where there is one. What may run long (an
+    error's words, earlier attempts) goes on the lines below it."""
     text = Text()
     elapsed = human_duration((group.ended_at or group.started_at) - group.started_at)
     cause = group.root_cause
     if group.state == GroupState.SUCCEEDED:
         text.append(" DONE: all ranks exited 0 ", style="bold reverse blue")
         text.append(f"  {clean(group.name)} finished in {elapsed}")
-        if group.earlier_attempts:
-            text.append(f"  after {len(group.earlier_attempts)} restart(s): "
-                        + clean("; ".join(group.earlier_attempts)), style="bold yellow")
-        text.append("\n")
-    elif group.state not in (GroupState.FAILED, GroupState.STOPPED):  # the engine left before the end
+    elif _end_unknown(group):
         text.append(" END UNKNOWN ", style="bold reverse yellow")
-        text.append(f"  {clean(group.name)}: {clean(group.error or 'its engine went away')}; "
-                    "`ranktop ls` says whether it still runs\n")
-    elif cause is None and group.state == GroupState.FAILED and group.rendezvous_error:
+        text.append(f"  {clean(group.name)}")
+    elif _failed_to_start(group):
         text.append(" FAILED ", style="bold white on red")  # no rank to blame: the rendezvous, a start
-        text.append(f"  {clean(group.name)} after {elapsed}: {clean(group.rendezvous_error)}\n")
+        text.append(f"  {clean(group.name)} after {elapsed}")
     elif cause is None or group.state == GroupState.STOPPED:
         # Stopped on request (a key, a signal to ranktop): the ranks' ends are effects, not a cause.
         text.append(f" {group.state.value.upper()} ", style="bold reverse yellow")  # on request: not a failure
-        text.append(f"  {clean(group.name)} stopped after {elapsed}; the ranks were stopped on request\n")
+        text.append(f"  {clean(group.name)} stopped on request after {elapsed}")
     else:
         text.append(" ROOT CAUSE ", style="bold white on red")
-        text.append(f"  rank {cause.rank}", style="bold")
-        text.append(f" (local {cause.local_rank}, pid {cause.pid}) ")
+        text.append(f"  rank {cause.rank} ", style="bold")
         text.append(describe_exit(cause.exitcode, cause.signal_name), style="bold red")
-        text.append(f" at {failed_at(cause)}, attempt_{group.attempt}\n")
-        if cause.user_action:  # the failure may be its effect: first, before the evidence
-            text.append(f"  after a user action: {clean(cause.user_action)}\n", style="bold yellow")
-        for line in root_cause_lines(cause, max_traceback=max_traceback, max_tail=max_tail):
-            text.append(line.indent)
-            if line.kind == "tail":
-                text.append(Text.from_ansi(clean(line.text, sgr=True)))
-            else:
-                text.append(clean(line.text, newlines=True), style=_CAUSE_STYLES.get(line.kind, ""))
-            text.append("\n")
+        where = f"pid {cause.pid}" if cause.local_rank == cause.rank else f"local {cause.local_rank}, pid {cause.pid}"
+        text.append(f" at {failed_at(cause)}, attempt_{group.attempt} ({where})")  # least needed last: cut first
+    return text
+
+
+def _end_unknown(group: GroupSnapshot) -> bool:
+    return group.state not in (GroupState.SUCCEEDED, GroupState.FAILED, GroupState.STOPPED)  # the engine left
+
+
+def _failed_to_start(group: GroupSnapshot) -> bool:
+    return group.root_cause is None and group.state == GroupState.FAILED and bool(group.rendezvous_error)
+
+
+def root_cause_body(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: int = 6) -> Text:
+    """The lines under the heading: why, the evidence, what was left behind."""
+    text = Text()
+    cause = group.root_cause
+    if group.state == GroupState.SUCCEEDED:
+        if group.earlier_attempts:
+            text.append(f"  after {len(group.earlier_attempts)} restart(s): "
+                        + clean("; ".join(group.earlier_attempts)) + "\n", style="bold yellow")
+    elif _end_unknown(group):
+        text.append(f"  {clean(group.error or 'its engine went away')}; `ranktop ls` says whether it still runs\n")
+    elif _failed_to_start(group):
+        text.append(f"  {clean(group.rendezvous_error)}\n")
+    elif cause is not None and group.state != GroupState.STOPPED:
+        _append_evidence(text, cause, max_traceback=max_traceback, max_tail=max_tail)
     for rank in group.ranks:
         if rank.local_rank in group.unreapable:
             text.append(f"  rank {rank.rank} (pid {rank.pid}) outlived SIGKILL (stuck in the kernel): "
@@ -216,6 +248,18 @@ def root_cause_text(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
         text.append(f"\n  logs {clean(group.log_dir)}   ", style="dim")
     text.append("q quits, e hides this", style="dim")
     return text
+
+
+def _append_evidence(text: Text, cause: RootCause, *, max_traceback: int, max_tail: int) -> None:
+    if cause.user_action:  # the failure may be its effect: first, before the evidence
+        text.append(f"  after a user action: {clean(cause.user_action)}\n", style="bold yellow")
+    for line in root_cause_lines(cause, max_traceback=max_traceback, max_tail=max_tail):
+        text.append(line.indent)
+        if line.kind == "tail":
+            text.append(Text.from_ansi(clean(line.text, sgr=True)))
+        else:
+            text.append(clean(line.text, newlines=True), style=_CAUSE_STYLES.get(line.kind, ""))
+        text.append("\n")
 
 
 class RootCausePanel(VerticalScroll):
@@ -233,10 +277,12 @@ class RootCausePanel(VerticalScroll):
     watch_ended = watch_end_panel_hidden = _show_or_hide
 
     def compose(self) -> ComposeResult:
+        yield Static("", id="root-cause-head", markup=False)  # one line, cut with an ellipsis (app.tcss)
         yield Static("", id="root-cause-text", markup=False)
 
     def show(self, group: GroupSnapshot) -> None:
-        self.query_one("#root-cause-text", Static).update(root_cause_text(group))
+        self.query_one("#root-cause-head", Static).update(root_cause_heading(group))
+        self.query_one("#root-cause-text", Static).update(root_cause_body(group))
         self.ended = True
         self.set_class(group.state not in (GroupState.SUCCEEDED, GroupState.STOPPED), "bad")
         self.set_class(group.state == GroupState.STOPPED, "stopped")  # on request: not a failure

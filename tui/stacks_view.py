@@ -12,13 +12,14 @@ from ranktop.core import stacks
 from ranktop.core.engine import Engine
 from ranktop.core.sanitize import clean
 from ranktop.core.stacks import StackReport, TreeNode
+from ranktop.tui.panes import CalmFooter
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Static, Tree
+from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode as UITreeNode
 
 
@@ -46,7 +47,7 @@ class StacksScreen(Screen):
             yield VerticalScroll(id="stacks-groups")
             yield Tree(Text("call tree"), id="stacks-tree")
         yield Static(id="stacks-problems")
-        yield Footer()
+        yield CalmFooter()  # the keys that fit whole
 
     def on_mount(self) -> None:
         self.query_one("#stacks-problems").display = False
