@@ -1047,3 +1047,39 @@ def test_detach_with_tui_is_refused_and_starts_nothing(tmp_path, runtime):
     assert done.stderr == ("ranktop: error: --detach and --tui exclude each other: a detached run has no TUI; "
                            "start it with --detach, then ranktop attach RUN shows it\n")
     assert ls(runtime) == [] and not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize("flag,as_attach", [(("--metric", "loss ([0-9.]+)"), "--metric REGEX"),
+                                            (("--exit-on-end",), "--exit-on-end")])
+def test_a_tuis_flag_with_detach_is_refused_and_named_for_attach(tmp_path, runtime, flag, as_attach):
+    """A detached run has no TUI: its flags were dropped without a word; attach takes them."""
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    done = run_ranktop("--detach", *flag, "--run-id", "tuiflag", "--log-dir", str(tmp_path / "logs"), str(script),
+                       env=runtime)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (f"ranktop: error: {flag[0]} is for a TUI and a detached run has none: give it to the "
+                           f"TUI that shows the run (ranktop attach RUN {as_attach})\n")
+    assert ls(runtime) == [] and not (tmp_path / "logs").exists()
+
+
+def test_attach_takes_the_tuis_metric_and_exit_on_end(tmp_path, runtime):
+    script = tmp_path / "value.py"
+    script.write_text("import os, time, pathlib\nprint('step value=7.25', flush=True)\n"
+                      "while not pathlib.Path(os.environ['GO']).exists():\n    time.sleep(0.05)\n")
+    go = tmp_path / "go"
+    done = run_ranktop("--detach", "--linger", "0", "--nproc-per-node", "2", "--run-id", "met",
+                       "--log-dir", str(tmp_path / "logs"), str(script), env={**runtime, "GO": str(go)})
+    assert done.returncode == 0, done.stderr
+    (run,) = ls(runtime)
+    term = ranktop_in_tmux(runtime, "attach met --metric 'value=([0-9.]+)' --exit-on-end", "; echo STATUS $?; sleep 30",
+                           width=120, height=30)
+    try:
+        screen = term.wait_screen("step value=7.25", "value 7.25")  # the metric in the rank titles
+        assert screen.count("value 7.25") == 2, screen
+        go.touch()  # the run ends: --exit-on-end leaves at once, with the end report
+        term.wait_screen("ranktop: value.py succeeded: all ranks exited 0", "STATUS 0")
+    finally:
+        term.close()
+        go.touch()
+    wait_for(lambda: gone(run["pid"]), what="the engine gone")

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from ranktop.core import collector, guard, limits, numa
 from ranktop.core.errors import UsageError
 from ranktop.core.stdio import reopen_closed_streams, terminal_problem
-from ranktop.tui.usage import BadValue, UsageParser, usage_error
+from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, usage_error
 
 
 def _number(flag: str, bounds: limits.Bounds):
@@ -29,16 +29,6 @@ def _number(flag: str, bounds: limits.Bounds):
             raise BadValue(str(exc)) from None
 
     return parse
-
-
-def _metric(text: str):
-    """An argparse type: the --metric regular expression, compiled, else one line."""
-    from ranktop.tui.metric import BadMetric, compile_metric
-
-    try:
-        return compile_metric(text)
-    except BadMetric as exc:
-        raise BadValue(str(exc)) from None
 
 
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
@@ -207,7 +197,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--detach", action="store_true",
         help="start the run in the background at once (headless, output in its log files) and print "
              "how to reach it: ranktop attach/logs/stop")
-    add("--metric", type=_metric, default=None, metavar="REGEX",
+    add("--metric", type=metric_pattern, default=None, metavar="REGEX",
         help="TUI: a number from each rank's output, e.g. 'loss ([0-9.eE+-]+)' (its first group, else the match)")
     add("--pty", action="store_true",
         help="give each rank a pseudo-terminal (isatty() true; stderr merged into stdout.log)")
@@ -525,15 +515,31 @@ def _run_command(argv: Sequence[str] | None) -> int:
     if argv and argv[0] in ("stacks", "ls", "stop", "logs", "attach", "web"):
         return _subcommand(argv)
     ns = build_parser().parse_args(argv)
-    if ns.detach and ns.tui:  # it used to be dropped without a word
-        return usage_error("--detach and --tui exclude each other: a detached run has no TUI; "
-                           "start it with --detach, then ranktop attach RUN shows it")
+    refused = _detach_conflict(ns)
+    if refused:
+        return usage_error(refused)
     if not ns.detach and not want_tui(ns):
         guard.prestart()  # its interpreter starts while ours imports the engine, not beside the ranks
     try:
         return _launch(ns, argv)
     finally:
         guard.discard_spare()  # not taken: the command line or the rendezvous failed first
+
+
+def _detach_conflict(ns: argparse.Namespace) -> str | None:
+    """A TUI's flag given with --detach: the detached run has no TUI, so the flag would be lost
+    without a word. Where `ranktop attach` takes it, say so."""
+    if not ns.detach:
+        return None
+    if ns.tui:
+        return ("--detach and --tui exclude each other: a detached run has no TUI; "
+                "start it with --detach, then ranktop attach RUN shows it")
+    for flag, given, as_attach in (("--metric", ns.metric is not None, "--metric REGEX"),
+                                   ("--exit-on-end", ns.exit_on_end, "--exit-on-end")):
+        if given:
+            return (f"{flag} is for a TUI and a detached run has none: give it to the TUI that "
+                    f"shows the run (ranktop attach RUN {as_attach})")
+    return None
 
 
 def _subcommand(argv: list[str]) -> int:

@@ -25,7 +25,7 @@ from ranktop.core.client import (
 )
 from ranktop.core.sanitize import clean
 from ranktop.core.stdio import terminal_problem
-from ranktop.tui.usage import UsageParser, usage_error
+from ranktop.tui.usage import UsageParser, metric_pattern, usage_error
 
 INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C ended the command, as a shell reports it
 _RUN_HELP = "a run id, a unique prefix of one, or its run directory (default: the newest running run)"
@@ -120,6 +120,9 @@ def _age(seconds: float) -> str:
 def attach(argv: list[str]) -> int:
     p = run_parser("ranktop attach", "The TUI of a run started elsewhere (it goes on when you leave).")
     p.add_argument("--read-only", action="store_true", help="watch only: keys that act on ranks do nothing")
+    p.add_argument("--metric", type=metric_pattern, default=None, metavar="REGEX",
+                   help="a number from each rank's output, as the run's own --metric")
+    p.add_argument("--exit-on-end", action="store_true", help="leave as soon as the run ends")
     ns = p.parse_args(argv)
     run = pick_run(ns.run)
     if isinstance(run, int):
@@ -133,7 +136,7 @@ def attach(argv: list[str]) -> int:
     if isinstance(run, FinalEngine):  # an ended run whose engine has gone: its final view
         from ranktop.tui.app import RanktopApp
 
-        return _show(RanktopApp(run))
+        return _show(RanktopApp(run, metric=ns.metric))
     connecting = _Connecting(run.path, ns.read_only)
     connecting.start()
     from ranktop.tui.app import RanktopApp, print_end_report  # Textual loads while the engine answers
@@ -145,7 +148,7 @@ def attach(argv: list[str]) -> int:
         return 1
     if connecting.problem is not None:
         raise connecting.problem  # not ours to word: raised here, as it was before the thread
-    app = RanktopApp(engine)
+    app = RanktopApp(engine, exit_on_end=ns.exit_on_end, metric=ns.metric)
     app.attached = True
     try:
         app.run()

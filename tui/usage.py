@@ -19,6 +19,17 @@ class BadValue(Exception):
     ValueError, TypeError and ArgumentTypeError)."""
 
 
+def metric_pattern(text: str):  # -> re.Pattern[str]
+    """An argparse type for --metric (the run's and attach's): the regular expression compiled,
+    else one line."""
+    from ranktop.tui.metric import BadMetric, compile_metric  # only when the flag is given
+
+    try:
+        return compile_metric(text)
+    except BadMetric as exc:
+        raise BadValue(str(exc)) from None
+
+
 def usage_line(message: str) -> str:
     return f"ranktop: error: {message}"
 
