@@ -703,7 +703,9 @@ class PContext:
             else:  # a binary returns nothing: None, as torch reports it
                 result.return_values[r] = self._read_return_value(r) if callable(self.entrypoint) else None
         own = {r: f for r, f in result.failures.items() if not self.slots[r].stopped_by_us}
-        if own:  # as torch: the ranks that failed, not the ones stopped because of them
+        # As torch: function ranks report the ranks that failed, not the ones stopped because of
+        # them; binary ranks report those too (torch keeps their SIGTERM "for bookkeeping").
+        if own and callable(self.entrypoint):
             result.failures = own
         if result.failures:
             result.return_values = {}  # as torch: a failed group has no return values

@@ -120,9 +120,32 @@ def test_binary_failure_stops_its_sibling_with_sigterm(tmp_path):
         sibling = ctx.slots[1].failure
     finally:
         ctx.close()
-    assert list(result.failures) == [0] and result.failures[0].exitcode == 138  # as torch: the cause only
+    # as torch 2.13 for binaries: the sibling it stopped is in `failures` too (function ranks: the cause only)
+    assert sorted(result.failures) == [0, 1] and result.failures[0].exitcode == 138
+    assert sibling is result.failures[1]
     assert sibling.exitcode == -signal.SIGTERM and sibling.signal_name() == "SIGTERM"  # stopped, with the grace
     assert result.failures[0].exited_at <= sibling.exited_at
+
+
+def test_a_failed_binary_group_lists_the_ranks_torch_lists(tmp_path):
+    """One binary rank fails, its sibling is stopped for it: the same ranks and exit codes in
+    `failures` as torch's own start_processes gives for the same call, run beside it. (Function
+    ranks: test_api_parity.py::test_a_failed_group_reports_the_rank_that_failed_not_the_ones_stopped_for_it;
+    torch's spawn there leaves its resource tracker running, so it is not run beside ours.)"""
+    multiprocessing = pytest.importorskip("torch.distributed.elastic.multiprocessing")
+    import ranktop.core as ranktop_core
+
+    args = {0: ("-c", "import sys; sys.exit(7)"), 1: ("-c", "import time; time.sleep(60)")}
+    found = {}
+    for who, module in (("torch", multiprocessing), ("ranktop", ranktop_core)):
+        ctx = module.start_processes(f"{who}-f", PY, args, _envs(2),
+                                     logs_specs=module.DefaultLogsSpecs(log_dir=str(tmp_path / who)))
+        try:
+            result = ctx.wait(timeout=60)
+        finally:
+            ctx.close()
+        found[who] = ({r: f.exitcode for r, f in result.failures.items()}, result.return_values)
+    assert found["ranktop"] == found["torch"] == ({0: 7, 1: -signal.SIGTERM}, {}), found
 
 
 def test_segfaulting_binary_reports_sigsegv(tmp_path):
