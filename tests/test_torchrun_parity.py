@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -21,6 +22,15 @@ pytest.importorskip("torch")
 
 PARITY = ROOT / "tests" / "parity"
 S, M, B = str(PARITY / "dump_rank.py"), "dump_rank", str(PARITY / "dump_bin")
+
+def _loopback_v6() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
 
 # (id, argv, extra environment): the kinds of lines found in docs, READMEs and Slurm/Kubeflow scripts.
 LINES = [
@@ -59,6 +69,8 @@ LINES = [
     ("nproc-plus", ["--nproc-per-node", "+2", S], {}),
     ("prefix-t-is-tee", ["--t", "3", "--nproc-per-node", "2", S], {}),  # not --tui, a flag torchrun lacks
     ("signals-to-handle", ["--signals-to-handle", "SIGTERM,SIGUSR1", S], {}),
+    *([("master-addr-ipv6", ["--nnodes", "1", "--master-addr", "[::1]", "--master-port", str(free_port()),
+                             "--nproc-per-node", "2", S], {})] if socket.has_ipv6 and _loopback_v6() else []),
     # Rendezvous lines (one node, so that a line is one command): the ids and the store come from the round.
     ("c10d", ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29573", "--rdzv-id", "job",
               "--nnodes", "1", "--nproc-per-node", "2", S], {}),
@@ -72,7 +84,7 @@ LINES = [
 ]
 # What torchrun derives from its own rendezvous rather than from the line: compared only where the
 # line fixes it.
-FIXED_PORT = {"static-one-node", "master-port-underscore", "pet-kubeflow-one-node"}
+FIXED_PORT = {"static-one-node", "master-port-underscore", "pet-kubeflow-one-node", "master-addr-ipv6"}
 # Lines that name a rendezvous: the run id and whether the agent hosts the ranks' store are the round's.
 RENDEZVOUS = {"c10d", "c10d-underscores-conf", "pet-c10d", "static-backend"}
 
