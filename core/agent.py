@@ -299,6 +299,8 @@ class LocalAgent:
             return "restarted by the user"
         if reason == "nodes_joined":
             return "restarted, nodes joined"
+        if self._round_end is not None and self._round_end.kind == "peer_failed":
+            return self._round_end.message  # this node's ranks were stopped for it: none of them is to blame
         cause = self._root_cause()
         if cause is None:
             return "failed"
@@ -553,9 +555,9 @@ class LocalAgent:
         if end.kind == "peer_gave_up":
             self._rdzv_error = f"{end.message}; the {self.rendezvous.describe()} is closed, this node stops"
             self.state = GroupState.STOPPING
-        else:
-            spent = "no restart spent" if end.kind == "nodes_joined" else "one restart spent"
-            self._notice(f"{end.message}: restarting the group ({spent})")
+        else:  # a peer's failure gets its one line when the restart is decided, as a rank's failure
+            if end.kind == "nodes_joined":
+                self._notice(f"{end.message}: restarting the group (no restart spent)")
             self.state = GroupState.RESTARTING
         pc.stop()
 

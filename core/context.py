@@ -284,6 +284,7 @@ class PContext:
         self._stopping = False
         self._result: RunProcsResult | None = None
         self._closed = False
+        self._caught_signals: dict[int, Any] = {}  # start_processes' stop-signal handlers: what they replaced
         # Commands may come from other threads (API users); it is never held across a wait.
         self._lock = threading.RLock()
         self._waker = waker or Waker()  # an agent passes its own, woken by its command queue too
@@ -447,19 +448,20 @@ class PContext:
         """One pass of the monitor: returns the result once every rank is reaped (or given up
         on). It never waits on a rank; only the final collection waits, briefly and with a
         deadline, for the last output to drain, and it does so without holding the lock."""
-        with self._lock:
-            if self._result is not None:
+        with _signals_held():  # a stop signal mid-pass would leave a rank reaped but not recorded
+            with self._lock:
+                if self._result is not None:
+                    return self._result
+                now = time.monotonic()
+                for slot in self.slots:
+                    self._advance(slot, now)
+                self._strays.look()
+                if any(s.alive or s.restart_pending for s in self.slots) or not self._swept(now):
+                    return None
+            result = self._collect()
+            with self._lock:
+                self._result = self._result or result
                 return self._result
-            now = time.monotonic()
-            for slot in self.slots:
-                self._advance(slot, now)
-            self._strays.look()
-            if any(s.alive or s.restart_pending for s in self.slots) or not self._swept(now):
-                return None
-        result = self._collect()
-        with self._lock:
-            self._result = self._result or result
-            return self._result
 
     def _advance(self, slot: RankSlot, now: float) -> None:
         self._reap(slot)
@@ -703,7 +705,9 @@ class PContext:
             else:  # a binary returns nothing: None, as torch reports it
                 result.return_values[r] = self._read_return_value(r) if callable(self.entrypoint) else None
         own = {r: f for r, f in result.failures.items() if not self.slots[r].stopped_by_us}
-        if own:  # as torch: the ranks that failed, not the ones stopped because of them
+        # As torch: function ranks report the ranks that failed, not the ones stopped because of
+        # them; binary ranks report those too (torch keeps their SIGTERM "for bookkeeping").
+        if own and callable(self.entrypoint):
             result.failures = own
         if result.failures:
             result.return_values = {}  # as torch: a failed group has no return values
@@ -740,6 +744,7 @@ class PContext:
                 between()
             self.wait_activity(0.05)
         self._release()
+        _restore_signals(self._caught_signals)
 
     def _release(self) -> None:
         """Let go of everything once the ranks are accounted for. Every wait here has its own
@@ -888,12 +893,73 @@ def start_processes(
         raise ValueError("start_processes needs logs_specs (a LogsSpecs) or log_dir")
     run_dir = RunDir.adopt(log_dir)  # checked empty, then held: see core/layout.py
     cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
+    caught = _catch_stop_signals()
     try:
-        return cls(name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters,
-                   cpu_affinity=cpu_affinity).start()
+        ctx = cls(name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters,
+                  cpu_affinity=cpu_affinity)
+        ctx._caught_signals = caught
+        return ctx.start()
     except BaseException:
+        _restore_signals(caught)
         run_dir.close()  # a context that failed to start has closed it already: closing twice is a no-op
         raise
+
+
+_STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+_held = threading.local()  # .depth: inside a monitor pass; .pending: a stop signal that came meanwhile
+
+
+def _raise_signal_exception(signum: int, _frame: Any) -> None:
+    if getattr(_held, "depth", 0):
+        _held.pending = signum  # raised when the pass is over, with every rank's state recorded
+        return
+    _raise_for(signum)
+
+
+def _raise_for(signum: int) -> None:
+    from ranktop.core.errors import SignalException
+
+    raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+
+@contextlib.contextmanager
+def _signals_held():
+    _held.depth = getattr(_held, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _held.depth -= 1
+    pending = getattr(_held, "pending", None)
+    if pending is not None and not _held.depth:
+        _held.pending = None
+        _raise_for(pending)
+
+
+def _catch_stop_signals() -> dict[int, Any]:
+    """As torch's start_processes: in the main thread, SIGTERM/SIGINT/SIGHUP/SIGQUIT raise
+    SignalException in the caller (in its wait()), which can then close(e.sigval). Unlike torch,
+    a handler the caller set itself (or SIG_IGN, as under nohup) is left alone. Returns what was
+    replaced, for close() to put back."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    replaced = {}
+    for name in _STOP_SIGNALS:
+        number = getattr(signal, name)
+        current = signal.getsignal(number)
+        if current in (signal.SIG_DFL, signal.default_int_handler):
+            replaced[number] = current
+            signal.signal(number, _raise_signal_exception)
+    return replaced
+
+
+def _restore_signals(replaced: dict[int, Any]) -> None:
+    if replaced and threading.current_thread() is threading.main_thread():
+        for number, handler in replaced.items():
+            if signal.getsignal(number) is _raise_signal_exception:  # not changed since by the caller
+                signal.signal(number, handler)
+        replaced.clear()
 
 
 def _line_prefixes(given: Any, name: str, nprocs: int) -> dict[int, str]:

@@ -232,6 +232,13 @@ def test_failure_with_restarts_left_re_rendezvous_on_both_nodes(tmp_path, torch_
         assert status == 0, err
         restarts = [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)]
         assert restarts == ["0", "1"], out
+    # One console line for the restart on each node; the node whose rank ranktop stopped for the
+    # other node's failure says so, and blames none of its own (it used to print two lines, the
+    # second "rank 0 failed (signal SIGTERM)").
+    lines = sorted([ln for ln in err.splitlines() if "restarting the group" in ln] for _, _, err in results)
+    assert lines == [["ranktop: another node of the c10d rendezvous 'retry' failed; restarting the group: "
+                      "attempt_1 (1 of 1 restarts spent)"],
+                     ["ranktop: rank 1 failed (exit 3); restarting the group: attempt_1 (1 of 1 restarts spent)"]], lines
     for node in ("node0", "node1"):
         rounds = [e["round"] for e in events(tmp_path / node) if e["event"] == "rendezvous_joined"]
         assert len(rounds) == 2 and rounds[1] > rounds[0]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 import rank_fns
-from conftest import ROOT, wait_for
+from conftest import ROOT, stop_process, wait_for
 from ranktop.core import ProcessFailure, RunProcsResult, Std, record, start_processes
 from ranktop.core.errors import read_error_file, write_error_file
 from ranktop.core.output import line_length
@@ -120,9 +120,32 @@ def test_binary_failure_stops_its_sibling_with_sigterm(tmp_path):
         sibling = ctx.slots[1].failure
     finally:
         ctx.close()
-    assert list(result.failures) == [0] and result.failures[0].exitcode == 138  # as torch: the cause only
+    # as torch 2.13 for binaries: the sibling it stopped is in `failures` too (function ranks: the cause only)
+    assert sorted(result.failures) == [0, 1] and result.failures[0].exitcode == 138
+    assert sibling is result.failures[1]
     assert sibling.exitcode == -signal.SIGTERM and sibling.signal_name() == "SIGTERM"  # stopped, with the grace
     assert result.failures[0].exited_at <= sibling.exited_at
+
+
+def test_a_failed_binary_group_lists_the_ranks_torch_lists(tmp_path):
+    """One binary rank fails, its sibling is stopped for it: the same ranks and exit codes in
+    `failures` as torch's own start_processes gives for the same call, run beside it. (Function
+    ranks: test_api_parity.py::test_a_failed_group_reports_the_rank_that_failed_not_the_ones_stopped_for_it;
+    torch's spawn there leaves its resource tracker running, so it is not run beside ours.)"""
+    multiprocessing = pytest.importorskip("torch.distributed.elastic.multiprocessing")
+    import ranktop.core as ranktop_core
+
+    args = {0: ("-c", "import sys; sys.exit(7)"), 1: ("-c", "import time; time.sleep(60)")}
+    found = {}
+    for who, module in (("torch", multiprocessing), ("ranktop", ranktop_core)):
+        ctx = module.start_processes(f"{who}-f", PY, args, _envs(2),
+                                     logs_specs=module.DefaultLogsSpecs(log_dir=str(tmp_path / who)))
+        try:
+            result = ctx.wait(timeout=60)
+        finally:
+            ctx.close()
+        found[who] = ({r: f.exitcode for r, f in result.failures.items()}, result.return_values)
+    assert found["ranktop"] == found["torch"] == ({0: 7, 1: -signal.SIGTERM}, {}), found
 
 
 def test_segfaulting_binary_reports_sigsegv(tmp_path):
@@ -177,6 +200,44 @@ def test_nothing_left_after_the_parent_is_signalled(tmp_path, sig):
     proc.wait(timeout=10)
     proc.stdout.close()
     wait_for(lambda: not any(_pid_alive(p) for p in pids), timeout=10, what="ranks and grandchildren to be gone")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT])
+def test_a_stop_signal_raises_signal_exception_in_the_caller_as_torch(tmp_path, sig):
+    """torch's start_processes makes SIGTERM/SIGINT/SIGHUP/SIGQUIT raise SignalException in the
+    caller, which closes the ranks with e.sigval; ranktop's let the signal kill the caller, and an
+    `except SignalException` never ran. A handler the caller set (here SIG_IGN for SIGHUP, as nohup
+    does) is left alone; close() puts back what was replaced."""
+    parent = textwrap.dedent(f"""
+        import signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from ranktop.core import SignalException, start_processes
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as started from a terminal (a
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)  # background job inherits both ignored)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        ctx = start_processes("p", {PY!r}, {{0: ("-c", "import time; time.sleep(60)")}}, {{0: {{}}}}, {str(tmp_path)!r})
+        print("started", ctx.pids()[0], flush=True)
+        try:
+            while ctx.wait(0.2) is None:
+                pass
+        except SignalException as e:
+            print("caught", e.sigval.name, e, flush=True)
+            ctx.close(e.sigval)
+            print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
+                  signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+                  signal.getsignal(signal.SIGHUP) is signal.SIG_IGN, flush=True)
+    """)
+    proc = subprocess.Popen([PY, "-c", parent], stdout=subprocess.PIPE, text=True)
+    try:
+        started = proc.stdout.readline().split()
+        assert started[0] == "started", started
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        stop_process(proc)
+    assert proc.returncode == 0
+    assert out.splitlines() == [f"caught {sig.name} Process {proc.pid} got signal: {int(sig)}", "restored True True True"]
+    wait_for(lambda: not _pid_alive(int(started[1])), timeout=5, what="the rank to be gone")
 
 
 def test_output_bytes_reach_the_log_file_unchanged(tmp_path):

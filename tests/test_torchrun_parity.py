@@ -10,16 +10,27 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT, make_agent, ranktop_cmd, run_ranktop
+from ranktop.core.spec import free_port
 
 pytest.importorskip("torch")
 
 PARITY = ROOT / "tests" / "parity"
 S, M, B = str(PARITY / "dump_rank.py"), "dump_rank", str(PARITY / "dump_bin")
+
+def _loopback_v6() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
 
 # (id, argv, extra environment): the kinds of lines found in docs, READMEs and Slurm/Kubeflow scripts.
 LINES = [
@@ -28,6 +39,10 @@ LINES = [
     ("module", ["--nproc-per-node", "2", "-m", M, "--lr", "0.1"], {}),
     ("no-python", ["--nproc-per-node", "2", "--no-python", B, "x"], {}),
     ("args-after-dashes", ["--nproc-per-node", "2", S, "--", "--epochs", "3"], {}),
+    ("module-args-after-dashes", ["--nproc-per-node", "2", "-m", M, "--", "--epochs", "3"], {}),
+    ("dashes-before-script", ["--nproc-per-node", "2", "--", S, "--epochs", "3"], {}),
+    ("pet-kubeflow-one-node", [S], {"PET_NNODES": "1", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "127.0.0.1",
+                                    "PET_MASTER_PORT": str(free_port()), "PET_NPROC_PER_NODE": "2"}),
     ("abbreviations", ["--stand", "--nproc-per", "2", "--max-r", "1", S], {}),
     ("nnodes-range-1", ["--nnodes=1:1", "--nproc-per-node=2", S], {}),
     ("max-restarts", ["--max-restarts", "3", "--nproc-per-node", "2", S], {}),
@@ -54,6 +69,8 @@ LINES = [
     ("nproc-plus", ["--nproc-per-node", "+2", S], {}),
     ("prefix-t-is-tee", ["--t", "3", "--nproc-per-node", "2", S], {}),  # not --tui, a flag torchrun lacks
     ("signals-to-handle", ["--signals-to-handle", "SIGTERM,SIGUSR1", S], {}),
+    *([("master-addr-ipv6", ["--nnodes", "1", "--master-addr", "[::1]", "--master-port", str(free_port()),
+                             "--nproc-per-node", "2", S], {})] if socket.has_ipv6 and _loopback_v6() else []),
     # Rendezvous lines (one node, so that a line is one command): the ids and the store come from the round.
     ("c10d", ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29573", "--rdzv-id", "job",
               "--nnodes", "1", "--nproc-per-node", "2", S], {}),
@@ -67,7 +84,7 @@ LINES = [
 ]
 # What torchrun derives from its own rendezvous rather than from the line: compared only where the
 # line fixes it.
-FIXED_PORT = {"static-one-node", "master-port-underscore"}
+FIXED_PORT = {"static-one-node", "master-port-underscore", "pet-kubeflow-one-node", "master-addr-ipv6"}
 # Lines that name a rendezvous: the run id and whether the agent hosts the ranks' store are the round's.
 RENDEZVOUS = {"c10d", "c10d-underscores-conf", "pet-c10d", "static-backend"}
 
@@ -334,3 +351,39 @@ def test_the_grace_is_torch_elastic_shutdown_timeout_then_pet_then_the_flag(tmp_
                            env={**os.environ, **env})
         assert done.returncode == 0, done.stderr
         assert json.loads((tmp_path / f"g{i}" / "final.json").read_text())["shutdown_timeout"] == grace, env
+
+
+@pytest.mark.parametrize("by_env", [False, True], ids=["flags", "pet-only"])
+def test_a_static_two_node_line_gives_torchruns_world(tmp_path, by_env):
+    """The static multi-node line (no --rdzv-backend), as job scripts give it (flags) and as
+    Kubeflow's PyTorchJob does (PET_* only): both nodes run by torchrun, then both by ranktop; every
+    rank gets the same world. MASTER_PORT is left out: torchrun's static round picks a free one too."""
+    records = {}
+    for launcher in ("torchrun", "ranktop"):
+        dump = tmp_path / launcher
+        dump.mkdir()
+        port = str(free_port())
+        nodes = []
+        for node_rank in (1, 0):
+            line = {"nnodes": "2", "nproc_per_node": "2", "master_addr": "127.0.0.1", "master_port": port,
+                    "node_rank": str(node_rank)}
+            flags = [] if by_env else [f"--{k.replace('_', '-')}={v}" for k, v in line.items()]
+            env = {**os.environ, "DUMP_TO": str(dump), "LOGLEVEL": "ERROR", "PYTHONWARNINGS": "ignore",
+                   **({f"PET_{k.upper()}": v for k, v in line.items()} if by_env else {})}
+            cmd = ([sys.executable, "-m", "torch.distributed.run"] if launcher == "torchrun" else
+                   ranktop_cmd("--headless", "--log-dir", str(tmp_path / f"logs{node_rank}")))
+            nodes.append(subprocess.Popen([*cmd, *flags, S, "x"], cwd=PARITY, env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True))
+        try:
+            for node in nodes:
+                assert node.wait(timeout=120) == 0, (launcher, node.stderr.read()[-3000:])
+        finally:
+            for node in nodes:
+                if node.poll() is None:
+                    node.kill()
+                    node.wait()
+                node.stderr.close()
+        records[launcher] = {rank: {k: v for k, v in rec.items() if k != "MASTER_PORT"}
+                             for rank, rec in _records(dump).items()}
+    assert sorted(records["torchrun"]) == ["0", "1", "2", "3"]
+    assert records["ranktop"] == records["torchrun"], json.dumps(records, indent=1)

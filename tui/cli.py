@@ -435,7 +435,7 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
         max_restarts=ns.max_restarts, monitor_interval=ns.monitor_interval, nnodes=nnodes,
         # torchrun ignores --node-rank with a dynamic rendezvous: the round gives the group rank.
         node_rank=ns.node_rank if not elastic or ns.rdzv_backend == "static" else 0,
-        master_addr=ns.master_addr, master_port=port, env=env,
+        master_addr=unbracketed(ns.master_addr), master_port=port, env=env,
         redirects=redirects, tee=tee, local_ranks_filter=parse_ranks(ns.local_ranks_filter),
         run_id=ns.run_id,
         name=os.path.basename(ns.training_script), pty=ns.pty,
@@ -444,6 +444,13 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
     if elastic:  # last: the c10d host starts its store here, once every other value is known good
         spec.rdzv_handler = rendezvous_handler(ns, min_nodes, nnodes, port, check_only=not start_rendezvous)
     return spec
+
+
+def unbracketed(addr: str) -> str:
+    """--master-addr as the ranks' MASTER_ADDR: torchrun's help asks for an IPv6 address in
+    brackets ([::1]), and its rendezvous gives the ranks the bare address, the form torch's store
+    resolves (with the brackets the ranks waited for ever)."""
+    return addr[1:-1] if addr.startswith("[") and addr.endswith("]") else addr
 
 
 def uses_rendezvous(ns: argparse.Namespace) -> bool:
