@@ -155,7 +155,8 @@ class LocalAgent:
             self.run_id = check_run_id(shared_id) if shared_id != "none" else new_run_id()
         # Made fresh and held until the end: every file of the run is opened through it. The
         # rendezvous id is the same on every node: nodes sharing a file system get <id>.1, <id>.2...
-        self.layout = RunDir.create(log_dir, self.run_id, numbered=spec.run_id is None and shared_id != "none")
+        self._shared_id = spec.run_id is None and shared_id != "none"
+        self.layout = RunDir.create(log_dir, self.run_id, numbered=self._shared_id)
         self.run_dir = self.layout.path
         self.master_port = spec.master_port or free_port()
         # Headless, one console writer serves every attempt: the ranks' tee and our own lines,
@@ -621,6 +622,16 @@ class LocalAgent:
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.handle_signal(signum)
+
+    def served_names(self) -> list[str]:
+        """The names this run may be served under, for `ranktop ls`/`attach`, in order: its run id.
+        A multi-node job's shared rendezvous id may be served by several of its nodes on one
+        host (a job tried on loopback): then the run directory's name (`<id>.1` where nodes share
+        the log root), then `<id>.1`, `<id>.2`, ... as each is taken."""
+        if not self._shared_id:
+            return [self.run_id]
+        first = os.path.basename(self.run_dir)
+        return [first] + [name for name in (f"{self.run_id}.{n}" for n in range(1, 100)) if name != first]
 
     def ignore_hangups(self) -> None:
         """The run let go of its terminal: from now on a SIGHUP is noted, not a stop."""

@@ -51,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from ranktop.core import commands as cmd
@@ -74,6 +75,10 @@ _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 class SocketDirError(Exception):
     """The socket directory is not safe to use; the message says why."""
+
+
+class SocketInUse(SocketDirError):
+    """A live engine serves a run of this id already."""
 
 
 def socket_dir(create: bool = True) -> str:
@@ -185,12 +190,17 @@ class EngineServer:
     def __init__(self, engine: Engine, path: str, run_id: str):
         self.engine, self.path, self.run_id = engine, path, run_id
         self.clients = 0  # connected now, for `ranktop ls`
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         if remove_if_dead(path):
-            raise SocketDirError(f"{path} is in use: another run has this run id")
+            raise SocketInUse(f"{path} is in use: another run has this run id")
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket is ours alone (its directory is already 0700)
         try:
             self._listener.bind(path)
+        except OSError as exc:
+            self._listener.close()
+            if exc.errno == errno.EADDRINUSE:  # another engine bound it since we looked
+                raise SocketInUse(f"{path} is in use: another run has this run id") from None
+            raise
         finally:
             os.umask(old_umask)
         self._listener.listen(16)
@@ -619,10 +629,18 @@ def remove_if_dead(path: str) -> bool:
     return True
 
 
-def serve(engine: Engine, run_id: str) -> tuple[EngineServer | None, str | None]:
-    """Serve `engine` for `run_id`; (server, None), or (None, why not) - a run without its socket
-    still runs, it only cannot be reached from another terminal."""
-    try:
-        return EngineServer(engine, socket_path(run_id), run_id), None
-    except (SocketDirError, OSError) as exc:
-        return None, f"not serving this run for ranktop ls/stop/logs: {exc}"
+def serve(engine: Engine, names: Iterable[str]) -> tuple[EngineServer | None, str | None]:
+    """Serve `engine` under the first of `names` (run ids) that no live engine has; (server,
+    None), or (None, why not) - a run without its socket still runs, it only cannot be reached
+    from another terminal. `names` is one id, or more for a multi-node job's shared rendezvous
+    id, where several of its nodes may run on this host."""
+    problem: Exception | None = None
+    for name in (names,) if isinstance(names, str) else names:
+        try:
+            return EngineServer(engine, socket_path(name), name), None
+        except SocketInUse as exc:
+            problem = exc
+        except (SocketDirError, OSError) as exc:
+            problem = exc
+            break
+    return None, f"not serving this run for ranktop ls/stop/logs: {problem}"

@@ -837,7 +837,7 @@ def served_fake(runtime, monkeypatch):
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
     engine = FakeEngine(2)
-    server, problem = serve(engine, "fake")
+    server, problem = serve(engine, ["fake"])
     assert problem is None
     try:
         yield engine, server.path

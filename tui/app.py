@@ -255,7 +255,7 @@ def print_end_report(group: GroupSnapshot) -> None:
 def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher: Detacher | None) -> None:
     """The TUI is gone (its terminal hung up, or the user detached); the ranks run on until they
     end or a stop comes (`ranktop stop`, SIGTERM), and the terminal is let go."""
-    run_id = engine.agent.run_id
+    run_id = server.run_id if server is not None else engine.agent.run_id  # its name in ranktop ls
     if reason == "key":
         # (q offers detach only where the run is served)
         print(f"ranktop: run {run_id} goes on in the background (pid {os.getpid()}); ranktop attach {run_id} "
@@ -295,7 +295,7 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
         engine.start()
         from ranktop.tui.cli import serve_run
 
-        server = serve_run(engine, engine.agent.run_id)
+        server = serve_run(engine, engine.agent)
         app.can_detach = detacher is not None and server is not None
         app.run()
         collector.release()  # (if the app never got to its first frame)

@@ -621,15 +621,18 @@ def start_detached(argv: list[str], ns: argparse.Namespace) -> int:
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, start_new_session=True)
     try:
-        return _wait_served(child, run_id, path)
+        return _wait_served(child, run_id, None if shared else path)
     finally:
         child.stderr.close()
 
 
-def _wait_served(child, run_id: str, path: str) -> int:
+def _wait_served(child, run_id: str, path: str | None) -> int:
+    """Wait until the child serves the run, at `path`; with no path (a shared rendezvous id,
+    which another node of the job on this host may serve already), under whichever name the
+    child took: the run served by its pid."""
     import time
 
-    from ranktop.core.client import Connection, RunGone
+    from ranktop.core.client import served_runs
 
     said = _PipeTail(child.stderr.fileno())
     deadline = time.monotonic() + 30
@@ -640,16 +643,28 @@ def _wait_served(child, run_id: str, path: str) -> int:
             print(said.verdict() or f"ranktop: error: the run {run_id} ended at once (exit {child.returncode}); "
                   "run it without --detach to see why", file=sys.stderr)
             return child.returncode or 1
-        try:
-            Connection(path, timeout=1.0).close()
-        except RunGone:
+        if path is not None:
+            name = run_id if _served_now(path) else None
+        else:
+            name = next((r.run_id for r in served_runs() if r.pid == child.pid), None)
+        if name is None:
             time.sleep(0.05)
             continue
-        print(f"ranktop: started {run_id} in the background (pid {child.pid}): ranktop attach {run_id} | "
-              f"ranktop logs {run_id} -f | ranktop stop {run_id}")
+        print(f"ranktop: started {name} in the background (pid {child.pid}): ranktop attach {name} | "
+              f"ranktop logs {name} -f | ranktop stop {name}")
         return 0
     print(f"ranktop: {run_id} (pid {child.pid}) started but does not answer yet: ranktop ls", file=sys.stderr)
     return 1
+
+
+def _served_now(path: str) -> bool:
+    from ranktop.core.client import Connection, RunGone
+
+    try:
+        Connection(path, timeout=1.0).close()
+    except RunGone:
+        return False
+    return True
 
 
 class _PipeTail:
@@ -678,11 +693,11 @@ class _PipeTail:
         return "\n".join(ours or lines[-5:])
 
 
-def serve_run(engine, run_id: str):
+def serve_run(engine, agent):
     """Serve the run on its socket (ranktop ls/stop/logs); None, after one line, if it cannot be."""
     from ranktop.core.server import serve
 
-    server, problem = serve(engine, run_id)
+    server, problem = serve(engine, agent.served_names())
     if problem is not None:
         print(f"ranktop: {problem}", file=sys.stderr, flush=True)
     return server
@@ -729,7 +744,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     if sampler is not None:
         sampler.attach(agent)
     engine = LocalEngine(agent)
-    server = serve_run(engine, agent.run_id)
+    server = serve_run(engine, agent)
     if ns.detached_child:  # served: the command that started us stops reading our stderr now
         _stderr_to_devnull()
     collector.release()
