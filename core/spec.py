@@ -240,8 +240,6 @@ def rank_env(
     if spec.placement is not None:
         env["TORCHELASTIC_RUN_ID"] = spec.placement.run_id
         env["TORCHELASTIC_USE_AGENT_STORE"] = spec.placement.use_agent_store  # "True"/"False", as torch reads it
-    if spec.local_world_size > 1:  # torchrun's rule: one thread each unless the user chose
-        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     if spec.virtual_local_rank:
         env["LOCAL_RANK"] = 0
         env["CUDA_VISIBLE_DEVICES"] = visible_device(local_rank)

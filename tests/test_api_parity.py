@@ -161,11 +161,16 @@ def test_a_failed_group_reports_the_rank_that_failed_not_the_ones_stopped_for_it
     assert failure.error_file != "<N/A>" and failure.error_file_data["message"]["message"].endswith("rank one broke")
 
 
-PRINT_TWO = ("-u", "-c", "import os, sys\nprint('out', os.environ['LOCAL_RANK'])\nprint('keep me', flush=True)\n")
+# A rank that prints its local rank, then the variables its arguments name that it has (none here:
+# torch's agent sets no OMP_NUM_THREADS, only torchrun's command line does).
+PRINT_TWO = ("-u", "-c", "import os, sys\nprint('out', os.environ['LOCAL_RANK'])\n"
+             "print('keep me', *[v for v in sys.argv[1:] if v in os.environ], flush=True)\n")
 
 
-def test_local_elastic_agent_takes_torchs_whole_constructor_and_honours_its_logs_specs(tmp_path, capfd):
+def test_local_elastic_agent_takes_torchs_whole_constructor_and_honours_its_logs_specs(tmp_path, capfd, monkeypatch):
     from ranktop.core.agent import LocalAgent
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the ranks' is whatever the agent adds
 
     torch_agent = pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
     import inspect
@@ -177,7 +182,7 @@ def test_local_elastic_agent_takes_torchs_whole_constructor_and_honours_its_logs
     class Mine(LocalElasticAgent):  # a class, as torch's is: code that subclasses it keeps working
         pass
 
-    spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=PY, args=PRINT_TWO)
+    spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=PY, args=PRINT_TWO + ("OMP_NUM_THREADS",))
     # torch's positional form, to its last parameter; redirects=ALL: files only, a silent console
     agent = Mine(spec, DefaultLogsSpecs(log_dir=str(tmp_path), redirects=Std.ALL), "spawn", 300, None, 5, None, 10.0)
     assert isinstance(agent, LocalAgent) and agent.shutdown_timeout == 5

@@ -426,6 +426,8 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
     cpus = numa_binding(ns.numa_binding, nproc) if ns.numa_binding else None
     entrypoint, args = entrypoint_and_args(ns)
     env = {**(DEBUG_ENV if ns.debug else {}), **parse_env(ns.env)}
+    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:  # torchrun's command line sets this, not torch's agent
+        env.setdefault("OMP_NUM_THREADS", "1")
     port = ns.master_port
     if port is None and nnodes > 1 and not ns.standalone:
         port = 29500  # like torchrun: every node must agree on it without talking first
