@@ -349,6 +349,36 @@ def test_a_hangup_detaches_the_tui_and_the_run_goes_on(tmp_path, runtime):
     assert [e["event"] for e in read_events(run_dir)][-1] == "run_finished"
 
 
+def test_a_terminal_that_dies_without_a_hangup_signal_detaches_too(tmp_path, runtime):
+    """The shell ignores SIGHUP (`trap '' HUP`), so none reaches ranktop when its terminal goes:
+    the dead terminal itself must end the TUI. Textual's writer used to die of the first EIO and
+    the app then waited forever on its full queue: the TUI (and an attached client) never left,
+    spinning a core, and survived even `ranktop stop`."""
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    env = f"XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']}"
+    term = Terminal(f"trap '' HUP; cd {ROOT} && {env} {sys.executable} -m ranktop --tui --nproc-per-node 2 "
+                    f"--shutdown-timeout 3 --run-id deaf --log-dir {tmp_path / 'logs'} {script}")
+    try:
+        term.wait_screen("hello from 1")
+    finally:
+        term.close()
+    run_dir = tmp_path / "logs" / "deaf"
+    wait_for(lambda: any(e["event"] == "detached" for e in read_events(run_dir)), what="detached event")
+    (run,) = ls(runtime)
+    assert run["state"] == "running"
+    client = Terminal(f"trap '' HUP; cd {ROOT} && {env} {sys.executable} -m ranktop attach deaf", width=80, height=24)
+    try:
+        client.wait_screen("hello from 1")
+        wait_for(lambda: ls(runtime)[0]["clients"] == 1, what="the client counted")
+    finally:
+        client.close()
+    wait_for(lambda: ls(runtime)[0]["clients"] == 0, what="the client gone with its terminal")
+    assert ls(runtime)[0]["state"] == "running"
+    assert run_ranktop("stop", "deaf", env=runtime).returncode == 0
+    wait_for(lambda: gone(run["pid"]), what="ranktop gone after the stop")
+
+
 def _status_field(pid: int, name: str) -> str | None:
     with open(f"/proc/{pid}/status") as status:
         return next((line.split()[1] for line in status if line.startswith(f"{name}:")), None)

@@ -26,6 +26,7 @@ from ranktop.core.signals import NOTICE_SIGNALS
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import Detacher
+from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import LogView
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, SignalPicker
@@ -95,6 +96,16 @@ class RanktopApp(App):
         if self.user_quit and snap.stop_signal is None:
             return QUIT_STATUS
         return snap.exit_status
+
+    def get_driver_class(self) -> type:
+        return hangup_aware(super().get_driver_class(), self._terminal_lost)
+
+    def _terminal_lost(self) -> None:
+        """A write to the terminal failed (from Textual's writer thread): it is gone, though no
+        SIGHUP came (the shell ignored it). Leave as on one: a local run goes on detached."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.stop_on_signal, signal.SIGHUP)
 
     # ----- stopping ---------------------------------------------------------------------------
     def stop_on_signal(self, signum: int) -> None:
