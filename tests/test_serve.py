@@ -485,6 +485,31 @@ def test_detach_starts_the_run_in_the_background_and_returns(tmp_path, runtime):
     assert bad.returncode == 2 and bad.stderr.startswith("ranktop: error: ") and ls(runtime) == []
 
 
+def test_a_detached_run_samples_the_ranks_stats_for_attach(tmp_path, runtime, monkeypatch):
+    """A --detach run is watched through `ranktop attach`: it samples cpu, rss and GPUs as the
+    TUI's engine does (and has its 60 s stall clock). It used to run with headless's defaults:
+    attach showed no cpu, no memory, no GPU line, and a hung rank never showed stalled."""
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    script = tmp_path / "quiet.py"
+    script.write_text("import time\nprint('once', flush=True)\ntime.sleep(600)\n")
+    done = run_ranktop("--detach", "--nproc-per-node", "2", "--run-id", "watched", "--log-dir",
+                       str(tmp_path / "logs"), str(script), env={**runtime, "RANKTOP_FAKE_GPUS": "0"})
+    assert done.returncode == 0, done.stderr
+    (run,) = ls(runtime)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+    engine = RemoteEngine(served_runs()[0].path)
+    try:
+        snap = wait_for(lambda: (s := engine.snapshot()).gpu_status
+                        and all(r.rss and r.cpu_percent is not None for r in s.ranks) and s,
+                        what="the ranks' cpu and memory sampled")
+        assert snap.gpu_status == "no GPU"
+    finally:
+        engine.close()
+        assert run_ranktop("stop", "watched", env=runtime).returncode == 0
+        wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")
+
+
 def test_a_detached_run_lingers_after_its_end_and_attach_shows_its_final_view(tmp_path, runtime):
     script = tmp_path / "quick.py"
     script.write_text("import os\nprint('done on', os.environ['RANK'])\n")

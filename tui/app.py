@@ -21,6 +21,7 @@ from typing import Any
 from ranktop.core import collector
 from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
+from ranktop.core.limits import TUI_STALL_TIMEOUT
 from ranktop.core.sanitize import clean
 from ranktop.core.signals import NOTICE_SIGNALS
 from ranktop.core.state import GroupSnapshot
@@ -242,7 +243,7 @@ def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, An
 
     sampler = StatsSampler()
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
-                       shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout or 60.0,
+                       shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout or TUI_STALL_TIMEOUT,
                        console=False, color=color, sampler=sampler,
                        faulthandler=not getattr(ns, "no_faulthandler", False),
                        duplicate_filters={1: tuple(getattr(ns, "duplicate_stdout_filters", ())),
