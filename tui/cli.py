@@ -624,6 +624,9 @@ def _wait_served(child, run_id: str, path: str) -> int:
         said.drain()  # torch may say a lot (a store out of reach): the pipe must never fill
         if child.poll() is not None:
             said.drain()
+            if child.returncode == 0:  # over before it was reached (--linger 0): it succeeded, not an error
+                print(f"ranktop: {run_id} ran in the background and has already ended (exit 0)")
+                return 0
             print(said.verdict() or f"ranktop: error: the run {run_id} ended at once (exit {child.returncode}); "
                   "run it without --detach to see why", file=sys.stderr)
             return child.returncode or 1
