@@ -837,6 +837,38 @@ def test_attach_look_ahead_answers_the_first_screen_and_goes_on_with_no_gap(tmp_
         proc.wait(30)
 
 
+HOSTILE = (b"\x1b]52;c;cHduZWQ=\x07\x1b]0;retitled\x07\x1b[2J\x1b[32mgreen\x1b[0m "
+           b"\x1b]8;;https://example.org\x1b\\docs\x1b]8;;\x1b\\ end")
+
+
+def test_logs_to_a_terminal_are_cleaned_and_to_a_pipe_are_raw(tmp_path, runtime, monkeypatch):
+    """What a rank prints must not drive the terminal of whoever reads its logs (a clipboard
+    write, a new title, a cleared screen): `ranktop logs` to a terminal goes through the panes'
+    filter, colours kept. It wrote the rank's bytes as they came. A pipe still gets them raw."""
+    script = tmp_path / "hostile.py"
+    script.write_text(f"import sys, time\nsys.stdout.buffer.write({HOSTILE!r} + b'\\n')\nsys.stdout.flush()\n"
+                      "time.sleep(600)\n")
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "1", "--run-id", "hostile", "--log-dir",
+                                        str(tmp_path / "logs"), str(script)),
+                            cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        piped = wait_for(lambda: b" end" in (out := subprocess.run(ranktop_cmd("logs", "hostile"), cwd=ROOT, env=runtime,
+                                                                   capture_output=True).stdout) and out,
+                         what="the rank's line through the socket")
+        assert piped == b"[0]:" + HOSTILE + b"\n"  # a pipe or a file: the bytes as the log holds them
+        monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+        shown, status = run_in_pty(ranktop_cmd("logs", "hostile"), ROOT, until=b"\xff")  # (to its end)
+        assert status == 0
+        assert b"\x1b]" not in shown and b"\x1b[2J" not in shown and b"\x07" not in shown
+        assert b"\x1b[32mgreen\x1b[0m" in shown and b"docs <https://example.org> end" in shown
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    # Ended, its engine gone: the logs come from its final view, cleaned the same way.
+    shown, status = run_in_pty(ranktop_cmd("logs", str(tmp_path / "logs" / "hostile")), ROOT, until=b"\xff")
+    assert status == 0 and b"[0]:" in shown and b"\x1b]" not in shown and b"\x1b[32mgreen" in shown
+
+
 def test_logs_follow_is_pushed_history_then_live_with_no_gap_or_overlap(tmp_path, runtime):
     script = tmp_path / "count.py"
     script.write_text("import os, sys, time\nfor i in range(40):\n    print(os.environ['RANK'], i, flush=True)\n"

@@ -9,7 +9,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ranktop.core import collector
 from ranktop.core.client import (
@@ -23,7 +23,7 @@ from ranktop.core.client import (
     served_runs,
     wait_gone,
 )
-from ranktop.core.sanitize import clean
+from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.stdio import terminal_problem
 from ranktop.tui.usage import UsageParser, usage_error
 
@@ -263,6 +263,13 @@ def logs(argv: list[str]) -> int:
         return 0
 
 
+def _shown(out_is_terminal: bool) -> Callable[[bytes], bytes]:
+    """How a rank's line is written: raw to a pipe or a file (as its log holds it), through the
+    panes' filter to a terminal, so that nothing a rank prints drives the terminal of whoever reads
+    its logs (a clipboard write, a title, a clear screen); colours are kept."""
+    return clean_console if out_is_terminal else bytes
+
+
 def _prefixes(run_id: str, ranks: list[tuple[int, int]], only: int | None) -> dict[int, bytes] | int:
     """{local rank: its `[rank]:` prefix} for the (local rank, rank) pairs `--rank` keeps; the usage
     error's status for a --rank the run does not have."""
@@ -278,10 +285,10 @@ def _print_final_logs(view: FinalEngine, only: int | None) -> int:
     prefixes = _prefixes(clean(snap.run_id), [(r.local_rank, r.rank) for r in snap.ranks], only)
     if isinstance(prefixes, int):
         return prefixes
-    out = sys.stdout.buffer
+    out, shown = sys.stdout.buffer, _shown(sys.stdout.isatty())
     for local, prefix in prefixes.items():
         _cursor, lines, _open = view.output_since(local, None)
-        out.writelines(prefix + line + b"\n" for line in lines)
+        out.writelines(prefix + shown(line) + b"\n" for line in lines)
     out.flush()
     print(f"ranktop: {final_words(view)}: that was each rank's stdout.log (its last MiB); all its log files, "
           f"stderr.log too, are under {clean(snap.log_dir or '?')}", file=sys.stderr)
@@ -293,7 +300,7 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
     prefixes = _prefixes(run.run_id, [(r["local_rank"], r["rank"]) for r in ranks], only)
     if isinstance(prefixes, int):
         return prefixes
-    out = sys.stdout.buffer
+    out, shown = sys.stdout.buffer, _shown(sys.stdout.isatty())
     if follow:  # what the ranks' rings hold, then live, pushed by the engine until the run ends
         conn.subscribe(sorted(prefixes))
         for message, lines in conn.pushed():
@@ -303,7 +310,7 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
                 out.write(b"[ranktop]:" + json.dumps(message["event"]).encode() + b"\n")
                 out.flush()
             if lines:
-                out.writelines(prefixes[message["rank"]] + line + b"\n" for line in lines)
+                out.writelines(prefixes[message["rank"]] + shown(line) + b"\n" for line in lines)
                 out.flush()
         return 0  # (not reached: pushes end with "ended", or RunGone when the engine leaves)
     for local, prefix in prefixes.items():
@@ -311,7 +318,7 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
         while True:
             answer, lines, _open = conn.output(local, *cursor)
             cursor = (answer["generation"], answer["line"])
-            out.writelines(prefix + line + b"\n" for line in lines)
+            out.writelines(prefix + shown(line) + b"\n" for line in lines)
             if not answer.get("more"):
                 break
     out.flush()
