@@ -379,6 +379,29 @@ def test_a_terminal_that_dies_without_a_hangup_signal_detaches_too(tmp_path, run
     wait_for(lambda: gone(run["pid"]), what="ranktop gone after the stop")
 
 
+def test_stop_of_a_run_whose_tui_is_on_screen_returns_once_the_run_has_ended(tmp_path, runtime):
+    """The TUI that started a run keeps its engine, showing the end, until its user quits it.
+    `ranktop stop` from another terminal used to wait for that engine to go: 18 s, then 'still
+    there after the stop', exit 1, although the run had stopped."""
+    term = tui_in_tmux(tmp_path, runtime, "onscreen", "; echo STATUS $?; sleep 30")
+    try:
+        term.wait_screen("hello from 1")
+        stopped = run_ranktop("stop", "onscreen", env=runtime)
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout == "ranktop: stopped onscreen (the TUI that started it shows the end until it is quit)\n"
+        events = read_events(tmp_path / "logs" / "onscreen")
+        assert [e["state"] for e in events if e["event"] == "run_finished"] == ["STOPPED"]
+        term.wait_screen("STOPPED")
+        again = run_ranktop("stop", "onscreen", env=runtime)  # over already, the TUI still up: said at once
+        assert (again.returncode, again.stdout) == (0, "ranktop: onscreen had already ended (stopped); the TUI "
+                                                       "that started it shows the end until it is quit\n"), again.stderr
+        term.press("q")
+        term.wait_screen("STATUS 130")
+    finally:
+        term.close()
+    assert ls(runtime) == []
+
+
 def _status_field(pid: int, name: str) -> str | None:
     with open(f"/proc/{pid}/status") as status:
         return next((line.split()[1] for line in status if line.startswith(f"{name}:")), None)

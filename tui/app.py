@@ -309,7 +309,11 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
 
         server = serve_run(engine, engine.agent.run_id)
         app.can_detach = detacher is not None and server is not None
+        if server is not None:
+            server.shown = True
         app.run()
+        if server is not None:
+            server.shown = False
         collector.release()  # (if the app never got to its first frame)
         if app.detached:
             _run_detached(engine, server, getattr(ns, "linger", 600.0), app.detached, detacher)

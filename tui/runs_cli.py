@@ -21,6 +21,7 @@ from ranktop.core.client import (
     final_run,
     find_run,
     served_runs,
+    wait_ended,
     wait_gone,
 )
 from ranktop.core.sanitize import clean, clean_console
@@ -219,8 +220,9 @@ def stop(argv: list[str]) -> int:
         print(f"ranktop: {run.run_id}: {ack.get('message')}", file=sys.stderr)
         return 1
     grace = snap.get("shutdown_timeout") or 10.0
+    shown = bool(ack.get("stays"))  # its TUI shows the end until quit: the ranks are what must go
     try:
-        gone = wait_gone(run.path, grace + 15.0)
+        gone = (wait_ended if shown else wait_gone)(run.path, grace + 15.0)
     except KeyboardInterrupt:  # the stop was sent: only the waiting for it ends here
         print(f"\nranktop: {run.run_id} goes on stopping (SIGKILL after its {grace:g}s grace); ranktop ls shows it",
               file=sys.stderr)
@@ -228,8 +230,13 @@ def stop(argv: list[str]) -> int:
     if not gone:
         print(f"ranktop: {run.run_id} is still there {grace + 15:g}s after the stop", file=sys.stderr)
         return 1
-    if snap.get("ended"):  # a lingering engine of a run that was over: it let the engine go
+    on_screen = "the TUI that started it shows the end until it is quit"
+    if snap.get("ended") and shown:
+        print(clean(f"ranktop: {run.run_id} had already ended ({snap.get('state')}); {on_screen}"))
+    elif snap.get("ended"):  # a lingering engine of a run that was over: it let the engine go
         print(f"ranktop: {ended_words(run.run_id, str(snap.get('state')), already=True)}")
+    elif shown:
+        print(f"ranktop: stopped {run.run_id} ({on_screen})")
     else:
         print(f"ranktop: stopped {run.run_id}")
     return 0
