@@ -628,6 +628,26 @@ def ended_run(tmp_path, env) -> Path:
     return tmp_path / "logs" / "ended"
 
 
+def test_attach_to_a_failed_run_lingering_after_its_end_shows_the_root_cause(tmp_path, runtime):
+    """Served by its lingering engine (not read from final.json): the states, the ROOT CAUSE
+    panel, and on leaving, the end report with the root cause in the terminal."""
+    script = tmp_path / "fail.py"
+    script.write_text(FAIL_ON_1)
+    done = run_ranktop("--detach", "--linger", "60", "--nproc-per-node", "2", "--run-id", "broke",
+                       "--log-dir", str(tmp_path / "logs"), str(script), env=runtime)
+    assert done.returncode == 0, done.stderr
+    (run,) = wait_for(lambda: [r for r in ls(runtime) if r["state"] == "failed"], what="the failed run lingering")
+    term = ranktop_in_tmux(runtime, "attach broke", "; sleep 30", width=120, height=30)
+    try:
+        term.wait_screen("ROOT CAUSE", "rank 1 exit code 3", "out of 1", "fail.py")
+        term.press("q")
+        term.wait_screen("root cause: rank 1 (local rank 1, pid")
+    finally:
+        term.close()
+    assert run_ranktop("stop", "broke", env=runtime).returncode == 0
+    wait_for(lambda: gone(run["pid"]), what="the lingering engine gone")
+
+
 def edit_final(run_dir: Path, **edits) -> None:
     """Set fields of final.json: `ranks__1__state="zombie"` sets final["ranks"][1]["state"]."""
     final = json.loads((run_dir / "final.json").read_text())
