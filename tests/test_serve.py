@@ -379,6 +379,28 @@ def test_a_terminal_that_dies_without_a_hangup_signal_detaches_too(tmp_path, run
     wait_for(lambda: gone(run["pid"]), what="ranktop gone after the stop")
 
 
+def test_a_tui_whose_waiting_parent_is_killed_detaches_and_gives_the_terminal_back(tmp_path, runtime):
+    """The pid the shell started is SIGKILLed: its child, the TUI, detaches as on a hang-up, but
+    the terminal lives on. It used to be left in the alternate screen with mouse reporting on (the
+    TUI's way out went to /dev/null, as if the terminal were gone)."""
+    term = tui_in_tmux(tmp_path, runtime, "orphan", "; sleep 30")
+    try:
+        term.wait_screen("hello from 1")
+        (run,) = ls(runtime)
+        os.kill(psutil.Process(run["pid"]).ppid(), signal.SIGKILL)
+        wait_for(lambda: any(e["event"] == "detached" for e in read_events(tmp_path / "logs" / "orphan")),
+                 what="detached event")
+        # (the shell's STATUS 137 may land in the alternate screen the TUI is still leaving)
+        wait_for(lambda: term._tmux("display", "-p", "-t", "t", "#{alternate_on} #{mouse_any_flag}").split()
+                 == ["0", "0"], what="the terminal out of the TUI's modes")
+        term.wait_screen("ranktop: run orphan goes on in the background")
+        assert [r["state"] for r in ls(runtime)] == ["running"]
+    finally:
+        term.close()
+    assert run_ranktop("stop", "orphan", env=runtime).returncode == 0
+    wait_for(lambda: gone(run["pid"]), what="ranktop gone after the stop")
+
+
 def test_stop_of_a_run_whose_tui_is_on_screen_returns_once_the_run_has_ended(tmp_path, runtime):
     """The TUI that started a run keeps its engine, showing the end, until its user quits it.
     `ranktop stop` from another terminal used to wait for that engine to go: 18 s, then 'still

@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import termios
 from collections.abc import Iterable
 from functools import partial
 from typing import Any
@@ -114,7 +115,8 @@ class RanktopApp(App):
         then SIGKILL; only a second SIGINT kills at once), and leave as soon as the ranks are gone.
         SIGHUP (the terminal went away) detaches instead: the TUI leaves, the run goes on."""
         if signum == signal.SIGHUP:
-            _detach_terminal()
+            if not _terminal_alive():  # else (the waiting parent killed, a kill -HUP) Textual restores it
+                _detach_terminal()
             # A run still going is detached; one already over has nothing left to reach but
             # its final.json, so ranktop just leaves.
             self.detached = None if self.main is not None and self.main.ended else "SIGHUP"
@@ -223,6 +225,16 @@ class RanktopApp(App):
         yield from super().get_system_commands(screen)
 
 
+def _terminal_alive() -> bool:
+    """Whether our terminal still answers: one that hung up fails every call (EIO). A SIGHUP
+    may come while it lives: from the waiting parent's death (SIGKILLed), or a kill -HUP."""
+    try:
+        termios.tcgetattr(2)
+    except (termios.error, OSError):
+        return False
+    return True
+
+
 def _detach_terminal(stdin: bool = False) -> None:
     """The terminal hung up: send what Textual still writes (its shutdown sequence) to /dev/null,
     so a write to the dead terminal cannot wedge its writer thread and keep us from exiting.
@@ -268,7 +280,7 @@ def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher
     """The TUI is gone (its terminal hung up, or the user detached); the ranks run on until they
     end or a stop comes (`ranktop stop`, SIGTERM), and the terminal is let go."""
     run_id = engine.agent.run_id
-    if reason == "key":
+    if reason == "key" or _terminal_alive():  # (a hang-up where the terminal lives: the parent killed)
         # (q offers detach only where the run is served)
         print(f"ranktop: run {run_id} goes on in the background (pid {os.getpid()}); ranktop attach {run_id} "
               f"shows it again, ranktop stop {run_id} ends it", file=sys.stderr, flush=True)
