@@ -222,6 +222,22 @@ def wait_gone(path: str, timeout: float) -> bool:
     return False
 
 
+def wait_ended(path: str, timeout: float) -> bool:
+    """Until the run served at `path` has ended (its engine may stay: a TUI showing the end), or `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with Connection(path, timeout=1.0) as conn:
+                if conn.snapshot().get("ended"):
+                    return True
+        except EngineSilent:  # busy: ask again
+            pass
+        except RunGone:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 # ----- the Engine interface over the socket (ranktop attach) -------------------------------------
 def from_json(kind: Any, data: Any) -> Any:
     """`data` (plain JSON, as core/server.py's to_json makes it) as an instance of the type `kind`:

@@ -19,6 +19,8 @@ from ranktop.core.errors import UsageError
 # The longest time ranktop waits on anything (a grace, an interval, a stall). Beyond a week it is a
 # typo; the bound also keeps every wait far under poll()'s limit of 2**31 ms (about 24.8 days).
 MAX_SECONDS = 7 * 24 * 3600
+# Silence before a rank shows stalled where a person watches: the TUI, and a --detach run (attach)
+TUI_STALL_TIMEOUT = 60.0
 # Ranks on one node. The largest single machines have about 2,000 logical CPUs; one process per
 # CPU is the most that makes sense, and each rank costs ranktop ~5 descriptors and a pane.
 MAX_NPROC_PER_NODE = 4096

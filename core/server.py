@@ -13,7 +13,8 @@ loop's queue like a key press. Requests (after each side's hello):
 - {"type": "command", "id": I, "command": NAME, "args": {...}} -> {"type": "ack", "id": I, "ok": B,
   "message": S}, for the commands in RELAYED; a stack dump's ack also carries "report" (the
   StackReport as JSON), and comes later, from a thread of its own, so a client waits for it on a
-  connection of its own
+  connection of its own; "stays": true where the TUI that started the run holds its engine (it
+  stays after the end until that TUI is quit)
 
 - {"type": "subscribe", "ranks": [R...] | null, "cursors": {"R": [G, N]}} -> {"type": "subscribed",
   "snapshot": ...}, then, pushed every PUSH_SECONDS: each subscribed rank's new output from its
@@ -219,6 +220,9 @@ class EngineServer:
         self._subscribers: dict[socket.socket, _Subscriber] = {}
         self._closed = False
         self._leave = threading.Event()  # set by a Stop once the run has ended: stop lingering
+        # A TUI on the terminal that started the run holds the engine: after the end it stays
+        # until that person quits it (a Stop's ack says so: `ranktop stop` waits for the end only).
+        self.shown = False
         self._thread = threading.Thread(target=self._serve, name="ranktop-server", daemon=True)
         self._thread.start()
 
@@ -470,7 +474,7 @@ class EngineServer:
         if isinstance(command, cmd.Stop):  # (an ended run's engine says the stop got what it asked for)
             self._leave.set()  # whoever stops a run wants it gone: no lingering after this end
         ack = self.engine.submit(command)
-        return {"ok": ack.ok, "message": ack.message}
+        return {"ok": ack.ok, "message": ack.message, **({"stays": True} if self.shown else {})}
 
     def _dump(self, conn: socket.socket, request_id: Any, command: cmd.DumpStacks | cmd.SignalDump) -> None:
         ack = self.engine.submit(command)

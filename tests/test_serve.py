@@ -349,6 +349,81 @@ def test_a_hangup_detaches_the_tui_and_the_run_goes_on(tmp_path, runtime):
     assert [e["event"] for e in read_events(run_dir)][-1] == "run_finished"
 
 
+def test_a_terminal_that_dies_without_a_hangup_signal_detaches_too(tmp_path, runtime):
+    """The shell ignores SIGHUP (`trap '' HUP`), so none reaches ranktop when its terminal goes:
+    the dead terminal itself must end the TUI. Textual's writer used to die of the first EIO and
+    the app then waited forever on its full queue: the TUI (and an attached client) never left,
+    spinning a core, and survived even `ranktop stop`."""
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    env = f"XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']}"
+    term = Terminal(f"trap '' HUP; cd {ROOT} && {env} {sys.executable} -m ranktop --tui --nproc-per-node 2 "
+                    f"--shutdown-timeout 3 --run-id deaf --log-dir {tmp_path / 'logs'} {script}")
+    try:
+        term.wait_screen("hello from 1")
+    finally:
+        term.close()
+    run_dir = tmp_path / "logs" / "deaf"
+    wait_for(lambda: any(e["event"] == "detached" for e in read_events(run_dir)), what="detached event")
+    (run,) = ls(runtime)
+    assert run["state"] == "running"
+    client = Terminal(f"trap '' HUP; cd {ROOT} && {env} {sys.executable} -m ranktop attach deaf", width=80, height=24)
+    try:
+        client.wait_screen("hello from 1")
+        wait_for(lambda: ls(runtime)[0]["clients"] == 1, what="the client counted")
+    finally:
+        client.close()
+    wait_for(lambda: ls(runtime)[0]["clients"] == 0, what="the client gone with its terminal")
+    assert ls(runtime)[0]["state"] == "running"
+    assert run_ranktop("stop", "deaf", env=runtime).returncode == 0
+    wait_for(lambda: gone(run["pid"]), what="ranktop gone after the stop")
+
+
+def test_a_tui_whose_waiting_parent_is_killed_detaches_and_gives_the_terminal_back(tmp_path, runtime):
+    """The pid the shell started is SIGKILLed: its child, the TUI, detaches as on a hang-up, but
+    the terminal lives on. It used to be left in the alternate screen with mouse reporting on (the
+    TUI's way out went to /dev/null, as if the terminal were gone)."""
+    term = tui_in_tmux(tmp_path, runtime, "orphan", "; sleep 30")
+    try:
+        term.wait_screen("hello from 1")
+        (run,) = ls(runtime)
+        os.kill(psutil.Process(run["pid"]).ppid(), signal.SIGKILL)
+        wait_for(lambda: any(e["event"] == "detached" for e in read_events(tmp_path / "logs" / "orphan")),
+                 what="detached event")
+        # (the shell's STATUS 137 may land in the alternate screen the TUI is still leaving)
+        wait_for(lambda: term._tmux("display", "-p", "-t", "t", "#{alternate_on} #{mouse_any_flag}").split()
+                 == ["0", "0"], what="the terminal out of the TUI's modes")
+        term.wait_screen("ranktop: run orphan goes on in the background")
+        assert [r["state"] for r in ls(runtime)] == ["running"]
+    finally:
+        term.close()
+    assert run_ranktop("stop", "orphan", env=runtime).returncode == 0
+    wait_for(lambda: gone(run["pid"]), what="ranktop gone after the stop")
+
+
+def test_stop_of_a_run_whose_tui_is_on_screen_returns_once_the_run_has_ended(tmp_path, runtime):
+    """The TUI that started a run keeps its engine, showing the end, until its user quits it.
+    `ranktop stop` from another terminal used to wait for that engine to go: 18 s, then 'still
+    there after the stop', exit 1, although the run had stopped."""
+    term = tui_in_tmux(tmp_path, runtime, "onscreen", "; echo STATUS $?; sleep 30")
+    try:
+        term.wait_screen("hello from 1")
+        stopped = run_ranktop("stop", "onscreen", env=runtime)
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout == "ranktop: stopped onscreen (the TUI that started it shows the end until it is quit)\n"
+        events = read_events(tmp_path / "logs" / "onscreen")
+        assert [e["state"] for e in events if e["event"] == "run_finished"] == ["STOPPED"]
+        term.wait_screen("STOPPED")
+        again = run_ranktop("stop", "onscreen", env=runtime)  # over already, the TUI still up: said at once
+        assert (again.returncode, again.stdout) == (0, "ranktop: onscreen had already ended (stopped); the TUI "
+                                                       "that started it shows the end until it is quit\n"), again.stderr
+        term.press("q")
+        term.wait_screen("STATUS 130")
+    finally:
+        term.close()
+    assert ls(runtime) == []
+
+
 def _status_field(pid: int, name: str) -> str | None:
     with open(f"/proc/{pid}/status") as status:
         return next((line.split()[1] for line in status if line.startswith(f"{name}:")), None)
@@ -451,8 +526,40 @@ def test_detach_starts_the_run_in_the_background_and_returns(tmp_path, runtime):
     finally:
         assert run_ranktop("stop", "bg", env=runtime).returncode == 0
         wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")
+    # A run over before it could be reached (no lingering) succeeded: said so, exit 0, not an error.
+    quick = run_ranktop("--detach", "--linger", "0", "--run-id", "quick", "--log-dir", str(tmp_path / "logs"),
+                        "--no-python", "true", env=runtime)
+    assert (quick.returncode, quick.stderr) == (0, ""), quick.stderr
+    assert quick.stdout.startswith("ranktop: started quick in the background") or quick.stdout == (
+        "ranktop: quick ran in the background and has already ended (exit 0)\n")
+    wait_for(lambda: ls(runtime) == [], what="the quick run's engine gone")
     bad = run_ranktop("--detach", "--nproc-per-node", "0", "x.py", env=runtime)
     assert bad.returncode == 2 and bad.stderr.startswith("ranktop: error: ") and ls(runtime) == []
+
+
+def test_a_detached_run_samples_the_ranks_stats_for_attach(tmp_path, runtime, monkeypatch):
+    """A --detach run is watched through `ranktop attach`: it samples cpu, rss and GPUs as the
+    TUI's engine does (and has its 60 s stall clock). It used to run with headless's defaults:
+    attach showed no cpu, no memory, no GPU line, and a hung rank never showed stalled."""
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    script = tmp_path / "quiet.py"
+    script.write_text("import time\nprint('once', flush=True)\ntime.sleep(600)\n")
+    done = run_ranktop("--detach", "--nproc-per-node", "2", "--run-id", "watched", "--log-dir",
+                       str(tmp_path / "logs"), str(script), env={**runtime, "RANKTOP_FAKE_GPUS": "0"})
+    assert done.returncode == 0, done.stderr
+    (run,) = ls(runtime)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+    engine = RemoteEngine(served_runs()[0].path)
+    try:
+        snap = wait_for(lambda: (s := engine.snapshot()).gpu_status
+                        and all(r.rss and r.cpu_percent is not None for r in s.ranks) and s,
+                        what="the ranks' cpu and memory sampled")
+        assert snap.gpu_status == "no GPU"
+    finally:
+        engine.close()
+        assert run_ranktop("stop", "watched", env=runtime).returncode == 0
+        wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")
 
 
 def test_a_detached_run_lingers_after_its_end_and_attach_shows_its_final_view(tmp_path, runtime):
@@ -541,6 +648,26 @@ def ended_run(tmp_path, env) -> Path:
     assert done.returncode == 1, done.stderr
     (tmp_path / "secret.txt").write_text(SECRET + "\n")  # outside the run directory: never shown
     return tmp_path / "logs" / "ended"
+
+
+def test_attach_to_a_failed_run_lingering_after_its_end_shows_the_root_cause(tmp_path, runtime):
+    """Served by its lingering engine (not read from final.json): the states, the ROOT CAUSE
+    panel, and on leaving, the end report with the root cause in the terminal."""
+    script = tmp_path / "fail.py"
+    script.write_text(FAIL_ON_1)
+    done = run_ranktop("--detach", "--linger", "60", "--nproc-per-node", "2", "--run-id", "broke",
+                       "--log-dir", str(tmp_path / "logs"), str(script), env=runtime)
+    assert done.returncode == 0, done.stderr
+    (run,) = wait_for(lambda: [r for r in ls(runtime) if r["state"] == "failed"], what="the failed run lingering")
+    term = ranktop_in_tmux(runtime, "attach broke", "; sleep 30", width=120, height=30)
+    try:
+        term.wait_screen("ROOT CAUSE", "rank 1 exit code 3", "out of 1", "fail.py")
+        term.press("q")
+        term.wait_screen("root cause: rank 1 (local rank 1, pid")
+    finally:
+        term.close()
+    assert run_ranktop("stop", "broke", env=runtime).returncode == 0
+    wait_for(lambda: gone(run["pid"]), what="the lingering engine gone")
 
 
 def edit_final(run_dir: Path, **edits) -> None:
@@ -773,6 +900,38 @@ def test_attach_look_ahead_answers_the_first_screen_and_goes_on_with_no_gap(tmp_
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+HOSTILE = (b"\x1b]52;c;cHduZWQ=\x07\x1b]0;retitled\x07\x1b[2J\x1b[32mgreen\x1b[0m "
+           b"\x1b]8;;https://example.org\x1b\\docs\x1b]8;;\x1b\\ end")
+
+
+def test_logs_to_a_terminal_are_cleaned_and_to_a_pipe_are_raw(tmp_path, runtime, monkeypatch):
+    """What a rank prints must not drive the terminal of whoever reads its logs (a clipboard
+    write, a new title, a cleared screen): `ranktop logs` to a terminal goes through the panes'
+    filter, colours kept. It wrote the rank's bytes as they came. A pipe still gets them raw."""
+    script = tmp_path / "hostile.py"
+    script.write_text(f"import sys, time\nsys.stdout.buffer.write({HOSTILE!r} + b'\\n')\nsys.stdout.flush()\n"
+                      "time.sleep(600)\n")
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "1", "--run-id", "hostile", "--log-dir",
+                                        str(tmp_path / "logs"), str(script)),
+                            cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        piped = wait_for(lambda: b" end" in (out := subprocess.run(ranktop_cmd("logs", "hostile"), cwd=ROOT, env=runtime,
+                                                                   capture_output=True).stdout) and out,
+                         what="the rank's line through the socket")
+        assert piped == b"[0]:" + HOSTILE + b"\n"  # a pipe or a file: the bytes as the log holds them
+        monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+        shown, status = run_in_pty(ranktop_cmd("logs", "hostile"), ROOT, until=b"\xff")  # (to its end)
+        assert status == 0
+        assert b"\x1b]" not in shown and b"\x1b[2J" not in shown and b"\x07" not in shown
+        assert b"\x1b[32mgreen\x1b[0m" in shown and b"docs <https://example.org> end" in shown
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    # Ended, its engine gone: the logs come from its final view, cleaned the same way.
+    shown, status = run_in_pty(ranktop_cmd("logs", str(tmp_path / "logs" / "hostile")), ROOT, until=b"\xff")
+    assert status == 0 and b"[0]:" in shown and b"\x1b]" not in shown and b"\x1b[32mgreen" in shown
 
 
 def test_logs_follow_is_pushed_history_then_live_with_no_gap_or_overlap(tmp_path, runtime):

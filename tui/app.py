@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import termios
 from collections.abc import Iterable
 from functools import partial
 from typing import Any
@@ -21,11 +22,13 @@ from typing import Any
 from ranktop.core import collector
 from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
+from ranktop.core.limits import TUI_STALL_TIMEOUT
 from ranktop.core.sanitize import clean
 from ranktop.core.signals import NOTICE_SIGNALS
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import Detacher
+from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import LogView
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, SignalPicker
@@ -96,13 +99,24 @@ class RanktopApp(App):
             return QUIT_STATUS
         return snap.exit_status
 
+    def get_driver_class(self) -> type:
+        return hangup_aware(super().get_driver_class(), self._terminal_lost)
+
+    def _terminal_lost(self) -> None:
+        """A write to the terminal failed (from Textual's writer thread): it is gone, though no
+        SIGHUP came (the shell ignored it). Leave as on one: a local run goes on detached."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.stop_on_signal, signal.SIGHUP)
+
     # ----- stopping ---------------------------------------------------------------------------
     def stop_on_signal(self, signum: int) -> None:
         """SIGTERM/SIGINT to ranktop: the engine's rule, as headless (forwarded with the grace,
         then SIGKILL; only a second SIGINT kills at once), and leave as soon as the ranks are gone.
         SIGHUP (the terminal went away) detaches instead: the TUI leaves, the run goes on."""
         if signum == signal.SIGHUP:
-            _detach_terminal()
+            if not _terminal_alive():  # else (the waiting parent killed, a kill -HUP) Textual restores it
+                _detach_terminal()
             # A run still going is detached; one already over has nothing left to reach but
             # its final.json, so ranktop just leaves.
             self.detached = None if self.main is not None and self.main.ended else "SIGHUP"
@@ -211,6 +225,16 @@ class RanktopApp(App):
         yield from super().get_system_commands(screen)
 
 
+def _terminal_alive() -> bool:
+    """Whether our terminal still answers: one that hung up fails every call (EIO). A SIGHUP
+    may come while it lives: from the waiting parent's death (SIGKILLed), or a kill -HUP."""
+    try:
+        termios.tcgetattr(2)
+    except (termios.error, OSError):
+        return False
+    return True
+
+
 def _detach_terminal(stdin: bool = False) -> None:
     """The terminal hung up: send what Textual still writes (its shutdown sequence) to /dev/null,
     so a write to the dead terminal cannot wedge its writer thread and keep us from exiting.
@@ -231,7 +255,7 @@ def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, An
 
     sampler = StatsSampler()
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
-                       shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout or 60.0,
+                       shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout or TUI_STALL_TIMEOUT,
                        console=False, color=color, sampler=sampler,
                        faulthandler=not getattr(ns, "no_faulthandler", False),
                        duplicate_filters={1: tuple(getattr(ns, "duplicate_stdout_filters", ())),
@@ -256,7 +280,7 @@ def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher
     """The TUI is gone (its terminal hung up, or the user detached); the ranks run on until they
     end or a stop comes (`ranktop stop`, SIGTERM), and the terminal is let go."""
     run_id = server.run_id if server is not None else engine.agent.run_id  # its name in ranktop ls
-    if reason == "key":
+    if reason == "key" or _terminal_alive():  # (a hang-up where the terminal lives: the parent killed)
         # (q offers detach only where the run is served)
         print(f"ranktop: run {run_id} goes on in the background (pid {os.getpid()}); ranktop attach {run_id} "
               f"shows it again, ranktop stop {run_id} ends it", file=sys.stderr, flush=True)
@@ -297,7 +321,11 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
 
         server = serve_run(engine, engine.agent)
         app.can_detach = detacher is not None and server is not None
+        if server is not None:
+            server.shown = True
         app.run()
+        if server is not None:
+            server.shown = False
         collector.release()  # (if the app never got to its first frame)
         if app.detached:
             _run_detached(engine, server, getattr(ns, "linger", 600.0), app.detached, detacher)

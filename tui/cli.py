@@ -183,7 +183,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--env", action="append", default=[], metavar="K=V", help="extra variable for every rank (repeatable)")
     add("--debug", action="store_true", help="set CUDA/NCCL/torch.distributed debug variables")
     add(*_both("stall-timeout"), type=_number("--stall-timeout", limits.POSITIVE_SECONDS), default=None,
-        help="seconds without output before a rank is shown stalled (headless: off)")
+        help="seconds without output before a rank is shown stalled (headless: off; TUI, --detach: 60)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--headless", action="store_true", help="no TUI: prefixed output, like torchrun")
     mode.add_argument("--tui", action="store_true", help="the TUI even when stdout is not a terminal")
@@ -642,6 +642,9 @@ def _wait_served(child, run_id: str, path: str | None) -> int:
         said.drain()  # torch may say a lot (a store out of reach): the pipe must never fill
         if child.poll() is not None:
             said.drain()
+            if child.returncode == 0:  # over before it was reached (--linger 0): it succeeded, not an error
+                print(f"ranktop: {run_id} ran in the background and has already ended (exit 0)")
+                return 0
             print(said.verdict() or f"ranktop: error: the run {run_id} ended at once (exit {child.returncode}); "
                   "run it without --detach to see why", file=sys.stderr)
             return child.returncode or 1
@@ -728,8 +731,11 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         agent.say(f"ranktop: rank {snap.rank} stalled: no output for {snap.stall_seconds or 0:.0f}s "
                   f"(cpu {cpu}, gpu {gpu}, pid {snap.pid})")
 
+    stall_timeout = ns.stall_timeout
+    if ns.detached_child and stall_timeout is None:  # watched through `ranktop attach`: the TUI's default
+        stall_timeout = limits.TUI_STALL_TIMEOUT
     sampler = None
-    if ns.stall_timeout:
+    if stall_timeout or ns.detached_child:  # (attach shows each rank's cpu, memory and GPU)
         from ranktop.core.stats import StatsSampler
 
         sampler = StatsSampler()
@@ -737,7 +743,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     if interpreter:
         print(f"ranktop: ranks run {clean(interpreter)}", file=sys.stderr)
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
-                       shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout,
+                       shutdown_timeout=ns.shutdown_timeout, stall_timeout=stall_timeout,
                        sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,
                        sanitize_console=ns.sanitize_console, signals_to_handle=ns.signals_to_handle,
                        echo_events=ns.event_log_handler == "console", hangup_stops=not ns.detached_child,

@@ -9,7 +9,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ranktop.core import collector
 from ranktop.core.client import (
@@ -21,9 +21,10 @@ from ranktop.core.client import (
     final_run,
     find_run,
     served_runs,
+    wait_ended,
     wait_gone,
 )
-from ranktop.core.sanitize import clean
+from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.stdio import terminal_problem
 from ranktop.tui.usage import UsageParser, metric_pattern, usage_error
 
@@ -222,8 +223,9 @@ def stop(argv: list[str]) -> int:
         print(f"ranktop: {run.run_id}: {ack.get('message')}", file=sys.stderr)
         return 1
     grace = snap.get("shutdown_timeout") or 10.0
+    shown = bool(ack.get("stays"))  # its TUI shows the end until quit: the ranks are what must go
     try:
-        gone = wait_gone(run.path, grace + 15.0)
+        gone = (wait_ended if shown else wait_gone)(run.path, grace + 15.0)
     except KeyboardInterrupt:  # the stop was sent: only the waiting for it ends here
         print(f"\nranktop: {run.run_id} goes on stopping (SIGKILL after its {grace:g}s grace); ranktop ls shows it",
               file=sys.stderr)
@@ -231,8 +233,13 @@ def stop(argv: list[str]) -> int:
     if not gone:
         print(f"ranktop: {run.run_id} is still there {grace + 15:g}s after the stop", file=sys.stderr)
         return 1
-    if snap.get("ended"):  # a lingering engine of a run that was over: it let the engine go
+    on_screen = "the TUI that started it shows the end until it is quit"
+    if snap.get("ended") and shown:
+        print(clean(f"ranktop: {run.run_id} had already ended ({snap.get('state')}); {on_screen}"))
+    elif snap.get("ended"):  # a lingering engine of a run that was over: it let the engine go
         print(f"ranktop: {ended_words(run.run_id, str(snap.get('state')), already=True)}")
+    elif shown:
+        print(f"ranktop: stopped {run.run_id} ({on_screen})")
     else:
         print(f"ranktop: stopped {run.run_id}")
     return 0
@@ -266,6 +273,13 @@ def logs(argv: list[str]) -> int:
         return 0
 
 
+def _shown(out_is_terminal: bool) -> Callable[[bytes], bytes]:
+    """How a rank's line is written: raw to a pipe or a file (as its log holds it), through the
+    panes' filter to a terminal, so that nothing a rank prints drives the terminal of whoever reads
+    its logs (a clipboard write, a title, a clear screen); colours are kept."""
+    return clean_console if out_is_terminal else bytes
+
+
 def _prefixes(run_id: str, ranks: list[tuple[int, int]], only: int | None) -> dict[int, bytes] | int:
     """{local rank: its `[rank]:` prefix} for the (local rank, rank) pairs `--rank` keeps; the usage
     error's status for a --rank the run does not have."""
@@ -281,10 +295,10 @@ def _print_final_logs(view: FinalEngine, only: int | None) -> int:
     prefixes = _prefixes(clean(snap.run_id), [(r.local_rank, r.rank) for r in snap.ranks], only)
     if isinstance(prefixes, int):
         return prefixes
-    out = sys.stdout.buffer
+    out, shown = sys.stdout.buffer, _shown(sys.stdout.isatty())
     for local, prefix in prefixes.items():
         _cursor, lines, _open = view.output_since(local, None)
-        out.writelines(prefix + line + b"\n" for line in lines)
+        out.writelines(prefix + shown(line) + b"\n" for line in lines)
     out.flush()
     print(f"ranktop: {final_words(view)}: that was each rank's stdout.log (its last MiB); all its log files, "
           f"stderr.log too, are under {clean(snap.log_dir or '?')}", file=sys.stderr)
@@ -296,7 +310,7 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
     prefixes = _prefixes(run.run_id, [(r["local_rank"], r["rank"]) for r in ranks], only)
     if isinstance(prefixes, int):
         return prefixes
-    out = sys.stdout.buffer
+    out, shown = sys.stdout.buffer, _shown(sys.stdout.isatty())
     if follow:  # what the ranks' rings hold, then live, pushed by the engine until the run ends
         conn.subscribe(sorted(prefixes))
         for message, lines in conn.pushed():
@@ -306,7 +320,7 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
                 out.write(b"[ranktop]:" + json.dumps(message["event"]).encode() + b"\n")
                 out.flush()
             if lines:
-                out.writelines(prefixes[message["rank"]] + line + b"\n" for line in lines)
+                out.writelines(prefixes[message["rank"]] + shown(line) + b"\n" for line in lines)
                 out.flush()
         return 0  # (not reached: pushes end with "ended", or RunGone when the engine leaves)
     for local, prefix in prefixes.items():
@@ -314,7 +328,7 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
         while True:
             answer, lines, _open = conn.output(local, *cursor)
             cursor = (answer["generation"], answer["line"])
-            out.writelines(prefix + line + b"\n" for line in lines)
+            out.writelines(prefix + shown(line) + b"\n" for line in lines)
             if not answer.get("more"):
                 break
     out.flush()
