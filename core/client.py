@@ -404,6 +404,10 @@ class BadFinalFile(Exception):
     """final.json cannot be shown (not ours, truncated, another shape); one line says why."""
 
 
+class AmbiguousRun(BadFinalFile):
+    """A prefix that names several ended runs: none of them is shown; the line lists them."""
+
+
 class FinalEngine:
     """An ended run whose engine has gone, seen through its final.json and its log files:
     read-only (every command is refused with why).
@@ -667,8 +671,25 @@ def final_run(target: str | None) -> str | None:
 
     if not target:
         return None
-    for run_dir in (target, os.path.join(default_log_root(), target)):
+    root = default_log_root()
+    for run_dir in (target, os.path.join(root, target)):
         path = os.path.join(run_dir, FINAL_FILE)
         if os.path.isfile(path):
             return path
-    return None
+    if os.sep in target:
+        return None
+    return _final_by_prefix(root, target)
+
+
+def _final_by_prefix(root: str, prefix: str) -> str | None:
+    """final.json of the one ended run under `root` whose id starts with `prefix`, as for served
+    runs; AmbiguousRun naming them when several do."""
+    try:
+        names = sorted(name for name in os.listdir(root) if name.startswith(prefix))
+    except OSError:  # no log root yet
+        return None
+    ended = [name for name in names if os.path.isfile(os.path.join(root, name, FINAL_FILE))]
+    if len(ended) > 1:
+        raise AmbiguousRun(f"{prefix!r} matches several ended runs: {', '.join(ended[:10])}"
+                           f"{', ...' if len(ended) > 10 else ''}")
+    return os.path.join(root, ended[0], FINAL_FILE) if ended else None

@@ -1156,7 +1156,7 @@ def test_an_ended_run_whose_engine_has_gone_is_said_so_by_logs_stop_and_stacks(t
     run_dir = tmp_path / f"ranktop-{os.geteuid()}" / "over"
     assert (run_dir / "final.json").is_file() and ls(env) == []
     ended = "over has ended (failed); its engine has left"
-    for target in ("over", str(run_dir)):
+    for target in ("over", str(run_dir), "ov"):  # its id, its directory, a unique prefix of its id
         stopped = run_ranktop("stop", target, env=env)
         assert stopped.returncode == 0 and stopped.stdout == "ranktop: over had already ended (failed); its engine " \
                                                                "has left\n" and stopped.stderr == "", stopped.stderr
@@ -1171,6 +1171,12 @@ def test_an_ended_run_whose_engine_has_gone_is_said_so_by_logs_stop_and_stacks(t
     assert one.returncode == 0 and one.stdout == "[1]:out of 1\n"
     bad = run_ranktop("logs", "over", "--rank", "2", env=env)
     assert bad.returncode == 2 and bad.stderr == "ranktop: error: bad --rank 2: local ranks of over are 0..1\n"
+    again = run_ranktop("--headless", "--run-id", "overt", str(script), env=env)
+    assert again.returncode == 0, again.stderr
+    both = run_ranktop("logs", "ov", env=env)  # a prefix of two ended runs: both named, nothing shown
+    assert both.returncode == 2 and both.stdout == ""
+    assert both.stderr == "ranktop: error: 'ov' matches several ended runs: over, overt\n"
+    assert run_ranktop("logs", "over", env=env).stdout == "[0]:out of 0\n[1]:out of 1\n"  # the exact id still wins
 
 
 def test_attach_without_a_terminal_is_one_line(tmp_path, runtime, monkeypatch):
@@ -1242,3 +1248,26 @@ def test_attach_takes_the_tuis_metric_and_exit_on_end(tmp_path, runtime):
         term.close()
         go.touch()
     wait_for(lambda: gone(run["pid"]), what="the engine gone")
+
+
+def test_attach_whose_engine_is_killed_under_it_exits_1(tmp_path, runtime):
+    """The end is unknown when the engine went away before it (SIGKILLed): attach said so and
+    exited 0, as if the person had simply left."""
+    proc = start_headless(tmp_path, runtime, "lost")
+    term = None
+    try:
+        wait_for(lambda: ls(runtime), what="the run listed")
+        term = ranktop_in_tmux(runtime, "attach lost", "; echo STATUS $?; sleep 30", width=120, height=30)
+        term.wait_screen("hello from 1", "hello from 0")
+        proc.kill()  # the engine; its guard then ends the ranks
+        proc.wait(30)
+        term.wait_screen("END UNKNOWN")
+        term.press("q")
+        screen = term.wait_screen("STATUS 1")
+        assert "lost the run's engine before its end" in screen.replace("\n", "")
+    finally:
+        if term is not None:
+            term.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

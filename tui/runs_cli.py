@@ -161,6 +161,7 @@ def attach(argv: list[str]) -> int:
     elif engine.last.error is not None:  # its engine went away before we saw the end
         print(f"ranktop: {run.run_id}: {clean(engine.last.error)}; ranktop ls says whether it still runs",
               file=sys.stderr)
+        return app.return_code or 1  # how the run ended is unknown: not a clean exit
     print_end_report(engine.last)
     return app.return_code or 0  # 1 when the TUI itself failed: never a clean exit after a traceback
 
