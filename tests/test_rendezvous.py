@@ -557,11 +557,11 @@ def test_a_detached_node_keeps_the_rendezvous_id_as_its_run_id(tmp_path, torch_i
         "rendezvous_joined", "user_stop"], events
 
 
-@pytest.mark.parametrize("log_dirs", ["one", "two"])
-def test_two_nodes_of_one_job_on_one_host_are_both_served(tmp_path, torch_installed, log_dirs):
-    """A job tried on loopback: the second node's run used to go unserved (its socket name, the
+def test_nodes_of_one_job_on_one_host_are_each_served(tmp_path, torch_installed):
+    """A job tried on loopback: a second node's run used to go unserved (its socket name, the
     rendezvous id, was the first node's), so ranktop ls/stop could not reach it. Sharing a log
-    root, the names follow the directories (job-8, job-8.1); apart, the second is numbered."""
+    root, the names follow the directories (job-8, job-8.1); a node with a log root of its own
+    (its directory: job-8) takes the next free number."""
     runtime = tmp_path / "rt"
     runtime.mkdir(mode=0o700)
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
@@ -569,27 +569,26 @@ def test_two_nodes_of_one_job_on_one_host_are_both_served(tmp_path, torch_instal
     script.write_text("import time\nprint('up', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
     endpoint = f"127.0.0.1:{free_port()}"
     started = []
-    for node in range(2):
-        logs = tmp_path / ("logs" if log_dirs == "one" else f"logs{node}")
-        done = run_ranktop("--detach", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+    for logs in ("logs", "logs", "other"):
+        done = run_ranktop("--detach", "--nnodes", "3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                            "--rdzv-endpoint", endpoint, "--rdzv-id", "job-8", "--rdzv-conf", CONF,
-                           "--local-addr", "127.0.0.1", "--log-dir", str(logs), str(script), env=env, timeout=TIMEOUT)
+                           "--local-addr", "127.0.0.1", "--log-dir", str(tmp_path / logs), str(script), env=env,
+                           timeout=TIMEOUT)
         started.append(done.stdout)
         assert done.returncode == 0, done.stderr
+    expected = {"job-8": tmp_path / "logs" / "job-8", "job-8.1": tmp_path / "logs" / "job-8.1",
+                "job-8.2": tmp_path / "other" / "job-8"}
     try:
-        assert started[0].startswith("ranktop: started job-8 in the background")
-        assert started[1].startswith("ranktop: started job-8.1 in the background"), started[1]
-        runs = {r["run_id"]: r for r in json.loads(run_ranktop("ls", "--json", env=env).stdout)}
-        assert sorted(runs) == ["job-8", "job-8.1"]
-        expected = ({"job-8": tmp_path / "logs" / "job-8", "job-8.1": tmp_path / "logs" / "job-8.1"} if log_dirs == "one"
-                    else {"job-8": tmp_path / "logs0" / "job-8", "job-8.1": tmp_path / "logs1" / "job-8"})
-        assert {name: Path(r["log_dir"]) for name, r in runs.items()} == expected
-        for run_dir in expected.values():  # one job: both nodes in the same round
+        assert [line.split(" in the background")[0] for line in started] == [
+            f"ranktop: started {name}" for name in expected], started
+        runs = {r["run_id"]: Path(r["log_dir"]) for r in json.loads(run_ranktop("ls", "--json", env=env).stdout)}
+        assert runs == expected
+        for run_dir in expected.values():  # one job: every node in the same round
             wait_for(lambda d=run_dir: any(e["event"] == "rendezvous_joined" for e in read_events(d, while_written=True)),
                      timeout=TIMEOUT, what="the round joined")
     finally:
-        stops = [run_ranktop("stop", name, env=env, timeout=TIMEOUT) for name in ("job-8.1", "job-8")]
-    assert [s.returncode for s in stops] == [0, 0], [s.stderr for s in stops]
+        stops = [run_ranktop("stop", name, env=env, timeout=TIMEOUT) for name in ("job-8.2", "job-8.1", "job-8")]
+    assert [s.returncode for s in stops] == [0, 0, 0], [s.stderr for s in stops]
     assert run_ranktop("ls", env=env).stdout.startswith("no runs")
 
 

@@ -1,6 +1,7 @@
 """Runs torchrun (torch.distributed.run) on each command line of a JSON list and prints the exit
 status of each; its ranks record what they were given (dump_rank.py). torch is imported once, and
-each line runs in a fork of this process, so nothing one line changes leaks into the next.
+each line runs in a fork of this process, so nothing one line changes leaks into the next; two
+lines run at a time (every line has ports of its own), which halves the wait on a 2-core box.
 
     python torchrun_reference.py LINES.json   # [{"argv": [...], "env": {...}, "dump": DIR}, ...]
 """
@@ -11,8 +12,11 @@ import sys
 
 from torch.distributed.run import main as torchrun
 
+AT_ONCE = 2
 
-def run_line(case: dict) -> int:
+
+def start_line(case: dict) -> int:
+    """The line's torchrun in a fork; its pid."""
     pid = os.fork()
     if pid == 0:
         os.environ.update(case["env"])
@@ -25,8 +29,23 @@ def run_line(case: dict) -> int:
         except BaseException:  # a failed group: torchrun raises ChildFailedError
             code = 1
         os._exit(code)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return pid
+
+
+def run_lines(cases: list[dict]) -> list[int]:
+    """Every line's exit status, in order, AT_ONCE lines running at a time."""
+    statuses: list[int | None] = [None] * len(cases)
+    running: dict[int, int] = {}  # pid -> the line's index
+    waiting = list(enumerate(cases))
+    while waiting or running:
+        while waiting and len(running) < AT_ONCE:
+            index, case = waiting.pop(0)
+            running[start_line(case)] = index
+        pid, status = os.wait()
+        if pid in running:  # (a stray grandchild reparented to us is not a line)
+            statuses[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+    return statuses
 
 
 if __name__ == "__main__":  # --run-path ranks are spawned and import this module again
-    print(json.dumps([run_line(case) for case in json.load(open(sys.argv[1]))]))
+    print(json.dumps(run_lines(json.load(open(sys.argv[1])))))
