@@ -739,12 +739,18 @@ class PContext:
                 return
             self._closed = True
             self._stop_all(death_sig or signal.SIGTERM, timeout)
-        while self.step() is None:
-            if between is not None:
-                between()
-            self.wait_activity(0.05)
-        self._release()
-        _restore_signals(self._caught_signals)
+        try:
+            while self.step() is None:
+                if between is not None:
+                    between()
+                self.wait_activity(0.05)
+        except BaseException:  # a second stop signal (SignalException) cut the wait short:
+            with self._lock:   # a later close() finishes it, as torch's close() can be called again
+                self._closed = False
+            raise
+        with _signals_held():  # bounded; a signal meanwhile is raised once all is let go
+            self._release()
+            _restore_signals(self._caught_signals)
 
     def _release(self) -> None:
         """Let go of everything once the ranks are accounted for. Every wait here has its own
