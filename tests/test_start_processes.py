@@ -240,6 +240,33 @@ def test_a_stop_signal_raises_signal_exception_in_the_caller_as_torch(tmp_path, 
     wait_for(lambda: not _pid_alive(int(started[1])), timeout=5, what="the rank to be gone")
 
 
+def test_closing_one_of_two_contexts_keeps_the_signal_exception_for_the_other(tmp_path):
+    """Two contexts open: closing the first put back SIG_DFL, so a SIGTERM then killed the caller
+    outright instead of raising SignalException for the second. The handlers go back only when
+    the last context that counts on them is closed."""
+    parent = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from ranktop.core import SignalException, start_processes
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        sleeper = {{0: ("-c", "import time; time.sleep(60)")}}
+        first = start_processes("a", {PY!r}, sleeper, {{0: {{}}}}, {str(tmp_path / "a")!r})
+        second = start_processes("b", {PY!r}, sleeper, {{0: {{}}}}, {str(tmp_path / "b")!r})
+        first.close()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            second.wait(5)
+        except SignalException as e:
+            print("caught", e.sigval.name, flush=True)
+        second.close()
+        print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+    """)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    done = subprocess.run([PY, "-c", parent], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.splitlines()) == (0, ["caught SIGTERM", "restored True"]), done.stderr
+
+
 def test_a_close_cut_short_by_a_second_signal_is_finished_by_the_next_close(tmp_path):
     """A second SIGTERM while close() waits for the ranks raises SignalException out of it (as
     torch's); calling close() again must finish the job. It returned at once, leaving the rank
