@@ -1296,3 +1296,18 @@ def test_a_prefix_of_several_served_runs_is_not_taken_for_an_ended_run(tmp_path,
         for proc in procs:
             assert proc.wait(30) == 143
             proc.stderr.close()
+
+
+def test_logs_of_an_ended_run_into_a_pipe_closed_early_exits_0(tmp_path, runtime):
+    """`ranktop logs RUN | head` of an ended run whose engine has gone: a traceback
+    (BrokenPipeError) and exit 1; as for a served run, it stops quietly, exit 0."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    script = tmp_path / "many.py"
+    script.write_text("for i in range(100000):\n    print('line', i)\n")  # more than a pipe holds
+    assert run_ranktop("--headless", "--run-id", "many", str(script), env=env).returncode == 0
+    reader = subprocess.Popen(ranktop_cmd("logs", "many"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    assert reader.stdout.readline().startswith("[0]:line ")
+    reader.stdout.close()  # as head does after its lines
+    _out, err = reader.communicate(timeout=30)
+    assert reader.returncode == 0 and err == "", err

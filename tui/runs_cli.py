@@ -266,6 +266,8 @@ def logs(argv: list[str]) -> int:
     if isinstance(run, FinalEngine):
         try:
             return _print_final_logs(run, ns.rank)
+        except BrokenPipeError:  # `ranktop logs | head`, as for a served run
+            return 0
         finally:
             run.close()
     try:
