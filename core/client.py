@@ -192,7 +192,8 @@ def served_runs() -> list[ServedRun]:
 
 def find_run(target: str | None, runs: list[ServedRun]) -> ServedRun:
     """The run `target` names (a run id, a unique prefix of one, or its run directory); the newest
-    running one when None. ValueError with one line listing the candidates otherwise."""
+    running one when None. ValueError with one line listing the candidates otherwise (SeveralRuns
+    where it names more than one)."""
     if target is None:
         live = [r for r in runs if not r.snapshot.get("ended")] or runs
         if not live:
@@ -204,8 +205,13 @@ def find_run(target: str | None, runs: list[ServedRun]) -> ServedRun:
     if len(matches) == 1:
         return matches[0]
     names = ", ".join(r.run_id for r in (matches or runs)) or "none"
-    what = "matches several runs" if matches else "names no run served on this host"
-    raise ValueError(f"{target!r} {what}: runs are {names}")
+    if matches:
+        raise SeveralRuns(f"{target!r} matches several runs: runs are {names}")
+    raise ValueError(f"{target!r} names no run served on this host: runs are {names}")
+
+
+class SeveralRuns(ValueError):
+    """A prefix of several served runs: none is picked (nor an ended run it also prefixes)."""
 
 
 def wait_gone(path: str, timeout: float) -> bool:

@@ -284,7 +284,7 @@ class PContext:
         self._stopping = False
         self._result: RunProcsResult | None = None
         self._closed = False
-        self._caught_signals: dict[int, Any] = {}  # start_processes' stop-signal handlers: what they replaced
+        self._holds_signals = False  # start_processes' stop-signal handlers count this context
         # Commands may come from other threads (API users); it is never held across a wait.
         self._lock = threading.RLock()
         self._waker = waker or Waker()  # an agent passes its own, woken by its command queue too
@@ -739,12 +739,22 @@ class PContext:
                 return
             self._closed = True
             self._stop_all(death_sig or signal.SIGTERM, timeout)
-        while self.step() is None:
-            if between is not None:
-                between()
-            self.wait_activity(0.05)
-        self._release()
-        _restore_signals(self._caught_signals)
+        try:
+            while self.step() is None:
+                if between is not None:
+                    between()
+                self.wait_activity(0.05)
+        except BaseException:  # a second stop signal (SignalException) cut the wait short:
+            with self._lock:   # a later close() finishes it, as torch's close() can be called again
+                self._closed = False
+            raise
+        with _signals_held():  # bounded; a signal meanwhile is raised once all is let go
+            self._release()
+            self._let_go_of_signals()
+
+    def _let_go_of_signals(self) -> None:
+        holds, self._holds_signals = self._holds_signals, False  # (once: a close may be retried)
+        _restore_signals(holds)
 
     def _release(self) -> None:
         """Let go of everything once the ranks are accounted for. Every wait here has its own
@@ -893,14 +903,17 @@ def start_processes(
         raise ValueError("start_processes needs logs_specs (a LogsSpecs) or log_dir")
     run_dir = RunDir.adopt(log_dir)  # checked empty, then held: see core/layout.py
     cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
-    caught = _catch_stop_signals()
+    caught, ctx = _catch_stop_signals(), None
     try:
         ctx = cls(name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters,
                   cpu_affinity=cpu_affinity)
-        ctx._caught_signals = caught
+        ctx._holds_signals = caught
         return ctx.start()
     except BaseException:
-        _restore_signals(caught)
+        if ctx is None:
+            _restore_signals(caught)
+        else:  # (a start that failed has closed it, and let go already)
+            ctx._let_go_of_signals()
         run_dir.close()  # a context that failed to start has closed it already: closing twice is a no-op
         raise
 
@@ -937,29 +950,39 @@ def _signals_held():
         _raise_for(pending)
 
 
-def _catch_stop_signals() -> dict[int, Any]:
+# What the handlers replaced, and how many open contexts count on them: they are put back when
+# the last of those is closed (closing one of two must not let a SIGTERM kill the other's caller).
+_replaced: dict[int, Any] = {}
+_holders = [0]
+
+
+def _catch_stop_signals() -> bool:
     """As torch's start_processes: in the main thread, SIGTERM/SIGINT/SIGHUP/SIGQUIT raise
     SignalException in the caller (in its wait()), which can then close(e.sigval). Unlike torch,
-    a handler the caller set itself (or SIG_IGN, as under nohup) is left alone. Returns what was
-    replaced, for close() to put back."""
+    a handler the caller set itself (or SIG_IGN, as under nohup) is left alone. Returns whether
+    the new context counts on the handlers (then its close() puts back what they replaced, if it
+    is the last such)."""
     if threading.current_thread() is not threading.main_thread():
-        return {}
-    replaced = {}
+        return False
     for name in _STOP_SIGNALS:
         number = getattr(signal, name)
         current = signal.getsignal(number)
         if current in (signal.SIG_DFL, signal.default_int_handler):
-            replaced[number] = current
+            _replaced[number] = current
             signal.signal(number, _raise_signal_exception)
-    return replaced
+    _holders[0] += 1
+    return True
 
 
-def _restore_signals(replaced: dict[int, Any]) -> None:
-    if replaced and threading.current_thread() is threading.main_thread():
-        for number, handler in replaced.items():
+def _restore_signals(holds: bool) -> None:
+    if not holds:
+        return
+    _holders[0] -= 1
+    if _holders[0] == 0 and threading.current_thread() is threading.main_thread():
+        for number, handler in _replaced.items():
             if signal.getsignal(number) is _raise_signal_exception:  # not changed since by the caller
                 signal.signal(number, handler)
-        replaced.clear()
+        _replaced.clear()
 
 
 def _line_prefixes(given: Any, name: str, nprocs: int) -> dict[int, str]:

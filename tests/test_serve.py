@@ -1271,3 +1271,43 @@ def test_attach_whose_engine_is_killed_under_it_exits_1(tmp_path, runtime):
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def test_a_prefix_of_several_served_runs_is_not_taken_for_an_ended_run(tmp_path, runtime):
+    """`ranktop stop pre` with served runs pre1 and pre2 and an ended pre0 (final.json under the
+    default log root) named the ended one: 'pre0 had already ended', exit 0, and neither served
+    run was stopped. It is the usage error naming the served runs, as without pre0."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    script = tmp_path / "ok.py"
+    script.write_text("print('done')\n")
+    assert run_ranktop("--headless", "--run-id", "pre0", str(script), env=env).returncode == 0
+    procs = [start_headless(tmp_path, env, run_id) for run_id in ("pre1", "pre2")]
+    try:
+        wait_for(lambda: len([r for r in ls(env) if r["state"] == "running"]) == 2, what="both runs listed")
+        several = "'pre' matches several runs: runs are "
+        for command in ("stop", "logs", "stacks"):
+            done = run_ranktop(command, "pre", env=env)
+            assert done.returncode == 2 and done.stdout == "", (command, done.stdout)
+            assert done.stderr.startswith(f"ranktop: error: {several}"), (command, done.stderr)
+        assert sorted(r["run_id"] for r in ls(env)) == ["pre1", "pre2"]  # nothing was stopped
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            assert proc.wait(30) == 143
+            proc.stderr.close()
+
+
+def test_logs_of_an_ended_run_into_a_pipe_closed_early_exits_0(tmp_path, runtime):
+    """`ranktop logs RUN | head` of an ended run whose engine has gone: a traceback
+    (BrokenPipeError) and exit 1; as for a served run, it stops quietly, exit 0."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    script = tmp_path / "many.py"
+    script.write_text("for i in range(100000):\n    print('line', i)\n")  # more than a pipe holds
+    assert run_ranktop("--headless", "--run-id", "many", str(script), env=env).returncode == 0
+    reader = subprocess.Popen(ranktop_cmd("logs", "many"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    assert reader.stdout.readline().startswith("[0]:line ")
+    reader.stdout.close()  # as head does after its lines
+    _out, err = reader.communicate(timeout=30)
+    assert reader.returncode == 0 and err == "", err

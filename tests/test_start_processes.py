@@ -216,8 +216,8 @@ def test_a_stop_signal_raises_signal_exception_in_the_caller_as_torch(tmp_path, 
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)  # background job inherits both ignored)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         ctx = start_processes("p", {PY!r}, {{0: ("-c", "import time; time.sleep(60)")}}, {{0: {{}}}}, {str(tmp_path)!r})
-        print("started", ctx.pids()[0], flush=True)
-        try:
+        try:  # (the signal may come while "started" is still being printed)
+            print("started", ctx.pids()[0], flush=True)
             while ctx.wait(0.2) is None:
                 pass
         except SignalException as e:
@@ -238,6 +238,75 @@ def test_a_stop_signal_raises_signal_exception_in_the_caller_as_torch(tmp_path, 
     assert proc.returncode == 0
     assert out.splitlines() == [f"caught {sig.name} Process {proc.pid} got signal: {int(sig)}", "restored True True True"]
     wait_for(lambda: not _pid_alive(int(started[1])), timeout=5, what="the rank to be gone")
+
+
+def test_closing_one_of_two_contexts_keeps_the_signal_exception_for_the_other(tmp_path):
+    """Two contexts open: closing the first put back SIG_DFL, so a SIGTERM then killed the caller
+    outright instead of raising SignalException for the second. The handlers go back only when
+    the last context that counts on them is closed."""
+    parent = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from ranktop.core import SignalException, start_processes
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        sleeper = {{0: ("-c", "import time; time.sleep(60)")}}
+        first = start_processes("a", {PY!r}, sleeper, {{0: {{}}}}, {str(tmp_path / "a")!r})
+        second = start_processes("b", {PY!r}, sleeper, {{0: {{}}}}, {str(tmp_path / "b")!r})
+        first.close()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            second.wait(5)
+        except SignalException as e:
+            print("caught", e.sigval.name, flush=True)
+        second.close()
+        print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+    """)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    done = subprocess.run([PY, "-c", parent], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.splitlines()) == (0, ["caught SIGTERM", "restored True"]), done.stderr
+
+
+def test_a_close_cut_short_by_a_second_signal_is_finished_by_the_next_close(tmp_path):
+    """A second SIGTERM while close() waits for the ranks raises SignalException out of it (as
+    torch's); calling close() again must finish the job. It returned at once, leaving the rank
+    running, the run directory and the guard held, and the SignalException handler installed."""
+    ready, termed = tmp_path / "ready", tmp_path / "termed"
+    rank = (f"import signal, time; signal.signal(signal.SIGTERM, lambda *a: open({str(termed)!r}, 'w').close()); "
+            f"open({str(ready)!r}, 'w').close(); time.sleep(60)")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    parent = textwrap.dedent(f"""
+        import signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from ranktop.core import SignalException, start_processes
+        ctx = start_processes("p", {PY!r}, {{0: ("-c", {rank!r})}}, {{0: {{}}}}, {str(logs)!r})
+        try:
+            print("started", ctx.pids()[0], flush=True)
+            while ctx.wait(0.2) is None:
+                pass
+        except SignalException as e:
+            try:
+                ctx.close(e.sigval, timeout=2)
+            except SignalException as again:
+                print("cut short", again.sigval.name, flush=True)
+                ctx.close(timeout=2)
+        print("closed", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+    """)
+    proc = subprocess.Popen([PY, "-c", parent], stdout=subprocess.PIPE, text=True)
+    try:
+        started = proc.stdout.readline().split()
+        assert started[0] == "started", started
+        wait_for(ready.exists, timeout=10, what="the rank to ignore SIGTERM")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(termed.exists, timeout=10, what="the rank to get close()'s SIGTERM")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0
+        assert out.splitlines() == ["cut short SIGTERM", "closed True"]
+        assert not _pid_alive(int(started[1]))  # the second close() waited it out, then SIGKILL
+    finally:
+        stop_process(proc)
 
 
 def test_output_bytes_reach_the_log_file_unchanged(tmp_path):

@@ -18,6 +18,7 @@ from ranktop.core.client import (
     FinalEngine,
     RunGone,
     ServedRun,
+    SeveralRuns,
     final_run,
     find_run,
     served_runs,
@@ -55,6 +56,8 @@ def pick_run(target: str | None) -> ServedRun | FinalEngine | int:
     has gone: its directory holds final.json); else the one line saying why not, as a status."""
     try:
         return find_run(target, served_runs())
+    except SeveralRuns as exc:  # not an ended run that the prefix names too
+        return usage_error(str(exc))
     except ValueError as exc:
         not_served = str(exc)
     try:
@@ -263,6 +266,8 @@ def logs(argv: list[str]) -> int:
     if isinstance(run, FinalEngine):
         try:
             return _print_final_logs(run, ns.rank)
+        except BrokenPipeError:  # `ranktop logs | head`, as for a served run
+            return 0
         finally:
             run.close()
     try:

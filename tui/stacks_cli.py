@@ -41,6 +41,10 @@ class BadTarget(Exception):
     pass
 
 
+class SeveralTargets(BadTarget):
+    """A prefix of several served runs: not taken for an ended run that it prefixes too."""
+
+
 def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | None]:
     """({rank: pid}, {rank: local_rank}, run_dir or None) for a path or a pid (None: the default
     log directory); BadTarget if neither."""
@@ -73,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         served = _served(ns.target)
     except BadTarget as exc:
-        ended = _ended(ns.target)  # a run id under the default log root whose engine has gone
+        # a run id under the default log root whose engine has gone
+        ended = None if isinstance(exc, SeveralTargets) else _ended(ns.target)
         if ended is None:
             return usage_error(str(exc))
         print(f"ranktop stacks: {ended}: no ranks to dump", file=sys.stderr)
@@ -110,14 +115,15 @@ def _served(target: str | None):
     BadTarget listing the served runs for a name that is neither a run nor a path."""
     if target is not None and target.isdigit():
         return None
-    from ranktop.core.client import find_run, served_runs
+    from ranktop.core.client import SeveralRuns, find_run, served_runs
 
     try:
         return find_run(target, served_runs())
     except ValueError as exc:
         if target is None or os.path.exists(target):
             return None
-        raise BadTarget(f"{exc} (or give a run directory, a log directory or a pid)") from None
+        kind = SeveralTargets if isinstance(exc, SeveralRuns) else BadTarget
+        raise kind(f"{exc} (or give a run directory, a log directory or a pid)") from None
 
 
 def _ended(target: str | None) -> str | None:
