@@ -48,8 +48,10 @@ def launch(
         try:
             result, stopped_by = _run_until_end(ctx, received)
         finally:
-            _restore(previous)
-            ctx.close()
+            try:
+                ctx.close()  # our handlers still note signals: a Ctrl-C here cannot cut it short
+            finally:
+                _restore(previous)
     if stopped_by is not None:
         raise MainProcessError(stopped_by)
     if result.failures:
@@ -88,7 +90,12 @@ def _catch_signals(received: collections.deque[tuple[int, float]], wake: Callabl
         received.append((signum, time.monotonic()))
         wake()
 
-    return {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    return {sig: signal.signal(sig, note) for sig in LAUNCH_STOP_SIGNALS}
+
+
+# The signals that stop the ranks and end launch() with MainProcessError: the ones torch's
+# start_processes turns into SignalException, so none of them escapes launch() as that.
+LAUNCH_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 def _restore(previous: dict) -> None:

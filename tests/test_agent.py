@@ -148,7 +148,8 @@ def test_launch_returns_values_and_raises_worker_error(tmp_path):
     assert (info.value.worker_id, info.value.exitcode) == (0, 3)
 
 
-def test_launch_caller_signalled_stops_ranks_and_raises(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
+def test_launch_caller_signalled_stops_ranks_and_raises(tmp_path, sig):
     code = textwrap.dedent(f"""
         import sys
         sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]
@@ -162,9 +163,9 @@ def test_launch_caller_signalled_stops_ranks_and_raises(tmp_path):
     proc = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True)
     wait_for(lambda: len(_children(proc.pid)) >= 2, what="two ranks started")
     ranks = _children(proc.pid)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=30)
-    assert out.strip() == f"MainProcessError {int(signal.SIGTERM)}"
+    assert out.strip() == f"MainProcessError {int(sig)}"
     wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in ranks), what="ranks gone")
 
 
