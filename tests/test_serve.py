@@ -1149,14 +1149,7 @@ def test_an_ended_run_whose_engine_has_gone_is_said_so_by_logs_stop_and_stacks(t
     that RUN 'names no run served on this host'."""
     env = {**runtime, "TMPDIR": str(tmp_path)}  # the default log root, where a run id is looked for
     script = tmp_path / "fail.py"
-    # Rank 1 fails once rank 0 has printed (else rank 0 could be stopped before it did).
-    script.write_text("import os, pathlib, sys, time\nprint('out of', os.environ['RANK'], flush=True)\n"
-                      "print('err of', os.environ['RANK'], file=sys.stderr, flush=True)\n"
-                      f"printed = pathlib.Path({str(tmp_path / 'printed')!r})\n"
-                      "if os.environ['RANK'] == '0':\n    printed.touch()\n"
-                      "deadline = time.monotonic() + 30\n"
-                      "while not printed.exists() and time.monotonic() < deadline:\n    time.sleep(0.01)\n"
-                      "sys.exit(int(os.environ['RANK']) * 3)\n")
+    script.write_text(FAIL_ON_1)  # rank 1 fails once rank 0 has printed (else rank 0 could be stopped first)
     done = run_ranktop("--headless", "--nproc-per-node", "2", "--run-id", "over", str(script), env=env)
     assert done.returncode == 1, done.stderr
     run_dir = tmp_path / f"ranktop-{os.geteuid()}" / "over"
