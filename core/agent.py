@@ -227,9 +227,13 @@ class LocalAgent:
         try:
             events = EventLog(self.layout.open_events())
             events.echo = self._echo
+            # Under a rendezvous each round decides the world, this node's rank and where the ranks
+            # meet (rendezvous_joined says): null here rather than values no round gave.
+            by_round = self.rendezvous is not None
             events.write("run_started", strict=True, run_id=self.run_id, name=self.spec.display_name(),
-                         world_size=self.spec.world_size, node_rank=self.spec.node_rank,
-                         master_port=self.master_port, pid=os.getpid())
+                         world_size=None if by_round else self.spec.world_size,
+                         node_rank=None if by_round else self.spec.node_rank,
+                         master_port=None if by_round else self.master_port, pid=os.getpid())
             return events
         except OSError as exc:
             if events is not None:

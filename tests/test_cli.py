@@ -80,6 +80,7 @@ def test_prefixed_console_filter_and_log_layout(tmp_path):
         assert (rank_dir / "stderr.log").read_text() == f"err {r}\n"
     events = read_events(tmp_path / "logs" / "f")
     assert [e["event"] for e in events][0] == "run_started" and events[-1]["event"] == "run_finished"
+    assert (events[0]["world_size"], events[0]["node_rank"], events[0]["run_id"]) == (3, 0, "f")
     assert sorted(e["rank"] for e in events if e["event"] == "started") == [0, 1, 2]
     assert sorted((e["rank"], e["exitcode"]) for e in events if e["event"] == "exited") == [(0, 0), (1, 0), (2, 0)]
     assert all(isinstance(e["ts"], float) for e in events)

@@ -240,6 +240,9 @@ def test_failure_with_restarts_left_re_rendezvous_on_both_nodes(tmp_path, torch_
                       "attempt_1 (1 of 1 restarts spent)"],
                      ["ranktop: rank 1 failed (exit 3); restarting the group: attempt_1 (1 of 1 restarts spent)"]], lines
     for node in ("node0", "node1"):
+        started = events(tmp_path / node)[0]  # before any round: what a round decides is not there yet
+        assert started["event"] == "run_started" and started["run_id"] == "retry"
+        assert (started["world_size"], started["node_rank"], started["master_port"]) == (None, None, None)
         rounds = [e["round"] for e in events(tmp_path / node) if e["event"] == "rendezvous_joined"]
         assert len(rounds) == 2 and rounds[1] > rounds[0]
         assert (tmp_path / node / "retry" / "attempt_1").is_dir()
