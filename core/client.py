@@ -439,7 +439,9 @@ class FinalEngine:
         except BadFinalFile:
             os.close(self._run_fd)
             raise
-        self._stdout_logs: dict[int, list[str]] = {}  # local rank -> names from the run directory to its stdout.log
+        # local rank -> names from the run directory to its stdout.log, its stderr.log
+        self._stdout_logs: dict[int, list[str]] = {}
+        self._stderr_logs: dict[int, list[str]] = {}
         ranks = tuple(self._logs_below(rank, snap.log_dir, run_dir) for rank in snap.ranks)
         # The directory it was found in: the one it recorded may have moved, or be anyone's.
         self.last = dataclasses.replace(snap, log_dir=run_dir, ranks=ranks)
@@ -473,8 +475,7 @@ class FinalEngine:
                 found[field] = None
                 continue
             found[field] = os.path.join(run_dir, *names)
-            if field == "stdout_log":
-                self._stdout_logs[rank.local_rank] = names
+            (self._stdout_logs if field == "stdout_log" else self._stderr_logs)[rank.local_rank] = names
         return dataclasses.replace(rank, **found)
 
     def snapshot(self) -> GroupSnapshot:
@@ -488,6 +489,11 @@ class FinalEngine:
         names = self._stdout_logs.get(local_rank)
         lines = self._tail(names) if names else []
         return OutputCursor(generation, len(lines), 1), lines if tail is None else lines[max(0, len(lines) - tail):], []
+
+    def stderr_tail(self, local_rank: int) -> list[bytes]:
+        """The last lines of the rank's stderr.log (its last TAIL_BYTES), read as its stdout.log is."""
+        names = self._stderr_logs.get(local_rank)
+        return self._tail(names) if names else []
 
     def _tail(self, names: list[str]) -> list[bytes]:
         return tail_lines_below(self._run_fd, names, self.TAIL_BYTES)

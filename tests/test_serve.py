@@ -1149,7 +1149,11 @@ def test_an_ended_run_whose_engine_has_gone_is_said_so_by_logs_stop_and_stacks(t
     that RUN 'names no run served on this host'."""
     env = {**runtime, "TMPDIR": str(tmp_path)}  # the default log root, where a run id is looked for
     script = tmp_path / "fail.py"
-    script.write_text(FAIL_ON_1)  # rank 1 fails once rank 0 has printed (else rank 0 could be stopped first)
+    # FAIL_ON_1 (rank 1 fails once rank 0 has printed: else rank 0 could be stopped first), with a
+    # line on stderr from each rank, where a traceback would be.
+    said = 'print("out of", os.environ["RANK"], flush=True)\n'
+    assert said in FAIL_ON_1
+    script.write_text(FAIL_ON_1.replace(said, said + 'print("err of", os.environ["RANK"], file=sys.stderr, flush=True)\n'))
     done = run_ranktop("--headless", "--nproc-per-node", "2", "--run-id", "over", str(script), env=env)
     assert done.returncode == 1, done.stderr
     run_dir = tmp_path / f"ranktop-{os.geteuid()}" / "over"
@@ -1162,12 +1166,13 @@ def test_an_ended_run_whose_engine_has_gone_is_said_so_by_logs_stop_and_stacks(t
         for follow in ((), ("-f",)):
             logs = run_ranktop("logs", target, *follow, env=env)
             assert logs.returncode == 0 and logs.stdout == "[0]:out of 0\n[1]:out of 1\n", logs.stderr
-            assert logs.stderr == (f"ranktop: {ended}: that was each rank's stdout.log (its last MiB); all its log "
-                                   f"files, stderr.log too, are under {run_dir}\n")
+            assert logs.stderr == ("[0]:err of 0\n[1]:err of 1\n"  # stderr.log, where a traceback is, on stderr
+                                   f"ranktop: {ended}: that was the last MiB of each rank's stdout.log and "
+                                   f"stderr.log; all its log files are under {run_dir}\n")
         stacks = run_ranktop("stacks", target, env=env)
         assert stacks.returncode == 1 and stacks.stderr == f"ranktop stacks: {ended}: no ranks to dump\n"
     one = run_ranktop("logs", "over", "--rank", "1", env=env)
-    assert one.returncode == 0 and one.stdout == "[1]:out of 1\n"
+    assert one.returncode == 0 and one.stdout == "[1]:out of 1\n" and one.stderr.startswith("[1]:err of 1\nranktop: ")
     bad = run_ranktop("logs", "over", "--rank", "2", env=env)
     assert bad.returncode == 2 and bad.stderr == "ranktop: error: bad --rank 2: local ranks of over are 0..1\n"
     again = run_ranktop("--headless", "--run-id", "overt", str(script), env=env)

@@ -295,19 +295,21 @@ def _prefixes(run_id: str, ranks: list[tuple[int, int]], only: int | None) -> di
 
 
 def _print_final_logs(view: FinalEngine, only: int | None) -> int:
-    """An ended run whose engine has gone: what its final view shows of each rank (the last MiB
-    of its stdout.log), prefixed as the engine's output is, then one line saying where the rest is."""
+    """An ended run whose engine has gone, from its log files: each rank's stdout.log on stdout and
+    its stderr.log (where a traceback is) on stderr, the last MiB of each, prefixed as the engine's
+    output is, as a headless run showed them; then one line saying where all of it is."""
     snap = view.snapshot()
     prefixes = _prefixes(clean(snap.run_id), [(r.local_rank, r.rank) for r in snap.ranks], only)
     if isinstance(prefixes, int):
         return prefixes
-    out, shown = sys.stdout.buffer, _shown(sys.stdout.isatty())
-    for local, prefix in prefixes.items():
-        _cursor, lines, _open = view.output_since(local, None)
-        out.writelines(prefix + shown(line) + b"\n" for line in lines)
-    out.flush()
-    print(f"ranktop: {final_words(view)}: that was each rank's stdout.log (its last MiB); all its log files, "
-          f"stderr.log too, are under {clean(snap.log_dir or '?')}", file=sys.stderr)
+    sys.stdout.flush()
+    for stream, lines_of in ((sys.stdout, lambda r: view.output_since(r, None)[1]), (sys.stderr, view.stderr_tail)):
+        out, shown = stream.buffer, _shown(stream.isatty())
+        for local, prefix in prefixes.items():
+            out.writelines(prefix + shown(line) + b"\n" for line in lines_of(local))
+        out.flush()
+    print(f"ranktop: {final_words(view)}: that was the last MiB of each rank's stdout.log and stderr.log; "
+          f"all its log files are under {clean(snap.log_dir or '?')}", file=sys.stderr)
     return 0
 
 
