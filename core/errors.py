@@ -182,12 +182,8 @@ def _replace_file(path: str | os.PathLike, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
                                dir=os.path.dirname(path) or ".")
     try:
-        try:
-            view = memoryview(text.encode())
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -191,8 +191,9 @@ class EngineServer:
     def __init__(self, engine: Engine, path: str, run_id: str):
         self.engine, self.path, self.run_id = engine, path, run_id
         self.clients = 0  # connected now, for `ranktop ls`
+        in_use = SocketInUse(f"{path} is in use: another run has this run id")
         if remove_if_dead(path):
-            raise SocketInUse(f"{path} is in use: another run has this run id")
+            raise in_use
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket is ours alone (its directory is already 0700)
         try:
@@ -200,7 +201,7 @@ class EngineServer:
         except OSError as exc:
             self._listener.close()
             if exc.errno == errno.EADDRINUSE:  # another engine bound it since we looked
-                raise SocketInUse(f"{path} is in use: another run has this run id") from None
+                raise in_use from None
             raise
         finally:
             os.umask(old_umask)
@@ -639,7 +640,7 @@ def serve(engine: Engine, names: Iterable[str]) -> tuple[EngineServer | None, st
     from another terminal. `names` is one id, or more for a multi-node job's shared rendezvous
     id, where several of its nodes may run on this host."""
     problem: Exception | None = None
-    for name in (names,) if isinstance(names, str) else names:
+    for name in names:
         try:
             return EngineServer(engine, socket_path(name), name), None
         except SocketInUse as exc:

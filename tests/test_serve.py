@@ -50,10 +50,12 @@ def gone(pid: int) -> bool:
     return False
 
 
-def start_headless(tmp_path, env, run_id: str) -> subprocess.Popen:
-    script = tmp_path / "ticker.py"
-    script.write_text(TICKER)
-    return subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--shutdown-timeout", "3",
+def start_headless(tmp_path, env, run_id: str, script_text: str = TICKER, nproc: int = 2,
+                   name: str = "ticker.py") -> subprocess.Popen:
+    """A headless run of `script_text` (by default the 2-rank ticker), served for ls/attach/logs."""
+    script = tmp_path / name
+    script.write_text(script_text)
+    return subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", str(nproc), "--shutdown-timeout", "3",
                                         "--run-id", run_id, "--log-dir", str(tmp_path / "logs"), str(script)),
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -910,12 +912,8 @@ def test_logs_to_a_terminal_are_cleaned_and_to_a_pipe_are_raw(tmp_path, runtime,
     """What a rank prints must not drive the terminal of whoever reads its logs (a clipboard
     write, a new title, a cleared screen): `ranktop logs` to a terminal goes through the panes'
     filter, colours kept. It wrote the rank's bytes as they came. A pipe still gets them raw."""
-    script = tmp_path / "hostile.py"
-    script.write_text(f"import sys, time\nsys.stdout.buffer.write({HOSTILE!r} + b'\\n')\nsys.stdout.flush()\n"
-                      "time.sleep(600)\n")
-    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "1", "--run-id", "hostile", "--log-dir",
-                                        str(tmp_path / "logs"), str(script)),
-                            cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_headless(tmp_path, runtime, "hostile", nproc=1, name="hostile.py", script_text=(
+        f"import sys, time\nsys.stdout.buffer.write({HOSTILE!r} + b'\\n')\nsys.stdout.flush()\ntime.sleep(600)\n"))
     try:
         piped = wait_for(lambda: b" end" in (out := subprocess.run(ranktop_cmd("logs", "hostile"), cwd=ROOT, env=runtime,
                                                                    capture_output=True).stdout) and out,
@@ -929,9 +927,13 @@ def test_logs_to_a_terminal_are_cleaned_and_to_a_pipe_are_raw(tmp_path, runtime,
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
-    # Ended, its engine gone: the logs come from its final view, cleaned the same way.
+    # Ended, its engine gone: the logs come from its files, cleaned the same way (stderr.log too,
+    # where this writes the same line).
+    with open(tmp_path / "logs" / "hostile" / "attempt_0" / "0" / "stderr.log", "ab") as err:
+        err.write(b"from stderr " + HOSTILE + b"\n")
     shown, status = run_in_pty(ranktop_cmd("logs", str(tmp_path / "logs" / "hostile")), ROOT, until=b"\xff")
     assert status == 0 and b"[0]:" in shown and b"\x1b]" not in shown and b"\x1b[32mgreen" in shown
+    assert b"[0]:from stderr " in shown and b"\x1b[2J" not in shown and b"\x07" not in shown
 
 
 def test_logs_follow_is_pushed_history_then_live_with_no_gap_or_overlap(tmp_path, runtime):

@@ -319,7 +319,7 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
         engine.start()
         from ranktop.tui.cli import serve_run
 
-        server = serve_run(engine, engine.agent)
+        server = serve_run(engine)
         app.can_detach = detacher is not None and server is not None
         if server is not None:
             server.shown = True

@@ -698,11 +698,11 @@ class _PipeTail:
         return "\n".join(ours or lines[-5:])
 
 
-def serve_run(engine, agent):
+def serve_run(engine):
     """Serve the run on its socket (ranktop ls/stop/logs); None, after one line, if it cannot be."""
     from ranktop.core.server import serve
 
-    server, problem = serve(engine, agent.served_names())
+    server, problem = serve(engine, engine.agent.served_names())
     if problem is not None:
         print(f"ranktop: {problem}", file=sys.stderr, flush=True)
     return server
@@ -752,7 +752,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     if sampler is not None:
         sampler.attach(agent)
     engine = LocalEngine(agent)
-    server = serve_run(engine, agent)
+    server = serve_run(engine)
     if ns.detached_child:  # served: the command that started us stops reading our stderr now
         _stderr_to_devnull()
     collector.release()
