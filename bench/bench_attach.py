@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import psutil
-from compiled import compile_ranktop, installed_python
+from compiled import add_installed_option, compile_ranktop, ranktop_python
 
 ROOT = Path(__file__).resolve().parent.parent
 SOCKET = "ranktop-bench-attach"  # our own tmux server: other sessions are left alone
@@ -80,13 +80,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="attaches timed (default 5)")
     ap.add_argument("--history", type=float, default=12.0,
                     help="seconds the run prints before the first attach (default 12: every rank's 10k-line ring is full)")
-    ap.add_argument("--installed", action="store_true",
-                    help="run ranktop from a built copy in a venv (what pip install leaves), not the editable checkout")
+    add_installed_option(ap)
     ns = ap.parse_args()
     compile_ranktop()
     work = Path(tempfile.mkdtemp(prefix="ranktop-bench-attach-"))
-    # -P: the checkout's ranktop/ in the working directory must not shadow the installed copy
-    python = [installed_python(str(work / "installed")), "-P"] if ns.installed else [sys.executable]
+    python = ranktop_python(str(work / "installed"), ns.installed)
     runtime = work / "runtime"
     runtime.mkdir(mode=0o700)
     script = work / "writer.py"

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compiled import compile_ranktop, installed_python
+from compiled import add_installed_option, compile_ranktop, ranktop_python
 from ranktop.core.process import wait_exit as exited
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,8 +139,7 @@ class Result:
 
 # ----- the three ways to launch ----------------------------------------------------------------
 
-# --installed: a venv's Python with a built copy of ranktop (compiled.installed_python), and -P, so
-# that the checkout's ranktop/ in our working directory does not shadow it.
+# With --installed, compiled.ranktop_python: an installed copy's Python, and -P.
 RANKTOP_PYTHON = [sys.executable]
 
 
@@ -618,9 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lines", type=int, default=200_000, help="lines per rank in 'lines' (default 200000)")
     p.add_argument("--writes", type=int, default=400_000, help="lines per rank in 'writes' (default 400000)")
     p.add_argument("--no-torchrun", action="store_true", help="skip torchrun even when torch is installed")
-    p.add_argument("--installed", action="store_true",
-                   help="run ranktop from a built copy in a venv of its own, as `pip install` leaves it, "
-                        "rather than from this (editable) checkout")
+    add_installed_option(p)
     ns = p.parse_args(argv)
     compile_ranktop()
 
@@ -634,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         global RANKTOP_PYTHON
         if ns.installed:
-            RANKTOP_PYTHON = [installed_python(os.path.join(base, "installed")), "-P"]
+            RANKTOP_PYTHON = ranktop_python(os.path.join(base, "installed"), ns.installed)
             print(f"ranktop: an installed copy, run by {RANKTOP_PYTHON[0]}")
         for name in scenarios:
             print(f"running {name} ...", flush=True)

@@ -23,16 +23,11 @@ import tempfile
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 from compiled import compile_ranktop
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from ranktop.core import stacks  # noqa: E402
-from ranktop.core.agent import LocalAgent  # noqa: E402
-from ranktop.core.spec import WorkerSpec  # noqa: E402
+from ranktop.core import stacks
+from ranktop.core.agent import LocalAgent
+from ranktop.core.spec import WorkerSpec
 
 TARGET_S = 0.3
 

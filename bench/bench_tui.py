@@ -32,7 +32,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-from compiled import compile_ranktop  # noqa: E402
+from compiled import add_installed_option, compile_ranktop, ranktop_python  # noqa: E402
 from gen_lines import expected  # noqa: E402
 
 SOCKET = "ranktop-bench"  # our own tmux server: other tmux sessions are left alone
@@ -65,10 +65,12 @@ def tmux(*args: str) -> str:
     return subprocess.run(["tmux", "-L", SOCKET, *args], check=True, capture_output=True, text=True).stdout
 
 
+# How ranktop is started: `ranktop` from PATH, else this interpreter's; --installed sets it.
+RANKTOP_HEAD = [exe] if (exe := shutil.which("ranktop")) else [sys.executable, "-m", "ranktop"]
+
+
 def ranktop_argv(case: Case, log_dir: str) -> list[str]:
-    exe = shutil.which("ranktop")
-    head = [exe] if exe else [sys.executable, "-m", "ranktop"]
-    return [*head, "--tui", "--nproc-per-node", str(case.ranks), "--log-dir", log_dir, "--run-id", "bench",
+    return [*RANKTOP_HEAD, "--tui", "--nproc-per-node", str(case.ranks), "--log-dir", log_dir, "--run-id", "bench",
             "--shutdown-timeout", "2", str(BENCH / "gen_lines.py"), *gen_args(case)]
 
 
@@ -194,11 +196,16 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=1,
                    help="runs per case and app, taken in turns (default 1); the table gives each, then the median CPU")
     p.add_argument("--keep", action="store_true", help="keep the log directories")
+    add_installed_option(p)
     ns = p.parse_args()
     compile_ranktop()
     if not shutil.which("tmux"):
         print("bench_tui: needs tmux", file=sys.stderr)
         return 2
+    root = Path(tempfile.mkdtemp(prefix="ranktop-bench-"))
+    if ns.installed:
+        global RANKTOP_HEAD
+        RANKTOP_HEAD = [*ranktop_python(str(root / "installed"), ns.installed), "-m", "ranktop"]
     cases = {
         "steady": Case("steady 8 x 1000 lines/s", 8, int(1000 * ns.seconds), 1000, ns.seconds + 60),
         "burst": Case("burst 8 x 200k lines", 8, 200_000, 0, 300),
@@ -208,7 +215,6 @@ def main() -> int:
     # rate the CPU target is set for.
     plan = [(cases[c], a) for c in ns.cases.split(",") for a in ns.apps.split(",")
             if a == "ranktop" or (a == "logview" and c != "memory") or (a == "log" and c == "steady")]
-    root = Path(tempfile.mkdtemp(prefix="ranktop-bench-"))
     results = []
     try:
         for k, (case, app) in enumerate(plan * ns.repeats):  # in turns: the box's speed drifts

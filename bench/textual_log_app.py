@@ -23,9 +23,6 @@ from textual.app import App, ComposeResult
 from textual.containers import Grid
 from textual.widgets import Log
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
 GEN = str(Path(__file__).with_name("gen_lines.py"))
 POLL_SECONDS = 0.2  # ranktop's panes repaint at a few Hz; the harness does the same
 

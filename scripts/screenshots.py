@@ -21,16 +21,14 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("RANKTOP_FAKE_GPUS", "4")
+from ranktop.core.agent import LocalAgent
+from ranktop.core.engine import LocalEngine
+from ranktop.core.spec import WorkerSpec
+from ranktop.core.stats import StatsSampler
+from ranktop.tui.app import RanktopApp
+from ranktop.tui.metric import compile_metric
 
-from ranktop.core.agent import LocalAgent  # noqa: E402
-from ranktop.core.engine import LocalEngine  # noqa: E402
-from ranktop.core.spec import WorkerSpec  # noqa: E402
-from ranktop.core.stats import StatsSampler  # noqa: E402
-from ranktop.tui.app import RanktopApp  # noqa: E402
-from ranktop.tui.metric import compile_metric  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 DEMO = str(ROOT / "examples" / "demo_train.py")
 SIZE = (160, 48)
@@ -119,9 +117,11 @@ SCENES: list[tuple[str, int, tuple[str, ...], Scene, dict]] = [
 
 
 def shoot(name: str, nproc: int, args: tuple[str, ...], scene: Scene, out: Path, log_root: str,
-          metric=None, size: tuple[int, int] = SIZE) -> Path:
+          metric=None, size: tuple[int, int] = SIZE, script: str = DEMO) -> Path:
+    """Run `script` (the demo) under the real app in a terminal of `size`, play `scene`, save the
+    SVG. The GPU columns are NVML's, or the fake's where RANKTOP_FAKE_GPUS is set."""
     spec = WorkerSpec(role="default", local_world_size=nproc, entrypoint=sys.executable,
-                      args=("-u", DEMO, *args), name="demo_train.py", max_restarts=0)
+                      args=("-u", script, *args), name=os.path.basename(script), max_restarts=0)
     sampler = StatsSampler(interval=0.5)
     agent = LocalAgent(spec, log_dir=log_root, console=False, color=True, shutdown_timeout=3.0,
                        stall_timeout=60.0, sampler=sampler)
@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "screenshots"))
     parser.add_argument("--only", default=None, help="one scene name")
     ns = parser.parse_args(argv)
+    os.environ.setdefault("RANKTOP_FAKE_GPUS", "4")
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ranktop-shots-") as logs:
