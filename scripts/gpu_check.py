@@ -8,8 +8,9 @@ Each check prints one line, PASS or FAIL, and the exit status is 0 when all pass
   match  two ranks doing CUDA work on the first GPU (rank r holds r+1 GiB and multiplies matrices)
          are matched to it through NVML's compute processes (rank 1 too, whose LOCAL_RANK alone
          would name a second device), with utilisation and at least its own allocation as its memory
-  tui    the same ranks under `ranktop --tui` in tmux show gpu0 in each pane's title at 160x48 and
-         at 80x24, and the TUI leaves at the end (--exit-on-end); the captures go to --out
+  tui    the same ranks under `ranktop --tui` in tmux show gpu0 in each pane's title, with the
+         rank's GiB, at 160x48, and `g0` at 80x24, and the TUI leaves at the end (--exit-on-end);
+         the captures go to --out
   svg    the app's own SVG screenshot of such a run, to --out (README's real-GPU picture)
 and after each, no process of its run is left.
 """
@@ -62,6 +63,7 @@ print("done", flush=True)
 """
 RANKS = 2
 GPU0 = re.compile(r"(?<!\S)g(?:pu)?0 ")  # a pane title's GPU: `gpu0 87% ...`, `g0 87%` where narrow
+GPU0_HELD = re.compile(r"(?<!\S)gpu0 \d+% [\d.]+G/")  # wide titles: the rank's GiB of memory too
 TMUX = ["tmux", "-L", "ranktop-gpu-check"]
 
 
@@ -178,7 +180,8 @@ def check_tui(checks: Checks, work: Path, load: Path, seconds: float, out: Path)
         for size, (cols, rows) in (("160x48", (160, 48)), ("80x24", (80, 24))):
             if size != "160x48":
                 tmux("resize-window", "-t", "gpu", "-x", str(cols), "-y", str(rows))
-            screen = wait_for(lambda: len(GPU0.findall(s := tmux("capture-pane", "-p", "-t", "gpu"))) >= RANKS and s,
+            screen = wait_for(lambda shown=GPU0_HELD if cols >= 160 else GPU0:
+                              len(shown.findall(s := tmux("capture-pane", "-p", "-t", "gpu"))) >= RANKS and s,
                               timeout=seconds + 30, step=0.5)
             last = screen or tmux("capture-pane", "-p", "-t", "gpu")
             (out / f"gpu-tui-{size}.txt").write_text(last)

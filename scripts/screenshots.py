@@ -6,7 +6,8 @@ Runs examples/demo_train.py under the real app (real ranks, fake NVML via RANKTO
 the GPU columns show) and writes <name>.svg and <name>.png for: 4 ranks training, a failed rank
 with its root cause, a zoomed pane with a search, 16 ranks, 8 ranks with a --metric column and a
 straggler, a zoomed rank with sparklines, a restarted rank's separator, an 80x24 terminal, a rank's
-details view, and lines selected with V. PNGs need the Fira Code font
+details view, and lines selected with V. `--png-of SVG` renders one SVG made elsewhere (the
+real-GPU picture comes from scripts/gpu_check.py on a GPU machine). PNGs need the Fira Code font
 (Debian: apt-get install fonts-firacode) for cairosvg to render the SVG's font-family.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -157,10 +159,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "screenshots"))
     parser.add_argument("--only", default=None, help="one scene name")
+    parser.add_argument("--png-of", metavar="SVG", help="only copy this SVG (one made elsewhere, such as "
+                        "scripts/gpu_check.py's real-gpu.svg) into --out and render its PNG")
     ns = parser.parse_args(argv)
     os.environ.setdefault("RANKTOP_FAKE_GPUS", "4")
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
+    if ns.png_of:
+        svg = out / Path(ns.png_of).name
+        if svg.resolve() != Path(ns.png_of).resolve():
+            shutil.copyfile(ns.png_of, svg)
+        print(f"wrote {to_png(svg)}")
+        return 0
     with tempfile.TemporaryDirectory(prefix="ranktop-shots-") as logs:
         for name, nproc, args, scene, options in SCENES:
             if ns.only and ns.only != name:
