@@ -21,7 +21,6 @@ import os
 import shlex
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -91,6 +90,12 @@ def main() -> None:
     script.write_text(RANK_SCRIPT.format(rate=RATE))
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
     py = shlex.join(python)
+
+    def stop_local() -> None:
+        # Closing its terminal only detaches a local run (it goes on in the background): stop it.
+        tmux("kill-session", "-t", "local")
+        subprocess.run([*python, "-m", "ranktop", "stop", "local"], cwd=ROOT, env=env, capture_output=True)
+
     envs = f"XDG_RUNTIME_DIR={shlex.quote(str(runtime))}"
     job = f"--nproc-per-node {RANKS} --log-dir {shlex.quote(str(work / 'logs'))}"
     engine = subprocess.Popen([*python, "-m", "ranktop", "--headless", *job.split(), "--run-id", "bench",
@@ -104,8 +109,7 @@ def main() -> None:
         time.sleep(ns.history)  # attach to a run that has printed a while, as one does
         local = time_to_every_rank("local", f"cd {ROOT} && {envs} {py} -m ranktop --tui {job} --run-id local "
                                             f"{shlex.quote(str(script))}")
-        tmux("kill-session", "-t", "local")  # a hang-up: the local run detaches; stop it
-        subprocess.run([sys.executable, "-m", "ranktop", "stop", "local"], cwd=ROOT, env=env, capture_output=True)
+        stop_local()
         attaches = []
         for k in range(ns.repeats):
             attaches.append(time_to_every_rank(f"a{k}", f"cd {ROOT} && {envs} {py} -m ranktop attach bench"))
@@ -129,6 +133,7 @@ def main() -> None:
         print(f"engine CPU, {RANKS} ranks x {RATE} lines/s, % of one core over {ns.window:g} s: "
               + "   ".join(figures) + "   (target: at most +3% per client)")
     finally:
+        stop_local()  # also when the local TUI never showed every rank
         tmux("kill-server")
         engine.terminate()
         engine.wait(30)

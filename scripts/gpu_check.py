@@ -65,6 +65,7 @@ RANKS = 2
 GPU0 = re.compile(r"(?<!\S)g(?:pu)?0 ")  # a pane title's GPU: `gpu0 87% ...`, `g0 87%` where narrow
 GPU0_HELD = re.compile(r"(?<!\S)gpu0 \d+% [\d.]+G/")  # wide titles: the rank's GiB of memory too
 TMUX = ["tmux", "-L", "ranktop-gpu-check"]
+TUI_RUN = "gpu-check"  # the TUI check's run id, to stop it by name
 
 
 class Checks:
@@ -173,8 +174,8 @@ def check_tui(checks: Checks, work: Path, load: Path, seconds: float, out: Path)
     if not shutil.which("tmux"):
         checks.report("tui", False, "tmux is not installed")
         return
-    argv = [*ranktop_cli(), "--tui", "--exit-on-end", "--nproc-per-node", str(RANKS), "--log-dir",
-            str(work / "logs-tui"), str(load), str(seconds)]
+    argv = [*ranktop_cli(), "--tui", "--exit-on-end", "--nproc-per-node", str(RANKS), "--run-id", TUI_RUN,
+            "--log-dir", str(work / "logs-tui"), str(load), str(seconds)]
     tmux("new-session", "-d", "-s", "gpu", "-x", "160", "-y", "48", "-c", str(work), "exec " + shlex.join(argv))
     try:
         for size, (cols, rows) in (("160x48", (160, 48)), ("80x24", (80, 24))):
@@ -190,7 +191,8 @@ def check_tui(checks: Checks, work: Path, load: Path, seconds: float, out: Path)
         ended = wait_for(lambda: "gpu" not in tmux("list-sessions", "-F", "#{session_name}"), timeout=seconds + 60)
         checks.report("tui leaves at the end", bool(ended), "--exit-on-end left" if ended else "still on screen")
     finally:
-        tmux("kill-server")
+        tmux("kill-server")  # a TUI still up only detaches (its run goes on): stop the run too
+        subprocess.run([*ranktop_cli(), "stop", TUI_RUN], cwd=work, capture_output=True, timeout=60)
     no_orphans(checks, "tui", str(load))
 
 
