@@ -52,6 +52,9 @@ async def _shoot(ws_url: str, ready_js: str, settle: float, deadline: float,
                     return data.get("result", {})
             raise ConnectionError("chromium closed the DevTools connection")
 
+        # A headless page never has the window's focus, and Textual shows its footer's keys only
+        # while the app has focus: let the page have it, as a tab someone looks at does.
+        await call("Emulation.setFocusEmulationEnabled", enabled=True)
         ready = False
         while time.monotonic() < deadline:
             answer = await call("Runtime.evaluate", expression=ready_js, returnByValue=True)
@@ -59,6 +62,8 @@ async def _shoot(ws_url: str, ready_js: str, settle: float, deadline: float,
                 ready = True
                 break
             await asyncio.sleep(0.2)
+        if ready:  # the terminal's own input takes the focus, as a click on it would give it
+            await call("Runtime.evaluate", expression="document.querySelector('.xterm-helper-textarea')?.focus()")
         await asyncio.sleep(settle if ready else 0)  # the app's first frames, drawn after its first byte
         if ready and while_open is not None:
             while_open()

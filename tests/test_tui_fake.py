@@ -391,6 +391,27 @@ def test_the_footer_shows_only_keys_that_fit_whole_and_every_key_still_works():
     drive(engine, body, size=(80, 24))
 
 
+def test_a_read_only_views_footer_leaves_out_the_keys_that_act_on_ranks():
+    engine = FakeEngine(2)
+    engine.read_only = True  # as RemoteEngine for `ranktop web` without --control
+
+    async def body(app, pilot):
+        await until(pilot, lambda: shown_footer_keys(app), what="the footer's keys")
+        await pilot.pause(0.2)
+        shown = [key.description for key in shown_footer_keys(app)]
+        assert shown[:2] == ["Quit", "Help"] and "Stacks" in shown
+        assert not {"Signal…", "Kill rank", "Stop group", "Restart rank", "Restart group"} & set(shown)
+        await pilot.press("k", "k")  # still bound: the engine is asked, and says no (RemoteEngine's READ_ONLY)
+        await until(pilot, lambda: engine.commands == [cmd.KillRank(0)], what="k k reached the engine")
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and shown_footer_keys(app), what="stacks")
+        await pilot.pause(0.2)
+        shown = [key.description for key in shown_footer_keys(app)]
+        assert "Dump again" in shown and "SIGUSR1 fallback" not in shown
+
+    drive(engine, body)
+
+
 def test_the_root_cause_heading_is_one_line_at_80_columns():
     engine = FakeEngine(4)
     cause = RootCause(rank=2, local_rank=2, pid=4967, exitcode=1, signal_name=None,

@@ -30,7 +30,7 @@ from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import Detacher
 from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import MainScreen
-from ranktop.tui.panes import LogView
+from ranktop.tui.panes import LogView, read_only
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, SignalPicker
 from textual import on
 from textual.app import App, SystemCommand
@@ -76,7 +76,7 @@ class RanktopApp(App):
 
     def on_mount(self) -> None:
         self.call_after_refresh(collector.release)  # the first frame ends start-up
-        if getattr(self.engine, "read_only", False):  # ranktop web without --control
+        if read_only(self):  # ranktop web without --control
             self.main.note = "read-only view"
 
     @on(MainScreen.GroupEnded)

@@ -26,7 +26,17 @@ from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState
 from ranktop.tui.attempts import FileFeed, attempt_dirs
 from ranktop.tui.metric import Tracker
-from ranktop.tui.panes import FILTERS, SORTS, CalmFooter, GroupHeader, RankFeed, RankList, RankPane, rank_title
+from ranktop.tui.panes import (
+    FILTERS,
+    SORTS,
+    CalmFooter,
+    GroupHeader,
+    RankFeed,
+    RankList,
+    RankPane,
+    rank_title,
+    read_only,
+)
 from ranktop.tui.screens import RootCausePanel, SignalPicker
 from ranktop.tui.search_all import RankSearch
 from textual import on
@@ -64,6 +74,11 @@ def plan_grid(n: int, width: int, height: int) -> tuple[int, int] | None:
         if score > best_score:
             best, best_score = (cols, rows), score
     return best
+
+
+# The keys whose commands act on ranks: a read-only view's footer leaves them out (they answer
+# "read-only view: nothing was done").
+ACTS_ON_RANKS = ("signal", "kill_rank", "kill_group", "restart_rank", "restart_group", "type_input")
 
 
 class MainScreen(Screen):
@@ -162,7 +177,7 @@ class MainScreen(Screen):
         yield Input(placeholder="search this rank's output (enter: find, esc: cancel)", id="search")
         yield Input(placeholder="go to rank: type its number, enter (esc: cancel)", id="goto", type="integer")
         yield Input(id="stdin")
-        yield CalmFooter()
+        yield CalmFooter(hidden=ACTS_ON_RANKS if read_only(self.app) else ())
 
     def on_mount(self) -> None:
         if self.tracker.pattern is not None:  # room for the metric column

@@ -7,6 +7,7 @@ widget here polls the engine or touches a process.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from ranktop.core.engine import FIRST_LOOK_LINES, Engine, OutputCursor
 from ranktop.core.sanitize import clean
@@ -286,6 +287,16 @@ def _keys_that_fit(labels: list[tuple[str, str]], room: int, pad: int) -> int:
     return len(labels)
 
 
+def action_name(action: str) -> str:
+    """'app.quit' and 'stacks(False)' as 'quit' and 'stacks'."""
+    return action.split("(")[0].split(".")[-1]
+
+
+def read_only(app: object) -> bool:
+    """Whether the app shows a run it may not act on (`ranktop web` without --control)."""
+    return bool(getattr(getattr(app, "engine", None), "read_only", False))
+
+
 class CalmFooter(Footer):
     """Textual's Footer, rebuilt once per burst of binding changes rather than once per change,
     and only when the keys it shows did change. Opening the main screen moves the focus five
@@ -295,8 +306,11 @@ class CalmFooter(Footer):
 
     SETTLE_SECONDS = 0.05
 
-    def __init__(self) -> None:
+    def __init__(self, *, hidden: Iterable[str] = ()) -> None:
+        """`hidden`: actions (names without their arguments) the footer leaves out, such as the
+        ones that act on ranks in a read-only view: their keys still answer, saying so."""
         super().__init__()
+        self._hidden = frozenset(hidden)
         self._settling = False
         self._shown: tuple | None = None  # the keys of the last rebuild
         self._labels: list[tuple[str, str]] = []  # every key the last rebuild had, shown or not
@@ -304,11 +318,12 @@ class CalmFooter(Footer):
 
     def compose(self) -> ComposeResult:
         made = list(super().compose())
-        keys = [w for w in made if isinstance(w, FooterKey) and not w.has_class("-command-palette")]
+        hidden = {w for w in made if isinstance(w, FooterKey) and action_name(w.action) in self._hidden}
+        keys = [w for w in made if isinstance(w, FooterKey) and not w.has_class("-command-palette") and w not in hidden]
         self._labels = [(key.key_display, key.description) for key in keys]
         self._fit = footer_fit(self._labels, self.app.size.width)
         self.compact, shown = self._fit
-        left_out = set(keys[shown:])
+        left_out = set(keys[shown:]) | hidden
         yield from (w for w in made if w not in left_out)
 
     def on_resize(self) -> None:
