@@ -944,10 +944,13 @@ def _signals_held():
         yield
     finally:
         _held.depth -= 1
-    pending = getattr(_held, "pending", None)
-    if pending is not None and not _held.depth:
-        _held.pending = None
-        _raise_for(pending)
+        pending = getattr(_held, "pending", None)
+        if pending is not None and not _held.depth:
+            _held.pending = None
+            # Also when the pass raised: the stop signal is what torch's handler would have raised
+            # mid-pass, and the caller's error stays as its __context__. Kept for a later pass, it
+            # came out of a wait() or close() long after the signal.
+            _raise_for(pending)
 
 
 # What the handlers replaced, and how many open contexts count on them: they are put back when

@@ -309,6 +309,41 @@ def test_a_close_cut_short_by_a_second_signal_is_finished_by_the_next_close(tmp_
         stop_process(proc)
 
 
+def test_a_stop_signal_during_a_pass_that_raised_is_raised_then_not_later(tmp_path):
+    """A SIGTERM held during a monitor pass that then raised came out of a later wait() or close(),
+    long after it was sent. It is raised there and then, with the pass's error as its __context__,
+    and nothing is left pending: close() finishes without raising it again."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    parent = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from ranktop.core import SignalException, start_processes
+        ctx = start_processes("p", {PY!r}, {{0: ("-c", "import time; time.sleep(60)")}}, {{0: {{}}}}, {str(logs)!r})
+        look = ctx._strays.look
+        def look_then_fail():  # in the pass, with stop signals held: SIGTERM comes, then an error
+            ctx._strays.look = look
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise OSError("the pass failed")
+        ctx._strays.look = look_then_fail
+        try:
+            ctx.wait(1)
+        except SignalException as e:
+            print("caught", e.sigval.name, "after", repr(e.__context__), flush=True)
+            ctx.close(e.sigval)
+        except OSError as e:
+            print("the pass's own error", e, flush=True)
+            ctx.close()
+        print("closed", ctx.pids()[0], flush=True)
+    """)
+    done = subprocess.run([PY, "-c", parent], capture_output=True, text=True, timeout=60)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stderr
+    assert lines[0] == "caught SIGTERM after OSError('the pass failed')", lines
+    assert lines[1].startswith("closed "), lines  # close() raised nothing left over
+    wait_for(lambda: not _pid_alive(int(lines[1].split()[1])), timeout=10, what="the rank to be gone")
+
+
 def test_output_bytes_reach_the_log_file_unchanged(tmp_path):
     sys.path.insert(0, RANKS)
     try:
