@@ -9,6 +9,7 @@ stops them with the shutdown grace and exits 130, as an interrupted headless run
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import re
@@ -106,8 +107,9 @@ class RanktopApp(App):
         """A write to the terminal failed (from Textual's writer thread): it is gone, though no
         SIGHUP came (the shell ignored it). Leave as on one: a local run goes on detached."""
         loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self.stop_on_signal, signal.SIGHUP)
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the app is leaving anyway
+                loop.call_soon_threadsafe(self.stop_on_signal, signal.SIGHUP)
 
     # ----- stopping ---------------------------------------------------------------------------
     def stop_on_signal(self, signum: int) -> None:
