@@ -39,12 +39,18 @@ def keys_for(app: App, node: DOMNode, action: str) -> str:
     return " / ".join(keys)
 
 
+def action_name(action: str) -> str:
+    """A binding's action without its namespace and arguments: 'app.quit' and 'stacks(False)' as
+    'quit' and 'stacks'."""
+    return action.split("(")[0].split(".")[-1]
+
+
 def described(app: App, node: DOMNode, *, hidden: tuple[str, ...] = ()) -> list[tuple[str, str, Binding]]:
     """(keys, description, binding) for each described binding of `node` whose action is not
     in `hidden` (an action name, without arguments)."""
     rows = []
     for binding in declared_bindings(node):
-        if binding.description and binding.action.split("(")[0].split(".")[-1] not in hidden:
+        if binding.description and action_name(binding.action) not in hidden:
             rows.append((keys_for(app, node, binding.action), binding.description, binding))
     return rows
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from ranktop.core.engine import FIRST_LOOK_LINES, Engine, OutputCursor
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
+from ranktop.tui.commands import action_name
 from ranktop.tui.logview import LogView
 from rich.cells import cell_len
 from rich.style import Style
@@ -285,11 +286,6 @@ def _keys_that_fit(labels: list[tuple[str, str]], room: int, pad: int) -> int:
         if used > room:
             return shown
     return len(labels)
-
-
-def action_name(action: str) -> str:
-    """'app.quit' and 'stacks(False)' as 'quit' and 'stacks'."""
-    return action.split("(")[0].split(".")[-1]
 
 
 def read_only(app: object) -> bool:
