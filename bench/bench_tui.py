@@ -172,6 +172,17 @@ def quit_app(proc: psutil.Process) -> None:
             pass
 
 
+def gpu_stats() -> str:
+    """What the TUI samples GPUs with, here: its memory counts NVML's own (~18 MB once initialised)."""
+    from ranktop.core.gpu import GpuMonitor
+
+    monitor = GpuMonitor.from_env()
+    status, count = monitor.start(), monitor.count
+    monitor.close()
+    kind = "the fake (RANKTOP_FAKE_GPUS)" if os.environ.get("RANKTOP_FAKE_GPUS", "").strip() else "NVML"
+    return status or f"{kind}, {count} device(s)"
+
+
 def mb(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
@@ -229,7 +240,7 @@ def main() -> int:
             print(f"logs kept in {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    print(f"\nTUI benchmark, {os.cpu_count()} cores, terminal {COLS}x{ROWS} in tmux "
+    print(f"\nTUI benchmark, {os.cpu_count()} cores, terminal {COLS}x{ROWS} in tmux, GPU stats: {gpu_stats()} "
           f"(targets: CPU <= {TARGET_CPU:.0f}% of one core at 8 x 1000 lines/s, every byte kept, "
           f"<= {TARGET_MB:.0f} MB with 64 x 10k lines)\n")
     print(table(results))
