@@ -17,7 +17,7 @@ from ranktop.core.engine import FIRST_LOOK_LINES
 from ranktop.core.state import GroupState, RankState, RootCause
 from ranktop.tui.app import RanktopApp
 from ranktop.tui.details import RankDetails
-from ranktop.tui.screens import ConfirmQuit, RootCausePanel, SignalPicker
+from ranktop.tui.screens import ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
 from ranktop.tui.stacks_view import StacksScreen
 from textual.widgets import Button
 from textual.widgets._footer import FooterKey
@@ -391,16 +391,28 @@ def test_the_footer_shows_only_keys_that_fit_whole_and_every_key_still_works():
     drive(engine, body, size=(80, 24))
 
 
-def test_a_read_only_views_footer_leaves_out_the_keys_that_act_on_ranks():
+def test_a_read_only_view_leaves_out_the_keys_that_act_on_ranks():
+    """Its footer, help and palette list only keys that do something there; the others still
+    answer (the engine says that nothing was done)."""
     engine = FakeEngine(2)
     engine.read_only = True  # as RemoteEngine for `ranktop web` without --control
+    acting = {"Signal…", "Kill rank", "Stop group", "Restart rank", "Restart group", "Type into the rank's stdin"}
 
     async def body(app, pilot):
         await until(pilot, lambda: shown_footer_keys(app), what="the footer's keys")
         await pilot.pause(0.2)
         shown = [key.description for key in shown_footer_keys(app)]
         assert shown[:2] == ["Quit", "Help"] and "Stacks" in shown
-        assert not {"Signal…", "Kill rank", "Stop group", "Restart rank", "Restart group"} & set(shown)
+        assert not acting & set(shown)
+        titles = {c.title for c in app.get_system_commands(app.main)}
+        assert "Zoom" in titles and not {t.split(" (")[0] for t in titles} & acting, titles
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        help_text = "\n".join(screen_rows(app))
+        assert "Zoom" in help_text and "Other threads" in help_text
+        for text in ("Kill rank", "Restart group", "Signal picker", "SIGUSR1 fallback", "ask first", "stdin"):
+            assert text not in help_text, text
+        await pilot.press("escape")
         await pilot.press("k", "k")  # still bound: the engine is asked, and says no (RemoteEngine's READ_ONLY)
         await until(pilot, lambda: engine.commands == [cmd.KillRank(0)], what="k k reached the engine")
         await pilot.press("d")

@@ -30,7 +30,7 @@ from ranktop.core.state import GroupSnapshot
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import Detacher
 from ranktop.tui.driver import hangup_aware
-from ranktop.tui.main_screen import MainScreen
+from ranktop.tui.main_screen import ACTS_ON_RANKS, MainScreen
 from ranktop.tui.panes import LogView, read_only
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, SignalPicker
 from textual import on
@@ -183,9 +183,10 @@ class RanktopApp(App):
     # ----- help and palette -------------------------------------------------------------------
     def _sections(self, palette: bool = False) -> list[tuple[str, Any, tuple[str, ...]]]:
         main = self.main
+        acting = ACTS_ON_RANKS if read_only(self) else ()  # keys that would do nothing here
         sections: list[tuple[str, Any, tuple[str, ...]]] = []
         if main is not None:
-            hidden = ("copy_text", "quit", "help") + (("digit",) if palette else ())
+            hidden = ("copy_text", "quit", "help", *acting) + (("digit",) if palette else ())
             sections.append(("Ranks", main, hidden))
             log = main.pane(main.current).log if main.is_mounted else None
             if log is not None:
@@ -193,15 +194,14 @@ class RanktopApp(App):
                 sections.append(("Pane output", log, ("scroll_up", "scroll_down", "scroll_left", "scroll_right")))
         sections.append(("App", self, ()))
         if not palette:  # the other screens' keys too (the palette runs actions: only the ones here)
-            sections += self._other_screens()
+            sections += self._other_screens(read_only=bool(acting))
         return sections
 
-    def _other_screens(self) -> list[tuple[str, Any, tuple[str, ...]]]:
+    def _other_screens(self, read_only: bool) -> list[tuple[str, Any, tuple[str, ...]]]:
         generic = ("focus_next", "focus_previous", "copy_text")  # every screen's, said once above
-        sections: list[tuple[str, Any, tuple[str, ...]]] = [
-            ("Signal picker (x)", SignalPicker(0, 0, 1), (*generic, "pick")),
-            ("Quit question", ConfirmQuit(0, 0.0), generic),
-        ]
+        sections: list[tuple[str, Any, tuple[str, ...]]] = [("Quit question", ConfirmQuit(0, 0.0), generic)]
+        if not read_only:  # (a read-only view does not offer x)
+            sections.insert(0, ("Signal picker (x)", SignalPicker(0, 0, 1), (*generic, "pick")))
         try:
             from ranktop.tui.stacks_view import StacksScreen
         except ImportError:
@@ -210,7 +210,8 @@ class RanktopApp(App):
         from ranktop.tui.metric import Tracker
 
         details = ("Rank details (m)", RankDetails(self.engine, Tracker(self.engine, None), 0), generic)
-        return [("Stack view (d / D)", StacksScreen(self.engine), generic), details, *sections]
+        stacks = (*generic, "signal") if read_only else generic  # the SIGUSR1 fallback acts on ranks
+        return [("Stack view (d / D)", StacksScreen(self.engine), stacks), details, *sections]
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

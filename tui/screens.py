@@ -10,7 +10,7 @@ from ranktop.core.errors import describe_exit
 from ranktop.core.report import failed_at, root_cause_lines
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, RootCause
-from ranktop.tui.panes import human_duration
+from ranktop.tui.panes import human_duration, read_only
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -51,8 +51,9 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         extra = [("mouse", "click a pane or a rank to focus it"), ("wheel", "scroll the pane under the mouse"),
-                 ("ctrl+p", "command palette: every action by name"),
-                 ("k K r R", "ask first: press the key again within 3 s")]
+                 ("ctrl+p", "command palette: every action by name")]
+        if not read_only(self.app):
+            extra.append(("k K r R", "ask first: press the key again within 3 s"))
         with VerticalScroll(id="help-box"):
             yield Static(Text("ranktop keys  (esc to close)", style="bold"), classes="dialog-title")
             groups = [*self.groups, ("Mouse", extra)]
