@@ -40,6 +40,7 @@ from ranktop.core.strays import LOOK_SECONDS, adopting
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _STORE_CALL_THREAD = "ranktop-rdzv-join"
+SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
 ACK_TIMEOUT = 5.0  # the loop answers within milliseconds; this only bounds a wedged engine
 KILL_NOW_REAP_TIMEOUT = 1.0  # after a second Ctrl-C, how long a rank may outlive SIGKILL
 
@@ -215,6 +216,7 @@ class LocalAgent:
         self._watch: RoundWatch | None = None
         self._round_end = None  # a RoundEnd once the watch saw one for the running group
         self._rdzv_error: str | None = None
+        self._waiting: str | None = None  # while a rendezvous round forms: what for (Rendezvous.waiting_words)
         # Starts of the group since the last restart was spent: nodes joining restart the group
         # without spending one, and that start logs to attempt_<k>.<n>.
         self._same_attempt_starts = 0
@@ -493,7 +495,11 @@ class LocalAgent:
         self.state = GroupState.RENDEZVOUS
         self._round_end = None
         self.events.write("rendezvous_joining", rendezvous=self.rendezvous.describe(), attempt=self.attempt)
-        outcome = self._wait_unless_stopped(self.rendezvous.next_round)
+        waiting = self._waiting = self.rendezvous.waiting_words()
+        try:  # headless says so once the wait is not a short one (a TUI shows it at once)
+            outcome = self._wait_unless_stopped(self.rendezvous.next_round, slow=lambda: self._notice(waiting))
+        finally:
+            self._waiting = None
         if outcome is None:
             return False
         if isinstance(outcome, RendezvousFailed):
@@ -512,11 +518,13 @@ class LocalAgent:
                      f"(master {p.master_addr}:{p.master_port})")
         return True
 
-    def _wait_unless_stopped(self, call: Callable[[], Any]) -> Any:
+    def _wait_unless_stopped(self, call: Callable[[], Any], slow: Callable[[], None] | None = None) -> Any:
         """`call()`'s value, or the RendezvousFailed it raised; None if a stop came first. It runs
-        in a thread: a store call blocks for as long as its timeout, and a stop must not wait."""
+        in a thread: a store call blocks for as long as its timeout, and a stop must not wait.
+        `slow` is called once if the call takes over SLOW_WAIT seconds."""
         box: list[Any] = []
         done = threading.Event()
+        slow_at = time.monotonic() + SLOW_WAIT
 
         def run() -> None:
             try:
@@ -530,6 +538,9 @@ class LocalAgent:
         while not done.wait(0.1):
             if self._stop_asked():
                 return None
+            if slow is not None and time.monotonic() >= slow_at:
+                slow()
+                slow = None
         return box[0] if box else RendezvousFailed(f"the {self.rendezvous.describe()} failed")
 
     def _stop_asked(self) -> bool:
@@ -943,7 +954,7 @@ class LocalAgent:
             root_cause=self.root_cause, incomplete_logs=self.incomplete_logs(), taken_at=now,
             shutdown_timeout=self.shutdown_timeout, output_lines_kept=self.ring_lines,
             stop_signal=self._stop_signal, round=self.spec.placement.round if self.spec.placement else None,
-            generation=pc.generation if pc else 0, rendezvous_error=self._rdzv_error,
+            generation=pc.generation if pc else 0, rendezvous_error=self._rdzv_error, waiting=self._waiting,
             earlier_attempts=tuple(self._earlier_attempts), interpreter=self._interpreter,
         )
 

@@ -251,6 +251,22 @@ class Rendezvous:
     def describe(self) -> str:
         return f"{self.handler.get_backend()} rendezvous '{self.run_id}'"
 
+    def waiting_words(self) -> str:
+        """What this node waits for while a round forms, in words: the nodes the round needs and
+        when it gives up, where the handler says (torch's dynamic handlers, c10d and etcd, through
+        their settings; the static one its world size and timeout; a plugin perhaps neither)."""
+        settings = getattr(self.handler, "settings", None)
+        low, high = getattr(settings, "min_nodes", None), getattr(settings, "max_nodes", None)
+        if low is None:
+            low = high = getattr(self.handler, "world_size", None)
+        join = getattr(getattr(settings, "timeout", None), "join", None) or getattr(self.handler, "timeout", None)
+        parts = []
+        if isinstance(low, int) and isinstance(high, int):
+            parts.append(f"{low} node{'s' * (low != 1)}" if low == high else f"{low} to {high} nodes")
+        if hasattr(join, "total_seconds"):
+            parts.append(f"gives up after {join.total_seconds():.0f} s")
+        return f"waiting for nodes to join the {self.describe()}" + (f" ({'; '.join(parts)})" if parts else "")
+
     def next_round(self) -> Placement:
         """Join the next round (blocks until it completes) and place this node's ranks in it.
         RendezvousFailed when the rendezvous is closed, times out or cannot be reached."""

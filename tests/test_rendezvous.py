@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -452,11 +453,16 @@ def test_too_few_nodes_time_out_with_a_clear_message(tmp_path, torch_installed):
 
 
 def test_a_stop_signal_while_waiting_for_nodes_ends_at_once(tmp_path, torch_installed):
+    """A node left waiting says what for, once the wait is not a short one (it used to print
+    nothing until the round completed or timed out: 600 s of silence with c10d's defaults)."""
     job = Job(tmp_path, "waiting")
     node = job.start("print")
     wait_for(lambda: list(tmp_path.glob("node0/*/events.jsonl")) and any(
         e["event"] == "rendezvous_joining" for e in events(tmp_path / "node0")), timeout=30,
         what="the node waiting in the rendezvous")
+    said = wait_for(lambda: select.select([node.stderr], [], [], 0.1)[0] and node.stderr.readline(), timeout=30,
+                    what="a line on stderr")
+    assert said == "ranktop: waiting for nodes to join the c10d rendezvous 'waiting' (2 nodes; gives up after 40 s)\n"
     node.send_signal(signal.SIGTERM)
     ((status, out, err),) = job.finish()
     assert status == 128 + signal.SIGTERM and "PLACED" not in out
@@ -471,6 +477,7 @@ def test_tui_shows_the_wait_for_nodes_and_why_the_run_ended(tmp_path, torch_inst
     from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
     from ranktop.tui.app import RanktopApp
     from ranktop.tui.panes import LiveText
+    from textual.widgets import Static
 
     handler = create_handler("c10d", f"127.0.0.1:{free_port()}", "tui", 2, 2, local_addr="127.0.0.1",
                              conf=parse_rdzv_conf("join_timeout=4,last_call_timeout=1,close_timeout=1"))
@@ -478,7 +485,7 @@ def test_tui_shows_the_wait_for_nodes_and_why_the_run_ended(tmp_path, torch_inst
                       rdzv_handler=handler)
     engine = LocalEngine(LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2))
     app = RanktopApp(engine)
-    headers, notes = [], []
+    headers, notes, waiting = [], [], []
     app.notify = lambda message, **kw: notes.append(message)
 
     async def main():
@@ -487,10 +494,18 @@ def test_tui_shows_the_wait_for_nodes_and_why_the_run_ended(tmp_path, torch_inst
             while not app.ended or not notes:
                 if app.main is not None and app.main.is_mounted:
                     headers.append(app.main.query_one("#header", LiveText).render().plain)
+                    box = app.main.query_one("#waiting", Static)
+                    waiting.append(str(box.render()) if box.display else None)
                 await pilot.pause(0.1)
+            await pilot.pause(0.3)
+            waiting.append(str(box.render()) if box.display else None)
 
     asyncio.run(asyncio.wait_for(main(), 40))
     assert any(" rendezvous " in h and "node 0/1" in h for h in headers), headers
+    # What the node waits for, above the empty panes, until the round gave up
+    assert ("waiting for nodes to join the c10d rendezvous 'tui' (2 nodes; gives up after 4 s)\n"
+            "this node's 2 ranks start once the round is complete") in waiting, waiting
+    assert waiting[-1] is None
     assert notes == ["the c10d rendezvous 'tui' timed out: not enough nodes joined"]
     assert app.exit_status == 1
 

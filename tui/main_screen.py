@@ -47,7 +47,7 @@ from textual.events import DescendantFocus, Resize
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Input
+from textual.widgets import Input, Static
 
 TICK_SECONDS = 0.25  # snapshot + repaint rate: 4 Hz is live to the eye and cheap under floods
 # A pane without focus takes its new lines every second tick (2 Hz): drawing eight scrolling panes
@@ -160,6 +160,7 @@ class MainScreen(Screen):
         self._reads = 0  # of the engine, by ticks and by actions
         self._header_state: GroupState | None = None  # the state the header shows
         self._unfilled: set[int] = set()  # panes shown since the last read: filled on the next one, whatever its turn
+        self._waiting: str | None = None  # what the #waiting line shows
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -167,6 +168,7 @@ class MainScreen(Screen):
         # every widget below it, which cost the first frame a tenth of a second.
         self._set_layout_classes(self._plan(self.app.size.width, self.app.size.height))
         yield GroupHeader(id="header").data_bind(MainScreen.note, MainScreen.ended)
+        yield Static(id="waiting", markup=False)  # while a rendezvous round forms
         with Horizontal(id="body"):
             with VerticalScroll(id="rank-list-box"):
                 yield RankList(id="rank-list")
@@ -686,6 +688,7 @@ class MainScreen(Screen):
         if every_pane:
             self.query_one(GroupHeader).show_group(snap, now)
             self._header_state = snap.state
+        self._show_waiting(snap)
         if not snap.ranks:  # none started yet (a rendezvous round forming), or none ever will
             if snap.ended and not self.ended:
                 self._on_end(snap)
@@ -721,6 +724,18 @@ class MainScreen(Screen):
                                                 metrics=metrics, outliers=outliers)
         if snap.ended and not self.ended:
             self._on_end(snap)
+
+    def _show_waiting(self, snap: GroupSnapshot) -> None:
+        """What a forming rendezvous round waits for, above the panes (empty until it completes)."""
+        waiting = None if snap.ended or not snap.waiting else clean(snap.waiting)
+        if waiting != self._waiting:
+            self._waiting = waiting
+            box = self.query_one("#waiting", Static)
+            if waiting:
+                n = snap.local_world_size
+                ranks = f"{n} ranks start" if n != 1 else "1 rank starts"
+                box.update(f"{waiting}\nthis node's {ranks} once the round is complete")
+            box.display = bool(waiting)
 
     def _hits_of(self, local_rank: int) -> int | None:
         return None if self.everywhere is None else self.everywhere.counts.get(local_rank, 0)
