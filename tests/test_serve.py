@@ -1024,7 +1024,7 @@ def test_an_engines_text_reaches_an_attached_view_cleaned(served_fake):
 
     fake, path = served_fake
     fake.group = dataclasses.replace(
-        fake.group, name="t.py" + ESCAPES, gpu_status="gpu" + ESCAPES,
+        fake.group, name="t.py" + ESCAPES, gpu_status="gpu" + ESCAPES, waiting="waiting for nodes" + ESCAPES,
         incomplete_logs=(LogLoss(0, "/p", "err" + ESCAPES, 5),),
         ranks=tuple(dataclasses.replace(r, signal_name="SIGSEGV" + ESCAPES, log_error="disk" + ESCAPES)
                     for r in fake.group.ranks))
@@ -1035,6 +1035,7 @@ def test_an_engines_text_reaches_an_attached_view_cleaned(served_fake):
         engine.close()
     assert not [t for t in _strings(snap) if any(c in t for c in "\x1b\x07\x9c\x9d")]
     assert (snap.name, snap.gpu_status, snap.incomplete_logs[0].error) == ("t.py", "gpu", "err")
+    assert snap.waiting == "waiting for nodes"
     assert [(r.signal_name, r.log_error) for r in snap.ranks] == [("SIGSEGV", "disk")] * 2
 
 
