@@ -4,6 +4,7 @@ follow state in the titles. Real ranks wherever the effect is on ranks."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -21,8 +22,9 @@ from ranktop.core.spec import WorkerSpec
 from ranktop.core.state import RankSnapshot, RankState
 from ranktop.tui import main_screen
 from ranktop.tui.app import QUIT_STATUS, RanktopApp
-from ranktop.tui.panes import STATE_STYLE, RankList, rank_title, state_label, state_style
+from ranktop.tui.panes import STATE_STYLE, RankList, fit_path, header_text, rank_title, state_label, state_style
 from ranktop.tui.screens import ConfirmQuit
+from rich.cells import cell_len
 from test_tui_app import TICKER, notes, rank, ticker_agent
 from test_tui_fake import drive as drive_fake
 from test_tui_tmux import Terminal
@@ -243,6 +245,23 @@ def test_state_words_and_looks_without_colour():
     assert "ago" not in rank_title(dead, now=500.0).plain
     alive = _snap(RankState.RUNNING, last_output_at=100.0)
     assert "6m40s ago" in rank_title(alive, now=500.0).plain
+
+
+def test_a_long_log_path_gives_up_its_start_to_fit_not_the_file_it_names():
+    deep = "/mnt/shared/" + "a-long-directory-name/" * 6 + "run42"
+    log = f"{deep}/attempt_0/1/stdout.log"
+    snap = _snap(RankState.RUNNING, stdout_log=log)
+    title = rank_title(snap, now=0.0, log_path=log, width=100).plain
+    assert "  log …/a-long" in title and title.endswith("/run42/attempt_0/1/stdout.log")
+    assert 100 - len("a-long-directory-name/") < cell_len(title) <= 100  # as much of it as fits
+    assert rank_title(snap, now=0.0, log_path=log).plain.endswith(f"  log {log}")  # width unknown: whole
+    group = FakeEngine(1).snapshot()
+    header = header_text(dataclasses.replace(group, log_dir=deep), now=0.0, width=120).plain
+    assert "  logs …/a-long" in header and header.endswith("/run42")
+    assert 120 - len("a-long-directory-name/") < cell_len(header) <= 120
+    # Room for not even the last name: that name still, which the line's own ellipsis then cuts.
+    assert fit_path("/x/" + "n" * 40, 10) == "…/" + "n" * 40
+    assert fit_path("/short/path", 11) == "/short/path"
 
 
 def test_attempt_named_as_its_directory(tmp_path):

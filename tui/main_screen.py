@@ -712,7 +712,8 @@ class MainScreen(Screen):
                                       position=position, hits=self._hits_of(r),
                                       metric=self.tracker.title_part(r), outlier=r in outliers,
                                       sparks=self.tracker.sparks(r) if self.zoomed else None,
-                                      log_path=rank.stdout_log if self.zoomed else None))
+                                      log_path=rank.stdout_log if self.zoomed else None,
+                                      width=pane.title_width))
             pane.log.poll()
             self._unfilled.discard(r)
         self._reads += 1

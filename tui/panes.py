@@ -130,10 +130,11 @@ def gpu_text(snap: RankSnapshot) -> str | None:
 def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
                narrow: bool = False, position: str | None = None, hits: int | None = None,
                metric: str | None = None, outlier: bool = False, sparks: str | None = None,
-               log_path: str | None = None) -> Text:
+               log_path: str | None = None, width: int | None = None) -> Text:
     """One line: rank/local, pid, state, restarts, cpu, rss, GPU, last output age, and where the
     pane is (`position`: 'following' / 'paused at line N'). `narrow` (a pane under ~70 columns)
-    drops the labels so the GPU and the age still fit."""
+    drops the labels so the GPU and the age still fit; `width`, where known, shortens the log's
+    path (zoomed) from its start to fit."""
     title = Text(no_wrap=True, overflow="ellipsis")
     title.append(f" {snap.rank:>{world_digits}}", style="bold")
     title.append(f"/{snap.local_rank} ", style="dim")
@@ -166,14 +167,14 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
     if sparks:
         title.append(f"  {sparks}", style="cyan")
     if log_path:  # zoomed: where the whole output is (o opens it)
-        title.append(f"  log {clean(_short_path(log_path))}", style="dim")
+        _append_path(title, "  log ", log_path, width)
     return title
 
 
-def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) -> Text:
+def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, width: int | None = None) -> Text:
     """The job line, most important first (a narrow terminal cuts the end): name, state, a note
     ("stopping…"), lost logs, the attempt and how earlier ones ended, world, node, elapsed, alive
-    ranks, GPU status, the log dir."""
+    ranks, GPU status, the log dir (shortened from its start to fit `width`, where known)."""
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" ranktop ", style="bold reverse")
     text.append(f" {clean(group.name)} ", style="bold")
@@ -203,13 +204,37 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None) ->
     if group.gpu_status:
         text.append(f"  {group.gpu_status}", style="dim")
     if group.log_dir:
-        text.append(f"  logs {clean(_short_path(group.log_dir))}", style="dim")
+        _append_path(text, "  logs ", group.log_dir, width)
     return text
 
 
 def _short_path(path: str) -> str:
     home = os.path.expanduser("~")
     return "~" + path[len(home):] if home != "/" and path.startswith(home + os.sep) else path
+
+
+def _append_path(line: Text, label: str, path: str, width: int | None) -> None:
+    """`label` and `path` at the end of `line`, dimmed. A path longer than the room left gives up
+    its start ("…/attempt_0/1/stdout.log"), not its end as the line's own ellipsis would: the end
+    says which run and file it is."""
+    shown = clean(_short_path(path))
+    if width:  # (0: not laid out yet)
+        shown = fit_path(shown, width - line.cell_len - cell_len(label))
+    line.append(label + shown, style="dim")
+
+
+def fit_path(path: str, room: int) -> str:
+    """`path` in at most `room` cells, whole components dropped from its start for "…"; at least
+    its last component, however long (the line's ellipsis cuts that)."""
+    if cell_len(path) <= room:
+        return path
+    parts = path.split("/")
+    kept = parts[-1]
+    for part in reversed(parts[1:-1]):
+        if cell_len(f"…/{part}/{kept}") > room:
+            break
+        kept = f"{part}/{kept}"
+    return f"…/{kept}"
 
 
 class RankFeed:
@@ -358,7 +383,7 @@ class GroupHeader(LiveText):
 
     def _redraw(self) -> None:
         if self._group is not None:
-            self.show(header_text(*self._group, note=None if self.ended else self.note))
+            self.show(header_text(*self._group, note=None if self.ended else self.note, width=self.size.width))
 
     watch_note = watch_ended = _redraw
 
@@ -389,6 +414,10 @@ class RankPane(Vertical):
     def title(self) -> str:
         """The title as plain text."""
         return self.query_one(".title", LiveText).plain
+
+    @property
+    def title_width(self) -> int:
+        return self.query_one(".title", LiveText).size.width
 
     def set_title(self, text: Text) -> None:
         self.query_one(".title", LiveText).show(text)
