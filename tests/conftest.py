@@ -6,7 +6,8 @@ Test files import this module as `conftest` (pytest puts tests/ first on sys.pat
 
 Every process a test starts inherits RANKTOP_TEST_ID from this session's environment (ranktop
 passes the caller's environment on to ranks, and ranks to their children). After each test no
-process carrying it may be left, apart from pytest itself.
+process carrying it may be left, apart from pytest itself. Under pytest-xdist (`make test` runs two
+workers) each worker draws its own, so a worker's check never counts, or kills, the other's ranks.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from ranktop.core.spec import WorkerSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+if os.environ.get("PYTEST_XDIST_WORKER"):  # a session of its own: one worker's check must not see the other's
+    os.environ["RANKTOP_TEST_ID"] = uuid.uuid4().hex
 TEST_ID = os.environ.setdefault("RANKTOP_TEST_ID", uuid.uuid4().hex)
 MARK = f"RANKTOP_TEST_ID={TEST_ID}\0".encode()
 
