@@ -410,7 +410,8 @@ def test_a_read_only_view_leaves_out_the_keys_that_act_on_ranks():
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
         help_text = "\n".join(screen_rows(app))
         assert "Zoom" in help_text and "Other threads" in help_text
-        for text in ("Kill rank", "Restart group", "Signal picker", "SIGUSR1 fallback", "ask first", "stdin"):
+        for text in ("Kill rank", "Restart group", "Signal picker", "SIGUSR1 fallback", "ask first", "stdin",
+                     "Stop and quit", "Quit question"):
             assert text not in help_text, text
         await pilot.press("escape")
         await pilot.press("k", "k")  # still bound: the engine is asked, and says no (RemoteEngine's READ_ONLY)
@@ -420,6 +421,10 @@ def test_a_read_only_view_leaves_out_the_keys_that_act_on_ranks():
         await pilot.pause(0.2)
         shown = [key.description for key in shown_footer_keys(app)]
         assert "Dump again" in shown and "SIGUSR1 fallback" not in shown
+        await pilot.press("escape", "q")  # it can stop nothing: q leaves at once, without asking or a stop
+        await until(pilot, lambda: app.return_code == 0, what="q to leave the view")
+        assert not isinstance(app.screen, ConfirmQuit)
+        assert not [c for c in engine.commands if isinstance(c, (cmd.Stop, cmd.KillGroup))]
 
     drive(engine, body)
 

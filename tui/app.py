@@ -139,6 +139,9 @@ class RanktopApp(App):
         if snap.ended:
             self.exit(self.exit_status)
             return
+        if read_only(self):  # it can stop nothing, so there is nothing to ask: leaving is all q does
+            self.exit(0)
+            return
         if self.user_quit:  # a second q while stopping: do not wait for the grace
             self.engine.submit(cmd.KillGroup())
             return
@@ -192,16 +195,17 @@ class RanktopApp(App):
             if log is not None:
                 # The screen's arrow keys take precedence over the log's: do not list what never fires.
                 sections.append(("Pane output", log, ("scroll_up", "scroll_down", "scroll_left", "scroll_right")))
-        sections.append(("App", self, ()))
+        sections.append(("App", self, ("help_quit",) if acting else ()))  # (^c leaves, as q, when read-only)
         if not palette:  # the other screens' keys too (the palette runs actions: only the ones here)
             sections += self._other_screens(read_only=bool(acting))
         return sections
 
     def _other_screens(self, read_only: bool) -> list[tuple[str, Any, tuple[str, ...]]]:
         generic = ("focus_next", "focus_previous", "copy_text")  # every screen's, said once above
-        sections: list[tuple[str, Any, tuple[str, ...]]] = [("Quit question", ConfirmQuit(0, 0.0), generic)]
-        if not read_only:  # (a read-only view does not offer x)
-            sections.insert(0, ("Signal picker (x)", SignalPicker(0, 0, 1), (*generic, "pick")))
+        sections: list[tuple[str, Any, tuple[str, ...]]] = []
+        if not read_only:  # (a read-only view neither offers x nor asks before q)
+            sections = [("Signal picker (x)", SignalPicker(0, 0, 1), (*generic, "pick")),
+                        ("Quit question", ConfirmQuit(0, 0.0), generic)]
         try:
             from ranktop.tui.stacks_view import StacksScreen
         except ImportError:
