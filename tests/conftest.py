@@ -13,16 +13,19 @@ workers) each worker draws its own, so a worker's check never counts, or kills, 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import fcntl
 import json
 import os
 import pty
 import select
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import termios
 import textwrap
 import threading
@@ -40,6 +43,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # a session of its own: one worker's 
     os.environ["RANKTOP_TEST_ID"] = uuid.uuid4().hex
 TEST_ID = os.environ.setdefault("RANKTOP_TEST_ID", uuid.uuid4().hex)
 MARK = f"RANKTOP_TEST_ID={TEST_ID}\0".encode()
+# Runs are served from a runtime directory of this session's own (each worker's): two tests that
+# give the same --run-id in two workers, or a developer's own detached runs, never meet there.
+# Tests about that directory itself set XDG_RUNTIME_DIR for their ranktop.
+os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="ranktop-tests-")
+atexit.register(shutil.rmtree, os.environ["XDG_RUNTIME_DIR"], ignore_errors=True)
 
 
 def polls(timeout: float, what: str):
