@@ -253,8 +253,16 @@ class Rendezvous:
 
     def waiting_words(self) -> str:
         """What this node waits for while a round forms, in words: the nodes the round needs and
-        when it gives up, where the handler says (torch's dynamic handlers, c10d and etcd, through
-        their settings; the static one its world size and timeout; a plugin perhaps neither)."""
+        when it gives up, where the handler says (torch's dynamic handlers, c10d and etcd-v2,
+        through their settings; the static one its world size and timeout; the legacy etcd
+        handler and a plugin perhaps neither)."""
+        try:
+            parts = self._round_needs()
+        except Exception:  # noqa: BLE001 - a plugin's property that raises costs the detail, not the run
+            parts = []
+        return f"waiting for nodes to join the {self.describe()}" + (f" ({'; '.join(parts)})" if parts else "")
+
+    def _round_needs(self) -> list[str]:
         settings = getattr(self.handler, "settings", None)
         low, high = getattr(settings, "min_nodes", None), getattr(settings, "max_nodes", None)
         if low is None:
@@ -265,7 +273,7 @@ class Rendezvous:
             parts.append(f"{low} node{'s' * (low != 1)}" if low == high else f"{low} to {high} nodes")
         if hasattr(join, "total_seconds"):
             parts.append(f"gives up after {join.total_seconds():.0f} s")
-        return f"waiting for nodes to join the {self.describe()}" + (f" ({'; '.join(parts)})" if parts else "")
+        return parts
 
     def next_round(self) -> Placement:
         """Join the next round (blocks until it completes) and place this node's ranks in it.

@@ -637,8 +637,8 @@ def remove_if_dead(path: str) -> bool:
 def serve(engine: Engine, names: Iterable[str]) -> tuple[EngineServer | None, str | None]:
     """Serve `engine` under the first of `names` (run ids) that no live engine has; (server,
     None), or (None, why not) - a run without its socket still runs, it only cannot be reached
-    from another terminal. `names` is one id, or more for a multi-node job's shared rendezvous
-    id, where several of its nodes may run on this host."""
+    from another terminal. `names` holds the run's id, and more for a multi-node job's shared
+    rendezvous id, where several of its nodes may run on this host."""
     problem: Exception | None = None
     for name in names:
         try:

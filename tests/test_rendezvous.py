@@ -442,6 +442,42 @@ def _cannot_reach(log_dir: Path, backend: str, endpoint: str) -> str:
     return res.stderr
 
 
+def test_a_plugin_handler_that_says_nothing_or_raises_still_gets_the_waiting_line(torch_installed):
+    from ranktop.core.rendezvous import Rendezvous
+    from torch.distributed.elastic.rendezvous import RendezvousHandler
+
+    class Plugin(RendezvousHandler):  # a torchrun plugin's handler: torch asks it for these only
+        def get_backend(self) -> str:
+            return "mine"
+
+        def get_run_id(self) -> str:
+            return "job7"
+
+        def next_rendezvous(self):
+            raise NotImplementedError
+
+        def is_closed(self) -> bool:
+            return False
+
+        def set_closed(self) -> None:
+            pass
+
+        def num_nodes_waiting(self) -> int:
+            return 0
+
+        def shutdown(self) -> bool:
+            return True
+
+    class Raising(Plugin):
+        @property
+        def settings(self):
+            raise RuntimeError("not configured yet")
+
+    line = "waiting for nodes to join the mine rendezvous 'job7'"  # no counts or time-out: none said
+    assert Rendezvous(Plugin(), "default", 1).waiting_words() == line
+    assert Rendezvous(Raising(), "default", 1).waiting_words() == line
+
+
 def test_too_few_nodes_time_out_with_a_clear_message(tmp_path, torch_installed):
     job = Job(tmp_path, "alone")
     job.start("print", extra=("--rdzv-conf", "join_timeout=2,last_call_timeout=1,close_timeout=1"))
