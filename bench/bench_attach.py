@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -74,6 +76,9 @@ def engine_cpu(pid: int, window: float) -> float:
 
 
 def main() -> None:
+    # timeout(1) (bench/gpu_host.sh) ends a step with SIGTERM: raised here as SystemExit, so that the
+    # finally blocks still close this script's tmux server and stop the run inside it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--window", type=float, default=10.0, help="seconds per CPU measurement (default 10)")
     ap.add_argument("--repeats", type=int, default=5, help="attaches timed (default 5)")

@@ -18,6 +18,7 @@ import argparse
 import os
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -198,6 +199,9 @@ def table(results: list[Result]) -> str:
 
 
 def main() -> int:
+    # timeout(1) (bench/gpu_host.sh) ends a step with SIGTERM: raised here as SystemExit, so that the
+    # finally blocks still close this script's tmux server and stop the run inside it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", default="steady,burst,memory")
     p.add_argument("--apps", default="ranktop,log,logview")

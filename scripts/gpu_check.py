@@ -22,6 +22,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,8 +63,9 @@ while time.monotonic() < end:
 print("done", flush=True)
 """
 RANKS = 2
-GPU0 = re.compile(r"(?<!\S)g(?:pu)?0 ")  # a pane title's GPU: `gpu0 87% ...`, `g0 87%` where narrow
 GPU0_HELD = re.compile(r"(?<!\S)gpu0 \d+% [\d.]+G/")  # wide titles: the rank's GiB of memory too
+# Narrow titles (80x24) say `g0 87%`: only the redrawn screen has it, not the wide one tmux cuts.
+GPU0_NARROW = re.compile(r"(?<!\S)g0 \d+%")
 TMUX = ["tmux", "-L", "ranktop-gpu-check"]
 TUI_RUN = "gpu-check"  # the TUI check's run id, to stop it by name
 
@@ -181,7 +183,7 @@ def check_tui(checks: Checks, work: Path, load: Path, seconds: float, out: Path)
         for size, (cols, rows) in (("160x48", (160, 48)), ("80x24", (80, 24))):
             if size != "160x48":
                 tmux("resize-window", "-t", "gpu", "-x", str(cols), "-y", str(rows))
-            screen = wait_for(lambda shown=GPU0_HELD if cols >= 160 else GPU0:
+            screen = wait_for(lambda shown=GPU0_HELD if cols >= 160 else GPU0_NARROW:
                               len(shown.findall(s := tmux("capture-pane", "-p", "-t", "gpu"))) >= RANKS and s,
                               timeout=seconds + 30, step=0.5)
             last = screen or tmux("capture-pane", "-p", "-t", "gpu")
@@ -213,6 +215,9 @@ def check_svg(checks: Checks, work: Path, load: Path, seconds: float, out: Path)
 
 
 def main(argv: list[str] | None = None) -> int:
+    # timeout(1) (bench/gpu_host.sh) ends a step with SIGTERM: raised here as SystemExit, so that the
+    # finally blocks still close this script's tmux server and stop the run inside it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".", help="where the captures and the SVG go (default: here)")
     parser.add_argument("--seconds", type=float, default=25.0, help="how long each rank works (default 25)")
