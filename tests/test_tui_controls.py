@@ -262,6 +262,7 @@ def test_a_long_log_path_gives_up_its_start_to_fit_not_the_file_it_names():
     # Room for not even the last name: that name still, which the line's own ellipsis then cuts.
     assert fit_path("/x/" + "n" * 40, 10) == "…/" + "n" * 40
     assert fit_path("/short/path", 11) == "/short/path"
+    assert fit_path("no-directory-in-it", 5) == "no-directory-in-it" and fit_path("/a/bb/", 5) == "…/bb"
 
 
 def test_attempt_named_as_its_directory(tmp_path):

@@ -226,9 +226,9 @@ def _append_path(line: Text, label: str, path: str, width: int | None) -> None:
 def fit_path(path: str, room: int) -> str:
     """`path` in at most `room` cells, whole components dropped from its start for "…"; at least
     its last component, however long (the line's ellipsis cuts that)."""
-    if cell_len(path) <= room:
+    parts = path.rstrip("/").split("/")
+    if cell_len(path) <= room or len(parts) < 2:  # (nothing before a last name to give up)
         return path
-    parts = path.split("/")
     kept = parts[-1]
     for part in reversed(parts[1:-1]):
         if cell_len(f"…/{part}/{kept}") > room:
