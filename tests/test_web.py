@@ -129,6 +129,22 @@ def test_a_non_loopback_host_warns_that_anyone_can_watch(runtime, tmp_path):  # 
     assert "read-only" in err
 
 
+def test_an_ended_runs_directory_is_served_as_its_final_view(tmp_path, runtime):  # noqa: F811
+    """It raised AttributeError (a served run's facts read off the final view)."""
+    done = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"), "--run-id", "over",
+                       "--no-python", "true", env=runtime)
+    assert done.returncode == 0, done.stderr
+    port = free_port("127.0.0.1")
+    web = start_web(runtime, tmp_path / "web.err", str(tmp_path / "logs" / "over"), "--port", str(port))
+    try:
+        printed = wait_for(lambda: ADDRESS.search((tmp_path / "web.err").read_text()), what="the address", timeout=20)
+        wait_for(lambda: "textual" in page(port, printed.group(1)).lower(), what="the page served", timeout=20)
+    finally:
+        err = stop_web(web, tmp_path / "web.err")
+    assert "ranktop: serving run over on http://127.0.0.1:" in err and "(its final view; Ctrl-C stops serving)" in err
+    assert "Traceback" not in err and web.returncode == 0
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
 def test_the_web_view_shows_the_ranks_in_a_real_browser(tmp_path, runtime):  # noqa: F811
     with serving(tmp_path, runtime, "demo") as (web, port, token):

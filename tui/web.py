@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.parse
 
+from ranktop.core.client import FinalEngine
 from ranktop.core.strays import children_of_self
 from ranktop.tui.runs_cli import pick_run, run_parser
 from ranktop.tui.usage import BadValue, usage_error
@@ -61,11 +62,16 @@ def main(argv: list[str]) -> int:
     run = pick_run(ns.run)
     if isinstance(run, int):
         return run
+    if isinstance(run, FinalEngine):  # ended, its engine gone: every tab shows its final view
+        ended = run.snapshot()
+        run.close()
+        run_id, target, how = ended.run_id, ended.log_dir, "its final view; Ctrl-C stops serving"
+    else:  # the run directory, not the id: a tab opened after the engine has gone shows the final view
+        run_id, target = run.run_id, run.snapshot.get("log_dir") or run.run_id
+        how = f"{'control' if ns.control else 'read-only'}; Ctrl-C stops serving, the run goes on"
     if not is_loopback(ns.host):
         print(f"ranktop: warning: serving on {ns.host}: anyone who can reach it can watch this run"
               + (" and act on its ranks (--control)" if ns.control else ""), file=sys.stderr, flush=True)
-    # The run directory, not the id: a tab opened after the engine has gone shows the final view.
-    target = run.snapshot.get("log_dir") or run.run_id
     command = shlex.join([sys.executable, "-m", "ranktop", "attach", target, *([] if ns.control else ["--read-only"])])
     try:
         from textual_serve.server import Server
@@ -73,11 +79,11 @@ def main(argv: list[str]) -> int:
         print("ranktop: error: ranktop web needs textual-serve: pip install 'ranktop[web]'", file=sys.stderr)
         return 1
     gate = Gate(ns.host, secrets.token_urlsafe(18))
-    print(f"ranktop: serving run {run.run_id} on http://{_url_host(ns.host)}:{ns.port}/?token={gate.token} "
-          f"({'control' if ns.control else 'read-only'}; Ctrl-C stops serving, the run goes on)",
+    print(f"ranktop: serving run {run_id} on http://{_url_host(ns.host)}:{ns.port}/?token={gate.token} "
+          f"({how})",
           file=sys.stderr, flush=True)
     try:
-        _tab_aware(Server)(command, host=ns.host, port=ns.port, title=f"ranktop {run.run_id}", gate=gate).serve()
+        _tab_aware(Server)(command, host=ns.host, port=ns.port, title=f"ranktop {run_id}", gate=gate).serve()
     finally:
         end_children(CHILD_GRACE)
     return 0
