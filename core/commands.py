@@ -77,17 +77,21 @@ class Interrupt:
 
 @dataclass(frozen=True)
 class DumpStacks:
-    """py-spy every live rank (or these local ranks) and group the stacks; the Ack carries the report."""
+    """py-spy every live rank (or these local ranks) and group the stacks; the Ack carries the
+    report, which is also saved in the run directory and logged, unless not `save`."""
 
     local_ranks: tuple[int, ...] | None = None
+    save: bool = True
 
 
 @dataclass(frozen=True)
 class SignalDump:
     """No ptrace needed: SIGUSR1 makes each Python rank print its stacks (faulthandler); the
-    engine reads them back from the rank's log and the Ack carries the grouped report."""
+    engine reads them back from the rank's log and the Ack carries the grouped report (saved
+    as DumpStacks saves it)."""
 
     local_ranks: tuple[int, ...] | None = None
+    save: bool = True
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,8 @@ def problem(command: object, local_world_size: int) -> str | None:
     grace = getattr(command, "grace", None)
     if grace is not None and not SECONDS.accepts(grace):  # the bound PContext.stop holds it to
         return f"bad grace {grace!r}: expected {SECONDS.describe()}"
+    if hasattr(command, "save") and not isinstance(command.save, bool):
+        return f"bad save {command.save!r}: expected true or false"
     if isinstance(command, SendInput) and (not isinstance(command.text, str) or len(command.text) > MAX_INPUT):
         return f"bad input: expected text of at most {MAX_INPUT} characters"
     return None

@@ -791,8 +791,10 @@ def test_commands_with_bad_arguments_through_the_socket_change_nothing(tmp_path,
             answers = [conn.command("SignalRank", local_rank=9, signal=15),
                        conn.command("SignalRank", local_rank=0, signal="TERM"),
                        conn.command("Stop", nonsense=1),
-                       conn.command("RunShell", cmd="rm -rf /")]
-            assert [a["ok"] for a in answers] == [False] * 4
+                       conn.command("RunShell", cmd="rm -rf /"),
+                       conn.command("DumpStacks", save="no")]
+            assert [a["ok"] for a in answers] == [False] * 5
+            assert answers[4]["message"] == "bad save 'no': expected true or false"
             assert answers[0]["message"] == "bad local rank 9: local ranks are 0..1"
             assert answers[2]["message"].startswith("bad Stop: ")
             assert answers[3]["message"].startswith("unknown command 'RunShell': expected one of ")
@@ -817,6 +819,23 @@ def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
         assert "2 of 2 ranks dumped" in dumped.stdout and "ticker.py" in dumped.stdout
         as_json = json.loads(run_ranktop("stacks", "stk", "--json", env=runtime).stdout)
         assert sorted(r["rank"] for r in as_json["ranks"]) == [0, 1]
+        run_dir = tmp_path / "logs" / "stk"
+        saved = sorted(os.listdir(run_dir / "stacks"))
+        logged = [e for e in read_events(run_dir) if e["event"] == "stacks_dumped"]
+        assert len(saved) == 4 and len(logged) == 2  # a .txt and a .json per dump
+        for how in ((), ("--signal",)):  # --no-save: the engine dumps and writes nothing (it saved regardless)
+            unsaved = run_ranktop("stacks", "stk", "--no-save", *how, env=runtime)
+            assert unsaved.returncode == 0 and "2 of 2 ranks dumped" in unsaved.stdout, unsaved.stderr
+            assert "saved:" not in unsaved.stdout
+        assert sorted(os.listdir(run_dir / "stacks")) == saved
+        assert [e for e in read_events(run_dir) if e["event"] == "stacks_dumped"] == logged
+        for how in ((), ("--json",), ("--signal",)):  # into a reader that has gone (`| head`): no traceback
+            read_end, write_end = os.pipe()
+            os.close(read_end)
+            gone = subprocess.run(ranktop_cmd("stacks", "stk", "--no-save", *how), cwd=ROOT, env=runtime,
+                                  stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+            os.close(write_end)
+            assert gone.returncode == 0 and gone.stderr == "", (how, gone.stderr)
         unknown = run_ranktop("stacks", "nope", env=runtime)  # neither a served run nor a path: the runs there are
         assert unknown.returncode == 2 and unknown.stderr.strip() == (
             "ranktop: error: 'nope' names no run served on this host: runs are stk "

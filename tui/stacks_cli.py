@@ -102,10 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if save_to is not None:
             save_to.close()
-    if ns.json:
-        print(json.dumps(stacks.report_to_dict(report), indent=1, default=str))
-    else:
-        print(clean(stacks.format_report(report, threads=ns.threads), newlines=True))
+    _show(report, ns)
     return 0
 
 
@@ -149,17 +146,14 @@ def _through_engine(run, ns: argparse.Namespace) -> int:
     from ranktop.core.client import RunGone, dump_stacks
 
     try:
-        ack = dump_stacks(run.path, "SignalDump" if ns.signal else "DumpStacks")
+        ack = dump_stacks(run.path, "SignalDump" if ns.signal else "DumpStacks", {"save": False} if ns.no_save else None)
     except RunGone as exc:
         print(f"ranktop stacks: {run.run_id}: {exc}", file=sys.stderr)
         return 1
     if ack.report is None:
         print(clean(f"ranktop stacks: {run.run_id}: {ack.message}"), file=sys.stderr)
         return 1
-    if ns.json:
-        print(json.dumps(stacks.report_to_dict(ack.report), indent=1, default=str))
-    else:
-        print(clean(stacks.format_report(ack.report, threads=ns.threads), newlines=True))
+    _show(ack.report, ns)
     return 0
 
 
@@ -169,13 +163,32 @@ def _signal(pids: dict[int, int], local: dict[int, int], run_dir: str | None, sa
     attempt = latest_attempt_path(run_dir) if run_dir else None
     if attempt is None or set(local) != set(pids):
         for rank, what in stacks.signal_pids(pids).items():
-            print(f"rank {rank} (pid {pids[rank]}): {what}")
-        print("the stacks go to each rank's stderr")
+            _out(f"rank {rank} (pid {pids[rank]}): {what}")
+        _out("the stacks go to each rank's stderr")
         return 0
     logs = {r: dump_log_path(os.path.join(attempt, str(local[r]))) for r in pids}
     report = stacks.signal_report(pids, logs, local_ranks=local, run_dir=save_to, source="cli-signal")
-    print(clean(stacks.format_report(report, threads=ns.threads), newlines=True))
+    _show(report, ns)
     return 0
+
+
+def _show(report: stacks.StackReport, ns: argparse.Namespace) -> None:
+    """The grouped report on stdout, or as JSON with --json."""
+    if ns.json:
+        _out(json.dumps(stacks.report_to_dict(report), indent=1, default=str))
+    else:
+        _out(clean(stacks.format_report(report, threads=ns.threads), newlines=True))
+
+
+def _out(text: str) -> None:
+    """A line (or lines) on stdout. A reader that has gone (`ranktop stacks | head`) is no error:
+    the rest is dropped, stdout pointed at /dev/null so that the flush at exit cannot fail again."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
 
 
 if __name__ == "__main__":

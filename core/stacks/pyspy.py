@@ -174,8 +174,9 @@ def _with_extra(stack: RankStack, fields: dict | None) -> RankStack:
 
 
 # ----- the agent's ranks ----------------------------------------------------------------------
-def dump_agent_stacks(agent: Any, local_ranks: Iterable[int] | None = None) -> StackReport:
-    """Dump the agent's live ranks (all, or these local ranks); saved and logged in its run dir."""
+def dump_agent_stacks(agent: Any, local_ranks: Iterable[int] | None = None, *, save: bool = True) -> StackReport:
+    """Dump the agent's live ranks (all, or these local ranks); saved and logged in its run dir
+    unless not `save`."""
     snap = agent.snapshot()
     wanted = set(local_ranks) if local_ranks is not None else None
     pids, local, native, extra, absent = {}, {}, set(), {}, []
@@ -195,4 +196,4 @@ def dump_agent_stacks(agent: Any, local_ranks: Iterable[int] | None = None) -> S
     report = dump_pids(pids, local_ranks=local, native=native, extra=extra)
     stacks = sorted([*report.ranks, *absent], key=lambda s: s.rank)
     report = build_report(stacks, taken_at, time.perf_counter() - started)
-    return save_report(report, agent.layout, agent.events, "agent")
+    return save_report(report, agent.layout, agent.events, "agent") if save else report

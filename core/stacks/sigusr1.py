@@ -191,11 +191,14 @@ def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
     return save_report(report, run_dir, events, source) if run_dir else report
 
 
-def signal_agent_report(agent: Any, local_ranks: Iterable[int] | None = None, timeout: float = 3.0) -> StackReport:
-    """`signal_report` for the agent's live ranks (the TUI's fallback when py-spy cannot attach)."""
+def signal_agent_report(agent: Any, local_ranks: Iterable[int] | None = None, timeout: float = 3.0, *,
+                        save: bool = True) -> StackReport:
+    """`signal_report` for the agent's live ranks (the TUI's fallback when py-spy cannot attach),
+    saved and logged in its run dir unless not `save`."""
     snap = agent.snapshot()
     wanted = set(local_ranks) if local_ranks is not None else None
     live = [r for r in snap.ranks if r.pid and r.state.alive and (wanted is None or r.local_rank in wanted)]
     logs = {r.rank: dump_log_path(os.path.join(agent.attempt_dir(), str(r.local_rank))) for r in live}
     return signal_report({r.rank: r.pid for r in live}, logs, local_ranks={r.rank: r.local_rank for r in live},
-                         timeout=timeout, run_dir=agent.layout, events=agent.events, source="signal")
+                         timeout=timeout, run_dir=agent.layout if save else None,
+                         events=agent.events if save else None, source="signal")
