@@ -197,16 +197,18 @@ def find_run(target: str | None, runs: list[ServedRun]) -> ServedRun:
     if target is None:
         live = [r for r in runs if not r.snapshot.get("ended")] or runs
         if not live:
-            raise ValueError("no runs are served on this host (ranktop ls lists them)")
+            raise ValueError("no runs are served on this host")
         return live[0]
     by_dir = [r for r in runs if os.path.abspath(target) == r.snapshot.get("log_dir")]
     exact = [r for r in runs if r.run_id == target]
     matches = by_dir or exact or [r for r in runs if r.run_id.startswith(target)]
     if len(matches) == 1:
         return matches[0]
-    names = ", ".join(r.run_id for r in (matches or runs)) or "none"
+    names = ", ".join(r.run_id for r in (matches or runs))
     if matches:
         raise SeveralRuns(f"{target!r} matches several runs: runs are {names}")
+    if not runs:
+        raise ValueError(f"{target!r} names no run: none is served on this host")
     raise ValueError(f"{target!r} names no run served on this host: runs are {names}")
 
 

@@ -45,6 +45,18 @@ def reopen_closed_streams() -> list[str]:
     return [name for _, name, _ in closed]
 
 
+def print_out(text: str) -> None:
+    """`text` and a newline on stdout, at once. A reader that has gone (`ranktop ls | head`) is no
+    error for a command whose output it is: the rest is dropped, stdout pointed at /dev/null so
+    that the flush at exit cannot fail again."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+
+
 def terminal_problem() -> str | None:
     """Why the TUI cannot run here, or None when it can: Textual reads keys from stdin and draws
     on stderr, and both must be a terminal."""

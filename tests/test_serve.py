@@ -77,6 +77,13 @@ def test_ls_logs_and_stop_reach_a_headless_run(tmp_path, runtime):
                  what="the killed client let go")
         table = run_ranktop("ls", env=runtime).stdout
         assert table.splitlines()[0].split()[:4] == ["RUN", "SCRIPT", "WORLD", "STATE"] and "served" in table
+        for how in ((), ("--json",)):  # into a reader that has gone (`ranktop ls | head`): no traceback
+            read_end, write_end = os.pipe()
+            os.close(read_end)
+            gone = subprocess.run(ranktop_cmd("ls", *how), cwd=ROOT, env=runtime, stdout=write_end,
+                                  stderr=subprocess.PIPE, text=True, timeout=30)
+            os.close(write_end)
+            assert gone.returncode == 0 and gone.stderr == "", (how, gone.stderr)
         logs = wait_for(lambda: "[1]:hello from 1" in (out := run_ranktop("logs", "serv", env=runtime).stdout)
                         and out, what="rank 1's line through the socket")
         assert "[0]:hello from 0" in logs
@@ -109,8 +116,9 @@ def test_ls_cleans_the_socket_of_an_engine_that_died(tmp_path, runtime):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("stop", "nope"), "ranktop: error: 'nope' names no run served on this host: runs are none"),
-    (("logs",), "ranktop: error: no runs are served on this host (ranktop ls lists them)"),
+    (("stop", "nope"), "ranktop: error: 'nope' names no run: none is served on this host; "
+                       "an ended run is named by its run directory"),
+    (("logs",), "ranktop: error: no runs are served on this host; an ended run is named by its run directory"),
     (("logs", "--events"), "ranktop: error: --events needs -f: the events so far are in events.jsonl in the run "
                            "directory"),
 ])

@@ -26,7 +26,7 @@ from ranktop.core.client import (
     wait_gone,
 )
 from ranktop.core.sanitize import clean, clean_console
-from ranktop.core.stdio import terminal_problem
+from ranktop.core.stdio import print_out, terminal_problem
 from ranktop.tui.usage import UsageParser, metric_pattern, usage_error
 
 INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C ended the command, as a shell reports it
@@ -64,7 +64,9 @@ def pick_run(target: str | None) -> ServedRun | FinalEngine | int:
         view = ended_view(target)
     except BadFinalFile as bad:
         return usage_error(str(bad))
-    return usage_error(not_served) if view is None else view
+    if view is None:  # by id, only the default log root's ended runs are found
+        return usage_error(f"{not_served}; an ended run is named by its run directory")
+    return view
 
 
 def ended_view(target: str | None) -> FinalEngine | None:
@@ -91,19 +93,19 @@ def ls(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     runs = served_runs()
     if ns.json:
-        print(json.dumps([{"run_id": r.run_id, "pid": r.pid, "socket": r.path, "clients": r.clients,
-                           "log_dir": r.snapshot.get("log_dir"), **_facts(r)} for r in runs]))
+        print_out(json.dumps([{"run_id": r.run_id, "pid": r.pid, "socket": r.path, "clients": r.clients,
+                               "log_dir": r.snapshot.get("log_dir"), **_facts(r)} for r in runs]))
         return 0
     if not runs:
-        print("no runs are served on this host")
+        print_out("no runs are served on this host")
         return 0
     rows = [("RUN", "SCRIPT", "WORLD", "STATE", "AGE", "CLIENTS", "LOGS")]
     rows += [(r.run_id, *(str(v) for v in _facts(r).values()), str(r.clients), r.snapshot.get("log_dir") or "")
              for r in runs]
     rows = [tuple(clean(cell) for cell in row) for row in rows]  # names come from the runs: shown safely
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    print_out("\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
+                        for row in rows))
     return 0
 
 

@@ -18,6 +18,7 @@ import psutil
 from ranktop.core import stacks
 from ranktop.core.layout import RunDir, default_log_root, dump_log_path, latest_attempt_path
 from ranktop.core.sanitize import clean
+from ranktop.core.stdio import print_out
 from ranktop.tui.usage import UsageParser, usage_error
 
 
@@ -163,8 +164,8 @@ def _signal(pids: dict[int, int], local: dict[int, int], run_dir: str | None, sa
     attempt = latest_attempt_path(run_dir) if run_dir else None
     if attempt is None or set(local) != set(pids):
         for rank, what in stacks.signal_pids(pids).items():
-            _out(f"rank {rank} (pid {pids[rank]}): {what}")
-        _out("the stacks go to each rank's stderr")
+            print_out(f"rank {rank} (pid {pids[rank]}): {what}")
+        print_out("the stacks go to each rank's stderr")
         return 0
     logs = {r: dump_log_path(os.path.join(attempt, str(local[r]))) for r in pids}
     report = stacks.signal_report(pids, logs, local_ranks=local, run_dir=save_to, source="cli-signal")
@@ -175,20 +176,9 @@ def _signal(pids: dict[int, int], local: dict[int, int], run_dir: str | None, sa
 def _show(report: stacks.StackReport, ns: argparse.Namespace) -> None:
     """The grouped report on stdout, or as JSON with --json."""
     if ns.json:
-        _out(json.dumps(stacks.report_to_dict(report), indent=1, default=str))
+        print_out(json.dumps(stacks.report_to_dict(report), indent=1, default=str))
     else:
-        _out(clean(stacks.format_report(report, threads=ns.threads), newlines=True))
-
-
-def _out(text: str) -> None:
-    """A line (or lines) on stdout. A reader that has gone (`ranktop stacks | head`) is no error:
-    the rest is dropped, stdout pointed at /dev/null so that the flush at exit cannot fail again."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
+        print_out(clean(stacks.format_report(report, threads=ns.threads), newlines=True))
 
 
 if __name__ == "__main__":
