@@ -19,6 +19,7 @@ from ranktop.tui.app import RanktopApp
 from ranktop.tui.details import RankDetails
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
 from ranktop.tui.stacks_view import StacksScreen
+from test_tui_app import notes
 from textual.widgets import Button
 from textual.widgets._footer import FooterKey
 
@@ -414,8 +415,13 @@ def test_a_read_only_view_leaves_out_the_keys_that_act_on_ranks():
                      "Stop and quit", "Quit question"):
             assert text not in help_text, text
         await pilot.press("escape")
-        await pilot.press("k", "k")  # still bound: the engine is asked, and says no (RemoteEngine's READ_ONLY)
-        await until(pilot, lambda: engine.commands == [cmd.KillRank(0)], what="k k reached the engine")
+        # Still bound, they say at once that nothing was done: no question first, no picker, no input box.
+        for key in ("k", "x", "i", "R"):
+            app.clear_notifications()
+            await pilot.press(key)
+            await until(pilot, lambda: "read-only view: nothing was done" in notes(app), what=f"{key}'s refusal")
+            assert "again to confirm" not in notes(app) and app.screen is app.main, key
+            assert not app.main.query_one("#stdin").display and engine.commands == [], key
         await pilot.press("d")
         await until(pilot, lambda: isinstance(app.screen, StacksScreen) and shown_footer_keys(app), what="stacks")
         await pilot.pause(0.2)

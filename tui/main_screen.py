@@ -428,7 +428,7 @@ class MainScreen(Screen):
     def action_type_input(self) -> None:
         """A line for the focused rank's stdin (a breakpoint()'s pdb reads it); it stays open
         for the next line until esc."""
-        if self._group_over():
+        if self._cannot_act():
             return
         box = self.query_one("#stdin", Input)
         box.placeholder = (f"stdin of rank {self.rank_of(self.current)}: type a line, enter sends it "
@@ -537,7 +537,15 @@ class MainScreen(Screen):
         ranks = self.last.ranks
         return ranks[local_rank].rank if local_rank < len(ranks) else local_rank
 
-    def _group_over(self) -> bool:
+    def _cannot_act(self) -> bool:
+        """Whether a key that acts on ranks must do nothing here, said at once: in a read-only
+        view (before any question, picker or input box that would only end in a refusal), or
+        once the group has ended."""
+        if read_only(self.app):
+            from ranktop.core.client import READ_ONLY  # (a read-only engine is a client's)
+
+            self.notify(READ_ONLY, severity="warning", timeout=3, markup=False)
+            return True
         if self.engine.snapshot().ended:
             self.notify("the group has ended: nothing left to signal or restart (q quits)", severity="warning")
             return True
@@ -552,11 +560,11 @@ class MainScreen(Screen):
         return ack
 
     def send_signal(self, sig: int, whole_group: bool) -> None:
-        if not self._group_over():
+        if not self._cannot_act():
             self._submit(cmd.SignalGroup(sig) if whole_group else cmd.SignalRank(self.current, sig))
 
     def action_signal(self) -> None:
-        if self._group_over():
+        if self._cannot_act():
             return
         picker = SignalPicker(self.rank_of(self.current), self.current, self.n)
         self.app.push_screen(picker, lambda choice: choice and self.send_signal(*choice))
@@ -577,17 +585,17 @@ class MainScreen(Screen):
 
     def action_kill_rank(self) -> None:
         rank = self.rank_of(self.current)
-        if not self._group_over() and self._confirmed("kill_rank", "k", f"Kill rank {rank} (SIGKILL)?"):
+        if not self._cannot_act() and self._confirmed("kill_rank", "k", f"Kill rank {rank} (SIGKILL)?"):
             self._submit(cmd.KillRank(self.current))
 
     def action_kill_group(self) -> None:
         grace = self.last.shutdown_timeout
-        if not self._group_over() and self._confirmed(
+        if not self._cannot_act() and self._confirmed(
                 "kill_group", "K", f"Stop every rank (SIGTERM, SIGKILL after {grace:g} s)?"):
             self._submit(cmd.Stop(signal.SIGTERM))
 
     def action_restart_rank(self) -> None:
-        if self._group_over():
+        if self._cannot_act():
             return
         rank = self.rank_of(self.current)
         question = f"Restart rank {rank}?"
@@ -600,7 +608,7 @@ class MainScreen(Screen):
             self._submit(cmd.RestartRank(self.current))
 
     def action_restart_group(self) -> None:
-        if not self._group_over() and self._confirmed(
+        if not self._cannot_act() and self._confirmed(
                 "restart_group", "R", f"Restart every rank as attempt_{self.last.attempt + 1}?"):
             self._submit(cmd.RestartGroup())
 
