@@ -143,6 +143,7 @@ BAD = [
     ([S], {"PET_MAX_RESTARTS": "lots"}, "ranktop: error: bad PET_MAX_RESTARTS='lots'"),
     ([S], {"PET_STANDALONE": "yes"}, "ranktop: error: bad PET_STANDALONE='yes': expected 0 or 1"),
     ([S], {"PET_START_METHOD": "thread"}, "ranktop: error: bad PET_START_METHOD='thread': expected one of spawn"),
+    ([S], {"PET_NPROC_PER_NODE": "x"}, "ranktop: error: bad PET_NPROC_PER_NODE='x': bad --nproc-per-node 'x': "),
     (["--nproc", "2", S], {}, "ranktop: error: ambiguous option: --nproc could match"),
     (["--nproc-per-node", "xpu", S], {}, "ranktop: error: bad --nproc-per-node xpu: no XPU found"),
     (["--numa-binding", "node", S], {}, "ranktop: error: --numa-binding node: it binds each rank to its GPU's "

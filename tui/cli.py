@@ -148,7 +148,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     p.extra_options = RANKTOP_ONLY
     add = p.add_argument
-    add(*_both("nproc-per-node"), default="1", metavar="N|auto|cpu|gpu", help="ranks on this node (default 1)")
+    add(*_both("nproc-per-node"), type=_nproc_text, default="1", metavar="N|auto|cpu|gpu|xpu",
+        help="ranks on this node (default 1)")
     add("-j", dest="jobs", metavar="[MIN:]NxM", help="TorchX style: N nodes x M ranks per node")
     add("--nnodes", default="1", help="number of nodes, N or MIN:MAX (elastic with --rdzv-backend; static: MAX)")
     add(*_both("node-rank"), type=_number("--node-rank", limits.COUNT), default=0, help="this node's rank (default 0)")
@@ -232,6 +233,28 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     return p
 
 
+_DEVICE_WORDS = ("auto", "cpu", "gpu", "xpu")  # --nproc-per-node counts these once the line is known
+
+
+def _nproc_text(text: str) -> str:
+    """An argparse type for --nproc-per-node (and PET_NPROC_PER_NODE): the text as given, when it
+    is a count or a device word, else one line."""
+    if text.strip().lower() not in _DEVICE_WORDS:
+        _nproc_number(text)
+    return text
+
+
+def _nproc_number(value: str) -> int:
+    try:
+        n = int(value.strip())  # as torchrun reads it: "+2" and " 2" too
+    except ValueError:
+        n = None
+    if n is None or not limits.NPROC.accepts(n):
+        raise BadValue(f"bad --nproc-per-node {value!r}: expected a positive whole number "
+                       f"(at most {limits.MAX_NPROC_PER_NODE}), auto, cpu, gpu or xpu")
+    return n
+
+
 def parse_nproc(value: str) -> int:
     text = value.strip().lower()
     if text == "cpu":
@@ -249,13 +272,9 @@ def parse_nproc(value: str) -> int:
     if text == "xpu":
         return _within_nproc(value, xpu_count())
     try:
-        n = int(text)  # as torchrun reads it: "+2" and " 2" too
-    except ValueError:
-        n = None
-    if n is None or not limits.NPROC.accepts(n):
-        raise UsageError(f"bad --nproc-per-node {value!r}: expected a positive whole number "
-                         f"(at most {limits.MAX_NPROC_PER_NODE}), auto, cpu, gpu or xpu")
-    return n
+        return _nproc_number(value)
+    except BadValue as exc:  # (a value set after parsing, as -j sets it)
+        raise UsageError(str(exc)) from None
 
 
 def usable_cpus() -> int:
