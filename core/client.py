@@ -427,6 +427,8 @@ class FinalEngine:
 
     TAIL_BYTES = 1 << 20  # of each rank's stdout.log shown in its pane
 
+    read_only = True  # a view offers no key that acts on ranks: there are none left to act on
+
     MAX_FINAL = 16 << 20  # a snapshot of thousands of ranks fits
 
     def __init__(self, final_path: str):

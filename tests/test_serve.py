@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, ranktop_cmd, read_events, run_in_pty, run_ranktop, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, run_in_pty, run_ranktop, until, wait_for
 from ranktop.core import protocol
 from test_tui_tmux import Terminal
 
@@ -771,6 +771,25 @@ def test_the_final_view_reads_no_log_outside_its_run_directory(tmp_path, runtime
         assert engine.output_since(0, None)[1] == [b"out of 0"]
     finally:
         engine.close()
+
+
+def test_the_final_view_offers_no_key_that_acts_on_ranks(tmp_path, runtime):
+    """Nothing is left to act on: its footer lists none of those keys, and k says why at once."""
+    from ranktop.core.client import FinalEngine
+    from test_tui_app import notes
+    from test_tui_fake import drive, shown_footer_keys
+
+    engine = FinalEngine(str(ended_run(tmp_path, runtime) / "final.json"))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: shown_footer_keys(app), what="the footer")
+        shown = {key.description for key in shown_footer_keys(app)}
+        assert "Quit" in shown and not shown & {"Signal…", "Kill rank", "Stop group", "Restart rank"}, shown
+        await pilot.press("k")
+        await until(pilot, lambda: "the group has ended" in notes(app), what="k's answer")
+        assert "again to confirm" not in notes(app)
+
+    drive(engine, body)
 
 
 def test_a_moved_final_view_reads_its_logs_below_where_it_lies(tmp_path, runtime):

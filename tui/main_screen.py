@@ -541,13 +541,13 @@ class MainScreen(Screen):
         """Whether a key that acts on ranks must do nothing here, said at once: in a read-only
         view (before any question, picker or input box that would only end in a refusal), or
         once the group has ended."""
+        if self.engine.snapshot().ended:  # (first: an ended run's final view is read-only too)
+            self.notify("the group has ended: nothing left to signal or restart (q quits)", severity="warning")
+            return True
         if read_only(self.app):
             from ranktop.core.client import READ_ONLY  # (a read-only engine is a client's)
 
             self.notify(READ_ONLY, severity="warning", timeout=3, markup=False)
-            return True
-        if self.engine.snapshot().ended:
-            self.notify("the group has ended: nothing left to signal or restart (q quits)", severity="warning")
             return True
         return False
 
@@ -602,8 +602,8 @@ class MainScreen(Screen):
         if self.last.world_size > 1:
             # Every rank gets MASTER_ADDR/MASTER_PORT: a collective (gloo, NCCL) cannot take back
             # one new process, so its peers fail. ranktop cannot see whether they use one.
-            question += (" Its peers share MASTER_ADDR: in a collective job (gloo/NCCL) they will fail"
-                         " without it (R restarts the whole group).")
+            question += (" Its peers share MASTER_ADDR with it: in a collective job (gloo/NCCL) they fail"
+                         " when it restarts alone (R restarts the whole group).")
         if self._confirmed("restart_rank", "r", question):
             self._submit(cmd.RestartRank(self.current))
 

@@ -188,7 +188,8 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
     # Named as its directory is (attempt_<k>); restarts the user asked for may go past the limit.
     text.append(f"  attempt_{group.attempt}")
     if group.max_restarts:
-        text.append(f" ({max(0, group.max_restarts - group.attempt)} restarts left)", style="dim")
+        left = max(0, group.max_restarts - group.attempt)
+        text.append(f" ({left} restart{'s' * (left != 1)} left)", style="dim")
     if group.earlier_attempts:  # "all ranks exited 0" must not hide that an earlier attempt failed
         text.append(f"  earlier: {clean(group.earlier_attempts[-1])}", style="bold yellow")
         if len(group.earlier_attempts) > 1:
