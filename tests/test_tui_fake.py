@@ -163,6 +163,8 @@ def test_note_and_end_state_are_bound_down_to_the_header_and_the_panel():
         app.main.note = "a note from the screen"
         await until(pilot, lambda: "a note from the screen" in header.plain, what="the note in the header")
         assert header.note == "a note from the screen" and not panel.display
+        await pilot.press("e")  # nothing to show yet: it says so rather than nothing
+        await until(pilot, lambda: "the run has not ended" in notes(app), what="e's answer while running")
         engine.end(GroupState.FAILED, 1, state=RankState.FAILED, exitcode=1)
         await until(pilot, lambda: panel.display, what="the end panel shown")
         assert header.ended and panel.ended and "a note from the screen" not in header.plain

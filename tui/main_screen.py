@@ -679,6 +679,8 @@ class MainScreen(Screen):
     def action_toggle_end_panel(self) -> None:
         if self.ended:
             self.end_panel_hidden = not self.end_panel_hidden
+        else:
+            self.notify("the run has not ended: e shows or hides its end report once it has", timeout=3)
 
     # ----- the timer --------------------------------------------------------------------------
     def tick(self) -> None:
