@@ -32,7 +32,7 @@ from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_f
 from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, console_budget, console_name
 from ranktop.core.process import exit_status_for_signal
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
-from ranktop.core.sanitize import clean_console
+from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.signals import StopAction, StopRule
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
@@ -43,6 +43,22 @@ _STORE_CALL_THREAD = "ranktop-rdzv-join"
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
 ACK_TIMEOUT = 5.0  # the loop answers within milliseconds; this only bounds a wedged engine
 KILL_NOW_REAP_TIMEOUT = 1.0  # after a second Ctrl-C, how long a rank may outlive SIGKILL
+
+
+def _check_prefix_part(what: str, text: str | None) -> None:
+    """UsageError for a role or prefix template that a terminal would act on (an escape sequence,
+    a newline) or that holds bytes that are not UTF-8: it heads every console line ranktop prints."""
+    if text and (clean(text) != text or _not_utf8(text)):
+        raise UsageError(f"bad {what} {text[:80]!r}: control characters (escape sequences, newlines) "
+                         "or bytes that are not UTF-8 cannot head console lines")
+
+
+def _not_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a command line's or the environment's undecodable bytes
+        return True
+    return False
 
 
 def _after_the_end(command: cmd.Command) -> cmd.Ack:
@@ -136,9 +152,11 @@ class LocalAgent:
             POSITIVE_SECONDS.check("stall_timeout", stall_timeout)
         LINES.check("ring_lines", ring_lines)
         ensure_fds_for(spec.local_world_size)  # before anything exists: a shortage is one line
+        self.prefix_template = log_line_prefix_template or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+        _check_prefix_part("role", spec.role)
+        _check_prefix_part("log line prefix template", self.prefix_template)
         spec = _bind_numa(spec)
         self.spec = spec
-        self.prefix_template = log_line_prefix_template or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
         self.shutdown_timeout = shutdown_timeout
         self.stall_timeout = stall_timeout
         self.console = console
@@ -171,7 +189,8 @@ class LocalAgent:
         self._echo = (lambda line: self.say("ranktop: event " + line)) if echo_events else None
         if duplicate_filters is None:  # the Python API's: torch's WorkerSpec fields
             duplicate_filters = {1: tuple(spec.duplicate_stdout_filters or ()), 2: tuple(spec.duplicate_stderr_filters or ())}
-        self.duplicate_filters = {stream: tuple(n.encode() for n in needles)
+        # (surrogateescape: a filter typed with bytes that are not UTF-8 matches those bytes)
+        self.duplicate_filters = {stream: tuple(n.encode(errors="surrogateescape") for n in needles)
                                   for stream, needles in duplicate_filters.items()}
         self.events = self._open_events()
         self.attempt = 0

@@ -276,8 +276,8 @@ def device_for_local_rank(
     entry = entries[0] if len(entries) == 1 else entries[local_rank] if local_rank < len(entries) else None
     if entry is None:
         return None
-    if entry.lstrip("-").isdigit():
-        index = int(entry)
+    index = _device_index(entry)
+    if index is not None:
         return index if 0 <= index < count else None
     if entry.startswith("GPU-"):
         # CUDA accepts any unique prefix of the UUID.
@@ -332,6 +332,13 @@ def numa_options_binding(options: Any, local_world_size: int) -> dict[int, froze
         raise NumaError(f"numa_options: {exc}") from None
 
 
+def _device_index(entry: str) -> int | None:
+    """A CUDA_VISIBLE_DEVICES entry read as an index (-1 too: it hides what follows), else None.
+    ASCII digits only: `isdigit` also takes ² and other scripts' digits, which int() refuses."""
+    digits = entry[1:] if entry.startswith("-") else entry
+    return int(entry) if digits.isascii() and digits.isdigit() and len(digits) <= 9 else None
+
+
 def device_count(nvml: Any = None, visible: str | None = None) -> int:
     """How many GPUs this process may use: those NVML sees (honours RANKTOP_FAKE_GPUS), narrowed
     by `visible` (a CUDA_VISIBLE_DEVICES value; None: unset). 0 without a driver or on any error."""
@@ -349,7 +356,8 @@ def count_visible(visible: str, total: int) -> int:
     (a bad index, a repeat, anything that is neither an index nor a GPU-/MIG- UUID) count."""
     seen: set[str] = set()
     for entry in (e.strip() for e in visible.split(",")):
-        is_index = entry.isdigit() and int(entry) < total
+        index = _device_index(entry)
+        is_index = index is not None and 0 <= index < total
         if not (is_index or entry.startswith(("GPU-", "MIG-"))) or entry in seen:
             break
         seen.add(entry)

@@ -36,6 +36,9 @@ class FakeNvmlError(Exception):
         return self.text or f"NVML Error with code {self.value}"
 
 
+MAX_FAKE_DEVICES = 1024
+
+
 @dataclass
 class FakeDevice:
     util: float = 0.0
@@ -94,7 +97,10 @@ class FakeNvml:
         try:
             n = max(0, int(text))
         except ValueError:
-            return cls(init_error=FakeNvmlError(NVML_ERROR_LIBRARY_NOT_FOUND, f"bad {FAKE_ENV}={text!r}"))
+            n = -1
+        if not 0 <= n <= MAX_FAKE_DEVICES:  # (a huge N would build N devices first, for minutes)
+            return cls(init_error=FakeNvmlError(NVML_ERROR_LIBRARY_NOT_FOUND,
+                                                f"bad {FAKE_ENV}={text[:40]!r}: 0 to {MAX_FAKE_DEVICES} devices"))
         fake = cls(n)
         fake.process_source = _LocalRankProcesses(n)
         return fake

@@ -62,7 +62,7 @@ def check_run_id(run_id: str, flag: str = "--run-id") -> str:
     unprintable. `flag`: the option it came from, for the message (a rendezvous id is one too)."""
     why = _run_id_problem(run_id)
     if why is not None:
-        raise UsageError(f"bad {flag} {run_id!r}: {why} (a run id names its run directory: printable "
+        raise UsageError(f"bad {flag} {run_id[:80]!r}: {why} (a run id names its run directory: printable "
                          "characters other than '/', and not '.' or '..'; e.g. exp-1)")
     return run_id
 
@@ -76,7 +76,12 @@ def _run_id_problem(run_id: str) -> str | None:
         return "it is the name of the current or parent directory"
     if not run_id.isprintable():
         return "it contains a control character"
+    if len(run_id.encode(errors="surrogateescape")) > MAX_RUN_ID_BYTES:
+        return f"it is longer than {MAX_RUN_ID_BYTES} bytes"
     return None
+
+
+MAX_RUN_ID_BYTES = 200  # a file name holds 255, and nodes sharing a log dir add '.N' to it
 
 
 class Dir:

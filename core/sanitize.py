@@ -136,6 +136,13 @@ def clean(text: str, *, sgr: bool = False, newlines: bool = False) -> str:
     return "".join(out)
 
 
+def shown(text: str) -> str:
+    """`text` with every control character shown as its picture (ESC as ␛, a newline as ␊) and
+    nothing dropped: for a message quoting what someone typed, where the sequence itself is the
+    news (`clean` drops whole sequences, as rank output's colours are noise)."""
+    return text.translate(_VISIBLE) if _UNSAFE.search(text) else text
+
+
 def clean_bytes(raw: bytes, *, sgr: bool = False, newlines: bool = False) -> str:
     """Raw rank bytes as safe text: UTF-8 with invalid bytes replaced (a stray 8-bit C1 byte is
     invalid UTF-8, so it becomes U+FFFD), then `clean`."""

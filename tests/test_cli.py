@@ -97,6 +97,16 @@ def test_prefix_template_from_flag_and_environment(tmp_path):
     assert res.stdout == "0: hi\n"
 
 
+def test_a_duplicate_filter_of_bytes_that_are_not_utf8_matches_those_bytes(tmp_path):
+    """A command line's undecodable bytes reach Python as surrogates: encoding them strictly was a
+    UnicodeEncodeError after the run directory was made."""
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--run-id", "b", "--duplicate-stdout-filters",
+                      "\udcff", "--no-python", "printf", "a\\377b\\nplain\\n",
+                      errors="replace")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert (tmp_path / "b" / "attempt_0" / "filtered_stdout.log").read_bytes() == b"[default0]:a\xffb\n"
+
+
 def test_redirects_keep_streams_off_the_console_but_in_files(tmp_path):
     script = tmp_path / "r.py"
     script.write_text("import sys\nprint('to out')\nprint('to err', file=sys.stderr)\n")

@@ -272,6 +272,7 @@ def test_no_ptrace_permission_says_how_to_get_it(monkeypatch):
 @pytest.mark.parametrize("args", [
     ("stacks", "/no/such/dir"), ("stacks", "999999999"), ("stacks", "--bogus", "1"),
     ("stacks", "not a pid"), ("stacks", "/"),
+    ("stacks", "1" * 30), ("stacks", "9" * 5000), ("stacks", "²"),  # OverflowError, ValueError before
 ])
 def test_stacks_cli_bad_input_is_one_line_and_exit_2(args):
     out = run_ranktop(*args)

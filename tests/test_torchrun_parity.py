@@ -166,6 +166,23 @@ BAD = [
     (["--nproc-per-node", "gpu", S], {"RANKTOP_FAKE_GPUS": "2", "CUDA_VISIBLE_DEVICES": ""},
      "ranktop: error: bad --nproc-per-node gpu: no GPU found"),
     ([S], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "soon"}, "ranktop: error: bad TORCH_ELASTIC_SHUTDOWN_TIMEOUT='soon'"),
+    # Found by a sweep of bad values: each was a traceback, a raw escape, two lines or a run.
+    (["--nnodes", "1:²", S], {}, "ranktop: error: bad --nnodes '1:²': expected N or MIN:MAX"),  # isdigit, not int
+    ([S], {"PET_STANDALONE": "²"}, "ranktop: error: bad PET_STANDALONE='²': expected 0 or 1"),
+    (["--metric", "a{99999999999}", S], {}, "ranktop: error: bad --metric 'a{99999999999}': too large or too "),
+    (["--metric", "(" * 5000, S], {}, "ranktop: error: bad --metric '((((("),  # RecursionError
+    (["--nproc-per-node", "gpu", S], {"RANKTOP_FAKE_GPUS": "2", "CUDA_VISIBLE_DEVICES": "²"},
+     "ranktop: error: bad --nproc-per-node gpu: no GPU found"),
+    (["--node-rank", "\x1b[31m1\nX", S], {}, "ranktop: error: bad --node-rank ␛[31m1␊X: expected a whole number"),
+    (["--role", "\x1b]0;title\x07", S], {}, "ranktop: error: bad role '\\x1b]0;title\\x07': control characters"),
+    (["--role", "a\udcff", S], {}, "ranktop: error: bad role 'a\\udcff': control characters (escape sequences, "
+                                   "newlines) or bytes that are not UTF-8"),
+    ([S], {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]\x1b[2J"},
+     "ranktop: error: bad log line prefix template '[${rank}]\\x1b[2J': control characters"),
+    (["--signals-to-handle", "SIGTERM,SIGCHLD", S], {},
+     "ranktop: error: bad --signals-to-handle 'SIGTERM,SIGCHLD': SIGCHLD comes each time a rank ends"),
+    (["--run-id", "x" * 300, S], {},  # it blamed --log-dir
+     f"ranktop: error: bad --run-id '{'x' * 80}': it is longer than 200 bytes"),
 ]
 
 

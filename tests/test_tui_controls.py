@@ -476,6 +476,8 @@ def test_regular_expression_searches_and_a_bad_one():
         assert "1 match for 're:LOSS (nan|inf)' in rank 0" in notes(app)
         await pilot.press("slash", *"re:loss [", "enter")
         assert "bad regular expression 'loss [': unterminated character set" in notes(app)
+        await pilot.press("slash", *"re:a{99999999999}", "enter")  # OverflowError in re: the app died
+        assert "bad regular expression 'a{99999999999}': too large or too deeply nested" in notes(app)
 
     drive_fake(engine, body)
 

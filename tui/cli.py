@@ -32,6 +32,7 @@ def _number(flag: str, bounds: limits.Bounds):
 
 
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
+_NOT_STOPS = ("SIGCHLD", "SIGCLD")  # how ranktop learns that a rank ended: it cannot also end the run
 
 
 def _signal_list(text: str) -> tuple[int, ...]:
@@ -45,6 +46,9 @@ def _signal_list(text: str) -> tuple[int, ...]:
                 or name in _UNCATCHABLE:
             raise BadValue(f"bad --signals-to-handle {text!r}: {name!r} is not a signal ranktop can handle "
                            "(names such as SIGTERM,SIGUSR1; SIGKILL and SIGSTOP cannot be caught)")
+        if name in _NOT_STOPS:
+            raise BadValue(f"bad --signals-to-handle {text!r}: {name} comes each time a rank ends; "
+                           "it cannot stop the run")
         found.append(int(number))
     return tuple(found)
 
@@ -81,9 +85,10 @@ def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
             continue
         text = environ[name]
         if action.nargs == 0:  # a switch: torchrun reads it as an integer, non-zero means on
-            if not text.strip().lstrip("-").isdigit():
+            try:
+                action.default = int(text) != 0
+            except ValueError:
                 parser.error(f"bad {name}={text!r}: expected 0 or 1")
-            action.default = int(text) != 0
             continue
         try:
             action.default = action.type(text) if action.type else text
@@ -313,8 +318,12 @@ def _within_nproc(value: str, n: int) -> int:
 def parse_nnodes_range(value: str) -> tuple[int, int]:
     """--nnodes N or MIN:MAX -> (MIN, MAX); elastic between them with a rendezvous backend."""
     lo, sep, hi = value.partition(":")
-    ok = lo.isdigit() and (not sep or hi.isdigit())
-    if not ok or not limits.NNODES.accepts(int(hi or lo)) or not 1 <= int(lo) <= int(hi or lo):
+    try:
+        ok = (lo.isdigit() and (not sep or hi.isdigit()) and limits.NNODES.accepts(int(hi or lo))
+              and 1 <= int(lo) <= int(hi or lo))
+    except ValueError:  # digits int() does not read: superscripts, or thousands of them
+        ok = False
+    if not ok:
         raise UsageError(f"bad --nnodes {value!r}: expected N or MIN:MAX with 1 <= MIN <= MAX <= "
                          f"{limits.MAX_NNODES} (elastic with --rdzv-backend; static: MAX nodes)")
     return int(lo), int(hi or lo)
@@ -611,7 +620,9 @@ def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
     except UsageError as exc:
         return usage_error(str(exc))
     except RendezvousFailed as exc:  # e.g. the endpoint cannot be reached: not a usage error
-        print(f"ranktop: error: {exc}", file=sys.stderr)
+        from ranktop.core.sanitize import shown  # (torch's words may quote what was typed)
+
+        print(f"ranktop: error: {shown(str(exc))}", file=sys.stderr)
         return 1
 
 

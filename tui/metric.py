@@ -34,6 +34,8 @@ def compile_metric(pattern: str) -> re.Pattern[str]:
         return re.compile(pattern)
     except re.error as exc:
         raise BadMetric(f"bad --metric {pattern!r}: {exc}") from None
+    except (OverflowError, RecursionError):  # a{99999999999}, thousands of nested groups
+        raise BadMetric(f"bad --metric {pattern[:80]!r}: too large or too deeply nested to compile") from None
 
 
 def metric_name(pattern: re.Pattern[str]) -> str:

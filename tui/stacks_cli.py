@@ -46,6 +46,14 @@ class SeveralTargets(BadTarget):
     """A prefix of several served runs: not taken for an ended run that it prefixes too."""
 
 
+PID_MAX = 2**31 - 1  # what kill(2) takes; Linux's own pid_max is at most 4194304
+
+
+def _is_pid(target: str) -> bool:
+    """ASCII digits: `isdigit` alone also takes ² and other scripts' digits, which int() refuses."""
+    return target.isascii() and target.isdigit()
+
+
 def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | None]:
     """({rank: pid}, {rank: local_rank}, run_dir or None) for a path or a pid (None: the default
     log directory); BadTarget if neither."""
@@ -54,10 +62,10 @@ def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | N
         if not os.path.isdir(root):
             raise BadTarget(f"no target given and no runs in {root}: give a run directory, a log directory or a pid")
         target = root
-    if target.isdigit():
-        pid = int(target)
-        if not psutil.pid_exists(pid):
-            raise BadTarget(f"bad target {target}: no process with that pid")
+    if _is_pid(target):
+        pid = int(target) if len(target) <= len(str(PID_MAX)) else PID_MAX + 1
+        if pid > PID_MAX or not psutil.pid_exists(pid):
+            raise BadTarget(f"bad target {target[:40]}: no process with that pid")
         try:
             pids, local, run_dir = stacks.ranks_of_pid(pid)
         except psutil.Error as exc:
@@ -111,7 +119,7 @@ def _served(target: str | None):
     """The served run `target` names (run id, prefix, run directory; None: the newest running
     one), or None: then it is a path or a pid, read from the files and /proc as before.
     BadTarget listing the served runs for a name that is neither a run nor a path."""
-    if target is not None and target.isdigit():
+    if target is not None and _is_pid(target):
         return None
     from ranktop.core.client import SeveralRuns, find_run, served_runs
 

@@ -31,7 +31,11 @@ def metric_pattern(text: str):  # -> re.Pattern[str]
 
 
 def usage_line(message: str) -> str:
-    return f"ranktop: error: {message}"
+    """The line itself. A message quotes what was typed, or what a library said of it: shown with
+    nothing a terminal would act on, and kept to one line (an escape or a newline in a value)."""
+    from ranktop.core.sanitize import shown  # only bad input pays for it
+
+    return f"ranktop: error: {shown(message)}"
 
 
 def usage_error(message: str) -> int:
