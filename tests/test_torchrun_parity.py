@@ -181,6 +181,8 @@ BAD = [
      "ranktop: error: bad log line prefix template '[${rank}]\\x1b[2J': control characters"),
     (["--signals-to-handle", "SIGTERM,SIGCHLD", S], {},
      "ranktop: error: bad --signals-to-handle 'SIGTERM,SIGCHLD': SIGCHLD comes each time a rank ends"),
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", S], {},  # pages of torch's C++ frames
+     "ranktop: error: bad --rdzv-endpoint '127.0.0.1:0': expected HOST:PORT"),
     (["--run-id", "x" * 300, S], {},  # it blamed --log-dir
      f"ranktop: error: bad --run-id '{'x' * 80}': it is longer than 200 bytes"),
 ]

@@ -508,6 +508,11 @@ def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, m
         check_run_id(ns.rdzv_id, "--rdzv-id")
     if endpoint.count(":") > 1 and not endpoint.startswith("["):  # torch reads "::1" as host ":", port 1, and waits
         raise UsageError(f"bad --rdzv-endpoint {endpoint!r}: write an IPv6 address in brackets, [::1]:29400")
+    port = endpoint.rpartition(":")[2].strip() if ":" in endpoint else ""
+    if len(endpoint) > 300 or (port.isascii() and port.isdigit() and len(port) <= 5 and int(port) == 0):
+        # torch takes port 0, or a name no resolver takes, then prints pages of C++ frames
+        raise UsageError(f"bad --rdzv-endpoint {endpoint[:80]!r}: expected HOST:PORT with a host name of at most "
+                         "255 characters and a port 1-65535")
     if ns.rdzv_backend == "static":  # as torchrun: the master's address, and the node rank from the flags
         conf["rank"] = ns.node_rank
         endpoint = endpoint or f"{ns.master_addr}:{master_port or free_port()}"
