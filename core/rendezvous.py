@@ -72,7 +72,19 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
             raise UsageError(f"bad --rdzv-conf {text!r}: expected KEY=VALUE[,KEY=VALUE...], "
                              "e.g. join_timeout=60,last_call_timeout=5")
         conf[key.strip()] = value.strip()
+    for key in _COUNTS.intersection(conf):
+        try:
+            number = int(conf[key])
+        except ValueError:  # not a number at all: torch's own words, when it reads it
+            continue
+        if number <= 0:  # torch takes these, then waits out the round (600 s by default)
+            raise UsageError(f"bad --rdzv-conf {key}={conf[key]}: expected a positive whole number")
     return conf
+
+
+# --rdzv-conf keys torch reads as whole numbers that must be positive: seconds, or attempts.
+_COUNTS = frozenset({"join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
+                     "keep_alive_max_attempt", "read_timeout", "timeout"})
 
 
 def _torch_rendezvous(backend: str) -> Any:

@@ -183,6 +183,8 @@ BAD = [
      "ranktop: error: bad --signals-to-handle 'SIGTERM,SIGCHLD': SIGCHLD comes each time a rank ends"),
     (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", S], {},  # pages of torch's C++ frames
      "ranktop: error: bad --rdzv-endpoint '127.0.0.1:0': expected HOST:PORT"),
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-conf", "keep_alive_interval=-1", S],
+     {}, "ranktop: error: bad --rdzv-conf keep_alive_interval=-1: expected a positive whole number"),  # it waited
     (["--run-id", "x" * 300, S], {},  # it blamed --log-dir
      f"ranktop: error: bad --run-id '{'x' * 80}': it is longer than 200 bytes"),
 ]
