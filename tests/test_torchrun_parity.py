@@ -157,6 +157,7 @@ BAD = [
     ([S], {"PYTHON_EXEC": "/nonexistent/python"}, "ranktop: error: bad PYTHON_EXEC='/nonexistent/python'"),
     (["--no-python", "-m", B], {}, "ranktop: error: --no-python and --module exclude each other"),
     (["--local-ranks-filter", ",", S], {}, "ranktop: error: bad --local-ranks-filter ','"),
+    (["--local-ranks-filter", "0,-1", S], {}, "ranktop: error: bad --local-ranks-filter '0,-1'"),  # -1 names no rank
     # torchrun waits for ever: no other node can find its store on a random local port
     (["--standalone", "--nnodes", "2", S], {}, "ranktop: error: --standalone runs this one node, and --nnodes 2"),
     # torchrun reads it as host ":", port 1, and hangs

@@ -357,9 +357,12 @@ def parse_ranks(value: str | None) -> set[int] | None:
     if not value:  # as torchrun: empty is no filter
         return None
     try:
-        return {int(v) for v in value.split(",")}  # an empty item ("0,", ",") is an error, as in torchrun
+        ranks = {int(v) for v in value.split(",")}  # an empty item ("0,", ",") is an error, as in torchrun
     except ValueError:
-        raise UsageError(f"bad --local-ranks-filter {value!r}: expected local ranks like 0 or 0,2") from None
+        ranks = {-1}
+    if not all(0 <= r < limits.MAX_NPROC_PER_NODE for r in ranks):  # (torchrun takes -1: then no rank prints)
+        raise UsageError(f"bad --local-ranks-filter {value[:80]!r}: expected local ranks like 0 or 0,2")
+    return ranks
 
 
 # --run-path: the script runs inside the rank's interpreter through runpy, as torchrun's
