@@ -107,6 +107,13 @@ def test_a_duplicate_filter_of_bytes_that_are_not_utf8_matches_those_bytes(tmp_p
     assert (tmp_path / "b" / "attempt_0" / "filtered_stdout.log").read_bytes() == b"[default0]:a\xffb\n"
 
 
+def test_a_headless_metric_is_said_to_be_ignored(tmp_path):
+    res = run_ranktop("--headless", "--metric", r"loss (\d+)", "--log-dir", str(tmp_path), "--no-python", "echo", "hi")
+    assert res.returncode == 0 and res.stdout == "[default0]:hi\n"
+    assert res.stderr == ("ranktop: --metric ignored: a headless run has no TUI to show it in "
+                          "(ranktop attach RUN --metric REGEX does)\n")
+
+
 def test_redirects_keep_streams_off_the_console_but_in_files(tmp_path):
     script = tmp_path / "r.py"
     script.write_text("import sys\nprint('to out')\nprint('to err', file=sys.stderr)\n")

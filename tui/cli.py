@@ -780,6 +780,9 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     interpreter = other_interpreter(spec)
     if interpreter:
         print(f"ranktop: ranks run {clean(interpreter)}", file=sys.stderr)
+    if ns.metric is not None and not ns.detached_child:  # (--detach refuses it: it has no TUI at all)
+        print("ranktop: --metric ignored: a headless run has no TUI to show it in (ranktop attach RUN "
+              "--metric REGEX does)", file=sys.stderr)
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=stall_timeout,
                        sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,
