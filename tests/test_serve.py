@@ -1011,11 +1011,14 @@ def test_a_subscriber_that_never_reads_does_not_slow_the_run(tmp_path, runtime):
     go = tmp_path / "go"
     script.write_text(f"import os, sys, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\n"
                       "for i in range(400_000):\n    sys.stdout.write(f'line {i} ' + 'x' * 60 + '\\n')\n")
-    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--run-id", "flood", "--log-dir",
-                                        str(tmp_path / "logs"), str(script)),
-                            cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    err = tmp_path / "ranktop.err"  # (kept: a run that is never served says why there)
+    with open(err, "w") as err_file:
+        proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--run-id", "flood", "--log-dir",
+                                            str(tmp_path / "logs"), str(script)),
+                                cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=err_file)
     try:
-        (run,) = wait_for(lambda: ls(runtime), what="the run served")
+        # A generous deadline: once, with the other worker busy, it was not listed within 10 s.
+        (run,) = wait_for(lambda: ls(runtime), timeout=30, what=f"the run served (its stderr: {err})")
         with socket.socket(socket.AF_UNIX) as lazy:  # subscribes, then never reads a byte
             lazy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             lazy.connect(run["socket"])
