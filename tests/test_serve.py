@@ -516,6 +516,26 @@ def test_attach_shows_the_run_acts_on_it_and_leaves_it_running(tmp_path, runtime
         proc.wait(30)
 
 
+def test_detach_says_how_to_stop_a_run_that_is_not_served_in_time(tmp_path, monkeypatch, capsys):
+    """A background run still starting when --detach stops waiting (its rendezvous store out of
+    reach, say) is not listed yet: the line says so and how to stop it (it said `ranktop ls`)."""
+    from ranktop.tui import cli
+
+    monkeypatch.setattr(cli, "SERVE_WAIT_SECONDS", 0.5)
+    child = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    try:
+        assert cli._wait_served(child, "slow", str(tmp_path / "slow.sock")) == 1
+    finally:
+        child.kill()
+        child.wait()
+        child.stderr.close()
+    assert capsys.readouterr().err == (
+        f"ranktop: slow (pid {child.pid}) is not served after 0.5 s: it is still starting, and ranktop ls lists "
+        f"it once it is (a rendezvous store out of reach is waited for until its time-out); kill {child.pid} "
+        "stops it\n")
+
+
 def test_detach_starts_the_run_in_the_background_and_returns(tmp_path, runtime):
     script = tmp_path / "ticker.py"
     script.write_text(TICKER)

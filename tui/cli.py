@@ -675,7 +675,7 @@ def _wait_served(child, run_id: str, path: str | None) -> int:
     from ranktop.core.client import served_runs
 
     said = _PipeTail(child.stderr.fileno())
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + SERVE_WAIT_SECONDS
     while time.monotonic() < deadline:
         said.drain()  # torch may say a lot (a store out of reach): the pipe must never fill
         if child.poll() is not None:
@@ -696,8 +696,14 @@ def _wait_served(child, run_id: str, path: str | None) -> int:
         print(f"ranktop: started {name} in the background (pid {child.pid}): ranktop attach {name} | "
               f"ranktop logs {name} -f | ranktop stop {name}")
         return 0
-    print(f"ranktop: {run_id} (pid {child.pid}) started but does not answer yet: ranktop ls", file=sys.stderr)
+    # Still starting (its rendezvous store not reached yet, say): not served, so not listed yet.
+    print(f"ranktop: {run_id} (pid {child.pid}) is not served after {SERVE_WAIT_SECONDS:g} s: it is still "
+          f"starting, and ranktop ls lists it once it is (a rendezvous store out of reach is waited for "
+          f"until its time-out); kill {child.pid} stops it", file=sys.stderr)
     return 1
+
+
+SERVE_WAIT_SECONDS = 30.0  # how long --detach waits for its background run to be served
 
 
 def _served_now(path: str) -> bool:
