@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from ranktop.core import collector, guard, limits, numa
 from ranktop.core.errors import UsageError
 from ranktop.core.stdio import reopen_closed_streams, terminal_problem
-from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, usage_error
+from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, usage_error, usage_line
 
 
 def _number(flag: str, bounds: limits.Bounds):
@@ -628,9 +628,7 @@ def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
     except UsageError as exc:
         return usage_error(str(exc))
     except RendezvousFailed as exc:  # e.g. the endpoint cannot be reached: not a usage error
-        from ranktop.core.sanitize import shown  # (torch's words may quote what was typed)
-
-        print(f"ranktop: error: {shown(str(exc))}", file=sys.stderr)
+        print(usage_line(str(exc)), file=sys.stderr)  # (shown safely: torch's words may quote what was typed)
         return 1
 
 

@@ -119,13 +119,13 @@ def search_pattern(query: str) -> re.Pattern[str] | None:
     with a one-line reason when it does not compile."""
     if not query.startswith(REGEX_PREFIX):
         return None
+    from ranktop.tui.usage import compiled_regex
+
     text = query[len(REGEX_PREFIX):]
     try:
-        return re.compile(text, re.IGNORECASE)
-    except re.error as exc:
-        raise ValueError(f"bad regular expression {text!r}: {exc}") from None
-    except (OverflowError, RecursionError):  # a{99999999999}, thousands of nested groups
-        raise ValueError(f"bad regular expression {text[:80]!r}: too large or too deeply nested") from None
+        return compiled_regex(text, re.IGNORECASE)
+    except ValueError as exc:
+        raise ValueError(f"bad regular expression {text[:80]!r}: {exc}") from None
 
 
 def regex_matches(raw: bytes, pattern: re.Pattern[str]) -> bool:

@@ -30,12 +30,12 @@ class BadMetric(ValueError):
 
 def compile_metric(pattern: str) -> re.Pattern[str]:
     """The --metric regular expression: its first group (or the whole match) is the value."""
+    from ranktop.tui.usage import compiled_regex
+
     try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise BadMetric(f"bad --metric {pattern!r}: {exc}") from None
-    except (OverflowError, RecursionError):  # a{99999999999}, thousands of nested groups
-        raise BadMetric(f"bad --metric {pattern[:80]!r}: too large or too deeply nested to compile") from None
+        return compiled_regex(pattern)
+    except ValueError as exc:
+        raise BadMetric(f"bad --metric {pattern[:80]!r}: {exc}") from None
 
 
 def metric_name(pattern: re.Pattern[str]) -> str:

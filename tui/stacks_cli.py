@@ -63,8 +63,8 @@ def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | N
             raise BadTarget(f"no target given and no runs in {root}: give a run directory, a log directory or a pid")
         target = root
     if _is_pid(target):
-        pid = int(target) if len(target) <= len(str(PID_MAX)) else PID_MAX + 1
-        if pid > PID_MAX or not psutil.pid_exists(pid):
+        pid = int(target) if len(target) <= len(str(PID_MAX)) else None  # (int() refuses 4300+ digits)
+        if pid is None or pid > PID_MAX or not psutil.pid_exists(pid):
             raise BadTarget(f"bad target {target[:40]}: no process with that pid")
         try:
             pids, local, run_dir = stacks.ranks_of_pid(pid)

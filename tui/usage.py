@@ -7,6 +7,7 @@ through `usage_error`, so they read the same.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import NoReturn
 
@@ -28,6 +29,17 @@ def metric_pattern(text: str):  # -> re.Pattern[str]
         return compile_metric(text)
     except BadMetric as exc:
         raise BadValue(str(exc)) from None
+
+
+def compiled_regex(text: str, flags: int = 0) -> re.Pattern[str]:
+    """`text` compiled; ValueError saying why not, in words (re's own; or, where re raises
+    OverflowError or RecursionError, as for a{99999999999} or thousands of nested groups, that)."""
+    try:
+        return re.compile(text, flags)
+    except re.error as exc:
+        raise ValueError(str(exc)) from None
+    except (OverflowError, RecursionError):
+        raise ValueError("too large or too deeply nested to compile") from None
 
 
 def usage_line(message: str) -> str:
