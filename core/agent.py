@@ -146,6 +146,7 @@ class LocalAgent:
         duplicate_filters: dict[int, tuple[str, ...]] | None = None,
         on_notice: Callable[[str], None] | None = None,
         hangup_stops: bool = True,
+        on_under_way: Callable[[], None] | None = None,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
         if stall_timeout is not None:
@@ -214,6 +215,10 @@ class LocalAgent:
         # dump's own lines may come): a dump does not count as the rank speaking
         self._dump_holds: dict[int, tuple[int, float | None, float]] = {}
         self._started = threading.Event()
+        # Called once, when the run first has something to watch: its first ranks started, or it
+        # waits for a rendezvous round. The command line serves the run then, not before: what
+        # only serves observers must not hold up the ranks' start.
+        self._on_under_way = on_under_way
         # (signal, monotonic arrival time), appended by signal handlers, drained by the loop.
         self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
         self._stop_rule = StopRule(hangup_stops=hangup_stops)
@@ -401,7 +406,13 @@ class LocalAgent:
         self.state = GroupState.RUNNING
         self._start_watch()
         self._started.set()
+        self._now_under_way()
         return True
+
+    def _now_under_way(self) -> None:
+        hook, self._on_under_way = self._on_under_way, None
+        if hook is not None:
+            hook()
 
     def _start_failed(self, exc: RankStartError) -> None:
         """A rank's process could not be made: the run ends, failed, saying why (no rank to blame)."""
@@ -515,6 +526,7 @@ class LocalAgent:
         self._round_end = None
         self.events.write("rendezvous_joining", rendezvous=self.rendezvous.describe(), attempt=self.attempt)
         waiting = self._waiting = self.rendezvous.waiting_words()
+        self._now_under_way()
         try:  # headless says so once the wait is not a short one (a TUI shows it at once)
             outcome = self._wait_unless_stopped(self.rendezvous.next_round, slow=lambda: self._notice(waiting))
         finally:

@@ -505,6 +505,27 @@ def test_a_stop_signal_while_waiting_for_nodes_ends_at_once(tmp_path, torch_inst
     assert "stopped by SIGTERM" in err and "Traceback" not in err
 
 
+def test_a_node_waiting_for_others_is_served_before_any_rank_starts(tmp_path, torch_installed):
+    """A foreground run is served once it is under way: its ranks started or, here, its wait for
+    a round begun (which may take minutes). ranktop ls lists it while it waits, and stop ends it."""
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    job = Job(tmp_path, "served-wait")
+    job.env = {"XDG_RUNTIME_DIR": str(runtime)}
+    env = {**os.environ, **job.env}
+    node = job.start("print")
+    (run,) = wait_for(lambda: json.loads(run_ranktop("ls", "--json", env=env).stdout), timeout=30,
+                      what="the waiting node listed by ranktop ls")
+    assert run["run_id"] == "served-wait" and run["pid"] == node.pid
+    assert [e["event"] for e in events(tmp_path / "node0") if e["event"].startswith("rendezvous")] == [
+        "rendezvous_joining"]  # still waiting: no round has placed it
+    stopped = run_ranktop("stop", "served-wait", env=env, timeout=TIMEOUT)
+    assert stopped.returncode == 0, stopped.stderr
+    ((status, out, err),) = job.finish()
+    assert status == 130 and "PLACED" not in out, err  # a stop the user asked for
+    assert not any(e["event"] == "started" for e in events(tmp_path / "node0"))
+
+
 def test_tui_shows_the_wait_for_nodes_and_why_the_run_ended(tmp_path, torch_installed):
     import asyncio
 

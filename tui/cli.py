@@ -617,8 +617,8 @@ def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
         if ns.detach:
             return start_detached(argv, ns)
         if want_tui(ns) and _terminal_usable():
-            from ranktop.tui.app import run_tui
             from ranktop.tui.detach import hold_terminal
+            from ranktop.tui.run import run_tui
 
             detacher = hold_terminal()  # a child runs the TUI from here on, so that q can detach
             adopt_orphans()
@@ -787,20 +787,28 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     if ns.metric is not None and not ns.detached_child:  # (--detach refuses it: it has no TUI at all)
         print("ranktop: --metric ignored: a headless run has no TUI to show it in (ranktop attach RUN "
               "--metric REGEX does)", file=sys.stderr)
+    server = None
+
+    def under_way() -> None:  # start-up is over: serve the run (ls, attach, stop) from now on
+        nonlocal server
+        server = serve_run(engine)
+        if ns.detached_child:  # served: the command that started us stops reading our stderr now
+            _stderr_to_devnull()
+        collector.release()
+
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=stall_timeout,
                        sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,
                        sanitize_console=ns.sanitize_console, signals_to_handle=ns.signals_to_handle,
                        echo_events=ns.event_log_handler == "console", hangup_stops=not ns.detached_child,
                        duplicate_filters={1: tuple(ns.duplicate_stdout_filters), 2: tuple(ns.duplicate_stderr_filters)},
-                       color=sys.stdout.isatty() and "NO_COLOR" not in os.environ)
+                       color=sys.stdout.isatty() and "NO_COLOR" not in os.environ,
+                       on_under_way=None if ns.detached_child else under_way)
     if sampler is not None:
         sampler.attach(agent)
     engine = LocalEngine(agent)
-    server = serve_run(engine)
-    if ns.detached_child:  # served: the command that started us stops reading our stderr now
-        _stderr_to_devnull()
-    collector.release()
+    if ns.detached_child:  # served before any rank speaks: our stderr is the parent's pipe until then
+        under_way()
     try:
         result = engine.run_here()  # the monitor loop in this thread, which gets the signals
         if server is not None and ns.detached_child:
