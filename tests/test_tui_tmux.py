@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -67,5 +68,27 @@ def test_tui_in_tmux_keys_and_clean_quit(tmp_path):
         wait_for(lambda: status.exists() and status.read_text().strip(), timeout=15, what="ranktop exited")
         assert status.read_text().strip() == "130"
         assert any(e["event"] == "user_stop" for e in read_events(next((tmp_path / "logs").iterdir())))
+    finally:
+        term.close()
+
+
+def test_a_sigterm_while_textual_loads_stops_the_run_once_the_tui_is_up(tmp_path):
+    """The ranks start before Textual is imported (that takes longer than their start): a stop
+    signal that comes meanwhile, here from a rank's first line, is kept and acted on by the app,
+    as one that comes later: the ranks get it, and ranktop exits as a stopped run does."""
+    script = tmp_path / "stopper.py"
+    script.write_text("import os, signal, time\nos.kill(os.getppid(), signal.SIGTERM)\n"
+                      "print('sent', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+    status = tmp_path / "status"
+    command = (f"cd {ROOT} && {sys.executable} -m ranktop --tui --nproc-per-node 1 --shutdown-timeout 3 "
+               f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
+    term = Terminal(command)
+    try:
+        wait_for(lambda: status.exists() and status.read_text().strip(), timeout=30, what="ranktop exited")
+        assert status.read_text().strip() == str(128 + signal.SIGTERM)
+        events = read_events(next((tmp_path / "logs").iterdir()))
+        assert [e["signal"] for e in events if e["event"] == "signal_received"] == ["SIGTERM"], events
+        (exited,) = [e for e in events if e["event"] == "exited"]
+        assert exited["signal"] == "SIGTERM", exited
     finally:
         term.close()

@@ -1,21 +1,16 @@
-"""The Textual app around one Engine, and `run_tui`, the CLI's entry point for the TUI.
+"""The Textual app around one Engine.
 
-The app knows only the Engine interface (core/engine.py): `run_tui` starts a LocalEngine (the
-agent's monitor loop in a thread of its own) and hands it over; the app reads snapshots and
-submits commands. The exit status is the headless one (0 / 1 / 128+N); quitting while ranks run
+The app knows only the Engine interface (core/engine.py): `run_tui` (tui/run.py) starts a
+LocalEngine (the agent's monitor loop in a thread of its own) and hands it over; the app reads
+snapshots and submits commands. The exit status is the headless one (0 / 1 / 128+N); quitting while ranks run
 stops them with the shutdown grace and exits 130, as an interrupted headless run would.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
-import os
 import re
 import signal
-import sys
-import termios
 from collections.abc import Iterable
 from functools import partial
 from typing import Any
@@ -23,12 +18,10 @@ from typing import Any
 from ranktop.core import collector
 from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
-from ranktop.core.limits import TUI_STALL_TIMEOUT
 from ranktop.core.sanitize import clean
 from ranktop.core.signals import NOTICE_SIGNALS
-from ranktop.core.state import GroupSnapshot
 from ranktop.tui.commands import help_groups, palette_commands
-from ranktop.tui.detach import Detacher
+from ranktop.tui.detach import detach_terminal, terminal_alive
 from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import ACTS_ON_RANKS, MainScreen
 from ranktop.tui.panes import LogView, read_only
@@ -39,7 +32,6 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 QUIT_STATUS = 128 + signal.SIGINT  # the user interrupted the run from the TUI
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 class RanktopApp(App):
@@ -117,8 +109,8 @@ class RanktopApp(App):
         then SIGKILL; only a second SIGINT kills at once), and leave as soon as the ranks are gone.
         SIGHUP (the terminal went away) detaches instead: the TUI leaves, the run goes on."""
         if signum == signal.SIGHUP:
-            if not _terminal_alive():  # else (the waiting parent killed, a kill -HUP) Textual restores it
-                _detach_terminal()
+            if not terminal_alive():  # else (the waiting parent killed, a kill -HUP) Textual restores it
+                detach_terminal()
             # A run still going is detached; one already over has nothing left to reach but
             # its final.json, so ranktop just leaves.
             self.detached = None if self.main is not None and self.main.ended else "SIGHUP"
@@ -232,121 +224,4 @@ class RanktopApp(App):
         yield from super().get_system_commands(screen)
 
 
-def _terminal_alive() -> bool:
-    """Whether our terminal still answers: one that hung up fails every call (EIO). A SIGHUP
-    may come while it lives: from the waiting parent's death (SIGKILLed), or a kill -HUP."""
-    try:
-        termios.tcgetattr(2)
-    except (termios.error, OSError):
-        return False
-    return True
-
-
-def _detach_terminal(stdin: bool = False) -> None:
-    """The terminal hung up: send what Textual still writes (its shutdown sequence) to /dev/null,
-    so a write to the dead terminal cannot wedge its writer thread and keep us from exiting.
-    `stdin` too once Textual's input thread is gone, so that nothing of ours holds the terminal."""
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2) if stdin else (1, 2):
-        try:
-            os.dup2(devnull, fd)
-        except OSError:
-            pass
-    os.close(devnull)
-
-
-def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, Any]:
-    from ranktop.core.agent import LocalAgent
-    from ranktop.core.engine import LocalEngine
-    from ranktop.core.stats import StatsSampler
-
-    sampler = StatsSampler()
-    agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
-                       shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout or TUI_STALL_TIMEOUT,
-                       console=False, color=color, sampler=sampler,
-                       faulthandler=not getattr(ns, "no_faulthandler", False),
-                       duplicate_filters={1: tuple(getattr(ns, "duplicate_stdout_filters", ())),
-                                          2: tuple(getattr(ns, "duplicate_stderr_filters", ()))})
-    engine = LocalEngine(agent)
-    sampler.attach(engine)
-    return engine, sampler
-
-
-def print_end_report(group: GroupSnapshot) -> None:
-    """The TUI is gone: leave what headless would have said (and the success line) in the
-    terminal, so the root cause and the run directory outlive the screen."""
-    from ranktop.core.report import report_after_tui
-
-    if group.ended:
-        report = report_after_tui(group)
-        if report:
-            print(clean(report, sgr=True, newlines=True), file=sys.stderr)
-
-
-def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher: Detacher | None) -> None:
-    """The TUI is gone (its terminal hung up, or the user detached); the ranks run on until they
-    end or a stop comes (`ranktop stop`, SIGTERM), and the terminal is let go."""
-    run_id = server.run_id if server is not None else engine.agent.run_id  # its name in ranktop ls
-    if reason == "key" or _terminal_alive():  # (a hang-up where the terminal lives: the parent killed)
-        # (q offers detach only where the run is served)
-        print(f"ranktop: run {run_id} goes on in the background (pid {os.getpid()}); ranktop attach {run_id} "
-              f"shows it again, ranktop stop {run_id} ends it", file=sys.stderr, flush=True)
-    _detach_terminal(stdin=True)  # Textual has stopped reading it: the dead terminal is nothing of ours now
-    engine.agent.events.write("detached", reason=reason)
-    # A later SIGHUP is noted in events.jsonl and the run goes on. (Not SIG_IGN: ranks the run
-    # starts from now on would inherit it through exec and be deaf to a hang-up of their own.)
-    engine.agent.ignore_hangups()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: engine.submit(cmd.Interrupt(signum)))
-    try:
-        os.setsid()  # out of the terminal's session: its later hang-ups and job control are not ours
-    except OSError:  # a process group leader already (no detacher fork): stdio is gone anyway
-        pass
-    if detacher is not None:
-        detacher.release()  # the shell gets its prompt back
-    while not engine.ended:
-        engine.wait(1.0)  # in slices: the signal handlers run between them
-    if server is not None:
-        server.linger(linger)  # clients still see the end; `ranktop stop` lets it go
-
-
-def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None) -> int:
-    """Run `spec` under the TUI; returns the exit status headless would have returned."""
-    no_color = os.environ.get("NO_COLOR") is not None
-    if no_color:  # Textual consumes NO_COLOR; the ranks must still see it
-        spec = dataclasses.replace(spec, env={**spec.env, "NO_COLOR": os.environ["NO_COLOR"]})
-    engine, sampler = _tui_engine(spec, ns, color=not no_color)
-    app = RanktopApp(engine, exit_on_end=getattr(ns, "exit_on_end", False), metric=getattr(ns, "metric", None))
-    previous = {sig: signal.signal(sig, lambda signum, _frame: app.stop_on_signal(signum)) for sig in _STOP_SIGNALS}
-    for sig in getattr(ns, "signals_to_handle", ()):  # QUIT stops as TERM does; USR1/USR2 are passed on
-        if sig not in previous:
-            previous[sig] = signal.signal(sig, lambda signum, _frame: app.stop_on_signal(signum))
-    server = None
-    try:
-        engine.start()
-        from ranktop.tui.cli import serve_run
-
-        server = serve_run(engine)
-        app.can_detach = detacher is not None and server is not None
-        if server is not None:
-            server.shown = True
-        app.run()
-        if server is not None:
-            server.shown = False
-        collector.release()  # (if the app never got to its first frame)
-        if app.detached:
-            _run_detached(engine, server, getattr(ns, "linger", 600.0), app.detached, detacher)
-    finally:
-        engine.close()
-        if server is not None:
-            server.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        sampler.close()
-    if engine.error is not None:
-        raise engine.error
-    print_end_report(engine.snapshot())
-    return app.exit_status
-
-
-__all__ = ["LogView", "RanktopApp", "run_tui"]
+__all__ = ["LogView", "RanktopApp"]

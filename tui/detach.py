@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import termios
 import threading
 
 from ranktop.core.strays import prctl
@@ -80,3 +81,26 @@ def _wait_for(child: int) -> int:
 
 def _on_parent_death(signum: int) -> None:
     prctl(_PR_SET_PDEATHSIG, int(signum))
+
+
+def terminal_alive() -> bool:
+    """Whether our terminal still answers: one that hung up fails every call (EIO). A SIGHUP
+    may come while it lives: from the waiting parent's death (SIGKILLed), or a kill -HUP."""
+    try:
+        termios.tcgetattr(2)
+    except (termios.error, OSError):
+        return False
+    return True
+
+
+def detach_terminal(stdin: bool = False) -> None:
+    """The terminal hung up: send what Textual still writes (its shutdown sequence) to /dev/null,
+    so a write to the dead terminal cannot wedge its writer thread and keep us from exiting.
+    `stdin` too once Textual's input thread is gone, so that nothing of ours holds the terminal."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2) if stdin else (1, 2):
+        try:
+            os.dup2(devnull, fd)
+        except OSError:
+            pass
+    os.close(devnull)

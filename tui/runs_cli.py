@@ -145,7 +145,8 @@ def attach(argv: list[str]) -> int:
         return _show(RanktopApp(run, metric=ns.metric))
     connecting = _Connecting(run.path, ns.read_only)
     connecting.start()
-    from ranktop.tui.app import RanktopApp, print_end_report  # Textual loads while the engine answers
+    from ranktop.tui.app import RanktopApp  # Textual loads while the engine answers
+    from ranktop.tui.run import print_end_report
 
     connecting.join()
     engine = connecting.engine
@@ -199,7 +200,7 @@ def _no_terminal() -> str | None:
 
 
 def _show(app) -> int:
-    from ranktop.tui.app import print_end_report
+    from ranktop.tui.run import print_end_report
 
     app.attached = True
     app.run()

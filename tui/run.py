@@ -1,0 +1,130 @@
+"""`run_tui`, the command line's TUI run: the engine starts the ranks first, then Textual loads.
+
+Importing Textual and the app takes longer than starting the ranks (0.13-0.23 s on a 2-core
+box), so the ranks start before it, as `ranktop attach` connects before it: the ranks' own
+start-up and the TUI's overlap. Nothing here imports Textual until the ranks run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import sys
+from typing import Any
+
+from ranktop.core import collector
+from ranktop.core import commands as cmd
+from ranktop.core.limits import TUI_STALL_TIMEOUT
+from ranktop.core.sanitize import clean
+from ranktop.core.state import GroupSnapshot
+from ranktop.tui.detach import Detacher, detach_terminal, terminal_alive
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None) -> int:
+    """Run `spec` under the TUI; returns the exit status headless would have returned."""
+    no_color = os.environ.get("NO_COLOR") is not None
+    if no_color:  # Textual consumes NO_COLOR; the ranks must still see it
+        spec = dataclasses.replace(spec, env={**spec.env, "NO_COLOR": os.environ["NO_COLOR"]})
+    engine, sampler = _tui_engine(spec, ns, color=not no_color)
+    app = None
+    early: list[int] = []  # stop signals that came while Textual loaded: the app takes them once it exists
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if app is None:
+            early.append(signum)
+        else:
+            app.stop_on_signal(signum)
+
+    # QUIT stops as TERM does; USR1/USR2 are passed on
+    handled = dict.fromkeys((*_STOP_SIGNALS, *getattr(ns, "signals_to_handle", ())))
+    previous = {sig: signal.signal(sig, on_signal) for sig in handled}
+    server = None
+    try:
+        engine.start()
+        from ranktop.tui.cli import serve_run
+
+        server = serve_run(engine)
+        from ranktop.tui.app import RanktopApp  # Textual loads while the ranks start
+
+        app = RanktopApp(engine, exit_on_end=getattr(ns, "exit_on_end", False), metric=getattr(ns, "metric", None))
+        for signum in early:
+            app.stop_on_signal(signum)
+        app.can_detach = detacher is not None and server is not None
+        if server is not None:
+            server.shown = True
+        app.run()
+        if server is not None:
+            server.shown = False
+        collector.release()  # (if the app never got to its first frame)
+        if app.detached:
+            _run_detached(engine, server, getattr(ns, "linger", 600.0), app.detached, detacher)
+    finally:
+        engine.close()
+        if server is not None:
+            server.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sampler.close()
+    if engine.error is not None:
+        raise engine.error
+    print_end_report(engine.snapshot())
+    return app.exit_status
+
+
+def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, Any]:
+    from ranktop.core.agent import LocalAgent
+    from ranktop.core.engine import LocalEngine
+    from ranktop.core.stats import StatsSampler
+
+    sampler = StatsSampler()
+    agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
+                       shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout or TUI_STALL_TIMEOUT,
+                       console=False, color=color, sampler=sampler,
+                       faulthandler=not getattr(ns, "no_faulthandler", False),
+                       duplicate_filters={1: tuple(getattr(ns, "duplicate_stdout_filters", ())),
+                                          2: tuple(getattr(ns, "duplicate_stderr_filters", ()))})
+    engine = LocalEngine(agent)
+    sampler.attach(engine)
+    return engine, sampler
+
+
+def print_end_report(group: GroupSnapshot) -> None:
+    """The TUI is gone: leave what headless would have said (and the success line) in the
+    terminal, so the root cause and the run directory outlive the screen."""
+    from ranktop.core.report import report_after_tui
+
+    if group.ended:
+        report = report_after_tui(group)
+        if report:
+            print(clean(report, sgr=True, newlines=True), file=sys.stderr)
+
+
+def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher: Detacher | None) -> None:
+    """The TUI is gone (its terminal hung up, or the user detached); the ranks run on until they
+    end or a stop comes (`ranktop stop`, SIGTERM), and the terminal is let go."""
+    run_id = server.run_id if server is not None else engine.agent.run_id  # its name in ranktop ls
+    if reason == "key" or terminal_alive():  # (a hang-up where the terminal lives: the parent killed)
+        # (q offers detach only where the run is served)
+        print(f"ranktop: run {run_id} goes on in the background (pid {os.getpid()}); ranktop attach {run_id} "
+              f"shows it again, ranktop stop {run_id} ends it", file=sys.stderr, flush=True)
+    detach_terminal(stdin=True)  # Textual has stopped reading it: the dead terminal is nothing of ours now
+    engine.agent.events.write("detached", reason=reason)
+    # A later SIGHUP is noted in events.jsonl and the run goes on. (Not SIG_IGN: ranks the run
+    # starts from now on would inherit it through exec and be deaf to a hang-up of their own.)
+    engine.agent.ignore_hangups()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: engine.submit(cmd.Interrupt(signum)))
+    try:
+        os.setsid()  # out of the terminal's session: its later hang-ups and job control are not ours
+    except OSError:  # a process group leader already (no detacher fork): stdio is gone anyway
+        pass
+    if detacher is not None:
+        detacher.release()  # the shell gets its prompt back
+    while not engine.ended:
+        engine.wait(1.0)  # in slices: the signal handlers run between them
+    if server is not None:
+        server.linger(linger)  # clients still see the end; `ranktop stop` lets it go
