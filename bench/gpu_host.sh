@@ -6,7 +6,7 @@
 #     python -m pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl \
 #         textual rich markdown-it-py mdit-py-plugins linkify-it-py uc-micro-py platformdirs mdurl pygments py-spy
 # Then there, from the checkout's root:  OUT=DIR bash bench/gpu_host.sh [STEP...]
-# Steps, most wanted first: gpu writes launch tui memory big stacks attach (default: all), each
+# Steps, most wanted first: gpu writes launch first tui memory big stacks attach (default: all), each
 # bounded in time; their output also goes to $OUT/steps.txt, gpu_check's captures and SVG to $OUT.
 set -u
 OUT=${OUT:-out}
@@ -27,11 +27,12 @@ step() {  # step NAME SECONDS COMMAND...: one bounded step, its output kept
     echo "== $name: exit ${PIPESTATUS[0]}"
 }
 
-for s in ${@:-gpu writes launch tui memory big stacks attach}; do
+for s in ${@:-gpu writes launch first tui memory big stacks attach}; do
     case $s in
         gpu) step gpu 150 python3 -u scripts/gpu_check.py --out "$OUT" ;;
         writes) step writes 90 python3 -u bench/bench_launch.py -s writes -n 5 --no-torchrun --installed "$WHEEL" ;;
         launch) step launch 120 python3 -u bench/bench_launch.py -s many -s trivial -n 5 --installed "$WHEEL" ;;
+        first) step first 90 python3 -u bench/bench_first_rank.py --rounds 9 --installed "$WHEEL" ;;
         tui) step tui 110 python3 -u bench/bench_tui.py --cases steady --apps ranktop --seconds 20 --repeats 3 \
                  --installed "$WHEEL" ;;
         memory) step memory 60 python3 -u bench/bench_tui.py --cases memory --apps ranktop --installed "$WHEEL" ;;
