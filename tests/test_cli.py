@@ -59,6 +59,19 @@ def test_static_multi_node_without_torch_ranks_and_user_omp_threads(tmp_path):
     assert "[default5]:ENV" in res.stdout and "[default4]:ENV" in res.stdout
 
 
+def test_j_with_flags_that_agree_or_pet_defaults_runs_as_j_says(tmp_path):
+    """A typed --nnodes/--nproc-per-node that says what -j says is fine; a PET_* default is not
+    typed, and -j beats it as any flag beats its PET_* default."""
+    res = run_ranktop("--headless", "-j", "1x2", "--nproc-per-node", "2", "--nnodes", "1", "--log-dir",
+                      str(tmp_path), "--run-id", "agree", str(RANKS / "env_dump.py"))
+    assert res.returncode == 0, res.stderr
+    assert _env_of(tmp_path / "agree", 1)["WORLD_SIZE"] == "2"
+    res = run_ranktop("--headless", "-j", "2", "--log-dir", str(tmp_path), "--run-id", "pet",
+                      str(RANKS / "env_dump.py"), env={**os.environ, "PET_NNODES": "3", "PET_NPROC_PER_NODE": "5"})
+    assert res.returncode == 0, res.stderr
+    assert (_env_of(tmp_path / "pet", 1)["WORLD_SIZE"], _env_of(tmp_path / "pet", 1)["GROUP_WORLD_SIZE"]) == ("2", "1")
+
+
 def test_standalone_picks_a_free_port(tmp_path):
     res = run_ranktop("--headless", "--standalone", "--log-dir", str(tmp_path), "--run-id", "s",
                       str(RANKS / "env_dump.py"))
@@ -391,6 +404,11 @@ NUMBER_INPUT = [
     (["-j", "0x2", "{script}"], "bad -j '0x2': expected 1 <= MIN <= MAX"),
     (["-j", "3:2x2", "{script}"], "bad -j '3:2x2': expected 1 <= MIN <= MAX"),
     (["-j", "0", "{script}"], "bad -j '0': expected 1 <= MIN <= MAX"),
+    # -j names the nodes and ranks: a typed --nnodes or --nproc-per-node that says otherwise was dropped
+    (["-j", "2x4", "--nnodes", "1", "{script}"], "-j 2x4 means --nnodes 2, and --nnodes 1 was given too: give one of them"),
+    (["--nnodes=1", "-j", "1:2x2", "{script}"], "-j 1:2x2 means --nnodes 1:2, and --nnodes 1 was given too"),
+    (["-j", "4", "--nproc_per_node", "2", "{script}"],
+     "-j 4 means --nproc-per-node 4, and --nproc-per-node 2 was given too: give one of them"),
     (["--nnodes", "0", "{script}"], "bad --nnodes '0': expected N or MIN:MAX with 1 <= MIN <= MAX <= 524287"),
     (["--nnodes", "4:2", "{script}"], "bad --nnodes '4:2': expected N or MIN:MAX"),
     (["--nnodes", "99999999999", "{script}"], "bad --nnodes '99999999999': expected N or MIN:MAX"),

@@ -58,6 +58,14 @@ def _comma_list(text: str) -> list[str]:
     return [item.replace("\0", ",") for item in text.replace(",,", "\0").split(",") if item]
 
 
+class _Typed(argparse.Action):
+    """Store the value, and note that it was typed: a default (or a PET_* one) may equal it."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.typed = {*getattr(namespace, "typed", ()), self.dest}
+
+
 def _both(name: str) -> list[str]:
     """torchrun accepts --nproc-per-node and --nproc_per_node; so do we."""
     dashed = "--" + name
@@ -153,10 +161,12 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     p.extra_options = RANKTOP_ONLY
     add = p.add_argument
-    add(*_both("nproc-per-node"), type=_nproc_text, default="1", metavar="N|auto|cpu|gpu|xpu",
+    add(*_both("nproc-per-node"), type=_nproc_text, default="1", metavar="N|auto|cpu|gpu|xpu", action=_Typed,
         help="ranks on this node (default 1)")
     add("-j", dest="jobs", metavar="[MIN:]NxM", help="TorchX style: N nodes x M ranks per node")
-    add("--nnodes", default="1", help="number of nodes, N or MIN:MAX (elastic with --rdzv-backend; static: MAX)")
+    add("--nnodes", default="1", action=_Typed,
+        help="number of nodes, N or MIN:MAX (elastic with --rdzv-backend; static: MAX)")
+    p.set_defaults(typed=frozenset())
     add(*_both("node-rank"), type=_number("--node-rank", limits.COUNT), default=0, help="this node's rank (default 0)")
     add(*_both("master-addr"), default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
     add(*_both("master-port"), type=_number("--master-port", limits.PORT), default=None,
@@ -343,6 +353,18 @@ def parse_jobs(value: str) -> tuple[int, int, int]:
     return lo, nnodes, nproc
 
 
+def _check_jobs_agree(ns: argparse.Namespace, min_nodes: int, nnodes: int, nproc: int) -> None:
+    """-j says how many nodes and ranks: a typed --nnodes or --nproc-per-node must say the same
+    (it used to be dropped without a word)."""
+    if "nnodes" in ns.typed and parse_nnodes_range(ns.nnodes) != (min_nodes, nnodes):
+        nodes = f"{min_nodes}:{nnodes}" if min_nodes != nnodes else str(nnodes)
+        raise UsageError(f"-j {ns.jobs} means --nnodes {nodes}, and --nnodes {ns.nnodes} was given too: "
+                         "give one of them")
+    if "nproc_per_node" in ns.typed and parse_nproc(ns.nproc_per_node) != nproc:
+        raise UsageError(f"-j {ns.jobs} means --nproc-per-node {nproc}, and --nproc-per-node "
+                         f"{ns.nproc_per_node} was given too: give one of them")
+
+
 def parse_env(pairs: Sequence[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -441,6 +463,7 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
 
     if ns.jobs:
         min_nodes, nnodes, nproc = parse_jobs(ns.jobs)
+        _check_jobs_agree(ns, min_nodes, nnodes, nproc)
     else:
         (min_nodes, nnodes), nproc = parse_nnodes_range(ns.nnodes), parse_nproc(ns.nproc_per_node)
     if ns.standalone and nnodes > 1:
