@@ -398,11 +398,14 @@ class LocalAgent:
             waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
             cpu_affinity=spec.cpu_affinity, console=self._tee,
         )
+        previous = self.pcontext
         try:
             self.pcontext = context.start()  # what did start is stopped if a rank cannot be
         except RankStartError as exc:
             self._start_failed(exc)
             return False
+        if previous is not None:
+            previous.let_go_of_output()
         self.state = GroupState.RUNNING
         self._start_watch()
         self._started.set()

@@ -438,6 +438,13 @@ class PContext:
         self._emit("output_failed", r, stream=sink.stream, error=sink.failure, path=sink.log_path,
                    saved=sink.saving, traceback=sink.failure_trace)
 
+    def let_go_of_output(self) -> None:
+        """Another attempt replaced this one: what its rings hold goes now (its log files keep
+        it). The context itself may outlive this in a reference cycle, and in the TUI it is frozen
+        with start-up's objects (core/collector.py), so it would never be collected."""
+        for slot in self.slots:
+            slot.ring.clear()
+
     def incomplete_logs(self) -> list[LogLoss]:
         """The log files of this context that miss output, with the bytes each lost so far."""
         return [LogLoss(self.global_ranks[slot.local_rank], sink.log_path, sink.log_error, sink.bytes_lost)

@@ -312,6 +312,15 @@ class LineRing:
     def _open_lines(self) -> list[bytes]:
         return [line for line in (p.state() for p in self.partial.values()) if line]
 
+    def clear(self) -> None:
+        """Let go of everything kept (the attempt is over and replaced; its log files have it)."""
+        with self._lock:
+            self.lines.clear()
+            self._chunks.clear()
+            self.bytes = self._chunk_bytes = self._chunk_newlines = 0
+            self.partial = {STDOUT: OpenLine(), STDERR: OpenLine()}
+            self.version += 1
+
     def tail(self, n: int | None = None) -> list[bytes]:
         """The last n lines (all kept lines when None), unfinished ones last, '\\r' collapsed."""
         with self._lock:

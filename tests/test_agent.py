@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import rank_fns
@@ -98,6 +99,34 @@ def test_restart_group_starts_the_next_attempt(tmp_path):
         agent.stop()
         run.join()
     assert ("group_restart", "user") in [(e["event"], e.get("reason")) for e in read_events(agent.run_dir)]
+
+
+def test_a_replaced_attempt_lets_go_of_its_output_and_its_log_files_keep_it(tmp_path):
+    """The next attempt's start empties the rings of the one it replaced: an attempt can outlive
+    its use in a reference cycle, frozen with start-up's objects in the TUI (gc.freeze), and up
+    to 8 MiB a rank of output with it."""
+    agent = make_agent(tmp_path, n=1, max_restarts=1, code="""
+        import os, sys
+        print("attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], "x" * 5000, flush=True)
+        sys.exit(3)
+    """)
+    first = []
+    start = agent._start_attempt
+
+    def start_and_keep() -> bool:  # (the test's own reference to the first attempt's context)
+        started = start()
+        if not first:
+            first.append(agent.pcontext)
+        return started
+
+    agent._start_attempt = start_and_keep
+    result = agent.run()
+    assert result.exit_status == 1 and agent.attempt == 1
+    (old,) = first
+    assert old is not agent.pcontext and old.slots[0].ring.tail() == [] and old.slots[0].ring.bytes == 0
+    assert agent.pcontext.slots[0].ring.tail() == [b"attempt 1 " + b"x" * 5000]  # the last one keeps its own
+    log = Path(agent.run_dir) / "attempt_0" / "0" / "stdout.log"
+    assert log.read_bytes() == b"attempt 0 " + b"x" * 5000 + b"\n"
 
 
 def test_stall_detection_marks_silent_rank_and_clears(tmp_path):

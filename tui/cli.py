@@ -812,12 +812,11 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
               "--metric REGEX does)", file=sys.stderr)
     server = None
 
-    def under_way() -> None:  # start-up is over: serve the run (ls, attach, stop) from now on
+    def under_way() -> None:  # serve the run (ls, attach, stop) from now on
         nonlocal server
         server = serve_run(engine)
         if ns.detached_child:  # served: the command that started us stops reading our stderr now
             _stderr_to_devnull()
-        collector.release()
 
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=stall_timeout,
@@ -832,6 +831,8 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     engine = LocalEngine(agent)
     if ns.detached_child:  # served before any rank speaks: our stderr is the parent's pipe until then
         under_way()
+    # Start-up is over (before any attempt exists: an attempt frozen by gc.freeze would never be freed)
+    collector.release()
     try:
         result = engine.run_here()  # the monitor loop in this thread, which gets the signals
         if server is not None and ns.detached_child:
