@@ -10,7 +10,7 @@ import sys
 import uuid
 
 import pytest
-from conftest import ROOT, read_events, wait_for
+from conftest import ROOT, read_events, run_ranktop, wait_for
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
 
@@ -92,3 +92,28 @@ def test_a_sigterm_while_textual_loads_stops_the_run_once_the_tui_is_up(tmp_path
         assert exited["signal"] == "SIGTERM", exited
     finally:
         term.close()
+
+
+def test_a_hangup_while_textual_loads_detaches_once_the_first_frame_is_up(tmp_path):
+    """A SIGHUP before the first frame (here from a rank's first line) detaches as a later one
+    does. Leaving while the first screen mounted broke its layout: a NoMatches traceback on screen."""
+    script = tmp_path / "hupper.py"
+    script.write_text("import os, signal, time\nos.kill(os.getppid(), signal.SIGHUP)\n"
+                      "print('sent', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+    status = tmp_path / "status"
+    command = (f"cd {ROOT} && {sys.executable} -m ranktop --tui --nproc-per-node 1 --shutdown-timeout 3 "
+               f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
+    term = Terminal(command)
+    try:
+        wait_for(lambda: status.exists() and status.read_text().strip(), timeout=30, what="ranktop detached")
+        shown = term.screen()
+        run_dir = next((tmp_path / "logs").iterdir())
+        try:
+            assert status.read_text().strip() == "0" and "goes on in the background" in shown, shown
+            assert "Traceback" not in shown and "NoMatches" not in shown and "Error" not in shown, shown
+            assert any(e["event"] == "detached" and e["reason"] == "SIGHUP" for e in read_events(run_dir))
+        finally:
+            stopped = run_ranktop("stop", run_dir.name)  # the run went on: ours to end
+    finally:
+        term.close()
+    assert stopped.returncode == 0, stopped.stderr

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
@@ -56,6 +56,8 @@ class RanktopApp(App):
         self.attached = False  # a client of a run served elsewhere (ranktop attach): detaching is leaving
         self._exit_when_ended = exit_on_end
         self.main: MainScreen | None = None
+        self._frame_shown = False  # the first frame is up (Ready)
+        self._leave_when_ready: Callable[[], object] | None = None  # a hang-up came before it was
 
     @property
     def ended(self) -> bool:
@@ -71,6 +73,11 @@ class RanktopApp(App):
         self.call_after_refresh(collector.release)  # the first frame ends start-up
         if read_only(self):  # ranktop web without --control
             self.main.note = "read-only view"
+
+    def on_ready(self) -> None:
+        self._frame_shown = True
+        if self._leave_when_ready is not None:
+            self._leave_when_ready()
 
     @on(MainScreen.GroupEnded)
     def group_ended(self, event: MainScreen.GroupEnded) -> None:
@@ -114,15 +121,23 @@ class RanktopApp(App):
             # A run still going is detached; one already over has nothing left to reach but
             # its final.json, so ranktop just leaves.
             self.detached = None if self.main is not None and self.main.ended else "SIGHUP"
-            self.call_later(self.exit, self.exit_status if not self.detached else 0)
+            leave = partial(self.exit, self.exit_status if not self.detached else 0)
+            if self._frame_shown:
+                self.call_later(leave)
+            else:  # leaving while the first screen mounts broke its layout (a traceback on screen)
+                self._leave_when_ready = leave
             return
         if signum in NOTICE_SIGNALS:  # for the ranks (Slurm's requeue notice): the run goes on
             self.engine.submit(cmd.Interrupt(signum))
             return
-        self._exit_when_ended = True
         self.engine.submit(cmd.Interrupt(signum))  # answered at once: safe from a signal handler
-        # No snapshot here (it may take locks the interrupted code holds): if the screen already
-        # saw the end, leave now; if not, it will, and GroupEnded leaves then.
+        self.leave_when_ended()
+
+    def leave_when_ended(self) -> None:
+        """A stop was asked for: leave once the group has ended. (No snapshot here: this runs in
+        signal handlers, and it may take locks the interrupted code holds. If the screen already
+        saw the end, leave now; if not, it will, and GroupEnded leaves then.)"""
+        self._exit_when_ended = True
         if self.main is not None and self.main.ended:
             self.call_later(self.exit, self.exit_status)
 

@@ -18,6 +18,7 @@ from ranktop.core import collector
 from ranktop.core import commands as cmd
 from ranktop.core.limits import TUI_STALL_TIMEOUT
 from ranktop.core.sanitize import clean
+from ranktop.core.signals import NOTICE_SIGNALS
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.detach import Detacher, detach_terminal, terminal_alive
 
@@ -31,13 +32,15 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
         spec = dataclasses.replace(spec, env={**spec.env, "NO_COLOR": os.environ["NO_COLOR"]})
     engine, sampler = _tui_engine(spec, ns, color=not no_color)
     app = None
-    early: list[int] = []  # stop signals that came while Textual loaded: the app takes them once it exists
+    early: list[int] = []  # signals that came while Textual loaded
 
     def on_signal(signum: int, _frame: Any) -> None:
-        if app is None:
-            early.append(signum)
-        else:
+        if app is not None:
             app.stop_on_signal(signum)
+            return
+        early.append(signum)
+        if signum != signal.SIGHUP:  # the ranks get it at once, as from the app (a second Ctrl-C kills)
+            engine.submit(cmd.Interrupt(signum))  # (answered at once: safe from a signal handler)
 
     # QUIT stops as TERM does; USR1/USR2 are passed on
     handled = dict.fromkeys((*_STOP_SIGNALS, *getattr(ns, "signals_to_handle", ())))
@@ -51,8 +54,11 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
         from ranktop.tui.app import RanktopApp  # Textual loads while the ranks start
 
         app = RanktopApp(engine, exit_on_end=getattr(ns, "exit_on_end", False), metric=getattr(ns, "metric", None))
-        for signum in early:
-            app.stop_on_signal(signum)
+        for signum in early:  # the ranks have had them: the app leaves, or detaches, as it would have
+            if signum == signal.SIGHUP:
+                app.stop_on_signal(signum)
+            elif signum not in NOTICE_SIGNALS:
+                app.leave_when_ended()
         app.can_detach = detacher is not None and server is not None
         if server is not None:
             server.shown = True
