@@ -404,6 +404,13 @@ NUMBER_INPUT = [
     (["-j", "0x2", "{script}"], "bad -j '0x2': expected 1 <= MIN <= MAX"),
     (["-j", "3:2x2", "{script}"], "bad -j '3:2x2': expected 1 <= MIN <= MAX"),
     (["-j", "0", "{script}"], "bad -j '0': expected 1 <= MIN <= MAX"),
+    # torch retried a malformed address until its time-out; the ranks got it as MASTER_ADDR
+    (["--master-addr", "[::1", "{script}"],
+     "bad --master-addr '[::1': expected a host name or an IP address (IPv6 bare or in brackets)"),
+    (["--master-addr", "node 0", "{script}"], "bad --master-addr 'node 0': expected a host name"),
+    (["--master-addr", "", "{script}"], "bad --master-addr '': expected a host name"),
+    (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1", "--local-addr", "[::1",
+      "{script}"], "bad --local-addr '[::1': expected a host name or an IP address"),
     # -j names the nodes and ranks: a typed --nnodes or --nproc-per-node that says otherwise was dropped
     (["-j", "2x4", "--nnodes", "1", "{script}"], "-j 2x4 means --nnodes 2, and --nnodes 1 was given too: give one of them"),
     (["--nnodes=1", "-j", "1:2x2", "{script}"], "-j 1:2x2 means --nnodes 1:2, and --nnodes 1 was given too"),

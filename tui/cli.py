@@ -58,6 +58,21 @@ def _comma_list(text: str) -> list[str]:
     return [item.replace("\0", ",") for item in text.replace(",,", "\0").split(",") if item]
 
 
+def _address(flag: str):
+    """An argparse type: a host name or an IP address (IPv6 bare or in brackets), else one line.
+    torch takes anything and retries it until its time-out (`[::1` waited out a whole round)."""
+    import re
+
+    shape = re.compile(r"\[[0-9A-Za-z.:%_-]+\]|[0-9A-Za-z.:%_-]+")
+
+    def parse(text: str) -> str:
+        if len(text) > 255 or not shape.fullmatch(text):
+            raise BadValue(f"bad {flag} {text!r}: expected a host name or an IP address (IPv6 bare or in brackets)")
+        return text
+
+    return parse
+
+
 class _Typed(argparse.Action):
     """Store the value, and note that it was typed: a default (or a PET_* one) may equal it."""
 
@@ -168,7 +183,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="number of nodes, N or MIN:MAX (elastic with --rdzv-backend; static: MAX)")
     p.set_defaults(typed=frozenset())
     add(*_both("node-rank"), type=_number("--node-rank", limits.COUNT), default=0, help="this node's rank (default 0)")
-    add(*_both("master-addr"), default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
+    add(*_both("master-addr"), type=_address("--master-addr"), default="127.0.0.1",
+        help="address of node 0 (default 127.0.0.1)")
     add(*_both("master-port"), type=_number("--master-port", limits.PORT), default=None,
         help="port on node 0 (default: a free port on one node, 29500 with several)")
     add("--standalone", action="store_true", help="single node, pick a free port")
@@ -180,7 +196,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="the job's id, the same on every node (TORCHELASTIC_RUN_ID and the run directory's name)")
     add(*_both("rdzv-conf"), default="", metavar="K=V,...",
         help="rendezvous settings, e.g. join_timeout=600,last_call_timeout=30,close_timeout=30,is_host=1")
-    add(*_both("local-addr"), default=None, metavar="ADDR",
+    add(*_both("local-addr"), type=_address("--local-addr"), default=None, metavar="ADDR",
         help="this node's address in the rendezvous (default: its fully qualified host name)")
     add("-m", "--module", action="store_true", help="run the script as a module (python -m)")
     add(*_both("no-python"), action="store_true", help="run the script as a binary, not with python")
