@@ -2,8 +2,9 @@
 
 The app knows only the Engine interface (core/engine.py): `run_tui` (tui/run.py) starts a
 LocalEngine (the agent's monitor loop in a thread of its own) and hands it over; the app reads
-snapshots and submits commands. The exit status is the headless one (0 / 1 / 128+N); quitting while ranks run
-stops them with the shutdown grace and exits 130, as an interrupted headless run would.
+snapshots and submits commands. The exit status is the headless one (0 / 1 / 128+N); quitting
+while ranks run stops them with the shutdown grace and exits 130, as an interrupted headless run
+would.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import signal
 import sys
@@ -61,8 +62,6 @@ def _comma_list(text: str) -> list[str]:
 def _address(flag: str):
     """An argparse type: a host name or an IP address (IPv6 bare or in brackets), else one line.
     torch takes anything and retries it until its time-out (`[::1` waited out a whole round)."""
-    import re
-
     shape = re.compile(r"\[[0-9A-Za-z.:%_-]+\]|[0-9A-Za-z.:%_-]+")
 
     def parse(text: str) -> str:
