@@ -628,10 +628,14 @@ class LocalAgent:
         if state == GroupState.SUCCEEDED:
             timeout = self.exit_barrier_timeout
             self.state = GroupState.RENDEZVOUS
-            if not self.rendezvous.exit_barrier(timeout, self._stop_asked):
-                self._notice(f"exit barrier: not every node of the {self.rendezvous.describe()} "
-                             f"finished within {timeout:g}s")
+            end = self.rendezvous.exit_barrier(timeout, self._stop_asked)
+            if end is not None and end.kind == "timeout":
                 self.events.write("exit_barrier_timeout", timeout=timeout)
+            elif end is not None:
+                self.events.write("exit_barrier_left", kind=end.kind, message=end.message)
+            if end is not None and end.kind != "stopped":  # (a stop says so itself)
+                closed = f"; the {self.rendezvous.describe()} is closed" if end.kind == "peer_gave_up" else ""
+                self._notice(f"exit barrier: {end.message}{closed}")
             self.state = GroupState.SUCCEEDED
             self.rendezvous.close()
         elif state == GroupState.FAILED and self._rdzv_error is None:

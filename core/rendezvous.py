@@ -26,13 +26,15 @@ node did not mark itself as ranktop (a torchrun node's ranks can only reach that
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +53,7 @@ _RANKTOP_NODE = "ranktop/node/"  # written by each ranktop node before its role 
 _GROUP_END = "ranktop/group_end"
 _GAVE_UP = "ranktop/gave_up"
 _GAVE_UP_HEARD = "ranktop/gave_up_heard"
+_BARRIER_LEFT = "ranktop/exit_barrier_left"  # ranktop nodes past the exit barrier (or done waiting at it)
 
 BUILTIN_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
 _POLL = 0.1  # seconds between looks at the store while waiting on it
@@ -90,7 +93,7 @@ _COUNTS = frozenset({"join_timeout", "last_call_timeout", "close_timeout", "keep
 def _torch_rendezvous(backend: str) -> Any:
     """torch's rendezvous package (importing it registers c10d, etcd, static and plugins)."""
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _quiet_cpp_logs():
             warnings.simplefilter("ignore")  # torch warns at import time when numpy is missing
             from torch.distributed.elastic import rendezvous
             from torch.distributed.elastic.rendezvous import registry
@@ -98,6 +101,22 @@ def _torch_rendezvous(backend: str) -> Any:
         raise UsageError(f"--rdzv-backend {backend} needs torch, and {torch_import_problem(exc)}; without it, "
                          "run the static form: --nnodes N --node-rank R --master-addr HOST --master-port PORT") from None
     return rendezvous, registry
+
+
+@contextlib.contextmanager
+def _quiet_cpp_logs() -> Iterator[None]:
+    """torch's C++ warnings in ranktop's own process (a store whose server went away: a page of
+    stack frames per call) are not for ranktop's user, who gets one line that says what happened.
+    torch reads TORCH_CPP_LOG_LEVEL once, as it loads; the ranks get the environment as it was.
+    A level the user set is theirs."""
+    if "torch" in sys.modules or "TORCH_CPP_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
 
 
 def torch_import_problem(exc: ImportError) -> str:
@@ -408,23 +427,53 @@ class Rendezvous:
         except Exception:
             return False
 
-    def exit_barrier(self, timeout: float, stopped: Callable[[], bool]) -> bool:
-        """Wait until every node of the round got here (True), `timeout` passed, or `stopped()`."""
+    def exit_barrier(self, timeout: float, stopped: Callable[[], bool]) -> RoundEnd | None:
+        """Wait until every node of the round got here (None), else why not: "timeout",
+        "stopped", "peer_gave_up" (a node's ranks failed for good meanwhile) or "store_lost"."""
         placement, store = self.placement, self.store
         if store is None or placement is None:
-            return True
+            return None
         last = f"{_EXIT_BARRIER}/last_member"
         deadline = time.monotonic() + timeout
         try:
             if store.add(f"{_EXIT_BARRIER}/num_members", 1) >= placement.group_world_size:
                 store.set(last, "<val_ignored>")
             while not store.check([last]):
-                if stopped() or time.monotonic() > deadline:
-                    return False
+                end = self._done_waiting(deadline, timeout, stopped)
+                if end is not None:
+                    store.add(_BARRIER_LEFT, 1)  # the nodes that pass are not to wait for this one
+                    return end
                 time.sleep(_POLL)
+        except Exception as exc:
+            return RoundEnd("store_lost", f"lost the {self.describe()}'s store before every node finished "
+                                          f"(the node serving it may have ended): {_one_line(exc)}")
+        self._linger_at_barrier(store, placement.group_world_size)
+        return None
+
+    def _done_waiting(self, deadline: float, timeout: float, stopped: Callable[[], bool]) -> RoundEnd | None:
+        """Why a node at the exit barrier stops waiting now, if it does."""
+        said = self.peer_gave_up()
+        if said:
+            return RoundEnd("peer_gave_up", said)
+        if stopped():
+            return RoundEnd("stopped", "stopped while waiting")
+        if time.monotonic() > deadline:
+            return RoundEnd("timeout", f"not every node of the {self.describe()} finished within {timeout:g}s")
+        return None
+
+    def _linger_at_barrier(self, store: Any, nodes: int) -> None:
+        """Past the barrier. The store may live in this process, and a node that polls for the last
+        member found it gone (the barrier "lost"): leave once every ranktop node has passed or given
+        up waiting, at most GAVE_UP_LINGER. Only ranktop nodes count: a torchrun node says nothing."""
+        deadline = time.monotonic() + GAVE_UP_LINGER
+        try:
+            ours = sum(store.check([f"{_RANKTOP_NODE}{r}"]) for r in range(nodes))
+            done = store.add(_BARRIER_LEFT, 1)
+            while done < ours and time.monotonic() < deadline:
+                time.sleep(_POLL)
+                done = store.add(_BARRIER_LEFT, 0)
         except Exception:
-            return False
-        return True
+            pass  # the store is gone: whoever served it has left, and every node had passed
 
 
 class RoundWatch:

@@ -602,6 +602,67 @@ def test_a_node_done_first_times_out_at_the_exit_barrier_and_still_succeeds(tmp_
     del handler  # the store it serves lives until the slow node is done
 
 
+def test_a_node_at_the_exit_barrier_names_a_peer_that_gave_up_and_shows_no_torch_frames(tmp_path, torch_installed):
+    """Node 1's rank is done and waits at the exit barrier; node 0, which serves the store, then
+    fails for good and gives up. Node 1 said its barrier timed out after 300 s (it lost the store
+    within seconds), under pages of torch's C++ TCPStore frames; it now names the peer, and ends
+    with its own ranks' success, as torch's agent does."""
+    job = Job(tmp_path, "barrier-gave-up")
+    failing = tmp_path / "fail-now"
+    job.start("fail-on-file", "0", str(failing), local_addr="127.0.0.1")  # first: it serves the store
+    job.start("print", local_addr="127.0.0.2")
+    wait_for(lambda: list(tmp_path.glob("node1/*/events.jsonl")) and any(
+        e["event"] == "exited" and e["exitcode"] == 0 for e in events(tmp_path / "node1")), timeout=TIMEOUT,
+        what="node 1's rank done (its node at the exit barrier)")
+    failing.touch()
+    (status0, _, err0), (status1, _, err1) = job.finish()
+    assert status0 == 1 and "root cause: rank 0 (local rank 0" in err0, err0
+    assert status1 == 0, err1
+    assert ("ranktop: exit barrier: node " in err1 and "(group rank 0) gave up: rank 0 failed (exit 3), no restarts "
+            "left (0 of 0 spent); the c10d rendezvous 'barrier-gave-up' is closed" in err1), err1
+    assert "within 300s" not in err1
+    for err in (err0, err1):
+        assert "TCPStore" not in err and "frame #" not in err, err
+    left = [e for e in events(tmp_path / "node1") if e["event"].startswith("exit_barrier")]
+    assert [(e["event"], e["kind"]) for e in left] == [("exit_barrier_left", "peer_gave_up")], left
+
+
+def test_the_node_serving_the_store_leaves_the_exit_barrier_only_after_the_others(tmp_path, torch_installed):
+    """The node that serves the store is the last at the exit barrier: it used to leave at once,
+    and a peer that looked for the last member a moment later could find the store gone and say its
+    barrier had timed out (1 run in 12 under load). It now waits until every ranktop node has
+    passed; both end well, and neither says a word about the barrier."""
+    job = Job(tmp_path, "barrier-last")
+    release = tmp_path / "release"
+    job.start("until-file", str(release), local_addr="127.0.0.1")  # first: it serves the store
+    job.start("print", local_addr="127.0.0.2")
+    wait_for(lambda: list(tmp_path.glob("node1/*/events.jsonl")) and any(
+        e["event"] == "exited" and e["exitcode"] == 0 for e in events(tmp_path / "node1")), timeout=TIMEOUT,
+        what="node 1's rank done (its node at the exit barrier)")
+    release.touch()
+    for status, _, err in job.finish():
+        assert status == 0 and "exit barrier" not in err and "TCPStore" not in err, err
+    for node in ("node0", "node1"):
+        assert not any(e["event"].startswith("exit_barrier") for e in events(tmp_path / node))
+
+
+def test_a_node_that_lost_the_store_says_so_in_one_line_without_torch_frames(tmp_path, torch_installed):
+    """The node serving the store is stopped: the other's ranks lose their collective, it spends a
+    restart, and its next round finds no store: one line that says so. Before it came ~60 lines of
+    torch's C++ warnings (TCPStore, `frame #0`...) from ranktop's own process, not from a rank."""
+    job = Job(tmp_path, "store-gone")
+    host = job.start("wait-world", "3", extra=("--max-restarts", "1"), local_addr="127.0.0.1")
+    job.start("wait-world", "3", extra=("--max-restarts", "1"), local_addr="127.0.0.2")
+    wait_for(lambda: any(b"SUM" in p.read_bytes() for p in tmp_path.glob("node1/*/attempt_0/0/stdout.log")),
+             timeout=TIMEOUT, what="the ranks' first all_reduce")
+    host.send_signal(signal.SIGTERM)
+    (status0, _, _), (status1, _, err1) = job.finish()
+    assert status0 == 128 + signal.SIGTERM
+    assert status1 == 1 and "(the node serving its store may have ended)" in err1, err1
+    ours = [line for line in err1.splitlines() if not line.startswith("[")]  # (a rank's lines are prefixed)
+    assert not any("TCPStore" in line or "frame #" in line for line in ours), err1
+
+
 def test_a_detached_node_keeps_the_rendezvous_id_as_its_run_id(tmp_path, torch_installed):
     """--detach fixes the background run's id up front; a multi-node run's must stay the
     rendezvous id, the same on every node, as in the foreground."""

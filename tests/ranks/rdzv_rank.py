@@ -7,6 +7,7 @@
     fail-first R    global rank R exits 3 in attempt 0; the others wait until stopped in attempt 0
     fail R          global rank R exits 3; the others wait until stopped
     until-file P    waits until file P exists, then exits 0
+    fail-on-file R P  global rank R waits until file P exists, then exits 3; the others exit 0
 """
 import json
 import os
@@ -50,6 +51,10 @@ elif mode in ("fail-first", "fail"):
         sys.exit(3)
     if mode == "fail" or attempt == 0:
         wait_until_stopped()
+elif mode == "fail-on-file":
+    while rank == arg and not os.path.exists(rest[1]):
+        time.sleep(0.05)
+    sys.exit(3 if rank == arg else 0)
 elif mode == "until-file":
     while not os.path.exists(rest[0]):
         time.sleep(0.05)
