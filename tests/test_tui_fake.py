@@ -17,7 +17,7 @@ from ranktop.core.engine import FIRST_LOOK_LINES
 from ranktop.core.state import GroupState, RankState, RootCause
 from ranktop.tui.app import RanktopApp
 from ranktop.tui.details import RankDetails
-from ranktop.tui.screens import ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
+from ranktop.tui.screens import ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker, root_cause_body
 from ranktop.tui.stacks_view import StacksScreen
 from test_tui_app import notes
 from textual.widgets import Button
@@ -495,3 +495,13 @@ def test_the_details_say_no_gpu_where_there_is_none():
         assert "no samples yet" in text.render().plain  # (the others: not read yet)
 
     drive(engine, body, size=(80, 24))
+
+
+def test_the_end_panel_of_a_success_lists_the_earlier_starts_as_the_header_does():
+    """It said `after 1 restart: attempt_0: restarted, nodes joined`, though a start for nodes that
+    joined spends no restart (the header says `earlier:` and the restarts left)."""
+    group = dataclasses.replace(FakeEngine().group, state=GroupState.SUCCEEDED, ended=True, exit_status=0,
+                                earlier_attempts=("attempt_0: restarted, nodes joined", "attempt_0: rank 1 failed (exit 4)"))
+    shown = root_cause_body(group).plain
+    assert shown.startswith("  earlier: attempt_0: restarted, nodes joined; attempt_0: rank 1 failed (exit 4)\n"), shown
+    assert "restart:" not in shown and "restarts:" not in shown

@@ -232,10 +232,8 @@ def root_cause_body(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
     text = Text()
     cause = group.root_cause
     if group.state == GroupState.SUCCEEDED:
-        if group.earlier_attempts:
-            restarts = len(group.earlier_attempts)
-            text.append(f"  after {restarts} restart{'s' * (restarts != 1)}: "
-                        + clean("; ".join(group.earlier_attempts)) + "\n", style="bold yellow")
+        if group.earlier_attempts:  # (as the header says it: a start for joining nodes spends no restart)
+            text.append("  earlier: " + clean("; ".join(group.earlier_attempts)) + "\n", style="bold yellow")
     elif _end_unknown(group):
         text.append(f"  {clean(group.error or 'its engine went away')}; `ranktop ls` says whether it still runs\n")
     elif _failed_to_start(group):
