@@ -518,8 +518,9 @@ class LocalAgent:
             # Enough lines to see past the rank's own printed traceback (the report cuts it out).
             failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
             user_action=_user_action_text(*before[-1], f.exited_at) if before else None,
+            # (a rank the user stopped is the user action above, not ranktop's doing)
             stopped=tuple((s.failure.rank, describe_exit(s.failure.exitcode)) for s in slots
-                          if s.stopped_by_us and s not in own),
+                          if s.stopped_by_us and not s.stopped_by_user and s not in own),
         )
 
     # ----- rendezvous: the hooks of a multi-node run through torch's rendezvous -----------------

@@ -146,6 +146,7 @@ class RankSlot:
     proc: RankProcess | None = None
     restarts: int = 0
     stopped_by_us: bool = False  # its end was asked for (group stop, user kill): not a failure cause
+    stopped_by_user: bool = False  # of those, by the user's own signal to it (k, x), not the group's stop
     kill_at: float | None = None  # monotonic time after which the group gets SIGKILL
     restart_pending: bool = False
     failure: ProcessFailure | None = None
@@ -387,7 +388,7 @@ class PContext:
             slot.proc = RankProcess(launch, self._pump)
         except OSError as exc:
             raise RankStartError.of(r, exc) from None
-        slot.stopped_by_us = False
+        slot.stopped_by_us = slot.stopped_by_user = False
         slot.kill_at = slot.reap_by = None
         slot.failure = None
         slot.paused = slot.unreapable = False
@@ -653,7 +654,7 @@ class PContext:
             if not slot.alive:
                 return False
             if sig in STOP_SIGNALS:
-                slot.stopped_by_us = True
+                slot.stopped_by_us = slot.stopped_by_user = True
             self._emit("signalled", local_rank, pid=slot.proc.pid, signal=signal.Signals(sig).name)
             if sig == signal.SIGKILL:
                 self._kill(slot, time.monotonic())

@@ -129,6 +129,31 @@ def test_a_replaced_attempt_lets_go_of_its_output_and_its_log_files_keep_it(tmp_
     assert log.read_bytes() == b"attempt 0 " + b"x" * 5000 + b"\n"
 
 
+def test_a_rank_the_user_killed_is_the_user_action_not_one_ranktop_stopped(tmp_path):
+    """The user kills rank 1; rank 0 then fails because of it (as a collective would), and
+    ranktop stops rank 2. The root cause named rank 1 among the ranks "stopped by ranktop after
+    it", under the note that the user had killed it."""
+    gone = tmp_path / "peer-gone"
+    agent = make_agent(tmp_path, n=3, shutdown_timeout=5, code=f"""
+        import os, sys, time
+        print("up", flush=True)
+        if os.environ["RANK"] == "0":
+            while not os.path.exists({str(gone)!r}):
+                time.sleep(0.02)
+            sys.exit(1)
+        time.sleep(60)
+    """)
+    run = Running(agent)
+    wait_for(lambda: all(agent.output(r) == [b"up"] for r in range(3)), what="three ranks up")
+    assert agent.kill_rank(1)
+    wait_for(lambda: run.rank(1).state == RankState.KILLED, what="rank 1 killed")
+    gone.touch()
+    result = run.join()
+    cause = agent.snapshot().root_cause
+    assert result.exit_status == 1 and cause.rank == 0 and "you killed rank 1" in cause.user_action
+    assert cause.stopped == ((2, "killed by SIGTERM"),), cause.stopped
+
+
 def test_stall_detection_marks_silent_rank_and_clears(tmp_path):
     stalls = []
     agent = make_agent(tmp_path, shutdown_timeout=5, code="""
