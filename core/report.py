@@ -90,7 +90,8 @@ def root_cause_lines(cause: RootCause, *, max_traceback: int | None = None,
                      max_tail: int = TAIL_LINES) -> list[CauseLine]:
     """The evidence for a root cause, the same for every view: the message, the traceback (its
     last `max_traceback` lines), each failed rank's last output, the error file."""
-    lines = [CauseLine("message", cause.message)] if cause.message else []
+    # (each line of a message its own: the lines after the first kept the indent of none)
+    lines = [CauseLine("message", line) for line in (cause.message or "").rstrip().splitlines()]
     if cause.traceback:
         trace = cause.traceback.rstrip().splitlines()
         if max_traceback is not None and len(trace) > max_traceback:

@@ -66,3 +66,15 @@ def test_a_failure_without_an_error_file_still_says_where_the_logs_are():
     # With an error file, the run directory is still what the logs line names (not the rank's).
     assert format_root_cause(_cause(), name="t.py", attempt=0, max_restarts=0,
                              run_dir="/logs/r").splitlines()[-1] == "  logs: /logs/r"
+
+
+def test_every_line_of_a_many_line_message_keeps_the_indent():
+    """gloo's messages run over several lines; the lines after the first started at column 0, in
+    the headless report and in the TUI's panel."""
+    message = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer\n typically caused by a remote worker crashing"
+    cause = _cause(message=message, traceback=None)
+    report = format_root_cause(cause, name="t.py", attempt=0, max_restarts=0).splitlines()
+    assert "  RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer" in report
+    assert "   typically caused by a remote worker crashing" in report
+    shown = root_cause_text(_group(cause)).plain.splitlines()
+    assert any(line.startswith("  ") and "typically caused" in line for line in shown), shown
