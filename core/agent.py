@@ -960,7 +960,8 @@ class LocalAgent:
 
     def _rank_snapshot(self, slot: Any, now: float) -> RankSnapshot:
         proc, r = slot.proc, slot.local_rank
-        stats = self.sampler.latest(r) if self.sampler is not None else None
+        # A rank's last sample outlives it in the sampler (and in final.json): an ended rank has none
+        stats = self.sampler.latest(r) if self.sampler is not None and slot.alive else None
         state = self._rank_state(slot, now)
         last = slot.ring.last_output_at
         code = proc.returncode if proc else None

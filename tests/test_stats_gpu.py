@@ -56,6 +56,19 @@ def test_spinning_rank_shows_high_cpu_and_sleeping_rank_near_zero(tmp_path):
         wait_for(lambda: sampler.latest(0) is None and sampler.latest(1) is None, what="stats dropped after exit")
 
 
+def test_an_ended_rank_shows_no_stats_even_where_its_last_sample_remains(tmp_path):
+    """A sampler that stopped (its run ending, a detached run lingering) keeps its last sample;
+    `ranktop attach` and final.json showed `killed SIGTERM  0% 291M` for ranks long gone."""
+    sampler = StatsSampler(interval=INTERVAL, gpu=GpuMonitor(FakeNvml(0)))
+    with Running(make_agent(tmp_path, SPIN_RANK0, n=2, sampler=sampler)) as agent:
+        wait_for(lambda: all(stats(sampler, r, lambda s: s.rss > 0) for r in (0, 1)), timeout=20, what="sampled")
+        sampler.close()  # no pass after this one: the samples of the live ranks stay
+        agent.kill_group()
+        wait_for(lambda: all(r.exitcode is not None for r in agent.snapshot().ranks), what="the ranks ended")
+        assert sampler.latest(0) is not None  # (what the snapshot must not show)
+        assert all(r.cpu_percent is None and r.rss is None and r.gpu is None for r in agent.snapshot().ranks)
+
+
 def test_rss_is_summed_over_the_rank_process_tree(tmp_path):
     sampler = StatsSampler(interval=INTERVAL, gpu=GpuMonitor(FakeNvml(0)))
     with Running(make_agent(tmp_path, CHILD_ALLOCATES, n=1, sampler=sampler)) as agent:
