@@ -963,7 +963,7 @@ class LocalAgent:
         # A rank's last sample outlives it in the sampler (and in final.json): an ended rank has none
         stats = self.sampler.latest(r) if self.sampler is not None and slot.alive else None
         state = self._rank_state(slot, now)
-        last = slot.ring.last_output_at
+        last = self._spoke_at(slot)  # (as the stall clock: the stacks we made it print are not it speaking)
         code = proc.returncode if proc else None
         logs = self.pcontext.log_files(r)
         return RankSnapshot(

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 
 import pytest
 from conftest import ROOT, drive, read_events, until, wait_for
@@ -177,7 +178,10 @@ def test_our_own_signal_dump_does_not_clear_a_stall(tmp_path):
         ack = engine.submit(cmd.SignalDump())
         assert ack.ok and ack.report is not None and ack.report.ranks[0].threads  # it did print its stacks
         assert b"most recent call first" in b"".join(engine.agent.output(0))
-        assert engine.snapshot().ranks[0].state == RankState.STALLED
+        rank = engine.snapshot().ranks[0]
+        assert rank.state == RankState.STALLED
+        # Its last output is still its own line, as the stall says (the title's age said `0s ago`)
+        assert rank.last_output_at < rank.started_at + 1.0 and time.time() - rank.last_output_at >= rank.stall_seconds
         kinds = [e for e in open(os.path.join(engine.agent.run_dir, "events.jsonl")).read().splitlines()]
         assert not any('"stall_cleared"' in k for k in kinds)
     finally:
