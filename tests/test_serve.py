@@ -902,6 +902,27 @@ def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
         proc.wait(30)
 
 
+def test_stacks_signal_of_ranks_run_without_faulthandler_says_why_and_exits_1(tmp_path, runtime):
+    """--no-faulthandler: the ranks do not handle SIGUSR1. `stacks --signal` called them
+    `not-python`, told the user to start them with ranktop (it had), and exited 0 with nothing dumped."""
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--no-faulthandler", "--run-id", "nofh",
+                                        "--log-dir", str(tmp_path / "logs"), str(script)),
+                            cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
+        signalled = run_ranktop("stacks", "nofh", "--signal", "--no-save", env=runtime)
+        assert signalled.returncode == 1, signalled.stdout
+        assert "0 of 2 ranks dumped" in signalled.stdout and "not-python" not in signalled.stdout
+        assert "does not handle SIGUSR1" in signalled.stdout and "py-spy reads it" in signalled.stdout
+        dumped = run_ranktop("stacks", "nofh", "--no-save", env=runtime)  # py-spy needs no handler
+        assert dumped.returncode == 0 and "2 of 2 ranks dumped" in dumped.stdout, dumped.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
 def test_two_clients_at_once_see_the_same_run(tmp_path, runtime, monkeypatch):
     from ranktop.core.client import RemoteEngine, served_runs
 

@@ -111,8 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if save_to is not None:
             save_to.close()
-    _show(report, ns)
-    return 0
+    return _show(report, ns)
 
 
 def _served(target: str | None):
@@ -162,8 +161,7 @@ def _through_engine(run, ns: argparse.Namespace) -> int:
     if ack.report is None:
         print(clean(f"ranktop stacks: {run.run_id}: {ack.message}"), file=sys.stderr)
         return 1
-    _show(ack.report, ns)
-    return 0
+    return _show(ack.report, ns)
 
 
 def _signal(pids: dict[int, int], local: dict[int, int], run_dir: str | None, save_to: RunDir | None,
@@ -177,16 +175,17 @@ def _signal(pids: dict[int, int], local: dict[int, int], run_dir: str | None, sa
         return 0
     logs = {r: dump_log_path(os.path.join(attempt, str(local[r]))) for r in pids}
     report = stacks.signal_report(pids, logs, local_ranks=local, run_dir=save_to, source="cli-signal")
-    _show(report, ns)
-    return 0
+    return _show(report, ns)
 
 
-def _show(report: stacks.StackReport, ns: argparse.Namespace) -> None:
-    """The grouped report on stdout, or as JSON with --json."""
+def _show(report: stacks.StackReport, ns: argparse.Namespace) -> int:
+    """The grouped report on stdout, or as JSON with --json; the exit status: 1 when not one
+    rank's stacks came (every rank's line says why), so that a script can tell."""
     if ns.json:
         print_out(json.dumps(stacks.report_to_dict(report), indent=1, default=str))
     else:
         print_out(clean(stacks.format_report(report, threads=ns.threads), newlines=True))
+    return 0 if any(rank.threads for rank in report.ranks) else 1
 
 
 if __name__ == "__main__":
