@@ -148,7 +148,8 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
                                        run_dir=run_dir))
     elif result.stop_signal is not None:
         parts.append(f"ranktop: stopped by {_signal_label(result.stop_signal)}; logs in {run_dir}")
-    elif success_line and result.state == GroupState.STOPPED:
+    elif result.state == GroupState.STOPPED and not result.rendezvous_error:
+        # (headless too: stopped from elsewhere, `ranktop stop`, the output just ended without a word)
         parts.append(f"ranktop: {name} stopped on request; logs in {run_dir}")
     elif success_line and result.state == GroupState.SUCCEEDED:
         parts.append(f"ranktop: {name} succeeded: all ranks exited 0; logs in {run_dir}")

@@ -92,6 +92,9 @@ def test_ls_logs_and_stop_reach_a_headless_run(tmp_path, runtime):
         stopped = run_ranktop("stop", env=runtime)  # no RUN: the newest running one
         assert stopped.returncode == 0 and stopped.stdout.strip() == "ranktop: stopped served", stopped.stderr
         assert proc.wait(30) == 130  # stopped on request: a user's stop, as Ctrl-C's, not a rank's failure
+        # Its terminal says why the output ended (over SSH nothing else would)
+        said = proc.stderr.read()
+        assert f"ranktop: ticker.py stopped on request; logs in {tmp_path / 'logs' / 'served'}" in said, said
     finally:
         if proc.poll() is None:
             proc.kill()
