@@ -81,6 +81,8 @@ def test_hung_allreduce_names_rank_3_everywhere(tmp_path):
             screen = app.screen
             odd_widgets = list(screen.query(".stack-group.odd"))
             assert len(odd_widgets) == 1 and odd_widgets[0].border_title == "rank 3 — ODD ONE OUT"
+            # first, above the majority: at 80x24 it was below the fold
+            assert [w.border_title for w in screen.query(".stack-group")] == ["rank 3 — ODD ONE OUT", "ranks 0-2"]
             labels = []
             stack = [screen.query_one("#stacks-tree").root]
             while stack:

@@ -98,7 +98,7 @@ class StacksScreen(Screen):
     def _group_widgets(self, report: StackReport) -> list[Static]:
         by_rank = {s.rank: s for s in report.ranks}
         widgets = []
-        for g in report.groups:
+        for g in sorted(report.groups, key=lambda g: not g.odd):  # the odd one out first (below the fold at 80x24)
             body = Text()
             for r in g.ranks:
                 body.append(f"{stacks.rank_list([r])}: {stacks.rank_facts(by_rank[r])}\n", style="dim")
