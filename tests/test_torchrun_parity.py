@@ -74,6 +74,9 @@ LINES = [
     # Rendezvous lines (one node, so that a line is one command): the ids and the store come from the round.
     ("c10d", ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29573", "--rdzv-id", "job",
               "--nnodes", "1", "--nproc-per-node", "2", S], {}),
+    # torchtitan's run_train.sh: port 0, the store's on a free port (it was refused as a bad endpoint)
+    ("c10d-port-0-torchtitan", ["--nproc_per_node=2", "--rdzv_backend", "c10d", "--rdzv_endpoint=localhost:0",
+                                "--local-ranks-filter", "0", "--role", "rank", "--tee", "3", S], {}),
     ("c10d-underscores-conf", ["--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29574", "--rdzv_id=job2",
                                "--rdzv-conf=join_timeout=60,read_timeout=60", "--nnodes=1:1", "--nproc_per_node=2",
                                S], {}),
@@ -182,8 +185,9 @@ BAD = [
      "ranktop: error: bad log line prefix template '[${rank}]\\x1b[2J': control characters"),
     (["--signals-to-handle", "SIGTERM,SIGCHLD", S], {},
      "ranktop: error: bad --signals-to-handle 'SIGTERM,SIGCHLD': SIGCHLD comes each time a rank ends"),
-    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", S], {},  # pages of torch's C++ frames
-     "ranktop: error: bad --rdzv-endpoint '127.0.0.1:0': expected HOST:PORT"),
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--nnodes", "2", S], {},  # pages of C++ frames
+     "ranktop: error: bad --rdzv-endpoint '127.0.0.1:0': port 0 (a free one) only works on one node: with "
+     "--nnodes 2 the other nodes could not find it; name a port they all reach"),
     (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-conf", "keep_alive_interval=-1", S],
      {}, "ranktop: error: bad --rdzv-conf keep_alive_interval=-1: expected a positive whole number"),  # it waited
     (["--run-id", "x" * 300, S], {},  # it blamed --log-dir

@@ -550,10 +550,13 @@ def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, m
     if endpoint.count(":") > 1 and not endpoint.startswith("["):  # torch reads "::1" as host ":", port 1, and waits
         raise UsageError(f"bad --rdzv-endpoint {endpoint!r}: write an IPv6 address in brackets, [::1]:29400")
     port = endpoint.rpartition(":")[2].strip() if ":" in endpoint else ""
-    if len(endpoint) > 300 or (port.isascii() and port.isdigit() and len(port) <= 5 and int(port) == 0):
-        # torch takes port 0, or a name no resolver takes, then prints pages of C++ frames
+    if len(endpoint) > 300:  # a name no resolver takes: torch printed pages of C++ frames
         raise UsageError(f"bad --rdzv-endpoint {endpoint[:80]!r}: expected HOST:PORT with a host name of at most "
-                         "255 characters and a port 1-65535")
+                         "255 characters")
+    if max_nodes > 1 and port.isascii() and port.isdigit() and len(port) <= 5 and int(port) == 0:
+        # One node binds a free port for its store (torchtitan's `localhost:0`); more cannot find it
+        raise UsageError(f"bad --rdzv-endpoint {endpoint[:80]!r}: port 0 (a free one) only works on one node: "
+                         f"with --nnodes {ns.nnodes} the other nodes could not find it; name a port they all reach")
     if ns.rdzv_backend == "static":  # as torchrun: the master's address, and the node rank from the flags
         conf["rank"] = ns.node_rank
         endpoint = endpoint or f"{ns.master_addr}:{master_port or free_port()}"
