@@ -39,6 +39,7 @@ LINES = [
     ("module", ["--nproc-per-node", "2", "-m", M, "--lr", "0.1"], {}),
     ("no-python", ["--nproc-per-node", "2", "--no-python", B, "x"], {}),
     ("args-after-dashes", ["--nproc-per-node", "2", S, "--", "--epochs", "3"], {}),
+    ("script-is-a-directory", ["--nproc-per-node", "2", str(PARITY / "dump_app"), "a"], {}),  # it was refused
     ("module-args-after-dashes", ["--nproc-per-node", "2", "-m", M, "--", "--epochs", "3"], {}),
     ("dashes-before-script", ["--nproc-per-node", "2", "--", S, "--epochs", "3"], {}),
     ("pet-kubeflow-one-node", [S], {"PET_NNODES": "1", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "127.0.0.1",
@@ -185,6 +186,7 @@ BAD = [
      "ranktop: error: bad log line prefix template '[${rank}]\\x1b[2J': control characters"),
     (["--signals-to-handle", "SIGTERM,SIGCHLD", S], {},
      "ranktop: error: bad --signals-to-handle 'SIGTERM,SIGCHLD': SIGCHLD comes each time a rank ends"),
+    ([str(PARITY)], {}, "ranktop: error: bad script '" + str(PARITY) + "': a directory without a __main__.py"),
     (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--nnodes", "2", S], {},  # pages of C++ frames
      "ranktop: error: bad --rdzv-endpoint '127.0.0.1:0': port 0 (a free one) only works on one node: with "
      "--nnodes 2 the other nodes could not find it; name a port they all reach"),

@@ -430,8 +430,7 @@ def python_for_ranks(environ: Mapping[str, str] | None = None) -> str:
 def entrypoint_and_args(ns: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
     script, rest = ns.training_script, tuple(ns.training_script_args)
     if ns.run_path:  # as torchrun: it takes precedence over --no-python and --module
-        if not os.path.isfile(script):
-            raise UsageError(f"bad script {script!r}: no such file")
+        _check_script(script)
         return python_for_ranks(), ("-u", "-c", RUN_PATH_CODE, script, *rest)
     if ns.no_python:
         if ns.module:
@@ -445,9 +444,17 @@ def entrypoint_and_args(ns: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
     python = python_for_ranks()
     if ns.module:
         return python, ("-u", "-m", script, *rest)
-    if not os.path.isfile(script):
-        raise UsageError(f"bad script {script!r}: no such file")
+    _check_script(script)
     return python, ("-u", script, *rest)
+
+
+def _check_script(script: str) -> None:
+    """What `python SCRIPT` runs: a file (a zipapp too), or a directory with a __main__.py."""
+    if os.path.isdir(script):
+        if not os.path.isfile(os.path.join(script, "__main__.py")):
+            raise UsageError(f"bad script {script!r}: a directory without a __main__.py")
+    elif not os.path.isfile(script):
+        raise UsageError(f"bad script {script!r}: no such file")
 
 
 def numa_binding(mode: str, nproc: int) -> dict[int, frozenset[int]]:
