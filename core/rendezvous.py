@@ -462,9 +462,9 @@ class Rendezvous:
         return None
 
     def _linger_at_barrier(self, store: Any, nodes: int) -> None:
-        """Past the barrier. The store may live in this process, and a node that polls for the last
-        member found it gone (the barrier "lost"): leave once every ranktop node has passed or given
-        up waiting, at most GAVE_UP_LINGER. Only ranktop nodes count: a torchrun node says nothing."""
+        """Past the barrier. The store may live in this process, and a peer still polling for the
+        last member would find it gone: leave once every ranktop node has passed (or given up
+        waiting), at most GAVE_UP_LINGER. Only ranktop nodes count: a torchrun node says nothing."""
         deadline = time.monotonic() + GAVE_UP_LINGER
         try:
             ours = sum(store.check([f"{_RANKTOP_NODE}{r}"]) for r in range(nodes))

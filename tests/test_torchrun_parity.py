@@ -189,7 +189,7 @@ BAD = [
     ([str(PARITY)], {}, "ranktop: error: bad script '" + str(PARITY) + "': a directory without a __main__.py"),
     (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--nnodes", "2", S], {},  # pages of C++ frames
      "ranktop: error: bad --rdzv-endpoint '127.0.0.1:0': port 0 (a free one) only works on one node: with "
-     "--nnodes 2 the other nodes could not find it; name a port they all reach"),
+     "up to 2 nodes the others could not find it; name a port they all reach"),
     (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-conf", "keep_alive_interval=-1", S],
      {}, "ranktop: error: bad --rdzv-conf keep_alive_interval=-1: expected a positive whole number"),  # it waited
     (["--run-id", "x" * 300, S], {},  # it blamed --log-dir

@@ -563,7 +563,7 @@ def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, m
     if max_nodes > 1 and port.isascii() and port.isdigit() and len(port) <= 5 and int(port) == 0:
         # One node binds a free port for its store (torchtitan's `localhost:0`); more cannot find it
         raise UsageError(f"bad --rdzv-endpoint {endpoint[:80]!r}: port 0 (a free one) only works on one node: "
-                         f"with --nnodes {ns.nnodes} the other nodes could not find it; name a port they all reach")
+                         f"with up to {max_nodes} nodes the others could not find it; name a port they all reach")
     if ns.rdzv_backend == "static":  # as torchrun: the master's address, and the node rank from the flags
         conf["rank"] = ns.node_rank
         endpoint = endpoint or f"{ns.master_addr}:{master_port or free_port()}"
