@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, read_events, run_ranktop, wait_for
@@ -72,17 +73,23 @@ def test_tui_in_tmux_keys_and_clean_quit(tmp_path):
         term.close()
 
 
-def test_a_sigterm_while_textual_loads_stops_the_run_once_the_tui_is_up(tmp_path):
-    """The ranks start before Textual is imported (that takes longer than their start): a stop
-    signal that comes meanwhile, here from a rank's first line, is kept and acted on by the app,
-    as one that comes later: the ranks get it, and ranktop exits as a stopped run does."""
-    script = tmp_path / "stopper.py"
-    script.write_text("import os, signal, time\nos.kill(os.getppid(), signal.SIGTERM)\n"
+def _tui_whose_rank_signals_ranktop(tmp_path, name: str) -> tuple[Terminal, Path]:
+    """A one-rank TUI run in tmux whose rank sends ranktop signal `name` as its first act, mostly
+    while Textual still loads; and the file its exit status goes to."""
+    script = tmp_path / "signaller.py"
+    script.write_text(f"import os, signal, time\nos.kill(os.getppid(), signal.{name})\n"
                       "print('sent', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
     status = tmp_path / "status"
     command = (f"cd {ROOT} && {sys.executable} -m ranktop --tui --nproc-per-node 1 --shutdown-timeout 3 "
                f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
-    term = Terminal(command)
+    return Terminal(command), status
+
+
+def test_a_sigterm_while_textual_loads_stops_the_run_once_the_tui_is_up(tmp_path):
+    """The ranks start before Textual is imported (that takes longer than their start): a stop
+    signal that comes meanwhile, here from a rank's first line, is kept and acted on by the app,
+    as one that comes later: the ranks get it, and ranktop exits as a stopped run does."""
+    term, status = _tui_whose_rank_signals_ranktop(tmp_path, "SIGTERM")
     try:
         wait_for(lambda: status.exists() and status.read_text().strip(), timeout=30, what="ranktop exited")
         assert status.read_text().strip() == str(128 + signal.SIGTERM)
@@ -97,13 +104,7 @@ def test_a_sigterm_while_textual_loads_stops_the_run_once_the_tui_is_up(tmp_path
 def test_a_hangup_while_textual_loads_detaches_once_the_first_frame_is_up(tmp_path):
     """A SIGHUP before the first frame (here from a rank's first line) detaches as a later one
     does. Leaving while the first screen mounted broke its layout: a NoMatches traceback on screen."""
-    script = tmp_path / "hupper.py"
-    script.write_text("import os, signal, time\nos.kill(os.getppid(), signal.SIGHUP)\n"
-                      "print('sent', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
-    status = tmp_path / "status"
-    command = (f"cd {ROOT} && {sys.executable} -m ranktop --tui --nproc-per-node 1 --shutdown-timeout 3 "
-               f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
-    term = Terminal(command)
+    term, status = _tui_whose_rank_signals_ranktop(tmp_path, "SIGHUP")
     try:
         wait_for(lambda: status.exists() and status.read_text().strip(), timeout=30, what="ranktop detached")
         shown = term.screen()
