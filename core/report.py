@@ -14,6 +14,7 @@ from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankState, RootCause
 
 TAIL_LINES = 10  # lines of a failed rank's output shown under the root cause
+MESSAGE_LINES = 20  # lines of the failure's message shown (the traceback has its own cap)
 _TRACEBACK_HEAD = "Traceback (most recent call last):"
 _CHAIN_LINES = ("During handling of the above exception, another exception occurred:",
                 "The above exception was the direct cause of the following exception:")
@@ -91,7 +92,10 @@ def root_cause_lines(cause: RootCause, *, max_traceback: int | None = None,
     """The evidence for a root cause, the same for every view: the message, the traceback (its
     last `max_traceback` lines), each failed rank's last output, the error file."""
     # (each line of a message its own: the lines after the first kept the indent of none)
-    lines = [CauseLine("message", line) for line in (cause.message or "").rstrip().splitlines()]
+    message = (cause.message or "").rstrip().splitlines()
+    lines = [CauseLine("message", line) for line in message[:MESSAGE_LINES]]
+    if len(message) > MESSAGE_LINES:  # error.json is the rank's to write: up to 1 MiB of lines
+        lines.append(CauseLine("more", f"… {len(message) - MESSAGE_LINES} more message lines in error.json"))
     if cause.traceback:
         trace = cause.traceback.rstrip().splitlines()
         if max_traceback is not None and len(trace) > max_traceback:

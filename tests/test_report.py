@@ -78,3 +78,11 @@ def test_every_line_of_a_many_line_message_keeps_the_indent():
     assert "   typically caused by a remote worker crashing" in report
     shown = root_cause_text(_group(cause)).plain.splitlines()
     assert any(line.startswith("  ") and "typically caused" in line for line in shown), shown
+
+
+def test_a_message_of_many_lines_is_shown_in_part_with_how_many_were_left_out():
+    """error.json is the rank's to write: a message of 100,000 lines filled the report and the panel."""
+    cause = _cause(message="line\n" * 100_000, traceback=None)
+    report = format_root_cause(cause, name="t.py", attempt=0, max_restarts=0).splitlines()
+    assert report.count("  line") == 20 and "  … 99980 more message lines in error.json" in report
+    assert len(root_cause_text(_group(cause)).plain.splitlines()) < 40
