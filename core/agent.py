@@ -630,13 +630,8 @@ class LocalAgent:
             timeout = self.exit_barrier_timeout
             self.state = GroupState.RENDEZVOUS
             end = self.rendezvous.exit_barrier(timeout, self._stop_asked)
-            if end is not None and end.kind == "timeout":
-                self.events.write("exit_barrier_timeout", timeout=timeout)
-            elif end is not None:
-                self.events.write("exit_barrier_left", kind=end.kind, message=end.message)
-            if end is not None and end.kind != "stopped":  # (a stop says so itself)
-                closed = f"; the {self.rendezvous.describe()} is closed" if end.kind == "peer_gave_up" else ""
-                self._notice(f"exit barrier: {end.message}{closed}")
+            if end is not None:
+                self._barrier_not_passed(end, timeout)
             self.state = GroupState.SUCCEEDED
             self.rendezvous.close()
         elif state == GroupState.FAILED and self._rdzv_error is None:
@@ -644,6 +639,17 @@ class LocalAgent:
             what = f"rank {cause.rank} failed (exit {cause.exitcode})" if cause else "its ranks failed"
             self.rendezvous.give_up(f"{what}, no restarts left ({self.attempt} of {self.spec.max_restarts} spent)")
             self.events.write("rendezvous_closed", reason="gave_up")
+
+    def _barrier_not_passed(self, end: Any, timeout: float) -> None:
+        """The exit barrier ended without every node (a RoundEnd): the event, and a line unless
+        this node was stopped (the stop says so itself)."""
+        if end.kind == "timeout":
+            self.events.write("exit_barrier_timeout", timeout=timeout)
+        else:
+            self.events.write("exit_barrier_left", kind=end.kind, message=end.message)
+        if end.kind != "stopped":
+            closed = f"; the {self.rendezvous.describe()} is closed" if end.kind == "peer_gave_up" else ""
+            self._notice(f"exit barrier: {end.message}{closed}")
 
     def _notice(self, text: str) -> None:
         if self.on_notice is not None:
