@@ -360,14 +360,10 @@ def _open_default_root(path: str) -> Dir:
 def _open_chosen_root(path: str) -> Dir:
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"bad --log-dir {path}: it is a file, expected a directory")
-    foreign = _foreign_link(path)
-    if foreign is not None:
-        link, uid = foreign
-        raise UsageError(f"bad --log-dir {path}: it goes through {link}, a symlink of uid {uid}'s in a "
-                         "directory anyone may write: ranktop will not follow it; pick a directory of your own")
     try:
-        _make_private_dirs(path)
-        fd = os.open(path, _DIR_FLAGS)
+        fd = _walk_to_log_dir(path)
+    except _Refused as exc:
+        raise UsageError(f"bad --log-dir {path}: {exc}") from None
     except OSError as exc:
         raise UsageError(f"bad --log-dir {path}: cannot write there ({exc.strerror})") from None
     problem = _root_problem(os.fstat(fd), allow_sticky=True)
@@ -378,42 +374,78 @@ def _open_chosen_root(path: str) -> Dir:
     return Dir(path, fd)
 
 
-def _foreign_link(path: str) -> tuple[str, int] | None:
-    """The first symlink on the absolute `path` that another user left in a shared directory
-    (writable by all, sticky: /tmp), with its owner. Following one, ranktop (root, often) would
-    write wherever that user points it: the kernel's protected_symlinks rule, applied here
-    whatever the sysctl says."""
-    me, parts = os.geteuid(), path.split("/")
-    for end in range(2, len(parts) + 1):
-        prefix = "/".join(parts[:end])
-        try:
-            info = os.lstat(prefix)
-        except OSError:
-            return None  # missing from here on: ranktop makes the rest
-        if not stat.S_ISLNK(info.st_mode) or info.st_uid == me:
-            continue
-        try:
-            parent = os.stat(os.path.dirname(prefix))
-        except OSError:
-            continue
-        shared = parent.st_mode & stat.S_IWOTH and parent.st_mode & stat.S_ISVTX
-        if shared and info.st_uid != parent.st_uid:
-            return prefix, info.st_uid
-    return None
+class _Refused(Exception):
+    """A directory or symlink on the way to a --log-dir that someone else controls; says which."""
 
 
-def _make_private_dirs(path: str) -> None:
-    """`path` and every missing directory above it, each made private (os.makedirs gives the
-    ones above the last the umask's mode: 0755, where anyone may list the run ids)."""
-    missing = []
-    while not os.path.lexists(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    for name in reversed(missing):
+_MAX_LINKS = 40  # the kernel's limit on symlinks followed in one lookup
+
+
+def _walk_to_log_dir(path: str) -> int:
+    """A held descriptor of the absolute `path`, reached one name at a time from `/`, each
+    directory held while the next name is looked up in it, missing ones made (0700) there.
+
+    Whoever may rename entries of a directory on the way decides where the rest of the path
+    leads, at any moment (a check of the path followed by its use loses that race), so each
+    directory looked into is held to the --log-dir's own rule: ours or root's, and writable by no
+    one else unless sticky (/tmp). In such a shared directory, a symlink is followed only when it
+    is ours or root's (the kernel's protected_symlinks rule, whatever the sysctl says)."""
+    names, links = path.split("/")[::-1], 0
+    fd, at = os.open("/", _DIR_FLAGS), "/"
+    try:
+        while names:
+            name = names.pop()
+            if name in ("", "."):
+                continue
+            _check_looked_into(fd, at)
+            info = _lstat_or_make(name, fd)
+            here = os.path.join(at, name)
+            if stat.S_ISLNK(info.st_mode):
+                links += 1
+                if links > _MAX_LINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+                _check_link(info, fd, here)
+                target = os.readlink(name, dir_fd=fd)
+                names.extend(target.split("/")[::-1])
+                if target.startswith("/"):
+                    fd, at = _swap(fd, os.open("/", _DIR_FLAGS)), "/"
+                continue
+            fd = _swap(fd, os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd))
+            at = os.path.dirname(at) if name == ".." else here
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _swap(old: int, new: int) -> int:
+    os.close(old)
+    return new
+
+
+def _lstat_or_make(name: str, dir_fd: int) -> os.stat_result:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
         try:
-            os.mkdir(name, DIR_MODE)
+            os.mkdir(name, DIR_MODE, dir_fd=dir_fd)  # each one private (makedirs gave 0755 above the last)
         except FileExistsError:
             pass
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+
+
+def _check_looked_into(fd: int, path: str) -> None:
+    problem = _root_problem(os.fstat(fd), allow_sticky=True)
+    if problem:
+        raise _Refused(f"it goes through {path}, which {problem}: whoever controls it decides where "
+                       "the log dir leads; pick a directory of your own")
+
+
+def _check_link(info: os.stat_result, dir_fd: int, path: str) -> None:
+    shared = os.fstat(dir_fd).st_mode & stat.S_IWOTH
+    if shared and info.st_uid not in (os.geteuid(), 0):
+        raise _Refused(f"it goes through {path}, a symlink of uid {info.st_uid}'s in a directory anyone "
+                       "may write: ranktop will not follow it; pick a directory of your own")
 
 
 def _root_problem(info: os.stat_result, allow_sticky: bool) -> str | None:

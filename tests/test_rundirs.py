@@ -126,6 +126,41 @@ def test_a_log_dir_through_another_users_symlink_in_a_shared_directory_is_refuse
     assert os.listdir(target) == ["r"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes another user's directory: needs root")
+@pytest.mark.parametrize("below", ["a link", "a new directory"])
+def test_a_log_dir_below_another_users_directory_is_refused(tmp_path, below):
+    """Whoever may rename entries of a directory on the way picks where the rest leads, at any
+    moment: a link of theirs (in no shared directory, so no protected_symlinks) sent root's run
+    into whatever it named, and a directory root made there could be swapped after the check."""
+    theirs, target = tmp_path / "theirs", tmp_path / "etc"
+    theirs.mkdir(mode=0o755)
+    target.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    logs = theirs / "logs"
+    if below == "a link":
+        logs.symlink_to(target)
+        os.lchown(logs, NOBODY, NOBODY)
+    res = run_ranktop("--headless", "--log-dir", str(logs / "deeper"), "--run-id", "r", "--no-python", "echo", "hi")
+    assert _one_error_line(res) == (f"ranktop: error: bad --log-dir {logs / 'deeper'}: it goes through {theirs}, "
+                                    f"which belongs to uid {NOBODY}, not to you (uid 0): whoever controls it "
+                                    "decides where the log dir leads; pick a directory of your own")
+    assert os.listdir(target) == [] and os.listdir(theirs) == (["logs"] if below == "a link" else [])
+
+
+def test_a_log_dir_through_a_group_writable_directory_is_refused_and_own_links_are_followed(tmp_path):
+    mine, open_to_group = tmp_path / "mine", tmp_path / "team"
+    mine.mkdir()
+    open_to_group.mkdir()
+    os.chmod(open_to_group, 0o775)
+    (tmp_path / "link").symlink_to("mine/../mine")
+    res = run_ranktop("--headless", "--log-dir", str(open_to_group / "logs"), "--run-id", "r", "--no-python", "true")
+    assert f"it goes through {open_to_group}, which is writable by group (mode 775)" in _one_error_line(res)
+    assert os.listdir(open_to_group) == []
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path / "link" / "logs"), "--run-id", "r", "--no-python", "true")
+    assert res.returncode == 0, res.stderr
+    assert os.listdir(mine / "logs") == ["r"]
+
+
 def test_a_log_dir_made_by_ranktop_is_private_all_the_way_down(tmp_path):
     logs = tmp_path / "a" / "b" / "logs"
     assert run_ranktop("--headless", "--log-dir", str(logs), "--run-id", "r", "--no-python", "true").returncode == 0
