@@ -659,7 +659,9 @@ class LocalAgent:
 
     def say(self, line: str) -> None:
         """One line of ours to stderr, from any thread: headless, in order with the ranks' output
-        and never waiting on a stuck console; a closed or broken stderr loses only the line."""
+        and never waiting on a stuck console; a closed or broken stderr loses only the line. It is
+        cleaned as one line: it may quote what a peer node wrote to the rendezvous store."""
+        line = clean(line.rstrip("\n"))
         if self._tee is not None:
             self._tee.say(binary_console(sys.stderr), line)
         else:

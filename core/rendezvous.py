@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ranktop.core.errors import UsageError
+from ranktop.core.sanitize import clean
 from ranktop.core.spec import Placement
 
 # Keys torch's agent reads and writes: the same ones let ranktop and torchrun nodes work together.
@@ -262,6 +263,35 @@ class RoundEnd:
     message: str
 
 
+@dataclass(frozen=True)
+class _GaveUp:
+    host: str
+    group_rank: int | str
+    reason: str
+
+
+_WORDS_SHOWN = 300  # characters of a peer's host or reason: one line, whatever the store holds
+
+
+def _gave_up_words(raw: bytes) -> _GaveUp:
+    """What a node that gave up wrote to the store, as words safe for a terminal. Anyone who
+    reaches the store (it takes no password) can write there: a value of another shape, or with
+    escape sequences or line breaks, must neither stop the watch nor reach the console raw."""
+    try:
+        said = json.loads(raw)
+    except (ValueError, RecursionError):
+        said = None
+    if not isinstance(said, dict):
+        said = {}
+
+    def text(key: str) -> str:
+        value = said.get(key)
+        return clean(value if isinstance(value, str) else "?")[:_WORDS_SHOWN]
+
+    rank = said.get("group_rank")
+    return _GaveUp(text("host"), rank if type(rank) is int else "?", text("reason"))
+
+
 class Rendezvous:
     """This node's side of torch's rendezvous: the only view of it the agent has."""
 
@@ -394,13 +424,13 @@ class Rendezvous:
         try:
             if self.store is None or not self.store.check([_GAVE_UP]):
                 return None
-            said = json.loads(self.store.get(_GAVE_UP))
-            if not self._told_gave_up and said["group_rank"] != self.placement.group_rank:
+            said = _gave_up_words(self.store.get(_GAVE_UP))
+            if not self._told_gave_up and said.group_rank != self.placement.group_rank:
                 self._told_gave_up = True
                 self.store.add(_GAVE_UP_HEARD, 1)
         except Exception:
             return None  # the store is out of reach: the ranks or the next round will tell
-        return f"node {said['host']} (group rank {said['group_rank']}) gave up: {said['reason']}"
+        return f"node {said.host} (group rank {said.group_rank}) gave up: {said.reason}"
 
     def give_up(self, reason: str) -> str | None:
         """Tell this round's other nodes that this node gave up, then close the rendezvous.

@@ -796,3 +796,29 @@ def test_the_static_and_etcd_backends_wait_torchruns_900_s_unless_the_conf_says_
     assert create_handler("static", endpoint, "st", 2, 2, conf={"rank": "1"}).timeout == datetime.timedelta(seconds=900)
     told = create_handler("static", endpoint, "st", 2, 2, conf={"rank": "1", "timeout": "30"})
     assert told.timeout == datetime.timedelta(seconds=30)
+
+
+@pytest.mark.parametrize("written, said", [
+    (b'{"host": "h\\u001b]52;c;aGk=\\u0007", "group_rank": 0, "reason": "x\\n[default0]:ok\\u001b[2J"}',
+     "node h (group rank 0) gave up: x\u240a[default0]:ok"),
+    (b'{"group_rank": 1}', "node ? (group rank 1) gave up: ?"),  # a KeyError that stopped the watch
+    (b'[1]', "node ? (group rank ?) gave up: ?"),
+    (b'\xff{', "node ? (group rank ?) gave up: ?"),
+    (json.dumps({"host": "h", "group_rank": "0", "reason": "r" * 100_000}).encode(),
+     "node h (group rank ?) gave up: " + "r" * 300),
+])
+def test_what_a_peer_wrote_to_the_store_when_giving_up_is_shown_as_one_safe_line(torch_installed, written, said):
+    """Anyone who reaches the c10d store can write there (it takes no password): the words a node
+    gave up with went raw to the other nodes' consoles (an OSC 52 clipboard write, a cleared
+    screen, a forged rank line), and a value without "host" raised in the watch thread."""
+    from datetime import timedelta
+
+    from ranktop.core.rendezvous import _GAVE_UP, Rendezvous
+    from ranktop.core.spec import Placement
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", free_port(), 1, True, timedelta(seconds=10))
+    rdzv = Rendezvous(None, "default", 1)
+    rdzv.store, rdzv.placement = store, Placement(1, 2, 1, 2, 1, 2, "127.0.0.1", 1, "r", 1, False)
+    store.set(_GAVE_UP, written)
+    assert rdzv.peer_gave_up() == said
