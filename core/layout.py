@@ -108,6 +108,16 @@ class Dir:
             fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self.fd)
         return Dir(os.path.join(self.path, name), fd)
 
+    def fresh(self, prefix: str) -> str:
+        """The name of a new directory `prefix`<random> made here (0700), as mkdtemp makes one."""
+        while True:
+            name = prefix + os.urandom(4).hex()
+            try:
+                os.mkdir(name, DIR_MODE, dir_fd=self.fd)
+                return name
+            except FileExistsError:
+                continue
+
     def open_append(self, name: str) -> int:
         """`name` opened for appending (made 0600 unless there). Anything there but a plain file
         of ours (a symlink, a FIFO, a hard link to a file elsewhere) is set aside for a new file."""
@@ -191,34 +201,22 @@ class RunDir(Dir):
 
     @classmethod
     def adopt(cls, path: str) -> RunDir:
-        """An existing, empty directory the caller gave us (start_processes' log_dir)."""
-        try:
-            fd = os.open(path, _DIR_FLAGS)
-        except FileNotFoundError:
-            raise ValueError(f"log_dir {path!r} does not exist") from None
-        except NotADirectoryError:
-            from ranktop.core.logs_specs import LogDirNotADirectory
-
-            raise LogDirNotADirectory(f"log_dir {path!r} is not a directory") from None
-        if os.listdir(fd):
-            os.close(fd)
+        """An existing, empty directory the caller gave us (start_processes' log_dir), reached as
+        a --log-dir is (`open_chosen_dir`); UsageError, a ValueError, says why not."""
+        held = open_chosen_dir(path, "log_dir", make=False)
+        if os.listdir(held.fd):
+            held.close()
             raise ValueError(f"log_dir {path!r} is not empty; give each run an empty directory")
-        return cls(os.path.abspath(path), fd)
+        return cls(held.path, held.fd)
 
     @classmethod
-    def open_existing(cls, path: str) -> RunDir | None:
-        """A run directory another ranktop made (for `ranktop stacks`); None if it cannot be
-        opened, or is not as ranktop makes one: ours and private (anyone else's, or one others
-        may write, gets no dump of ours)."""
-        try:
-            fd = os.open(path, _DIR_FLAGS)
-        except OSError:
-            return None
-        info = os.fstat(fd)
-        if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-            os.close(fd)
-            return None
-        return cls(os.path.abspath(path), fd)
+    def open_existing(cls, path: str) -> RunDir:
+        """A run directory another ranktop made (for `ranktop stacks`), reached as a --log-dir is
+        (`open_chosen_dir`), nothing made; it must be as ranktop makes one: ours and private
+        (anyone else's, or one others may write, gets no dump of ours). UsageError says why not."""
+        held = open_chosen_dir(path, "run directory", make=False, shared_ok=False,
+                               advice="the dump is shown, not saved")
+        return cls(held.path, held.fd)
 
     def attempt(self, attempt: int, start: int = 0) -> Dir:
         return self.sub(attempt_name(attempt, start))
@@ -330,7 +328,7 @@ def open_log_root(log_dir: str | None) -> Dir:
     user (root aside)."""
     if log_dir is None:
         return _open_default_root(default_log_root())
-    return _open_chosen_root(os.path.abspath(log_dir))
+    return open_chosen_dir(log_dir, "--log-dir", make=True)
 
 
 def _open_default_root(path: str) -> Dir:
@@ -357,33 +355,47 @@ def _open_default_root(path: str) -> Dir:
     return Dir(path, fd)
 
 
-def _open_chosen_root(path: str) -> Dir:
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError(f"bad --log-dir {path}: it is a file, expected a directory")
+class LogDirNotADirectory(UsageError, NotADirectoryError):
+    """A chosen directory that is not one: torch raises NotADirectoryError, ranktop a UsageError."""
+
+
+def open_chosen_dir(path: str, what: str, *, make: bool, shared_ok: bool = True, advice: str | None = None) -> Dir:
+    """The directory at `path`, which someone chose (a --log-dir, an API's log_dir, a run
+    directory to save a dump in), walked to from `/` and held (`_walk`); what is missing made
+    (0700 each) with `make`, else refused. It must be ours or root's and writable by no one else,
+    unless sticky (`shared_ok`; else ours and private). UsageError `bad <what> <path>: why`, one
+    line, ending in `advice` (default: pick a directory of your own)."""
+    path = os.path.abspath(path)
     try:
-        fd = _walk_to_log_dir(path)
+        fd = _walk(path, make)
     except _Refused as exc:
-        raise UsageError(f"bad --log-dir {path}: {exc}") from None
+        raise UsageError(f"bad {what} {path}: {exc}; {advice or 'pick a directory of your own'}") from None
+    except NotADirectoryError as exc:
+        where = "it" if exc.filename in (None, path) else exc.filename
+        raise LogDirNotADirectory(f"bad {what} {path}: {where} is not a directory") from None
     except OSError as exc:
-        raise UsageError(f"bad --log-dir {path}: cannot write there ({exc.strerror})") from None
-    problem = _root_problem(os.fstat(fd), allow_sticky=True)
+        if isinstance(exc, FileNotFoundError) and not make:
+            raise UsageError(f"bad {what} {path}: it does not exist") from None
+        raise UsageError(f"bad {what} {path}: cannot {'write' if make else 'open'} there ({exc.strerror})") from None
+    problem = _root_problem(os.fstat(fd), allow_sticky=shared_ok)
     if problem:
         os.close(fd)
-        raise UsageError(f"bad --log-dir {path}: it {problem}, so others could tamper with run logs: "
-                         f"chmod go-w it, or pick a directory of your own")
+        raise UsageError(f"bad {what} {path}: it {problem}, so others could tamper with run logs: "
+                         f"{advice or 'chmod go-w it, or pick a directory of your own'}")
     return Dir(path, fd)
 
 
 class _Refused(Exception):
-    """A directory or symlink on the way to a --log-dir that someone else controls; says which."""
+    """A directory or symlink on the way to a chosen directory that someone else controls; says which."""
 
 
 _MAX_LINKS = 40  # the kernel's limit on symlinks followed in one lookup
 
 
-def _walk_to_log_dir(path: str) -> int:
+def _walk(path: str, make: bool) -> int:
     """A held descriptor of the absolute `path`, reached one name at a time from `/`, each
-    directory held while the next name is looked up in it, missing ones made (0700) there.
+    directory held while the next name is looked up in it; missing ones made (0700) there with
+    `make`, else FileNotFoundError.
 
     Whoever may rename entries of a directory on the way decides where the rest of the path
     leads, at any moment (a check of the path followed by its use loses that race), so each
@@ -398,8 +410,8 @@ def _walk_to_log_dir(path: str) -> int:
             if name in ("", "."):
                 continue
             _check_looked_into(fd, at)
-            info = _lstat_or_make(name, fd)
             here = os.path.join(at, name)
+            info = _lstat_or_make(name, fd, make)
             if stat.S_ISLNK(info.st_mode):
                 links += 1
                 if links > _MAX_LINKS:
@@ -410,6 +422,8 @@ def _walk_to_log_dir(path: str) -> int:
                 if target.startswith("/"):
                     fd, at = _swap(fd, os.open("/", _DIR_FLAGS)), "/"
                 continue
+            if not stat.S_ISDIR(info.st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), here)
             fd = _swap(fd, os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd))
             at = os.path.dirname(at) if name == ".." else here
         return fd
@@ -423,10 +437,12 @@ def _swap(old: int, new: int) -> int:
     return new
 
 
-def _lstat_or_make(name: str, dir_fd: int) -> os.stat_result:
+def _lstat_or_make(name: str, dir_fd: int, make: bool) -> os.stat_result:
     try:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
+        if not make:
+            raise
         try:
             os.mkdir(name, DIR_MODE, dir_fd=dir_fd)  # each one private (makedirs gave 0755 above the last)
         except FileExistsError:
@@ -438,14 +454,14 @@ def _check_looked_into(fd: int, path: str) -> None:
     problem = _root_problem(os.fstat(fd), allow_sticky=True)
     if problem:
         raise _Refused(f"it goes through {path}, which {problem}: whoever controls it decides where "
-                       "the log dir leads; pick a directory of your own")
+                       "the path leads")
 
 
 def _check_link(info: os.stat_result, dir_fd: int, path: str) -> None:
     shared = os.fstat(dir_fd).st_mode & stat.S_IWOTH
     if shared and info.st_uid not in (os.geteuid(), 0):
         raise _Refused(f"it goes through {path}, a symlink of uid {info.st_uid}'s in a directory anyone "
-                       "may write: ranktop will not follow it; pick a directory of your own")
+                       "may write: ranktop will not follow it")
 
 
 def _root_problem(info: os.stat_result, allow_sticky: bool) -> str | None:

@@ -2,9 +2,11 @@
 ranktop's terms: where a group's files go, decided from the ranks' environment.
 
 `DefaultLogsSpecs.reify` makes `<log_dir>/<run id>_<random>/attempt_<restart count>/` as torch
-does, but private (0700, made fresh with mkdtemp/mkdir, never emptied or reused: a spec that serves
-a second call with the same restart count gets a fresh run directory): the context then
-holds that directory and opens every file of the group inside it (core/layout.py).
+does, but private (0700, made fresh, never emptied or reused: a spec that serves a second call
+with the same restart count gets a fresh run directory), and reached as a --log-dir is: log_dir
+walked from `/` at each call, each directory on the way held to the --log-dir's rule, and what
+lies below made relative to it (`layout.open_chosen_dir`). The context then holds the attempt's
+directory and opens every file of the group inside it (core/layout.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
-from ranktop.core.layout import ERROR_FILE, STDERR_LOG, STDOUT_LOG
+from ranktop.core.layout import ERROR_FILE, STDERR_LOG, STDOUT_LOG, Dir, LogDirNotADirectory, open_chosen_dir
 from ranktop.core.spec import Std, per_rank
 
 
@@ -69,10 +71,9 @@ class DefaultLogsSpecs(LogsSpecs):
                                       "give a directory, or none for a fresh temporary one")
         if not log_dir:
             log_dir = tempfile.mkdtemp(prefix="torchelastic_")
-        elif os.path.isfile(log_dir):
-            raise LogDirNotADirectory(f"log_dir: {log_dir} is a file")
-        else:
-            os.makedirs(log_dir, mode=0o700, exist_ok=True)
+        # Made (0700 all the way) and checked now, so that a bad one is refused at once; walked
+        # to again at each call, as whoever controls it could have changed it since.
+        open_chosen_dir(log_dir, "log_dir", make=True).close()
         super().__init__(log_dir, redirects, tee, local_ranks_filter)
         self._run_log_dir: str | None = None
         self._attempt_dir: str | None = None
@@ -93,16 +94,16 @@ class DefaultLogsSpecs(LogsSpecs):
         call), a fresh run dir takes it. torch empties and reuses that directory instead: here the
         earlier call's files are kept, and nothing a rank left there is written into."""
         name = f"attempt_{int(first.get('TORCHELASTIC_RESTART_COUNT', '0'))}"
-        if self._run_log_dir is not None:
-            try:
-                os.mkdir(os.path.join(self._run_log_dir, name), 0o700)
+        root = open_chosen_dir(str(self._root_log_dir), "log_dir", make=True)
+        try:
+            if self._run_log_dir is not None and _made_below(root, os.path.basename(self._run_log_dir), name):
                 return os.path.join(self._run_log_dir, name)
-            except FileExistsError:
-                pass
-        prefix = f"{first.get('TORCHELASTIC_RUN_ID', 'test_run_id')}_".replace("/", "_")
-        self._run_log_dir = tempfile.mkdtemp(prefix=prefix, dir=self._root_log_dir)
-        os.mkdir(os.path.join(self._run_log_dir, name), 0o700)
-        return os.path.join(self._run_log_dir, name)
+            prefix = f"{first.get('TORCHELASTIC_RUN_ID', 'test_run_id')}_".replace("/", "_")
+            self._run_log_dir = root.path_of(root.fresh(prefix))
+            _made_below(root, os.path.basename(self._run_log_dir), name)
+            return os.path.join(self._run_log_dir, name)
+        finally:
+            root.close()
 
     def reify(self, envs: Mapping[int, MutableMapping[str, str]]) -> LogsDest:
         first = envs.get(0, {}) if envs else {}
@@ -131,8 +132,23 @@ class DefaultLogsSpecs(LogsSpecs):
         return dest
 
 
-class LogDirNotADirectory(NotADirectoryError, ValueError):
-    """A log_dir that is a file: torch raises NotADirectoryError; earlier ranktop a ValueError."""
+def _made_below(root: Dir, run: str, name: str) -> bool:
+    """Whether `name` was made (0700) in `root`'s directory `run` (not followed if a symlink);
+    False where `run` is gone or `name` is there already."""
+    try:
+        fd = os.open(run, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root.fd)
+    except OSError:
+        return False
+    try:
+        os.mkdir(name, 0o700, dir_fd=fd)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.close(fd)
+
+
+__all__ = ["DefaultLogsSpecs", "LogDirNotADirectory", "LogsDest", "LogsSpecs", "to_map"]
 
 
 def to_map(val_or_map: Std | Mapping[int, Std], local_world_size: int) -> dict[int, Std]:

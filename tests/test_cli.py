@@ -367,7 +367,7 @@ BAD_INPUT = [
     (["-j", "1:2:3x4", "{script}"], "bad -j '1:2:3x4': expected N, NxM or MIN:MAXxM"),
     (["--redirects", "0:5", "{script}"], "bad -r/-t: bad stream spec '0:5'"),
     (["--local-ranks-filter", "a", "{script}"], "bad --local-ranks-filter 'a'"),
-    (["--log-dir", "{file}", "{script}"], "it is a file"),
+    (["--log-dir", "{file}", "{script}"], "it is not a directory"),
     (["--log-dir", "/proc/ranktop-test", "{script}"], "cannot write there"),
     (["--master-port", "70000", "{script}"], "bad --master-port 70000: expected a whole number from 1 to 65535"),
     (["--env", "NOEQUALS", "{script}"], "bad --env 'NOEQUALS'"),

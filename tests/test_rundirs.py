@@ -143,7 +143,7 @@ def test_a_log_dir_below_another_users_directory_is_refused(tmp_path, below):
     res = run_ranktop("--headless", "--log-dir", str(logs / "deeper"), "--run-id", "r", "--no-python", "echo", "hi")
     assert _one_error_line(res) == (f"ranktop: error: bad --log-dir {logs / 'deeper'}: it goes through {theirs}, "
                                     f"which belongs to uid {NOBODY}, not to you (uid 0): whoever controls it "
-                                    "decides where the log dir leads; pick a directory of your own")
+                                    "decides where the path leads; pick a directory of your own")
     assert os.listdir(target) == [] and os.listdir(theirs) == (["logs"] if below == "a link" else [])
 
 

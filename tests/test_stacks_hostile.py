@@ -180,3 +180,32 @@ def test_a_process_naming_another_runs_directory_gets_no_dump_saved_there(tmp_pa
     assert "time.sleep" in out.stdout or "<module>" in out.stdout, out.stdout  # dumped all the same
     assert sorted(p.name for p in victim.iterdir()) == ["events.jsonl"]  # no stacks/ made there
     assert (victim / "events.jsonl").read_text() == events
+
+
+NOBODY = 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes another user's directory: needs root")
+def test_a_run_directory_reached_through_another_users_directory_gets_no_dump_saved(tmp_path, runtime):
+    """`ranktop stacks DIR` saves the dump in DIR: a link in a directory someone else owns had it
+    write into whichever private directory of ours they pointed it at."""
+    proc = start(tmp_path, runtime, "mine", "import time\nprint('up', flush=True)\ntime.sleep(3600)\n", n=1)
+    try:
+        wait_lines(proc, "up", 1)
+        run_dir, theirs = tmp_path / "logs" / "mine", tmp_path / "theirs"
+        theirs.mkdir(mode=0o755)
+        os.chown(theirs, NOBODY, NOBODY)
+        (theirs / "run").symlink_to(run_dir)
+        os.lchown(theirs / "run", NOBODY, NOBODY)
+        files = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}  # not served there: found from the files
+        out = run_ranktop("stacks", "--signal", str(theirs / "run"), env=files, timeout=30)
+        assert out.returncode == 0 and "1 of 1 ranks dumped" in out.stdout, out
+        assert out.stderr == (f"ranktop stacks: bad run directory {theirs / 'run'}: it goes through {theirs}, which "
+                              f"belongs to uid {NOBODY}, not to you (uid 0): whoever controls it decides where the "
+                              "path leads; the dump is shown, not saved\n")
+        assert not (run_dir / "stacks").exists() and "stacks_dumped" not in (run_dir / "events.jsonl").read_text()
+        direct = run_ranktop("stacks", "--signal", str(run_dir), env=files, timeout=30)
+        assert (direct.returncode, direct.stderr) == (0, ""), direct
+        assert os.listdir(run_dir / "stacks") and "stacks_dumped" in (run_dir / "events.jsonl").read_text()
+    finally:
+        stop_process(proc)

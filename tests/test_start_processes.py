@@ -728,6 +728,45 @@ def test_one_logs_specs_serves_two_calls_each_in_a_fresh_directory(tmp_path):
     assert specs.attempt_dir == os.path.join(runs[1], "attempt_0")
 
 
+NOBODY = 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes another user's directory: needs root")
+def test_a_logs_specs_log_dir_below_another_users_directory_is_refused_at_each_call(tmp_path):
+    """Whoever may rename entries of a directory on log_dir's way picks where the run directories
+    go: a log_dir made with os.makedirs below their directory, or one they came to control after
+    the spec was made (its run directory swapped for a link between two calls), sent root's
+    ranks' logs wherever they pointed."""
+    from ranktop.core import DefaultLogsSpecs
+
+    theirs, target = tmp_path / "theirs", tmp_path / "etc"
+    theirs.mkdir(mode=0o755)
+    target.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(ValueError) as refused:
+        DefaultLogsSpecs(log_dir=str(theirs / "logs"))
+    assert str(refused.value) == (f"bad log_dir {theirs / 'logs'}: it goes through {theirs}, which belongs to uid "
+                                  f"{NOBODY}, not to you (uid 0): whoever controls it decides where the path leads; "
+                                  "pick a directory of your own")
+    assert os.listdir(theirs) == []
+    mine = tmp_path / "mine"
+    specs = DefaultLogsSpecs(log_dir=str(mine / "logs"), redirects=Std.OUT)
+    assert _mode(mine) == _mode(mine / "logs") == 0o700  # made private all the way, as --log-dir
+    ctx, result = _specs_run(tmp_path, specs, nprocs=1, code="print('first')")
+    assert not result.is_failed()
+    os.chown(mine, NOBODY, NOBODY)  # now theirs: they put a link where the log dir was
+    os.rename(mine / "logs", mine / "old")
+    (mine / "logs").symlink_to(target)
+    os.lchown(mine / "logs", NOBODY, NOBODY)
+    with pytest.raises(ValueError, match=f"^bad log_dir {mine / 'logs'}: it goes through {mine}, which belongs to uid "):
+        start_processes("b", PY, {0: ("-c", "print('second')")}, {0: {}}, specs)
+    assert os.listdir(target) == [] and len(os.listdir(mine / "old")) == 1
+
+
+def _mode(path) -> int:
+    return os.lstat(path).st_mode & 0o7777
+
+
 @pytest.mark.parametrize("stamp", ["\u0661\u0662\u0663", "\u00b2", "9" * 13, 10**30, 1e308, float("inf"), -1])
 def test_a_hostile_timestamp_in_a_rank_error_file_is_named_not_raised(tmp_path, stamp):
     from ranktop.core import ChildFailedError

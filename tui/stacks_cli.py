@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import psutil
 from ranktop.core import stacks
+from ranktop.core.errors import UsageError
 from ranktop.core.layout import RunDir, default_log_root, dump_log_path, latest_attempt_path
 from ranktop.core.sanitize import clean
 from ranktop.core.stdio import print_out
@@ -103,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ranktop stacks: {ended + ': no ranks to dump' if ended else f'no live ranks in {run_dir} (the run has ended)'}",
               file=sys.stderr)
         return 1
-    save_to = None if ns.no_save or not run_dir else RunDir.open_existing(run_dir)
+    save_to = None if ns.no_save or not run_dir else _save_dir(run_dir)
     try:
         if ns.signal:
             return _signal(pids, local, run_dir, save_to, ns)
@@ -112,6 +113,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if save_to is not None:
             save_to.close()
     return _show(report, ns)
+
+
+def _save_dir(run_dir: str) -> RunDir | None:
+    """The run directory, held, to save the dump in; None (and a line on stderr saying why) where
+    it is not one of ours that no one else controls: a path through another user's directory
+    could lead anywhere, a private directory of ours included."""
+    try:
+        return RunDir.open_existing(run_dir)
+    except UsageError as exc:
+        print(clean(f"ranktop stacks: {exc}"), file=sys.stderr)
+        return None
 
 
 def _served(target: str | None):
