@@ -222,13 +222,22 @@ class RanktopApp(App):
         from ranktop.tui.metric import Tracker
 
         details = ("Rank details (m)", RankDetails(self.engine, Tracker(self.engine, None), 0), generic)
-        stacks = (*generic, "signal") if read_only else generic  # the SIGUSR1 fallback acts on ranks
-        return [("Stack view (d / D)", StacksScreen(self.engine), stacks), details, *sections]
+        # Its own keys; its boxes' (the call tree's, the groups') are listed when ? is asked there.
+        return [StacksScreen(self.engine).key_sections(self._stack_view_hidden(read_only))[0], details, *sections]
+
+    @staticmethod
+    def _stack_view_hidden(read_only: bool) -> tuple[str, ...]:
+        return ("copy_text", "signal") if read_only else ("copy_text",)  # the SIGUSR1 fallback acts on ranks
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
             return
-        self.push_screen(HelpScreen(help_groups(self, self._sections())))
+        sections = self._sections()
+        here: list[tuple[str, Any, tuple[str, ...]]] = []
+        if hasattr(self.screen, "key_sections"):  # the stack view: every key that works there first
+            here = self.screen.key_sections(self._stack_view_hidden(read_only(self)))
+            sections = here + [section for section in sections if section[0] != here[0][0]]
+        self.push_screen(HelpScreen(help_groups(self, sections), here=max(1, len(here))))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from palette_commands(self, self._sections(palette=True))
