@@ -29,7 +29,7 @@ from ranktop.tui.panes import STATE_STYLE, RankList, fit_path, header_text, rank
 from ranktop.tui.screens import ConfirmQuit, HelpScreen
 from ranktop.tui.stacks_view import CallTree, StacksScreen
 from rich.cells import cell_len
-from test_tui_app import TICKER, notes, rank, ticker_agent
+from test_tui_app import TICKER, notes, palette_top, rank, ticker_agent
 from test_tui_fake import drive as drive_fake
 from test_tui_tmux import Terminal
 
@@ -622,7 +622,15 @@ def test_the_stack_views_call_tree_scrolls_sideways_and_its_help_lists_its_keys(
                 if binding.description != "Copy selected text":  # (Textual's ctrl+c: the app's, listed below)
                     assert binding.description in listed, binding
         assert listed["Scroll the tree sideways"] == "← / →" and listed["A page left / right"] == "^pgup / ^pgdn"
-        await pilot.press("escape", "escape")
+        await pilot.press("escape")
+        titles = {c.title for c in app.get_system_commands(app.screen)}
+        assert {"Other threads", "Dump again"} <= titles and "Zoom" not in titles  # the grid's acted unseen
+        await pilot.press("ctrl+p", *"other threads")
+        await until(pilot, lambda: palette_top(app).startswith("Other threads"), what="the palette's entry")
+        await pilot.press("enter")
+        await until(pilot, lambda: app.screen_stack[-1].show_threads, what="the other threads shown")
+        await pilot.press("escape")
         await until(pilot, lambda: app.screen is app.main, what="back on the grid")
+        assert not app.main.zoomed
 
     drive(app, body, size=(80, 24))

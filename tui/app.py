@@ -240,6 +240,11 @@ class RanktopApp(App):
         self.push_screen(HelpScreen(help_groups(self, sections), here=max(1, len(here))))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        if hasattr(screen, "key_sections"):  # the stack view: its actions, not the grid's hidden below it
+            own = screen.key_sections(self._stack_view_hidden(read_only(self)))[0]
+            yield from palette_commands(self, [own, *[s for s in self._sections(palette=True) if s[0] == "App"]])
+            yield from super().get_system_commands(screen)
+            return
         yield from palette_commands(self, self._sections(palette=True))
         if self.main is not None:  # one "Focus rank N" per rank that exists, not per digit key
             main = self.main
