@@ -27,11 +27,11 @@ from ranktop.tui.app import QUIT_STATUS, RanktopApp
 from ranktop.tui.commands import declared_bindings
 from ranktop.tui.panes import STATE_STYLE, RankList, fit_path, header_text, rank_title, state_label, state_style
 from ranktop.tui.screens import ConfirmQuit, HelpScreen
-from ranktop.tui.stacks_view import CallTree, StacksScreen
+from ranktop.tui.stacks_view import CallTree, StackGroups, StacksScreen
 from rich.cells import cell_len
 from test_tui_app import TICKER, notes, palette_top, rank, ticker_agent
 from test_tui_fake import drive as drive_fake
-from test_tui_tmux import Terminal
+from test_tui_tmux import DEEP, Terminal
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -577,18 +577,11 @@ def test_a_group_restart_drops_a_selection_of_the_old_attempts_lines():
     drive_fake(engine, body)
 
 
-# Frames far wider than the call tree at 80 columns: a deep recursion through a long name.
-DEEP = ("import time\n"
-        "def a_function_whose_name_is_far_too_long_for_a_call_tree_in_eighty_columns(n):\n"
-        "    if n == 0:\n        print('deep', flush=True)\n        time.sleep(3600)\n"
-        "    a_function_whose_name_is_far_too_long_for_a_call_tree_in_eighty_columns(n - 1)\n"
-        "a_function_whose_name_is_far_too_long_for_a_call_tree_in_eighty_columns(8)\n")
-
-
 @pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
 def test_the_stack_views_call_tree_scrolls_sideways_and_its_help_lists_its_keys(tmp_path):
-    """At 80 columns the tree cut every long frame and no key moved it (Textual's Tree binds only
-    its cursor); `?` there listed four keys, below every key of the grid."""
+    """At 80 columns the tree cut every long frame, and → and ctrl+PgDn did nothing: the focus
+    starts on the groups, which do not scroll sideways. `?` there listed four keys, below every
+    key of the grid; the palette offered the grid's actions, which acted unseen below it."""
     app = RanktopApp(LocalEngine(ticker_agent(tmp_path, DEEP, n=1)))
 
     async def body(app, pilot):
@@ -598,13 +591,14 @@ def test_the_stack_views_call_tree_scrolls_sideways_and_its_help_lists_its_keys(
                     what="stack report")
         tree = app.screen.query_one(CallTree)
         await until(pilot, lambda: tree.max_scroll_x > 0, what="a tree wider than its box")
-        await pilot.press("tab")
-        assert app.focused is tree
-        await pilot.press("right", "right")
+        assert app.focused is app.screen.query_one(StackGroups)  # where the focus starts: lines that wrap
+        await pilot.press("right", "right")  # the groups' own sideways keys skip: the tree's
         assert tree.scroll_x == 2
         await pilot.press("ctrl+pagedown")
         assert tree.scroll_x > 2 + tree.scrollable_content_region.width // 2
         sideways = tree.scroll_x
+        await pilot.press("tab")
+        assert app.focused is tree
         await pilot.press("down", "end")  # the cursor moves down: the sideways offset stays
         assert tree.cursor_line == tree.last_line and tree.scroll_x == sideways
         await pilot.press("ctrl+pageup", "left")
@@ -617,11 +611,14 @@ def test_the_stack_views_call_tree_scrolls_sideways_and_its_help_lists_its_keys(
         groups = app.screen.groups  # (title, [(keys, description)]) as the help shows them
         assert [title for title, _ in groups[:3]] == ["Stack view (d / D)", "Call tree (tab)", "Rank groups"]
         listed = {description: keys for _, rows in groups[:3] for keys, description in rows}
-        for node in (tree, app.screen_stack[-2]):  # every key the tree and the view declare
+        view = app.screen_stack[-2]
+        keys = {key for shown in listed.values() for key in shown.split(" / ")}
+        for node in (tree, view.query_one(StackGroups), view):  # every key that works there is listed
             for binding in declared_bindings(node):
-                if binding.description != "Copy selected text":  # (Textual's ctrl+c: the app's, listed below)
-                    assert binding.description in listed, binding
-        assert listed["Scroll the tree sideways"] == "← / →" and listed["A page left / right"] == "^pgup / ^pgdn"
+                if binding.action != "screen.copy_text":  # (Textual's ctrl+c: the app's, listed below)
+                    assert app.get_key_display(binding) in keys, binding
+        assert listed["Scroll the call tree sideways"] == "← / →"
+        assert listed["A page sideways in the call tree"] == "^pgup / ^pgdn"
         await pilot.press("escape")
         titles = {c.title for c in app.get_system_commands(app.screen)}
         assert {"Other threads", "Dump again"} <= titles and "Zoom" not in titles  # the grid's acted unseen

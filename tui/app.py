@@ -241,7 +241,8 @@ class RanktopApp(App):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         if hasattr(screen, "key_sections"):  # the stack view: its actions, not the grid's hidden below it
-            own = screen.key_sections(self._stack_view_hidden(read_only(self)))[0]
+            hidden = (*self._stack_view_hidden(read_only(self)), "tree", "focus_next", "focus_previous")  # keys, not acts
+            own = screen.key_sections(hidden)[0]
             yield from palette_commands(self, [own, *[s for s in self._sections(palette=True) if s[0] == "App"]])
             yield from super().get_system_commands(screen)
             return

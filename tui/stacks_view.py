@@ -25,21 +25,16 @@ from textual.widgets.tree import TreeNode as UITreeNode
 
 
 class CallTree(Tree):
-    """The merged call tree. Textual's Tree binds only the cursor keys: a frame wider than the
-    tree (80 columns, a long function name) could not be read from the keyboard. These scroll it
-    sideways and page through it; the cursor keeps the sideways offset (Tree scrolls only down).
-    Keys that share a description make one row of the help."""
+    """The merged call tree. Its keys are Textual's, named here for what they do in this tree
+    ("Select" folds a frame); keys that share a description make one row of the help. Its
+    sideways keys (a Tree scrolls as a ScrollableContainer does) are listed with the view's,
+    which are the same keys from anywhere in the view."""
 
     BINDINGS = [
-        Binding("left", "scroll_left", "Scroll the tree sideways", show=False),
-        Binding("right", "scroll_right", "Scroll the tree sideways", show=False),
-        Binding("ctrl+pageup", "page_left", "A page left / right", show=False),
-        Binding("ctrl+pagedown", "page_right", "A page left / right", show=False),
         Binding("pageup", "page_up", "A page up / down", show=False),
         Binding("pagedown", "page_down", "A page up / down", show=False),
         Binding("home", "scroll_home", "First / last frame", show=False),
         Binding("end", "scroll_end", "First / last frame", show=False),
-        # Textual's own keys, in words for this tree ("Select" folds a frame here).
         Binding("up", "cursor_up", "Move between frames", show=False),
         Binding("down", "cursor_down", "Move between frames", show=False),
         Binding("enter", "select_cursor", "Fold / unfold the frame", show=False),
@@ -54,7 +49,7 @@ class CallTree(Tree):
 
 class StackGroups(VerticalScroll):
     """The groups of ranks with the same stack, the odd one out first. Their lines wrap, so the
-    sideways keys a VerticalScroll has do nothing here."""
+    sideways keys a VerticalScroll has skip to the view, which scrolls the call tree."""
 
     BINDINGS = [
         Binding("up", "scroll_up", "Scroll the groups", show=False),
@@ -78,6 +73,12 @@ class StacksScreen(Screen):
         Binding("u", "signal", "SIGUSR1 fallback"),
         Binding("tab", "app.focus_next", "Between the groups and the call tree", show=False),
         Binding("shift+tab", "app.focus_previous", "Between the groups and the call tree", show=False),
+        # The focus starts on the groups, whose lines wrap: their sideways keys do nothing (they
+        # skip), and come here. They scroll the tree, where long frames are cut (80 columns).
+        Binding("left", "tree('scroll_left')", "Scroll the call tree sideways", show=False),
+        Binding("right", "tree('scroll_right')", "Scroll the call tree sideways", show=False),
+        Binding("ctrl+pageup", "tree('page_left')", "A page sideways in the call tree", show=False),
+        Binding("ctrl+pagedown", "tree('page_right')", "A page sideways in the call tree", show=False),
     ]
 
     def __init__(self, engine: Engine, local_ranks: list[int] | None = None) -> None:
@@ -107,7 +108,7 @@ class StacksScreen(Screen):
         """The keys that work in the stack view, for the help: the screen's, then the ones of
         the box that has the focus (tab moves it), each under its own title."""
         return [("Stack view (d / D)", self, hidden),
-                ("Call tree (tab)", CallTree(Text("")), ()),
+                ("Call tree (tab)", CallTree(Text("")), StackGroups.SIDEWAYS),
                 ("Rank groups", StackGroups(), StackGroups.SIDEWAYS)]
 
     def _fetch(self, status: str, command: type[cmd.DumpStacks] | type[cmd.SignalDump]) -> None:
@@ -212,6 +213,10 @@ class StacksScreen(Screen):
     def action_signal(self) -> None:
         """No ptrace needed: SIGUSR1 makes each rank print its stacks; group what they printed."""
         self._fetch("SIGUSR1 sent; reading the ranks' stderr…", cmd.SignalDump)
+
+    def action_tree(self, action: str) -> None:
+        """A sideways key typed outside the call tree scrolls the tree."""
+        getattr(self.query_one(CallTree), f"action_{action}")()
 
     def action_close(self) -> None:
         self.app.pop_screen()
