@@ -222,8 +222,10 @@ class RanktopApp(App):
         from ranktop.tui.metric import Tracker
 
         details = ("Rank details (m)", RankDetails(self.engine, Tracker(self.engine, None), 0), generic)
-        # Its own keys; its boxes' (the call tree's, the groups') are listed when ? is asked there.
-        return [StacksScreen(self.engine).key_sections(self._stack_view_hidden(read_only))[0], details, *sections]
+        # Its commands; its keys that move about in it (the tree's, the groups', the sideways
+        # ones) are listed when ? is asked there.
+        stacks = StacksScreen(self.engine).key_sections((*self._stack_view_hidden(read_only), "tree"))[0]
+        return [stacks, details, *sections]
 
     @staticmethod
     def _stack_view_hidden(read_only: bool) -> tuple[str, ...]:
