@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, drive, read_events, until, wait_for
+from conftest import ROOT, drive, read_events, screen_rows, until, wait_for
 from fake_engine import FakeEngine
 from ranktop.core import commands as cmd
 from ranktop.core.agent import LocalAgent
@@ -20,15 +20,18 @@ from ranktop.core.engine import LocalEngine
 from ranktop.core.process import kernel_state
 from ranktop.core.report import format_root_cause
 from ranktop.core.spec import WorkerSpec
+from ranktop.core.stacks import find_py_spy
 from ranktop.core.state import RankSnapshot, RankState
 from ranktop.tui import main_screen
 from ranktop.tui.app import QUIT_STATUS, RanktopApp
+from ranktop.tui.commands import declared_bindings
 from ranktop.tui.panes import STATE_STYLE, RankList, fit_path, header_text, rank_title, state_label, state_style
-from ranktop.tui.screens import ConfirmQuit
+from ranktop.tui.screens import ConfirmQuit, HelpScreen
+from ranktop.tui.stacks_view import CallTree, StackGroups, StacksScreen
 from rich.cells import cell_len
-from test_tui_app import TICKER, notes, rank, ticker_agent
+from test_tui_app import TICKER, notes, palette_top, rank, ticker_agent
 from test_tui_fake import drive as drive_fake
-from test_tui_tmux import Terminal
+from test_tui_tmux import DEEP, Terminal
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -412,6 +415,25 @@ def test_rank_list_sorts_and_filters_by_state():
     drive_fake(engine, body)
 
 
+def test_a_click_on_the_rank_list_picks_the_rank_of_its_row_with_a_long_header():
+    """`32/32 by state, running  (s sort, v filter)` is wider than the list: it wrapped onto a
+    second row, and every click picked the rank one row above the one clicked."""
+    engine = FakeEngine(32)
+    engine.set_rank(7, state=RankState.FAILED, exitcode=1)
+
+    async def body(app, pilot):
+        listing = app.main.query_one(RankList)
+        await pilot.press("s", "v", "v")  # by state, running only: the longest header
+        await until(pilot, lambda: "by state, running" in listing.plain, what="the running ranks by state")
+        assert listing.size.height == len(listing.order) + 1  # the header is one row
+        await pilot.click("#rank-list", offset=(3, 1))  # the first rank's row
+        assert app.main.current == listing.order[0] == 0
+        await pilot.click("#rank-list", offset=(3, 8))  # the eighth rank's row: rank 7 failed, is not listed
+        assert app.main.current == listing.order[7] == 8
+
+    drive_fake(engine, body, size=(80, 24))
+
+
 def test_search_every_rank_counts_and_steps_across_ranks():
     engine = FakeEngine(3)
     engine.print(0, "a needle", "hay", "needle again")
@@ -553,3 +575,59 @@ def test_a_group_restart_drops_a_selection_of_the_old_attempts_lines():
         await until(pilot, lambda: "no root cause to copy" in notes(app), what="y back to its own job")
 
     drive_fake(engine, body)
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_the_stack_views_call_tree_scrolls_sideways_and_its_help_lists_its_keys(tmp_path):
+    """At 80 columns the tree cut every long frame, and → and ctrl+PgDn did nothing: the focus
+    starts on the groups, which do not scroll sideways. `?` there listed four keys, below every
+    key of the grid; the palette offered the grid's actions, which acted unseen below it."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, DEEP, n=1)))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: app.main.pane(0).log.line_count, what="the rank deep in its recursion")
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
+                    what="stack report")
+        tree = app.screen.query_one(CallTree)
+        await until(pilot, lambda: tree.max_scroll_x > 0, what="a tree wider than its box")
+        assert app.focused is app.screen.query_one(StackGroups)  # where the focus starts: lines that wrap
+        await pilot.press("right", "right")  # the groups' own sideways keys skip: the tree's
+        assert tree.scroll_x == 2
+        await pilot.press("ctrl+pagedown")
+        assert tree.scroll_x > 2 + tree.scrollable_content_region.width // 2
+        sideways = tree.scroll_x
+        await pilot.press("tab")
+        assert app.focused is tree
+        await pilot.press("down", "end")  # the cursor moves down: the sideways offset stays
+        assert tree.cursor_line == tree.last_line and tree.scroll_x == sideways
+        await pilot.press("ctrl+pageup", "left")
+        assert tree.scroll_x < sideways
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        shown = [row.strip() for row in screen_rows(app)]
+        first = next(i for i, row in enumerate(shown) if "ranktop keys" in row)
+        assert "Stack view (d / D)" in shown[first + 2]  # its own keys first, not the grid's
+        groups = app.screen.groups  # (title, [(keys, description)]) as the help shows them
+        assert [title for title, _ in groups[:3]] == ["Stack view (d / D)", "Call tree (tab)", "Rank groups"]
+        listed = {description: keys for _, rows in groups[:3] for keys, description in rows}
+        view = app.screen_stack[-2]
+        keys = {key for shown in listed.values() for key in shown.split(" / ")}
+        for node in (tree, view.query_one(StackGroups), view):  # every key that works there is listed
+            for binding in declared_bindings(node):
+                if binding.action != "screen.copy_text":  # (Textual's ctrl+c: the app's, listed below)
+                    assert app.get_key_display(binding) in keys, binding
+        assert listed["Scroll the call tree sideways"] == "← / →"
+        assert listed["A page sideways in the call tree"] == "^pgup / ^pgdn"
+        await pilot.press("escape")
+        titles = {c.title for c in app.get_system_commands(app.screen)}
+        assert {"Other threads", "Dump again"} <= titles and "Zoom" not in titles  # the grid's acted unseen
+        await pilot.press("ctrl+p", *"other threads")
+        await until(pilot, lambda: palette_top(app).startswith("Other threads"), what="the palette's entry")
+        await pilot.press("enter")
+        await until(pilot, lambda: app.screen_stack[-1].show_threads, what="the other threads shown")
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is app.main, what="back on the grid")
+        assert not app.main.zoomed
+
+    drive(app, body, size=(80, 24))

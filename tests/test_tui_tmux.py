@@ -12,8 +12,17 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, read_events, run_ranktop, wait_for
+from ranktop.core.stacks import find_py_spy
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
+
+# Frames far wider than the call tree at 80 columns: a deep recursion through a long name
+# (tests/test_tui_controls.py uses it too).
+DEEP = ("import time\n"
+        "def a_function_whose_name_is_far_too_long_for_a_call_tree_in_eighty_columns(n):\n"
+        "    if n == 0:\n        print('deep', flush=True)\n        time.sleep(3600)\n"
+        "    a_function_whose_name_is_far_too_long_for_a_call_tree_in_eighty_columns(n - 1)\n"
+        "a_function_whose_name_is_far_too_long_for_a_call_tree_in_eighty_columns(8)\n")
 
 SCRIPT = "import os, time\nprint('hello from', os.environ['RANK'], flush=True)\nwhile True:\n    time.sleep(0.1)\n"
 
@@ -118,3 +127,37 @@ def test_a_hangup_while_textual_loads_detaches_once_the_first_frame_is_up(tmp_pa
     finally:
         term.close()
     assert stopped.returncode == 0, stopped.stderr
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_the_stack_views_tree_scrolls_sideways_by_a_real_terminals_keys(tmp_path):
+    """ctrl+PgDn and → as a terminal sends them scroll the call tree, where the view opens (the
+    focus on the groups, where they did nothing): at 80 columns the ends of the frames, cut
+    until then, come into sight."""
+    script = tmp_path / "deep.py"
+    script.write_text(DEEP)
+    status = tmp_path / "status"
+    command = (f"cd {ROOT} && {sys.executable} -m ranktop --tui --nproc-per-node 1 --shutdown-timeout 3 "
+               f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
+    term = Terminal(command, width=80, height=24)
+    try:
+        term.wait_screen("deep")
+        term.press("d")
+        shown = term.wait_screen("call tree", "[rank 0] <module>")
+
+        def frame_ends_in_the_tree() -> int:  # the tree is the right half
+            return sum("(deep.py:6)" in row[40:] for row in term.screen().splitlines())
+
+        assert "(deep.py:7)" in shown and frame_ends_in_the_tree() == 0  # cut at 80 columns
+        term.press("C-PageDown", "Right", "C-PageDown")
+        wait_for(lambda: frame_ends_in_the_tree() >= 3, what="the ends of the frames in the tree")
+        term.press("Escape")
+        term.wait_screen("0/0")
+        term.press("q")
+        term.wait_screen("still running")
+        term.press("y")
+        wait_for(lambda: status.exists() and status.read_text().strip(), timeout=15, what="ranktop exited")
+    finally:
+        term.close()  # (a hang-up: a run still going goes on detached, and is ended here)
+        if not status.exists() and (tmp_path / "logs").exists():
+            run_ranktop("stop", next((tmp_path / "logs").iterdir()).name)

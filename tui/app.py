@@ -222,15 +222,32 @@ class RanktopApp(App):
         from ranktop.tui.metric import Tracker
 
         details = ("Rank details (m)", RankDetails(self.engine, Tracker(self.engine, None), 0), generic)
-        stacks = (*generic, "signal") if read_only else generic  # the SIGUSR1 fallback acts on ranks
-        return [("Stack view (d / D)", StacksScreen(self.engine), stacks), details, *sections]
+        # Its commands; its keys that move about in it (the tree's, the groups', the sideways
+        # ones) are listed when ? is asked there.
+        stacks = StacksScreen(self.engine).key_sections((*self._stack_view_hidden(read_only), "tree"))[0]
+        return [stacks, details, *sections]
+
+    @staticmethod
+    def _stack_view_hidden(read_only: bool) -> tuple[str, ...]:
+        return ("copy_text", "signal") if read_only else ("copy_text",)  # the SIGUSR1 fallback acts on ranks
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
             return
-        self.push_screen(HelpScreen(help_groups(self, self._sections())))
+        sections = self._sections()
+        here: list[tuple[str, Any, tuple[str, ...]]] = []
+        if hasattr(self.screen, "key_sections"):  # the stack view: every key that works there first
+            here = self.screen.key_sections(self._stack_view_hidden(read_only(self)))
+            sections = here + [section for section in sections if section[0] != here[0][0]]
+        self.push_screen(HelpScreen(help_groups(self, sections), here=max(1, len(here))))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        if hasattr(screen, "key_sections"):  # the stack view: its actions, not the grid's hidden below it
+            hidden = (*self._stack_view_hidden(read_only(self)), "tree", "focus_next", "focus_previous")  # keys, not acts
+            own = screen.key_sections(hidden)[0]
+            yield from palette_commands(self, [own, *[s for s in self._sections(palette=True) if s[0] == "App"]])
+            yield from super().get_system_commands(screen)
+            return
         yield from palette_commands(self, self._sections(palette=True))
         if self.main is not None:  # one "Focus rank N" per rank that exists, not per digit key
             main = self.main

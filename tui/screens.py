@@ -45,9 +45,12 @@ class HelpScreen(ModalScreen[None]):
         Binding("ctrl+c", "app.help_quit", show=False),  # a modal hides the app's keys: Ctrl-C still stops
     ]
 
-    def __init__(self, groups: Iterable[tuple[str, list[tuple[str, str]]]]) -> None:
+    def __init__(self, groups: Iterable[tuple[str, list[tuple[str, str]]]], here: int = 1) -> None:
+        """`here`: how many of the groups, from the first, are the keys of the screen below (the
+        left column of the two)."""
         super().__init__()
         self.groups = list(groups)
+        self.here = here
 
     def compose(self) -> ComposeResult:
         extra = [("mouse", "click a pane or a rank to focus it"), ("wheel", "scroll the pane under the mouse"),
@@ -58,7 +61,7 @@ class HelpScreen(ModalScreen[None]):
             yield Static(Text("ranktop keys  (esc to close)", style="bold"), classes="dialog-title")
             groups = [*self.groups, ("Mouse", extra)]
             if self.app.size.width >= TWO_COLUMN_HELP:
-                yield Static(_key_table(groups[:1], groups[1:]))
+                yield Static(_key_table(groups[:self.here], groups[self.here:]))
             else:  # a small terminal: one column, scrolled with the arrows
                 yield Static(_key_table(groups, []))
 

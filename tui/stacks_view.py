@@ -18,9 +18,48 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
+from textual.dom import DOMNode
 from textual.screen import Screen
 from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode as UITreeNode
+
+
+class CallTree(Tree):
+    """The merged call tree. Its keys are Textual's, named here for what they do in this tree
+    ("Select" folds a frame); keys that share a description make one row of the help. Its
+    sideways keys (a Tree scrolls as a ScrollableContainer does) are listed with the view's,
+    which are the same keys from anywhere in the view."""
+
+    BINDINGS = [
+        Binding("pageup", "page_up", "A page up / down", show=False),
+        Binding("pagedown", "page_down", "A page up / down", show=False),
+        Binding("home", "scroll_home", "First / last frame", show=False),
+        Binding("end", "scroll_end", "First / last frame", show=False),
+        Binding("up", "cursor_up", "Move between frames", show=False),
+        Binding("down", "cursor_down", "Move between frames", show=False),
+        Binding("enter", "select_cursor", "Fold / unfold the frame", show=False),
+        Binding("space", "toggle_node", "Fold / unfold the frame", show=False),
+        Binding("shift+space", "toggle_expand_all", "Fold / unfold every frame", show=False),
+        Binding("shift+left", "cursor_parent", "To the parent / the next ancestor", show=False),
+        Binding("shift+right", "cursor_parent_next_sibling", "To the parent / the next ancestor", show=False),
+        Binding("shift+up", "cursor_previous_sibling", "To the previous / next sibling", show=False),
+        Binding("shift+down", "cursor_next_sibling", "To the previous / next sibling", show=False),
+    ]
+
+
+class StackGroups(VerticalScroll):
+    """The groups of ranks with the same stack, the odd one out first. Their lines wrap, so the
+    sideways keys a VerticalScroll has skip to the view, which scrolls the call tree."""
+
+    BINDINGS = [
+        Binding("up", "scroll_up", "Scroll the groups", show=False),
+        Binding("down", "scroll_down", "Scroll the groups", show=False),
+        Binding("pageup", "page_up", "A page up / down", show=False),
+        Binding("pagedown", "page_down", "A page up / down", show=False),
+        Binding("home", "scroll_home", "Top / bottom", show=False),
+        Binding("end", "scroll_end", "Top / bottom", show=False),
+    ]
+    SIDEWAYS = ("scroll_left", "scroll_right", "page_left", "page_right")  # inherited: left out of the help
 
 
 class StacksScreen(Screen):
@@ -32,6 +71,14 @@ class StacksScreen(Screen):
         Binding("t", "toggle_threads", "Other threads"),
         Binding("g", "dump", "Dump again"),
         Binding("u", "signal", "SIGUSR1 fallback"),
+        Binding("tab", "app.focus_next", "Between the groups and the call tree", show=False),
+        Binding("shift+tab", "app.focus_previous", "Between the groups and the call tree", show=False),
+        # The focus starts on the groups, whose lines wrap: their sideways keys do nothing (they
+        # skip), and come here. They scroll the tree, where long frames are cut (80 columns).
+        Binding("left", "tree('scroll_left')", "Scroll the call tree sideways", show=False),
+        Binding("right", "tree('scroll_right')", "Scroll the call tree sideways", show=False),
+        Binding("ctrl+pageup", "tree('page_left')", "A page sideways in the call tree", show=False),
+        Binding("ctrl+pagedown", "tree('page_right')", "A page sideways in the call tree", show=False),
     ]
 
     def __init__(self, engine: Engine, local_ranks: list[int] | None = None) -> None:
@@ -44,8 +91,8 @@ class StacksScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Static("dumping stacks…", id="stacks-summary")
         with Horizontal(id="stacks-body"):
-            yield VerticalScroll(id="stacks-groups")
-            yield Tree(Text("call tree"), id="stacks-tree")
+            yield StackGroups(id="stacks-groups")
+            yield CallTree(Text("call tree"), id="stacks-tree")
         yield Static(id="stacks-problems")
         yield CalmFooter(hidden=("signal",) if read_only(self.app) else ())  # the keys that fit whole
 
@@ -56,6 +103,13 @@ class StacksScreen(Screen):
     # ----- the dump (worker thread) -------------------------------------------------------------
     def action_dump(self) -> None:
         self._fetch("dumping stacks…", cmd.DumpStacks)
+
+    def key_sections(self, hidden: tuple[str, ...] = ()) -> list[tuple[str, DOMNode, tuple[str, ...]]]:
+        """The keys that work in the stack view, for the help: the screen's, then the ones of
+        the box that has the focus (tab moves it), each under its own title."""
+        return [("Stack view (d / D)", self, hidden),
+                ("Call tree (tab)", CallTree(Text("")), StackGroups.SIDEWAYS),
+                ("Rank groups", StackGroups(), StackGroups.SIDEWAYS)]
 
     def _fetch(self, status: str, command: type[cmd.DumpStacks] | type[cmd.SignalDump]) -> None:
         """Show `status`, then the report the engine answers `command` with, off the UI thread."""
@@ -86,7 +140,7 @@ class StacksScreen(Screen):
         self._render_problems(report)
 
     def _render_groups(self) -> None:
-        box = self.query_one("#stacks-groups", VerticalScroll)
+        box = self.query_one("#stacks-groups", StackGroups)
         box.remove_children()
         if self.report is None:
             return
@@ -159,6 +213,10 @@ class StacksScreen(Screen):
     def action_signal(self) -> None:
         """No ptrace needed: SIGUSR1 makes each rank print its stacks; group what they printed."""
         self._fetch("SIGUSR1 sent; reading the ranks' stderr…", cmd.SignalDump)
+
+    def action_tree(self, action: str) -> None:
+        """A sideways key typed outside the call tree scrolls the tree."""
+        getattr(self.query_one(CallTree), f"action_{action}")()
 
     def action_close(self) -> None:
         self.app.pop_screen()
