@@ -813,7 +813,10 @@ class PContext:
 
 
 class MultiprocessContext(PContext):
-    """Ranks that run a Python callable in a fresh interpreter each; return values come back."""
+    """Ranks that run a Python callable in a fresh interpreter each; return values come back.
+    `start_method` is the one asked for, as torch's keeps it (every rank starts as spawn does)."""
+
+    start_method = "spawn"
 
 
 class SubprocessContext(PContext):
@@ -916,6 +919,8 @@ def start_processes(
         ctx = cls(name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters,
                   cpu_affinity=cpu_affinity)
         ctx._holds_signals = caught
+        if isinstance(ctx, MultiprocessContext):
+            ctx.start_method = opts["start_method"]
         return ctx.start()
     except BaseException:
         if ctx is None:
@@ -942,7 +947,7 @@ def _raise_signal_exception(signum: int, _frame: Any) -> None:
 def _raise_for(signum: int) -> None:
     from ranktop.core.errors import SignalException
 
-    raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+    raise SignalException.received(signum)
 
 
 @contextlib.contextmanager
