@@ -1091,7 +1091,11 @@ class LocalElasticAgent(LocalAgent):
         from ranktop.core.context import set_start_method
 
         set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
+        from ranktop.core.logs_specs import adopt_logs_specs
+
         log_dir = None
+        spec = _adopt_worker_spec(spec)  # torch's own WorkerSpec, as ours
+        logs_specs = adopt_logs_specs(logs_specs)  # torch's own DefaultLogsSpecs, as ours
         if logs_specs is not None:
             log_dir = getattr(logs_specs, "root_log_dir", None)
             spec = dataclasses.replace(spec, redirects=logs_specs.redirects, tee=logs_specs.tee,
@@ -1113,6 +1117,14 @@ class LocalElasticAgent(LocalAgent):
         if result.stop_signal is not None:
             raise SignalException.received(result.stop_signal)
         return result
+
+
+def _adopt_worker_spec(spec: Any) -> WorkerSpec:
+    """torch's own WorkerSpec as ours, every field kept (its fields are a subset of ours), so code
+    that still builds torch's can swap only the agent; ours as given."""
+    if isinstance(spec, WorkerSpec) or not type(spec).__module__.startswith("torch.distributed.elastic"):
+        return spec
+    return WorkerSpec(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.init})
 
 
 def store_call_left_blocked() -> bool:

@@ -858,12 +858,13 @@ def start_processes(
     LogsSpecs says. The older form: (name, entrypoint, args, envs, log_dir, start_method,
     redirects, tee, log_line_prefixes), `log_dir` an existing empty directory. Which form the
     positions after the fifth follow is decided by whether it is a LogsSpecs."""
-    from ranktop.core.logs_specs import LogsSpecs
+    from ranktop.core.logs_specs import LogsSpecs, adopt_logs_specs
 
     options = {"log_dir": log_dir, "start_method": start_method, "redirects": redirects, "tee": tee,
                "log_line_prefixes": log_line_prefixes, "numa_options": numa_options,
                "duplicate_stdout_filters": duplicate_stdout_filters,
                "duplicate_stderr_filters": duplicate_stderr_filters}
+    logs_specs = adopt_logs_specs(logs_specs)  # torch's own DefaultLogsSpecs, as ours
     new_form = isinstance(logs_specs, LogsSpecs)
     form = _LOGS_SPECS_FORM if new_form else _LOG_DIR_FORM
     if len(more) > len(form):

@@ -32,14 +32,18 @@ def square(x: int) -> int:
     return x * x
 
 
+def _ended(ctx):
+    """The context's result once its ranks have ended; closed either way."""
+    try:
+        return ctx.wait(timeout=60)
+    finally:
+        ctx.close()
+
+
 def test_start_processes_with_default_logs_specs_uses_torchs_layout(tmp_path):
     specs = DefaultLogsSpecs(log_dir=str(tmp_path / "logs"), redirects=Std.OUT, tee=Std.ERR, local_ranks_filter={0})
     envs = {r: {"TORCHELASTIC_RUN_ID": "job7", "TORCHELASTIC_RESTART_COUNT": "0"} for r in range(2)}
-    ctx = start_processes("sq", square, {0: (3,), 1: (4,)}, envs, specs)
-    try:
-        result = ctx.wait(timeout=60)
-    finally:
-        ctx.close()
+    result = _ended(start_processes("sq", square, {0: (3,), 1: (4,)}, envs, specs))
     assert result.return_values == {0: 9, 1: 16} and not result.failures
     (run_dir,) = (tmp_path / "logs").iterdir()
     assert run_dir.name.startswith("job7_") and specs.attempt_dir == str(run_dir / "attempt_0")
@@ -324,3 +328,43 @@ def test_a_function_context_keeps_its_start_method_as_torchs(tmp_path):
         assert ctx.start_method == "forkserver" and ctx.wait(timeout=60).return_values == {0: 4}
     finally:
         ctx.close()
+
+
+def test_torchs_own_default_logs_specs_and_worker_spec_are_taken(tmp_path, capfd):
+    """Code that swaps only start_processes or the agent for ranktop's but still builds torch's
+    DefaultLogsSpecs and WorkerSpec failed with TypeError (open: path should be string...) or
+    AttributeError ('DefaultLogsSpecs' object has no attribute 'redirects')."""
+    tmp = pytest.importorskip("torch.distributed.elastic.multiprocessing")
+    torch_api = pytest.importorskip("torch.distributed.elastic.agent.server.api")
+    specs = tmp.DefaultLogsSpecs(log_dir=str(tmp_path / "sp"), redirects=tmp.Std.OUT, tee={1: tmp.Std.ERR})
+    envs = {r: {"TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_RESTART_COUNT": "0"} for r in range(2)}
+    result = _ended(start_processes("sq", square, {0: (3,), 1: (4,)}, envs, specs))
+    assert result.return_values == {0: 9, 1: 16}
+    (run_dir,) = (tmp_path / "sp").iterdir()
+    assert run_dir.name.startswith("job_")
+    assert result.stdouts == {r: str(run_dir / "attempt_0" / str(r) / "stdout.log") for r in (0, 1)}
+    assert result.stderrs == {0: "", 1: str(run_dir / "attempt_0" / "1" / "stderr.log")}
+    restarted = {r: {**env, "TORCHELASTIC_RESTART_COUNT": "1"} for r, env in envs.items()}
+    result = _ended(start_processes("sq", square, {0: (1,)}, {0: restarted[0]}, specs))  # the run's next attempt
+    assert result.stdouts[0] == str(run_dir / "attempt_1" / "0" / "stdout.log")  # as torch's
+
+    spec = torch_api.WorkerSpec(role="t", local_world_size=2, rdzv_handler=None, entrypoint=PY,
+                                args=PRINT_TWO, max_restarts=0)
+    capfd.readouterr()
+    agent = LocalElasticAgent(spec, tmp.DefaultLogsSpecs(log_dir=str(tmp_path / "agent"), redirects=tmp.Std.ALL))
+    assert agent.run().is_failed() is False
+    shown = capfd.readouterr()
+    assert "out" not in shown.out + shown.err  # redirects=ALL: nothing on the console
+    run_dir = tmp_path / "agent" / os.path.basename(agent.run_dir)
+    assert [(run_dir / "attempt_0" / str(r) / "stdout.log").read_text() for r in (0, 1)] == \
+        ["out 0\nkeep me\n", "out 1\nkeep me\n"]
+
+    class OwnLayout(tmp.DefaultLogsSpecs):
+        def reify(self, envs):
+            return super().reify(envs)
+
+    (tmp_path / "own").mkdir()
+    with pytest.raises(TypeError, match=r"^logs_specs: torch's OwnLayout has a reify of its own, which ranktop "
+                                        r"cannot honour \(it lays out the files itself\); use DefaultLogsSpecs$"):
+        start_processes("sq", square, {0: (1,)}, {0: {}}, OwnLayout(log_dir=str(tmp_path / "own")))
+    assert os.listdir(tmp_path / "own") == []
