@@ -25,7 +25,15 @@ from typing import Any
 
 from ranktop.core import commands as cmd
 from ranktop.core.context import REAP_TIMEOUT, PContext, RunProcsResult, Waker, plan_streams, prefix_for
-from ranktop.core.errors import ProcessFailure, RankStartError, UsageError, describe_exit, get_error_handler, killed_by
+from ranktop.core.errors import (
+    ProcessFailure,
+    RankStartError,
+    SignalException,
+    UsageError,
+    describe_exit,
+    get_error_handler,
+    killed_by,
+)
 from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
@@ -240,6 +248,7 @@ class LocalAgent:
         self._watch: RoundWatch | None = None
         self._round_end = None  # a RoundEnd once the watch saw one for the running group
         self._rdzv_error: str | None = None
+        self._start_error: RankStartError | None = None  # why a rank could not be started, if one could not
         self._waiting: str | None = None  # while a rendezvous round forms: what for (Rendezvous.waiting_words)
         # Starts of the group since the last restart was spent: nodes joining restart the group
         # without spending one, and that start logs to attempt_<k>.<n>.
@@ -420,6 +429,7 @@ class LocalAgent:
     def _start_failed(self, exc: RankStartError) -> None:
         """A rank's process could not be made: the run ends, failed, saying why (no rank to blame)."""
         self._rdzv_error = str(exc.strerror)
+        self._start_error = exc
         self.events.write("start_failed", message=self._rdzv_error)
 
     def _next_generation(self) -> int:
@@ -1083,7 +1093,11 @@ class LocalElasticAgent(LocalAgent):
         from ranktop.core.context import set_start_method
 
         set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
+        from ranktop.core.logs_specs import adopt_logs_specs
+
         log_dir = None
+        spec = _adopt_worker_spec(spec)  # torch's own WorkerSpec, as ours
+        logs_specs = adopt_logs_specs(logs_specs)  # torch's own DefaultLogsSpecs, as ours
         if logs_specs is not None:
             log_dir = getattr(logs_specs, "root_log_dir", None)
             spec = dataclasses.replace(spec, redirects=logs_specs.redirects, tee=logs_specs.tee,
@@ -1093,6 +1107,26 @@ class LocalElasticAgent(LocalAgent):
         super().__init__(spec, log_dir=log_dir, exit_barrier_timeout=exit_barrier_timeout,
                          log_line_prefix_template=log_line_prefix_template, shutdown_timeout=shutdown_timeout,
                          **kwargs)
+
+    def run(self, role: str = "default") -> RunResult:
+        """Run as LocalAgent does, then end as torch's agent does: a stop signal to the caller
+        (SIGINT, SIGTERM, SIGHUP) raises SignalException once the ranks are stopped, and a rank
+        that could not be started raises its OSError (FileNotFoundError, PermissionError, ...).
+        The result is still `self.result`. `role` is torch's parameter (the spec names the role)."""
+        result = super().run()
+        if self._start_error is not None:
+            raise self._start_error
+        if result.stop_signal is not None:
+            raise SignalException.received(result.stop_signal)
+        return result
+
+
+def _adopt_worker_spec(spec: Any) -> WorkerSpec:
+    """torch's own WorkerSpec as ours, every field kept (its fields are a subset of ours), so code
+    that still builds torch's can swap only the agent; ours as given."""
+    if isinstance(spec, WorkerSpec) or not type(spec).__module__.startswith("torch.distributed.elastic"):
+        return spec
+    return WorkerSpec(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.init})
 
 
 def store_call_left_blocked() -> bool:

@@ -813,7 +813,10 @@ class PContext:
 
 
 class MultiprocessContext(PContext):
-    """Ranks that run a Python callable in a fresh interpreter each; return values come back."""
+    """Ranks that run a Python callable in a fresh interpreter each; return values come back.
+    `start_method` is the one asked for, as torch's keeps it (every rank starts as spawn does)."""
+
+    start_method = "spawn"
 
 
 class SubprocessContext(PContext):
@@ -855,12 +858,13 @@ def start_processes(
     LogsSpecs says. The older form: (name, entrypoint, args, envs, log_dir, start_method,
     redirects, tee, log_line_prefixes), `log_dir` an existing empty directory. Which form the
     positions after the fifth follow is decided by whether it is a LogsSpecs."""
-    from ranktop.core.logs_specs import LogsSpecs
+    from ranktop.core.logs_specs import LogsSpecs, adopt_logs_specs
 
     options = {"log_dir": log_dir, "start_method": start_method, "redirects": redirects, "tee": tee,
                "log_line_prefixes": log_line_prefixes, "numa_options": numa_options,
                "duplicate_stdout_filters": duplicate_stdout_filters,
                "duplicate_stderr_filters": duplicate_stderr_filters}
+    logs_specs = adopt_logs_specs(logs_specs)  # torch's own DefaultLogsSpecs, as ours
     new_form = isinstance(logs_specs, LogsSpecs)
     form = _LOGS_SPECS_FORM if new_form else _LOG_DIR_FORM
     if len(more) > len(form):
@@ -916,6 +920,8 @@ def start_processes(
         ctx = cls(name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters,
                   cpu_affinity=cpu_affinity)
         ctx._holds_signals = caught
+        if isinstance(ctx, MultiprocessContext):
+            ctx.start_method = opts["start_method"]
         return ctx.start()
     except BaseException:
         if ctx is None:
@@ -942,7 +948,7 @@ def _raise_signal_exception(signum: int, _frame: Any) -> None:
 def _raise_for(signum: int) -> None:
     from ranktop.core.errors import SignalException
 
-    raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+    raise SignalException.received(signum)
 
 
 @contextlib.contextmanager

@@ -33,15 +33,37 @@ class UsageError(ValueError):
 
 
 class RankStartError(OSError):
-    """A rank's process could not be made (the fork or the exec failed: a process limit, no
-    memory). Its message is one line naming the rank and why."""
+    """A rank's process could not be made (the fork or the exec failed: no such binary, not
+    executable, a process limit, no memory). Its `strerror` is one line naming the rank and why;
+    it is also the OSError subclass of its errno (FileNotFoundError, PermissionError, ...), with
+    the binary as `filename`, so `except FileNotFoundError` catches it as it catches torch's."""
 
     @classmethod
     def of(cls, local_rank: int, exc: OSError) -> RankStartError:
         why = exc.strerror or str(exc)
         if exc.errno == errno.EAGAIN:
             why += " (a process limit: ulimit -u, or the container's pids.max)"
-        return cls(exc.errno, f"cannot start local rank {local_rank}: {why}")
+        kind = _RANK_START_KINDS.get(type(OSError(exc.errno, why)), RankStartError)
+        return kind(exc.errno, f"cannot start local rank {local_rank}: {why}", exc.filename)
+
+
+# RankStartError as the OSError subclass of the errno an exec or fork fails with most
+# (named here, not made on the fly, so that they pickle).
+class RankStartFileNotFoundError(RankStartError, FileNotFoundError):
+    __doc__ = RankStartError.__doc__
+
+
+class RankStartPermissionError(RankStartError, PermissionError):
+    __doc__ = RankStartError.__doc__
+
+
+class RankStartBlockingIOError(RankStartError, BlockingIOError):
+    __doc__ = RankStartError.__doc__
+
+
+_RANK_START_KINDS: dict[type, type[RankStartError]] = {
+    FileNotFoundError: RankStartFileNotFoundError, PermissionError: RankStartPermissionError,
+    BlockingIOError: RankStartBlockingIOError}
 
 
 class SignalException(Exception):
@@ -50,6 +72,11 @@ class SignalException(Exception):
     def __init__(self, msg: str, sigval: signal.Signals) -> None:
         super().__init__(msg)
         self.sigval = sigval
+
+    @classmethod
+    def received(cls, signum: int) -> SignalException:
+        """torch's, for this process receiving `signum`: 'Process <pid> got signal: <N>'."""
+        return cls(f"Process {os.getpid()} got signal: {int(signum)}", sigval=signal.Signals(signum))
 
 
 class ChildFailedError(Exception):

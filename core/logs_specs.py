@@ -12,6 +12,7 @@ directory and opens every file of the group inside it (core/layout.py).
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, MutableMapping
@@ -156,3 +157,35 @@ def to_map(val_or_map: Std | Mapping[int, Std], local_world_size: int) -> dict[i
     if isinstance(val_or_map, Std):
         return dict.fromkeys(range(local_world_size), val_or_map)
     return {r: val_or_map.get(r, Std.NONE) for r in range(local_world_size)}
+
+
+_TORCH_API = "torch.distributed.elastic.multiprocessing.api"
+# The attribute of torch's DefaultLogsSpecs that keeps the one of ours standing for it (torch's is
+# unhashable: no mapping can hold it), so the restarts of one run share a `<run id>_<random>`
+# directory, as they do with torch's.
+_ADOPTED = "_ranktop_logs_specs"
+
+
+def adopt_logs_specs(specs: object) -> object:
+    """torch's own DefaultLogsSpecs, as ours with its log_dir, redirects, tee and filter, so code
+    that still imports torch's keeps working; anything else as given. A LogsSpecs of torch's with
+    a reify of its own cannot be honoured (ranktop lays out and holds the files itself): TypeError."""
+    torch_api = sys.modules.get(_TORCH_API)  # loaded if the caller made one of torch's
+    if torch_api is None or not isinstance(specs, torch_api.LogsSpecs):
+        return specs
+    if type(specs).reify is not torch_api.DefaultLogsSpecs.reify:
+        raise TypeError(f"logs_specs: torch's {type(specs).__name__} has a reify of its own, which ranktop "
+                        "cannot honour (it lays out the files itself); use DefaultLogsSpecs")
+    ours = getattr(specs, _ADOPTED, None)
+    if ours is None:
+        ours = DefaultLogsSpecs(specs.root_log_dir, _our_std(specs._redirects), _our_std(specs._tee),
+                                specs._local_ranks_filter)
+        setattr(specs, _ADOPTED, ours)
+    return ours
+
+
+def _our_std(value: object) -> Std | dict[int, Std]:
+    """torch's Std (or a map of them by rank) as ranktop's: the same flag values."""
+    if isinstance(value, Mapping):
+        return {rank: Std(int(v)) for rank, v in value.items()}
+    return Std(int(value))

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import textwrap
 
 import pytest
-from conftest import run_ranktop
+from conftest import ROOT, run_ranktop, stop_process, wait_for
 from ranktop.core import (
     ChildFailedError,
     DefaultLogsSpecs,
@@ -20,6 +23,7 @@ from ranktop.core import (
     to_map,
 )
 from ranktop.core.errors import BadErrorFile, write_error_file
+from test_start_processes import _pid_alive
 
 PY = sys.executable
 
@@ -28,14 +32,18 @@ def square(x: int) -> int:
     return x * x
 
 
+def _ended(ctx):
+    """The context's result once its ranks have ended; closed either way."""
+    try:
+        return ctx.wait(timeout=60)
+    finally:
+        ctx.close()
+
+
 def test_start_processes_with_default_logs_specs_uses_torchs_layout(tmp_path):
     specs = DefaultLogsSpecs(log_dir=str(tmp_path / "logs"), redirects=Std.OUT, tee=Std.ERR, local_ranks_filter={0})
     envs = {r: {"TORCHELASTIC_RUN_ID": "job7", "TORCHELASTIC_RESTART_COUNT": "0"} for r in range(2)}
-    ctx = start_processes("sq", square, {0: (3,), 1: (4,)}, envs, specs)
-    try:
-        result = ctx.wait(timeout=60)
-    finally:
-        ctx.close()
+    result = _ended(start_processes("sq", square, {0: (3,), 1: (4,)}, envs, specs))
     assert result.return_values == {0: 9, 1: 16} and not result.failures
     (run_dir,) = (tmp_path / "logs").iterdir()
     assert run_dir.name.startswith("job7_") and specs.attempt_dir == str(run_dir / "attempt_0")
@@ -259,3 +267,104 @@ def dataclasses_replace(spec: WorkerSpec, **changes) -> WorkerSpec:
     import dataclasses
 
     return dataclasses.replace(spec, **changes)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_local_elastic_agent_run_raises_signal_exception_when_the_caller_is_signalled(tmp_path, sig):
+    """torch's agent.run() stops the ranks and raises SignalException when its process gets a stop
+    signal; ranktop's returned a STOPPED result that is not is_failed(), so ported code went on as
+    if the job had succeeded (and its process exited 0)."""
+    parent = textwrap.dedent(f"""
+        import signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from ranktop.core import DefaultLogsSpecs, LocalElasticAgent, SignalException, Std, WorkerSpec
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal
+        rank = "import os, time; print('up', os.getpid(), flush=True); time.sleep(60)"
+        spec = WorkerSpec(role="t", local_world_size=2, entrypoint=sys.executable, args=("-c", rank),
+                          run_id="job")
+        agent = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir={str(tmp_path)!r}, redirects=Std.ALL))
+        try:
+            agent.run()
+        except SignalException as e:
+            print("raised", e.sigval.name, e, agent.result.state.name, flush=True)
+    """)
+    proc = subprocess.Popen([PY, "-c", parent], stdout=subprocess.PIPE, text=True)
+    try:
+        logs = [tmp_path / "job" / "attempt_0" / str(r) / "stdout.log" for r in (0, 1)]
+        ups = [wait_for(lambda log=log: log.is_file() and log.read_text().startswith("up "), timeout=30,
+                        what=f"{log} up") for log in logs]
+        pids = [int(log.read_text().split()[1]) for log in logs]
+        assert all(ups)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        stop_process(proc)
+    assert (proc.returncode, out) == (0, f"raised {sig.name} Process {proc.pid} got signal: {int(sig)} STOPPED\n")
+    wait_for(lambda: not any(_pid_alive(p) for p in pids), timeout=5, what="the ranks to be gone")
+
+
+def test_a_rank_that_cannot_start_raises_the_oserror_torch_raises(tmp_path):
+    """torch raises FileNotFoundError/PermissionError naming the binary, from start_processes and
+    from agent.run(); ranktop raised a bare OSError subclass that named no file (an `except
+    FileNotFoundError` missed it), and its LocalElasticAgent returned FAILED with no failure."""
+    missing = str(tmp_path / "no-such-binary")
+    (tmp_path / "logs").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"^\[Errno 2\] cannot start local rank 0: No such file or "
+                                                r"directory: '.*no-such-binary'$") as caught:
+        start_processes("b", missing, {0: ()}, {0: {}}, str(tmp_path / "logs"))
+    assert caught.value.filename == missing and caught.value.errno == 2
+    plain = tmp_path / "plain.py"
+    plain.write_text("print('not executable')\n")
+    spec = WorkerSpec(role="t", local_world_size=1, entrypoint=str(plain))
+    agent = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path / "agent")))
+    with pytest.raises(PermissionError, match=r"cannot start local rank 0: Permission denied: '.*plain.py'$"):
+        agent.run()
+    assert agent.result.is_failed()
+
+
+def test_a_function_context_keeps_its_start_method_as_torchs(tmp_path):
+    ctx = start_processes("sq", square, {0: (2,)}, {0: {}}, str(tmp_path), start_method="forkserver")
+    try:
+        assert ctx.start_method == "forkserver" and ctx.wait(timeout=60).return_values == {0: 4}
+    finally:
+        ctx.close()
+
+
+def test_torchs_own_default_logs_specs_and_worker_spec_are_taken(tmp_path, capfd):
+    """Code that swaps only start_processes or the agent for ranktop's but still builds torch's
+    DefaultLogsSpecs and WorkerSpec failed with TypeError (open: path should be string...) or
+    AttributeError ('DefaultLogsSpecs' object has no attribute 'redirects')."""
+    tmp = pytest.importorskip("torch.distributed.elastic.multiprocessing")
+    torch_api = pytest.importorskip("torch.distributed.elastic.agent.server.api")
+    specs = tmp.DefaultLogsSpecs(log_dir=str(tmp_path / "sp"), redirects=tmp.Std.OUT, tee={1: tmp.Std.ERR})
+    envs = {r: {"TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_RESTART_COUNT": "0"} for r in range(2)}
+    result = _ended(start_processes("sq", square, {0: (3,), 1: (4,)}, envs, specs))
+    assert result.return_values == {0: 9, 1: 16}
+    (run_dir,) = (tmp_path / "sp").iterdir()
+    assert run_dir.name.startswith("job_")
+    assert result.stdouts == {r: str(run_dir / "attempt_0" / str(r) / "stdout.log") for r in (0, 1)}
+    assert result.stderrs == {0: "", 1: str(run_dir / "attempt_0" / "1" / "stderr.log")}
+    restarted = {r: {**env, "TORCHELASTIC_RESTART_COUNT": "1"} for r, env in envs.items()}
+    result = _ended(start_processes("sq", square, {0: (1,)}, {0: restarted[0]}, specs))  # the run's next attempt
+    assert result.stdouts[0] == str(run_dir / "attempt_1" / "0" / "stdout.log")  # as torch's
+
+    spec = torch_api.WorkerSpec(role="t", local_world_size=2, rdzv_handler=None, entrypoint=PY,
+                                args=PRINT_TWO, max_restarts=0)
+    capfd.readouterr()
+    agent = LocalElasticAgent(spec, tmp.DefaultLogsSpecs(log_dir=str(tmp_path / "agent"), redirects=tmp.Std.ALL))
+    assert agent.run().is_failed() is False
+    shown = capfd.readouterr()
+    assert "out" not in shown.out + shown.err  # redirects=ALL: nothing on the console
+    run_dir = tmp_path / "agent" / os.path.basename(agent.run_dir)
+    assert [(run_dir / "attempt_0" / str(r) / "stdout.log").read_text() for r in (0, 1)] == \
+        ["out 0\nkeep me\n", "out 1\nkeep me\n"]
+
+    class OwnLayout(tmp.DefaultLogsSpecs):
+        def reify(self, envs):
+            return super().reify(envs)
+
+    (tmp_path / "own").mkdir()
+    with pytest.raises(TypeError, match=r"^logs_specs: torch's OwnLayout has a reify of its own, which ranktop "
+                                        r"cannot honour \(it lays out the files itself\); use DefaultLogsSpecs$"):
+        start_processes("sq", square, {0: (1,)}, {0: {}}, OwnLayout(log_dir=str(tmp_path / "own")))
+    assert os.listdir(tmp_path / "own") == []
