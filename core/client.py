@@ -201,6 +201,9 @@ def find_run(target: str | None, runs: list[ServedRun]) -> ServedRun:
         return live[0]
     by_dir = [r for r in runs if os.path.abspath(target) == r.snapshot.get("log_dir")]
     exact = [r for r in runs if r.run_id == target]
+    if not (by_dir or exact) and final_of(target) is not None:
+        # the id (or directory) of an ended run, typed in full, is that run, not a prefix of another
+        raise ValueError(f"{target!r} names an ended run, not one served on this host")
     matches = by_dir or exact or [r for r in runs if r.run_id.startswith(target)]
     if len(matches) == 1:
         return matches[0]
@@ -687,14 +690,21 @@ def final_run(target: str | None) -> str | None:
 
     if not target:
         return None
-    root = default_log_root()
-    for run_dir in (target, os.path.join(root, target)):
+    if (path := final_of(target)) is not None or os.sep in target:
+        return path
+    return _final_by_prefix(default_log_root(), target)
+
+
+def final_of(target: str) -> str | None:
+    """final.json of the ended run `target` names exactly: its run directory, or its id under the
+    default log root; None if it names none so."""
+    from ranktop.core.layout import default_log_root
+
+    for run_dir in (target, os.path.join(default_log_root(), target)):
         path = os.path.join(run_dir, FINAL_FILE)
         if os.path.isfile(path):
             return path
-    if os.sep in target:
-        return None
-    return _final_by_prefix(root, target)
+    return None
 
 
 def _final_by_prefix(root: str, prefix: str) -> str | None:

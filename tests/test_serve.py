@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, ranktop_cmd, read_events, run_in_pty, run_ranktop, until, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, run_in_pty, run_ranktop, stop_process, until, wait_for
 from ranktop.core import protocol
 from test_tui_tmux import Terminal
 
@@ -1396,6 +1396,31 @@ def test_a_prefix_of_several_served_runs_is_not_taken_for_an_ended_run(tmp_path,
         for proc in procs:
             assert proc.wait(30) == 143
             proc.stderr.close()
+
+
+def test_the_exact_id_of_an_ended_run_is_not_taken_for_a_prefix_of_a_served_one(tmp_path, runtime):
+    """`ranktop stop job` with job ended (final.json under the default log root) and job2 served
+    stopped job2: the id typed in full named the ended run, and a prefix match won over it. An
+    exact id (or run directory) names its run, served or ended, before any prefix does."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    script = tmp_path / "ok.py"
+    script.write_text("print('done')\n")
+    assert run_ranktop("--headless", "--run-id", "job", str(script), env=env).returncode == 0
+    proc = start_headless(tmp_path, env, "job2")
+    try:
+        wait_for(lambda: [r for r in ls(env) if r["state"] == "running"], what="job2 listed")
+        logs = run_ranktop("logs", "job", env=env)
+        assert logs.returncode == 0 and logs.stdout == "[0]:done\n", logs.stdout
+        stacks = run_ranktop("stacks", "job", env=env)
+        assert stacks.returncode == 1 and "job has ended (succeeded)" in stacks.stderr, stacks.stderr
+        stop = run_ranktop("stop", "job", env=env)
+        assert stop.returncode == 0 and "job had already ended (succeeded)" in stop.stdout, stop.stdout
+        assert [r["run_id"] for r in ls(env)] == ["job2"]  # the served run was not stopped
+        assert run_ranktop("stop", "job2", env=env).returncode == 0
+        assert proc.wait(30) == 130  # stopped on request
+    finally:
+        stop_process(proc)
+        proc.stderr.close()
 
 
 def test_logs_of_an_ended_run_into_a_pipe_closed_early_exits_0(tmp_path, runtime):
