@@ -199,9 +199,9 @@ def find_run(target: str | None, runs: list[ServedRun]) -> ServedRun:
         if not live:
             raise ValueError("no runs are served on this host")
         return live[0]
-    by_dir = [r for r in runs if os.path.abspath(target) == r.snapshot.get("log_dir")]
+    by_dir = [r for r in runs if os.path.realpath(target) == os.path.realpath(r.snapshot.get("log_dir") or "/")]
     exact = [r for r in runs if r.run_id == target]
-    if not (by_dir or exact) and final_of(target) is not None:
+    if not (by_dir or exact) and run_dir_of(target) is not None:
         # the id (or directory) of an ended run, typed in full, is that run, not a prefix of another
         raise ValueError(f"{target!r} names an ended run, not one served on this host")
     matches = by_dir or exact or [r for r in runs if r.run_id.startswith(target)]
@@ -690,20 +690,20 @@ def final_run(target: str | None) -> str | None:
 
     if not target:
         return None
-    if (path := final_of(target)) is not None or os.sep in target:
-        return path
-    return _final_by_prefix(default_log_root(), target)
+    if (run_dir := run_dir_of(target)) is not None:  # named exactly: no prefix of another
+        path = os.path.join(run_dir, FINAL_FILE)
+        return path if os.path.isfile(path) else None
+    return None if os.sep in target else _final_by_prefix(default_log_root(), target)
 
 
-def final_of(target: str) -> str | None:
-    """final.json of the ended run `target` names exactly: its run directory, or its id under the
-    default log root; None if it names none so."""
-    from ranktop.core.layout import default_log_root
+def run_dir_of(target: str) -> str | None:
+    """The run directory `target` names exactly (itself, or its id under the default log root):
+    one that holds the run's final.json or its events.jsonl; None if it names none so."""
+    from ranktop.core.layout import EVENTS, default_log_root
 
     for run_dir in (target, os.path.join(default_log_root(), target)):
-        path = os.path.join(run_dir, FINAL_FILE)
-        if os.path.isfile(path):
-            return path
+        if any(os.path.isfile(os.path.join(run_dir, name)) for name in (FINAL_FILE, EVENTS)):
+            return run_dir
     return None
 
 

@@ -118,6 +118,30 @@ def test_ls_cleans_the_socket_of_an_engine_that_died(tmp_path, runtime):
     assert run_ranktop("ls", env=runtime).stdout.strip() == "no runs are served on this host"
 
 
+def test_a_run_whose_engine_died_is_named_with_its_log_directory(tmp_path, runtime):
+    """ranktop SIGKILLed (no final.json): `ranktop logs RUN_DIR` said `'RUN_DIR' names no run ...;
+    an ended run is named by its run directory`, which it had been given. Each command now says the
+    engine left no final view and where the log files are, exit 1."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    (tmp_path / "ticker.py").write_text(TICKER)
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--run-id", "doomed",
+                                        str(tmp_path / "ticker.py")),
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        (run,) = wait_for(lambda: [r for r in ls(env) if r["state"] == "running"], what="the run listed")
+    finally:
+        proc.kill()
+        proc.wait()
+    ranks = [e["pid"] for e in read_events(run["log_dir"]) if e["event"] == "started"]
+    wait_for(lambda: not any(psutil.pid_exists(pid) for pid in ranks), what="the guard ended the ranks")
+    said = (f"ranktop: doomed is not served and left no final.json: its engine went away before the run's end "
+            f"(killed?), so how the run ended is unknown; its log files are under {run['log_dir']}")
+    for args in (("logs", "doomed"), ("logs", run["log_dir"]), ("stop", "doomed"), ("attach", "doomed"),
+                 ("stacks", "doomed"), ("web", "doomed")):
+        done = run_ranktop(*args, env=env)
+        assert (done.returncode, done.stdout, done.stderr) == (1, "", said + "\n"), args
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("stop", "nope"), "ranktop: error: 'nope' names no run: none is served on this host; "
                        "an ended run is named by its run directory"),
@@ -144,6 +168,15 @@ def test_a_run_is_named_by_its_id_a_unique_prefix_or_its_directory_else_the_cand
         find_run("job-", runs)
     with pytest.raises(ValueError, match=r"^'nope' names no run served on this host: runs are job-b, job-a, other$"):
         find_run("nope", runs)
+
+
+def test_a_served_runs_directory_reached_through_a_symlink_names_it(tmp_path):
+    from ranktop.core.client import ServedRun, find_run
+
+    (tmp_path / "logs" / "job").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "logs")
+    runs = [ServedRun("job", "/run/job.sock", {"log_dir": str(tmp_path / "logs" / "job")}, 0, 1)]
+    assert find_run(str(tmp_path / "link" / "job"), runs) is runs[0]
 
 
 def _rank_pids(path: str) -> list[int]:

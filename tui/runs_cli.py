@@ -21,6 +21,7 @@ from ranktop.core.client import (
     SeveralRuns,
     final_run,
     find_run,
+    run_dir_of,
     served_runs,
     wait_ended,
     wait_gone,
@@ -64,9 +65,23 @@ def pick_run(target: str | None) -> ServedRun | FinalEngine | int:
         view = ended_view(target)
     except BadFinalFile as bad:
         return usage_error(str(bad))
-    if view is None:  # by id, only the default log root's ended runs are found
-        return usage_error(f"{not_served}; an ended run is named by its run directory")
-    return view
+    if view is not None:
+        return view
+    if (unfinished := unfinished_words(target)) is not None:
+        print(unfinished, file=sys.stderr)
+        return 1
+    return usage_error(f"{not_served}; an ended run is named by its run directory")
+
+
+def unfinished_words(target: str | None) -> str | None:
+    """The line for a run directory `target` names exactly that has no final.json: its engine
+    went away before the run's end (SIGKILL, the OOM killer), so nothing says how it ended."""
+    run_dir = run_dir_of(target) if target else None
+    if run_dir is None:
+        return None
+    name = clean(os.path.basename(os.path.normpath(run_dir)))
+    return (f"ranktop: {name} is not served and left no final.json: its engine went away before the run's end "
+            f"(killed?), so how the run ended is unknown; its log files are under {clean(os.path.abspath(run_dir))}")
 
 
 def ended_view(target: str | None) -> FinalEngine | None:
