@@ -154,13 +154,16 @@ class Connection:
         self.close()
 
 
+NOT_ANSWERING = "not answering"  # the state `ls` gives a run whose engine took no request in time
+
+
 @dataclass
 class ServedRun:
     run_id: str
     path: str
-    snapshot: dict
+    snapshot: dict  # {"state": NOT_ANSWERING} alone when its engine did not answer
     clients: int
-    pid: int  # the engine's process
+    pid: int | None  # the engine's process; None when it did not answer
 
 
 def served_runs() -> list[ServedRun]:
@@ -178,6 +181,9 @@ def served_runs() -> list[ServedRun]:
         try:
             with Connection(path, timeout=1.0) as conn:
                 snap, pid = conn.snapshot(), conn.hello.get("pid")
+        except EngineSilent:  # there, but stopped or swamped: listed, so that it is not taken for gone
+            found.append(ServedRun(name[: -len(".sock")], path, {"state": NOT_ANSWERING}, 0, None))
+            continue
         except RunGone:
             try:
                 remove_if_dead(path)  # its engine died: ls cleans up after it

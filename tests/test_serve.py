@@ -142,6 +142,30 @@ def test_a_run_whose_engine_died_is_named_with_its_log_directory(tmp_path, runti
         assert (done.returncode, done.stdout, done.stderr) == (1, "", said + "\n"), args
 
 
+def test_a_served_run_whose_engine_does_not_answer_is_listed_and_said_so(tmp_path, runtime):
+    """An engine stopped (SIGSTOP) or swamped: ls left its run out, `logs` printed nothing, exit 0,
+    and a lingering run's `stop` said it had already ended, its engine gone, exit 0. ls lists it as
+    `not answering`, and the commands that reach it say so, exit 1; nothing is removed."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    proc = start_headless(tmp_path, env, "frozen")
+    try:
+        (run,) = wait_for(lambda: [r for r in ls(env) if r["state"] == "running"], what="the run listed")
+        proc.send_signal(signal.SIGSTOP)
+        assert [(r["run_id"], r["state"], r["pid"]) for r in ls(env)] == [("frozen", "not answering", None)]
+        assert "frozen  ?       ?      not answering" in run_ranktop("ls", env=env).stdout
+        silent = f"ranktop: frozen: the engine at {run['socket']} does not answer\n"
+        for args in (("logs", "frozen"), ("logs", "-f"), ("stop", "fro")):
+            done = run_ranktop(*args, env=env)
+            assert (done.returncode, done.stdout, done.stderr) == (1, "", silent), args
+        proc.send_signal(signal.SIGCONT)
+        assert run_ranktop("stop", "frozen", env=env).returncode == 0
+        assert proc.wait(30) == 130
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        stop_process(proc)
+        proc.stderr.close()
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("stop", "nope"), "ranktop: error: 'nope' names no run: none is served on this host; "
                        "an ended run is named by its run directory"),

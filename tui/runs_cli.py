@@ -15,6 +15,7 @@ from ranktop.core import collector
 from ranktop.core.client import (
     BadFinalFile,
     Connection,
+    EngineSilent,
     FinalEngine,
     RunGone,
     ServedRun,
@@ -115,8 +116,8 @@ def ls(argv: list[str]) -> int:
         print_out("no runs are served on this host")
         return 0
     rows = [("RUN", "SCRIPT", "WORLD", "STATE", "AGE", "CLIENTS", "LOGS")]
-    rows += [(r.run_id, *(str(v) for v in _facts(r).values()), str(r.clients), r.snapshot.get("log_dir") or "")
-             for r in runs]
+    rows += [(r.run_id, *("?" if v is None else str(v) for v in _facts(r).values()), str(r.clients),
+              r.snapshot.get("log_dir") or "") for r in runs]
     rows = [tuple(clean(cell) for cell in row) for row in rows]  # names come from the runs: shown safely
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     print_out("\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
@@ -126,8 +127,9 @@ def ls(argv: list[str]) -> int:
 
 def _facts(run: ServedRun) -> dict:
     snap = run.snapshot
+    started = snap.get("started_at")
     return {"script": snap.get("name"), "world": snap.get("world_size"), "state": snap.get("state"),
-            "age": _age(time.time() - (snap.get("started_at") or time.time()))}
+            "age": None if started is None else _age(time.time() - started)}
 
 
 def _age(seconds: float) -> str:
@@ -291,6 +293,9 @@ def logs(argv: list[str]) -> int:
     try:
         with Connection(run.path) as conn:
             return _print_logs(conn, run, ns.rank, ns.follow, ns.events)
+    except EngineSilent as exc:  # stopped or swamped: nothing was printed, and the run is there
+        print(f"ranktop: {run.run_id}: {exc}", file=sys.stderr)
+        return 1
     except RunGone:
         return 0  # the run ended and its engine left: everything it had was printed
     except BrokenPipeError:  # `ranktop logs | head`
