@@ -1480,6 +1480,51 @@ def test_the_exact_id_of_an_ended_run_is_not_taken_for_a_prefix_of_a_served_one(
         proc.stderr.close()
 
 
+SECOND_ATTEMPT = """import os, sys, time
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    print("first attempt", flush=True)
+    sys.exit(1)
+print("second attempt", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_logs_after_a_group_restart_say_where_the_earlier_attempts_are(tmp_path, runtime):
+    """A run on its second attempt: `logs` printed that attempt's lines alone, the ended run's
+    closing line said `the last MiB of each rank's stdout.log`, and nothing told that an earlier
+    attempt had printed other lines into other files. Both now name the attempt shown."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    script = tmp_path / "twice.py"
+    script.write_text(SECOND_ATTEMPT)
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--max-restarts", "1", "--run-id", "twice", str(script)),
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tmp_path / f"ranktop-{os.geteuid()}" / "twice"
+    earlier = f"ranktop: twice is on attempt_1: the output of earlier attempts is in their log files under {run_dir}\n"
+    try:
+        wait_for(lambda: (run_dir / "attempt_1" / "0" / "stdout.log").is_file()
+                 and (run_dir / "attempt_1" / "0" / "stdout.log").read_text(), what="the second attempt's line")
+        logs = run_ranktop("logs", "twice", env=env)
+        assert (logs.returncode, logs.stdout, logs.stderr) == (0, "[0]:second attempt\n", earlier)
+        follow = subprocess.Popen(ranktop_cmd("logs", "twice", "-f"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            assert follow.stderr.readline() == earlier and follow.stdout.readline() == "[0]:second attempt\n"
+            assert run_ranktop("stop", "twice", env=env).returncode == 0
+            assert follow.wait(30) == 0 and proc.wait(30) == 130
+        finally:
+            stop_process(follow)
+            follow.stdout.close()
+            follow.stderr.close()
+    finally:
+        stop_process(proc)
+    logs = run_ranktop("logs", "twice", env=env)
+    assert logs.stdout == "[0]:second attempt\n"
+    assert logs.stderr == ("ranktop: twice has ended (stopped); its engine has left: that was the last MiB of each "
+                           "rank's stdout.log and stderr.log of attempt_1, the last of 2 attempts; all its log files "
+                           f"are under {run_dir}\n")
+
+
 def test_logs_of_an_ended_run_into_a_pipe_closed_early_exits_0(tmp_path, runtime):
     """`ranktop logs RUN | head` of an ended run whose engine has gone: a traceback
     (BrokenPipeError) and exit 1; as for a served run, it stops quietly, exit 0."""

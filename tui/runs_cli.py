@@ -331,8 +331,9 @@ def _print_final_logs(view: FinalEngine, only: int | None) -> int:
         for local, prefix in prefixes.items():
             out.writelines(prefix + shown(line) + b"\n" for line in lines_of(local))
         out.flush()
-    print(f"ranktop: {final_words(view)}: that was the last MiB of each rank's stdout.log and stderr.log; "
-          f"all its log files are under {clean(snap.log_dir or '?')}", file=sys.stderr)
+    of_attempt = f" of attempt_{snap.attempt}, the last of {snap.attempt + 1} attempts" if snap.attempt else ""
+    print(f"ranktop: {final_words(view)}: that was the last MiB of each rank's stdout.log and stderr.log"
+          f"{of_attempt}; all its log files are under {clean(snap.log_dir or '?')}", file=sys.stderr)
     return 0
 
 
@@ -341,6 +342,9 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
     prefixes = _prefixes(run.run_id, [(r["local_rank"], r["rank"]) for r in ranks], only)
     if isinstance(prefixes, int):
         return prefixes
+    if attempt := run.snapshot.get("attempt"):  # the rings hold the running attempt's output only
+        print(clean(f"ranktop: {run.run_id} is on attempt_{attempt}: the output of earlier attempts is in their "
+                    f"log files under {run.snapshot.get('log_dir')}"), file=sys.stderr, flush=True)
     out, shown = sys.stdout.buffer, _shown(sys.stdout.isatty())
     if follow:  # what the ranks' rings hold, then live, pushed by the engine until the run ends
         conn.subscribe(sorted(prefixes))
