@@ -471,6 +471,27 @@ def test_a_tui_whose_waiting_parent_is_killed_detaches_and_gives_the_terminal_ba
     wait_for(lambda: gone(run["pid"]), what="ranktop gone after the stop")
 
 
+def test_a_tui_whose_engine_is_killed_gives_the_terminal_back(tmp_path, runtime):
+    """`kill -9` of the pid `ranktop ls` shows (the TUI and its engine, the child of the pid the
+    shell waits on), or the OOM killer's: the waiting parent exited 137 and left the terminal in
+    the TUI's alternate screen, mouse reporting on, cursor hidden and keys unechoed. The parent
+    now gives the terminal back and says what happened."""
+    term = tui_in_tmux(tmp_path, runtime, "killed", "; echo STATUS $?; sleep 30")
+    try:
+        term.wait_screen("hello from 1")
+        (run,) = ls(runtime)
+        ranks = [e["pid"] for e in read_events(tmp_path / "logs" / "killed") if e["event"] == "started"]
+        os.kill(run["pid"], signal.SIGKILL)
+        term.wait_screen("STATUS 137")
+        flags = "#{alternate_on} #{mouse_any_flag} #{mouse_sgr_flag} #{cursor_flag}"
+        assert term._tmux("display", "-p", "-t", "t", flags).split() == ["0", "0", "0", "1"]
+        term.wait_screen(f"ranktop: the TUI and its engine (pid {run['pid']}) were killed by SIGKILL; the orphan "
+                         "guard stops the ranks")
+        wait_for(lambda: not any(psutil.pid_exists(pid) for pid in ranks), what="the guard ended the ranks")
+    finally:
+        term.close()
+
+
 def test_stop_of_a_run_whose_tui_is_on_screen_returns_once_the_run_has_ended(tmp_path, runtime):
     """The TUI that started a run keeps its engine, showing the end, until its user quits it.
     `ranktop stop` from another terminal used to wait for that engine to go: 18 s, then 'still
