@@ -154,13 +154,16 @@ class Connection:
         self.close()
 
 
+NOT_ANSWERING = "not answering"  # the state `ls` gives a run whose engine took no request in time
+
+
 @dataclass
 class ServedRun:
     run_id: str
     path: str
-    snapshot: dict
+    snapshot: dict  # {"state": NOT_ANSWERING} alone when its engine did not answer
     clients: int
-    pid: int  # the engine's process
+    pid: int | None  # the engine's process; None when it did not answer
 
 
 def served_runs() -> list[ServedRun]:
@@ -178,6 +181,9 @@ def served_runs() -> list[ServedRun]:
         try:
             with Connection(path, timeout=1.0) as conn:
                 snap, pid = conn.snapshot(), conn.hello.get("pid")
+        except EngineSilent:  # there, but stopped or swamped: listed, so that it is not taken for gone
+            found.append(ServedRun(name[: -len(".sock")], path, {"state": NOT_ANSWERING}, 0, None))
+            continue
         except RunGone:
             try:
                 remove_if_dead(path)  # its engine died: ls cleans up after it
@@ -199,8 +205,11 @@ def find_run(target: str | None, runs: list[ServedRun]) -> ServedRun:
         if not live:
             raise ValueError("no runs are served on this host")
         return live[0]
-    by_dir = [r for r in runs if os.path.abspath(target) == r.snapshot.get("log_dir")]
+    by_dir = [r for r in runs if os.path.realpath(target) == os.path.realpath(r.snapshot.get("log_dir") or "/")]
     exact = [r for r in runs if r.run_id == target]
+    if not (by_dir or exact) and run_dir_of(target) is not None:
+        # the id (or directory) of an ended run, typed in full, is that run, not a prefix of another
+        raise ValueError(f"{target!r} names an ended run, not one served on this host")
     matches = by_dir or exact or [r for r in runs if r.run_id.startswith(target)]
     if len(matches) == 1:
         return matches[0]
@@ -687,14 +696,21 @@ def final_run(target: str | None) -> str | None:
 
     if not target:
         return None
-    root = default_log_root()
-    for run_dir in (target, os.path.join(root, target)):
+    if (run_dir := run_dir_of(target)) is not None:  # named exactly: no prefix of another
         path = os.path.join(run_dir, FINAL_FILE)
-        if os.path.isfile(path):
-            return path
-    if os.sep in target:
-        return None
-    return _final_by_prefix(root, target)
+        return path if os.path.isfile(path) else None
+    return None if os.sep in target else _final_by_prefix(default_log_root(), target)
+
+
+def run_dir_of(target: str) -> str | None:
+    """The run directory `target` names exactly (itself, or its id under the default log root):
+    one that holds the run's final.json or its events.jsonl; None if it names none so."""
+    from ranktop.core.layout import EVENTS, default_log_root
+
+    for run_dir in (target, os.path.join(default_log_root(), target)):
+        if any(os.path.isfile(os.path.join(run_dir, name)) for name in (FINAL_FILE, EVENTS)):
+            return run_dir
+    return None
 
 
 def _final_by_prefix(root: str, prefix: str) -> str | None:

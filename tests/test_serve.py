@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, ranktop_cmd, read_events, run_in_pty, run_ranktop, until, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, run_in_pty, run_ranktop, stop_process, until, wait_for
 from ranktop.core import protocol
 from test_tui_tmux import Terminal
 
@@ -118,6 +118,54 @@ def test_ls_cleans_the_socket_of_an_engine_that_died(tmp_path, runtime):
     assert run_ranktop("ls", env=runtime).stdout.strip() == "no runs are served on this host"
 
 
+def test_a_run_whose_engine_died_is_named_with_its_log_directory(tmp_path, runtime):
+    """ranktop SIGKILLed (no final.json): `ranktop logs RUN_DIR` said `'RUN_DIR' names no run ...;
+    an ended run is named by its run directory`, which it had been given. Each command now says the
+    engine left no final view and where the log files are, exit 1."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    (tmp_path / "ticker.py").write_text(TICKER)
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--run-id", "doomed",
+                                        str(tmp_path / "ticker.py")),
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        (run,) = wait_for(lambda: [r for r in ls(env) if r["state"] == "running"], what="the run listed")
+    finally:
+        proc.kill()
+        proc.wait()
+    ranks = [e["pid"] for e in read_events(run["log_dir"]) if e["event"] == "started"]
+    wait_for(lambda: not any(psutil.pid_exists(pid) for pid in ranks), what="the guard ended the ranks")
+    said = (f"ranktop: doomed is not served and left no final.json: its engine went away before the run's end "
+            f"(killed?), so how the run ended is unknown; its log files are under {run['log_dir']}")
+    for args in (("logs", "doomed"), ("logs", run["log_dir"]), ("stop", "doomed"), ("attach", "doomed"),
+                 ("stacks", "doomed"), ("web", "doomed")):
+        done = run_ranktop(*args, env=env)
+        assert (done.returncode, done.stdout, done.stderr) == (1, "", said + "\n"), args
+
+
+def test_a_served_run_whose_engine_does_not_answer_is_listed_and_said_so(tmp_path, runtime):
+    """An engine stopped (SIGSTOP) or swamped: ls left its run out, `logs` printed nothing, exit 0,
+    and a lingering run's `stop` said it had already ended, its engine gone, exit 0. ls lists it as
+    `not answering`, and the commands that reach it say so, exit 1; nothing is removed."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    proc = start_headless(tmp_path, env, "frozen")
+    try:
+        (run,) = wait_for(lambda: [r for r in ls(env) if r["state"] == "running"], what="the run listed")
+        proc.send_signal(signal.SIGSTOP)
+        assert [(r["run_id"], r["state"], r["pid"]) for r in ls(env)] == [("frozen", "not answering", None)]
+        assert "frozen  ?       ?      not answering" in run_ranktop("ls", env=env).stdout
+        silent = f"ranktop: frozen: the engine at {run['socket']} does not answer\n"
+        for args in (("logs", "frozen"), ("logs", "-f"), ("stop", "fro")):
+            done = run_ranktop(*args, env=env)
+            assert (done.returncode, done.stdout, done.stderr) == (1, "", silent), args
+        proc.send_signal(signal.SIGCONT)
+        assert run_ranktop("stop", "frozen", env=env).returncode == 0
+        assert proc.wait(30) == 130
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        stop_process(proc)
+        proc.stderr.close()
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("stop", "nope"), "ranktop: error: 'nope' names no run: none is served on this host; "
                        "an ended run is named by its run directory"),
@@ -144,6 +192,15 @@ def test_a_run_is_named_by_its_id_a_unique_prefix_or_its_directory_else_the_cand
         find_run("job-", runs)
     with pytest.raises(ValueError, match=r"^'nope' names no run served on this host: runs are job-b, job-a, other$"):
         find_run("nope", runs)
+
+
+def test_a_served_runs_directory_reached_through_a_symlink_names_it(tmp_path):
+    from ranktop.core.client import ServedRun, find_run
+
+    (tmp_path / "logs" / "job").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "logs")
+    runs = [ServedRun("job", "/run/job.sock", {"log_dir": str(tmp_path / "logs" / "job")}, 0, 1)]
+    assert find_run(str(tmp_path / "link" / "job"), runs) is runs[0]
 
 
 def _rank_pids(path: str) -> list[int]:
@@ -412,6 +469,27 @@ def test_a_tui_whose_waiting_parent_is_killed_detaches_and_gives_the_terminal_ba
         term.close()
     assert run_ranktop("stop", "orphan", env=runtime).returncode == 0
     wait_for(lambda: gone(run["pid"]), what="ranktop gone after the stop")
+
+
+def test_a_tui_whose_engine_is_killed_gives_the_terminal_back(tmp_path, runtime):
+    """`kill -9` of the pid `ranktop ls` shows (the TUI and its engine, the child of the pid the
+    shell waits on), or the OOM killer's: the waiting parent exited 137 and left the terminal in
+    the TUI's alternate screen, mouse reporting on, cursor hidden and keys unechoed. The parent
+    now gives the terminal back and says what happened."""
+    term = tui_in_tmux(tmp_path, runtime, "killed", "; echo STATUS $?; sleep 30")
+    try:
+        term.wait_screen("hello from 1")
+        (run,) = ls(runtime)
+        ranks = [e["pid"] for e in read_events(tmp_path / "logs" / "killed") if e["event"] == "started"]
+        os.kill(run["pid"], signal.SIGKILL)
+        term.wait_screen("STATUS 137")
+        flags = "#{alternate_on} #{mouse_any_flag} #{mouse_sgr_flag} #{cursor_flag}"
+        assert term._tmux("display", "-p", "-t", "t", flags).split() == ["0", "0", "0", "1"]
+        term.wait_screen(f"ranktop: the TUI and its engine (pid {run['pid']}) were killed by SIGKILL; the orphan "
+                         "guard stops the ranks")
+        wait_for(lambda: not any(psutil.pid_exists(pid) for pid in ranks), what="the guard ended the ranks")
+    finally:
+        term.close()
 
 
 def test_stop_of_a_run_whose_tui_is_on_screen_returns_once_the_run_has_ended(tmp_path, runtime):
@@ -1396,6 +1474,76 @@ def test_a_prefix_of_several_served_runs_is_not_taken_for_an_ended_run(tmp_path,
         for proc in procs:
             assert proc.wait(30) == 143
             proc.stderr.close()
+
+
+def test_the_exact_id_of_an_ended_run_is_not_taken_for_a_prefix_of_a_served_one(tmp_path, runtime):
+    """`ranktop stop job` with job ended (final.json under the default log root) and job2 served
+    stopped job2: the id typed in full named the ended run, and a prefix match won over it. An
+    exact id (or run directory) names its run, served or ended, before any prefix does."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    script = tmp_path / "ok.py"
+    script.write_text("print('done')\n")
+    assert run_ranktop("--headless", "--run-id", "job", str(script), env=env).returncode == 0
+    proc = start_headless(tmp_path, env, "job2")
+    try:
+        wait_for(lambda: [r for r in ls(env) if r["state"] == "running"], what="job2 listed")
+        logs = run_ranktop("logs", "job", env=env)
+        assert logs.returncode == 0 and logs.stdout == "[0]:done\n", logs.stdout
+        stacks = run_ranktop("stacks", "job", env=env)
+        assert stacks.returncode == 1 and "job has ended (succeeded)" in stacks.stderr, stacks.stderr
+        stop = run_ranktop("stop", "job", env=env)
+        assert stop.returncode == 0 and "job had already ended (succeeded)" in stop.stdout, stop.stdout
+        assert [r["run_id"] for r in ls(env)] == ["job2"]  # the served run was not stopped
+        assert run_ranktop("stop", "job2", env=env).returncode == 0
+        assert proc.wait(30) == 130  # stopped on request
+    finally:
+        stop_process(proc)
+        proc.stderr.close()
+
+
+SECOND_ATTEMPT = """import os, sys, time
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    print("first attempt", flush=True)
+    sys.exit(1)
+print("second attempt", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_logs_after_a_group_restart_say_where_the_earlier_attempts_are(tmp_path, runtime):
+    """A run on its second attempt: `logs` printed that attempt's lines alone, the ended run's
+    closing line said `the last MiB of each rank's stdout.log`, and nothing told that an earlier
+    attempt had printed other lines into other files. Both now name the attempt shown."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    script = tmp_path / "twice.py"
+    script.write_text(SECOND_ATTEMPT)
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--max-restarts", "1", "--run-id", "twice", str(script)),
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tmp_path / f"ranktop-{os.geteuid()}" / "twice"
+    earlier = f"ranktop: twice is on attempt_1: the output of earlier attempts is in their log files under {run_dir}\n"
+    try:
+        wait_for(lambda: (run_dir / "attempt_1" / "0" / "stdout.log").is_file()
+                 and (run_dir / "attempt_1" / "0" / "stdout.log").read_text(), what="the second attempt's line")
+        logs = run_ranktop("logs", "twice", env=env)
+        assert (logs.returncode, logs.stdout, logs.stderr) == (0, "[0]:second attempt\n", earlier)
+        follow = subprocess.Popen(ranktop_cmd("logs", "twice", "-f"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            assert follow.stderr.readline() == earlier and follow.stdout.readline() == "[0]:second attempt\n"
+            assert run_ranktop("stop", "twice", env=env).returncode == 0
+            assert follow.wait(30) == 0 and proc.wait(30) == 130
+        finally:
+            stop_process(follow)
+            follow.stdout.close()
+            follow.stderr.close()
+    finally:
+        stop_process(proc)
+    logs = run_ranktop("logs", "twice", env=env)
+    assert logs.stdout == "[0]:second attempt\n"
+    assert logs.stderr == ("ranktop: twice has ended (stopped); its engine has left: that was the last MiB of each "
+                           "rank's stdout.log and stderr.log of attempt_1, the last of 2 attempts; all its log files "
+                           f"are under {run_dir}\n")
 
 
 def test_logs_of_an_ended_run_into_a_pipe_closed_early_exits_0(tmp_path, runtime):

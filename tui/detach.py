@@ -52,23 +52,29 @@ def hold_terminal() -> Detacher | None:
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
+    modes = _terminal_modes()
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)  # before the fork: nothing is missed
     pid = os.fork()
     if pid == 0:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         _on_parent_death(signal.SIGHUP)  # the parent killed (SIGKILL): detach, as on a hang-up
         return Detacher(parent)
-    os._exit(_wait_for(pid))
+    code = _wait_for(pid)
+    if code < 0:  # killed (kill -9 of the pid ranktop ls shows, the OOM killer): it left the terminal as it was
+        _give_terminal_back(modes)
+        print(f"ranktop: the TUI and its engine (pid {pid}) were killed by {signal.Signals(-code).name}; "
+              "the orphan guard stops the ranks", file=sys.stderr, flush=True)
+    os._exit(128 - code if code < 0 else code)
 
 
 def _wait_for(child: int) -> int:
+    """The child's exit code once it exits (-N: killed by signal N), or 0 once it detaches."""
     while True:
         info = signal.sigwaitinfo(_WAITED)
         if info.si_signo == signal.SIGCHLD:
             done, status = os.waitpid(child, os.WNOHANG)
             if done:
-                code = os.waitstatus_to_exitcode(status)
-                return 128 - code if code < 0 else code
+                return os.waitstatus_to_exitcode(status)
         elif info.si_signo == DETACHED:
             if info.si_pid == child:
                 return 0
@@ -77,6 +83,32 @@ def _wait_for(child: int) -> int:
                 os.kill(child, info.si_signo)
             except ProcessLookupError:
                 pass
+
+
+# What Textual's driver undoes on its way out: the alternate screen, mouse and focus reporting,
+# bracketed paste, the kitty keyboard protocol, the hidden cursor.
+_TUI_MODES_OFF = ("\x1b[?1000l\x1b[?1003l\x1b[?1015l\x1b[?1006l\x1b[?1016l\x1b[?2004l\x1b[?1004l\x1b[<u"
+                  "\x1b[?1049l\x1b[?25h")
+
+
+def _terminal_modes() -> list | None:
+    """The terminal's modes before the TUI changes them (raw input, no echo); None without one."""
+    try:
+        return termios.tcgetattr(0)
+    except (termios.error, OSError):
+        return None
+
+
+def _give_terminal_back(modes: list | None) -> None:
+    """The terminal as the TUI found it, for a TUI that could not leave it so (it was killed)."""
+    try:
+        terminal = next((fd for fd in (2, 1) if os.isatty(fd)), None)  # where the TUI drew
+        if terminal is not None:
+            os.write(terminal, _TUI_MODES_OFF.encode())
+        if modes is not None:
+            termios.tcsetattr(0, termios.TCSADRAIN, modes)
+    except (termios.error, OSError):  # the terminal went too: nothing to give back
+        pass
 
 
 def _on_parent_death(signum: int) -> None:

@@ -15,12 +15,14 @@ from ranktop.core import collector
 from ranktop.core.client import (
     BadFinalFile,
     Connection,
+    EngineSilent,
     FinalEngine,
     RunGone,
     ServedRun,
     SeveralRuns,
     final_run,
     find_run,
+    run_dir_of,
     served_runs,
     wait_ended,
     wait_gone,
@@ -64,9 +66,23 @@ def pick_run(target: str | None) -> ServedRun | FinalEngine | int:
         view = ended_view(target)
     except BadFinalFile as bad:
         return usage_error(str(bad))
-    if view is None:  # by id, only the default log root's ended runs are found
-        return usage_error(f"{not_served}; an ended run is named by its run directory")
-    return view
+    if view is not None:
+        return view
+    if (unfinished := unfinished_words(target)) is not None:
+        print(unfinished, file=sys.stderr)
+        return 1
+    return usage_error(f"{not_served}; an ended run is named by its run directory")
+
+
+def unfinished_words(target: str | None) -> str | None:
+    """The line for a run directory `target` names exactly that has no final.json: its engine
+    went away before the run's end (SIGKILL, the OOM killer), so nothing says how it ended."""
+    run_dir = run_dir_of(target) if target else None
+    if run_dir is None:
+        return None
+    name = clean(os.path.basename(os.path.normpath(run_dir)))
+    return (f"ranktop: {name} is not served and left no final.json: its engine went away before the run's end "
+            f"(killed?), so how the run ended is unknown; its log files are under {clean(os.path.abspath(run_dir))}")
 
 
 def ended_view(target: str | None) -> FinalEngine | None:
@@ -100,8 +116,8 @@ def ls(argv: list[str]) -> int:
         print_out("no runs are served on this host")
         return 0
     rows = [("RUN", "SCRIPT", "WORLD", "STATE", "AGE", "CLIENTS", "LOGS")]
-    rows += [(r.run_id, *(str(v) for v in _facts(r).values()), str(r.clients), r.snapshot.get("log_dir") or "")
-             for r in runs]
+    rows += [(r.run_id, *("?" if v is None else str(v) for v in _facts(r).values()), str(r.clients),
+              r.snapshot.get("log_dir") or "") for r in runs]
     rows = [tuple(clean(cell) for cell in row) for row in rows]  # names come from the runs: shown safely
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     print_out("\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
@@ -111,8 +127,9 @@ def ls(argv: list[str]) -> int:
 
 def _facts(run: ServedRun) -> dict:
     snap = run.snapshot
+    started = snap.get("started_at")
     return {"script": snap.get("name"), "world": snap.get("world_size"), "state": snap.get("state"),
-            "age": _age(time.time() - (snap.get("started_at") or time.time()))}
+            "age": None if started is None else _age(time.time() - started)}
 
 
 def _age(seconds: float) -> str:
@@ -276,6 +293,9 @@ def logs(argv: list[str]) -> int:
     try:
         with Connection(run.path) as conn:
             return _print_logs(conn, run, ns.rank, ns.follow, ns.events)
+    except EngineSilent as exc:  # stopped or swamped: nothing was printed, and the run is there
+        print(f"ranktop: {run.run_id}: {exc}", file=sys.stderr)
+        return 1
     except RunGone:
         return 0  # the run ended and its engine left: everything it had was printed
     except BrokenPipeError:  # `ranktop logs | head`
@@ -311,8 +331,9 @@ def _print_final_logs(view: FinalEngine, only: int | None) -> int:
         for local, prefix in prefixes.items():
             out.writelines(prefix + shown(line) + b"\n" for line in lines_of(local))
         out.flush()
-    print(f"ranktop: {final_words(view)}: that was the last MiB of each rank's stdout.log and stderr.log; "
-          f"all its log files are under {clean(snap.log_dir or '?')}", file=sys.stderr)
+    of_attempt = f" of attempt_{snap.attempt}, the last of {snap.attempt + 1} attempts" if snap.attempt else ""
+    print(f"ranktop: {final_words(view)}: that was the last MiB of each rank's stdout.log and stderr.log"
+          f"{of_attempt}; all its log files are under {clean(snap.log_dir or '?')}", file=sys.stderr)
     return 0
 
 
@@ -321,6 +342,9 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
     prefixes = _prefixes(run.run_id, [(r["local_rank"], r["rank"]) for r in ranks], only)
     if isinstance(prefixes, int):
         return prefixes
+    if attempt := run.snapshot.get("attempt"):  # the rings hold the running attempt's output only
+        print(clean(f"ranktop: {run.run_id} is on attempt_{attempt}: the output of earlier attempts is in their "
+                    f"log files under {run.snapshot.get('log_dir')}"), file=sys.stderr, flush=True)
     out, shown = sys.stdout.buffer, _shown(sys.stdout.isatty())
     if follow:  # what the ranks' rings hold, then live, pushed by the engine until the run ends
         conn.subscribe(sorted(prefixes))

@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a run id under the default log root whose engine has gone
         ended = None if isinstance(exc, SeveralTargets) else _ended(ns.target)
         if ended is None:
-            return usage_error(str(exc))
+            return _unfinished(ns.target, exc)
         print(f"ranktop stacks: {ended}: no ranks to dump", file=sys.stderr)
         return 1
     if served is not None:
@@ -159,6 +159,16 @@ def _ended(target: str | None) -> str | None:
         return final_words(view)
     finally:
         view.close()
+
+
+def _unfinished(target: str | None, exc: BadTarget) -> int:
+    """A run whose engine went away before its end (no final.json) says so; else the usage line."""
+    from ranktop.tui.runs_cli import unfinished_words
+
+    if isinstance(exc, SeveralTargets) or (words := unfinished_words(target)) is None:
+        return usage_error(str(exc))
+    print(words, file=sys.stderr)
+    return 1
 
 
 def _through_engine(run, ns: argparse.Namespace) -> int:
