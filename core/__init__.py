@@ -48,6 +48,10 @@ _EXPORTS = {
     "ErrorHandler": "ranktop.core.errors",
     "get_error_handler": "ranktop.core.errors",
     "LocalElasticAgent": "ranktop.core.agent",
+    # torch.distributed.launcher.api's
+    "LaunchConfig": "ranktop.core.launcher",
+    "elastic_launch": "ranktop.core.launcher",
+    "launch_agent": "ranktop.core.launcher",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -155,6 +155,7 @@ class LocalAgent:
         on_notice: Callable[[str], None] | None = None,
         hangup_stops: bool = True,
         on_under_way: Callable[[], None] | None = None,
+        numbered_run_dir: bool = False,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
         if stall_timeout is not None:
@@ -184,7 +185,8 @@ class LocalAgent:
         # Made fresh and held until the end: every file of the run is opened through it. The
         # rendezvous id is the same on every node: nodes sharing a file system get <id>.1, <id>.2...
         self._shared_id = spec.run_id is None and shared_id != "none"
-        self.layout = RunDir.create(log_dir, self.run_id, numbered=self._shared_id)
+        # `numbered_run_dir`: elastic_launch's, whose run id may serve several calls, as torch's does
+        self.layout = RunDir.create(log_dir, self.run_id, numbered=self._shared_id or numbered_run_dir)
         self.run_dir = self.layout.path
         self.master_port = spec.master_port or free_port()
         # Headless, one console writer serves every attempt: the ranks' tee and our own lines,

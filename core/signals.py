@@ -16,6 +16,8 @@ import enum
 import signal
 from dataclasses import dataclass
 
+from ranktop.core.errors import UsageError
+
 # Repeats of SIGHUP/SIGTERM closer than this to the one acted on are the same event.
 DUPLICATE_WINDOW = 1.0
 
@@ -55,3 +57,23 @@ class StopRule:
             return StopAction.DUPLICATE
         self._forwarded_at = received_at
         return StopAction.FORWARD
+
+
+_UNCATCHABLE = ("SIGKILL", "SIGSTOP")
+_NOT_STOPS = ("SIGCHLD", "SIGCLD")  # how ranktop learns that a rank ended: it cannot also end the run
+
+
+def parse_signal_names(text: str, what: str = "--signals-to-handle") -> tuple[int, ...]:
+    """torchrun's signals to handle, 'SIGTERM,SIGUSR1', as signal numbers; UsageError (one line,
+    naming `what`) for a name that is not a signal ranktop can handle."""
+    found = []
+    for name in (part.strip() for part in text.split(",") if part.strip()):
+        number = getattr(signal, name, None)
+        if not name.startswith("SIG") or name.startswith("SIG_") or not isinstance(number, signal.Signals) \
+                or name in _UNCATCHABLE:
+            raise UsageError(f"bad {what} {text!r}: {name!r} is not a signal ranktop can handle "
+                             "(names such as SIGTERM,SIGUSR1; SIGKILL and SIGSTOP cannot be caught)")
+        if name in _NOT_STOPS:
+            raise UsageError(f"bad {what} {text!r}: {name} comes each time a rank ends; it cannot stop the run")
+        found.append(int(number))
+    return tuple(found)

@@ -61,3 +61,26 @@ def checkpoint_on_signal(path, delay=60.0):
     with open(path, "w") as f:
         f.write(f"checkpoint after signal {got[0]}\n")
     sys.exit(128 + got[0])
+
+
+def env_changes(base):
+    """The variables this rank sees that `base` (its launcher's environment) has not, or has otherwise."""
+    return {k: v for k, v in os.environ.items() if base.get(k) != v}
+
+
+def rank_and_arg(arg):
+    return (int(os.environ["RANK"]), arg)
+
+
+def raise_on_rank(rank, text):
+    if int(os.environ["RANK"]) == rank:
+        raise ValueError(text)
+    return rank
+
+
+def rank0_fails_until_restart(n):
+    """Rank 0 raises in the group's first `n` starts; every rank returns the restart count after."""
+    restarts = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if os.environ["LOCAL_RANK"] == "0" and restarts < n:
+        raise RuntimeError(f"failing at restart {restarts}")
+    return restarts

@@ -32,26 +32,14 @@ def _number(flag: str, bounds: limits.Bounds):
     return parse
 
 
-_UNCATCHABLE = ("SIGKILL", "SIGSTOP")
-_NOT_STOPS = ("SIGCHLD", "SIGCLD")  # how ranktop learns that a rank ended: it cannot also end the run
-
-
 def _signal_list(text: str) -> tuple[int, ...]:
     """An argparse type: torchrun's --signals-to-handle, 'SIGTERM,SIGUSR1', as signal numbers."""
-    import signal
+    from ranktop.core.signals import parse_signal_names
 
-    found = []
-    for name in (part.strip() for part in text.split(",") if part.strip()):
-        number = getattr(signal, name, None)
-        if not name.startswith("SIG") or name.startswith("SIG_") or not isinstance(number, signal.Signals) \
-                or name in _UNCATCHABLE:
-            raise BadValue(f"bad --signals-to-handle {text!r}: {name!r} is not a signal ranktop can handle "
-                           "(names such as SIGTERM,SIGUSR1; SIGKILL and SIGSTOP cannot be caught)")
-        if name in _NOT_STOPS:
-            raise BadValue(f"bad --signals-to-handle {text!r}: {name} comes each time a rank ends; "
-                           "it cannot stop the run")
-        found.append(int(number))
-    return tuple(found)
+    try:
+        return parse_signal_names(text)
+    except UsageError as exc:
+        raise BadValue(str(exc)) from None
 
 
 def _comma_list(text: str) -> list[str]:
@@ -547,23 +535,14 @@ def uses_rendezvous(ns: argparse.Namespace) -> bool:
 def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, master_port: int | None, *,
                        check_only: bool = False):
     from ranktop.core.layout import check_run_id
-    from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
+    from ranktop.core.rendezvous import check_endpoint, create_handler, parse_rdzv_conf
     from ranktop.core.spec import free_port
 
     conf: dict = parse_rdzv_conf(ns.rdzv_conf)
     endpoint = ns.rdzv_endpoint
     if ns.rdzv_id != "none":  # it becomes the run's id, and its directory's name, on every node
         check_run_id(ns.rdzv_id, "--rdzv-id")
-    if endpoint.count(":") > 1 and not endpoint.startswith("["):  # torch reads "::1" as host ":", port 1, and waits
-        raise UsageError(f"bad --rdzv-endpoint {endpoint!r}: write an IPv6 address in brackets, [::1]:29400")
-    port = endpoint.rpartition(":")[2].strip() if ":" in endpoint else ""
-    if len(endpoint) > 300:  # a name no resolver takes: torch printed pages of C++ frames
-        raise UsageError(f"bad --rdzv-endpoint {endpoint[:80]!r}: expected HOST:PORT with a host name of at most "
-                         "255 characters")
-    if max_nodes > 1 and port.isascii() and port.isdigit() and len(port) <= 5 and int(port) == 0:
-        # One node binds a free port for its store (torchtitan's `localhost:0`); more cannot find it
-        raise UsageError(f"bad --rdzv-endpoint {endpoint[:80]!r}: port 0 (a free one) only works on one node: "
-                         f"with up to {max_nodes} nodes the others could not find it; name a port they all reach")
+    check_endpoint(endpoint, max_nodes)
     if ns.rdzv_backend == "static":  # as torchrun: the master's address, and the node rank from the flags
         conf["rank"] = ns.node_rank
         endpoint = endpoint or f"{ns.master_addr}:{master_port or free_port()}"

@@ -1,0 +1,271 @@
+"""`elastic_launch`/`LaunchConfig`/`launch_agent` side by side with torch 2.13's own
+(`torch.distributed.launcher.api`), each launcher in a subprocess of its own, with real ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import ROOT
+from ranktop.core.spec import free_port
+
+PY = sys.executable
+TESTS = str(ROOT / "tests")
+
+# Runs `body` with one implementation's names imported; the body prints one `RESULT <json>` line.
+_DRIVER = textwrap.dedent("""
+    import json, os, sys
+    impl, body = sys.argv[1], sys.argv[2]
+    if impl == "torch":
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch, launch_agent
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    else:
+        from ranktop.core import LaunchConfig, elastic_launch, launch_agent, DefaultLogsSpecs, Std, ChildFailedError
+    import rank_fns
+
+    def report(value):
+        print("RESULT", json.dumps(value), flush=True)
+
+    def failure(exc):
+        first_rank, first = exc.get_first_failure()
+        message = first.message["message"] if isinstance(first.message, dict) else first.message
+        return {"type": type(exc).__name__, "is_child_failed": isinstance(exc, ChildFailedError), "name": exc.name,
+                "ranks": sorted(exc.failures), "first": [first_rank, first.local_rank, first.exitcode, message],
+                "text": str(exc)}
+
+    exec(body)
+""")
+
+
+def _run(impl: str, body: str, tmp_path, timeout: float = 120) -> tuple[object, str]:
+    """(what the body reported, its stdout) under `impl`, "torch" or "ranktop"."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), TESTS]), "TMPDIR": str(tmp_path)}
+    done = subprocess.run([PY, "-c", _DRIVER, impl, textwrap.dedent(body)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=tmp_path)
+    found = [line[len("RESULT "):] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and found, f"{impl}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return json.loads(found[-1]), done.stdout
+
+
+def _both(body: str, tmp_path) -> tuple[tuple[object, str], tuple[object, str]]:
+    pytest.importorskip("torch.distributed.launcher.api")
+    results = []
+    for impl in ("torch", "ranktop"):
+        (tmp_path / impl).mkdir()
+        results.append(_run(impl, body, tmp_path / impl))
+    return results[0], results[1]
+
+
+# One node through the c10d rendezvous on a free port: torch's default backend (etcd) needs a server.
+C10D = ("LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend='c10d', rdzv_endpoint='localhost:0', "
+        "monitor_interval=0.05, logs_specs=DefaultLogsSpecs(log_dir='logs')")
+
+
+def test_returns_the_same_values_by_global_rank_as_torchs(tmp_path):
+    body = f"""
+        config = {C10D}, max_restarts=0)
+        values = elastic_launch(config, rank_fns.rank_and_arg)("x")
+        direct = launch_agent(config, rank_fns.rank_and_arg, ["y"])
+        report([sorted(values.items()), sorted(direct.items()), bool(config.run_id)])
+    """
+    (theirs, _), (ours, _) = _both(body, tmp_path)
+    assert ours == theirs == [[[0, [0, "x"]], [1, [1, "x"]]], [[0, [0, "y"]], [1, [1, "y"]]], True]
+
+
+def _shape(table: str) -> list[str]:
+    """ChildFailedError's table without what differs from run to run (time, host, pid, paths) and
+    without the traceback's frames (torch's wrapper and ranktop's are different files)."""
+    lines = [line for line in table.splitlines() if not line.startswith("    ")]
+    subs = [(r"(time|host|error_file)(\s*): .*", r"\1\2: X"), (r"\(pid: \d+\)", "(pid: P)"),
+            (r"traceback : Traceback.*", "traceback : Traceback"), (r"^=+$", "="), (r"^-+$", "-")]
+    for pattern, repl in subs:
+        lines = [re.sub(pattern, repl, line) for line in lines]
+    return lines
+
+
+def test_a_failing_rank_raises_child_failed_error_as_torchs(tmp_path):
+    body = f"""
+        try:
+            elastic_launch({C10D}, max_restarts=0), rank_fns.raise_on_rank)(1, "boom")
+        except Exception as exc:
+            report(failure(exc))
+    """
+    (theirs, _), (ours, _) = _both(body, tmp_path)
+    assert ours["type"] == theirs["type"] == "ChildFailedError" and ours["is_child_failed"]
+    assert ours["name"] == theirs["name"] == "raise_on_rank"  # torch's: the function's __name__
+    assert ours["ranks"] == theirs["ranks"] == [1]
+    assert ours["first"] == theirs["first"] == [1, 1, 1, "ValueError: boom"]
+    assert _shape(ours["text"]) == _shape(theirs["text"])
+
+
+def test_restarts_are_honoured_as_torchs(tmp_path):
+    body = f"""
+        spent = elastic_launch({C10D}, max_restarts=2), rank_fns.rank0_fails_until_restart)(2)
+        try:
+            elastic_launch({C10D}, max_restarts=1), rank_fns.rank0_fails_until_restart)(2)
+        except Exception as exc:
+            report([sorted(spent.items()), failure(exc)["first"]])
+    """
+    (theirs, _), (ours, _) = _both(body, tmp_path)
+    assert ours == theirs == [[[0, 2], [1, 2]], [0, 0, 1, "RuntimeError: failing at restart 1"]]
+
+
+def test_a_binary_entrypoint_returns_none_by_rank_and_fails_as_torchs(tmp_path):
+    """Also two documented differences: ranktop's console prefixes each rank's line where torch's
+    passes it through (no tee), and a rank that exits without an error file says so in other words."""
+    body = """
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend='c10d',
+                              rdzv_endpoint='localhost:0', max_restarts=0, logs_specs=DefaultLogsSpecs(log_dir='logs'))
+        values = elastic_launch(config, sys.executable)("-c", "print('hi from', __import__('os').environ['RANK'])")
+        code = "import os, sys, time; time.sleep(int(os.environ['RANK']) * 30); sys.exit(3)"
+        try:
+            elastic_launch(config, sys.executable)("-u", "-c", code)
+        except Exception as exc:
+            report([sorted(values.items()), failure(exc)])
+    """
+    (theirs, their_out), (ours, our_out) = _both(body, tmp_path)
+    assert ours[0] == theirs[0] == [[0, None], [1, None]]
+    assert ours[1]["name"] == theirs[1]["name"] == "import os, sys, time; time.sleep(int(os.environ['RANK']) * 30); sys.exit(3)"
+    assert ours[1]["ranks"] == theirs[1]["ranks"] == [0, 1]  # the rank stopped for it too, as torch keeps it
+    assert ours[1]["first"][:3] == theirs[1]["first"][:3] == [0, 0, 3]
+    assert theirs[1]["first"][3] == "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+    assert ours[1]["first"][3] == ("exited with code 3. To see the traceback, wrap the rank's main function in "
+                                   "@ranktop.core.record (or torch's @record).")
+    assert sorted(re.findall(r"^hi from \d$", their_out, re.M)) == ["hi from 0", "hi from 1"]
+    assert sorted(re.findall(r"^\[default_role\d\]:hi from \d$", our_out, re.M)) == [
+        "[default_role0]:hi from 0", "[default_role1]:hi from 1"]
+
+
+def test_each_rank_sees_torchs_environment(tmp_path):
+    body = f"""
+        base = dict(os.environ)
+        report(elastic_launch({C10D}, max_restarts=1, run_id="envjob"), rank_fns.env_changes)(base))
+    """
+    (theirs, _), (ours, _) = _both(body, tmp_path)
+    ranktop_own = {"RANKTOP_FAULTHANDLER", "RANKTOP_GUARD_TOKEN", "PYTHONPATH", "PYTHONUNBUFFERED"}
+    for rank in ("0", "1"):
+        assert set(theirs[rank]) <= set(ours[rank]) and set(ours[rank]) - set(theirs[rank]) <= ranktop_own
+        differ = {k for k in theirs[rank] if theirs[rank][k] != ours[rank][k]}
+        assert differ == {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE"}  # a free port each; the run directory
+        assert ours[rank]["TORCHELASTIC_RUN_ID"] == "envjob" and ours[rank]["TORCHELASTIC_RESTART_COUNT"] == "0"
+        # torch: <log_dir>/<run_id>_<random>/...; ranktop: <log_dir>/<run_id>/...
+        assert re.fullmatch(rf"logs/envjob_\w+/attempt_0/{rank}/error.json", theirs[rank]["TORCHELASTIC_ERROR_FILE"])
+        assert ours[rank]["TORCHELASTIC_ERROR_FILE"] == str(tmp_path / "ranktop" / "logs" / "envjob" / "attempt_0"
+                                                            / rank / "error.json")
+
+
+def test_role_and_log_line_prefix_template_head_teed_lines_as_torchs(tmp_path):
+    body = """
+        specs = DefaultLogsSpecs(log_dir="logs", tee=Std.ALL)
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d", run_id="pre",
+                              rdzv_endpoint="localhost:0", role="trainer", logs_specs=specs,
+                              log_line_prefix_template="${role_name}-${rank}> ")
+        report(elastic_launch(config, sys.executable)("-c", "print('hi')"))
+    """
+    (_, their_out), (_, our_out) = _both(body, tmp_path)
+    for out in (their_out, our_out):
+        assert sorted(re.findall(r"^trainer-\d> hi$", out, re.M)) == ["trainer-0> hi", "trainer-1> hi"]
+    assert (tmp_path / "ranktop" / "logs" / "pre" / "attempt_0" / "1" / "stdout.log").read_text() == "hi\n"
+
+
+def test_one_node_with_torchs_defaults_runs_without_torch(tmp_path):
+    """torch's defaults (etcd backend, no endpoint) look for an etcd server; one node without an
+    endpoint runs here alone, on a free port, with no torch imported. The config's run id is
+    filled in, and serves again: the next call's run directory is <run_id>.1."""
+    body = """
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, local_addr="localhost",
+                              logs_specs=DefaultLogsSpecs(log_dir="logs"))
+        first = elastic_launch(config, rank_fns.echo_env)("MASTER_ADDR", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+        again = elastic_launch(config, rank_fns.double)(21)
+        report([first, again, config.run_id, config.max_restarts, config.role, "torch" in sys.modules,
+                sorted(os.listdir("logs"))])
+    """
+    (first, again, run_id, restarts, role, torch_loaded, dirs), _ = _run("ranktop", body, tmp_path)
+    assert first == {r: {"MASTER_ADDR": "localhost", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": run_id} for r in "01"}
+    assert again == {"0": 42, "1": 42} and (restarts, role) == (3, "default_role")  # torch's defaults
+    assert not torch_loaded and dirs == [run_id, f"{run_id}.1"]
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"min_nodes": 0}, "bad min_nodes 0: expected a whole number from 1 to"),
+    ({"min_nodes": 3, "max_nodes": 2}, "bad min_nodes 3: more than max_nodes 2"),
+    ({"nproc_per_node": 0}, "bad nproc_per_node 0: expected a whole number from 1 to 4096"),
+    ({"max_restarts": -1}, "bad max_restarts -1: expected a whole number, 0 or more"),
+    ({"monitor_interval": float("nan")}, "bad monitor_interval nan: expected a number of seconds from 0.001"),
+    ({"run_id": "a/b"}, "bad run_id 'a/b': it contains '/'"),
+    ({"role": 7}, "bad role 7: expected a str"),
+    ({"rdzv_backend": ""}, "bad rdzv_backend '': expected c10d, etcd, etcd-v2, static or a torchrun plugin's name"),
+    ({"signals_to_handle": "SIGTERM,SIGFOO"}, "bad signals_to_handle 'SIGTERM,SIGFOO': 'SIGFOO' is not a signal"),
+    ({"rdzv_endpoint": "::1:29400", "rdzv_backend": "c10d"}, "bad rdzv_endpoint '::1:29400': write an IPv6 address"),
+    ({"rdzv_endpoint": "localhost:0", "max_nodes": 2, "rdzv_backend": "c10d"},
+     "bad rdzv_endpoint 'localhost:0': port 0 (a free one) only works on one node"),
+    ({"start_method": "thread"}, "unknown start method 'thread': expected one of spawn, fork, forkserver"),
+    ({"entrypoint": None}, "WorkerSpec needs an entrypoint"),
+])
+def test_bad_config_values_are_one_line_errors(tmp_path, changes, message):
+    from ranktop.core import DefaultLogsSpecs, LaunchConfig, elastic_launch
+
+    changes = dict(changes)
+    entrypoint = changes.pop("entrypoint", PY)
+    fields = {"min_nodes": 1, "max_nodes": 1, "nproc_per_node": 1, **changes}
+    with pytest.raises(ValueError) as raised:
+        elastic_launch(LaunchConfig(**fields, logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path))), entrypoint)("-c", "")
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert os.listdir(tmp_path) == []  # refused before any run directory
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"shutdown_timeout": -1}, "bad shutdown_timeout -1: expected a number of seconds from 0"),
+    ({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "soon"}, "bad TORCH_ELASTIC_SHUTDOWN_TIMEOUT soon: expected a number"),
+    ({"rdzv_configs": "timeout=5"}, "bad rdzv_configs 'timeout=5': expected a dict"),
+])
+def test_bad_values_are_refused_as_the_config_is_made(tmp_path, monkeypatch, env, message):
+    from ranktop.core import DefaultLogsSpecs, LaunchConfig
+
+    fields = {k: v for k, v in env.items() if not k.isupper()}
+    for name, value in env.items():
+        if name.isupper():
+            monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape(message)) as raised:
+        LaunchConfig(1, 1, 1, logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)), **fields)
+    assert "\n" not in str(raised.value)
+
+
+def test_config_fields_and_defaults_are_torchs(monkeypatch):
+    import dataclasses
+
+    api = pytest.importorskip("torch.distributed.launcher.api")
+    from ranktop.core import LaunchConfig
+
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "12")
+    theirs, ours = api.LaunchConfig(1, 2, 4), LaunchConfig(1, 2, 4)
+    names = [f.name for f in dataclasses.fields(api.LaunchConfig)]
+    assert [f.name for f in dataclasses.fields(LaunchConfig)] == names
+    same = [n for n in names if n != "logs_specs"]
+    assert {n: getattr(ours, n) for n in same} == {n: getattr(theirs, n) for n in same}
+    assert ours.shutdown_timeout == 12 and ours.rdzv_configs == {"timeout": 900}
+    assert LaunchConfig(1, 1, 1, rdzv_timeout=5).rdzv_configs == {"timeout": 5}
+    for config in (theirs, ours):
+        os.rmdir(config.logs_specs.root_log_dir)  # each made a fresh temporary log root
+
+
+def test_the_static_backend_without_torch_places_the_ranks_itself(tmp_path):
+    """As on the command line: with torch not installed, the static backend is ranktop's own static
+    form, the node rank from rdzv_configs["rank"] and the master from the endpoint."""
+    port = free_port()
+    body = f"""
+        sys.modules["torch"] = None  # as if not installed
+        config = LaunchConfig(min_nodes=2, max_nodes=2, nproc_per_node=2, rdzv_backend="static",
+                              rdzv_endpoint="127.0.0.1:{port}", rdzv_configs={{"rank": 1}},
+                              logs_specs=DefaultLogsSpecs(log_dir="logs"))
+        report(elastic_launch(config, rank_fns.echo_env)("RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"))
+    """
+    values, _ = _run("ranktop", body, tmp_path)
+    assert values == {str(r): {"RANK": str(r), "WORLD_SIZE": "4", "GROUP_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+                               "MASTER_PORT": str(port)} for r in (2, 3)}
