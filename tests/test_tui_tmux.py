@@ -161,3 +161,27 @@ def test_the_stack_views_tree_scrolls_sideways_by_a_real_terminals_keys(tmp_path
         term.close()  # (a hang-up: a run still going goes on detached, and is ended here)
         if not status.exists() and (tmp_path / "logs").exists():
             run_ranktop("stop", next((tmp_path / "logs").iterdir()).name)
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_stacks_given_the_pid_the_shell_started_dumps_the_tuis_ranks(tmp_path):
+    """The TUI's ranktop forks (so that q can detach): the pid the shell knows ($!, ps) only holds
+    the terminal, and its ranks are its child's. `ranktop stacks PID` dumped that holder as
+    'rank 0' (py-spy) or skipped it (--signal)."""
+    script = tmp_path / "wait.py"
+    script.write_text("import time\ndef wait_here():\n    time.sleep(3600)\nprint('ready', flush=True)\nwait_here()\n")
+    pid_file, logs = tmp_path / "pid", tmp_path / "logs"
+    term = Terminal(f"cd {ROOT} && echo $$ > {pid_file} && exec {sys.executable} -m ranktop --tui --nproc-per-node 2 "
+                    f"--shutdown-timeout 3 --log-dir {logs} --run-id r1 {script}")
+    try:
+        outs = [logs / "r1" / "attempt_0" / str(r) / "stdout.log" for r in range(2)]
+        wait_for(lambda: all(o.exists() and "ready" in o.read_text() for o in outs), 20, what="both ranks ready")
+        holder = pid_file.read_text().strip()
+        for how in ((), ("--signal",)):
+            out = run_ranktop("stacks", *how, holder, timeout=30)
+            assert out.returncode == 0 and "ranks 0-1 (2)" in out.stdout and "wait_here" in out.stdout, out
+        assert len(list((logs / "r1" / "stacks").glob("*.txt"))) == 2  # saved in the run's directory
+    finally:
+        stopped = run_ranktop("stop", "r1")
+        term.close()
+    assert stopped.returncode == 0, stopped.stderr

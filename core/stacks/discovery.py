@@ -89,7 +89,8 @@ def find_run_dir(path: str) -> str | None:
 
 
 def ranks_of_pid(pid: int) -> tuple[dict[int, int], dict[int, int], str | None]:
-    """A rank pid -> that rank; a ranktop pid -> its rank children. ({rank: pid}, {rank: local}, run_dir).
+    """A rank pid -> that rank; a ranktop pid (or the TUI's holder of one) -> its rank children.
+    ({rank: pid}, {rank: local}, run_dir).
 
     Only direct children count as ranks: a rank's own children (data loader workers) inherit
     RANK too but are not ranks.
@@ -98,12 +99,30 @@ def ranks_of_pid(pid: int) -> tuple[dict[int, int], dict[int, int], str | None]:
     env = environ(proc)
     if (ranks := _ranks_in(env)) is not None:
         return {ranks[0]: pid}, {ranks[0]: ranks[1]}, _run_dir_from_env(env, proc.ppid())
+    found = _rank_children(proc)
+    if not found[0]:
+        # The TUI's ranktop forks so that q can detach: the pid the shell knows only holds the
+        # terminal, and the ranks are its child's, a copy of it (the same command line).
+        for child in proc.children():
+            if _same_command(child, proc) and (found := _rank_children(child))[0]:
+                break
+    return found
+
+
+def _same_command(a: psutil.Process, b: psutil.Process) -> bool:
+    try:
+        return a.cmdline() == b.cmdline()
+    except psutil.Error:  # gone meanwhile, or not ours to read
+        return False
+
+
+def _rank_children(proc: psutil.Process) -> tuple[dict[int, int], dict[int, int], str | None]:
     pids, local, run_dir = {}, {}, None
     for child in proc.children():
         cenv = environ(child)
         if (ranks := _ranks_in(cenv)) is not None and not gone_reason(child.pid):
             pids[ranks[0]], local[ranks[0]] = child.pid, ranks[1]
-            run_dir = run_dir or _run_dir_from_env(cenv, pid)
+            run_dir = run_dir or _run_dir_from_env(cenv, proc.pid)
     return pids, local, run_dir
 
 
