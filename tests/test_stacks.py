@@ -309,6 +309,23 @@ def test_stacks_cli_against_a_ranktop_process_and_the_signal_fallback(tmp_path):
                                                       "no ranks to dump\n")
 
 
+@pytest.mark.parametrize("catches,status", [(False, 1), (True, 0)])
+def test_stacks_signal_to_a_pid_with_no_run_to_read_back_exits_1_unless_one_was_sent(catches, status):
+    # A process that is no rank of a run here: the signal is all there is (its stacks go to its
+    # stderr). Skipped, as one that does not catch SIGUSR1 is, nothing was sent: it exited 0.
+    setup = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1); " if catches else ""
+    proc = subprocess.Popen([PY, "-c", f"{setup}import time; print('ready', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        proc.stdout.readline()
+        out = run_ranktop("stacks", "--signal", str(proc.pid))
+    finally:
+        proc.kill()
+        proc.wait()
+    what = "sent" if catches else "skipped: it does not handle SIGUSR1"
+    assert out.returncode == status and f"rank 0 (pid {proc.pid}): {what}" in out.stdout, out
+
+
 def test_stacks_cli_without_a_target_uses_the_default_log_directory(tmp_path):
     empty = run_ranktop("stacks", env={**os.environ, "TMPDIR": str(tmp_path)})
     assert empty.returncode == 2 and empty.stdout == ""
