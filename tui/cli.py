@@ -232,7 +232,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add(*_both("event-log-handler"), default="null", choices=("null", "console", "dynamic_rendezvous"),
         help="torchrun's event handler: console also prints each events.jsonl event to stderr")
     add(*_both("logs-specs"), default=None, metavar="NAME",
-        help="torchrun's LogsSpecs plugin name: ranktop writes its own logs, so any name is refused")
+        help="torchrun's LogsSpecs plugin name: default (the layout ranktop writes); any other is refused")
     add(*_both("start-method"), default="spawn", choices=("spawn", "fork", "forkserver"),
         help="accepted for torchrun: every rank is a fresh process either way")
     add(*_both("run-path"), action="store_true",
