@@ -997,6 +997,7 @@ class LocalAgent:
             native=self._native_ranks,
             log_bytes_lost=slot.log_bytes_lost, log_error=slot.log_error,
             paused=slot.paused, stdout_log=logs[0], stderr_log=logs[1],
+            kill_at=_wall_clock(slot.kill_at, now) if state.alive else None,
         )
 
     def snapshot(self) -> GroupSnapshot:
@@ -1032,6 +1033,12 @@ class LocalAgent:
 
     def ring(self, local_rank: int):
         return self.pcontext.slots[local_rank].ring
+
+
+def _wall_clock(monotonic: float | None, now: float) -> float | None:
+    """A deadline the engine keeps on the monotonic clock, on time.time()'s (`now`): the clock
+    snapshots carry, to views in other processes."""
+    return None if monotonic is None else now + (monotonic - time.monotonic())
 
 
 def _say(line: str) -> None:

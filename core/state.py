@@ -91,6 +91,9 @@ class RankSnapshot:
     paused: bool = False  # the user sent it SIGSTOP (no SIGCONT since)
     stdout_log: str | None = None  # where its stdout goes (None: not to a file)
     stderr_log: str | None = None  # None also with --pty, where stderr shares stdout's terminal
+    # time.time() when ranktop SIGKILLs it if it is still alive then (a stop's grace running out);
+    # None while no stop of it is under way. A view's countdown is this less `taken_at`.
+    kill_at: float | None = None
 
 
 @dataclass(frozen=True)

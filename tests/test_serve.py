@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import re
 import resource
 import shlex
 import shutil
@@ -51,11 +52,11 @@ def gone(pid: int) -> bool:
 
 
 def start_headless(tmp_path, env, run_id: str, script_text: str = TICKER, nproc: int = 2,
-                   name: str = "ticker.py") -> subprocess.Popen:
+                   name: str = "ticker.py", grace: float = 3) -> subprocess.Popen:
     """A headless run of `script_text` (by default the 2-rank ticker), served for ls/attach/logs."""
     script = tmp_path / name
     script.write_text(script_text)
-    return subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", str(nproc), "--shutdown-timeout", "3",
+    return subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", str(nproc), "--shutdown-timeout", f"{grace:g}",
                                         "--run-id", run_id, "--log-dir", str(tmp_path / "logs"), str(script)),
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -594,6 +595,38 @@ def test_attach_shows_the_run_acts_on_it_and_leaves_it_running(tmp_path, runtime
         if term is not None:
             term.close()
         proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+IGNORES_TERM = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\n"
+                "while True:\n    time.sleep(0.1)\n")
+
+
+def test_an_attached_tui_counts_down_to_the_sigkill_of_a_stop(tmp_path, runtime):
+    """The engine's kill deadlines go out with its snapshots: an attached TUI's header counts
+    the grace down as the local one does (the ranks ignore SIGTERM: only SIGKILL ends them)."""
+    proc = start_headless(tmp_path, runtime, "graced", IGNORES_TERM, grace=30)
+    term = None
+    try:
+        wait_for(lambda: ls(runtime), what="the run listed")
+        term = ranktop_in_tmux(runtime, "attach graced", "; sleep 30", width=80, height=24)
+        term.wait_screen(" 1/1 ", "up")
+        term.press("K")
+        term.wait_screen("Press K again")
+        term.press("K")
+
+        def countdown() -> int | None:
+            found = re.search(r"SIGKILL in (\d+)s", term.screen())
+            return None if found is None else int(found[1])
+
+        first = wait_for(countdown, what="the countdown in the attached TUI")
+        assert first <= 30
+        wait_for(lambda: (left := countdown()) is not None and left < first, what="the countdown going down")
+    finally:
+        if term is not None:
+            term.close()
+        proc.send_signal(signal.SIGINT)  # a second SIGINT kills at once: no waiting out the grace
+        proc.send_signal(signal.SIGINT)
         proc.wait(30)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import sys
@@ -24,9 +25,19 @@ from ranktop.core.stacks import find_py_spy
 from ranktop.core.state import RankSnapshot, RankState
 from ranktop.tui import main_screen
 from ranktop.tui.app import QUIT_STATUS, RanktopApp
-from ranktop.tui.commands import declared_bindings
-from ranktop.tui.panes import STATE_STYLE, RankList, fit_path, header_text, rank_title, state_label, state_style
-from ranktop.tui.screens import ConfirmQuit, HelpScreen
+from ranktop.tui.commands import action_name, declared_bindings
+from ranktop.tui.details import RankDetails
+from ranktop.tui.panes import (
+    STATE_STYLE,
+    GroupHeader,
+    RankList,
+    fit_path,
+    header_text,
+    rank_title,
+    state_label,
+    state_style,
+)
+from ranktop.tui.screens import SIDEWAYS, ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
 from ranktop.tui.stacks_view import CallTree, StackGroups, StacksScreen
 from rich.cells import cell_len
 from test_tui_app import TICKER, notes, palette_top, rank, ticker_agent
@@ -629,5 +640,173 @@ def test_the_stack_views_call_tree_scrolls_sideways_and_its_help_lists_its_keys(
         await pilot.press("escape")
         await until(pilot, lambda: app.screen is app.main, what="back on the grid")
         assert not app.main.zoomed
+
+    drive(app, body, size=(80, 24))
+
+
+def test_arrows_move_only_among_the_ranks_the_filtered_list_shows(tmp_path):
+    """With the problems filter the list showed `0/8 … problems`, yet ↑/↓ moved the focus (and
+    the pane) to ranks it did not show; now they walk the ranks it shows, and with none do nothing."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, n=8)))
+
+    async def body(app, pilot):
+        main, listing = app.main, app.main.query_one(RankList)
+        assert main.compact  # 8 panes do not fit 80x24
+        await pilot.press("s", "v")  # by state, problems only: every rank runs
+        await until(pilot, lambda: listing.plain.startswith(" 0/8 by state, problems"), what="an empty list")
+        await pilot.press("down", "down", "right", "up", "left")
+        assert main.current == 0 and main.pane(0).display and not main.pane(2).display
+        await pilot.press("5", "x", "7")  # SIGSTOP to rank 5: paused, a problem
+        await until(pilot, lambda: listing.order == [5], what="the paused rank listed alone")
+        await pilot.press("0", "down")  # from a rank the list hides: onto the one it shows
+        assert main.current == 5
+        await pilot.press("down", "up", "right", "left")  # the only one: nowhere else to go
+        assert main.current == 5
+        await pilot.press("x", "8")  # SIGCONT: no problem left
+        await until(pilot, lambda: listing.plain.startswith(" 0/8 "), what="the list empty again")
+        await pilot.press("up", "up")
+        assert main.current == 5
+
+    drive(app, body, size=(80, 24))
+
+
+DEEP_FAILURE = ("import os, time\nfrom ranktop.core.errors import record\n"
+                "def deeper(n):\n    if n == 0:\n        raise RuntimeError('rank 2 broke')\n    deeper(n - 1)\n"
+                "@record\ndef main():\n    print('rank', os.environ['RANK'], 'up', flush=True)\n"
+                "    if os.environ['RANK'] == '2':\n        time.sleep(0.3)\n        deeper(8)\n"
+                "    time.sleep(60)\nmain()\n")
+
+
+def test_the_end_report_scrolls_from_the_keyboard_and_its_keys_are_in_the_help(tmp_path):
+    """At 80x24 the end report is cut (4 lines of a traceback showed) and only the mouse wheel
+    scrolled it. E gives it the focus (its title says its keys), its keys scroll it, esc goes back."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, DEEP_FAILURE, n=4)))
+
+    async def body(app, pilot):
+        panel = app.main.query_one(RootCausePanel)
+        await until(pilot, lambda: app.main.ended and panel.max_scroll_y > 0, what="a failed run's end report, cut")
+        await until(pilot, lambda: panel.border_title == "E: scroll", what="its title saying how to scroll it")
+        culprit = app.main.current
+        await pilot.press("E")
+        await until(pilot, lambda: app.focused is panel, what="the end report focused")
+        assert "esc: back" in panel.border_title
+        await pilot.press("end")
+        assert panel.scroll_y == panel.max_scroll_y
+        await pilot.press("up")  # the report's, not the grid's (which moves between ranks)
+        assert panel.scroll_y == panel.max_scroll_y - 1 and app.main.current == culprit
+        await pilot.press("pageup", "home")
+        assert panel.scroll_y == 0
+        await pilot.press("down")
+        assert panel.scroll_y == 1
+        await pilot.press("escape")
+        assert app.focused is app.main.pane(culprit).log and panel.border_title == "E: scroll"
+        await pilot.press("up")  # the grid's again
+        assert app.main.current == culprit - 2 and panel.scroll_y == 1
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        (rows,) = [rows for title, rows in app.screen.groups if title.startswith("End report")]
+        keys = {key for shown, _ in rows for key in shown.split(" / ")}
+        for binding in declared_bindings(panel):
+            if action_name(binding.action) not in SIDEWAYS:
+                assert app.get_key_display(binding) in keys, binding
+
+    drive(app, body, size=(80, 24))
+
+
+@pytest.mark.parametrize("opener", ["x", "m", "q"])
+def test_question_mark_in_a_dialog_lists_that_dialogs_keys_first(tmp_path, opener):
+    """? did nothing in the signal picker, the rank details and the quit question: a dialog
+    hides the app's keys. Now each has its own, which lists its keys (and its widgets') first."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path)))
+    dialogs = {"x": SignalPicker, "m": RankDetails, "q": ConfirmQuit}
+
+    async def body(app, pilot):
+        await pilot.press(opener)
+        dialog = await until(pilot, lambda: isinstance(app.screen, dialogs[opener]) and app.screen, what="the dialog")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help over the dialog")
+        own = dialog.key_sections()
+        assert [title for title, _ in app.screen.groups[:len(own)]] == [title for title, _, _ in own]
+        listed = {key for _, rows in app.screen.groups[:len(own)] for shown, _ in rows for key in shown.split(" / ")}
+        listed |= {str(d) for key in listed if re.fullmatch(r"\d-\d", key) for d in range(int(key[0]), int(key[2]) + 1)}
+        focused = type(dialog.focused) if dialog.focused is not None else None
+        for title, node, hidden in own:  # every key of the dialog, and of what has the focus in it
+            for binding in declared_bindings(node):
+                if action_name(binding.action) not in hidden:
+                    assert app.get_key_display(binding) in listed, (title, binding)
+        assert focused is None or any(type(node) is focused for _, node, _ in own)
+        assert {"?", "esc"} <= listed
+        await pilot.press("escape")  # the help goes: the dialog is still there, and works
+        await until(pilot, lambda: app.screen is dialog, what="back in the dialog")
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is app.main, what="the dialog closed")
+        assert all(r.state.alive for r in app.engine.snapshot().ranks)
+
+    drive(app, body, size=(80, 24))
+
+
+IGNORES_TERM = TRAP_TERM.replace("sys.exit(0)", "time.sleep(60)")  # only SIGKILL ends it
+
+
+@pytest.mark.parametrize("keys", [("q", "y"), ("K", "K")], ids=["q-then-stop", "K-twice"])
+def test_a_graceful_stop_counts_down_to_its_sigkill(tmp_path, keys):
+    """`stopping… (q again: kill now)` gave no sign, for the whole grace, of when the SIGKILL
+    would come. The header counts the seconds down, from the engine's kill deadline."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, IGNORES_TERM, shutdown_timeout=20.0)))
+    header = None
+
+    def countdown() -> int | None:
+        found = re.search(r"SIGKILL in (\d+)s", header.plain)
+        return None if found is None else int(found[1])
+
+    async def body(app, pilot):
+        nonlocal header
+        header = app.main.query_one(GroupHeader)
+        await until(pilot, lambda: all(b"up" in b"".join(app.engine.agent.output(r)) for r in (0, 1)), what="ranks up")
+        assert countdown() is None
+        await pilot.press(*keys)
+        first = await until(pilot, countdown, what="the countdown")
+        assert first <= 20 and ("q again: kill now" in header.plain) == (keys[0] == "q")
+        snap = app.engine.snapshot()
+        assert all(snap.taken_at < r.kill_at <= snap.taken_at + 20 for r in snap.ranks)
+        await until(pilot, lambda: (left := countdown()) is not None and left < first, what="the countdown going down")
+        app.engine.submit(cmd.KillGroup())
+        await until(pilot, lambda: app.engine.snapshot().ended, what="ranks killed")
+        assert all(r.kill_at is None for r in app.engine.snapshot().ranks)
+        if keys[0] == "K":  # (q's stop leaves the TUI at the end; K's stays on the final view)
+            await until(pilot, lambda: app.main.ended and countdown() is None, what="no countdown at the end")
+
+    drive(app, body)
+
+
+THREADED = ("import threading, time\n"
+            "threading.Thread(target=lambda: time.sleep(3600), name='helper', daemon=True).start()\n"
+            "print('up', flush=True)\ntime.sleep(3600)\n")
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_the_stack_view_says_which_threads_it_shows(tmp_path):
+    """The footer always read `t Other threads`, whichever was shown; only the contents told.
+    Now the groups' title says which threads they are, and the footer what t shows instead."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, THREADED, n=1)))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: app.main.pane(0).log.line_count, what="the rank up")
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
+                    what="stack report")
+        groups = app.screen.query_one(StackGroups)
+
+        def footer() -> str:
+            return screen_rows(app)[-1]
+
+        assert groups.border_title.startswith("main threads") and "t Other threads" in footer()
+        await pilot.press("t")
+        await until(pilot, lambda: "t Main threads" in footer(), what="the footer's t for the main threads")
+        assert groups.border_title.startswith("other threads") and app.screen.show_threads
+        assert "thread 'helper'" in str(groups.children[0].border_title)
+        await pilot.press("t")
+        await until(pilot, lambda: "t Other threads" in footer(), what="back to the main threads")
+        assert groups.border_title.startswith("main threads") and not app.screen.show_threads
 
     drive(app, body, size=(80, 24))

@@ -26,7 +26,7 @@ from ranktop.tui.detach import detach_terminal, terminal_alive
 from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import ACTS_ON_RANKS, MainScreen
 from ranktop.tui.panes import LogView, read_only
-from ranktop.tui.screens import ConfirmQuit, HelpScreen, SignalPicker
+from ranktop.tui.screens import SIDEWAYS, ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
 from textual import on
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -203,17 +203,22 @@ class RanktopApp(App):
             if log is not None:
                 # The screen's arrow keys take precedence over the log's: do not list what never fires.
                 sections.append(("Pane output", log, ("scroll_up", "scroll_down", "scroll_left", "scroll_right")))
+            if main.is_mounted and not palette:  # (its keys scroll what has the focus: no palette entries)
+                panel = main.query_one(RootCausePanel)
+                sections.append(("End report (E)", panel, SIDEWAYS))  # (its lines wrap)
         sections.append(("App", self, ("help_quit",) if acting else ()))  # (^c leaves, as q, when read-only)
         if not palette:  # the other screens' keys too (the palette runs actions: only the ones here)
             sections += self._other_screens(read_only=bool(acting))
         return sections
 
     def _other_screens(self, read_only: bool) -> list[tuple[str, Any, tuple[str, ...]]]:
-        generic = ("focus_next", "focus_previous", "copy_text")  # every screen's, said once above
+        """Each other screen's own keys (those of the widgets in it are listed when ? is asked there)."""
+        # What each has besides its answers is listed by ? there: here they would push the last
+        # sections out of a 160x48 help.
+        besides = ("pick", "help", "help_quit", "focus_next", "focus_previous", "copy_text")
         sections: list[tuple[str, Any, tuple[str, ...]]] = []
         if not read_only:  # (a read-only view neither offers x nor asks before q)
-            sections = [("Signal picker (x)", SignalPicker(0, 0, 1), (*generic, "pick")),
-                        ("Quit question", ConfirmQuit(0, 0.0), generic)]
+            sections = [SignalPicker(0, 0, 1).key_sections(besides)[0], ConfirmQuit(0, 0.0).key_sections(besides)[0]]
         try:
             from ranktop.tui.stacks_view import StacksScreen
         except ImportError:
@@ -221,7 +226,7 @@ class RanktopApp(App):
         from ranktop.tui.details import RankDetails
         from ranktop.tui.metric import Tracker
 
-        details = ("Rank details (m)", RankDetails(self.engine, Tracker(self.engine, None), 0), generic)
+        details = RankDetails(self.engine, Tracker(self.engine, None), 0).key_sections(besides)[0]
         # Its commands; its keys that move about in it (the tree's, the groups', the sideways
         # ones) are listed when ? is asked there.
         stacks = StacksScreen(self.engine).key_sections((*self._stack_view_hidden(read_only), "tree"))[0]
@@ -236,13 +241,15 @@ class RanktopApp(App):
             return
         sections = self._sections()
         here: list[tuple[str, Any, tuple[str, ...]]] = []
-        if hasattr(self.screen, "key_sections"):  # the stack view: every key that works there first
-            here = self.screen.key_sections(self._stack_view_hidden(read_only(self)))
+        screen = self.screen
+        if hasattr(screen, "key_sections"):  # the stack view, a dialog: every key that works there first
+            here = screen.key_sections(() if screen.is_modal else self._stack_view_hidden(read_only(self)))
             sections = here + [section for section in sections if section[0] != here[0][0]]
         self.push_screen(HelpScreen(help_groups(self, sections), here=max(1, len(here))))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        if hasattr(screen, "key_sections"):  # the stack view: its actions, not the grid's hidden below it
+        # The stack view: its actions, not the grid's below it (a dialog's keys are answers, not actions).
+        if hasattr(screen, "key_sections") and not screen.is_modal:
             hidden = (*self._stack_view_hidden(read_only(self)), "tree", "focus_next", "focus_previous")  # keys, not acts
             own = screen.key_sections(hidden)[0]
             yield from palette_commands(self, [own, *[s for s in self._sections(palette=True) if s[0] == "App"]])

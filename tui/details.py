@@ -13,10 +13,12 @@ from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, RankSnapshot
 from ranktop.tui.metric import RankTrack, Tracker, sparkline
 from ranktop.tui.panes import human_bytes, human_duration, state_label
+from ranktop.tui.screens import MODAL_HELP
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.dom import DOMNode
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -94,7 +96,7 @@ def _why_no_values(key: str, rank: RankSnapshot, group: GroupSnapshot, track: Ra
 class RankDetails(ModalScreen[None]):
     """One rank's details and histories; Esc (or m) closes it."""
 
-    BINDINGS = [Binding("escape,m", "dismiss", "Close the details")]
+    BINDINGS = [Binding("escape,m", "dismiss", "Close the details"), MODAL_HELP]
 
     def __init__(self, engine: Engine, tracker: Tracker, local_rank: int) -> None:
         super().__init__()
@@ -106,7 +108,12 @@ class RankDetails(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="details-box"):
             yield Static("", id="details-text", markup=False)
-            yield Static(Text("esc: close", style="dim"))
+            yield Static(Text("esc: close  ?: keys", style="dim"))
+
+    def key_sections(self, hidden: tuple[str, ...] = ()) -> list[tuple[str, DOMNode, tuple[str, ...]]]:
+        """Its keys for the help (nothing in it takes the focus: tab does nothing; ctrl+c copies
+        what the mouse selected)."""
+        return [("Rank details (m)", self, (*hidden, "focus_next", "focus_previous"))]
 
     def on_mount(self) -> None:
         self.redraw()

@@ -112,6 +112,7 @@ class MainScreen(Screen):
         Binding("d", "stacks(False)", "Stacks"),
         Binding("D", "stacks(True)", "Stacks (all ranks)", show=False),
         Binding("e", "toggle_end_panel", "Show/hide the end report", show=False),
+        Binding("E", "end_report", "Scroll the end report from the keyboard (esc: back)", show=False),
         Binding("s", "cycle_sort", "Sort the rank list (rank, state, cpu, quiet)", show=False),
         Binding("v", "cycle_filter", "Filter the rank list (all, problems, running)", show=False),
         Binding("left_square_bracket", "attempt(-1)", "Earlier attempt's output (log files)", show=False),
@@ -297,6 +298,8 @@ class MainScreen(Screen):
             return False
         if action == "move" and self.zoomed and self._line_select is None:  # zoomed: the arrows scroll the pane
             return False
+        if action in ("move", "select_lines") and isinstance(self.focused, RootCausePanel):  # its arrows scroll it
+            return False
         return True
 
     def action_move(self, dx: int, dy: int) -> None:
@@ -305,18 +308,25 @@ class MainScreen(Screen):
                 self._extend_selection(dy)
             return
         order = self.query_one(RankList).order
-        if self.compact and dy and order:  # up/down walk the list as it is sorted and filtered
-            if self.current not in order:  # filtered out: start from the list's end nearest the key
-                self.focus_rank(order[0] if dy > 0 else order[-1])
-                return
-            target = order.index(self.current) + dy
-            if 0 <= target < len(order):
-                self.focus_rank(order[target])
+        if self.compact:  # every arrow walks the list as it is sorted and filtered (one column)
+            self._walk_list(order, dy or dx)
             return
         step = dx + dy * self.cols
         target = self.current + step
         if 0 <= target < self.n:
             self.focus_rank(target)
+
+    def _walk_list(self, order: list[int], step: int) -> None:
+        """Focus the rank `step` rows away in the compact list; only ranks it shows: a rank the
+        filter hides is never focused by an arrow (with none shown, its header says 0/N)."""
+        if not order:
+            return
+        if self.current not in order:  # filtered out: start from the list's end nearest the key
+            self.focus_rank(order[0] if step > 0 else order[-1])
+            return
+        target = order.index(self.current) + step
+        if 0 <= target < len(order):
+            self.focus_rank(order[target])
 
     def action_cycle(self, step: int) -> None:
         self.focus_rank(self.current + step)
@@ -679,8 +689,21 @@ class MainScreen(Screen):
     def action_toggle_end_panel(self) -> None:
         if self.ended:
             self.end_panel_hidden = not self.end_panel_hidden
+            if self.end_panel_hidden and isinstance(self.focused, RootCausePanel):
+                self.action_focus_pane()  # (the focus would be left on nothing)
         else:
             self.notify("the run has not ended: e shows or hides its end report once it has", timeout=3)
+
+    def action_end_report(self) -> None:
+        """The end report takes the focus (shown again if e hid it), so that its keys scroll it."""
+        if not self.ended:
+            self.notify("the run has not ended: E scrolls its end report once it has", timeout=3)
+            return
+        self.end_panel_hidden = False
+        self.query_one(RootCausePanel).focus()
+
+    def action_focus_pane(self) -> None:
+        self.pane(self.current).log.focus()
 
     # ----- the timer --------------------------------------------------------------------------
     def tick(self) -> None:

@@ -6,6 +6,7 @@ widget here polls the engine or touches a process.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 
@@ -172,13 +173,16 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
 
 
 def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, width: int | None = None) -> Text:
-    """The job line, most important first (a narrow terminal cuts the end): name, state, a note
-    ("stopping…"), lost logs, the attempt and how earlier ones ended, world, node, elapsed, alive
+    """The job line, most important first (a narrow terminal cuts the end): name, state, the
+    seconds left before a stop's SIGKILL, a note ("stopping…"), lost logs, the attempt and how earlier ones ended, world, node, elapsed, alive
     ranks, GPU status, the log dir (shortened from its start to fit `width`, where known)."""
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" ranktop ", style="bold reverse")
     text.append(f" {clean(group.name)} ", style="bold")
     text.append(f" {group.state.value} ", style=look(GROUP_STYLE[group.state]))
+    countdown = kill_countdown(group, now)
+    if countdown:  # before the note: how long the ranks have left is what a stop is waiting on
+        text.append(f"  {countdown}", style="bold yellow")
     if note:
         text.append(f"  {note}", style="bold yellow")
     if group.incomplete_logs:
@@ -207,6 +211,20 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
     if group.log_dir:
         _append_path(text, "  logs ", group.log_dir, width)
     return text
+
+
+def kill_countdown(group: GroupSnapshot, now: float) -> str | None:
+    """`SIGKILL in 17s` while a stop's grace runs (the soonest deadline of the live ranks; `rank
+    3 SIGKILL in 8s` where only some are being stopped, e.g. one restarted); None when none is."""
+    due = [r for r in group.ranks if r.state.alive and r.kill_at is not None]
+    if not due:
+        return None
+    left = math.ceil(max(0.0, min(r.kill_at for r in due) - now))
+    alive = sum(1 for r in group.ranks if r.state.alive)
+    if len(due) == alive:
+        return f"SIGKILL in {left}s"
+    names = ",".join(str(r.rank) for r in due[:3]) + ("…" if len(due) > 3 else "")
+    return f"rank{'s' if len(due) > 1 else ''} {names} SIGKILL in {left}s"
 
 
 def _short_path(path: str) -> str:

@@ -16,6 +16,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.dom import DOMNode
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import Button, OptionList, Static
@@ -80,21 +81,46 @@ def _key_rows(groups: list[tuple[str, list[tuple[str, str]]]]) -> list[tuple[Tex
 
 
 def _key_table(left: list, right: list) -> Table:
-    """Two columns of (keys, description) groups side by side."""
-    table = Table.grid(padding=(0, 1))
-    for _ in range(2 if right else 1):
-        table.add_column(style="bold cyan", no_wrap=True, min_width=16)
-        table.add_column(no_wrap=False, min_width=38)
-    a, b = _key_rows(left), _key_rows(right)
+    """Two columns of (keys, description) groups side by side, each laid out on its own: a
+    description that wraps on one side leaves no blank rows on the other."""
     if not right:
-        for k, d in a:
-            table.add_row(k, d)
-        return table
-    a += [("", "")] * (len(b) - len(a))
-    b += [("", "")] * (len(a) - len(b))
-    for (k1, d1), (k2, d2) in zip(a, b, strict=True):
-        table.add_row(k1, d1, k2, d2)
+        return _key_column(left)
+    table = Table.grid(padding=(0, 2))
+    table.add_column(ratio=1)
+    table.add_column(ratio=1)
+    table.add_row(_key_column(left), _key_column(right))
     return table
+
+
+def _key_column(groups: list) -> Table:
+    table = Table.grid(padding=(0, 1))
+    table.add_column(style="bold cyan", no_wrap=True, min_width=16)
+    table.add_column(no_wrap=False, min_width=38)
+    for keys, description in _key_rows(groups):
+        table.add_row(keys, description)
+    return table
+
+
+# A modal hides the app's keys: each has its own ? (the app's help, its own keys first).
+MODAL_HELP = Binding("question_mark", "app.help", "Help: this screen's keys first", show=False)
+# Every screen's keys: where nothing but one widget takes the focus they do nothing to see.
+SCREEN_KEYS = ("focus_next", "focus_previous", "copy_text")
+# A scrolling widget's sideways keys (Textual's): left out of the help where nothing is that wide.
+SIDEWAYS = ("scroll_left", "scroll_right", "page_left", "page_right")
+
+
+class SignalList(OptionList):
+    """The picker's signals. Its keys are OptionList's, named for what they do here."""
+
+    BINDINGS = [
+        Binding("up", "cursor_up", "Move between the signals", show=False),
+        Binding("down", "cursor_down", "Move between the signals", show=False),
+        Binding("home", "first", "First / last signal", show=False),
+        Binding("end", "last", "First / last signal", show=False),
+        Binding("pageup", "page_up", "A page up / down", show=False),
+        Binding("pagedown", "page_down", "A page up / down", show=False),
+        Binding("enter", "select", "Send the highlighted signal", show=False),
+    ]
 
 
 class SignalPicker(ModalScreen[tuple[int, bool] | None]):
@@ -102,9 +128,12 @@ class SignalPicker(ModalScreen[tuple[int, bool] | None]):
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel"),
-        Binding("ctrl+c", "app.help_quit", show=False),  # a modal hides the app's keys: Ctrl-C still stops
+        # A modal hides the app's keys: Ctrl-C still stops.
+        Binding("ctrl+c", "app.help_quit", "Stop and quit, as q (asks first)", show=False),
         Binding("g", "toggle_scope", "Rank / whole group"),
-        *[Binding(str(i + 1), f"pick({i})", name, show=False) for i, name in enumerate(PICKER_SIGNALS)],
+        *[Binding(str(i + 1), f"pick({i})", "Send the list's signal N", show=False)
+          for i in range(len(PICKER_SIGNALS))],
+        MODAL_HELP,
     ]
 
     def __init__(self, rank: int, local_rank: int, world: int) -> None:
@@ -119,8 +148,13 @@ class SignalPicker(ModalScreen[tuple[int, bool] | None]):
         ]
         with Vertical(id="picker-box"):
             yield Static(self._scope_text(), id="picker-scope")
-            yield OptionList(*options, id="picker-list")
-            yield Static(Text("enter/1-8 send  g rank/group  esc cancel", style="dim"))
+            yield SignalList(*options, id="picker-list")
+            yield Static(Text("enter/1-8 send  g rank/group  esc cancel  ? keys", style="dim"))
+
+    def key_sections(self, hidden: tuple[str, ...] = ()) -> list[tuple[str, DOMNode, tuple[str, ...]]]:
+        """Its keys for the help: the picker's, then its list's."""
+        return [("Signal picker (x)", self, (*hidden, *SCREEN_KEYS)),
+                ("Signal list", SignalList(), SIDEWAYS)]
 
     def _scope_text(self) -> Text:
         target = "every rank of the group" if self.whole_group else f"rank {self.rank} (local {self.local_rank})"
@@ -149,9 +183,10 @@ class ConfirmQuit(ModalScreen[str | None]):
         Binding("y", "answer('stop')", "Stop and quit"),
         Binding("d", "answer('detach')", "Detach: leave, the run goes on"),
         Binding("n,escape", "answer(None)", "Stay"),
-        Binding("left", "app.focus_previous", "Previous answer", show=False),
-        Binding("right", "app.focus_next", "Next answer", show=False),
-        Binding("ctrl+c", "app.help_quit", show=False),  # a modal hides the app's keys: Ctrl-C still stops
+        Binding("left,shift+tab", "app.focus_previous", "Previous answer", show=False),
+        Binding("right,tab", "app.focus_next", "Next answer", show=False),
+        Binding("ctrl+c", "app.help_quit", "Stop now, do not wait for the grace", show=False),
+        MODAL_HELP,
     ]
     AUTO_FOCUS = "#quit-stay"
 
@@ -173,6 +208,11 @@ class ConfirmQuit(ModalScreen[str | None]):
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.action_answer(_QUIT_ANSWERS[event.button.id or ""])
+
+    def key_sections(self, hidden: tuple[str, ...] = ()) -> list[tuple[str, DOMNode, tuple[str, ...]]]:
+        """Its keys for the help: the question's (←/→ and tab move between the answers), then
+        the focused answer's (enter)."""
+        return [("Quit question", self, (*hidden, "copy_text")), ("The focused answer", Button(""), ())]
 
     def action_answer(self, answer: str | None) -> None:
         if answer == "detach" and not self.can_detach:
@@ -269,7 +309,20 @@ class RootCausePanel(VerticalScroll):
     """Docked under the grid once the group ends; stays until the user quits (or hides it with e).
     `end_panel_hidden` is the screen's, bound down to it. `show` sets `ended` at once rather than
     through a binding, which Textual sets up after the screen's first read: an ended run's final
-    view would have drawn its first frame without the panel."""
+    view would have drawn its first frame without the panel. A small terminal cuts it: the
+    screen's E (or a click) gives it the focus, and its keys scroll it; its title says which."""
+
+    BINDINGS = [
+        Binding("up", "scroll_up", "Scroll the end report", show=False),
+        Binding("down", "scroll_down", "Scroll the end report", show=False),
+        Binding("pageup", "page_up", "A page up / down", show=False),
+        Binding("pagedown", "page_down", "A page up / down", show=False),
+        Binding("home", "scroll_home", "Top / bottom", show=False),
+        Binding("end", "scroll_end", "Top / bottom", show=False),
+        Binding("escape", "screen.focus_pane", "Back to the rank's pane", show=False),
+    ]
+    TITLE = "E: scroll"
+    FOCUSED_TITLE = "↑ ↓ PgUp PgDn Home End: scroll, esc: back"
 
     ended: reactive[bool] = reactive(False, init=False)
     end_panel_hidden: reactive[bool] = reactive(False, init=False)
@@ -283,9 +336,25 @@ class RootCausePanel(VerticalScroll):
         yield Static("", id="root-cause-head", markup=False)  # one line, cut with an ellipsis (app.tcss)
         yield Static("", id="root-cause-text", markup=False)
 
+    def _say_keys(self, focused: bool | None = None) -> None:
+        """Its keys in its title: while it has the focus, or is cut (a report that fits needs none).
+        (A handler of Focus runs before Textual's own, which sets has_focus: it is told.)"""
+        focused = self.has_focus if focused is None else focused
+        self.border_title = self.FOCUSED_TITLE if focused else self.TITLE if self.max_scroll_y > 0 else None
+
+    def on_focus(self) -> None:
+        self._say_keys(True)
+
+    def on_blur(self) -> None:
+        self._say_keys(False)
+
+    def on_resize(self) -> None:
+        self._say_keys()
+
     def show(self, group: GroupSnapshot) -> None:
         self.query_one("#root-cause-head", Static).update(root_cause_heading(group))
         self.query_one("#root-cause-text", Static).update(root_cause_body(group))
         self.ended = True
+        self.call_after_refresh(self._say_keys)  # once laid out: whether it is cut
         self.set_class(group.state not in (GroupState.SUCCEEDED, GroupState.STOPPED), "bad")
         self.set_class(group.state == GroupState.STOPPED, "stopped")  # on request: not a failure

@@ -62,13 +62,20 @@ class StackGroups(VerticalScroll):
     SIDEWAYS = ("scroll_left", "scroll_right", "page_left", "page_right")  # inherited: left out of the help
 
 
+# The groups box's title: which threads it shows (t switches), and what t shows instead.
+GROUPS_TITLES = {False: "main threads (t: other threads)", True: "other threads (t: main threads)"}
+
+
 class StacksScreen(Screen):
     """Stacks of `local_ranks` (None: every rank) of the engine's running group."""
 
     CSS_PATH = "stacks.tcss"
     BINDINGS = [
         Binding("escape,q", "close", "Close"),
-        Binding("t", "toggle_threads", "Other threads"),
+        # One key, two bindings: the footer names the view t shows next (check_action keeps the
+        # one that applies); the groups' title says which is shown.
+        Binding("t", "show_threads(False)", "Main threads"),
+        Binding("t", "show_threads(True)", "Other threads"),
         Binding("g", "dump", "Dump again"),
         Binding("u", "signal", "SIGUSR1 fallback"),
         Binding("tab", "app.focus_next", "Between the groups and the call tree", show=False),
@@ -141,6 +148,7 @@ class StacksScreen(Screen):
 
     def _render_groups(self) -> None:
         box = self.query_one("#stacks-groups", StackGroups)
+        box.border_title = GROUPS_TITLES[self.show_threads]
         box.remove_children()
         if self.report is None:
             return
@@ -206,9 +214,15 @@ class StacksScreen(Screen):
         box.update(text)
 
     # ----- keys ---------------------------------------------------------------------------------
-    def action_toggle_threads(self) -> None:
-        self.show_threads = not self.show_threads
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "show_threads":  # t: the other view than the one shown
+            return parameters[0] != self.show_threads
+        return True
+
+    def action_show_threads(self, other: bool) -> None:
+        self.show_threads = other
         self._render_groups()
+        self.refresh_bindings()
 
     def action_signal(self) -> None:
         """No ptrace needed: SIGUSR1 makes each rank print its stacks; group what they printed."""
