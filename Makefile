@@ -1,6 +1,8 @@
 # Everything a fresh machine needs, in one place. `make demo` and `make test` set up .venv first.
 PYTHON ?= python3
 VENV   ?= .venv
+# An extra package index, e.g. https://download.pytorch.org/whl/cpu for torch's CPU build
+PIP_INDEX ?=
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
@@ -11,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]' torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]' torch==2.13.0 $(if $(PIP_INDEX),--extra-index-url $(PIP_INDEX))
 	touch $(STAMP)
 
 demo: setup
