@@ -123,16 +123,17 @@ def apply_shutdown_timeout_default(parser: argparse.ArgumentParser, environ: Map
 
 SUBCOMMANDS = """subcommands:
   ranktop ls [--json]       the runs served on this host, newest first
-  ranktop attach [RUN] [--read-only]
+  ranktop attach [RUN] [--read-only] [--metric REGEX] [--exit-on-end]
                             the TUI of a run started elsewhere (q then d leaves it running)
   ranktop web [RUN] [--host H] [--port P] [--control]
                             the same TUI in browsers (textual-serve), read-only unless --control
   ranktop stop [RUN]        stop a run from any terminal (SIGTERM, SIGKILL after its grace)
-  ranktop logs [RUN] [--rank R] [-f]
+  ranktop logs [RUN] [--rank R] [-f [--events]]
                             a run's output, prefixed, from its engine; -f follows it to the end
+                            (--events: its events too)
   ranktop stacks [TARGET]   the grouped Python stacks of a running group's ranks (py-spy, or --signal);
                             TARGET: a served run, a run or log directory, or a pid (default: the newest run)
-                            (ranktop stacks --help for its options)"""
+  ranktop SUBCOMMAND --help  each one's options"""
 
 
 class _Version(argparse.Action):

@@ -186,8 +186,8 @@ def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
                                    hint="a Python handler for SIGUSR1 in the program replaces faulthandler's"))
         else:  # (not known to be no Python: a Python rank run with --no-faulthandler looks the same)
             found.append(RankStack(**base, status=StackStatus.FAILED, reason=outcome[r],
-                                   hint="py-spy reads it (without --signal); SIGUSR1 needs faulthandler, which "
-                                        "ranktop turns on in its Python ranks unless --no-faulthandler"))
+                                   hint="a Python rank: py-spy reads it (without --signal); SIGUSR1 needs faulthandler, "
+                                        "which ranktop turns on in its Python ranks unless --no-faulthandler"))
     report = build_report(found, taken_at, time.perf_counter() - started)
     return save_report(report, run_dir, events, source) if run_dir else report
 
