@@ -651,6 +651,28 @@ def test_detach_starts_the_run_in_the_background_and_returns(tmp_path, runtime):
     assert bad.returncode == 2 and bad.stderr.startswith("ranktop: error: ") and ls(runtime) == []
 
 
+@pytest.mark.parametrize("named", [("--run-id", "mine"), ("--run-id=mine",), ()], ids=["two-words", "one-word", "chosen"])
+def test_a_detached_runs_command_line_names_its_run_once(tmp_path, runtime, named):
+    """`ps` showed `--run-id` twice in a --detach run's command line (the user's, and the one
+    ranktop added). It is there once: the user's as typed, else the one chosen."""
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    done = run_ranktop("--detach", *named, "--log-dir", str(tmp_path / "logs"), str(script), env=runtime)
+    assert done.returncode == 0, done.stderr
+    (run,) = ls(runtime)
+    try:
+        assert done.stdout.startswith(f"ranktop: started {run['run_id']} in the background (pid {run['pid']})")
+        assert f"ranktop attach {run['run_id']}" in done.stdout
+        if named:
+            assert run["run_id"] == "mine" and run["log_dir"] == str(tmp_path / "logs" / "mine")
+        line = psutil.Process(run["pid"]).cmdline()
+        given = [a for a in line if a.startswith("--run-id")]
+        assert given == (list(named[:1]) if named else [f"--run-id={run['run_id']}"]), line
+    finally:
+        assert run_ranktop("stop", run["run_id"], env=runtime).returncode == 0
+        wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")
+
+
 def test_a_detached_run_samples_the_ranks_stats_for_attach(tmp_path, runtime, monkeypatch):
     """A --detach run is watched through `ranktop attach`: it samples cpu, rss and GPUs as the
     TUI's engine does (and has its 60 s stall clock). It used to run with headless's defaults:
