@@ -169,6 +169,35 @@ def test_a_served_run_whose_engine_does_not_answer_is_listed_and_said_so(tmp_pat
         proc.stderr.close()
 
 
+def test_a_silent_engine_named_by_its_run_directory_is_said_not_to_answer(tmp_path, runtime):
+    """A SIGSTOPped engine's run named by its directory got the dead engine's line (`its engine
+    went away before the run's end`), exit 1, though its socket was there. The directory is matched
+    to the socket whose listener wrote its run_started event: the line says it does not answer, as
+    by id; a directory of the same id that another engine wrote is still said to have no engine."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    (tmp_path / "ticker.py").write_text(TICKER)
+    done = run_ranktop("--detach", "--run-id", "x", str(tmp_path / "ticker.py"), env=env)
+    assert done.returncode == 0, done.stderr
+    (run,) = ls(env)
+    run_dir = run["log_dir"]
+    assert run_dir == str(tmp_path / f"ranktop-{os.getuid()}" / "x")
+    other = tmp_path / "elsewhere" / "x"  # another run of that id: written by a pid that serves nothing
+    other.mkdir(parents=True)
+    (other / "events.jsonl").write_text(json.dumps({"event": "run_started", "run_id": "x", "pid": 1}) + "\n")
+    os.kill(run["pid"], signal.SIGSTOP)
+    try:
+        silent = f"ranktop: x: the engine at {run['socket']} does not answer\n"
+        for args in (("logs", "x"), ("logs", run_dir), ("logs", run_dir + "/"), ("stop", run_dir)):
+            said = run_ranktop(*args, env=env)
+            assert (said.returncode, said.stdout, said.stderr) == (1, "", silent), args
+        elsewhere = run_ranktop("logs", str(other), env=env)
+        assert elsewhere.returncode == 1 and "its engine went away before the run's end" in elsewhere.stderr
+    finally:
+        os.kill(run["pid"], signal.SIGCONT)
+        run_ranktop("stop", "x", env=env)
+        wait_for(lambda: gone(run["pid"]), what="the engine gone")
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("stop", "nope"), "ranktop: error: 'nope' names no run: none is served on this host; "
                        "an ended run is named by its run directory"),
