@@ -987,6 +987,7 @@ def test_after_the_end_the_tui_offers_only_the_keys_that_still_work(tmp_path, ru
     from ranktop.core.engine import LocalEngine
     from ranktop.tui.app import RanktopApp
     from ranktop.tui.screens import HelpScreen
+    from ranktop.tui.stacks_view import StacksScreen
     from test_tui_app import ticker_agent
     from test_tui_fake import shown_footer_keys
 
@@ -1007,6 +1008,9 @@ def test_after_the_end_the_tui_offers_only_the_keys_that_still_work(tmp_path, ru
         shown = app.export_screenshot()
         assert "Zoom" in shown and not [t for t in ACTING_KEYS if t.replace(" ", "&#160;") in shown or t in shown]
         assert "Signal&#160;picker" not in shown and "Signal picker" not in shown
+        await pilot.press("escape", "d")  # the stack view's SIGUSR1 fallback is left out too
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and shown_footer_keys(app), what="stacks")
+        assert "SIGUSR1 fallback" not in {k.description for k in shown_footer_keys(app)}
 
     if where == "local":
         app = RanktopApp(LocalEngine(ticker_agent(tmp_path / "logs", UNTIL_GO)))
