@@ -930,6 +930,7 @@ def test_the_final_view_reads_no_log_outside_its_run_directory(tmp_path, runtime
 
 def test_the_final_view_offers_no_key_that_acts_on_ranks(tmp_path, runtime):
     """Nothing is left to act on: its footer lists none of those keys, and k says why at once."""
+    from conftest import screen_rows
     from ranktop.core.client import FinalEngine
     from test_tui_app import notes
     from test_tui_fake import drive, shown_footer_keys
@@ -940,6 +941,7 @@ def test_the_final_view_offers_no_key_that_acts_on_ranks(tmp_path, runtime):
         await until(pilot, lambda: shown_footer_keys(app), what="the footer")
         shown = {key.description for key in shown_footer_keys(app)}
         assert "Quit" in shown and not shown & {"Signal…", "Kill rank", "Stop group", "Restart rank"}, shown
+        assert "read-only view" in screen_rows(app)[0]
         await pilot.press("k")
         await until(pilot, lambda: "the group has ended" in notes(app), what="k's answer")
         assert "again to confirm" not in notes(app)
