@@ -25,7 +25,7 @@ from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
 from ranktop.core.layout import FINAL_FILE, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.sanitize import clean
-from ranktop.core.server import SocketDirError, remove_if_dead, socket_dir
+from ranktop.core.server import SocketDirError, peer_credentials, remove_if_dead, socket_dir
 from ranktop.core.state import GroupSnapshot, RankSnapshot
 
 CONNECT_TIMEOUT = 3.0
@@ -42,7 +42,22 @@ class RunGone(Exception):
 
 class EngineSilent(RunGone):
     """The engine is there but gave no whole answer in time (stopped, or swamped): this
-    connection is of no more use, though the run may well go on."""
+    connection is of no more use, though the run may well go on. `listener`: the pid of the
+    process that listens on the socket, where the kernel said (a silent engine cannot)."""
+
+    def __init__(self, message: str, listener: int | None = None) -> None:
+        super().__init__(message)
+        self.listener = listener
+
+
+def listener_pid(sock: socket.socket) -> int | None:
+    """The pid of the process listening at the other end of a connected Unix socket (the
+    kernel's SO_PEERCRED: it answers while that process is stopped), None where unknown."""
+    try:
+        pid = peer_credentials(sock)[0]
+    except OSError:
+        return None
+    return pid or None
 
 
 class Connection:
@@ -59,13 +74,15 @@ class Connection:
         self._sock.settimeout(timeout)
         self._decoder = protocol.FrameDecoder()
         self._frames: list[Any] = []
+        listener = None
         try:
             self._sock.connect(path)
+            listener = listener_pid(self._sock)
             self._sock.sendall(protocol.encode_control(protocol.hello("client")))
             first = self._next(time.monotonic() + max(timeout, REQUEST_SECONDS))
         except TimeoutError:
             self._sock.close()
-            raise EngineSilent(f"the engine at {path} does not answer") from None
+            raise EngineSilent(f"the engine at {path} does not answer", listener) from None
         except OSError as exc:
             self._sock.close()
             raise RunGone(f"no engine answers at {path} ({exc.strerror or exc})") from None
@@ -164,6 +181,7 @@ class ServedRun:
     snapshot: dict  # {"state": NOT_ANSWERING} alone when its engine did not answer
     clients: int
     pid: int | None  # the engine's process; None when it did not answer
+    listener: int | None = None  # a silent engine's process, as the kernel names the socket's listener
 
 
 def served_runs() -> list[ServedRun]:
@@ -181,8 +199,8 @@ def served_runs() -> list[ServedRun]:
         try:
             with Connection(path, timeout=1.0) as conn:
                 snap, pid = conn.snapshot(), conn.hello.get("pid")
-        except EngineSilent:  # there, but stopped or swamped: listed, so that it is not taken for gone
-            found.append(ServedRun(name[: -len(".sock")], path, {"state": NOT_ANSWERING}, 0, None))
+        except EngineSilent as silent:  # there, but stopped or swamped: listed, so that it is not taken for gone
+            found.append(ServedRun(name[: -len(".sock")], path, {"state": NOT_ANSWERING}, 0, None, silent.listener))
             continue
         except RunGone:
             try:
@@ -206,6 +224,7 @@ def find_run(target: str | None, runs: list[ServedRun]) -> ServedRun:
             raise ValueError("no runs are served on this host")
         return live[0]
     by_dir = [r for r in runs if os.path.realpath(target) == os.path.realpath(r.snapshot.get("log_dir") or "/")]
+    by_dir = by_dir or _silent_run_of(target, runs)
     exact = [r for r in runs if r.run_id == target]
     if not (by_dir or exact) and run_dir_of(target) is not None:
         # the id (or directory) of an ended run, typed in full, is that run, not a prefix of another
@@ -219,6 +238,32 @@ def find_run(target: str | None, runs: list[ServedRun]) -> ServedRun:
     if not runs:
         raise ValueError(f"{target!r} names no run: none is served on this host")
     raise ValueError(f"{target!r} names no run served on this host: runs are {names}")
+
+
+def _silent_run_of(target: str, runs: list[ServedRun]) -> list[ServedRun]:
+    """The run whose engine does not answer (so nothing says its log_dir) that wrote the run
+    directory `target`: the one served under the directory's run id (or its name) by the very
+    process its run_started event names."""
+    silent = [r for r in runs if r.listener is not None]
+    run_dir = run_dir_of(target) if silent else None
+    started = _run_started(run_dir) if run_dir is not None else None
+    if started is None:
+        return []
+    run_id, pid = started.get("run_id"), started.get("pid")
+    names = (run_id, os.path.basename(os.path.normpath(run_dir)))
+    return [r for r in silent if r.listener == pid and (r.run_id in names or r.run_id.startswith(f"{run_id}."))]
+
+
+def _run_started(run_dir: str) -> dict | None:
+    """The run_started event that begins `run_dir`'s events.jsonl, None without a whole one."""
+    from ranktop.core.layout import EVENTS
+
+    try:
+        with open(os.path.join(run_dir, EVENTS), "rb") as f:
+            first = json.loads(f.readline(1 << 16))
+    except (OSError, ValueError):
+        return None
+    return first if isinstance(first, dict) and first.get("event") == "run_started" else None
 
 
 class SeveralRuns(ValueError):

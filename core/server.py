@@ -74,6 +74,12 @@ SLOW = (cmd.DumpStacks, cmd.SignalDump)
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a connected Unix socket, as the kernel
+    recorded them (SO_PEERCRED: for a client, those of the process that listens)."""
+    return _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+
+
 class SocketDirError(Exception):
     """The socket directory is not safe to use; the message says why."""
 
@@ -271,7 +277,7 @@ class EngineServer:
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 self._refuse_one_for_lack_of_descriptors()
             return
-        uid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[1]
+        uid = peer_credentials(conn)[1]
         if uid not in (os.geteuid(), 0):
             self._refuse(conn, f"uid {uid} may not reach this run: it belongs to uid {os.geteuid()}")
             return

@@ -3,6 +3,8 @@ outlives its terminal's hang-up, and a socket that refuses strangers and garbage
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -18,11 +20,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, ranktop_cmd, read_events, run_in_pty, run_ranktop, stop_process, until, wait_for
+from conftest import ROOT, drive, ranktop_cmd, read_events, run_in_pty, run_ranktop, stop_process, until, wait_for
 from ranktop.core import protocol
 from test_tui_tmux import Terminal
 
@@ -165,6 +168,35 @@ def test_a_served_run_whose_engine_does_not_answer_is_listed_and_said_so(tmp_pat
         proc.send_signal(signal.SIGCONT)
         stop_process(proc)
         proc.stderr.close()
+
+
+def test_a_silent_engine_named_by_its_run_directory_is_said_not_to_answer(tmp_path, runtime):
+    """A SIGSTOPped engine's run named by its directory got the dead engine's line (`its engine
+    went away before the run's end`), exit 1, though its socket was there. The directory is matched
+    to the socket whose listener wrote its run_started event: the line says it does not answer, as
+    by id; a directory of the same id that another engine wrote is still said to have no engine."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    (tmp_path / "ticker.py").write_text(TICKER)
+    done = run_ranktop("--detach", "--run-id", "x", str(tmp_path / "ticker.py"), env=env)
+    assert done.returncode == 0, done.stderr
+    (run,) = ls(env)
+    run_dir = run["log_dir"]
+    assert run_dir == str(tmp_path / f"ranktop-{os.getuid()}" / "x")
+    other = tmp_path / "elsewhere" / "x"  # another run of that id: written by a pid that serves nothing
+    other.mkdir(parents=True)
+    (other / "events.jsonl").write_text(json.dumps({"event": "run_started", "run_id": "x", "pid": 1}) + "\n")
+    os.kill(run["pid"], signal.SIGSTOP)
+    try:
+        silent = f"ranktop: x: the engine at {run['socket']} does not answer\n"
+        for args in (("logs", "x"), ("logs", run_dir), ("logs", run_dir + "/"), ("stop", run_dir)):
+            said = run_ranktop(*args, env=env)
+            assert (said.returncode, said.stdout, said.stderr) == (1, "", silent), args
+        elsewhere = run_ranktop("logs", str(other), env=env)
+        assert elsewhere.returncode == 1 and "its engine went away before the run's end" in elsewhere.stderr
+    finally:
+        os.kill(run["pid"], signal.SIGCONT)
+        run_ranktop("stop", "x", env=env)
+        wait_for(lambda: gone(run["pid"]), what="the engine gone")
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -681,6 +713,28 @@ def test_detach_starts_the_run_in_the_background_and_returns(tmp_path, runtime):
     assert bad.returncode == 2 and bad.stderr.startswith("ranktop: error: ") and ls(runtime) == []
 
 
+@pytest.mark.parametrize("named", [("--run-id", "mine"), ("--run-id=mine",), ()], ids=["two-words", "one-word", "chosen"])
+def test_a_detached_runs_command_line_names_its_run_once(tmp_path, runtime, named):
+    """`ps` showed `--run-id` twice in a --detach run's command line (the user's, and the one
+    ranktop added). It is there once: the user's as typed, else the one chosen."""
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    done = run_ranktop("--detach", *named, "--log-dir", str(tmp_path / "logs"), str(script), env=runtime)
+    assert done.returncode == 0, done.stderr
+    (run,) = ls(runtime)
+    try:
+        assert done.stdout.startswith(f"ranktop: started {run['run_id']} in the background (pid {run['pid']})")
+        assert f"ranktop attach {run['run_id']}" in done.stdout
+        if named:
+            assert run["run_id"] == "mine" and run["log_dir"] == str(tmp_path / "logs" / "mine")
+        line = psutil.Process(run["pid"]).cmdline()
+        given = [a for a in line if a.startswith("--run-id")]
+        assert given == (list(named[:1]) if named else [f"--run-id={run['run_id']}"]), line
+    finally:
+        assert run_ranktop("stop", run["run_id"], env=runtime).returncode == 0
+        wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")
+
+
 def test_a_detached_run_samples_the_ranks_stats_for_attach(tmp_path, runtime, monkeypatch):
     """A --detach run is watched through `ranktop attach`: it samples cpu, rss and GPUs as the
     TUI's engine does (and has its 60 s stall clock). It used to run with headless's defaults:
@@ -909,6 +963,7 @@ def test_the_final_view_reads_no_log_outside_its_run_directory(tmp_path, runtime
 
 def test_the_final_view_offers_no_key_that_acts_on_ranks(tmp_path, runtime):
     """Nothing is left to act on: its footer lists none of those keys, and k says why at once."""
+    from conftest import screen_rows
     from ranktop.core.client import FinalEngine
     from test_tui_app import notes
     from test_tui_fake import drive, shown_footer_keys
@@ -919,11 +974,107 @@ def test_the_final_view_offers_no_key_that_acts_on_ranks(tmp_path, runtime):
         await until(pilot, lambda: shown_footer_keys(app), what="the footer")
         shown = {key.description for key in shown_footer_keys(app)}
         assert "Quit" in shown and not shown & {"Signal…", "Kill rank", "Stop group", "Restart rank"}, shown
+        assert "read-only view" in screen_rows(app)[0]
         await pilot.press("k")
         await until(pilot, lambda: "the group has ended" in notes(app), what="k's answer")
         assert "again to confirm" not in notes(app)
 
     drive(engine, body)
+
+
+UNTIL_GO = ("import os, time, pathlib\nprint('up', os.environ['RANK'], flush=True)\n"
+            "while not pathlib.Path(os.environ['GO']).exists():\n    time.sleep(0.05)\n")
+ACTING_KEYS = {"Signal…", "Kill rank", "Stop group", "Restart rank", "Restart group"}
+
+
+@contextlib.contextmanager
+def lingering(tmp_path, runtime, run_id: str) -> Iterator[tuple[dict, Path]]:
+    """A --detach 2-rank run that lingers after its end, which comes once the yielded file exists:
+    its `ls` entry and that file; stopped, its engine gone, on the way out."""
+    script = tmp_path / "until_go.py"
+    script.write_text(UNTIL_GO)
+    go = tmp_path / "go"
+    done = run_ranktop("--detach", "--linger", "60", "--nproc-per-node", "2", "--run-id", run_id,
+                       "--log-dir", str(tmp_path / "logs"), str(script), env={**runtime, "GO": str(go)})
+    assert done.returncode == 0, done.stderr
+    (run,) = ls(runtime)
+    try:
+        yield run, go
+    finally:
+        go.touch()
+        run_ranktop("stop", run_id, env=runtime)
+        wait_for(lambda: gone(run["pid"]), what="the engine gone")
+
+
+def _offered(app) -> tuple[set[str], str, set[str]]:
+    """What the app offers: the footer's keys, the ? help screen's text, the palette's titles."""
+    from test_tui_fake import shown_footer_keys
+
+    return ({key.description for key in shown_footer_keys(app)}, app.export_screenshot(),
+            {c.title for c in app.get_system_commands(app.main)})
+
+
+@pytest.mark.parametrize("where", ["local", "attached"])
+def test_after_the_end_the_tui_offers_only_the_keys_that_still_work(tmp_path, runtime, monkeypatch, where):
+    """The TUI, local or attached, went on listing k, K, x (kill, signal) in its footer, ? help and
+    palette once the run had ended, where they can do nothing (they only said so)."""
+    from ranktop.core.client import RemoteEngine, served_runs
+    from ranktop.core.engine import LocalEngine
+    from ranktop.tui.app import RanktopApp
+    from ranktop.tui.screens import HelpScreen
+    from ranktop.tui.stacks_view import StacksScreen
+    from test_tui_app import ticker_agent
+    from test_tui_fake import shown_footer_keys
+
+    go = tmp_path / "go"
+    monkeypatch.setenv("GO", str(go))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+
+    async def body(app, pilot):
+        await until(pilot, lambda: ACTING_KEYS & {k.description for k in shown_footer_keys(app)}, what="the footer")
+        go.touch()
+        await until(pilot, lambda: app.main.ended, what="the run's end", timeout=20)
+        await until(pilot, lambda: (shown := {k.description for k in shown_footer_keys(app)}) and not shown & ACTING_KEYS,
+                    what="the footer without the keys that act on ranks")
+        footer, _, palette = _offered(app)
+        assert "Quit" in footer and not palette & ACTING_KEYS, palette
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        shown = app.export_screenshot()
+        assert "Zoom" in shown and not [t for t in ACTING_KEYS if t.replace(" ", "&#160;") in shown or t in shown]
+        assert "Signal&#160;picker" not in shown and "Signal picker" not in shown
+        await pilot.press("escape", "d")  # the stack view's SIGUSR1 fallback is left out too
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and shown_footer_keys(app), what="stacks")
+        assert "SIGUSR1 fallback" not in {k.description for k in shown_footer_keys(app)}
+
+    if where == "local":
+        app = RanktopApp(LocalEngine(ticker_agent(tmp_path / "logs", UNTIL_GO)))
+        drive(app, body)
+        return
+    with lingering(tmp_path, runtime, "over"):
+        app = RanktopApp(RemoteEngine(served_runs()[0].path))
+        app.attached = True
+        asyncio.run(_drive_attached(app, body))
+
+
+async def _drive_attached(app, body) -> None:
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: app.main is not None and app.main.is_mounted, what="main screen")
+        await body(app, pilot)
+
+
+def test_a_read_only_view_says_so_after_the_runs_end_too(tmp_path, runtime):
+    """`ranktop attach --read-only` (what each `ranktop web` tab runs) dropped `read-only view`
+    from its header once the run ended; it keeps it."""
+    with lingering(tmp_path, runtime, "ro"):
+        term = ranktop_in_tmux(runtime, "attach --read-only ro", "; sleep 30", width=140, height=30)
+        try:
+            assert "read-only view" in term.wait_screen("up 1", "read-only view").splitlines()[0]
+            (tmp_path / "go").touch()
+            header = term.wait_screen("DONE: all ranks exited 0").splitlines()[0]
+            assert "succeeded" in header and "read-only view" in header, header
+        finally:
+            term.close()
 
 
 def test_a_moved_final_view_reads_its_logs_below_where_it_lies(tmp_path, runtime):

@@ -25,7 +25,7 @@ from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import detach_terminal, terminal_alive
 from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import ACTS_ON_RANKS, MainScreen
-from ranktop.tui.panes import LogView, read_only
+from ranktop.tui.panes import LogView, can_act, read_only
 from ranktop.tui.screens import SIDEWAYS, ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
 from textual import on
 from textual.app import App, SystemCommand
@@ -72,8 +72,6 @@ class RanktopApp(App):
 
     def on_mount(self) -> None:
         self.call_after_refresh(collector.release)  # the first frame ends start-up
-        if read_only(self):  # ranktop web without --control
-            self.main.note = "read-only view"
 
     def on_ready(self) -> None:
         self._frame_shown = True
@@ -194,7 +192,7 @@ class RanktopApp(App):
     # ----- help and palette -------------------------------------------------------------------
     def _sections(self, palette: bool = False) -> list[tuple[str, Any, tuple[str, ...]]]:
         main = self.main
-        acting = ACTS_ON_RANKS if read_only(self) else ()  # keys that would do nothing here
+        acting = () if can_act(self) else ACTS_ON_RANKS  # keys that would do nothing here
         sections: list[tuple[str, Any, tuple[str, ...]]] = []
         if main is not None:
             hidden = ("copy_text", "quit", "help", *acting) + (("digit",) if palette else ())
@@ -206,18 +204,18 @@ class RanktopApp(App):
             if main.is_mounted and not palette:  # (its keys scroll what has the focus: no palette entries)
                 panel = main.query_one(RootCausePanel)
                 sections.append(("End report (E)", panel, SIDEWAYS))  # (its lines wrap)
-        sections.append(("App", self, ("help_quit",) if acting else ()))  # (^c leaves, as q, when read-only)
+        sections.append(("App", self, ("help_quit",) if acting else ()))  # (^c leaves, as q, when nothing can be stopped)
         if not palette:  # the other screens' keys too (the palette runs actions: only the ones here)
-            sections += self._other_screens(read_only=bool(acting))
+            sections += self._other_screens(cannot_act=bool(acting))
         return sections
 
-    def _other_screens(self, read_only: bool) -> list[tuple[str, Any, tuple[str, ...]]]:
+    def _other_screens(self, cannot_act: bool) -> list[tuple[str, Any, tuple[str, ...]]]:
         """Each other screen's own keys (those of the widgets in it are listed when ? is asked there)."""
         # What each has besides its answers is listed by ? there: here they would push the last
         # sections out of a 160x48 help.
         besides = ("pick", "help", "help_quit", "focus_next", "focus_previous", "copy_text")
         sections: list[tuple[str, Any, tuple[str, ...]]] = []
-        if not read_only:  # (a read-only view neither offers x nor asks before q)
+        if not cannot_act:  # (a read-only or ended view neither offers x nor asks before q)
             sections = [SignalPicker(0, 0, 1).key_sections(besides)[0], ConfirmQuit(0, 0.0).key_sections(besides)[0]]
         try:
             from ranktop.tui.stacks_view import StacksScreen
@@ -229,12 +227,12 @@ class RanktopApp(App):
         details = RankDetails(self.engine, Tracker(self.engine, None), 0).key_sections(besides)[0]
         # Its commands; its keys that move about in it (the tree's, the groups', the sideways
         # ones) are listed when ? is asked there.
-        stacks = StacksScreen(self.engine).key_sections((*self._stack_view_hidden(read_only), "tree"))[0]
+        stacks = StacksScreen(self.engine).key_sections((*self._stack_view_hidden(cannot_act), "tree"))[0]
         return [stacks, details, *sections]
 
     @staticmethod
-    def _stack_view_hidden(read_only: bool) -> tuple[str, ...]:
-        return ("copy_text", "signal") if read_only else ("copy_text",)  # the SIGUSR1 fallback acts on ranks
+    def _stack_view_hidden(cannot_act: bool) -> tuple[str, ...]:
+        return ("copy_text", "signal") if cannot_act else ("copy_text",)  # the SIGUSR1 fallback acts on ranks
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -243,14 +241,14 @@ class RanktopApp(App):
         here: list[tuple[str, Any, tuple[str, ...]]] = []
         screen = self.screen
         if hasattr(screen, "key_sections"):  # the stack view, a dialog: every key that works there first
-            here = screen.key_sections(() if screen.is_modal else self._stack_view_hidden(read_only(self)))
+            here = screen.key_sections(() if screen.is_modal else self._stack_view_hidden(not can_act(self)))
             sections = here + [section for section in sections if section[0] != here[0][0]]
         self.push_screen(HelpScreen(help_groups(self, sections), here=max(1, len(here))))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         # The stack view: its actions, not the grid's below it (a dialog's keys are answers, not actions).
         if hasattr(screen, "key_sections") and not screen.is_modal:
-            hidden = (*self._stack_view_hidden(read_only(self)), "tree", "focus_next", "focus_previous")  # keys, not acts
+            hidden = (*self._stack_view_hidden(not can_act(self)), "tree", "focus_next", "focus_previous")  # keys, not acts
             own = screen.key_sections(hidden)[0]
             yield from palette_commands(self, [own, *[s for s in self._sections(palette=True) if s[0] == "App"]])
             yield from super().get_system_commands(screen)

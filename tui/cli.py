@@ -679,8 +679,9 @@ def start_detached(argv: list[str], ns: argparse.Namespace) -> int:
         return usage_error(f"cannot serve a detached run: {exc}")
     script_at = argv.index(ns.training_script)  # what follows is the script's own arguments
     options = [a for a in argv[:script_at] if a not in ("--detach", "--tui", "--headless")]
-    # --run-id=ID in one word: an id that starts with a dash is not taken for an option
-    named = [] if shared else [f"--run-id={run_id}"]
+    # An id chosen here is added (--run-id=ID in one word: one that starts with a dash is not taken
+    # for an option); the user's own is among the options already, as typed, and `ps` shows it once.
+    named = [] if shared or ns.run_id is not None else [f"--run-id={run_id}"]
     command = [sys.executable, "-m", "ranktop", "--headless", "--detached-child", *named, *options, *argv[script_at:]]
     # Its stderr comes here until it serves the run (then it is /dev/null): what stops it before
     # that (a bad --rdzv-backend, an endpoint out of reach) is said here, as without --detach.

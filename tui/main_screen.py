@@ -77,7 +77,7 @@ def plan_grid(n: int, width: int, height: int) -> tuple[int, int] | None:
 
 
 # The keys whose commands act on ranks: a read-only view's footer leaves them out (they answer
-# "read-only view: nothing was done").
+# "read-only view: nothing was done"), and so does any view once the run has ended.
 ACTS_ON_RANKS = ("signal", "kill_rank", "kill_group", "restart_rank", "restart_group", "type_input")
 
 
@@ -168,7 +168,8 @@ class MainScreen(Screen):
         # The first layout's classes go on before anything mounts: changing a class later restyles
         # every widget below it, which cost the first frame a tenth of a second.
         self._set_layout_classes(self._plan(self.app.size.width, self.app.size.height))
-        yield GroupHeader(id="header").data_bind(MainScreen.note, MainScreen.ended)
+        standing = "read-only view" if read_only(self.app) else None  # (ranktop web without --control)
+        yield GroupHeader(id="header", standing=standing).data_bind(MainScreen.note, MainScreen.ended)
         yield Static(id="waiting", markup=False)  # while a rendezvous round forms
         with Horizontal(id="body"):
             with VerticalScroll(id="rank-list-box"):
@@ -792,6 +793,7 @@ class MainScreen(Screen):
         self.query_one(RootCausePanel).show(snap)
         self.ended = True
         self.note = None
+        self.query_one(CalmFooter).hide(ACTS_ON_RANKS)  # nothing left to act on, in any view
         self.query_one(GroupHeader).show_group(snap, time.time())
         if snap.root_cause is not None and not self.zoomed:
             self.focus_rank(snap.root_cause.local_rank)  # the culprit's output is what one wants to read

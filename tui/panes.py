@@ -337,6 +337,14 @@ def read_only(app: object) -> bool:
     return bool(getattr(getattr(app, "engine", None), "read_only", False))
 
 
+def can_act(app: object) -> bool:
+    """Whether keys that act on ranks can do anything here: not in a read-only view, nor once
+    the run has ended (its final view, local or attached: nothing is left to act on). The
+    footer, the ? help and the palette offer those keys only while this holds."""
+    main = getattr(app, "main", None)
+    return not read_only(app) and not (main is not None and main.ended)
+
+
 class CalmFooter(Footer):
     """Textual's Footer, rebuilt once per burst of binding changes rather than once per change,
     and only when the keys it shows did change. Opening the main screen moves the focus five
@@ -366,6 +374,12 @@ class CalmFooter(Footer):
         left_out = set(keys[shown:]) | hidden
         yield from (w for w in made if w not in left_out)
 
+    def hide(self, actions: Iterable[str]) -> None:
+        """Leave these actions out too from now on (the run has ended: they can do nothing)."""
+        if not frozenset(actions) <= self._hidden:
+            self._hidden |= frozenset(actions)
+            self.call_next(self.recompose)  # (in the footer's own context: its keys bind to it)
+
     def on_resize(self) -> None:
         if self._fit is not None and footer_fit(self._labels, self.app.size.width) != self._fit:
             self.call_after_refresh(self.recompose)
@@ -387,14 +401,16 @@ class CalmFooter(Footer):
 
 class GroupHeader(LiveText):
     """The header line. `note` (e.g. "stopping…") and `ended` are the screen's, bound down to it
-    (data_bind): a note shows until the group ends, and a new note repaints at once, between ticks."""
+    (data_bind): a note shows until the group ends, and a new note repaints at once, between ticks.
+    A `standing` note ("read-only view") shows in place of none, the end included."""
 
     note: reactive[str | None] = reactive(None, init=False)
     ended: reactive[bool] = reactive(False, init=False)
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, *, id: str | None = None, standing: str | None = None) -> None:
         super().__init__(id=id)
         self._group: tuple[GroupSnapshot, float] | None = None
+        self._standing = standing
 
     def show_group(self, group: GroupSnapshot, now: float) -> None:
         self._group = (group, now)
@@ -402,7 +418,8 @@ class GroupHeader(LiveText):
 
     def _redraw(self) -> None:
         if self._group is not None:
-            self.show(header_text(*self._group, note=None if self.ended else self.note, width=self.size.width))
+            note = (None if self.ended else self.note) or self._standing
+            self.show(header_text(*self._group, note=note, width=self.size.width))
 
     watch_note = watch_ended = _redraw
 
