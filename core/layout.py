@@ -458,9 +458,11 @@ def _check_looked_into(fd: int, path: str) -> None:
 
 
 def _check_link(info: os.stat_result, dir_fd: int, path: str) -> None:
-    shared = os.fstat(dir_fd).st_mode & stat.S_IWOTH
+    # Group-writable counts as shared too: a sticky team directory lets every member plant links,
+    # as /tmp lets everyone, and a member's directory there is refused already (_check_looked_into).
+    shared = os.fstat(dir_fd).st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     if shared and info.st_uid not in (os.geteuid(), 0):
-        raise _Refused(f"it goes through {path}, a symlink of uid {info.st_uid}'s in a directory anyone "
+        raise _Refused(f"it goes through {path}, a symlink of uid {info.st_uid}'s in a directory others "
                        "may write: ranktop will not follow it")
 
 

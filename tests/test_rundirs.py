@@ -106,19 +106,21 @@ def test_explicit_log_dir_may_be_shared_like_tmp_but_no_more(tmp_path, mode, cho
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plants another user's symlink: needs root")
-def test_a_log_dir_through_another_users_symlink_in_a_shared_directory_is_refused(tmp_path):
+@pytest.mark.parametrize("shared_mode", [0o1777, 0o1770], ids=["like /tmp", "a sticky team directory"])
+def test_a_log_dir_through_another_users_symlink_in_a_shared_directory_is_refused(tmp_path, shared_mode):
     """In /tmp-like directories the kernel follows another user's symlink only where
-    protected_symlinks is on: with it off, root wrote its run into whatever the link named."""
+    protected_symlinks is on: with it off, root wrote its run into whatever the link named. A
+    group-writable sticky directory is as shared (a member's link there was followed)."""
     shared, target = tmp_path / "shared", tmp_path / "etc"
     shared.mkdir()
     target.mkdir()
-    os.chmod(shared, 0o1777)
+    os.chmod(shared, shared_mode)
     link = shared / "myrun"
     link.symlink_to(target)
     os.lchown(link, NOBODY, NOBODY)
     res = run_ranktop("--headless", "--log-dir", str(link), "--run-id", "r", "--no-python", "echo", "hi")
     assert _one_error_line(res) == (f"ranktop: error: bad --log-dir {link}: it goes through {link}, a symlink of "
-                                    f"uid {NOBODY}'s in a directory anyone may write: ranktop will not follow it; "
+                                    f"uid {NOBODY}'s in a directory others may write: ranktop will not follow it; "
                                     "pick a directory of your own")
     assert os.listdir(target) == []
     os.lchown(link, 0, 0)  # one's own link there is followed, as the kernel would
