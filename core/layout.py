@@ -390,6 +390,9 @@ class _Refused(Exception):
 
 
 _MAX_LINKS = 40  # the kernel's limit on symlinks followed in one lookup
+# O_PATH: a directory on the way needs only search permission, as in the kernel's own lookup (a
+# 0711 /home or /scratch); only the chosen directory itself is opened for reading.
+_LOOKUP_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def _walk(path: str, make: bool) -> int:
@@ -403,7 +406,7 @@ def _walk(path: str, make: bool) -> int:
     one else unless sticky (/tmp). In such a shared directory, a symlink is followed only when it
     is ours or root's (the kernel's protected_symlinks rule, whatever the sysctl says)."""
     names, links = path.split("/")[::-1], 0
-    fd, at = os.open("/", _DIR_FLAGS), "/"
+    fd, at = os.open("/", _LOOKUP_FLAGS), "/"
     try:
         while names:
             name = names.pop()
@@ -420,13 +423,13 @@ def _walk(path: str, make: bool) -> int:
                 target = os.readlink(name, dir_fd=fd)
                 names.extend(target.split("/")[::-1])
                 if target.startswith("/"):
-                    fd, at = _swap(fd, os.open("/", _DIR_FLAGS)), "/"
+                    fd, at = _swap(fd, os.open("/", _LOOKUP_FLAGS)), "/"
                 continue
             if not stat.S_ISDIR(info.st_mode):
                 raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), here)
-            fd = _swap(fd, os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd))
+            fd = _swap(fd, os.open(name, _LOOKUP_FLAGS | os.O_NOFOLLOW, dir_fd=fd))
             at = os.path.dirname(at) if name == ".." else here
-        return fd
+        return _swap(fd, os.open(".", _DIR_FLAGS, dir_fd=fd))
     except BaseException:
         os.close(fd)
         raise

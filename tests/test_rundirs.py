@@ -5,8 +5,10 @@ everything is private, and error.json is read as hostile input (core/layout.py, 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -161,6 +163,52 @@ def test_a_log_dir_through_a_group_writable_directory_is_refused_and_own_links_a
     res = run_ranktop("--headless", "--log-dir", str(tmp_path / "link" / "logs"), "--run-id", "r", "--no-python", "true")
     assert res.returncode == 0, res.stderr
     assert os.listdir(mine / "logs") == ["r"]
+
+
+def _as_nobody(call) -> str:
+    """What `call()` raised in a child process run as uid/gid nobody ('' if nothing)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to nobody, call, report, and leave without pytest's cleanup
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setresgid(NOBODY, NOBODY, NOBODY)
+            os.setresuid(NOBODY, NOBODY, NOBODY)
+            call()
+            said = b""
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which asserts on it
+            said = f"{type(exc).__name__}: {exc}".encode()
+        os.write(write_end, said)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        said = f.read().decode()
+    os.waitpid(pid, 0)
+    return said
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a walk as nobody: needs root to become nobody")
+def test_a_log_dir_below_a_directory_others_may_only_search_is_reached(tmp_path):
+    """A root-owned 0711 directory (a /home or /scratch that hides its entries) lets anyone pass
+    through, as the kernel's lookup does; the walk opened it for reading, so a user's own
+    --log-dir below it was refused with Permission denied."""
+    from ranktop.core.layout import open_chosen_dir
+
+    top = tempfile.mkdtemp(dir="/tmp", prefix="ranktop-search-only-")  # tmp_path's parents are 0700
+    try:
+        os.chmod(top, 0o711)
+        os.mkdir(os.path.join(top, "mine"), 0o700)
+        os.chown(os.path.join(top, "mine"), NOBODY, NOBODY)
+        logs = os.path.join(top, "mine", "a", "logs")
+        assert _as_nobody(lambda: open_chosen_dir(logs, "--log-dir", make=True).close()) == ""
+        assert os.stat(logs).st_uid == NOBODY and _mode(logs) == 0o700
+        assert _as_nobody(lambda: open_chosen_dir(logs, "log_dir", make=False).close()) == ""
+        os.chmod(logs, 0o300)  # the chosen directory itself must still be readable: it is listed
+        assert _as_nobody(lambda: open_chosen_dir(logs, "log_dir", make=False).close()) == (
+            f"UsageError: bad log_dir {logs}: cannot open there (Permission denied)")
+    finally:
+        shutil.rmtree(top)
 
 
 def test_a_log_dir_made_by_ranktop_is_private_all_the_way_down(tmp_path):
