@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ranktop.core.errors import ChildFailedError, UsageError
+from ranktop.core.errors import ChildFailedError, SignalException, UsageError
 from ranktop.core.limits import COUNT, MONITOR_SECONDS, NNODES, NPROC, PORT, SECONDS, check_timeout
 
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torch's: the grace when the config names none
@@ -103,12 +103,21 @@ def launch_agent(config: LaunchConfig, entrypoint: Callable[..., Any] | str | No
     except BaseException:
         _close_rendezvous(spec.rdzv_handler)  # a c10d host's store is served from this process
         raise
-    result = agent.run()  # SignalException, or a rank's start OSError, as torch's agent raises
+    try:
+        result = agent.run()  # SignalException, or a rank's start OSError, as torch's agent raises
+    except SignalException:
+        raise  # the rendezvous stays open, as torch's: the other nodes may scale on without this one
+    except BaseException:
+        # torch's closes it on any other way out, so the other nodes learn at once; the agent
+        # itself closes it only after a success or a rank's failure
+        _close_rendezvous(spec.rdzv_handler)
+        raise
     if result.failures:
         raise ChildFailedError(entrypoint_name(entrypoint, args), result.failures)
     if result.is_failed():  # no rank to blame: the rendezvous failed
         from ranktop.core.rendezvous import RendezvousFailed
 
+        _close_rendezvous(spec.rdzv_handler)
         raise RendezvousFailed(result.rendezvous_error or "the rendezvous failed")
     return result.return_values
 

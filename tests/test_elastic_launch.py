@@ -142,6 +142,30 @@ def test_a_binary_entrypoint_returns_none_by_rank_and_fails_as_torchs(tmp_path):
         "[default_role0]:hi from 0", "[default_role1]:hi from 1"]
 
 
+def test_a_rank_that_cannot_start_closes_the_rendezvous_as_torchs(tmp_path):
+    """torch's launch_agent shuts the rendezvous down on any error but a stop signal, so the other
+    nodes learn at once; ranktop's left it open after a rank's start OSError."""
+    body = """
+        from torch.distributed import TCPStore
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # outlives the launch
+        endpoint = f"127.0.0.1:{store.port}"
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, rdzv_backend="c10d", rdzv_endpoint=endpoint,
+                              run_id="closing", rdzv_configs={"is_host": False}, max_restarts=0,
+                              logs_specs=DefaultLogsSpecs(log_dir="logs"))
+        try:
+            elastic_launch(config, "/nonexistent/binary")()
+            raised = None
+        except Exception as exc:
+            raised = isinstance(exc, FileNotFoundError)
+        look = get_rendezvous_handler(RendezvousParameters("c10d", endpoint, "closing", 1, 1, is_host=False))
+        report([raised, look.is_closed()])
+    """
+    (theirs, _), (ours, _) = _both(body, tmp_path)
+    assert ours == theirs == [True, True]
+
+
 def test_each_rank_sees_torchs_environment(tmp_path):
     body = f"""
         base = dict(os.environ)
