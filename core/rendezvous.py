@@ -140,12 +140,12 @@ def torch_installed() -> bool:
 
 def check_endpoint(endpoint: str, max_nodes: int, flag: str = "--rdzv-endpoint") -> None:
     """UsageError (one line, naming `flag`) for an endpoint torch would take and then wait on."""
-    if endpoint.count(":") > 1 and not endpoint.startswith("["):  # torch reads "::1" as host ":", port 1, and waits
-        raise UsageError(f"bad {flag} {endpoint!r}: write an IPv6 address in brackets, [::1]:29400")
-    port = endpoint.rpartition(":")[2].strip() if ":" in endpoint else ""
     if len(endpoint) > 300:  # a name no resolver takes: torch printed pages of C++ frames
         raise UsageError(f"bad {flag} {endpoint[:80]!r}: expected HOST:PORT with a host name of at most "
                          "255 characters")
+    if endpoint.count(":") > 1 and not endpoint.startswith("["):  # torch reads "::1" as host ":", port 1, and waits
+        raise UsageError(f"bad {flag} {endpoint!r}: write an IPv6 address in brackets, [::1]:29400")
+    port = endpoint.rpartition(":")[2].strip() if ":" in endpoint else ""
     if max_nodes > 1 and port.isascii() and port.isdigit() and len(port) <= 5 and int(port) == 0:
         # One node binds a free port for its store (torchtitan's `localhost:0`); more cannot find it
         raise UsageError(f"bad {flag} {endpoint[:80]!r}: port 0 (a free one) only works on one node: "

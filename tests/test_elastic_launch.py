@@ -227,6 +227,8 @@ def test_one_node_with_torchs_defaults_runs_without_torch(tmp_path):
     ({"rdzv_backend": ""}, "bad rdzv_backend '': expected c10d, etcd, etcd-v2, static or a torchrun plugin's name"),
     ({"signals_to_handle": "SIGTERM,SIGFOO"}, "bad signals_to_handle 'SIGTERM,SIGFOO': 'SIGFOO' is not a signal"),
     ({"rdzv_endpoint": "::1:29400", "rdzv_backend": "c10d"}, "bad rdzv_endpoint '::1:29400': write an IPv6 address"),
+    # a long one is cut whatever else is wrong with it (colons took the IPv6 check first, in full)
+    ({"rdzv_endpoint": "h:" * 5000, "rdzv_backend": "c10d"}, f"bad rdzv_endpoint {('h:' * 40)!r}: expected HOST:PORT"),
     ({"rdzv_endpoint": "localhost:0", "max_nodes": 2, "rdzv_backend": "c10d"},
      "bad rdzv_endpoint 'localhost:0': port 0 (a free one) only works on one node"),
     ({"start_method": "thread"}, "unknown start method 'thread': expected one of spawn, fork, forkserver"),
