@@ -377,6 +377,8 @@ def open_chosen_dir(path: str, what: str, *, make: bool, shared_ok: bool = True,
         if isinstance(exc, FileNotFoundError) and not make:
             raise UsageError(f"bad {what} {path}: it does not exist") from None
         raise UsageError(f"bad {what} {path}: cannot {'write' if make else 'open'} there ({exc.strerror})") from None
+    except ValueError as exc:  # a NUL in it (only the Python API can pass one)
+        raise UsageError(f"bad {what} {path!r}: {exc}") from None
     problem = _root_problem(os.fstat(fd), allow_sticky=shared_ok)
     if problem:
         os.close(fd)
@@ -447,7 +449,7 @@ def _lstat_or_make(name: str, dir_fd: int, make: bool) -> os.stat_result:
         if not make:
             raise
         try:
-            os.mkdir(name, DIR_MODE, dir_fd=dir_fd)  # each one private (makedirs gave 0755 above the last)
+            os.mkdir(name, DIR_MODE, dir_fd=dir_fd)  # each one private: no one else lists the run ids in it
         except FileExistsError:
             pass
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)

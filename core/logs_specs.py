@@ -18,7 +18,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
-from ranktop.core.layout import ERROR_FILE, STDERR_LOG, STDOUT_LOG, Dir, LogDirNotADirectory, open_chosen_dir
+from ranktop.core.errors import UsageError
+from ranktop.core.layout import (
+    DIR_MODE,
+    ERROR_FILE,
+    STDERR_LOG,
+    STDOUT_LOG,
+    Dir,
+    LogDirNotADirectory,
+    open_chosen_dir,
+    open_dir_below,
+)
 from ranktop.core.spec import Std, per_rank
 
 
@@ -100,7 +110,11 @@ class DefaultLogsSpecs(LogsSpecs):
             if self._run_log_dir is not None and _made_below(root, os.path.basename(self._run_log_dir), name):
                 return os.path.join(self._run_log_dir, name)
             prefix = f"{first.get('TORCHELASTIC_RUN_ID', 'test_run_id')}_".replace("/", "_")
-            self._run_log_dir = root.path_of(root.fresh(prefix))
+            try:
+                self._run_log_dir = root.path_of(root.fresh(prefix))
+            except OSError as exc:  # a run id too long for a file name, a full disk
+                raise UsageError(f"bad log_dir {root.path}: cannot make a run directory there for run id "
+                                 f"{prefix[:-1][:60]!r} ({exc.strerror})") from None
             _made_below(root, os.path.basename(self._run_log_dir), name)
             return os.path.join(self._run_log_dir, name)
         finally:
@@ -137,11 +151,11 @@ def _made_below(root: Dir, run: str, name: str) -> bool:
     """Whether `name` was made (0700) in `root`'s directory `run` (not followed if a symlink);
     False where `run` is gone or `name` is there already."""
     try:
-        fd = os.open(run, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root.fd)
+        fd = open_dir_below(root.fd, [run])
     except OSError:
         return False
     try:
-        os.mkdir(name, 0o700, dir_fd=fd)
+        os.mkdir(name, DIR_MODE, dir_fd=fd)
         return True
     except FileExistsError:
         return False

@@ -39,6 +39,7 @@ from ranktop.core.spec import WorkerSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+NOBODY = 65534  # another user, for directories and links that are not ours
 if os.environ.get("PYTEST_XDIST_WORKER"):  # a session of its own: one worker's check must not see the other's
     os.environ["RANKTOP_TEST_ID"] = uuid.uuid4().hex
 TEST_ID = os.environ.setdefault("RANKTOP_TEST_ID", uuid.uuid4().hex)
@@ -284,3 +285,8 @@ def run_in_pty(argv: list[str], cwd: Path, until: bytes, keys: bytes = b"", time
     finally:
         os.close(master)
     return bytes(out), os.waitstatus_to_exitcode(status)
+
+
+def mode_of(path) -> int:
+    """The permission bits of `path` itself (a link's own, not its target's)."""
+    return os.lstat(path).st_mode & 0o7777

@@ -226,6 +226,7 @@ def test_one_node_with_torchs_defaults_runs_without_torch(tmp_path):
     ({"role": 7}, "bad role 7: expected a str"),
     ({"rdzv_backend": ""}, "bad rdzv_backend '': expected c10d, etcd, etcd-v2, static or a torchrun plugin's name"),
     ({"signals_to_handle": "SIGTERM,SIGFOO"}, "bad signals_to_handle 'SIGTERM,SIGFOO': 'SIGFOO' is not a signal"),
+    ({"signals_to_handle": "SIGFOO" * 5000}, f"bad signals_to_handle {('SIGFOO' * 14)[:80]!r}: {('SIGFOO' * 7)[:40]!r} is"),
     ({"rdzv_endpoint": "::1:29400", "rdzv_backend": "c10d"}, "bad rdzv_endpoint '::1:29400': write an IPv6 address"),
     # a long one is cut whatever else is wrong with it (colons took the IPv6 check first, in full)
     ({"rdzv_endpoint": "h:" * 5000, "rdzv_backend": "c10d"}, f"bad rdzv_endpoint {('h:' * 40)!r}: expected HOST:PORT"),

@@ -14,18 +14,14 @@ import threading
 import time
 
 import pytest
-from conftest import read_events, run_ranktop, wait_for
+from conftest import NOBODY, mode_of, read_events, run_ranktop, wait_for
 from ranktop.core import Std, start_processes
 from ranktop.core.agent import LocalAgent
 from ranktop.core.errors import UsageError
 from ranktop.core.spec import WorkerSpec
 
 PY = sys.executable
-NOBODY = 65534
 
-
-def _mode(path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 def _one_error_line(res) -> str:
@@ -81,8 +77,8 @@ def test_default_log_root_is_made_private_and_everything_in_a_run_is_private(tmp
     run = root / "r"
     dirs = [root, run, run / "attempt_0", run / "attempt_0" / "0", run / "attempt_0" / "1"]
     files = [run / "events.jsonl", *(run / "attempt_0" / r / f for r in "01" for f in ("stdout.log", "stderr.log"))]
-    assert {str(d): _mode(d) for d in dirs} == {str(d): 0o700 for d in dirs}
-    assert {str(f): _mode(f) for f in files} == {str(f): 0o600 for f in files}
+    assert {str(d): mode_of(d) for d in dirs} == {str(d): 0o700 for d in dirs}
+    assert {str(f): mode_of(f) for f in files} == {str(f): 0o600 for f in files}
     assert (run / "attempt_0" / "1" / "stdout.log").read_text() == "out\n"
 
 
@@ -101,7 +97,7 @@ def test_explicit_log_dir_may_be_shared_like_tmp_but_no_more(tmp_path, mode, cho
     res = run_ranktop("--headless", "--log-dir", str(logs), "--run-id", "r", "--no-python", "echo", "hi")
     if ok:
         assert res.returncode == 0, res.stderr
-        assert _mode(logs / "r") == 0o700 and (logs / "r" / "attempt_0" / "0" / "stdout.log").read_text() == "hi\n"
+        assert mode_of(logs / "r") == 0o700 and (logs / "r" / "attempt_0" / "0" / "stdout.log").read_text() == "hi\n"
     else:
         assert f"bad --log-dir {logs}: it " in _one_error_line(res)
         assert os.listdir(logs) == []
@@ -202,7 +198,7 @@ def test_a_log_dir_below_a_directory_others_may_only_search_is_reached(tmp_path)
         os.chown(os.path.join(top, "mine"), NOBODY, NOBODY)
         logs = os.path.join(top, "mine", "a", "logs")
         assert _as_nobody(lambda: open_chosen_dir(logs, "--log-dir", make=True).close()) == ""
-        assert os.stat(logs).st_uid == NOBODY and _mode(logs) == 0o700
+        assert os.stat(logs).st_uid == NOBODY and mode_of(logs) == 0o700
         assert _as_nobody(lambda: open_chosen_dir(logs, "log_dir", make=False).close()) == ""
         os.chmod(logs, 0o300)  # the chosen directory itself must still be readable: it is listed
         assert _as_nobody(lambda: open_chosen_dir(logs, "log_dir", make=False).close()) == (
@@ -214,7 +210,7 @@ def test_a_log_dir_below_a_directory_others_may_only_search_is_reached(tmp_path)
 def test_a_log_dir_made_by_ranktop_is_private_all_the_way_down(tmp_path):
     logs = tmp_path / "a" / "b" / "logs"
     assert run_ranktop("--headless", "--log-dir", str(logs), "--run-id", "r", "--no-python", "true").returncode == 0
-    assert [_mode(d) for d in (tmp_path / "a", tmp_path / "a" / "b", logs)] == [0o700] * 3
+    assert [mode_of(d) for d in (tmp_path / "a", tmp_path / "a" / "b", logs)] == [0o700] * 3
 
 
 def test_an_existing_run_directory_is_never_reused(tmp_path):
@@ -359,8 +355,8 @@ def test_start_processes_log_dir_is_private_too(tmp_path):
         ctx.close()
     assert result is not None and not result.failures
     assert open(result.stdouts[0]).read() == "hi\n"
-    assert _mode(tmp_path / "0") == 0o700
-    assert _mode(result.stdouts[0]) == _mode(result.stderrs[0]) == 0o600
+    assert mode_of(tmp_path / "0") == 0o700
+    assert mode_of(result.stdouts[0]) == mode_of(result.stderrs[0]) == 0o600
 
 
 def test_log_tails_read_only_regular_files_never_a_planted_fifo_or_link(tmp_path):

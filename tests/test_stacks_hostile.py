@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import PY, ROOT, ranktop_cmd, run_ranktop, stop_process
+from conftest import NOBODY, PY, ROOT, ranktop_cmd, run_ranktop, stop_process
 
 # Ranks 0 and 1 put something hostile where their stderr.log was (the rank directory is the
 # error file's): their stderr stays open to the old file, so the dump itself still happens.
@@ -182,7 +182,6 @@ def test_a_process_naming_another_runs_directory_gets_no_dump_saved_there(tmp_pa
     assert (victim / "events.jsonl").read_text() == events
 
 
-NOBODY = 65534
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="makes another user's directory: needs root")

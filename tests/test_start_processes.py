@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 import rank_fns
-from conftest import ROOT, stop_process, wait_for
+from conftest import NOBODY, ROOT, mode_of, stop_process, wait_for
 from ranktop.core import ProcessFailure, RunProcsResult, Std, record, start_processes
 from ranktop.core.errors import read_error_file, write_error_file
 from ranktop.core.output import line_length
@@ -728,7 +728,6 @@ def test_one_logs_specs_serves_two_calls_each_in_a_fresh_directory(tmp_path):
     assert specs.attempt_dir == os.path.join(runs[1], "attempt_0")
 
 
-NOBODY = 65534
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="makes another user's directory: needs root")
@@ -751,7 +750,7 @@ def test_a_logs_specs_log_dir_below_another_users_directory_is_refused_at_each_c
     assert os.listdir(theirs) == []
     mine = tmp_path / "mine"
     specs = DefaultLogsSpecs(log_dir=str(mine / "logs"), redirects=Std.OUT)
-    assert _mode(mine) == _mode(mine / "logs") == 0o700  # made private all the way, as --log-dir
+    assert mode_of(mine) == mode_of(mine / "logs") == 0o700  # made private all the way, as --log-dir
     ctx, result = _specs_run(tmp_path, specs, nprocs=1, code="print('first')")
     assert not result.is_failed()
     os.chown(mine, NOBODY, NOBODY)  # now theirs: they put a link where the log dir was
@@ -763,8 +762,19 @@ def test_a_logs_specs_log_dir_below_another_users_directory_is_refused_at_each_c
     assert os.listdir(target) == [] and len(os.listdir(mine / "old")) == 1
 
 
-def _mode(path) -> int:
-    return os.lstat(path).st_mode & 0o7777
+
+def test_a_run_id_too_long_for_a_file_name_or_a_nul_in_log_dir_is_one_line(tmp_path):
+    """Each raised the OS's bare error (File name too long; embedded null byte), naming nothing."""
+    from ranktop.core import DefaultLogsSpecs
+
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path))
+    with pytest.raises(ValueError) as too_long:
+        specs.reify({0: {"TORCHELASTIC_RUN_ID": "x" * 300}})
+    assert str(too_long.value) == (f"bad log_dir {tmp_path}: cannot make a run directory there for run id "
+                                   f"{'x' * 60!r} (File name too long)")
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ValueError, match=r"^bad log_dir '/tmp/a\\x00b': embedded null byte$"):
+        DefaultLogsSpecs(log_dir="/tmp/a\0b")
 
 
 @pytest.mark.parametrize("stamp", ["\u0661\u0662\u0663", "\u00b2", "9" * 13, 10**30, 1e308, float("inf"), -1])
