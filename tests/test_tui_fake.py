@@ -507,3 +507,23 @@ def test_the_end_panel_of_a_success_lists_the_earlier_starts_as_the_header_does(
     shown = root_cause_body(group).plain
     assert shown.startswith("  earlier: attempt_0: restarted, nodes joined; attempt_0: rank 1 failed (exit 4)\n"), shown
     assert "restart:" not in shown and "restarts:" not in shown
+
+
+def test_views_open_across_the_end_drop_the_keys_that_act_on_ranks():
+    """A stack view opened while the run went on kept `u SIGUSR1 fallback` in its footer after
+    the end (its ? help had dropped it)."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen)
+                    and "SIGUSR1 fallback" in {k.description for k in shown_footer_keys(app)}, what="stack view")
+        engine.end(GroupState.SUCCEEDED, 0, state=RankState.SUCCEEDED, exitcode=0)
+        await until(pilot, lambda: app.main.ended, what="the run's end")
+        await until(pilot, lambda: (shown := {k.description for k in shown_footer_keys(app)})
+                    and "Dump again" in shown and "SIGUSR1 fallback" not in shown, what="the stack view's footer")
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is app.main and (shown := {k.description for k in shown_footer_keys(app)})
+                    and "Zoom" in shown and "Kill rank" not in shown, what="the grid's footer")
+
+    drive(engine, body)

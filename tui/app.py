@@ -25,7 +25,7 @@ from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import detach_terminal, terminal_alive
 from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import ACTS_ON_RANKS, MainScreen
-from ranktop.tui.panes import LogView, can_act, read_only
+from ranktop.tui.panes import CalmFooter, LogView, can_act, read_only
 from ranktop.tui.screens import SIDEWAYS, ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
 from textual import on
 from textual.app import App, SystemCommand
@@ -80,6 +80,11 @@ class RanktopApp(App):
 
     @on(MainScreen.GroupEnded)
     def group_ended(self, event: MainScreen.GroupEnded) -> None:
+        # Nothing is left to act on: every open view's footer drops those keys (a stack view
+        # opened while the run went on offered its SIGUSR1 fallback after the end).
+        for screen in self.screen_stack:
+            for footer in screen.query(CalmFooter):
+                footer.hide(ACTS_ON_RANKS)
         if event.snapshot.error is not None:
             # The error may quote rank-supplied text: shown as plain, safe text, never as markup.
             self.notify(clean(f"ranktop failed: {event.snapshot.error}"), severity="error", timeout=30,
