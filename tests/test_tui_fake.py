@@ -511,7 +511,8 @@ def test_the_end_panel_of_a_success_lists_the_earlier_starts_as_the_header_does(
 
 def test_views_open_across_the_end_drop_the_keys_that_act_on_ranks():
     """A stack view opened while the run went on kept `u SIGUSR1 fallback` in its footer after
-    the end (its ? help had dropped it)."""
+    the end (its ? help had dropped it), and the help's Mouse section still said that k K r R
+    ask first, keys the end had taken out of the footer and the rest of the help."""
     engine = FakeEngine(2)
 
     async def body(app, pilot):
@@ -522,8 +523,12 @@ def test_views_open_across_the_end_drop_the_keys_that_act_on_ranks():
         await until(pilot, lambda: app.main.ended, what="the run's end")
         await until(pilot, lambda: (shown := {k.description for k in shown_footer_keys(app)})
                     and "Dump again" in shown and "SIGUSR1 fallback" not in shown, what="the stack view's footer")
-        await pilot.press("escape")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        help_text = "\n".join(screen_rows(app))
+        assert "Mouse" in help_text and "ask first" not in help_text and "SIGUSR1" not in help_text
+        await pilot.press("escape", "escape")
         await until(pilot, lambda: app.screen is app.main and (shown := {k.description for k in shown_footer_keys(app)})
                     and "Zoom" in shown and "Kill rank" not in shown, what="the grid's footer")
 
-    drive(engine, body)
+    drive(engine, body, size=(160, 90))  # (tall: the help's last section, Mouse, in sight)
