@@ -532,3 +532,24 @@ def test_views_open_across_the_end_drop_the_keys_that_act_on_ranks():
                     and "Zoom" in shown and "Kill rank" not in shown, what="the grid's footer")
 
     drive(engine, body, size=(160, 90))  # (tall: the help's last section, Mouse, in sight)
+
+
+def test_the_two_column_help_wraps_its_descriptions_whole():
+    """At 160x48 the stack view's help showed `Between the groups and the call tre`: each column
+    asked for more than half of the help's width, and the table cut what did not fit."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen), what="stack view")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        rows = screen_rows(app)
+        top = next(row for row in rows if "Stack view (d / D)" in row)
+        left, right = top.index("Stack view (d / D)"), top.index("Ranks")  # where each column starts
+        column = " ".join(" ".join(row[left:right].split()) for row in rows)  # its rows, one after the other
+        for title, described in app.screen.groups[:3]:  # the stack view's own keys: that column
+            for _, description in described:
+                assert description in column, (title, description)
+
+    drive(engine, body)

@@ -95,7 +95,8 @@ def _key_table(left: list, right: list) -> Table:
 def _key_column(groups: list) -> Table:
     table = Table.grid(padding=(0, 1))
     table.add_column(style="bold cyan", no_wrap=True, min_width=16)
-    table.add_column(no_wrap=False, min_width=38)
+    # (No minimum: one wider than half of a 160-column help cut its longer descriptions short.)
+    table.add_column(no_wrap=False)
     for keys, description in _key_rows(groups):
         table.add_row(keys, description)
     return table
