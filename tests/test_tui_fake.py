@@ -16,11 +16,12 @@ from fake_engine import FakeEngine
 from ranktop.core import commands as cmd
 from ranktop.core.engine import FIRST_LOOK_LINES
 from ranktop.core.state import GroupState, RankState, RootCause
-from ranktop.tui.app import RanktopApp
+from ranktop.tui.app import DIALOG_EXTRAS, RanktopApp
+from ranktop.tui.commands import described
 from ranktop.tui.details import RankDetails
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker, root_cause_body
 from ranktop.tui.stacks_view import StacksScreen
-from test_tui_app import notes
+from test_tui_app import notes, palette_top
 from textual.widgets import Button
 from textual.widgets._footer import FooterKey
 
@@ -548,8 +549,34 @@ def test_the_two_column_help_wraps_its_descriptions_whole():
         top = next(row for row in rows if "Stack view (d / D)" in row)
         left, right = top.index("Stack view (d / D)"), top.index("Ranks")  # where each column starts
         column = " ".join(" ".join(row[left:right].split()) for row in rows)  # its rows, one after the other
-        for title, described in app.screen.groups[:3]:  # the stack view's own keys: that column
-            for _, description in described:
+        for title, rows_of in app.screen.groups[:3]:  # the stack view's own keys: that column
+            for _, description in rows_of:
                 assert description in column, (title, description)
+
+    drive(engine, body)
+
+
+@pytest.mark.parametrize("opener,closer", [("m", "Close the details"), ("x", "Cancel"), ("q", "Stay"),
+                                           ("question_mark", None)])
+def test_the_palette_over_a_dialog_offers_its_commands_not_the_grids(opener, closer):
+    """ctrl+p over the rank details, the signal picker, the quit question or the help offered
+    the grid's actions: `Zoom` from it zoomed the grid unseen below the dialog. A dialog's own
+    commands are offered (the help has none), and run on it."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press(opener)
+        dialog = await until(pilot, lambda: app.screen.is_modal and app.screen, what="the dialog")
+        titles = {c.title for c in app.get_system_commands(dialog)}
+        assert not titles & {"Zoom", "Kill rank", "Stop group", "Focus rank 1", "Search"}, titles
+        if closer is None:
+            return
+        own = {description for _, description, _ in described(app, dialog, hidden=DIALOG_EXTRAS)}
+        assert closer in own <= titles, titles
+        await pilot.press("ctrl+p", *closer.lower())
+        await until(pilot, lambda: palette_top(app).startswith(closer), what="the dialog's own command")
+        await pilot.press("enter")
+        await until(pilot, lambda: app.screen is app.main, what="the dialog closed")
+        assert not app.main.zoomed and engine.commands == []
 
     drive(engine, body)
