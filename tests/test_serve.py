@@ -516,8 +516,8 @@ def test_a_tui_whose_engine_is_killed_gives_the_terminal_back(tmp_path, runtime)
         ranks = [e["pid"] for e in read_events(tmp_path / "logs" / "killed") if e["event"] == "started"]
         os.kill(run["pid"], signal.SIGKILL)
         term.wait_screen("STATUS 137")
-        flags = "#{alternate_on} #{mouse_any_flag} #{mouse_sgr_flag} #{cursor_flag}"
-        assert term._tmux("display", "-p", "-t", "t", flags).split() == ["0", "0", "0", "1"]
+        flags = "#{alternate_on} #{mouse_any_flag} #{mouse_sgr_flag} #{cursor_flag} #{wrap_flag}"
+        assert term._tmux("display", "-p", "-t", "t", flags).split() == ["0", "0", "0", "1", "1"]
         term.wait_screen(f"ranktop: the TUI and its engine (pid {run['pid']}) were killed by SIGKILL; the orphan "
                          "guard stops the ranks")
         wait_for(lambda: not any(psutil.pid_exists(pid) for pid in ranks), what="the guard ended the ranks")

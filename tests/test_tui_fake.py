@@ -16,11 +16,12 @@ from fake_engine import FakeEngine
 from ranktop.core import commands as cmd
 from ranktop.core.engine import FIRST_LOOK_LINES
 from ranktop.core.state import GroupState, RankState, RootCause
-from ranktop.tui.app import RanktopApp
+from ranktop.tui.app import DIALOG_EXTRAS, RanktopApp
+from ranktop.tui.commands import described
 from ranktop.tui.details import RankDetails
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker, root_cause_body
 from ranktop.tui.stacks_view import StacksScreen
-from test_tui_app import notes
+from test_tui_app import notes, palette_top
 from textual.widgets import Button
 from textual.widgets._footer import FooterKey
 
@@ -507,3 +508,75 @@ def test_the_end_panel_of_a_success_lists_the_earlier_starts_as_the_header_does(
     shown = root_cause_body(group).plain
     assert shown.startswith("  earlier: attempt_0: restarted, nodes joined; attempt_0: rank 1 failed (exit 4)\n"), shown
     assert "restart:" not in shown and "restarts:" not in shown
+
+
+def test_views_open_across_the_end_drop_the_keys_that_act_on_ranks():
+    """A stack view opened while the run went on kept `u SIGUSR1 fallback` in its footer after
+    the end (its ? help had dropped it), and the help's Mouse section still said that k K r R
+    ask first, keys the end had taken out of the footer and the rest of the help."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen)
+                    and "SIGUSR1 fallback" in {k.description for k in shown_footer_keys(app)}, what="stack view")
+        engine.end(GroupState.SUCCEEDED, 0, state=RankState.SUCCEEDED, exitcode=0)
+        await until(pilot, lambda: app.main.ended, what="the run's end")
+        await until(pilot, lambda: (shown := {k.description for k in shown_footer_keys(app)})
+                    and "Dump again" in shown and "SIGUSR1 fallback" not in shown, what="the stack view's footer")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        help_text = "\n".join(screen_rows(app))
+        assert "Mouse" in help_text and "ask first" not in help_text and "SIGUSR1" not in help_text
+        await pilot.press("escape", "escape")
+        await until(pilot, lambda: app.screen is app.main and (shown := {k.description for k in shown_footer_keys(app)})
+                    and "Zoom" in shown and "Kill rank" not in shown, what="the grid's footer")
+
+    drive(engine, body, size=(160, 90))  # (tall: the help's last section, Mouse, in sight)
+
+
+def test_the_two_column_help_wraps_its_descriptions_whole():
+    """At 160x48 the stack view's help showed `Between the groups and the call tre`: each column
+    asked for more than half of the help's width, and the table cut what did not fit."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen), what="stack view")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        rows = screen_rows(app)
+        top = next(row for row in rows if "Stack view (d / D)" in row)
+        left, right = top.index("Stack view (d / D)"), top.index("Ranks")  # where each column starts
+        column = " ".join(" ".join(row[left:right].split()) for row in rows)  # its rows, one after the other
+        for title, rows_of in app.screen.groups[:3]:  # the stack view's own keys: that column
+            for _, description in rows_of:
+                assert description in column, (title, description)
+
+    drive(engine, body)
+
+
+@pytest.mark.parametrize("opener,closer", [("m", "Close the details"), ("x", "Cancel"), ("q", "Stay"),
+                                           ("question_mark", None)])
+def test_the_palette_over_a_dialog_offers_its_commands_not_the_grids(opener, closer):
+    """ctrl+p over the rank details, the signal picker, the quit question or the help offered
+    the grid's actions: `Zoom` from it zoomed the grid unseen below the dialog. A dialog's own
+    commands are offered (the help has none), and run on it."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press(opener)
+        dialog = await until(pilot, lambda: app.screen.is_modal and app.screen, what="the dialog")
+        titles = {c.title for c in app.get_system_commands(dialog)}
+        assert not titles & {"Zoom", "Kill rank", "Stop group", "Focus rank 1", "Search"}, titles
+        if closer is None:
+            return
+        own = {description for _, description, _ in described(app, dialog, hidden=DIALOG_EXTRAS)}
+        assert closer in own <= titles, titles
+        await pilot.press("ctrl+p", *closer.lower())
+        await until(pilot, lambda: palette_top(app).startswith(closer), what="the dialog's own command")
+        await pilot.press("enter")
+        await until(pilot, lambda: app.screen is app.main, what="the dialog closed")
+        assert not app.main.zoomed and engine.commands == []
+
+    drive(engine, body)

@@ -25,7 +25,7 @@ from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import detach_terminal, terminal_alive
 from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import ACTS_ON_RANKS, MainScreen
-from ranktop.tui.panes import LogView, can_act, read_only
+from ranktop.tui.panes import CalmFooter, LogView, can_act, read_only
 from ranktop.tui.screens import SIDEWAYS, ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
 from textual import on
 from textual.app import App, SystemCommand
@@ -33,6 +33,9 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 QUIT_STATUS = 128 + signal.SIGINT  # the user interrupted the run from the TUI
+# A dialog's keys besides its own answers (the help lists them when ? is asked in it; the
+# palette leaves them out: keys, not commands).
+DIALOG_EXTRAS = ("pick", "help", "help_quit", "focus_next", "focus_previous", "copy_text")
 
 
 class RanktopApp(App):
@@ -80,6 +83,11 @@ class RanktopApp(App):
 
     @on(MainScreen.GroupEnded)
     def group_ended(self, event: MainScreen.GroupEnded) -> None:
+        # Nothing is left to act on: every open view's footer drops those keys (a stack view
+        # opened while the run went on offered its SIGUSR1 fallback after the end).
+        for screen in self.screen_stack:
+            for footer in screen.query(CalmFooter):
+                footer.hide(ACTS_ON_RANKS)
         if event.snapshot.error is not None:
             # The error may quote rank-supplied text: shown as plain, safe text, never as markup.
             self.notify(clean(f"ranktop failed: {event.snapshot.error}"), severity="error", timeout=30,
@@ -213,7 +221,7 @@ class RanktopApp(App):
         """Each other screen's own keys (those of the widgets in it are listed when ? is asked there)."""
         # What each has besides its answers is listed by ? there: here they would push the last
         # sections out of a 160x48 help.
-        besides = ("pick", "help", "help_quit", "focus_next", "focus_previous", "copy_text")
+        besides = DIALOG_EXTRAS
         sections: list[tuple[str, Any, tuple[str, ...]]] = []
         if not cannot_act:  # (a read-only or ended view neither offers x nor asks before q)
             sections = [SignalPicker(0, 0, 1).key_sections(besides)[0], ConfirmQuit(0, 0.0).key_sections(besides)[0]]
@@ -246,8 +254,12 @@ class RanktopApp(App):
         self.push_screen(HelpScreen(help_groups(self, sections), here=max(1, len(here))))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        # The stack view: its actions, not the grid's below it (a dialog's keys are answers, not actions).
-        if hasattr(screen, "key_sections") and not screen.is_modal:
+        if screen.is_modal:  # a dialog: its own commands, not the grid's, which would act unseen below it
+            if hasattr(screen, "key_sections"):
+                yield from palette_commands(self, screen.key_sections(DIALOG_EXTRAS)[:1])
+            yield from super().get_system_commands(screen)
+            return
+        if hasattr(screen, "key_sections"):  # the stack view: its actions, not the grid's below it
             hidden = (*self._stack_view_hidden(not can_act(self)), "tree", "focus_next", "focus_previous")  # keys, not acts
             own = screen.key_sections(hidden)[0]
             yield from palette_commands(self, [own, *[s for s in self._sections(palette=True) if s[0] == "App"]])

@@ -86,9 +86,10 @@ def _wait_for(child: int) -> int:
 
 
 # What Textual's driver undoes on its way out: the alternate screen, mouse and focus reporting,
-# bracketed paste, the kitty keyboard protocol, the hidden cursor.
-_TUI_MODES_OFF = ("\x1b[?1000l\x1b[?1003l\x1b[?1015l\x1b[?1006l\x1b[?1016l\x1b[?2004l\x1b[?1004l\x1b[<u"
-                  "\x1b[?1049l\x1b[?25h")
+# bracketed paste, in-band resize reports, the kitty keyboard protocol, the hidden cursor, and
+# line wrap, which it turns off (left off, the shell's long lines were cut at the right edge).
+_TUI_MODES_OFF = ("\x1b[?1000l\x1b[?1003l\x1b[?1015l\x1b[?1006l\x1b[?1016l\x1b[?2004l\x1b[?2048l\x1b[?1004l"
+                  "\x1b[<u\x1b[?1049l\x1b[?25h\x1b[?7h")
 
 
 def _terminal_modes() -> list | None:

@@ -793,7 +793,6 @@ class MainScreen(Screen):
         self.query_one(RootCausePanel).show(snap)
         self.ended = True
         self.note = None
-        self.query_one(CalmFooter).hide(ACTS_ON_RANKS)  # nothing left to act on, in any view
         self.query_one(GroupHeader).show_group(snap, time.time())
         if snap.root_cause is not None and not self.zoomed:
             self.focus_rank(snap.root_cause.local_rank)  # the culprit's output is what one wants to read

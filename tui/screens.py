@@ -10,7 +10,7 @@ from ranktop.core.errors import describe_exit
 from ranktop.core.report import failed_at, root_cause_lines
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, RootCause
-from ranktop.tui.panes import human_duration, read_only
+from ranktop.tui.panes import can_act, human_duration
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -56,7 +56,7 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         extra = [("mouse", "click a pane or a rank to focus it"), ("wheel", "scroll the pane under the mouse"),
                  ("ctrl+p", "command palette: every action by name")]
-        if not read_only(self.app):
+        if can_act(self.app):  # (a read-only or ended view leaves them out)
             extra.append(("k K r R", "ask first: press the key again within 3 s"))
         with VerticalScroll(id="help-box"):
             yield Static(Text("ranktop keys  (esc to close)", style="bold"), classes="dialog-title")
@@ -95,7 +95,8 @@ def _key_table(left: list, right: list) -> Table:
 def _key_column(groups: list) -> Table:
     table = Table.grid(padding=(0, 1))
     table.add_column(style="bold cyan", no_wrap=True, min_width=16)
-    table.add_column(no_wrap=False, min_width=38)
+    # (No minimum: one wider than half of a 160-column help cut its longer descriptions short.)
+    table.add_column(no_wrap=False)
     for keys, description in _key_rows(groups):
         table.add_row(keys, description)
     return table
