@@ -22,6 +22,7 @@ from ranktop.tui.details import RankDetails
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker, root_cause_body
 from ranktop.tui.stacks_view import StacksScreen
 from test_tui_app import notes, palette_top
+from textual.css.query import NoMatches
 from textual.widgets import Button
 from textual.widgets._footer import FooterKey
 
@@ -367,13 +368,22 @@ def assert_footer_whole(app: RanktopApp, width: int) -> None:
     assert footer_row.rstrip().endswith("^p palette")
 
 
+def footer_whole(app: RanktopApp, width: int) -> bool:
+    """assert_footer_whole as a condition to wait on: the footer is rebuilt once per burst of
+    binding changes, a frame or so after a resize or a new screen."""
+    try:
+        assert_footer_whole(app, width)
+    except (AssertionError, NoMatches):
+        return False
+    return True
+
+
 def test_the_footer_shows_only_keys_that_fit_whole_and_every_key_still_works():
     engine = FakeEngine(2)
 
     async def body(app, pilot):
         await until(pilot, lambda: shown_footer_keys(app), what="the footer's keys")
-        await pilot.pause(0.2)
-        assert_footer_whole(app, 80)
+        await until(pilot, lambda: footer_whole(app, 80), what="the footer's keys whole at 80 columns")
         shown = [key.description for key in shown_footer_keys(app)]
         assert shown[:2] == ["Quit", "Help"] and "Stop group" in shown and "Restart rank" not in shown
         await pilot.press("r", "r")  # not in the footer at this width: works all the same
@@ -384,13 +394,11 @@ def test_the_footer_shows_only_keys_that_fit_whole_and_every_key_still_works():
         assert_footer_whole(app, 160)
         await pilot.resize_terminal(60, 24)
         await until(pilot, lambda: len(shown_footer_keys(app)) < len(shown), what="fewer keys at 60 columns")
-        await pilot.pause(0.2)
-        assert_footer_whole(app, 60)
+        await until(pilot, lambda: footer_whole(app, 60), what="the footer's keys whole at 60 columns")
         await pilot.resize_terminal(80, 24)
         await pilot.press("d")  # the stack view's footer too
         await until(pilot, lambda: isinstance(app.screen, StacksScreen) and shown_footer_keys(app), what="stacks")
-        await pilot.pause(0.2)
-        assert_footer_whole(app, 80)
+        await until(pilot, lambda: footer_whole(app, 80), what="the footer's keys whole at 80 columns")
         assert [key.description for key in shown_footer_keys(app)][:2] == ["Close", "Other threads"]
 
     drive(engine, body, size=(80, 24))
@@ -404,8 +412,8 @@ def test_a_read_only_view_leaves_out_the_keys_that_act_on_ranks():
     acting = {"Signal…", "Kill rank", "Stop group", "Restart rank", "Restart group", "Type into the rank's stdin"}
 
     async def body(app, pilot):
-        await until(pilot, lambda: shown_footer_keys(app), what="the footer's keys")
-        await pilot.pause(0.2)
+        await until(pilot, lambda: "Stacks" in [key.description for key in shown_footer_keys(app)],
+                    what="the footer's keys")
         shown = [key.description for key in shown_footer_keys(app)]
         assert shown[:2] == ["Quit", "Help"] and "Stacks" in shown
         assert not acting & set(shown)
@@ -427,8 +435,8 @@ def test_a_read_only_view_leaves_out_the_keys_that_act_on_ranks():
             assert "again to confirm" not in notes(app) and app.screen is app.main, key
             assert not app.main.query_one("#stdin").display and engine.commands == [], key
         await pilot.press("d")
-        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and shown_footer_keys(app), what="stacks")
-        await pilot.pause(0.2)
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen)
+                    and "Dump again" in [key.description for key in shown_footer_keys(app)], what="stacks")
         shown = [key.description for key in shown_footer_keys(app)]
         assert "Dump again" in shown and "SIGUSR1 fallback" not in shown
         await pilot.press("escape", "q")  # it can stop nothing: q leaves at once, without asking or a stop

@@ -24,8 +24,8 @@ from ranktop.core.signals import NOTICE_SIGNALS
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import detach_terminal, terminal_alive
 from ranktop.tui.driver import hangup_aware
-from ranktop.tui.main_screen import ACTS_ON_RANKS, MainScreen
-from ranktop.tui.panes import CalmFooter, LogView, can_act, read_only
+from ranktop.tui.main_screen import MainScreen
+from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, LogView, can_act, read_only
 from ranktop.tui.screens import SIDEWAYS, ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
 from textual import on
 from textual.app import App, SystemCommand
@@ -207,8 +207,9 @@ class RanktopApp(App):
             sections.append(("Ranks", main, hidden))
             log = main.pane(main.current).log if main.is_mounted else None
             if log is not None:
-                # The screen's arrow keys take precedence over the log's: do not list what never fires.
-                sections.append(("Pane output", log, ("scroll_up", "scroll_down", "scroll_left", "scroll_right")))
+                # The screen's arrow keys and n/N take precedence over the log's: do not list what never fires.
+                sections.append(("Pane output", log, ("scroll_up", "scroll_down", "scroll_left", "scroll_right",
+                                                     "search_next", "search_prev")))
             if main.is_mounted and not palette:  # (its keys scroll what has the focus: no palette entries)
                 panel = main.query_one(RootCausePanel)
                 sections.append(("End report (E)", panel, SIDEWAYS))  # (its lines wrap)
@@ -240,7 +241,7 @@ class RanktopApp(App):
 
     @staticmethod
     def _stack_view_hidden(cannot_act: bool) -> tuple[str, ...]:
-        return ("copy_text", "signal") if cannot_act else ("copy_text",)  # the SIGUSR1 fallback acts on ranks
+        return ("copy_text", *ACTS_ON_RANKS) if cannot_act else ("copy_text",)  # (u, its SIGUSR1 fallback)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

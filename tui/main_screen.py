@@ -27,6 +27,7 @@ from ranktop.core.state import GroupSnapshot, GroupState
 from ranktop.tui.attempts import FileFeed, attempt_dirs
 from ranktop.tui.metric import Tracker
 from ranktop.tui.panes import (
+    ACTS_ON_RANKS,
     FILTERS,
     SORTS,
     CalmFooter,
@@ -74,11 +75,6 @@ def plan_grid(n: int, width: int, height: int) -> tuple[int, int] | None:
         if score > best_score:
             best, best_score = (cols, rows), score
     return best
-
-
-# The keys whose commands act on ranks: a read-only view's footer leaves them out (they answer
-# "read-only view: nothing was done"), and so does any view once the run has ended.
-ACTS_ON_RANKS = ("signal", "kill_rank", "kill_group", "restart_rank", "restart_group", "type_input")
 
 
 class MainScreen(Screen):

@@ -337,6 +337,12 @@ def read_only(app: object) -> bool:
     return bool(getattr(getattr(app, "engine", None), "read_only", False))
 
 
+# The actions that act on ranks (the grid's, and the stack view's SIGUSR1 fallback, `signal`
+# too): a read-only view's footer leaves them out (they answer "read-only view: nothing was
+# done"), and so does any view once the run has ended.
+ACTS_ON_RANKS = ("signal", "kill_rank", "kill_group", "restart_rank", "restart_group", "type_input")
+
+
 def can_act(app: object) -> bool:
     """Whether keys that act on ranks can do anything here: not in a read-only view, nor once
     the run has ended (its final view, local or attached: nothing is left to act on). The

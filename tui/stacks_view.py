@@ -12,7 +12,7 @@ from ranktop.core import stacks
 from ranktop.core.engine import Engine
 from ranktop.core.sanitize import clean
 from ranktop.core.stacks import StackReport, TreeNode
-from ranktop.tui.panes import CalmFooter, can_act
+from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, can_act
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -101,7 +101,7 @@ class StacksScreen(Screen):
             yield StackGroups(id="stacks-groups")
             yield CallTree(Text("call tree"), id="stacks-tree")
         yield Static(id="stacks-problems")
-        yield CalmFooter(hidden=() if can_act(self.app) else ("signal",))  # the keys that fit whole
+        yield CalmFooter(hidden=() if can_act(self.app) else ACTS_ON_RANKS)  # the keys that fit whole
 
     def on_mount(self) -> None:
         self.query_one("#stacks-problems").display = False
