@@ -41,7 +41,7 @@ from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, co
 from ranktop.core.process import exit_status_for_signal
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
 from ranktop.core.sanitize import clean, clean_console
-from ranktop.core.signals import StopAction, StopRule
+from ranktop.core.signals import NOTICE_SIGNALS, StopAction, StopRule
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
 from ranktop.core.strays import LOOK_SECONDS, adopting
@@ -231,7 +231,7 @@ class LocalAgent:
         self._on_under_way = on_under_way
         # (signal, monotonic arrival time), appended by signal handlers, drained by the loop.
         self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
-        self._stop_rule = StopRule(hangup_stops=hangup_stops)
+        self._stop_rule = StopRule(hangup_stops=hangup_stops, passed_on=NOTICE_SIGNALS & frozenset(signals_to_handle))
         self._earlier_losses: list[LogLoss] = []  # incomplete logs of the attempts before this one
         # Commands waiting for the monitor loop, each with the slot its Ack goes into.
         self._commands: collections.deque[tuple[cmd.Command, _Reply | None]] = collections.deque()
@@ -686,7 +686,8 @@ class LocalAgent:
     def _install_signal_handlers(self) -> dict:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        handled = dict.fromkeys((*_FORWARDED_SIGNALS, *self.signals_to_handle))
+        # The notices always: unhandled, their default action would end ranktop without a report.
+        handled = dict.fromkeys((*_FORWARDED_SIGNALS, *self.signals_to_handle, *NOTICE_SIGNALS))
         return {sig: signal.signal(sig, self._on_signal) for sig in handled}
 
     @staticmethod

@@ -27,10 +27,15 @@ class StopAction(str, enum.Enum):
     DUPLICATE = "duplicate"  # a repeat of the hangup/termination just forwarded: nothing more to do
     KILL_NOW = "kill_now"  # a repeated interrupt: SIGKILL every rank at once
     PASS_ON = "pass_on"  # a notice for the ranks (Slurm's SIGUSR1 before a requeue): sent, the run goes on
-    IGNORED = "ignored"  # a hang-up to a run that has no terminal to lose (detached): the run goes on
+    # a hang-up to a run that has no terminal to lose (detached), or a notice not listed in
+    # --signals-to-handle: noted, the run goes on
+    IGNORED = "ignored"
 
 
-NOTICE_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})  # passed on, never a reason to stop
+# Never a reason to stop: passed on when listed in --signals-to-handle, else only noted. Slurm's
+# --signal=USR1@N (without B:) reaches ranktop and every rank of the step at once; by default
+# ranktop must neither die of it (its default action) nor give the ranks a second one.
+NOTICE_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})
 
 
 @dataclass
@@ -39,13 +44,14 @@ class StopRule:
 
     window: float = DUPLICATE_WINDOW
     hangup_stops: bool = True  # False once the run is detached: it was started to outlive a hang-up
+    passed_on: frozenset[int] = NOTICE_SIGNALS  # the notices given to the ranks; the others are only noted
     _interrupted: bool = False
     _forwarded_at: float | None = None  # when the last SIGHUP/SIGTERM acted on arrived
 
     def decide(self, signum: int, received_at: float) -> StopAction:
         """`received_at` is a monotonic time taken when the signal arrived."""
         if signum in NOTICE_SIGNALS:
-            return StopAction.PASS_ON
+            return StopAction.PASS_ON if signum in self.passed_on else StopAction.IGNORED
         if signum == signal.SIGHUP and not self.hangup_stops:
             return StopAction.IGNORED
         if signum == signal.SIGINT:

@@ -3,6 +3,7 @@ only a repeated SIGINT kills at once. Real ranktop, real ranks, real signals."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -150,6 +151,31 @@ def test_signals_to_handle_passes_sigusr1_on_and_the_run_goes_on(tmp_path):
         assert proc.poll() is None  # still running: a notice is not a stop
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_slurms_sigusr1_to_ranktop_and_every_rank_at_once_is_neither_fatal_nor_doubled(tmp_path):
+    """--signal=USR1@60 without B: Slurm signals every process of the step itself. Unlisted in
+    --signals-to-handle, SIGUSR1's default action used to end ranktop (exit 138, no report) and
+    the guard then stopped the ranks that were about to checkpoint."""
+    proc = _start_usr1(tmp_path)
+    try:
+        wait_for(lambda: all("up" in _logged(tmp_path, r) for r in range(2)), what="ranks up")
+        events = tmp_path / "logs" / "r" / "events.jsonl"
+        ranks = [e["pid"] for e in read_events(tmp_path / "logs" / "r") if e["event"] == "started"]
+        for pid in (proc.pid, *ranks):  # as slurmstepd does: each process of the step, one by one
+            os.kill(pid, signal.SIGUSR1)
+        wait_for(lambda: all("requeue notice" in _logged(tmp_path, r) for r in range(2)), what="the notices")
+        wait_for(lambda: '"SIGUSR1"' in events.read_text(), what="ranktop noting its SIGUSR1")
+        assert proc.poll() is None  # a notice is not a stop
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 128 + signal.SIGTERM
+        assert [_logged(tmp_path, r).count("requeue notice") for r in range(2)] == [1, 1]  # not passed on again
+        noted = [e for e in read_events(tmp_path / "logs" / "r") if e.get("signal") == "SIGUSR1"]
+        assert [(e["forwarded"], e["action"]) for e in noted] == [(False, "ignored")]
     finally:
         if proc.poll() is None:
             proc.kill()

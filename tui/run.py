@@ -42,8 +42,8 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
         if signum != signal.SIGHUP:  # the ranks get it at once, as from the app (a second Ctrl-C kills)
             engine.submit(cmd.Interrupt(signum))  # (answered at once: safe from a signal handler)
 
-    # QUIT stops as TERM does; USR1/USR2 are passed on
-    handled = dict.fromkeys((*_STOP_SIGNALS, *getattr(ns, "signals_to_handle", ())))
+    # QUIT stops as TERM does; USR1/USR2 always (passed on where listed, else noted: never fatal)
+    handled = dict.fromkeys((*_STOP_SIGNALS, *getattr(ns, "signals_to_handle", ()), *NOTICE_SIGNALS))
     previous = {sig: signal.signal(sig, on_signal) for sig in handled}
     server = None
     try:
