@@ -41,7 +41,7 @@ from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, co
 from ranktop.core.process import exit_status_for_signal
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
 from ranktop.core.sanitize import clean, clean_console
-from ranktop.core.signals import NOTICE_SIGNALS, StopAction, StopRule
+from ranktop.core.signals import NOTICE_SIGNALS, StopAction, StopRule, take_early_stops
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
 from ranktop.core.strays import LOOK_SECONDS, adopting
@@ -688,7 +688,10 @@ class LocalAgent:
             return {}
         # The notices always: unhandled, their default action would end ranktop without a report.
         handled = dict.fromkeys((*_FORWARDED_SIGNALS, *self.signals_to_handle, *NOTICE_SIGNALS))
-        return {sig: signal.signal(sig, self._on_signal) for sig in handled}
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
+        for sig in take_early_stops(handled):  # (as PID 1: they came before we could act on them)
+            self.handle_signal(sig)
+        return previous
 
     @staticmethod
     def _restore_signal_handlers(handlers: dict) -> None:

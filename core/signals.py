@@ -13,6 +13,7 @@ records (signal, time) and the loop that owns the ranks decides and acts.
 from __future__ import annotations
 
 import enum
+import os
 import signal
 from dataclasses import dataclass
 
@@ -63,6 +64,33 @@ class StopRule:
             return StopAction.DUPLICATE
         self._forwarded_at = received_at
         return StopAction.FORWARD
+
+
+# As PID 1 of a PID namespace (a container's command), a signal with no handler is dropped by the
+# kernel, not acted on: a SIGTERM from kubelet before the run has its handlers would be lost, and the
+# ranks would run until the SIGKILL a grace period later. Until then such a signal is only noted.
+_EARLY_STOPS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_early: list[int] = []
+
+
+def _note_early(signum: int, _frame: object) -> None:
+    _early.append(signum)
+
+
+def hold_early_stops() -> None:
+    """As PID 1, note the stop signals that come before the run can act on them (`take_early_stops`).
+    Elsewhere their default action ends ranktop before it has started anything: nothing to do."""
+    if os.getpid() == 1:
+        for sig in _EARLY_STOPS:
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                signal.signal(sig, _note_early)
+
+
+def take_early_stops(handled: object) -> list[int]:
+    """The noted signals that are among `handled`, once: the run acts on them now."""
+    taken = [sig for sig in _early if sig in handled]
+    _early.clear()
+    return taken
 
 
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from ranktop.core import collector, guard, limits, numa
 from ranktop.core.errors import UsageError
+from ranktop.core.signals import hold_early_stops
 from ranktop.core.stdio import reopen_closed_streams, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, usage_error, usage_line
 
@@ -566,6 +567,7 @@ def want_tui(ns: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    hold_early_stops()  # as PID 1 (a container's command), an unhandled SIGTERM would be dropped
     collector.hold()  # released where start-up ends: the first frame, or the ranks started
     try:
         status = _run_command(argv)
