@@ -123,16 +123,25 @@ def younger_than(table: dict[int, Proc], start: int) -> list[int]:
     return [p.pid for p in table.values() if p.start >= start and not p.zombie]
 
 
+def marker_needle(token: str) -> bytes:
+    """MARKER=token as it reads in /proc/PID/environ."""
+    return f"{MARKER}={token}\0".encode()
+
+
+def carries_marker(pid: int, needles: Iterable[bytes]) -> bool:
+    """Does the environment of `pid` hold one of `needles` (False where we may not read it)?"""
+    try:
+        environ = _read_proc_file(f"/proc/{pid}/environ") + b"\0"
+    except OSError:
+        return False
+    return any(needle in environ for needle in needles)
+
+
 def marked_pids(token: str, pids: Iterable[int] | None = None) -> set[int]:
     """Live processes whose environment holds MARKER=token (those we may read)."""
-    needle = f"{MARKER}={token}\0".encode()
-    found = set()
-    for pid in pids if pids is not None else (int(e) for e in os.listdir("/proc") if e.isdigit()):
-        try:
-            if needle in _read_proc_file(f"/proc/{pid}/environ") + b"\0":
-                found.add(pid)
-        except OSError:
-            continue
+    needles = (marker_needle(token),)
+    every = (int(e) for e in os.listdir("/proc") if e.isdigit())
+    found = {pid for pid in (pids if pids is not None else every) if carries_marker(pid, needles)}
     found.discard(os.getpid())
     return found
 

@@ -7,6 +7,9 @@ the rank's process group), or outlive its rank. Such a process is still found:
   starts (`adopt_orphans`, called by the ranktop command); ranktop must then reap it when it exits;
 - when its rank ends, by the rank's session and process group, looked at before the rank's ids
   can be reused.
+As PID 1 (a container's command) ranktop adopts every orphan of the namespace, also those of
+processes a person started with `kubectl exec`: an orphan counts as a rank's only if it is in a
+rank's session or carries a group's marker; the rest are only reaped once they exit.
 Each such process is told to the guard by pid and start time (so the guard can sweep it should
 ranktop itself be SIGKILLed), and swept by ranktop at the end of the group with SIGTERM, the
 grace, then SIGKILL, like the ranks.
@@ -16,14 +19,18 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ranktop.core.guard import (
     Proc,
+    carries_marker,
     descendants,
     find_strays,
     marked_pids,
+    marker_needle,
     process_table,
     read_proc,
     spare_pid,
@@ -38,6 +45,12 @@ LOOK_SECONDS = 0.1
 
 _adopting = False
 _own_children: set[int] = set()  # the session leaders this process started itself: ranks, guards
+# Every rank this process started (its pid, which is its session's id -> its start time) and every
+# group's marker: as PID 1, what an orphan came from.
+_rank_sessions: dict[int, int] = {}
+_markers: set[bytes] = set()
+_tools = 0  # our own tools (py-spy, a pager) running now: each reaps its own child
+_tools_lock = threading.Lock()
 
 
 def adopt_orphans() -> bool:
@@ -72,18 +85,49 @@ def adopting() -> bool:
     return _adopting
 
 
+@contextmanager
+def own_tool() -> Iterator[None]:
+    """Around starting and waiting for a tool of ours (py-spy, a pager): as PID 1 no child in our
+    session is taken for an orphan meanwhile, so its exit status stays its caller's."""
+    global _tools
+    with _tools_lock:
+        _tools += 1
+    try:
+        yield
+    finally:
+        with _tools_lock:
+            _tools -= 1
+
+
 def adopted_children() -> dict[int, Proc]:
-    """Our children that we did not start: orphans from the ranks' trees (when adopting)."""
+    """Our children that we did not start (when adopting): orphans from the ranks' trees and, as
+    PID 1, from anywhere in the namespace."""
     if not _adopting:
         return {}
     me, my_session = os.getpid(), os.getsid(0)
     found = {}
     for pid in children_of_self() - _own_children - {spare_pid()}:
         proc = read_proc(pid)
-        # Our own tools (py-spy, a pager) run in our session; nothing from a rank can join it.
-        if proc is not None and proc.ppid == me and proc.sid != my_session:
+        # Our own tools run in our session; nothing from a rank can join it. As PID 1 whatever
+        # enters the namespace from outside may share it (its id reads 0 where its leader is
+        # outside): such orphans are ours to reap while no tool of ours runs (the count is read
+        # after the child: a tool's child is forked after the count goes up, reaped before it drops).
+        if proc is not None and proc.ppid == me and (proc.sid != my_session or (me == 1 and _tools == 0)):
             found[pid] = proc
     return found
+
+
+def from_a_rank(pid: int, proc: Proc) -> bool:
+    """Did this orphan come from a rank? Anything we adopt did, except as PID 1: there it must be
+    in a rank's session (started after that rank, whose pid was not reused) or carry a marker."""
+    if os.getpid() != 1:
+        return True
+    start = _rank_sessions.get(proc.sid)
+    if start is not None and proc.start >= start:
+        leader = read_proc(proc.sid)  # while its session has members, its id is not reused
+        if leader is None or leader.start == start:
+            return True
+    return carries_marker(pid, _markers)
 
 
 def children_of_self() -> set[int]:
@@ -127,10 +171,12 @@ class StrayTracker:
         self.ranks: dict[int, int] = {}  # pid -> start time, until what it left was looked at
         self.known: dict[int, int] = {}  # strays: pid -> start time
         self._adopted: dict[int, int] = {}  # the orphans re-parented to us: pid -> start time
+        self._not_ours: dict[int, int] = {}  # as PID 1, adopted orphans that came from no rank
         self._reaped: list[int] = []
         self._given_up: set[int] = set()  # ranks that outlived SIGKILL: the guard's, not the sweep's
         self.since: int | None = None  # the first rank's start (clock ticks since boot)
         self._looked_at = 0.0
+        _markers.add(marker_needle(token))
 
     def rank_started(self, pid: int) -> None:
         if pid in self._reaped:  # the pid of a rank reaped a moment ago, reused: settle that one first
@@ -139,6 +185,7 @@ class StrayTracker:
         start = proc.start if proc is not None else 0
         self.since = start if self.since is None else min(self.since, start)
         self.ranks[pid] = start
+        _rank_sessions[pid] = start
         self._tell(f"rank {pid} {start}")
 
     def rank_reaped(self, pid: int) -> None:
@@ -174,11 +221,10 @@ class StrayTracker:
             if proc.zombie:
                 _reap(pid)  # ours to reap: nobody else will
                 self._adopted.pop(pid, None)  # gone: a long run with many such orphans keeps no trace
+                self._not_ours.pop(pid, None)
                 self.known.pop(pid, None)
-            elif self._adopted.get(pid) != proc.start:
-                self._adopted[pid] = proc.start
-                self._note(pid, proc.start)
-                self._emit("stray_adopted", pid=pid, command=command_of(pid))
+            elif proc.start not in (self._adopted.get(pid), self._not_ours.get(pid)):  # judged once
+                self._adopt(pid, proc)
         if self._reaped:
             reaped = {pid: self.ranks[pid] for pid in self._reaped}
             table = process_table()
@@ -190,6 +236,14 @@ class StrayTracker:
             self._reaped.clear()
             return table
         return None
+
+    def _adopt(self, pid: int, proc: Proc) -> None:
+        if not from_a_rank(pid, proc):
+            self._not_ours[pid] = proc.start  # only reaped: never noted, signalled or swept
+            return
+        self._adopted[pid] = proc.start
+        self._note(pid, proc.start)
+        self._emit("stray_adopted", pid=pid, command=command_of(pid))
 
     def find(self, with_marker: bool) -> dict[int, int]:
         """Every live process of the group (pid -> start time), for the end sweep. The marker

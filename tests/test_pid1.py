@@ -11,7 +11,7 @@ import signal
 import subprocess
 
 import pytest
-from conftest import ROOT, ranktop_cmd, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, wait_for
 from ranktop.core.guard import read_proc
 
 
@@ -36,13 +36,22 @@ pytestmark = pytest.mark.skipif(UNSHARE is None, reason="unshare cannot make a P
 SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(60)\n"
 
 
-def _as_pid1(tmp_path, script: str, *flags: str) -> subprocess.Popen:
+def _as_pid1(tmp_path, script: str, *flags: str, session: bool = False, args: tuple[str, ...] = ()) -> subprocess.Popen:
+    """ranktop as PID 1; `session`: in a session of its own (as a container runtime starts it),
+    else in the test's, whose id reads 0 inside the namespace, as does that of whatever enters it."""
     path = tmp_path / "rank.py"
     path.write_text(script)
     # --kill-child: should the test fail, killing unshare kills PID 1, and with it the namespace
-    return subprocess.Popen([*UNSHARE, *ranktop_cmd("--headless", "--log-dir", str(tmp_path / "logs"), *flags,
-                                                    str(path))],
+    command = ranktop_cmd("--headless", "--log-dir", str(tmp_path / "logs"), *flags, str(path), *args)
+    # (unshare's child leads no process group: setsid makes the session without forking, so stays PID 1)
+    return subprocess.Popen([*UNSHARE, *(["setsid"] if session else []), *command],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _exec_in(init: int, shell: str) -> None:
+    """As `kubectl exec` does: a shell entered into PID 1's namespaces from outside, whose
+    background job is re-parented to PID 1 when the shell exits."""
+    subprocess.run(["nsenter", "-t", str(init), "-p", "-m", "--", "sh", "-c", shell], check=True, timeout=10)
 
 
 def _children(pid: int) -> set[int]:
@@ -122,3 +131,80 @@ def _in_namespace(namespace: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+RESTARTED = """import os, sys, time
+def daemon(new_session, env):
+    if os.fork() == 0:
+        os.setsid() if new_session else os.setpgid(0, 0)
+        if os.fork() == 0:
+            os.execve("/bin/sleep", ["sleep", "999"], env)
+        os._exit(0)
+    os.wait()
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    daemon(True, dict(os.environ))  # a session of its own, the run's marker kept
+    daemon(False, {})  # environment cleared, still in the rank's session
+    print("daemons started", flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.01)
+    sys.exit(1)
+time.sleep(60)
+"""
+
+
+def _sleepers(namespace: str, seconds: str) -> list[int]:
+    """The `sleep SECONDS` processes of the namespace, by their pids out here."""
+    found = []
+    for pid in _in_namespace(namespace):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read() == f"sleep\0{seconds}\0".encode() and not read_proc(pid).zombie:
+                    found.append(pid)
+        except (OSError, AttributeError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("background", ["sleep 1000 & exit 0", "setsid sleep 1000 & exit 0"])
+def test_as_pid1_an_orphan_from_outside_the_ranks_is_left_alone_when_the_group_ends(tmp_path, background):
+    """As PID 1, ranktop adopts every orphan of the namespace. Only those from the ranks (in a
+    rank's session, or with the run's marker) are strays: a job a person left running from
+    `kubectl exec` used to be noted as one and SIGTERMed at the group's end."""
+    trigger = tmp_path / "fail now"
+    proc = _as_pid1(tmp_path, RESTARTED, "--nproc-per-node", "1", "--max-restarts", "1", "--shutdown-timeout", "1",
+                    "--run-id", "p", session=True, args=(str(trigger),))
+    run_dir = tmp_path / "logs" / "p"
+    try:
+        init = wait_for(lambda: next(iter(_children(proc.pid)), None), what="ranktop as PID 1")
+        namespace = os.readlink(f"/proc/{init}/ns/pid")
+        wait_for(lambda: len(_sleepers(namespace, "999")) == 2, timeout=20, what="the rank's daemons")
+        _exec_in(init, background)
+        outsider = wait_for(lambda: _sleepers(namespace, "1000"), what="the job left from outside")[0]
+        trigger.write_text("")  # the group ends; the run restarts it
+        wait_for(lambda: any(e["event"] == "started" and e["attempt"] == 1
+                             for e in read_events(run_dir, while_written=True)), timeout=20, what="the second attempt")
+        events = read_events(run_dir, while_written=True)
+        adopted = [e["command"] for e in events if e["event"] == "stray_adopted"]
+        assert sorted(adopted) == ["sleep 999", "sleep 999"]  # the rank's, by marker and by session
+        stopping = [e for e in events if e["event"] == "strays_stopping"]
+        assert len(stopping) == 1 and len(stopping[0]["pids"]) == 2
+        assert not _sleepers(namespace, "999")  # swept with the group
+        assert _sleepers(namespace, "1000") == [outsider]  # not signalled
+    finally:
+        _end(proc)
+
+
+def test_as_pid1_orphans_in_its_own_session_are_reaped(tmp_path):
+    """ranktop as PID 1 in a session whose leader is outside the namespace (its id reads 0 there),
+    as is every process entered from outside: their orphans used to be taken for ranktop's own
+    tools and never reaped, so each left a zombie."""
+    proc = _as_pid1(tmp_path, SLEEPER, "--nproc-per-node", "1", "--run-id", "p")
+    try:
+        init = wait_for(lambda: next(iter(_children(proc.pid)), None), what="ranktop as PID 1")
+        wait_for(lambda: len(_children(init)) == 2, timeout=20, what="the rank and the guard")
+        for _ in range(10):
+            _exec_in(init, "sleep 0.1 & exit 0")
+        wait_for(lambda: len(_children(init)) == 2 and not _zombies(init), what="the orphans reaped")
+        assert not [e for e in read_events(tmp_path / "logs" / "p", while_written=True) if "stray" in e["event"]]
+    finally:
+        _end(proc)

@@ -24,6 +24,7 @@ from ranktop.core.engine import Engine
 from ranktop.core.report import format_root_cause
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState
+from ranktop.core.strays import own_tool
 from ranktop.tui.attempts import FileFeed, attempt_dirs
 from ranktop.tui.metric import Tracker
 from ranktop.tui.panes import (
@@ -673,7 +674,7 @@ class MainScreen(Screen):
             return
         pager = shlex.split(os.environ.get("PAGER") or "less") or ["less"]
         try:
-            with self.app.suspend():
+            with self.app.suspend(), own_tool():  # its exit is its own, not an orphan's to reap
                 subprocess.run([*pager, *paths], check=False)
         except SuspendNotSupported:
             self.notify(clean(f"cannot hand the terminal over here; the log: {paths[0]}"), severity="warning",

@@ -24,6 +24,7 @@ from ranktop.core.stacks.grouping import build_report
 from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack
 from ranktop.core.stacks.procs import gone_reason
 from ranktop.core.stacks.saving import save_report
+from ranktop.core.strays import own_tool
 
 DUMP_TIMEOUT = 5.0  # seconds one py-spy may take; a process in uninterruptible sleep can hold it
 
@@ -75,8 +76,9 @@ def dump_pid(pid: int, rank: int = 0, local_rank: int | None = None, *, native: 
     if spy is None:
         return RankStack(**base, status=StackStatus.NO_PY_SPY, reason="py-spy not found", hint=NO_PY_SPY_HINT)
     try:
-        out = subprocess.run([spy, "dump", "--pid", str(target), "--json"], capture_output=True, text=True,
-                             timeout=timeout, env=_spy_env(), stdin=subprocess.DEVNULL)
+        with own_tool():
+            out = subprocess.run([spy, "dump", "--pid", str(target), "--json"], capture_output=True, text=True,
+                                 timeout=timeout, env=_spy_env(), stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return RankStack(**base, status=StackStatus.FAILED, reason=f"py-spy did not answer within {timeout:g}s",
                          hint="the process may be in uninterruptible sleep (D state); try the SIGUSR1 fallback")
