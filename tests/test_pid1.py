@@ -11,7 +11,7 @@ import signal
 import subprocess
 
 import pytest
-from conftest import ROOT, ranktop_cmd, read_events, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
 from ranktop.core.guard import read_proc
 
 
@@ -208,3 +208,54 @@ def test_as_pid1_orphans_in_its_own_session_are_reaped(tmp_path):
         assert not [e for e in read_events(tmp_path / "logs" / "p", while_written=True) if "stray" in e["event"]]
     finally:
         _end(proc)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_the_tui_as_pid1_stays_after_a_detach_and_reaps_orphans(tmp_path):
+    """`docker run -it IMAGE ranktop ...`: PID 1 is the TUI's waiting parent. It used to exit at
+    a detach, as it does to give a shell its prompt back, and the kernel then ended the whole
+    namespace: the run the person meant to leave going. It also reaped only its TUI child, so
+    the orphans the namespace gave it stayed zombies."""
+    from test_serve import ls
+    from test_tui_tmux import SCRIPT, Terminal
+
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
+    script = tmp_path / "rank.py"
+    script.write_text(SCRIPT)
+    status = tmp_path / "status"
+    command = " ".join([*UNSHARE, *ranktop_cmd("--tui", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
+                                               str(script))])
+    term = Terminal(f"cd {ROOT} && XDG_RUNTIME_DIR={runtime} {command}; echo $? > {status}; sleep 60", 80, 24)
+    try:
+        term.wait_screen("hello from 0", "hello from 1")
+        (run,) = ls(env)
+        init = wait_for(lambda: _init_running(str(script)), what="PID 1 (the TUI's waiting parent)")
+        engine = next(iter(_children(init)))
+        _exec_in(init, "for i in 1 2 3 4 5; do sleep 0.1 & done; exit 0")  # orphans for init
+        term.press("q")
+        term.wait_screen("Detach")
+        term.press("d")
+        term.wait_screen("as PID 1 this process stays until the run ends")
+        wait_for(lambda: not _zombies(init) and _children(init) == {engine}, what="the orphans reaped")
+        assert [r["state"] for r in ls(env)] == ["running"]  # the run goes on, detached
+        assert not status.exists()
+        assert run_ranktop("stop", run["run_id"], env=env).returncode == 0
+        wait_for(status.exists, timeout=20, what="PID 1 gone once the run ended")
+        assert not os.path.exists(f"/proc/{init}")
+    finally:
+        term.close()
+
+
+def _init_running(script: str) -> int | None:
+    """The PID 1 (by its pid out here) of the namespace that unshare made to run `script`."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"unshare") and script.encode() in argv:
+            return next(iter(_children(int(entry))), None)
+    return None

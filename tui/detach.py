@@ -6,7 +6,8 @@ the parent (the pid the shell and any scheduler see) only waits, and passes on e
 gets; the child runs the engine and the TUI. On detach the child lets go of the terminal (its
 stdio to /dev/null, a session of its own) and tells the parent, which exits 0: the prompt is
 back and the run goes on, reachable with `ranktop attach`. Otherwise the parent exits with the
-child's status, so `$?` is what it would have been without the fork.
+child's status, so `$?` is what it would have been without the fork. As PID 1 (a container's
+command) the parent is the namespace's init: it reaps orphans, and stays after a detach.
 """
 
 from __future__ import annotations
@@ -68,21 +69,43 @@ def hold_terminal() -> Detacher | None:
 
 
 def _wait_for(child: int) -> int:
-    """The child's exit code once it exits (-N: killed by signal N), or 0 once it detaches."""
+    """The child's exit code once it exits (-N: killed by signal N), or 0 once it detaches.
+
+    As PID 1 (a container's command: `docker run -it ... ranktop`) this process is the
+    namespace's init: it reaps every orphan the namespace gives it, and a detach does not end
+    it, since the kernel would take the namespace, the run's engine and ranks included, with it."""
+    init = os.getpid() == 1
     while True:
         info = signal.sigwaitinfo(_WAITED)
         if info.si_signo == signal.SIGCHLD:
-            done, status = os.waitpid(child, os.WNOHANG)
-            if done:
+            status = _reap(child, every=init)
+            if status is not None:
                 return os.waitstatus_to_exitcode(status)
         elif info.si_signo == DETACHED:
-            if info.si_pid == child:
+            if info.si_pid == child and not init:
                 return 0
+            if info.si_pid == child:
+                print("ranktop: as PID 1 this process stays until the run ends: the container would end "
+                      "with it", file=sys.stderr, flush=True)
         elif info.si_pid != child and (info.si_code != _SI_KERNEL or info.si_signo == signal.SIGHUP):
             try:
                 os.kill(child, info.si_signo)
             except ProcessLookupError:
                 pass
+
+
+def _reap(child: int, every: bool) -> int | None:
+    """The child's wait status if it has exited; with `every`, each other exited child (an orphan
+    given to init) is reaped on the way."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1 if every else child, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if pid == child:
+            return status
+        if pid == 0:
+            return None
 
 
 # What Textual's driver undoes on its way out: the alternate screen, mouse and focus reporting,
