@@ -41,7 +41,7 @@ from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, co
 from ranktop.core.process import exit_status_for_signal
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
 from ranktop.core.sanitize import clean, clean_console
-from ranktop.core.signals import NOTICE_SIGNALS, StopAction, StopRule, take_early_stops
+from ranktop.core.signals import NOTICE_SIGNALS, OUTSIDE_STOP_WINDOW, StopAction, StopRule, take_early_stops
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
 from ranktop.core.strays import LOOK_SECONDS, adopting
@@ -407,7 +407,7 @@ class LocalAgent:
             # headless: our stdin, as torchrun gives it (pdb works); a UI types through SendInput
             rank_stdin="inherit" if self.console else "pipe", duplicate_filters=self.duplicate_filters,
             waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
-            cpu_affinity=spec.cpu_affinity, console=self._tee,
+            cpu_affinity=spec.cpu_affinity, console=self._tee, outside_stop_window=OUTSIDE_STOP_WINDOW,
         )
         previous = self.pcontext
         try:
@@ -465,10 +465,11 @@ class LocalAgent:
         else:
             self.state = GroupState.SUCCEEDED
         # A stop the user asked for has no culprit among the ranks, nor has one for a node that gave up,
-        # nor a stop signal unless a rank had failed on its own first.
+        # nor a stop signal unless a rank had failed on its own first (a rank that the same stop,
+        # sent from outside to the whole job, reached first did not).
         peer_stop = self._round_end is not None and self._round_end.kind == "peer_gave_up"
         slots = self.pcontext.slots if self.pcontext is not None else ()
-        blamed = self._stop_signal is None or any(not s.stopped_by_us for s in slots if s.failure)
+        blamed = self._stop_signal is None or any(_failed_on_its_own(s) for s in slots if s.failure)
         self.root_cause = self._root_cause() if failures and blamed and not self._user_stop and not peer_stop else None
         state = self.state
         if self.rendezvous is not None:
@@ -518,7 +519,7 @@ class LocalAgent:
         if not slots:
             return None
         # The first rank that failed on its own is the cause; the ranks we stopped are effects.
-        own = sorted([s for s in slots if not s.stopped_by_us] or slots, key=lambda s: s.failure.exited_at)
+        own = sorted([s for s in slots if _failed_on_its_own(s)] or slots, key=lambda s: s.failure.exited_at)
         slot, f = own[0], own[0].failure
         tail = _decoded(slot.ring.tail(20))
         before = [(t, what) for t, attempt, what in self._user_actions if attempt == self.attempt and t <= f.exited_at]
@@ -628,7 +629,7 @@ class LocalAgent:
         """The group ended because nodes joined: stopped by us, not failed on its own, not done."""
         if self._round_end is None or self._round_end.kind != "nodes_joined" or not result.is_failed():
             return False
-        return all(s.stopped_by_us for s in self.pcontext.slots if s.failure is not None)
+        return all(not _failed_on_its_own(s) for s in self.pcontext.slots if s.failure is not None)
 
     def _peers_joined(self) -> bool:
         """This node's ranks failed: was it because another node stopped its own for newcomers
@@ -980,7 +981,7 @@ class LocalAgent:
             return RankState.RUNNING if slot.ring.last_output_at else RankState.STARTING
         if code == 0:
             return RankState.SUCCEEDED
-        return RankState.KILLED if slot.stopped_by_us else RankState.FAILED
+        return RankState.FAILED if _failed_on_its_own(slot) else RankState.KILLED
 
     def _rank_snapshot(self, slot: Any, now: float) -> RankSnapshot:
         proc, r = slot.proc, slot.local_rank
@@ -1037,6 +1038,11 @@ class LocalAgent:
 
     def ring(self, local_rank: int):
         return self.pcontext.slots[local_rank].ring
+
+
+def _failed_on_its_own(slot: Any) -> bool:
+    """Its end was not asked for: neither stopped by us nor by a stop of the whole job from outside."""
+    return not slot.stopped_by_us and not slot.stopped_from_outside
 
 
 def _wall_clock(monotonic: float | None, now: float) -> float | None:

@@ -1,7 +1,8 @@
 """A group of ranks started together: `start_processes` and the PContext it returns.
 
 The context owns the one monitor step (`step`): reap what exited, stop the siblings of a failed
-rank with the shutdown grace, SIGKILL what outlived its grace, give up on what outlived SIGKILL,
+rank with the shutdown grace (a rank that died of a stop signal we did not send counts as failed
+only once `outside_stop_window` passed without a stop of the group: a deadline, as the others), SIGKILL what outlived its grace, give up on what outlived SIGKILL,
 restart single ranks on request, and report the result once every rank is accounted for and what
 the ranks left running (helpers that left their group, orphans; see core/strays.py) has had
 SIGTERM, the grace, then SIGKILL. `wait`, `close` and the agent all go through it. Exits are
@@ -60,6 +61,7 @@ from ranktop.core.process import (
     wait_exit,
 )
 from ranktop.core.sanitize import clean_console
+from ranktop.core.signals import OUTSIDE_STOP_SIGNALS
 from ranktop.core.spec import Std, per_rank
 from ranktop.core.state import LogLoss
 from ranktop.core.strays import StrayTracker, forget_own_child, note_own_child
@@ -154,6 +156,10 @@ class RankSlot:
     paused: bool = False  # the user sent SIGSTOP and no SIGCONT since
     reap_by: float | None = None  # monotonic time after which a SIGKILLed rank counts as unreapable
     unreapable: bool = False  # it outlived SIGKILL by reap_timeout: no longer waited for
+    # It died of a stop signal we did not send: not a failure until this monotonic time passes
+    # without a stop of the group (see OUTSIDE_STOP_WINDOW in core/signals.py).
+    held_until: float | None = None
+    stopped_from_outside: bool = False  # it was: its end is part of the group's stop, not a failure
 
     @property
     def log_bytes_lost(self) -> int:
@@ -232,6 +238,7 @@ class PContext:
         reap_timeout: float = REAP_TIMEOUT,
         cpu_affinity: Mapping[int, frozenset[int]] | None = None,
         console: ConsoleWriter | None = None,
+        outside_stop_window: float = 0.0,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
         self.name = name
@@ -265,6 +272,9 @@ class PContext:
                 self._open_filtered(stream, needles)
         self.generation = generation  # which attempt of a run this is: new rings, new pids
         self.reap_timeout = reap_timeout
+        # How long a rank's end by a stop signal we did not send is held before it counts as a
+        # failure (the agent's OUTSIDE_STOP_WINDOW); 0, torch's API: at once.
+        self.outside_stop_window = outside_stop_window
         self._passthrough = passthrough_console  # unredirected, unteed streams: inherit our fds
         self._sanitize_console = sanitize_console  # filter what the console shows (files stay raw)
         self.slots = [RankSlot(r, LineRing(ring_lines)) for r in range(self.nprocs)]
@@ -369,6 +379,8 @@ class PContext:
 
     def _spawn(self, slot: RankSlot) -> None:
         r = slot.local_rank
+        if slot.held_until is not None:  # the user restarted a rank whose end was held
+            self._end_hold(slot, "restarted")
         try:
             self._held_rank_dir(r).remove(ERROR_FILE)  # a stale one would be taken for this start's
         except OSError:
@@ -388,7 +400,7 @@ class PContext:
             slot.proc = RankProcess(launch, self._pump)
         except OSError as exc:
             raise RankStartError.of(r, exc) from None
-        slot.stopped_by_us = slot.stopped_by_user = False
+        slot.stopped_by_us = slot.stopped_by_user = slot.stopped_from_outside = False
         slot.kill_at = slot.reap_by = None
         slot.failure = None
         slot.paused = slot.unreapable = False
@@ -464,7 +476,8 @@ class PContext:
                 for slot in self.slots:
                     self._advance(slot, now)
                 self._strays.look()
-                if any(s.alive or s.restart_pending for s in self.slots) or not self._swept(now):
+                if any(s.alive or s.restart_pending or s.held_until is not None for s in self.slots) \
+                        or not self._swept(now):
                     return None
             result = self._collect()
             with self._lock:
@@ -477,6 +490,9 @@ class PContext:
             self._kill(slot, now)
         if slot.alive and slot.reap_by is not None and now >= slot.reap_by:
             self._give_up(slot)
+        if slot.held_until is not None and now >= slot.held_until:
+            self._end_hold(slot, "failure", reason="no stop came within the window")
+            self._fail_group("another rank failed")
         if slot.restart_pending and not slot.alive:
             slot.restart_pending = False
             slot.restarts += 1
@@ -513,7 +529,7 @@ class PContext:
             rank=self.global_ranks[slot.local_rank], exited_at=time.time(), raise_bad_file=False,
         )
         if not slot.stopped_by_us and not self._stopping:
-            self._stop_all(signal.SIGTERM, self.shutdown_timeout)
+            self._fail_group("another rank failed")
 
     def _swept(self, now: float) -> bool:
         """One pass of the end sweep: True once nothing the ranks left is running (or what is left
@@ -564,8 +580,34 @@ class PContext:
             rank=self.global_ranks[slot.local_rank], exited_at=proc.exited_at,
             error_dir_fd=held.fd if held else None, raise_bad_file=False,  # the rank's file: named, not raised
         )
-        if not slot.stopped_by_us and not self._stopping:
-            self._stop_all(signal.SIGTERM, self.shutdown_timeout)  # one failure ends the group
+        if slot.stopped_by_us or self._stopping:
+            return
+        if -code in OUTSIDE_STOP_SIGNALS and self.outside_stop_window > 0:
+            self._hold(slot, -code)
+        else:
+            self._fail_group("another rank failed")
+
+    def _hold(self, slot: RankSlot, sig: int) -> None:
+        """The rank died of a stop signal we did not send: maybe a stop of the whole job from
+        outside (a scheduler signals every process at once) that has yet to reach us. Its end
+        counts as a failure only once the window passed without a stop of the group."""
+        slot.held_until = time.monotonic() + self.outside_stop_window
+        self._emit("exit_held", slot.local_rank, pid=slot.proc.pid, signal=signal.Signals(sig).name,
+                   window_s=self.outside_stop_window)
+
+    def _end_hold(self, slot: RankSlot, outcome: str, **fields: Any) -> None:
+        """outcome: "failure" (counts as one), "stopped" (part of the group's stop), "restarted"."""
+        slot.held_until = None
+        slot.stopped_from_outside = outcome == "stopped"
+        self._emit("exit_held_ended", slot.local_rank, pid=slot.proc.pid, outcome=outcome, **fields)
+
+    def _fail_group(self, why_held_ends: str) -> None:
+        """A rank failed on its own: one failure ends the group, and every held end counts as a
+        failure too (the first to end is still the root cause)."""
+        for slot in self.slots:
+            if slot.held_until is not None:
+                self._end_hold(slot, "failure", reason=why_held_ends)
+        self._stop_all(signal.SIGTERM, self.shutdown_timeout)
 
     def wait_activity(self, timeout: float) -> None:
         """Sleep until a rank exits, a command arrives, a deadline (grace, reaping) is due, or
@@ -575,6 +617,7 @@ class PContext:
             fds = [s.proc.pidfd for s in live if s.proc.pidfd is not None]
             fds += self._sweep_fds.values()
             deadlines = [t for s in live for t in (s.kill_at, s.reap_by) if t is not None]
+            deadlines += [s.held_until for s in self.slots if s.held_until is not None]
             if self._sweep_deadline is not None:  # the SIGKILL, then the giving up
                 deadlines.append(self._sweep_deadline if time.monotonic() < self._sweep_deadline
                                  else self._sweep_deadline + GIVE_UP_SECONDS)
@@ -610,6 +653,9 @@ class PContext:
 
     # ----- commands ----------------------------------------------------------------------------
     def _stop_all(self, sig: int, grace: float) -> None:
+        for slot in self.slots:  # (a failure has ended the holds already, as failures)
+            if slot.held_until is not None:
+                self._end_hold(slot, "stopped", stop_signal=signal.Signals(sig).name)
         self._stopping = True
         self._strays.note_below_ranks()
         self._sweep_grace = grace

@@ -38,6 +38,14 @@ class StopAction(str, enum.Enum):
 # ranktop must neither die of it (its default action) nor give the ranks a second one.
 NOTICE_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})
 
+# A rank that dies of one of these, not sent by ranktop, may be the first sign of a stop from
+# outside: Slurm (scancel, a time limit) and systemd (KillMode=control-group) signal every process
+# of the job at once, and the ranks may get theirs a little before ranktop does. Its end is held
+# this long (seconds) before it counts as a failure: a stop signal to ranktop meanwhile makes it
+# part of that stop (no root cause, no restart spent); otherwise it is a failure, as any other.
+OUTSIDE_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+OUTSIDE_STOP_WINDOW = 1.0
+
 
 @dataclass
 class StopRule:

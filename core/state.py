@@ -18,7 +18,7 @@ class RankState(str, enum.Enum):
     STOPPING = "stopping"  # asked to stop, not reaped yet
     SUCCEEDED = "exited"  # exit code 0
     FAILED = "failed"  # non-zero exit code or a signal
-    KILLED = "killed"  # stopped by ranktop or the user
+    KILLED = "killed"  # stopped by ranktop, the user, or a stop of the whole job from outside
     # SIGKILLed, yet not gone long after: stuck in the kernel (uninterruptible sleep, "D" state,
     # e.g. a hung NCCL or NFS call). ranktop stopped waiting and left it to the orphan guard.
     UNREAPABLE = "unreapable"

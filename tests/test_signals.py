@@ -13,7 +13,7 @@ import threading
 import pytest
 from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
 from ranktop.core import LocalAgent, WorkerSpec
-from ranktop.core.signals import StopAction, StopRule
+from ranktop.core.signals import OUTSIDE_STOP_WINDOW, StopAction, StopRule
 
 RANK = str(ROOT / "tests" / "ranks" / "checkpoint_on_signal.py")
 HUP, TERM, INT = signal.SIGHUP, signal.SIGTERM, signal.SIGINT
@@ -201,3 +201,101 @@ def test_a_signal_that_cannot_be_handled_is_one_line(tmp_path, value):
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
     assert done.stderr.startswith(f"ranktop: error: bad --signals-to-handle {value!r}: {value!r} is not a signal")
     assert not list(tmp_path.iterdir())
+
+
+# ----- a stop sent to the whole job from outside (Slurm's scancel, systemd's control group) -----
+def _start_sleepers(tmp_path, *flags):
+    """Headless ranktop over 2 ranks that sleep; returns it and the ranks' pids once both started."""
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--shutdown-timeout", "5",
+                                        "--log-dir", str(tmp_path / "logs"), "--run-id", "r", *flags,
+                                        "--no-python", "sleep", "300"),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = wait_for(lambda: _pids_of(tmp_path, "started") if len(_pids_of(tmp_path, "started")) == 2 else None,
+                       what="both ranks started")
+    return proc, started
+
+
+def _pids_of(tmp_path, event: str) -> list[int]:
+    return [e["pid"] for e in read_events(tmp_path / "logs" / "r", while_written=True) if e["event"] == event]
+
+
+def _ended(proc) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, err
+
+
+def _final(tmp_path) -> dict:
+    import json
+
+    return json.loads((tmp_path / "logs" / "r" / "final.json").read_text())
+
+
+@pytest.mark.parametrize("flags", [(), ("--max-restarts", "3")])
+def test_a_stop_from_outside_that_reaches_the_ranks_first_is_a_stop_not_a_failure(tmp_path, flags):
+    """Slurm and systemd SIGTERM every process of the job at once; the ranks' may come first.
+    ranktop used to blame the first rank to die (exit 1), say its sibling was stopped by ranktop,
+    and with restarts left start attempt_1, which its own SIGTERM then stopped."""
+    proc, ranks = _start_sleepers(tmp_path, *flags)
+    for pid in ranks:
+        os.kill(pid, TERM)
+    wait_for(lambda: len(_pids_of(tmp_path, "exit_held")) == 2, what="both ends held")  # before ours comes
+    proc.send_signal(TERM)
+    status, err = _ended(proc)
+    assert status == 128 + TERM, err
+    assert "stopped by SIGTERM" in err and "root cause" not in err and "stopped by ranktop" not in err
+    events = read_events(tmp_path / "logs" / "r")
+    ended = [(e["pid"], e["outcome"], e["stop_signal"]) for e in events if e["event"] == "exit_held_ended"]
+    assert sorted(ended) == sorted((pid, "stopped", "SIGTERM") for pid in ranks)
+    assert not [e for e in events if e["event"] == "group_restart"]
+    assert not (tmp_path / "logs" / "r" / "attempt_1").exists()
+    final = _final(tmp_path)
+    assert final["root_cause"] is None
+    assert [(r["state"], r["signal_name"]) for r in final["ranks"]] == [("killed", "SIGTERM")] * 2
+
+
+def test_a_rank_sigtermed_alone_fails_once_the_window_passed_and_is_restarted(tmp_path):
+    proc, ranks = _start_sleepers(tmp_path, "--max-restarts", "1")
+    try:
+        os.kill(ranks[0], TERM)
+        wait_for(lambda: len(_pids_of(tmp_path, "started")) == 4, what="attempt_1")
+    finally:
+        proc.send_signal(TERM)
+    status, err = _ended(proc)
+    assert status == 128 + TERM, err
+    assert "rank 0 failed (signal SIGTERM); restarting the group: attempt_1" in err
+    events = read_events(tmp_path / "logs" / "r")
+    held = next(e for e in events if e["event"] == "exit_held")
+    ended = next(e for e in events if e["event"] == "exit_held_ended")
+    assert (held["pid"], ended["pid"], ended["outcome"]) == (ranks[0], ranks[0], "failure")
+    assert ended["ts"] - held["ts"] >= OUTSIDE_STOP_WINDOW - 0.05  # (ts is the wall clock; the hold, monotonic)
+    restart = next(e for e in events if e["event"] == "group_restart")
+    assert restart["reason"] == "failure" and events.index(ended) < events.index(restart)
+    sibling = next(e for e in events if e["event"] == "exited" and e["pid"] == ranks[1])
+    assert sibling["by_us"] and events.index(ended) < events.index(sibling)  # stopped only after the window
+
+
+def test_a_rank_sigtermed_alone_with_no_restarts_is_the_root_cause(tmp_path):
+    proc, ranks = _start_sleepers(tmp_path)
+    os.kill(ranks[1], TERM)
+    status, err = _ended(proc)
+    assert status == 1, err
+    assert f"root cause: rank 1 (local rank 1, pid {ranks[1]}) was killed by SIGTERM" in err
+    assert "stopped by ranktop after it, not the cause: rank 0" in err
+    assert _final(tmp_path)["root_cause"]["rank"] == 1
+
+
+def test_a_rank_sigkilled_is_a_failure_at_once(tmp_path):
+    proc, ranks = _start_sleepers(tmp_path)
+    os.kill(ranks[0], signal.SIGKILL)
+    status, err = _ended(proc)
+    assert status == 1, err
+    assert f"root cause: rank 0 (local rank 0, pid {ranks[0]}) was killed by SIGKILL" in err
+    events = read_events(tmp_path / "logs" / "r")
+    assert not [e for e in events if e["event"].startswith("exit_held")]  # no window: not a stop signal
+    sibling = next(e for e in events if e["event"] == "exited" and e["pid"] == ranks[1])
+    assert sibling["by_us"]
