@@ -156,6 +156,7 @@ class LocalAgent:
         hangup_stops: bool = True,
         on_under_way: Callable[[], None] | None = None,
         numbered_run_dir: bool = False,
+        typed_stdin: bool = False,
     ):
         check_timeout("shutdown_timeout", shutdown_timeout)
         if stall_timeout is not None:
@@ -170,6 +171,9 @@ class LocalAgent:
         self.shutdown_timeout = shutdown_timeout
         self.stall_timeout = stall_timeout
         self.console = console
+        # Ranks read a pipe that SendInput types into (the TUI's `i`, also attached): always
+        # without a console, and with one where ours is nobody's keyboard (--detach: /dev/null)
+        self.rank_stdin = "pipe" if typed_stdin or not console else "inherit"
         self.sanitize_console = sanitize_console  # the console tee through core.sanitize; files stay raw
         self.color = color
         self.ring_lines = ring_lines
@@ -405,7 +409,7 @@ class LocalAgent:
             ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False, pty=pty,
             sanitize_console=self.sanitize_console,
             # headless: our stdin, as torchrun gives it (pdb works); a UI types through SendInput
-            rank_stdin="inherit" if self.console else "pipe", duplicate_filters=self.duplicate_filters,
+            rank_stdin=self.rank_stdin, duplicate_filters=self.duplicate_filters,
             waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
             cpu_affinity=spec.cpu_affinity, console=self._tee, outside_stop_window=OUTSIDE_STOP_WINDOW,
         )
@@ -859,6 +863,9 @@ class LocalAgent:
 
     def _send_input(self, pc: PContext, command: cmd.SendInput) -> cmd.Ack:
         rank = self.spec.global_rank(command.local_rank)
+        if self.rank_stdin == "inherit":  # an attached TUI's `i` into a headless run
+            return cmd.Ack(False, f"rank {rank} reads the stdin of the headless ranktop that started it, as "
+                                  "under torchrun: type into that terminal")
         data = command.text.encode()
         try:
             taken = pc.send_input(command.local_rank, data)

@@ -46,14 +46,20 @@ class Launch:
     cpus: frozenset[int] | None = None  # the CPU affinity it starts with (--numa-binding); None: ours
 
 
-def open_pty(columns: int, rows: int) -> tuple[int, int]:
+def open_pty(columns: int, rows: int, typed: bool = False) -> tuple[int, int]:
     """A pseudo-terminal (master, slave) of the given size whose output arrives as written: no
-    output processing, so a rank's '\n' is not turned into '\r\n' in its log file."""
+    output processing, so a rank's '\n' is not turned into '\r\n' in its log file. `typed`: the
+    UI types into it (the rank's stdin), so it echoes as a keyboard's terminal does; pdb's
+    readline echoes only where the terminal did (with echo off the pane showed `(Pdb) ` and the
+    answer, never the command)."""
     master, slave = os.openpty()
     try:
         attrs = termios.tcgetattr(slave)
         attrs[1] &= ~termios.OPOST
-        attrs[3] &= ~termios.ECHO  # nothing is typed into it; never echo if something were
+        if typed:
+            attrs[3] |= termios.ECHO
+        else:  # nothing is typed into it; never echo if something were
+            attrs[3] &= ~termios.ECHO
         termios.tcsetattr(slave, termios.TCSANOW, attrs)
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
     except BaseException:
@@ -117,7 +123,7 @@ class RankProcess:
         if launch.pty is not None:
             # A terminal has one output: stderr joins stdout (the rank is not given it as its
             # controlling terminal, so it has isatty() and a size but no /dev/tty).
-            master, slave = open_pty(*launch.pty)
+            master, slave = open_pty(*launch.pty, typed=launch.stdin == "pipe")
             stdout = stderr = slave
             if launch.stdin == "pipe":  # typed input goes to the terminal, as if from a keyboard
                 stdin = slave

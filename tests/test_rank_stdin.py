@@ -4,6 +4,7 @@ headless ranks read ranktop's own stdin, as under torchrun."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from conftest import drive, make_agent, read_events, run_ranktop, until, wait_for
 from ranktop.core import commands as cmd
@@ -49,6 +50,53 @@ def test_i_types_into_a_breakpoint_and_the_rank_goes_on(tmp_path):
     assert app.exit_status == 0
 
 
+def test_i_types_into_pdb_on_a_pty_and_the_pane_shows_the_command(tmp_path):
+    """--pty: the rank's terminal echoes what `i` types, as a keyboard's would. It did not echo,
+    and pdb's readline echoes only where its terminal does: the pane read `(Pdb) 41`, never
+    `p x`, in the pane and in stdout.log alike."""
+    app = RanktopApp(LocalEngine(make_agent(tmp_path, PDB_RANK, n=1, name="pdb.py", pty=True)))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: "(Pdb) " in pane_text(app, 0), what="the pdb prompt")
+        await pilot.press("i", *"p x", "enter")
+        await until(pilot, lambda: "(Pdb) p x\n41\n(Pdb) " in pane_text(app, 0), what="the command, its answer")
+        await pilot.press("c", "enter")
+        await until(pilot, lambda: app.main.ended, what="the rank done")
+        await pilot.press("q")
+
+    drive(app, body)
+    assert app.exit_status == 0
+    log = (Path(app.engine.agent.run_dir) / "attempt_0" / "0" / "stdout.log").read_text()
+    assert "(Pdb) p x\n41\n(Pdb) c\nafter 41\n" in log
+
+
+PROMPTS = "import os\nline = input(f\"rank {os.environ['RANK']}? \")\nprint('got', line, flush=True)\n"
+
+
+def test_the_stdin_box_types_into_the_rank_it_names_and_closes_at_the_end(tmp_path):
+    """The box typed into whichever pane had the focus when enter came: a click on rank 1's pane
+    while `rank 0 stdin` was open sent rank 0's answer to rank 1. And it stayed open, focused,
+    after the run ended, so the end panel's `q quits` typed a `q` into it."""
+    app = RanktopApp(LocalEngine(make_agent(tmp_path, PROMPTS, n=2, name="prompts.py")))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: all(f"rank {r}? " in pane_text(app, r) for r in range(2)), what="both prompts")
+        await pilot.press("0", "i")
+        await pilot.click("#pane-1", offset=(5, 3))
+        assert app.main.current == 1
+        app.main.query_one("#stdin").focus()  # a click back into the box: it still says rank 0
+        await pilot.press(*"zero", "enter")
+        await until(pilot, lambda: "got zero" in pane_text(app, 0), what="rank 0's answer")
+        assert "got" not in pane_text(app, 1)
+        await pilot.press("escape", "1", "i", *"one", "enter")
+        await until(pilot, lambda: app.main.ended, what="both ranks done")
+        assert not app.main.query_one("#stdin").display
+        await pilot.press("q")  # leaves at once: nothing left to type into
+
+    drive(app, body)
+    assert app.exit_status == 0 and "got one" in pane_text(app, 1)
+
+
 def test_input_to_a_rank_that_ended_or_a_bad_one_is_refused(tmp_path):
     app = RanktopApp(LocalEngine(make_agent(tmp_path, "print('done')", n=1)))
 
@@ -86,8 +134,7 @@ def test_breakpoint_driven_through_i_in_a_real_terminal(tmp_path):
         term.wait_screen("41")
         term.press("c", "Enter")
         term.wait_screen("after 41")
-        term.press("Escape")
-        wait_for(lambda: "stdin of rank 0" not in term.screen(), what="the stdin box closed")
+        wait_for(lambda: "stdin of rank 0" not in term.screen(), what="the stdin box closed at the end")
         term.press("q")
         term.wait_screen("EXIT 0")
     finally:

@@ -1742,3 +1742,54 @@ def test_logs_of_an_ended_run_into_a_pipe_closed_early_exits_0(tmp_path, runtime
     reader.stdout.close()  # as head does after its lines
     _out, err = reader.communicate(timeout=30)
     assert reader.returncode == 0 and err == "", err
+
+
+def test_a_detached_runs_ranks_read_what_attach_types(tmp_path, runtime, monkeypatch):
+    """A --detach run's stdin is /dev/null: its ranks read it too, so a breakpoint() met end of
+    file at once and pdb quit (BdbQuit, a failed run) before anyone could attach. They read a
+    pipe that attach's `i` types into, as under the TUI."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    script = tmp_path / "pdb_rank.py"
+    script.write_text("x = 41\nprint('before', flush=True)\nbreakpoint()\nprint('after', x, flush=True)\n")
+    done = run_ranktop("--detach", "--linger", "60", "--nproc-per-node", "1", "--run-id", "dbg", "--log-dir",
+                       str(tmp_path / "logs"), str(script), env=runtime)
+    assert done.returncode == 0, done.stderr
+    (run,) = ls(runtime)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+    engine = RemoteEngine(served_runs()[0].path)
+    log = tmp_path / "logs" / "dbg" / "attempt_0" / "0" / "stdout.log"
+    try:
+        wait_for(lambda: log.exists() and "(Pdb) " in log.read_text(), what="the pdb prompt")
+        assert engine.submit(cmd.SendInput(0, "p x\n")).ok
+        wait_for(lambda: "41" in log.read_text(), what="pdb's answer")
+        assert engine.submit(cmd.SendInput(0, "c\n")).ok
+        wait_for(lambda: engine.snapshot().ended, what="the run's end")
+        assert engine.snapshot().exit_status == 0 and "after 41" in log.read_text()
+    finally:
+        engine.close()
+        assert run_ranktop("stop", "dbg", env=runtime).returncode == 0
+        wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")
+
+
+def test_typing_into_a_headless_runs_rank_says_where_it_reads(tmp_path, runtime, monkeypatch):
+    """A headless run's ranks read ranktop's own stdin (torchrun's way): an attached `i` cannot
+    reach them, and says where to type (it said `its stdin is not ranktop's to write`)."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    proc = start_headless(tmp_path, runtime, "fg")
+    try:
+        wait_for(lambda: ls(runtime), what="the run listed")
+        monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+        engine = RemoteEngine(served_runs()[0].path)
+        try:
+            ack = engine.submit(cmd.SendInput(1, "c\n"))
+        finally:
+            engine.close()
+        assert (ack.ok, ack.message) == (False, "rank 1 reads the stdin of the headless ranktop that started it, "
+                                                "as under torchrun: type into that terminal")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)

@@ -833,7 +833,8 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
                        echo_events=ns.event_log_handler == "console", hangup_stops=not ns.detached_child,
                        duplicate_filters={1: tuple(ns.duplicate_stdout_filters), 2: tuple(ns.duplicate_stderr_filters)},
                        color=sys.stdout.isatty() and "NO_COLOR" not in os.environ,
-                       on_under_way=None if ns.detached_child else under_way)
+                       on_under_way=None if ns.detached_child else under_way,
+                       typed_stdin=ns.detached_child)  # its stdin is /dev/null: attach's `i` types instead
     if sampler is not None:
         sampler.attach(agent)
     engine = LocalEngine(agent)

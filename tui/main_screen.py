@@ -154,6 +154,7 @@ class MainScreen(Screen):
         self.everywhere: RankSearch | None = None  # the last search of every rank, while it stands
         self._viewing: dict[int, FileFeed] = {}  # local rank -> the earlier attempt its pane shows
         self._search_all = False  # the search input is for every rank
+        self._typing_to = 0  # the local rank the stdin box types into: the one it names
         self._line_select: tuple[int, int] | None = None  # V: (anchor row, cursor row) in the focused pane
         self._reads = 0  # of the engine, by ticks and by actions
         self._header_state: GroupState | None = None  # the state the header shows
@@ -439,6 +440,7 @@ class MainScreen(Screen):
         if self._cannot_act():
             return
         box = self.query_one("#stdin", Input)
+        self._typing_to = self.current
         box.placeholder = (f"stdin of rank {self.rank_of(self.current)}: type a line, enter sends it "
                            "(esc: close)")
         box.border_title = f"rank {self.rank_of(self.current)} stdin"
@@ -449,7 +451,8 @@ class MainScreen(Screen):
     @on(Input.Submitted, "#stdin")
     def send_input(self, event: Input.Submitted) -> None:
         event.input.value = ""
-        ack = self.engine.submit(cmd.SendInput(self.current, event.value + "\n"))
+        # To the rank the box names, which a click on another pane while it is open does not change
+        ack = self.engine.submit(cmd.SendInput(self._typing_to, event.value + "\n"))
         if not ack.ok:  # a typed line shows in the pane itself; only a refusal needs words
             self.notify(clean(ack.message), severity="warning", timeout=4, markup=False)
 
@@ -787,6 +790,8 @@ class MainScreen(Screen):
         # The panel says how it ended: the toasts of the last commands ("SIGTERM → every rank")
         # would sit on its heading, in the corner where toasts show, for their few seconds.
         self.app.clear_notifications()
+        if self.query_one("#stdin", Input).display:  # nothing reads it now; `q` typed in it would not quit
+            self._close_input("#stdin")
         self.query_one(RootCausePanel).show(snap)
         self.ended = True
         self.note = None
