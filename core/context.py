@@ -150,6 +150,9 @@ class RankSlot:
     stopped_by_us: bool = False  # its end was asked for (group stop, user kill): not a failure cause
     stopped_by_user: bool = False  # of those, by the user's own signal to it (k, x), not the group's stop
     kill_at: float | None = None  # monotonic time after which the group gets SIGKILL
+    # A stop signal the user sent it alone (the signal picker): still alive at this monotonic
+    # time, it survived the signal (pdb takes SIGINT as a break) and its end is no longer ours.
+    survived_by: float | None = None
     restart_pending: bool = False
     failure: ProcessFailure | None = None
     sinks: list[StreamSink] = field(default_factory=list)  # every one this slot had, restarts included
@@ -401,7 +404,7 @@ class PContext:
         except OSError as exc:
             raise RankStartError.of(r, exc) from None
         slot.stopped_by_us = slot.stopped_by_user = slot.stopped_from_outside = False
-        slot.kill_at = slot.reap_by = None
+        slot.kill_at = slot.reap_by = slot.survived_by = None
         slot.failure = None
         slot.paused = slot.unreapable = False
         self._strays.rank_started(slot.proc.pid)
@@ -490,6 +493,8 @@ class PContext:
             self._kill(slot, now)
         if slot.alive and slot.reap_by is not None and now >= slot.reap_by:
             self._give_up(slot)
+        if slot.alive and slot.survived_by is not None and now >= slot.survived_by:
+            self._survived(slot)
         if slot.held_until is not None and now >= slot.held_until:
             self._end_hold(slot, "failure", reason="no stop came within the window")
             self._fail_group("another rank failed")
@@ -586,6 +591,15 @@ class PContext:
             self._hold(slot, -code)
         else:
             self._fail_group("another rank failed")
+
+    def _survived(self, slot: RankSlot) -> None:
+        """The rank outlived a stop signal the user sent it alone by the grace: it handled it
+        (pdb breaks on SIGINT; a loop may catch KeyboardInterrupt) and runs on. It is no longer
+        stopping, and an end of its own from now on is a failure, as any rank's."""
+        slot.survived_by = None
+        if slot.kill_at is None and not self._stopping and not slot.restart_pending:
+            slot.stopped_by_us = slot.stopped_by_user = False
+            self._emit("signal_survived", slot.local_rank, pid=slot.proc.pid, grace_s=self.shutdown_timeout)
 
     def _hold(self, slot: RankSlot, sig: int) -> None:
         """The rank died of a stop signal we did not send: maybe a stop of the whole job from
@@ -701,6 +715,8 @@ class PContext:
                 return False
             if sig in STOP_SIGNALS:
                 slot.stopped_by_us = slot.stopped_by_user = True
+                if sig != signal.SIGKILL and slot.kill_at is None:
+                    slot.survived_by = time.monotonic() + self.shutdown_timeout
             self._emit("signalled", local_rank, pid=slot.proc.pid, signal=signal.Signals(sig).name)
             if sig == signal.SIGKILL:
                 self._kill(slot, time.monotonic())

@@ -267,3 +267,37 @@ def test_wait_exit_reaps_at_the_exit_and_leaves_a_running_process_alone():
     finally:
         slow.kill()
         assert wait_exit(slow, timeout=30) and slow.returncode == -signal.SIGKILL
+
+
+def test_a_rank_that_survives_the_users_stop_signal_fails_on_its_own_later(tmp_path):
+    """`x` INT breaks a rank into pdb (or a loop that catches KeyboardInterrupt): it runs on. It
+    stayed `stopping` for good, and a later exit of its own counted as the user's stop, not a
+    failure: its siblings were never stopped and the group hung in its collectives."""
+    trigger = tmp_path / "exit now"
+    agent = make_agent(tmp_path, shutdown_timeout=1.0, code=f"""
+        import os, sys, time
+        if os.environ["LOCAL_RANK"] == "1":
+            time.sleep(60)
+        print("ready", flush=True)
+        try:
+            while True:
+                time.sleep(0.02)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        while not os.path.exists({str(trigger)!r}):
+            time.sleep(0.02)
+        sys.exit(3)
+    """)
+    run = Running(agent)
+    with run:
+        wait_for(lambda: agent.output(0)[:1] == [b"ready"], what="rank 0 ready")
+        agent.signal_rank(0, signal.SIGINT)
+        wait_for(lambda: b"interrupted" in agent.output(0), what="rank 0 interrupted")
+        assert run.rank(0).state == RankState.STOPPING
+        wait_for(lambda: run.rank(0).state == RankState.RUNNING, what="running again once the grace passed")
+        trigger.write_text("")
+        result = run.join()
+    assert result.state == WorkerState.FAILED and result.root_cause.local_rank == 0
+    assert result.root_cause.exitcode == 3
+    events = [e["event"] for e in read_events(agent.run_dir)]
+    assert "signal_survived" in events
