@@ -155,7 +155,7 @@ class RankSlot:
     survived_by: float | None = None
     restart_pending: bool = False
     failure: ProcessFailure | None = None
-    sinks: list[StreamSink] = field(default_factory=list)  # every one this slot had, restarts included
+    sinks: list[StreamSink] = field(default_factory=list)  # its live ones, and earlier ones that lost output
     paused: bool = False  # the user sent SIGSTOP and no SIGCONT since
     reap_by: float | None = None  # monotonic time after which a SIGKILLed rank counts as unreapable
     unreapable: bool = False  # it outlived SIGKILL by reap_timeout: no longer waited for
@@ -434,7 +434,11 @@ class PContext:
                 on_failure=functools.partial(self._output_failed, r),
                 copy=self._filtered[stream].for_rank(plan.prefix)
                 if stream in self._filtered and (plan.filtered is None or plan.filtered & flag) else None)
-        self.slots[r].sinks.extend(sinks.values())
+        slot = self.slots[r]
+        # An ended stream that lost nothing has nothing left to report: only live sinks and those
+        # with a loss are kept (a rank restarted by hand thousands of times kept every one).
+        slot.sinks[:] = [s for s in slot.sinks if not s.done.is_set() or s.log_error]
+        slot.sinks.extend(sinks.values())
         return sinks
 
     def _open_log(self, r: int, stream: int) -> int:
