@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 
 import pytest
 from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
@@ -219,9 +220,8 @@ def test_the_tui_as_pid1_stays_after_a_detach_and_reaps_orphans(tmp_path):
     from test_serve import ls
     from test_tui_tmux import SCRIPT, Terminal
 
-    runtime = tmp_path / "rt"
-    runtime.mkdir(mode=0o700)
-    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
+    runtime = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # (short: a socket's path has 107 bytes)
+    env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
     script = tmp_path / "rank.py"
     script.write_text(SCRIPT)
     status = tmp_path / "status"
@@ -230,7 +230,7 @@ def test_the_tui_as_pid1_stays_after_a_detach_and_reaps_orphans(tmp_path):
     term = Terminal(f"cd {ROOT} && XDG_RUNTIME_DIR={runtime} {command}; echo $? > {status}; sleep 60", 80, 24)
     try:
         term.wait_screen("hello from 0", "hello from 1")
-        (run,) = ls(env)
+        (run,) = wait_for(lambda: ls(env), what="the run served")
         init = wait_for(lambda: _init_running(str(script)), what="PID 1 (the TUI's waiting parent)")
         engine = next(iter(_children(init)))
         _exec_in(init, "for i in 1 2 3 4 5; do sleep 0.1 & done; exit 0")  # orphans for init
@@ -246,6 +246,7 @@ def test_the_tui_as_pid1_stays_after_a_detach_and_reaps_orphans(tmp_path):
         assert not os.path.exists(f"/proc/{init}")
     finally:
         term.close()
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def _init_running(script: str) -> int | None:

@@ -33,11 +33,15 @@ TICKER = "import os, time\nprint('hello from', os.environ['RANK'], flush=True)\n
 
 
 @pytest.fixture
-def runtime(tmp_path):
-    """Sockets in a directory of this test's own (what $XDG_RUNTIME_DIR is for)."""
-    path = tmp_path / "rt"
-    path.mkdir(mode=0o700)
-    return {**os.environ, "XDG_RUNTIME_DIR": str(path)}
+def runtime():
+    """Sockets in a directory of this test's own (what $XDG_RUNTIME_DIR is for), made 0700 with a
+    short path: one under tmp_path (pytest-of-root/pytest-451/popen-gw0/<test name>) left a
+    chosen run id's socket over the 107 bytes a Unix socket's path may have."""
+    path = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
+    try:
+        yield {**os.environ, "XDG_RUNTIME_DIR": path}
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def ls(env) -> list[dict]:
