@@ -39,6 +39,7 @@ from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, console_budget, console_name
 from ranktop.core.process import exit_status_for_signal
+from ranktop.core.prompts import PROMPT_QUIET, input_prompt
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
 from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.signals import NOTICE_SIGNALS, OUTSIDE_STOP_WINDOW, StopAction, StopRule, take_early_stops
@@ -939,11 +940,13 @@ class LocalAgent:
             silent = self._silent_for(slot, now)
             if slot.alive and silent >= self.stall_timeout and r not in self._stalled:
                 snap = self._rank_snapshot(slot, now)
-                if snap.cpu_percent is None and silent < self.stall_timeout + self._cpu_wait():
-                    continue  # a short stall time beat the sampler's second look: "cpu -" tells nothing
+                # A short stall time beat the sampler's second look: "cpu -" tells nothing. (A rank
+                # at a prompt is reported without its cpu: it waits for someone to type.)
+                if snap.cpu_percent is None and not snap.input_prompt and silent < self.stall_timeout + self._cpu_wait():
+                    continue
                 self._stalled.add(r)
                 self.events.write("stall_detected", rank=snap.rank, local_rank=r, silent_s=round(silent, 1),
-                                  cpu_percent=snap.cpu_percent,
+                                  input_prompt=snap.input_prompt, cpu_percent=snap.cpu_percent,
                                   gpu_util=snap.gpu.util_percent if snap.gpu else None)
                 if self.on_stall:
                     self.on_stall(snap)
@@ -1006,11 +1009,21 @@ class LocalAgent:
             cpu_percent=stats.cpu_percent if stats else None, rss=stats.rss if stats else None,
             gpu=stats.gpu if stats else None,
             stall_seconds=self._silent_for(slot, now) if state == RankState.STALLED else None,
+            input_prompt=self._input_prompt(slot, state, now),
             native=self._native_ranks,
             log_bytes_lost=slot.log_bytes_lost, log_error=slot.log_error,
             paused=slot.paused, stdout_log=logs[0], stderr_log=logs[1],
             kill_at=_wall_clock(slot.kill_at, now) if state.alive else None,
         )
+
+    @staticmethod
+    def _input_prompt(slot: Any, state: RankState, now: float) -> str | None:
+        """The prompt a live rank waits at ('(Pdb)'), read off its ring's open line once it has
+        been quiet a moment: when a snapshot is taken, never per chunk of output."""
+        last = slot.ring.last_output_at
+        if state not in (RankState.RUNNING, RankState.STALLED) or slot.paused or last is None:
+            return None
+        return input_prompt(slot.ring.open_line()) if now - last >= PROMPT_QUIET else None
 
     def snapshot(self) -> GroupSnapshot:
         """A consistent picture of the group, cheap enough to take several times a second."""

@@ -217,6 +217,7 @@ class LineRing:
         self.version = 0  # bumped per chunk: UIs repaint only when it moved
         self.total_lines = 0  # newlines ever fed: line k is the k-th complete line
         self.last_output_at: float | None = None
+        self._last_stream = STDOUT  # of the chunk last made into lines (the newest waits in _chunks)
         self._lock = threading.Lock()
 
     def feed(self, stream: int, chunk: bytes, newlines: int | None = None) -> None:
@@ -280,6 +281,7 @@ class LineRing:
         while self._chunks:
             stream, chunk, _ = self._pop_chunk()
             self._make(stream, chunk)
+            self._last_stream = stream
 
     def _make(self, stream: int, chunk: bytes | bytearray) -> None:
         pieces = bytes(chunk).split(b"\n")  # a gathered block is a bytearray: lines are bytes
@@ -319,6 +321,7 @@ class LineRing:
             self._chunks.clear()
             self.bytes = self._chunk_bytes = self._chunk_newlines = 0
             self.partial = {STDOUT: OpenLine(), STDERR: OpenLine()}
+            self._last_stream = STDOUT
             self.version += 1
 
     def tail(self, n: int | None = None) -> list[bytes]:
@@ -328,6 +331,14 @@ class LineRing:
             lines = list(self.lines)
             lines.extend(self._open_lines())
         return lines if n is None else lines[-n:]
+
+    def open_line(self) -> bytes | None:
+        """The unfinished line of the stream that wrote last, '\\r' collapsed; None when that
+        stream's output ended a line. It makes the waiting chunks into lines, as `tail` does: ask
+        it of a rank gone quiet (a prompt), not per chunk."""
+        with self._lock:
+            self._make_lines()
+            return self.partial[self._last_stream].state() or None
 
     def since(self, seen: int, tail: int | None = None) -> tuple[int, int, list[bytes], list[bytes]]:
         """For UIs that keep their own copy: (version, total_lines, the complete lines numbered

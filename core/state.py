@@ -85,6 +85,9 @@ class RankSnapshot:
     rss: int | None = None  # bytes, summed over the process tree
     gpu: GpuSample | None = None
     stall_seconds: float | None = None  # seconds without output while stalled
+    # The input prompt it waits at, e.g. "(Pdb)": its output ends in an unfinished line that is one
+    # (core/prompts.py), quiet for PROMPT_QUIET s; None otherwise. Running or stalled ranks only.
+    input_prompt: str | None = None
     native: bool = False  # a binary rather than a Python rank (stack dumps need to know)
     log_bytes_lost: int = 0  # output read but not saved: a log file write failed (disk full)
     log_error: str | None = None  # why, e.g. "No space left on device"; None while the logs are whole

@@ -3,6 +3,7 @@ headless ranks read ranktop's own stdin, as under torchrun."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -139,3 +140,96 @@ def test_breakpoint_driven_through_i_in_a_real_terminal(tmp_path):
         term.wait_screen("EXIT 0")
     finally:
         term.close()
+
+
+# ----- the cue: a rank waiting at a prompt -------------------------------------------------------
+# Rank 0 stops in pdb; rank 1 waits for it, silent, as a rank in a collective would.
+PDB_AND_WAITER = (
+    "import os, time\n"
+    "if os.environ['LOCAL_RANK'] == '0':\n"
+    "    print('before', flush=True)\n"
+    "    breakpoint()\n"
+    "    print('after', flush=True)\n"
+    "else:\n"
+    "    print('in the collective', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_a_rank_at_a_pdb_prompt_is_titled_input_not_stalled_and_listed_as_a_problem(tmp_path):
+    """Rank 0 at its `(Pdb) ` prompt looked like the rank waiting for it: `running`, then
+    `stalled` after --stall-timeout. Its title says `input (i)`, the compact list's problems
+    filter shows it, and it is `running` again as soon as it prints."""
+    from ranktop.tui.panes import list_order
+    from test_tui_app import title
+
+    app = RanktopApp(LocalEngine(make_agent(tmp_path, PDB_AND_WAITER, n=2, name="pdb.py", stall_timeout=1.0)))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: " input (i) " in title(app, 0) and " stalled " in title(app, 1),
+                    what="rank 0 waiting for input, rank 1 stalled")
+        snap = app.engine.snapshot()
+        assert snap.ranks[0].input_prompt == "(Pdb)" and snap.ranks[1].input_prompt is None
+        assert [r.rank for r in list_order(snap.ranks, "state", "problems", snap.taken_at)] == [0, 1]
+        await pilot.press("0", "i", "c", "enter")
+        await until(pilot, lambda: "after" in pane_text(app, 0), what="rank 0 went on")
+        assert app.engine.snapshot().ranks[0].input_prompt is None  # it printed: no prompt any more
+        await until(pilot, lambda: " running " in title(app, 0), what="rank 0's title running again")
+
+    drive(app, body)
+
+
+def test_the_input_prompt_goes_through_local_agent_and_a_progress_bar_is_no_prompt(tmp_path):
+    """Rank 0 ends in an unfinished progress bar, rank 1 in a `(Pdb) ` it wrote itself and
+    reads stdin after: only rank 1 waits for input, and stops as soon as it prints again."""
+    from conftest import Running
+
+    code = (
+        "import os, sys, time\n"
+        "if os.environ['LOCAL_RANK'] == '0':\n"
+        "    sys.stdout.write('epoch 1\\n\\r10%|#    |\\r50%|####   |'); sys.stdout.flush()\n"
+        "else:\n"
+        "    sys.stdout.write('> /x.py(3)<module>()\\n(Pdb) '); sys.stdout.flush()\n"
+        "    sys.stdin.readline()\n"
+        "    print('went on', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    agent = make_agent(tmp_path, code, n=2)
+    with Running(agent) as agent:
+        def quiet_prompt():
+            snap = agent.snapshot()
+            quiet = all(r.last_output_at and r.last_output_at + 0.6 < snap.taken_at for r in snap.ranks)
+            return snap.ranks if quiet and snap.ranks[1].input_prompt else None
+
+        ranks = wait_for(quiet_prompt, what="both ranks quiet, rank 1 at its prompt")
+        assert (ranks[0].input_prompt, ranks[1].input_prompt) == (None, "(Pdb)")
+        assert ranks[1].state.value == "running"
+        assert agent.submit(cmd.SendInput(1, "c\n")).ok
+        wait_for(lambda: b"went on" in b"\n".join(agent.output(1)), what="rank 1 printed again")
+        assert agent.snapshot().ranks[1].input_prompt is None
+
+
+def test_headless_says_once_that_a_rank_waits_for_input_where_it_said_stalled(tmp_path):
+    import subprocess
+
+    from conftest import ranktop_cmd, stop_process
+
+    script = tmp_path / "pdb_rank.py"
+    script.write_text(PDB_RANK)
+    err = tmp_path / "stderr.txt"
+    with open(err, "wb") as sink:
+        proc = subprocess.Popen(ranktop_cmd("--headless", "--stall-timeout", "1", "--nproc-per-node", "1",
+                                            "--run-id", "hl", "--log-dir", str(tmp_path / "logs"), str(script)),
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=sink)
+    try:
+        wait_for(lambda: "waits for input" in err.read_text(), timeout=20, what="the headless line")
+        proc.stdin.write(b"c\n")
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        stop_process(proc)
+    lines = [line for line in err.read_text().splitlines() if "rank 0" in line]
+    assert len(lines) == 1 and re.fullmatch(r"ranktop: rank 0 waits for input at its \(Pdb\) prompt: no output "
+                                            r"for \ds \(pid \d+\)", lines[0]), lines
+    (stall,) = [e for e in read_events(tmp_path / "logs" / "hl") if e["event"] == "stall_detected"]
+    assert stall["input_prompt"] == "(Pdb)"

@@ -1751,7 +1751,8 @@ def test_logs_of_an_ended_run_into_a_pipe_closed_early_exits_0(tmp_path, runtime
 def test_a_detached_runs_ranks_read_what_attach_types(tmp_path, runtime, monkeypatch):
     """A --detach run's stdin is /dev/null: its ranks read it too, so a breakpoint() met end of
     file at once and pdb quit (BdbQuit, a failed run) before anyone could attach. They read a
-    pipe that attach's `i` types into, as under the TUI."""
+    pipe that attach's `i` types into, as under the TUI. Attach learns that the rank waits at
+    its prompt (`input_prompt`) from the engine's snapshots."""
     from ranktop.core import commands as cmd
     from ranktop.core.client import RemoteEngine, served_runs
 
@@ -1766,6 +1767,8 @@ def test_a_detached_runs_ranks_read_what_attach_types(tmp_path, runtime, monkeyp
     log = tmp_path / "logs" / "dbg" / "attempt_0" / "0" / "stdout.log"
     try:
         wait_for(lambda: log.exists() and "(Pdb) " in log.read_text(), what="the pdb prompt")
+        # The snapshot attach draws from says the rank waits at it (its title: `input (i)`).
+        wait_for(lambda: engine.snapshot().ranks[0].input_prompt == "(Pdb)", what="the prompt in the snapshot")
         assert engine.submit(cmd.SendInput(0, "p x\n")).ok
         wait_for(lambda: "41" in log.read_text(), what="pdb's answer")
         assert engine.submit(cmd.SendInput(0, "c\n")).ok

@@ -799,6 +799,10 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     from ranktop.core.stdio import write_within
 
     def on_stall(snap) -> None:
+        if snap.input_prompt:  # pdb in a rank: not stalled, waiting for someone to type
+            agent.say(f"ranktop: rank {snap.rank} waits for input at its {clean(snap.input_prompt)} prompt: "
+                      f"no output for {snap.stall_seconds or 0:.0f}s (pid {snap.pid})")
+            return
         cpu = "-" if snap.cpu_percent is None else f"{snap.cpu_percent:.0f}%"
         gpu = "-" if snap.gpu is None or snap.gpu.util_percent is None else f"{snap.gpu.util_percent:.0f}%"
         agent.say(f"ranktop: rank {snap.rank} stalled: no output for {snap.stall_seconds or 0:.0f}s "

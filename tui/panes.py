@@ -29,7 +29,7 @@ from textual.widgets._footer import FooterKey
 
 # Style per state: the one place the palette lives, shared by titles, the rank list and the help.
 # Every state reads from its text first; the states that need a look (failed, stalled, paused,
-# unreapable) are reversed, so they stand out under NO_COLOR too, where colours are dropped.
+# waiting for input, unreapable) are reversed, so they stand out under NO_COLOR too, where colours are dropped.
 # Ranks ranktop stopped (killed) are not red: they are effects, not failures.
 STATE_STYLE = {
     RankState.STARTING: "yellow",
@@ -42,6 +42,7 @@ STATE_STYLE = {
     RankState.UNREAPABLE: "bold reverse magenta",
 }
 PAUSED_STYLE = "bold reverse yellow"
+INPUT_STYLE = "bold reverse cyan"  # waiting at a prompt (pdb): `i` types into it
 
 GROUP_STYLE = {
     GroupState.INIT: "yellow",
@@ -82,9 +83,11 @@ def human_duration(seconds: float) -> str:
 
 
 def state_label(snap: RankSnapshot) -> str:
-    """'running', 'exited 0', 'exit 1', 'failed SIGSEGV', 'killed SIGKILL', 'paused'."""
+    """'running', 'exited 0', 'exit 1', 'failed SIGSEGV', 'killed SIGKILL', 'paused', 'input (i)'."""
     if snap.paused and snap.state.alive:
         return "paused"
+    if snap.input_prompt:  # (a live rank's: before stalled, which the ranks waiting for it are too)
+        return "input (i)"
     if snap.state == RankState.SUCCEEDED:
         return "exited 0"
     if snap.state == RankState.FAILED and snap.signal_name is None and snap.exitcode is not None:
@@ -107,7 +110,9 @@ def look(style: str) -> str:
 
 
 def state_style(snap: RankSnapshot) -> str:
-    return look(PAUSED_STYLE if snap.paused and snap.state.alive else STATE_STYLE[snap.state])
+    if snap.paused and snap.state.alive:
+        return look(PAUSED_STYLE)
+    return look(INPUT_STYLE if snap.input_prompt else STATE_STYLE[snap.state])
 
 
 def last_output_age(snap: RankSnapshot, now: float) -> float | None:
@@ -478,8 +483,9 @@ FILTERS = ("all", "problems", "running")
 
 def _sort_key(sort: str, now: float):
     def key(snap: RankSnapshot) -> tuple:
-        if sort == "state":  # the ones that need a look first; paused with the stalled
-            order = _STATE_ORDER[RankState.STALLED] if snap.paused and snap.state.alive else _STATE_ORDER[snap.state]
+        if sort == "state":  # the ones that need a look first; paused and waiting for input with the stalled
+            needs_look = (snap.paused and snap.state.alive) or snap.input_prompt
+            order = _STATE_ORDER[RankState.STALLED] if needs_look else _STATE_ORDER[snap.state]
             return (order, snap.rank)
         if sort == "cpu":
             return (-(snap.cpu_percent or 0.0), snap.rank)
@@ -493,7 +499,7 @@ def _sort_key(sort: str, now: float):
 def _passes(filter_: str, snap: RankSnapshot) -> bool:
     if filter_ == "problems":
         return snap.state in (RankState.FAILED, RankState.STALLED, RankState.UNREAPABLE) or (
-            snap.paused and snap.state.alive)
+            snap.paused and snap.state.alive) or snap.input_prompt is not None
     if filter_ == "running":
         return snap.state.alive
     return True
