@@ -140,15 +140,23 @@ def _checked(path: str) -> str:
 
 
 SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, less its NUL)
+_DEFAULT_ID_LENGTH = len("20261126-193431-9fac")  # a run id ranktop chooses: the time and 4 hex digits
 
 
 def socket_path(run_id: str) -> str:
     """The socket of `run_id`, its directory made and checked; SocketDirError when the directory
     is not safe or the path is too long for a socket (a long run id under a deep $TMPDIR)."""
-    path = os.path.join(socket_dir(), f"{run_id}.sock")
+    directory = socket_dir()
+    path = os.path.join(directory, f"{run_id}.sock")
     if len(os.fsencode(path)) > SUN_PATH_MAX:
+        # The directory may leave no room even for a run id of the default length (a deep
+        # $XDG_RUNTIME_DIR or $TMPDIR): then it is the one to shorten.
+        roomy = len(os.fsencode(os.path.join(directory, "x" * _DEFAULT_ID_LENGTH + ".sock"))) <= SUN_PATH_MAX
+        long_id = len(os.fsencode(run_id)) > _DEFAULT_ID_LENGTH
+        shorter = ("--run-id" if roomy else
+                   f"{'--run-id and ' if long_id else ''}$XDG_RUNTIME_DIR (or $TMPDIR, where it is unset)")
         raise SocketDirError(f"the socket path {path} is over the {SUN_PATH_MAX} bytes a Unix socket allows: "
-                             "use a shorter --run-id")
+                             f"use a shorter {shorter}")
     return path
 
 

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, read_events, run_ranktop, wait_for
+from conftest import ROOT, marked_processes, read_events, run_ranktop, wait_for
 from ranktop.core.stacks import find_py_spy
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
@@ -188,3 +188,32 @@ def test_stacks_given_the_pid_the_shell_started_dumps_the_tuis_ranks(tmp_path):
         stopped = run_ranktop("stop", "r1")
         term.close()
     assert stopped.returncode == 0, stopped.stderr
+
+
+def test_a_tui_run_that_cannot_be_served_says_so_on_its_screen(tmp_path):
+    """A socket path over the 107 bytes Unix allows (a deep $XDG_RUNTIME_DIR): the run is not
+    served, and the line saying so went to stderr, behind the TUI's screen; q just did not offer
+    to detach, without a word."""
+    runtime = tmp_path / ("r" * 100)
+    runtime.mkdir(mode=0o700)
+    script = tmp_path / "ticker.py"
+    script.write_text(SCRIPT)
+    status = tmp_path / "status"
+    command = (f"cd {ROOT} && XDG_RUNTIME_DIR={runtime} {sys.executable} -m ranktop --tui --nproc-per-node 1 "
+               f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
+    term = Terminal(command, width=120, height=30)
+    try:
+        shown = " ".join(line.strip(" ▌") for line in term.wait_screen("hello from 0", "not served").splitlines())
+        assert "use a shorter $XDG_RUNTIME_DIR" in shown and "q cannot detach it" in shown
+        term.press("q")
+        shown = term.wait_screen("Stop and quit")
+        assert "Detach" not in shown
+        term.press("n")
+        # A hang-up stops it: detached, nothing could ever reach it (it went on, out of reach).
+        pid = int(next(e["pid"] for e in wait_for(lambda: read_events(next((tmp_path / "logs").iterdir())),
+                                                  what="its events") if e["event"] == "started"))
+        term.close()  # (its shell goes with the terminal: no status; what is left of the run, if anything)
+        wait_for(lambda: not marked_processes(), timeout=20, what="ranktop and its rank gone")
+        assert not os.path.exists(f"/proc/{pid}")
+    finally:
+        term.close()

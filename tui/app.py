@@ -57,6 +57,7 @@ class RanktopApp(App):
         self.user_quit = False  # the user asked to quit while ranks ran
         self.detached: str | None = None  # why the TUI left a run that goes on ("SIGHUP", "key")
         self.can_detach = False  # q may leave the run going (run_tui set up a process to hold it)
+        self.not_served: str | None = None  # why the run has no socket (ls, attach and detach lack it)
         self.attached = False  # a client of a run served elsewhere (ranktop attach): detaching is leaving
         self._exit_when_ended = exit_on_end
         self.main: MainScreen | None = None
@@ -78,6 +79,8 @@ class RanktopApp(App):
 
     def on_ready(self) -> None:
         self._frame_shown = True
+        if self.not_served:
+            self.notify(f"{self.not_served}; q cannot detach it", title="not served", severity="warning", timeout=15)
         if self._leave_when_ready is not None:
             self._leave_when_ready()
 
@@ -122,6 +125,13 @@ class RanktopApp(App):
         """SIGTERM/SIGINT to ranktop: the engine's rule, as headless (forwarded with the grace,
         then SIGKILL; only a second SIGINT kills at once), and leave as soon as the ranks are gone.
         SIGHUP (the terminal went away) detaches instead: the TUI leaves, the run goes on."""
+        if signum == signal.SIGHUP and self.not_served is not None:
+            # Detached, nothing could reach it (no socket): a hang-up stops it, as torchrun's does.
+            if not terminal_alive():
+                detach_terminal()
+            self.engine.submit(cmd.Interrupt(signum))
+            self.leave_when_ended()
+            return
         if signum == signal.SIGHUP:
             if not terminal_alive():  # else (the waiting parent killed, a kill -HUP) Textual restores it
                 detach_terminal()

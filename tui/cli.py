@@ -772,13 +772,14 @@ class _PipeTail:
 
 
 def serve_run(engine):
-    """Serve the run on its socket (ranktop ls/stop/logs); None, after one line, if it cannot be."""
+    """Serve the run on its socket (ranktop ls/stop/logs): (the server, None), or (None, why not)
+    after a line saying so on stderr."""
     from ranktop.core.server import serve
 
     server, problem = serve(engine, engine.agent.served_names())
     if problem is not None:
         print(f"ranktop: {problem}", file=sys.stderr, flush=True)
-    return server
+    return server, problem
 
 
 def _stderr_to_devnull() -> None:
@@ -826,7 +827,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
 
     def under_way() -> None:  # serve the run (ls, attach, stop) from now on
         nonlocal server
-        server = serve_run(engine)
+        server, _ = serve_run(engine)
         if ns.detached_child:  # served: the command that started us stops reading our stderr now
             _stderr_to_devnull()
 

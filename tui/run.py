@@ -50,7 +50,7 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
         engine.start()
         from ranktop.tui.cli import serve_run
 
-        server = serve_run(engine)
+        server, problem = serve_run(engine)
         from ranktop.tui.app import RanktopApp  # Textual loads while the ranks start
 
         app = RanktopApp(engine, exit_on_end=getattr(ns, "exit_on_end", False), metric=getattr(ns, "metric", None))
@@ -60,6 +60,7 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
             elif signum not in NOTICE_SIGNALS:
                 app.leave_when_ended()
         app.can_detach = detacher is not None and server is not None
+        app.not_served = problem  # (its line on stderr is behind the TUI's screen)
         if server is not None:
             server.shown = True
         app.run()
