@@ -734,11 +734,12 @@ class PContext:
 
     def restart_rank(self, local_rank: int, grace: float | None = None) -> bool:
         """Stop one rank (with the grace) and start it again in this context. False once the
-        group has ended: there is nothing left to restart it into."""
+        group has ended or is stopping: there is nothing left to restart it into (started during
+        the stop, it was nobody's to stop, and the group waited on it to end on its own)."""
         if grace is not None:
             check_timeout("grace", grace)
         with self._lock:
-            if self._result is not None:
+            if self._result is not None or self._stopping:
                 return False
             slot = self.slots[local_rank]
             slot.restart_pending = True
