@@ -728,6 +728,12 @@ class PContext:
             if sig in LEADER_ONLY_SIGNALS:
                 return slot.proc.signal_leader(sig)
             sent = slot.proc.signal_group(sig)
+            if sent and sig in STOP_SIGNALS:
+                # Paused (here, or `kill -STOP` elsewhere), it would not see the signal until
+                # resumed: it would count as having survived it by the grace, and die of it
+                # later as a failure of its own. As the group's stop does.
+                slot.proc.signal_group(signal.SIGCONT)
+                slot.paused = False
             if sent and sig in (signal.SIGSTOP, signal.SIGCONT):
                 slot.paused = sig == signal.SIGSTOP
             return sent

@@ -364,3 +364,25 @@ def test_a_rank_restarted_while_its_group_stops_is_not_started_again(tmp_path):
     assert result.state == WorkerState.FAILED and result.root_cause.local_rank == 0
     starts = [e for e in read_events(agent.run_dir) if e["event"] == "started" and e["local_rank"] == 0]
     assert len(starts) == 1
+
+
+def test_a_stop_signal_to_a_paused_rank_reaches_it_at_once(tmp_path):
+    """`x` TERM to a rank paused with `x` STOP: it never saw the signal, so once the grace passed
+    it counted as having survived it, and when resumed it died of it as a failure of its own,
+    which ended the group. A stop signal to one rank is followed by SIGCONT, as the group's is."""
+    agent = make_agent(tmp_path, shutdown_timeout=1.0, code="""
+        import time
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    run = Running(agent)
+    with run:
+        wait_for(lambda: all(agent.output(r)[:1] == [b"ready"] for r in (0, 1)), what="both ranks ready")
+        pid = run.rank(0).pid
+        agent.signal_rank(0, signal.SIGSTOP)
+        wait_for(lambda: kernel_state(pid) == "T", what="rank 0 stopped by the kernel")
+        agent.signal_rank(0, signal.SIGTERM)
+        wait_for(lambda: run.rank(0).state == RankState.KILLED, what="rank 0 ended by the user's SIGTERM")
+        assert not run.rank(0).paused and run.rank(1).state == RankState.RUNNING
+    events = [e["event"] for e in read_events(agent.run_dir)]
+    assert "signal_survived" not in events and "exit_held" not in events
