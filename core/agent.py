@@ -827,9 +827,10 @@ class LocalAgent:
             command = cmd.RestartGroup()  # one new rank cannot rejoin the other nodes' collectives
         if isinstance(command, cmd.RestartRank):
             rank = self.spec.global_rank(command.local_rank)
+            if not pc.restart_rank(command.local_rank):
+                return cmd.Ack(False, f"the group is stopping: rank {rank} is not started again")
             self.events.write("user_restart_rank", rank=rank, local_rank=command.local_rank)
             self._note_user_action(f"restarted rank {rank}")
-            pc.restart_rank(command.local_rank)
             return cmd.Ack(True, f"restarting rank {rank}")
         if isinstance(command, cmd.RestartGroup):
             self.events.write("user_restart_group", attempt=self.attempt)

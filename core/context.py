@@ -728,17 +728,24 @@ class PContext:
             if sig in LEADER_ONLY_SIGNALS:
                 return slot.proc.signal_leader(sig)
             sent = slot.proc.signal_group(sig)
+            if sent and sig in STOP_SIGNALS:
+                # Paused (here, or `kill -STOP` elsewhere), it would not see the signal until
+                # resumed: it would count as having survived it by the grace, and die of it
+                # later as a failure of its own. As the group's stop does.
+                slot.proc.signal_group(signal.SIGCONT)
+                slot.paused = False
             if sent and sig in (signal.SIGSTOP, signal.SIGCONT):
                 slot.paused = sig == signal.SIGSTOP
             return sent
 
     def restart_rank(self, local_rank: int, grace: float | None = None) -> bool:
         """Stop one rank (with the grace) and start it again in this context. False once the
-        group has ended: there is nothing left to restart it into."""
+        group has ended or is stopping: there is nothing left to restart it into (started during
+        the stop, it was nobody's to stop, and the group waited on it to end on its own)."""
         if grace is not None:
             check_timeout("grace", grace)
         with self._lock:
-            if self._result is not None:
+            if self._result is not None or self._stopping:
                 return False
             slot = self.slots[local_rank]
             slot.restart_pending = True

@@ -14,6 +14,7 @@ import pytest
 import rank_fns
 from conftest import PY, ROOT, Running, make_agent, read_events, wait_for
 from ranktop.core import GroupState, LocalAgent, RankState, WorkerError, WorkerSpec, WorkerState, launch
+from ranktop.core import commands as cmd
 from ranktop.core.output import StreamSink
 from ranktop.core.process import kernel_state, wait_exit
 
@@ -330,3 +331,58 @@ def test_a_rank_that_survives_the_users_stop_signal_fails_on_its_own_later(tmp_p
     assert result.root_cause.exitcode == 3
     events = [e["event"] for e in read_events(agent.run_dir)]
     assert "signal_survived" in events
+
+
+def test_a_rank_restarted_while_its_group_stops_is_not_started_again(tmp_path):
+    """`r` on the failed rank while the group stops for its failure (its siblings have the grace):
+    the rank was started again, as nobody's to stop, and the group waited on it to end on its own."""
+    first = tmp_path / "started once"
+    agent = make_agent(tmp_path, shutdown_timeout=3.0, code=f"""
+        import os, signal, sys, time
+        if os.environ["LOCAL_RANK"] == "1":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's stop takes its whole grace
+            print("ready", flush=True)
+            time.sleep(60)
+        if not os.path.exists({str(first)!r}):
+            open({str(first)!r}, "w").close()
+            while b"ready" not in open(os.path.join(os.environ["RANKTOP_TEST_DIR"], "ready"), "rb").read():
+                time.sleep(0.02)
+            sys.exit(3)
+        print("started again", flush=True)
+        time.sleep(60)
+    """, env={"RANKTOP_TEST_DIR": str(tmp_path)})
+    (tmp_path / "ready").write_bytes(b"")
+    run = Running(agent)
+    with run:
+        wait_for(lambda: agent.output(1)[:1] == [b"ready"], what="rank 1 ready")
+        (tmp_path / "ready").write_bytes(b"ready")
+        wait_for(lambda: run.rank(0).state == RankState.FAILED and run.rank(1).state == RankState.STOPPING,
+                 what="the group stopping for rank 0's failure")
+        ack = agent.submit(cmd.RestartRank(0))
+        assert not ack.ok and "stopping" in ack.message
+        result = run.join(timeout=15)
+    assert result.state == WorkerState.FAILED and result.root_cause.local_rank == 0
+    starts = [e for e in read_events(agent.run_dir) if e["event"] == "started" and e["local_rank"] == 0]
+    assert len(starts) == 1
+
+
+def test_a_stop_signal_to_a_paused_rank_reaches_it_at_once(tmp_path):
+    """`x` TERM to a rank paused with `x` STOP: it never saw the signal, so once the grace passed
+    it counted as having survived it, and when resumed it died of it as a failure of its own,
+    which ended the group. A stop signal to one rank is followed by SIGCONT, as the group's is."""
+    agent = make_agent(tmp_path, shutdown_timeout=1.0, code="""
+        import time
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    run = Running(agent)
+    with run:
+        wait_for(lambda: all(agent.output(r)[:1] == [b"ready"] for r in (0, 1)), what="both ranks ready")
+        pid = run.rank(0).pid
+        agent.signal_rank(0, signal.SIGSTOP)
+        wait_for(lambda: kernel_state(pid) == "T", what="rank 0 stopped by the kernel")
+        agent.signal_rank(0, signal.SIGTERM)
+        wait_for(lambda: run.rank(0).state == RankState.KILLED, what="rank 0 ended by the user's SIGTERM")
+        assert not run.rank(0).paused and run.rank(1).state == RankState.RUNNING
+    events = [e["event"] for e in read_events(agent.run_dir)]
+    assert "signal_survived" not in events and "exit_held" not in events

@@ -260,3 +260,27 @@ def _init_running(script: str) -> int | None:
         if argv[0].endswith(b"unshare") and script.encode() in argv:
             return next(iter(_children(int(entry))), None)
     return None
+
+
+def test_a_sigterm_to_the_tui_as_pid1_while_it_starts_stops_the_run(tmp_path):
+    """`docker run -it IMAGE ranktop --tui ...` deleted as it starts: PID 1 passes the SIGTERM to
+    its TUI child, which noted it while it had no handler of its own yet and never acted on it
+    (its agent runs in a thread, which takes no early signals): the ranks ran on to the SIGKILL."""
+    script = tmp_path / "rank.py"
+    script.write_text(SLEEPER)
+    status = tmp_path / "status"
+    runtime = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
+    command = " ".join([*UNSHARE, *ranktop_cmd("--tui", "--nproc-per-node", "1", "--shutdown-timeout", "2",
+                                               "--log-dir", str(tmp_path / "logs"), str(script))])
+    from test_tui_tmux import Terminal
+
+    term = Terminal(f"cd {ROOT} && XDG_RUNTIME_DIR={runtime} {command}; echo $? > {status}; sleep 60", 80, 24)
+    try:
+        init = wait_for(lambda: _init_running(str(script)), interval=0.001, what="PID 1 (the TUI's waiting parent)")
+        wait_for(lambda: _children(init), interval=0.001, what="the TUI's child forked")
+        os.kill(init, signal.SIGTERM)
+        wait_for(status.exists, timeout=20, what="the run stopped by the SIGTERM")
+        assert status.read_text().strip() == str(128 + signal.SIGTERM)
+    finally:
+        term.close()
+        shutil.rmtree(runtime, ignore_errors=True)

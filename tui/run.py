@@ -18,7 +18,7 @@ from ranktop.core import collector
 from ranktop.core import commands as cmd
 from ranktop.core.limits import TUI_STALL_TIMEOUT
 from ranktop.core.sanitize import clean
-from ranktop.core.signals import NOTICE_SIGNALS
+from ranktop.core.signals import NOTICE_SIGNALS, take_early_stops
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.detach import Detacher, detach_terminal, terminal_alive
 
@@ -45,6 +45,8 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
     # QUIT stops as TERM does; USR1/USR2 always (passed on where listed, else noted: never fatal)
     handled = dict.fromkeys((*_STOP_SIGNALS, *getattr(ns, "signals_to_handle", ()), *NOTICE_SIGNALS))
     previous = {sig: signal.signal(sig, on_signal) for sig in handled}
+    for signum in take_early_stops(handled):  # as PID 1: they came before these handlers (the agent's thread takes none)
+        on_signal(signum, None)
     server = None
     try:
         engine.start()
