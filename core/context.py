@@ -634,7 +634,7 @@ class PContext:
             live = [s for s in self.slots if s.alive]
             fds = [s.proc.pidfd for s in live if s.proc.pidfd is not None]
             fds += self._sweep_fds.values()
-            deadlines = [t for s in live for t in (s.kill_at, s.reap_by) if t is not None]
+            deadlines = [t for s in live for t in (s.kill_at, s.reap_by, s.survived_by) if t is not None]
             deadlines += [s.held_until for s in self.slots if s.held_until is not None]
             if self._sweep_deadline is not None:  # the SIGKILL, then the giving up
                 deadlines.append(self._sweep_deadline if time.monotonic() < self._sweep_deadline

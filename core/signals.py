@@ -95,9 +95,14 @@ def hold_early_stops() -> None:
 
 
 def take_early_stops(handled: object) -> list[int]:
-    """The noted signals that are among `handled`, once: the run acts on them now."""
+    """The noted signals that are among `handled`, once: the run acts on them now. A signal it
+    does not handle (SIGQUIT left out of --signals-to-handle) gets its default back: noted for
+    ever, it would end nothing and say nothing."""
     taken = [sig for sig in _early if sig in handled]
     _early.clear()
+    for sig in _EARLY_STOPS:
+        if sig not in handled and signal.getsignal(sig) is _note_early:
+            signal.signal(sig, signal.SIG_DFL)
     return taken
 
 
