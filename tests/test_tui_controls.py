@@ -588,6 +588,14 @@ def test_a_group_restart_drops_a_selection_of_the_old_attempts_lines():
     drive_fake(engine, body)
 
 
+async def _open_stack_view(app, pilot) -> None:
+    """`d` once rank 0 has printed, and the stack view with its report."""
+    await until(pilot, lambda: app.main.pane(0).log.line_count, what="the rank up")
+    await pilot.press("d")
+    await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
+                what="stack report")
+
+
 @pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
 def test_the_stack_views_call_tree_scrolls_sideways_and_its_help_lists_its_keys(tmp_path):
     """At 80 columns the tree cut every long frame, and → and ctrl+PgDn did nothing: the focus
@@ -596,10 +604,7 @@ def test_the_stack_views_call_tree_scrolls_sideways_and_its_help_lists_its_keys(
     app = RanktopApp(LocalEngine(ticker_agent(tmp_path, DEEP, n=1)))
 
     async def body(app, pilot):
-        await until(pilot, lambda: app.main.pane(0).log.line_count, what="the rank deep in its recursion")
-        await pilot.press("d")
-        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
-                    what="stack report")
+        await _open_stack_view(app, pilot)
         tree = app.screen.query_one(CallTree)
         await until(pilot, lambda: tree.max_scroll_x > 0, what="a tree wider than its box")
         assert app.focused is app.screen.query_one(StackGroups)  # where the focus starts: lines that wrap
@@ -791,10 +796,7 @@ def test_the_stack_view_says_which_threads_it_shows(tmp_path):
     app = RanktopApp(LocalEngine(ticker_agent(tmp_path, THREADED, n=1)))
 
     async def body(app, pilot):
-        await until(pilot, lambda: app.main.pane(0).log.line_count, what="the rank up")
-        await pilot.press("d")
-        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
-                    what="stack report")
+        await _open_stack_view(app, pilot)
         groups = app.screen.query_one(StackGroups)
 
         def footer() -> str:

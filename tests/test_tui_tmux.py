@@ -129,17 +129,24 @@ def test_a_hangup_while_textual_loads_detaches_once_the_first_frame_is_up(tmp_pa
     assert stopped.returncode == 0, stopped.stderr
 
 
+def _one_rank_tui(tmp_path: Path, code: str, *flags: str, env: str = "", size=(160, 48),
+                  name: str = "rank.py") -> tuple[Terminal, Path]:
+    """`ranktop --tui` of one rank running `code` (as `name`) in a terminal of `size`; the file
+    its shell writes ranktop's exit status to."""
+    script = tmp_path / name
+    script.write_text(code)
+    status = tmp_path / "status"
+    command = (f"cd {ROOT} && {env}{sys.executable} -m ranktop --tui --nproc-per-node 1 {' '.join(flags)} "
+               f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
+    return Terminal(command, *size), status
+
+
 @pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
 def test_the_stack_views_tree_scrolls_sideways_by_a_real_terminals_keys(tmp_path):
     """ctrl+PgDn and → as a terminal sends them scroll the call tree, where the view opens (the
     focus on the groups, where they did nothing): at 80 columns the ends of the frames, cut
     until then, come into sight."""
-    script = tmp_path / "deep.py"
-    script.write_text(DEEP)
-    status = tmp_path / "status"
-    command = (f"cd {ROOT} && {sys.executable} -m ranktop --tui --nproc-per-node 1 --shutdown-timeout 3 "
-               f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
-    term = Terminal(command, width=80, height=24)
+    term, status = _one_rank_tui(tmp_path, DEEP, "--shutdown-timeout", "3", size=(80, 24), name="deep.py")
     try:
         term.wait_screen("deep")
         term.press("d")
@@ -196,12 +203,7 @@ def test_a_tui_run_that_cannot_be_served_says_so_on_its_screen(tmp_path):
     to detach, without a word."""
     runtime = tmp_path / ("r" * 100)
     runtime.mkdir(mode=0o700)
-    script = tmp_path / "ticker.py"
-    script.write_text(SCRIPT)
-    status = tmp_path / "status"
-    command = (f"cd {ROOT} && XDG_RUNTIME_DIR={runtime} {sys.executable} -m ranktop --tui --nproc-per-node 1 "
-               f"--log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30")
-    term = Terminal(command, width=120, height=30)
+    term, status = _one_rank_tui(tmp_path, SCRIPT, env=f"XDG_RUNTIME_DIR={runtime} ", size=(120, 30))
     try:
         shown = " ".join(line.strip(" ▌") for line in term.wait_screen("hello from 0", "not served").splitlines())
         assert "use a shorter $XDG_RUNTIME_DIR" in shown and "q cannot detach it" in shown
