@@ -153,6 +153,7 @@ class RankSlot:
     # A stop signal the user sent it alone (the signal picker): still alive at this monotonic
     # time, it survived the signal (pdb takes SIGINT as a break) and its end is no longer ours.
     survived_by: float | None = None
+    user_signals: set[int] = field(default_factory=set)  # stop signals the user sent its process
     restart_pending: bool = False
     failure: ProcessFailure | None = None
     sinks: list[StreamSink] = field(default_factory=list)  # its live ones, and earlier ones that lost output
@@ -405,6 +406,7 @@ class PContext:
             raise RankStartError.of(r, exc) from None
         slot.stopped_by_us = slot.stopped_by_user = slot.stopped_from_outside = False
         slot.kill_at = slot.reap_by = slot.survived_by = None
+        slot.user_signals.clear()
         slot.failure = None
         slot.paused = slot.unreapable = False
         self._strays.rank_started(slot.proc.pid)
@@ -579,6 +581,8 @@ class PContext:
         code = proc.returncode
         proc.close_input()
         self._strays.rank_reaped(proc.pid)
+        if -code in slot.user_signals:  # it died of the user's signal, later than the grace: still theirs
+            slot.stopped_by_us = slot.stopped_by_user = True
         self._emit("exited", slot.local_rank, pid=proc.pid, exitcode=code,
                    signal=killed_by(code), by_us=slot.stopped_by_us)
         if code == 0:
@@ -599,7 +603,8 @@ class PContext:
     def _survived(self, slot: RankSlot) -> None:
         """The rank outlived a stop signal the user sent it alone by the grace: it handled it
         (pdb breaks on SIGINT; a loop may catch KeyboardInterrupt) and runs on. It is no longer
-        stopping, and an end of its own from now on is a failure, as any rank's."""
+        stopping, and an end of its own from now on is a failure, as any rank's, unless that
+        signal is what it dies of (a checkpoint that took longer than the grace)."""
         slot.survived_by = None
         if slot.kill_at is None and not self._stopping and not slot.restart_pending:
             slot.stopped_by_us = slot.stopped_by_user = False
@@ -719,6 +724,7 @@ class PContext:
                 return False
             if sig in STOP_SIGNALS:
                 slot.stopped_by_us = slot.stopped_by_user = True
+                slot.user_signals.add(sig)
                 if sig != signal.SIGKILL and slot.kill_at is None:
                     slot.survived_by = time.monotonic() + self.shutdown_timeout
             self._emit("signalled", local_rank, pid=slot.proc.pid, signal=signal.Signals(sig).name)

@@ -386,3 +386,34 @@ def test_a_stop_signal_to_a_paused_rank_reaches_it_at_once(tmp_path):
         assert not run.rank(0).paused and run.rank(1).state == RankState.RUNNING
     events = [e["event"] for e in read_events(agent.run_dir)]
     assert "signal_survived" not in events and "exit_held" not in events
+
+
+def test_a_rank_that_dies_of_the_users_signal_after_the_grace_is_still_the_users_stop(tmp_path):
+    """A rank that traps `x` TERM to save a checkpoint for longer than the grace, then dies of the
+    signal: its end is the user's stop, not a failure that would stop its siblings."""
+    agent = make_agent(tmp_path, shutdown_timeout=0.5, code="""
+        import os, signal, time
+        if os.environ["LOCAL_RANK"] == "1":
+            print("ready", flush=True)
+            time.sleep(60)
+        asked = []
+        signal.signal(signal.SIGTERM, lambda *_: asked.append(1))
+        print("ready", flush=True)
+        while not asked:
+            time.sleep(0.02)
+        print("saving a checkpoint", flush=True)
+        time.sleep(1.5)  # three graces: the rank counts as having survived the signal meanwhile
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+    """)
+    run = Running(agent)
+    with run:
+        wait_for(lambda: all(agent.output(r)[:1] == [b"ready"] for r in (0, 1)), what="both ranks ready")
+        agent.signal_rank(0, signal.SIGTERM)
+        wait_for(lambda: [e["event"] for e in read_events(agent.run_dir, while_written=True)].count("signal_survived"),
+                 what="the grace passed with rank 0 alive")
+        wait_for(lambda: run.rank(0).state == RankState.KILLED, what="rank 0 dead of its SIGTERM")
+        events = read_events(agent.run_dir, while_written=True)
+        assert [e["by_us"] for e in events if e["event"] == "exited"] == [True]
+        assert not [e for e in events if e["event"] in ("exit_held", "group_failed")]
+        assert run.rank(1).state == RankState.RUNNING and agent.snapshot().state == GroupState.RUNNING
