@@ -579,12 +579,35 @@ def test_the_palette_over_a_dialog_offers_its_commands_not_the_grids(opener, clo
         assert not titles & {"Zoom", "Kill rank", "Stop group", "Focus rank 1", "Search"}, titles
         if closer is None:
             return
-        own = {description for _, description, _ in described(app, dialog, hidden=DIALOG_EXTRAS)}
+        # (what the dialog itself leaves out: the quit question's d where it offers no detach)
+        hidden = dialog.key_sections(DIALOG_EXTRAS)[0][2] if hasattr(dialog, "key_sections") else DIALOG_EXTRAS
+        own = {description for _, description, _ in described(app, dialog, hidden=hidden)}
         assert closer in own <= titles, titles
         await pilot.press("ctrl+p", *closer.lower())
         await until(pilot, lambda: palette_top(app).startswith(closer), what="the dialog's own command")
         await pilot.press("enter")
         await until(pilot, lambda: app.screen is app.main, what="the dialog closed")
         assert not app.main.zoomed and engine.commands == []
+
+    drive(engine, body)
+
+
+@pytest.mark.parametrize("can_detach", [False, True])
+def test_the_quit_questions_help_lists_detach_only_where_it_is_offered(can_detach):
+    """`?` over the quit question, and the grid's help, listed `d Detach` also where the question
+    offers no detach (a run that is not served, a process that could not fork)."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        app.can_detach = can_detach
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the grid's help")
+        assert ("Detach:" in "\n".join(screen_rows(app))) == can_detach
+        await pilot.press("escape", "q")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="the quit question")
+        assert ("Detach (d)" in "\n".join(screen_rows(app))) == can_detach
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="its help")
+        assert ("Detach:" in "\n".join(screen_rows(app))) == can_detach
 
     drive(engine, body)

@@ -235,7 +235,8 @@ class RanktopApp(App):
         besides = DIALOG_EXTRAS
         sections: list[tuple[str, Any, tuple[str, ...]]] = []
         if not cannot_act:  # (a read-only or ended view neither offers x nor asks before q)
-            sections = [SignalPicker(0, 0, 1).key_sections(besides)[0], ConfirmQuit(0, 0.0).key_sections(besides)[0]]
+            question = ConfirmQuit(0, 0.0, can_detach=self.can_detach or self.attached)
+            sections = [SignalPicker(0, 0, 1).key_sections(besides)[0], question.key_sections(besides)[0]]
         try:
             from ranktop.tui.stacks_view import StacksScreen
         except ImportError:

@@ -182,7 +182,7 @@ class ConfirmQuit(ModalScreen[str | None]):
 
     BINDINGS = [
         Binding("y", "answer('stop')", "Stop and quit"),
-        Binding("d", "answer('detach')", "Detach: leave, the run goes on"),
+        Binding("d", "detach", "Detach: leave, the run goes on"),
         Binding("n,escape", "answer(None)", "Stay"),
         Binding("left,shift+tab", "app.focus_previous", "Previous answer", show=False),
         Binding("right,tab", "app.focus_next", "Next answer", show=False),
@@ -213,7 +213,11 @@ class ConfirmQuit(ModalScreen[str | None]):
     def key_sections(self, hidden: tuple[str, ...] = ()) -> list[tuple[str, DOMNode, tuple[str, ...]]]:
         """Its keys for the help: the question's (←/→ and tab move between the answers), then
         the focused answer's (enter)."""
-        return [("Quit question", self, (*hidden, "copy_text")), ("The focused answer", Button(""), ())]
+        cannot = () if self.can_detach else ("detach",)  # (d is offered only where the run can go on)
+        return [("Quit question", self, (*hidden, "copy_text", *cannot)), ("The focused answer", Button(""), ())]
+
+    def action_detach(self) -> None:
+        self.action_answer("detach")
 
     def action_answer(self, answer: str | None) -> None:
         if answer == "detach" and not self.can_detach:
