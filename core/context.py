@@ -75,6 +75,9 @@ EventSink = Callable[[dict], None]
 # Seconds a SIGKILLed rank may take to be gone before it counts as unreapable. A killed process
 # normally vanishes within milliseconds; one that lingers is stuck in the kernel.
 REAP_TIMEOUT = 5.0
+# Seconds a restarted rank's new process waits at most for the old one's output to be read to its
+# end (its pipes' end of file comes within a pump round, unless a grandchild holds them open).
+RESPAWN_DRAIN = 0.5
 
 
 class Waker:
@@ -153,6 +156,9 @@ class RankSlot:
     # A stop signal the user sent it alone (the signal picker): still alive at this monotonic
     # time, it survived the signal (pdb takes SIGINT as a break) and its end is no longer ours.
     survived_by: float | None = None
+    # A restart waits at most until this monotonic time for the replaced process's output to be
+    # read to its end, so that its last lines come before the separator, not after it.
+    respawn_by: float | None = None
     user_signals: set[int] = field(default_factory=set)  # stop signals the user sent its process
     restart_pending: bool = False
     failure: ProcessFailure | None = None
@@ -504,11 +510,25 @@ class PContext:
         if slot.held_until is not None and now >= slot.held_until:
             self._end_hold(slot, "failure", reason="no stop came within the window")
             self._fail_group("another rank failed")
-        if slot.restart_pending and not slot.alive:
+        if slot.restart_pending and not slot.alive and self._old_output_read(slot, now):
             slot.restart_pending = False
             slot.restarts += 1
             self._mark_restart(slot)
             self._spawn(slot)
+
+    def _old_output_read(self, slot: RankSlot, now: float) -> bool:
+        """The replaced process's pipes read to their end, or RESPAWN_DRAIN passed (a grandchild
+        of its may hold them open). Without the wait, its last lines could be read after the
+        separator and shown as the new process's."""
+        if slot.proc is None:
+            return True
+        if slot.respawn_by is None:
+            slot.respawn_by = now + RESPAWN_DRAIN
+            self._pump.wake()  # read them now, not after the round's pause
+        if slot.proc.output_done() or now >= slot.respawn_by:
+            slot.respawn_by = None
+            return True
+        return False
 
     @staticmethod
     def _mark_restart(slot: RankSlot) -> None:
@@ -641,6 +661,8 @@ class PContext:
             fds += self._sweep_fds.values()
             deadlines = [t for s in live for t in (s.kill_at, s.reap_by, s.survived_by) if t is not None]
             deadlines += [s.held_until for s in self.slots if s.held_until is not None]
+            # (a restart waiting for the old output: looked at again soon, the pump's EOF wakes nothing)
+            deadlines += [min(s.respawn_by, time.monotonic() + 0.02) for s in self.slots if s.respawn_by is not None]
             if self._sweep_deadline is not None:  # the SIGKILL, then the giving up
                 deadlines.append(self._sweep_deadline if time.monotonic() < self._sweep_deadline
                                  else self._sweep_deadline + GIVE_UP_SECONDS)

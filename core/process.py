@@ -210,6 +210,10 @@ class RankProcess:
                 return False
         return True
 
+    def output_done(self) -> bool:
+        """Whether its pipes have been read to their end."""
+        return all(sink.done.is_set() for sink in self.sinks.values())
+
     def close_pidfd(self) -> None:
         if self.pidfd is not None:
             os.close(self.pidfd)

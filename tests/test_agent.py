@@ -417,3 +417,30 @@ def test_a_rank_that_dies_of_the_users_signal_after_the_grace_is_still_the_users
         assert [e["by_us"] for e in events if e["event"] == "exited"] == [True]
         assert not [e for e in events if e["event"] in ("exit_held", "group_failed")]
         assert run.rank(1).state == RankState.RUNNING and agent.snapshot().state == GroupState.RUNNING
+
+
+def test_a_restarted_ranks_last_lines_come_before_the_separator(tmp_path):
+    """The separator went into the ring as soon as the old process was reaped; its last lines,
+    still in its pipe for the output thread's next round, were read after it and shown as the
+    new process's (seen in the restart-separator screenshot)."""
+    agent = make_agent(tmp_path, n=1, code="""
+        import os, signal, sys, time
+        def last_words(*_):
+            sys.stdout.write("".join(f"last words {i}\\n" for i in range(2000)))
+            sys.stdout.flush()
+            os._exit(0)
+        signal.signal(signal.SIGTERM, last_words)
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.3)  # a trickle: the output thread reads it in its slow rounds
+    """)
+    run = Running(agent)
+    with run:
+        for restart in (1, 2, 3):
+            wait_for(lambda: agent.output(0)[-1:] == [b"ready"], what="the rank ready")
+            agent.restart_rank(0)
+            wait_for(lambda r=restart: run.rank(0).restarts == r and agent.output(0)[-1:] == [b"ready"],
+                     what="restarted")
+            lines = agent.output(0)
+            separator = max(i for i, line in enumerate(lines) if b"restart" in line and b"(ranktop)" in line)
+            assert lines[separator - 1] == b"last words 1999" and lines[separator + 1:] == [b"ready"], lines[-5:]
