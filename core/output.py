@@ -204,21 +204,25 @@ class LineRing:
     is kept up to LINE_CAP bytes."""
 
     def __init__(self, maxlen: int = 10_000, max_bytes: int = RING_BYTES):
-        self.lines: collections.deque[bytes] = collections.deque()
         self.maxlen = maxlen
         self.max_bytes = max_bytes
+        self._empty()
+        self._block = min(_BLOCK, max_bytes // 8)  # a block is dropped whole: a small part of the budget
+        self.version = 0  # bumped per chunk: UIs repaint only when it moved
+        self.total_lines = 0  # newlines ever fed: line k is the k-th complete line
+        self.last_output_at: float | None = None
+        self._lock = threading.Lock()
+
+    def _empty(self) -> None:
+        """Nothing kept: no lines, no chunks, no open lines."""
+        self.lines: collections.deque[bytes] = collections.deque()
         self.bytes = 0  # of the complete lines made so far and kept
         self.partial = {STDOUT: OpenLine(), STDERR: OpenLine()}
         # Not made into lines yet: [stream, chunk or gathered block, its newlines], counted once as it came.
         self._chunks: collections.deque[list] = collections.deque()
         self._chunk_bytes = 0
         self._chunk_newlines = 0
-        self._block = min(_BLOCK, max_bytes // 8)  # a block is dropped whole: a small part of the budget
-        self.version = 0  # bumped per chunk: UIs repaint only when it moved
-        self.total_lines = 0  # newlines ever fed: line k is the k-th complete line
-        self.last_output_at: float | None = None
         self._last_stream = STDOUT  # of the chunk last made into lines (the newest waits in _chunks)
-        self._lock = threading.Lock()
 
     def feed(self, stream: int, chunk: bytes, newlines: int | None = None) -> None:
         """Keep `chunk` of `stream`; `newlines` is how many it holds, when the caller knows."""
@@ -317,11 +321,7 @@ class LineRing:
     def clear(self) -> None:
         """Let go of everything kept (the attempt is over and replaced; its log files have it)."""
         with self._lock:
-            self.lines.clear()
-            self._chunks.clear()
-            self.bytes = self._chunk_bytes = self._chunk_newlines = 0
-            self.partial = {STDOUT: OpenLine(), STDERR: OpenLine()}
-            self._last_stream = STDOUT
+            self._empty()
             self.version += 1
 
     def tail(self, n: int | None = None) -> list[bytes]:
