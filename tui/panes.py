@@ -29,7 +29,8 @@ from textual.widgets._footer import FooterKey
 
 # Style per state: the one place the palette lives, shared by titles, the rank list and the help.
 # Every state reads from its text first; the states that need a look (failed, stalled, paused,
-# waiting for input, unreapable) are reversed, so they stand out under NO_COLOR too, where colours are dropped.
+# waiting for input, unreapable) are reversed, so they stand out under NO_COLOR too, where
+# colours are dropped.
 # Ranks ranktop stopped (killed) are not red: they are effects, not failures.
 STATE_STYLE = {
     RankState.STARTING: "yellow",
@@ -80,6 +81,11 @@ def human_age(seconds: float | None) -> str:
 def human_duration(seconds: float) -> str:
     seconds = int(max(0.0, seconds))
     return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def waits(snap: RankSnapshot) -> bool:
+    """Alive but waiting on someone: paused (SIGSTOP), or at an input prompt (pdb)."""
+    return (snap.paused and snap.state.alive) or snap.input_prompt is not None
 
 
 def state_label(snap: RankSnapshot) -> str:
@@ -179,8 +185,9 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
 
 def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, width: int | None = None) -> Text:
     """The job line, most important first (a narrow terminal cuts the end): name, state, the
-    seconds left before a stop's SIGKILL, a note ("stopping…"), lost logs, the attempt and how earlier ones ended, world, node, elapsed, alive
-    ranks, GPU status, the log dir (shortened from its start to fit `width`, where known)."""
+    seconds left before a stop's SIGKILL, a note ("stopping…"), lost logs, the attempt and how
+    earlier ones ended, world, node, elapsed, alive ranks, GPU status, the log dir (shortened from
+    its start to fit `width`, where known)."""
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" ranktop ", style="bold reverse")
     text.append(f" {clean(group.name)} ", style="bold")
@@ -483,9 +490,8 @@ FILTERS = ("all", "problems", "running")
 
 def _sort_key(sort: str, now: float):
     def key(snap: RankSnapshot) -> tuple:
-        if sort == "state":  # the ones that need a look first; paused and waiting for input with the stalled
-            needs_look = (snap.paused and snap.state.alive) or snap.input_prompt
-            order = _STATE_ORDER[RankState.STALLED] if needs_look else _STATE_ORDER[snap.state]
+        if sort == "state":  # the ones that need a look first; those that wait with the stalled
+            order = _STATE_ORDER[RankState.STALLED] if waits(snap) else _STATE_ORDER[snap.state]
             return (order, snap.rank)
         if sort == "cpu":
             return (-(snap.cpu_percent or 0.0), snap.rank)
@@ -498,8 +504,7 @@ def _sort_key(sort: str, now: float):
 
 def _passes(filter_: str, snap: RankSnapshot) -> bool:
     if filter_ == "problems":
-        return snap.state in (RankState.FAILED, RankState.STALLED, RankState.UNREAPABLE) or (
-            snap.paused and snap.state.alive) or snap.input_prompt is not None
+        return snap.state in (RankState.FAILED, RankState.STALLED, RankState.UNREAPABLE) or waits(snap)
     if filter_ == "running":
         return snap.state.alive
     return True
