@@ -5,8 +5,9 @@ rank with the shutdown grace (a rank that died of a stop signal we did not send 
 only once `outside_stop_window` passed without a stop of the group: a deadline, as the others),
 SIGKILL what outlived its grace, give up on what outlived SIGKILL, restart single ranks on request,
 and report the result once every rank is accounted for and what the ranks left running (helpers
-that left their group, orphans; see core/strays.py) has had SIGTERM, the grace, then SIGKILL. `wait`, `close` and the agent all go through it. Exits are
-noticed at once through pidfds rather than by sleeping.
+that left their group, orphans; see core/strays.py) has had SIGTERM, the grace, then SIGKILL.
+`wait`, `close` and the agent all go through it. Exits are noticed at once through pidfds rather
+than by sleeping.
 
 Every wait has a deadline. A rank in uninterruptible sleep (a hung NCCL or NFS call: "D" state)
 does not die of SIGKILL until the kernel lets go of it, which may be never; after `reap_timeout`
