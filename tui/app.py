@@ -80,7 +80,9 @@ class RanktopApp(App):
     def on_ready(self) -> None:
         self._frame_shown = True
         if self.not_served:
-            self.notify(f"{self.not_served}; q cannot detach it", title="not served", severity="warning", timeout=15)
+            # It quotes an OS error, and a path in it (XDG_RUNTIME_DIR): plain, safe text, never markup.
+            self.notify(clean(f"{self.not_served}; q cannot detach it"), title="not served", severity="warning",
+                        timeout=15, markup=False)
         if self._leave_when_ready is not None:
             self._leave_when_ready()
 
