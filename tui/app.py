@@ -127,16 +127,14 @@ class RanktopApp(App):
         """SIGTERM/SIGINT to ranktop: the engine's rule, as headless (forwarded with the grace,
         then SIGKILL; only a second SIGINT kills at once), and leave as soon as the ranks are gone.
         SIGHUP (the terminal went away) detaches instead: the TUI leaves, the run goes on."""
-        if signum == signal.SIGHUP and self.not_served is not None:
-            # Detached, nothing could reach it (no socket): a hang-up stops it, as torchrun's does.
-            if not terminal_alive():
-                detach_terminal()
-            self.engine.submit(cmd.Interrupt(signum))
-            self.leave_when_ended()
-            return
         if signum == signal.SIGHUP:
             if not terminal_alive():  # else (the waiting parent killed, a kill -HUP) Textual restores it
                 detach_terminal()
+            if self.not_served is not None:
+                # Detached, nothing could reach it (no socket): a hang-up stops it, as torchrun's does.
+                self.engine.submit(cmd.Interrupt(signum))
+                self.leave_when_ended()
+                return
             # A run still going is detached; one already over has nothing left to reach but
             # its final.json, so ranktop just leaves.
             self.detached = None if self.main is not None and self.main.ended else "SIGHUP"
