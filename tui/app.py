@@ -226,10 +226,13 @@ class RanktopApp(App):
             if main.is_mounted and not palette:  # (its keys scroll what has the focus: no palette entries)
                 panel = main.query_one(RootCausePanel)
                 sections.append(("End report (E)", panel, SIDEWAYS))  # (its lines wrap)
-        sections.append(("App", self, ("help_quit",) if acting else ()))  # (^c leaves, as q, when nothing can be stopped)
+        sections.append(self._app_section())
         if not palette:  # the other screens' keys too (the palette runs actions: only the ones here)
             sections += self._other_screens()
         return sections
+
+    def _app_section(self) -> tuple[str, Any, tuple[str, ...]]:
+        return ("App", self, () if can_act(self) else ("help_quit",))  # (^c leaves, as q, when nothing can be stopped)
 
     def _other_screens(self) -> list[tuple[str, Any, tuple[str, ...]]]:
         """Each other screen's own keys (those of the widgets in it are listed when ? is asked there)."""
@@ -266,24 +269,22 @@ class RanktopApp(App):
             sections = here + [section for section in sections if section[0] != here[0][0]]
         self.push_screen(HelpScreen(help_groups(self, sections), here=max(1, len(here))))
 
+    def _palette_sections(self, screen: Screen) -> list[tuple[str, Any, tuple[str, ...]]]:
+        """What the palette runs over `screen`: the grid's commands on the grid; elsewhere that
+        screen's own, not the grid's, which would act unseen below it."""
+        if not hasattr(screen, "key_sections"):
+            return [] if screen.is_modal else self._sections(palette=True)
+        if screen.is_modal:  # a dialog
+            return screen.key_sections(DIALOG_EXTRAS)[:1]
+        hidden = (*self._stack_view_hidden(), "tree", "focus_next", "focus_previous")  # keys, not acts
+        return [screen.key_sections(hidden)[0], self._app_section()]  # the stack view, and the app's
+
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        if screen.is_modal:  # a dialog: its own commands, not the grid's, which would act unseen below it
-            if hasattr(screen, "key_sections"):
-                yield from palette_commands(self, screen.key_sections(DIALOG_EXTRAS)[:1])
-            yield from super().get_system_commands(screen)
-            return
-        if hasattr(screen, "key_sections"):  # the stack view: its actions, not the grid's below it
-            hidden = (*self._stack_view_hidden(), "tree", "focus_next", "focus_previous")  # keys, not acts
-            own = screen.key_sections(hidden)[0]
-            yield from palette_commands(self, [own, *[s for s in self._sections(palette=True) if s[0] == "App"]])
-            yield from super().get_system_commands(screen)
-            return
-        yield from palette_commands(self, self._sections(palette=True))
-        if self.main is not None:  # one "Focus rank N" per rank that exists, not per digit key
-            main = self.main
-            for snap in main.last.ranks:
+        yield from palette_commands(self, self._palette_sections(screen))
+        if isinstance(screen, MainScreen):  # one "Focus rank N" per rank that exists, not per digit key
+            for snap in screen.last.ranks:
                 yield SystemCommand(f"Focus rank {snap.rank}", f"local rank {snap.local_rank} · keys: its number, or g",
-                                    partial(main.focus_rank, snap.local_rank))
+                                    partial(screen.focus_rank, snap.local_rank))
         yield from super().get_system_commands(screen)
 
 
