@@ -201,6 +201,24 @@ def test_q_offers_detach_only_where_the_run_can_go_on():
     assert app.detached == "key" and engine.commands == [] and not engine.closed  # the run goes on
 
 
+def test_the_not_served_toast_shows_a_hostile_reason_as_plain_safe_text():
+    """Why the run has no socket quotes an OS error, and a path in it (XDG_RUNTIME_DIR) may hold
+    markup or escapes: the toast shows them as text, never acts on them."""
+    engine = FakeEngine(1)
+    app = RanktopApp(engine)
+    app.not_served = "not serving this run: [Errno 13] Permission denied: '/run/[/]x\x1b]0;pwned\x07[bold]y'"
+
+    async def main():
+        async with app.run_test(size=(160, 48), notifications=True) as pilot:
+            await until(pilot, lambda: "not serving" in notes(app), what="the not-served toast")
+            await pilot.pause()
+            shown = "\n".join(screen_rows(app))
+            assert "[Errno 13]" in shown and "[/]x" in shown and "[bold]y" in shown
+            assert "\x1b" not in notes(app) and "pwned" not in notes(app)
+
+    asyncio.run(main())
+
+
 def test_output_that_came_before_the_first_layout_is_shown_from_its_tail():
     engine = FakeEngine(1)
     engine.print(0, *[f"line {i}" for i in range(200)])  # all of it before the pane has a size

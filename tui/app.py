@@ -26,7 +26,7 @@ from ranktop.tui.detach import detach_terminal, terminal_alive
 from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, LogView, can_act, read_only
-from ranktop.tui.screens import SIDEWAYS, ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
+from ranktop.tui.screens import SCREEN_KEYS, SIDEWAYS, ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
 from textual import on
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -35,7 +35,7 @@ from textual.screen import Screen
 QUIT_STATUS = 128 + signal.SIGINT  # the user interrupted the run from the TUI
 # A dialog's keys besides its own answers (the help lists them when ? is asked in it; the
 # palette leaves them out: keys, not commands).
-DIALOG_EXTRAS = ("pick", "help", "help_quit", "focus_next", "focus_previous", "copy_text")
+DIALOG_EXTRAS = ("pick", "help", "help_quit", *SCREEN_KEYS)
 
 
 class RanktopApp(App):
@@ -65,6 +65,11 @@ class RanktopApp(App):
         self._leave_when_ready: Callable[[], object] | None = None  # a hang-up came before it was
 
     @property
+    def offers_detach(self) -> bool:
+        """Whether q may leave the run going. An attached client always can: that is detaching, for it."""
+        return self.can_detach or self.attached
+
+    @property
     def ended(self) -> bool:
         return self.engine.snapshot().ended
 
@@ -80,7 +85,9 @@ class RanktopApp(App):
     def on_ready(self) -> None:
         self._frame_shown = True
         if self.not_served:
-            self.notify(f"{self.not_served}; q cannot detach it", title="not served", severity="warning", timeout=15)
+            # It quotes an OS error, and a path in it (XDG_RUNTIME_DIR): plain, safe text, never markup.
+            self.notify(clean(f"{self.not_served}; q cannot detach it"), title="not served", severity="warning",
+                        timeout=15, markup=False)
         if self._leave_when_ready is not None:
             self._leave_when_ready()
 
@@ -125,16 +132,14 @@ class RanktopApp(App):
         """SIGTERM/SIGINT to ranktop: the engine's rule, as headless (forwarded with the grace,
         then SIGKILL; only a second SIGINT kills at once), and leave as soon as the ranks are gone.
         SIGHUP (the terminal went away) detaches instead: the TUI leaves, the run goes on."""
-        if signum == signal.SIGHUP and self.not_served is not None:
-            # Detached, nothing could reach it (no socket): a hang-up stops it, as torchrun's does.
-            if not terminal_alive():
-                detach_terminal()
-            self.engine.submit(cmd.Interrupt(signum))
-            self.leave_when_ended()
-            return
         if signum == signal.SIGHUP:
             if not terminal_alive():  # else (the waiting parent killed, a kill -HUP) Textual restores it
                 detach_terminal()
+            if self.not_served is not None:
+                # Detached, nothing could reach it (no socket): a hang-up stops it, as torchrun's does.
+                self.engine.submit(cmd.Interrupt(signum))
+                self.leave_when_ended()
+                return
             # A run still going is detached; one already over has nothing left to reach but
             # its final.json, so ranktop just leaves.
             self.detached = None if self.main is not None and self.main.ended else "SIGHUP"
@@ -173,9 +178,7 @@ class RanktopApp(App):
         if not alive and not self.attached:
             self._stop_and_exit()
             return
-        # An attached client can always leave the run going: that is detaching, for it.
-        can_detach = self.can_detach or self.attached
-        self.push_screen(ConfirmQuit(alive, snap.shutdown_timeout, can_detach=can_detach), self._quit_answer)
+        self.push_screen(ConfirmQuit(alive, snap.shutdown_timeout, can_detach=self.offers_detach), self._quit_answer)
 
     def _quit_answer(self, answer: str | None) -> None:
         if answer == "stop":
@@ -223,20 +226,22 @@ class RanktopApp(App):
             if main.is_mounted and not palette:  # (its keys scroll what has the focus: no palette entries)
                 panel = main.query_one(RootCausePanel)
                 sections.append(("End report (E)", panel, SIDEWAYS))  # (its lines wrap)
-        sections.append(("App", self, ("help_quit",) if acting else ()))  # (^c leaves, as q, when nothing can be stopped)
+        sections.append(self._app_section())
         if not palette:  # the other screens' keys too (the palette runs actions: only the ones here)
-            sections += self._other_screens(cannot_act=bool(acting))
+            sections += self._other_screens()
         return sections
 
-    def _other_screens(self, cannot_act: bool) -> list[tuple[str, Any, tuple[str, ...]]]:
+    def _app_section(self) -> tuple[str, Any, tuple[str, ...]]:
+        return ("App", self, () if can_act(self) else ("help_quit",))  # (^c leaves, as q, when nothing can be stopped)
+
+    def _other_screens(self) -> list[tuple[str, Any, tuple[str, ...]]]:
         """Each other screen's own keys (those of the widgets in it are listed when ? is asked there)."""
-        # What each has besides its answers is listed by ? there: here they would push the last
-        # sections out of a 160x48 help.
-        besides = DIALOG_EXTRAS
+        # What each has besides its answers (DIALOG_EXTRAS) is listed by ? there: here they would
+        # push the last sections out of a 160x48 help.
         sections: list[tuple[str, Any, tuple[str, ...]]] = []
-        if not cannot_act:  # (a read-only or ended view neither offers x nor asks before q)
-            question = ConfirmQuit(0, 0.0, can_detach=self.can_detach or self.attached)
-            sections = [SignalPicker(0, 0, 1).key_sections(besides)[0], question.key_sections(besides)[0]]
+        if can_act(self):  # (a read-only or ended view neither offers x nor asks before q)
+            question = ConfirmQuit(0, 0.0, can_detach=self.offers_detach)
+            sections = [SignalPicker(0, 0, 1).key_sections(DIALOG_EXTRAS)[0], question.key_sections(DIALOG_EXTRAS)[0]]
         try:
             from ranktop.tui.stacks_view import StacksScreen
         except ImportError:
@@ -244,15 +249,14 @@ class RanktopApp(App):
         from ranktop.tui.details import RankDetails
         from ranktop.tui.metric import Tracker
 
-        details = RankDetails(self.engine, Tracker(self.engine, None), 0).key_sections(besides)[0]
+        details = RankDetails(self.engine, Tracker(self.engine, None), 0).key_sections(DIALOG_EXTRAS)[0]
         # Its commands; its keys that move about in it (the tree's, the groups', the sideways
         # ones) are listed when ? is asked there.
-        stacks = StacksScreen(self.engine).key_sections((*self._stack_view_hidden(cannot_act), "tree"))[0]
+        stacks = StacksScreen(self.engine).key_sections((*self._stack_view_hidden(), "tree"))[0]
         return [stacks, details, *sections]
 
-    @staticmethod
-    def _stack_view_hidden(cannot_act: bool) -> tuple[str, ...]:
-        return ("copy_text", *ACTS_ON_RANKS) if cannot_act else ("copy_text",)  # (u, its SIGUSR1 fallback)
+    def _stack_view_hidden(self) -> tuple[str, ...]:
+        return ("copy_text",) if can_act(self) else ("copy_text", *ACTS_ON_RANKS)  # (u, its SIGUSR1 fallback)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -261,28 +265,26 @@ class RanktopApp(App):
         here: list[tuple[str, Any, tuple[str, ...]]] = []
         screen = self.screen
         if hasattr(screen, "key_sections"):  # the stack view, a dialog: every key that works there first
-            here = screen.key_sections(() if screen.is_modal else self._stack_view_hidden(not can_act(self)))
+            here = screen.key_sections(() if screen.is_modal else self._stack_view_hidden())
             sections = here + [section for section in sections if section[0] != here[0][0]]
         self.push_screen(HelpScreen(help_groups(self, sections), here=max(1, len(here))))
 
+    def _palette_sections(self, screen: Screen) -> list[tuple[str, Any, tuple[str, ...]]]:
+        """What the palette runs over `screen`: the grid's commands on the grid; elsewhere that
+        screen's own, not the grid's, which would act unseen below it."""
+        if not hasattr(screen, "key_sections"):
+            return [] if screen.is_modal else self._sections(palette=True)
+        if screen.is_modal:  # a dialog
+            return screen.key_sections(DIALOG_EXTRAS)[:1]
+        hidden = (*self._stack_view_hidden(), "tree", "focus_next", "focus_previous")  # keys, not acts
+        return [screen.key_sections(hidden)[0], self._app_section()]  # the stack view, and the app's
+
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        if screen.is_modal:  # a dialog: its own commands, not the grid's, which would act unseen below it
-            if hasattr(screen, "key_sections"):
-                yield from palette_commands(self, screen.key_sections(DIALOG_EXTRAS)[:1])
-            yield from super().get_system_commands(screen)
-            return
-        if hasattr(screen, "key_sections"):  # the stack view: its actions, not the grid's below it
-            hidden = (*self._stack_view_hidden(not can_act(self)), "tree", "focus_next", "focus_previous")  # keys, not acts
-            own = screen.key_sections(hidden)[0]
-            yield from palette_commands(self, [own, *[s for s in self._sections(palette=True) if s[0] == "App"]])
-            yield from super().get_system_commands(screen)
-            return
-        yield from palette_commands(self, self._sections(palette=True))
-        if self.main is not None:  # one "Focus rank N" per rank that exists, not per digit key
-            main = self.main
-            for snap in main.last.ranks:
+        yield from palette_commands(self, self._palette_sections(screen))
+        if isinstance(screen, MainScreen):  # one "Focus rank N" per rank that exists, not per digit key
+            for snap in screen.last.ranks:
                 yield SystemCommand(f"Focus rank {snap.rank}", f"local rank {snap.local_rank} · keys: its number, or g",
-                                    partial(main.focus_rank, snap.local_rank))
+                                    partial(screen.focus_rank, snap.local_rank))
         yield from super().get_system_commands(screen)
 
 

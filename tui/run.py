@@ -125,7 +125,7 @@ def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher
     # A later SIGHUP is noted in events.jsonl and the run goes on. (Not SIG_IGN: ranks the run
     # starts from now on would inherit it through exec and be deaf to a hang-up of their own.)
     engine.agent.ignore_hangups()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in _STOP_SIGNALS:
         signal.signal(sig, lambda signum, _frame: engine.submit(cmd.Interrupt(signum)))
     try:
         os.setsid()  # out of the terminal's session: its later hang-ups and job control are not ours
