@@ -22,6 +22,7 @@ from typing import Any
 from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
+from ranktop.core.events import run_started
 from ranktop.core.layout import FINAL_FILE, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.sanitize import clean
@@ -246,24 +247,12 @@ def _silent_run_of(target: str, runs: list[ServedRun]) -> list[ServedRun]:
     process its run_started event names."""
     silent = [r for r in runs if r.listener is not None]
     run_dir = run_dir_of(target) if silent else None
-    started = _run_started(run_dir) if run_dir is not None else None
+    started = run_started(run_dir) if run_dir is not None else None
     if started is None:
         return []
     run_id, pid = started.get("run_id"), started.get("pid")
     names = (run_id, os.path.basename(os.path.normpath(run_dir)))
     return [r for r in silent if r.listener == pid and (r.run_id in names or r.run_id.startswith(f"{run_id}."))]
-
-
-def _run_started(run_dir: str) -> dict | None:
-    """The run_started event that begins `run_dir`'s events.jsonl, None without a whole one."""
-    from ranktop.core.layout import EVENTS
-
-    try:
-        with open(os.path.join(run_dir, EVENTS), "rb") as f:
-            first = json.loads(f.readline(1 << 16))
-    except (OSError, ValueError):
-        return None
-    return first if isinstance(first, dict) and first.get("event") == "run_started" else None
 
 
 class SeveralRuns(ValueError):

@@ -1,14 +1,20 @@
-"""events.jsonl: what happened in a run, one JSON object a line. The one writer of that file."""
+"""events.jsonl: what happened in a run, one JSON object a line. The one writer of that file,
+and the reader that the file's readers outside the run share."""
 
 from __future__ import annotations
 
 import collections
 import json
 import os
+import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from ranktop.core.layout import EVENTS
+
+MAX_EVENT_LINE = 4 << 20  # longer than any event ranktop writes: a longer "line" is not one of them
 
 
 class EventLog:
@@ -77,3 +83,30 @@ class EventLog:
                 os.close(self._fd)
                 self._fd = -1
 
+
+
+def read_events(path: str) -> Iterator[dict]:
+    """events.jsonl's events, in order. Whoever could write the run directory could write this
+    file, so it is opened as a log is (never through a symlink, never waiting on a FIFO) and a
+    line that is not a JSON object (half-written, or planted) is skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        while line := f.readline(MAX_EVENT_LINE):
+            try:
+                event = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(event, dict):
+                yield event
+
+
+def run_started(run_dir: str) -> dict | None:
+    """The run_started event that begins `run_dir`'s events.jsonl (it names the run's id and the
+    pid of the ranktop that wrote it), None without one."""
+    first = next(read_events(os.path.join(run_dir, EVENTS)), None)
+    return first if first is not None and first.get("event") == "run_started" else None

@@ -100,25 +100,21 @@ def launch_agent(config: LaunchConfig, entrypoint: Callable[..., Any] | str | No
             spec, config.logs_specs, config.start_method, log_line_prefix_template=config.log_line_prefix_template,
             shutdown_timeout=config.shutdown_timeout, health_check_server=health_check_server,
             signals_to_handle=extra_signals, numbered_run_dir=True)
-    except BaseException:
-        _close_rendezvous(spec.rdzv_handler)  # a c10d host's store is served from this process
-        raise
-    try:
         result = agent.run()  # SignalException, or a rank's start OSError, as torch's agent raises
+        if result.is_failed() and not result.failures:  # no rank to blame: the rendezvous failed
+            from ranktop.core.rendezvous import RendezvousFailed
+
+            raise RendezvousFailed(result.rendezvous_error or "the rendezvous failed")
     except SignalException:
         raise  # the rendezvous stays open, as torch's: the other nodes may scale on without this one
     except BaseException:
-        # torch's closes it on any other way out, so the other nodes learn at once; the agent
-        # itself closes it only after a success or a rank's failure
+        # torch's closes it on any other way out, so the other nodes learn at once (a c10d host's
+        # store is served from this process); the agent itself closes it only after a success or
+        # a rank's failure
         _close_rendezvous(spec.rdzv_handler)
         raise
     if result.failures:
         raise ChildFailedError(entrypoint_name(entrypoint, args), result.failures)
-    if result.is_failed():  # no rank to blame: the rendezvous failed
-        from ranktop.core.rendezvous import RendezvousFailed
-
-        _close_rendezvous(spec.rdzv_handler)
-        raise RendezvousFailed(result.rendezvous_error or "the rendezvous failed")
     return result.return_values
 
 

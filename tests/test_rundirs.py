@@ -147,6 +147,20 @@ def test_a_log_dir_below_another_users_directory_is_refused(tmp_path, below):
     assert os.listdir(target) == [] and os.listdir(theirs) == (["logs"] if below == "a link" else [])
 
 
+@pytest.mark.parametrize("links", [{"a": "b", "b": "a"}, {"a": "a/x/y"}], ids=["a cycle", "a link into itself"])
+def test_a_log_dir_through_a_symlink_loop_is_one_line(tmp_path, links):
+    """ranktop walks a chosen directory's path itself, one name at a time (core/layout._walk):
+    links that lead back into themselves end as the kernel's lookup does, not in an endless walk."""
+    from ranktop.core.layout import open_chosen_dir
+
+    for name, target in links.items():
+        (tmp_path / name).symlink_to(target)
+    path = tmp_path / "a" / "logs"
+    with pytest.raises(UsageError) as refused:
+        open_chosen_dir(str(path), "--log-dir", make=True)
+    assert str(refused.value) == f"bad --log-dir {path}: cannot write there (Too many levels of symbolic links)"
+
+
 def test_a_log_dir_through_a_group_writable_directory_is_refused_and_own_links_are_followed(tmp_path):
     mine, open_to_group = tmp_path / "mine", tmp_path / "team"
     mine.mkdir()

@@ -240,6 +240,19 @@ def test_a_served_runs_directory_reached_through_a_symlink_names_it(tmp_path):
     assert find_run(str(tmp_path / "link" / "job"), runs) is runs[0]
 
 
+@pytest.mark.parametrize("events", [b"[" * 100_000 + b"\n", b"\xff\n", b'"run_started"\n'])
+def test_a_directory_whose_events_file_is_garbage_names_no_silent_run(tmp_path, events):
+    """events.jsonl is written by whoever could write the run directory: a nested array too deep
+    for the JSON decoder raised RecursionError out of `ranktop logs DIR` while an engine was silent."""
+    from ranktop.core.client import ServedRun, find_run
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "events.jsonl").write_bytes(events)
+    runs = [ServedRun("run", "/run/run.sock", {"state": "not answering"}, 0, None, listener=os.getpid())]
+    with pytest.raises(ValueError, match=r"names an ended run, not one served on this host$"):
+        find_run(str(tmp_path / "run"), runs)
+
+
 def _rank_pids(path: str) -> list[int]:
     from ranktop.core.client import Connection
 

@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
-import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import psutil
 from ranktop.core.errors import ERROR_FILE_ENV
+from ranktop.core.events import read_events, run_started
 from ranktop.core.layout import EVENTS, run_dir_of_error_file
 from ranktop.core.stacks.procs import environ, gone_reason
-
-MAX_EVENT_LINE = 4 << 20  # longer than any event ranktop writes: a longer "line" is not one of them
-
-
-def _read_events(path: str) -> Iterator[dict]:
-    """events.jsonl's events, in order. Whoever could write the run directory could write this
-    file, so it is opened as a log is (never through a symlink, never waiting on a FIFO) and a
-    line that is not a JSON object (half-written, or planted) is skipped."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return
-        while line := f.readline(MAX_EVENT_LINE):
-            try:
-                event = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(event, dict):
-                yield event
 
 
 def _count(value: object) -> int | None:
@@ -44,7 +21,7 @@ def live_ranks_in_run_dir(run_dir: str) -> tuple[dict[int, int], dict[int, int]]
     """({rank: pid}, {rank: local_rank}) of the latest attempt's ranks that still run. An event
     with a field of the wrong kind counts as not written."""
     run_id, latest, starts, exited = None, -1, {}, set()
-    for e in _read_events(os.path.join(run_dir, EVENTS)):
+    for e in read_events(os.path.join(run_dir, EVENTS)):
         if e.get("event") == "run_started" and run_id is None and isinstance(e.get("run_id"), str):
             run_id = e["run_id"]
         elif e.get("event") == "started":
@@ -141,7 +118,7 @@ def _run_dir_from_env(env: Mapping[str, str], launcher_pid: int) -> str | None:
     if not path:
         return None
     run_dir = run_dir_of_error_file(path)
-    first = next(_read_events(os.path.join(run_dir, EVENTS)), None)
-    if first is None or first.get("event") != "run_started" or first.get("pid") != launcher_pid:
+    first = run_started(run_dir)
+    if first is None or first.get("pid") != launcher_pid:
         return None
     return run_dir
