@@ -192,7 +192,7 @@ def _host_and_port(endpoint: str) -> tuple[str, int]:
     host, _, port = endpoint.rpartition(":")
     if not host or not port:
         raise UsageError(f"bad rdzv_endpoint {endpoint!r}: the static backend needs HOST:PORT (the master's)")
-    return host.strip("[]"), int(PORT.parse("rdzv_endpoint's port", port))
+    return host.strip("[]"), PORT.parse("rdzv_endpoint's port", port)
 
 
 def _rendezvous_handler(config: LaunchConfig) -> Any:
