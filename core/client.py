@@ -81,7 +81,7 @@ class Connection:
             listener = listener_pid(self._sock)
             self._sock.sendall(protocol.encode_control(protocol.hello("client")))
             first = self._next(time.monotonic() + max(timeout, REQUEST_SECONDS))
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):  # BlockingIOError: its queue of connections is full
             self._sock.close()
             raise EngineSilent(f"the engine at {path} does not answer", listener) from None
         except OSError as exc:
@@ -181,8 +181,7 @@ class ServedRun:
     path: str
     snapshot: dict  # {"state": NOT_ANSWERING} alone when its engine did not answer
     clients: int
-    pid: int | None  # the engine's process; None when it did not answer
-    listener: int | None = None  # a silent engine's process, as the kernel names the socket's listener
+    pid: int | None  # the engine's process: of a silent one, the socket's listener as the kernel names it
 
 
 def served_runs() -> list[ServedRun]:
@@ -201,7 +200,7 @@ def served_runs() -> list[ServedRun]:
             with Connection(path, timeout=1.0) as conn:
                 snap, pid = conn.snapshot(), conn.hello.get("pid")
         except EngineSilent as silent:  # there, but stopped or swamped: listed, so that it is not taken for gone
-            found.append(ServedRun(name[: -len(".sock")], path, {"state": NOT_ANSWERING}, 0, None, silent.listener))
+            found.append(ServedRun(name[: -len(".sock")], path, {"state": NOT_ANSWERING}, 0, silent.listener))
             continue
         except RunGone:
             try:
@@ -245,14 +244,14 @@ def _silent_run_of(target: str, runs: list[ServedRun]) -> list[ServedRun]:
     """The run whose engine does not answer (so nothing says its log_dir) that wrote the run
     directory `target`: the one served under the directory's run id (or its name) by the very
     process its run_started event names."""
-    silent = [r for r in runs if r.listener is not None]
+    silent = [r for r in runs if r.snapshot.get("state") == NOT_ANSWERING]
     run_dir = run_dir_of(target) if silent else None
     started = run_started(run_dir) if run_dir is not None else None
     if started is None:
         return []
     run_id, pid = started.get("run_id"), started.get("pid")
     names = (run_id, os.path.basename(os.path.normpath(run_dir)))
-    return [r for r in silent if r.listener == pid and (r.run_id in names or r.run_id.startswith(f"{run_id}."))]
+    return [r for r in silent if r.pid == pid and (r.run_id in names or r.run_id.startswith(f"{run_id}."))]
 
 
 class SeveralRuns(ValueError):

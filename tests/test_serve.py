@@ -159,7 +159,8 @@ def test_a_served_run_whose_engine_does_not_answer_is_listed_and_said_so(tmp_pat
     try:
         (run,) = wait_for(lambda: [r for r in ls(env) if r["state"] == "running"], what="the run listed")
         proc.send_signal(signal.SIGSTOP)
-        assert [(r["run_id"], r["state"], r["pid"]) for r in ls(env)] == [("frozen", "not answering", None)]
+        # its pid is the socket's listener, as the kernel names it: the engine, though it cannot say so
+        assert [(r["run_id"], r["state"], r["pid"]) for r in ls(env)] == [("frozen", "not answering", proc.pid)]
         assert "frozen  ?       ?      not answering" in run_ranktop("ls", env=env).stdout
         silent = f"ranktop: frozen: the engine at {run['socket']} does not answer\n"
         for args in (("logs", "frozen"), ("logs", "-f"), ("stop", "fro")):
@@ -169,6 +170,34 @@ def test_a_served_run_whose_engine_does_not_answer_is_listed_and_said_so(tmp_pat
         assert run_ranktop("stop", "frozen", env=env).returncode == 0
         assert proc.wait(30) == 130
     finally:
+        proc.send_signal(signal.SIGCONT)
+        stop_process(proc)
+        proc.stderr.close()
+
+
+def test_a_silent_engine_whose_queue_of_connections_filled_is_still_listed(tmp_path, runtime):
+    """Each look at a stopped engine leaves a connection in its listen queue; once the queue was
+    full, a connect failed at once (EAGAIN) and the run was taken for gone: ls left it out and the
+    commands said it was not served. It is `not answering` however many looked before."""
+    proc = start_headless(tmp_path, runtime, "jammed")
+    queued = []
+    try:
+        (run,) = wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
+        proc.send_signal(signal.SIGSTOP)
+        while True:  # what a queue of looks fills: connects until the kernel refuses one at once
+            queued.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+            queued[-1].setblocking(False)
+            try:
+                queued[-1].connect(run["socket"])
+            except BlockingIOError:
+                break
+            assert len(queued) < 1000, "the listen queue never filled"
+        assert [(r["run_id"], r["state"]) for r in ls(runtime)] == [("jammed", "not answering")]
+        done = run_ranktop("logs", "jammed", env=runtime)
+        assert (done.returncode, done.stderr) == (1, f"ranktop: jammed: the engine at {run['socket']} does not answer\n")
+    finally:
+        for sock in queued:
+            sock.close()
         proc.send_signal(signal.SIGCONT)
         stop_process(proc)
         proc.stderr.close()
@@ -240,6 +269,22 @@ def test_a_served_runs_directory_reached_through_a_symlink_names_it(tmp_path):
     assert find_run(str(tmp_path / "link" / "job"), runs) is runs[0]
 
 
+def test_a_socket_name_with_escapes_is_shown_clean_by_every_command(runtime):
+    """A run id comes from a socket's file name: `ls` cleaned it, but `logs`, `stop` and `stacks`
+    of a silent engine printed it (and the socket's path) raw, so an escape sequence in the name
+    reached the terminal. Only the user can name those sockets; they are shown safely all the same."""
+    directory = Path(runtime["XDG_RUNTIME_DIR"]) / "ranktop"
+    directory.mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as planted:  # listens, never answers
+        planted.bind(str(directory / "\x1b]0;owned\x07\x1b[2Jjob.sock"))
+        planted.listen(4)
+        for args in (("logs", "\x1b"), ("stop", "\x1b"), ("stacks", "\x1b")):
+            done = run_ranktop(*args, env=runtime)
+            assert done.returncode == 1 and done.stdout == "", args
+            assert "\x1b" not in done.stderr and "\x07" not in done.stderr, (args, done.stderr)
+            assert re.fullmatch(r"ranktop( stacks)?: .*job: the engine at .*job\.sock does not answer\n", done.stderr), args
+
+
 @pytest.mark.parametrize("events", [b"[" * 100_000 + b"\n", b"\xff\n", b'"run_started"\n'])
 def test_a_directory_whose_events_file_is_garbage_names_no_silent_run(tmp_path, events):
     """events.jsonl is written by whoever could write the run directory: a nested array too deep
@@ -248,7 +293,7 @@ def test_a_directory_whose_events_file_is_garbage_names_no_silent_run(tmp_path, 
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "events.jsonl").write_bytes(events)
-    runs = [ServedRun("run", "/run/run.sock", {"state": "not answering"}, 0, None, listener=os.getpid())]
+    runs = [ServedRun("run", "/run/run.sock", {"state": "not answering"}, 0, os.getpid())]
     with pytest.raises(ValueError, match=r"names an ended run, not one served on this host$"):
         find_run(str(tmp_path / "run"), runs)
 

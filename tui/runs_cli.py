@@ -168,7 +168,7 @@ def attach(argv: list[str]) -> int:
     connecting.join()
     engine = connecting.engine
     if isinstance(connecting.problem, RunGone):
-        print(f"ranktop: {run.run_id}: {connecting.problem}", file=sys.stderr)
+        print(clean(f"ranktop: {run.run_id}: {connecting.problem}"), file=sys.stderr)
         return 1
     if connecting.problem is not None:
         raise connecting.problem  # not ours to word: raised here, as it was before the thread
@@ -179,10 +179,10 @@ def attach(argv: list[str]) -> int:
     finally:
         engine.close()
     if not engine.last.ended:  # the last snapshot the TUI took
-        print(f"ranktop: left {run.run_id}; it runs on (ranktop attach {run.run_id}, ranktop stop {run.run_id})",
+        print(clean(f"ranktop: left {run.run_id}; it runs on (ranktop attach {run.run_id}, ranktop stop {run.run_id})"),
               file=sys.stderr)
     elif engine.last.error is not None:  # its engine went away before we saw the end
-        print(f"ranktop: {run.run_id}: {clean(engine.last.error)}; ranktop ls says whether it still runs",
+        print(clean(f"ranktop: {run.run_id}: {engine.last.error}; ranktop ls says whether it still runs"),
               file=sys.stderr)
         return app.return_code or 1  # how the run ended is unknown: not a clean exit
     print_end_report(engine.last)
@@ -241,21 +241,21 @@ def stop(argv: list[str]) -> int:
             snap = conn.snapshot()
             ack = conn.command("Stop")  # an ended run's engine leaves at once, and says so
     except RunGone as exc:
-        print(f"ranktop: {run.run_id}: {exc}", file=sys.stderr)
+        print(clean(f"ranktop: {run.run_id}: {exc}"), file=sys.stderr)
         return 1
     if not ack.get("ok"):
-        print(f"ranktop: {run.run_id}: {ack.get('message')}", file=sys.stderr)
+        print(clean(f"ranktop: {run.run_id}: {ack.get('message')}"), file=sys.stderr)
         return 1
     grace = snap.get("shutdown_timeout") or 10.0
     shown = bool(ack.get("stays"))  # its TUI shows the end until quit: the ranks are what must go
     try:
         gone = (wait_ended if shown else wait_gone)(run.path, grace + 15.0)
     except KeyboardInterrupt:  # the stop was sent: only the waiting for it ends here
-        print(f"\nranktop: {run.run_id} goes on stopping (SIGKILL after its {grace:g}s grace); ranktop ls shows it",
-              file=sys.stderr)
+        print("\n" + clean(f"ranktop: {run.run_id} goes on stopping (SIGKILL after its {grace:g}s grace); ranktop ls "
+                           "shows it"), file=sys.stderr)
         return INTERRUPTED
     if not gone:
-        print(f"ranktop: {run.run_id} is still there {grace + 15:g}s after the stop", file=sys.stderr)
+        print(clean(f"ranktop: {run.run_id} is still there {grace + 15:g}s after the stop"), file=sys.stderr)
         return 1
     on_screen = "the TUI that started it shows the end until it is quit"
     if snap.get("ended") and shown:
@@ -263,9 +263,9 @@ def stop(argv: list[str]) -> int:
     elif snap.get("ended"):  # a lingering engine of a run that was over: it let the engine go
         print(f"ranktop: {ended_words(run.run_id, str(snap.get('state')), already=True)}")
     elif shown:
-        print(f"ranktop: stopped {run.run_id} ({on_screen})")
+        print(clean(f"ranktop: stopped {run.run_id} ({on_screen})"))
     else:
-        print(f"ranktop: stopped {run.run_id}")
+        print(clean(f"ranktop: stopped {run.run_id}"))
     return 0
 
 
@@ -294,7 +294,7 @@ def logs(argv: list[str]) -> int:
         with Connection(run.path) as conn:
             return _print_logs(conn, run, ns.rank, ns.follow, ns.events)
     except EngineSilent as exc:  # stopped or swamped: nothing was printed, and the run is there
-        print(f"ranktop: {run.run_id}: {exc}", file=sys.stderr)
+        print(clean(f"ranktop: {run.run_id}: {exc}"), file=sys.stderr)
         return 1
     except RunGone:
         return 0  # the run ended and its engine left: everything it had was printed
@@ -339,7 +339,7 @@ def _print_final_logs(view: FinalEngine, only: int | None) -> int:
 
 def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool, events: bool = False) -> int:
     ranks = run.snapshot.get("ranks") or []
-    prefixes = _prefixes(run.run_id, [(r["local_rank"], r["rank"]) for r in ranks], only)
+    prefixes = _prefixes(clean(run.run_id), [(r["local_rank"], r["rank"]) for r in ranks], only)
     if isinstance(prefixes, int):
         return prefixes
     if attempt := run.snapshot.get("attempt"):  # the rings hold the running attempt's output only

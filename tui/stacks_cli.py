@@ -178,7 +178,7 @@ def _through_engine(run, ns: argparse.Namespace) -> int:
     try:
         ack = dump_stacks(run.path, "SignalDump" if ns.signal else "DumpStacks", {"save": False} if ns.no_save else None)
     except RunGone as exc:
-        print(f"ranktop stacks: {run.run_id}: {exc}", file=sys.stderr)
+        print(clean(f"ranktop stacks: {run.run_id}: {exc}"), file=sys.stderr)
         return 1
     if ack.report is None:
         print(clean(f"ranktop stacks: {run.run_id}: {ack.message}"), file=sys.stderr)

@@ -23,6 +23,7 @@ import time
 import urllib.parse
 
 from ranktop.core.client import FinalEngine
+from ranktop.core.sanitize import clean
 from ranktop.core.strays import children_of_self
 from ranktop.tui.runs_cli import pick_run, run_parser
 from ranktop.tui.usage import BadValue, usage_error
@@ -69,6 +70,7 @@ def main(argv: list[str]) -> int:
     else:  # the run directory, not the id: a tab opened after the engine has gone shows the final view
         run_id, target = run.run_id, run.snapshot.get("log_dir") or run.run_id
         how = f"{'control' if ns.control else 'read-only'}; Ctrl-C stops serving, the run goes on"
+    run_id = clean(run_id)  # a socket's or a final.json's name: shown on the console and as the page's title
     if not is_loopback(ns.host):
         print(f"ranktop: warning: serving on {ns.host}: anyone who can reach it can watch this run"
               + (" and act on its ranks (--control)" if ns.control else ""), file=sys.stderr, flush=True)
