@@ -39,7 +39,7 @@ from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, console_budget, console_name
 from ranktop.core.process import exit_status_for_signal
-from ranktop.core.prompts import PROMPT_QUIET, input_prompt
+from ranktop.core.prompts import PROMPT_QUIET, rank_prompt
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
 from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.signals import NOTICE_SIGNALS, OUTSIDE_STOP_WINDOW, StopAction, StopRule, take_early_stops
@@ -1019,12 +1019,14 @@ class LocalAgent:
 
     @staticmethod
     def _input_prompt(slot: Any, state: RankState, now: float) -> str | None:
-        """The prompt a live rank waits at ('(Pdb)'), read off its ring's open line once it has
-        been quiet a moment: when a snapshot is taken, never per chunk of output."""
+        """The prompt a live rank waits at ('(Pdb)', or any while it reads its stdin), once it
+        has been quiet a moment: when a snapshot is taken, never per chunk of output."""
         last = slot.ring.last_output_at
         if state not in (RankState.RUNNING, RankState.STALLED) or slot.paused or last is None:
             return None
-        return input_prompt(slot.ring.open_line()) if now - last >= PROMPT_QUIET else None
+        if now - last < PROMPT_QUIET:
+            return None
+        return rank_prompt(slot.ring.open_line(), slot.proc.pid if slot.proc else None)
 
     def snapshot(self) -> GroupSnapshot:
         """A consistent picture of the group, cheap enough to take several times a second."""

@@ -43,3 +43,28 @@ def test_the_rings_open_line_is_the_last_streams_as_shown():
     assert ring.open_line() == b"50%|### |"
     ring.clear()
     assert ring.open_line() is None
+
+
+def test_a_process_reading_its_stdin_waits_at_its_line_cleaned_and_cut(tmp_path):
+    """Any unfinished line is the prompt of a process blocked reading its stdin: shown as a
+    terminal would show it, escape sequences dropped, its last 40 characters at most."""
+    import subprocess
+    import sys
+
+    from conftest import wait_for
+    from ranktop.core.prompts import NO_PROMPT, rank_prompt
+
+    line = b"\x1b]52;c;aGk=\x07\x1b[1m" + b"x" * 100 + b" Continue? [y/N] "
+    reader = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
+    try:
+        shown = wait_for(lambda: rank_prompt(line, reader.pid), what="the reader blocked in its read")
+        assert shown == "\u2026" + "x" * 23 + " Continue? [y/N]" and len(shown) == 40
+        assert rank_prompt(None, reader.pid) == NO_PROMPT
+        assert rank_prompt(b"(Pdb) ", None) == "(Pdb)"  # a known prompt needs no look at the process
+        assert rank_prompt(line, sleeper.pid) is None and rank_prompt(line, None) is None
+    finally:
+        for proc in (reader, sleeper):
+            proc.kill()
+            proc.wait()
+            proc.stdin.close()

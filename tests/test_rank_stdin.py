@@ -209,6 +209,82 @@ def test_the_input_prompt_goes_through_local_agent_and_a_progress_bar_is_no_prom
         assert agent.snapshot().ranks[1].input_prompt is None
 
 
+READS_STDIN = (
+    "import os, sys, time\n"
+    "r = os.environ['LOCAL_RANK']\n"
+    "if r == '0':\n"
+    "    print('went on', input('Continue? [y/N] '), flush=True)\n"
+    "elif r == '1':\n"
+    "    print('ready', flush=True)\n"
+    "    sys.stdin.readline()\n"
+    "    print('went on', flush=True)\n"
+    "else:\n"
+    "    sys.stdout.write('Continue? '); sys.stdout.flush()\n"
+    "time.sleep(60)\n"
+)
+
+
+def quiet_ranks(agent, ready) -> list | None:
+    """The ranks once all have been quiet past PROMPT_QUIET and `ready(ranks)` holds."""
+    snap = agent.snapshot()
+    quiet = all(r.last_output_at and r.last_output_at + 0.6 < snap.taken_at for r in snap.ranks)
+    return snap.ranks if quiet and ready(snap.ranks) else None
+
+
+def test_a_rank_reading_its_stdin_waits_at_whatever_prompt_it_wrote(tmp_path):
+    """`input("Continue? [y/N] ")` and a bare `sys.stdin.readline()` were `running`, then
+    `stalled`: only known debugger prompts counted. A rank blocked reading its stdin (the kernel's
+    /proc/PID/syscall) waits at its unfinished line, or at `stdin` with none; a rank that wrote
+    the same words and sleeps does not."""
+    from conftest import Running
+
+    agent = make_agent(tmp_path, READS_STDIN, n=3)
+    with Running(agent) as agent:
+        ranks = wait_for(lambda: quiet_ranks(agent, lambda rs: rs[0].input_prompt and rs[1].input_prompt),
+                         what="ranks 0 and 1 at their prompts")
+        assert [r.input_prompt for r in ranks] == ["Continue? [y/N]", "stdin", None]
+        assert agent.submit(cmd.SendInput(0, "y\n")).ok and agent.submit(cmd.SendInput(1, "\n")).ok
+        for r in (0, 1):
+            wait_for(lambda r=r: b"went on" in b"\n".join(agent.output(r)), what=f"rank {r} went on")
+        assert [r.input_prompt for r in agent.snapshot().ranks] == [None, None, None]
+
+
+def test_a_rank_reading_its_terminal_through_readline_waits_at_its_prompt(tmp_path):
+    """On --pty, readline waits for a key in pselect6 on fd 0, not in read."""
+    from conftest import Running
+
+    code = "import readline\nprint('went on', input('go? '), flush=True)\nimport time; time.sleep(60)\n"
+    agent = make_agent(tmp_path, code, n=1, pty=True)
+    with Running(agent) as agent:
+        (rank,) = wait_for(lambda: quiet_ranks(agent, lambda rs: rs[0].input_prompt), what="the prompt")
+        assert rank.input_prompt == "go?"
+        assert agent.submit(cmd.SendInput(0, "y\n")).ok
+        wait_for(lambda: b"went on y" in b"\n".join(agent.output(0)), what="the rank went on")
+
+
+def test_headless_says_a_rank_without_a_prompt_waits_on_its_stdin(tmp_path):
+    import subprocess
+
+    from conftest import ranktop_cmd, stop_process
+
+    script = tmp_path / "reads.py"
+    script.write_text("import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n")
+    err = tmp_path / "stderr.txt"
+    with open(err, "wb") as sink:
+        proc = subprocess.Popen(ranktop_cmd("--headless", "--stall-timeout", "1", "--nproc-per-node", "1",
+                                            "--run-id", "hl", "--log-dir", str(tmp_path / "logs"), str(script)),
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=sink)
+    try:
+        wait_for(lambda: "waits for input" in err.read_text(), timeout=20, what="the headless line")
+        proc.stdin.write(b"\n")
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        stop_process(proc)
+    (line,) = [line for line in err.read_text().splitlines() if "rank 0" in line]
+    assert re.fullmatch(r"ranktop: rank 0 waits for input on its stdin: no output for \ds \(pid \d+\)", line), line
+
+
 def test_headless_says_once_that_a_rank_waits_for_input_where_it_said_stalled(tmp_path):
     import subprocess
 

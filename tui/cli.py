@@ -795,13 +795,15 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     from ranktop.core.agent import LocalAgent, other_interpreter
     from ranktop.core.engine import LocalEngine
     from ranktop.core.output import CONSOLE_STALL
+    from ranktop.core.prompts import NO_PROMPT
     from ranktop.core.report import format_end_report
     from ranktop.core.sanitize import clean
     from ranktop.core.stdio import write_within
 
     def on_stall(snap) -> None:
         if snap.input_prompt:  # pdb in a rank: not stalled, waiting for someone to type
-            agent.say(f"ranktop: rank {snap.rank} waits for input at its {clean(snap.input_prompt)} prompt: "
+            at = "on its stdin" if snap.input_prompt == NO_PROMPT else f"at its {clean(snap.input_prompt)} prompt"
+            agent.say(f"ranktop: rank {snap.rank} waits for input {at}: "
                       f"no output for {snap.stall_seconds or 0:.0f}s (pid {snap.pid})")
             return
         cpu = "-" if snap.cpu_percent is None else f"{snap.cpu_percent:.0f}%"
