@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, drive, read_events, screen_rows, until, wait_for
+from conftest import ROOT, drive, make_agent, read_events, screen_rows, until, wait_for
 from fake_engine import FakeEngine
 from ranktop.core import commands as cmd
 from ranktop.core.agent import LocalAgent
@@ -810,5 +810,31 @@ def test_the_stack_view_says_which_threads_it_shows(tmp_path):
         await pilot.press("t")
         await until(pilot, lambda: "t Other threads" in footer(), what="back to the main threads")
         assert groups.border_title.startswith("main threads") and not app.screen.show_threads
+
+    drive(app, body, size=(80, 24))
+
+
+def test_the_stack_view_at_80x24_says_why_ranks_were_not_dumped_once_and_that_nothing_was_saved(tmp_path):
+    """Four native ranks were four `rank N (pid P): native` entries, each with its own gdb hint, the
+    last ones cut off at 80x24; the tree's title read `call tree — ranks `; and a dump that could
+    not be saved (its run directory deleted) showed no word of it."""
+    agent = make_agent(tmp_path, n=4, entrypoint="/bin/sleep", args=("3600",), stall_timeout=60.0)
+    app = RanktopApp(LocalEngine(agent))
+
+    async def body(app, pilot):
+        shutil.rmtree(agent.run_dir)
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
+                    what="stack report")
+        pids = ", ".join(str(r.pid) for r in app.engine.snapshot().ranks)
+
+        def shown() -> str:  # the screen's text, its wrapped lines joined
+            return re.sub(r"\s+", " ", " ".join(row.strip(" │╭╮╰╯─") for row in screen_rows(app)))
+
+        await until(pilot, lambda: "not saved in" in shown(), what="the save's failure shown")
+        rows = shown()
+        assert f"ranks 0-3 (pids {pids}): native: native binary rank" in rows
+        assert rows.count("gdb -p <pid> -batch") == 1 and "No such file or directory" in rows
+        assert "call tree — no ranks" in rows
 
     drive(app, body, size=(80, 24))

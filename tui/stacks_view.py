@@ -141,6 +141,8 @@ class StacksScreen(Screen):
         summary = Text(report.summary(), style="bold")
         if report.saved_txt:
             summary.append(f"   saved: {clean(report.saved_txt)}", style="dim")
+        elif report.save_error:
+            summary.append(f"   {clean(report.save_error)}", style="yellow")
         self.query_one("#stacks-summary", Static).update(summary)
         self._render_groups()
         self._render_tree(report)
@@ -206,11 +208,11 @@ class StacksScreen(Screen):
         box = self.query_one("#stacks-problems", Static)
         box.display = bool(report.problems)
         text = Text()
-        for s in report.problems:
-            text.append(f"{stacks.rank_list([s.rank])} (pid {s.pid}): ", style="bold")
-            text.append(f"{s.status.value}: {clean(s.reason or '', newlines=True)}\n")
-            if s.hint:
-                text.append(f"    {clean(s.hint)}\n", style="yellow")
+        for p in stacks.problem_groups(report):
+            text.append(f"{p.who}: ", style="bold")
+            text.append(f"{p.status.value}: {clean(p.reason or '', newlines=True)}\n")
+            if p.hint:
+                text.append(f"    {clean(p.hint)}\n", style="yellow")
         box.update(text)
 
     # ----- keys ---------------------------------------------------------------------------------

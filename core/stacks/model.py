@@ -58,6 +58,7 @@ class RankStack:
     dumped_pid: int | None = None  # the Python process dumped, when not the rank itself (native rank)
     cpu_percent: float | None = None  # from the stats sampler, when the agent has one
     stall_seconds: float | None = None
+    children: tuple[str, ...] = ()  # "PID NAME" of the dumped process's children: what a wait waits on
 
     @property
     def main(self) -> ThreadStack | None:
@@ -105,6 +106,7 @@ class StackReport:
     tree: TreeNode
     saved_txt: str | None = None
     saved_json: str | None = None
+    save_error: str | None = None  # why the dump was not saved where it should have been
 
     @property
     def odd_ranks(self) -> list[int]:
@@ -134,4 +136,6 @@ def rank_list(ranks: Iterable[int]) -> str:
             j += 1
         parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
         i = j + 1
+    if not parts:
+        return "no ranks"
     return ("rank " if len(rs) == 1 else "ranks ") + ",".join(parts)

@@ -22,7 +22,7 @@ from ranktop.core.events import EventLog
 from ranktop.core.layout import RunDir
 from ranktop.core.stacks.grouping import build_report
 from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack
-from ranktop.core.stacks.procs import gone_reason
+from ranktop.core.stacks.procs import children_of, gone_reason
 from ranktop.core.stacks.saving import save_report
 from ranktop.core.strays import own_tool
 
@@ -91,7 +91,8 @@ def dump_pid(pid: int, rank: int = 0, local_rank: int | None = None, *, native: 
             threads = parse_py_spy_json(out.stdout, target)
         except (ValueError, KeyError, TypeError) as exc:
             return RankStack(**base, status=StackStatus.FAILED, reason=f"unreadable py-spy output: {exc}")
-        return RankStack(**base, status=StackStatus.OK, threads=threads, dumped_pid=dumped)
+        return RankStack(**base, status=StackStatus.OK, threads=threads, dumped_pid=dumped,
+                         children=children_of(target))
     status, reason, hint = classify_py_spy_error(out.stderr, target)
     return RankStack(**base, status=status, reason=reason, hint=hint, dumped_pid=dumped)
 
