@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -433,3 +434,50 @@ def test_a_dump_that_cannot_be_saved_says_so(tmp_path):
         assert stacks.format_report(report).splitlines()[1] == report.save_error
     ended = stacks.dump_agent_stacks(agent)  # the run is over: its directory is let go
     assert ended.save_error == "not saved: the run has ended" and ended.ranks[0].status == StackStatus.GONE
+
+
+IN_PAUSE = """
+import ctypes
+def wait_in_c():
+    ctypes.CDLL(None).pause()
+print("ready", flush=True)
+wait_in_c()
+"""
+
+
+def test_native_frames_show_the_c_call_and_ranks_stopped_there_still_group():
+    """Only Python frames were shown: a rank waiting in gloo or a C library showed the Python
+    call that entered it, never where it waited. With the C frames, a frame py-spy has no symbol
+    for is named by its address, which differs per process: it is `??`, so that the ranks group."""
+    procs = [subprocess.Popen([PY, "-c", IN_PAUSE], stdout=subprocess.PIPE) for _ in range(2)]
+    try:
+        for proc in procs:
+            proc.stdout.readline()
+        pids = {r: p.pid for r, p in enumerate(procs)}
+        found = {}
+
+        def in_pause() -> bool:
+            found["report"] = report = stacks.dump_pids(pids, native_frames=True)
+            return all(s.main and s.main.frames[-1].name.endswith("pause") for s in report.ranks)
+
+        wait_for(in_pause, 30, what="both in pause(), with C frames")
+        python_only = stacks.dump_pids(pids)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    report = found["report"]
+    (group,) = report.groups
+    assert group.ranks == (0, 1) and report.native_frames and not python_only.native_frames
+    innermost = group.frames[-1]
+    assert innermost.short_filename.startswith("libc") and innermost.label == f"{innermost.name} ({innermost.short_filename})"
+    assert "wait_in_c" in [f.name for f in group.frames]
+    assert not any(f.name.startswith("0x") for f in group.frames)
+    assert python_only.groups[0].frames[-1].name == "wait_in_c"
+    assert re.match(r"stacks at \S+ \(\d+\.\d\ds, with C frames\): 2 of 2 ranks", stacks.format_report(report))
+
+
+def test_stacks_cli_native_is_not_for_the_signal_fallback():
+    out = run_ranktop("stacks", "--native", "--signal", "1")
+    assert out.returncode == 2 and out.stderr == ("ranktop: error: --native needs py-spy: --signal's faulthandler "
+                                                  "prints Python frames only\n"), out

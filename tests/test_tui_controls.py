@@ -838,3 +838,40 @@ def test_the_stack_view_at_80x24_says_why_ranks_were_not_dumped_once_and_that_no
         assert "call tree — no ranks" in rows
 
     drive(app, body, size=(80, 24))
+
+
+IN_PAUSE = "import ctypes\nprint('up', flush=True)\nctypes.CDLL(None).pause()\n"
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_n_in_the_stack_view_dumps_again_with_the_c_frames_and_back(tmp_path):
+    """The view showed Python frames only: a rank waiting in a C call (gloo, a C library)
+    showed the Python line that entered it, never where it waited."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, IN_PAUSE, n=1)))
+
+    def labels(app) -> list[str]:
+        tree, out = app.screen.query_one(CallTree), []
+        nodes = [tree.root]
+        while nodes:
+            node = nodes.pop()
+            out.append(str(node.label))
+            nodes.extend(node.children)
+        return out
+
+    async def body(app, pilot):
+        await _open_stack_view(app, pilot)
+        screen = app.screen
+        await until(pilot, lambda: any("<module>" in label for label in labels(app)), what="rank 0 in pause()")
+        assert not screen.report.native_frames and labels(app)[0].endswith("(n: C frames)")
+        python_only = screen.report
+        await pilot.press("n")
+        await until(pilot, lambda: screen.report is not python_only, what="the dump with C frames")
+        assert screen.report.native_frames and labels(app)[0].endswith("(n: Python only)")
+        assert any("pause (libc" in label for label in labels(app)), labels(app)
+        assert "with C frames" in screen_rows(app)[0]
+        native = screen.report
+        await pilot.press("n")
+        await until(pilot, lambda: screen.report is not native, what="Python frames only again")
+        assert not screen.report.native_frames and not any("libc" in label for label in labels(app))
+
+    drive(app, body, size=(80, 24))

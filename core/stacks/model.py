@@ -25,8 +25,13 @@ class Frame:
     line: int
 
     @property
+    def where(self) -> str:
+        """'train.py:12'; a C frame (py-spy --native) has no line: 'libc.so.6'."""
+        return f"{self.short_filename}:{self.line}" if self.line else self.short_filename
+
+    @property
     def label(self) -> str:
-        return f"{self.name} ({self.short_filename}:{self.line})"
+        return f"{self.name} ({self.where})"
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,7 @@ class StackReport:
     saved_txt: str | None = None
     saved_json: str | None = None
     save_error: str | None = None  # why the dump was not saved where it should have been
+    native_frames: bool = False  # C/C++ frames included (py-spy --native)
 
     @property
     def odd_ranks(self) -> list[int]:

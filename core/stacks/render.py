@@ -42,7 +42,8 @@ def _gil_holder(s: RankStack) -> str | None:
 def format_report(report: StackReport, *, threads: bool = False) -> str:
     """The grouped view: groups (odd ones marked), the merged tree, per-rank problems."""
     when = datetime.datetime.fromtimestamp(report.taken_at).strftime("%H:%M:%S")
-    out = [f"stacks at {when} ({report.elapsed_s:.2f}s): {report.summary()}"]
+    with_c = ", with C frames" if report.native_frames else ""
+    out = [f"stacks at {when} ({report.elapsed_s:.2f}s{with_c}): {report.summary()}"]
     if report.saved_txt:
         out.append(f"saved: {report.saved_txt}")
     elif report.save_error:
