@@ -78,10 +78,12 @@ class Interrupt:
 @dataclass(frozen=True)
 class DumpStacks:
     """py-spy every live rank (or these local ranks) and group the stacks; the Ack carries the
-    report, which is also saved in the run directory and logged, unless not `save`."""
+    report, which is also saved in the run directory and logged, unless not `save`; with
+    `native_frames`, the C/C++ frames too (py-spy --native: about a second a rank)."""
 
     local_ranks: tuple[int, ...] | None = None
     save: bool = True
+    native_frames: bool = False
 
 
 @dataclass(frozen=True)

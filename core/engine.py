@@ -164,7 +164,8 @@ class LocalEngine:
             self.agent.hold_stall_clock(every if ranks is None else ranks, SIGNAL_DUMP_SECONDS + 1.0)
         try:
             if isinstance(command, cmd.DumpStacks):
-                report = stacks.dump_agent_stacks(self.agent, ranks, save=command.save)
+                report = stacks.dump_agent_stacks(self.agent, ranks, save=command.save,
+                                                  native_frames=bool(command.native_frames))
             else:
                 report = stacks.signal_agent_report(self.agent, ranks, timeout=SIGNAL_DUMP_SECONDS, save=command.save)
         except Exception as exc:  # the group may be gone mid-dump: an answer, not a traceback

@@ -1200,6 +1200,8 @@ def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
             unsaved = run_ranktop("stacks", "stk", "--no-save", *how, env=runtime)
             assert unsaved.returncode == 0 and "2 of 2 ranks dumped" in unsaved.stdout, unsaved.stderr
             assert "saved:" not in unsaved.stdout
+        native = run_ranktop("stacks", "stk", "--no-save", "--native", env=runtime)  # the engine's py-spy --native
+        assert native.returncode == 0 and "s, with C frames): 2 of 2 ranks dumped" in native.stdout, native
         assert sorted(os.listdir(run_dir / "stacks")) == saved
         assert [e for e in read_events(run_dir) if e["event"] == "stacks_dumped"] == logged
         for how in ((), ("--json",), ("--signal",)):  # into a reader that has gone (`| head`): no traceback

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -341,3 +342,142 @@ def test_stacks_cli_without_a_target_uses_the_default_log_directory(tmp_path):
 def test_stacks_cli_does_not_import_textual():
     code = "import sys, ranktop.tui.stacks_cli, ranktop.core.stacks; sys.exit('textual' in sys.modules)"
     assert subprocess.run([PY, "-c", code], cwd=ROOT).returncode == 0
+
+
+# A C call that keeps the GIL (ctypes.PyDLL does not release it), one that releases it, and a
+# rank waiting on the child it started: py-spy shows only `pause` or `Popen._try_wait`.
+IN_C = """
+import ctypes, subprocess, sys
+def hold_gil():
+    ctypes.PyDLL(None).pause()
+def release_gil():
+    ctypes.CDLL(None).pause()
+def wait_on_child():
+    subprocess.run(["sleep", "3600"])
+print("ready", flush=True)
+{"hold": hold_gil, "release": release_gil, "child": wait_on_child}[sys.argv[1]]()
+"""
+
+
+def _dumped_in(proc: subprocess.Popen, innermost: str, *, children: bool = False) -> stacks.RankStack:
+    """Dump `proc` until its main thread is in `innermost` (and, if asked, its child is up)."""
+    found = {}
+
+    def there() -> bool:
+        (s,) = stacks.dump_pids({0: proc.pid}).ranks
+        found["s"] = s
+        names = [f.name for f in s.main.frames] if s.main else []
+        return innermost in names and (bool(s.children) or not children)
+
+    wait_for(there, 20, what=f"pid {proc.pid} in {innermost}")
+    return found["s"]
+
+
+def test_a_c_call_holding_the_gil_and_a_wait_on_a_child_process_are_named():
+    """The stack alone read the same for a C call that kept the GIL and one that let it go, and
+    a rank in `subprocess.run` did not say what it waited on."""
+    procs = {mode: subprocess.Popen([PY, "-c", IN_C, mode], stdout=subprocess.PIPE) for mode in ("hold", "release", "child")}
+    try:
+        for proc in procs.values():
+            proc.stdout.readline()
+        held = _dumped_in(procs["hold"], "hold_gil")
+        released = _dumped_in(procs["release"], "release_gil")
+        waiting = _dumped_in(procs["child"], "wait_on_child", children=True)
+        (child,) = psutil.Process(procs["child"].pid).children()
+    finally:
+        for proc in procs.values():
+            for kid in psutil.Process(proc.pid).children():
+                kid.kill()
+            proc.kill()
+            proc.wait()
+    assert held.main.owns_gil and "idle, holds the GIL" in stacks.rank_facts(held)
+    assert "GIL" not in stacks.rank_facts(released)
+    assert waiting.children == (f"{child.pid} sleep",)
+    assert stacks.rank_facts(waiting).endswith(f", child {child.pid} sleep")
+    assert f"child {child.pid} sleep" in stacks.format_report(stacks.build_report([waiting], 0, 0))
+
+
+def test_ranks_not_dumped_for_one_reason_share_one_line_and_one_hint(monkeypatch):
+    """Eight ranks without py-spy (or ptrace) were eight copies of the same three-line hint."""
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    try:
+        pids = {r: p.pid for r, p in enumerate(sleepers)}
+        native = stacks.dump_pids(pids, native=pids)  # binaries: a gdb hint with each one's pid
+        lone = stacks.dump_pids({5: sleepers[0].pid}, native=[5])
+        monkeypatch.setenv("RANKTOP_PY_SPY", "/no/such/py-spy")
+        missing = stacks.dump_pids(pids)
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+    listed = ", ".join(str(p.pid) for p in sleepers)
+    text = stacks.format_report(missing)
+    assert f"   ranks 0-2 (pids {listed}): no-py-spy: py-spy not found" in text
+    assert text.count("hint: ") == 1 and text.count("py-spy not found") == 1
+    (group,) = stacks.problem_groups(native)
+    assert [s.rank for s in group.ranks] == [0, 1, 2] and group.hint == "for native frames: gdb -p <pid> -batch " \
+                                                                         "-ex 'thread apply all bt'"
+    (one,) = stacks.problem_groups(lone)  # a rank alone keeps its own pid in the hint
+    assert one.who == f"rank 5 (pid {sleepers[0].pid})" and f"gdb -p {sleepers[0].pid} " in one.hint
+    assert stacks.rank_list([]) == "no ranks"  # the tree's title with no rank dumped: it read `ranks `
+
+
+def test_a_dump_that_cannot_be_saved_says_so(tmp_path):
+    """A run directory deleted under a live run (or a full disk) lost the dump's files without a
+    word: the view said nothing of a file, the user went looking for one."""
+    with Running(make_agent(tmp_path, WAIT_HERE, n=1)) as agent:
+        wait_ready(agent, 1)
+        shutil.rmtree(agent.run_dir)
+        report = stacks.dump_agent_stacks(agent)
+        assert report.ranks[0].status == StackStatus.OK and report.saved_txt is None
+        assert report.save_error == f"not saved in {agent.run_dir}/stacks: No such file or directory"
+        assert stacks.format_report(report).splitlines()[1] == report.save_error
+    ended = stacks.dump_agent_stacks(agent)  # the run is over: its directory is let go
+    assert ended.save_error == "not saved: the run has ended" and ended.ranks[0].status == StackStatus.GONE
+
+
+IN_PAUSE = """
+import ctypes
+def wait_in_c():
+    ctypes.CDLL(None).pause()
+print("ready", flush=True)
+wait_in_c()
+"""
+
+
+def test_native_frames_show_the_c_call_and_ranks_stopped_there_still_group():
+    """Only Python frames were shown: a rank waiting in gloo or a C library showed the Python
+    call that entered it, never where it waited. With the C frames, a frame py-spy has no symbol
+    for is named by its address, which differs per process: it is `??`, so that the ranks group."""
+    procs = [subprocess.Popen([PY, "-c", IN_PAUSE], stdout=subprocess.PIPE) for _ in range(2)]
+    try:
+        for proc in procs:
+            proc.stdout.readline()
+        pids = {r: p.pid for r, p in enumerate(procs)}
+        found = {}
+
+        def in_pause() -> bool:
+            found["report"] = report = stacks.dump_pids(pids, native_frames=True)
+            return all(s.main and s.main.frames[-1].name.endswith("pause") for s in report.ranks)
+
+        wait_for(in_pause, 30, what="both in pause(), with C frames")
+        python_only = stacks.dump_pids(pids)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    report = found["report"]
+    (group,) = report.groups
+    assert group.ranks == (0, 1) and report.native_frames and not python_only.native_frames
+    innermost = group.frames[-1]
+    assert innermost.short_filename.startswith("libc") and innermost.label == f"{innermost.name} ({innermost.short_filename})"
+    assert "wait_in_c" in [f.name for f in group.frames]
+    assert not any(f.name.startswith("0x") for f in group.frames)
+    assert python_only.groups[0].frames[-1].name == "wait_in_c"
+    assert re.match(r"stacks at \S+ \(\d+\.\d\ds, with C frames\): 2 of 2 ranks", stacks.format_report(report))
+
+
+def test_stacks_cli_native_is_not_for_the_signal_fallback():
+    out = run_ranktop("stacks", "--native", "--signal", "1")
+    assert out.returncode == 2 and out.stderr == ("ranktop: error: --native needs py-spy: --signal's faulthandler "
+                                                  "prints Python frames only\n"), out

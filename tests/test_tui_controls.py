@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, drive, read_events, screen_rows, until, wait_for
+from conftest import ROOT, drive, make_agent, read_events, screen_rows, until, wait_for
 from fake_engine import FakeEngine
 from ranktop.core import commands as cmd
 from ranktop.core.agent import LocalAgent
@@ -810,5 +810,68 @@ def test_the_stack_view_says_which_threads_it_shows(tmp_path):
         await pilot.press("t")
         await until(pilot, lambda: "t Other threads" in footer(), what="back to the main threads")
         assert groups.border_title.startswith("main threads") and not app.screen.show_threads
+
+    drive(app, body, size=(80, 24))
+
+
+def test_the_stack_view_at_80x24_says_why_ranks_were_not_dumped_once_and_that_nothing_was_saved(tmp_path):
+    """Four native ranks were four `rank N (pid P): native` entries, each with its own gdb hint, the
+    last ones cut off at 80x24; the tree's title read `call tree — ranks `; and a dump that could
+    not be saved (its run directory deleted) showed no word of it."""
+    agent = make_agent(tmp_path, n=4, entrypoint="/bin/sleep", args=("3600",), stall_timeout=60.0)
+    app = RanktopApp(LocalEngine(agent))
+
+    async def body(app, pilot):
+        shutil.rmtree(agent.run_dir)
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
+                    what="stack report")
+        pids = ", ".join(str(r.pid) for r in app.engine.snapshot().ranks)
+
+        def shown() -> str:  # the screen's text, its wrapped lines joined
+            return re.sub(r"\s+", " ", " ".join(row.strip(" │╭╮╰╯─") for row in screen_rows(app)))
+
+        await until(pilot, lambda: "not saved in" in shown(), what="the save's failure shown")
+        rows = shown()
+        assert f"ranks 0-3 (pids {pids}): native: native binary rank" in rows
+        assert rows.count("gdb -p <pid> -batch") == 1 and "No such file or directory" in rows
+        assert "call tree — no ranks" in rows
+
+    drive(app, body, size=(80, 24))
+
+
+IN_PAUSE = "import ctypes\nprint('up', flush=True)\nctypes.CDLL(None).pause()\n"
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_n_in_the_stack_view_dumps_again_with_the_c_frames_and_back(tmp_path):
+    """The view showed Python frames only: a rank waiting in a C call (gloo, a C library)
+    showed the Python line that entered it, never where it waited."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, IN_PAUSE, n=1)))
+
+    def labels(app) -> list[str]:
+        tree, out = app.screen.query_one(CallTree), []
+        nodes = [tree.root]
+        while nodes:
+            node = nodes.pop()
+            out.append(str(node.label))
+            nodes.extend(node.children)
+        return out
+
+    async def body(app, pilot):
+        await _open_stack_view(app, pilot)
+        screen = app.screen
+        await until(pilot, lambda: any("<module>" in label for label in labels(app)), what="rank 0 in pause()")
+        assert not screen.report.native_frames and labels(app)[0].endswith("(n: C frames)")
+        python_only = screen.report
+        await pilot.press("n")
+        await until(pilot, lambda: screen.report is not python_only, what="the dump with C frames")
+        assert screen.report.native_frames and labels(app)[0].endswith("(n: Python only)")
+        assert any("pause (libc" in label for label in labels(app)), labels(app)
+        assert "with C frames" in screen_rows(app)[0]
+        native = screen.report
+        await pilot.press("n")
+        await until(pilot, lambda: screen.report is not native, what="Python frames only again")
+        assert not screen.report.native_frames and not any("libc" in label for label in labels(app))
 
     drive(app, body, size=(80, 24))

@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--signal", action="store_true",
                    help="no py-spy, no ptrace: SIGUSR1 makes each rank print its stacks (faulthandler) to its stderr log, "
                         "read back from there")
+    p.add_argument("--native", action="store_true",
+                   help="also the C/C++ frames (py-spy --native): where torch or gloo waits; about a second a rank")
     p.add_argument("--no-save", action="store_true", help="do not write the dump under the run directory")
     return p
 
@@ -84,6 +86,8 @@ def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | N
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if ns.native and ns.signal:
+        return usage_error("--native needs py-spy: --signal's faulthandler prints Python frames only")
     try:
         served = _served(ns.target)
     except BadTarget as exc:
@@ -108,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if ns.signal:
             return _signal(pids, local, run_dir, save_to, ns)
-        report = stacks.dump_pids(pids, local_ranks=local, run_dir=save_to, source="cli")
+        report = stacks.dump_pids(pids, local_ranks=local, run_dir=save_to, source="cli", native_frames=ns.native)
     finally:
         if save_to is not None:
             save_to.close()
@@ -175,8 +179,9 @@ def _through_engine(run, ns: argparse.Namespace) -> int:
     """The run's own engine dumps (it knows its ranks, their logs and the run directory)."""
     from ranktop.core.client import RunGone, dump_stacks
 
+    args = {**({"save": False} if ns.no_save else {}), **({"native_frames": True} if ns.native else {})}
     try:
-        ack = dump_stacks(run.path, "SignalDump" if ns.signal else "DumpStacks", {"save": False} if ns.no_save else None)
+        ack = dump_stacks(run.path, "SignalDump" if ns.signal else "DumpStacks", args)
     except RunGone as exc:
         print(clean(f"ranktop stacks: {run.run_id}: {exc}"), file=sys.stderr)
         return 1

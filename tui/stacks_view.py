@@ -77,6 +77,10 @@ class StacksScreen(Screen):
         Binding("t", "show_threads(False)", "Main threads"),
         Binding("t", "show_threads(True)", "Other threads"),
         Binding("g", "dump", "Dump again"),
+        # n as t, but out of the footer (at 80 columns it pushed `? Help` out): the tree's title
+        # says what n does next. C frames take py-spy about a second a rank.
+        Binding("n", "native_frames(True)", "C frames", show=False),
+        Binding("n", "native_frames(False)", "Python frames", show=False),
         Binding("u", "signal", "SIGUSR1 fallback"),
         Binding("tab", "app.focus_next", "Between the groups and the call tree", show=False),
         Binding("shift+tab", "app.focus_previous", "Between the groups and the call tree", show=False),
@@ -94,6 +98,7 @@ class StacksScreen(Screen):
         self.local_ranks = local_ranks
         self.report: StackReport | None = None
         self.show_threads = False
+        self.native_frames = False  # n: py-spy --native, the C/C++ frames under the Python ones
 
     def compose(self) -> ComposeResult:
         yield Static("dumping stacks…", id="stacks-summary")
@@ -109,7 +114,8 @@ class StacksScreen(Screen):
 
     # ----- the dump (worker thread) -------------------------------------------------------------
     def action_dump(self) -> None:
-        self._fetch("dumping stacks…", cmd.DumpStacks)
+        status = "dumping stacks with C frames (about a second a rank)…" if self.native_frames else "dumping stacks…"
+        self._fetch(status, cmd.DumpStacks)
 
     def key_sections(self, hidden: tuple[str, ...] = ()) -> list[tuple[str, DOMNode, tuple[str, ...]]]:
         """The keys that work in the stack view, for the help: the screen's, then the ones of
@@ -122,7 +128,8 @@ class StacksScreen(Screen):
         """Show `status`, then the report the engine answers `command` with, off the UI thread."""
         self.query_one("#stacks-summary", Static).update(Text(clean(status)))
         ranks = tuple(self.local_ranks) if self.local_ranks is not None else None
-        self._report_in_thread(command(ranks))
+        native = {"native_frames": True} if command is cmd.DumpStacks and self.native_frames else {}
+        self._report_in_thread(command(ranks, **native))
 
     @work(thread=True, exclusive=True, group="stacks")
     def _report_in_thread(self, command: cmd.DumpStacks | cmd.SignalDump) -> None:
@@ -138,9 +145,11 @@ class StacksScreen(Screen):
     # ----- rendering ----------------------------------------------------------------------------
     def show_report(self, report: StackReport) -> None:
         self.report = report
-        summary = Text(report.summary(), style="bold")
+        summary = Text(report.summary() + (", with C frames" if report.native_frames else ""), style="bold")
         if report.saved_txt:
             summary.append(f"   saved: {clean(report.saved_txt)}", style="dim")
+        elif report.save_error:
+            summary.append(f"   {clean(report.save_error)}", style="yellow")
         self.query_one("#stacks-summary", Static).update(summary)
         self._render_groups()
         self._render_tree(report)
@@ -166,7 +175,7 @@ class StacksScreen(Screen):
                 body.append(f"{stacks.rank_list([r])}: {stacks.rank_facts(by_rank[r])}\n", style="dim")
             for f in g.frames:
                 body.append(f"  {clean(f.name)}", style="bold" if f is g.frames[-1] else "")
-                body.append(f" ({clean(f.short_filename)}:{f.line})\n", style="dim")
+                body.append(f" ({clean(f.where)})\n", style="dim")
             w = Static(body, classes="stack-group odd" if g.odd else "stack-group")
             w.border_title = stacks.rank_list(g.ranks) + (" — ODD ONE OUT" if g.odd else "")
             widgets.append(w)
@@ -180,7 +189,7 @@ class StacksScreen(Screen):
             body = Text()
             for f in frames:
                 body.append(f"  {clean(f.name)}")
-                body.append(f" ({clean(f.short_filename)}:{f.line})\n", style="dim")
+                body.append(f" ({clean(f.where)})\n", style="dim")
             w = Static(body or Text("(no Python frames)"), classes="stack-group thread")
             w.border_title = Text(f"thread {clean(name)!r} — {stacks.rank_list(ranks)}")  # Text: never markup
             widgets.append(w)
@@ -189,7 +198,8 @@ class StacksScreen(Screen):
     def _render_tree(self, report: StackReport) -> None:
         tree = self.query_one("#stacks-tree", Tree)
         tree.clear()
-        tree.root.set_label(Text(f"call tree — {stacks.rank_list(report.tree.ranks)}"))
+        toggle = "Python only" if report.native_frames else "C frames"
+        tree.root.set_label(Text(f"call tree — {stacks.rank_list(report.tree.ranks)} (n: {toggle})"))
         odd = set(report.odd_ranks)
         self._add_nodes(tree.root, report.tree, odd)
         tree.root.expand_all()
@@ -206,18 +216,26 @@ class StacksScreen(Screen):
         box = self.query_one("#stacks-problems", Static)
         box.display = bool(report.problems)
         text = Text()
-        for s in report.problems:
-            text.append(f"{stacks.rank_list([s.rank])} (pid {s.pid}): ", style="bold")
-            text.append(f"{s.status.value}: {clean(s.reason or '', newlines=True)}\n")
-            if s.hint:
-                text.append(f"    {clean(s.hint)}\n", style="yellow")
+        for p in stacks.problem_groups(report):
+            text.append(f"{p.who}: ", style="bold")
+            text.append(f"{p.status.value}: {clean(p.reason or '', newlines=True)}\n")
+            if p.hint:
+                text.append(f"    {clean(p.hint)}\n", style="yellow")
         box.update(text)
 
     # ----- keys ---------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "show_threads":  # t: the other view than the one shown
             return parameters[0] != self.show_threads
+        if action == "native_frames":
+            return parameters[0] != self.native_frames
         return True
+
+    def action_native_frames(self, native: bool) -> None:
+        """Dump again with (or without) the C/C++ frames: where torch, gloo or a C library waits."""
+        self.native_frames = native
+        self.refresh_bindings()
+        self.action_dump()
 
     def action_show_threads(self, other: bool) -> None:
         self.show_threads = other

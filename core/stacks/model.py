@@ -25,8 +25,13 @@ class Frame:
     line: int
 
     @property
+    def where(self) -> str:
+        """'train.py:12'; a C frame (py-spy --native) has no line: 'libc.so.6'."""
+        return f"{self.short_filename}:{self.line}" if self.line else self.short_filename
+
+    @property
     def label(self) -> str:
-        return f"{self.name} ({self.short_filename}:{self.line})"
+        return f"{self.name} ({self.where})"
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class RankStack:
     dumped_pid: int | None = None  # the Python process dumped, when not the rank itself (native rank)
     cpu_percent: float | None = None  # from the stats sampler, when the agent has one
     stall_seconds: float | None = None
+    children: tuple[str, ...] = ()  # "PID NAME" of the dumped process's children: what a wait waits on
 
     @property
     def main(self) -> ThreadStack | None:
@@ -105,6 +111,8 @@ class StackReport:
     tree: TreeNode
     saved_txt: str | None = None
     saved_json: str | None = None
+    save_error: str | None = None  # why the dump was not saved where it should have been
+    native_frames: bool = False  # C/C++ frames included (py-spy --native)
 
     @property
     def odd_ranks(self) -> list[int]:
@@ -134,4 +142,6 @@ def rank_list(ranks: Iterable[int]) -> str:
             j += 1
         parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
         i = j + 1
+    if not parts:
+        return "no ranks"
     return ("rank " if len(rs) == 1 else "ranks ") + ",".join(parts)

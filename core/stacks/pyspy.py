@@ -22,11 +22,13 @@ from ranktop.core.events import EventLog
 from ranktop.core.layout import RunDir
 from ranktop.core.stacks.grouping import build_report
 from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack
-from ranktop.core.stacks.procs import gone_reason
+from ranktop.core.stacks.procs import children_of, gone_reason
 from ranktop.core.stacks.saving import save_report
 from ranktop.core.strays import own_tool
 
 DUMP_TIMEOUT = 5.0  # seconds one py-spy may take; a process in uninterruptible sleep can hold it
+NATIVE_DUMP_TIMEOUT = 20.0  # with --native py-spy unwinds and symbolises libtorch: about 1 s a rank alone
+UNNAMED_NATIVE = "??"  # a C frame py-spy found no symbol for: its name is its address, which differs per process
 
 PTRACE_HINT = (
     "py-spy needs ptrace permission: run as root or as the ranks' user (sudo ranktop stacks ...), "
@@ -58,8 +60,10 @@ def _spy_env() -> dict[str, str]:
 
 
 def dump_pid(pid: int, rank: int = 0, local_rank: int | None = None, *, native: bool = False,
-             timeout: float = DUMP_TIMEOUT) -> RankStack:
-    """One process's stacks via `py-spy dump --json`; every failure becomes a status."""
+             native_frames: bool = False, timeout: float | None = None) -> RankStack:
+    """One process's stacks via `py-spy dump --json` (`native`: the rank is a binary, dump the
+    Python under it; `native_frames`: the C/C++ frames too); every failure becomes a status."""
+    timeout = timeout or (NATIVE_DUMP_TIMEOUT if native_frames else DUMP_TIMEOUT)
     base = {"rank": rank, "local_rank": local_rank, "pid": pid}
     target = pid
     if native:
@@ -77,7 +81,8 @@ def dump_pid(pid: int, rank: int = 0, local_rank: int | None = None, *, native: 
         return RankStack(**base, status=StackStatus.NO_PY_SPY, reason="py-spy not found", hint=NO_PY_SPY_HINT)
     try:
         with own_tool():
-            out = subprocess.run([spy, "dump", "--pid", str(target), "--json"], capture_output=True, text=True,
+            out = subprocess.run([spy, "dump", "--pid", str(target), "--json", *(["--native"] if native_frames else [])],
+                                 capture_output=True, text=True,
                                  timeout=timeout, env=_spy_env(), stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return RankStack(**base, status=StackStatus.FAILED, reason=f"py-spy did not answer within {timeout:g}s",
@@ -91,7 +96,8 @@ def dump_pid(pid: int, rank: int = 0, local_rank: int | None = None, *, native: 
             threads = parse_py_spy_json(out.stdout, target)
         except (ValueError, KeyError, TypeError) as exc:
             return RankStack(**base, status=StackStatus.FAILED, reason=f"unreadable py-spy output: {exc}")
-        return RankStack(**base, status=StackStatus.OK, threads=threads, dumped_pid=dumped)
+        return RankStack(**base, status=StackStatus.OK, threads=threads, dumped_pid=dumped,
+                         children=children_of(target))
     status, reason, hint = classify_py_spy_error(out.stderr, target)
     return RankStack(**base, status=status, reason=reason, hint=hint, dumped_pid=dumped)
 
@@ -134,8 +140,9 @@ def parse_py_spy_json(text: str, pid: int) -> tuple[ThreadStack, ...]:
     threads = []
     main_found = False
     for t in raw:
-        frames = tuple(Frame(f["name"], f.get("filename") or "?", f.get("short_filename") or f.get("filename") or "?",
-                             int(f.get("line") or 0)) for f in reversed(t.get("frames") or []))
+        frames = tuple(Frame(_frame_name(f["name"]), f.get("filename") or "?",
+                             f.get("short_filename") or f.get("filename") or "?", int(f.get("line") or 0))
+                       for f in reversed(t.get("frames") or []))
         is_main = not main_found and (t.get("os_thread_id") == pid or t.get("thread_name") == "MainThread")
         main_found = main_found or is_main
         threads.append(ThreadStack(t.get("thread_name") or "", int(t.get("thread_id") or 0), t.get("os_thread_id"),
@@ -150,9 +157,16 @@ def parse_py_spy_json(text: str, pid: int) -> tuple[ThreadStack, ...]:
 
 
 # ----- many ranks at once ---------------------------------------------------------------------
+def _frame_name(name: str) -> str:
+    """A native frame without a symbol is named by its address: `??`, so that ranks stopped in the
+    same place group together (each process has its libraries at other addresses)."""
+    return UNNAMED_NATIVE if name.startswith("0x") and all(c in "0123456789abcdefABCDEF" for c in name[2:]) else name
+
+
 def dump_pids(pids: Mapping[int, int], *, local_ranks: Mapping[int, int] | None = None,
               native: Iterable[int] = (), extra: Mapping[int, dict] | None = None,
-              run_dir: RunDir | None = None, events: EventLog | None = None, source: str = "api") -> StackReport:
+              run_dir: RunDir | None = None, events: EventLog | None = None, source: str = "api",
+              native_frames: bool = False) -> StackReport:
     """Dump `pids` ({rank: pid}) concurrently, group them, and save the report under `run_dir`.
 
     `events` is the run's open EventLog; without one and with a run dir, the event is appended
@@ -162,10 +176,12 @@ def dump_pids(pids: Mapping[int, int], *, local_ranks: Mapping[int, int] | None 
     native, extra, local_ranks = set(native), extra or {}, local_ranks or {}
     order = sorted(pids)
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(order)))) as pool:
-        futures = [pool.submit(dump_pid, pids[r], r, local_ranks.get(r), native=r in native) for r in order]
+        futures = [pool.submit(dump_pid, pids[r], r, local_ranks.get(r), native=r in native,
+                               native_frames=native_frames) for r in order]
         stacks = [f.result() for f in futures]
     stacks = [_with_extra(s, extra.get(s.rank)) for s in stacks]
-    report = build_report(stacks, taken_at, time.perf_counter() - started)
+    report = dataclasses.replace(build_report(stacks, taken_at, time.perf_counter() - started),
+                                 native_frames=native_frames)
     if run_dir:
         report = save_report(report, run_dir, events, source)
     return report
@@ -176,9 +192,10 @@ def _with_extra(stack: RankStack, fields: dict | None) -> RankStack:
 
 
 # ----- the agent's ranks ----------------------------------------------------------------------
-def dump_agent_stacks(agent: Any, local_ranks: Iterable[int] | None = None, *, save: bool = True) -> StackReport:
-    """Dump the agent's live ranks (all, or these local ranks); saved and logged in its run dir
-    unless not `save`."""
+def dump_agent_stacks(agent: Any, local_ranks: Iterable[int] | None = None, *, save: bool = True,
+                      native_frames: bool = False) -> StackReport:
+    """Dump the agent's live ranks (all, or these local ranks; `native_frames`: with their C/C++
+    frames); saved and logged in its run dir unless not `save`."""
     snap = agent.snapshot()
     wanted = set(local_ranks) if local_ranks is not None else None
     pids, local, native, extra, absent = {}, {}, set(), {}, []
@@ -195,7 +212,8 @@ def dump_agent_stacks(agent: Any, local_ranks: Iterable[int] | None = None, *, s
         if r.native:
             native.add(r.rank)
     started, taken_at = time.perf_counter(), time.time()
-    report = dump_pids(pids, local_ranks=local, native=native, extra=extra)
+    report = dump_pids(pids, local_ranks=local, native=native, extra=extra, native_frames=native_frames)
     stacks = sorted([*report.ranks, *absent], key=lambda s: s.rank)
-    report = build_report(stacks, taken_at, time.perf_counter() - started)
+    report = dataclasses.replace(build_report(stacks, taken_at, time.perf_counter() - started),
+                                 native_frames=native_frames)
     return save_report(report, agent.layout, agent.events, "agent") if save else report

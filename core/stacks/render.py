@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 
-from ranktop.core.stacks.grouping import other_thread_groups
+from ranktop.core.stacks.grouping import other_thread_groups, problem_groups
 from ranktop.core.stacks.model import RankStack, StackReport, TreeNode, rank_list
 
 
@@ -19,15 +19,35 @@ def rank_facts(s: RankStack) -> str:
         facts.append(f"silent {s.stall_seconds:.0f}s")
     if s.main is not None and s.main.active is not None:
         facts.append("on CPU" if s.main.active else "idle")
+    if gil := _gil_holder(s):
+        facts.append(gil)
+    if s.children:
+        more = f" +{len(s.children) - SHOWN_CHILDREN} more" if len(s.children) > SHOWN_CHILDREN else ""
+        facts.append(f"child{'ren' if len(s.children) > 1 else ''} {', '.join(s.children[:SHOWN_CHILDREN])}{more}")
     return ", ".join(facts)
+
+
+SHOWN_CHILDREN = 3  # a rank's child processes named in its facts; the JSON has them all
+
+
+def _gil_holder(s: RankStack) -> str | None:
+    """Who holds the GIL, as py-spy saw it: a thread idle with it held sits in a C call that did
+    not release it, and every other thread of the rank waits for it."""
+    holder = next((t for t in s.threads if t.owns_gil), None)
+    if holder is None:
+        return None
+    return "holds the GIL" if holder.is_main else f"GIL held by thread {holder.name!r}"
 
 
 def format_report(report: StackReport, *, threads: bool = False) -> str:
     """The grouped view: groups (odd ones marked), the merged tree, per-rank problems."""
     when = datetime.datetime.fromtimestamp(report.taken_at).strftime("%H:%M:%S")
-    out = [f"stacks at {when} ({report.elapsed_s:.2f}s): {report.summary()}"]
+    with_c = ", with C frames" if report.native_frames else ""
+    out = [f"stacks at {when} ({report.elapsed_s:.2f}s{with_c}): {report.summary()}"]
     if report.saved_txt:
         out.append(f"saved: {report.saved_txt}")
+    elif report.save_error:
+        out.append(report.save_error)
     by_rank = {s.rank: s for s in report.ranks}
     for g in report.groups:
         mark = "  <-- ODD ONE OUT" if g.odd else ""
@@ -39,10 +59,10 @@ def format_report(report: StackReport, *, threads: bool = False) -> str:
         out += _tree_lines(report.tree, set(report.odd_ranks), 1)
     if report.problems:
         out += ["", "not dumped:"]
-        for s in report.problems:
-            out.append(f"   {rank_list([s.rank])} (pid {s.pid}): {s.status.value}: {s.reason}")
-            if s.hint:
-                out.append(f"      hint: {s.hint}")
+        for p in problem_groups(report):
+            out.append(f"   {p.who}: {p.status.value}: {p.reason}")
+            if p.hint:
+                out.append(f"      hint: {p.hint}")
     if threads:
         out += _thread_lines(report)
     return "\n".join(out)

@@ -21,6 +21,8 @@ def save_report(report: StackReport, run_dir: RunDir, events: EventLog | None = 
     folder = os.path.join(run_dir.path, STACKS)
     txt, js = os.path.join(folder, stamp + ".txt"), os.path.join(folder, stamp + ".json")
     saved = dataclasses.replace(report, saved_txt=txt, saved_json=js)
+    if run_dir.fd < 0:  # the run has ended and let its directory go: the dump is all gone ranks
+        return dataclasses.replace(report, save_error="not saved: the run has ended")
     try:
         held = run_dir.stacks()
         try:
@@ -28,8 +30,8 @@ def save_report(report: StackReport, run_dir: RunDir, events: EventLog | None = 
             _write_new(held, stamp + ".txt", format_report(saved, threads=True) + "\n")
         finally:
             held.close()
-    except OSError:
-        return report  # a read-only log dir must not cost the user the view itself
+    except OSError as exc:  # a read-only, full or deleted log dir must not cost the user the view itself
+        return dataclasses.replace(report, save_error=f"not saved in {folder}: {exc.strerror or exc}")
     fields = {"file": txt, "ranks": [s.rank for s in report.ranks], "groups": len(report.groups),
               "odd_ranks": report.odd_ranks, "problems": {s.rank: s.status.value for s in report.problems},
               "elapsed_s": round(report.elapsed_s, 4), "source": source}
