@@ -81,7 +81,12 @@ def test_header_root_cause_and_pane_show_rank_text_safely(tmp_path):
 
 # A rank at a hostile file name, with a thread named with escape sequences: py-spy reports both raw.
 WAITER = (
-    "import threading, time\n"
+    "import subprocess, sys, threading, time\n"
+    # a child process that names itself (its comm, 15 bytes) to retitle the terminal: the view
+    # names a rank's children
+    "child = subprocess.Popen([sys.executable, '-c', 'import ctypes, time; "
+    "ctypes.CDLL(None).prctl(15, b\"\\\\x1b]0;EVIL-TITLE\\\\x07\", 0, 0, 0); time.sleep(3600)'])\n"
+    "while not open(f'/proc/{child.pid}/comm', 'rb').read().startswith(b'\\x1b'):\n    time.sleep(0.01)\n"
     f"threading.Thread(target=time.sleep, args=(3600,), daemon=True, name='t\\x1b]52;c;{PAYLOAD}\\x07x').start()\n"
     "def wait_here():\n    time.sleep(3600)\n"
     "print('ready', flush=True)\nwait_here()\n"
@@ -113,6 +118,7 @@ def test_stack_view_shows_hostile_file_and_thread_names_safely(tmp_path):
                 assert_safe(text, styles)
             shown = "".join(text for text, _ in texts)
             assert "wait_here" in shown and ("w.py" in shown or show_threads)
+            assert show_threads or re.search(r"child \d+", shown), shown  # the child named (its name cleaned away)
             titles = [str(widget.border_title or "") for widget in screen.query(".stack-group")]
             assert not any(_CONTROL.findall(title) or PAYLOAD in title for title in titles), titles
         await pilot.press("escape", "q", "y")

@@ -172,7 +172,7 @@ class StacksScreen(Screen):
         for g in sorted(report.groups, key=lambda g: not g.odd):  # the odd one out first (below the fold at 80x24)
             body = Text()
             for r in g.ranks:
-                body.append(f"{stacks.rank_list([r])}: {stacks.rank_facts(by_rank[r])}\n", style="dim")
+                body.append(f"{stacks.rank_list([r])}: {clean(stacks.rank_facts(by_rank[r]))}\n", style="dim")  # (its children's names)
             for f in g.frames:
                 body.append(f"  {clean(f.name)}", style="bold" if f is g.frames[-1] else "")
                 body.append(f" ({clean(f.where)})\n", style="dim")
