@@ -33,9 +33,11 @@ UNNAMED_NATIVE = "??"  # a C frame py-spy found no symbol for: its name is its a
 PTRACE_HINT = (
     "py-spy needs ptrace permission: run as root or as the ranks' user (sudo ranktop stacks ...), "
     "allow it with `sudo sysctl kernel.yama.ptrace_scope=0`, or in Docker start the container with "
-    "`--cap-add SYS_PTRACE`; the SIGUSR1 fallback needs no ptrace (`ranktop stacks --signal`)"
+    "`--cap-add SYS_PTRACE`; the SIGUSR1 fallback needs no ptrace (`u` in the stack view, "
+    "`ranktop stacks --signal`)"
 )
-NO_PY_SPY_HINT = "install py-spy (`pip install py-spy`) or use the SIGUSR1 fallback (`ranktop stacks --signal`)"
+NO_PY_SPY_HINT = ("install py-spy (`pip install py-spy`) or use the SIGUSR1 fallback (`u` in the stack view, "
+                  "`ranktop stacks --signal`)")
 
 
 @functools.lru_cache(maxsize=4)
