@@ -262,13 +262,15 @@ def test_a_rank_reading_its_terminal_through_readline_waits_at_its_prompt(tmp_pa
         wait_for(lambda: b"went on y" in b"\n".join(agent.output(0)), what="the rank went on")
 
 
-def test_headless_says_a_rank_without_a_prompt_waits_on_its_stdin(tmp_path):
+def headless_lines_of_rank_0(tmp_path, script_text: str, answer: bytes) -> list[str]:
+    """Run `script_text` headless (--stall-timeout 1) until it says a rank waits for input, type
+    `answer` into its stdin, and return rank 0's lines on stderr once it exited 0."""
     import subprocess
 
     from conftest import ranktop_cmd, stop_process
 
-    script = tmp_path / "reads.py"
-    script.write_text("import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n")
+    script = tmp_path / "rank.py"
+    script.write_text(script_text)
     err = tmp_path / "stderr.txt"
     with open(err, "wb") as sink:
         proc = subprocess.Popen(ranktop_cmd("--headless", "--stall-timeout", "1", "--nproc-per-node", "1",
@@ -276,35 +278,22 @@ def test_headless_says_a_rank_without_a_prompt_waits_on_its_stdin(tmp_path):
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=sink)
     try:
         wait_for(lambda: "waits for input" in err.read_text(), timeout=20, what="the headless line")
-        proc.stdin.write(b"\n")
+        proc.stdin.write(answer)
         proc.stdin.close()
         assert proc.wait(30) == 0
     finally:
         stop_process(proc)
-    (line,) = [line for line in err.read_text().splitlines() if "rank 0" in line]
-    assert re.fullmatch(r"ranktop: rank 0 waits for input on its stdin: no output for \ds \(pid \d+\)", line), line
+    return [line for line in err.read_text().splitlines() if "rank 0" in line]
+
+
+def test_headless_says_a_rank_without_a_prompt_waits_on_its_stdin(tmp_path):
+    lines = headless_lines_of_rank_0(tmp_path, "import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n", b"\n")
+    assert len(lines) == 1 and re.fullmatch(r"ranktop: rank 0 waits for input on its stdin: no output for \ds "
+                                            r"\(pid \d+\)", lines[0]), lines
 
 
 def test_headless_says_once_that_a_rank_waits_for_input_where_it_said_stalled(tmp_path):
-    import subprocess
-
-    from conftest import ranktop_cmd, stop_process
-
-    script = tmp_path / "pdb_rank.py"
-    script.write_text(PDB_RANK)
-    err = tmp_path / "stderr.txt"
-    with open(err, "wb") as sink:
-        proc = subprocess.Popen(ranktop_cmd("--headless", "--stall-timeout", "1", "--nproc-per-node", "1",
-                                            "--run-id", "hl", "--log-dir", str(tmp_path / "logs"), str(script)),
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=sink)
-    try:
-        wait_for(lambda: "waits for input" in err.read_text(), timeout=20, what="the headless line")
-        proc.stdin.write(b"c\n")
-        proc.stdin.close()
-        assert proc.wait(30) == 0
-    finally:
-        stop_process(proc)
-    lines = [line for line in err.read_text().splitlines() if "rank 0" in line]
+    lines = headless_lines_of_rank_0(tmp_path, PDB_RANK, b"c\n")
     assert len(lines) == 1 and re.fullmatch(r"ranktop: rank 0 waits for input at its \(Pdb\) prompt: no output "
                                             r"for \ds \(pid \d+\)", lines[0]), lines
     (stall,) = [e for e in read_events(tmp_path / "logs" / "hl") if e["event"] == "stall_detected"]
