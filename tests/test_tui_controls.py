@@ -25,7 +25,7 @@ from ranktop.core.stacks import find_py_spy
 from ranktop.core.state import RankSnapshot, RankState
 from ranktop.tui import main_screen
 from ranktop.tui.app import QUIT_STATUS, RanktopApp
-from ranktop.tui.commands import action_name, declared_bindings
+from ranktop.tui.commands import action_name, declared_bindings, help_groups
 from ranktop.tui.details import RankDetails
 from ranktop.tui.panes import (
     STATE_STYLE,
@@ -789,6 +789,16 @@ THREADED = ("import threading, time\n"
             "print('up', flush=True)\ntime.sleep(3600)\n")
 
 
+def offered(app) -> dict[str, str]:
+    """What the stack view's help and its palette both offer for t and n: {key: description}."""
+    (_, rows), *_ = help_groups(app, app.screen.key_sections())
+    helped = {keys: description for keys, description in rows if keys in ("t", "n")}
+    titles = {c.title for c in app.get_system_commands(app.screen)}
+    assert set(helped.values()) <= titles and not {"Main threads", "Other threads", "C frames",
+                                                    "Python frames"} - set(helped.values()) & titles, titles
+    return helped
+
+
 @pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
 def test_the_stack_view_says_which_threads_it_shows(tmp_path):
     """The footer always read `t Other threads`, whichever was shown; only the contents told.
@@ -803,10 +813,14 @@ def test_the_stack_view_says_which_threads_it_shows(tmp_path):
             return screen_rows(app)[-1]
 
         assert groups.border_title.startswith("main threads") and "t Other threads" in footer()
+        assert offered(app) == {"t": "Other threads", "n": "C frames"}
         await pilot.press("t")
         await until(pilot, lambda: "t Main threads" in footer(), what="the footer's t for the main threads")
         assert groups.border_title.startswith("other threads") and app.screen.show_threads
         assert "thread 'helper'" in str(groups.children[0].border_title)
+        # The help and the palette said `t Other threads` whatever was shown (and `n Python
+        # frames` before any C frame was): they offer what the key does now, as the footer does.
+        assert offered(app) == {"t": "Main threads", "n": "C frames"}
         await pilot.press("t")
         await until(pilot, lambda: "t Other threads" in footer(), what="back to the main threads")
         assert groups.border_title.startswith("main threads") and not app.screen.show_threads

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
+from textual.actions import parse
 from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.dom import DOMNode
@@ -16,15 +17,19 @@ if TYPE_CHECKING:
 
 
 def declared_bindings(node: DOMNode) -> list[Binding]:
-    """The node's bindings through its class hierarchy (subclasses override a key), one per action,
-    in declaration order."""
-    by_key: dict[str, Binding] = {}
+    """The node's bindings through its class hierarchy (a subclass's bindings of a key replace its
+    bases'), one per action, in declaration order. A class may bind one key twice, to one action
+    with two arguments (t: the other threads, or the main ones): both are kept."""
+    by_key: dict[str, list[Binding]] = {}
     for cls in reversed(type(node).__mro__):
+        own: dict[str, list[Binding]] = {}
         for binding in Binding.make_bindings(cls.__dict__.get("BINDINGS", ())):
-            by_key[binding.key] = binding
+            own.setdefault(binding.key, []).append(binding)
+        by_key.update(own)
     by_action: dict[str, list[Binding]] = {}
-    for binding in by_key.values():
-        by_action.setdefault(binding.action, []).append(binding)
+    for bindings in by_key.values():
+        for binding in bindings:
+            by_action.setdefault(binding.action, []).append(binding)
     return [group[0] for group in by_action.values()]
 
 
@@ -49,10 +54,21 @@ def described(app: App, node: DOMNode, *, hidden: tuple[str, ...] = ()) -> list[
     """(keys, description, binding) for each described binding of `node` whose action is not
     in `hidden` (an action name, without arguments)."""
     rows = []
-    for binding in declared_bindings(node):
+    bindings = declared_bindings(node)
+    twice = {b.key for b in bindings if sum(other.key == b.key for other in bindings) > 1}
+    for binding in bindings:
         if binding.description and action_name(binding.action) not in hidden:
+            if binding.key in twice and not _offered(node, binding):
+                continue  # of a key's two meanings, the one it does not have now (t: what is shown already)
             rows.append((keys_for(app, node, binding.action), binding.description, binding))
     return rows
+
+
+def _offered(node: DOMNode, binding: Binding) -> bool:
+    """Whether the node's check_action lets `binding` run now, as the footer asks it."""
+    _, name, parameters = parse(binding.action)
+    check = getattr(node, "check_action", None)
+    return check is None or check(name, parameters) is not False
 
 
 def _join_keys(keys: list[str]) -> str:
