@@ -483,8 +483,10 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
             raise UsageError(f"--standalone runs this one node, and --nnodes {ns.nnodes} asks for at least "
                              f"{min_nodes}: drop --standalone and name a --rdzv-endpoint every node reaches")
         min_nodes = nnodes = 1  # what torchrun ends with once its wait for more nodes is over
-    if ns.rdzv_backend is None and nnodes > 1 and not ns.standalone:
-        ns.rdzv_backend = "static"  # torchrun's default: its nodes and ranktop's can make one job
+    if ns.rdzv_backend is None and (nnodes > 1 or ns.rdzv_endpoint) and not ns.standalone:
+        # torchrun's default: its nodes and ranktop's can make one job; on one node an endpoint
+        # alone is torchrun's static rendezvous too (it went unused)
+        ns.rdzv_backend = "static"
     try:
         redirects, tee = Std.from_str(ns.redirects), Std.from_str(ns.tee)
     except ValueError as exc:
