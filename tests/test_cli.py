@@ -46,6 +46,17 @@ def test_per_rank_environment(tmp_path):
         assert env["NCCL_DESYNC_DEBUG"] == "1" and env["TORCH_SHOW_CPP_STACKTRACES"] == "1"
 
 
+def test_a_launch_from_inside_a_torchrun_worker_has_rank_0_host_the_store(tmp_path):
+    """A torchrun worker's environment says TORCHELASTIC_USE_AGENT_STORE=True; a ranktop started
+    from there passed it on, and torch's env:// then had no rank host the store: every rank waited
+    for an agent's store that was not there (init_process_group hung). torchrun sets the variable
+    in every rank, as ranktop now does."""
+    res = run_ranktop("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path), "--run-id", "nested",
+                      str(RANKS / "env_dump.py"), env={**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    assert res.returncode == 0, res.stderr
+    assert [_env_of(tmp_path / "nested", r)["TORCHELASTIC_USE_AGENT_STORE"] for r in (0, 1)] == ["False", "False"]
+
+
 def test_static_multi_node_without_torch_ranks_and_user_omp_threads(tmp_path):
     # ranktop's own static form: no agent meets the others first (with torch, torch's static
     # rendezvous would wait for a master at 10.0.0.5), the ranks get the same world
