@@ -236,6 +236,9 @@ def rank_env(
         "TORCHELASTIC_ERROR_FILE": error_file,
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "PYTHONUNBUFFERED": "1",
+        # rank 0 hosts the ranks' store (plain env://); a caller that is itself a torchrun worker has
+        # "True" here, and torch then left every rank waiting for an agent's store that is not there
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
     }
     if spec.placement is not None:
         env["TORCHELASTIC_RUN_ID"] = spec.placement.run_id

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -45,6 +46,17 @@ def test_per_rank_environment(tmp_path):
         assert env["NCCL_DESYNC_DEBUG"] == "1" and env["TORCH_SHOW_CPP_STACKTRACES"] == "1"
 
 
+def test_a_launch_from_inside_a_torchrun_worker_has_rank_0_host_the_store(tmp_path):
+    """A torchrun worker's environment says TORCHELASTIC_USE_AGENT_STORE=True; a ranktop started
+    from there passed it on, and torch's env:// then had no rank host the store: every rank waited
+    for an agent's store that was not there (init_process_group hung). torchrun sets the variable
+    in every rank, as ranktop now does."""
+    res = run_ranktop("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path), "--run-id", "nested",
+                      str(RANKS / "env_dump.py"), env={**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    assert res.returncode == 0, res.stderr
+    assert [_env_of(tmp_path / "nested", r)["TORCHELASTIC_USE_AGENT_STORE"] for r in (0, 1)] == ["False", "False"]
+
+
 def test_static_multi_node_without_torch_ranks_and_user_omp_threads(tmp_path):
     # ranktop's own static form: no agent meets the others first (with torch, torch's static
     # rendezvous would wait for a master at 10.0.0.5), the ranks get the same world
@@ -77,6 +89,31 @@ def test_standalone_picks_a_free_port(tmp_path):
                       str(RANKS / "env_dump.py"))
     assert res.returncode == 0
     assert _env_of(tmp_path / "s", 0)["MASTER_PORT"] != "29500"
+
+
+def test_a_master_addr_or_port_torchrun_leaves_unused_on_one_node_is_unused(tmp_path):
+    """torchrun runs one node without a port or a rendezvous, and any --standalone line, on a store
+    of its own at localhost:0: the line's --master-addr (and with --standalone its --master-port)
+    go unused. ranktop gave them to the ranks: a host that is not this one (192.0.2.1 is reserved
+    for documentation) was a wait for ever in init_process_group, a busy port a failed bind."""
+    with socket.socket() as busy:  # held, so no free-port pick can be it
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        lines = {"one-node": ["--nproc-per-node", "2", "--master-addr", "192.0.2.1"],
+                 "standalone": ["--standalone", "--master-addr", "192.0.2.1", "--master-port", port]}
+        for run_id, flags in lines.items():
+            res = run_ranktop("--headless", *flags, "--log-dir", str(tmp_path), "--run-id", run_id,
+                              str(RANKS / "env_dump.py"))
+            assert res.returncode == 0, res.stderr
+            env = _env_of(tmp_path / run_id, 0)
+            assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] != port, run_id
+    # with a port (torchrun's static rendezvous on one node), both are the line's
+    res = run_ranktop("--headless", "--master-addr", "127.0.0.2", "--master-port", port, "--log-dir", str(tmp_path),
+                      "--run-id", "static", str(RANKS / "env_dump.py"))
+    assert res.returncode == 0, res.stderr
+    assert (_env_of(tmp_path / "static", 0)["MASTER_ADDR"], _env_of(tmp_path / "static", 0)["MASTER_PORT"]) == (
+        "127.0.0.2", port)
 
 
 def test_prefixed_console_filter_and_log_layout(tmp_path):

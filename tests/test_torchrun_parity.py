@@ -85,12 +85,14 @@ LINES = [
                        "PET_NNODES": "1", "PET_NPROC_PER_NODE": "2"}),
     ("static-backend", ["--rdzv-backend", "static", "--rdzv-endpoint", "127.0.0.1:29576", "--rdzv-id", "st",
                         "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2", S], {}),
+    # torchrun's default backend is static: an endpoint alone on one node is its rendezvous (it went unused)
+    ("endpoint-without-backend", ["--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--nproc-per-node", "2", S], {}),
 ]
 # What torchrun derives from its own rendezvous rather than from the line: compared only where the
 # line fixes it.
 FIXED_PORT = {"static-one-node", "master-port-underscore", "pet-kubeflow-one-node", "master-addr-ipv6"}
 # Lines that name a rendezvous: the run id and whether the agent hosts the ranks' store are the round's.
-RENDEZVOUS = {"c10d", "c10d-underscores-conf", "pet-c10d", "static-backend"}
+RENDEZVOUS = {"c10d", "c10d-underscores-conf", "pet-c10d", "static-backend", "endpoint-without-backend"}
 
 
 def _records(dump_dir) -> dict[str, dict]:

@@ -483,8 +483,10 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
             raise UsageError(f"--standalone runs this one node, and --nnodes {ns.nnodes} asks for at least "
                              f"{min_nodes}: drop --standalone and name a --rdzv-endpoint every node reaches")
         min_nodes = nnodes = 1  # what torchrun ends with once its wait for more nodes is over
-    if ns.rdzv_backend is None and nnodes > 1 and not ns.standalone:
-        ns.rdzv_backend = "static"  # torchrun's default: its nodes and ranktop's can make one job
+    if ns.rdzv_backend is None and (nnodes > 1 or ns.rdzv_endpoint) and not ns.standalone:
+        # torchrun's default: its nodes and ranktop's can make one job; on one node an endpoint
+        # alone is torchrun's static rendezvous too (it went unused)
+        ns.rdzv_backend = "static"
     try:
         redirects, tee = Std.from_str(ns.redirects), Std.from_str(ns.tee)
     except ValueError as exc:
@@ -494,16 +496,18 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
     env = {**(DEBUG_ENV if ns.debug else {}), **parse_env(ns.env)}
     if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:  # torchrun's command line sets this, not torch's agent
         env.setdefault("OMP_NUM_THREADS", "1")
-    port = ns.master_port
+    addr, port = unbracketed(ns.master_addr), ns.master_port
     if port is None and nnodes > 1 and not ns.standalone:
         port = 29500  # like torchrun: every node must agree on it without talking first
+    if on_a_local_store(ns, nnodes):
+        addr, port = "127.0.0.1", None  # (None: a free port)
     elastic = uses_rendezvous(ns)
     spec = WorkerSpec(
         role=ns.role, local_world_size=nproc, entrypoint=entrypoint, args=args,
         max_restarts=ns.max_restarts, monitor_interval=ns.monitor_interval, nnodes=nnodes,
         # torchrun ignores --node-rank with a dynamic rendezvous: the round gives the group rank.
         node_rank=ns.node_rank if not elastic or ns.rdzv_backend == "static" else 0,
-        master_addr=unbracketed(ns.master_addr), master_port=port, env=env,
+        master_addr=addr, master_port=port, env=env,
         redirects=redirects, tee=tee, local_ranks_filter=parse_ranks(ns.local_ranks_filter),
         run_id=ns.run_id,
         name=os.path.basename(ns.training_script), pty=ns.pty,
@@ -512,6 +516,16 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
     if elastic:  # last: the c10d host starts its store here, once every other value is known good
         spec.rdzv_handler = rendezvous_handler(ns, min_nodes, nnodes, port, check_only=not start_rendezvous)
     return spec
+
+
+def on_a_local_store(ns: argparse.Namespace, nnodes: int) -> bool:
+    """Whether torchrun would run this line on a store of its own at localhost:0, where the
+    --master-addr (and, with --standalone, the --master-port) of the line go unused: --standalone,
+    or one node with no port, rendezvous backend or endpoint named. A host there that was not this
+    one left the ranks waiting for ever; a busy port failed their bind."""
+    if ns.standalone:
+        return True
+    return nnodes == 1 and ns.master_port is None and ns.rdzv_backend is None and not ns.rdzv_endpoint
 
 
 def unbracketed(addr: str) -> str:
