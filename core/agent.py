@@ -214,6 +214,7 @@ class LocalAgent:
         self.started_at = time.time()
         self.ended_at: float | None = None
         self.pcontext: PContext | None = None
+        self._pcontext_attempt = 0  # the attempt self.pcontext's ranks belong to
         self.root_cause: RootCause | None = None
         self._stop_signal: int | None = None
         self._user_stop = False
@@ -420,6 +421,7 @@ class LocalAgent:
         except RankStartError as exc:
             self._start_failed(exc)
             return False
+        self._pcontext_attempt = self.attempt
         if previous is not None:
             previous.let_go_of_output()
         self.state = GroupState.RUNNING
@@ -527,7 +529,8 @@ class LocalAgent:
         own = sorted([s for s in slots if _failed_on_its_own(s)] or slots, key=lambda s: s.failure.exited_at)
         slot, f = own[0], own[0].failure
         tail = _decoded(slot.ring.tail(20))
-        before = [(t, what) for t, attempt, what in self._user_actions if attempt == self.attempt and t <= f.exited_at]
+        attempt = self._pcontext_attempt
+        before = [(t, what) for t, at, what in self._user_actions if at == attempt and t <= f.exited_at]
         return RootCause(
             rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
             signal_name=killed_by(f.exitcode), message=f.message_text,
@@ -539,6 +542,7 @@ class LocalAgent:
             # (a rank the user stopped is the user action above, not ranktop's doing)
             stopped=tuple((s.failure.rank, describe_exit(s.failure.exitcode)) for s in slots
                           if s.stopped_by_us and not s.stopped_by_user and s not in own),
+            attempt=attempt,
         )
 
     # ----- rendezvous: the hooks of a multi-node run through torch's rendezvous -----------------

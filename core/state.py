@@ -182,3 +182,6 @@ class RootCause:
     # The ranks ranktop stopped because of this failure, (global rank, how each ended): effects,
     # named so that nobody blames them.
     stopped: tuple[tuple[int, str], ...] = ()
+    # The attempt its rank failed in (0 first): a restart spent on it whose next round never
+    # formed (a peer node lost) leaves the run on the next attempt, whose ranks never started.
+    attempt: int | None = None

@@ -249,6 +249,26 @@ def test_failure_with_restarts_left_re_rendezvous_on_both_nodes(tmp_path, torch_
         assert (tmp_path / node / "retry" / "attempt_1").is_dir()
 
 
+def test_a_lost_node_ends_the_other_after_one_round_naming_the_attempt_that_failed(tmp_path, torch_installed):
+    """Node loss: node 1's ranktop is SIGKILLed mid-run (its guard ends its ranks). Node 0's ranks
+    lose their collective, it spends a restart and waits for a round that never completes: one
+    line when join_timeout runs out, exit 1. The root cause is the failure of attempt 1 (attempt_0):
+    the headline said `attempt 2 of 2`, an attempt whose ranks never started."""
+    job = Job(tmp_path, "node-lost")
+    conf = "join_timeout=4,last_call_timeout=1,close_timeout=5,is_host="  # (which node serves the store)
+    job.start("wait-world", "3", extra=("--max-restarts", "1", "--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
+    lost = job.start("wait-world", "3", extra=("--max-restarts", "1", "--rdzv-conf", conf + "0"), local_addr="127.0.0.2")
+    wait_for(lambda: any(b"SUM" in p.read_bytes() for p in tmp_path.glob("node0/*/attempt_0/0/stdout.log")),
+             timeout=TIMEOUT, what="the ranks' first all_reduce")
+    lost.kill()
+    (status0, _, err0), (status1, _, _) = job.finish()
+    assert (status0, status1) == (1, -signal.SIGKILL), err0
+    assert "ranktop: rank 0 failed (exit 1); restarting the group: attempt_1 (1 of 1 restarts spent)" in err0
+    assert "ranktop: rdzv_rank.py failed (attempt 1 of 2)\n  root cause: rank 0 " in err0, err0
+    assert err0.rstrip().endswith("ranktop: error: the c10d rendezvous 'node-lost' timed out: not enough nodes joined"), err0
+    assert not list(tmp_path.glob("node0/*/attempt_1")), "no rank of the second attempt started"
+
+
 def test_giving_up_closes_the_rendezvous_and_stops_the_other_node(tmp_path, torch_installed):
     job = Job(tmp_path, "give-up")
     for _ in range(2):
