@@ -209,9 +209,12 @@ def _one_line(exc: BaseException) -> str:
     parts = []
     while exc is not None and len(parts) < 3:
         text = " ".join(str(exc).split())
+        inner = exc.__cause__ or exc.__context__
+        if inner is not None:  # torch's pointer to the cause, which follows here anyway
+            text = text.replace(" See inner exception for details.", "").removesuffix(".")
         if text and text not in parts:
             parts.append(text)
-        exc = exc.__cause__ or exc.__context__
+        exc = inner
     return "; ".join(parts) or "unknown error"
 
 
