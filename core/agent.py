@@ -474,9 +474,13 @@ class LocalAgent:
         # A stop the user asked for has no culprit among the ranks, nor has one for a node that gave up,
         # nor a stop signal unless a rank had failed on its own first (a rank that the same stop,
         # sent from outside to the whole job, reached first did not).
-        peer_stop = self._round_end is not None and self._round_end.kind == "peer_gave_up"
         slots = self.pcontext.slots if self.pcontext is not None else ()
-        blamed = self._stop_signal is None or any(_failed_on_its_own(s) for s in slots if s.failure)
+        own_failure = any(_failed_on_its_own(s) for s in slots if s.failure)
+        # A node that gave up, or one that failed while this node has no restarts left: the ranks
+        # ranktop stopped for it are not to blame (they ended by its SIGTERM).
+        peer_stop = self._round_end is not None and (self._round_end.kind == "peer_gave_up" or
+                                                     (self._round_end.kind == "peer_failed" and not own_failure))
+        blamed = self._stop_signal is None or own_failure
         self.root_cause = self._root_cause() if failures and blamed and not self._user_stop and not peer_stop else None
         state = self.state
         if self.rendezvous is not None:
@@ -573,6 +577,9 @@ class LocalAgent:
         self._notice(f"{self.rendezvous.describe()} round {p.round}: this node is group rank {p.group_rank} "
                      f"of {p.group_world_size}, {ranks} of {p.world_size} "
                      f"(master {p.master_addr}:{p.master_port})")
+        if odd_size := self.rendezvous.size_not_asked(p.group_world_size):
+            self.events.write("rendezvous_size_not_asked", nodes=p.group_world_size)
+            self._notice(odd_size)
         return True
 
     def _wait_unless_stopped(self, call: Callable[[], Any], slow: Callable[[], None] | None = None) -> Any:
@@ -657,10 +664,14 @@ class LocalAgent:
             self.state = GroupState.SUCCEEDED
             self.rendezvous.close()
         elif state == GroupState.FAILED and self._rdzv_error is None:
-            cause = self.root_cause
-            what = f"rank {cause.rank} failed (exit {cause.exitcode})" if cause else "its ranks failed"
-            self.rendezvous.give_up(f"{what}, no restarts left ({self.attempt} of {self.spec.max_restarts} spent)")
+            cause, spent = self.root_cause, f"no restarts left ({self.attempt} of {self.spec.max_restarts} spent)"
+            peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
+            what = ("its ranks were stopped for another node's failure" if peer else
+                    f"rank {cause.rank} failed (exit {cause.exitcode})" if cause else "its ranks failed")
+            self.rendezvous.give_up(f"{what}, {spent}")
             self.events.write("rendezvous_closed", reason="gave_up")
+            if peer:  # no rank of ours to show: the one line says why this node ended
+                self._rdzv_error = f"{self._round_end.message}, and this node has {spent}"
 
     def _barrier_not_passed(self, end: Any, timeout: float) -> None:
         """The exit barrier ended without every node (a RoundEnd): the event, and a line unless

@@ -340,14 +340,34 @@ class Rendezvous:
             parts = []
         return f"waiting for nodes to join the {self.describe()}" + (f" ({'; '.join(parts)})" if parts else "")
 
-    def _round_needs(self) -> list[str]:
+    def _nodes_asked(self) -> tuple[int, int] | None:
+        """(fewest, most) nodes this node's handler asks a round for, where it says."""
         settings = getattr(self.handler, "settings", None)
         low, high = getattr(settings, "min_nodes", None), getattr(settings, "max_nodes", None)
         if low is None:
             low = high = getattr(self.handler, "world_size", None)
+        return (low, high) if isinstance(low, int) and isinstance(high, int) else None
+
+    def size_not_asked(self, nodes: int) -> str | None:
+        """Words for a round of `nodes` that this node's own --nnodes would not have formed (one
+        round serves every node, and another node's --nnodes completed it); None where it fits."""
+        try:
+            asked = self._nodes_asked()
+        except Exception:  # noqa: BLE001 - a plugin's property that raises costs the warning, not the run
+            return None
+        if asked is None or asked[0] <= nodes <= asked[1]:
+            return None
+        mine = str(asked[0]) if asked[0] == asked[1] else f"{asked[0]}:{asked[1]}"
+        return (f"warning: the round has {nodes} node{'s' * (nodes != 1)}, not this node's --nnodes {mine}: "
+                "another node's --nnodes decided it (give every node the same)")
+
+    def _round_needs(self) -> list[str]:
+        settings = getattr(self.handler, "settings", None)
+        asked = self._nodes_asked()
         join = getattr(getattr(settings, "timeout", None), "join", None) or getattr(self.handler, "timeout", None)
         parts = []
-        if isinstance(low, int) and isinstance(high, int):
+        if asked is not None:
+            low, high = asked
             parts.append(f"{low} node{'s' * (low != 1)}" if low == high else f"{low} to {high} nodes")
         if hasattr(join, "total_seconds"):
             parts.append(f"gives up after {join.total_seconds():.0f} s")

@@ -269,6 +269,42 @@ def test_a_lost_node_ends_the_other_after_one_round_naming_the_attempt_that_fail
     assert not list(tmp_path.glob("node0/*/attempt_1")), "no rank of the second attempt started"
 
 
+def test_a_node_out_of_restarts_for_a_peers_failure_blames_none_of_its_ranks(tmp_path, torch_installed):
+    """Node 1 (a restart left) restarts for its rank's failure; node 0 has none left (its own
+    --max-restarts, or a node that joined an elastic job later and has spent fewer): ranktop
+    stopped node 0's rank for the peer's failure, and it gives up. It named that rank the root
+    cause, `killed by SIGTERM`, and told the peer `rank 0 failed (exit -15)`."""
+    job = Job(tmp_path, "peer-failed")
+    job.start("fail-first", "1", extra=("--max-restarts", "0"), local_addr="127.0.0.1")
+    job.start("fail-first", "1", extra=("--max-restarts", "1"), local_addr="127.0.0.2")
+    (status0, _, err0), (status1, _, err1) = job.finish()
+    assert (status0, status1) == (1, 1), (err0, err1)
+    assert "root cause" not in err0, err0
+    assert err0.rstrip().endswith("ranktop: error: another node of the c10d rendezvous 'peer-failed' failed, "
+                                  "and this node has no restarts left (0 of 0 spent)"), err0
+    assert "root cause: rank 1 (local rank 0" in err1 and "exited with code 3" in err1, err1
+    assert err1.rstrip().endswith("gave up: its ranks were stopped for another node's failure, no restarts left "
+                                  "(0 of 0 spent)); this node stops"), err1
+    finished = [e for e in events(tmp_path / "node0") if e["event"] == "run_finished"]
+    assert finished[0]["root_cause_rank"] is None and finished[0]["exit_status"] == 1
+
+
+def test_a_node_placed_in_a_round_its_nnodes_did_not_ask_for_says_so(tmp_path, torch_installed):
+    """--nnodes 2 on one node, 3 on the other: one round serves both, and the first node's
+    --nnodes completes it with two. The second ran in a world it did not ask for without a word."""
+    job = Job(tmp_path, "nnodes-differ")
+    job.start("print", local_addr="127.0.0.1")
+    job.nnodes = "3"
+    job.start("print", local_addr="127.0.0.2")
+    (status0, _, err0), (status1, out1, err1) = job.finish()
+    assert (status0, status1) == (0, 0), (err0, err1)
+    assert placements(out1)[0]["WORLD_SIZE"] == "2"
+    assert "warning" not in err0, err0
+    assert ("ranktop: warning: the round has 2 nodes, not this node's --nnodes 3: another node's --nnodes "
+            "decided it (give every node the same)") in err1.splitlines(), err1
+    assert any(e["event"] == "rendezvous_size_not_asked" and e["nodes"] == 2 for e in events(tmp_path / "node1"))
+
+
 def test_giving_up_closes_the_rendezvous_and_stops_the_other_node(tmp_path, torch_installed):
     job = Job(tmp_path, "give-up")
     for _ in range(2):
