@@ -658,11 +658,16 @@ class LocalAgent:
         if state == GroupState.SUCCEEDED:
             timeout = self.exit_barrier_timeout
             self.state = GroupState.RENDEZVOUS
-            end = self.rendezvous.exit_barrier(timeout, self._stop_asked)
+            end = self._at_exit_barrier(timeout)
             if end is not None:
                 self._barrier_not_passed(end, timeout)
             self.state = GroupState.SUCCEEDED
-            self.rendezvous.close()
+            if end is None or end.kind != "new_round":
+                self.rendezvous.close()
+            elif not self.rendezvous.elastic():  # the peers' round needs this node: tell them, close
+                self.rendezvous.give_up("its ranks had finished when another node's failed, and the next "
+                                        "round cannot form without it")
+            # (elastic: left open, the others may form their round without this node)
         elif state == GroupState.FAILED and self._rdzv_error is None:
             cause, spent = self.root_cause, f"no restarts left ({self.attempt} of {self.spec.max_restarts} spent)"
             peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
@@ -672,6 +677,24 @@ class LocalAgent:
             self.events.write("rendezvous_closed", reason="gave_up")
             if peer:  # no rank of ours to show: the one line says why this node ended
                 self._rdzv_error = f"{self._round_end.message}, and this node has {spent}"
+
+    def _at_exit_barrier(self, timeout: float) -> Any:
+        """The exit barrier, saying what it waits for: the TUI at once, headless once the wait
+        passes SLOW_WAIT (it showed `rendezvous` and nothing else, for up to `timeout` seconds)."""
+        waiting = self._waiting = (f"waiting at the exit barrier for the other nodes of the "
+                                   f"{self.rendezvous.describe()} (gives up after {timeout:g} s)")
+        slow_at, said = time.monotonic() + SLOW_WAIT, []
+
+        def stopped() -> bool:
+            if not said and time.monotonic() > slow_at:
+                said.append(True)
+                self._notice(waiting)
+            return self._stop_asked()
+
+        try:
+            return self.rendezvous.exit_barrier(timeout, stopped)
+        finally:
+            self._waiting = None
 
     def _barrier_not_passed(self, end: Any, timeout: float) -> None:
         """The exit barrier ended without every node (a RoundEnd): the event, and a line unless

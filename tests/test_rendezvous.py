@@ -652,7 +652,7 @@ def test_a_node_done_first_times_out_at_the_exit_barrier_and_still_succeeds(tmp_
     assert [(e["event"], e.get("timeout"), e.get("exit_status")) for e in quick] == [
         ("exit_barrier_timeout", 1.5, None), ("run_finished", None, 0)]
     assert status == 0, err
-    assert "exit barrier" not in err  # the slow node found the quick one at the barrier
+    assert "exit barrier:" not in err  # the slow node found the quick one at the barrier
     assert [p["WORLD_SIZE"] for p in placements(out)] == ["2"]
     assert not any(e["event"] == "exit_barrier_timeout" for e in events(tmp_path / "node0"))
     del handler  # the store it serves lives until the slow node is done
@@ -683,6 +683,52 @@ def test_a_node_at_the_exit_barrier_names_a_peer_that_gave_up_and_shows_no_torch
     assert [(e["event"], e["kind"]) for e in left] == [("exit_barrier_left", "peer_gave_up")], left
 
 
+def test_a_node_at_the_exit_barrier_leaves_when_a_peer_waits_for_a_new_round(tmp_path, torch_installed):
+    """Node 0's rank is done (exit barrier); node 1's rank then fails with a restart left, and node
+    1 waits for a new round that node 0, its ranks finished, never joins. Node 0 waited out the
+    barrier's 300 s for a node that had moved on; it now ends at once, with its ranks' success."""
+    job = Job(tmp_path, "barrier-new-round")
+    failing = tmp_path / "fail-now"
+    conf = "join_timeout=60,last_call_timeout=1,close_timeout=5,is_host="
+    job.start("fail-on-file", "1", str(failing), extra=("--max-restarts", "1", "--rdzv-conf", conf + "1"),
+              local_addr="127.0.0.1")
+    job.start("fail-on-file", "1", str(failing), extra=("--max-restarts", "1", "--rdzv-conf", conf + "0"),
+              local_addr="127.0.0.2")
+    wait_for(lambda: list(tmp_path.glob("node0/*/events.jsonl")) and any(
+        e["event"] == "exited" and e["exitcode"] == 0 for e in events(tmp_path / "node0")), timeout=TIMEOUT,
+        what="node 0's rank done (its node at the exit barrier)")
+    failing.touch()
+    (status0, _, err0), (status1, _, err1) = job.finish()
+    assert status0 == 0, err0
+    assert ("ranktop: exit barrier: 1 node(s) wait for a new round of the c10d rendezvous 'barrier-new-round' "
+            "(a peer's ranks failed, or a node joined late); this node's ranks finished and it cannot join, "
+            "so it ends without waiting for the others") in err0.splitlines(), err0
+    # (a fixed-size round cannot form without node 0: it says so, and node 1 stops at once)
+    assert status1 == 1 and err1.rstrip().endswith(
+        "(group rank 0) gave up: its ranks had finished when another node's failed, and the next round cannot "
+        "form without it); this node stops"), err1
+    left = [e for e in events(tmp_path / "node0") if e["event"].startswith("exit_barrier")]
+    assert [(e["event"], e["kind"]) for e in left] == [("exit_barrier_left", "new_round")], left
+
+
+def test_a_node_waiting_at_the_exit_barrier_says_so(tmp_path, torch_installed):
+    """Node 0's rank is done, node 1's runs on: node 0 sat at the exit barrier, up to 300 s, as
+    `rendezvous` and nothing more. It says what it waits for once the wait is not a short one."""
+    job = Job(tmp_path, "barrier-wait")
+    release = tmp_path / "release"
+    node = job.start("print", local_addr="127.0.0.1")
+    job.start("until-file", str(release), local_addr="127.0.0.2")
+    line = "ranktop: waiting at the exit barrier for the other nodes of the c10d rendezvous 'barrier-wait' " \
+           "(gives up after 300 s)\n"
+    try:
+        wait_for(lambda: select.select([node.stderr], [], [], 0.1)[0] and node.stderr.readline() == line,
+                 timeout=TIMEOUT, what="the line about the exit barrier")
+    finally:
+        release.touch()  # (the job ends either way)
+    for status, _, err in job.finish():
+        assert status == 0 and "exit barrier:" not in err, err
+
+
 def test_the_node_serving_the_store_leaves_the_exit_barrier_only_after_the_others(tmp_path, torch_installed):
     """The node that serves the store is the last at the exit barrier: it used to leave at once,
     and a peer that looked for the last member a moment later could find the store gone and say its
@@ -697,7 +743,7 @@ def test_the_node_serving_the_store_leaves_the_exit_barrier_only_after_the_other
         what="node 1's rank done (its node at the exit barrier)")
     release.touch()
     for status, _, err in job.finish():
-        assert status == 0 and "exit barrier" not in err and "TCPStore" not in err, err
+        assert status == 0 and "exit barrier:" not in err and "TCPStore" not in err, err
     for node in ("node0", "node1"):
         assert not any(e["event"].startswith("exit_barrier") for e in events(tmp_path / node))
 
