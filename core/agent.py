@@ -1043,7 +1043,7 @@ class LocalAgent:
         return RankSnapshot(
             rank=self.spec.global_rank(r), local_rank=r, pid=proc.pid if proc else None, state=state,
             exitcode=code, signal_name=killed_by(code),
-            restarts=self.attempt + slot.restarts, started_at=proc.started_at if proc else None,
+            restarts=self._pcontext_attempt + slot.restarts, started_at=proc.started_at if proc else None,
             ended_at=proc.exited_at if proc else None, last_output_at=last, output_version=slot.ring.version,
             cpu_percent=stats.cpu_percent if stats else None, rss=stats.rss if stats else None,
             gpu=stats.gpu if stats else None,

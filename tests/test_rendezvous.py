@@ -267,6 +267,11 @@ def test_a_lost_node_ends_the_other_after_one_round_naming_the_attempt_that_fail
     assert "ranktop: rdzv_rank.py failed (attempt 1 of 2)\n  root cause: rank 0 " in err0, err0
     assert err0.rstrip().endswith("ranktop: error: the c10d rendezvous 'node-lost' timed out: not enough nodes joined"), err0
     assert not list(tmp_path.glob("node0/*/attempt_1")), "no rank of the second attempt started"
+    (final,) = tmp_path.glob("node0/*/final.json")
+    ended = json.loads(final.read_text())
+    assert ended["root_cause"]["attempt"] == 0 and ended["attempt"] == 1
+    # (the ranks shown are attempt 0's: restarted none; they said ⟳1, the restart that never started)
+    assert [r["restarts"] for r in ended["ranks"]] == [0], ended["ranks"]
 
 
 def test_a_node_out_of_restarts_for_a_peers_failure_blames_none_of_its_ranks(tmp_path, torch_installed):
