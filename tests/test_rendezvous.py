@@ -578,6 +578,8 @@ def test_a_node_waiting_for_others_is_served_before_any_rank_starts(tmp_path, to
     (run,) = wait_for(lambda: json.loads(run_ranktop("ls", "--json", env=env).stdout), timeout=30,
                       what="the waiting node listed by ranktop ls")
     assert run["run_id"] == "served-wait" and run["pid"] == node.pid
+    assert run["world"] is None and run["state"] == "rendezvous"  # no round yet: it said 2, a guess
+    assert run_ranktop("ls", env=env).stdout.splitlines()[1].split()[1:4] == ["rdzv_rank.py", "?", "rendezvous"]
     assert [e["event"] for e in events(tmp_path / "node0") if e["event"].startswith("rendezvous")] == [
         "rendezvous_joining"]  # still waiting: no round has placed it
     stopped = run_ranktop("stop", "served-wait", env=env, timeout=TIMEOUT)
