@@ -295,19 +295,24 @@ def test_a_node_out_of_restarts_for_a_peers_failure_blames_none_of_its_ranks(tmp
 
 
 def test_a_node_placed_in_a_round_its_nnodes_did_not_ask_for_says_so(tmp_path, torch_installed):
-    """--nnodes 2 on one node, 3 on the other: one round serves both, and the first node's
-    --nnodes completes it with two. The second ran in a world it did not ask for without a word."""
+    """--nnodes 3 on one node, 2 on the other: one round serves both, and the --nnodes of the node
+    that joins last decides it (torch's: had the 3-node one joined last, neither would have
+    completed it, and both time out). The other ran in a world it did not ask for without a word."""
     job = Job(tmp_path, "nnodes-differ")
-    job.start("print", local_addr="127.0.0.1")
     job.nnodes = "3"
-    job.start("print", local_addr="127.0.0.2")
-    (status0, _, err0), (status1, out1, err1) = job.finish()
+    first = job.start("print", local_addr="127.0.0.2")
+    wait_for(lambda: select.select([first.stderr], [], [], 0.1)[0] and "waiting for nodes" in first.stderr.readline(),
+             timeout=TIMEOUT, what="the first node waiting in the rendezvous")
+    job.nnodes = "2"
+    job.start("print", local_addr="127.0.0.1")
+    (status1, out1, err1), (status0, _, err0) = job.finish()
     assert (status0, status1) == (0, 0), (err0, err1)
     assert placements(out1)[0]["WORLD_SIZE"] == "2"
     assert "warning" not in err0, err0
     assert ("ranktop: warning: the round has 2 nodes, not this node's --nnodes 3: another node's --nnodes "
             "decided it (give every node the same)") in err1.splitlines(), err1
-    assert any(e["event"] == "rendezvous_size_not_asked" and e["nodes"] == 2 for e in events(tmp_path / "node1"))
+    # (the first node started logs under node0/)
+    assert any(e["event"] == "rendezvous_size_not_asked" and e["nodes"] == 2 for e in events(tmp_path / "node0"))
 
 
 def test_giving_up_closes_the_rendezvous_and_stops_the_other_node(tmp_path, torch_installed):
