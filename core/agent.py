@@ -214,6 +214,7 @@ class LocalAgent:
         self.started_at = time.time()
         self.ended_at: float | None = None
         self.pcontext: PContext | None = None
+        self._pcontext_attempt = 0  # the attempt self.pcontext's ranks belong to
         self.root_cause: RootCause | None = None
         self._stop_signal: int | None = None
         self._user_stop = False
@@ -420,6 +421,7 @@ class LocalAgent:
         except RankStartError as exc:
             self._start_failed(exc)
             return False
+        self._pcontext_attempt = self.attempt
         if previous is not None:
             previous.let_go_of_output()
         self.state = GroupState.RUNNING
@@ -472,9 +474,13 @@ class LocalAgent:
         # A stop the user asked for has no culprit among the ranks, nor has one for a node that gave up,
         # nor a stop signal unless a rank had failed on its own first (a rank that the same stop,
         # sent from outside to the whole job, reached first did not).
-        peer_stop = self._round_end is not None and self._round_end.kind == "peer_gave_up"
         slots = self.pcontext.slots if self.pcontext is not None else ()
-        blamed = self._stop_signal is None or any(_failed_on_its_own(s) for s in slots if s.failure)
+        own_failure = any(_failed_on_its_own(s) for s in slots if s.failure)
+        # A node that gave up, or one that failed while this node has no restarts left: the ranks
+        # ranktop stopped for it are not to blame (they ended by its SIGTERM).
+        peer_stop = self._round_end is not None and (self._round_end.kind == "peer_gave_up" or
+                                                     (self._round_end.kind == "peer_failed" and not own_failure))
+        blamed = self._stop_signal is None or own_failure
         self.root_cause = self._root_cause() if failures and blamed and not self._user_stop and not peer_stop else None
         state = self.state
         if self.rendezvous is not None:
@@ -527,7 +533,8 @@ class LocalAgent:
         own = sorted([s for s in slots if _failed_on_its_own(s)] or slots, key=lambda s: s.failure.exited_at)
         slot, f = own[0], own[0].failure
         tail = _decoded(slot.ring.tail(20))
-        before = [(t, what) for t, attempt, what in self._user_actions if attempt == self.attempt and t <= f.exited_at]
+        attempt = self._pcontext_attempt
+        before = [(t, what) for t, at, what in self._user_actions if at == attempt and t <= f.exited_at]
         return RootCause(
             rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
             signal_name=killed_by(f.exitcode), message=f.message_text,
@@ -539,6 +546,7 @@ class LocalAgent:
             # (a rank the user stopped is the user action above, not ranktop's doing)
             stopped=tuple((s.failure.rank, describe_exit(s.failure.exitcode)) for s in slots
                           if s.stopped_by_us and not s.stopped_by_user and s not in own),
+            attempt=attempt,
         )
 
     # ----- rendezvous: the hooks of a multi-node run through torch's rendezvous -----------------
@@ -569,6 +577,9 @@ class LocalAgent:
         self._notice(f"{self.rendezvous.describe()} round {p.round}: this node is group rank {p.group_rank} "
                      f"of {p.group_world_size}, {ranks} of {p.world_size} "
                      f"(master {p.master_addr}:{p.master_port})")
+        if odd_size := self.rendezvous.size_not_asked(p.group_world_size):
+            self.events.write("rendezvous_size_not_asked", nodes=p.group_world_size)
+            self._notice(odd_size)
         return True
 
     def _wait_unless_stopped(self, call: Callable[[], Any], slow: Callable[[], None] | None = None) -> Any:
@@ -647,16 +658,43 @@ class LocalAgent:
         if state == GroupState.SUCCEEDED:
             timeout = self.exit_barrier_timeout
             self.state = GroupState.RENDEZVOUS
-            end = self.rendezvous.exit_barrier(timeout, self._stop_asked)
+            end = self._at_exit_barrier(timeout)
             if end is not None:
                 self._barrier_not_passed(end, timeout)
             self.state = GroupState.SUCCEEDED
-            self.rendezvous.close()
+            if end is None or end.kind != "new_round":
+                self.rendezvous.close()
+            elif not self.rendezvous.elastic():  # the peers' round needs this node: tell them, close
+                self.rendezvous.give_up("its ranks had finished when another node's failed, and the next "
+                                        "round cannot form without it")
+            # (elastic: left open, the others may form their round without this node)
         elif state == GroupState.FAILED and self._rdzv_error is None:
-            cause = self.root_cause
-            what = f"rank {cause.rank} failed (exit {cause.exitcode})" if cause else "its ranks failed"
-            self.rendezvous.give_up(f"{what}, no restarts left ({self.attempt} of {self.spec.max_restarts} spent)")
+            cause, spent = self.root_cause, f"no restarts left ({self.attempt} of {self.spec.max_restarts} spent)"
+            peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
+            what = ("its ranks were stopped for another node's failure" if peer else
+                    f"rank {cause.rank} failed (exit {cause.exitcode})" if cause else "its ranks failed")
+            self.rendezvous.give_up(f"{what}, {spent}")
             self.events.write("rendezvous_closed", reason="gave_up")
+            if peer:  # no rank of ours to show: the one line says why this node ended
+                self._rdzv_error = f"{self._round_end.message}, and this node has {spent}"
+
+    def _at_exit_barrier(self, timeout: float) -> Any:
+        """The exit barrier, saying what it waits for: the TUI at once, headless once the wait
+        passes SLOW_WAIT (it showed `rendezvous` and nothing else, for up to `timeout` seconds)."""
+        waiting = self._waiting = (f"waiting at the exit barrier for the other nodes of the "
+                                   f"{self.rendezvous.describe()} (gives up after {timeout:g} s)")
+        slow_at, said = time.monotonic() + SLOW_WAIT, []
+
+        def stopped() -> bool:
+            if not said and time.monotonic() > slow_at:
+                said.append(True)
+                self._notice(waiting)
+            return self._stop_asked()
+
+        try:
+            return self.rendezvous.exit_barrier(timeout, stopped)
+        finally:
+            self._waiting = None
 
     def _barrier_not_passed(self, end: Any, timeout: float) -> None:
         """The exit barrier ended without every node (a RoundEnd): the event, and a line unless
@@ -1005,7 +1043,7 @@ class LocalAgent:
         return RankSnapshot(
             rank=self.spec.global_rank(r), local_rank=r, pid=proc.pid if proc else None, state=state,
             exitcode=code, signal_name=killed_by(code),
-            restarts=self.attempt + slot.restarts, started_at=proc.started_at if proc else None,
+            restarts=self._pcontext_attempt + slot.restarts, started_at=proc.started_at if proc else None,
             ended_at=proc.exited_at if proc else None, last_output_at=last, output_version=slot.ring.version,
             cpu_percent=stats.cpu_percent if stats else None, rss=stats.rss if stats else None,
             gpu=stats.gpu if stats else None,

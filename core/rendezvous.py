@@ -59,6 +59,7 @@ _BARRIER_LEFT = "ranktop/exit_barrier_left"  # ranktop nodes past the exit barri
 BUILTIN_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
 _POLL = 0.1  # seconds between looks at the store while waiting on it
 GAVE_UP_LINGER = 5.0  # at most this long a node that gave up waits for the others to hear it
+NEWCOMERS_LOOK = 1.0  # seconds between looks for nodes waiting for a new round, at the exit barrier
 
 
 class RendezvousFailed(RuntimeError):
@@ -209,9 +210,12 @@ def _one_line(exc: BaseException) -> str:
     parts = []
     while exc is not None and len(parts) < 3:
         text = " ".join(str(exc).split())
+        inner = exc.__cause__ or exc.__context__
+        if inner is not None:  # torch's pointer to the cause, which follows here anyway
+            text = text.replace(" See inner exception for details.", "").removesuffix(".")
         if text and text not in parts:
             parts.append(text)
-        exc = exc.__cause__ or exc.__context__
+        exc = inner
     return "; ".join(parts) or "unknown error"
 
 
@@ -318,6 +322,7 @@ class Rendezvous:
         self._rounds = 0
         self._ranks_store: Any = None  # served here while this node is group rank 0
         self._told_gave_up = False
+        self._next_look_for_newcomers = 0.0  # at the exit barrier: when to look for nodes waiting again
 
     @property
     def run_id(self) -> str:
@@ -337,14 +342,42 @@ class Rendezvous:
             parts = []
         return f"waiting for nodes to join the {self.describe()}" + (f" ({'; '.join(parts)})" if parts else "")
 
-    def _round_needs(self) -> list[str]:
+    def _nodes_asked(self) -> tuple[int, int] | None:
+        """(fewest, most) nodes this node's handler asks a round for, where it says."""
         settings = getattr(self.handler, "settings", None)
         low, high = getattr(settings, "min_nodes", None), getattr(settings, "max_nodes", None)
         if low is None:
             low = high = getattr(self.handler, "world_size", None)
+        return (low, high) if isinstance(low, int) and isinstance(high, int) else None
+
+    def elastic(self) -> bool:
+        """Whether a round may have fewer nodes than the most it takes (--nnodes MIN:MAX)."""
+        try:
+            asked = self._nodes_asked()
+        except Exception:  # noqa: BLE001 - a plugin's property that raises: taken as elastic, the safe side
+            return True
+        return asked is None or asked[0] < asked[1]
+
+    def size_not_asked(self, nodes: int) -> str | None:
+        """Words for a round of `nodes` that this node's own --nnodes would not have formed (one
+        round serves every node, and another node's --nnodes completed it); None where it fits."""
+        try:
+            asked = self._nodes_asked()
+        except Exception:  # noqa: BLE001 - a plugin's property that raises costs the warning, not the run
+            return None
+        if asked is None or asked[0] <= nodes <= asked[1]:
+            return None
+        mine = str(asked[0]) if asked[0] == asked[1] else f"{asked[0]}:{asked[1]}"
+        return (f"warning: the round has {nodes} node{'s' * (nodes != 1)}, not this node's --nnodes {mine}: "
+                "another node's --nnodes decided it (give every node the same)")
+
+    def _round_needs(self) -> list[str]:
+        settings = getattr(self.handler, "settings", None)
+        asked = self._nodes_asked()
         join = getattr(getattr(settings, "timeout", None), "join", None) or getattr(self.handler, "timeout", None)
         parts = []
-        if isinstance(low, int) and isinstance(high, int):
+        if asked is not None:
+            low, high = asked
             parts.append(f"{low} node{'s' * (low != 1)}" if low == high else f"{low} to {high} nodes")
         if hasattr(join, "total_seconds"):
             parts.append(f"gives up after {join.total_seconds():.0f} s")
@@ -451,18 +484,30 @@ class Rendezvous:
         Returns what another node said if it had given up first (then this one says nothing)."""
         placement, store = self.placement, self.store
         first = self.peer_gave_up()
+        told = False
         if first is None and store is not None and placement is not None and placement.group_world_size > 1:
             try:
                 store.set(_GAVE_UP, json.dumps({"host": socket.gethostname(), "reason": reason,
                                                 "group_rank": placement.group_rank}))
-                # The store may live in this process: give the others a moment to read it first.
-                others, deadline = placement.group_world_size - 1, time.monotonic() + GAVE_UP_LINGER
-                while store.add(_GAVE_UP_HEARD, 0) < others and time.monotonic() < deadline:
-                    time.sleep(_POLL)
+                told = True
             except Exception:
                 pass  # out of reach: the others learn it when they next join a round
+        # Closed before the wait: a node already waiting for its next round hears only that (then
+        # reads why), and a node at its exit barrier or with ranks running reads the key.
         self.close()
+        if told:
+            self._linger_until_heard(store, placement.group_world_size - 1)
         return first
+
+    @staticmethod
+    def _linger_until_heard(store: Any, others: int) -> None:
+        """The store may live in this process: give the others a moment to read why first."""
+        deadline = time.monotonic() + GAVE_UP_LINGER
+        try:
+            while store.add(_GAVE_UP_HEARD, 0) < others and time.monotonic() < deadline:
+                time.sleep(_POLL)
+        except Exception:
+            pass  # the store went: nobody is left to read it
 
     def close(self) -> bool:
         """Close the rendezvous: no node can start a new round of it. False if that failed."""
@@ -473,12 +518,15 @@ class Rendezvous:
 
     def exit_barrier(self, timeout: float, stopped: Callable[[], bool]) -> RoundEnd | None:
         """Wait until every node of the round got here (None), else why not: "timeout",
-        "stopped", "peer_gave_up" (a node's ranks failed for good meanwhile) or "store_lost"."""
+        "stopped", "peer_gave_up" (a node's ranks failed for good meanwhile), "new_round" (nodes
+        wait for a round this node cannot join: the round's other nodes will not come) or
+        "store_lost"."""
         placement, store = self.placement, self.store
         if store is None or placement is None:
             return None
         last = f"{_EXIT_BARRIER}/last_member"
         deadline = time.monotonic() + timeout
+        self._next_look_for_newcomers = time.monotonic() + NEWCOMERS_LOOK
         try:
             if store.add(f"{_EXIT_BARRIER}/num_members", 1) >= placement.group_world_size:
                 store.set(last, "<val_ignored>")
@@ -501,9 +549,27 @@ class Rendezvous:
             return RoundEnd("peer_gave_up", said)
         if stopped():
             return RoundEnd("stopped", "stopped while waiting")
+        waiting = self._newcomers()
+        if waiting:
+            # A peer whose ranks failed re-joined (or a node came late): the round's other nodes
+            # form the next one and never reach this barrier; waiting out the time-out helps none.
+            return RoundEnd("new_round", f"{waiting} node(s) wait for a new round of the {self.describe()} "
+                                         "(a peer's ranks failed, or a node joined late); this node's ranks "
+                                         "finished and it cannot join, so it ends without waiting for the others")
         if time.monotonic() > deadline:
             return RoundEnd("timeout", f"not every node of the {self.describe()} finished within {timeout:g}s")
         return None
+
+    def _newcomers(self) -> int:
+        """Nodes waiting for the next round, looked at every NEWCOMERS_LOOK seconds (a look is a
+        round trip through the handler's state); 0 between looks or where the handler cannot say."""
+        if time.monotonic() < self._next_look_for_newcomers:
+            return 0
+        self._next_look_for_newcomers = time.monotonic() + NEWCOMERS_LOOK
+        try:
+            return self.nodes_waiting()
+        except Exception:  # noqa: BLE001 - the store's loss is the barrier's own store calls' to tell
+            return 0
 
     def _linger_at_barrier(self, store: Any, nodes: int) -> None:
         """Past the barrier. The store may live in this process, and a peer still polling for the

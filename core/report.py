@@ -117,6 +117,8 @@ def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts
                       run_dir: str | None = None) -> str:
     """The headline, the evidence and where the logs are: the run directory when known (a rank
     killed by a signal leaves no error file, and its logs are what is left to read)."""
+    if cause.attempt is not None:  # the run may be on a later attempt whose ranks never started
+        attempt = cause.attempt
     lines = [
         f"ranktop: {name} failed (attempt {attempt + 1} of {max_restarts + 1})",
         f"  root cause: rank {cause.rank} (local rank {cause.local_rank}, pid {cause.pid}) "

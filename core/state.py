@@ -129,7 +129,7 @@ class GroupSnapshot:
     error: str | None = None  # the engine itself failed (a bug, a spawn error): what went wrong
     rendezvous_error: str | None = None  # why the rendezvous ended this node's run, if it did
     round: int | None = None  # the rendezvous round (node_rank is then this round's group rank)
-    waiting: str | None = None  # while a rendezvous round forms: what this node waits for, in words
+    waiting: str | None = None  # while a rendezvous round forms or at the exit barrier: what this node waits for, in words
     # Starts of the group so far, from 0: a new one brings new output rings. It differs from
     # `attempt` when nodes joining restart the group without spending a restart.
     generation: int = 0
@@ -182,3 +182,6 @@ class RootCause:
     # The ranks ranktop stopped because of this failure, (global rank, how each ended): effects,
     # named so that nobody blames them.
     stopped: tuple[tuple[int, str], ...] = ()
+    # The attempt its rank failed in (0 first): a restart spent on it whose next round never
+    # formed (a peer node lost) leaves the run on the next attempt, whose ranks never started.
+    attempt: int | None = None

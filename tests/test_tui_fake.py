@@ -465,6 +465,24 @@ def test_a_read_only_view_leaves_out_the_keys_that_act_on_ranks():
     drive(engine, body)
 
 
+def test_the_root_cause_heading_names_the_attempt_its_rank_failed_in():
+    """A restart spent on a failure whose next rendezvous round never formed (a peer node lost):
+    the run ends on attempt_1, whose ranks never started; the heading said attempt_1."""
+    engine = FakeEngine(2)
+    engine.group = dataclasses.replace(engine.group, attempt=1, max_restarts=1)
+    cause = RootCause(rank=1, local_rank=1, pid=4967, exitcode=1, signal_name=None, message="", traceback=None,
+                      timestamp=time.time(), error_file=None, attempt=0)
+
+    async def body(app, pilot):
+        engine.end(GroupState.FAILED, 1, root_cause=cause)
+        head = app.main.query_one("#root-cause-head")
+        await until(pilot, lambda: head.region.height, what="the end panel")
+        await pilot.pause()
+        assert "attempt_0 (pid 4967)" in screen_rows(app)[head.region.y]
+
+    drive(engine, body)
+
+
 def test_the_root_cause_heading_is_one_line_at_80_columns():
     engine = FakeEngine(4)
     cause = RootCause(rank=2, local_rank=2, pid=4967, exitcode=1, signal_name=None,

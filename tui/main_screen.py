@@ -23,7 +23,7 @@ from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
 from ranktop.core.report import format_root_cause
 from ranktop.core.sanitize import clean
-from ranktop.core.state import GroupSnapshot, GroupState
+from ranktop.core.state import GroupSnapshot, GroupState, RankState
 from ranktop.core.strays import own_tool
 from ranktop.tui.attempts import FileFeed, attempt_dirs
 from ranktop.tui.metric import Tracker
@@ -766,7 +766,9 @@ class MainScreen(Screen):
         if waiting != self._waiting:
             self._waiting = waiting
             box = self.query_one("#waiting", Static)
-            if waiting:
+            if waiting and snap.ranks and all(r.state == RankState.SUCCEEDED for r in snap.ranks):
+                box.update(f"{waiting}\nthis node's ranks are done; it ends once every node's are")  # the exit barrier
+            elif waiting:
                 n = snap.local_world_size
                 ranks = f"{n} ranks start" if n != 1 else "1 rank starts"
                 box.update(f"{waiting}\nthis node's {ranks} once the round is complete")

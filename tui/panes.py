@@ -212,8 +212,11 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
             text.append(f" (+{len(group.earlier_attempts) - 1})", style="bold yellow")
     if group.interpreter:
         text.append(f"  python {clean(_short_path(group.interpreter))}", style="dim")
-    text.append(f"  world {group.world_size}")
-    text.append(f"  node {group.node_rank}/{group.nnodes}" + (f" round {group.round}" if group.round is not None else ""))
+    if group.state == GroupState.RENDEZVOUS and group.round is None:
+        text.append("  world ?  node ?")  # the first round decides both: the command line's are guesses
+    else:
+        text.append(f"  world {group.world_size}")
+        text.append(f"  node {group.node_rank}/{group.nnodes}" + (f" round {group.round}" if group.round is not None else ""))
     end = group.ended_at if group.ended_at is not None else now
     text.append(f"  {human_duration(end - group.started_at)}")
     alive = sum(1 for r in group.ranks if r.state.alive)

@@ -128,7 +128,9 @@ def ls(argv: list[str]) -> int:
 def _facts(run: ServedRun) -> dict:
     snap = run.snapshot
     started = snap.get("started_at")
-    return {"script": snap.get("name"), "world": snap.get("world_size"), "state": snap.get("state"),
+    # (before a rendezvous run's first round the world is the command line's guess: unknown)
+    undecided = snap.get("state") == "rendezvous" and snap.get("round") is None
+    return {"script": snap.get("name"), "world": None if undecided else snap.get("world_size"), "state": snap.get("state"),
             "age": None if started is None else _age(time.time() - started)}
 
 

@@ -263,7 +263,8 @@ def root_cause_heading(group: GroupSnapshot) -> Text:
         text.append(f"  rank {cause.rank} ", style="bold")
         text.append(describe_exit(cause.exitcode, cause.signal_name), style="bold red")
         where = f"pid {cause.pid}" if cause.local_rank == cause.rank else f"local {cause.local_rank}, pid {cause.pid}"
-        text.append(f" at {failed_at(cause)}, attempt_{group.attempt} ({where})")  # least needed last: cut first
+        attempt = group.attempt if cause.attempt is None else cause.attempt  # (the run may be on a later one)
+        text.append(f" at {failed_at(cause)}, attempt_{attempt} ({where})")  # least needed last: cut first
     return text
 
 
