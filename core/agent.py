@@ -110,6 +110,7 @@ class RunResult:
     # could not be started
     rendezvous_error: str | None = None
     interpreter: str | None = None  # the ranks' Python, when not ranktop's own (see GroupSnapshot)
+    end_note: str | None = None  # how its exit barrier ended without every node (see GroupSnapshot)
 
     def is_failed(self) -> bool:
         return self.state == WorkerState.FAILED
@@ -256,6 +257,7 @@ class LocalAgent:
         self._watch: RoundWatch | None = None
         self._round_end = None  # a RoundEnd once the watch saw one for the running group
         self._rdzv_error: str | None = None
+        self._end_note: str | None = None  # the exit barrier's end without every node, in words
         self._start_error: RankStartError | None = None  # why a rank could not be started, if one could not
         self._waiting: str | None = None  # while a rendezvous round forms: what for (Rendezvous.waiting_words)
         # Starts of the group since the last restart was spent: nodes joining restart the group
@@ -490,7 +492,7 @@ class LocalAgent:
         unreapable = {self.spec.global_rank(r): pid for r, pid in result.unreapable.items()}
         run = RunResult(state, values, failures, self.root_cause, self._stop_signal,
                         incomplete_logs=self.incomplete_logs(), unreapable=unreapable,
-                        rendezvous_error=self._rdzv_error, interpreter=self._interpreter)
+                        rendezvous_error=self._rdzv_error, interpreter=self._interpreter, end_note=self._end_note)
         self.events.write("run_finished", state=state.name, exit_status=run.exit_status,
                           root_cause_rank=self.root_cause.rank if self.root_cause else None,
                           incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
@@ -705,7 +707,8 @@ class LocalAgent:
             self.events.write("exit_barrier_left", kind=end.kind, message=end.message)
         if end.kind != "stopped":
             closed = f"; the {self.rendezvous.describe()} is closed" if end.kind == "peer_gave_up" else ""
-            self._notice(f"exit barrier: {end.message}{closed}")
+            self._end_note = f"exit barrier: {end.message}{closed}"
+            self._notice(self._end_note)
 
     def _notice(self, text: str) -> None:
         if self.on_notice is not None:
@@ -1082,7 +1085,7 @@ class LocalAgent:
             shutdown_timeout=self.shutdown_timeout, output_lines_kept=self.ring_lines,
             stop_signal=self._stop_signal, round=self.spec.placement.round if self.spec.placement else None,
             generation=pc.generation if pc else 0, rendezvous_error=self._rdzv_error, waiting=self._waiting,
-            earlier_attempts=tuple(self._earlier_attempts), interpreter=self._interpreter,
+            earlier_attempts=tuple(self._earlier_attempts), interpreter=self._interpreter, end_note=self._end_note,
         )
 
     def rank_processes(self) -> dict[int, tuple[int, dict[str, str]]]:

@@ -161,6 +161,8 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
         parts.append(f"ranktop: {name} succeeded: all ranks exited 0; logs in {run_dir}")
     if success_line and earlier_attempts:
         parts.append("  earlier attempts: " + "; ".join(earlier_attempts))
+    if success_line and result.end_note:  # (headless said it when it happened)
+        parts.append(f"ranktop: note: {clean(result.end_note)}")
     if result.incomplete_logs:
         parts.append(format_incomplete_logs(result.incomplete_logs))
     for rank, pid in sorted(result.unreapable.items()):
@@ -183,6 +185,7 @@ class _SeenEnd(NamedTuple):
     unreapable: dict[int, int | None]
     rendezvous_error: str | None
     interpreter: str | None
+    end_note: str | None
 
 
 def report_after_tui(group: GroupSnapshot) -> str:
@@ -190,6 +193,6 @@ def report_after_tui(group: GroupSnapshot) -> str:
     the headless end report with its success line, from the run's final snapshot."""
     unreapable = {r.rank: r.pid for r in group.ranks if r.state == RankState.UNREAPABLE}
     seen = _SeenEnd(group.state, group.root_cause, group.stop_signal, group.incomplete_logs, unreapable,
-                    group.rendezvous_error, group.interpreter)
+                    group.rendezvous_error, group.interpreter, group.end_note)
     return format_end_report(seen, name=group.name, attempt=group.attempt, max_restarts=group.max_restarts,
                              run_dir=group.log_dir, success_line=True, earlier_attempts=group.earlier_attempts)

@@ -128,6 +128,9 @@ class GroupSnapshot:
     stop_signal: int | None = None  # the signal to ranktop that ended the run, if one did
     error: str | None = None  # the engine itself failed (a bug, a spawn error): what went wrong
     rendezvous_error: str | None = None  # why the rendezvous ended this node's run, if it did
+    # Said of an ended run besides its state: how its exit barrier ended without every node (a
+    # success all the same; the line headless printed then, a TUI showed only as a toast).
+    end_note: str | None = None
     round: int | None = None  # the rendezvous round (node_rank is then this round's group rank)
     waiting: str | None = None  # while a rendezvous round forms or at the exit barrier: what this node waits for, in words
     # Starts of the group so far, from 0: a new one brings new output rings. It differs from

@@ -723,6 +723,17 @@ def test_a_node_at_the_exit_barrier_leaves_when_a_peer_waits_for_a_new_round(tmp
         "form without it); this node stops"), err1
     left = [e for e in events(tmp_path / "node0") if e["event"].startswith("exit_barrier")]
     assert [(e["event"], e["kind"]) for e in left] == [("exit_barrier_left", "new_round")], left
+    # A TUI showed that line as a toast, gone in seconds: its end panel and the report it leaves
+    # in the terminal said only `succeeded`. The final snapshot keeps it.
+    from ranktop.core.client import FinalEngine
+    from ranktop.core.report import report_after_tui
+    from ranktop.tui.screens import root_cause_body
+
+    (final,) = tmp_path.glob("node0/*/final.json")
+    ended = FinalEngine(str(final)).snapshot()
+    assert ended.end_note.startswith("exit barrier: 1 node(s) wait for a new round"), ended.end_note
+    assert f"ranktop: note: {ended.end_note}" in report_after_tui(ended).splitlines()
+    assert ended.end_note in root_cause_body(ended).plain
 
 
 def test_a_node_waiting_at_the_exit_barrier_says_so(tmp_path, torch_installed):

@@ -283,6 +283,8 @@ def root_cause_body(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
     if group.state == GroupState.SUCCEEDED:
         if group.earlier_attempts:  # (as the header says it: a start for joining nodes spends no restart)
             text.append("  earlier: " + clean("; ".join(group.earlier_attempts)) + "\n", style="bold yellow")
+        if group.end_note:  # how the exit barrier ended: a toast said it once
+            text.append(f"  {clean(group.end_note)}\n", style="yellow")
     elif _end_unknown(group):
         text.append(f"  {clean(group.error or 'its engine went away')}; `ranktop ls` says whether it still runs\n")
     elif _failed_to_start(group):
