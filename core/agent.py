@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,6 +127,20 @@ class RunResult:
         return 0 if self.state == WorkerState.SUCCEEDED and not self.incomplete_logs else 1
 
 
+def _weakly(method: Callable[..., None]) -> Callable[..., None]:
+    """`method` without a strong reference to its agent: what the agent holds (its console writer,
+    each attempt's context) calls back through this, so no cycle keeps a finished agent, and the
+    rendezvous stores it holds (a listening port and a thread each), alive until a garbage collection."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    return call
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + os.urandom(2).hex()
 
@@ -194,10 +209,12 @@ class LocalAgent:
         self.layout = RunDir.create(log_dir, self.run_id, numbered=self._shared_id or numbered_run_dir)
         self.run_dir = self.layout.path
         self.master_port = spec.master_port or free_port()
+        self._asked_spec = spec  # its master_addr/port, where set, beat every round's (placed() replaces them)
         # Headless, one console writer serves every attempt: the ranks' tee and our own lines,
         # none of which may wait on a stuck terminal (the monitor loop says things too).
         self._tee = (ConsoleWriter(budget=console_budget(2 * spec.local_world_size),
-                                   clean=clean_console if sanitize_console else None, on_lost=self._console_lost)
+                                   clean=clean_console if sanitize_console else None,
+                                   on_lost=_weakly(self._console_lost))
                      if console else None)
         self.console_unshown = 0  # bytes of output the console had not taken when the run ended
         # torchrun's --event-log-handler console (or torch's WorkerSpec field of that name)
@@ -407,7 +424,7 @@ class LocalAgent:
         context = PContext(
             spec.display_name(), spec.entrypoint, {r: spec.args for r in range(n)}, envs, log_dir, streams,
             global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
-            ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False, pty=pty,
+            ring_lines=self.ring_lines, on_event=_weakly(self._on_rank_event), passthrough_console=False, pty=pty,
             sanitize_console=self.sanitize_console,
             # headless: our stdin, as torchrun gives it (pdb works); a UI types through SendInput
             rank_stdin=self.rank_stdin, duplicate_filters=self.duplicate_filters,
@@ -559,7 +576,7 @@ class LocalAgent:
             self._rdzv_error = str(outcome)
             self.events.write("rendezvous_failed", message=self._rdzv_error)
             return False
-        p = outcome
+        p = self._asked_spec.fixed_master(outcome)
         self.spec = self.spec.placed(p)
         self.master_port = p.master_port
         self.events.write("rendezvous_joined", round=p.round, group_rank=p.group_rank, nodes=p.group_world_size,
