@@ -127,6 +127,32 @@ class RunResult:
         return 0 if self.state == WorkerState.SUCCEEDED and not self.incomplete_logs else 1
 
 
+@dataclass
+class Worker:
+    """torch's Worker: one rank of the group as the agent sees it (`id`: its pid while it runs)."""
+
+    local_rank: int
+    global_rank: int
+    role_rank: int
+    world_size: int
+    role_world_size: int
+    id: int | None = None
+
+
+@dataclass
+class WorkerGroup:
+    """torch's WorkerGroup, as `get_worker_group()` answers it: a picture of the group now."""
+
+    spec: WorkerSpec
+    workers: list[Worker]
+    store: Any
+    group_rank: int
+    group_world_size: int
+    state: WorkerState
+    master_addr: str
+    master_port: int
+
+
 def _weakly(method: Callable[..., None]) -> Callable[..., None]:
     """`method` without a strong reference to its agent: what the agent holds (its console writer,
     each attempt's context) calls back through this, so no cycle keeps a finished agent, and the
@@ -769,6 +795,17 @@ class LocalAgent:
                 pc.stop(signal.SIGKILL, 0, reap_timeout=KILL_NOW_REAP_TIMEOUT)
             else:
                 pc.stop(signum, self.shutdown_timeout)
+
+    def get_worker_group(self, role: str = "default") -> WorkerGroup:
+        """torch's ElasticAgent call: this node's group (one role per agent, as torch's local
+        agent; `role` is taken for its signature) with its state and ranks as they are now."""
+        spec, pc = self.spec, self.pcontext
+        pids = pc.pids() if pc is not None and self.state == GroupState.RUNNING else {}
+        workers = [Worker(r, spec.global_rank(r), spec.role_rank(r), spec.world_size, spec.role_world_size,
+                          pids.get(r)) for r in range(spec.local_world_size)]
+        store = self.rendezvous.store if self.rendezvous is not None else None
+        return WorkerGroup(spec, workers, store, spec.node_rank, spec.nnodes, self.state,
+                           spec.master_addr or "127.0.0.1", self.master_port)
 
     # ----- commands (any thread) ---------------------------------------------------------------
     def wait_started(self, timeout: float | None = None) -> bool:
