@@ -48,6 +48,8 @@ _EXPORTS = {
     "ErrorHandler": "ranktop.core.errors",
     "get_error_handler": "ranktop.core.errors",
     "LocalElasticAgent": "ranktop.core.agent",
+    "WorkerGroup": "ranktop.core.agent",
+    "Worker": "ranktop.core.agent",
     # torch.distributed.launcher.api's
     "LaunchConfig": "ranktop.core.launcher",
     "elastic_launch": "ranktop.core.launcher",

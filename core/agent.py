@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,6 +128,46 @@ class RunResult:
         return 0 if self.state == WorkerState.SUCCEEDED and not self.incomplete_logs else 1
 
 
+@dataclass
+class Worker:
+    """torch's Worker: one rank of the group as the agent sees it (`id`: its pid while it runs)."""
+
+    local_rank: int
+    global_rank: int
+    role_rank: int
+    world_size: int
+    role_world_size: int
+    id: int | None = None
+
+
+@dataclass
+class WorkerGroup:
+    """torch's WorkerGroup, as `get_worker_group()` answers it: a picture of the group now."""
+
+    spec: WorkerSpec
+    workers: list[Worker]
+    store: Any
+    group_rank: int
+    group_world_size: int
+    state: WorkerState
+    master_addr: str
+    master_port: int
+
+
+def _weakly(method: Callable[..., None]) -> Callable[..., None]:
+    """`method` without a strong reference to its agent: what the agent holds (its console writer,
+    each attempt's context) calls back through this, so no cycle keeps a finished agent, and the
+    rendezvous stores it holds (a listening port and a thread each), alive until a garbage collection."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    return call
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + os.urandom(2).hex()
 
@@ -195,10 +236,12 @@ class LocalAgent:
         self.layout = RunDir.create(log_dir, self.run_id, numbered=self._shared_id or numbered_run_dir)
         self.run_dir = self.layout.path
         self.master_port = spec.master_port or free_port()
+        self._asked_spec = spec  # its master_addr/port, where set, beat every round's (placed() replaces them)
         # Headless, one console writer serves every attempt: the ranks' tee and our own lines,
         # none of which may wait on a stuck terminal (the monitor loop says things too).
         self._tee = (ConsoleWriter(budget=console_budget(2 * spec.local_world_size),
-                                   clean=clean_console if sanitize_console else None, on_lost=self._console_lost)
+                                   clean=clean_console if sanitize_console else None,
+                                   on_lost=_weakly(self._console_lost))
                      if console else None)
         self.console_unshown = 0  # bytes of output the console had not taken when the run ended
         # torchrun's --event-log-handler console (or torch's WorkerSpec field of that name)
@@ -410,7 +453,7 @@ class LocalAgent:
         context = PContext(
             spec.display_name(), spec.entrypoint, {r: spec.args for r in range(n)}, envs, log_dir, streams,
             global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
-            ring_lines=self.ring_lines, on_event=self._on_rank_event, passthrough_console=False, pty=pty,
+            ring_lines=self.ring_lines, on_event=_weakly(self._on_rank_event), passthrough_console=False, pty=pty,
             sanitize_console=self.sanitize_console,
             # headless: our stdin, as torchrun gives it (pdb works); a UI types through SendInput
             rank_stdin=self.rank_stdin, duplicate_filters=self.duplicate_filters,
@@ -569,7 +612,7 @@ class LocalAgent:
             self._rdzv_error = str(outcome)
             self.events.write("rendezvous_failed", message=self._rdzv_error)
             return False
-        p = outcome
+        p = self._asked_spec.fixed_master(outcome)
         self.spec = self.spec.placed(p)
         self.master_port = p.master_port
         self.events.write("rendezvous_joined", round=p.round, group_rank=p.group_rank, nodes=p.group_world_size,
@@ -793,6 +836,17 @@ class LocalAgent:
                 pc.stop(signal.SIGKILL, 0, reap_timeout=KILL_NOW_REAP_TIMEOUT)
             else:
                 pc.stop(signum, self.shutdown_timeout)
+
+    def get_worker_group(self, role: str = "default") -> WorkerGroup:
+        """torch's ElasticAgent call: this node's group (one role per agent, as torch's local
+        agent; `role` is taken for its signature) with its state and ranks as they are now."""
+        spec, pc = self.spec, self.pcontext
+        pids = pc.pids() if pc is not None and self.state == GroupState.RUNNING else {}
+        workers = [Worker(r, spec.global_rank(r), spec.role_rank(r), spec.world_size, spec.role_world_size,
+                          pids.get(r)) for r in range(spec.local_world_size)]
+        store = self.rendezvous.store if self.rendezvous is not None else None
+        return WorkerGroup(spec, workers, store, spec.node_rank, spec.nnodes, self.state,
+                           spec.master_addr or "127.0.0.1", self.master_port)
 
     # ----- commands (any thread) ---------------------------------------------------------------
     def wait_started(self, timeout: float | None = None) -> bool:

@@ -119,8 +119,10 @@ class WorkerSpec:
     monitor_interval: float = 0.1
     nnodes: int = 1
     node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int | None = None  # None: pick a free one (standalone)
+    # Both as torch's: where set, the ranks' MASTER_ADDR/PORT even under a rendezvous; None: 127.0.0.1
+    # and a free port alone, the round's master under a rendezvous.
+    master_addr: str | None = None
+    master_port: int | None = None
     env: dict[str, str] = field(default_factory=dict)  # extra variables for every rank
     redirects: Std | dict[int, Std] = Std.NONE
     tee: Std | dict[int, Std] = Std.ALL
@@ -190,11 +192,18 @@ class WorkerSpec:
         return self.global_rank(local_rank)
 
     def placed(self, placement: Placement) -> WorkerSpec:
-        """This spec with its node, ranks and master taken from a rendezvous round."""
+        """This spec with its node, ranks and master taken from a rendezvous round (the placement's
+        master already carries the spec's own, where it set one: see `fixed_master`)."""
         return dataclasses.replace(
             self, node_rank=placement.group_rank, nnodes=placement.group_world_size,
             master_addr=placement.master_addr, master_port=placement.master_port, placement=placement,
         )
+
+    def fixed_master(self, placement: Placement) -> Placement:
+        """The round's placement with this spec's master_addr/master_port where it set them, as
+        torch's agent lets them override the rendezvous's."""
+        return dataclasses.replace(placement, master_addr=self.master_addr or placement.master_addr,
+                                   master_port=self.master_port or placement.master_port)
 
     def get_entrypoint_name(self) -> str:
         """torch's: the function's qualified name, or the binary's file name."""
@@ -228,7 +237,7 @@ def rank_env(
         "WORLD_SIZE": spec.world_size,
         "GROUP_WORLD_SIZE": spec.nnodes,
         "ROLE_WORLD_SIZE": spec.role_world_size,
-        "MASTER_ADDR": spec.master_addr,
+        "MASTER_ADDR": spec.master_addr or "127.0.0.1",
         "MASTER_PORT": master_port,
         "TORCHELASTIC_RESTART_COUNT": restart_count,
         "TORCHELASTIC_MAX_RESTARTS": spec.max_restarts,

@@ -368,3 +368,35 @@ def test_torchs_own_default_logs_specs_and_worker_spec_are_taken(tmp_path, capfd
                                         r"cannot honour \(it lays out the files itself\); use DefaultLogsSpecs$"):
         start_processes("sq", square, {0: (1,)}, {0: {}}, OwnLayout(log_dir=str(tmp_path / "own")))
     assert os.listdir(tmp_path / "own") == []
+
+
+def test_get_worker_group_answers_as_torchs(tmp_path):
+    """torch's ElasticAgent has get_worker_group(): the group's state (FAILED after its ranks
+    failed, as torch's own tests check it), node and ranks, and each rank's pid while it runs."""
+    import threading
+
+    from rank_fns import raise_on_rank, sleep_forever
+    from ranktop.core import WorkerState
+
+    spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=raise_on_rank, args=(1, "boom"))
+    agent = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path / "failed")), console=False)
+    assert agent.get_worker_group().state == WorkerState.INIT
+    assert agent.run().is_failed()
+    group = agent.get_worker_group()
+    assert (group.state, group.group_rank, group.group_world_size, group.spec.role) == \
+        (WorkerState.FAILED, 0, 1, "trainer")
+    assert [(w.local_rank, w.global_rank, w.role_rank, w.world_size, w.role_world_size, w.id)
+            for w in group.workers] == [(0, 0, 0, 2, 2, None), (1, 1, 1, 2, 2, None)]
+
+    running = LocalElasticAgent(WorkerSpec(role="t", local_world_size=2, entrypoint=sleep_forever),
+                                DefaultLogsSpecs(log_dir=str(tmp_path / "running")), console=False, shutdown_timeout=2)
+    thread = threading.Thread(target=running.run)
+    thread.start()
+    try:
+        assert running.wait_started(30)
+        group = running.get_worker_group()
+        assert group.state == WorkerState.RUNNING
+        assert [w.id for w in group.workers] == [running.pcontext.pids()[r] for r in (0, 1)]
+    finally:
+        running.stop()
+        thread.join(30)

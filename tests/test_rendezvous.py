@@ -950,3 +950,74 @@ def test_what_a_peer_wrote_to_the_store_when_giving_up_is_shown_as_one_safe_line
     rdzv.store, rdzv.placement = store, Placement(1, 2, 1, 2, 1, 2, "127.0.0.1", 1, "r", 1, False)
     store.set(_GAVE_UP, written)
     assert rdzv.peer_gave_up() == said
+
+
+@pytest.mark.parametrize("fixed", [{"master_addr": "10.9.8.7", "master_port": 4242}, {"master_port": 4242}, {}])
+def test_a_worker_specs_master_overrides_the_rounds_as_torchs(tmp_path, torch_installed, fixed):
+    """torch's agent gives the ranks WorkerSpec.master_addr/master_port where they are set, the
+    round's master where not (None, torch's default: ranktop's used to be 127.0.0.1, and the round's
+    master always won)."""
+    from rank_fns import echo_env
+    from ranktop.core import LocalAgent, WorkerSpec
+    from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
+
+    handler = create_handler("c10d", f"127.0.0.1:{free_port()}", "fixed", 1, 1, conf=parse_rdzv_conf(CONF),
+                             local_addr="127.0.0.1")
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=echo_env, args=("MASTER_ADDR", "MASTER_PORT"),
+                      rdzv_handler=handler, **{"master_addr": None, "master_port": None, **fixed})
+    agent = LocalAgent(spec, log_dir=str(tmp_path), console=False, shutdown_timeout=2)
+    seen = agent.run().return_values[0]
+    handler.shutdown()
+    assert seen["MASTER_ADDR"] == fixed.get("master_addr", "127.0.0.1")
+    if "master_port" in fixed:
+        assert seen["MASTER_PORT"] == "4242"
+    else:  # the store this node's ranks meet at, served for them
+        assert seen["MASTER_PORT"] != "4242"
+    joined = [e for e in read_events(agent.run_dir) if e["event"] == "rendezvous_joined"]
+    assert joined[0]["master"] == f"{seen['MASTER_ADDR']}:{seen['MASTER_PORT']}"
+
+
+def _listening_ports() -> set[int]:
+    """The TCP ports this process listens on (its sockets, as /proc/net lists them)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes and fields[3] == "0A":  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_a_finished_agent_dropped_frees_its_stores_without_a_garbage_collection(tmp_path, torch_installed):
+    """As torch's: once the caller drops the agent, its spec and the handler, the stores they held
+    (the rendezvous's, served here, and the one served for the ranks) stop listening at once. The
+    agent's own callbacks made a cycle, so both stayed open, each with its thread, until the next
+    garbage collection (a fork before it, an mp.Process say, could abort in the collection)."""
+    import gc
+
+    from rank_fns import double
+    from ranktop.core import DefaultLogsSpecs, LocalElasticAgent, WorkerSpec
+    from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
+
+    before = _listening_ports()
+    gc.disable()  # what the cycle collector would free is not freed here
+    try:
+        handler = create_handler("c10d", f"127.0.0.1:{free_port()}", "drop", 1, 1, conf=parse_rdzv_conf(CONF),
+                                 local_addr="127.0.0.1")
+        spec = WorkerSpec(role="default", local_world_size=1, entrypoint=double, args=(2,), rdzv_handler=handler)
+        agent = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path)), console=False, shutdown_timeout=2)
+        assert agent.run().return_values == {0: 4}
+        handler.shutdown()
+        assert len(_listening_ports() - before) >= 2  # the rendezvous's store and the ranks'
+        del agent, spec, handler
+        assert _listening_ports() - before == set()
+    finally:
+        gc.enable()

@@ -507,7 +507,9 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
         max_restarts=ns.max_restarts, monitor_interval=ns.monitor_interval, nnodes=nnodes,
         # torchrun ignores --node-rank with a dynamic rendezvous: the round gives the group rank.
         node_rank=ns.node_rank if not elastic or ns.rdzv_backend == "static" else 0,
-        master_addr=addr, master_port=port, env=env,
+        # Under a rendezvous each round gives the master; a spec's own would override it (torch's rule).
+        master_addr=None if elastic else addr, master_port=None if elastic else port,
+        env=env,
         redirects=redirects, tee=tee, local_ranks_filter=parse_ranks(ns.local_ranks_filter),
         run_id=ns.run_id,
         name=os.path.basename(ns.training_script), pty=ns.pty,
