@@ -40,7 +40,7 @@ from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, console_budget, console_name
 from ranktop.core.process import exit_status_for_signal
-from ranktop.core.prompts import PROMPT_QUIET, rank_prompt
+from ranktop.core.prompts import PROMPT_LOOK, PROMPT_QUIET, rank_prompt
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
 from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.signals import NOTICE_SIGNALS, OUTSIDE_STOP_WINDOW, StopAction, StopRule, take_early_stops
@@ -263,7 +263,9 @@ class LocalAgent:
         self._stop_signal: int | None = None
         self._user_stop = False
         self._restart_requested = False
-        self._stalled: set[int] = set()
+        # Local ranks reported stalled -> when to look again whether one waits for input (monotonic;
+        # None once it was said to): a rank may reach its prompt after it was reported stalled.
+        self._stalled: dict[int, float | None] = {}
         # (time, attempt, what) of each action the user took on single ranks: a root cause that
         # follows one says so (restarting a rank of a collective job makes its peers fail)
         self._user_actions: list[tuple[float, int, str]] = []
@@ -1040,16 +1042,32 @@ class LocalAgent:
                 # at a prompt is reported without its cpu: it waits for someone to type.)
                 if snap.cpu_percent is None and not snap.input_prompt and silent < self.stall_timeout + self._cpu_wait():
                     continue
-                self._stalled.add(r)
+                self._stalled[r] = None if snap.input_prompt else time.monotonic() + PROMPT_LOOK
                 self.events.write("stall_detected", rank=snap.rank, local_rank=r, silent_s=round(silent, 1),
                                   input_prompt=snap.input_prompt, cpu_percent=snap.cpu_percent,
                                   gpu_util=snap.gpu.util_percent if snap.gpu else None)
                 if self.on_stall:
                     self.on_stall(snap)
             elif r in self._stalled and (silent < self.stall_timeout or not slot.alive):
-                self._stalled.discard(r)
+                del self._stalled[r]
                 if slot.alive:
                     self.events.write("stall_cleared", rank=self.spec.global_rank(r), local_rank=r)
+            elif (look := self._stalled.get(r)) is not None and time.monotonic() >= look:
+                self._prompt_after_stall(slot, silent, now)
+
+    def _prompt_after_stall(self, slot: Any, silent: float, now: float) -> None:
+        """A rank reported stalled that has come to wait for input since (its own input() after a
+        long silent step): said once, as a stall at a prompt is."""
+        r = slot.local_rank
+        snap = self._rank_snapshot(slot, now)
+        if not snap.input_prompt:
+            self._stalled[r] = time.monotonic() + PROMPT_LOOK
+            return
+        self._stalled[r] = None
+        self.events.write("waits_for_input", rank=snap.rank, local_rank=r, silent_s=round(silent, 1),
+                          input_prompt=snap.input_prompt)
+        if self.on_stall:
+            self.on_stall(snap)
 
     def _cpu_wait(self) -> float:
         """How long a stall's report may wait for the rank's cpu% (two samples of the sampler;

@@ -17,6 +17,7 @@ from ranktop.core.sanitize import clean_bytes
 # How long a rank must have been quiet after its prompt: a line that only looks like one for a
 # moment, mid-write, is not one.
 PROMPT_QUIET = 0.5
+PROMPT_LOOK = 1.0  # seconds between looks at a rank reported stalled: has it come to a prompt since?
 
 _PROMPT = re.compile(
     r"\(+Pdb\)+ "  # pdb (`((Pdb)) ` in a recursive `debug`)

@@ -43,12 +43,13 @@ class FakeEngine:
             self._set_rank(local_rank, **changes)
 
     def end(self, group_state: GroupState, exit_status: int, root_cause: RootCause | None = None,
-            **rank_changes) -> None:
+            group_fields: dict | None = None, **rank_changes) -> None:
+        """The end, in one snapshot with `group_fields` (why it ended, say) and the ranks' changes."""
         with self._lock:
             for r in range(len(self.group.ranks)):
                 self._set_rank(r, **rank_changes)
             self.group = dataclasses.replace(self.group, state=group_state, ended=True, exit_status=exit_status,
-                                             ended_at=time.time(), root_cause=root_cause)
+                                             ended_at=time.time(), root_cause=root_cause, **(group_fields or {}))
 
     def _set_rank(self, local_rank: int, **changes) -> None:
         ranks = list(self.group.ranks)

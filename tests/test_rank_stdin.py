@@ -262,9 +262,10 @@ def test_a_rank_reading_its_terminal_through_readline_waits_at_its_prompt(tmp_pa
         wait_for(lambda: b"went on y" in b"\n".join(agent.output(0)), what="the rank went on")
 
 
-def headless_lines_of_rank_0(tmp_path, script_text: str, answer: bytes) -> list[str]:
-    """Run `script_text` headless (--stall-timeout 1) until it says a rank waits for input, type
-    `answer` into its stdin, and return rank 0's lines on stderr once it exited 0."""
+def headless_lines_of_rank_0(tmp_path, script_text: str, answer: bytes, stalled: Path | None = None) -> list[str]:
+    """Run `script_text` headless (--stall-timeout 1) until it says a rank waits for input (having
+    made the file `stalled` once it said the rank stalled, if given), type `answer` into its stdin,
+    and return rank 0's lines on stderr once it exited 0."""
     import subprocess
 
     from conftest import ranktop_cmd, stop_process
@@ -277,6 +278,9 @@ def headless_lines_of_rank_0(tmp_path, script_text: str, answer: bytes) -> list[
                                             "--run-id", "hl", "--log-dir", str(tmp_path / "logs"), str(script)),
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=sink)
     try:
+        if stalled is not None:
+            wait_for(lambda: "stalled" in err.read_text(), timeout=20, what="the stall reported")
+            stalled.touch()
         wait_for(lambda: "waits for input" in err.read_text(), timeout=20, what="the headless line")
         proc.stdin.write(answer)
         proc.stdin.close()
@@ -290,6 +294,20 @@ def test_headless_says_a_rank_without_a_prompt_waits_on_its_stdin(tmp_path):
     lines = headless_lines_of_rank_0(tmp_path, "import sys\nprint('ready', flush=True)\nsys.stdin.readline()\n", b"\n")
     assert len(lines) == 1 and re.fullmatch(r"ranktop: rank 0 waits for input on its stdin: no output for \ds "
                                             r"\(pid \d+\)", lines[0]), lines
+
+
+def test_a_rank_reported_stalled_that_comes_to_read_its_stdin_is_said_to_wait_for_input(tmp_path):
+    """A silent step longer than --stall-timeout, then a read of stdin with no prompt of its own:
+    headless said `stalled` and nothing more, though the rank waited for someone to type."""
+    reported = tmp_path / "reported"
+    code = (f"import os, sys, time\nprint('ready', flush=True)\nwhile not os.path.exists({str(reported)!r}):\n"
+            "    time.sleep(0.05)\nsys.stdin.readline()\n")
+    lines = headless_lines_of_rank_0(tmp_path, code, b"\n", stalled=reported)
+    assert len(lines) == 2 and lines[0].startswith("ranktop: rank 0 stalled: no output for "), lines
+    assert re.fullmatch(r"ranktop: rank 0 waits for input on its stdin: no output for \ds \(pid \d+\)", lines[1]), lines
+    said = [(e["event"], e["input_prompt"]) for e in read_events(tmp_path / "logs" / "hl")
+            if e["event"] in ("stall_detected", "waits_for_input")]
+    assert said == [("stall_detected", None), ("waits_for_input", "stdin")], said
 
 
 def test_headless_says_once_that_a_rank_waits_for_input_where_it_said_stalled(tmp_path):
