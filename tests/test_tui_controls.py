@@ -849,7 +849,7 @@ def test_the_stack_view_at_80x24_says_why_ranks_were_not_dumped_once_and_that_no
         rows = shown()
         assert f"ranks 0-3 (pids {pids}): native: native binary rank" in rows
         assert rows.count("gdb -p <pid> -batch") == 1 and "No such file or directory" in rows
-        assert "call tree — no ranks" in rows
+        assert "call tree (n: C frames)" in rows and "no ranks" in rows
 
     drive(app, body, size=(80, 24))
 
@@ -876,16 +876,91 @@ def test_n_in_the_stack_view_dumps_again_with_the_c_frames_and_back(tmp_path):
         await _open_stack_view(app, pilot)
         screen = app.screen
         await until(pilot, lambda: any("<module>" in label for label in labels(app)), what="rank 0 in pause()")
-        assert not screen.report.native_frames and labels(app)[0].endswith("(n: C frames)")
+        tree = screen.query_one(CallTree)
+        assert not screen.report.native_frames and tree.border_title == "call tree (n: C frames)"
         python_only = screen.report
         await pilot.press("n")
         await until(pilot, lambda: screen.report is not python_only, what="the dump with C frames")
-        assert screen.report.native_frames and labels(app)[0].endswith("(n: Python only)")
+        assert screen.report.native_frames and tree.border_title == "call tree (n: Python only)"
+        # on the tree's border, whole at 80 columns (the root's label read `(n: Python onl`)
+        assert any("call tree (n: Python only)" in row for row in screen_rows(app)), screen_rows(app)
         assert any("pause (libc" in label for label in labels(app)), labels(app)
         assert "with C frames" in screen_rows(app)[0]
         native = screen.report
         await pilot.press("n")
         await until(pilot, lambda: screen.report is not native, what="Python frames only again")
         assert not screen.report.native_frames and not any("libc" in label for label in labels(app))
+
+    drive(app, body, size=(80, 24))
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_u_after_n_shows_python_frames_and_n_offers_the_c_frames_again(tmp_path):
+    """SIGUSR1's faulthandler prints Python frames only: after `n` then `u`, the tree's title
+    said `n: C frames` while the help and the palette said `n Python frames`, and n dumped the
+    Python frames again, the same as shown."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, TICKER, n=1)))
+
+    async def body(app, pilot):
+        await _open_stack_view(app, pilot)
+        screen, tree = app.screen, app.screen.query_one(CallTree)
+        await pilot.press("n")
+        await until(pilot, lambda: screen.report.native_frames, what="the dump with C frames")
+        assert offered(app)["n"] == "Python frames" and tree.border_title == "call tree (n: Python only)"
+        native = screen.report
+        await pilot.press("u")
+        await until(pilot, lambda: screen.report is not native, what="the SIGUSR1 dump")
+        assert not screen.report.native_frames
+        assert offered(app)["n"] == "C frames" and tree.border_title == "call tree (n: C frames)"
+
+    drive(app, body, size=(80, 24))
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_n_twice_shows_the_python_frames_though_the_c_frames_came_last(tmp_path):
+    """n starts a dump with C frames (slow: symbols), n again one without (fast); the first
+    answered last and replaced the second: C frames shown, while every key said Python frames
+    were. The engine here is real, its C-frames answer held until the later dump has answered."""
+    import threading
+
+    engine = LocalEngine(ticker_agent(tmp_path, TICKER, n=1))
+    submit, native_asked, python_answered, native_thread = engine.submit, threading.Event(), threading.Event(), []
+
+    def in_order(command):
+        if isinstance(command, cmd.DumpStacks) and command.native_frames:
+            native_thread.append(threading.current_thread())  # a thread of a pool: it lives on
+            native_asked.set()
+            python_answered.wait(30)
+            return submit(command)
+        ack = submit(command)
+        if native_asked.is_set():
+            python_answered.set()
+        return ack
+
+    def native_done() -> bool:
+        """Whether the worker that asked for the C frames is through with its answer (its
+        thread has left the view's code: shown or dropped)."""
+        frame = sys._current_frames().get(native_thread[0].ident)
+        while frame is not None:
+            if frame.f_code.co_filename in (__file__, sys.modules[StacksScreen.__module__].__file__):
+                return False
+            frame = frame.f_back
+        return True
+
+    engine.submit = in_order
+    app = RanktopApp(engine)
+
+    async def body(app, pilot):
+        await _open_stack_view(app, pilot)
+        screen = app.screen
+        first = screen.report
+        await pilot.press("n")
+        await until(pilot, native_asked.is_set, what="the dump with C frames asked")
+        await pilot.press("n")
+        await until(pilot, lambda: screen.report is not first, what="the dump without")
+        await until(pilot, native_done, what="the dump with C frames answered")
+        await pilot.pause()
+        assert not screen.native_frames and not screen.report.native_frames
+        assert "with C frames" not in screen_rows(app)[0]
 
     drive(app, body, size=(80, 24))

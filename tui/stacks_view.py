@@ -22,6 +22,7 @@ from textual.dom import DOMNode
 from textual.screen import Screen
 from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode as UITreeNode
+from textual.worker import get_current_worker
 
 
 class CallTree(Tree):
@@ -64,6 +65,9 @@ class StackGroups(VerticalScroll):
 
 # The groups box's title: which threads it shows (t switches), and what t shows instead.
 GROUPS_TITLES = {False: "main threads (t: other threads)", True: "other threads (t: main threads)"}
+# The call tree's, by whether C frames are asked for: what n does next. A border title, as the
+# groups': the root's label was cut at 80 columns and scrolled away with the tree.
+TREE_TITLES = {False: "call tree (n: C frames)", True: "call tree (n: Python only)"}
 
 
 class StacksScreen(Screen):
@@ -104,12 +108,13 @@ class StacksScreen(Screen):
         yield Static("dumping stacks…", id="stacks-summary")
         with Horizontal(id="stacks-body"):
             yield StackGroups(id="stacks-groups")
-            yield CallTree(Text("call tree"), id="stacks-tree")
+            yield CallTree(Text(""), id="stacks-tree")
         yield Static(id="stacks-problems")
         yield CalmFooter(hidden=() if can_act(self.app) else ACTS_ON_RANKS)  # the keys that fit whole
 
     def on_mount(self) -> None:
         self.query_one("#stacks-problems").display = False
+        self.query_one(CallTree).border_title = TREE_TITLES[self.native_frames]
         self.action_dump()
 
     # ----- the dump (worker thread) -------------------------------------------------------------
@@ -134,6 +139,8 @@ class StacksScreen(Screen):
     @work(thread=True, exclusive=True, group="stacks")
     def _report_in_thread(self, command: cmd.DumpStacks | cmd.SignalDump) -> None:
         ack = self.engine.submit(command)
+        if get_current_worker().is_cancelled:  # a later key asked again (n twice: the C frames came last)
+            return
         if ack.report is None:  # the group may be gone mid-dump: say so, keep the UI alive
             self.app.call_from_thread(self._failed, ack.message)
             return
@@ -198,8 +205,7 @@ class StacksScreen(Screen):
     def _render_tree(self, report: StackReport) -> None:
         tree = self.query_one("#stacks-tree", Tree)
         tree.clear()
-        toggle = "Python only" if report.native_frames else "C frames"
-        tree.root.set_label(Text(f"call tree — {stacks.rank_list(report.tree.ranks)} (n: {toggle})"))
+        tree.root.set_label(Text(stacks.rank_list(report.tree.ranks)))
         odd = set(report.odd_ranks)
         self._add_nodes(tree.root, report.tree, odd)
         tree.root.expand_all()
@@ -233,9 +239,14 @@ class StacksScreen(Screen):
 
     def action_native_frames(self, native: bool) -> None:
         """Dump again with (or without) the C/C++ frames: where torch, gloo or a C library waits."""
-        self.native_frames = native
-        self.refresh_bindings()
+        self._ask_native(native)
         self.action_dump()
+
+    def _ask_native(self, native: bool) -> None:
+        """Whether the next dump has the C frames: n's meaning in the footer, help, palette and title."""
+        self.native_frames = native
+        self.query_one(CallTree).border_title = TREE_TITLES[native]
+        self.refresh_bindings()
 
     def action_show_threads(self, other: bool) -> None:
         self.show_threads = other
@@ -244,6 +255,7 @@ class StacksScreen(Screen):
 
     def action_signal(self) -> None:
         """No ptrace needed: SIGUSR1 makes each rank print its stacks; group what they printed."""
+        self._ask_native(False)  # faulthandler prints Python frames only: n offers the C ones again
         self._fetch("SIGUSR1 sent; reading the ranks' stderr…", cmd.SignalDump)
 
     def action_tree(self, action: str) -> None:
