@@ -481,3 +481,12 @@ def test_stacks_cli_native_is_not_for_the_signal_fallback():
     out = run_ranktop("stacks", "--native", "--signal", "1")
     assert out.returncode == 2 and out.stderr == ("ranktop: error: --native needs py-spy: --signal's faulthandler "
                                                   "prints Python frames only\n"), out
+
+
+def test_a_rank_waiting_for_input_says_so_among_its_facts(tmp_path):
+    """The grid titles a rank at a prompt `input (i)`; its stack view said only `idle`."""
+    code = "import sys\nprint('went on', input('Continue? '), flush=True)\n"
+    with Running(make_agent(tmp_path, code, n=1)) as agent:
+        wait_for(lambda: agent.snapshot().ranks[0].input_prompt, what="the rank at its prompt")
+        (rank,) = stacks.dump_agent_stacks(agent, save=False).ranks
+        assert rank.status == StackStatus.OK and "waits for input at Continue?" in stacks.rank_facts(rank)

@@ -64,6 +64,7 @@ class RankStack:
     cpu_percent: float | None = None  # from the stats sampler, when the agent has one
     stall_seconds: float | None = None
     children: tuple[str, ...] = ()  # "PID NAME" of the dumped process's children: what a wait waits on
+    input_prompt: str | None = None  # the prompt it waits at for input, as the agent's snapshot says
 
     @property
     def main(self) -> ThreadStack | None:

@@ -205,7 +205,7 @@ def dump_agent_stacks(agent: Any, local_ranks: Iterable[int] | None = None, *, s
         if wanted is not None and r.local_rank not in wanted:
             continue
         local[r.rank] = r.local_rank
-        extra[r.rank] = {"cpu_percent": r.cpu_percent, "stall_seconds": r.stall_seconds}
+        extra[r.rank] = {"cpu_percent": r.cpu_percent, "stall_seconds": r.stall_seconds, "input_prompt": r.input_prompt}
         if r.pid is None or not r.state.alive:
             absent.append(RankStack(r.rank, r.local_rank, r.pid or 0, StackStatus.GONE,
                                     reason=f"not running ({r.state.value})"))

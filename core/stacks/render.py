@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 
+from ranktop.core.prompts import NO_PROMPT
 from ranktop.core.stacks.grouping import other_thread_groups, problem_groups
 from ranktop.core.stacks.model import RankStack, StackReport, TreeNode, rank_list
 
@@ -19,6 +20,8 @@ def rank_facts(s: RankStack) -> str:
         facts.append(f"silent {s.stall_seconds:.0f}s")
     if s.main is not None and s.main.active is not None:
         facts.append("on CPU" if s.main.active else "idle")
+    if s.input_prompt:  # idle, and why: someone is to type (the grid's `input (i)`)
+        facts.append("waits for input" + ("" if s.input_prompt == NO_PROMPT else f" at {s.input_prompt}"))
     if gil := _gil_holder(s):
         facts.append(gil)
     if s.children:
