@@ -1134,12 +1134,13 @@ class LocalAgent:
     def _input_prompt(slot: Any, state: RankState, now: float) -> str | None:
         """The prompt a live rank waits at ('(Pdb)', or any while it reads its stdin), once it
         has been quiet a moment: when a snapshot is taken, never per chunk of output."""
-        last = slot.ring.last_output_at
-        if state not in (RankState.RUNNING, RankState.STALLED) or slot.paused or last is None:
+        proc = slot.proc
+        if state not in (RankState.STARTING, RankState.RUNNING, RankState.STALLED) or slot.paused or proc is None:
             return None
-        if now - last < PROMPT_QUIET:
+        # Quiet since it started where it printed nothing yet: its first act may be to read stdin.
+        if now - max(slot.ring.last_output_at or 0.0, proc.started_at) < PROMPT_QUIET:
             return None
-        return rank_prompt(slot.ring.open_line(), slot.proc.pid if slot.proc else None)
+        return rank_prompt(slot.ring.open_line(), proc.pid)
 
     def snapshot(self) -> GroupSnapshot:
         """A consistent picture of the group, cheap enough to take several times a second."""

@@ -251,7 +251,9 @@ def _silent_run_of(target: str, runs: list[ServedRun]) -> list[ServedRun]:
         return []
     run_id, pid = started.get("run_id"), started.get("pid")
     names = (run_id, os.path.basename(os.path.normpath(run_dir)))
-    return [r for r in silent if r.pid == pid and (r.run_id in names or r.run_id.startswith(f"{run_id}."))]
+    # (a pid that one side cannot name matches nothing: None == None is no process)
+    return [r for r in silent if r.pid is not None and r.pid == pid
+            and (r.run_id in names or r.run_id.startswith(f"{run_id}."))]
 
 
 class SeveralRuns(ValueError):

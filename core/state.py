@@ -55,6 +55,12 @@ class GroupState(str, enum.Enum):
         return state in (GroupState.RUNNING, GroupState.RESTARTING)
 
 
+def world_undecided(state: str | None, round_: int | None) -> bool:
+    """Whether a group's world size and node are still the command line's guesses: a rendezvous
+    run before its first round decides them (`state` as a snapshot's, or its JSON's string)."""
+    return state == GroupState.RENDEZVOUS and round_ is None
+
+
 @dataclass(frozen=True)
 class GpuSample:
     """One rank's GPU as NVML last saw it. `index` is None when no GPU is known for the rank."""

@@ -296,6 +296,19 @@ def test_headless_says_a_rank_without_a_prompt_waits_on_its_stdin(tmp_path):
                                             r"\(pid \d+\)", lines[0]), lines
 
 
+def test_a_rank_that_printed_nothing_waits_on_its_stdin(tmp_path):
+    """A rank whose first act is to read its stdin: `starting` in the TUI, then `stalled` headless,
+    never waiting for input (the prompt was looked for only after its first output)."""
+    from conftest import Running
+
+    agent = make_agent(tmp_path, "import sys, time\nsys.stdin.readline()\ntime.sleep(60)\n", n=1)
+    with Running(agent) as agent:
+        wait_for(lambda: agent.snapshot().ranks[0].input_prompt == "stdin", what="rank 0 at its stdin")
+    (tmp_path / "headless").mkdir()
+    lines = headless_lines_of_rank_0(tmp_path / "headless", "import sys\nsys.stdin.readline()\n", b"\n")
+    assert len(lines) == 1 and lines[0].startswith("ranktop: rank 0 waits for input on its stdin: "), lines
+
+
 def test_a_rank_reported_stalled_that_comes_to_read_its_stdin_is_said_to_wait_for_input(tmp_path):
     """A silent step longer than --stall-timeout, then a read of stdin with no prompt of its own:
     headless said `stalled` and nothing more, though the rank waited for someone to type."""

@@ -285,6 +285,19 @@ def test_a_socket_name_with_escapes_is_shown_clean_by_every_command(runtime):
             assert re.fullmatch(r"ranktop( stacks)?: .*job: the engine at .*job\.sock does not answer\n", done.stderr), args
 
 
+def test_a_silent_run_of_unknown_pid_is_not_a_directory_whose_events_name_none(tmp_path):
+    """A silent engine whose full listen queue hid its pid (None), and a directory whose
+    run_started names its id and no pid (anyone who can write the directory can write that): the
+    two were matched, None to None, as the very process that wrote it."""
+    from ranktop.core.client import ServedRun, find_run
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "events.jsonl").write_text('{"event": "run_started", "run_id": "run"}\n')
+    runs = [ServedRun("run", "/run/run.sock", {"state": "not answering"}, 0, None)]
+    with pytest.raises(ValueError, match=r"names an ended run, not one served on this host$"):
+        find_run(str(tmp_path / "run"), runs)
+
+
 @pytest.mark.parametrize("events", [b"[" * 100_000 + b"\n", b"\xff\n", b'"run_started"\n'])
 def test_a_directory_whose_events_file_is_garbage_names_no_silent_run(tmp_path, events):
     """events.jsonl is written by whoever could write the run directory: a nested array too deep

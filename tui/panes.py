@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from ranktop.core.engine import FIRST_LOOK_LINES, Engine, OutputCursor
 from ranktop.core.sanitize import clean
-from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
+from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState, world_undecided
 from ranktop.tui.commands import action_name
 from ranktop.tui.logview import LogView
 from rich.cells import cell_len
@@ -212,7 +212,7 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
             text.append(f" (+{len(group.earlier_attempts) - 1})", style="bold yellow")
     if group.interpreter:
         text.append(f"  python {clean(_short_path(group.interpreter))}", style="dim")
-    if group.state == GroupState.RENDEZVOUS and group.round is None:
+    if world_undecided(group.state, group.round):
         text.append("  world ?  node ?")  # the first round decides both: the command line's are guesses
     else:
         text.append(f"  world {group.world_size}")

@@ -28,6 +28,7 @@ from ranktop.core.client import (
     wait_gone,
 )
 from ranktop.core.sanitize import clean, clean_console
+from ranktop.core.state import world_undecided
 from ranktop.core.stdio import print_out, terminal_problem
 from ranktop.tui.usage import UsageParser, metric_pattern, usage_error
 
@@ -128,8 +129,7 @@ def ls(argv: list[str]) -> int:
 def _facts(run: ServedRun) -> dict:
     snap = run.snapshot
     started = snap.get("started_at")
-    # (before a rendezvous run's first round the world is the command line's guess: unknown)
-    undecided = snap.get("state") == "rendezvous" and snap.get("round") is None
+    undecided = world_undecided(snap.get("state"), snap.get("round"))
     return {"script": snap.get("name"), "world": None if undecided else snap.get("world_size"), "state": snap.get("state"),
             "age": None if started is None else _age(time.time() - started)}
 
