@@ -13,11 +13,14 @@ are still kept, but only to tell people where things are.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import stat
 import tempfile
+import threading
+from collections.abc import Iterator
 
 from ranktop.core.errors import UsageError
 
@@ -85,86 +88,113 @@ MAX_RUN_ID_BYTES = 200  # a file name holds 255, and nodes sharing a log dir add
 
 
 class Dir:
-    """A directory held open: `path` is for people, `fd` is what ranktop uses."""
+    """A directory held open: `path` is for people, `fd` is what ranktop uses.
+
+    Held across threads (a stack dump on a server thread saves into the run directory while the
+    engine thread ends the run and closes it), so every use of the descriptor and its closing
+    take one lock: a number closed under a user could be the kernel's next file or directory, and
+    the write would land there."""
 
     def __init__(self, path: str, fd: int):
         self.path = path
-        self.fd = fd
+        self._fd = fd
+        self._lock = threading.RLock()
+
+    @property
+    def fd(self) -> int:
+        """The descriptor, -1 once closed; where another thread may close it, `use()` holds it open."""
+        return self._fd
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[int]:
+        """The descriptor, kept open while the caller uses it (close() waits); EBADF once closed."""
+        with self._lock:
+            if self._fd < 0:
+                raise OSError(errno.EBADF, f"{self.path} is closed")
+            yield self._fd
 
     def sub(self, name: str) -> Dir:
         """The sub-directory `name`, made (0700) unless there. Whatever else is there under that
         name (a symlink, a file) is set aside first: we never follow it."""
-        try:
-            os.mkdir(name, DIR_MODE, dir_fd=self.fd)
-        except FileExistsError:
-            pass
-        try:
-            fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self.fd)
-        except OSError as exc:
-            if exc.errno not in _NOT_OURS:
-                raise
-            self.set_aside(name)
-            os.mkdir(name, DIR_MODE, dir_fd=self.fd)
-            fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self.fd)
-        return Dir(os.path.join(self.path, name), fd)
+        with self.use() as fd:
+            try:
+                os.mkdir(name, DIR_MODE, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                held = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in _NOT_OURS:
+                    raise
+                self.set_aside(name)
+                os.mkdir(name, DIR_MODE, dir_fd=fd)
+                held = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+        return Dir(os.path.join(self.path, name), held)
 
     def fresh(self, prefix: str) -> str:
         """The name of a new directory `prefix`<random> made here (0700), as mkdtemp makes one."""
-        while True:
-            name = prefix + os.urandom(4).hex()
-            try:
-                os.mkdir(name, DIR_MODE, dir_fd=self.fd)
-                return name
-            except FileExistsError:
-                continue
+        with self.use() as fd:
+            while True:
+                name = prefix + os.urandom(4).hex()
+                try:
+                    os.mkdir(name, DIR_MODE, dir_fd=fd)
+                    return name
+                except FileExistsError:
+                    continue
 
     def open_append(self, name: str) -> int:
         """`name` opened for appending (made 0600 unless there). Anything there but a plain file
         of ours (a symlink, a FIFO, a hard link to a file elsewhere) is set aside for a new file."""
-        try:
-            fd = os.open(name, _APPEND_FLAGS, FILE_MODE, dir_fd=self.fd)
-        except OSError as exc:
-            if exc.errno not in _NOT_OURS:
-                raise
-        else:
-            info = os.fstat(fd)
-            if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
-                return fd
-            os.close(fd)
-        self.set_aside(name)
-        return os.open(name, _APPEND_FLAGS | os.O_EXCL, FILE_MODE, dir_fd=self.fd)
+        with self.use() as dir_fd:
+            try:
+                fd = os.open(name, _APPEND_FLAGS, FILE_MODE, dir_fd=dir_fd)
+            except OSError as exc:
+                if exc.errno not in _NOT_OURS:
+                    raise
+            else:
+                info = os.fstat(fd)
+                if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+                    return fd
+                os.close(fd)
+            self.set_aside(name)
+            return os.open(name, _APPEND_FLAGS | os.O_EXCL, FILE_MODE, dir_fd=dir_fd)
 
     def open_new(self, name: str) -> int:
         """A new file `name` (0600) opened for writing; fails if anything has that name."""
-        return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                       FILE_MODE, dir_fd=self.fd)
+        with self.use() as fd:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           FILE_MODE, dir_fd=fd)
 
     def remove(self, name: str) -> None:
         """Remove the entry `name` if there (a symlink itself, never what it points to)."""
-        try:
-            os.unlink(name, dir_fd=self.fd)
-        except FileNotFoundError:
-            pass
-        except (IsADirectoryError, PermissionError):
-            self.set_aside(name)
+        with self.use() as fd:
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            except (IsADirectoryError, PermissionError):
+                self.set_aside(name)
 
     def set_aside(self, name: str) -> None:
         """Move what is called `name` out of the way (kept, renamed), if anything is."""
-        try:
-            os.rename(name, f"{name}.set-aside-{os.urandom(4).hex()}", src_dir_fd=self.fd, dst_dir_fd=self.fd)
-        except FileNotFoundError:
-            pass
+        with self.use() as fd:
+            try:
+                os.rename(name, f"{name}.set-aside-{os.urandom(4).hex()}", src_dir_fd=fd, dst_dir_fd=fd)
+            except FileNotFoundError:
+                pass
 
     def entries(self) -> list[str]:
-        return os.listdir(self.fd)
+        with self.use() as fd:
+            return os.listdir(fd)
 
     def path_of(self, name: str) -> str:
         return os.path.join(self.path, name)
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 class RunDir(Dir):
@@ -232,7 +262,8 @@ class RunDir(Dir):
         if create:
             return self.open_append(EVENTS)
         try:
-            fd = os.open(EVENTS, _APPEND_FLAGS & ~os.O_CREAT, dir_fd=self.fd)
+            with self.use() as dir_fd:
+                fd = os.open(EVENTS, _APPEND_FLAGS & ~os.O_CREAT, dir_fd=dir_fd)
         except OSError:
             return None
         info = os.fstat(fd)

@@ -420,3 +420,30 @@ def test_the_attempt_switcher_lists_only_real_attempt_directories_up_to_the_engi
         names = [os.path.basename(d) for d in attempt_dirs(run, newest=1)]
         assert names == ["attempt_0", "attempt_1", "attempt_1.1"]
         assert [os.path.basename(d) for d in attempt_dirs(run)][-1] == "attempt_9"
+
+
+def test_a_held_directory_is_not_closed_under_a_thread_that_uses_it(tmp_path):
+    """A stack dump saves into the run directory from a server thread while the engine thread may
+    end the run and close it. Closed between a use's read of the number and its open, the number
+    could be the kernel's next directory, and the dump would land there: a close waits for a use,
+    and a use after the close is EBADF, never another directory."""
+    import errno
+
+    from ranktop.core.layout import Dir
+
+    held = Dir(str(tmp_path), os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY))
+    closer = threading.Thread(target=held.close)
+    with held.use() as fd:
+        closer.start()
+        closer.join(0.3)
+        assert closer.is_alive() and os.fstat(fd)  # the close waits: the number is still ours
+        os.close(os.open("x", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+    closer.join(10)
+    assert not closer.is_alive() and held.fd == -1 and (tmp_path / "x").exists()
+    elsewhere = os.open(tmp_path.parent, os.O_RDONLY | os.O_DIRECTORY)  # most likely the number just freed
+    try:
+        with pytest.raises(OSError) as closed:
+            held.open_new("stray")
+        assert closed.value.errno == errno.EBADF and not (tmp_path.parent / "stray").exists()
+    finally:
+        os.close(elsewhere)
