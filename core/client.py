@@ -646,7 +646,8 @@ def _holds(kind: Any, value: Any) -> bool:
         return False
     if kind is int:
         return isinstance(value, int) and -MAX_INT < value < MAX_INT
-    return kind is float and math.isfinite(value) and 0 <= value <= MAX_FLOAT
+    # (compared as it is: a whole number too large for a float, 10**400, is out of range, not an OverflowError)
+    return kind is float and 0 <= value <= MAX_FLOAT
 
 
 def _final_dataclass(kind: Any, data: Any, where: str) -> Any:

@@ -986,6 +986,20 @@ def test_a_final_view_no_run_could_have_left_is_one_line(tmp_path, runtime, edit
     assert done.stderr == f"ranktop: error: bad final view {run_dir / 'final.json'}: {why}\n"
 
 
+def test_a_whole_number_too_large_for_a_time_in_a_final_view_is_an_unknown_time(tmp_path, runtime):
+    """Found by fuzzing final.json: 10**400 where a time goes stopped `ranktop logs DIR` with
+    OverflowError (int too large to convert to float); it is a time no clock shows, as 1e300 is."""
+    from ranktop.core.client import FinalEngine
+
+    run_dir = ended_run(tmp_path, runtime)
+    edit_final(run_dir, started_at=10**400, root_cause__timestamp=-(10**400), ranks__1__ended_at=10**400)
+    snap = FinalEngine(str(run_dir / "final.json")).snapshot()
+    assert math.isnan(snap.root_cause.timestamp) and snap.started_at != snap.started_at
+    done = run_ranktop("logs", str(run_dir), env=runtime)
+    assert (done.returncode, done.stdout.count("out of 1")) == (0, 1), done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
+
+
 def plant_rank_dir_link(tmp_path, run_dir) -> None:
     """attempt_0/1 becomes a symlink to a directory outside whose stdout.log is the secret."""
     outside = tmp_path / "outside"
