@@ -373,6 +373,27 @@ def test_the_socket_refuses_other_users_and_garbage(tmp_path, open_runtime):
         proc.wait(30)
 
 
+def test_a_subscriber_naming_a_rank_many_times_is_dropped_and_the_others_are_served(tmp_path, runtime):
+    """Found by fuzzing the socket: `"ranks": [0] * 150000` was taken, and every push walked it,
+    so `ranktop ls` and `logs` found the engine not answering while that client stayed."""
+    proc = start_headless(tmp_path, runtime, "crowded")
+    try:
+        (run,) = wait_for(lambda: ls(runtime), what="the run listed")
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(run["socket"])
+            s.sendall(protocol.encode_control(protocol.hello("client"))
+                      + protocol.encode_control({"type": "subscribe", "ranks": [0] * 150000}))
+            reply = b""
+            while chunk := s.recv(4096):
+                reply += chunk
+        assert b"subscribe needs distinct local ranks in 0..1 and cursors" in reply
+        assert [r["state"] for r in ls(runtime)] == ["running"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
 def test_a_run_out_of_descriptors_refuses_newcomers_with_a_reason_and_drops_silent_clients(tmp_path, runtime):
     """Each client holds a descriptor. Out of them, accept() fails while the client still waits,
     so the listener stays readable: the server used to spin on it at a full core and never answer."""
