@@ -26,7 +26,7 @@ from ranktop.core.events import run_started
 from ranktop.core.layout import FINAL_FILE, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.sanitize import clean
-from ranktop.core.server import SocketDirError, peer_credentials, remove_if_dead, socket_dir
+from ranktop.core.server import SocketDirError, peer_credentials, remove_if_dead, socket_dir, to_json
 from ranktop.core.state import GroupSnapshot, RankSnapshot
 
 CONNECT_TIMEOUT = 3.0
@@ -123,6 +123,8 @@ class Connection:
 
     def snapshot(self) -> dict:
         answer, _ = self.request({"type": "snapshot"})
+        if not isinstance(answer.get("snapshot"), dict):
+            raise RunGone("the run's engine sent a bad snapshot: not a JSON object")
         return {**answer["snapshot"], "clients": answer.get("clients", 0)}
 
     def command(self, name: str, **args: Any) -> dict:
@@ -133,7 +135,11 @@ class Connection:
                tail: int | None = None) -> tuple[dict, list[bytes], list[bytes]]:
         """(answer, complete lines after `line` (at most the last `tail`), unfinished lines) of one rank."""
         request = {"type": "output", "rank": rank, "generation": generation, "line": line}
-        answer, (done, open_) = self.request(request if tail is None else {**request, "tail": tail}, frames=2)
+        answer, frames = self.request(request if tail is None else {**request, "tail": tail}, frames=2)
+        if not (len(frames) == 2 and all(isinstance(f, protocol.Output) for f in frames)
+                and all(_whole(answer.get(k)) and answer[k] >= -1 for k in ("generation", "line", "lines", "open"))):
+            raise RunGone("the run's engine sent a bad answer to an output request")
+        done, open_ = frames
         lines = done.data.split(b"\n") if answer["lines"] else []
         return answer, lines, open_.data.split(b"\n") if answer["open"] else []
 
@@ -210,8 +216,33 @@ def served_runs() -> list[ServedRun]:
             continue
         except (protocol.ProtocolError, KeyError):
             continue
-        found.append(ServedRun(name[: -len(".sock")], path, snap, snap.get("clients", 1) - 1, pid))
+        checked = _listed_snapshot(snap)
+        if checked is None:  # not a run's snapshot: no engine of ours, like one that sends garbage
+            continue
+        found.append(ServedRun(name[: -len(".sock")], path, checked, checked["clients"] - 1, pid))
     return sorted(found, key=lambda run: run.snapshot.get("started_at") or 0, reverse=True)
+
+
+def _listed_snapshot(raw: dict) -> dict | None:
+    """An engine's snapshot as `ls`, `logs`, `stop` and `stacks` read it: checked and cleaned as
+    the views check theirs (decode_snapshot), back in the engine's JSON shape, with a count of
+    clients; None where no view could be made of it (a `clients` of "x", ranks that are text:
+    `ls` and `logs` stopped with a traceback on such an engine)."""
+    clients = raw.get("clients", 1)
+    try:
+        snap = decode_snapshot(raw)
+    except BadValue:
+        return None
+    if not _whole(clients) or not 0 <= clients <= _MAX_CLIENTS_SHOWN:
+        return None
+    return {**to_json(snap), "clients": clients}
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_MAX_CLIENTS_SHOWN = 1 << 20  # an engine serves at most 64 (core/server.py); more is not an engine of ours
 
 
 def find_run(target: str | None, runs: list[ServedRun]) -> ServedRun:

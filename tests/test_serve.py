@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -392,6 +393,77 @@ def test_a_subscriber_naming_a_rank_many_times_is_dropped_and_the_others_are_ser
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+@contextlib.contextmanager
+def hostile_engine(env, snapshot: object, output: dict | None = None, clients: object = 1) -> Iterator[None]:
+    """A socket in the runtime directory that speaks as an engine (any process of the same user
+    could serve one) and answers every snapshot request with `snapshot` and `clients`, every
+    output request with the head `output` and two empty output frames."""
+    directory = Path(env["XDG_RUNTIME_DIR"]) / "ranktop"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(directory / "evil.sock"))
+    listener.listen(8)
+
+    def answer(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):  # (a client that leaves)
+            conn.sendall(protocol.encode_control(protocol.hello("engine", run_id="evil", pid=os.getpid())))
+            decoder = protocol.FrameDecoder()
+            while data := conn.recv(65536):
+                for request in decoder.feed(data):
+                    if request["type"] == "snapshot":
+                        conn.sendall(protocol.encode_control({"type": "snapshot", "snapshot": snapshot,
+                                                                  "clients": clients}))
+                    elif request["type"] == "output":
+                        conn.sendall(protocol.encode_control({"type": "output", **(output or {})})
+                                     + protocol.encode_output(0, 0, b"") * 2)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        (directory / "evil.sock").unlink()
+
+
+def _fake_snapshot(**changes: object) -> dict:
+    from fake_engine import FakeEngine
+    from ranktop.core.server import to_json
+
+    return {**to_json(FakeEngine().group), **changes}
+
+
+@pytest.mark.parametrize(("snapshot", "clients"), [(_fake_snapshot(), "x"), (_fake_snapshot(ranks="ab"), 1),
+                                                   (_fake_snapshot(ranks=[5]), 1), (5, 1)])
+def test_an_engine_whose_snapshot_is_no_runs_is_not_listed(runtime, snapshot, clients):
+    """Found by fuzzing what an engine answers: `ls`, `logs` and `stacks` read its snapshot
+    unchecked, and a `clients` of "x" or ranks that are text ended them in a traceback."""
+    with hostile_engine(runtime, snapshot, clients=clients):
+        assert ls(runtime) == []
+        done = run_ranktop("logs", "evil", "--rank", "0", env=runtime)
+        assert (done.returncode, done.stderr.count("\n"), "Traceback" in done.stderr) == (2, 1, False), done.stderr
+
+
+def test_logs_stop_asking_an_engine_that_says_more_and_gives_none(runtime):
+    """An engine whose answer to an output request says `more` with its cursor where it was
+    kept `ranktop logs` asking for good; one whose answer has no line count ended it in a
+    traceback."""
+    with hostile_engine(runtime, _fake_snapshot(),
+                        output={"generation": 0, "line": 0, "lines": 0, "open": 0, "more": True}):
+        done = run_ranktop("logs", "evil", env=runtime, timeout=30)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    with hostile_engine(runtime, _fake_snapshot(), output={"generation": "x", "line": 0}):
+        done = run_ranktop("logs", "evil", env=runtime, timeout=30)
+        assert (done.returncode, done.stdout) == (0, ""), done.stderr  # as an engine that went away
+        assert "Traceback" not in done.stderr
 
 
 def test_a_run_out_of_descriptors_refuses_newcomers_with_a_reason_and_drops_silent_clients(tmp_path, runtime):

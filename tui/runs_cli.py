@@ -362,9 +362,9 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
         cursor = (-1, 0)
         while True:
             answer, lines, _open = conn.output(local, *cursor)
-            cursor = (answer["generation"], answer["line"])
+            cursor, before = (answer["generation"], answer["line"]), cursor
             out.writelines(prefix + shown(line) + b"\n" for line in lines)
-            if not answer.get("more"):
+            if not answer.get("more") or cursor == before:  # (an engine that says "more" and gives none: no loop)
                 break
     out.flush()
     return 0
