@@ -81,6 +81,11 @@ class Connection:
             listener = listener_pid(self._sock)
             self._sock.sendall(protocol.encode_control(protocol.hello("client")))
             first = self._next(time.monotonic() + max(timeout, REQUEST_SECONDS))
+            if not isinstance(first, dict):
+                raise protocol.ProtocolError("the first frame is rank output, not a hello")
+        except protocol.ProtocolError as exc:  # not ranktop's engine (of this version): one line, as one gone
+            self._sock.close()
+            raise RunGone(f"{path} does not speak as a ranktop engine: {exc}") from None
         except (TimeoutError, BlockingIOError):  # BlockingIOError: its queue of connections is full
             self._sock.close()
             raise EngineSilent(f"the engine at {path} does not answer", listener) from None
@@ -90,7 +95,11 @@ class Connection:
         if first.get("type") == "error":
             self._sock.close()
             raise RunGone(str(first.get("message")))
-        protocol.check_hello(first, "engine")
+        try:
+            protocol.check_hello(first, "engine")
+        except protocol.ProtocolError as exc:
+            self._sock.close()
+            raise RunGone(f"{path} does not speak as a ranktop engine: {exc}") from None
         self.hello = first
 
     def _next(self, deadline: float | None = None) -> Any:
@@ -112,11 +121,15 @@ class Connection:
         try:
             self._sock.sendall(protocol.encode_control(message))
             answer = self._next(deadline)
+            if not isinstance(answer, dict):
+                raise protocol.ProtocolError("rank output came where an answer was due")
             outputs = [self._next(deadline) for _ in range(frames if answer.get("type") == message["type"] else 0)]
         except TimeoutError:
             raise EngineSilent("the run's engine gave no whole answer in time") from None
         except OSError as exc:
             raise RunGone(f"the run's engine went away ({exc.strerror or exc})") from None
+        except protocol.ProtocolError as exc:
+            raise RunGone(f"the run's engine sent what is not ranktop's protocol: {exc}") from None
         if answer.get("type") == "error":
             raise RunGone(str(answer.get("message")))
         return answer, outputs
@@ -160,13 +173,19 @@ class Connection:
         while True:
             try:
                 message = self._next()
+                if not isinstance(message, dict):
+                    raise protocol.ProtocolError("rank output came where a message was due")
                 if message.get("type") != "output":
                     yield message, []
                     continue
                 done, _open = self._next(), self._next()
+                if not isinstance(done, protocol.Output) or not isinstance(_open, protocol.Output):
+                    raise protocol.ProtocolError("an output message came without its two output frames")
             except OSError as exc:
                 raise RunGone(f"the run's engine went away ({exc.strerror or exc})") from None
-            yield message, done.data.split(b"\n") if message["lines"] else []
+            except protocol.ProtocolError as exc:
+                raise RunGone(f"the run's engine sent what is not ranktop's protocol: {exc}") from None
+            yield message, done.data.split(b"\n") if message.get("lines") else []
 
     def close(self) -> None:
         self._sock.close()

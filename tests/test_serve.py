@@ -396,10 +396,13 @@ def test_a_subscriber_naming_a_rank_many_times_is_dropped_and_the_others_are_ser
 
 
 @contextlib.contextmanager
-def hostile_engine(env, snapshot: object, output: dict | None = None, clients: object = 1) -> Iterator[None]:
+def hostile_engine(env, snapshot: object, output: dict | bytes | None = None, clients: object = 1,
+                   hellos: tuple[bytes, ...] = ()) -> Iterator[None]:
     """A socket in the runtime directory that speaks as an engine (any process of the same user
     could serve one) and answers every snapshot request with `snapshot` and `clients`, every
-    output request with the head `output` and two empty output frames."""
+    output request with the head `output` and two empty output frames (or with `output`'s bytes).
+    Its k-th connection gets `hellos[k]` as its first bytes where given."""
+    connections = iter(hellos)
     directory = Path(env["XDG_RUNTIME_DIR"]) / "ranktop"
     directory.mkdir(mode=0o700, exist_ok=True)
     listener = socket.socket(socket.AF_UNIX)
@@ -408,13 +411,16 @@ def hostile_engine(env, snapshot: object, output: dict | None = None, clients: o
 
     def answer(conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):  # (a client that leaves)
-            conn.sendall(protocol.encode_control(protocol.hello("engine", run_id="evil", pid=os.getpid())))
+            conn.sendall(next(connections, None)
+                         or protocol.encode_control(protocol.hello("engine", run_id="evil", pid=os.getpid())))
             decoder = protocol.FrameDecoder()
             while data := conn.recv(65536):
                 for request in decoder.feed(data):
                     if request["type"] == "snapshot":
                         conn.sendall(protocol.encode_control({"type": "snapshot", "snapshot": snapshot,
                                                                   "clients": clients}))
+                    elif request["type"] == "output" and isinstance(output, bytes):
+                        conn.sendall(output)
                     elif request["type"] == "output":
                         conn.sendall(protocol.encode_control({"type": "output", **(output or {})})
                                      + protocol.encode_output(0, 0, b"") * 2)
@@ -464,6 +470,22 @@ def test_logs_stop_asking_an_engine_that_says_more_and_gives_none(runtime):
         done = run_ranktop("logs", "evil", env=runtime, timeout=30)
         assert (done.returncode, done.stdout) == (0, ""), done.stderr  # as an engine that went away
         assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("hellos", "output"), [
+    ((), b"X\x00\x00\x00\x00"),  # garbage for an answer
+    ((), protocol.encode_output(0, 0, b"x")),  # rank output where the answer's head was due
+    # listed by `logs`, then another hello on its next connection: another version, rank output
+    ((b"", protocol.encode_control({"type": "hello", "version": 99, "role": "engine"})), None),
+    ((b"", protocol.encode_output(0, 0, b"hi")), None),
+])
+def test_an_engine_that_does_not_speak_the_protocol_is_one_line_for_logs(runtime, hellos, output):
+    """Found by fuzzing what an engine answers: a frame of an unknown type, output where a
+    message was due, or a hello of another version on `logs`' own connection were tracebacks."""
+    with hostile_engine(runtime, _fake_snapshot(), output, hellos=hellos):
+        done = run_ranktop("logs", "evil", env=runtime, timeout=30)
+    assert "Traceback" not in done.stderr and done.returncode in (0, 1), done.stderr
+    assert done.stderr.count("\n") <= 1 and done.stdout == ""
 
 
 def test_a_run_out_of_descriptors_refuses_newcomers_with_a_reason_and_drops_silent_clients(tmp_path, runtime):

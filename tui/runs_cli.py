@@ -354,8 +354,8 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
             if events and message["type"] == "event":  # JSON escapes every control character: safe to show
                 out.write(b"[ranktop]:" + json.dumps(message["event"]).encode() + b"\n")
                 out.flush()
-            if lines:
-                out.writelines(prefixes[message["rank"]] + shown(line) + b"\n" for line in lines)
+            if lines and (prefix := prefixes.get(message.get("rank"))) is not None:  # (a rank it was not asked for)
+                out.writelines(prefix + shown(line) + b"\n" for line in lines)
                 out.flush()
         return 0  # (not reached: pushes end with "ended", or RunGone when the engine leaves)
     for local, prefix in prefixes.items():
