@@ -239,7 +239,12 @@ def served_runs() -> list[ServedRun]:
         if checked is None:  # not a run's snapshot: no engine of ours, like one that sends garbage
             continue
         found.append(ServedRun(name[: -len(".sock")], path, checked, checked["clients"] - 1, pid))
-    return sorted(found, key=lambda run: run.snapshot.get("started_at") or 0, reverse=True)
+    return sorted(found, key=_started_at, reverse=True)
+
+
+def _started_at(run: ServedRun) -> float:
+    started = run.snapshot.get("started_at")
+    return started if isinstance(started, (int, float)) and math.isfinite(started) else 0.0  # (NaN: unknown)
 
 
 def _listed_snapshot(raw: dict) -> dict | None:

@@ -458,6 +458,16 @@ def test_an_engine_whose_snapshot_is_no_runs_is_not_listed(runtime, snapshot, cl
         assert (done.returncode, done.stderr.count("\n"), "Traceback" in done.stderr) == (2, 1, False), done.stderr
 
 
+def test_an_engine_whose_start_is_no_time_is_listed_with_an_unknown_age(runtime):
+    """A start time no clock shows is unknown in a checked snapshot: `ls` divided it into
+    minutes and stopped with a traceback (cannot convert float NaN to integer)."""
+    with hostile_engine(runtime, _fake_snapshot(started_at="yesterday")):
+        (run,) = ls(runtime)
+        assert (run["run_id"], run["age"], run["state"]) == ("evil", None, "running")
+        done = run_ranktop("ls", env=runtime)
+        assert done.returncode == 0 and "evil  fake.py  2      running  ?" in done.stdout, done.stderr
+
+
 def test_logs_stop_asking_an_engine_that_says_more_and_gives_none(runtime):
     """An engine whose answer to an output request says `more` with its cursor where it was
     kept `ranktop logs` asking for good; one whose answer has no line count ended it in a

@@ -4,6 +4,7 @@ through the socket its engine serves (core/server.py). Never imports Textual."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sys
@@ -127,9 +128,9 @@ def ls(argv: list[str]) -> int:
 
 def _facts(run: ServedRun) -> dict:
     snap = run.snapshot
-    started = snap.get("started_at")
+    started = snap.get("started_at")  # NaN where the engine's was no time: unknown, shown as "?"
     return {"script": snap.get("name"), "world": snap.get("world_size"), "state": snap.get("state"),
-            "age": None if started is None else _age(time.time() - started)}
+            "age": None if started is None or not math.isfinite(started) else _age(time.time() - started)}
 
 
 def _age(seconds: float) -> str:
