@@ -477,9 +477,11 @@ class EngineServer:
 
     def _command(self, conn: socket.socket, message: dict) -> dict | None:
         kind, args = RELAYED.get(str(message.get("command"))), message.get("args") or {}
-        if kind is None or not isinstance(args, dict):
+        if kind is None:
             return {"ok": False, "message": f"unknown command {str(message.get('command'))[:40]!r}: "
                                             f"expected one of {', '.join(RELAYED)}"}
+        if not isinstance(args, dict):  # (it was called an unknown command)
+            return {"ok": False, "message": f"bad {kind.__name__}: its args must be an object of named values"}
         try:
             command = kind(**args)
         except TypeError as exc:

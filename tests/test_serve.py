@@ -1304,8 +1304,11 @@ def test_commands_with_bad_arguments_through_the_socket_change_nothing(tmp_path,
                        conn.command("SignalRank", local_rank=0, signal="TERM"),
                        conn.command("Stop", nonsense=1),
                        conn.command("RunShell", cmd="rm -rf /"),
-                       conn.command("DumpStacks", save="no")]
-            assert [a["ok"] for a in answers] == [False] * 5
+                       conn.command("DumpStacks", save="no"),
+                       # args that are no object: a known command, not "unknown command 'KillGroup'"
+                       conn.request({"type": "command", "id": 2, "command": "KillGroup", "args": [1]})[0]]
+            assert [a["ok"] for a in answers] == [False] * 6
+            assert answers[5]["message"] == "bad KillGroup: its args must be an object of named values"
             assert answers[4]["message"] == "bad save 'no': expected true or false"
             assert answers[0]["message"] == "bad local rank 9: local ranks are 0..1"
             assert answers[2]["message"].startswith("bad Stop: ")
