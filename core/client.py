@@ -150,7 +150,8 @@ class Connection:
         request = {"type": "output", "rank": rank, "generation": generation, "line": line}
         answer, frames = self.request(request if tail is None else {**request, "tail": tail}, frames=2)
         if not (len(frames) == 2 and all(isinstance(f, protocol.Output) for f in frames)
-                and all(_whole(answer.get(k)) and answer[k] >= -1 for k in ("generation", "line", "lines", "open"))):
+                and all(_whole(answer.get(k)) and answer[k] >= -1 for k in ("generation", "line", "lines", "open"))
+                and _whole(answer.get("version"))):
             raise RunGone("the run's engine sent a bad answer to an output request")
         done, open_ = frames
         lines = done.data.split(b"\n") if answer["lines"] else []

@@ -473,7 +473,7 @@ def test_logs_stop_asking_an_engine_that_says_more_and_gives_none(runtime):
     kept `ranktop logs` asking for good; one whose answer has no line count ended it in a
     traceback."""
     with hostile_engine(runtime, _fake_snapshot(),
-                        output={"generation": 0, "line": 0, "lines": 0, "open": 0, "more": True}):
+                        output={"generation": 0, "line": 0, "version": 1, "lines": 0, "open": 0, "more": True}):
         done = run_ranktop("logs", "evil", env=runtime, timeout=30)
         assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
     with hostile_engine(runtime, _fake_snapshot(), output={"generation": "x", "line": 0}):
