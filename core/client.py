@@ -26,7 +26,7 @@ from ranktop.core.events import run_started
 from ranktop.core.layout import FINAL_FILE, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.sanitize import clean
-from ranktop.core.server import SocketDirError, peer_credentials, remove_if_dead, socket_dir
+from ranktop.core.server import SocketDirError, peer_credentials, remove_if_dead, socket_dir, to_json
 from ranktop.core.state import GroupSnapshot, RankSnapshot
 
 CONNECT_TIMEOUT = 3.0
@@ -81,6 +81,11 @@ class Connection:
             listener = listener_pid(self._sock)
             self._sock.sendall(protocol.encode_control(protocol.hello("client")))
             first = self._next(time.monotonic() + max(timeout, REQUEST_SECONDS))
+            if not isinstance(first, dict):
+                raise protocol.ProtocolError("the first frame is rank output, not a hello")
+        except protocol.ProtocolError as exc:  # not ranktop's engine (of this version): one line, as one gone
+            self._sock.close()
+            raise RunGone(f"{path} does not speak as a ranktop engine: {exc}") from None
         except (TimeoutError, BlockingIOError):  # BlockingIOError: its queue of connections is full
             self._sock.close()
             raise EngineSilent(f"the engine at {path} does not answer", listener) from None
@@ -90,7 +95,11 @@ class Connection:
         if first.get("type") == "error":
             self._sock.close()
             raise RunGone(str(first.get("message")))
-        protocol.check_hello(first, "engine")
+        try:
+            protocol.check_hello(first, "engine")
+        except protocol.ProtocolError as exc:
+            self._sock.close()
+            raise RunGone(f"{path} does not speak as a ranktop engine: {exc}") from None
         self.hello = first
 
     def _next(self, deadline: float | None = None) -> Any:
@@ -112,17 +121,23 @@ class Connection:
         try:
             self._sock.sendall(protocol.encode_control(message))
             answer = self._next(deadline)
+            if not isinstance(answer, dict):
+                raise protocol.ProtocolError("rank output came where an answer was due")
             outputs = [self._next(deadline) for _ in range(frames if answer.get("type") == message["type"] else 0)]
         except TimeoutError:
             raise EngineSilent("the run's engine gave no whole answer in time") from None
         except OSError as exc:
             raise RunGone(f"the run's engine went away ({exc.strerror or exc})") from None
+        except protocol.ProtocolError as exc:
+            raise RunGone(f"the run's engine sent what is not ranktop's protocol: {exc}") from None
         if answer.get("type") == "error":
             raise RunGone(str(answer.get("message")))
         return answer, outputs
 
     def snapshot(self) -> dict:
         answer, _ = self.request({"type": "snapshot"})
+        if not isinstance(answer.get("snapshot"), dict):
+            raise RunGone("the run's engine sent a bad snapshot: not a JSON object")
         return {**answer["snapshot"], "clients": answer.get("clients", 0)}
 
     def command(self, name: str, **args: Any) -> dict:
@@ -133,7 +148,12 @@ class Connection:
                tail: int | None = None) -> tuple[dict, list[bytes], list[bytes]]:
         """(answer, complete lines after `line` (at most the last `tail`), unfinished lines) of one rank."""
         request = {"type": "output", "rank": rank, "generation": generation, "line": line}
-        answer, (done, open_) = self.request(request if tail is None else {**request, "tail": tail}, frames=2)
+        answer, frames = self.request(request if tail is None else {**request, "tail": tail}, frames=2)
+        if not (len(frames) == 2 and all(isinstance(f, protocol.Output) for f in frames)
+                and all(_whole(answer.get(k)) and answer[k] >= -1 for k in ("generation", "line", "lines", "open"))
+                and _whole(answer.get("version"))):
+            raise RunGone("the run's engine sent a bad answer to an output request")
+        done, open_ = frames
         lines = done.data.split(b"\n") if answer["lines"] else []
         return answer, lines, open_.data.split(b"\n") if answer["open"] else []
 
@@ -154,13 +174,19 @@ class Connection:
         while True:
             try:
                 message = self._next()
+                if not isinstance(message, dict):
+                    raise protocol.ProtocolError("rank output came where a message was due")
                 if message.get("type") != "output":
                     yield message, []
                     continue
                 done, _open = self._next(), self._next()
+                if not isinstance(done, protocol.Output) or not isinstance(_open, protocol.Output):
+                    raise protocol.ProtocolError("an output message came without its two output frames")
             except OSError as exc:
                 raise RunGone(f"the run's engine went away ({exc.strerror or exc})") from None
-            yield message, done.data.split(b"\n") if message["lines"] else []
+            except protocol.ProtocolError as exc:
+                raise RunGone(f"the run's engine sent what is not ranktop's protocol: {exc}") from None
+            yield message, done.data.split(b"\n") if message.get("lines") else []
 
     def close(self) -> None:
         self._sock.close()
@@ -210,8 +236,38 @@ def served_runs() -> list[ServedRun]:
             continue
         except (protocol.ProtocolError, KeyError):
             continue
-        found.append(ServedRun(name[: -len(".sock")], path, snap, snap.get("clients", 1) - 1, pid))
-    return sorted(found, key=lambda run: run.snapshot.get("started_at") or 0, reverse=True)
+        checked = _listed_snapshot(snap)
+        if checked is None:  # not a run's snapshot: no engine of ours, like one that sends garbage
+            continue
+        found.append(ServedRun(name[: -len(".sock")], path, checked, checked["clients"] - 1, pid))
+    return sorted(found, key=_started_at, reverse=True)
+
+
+def _started_at(run: ServedRun) -> float:
+    started = run.snapshot.get("started_at")
+    return started if isinstance(started, (int, float)) and math.isfinite(started) else 0.0  # (NaN: unknown)
+
+
+def _listed_snapshot(raw: dict) -> dict | None:
+    """An engine's snapshot as `ls`, `logs`, `stop` and `stacks` read it: checked and cleaned as
+    the views check theirs (decode_snapshot), back in the engine's JSON shape, with a count of
+    clients; None where no view could be made of it (a `clients` of "x", ranks that are text:
+    `ls` and `logs` stopped with a traceback on such an engine)."""
+    clients = raw.get("clients", 1)
+    try:
+        snap = decode_snapshot(raw)
+    except BadValue:
+        return None
+    if not _whole(clients) or not 0 <= clients <= _MAX_CLIENTS_SHOWN:
+        return None
+    return {**to_json(snap), "clients": clients}
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_MAX_CLIENTS_SHOWN = 1 << 20  # an engine serves at most 64 (core/server.py); more is not an engine of ours
 
 
 def find_run(target: str | None, runs: list[ServedRun]) -> ServedRun:
@@ -648,7 +704,8 @@ def _holds(kind: Any, value: Any) -> bool:
         return False
     if kind is int:
         return isinstance(value, int) and -MAX_INT < value < MAX_INT
-    return kind is float and math.isfinite(value) and 0 <= value <= MAX_FLOAT
+    # (compared as it is: a whole number too large for a float, 10**400, is out of range, not an OverflowError)
+    return kind is float and 0 <= value <= MAX_FLOAT
 
 
 def _final_dataclass(kind: Any, data: Any, where: str) -> Any:

@@ -401,9 +401,11 @@ class EngineServer:
         ranks, cursors = message.get("ranks"), message.get("cursors") or {}
         if ranks is None:
             ranks = list(range(local_world))
+        # Each rank once: every push walks the list, and [0] * 150000 kept the server busy for good
+        # (ls and logs found the engine not answering while that client stayed).
         if (not isinstance(ranks, list) or not all(_is_int(r) and 0 <= r < local_world for r in ranks)
-                or not isinstance(cursors, dict)):
-            raise protocol.ProtocolError(f"subscribe needs local ranks in 0..{local_world - 1} and cursors")
+                or len(set(ranks)) != len(ranks) or not isinstance(cursors, dict)):
+            raise protocol.ProtocolError(f"subscribe needs distinct local ranks in 0..{local_world - 1} and cursors")
         start = {}
         for rank in ranks:
             at = cursors.get(str(rank), [-1, 0])
@@ -475,9 +477,11 @@ class EngineServer:
 
     def _command(self, conn: socket.socket, message: dict) -> dict | None:
         kind, args = RELAYED.get(str(message.get("command"))), message.get("args") or {}
-        if kind is None or not isinstance(args, dict):
+        if kind is None:
             return {"ok": False, "message": f"unknown command {str(message.get('command'))[:40]!r}: "
                                             f"expected one of {', '.join(RELAYED)}"}
+        if not isinstance(args, dict):  # (it was called an unknown command)
+            return {"ok": False, "message": f"bad {kind.__name__}: its args must be an object of named values"}
         try:
             command = kind(**args)
         except TypeError as exc:

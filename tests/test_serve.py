@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -384,6 +385,130 @@ def test_the_socket_refuses_other_users_and_garbage(tmp_path, open_runtime):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def test_a_subscriber_naming_a_rank_many_times_is_dropped_and_the_others_are_served(tmp_path, runtime):
+    """Found by fuzzing the socket: `"ranks": [0] * 150000` was taken, and every push walked it,
+    so `ranktop ls` and `logs` found the engine not answering while that client stayed."""
+    proc = start_headless(tmp_path, runtime, "crowded")
+    try:
+        (run,) = wait_for(lambda: ls(runtime), what="the run listed")
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(run["socket"])
+            s.sendall(protocol.encode_control(protocol.hello("client"))
+                      + protocol.encode_control({"type": "subscribe", "ranks": [0] * 150000}))
+            reply = b""
+            while chunk := s.recv(4096):
+                reply += chunk
+        assert b"subscribe needs distinct local ranks in 0..1 and cursors" in reply
+        assert [r["state"] for r in ls(runtime)] == ["running"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+@contextlib.contextmanager
+def hostile_engine(env, snapshot: object, output: dict | bytes | None = None, clients: object = 1,
+                   hellos: tuple[bytes, ...] = ()) -> Iterator[None]:
+    """A socket in the runtime directory that speaks as an engine (any process of the same user
+    could serve one) and answers every snapshot request with `snapshot` and `clients`, every
+    output request with the head `output` and two empty output frames (or with `output`'s bytes).
+    Its k-th connection gets `hellos[k]` as its first bytes where given."""
+    connections = iter(hellos)
+    directory = Path(env["XDG_RUNTIME_DIR"]) / "ranktop"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(directory / "evil.sock"))
+    listener.listen(8)
+
+    def answer(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):  # (a client that leaves)
+            conn.sendall(next(connections, None)
+                         or protocol.encode_control(protocol.hello("engine", run_id="evil", pid=os.getpid())))
+            decoder = protocol.FrameDecoder()
+            while data := conn.recv(65536):
+                for request in decoder.feed(data):
+                    if request["type"] == "snapshot":
+                        conn.sendall(protocol.encode_control({"type": "snapshot", "snapshot": snapshot,
+                                                                  "clients": clients}))
+                    elif request["type"] == "output" and isinstance(output, bytes):
+                        conn.sendall(output)
+                    elif request["type"] == "output":
+                        conn.sendall(protocol.encode_control({"type": "output", **(output or {})})
+                                     + protocol.encode_output(0, 0, b"") * 2)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        (directory / "evil.sock").unlink()
+
+
+def _fake_snapshot(**changes: object) -> dict:
+    from fake_engine import FakeEngine
+    from ranktop.core.server import to_json
+
+    return {**to_json(FakeEngine().group), **changes}
+
+
+@pytest.mark.parametrize(("snapshot", "clients"), [(_fake_snapshot(), "x"), (_fake_snapshot(ranks="ab"), 1),
+                                                   (_fake_snapshot(ranks=[5]), 1), (5, 1)])
+def test_an_engine_whose_snapshot_is_no_runs_is_not_listed(runtime, snapshot, clients):
+    """Found by fuzzing what an engine answers: `ls`, `logs` and `stacks` read its snapshot
+    unchecked, and a `clients` of "x" or ranks that are text ended them in a traceback."""
+    with hostile_engine(runtime, snapshot, clients=clients):
+        assert ls(runtime) == []
+        done = run_ranktop("logs", "evil", "--rank", "0", env=runtime)
+        assert (done.returncode, done.stderr.count("\n"), "Traceback" in done.stderr) == (2, 1, False), done.stderr
+
+
+def test_an_engine_whose_start_is_no_time_is_listed_with_an_unknown_age(runtime):
+    """A start time no clock shows is unknown in a checked snapshot: `ls` divided it into
+    minutes and stopped with a traceback (cannot convert float NaN to integer)."""
+    with hostile_engine(runtime, _fake_snapshot(started_at="yesterday")):
+        (run,) = ls(runtime)
+        assert (run["run_id"], run["age"], run["state"]) == ("evil", None, "running")
+        done = run_ranktop("ls", env=runtime)
+        assert done.returncode == 0 and "evil  fake.py  2      running  ?" in done.stdout, done.stderr
+
+
+def test_logs_stop_asking_an_engine_that_says_more_and_gives_none(runtime):
+    """An engine whose answer to an output request says `more` with its cursor where it was
+    kept `ranktop logs` asking for good; one whose answer has no line count ended it in a
+    traceback."""
+    with hostile_engine(runtime, _fake_snapshot(),
+                        output={"generation": 0, "line": 0, "version": 1, "lines": 0, "open": 0, "more": True}):
+        done = run_ranktop("logs", "evil", env=runtime, timeout=30)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    with hostile_engine(runtime, _fake_snapshot(), output={"generation": "x", "line": 0}):
+        done = run_ranktop("logs", "evil", env=runtime, timeout=30)
+        assert (done.returncode, done.stdout) == (0, ""), done.stderr  # as an engine that went away
+        assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("hellos", "output"), [
+    ((), b"X\x00\x00\x00\x00"),  # garbage for an answer
+    ((), protocol.encode_output(0, 0, b"x")),  # rank output where the answer's head was due
+    # listed by `logs`, then another hello on its next connection: another version, rank output
+    ((b"", protocol.encode_control({"type": "hello", "version": 99, "role": "engine"})), None),
+    ((b"", protocol.encode_output(0, 0, b"hi")), None),
+])
+def test_an_engine_that_does_not_speak_the_protocol_is_one_line_for_logs(runtime, hellos, output):
+    """Found by fuzzing what an engine answers: a frame of an unknown type, output where a
+    message was due, or a hello of another version on `logs`' own connection were tracebacks."""
+    with hostile_engine(runtime, _fake_snapshot(), output, hellos=hellos):
+        done = run_ranktop("logs", "evil", env=runtime, timeout=30)
+    assert "Traceback" not in done.stderr and done.returncode in (0, 1), done.stderr
+    assert done.stderr.count("\n") <= 1 and done.stdout == ""
 
 
 def test_a_run_out_of_descriptors_refuses_newcomers_with_a_reason_and_drops_silent_clients(tmp_path, runtime):
@@ -999,6 +1124,20 @@ def test_a_final_view_no_run_could_have_left_is_one_line(tmp_path, runtime, edit
     assert done.stderr == f"ranktop: error: bad final view {run_dir / 'final.json'}: {why}\n"
 
 
+def test_a_whole_number_too_large_for_a_time_in_a_final_view_is_an_unknown_time(tmp_path, runtime):
+    """Found by fuzzing final.json: 10**400 where a time goes stopped `ranktop logs DIR` with
+    OverflowError (int too large to convert to float); it is a time no clock shows, as 1e300 is."""
+    from ranktop.core.client import FinalEngine
+
+    run_dir = ended_run(tmp_path, runtime)
+    edit_final(run_dir, started_at=10**400, root_cause__timestamp=-(10**400), ranks__1__ended_at=10**400)
+    snap = FinalEngine(str(run_dir / "final.json")).snapshot()
+    assert math.isnan(snap.root_cause.timestamp) and snap.started_at != snap.started_at
+    done = run_ranktop("logs", str(run_dir), env=runtime)
+    assert (done.returncode, done.stdout.count("out of 1")) == (0, 1), done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
+
+
 def plant_rank_dir_link(tmp_path, run_dir) -> None:
     """attempt_0/1 becomes a symlink to a directory outside whose stdout.log is the secret."""
     outside = tmp_path / "outside"
@@ -1178,8 +1317,11 @@ def test_commands_with_bad_arguments_through_the_socket_change_nothing(tmp_path,
                        conn.command("SignalRank", local_rank=0, signal="TERM"),
                        conn.command("Stop", nonsense=1),
                        conn.command("RunShell", cmd="rm -rf /"),
-                       conn.command("DumpStacks", save="no")]
-            assert [a["ok"] for a in answers] == [False] * 5
+                       conn.command("DumpStacks", save="no"),
+                       # args that are no object: a known command, not "unknown command 'KillGroup'"
+                       conn.request({"type": "command", "id": 2, "command": "KillGroup", "args": [1]})[0]]
+            assert [a["ok"] for a in answers] == [False] * 6
+            assert answers[5]["message"] == "bad KillGroup: its args must be an object of named values"
             assert answers[4]["message"] == "bad save 'no': expected true or false"
             assert answers[0]["message"] == "bad local rank 9: local ranks are 0..1"
             assert answers[2]["message"].startswith("bad Stop: ")

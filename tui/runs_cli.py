@@ -4,6 +4,7 @@ through the socket its engine serves (core/server.py). Never imports Textual."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sys
@@ -128,10 +129,10 @@ def ls(argv: list[str]) -> int:
 
 def _facts(run: ServedRun) -> dict:
     snap = run.snapshot
-    started = snap.get("started_at")
+    started = snap.get("started_at")  # NaN where the engine's was no time: unknown, shown as "?"
     undecided = world_undecided(snap.get("state"), snap.get("round"))
     return {"script": snap.get("name"), "world": None if undecided else snap.get("world_size"), "state": snap.get("state"),
-            "age": None if started is None else _age(time.time() - started)}
+            "age": None if started is None or not math.isfinite(started) else _age(time.time() - started)}
 
 
 def _age(seconds: float) -> str:
@@ -356,17 +357,17 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
             if events and message["type"] == "event":  # JSON escapes every control character: safe to show
                 out.write(b"[ranktop]:" + json.dumps(message["event"]).encode() + b"\n")
                 out.flush()
-            if lines:
-                out.writelines(prefixes[message["rank"]] + shown(line) + b"\n" for line in lines)
+            if lines and (prefix := prefixes.get(message.get("rank"))) is not None:  # (a rank it was not asked for)
+                out.writelines(prefix + shown(line) + b"\n" for line in lines)
                 out.flush()
         return 0  # (not reached: pushes end with "ended", or RunGone when the engine leaves)
     for local, prefix in prefixes.items():
         cursor = (-1, 0)
         while True:
             answer, lines, _open = conn.output(local, *cursor)
-            cursor = (answer["generation"], answer["line"])
+            cursor, before = (answer["generation"], answer["line"]), cursor
             out.writelines(prefix + shown(line) + b"\n" for line in lines)
-            if not answer.get("more"):
+            if not answer.get("more") or cursor == before:  # (an engine that says "more" and gives none: no loop)
                 break
     out.flush()
     return 0
