@@ -709,6 +709,7 @@ class LocalAgent:
             end = self._at_exit_barrier(timeout)
             if end is not None:
                 self._barrier_not_passed(end, timeout)
+            self.state = GroupState.SUCCEEDED
             if end is None or end.kind != "new_round":
                 self.rendezvous.close()
             elif not self.rendezvous.elastic():  # the peers' round needs this node: tell them, close
@@ -718,7 +719,6 @@ class LocalAgent:
                 self.rendezvous.leave_round()
                 if end.serves_store:
                     self._serve_the_others(deadline, timeout)
-            self.state = GroupState.SUCCEEDED
         elif state == GroupState.FAILED and self._rdzv_error is None:
             cause, spent = self.root_cause, f"no restarts left ({self.attempt} of {self.spec.max_restarts} spent)"
             peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
@@ -753,10 +753,11 @@ class LocalAgent:
         barrier's time runs out, saying why."""
         self._waiting = (f"serving the store of the {self.rendezvous.describe()} to the other nodes' new round "
                          f"(gives up after {timeout:g} s)")
+        self.state = GroupState.RENDEZVOUS
         try:
             until = self.rendezvous.serve_store(deadline, self._stop_asked)
         finally:
-            self._waiting = None
+            self._waiting, self.state = None, GroupState.SUCCEEDED
         self.events.write("store_served", until=until)
         if until in ("timeout", "unreadable"):
             why = f"after {timeout:g} s" if until == "timeout" else "as the rendezvous state could not be read"
