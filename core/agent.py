@@ -704,6 +704,7 @@ class LocalAgent:
         (signal, user) leaves the rendezvous open: the other nodes may go on without this one."""
         if state == GroupState.SUCCEEDED:
             timeout = self.exit_barrier_timeout
+            deadline = time.monotonic() + timeout
             self.state = GroupState.RENDEZVOUS
             end = self._at_exit_barrier(timeout)
             if end is not None:
@@ -714,7 +715,10 @@ class LocalAgent:
             elif not self.rendezvous.elastic():  # the peers' round needs this node: tell them, close
                 self.rendezvous.give_up("its ranks had finished when another node's failed, and the next "
                                         "round cannot form without it")
-            # (elastic: left open, the others may form their round without this node)
+            else:  # left open: the others form their round without this node
+                self.rendezvous.leave_round()
+                if end.serves_store:
+                    self._serve_the_others(deadline, timeout)
         elif state == GroupState.FAILED and self._rdzv_error is None:
             cause, spent = self.root_cause, f"no restarts left ({self.attempt} of {self.spec.max_restarts} spent)"
             peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
@@ -742,6 +746,24 @@ class LocalAgent:
             return self.rendezvous.exit_barrier(timeout, stopped)
         finally:
             self._waiting = None
+
+    def _serve_the_others(self, deadline: float, timeout: float) -> None:
+        """An elastic job whose other nodes form a new round in the store this node serves: leaving
+        would take it from under them. Stay until the job ends (the rendezvous closes) or the exit
+        barrier's time runs out, saying why."""
+        self._waiting = (f"serving the store of the {self.rendezvous.describe()} to the other nodes' new round "
+                         f"(gives up after {timeout:g} s)")
+        self.state = GroupState.RENDEZVOUS
+        try:
+            until = self.rendezvous.serve_store(deadline, self._stop_asked)
+        finally:
+            self._waiting, self.state = None, GroupState.SUCCEEDED
+        self.events.write("store_served", until=until)
+        if until in ("timeout", "unreadable"):
+            why = f"after {timeout:g} s" if until == "timeout" else "as the rendezvous state could not be read"
+            self._end_note = (f"exit barrier: stopped serving the {self.rendezvous.describe()}'s store {why}, "
+                              "while the other nodes may still use it")
+            self._notice(self._end_note)
 
     def _barrier_not_passed(self, end: Any, timeout: float) -> None:
         """The exit barrier ended without every node (a RoundEnd): the event, and a line unless

@@ -279,6 +279,8 @@ class RoundEnd:
     # failed, restart the group as a failure; "peer_gave_up": stop, the rendezvous is closed
     kind: str
     message: str
+    # "new_round" only: this node serves the store the others' new round needs, so it stays
+    serves_store: bool = False
 
 
 @dataclass(frozen=True)
@@ -519,8 +521,8 @@ class Rendezvous:
     def exit_barrier(self, timeout: float, stopped: Callable[[], bool]) -> RoundEnd | None:
         """Wait until every node of the round got here (None), else why not: "timeout",
         "stopped", "peer_gave_up" (a node's ranks failed for good meanwhile), "new_round" (nodes
-        wait for a round this node cannot join: the round's other nodes will not come) or
-        "store_lost"."""
+        wait for a round this node cannot join: the round's other nodes will not come; with
+        `serves_store` where their round needs the store this process serves) or "store_lost"."""
         placement, store = self.placement, self.store
         if store is None or placement is None:
             return None
@@ -552,10 +554,14 @@ class Rendezvous:
         waiting = self._newcomers()
         if waiting:
             # A peer whose ranks failed re-joined (or a node came late): the round's other nodes
-            # form the next one and never reach this barrier; waiting out the time-out helps none.
+            # form the next one and never reach this barrier; waiting out the time-out helps none,
+            # but in an elastic job their round lives in the store, which may be served from here.
+            serves = self.elastic() and self.serves_store()
+            then = (f"but it serves the rendezvous store their round needs: it stays until the job ends "
+                    f"(at most {timeout:g} s)" if serves else "so it ends without waiting for the others")
             return RoundEnd("new_round", f"{waiting} node(s) wait for a new round of the {self.describe()} "
                                          "(a peer's ranks failed, or a node joined late); this node's ranks "
-                                         "finished and it cannot join, so it ends without waiting for the others")
+                                         f"finished and it cannot join, {then}", serves_store=serves)
         if time.monotonic() > deadline:
             return RoundEnd("timeout", f"not every node of the {self.describe()} finished within {timeout:g}s")
         return None
@@ -571,6 +577,52 @@ class Rendezvous:
         except Exception:  # noqa: BLE001 - the store's loss is the barrier's own store calls' to tell
             return 0
 
+    def serves_store(self) -> bool:
+        """Whether this process serves the round's store (the c10d endpoint's host: a TCPStore
+        server on a thread of ranktop's own), read from the sockets it listens on. A store that is
+        no TCPStore (etcd, a plugin's) is nobody's process: False. Where the sockets cannot be read
+        (no /proc): True, as staying is the safe side."""
+        port = _tcp_port(self.store)
+        if port is None:
+            return False
+        try:
+            return port in _ports_listened_on_here()
+        except OSError:
+            return True
+
+    def leave_round(self) -> None:
+        """Step out of the round without closing the rendezvous: the others' next round then forms
+        at once, not once this node's heartbeats lapse (15 s by default). torch's dynamic handler
+        (c10d, etcd-v2) has no public call for it; with any other handler nothing is done."""
+        handler = self.handler
+        try:
+            from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+
+            if isinstance(handler, dynamic.DynamicRendezvousHandler):
+                handler._stop_heartbeats()
+                handler._op_executor.run(dynamic._RendezvousExitOp(),
+                                         handler._get_deadline(handler.settings.timeout.close))
+        except Exception:  # noqa: BLE001 - torch's private parts moved, or the store is out of reach
+            pass  # the heartbeats lapse instead, and the others go on then
+
+    def serve_store(self, deadline: float, stopped: Callable[[], bool]) -> str:
+        """Keep serving the store (this process lives on) until the job ends, the rendezvous closed
+        by the node that finished it or gave up ("closed"), or until `deadline` ("timeout"), or a
+        stop ("stopped"). "unreadable" if the rendezvous state cannot be read."""
+        next_look = 0.0
+        while not stopped():
+            if time.monotonic() >= next_look:  # a look is a round trip through the handler's state
+                next_look = time.monotonic() + NEWCOMERS_LOOK
+                try:
+                    if self.handler.is_closed():
+                        return "closed"
+                except Exception:  # noqa: BLE001 - a plugin's handler, or a state it cannot read
+                    return "unreadable"
+            if time.monotonic() > deadline:
+                return "timeout"
+            time.sleep(_POLL)
+        return "stopped"
+
     def _linger_at_barrier(self, store: Any, nodes: int) -> None:
         """Past the barrier. The store may live in this process, and a peer still polling for the
         last member would find it gone: leave once every ranktop node has passed (or given up
@@ -584,6 +636,37 @@ class Rendezvous:
                 done = store.add(_BARRIER_LEFT, 0)
         except Exception:
             pass  # the store is gone: whoever served it has left, and every node had passed
+
+
+def _tcp_port(store: Any) -> int | None:
+    """The port of the TCPStore under a (prefixed) store, None if there is none."""
+    for _ in range(8):  # a PrefixStore over a PrefixStore... over the TCPStore
+        inner = getattr(store, "underlying_store", None)
+        if inner is None:
+            break
+        store = inner
+    port = getattr(store, "port", None)
+    return port if type(port) is int else None
+
+
+def _ports_listened_on_here() -> set[int]:
+    """The TCP ports this process listens on (Linux: its socket descriptors, matched in
+    /proc/self/net). OSError where /proc cannot say."""
+    sockets = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed since it was listed
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                sockets.add(target[len("socket:["):-1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as rows:  # (no IPv6: no tcp6)
+            next(rows, None)  # the heading
+            for row in rows:
+                fields = row.split()
+                if len(fields) > 9 and fields[3] == "0A" and fields[9] in sockets:  # 0A: LISTEN
+                    ports.add(int(fields[1].rpartition(":")[2], 16))
+    return ports
 
 
 class RoundWatch:

@@ -736,6 +736,95 @@ def test_a_node_at_the_exit_barrier_leaves_when_a_peer_waits_for_a_new_round(tmp
     assert ended.end_note in root_cause_body(ended).plain
 
 
+# An elastic job of 1 to 2 nodes whose first round must hold both: the store's host joins first and
+# waits up to 30 s for the other (a round of 2 completes at once); the other, alone in its next round,
+# completes it after 1 s.
+HOST_CONF = "join_timeout=60,last_call_timeout=30,close_timeout=5,is_host=1"
+PEER_CONF = "join_timeout=60,last_call_timeout=1,close_timeout=5,is_host=0"
+
+
+def test_the_store_host_stays_at_the_exit_barrier_while_an_elastic_peer_forms_its_new_round(tmp_path,
+                                                                                             torch_installed):
+    """An elastic job (1 to 2 nodes): node 0 serves the c10d store and its rank is done; node 1's
+    rank then fails with a restart left and waits for a new round. Node 0 left the rendezvous open
+    "for the others to go on" and took the store with it: node 1's round failed (lost the store,
+    exit 1). It now steps out of the round but serves the store until the job ends: node 1 runs its
+    new round alone and succeeds, closing the rendezvous, and node 0 ends then."""
+    job = Job(tmp_path, "barrier-host-stays", nnodes="1:2")
+    failing = tmp_path / "fail-now"
+    host = job.start("fail-on-file", "1", str(failing), extra=("--max-restarts", "1", "--rdzv-conf", HOST_CONF),
+                     local_addr="127.0.0.1")
+    wait_for(lambda: select.select([host.stderr], [], [], 0.1)[0] and "waiting for nodes" in host.stderr.readline(),
+             timeout=TIMEOUT, what="the host waiting for the other node")
+    job.start("fail-on-file", "1", str(failing), extra=("--max-restarts", "1", "--rdzv-conf", PEER_CONF),
+              local_addr="127.0.0.2")
+    wait_for(lambda: list(tmp_path.glob("node0/*/events.jsonl")) and any(
+        e["event"] == "exited" and e["exitcode"] == 0 for e in events(tmp_path / "node0")), timeout=TIMEOUT,
+        what="node 0's rank done (its node at the exit barrier)")
+    failing.touch()
+    (status0, _, err0), (status1, out1, err1) = job.finish()
+    assert status1 == 0, err1
+    # its new round: node 1 alone, global rank 0 (which passes), its restart spent
+    assert [(p["WORLD_SIZE"], p["RANK"], p["TORCHELASTIC_RESTART_COUNT"]) for p in placements(out1)] == [
+        ("2", "1", "0"), ("1", "0", "1")], out1
+    assert "lost the c10d rendezvous" not in err1 and "TCPStore" not in err1, err1
+    assert status0 == 0, err0
+    assert ("ranktop: exit barrier: 1 node(s) wait for a new round of the c10d rendezvous 'barrier-host-stays' "
+            "(a peer's ranks failed, or a node joined late); this node's ranks finished and it cannot join, but it "
+            "serves the rendezvous store their round needs: it stays until the job ends (at most 300 s)"
+            ) in err0.splitlines(), err0
+    left = [(e["event"], e.get("kind"), e.get("until")) for e in events(tmp_path / "node0")
+            if e["event"].startswith(("exit_barrier", "store_served"))]
+    assert left == [("exit_barrier_left", "new_round", None), ("store_served", None, "closed")], left
+
+
+def test_the_store_host_serves_a_peers_new_round_no_longer_than_its_exit_barrier_would_wait(tmp_path,
+                                                                                             torch_installed):
+    """As above, but the peer's new round runs on: the host (this process, through the API, where
+    the exit barrier's time-out can be short) stays for it only as long as its barrier would have
+    waited, then says it stops serving a store the others may still use, and ends well."""
+    from ranktop.core import DefaultLogsSpecs, LocalElasticAgent, WorkerSpec, WorkerState
+    from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
+
+    endpoint, failing, release = f"127.0.0.1:{free_port()}", tmp_path / "fail-now", tmp_path / "release"
+    handler = create_handler("c10d", endpoint, "host-timeout", 1, 2, conf=parse_rdzv_conf(HOST_CONF),
+                             local_addr="127.0.0.1")
+    job = Job(tmp_path, "host-timeout", nnodes="1:2", endpoint=endpoint)
+    notices: list[str] = []
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sys.executable, args=(RANK, "print"),
+                      rdzv_handler=handler, monitor_interval=0.2)
+    agent = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path / "host")), exit_barrier_timeout=12,
+                              console=False, on_notice=notices.append, shutdown_timeout=2)
+
+    def start_the_peer_then_fail_it_once_the_host_is_done() -> None:
+        wait_for(lambda: any("waiting for nodes" in n for n in notices), timeout=TIMEOUT, what="the host waiting")
+        job.start("fail-on-file-then-until", "1", str(failing), str(release),
+                  extra=("--max-restarts", "1", "--rdzv-conf", PEER_CONF), local_addr="127.0.0.2")
+        wait_for(lambda: list(tmp_path.glob("host/*/events.jsonl")) and any(
+            e["event"] == "exited" for e in events(tmp_path / "host")), timeout=TIMEOUT, what="the host's rank done")
+        failing.touch()
+
+    toucher = threading.Thread(target=start_the_peer_then_fail_it_once_the_host_is_done, daemon=True)
+    toucher.start()
+    try:
+        result = agent.run()
+        toucher.join(timeout=TIMEOUT)
+        assert job.nodes[0].poll() is None  # its new round's rank still runs, on the store served here till now
+    finally:
+        release.touch()
+    ((status, out, err),) = job.finish()
+    assert result.state == WorkerState.SUCCEEDED and result.exit_status == 0
+    notices = [n for n in notices if n.startswith("exit barrier:")]
+    assert notices[0].endswith("it stays until the job ends (at most 12 s)"), notices
+    assert notices[1:] == ["exit barrier: stopped serving the c10d rendezvous 'host-timeout''s store after 12 s, "
+                           "while the other nodes may still use it"], notices
+    served = [e["until"] for e in events(tmp_path / "host") if e["event"] == "store_served"]
+    assert served == ["timeout"]
+    assert status == 0, err
+    assert [p["WORLD_SIZE"] for p in placements(out)] == ["2", "1"]
+    del handler  # the store it serves lived until the peer was done
+
+
 def test_a_node_waiting_at_the_exit_barrier_says_so(tmp_path, torch_installed):
     """Node 0's rank is done, node 1's runs on: node 0 sat at the exit barrier, up to 300 s, as
     `rendezvous` and nothing more. It says what it waits for once the wait is not a short one."""

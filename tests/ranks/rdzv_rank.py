@@ -8,6 +8,8 @@
     fail R          global rank R exits 3; the others wait until stopped
     until-file P    waits until file P exists, then exits 0
     fail-on-file R P  global rank R waits until file P exists, then exits 3; the others exit 0
+    fail-on-file-then-until R P Q  as fail-on-file in attempt 0; in later attempts every rank waits
+                    until file Q exists, then exits 0
 """
 import json
 import os
@@ -51,7 +53,10 @@ elif mode in ("fail-first", "fail"):
         sys.exit(3)
     if mode == "fail" or attempt == 0:
         wait_until_stopped()
-elif mode == "fail-on-file":
+elif mode == "fail-on-file-then-until" and attempt > 0:
+    while not os.path.exists(rest[2]):
+        time.sleep(0.05)
+elif mode in ("fail-on-file", "fail-on-file-then-until"):
     while rank == arg and not os.path.exists(rest[1]):
         time.sleep(0.05)
     sys.exit(3 if rank == arg else 0)
