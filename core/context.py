@@ -635,7 +635,7 @@ class PContext:
         try:
             os.close(os.open(self._exited_path(local_rank), os.O_WRONLY | os.O_CREAT, 0o600))
         except OSError:
-            pass  # disk full or directory gone: a peer still waiting is stopped with the group
+            pass  # disk full: a peer waiting on this rank (ended without a value) waits for close()
 
     def _survived(self, slot: RankSlot) -> None:
         """The rank outlived a stop signal the user sent it alone by the grace: it handled it
