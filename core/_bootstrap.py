@@ -6,6 +6,7 @@ import os
 import pickle
 import runpy
 import sys
+import time
 
 
 def _load_main(path: str) -> None:
@@ -17,6 +18,20 @@ def _load_main(path: str) -> None:
     sys.modules["__main__"] = module
 
 
+def wait_for_peers(peers: list[tuple[str, str]]) -> None:
+    """Stay alive until every other rank of the group returned (its result file is there) or
+    ended without one (the launcher marks each exit it reaps), as torch's function workers wait
+    for their launcher before exiting: a rank that ends while its peers still use a process group
+    with it (gloo without destroy_process_group) can make one of them abort at exit ("terminate
+    called without an active exception"). A group that fails or is stopped is signalled, which
+    ends this wait; a launcher that dies leaves it to the guard."""
+    delay = 0.001
+    for result, exited in peers:  # one look per pause: the first peer not yet done
+        while not (os.path.exists(result) or os.path.exists(exited)):
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
 def main() -> None:
     payload_path, result_path = sys.argv[1], sys.argv[2]
     with open(payload_path, "rb") as f:
@@ -26,6 +41,7 @@ def main() -> None:
         if prep["main_path"]:
             _load_main(prep["main_path"])
         fn, args = pickle.load(f)
+    peers = prep.get("peers", [])
 
     from ranktop.core.errors import record
 
@@ -34,6 +50,7 @@ def main() -> None:
     with open(tmp, "wb") as f:
         pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
     os.replace(tmp, result_path)
+    wait_for_peers(peers)
 
 
 if __name__ == "__main__":

@@ -358,6 +358,13 @@ class PContext:
     def _result_path(self, local_rank: int) -> str:
         return os.path.join(self._tmp or "", f"{local_rank}.ret")
 
+    def _exited_path(self, local_rank: int) -> str:
+        """Made when a function rank is reaped: its peers waiting to exit stop waiting for it."""
+        return os.path.join(self._tmp or "", f"{local_rank}.exited")
+
+    def _peers(self, local_rank: int) -> list[tuple[str, str]]:
+        return [(self._result_path(p), self._exited_path(p)) for p in range(self.nprocs) if p != local_rank]
+
     # ----- starting ----------------------------------------------------------------------------
     def start(self) -> PContext:
         self._start_guard()
@@ -400,7 +407,8 @@ class PContext:
         if callable(self.entrypoint):
             payload = os.path.join(self._tmp, f"{r}.payload")
             self._remove_stale(self._result_path(r))
-            argv = python_call_argv(self.entrypoint, self.args[r], payload, self._result_path(r))
+            self._remove_stale(self._exited_path(r))
+            argv = python_call_argv(self.entrypoint, self.args[r], payload, self._result_path(r), self._peers(r))
         else:
             argv = [str(self.entrypoint), *map(str, self.args[r])]
         sinks = self._sinks(r, slot.ring)
@@ -601,6 +609,8 @@ class PContext:
             return
         code = proc.returncode
         proc.close_input()
+        if callable(self.entrypoint):
+            self._mark_exited(slot.local_rank)
         self._strays.rank_reaped(proc.pid)
         if -code in slot.user_signals:  # it died of the user's signal, later than the grace: still theirs
             slot.stopped_by_us = slot.stopped_by_user = True
@@ -620,6 +630,12 @@ class PContext:
             self._hold(slot, -code)
         else:
             self._fail_group("another rank failed")
+
+    def _mark_exited(self, local_rank: int) -> None:
+        try:
+            os.close(os.open(self._exited_path(local_rank), os.O_WRONLY | os.O_CREAT, 0o600))
+        except OSError:
+            pass  # disk full: a peer waiting on this rank (ended without a value) waits for close()
 
     def _survived(self, slot: RankSlot) -> None:
         """The rank outlived a stop signal the user sent it alone by the grace: it handled it

@@ -69,11 +69,14 @@ def open_pty(columns: int, rows: int, typed: bool = False) -> tuple[int, int]:
     return master, slave
 
 
-def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, result_path: str) -> list[str]:
+def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, result_path: str,
+                     peers: list[tuple[str, str]] = ()) -> list[str]:
     """Command line that runs fn(*args) in a fresh interpreter, like multiprocessing's spawn.
 
     The function and its arguments are pickled to `payload_path`; the return value comes back
     through `result_path`, a file rather than a pipe, so a large result can never deadlock.
+    `peers`: (result path, exit marker) of each other rank of the group, which the rank waits on
+    after its function returned (see _bootstrap.wait_for_peers).
     """
     main = sys.modules.get("__main__")
     prep = {
@@ -82,6 +85,7 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
         # A function defined in the caller's script pickles as __main__.fn: the child must load
         # that script (as __mp_main__, so its `if __name__ == "__main__"` block stays quiet).
         "main_path": getattr(main, "__file__", None) if getattr(fn, "__module__", None) == "__main__" else None,
+        "peers": list(peers),
     }
     import pickle  # function ranks only: a command line's start does not pay for it
 

@@ -3,6 +3,7 @@ them in a fresh interpreter."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -84,3 +85,41 @@ def rank0_fails_until_restart(n):
     if os.environ["LOCAL_RANK"] == "0" and restarts < n:
         raise RuntimeError(f"failing at restart {restarts}")
     return restarts
+
+
+class _Announced:
+    """A return value that creates `path` as it is pickled: its rank is past its function's return."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        open(self.path, "w").close()
+        return (str, ("returned",))
+
+
+def _wait_for_file(path, within):
+    deadline = time.monotonic() + within
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return os.path.exists(path)
+
+
+def exit_order(rank, marks, patience=0.0, then="return"):
+    """Rank 0 returns at once and notes, as its interpreter exits, whether rank 1 had returned by
+    then. Rank 1 waits until rank 0 returned, gives rank 0 `patience` seconds to exit, then does
+    `then`: "return", "exit0" (sys.exit(0): no return value) or "raise"."""
+    if rank == 0:
+        def note_exit():
+            with open(os.path.join(marks, "r0-exit"), "w") as f:
+                f.write(str(os.path.exists(os.path.join(marks, "r1-returned"))))
+
+        atexit.register(note_exit)
+        return _Announced(os.path.join(marks, "r0-returned"))
+    assert _wait_for_file(os.path.join(marks, "r0-returned"), 60), "rank 0 never returned"
+    _wait_for_file(os.path.join(marks, "r0-exit"), patience)
+    if then == "exit0":
+        sys.exit(0)
+    if then == "raise":
+        raise ValueError("after rank 0 returned")
+    return _Announced(os.path.join(marks, "r1-returned"))

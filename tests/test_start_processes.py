@@ -104,6 +104,32 @@ def test_raising_function_gives_one_failure_with_error_file(tmp_path):
     assert data["message"]["extraInfo"]["timestamp"].isdigit()
 
 
+def test_a_function_rank_that_returned_lives_until_every_rank_returned(tmp_path):
+    """As torch's function workers: a rank that returned stays alive until its peers returned
+    too, so none tears down a process group (gloo without destroy_process_group) that the others
+    still use; that made peers abort at exit with "terminate called without an active exception".
+    Rank 1 gives rank 0 a moment to exit after its return before returning itself: rank 0 must
+    still be there, and exits after."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (tmp_path / "logs").mkdir()
+    result = _run(rank_fns.exit_order, {0: (0, str(marks)), 1: (1, str(marks), 1.5)}, str(tmp_path / "logs"))
+    assert result.return_values == {0: "returned", 1: "returned"}
+    assert (marks / "r0-exit").read_text() == "True"
+
+
+@pytest.mark.parametrize("then, failures, values", [("exit0", {}, {0: "returned", 1: None}),
+                                                    ("raise", {1: 1}, {})])
+def test_a_returned_rank_is_let_go_when_a_peer_ends_without_a_value_or_fails(tmp_path, then, failures, values):
+    """A peer that exits 0 without returning (sys.exit(0)) lets the waiting rank go; one that fails
+    stops it with the group, and only the failed rank is reported, as torch's."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (tmp_path / "logs").mkdir()
+    result = _run(rank_fns.exit_order, {0: (0, str(marks)), 1: (1, str(marks), 0, then)}, str(tmp_path / "logs"))
+    assert ({r: f.exitcode for r, f in result.failures.items()}, result.return_values) == (failures, values)
+
+
 def test_sys_exit_gives_its_code_and_no_error_file(tmp_path):
     result = _run(rank_fns.exit_with, {0: (138,)}, tmp_path)
     failure = result.failures[0]
