@@ -697,6 +697,15 @@ def test_a_node_at_the_exit_barrier_names_a_peer_that_gave_up_and_shows_no_torch
     assert [(e["event"], e["kind"]) for e in left] == [("exit_barrier_left", "peer_gave_up")], left
 
 
+def fail_node_1_once_node_0_is_done(tmp_path, failing) -> None:
+    """Once node 0's rank has exited 0 (its node at the exit barrier), make the file that fails
+    node 1's `fail-on-file` rank."""
+    wait_for(lambda: list(tmp_path.glob("node0/*/events.jsonl")) and any(
+        e["event"] == "exited" and e["exitcode"] == 0 for e in events(tmp_path / "node0")), timeout=TIMEOUT,
+        what="node 0's rank done (its node at the exit barrier)")
+    failing.touch()
+
+
 def test_a_node_at_the_exit_barrier_leaves_when_a_peer_waits_for_a_new_round(tmp_path, torch_installed):
     """Node 0's rank is done (exit barrier); node 1's rank then fails with a restart left, and node
     1 waits for a new round that node 0, its ranks finished, never joins. Node 0 waited out the
@@ -708,10 +717,7 @@ def test_a_node_at_the_exit_barrier_leaves_when_a_peer_waits_for_a_new_round(tmp
               local_addr="127.0.0.1")
     job.start("fail-on-file", "1", str(failing), extra=("--max-restarts", "1", "--rdzv-conf", conf + "0"),
               local_addr="127.0.0.2")
-    wait_for(lambda: list(tmp_path.glob("node0/*/events.jsonl")) and any(
-        e["event"] == "exited" and e["exitcode"] == 0 for e in events(tmp_path / "node0")), timeout=TIMEOUT,
-        what="node 0's rank done (its node at the exit barrier)")
-    failing.touch()
+    fail_node_1_once_node_0_is_done(tmp_path, failing)
     (status0, _, err0), (status1, _, err1) = job.finish()
     assert status0 == 0, err0
     assert ("ranktop: exit barrier: 1 node(s) wait for a new round of the c10d rendezvous 'barrier-new-round' "
@@ -758,10 +764,7 @@ def test_the_store_host_stays_at_the_exit_barrier_while_an_elastic_peer_forms_it
              timeout=TIMEOUT, what="the host waiting for the other node")
     job.start("fail-on-file", "1", str(failing), extra=("--max-restarts", "1", "--rdzv-conf", PEER_CONF),
               local_addr="127.0.0.2")
-    wait_for(lambda: list(tmp_path.glob("node0/*/events.jsonl")) and any(
-        e["event"] == "exited" and e["exitcode"] == 0 for e in events(tmp_path / "node0")), timeout=TIMEOUT,
-        what="node 0's rank done (its node at the exit barrier)")
-    failing.touch()
+    fail_node_1_once_node_0_is_done(tmp_path, failing)
     (status0, _, err0), (status1, out1, err1) = job.finish()
     assert status1 == 0, err1
     # its new round: node 1 alone, global rank 0 (which passes), its restart spent
