@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ranktop.core.errors import UsageError
+from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.sanitize import clean
 from ranktop.core.spec import Placement
 
@@ -255,13 +256,58 @@ def assign_ranks(store: Any, group_rank: int, nodes: int, role: str, local_world
     store.set(f"{_ROLE_INFO}{group_rank}",
               json.dumps({"role": role, "rank": group_rank, "local_world_size": local_world_size}))
     if group_rank == 0:
-        infos = [json.loads(store.get(f"{_ROLE_INFO}{g}")) for g in range(nodes)]
+        infos = [_role_info(store.get(f"{_ROLE_INFO}{g}"), g) for g in range(nodes)]
         if before_answers is not None:
             before_answers()
-        plan = plan_ranks([(info["role"], info["local_world_size"]) for info in infos])
+        plan = plan_ranks(infos)
         store.multi_set([f"{_ASSIGNED_RANKS}{g}" for g in range(nodes)], [json.dumps(p) for p in plan])
-    base, world, role_base, role_world = json.loads(store.get(f"{_ASSIGNED_RANKS}{group_rank}"))
-    return base, world, role_base, role_world
+    return _assigned(store.get(f"{_ASSIGNED_RANKS}{group_rank}"), nodes, local_world_size)
+
+
+# What other nodes write to the store is input: anyone who reaches it can write it (it takes no
+# password). A value of another shape, or ranks that cannot be this node's, is a one-line failure
+# of the round, not a world of absurd ranks for the ranks to fail in.
+def _role_info(raw: bytes, group_rank: int) -> tuple[str, int]:
+    """(role, local world size) that node `group_rank` wrote; ValueError if it is not one."""
+    info = json.loads(raw)
+    role, size = (info.get("role"), info.get("local_world_size")) if isinstance(info, dict) else (None, None)
+    if not isinstance(role, str) or not 0 < len(role) <= 256 or not _whole(size) or not 0 < size <= MAX_NPROC_PER_NODE:
+        raise ValueError(f"node {group_rank}'s role and size in the store are not a role and 1 to "
+                         f"{MAX_NPROC_PER_NODE} ranks: {clean(str(info))[:120]}")
+    return role, size
+
+
+def _assigned(raw: bytes, nodes: int, local_world_size: int) -> tuple[int, int, int, int]:
+    """(base rank, world size, base role rank, role world size) as group rank 0 wrote them for
+    this node; ValueError unless they place its `local_world_size` ranks within the world."""
+    ranks = json.loads(raw)
+    if isinstance(ranks, list) and len(ranks) == 4 and all(map(_whole, ranks)):
+        base, world, role_base, role_world = ranks
+        if (0 <= base and base + local_world_size <= world <= nodes * MAX_NPROC_PER_NODE
+                and 0 <= role_base and role_base + local_world_size <= role_world <= world):
+            return base, world, role_base, role_world
+    raise ValueError(f"the ranks assigned to this node in the store cannot be its {local_world_size}: "
+                     f"{clean(str(ranks))[:120]}")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def published_master(store: Any, number: int, bootstrap: tuple[str, int]) -> tuple[str, int]:
+    """MASTER_ADDR/PORT for this node's ranks: what a ranktop group rank 0 published (it does so
+    before it assigns the ranks, so it is there by now), else torch's, as on a torchrun node (group
+    rank 0 is one, or TORCH_ELASTIC_WORKER_IDENTICAL skipped the assignment)."""
+    key = f"{_RANKS_STORE}{number}"
+    if not store.check([key]):
+        return bootstrap  # group rank 0 is a torchrun node
+    published = json.loads(store.get(key))
+    if isinstance(published, list) and len(published) == 2:
+        addr, port = published
+        if isinstance(addr, str) and 0 < len(addr) <= 255 and addr.isprintable() and " " not in addr \
+                and _whole(port) and 0 < port < 65536:
+            return addr, port
+    raise ValueError(f"the ranks' master in the store is no host and port: {clean(str(published))[:120]}")
 
 
 def _serve_ranks_store(host: str) -> Any:
@@ -405,7 +451,7 @@ class Rendezvous:
 
             ranks = assign_ranks(store, group_rank, nodes, self.role, self.local_world_size,
                                  before_answers=publish_master)
-            master_addr, master_port = self._master(store, number, bootstrap)
+            master_addr, master_port = published_master(store, number, bootstrap)
         except Exception as exc:
             raise RendezvousFailed(self._failure_message(exc)) from None
         self.store, self._told_gave_up = store, False
@@ -430,16 +476,6 @@ class Rendezvous:
             self._ranks_store = _serve_ranks_store(addr)
             port = self._ranks_store.port
         store.set(f"{_RANKS_STORE}{number}", json.dumps([addr, port]))
-
-    def _master(self, store: Any, number: int, bootstrap: tuple[str, int]) -> tuple[str, int]:
-        """MASTER_ADDR/PORT for this node's ranks: what a ranktop group rank 0 published (it does so
-        before it assigns the ranks, so it is there by now), else torch's, as on a torchrun node (group
-        rank 0 is one, or TORCH_ELASTIC_WORKER_IDENTICAL skipped the assignment)."""
-        key = f"{_RANKS_STORE}{number}"
-        if not store.check([key]):
-            return bootstrap  # group rank 0 is a torchrun node
-        addr, port = json.loads(store.get(key))
-        return addr, int(port)
 
     def _failure_message(self, exc: Exception) -> str:
         name = type(exc).__name__

@@ -1113,3 +1113,43 @@ def test_a_finished_agent_dropped_frees_its_stores_without_a_garbage_collection(
         assert _listening_ports() - before == set()
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("bad, error", [
+    # node 1's role and size, as group rank 0 reads them to plan every node's ranks
+    ({"torchelastic/role_info/1": '{"role": "default", "local_world_size": -5}'}, "node 1's role and size"),
+    ({"torchelastic/role_info/1": '["x"]'}, "node 1's role and size"),
+    # this node's ranks, as group rank 0 wrote them (group rank 1 reads its own)
+    ({"torchelastic/assigned_ranks/1": "[-3, 4, 0, 4]"}, "the ranks assigned to this node"),
+    ({"torchelastic/assigned_ranks/1": "[2, 1000000000000, 2, 4]"}, "the ranks assigned to this node"),
+    ({"torchelastic/assigned_ranks/1": '"\\u001b]0;x\\u0007"'}, "the ranks assigned to this node"),
+    # where the ranks meet
+    ({"ranktop/ranks_store/0": '["evil host\\u001b[2J", 80]'}, "the ranks' master in the store"),
+    ({"ranktop/ranks_store/0": '["10.0.0.1", 70000]'}, "the ranks' master in the store"),
+])
+def test_what_a_peer_wrote_for_the_ranks_is_checked_before_the_ranks_get_it(torch_installed, bad, error):
+    """Anyone who reaches the store can write it: a negative rank, a world of 10**12 or a master
+    host with an escape sequence went to the ranks' environment (or ended the round in an unpacking
+    error). Each is a one-line ValueError, which the round's failure says, cleaned."""
+    import torch.distributed as dist
+    from ranktop.core.rendezvous import assign_ranks, published_master
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    good = {"torchelastic/role_info/1": '{"role": "default", "rank": 1, "local_world_size": 2}',
+            "torchelastic/assigned_ranks/1": "[2, 4, 2, 4]", "ranktop/ranks_store/0": '["127.0.0.1", 29400]'}
+    for key, value in {**good, **bad}.items():
+        store.set(key, value)
+
+    def place(group_rank: int) -> tuple:
+        return (*assign_ranks(store, group_rank, 2, "default", 2), *published_master(store, 0, ("127.0.0.1", 1)))
+
+    if "role_info" in next(iter(bad)):  # read by group rank 0, which plans
+        with pytest.raises(ValueError, match=re.escape(error)) as failed:
+            place(0)
+    else:
+        with pytest.raises(ValueError, match=re.escape(error)) as failed:
+            place(1)
+    assert "\x1b" not in str(failed.value) and "\n" not in str(failed.value)
+    for key, value in good.items():  # (good values place the node)
+        store.set(key, value)
+    assert place(1) == (2, 4, 2, 4, "127.0.0.1", 29400)
