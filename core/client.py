@@ -150,8 +150,8 @@ class Connection:
         request = {"type": "output", "rank": rank, "generation": generation, "line": line}
         answer, frames = self.request(request if tail is None else {**request, "tail": tail}, frames=2)
         if not (len(frames) == 2 and all(isinstance(f, protocol.Output) for f in frames)
-                and all(_whole(answer.get(k)) and answer[k] >= -1 for k in ("generation", "line", "lines", "open"))
-                and _whole(answer.get("version"))):
+                and all(protocol.is_whole(answer.get(k)) and answer[k] >= -1 for k in ("generation", "line", "lines", "open"))
+                and protocol.is_whole(answer.get("version"))):
             raise RunGone("the run's engine sent a bad answer to an output request")
         done, open_ = frames
         lines = done.data.split(b"\n") if answer["lines"] else []
@@ -258,13 +258,9 @@ def _listed_snapshot(raw: dict) -> dict | None:
         snap = decode_snapshot(raw)
     except BadValue:
         return None
-    if not _whole(clients) or not 0 <= clients <= _MAX_CLIENTS_SHOWN:
+    if not protocol.is_whole(clients) or not 0 <= clients <= _MAX_CLIENTS_SHOWN:
         return None
     return {**to_json(snap), "clients": clients}
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 _MAX_CLIENTS_SHOWN = 1 << 20  # an engine serves at most 64 (core/server.py); more is not an engine of ours

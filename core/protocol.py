@@ -35,6 +35,11 @@ class ProtocolError(Exception):
     """The peer sent something that is not this protocol; the connection is dropped with this."""
 
 
+
+def is_whole(value: Any) -> bool:
+    """A JSON whole number another process sent: an int, not a bool (which Python counts as one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
 @dataclass(frozen=True)
 class Output:
     """One rank's output in one binary frame, with the position it ends at."""

@@ -40,6 +40,7 @@ from typing import Any
 
 from ranktop.core.errors import UsageError
 from ranktop.core.limits import MAX_NPROC_PER_NODE
+from ranktop.core.protocol import is_whole
 from ranktop.core.sanitize import clean
 from ranktop.core.spec import Placement
 
@@ -271,7 +272,7 @@ def _role_info(raw: bytes, group_rank: int) -> tuple[str, int]:
     """(role, local world size) that node `group_rank` wrote; ValueError if it is not one."""
     info = json.loads(raw)
     role, size = (info.get("role"), info.get("local_world_size")) if isinstance(info, dict) else (None, None)
-    if not isinstance(role, str) or not 0 < len(role) <= 256 or not _whole(size) or not 0 < size <= MAX_NPROC_PER_NODE:
+    if not isinstance(role, str) or not 0 < len(role) <= 256 or not is_whole(size) or not 0 < size <= MAX_NPROC_PER_NODE:
         raise ValueError(f"node {group_rank}'s role and size in the store are not a role and 1 to "
                          f"{MAX_NPROC_PER_NODE} ranks: {clean(str(info))[:120]}")
     return role, size
@@ -281,17 +282,13 @@ def _assigned(raw: bytes, nodes: int, local_world_size: int) -> tuple[int, int, 
     """(base rank, world size, base role rank, role world size) as group rank 0 wrote them for
     this node; ValueError unless they place its `local_world_size` ranks within the world."""
     ranks = json.loads(raw)
-    if isinstance(ranks, list) and len(ranks) == 4 and all(map(_whole, ranks)):
+    if isinstance(ranks, list) and len(ranks) == 4 and all(map(is_whole, ranks)):
         base, world, role_base, role_world = ranks
         if (0 <= base and base + local_world_size <= world <= nodes * MAX_NPROC_PER_NODE
                 and 0 <= role_base and role_base + local_world_size <= role_world <= world):
             return base, world, role_base, role_world
     raise ValueError(f"the ranks assigned to this node in the store cannot be its {local_world_size}: "
                      f"{clean(str(ranks))[:120]}")
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def published_master(store: Any, number: int, bootstrap: tuple[str, int]) -> tuple[str, int]:
@@ -305,7 +302,7 @@ def published_master(store: Any, number: int, bootstrap: tuple[str, int]) -> tup
     if isinstance(published, list) and len(published) == 2:
         addr, port = published
         if isinstance(addr, str) and 0 < len(addr) <= 255 and addr.isprintable() and " " not in addr \
-                and _whole(port) and 0 < port < 65536:
+                and is_whole(port) and 0 < port < 65536:
             return addr, port
     raise ValueError(f"the ranks' master in the store is no host and port: {clean(str(published))[:120]}")
 

@@ -372,8 +372,8 @@ class EngineServer:
     def _output(self, message: dict) -> bytes:
         rank, generation, line = message.get("rank"), message.get("generation", -1), message.get("line", 0)
         tail, local_world = message.get("tail"), len(self.engine.snapshot().ranks)
-        if not (_is_int(rank) and 0 <= rank < local_world and _is_int(generation) and -1 <= generation < _BIG
-                and _is_int(line) and 0 <= line < _BIG and (tail is None or _is_int(tail) and 0 <= tail < _BIG)):
+        if not (protocol.is_whole(rank) and 0 <= rank < local_world and protocol.is_whole(generation) and -1 <= generation < _BIG
+                and protocol.is_whole(line) and 0 <= line < _BIG and (tail is None or protocol.is_whole(tail) and 0 <= tail < _BIG)):
             raise protocol.ProtocolError(f"output request needs a local rank in 0..{local_world - 1}, a generation "
                                          "(-1 or more), a line (0 or more) and, if any, a tail (0 or more)")
         return self._output_since(rank, OutputCursor(generation, line), tail)[1]
@@ -403,13 +403,13 @@ class EngineServer:
             ranks = list(range(local_world))
         # Each rank once: every push walks the list, and [0] * 150000 kept the server busy for good
         # (ls and logs found the engine not answering while that client stayed).
-        if (not isinstance(ranks, list) or not all(_is_int(r) and 0 <= r < local_world for r in ranks)
+        if (not isinstance(ranks, list) or not all(protocol.is_whole(r) and 0 <= r < local_world for r in ranks)
                 or len(set(ranks)) != len(ranks) or not isinstance(cursors, dict)):
             raise protocol.ProtocolError(f"subscribe needs distinct local ranks in 0..{local_world - 1} and cursors")
         start = {}
         for rank in ranks:
             at = cursors.get(str(rank), [-1, 0])
-            if not (isinstance(at, list) and len(at) == 2 and all(_is_int(v) and -1 <= v < _BIG for v in at)):
+            if not (isinstance(at, list) and len(at) == 2 and all(protocol.is_whole(v) and -1 <= v < _BIG for v in at)):
                 raise protocol.ProtocolError("a cursor is [generation, line]")
             start[rank] = OutputCursor(at[0], at[1])
         snap = self.engine.snapshot()
@@ -602,10 +602,6 @@ class EngineServer:
 
 
 _BIG = 1 << 62  # cursors and counts past this are not ours (and would not fit the frames' fields)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _spare_fd() -> int:

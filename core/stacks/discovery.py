@@ -9,12 +9,13 @@ import psutil
 from ranktop.core.errors import ERROR_FILE_ENV
 from ranktop.core.events import read_events, run_started
 from ranktop.core.layout import EVENTS, run_dir_of_error_file
+from ranktop.core.protocol import is_whole
 from ranktop.core.stacks.procs import environ, gone_reason
 
 
 def _count(value: object) -> int | None:
     """`value` if it is a whole number, 0 or more (a rank, a pid, an attempt), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return value if is_whole(value) and value >= 0 else None
 
 
 def live_ranks_in_run_dir(run_dir: str) -> tuple[dict[int, int], dict[int, int]]:
