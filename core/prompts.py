@@ -9,7 +9,7 @@ in a read of its stdin.
 
 from __future__ import annotations
 
-import platform
+import os
 import re
 
 from ranktop.core.sanitize import clean_bytes
@@ -30,7 +30,7 @@ _PROMPT = re.compile(
 
 # The system calls that wait on stdin, per machine: read(2) of fd 0, and select(2)/pselect6(2)
 # watching fd 0 alone (nfds 1: how readline waits for a key). /proc/PID/syscall numbers them.
-_STDIN_WAITS = {"x86_64": (0, (23, 270)), "aarch64": (63, (72,)), "riscv64": (63, (72,))}.get(platform.machine())
+_STDIN_WAITS = {"x86_64": (0, (23, 270)), "aarch64": (63, (72,)), "riscv64": (63, (72,))}.get(os.uname().machine)
 NO_PROMPT = "stdin"  # what a rank reading stdin with no prompt of its own is shown waiting at
 _SHOWN = 40  # characters of an unknown prompt shown in its place
 
