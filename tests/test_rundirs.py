@@ -161,6 +161,29 @@ def test_a_log_dir_through_a_symlink_loop_is_one_line(tmp_path, links):
     assert str(refused.value) == f"bad --log-dir {path}: cannot write there (Too many levels of symbolic links)"
 
 
+def test_a_log_dir_too_long_for_its_runs_paths_is_one_line_and_nothing_is_made(tmp_path):
+    """A --log-dir near PATH_MAX (4096 bytes) gave its ranks a TORCHELASTIC_ERROR_FILE no process
+    could open (@record failed with a traceback in its place) and a run directory `ranktop logs`
+    could not find: it is refused before anything is made, the Python API's log_dir too."""
+    from ranktop.core.logs_specs import DefaultLogsSpecs
+
+    script = tmp_path / "rank.py"
+    script.write_text("print('hello')\n")
+    long_dir = os.path.join(tmp_path, *["d" * 200] * 20)
+    size = len(os.fsencode(long_dir))
+    assert size < 4095  # the directory itself could still be made
+    res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", long_dir, "--run-id", "r", str(script))
+    assert _one_error_line(res) == (f"ranktop: error: bad --log-dir {long_dir[:80]}...: its path is {size} bytes "
+                                    "long, and at most 3583 leave room for a run's files below it within the 4095 "
+                                    "bytes of a path; pick a shorter one")
+    assert sorted(os.listdir(tmp_path)) == ["rank.py"]
+    with pytest.raises(ValueError, match=f"bad log_dir .*: its path is {size} bytes long"):
+        DefaultLogsSpecs(log_dir=long_dir)
+    fits = os.path.join(tmp_path, *["d" * 200] * 16)
+    res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", fits, "--run-id", "r", str(script))
+    assert res.returncode == 0 and "hello" in res.stdout, res
+
+
 def test_a_log_dir_through_a_group_writable_directory_is_refused_and_own_links_are_followed(tmp_path):
     mine, open_to_group = tmp_path / "mine", tmp_path / "team"
     mine.mkdir()
