@@ -384,6 +384,35 @@ def test_bad_error_file_is_named_and_the_failure_still_reported(tmp_path, case):
     assert len(sibling) == 1 and sibling[0]["by_us"], events
 
 
+def test_the_schedulers_error_file_is_not_written_through_another_users_directory(tmp_path):
+    """ranktop copies the root cause's error file to its own $TORCHELASTIC_ERROR_FILE (for a
+    scheduler), as torchrun does: a link another user left in their directory on the way to it
+    had root write the copy wherever it pointed. Now it is refused in one line, as a --log-dir."""
+    script = tmp_path / "rank.py"
+    script.write_text("from ranktop.core.errors import record\n"
+                      "record(lambda: 1 / 0)()\n")
+    victim, theirs, mine = tmp_path / "victim", tmp_path / "theirs", tmp_path / "mine"
+    for folder in (victim, theirs, mine):
+        folder.mkdir(mode=0o700)
+    os.chown(theirs, NOBODY, NOBODY)
+    (theirs / "job").symlink_to(victim)
+    os.lchown(theirs / "job", NOBODY, NOBODY)
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(theirs / "job" / "e.json")}
+    res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", str(tmp_path), "--run-id", "r",
+                      str(script), env=env)
+    assert res.returncode == 1 and os.listdir(victim) == [], res.stderr
+    assert ("ranktop: the root cause's error file was not copied for the scheduler: bad directory of "
+            f"$TORCHELASTIC_ERROR_FILE {theirs / 'job'}: it goes through {theirs}, which belongs to uid {NOBODY}, "
+            "not to you (uid 0): whoever controls it decides where the path leads; give ranktop one in a "
+            "directory of your own\n") in res.stderr
+    assert [e["event"] for e in read_events(tmp_path / "r")][-2:] == ["error_file_copy_failed", "run_finished"]
+    env["TORCHELASTIC_ERROR_FILE"] = str(mine / "e.json")
+    res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", str(tmp_path), "--run-id", "s",
+                      str(script), env=env)
+    assert res.returncode == 1 and "not copied" not in res.stderr, res.stderr
+    assert "ZeroDivisionError" in (mine / "e.json").read_text() and os.listdir(mine) == ["e.json"]
+
+
 def test_start_processes_log_dir_is_private_too(tmp_path):
     ctx = start_processes("t", "/bin/echo", {0: ("hi",)}, {0: {}}, str(tmp_path), redirects=Std.ALL)
     try:
