@@ -550,6 +550,9 @@ class LocalAgent:
 
         final = dataclasses.replace(self.snapshot(), ended=True, exit_status=self.result.exit_status)
         try:
+            # A rank may have planted one (it knows the run directory): kept as evidence, not
+            # left to speak for the run, as `attach` and `logs` would take it.
+            self.layout.set_aside(FINAL_FILE)
             fd = self.layout.open_new(FINAL_FILE)
         except OSError as exc:
             self.events.write("final_write_failed", error=exc.strerror or str(exc))

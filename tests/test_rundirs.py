@@ -4,6 +4,7 @@ everything is private, and error.json is read as hostile input (core/layout.py, 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -338,6 +339,25 @@ def test_rank_restart_writes_into_its_own_directory_whatever_was_swapped(tmp_pat
     assert open(os.path.join(attempt, "0.old", "stdout.log")).read() == "hello\nhello\n"
     log_1 = os.path.join(attempt, "1", "stdout.log")
     assert stat.S_ISREG(os.lstat(log_1).st_mode) and open(log_1).read() == "hello\n"
+
+
+def test_a_final_json_a_rank_planted_is_set_aside_and_the_runs_own_is_written(tmp_path):
+    """A rank knows its run directory (TORCHELASTIC_ERROR_FILE is in it): a final.json it made
+    there blocked ranktop's own (made exclusively), so `attach` and `logs` showed the rank's
+    version of the run's end. It is kept, set aside, as evidence."""
+    script = tmp_path / "rank.py"
+    script.write_text("import json, os, sys\n"
+                      "run_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.environ['TORCHELASTIC_ERROR_FILE'])))\n"
+                      "json.dump({'forged': True}, open(os.path.join(run_dir, 'final.json'), 'w'))\n"
+                      "sys.exit(3)\n")
+    res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", str(tmp_path), "--run-id", "r", str(script))
+    assert res.returncode == 1, res.stderr
+    run_dir = tmp_path / "r"
+    final = json.loads((run_dir / "final.json").read_text())
+    assert (final["state"], final["exit_status"], final["root_cause"]["exitcode"]) == ("failed", 1, 3)
+    (aside,) = run_dir.glob("final.json.set-aside-*")
+    assert json.loads(aside.read_text()) == {"forged": True}
+    assert "final_write_failed" not in [e["event"] for e in read_events(run_dir)]
 
 
 # ----- error.json is hostile input --------------------------------------------------------------
