@@ -550,6 +550,9 @@ class LocalAgent:
 
         final = dataclasses.replace(self.snapshot(), ended=True, exit_status=self.result.exit_status)
         try:
+            # A rank may have planted one (it knows the run directory): kept as evidence, not
+            # left to speak for the run, as `attach` and `logs` would take it.
+            self.layout.set_aside(FINAL_FILE)
             fd = self.layout.open_new(FINAL_FILE)
         except OSError as exc:
             self.events.write("final_write_failed", error=exc.strerror or str(exc))
@@ -569,8 +572,10 @@ class LocalAgent:
             return
         try:
             get_error_handler().dump_error_file(cause.error_file, error_code=cause.exitcode)
-        except (OSError, ValueError) as exc:  # ValueError: BadErrorFile, the file changed since it was read
-            self.events.write("error_file_copy_failed", error=getattr(exc, "strerror", None) or str(exc))
+        except (OSError, ValueError) as exc:  # BadErrorFile (it changed since it was read), UsageError
+            why = getattr(exc, "strerror", None) or str(exc)
+            self.events.write("error_file_copy_failed", error=why)
+            self._notice(f"the root cause's error file was not copied for the scheduler: {why}")
 
     def _root_cause(self) -> RootCause | None:
         slots = [s for s in self.pcontext.slots if s.failure is not None]

@@ -185,7 +185,9 @@ class ErrorHandler:
         The rank's file is read as input the rank controls (no symlink, a regular file, at most
         1 MB, JSON); a missing one raises FileNotFoundError, a bad one BadErrorFile (also json's
         JSONDecodeError when it is not JSON, as torch raises). Ours is replaced whole, never
-        written through a symlink planted at its name."""
+        written through a symlink planted at its name, in its directory reached as a --log-dir
+        is (UsageError when another user controls the way there: a link they planted in their
+        own directory had root write the file wherever it pointed)."""
         data = _read_json(rootcause_error_file)
         if data is _MISSING:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), rootcause_error_file)
@@ -194,27 +196,42 @@ class ErrorHandler:
         target = self._get_error_file_path()
         if not target:  # no scheduler asked for one: nothing to copy to
             return
-        _replace_file(target, json.dumps(data))
+        from ranktop.core.layout import open_chosen_dir  # (layout imports this module)
+
+        target = os.path.abspath(target)
+        held = open_chosen_dir(os.path.dirname(target), f"directory of ${ERROR_FILE_ENV}", make=False,
+                               advice="give ranktop one in a directory of your own")
+        try:
+            _replace_file(target, json.dumps(data), held.fd)
+        finally:
+            held.close()
 
 
-def _replace_file(path: str | os.PathLike, text: str) -> None:
-    """Write `path` whole: a temporary file with a random name next to it (mkstemp: made
-    exclusively, 0600, never through a symlink, and a file planted under a guessable name cannot
-    block it), then a rename, which replaces a symlink at `path` rather than writing through it
-    and never truncates a file that another name (a hard link) shares. The temporary file is
-    removed on any failure."""
-    import tempfile  # only a failure writes a file: a rank's start does not pay for the import
-
+def _replace_file(path: str | os.PathLike, text: str, dir_fd: int | None = None) -> None:
+    """Write `path` whole (in the held directory `dir_fd`, when given): a temporary file with a
+    random name next to it (made exclusively, 0600, never through a symlink, so a file planted
+    under a guessable name cannot take the write), then a rename, which replaces a symlink at
+    `path` rather than writing through it and never truncates a file that another name (a hard
+    link) shares. The temporary file is removed on any failure."""
     path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=os.path.dirname(path) or ".")
+    name = os.path.basename(path) if dir_fd is not None else path
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = os.path.join(os.path.dirname(name), f".{os.path.basename(name)}.{os.urandom(4).hex()}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(errno.EEXIST, "no free temporary name", path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(text.encode())
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
 
 

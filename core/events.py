@@ -4,6 +4,7 @@ and the reader that the file's readers outside the run share."""
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import os
 import stat
@@ -93,16 +94,55 @@ def read_events(path: str) -> Iterator[dict]:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return
-    with os.fdopen(fd, "rb") as f:
+    try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return
-        while line := f.readline(MAX_EVENT_LINE):
+        for line in _lines_of_data(fd, MAX_EVENT_LINE):
             try:
                 event = json.loads(line)
             except (ValueError, RecursionError):
                 continue
             if isinstance(event, dict):
                 yield event
+    finally:
+        os.close(fd)
+
+
+def _lines_of_data(fd: int, longest: int, block: int = 1 << 16) -> Iterator[bytes]:
+    """The lines of the regular file `fd`, read block by block. A line longer than `longest` is
+    skipped whole (its tail is not taken for a line of its own), and so is a line that meets a
+    hole: a sparse file reads as zeros, which no line of ours holds, so its holes are stepped
+    over (SEEK_DATA), not read (a terabyte of them took `ranktop stacks DIR` hours)."""
+    pos, parts, size, spoiled = 0, [], 0, False
+    while True:
+        data_at = _next_data(fd, pos)
+        if data_at > pos:
+            pos, parts, size, spoiled = data_at, [], 0, True
+        chunk = os.pread(fd, block, pos)
+        if not chunk:
+            break
+        pos += len(chunk)
+        *ends, rest = chunk.split(b"\n")
+        for end in ends:
+            if not spoiled and size + len(end) <= longest:
+                yield b"".join([*parts, end])
+            parts, size, spoiled = [], 0, False
+        if not spoiled:
+            parts.append(rest)
+            size += len(rest)
+            spoiled = size > longest
+            if spoiled:
+                parts, size = [], 0
+    if parts and not spoiled:
+        yield b"".join(parts)  # a last line without its newline (one being written)
+
+
+def _next_data(fd: int, pos: int) -> int:
+    """Where the first byte at or past `pos` that is not in a hole lies (the file's end if none)."""
+    try:
+        return os.lseek(fd, pos, os.SEEK_DATA)
+    except OSError as exc:
+        return os.fstat(fd).st_size if exc.errno == errno.ENXIO else pos  # (a file system that cannot say)
 
 
 def run_started(run_dir: str) -> dict | None:

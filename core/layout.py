@@ -397,6 +397,7 @@ def open_chosen_dir(path: str, what: str, *, make: bool, shared_ok: bool = True,
     unless sticky (`shared_ok`; else ours and private). UsageError `bad <what> <path>: why`, one
     line, ending in `advice` (default: pick a directory of your own)."""
     path = os.path.abspath(path)
+    _check_room_below(path, what)
     try:
         fd = _walk(path, make)
     except _Refused as exc:
@@ -416,6 +417,20 @@ def open_chosen_dir(path: str, what: str, *, make: bool, shared_ok: bool = True,
         raise UsageError(f"bad {what} {path}: it {problem}, so others could tamper with run logs: "
                          f"{advice or 'chmod go-w it, or pick a directory of your own'}")
     return Dir(path, fd)
+
+
+PATH_MAX = 4096  # bytes of a path the kernel takes, its NUL included
+ROOM_BELOW = 512  # a run's own names below a chosen directory: <run id>.N/attempt_K.N/<rank>/filtered_stderr.log...
+
+
+def _check_room_below(path: str, what: str) -> None:
+    """A chosen directory must leave room below it for the run's paths: one past PATH_MAX is a
+    path no process can open (the ranks' TORCHELASTIC_ERROR_FILE, `ranktop logs RUN_DIR`)."""
+    size, most = len(os.fsencode(path)), PATH_MAX - 1 - ROOM_BELOW
+    if size > most:
+        raise UsageError(f"bad {what} {path[:80]}...: its path is {size} bytes long, and at most {most} leave "
+                         f"room for a run's files below it within the {PATH_MAX - 1} bytes of a path; "
+                         "pick a shorter one")
 
 
 class _Refused(Exception):

@@ -106,7 +106,7 @@ def root_cause_lines(cause: RootCause, *, max_traceback: int | None = None,
         lines.append(CauseLine("tail-head", f"last output of rank {rank}:"))
         lines += [CauseLine("tail", line) for line in tail[-max_tail:]]
     if cause.error_file:
-        lines.append(CauseLine("file", f"error file: {cause.error_file}"))
+        lines.append(CauseLine("file", f"error file: {clean(cause.error_file)}"))
     if cause.stopped:
         ranks = ", ".join(f"{rank} ({how})" for rank, how in cause.stopped)
         lines.append(CauseLine("stopped", f"stopped by ranktop after it, not the cause: rank{'s' if len(cause.stopped) > 1 else ''} {ranks}"))
@@ -129,7 +129,7 @@ def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts
     lines += [line.indent + line.text for line in root_cause_lines(cause)]
     logs = run_dir or (os.path.dirname(cause.error_file) if cause.error_file else None)
     if logs:
-        lines.append(f"  logs: {logs}")
+        lines.append(f"  logs: {clean(logs)}")
     return "\n".join(lines)
 
 
@@ -139,7 +139,7 @@ def format_incomplete_logs(losses: tuple[LogLoss, ...] | list[LogLoss]) -> str:
         return ""
     lines = [f"ranktop: {len(losses)} log file{'s' if len(losses) > 1 else ''} incomplete "
              "(exit status 1 for that): a write failed, the rest of that output was not saved"]
-    lines += [f"  {loss.path}: {loss.error}, {loss.bytes_lost} bytes lost (rank {loss.rank})" for loss in losses]
+    lines += [f"  {clean(loss.path)}: {loss.error}, {loss.bytes_lost} bytes lost (rank {loss.rank})" for loss in losses]
     return "\n".join(lines)
 
 
@@ -153,12 +153,12 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
         parts.append(format_root_cause(result.root_cause, name=name, attempt=attempt, max_restarts=max_restarts,
                                        run_dir=run_dir))
     elif result.stop_signal is not None:
-        parts.append(f"ranktop: stopped by {_signal_label(result.stop_signal)}; logs in {run_dir}")
+        parts.append(f"ranktop: stopped by {_signal_label(result.stop_signal)}; logs in {clean(str(run_dir))}")
     elif result.state == GroupState.STOPPED and not result.rendezvous_error:
         # (headless too: stopped from elsewhere, `ranktop stop`, the output just ended without a word)
-        parts.append(f"ranktop: {name} stopped on request; logs in {run_dir}")
+        parts.append(f"ranktop: {name} stopped on request; logs in {clean(str(run_dir))}")
     elif success_line and result.state == GroupState.SUCCEEDED:
-        parts.append(f"ranktop: {name} succeeded: all ranks exited 0; logs in {run_dir}")
+        parts.append(f"ranktop: {name} succeeded: all ranks exited 0; logs in {clean(str(run_dir))}")
     if success_line and earlier_attempts:
         parts.append("  earlier attempts: " + "; ".join(earlier_attempts))
     if success_line and result.end_note:  # (headless said it when it happened)

@@ -113,6 +113,23 @@ def test_the_console_filter_cleans_a_character_or_sequence_cut_between_two_piece
     assert (tmp_path / "console").read_bytes() == "a\u20ac b \x1b[31mred!\n".encode()
 
 
+def test_the_end_report_shows_paths_with_escapes_and_newlines_cleaned(tmp_path):
+    """The run directory and error file paths are ranktop's words too: a --log-dir named with an
+    OSC sequence and a newline (a name taken from a shared directory) retitled the terminal and
+    split the `logs:` line in two."""
+    script = tmp_path / "rank.py"
+    script.write_text("from ranktop.core.errors import record\nrecord(lambda: 1 / 0)()\n")
+    log_dir = tmp_path / "lo\x1b]0;PWN\x07gs\nx"
+    done = subprocess.run(ranktop_cmd("--headless", "--log-dir", str(log_dir), "--run-id", "r", str(script)),
+                          cwd=ROOT, capture_output=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    report = done.stderr[done.stderr.index(b"ranktop: rank.py failed"):].decode()
+    assert "\x1b" not in report and "\x07" not in report
+    shown = f"{tmp_path}/logs\u240ax/r"
+    assert f"  error file: {shown}/attempt_0/0/error.json\n" in report
+    assert report.endswith(f"  logs: {shown}\n"), report
+
+
 def test_the_end_report_names_a_hostile_script_safely(tmp_path):
     """The script's name is ranktop's to print: one named with an OSC sequence retitled the terminal."""
     script = tmp_path / "ev\x1b]0;PWN\x07il.py"

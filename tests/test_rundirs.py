@@ -4,6 +4,7 @@ everything is private, and error.json is read as hostile input (core/layout.py, 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -159,6 +160,29 @@ def test_a_log_dir_through_a_symlink_loop_is_one_line(tmp_path, links):
     with pytest.raises(UsageError) as refused:
         open_chosen_dir(str(path), "--log-dir", make=True)
     assert str(refused.value) == f"bad --log-dir {path}: cannot write there (Too many levels of symbolic links)"
+
+
+def test_a_log_dir_too_long_for_its_runs_paths_is_one_line_and_nothing_is_made(tmp_path):
+    """A --log-dir near PATH_MAX (4096 bytes) gave its ranks a TORCHELASTIC_ERROR_FILE no process
+    could open (@record failed with a traceback in its place) and a run directory `ranktop logs`
+    could not find: it is refused before anything is made, the Python API's log_dir too."""
+    from ranktop.core.logs_specs import DefaultLogsSpecs
+
+    script = tmp_path / "rank.py"
+    script.write_text("print('hello')\n")
+    long_dir = os.path.join(tmp_path, *["d" * 200] * 20)
+    size = len(os.fsencode(long_dir))
+    assert size < 4095  # the directory itself could still be made
+    res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", long_dir, "--run-id", "r", str(script))
+    assert _one_error_line(res) == (f"ranktop: error: bad --log-dir {long_dir[:80]}...: its path is {size} bytes "
+                                    "long, and at most 3583 leave room for a run's files below it within the 4095 "
+                                    "bytes of a path; pick a shorter one")
+    assert sorted(os.listdir(tmp_path)) == ["rank.py"]
+    with pytest.raises(ValueError, match=f"bad log_dir .*: its path is {size} bytes long"):
+        DefaultLogsSpecs(log_dir=long_dir)
+    fits = os.path.join(tmp_path, *["d" * 200] * 16)
+    res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", fits, "--run-id", "r", str(script))
+    assert res.returncode == 0 and "hello" in res.stdout, res
 
 
 def test_a_log_dir_through_a_group_writable_directory_is_refused_and_own_links_are_followed(tmp_path):
@@ -317,6 +341,25 @@ def test_rank_restart_writes_into_its_own_directory_whatever_was_swapped(tmp_pat
     assert stat.S_ISREG(os.lstat(log_1).st_mode) and open(log_1).read() == "hello\n"
 
 
+def test_a_final_json_a_rank_planted_is_set_aside_and_the_runs_own_is_written(tmp_path):
+    """A rank knows its run directory (TORCHELASTIC_ERROR_FILE is in it): a final.json it made
+    there blocked ranktop's own (made exclusively), so `attach` and `logs` showed the rank's
+    version of the run's end. It is kept, set aside, as evidence."""
+    script = tmp_path / "rank.py"
+    script.write_text("import json, os, sys\n"
+                      "run_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.environ['TORCHELASTIC_ERROR_FILE'])))\n"
+                      "json.dump({'forged': True}, open(os.path.join(run_dir, 'final.json'), 'w'))\n"
+                      "sys.exit(3)\n")
+    res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", str(tmp_path), "--run-id", "r", str(script))
+    assert res.returncode == 1, res.stderr
+    run_dir = tmp_path / "r"
+    final = json.loads((run_dir / "final.json").read_text())
+    assert (final["state"], final["exit_status"], final["root_cause"]["exitcode"]) == ("failed", 1, 3)
+    (aside,) = run_dir.glob("final.json.set-aside-*")
+    assert json.loads(aside.read_text()) == {"forged": True}
+    assert "final_write_failed" not in [e["event"] for e in read_events(run_dir)]
+
+
 # ----- error.json is hostile input --------------------------------------------------------------
 BAD_ERROR_FILES = {
     "wrong type": ('json.dump({"message": {"message": 5}}, open(p, "w"))', 'has a "message" that is neither text'),
@@ -359,6 +402,35 @@ def test_bad_error_file_is_named_and_the_failure_still_reported(tmp_path, case):
     events = read_events(tmp_path / "r")
     sibling = [e for e in events if e["event"] == "exited" and e["rank"] == 1]
     assert len(sibling) == 1 and sibling[0]["by_us"], events
+
+
+def test_the_schedulers_error_file_is_not_written_through_another_users_directory(tmp_path):
+    """ranktop copies the root cause's error file to its own $TORCHELASTIC_ERROR_FILE (for a
+    scheduler), as torchrun does: a link another user left in their directory on the way to it
+    had root write the copy wherever it pointed. Now it is refused in one line, as a --log-dir."""
+    script = tmp_path / "rank.py"
+    script.write_text("from ranktop.core.errors import record\n"
+                      "record(lambda: 1 / 0)()\n")
+    victim, theirs, mine = tmp_path / "victim", tmp_path / "theirs", tmp_path / "mine"
+    for folder in (victim, theirs, mine):
+        folder.mkdir(mode=0o700)
+    os.chown(theirs, NOBODY, NOBODY)
+    (theirs / "job").symlink_to(victim)
+    os.lchown(theirs / "job", NOBODY, NOBODY)
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(theirs / "job" / "e.json")}
+    res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", str(tmp_path), "--run-id", "r",
+                      str(script), env=env)
+    assert res.returncode == 1 and os.listdir(victim) == [], res.stderr
+    assert ("ranktop: the root cause's error file was not copied for the scheduler: bad directory of "
+            f"$TORCHELASTIC_ERROR_FILE {theirs / 'job'}: it goes through {theirs}, which belongs to uid {NOBODY}, "
+            "not to you (uid 0): whoever controls it decides where the path leads; give ranktop one in a "
+            "directory of your own\n") in res.stderr
+    assert [e["event"] for e in read_events(tmp_path / "r")][-2:] == ["error_file_copy_failed", "run_finished"]
+    env["TORCHELASTIC_ERROR_FILE"] = str(mine / "e.json")
+    res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", str(tmp_path), "--run-id", "s",
+                      str(script), env=env)
+    assert res.returncode == 1 and "not copied" not in res.stderr, res.stderr
+    assert "ZeroDivisionError" in (mine / "e.json").read_text() and os.listdir(mine) == ["e.json"]
 
 
 def test_start_processes_log_dir_is_private_too(tmp_path):

@@ -131,6 +131,27 @@ def test_the_good_events_among_bad_ones_still_find_the_rank(tmp_path, runtime, b
     assert out.returncode == 1 and "no live ranks" in out.stderr
 
 
+def test_a_sparse_events_file_is_not_read_through_and_a_too_long_line_has_no_tail_taken(tmp_path, runtime,
+                                                                                         bystander):
+    """A terabyte-long hole (`truncate -s 1T`, free to make) is stepped over, not read as zeros
+    (20 GB of one took 53 s, a terabyte hours); an over-long line is skipped whole: its last
+    4 MiB were read as a line of their own, so a line could end in an event."""
+    run_dir = tmp_path / "run"
+    good = '{"event": "started", "rank": 3, "local_rank": 1, "pid": PID}'
+    write_events(run_dir, ['{"event": "run_started", "run_id": "hostile"}'], bystander)
+    with open(run_dir / "events.jsonl", "r+b") as f:
+        f.seek(1 << 40)
+        f.write(f"\n{good}\n".replace("PID", str(bystander)).encode())
+    out = run_ranktop("stacks", "--signal", str(run_dir), env=runtime, timeout=60)
+    assert out.returncode == 1, out.stderr  # found, and skipped: no signal was sent
+    assert out.stdout.startswith(f"rank 3 (pid {bystander}): skipped"), out.stdout
+    write_events(tmp_path / "long", ['{"event": "run_started", "run_id": "hostile"}', "x" * (4 << 20) + good],
+                 bystander)
+    out = run_ranktop("stacks", "--signal", str(tmp_path / "long"), env=runtime, timeout=60)
+    assert (out.returncode, out.stdout) == (1, ""), out.stdout
+    assert "no live ranks" in out.stderr
+
+
 def test_a_process_whose_rank_variables_are_not_numbers_is_dumped_as_itself(runtime):
     proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"],
                             env={**os.environ, "RANK": "x", "LOCAL_RANK": "1" * 5000})
