@@ -299,6 +299,8 @@ class MainScreen(Screen):
         if action in ("move", "focus_rank", "digit", "cycle", "zoom", "search_step", "select_lines") and isinstance(
                 self.focused, Input):
             return False
+        if action == "search" and not parameters and isinstance(self.focused, Input):
+            return False  # `/` types a slash into the box: the footer showed `/ Search` alone there
         if action == "search_step" and self.everywhere is None:  # n / N: the pane's own search
             return False
         if action == "move" and self.zoomed and self._line_select is None:  # zoomed: the arrows scroll the pane
