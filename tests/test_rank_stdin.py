@@ -98,6 +98,29 @@ def test_the_stdin_box_types_into_the_rank_it_names_and_closes_at_the_end(tmp_pa
     assert app.exit_status == 0 and "got one" in pane_text(app, 1)
 
 
+def test_the_footer_offers_no_search_while_the_stdin_box_is_typed_into(tmp_path):
+    """With the box open the footer showed `/ Search` alone, and `/` typed a slash into the box."""
+    from test_tui_fake import shown_footer_keys
+
+    app = RanktopApp(LocalEngine(make_agent(tmp_path, "import sys\nfor line in sys.stdin:\n    print('got', line, end='', flush=True)\n",
+                                            n=1, name="echo.py")))
+
+    def offered() -> set[str]:
+        return {key.description for key in shown_footer_keys(app)}
+
+    async def body(app, pilot):
+        await until(pilot, lambda: "Search" in offered(), what="the grid's footer")
+        await pilot.press("i")
+        await until(pilot, lambda: app.focused is app.main.query_one("#stdin"), what="the stdin box")
+        await until(pilot, lambda: "Search" not in offered(), what="a footer without / Search")
+        await pilot.press(*"a/b", "enter")
+        await until(pilot, lambda: "got a/b" in pane_text(app, 0), what="the line with its slash")
+        await pilot.press("escape")
+        await until(pilot, lambda: "Search" in offered(), what="/ Search back with the box closed")
+
+    drive(app, body)
+
+
 def test_input_to_a_rank_that_ended_or_a_bad_one_is_refused(tmp_path):
     app = RanktopApp(LocalEngine(make_agent(tmp_path, "print('done')", n=1)))
 

@@ -325,6 +325,10 @@ def test_stacks_signal_to_a_pid_with_no_run_to_read_back_exits_1_unless_one_was_
         proc.wait()
     what = "sent" if catches else "skipped: it does not handle SIGUSR1"
     assert out.returncode == status and f"rank 0 (pid {proc.pid}): {what}" in out.stdout, out
+    # Where the stacks went is said only of a signal sent (it followed a skip too), and a skip
+    # names what reads them instead.
+    assert ("the stacks go to each rank's stderr" in out.stdout) == catches, out
+    assert ("without --signal, py-spy reads" in out.stdout) != catches, out
 
 
 def test_stacks_cli_without_a_target_uses_the_default_log_directory(tmp_path):

@@ -675,6 +675,32 @@ def test_arrows_move_only_among_the_ranks_the_filtered_list_shows(tmp_path):
     drive(app, body, size=(80, 24))
 
 
+def test_sort_and_filter_say_where_the_rank_list_shows_when_it_is_not_on_screen(tmp_path):
+    """`s` and `v` where the list was not shown said `zoom out or enlarge to see it`: a larger
+    terminal fits the panes and so hides the list, and zoomed in the compact layout they said
+    nothing, the list hidden by the zoom."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, n=8)))
+
+    async def body(app, pilot):
+        main = app.main
+        assert main.compact  # 8 panes do not fit 80x24: the list is shown
+        await pilot.press("s")
+        await until(pilot, lambda: "rank list sorted by state" in notes(app), what="the sort's note")
+        assert notes(app).endswith("rank list sorted by state")  # on screen: nothing to add
+        await pilot.press("z", "v")
+        await until(pilot, lambda: "problems" in notes(app), what="the filter's note")
+        assert notes(app).endswith("rank list shows problems ranks (zoomed: esc shows the list)")
+        await pilot.press("escape")
+        await pilot.resize_terminal(160, 48)  # 8 panes fit: a grid, no list
+        await until(pilot, lambda: not main.compact, what="the grid")
+        await pilot.press("s")
+        await until(pilot, lambda: "sorted by cpu" in notes(app), what="the sort's note")
+        assert notes(app).endswith("rank list sorted by cpu (the list shows only where the panes do not fit)")
+        assert "enlarge" not in notes(app)
+
+    drive(app, body, size=(80, 24))
+
+
 DEEP_FAILURE = ("import os, time\nfrom ranktop.core.errors import record\n"
                 "def deeper(n):\n    if n == 0:\n        raise RuntimeError('rank 2 broke')\n    deeper(n - 1)\n"
                 "@record\ndef main():\n    print('rank', os.environ['RANK'], 'up', flush=True)\n"

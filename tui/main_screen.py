@@ -267,11 +267,17 @@ class MainScreen(Screen):
         self._list_changed(f"rank list shows {self.filter} ranks" if self.filter != "all" else "rank list shows every rank")
 
     def _list_changed(self, what: str) -> None:
-        where = "" if self.compact else " (the list shows when the panes do not fit: zoom out or enlarge to see it)"
-        self.notify(what + where, timeout=2)
+        self.notify(what + self._where_the_list_shows(), timeout=2)
         self.tick()
         if self.compact:
             self.call_after_refresh(self._list_shows, self.current)
+
+    def _where_the_list_shows(self) -> str:
+        """What brings the rank list on screen when it is not ("" when it is): a larger terminal
+        fits the panes and so hides it, and a zoom hides it too."""
+        if not self.compact:
+            return " (the list shows only where the panes do not fit)"
+        return " (zoomed: esc shows the list)" if self.zoomed else ""
 
     def on_descendant_focus(self, event: DescendantFocus) -> None:
         # A click (or Textual's own focus moves) on a log widget makes its rank the focused one.
@@ -293,6 +299,8 @@ class MainScreen(Screen):
         if action in ("move", "focus_rank", "digit", "cycle", "zoom", "search_step", "select_lines") and isinstance(
                 self.focused, Input):
             return False
+        if action == "search" and not parameters and isinstance(self.focused, Input):
+            return False  # `/` types a slash into the box: the footer showed `/ Search` alone there
         if action == "search_step" and self.everywhere is None:  # n / N: the pane's own search
             return False
         if action == "move" and self.zoomed and self._line_select is None:  # zoomed: the arrows scroll the pane

@@ -199,8 +199,9 @@ def _signal(pids: dict[int, int], local: dict[int, int], run_dir: str | None, sa
         outcome = stacks.signal_pids(pids)
         for rank, what in outcome.items():
             print_out(f"rank {rank} (pid {pids[rank]}): {what}")
-        print_out("the stacks go to each rank's stderr")
-        return 0 if "sent" in outcome.values() else 1  # as a dump of which not one rank's stacks came
+        sent = "sent" in outcome.values()
+        print_out("the stacks go to each rank's stderr" if sent else "nothing was sent: without --signal, py-spy reads the stacks")
+        return 0 if sent else 1  # as a dump of which not one rank's stacks came
     logs = {r: dump_log_path(os.path.join(attempt, str(local[r]))) for r in pids}
     report = stacks.signal_report(pids, logs, local_ranks=local, run_dir=save_to, source="cli-signal")
     return _show(report, ns)
