@@ -199,7 +199,7 @@ def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
         assert all(r.state.alive for r in agent.snapshot().ranks)  # a dump, not a death
         assert any(e["event"] == "stacks_signalled" for e in read_events(agent.run_dir))
         # The same dumps, read back and grouped: the view without ptrace.
-        report = stacks.signal_agent_report(agent)
+        report = stacks.signal_agent_report(agent, timeout=20)  # (ends at the dumps: a loaded box is slow)
         assert [s.status for s in report.ranks] == [StackStatus.OK] * 2, stacks.format_report(report)
         (group,) = report.groups
         assert group.ranks == (0, 1) and group.frames[-1].name == "wait_here" and not report.odd_ranks
@@ -222,7 +222,7 @@ def test_sigusr1_fallback_with_pty_reads_the_dump_from_stdout_log(tmp_path):
     env = spec.faulthandler_env(True, os.environ)
     with Running(make_agent(tmp_path, WAIT_HERE, n=2, env=env, pty=True)) as agent:
         wait_ready(agent, 2)
-        report = stacks.signal_agent_report(agent)
+        report = stacks.signal_agent_report(agent, timeout=20)  # (ends at the dumps: a loaded box is slow)
         assert [s.status for s in report.ranks] == [StackStatus.OK] * 2, stacks.format_report(report)
         assert report.groups[0].frames[-1].name == "wait_here"
         assert not os.path.exists(os.path.join(agent.attempt_dir(), "0", "stderr.log"))
