@@ -19,6 +19,10 @@ Two things torchrun 2.13 gets wrong with torch's default store sharing, and rank
   - the ranks' store (served by group rank 0's agent) is the same for every start of the group and
     the ranks use it without a prefix, so a restarted group reads the previous group's keys and
     gloo dials ranks that are gone. ranktop's group rank 0 serves a fresh store for each start.
+With `--rdzv-conf ranks_store=rendezvous` (c10d only) the ranks use the rendezvous's own store
+instead, so that nodes need reach only its port: torch 2.13's ranks put their keys there without a
+prefix, so group rank 0 deletes every key outside the rendezvous's own before it says where the
+ranks meet. That is safe because a round forms only once each of its nodes has ended its ranks.
 torchrun nodes can join a ranktop job and the other way round: group rank 0 writes torch's own
 MASTER_* keys every round, and uses torch's shared store, as torchrun does, in a round where a
 node did not mark itself as ranktop (a torchrun node's ranks can only reach that store).
@@ -57,6 +61,13 @@ _GROUP_END = "ranktop/group_end"
 _GAVE_UP = "ranktop/gave_up"
 _GAVE_UP_HEARD = "ranktop/gave_up_heard"
 _BARRIER_LEFT = "ranktop/exit_barrier_left"  # ranktop nodes past the exit barrier (or done waiting at it)
+# ranktop's own --rdzv-conf key (torch never sees it): where the ranks meet. "fresh": a new store on
+# group rank 0 for each start of the group; "rendezvous": the rendezvous's own (c10d), no other port.
+RANKS_STORE_CONF = "ranks_store"
+_RANKS_STORE_CHOICES = ("fresh", "rendezvous")
+_ON_RENDEZVOUS_STORE = "rendezvous"  # published instead of a host and port: each node's own endpoint
+_ONE_STORE_ATTR = "_ranktop_ranks_on_rendezvous_store"  # set on torch's handler: it travels in WorkerSpec
+_RENDEZVOUS_KEYS = "torch.rendezvous."  # c10d's own keys (its state, its rounds' stores): kept when clearing
 
 BUILTIN_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
 _POLL = 0.1  # seconds between looks at the store while waiting on it
@@ -178,14 +189,30 @@ def create_handler(
     when the endpoint cannot be reached. `check_only`: the values checked, nothing started or
     reached, None returned (`--detach`: the store must be the background run's, not ours).
     """
+    conf = dict(conf or {})
+    one_store = _ranks_on_rendezvous_store(conf.pop(RANKS_STORE_CONF, "fresh"), backend)
     rdzv, registry = _torch_rendezvous(backend)
     try:
         params = rdzv.RendezvousParameters(backend=backend, endpoint=endpoint, run_id=run_id,
                                            min_nodes=min_nodes, max_nodes=max_nodes, local_addr=local_addr,
-                                           **{"timeout": RDZV_TIMEOUT, **(conf or {})})
-        return None if check_only else registry.get_rendezvous_handler(params)
+                                           **{"timeout": RDZV_TIMEOUT, **conf})
+        handler = None if check_only else registry.get_rendezvous_handler(params)
     except Exception as exc:
         raise _handler_error(exc, rdzv, backend, endpoint) from None
+    if handler is not None and one_store:
+        setattr(handler, _ONE_STORE_ATTR, True)
+    return handler
+
+
+def _ranks_on_rendezvous_store(choice: str, backend: str) -> bool:
+    """--rdzv-conf ranks_store=fresh|rendezvous: True for the rendezvous's own store. Only c10d's
+    store is a TCPStore that every node reaches and whose rounds wait for every node's ranks to end
+    (the static backend has no rounds: a restarted node would clear keys under its peers' new ranks)."""
+    if choice not in _RANKS_STORE_CHOICES:
+        raise UsageError(f"bad --rdzv-conf {RANKS_STORE_CONF}={choice}: expected fresh or rendezvous")
+    if choice == "rendezvous" and backend != "c10d":
+        raise UsageError(f"--rdzv-conf {RANKS_STORE_CONF}=rendezvous needs --rdzv-backend c10d, not {backend}")
+    return choice == "rendezvous"
 
 
 def _handler_error(exc: Exception, rdzv: Any, backend: str, endpoint: str) -> Exception:
@@ -291,20 +318,36 @@ def _assigned(raw: bytes, nodes: int, local_world_size: int) -> tuple[int, int, 
                      f"{clean(str(ranks))[:120]}")
 
 
-def published_master(store: Any, number: int, bootstrap: tuple[str, int]) -> tuple[str, int]:
-    """MASTER_ADDR/PORT for this node's ranks: what a ranktop group rank 0 published (it does so
-    before it assigns the ranks, so it is there by now), else torch's, as on a torchrun node (group
-    rank 0 is one, or TORCH_ELASTIC_WORKER_IDENTICAL skipped the assignment)."""
+def published_master(store: Any, number: int, bootstrap: tuple[str, int]) -> tuple[str, int, bool]:
+    """MASTER_ADDR/PORT for this node's ranks, and whether that is the rendezvous's own store: what
+    a ranktop group rank 0 published (it does so before it assigns the ranks, so it is there by
+    now), else torch's, as on a torchrun node (group rank 0 is one, or TORCH_ELASTIC_WORKER_IDENTICAL
+    skipped the assignment). The rendezvous's store is reached as this node reaches it."""
     key = f"{_RANKS_STORE}{number}"
     if not store.check([key]):
-        return bootstrap  # group rank 0 is a torchrun node
+        return (*bootstrap, False)  # group rank 0 is a torchrun node
     published = json.loads(store.get(key))
+    if published == _ON_RENDEZVOUS_STORE:
+        endpoint = _tcp_endpoint(store)
+        if endpoint is None:
+            raise ValueError("the ranks are to use the rendezvous's store, and this node's is no TCPStore")
+        return (*endpoint, True)
     if isinstance(published, list) and len(published) == 2:
         addr, port = published
         if isinstance(addr, str) and 0 < len(addr) <= 255 and addr.isprintable() and " " not in addr \
                 and is_whole(port) and 0 < port < 65536:
-            return addr, port
+            return addr, port, False
     raise ValueError(f"the ranks' master in the store is no host and port: {clean(str(published))[:120]}")
+
+
+def _clear_ranks_keys(store: Any) -> None:
+    """Delete what earlier starts of the group left in the rendezvous's TCPStore: every key but
+    c10d's own (torch 2.13's ranks write theirs unprefixed, and a restarted group's gloo read the
+    old ranks' addresses and dialled them). Every node of the round has ended its ranks by now."""
+    tcp = _tcp_store(store)
+    for key in tcp.list_keys():
+        if not key.startswith(_RENDEZVOUS_KEYS):
+            tcp.delete_key(key)
 
 
 def _serve_ranks_store(host: str) -> Any:
@@ -366,6 +409,8 @@ class Rendezvous:
         self.placement: Placement | None = None
         self._rounds = 0
         self._ranks_store: Any = None  # served here while this node is group rank 0
+        # --rdzv-conf ranks_store=rendezvous: as group rank 0, send the ranks to the rendezvous's store
+        self.on_rendezvous_store = bool(getattr(handler, _ONE_STORE_ATTR, False))
         self._told_gave_up = False
         self._next_look_for_newcomers = 0.0  # at the exit barrier: when to look for nodes waiting again
 
@@ -448,7 +493,8 @@ class Rendezvous:
 
             ranks = assign_ranks(store, group_rank, nodes, self.role, self.local_world_size,
                                  before_answers=publish_master)
-            master_addr, master_port = published_master(store, number, bootstrap)
+            master_addr, master_port, on_rendezvous_store = published_master(store, number, bootstrap)
+            use_agent_store = use_agent_store or on_rendezvous_store  # the ranks are its clients
         except Exception as exc:
             raise RendezvousFailed(self._failure_message(exc)) from None
         self.store, self._told_gave_up = store, False
@@ -466,13 +512,19 @@ class Rendezvous:
     def _publish_master(self, store: Any, nodes: int, number: int, bootstrap: tuple[str, int],
                         use_agent_store: bool) -> None:
         """Group rank 0: say where this start of the group's ranks meet, before any node learns its
-        ranks. A fresh store when every node is ranktop (see the module's docstring for why); torch's
-        own store when a torchrun node is in the round, since its ranks can only go there."""
+        ranks. When every node is ranktop: a fresh store, or the rendezvous's own, cleared, where
+        asked (see the module's docstring for why); torch's own store when a torchrun node is in
+        the round, since its ranks can only go there."""
         addr, port = bootstrap
-        if use_agent_store and store.check([f"{_RANKTOP_NODE}{g}" for g in range(nodes)]):
-            self._ranks_store = _serve_ranks_store(addr)
-            port = self._ranks_store.port
-        store.set(f"{_RANKS_STORE}{number}", json.dumps([addr, port]))
+        published: Any = [addr, port]
+        if store.check([f"{_RANKTOP_NODE}{g}" for g in range(nodes)]):
+            if self.on_rendezvous_store:
+                _clear_ranks_keys(store)
+                published = _ON_RENDEZVOUS_STORE
+            elif use_agent_store:
+                self._ranks_store = _serve_ranks_store(addr)
+                published = [addr, self._ranks_store.port]
+        store.set(f"{_RANKS_STORE}{number}", json.dumps(published))
 
     def _failure_message(self, exc: Exception) -> str:
         name = type(exc).__name__
@@ -671,15 +723,26 @@ class Rendezvous:
             pass  # the store is gone: whoever served it has left, and every node had passed
 
 
-def _tcp_port(store: Any) -> int | None:
-    """The port of the TCPStore under a (prefixed) store, None if there is none."""
-    for _ in range(8):  # a PrefixStore over a PrefixStore... over the TCPStore
+def _tcp_store(store: Any) -> Any:
+    """The store under a (prefixed) store: a PrefixStore over a PrefixStore... over the TCPStore."""
+    for _ in range(8):
         inner = getattr(store, "underlying_store", None)
         if inner is None:
             break
         store = inner
-    port = getattr(store, "port", None)
+    return store
+
+
+def _tcp_port(store: Any) -> int | None:
+    """The port of the TCPStore under a (prefixed) store, None if there is none."""
+    port = getattr(_tcp_store(store), "port", None)
     return port if type(port) is int else None
+
+
+def _tcp_endpoint(store: Any) -> tuple[str, int] | None:
+    """(host, port) of the TCPStore under a (prefixed) store, as this node reached it; None if none."""
+    host, port = getattr(_tcp_store(store), "host", None), _tcp_port(store)
+    return (host, port) if isinstance(host, str) and host and port is not None else None
 
 
 def _ports_listened_on_here() -> set[int]:

@@ -33,8 +33,9 @@ class Job:
     """ranktop processes that meet at one c10d endpoint, one per node."""
 
     def __init__(self, tmp_path: Path, rdzv_id: str, nnodes: str = "2", backend: str = "c10d",
-                 endpoint: str | None = None):
+                 endpoint: str | None = None, conf: str = CONF):
         self.tmp_path, self.rdzv_id, self.nnodes, self.backend = tmp_path, rdzv_id, nnodes, backend
+        self.conf = conf
         self.endpoint = endpoint or f"127.0.0.1:{free_port()}"
         self.nodes: list[subprocess.Popen] = []
         self.env: dict[str, str] = {}  # more environment for every node
@@ -57,7 +58,7 @@ class Job:
 
     def _rendezvous_flags(self, nproc: int, local_addr: str) -> tuple[str, ...]:
         return ("--nnodes", self.nnodes, "--nproc-per-node", str(nproc), "--rdzv-backend", self.backend,
-                "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.rdzv_id, "--rdzv-conf", CONF,
+                "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.rdzv_id, "--rdzv-conf", self.conf,
                 "--local-addr", local_addr, "--monitor-interval", "0.2")
 
     def _popen(self, cmd: list[str], env) -> subprocess.Popen:
@@ -194,17 +195,23 @@ def test_two_nodes_through_torchs_static_rendezvous(tmp_path, torch_installed):
     assert [(p["GROUP_RANK"], p["RANK"], p["WORLD_SIZE"]) for p in placed] == [("1", "1", "2"), ("0", "0", "2")]
 
 
-def test_third_node_joining_restarts_the_group_without_spending_a_restart(tmp_path, torch_installed):
-    job = Job(tmp_path, "scale-up", nnodes="2:3")
+def _two_nodes_all_reduced(job: Job) -> list[str]:
+    """Two nodes waiting for a world of three, started; their stdout up to the line that says their
+    two-node group all-reduced (kept: a newcomer joining earlier would restart the group before it
+    ever ran)."""
     first = [job.start("wait-world", "3") for _ in range(2)]
-    # The two-node group is running once both nodes' ranks have all-reduced in it (read, and kept,
-    # up to that line: a newcomer joining earlier would restart the group before it ever had).
     seen = ["", ""]
     for i, node in enumerate(first):
         while "SUM 1 world 2" not in seen[i]:
             line = node.stdout.readline()
             assert line, node.stderr.read()
             seen[i] += line
+    return seen
+
+
+def test_third_node_joining_restarts_the_group_without_spending_a_restart(tmp_path, torch_installed):
+    job = Job(tmp_path, "scale-up", nnodes="2:3")
+    seen = _two_nodes_all_reduced(job)
     job.start("wait-world", "3")
     results = [(status, (seen[i] if i < 2 else "") + out, err) for i, (status, out, err) in enumerate(job.finish())]
     for status, _out, err in results:
@@ -247,6 +254,46 @@ def test_failure_with_restarts_left_re_rendezvous_on_both_nodes(tmp_path, torch_
         rounds = [e["round"] for e in events(tmp_path / node) if e["event"] == "rendezvous_joined"]
         assert len(rounds) == 2 and rounds[1] > rounds[0]
         assert (tmp_path / node / "retry" / "attempt_1").is_dir()
+
+
+ONE_STORE = CONF + ",ranks_store=rendezvous"
+
+
+def test_on_the_rendezvous_store_a_restarted_group_meets_again_with_no_other_port(tmp_path, torch_installed):
+    """--rdzv-conf ranks_store=rendezvous: the ranks meet on the c10d store itself (MASTER_PORT is
+    the endpoint's), and a group restarted after a rank failed initialises gloo afresh: the first
+    group's keys, unprefixed in that store, are gone (left there, the second group dialled the
+    first one's ranks and failed)."""
+    job = Job(tmp_path, "one-store-retry", conf=ONE_STORE)
+    for _ in range(2):
+        job.start("allreduce-fail-first", "1", extra=("--max-restarts", "1"))
+    results = job.finish()
+    port = job.endpoint.rpartition(":")[2]
+    for status, out, err in results:
+        assert status == 0, err
+        placed = placements(out)
+        assert [p["TORCHELASTIC_RESTART_COUNT"] for p in placed] == ["0", "1"], out
+        assert {(p["MASTER_ADDR"], p["MASTER_PORT"], p["TORCHELASTIC_USE_AGENT_STORE"]) for p in placed} == \
+            {("127.0.0.1", port, "True")}
+        assert out.count("SUM 1 world 2") == 2, out  # one all-reduce in each start of the group
+    for node in ("node0", "node1"):
+        masters = {e["master"] for e in events(tmp_path / node) if e["event"] == "rendezvous_joined"}
+        assert masters == {job.endpoint}
+
+
+def test_on_the_rendezvous_store_a_node_joining_later_forms_a_working_group(tmp_path, torch_installed):
+    """Elastic --nnodes 2:3 with ranks_store=rendezvous: two nodes all-reduce, a third joins, and
+    the three-node group (a new round on the same store) all-reduces too, on the endpoint's port."""
+    job = Job(tmp_path, "one-store-scale-up", nnodes="2:3", conf=ONE_STORE)
+    seen = _two_nodes_all_reduced(job)
+    job.start("wait-world", "3")
+    results = [(status, (seen[i] if i < 2 else "") + out, err) for i, (status, out, err) in enumerate(job.finish())]
+    port = job.endpoint.rpartition(":")[2]
+    for status, out, err in results:
+        assert status == 0, err
+        assert out.count("SUM 3 world 3") == 1, out
+        assert {p["MASTER_PORT"] for p in placements(out)} == {port}
+        assert placements(out)[-1]["WORLD_SIZE"] == "3"
 
 
 def test_a_lost_node_ends_the_other_after_one_round_naming_the_attempt_that_failed(tmp_path, torch_installed):
@@ -366,6 +413,9 @@ def test_a_torch_that_fails_to_import_is_named_not_pip_installed(tmp_path, flags
     (("--rdzv-conf", "join_timeout"), "bad --rdzv-conf 'join_timeout': expected KEY=VALUE"),
     (("--nnodes", "3:2"), "bad --nnodes '3:2': expected N or MIN:MAX with 1 <= MIN <= MAX"),
     (("--nnodes", "0:2"), "bad --nnodes '0:2'"),
+    (("--rdzv-conf", "ranks_store=shared"), "bad --rdzv-conf ranks_store=shared: expected fresh or rendezvous"),
+    (("--rdzv-backend", "static", "--rdzv-conf", "ranks_store=rendezvous"),
+     "--rdzv-conf ranks_store=rendezvous needs --rdzv-backend c10d, not static"),
 ])
 def test_bad_rendezvous_flags_are_one_line_errors(tmp_path, flags, message):
     res = run_ranktop("--headless", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1",
@@ -1141,7 +1191,7 @@ def test_what_a_peer_wrote_for_the_ranks_is_checked_before_the_ranks_get_it(torc
         store.set(key, value)
 
     def place(group_rank: int) -> tuple:
-        return (*assign_ranks(store, group_rank, 2, "default", 2), *published_master(store, 0, ("127.0.0.1", 1)))
+        return (*assign_ranks(store, group_rank, 2, "default", 2), *published_master(store, 0, ("127.0.0.1", 1))[:2])
 
     if "role_info" in next(iter(bad)):  # read by group rank 0, which plans
         with pytest.raises(ValueError, match=re.escape(error)) as failed:

@@ -5,6 +5,7 @@
     wait-world N    while WORLD_SIZE < N, all_reduces over and over until stopped (or until a peer
                     stopped breaks the collective); with N ranks, one all_reduce
     fail-first R    global rank R exits 3 in attempt 0; the others wait until stopped in attempt 0
+    allreduce-fail-first R  allreduce, then as fail-first (every attempt all-reduces, in a group of its own)
     fail R          global rank R exits 3; the others wait until stopped
     until-file P    waits until file P exists, then exits 0
     fail-on-file R P  global rank R waits until file P exists, then exits 3; the others exit 0
@@ -17,7 +18,7 @@ import sys
 import time
 
 NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
-         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "MASTER_ADDR")
+         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "MASTER_ADDR", "MASTER_PORT")
 print("PLACED " + json.dumps({k: os.environ.get(k) for k in NAMES}), flush=True)
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -48,6 +49,12 @@ if mode == "allreduce":
     allreduce()
 elif mode == "wait-world":
     allreduce(until_stopped=world < arg)
+elif mode == "allreduce-fail-first":
+    allreduce()
+    if rank == arg and attempt == 0:
+        sys.exit(3)
+    if attempt == 0:
+        wait_until_stopped()
 elif mode in ("fail-first", "fail"):
     if rank == arg and (mode == "fail" or attempt == 0):
         sys.exit(3)
