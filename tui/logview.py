@@ -79,14 +79,14 @@ def _truecolor(style: Style | None) -> bool:
 def line_width(raw: bytes) -> int:
     """The cells `parse_line(raw)` takes, cheaply for the common plain-ASCII case; 0 for a line of
     ranktop's own, which is drawn across the pane whatever its width (it does not scroll)."""
+    if type(raw) is RanktopLine:
+        return 0
     if len(raw) <= MAX_CHARS and raw.isascii():
         if _PLAIN_LINE.fullmatch(raw):
             return len(raw)
         plain = clean(raw.decode("ascii"))  # one cell a character once sequences are gone
         if "\t" not in plain:
             return len(plain)
-    if type(raw) is RanktopLine:  # (not ASCII: its rule is '─')
-        return 0
     return parse_line(raw).cell_len  # bounded: parse_line reads at most _MAX_BYTES
 
 
