@@ -25,6 +25,7 @@ from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
 from ranktop.core.events import run_started
 from ranktop.core.layout import FINAL_FILE, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
+from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean
 from ranktop.core.server import SocketDirError, peer_credentials, remove_if_dead, socket_dir, to_json
 from ranktop.core.state import GroupSnapshot, RankSnapshot
@@ -154,7 +155,10 @@ class Connection:
                 and protocol.is_whole(answer.get("version"))):
             raise RunGone("the run's engine sent a bad answer to an output request")
         done, open_ = frames
-        lines = done.data.split(b"\n") if answer["lines"] else []
+        try:
+            lines = _marked(done.data.split(b"\n"), answer) if answer["lines"] else []
+        except protocol.ProtocolError:
+            raise RunGone("the run's engine sent a bad answer to an output request") from None
         return answer, lines, open_.data.split(b"\n") if answer["open"] else []
 
     def subscribe(self, ranks: list[int] | None = None,
@@ -182,11 +186,12 @@ class Connection:
                 done, _open = self._next(), self._next()
                 if not isinstance(done, protocol.Output) or not isinstance(_open, protocol.Output):
                     raise protocol.ProtocolError("an output message came without its two output frames")
+                lines = _marked(done.data.split(b"\n"), message) if message.get("lines") else []
             except OSError as exc:
                 raise RunGone(f"the run's engine went away ({exc.strerror or exc})") from None
             except protocol.ProtocolError as exc:
                 raise RunGone(f"the run's engine sent what is not ranktop's protocol: {exc}") from None
-            yield message, done.data.split(b"\n") if message.get("lines") else []
+            yield message, lines
 
     def close(self) -> None:
         self._sock.close()
@@ -208,6 +213,17 @@ class ServedRun:
     snapshot: dict  # {"state": NOT_ANSWERING} alone when its engine did not answer
     clients: int
     pid: int | None  # the engine's process: of a silent one, the socket's listener as the kernel names it
+
+
+def _marked(lines: list[bytes], head: dict) -> list[bytes]:
+    """`lines` of an output answer with those its head's "own" numbers made RanktopLines (an
+    engine from before "own" sends none: its separators read as output, as they did)."""
+    own = head.get("own", [])
+    if not (isinstance(own, list) and all(protocol.is_whole(i) and 0 <= i < len(lines) for i in own)):
+        raise protocol.ProtocolError("an output message's \"own\" is not a list of its line numbers")
+    for i in own:
+        lines[i] = RanktopLine(lines[i])
+    return lines
 
 
 def served_runs() -> list[ServedRun]:

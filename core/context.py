@@ -541,12 +541,10 @@ class PContext:
 
     @staticmethod
     def _mark_restart(slot: RankSlot) -> None:
-        """A separator in the rank's output ring (not its log files): the pane shows where the old
-        process's output ends and the new one's begins."""
-        open_line = bool(slot.ring.since(slot.ring.total_lines)[3])  # the old process left a line open
+        """A separator in the rank's output ring (not its log files), ranktop's own line and marked
+        as such: the pane shows where the old process's output ends and the new one's begins."""
         when = time.strftime("%H:%M:%S")
-        line = f"──── {when} restart {slot.restarts} of this rank (ranktop) ────\n".encode()
-        slot.ring.feed(STDOUT, (b"\n" if open_line else b"") + line)
+        slot.ring.add_own_line(f"──── {when} restart {slot.restarts} of this rank (ranktop) ────")
 
     def _kill(self, slot: RankSlot, now: float, reap_timeout: float | None = None) -> None:
         """SIGKILL the rank's group and start the clock on its reaping."""

@@ -43,6 +43,15 @@ _F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 STDOUT, STDERR = 1, 2
 
 
+class RanktopLine(bytes):
+    """A line ranktop itself adds to a rank's output (a restart's separator), never one the rank
+    printed: the type says so, out of band, whatever its bytes. A rank can print the same bytes in
+    the same colours; the pane draws these where no rank output reaches (tui/logview.py), search
+    and copy leave them out, and the engine's protocol marks them for its clients."""
+
+    __slots__ = ()
+
+
 _PIPE_BUDGET_SHARE = 2  # we take at most 1/2 of the user's pipe budget: their other pipes need room
 _widened_lock = threading.Lock()
 _widened: set[int] = set()  # our descriptors of pipes we asked 1 MiB for (each counts _PIPE_SIZE)
@@ -305,6 +314,18 @@ class LineRing:
         self.bytes += sum(map(len, lines))
         while len(self.lines) > self.maxlen or self.bytes > self.max_bytes:
             self.bytes -= len(self.lines.popleft())
+
+    def add_own_line(self, text: str) -> None:
+        """A line of ranktop's own (a RanktopLine) after everything fed so far. The open lines
+        end before it: their process is gone, and the next one's output starts a line of its own."""
+        with self._lock:
+            self._make_lines()
+            ended = [p.finish(b"") for p in self.partial.values() if p.state()]
+            for open_line in self.partial.values():
+                open_line.__init__()
+            self._keep([*ended, RanktopLine(text.encode())])
+            self.total_lines += len(ended) + 1
+            self.version += 1
 
     def touch(self) -> None:
         """The rank wrote, though its output is no longer kept here (its sink failed)."""

@@ -8,8 +8,11 @@ loop's queue like a key press. Requests (after each side's hello):
 
 - {"type": "snapshot"} -> {"type": "snapshot", "snapshot": GroupSnapshot as JSON}
 - {"type": "output", "rank": R, "generation": G, "line": N} -> {"type": "output", "rank": R,
-  "generation": G', "line": N', "version": V, "lines": k, "open": m}, then two output frames: the
-  k complete lines after line N joined with b"\\n", and the m unfinished ones (bytes, as written)
+  "generation": G', "line": N', "version": V, "lines": k, "open": m, "own": [i...]}, then two output
+  frames: the k complete lines after line N joined with b"\\n", and the m unfinished ones (bytes,
+  as written). "own" (left out when empty) numbers, from 0, the complete lines that ranktop itself
+  added (a restart's separator): a rank can print the same bytes, so the mark is never in them.
+  A client that does not know "own" shows those lines as output, as before it was added
 - {"type": "command", "id": I, "command": NAME, "args": {...}} -> {"type": "ack", "id": I, "ok": B,
   "message": S}, for the commands in RELAYED; a stack dump's ack also carries "report" (the
   StackReport as JSON), and comes later, from a thread of its own, so a client waits for it on a
@@ -58,6 +61,7 @@ from typing import Any
 from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import Engine, OutputCursor
+from ranktop.core.output import RanktopLine
 
 SEND_TIMEOUT = 2.0  # seconds a client may take to read one answer before it is dropped
 PUSH_SECONDS = 0.05  # how often subscribers get what is new
@@ -381,16 +385,20 @@ class EngineServer:
     def _output_since(self, rank: int, since: OutputCursor, tail: int | None = None) -> tuple[OutputCursor, bytes, bool]:
         """(the cursor after what is sent, the answer's frames, whether it holds anything new)."""
         cursor, lines, open_lines = self.engine.output_since(rank, since, tail)
-        sent, size = [], 0
+        sent, size, own = [], 0, []
         for text in lines:
             size += len(text) + 1
             if sent and size > MAX_REPLY_BYTES:
                 break
+            if type(text) is RanktopLine:
+                own.append(len(sent))
             sent.append(text)
         first = cursor.line - len(lines)  # the number of the first line returned
         head = {"type": "output", "rank": rank, "generation": cursor.generation, "line": first + len(sent),
                 "version": cursor.version, "lines": len(sent), "open": len(open_lines),
                 "more": len(sent) < len(lines)}
+        if own:  # which of the lines are ranktop's (a restart's separator): out of band, not in the bytes
+            head["own"] = own
         frames = (protocol.encode_control(head) + protocol.encode_output(rank, first + len(sent), b"\n".join(sent))
                   + protocol.encode_output(rank, 0, b"\n".join(open_lines)[: protocol.MAX_OUTPUT - 64]))
         return OutputCursor(cursor.generation, first + len(sent), cursor.version), frames, bool(sent)

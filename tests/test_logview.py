@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 from conftest import ROOT, polls, wait_for
 from ranktop.core import LocalAgent, WorkerSpec
-from ranktop.core.output import STDERR, STDOUT, LineRing
+from ranktop.core.output import STDERR, STDOUT, LineRing, RanktopLine
 from ranktop.tui.logview import MAX_CHARS, LogView
 from rich.cells import cell_len, chop_cells
 from textual.app import App, ComposeResult
@@ -210,6 +210,55 @@ async def test_search_counts_highlights_and_moves_between_matches():
         assert view.search("no such words") == 0
         view.clear_search()
         assert view.search_query == ""
+
+
+SEPARATOR = "──── 12:03:04 restart 1 of this rank (ranktop) ────"
+
+
+def cells(strip) -> list[tuple[str, tuple]]:
+    """(character, (colour, background, bold)) of each cell of a row (single-width text)."""
+    return [(ch, (seg.style.color, seg.style.bgcolor, seg.style.bold)) for seg in strip for ch in seg.text]
+
+
+def sgr(style) -> str:
+    """The escape sequence a rank prints to get `style`'s colours and weight."""
+    (r, g, b), (br, bg, bb) = style.color.triplet, style.bgcolor.triplet
+    return f"\x1b[{'1;' if style.bold else ''}38;2;{r};{g};{b};48;2;{br};{bg};{bb}m"
+
+
+@sync
+async def test_ranktops_own_line_is_drawn_where_no_rank_line_reaches():
+    """A restart's separator was a line like any other: a rank printing the same text in the same
+    colours drew the same row. Ranktop's own line is a band through the scrollbar's column too,
+    which a rank's text never reaches; search finds only the rank's lines, and a copy leaves
+    ranktop's out, as the log files do."""
+    ring = LineRing()
+    feed_lines(ring, 0, 3)
+    async with shown(ring) as (view, pilot):
+        own = view.get_component_rich_style("logview--ranktop")
+        width = view.text_width
+        band = SEPARATOR + " " + "─" * (width - len(SEPARATOR) - 1)  # as wide as a rank's text may be
+        ring.feed(STDOUT, f"{sgr(own)}{band}\x1b[0m\n".encode())
+        ring.add_own_line(SEPARATOR)
+        feed_lines(ring, 3, 5)
+        view.poll()
+        rows = screen_rows(view)
+        forged, real = rows.index(band), rows.index(band + "─")
+        assert rows[forged + 1:forged + 4] == [band + "─", "line 3", "line 4"]
+        forged_cells, real_cells = cells(view.render_line(forged)), cells(view.render_line(real))
+        assert forged_cells[:width] == real_cells[:width]  # the text: the same characters and colours
+        bar = cells([view._bar_cells[0]])[0]
+        assert forged_cells[width] == bar and real_cells[width] == ("─", real_cells[0][1]) != bar
+        assert type(view._lines[real]) is RanktopLine
+
+        assert view.search("restart 1 of this rank") == 1 and view._hits == [3]  # the rank's line only
+        view.clear_search()
+        selection = view.select_rows(0, view.row_count - 1)
+        copied = view.get_selection(selection)[0].splitlines()
+        assert copied == ["line 0", "line 1", "line 2", band, "line 3", "line 4"]
+        view.wrap = True
+        await pilot.pause()
+        assert view.row_count == 7 and screen_rows(view)[real] == band + "─"  # one row, wrapped or not
 
 
 @sync

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from ranktop.core.output import LINE_CAP, STDERR, STDOUT, ConsoleWriter, LineRing, collapse_cr
+from ranktop.core.output import LINE_CAP, STDERR, STDOUT, ConsoleWriter, LineRing, RanktopLine, collapse_cr
 
 MB = 1 << 20
 
@@ -120,6 +120,27 @@ def test_a_first_look_makes_only_the_lines_kept_and_they_are_the_newest():
     _, full_total, full_lines, full_open_lines = full.since(0)
     assert (total, lines, open_lines) == (full_total, full_lines[-50:], full_open_lines)
     assert sum(chunk.count(b"\n") for chunk in made) < 50 + 5  # only chunks that hold kept lines were split
+
+
+SEPARATOR = "──── 12:03:04 restart 1 of this rank (ranktop) ────"
+
+
+def test_ranktops_own_line_is_marked_out_of_band_and_a_ranks_same_bytes_are_not():
+    """A restart's separator went into the ring as STDOUT bytes: a rank printing the same bytes
+    made the same line. Now it is a RanktopLine, in arrival order, and the lines the old process
+    left open (on either stream: a stderr one ran on into the new process's) end before it."""
+    ring = LineRing()
+    ring.feed(STDOUT, SEPARATOR.encode() + b"\nold out open")
+    ring.feed(STDERR, b"old err open")
+    ring.add_own_line(SEPARATOR)
+    ring.feed(STDERR, b"new err\n")
+    ring.feed(STDOUT, b"new out\n")
+    lines = ring.tail()
+    assert lines == [SEPARATOR.encode(), b"old out open", b"old err open", SEPARATOR.encode(), b"new err", b"new out"]
+    assert [type(line) is RanktopLine for line in lines] == [False, False, False, True, False, False]
+    _, total, since, open_lines = ring.since(1)
+    assert total == ring.total_lines == 6 and since == lines[1:] and open_lines == []
+    assert type(since[2]) is RanktopLine  # the copy a UI takes keeps the mark
 
 
 def _through_a_slow_console(writes: list[tuple[str, bytes]]) -> bytes:

@@ -2015,3 +2015,91 @@ def test_typing_into_a_headless_runs_rank_says_where_it_reads(tmp_path, runtime,
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+# ----- ranktop's own lines (a restart's separator) through the engine, the socket and an attached pane ---
+FORGER = """
+import os, sys, time
+print("up", os.getpid(), flush=True)
+forged = False
+while True:
+    if not forged and os.path.exists(os.environ["FORGE"]):  # the separator as the test saw it, in its colours
+        with open(os.environ["FORGE"], "rb") as f:
+            sys.stdout.buffer.write(f.read())
+        sys.stdout.flush()
+        forged = True
+    time.sleep(0.05)
+"""
+
+
+def test_a_ranks_copy_of_the_restart_separator_is_told_from_the_real_one_everywhere(tmp_path, runtime, monkeypatch):
+    """A restarted rank's separator went into its output as ordinary bytes: a rank printing the same
+    text in the same colours made the same line in the engine, in `ranktop attach` (and so `ranktop
+    web`) and in the pane. The real one is ranktop's line, marked out of band all the way; the
+    rank's copy is output like any other."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import Connection, RemoteEngine
+    from ranktop.core.engine import LocalEngine
+    from ranktop.core.output import RanktopLine
+    from ranktop.core.server import serve
+    from ranktop.tui.app import RanktopApp
+    from test_logview import cells, sgr
+    from test_tui_app import ticker_agent
+
+    forge = tmp_path / "forge"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+    engine = LocalEngine(ticker_agent(tmp_path / "logs", FORGER, n=1, env={"FORGE": str(forge)})).start()
+    server, problem = serve(engine, ["forged"])
+    assert problem is None
+    seen = {}
+
+    def pane_rows(log) -> list[str]:
+        return [log.render_line(y).text.rstrip() for y in range(log.scrollable_content_region.height)]
+
+    async def body(app, pilot):
+        await until(pilot, lambda: app.main.pane(0).log.line_count, what="the rank's first line")
+        assert engine.submit(cmd.RestartRank(0)).ok
+        log = app.main.pane(0).log
+        real_text = await until(pilot, lambda: next((r for r in pane_rows(log) if "(ranktop)" in r), None),
+                                what="the separator in the attached pane")
+        text = real_text.rstrip("─").rstrip()
+        band = text + " " + "─" * (log.text_width - len(text) - 1)
+        own = log.get_component_rich_style("logview--ranktop")
+        forge.write_bytes(f"{sgr(own)}{band}\x1b[0m\n".encode())
+        rows = await until(pilot, lambda: (rows := pane_rows(log)).count(band) == 1 and rows, what="the rank's copy")
+        forged, real = rows.index(band), rows.index(band + "─")
+        assert real < forged
+        forged_cells, real_cells = cells(log.render_line(forged)), cells(log.render_line(real))
+        width = log.text_width
+        assert forged_cells[:width] == real_cells[:width] and forged_cells[width] != real_cells[width]
+        assert real_cells[width] == ("─", real_cells[0][1])  # the band runs through the scrollbar's column
+        seen["text"], seen["band"] = text, band
+
+    try:
+        app = RanktopApp(RemoteEngine(server.path))
+        app.attached = True
+        asyncio.run(_drive_attached(app, body))
+        text, band = seen["text"].encode(), seen["band"].encode()
+
+        def marks(lines: list[bytes]) -> list[tuple[bool, bool]]:
+            """(is it ranktop's line, is it the separator's text) of each line that holds the text."""
+            return [(type(line) is RanktopLine, line == text) for line in lines if text in line]
+
+        expected = [(True, True), (False, False)]  # the real one, then the rank's copy (its colours around it)
+        assert marks(engine.output_since(0, None)[1]) == expected
+        remote = RemoteEngine(server.path)
+        try:
+            assert marks(remote.output_since(0, None)[1]) == expected
+        finally:
+            remote.close()
+        with Connection(server.path) as conn:
+            conn.subscribe([0])
+            message, lines = next((m, lines) for m, lines in conn.pushed() if m["type"] == "output")
+            assert marks(lines) == expected and message["own"] == [lines.index(text)]
+        done = run_ranktop("logs", "forged", env=runtime)
+        assert done.returncode == 0, done.stderr
+        printed = [line for line in done.stdout.splitlines() if seen["text"] in line]
+        assert len(printed) == 1 and band.decode() in printed[0]  # the rank's copy; the separator is no output
+    finally:
+        engine.close()
+        server.close()

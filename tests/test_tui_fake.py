@@ -22,6 +22,7 @@ from ranktop.tui.details import RankDetails
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker, root_cause_body
 from ranktop.tui.stacks_view import StacksScreen
 from test_tui_app import notes, palette_top
+from textual.command import CommandList
 from textual.css.query import NoMatches
 from textual.widgets import Button
 from textual.widgets._footer import FooterKey
@@ -623,6 +624,36 @@ def test_the_palette_over_a_dialog_offers_its_commands_not_the_grids(opener, clo
         await pilot.press("enter")
         await until(pilot, lambda: app.screen is app.main, what="the dialog closed")
         assert not app.main.zoomed and engine.commands == []
+
+    drive(engine, body)
+
+
+def palette_titles(app: RanktopApp) -> list[str]:
+    """The first line (the title) of every entry the open command palette lists."""
+    lists = app.screen.query(CommandList)
+    if not lists:
+        return []
+    found = lists.first()
+    return [str(found.get_option_at_index(i).prompt).split("\n")[0].strip() for i in range(found.option_count)]
+
+
+def test_the_palette_lists_no_second_quit_or_keys_panel_of_textuals():
+    """ctrl+p listed Textual's own Quit, Keys and Maximize beside ours (q Quit, ? Help, z Zoom):
+    two Quits, and a keys panel that knew none of ranktop's screens. Its Theme and Screenshot,
+    which nothing of ours does, stay."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("ctrl+p")
+        titles = await until(pilot, lambda: palette_titles(app), what="the palette's list")
+        assert titles.count("Quit") == 1 and titles.count("Help") == 1 and "Zoom" in titles, titles
+        assert not {"Keys", "Maximize", "Minimize"} & set(titles), titles
+        assert {"Theme", "Screenshot"} <= set(titles), titles
+        await pilot.press(*"quit")
+        await until(pilot, lambda: palette_top(app).startswith("Quit"), what="'quit' searched")
+        assert [t for t in palette_titles(app) if t.startswith("Quit")] == ["Quit"]
+        await pilot.press("enter")  # ours: it asks first, ranks being alive
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="the quit question")
 
     drive(engine, body)
 

@@ -47,6 +47,23 @@ def test_last_match_per_rank_and_the_outlier():
     assert tracker.ranks[0].value == "0.30" and tracker.ranks[0].rate == 2.0  # two lines in that second
 
 
+def test_ranktops_own_lines_are_no_metric_and_no_search_match():
+    """A restart's separator is ranktop's line, not output: `--metric 'restart ([0-9]+)'` read it as
+    the rank's value, and ctrl+f counted it as the rank's match."""
+    from ranktop.core.output import RanktopLine
+    from ranktop.tui.search_all import RankSearch
+
+    engine = FakeEngine(2)
+    engine.print(0, "restart 7 of the data loader")
+    engine.lines[0].append(RanktopLine("──── 12:03:04 restart 1 of this rank (ranktop) ────".encode()))
+    engine.lines[1].append(RanktopLine("──── 12:03:04 restart 1 of this rank (ranktop) ────".encode()))
+    tracker = Tracker(engine, compile_metric(r"restart ([0-9]+)"))
+    assert tracker.update(engine.snapshot(), now=100.0)
+    assert [tracker.ranks[r].value for r in range(2)] == ["7", None]
+    assert RankSearch.run(engine, range(2), "restart").counts == {0: 1}
+    assert RankSearch.run(engine, range(2), "re:restart [0-9]").counts == {0: 1}
+
+
 def test_metric_in_titles_list_and_zoomed_sparklines():
     engine = FakeEngine(32)
     for r in range(32):

@@ -36,6 +36,10 @@ QUIT_STATUS = 128 + signal.SIGINT  # the user interrupted the run from the TUI
 # A dialog's keys besides its own answers (the help lists them when ? is asked in it; the
 # palette leaves them out: keys, not commands).
 DIALOG_EXTRAS = ("pick", "help", "help_quit", *SCREEN_KEYS)
+# Textual's own palette commands that ours cover: its Quit (ours asks before stopping ranks; it
+# ran the same action under a second name), its Keys panel (? lists every key of every screen),
+# its Maximize / Minimize (z zooms a pane). Its Theme and Screenshot stay: nothing of ours does that.
+TEXTUALS_COVERED = frozenset({"Quit", "Keys", "Maximize", "Minimize"})
 
 
 class RanktopApp(App):
@@ -285,7 +289,7 @@ class RanktopApp(App):
             for snap in screen.last.ranks:
                 yield SystemCommand(f"Focus rank {snap.rank}", f"local rank {snap.local_rank} · keys: its number, or g",
                                     partial(screen.focus_rank, snap.local_rank))
-        yield from super().get_system_commands(screen)
+        yield from (c for c in super().get_system_commands(screen) if c.title not in TEXTUALS_COVERED)
 
 
 __all__ = ["LogView", "RanktopApp"]

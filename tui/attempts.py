@@ -9,7 +9,7 @@ import os
 import re
 
 from ranktop.core.layout import tail_lines_below
-from ranktop.core.output import RING_BYTES
+from ranktop.core.output import RING_BYTES, RanktopLine
 
 _ATTEMPT = re.compile(r"attempt_(\d{1,9})(?:\.(\d{1,9}))?")
 
@@ -48,8 +48,9 @@ class FileFeed:
         half = RING_BYTES // 2
         out = tail_lines_below(run_dir, [self.name, str(local_rank), "stdout.log"], half)
         err = tail_lines_below(run_dir, [self.name, str(local_rank), "stderr.log"], half)
-        lines = out + ([f"──── {self.name} stderr.log ────".encode(), *err] if err else [])
-        self.lines = lines[-maxlen:] or [f"({self.name}: no output in its log files)".encode()]
+        # The marker and the note are ranktop's own lines: the pane draws them as no rank line can be.
+        lines = out + ([RanktopLine(f"──── {self.name} stderr.log ────".encode()), *err] if err else [])
+        self.lines = lines[-maxlen:] or [RanktopLine(f"({self.name}: no output in its log files)".encode())]
         self.version = 0
 
     def since(self, seen: int) -> tuple[int, int, list[bytes], list[bytes]]:

@@ -13,9 +13,10 @@ import itertools
 import re
 from typing import TYPE_CHECKING, Any, Self
 
-from ranktop.core.output import RING_BYTES, line_length
+from ranktop.core.output import RING_BYTES, RanktopLine, line_length
 from ranktop.core.sanitize import clean
 from ranktop.tui.cells import may_be_wide, row_ends, split_segments
+from rich.cells import set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -76,7 +77,10 @@ def _truecolor(style: Style | None) -> bool:
 
 
 def line_width(raw: bytes) -> int:
-    """The cells `parse_line(raw)` takes, cheaply for the common plain-ASCII case."""
+    """The cells `parse_line(raw)` takes, cheaply for the common plain-ASCII case; 0 for a line of
+    ranktop's own, which is drawn across the pane whatever its width (it does not scroll)."""
+    if type(raw) is RanktopLine:
+        return 0
     if len(raw) <= MAX_CHARS and raw.isascii():
         if _PLAIN_LINE.fullmatch(raw):
             return len(raw)
@@ -96,7 +100,10 @@ def line_widths(lines: list[bytes]) -> list[int]:
 
 def line_rows(raw: bytes, cells: int, width: int) -> int:
     """The rows `parse_line(raw)` (`cells` wide) takes wrapped at `width` cells: a line that may
-    hold a double-width character is cut as the pane cuts it, by whole characters."""
+    hold a double-width character is cut as the pane cuts it, by whole characters. A line of
+    ranktop's own is one row, cut at the pane's width."""
+    if type(raw) is RanktopLine:
+        return 1
     if raw.isascii() or not may_be_wide(raw[:_MAX_BYTES].decode("utf-8", "replace")):
         return max(1, -(-cells // width))
     return len(row_ends(parse_line(raw, color=False).plain, width))
@@ -104,7 +111,10 @@ def line_rows(raw: bytes, cells: int, width: int) -> int:
 
 def matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
     """Whether one raw output line holds `needle` (lower case; `needle_bytes` its ASCII bytes, or
-    None), in any case, as the pane shows it (escape sequences do not count)."""
+    None), in any case, as the pane shows it (escape sequences do not count). A line of ranktop's
+    own never matches: search is of what the rank printed."""
+    if type(raw) is RanktopLine:
+        return False
     raw = raw[:_MAX_BYTES]
     if needle_bytes is not None and b"\x1b" not in raw:
         return needle_bytes in raw.lower()  # ASCII needle: bytes.lower is enough and fast
@@ -129,8 +139,9 @@ def search_pattern(query: str) -> re.Pattern[str] | None:
 
 
 def regex_matches(raw: bytes, pattern: re.Pattern[str]) -> bool:
-    """Whether one raw output line matches a `re:` search, as the pane shows the line."""
-    return pattern.search(parse_line(raw[:_MAX_BYTES], color=False).plain) is not None
+    """Whether one raw output line matches a `re:` search, as the pane shows the line (never a
+    line of ranktop's own)."""
+    return type(raw) is not RanktopLine and pattern.search(parse_line(raw[:_MAX_BYTES], color=False).plain) is not None
 
 
 def _kept_lines(source: Any) -> int:
@@ -141,7 +152,8 @@ def _kept_lines(source: Any) -> int:
 class LogView(ScrollView, can_focus=True):
     """Recent output of one rank, newest at the bottom; follows the tail until scrolled up."""
 
-    COMPONENT_CLASSES = {"logview--match", "logview--match-current", "logview--bar", "logview--thumb"}
+    COMPONENT_CLASSES = {"logview--match", "logview--match-current", "logview--bar", "logview--thumb",
+                         "logview--ranktop"}
     # The vertical scrollbar is drawn by render_line in the last column (see _BAR), so Textual's
     # own is sized to nothing; the horizontal one stays Textual's (it rarely changes).
     DEFAULT_CSS = """
@@ -151,6 +163,7 @@ class LogView(ScrollView, can_focus=True):
     LogView > .logview--bar { background: $scrollbar-background; }
     LogView > .logview--thumb { background: $scrollbar; }
     LogView:focus > .logview--thumb { background: $scrollbar-active; }
+    LogView > .logview--ranktop { background: $accent 30%; color: $text; text-style: bold; }
     """
     BINDINGS = [
         Binding("end", "scroll_end", "Tail", show=False),
@@ -182,6 +195,7 @@ class LogView(ScrollView, can_focus=True):
         self._by_me = False  # True while we move the view ourselves (not the user)
         self._base_style: Style | None = None
         self._bar: tuple[Segment, Segment] | None = None
+        self._own_style: Style | None = None
         self._frame: tuple[int, int, int, int, int, Selection | None] | None = None
         # The rows drawn for the frame in `_drawn_for`, by screen row: the compositor redraws every
         # widget under the union of the screen's changes (a title's clock makes that the whole
@@ -459,6 +473,8 @@ class LogView(ScrollView, can_focus=True):
         row = scroll_y + y
         index, sub = self._locate(row)
         raw = self._raw(index)
+        if type(raw) is RanktopLine:
+            return self._own_row(raw, row, scroll_x, width), False
         if raw is not None and _PLAIN_LINE.fullmatch(raw) and not (self._query and self._hit(raw)):
             # Most log lines: printable ASCII, one cell a byte. Slicing the bytes is far cheaper than
             # parsing, rendering and cropping a Rich Text, and needs no cache.
@@ -480,6 +496,17 @@ class LogView(ScrollView, can_focus=True):
         # the plain row above carries the same meta.
         return Strip([*text.apply_offsets(scroll_x, row), bar], width + _BAR), False
 
+    def _own_row(self, raw: RanktopLine, row: int, scroll_x: int, width: int) -> Strip:
+        """A line of ranktop's own (a restart's separator) as a band across the whole pane, the
+        scrollbar's column included: no rank output reaches that column, so a rank that prints the
+        same text in the same colours still cannot draw this. It does not scroll sideways, and a
+        selection passes over it (a copy leaves it out)."""
+        if self._own_style is None:
+            self._own_style = self.get_component_rich_style("logview--ranktop")
+        band = set_cell_size(raw.decode("utf-8", "replace") + " " + "─" * (width + _BAR), width + _BAR)
+        text = Strip([Segment(band[:width], self._own_style)], width).apply_offsets(scroll_x, row)
+        return Strip([*text, Segment(band[width:], self._own_style)], width + _BAR)
+
     # ----- selection (mouse, or V in the screen), copied through OSC 52 ----------------------------
     def _selected(self, text: Strip, selection: Selection, row: int, scroll_x: int, width: int) -> Strip:
         span = selection.get_span(row)
@@ -497,10 +524,11 @@ class LogView(ScrollView, can_focus=True):
         return Strip.join([before, Strip(marked, chosen.cell_length), after])
 
     def row_text(self, row: int) -> str:
-        """A row as it reads on screen (sanitised; a wrapped line's piece), for copying."""
+        """A row as it reads on screen (sanitised; a wrapped line's piece), for copying; "" for a
+        line of ranktop's own."""
         index, sub = self._locate(row)
         raw = self._raw(index)
-        if raw is None:
+        if raw is None or type(raw) is RanktopLine:
             return ""
         plain = parse_line(raw, color=False).plain
         if not self.wrap:
@@ -518,7 +546,14 @@ class LogView(ScrollView, can_focus=True):
         # Only the selected rows become text; the selection is moved to start at the first of them.
         rows = [self.row_text(row) for row in range(start.y, last + 1)]
         end = None if selection.end is None else Offset(selection.end.x, selection.end.y - start.y)
-        return Selection(Offset(start.x, 0), end).extract("\n".join(rows)), "\n"
+        text = Selection(Offset(start.x, 0), end).extract("\n".join(rows))
+        own = {row - start.y for row in range(start.y, last + 1) if self._is_own_row(row)}
+        if own:  # ranktop's lines are not the rank's output: a copy, like the log files, has none
+            text = "\n".join(line for i, line in enumerate(text.split("\n")) if i not in own)
+        return text, "\n"
+
+    def _is_own_row(self, row: int) -> bool:
+        return type(self._raw(self._locate(row)[0])) is RanktopLine
 
     def selection_updated(self, selection: Selection | None) -> None:
         self.refresh()
@@ -589,7 +624,7 @@ class LogView(ScrollView, can_focus=True):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._base_style = self._bar = None
+        self._base_style = self._bar = self._own_style = None
         self._strips.clear()
         self._drawn.clear()
 

@@ -15,6 +15,7 @@ import statistics
 import time
 
 from ranktop.core.engine import Engine, OutputCursor
+from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot
 
@@ -107,6 +108,8 @@ class Tracker:
         track.cursor = cursor
         track.rate = 0.0 if before is None else max(0, cursor.line - before) / elapsed
         for raw in (*reversed(open_lines), *reversed(lines)):  # the newest match is the one wanted
+            if type(raw) is RanktopLine:  # a restart's separator is not the rank's output
+                continue
             found = self.pattern.search(raw.decode("utf-8", "replace"))
             if found:
                 track.value = clean(found.group(1) if found.groups() else found.group(0))[:16]

@@ -10,7 +10,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from ranktop.core import collector
 from ranktop.core.client import (
@@ -28,6 +28,7 @@ from ranktop.core.client import (
     wait_ended,
     wait_gone,
 )
+from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.state import world_undecided
 from ranktop.core.stdio import print_out, terminal_problem
@@ -312,6 +313,12 @@ def _shown(out_is_terminal: bool) -> Callable[[bytes], bytes]:
     return clean_console if out_is_terminal else bytes
 
 
+def _rank_lines(prefix: bytes, shown: Callable[[bytes], bytes], lines: list[bytes]) -> Iterator[bytes]:
+    """What `logs` prints of a rank's lines: the rank's own, as its log files hold them; not the
+    lines ranktop added to its pane (a restart's separator: `--events` has the restarts)."""
+    return (prefix + shown(line) + b"\n" for line in lines if type(line) is not RanktopLine)
+
+
 def _prefixes(run_id: str, ranks: list[tuple[int, int]], only: int | None) -> dict[int, bytes] | int:
     """{local rank: its `[rank]:` prefix} for the (local rank, rank) pairs `--rank` keeps; the usage
     error's status for a --rank the run does not have."""
@@ -358,7 +365,7 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
                 out.write(b"[ranktop]:" + json.dumps(message["event"]).encode() + b"\n")
                 out.flush()
             if lines and (prefix := prefixes.get(message.get("rank"))) is not None:  # (a rank it was not asked for)
-                out.writelines(prefix + shown(line) + b"\n" for line in lines)
+                out.writelines(_rank_lines(prefix, shown, lines))
                 out.flush()
         return 0  # (not reached: pushes end with "ended", or RunGone when the engine leaves)
     for local, prefix in prefixes.items():
@@ -366,7 +373,7 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
         while True:
             answer, lines, _open = conn.output(local, *cursor)
             cursor, before = (answer["generation"], answer["line"]), cursor
-            out.writelines(prefix + shown(line) + b"\n" for line in lines)
+            out.writelines(_rank_lines(prefix, shown, lines))
             if not answer.get("more") or cursor == before:  # (an engine that says "more" and gives none: no loop)
                 break
     out.flush()
