@@ -764,6 +764,10 @@ class LocalAgent:
             self._end_note = (f"exit barrier: stopped serving the {self.rendezvous.describe()}'s store {why}, "
                               "while the other nodes may still use it")
             self._notice(self._end_note)
+        elif until == "peers_gone":
+            self._end_note = (f"exit barrier: stopped serving the {self.rendezvous.describe()}'s store: no other "
+                              "node is left (their keep-alive heartbeats stopped: they ended without closing it)")
+            self._notice(self._end_note)
 
     def _barrier_not_passed(self, end: Any, timeout: float) -> None:
         """The exit barrier ended without every node (a RoundEnd): the event, and a line unless

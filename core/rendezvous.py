@@ -367,7 +367,8 @@ class Rendezvous:
         self._rounds = 0
         self._ranks_store: Any = None  # served here while this node is group rank 0
         self._told_gave_up = False
-        self._next_look_for_newcomers = 0.0  # at the exit barrier: when to look for nodes waiting again
+        self._next_look = 0.0  # at the exit barrier: when to look at the round's nodes again
+        self._alone_since: float | None = None  # when no other node was first seen alive, of late
 
     @property
     def run_id(self) -> str:
@@ -555,13 +556,14 @@ class Rendezvous:
         """Wait until every node of the round got here (None), else why not: "timeout",
         "stopped", "peer_gave_up" (a node's ranks failed for good meanwhile), "new_round" (nodes
         wait for a round this node cannot join: the round's other nodes will not come; with
-        `serves_store` where their round needs the store this process serves) or "store_lost"."""
+        `serves_store` where their round needs the store this process serves), "peers_gone" (every
+        other node ended without a word: their heartbeats lapsed) or "store_lost"."""
         placement, store = self.placement, self.store
         if store is None or placement is None:
             return None
         last = f"{_EXIT_BARRIER}/last_member"
         deadline = time.monotonic() + timeout
-        self._next_look_for_newcomers = time.monotonic() + NEWCOMERS_LOOK
+        self._next_look, self._alone_since = time.monotonic() + NEWCOMERS_LOOK, None
         try:
             if store.add(f"{_EXIT_BARRIER}/num_members", 1) >= placement.group_world_size:
                 store.set(last, "<val_ignored>")
@@ -584,6 +586,9 @@ class Rendezvous:
             return RoundEnd("peer_gave_up", said)
         if stopped():
             return RoundEnd("stopped", "stopped while waiting")
+        if time.monotonic() < self._next_look:  # a look is a round trip through the handler's state
+            return self._timed_out(deadline, timeout)
+        self._next_look = time.monotonic() + NEWCOMERS_LOOK
         waiting = self._newcomers()
         if waiting:
             # A peer whose ranks failed re-joined (or a node came late): the round's other nodes
@@ -595,20 +600,53 @@ class Rendezvous:
             return RoundEnd("new_round", f"{waiting} node(s) wait for a new round of the {self.describe()} "
                                          "(a peer's ranks failed, or a node joined late); this node's ranks "
                                          f"finished and it cannot join, {then}", serves_store=serves)
+        if self._no_peer_left():
+            return RoundEnd("peers_gone", f"no other node of the {self.describe()} is left (their keep-alive "
+                                          "heartbeats stopped: they ended without closing it), so this node ends "
+                                          "without waiting for them")
+        return self._timed_out(deadline, timeout)
+
+    def _timed_out(self, deadline: float, timeout: float) -> RoundEnd | None:
         if time.monotonic() > deadline:
             return RoundEnd("timeout", f"not every node of the {self.describe()} finished within {timeout:g}s")
         return None
 
     def _newcomers(self) -> int:
-        """Nodes waiting for the next round, looked at every NEWCOMERS_LOOK seconds (a look is a
-        round trip through the handler's state); 0 between looks or where the handler cannot say."""
-        if time.monotonic() < self._next_look_for_newcomers:
-            return 0
-        self._next_look_for_newcomers = time.monotonic() + NEWCOMERS_LOOK
+        """Nodes waiting for the next round; 0 where the handler cannot say."""
         try:
             return self.nodes_waiting()
         except Exception:  # noqa: BLE001 - the store's loss is the barrier's own store calls' to tell
             return 0
+
+    def others_alive(self) -> bool | None:
+        """Whether another node still sends the rendezvous its keep-alive heartbeats. torch's dynamic
+        handler (c10d, etcd-v2) drops a node whose heartbeats lapsed (keep_alive_interval times
+        keep_alive_max_attempt: 15 s by default) from the state it reads; a node killed outright
+        never says it left. None where that cannot be read: another handler, torch's private parts
+        moved, the store out of reach (the barrier's own store calls tell of that)."""
+        handler = self.handler
+        try:
+            from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+
+            if not isinstance(handler, dynamic.DynamicRendezvousHandler):
+                return None
+            with handler._heartbeat_lock:
+                handler._state_holder.sync()
+                beating = list(handler._state_holder.state.last_heartbeats)
+            return any(node != handler._this_node for node in beating)
+        except Exception:  # noqa: BLE001 - torch's private parts moved, or the store is out of reach
+            return None
+
+    def _no_peer_left(self) -> bool:
+        """No other node alive in the rendezvous at two looks in a row: a node that goes on to its
+        next round is out of it for a moment, between leaving the last round and joining the next."""
+        if self.others_alive() is not False:
+            self._alone_since = None
+            return False
+        now = time.monotonic()
+        if self._alone_since is None:
+            self._alone_since = now
+        return now - self._alone_since >= NEWCOMERS_LOOK
 
     def serves_store(self) -> bool:
         """Whether this process serves the round's store (the c10d endpoint's host: a TCPStore
@@ -640,9 +678,10 @@ class Rendezvous:
 
     def serve_store(self, deadline: float, stopped: Callable[[], bool]) -> str:
         """Keep serving the store (this process lives on) until the job ends, the rendezvous closed
-        by the node that finished it or gave up ("closed"), or until `deadline` ("timeout"), or a
-        stop ("stopped"). "unreadable" if the rendezvous state cannot be read."""
-        next_look = 0.0
+        by the node that finished it or gave up ("closed"), or every other node is gone without
+        closing it ("peers_gone"), or until `deadline` ("timeout"), or a stop ("stopped").
+        "unreadable" if the rendezvous state cannot be read."""
+        next_look, self._alone_since = 0.0, None
         while not stopped():
             if time.monotonic() >= next_look:  # a look is a round trip through the handler's state
                 next_look = time.monotonic() + NEWCOMERS_LOOK
@@ -651,6 +690,8 @@ class Rendezvous:
                         return "closed"
                 except Exception:  # noqa: BLE001 - a plugin's handler, or a state it cannot read
                     return "unreadable"
+                if self._no_peer_left():
+                    return "peers_gone"
             if time.monotonic() > deadline:
                 return "timeout"
             time.sleep(_POLL)
