@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -546,9 +547,11 @@ class Rendezvous:
             pass  # the store went: nobody is left to read it
 
     def close(self) -> bool:
-        """Close the rendezvous: no node can start a new round of it. False if that failed."""
+        """Close the rendezvous: no node can start a new round of it. False if that failed (the
+        store is gone: whoever tells of that, the exit barrier or the next round, says so)."""
         try:
-            return self.handler.shutdown() is not False
+            with _quiet_failed_close():
+                return self.handler.shutdown() is not False
         except Exception:
             return False
 
@@ -710,6 +713,31 @@ class Rendezvous:
                 done = store.add(_BARRIER_LEFT, 0)
         except Exception:
             pass  # the store is gone: whoever served it has left, and every node had passed
+
+
+# torch's dynamic handler (c10d, etcd-v2) logs a Python WARNING when it cannot close the
+# rendezvous, as when the node serving its store is gone: on ranktop's console, under ranktop's own
+# line about the lost store. Only that record, logged by the thread of ranktop's own close, is dropped.
+_DYNAMIC_LOGGER = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+
+
+class _FailedCloseFilter(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.thread == self.thread and "has failed to shutdown the rendezvous" in str(record.msg))
+
+
+@contextlib.contextmanager
+def _quiet_failed_close() -> Iterator[None]:
+    logger, quiet = logging.getLogger(_DYNAMIC_LOGGER), _FailedCloseFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _tcp_port(store: Any) -> int | None:

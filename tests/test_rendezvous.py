@@ -952,6 +952,30 @@ def test_a_node_that_lost_the_store_says_so_in_one_line_without_torch_frames(tmp
     assert not any("TCPStore" in line or "frame #" in line for line in ours), err1
 
 
+def test_closing_after_the_store_host_vanished_shows_ranktops_line_not_torchs_warning(tmp_path, torch_installed):
+    """The node serving the store is killed while the other's rank runs on (it needs no
+    collective); that rank then ends well, and its node finds the store gone at the exit barrier,
+    says so in one line and closes the rendezvous, which fails: torch's dynamic handler logged a
+    Python WARNING for that (`W... dynamic_rendezvous.py:...] The node '...' has failed to shutdown
+    the rendezvous ...`) under ranktop's line. (Heartbeats every 60 s here: none is due meanwhile.)"""
+    job, release = Job(tmp_path, "close-store-gone"), tmp_path / "release"
+    conf = CONF + ",keep_alive_interval=60,is_host="
+    host = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
+    job.start("until-file", str(release), extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.2")
+    wait_for(lambda: all(node_events(tmp_path, node, "started") for node in ("node0", "node1")), timeout=TIMEOUT,
+             what="both nodes' ranks running")
+    host.kill()
+    host.wait(timeout=TIMEOUT)
+    release.touch()
+    (status0, _, _), (status1, _, err1) = job.finish()
+    assert status0 == -signal.SIGKILL
+    assert status1 == 0, err1
+    assert ("ranktop: exit barrier: lost the c10d rendezvous 'close-store-gone''s store before every node finished "
+            "(the node serving it may have ended): ") in err1, err1
+    assert "WARNING" not in err1 and "dynamic_rendezvous" not in err1 and "failed to shutdown" not in err1, err1
+    assert not any(re.match(r"[WE]\d{4} ", line) for line in err1.splitlines()), err1
+
+
 STORE_LOST = """
 import os, subprocess, sys
 from ranktop.core.rendezvous import _torch_rendezvous
