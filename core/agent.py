@@ -769,6 +769,10 @@ class LocalAgent:
             self._end_note = (f"exit barrier: stopped serving the {self.rendezvous.describe()}'s store {why}, "
                               "while the other nodes may still use it")
             self._notice(self._end_note)
+        elif until == "peers_gone":
+            self._end_note = (f"exit barrier: stopped serving the {self.rendezvous.describe()}'s store: no other "
+                              "node is left (their keep-alive heartbeats stopped: they ended without closing it)")
+            self._notice(self._end_note)
 
     def _barrier_not_passed(self, end: Any, timeout: float) -> None:
         """The exit barrier ended without every node (a RoundEnd): the event, and a line unless
@@ -1045,6 +1049,11 @@ class LocalAgent:
             still = "read and shown" if event.get("shown") else "read (so that the rank goes on)"
             self.say(f"ranktop: rank {event['rank']}: cannot write {event['path']}: {event['error']}; "
                      f"its output is still {still}, but no longer saved there")
+        if name == "exit_marker_failed" and self.console:
+            how = ("its payload file became the marker" if event["peers_told"] else
+                   "a rank that returned waits for it until the group is closed")
+            self.say(f"ranktop: rank {event['rank']}: cannot write its exit marker {event['path']} "
+                     f"({event['error']}); {how}")
         if name == "output_failed" and self.console:
             kept = f"only saved in {event['path']}" if event["saved"] else "only read (to keep the rank going)"
             self.say(f"ranktop: rank {event['rank']}: its {'stdout' if event['stream'] == 1 else 'stderr'} "

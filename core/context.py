@@ -358,6 +358,9 @@ class PContext:
     def _result_path(self, local_rank: int) -> str:
         return os.path.join(self._tmp or "", f"{local_rank}.ret")
 
+    def _payload_path(self, local_rank: int) -> str:
+        return os.path.join(self._tmp or "", f"{local_rank}.payload")
+
     def _exited_path(self, local_rank: int) -> str:
         """Made when a function rank is reaped: its peers waiting to exit stop waiting for it."""
         return os.path.join(self._tmp or "", f"{local_rank}.exited")
@@ -405,7 +408,7 @@ class PContext:
             pass  # disk full: the log files cannot be opened either, and their sinks report that
         env = {**self._environ, **self.envs[r], ERROR_FILE_ENV: self.error_file(r), MARKER: self.token}
         if callable(self.entrypoint):
-            payload = os.path.join(self._tmp, f"{r}.payload")
+            payload = self._payload_path(r)
             self._remove_stale(self._result_path(r))
             self._remove_stale(self._exited_path(r))
             argv = python_call_argv(self.entrypoint, self.args[r], payload, self._result_path(r), self._peers(r))
@@ -630,10 +633,22 @@ class PContext:
             self._fail_group("another rank failed")
 
     def _mark_exited(self, local_rank: int) -> None:
+        """Tell the rank's peers waiting to exit that it ended. A full disk refuses the marker, a
+        new file (a rank that ended without a value left its peers waiting until close()): the
+        rank's payload, a file already there that it read as it started, becomes the marker, a
+        rename that takes no space."""
+        marker = self._exited_path(local_rank)
         try:
-            os.close(os.open(self._exited_path(local_rank), os.O_WRONLY | os.O_CREAT, 0o600))
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600))
+            return
+        except OSError as exc:
+            error = exc.strerror or str(exc)
+        try:
+            os.replace(self._payload_path(local_rank), marker)
+            told = True
         except OSError:
-            pass  # disk full: a peer waiting on this rank (ended without a value) waits for close()
+            told = False
+        self._emit("exit_marker_failed", local_rank, path=marker, error=error, peers_told=told)
 
     def _survived(self, slot: RankSlot) -> None:
         """The rank outlived a stop signal the user sent it alone by the grace: it handled it

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -412,7 +413,8 @@ class Rendezvous:
         # --rdzv-conf ranks_store=rendezvous: as group rank 0, send the ranks to the rendezvous's store
         self.on_rendezvous_store = bool(getattr(handler, _ONE_STORE_ATTR, False))
         self._told_gave_up = False
-        self._next_look_for_newcomers = 0.0  # at the exit barrier: when to look for nodes waiting again
+        self._next_look = 0.0  # at the exit barrier: when to look at the round's nodes again
+        self._alone_since: float | None = None  # when no other node was first seen alive, of late
 
     @property
     def run_id(self) -> str:
@@ -597,9 +599,11 @@ class Rendezvous:
             pass  # the store went: nobody is left to read it
 
     def close(self) -> bool:
-        """Close the rendezvous: no node can start a new round of it. False if that failed."""
+        """Close the rendezvous: no node can start a new round of it. False if that failed (the
+        store is gone: whoever tells of that, the exit barrier or the next round, says so)."""
         try:
-            return self.handler.shutdown() is not False
+            with _quiet_failed_close():
+                return self.handler.shutdown() is not False
         except Exception:
             return False
 
@@ -607,13 +611,14 @@ class Rendezvous:
         """Wait until every node of the round got here (None), else why not: "timeout",
         "stopped", "peer_gave_up" (a node's ranks failed for good meanwhile), "new_round" (nodes
         wait for a round this node cannot join: the round's other nodes will not come; with
-        `serves_store` where their round needs the store this process serves) or "store_lost"."""
+        `serves_store` where their round needs the store this process serves), "peers_gone" (every
+        other node ended without a word: their heartbeats lapsed) or "store_lost"."""
         placement, store = self.placement, self.store
         if store is None or placement is None:
             return None
         last = f"{_EXIT_BARRIER}/last_member"
         deadline = time.monotonic() + timeout
-        self._next_look_for_newcomers = time.monotonic() + NEWCOMERS_LOOK
+        self._next_look, self._alone_since = time.monotonic() + NEWCOMERS_LOOK, None
         try:
             if store.add(f"{_EXIT_BARRIER}/num_members", 1) >= placement.group_world_size:
                 store.set(last, "<val_ignored>")
@@ -636,6 +641,9 @@ class Rendezvous:
             return RoundEnd("peer_gave_up", said)
         if stopped():
             return RoundEnd("stopped", "stopped while waiting")
+        if time.monotonic() < self._next_look:  # a look is a round trip through the handler's state
+            return self._timed_out(deadline, timeout)
+        self._next_look = time.monotonic() + NEWCOMERS_LOOK
         waiting = self._newcomers()
         if waiting:
             # A peer whose ranks failed re-joined (or a node came late): the round's other nodes
@@ -647,20 +655,53 @@ class Rendezvous:
             return RoundEnd("new_round", f"{waiting} node(s) wait for a new round of the {self.describe()} "
                                          "(a peer's ranks failed, or a node joined late); this node's ranks "
                                          f"finished and it cannot join, {then}", serves_store=serves)
+        if self._no_peer_left():
+            return RoundEnd("peers_gone", f"no other node of the {self.describe()} is left (their keep-alive "
+                                          "heartbeats stopped: they ended without closing it), so this node ends "
+                                          "without waiting for them")
+        return self._timed_out(deadline, timeout)
+
+    def _timed_out(self, deadline: float, timeout: float) -> RoundEnd | None:
         if time.monotonic() > deadline:
             return RoundEnd("timeout", f"not every node of the {self.describe()} finished within {timeout:g}s")
         return None
 
     def _newcomers(self) -> int:
-        """Nodes waiting for the next round, looked at every NEWCOMERS_LOOK seconds (a look is a
-        round trip through the handler's state); 0 between looks or where the handler cannot say."""
-        if time.monotonic() < self._next_look_for_newcomers:
-            return 0
-        self._next_look_for_newcomers = time.monotonic() + NEWCOMERS_LOOK
+        """Nodes waiting for the next round; 0 where the handler cannot say."""
         try:
             return self.nodes_waiting()
         except Exception:  # noqa: BLE001 - the store's loss is the barrier's own store calls' to tell
             return 0
+
+    def others_alive(self) -> bool | None:
+        """Whether another node still sends the rendezvous its keep-alive heartbeats. torch's dynamic
+        handler (c10d, etcd-v2) drops a node whose heartbeats lapsed (keep_alive_interval times
+        keep_alive_max_attempt: 15 s by default) from the state it reads; a node killed outright
+        never says it left. None where that cannot be read: another handler, torch's private parts
+        moved, the store out of reach (the barrier's own store calls tell of that)."""
+        handler = self.handler
+        try:
+            from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+
+            if not isinstance(handler, dynamic.DynamicRendezvousHandler):
+                return None
+            with handler._heartbeat_lock:
+                handler._state_holder.sync()
+                beating = list(handler._state_holder.state.last_heartbeats)
+            return any(node != handler._this_node for node in beating)
+        except Exception:  # noqa: BLE001 - torch's private parts moved, or the store is out of reach
+            return None
+
+    def _no_peer_left(self) -> bool:
+        """No other node alive in the rendezvous at two looks in a row: a node that goes on to its
+        next round is out of it for a moment, between leaving the last round and joining the next."""
+        if self.others_alive() is not False:
+            self._alone_since = None
+            return False
+        now = time.monotonic()
+        if self._alone_since is None:
+            self._alone_since = now
+        return now - self._alone_since >= NEWCOMERS_LOOK
 
     def serves_store(self) -> bool:
         """Whether this process serves the round's store (the c10d endpoint's host: a TCPStore
@@ -692,9 +733,10 @@ class Rendezvous:
 
     def serve_store(self, deadline: float, stopped: Callable[[], bool]) -> str:
         """Keep serving the store (this process lives on) until the job ends, the rendezvous closed
-        by the node that finished it or gave up ("closed"), or until `deadline` ("timeout"), or a
-        stop ("stopped"). "unreadable" if the rendezvous state cannot be read."""
-        next_look = 0.0
+        by the node that finished it or gave up ("closed"), or every other node is gone without
+        closing it ("peers_gone"), or until `deadline` ("timeout"), or a stop ("stopped").
+        "unreadable" if the rendezvous state cannot be read."""
+        next_look, self._alone_since = 0.0, None
         while not stopped():
             if time.monotonic() >= next_look:  # a look is a round trip through the handler's state
                 next_look = time.monotonic() + NEWCOMERS_LOOK
@@ -703,6 +745,8 @@ class Rendezvous:
                         return "closed"
                 except Exception:  # noqa: BLE001 - a plugin's handler, or a state it cannot read
                     return "unreadable"
+                if self._no_peer_left():
+                    return "peers_gone"
             if time.monotonic() > deadline:
                 return "timeout"
             time.sleep(_POLL)
@@ -721,6 +765,31 @@ class Rendezvous:
                 done = store.add(_BARRIER_LEFT, 0)
         except Exception:
             pass  # the store is gone: whoever served it has left, and every node had passed
+
+
+# torch's dynamic handler (c10d, etcd-v2) logs a Python WARNING when it cannot close the
+# rendezvous, as when the node serving its store is gone: on ranktop's console, under ranktop's own
+# line about the lost store. Only that record, logged by the thread of ranktop's own close, is dropped.
+_DYNAMIC_LOGGER = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+
+
+class _FailedCloseFilter(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.thread == self.thread and "has failed to shutdown the rendezvous" in str(record.msg))
+
+
+@contextlib.contextmanager
+def _quiet_failed_close() -> Iterator[None]:
+    logger, quiet = logging.getLogger(_DYNAMIC_LOGGER), _FailedCloseFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _tcp_store(store: Any) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -111,6 +112,23 @@ def no_orphans():
             except OSError:
                 pass
         pytest.fail(f"processes left behind: {left}")
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, options: str):
+    """A tmpfs mounted at `path` (made here) with mount `options` (`size=256k`, `nr_inodes=64`),
+    unmounted afterwards whatever the test did; the test is skipped where mounting is not allowed."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:

@@ -105,6 +105,15 @@ def _wait_for_file(path, within):
     return os.path.exists(path)
 
 
+def exit0_once(go):
+    """Local rank 0 returns at once; local rank 1 exits 0 without a value once `go` exists (a bare
+    sys.exit(): status 0, but not a return, which sys.exit(0) is)."""
+    if os.environ["LOCAL_RANK"] == "0":
+        return "returned"
+    assert _wait_for_file(go, 60), "never told to go"
+    sys.exit()
+
+
 def exit_order(rank, marks, patience=0.0, then="return"):
     """Rank 0 returns at once and notes, as its interpreter exits, whether rank 1 had returned by
     then. Rank 1 waits until rank 0 returned, gives rank 0 `patience` seconds to exit, then does

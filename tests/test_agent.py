@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import rank_fns
-from conftest import PY, ROOT, Running, make_agent, read_events, wait_for
+from conftest import PY, ROOT, Running, make_agent, read_events, tmpfs, wait_for
 from ranktop.core import GroupState, LocalAgent, RankState, WorkerError, WorkerSpec, WorkerState, launch
 from ranktop.core import commands as cmd
 from ranktop.core.output import StreamSink
@@ -444,3 +444,52 @@ def test_a_restarted_ranks_last_lines_come_before_the_separator(tmp_path):
             lines = agent.output(0)
             separator = max(i for i, line in enumerate(lines) if b"restart" in line and b"(ranktop)" in line)
             assert lines[separator - 1] == b"last words 1999" and lines[separator + 1:] == [b"ready"], lines[-5:]
+
+
+def _fill_inodes(disk: Path) -> None:
+    """Empty files on `disk` until it has no inode left: no new file can be made there (ENOSPC)."""
+    for n in range(100_000):
+        try:
+            os.close(os.open(disk / f"ballast{n}", os.O_WRONLY | os.O_CREAT, 0o600))
+        except OSError:
+            return
+    raise AssertionError(f"{disk} never filled up")
+
+
+def test_a_rank_ending_without_a_value_on_a_full_disk_still_lets_its_peers_go(tmp_path, monkeypatch, capfd):
+    """Function ranks: rank 0 returns and waits for rank 1 to end; rank 1 exits 0 without a value
+    once the disk under the context's files has no room for a new file. Its exit marker could not
+    be made and rank 0 waited until the group was closed (here: stopped after 60 s). ranktop now
+    turns rank 1's payload, a file already there, into the marker, and says the marker failed."""
+    import tempfile
+    import threading
+
+    with tmpfs(tmp_path / "disk", "size=1m,nr_inodes=64") as disk:
+        monkeypatch.setattr(tempfile, "tempdir", str(disk))  # where the context keeps its files
+        go = tmp_path / "go"
+        spec = WorkerSpec(role="r", local_world_size=2, entrypoint=rank_fns.exit0_once, args=(str(go),))
+        agent = LocalAgent(spec, log_dir=str(tmp_path / "logs"), console=True, shutdown_timeout=2)
+
+        def fill_the_disk_once_rank_0_returned() -> None:
+            wait_for(lambda: list(disk.glob("ranktop-*/0.ret")), timeout=60, what="rank 0's return value")
+            _fill_inodes(disk)
+            go.touch()
+
+        filler = threading.Thread(target=fill_the_disk_once_rank_0_returned, daemon=True)
+        filler.start()
+        watchdog = threading.Timer(60, agent.stop)
+        watchdog.start()
+        try:
+            result = agent.run()
+        finally:
+            watchdog.cancel()
+            filler.join(timeout=60)
+    assert result.state == WorkerState.SUCCEEDED and result.return_values == {0: "returned", 1: None}
+    # (rank 0's own marker, made as it ends after rank 1, fails the same way)
+    (marker_failed,) = [e for e in read_events(next((tmp_path / "logs").iterdir()))
+                        if e["event"] == "exit_marker_failed" and e["rank"] == 1]
+    assert (marker_failed["rank"], marker_failed["error"], marker_failed["peers_told"]) == (
+        1, "No space left on device", True)
+    err = capfd.readouterr().err
+    assert (f"ranktop: rank 1: cannot write its exit marker {marker_failed['path']} (No space left on device); "
+            "its payload file became the marker") in err.splitlines(), err

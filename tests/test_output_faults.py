@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, tmpfs, wait_for
 from ranktop.core.events import EventLog
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState
 from ranktop.tui.panes import header_text, rank_title
@@ -24,19 +24,8 @@ MB = 1 << 20
 @pytest.fixture
 def small_disk(tmp_path):
     """A 256 KiB tmpfs, unmounted afterwards whatever the test did."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(disk)],
-                             capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", f"size={DISK_BYTES}") as disk:
         yield disk
-    finally:
-        if subprocess.run(["umount", str(disk)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def _fill(path, size: int | None = None) -> None:

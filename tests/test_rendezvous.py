@@ -878,6 +878,68 @@ def test_the_store_host_serves_a_peers_new_round_no_longer_than_its_exit_barrier
     del handler  # the store it serves lived until the peer was done
 
 
+# A node killed outright (SIGKILL) never says it left: the others learn it once its keep-alive
+# heartbeats lapse, here after 2 s (torch's default: 3 x 5 s).
+LAPSE = ",keep_alive_interval=1,keep_alive_max_attempt=2"
+
+
+def node_events(tmp_path: Path, node: str, name: str) -> list[dict]:
+    return [e for e in events(tmp_path / node) if e["event"] == name] if list(
+        tmp_path.glob(f"{node}/*/events.jsonl")) else []
+
+
+def test_the_store_host_at_the_exit_barrier_leaves_once_every_other_node_is_gone(tmp_path, torch_installed):
+    """Node 0 serves the store and its rank is done (exit barrier); node 1 is then killed outright
+    (its guard ends its rank; nobody closes the rendezvous). Node 0 served a store nobody was left
+    to use until the barrier's 300 s ran out; it now leaves once node 1's heartbeats have lapsed."""
+    job, release = Job(tmp_path, "barrier-peers-gone"), tmp_path / "release"
+    conf = CONF + LAPSE + ",is_host="
+    job.start("print", extra=("--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
+    peer = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.2")
+    try:
+        wait_for(lambda: any(e["exitcode"] == 0 for e in node_events(tmp_path, "node0", "exited")),
+                 timeout=TIMEOUT, what="node 0's rank done (its node at the exit barrier)")
+        peer.kill()
+        (status0, _, err0), (status1, _, _) = job.finish()
+    finally:
+        release.touch()  # (only needed if node 1 outlived its kill)
+    assert status1 == -signal.SIGKILL
+    assert status0 == 0, err0
+    assert ("ranktop: exit barrier: no other node of the c10d rendezvous 'barrier-peers-gone' is left (their "
+            "keep-alive heartbeats stopped: they ended without closing it), so this node ends without waiting "
+            "for them") in err0.splitlines(), err0
+    left = [(e["event"], e.get("kind")) for e in events(tmp_path / "node0") if e["event"].startswith("exit_barrier")]
+    assert left == [("exit_barrier_left", "peers_gone")], left
+
+
+def test_the_store_host_serving_a_new_round_leaves_once_every_other_node_is_gone(tmp_path, torch_installed):
+    """As the store host stays for an elastic peer's new round (below), but the peer is then killed
+    outright: the host served the store until its barrier's 300 s ran out; it now ends once the
+    peer's heartbeats have lapsed, saying why, with its ranks' success."""
+    job = Job(tmp_path, "serving-peers-gone", nnodes="1:2")
+    failing, release = tmp_path / "fail-now", tmp_path / "release"
+    host = job.start("print", extra=("--max-restarts", "1", "--rdzv-conf", HOST_CONF + LAPSE), local_addr="127.0.0.1")
+    wait_for(lambda: select.select([host.stderr], [], [], 0.1)[0] and "waiting for nodes" in host.stderr.readline(),
+             timeout=TIMEOUT, what="the host waiting for the other node")
+    peer = job.start("fail-on-file-then-until", "1", str(failing), str(release),
+                     extra=("--max-restarts", "1", "--rdzv-conf", PEER_CONF + LAPSE), local_addr="127.0.0.2")
+    try:
+        fail_node_1_once_node_0_is_done(tmp_path, failing)
+        wait_for(lambda: node_events(tmp_path, "node0", "exit_barrier_left") and len(
+            node_events(tmp_path, "node1", "started")) == 2, timeout=TIMEOUT,
+            what="node 1's new round running, node 0 serving its store")
+        peer.kill()
+        (status0, _, err0), (status1, _, _) = job.finish()
+    finally:
+        release.touch()
+    assert status1 == -signal.SIGKILL
+    assert status0 == 0, err0
+    assert ("ranktop: exit barrier: stopped serving the c10d rendezvous 'serving-peers-gone''s store: no other "
+            "node is left (their keep-alive heartbeats stopped: they ended without closing it)") in err0.splitlines()
+    served = [e["until"] for e in events(tmp_path / "node0") if e["event"] == "store_served"]
+    assert served == ["peers_gone"], served
+
+
 def test_a_node_waiting_at_the_exit_barrier_says_so(tmp_path, torch_installed):
     """Node 0's rank is done, node 1's runs on: node 0 sat at the exit barrier, up to 300 s, as
     `rendezvous` and nothing more. It says what it waits for once the wait is not a short one."""
@@ -938,6 +1000,30 @@ def test_a_node_that_lost_the_store_says_so_in_one_line_without_torch_frames(tmp
     # ranktop's own lines: a rank's are prefixed on the console and indented under the root cause
     ours = [line for line in err1.splitlines() if not line.startswith(("[default", " "))]
     assert not any("TCPStore" in line or "frame #" in line for line in ours), err1
+
+
+def test_closing_after_the_store_host_vanished_shows_ranktops_line_not_torchs_warning(tmp_path, torch_installed):
+    """The node serving the store is killed while the other's rank runs on (it needs no
+    collective); that rank then ends well, and its node finds the store gone at the exit barrier,
+    says so in one line and closes the rendezvous, which fails: torch's dynamic handler logged a
+    Python WARNING for that (`W... dynamic_rendezvous.py:...] The node '...' has failed to shutdown
+    the rendezvous ...`) under ranktop's line. (Heartbeats every 60 s here: none is due meanwhile.)"""
+    job, release = Job(tmp_path, "close-store-gone"), tmp_path / "release"
+    conf = CONF + ",keep_alive_interval=60,is_host="
+    host = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
+    job.start("until-file", str(release), extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.2")
+    wait_for(lambda: all(node_events(tmp_path, node, "started") for node in ("node0", "node1")), timeout=TIMEOUT,
+             what="both nodes' ranks running")
+    host.kill()
+    host.wait(timeout=TIMEOUT)
+    release.touch()
+    (status0, _, _), (status1, _, err1) = job.finish()
+    assert status0 == -signal.SIGKILL
+    assert status1 == 0, err1
+    assert ("ranktop: exit barrier: lost the c10d rendezvous 'close-store-gone''s store before every node finished "
+            "(the node serving it may have ended): ") in err1, err1
+    assert "WARNING" not in err1 and "dynamic_rendezvous" not in err1 and "failed to shutdown" not in err1, err1
+    assert not any(re.match(r"[WE]\d{4} ", line) for line in err1.splitlines()), err1
 
 
 STORE_LOST = """
