@@ -23,7 +23,7 @@ from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
 from ranktop.core.events import run_started
-from ranktop.core.layout import FINAL_FILE, open_dir_below, tail_lines_below
+from ranktop.core.layout import FINAL_FILE, STACKS, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean
@@ -565,18 +565,8 @@ class FinalEngine:
 
     def _read(self, final_path: str) -> GroupSnapshot:
         try:
-            fd = os.open(os.path.basename(final_path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         dir_fd=self._run_fd)
-            with os.fdopen(fd, "rb") as f:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise BadFinalFile(f"bad final view {final_path}: not a regular file")
-                data = f.read(self.MAX_FINAL + 1)
-            if len(data) > self.MAX_FINAL:
-                raise BadFinalFile(f"bad final view {final_path}: larger than {self.MAX_FINAL >> 20} MiB")
-            return decode_snapshot(json.loads(data))
-        except BadFinalFile:
-            raise
-        except BadValue as exc:
+            return decode_snapshot(json.loads(read_regular(self._run_fd, os.path.basename(final_path), self.MAX_FINAL)))
+        except (NotRegular, BadValue) as exc:
             raise BadFinalFile(f"bad final view {final_path}: {exc}") from None
         except (OSError, ValueError, RecursionError) as exc:
             raise BadFinalFile(f"bad final view {final_path}: {type(exc).__name__}: {str(exc)[:200]}") from None
@@ -615,12 +605,59 @@ class FinalEngine:
         return tail_lines_below(self._run_fd, names, self.TAIL_BYTES)
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
+        if isinstance(command, cmd.DumpStacks):  # no rank is left to dump: the last dump taken, if any
+            return self._last_dump()
         return cmd.Ack(False, "the run has ended: this is its final view, read-only")
+
+    redumps = False  # a stack view shows the last dump saved during the run; there is none to take
+
+    MAX_DUMP = 16 << 20  # a saved report of thousands of ranks fits
+
+    def _last_dump(self) -> cmd.Ack:
+        """The newest stack dump saved during the run (<run dir>/stacks/<time>.json), checked as
+        final.json is; the Ack says why there is none."""
+        from ranktop.core.stacks import StackReport  # (psutil: not for a view that never dumps)
+
+        none = cmd.Ack(False, "no stacks: the run has ended and its engine has gone, "
+                              "and no stack dump was saved during the run")
+        try:
+            folder = open_dir_below(self._run_fd, [STACKS])
+        except OSError:
+            return none
+        try:
+            for name in sorted((n for n in os.listdir(folder) if n.endswith(".json")), reverse=True):
+                try:
+                    report = checked_from_json(StackReport, json.loads(read_regular(folder, name, self.MAX_DUMP)))
+                except (OSError, ValueError, RecursionError):
+                    continue  # half-written, not ours: the one before it
+                txt = os.path.join(self.last.log_dir, STACKS, name.removesuffix(".json") + ".txt")
+                return cmd.Ack(True, "the last stack dump saved during the run",
+                               report=dataclasses.replace(report, saved_txt=txt, save_error=None))
+            return none
+        finally:
+            os.close(folder)
 
     def close(self) -> None:
         if self._run_fd >= 0:
             os.close(self._run_fd)
             self._run_fd = -1
+
+
+class NotRegular(ValueError):
+    """A file a view reads that is not a plain file of a bounded size; the message says which."""
+
+
+def read_regular(dir_fd: int, name: str, limit: int) -> bytes:
+    """The file `name` in the directory `dir_fd`, never through a symlink nor from a FIFO (which
+    would block the view), at most `limit` bytes: NotRegular otherwise, OSError if unreadable."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular("not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise NotRegular(f"larger than {limit >> 20} MiB")
+    return data
 
 
 def names_below(path: str | None, recorded_dir: str | None) -> list[str] | None:
@@ -693,6 +730,10 @@ def checked_from_json(kind: Any, data: Any, where: str = "") -> Any:
             raise _not(where, data, f"a list of {len(args)}")
         return tuple(checked_from_json(a, item, f"{where}[{i}]")
                      for i, (a, item) in enumerate(zip(args, data, strict=True)))
+    if origin is list:  # (a saved stack report's tree)
+        if not isinstance(data, list):
+            raise _not(where, data, "a list")
+        return [checked_from_json(args[0], item, f"{where}[{i}]") for i, item in enumerate(data)]
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         if not isinstance(data, str) or data not in {m.value for m in kind}:
             raise _not(where, data, "one of " + ", ".join(m.value for m in kind))

@@ -1196,6 +1196,45 @@ def test_the_final_view_offers_no_key_that_acts_on_ranks(tmp_path, runtime):
     drive(engine, body)
 
 
+def test_the_final_views_stack_view_shows_the_last_dump_saved_or_says_there_is_none(tmp_path, runtime):
+    """`d` in a final view (its engine gone) opened an empty stack view that answered `the run has
+    ended: this is its final view, read-only` and offered `g Dump again`, `t` and `n`, which did
+    nothing. It shows the last dump saved during the run, without g and n; with none, one line."""
+    from ranktop.core.client import FinalEngine
+    from ranktop.tui.stacks_view import StacksScreen
+    from test_tui_fake import drive, shown_footer_keys
+
+    def stack_view(engine, expect: str) -> tuple[str, set[str], set[str]]:
+        seen = {}
+
+        async def body(app, pilot):
+            await pilot.press("d")
+            await until(pilot, lambda: isinstance(app.screen, StacksScreen)
+                        and expect in str(app.screen.query_one("#stacks-summary").render()), what="the stack view")
+            await pilot.pause(0.2)  # (the footer settles)
+            seen["summary"] = str(app.screen.query_one("#stacks-summary").render())
+            seen["footer"] = {key.description for key in shown_footer_keys(app)}
+            seen["palette"] = {c.title for c in app.get_system_commands(app.screen)}
+
+        drive(engine, body)
+        return seen["summary"], seen["footer"], seen["palette"]
+
+    (tmp_path / "a").mkdir()
+    with lingering(tmp_path / "a", runtime, "dumped") as (_run, go):
+        assert run_ranktop("stacks", "dumped", env=runtime).returncode == 0  # saved under stacks/
+        go.touch()
+    summary, footer, palette = stack_view(FinalEngine(str(tmp_path / "a" / "logs" / "dumped" / "final.json")),
+                                          "its last dump")
+    assert "the run has ended: its last dump, taken at" in summary and "2 of 2 ranks dumped" in summary
+    assert "saved: " + str(tmp_path / "a" / "logs" / "dumped" / "stacks") in summary
+    assert "Other threads" in footer and not footer & {"Dump again", "SIGUSR1 fallback"}, footer
+    assert not palette & {"Dump again", "C frames", "Python frames"}, palette
+
+    summary, footer, palette = stack_view(FinalEngine(str(ended_run(tmp_path, runtime) / "final.json")), "no stacks")
+    assert summary == "no stacks: the run has ended and its engine has gone, and no stack dump was saved during the run"
+    assert footer == {"Close", "Help"} and not palette & {"Dump again", "Other threads", "C frames"}, (footer, palette)
+
+
 UNTIL_GO = ("import os, time, pathlib\nprint('up', os.environ['RANK'], flush=True)\n"
             "while not pathlib.Path(os.environ['GO']).exists():\n    time.sleep(0.05)\n")
 ACTING_KEYS = {"Signal…", "Kill rank", "Stop group", "Restart rank", "Restart group"}

@@ -85,6 +85,34 @@ def test_metric_in_titles_list_and_zoomed_sparklines():
     drive(engine, body, metric=compile_metric(r"loss ([0-9.]+)"))
 
 
+@pytest.mark.parametrize("size", [(160, 48), (120, 30), (80, 24)])
+def test_the_zoomed_title_keeps_the_log_files_name_in_view(size):
+    """Zoomed, the sparklines took the whole title: below about 200 columns its `log …/stdout.log`
+    was cut off entirely. They shorten, then the labels go, so the log file's name stays."""
+    from conftest import screen_rows
+
+    engine = FakeEngine(2)
+    log = "/home/someone/experiments/logs/job-2026-11-26/attempt_0/0/stdout.log"
+    engine.set_rank(0, cpu_percent=12.0, rss=300 << 20, stdout_log=log)
+    width = size[0]
+
+    async def body(app, pilot):
+        main = app.main
+        await pilot.press("z")
+        for step in range(1, 3):  # a sample a second: the sparklines need two
+            engine.print(0, f"loss {2.0 - step / 4:.3f}")
+            await until(pilot, lambda n=step: len(main.tracker.ranks[0].history["metric"]) >= n, what="a sample")
+        await until(pilot, lambda: screen_rows(app)[1].rstrip().endswith("/0/stdout.log"), what="the log's name")
+        title = screen_rows(app)[1].rstrip()
+        assert "loss 1.500" in title and "running" in title, title
+        if width >= 120:  # room for the metric's sparkline too
+            assert re.search("loss [▁▂▃▄▅▆▇█]{2}", title), title
+        if width >= 160:
+            assert re.search("cpu [▁▂▃▄▅▆▇█]{2}", title) and "/attempt_0/0/stdout.log" in title, title
+
+    drive(engine, body, size=size, metric=compile_metric(r"loss ([0-9.]+)"))
+
+
 def test_the_details_view_shows_who_the_rank_is_and_its_histories():
     from ranktop.tui.details import RankDetails, details_text
 

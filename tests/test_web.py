@@ -222,4 +222,6 @@ def test_other_sites_other_names_and_no_token_are_refused_before_a_client_starts
                                                                      "Host": f"localhost:{port}"})) == 101
         assert asyncio.run(_handshake(tab, {})) == 101
         wait_for(lambda: not attach_clients(), what="the closed tabs' clients gone", timeout=20)
-        stop_web(web, tmp_path / "web.err")
+        err = stop_web(web, tmp_path / "web.err")
+    # Only the address names the token: textual-serve logged each request, address and all.
+    assert err.count(token) == 1 and "GET /" not in err, err

@@ -17,6 +17,7 @@ import shlex
 import signal
 import subprocess
 import time
+from functools import partial
 from typing import Any
 
 from ranktop.core import commands as cmd
@@ -753,7 +754,7 @@ class MainScreen(Screen):
             pane.set_title(rank_title(rank, now, world_digits=digits, narrow=pane.size.width < NARROW_TITLE,
                                       position=position, hits=self._hits_of(r),
                                       metric=self.tracker.title_part(r), outlier=r in outliers,
-                                      sparks=self.tracker.sparks(r) if self.zoomed else None,
+                                      sparks=partial(self.tracker.sparks, r) if self.zoomed else None,
                                       log_path=rank.stdout_log if self.zoomed else None,
                                       width=pane.title_width))
             pane.log.poll()

@@ -18,11 +18,14 @@ from ranktop.core.engine import Engine, OutputCursor
 from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot
+from rich.cells import cell_len
 
 HISTORY = 60  # samples kept per series (one a second: the last minute)
 READ_SECONDS = 1.0  # how often every rank's new output is read
 OUTLIER_MADS = 3.0  # a value this many median absolute deviations from the median is marked
 _BARS = "▁▂▃▄▅▆▇█"
+SPARK_BARS = (12, 8, 5)  # bars a zoomed title's sparkline may have, most first
+SPARKS_GIVEN_UP = ("gmem", "rss", "gpu", "cpu", "out")  # the series a narrow zoomed title leaves out, in turn
 
 
 class BadMetric(ValueError):
@@ -151,12 +154,26 @@ class Tracker:
             return None
         return f"{self.name} {track.value or '-'} {track.rate:.1f}/s"
 
-    def sparks(self, local_rank: int) -> str:
-        """'cpu ▁▃▅ out ▂▂▇ loss ▇▅▃' for the zoomed title."""
+    def sparks(self, local_rank: int, room: int | None = None) -> str:
+        """'cpu ▁▃▅ out ▂▂▇ loss ▇▅▃' for the zoomed title, in at most `room` cells (None: any):
+        shorter bars first, then fewer series (the metric's last), else ""."""
         track = self.ranks.get(local_rank)
         if track is None:
             return ""
         names = {"cpu": "cpu", "rss": "rss", "gpu": "gpu", "gmem": "gmem", "out": "out", "metric": self.name}
-        parts = [f"{names[key]} {sparkline(list(track.history[key]))}" for key in names
-                 if len(track.history.get(key, ())) > 1]
-        return "  ".join(parts)
+        series = [key for key in names if len(track.history.get(key, ())) > 1]
+
+        def line(keys: list[str], bars: int) -> str:
+            return "  ".join(f"{names[key]} {sparkline(list(track.history[key]), bars)}" for key in keys)
+
+        tries = [(series, bars) for bars in SPARK_BARS]
+        kept = list(series)
+        for key in SPARKS_GIVEN_UP:  # (the ones least telling of a rank's health go first)
+            if key in kept and len(kept) > 1:
+                kept.remove(key)
+                tries.append((list(kept), SPARK_BARS[-1]))
+        for keys, bars in tries:
+            text = line(keys, bars)
+            if room is None or cell_len(text) <= room:
+                return text
+        return ""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ranktop.core.engine import FIRST_LOOK_LINES, Engine, OutputCursor
 from ranktop.core.sanitize import clean
@@ -139,14 +139,42 @@ def gpu_text(snap: RankSnapshot) -> str | None:
     return f"gpu{gpu.index} {util} {mem}/{total}"
 
 
+LOG_KEPT = 26  # cells of the zoomed title's log path that its sparklines leave: "…/attempt_0/0/stdout.log"
+SPARKS_LEAST = 12  # cells a zoomed title keeps for its sparklines ("  loss ▅█▁▂▄"), before the labels
+
+
 def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
                narrow: bool = False, position: str | None = None, hits: int | None = None,
-               metric: str | None = None, outlier: bool = False, sparks: str | None = None,
+               metric: str | None = None, outlier: bool = False, sparks: Callable[[int | None], str] | None = None,
                log_path: str | None = None, width: int | None = None) -> Text:
     """One line: rank/local, pid, state, restarts, cpu, rss, GPU, last output age, and where the
     pane is (`position`: 'following' / 'paused at line N'). `narrow` (a pane under ~70 columns)
-    drops the labels so the GPU and the age still fit; `width`, where known, shortens the log's
-    path (zoomed) from its start to fit."""
+    drops the labels so the GPU and the age still fit. Zoomed, `sparks` gives the sparklines in
+    the cells it may take (None: any) and `log_path` ends the line; with `width` known, the
+    sparklines leave the path its last LOG_KEPT cells, the path gives up its start, and where
+    even its file's name would not fit the labels go, so that name stays in view."""
+    facts = (snap, now, world_digits, position, hits, metric, outlier)
+    shown = clean(_short_path(log_path)) if log_path else ""
+    least = f"  log {fit_path(shown, 0)}" if shown else ""  # its file's name, at the least
+    need = cell_len(least) + (SPARKS_LEAST if sparks is not None else 0)
+    for form in ({"narrow": narrow}, {"narrow": True}, {"narrow": True, "tight": True}):
+        title = _rank_facts(*facts, **form)
+        if not width or title.cell_len + need <= width:
+            break
+    if sparks is not None:
+        kept = f"  log {fit_path(shown, LOG_KEPT)}" if shown else ""
+        lines = sparks(width - title.cell_len - cell_len(kept) - 2 if width else None)
+        if lines:
+            title.append(f"  {lines}", style="cyan")
+    if log_path:  # zoomed: where the whole output is (o opens it)
+        _append_path(title, "  log ", log_path, width)
+    return title
+
+
+def _rank_facts(snap: RankSnapshot, now: float, world_digits: int, position: str | None, hits: int | None,
+                metric: str | None, outlier: bool, *, narrow: bool, tight: bool = False) -> Text:
+    """rank_title's line before the zoomed parts: the rank, its state and facts, where its pane is.
+    `tight` (a zoomed title at 80 columns) also leaves out the memory: rss, the GPU's."""
     title = Text(no_wrap=True, overflow="ellipsis")
     title.append(f" {snap.rank:>{world_digits}}", style="bold")
     title.append(f"/{snap.local_rank} ", style="dim")
@@ -165,9 +193,11 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
         title.append(f" ⟳{snap.restarts}", style="bold yellow")
     if snap.cpu_percent is not None:
         title.append(f" {snap.cpu_percent:.0f}%" if narrow else f"  cpu {snap.cpu_percent:.0f}%")
-    if snap.rss is not None:
+    if snap.rss is not None and not tight:
         title.append(f" {human_bytes(snap.rss)}")
     gpu = gpu_text(snap)
+    if gpu and tight:
+        gpu = " ".join(gpu.split()[:2])  # "gpu0 35%"
     if gpu:
         title.append(f" {gpu.replace('gpu', 'g', 1)}" if narrow else f"  {gpu}", style="cyan")
     age = last_output_age(snap, now)
@@ -176,10 +206,6 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
                      style="dim" if age < 5 else "bold yellow")
     if position == "following" and not narrow:
         title.append("  following", style="dim")
-    if sparks:
-        title.append(f"  {sparks}", style="cyan")
-    if log_path:  # zoomed: where the whole output is (o opens it)
-        _append_path(title, "  log ", log_path, width)
     return title
 
 

@@ -7,6 +7,8 @@ once); this module only renders a core.stacks.StackReport and dispatches keys.
 
 from __future__ import annotations
 
+import time
+
 from ranktop.core import commands as cmd
 from ranktop.core import stacks
 from ranktop.core.engine import Engine
@@ -103,6 +105,9 @@ class StacksScreen(Screen):
         self.report: StackReport | None = None
         self.show_threads = False
         self.native_frames = False  # n: py-spy --native, the C/C++ frames under the Python ones
+        # A final view (its engine gone) has no rank to dump: it shows the last dump saved during
+        # the run, so g and n, which would dump again, are not offered.
+        self.redumps = getattr(engine, "redumps", True)
 
     def compose(self) -> ComposeResult:
         yield Static("dumping stacks…", id="stacks-summary")
@@ -125,6 +130,8 @@ class StacksScreen(Screen):
     def key_sections(self, hidden: tuple[str, ...] = ()) -> list[tuple[str, DOMNode, tuple[str, ...]]]:
         """The keys that work in the stack view, for the help: the screen's, then the ones of
         the box that has the focus (tab moves it), each under its own title."""
+        if not self.redumps:  # a final view's: g and n would dump again; t shows the last dump's threads
+            hidden = (*hidden, "dump", "native_frames", *(() if self.report is not None else ("show_threads",)))
         return [("Stack view (d / D)", self, hidden),
                 ("Call tree (tab)", CallTree(Text("")), StackGroups.SIDEWAYS),
                 ("Rank groups", StackGroups(), StackGroups.SIDEWAYS)]
@@ -148,11 +155,18 @@ class StacksScreen(Screen):
 
     def _failed(self, message: str) -> None:
         self.query_one("#stacks-summary", Static).update(Text(clean(message), style="bold red"))
+        if not self.redumps:  # no stacks at all, nor any to come: the one line says why
+            self.query_one("#stacks-body").display = False
+            self.refresh_bindings()
 
     # ----- rendering ----------------------------------------------------------------------------
     def show_report(self, report: StackReport) -> None:
         self.report = report
         summary = Text(report.summary() + (", with C frames" if report.native_frames else ""), style="bold")
+        if not self.redumps:
+            taken = time.strftime("%H:%M:%S", time.localtime(report.taken_at))
+            summary = Text.assemble(("the run has ended: its last dump, taken at ", "bold"), (taken, "bold"),
+                                    (": ", "bold"), summary)
         if report.saved_txt:
             summary.append(f"   saved: {clean(report.saved_txt)}", style="dim")
         elif report.save_error:
@@ -161,6 +175,7 @@ class StacksScreen(Screen):
         self._render_groups()
         self._render_tree(report)
         self._render_problems(report)
+        self.refresh_bindings()  # (a final view offers t once there is a dump to show)
 
     def _render_groups(self) -> None:
         box = self.query_one("#stacks-groups", StackGroups)
@@ -231,10 +246,12 @@ class StacksScreen(Screen):
 
     # ----- keys ---------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "show_threads":  # t: the other view than the one shown
-            return parameters[0] != self.show_threads
+        if action == "show_threads":  # t: the other view than the one shown (a final view: of its last dump)
+            return parameters[0] != self.show_threads and (self.redumps or self.report is not None)
         if action == "native_frames":
-            return parameters[0] != self.native_frames
+            return self.redumps and parameters[0] != self.native_frames
+        if action == "dump":
+            return self.redumps
         return True
 
     def action_native_frames(self, native: bool) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import logging
 import os
 import secrets
 import shlex
@@ -218,6 +219,12 @@ def _tab_aware(server: type) -> type:
 
             app.middlewares.append(guard)
             return app
+
+        def initialize_logging(self) -> None:
+            # textual-serve logs every request (the page's and the websocket's address, the token
+            # in both) and its tracebacks with their locals: a screenful a tab, on a console that
+            # may be shared or recorded. Warnings and errors only, a plain line each.
+            logging.basicConfig(level=logging.WARNING, format="ranktop web: %(name)s: %(message)s", force=True)
 
         async def on_startup(self, app) -> None:  # noqa: ANN001
             pass  # textual-serve's banner names the address without the token; ranktop printed its own
