@@ -23,6 +23,8 @@ With `--rdzv-conf ranks_store=rendezvous` (c10d only) the ranks use the rendezvo
 instead, so that nodes need reach only its port: torch 2.13's ranks put their keys there without a
 prefix, so group rank 0 deletes every key outside the rendezvous's own before it says where the
 ranks meet. That is safe because a round forms only once each of its nodes has ended its ranks.
+torch's static backend has no rounds (one store for the job): ranktop's later starts of the group
+meet first, each under a prefix of that store of its own (see `Rendezvous._static_start`).
 torchrun nodes can join a ranktop job and the other way round: group rank 0 writes torch's own
 MASTER_* keys every round, and uses torch's shared store, as torchrun does, in a round where a
 node did not mark itself as ranktop (a torchrun node's ranks can only reach that store).
