@@ -23,6 +23,8 @@ With `--rdzv-conf ranks_store=rendezvous` (c10d only) the ranks use the rendezvo
 instead, so that nodes need reach only its port: torch 2.13's ranks put their keys there without a
 prefix, so group rank 0 deletes every key outside the rendezvous's own before it says where the
 ranks meet. That is safe because a round forms only once each of its nodes has ended its ranks.
+torch's static backend has no rounds (one store for the job): ranktop's later starts of the group
+meet first, each under a prefix of that store of its own (see `Rendezvous._static_start`).
 torchrun nodes can join a ranktop job and the other way round: group rank 0 writes torch's own
 MASTER_* keys every round, and uses torch's shared store, as torchrun does, in a round where a
 node did not mark itself as ranktop (a torchrun node's ranks can only reach that store).
@@ -62,6 +64,9 @@ _GROUP_END = "ranktop/group_end"
 _GAVE_UP = "ranktop/gave_up"
 _GAVE_UP_HEARD = "ranktop/gave_up_heard"
 _BARRIER_LEFT = "ranktop/exit_barrier_left"  # ranktop nodes past the exit barrier (or done waiting at it)
+# The static backend has no rounds: one store for the whole job. ranktop's k-th start of the group
+# (k > 0) meets there, at `ranktop/start/<k>/`, and keeps that start's keys under that prefix.
+_START = "ranktop/start/"
 # ranktop's own --rdzv-conf key (torch never sees it): where the ranks meet. "fresh": a new store on
 # group rank 0 for each start of the group; "rendezvous": the rendezvous's own (c10d), no other port.
 RANKS_STORE_CONF = "ranks_store"
@@ -409,6 +414,8 @@ class Rendezvous:
         self.store: Any = None  # the current round's store
         self.placement: Placement | None = None
         self._rounds = 0
+        self._job_store: Any = None  # static backend: the one store of the job
+        self._every_node_ranktop = False  # static backend: seen in a later start's store check
         self._ranks_store: Any = None  # served here while this node is group rank 0
         # --rdzv-conf ranks_store=rendezvous: as group rank 0, send the ranks to the rendezvous's store
         self.on_rendezvous_store = bool(getattr(handler, _ONE_STORE_ATTR, False))
@@ -482,6 +489,8 @@ class Rendezvous:
             info = self.handler.next_rendezvous()
             self._rounds += 1
             store, group_rank, nodes, number = info.store, info.rank, info.world_size, self._round_number()
+            if self.handler.get_backend() == "static":
+                store = self._static_start(store, number, nodes)
             use_agent_store = bool(self.handler.use_agent_store)
             bootstrap = (info.bootstrap_store_info.master_addr, int(info.bootstrap_store_info.master_port))
             self._ranks_store = None  # the previous group's store goes before the new one comes
@@ -528,7 +537,51 @@ class Rendezvous:
                 published = [addr, self._ranks_store.port]
         store.set(f"{_RANKS_STORE}{number}", json.dumps(published))
 
+    def _static_start(self, job_store: Any, start: int, nodes: int) -> Any:
+        """The static backend's store for this node's `start`-th start of the group. It has no
+        rounds: a node restarting alone read the first start's ranks and master again, and its
+        ranks waited for peers that were not coming. So each later start meets first: every node's
+        k-th start waits for every node's k-th (a node whose ranks run sees one waiting, in
+        `nodes_waiting`, and restarts too), and keeps its keys under a prefix of its own. The first
+        start stays on torch's keys, which a torchrun node in the job reads and writes."""
+        self._job_store = job_store
+        if start == 0:
+            return job_store
+        if not self._marked_ranktop(job_store, nodes):
+            raise RendezvousFailed(f"the {self.describe()} cannot start the group again: a node of it is "
+                                   "torchrun's, whose static rendezvous has no rounds to meet in (its "
+                                   "restarted ranks would read the first start's keys); this node stops")
+        arrived = f"{_START}{start}/arrived"
+        job_store.add(arrived, 1)
+        deadline = time.monotonic() + self.handler.timeout.total_seconds()
+        while job_store.add(arrived, 0) < nodes:
+            said = self.peer_gave_up()  # in the start this node left: a node out of restarts says so there
+            if said:
+                raise RendezvousFailed(f"the {self.describe()} is closed ({said}); this node stops")
+            if time.monotonic() > deadline:
+                raise RendezvousFailed(f"the {self.describe()} timed out: not every node came to start "
+                                       f"{start} of the group within {self.handler.timeout.total_seconds():g} s")
+            time.sleep(_POLL)
+        import torch.distributed as dist
+
+        return dist.PrefixStore(f"{_START}{start}/", job_store)
+
+    def _marked_ranktop(self, job_store: Any, nodes: int) -> bool:
+        """Whether every node marked itself ranktop in the first start (each does so as it joins,
+        before its ranks start; a moment's grace for one whose peer failed at once)."""
+        marks = [f"{_RANKTOP_NODE}{g}" for g in range(nodes)]
+        deadline = time.monotonic() + GAVE_UP_LINGER
+        while not self._every_node_ranktop:
+            self._every_node_ranktop = bool(job_store.check(marks))
+            if time.monotonic() > deadline:
+                break
+            if not self._every_node_ranktop:
+                time.sleep(_POLL)
+        return self._every_node_ranktop
+
     def _failure_message(self, exc: Exception) -> str:
+        if isinstance(exc, RendezvousFailed):
+            return str(exc)
         name = type(exc).__name__
         if name == "RendezvousClosedError":
             peer = self.peer_gave_up()
@@ -543,6 +596,9 @@ class Rendezvous:
         return f"the {self.describe()} failed: {name}: {_one_line(exc)}"
 
     def nodes_waiting(self) -> int:
+        """Nodes waiting for the next round; under the static backend, at this node's next start."""
+        if self._job_store is not None:
+            return int(self._job_store.add(f"{_START}{self._rounds}/arrived", 0))
         return self.handler.num_nodes_waiting()
 
     def agree_on_end(self, seen: str) -> str:

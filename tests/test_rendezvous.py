@@ -195,6 +195,67 @@ def test_two_nodes_through_torchs_static_rendezvous(tmp_path, torch_installed):
     assert [(p["GROUP_RANK"], p["RANK"], p["WORLD_SIZE"]) for p in placed] == [("1", "1", "2"), ("0", "0", "2")]
 
 
+STATIC_LINE = ("--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--max-restarts", "1")
+
+
+def _static_nodes(tmp_path: Path, launchers: list[list[str]], *rank_args: str) -> list[subprocess.Popen]:
+    """Two nodes on torchrun's static line (no --rdzv-backend), node ranks 0 and 1, one launcher each."""
+    port = str(free_port())
+    env = {**os.environ, "LOGLEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
+    return [subprocess.Popen([*launcher, *STATIC_LINE, "--master-port", port, "--node-rank", str(r), RANK, *rank_args],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for r, launcher in enumerate(launchers)]
+
+
+def _ranktop_node(tmp_path: Path, name: str) -> list[str]:
+    return ranktop_cmd("--headless", "--log-dir", str(tmp_path / name), "--shutdown-timeout", "2",
+                       "--monitor-interval", "0.2")
+
+
+@pytest.mark.parametrize("mode", ["allreduce-fail-first", "allreduce-busy-fail-first"], ids=["idle", "in-collective"])
+def test_a_static_job_restarts_on_every_node_when_one_nodes_rank_fails(tmp_path, torch_installed, mode):
+    """torch's static rendezvous has no rounds: node 1 restarting alone read the first start's ranks
+    and master again and its ranks waited for ever, while node 0's idle ranks never noticed. Each
+    later start now meets first, and a node whose peer waits there restarts its group too."""
+    nodes = _static_nodes(tmp_path, [_ranktop_node(tmp_path, "node0"), _ranktop_node(tmp_path, "node1")], mode, "1")
+    results = []
+    try:
+        results = [(node.wait(TIMEOUT), *node.communicate()) for node in nodes]
+    finally:
+        for node in nodes:
+            stop_process(node)
+    for status, out, err in results:
+        assert status == 0, err[-3000:]
+        assert out.count("SUM 1 world 2") == 2, out  # both starts' all_reduce, over both nodes
+        assert [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)] == ["0", "1"], out
+    for node in ("node0", "node1"):
+        restarts = [(e["reason"], e["attempt"]) for e in events(tmp_path / node) if e["event"] == "group_restart"]
+        assert restarts == [("failure", 1)]
+        masters = [e["master"] for e in events(tmp_path / node) if e["event"] == "rendezvous_joined"]
+        assert len(set(masters)) == 2  # a fresh store for each start, not the static port
+    # node 0: its idle rank stopped for node 1's failure; in a collective, the rank may fail first
+    said = [ln for ln in results[0][2].splitlines() if "restarting the group" in ln]
+    assert len(said) == 1 and said[0].endswith("; restarting the group: attempt_1 (1 of 1 restarts spent)"), said
+    if mode == "allreduce-fail-first":
+        assert said[0].startswith("ranktop: another node of the static rendezvous 'none' failed;"), said
+    assert "ranktop: rank 1 failed (exit 3); restarting the group: attempt_1 (1 of 1 restarts spent)" in results[1][2]
+
+
+def test_a_static_job_with_a_torchrun_node_ends_a_restart_in_one_line(tmp_path, torch_installed):
+    """torchrun's static rendezvous has no rounds for a later start to meet in: the ranktop node
+    says so and ends, exit 1, rather than waiting for ranks that are not coming."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--monitor-interval", "0.2"]
+    nodes = _static_nodes(tmp_path, [torchrun, _ranktop_node(tmp_path, "node1")], "allreduce-fail-first", "1")
+    try:
+        status, _out, err = nodes[1].wait(TIMEOUT), *nodes[1].communicate()
+    finally:
+        for node in nodes:  # the torchrun node's rank waits for ever, as without ranktop
+            stop_process(node)
+    assert status == 1, err[-3000:]
+    assert ("ranktop: error: the static rendezvous 'none' cannot start the group again: a node of it is "
+            "torchrun's, whose static rendezvous has no rounds to meet in") in err, err[-3000:]
+
+
 def _two_nodes_all_reduced(job: Job) -> list[str]:
     """Two nodes waiting for a world of three, started; their stdout up to the line that says their
     two-node group all-reduced (kept: a newcomer joining earlier would restart the group before it

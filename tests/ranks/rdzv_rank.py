@@ -6,6 +6,8 @@
                     stopped breaks the collective); with N ranks, one all_reduce
     fail-first R    global rank R exits 3 in attempt 0; the others wait until stopped in attempt 0
     allreduce-fail-first R  allreduce, then as fail-first (every attempt all-reduces, in a group of its own)
+    allreduce-busy-fail-first R  as allreduce-fail-first, but in attempt 0 the others all_reduce over and
+                    over (in a collective when R fails) until the collective breaks or they are stopped
     fail R          global rank R exits 3; the others wait until stopped
     until-file P    waits until file P exists, then exits 0
     fail-on-file R P  global rank R waits until file P exists, then exits 3; the others exit 0
@@ -31,7 +33,7 @@ def wait_until_stopped() -> None:
         time.sleep(60)
 
 
-def allreduce(until_stopped: bool = False) -> None:
+def allreduce(until_stopped: bool = False, fails: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
@@ -39,6 +41,8 @@ def allreduce(until_stopped: bool = False) -> None:
     t = torch.tensor([float(rank)])
     dist.all_reduce(t)
     print(f"SUM {t.item():g} world {dist.get_world_size()}", flush=True)
+    if fails:
+        sys.exit(3)
     while until_stopped:
         dist.all_reduce(torch.tensor([1.0]))
         time.sleep(0.05)
@@ -49,6 +53,8 @@ if mode == "allreduce":
     allreduce()
 elif mode == "wait-world":
     allreduce(until_stopped=world < arg)
+elif mode == "allreduce-busy-fail-first":
+    allreduce(until_stopped=attempt == 0, fails=rank == arg and attempt == 0)
 elif mode == "allreduce-fail-first":
     allreduce()
     if rank == arg and attempt == 0:
