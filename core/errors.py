@@ -200,7 +200,7 @@ class ErrorHandler:
 
         target = os.path.abspath(target)
         held = open_chosen_dir(os.path.dirname(target), f"directory of ${ERROR_FILE_ENV}", make=False,
-                               advice="give ranktop one in a directory of your own")
+                               advice="give ranktop one in a directory of your own", room_below=0)
         try:
             _replace_file(target, json.dumps(data), held.fd)
         finally:

@@ -245,7 +245,7 @@ class RunDir(Dir):
         (`open_chosen_dir`), nothing made; it must be as ranktop makes one: ours and private
         (anyone else's, or one others may write, gets no dump of ours). UsageError says why not."""
         held = open_chosen_dir(path, "run directory", make=False, shared_ok=False,
-                               advice="the dump is shown, not saved")
+                               advice="the dump is shown, not saved", room_below=0)
         return cls(held.path, held.fd)
 
     def attempt(self, attempt: int, start: int = 0) -> Dir:
@@ -390,14 +390,23 @@ class LogDirNotADirectory(UsageError, NotADirectoryError):
     """A chosen directory that is not one: torch raises NotADirectoryError, ranktop a UsageError."""
 
 
-def open_chosen_dir(path: str, what: str, *, make: bool, shared_ok: bool = True, advice: str | None = None) -> Dir:
+PATH_MAX = 4096  # bytes of a path the kernel takes, its NUL included
+ROOM_BELOW = 512  # a run's own names below a chosen directory: <run id>.N/attempt_K.N/<rank>/filtered_stderr.log...
+
+
+def open_chosen_dir(path: str, what: str, *, make: bool, shared_ok: bool = True, advice: str | None = None,
+                    room_below: int = ROOM_BELOW) -> Dir:
     """The directory at `path`, which someone chose (a --log-dir, an API's log_dir, a run
     directory to save a dump in), walked to from `/` and held (`_walk`); what is missing made
     (0700 each) with `make`, else refused. It must be ours or root's and writable by no one else,
     unless sticky (`shared_ok`; else ours and private). UsageError `bad <what> <path>: why`, one
-    line, ending in `advice` (default: pick a directory of your own)."""
+    line, ending in `advice` (default: pick a directory of your own). `room_below`: bytes of path
+    the caller's files need below it (a run's, under a log dir); 0 where it only writes files
+    through the held directory (a dump in a run directory, a scheduler's error file), whose
+    paths no process opens whole."""
     path = os.path.abspath(path)
-    _check_room_below(path, what)
+    if room_below:
+        _check_room_below(path, what, room_below)
     try:
         fd = _walk(path, make)
     except _Refused as exc:
@@ -419,14 +428,10 @@ def open_chosen_dir(path: str, what: str, *, make: bool, shared_ok: bool = True,
     return Dir(path, fd)
 
 
-PATH_MAX = 4096  # bytes of a path the kernel takes, its NUL included
-ROOM_BELOW = 512  # a run's own names below a chosen directory: <run id>.N/attempt_K.N/<rank>/filtered_stderr.log...
-
-
-def _check_room_below(path: str, what: str) -> None:
+def _check_room_below(path: str, what: str, room: int) -> None:
     """A chosen directory must leave room below it for the run's paths: one past PATH_MAX is a
     path no process can open (the ranks' TORCHELASTIC_ERROR_FILE, `ranktop logs RUN_DIR`)."""
-    size, most = len(os.fsencode(path)), PATH_MAX - 1 - ROOM_BELOW
+    size, most = len(os.fsencode(path)), PATH_MAX - 1 - room
     if size > most:
         raise UsageError(f"bad {what} {path[:80]}...: its path is {size} bytes long, and at most {most} leave "
                          f"room for a run's files below it within the {PATH_MAX - 1} bytes of a path; "

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -15,7 +16,7 @@ import threading
 import time
 
 import pytest
-from conftest import NOBODY, mode_of, read_events, run_ranktop, wait_for
+from conftest import NOBODY, ROOT, mode_of, ranktop_cmd, read_events, run_ranktop, stop_process, wait_for
 from ranktop.core import Std, start_processes
 from ranktop.core.agent import LocalAgent
 from ranktop.core.errors import UsageError
@@ -183,6 +184,51 @@ def test_a_log_dir_too_long_for_its_runs_paths_is_one_line_and_nothing_is_made(t
     fits = os.path.join(tmp_path, *["d" * 200] * 16)
     res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", fits, "--run-id", "r", str(script))
     assert res.returncode == 0 and "hello" in res.stdout, res
+
+
+def test_a_run_directory_under_the_longest_log_dir_taken_still_gets_its_stack_dump_saved(tmp_path):
+    """The log dir's room check (PATH_MAX less 512 bytes for a run's paths) was also put on a run
+    directory named to `ranktop stacks`, which needs room for stacks/<time>.json only: a run made
+    under a log dir that passed, with a long run id, got its dump shown but not saved, with
+    `pick a shorter one`, a directory ranktop itself had just made."""
+    log_dir = os.path.join(tmp_path, *["d" * 200] * 17)
+    run_id = "r" * 150
+    run_dir = os.path.join(log_dir, run_id)
+    assert len(os.fsencode(log_dir)) <= 3583 < len(os.fsencode(run_dir))
+    script = tmp_path / "rank.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(3600)\n")
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(rt)}
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "1", "--shutdown-timeout", "3", "--run-id",
+                                        run_id, "--log-dir", log_dir, str(script)),
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert "up" in proc.stdout.readline()
+        files = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}  # not served there: found from the files
+        out = run_ranktop("stacks", "--signal", run_dir, env=files, timeout=30)
+        assert (out.returncode, out.stderr) == (0, ""), out
+        assert [n for n in os.listdir(os.path.join(run_dir, "stacks")) if n.endswith(".json")]
+    finally:
+        stop_process(proc)
+
+
+def test_the_schedulers_error_file_in_a_long_directory_is_copied(tmp_path):
+    """The same check refused the directory of $TORCHELASTIC_ERROR_FILE, where ranktop writes one
+    file (reached through held directories: PATH_MAX does not bound it), with `leave room for a
+    run's files below it`: the scheduler's copy was not made."""
+    script = tmp_path / "rank.py"
+    script.write_text("from ranktop.core.errors import record\n"
+                      "record(lambda: 1 / 0)()\n")
+    theirs = os.path.join(tmp_path, *["s" * 200] * 18)
+    os.makedirs(theirs, mode=0o700)
+    assert len(os.fsencode(theirs)) > 3583
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": os.path.join(theirs, "e.json")}
+    res = run_ranktop("--headless", "--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"), "--run-id", "r",
+                      str(script), env=env)
+    assert res.returncode == 1 and "not copied" not in res.stderr, res.stderr
+    with open(os.path.join(theirs, "e.json")) as copy:
+        assert "ZeroDivisionError" in copy.read()
 
 
 def test_a_log_dir_through_a_group_writable_directory_is_refused_and_own_links_are_followed(tmp_path):
