@@ -571,7 +571,7 @@ class LocalAgent:
         if cause is None or not cause.error_file or not os.environ.get("TORCHELASTIC_ERROR_FILE"):
             return
         try:
-            get_error_handler().dump_error_file(cause.error_file, error_code=cause.exitcode)
+            get_error_handler().copy_error_file(cause.error_file, error_code=cause.exitcode)
         except (OSError, ValueError) as exc:  # BadErrorFile (it changed since it was read), UsageError
             why = getattr(exc, "strerror", None) or str(exc)
             self.events.write("error_file_copy_failed", error=why)

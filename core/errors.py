@@ -18,6 +18,7 @@ import signal
 import stat
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
 from typing import Any, TypeVar
@@ -180,7 +181,16 @@ class ErrorHandler:
     def dump_error_file(self, rootcause_error_file: str, error_code: int = 0) -> None:
         """Copy the root cause's error file to ours ($TORCHELASTIC_ERROR_FILE), as torchrun does
         for a scheduler that watches the launcher's error file: every key is kept, and a nonzero
-        `error_code` goes into `message.errorCode`.
+        `error_code` goes into `message.errorCode`. As torch's, a missing or bad rank file raises
+        (`copy_error_file`), and a copy that cannot be written is a warning: `record` then raises
+        the rank's failure, not the copy's."""
+        try:
+            self.copy_error_file(rootcause_error_file, error_code)
+        except _CopyNotWritten as exc:
+            warnings.warn(f"Unable to write error to file. {exc.why}", stacklevel=2)
+
+    def copy_error_file(self, rootcause_error_file: str, error_code: int = 0) -> None:
+        """dump_error_file, raising on every failure (the agent says it in one line).
 
         The rank's file is read as input the rank controls (no symlink, a regular file, at most
         1 MB, JSON); a missing one raises FileNotFoundError, a bad one BadErrorFile (also json's
@@ -199,12 +209,24 @@ class ErrorHandler:
         from ranktop.core.layout import open_chosen_dir  # (layout imports this module)
 
         target = os.path.abspath(target)
-        held = open_chosen_dir(os.path.dirname(target), f"directory of ${ERROR_FILE_ENV}", make=False,
-                               advice="give ranktop one in a directory of your own", room_below=0)
         try:
-            _replace_file(target, json.dumps(data), held.fd)
-        finally:
-            held.close()
+            held = open_chosen_dir(os.path.dirname(target), f"directory of ${ERROR_FILE_ENV}", make=False,
+                                   advice="give ranktop one in a directory of your own", room_below=0)
+            try:
+                _replace_file(target, json.dumps(data), held.fd)
+            finally:
+                held.close()
+        except (OSError, UsageError) as exc:
+            raise _CopyNotWritten(exc) from exc
+
+
+class _CopyNotWritten(UsageError):
+    """The launcher's copy of the root cause's error file could not be written (`why` says so)."""
+
+    def __init__(self, cause: OSError | UsageError) -> None:
+        self.why = f"{type(cause).__name__}: {cause}"
+        self.strerror = getattr(cause, "strerror", None) or str(cause)
+        super().__init__(self.strerror)
 
 
 def _replace_file(path: str | os.PathLike, text: str, dir_fd: int | None = None) -> None:
