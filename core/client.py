@@ -459,7 +459,7 @@ class RemoteEngine:
         try:
             view = FinalEngine(final)
         except BadFinalFile:
-            self.last = dataclasses.replace(self.last, ended=True, error=f"lost the run's engine before its end ({why})")
+            self.last = self.last.engine_lost(why)
             return
         self.last = view.snapshot()
         view.close()
