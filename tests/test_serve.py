@@ -1109,6 +1109,9 @@ def test_a_final_view_with_bad_fields_shows_the_rest(tmp_path, runtime, edits, s
     ({"ranks__1__state": "zombie"},
      'ranks[1].state is "zombie", expected one of starting, running, stalled, stopping, exited, failed, killed, '
      'unreapable'),
+    ({"ranks__1__state": "unknown"},  # (what only a client says, of a run whose engine it lost)
+     'ranks[1].state is "unknown", expected one of starting, running, stalled, stopping, exited, failed, killed, '
+     'unreapable'),
     ({"world_size": "two"}, 'world_size is "two", expected a whole number'),
     ({"root_cause__exitcode": 3.5}, "root_cause.exitcode is 3.5, expected a whole number"),
     ({"ranks__0__local_rank": 1}, "ranks[0].local_rank is 1, expected 0"),
