@@ -28,7 +28,7 @@ from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean
 from ranktop.core.server import SocketDirError, peer_credentials, remove_if_dead, socket_dir, to_json
-from ranktop.core.state import GroupSnapshot, RankSnapshot
+from ranktop.core.state import GroupSnapshot, RankSnapshot, RankState
 
 CONNECT_TIMEOUT = 3.0
 READ_ONLY = "read-only view: nothing was done (ranktop web --control, or ranktop attach, can act on ranks)"
@@ -459,7 +459,7 @@ class RemoteEngine:
         try:
             view = FinalEngine(final)
         except BadFinalFile:
-            self.last = dataclasses.replace(self.last, ended=True, error=f"lost the run's engine before its end ({why})")
+            self.last = self.last.engine_lost(why)
             return
         self.last = view.snapshot()
         view.close()
@@ -735,8 +735,9 @@ def checked_from_json(kind: Any, data: Any, where: str = "") -> Any:
             raise _not(where, data, "a list")
         return [checked_from_json(args[0], item, f"{where}[{i}]") for i, item in enumerate(data)]
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        if not isinstance(data, str) or data not in {m.value for m in kind}:
-            raise _not(where, data, "one of " + ", ".join(m.value for m in kind))
+        values = [m.value for m in kind if m not in _VIEWS_OWN]
+        if not isinstance(data, str) or data not in values:
+            raise _not(where, data, "one of " + ", ".join(values))
         return kind(data)
     if dataclasses.is_dataclass(kind):
         return _final_dataclass(kind, data, where)
@@ -745,6 +746,8 @@ def checked_from_json(kind: Any, data: Any, where: str = "") -> Any:
     raise _not(where, data, _EXPECTED.get(kind, str(kind)))
 
 
+# States only a client's view says (of a run whose engine it lost): no engine or final.json can.
+_VIEWS_OWN = frozenset({RankState.UNKNOWN})
 _EXPECTED = {bool: "true or false", str: "text", int: "a whole number",
              float: f"a number from 0 to {MAX_FLOAT:g}"}
 

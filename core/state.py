@@ -7,7 +7,9 @@ over a local socket for detach/attach.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import time
 from dataclasses import dataclass
 
 
@@ -22,6 +24,10 @@ class RankState(str, enum.Enum):
     # SIGKILLed, yet not gone long after: stuck in the kernel (uninterruptible sleep, "D" state,
     # e.g. a hung NCCL or NFS call). ranktop stopped waiting and left it to the orphan guard.
     UNREAPABLE = "unreapable"
+    # Alive when a client (ranktop attach, ranktop web) last saw it, then the run's engine was lost
+    # before the run's end: whether it still runs, the client cannot tell. Its pid, samples and
+    # output are as last seen. No engine says it; only such a client's view of the run.
+    UNKNOWN = "unknown"
 
     @property
     def alive(self) -> bool:
@@ -147,6 +153,21 @@ class GroupSnapshot:
     # The Python the ranks run when it is not ranktop's own (PYTHON_EXEC, or the active virtualenv
     # or conda env when ranktop runs from an install of its own): said where it could surprise.
     interpreter: str | None = None
+
+    @property
+    def end_unknown(self) -> bool:
+        """Ended with no final state: a client lost the run's engine before the run's end."""
+        return self.ended and not self.state.finished
+
+    def engine_lost(self, why: str) -> GroupSnapshot:
+        """This picture, a client's last of the run, once its engine has gone before the run's end:
+        ended, the end unknown, stopped at the time it was taken; the ranks alive in it are of
+        unknown state now (pid, samples and output as last seen), and nothing waits on them."""
+        ranks = tuple(dataclasses.replace(r, state=RankState.UNKNOWN, paused=False, input_prompt=None,
+                                          stall_seconds=None, kill_at=None) if r.state.alive else r
+                      for r in self.ranks)
+        return dataclasses.replace(self, ended=True, ranks=ranks, waiting=None, ended_at=self.taken_at or time.time(),
+                                   error=f"lost the run's engine before its end ({why})")
 
     @property
     def paused(self) -> tuple[int, ...]:

@@ -262,6 +262,22 @@ async def test_ranktops_own_line_is_drawn_where_no_rank_line_reaches():
 
 
 @sync
+async def test_a_line_marked_ranktops_own_is_drawn_cleaned_and_as_wide_as_the_pane():
+    """The band drew a line marked ranktop's own as its bytes were: an engine's answer marks its
+    lines by number (`"own"`), so its escape sequences reached the terminal, and a wide character
+    made the band's text part wider than the pane."""
+    ring = LineRing()
+    async with shown(ring) as (view, pilot):
+        ring.add_own_line("──── 界界 \x1b]52;c;Zm9v\x07\x1b[2J restart ────")
+        view.poll()
+        strip = view.render_line(0)
+        text = "".join(seg.text for seg in strip)
+        assert "\x1b" not in text and "\x07" not in text
+        assert strip.cell_length == view.size.width and cell_len(text) == view.size.width
+        assert text.startswith("──── 界界 ")
+
+
+@sync
 async def test_ansi_colours_are_kept_and_invalid_utf8_is_replaced():
     ring = LineRing()
     ring.feed(STDOUT, b"\x1b[31mred\x1b[0m plain \x1b[1;32mgreen\x1b[0m\n")

@@ -1109,6 +1109,9 @@ def test_a_final_view_with_bad_fields_shows_the_rest(tmp_path, runtime, edits, s
     ({"ranks__1__state": "zombie"},
      'ranks[1].state is "zombie", expected one of starting, running, stalled, stopping, exited, failed, killed, '
      'unreapable'),
+    ({"ranks__1__state": "unknown"},  # (what only a client says, of a run whose engine it lost)
+     'ranks[1].state is "unknown", expected one of starting, running, stalled, stopping, exited, failed, killed, '
+     'unreapable'),
     ({"world_size": "two"}, 'world_size is "two", expected a whole number'),
     ({"root_cause__exitcode": 3.5}, "root_cause.exitcode is 3.5, expected a whole number"),
     ({"ranks__0__local_rank": 1}, "ranks[0].local_rank is 1, expected 0"),
@@ -1871,16 +1874,26 @@ def test_attach_takes_the_tuis_metric_and_exit_on_end(tmp_path, runtime):
 
 def test_attach_whose_engine_is_killed_under_it_exits_1(tmp_path, runtime):
     """The end is unknown when the engine went away before it (SIGKILLed): attach said so and
-    exited 0, as if the person had simply left."""
+    exited 0, as if the person had simply left. Its header and titles went on saying `running`,
+    `2/2 alive`, the clock ticking, under the END UNKNOWN panel: they say `unknown` and what was
+    last seen."""
     proc = start_headless(tmp_path, runtime, "lost")
     term = None
     try:
         wait_for(lambda: ls(runtime), what="the run listed")
-        term = ranktop_in_tmux(runtime, "attach lost", "; echo STATUS $?; sleep 30", width=120, height=30)
-        term.wait_screen("hello from 1", "hello from 0")
+        term = ranktop_in_tmux(runtime, "attach lost", "; echo STATUS $?; sleep 30", width=160, height=30)
+        term.wait_screen("hello from 1", "hello from 0", "2/2 alive")
+        pids = [r.pid for r in psutil.Process(proc.pid).children() if "ticker.py" in " ".join(r.cmdline())]
         proc.kill()  # the engine; its guard then ends the ranks
         proc.wait(30)
-        term.wait_screen("END UNKNOWN")
+        screen = term.wait_screen("END UNKNOWN", "engine lost: 2/2 alive when last seen")
+        assert " running " not in screen and not re.search("alive(?! when last seen)", screen)
+        assert "hello from 0" in screen  # (the output as last seen stays)
+        titles = re.findall(r" (\w+) +last seen: pid (\d+)", screen)  # (the panes side by side)
+        assert sorted(titles) == sorted(("unknown", str(pid)) for pid in pids), screen
+        clock = re.search(r"node 0/1  (\d+:\d\d:\d\d)", screen)[1]
+        time.sleep(1.5)  # (the clock stopped where the engine was last seen: it does not go on)
+        assert re.search(r"node 0/1  (\d+:\d\d:\d\d)", term.screen())[1] == clock
         term.press("q")
         screen = term.wait_screen("STATUS 1")
         assert "lost the run's engine before its end" in screen.replace("\n", "")

@@ -33,6 +33,7 @@ from ranktop.tui.panes import (
     RankList,
     fit_path,
     header_text,
+    list_order,
     rank_title,
     state_label,
     state_style,
@@ -250,6 +251,28 @@ def test_no_color_drops_colours_but_keeps_reverse(monkeypatch):
     stalled = _snap(RankState.STALLED, stall_seconds=12.0)
     assert state_label(stalled) == "stalled 12s" and state_style(stalled) == "bold reverse"
     assert state_style(_snap(RankState.KILLED, exitcode=-15, signal_name="SIGTERM")) == "italic"
+
+
+def test_a_view_that_lost_its_engine_says_unknown_and_what_it_last_saw():
+    """The picture an attached view keeps once its engine has gone before the run's end said
+    `running`, `2/2 alive` and `3s ago` (its clock on): the ranks alive in it are `unknown` with
+    the pid last seen, the header says the engine was lost, and the elapsed time stops."""
+    engine = FakeEngine(2)
+    engine.set_rank(0, last_output_at=time.time(), paused=True, kill_at=time.time() + 5)
+    engine.set_rank(1, state=RankState.FAILED, exitcode=1)
+    seen = engine.snapshot()
+    lost = seen.engine_lost("Connection refused")
+    assert lost.end_unknown and not seen.end_unknown and lost.ended_at == seen.taken_at
+    later = seen.taken_at + 100
+    head = header_text(lost, later).plain
+    assert " unknown " in head and "engine lost: 1/2 alive when last seen" in head, head
+    assert "running" not in head and "0:00:00" in head and "SIGKILL" not in head
+    title = rank_title(lost.ranks[0], later).plain
+    assert " unknown " in title and "last seen: pid 1000" in title and "ago" not in title, title
+    assert " seen 1000" in rank_title(lost.ranks[0], later, narrow=True).plain
+    assert state_label(lost.ranks[1]) == "exit 1" and "pid 1001" in rank_title(lost.ranks[1], later).plain
+    assert [r.rank for r in list_order(lost.ranks, "state", "all", later)] == [1, 0]
+    assert list_order(lost.ranks, "rank", "running", later) == []
 
 
 def test_state_words_and_looks_without_colour():

@@ -12,7 +12,7 @@ from ranktop.core.engine import Engine, OutputCursor
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, RankSnapshot
 from ranktop.tui.metric import RankTrack, Tracker, sparkline
-from ranktop.tui.panes import human_bytes, human_duration, state_label
+from ranktop.tui.panes import human_bytes, human_duration, pid_text, state_label
 from ranktop.tui.screens import MODAL_HELP
 from rich.text import Text
 from textual.app import ComposeResult
@@ -53,7 +53,7 @@ def details_text(rank: RankSnapshot, group: GroupSnapshot, track: RankTrack | No
     """The view's text for `rank`: identity lines, log paths, then one line per history."""
     text = Text()
     text.append(f"rank {rank.rank}", style="bold")
-    text.append(f"  local {rank.local_rank}  pid {rank.pid or '-'}  ")
+    text.append(f"  local {rank.local_rank} {pid_text(rank)}  ")
     text.append(state_label(rank), style="bold reverse")
     text.append(f"\nrestarts {rank.restarts}  attempt_{group.attempt} (of {group.max_restarts + 1})")
     if rank.started_at:

@@ -503,9 +503,11 @@ class LogView(ScrollView, can_focus=True):
         selection passes over it (a copy leaves it out)."""
         if self._own_style is None:
             self._own_style = self.get_component_rich_style("logview--ranktop")
-        band = set_cell_size(raw.decode("utf-8", "replace") + " " + "─" * (width + _BAR), width + _BAR)
-        text = Strip([Segment(band[:width], self._own_style)], width).apply_offsets(scroll_x, row)
-        return Strip([*text, Segment(band[width:], self._own_style)], width + _BAR)
+        # Cleaned: a client takes which lines are ranktop's from the engine's answer ("own").
+        words = clean(raw[:_MAX_BYTES].decode("utf-8", "replace")[:MAX_CHARS])
+        band = set_cell_size(words + " " + "─" * (width + _BAR), width + _BAR)
+        text, bar = Segment(band, self._own_style).split_cells(width)  # (by cells: a wide character)
+        return Strip([*Strip([text], width).apply_offsets(scroll_x, row), bar], width + _BAR)
 
     # ----- selection (mouse, or V in the screen), copied through OSC 52 ----------------------------
     def _selected(self, text: Strip, selection: Selection, row: int, scroll_x: int, width: int) -> Strip:

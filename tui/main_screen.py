@@ -726,8 +726,9 @@ class MainScreen(Screen):
         self.last = snap
         now = snap.taken_at or time.time()
         # Every other tick repaints every pane; a change of the group's state (its end, say)
-        # shows everywhere at once.
-        every_pane = self._reads % UNFOCUSED_EVERY == 0 or snap.state != self._header_state
+        # shows everywhere at once, and so does an end with none (the engine lost: "unknown").
+        every_pane = (self._reads % UNFOCUSED_EVERY == 0 or snap.state != self._header_state
+                      or snap.ended != self.ended)
         if every_pane:
             self.query_one(GroupHeader).show_group(snap, now)
             self._header_state = snap.state

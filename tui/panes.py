@@ -41,6 +41,7 @@ STATE_STYLE = {
     RankState.FAILED: "bold reverse red",
     RankState.KILLED: "italic yellow",
     RankState.UNREAPABLE: "bold reverse magenta",
+    RankState.UNKNOWN: "reverse yellow",  # (as the end panel's END UNKNOWN: the engine was lost)
 }
 PAUSED_STYLE = "bold reverse yellow"
 INPUT_STYLE = "bold reverse cyan"  # waiting at a prompt (pdb): `i` types into it
@@ -129,6 +130,15 @@ def last_output_age(snap: RankSnapshot, now: float) -> float | None:
     return now - snap.last_output_at
 
 
+def pid_text(snap: RankSnapshot, *, narrow: bool = False) -> str:
+    """' pid 1234' (narrow: ' 1234'); of a rank whose state the view lost with the engine, marked
+    as the pid it had when last seen: ' last seen: pid 1234' (narrow: ' seen 1234')."""
+    pid = f" {snap.pid}" if snap.pid else " -"
+    if snap.state == RankState.UNKNOWN:
+        return (" seen" if narrow else " last seen: pid") + pid
+    return ("" if narrow else " pid") + pid
+
+
 def gpu_text(snap: RankSnapshot) -> str | None:
     gpu = snap.gpu
     if gpu is None or gpu.index is None:
@@ -188,7 +198,7 @@ def _rank_facts(snap: RankSnapshot, now: float, world_digits: int, position: str
         title.append(f" {metric}{' !' if outlier else ''} ", style="bold reverse" if outlier else "bold cyan")
     if snap.log_error:  # first, so a narrow pane still shows it: this rank's log misses output
         title.append(f" log: {snap.log_error}, {human_bytes(snap.log_bytes_lost)} lost ", style="bold white on red")
-    title.append(("" if narrow else " pid") + (f" {snap.pid}" if snap.pid else " -"))
+    title.append(pid_text(snap, narrow=narrow))
     if snap.restarts:
         title.append(f" ⟳{snap.restarts}", style="bold yellow")
     if snap.cpu_percent is not None:
@@ -217,7 +227,10 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" ranktop ", style="bold reverse")
     text.append(f" {clean(group.name)} ", style="bold")
-    text.append(f" {group.state.value} ", style=look(GROUP_STYLE[group.state]))
+    if group.end_unknown:  # the engine was lost: the state last seen is no longer known
+        text.append(" unknown ", style=look(STATE_STYLE[RankState.UNKNOWN]))
+    else:
+        text.append(f" {group.state.value} ", style=look(GROUP_STYLE[group.state]))
     countdown = kill_countdown(group, now)
     if countdown:  # before the note: how long the ranks have left is what a stop is waiting on
         text.append(f"  {countdown}", style="bold yellow")
@@ -245,8 +258,12 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
         text.append(f"  node {group.node_rank}/{group.nnodes}" + (f" round {group.round}" if group.round is not None else ""))
     end = group.ended_at if group.ended_at is not None else now
     text.append(f"  {human_duration(end - group.started_at)}")
-    alive = sum(1 for r in group.ranks if r.state.alive)
-    text.append(f"  {alive}/{len(group.ranks)} alive", style="dim")
+    if group.end_unknown:  # (the ranks alive when the engine was lost are of unknown state now)
+        seen = sum(1 for r in group.ranks if r.state == RankState.UNKNOWN)
+        text.append(f"  engine lost: {seen}/{len(group.ranks)} alive when last seen", style="bold yellow")
+    else:
+        alive = sum(1 for r in group.ranks if r.state.alive)
+        text.append(f"  {alive}/{len(group.ranks)} alive", style="dim")
     if group.gpu_status:
         text.append(f"  {group.gpu_status}", style="dim")
     if group.log_dir:
@@ -512,7 +529,7 @@ class RankPane(Vertical):
 # The compact list's orders and filters: (name, key) and (name, which states pass).
 _STATE_ORDER = {state: i for i, state in enumerate((
     RankState.FAILED, RankState.UNREAPABLE, RankState.STALLED, RankState.STOPPING, RankState.STARTING,
-    RankState.RUNNING, RankState.KILLED, RankState.SUCCEEDED))}
+    RankState.RUNNING, RankState.UNKNOWN, RankState.KILLED, RankState.SUCCEEDED))}
 SORTS = ("rank", "state", "cpu", "quiet")
 FILTERS = ("all", "problems", "running")
 

@@ -248,7 +248,7 @@ def root_cause_heading(group: GroupSnapshot) -> Text:
     if group.state == GroupState.SUCCEEDED:
         text.append(" DONE: all ranks exited 0 ", style="bold reverse blue")
         text.append(f"  {clean(group.name)} finished in {elapsed}")
-    elif _end_unknown(group):
+    elif group.end_unknown:
         text.append(" END UNKNOWN ", style="bold reverse yellow")
         text.append(f"  {clean(group.name)}")
     elif _failed_to_start(group):
@@ -268,10 +268,6 @@ def root_cause_heading(group: GroupSnapshot) -> Text:
     return text
 
 
-def _end_unknown(group: GroupSnapshot) -> bool:
-    return group.state not in (GroupState.SUCCEEDED, GroupState.FAILED, GroupState.STOPPED)  # the engine left
-
-
 def _failed_to_start(group: GroupSnapshot) -> bool:
     return group.root_cause is None and group.state == GroupState.FAILED and bool(group.rendezvous_error)
 
@@ -285,7 +281,7 @@ def root_cause_body(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
             text.append("  earlier: " + clean("; ".join(group.earlier_attempts)) + "\n", style="bold yellow")
         if group.end_note:  # how the exit barrier ended: a toast said it once
             text.append(f"  {clean(group.end_note)}\n", style="yellow")
-    elif _end_unknown(group):
+    elif group.end_unknown:
         text.append(f"  {clean(group.error or 'its engine went away')}; `ranktop ls` says whether it still runs\n")
     elif _failed_to_start(group):
         text.append(f"  {clean(group.rendezvous_error)}\n")
