@@ -486,6 +486,8 @@ class RemoteEngine:
         name = type(command).__name__
         if self.read_only and not isinstance(command, cmd.DumpStacks):  # a py-spy dump only reads the ranks
             return cmd.Ack(False, READ_ONLY)
+        if self.gone and isinstance(command, cmd.DumpStacks):  # no engine to dump the ranks: the last dump saved
+            return self._last_dump()
         try:
             if isinstance(command, (cmd.DumpStacks, cmd.SignalDump)):
                 return self._stacks(name, args)
@@ -496,6 +498,23 @@ class RemoteEngine:
 
     def _stacks(self, name: str, args: dict) -> cmd.Ack:
         return dump_stacks(self.path, name, args)
+
+    @property
+    def redumps(self) -> bool:
+        """Whether a stack view may ask for a new dump: not once the engine has gone."""
+        return not self.gone
+
+    def _last_dump(self) -> cmd.Ack:
+        """The last dump saved in the run directory (the engine's end, if final.json told it, or
+        as last seen)."""
+        try:
+            run_fd = os.open(self.last.log_dir or "", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return cmd.Ack(False, "no stacks: the run's engine has gone, and its run directory cannot be opened")
+        try:
+            return last_saved_dump(run_fd, self.last.log_dir)
+        finally:
+            os.close(run_fd)
 
     def close(self) -> None:
         with self._lock:
@@ -611,31 +630,8 @@ class FinalEngine:
 
     redumps = False  # a stack view shows the last dump saved during the run; there is none to take
 
-    MAX_DUMP = 16 << 20  # a saved report of thousands of ranks fits
-
     def _last_dump(self) -> cmd.Ack:
-        """The newest stack dump saved during the run (<run dir>/stacks/<time>.json), checked as
-        final.json is; the Ack says why there is none."""
-        from ranktop.core.stacks import StackReport  # (psutil: not for a view that never dumps)
-
-        none = cmd.Ack(False, "no stacks: the run has ended and its engine has gone, "
-                              "and no stack dump was saved during the run")
-        try:
-            folder = open_dir_below(self._run_fd, [STACKS])
-        except OSError:
-            return none
-        try:
-            for name in sorted((n for n in os.listdir(folder) if n.endswith(".json")), reverse=True):
-                try:
-                    report = checked_from_json(StackReport, json.loads(read_regular(folder, name, self.MAX_DUMP)))
-                except (OSError, ValueError, RecursionError):
-                    continue  # half-written, not ours: the one before it
-                txt = os.path.join(self.last.log_dir, STACKS, name.removesuffix(".json") + ".txt")
-                return cmd.Ack(True, "the last stack dump saved during the run",
-                               report=dataclasses.replace(report, saved_txt=txt, save_error=None))
-            return none
-        finally:
-            os.close(folder)
+        return last_saved_dump(self._run_fd, self.last.log_dir)
 
     def close(self) -> None:
         if self._run_fd >= 0:
@@ -658,6 +654,34 @@ def read_regular(dir_fd: int, name: str, limit: int) -> bytes:
     if len(data) > limit:
         raise NotRegular(f"larger than {limit >> 20} MiB")
     return data
+
+
+MAX_DUMP = 16 << 20  # a saved stack report of thousands of ranks fits
+
+
+def last_saved_dump(run_fd: int, run_dir: str) -> cmd.Ack:
+    """The newest stack dump saved during a run whose engine has gone (<run dir>/stacks/<time>.json,
+    `run_fd` a descriptor of that directory), checked as final.json is; the Ack says why there is none."""
+    from ranktop.core.stacks import StackReport  # (psutil: not for a view that never dumps)
+
+    none = cmd.Ack(False, "no stacks: the run has ended and its engine has gone, "
+                          "and no stack dump was saved during the run")
+    try:
+        folder = open_dir_below(run_fd, [STACKS])
+    except OSError:
+        return none
+    try:
+        for name in sorted((n for n in os.listdir(folder) if n.endswith(".json")), reverse=True):
+            try:
+                report = checked_from_json(StackReport, json.loads(read_regular(folder, name, MAX_DUMP)))
+            except (OSError, ValueError, RecursionError):
+                continue  # half-written, not ours: the one before it
+            txt = os.path.join(run_dir, STACKS, name.removesuffix(".json") + ".txt")
+            return cmd.Ack(True, "the last stack dump saved during the run",
+                           report=dataclasses.replace(report, saved_txt=txt, save_error=None))
+        return none
+    finally:
+        os.close(folder)
 
 
 def names_below(path: str | None, recorded_dir: str | None) -> list[str] | None:

@@ -1238,6 +1238,36 @@ def test_the_final_views_stack_view_shows_the_last_dump_saved_or_says_there_is_n
     assert footer == {"Close", "Help"} and not palette & {"Dump again", "Other threads", "C frames"}, (footer, palette)
 
 
+def test_a_view_whose_engine_was_lost_shows_the_last_dump_saved_and_offers_no_new_one(tmp_path, runtime, monkeypatch):
+    """Once the engine was lost (SIGKILLed, no final.json), `d` still asked it for a dump, which
+    failed in a line, and the stack view offered `g` and `n` to try again. As in a final view, the
+    last dump saved during the run is shown, and no new one is offered."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+    proc = start_headless(tmp_path, runtime, "lostdump")
+    try:
+        wait_for(lambda: ls(runtime), what="the run listed")
+        assert run_ranktop("stacks", "lostdump", env=runtime).returncode == 0  # saved under stacks/
+        engine = RemoteEngine(served_runs()[0].path)
+        try:
+            assert engine.redumps
+            proc.kill()
+            proc.wait(30)
+            assert wait_for(lambda: engine.snapshot().end_unknown, what="the engine lost")
+            assert not engine.redumps
+            ack = engine.submit(cmd.DumpStacks())
+            assert ack.ok and ack.report is not None and ack.message == "the last stack dump saved during the run"
+            assert ack.report.saved_txt.startswith(str(tmp_path / "logs" / "lostdump" / "stacks"))
+        finally:
+            engine.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
 UNTIL_GO = ("import os, time, pathlib\nprint('up', os.environ['RANK'], flush=True)\n"
             "while not pathlib.Path(os.environ['GO']).exists():\n    time.sleep(0.05)\n")
 ACTING_KEYS = {"Signal…", "Kill rank", "Stop group", "Restart rank", "Restart group"}
