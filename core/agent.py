@@ -11,6 +11,7 @@ never recorded and forgotten. Callers wait for the loop's Ack; a signal handler 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -224,6 +225,8 @@ class LocalAgent:
         self.on_stall = on_stall
         self.rendezvous = (Rendezvous(spec.rdzv_handler, spec.role, spec.local_world_size)
                            if spec.rdzv_handler is not None else None)
+        if self.rendezvous is not None:
+            self.rendezvous.on_store_change = _weakly(self._store_changed)
         shared_id = self.rendezvous.run_id if self.rendezvous is not None else "none"
         if spec.run_id is not None:
             self.run_id = check_run_id(spec.run_id)
@@ -337,7 +340,8 @@ class LocalAgent:
         """Run to the end (restarting as allowed); the calling thread becomes the monitor loop."""
         handlers = self._install_signal_handlers()
         try:
-            self.result = self._finish(self._attempts())
+            with self._quiet_lost_heartbeats():
+                self.result = self._finish(self._attempts())
             self._close_attempt()
             self._write_final()
             return self.result
@@ -786,6 +790,21 @@ class LocalAgent:
             self._end_note = f"exit barrier: {end.message}{closed}"
             self._notice(self._end_note)
 
+    def _quiet_lost_heartbeats(self) -> Any:
+        return self.rendezvous.quiet_lost_heartbeats() if self.rendezvous is not None else contextlib.nullcontext()
+
+    def _store_changed(self, lost: str | None) -> None:
+        """The rendezvous's store stopped answering while the ranks run (or answers again): said
+        once. torch's keep-alive thread logged a WARNING for each failed heartbeat meanwhile."""
+        if lost is not None:
+            self.events.write("rendezvous_store_lost", store=lost)
+            self._notice(f"{self.rendezvous.store_lost_words()}: this node's ranks run on, but no new "
+                         "round can form, so a failure of theirs ends the run")
+        else:
+            self.events.write("rendezvous_store_back", store=self.rendezvous.store_words())
+            self._notice(f"{self.rendezvous.store_words()} answers again: keep-alive heartbeats and new rounds "
+                         "can reach it")
+
     def _notice(self, text: str) -> None:
         if self.on_notice is not None:
             self.on_notice(text)
@@ -1195,6 +1214,7 @@ class LocalAgent:
             stop_signal=self._stop_signal, round=self.spec.placement.round if self.spec.placement else None,
             generation=pc.generation if pc else 0, rendezvous_error=self._rdzv_error, waiting=self._waiting,
             earlier_attempts=tuple(self._earlier_attempts), interpreter=self._interpreter, end_note=self._end_note,
+            store_lost=self.rendezvous.store_lost if self.rendezvous is not None else None,
         )
 
     def rank_processes(self) -> dict[int, tuple[int, dict[str, str]]]:

@@ -422,6 +422,12 @@ class Rendezvous:
         self._told_gave_up = False
         self._next_look = 0.0  # at the exit barrier: when to look at the round's nodes again
         self._alone_since: float | None = None  # when no other node was first seen alive, of late
+        # What ranktop said of the round's store, from its own looks while the ranks run: the
+        # store's words while it is lost; `on_store_change` is told each change, once.
+        self.store_lost: str | None = None
+        self.on_store_change: Callable[[str | None], None] | None = None
+        self._store_said = threading.Lock()
+        self._ranks_run = False  # a RoundWatch looks (the store's loss is said while the ranks run)
 
     @property
     def run_id(self) -> str:
@@ -509,6 +515,7 @@ class Rendezvous:
         except Exception as exc:
             raise RendezvousFailed(self._failure_message(exc)) from None
         self.store, self._told_gave_up = store, False
+        self._store_answers(True)  # a round formed in it (etcd's server may come back)
         self.placement = Placement(group_rank, nodes, *ranks, master_addr=master_addr, master_port=master_port,
                                    run_id=self.run_id, round=number, use_agent_store=use_agent_store)
         return self.placement
@@ -594,6 +601,54 @@ class Rendezvous:
             return (f"lost the {self.describe()}: {_one_line(exc)} "
                     "(the node serving its store may have ended)")
         return f"the {self.describe()} failed: {name}: {_one_line(exc)}"
+
+    def store_words(self) -> str:
+        """"the c10d rendezvous 'job42''s store at HOST:PORT" (the address where it is a TCPStore)."""
+        where = _tcp_endpoint(self.store) if self.store is not None else None
+        return f"the {self.describe()}'s store" + (f" at {where[0]}:{where[1]}" if where else "")
+
+    def store_lost_words(self) -> str:
+        """"lost the c10d rendezvous 'job42''s store at HOST:PORT (the node serving it is gone?)"."""
+        who = "the node serving it" if _tcp_endpoint(self.store) is not None else "its server"
+        return f"lost {self.store_lost or self.store_words()} ({who} is gone?)"
+
+    def look_at_store(self) -> bool:
+        """Whether the round's store answers a call of ranktop's own (not one through torch's
+        handler: a failing heartbeat holds its lock). What changed since the last look goes to
+        `on_store_change`, once: the store's words when it stopped answering, None when it answers
+        again. A call can block for the store's timeout where the network, not the node, is gone."""
+        store = self.store
+        if store is None:
+            return True
+        try:
+            store.check([_GAVE_UP])
+        except Exception:  # noqa: BLE001 - whatever the error, the store did not answer
+            self._store_answers(False)
+            return False
+        self._store_answers(True)
+        return True
+
+    def _store_answers(self, answers: bool) -> None:
+        with self._store_said:  # the watch and a heartbeat's thread may look at once: one says it
+            if answers == (self.store_lost is None):
+                return
+            self.store_lost = None if answers else self.store_words()
+            if self.on_store_change is not None:
+                self.on_store_change(self.store_lost)
+
+    def quiet_lost_heartbeats(self) -> contextlib.AbstractContextManager[None]:
+        """While in it, torch's WARNING for each failed keep-alive heartbeat of this rendezvous is
+        dropped while ranktop says the store is lost (it said so once, in its own words)."""
+        return _quiet_torch(self._drops_heartbeat_warning)
+
+    def _drops_heartbeat_warning(self, _record: logging.LogRecord, text: str) -> bool:
+        if f"{_FAILED_HEARTBEAT} '{self.run_id}' " not in text:
+            return False
+        # The first failed heartbeat may come before the watch's next look: ranktop looks now (in
+        # torch's keep-alive thread, which waits for it), and only its own look decides.
+        if self.store_lost is None and self._ranks_run:
+            self.look_at_store()
+        return self.store_lost is not None
 
     def nodes_waiting(self) -> int:
         """Nodes waiting for the next round; under the static backend, at this node's next start."""
@@ -823,29 +878,42 @@ class Rendezvous:
             pass  # the store is gone: whoever served it has left, and every node had passed
 
 
-# torch's dynamic handler (c10d, etcd-v2) logs a Python WARNING when it cannot close the
-# rendezvous, as when the node serving its store is gone: on ranktop's console, under ranktop's own
-# line about the lost store. Only that record, logged by the thread of ranktop's own close, is dropped.
+# torch's dynamic handler (c10d, etcd-v2) logs Python WARNINGs that ranktop says in its own words:
+# that it could not close the rendezvous (the node serving its store is gone: ranktop's line about
+# the lost store says so), and that a keep-alive heartbeat failed (every keep_alive_interval, 5 s by
+# default, for as long as the ranks run: ranktop says once that the store is lost). Only the records
+# a `drops` test names are dropped; any other record of that logger, or of any other, goes through.
 _DYNAMIC_LOGGER = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+_FAILED_CLOSE = "has failed to shutdown the rendezvous"
+_FAILED_HEARTBEAT = "has failed to send a keep-alive heartbeat to the rendezvous"
 
 
-class _FailedCloseFilter(logging.Filter):
-    def __init__(self) -> None:
+class _DroppedRecords(logging.Filter):
+    def __init__(self, drops: Callable[[logging.LogRecord, str], bool]) -> None:
         super().__init__()
-        self.thread = threading.get_ident()
+        self.drops = drops
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.thread == self.thread and "has failed to shutdown the rendezvous" in str(record.msg))
+        try:
+            return not self.drops(record, record.getMessage())
+        except Exception:  # noqa: BLE001 - a record ranktop cannot read (or a slip of ours) is shown, not lost
+            return True
 
 
 @contextlib.contextmanager
-def _quiet_failed_close() -> Iterator[None]:
-    logger, quiet = logging.getLogger(_DYNAMIC_LOGGER), _FailedCloseFilter()
+def _quiet_torch(drops: Callable[[logging.LogRecord, str], bool]) -> Iterator[None]:
+    logger, quiet = logging.getLogger(_DYNAMIC_LOGGER), _DroppedRecords(drops)
     logger.addFilter(quiet)
     try:
         yield
     finally:
         logger.removeFilter(quiet)
+
+
+def _quiet_failed_close() -> contextlib.AbstractContextManager[None]:
+    """Drop the failed-close WARNING logged by this thread (ranktop's own close) only."""
+    thread = threading.get_ident()
+    return _quiet_torch(lambda record, text: record.thread == thread and _FAILED_CLOSE in text)
 
 
 def _tcp_store(store: Any) -> Any:
@@ -901,9 +969,11 @@ class RoundWatch:
         self.end: RoundEnd | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ranktop-rdzv-watch", daemon=True)
+        rdzv._ranks_run = True
         self._thread.start()
 
     def stop(self) -> None:
+        self.rdzv._ranks_run = False
         self._stop.set()
         self._thread.join(timeout=1.0)  # a store call may hang; the thread is a daemon
 
@@ -914,6 +984,8 @@ class RoundWatch:
                 self.wake()
 
     def _look(self) -> RoundEnd | None:
+        if not self.rdzv.look_at_store():  # said once; the ranks run on, and tell if they fail
+            return None
         said = self.rdzv.peer_gave_up()
         if said:
             return RoundEnd("peer_gave_up", said)

@@ -153,6 +153,9 @@ class GroupSnapshot:
     # The Python the ranks run when it is not ranktop's own (PYTHON_EXEC, or the active virtualenv
     # or conda env when ranktop runs from an install of its own): said where it could surprise.
     interpreter: str | None = None
+    # While this node's own looks find the rendezvous's store gone (the node serving it ended):
+    # "the c10d rendezvous 'job42''s store at HOST:PORT"; None while it answers.
+    store_lost: str | None = None
 
     @property
     def end_unknown(self) -> bool:

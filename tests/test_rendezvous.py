@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -541,25 +542,33 @@ def etcd_v3_only(tmp_path, torch_installed):
 
 
 def _etcd(tmp_path: Path, *flags: str):
+    client, peer = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
+    server = _start_etcd(tmp_path, client, peer, *flags)
+    try:
+        yield client.removeprefix("http://")
+    finally:
+        stop_process(server)
+
+
+def _start_etcd(tmp_path: Path, client: str, peer: str, *flags: str) -> subprocess.Popen:
+    """An etcd serving at `client` (its data in tmp_path: started again, it has the same keys)."""
     etcd = shutil.which("etcd")
     if etcd is None:
         pytest.fail("etcd is not installed (Debian/Ubuntu: apt-get install etcd-server; .ci/run installs it)")
     if importlib.util.find_spec("etcd") is None:
         pytest.fail("python-etcd is not installed (pip install python-etcd, part of the `test` extra)")
-    client, peer = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
-    log = open(tmp_path / "etcd.log", "w")  # noqa: SIM115 - open for the server's whole life
-    server = subprocess.Popen(
-        [etcd, "--name", "ranktop-test", "--data-dir", str(tmp_path / "etcd-data"), *flags,
-         "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
-         "--initial-advertise-peer-urls", peer, "--initial-cluster", f"ranktop-test={peer}"],
-        stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp_path / "etcd.log", "a") as log:  # (the server has its own descriptor)
+        server = subprocess.Popen(
+            [etcd, "--name", "ranktop-test", "--data-dir", str(tmp_path / "etcd-data"), *flags,
+             "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"ranktop-test={peer}"],
+            stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: _etcd_answers(client, server, tmp_path / "etcd.log"), timeout=30,
-                 what="etcd to serve")
-        yield client.removeprefix("http://")
-    finally:
+        wait_for(lambda: _etcd_answers(client, server, tmp_path / "etcd.log"), timeout=30, what="etcd to serve")
+    except BaseException:
         stop_process(server)
-        log.close()
+        raise
+    return server
 
 
 def _etcd_answers(client: str, server: subprocess.Popen, log: Path) -> bool:
@@ -1085,6 +1094,163 @@ def test_closing_after_the_store_host_vanished_shows_ranktops_line_not_torchs_wa
             "(the node serving it may have ended): ") in err1, err1
     assert "WARNING" not in err1 and "dynamic_rendezvous" not in err1 and "failed to shutdown" not in err1, err1
     assert not any(re.match(r"[WE]\d{4} ", line) for line in err1.splitlines()), err1
+
+
+# torch's dynamic handler's WARNING for each failed keep-alive heartbeat (every keep_alive_interval)
+FAILED_HEARTBEAT = "has failed to send a keep-alive heartbeat"
+
+
+def lost_line(rdzv: str, store: str, who: str = "the node serving it") -> str:
+    return (f"ranktop: lost the {rdzv}'s store{store} ({who} is gone?): this node's ranks run on, but no new "
+            "round can form, so a failure of theirs ends the run")
+
+
+def test_a_store_lost_while_the_ranks_run_is_said_once_not_at_every_heartbeat(tmp_path, torch_installed):
+    """The node serving the store is killed while the other's rank runs on (10 s more): torch's
+    keep-alive thread logged a WARNING at each heartbeat (every 5 s by default, 1 s here) for as long
+    as the ranks ran, and nothing said what it meant. ranktop says it once, in its own words, and
+    the run ends as before (exit 0, the exit barrier's line about the lost store). A rank printing
+    torch's very words still reaches the console: only torch's records in ranktop's process go."""
+    job, release = Job(tmp_path, "store-lost-running"), tmp_path / "release"
+    conf = CONF + ",keep_alive_interval=1,is_host="
+    host = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
+    job.start("say-until-file", str(release), f"rank: {FAILED_HEARTBEAT} (its own line)",
+              extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.2")
+    try:
+        wait_for(lambda: all(node_events(tmp_path, node, "started") for node in ("node0", "node1")),
+                 timeout=TIMEOUT, what="both nodes' ranks running")
+        host.kill()
+        host.wait(timeout=TIMEOUT)
+        wait_for(lambda: node_events(tmp_path, "node1", "rendezvous_store_lost"), timeout=TIMEOUT,
+                 what="node 1 finding the store lost")
+        time.sleep(10)  # the rank runs on: ten heartbeats fail meanwhile
+    finally:
+        release.touch()
+    (status0, _, _), (status1, _, err1) = job.finish()
+    assert status0 == -signal.SIGKILL
+    assert status1 == 0, err1
+    lines = err1.splitlines()
+    said = lost_line("c10d rendezvous 'store-lost-running'", f" at {job.endpoint}")
+    assert lines.count(said) == 1, err1
+    assert ("ranktop: exit barrier: lost the c10d rendezvous 'store-lost-running''s store before every node "
+            "finished (the node serving it may have ended): ") in err1, err1  # the end, as before
+    ours = [line for line in lines if not line.startswith("[default")]
+    assert not any(FAILED_HEARTBEAT in line or "dynamic_rendezvous" in line for line in ours), err1
+    assert not any(re.match(r"[WE]\d{4} ", line) for line in ours), err1
+    assert f"[default1]:rank: {FAILED_HEARTBEAT} (its own line)" in lines, err1
+    store = [e["store"] for e in events(tmp_path / "node1") if e["event"].startswith("rendezvous_store")]
+    assert store == [f"the c10d rendezvous 'store-lost-running''s store at {job.endpoint}"], store
+    left = [e["kind"] for e in events(tmp_path / "node1") if e["event"] == "exit_barrier_left"]
+    assert left == ["store_lost"], left
+
+
+def test_a_store_that_answers_again_is_said_to_once(tmp_path, torch_installed):
+    """etcd-v2: the etcd server is killed while the rank runs, then started again (its keys and
+    port kept): ranktop says the store is lost, once, then that it answers again, once."""
+    client, peer = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
+    server = _start_etcd(tmp_path, client, peer, "--enable-v2")
+    release = tmp_path / "release"
+    job = Job(tmp_path, "store-back", nnodes="1", backend="etcd-v2", endpoint=client.removeprefix("http://"),
+              conf=CONF + ",keep_alive_interval=1")
+    try:
+        job.start("until-file", str(release))
+        wait_for(lambda: node_events(tmp_path, "node0", "started"), timeout=TIMEOUT, what="the rank running")
+        server.kill()
+        server.wait()
+        wait_for(lambda: node_events(tmp_path, "node0", "rendezvous_store_lost"), timeout=TIMEOUT,
+                 what="the store found lost")
+        server = _start_etcd(tmp_path, client, peer, "--enable-v2")
+        wait_for(lambda: node_events(tmp_path, "node0", "rendezvous_store_back"), timeout=TIMEOUT,
+                 what="the store found again")
+        release.touch()
+        ((status, _, err),) = job.finish()
+    finally:
+        release.touch()
+        stop_process(server)
+    assert status == 0, err
+    ours = [line for line in err.splitlines() if "'store-back''s store" in line]
+    assert ours == [lost_line("etcd-v2 rendezvous 'store-back'", "", "its server"),
+                    "ranktop: the etcd-v2 rendezvous 'store-back''s store answers again: keep-alive heartbeats "
+                    "and new rounds can reach it"], err
+    said = [e["event"] for e in events(tmp_path / "node0") if e["event"].startswith("rendezvous_store")]
+    assert said == ["rendezvous_store_lost", "rendezvous_store_back"], said
+
+
+def test_tui_marks_a_lost_store_in_its_header_and_says_it_in_a_toast(tmp_path, torch_installed):
+    """The TUI's node (not the store's host) loses the store while its rank runs: a toast says so
+    once and the header marks it (nothing in the TUI said the store was gone)."""
+    import asyncio
+
+    from ranktop.core import LocalAgent, WorkerSpec
+    from ranktop.core.engine import LocalEngine
+    from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
+    from ranktop.tui.app import RanktopApp
+    from ranktop.tui.panes import LiveText
+
+    job, release = Job(tmp_path, "tui-store"), tmp_path / "release"
+    conf = CONF + ",keep_alive_interval=1,is_host="
+    host = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
+    handler = create_handler("c10d", job.endpoint, "tui-store", 2, 2, local_addr="127.0.0.2",
+                             conf=parse_rdzv_conf(conf + "0"))
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sys.executable,
+                      args=(RANK, "until-file", str(release)), rdzv_handler=handler)
+    engine = LocalEngine(LocalAgent(spec, log_dir=str(tmp_path / "node1"), console=False, shutdown_timeout=2))
+    app = RanktopApp(engine)
+    headers, notes = [], []
+    app.notify = lambda message, **kw: notes.append(message)
+
+    async def main():
+        engine.start()
+        async with app.run_test(size=(200, 48)) as pilot:
+            while not app.ended:
+                if host.poll() is None and node_events(tmp_path, "node1", "started"):
+                    host.kill()
+                if app.main is not None and app.main.is_mounted:
+                    headers.append(app.main.query_one("#header", LiveText).render().plain)
+                if notes and any("  store lost" in h for h in headers):
+                    release.touch()
+                await pilot.pause(0.1)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), TIMEOUT))
+    finally:
+        release.touch()
+        job.finish()
+    lost = f"lost the c10d rendezvous 'tui-store''s store at {job.endpoint}: this node's ranks run on, but no new round can form"
+    assert notes[0] == lost and notes.count(lost) == 1, notes
+    assert any(" round 0  store lost  " in h for h in headers), headers
+    assert app.exit_status == 0
+
+
+def test_only_failed_heartbeats_of_this_rendezvous_are_dropped_and_only_while_its_store_is_said_lost(torch_installed):
+    """The filter on torch's dynamic-rendezvous logger, with real records: a failed heartbeat of
+    this rendezvous is dropped only while ranktop says its store is lost; another rendezvous's, or
+    any other record of that logger, goes through, and nothing is dropped outside the run."""
+    import logging
+
+    from ranktop.core.rendezvous import Rendezvous, create_handler
+
+    handler = create_handler("c10d", f"127.0.0.1:{free_port()}", "quiet", 1, 1, conf={"is_host": "1"})
+    rdzv = Rendezvous(handler, "default", 1)
+    logger = logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+    seen: list[str] = []
+    keep = logging.Handler()
+    keep.emit = lambda record: seen.append(record.getMessage())
+    failed = "The node 'n' " + FAILED_HEARTBEAT + " to the rendezvous '{}' due to an error of type RendezvousConnectionError."
+    others = [failed.format("other"), failed.format("quiet-2"), "The node 'n' has failed to shutdown the rendezvous "
+              "'quiet' due to an error of type RendezvousConnectionError.", "The node 'n' has joined round 3"]
+    logger.addHandler(keep)
+    try:
+        with rdzv.quiet_lost_heartbeats():
+            logger.warning(failed.format("quiet"))  # not said lost (and no ranks run: nothing looked at)
+            rdzv.store_lost = "the c10d rendezvous 'quiet''s store"
+            for message in [failed.format("quiet"), *others]:
+                logger.warning(message)
+        logger.warning(failed.format("quiet"))
+    finally:
+        logger.removeHandler(keep)
+        handler.shutdown()
+    assert seen == [failed.format("quiet"), *others, failed.format("quiet")], seen
 
 
 STORE_LOST = """

@@ -161,6 +161,7 @@ class MainScreen(Screen):
         self._header_state: GroupState | None = None  # the state the header shows
         self._unfilled: set[int] = set()  # panes shown since the last read: filled on the next one, whatever its turn
         self._waiting: str | None = None  # what the #waiting line shows
+        self._store_lost: str | None = None  # the rendezvous's store, while the engine finds it lost
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -733,6 +734,7 @@ class MainScreen(Screen):
             self.query_one(GroupHeader).show_group(snap, now)
             self._header_state = snap.state
         self._show_waiting(snap)
+        self._show_store(snap, now)
         if not snap.ranks:  # none started yet (a rendezvous round forming), or none ever will
             if snap.ended and not self.ended:
                 self._on_end(snap)
@@ -783,6 +785,19 @@ class MainScreen(Screen):
                 ranks = f"{n} ranks start" if n != 1 else "1 rank starts"
                 box.update(f"{waiting}\nthis node's {ranks} once the round is complete")
             box.display = bool(waiting)
+
+    def _show_store(self, snap: GroupSnapshot, now: float) -> None:
+        """The rendezvous's store lost while the ranks run (or answering again): a toast once; the
+        header marks it for as long as it lasts."""
+        if snap.store_lost == self._store_lost:
+            return
+        was, self._store_lost = self._store_lost, snap.store_lost
+        if snap.store_lost:
+            self.notify(clean(f"lost {snap.store_lost}: this node's ranks run on, but no new round can form"),
+                        severity="warning", timeout=10, markup=False)
+        elif was:
+            self.notify(clean(f"{was} answers again"), timeout=5, markup=False)
+        self.query_one(GroupHeader).show_group(snap, now)
 
     def _hits_of(self, local_rank: int) -> int | None:
         return None if self.everywhere is None else self.everywhere.counts.get(local_rank, 0)

@@ -256,6 +256,8 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
     else:
         text.append(f"  world {group.world_size}")
         text.append(f"  node {group.node_rank}/{group.nnodes}" + (f" round {group.round}" if group.round is not None else ""))
+    if group.store_lost:  # the rendezvous's store, gone: the ranks run on, no new round can form
+        text.append("  store lost", style="bold yellow")
     end = group.ended_at if group.ended_at is not None else now
     text.append(f"  {human_duration(end - group.started_at)}")
     if group.end_unknown:  # (the ranks alive when the engine was lost are of unknown state now)

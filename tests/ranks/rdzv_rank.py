@@ -10,6 +10,7 @@
                     over (in a collective when R fails) until the collective breaks or they are stopped
     fail R          global rank R exits 3; the others wait until stopped
     until-file P    waits until file P exists, then exits 0
+    say-until-file P TEXT  prints TEXT to stderr, then as until-file
     fail-on-file R P  global rank R waits until file P exists, then exits 3; the others exit 0
     fail-on-file-then-until R P Q  as fail-on-file in attempt 0; in later attempts every rank waits
                     until file Q exists, then exits 0
@@ -25,7 +26,7 @@ print("PLACED " + json.dumps({k: os.environ.get(k) for k in NAMES}), flush=True)
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 mode, rest = sys.argv[1], sys.argv[2:]
-arg = int(rest[0]) if rest and mode != "until-file" else 0
+arg = int(rest[0]) if rest and mode not in ("until-file", "say-until-file") else 0
 
 
 def wait_until_stopped() -> None:
@@ -73,6 +74,8 @@ elif mode in ("fail-on-file", "fail-on-file-then-until"):
     while rank == arg and not os.path.exists(rest[1]):
         time.sleep(0.05)
     sys.exit(3 if rank == arg else 0)
-elif mode == "until-file":
+elif mode in ("until-file", "say-until-file"):
+    if mode == "say-until-file":
+        print(rest[1], file=sys.stderr, flush=True)
     while not os.path.exists(rest[0]):
         time.sleep(0.05)
