@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ranktop.core import commands as cmd
-from ranktop.core.context import REAP_TIMEOUT, PContext, RunProcsResult, Waker, plan_streams, prefix_for
+from ranktop.core.context import (
+    REAP_TIMEOUT,
+    PContext,
+    RunProcsResult,
+    Waker,
+    plan_streams,
+    prefix_for,
+    set_start_method,
+)
 from ranktop.core.errors import (
     ProcessFailure,
     RankStartError,
@@ -180,6 +188,7 @@ class LocalAgent:
         self,
         spec: WorkerSpec,
         log_dir: str | None = None,
+        start_method: str = "spawn",
         log_line_prefix_template: str | None = None,
         *,
         shutdown_timeout: float = 10.0,
@@ -202,6 +211,8 @@ class LocalAgent:
         numbered_run_dir: bool = False,
         typed_stdin: bool = False,
     ):
+        set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
+        self.start_method = start_method
         check_timeout("shutdown_timeout", shutdown_timeout)
         if stall_timeout is not None:
             POSITIVE_SECONDS.check("stall_timeout", stall_timeout)
@@ -1302,9 +1313,6 @@ class LocalElasticAgent(LocalAgent):
                  exit_barrier_timeout: float = 300.0, log_line_prefix_template: str | None = None,
                  shutdown_timeout: float = 30.0, health_check_server: Any = None,
                  uninterruptible_state_timeout: float | None = None, **kwargs: Any) -> None:
-        from ranktop.core.context import set_start_method
-
-        set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
         from ranktop.core.logs_specs import adopt_logs_specs
 
         log_dir = None
@@ -1316,7 +1324,7 @@ class LocalElasticAgent(LocalAgent):
                                        local_ranks_filter=logs_specs.local_ranks_filter)
         self.health_check_server = health_check_server
         self.uninterruptible_state_timeout = uninterruptible_state_timeout
-        super().__init__(spec, log_dir=log_dir, exit_barrier_timeout=exit_barrier_timeout,
+        super().__init__(spec, log_dir=log_dir, start_method=start_method, exit_barrier_timeout=exit_barrier_timeout,
                          log_line_prefix_template=log_line_prefix_template, shutdown_timeout=shutdown_timeout,
                          **kwargs)
 

@@ -40,6 +40,17 @@ def sleep_forever():
         time.sleep(1)
 
 
+def echo_env_of(names):
+    """echo_env for launch(), which passes its one argument: a tuple of names."""
+    return echo_env(*names)
+
+
+def fail_only_rank(rank_to_fail):
+    """fail_rank for launch(): that rank raises, the others sleep until stopped (none fails for a
+    rank that does not exist)."""
+    fail_rank(rank_to_fail, f"rank {rank_to_fail} failed")
+
+
 def fail_rank(rank_to_fail, text):
     if int(os.environ["LOCAL_RANK"]) == rank_to_fail:
         raise RuntimeError(text)

@@ -8,12 +8,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import rank_fns
 from conftest import PY, ROOT, Running, make_agent, read_events, tmpfs, wait_for
-from ranktop.core import GroupState, LocalAgent, RankState, WorkerError, WorkerSpec, WorkerState, launch
+from ranktop.core import GroupState, LocalAgent, RankState, WorkerError, WorkerSpec, WorkerState, free_port, launch
 from ranktop.core import commands as cmd
 from ranktop.core.output import StreamSink
 from ranktop.core.process import kernel_state, wait_exit
@@ -232,7 +233,25 @@ def test_launch_returns_values_and_raises_worker_error(tmp_path):
     assert (info.value.worker_id, info.value.exitcode) == (0, 3)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
+def test_launch_stops_every_rank_at_the_first_failure():
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=r"^worker\[1\] failed with exitcode=1$") as info:
+        launch(rank_fns.fail_only_rank, 1, nprocs=3)  # ranks 0 and 2 would sleep 60 s
+    assert (info.value.worker_id, info.value.exitcode) == (1, 1)
+    assert time.monotonic() - started < 30  # they were stopped, not waited for
+
+
+def test_launch_gives_the_ranks_its_master_addr_and_port_else_localhost_and_a_free_port():
+    names = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
+    port = free_port()
+    asked = launch(rank_fns.echo_env_of, names, nprocs=2, master_addr="127.0.0.1", master_port=port)
+    assert asked == {r: {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"} for r in (0, 1)}
+    default = launch(rank_fns.echo_env_of, names, nprocs=2)
+    assert default[0] == default[1] and default[0]["MASTER_ADDR"] == "localhost"
+    assert 0 < int(default[0]["MASTER_PORT"]) < 65536
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
 def test_launch_caller_signalled_stops_ranks_and_raises(tmp_path, sig):
     code = textwrap.dedent(f"""
         import sys
@@ -240,7 +259,7 @@ def test_launch_caller_signalled_stops_ranks_and_raises(tmp_path, sig):
         import rank_fns
         from ranktop.core import launch, MainProcessError
         try:
-            launch(rank_fns.fail_rank, 99, 2)  # no rank 99: both ranks sleep until stopped
+            launch(rank_fns.fail_only_rank, 99, 2)  # no rank 99: both ranks sleep until stopped
         except MainProcessError as e:
             print("MainProcessError", e.signal_no, flush=True)
     """)

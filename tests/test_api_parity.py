@@ -14,11 +14,13 @@ from conftest import ROOT, run_ranktop, stop_process, wait_for
 from ranktop.core import (
     ChildFailedError,
     DefaultLogsSpecs,
+    LocalAgent,
     LocalElasticAgent,
     ProcessFailure,
     Std,
     WorkerSpec,
     get_error_handler,
+    set_start_method,
     start_processes,
     to_map,
 )
@@ -328,6 +330,25 @@ def test_a_function_context_keeps_its_start_method_as_torchs(tmp_path):
         assert ctx.start_method == "forkserver" and ctx.wait(timeout=60).return_values == {0: 4}
     finally:
         ctx.close()
+
+
+def test_local_agent_takes_a_start_method_as_the_spec_gives_it(tmp_path):
+    """SPEC 2.1: LocalAgent(spec, log_dir=..., start_method="spawn", log_line_prefix_template=None);
+    it took no start_method (TypeError). Checked as set_start_method checks it, then spawn as ever."""
+    spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=square, args=(3,))
+    agent = LocalAgent(spec, str(tmp_path / "a"), "forkserver", "[${rank}]:", console=False)
+    assert (agent.start_method, agent.prefix_template) == ("forkserver", "[${rank}]:")
+    assert agent.run().return_values == {0: 9, 1: 9}
+    with pytest.raises(ValueError, match=r"^unknown start method 'thread': expected one of spawn, fork, forkserver$"):
+        LocalAgent(spec, log_dir=str(tmp_path / "b"), start_method="thread")
+    assert not (tmp_path / "b").exists()  # refused before a run directory was made
+
+
+def test_set_start_method_takes_the_three_methods_and_refuses_others_in_one_line():
+    for method in ("spawn", "fork", "forkserver"):
+        set_start_method(method)
+    with pytest.raises(ValueError, match=r"^unknown start method 'thread': expected one of spawn, fork, forkserver$"):
+        set_start_method("thread")
 
 
 def test_torchs_own_default_logs_specs_and_worker_spec_are_taken(tmp_path, capfd):

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, run_in_pty, run_ranktop, wait_for
 from ranktop.core.errors import UsageError
 from ranktop.core.spec import parse_nnodes, parse_signal
 
@@ -44,7 +44,23 @@ def test_per_rank_environment(tmp_path):
         assert env["RANKTOP_TEST_ID"] == os.environ["RANKTOP_TEST_ID"]  # the caller's environment is kept
         assert env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL" and env["CUDA_LAUNCH_BLOCKING"] == "1"
         assert env["NCCL_DESYNC_DEBUG"] == "1" and env["TORCH_SHOW_CPP_STACKTRACES"] == "1"
+        assert env.get("FORCE_COLOR") == os.environ.get("FORCE_COLOR")  # a pipe: no colour hints of ours
 
+
+
+@pytest.mark.parametrize("no_color", [False, True])
+def test_colour_hints_reach_the_ranks_only_when_their_output_is_shown_in_colour(tmp_path, no_color):
+    """SPEC 2.2: FORCE_COLOR/COLUMNS when the output is shown in colour: a terminal without
+    NO_COLOR. The pipe of test_per_rank_environment gets neither; NO_COLOR on a terminal neither."""
+    unset = ["/usr/bin/env", "-u", "COLUMNS", "-u", "NO_COLOR", "-u", "FORCE_COLOR", *(["NO_COLOR=1"] if no_color else [])]
+    argv = unset + ranktop_cmd("--headless", "--log-dir", str(tmp_path), "--run-id", "tty", str(RANKS / "env_dump.py"))
+    out, status = run_in_pty(argv, tmp_path, until=b"\x00never")
+    assert status == 0, out.decode(errors="replace")
+    env = _env_of(tmp_path / "tty", 0)
+    if no_color:
+        assert "FORCE_COLOR" not in env and "COLUMNS" not in env and env["NO_COLOR"] == "1"
+    else:
+        assert (env["FORCE_COLOR"], env["COLUMNS"]) == ("1", "120")
 
 def test_a_launch_from_inside_a_torchrun_worker_has_rank_0_host_the_store(tmp_path):
     """A torchrun worker's environment says TORCHELASTIC_USE_AGENT_STORE=True; a ranktop started
