@@ -113,6 +113,25 @@ def test_the_zoomed_title_keeps_the_log_files_name_in_view(size):
     drive(engine, body, size=size, metric=compile_metric(r"loss ([0-9.]+)"))
 
 
+def test_the_details_view_names_the_ranks_gpu_its_own_memory_and_the_devices():
+    """SPEC 2.6 shows per rank the GPU's index, utilisation, memory used/total and the rank's own
+    memory; the pane's title has room for the rank's own over the total only, and the details view
+    said nothing of the device's use."""
+    from ranktop.core.state import GpuSample
+    from ranktop.tui.details import details_text
+
+    engine = FakeEngine(2)
+    engine.set_rank(0, gpu=GpuSample(index=3, util_percent=55.0, mem_used=30 << 30, mem_total=80 << 30,
+                                     proc_mem=3 << 29))
+    snap = engine.snapshot()
+    text = details_text(snap.ranks[0], snap, None, time.time(), width=80).plain
+    assert "\ngpu3  util 55%  this rank 1.5G  device 30.0G of 80.0G used\n" in text, text
+    engine.set_rank(0, gpu=GpuSample(index=3))  # known device, no sample read yet
+    snap = engine.snapshot()
+    assert "\ngpu3  util -  this rank -  device - of - used\n" in details_text(snap.ranks[0], snap, None, time.time()).plain
+    assert "gpu1 " not in details_text(snap.ranks[1], snap, None, time.time()).plain  # no GPU known: no line
+
+
 def test_the_details_view_shows_who_the_rank_is_and_its_histories():
     from ranktop.tui.details import RankDetails, details_text
 

@@ -12,7 +12,7 @@ from ranktop.core.engine import Engine, OutputCursor
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, RankSnapshot
 from ranktop.tui.metric import RankTrack, Tracker, sparkline
-from ranktop.tui.panes import human_bytes, human_duration, pid_text, state_label
+from ranktop.tui.panes import gpu_util_text, human_bytes, human_duration, pid_text, state_label
 from ranktop.tui.screens import MODAL_HELP
 from rich.text import Text
 from textual.app import ComposeResult
@@ -64,6 +64,10 @@ def details_text(rank: RankSnapshot, group: GroupSnapshot, track: RankTrack | No
     for stream, path in (("stdout", rank.stdout_log), ("stderr", rank.stderr_log)):
         if path:
             text.append(f"\n{stream}  {clean(path)}", style="dim")
+    gpu = rank.gpu
+    if gpu is not None and gpu.index is not None:  # the title has room for the rank's own memory only
+        text.append(f"\ngpu{gpu.index}  util {gpu_util_text(gpu)}  this rank {human_bytes(gpu.proc_mem)}  "
+                    f"device {human_bytes(gpu.mem_used)} of {human_bytes(gpu.mem_total)} used", style="cyan")
     spark_width = max(8, width - 55)  # label 12, then "  now", "  min", "  max" with 8-column values
     text.append("\n")
     for key, label, fmt in SERIES:

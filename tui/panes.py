@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 from ranktop.core.engine import FIRST_LOOK_LINES, Engine, OutputCursor
 from ranktop.core.sanitize import clean
-from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState, world_undecided
+from ranktop.core.state import GpuSample, GroupSnapshot, GroupState, RankSnapshot, RankState, world_undecided
 from ranktop.tui.commands import action_name
 from ranktop.tui.logview import LogView
 from rich.cells import cell_len
@@ -139,11 +139,15 @@ def pid_text(snap: RankSnapshot, *, narrow: bool = False) -> str:
     return ("" if narrow else " pid") + pid
 
 
+def gpu_util_text(gpu: GpuSample) -> str:
+    return "-" if gpu.util_percent is None else f"{gpu.util_percent:.0f}%"
+
+
 def gpu_text(snap: RankSnapshot) -> str | None:
     gpu = snap.gpu
     if gpu is None or gpu.index is None:
         return None
-    util = "-" if gpu.util_percent is None else f"{gpu.util_percent:.0f}%"
+    util = gpu_util_text(gpu)
     mem = human_bytes(gpu.proc_mem if gpu.proc_mem is not None else gpu.mem_used)
     total = human_bytes(gpu.mem_total)
     return f"gpu{gpu.index} {util} {mem}/{total}"
