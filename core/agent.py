@@ -864,9 +864,11 @@ class LocalAgent:
         first = os.path.basename(self.run_dir)
         return [first] + [name for name in (f"{self.run_id}.{n}" for n in range(1, 100)) if name != first]
 
-    def ignore_hangups(self) -> None:
+    def _detach(self, reason: str) -> cmd.Ack:
         """The run let go of its terminal: from now on a SIGHUP is noted, not a stop."""
         self._stop_rule.hangup_stops = False
+        self.events.write("detached", reason=reason)
+        return cmd.Ack(True, "detached: the run goes on without its terminal")
 
     def handle_signal(self, signum: int) -> None:
         """ranktop itself got `signum`: forward it to every rank (grace, then SIGKILL) and end with
@@ -960,6 +962,8 @@ class LocalAgent:
                 reply.answer(_after_the_end(command))
 
     def _apply(self, pc: PContext | None, command: cmd.Command) -> cmd.Ack:
+        if isinstance(command, cmd.Detach):  # whatever the ranks are doing: it is the run that lets go
+            return self._detach(command.reason)
         stopping = isinstance(command, (cmd.Stop, cmd.KillGroup))
         waiting = pc is None or self.state == GroupState.RENDEZVOUS  # a round forming, or the exit barrier
         if waiting or pc.ended:

@@ -107,8 +107,19 @@ class SendInput:
 
 MAX_INPUT = 64 << 10  # characters one SendInput may carry: a typed line, not a file
 
+
+@dataclass(frozen=True)
+class Detach:
+    """The TUI that started the run lets go of it (`reason`: "key", or its terminal's "SIGHUP"):
+    the run goes on without a terminal, and a hang-up from now on is noted, not a stop."""
+
+    reason: str
+
+
+MAX_DETACH_REASON = 40  # characters: a word for events.jsonl
+
 Command = (SignalRank | SignalGroup | KillRank | KillGroup | RestartRank | RestartGroup | Stop | Interrupt
-           | DumpStacks | SignalDump | SendInput)
+           | DumpStacks | SignalDump | SendInput | Detach)
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,8 @@ def problem(command: object, local_world_size: int) -> str | None:
         return f"bad save {command.save!r}: expected true or false"
     if isinstance(command, SendInput) and (not isinstance(command.text, str) or len(command.text) > MAX_INPUT):
         return f"bad input: expected text of at most {MAX_INPUT} characters"
+    if isinstance(command, Detach) and (not isinstance(command.reason, str) or len(command.reason) > MAX_DETACH_REASON):
+        return f"bad detach reason: expected at most {MAX_DETACH_REASON} characters of text"
     return None
 
 
@@ -157,5 +170,5 @@ def _signal_of(value: object) -> signal.Signals | None:
 
 
 _COMMAND_TYPES = (SignalRank, SignalGroup, KillRank, KillGroup, RestartRank, RestartGroup, Stop, Interrupt,
-                  DumpStacks, SignalDump, SendInput)
+                  DumpStacks, SignalDump, SendInput, Detach)
 _NAMES = [t.__name__ for t in _COMMAND_TYPES]

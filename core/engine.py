@@ -54,7 +54,7 @@ class Engine(Protocol):
         ...
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
-        """Apply one command (a rank signal, a kill, a restart, a stop, a stack dump) and say how
+        """Apply one command (a rank signal, a kill, a restart, a stop, a detach, a stack dump) and say how
         it went. A bad command changes nothing and is answered with a one-line reason."""
         ...
 

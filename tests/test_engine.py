@@ -67,7 +67,7 @@ def test_snapshot_and_output_since_are_plain_data(tmp_path):
         (cmd.DumpStacks((0, 7)), "bad local rank 7: local ranks are 0..1"),
         (cmd.SignalDump(5), "bad local ranks 5: expected a list of local ranks, or none for all"),
         ("stop", "unknown command str: expected one of SignalRank, SignalGroup, KillRank, KillGroup, "
-                 "RestartRank, RestartGroup, Stop, Interrupt, DumpStacks, SignalDump, SendInput"),
+                 "RestartRank, RestartGroup, Stop, Interrupt, DumpStacks, SignalDump, SendInput, Detach"),
     ],
 )
 def test_bad_commands_are_one_line_and_change_nothing(tmp_path, command, message):
@@ -80,6 +80,26 @@ def test_bad_commands_are_one_line_and_change_nothing(tmp_path, command, message
         assert [(r.pid, r.state) for r in engine.snapshot().ranks] == before
         assert engine.snapshot().state == GroupState.RUNNING
         assert not any(e["event"] in ("signalled", "user_stop") for e in read_events(engine.agent.run_dir))
+    finally:
+        engine.close()
+
+
+def test_a_detach_is_a_command_after_which_a_hangup_is_noted_not_a_stop(tmp_path):
+    """SPEC 6: every action, detach included, goes through Engine.submit. The TUI's launcher reached
+    into the agent to write the `detached` event and to stop a hang-up from stopping the run."""
+    engine = make_engine(tmp_path).start()
+    try:
+        running(engine)
+        ack = engine.submit(cmd.Detach("key"))
+        assert ack.ok and ack.message == "detached: the run goes on without its terminal"
+        assert [e["reason"] for e in read_events(engine.agent.run_dir) if e["event"] == "detached"] == ["key"]
+        engine.submit(cmd.Interrupt(signal.SIGHUP))
+        received = wait_for(lambda: [e for e in read_events(engine.agent.run_dir) if e["event"] == "signal_received"],
+                            what="the hang-up noted")
+        assert received[0]["forwarded"] is False and received[0]["action"] == "ignored"
+        assert engine.snapshot().state == GroupState.RUNNING
+        assert all(r.state.alive for r in engine.snapshot().ranks)
+        assert engine.submit(cmd.Detach("x" * 41)).message == "bad detach reason: expected at most 40 characters of text"
     finally:
         engine.close()
 

@@ -121,10 +121,9 @@ def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher
         print(f"ranktop: run {run_id} goes on in the background (pid {os.getpid()}); ranktop attach {run_id} "
               f"shows it again, ranktop stop {run_id} ends it", file=sys.stderr, flush=True)
     detach_terminal(stdin=True)  # Textual has stopped reading it: the dead terminal is nothing of ours now
-    engine.agent.events.write("detached", reason=reason)
     # A later SIGHUP is noted in events.jsonl and the run goes on. (Not SIG_IGN: ranks the run
     # starts from now on would inherit it through exec and be deaf to a hang-up of their own.)
-    engine.agent.ignore_hangups()
+    engine.submit(cmd.Detach(reason))
     for sig in _STOP_SIGNALS:
         signal.signal(sig, lambda signum, _frame: engine.submit(cmd.Interrupt(signum)))
     try:
