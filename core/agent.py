@@ -301,6 +301,7 @@ class LocalAgent:
         self.exit_barrier_timeout = exit_barrier_timeout
         self._watch: RoundWatch | None = None
         self._round_end = None  # a RoundEnd once the watch saw one for the running group
+        self._store_lost_said = False  # the watch's warning that the store is gone, said once a run
         self._rdzv_error: str | None = None
         self._end_note: str | None = None  # the exit barrier's end without every node, in words
         self._start_error: RankStartError | None = None  # why a rank could not be started, if one could not
@@ -525,7 +526,7 @@ class LocalAgent:
         own_failure = any(_failed_on_its_own(s) for s in slots if s.failure)
         # A node that gave up, or one that failed while this node has no restarts left: the ranks
         # ranktop stopped for it are not to blame (they ended by its SIGTERM).
-        peer_stop = self._round_end is not None and (self._round_end.kind == "peer_gave_up" or
+        peer_stop = self._round_end is not None and (self._round_end.kind in ("peer_gave_up", "store_lost") or
                                                      (self._round_end.kind == "peer_failed" and not own_failure))
         blamed = self._stop_signal is None or own_failure
         self.root_cause = self._root_cause() if failures and blamed and not self._user_stop and not peer_stop else None
@@ -678,20 +679,31 @@ class LocalAgent:
         self._waker.wake()
 
     def _check_round_end(self, pc: PContext) -> None:
-        """While monitoring: nodes waiting to join, or a node that gave up, end the running group."""
+        """While monitoring: nodes waiting to join, a node that gave up, or the loss of the store the
+        ranks use too, end the running group; the loss of one they do not use is said once."""
+        self._say_store_lost()
         end = self._watch.end if self._watch is not None else None
         if end is None or self._round_end is not None or self._stop_signal is not None or self._user_stop:
             return
         self._round_end = end
         self.events.write("round_end", kind=end.kind, message=end.message)
-        if end.kind == "peer_gave_up":
-            self._rdzv_error = f"{end.message}; the {self.rendezvous.describe()} is closed, this node stops"
+        if end.kind in ("peer_gave_up", "store_lost"):
+            closed = f"; the {self.rendezvous.describe()} is closed," if end.kind == "peer_gave_up" else ";"
+            self._rdzv_error = f"{end.message}{closed} this node stops"
             self.state = GroupState.STOPPING
         else:  # a peer's failure gets its one line when the restart is decided, as a rank's failure
             if end.kind == "nodes_joined":
                 self._notice(f"{end.message}: restarting the group (no restart spent)")
             self.state = GroupState.RESTARTING
         pc.stop()
+
+    def _say_store_lost(self) -> None:
+        """The watch found the rendezvous's store gone while the ranks go on: one line, once."""
+        warning = self._watch.warning if self._watch is not None else None
+        if warning is not None and not self._store_lost_said:
+            self._store_lost_said = True
+            self.events.write("rendezvous_store_lost", message=warning)
+            self._notice(warning)
 
     def _nodes_joined(self, result: RunProcsResult) -> bool:
         """The group ended because nodes joined: stopped by us, not failed on its own, not done."""

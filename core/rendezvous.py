@@ -79,6 +79,9 @@ BUILTIN_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
 _POLL = 0.1  # seconds between looks at the store while waiting on it
 GAVE_UP_LINGER = 5.0  # at most this long a node that gave up waits for the others to hear it
 NEWCOMERS_LOOK = 1.0  # seconds between looks for nodes waiting for a new round, at the exit barrier
+STORE_LOST_LOOKS = 3  # looks in a row, while the ranks run, that find the store's connection gone
+# What torch raises for a store whose connection is gone (not a slow answer: that is DistStoreError)
+_CONNECTION_LOST = ("DistNetworkError", "RendezvousConnectionError")
 
 
 class RendezvousFailed(RuntimeError):
@@ -121,6 +124,7 @@ def _torch_rendezvous(backend: str) -> Any:
     except ImportError as exc:
         raise UsageError(f"--rdzv-backend {backend} needs torch, and {torch_import_problem(exc)}; without it, "
                          "run the static form: --nnodes N --node-rank R --master-addr HOST --master-port PORT") from None
+    _quiet_lost_heartbeats()
     return rendezvous, registry
 
 
@@ -368,7 +372,8 @@ class RoundEnd:
     """Why the running round must end although the ranks are fine."""
 
     # "nodes_joined": restart the group, no restart spent; "peer_failed": another node's ranks
-    # failed, restart the group as a failure; "peer_gave_up": stop, the rendezvous is closed
+    # failed, restart the group as a failure; "peer_gave_up": stop, the rendezvous is closed;
+    # "store_lost": stop, the node serving the store the ranks use too has ended
     kind: str
     message: str
     # "new_round" only: this node serves the store the others' new round needs, so it stays
@@ -417,6 +422,7 @@ class Rendezvous:
         self._job_store: Any = None  # static backend: the one store of the job
         self._every_node_ranktop = False  # static backend: seen in a later start's store check
         self._ranks_store: Any = None  # served here while this node is group rank 0
+        self._ranks_on_rendezvous = False  # the running ranks meet on the rendezvous's own store
         # --rdzv-conf ranks_store=rendezvous: as group rank 0, send the ranks to the rendezvous's store
         self.on_rendezvous_store = bool(getattr(handler, _ONE_STORE_ATTR, False))
         self._told_gave_up = False
@@ -508,7 +514,7 @@ class Rendezvous:
             use_agent_store = use_agent_store or on_rendezvous_store  # the ranks are its clients
         except Exception as exc:
             raise RendezvousFailed(self._failure_message(exc)) from None
-        self.store, self._told_gave_up = store, False
+        self.store, self._told_gave_up, self._ranks_on_rendezvous = store, False, on_rendezvous_store
         self.placement = Placement(group_rank, nodes, *ranks, master_addr=master_addr, master_port=master_port,
                                    run_id=self.run_id, round=number, use_agent_store=use_agent_store)
         return self.placement
@@ -594,6 +600,13 @@ class Rendezvous:
             return (f"lost the {self.describe()}: {_one_line(exc)} "
                     "(the node serving its store may have ended)")
         return f"the {self.describe()} failed: {name}: {_one_line(exc)}"
+
+    def ranks_lose_the_store(self) -> bool:
+        """Whether losing the rendezvous's store leaves the running ranks without theirs: torch's
+        static rendezvous (group rank 0 serves the job's store and the ranks'), or ranks that meet on
+        the rendezvous's own store (--rdzv-conf ranks_store=rendezvous). c10d's ranks otherwise meet
+        on a store of group rank 0's, which need not be the endpoint's host: they run on."""
+        return self._job_store is not None or self._ranks_on_rendezvous
 
     def nodes_waiting(self) -> int:
         """Nodes waiting for the next round; under the static backend, at this node's next start."""
@@ -838,6 +851,22 @@ class _FailedCloseFilter(logging.Filter):
         return not (record.thread == self.thread and "has failed to shutdown the rendezvous" in str(record.msg))
 
 
+class _LostHeartbeatFilter(logging.Filter):
+    """torch's handler logs a WARNING at every keep-alive heartbeat it cannot send (every 5 s by
+    default), for as long as the node serving the store is gone and the ranks run on: ranktop's
+    watch says that once, in its own line (RoundWatch), so the records are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "has failed to send a keep-alive heartbeat" not in str(record.msg)
+
+
+_LOST_HEARTBEAT = _LostHeartbeatFilter()
+
+
+def _quiet_lost_heartbeats() -> None:
+    logging.getLogger(_DYNAMIC_LOGGER).addFilter(_LOST_HEARTBEAT)  # (a filter added twice is kept once)
+
+
 @contextlib.contextmanager
 def _quiet_failed_close() -> Iterator[None]:
     logger, quiet = logging.getLogger(_DYNAMIC_LOGGER), _FailedCloseFilter()
@@ -899,6 +928,8 @@ class RoundWatch:
         self.interval = interval
         self.wake = wake
         self.end: RoundEnd | None = None
+        self.warning: str | None = None  # once the store is gone while the ranks go on: the line to say
+        self._lost_looks = 0  # looks in a row that found the store gone
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ranktop-rdzv-watch", daemon=True)
         self._thread.start()
@@ -919,10 +950,30 @@ class RoundWatch:
             return RoundEnd("peer_gave_up", said)
         try:
             waiting = self.rdzv.nodes_waiting()
-        except Exception:
-            return None  # out of reach for now: the ranks or the next round will tell
+        except Exception as exc:
+            return self._unreachable(exc)
+        self._lost_looks = 0
         if waiting <= 0:
             return None
         if self.rdzv.agree_on_end("nodes_joined") == "failure":
             return RoundEnd("peer_failed", f"another node of the {self.rdzv.describe()} failed")
         return RoundEnd("nodes_joined", f"{waiting} node(s) waiting to join the {self.rdzv.describe()}")
+
+    def _unreachable(self, exc: Exception) -> RoundEnd | None:
+        """The store refused a look: its connection is gone, at STORE_LOST_LOOKS looks in a row (not
+        a passing fault), so the node serving it has ended. Where the ranks' store went with it
+        (`ranks_lose_the_store`), ranks starting up or in no collective waited for their own
+        time-out, or for ever: `store_lost` ends the group. Else the ranks go on, and `warning` says
+        once that the group cannot start again (torch's handler said it every heartbeat)."""
+        if type(exc).__name__ not in _CONNECTION_LOST:
+            self._lost_looks = 0
+            return None
+        self._lost_looks += 1
+        if self._lost_looks < STORE_LOST_LOOKS or self.warning is not None:
+            return None
+        lost = f"lost the {self.rdzv.describe()}'s store: {_one_line(exc)} (the node serving it may have ended)"
+        if self.rdzv.ranks_lose_the_store():
+            return RoundEnd("store_lost", f"{lost}, and this node's ranks' store with it")
+        self.warning = f"warning: {lost}; this node's ranks go on for now, but the group cannot start again"
+        self.wake()
+        return None

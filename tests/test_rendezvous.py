@@ -256,6 +256,72 @@ def test_a_static_job_with_a_torchrun_node_ends_a_restart_in_one_line(tmp_path, 
             "torchrun's, whose static rendezvous has no rounds to meet in") in err, err[-3000:]
 
 
+def _placed(tmp_path: Path, node: str) -> bool:
+    """Whether `node`'s first rank has started and printed where the round placed it."""
+    return any(b"PLACED" in p.read_bytes() for p in tmp_path.glob(f"{node}/*/attempt_0/0/stdout.log"))
+
+
+@pytest.mark.parametrize("line", ["static", "rendezvous-store"])
+def test_ranks_that_lose_their_store_with_its_node_are_stopped_at_once(tmp_path, torch_installed, line):
+    """The node serving the store is killed while the other's rank is idle (in no collective, as
+    one starting up or loading data). Under the static line group rank 0 serves the job's store and
+    the ranks'; with ranks_store=rendezvous the ranks use the rendezvous's: their store is gone, and
+    they waited for ever (in init_process_group: for their own time-out) with nothing said. The
+    other node now stops them within seconds, exit 1, one line, no rank blamed, no restart."""
+    if line == "static":
+        host, other = _static_nodes(tmp_path, [_ranktop_node(tmp_path, "node0"), _ranktop_node(tmp_path, "node1")],
+                                    "fail-first", "5")  # (no rank 5: every rank waits until stopped)
+        lost = "ranktop: error: lost the static rendezvous 'none''s store: "
+    else:
+        job = Job(tmp_path, "store-lost", conf=ONE_STORE)
+        host, other = (job.start("fail-first", "5", local_addr=f"127.0.0.{n + 1}",
+                                 extra=("--max-restarts", "1", "--rdzv-conf", f"{ONE_STORE},is_host={int(n == 0)}"))
+                       for n in (0, 1))
+        lost = "ranktop: error: lost the c10d rendezvous 'store-lost''s store: "
+    try:
+        wait_for(lambda: _placed(tmp_path, "node1"), timeout=TIMEOUT, what="node 1's rank placed")
+        host.kill()
+        status, err = other.wait(TIMEOUT), other.communicate()[1]
+    finally:
+        for node in (host, other):
+            stop_process(node)
+    assert status == 1, err[-3000:]
+    last = err.rstrip().splitlines()[-1]
+    assert last.startswith(lost) and last.endswith("(the node serving it may have ended), and this node's ranks' "
+                                                   "store with it; this node stops"), err[-3000:]
+    assert "root cause" not in err and "restarting" not in err and "Traceback" not in err, err[-3000:]
+    assert [e["kind"] for e in events(tmp_path / "node1") if e["event"] == "round_end"] == ["store_lost"]
+
+
+def test_ranks_on_their_own_store_go_on_when_the_rendezvous_store_is_lost_and_it_is_said_once(tmp_path,
+                                                                                              torch_installed):
+    """c10d, fresh stores: the store host is killed; the other node's idle rank has a store of its
+    own (here group rank 0's, gone too, but a rank in no collective cannot tell), so it goes on.
+    torch's handler logged a WARNING at every failed keep-alive heartbeat on ranktop's console;
+    ranktop says it once, in its own line."""
+    job = Job(tmp_path, "store-lost-fresh")
+    conf = CONF + ",keep_alive_interval=1,is_host="
+    host, other = (job.start("fail-first", "5", local_addr=f"127.0.0.{n + 1}",
+                             extra=("--rdzv-conf", f"{conf}{int(n == 0)}")) for n in (0, 1))
+    try:
+        wait_for(lambda: _placed(tmp_path, "node1"), timeout=TIMEOUT, what="node 1's rank placed")
+        host.kill()
+        wait_for(lambda: any(e["event"] == "rendezvous_store_lost" for run in tmp_path.glob("node1/*/")
+                             for e in read_events(run, while_written=True)),
+                 timeout=TIMEOUT, what="the warning that the store is lost")
+        other.send_signal(signal.SIGTERM)
+        status, err = other.wait(TIMEOUT), other.communicate()[1]
+    finally:
+        for node in (host, other):
+            stop_process(node)
+    assert status == 128 + signal.SIGTERM, err[-3000:]
+    said = [ln for ln in err.splitlines() if "lost the" in ln]
+    assert len(said) == 1 and said[0].startswith("ranktop: warning: lost the c10d rendezvous 'store-lost-fresh''s "
+                                                 "store: "), err[-3000:]
+    assert said[0].endswith("; this node's ranks go on for now, but the group cannot start again"), said
+    assert "keep-alive heartbeat" not in err, err[-3000:]
+
+
 def _two_nodes_all_reduced(job: Job) -> list[str]:
     """Two nodes waiting for a world of three, started; their stdout up to the line that says their
     two-node group all-reduced (kept: a newcomer joining earlier would restart the group before it
