@@ -398,10 +398,7 @@ class LocalAgent:
         if self._round_end is not None and self._round_end.kind == "peer_failed":
             return self._round_end.message  # this node's ranks were stopped for it: none of them is to blame
         cause = self._root_cause()
-        if cause is None:
-            return "failed"
-        how = f"signal {cause.signal_name}" if cause.exitcode < 0 else f"exit {cause.exitcode}"
-        return f"rank {cause.rank} failed ({how})"
+        return "failed" if cause is None else _rank_failed(cause)
 
     def _restart_reason(self, result: RunProcsResult) -> str | None:
         if self._stop_signal is not None or self._user_stop:
@@ -740,7 +737,7 @@ class LocalAgent:
             cause, spent = self.root_cause, f"no restarts left ({self.attempt} of {self.spec.max_restarts} spent)"
             peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
             what = ("its ranks were stopped for another node's failure" if peer else
-                    f"rank {cause.rank} failed (exit {cause.exitcode})" if cause else "its ranks failed")
+                    _rank_failed(cause) if cause else "its ranks failed")
             self.rendezvous.give_up(f"{what}, {spent}")
             self.events.write("rendezvous_closed", reason="gave_up")
             if peer:  # no rank of ours to show: the one line says why this node ended
@@ -1223,6 +1220,13 @@ class LocalAgent:
 
     def ring(self, local_rank: int):
         return self.pcontext.slots[local_rank].ring
+
+
+def _rank_failed(cause: RootCause) -> str:
+    """`rank 1 failed (exit 3)` or `(signal SIGKILL)`: the words of the restart line and of the
+    reason a node that gives up leaves for the others (which said `exit -9`)."""
+    how = f"signal {cause.signal_name}" if cause.exitcode < 0 else f"exit {cause.exitcode}"
+    return f"rank {cause.rank} failed ({how})"
 
 
 def _failed_on_its_own(slot: Any) -> bool:

@@ -489,16 +489,19 @@ def test_a_node_placed_in_a_round_its_nnodes_did_not_ask_for_says_so(tmp_path, t
     assert any(e["event"] == "rendezvous_size_not_asked" and e["nodes"] == 2 for e in events(tmp_path / "node0"))
 
 
-def test_giving_up_closes_the_rendezvous_and_stops_the_other_node(tmp_path, torch_installed):
+@pytest.mark.parametrize(("mode", "how"), [("fail", "exit 3"), ("kill", "signal SIGKILL")])
+def test_giving_up_closes_the_rendezvous_and_stops_the_other_node(tmp_path, torch_installed, mode, how):
+    """The node whose rank failed says why to the others, in the words of its restart line (a rank
+    killed by a signal was `exit -9`)."""
     job = Job(tmp_path, "give-up")
     for _ in range(2):
-        job.start("fail", "1")
+        job.start(mode, "1")
     results = job.finish()
     assert all(status == 1 for status, _, _ in results), results
     gave_up = [err for _, _, err in results if "gave up:" in err]
     assert len(gave_up) == 1, results
     line = [ln for ln in gave_up[0].splitlines() if "gave up:" in ln][0]
-    assert line.startswith("ranktop: error: node ") and "rank 1 failed (exit 3), no restarts left" in line
+    assert line.startswith("ranktop: error: node ") and f"rank 1 failed ({how}), no restarts left" in line
     assert "rendezvous 'give-up' is closed, this node stops" in line
 
 
