@@ -80,8 +80,6 @@ _POLL = 0.1  # seconds between looks at the store while waiting on it
 GAVE_UP_LINGER = 5.0  # at most this long a node that gave up waits for the others to hear it
 NEWCOMERS_LOOK = 1.0  # seconds between looks for nodes waiting for a new round, at the exit barrier
 STORE_LOST_LOOKS = 3  # looks in a row, while the ranks run, that find the store's connection gone
-# What torch raises for a store whose connection is gone (not a slow answer: that is DistStoreError)
-_CONNECTION_LOST = ("DistNetworkError", "RendezvousConnectionError")
 
 
 class RendezvousFailed(RuntimeError):
@@ -877,6 +875,20 @@ def _quiet_failed_close() -> Iterator[None]:
         logger.removeFilter(quiet)
 
 
+def _connection_lost(exc: BaseException) -> bool:
+    """Whether torch's store call failed because its connection is gone (DistNetworkError: a broken
+    pipe, a refused connection), directly or under c10d's RendezvousConnectionError, which also
+    wraps a slow answer (DistStoreError, a time-out: the node may only be busy)."""
+    for _ in range(4):
+        if type(exc).__name__ == "DistNetworkError":
+            return True
+        inner = exc.__cause__ or exc.__context__
+        if inner is None:
+            return False
+        exc = inner
+    return False
+
+
 def _tcp_store(store: Any) -> Any:
     """The store under a (prefixed) store: a PrefixStore over a PrefixStore... over the TCPStore."""
     for _ in range(8):
@@ -965,7 +977,7 @@ class RoundWatch:
         (`ranks_lose_the_store`), ranks starting up or in no collective waited for their own
         time-out, or for ever: `store_lost` ends the group. Else the ranks go on, and `warning` says
         once that the group cannot start again (torch's handler said it every heartbeat)."""
-        if type(exc).__name__ not in _CONNECTION_LOST:
+        if not _connection_lost(exc):
             self._lost_looks = 0
             return None
         self._lost_looks += 1
