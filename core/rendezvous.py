@@ -122,7 +122,6 @@ def _torch_rendezvous(backend: str) -> Any:
     except ImportError as exc:
         raise UsageError(f"--rdzv-backend {backend} needs torch, and {torch_import_problem(exc)}; without it, "
                          "run the static form: --nnodes N --node-rank R --master-addr HOST --master-port PORT") from None
-    _quiet_lost_heartbeats()
     return rendezvous, registry
 
 
@@ -209,6 +208,8 @@ def create_handler(
         raise _handler_error(exc, rdzv, backend, endpoint) from None
     if handler is not None and one_store:
         setattr(handler, _ONE_STORE_ATTR, True)
+    if handler is not None and backend == "c10d":  # (the watch tells of a lost c10d store only)
+        _quiet_lost_heartbeats()
     return handler
 
 
@@ -851,8 +852,8 @@ class _FailedCloseFilter(logging.Filter):
 
 class _LostHeartbeatFilter(logging.Filter):
     """torch's handler logs a WARNING at every keep-alive heartbeat it cannot send (every 5 s by
-    default), for as long as the node serving the store is gone and the ranks run on: ranktop's
-    watch says that once, in its own line (RoundWatch), so the records are dropped."""
+    default), for as long as the node serving the c10d store is gone and the ranks run on:
+    ranktop's watch says that once, in its own line (RoundWatch), so the records are dropped."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "has failed to send a keep-alive heartbeat" not in str(record.msg)
