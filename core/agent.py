@@ -412,10 +412,7 @@ class LocalAgent:
         if self._round_end is not None and self._round_end.kind == "peer_failed":
             return self._round_end.message  # this node's ranks were stopped for it: none of them is to blame
         cause = self._root_cause()
-        if cause is None:
-            return "failed"
-        how = f"signal {cause.signal_name}" if cause.exitcode < 0 else f"exit {cause.exitcode}"
-        return f"rank {cause.rank} failed ({how})"
+        return "failed" if cause is None else _rank_failed(cause)
 
     def _restart_reason(self, result: RunProcsResult) -> str | None:
         if self._stop_signal is not None or self._user_stop:
@@ -540,7 +537,7 @@ class LocalAgent:
         own_failure = any(_failed_on_its_own(s) for s in slots if s.failure)
         # A node that gave up, or one that failed while this node has no restarts left: the ranks
         # ranktop stopped for it are not to blame (they ended by its SIGTERM).
-        peer_stop = self._round_end is not None and (self._round_end.kind == "peer_gave_up" or
+        peer_stop = self._round_end is not None and (self._round_end.kind in ("peer_gave_up", "store_lost") or
                                                      (self._round_end.kind == "peer_failed" and not own_failure))
         blamed = self._stop_signal is None or own_failure
         self.root_cause = self._root_cause() if failures and blamed and not self._user_stop and not peer_stop else None
@@ -693,14 +690,16 @@ class LocalAgent:
         self._waker.wake()
 
     def _check_round_end(self, pc: PContext) -> None:
-        """While monitoring: nodes waiting to join, or a node that gave up, end the running group."""
+        """While monitoring: nodes waiting to join, a node that gave up, or the loss of the store the
+        ranks use too, end the running group."""
         end = self._watch.end if self._watch is not None else None
         if end is None or self._round_end is not None or self._stop_signal is not None or self._user_stop:
             return
         self._round_end = end
         self.events.write("round_end", kind=end.kind, message=end.message)
-        if end.kind == "peer_gave_up":
-            self._rdzv_error = f"{end.message}; the {self.rendezvous.describe()} is closed, this node stops"
+        if end.kind in ("peer_gave_up", "store_lost"):
+            closed = f"; the {self.rendezvous.describe()} is closed," if end.kind == "peer_gave_up" else ";"
+            self._rdzv_error = f"{end.message}{closed} this node stops"
             self.state = GroupState.STOPPING
         else:  # a peer's failure gets its one line when the restart is decided, as a rank's failure
             if end.kind == "nodes_joined":
@@ -743,7 +742,7 @@ class LocalAgent:
             cause, spent = self.root_cause, f"no restarts left ({self.attempt} of {self.spec.max_restarts} spent)"
             peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
             what = ("its ranks were stopped for another node's failure" if peer else
-                    f"rank {cause.rank} failed (exit {cause.exitcode})" if cause else "its ranks failed")
+                    _rank_failed(cause) if cause else "its ranks failed")
             self.rendezvous.give_up(f"{what}, {spent}")
             self.events.write("rendezvous_closed", reason="gave_up")
             if peer:  # no rank of ours to show: the one line says why this node ended
@@ -809,10 +808,14 @@ class LocalAgent:
         once. torch's keep-alive thread logged a WARNING for each failed heartbeat meanwhile."""
         if lost is not None:
             self.events.write("rendezvous_store_lost", store=lost)
+        else:
+            self.events.write("rendezvous_store_back", store=self.rendezvous.store_words())
+        if self.rendezvous.ranks_lose_the_store():  # their store too: the group stops if it stays gone, and says why
+            return
+        if lost is not None:
             self._notice(f"{self.rendezvous.store_lost_words()}: this node's ranks run on, but no new "
                          "round can form, so a failure of theirs ends the run")
         else:
-            self.events.write("rendezvous_store_back", store=self.rendezvous.store_words())
             self._notice(f"{self.rendezvous.store_words()} answers again: keep-alive heartbeats and new rounds "
                          "can reach it")
 
@@ -1246,6 +1249,13 @@ class LocalAgent:
 
     def ring(self, local_rank: int):
         return self.pcontext.slots[local_rank].ring
+
+
+def _rank_failed(cause: RootCause) -> str:
+    """`rank 1 failed (exit 3)` or `(signal SIGKILL)`: the words of the restart line and of the
+    reason a node that gives up leaves for the others (which said `exit -9`)."""
+    how = f"signal {cause.signal_name}" if cause.exitcode < 0 else f"exit {cause.exitcode}"
+    return f"rank {cause.rank} failed ({how})"
 
 
 def _failed_on_its_own(slot: Any) -> bool:

@@ -79,6 +79,7 @@ BUILTIN_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")
 _POLL = 0.1  # seconds between looks at the store while waiting on it
 GAVE_UP_LINGER = 5.0  # at most this long a node that gave up waits for the others to hear it
 NEWCOMERS_LOOK = 1.0  # seconds between looks for nodes waiting for a new round, at the exit barrier
+STORE_LOST_LOOKS = 3  # looks in a row, while the ranks run, that find the store's connection gone
 
 
 class RendezvousFailed(RuntimeError):
@@ -368,7 +369,8 @@ class RoundEnd:
     """Why the running round must end although the ranks are fine."""
 
     # "nodes_joined": restart the group, no restart spent; "peer_failed": another node's ranks
-    # failed, restart the group as a failure; "peer_gave_up": stop, the rendezvous is closed
+    # failed, restart the group as a failure; "peer_gave_up": stop, the rendezvous is closed;
+    # "store_lost": stop, the node serving the store the ranks use too has ended
     kind: str
     message: str
     # "new_round" only: this node serves the store the others' new round needs, so it stays
@@ -417,6 +419,7 @@ class Rendezvous:
         self._job_store: Any = None  # static backend: the one store of the job
         self._every_node_ranktop = False  # static backend: seen in a later start's store check
         self._ranks_store: Any = None  # served here while this node is group rank 0
+        self._ranks_on_rendezvous = False  # the running ranks meet on the rendezvous's own store
         # --rdzv-conf ranks_store=rendezvous: as group rank 0, send the ranks to the rendezvous's store
         self.on_rendezvous_store = bool(getattr(handler, _ONE_STORE_ATTR, False))
         self._told_gave_up = False
@@ -428,6 +431,7 @@ class Rendezvous:
         self.on_store_change: Callable[[str | None], None] | None = None
         self._store_said = threading.Lock()
         self._ranks_run = False  # a RoundWatch looks (the store's loss is said while the ranks run)
+        self._lost_looks = 0  # looks in a row that found the store's connection broken
 
     @property
     def run_id(self) -> str:
@@ -514,7 +518,7 @@ class Rendezvous:
             use_agent_store = use_agent_store or on_rendezvous_store  # the ranks are its clients
         except Exception as exc:
             raise RendezvousFailed(self._failure_message(exc)) from None
-        self.store, self._told_gave_up = store, False
+        self.store, self._told_gave_up, self._ranks_on_rendezvous = store, False, on_rendezvous_store
         self._store_answers(True)  # a round formed in it (etcd's server may come back)
         self.placement = Placement(group_rank, nodes, *ranks, master_addr=master_addr, master_port=master_port,
                                    run_id=self.run_id, round=number, use_agent_store=use_agent_store)
@@ -622,11 +626,18 @@ class Rendezvous:
             return True
         try:
             store.check([_GAVE_UP])
-        except Exception:  # noqa: BLE001 - whatever the error, the store did not answer
+        except Exception as exc:  # noqa: BLE001 - whatever the error, the store did not answer
+            self._lost_looks = self._lost_looks + 1 if _connection_lost(exc) else 0
             self._store_answers(False)
             return False
+        self._lost_looks = 0
         self._store_answers(True)
         return True
+
+    def store_gone(self) -> bool:
+        """Whether the last STORE_LOST_LOOKS looks found the store's connection broken (not a
+        slow answer, nor one passing fault): the node serving it has ended."""
+        return self._lost_looks >= STORE_LOST_LOOKS
 
     def _store_answers(self, answers: bool) -> None:
         with self._store_said:  # the watch and a heartbeat's thread may look at once: one says it
@@ -649,6 +660,13 @@ class Rendezvous:
         if self.store_lost is None and self._ranks_run:
             self.look_at_store()
         return self.store_lost is not None
+
+    def ranks_lose_the_store(self) -> bool:
+        """Whether losing the rendezvous's store leaves the running ranks without theirs: torch's
+        static rendezvous (group rank 0 serves the job's store and the ranks'), or ranks that meet on
+        the rendezvous's own store (--rdzv-conf ranks_store=rendezvous). c10d's ranks otherwise meet
+        on a store of group rank 0's, which need not be the endpoint's host: they run on."""
+        return self._job_store is not None or self._ranks_on_rendezvous
 
     def nodes_waiting(self) -> int:
         """Nodes waiting for the next round; under the static backend, at this node's next start."""
@@ -916,6 +934,20 @@ def _quiet_failed_close() -> contextlib.AbstractContextManager[None]:
     return _quiet_torch(lambda record, text: record.thread == thread and _FAILED_CLOSE in text)
 
 
+def _connection_lost(exc: BaseException) -> bool:
+    """Whether torch's store call failed because its connection is gone (DistNetworkError: a broken
+    pipe, a refused connection), directly or under c10d's RendezvousConnectionError, which also
+    wraps a slow answer (DistStoreError, a time-out: the node may only be busy)."""
+    for _ in range(4):
+        if type(exc).__name__ == "DistNetworkError":
+            return True
+        inner = exc.__cause__ or exc.__context__
+        if inner is None:
+            return False
+        exc = inner
+    return False
+
+
 def _tcp_store(store: Any) -> Any:
     """The store under a (prefixed) store: a PrefixStore over a PrefixStore... over the TCPStore."""
     for _ in range(8):
@@ -984,8 +1016,12 @@ class RoundWatch:
                 self.wake()
 
     def _look(self) -> RoundEnd | None:
-        if not self.rdzv.look_at_store():  # said once; the ranks run on, and tell if they fail
-            return None
+        if not self.rdzv.look_at_store():  # its loss is said once (Rendezvous.on_store_change)
+            if self.rdzv.store_gone() and self.rdzv.ranks_lose_the_store():
+                # Their store went with its node: ranks starting up, or in no collective, would wait
+                # for their own time-out, or for ever.
+                return RoundEnd("store_lost", f"{self.rdzv.store_lost_words()}, and this node's ranks' store with it")
+            return None  # the ranks run on, and tell if they fail
         said = self.rdzv.peer_gave_up()
         if said:
             return RoundEnd("peer_gave_up", said)

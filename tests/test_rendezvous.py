@@ -257,6 +257,44 @@ def test_a_static_job_with_a_torchrun_node_ends_a_restart_in_one_line(tmp_path, 
             "torchrun's, whose static rendezvous has no rounds to meet in") in err, err[-3000:]
 
 
+def _placed(tmp_path: Path, node: str) -> bool:
+    """Whether `node`'s first rank has started and printed where the round placed it."""
+    return any(b"PLACED" in p.read_bytes() for p in tmp_path.glob(f"{node}/*/attempt_0/0/stdout.log"))
+
+
+@pytest.mark.parametrize("line", ["static", "rendezvous-store"])
+def test_ranks_that_lose_their_store_with_its_node_are_stopped_at_once(tmp_path, torch_installed, line):
+    """The node serving the store is killed while the other's rank is idle (in no collective, as
+    one starting up or loading data). Under the static line group rank 0 serves the job's store and
+    the ranks'; with ranks_store=rendezvous the ranks use the rendezvous's: their store is gone, and
+    they waited for ever (in init_process_group: for their own time-out) with nothing said. The
+    other node now stops them within seconds, exit 1, one line, no rank blamed, no restart."""
+    if line == "static":
+        host, other = _static_nodes(tmp_path, [_ranktop_node(tmp_path, "node0"), _ranktop_node(tmp_path, "node1")],
+                                    "fail-first", "5")  # (no rank 5: every rank waits until stopped)
+        lost = "ranktop: error: lost the static rendezvous 'none''s store at "
+    else:
+        job = Job(tmp_path, "store-lost", conf=ONE_STORE)
+        host, other = (job.start("fail-first", "5", local_addr=f"127.0.0.{n + 1}",
+                                 extra=("--max-restarts", "1", "--rdzv-conf", f"{ONE_STORE},is_host={int(n == 0)}"))
+                       for n in (0, 1))
+        lost = "ranktop: error: lost the c10d rendezvous 'store-lost''s store at "
+    try:
+        wait_for(lambda: _placed(tmp_path, "node1"), timeout=TIMEOUT, what="node 1's rank placed")
+        host.kill()
+        status, err = other.wait(TIMEOUT), other.communicate()[1]
+    finally:
+        for node in (host, other):
+            stop_process(node)
+    assert status == 1, err[-3000:]
+    last = err.rstrip().splitlines()[-1]
+    assert last.startswith(lost) and last.endswith("(the node serving it is gone?), and this node's ranks' "
+                                                   "store with it; this node stops"), err[-3000:]
+    assert "this node's ranks run on" not in err, err[-3000:]  # (they are stopped: not said where they are not)
+    assert "root cause" not in err and "restarting" not in err and "Traceback" not in err, err[-3000:]
+    assert [e["kind"] for e in events(tmp_path / "node1") if e["event"] == "round_end"] == ["store_lost"]
+
+
 def _two_nodes_all_reduced(job: Job) -> list[str]:
     """Two nodes waiting for a world of three, started; their stdout up to the line that says their
     two-node group all-reduced (kept: a newcomer joining earlier would restart the group before it
@@ -424,16 +462,19 @@ def test_a_node_placed_in_a_round_its_nnodes_did_not_ask_for_says_so(tmp_path, t
     assert any(e["event"] == "rendezvous_size_not_asked" and e["nodes"] == 2 for e in events(tmp_path / "node0"))
 
 
-def test_giving_up_closes_the_rendezvous_and_stops_the_other_node(tmp_path, torch_installed):
+@pytest.mark.parametrize(("mode", "how"), [("fail", "exit 3"), ("kill", "signal SIGKILL")])
+def test_giving_up_closes_the_rendezvous_and_stops_the_other_node(tmp_path, torch_installed, mode, how):
+    """The node whose rank failed says why to the others, in the words of its restart line (a rank
+    killed by a signal was `exit -9`)."""
     job = Job(tmp_path, "give-up")
     for _ in range(2):
-        job.start("fail", "1")
+        job.start(mode, "1")
     results = job.finish()
     assert all(status == 1 for status, _, _ in results), results
     gave_up = [err for _, _, err in results if "gave up:" in err]
     assert len(gave_up) == 1, results
     line = [ln for ln in gave_up[0].splitlines() if "gave up:" in ln][0]
-    assert line.startswith("ranktop: error: node ") and "rank 1 failed (exit 3), no restarts left" in line
+    assert line.startswith("ranktop: error: node ") and f"rank 1 failed ({how}), no restarts left" in line
     assert "rendezvous 'give-up' is closed, this node stops" in line
 
 

@@ -9,6 +9,7 @@
     allreduce-busy-fail-first R  as allreduce-fail-first, but in attempt 0 the others all_reduce over and
                     over (in a collective when R fails) until the collective breaks or they are stopped
     fail R          global rank R exits 3; the others wait until stopped
+    kill R          global rank R dies by SIGKILL; the others wait until stopped
     until-file P    waits until file P exists, then exits 0
     say-until-file P TEXT  prints TEXT to stderr, then as until-file
     fail-on-file R P  global rank R waits until file P exists, then exits 3; the others exit 0
@@ -62,6 +63,10 @@ elif mode == "allreduce-fail-first":
         sys.exit(3)
     if attempt == 0:
         wait_until_stopped()
+elif mode == "kill":
+    if rank == arg:
+        os.kill(os.getpid(), 9)
+    wait_until_stopped()
 elif mode in ("fail-first", "fail"):
     if rank == arg and (mode == "fail" or attempt == 0):
         sys.exit(3)
