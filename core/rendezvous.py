@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import socket
 import sys
@@ -43,13 +42,16 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ranktop.core.errors import UsageError
 from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.protocol import is_whole
 from ranktop.core.sanitize import clean
 from ranktop.core.spec import Placement
+
+if TYPE_CHECKING:  # (logging loads only where torch's records are filtered: a one-node start skips it)
+    from logging import LogRecord
 
 # Keys torch's agent reads and writes: the same ones let ranktop and torchrun nodes work together.
 _ROLE_INFO = "torchelastic/role_info/"
@@ -652,7 +654,7 @@ class Rendezvous:
         dropped while ranktop says the store is lost (it said so once, in its own words)."""
         return _quiet_torch(self._drops_heartbeat_warning)
 
-    def _drops_heartbeat_warning(self, _record: logging.LogRecord, text: str) -> bool:
+    def _drops_heartbeat_warning(self, _record: LogRecord, text: str) -> bool:
         if f"{_FAILED_HEARTBEAT} '{self.run_id}' " not in text:
             return False
         # The first failed heartbeat may come before the watch's next look: ranktop looks now (in
@@ -906,26 +908,22 @@ _FAILED_CLOSE = "has failed to shutdown the rendezvous"
 _FAILED_HEARTBEAT = "has failed to send a keep-alive heartbeat to the rendezvous"
 
 
-class _DroppedRecords(logging.Filter):
-    def __init__(self, drops: Callable[[logging.LogRecord, str], bool]) -> None:
-        super().__init__()
-        self.drops = drops
+@contextlib.contextmanager
+def _quiet_torch(drops: Callable[[LogRecord, str], bool]) -> Iterator[None]:
+    import logging
 
-    def filter(self, record: logging.LogRecord) -> bool:
+    def shown(record: LogRecord) -> bool:  # (a logging filter may be a plain callable)
         try:
-            return not self.drops(record, record.getMessage())
+            return not drops(record, record.getMessage())
         except Exception:  # noqa: BLE001 - a record ranktop cannot read (or a slip of ours) is shown, not lost
             return True
 
-
-@contextlib.contextmanager
-def _quiet_torch(drops: Callable[[logging.LogRecord, str], bool]) -> Iterator[None]:
-    logger, quiet = logging.getLogger(_DYNAMIC_LOGGER), _DroppedRecords(drops)
-    logger.addFilter(quiet)
+    logger = logging.getLogger(_DYNAMIC_LOGGER)
+    logger.addFilter(shown)
     try:
         yield
     finally:
-        logger.removeFilter(quiet)
+        logger.removeFilter(shown)
 
 
 def _quiet_failed_close() -> contextlib.AbstractContextManager[None]:
