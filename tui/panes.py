@@ -168,6 +168,8 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
     sparklines leave the path its last LOG_KEPT cells, the path gives up its start, and where
     even its file's name would not fit the labels go, so that name stays in view."""
     facts = (snap, now, world_digits, position, hits, metric, outlier)
+    if sparks is None and not log_path:  # not zoomed: one form, cut at the pane's edge (each pane, each tick)
+        return _rank_facts(*facts, narrow=narrow)
     shown = clean(_short_path(log_path)) if log_path else ""
     least = f"  log {fit_path(shown, 0)}" if shown else ""  # its file's name, at the least
     need = cell_len(least) + (SPARKS_LEAST if sparks is not None else 0)
