@@ -4,6 +4,7 @@ outlives its terminal's hang-up, and a socket that refuses strangers and garbage
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -67,6 +68,13 @@ def start_headless(tmp_path, env, run_id: str, script_text: str = TICKER, nproc:
     return subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", str(nproc), "--shutdown-timeout", f"{grace:g}",
                                         "--run-id", run_id, "--log-dir", str(tmp_path / "logs"), str(script)),
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def run_each(calls: list[tuple[str, ...]], env: dict) -> list[subprocess.CompletedProcess]:
+    """`ranktop ARGS` for each of `calls`, side by side: a silent engine keeps each waiting for its
+    connect time-out, not for one another's."""
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(lambda args: run_ranktop(*args, env=env), calls))
 
 
 def test_ls_logs_and_stop_reach_a_headless_run(tmp_path, runtime):
@@ -164,8 +172,8 @@ def test_a_served_run_whose_engine_does_not_answer_is_listed_and_said_so(tmp_pat
         assert [(r["run_id"], r["state"], r["pid"]) for r in ls(env)] == [("frozen", "not answering", proc.pid)]
         assert "frozen  ?       ?      not answering" in run_ranktop("ls", env=env).stdout
         silent = f"ranktop: frozen: the engine at {run['socket']} does not answer\n"
-        for args in (("logs", "frozen"), ("logs", "-f"), ("stop", "fro")):
-            done = run_ranktop(*args, env=env)
+        calls = [("logs", "frozen"), ("logs", "-f"), ("stop", "fro")]
+        for args, done in zip(calls, run_each(calls, env), strict=True):
             assert (done.returncode, done.stdout, done.stderr) == (1, "", silent), args
         proc.send_signal(signal.SIGCONT)
         assert run_ranktop("stop", "frozen", env=env).returncode == 0
@@ -222,8 +230,8 @@ def test_a_silent_engine_named_by_its_run_directory_is_said_not_to_answer(tmp_pa
     os.kill(run["pid"], signal.SIGSTOP)
     try:
         silent = f"ranktop: x: the engine at {run['socket']} does not answer\n"
-        for args in (("logs", "x"), ("logs", run_dir), ("logs", run_dir + "/"), ("stop", run_dir)):
-            said = run_ranktop(*args, env=env)
+        calls = [("logs", "x"), ("logs", run_dir), ("logs", run_dir + "/"), ("stop", run_dir)]
+        for args, said in zip(calls, run_each(calls, env), strict=True):
             assert (said.returncode, said.stdout, said.stderr) == (1, "", silent), args
         elsewhere = run_ranktop("logs", str(other), env=env)
         assert elsewhere.returncode == 1 and "its engine went away before the run's end" in elsewhere.stderr
