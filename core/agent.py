@@ -282,7 +282,7 @@ class LocalAgent:
         self._stalled: dict[int, float | None] = {}
         # (time, attempt, what) of each action the user took on single ranks: a root cause that
         # follows one says so (restarting a rank of a collective job makes its peers fail)
-        self._user_actions: list[tuple[float, int, str]] = []
+        self._user_actions: list[tuple[float, int, str, str]] = []  # (when, attempt, what, what came of it)
         # "attempt_<k>: why it ended" for each attempt before this one that failed or was restarted
         self._earlier_attempts: list[str] = []
         self._interpreter = other_interpreter(spec)
@@ -598,7 +598,7 @@ class LocalAgent:
         slot, f = own[0], own[0].failure
         tail = _decoded(slot.ring.tail(20))
         attempt = self._pcontext_attempt
-        before = [(t, what) for t, at, what in self._user_actions if at == attempt and t <= f.exited_at]
+        before = [(t, what, then) for t, at, what, then in self._user_actions if at == attempt and t <= f.exited_at]
         return RootCause(
             rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
             signal_name=killed_by(f.exitcode), message=f.message_text,
@@ -977,9 +977,11 @@ class LocalAgent:
                     return cmd.Ack(False, "between two attempts: try again once the next one started")
                 return cmd.Ack(False, "the group has ended: nothing left to signal or restart")
         if isinstance(command, cmd.SignalRank):
-            if command.signal not in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT):
-                name = signal.Signals(command.signal).name
-                self._note_user_action(f"sent {name} to rank {self.spec.global_rank(command.local_rank)}")
+            rank = self.spec.global_rank(command.local_rank)
+            if command.signal == signal.SIGCONT:
+                self._note_resumed(rank)
+            elif command.signal not in (signal.SIGUSR1, signal.SIGUSR2):
+                self._note_user_action(f"sent {signal.Signals(command.signal).name} to rank {rank}")
             return self._signal_ranks(pc, [command.local_rank], command.signal)
         if isinstance(command, cmd.SignalGroup):
             return self._signal_ranks(pc, range(self.spec.local_world_size), command.signal)
@@ -1014,7 +1016,17 @@ class LocalAgent:
         return cmd.Ack(False, f"{type(command).__name__} is not applied by the monitor loop")
 
     def _note_user_action(self, what: str) -> None:
-        self._user_actions.append((time.time(), self.attempt, what))
+        self._user_actions.append((time.time(), self.attempt, what, ""))
+
+    def _note_resumed(self, rank: int) -> None:
+        """A SIGCONT to a rank the user paused in this attempt: the pause's note says when it ended
+        (a failure long after a pause of seconds read as if the rank were paused still)."""
+        paused = f"sent SIGSTOP to rank {rank}"
+        for i in range(len(self._user_actions) - 1, -1, -1):
+            at, attempt, what, then = self._user_actions[i]
+            if attempt == self.attempt and what == paused and not then:
+                self._user_actions[i] = (at, attempt, what, f" (SIGCONT {time.time() - at:.1f} s later)")
+                return
 
     def hold_stall_clock(self, local_ranks: Any, seconds: float) -> None:
         """We are about to make these ranks print their stacks (SIGUSR1): output in the next
@@ -1277,10 +1289,11 @@ def _say(line: str) -> None:
         pass
 
 
-def _user_action_text(at: float, what: str, failed_at: float) -> str:
-    """'you restarted rank 2 at 12:03:04, 1.2 s before this failure'"""
+def _user_action_text(at: float, what: str, then: str, failed_at: float) -> str:
+    """'you restarted rank 2 at 12:03:04, 1.2 s before this failure'; `then` what came of it
+    (' (SIGCONT 3.0 s later)')."""
     when = time.strftime("%H:%M:%S", time.localtime(at))
-    return f"you {what} at {when}, {max(0.0, failed_at - at):.1f} s before this failure"
+    return f"you {what} at {when}{then}, {max(0.0, failed_at - at):.1f} s before this failure"
 
 
 def _decoded(lines: list[bytes]) -> tuple[str, ...]:

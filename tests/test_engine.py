@@ -4,6 +4,7 @@ monitor loop; teardown is bounded even for a rank that outlives SIGKILL."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,6 +101,29 @@ def test_a_detach_is_a_command_after_which_a_hangup_is_noted_not_a_stop(tmp_path
         assert engine.snapshot().state == GroupState.RUNNING
         assert all(r.state.alive for r in engine.snapshot().ranks)
         assert engine.submit(cmd.Detach("x" * 41)).message == "bad detach reason: expected at most 40 characters of text"
+    finally:
+        engine.close()
+
+
+def test_a_pause_the_user_ended_says_so_in_the_root_causes_user_action(tmp_path):
+    """A rank paused (SIGSTOP) and resumed (SIGCONT) seconds later, then another's failure a while
+    after: the root cause said only `you sent SIGSTOP to rank 0 at ..., N s before this failure`,
+    as if the rank were paused still. It says when the pause ended."""
+    go = tmp_path / "go"
+    code = ("import os, pathlib, time\nprint('up', flush=True)\n"
+            f"while not pathlib.Path({str(go)!r}).exists():\n    time.sleep(0.02)\n"
+            "raise SystemExit(3 if os.environ['RANK'] == '1' else 0)\n")
+    engine = make_engine(tmp_path, code=code).start()
+    try:
+        running(engine)
+        assert engine.submit(cmd.SignalRank(0, signal.SIGSTOP)).ok
+        wait_for(lambda: engine.snapshot().paused == (0,), what="rank 0 paused")
+        assert engine.submit(cmd.SignalRank(0, signal.SIGCONT)).ok
+        go.touch()
+        cause = wait_for(lambda: engine.snapshot().root_cause, what="the root cause")
+        assert cause.rank == 1
+        assert re.fullmatch(r"you sent SIGSTOP to rank 0 at \d\d:\d\d:\d\d \(SIGCONT \d+\.\d s later\), "
+                            r"\d+\.\d s before this failure", cause.user_action), cause.user_action
     finally:
         engine.close()
 
