@@ -282,7 +282,7 @@ class LocalAgent:
         self._stalled: dict[int, float | None] = {}
         # (time, attempt, what) of each action the user took on single ranks: a root cause that
         # follows one says so (restarting a rank of a collective job makes its peers fail)
-        self._user_actions: list[tuple[float, int, str, str]] = []  # (when, attempt, what, what came of it)
+        self._user_actions: list[tuple[float, int, str, float | None]] = []  # (when, attempt, what, SIGCONT's when)
         # "attempt_<k>: why it ended" for each attempt before this one that failed or was restarted
         self._earlier_attempts: list[str] = []
         self._interpreter = other_interpreter(spec)
@@ -598,7 +598,7 @@ class LocalAgent:
         slot, f = own[0], own[0].failure
         tail = _decoded(slot.ring.tail(20))
         attempt = self._pcontext_attempt
-        before = [(t, what, then) for t, at, what, then in self._user_actions if at == attempt and t <= f.exited_at]
+        before = [(t, what, resumed) for t, at, what, resumed in self._user_actions if at == attempt and t <= f.exited_at]
         return RootCause(
             rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
             signal_name=killed_by(f.exitcode), message=f.message_text,
@@ -1016,16 +1016,16 @@ class LocalAgent:
         return cmd.Ack(False, f"{type(command).__name__} is not applied by the monitor loop")
 
     def _note_user_action(self, what: str) -> None:
-        self._user_actions.append((time.time(), self.attempt, what, ""))
+        self._user_actions.append((time.time(), self.attempt, what, None))
 
     def _note_resumed(self, rank: int) -> None:
         """A SIGCONT to a rank the user paused in this attempt: the pause's note says when it ended
         (a failure long after a pause of seconds read as if the rank were paused still)."""
         paused = f"sent SIGSTOP to rank {rank}"
         for i in range(len(self._user_actions) - 1, -1, -1):
-            at, attempt, what, then = self._user_actions[i]
-            if attempt == self.attempt and what == paused and not then:
-                self._user_actions[i] = (at, attempt, what, f" (SIGCONT {time.time() - at:.1f} s later)")
+            at, attempt, what, resumed = self._user_actions[i]
+            if attempt == self.attempt and what == paused and resumed is None:
+                self._user_actions[i] = (at, attempt, what, time.time())
                 return
 
     def hold_stall_clock(self, local_ranks: Any, seconds: float) -> None:
@@ -1289,10 +1289,12 @@ def _say(line: str) -> None:
         pass
 
 
-def _user_action_text(at: float, what: str, then: str, failed_at: float) -> str:
-    """'you restarted rank 2 at 12:03:04, 1.2 s before this failure'; `then` what came of it
-    (' (SIGCONT 3.0 s later)')."""
+def _user_action_text(at: float, what: str, resumed: float | None, failed_at: float) -> str:
+    """'you restarted rank 2 at 12:03:04, 1.2 s before this failure'; a pause `resumed` (SIGCONT)
+    before the failure says when (' (SIGCONT 3.0 s later)'), one resumed after it does not: the
+    rank was paused when the failure came."""
     when = time.strftime("%H:%M:%S", time.localtime(at))
+    then = f" (SIGCONT {resumed - at:.1f} s later)" if resumed is not None and resumed <= failed_at else ""
     return f"you {what} at {when}{then}, {max(0.0, failed_at - at):.1f} s before this failure"
 
 

@@ -128,6 +128,30 @@ def test_a_pause_the_user_ended_says_so_in_the_root_causes_user_action(tmp_path)
         engine.close()
 
 
+def test_a_pause_resumed_only_after_the_failure_is_not_said_to_have_ended_before_it(tmp_path):
+    """Rank 0 paused, rank 1 fails, and the user's SIGCONT comes while the group stops (rank 0
+    holds out against SIGTERM): the note said `(SIGCONT N s later)`, as if the pause had ended
+    before the failure, where the rank was paused at the failure."""
+    go = tmp_path / "go"
+    code = ("import os, pathlib, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\n"
+            f"while not pathlib.Path({str(go)!r}).exists():\n    time.sleep(0.02)\n"
+            "if os.environ['RANK'] == '1':\n    raise SystemExit(3)\ntime.sleep(60)\n")
+    engine = make_engine(tmp_path, code=code).start()
+    try:
+        running(engine)
+        assert engine.submit(cmd.SignalRank(0, signal.SIGSTOP)).ok
+        wait_for(lambda: engine.snapshot().paused == (0,), what="rank 0 paused")
+        go.touch()
+        wait_for(lambda: not engine.snapshot().ranks[1].state.alive, what="rank 1 failed")
+        assert engine.submit(cmd.SignalRank(0, signal.SIGCONT)).ok
+        cause = wait_for(lambda: engine.snapshot().root_cause, what="the root cause")
+        assert cause.rank == 1
+        assert re.fullmatch(r"you sent SIGSTOP to rank 0 at \d\d:\d\d:\d\d, \d+\.\d s before this failure",
+                            cause.user_action), cause.user_action
+    finally:
+        engine.close()
+
+
 def test_commands_from_many_threads_are_all_applied_in_the_loop(tmp_path):
     engine = make_engine(tmp_path, n=2).start()
     try:
