@@ -806,18 +806,18 @@ class LocalAgent:
     def _store_changed(self, lost: str | None) -> None:
         """The rendezvous's store stopped answering while the ranks run (or answers again): said
         once. torch's keep-alive thread logged a WARNING for each failed heartbeat meanwhile."""
-        if lost is not None:
-            self.events.write("rendezvous_store_lost", store=lost)
-        else:
+        if lost is None:
             self.events.write("rendezvous_store_back", store=self.rendezvous.store_words())
-        if self.rendezvous.ranks_lose_the_store():  # their store too: the group stops if it stays gone, and says why
-            return
-        if lost is not None:
-            self._notice(f"{self.rendezvous.store_lost_words()}: this node's ranks run on, but no new "
-                         "round can form, so a failure of theirs ends the run")
-        else:
             self._notice(f"{self.rendezvous.store_words()} answers again: keep-alive heartbeats and new rounds "
                          "can reach it")
+            return
+        self.events.write("rendezvous_store_lost", store=lost)
+        if self.rendezvous.ranks_lose_the_store():  # theirs too: stopped once its connection is found broken
+            self._notice(f"{self.rendezvous.store_lost_words()}: this node's ranks meet on it too, and are "
+                         "stopped if it is found gone")
+        else:
+            self._notice(f"{self.rendezvous.store_lost_words()}: this node's ranks run on, but no new "
+                         "round can form, so a failure of theirs ends the run")
 
     def _notice(self, text: str) -> None:
         if self.on_notice is not None:

@@ -521,6 +521,7 @@ class Rendezvous:
         except Exception as exc:
             raise RendezvousFailed(self._failure_message(exc)) from None
         self.store, self._told_gave_up, self._ranks_on_rendezvous = store, False, on_rendezvous_store
+        self._lost_looks = 0  # (a look before this round is none of this store's)
         self._store_answers(True)  # a round formed in it (etcd's server may come back)
         self.placement = Placement(group_rank, nodes, *ranks, master_addr=master_addr, master_port=master_port,
                                    run_id=self.run_id, round=number, use_agent_store=use_agent_store)

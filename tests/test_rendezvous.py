@@ -291,6 +291,8 @@ def test_ranks_that_lose_their_store_with_its_node_are_stopped_at_once(tmp_path,
     assert last.startswith(lost) and last.endswith("(the node serving it is gone?), and this node's ranks' "
                                                    "store with it; this node stops"), err[-3000:]
     assert "this node's ranks run on" not in err, err[-3000:]  # (they are stopped: not said where they are not)
+    assert sum("this node's ranks meet on it too, and are stopped if it is found gone" in line
+               for line in err.splitlines()) == 1, err[-3000:]
     assert "root cause" not in err and "restarting" not in err and "Traceback" not in err, err[-3000:]
     assert [e["kind"] for e in events(tmp_path / "node1") if e["event"] == "round_end"] == ["store_lost"]
 
