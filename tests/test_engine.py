@@ -105,19 +105,31 @@ def test_a_detach_is_a_command_after_which_a_hangup_is_noted_not_a_stop(tmp_path
         engine.close()
 
 
-def test_a_pause_the_user_ended_says_so_in_the_root_causes_user_action(tmp_path):
-    """A rank paused (SIGSTOP) and resumed (SIGCONT) seconds later, then another's failure a while
-    after: the root cause said only `you sent SIGSTOP to rank 0 at ..., N s before this failure`,
-    as if the rank were paused still. It says when the pause ended."""
-    go = tmp_path / "go"
-    code = ("import os, pathlib, time\nprint('up', flush=True)\n"
-            f"while not pathlib.Path({str(go)!r}).exists():\n    time.sleep(0.02)\n"
-            "raise SystemExit(3 if os.environ['RANK'] == '1' else 0)\n")
+def _rank_0_paused(tmp_path, go, then: str, holds_out: bool = False) -> LocalEngine:
+    """Two ranks that print, wait for the file `go`, then run `then` (`holds_out`: SIGTERM
+    ignored); started, with rank 0 paused by the user (SIGSTOP)."""
+    code = ("import os, pathlib, signal, time\n"
+            + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if holds_out else "")
+            + "print('up', flush=True)\n"
+            f"while not pathlib.Path({str(go)!r}).exists():\n    time.sleep(0.02)\n" + then)
     engine = make_engine(tmp_path, code=code).start()
     try:
         running(engine)
         assert engine.submit(cmd.SignalRank(0, signal.SIGSTOP)).ok
         wait_for(lambda: engine.snapshot().paused == (0,), what="rank 0 paused")
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def test_a_pause_the_user_ended_says_so_in_the_root_causes_user_action(tmp_path):
+    """A rank paused (SIGSTOP) and resumed (SIGCONT) seconds later, then another's failure a while
+    after: the root cause said only `you sent SIGSTOP to rank 0 at ..., N s before this failure`,
+    as if the rank were paused still. It says when the pause ended."""
+    go = tmp_path / "go"
+    engine = _rank_0_paused(tmp_path, go, "raise SystemExit(3 if os.environ['RANK'] == '1' else 0)\n")
+    try:
         assert engine.submit(cmd.SignalRank(0, signal.SIGCONT)).ok
         go.touch()
         cause = wait_for(lambda: engine.snapshot().root_cause, what="the root cause")
@@ -133,14 +145,9 @@ def test_a_pause_resumed_only_after_the_failure_is_not_said_to_have_ended_before
     holds out against SIGTERM): the note said `(SIGCONT N s later)`, as if the pause had ended
     before the failure, where the rank was paused at the failure."""
     go = tmp_path / "go"
-    code = ("import os, pathlib, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\n"
-            f"while not pathlib.Path({str(go)!r}).exists():\n    time.sleep(0.02)\n"
-            "if os.environ['RANK'] == '1':\n    raise SystemExit(3)\ntime.sleep(60)\n")
-    engine = make_engine(tmp_path, code=code).start()
+    engine = _rank_0_paused(tmp_path, go, "if os.environ['RANK'] == '1':\n    raise SystemExit(3)\ntime.sleep(60)\n",
+                            holds_out=True)
     try:
-        running(engine)
-        assert engine.submit(cmd.SignalRank(0, signal.SIGSTOP)).ok
-        wait_for(lambda: engine.snapshot().paused == (0,), what="rank 0 paused")
         go.touch()
         wait_for(lambda: not engine.snapshot().ranks[1].state.alive, what="rank 1 failed")
         assert engine.submit(cmd.SignalRank(0, signal.SIGCONT)).ok
