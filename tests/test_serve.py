@@ -1276,6 +1276,45 @@ def test_a_view_whose_engine_was_lost_shows_the_last_dump_saved_and_offers_no_ne
             proc.wait(30)
 
 
+def test_saved_dumps_a_view_reads_back_are_input_not_trusted(tmp_path):
+    """`d` in a view whose engine is gone reads <run dir>/stacks/*.json, which whoever could write
+    the run directory wrote: newest first, a symlink (to a file outside), a FIFO (a plain read
+    would wait for ever), a file past 16 MiB, JSON that is not a report and bytes that are not JSON
+    are each passed over for the dump before them; a `stacks` that is a symlink is no dump at all."""
+    from ranktop.core.client import last_saved_dump
+    from ranktop.core.server import to_json
+    from ranktop.core.stacks.model import StackReport, TreeNode
+
+    run = tmp_path / "run"
+    (run / "stacks").mkdir(parents=True)
+    good = StackReport(taken_at=1.0, elapsed_s=0.1, ranks=(), groups=(), tree=TreeNode(None))
+    (run / "stacks" / "20260101-000000.json").write_text(json.dumps(to_json(good)))
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps(to_json(good)))
+    (run / "stacks" / "20260101-000006.json").symlink_to(outside)
+    os.mkfifo(run / "stacks" / "20260101-000005.json")
+    with open(run / "stacks" / "20260101-000004.json", "wb") as f:
+        f.truncate(17 << 20)  # (sparse: zeros past the limit)
+    (run / "stacks" / "20260101-000003.json").write_text(json.dumps({"taken_at": "\x1b]0;owned\x07"}))
+    (run / "stacks" / "20260101-000002.json").write_bytes(b"\xff{not json")
+    fd = os.open(run, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        ack = last_saved_dump(fd, str(run))
+    finally:
+        os.close(fd)
+    assert ack.ok and ack.report.taken_at == 1.0
+    assert ack.report.saved_txt == str(run / "stacks" / "20260101-000000.txt")
+    (run / "stacks").rename(tmp_path / "real-stacks")
+    (run / "stacks").symlink_to(tmp_path / "real-stacks")
+    fd = os.open(run, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        ack = last_saved_dump(fd, str(run))
+    finally:
+        os.close(fd)
+    assert not ack.ok and ack.message == ("no stacks: the run has ended and its engine has gone, "
+                                          "and no stack dump was saved during the run")
+
+
 UNTIL_GO = ("import os, time, pathlib\nprint('up', os.environ['RANK'], flush=True)\n"
             "while not pathlib.Path(os.environ['GO']).exists():\n    time.sleep(0.05)\n")
 ACTING_KEYS = {"Signal…", "Kill rank", "Stop group", "Restart rank", "Restart group"}
