@@ -22,6 +22,7 @@ from typing import Any
 from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
+from ranktop.core.errors import read_at_most
 from ranktop.core.events import run_started
 from ranktop.core.layout import FINAL_FILE, STACKS, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
@@ -647,10 +648,12 @@ def read_regular(dir_fd: int, name: str, limit: int) -> bytes:
     """The file `name` in the directory `dir_fd`, never through a symlink nor from a FIFO (which
     would block the view), at most `limit` bytes: NotRegular otherwise, OSError if unreadable."""
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    with os.fdopen(fd, "rb") as f:
+    try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise NotRegular("not a regular file")
-        data = f.read(limit + 1)
+        data = read_at_most(fd, limit + 1)
+    finally:
+        os.close(fd)
     if len(data) > limit:
         raise NotRegular(f"larger than {limit >> 20} MiB")
     return data
