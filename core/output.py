@@ -587,12 +587,13 @@ class ConsoleWriter:
         for lane, _thread in lanes:
             lane.put(None)
         seen, since = -1, time.monotonic()
-        while any(thread.is_alive() for _lane, thread in lanes):
+        # One list per look: a lane may end between two tests of is_alive().
+        while alive := [thread for _lane, thread in lanes if thread.is_alive()]:
             if self.written != seen:
                 seen, since = self.written, time.monotonic()
             elif time.monotonic() - since > stall:
                 break
-            next(thread for _lane, thread in lanes if thread.is_alive()).join(0.05)
+            alive[0].join(0.05)
         return self.waiting()
 
     @staticmethod
