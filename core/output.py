@@ -579,15 +579,18 @@ class ConsoleWriter:
         with self._lock:
             return sum(self._pending.values()) - self._items * _ITEM_COST
 
-    def close(self, stall: float = CONSOLE_STALL) -> int:
+    def close(self, stall: float = CONSOLE_STALL, cut_short: Callable[[], bool] | None = None) -> int:
         """Write what waits, for as long as the console keeps taking it, and stop; the bytes
-        given up because it took nothing for `stall` seconds (0: everything was written)."""
+        given up because it took nothing for `stall` seconds, or because `cut_short()` said so
+        (0: everything was written)."""
         with self._lock:
             lanes = list(self._lanes.values())
         for lane, _thread in lanes:
             lane.put(None)
         seen, since = -1, time.monotonic()
         while any(thread.is_alive() for _lane, thread in lanes):
+            if cut_short is not None and cut_short():
+                break
             if self.written != seen:
                 seen, since = self.written, time.monotonic()
             elif time.monotonic() - since > stall:
