@@ -258,6 +258,7 @@ class LocalAgent:
                                    on_lost=_weakly(self._console_lost))
                      if console else None)
         self.console_unshown = 0  # bytes of output the console had not taken when the run ended
+        self.console_cut_by: int | None = None  # the stop signal that cut the wait for it short, if one did
         # torchrun's --event-log-handler console (or torch's WorkerSpec field of that name)
         echo_events = echo_events or spec.event_log_handler == "console"
         self._echo = (lambda line: self.say("ranktop: event " + line)) if echo_events else None
@@ -360,17 +361,32 @@ class LocalAgent:
             self._end_watch()
             self._close_attempt()  # after an error too: no rank outlives run()
             self._stop_accepting()
+            self._close_console()  # with our handlers still there: a stop signal cuts its wait short
             self._restore_signal_handlers(handlers)
-            self._close_console()
             self.events.close()
             self.layout.close()
 
     def _close_console(self) -> None:
-        """Let the console take what waits for it, for as long as it keeps taking it."""
+        """Let the console take what waits for it, for as long as it keeps taking it, or until a
+        stop signal comes (Ctrl-C at a stuck terminal: the run is over, nothing is left to wait for)."""
         if self._tee is not None:
-            self.console_unshown = self._tee.close()
+            self.console_unshown = self._tee.close(cut_short=self._stopped_at_the_end)
             if self.console_unshown:
-                self.events.write("console_behind", bytes=self.console_unshown, stall_seconds=CONSOLE_STALL)
+                cut_by = None if self.console_cut_by is None else signal.Signals(self.console_cut_by).name
+                self.events.write("console_behind", bytes=self.console_unshown, stall_seconds=CONSOLE_STALL,
+                                  cut_short_by=cut_by)
+
+    def _stopped_at_the_end(self) -> bool:
+        """Whether a stop signal came once the ranks were gone (noted, as every signal is); it
+        changes no exit status: the run had ended."""
+        while self.console_cut_by is None and self._pending_signals:
+            signum, received_at = self._pending_signals.popleft()
+            action = self._stop_rule.decide(signum, received_at)
+            self.events.write("signal_received", signal=signal.Signals(signum).name, forwarded=False,
+                              action=action.value)
+            if action in (StopAction.FORWARD, StopAction.KILL_NOW):
+                self.console_cut_by = signum
+        return self.console_cut_by is not None
 
     def _attempts(self) -> RunProcsResult:
         """Run attempts until one ends for good; returns its result (the ranks may still close)."""

@@ -153,7 +153,10 @@ class RankSlot:
     restarts: int = 0
     stopped_by_us: bool = False  # its end was asked for (group stop, user kill): not a failure cause
     stopped_by_user: bool = False  # of those, by the user's own signal to it (k, x), not the group's stop
-    kill_at: float | None = None  # monotonic time after which the group gets SIGKILL
+    # Monotonic time after which the group gets SIGKILL; kept after its leader is reaped, for what
+    # else is in the group (a worker that ignores the stop signal), until the group is gone.
+    kill_at: float | None = None
+    stopping_with: int | None = None  # the stop signal it was sent and is within its grace for
     # A stop signal the user sent it alone (the signal picker): still alive at this monotonic
     # time, it survived the signal (pdb takes SIGINT as a break) and its end is no longer ours.
     survived_by: float | None = None
@@ -423,7 +426,7 @@ class PContext:
         except OSError as exc:
             raise RankStartError.of(r, exc) from None
         slot.stopped_by_us = slot.stopped_by_user = slot.stopped_from_outside = False
-        slot.kill_at = slot.reap_by = slot.survived_by = None
+        slot.kill_at = slot.reap_by = slot.survived_by = slot.stopping_with = None
         slot.user_signals.clear()
         slot.failure = None
         slot.paused = slot.unreapable = False
@@ -513,7 +516,9 @@ class PContext:
 
     def _advance(self, slot: RankSlot, now: float) -> None:
         self._reap(slot)
-        if slot.alive and slot.kill_at is not None and now >= slot.kill_at:
+        if slot.kill_at is not None and not slot.alive and not slot.proc.signal_group(0):
+            slot.kill_at = None  # nothing left in its group: nothing to kill (and the id may be reused)
+        if slot.kill_at is not None and now >= slot.kill_at:
             self._kill(slot, now)
         if slot.alive and slot.reap_by is not None and now >= slot.reap_by:
             self._give_up(slot)
@@ -522,7 +527,9 @@ class PContext:
         if slot.held_until is not None and now >= slot.held_until:
             self._end_hold(slot, "failure", reason="no stop came within the window")
             self._fail_group("another rank failed")
-        if slot.restart_pending and not slot.alive and self._old_output_read(slot, now):
+        # (the old group is gone or killed first: a worker of the old process must not run, and
+        # print, beside the new one)
+        if slot.restart_pending and not slot.alive and slot.kill_at is None and self._old_output_read(slot, now):
             slot.restart_pending = False
             slot.restarts += 1
             self._mark_restart(slot)
@@ -550,9 +557,11 @@ class PContext:
         slot.ring.add_own_line(f"──── {when} restart {slot.restarts} of this rank (ranktop) ────")
 
     def _kill(self, slot: RankSlot, now: float, reap_timeout: float | None = None) -> None:
-        """SIGKILL the rank's group and start the clock on its reaping."""
+        """SIGKILL the rank's group and, while the rank itself lives, start the clock on its reaping."""
         slot.proc.signal_group(signal.SIGKILL)
-        slot.kill_at, slot.paused = None, False
+        slot.kill_at, slot.paused, slot.stopping_with = None, False, None
+        if not slot.alive:
+            return
         deadline = now + (self.reap_timeout if reap_timeout is None else reap_timeout)
         slot.reap_by = deadline if slot.reap_by is None else min(slot.reap_by, deadline)
 
@@ -615,6 +624,8 @@ class PContext:
         self._strays.rank_reaped(proc.pid)
         if -code in slot.user_signals:  # it died of the user's signal, later than the grace: still theirs
             slot.stopped_by_us = slot.stopped_by_user = True
+        if slot.stopped_by_us and slot.kill_at is None:  # what is left in its group has the user's grace
+            slot.kill_at = slot.survived_by
         self._emit("exited", slot.local_rank, pid=proc.pid, exitcode=code,
                    signal=killed_by(code), by_us=slot.stopped_by_us)
         if code == 0:
@@ -658,6 +669,7 @@ class PContext:
         slot.survived_by = None
         if slot.kill_at is None and not self._stopping and not slot.restart_pending:
             slot.stopped_by_us = slot.stopped_by_user = False
+            slot.stopping_with = None
             self._emit("signal_survived", slot.local_rank, pid=slot.proc.pid, grace_s=self.shutdown_timeout)
 
     def _hold(self, slot: RankSlot, sig: int) -> None:
@@ -690,6 +702,9 @@ class PContext:
             fds = [s.proc.pidfd for s in live if s.proc.pidfd is not None]
             fds += self._sweep_fds.values()
             deadlines = [t for s in live for t in (s.kill_at, s.reap_by, s.survived_by) if t is not None]
+            # (a reaped rank's group: SIGKILL at the grace's end; a restart waits on it, looked at again soon)
+            deadlines += [min(s.kill_at, time.monotonic() + 0.05) if s.restart_pending else s.kill_at
+                          for s in self.slots if s.kill_at is not None and not s.alive]
             deadlines += [s.held_until for s in self.slots if s.held_until is not None]
             # (a restart waiting for the old output: looked at again soon, the pump's EOF wakes nothing)
             deadlines += [min(s.respawn_by, time.monotonic() + 0.02) for s in self.slots if s.respawn_by is not None]
@@ -740,14 +755,21 @@ class PContext:
             slot.restart_pending = False
             if slot.alive:
                 self._stop_slot(slot, sig, grace)
+            elif slot.kill_at is not None:  # its process is gone, not the rest of its group: a shorter grace holds there too
+                slot.kill_at = min(slot.kill_at, time.monotonic() + grace)
 
     def _stop_slot(self, slot: RankSlot, sig: int, grace: float) -> None:
         slot.stopped_by_us = True
-        slot.proc.signal_group(sig)
+        # A rank already stopping with this signal (the group's failure shutdown, a restart, the
+        # user's own) is not sent it again: that would re-enter its checkpoint handler. A shorter
+        # grace only brings its SIGKILL forward.
+        if slot.stopping_with != sig:
+            slot.proc.signal_group(sig)
         if sig != signal.SIGKILL:
             # A stopped process (paused here, or with `kill -STOP` from elsewhere) sees the signal
             # only once resumed: without this it would wait out the grace and get SIGKILL.
             slot.proc.signal_group(signal.SIGCONT)
+            slot.stopping_with = sig
         slot.paused = False
         deadline = time.monotonic() + grace
         slot.kill_at = deadline if slot.kill_at is None else min(slot.kill_at, deadline)
@@ -763,7 +785,7 @@ class PContext:
             if reap_timeout is not None:
                 now = time.monotonic()
                 for slot in self.slots:
-                    if slot.alive:
+                    if slot.alive or slot.kill_at is not None:
                         self._kill(slot, now, reap_timeout)
         self.wake()
 
@@ -787,6 +809,7 @@ class PContext:
                 return slot.proc.signal_leader(sig)
             sent = slot.proc.signal_group(sig)
             if sent and sig in STOP_SIGNALS:
+                slot.stopping_with = sig
                 # Paused (here, or `kill -STOP` elsewhere), it would not see the signal until
                 # resumed: it would count as having survived it by the grace, and die of it
                 # later as a failure of its own. As the group's stop does.

@@ -579,9 +579,10 @@ class ConsoleWriter:
         with self._lock:
             return sum(self._pending.values()) - self._items * _ITEM_COST
 
-    def close(self, stall: float = CONSOLE_STALL) -> int:
+    def close(self, stall: float = CONSOLE_STALL, cut_short: Callable[[], bool] | None = None) -> int:
         """Write what waits, for as long as the console keeps taking it, and stop; the bytes
-        given up because it took nothing for `stall` seconds (0: everything was written)."""
+        given up because it took nothing for `stall` seconds, or because `cut_short()` said so
+        (0: everything was written)."""
         with self._lock:
             lanes = list(self._lanes.values())
         for lane, _thread in lanes:
@@ -589,6 +590,8 @@ class ConsoleWriter:
         seen, since = -1, time.monotonic()
         # One list per look: a lane may end between two tests of is_alive().
         while alive := [thread for _lane, thread in lanes if thread.is_alive()]:
+            if cut_short is not None and cut_short():
+                break
             if self.written != seen:
                 seen, since = self.written, time.monotonic()
             elif time.monotonic() - since > stall:

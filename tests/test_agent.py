@@ -512,3 +512,116 @@ def test_a_rank_ending_without_a_value_on_a_full_disk_still_lets_its_peers_go(tm
     err = capfd.readouterr().err
     assert (f"ranktop: rank 1: cannot write its exit marker {marker_failed['path']} (No space left on device); "
             "its payload file became the marker") in err.splitlines(), err
+
+
+# A rank whose worker, in the rank's own process group, ignores SIGTERM (a data loader worker, a
+# child that checkpoints): the rank itself dies of SIGTERM at once. Every line says who printed it.
+_RANK_WITH_A_STUBBORN_WORKER = """
+    import os, subprocess, sys, time
+    worker = subprocess.Popen([sys.executable, "-u", "-c",
+                               "import os, signal, time\\n"
+                               "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+                               "while True:\\n"
+                               "    print('worker', os.getpid(), flush=True)\\n"
+                               "    time.sleep(0.02)\\n"])
+    print("rank", os.environ["LOCAL_RANK"], "worker", worker.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def _worker_pid(agent: LocalAgent, local_rank: int) -> int:
+    """The pid of the rank's worker, once the worker itself printed (it ignores SIGTERM from then on)."""
+    line = wait_for(lambda: next((line for line in agent.output(local_rank) if line.startswith(b"rank ")), None),
+                    what=f"rank {local_rank} up with its worker")
+    pid = int(line.split()[-1])
+    wait_for(lambda: f"worker {pid}".encode() in agent.output(local_rank), what=f"rank {local_rank}'s worker up")
+    return pid
+
+
+def _gone(pid: int) -> bool:
+    return kernel_state(pid) in (None, "Z")
+
+
+def test_a_restart_kills_what_the_old_rank_left_in_its_group_before_the_new_one_starts(tmp_path):
+    """The restart's SIGTERM ended the rank at once; its worker ignored it, and the grace's SIGKILL
+    only ever went to a group whose leader was alive: the new rank started beside the old worker,
+    which ran until the run ended, its lines shown after the separator as the new process's."""
+    agent = make_agent(tmp_path, n=1, shutdown_timeout=1.0, code=_RANK_WITH_A_STUBBORN_WORKER)
+    run = Running(agent)
+    with run:
+        old = _worker_pid(agent, 0)
+        agent.restart_rank(0)
+        wait_for(lambda: run.rank(0).restarts == 1 and run.rank(0).state == RankState.RUNNING, what="restarted")
+        assert _gone(old), "the old rank's worker outlived the restart"
+        lines = agent.output(0)
+        separator = max(i for i, line in enumerate(lines) if b"restart 1 of this rank" in line)
+        new = int(wait_for(lambda: [line for line in agent.output(0)[separator:] if line.startswith(b"rank ")],
+                           what="the new rank up")[0].split()[-1])
+        lines = wait_for(lambda: (seen := agent.output(0)).count(f"worker {new}".encode()) >= 5 and seen,
+                         what="the new worker printing")
+        assert f"worker {old}".encode() not in lines[separator:], lines[separator:separator + 5]
+        assert f"worker {old}".encode() in lines[:separator]
+    starts = [e for e in read_events(agent.run_dir) if e["event"] == "started"]
+    assert len(starts) == 2
+
+
+def test_the_users_sigterm_to_a_rank_kills_what_it_left_in_its_group_after_the_grace(tmp_path):
+    """`x` TERM to one rank whose worker ignores SIGTERM: the rank died of it, and its worker ran on
+    for the rest of the run, nothing left to escalate once the rank's own process was gone."""
+    agent = make_agent(tmp_path, n=2, shutdown_timeout=0.5, code=_RANK_WITH_A_STUBBORN_WORKER)
+    run = Running(agent)
+    with run:
+        worker = _worker_pid(agent, 0)
+        _worker_pid(agent, 1)
+        agent.signal_rank(0, signal.SIGTERM)
+        wait_for(lambda: run.rank(0).state == RankState.KILLED, what="rank 0 dead of the user's SIGTERM")
+        wait_for(lambda: _gone(worker), what="rank 0's worker killed once the grace passed")
+        assert run.rank(1).state == RankState.RUNNING and agent.snapshot().state == GroupState.RUNNING
+
+
+# Rank 0 checkpoints for `CHECKPOINT_S` seconds in its SIGTERM handler, saying so each time it is
+# entered; rank 1 fails once rank 0 is ready.
+_CHECKPOINT_THEN_FAIL = """
+    import os, signal, sys, time
+    ready = os.path.join(os.environ["RANKTOP_TEST_DIR"], "ready")
+    if os.environ["LOCAL_RANK"] == "1":
+        while not os.path.exists(ready):
+            time.sleep(0.02)
+        sys.exit(3)
+    def checkpoint(*_):
+        print("got SIGTERM, checkpointing", flush=True)
+        time.sleep(float(os.environ["CHECKPOINT_S"]))
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, checkpoint)
+    open(ready, "w").close()
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("command", [cmd.Stop(signal.SIGTERM), cmd.RestartGroup()], ids=["stop", "restart_group"])
+def test_a_stop_while_the_group_stops_does_not_signal_a_stopping_rank_again(tmp_path, command):
+    """`ranktop stop` (or `R`) while the group stops for a failure sent SIGTERM again to the rank
+    already in its checkpoint handler: the handler was entered a second time, inside the first."""
+    agent = make_agent(tmp_path, shutdown_timeout=10.0, code=_CHECKPOINT_THEN_FAIL,
+                       env={"RANKTOP_TEST_DIR": str(tmp_path), "CHECKPOINT_S": "1.5"})
+    run = Running(agent)
+    with run:
+        wait_for(lambda: b"got SIGTERM, checkpointing" in agent.output(0), what="rank 0 checkpointing")
+        assert agent.submit(command).ok
+        result = run.join(timeout=20)
+    log = Path(agent.attempt_dir(0), "0", "stdout.log").read_bytes()
+    assert log.count(b"got SIGTERM") == 1, log
+    assert result.failures[0].exitcode == 143  # its checkpoint ran to its end: not cut short by a SIGKILL
+
+
+def test_a_shorter_grace_while_the_group_stops_brings_the_sigkill_forward(tmp_path):
+    agent = make_agent(tmp_path, shutdown_timeout=60.0, code=_CHECKPOINT_THEN_FAIL,
+                       env={"RANKTOP_TEST_DIR": str(tmp_path), "CHECKPOINT_S": "60"})
+    run = Running(agent)
+    with run:
+        wait_for(lambda: b"got SIGTERM, checkpointing" in agent.output(0), what="rank 0 checkpointing")
+        assert agent.submit(cmd.Stop(signal.SIGTERM, grace=0.2)).ok
+        result = run.join(timeout=20)
+    assert result.failures[0].exitcode == -signal.SIGKILL
+    log = Path(agent.attempt_dir(0), "0", "stdout.log").read_bytes()
+    assert log.count(b"got SIGTERM") == 1, log

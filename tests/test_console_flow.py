@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -124,6 +126,37 @@ def test_a_stuck_stderr_does_not_hang_ranktop_at_the_end(tmp_path):
     (finished,) = [e for e in events if e["event"] == "run_finished"]
     assert finished["exit_status"] == 1
     assert events[-1]["event"] == "console_behind"  # given up on after the end, as the last thing
+
+
+def test_ctrl_c_while_ranktop_waits_for_a_stuck_console_ends_it_with_the_runs_status_and_report(tmp_path):
+    """The run has ended and ranktop waits up to 5 s for a console that takes nothing: Ctrl-C
+    there used to meet Python's own handler (ranktop's were already gone), a KeyboardInterrupt
+    traceback, death by SIGINT, no end report and the event log left unclosed."""
+    script = tmp_path / "chatty.py"
+    script.write_text("import sys\nfor i in range(20000):\n    print('line', i, 'x' * 80)\nsys.exit(3)\n")
+    logs = tmp_path / "logs"
+    with stuck_console(tmp_path) as fifo, open(fifo, "wb") as stuck:
+        proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "1", "--log-dir", str(logs),
+                                            "--run-id", "ctrlc", str(script)),
+                                cwd=ROOT, stdout=stuck, stderr=subprocess.PIPE)
+        try:
+            wait_for(lambda: (logs / "ctrlc" / "final.json").exists(), timeout=30, what="the run's end")
+            proc.send_signal(signal.SIGINT)  # the drain is on, or about to be
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    stderr = stderr.decode()
+    assert proc.returncode == 1, stderr  # the run's own status: it had ended when Ctrl-C came
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert "root cause: rank 0" in stderr and "exited with code 3" in stderr, stderr  # the end report
+    assert re.search(r"^ranktop: SIGINT cut short the wait for the console after the run ended: the last \d+ bytes "
+                     r"of rank output were not shown; the log files have them$", stderr, re.M), stderr
+    events = read_events(logs / "ctrlc")
+    assert events[-1]["event"] == "console_behind" and events[-1]["cut_short_by"] == "SIGINT"
+    assert [e["exit_status"] for e in events if e["event"] == "run_finished"] == [1]
+    assert json.loads((logs / "ctrlc" / "final.json").read_text())["exit_status"] == 1
 
 
 def test_a_slow_console_gets_everything_as_long_as_it_keeps_reading(tmp_path):

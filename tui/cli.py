@@ -881,8 +881,10 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     if report and ns.sanitize_console:  # it quotes error.json and the rank's last lines
         report = clean(report, sgr=True, newlines=True)
     if agent.console_unshown:
-        report += (f"\nranktop: the console took nothing for {CONSOLE_STALL:g}s after the run ended: the last "
-                   f"{agent.console_unshown} bytes of rank output were not shown; the log files have them")
+        why = (f"the console took nothing for {CONSOLE_STALL:g}s after the run ended" if agent.console_cut_by is None
+               else f"{signal.Signals(agent.console_cut_by).name} cut short the wait for the console after the run ended")
+        report += (f"\nranktop: {why}: the last {agent.console_unshown} bytes of rank output were not shown; "
+                   "the log files have them")
     if report:
         write_within(sys.stderr, report.lstrip("\n") + "\n", CONSOLE_STALL)  # a stuck stderr must not hang us
     return result.exit_status
