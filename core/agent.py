@@ -844,6 +844,11 @@ class LocalAgent:
             return {}
         # The notices always: unhandled, their default action would end ranktop without a report.
         handled = dict.fromkeys((*_FORWARDED_SIGNALS, *self.signals_to_handle, *NOTICE_SIGNALS))
+        if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+            # `nohup ranktop ...`: asked to outlive the terminal. A handler of ours made the
+            # hang-up a stop (exit 129), as it is for torchrun; ignored, it reaches no one (the
+            # ranks inherit the ignoring, as nohup means), and so no rank outlives ranktop.
+            del handled[signal.SIGHUP]
         previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
         for sig in take_early_stops(handled):  # (as PID 1: they came before we could act on them)
             self.handle_signal(sig)

@@ -129,9 +129,14 @@ USR1_RANK = ("import os, signal, sys, time\n"
              "while True:\n    time.sleep(0.05)\n")
 
 
-def _start_usr1(tmp_path, *flags):
+def _usr1_script(tmp_path):
     script = tmp_path / "usr1.py"
     script.write_text(USR1_RANK)
+    return script
+
+
+def _start_usr1(tmp_path, *flags):
+    script = _usr1_script(tmp_path)
     return subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--shutdown-timeout", "3",
                                         "--log-dir", str(tmp_path / "logs"), "--run-id", "r", *flags, str(script)),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -299,3 +304,30 @@ def test_a_rank_sigkilled_is_a_failure_at_once(tmp_path):
     assert not [e for e in events if e["event"].startswith("exit_held")]  # no window: not a stop signal
     sibling = next(e for e in events if e["event"] == "exited" and e["pid"] == ranks[1])
     assert sibling["by_us"]
+
+
+def test_under_nohup_a_hangup_stops_nothing(tmp_path):
+    """`nohup ranktop ...` (SIGHUP ignored when it starts) is asked to outlive its terminal: its
+    own handler made the hang-up a stop (exit 129), as torchrun's does."""
+    proc = subprocess.Popen(["nohup", *ranktop_cmd("--headless", "--nproc-per-node", "2", "--shutdown-timeout", "3",
+                                                   "--log-dir", str(tmp_path / "logs"), "--run-id", "r",
+                                                   str(_usr1_script(tmp_path)))],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: all("up" in _logged(tmp_path, r) for r in range(2)), what="ranks up")
+        ranks = [e["pid"] for e in read_events(tmp_path / "logs" / "r") if e["event"] == "started"]
+        for pid in (proc.pid, *ranks):  # as a closed terminal does: to everything that was in its session
+            os.kill(pid, signal.SIGHUP)
+        # A later signal ranktop notes: the hang-up, sent first, would have been acted on by then.
+        proc.send_signal(signal.SIGUSR1)
+        events = tmp_path / "logs" / "r" / "events.jsonl"
+        wait_for(lambda: '"SIGUSR1"' in events.read_text(), what="ranktop noting its SIGUSR1")
+        assert proc.poll() is None
+        assert "SIGHUP" not in events.read_text()
+        assert all(os.path.exists(f"/proc/{pid}") for pid in ranks)  # the ranks ignore it too
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
