@@ -579,7 +579,13 @@ def _terminal_usable() -> bool:
 def want_tui(ns: argparse.Namespace) -> bool:
     if ns.headless:
         return False
-    return ns.tui or sys.stdout.isatty()
+    return ns.tui or (sys.stdout.isatty() and not dumb_terminal())
+
+
+def dumb_terminal() -> bool:
+    """TERM=dumb (Emacs's M-x shell, some CI consoles): a terminal that acts on no escape
+    sequence, so the TUI would be a stream of them and colours would show as `[31m`."""
+    return os.environ.get("TERM") == "dumb"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -855,7 +861,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
                        sanitize_console=ns.sanitize_console, signals_to_handle=ns.signals_to_handle,
                        echo_events=ns.event_log_handler == "console", hangup_stops=not ns.detached_child,
                        duplicate_filters={1: tuple(ns.duplicate_stdout_filters), 2: tuple(ns.duplicate_stderr_filters)},
-                       color=sys.stdout.isatty() and "NO_COLOR" not in os.environ,
+                       color=sys.stdout.isatty() and "NO_COLOR" not in os.environ and not dumb_terminal(),
                        on_under_way=None if ns.detached_child else under_way,
                        typed_stdin=ns.detached_child)  # its stdin is /dev/null: attach's `i` types instead
     if sampler is not None:
