@@ -83,7 +83,8 @@ def write_within(stream: TextIO, text: str, seconds: float) -> bool:
         except (OSError, ValueError):
             return False
         return True
-    data = memoryview(text.encode(getattr(stream, "encoding", None) or "utf-8", errors="replace"))
+    # (a character the console's encoding lacks, é under PYTHONIOENCODING=ascii, shows as \\xe9: not ?)
+    data = memoryview(text.encode(getattr(stream, "encoding", None) or "utf-8", errors="backslashreplace"))
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     deadline = time.monotonic() + seconds
