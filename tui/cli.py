@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from ranktop.core import collector, guard, limits, numa
 from ranktop.core.errors import UsageError
 from ranktop.core.signals import hold_early_stops
-from ranktop.core.stdio import reopen_closed_streams, terminal_problem
+from ranktop.core.stdio import escape_unencodable, reopen_closed_streams, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, usage_error, usage_line
 
 
@@ -608,6 +608,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run_command(argv: Sequence[str] | None) -> int:
     reopen_closed_streams()  # before any file is opened: a closed 0/1/2 would be taken by it
+    escape_unencodable()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("stacks", "ls", "stop", "logs", "attach", "web"):
         return _subcommand(argv)
