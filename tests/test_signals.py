@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
@@ -331,3 +332,34 @@ def test_under_nohup_a_hangup_stops_nothing(tmp_path):
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+def test_ranktop_stopped_and_continued_blames_no_rank_for_the_silence(tmp_path):
+    """Ctrl-Z on a headless run (or SIGSTOP) stops ranktop and not the ranks, as under torchrun.
+    Back with `fg`, the ranks had said nothing that ranktop read for as long as it was stopped:
+    `rank 1 stalled: no output for 6s` blamed them for ranktop's own pause."""
+    script = tmp_path / "steady.py"
+    script.write_text("import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.5)\n")
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--stall-timeout", "1.5",
+                                        "--shutdown-timeout", "3", "--log-dir", str(tmp_path / "logs"),
+                                        "--run-id", "r", str(script)),
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "logs" / "r"
+    try:
+        wait_for(lambda: all("tick" in _logged(tmp_path, r) for r in range(2)), what="ranks up")
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(3)  # the pause itself: twice the stall time
+        proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: [e for e in read_events(run_dir, while_written=True) if e["event"] == "ranktop_suspended"],
+                 what="the pause noted")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 128 + signal.SIGTERM
+        events = read_events(run_dir)
+        assert not [e for e in events if e["event"] == "stall_detected"], events
+        (noted,) = [e for e in events if e["event"] == "ranktop_suspended"]
+        assert noted["seconds"] >= 2.5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        said = proc.communicate()[1]
+    assert "stalled" not in said, said
