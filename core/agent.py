@@ -58,6 +58,7 @@ from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot,
 from ranktop.core.strays import LOOK_SECONDS, adopting
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+SUSPENDED_GAP = 2.0  # seconds a monitor pass may come late before ranktop counts as having been stopped
 _STORE_CALL_THREAD = "ranktop-rdzv-join"
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
 ACK_TIMEOUT = 5.0  # the loop answers within milliseconds; this only bounds a wedged engine
@@ -281,6 +282,11 @@ class LocalAgent:
         # Local ranks reported stalled -> when to look again whether one waits for input (monotonic;
         # None once it was said to): a rank may reach its prompt after it was reported stalled.
         self._stalled: dict[int, float | None] = {}
+        # When the monitor last passed (monotonic), and since when ranks may count as silent (wall
+        # time): a pass far later than its wait means ranktop itself was stopped (Ctrl-Z, SIGSTOP)
+        # or the machine slept, and the ranks' silence meanwhile is not theirs (`_note_gap`).
+        self._last_pass: float | None = None
+        self._silence_from = 0.0
         # (time, attempt, what) of each action the user took on single ranks: a root cause that
         # follows one says so (restarting a rank of a collective job makes its peers fail)
         self._user_actions: list[tuple[float, int, str, float | None]] = []  # (when, attempt, what, SIGCONT's when)
@@ -533,8 +539,9 @@ class LocalAgent:
                 continue
             if result is not None:
                 return result
-            self._check_stalls()
             idle = self.spec.monitor_interval if self.stall_timeout else 1.0
+            self._note_gap(idle)
+            self._check_stalls()
             pc.wait_activity(min(idle, LOOK_SECONDS) if adopting() else idle)  # orphans come without a word
 
     def _finish(self, result: RunProcsResult) -> RunResult:
@@ -860,6 +867,11 @@ class LocalAgent:
             return {}
         # The notices always: unhandled, their default action would end ranktop without a report.
         handled = dict.fromkeys((*_FORWARDED_SIGNALS, *self.signals_to_handle, *NOTICE_SIGNALS))
+        if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+            # `nohup ranktop ...`: asked to outlive the terminal. A handler of ours made the
+            # hang-up a stop (exit 129), as it is for torchrun; ignored, it reaches no one (the
+            # ranks inherit the ignoring, as nohup means), and so no rank outlives ranktop.
+            del handled[signal.SIGHUP]
         previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
         for sig in take_early_stops(handled):  # (as PID 1: they came before we could act on them)
             self.handle_signal(sig)
@@ -1175,10 +1187,22 @@ class LocalAgent:
         past that, the sampler cannot read the rank and the report goes without it)."""
         return 2.5 * self.sampler.interval if self.sampler is not None else 0.0
 
+    def _note_gap(self, idle: float) -> None:
+        """A monitor pass `SUSPENDED_GAP` later than its wait of `idle`: ranktop was stopped (Ctrl-Z
+        on a headless run, or the TUI's; SIGSTOP) or the machine slept. Its ranks ran on, and what
+        they printed meanwhile waited in their pipes: their silence is counted from now, where
+        `fg` used to bring `rank 1 stalled: no output for 6s`."""
+        now = time.monotonic()
+        if self._last_pass is not None and now - self._last_pass > idle + SUSPENDED_GAP:
+            self._silence_from = time.time()
+            self.events.write("ranktop_suspended", seconds=round(now - self._last_pass, 1))
+        self._last_pass = now
+
     def _silent_for(self, slot: Any, now: float) -> float:
         """Seconds since the rank last printed (since it started, if it never did, or since it
-        was restarted: the ring holds the previous process's output too)."""
-        return now - max(self._spoke_at(slot) or 0.0, slot.proc.started_at)
+        was restarted: the ring holds the previous process's output too; or since ranktop was
+        back from a suspension)."""
+        return now - max(self._spoke_at(slot) or 0.0, slot.proc.started_at, self._silence_from)
 
     def _spoke_at(self, slot: Any) -> float | None:
         """When the rank last printed, leaving out the stack dumps we asked it for."""

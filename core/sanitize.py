@@ -15,7 +15,9 @@ string goes through `clean` before it reaches a widget (or, with --sanitize-cons
 - the bidirectional embeddings, overrides and isolates (U+202A-202E, U+2066-2069) are shown as
   their code point (`⟨U+202E⟩`): a terminal that implements bidi would let one reorder the rest of
   a line, so that a message reads other than its bytes ("Trojan Source"). The marks LRM, RLM and
-  ALM, which only place neighbouring punctuation, are left to right-to-left text that needs them.
+  ALM, which only place neighbouring punctuation, are left to right-to-left text that needs them;
+- a byte of a file name that is not in the file system's encoding (Python holds it as a lone
+  surrogate, U+DC80-DCFF) is shown as its escape, `\\xff`: it was `?` on the way out, or `\\udcff`.
 
 Work is per string: an unterminated string sequence at the end is dropped to the end, so a
 sequence split over two lines never becomes a live one on either.
@@ -47,18 +49,20 @@ def _symbol(code: int) -> str:
 
 
 _BIDI_CONTROLS = [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_UNDECODED_BYTES = range(0xDC80, 0xDD00)  # os.fsdecode's stand-ins for the bytes 0x80-0xff
 
 
 def _symbols(newlines: bool) -> dict[int, str]:
     keep = {_TAB, _NEWLINE} if newlines else {_TAB}
     codes = [*range(0x20), 0x7F, *range(0x80, 0xA0)]
     symbols = {code: _symbol(code) for code in codes if code not in keep}
-    return symbols | {code: f"⟨U+{code:04X}⟩" for code in _BIDI_CONTROLS}
+    return (symbols | {code: f"⟨U+{code:04X}⟩" for code in _BIDI_CONTROLS}
+            | {code: f"\\x{code - 0xDC00:02x}" for code in _UNDECODED_BYTES})
 
 
 _VISIBLE = _symbols(newlines=False)
 _VISIBLE_WITH_NEWLINES = _symbols(newlines=True)
-_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\udc80-\udcff]")
 
 
 def _keep_sgr(match: re.Match[str]) -> str:

@@ -7,6 +7,7 @@ output would be teed into a log file, or a print would crash. A closed stream co
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -43,6 +44,17 @@ def reopen_closed_streams() -> list[str]:
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
     return [name for _, name, _ in closed]
+
+
+def escape_unencodable() -> None:
+    """What ranktop prints that its stdout's encoding cannot hold (an é in a path under
+    `PYTHONIOENCODING=ascii`, or `LC_ALL=C` with `PYTHONUTF8=0`) is written as `\\xe9`, as
+    Python's own stderr does: a strict stdout (surrogateescape, in the C locale, is strict for
+    any character but a file name's stand-in bytes) ended `ranktop ls` in a UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) in ("strict", "surrogateescape"):
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                stream.reconfigure(errors="backslashreplace")
 
 
 def print_out(text: str) -> None:
@@ -83,7 +95,8 @@ def write_within(stream: TextIO, text: str, seconds: float) -> bool:
         except (OSError, ValueError):
             return False
         return True
-    data = memoryview(text.encode(getattr(stream, "encoding", None) or "utf-8", errors="replace"))
+    # (a character the console's encoding lacks, é under PYTHONIOENCODING=ascii, shows as \\xe9: not ?)
+    data = memoryview(text.encode(getattr(stream, "encoding", None) or "utf-8", errors="backslashreplace"))
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     deadline = time.monotonic() + seconds

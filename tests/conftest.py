@@ -267,16 +267,18 @@ def drive(app, body, size=(160, 48)) -> None:
 
 # ----- a real terminal --------------------------------------------------------------------------
 def run_in_pty(argv: list[str], cwd: Path, until: bytes, keys: bytes = b"", timeout: float = 60.0,
-               stdin_closed: bool = False) -> tuple[bytes, int]:
+               stdin_closed: bool = False, env: dict[str, str | None] | None = None) -> tuple[bytes, int]:
     """Run argv on a 160x48 pseudo-terminal; once `until` was written, type `keys`. Returns every
-    byte written to the terminal and the exit status."""
+    byte written to the terminal and the exit status. `env` is added to the environment (a value
+    of None removes the variable)."""
     pid, master = pty.fork()
     if pid == 0:  # the child: the pty is its stdin, stdout and stderr
         try:
             os.chdir(cwd)
             if stdin_closed:
                 os.close(0)
-            os.execve(argv[0], argv, {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT)})
+            environ = {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT), **(env or {})}
+            os.execve(argv[0], argv, {k: v for k, v in environ.items() if v is not None})
         finally:
             os._exit(127)
     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 48, 160, 0, 0))

@@ -62,6 +62,17 @@ def test_colour_hints_reach_the_ranks_only_when_their_output_is_shown_in_colour(
     else:
         assert (env["FORCE_COLOR"], env["COLUMNS"]) == ("1", "120")
 
+def test_a_dumb_terminal_gets_the_headless_console_without_colour_hints(tmp_path):
+    """TERM=dumb (Emacs's M-x shell) acts on no escape sequence: the TUI was drawn there as a
+    stream of them, and the ranks were told to print colours."""
+    argv = ["/usr/bin/env", "-u", "NO_COLOR", "-u", "FORCE_COLOR",
+            *ranktop_cmd("--log-dir", str(tmp_path), "--run-id", "dumb", str(RANKS / "env_dump.py"))]
+    out, status = run_in_pty(argv, tmp_path, until=b"\x00never", env={"TERM": "dumb"})
+    assert status == 0, out.decode(errors="replace")
+    assert b"[default0]:" in out and b"\x1b[" not in out
+    assert "FORCE_COLOR" not in _env_of(tmp_path / "dumb", 0)
+
+
 def test_a_launch_from_inside_a_torchrun_worker_has_rank_0_host_the_store(tmp_path):
     """A torchrun worker's environment says TORCHELASTIC_USE_AGENT_STORE=True; a ranktop started
     from there passed it on, and torch's env:// then had no rank host the store: every rank waited

@@ -4,6 +4,7 @@ for the TUI's filter there; the log files always keep the raw bytes.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 
@@ -128,6 +129,20 @@ def test_the_end_report_shows_paths_with_escapes_and_newlines_cleaned(tmp_path):
     shown = f"{tmp_path}/logs\u240ax/r"
     assert f"  error file: {shown}/attempt_0/0/error.json\n" in report
     assert report.endswith(f"  logs: {shown}\n"), report
+
+
+@pytest.mark.parametrize("env", [{}, {"PYTHONIOENCODING": "ascii"}], ids=["utf-8", "ascii"])
+def test_the_end_report_shows_a_paths_bytes_that_are_not_text_as_escapes(tmp_path, env):
+    """A --log-dir with a byte that is no UTF-8 (0xff) and an é: the `logs:` line showed the byte
+    as `?`, and under an ASCII console the é too, so the path could not be found again from it."""
+    script = tmp_path / "rank.py"
+    script.write_text("raise SystemExit(3)\n")
+    log_dir = os.path.join(os.fsencode(tmp_path), b"l\xff-\xc3\xa9")
+    done = subprocess.run([*ranktop_cmd("--headless", "--run-id", "r"), b"--log-dir", log_dir, str(script)],
+                          cwd=ROOT, capture_output=True, timeout=60, env={**os.environ, **env})
+    assert done.returncode == 1, done.stderr
+    e_acute = b"\\xe9" if env else b"\xc3\xa9"
+    assert done.stderr.endswith(b"  logs: " + os.fsencode(tmp_path) + b"/l\\xff-" + e_acute + b"/r\n"), done.stderr
 
 
 def test_the_end_report_names_a_hostile_script_safely(tmp_path):

@@ -77,6 +77,37 @@ def run_each(calls: list[tuple[str, ...]], env: dict) -> list[subprocess.Complet
         return list(pool.map(lambda args: run_ranktop(*args, env=env), calls))
 
 
+@pytest.mark.parametrize("encoding", [{"PYTHONIOENCODING": "ascii"}, {"LC_ALL": "C", "PYTHONUTF8": "0"}],
+                         ids=["ascii-io", "C-without-utf8-mode"])
+def test_ls_and_stop_show_a_run_named_in_utf8_on_an_ascii_console(tmp_path, runtime, encoding):
+    """An é in the run id and its log dir: `ranktop ls` on a console whose encoding lacks it ended
+    in a UnicodeEncodeError traceback; now it is written as `\\xe9`, as Python's stderr would."""
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--run-id", "café", "--log-dir", str(tmp_path / "lögs"),
+                                        str(_ticker(tmp_path))),
+                            cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
+        env = {**runtime, "LANG": "", **encoding}
+        table = run_ranktop("ls", env=env)
+        assert table.returncode == 0 and table.stderr == "", table.stderr
+        assert "caf\\xe9" in table.stdout and "l\\xf6gs" in table.stdout
+        stopped = run_ranktop("stop", env=env)
+        # (the name read from its socket's file name, where the file system's encoding is ASCII: its bytes)
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout.strip() in ("ranktop: stopped caf\\xe9", "ranktop: stopped caf\\xc3\\xa9")
+        assert proc.wait(30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def _ticker(tmp_path) -> Path:
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    return script
+
+
 def test_ls_logs_and_stop_reach_a_headless_run(tmp_path, runtime):
     proc = start_headless(tmp_path, runtime, "served")
     try:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
@@ -129,9 +130,14 @@ USR1_RANK = ("import os, signal, sys, time\n"
              "while True:\n    time.sleep(0.05)\n")
 
 
-def _start_usr1(tmp_path, *flags):
+def _usr1_script(tmp_path):
     script = tmp_path / "usr1.py"
     script.write_text(USR1_RANK)
+    return script
+
+
+def _start_usr1(tmp_path, *flags):
+    script = _usr1_script(tmp_path)
     return subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--shutdown-timeout", "3",
                                         "--log-dir", str(tmp_path / "logs"), "--run-id", "r", *flags, str(script)),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -299,3 +305,61 @@ def test_a_rank_sigkilled_is_a_failure_at_once(tmp_path):
     assert not [e for e in events if e["event"].startswith("exit_held")]  # no window: not a stop signal
     sibling = next(e for e in events if e["event"] == "exited" and e["pid"] == ranks[1])
     assert sibling["by_us"]
+
+
+def test_under_nohup_a_hangup_stops_nothing(tmp_path):
+    """`nohup ranktop ...` (SIGHUP ignored when it starts) is asked to outlive its terminal: its
+    own handler made the hang-up a stop (exit 129), as torchrun's does."""
+    proc = subprocess.Popen(["nohup", *ranktop_cmd("--headless", "--nproc-per-node", "2", "--shutdown-timeout", "3",
+                                                   "--log-dir", str(tmp_path / "logs"), "--run-id", "r",
+                                                   str(_usr1_script(tmp_path)))],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: all("up" in _logged(tmp_path, r) for r in range(2)), what="ranks up")
+        ranks = [e["pid"] for e in read_events(tmp_path / "logs" / "r") if e["event"] == "started"]
+        for pid in (proc.pid, *ranks):  # as a closed terminal does: to everything that was in its session
+            os.kill(pid, signal.SIGHUP)
+        # A later signal ranktop notes: the hang-up, sent first, would have been acted on by then.
+        proc.send_signal(signal.SIGUSR1)
+        events = tmp_path / "logs" / "r" / "events.jsonl"
+        wait_for(lambda: '"SIGUSR1"' in events.read_text(), what="ranktop noting its SIGUSR1")
+        assert proc.poll() is None
+        assert "SIGHUP" not in events.read_text()
+        assert all(os.path.exists(f"/proc/{pid}") for pid in ranks)  # the ranks ignore it too
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_ranktop_stopped_and_continued_blames_no_rank_for_the_silence(tmp_path):
+    """Ctrl-Z on a headless run (or SIGSTOP) stops ranktop and not the ranks, as under torchrun.
+    Back with `fg`, the ranks had said nothing that ranktop read for as long as it was stopped:
+    `rank 1 stalled: no output for 6s` blamed them for ranktop's own pause."""
+    script = tmp_path / "steady.py"
+    script.write_text("import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.5)\n")
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--stall-timeout", "1.5",
+                                        "--shutdown-timeout", "3", "--log-dir", str(tmp_path / "logs"),
+                                        "--run-id", "r", str(script)),
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "logs" / "r"
+    try:
+        wait_for(lambda: all("tick" in _logged(tmp_path, r) for r in range(2)), what="ranks up")
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(3)  # the pause itself: twice the stall time
+        proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: [e for e in read_events(run_dir, while_written=True) if e["event"] == "ranktop_suspended"],
+                 what="the pause noted")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 128 + signal.SIGTERM
+        events = read_events(run_dir)
+        assert not [e for e in events if e["event"] == "stall_detected"], events
+        (noted,) = [e for e in events if e["event"] == "ranktop_suspended"]
+        assert noted["seconds"] >= 2.5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        said = proc.communicate()[1]
+    assert "stalled" not in said, said

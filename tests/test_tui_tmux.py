@@ -44,6 +44,10 @@ class Terminal:
     def screen(self) -> str:
         return self._tmux("capture-pane", "-p", "-t", "t")
 
+    def pane_pid(self) -> str:
+        """The pid of the command the terminal runs (a shell, for a test that types into one)."""
+        return self._tmux("display-message", "-p", "-t", "t", "#{pane_pid}").strip()
+
     def press(self, *keys: str) -> None:
         self._tmux("send-keys", "-t", "t", *keys)
 
@@ -219,3 +223,53 @@ def test_a_tui_run_that_cannot_be_served_says_so_on_its_screen(tmp_path):
         assert not os.path.exists(f"/proc/{pid}")
     finally:
         term.close()
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (T: stopped)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def test_ctrl_z_suspends_the_tui_to_the_shell_and_fg_brings_it_back_whole(tmp_path):
+    """In a shell with job control: Ctrl-Z (a key in the TUI's raw mode) did nothing, and a
+    SIGTSTP to the job (`kill -TSTP -PGID`) stopped the process the shell waits for before the
+    TUI had given the terminal back, so `fg` left the TUI stopped for good on a blank screen."""
+    script = tmp_path / "ticker.py"
+    script.write_text(SCRIPT)
+    status = tmp_path / "status"
+    term = Terminal("bash --norc --noprofile")
+    try:
+        term.press(f"cd {ROOT} && {sys.executable} -m ranktop --tui --nproc-per-node 2 --shutdown-timeout 3 "
+                   f"--run-id jc --log-dir {tmp_path / 'logs'} {script}", "Enter")  # (alone: a list goes on past a stop)
+        term.wait_screen("hello from 1", " 1/1 ")
+        shell = int(term.pane_pid())
+        (waiter,) = _children(shell)  # the process the shell started and waits for
+        (tui,) = _children(waiter)  # the TUI and its engine
+        ranks = [e["pid"] for e in read_events(next((tmp_path / "logs").iterdir())) if e["event"] == "started"]
+        for suspend in (lambda: os.killpg(os.getpgid(waiter), signal.SIGTSTP), lambda: term.press("C-z")):
+            suspend()
+            term.wait_screen("Stopped")  # the shell has its prompt back
+            assert _state(waiter) == "T" and _state(tui) == "T"
+            assert all(_state(pid) != "T" for pid in ranks)  # the ranks run on, as under torchrun
+            term.press("clear", "Enter")
+            wait_for(lambda: "Stopped" not in term.screen(), what="the screen cleared")
+            term.press("fg", "Enter")
+            term.wait_screen("hello from 1", " 0/0 ", " 1/1 ", "running", "world 2")  # every row redrawn
+            assert _state(waiter) != "T" and _state(tui) != "T"
+        term.press("q")
+        term.wait_screen("still running")
+        term.press("y")
+        wait_for(lambda: not os.path.exists(f"/proc/{waiter}"), timeout=15, what="ranktop exited")
+        term.press(f"echo $? > {status}", "Enter")  # fg's status: the job's
+        wait_for(lambda: status.exists() and status.read_text().strip(), what="the status written")
+        assert status.read_text().strip() == "130"
+    finally:
+        term.close()
+        if not status.exists():  # (the terminal's end detached the run)
+            run_ranktop("stop", "jc")

@@ -51,6 +51,9 @@ class RanktopApp(App):
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help"),
         Binding("ctrl+c", "help_quit", "Stop and quit, as q (twice: kill now)", show=False, system=True),
+        # As in any full-screen program: the raw terminal sends Ctrl-Z as a key, not as SIGTSTP.
+        Binding("ctrl+z", "suspend_process", "Suspend to the shell (fg brings it back; the ranks run on)",
+                show=False),
     ]
 
     def __init__(self, engine: Engine, *, exit_on_end: bool = False, metric: re.Pattern[str] | None = None) -> None:
@@ -85,6 +88,14 @@ class RanktopApp(App):
 
     def on_mount(self) -> None:
         self.call_after_refresh(collector.release)  # the first frame ends start-up
+        self.app_resume_signal.subscribe(self, self._redraw_after_suspend)
+
+    def _redraw_after_suspend(self, _app: object) -> None:
+        """Back from Ctrl-Z (`fg`): the terminal shows the shell's screen, and Textual repaints
+        only what changed since, which left the panes' title row blank. Every widget again."""
+        for widget in self.screen.walk_children():
+            widget.refresh()
+        self.screen.refresh(layout=True)
 
     def on_ready(self) -> None:
         self._frame_shown = True

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from ranktop.core import collector, guard, limits, numa
 from ranktop.core.errors import UsageError
 from ranktop.core.signals import hold_early_stops
-from ranktop.core.stdio import reopen_closed_streams, terminal_problem
+from ranktop.core.stdio import escape_unencodable, reopen_closed_streams, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, usage_error, usage_line
 
 
@@ -579,7 +579,13 @@ def _terminal_usable() -> bool:
 def want_tui(ns: argparse.Namespace) -> bool:
     if ns.headless:
         return False
-    return ns.tui or sys.stdout.isatty()
+    return ns.tui or (sys.stdout.isatty() and not dumb_terminal())
+
+
+def dumb_terminal() -> bool:
+    """TERM=dumb (Emacs's M-x shell, some CI consoles): a terminal that acts on no escape
+    sequence, so the TUI would be a stream of them and colours would show as `[31m`."""
+    return os.environ.get("TERM") == "dumb"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -602,6 +608,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run_command(argv: Sequence[str] | None) -> int:
     reopen_closed_streams()  # before any file is opened: a closed 0/1/2 would be taken by it
+    escape_unencodable()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("stacks", "ls", "stop", "logs", "attach", "web"):
         return _subcommand(argv)
@@ -855,7 +862,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
                        sanitize_console=ns.sanitize_console, signals_to_handle=ns.signals_to_handle,
                        echo_events=ns.event_log_handler == "console", hangup_stops=not ns.detached_child,
                        duplicate_filters={1: tuple(ns.duplicate_stdout_filters), 2: tuple(ns.duplicate_stderr_filters)},
-                       color=sys.stdout.isatty() and "NO_COLOR" not in os.environ,
+                       color=sys.stdout.isatty() and "NO_COLOR" not in os.environ and not dumb_terminal(),
                        on_under_way=None if ns.detached_child else under_way,
                        typed_stdin=ns.detached_child)  # its stdin is /dev/null: attach's `i` types instead
     if sampler is not None:

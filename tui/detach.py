@@ -25,7 +25,13 @@ DETACHED = signal.SIGRTMIN  # child -> parent: "I let go of the terminal"
 # terminal (outside the TUI's raw mode) reach the child from the terminal itself, once. A hang-up
 # is always passed on: when we lead the session, the kernel tells only us.
 _PASSED_ON = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2}
-_WAITED = _PASSED_ON | {signal.SIGCHLD, DETACHED}
+# SIGTSTP (Ctrl-Z outside raw mode, `kill -TSTP` to the job) must not stop this process before
+# the child: the shell would take the terminal back while the TUI still restores it, the TUI
+# would stop on SIGTTOU halfway and, resumed by `fg`, stop again for good. The child stops first
+# (Textual gives the terminal back, then stops), and this process follows it (`_follow_stop`).
+# It is not passed on: sent to the job, the child has it already, and a second one pending would
+# suspend the TUI again right after `fg`.
+_WAITED = _PASSED_ON | {signal.SIGCHLD, DETACHED, signal.SIGTSTP}
 _SI_KERNEL = 0x80  # siginfo's si_code for a signal the kernel raised (the terminal's)
 _PR_SET_PDEATHSIG = 1
 
@@ -79,8 +85,12 @@ def _wait_for(child: int) -> int:
         info = signal.sigwaitinfo(_WAITED)
         if info.si_signo == signal.SIGCHLD:
             status = _reap(child, every=init)
-            if status is not None:
+            if status is not None and os.WIFSTOPPED(status):
+                _follow_stop(child, init)
+            elif status is not None:
                 return os.waitstatus_to_exitcode(status)
+        elif info.si_signo == signal.SIGTSTP:
+            continue
         elif info.si_signo == DETACHED:
             if info.si_pid == child and not init:
                 return 0
@@ -94,12 +104,34 @@ def _wait_for(child: int) -> int:
                 pass
 
 
+def _follow_stop(child: int, init: bool) -> None:
+    """The child (the TUI) stopped for job control (Ctrl-Z): stop too, so that the shell sees its
+    job stopped and gives its prompt back; once continued (`fg`, `bg` or `kill -CONT`), see that
+    the child is too (a CONT sent to this pid alone would leave it stopped)."""
+    if init:  # PID 1 cannot stop itself; the container's shell, if any, sees the child
+        return
+    os.kill(os.getpid(), signal.SIGSTOP)
+    if _stopped(child):
+        try:
+            os.kill(child, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"T"
+    except (OSError, IndexError):
+        return False
+
+
 def _reap(child: int, every: bool) -> int | None:
-    """The child's wait status if it has exited; with `every`, each other exited child (an orphan
-    given to init) is reaped on the way."""
+    """The child's wait status if it has exited or stopped (job control); with `every`, each other
+    exited child (an orphan given to init) is reaped on the way."""
     while True:
         try:
-            pid, status = os.waitpid(-1 if every else child, os.WNOHANG)
+            pid, status = os.waitpid(-1 if every else child, os.WNOHANG | os.WUNTRACED)
         except ChildProcessError:
             return None
         if pid == child:

@@ -6,10 +6,17 @@ thread dies of the first one, its queue of 30 writes fills, and the app's next w
 forever: the TUI wedged, its input thread spinning on the dead terminal, and the process never
 exited, not even on SIGTERM. Here a failed write is dropped and reported once, and the app
 leaves as on a hang-up.
+
+Two more things it takes from the terminal itself rather than the environment: the screen is
+drawn in UTF-8 whatever the locale says (`LC_ALL=C` with `PYTHONUTF8=0`, `PYTHONIOENCODING=ascii`,
+a Latin-1 locale: the frame came out as `\\u2588` escapes, one cell each counted as six), and
+its size is the terminal's, not `COLUMNS`/`LINES` (an exported value drew the TUI in a corner
+and never followed a resize).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import IO, Any
@@ -18,23 +25,30 @@ from textual.drivers.linux_driver import LinuxDriver
 
 
 class TerminalFile:
-    """The driver's output file: a write or flush that fails calls `lost` (once) instead of raising."""
+    """The driver's output file: UTF-8 bytes to the terminal, and a write or flush that fails
+    calls `lost` (once) instead of raising."""
 
     def __init__(self, file: IO[str], lost: Callable[[], None]) -> None:
         self._file = file
         self._lost = lost
         self._reported = threading.Event()
+        # Bytes go to the binary buffer below the text layer, flushed first so nothing overtakes.
+        self._bytes = getattr(file, "buffer", None)
+        self.flush()
 
     def write(self, text: str) -> None:
         try:
-            self._file.write(text)
-        except OSError:
+            if self._bytes is None:
+                self._file.write(text)
+            else:  # (a lone surrogate, from a file name not in UTF-8, is one cell: so is '?')
+                self._bytes.write(text.encode("utf-8", "replace"))
+        except (OSError, ValueError):
             self._report()
 
     def flush(self) -> None:
         try:
-            self._file.flush()
-        except OSError:
+            (self._bytes or self._file).flush()
+        except (OSError, ValueError):
             self._report()
 
     def fileno(self) -> int:
@@ -58,5 +72,12 @@ def hangup_aware(driver: type, lost: Callable[[], None]) -> type:
         def __init__(self, app: Any, **kwargs: Any) -> None:
             super().__init__(app, **kwargs)
             self._file = TerminalFile(self._file, lost)
+
+        def _get_terminal_size(self) -> tuple[int, int]:
+            try:  # the terminal drawn on (stderr), asked directly: COLUMNS/LINES are only for the ranks
+                width, height = os.get_terminal_size(self._file.fileno())
+            except (OSError, ValueError):
+                return super()._get_terminal_size()
+            return (width or 80, height or 25)
 
     return HangupAwareDriver
