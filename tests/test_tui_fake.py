@@ -108,6 +108,20 @@ def test_the_end_panel_names_an_unreapable_rank():
     drive(engine, body)
 
 
+def test_typing_into_a_rank_after_the_end_says_there_is_none_to_type_into():
+    """`i` in the final view said `nothing left to signal or restart`, which it had not asked."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        engine.end(GroupState.SUCCEEDED, 0, state=RankState.SUCCEEDED, exitcode=0)
+        await until(pilot, lambda: app.main.ended, what="the end noticed")
+        await pilot.press("i")
+        await until(pilot, lambda: "type into" in notes(app), what="i's answer")
+        assert "the group has ended" in notes(app) and not app.main.query_one("#stdin").display
+
+    drive(engine, body)
+
+
 @pytest.mark.parametrize("state, fields, shown", [
     # A rank that could not be started (or a rendezvous): no rank to blame, and no stop asked for.
     (GroupState.FAILED, {"rendezvous_error": "cannot start local rank 0: Permission denied"},
@@ -371,6 +385,93 @@ def test_the_quit_question_shows_its_answers_on_one_row_within_80_columns():
 
     drive(engine, body, size=(80, 24))
 
+
+
+def test_the_quit_question_stacks_its_answers_where_a_row_does_not_hold_them():
+    """Under 60 columns the third answer, `Cancel (n)`, where the focus starts, was cut off the
+    right edge: one answer a row, each whole on screen, the focus on one you can see."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        app.can_detach = True
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="the quit question")
+        await pilot.resize_terminal(44, 24)  # asked wide, then narrowed: the row breaks
+        await pilot.pause()
+        buttons = [app.screen.query_one(f"#quit-{name}", Button) for name in ("stop", "detach", "stay")]
+        await until(pilot, lambda: len({b.region.y for b in buttons}) == 3, what="one answer a row")
+        rows = screen_rows(app)
+        for button in buttons:
+            assert button.region.right <= 44 and str(button.label) in rows[button.region.y]
+        assert app.screen.focused is buttons[2]
+        await pilot.resize_terminal(80, 24)  # and back on one row
+        await until(pilot, lambda: len({b.region.y for b in buttons}) == 1, what="the answers on one row again")
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is app.main, what="back to the ranks")
+        assert engine.commands == []
+
+    drive(engine, body, size=(80, 24))
+
+
+def test_the_signal_picker_fits_a_small_terminal_and_still_sends():
+    """At 40x12 the picker ran off the right edge and its title off the top (64 columns, 16 rows):
+    now all of it is on screen, its list scrolling, and the last signal is still one key away."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, SignalPicker), what="the picker")
+        await pilot.resize_terminal(40, 12)  # opened at 80x24, then the terminal shrank
+        await pilot.pause()
+        box = app.screen.query_one("#picker-box")
+        await until(pilot, lambda: box.region.bottom <= 12 and box.region.y >= 0, what="the picker within 12 rows")
+        assert box.region.right <= 40
+        rows = screen_rows(app)
+        assert "Send a signal to" in rows[app.screen.query_one("#picker-scope").region.y]
+        assert any("esc" in row and "g rank/group" in row for row in rows)  # its hint too
+        await pilot.press("end", "enter")  # the list's last entry, scrolled to
+        await until(pilot, lambda: engine.commands, what="a signal sent")
+        assert engine.commands == [cmd.SignalRank(0, signal.SIGCONT)]
+
+    drive(engine, body, size=(80, 24))
+
+
+def test_the_details_view_scrolls_to_its_histories_in_a_short_terminal():
+    """In a short terminal the histories, the view's point, were cut off under the log paths with
+    no way down to them: the view scrolls, and has the focus to."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("m")
+        await until(pilot, lambda: isinstance(app.screen, RankDetails), what="the details")
+        text = app.screen.query_one("#details-text")
+        await until(pilot, lambda: "output" in text.render().plain, what="the histories")
+        assert not any("esc: close" in row for row in screen_rows(app))  # the view's last line
+        await pilot.press("end")
+        await until(pilot, lambda: any("esc: close" in row for row in screen_rows(app)),
+                    what="the view's end scrolled into sight")
+        assert any(row.strip(" █").startswith("output") for row in screen_rows(app))
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is app.main, what="back to the ranks")
+
+    drive(engine, body, size=(60, 12))
+
+
+def test_the_rank_list_leaves_the_focused_pane_half_a_narrow_terminal():
+    """The list took 36 columns at any width: at 40, 4 were left of the focused pane."""
+    engine = FakeEngine(4)
+
+    async def body(app, pilot):
+        await pilot.pause()
+        rank_list = app.main.query_one("#rank-list-box")
+        assert rank_list.display
+        pane = app.main.pane(0)
+        await until(pilot, lambda: pane.region.width >= 19, what="half the width for the pane")
+        assert rank_list.region.width <= 20
+        await pilot.resize_terminal(120, 12)  # wide but short: the list is at its own width again
+        await until(pilot, lambda: rank_list.region.width == 36, what="the list at 36 columns")
+
+    drive(engine, body, size=(40, 12))
 
 def shown_footer_keys(app: RanktopApp) -> list[FooterKey]:
     return [key for key in app.screen.query(FooterKey) if not key.has_class("-command-palette") and key.display]

@@ -13,11 +13,11 @@ from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, RankSnapshot
 from ranktop.tui.metric import RankTrack, Tracker, sparkline
 from ranktop.tui.panes import gpu_util_text, human_bytes, human_duration, pid_text, state_label
-from ranktop.tui.screens import MODAL_HELP
+from ranktop.tui.screens import MODAL_HELP, SIDEWAYS
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.dom import DOMNode
 from textual.screen import ModalScreen
 from textual.widgets import Static
@@ -110,14 +110,17 @@ class RankDetails(ModalScreen[None]):
         self._read_at = 0.0
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="details-box"):
+        # Scrolls (it has the focus: ↑ ↓ PgUp PgDn Home End) where the terminal is shorter than
+        # the view: the histories, its point, were cut off below the log paths.
+        with VerticalScroll(id="details-box"):
             yield Static("", id="details-text", markup=False)
             yield Static(Text("esc: close  ?: keys", style="dim"))
 
     def key_sections(self, hidden: tuple[str, ...] = ()) -> list[tuple[str, DOMNode, tuple[str, ...]]]:
-        """Its keys for the help (nothing in it takes the focus: tab does nothing; ctrl+c copies
-        what the mouse selected)."""
-        return [("Rank details (m)", self, (*hidden, "focus_next", "focus_previous"))]
+        """Its keys for the help (tab does nothing: the scrolling box is all that takes the focus;
+        ctrl+c copies what the mouse selected), then the box's."""
+        return [("Rank details (m)", self, (*hidden, "focus_next", "focus_previous")),
+                ("Scrolling the details", VerticalScroll(), SIDEWAYS)]
 
     def on_mount(self) -> None:
         self.redraw()

@@ -136,6 +136,8 @@ class SignalPicker(ModalScreen[tuple[int, bool] | None]):
           for i in range(len(PICKER_SIGNALS))],
         MODAL_HELP,
     ]
+    # The box is 16 rows tall: below 18 its list gets less room (app.tcss).
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (18, "-tall")]
 
     def __init__(self, rank: int, local_rank: int, world: int) -> None:
         super().__init__()
@@ -190,6 +192,8 @@ class ConfirmQuit(ModalScreen[str | None]):
         MODAL_HELP,
     ]
     AUTO_FOCUS = "#quit-stay"
+    # Under 60 columns the three answers go one a row (app.tcss).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (60, "-wide")]
 
     def __init__(self, alive: int, grace: float, *, can_detach: bool = False) -> None:
         super().__init__()
