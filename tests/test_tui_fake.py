@@ -108,6 +108,40 @@ def test_the_end_panel_names_an_unreapable_rank():
     drive(engine, body)
 
 
+@pytest.mark.parametrize("key, dialog", [("q", ConfirmQuit), ("x", SignalPicker)])
+def test_the_end_closes_the_quit_question_and_the_picker_it_made_moot(key, dialog):
+    """The quit question stayed up over the final view saying `2 rank(s) still running`, and its
+    `y` then closed it and did nothing (it waited for an end that had come); the picker's signal
+    could only be refused. Both close at the end, and the end report shows."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        app.can_detach = True
+        await pilot.press(key)
+        await until(pilot, lambda: isinstance(app.screen, dialog), what="the dialog")
+        engine.end(GroupState.FAILED, 1, state=RankState.FAILED, exitcode=1)
+        await until(pilot, lambda: app.screen is app.main, what="the dialog closed at the end")
+        assert app.main.query_one(RootCausePanel).display and "FAILED" in end_panel(app)
+        assert engine.commands == [] and app.is_running  # nothing sent, the final view stays
+
+    drive(engine, body)
+
+
+def test_stop_and_quit_answered_after_the_end_quits():
+    """An answer already on its way when the end came (a `y` typed as it closed): it quits with
+    the run's status, where it waited for an end that had come already."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        engine.end(GroupState.FAILED, 1, state=RankState.FAILED, exitcode=1)
+        await until(pilot, lambda: app.main.ended, what="the end noticed")
+        app._quit_answer("stop")
+        await until(pilot, lambda: not app.is_running, what="the app gone")
+
+    app = drive(engine, body)
+    assert app.return_value == 1 and engine.commands == []
+
+
 def test_typing_into_a_rank_after_the_end_says_there_is_none_to_type_into():
     """`i` in the final view said `nothing left to signal or restart`, which it had not asked."""
     engine = FakeEngine(2)

@@ -102,6 +102,11 @@ class RanktopApp(App):
         for screen in self.screen_stack:
             for footer in screen.query(CalmFooter):
                 footer.hide(ACTS_ON_RANKS)
+        # The questions the end made moot close, as the stdin box does: the quit question asked
+        # about ranks that are gone (its `y` then closed it and did nothing: no end came after),
+        # and the picker's signal could only be refused. The final view shows instead.
+        if isinstance(self.screen, (ConfirmQuit, SignalPicker)):
+            self.screen.dismiss(None)
         if event.snapshot.error is not None:
             # The error may quote rank-supplied text: shown as plain, safe text, never as markup.
             self.notify(clean(f"ranktop failed: {event.snapshot.error}"), severity="error", timeout=30,
@@ -192,6 +197,9 @@ class RanktopApp(App):
             self.exit(0)
 
     def _stop_and_exit(self) -> None:
+        if self.main is not None and self.main.ended:  # over meanwhile: nothing to stop, no end to wait for
+            self.exit(self.exit_status)
+            return
         self.user_quit = True
         self._exit_when_ended = True
         self.engine.submit(cmd.Stop(signal.SIGTERM))
