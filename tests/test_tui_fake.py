@@ -491,6 +491,29 @@ def test_the_details_view_scrolls_to_its_histories_in_a_short_terminal():
     drive(engine, body, size=(60, 12))
 
 
+def test_the_details_lines_fit_beside_the_scrollbar_of_a_short_terminal():
+    """Its lines were as wide as the box, scrollbar included: where one showed, each history's
+    last value wrapped onto a row of its own (`max` / `0%`)."""
+    engine = FakeEngine(2)
+    engine.set_rank(0, cpu_percent=5.0, rss=11 << 20)
+    whole = re.compile(r"cpu +\S+ +now +5% +min +5% +max +5%")
+
+    async def body(app, pilot):
+        await pilot.press("m")
+        await until(pilot, lambda: isinstance(app.screen, RankDetails), what="the details")
+        text = app.screen.query_one("#details-text")
+        # Three samples: redrawn since it was laid out (its first lines, before, were 76 wide)
+        await until(pilot, lambda: "cpu         ▁▁▁" in text.render().plain, timeout=10, what="three samples")
+        await pilot.pause()
+        assert any(whole.search(row) for row in screen_rows(app))  # the cpu history whole on its row
+        box = app.screen.query_one("#details-box")
+        assert box.show_vertical_scrollbar  # (the case: a scrollbar, 10 rows)
+        await pilot.resize_terminal(120, 10)  # wider: its lines follow the new width
+        await until(pilot, lambda: any(whole.search(row) and len(row.rstrip()) > 105 for row in screen_rows(app)),
+                    what="the lines redrawn for the new width")
+
+    drive(engine, body, size=(100, 10))
+
 def test_the_rank_list_leaves_the_focused_pane_half_a_narrow_terminal():
     """The list took 36 columns at any width: at 40, 4 were left of the focused pane."""
     engine = FakeEngine(4)

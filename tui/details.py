@@ -126,6 +126,11 @@ class RankDetails(ModalScreen[None]):
         self.redraw()
         self.set_interval(REFRESH_SECONDS, self.redraw)
 
+    def on_resize(self) -> None:
+        # At once, for the new width (its lines wrapped, or left room, until the next second);
+        # after the layout, which gives the box its new size and a scrollbar or none.
+        self.call_after_refresh(self.redraw)
+
     def redraw(self) -> None:
         group = self.engine.snapshot()
         rank = next((r for r in group.ranks if r.local_rank == self.local_rank), None)
@@ -136,7 +141,8 @@ class RankDetails(ModalScreen[None]):
         track = self.tracker.ranks.get(self.local_rank)
         if track is not None and self.tracker.pattern is None:
             self._measure_rate(track)
-        width = self.query_one("#details-box").content_region.width or 76
+        # Inside its scrollbar, where a short terminal shows one: the lines wrapped under it.
+        width = self.query_one("#details-box").scrollable_content_region.width or 76
         box.update(details_text(rank, group, track, group.taken_at or time.time(), width=width,
                                 metric_name=self.tracker.name))
 
