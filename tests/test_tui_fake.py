@@ -816,6 +816,27 @@ def test_the_palette_lists_no_second_quit_or_keys_panel_of_textuals():
     drive(engine, body)
 
 
+def test_the_palettes_screenshot_is_saved_in_the_runs_directory(tmp_path, monkeypatch):
+    """Textual saved it in ~/Downloads, which a training box seldom has: `Failed to save screenshot`."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home-without-downloads"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    engine = FakeEngine(2)
+    engine.group = dataclasses.replace(engine.group, log_dir=str(run_dir))
+
+    async def body(app, pilot):
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: palette_titles(app), what="the palette's list")
+        await pilot.press(*"screenshot")
+        await until(pilot, lambda: palette_top(app).startswith("Screenshot"), what="'screenshot' searched")
+        await pilot.press("enter")
+        saved = await until(pilot, lambda: list(run_dir.glob("*.svg")), what="an SVG in the run's directory")
+        await until(pilot, lambda: "Saved screenshot to" in notes(app), what="where it went, said")
+        assert str(saved[0]) in notes(app) and "<svg" in saved[0].read_text()
+
+    drive(engine, body)
+
+
 @pytest.mark.parametrize("can_detach", [False, True])
 def test_the_quit_questions_help_lists_detach_only_where_it_is_offered(can_detach):
     """`?` over the quit question, and the grid's help, listed `d Detach` also where the question

@@ -10,6 +10,7 @@ would.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 from collections.abc import Callable, Iterable
@@ -290,6 +291,16 @@ class RanktopApp(App):
             return screen.key_sections(DIALOG_EXTRAS)[:1]
         hidden = (*self._stack_view_hidden(), "tree", "focus_next", "focus_previous")  # keys, not acts
         return [screen.key_sections(hidden)[0], self._app_section()]  # the stack view, and the app's
+
+    def deliver_screenshot(self, filename: str | None = None, path: str | None = None,
+                           time_format: str | None = None) -> str | None:
+        """The palette's Screenshot, saved in the run's directory, beside its logs: Textual's
+        ~/Downloads is seldom there on a training box, and it said no more than `Failed to save
+        screenshot`. (The current directory where the run's is not a directory here.)"""
+        if path is None:
+            run_dir = self.engine.snapshot().log_dir
+            path = run_dir if run_dir and os.path.isdir(run_dir) else os.getcwd()
+        return super().deliver_screenshot(filename, path, time_format)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from palette_commands(self, self._palette_sections(screen))
