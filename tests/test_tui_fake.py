@@ -447,6 +447,27 @@ def test_the_quit_question_stacks_its_answers_where_a_row_does_not_hold_them():
     drive(engine, body, size=(80, 24))
 
 
+def test_the_quit_question_keeps_its_answers_on_screen_in_a_short_terminal():
+    """At 40x10 the box ran off the bottom with `Detach` and `Cancel`, the focused one: under 16
+    rows it sheds its padding and the detach's explanation (the answer stays)."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        app.can_detach = True
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="the quit question")
+        buttons = [app.screen.query_one(f"#quit-{name}", Button) for name in ("stop", "detach", "stay")]
+        await until(pilot, lambda: all(b.region.bottom <= 10 and b.region.height for b in buttons),
+                    what="every answer within the 10 rows")
+        rows = screen_rows(app)
+        assert all(str(b.label) in rows[b.region.y] for b in buttons) and app.screen.focused is buttons[2]
+        why = app.screen.query_one("#confirm-detach-why")
+        assert not why.display
+        await pilot.resize_terminal(80, 24)  # room again: the explanation is back
+        await until(pilot, lambda: why.display, what="the detach explained again")
+
+    drive(engine, body, size=(40, 10))
+
 def test_the_signal_picker_fits_a_small_terminal_and_still_sends():
     """At 40x12 the picker ran off the right edge and its title off the top (64 columns, 16 rows):
     now all of it is on screen, its list scrolling, and the last signal is still one key away."""
