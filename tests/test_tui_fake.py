@@ -108,6 +108,54 @@ def test_the_end_panel_names_an_unreapable_rank():
     drive(engine, body)
 
 
+@pytest.mark.parametrize("key, dialog", [("q", ConfirmQuit), ("x", SignalPicker)])
+def test_the_end_closes_the_quit_question_and_the_picker_it_made_moot(key, dialog):
+    """The quit question stayed up over the final view saying `2 rank(s) still running`, and its
+    `y` then closed it and did nothing (it waited for an end that had come); the picker's signal
+    could only be refused. Both close at the end, and the end report shows."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        app.can_detach = True
+        await pilot.press(key)
+        await until(pilot, lambda: isinstance(app.screen, dialog), what="the dialog")
+        engine.end(GroupState.FAILED, 1, state=RankState.FAILED, exitcode=1)
+        await until(pilot, lambda: app.screen is app.main, what="the dialog closed at the end")
+        assert app.main.query_one(RootCausePanel).display and "FAILED" in end_panel(app)
+        assert engine.commands == [] and app.is_running  # nothing sent, the final view stays
+
+    drive(engine, body)
+
+
+def test_stop_and_quit_answered_after_the_end_quits():
+    """An answer already on its way when the end came (a `y` typed as it closed): it quits with
+    the run's status, where it waited for an end that had come already."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        engine.end(GroupState.FAILED, 1, state=RankState.FAILED, exitcode=1)
+        await until(pilot, lambda: app.main.ended, what="the end noticed")
+        app._quit_answer("stop")
+        await until(pilot, lambda: not app.is_running, what="the app gone")
+
+    app = drive(engine, body)
+    assert app.return_value == 1 and engine.commands == []
+
+
+def test_typing_into_a_rank_after_the_end_says_there_is_none_to_type_into():
+    """`i` in the final view said `nothing left to signal or restart`, which it had not asked."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        engine.end(GroupState.SUCCEEDED, 0, state=RankState.SUCCEEDED, exitcode=0)
+        await until(pilot, lambda: app.main.ended, what="the end noticed")
+        await pilot.press("i")
+        await until(pilot, lambda: "type into" in notes(app), what="i's answer")
+        assert "the group has ended" in notes(app) and not app.main.query_one("#stdin").display
+
+    drive(engine, body)
+
+
 @pytest.mark.parametrize("state, fields, shown", [
     # A rank that could not be started (or a rendezvous): no rank to blame, and no stop asked for.
     (GroupState.FAILED, {"rendezvous_error": "cannot start local rank 0: Permission denied"},
@@ -371,6 +419,137 @@ def test_the_quit_question_shows_its_answers_on_one_row_within_80_columns():
 
     drive(engine, body, size=(80, 24))
 
+
+
+def test_the_quit_question_stacks_its_answers_where_a_row_does_not_hold_them():
+    """Under 60 columns the third answer, `Cancel (n)`, where the focus starts, was cut off the
+    right edge: one answer a row, each whole on screen, the focus on one you can see."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        app.can_detach = True
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="the quit question")
+        await pilot.resize_terminal(44, 24)  # asked wide, then narrowed: the row breaks
+        await pilot.pause()
+        buttons = [app.screen.query_one(f"#quit-{name}", Button) for name in ("stop", "detach", "stay")]
+        await until(pilot, lambda: len({b.region.y for b in buttons}) == 3, what="one answer a row")
+        rows = screen_rows(app)
+        for button in buttons:
+            assert button.region.right <= 44 and str(button.label) in rows[button.region.y]
+        assert app.screen.focused is buttons[2]
+        await pilot.resize_terminal(80, 24)  # and back on one row
+        await until(pilot, lambda: len({b.region.y for b in buttons}) == 1, what="the answers on one row again")
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is app.main, what="back to the ranks")
+        assert engine.commands == []
+
+    drive(engine, body, size=(80, 24))
+
+
+def test_the_quit_question_keeps_its_answers_on_screen_in_a_short_terminal():
+    """At 40x10 the box ran off the bottom with `Detach` and `Cancel`, the focused one: under 16
+    rows it sheds its padding and the detach's explanation (the answer stays)."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        app.can_detach = True
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="the quit question")
+        buttons = [app.screen.query_one(f"#quit-{name}", Button) for name in ("stop", "detach", "stay")]
+        await until(pilot, lambda: all(b.region.bottom <= 10 and b.region.height for b in buttons),
+                    what="every answer within the 10 rows")
+        rows = screen_rows(app)
+        assert all(str(b.label) in rows[b.region.y] for b in buttons) and app.screen.focused is buttons[2]
+        why = app.screen.query_one("#confirm-detach-why")
+        assert not why.display
+        await pilot.resize_terminal(80, 24)  # room again: the explanation is back
+        await until(pilot, lambda: why.display, what="the detach explained again")
+
+    drive(engine, body, size=(40, 10))
+
+def test_the_signal_picker_fits_a_small_terminal_and_still_sends():
+    """At 40x12 the picker ran off the right edge and its title off the top (64 columns, 16 rows):
+    now all of it is on screen, its list scrolling, and the last signal is still one key away."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, SignalPicker), what="the picker")
+        await pilot.resize_terminal(40, 12)  # opened at 80x24, then the terminal shrank
+        await pilot.pause()
+        box = app.screen.query_one("#picker-box")
+        await until(pilot, lambda: box.region.bottom <= 12 and box.region.y >= 0, what="the picker within 12 rows")
+        assert box.region.right <= 40
+        rows = screen_rows(app)
+        assert "Send a signal to" in rows[app.screen.query_one("#picker-scope").region.y]
+        assert any("esc" in row and "g rank/group" in row for row in rows)  # its hint too
+        await pilot.press("end", "enter")  # the list's last entry, scrolled to
+        await until(pilot, lambda: engine.commands, what="a signal sent")
+        assert engine.commands == [cmd.SignalRank(0, signal.SIGCONT)]
+
+    drive(engine, body, size=(80, 24))
+
+
+def test_the_details_view_scrolls_to_its_histories_in_a_short_terminal():
+    """In a short terminal the histories, the view's point, were cut off under the log paths with
+    no way down to them: the view scrolls, and has the focus to."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("m")
+        await until(pilot, lambda: isinstance(app.screen, RankDetails), what="the details")
+        text = app.screen.query_one("#details-text")
+        await until(pilot, lambda: "output" in text.render().plain, what="the histories")
+        assert not any("esc: close" in row for row in screen_rows(app))  # the view's last line
+        await pilot.press("end")
+        await until(pilot, lambda: any("esc: close" in row for row in screen_rows(app)),
+                    what="the view's end scrolled into sight")
+        assert any(row.strip(" █").startswith("output") for row in screen_rows(app))
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is app.main, what="back to the ranks")
+
+    drive(engine, body, size=(60, 12))
+
+
+def test_the_details_lines_fit_beside_the_scrollbar_of_a_short_terminal():
+    """Its lines were as wide as the box, scrollbar included: where one showed, each history's
+    last value wrapped onto a row of its own (`max` / `0%`)."""
+    engine = FakeEngine(2)
+    engine.set_rank(0, cpu_percent=5.0, rss=11 << 20)
+    whole = re.compile(r"cpu +\S+ +now +5% +min +5% +max +5%")
+
+    async def body(app, pilot):
+        await pilot.press("m")
+        await until(pilot, lambda: isinstance(app.screen, RankDetails), what="the details")
+        text = app.screen.query_one("#details-text")
+        # Three samples: redrawn since it was laid out (its first lines, before, were 76 wide)
+        await until(pilot, lambda: "cpu         ▁▁▁" in text.render().plain, timeout=10, what="three samples")
+        await pilot.pause()
+        assert any(whole.search(row) for row in screen_rows(app))  # the cpu history whole on its row
+        box = app.screen.query_one("#details-box")
+        assert box.show_vertical_scrollbar  # (the case: a scrollbar, 10 rows)
+        await pilot.resize_terminal(120, 10)  # wider: its lines follow the new width
+        await until(pilot, lambda: any(whole.search(row) and len(row.rstrip()) > 105 for row in screen_rows(app)),
+                    what="the lines redrawn for the new width")
+
+    drive(engine, body, size=(100, 10))
+
+def test_the_rank_list_leaves_the_focused_pane_half_a_narrow_terminal():
+    """The list took 36 columns at any width: at 40, 4 were left of the focused pane."""
+    engine = FakeEngine(4)
+
+    async def body(app, pilot):
+        await pilot.pause()
+        rank_list = app.main.query_one("#rank-list-box")
+        assert rank_list.display
+        pane = app.main.pane(0)
+        await until(pilot, lambda: pane.region.width >= 19, what="half the width for the pane")
+        assert rank_list.region.width <= 20
+        await pilot.resize_terminal(120, 12)  # wide but short: the list is at its own width again
+        await until(pilot, lambda: rank_list.region.width == 36, what="the list at 36 columns")
+
+    drive(engine, body, size=(40, 12))
 
 def shown_footer_keys(app: RanktopApp) -> list[FooterKey]:
     return [key for key in app.screen.query(FooterKey) if not key.has_class("-command-palette") and key.display]
@@ -654,6 +833,27 @@ def test_the_palette_lists_no_second_quit_or_keys_panel_of_textuals():
         assert [t for t in palette_titles(app) if t.startswith("Quit")] == ["Quit"]
         await pilot.press("enter")  # ours: it asks first, ranks being alive
         await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="the quit question")
+
+    drive(engine, body)
+
+
+def test_the_palettes_screenshot_is_saved_in_the_runs_directory(tmp_path, monkeypatch):
+    """Textual saved it in ~/Downloads, which a training box seldom has: `Failed to save screenshot`."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home-without-downloads"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    engine = FakeEngine(2)
+    engine.group = dataclasses.replace(engine.group, log_dir=str(run_dir))
+
+    async def body(app, pilot):
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: palette_titles(app), what="the palette's list")
+        await pilot.press(*"screenshot")
+        await until(pilot, lambda: palette_top(app).startswith("Screenshot"), what="'screenshot' searched")
+        await pilot.press("enter")
+        saved = await until(pilot, lambda: list(run_dir.glob("*.svg")), what="an SVG in the run's directory")
+        await until(pilot, lambda: "Saved screenshot to" in notes(app), what="where it went, said")
+        assert str(saved[0]) in notes(app) and "<svg" in saved[0].read_text()
 
     drive(engine, body)
 

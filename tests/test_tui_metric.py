@@ -64,6 +64,31 @@ def test_ranktops_own_lines_are_no_metric_and_no_search_match():
     assert RankSearch.run(engine, range(2), "re:restart [0-9]").counts == {0: 1}
 
 
+def test_the_rank_list_drops_its_last_columns_so_the_metric_and_hits_show_in_a_narrow_list():
+    """At 80 columns with --metric and a search of every rank the list's rows were cut at their
+    end: the metric's value and its outlier `!` were what went. Now the output's age, then cpu,
+    give way first."""
+    from conftest import screen_rows
+    from ranktop.tui.panes import list_columns
+
+    assert list_columns(0, hits=True, metric=True) == {"metric", "hits", "cpu", "age"}  # not laid out: all
+    assert list_columns(13, hits=False, metric=False) == {"cpu", "age"}
+    assert list_columns(22, hits=True, metric=True) == {"metric", "hits", "cpu"}
+    assert list_columns(11, hits=True, metric=True) == {"metric"}
+    engine = FakeEngine(32)
+    for r in range(32):
+        engine.print(r, f"loss {1.0 + (r == 5) * 9:.3f}")
+
+    async def body(app, pilot):
+        listing = app.main.query_one("#rank-list")
+        await until(pilot, lambda: "10.000!" in listing.plain, what="the outlier in the list")
+        await pilot.press("ctrl+f", *"loss", "enter")
+        await until(pilot, lambda: app.main.everywhere is not None, what="the search of every rank")
+        row = re.compile(r"^ +5 running +1 +10\.000!")  # rank 5: its hit and its marked value, whole
+        await until(pilot, lambda: any(row.search(line) for line in screen_rows(app)), what="rank 5's row whole")
+
+    drive(engine, body, size=(80, 40), metric=compile_metric(r"loss ([0-9.]+)"))
+
 def test_metric_in_titles_list_and_zoomed_sparklines():
     engine = FakeEngine(32)
     for r in range(32):

@@ -10,6 +10,7 @@ would.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 from collections.abc import Callable, Iterable
@@ -113,6 +114,11 @@ class RanktopApp(App):
         for screen in self.screen_stack:
             for footer in screen.query(CalmFooter):
                 footer.hide(ACTS_ON_RANKS)
+        # The questions the end made moot close, as the stdin box does: the quit question asked
+        # about ranks that are gone (its `y` then closed it and did nothing: no end came after),
+        # and the picker's signal could only be refused. The final view shows instead.
+        if isinstance(self.screen, (ConfirmQuit, SignalPicker)):
+            self.screen.dismiss(None)
         if event.snapshot.error is not None:
             # The error may quote rank-supplied text: shown as plain, safe text, never as markup.
             self.notify(clean(f"ranktop failed: {event.snapshot.error}"), severity="error", timeout=30,
@@ -203,6 +209,9 @@ class RanktopApp(App):
             self.exit(0)
 
     def _stop_and_exit(self) -> None:
+        if self.main is not None and self.main.ended:  # over meanwhile: nothing to stop, no end to wait for
+            self.exit(self.exit_status)
+            return
         self.user_quit = True
         self._exit_when_ended = True
         self.engine.submit(cmd.Stop(signal.SIGTERM))
@@ -293,6 +302,16 @@ class RanktopApp(App):
             return screen.key_sections(DIALOG_EXTRAS)[:1]
         hidden = (*self._stack_view_hidden(), "tree", "focus_next", "focus_previous")  # keys, not acts
         return [screen.key_sections(hidden)[0], self._app_section()]  # the stack view, and the app's
+
+    def deliver_screenshot(self, filename: str | None = None, path: str | None = None,
+                           time_format: str | None = None) -> str | None:
+        """The palette's Screenshot, saved in the run's directory, beside its logs: Textual's
+        ~/Downloads is seldom there on a training box, and it said no more than `Failed to save
+        screenshot`. (The current directory where the run's is not a directory here.)"""
+        if path is None:
+            run_dir = self.engine.snapshot().log_dir
+            path = run_dir if run_dir and os.path.isdir(run_dir) else os.getcwd()
+        return super().deliver_screenshot(filename, path, time_format)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from palette_commands(self, self._palette_sections(screen))

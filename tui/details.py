@@ -13,11 +13,11 @@ from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, RankSnapshot
 from ranktop.tui.metric import RankTrack, Tracker, sparkline
 from ranktop.tui.panes import gpu_util_text, human_bytes, human_duration, pid_text, state_label
-from ranktop.tui.screens import MODAL_HELP
+from ranktop.tui.screens import MODAL_HELP, SIDEWAYS
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.dom import DOMNode
 from textual.screen import ModalScreen
 from textual.widgets import Static
@@ -110,18 +110,26 @@ class RankDetails(ModalScreen[None]):
         self._read_at = 0.0
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="details-box"):
+        # Scrolls (it has the focus: ↑ ↓ PgUp PgDn Home End) where the terminal is shorter than
+        # the view: the histories, its point, were cut off below the log paths.
+        with VerticalScroll(id="details-box"):
             yield Static("", id="details-text", markup=False)
             yield Static(Text("esc: close  ?: keys", style="dim"))
 
     def key_sections(self, hidden: tuple[str, ...] = ()) -> list[tuple[str, DOMNode, tuple[str, ...]]]:
-        """Its keys for the help (nothing in it takes the focus: tab does nothing; ctrl+c copies
-        what the mouse selected)."""
-        return [("Rank details (m)", self, (*hidden, "focus_next", "focus_previous"))]
+        """Its keys for the help (tab does nothing: the scrolling box is all that takes the focus;
+        ctrl+c copies what the mouse selected), then the box's."""
+        return [("Rank details (m)", self, (*hidden, "focus_next", "focus_previous")),
+                ("Scrolling the details", VerticalScroll(), SIDEWAYS)]
 
     def on_mount(self) -> None:
         self.redraw()
         self.set_interval(REFRESH_SECONDS, self.redraw)
+
+    def on_resize(self) -> None:
+        # At once, for the new width (its lines wrapped, or left room, until the next second);
+        # after the layout, which gives the box its new size and a scrollbar or none.
+        self.call_after_refresh(self.redraw)
 
     def redraw(self) -> None:
         group = self.engine.snapshot()
@@ -133,7 +141,8 @@ class RankDetails(ModalScreen[None]):
         track = self.tracker.ranks.get(self.local_rank)
         if track is not None and self.tracker.pattern is None:
             self._measure_rate(track)
-        width = self.query_one("#details-box").content_region.width or 76
+        # Inside its scrollbar, where a short terminal shows one: the lines wrapped under it.
+        width = self.query_one("#details-box").scrollable_content_region.width or 76
         box.update(details_text(rank, group, track, group.taken_at or time.time(), width=width,
                                 metric_name=self.tracker.name))
 

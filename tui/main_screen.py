@@ -563,7 +563,7 @@ class MainScreen(Screen):
         view (before any question, picker or input box that would only end in a refusal), or
         once the group has ended."""
         if self.engine.snapshot().ended:  # (first: an ended run's final view is read-only too)
-            self.notify("the group has ended: nothing left to signal or restart (q quits)", severity="warning")
+            self.notify("the group has ended: no rank left to signal, restart or type into (q quits)", severity="warning")
             return True
         if read_only(self.app):
             from ranktop.core.client import READ_ONLY  # (a read-only engine is a client's)

@@ -569,6 +569,27 @@ def list_order(ranks: tuple[RankSnapshot, ...], sort: str, filter_: str, now: fl
     return sorted((r for r in ranks if _passes(filter_, r)), key=_sort_key(sort, now))
 
 
+STATE_CELLS = 14  # the rank list's state column ("stalled 1m03s")
+# The rank list's columns after the state, most telling first, with their cells: where the list
+# is narrow the last go whole (the row was cut at its end: the metric's value and its `!` first).
+LIST_COLUMNS = (("metric", 11), ("hits", 5), ("cpu", 6), ("age", 7))
+
+
+def list_columns(room: int, hits: bool, metric: bool) -> set[str]:
+    """The optional columns of the rank list that fit in `room` cells (every one before the list
+    is laid out: room <= 0), most telling first."""
+    wanted = [(name, cells) for name, cells in LIST_COLUMNS
+              if (name != "hits" or hits) and (name != "metric" or metric)]
+    if room <= 0:
+        return {name for name, _ in wanted}
+    kept: set[str] = set()
+    for name, cells in wanted:
+        if cells <= room:
+            kept.add(name)
+            room -= cells
+    return kept
+
+
 class RankList(LiveText):
     """The compact view: a header row (order and filter), then one row per rank (state, cpu,
     last output age), for many ranks."""
@@ -591,18 +612,20 @@ class RankList(LiveText):
         text.append(f" {head}  (s sort, v filter)\n", style="dim")
         digits = len(str(max((r.rank for r in ranks), default=0)))
         self.order = [r.local_rank for r in shown]
+        columns = list_columns(self.size.width - (2 + digits + STATE_CELLS), hits is not None, metrics is not None)
         for snap in shown:
             mark = "▶" if snap.local_rank == focused else " "
             text.append(f"{mark}{snap.rank:>{digits}} ", style="bold reverse" if snap.local_rank == focused else "bold")
-            text.append(f"{state_label(snap):<14.14}", style=state_style(snap))
-            cpu = "-" if snap.cpu_percent is None else f"{snap.cpu_percent:.0f}%"
-            text.append(f" {cpu:>5}")
-            age = last_output_age(snap, now)
-            text.append(f" {human_age(age):>6}", style="dim")
-            if hits is not None:
+            text.append(f"{state_label(snap):<{STATE_CELLS}.{STATE_CELLS}}", style=state_style(snap))
+            if "cpu" in columns:
+                cpu = "-" if snap.cpu_percent is None else f"{snap.cpu_percent:.0f}%"
+                text.append(f" {cpu:>5}")
+            if "age" in columns:
+                text.append(f" {human_age(last_output_age(snap, now)):>6}", style="dim")
+            if "hits" in columns and hits is not None:
                 count = hits.get(snap.local_rank, 0)
                 text.append(f" {count:>4}", style="bold reverse" if count else "dim")
-            if metrics is not None:
+            if "metric" in columns and metrics is not None:
                 odd = snap.local_rank in outliers
                 text.append(f" {metrics.get(snap.local_rank, '-'):>9.9}{'!' if odd else ' '}",
                             style="bold reverse" if odd else "cyan")

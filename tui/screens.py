@@ -136,6 +136,8 @@ class SignalPicker(ModalScreen[tuple[int, bool] | None]):
           for i in range(len(PICKER_SIGNALS))],
         MODAL_HELP,
     ]
+    # The box is 16 rows tall: below 18 its list gets less room (app.tcss).
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (18, "-tall")]
 
     def __init__(self, rank: int, local_rank: int, world: int) -> None:
         super().__init__()
@@ -190,6 +192,10 @@ class ConfirmQuit(ModalScreen[str | None]):
         MODAL_HELP,
     ]
     AUTO_FOCUS = "#quit-stay"
+    # Under 60 columns the three answers go one a row; under 16 rows the box sheds its padding
+    # and the detach's explanation (the button stays), so the answers stay on screen (app.tcss).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (60, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (16, "-tall")]
 
     def __init__(self, alive: int, grace: float, *, can_detach: bool = False) -> None:
         super().__init__()
@@ -200,7 +206,8 @@ class ConfirmQuit(ModalScreen[str | None]):
             yield Static(Text(f"{self.alive} rank(s) still running.", style="bold"))
             yield Static(f"Stop them (SIGTERM, SIGKILL after {self.grace:g} s) and quit?")
             if self.can_detach:
-                yield Static("Or detach: this screen goes, the run goes on (ranktop attach shows it again).")
+                yield Static("Or detach: this screen goes, the run goes on (ranktop attach shows it again).",
+                             id="confirm-detach-why")
             with Horizontal(id="confirm-buttons"):
                 yield Button("Stop and quit (y)", variant="error", id="quit-stop", compact=True)
                 if self.can_detach:
