@@ -53,7 +53,7 @@ class RanktopApp(App):
         Binding("question_mark", "help", "Help"),
         Binding("ctrl+c", "help_quit", "Stop and quit, as q (twice: kill now)", show=False, system=True),
         # As in any full-screen program: the raw terminal sends Ctrl-Z as a key, not as SIGTSTP.
-        Binding("ctrl+z", "suspend_process", "Suspend to the shell (fg brings it back; the ranks run on)",
+        Binding("ctrl+z", "suspend_process", "Suspend to the shell (fg: back)",
                 show=False),
     ]
 
