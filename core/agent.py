@@ -214,6 +214,7 @@ class LocalAgent:
         set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
         self.start_method = start_method
         check_timeout("shutdown_timeout", shutdown_timeout)
+        check_timeout("exit_barrier_timeout", exit_barrier_timeout)  # torch's logs a traceback at the barrier
         if stall_timeout is not None:
             POSITIVE_SECONDS.check("stall_timeout", stall_timeout)
         LINES.check("ring_lines", ring_lines)

@@ -1026,6 +1026,7 @@ def start_processes(
             f"args and envs must both have exactly the local ranks 0..{nprocs - 1}; "
             f"got args for {sorted(args)} and envs for {sorted(envs)}"
         )
+    _check_envs(envs)
     from ranktop.core.gpu import numa_options_binding  # NVML only when asked for
 
     cpu_affinity = numa_options_binding(opts["numa_options"], nprocs)
@@ -1143,6 +1144,18 @@ def _line_prefixes(given: Any, name: str, nprocs: int) -> dict[int, str]:
         if not isinstance(prefix, str):
             raise TypeError(f"log_line_prefixes[{r}] must be text, not {type(prefix).__name__}")
     return prefixes
+
+
+def _check_envs(envs: Mapping[int, Mapping[Any, Any]]) -> None:
+    """Each rank's variables, names and values, as text: TypeError (one line) naming the first that
+    is not. torch's binary ranks raise Popen's TypeError, which names neither rank nor variable,
+    once directories are made; its function ranks fail at their start instead."""
+    for r in sorted(envs):
+        for key, value in envs[r].items():
+            for what, item in (("name", key), ("value", value)):
+                if not isinstance(item, (str, bytes, os.PathLike)):
+                    raise TypeError(f"envs[{r}][{key!r}]: an environment variable's {what} must be text, "
+                                    f"not {type(item).__name__}")
 
 
 def _filter_needles(what: str, given: Any) -> tuple[bytes, ...]:

@@ -404,6 +404,34 @@ def test_mismatched_ranks_are_refused(tmp_path, args, envs, message):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("env, named", [({"A": 5}, "envs[0]['A']: an environment variable's value must be text, not int"),
+                                        ({"A": None}, "envs[0]['A']: an environment variable's value must be text, not NoneType"),
+                                        ({7: "x"}, "envs[0][7]: an environment variable's name must be text, not int")])
+def test_envs_that_are_not_text_are_one_line_before_anything_is_made(tmp_path, env, named):
+    """torch's binary ranks raise Popen's TypeError (naming neither rank nor variable) with their
+    directories made; its function ranks fail at their start. Both are refused here, first."""
+    for entrypoint, args in ((PY, ("-c", "pass")), (rank_fns.double, (1,))):
+        with pytest.raises(TypeError) as info:
+            start_processes("t", entrypoint, {0: args}, {0: env}, str(tmp_path))
+        assert str(info.value) == named
+        assert os.listdir(tmp_path) == []
+    torch_mp = pytest.importorskip("torch.distributed.elastic.multiprocessing")
+    with pytest.raises(TypeError):  # the same type as torch's, for code that catches it
+        torch_mp.start_processes("t", PY, {0: ("-c", "pass")}, {0: env},
+                                 torch_mp.DefaultLogsSpecs(log_dir=str(tmp_path / "torch"))).close()
+
+
+def test_bytes_in_envs_reach_the_rank_as_popen_takes_them(tmp_path):
+    ctx = start_processes("t", PY, {0: ("-c", "import os; print(os.environ['A'])")}, {0: {b"A": b"bytes"}},
+                          str(tmp_path), redirects=Std.OUT)
+    try:
+        result = ctx.wait(timeout=60)
+    finally:
+        ctx.close()
+    assert result is not None and not result.is_failed()
+    assert open(result.stdouts[0]).read() == "bytes\n"
+
+
 def test_log_dir_must_exist_be_a_directory_and_be_empty(tmp_path):
     args, envs = {0: ("-c", "pass")}, {0: {}}
     with pytest.raises(ValueError, match="does not exist"):
