@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import select
 import signal
@@ -94,8 +95,32 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
             pickle.dump(prep, f)
             pickle.dump((fn, tuple(args)), f)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise ValueError(f"cannot send {fn!r} to a new process (it must be importable by name): {exc}") from exc
+        raise _not_sendable(fn, exc) from exc
     return [sys.executable, "-c", _BOOTSTRAP, payload_path, result_path]
+
+
+def _not_sendable(fn: Callable[..., Any], exc: Exception) -> Exception:
+    """A ValueError that is also pickle's PicklingError, which torch's spawn raises for a lambda,
+    naming what could not be pickled: the function, or else one of its arguments."""
+    import pickle
+
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        what = f"{fn!r} (it must be importable by name)"
+    else:
+        what = f"the arguments of {getattr(fn, '__qualname__', fn)!r}"
+    return _not_sendable_type()(f"cannot send {what} to a new process: {exc}")
+
+
+@functools.cache
+def _not_sendable_type() -> type[Exception]:
+    import pickle  # made on first use: a command line's start does not import pickle
+
+    class NotSendable(ValueError, pickle.PicklingError):
+        """A function rank's function or arguments could not be pickled."""
+
+    return NotSendable
 
 
 @contextlib.contextmanager

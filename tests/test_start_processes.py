@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import dataclass
 
@@ -460,6 +461,34 @@ def test_unpicklable_callable_is_refused_clearly(tmp_path):
     with pytest.raises(ValueError, match="must be importable by name"):
         ctx = start_processes("t", lambda: 1, {0: ()}, {0: {}}, str(tmp_path))
         ctx.close()
+
+
+UNPICKLABLE = lambda: 1  # noqa: E731  (module level: pickle's PicklingError, as torch's spawn gives)
+
+
+def test_what_cannot_be_pickled_is_a_pickling_error_as_torchs_and_named(tmp_path):
+    import pickle
+
+    (tmp_path / "fn").mkdir()
+    with pytest.raises(pickle.PicklingError, match="must be importable by name") as info:
+        start_processes("t", UNPICKLABLE, {0: ()}, {0: {}}, str(tmp_path / "fn"))
+    assert isinstance(info.value, ValueError)  # what ranktop raised before, for code that catches it
+    (tmp_path / "args").mkdir()
+    with pytest.raises(pickle.PicklingError, match=r"^cannot send the arguments of 'double' to a new process: "):
+        start_processes("t", rank_fns.double, {0: (threading.Lock(),)}, {0: {}}, str(tmp_path / "args"))
+    pytest.importorskip("torch.distributed.elastic.multiprocessing")
+    # torch's, in a process of its own: its start leaves multiprocessing's resource tracker running
+    code = textwrap.dedent(f"""
+        import pickle, sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        from test_start_processes import UNPICKLABLE
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+        try:
+            start_processes("t", UNPICKLABLE, {{0: ()}}, {{0: {{}}}}, DefaultLogsSpecs(log_dir={str(tmp_path / "torch")!r}))
+        except pickle.PicklingError:
+            print("PicklingError")
+    """)
+    assert subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120).stdout == "PicklingError\n"
 
 
 def test_record_writes_torch_format_and_reads_torch_files(tmp_path, monkeypatch):
