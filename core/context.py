@@ -1026,6 +1026,7 @@ def start_processes(
             f"args and envs must both have exactly the local ranks 0..{nprocs - 1}; "
             f"got args for {sorted(args)} and envs for {sorted(envs)}"
         )
+    _check_args(args)
     _check_envs(envs)
     from ranktop.core.gpu import numa_options_binding  # NVML only when asked for
 
@@ -1144,6 +1145,17 @@ def _line_prefixes(given: Any, name: str, nprocs: int) -> dict[int, str]:
         if not isinstance(prefix, str):
             raise TypeError(f"log_line_prefixes[{r}] must be text, not {type(prefix).__name__}")
     return prefixes
+
+
+def _check_args(args: Mapping[int, Any]) -> None:
+    """Each rank's arguments, as something to iterate (torch unpacks them): TypeError (one line)
+    naming the first rank whose are not, before anything is made."""
+    for r in sorted(args):
+        try:
+            iter(args[r])
+        except TypeError:
+            raise TypeError(f"args[{r}] must be the rank's arguments (a tuple), "
+                            f"not {type(args[r]).__name__}") from None
 
 
 def _check_envs(envs: Mapping[int, Mapping[Any, Any]]) -> None:

@@ -422,6 +422,14 @@ def test_envs_that_are_not_text_are_one_line_before_anything_is_made(tmp_path, e
                                  torch_mp.DefaultLogsSpecs(log_dir=str(tmp_path / "torch"))).close()
 
 
+def test_args_that_are_not_arguments_are_one_line_before_anything_is_made(tmp_path):
+    """torch's binary ranks raise iteration's bare TypeError; its function ranks fail at their start."""
+    for entrypoint in (PY, rank_fns.double):
+        with pytest.raises(TypeError, match=r"^args\[1\] must be the rank's arguments \(a tuple\), not NoneType$"):
+            start_processes("t", entrypoint, {0: (1,), 1: None}, {0: {}, 1: {}}, str(tmp_path))
+        assert os.listdir(tmp_path) == []
+
+
 def test_bytes_in_envs_reach_the_rank_as_popen_takes_them(tmp_path):
     ctx = start_processes("t", PY, {0: ("-c", "import os; print(os.environ['A'])")}, {0: {b"A": b"bytes"}},
                           str(tmp_path), redirects=Std.OUT)
