@@ -37,6 +37,8 @@ def main() -> None:
     with open(payload_path, "rb") as f:
         prep = pickle.load(f)
         sys.path[:] = prep["sys_path"]
+        # the caller's command line, as multiprocessing's spawn gives it (before its script loads)
+        sys.argv[:] = prep["sys_argv"]
         os.chdir(prep["cwd"])
         if prep["main_path"]:
             _load_main(prep["main_path"])

@@ -82,6 +82,7 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
     main = sys.modules.get("__main__")
     prep = {
         "sys_path": list(sys.path),
+        "sys_argv": list(sys.argv),  # spawn's and fork's ranks see the caller's: argparse in fn reads it
         "cwd": os.getcwd(),
         # A function defined in the caller's script pickles as __main__.fn: the child must load
         # that script (as __mp_main__, so its `if __name__ == "__main__"` block stays quiet).

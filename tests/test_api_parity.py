@@ -421,3 +421,47 @@ def test_get_worker_group_answers_as_torchs(tmp_path):
     finally:
         running.stop()
         thread.join(30)
+
+
+_ARGV_SCRIPT = """
+import argparse, sys, tempfile
+
+def train(rank):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float)
+    return [rank, sys.argv[1:], parser.parse_known_args()[0].lr]  # the options a user would parse
+
+if __name__ == "__main__":
+    if sys.argv[1] == "torch":
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+    else:
+        from ranktop.core import DefaultLogsSpecs, start_processes
+    for method in ("spawn", "fork"):
+        ctx = start_processes("t", train, {0: (0,), 1: (1,)}, {0: {}, 1: {}},
+                              DefaultLogsSpecs(log_dir=tempfile.mkdtemp(dir=sys.argv[-1])), start_method=method)
+        print(method, ctx.wait(60, 0.05).return_values, flush=True)
+        ctx.close()
+"""
+
+
+def test_a_function_rank_sees_the_callers_command_line_as_torchs(tmp_path):
+    """A rank that parses its options (argparse in the function) reads the caller's sys.argv, as
+    multiprocessing gives it; it read ranktop's own bootstrap's and failed."""
+    script = tmp_path / "train.py"
+    script.write_text(_ARGV_SCRIPT)
+    impls = ["ranktop"]
+    try:
+        import torch.distributed.elastic.multiprocessing  # noqa: F401
+        impls.append("torch")
+    except ImportError:
+        pass
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    shown = {}
+    for impl in impls:
+        done = subprocess.run([PY, str(script), impl, "--lr", "0.5", str(tmp_path)], capture_output=True, text=True,
+                              timeout=180, env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        shown[impl] = done.stdout.replace(f"'{impl}'", "IMPL")
+    expected = "{0: [0, [IMPL, '--lr', '0.5', '%s'], 0.5], 1: [1, [IMPL, '--lr', '0.5', '%s'], 0.5]}" % (tmp_path, tmp_path)
+    assert shown["ranktop"] == f"spawn {expected}\nfork {expected}\n"
+    assert shown.get("torch", shown["ranktop"]) == shown["ranktop"]
