@@ -27,9 +27,11 @@ from ranktop.core.guard import stat_fields
 from ranktop.core.output import STDERR, STDOUT, OutputPump, StreamSink
 from ranktop.core.strays import forget_own_child, note_own_child
 
-# `-c` puts the working directory first on sys.path; drop it so that nothing there can stand in
-# for ranktop (the bootstrap restores the caller's sys.path before running the function).
-_BOOTSTRAP = "import sys; del sys.path[0]; from ranktop.core._bootstrap import main; main()"
+# `-c` puts the working directory first on sys.path (unless -P or -I, which the caller's flags may
+# pass on); drop it so that nothing there can stand in for ranktop (the bootstrap restores the
+# caller's sys.path before running the function).
+_BOOTSTRAP = ("import sys; sys.path[:1] == [''] and sys.path.pop(0); "
+              "from ranktop.core._bootstrap import main; main()")
 
 
 @dataclass
@@ -97,7 +99,10 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
             pickle.dump((fn, tuple(args)), f)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise _not_sendable(fn, exc) from exc
-    return [sys.executable, "-c", _BOOTSTRAP, payload_path, result_path]
+    # The caller's interpreter options (-O, -W, -X dev, -P ...), as multiprocessing's spawn passes
+    # them on: a rank runs under the same ones as torch's would.
+    flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+    return [sys.executable, *flags, "-c", _BOOTSTRAP, payload_path, result_path]
 
 
 def _not_sendable(fn: Callable[..., Any], exc: Exception) -> Exception:
