@@ -48,7 +48,7 @@ from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, console_budget, console_name
-from ranktop.core.process import exit_status_for_signal
+from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
 from ranktop.core.prompts import PROMPT_LOOK, PROMPT_QUIET, rank_prompt
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
 from ranktop.core.sanitize import clean, clean_console
@@ -211,6 +211,7 @@ class LocalAgent:
         numbered_run_dir: bool = False,
         typed_stdin: bool = False,
     ):
+        refuse_while_loading_main(type(self).__name__)
         set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
         self.start_method = start_method
         check_timeout("shutdown_timeout", shutdown_timeout)

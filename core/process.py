@@ -105,6 +105,16 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
     return [sys.executable, *flags, "-c", _BOOTSTRAP, payload_path, result_path]
 
 
+def refuse_while_loading_main(what: str) -> None:
+    """RuntimeError (one line) when called from a function rank's copy of its caller's script as
+    the rank loads it: the script starts ranks without `if __name__ == "__main__":`, and each rank
+    would start more. multiprocessing's spawn refuses the same, and torch's ranks fail with it."""
+    bootstrap = sys.modules.get("ranktop.core._bootstrap")
+    if getattr(bootstrap, "loading_main", False):
+        raise RuntimeError(f"{what} was called while a rank loaded its caller's script to find its function: "
+                           'start ranks only under `if __name__ == "__main__":`, as multiprocessing\'s spawn needs')
+
+
 def _not_sendable(fn: Callable[..., Any], exc: Exception) -> Exception:
     """A ValueError that is also pickle's PicklingError, which torch's spawn raises for a lambda,
     naming what could not be pickled: the function, or else one of its arguments."""

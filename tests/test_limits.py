@@ -121,7 +121,7 @@ def test_context_refuses_nan_and_negative_graces_and_keeps_running(tmp_path):
             (lambda: ctx.restart_rank(0, math.inf), "bad grace inf"),
             (lambda: ctx.close(timeout=math.nan), "bad timeout nan"),
             (lambda: ctx.wait(timeout=math.nan), "bad timeout nan"),
-            (lambda: ctx.wait(timeout=1, period=0), "bad period 0"),
+            (lambda: ctx.wait(timeout=1, period=-1), "bad period -1"),
         ]:
             with pytest.raises(UsageError, match=f"^{message}"):
                 call()

@@ -208,6 +208,15 @@ def _pids_line(path):
         return None
 
 
+def test_wait_with_a_period_of_0_waits_to_the_end_as_torchs(tmp_path):
+    """torch's wait(period=0) polls without a pause; it was refused here (`bad period 0`)."""
+    ctx = start_processes("t", rank_fns.double, {0: (4,)}, {0: {}}, str(tmp_path))
+    try:
+        assert ctx.wait(timeout=-1, period=0).return_values == {0: 8}
+    finally:
+        ctx.close()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_nothing_left_after_the_parent_is_signalled(tmp_path, sig):
     parent = textwrap.dedent(f"""
@@ -912,3 +921,44 @@ def test_close_sends_sigterm_without_a_death_sig_as_torch(tmp_path, death_sig):
     finally:
         ctx.close(death_sig, timeout=10)
     assert got.read_text() == str(int(death_sig or signal.SIGTERM))
+
+
+_UNGUARDED_SCRIPT = """
+import os, sys
+if sys.argv[1] == "torch":
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+else:
+    from ranktop.core import DefaultLogsSpecs, start_processes
+
+def train():
+    return 1
+
+with open(os.path.join(sys.argv[2], "runs"), "a") as f:
+    f.write(__name__ + "\\n")
+logs = os.path.join(sys.argv[2], "logs-" + __name__)
+os.mkdir(logs)
+# no `if __name__ == "__main__":` around the launch
+ctx = start_processes("t", train, {0: ()}, {0: {}}, DefaultLogsSpecs(log_dir=logs), start_method="spawn")
+result = ctx.wait(60, 0.05)
+ctx.close()
+print(__name__, {r: f.exitcode for r, f in result.failures.items()})
+"""
+
+
+@pytest.mark.parametrize("impl", ["ranktop", "torch"])
+def test_a_script_that_launches_without_a_main_guard_fails_its_rank_as_torchs_spawn(tmp_path, impl):
+    """The rank loads the caller's script to find its function; a launch there is refused, as
+    multiprocessing's spawn refuses it. It ran the launch inside the rank (which failed) and then
+    the function, so the script's top level ran once more per rank, launch and all."""
+    if impl == "torch":
+        pytest.importorskip("torch.distributed.elastic.multiprocessing")
+    script = tmp_path / "unguarded.py"
+    script.write_text(_UNGUARDED_SCRIPT)
+    done = subprocess.run([PY, str(script), impl, str(tmp_path)], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "runs").read_text() == "__main__\n__mp_main__\n"  # the rank went no further
+    assert done.stdout == "__main__ {0: 1}\n"  # the caller's line alone: rank 0 failed, exit 1
+    assert "RuntimeError: " in done.stderr  # the rank's, on the console
+    if impl == "ranktop":
+        assert 'start ranks only under `if __name__ == "__main__":`' in done.stderr
