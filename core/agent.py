@@ -53,7 +53,7 @@ from ranktop.core.prompts import PROMPT_LOOK, PROMPT_QUIET, rank_prompt
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
 from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.signals import NOTICE_SIGNALS, OUTSIDE_STOP_WINDOW, StopAction, StopRule, take_early_stops
-from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
+from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_args, rank_env
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
 from ranktop.core.strays import LOOK_SECONDS, adopting
 
@@ -467,7 +467,7 @@ class LocalAgent:
                 env.setdefault("TERM", os.environ.get("TERM") or "xterm-256color")
             pty = pty_size(envs[0])
         context = PContext(
-            spec.display_name(), spec.entrypoint, {r: spec.args for r in range(n)}, envs, log_dir, streams,
+            spec.display_name(), spec.entrypoint, {r: rank_args(spec.args, r) for r in range(n)}, envs, log_dir, streams,
             global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
             ring_lines=self.ring_lines, on_event=_weakly(self._on_rank_event), passthrough_console=False, pty=pty,
             sanitize_console=self.sanitize_console,

@@ -489,3 +489,22 @@ def test_a_function_rank_runs_under_the_callers_interpreter_options_as_torchs(tm
     expected = {r: [r, 1, ["default", "ignore::UserWarning"], True] for r in (0, 1)}
     assert shown["ranktop"] == [("spawn", expected), ("fork", expected)]
     assert shown.get("torch", shown["ranktop"]) == shown["ranktop"]
+
+
+def test_local_rank_in_the_args_is_substituted_as_torchs_agent_does(tmp_path):
+    """torch's agent (and so torchrun and elastic_launch) puts each rank's local rank in for
+    `${local_rank}` in its text arguments; ranktop's passed them through as written."""
+    args = ("-c", "import sys; print(sys.argv[1:])", "--local_rank=${local_rank}", "$local_rank", "a$$b", "$HOME",
+            "${rank}")
+    spec = WorkerSpec(role="r", local_world_size=2, entrypoint=PY, args=args)
+    agent = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path), redirects=Std.ALL))
+    assert not agent.run().is_failed()
+    shown = [(tmp_path / os.path.basename(agent.run_dir) / "attempt_0" / str(r) / "stdout.log").read_text()
+             for r in (0, 1)]
+    expected = [["--local_rank=0", "0", "a$b", "$HOME", "${rank}"], ["--local_rank=1", "1", "a$b", "$HOME", "${rank}"]]
+    assert [ast.literal_eval(text) for text in shown] == expected
+    try:
+        from torch.distributed.elastic.utils.api import macros
+    except ImportError:
+        return
+    assert [macros.substitute(list(args[2:]), str(r)) for r in (0, 1)] == expected  # torch's own, on the same
