@@ -8,13 +8,22 @@ import runpy
 import sys
 import time
 
+# True while the caller's script runs to define the rank's function: a launch from it then is a
+# script without `if __name__ == "__main__":`, and is refused (process.refuse_while_loading_main).
+loading_main = False
+
 
 def _load_main(path: str) -> None:
     # What multiprocessing's spawn does: the caller's script becomes __mp_main__ and stands in for
     # __main__ so that pickled references like __main__.train resolve.
+    global loading_main
     module = type(sys)("__mp_main__")
     sys.modules["__mp_main__"] = module
-    module.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
+    loading_main = True
+    try:
+        module.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
+    finally:
+        loading_main = False
     sys.modules["__main__"] = module
 
 
@@ -37,6 +46,8 @@ def main() -> None:
     with open(payload_path, "rb") as f:
         prep = pickle.load(f)
         sys.path[:] = prep["sys_path"]
+        # the caller's command line, as multiprocessing's spawn gives it (before its script loads)
+        sys.argv[:] = prep["sys_argv"]
         os.chdir(prep["cwd"])
         if prep["main_path"]:
             _load_main(prep["main_path"])

@@ -48,12 +48,12 @@ from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, console_budget, console_name
-from ranktop.core.process import exit_status_for_signal
+from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
 from ranktop.core.prompts import PROMPT_LOOK, PROMPT_QUIET, rank_prompt
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
 from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.signals import NOTICE_SIGNALS, OUTSIDE_STOP_WINDOW, StopAction, StopRule, take_early_stops
-from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_env
+from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_args, rank_env
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
 from ranktop.core.strays import LOOK_SECONDS, adopting
 
@@ -212,9 +212,11 @@ class LocalAgent:
         numbered_run_dir: bool = False,
         typed_stdin: bool = False,
     ):
+        refuse_while_loading_main(type(self).__name__)
         set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
         self.start_method = start_method
         check_timeout("shutdown_timeout", shutdown_timeout)
+        check_timeout("exit_barrier_timeout", exit_barrier_timeout)  # torch's logs a traceback at the barrier
         if stall_timeout is not None:
             POSITIVE_SECONDS.check("stall_timeout", stall_timeout)
         LINES.check("ring_lines", ring_lines)
@@ -487,7 +489,7 @@ class LocalAgent:
                 env.setdefault("TERM", os.environ.get("TERM") or "xterm-256color")
             pty = pty_size(envs[0])
         context = PContext(
-            spec.display_name(), spec.entrypoint, {r: spec.args for r in range(n)}, envs, log_dir, streams,
+            spec.display_name(), spec.entrypoint, {r: rank_args(spec.args, r) for r in range(n)}, envs, log_dir, streams,
             global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
             ring_lines=self.ring_lines, on_event=_weakly(self._on_rank_event), passthrough_console=False, pty=pty,
             sanitize_console=self.sanitize_console,

@@ -39,7 +39,7 @@ from ranktop.core import guard
 from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, RankStartError, UsageError, killed_by
 from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, open_pidfd, send_signal
 from ranktop.core.layout import ERROR_FILE, Dir, RunDir, log_name
-from ranktop.core.limits import POSITIVE_SECONDS, check_timeout, ensure_fds_for
+from ranktop.core.limits import check_timeout, ensure_fds_for
 from ranktop.core.output import (
     STDERR,
     STDOUT,
@@ -59,6 +59,7 @@ from ranktop.core.process import (
     RankProcess,
     kernel_state,
     python_call_argv,
+    refuse_while_loading_main,
     wait_exit,
 )
 from ranktop.core.sanitize import clean_console
@@ -79,6 +80,8 @@ REAP_TIMEOUT = 5.0
 # Seconds a restarted rank's new process waits at most for the old one's output to be read to its
 # end (its pipes' end of file comes within a pump round, unless a grandchild holds them open).
 RESPAWN_DRAIN = 0.5
+# Seconds wait(period=0) naps between looks (exits wake it sooner).
+_SHORTEST_NAP = 0.05
 
 
 class Waker:
@@ -730,13 +733,16 @@ class PContext:
         """Block until every rank ended (the result) or `timeout` passed (None); <0 blocks."""
         if timeout != timeout:  # nan: no deadline would ever pass, and none is meant by it either
             raise UsageError("bad timeout nan: expected seconds, or a negative number to wait to the end")
-        POSITIVE_SECONDS.check("period", period)
+        check_timeout("period", period)
+        # Exits wake the wait at once; the period only bounds each nap. torch's 0 polls without
+        # one: a short nap here, never a wait that ends before the timeout.
+        nap = period or _SHORTEST_NAP
         deadline = None if timeout < 0 else time.monotonic() + timeout
         while True:
             result = self.step()
             if result is not None:
                 return result
-            left = period if deadline is None else min(period, deadline - time.monotonic())
+            left = nap if deadline is None else min(nap, deadline - time.monotonic())
             if left <= 0:
                 return None
             self.wait_activity(left)
@@ -1014,6 +1020,7 @@ def start_processes(
     positions after the fifth follow is decided by whether it is a LogsSpecs."""
     from ranktop.core.logs_specs import LogsSpecs, adopt_logs_specs
 
+    refuse_while_loading_main("start_processes")
     options = {"log_dir": log_dir, "start_method": start_method, "redirects": redirects, "tee": tee,
                "log_line_prefixes": log_line_prefixes, "numa_options": numa_options,
                "duplicate_stdout_filters": duplicate_stdout_filters,
@@ -1049,6 +1056,8 @@ def start_processes(
             f"args and envs must both have exactly the local ranks 0..{nprocs - 1}; "
             f"got args for {sorted(args)} and envs for {sorted(envs)}"
         )
+    _check_args(args)
+    _check_envs(envs)
     from ranktop.core.gpu import numa_options_binding  # NVML only when asked for
 
     cpu_affinity = numa_options_binding(opts["numa_options"], nprocs)
@@ -1166,6 +1175,29 @@ def _line_prefixes(given: Any, name: str, nprocs: int) -> dict[int, str]:
         if not isinstance(prefix, str):
             raise TypeError(f"log_line_prefixes[{r}] must be text, not {type(prefix).__name__}")
     return prefixes
+
+
+def _check_args(args: Mapping[int, Any]) -> None:
+    """Each rank's arguments, as something to iterate (torch unpacks them): TypeError (one line)
+    naming the first rank whose are not, before anything is made."""
+    for r in sorted(args):
+        try:
+            iter(args[r])
+        except TypeError:
+            raise TypeError(f"args[{r}] must be the rank's arguments (a tuple), "
+                            f"not {type(args[r]).__name__}") from None
+
+
+def _check_envs(envs: Mapping[int, Mapping[Any, Any]]) -> None:
+    """Each rank's variables, names and values, as text: TypeError (one line) naming the first that
+    is not. torch's binary ranks raise Popen's TypeError, which names neither rank nor variable,
+    once directories are made; its function ranks fail at their start instead."""
+    for r in sorted(envs):
+        for key, value in envs[r].items():
+            for what, item in (("name", key), ("value", value)):
+                if not isinstance(item, (str, bytes, os.PathLike)):
+                    raise TypeError(f"envs[{r}][{key!r}]: an environment variable's {what} must be text, "
+                                    f"not {type(item).__name__}")
 
 
 def _filter_needles(what: str, given: Any) -> tuple[bytes, ...]:

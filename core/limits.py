@@ -60,7 +60,9 @@ class Bounds:
     def check(self, name: str, value: object, shown: str | None = None) -> object:
         """`value` if accepted, else UsageError 'bad NAME VALUE: expected ...'."""
         if not self.accepts(value):
-            raise UsageError(f"bad {name} {value if shown is None else shown}: expected {self.describe()}")
+            if shown is None:  # text or None given where a number belongs shows as such: '1', None
+                shown = str(value) if isinstance(value, numbers.Real) else repr(value)
+            raise UsageError(f"bad {name} {shown}: expected {self.describe()}")
         return value
 
     def parse(self, name: str, text: str) -> int | float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import select
 import signal
@@ -26,9 +27,11 @@ from ranktop.core.guard import stat_fields
 from ranktop.core.output import STDERR, STDOUT, OutputPump, StreamSink
 from ranktop.core.strays import forget_own_child, note_own_child
 
-# `-c` puts the working directory first on sys.path; drop it so that nothing there can stand in
-# for ranktop (the bootstrap restores the caller's sys.path before running the function).
-_BOOTSTRAP = "import sys; del sys.path[0]; from ranktop.core._bootstrap import main; main()"
+# `-c` puts the working directory first on sys.path (unless -P or -I, which the caller's flags may
+# pass on); drop it so that nothing there can stand in for ranktop (the bootstrap restores the
+# caller's sys.path before running the function).
+_BOOTSTRAP = ("import sys; sys.path[:1] == [''] and sys.path.pop(0); "
+              "from ranktop.core._bootstrap import main; main()")
 
 
 @dataclass
@@ -81,6 +84,7 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
     main = sys.modules.get("__main__")
     prep = {
         "sys_path": list(sys.path),
+        "sys_argv": list(sys.argv),  # spawn's and fork's ranks see the caller's: argparse in fn reads it
         "cwd": os.getcwd(),
         # A function defined in the caller's script pickles as __main__.fn: the child must load
         # that script (as __mp_main__, so its `if __name__ == "__main__"` block stays quiet).
@@ -94,8 +98,45 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
             pickle.dump(prep, f)
             pickle.dump((fn, tuple(args)), f)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise ValueError(f"cannot send {fn!r} to a new process (it must be importable by name): {exc}") from exc
-    return [sys.executable, "-c", _BOOTSTRAP, payload_path, result_path]
+        raise _not_sendable(fn, exc) from exc
+    # The caller's interpreter options (-O, -W, -X dev, -P ...), as multiprocessing's spawn passes
+    # them on: a rank runs under the same ones as torch's would.
+    flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+    return [sys.executable, *flags, "-c", _BOOTSTRAP, payload_path, result_path]
+
+
+def refuse_while_loading_main(what: str) -> None:
+    """RuntimeError (one line) when called from a function rank's copy of its caller's script as
+    the rank loads it: the script starts ranks without `if __name__ == "__main__":`, and each rank
+    would start more. multiprocessing's spawn refuses the same, and torch's ranks fail with it."""
+    bootstrap = sys.modules.get("ranktop.core._bootstrap")
+    if getattr(bootstrap, "loading_main", False):
+        raise RuntimeError(f"{what} was called while a rank loaded its caller's script to find its function: "
+                           'start ranks only under `if __name__ == "__main__":`, as multiprocessing\'s spawn needs')
+
+
+def _not_sendable(fn: Callable[..., Any], exc: Exception) -> Exception:
+    """A ValueError that is also pickle's PicklingError, which torch's spawn raises for a lambda,
+    naming what could not be pickled: the function, or else one of its arguments."""
+    import pickle
+
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        what = f"{fn!r} (it must be importable by name)"
+    else:
+        what = f"the arguments of {getattr(fn, '__qualname__', fn)!r}"
+    return _not_sendable_type()(f"cannot send {what} to a new process: {exc}")
+
+
+@functools.cache
+def _not_sendable_type() -> type[Exception]:
+    import pickle  # made on first use: a command line's start does not import pickle
+
+    class NotSendable(ValueError, pickle.PicklingError):
+        """A function rank's function or arguments could not be pickled."""
+
+    return NotSendable
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import signal
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from string import Template
 from typing import Any
 
 from ranktop.core.errors import UsageError
@@ -261,6 +262,15 @@ def rank_env(
     out = {k: str(v) for k, v in env.items()}
     out.update(spec.env)
     return out
+
+
+def rank_args(args: tuple, local_rank: int) -> tuple:
+    """A rank's arguments as torch's agent (torchrun's too) gives them: `${local_rank}` or
+    `$local_rank` in a text argument is the rank's local rank (torch.distributed.launch's macro),
+    and `$$` is `$` (string.Template's escape, which torch's substitution applies); anything else
+    as given."""
+    return tuple(Template(arg).safe_substitute(local_rank=str(local_rank)) if isinstance(arg, str) else arg
+                 for arg in args)
 
 
 def visible_device(local_rank: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -421,3 +422,89 @@ def test_get_worker_group_answers_as_torchs(tmp_path):
     finally:
         running.stop()
         thread.join(30)
+
+
+_ARGV_SCRIPT = """
+import argparse, sys, tempfile
+
+def train(rank):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float)
+    return [rank, sys.argv[1:], parser.parse_known_args()[0].lr]  # the options a user would parse
+
+def flags(rank):
+    return [rank, sys.flags.optimize, sys.warnoptions, sys.flags.dev_mode]
+
+if __name__ == "__main__":
+    if sys.argv[1] == "torch":
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+    else:
+        from ranktop.core import DefaultLogsSpecs, start_processes
+    fn = flags if sys.flags.optimize else train
+    for method in ("spawn", "fork"):
+        ctx = start_processes("t", fn, {0: (0,), 1: (1,)}, {0: {}, 1: {}},
+                              DefaultLogsSpecs(log_dir=tempfile.mkdtemp(dir=sys.argv[-1])), start_method=method)
+        print(method, ctx.wait(60, 0.05).return_values, flush=True)
+        ctx.close()
+"""
+
+
+def _each_impl(tmp_path, *python_flags: str) -> dict[str, list]:
+    """What _ARGV_SCRIPT printed under ranktop's start_processes, and under torch's where it is
+    installed, run as `python FLAGS train.py IMPL --lr 0.5 TMP`: (start method, return values) for
+    each start, the implementation's name as IMPL."""
+    script = tmp_path / "train.py"
+    script.write_text(_ARGV_SCRIPT)
+    impls = ["ranktop"]
+    try:
+        import torch.distributed.elastic.multiprocessing  # noqa: F401
+        impls.append("torch")
+    except ImportError:
+        pass
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    shown = {}
+    for impl in impls:
+        done = subprocess.run([PY, *python_flags, str(script), impl, "--lr", "0.5", str(tmp_path)], capture_output=True,
+                              text=True, timeout=180, env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        # torch's return values come in the order the ranks returned: compare them as maps
+        lines = done.stdout.replace(f"'{impl}'", "'IMPL'").splitlines()
+        shown[impl] = [(line.split(" ", 1)[0], ast.literal_eval(line.split(" ", 1)[1])) for line in lines]
+    return shown
+
+
+def test_a_function_rank_sees_the_callers_command_line_as_torchs(tmp_path):
+    """A rank that parses its options (argparse in the function) reads the caller's sys.argv, as
+    multiprocessing gives it; it read ranktop's own bootstrap's and failed."""
+    shown = _each_impl(tmp_path)
+    expected = {r: [r, ["IMPL", "--lr", "0.5", str(tmp_path)], 0.5] for r in (0, 1)}
+    assert shown["ranktop"] == [("spawn", expected), ("fork", expected)]
+    assert shown.get("torch", shown["ranktop"]) == shown["ranktop"]
+
+
+def test_a_function_rank_runs_under_the_callers_interpreter_options_as_torchs(tmp_path):
+    """`python -O -W ... -X dev train.py`: the ranks run with those, as multiprocessing passes them
+    on; they ran under none (asserts on, no warning filters)."""
+    shown = _each_impl(tmp_path, "-O", "-W", "ignore::UserWarning", "-X", "dev")
+    expected = {r: [r, 1, ["default", "ignore::UserWarning"], True] for r in (0, 1)}
+    assert shown["ranktop"] == [("spawn", expected), ("fork", expected)]
+    assert shown.get("torch", shown["ranktop"]) == shown["ranktop"]
+
+
+def test_local_rank_in_the_args_is_substituted_as_torchs_agent_does(tmp_path):
+    """torch's agent (and so torchrun and elastic_launch) puts each rank's local rank in for
+    `${local_rank}` in its text arguments; ranktop's passed them through as written."""
+    args = ("-c", "import sys; print(sys.argv[1:])", "--local_rank=${local_rank}", "$local_rank", "a$$b", "$HOME",
+            "${rank}")
+    spec = WorkerSpec(role="r", local_world_size=2, entrypoint=PY, args=args)
+    agent = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path), redirects=Std.ALL))
+    assert not agent.run().is_failed()
+    shown = [(tmp_path / os.path.basename(agent.run_dir) / "attempt_0" / str(r) / "stdout.log").read_text()
+             for r in (0, 1)]
+    expected = [["--local_rank=0", "0", "a$b", "$HOME", "${rank}"], ["--local_rank=1", "1", "a$b", "$HOME", "${rank}"]]
+    assert [ast.literal_eval(text) for text in shown] == expected
+    try:
+        from torch.distributed.elastic.utils.api import macros
+    except ImportError:
+        return
+    assert [macros.substitute(list(args[2:]), str(r)) for r in (0, 1)] == expected  # torch's own, on the same

@@ -83,7 +83,9 @@ def _spec(**kw):
     ("max_restarts", True, "bad max_restarts True: expected a whole number"),
     ("monitor_interval", math.nan, "bad monitor_interval nan: expected a number of seconds from 0.001"),
     ("monitor_interval", 0, "bad monitor_interval 0: expected a number of seconds from 0.001"),
-    ("monitor_interval", "0.1", "bad monitor_interval 0.1: expected a number of seconds"),
+    # text where a number belongs is shown as text: it read as the number it spells
+    ("monitor_interval", "0.1", "bad monitor_interval '0.1': expected a number of seconds"),
+    ("max_restarts", None, "bad max_restarts None: expected a whole number"),
     ("master_port", 0, "bad --master-port 0: expected a whole number from 1 to 65535"),
 ])
 def test_worker_spec_refuses_bad_numbers(field, value, message):
@@ -99,6 +101,10 @@ def test_worker_spec_refuses_bad_numbers(field, value, message):
     ({"stall_timeout": 0}, "bad stall_timeout 0: expected a number of seconds above 0"),
     ({"stall_timeout": math.nan}, "bad stall_timeout nan: expected a number of seconds above 0"),
     ({"ring_lines": 0}, "bad ring_lines 0: expected a whole number, 1 or more"),
+    # torch's agent takes any value here and, at the barrier, logs a traceback for what it
+    # cannot use; ranktop's raised a bare TypeError once the ranks had succeeded
+    ({"exit_barrier_timeout": "5"}, "bad exit_barrier_timeout '5': expected a number of seconds from 0"),
+    ({"exit_barrier_timeout": -1}, "bad exit_barrier_timeout -1: expected a number of seconds from 0"),
 ])
 def test_local_agent_refuses_bad_numbers_before_making_anything(tmp_path, kw, message):
     with pytest.raises(UsageError, match=f"^{message}"):
@@ -115,7 +121,7 @@ def test_context_refuses_nan_and_negative_graces_and_keeps_running(tmp_path):
             (lambda: ctx.restart_rank(0, math.inf), "bad grace inf"),
             (lambda: ctx.close(timeout=math.nan), "bad timeout nan"),
             (lambda: ctx.wait(timeout=math.nan), "bad timeout nan"),
-            (lambda: ctx.wait(timeout=1, period=0), "bad period 0"),
+            (lambda: ctx.wait(timeout=1, period=-1), "bad period -1"),
         ]:
             with pytest.raises(UsageError, match=f"^{message}"):
                 call()

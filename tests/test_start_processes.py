@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import dataclass
 
@@ -205,6 +206,15 @@ def _pids_line(path):
         return next((line for line in path.read_text().splitlines() if line.startswith("PIDS")), None)
     except OSError:
         return None
+
+
+def test_wait_with_a_period_of_0_waits_to_the_end_as_torchs(tmp_path):
+    """torch's wait(period=0) polls without a pause; it was refused here (`bad period 0`)."""
+    ctx = start_processes("t", rank_fns.double, {0: (4,)}, {0: {}}, str(tmp_path))
+    try:
+        assert ctx.wait(timeout=-1, period=0).return_values == {0: 8}
+    finally:
+        ctx.close()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
@@ -404,6 +414,42 @@ def test_mismatched_ranks_are_refused(tmp_path, args, envs, message):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("env, named", [({"A": 5}, "envs[0]['A']: an environment variable's value must be text, not int"),
+                                        ({"A": None}, "envs[0]['A']: an environment variable's value must be text, not NoneType"),
+                                        ({7: "x"}, "envs[0][7]: an environment variable's name must be text, not int")])
+def test_envs_that_are_not_text_are_one_line_before_anything_is_made(tmp_path, env, named):
+    """torch's binary ranks raise Popen's TypeError (naming neither rank nor variable) with their
+    directories made; its function ranks fail at their start. Both are refused here, first."""
+    for entrypoint, args in ((PY, ("-c", "pass")), (rank_fns.double, (1,))):
+        with pytest.raises(TypeError) as info:
+            start_processes("t", entrypoint, {0: args}, {0: env}, str(tmp_path))
+        assert str(info.value) == named
+        assert os.listdir(tmp_path) == []
+    torch_mp = pytest.importorskip("torch.distributed.elastic.multiprocessing")
+    with pytest.raises(TypeError):  # the same type as torch's, for code that catches it
+        torch_mp.start_processes("t", PY, {0: ("-c", "pass")}, {0: env},
+                                 torch_mp.DefaultLogsSpecs(log_dir=str(tmp_path / "torch"))).close()
+
+
+def test_args_that_are_not_arguments_are_one_line_before_anything_is_made(tmp_path):
+    """torch's binary ranks raise iteration's bare TypeError; its function ranks fail at their start."""
+    for entrypoint in (PY, rank_fns.double):
+        with pytest.raises(TypeError, match=r"^args\[1\] must be the rank's arguments \(a tuple\), not NoneType$"):
+            start_processes("t", entrypoint, {0: (1,), 1: None}, {0: {}, 1: {}}, str(tmp_path))
+        assert os.listdir(tmp_path) == []
+
+
+def test_bytes_in_envs_reach_the_rank_as_popen_takes_them(tmp_path):
+    ctx = start_processes("t", PY, {0: ("-c", "import os; print(os.environ['A'])")}, {0: {b"A": b"bytes"}},
+                          str(tmp_path), redirects=Std.OUT)
+    try:
+        result = ctx.wait(timeout=60)
+    finally:
+        ctx.close()
+    assert result is not None and not result.is_failed()
+    assert open(result.stdouts[0]).read() == "bytes\n"
+
+
 def test_log_dir_must_exist_be_a_directory_and_be_empty(tmp_path):
     args, envs = {0: ("-c", "pass")}, {0: {}}
     with pytest.raises(ValueError, match="does not exist"):
@@ -432,6 +478,34 @@ def test_unpicklable_callable_is_refused_clearly(tmp_path):
     with pytest.raises(ValueError, match="must be importable by name"):
         ctx = start_processes("t", lambda: 1, {0: ()}, {0: {}}, str(tmp_path))
         ctx.close()
+
+
+UNPICKLABLE = lambda: 1  # noqa: E731  (module level: pickle's PicklingError, as torch's spawn gives)
+
+
+def test_what_cannot_be_pickled_is_a_pickling_error_as_torchs_and_named(tmp_path):
+    import pickle
+
+    (tmp_path / "fn").mkdir()
+    with pytest.raises(pickle.PicklingError, match="must be importable by name") as info:
+        start_processes("t", UNPICKLABLE, {0: ()}, {0: {}}, str(tmp_path / "fn"))
+    assert isinstance(info.value, ValueError)  # what ranktop raised before, for code that catches it
+    (tmp_path / "args").mkdir()
+    with pytest.raises(pickle.PicklingError, match=r"^cannot send the arguments of 'double' to a new process: "):
+        start_processes("t", rank_fns.double, {0: (threading.Lock(),)}, {0: {}}, str(tmp_path / "args"))
+    pytest.importorskip("torch.distributed.elastic.multiprocessing")
+    # torch's, in a process of its own: its start leaves multiprocessing's resource tracker running
+    code = textwrap.dedent(f"""
+        import pickle, sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        from test_start_processes import UNPICKLABLE
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+        try:
+            start_processes("t", UNPICKLABLE, {{0: ()}}, {{0: {{}}}}, DefaultLogsSpecs(log_dir={str(tmp_path / "torch")!r}))
+        except pickle.PicklingError:
+            print("PicklingError")
+    """)
+    assert subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120).stdout == "PicklingError\n"
 
 
 def test_record_writes_torch_format_and_reads_torch_files(tmp_path, monkeypatch):
@@ -847,3 +921,44 @@ def test_close_sends_sigterm_without_a_death_sig_as_torch(tmp_path, death_sig):
     finally:
         ctx.close(death_sig, timeout=10)
     assert got.read_text() == str(int(death_sig or signal.SIGTERM))
+
+
+_UNGUARDED_SCRIPT = """
+import os, sys
+if sys.argv[1] == "torch":
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+else:
+    from ranktop.core import DefaultLogsSpecs, start_processes
+
+def train():
+    return 1
+
+with open(os.path.join(sys.argv[2], "runs"), "a") as f:
+    f.write(__name__ + "\\n")
+logs = os.path.join(sys.argv[2], "logs-" + __name__)
+os.mkdir(logs)
+# no `if __name__ == "__main__":` around the launch
+ctx = start_processes("t", train, {0: ()}, {0: {}}, DefaultLogsSpecs(log_dir=logs), start_method="spawn")
+result = ctx.wait(60, 0.05)
+ctx.close()
+print(__name__, {r: f.exitcode for r, f in result.failures.items()})
+"""
+
+
+@pytest.mark.parametrize("impl", ["ranktop", "torch"])
+def test_a_script_that_launches_without_a_main_guard_fails_its_rank_as_torchs_spawn(tmp_path, impl):
+    """The rank loads the caller's script to find its function; a launch there is refused, as
+    multiprocessing's spawn refuses it. It ran the launch inside the rank (which failed) and then
+    the function, so the script's top level ran once more per rank, launch and all."""
+    if impl == "torch":
+        pytest.importorskip("torch.distributed.elastic.multiprocessing")
+    script = tmp_path / "unguarded.py"
+    script.write_text(_UNGUARDED_SCRIPT)
+    done = subprocess.run([PY, str(script), impl, str(tmp_path)], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "runs").read_text() == "__main__\n__mp_main__\n"  # the rank went no further
+    assert done.stdout == "__main__ {0: 1}\n"  # the caller's line alone: rank 0 failed, exit 1
+    assert "RuntimeError: " in done.stderr  # the rank's, on the console
+    if impl == "ranktop":
+        assert 'start ranks only under `if __name__ == "__main__":`' in done.stderr

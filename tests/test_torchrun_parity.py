@@ -70,6 +70,9 @@ LINES = [
     ("nproc-plus", ["--nproc-per-node", "+2", S], {}),
     ("prefix-t-is-tee", ["--t", "3", "--nproc-per-node", "2", S], {}),  # not --tui, a flag torchrun lacks
     ("signals-to-handle", ["--signals-to-handle", "SIGTERM,SIGUSR1", S], {}),
+    # torch.distributed.launch's macro, which torchrun's agent still substitutes (and `$$` is `$`)
+    ("local-rank-macro", ["--nproc-per-node", "2", S, "--local_rank=${local_rank}", "$local_rank", "a$$b", "$HOME",
+                          "${rank}"], {}),
     *([("master-addr-ipv6", ["--nnodes", "1", "--master-addr", "[::1]", "--master-port", str(free_port()),
                              "--nproc-per-node", "2", S], {})] if socket.has_ipv6 and _loopback_v6() else []),
     # Rendezvous lines (one node, so that a line is one command): the ids and the store come from the round.
