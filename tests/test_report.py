@@ -60,6 +60,8 @@ def test_a_time_no_clock_shows_and_a_signal_that_names_none_are_said_so():
     # A rank that had failed on its own before the stop is still named, under the stop's words.
     failed_first = report_after_tui(dataclasses.replace(stopped, root_cause=_cause()))
     assert failed_first.startswith("ranktop: t.py failed (attempt 1 of 1), then was stopped by signal 99999\n"), failed_first
+    panel = root_cause_text(dataclasses.replace(stopped, root_cause=_cause())).plain  # the TUI's: the evidence too
+    assert "stopped on request after 0:00:01, after rank 1 failed (exit code 1)" in panel and "ValueError: boom" in panel, panel
 
 
 def test_a_failure_without_an_error_file_still_says_where_the_logs_are():
