@@ -122,6 +122,7 @@ class RunResult:
     rendezvous_error: str | None = None
     interpreter: str | None = None  # the ranks' Python, when not ranktop's own (see GroupSnapshot)
     end_note: str | None = None  # how its exit barrier ended without every node (see GroupSnapshot)
+    user_ended: tuple[int, ...] = ()  # global ranks the user killed or signalled to their end (see GroupSnapshot)
 
     def is_failed(self) -> bool:
         return self.state == WorkerState.FAILED
@@ -331,6 +332,9 @@ class LocalAgent:
         # Starts of the group since the last restart was spent: nodes joining restart the group
         # without spending one, and that start logs to attempt_<k>.<n>.
         self._same_attempt_starts = 0
+        # Attempts the user's RestartGroup started: they advance the attempt and spend no restart.
+        self.user_restarts = 0
+        self._user_ended: tuple[int, ...] = ()  # once the run ended: global ranks the user ended
         self._generation = -1  # the group's starts so far, less one: each start's rings are new
 
     def _open_events(self) -> EventLog:
@@ -414,23 +418,42 @@ class LocalAgent:
                 self._close_attempt()  # commands are applied meanwhile: a stop here ends the run
             finally:
                 self._between_attempts = False
-            if self._stop_signal is not None or self._user_stop:
+            if self._stop_requested:
                 return result
             self._restart_requested = False
             self._earlier_losses += self.pcontext.incomplete_logs()
-            spend = reason != "nodes_joined"  # newcomers restart the group without spending a restart
-            self.attempt += spend
-            self._same_attempt_starts = 0 if spend else self._same_attempt_starts + 1
+            self._count_restart(reason)
             self.state = GroupState.RESTARTING
             self.events.write("group_restart", attempt=self.attempt, reason=reason)
             if reason == "failure":  # one line a restart, as the console contract says
-                self._notice(f"{how_it_ended}; restarting the group: "
-                             f"attempt_{self.attempt} ({self.attempt} of {self.spec.max_restarts} restarts spent)")
+                self._notice(f"{how_it_ended}; restarting the group: attempt_{self.attempt} "
+                             f"({self.restarts_spent} of {self.spec.max_restarts} restarts spent)")
+
+    def _count_restart(self, reason: str) -> None:
+        """Only a failure spends a restart. Newcomers start the group again as the same attempt
+        (attempt_<k>.<n>); the user's restart starts the next attempt, spending none."""
+        if reason == "nodes_joined":
+            self._same_attempt_starts += 1
+            return
+        self.attempt += 1
+        self._same_attempt_starts = 0
+        self.user_restarts += reason == "user"
+
+    @property
+    def restarts_spent(self) -> int:
+        """Restarts of --max-restarts spent so far: those that followed a failure."""
+        return self.attempt - self.user_restarts
+
+    @property
+    def _stop_requested(self) -> bool:
+        """A stop was asked for: a signal to ranktop, or the user's Stop or KillGroup."""
+        return self._stop_signal is not None or self._user_stop
 
     def _attempt_end(self, reason: str) -> str:
         """How the attempt that is being restarted ended, in a few words (the header, the console)."""
-        if reason == "user":
-            return "restarted by the user"
+        if reason == "user":  # (maybe while the group stopped for a failure: both are said)
+            cause = self._root_cause() if self._own_failure() else None
+            return "restarted by the user" if cause is None else f"{_rank_failed(cause)}, then restarted by the user"
         if reason == "nodes_joined":
             return "restarted, nodes joined"
         if self._round_end is not None and self._round_end.kind == "peer_failed":
@@ -439,16 +462,30 @@ class LocalAgent:
         return "failed" if cause is None else _rank_failed(cause)
 
     def _restart_reason(self, result: RunProcsResult) -> str | None:
-        if self._stop_signal is not None or self._user_stop:
+        if self._stop_requested:
             return None
         if self._restart_requested:
             return "user"
-        failed = result.is_failed() and self._rdzv_error is None
+        failed = self._group_failed(result) and self._rdzv_error is None
         if self._nodes_joined(result) or (failed and self._peers_joined()):
             return "nodes_joined"
-        if failed and self.attempt < self.spec.max_restarts:
+        if failed and self.restarts_spent < self.spec.max_restarts:
             return "failure"
         return None
+
+    def _user_ended_ranks(self, result: RunProcsResult) -> list[int]:
+        """The local ranks among the group's failures whose end the user caused (a kill, or the
+        very signal they sent it): no failure, as the user asked for it."""
+        return [r for r in result.failures if self.pcontext.slots[r].ended_by == "user"]
+
+    def _group_failed(self, result: RunProcsResult) -> bool:
+        """A rank ended with a failure that was not the user's doing."""
+        return len(result.failures) > len(self._user_ended_ranks(result))
+
+    def _own_failure(self) -> bool:
+        """A rank of the current group failed on its own (not stopped by us, the user or a stop from outside)."""
+        slots = self.pcontext.slots if self.pcontext is not None else ()
+        return any(s.ended_by == "itself" for s in slots if s.failure is not None)
 
     def _close_attempt(self) -> None:
         """Close the current attempt's context, bounded, applying commands while it waits."""
@@ -549,23 +586,24 @@ class LocalAgent:
     def _finish(self, result: RunProcsResult) -> RunResult:
         failures = {self.spec.global_rank(r): f for r, f in result.failures.items()}
         values = {self.spec.global_rank(r): v for r, v in result.return_values.items()}
-        if self._stop_signal is not None or self._user_stop:
+        failed = self._group_failed(result)
+        self._user_ended = tuple(sorted(self.spec.global_rank(r) for r in self._user_ended_ranks(result)))
+        # Ranks the user ended, and none that failed: the run ends as a Stop of theirs would.
+        if self._stop_requested or (self._user_ended and not failed and not self._rdzv_error):
             self.state = GroupState.STOPPED
-        elif failures or self._rdzv_error:
+        elif failed or self._rdzv_error:
             self.state = GroupState.FAILED
         else:
             self.state = GroupState.SUCCEEDED
-        # A stop the user asked for has no culprit among the ranks, nor has one for a node that gave up,
-        # nor a stop signal unless a rank had failed on its own first (a rank that the same stop,
-        # sent from outside to the whole job, reached first did not).
-        slots = self.pcontext.slots if self.pcontext is not None else ()
-        own_failure = any(_failed_on_its_own(s) for s in slots if s.failure)
+        # A stop (a signal, the user's) has no culprit among the ranks unless a rank had failed on its
+        # own before it (a rank that a stop sent from outside to the whole job reached first did not).
+        own_failure = self._own_failure()
         # A node that gave up, or one that failed while this node has no restarts left: the ranks
         # ranktop stopped for it are not to blame (they ended by its SIGTERM).
         peer_stop = self._round_end is not None and (self._round_end.kind in ("peer_gave_up", "store_lost") or
                                                      (self._round_end.kind == "peer_failed" and not own_failure))
-        blamed = self._stop_signal is None or own_failure
-        self.root_cause = self._root_cause() if failures and blamed and not self._user_stop and not peer_stop else None
+        blamed = own_failure or not self._stop_requested
+        self.root_cause = self._root_cause() if failed and blamed and not peer_stop else None
         state = self.state
         if self.rendezvous is not None:
             self._leave_rendezvous(state)
@@ -574,9 +612,11 @@ class LocalAgent:
         unreapable = {self.spec.global_rank(r): pid for r, pid in result.unreapable.items()}
         run = RunResult(state, values, failures, self.root_cause, self._stop_signal,
                         incomplete_logs=self.incomplete_logs(), unreapable=unreapable,
-                        rendezvous_error=self._rdzv_error, interpreter=self._interpreter, end_note=self._end_note)
+                        rendezvous_error=self._rdzv_error, interpreter=self._interpreter, end_note=self._end_note,
+                        user_ended=self._user_ended)
         self.events.write("run_finished", state=state.name, exit_status=run.exit_status,
                           root_cause_rank=self.root_cause.rank if self.root_cause else None,
+                          user_ended=list(self._user_ended),
                           incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
         return run
 
@@ -615,11 +655,12 @@ class LocalAgent:
             self._notice(f"the root cause's error file was not copied for the scheduler: {why}")
 
     def _root_cause(self) -> RootCause | None:
-        slots = [s for s in self.pcontext.slots if s.failure is not None]
+        # Never a rank the user ended: their kill or signal is no failure.
+        slots = [s for s in self.pcontext.slots if s.failure is not None and s.ended_by != "user"]
         if not slots:
             return None
         # The first rank that failed on its own is the cause; the ranks we stopped are effects.
-        own = sorted([s for s in slots if _failed_on_its_own(s)] or slots, key=lambda s: s.failure.exited_at)
+        own = sorted([s for s in slots if s.ended_by == "itself"] or slots, key=lambda s: s.failure.exited_at)
         slot, f = own[0], own[0].failure
         tail = _decoded(slot.ring.tail(20))
         attempt = self._pcontext_attempt
@@ -632,9 +673,9 @@ class LocalAgent:
             # Enough lines to see past the rank's own printed traceback (the report cuts it out).
             failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
             user_action=_user_action_text(*before[-1], f.exited_at) if before else None,
-            # (a rank the user stopped is the user action above, not ranktop's doing)
+            # (a rank the user stopped is the user action above, not ranktop's doing: not in `slots`)
             stopped=tuple((s.failure.rank, describe_exit(s.failure.exitcode)) for s in slots
-                          if s.stopped_by_us and not s.stopped_by_user and s not in own),
+                          if s.stopped_by_us and s not in own),
             attempt=attempt,
         )
 
@@ -700,7 +741,7 @@ class LocalAgent:
         """While no ranks run (a rendezvous round, the exit barrier): take in pending signals and
         commands; stop now?"""
         self._apply_commands()
-        return self._stop_signal is not None or self._user_stop
+        return self._stop_requested
 
     def _start_watch(self) -> None:
         if self.rendezvous is not None:
@@ -718,7 +759,7 @@ class LocalAgent:
         """While monitoring: nodes waiting to join, a node that gave up, or the loss of the store the
         ranks use too, end the running group."""
         end = self._watch.end if self._watch is not None else None
-        if end is None or self._round_end is not None or self._stop_signal is not None or self._user_stop:
+        if end is None or self._round_end is not None or self._stop_requested:
             return
         self._round_end = end
         self.events.write("round_end", kind=end.kind, message=end.message)
@@ -736,7 +777,7 @@ class LocalAgent:
         """The group ended because nodes joined: stopped by us, not failed on its own, not done."""
         if self._round_end is None or self._round_end.kind != "nodes_joined" or not result.is_failed():
             return False
-        return all(not _failed_on_its_own(s) for s in self.pcontext.slots if s.failure is not None)
+        return not self._own_failure()
 
     def _peers_joined(self) -> bool:
         """This node's ranks failed: was it because another node stopped its own for newcomers
@@ -764,7 +805,7 @@ class LocalAgent:
                 if end.serves_store:
                     self._serve_the_others(deadline, timeout)
         elif state == GroupState.FAILED and self._rdzv_error is None:
-            cause, spent = self.root_cause, f"no restarts left ({self.attempt} of {self.spec.max_restarts} spent)"
+            cause, spent = self.root_cause, f"no restarts left ({self.restarts_spent} of {self.spec.max_restarts} spent)"
             peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
             what = ("its ranks were stopped for another node's failure" if peer else
                     _rank_failed(cause) if cause else "its ranks failed")
@@ -1007,16 +1048,10 @@ class LocalAgent:
                     return cmd.Ack(False, "between two attempts: try again once the next one started")
                 return cmd.Ack(False, "the group has ended: nothing left to signal or restart")
         if isinstance(command, cmd.SignalRank):
-            rank = self.spec.global_rank(command.local_rank)
-            if command.signal == signal.SIGCONT:
-                self._note_resumed(rank)
-            elif command.signal not in (signal.SIGUSR1, signal.SIGUSR2):
-                self._note_user_action(f"sent {signal.Signals(command.signal).name} to rank {rank}")
             return self._signal_ranks(pc, [command.local_rank], command.signal)
         if isinstance(command, cmd.SignalGroup):
             return self._signal_ranks(pc, range(self.spec.local_world_size), command.signal)
         if isinstance(command, cmd.KillRank):
-            self._note_user_action(f"killed rank {self.spec.global_rank(command.local_rank)}")
             return self._signal_ranks(pc, [command.local_rank], signal.SIGKILL)
         if isinstance(command, cmd.SendInput):
             return self._send_input(pc, command)
@@ -1044,6 +1079,16 @@ class LocalAgent:
                 pc.stop(sig, grace)
             return cmd.Ack(True, f"{signal.Signals(sig).name} → every rank")
         return cmd.Ack(False, f"{type(command).__name__} is not applied by the monitor loop")
+
+    def _note_signal(self, rank: int, sig: int) -> None:
+        """The user's signal reached `rank`: noted for a root cause that follows (USR1/USR2 are
+        notices, not acts on the rank; SIGCONT ends a pause)."""
+        if sig == signal.SIGCONT:
+            self._note_resumed(rank)
+        elif sig == signal.SIGKILL:
+            self._note_user_action(f"killed rank {rank}")
+        elif sig not in (signal.SIGUSR1, signal.SIGUSR2):
+            self._note_user_action(f"sent {signal.Signals(sig).name} to rank {rank}")
 
     def _note_user_action(self, what: str) -> None:
         self._user_actions.append((time.time(), self.attempt, what, None))
@@ -1090,6 +1135,8 @@ class LocalAgent:
         sent = [r for r in local_ranks if pc.signal_rank(r, sig)]
         if not sent:
             return cmd.Ack(False, f"not running: no {name} sent")
+        for r in sent:  # (a refused command did nothing: it is no user action)
+            self._note_signal(self.spec.global_rank(r), sig)
         who = "every rank" if len(sent) > 1 else f"rank {self.spec.global_rank(sent[0])}"
         return cmd.Ack(True, f"{name} → {who}")
 
@@ -1232,7 +1279,7 @@ class LocalAgent:
             return RankState.RUNNING if slot.ring.last_output_at else RankState.STARTING
         if code == 0:
             return RankState.SUCCEEDED
-        return RankState.FAILED if _failed_on_its_own(slot) else RankState.KILLED
+        return RankState.FAILED if slot.ended_by == "itself" else RankState.KILLED
 
     def _rank_snapshot(self, slot: Any, now: float) -> RankSnapshot:
         proc, r = slot.proc, slot.local_rank
@@ -1286,6 +1333,7 @@ class LocalAgent:
             stop_signal=self._stop_signal, round=self.spec.placement.round if self.spec.placement else None,
             generation=pc.generation if pc else 0, rendezvous_error=self._rdzv_error, waiting=self._waiting,
             earlier_attempts=tuple(self._earlier_attempts), interpreter=self._interpreter, end_note=self._end_note,
+            user_restarts=self.user_restarts, user_ended=self._user_ended,
             store_lost=self.rendezvous.store_lost if self.rendezvous is not None else None,
         )
 
@@ -1310,11 +1358,6 @@ def _rank_failed(cause: RootCause) -> str:
     reason a node that gives up leaves for the others (which said `exit -9`)."""
     how = f"signal {cause.signal_name}" if cause.exitcode < 0 else f"exit {cause.exitcode}"
     return f"rank {cause.rank} failed ({how})"
-
-
-def _failed_on_its_own(slot: Any) -> bool:
-    """Its end was not asked for: neither stopped by us nor by a stop of the whole job from outside."""
-    return not slot.stopped_by_us and not slot.stopped_from_outside
 
 
 def _wall_clock(monotonic: float | None, now: float) -> float | None:

@@ -35,7 +35,8 @@ class SignalGroup:
 
 @dataclass(frozen=True)
 class KillRank:
-    """SIGKILL to one rank's process group. The others go on: a user kill is not a failure."""
+    """SIGKILL to one rank's process group. The others go on: a user kill is not a failure (nor is
+    a death by the signal a SignalRank or SignalGroup sent): no restart, never the root cause."""
 
     local_rank: int
 
@@ -54,7 +55,8 @@ class RestartRank:
 
 @dataclass(frozen=True)
 class RestartGroup:
-    """Stop every rank (with the grace) and start the group again as the next attempt."""
+    """Stop every rank (with the grace) and start the group again as the next attempt, spending
+    none of --max-restarts."""
 
 
 @dataclass(frozen=True)

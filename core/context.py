@@ -179,6 +179,17 @@ class RankSlot:
     stopped_from_outside: bool = False  # it was: its end is part of the group's stop, not a failure
 
     @property
+    def ended_by(self) -> str:
+        """Why its process ended, if not with exit 0 (the one reading of the flags above): "user"
+        (their kill, or the very signal they sent it), "stop" (the group's stop, or a stop of the
+        whole job from outside that reached it first), "itself" (a failure of its own)."""
+        if self.stopped_by_user:
+            return "user"
+        if self.stopped_by_us or self.stopped_from_outside:
+            return "stop"
+        return "itself"
+
+    @property
     def log_bytes_lost(self) -> int:
         return sum(sink.bytes_lost for sink in self.sinks)
 

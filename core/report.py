@@ -114,13 +114,16 @@ def root_cause_lines(cause: RootCause, *, max_traceback: int | None = None,
 
 
 def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts: int,
-                      run_dir: str | None = None) -> str:
+                      run_dir: str | None = None, user_restarts: int = 0, then: str | None = None) -> str:
     """The headline, the evidence and where the logs are: the run directory when known (a rank
-    killed by a signal leaves no error file, and its logs are what is left to read)."""
+    killed by a signal leaves no error file, and its logs are what is left to read). Attempts
+    the user's group restarts started spent no restart: they add to the attempts the run may
+    have. `then`: how the run was stopped after the failure ("stopped by SIGINT")."""
     if cause.attempt is not None:  # the run may be on a later attempt whose ranks never started
         attempt = cause.attempt
+    stopped = f", then was {then}" if then else ""
     lines = [
-        f"ranktop: {name} failed (attempt {attempt + 1} of {max_restarts + 1})",
+        f"ranktop: {name} failed (attempt {attempt + 1} of {max_restarts + 1 + user_restarts}){stopped}",
         f"  root cause: rank {cause.rank} (local rank {cause.local_rank}, pid {cause.pid}) "
         f"{describe_exit(cause.exitcode, cause.signal_name, sentence=True)} at {failed_at(cause)}",
     ]
@@ -144,19 +147,21 @@ def format_incomplete_logs(losses: tuple[LogLoss, ...] | list[LogLoss]) -> str:
 
 
 def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int, run_dir: str | None,
-                      success_line: bool = False, earlier_attempts: tuple[str, ...] = ()) -> str:
+                      success_line: bool = False, earlier_attempts: tuple[str, ...] = (),
+                      user_restarts: int = 0) -> str:
     """Everything said on the terminal once a run is over (headless, and after the TUI closed):
-    the root cause or how it was stopped, incomplete logs, ranks left to the guard, a rendezvous
+    the root cause and how it was stopped, incomplete logs, ranks left to the guard, a rendezvous
     error. `success_line`: also say so when it succeeded (the TUI leaves nothing else behind)."""
     parts = []
-    if result.root_cause is not None and result.stop_signal is None:
+    if result.root_cause is not None:  # a rank that failed on its own, maybe before a stop
         parts.append(format_root_cause(result.root_cause, name=name, attempt=attempt, max_restarts=max_restarts,
-                                       run_dir=run_dir))
+                                       run_dir=run_dir, user_restarts=user_restarts, then=_how_stopped(result)))
     elif result.stop_signal is not None:
         parts.append(f"ranktop: stopped by {_signal_label(result.stop_signal)}; logs in {clean(str(run_dir))}")
     elif result.state == GroupState.STOPPED and not result.rendezvous_error:
         # (headless too: stopped from elsewhere, `ranktop stop`, the output just ended without a word)
-        parts.append(f"ranktop: {name} stopped on request; logs in {clean(str(run_dir))}")
+        parts.append(f"ranktop: {name} stopped on request{_user_ended(result.user_ended)}; "
+                     f"logs in {clean(str(run_dir))}")
     elif success_line and result.state == GroupState.SUCCEEDED:
         parts.append(f"ranktop: {name} succeeded: all ranks exited 0; logs in {clean(str(run_dir))}")
     if success_line and earlier_attempts:
@@ -175,6 +180,20 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
     return "\n".join(parts)
 
 
+def _how_stopped(result: Any) -> str | None:
+    """'stopped by SIGINT', 'stopped on request' (the user's Stop), or None: not stopped."""
+    if result.stop_signal is not None:
+        return f"stopped by {_signal_label(result.stop_signal)}"
+    return "stopped on request" if result.state == GroupState.STOPPED else None
+
+
+def _user_ended(ranks: tuple[int, ...]) -> str:
+    """': you ended ranks 0, 1' for the ranks the user killed or signalled to their end ('' for none)."""
+    if not ranks:
+        return ""
+    return f": you ended rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
 class _SeenEnd(NamedTuple):
     """What format_end_report reads of a RunResult, as a final snapshot tells it."""
 
@@ -186,6 +205,7 @@ class _SeenEnd(NamedTuple):
     rendezvous_error: str | None
     interpreter: str | None
     end_note: str | None
+    user_ended: tuple[int, ...]
 
 
 def report_after_tui(group: GroupSnapshot) -> str:
@@ -193,6 +213,7 @@ def report_after_tui(group: GroupSnapshot) -> str:
     the headless end report with its success line, from the run's final snapshot."""
     unreapable = {r.rank: r.pid for r in group.ranks if r.state == RankState.UNREAPABLE}
     seen = _SeenEnd(group.state, group.root_cause, group.stop_signal, group.incomplete_logs, unreapable,
-                    group.rendezvous_error, group.interpreter, group.end_note)
+                    group.rendezvous_error, group.interpreter, group.end_note, group.user_ended)
     return format_end_report(seen, name=group.name, attempt=group.attempt, max_restarts=group.max_restarts,
-                             run_dir=group.log_dir, success_line=True, earlier_attempts=group.earlier_attempts)
+                             run_dir=group.log_dir, success_line=True, earlier_attempts=group.earlier_attempts,
+                             user_restarts=group.user_restarts)

@@ -123,7 +123,7 @@ class GroupSnapshot:
     local_world_size: int
     node_rank: int
     nnodes: int
-    attempt: int  # 0-based; the UI shows attempt+1 of max_restarts+1
+    attempt: int  # 0-based; the UI shows attempt+1 of max_restarts+1+user_restarts
     max_restarts: int
     started_at: float
     ended_at: float | None
@@ -150,6 +150,12 @@ class GroupSnapshot:
     generation: int = 0
     # "attempt_<k>: rank 1 failed (exit 1)" for each earlier attempt of this run, oldest first
     earlier_attempts: tuple[str, ...] = ()
+    # Attempts the user's group restart started: each advanced `attempt` and spent no restart, so
+    # restarts spent are attempt - user_restarts, and the run may have max_restarts + 1 + this.
+    user_restarts: int = 0
+    # Once ended: the global ranks the user ended (a kill, or the very signal they sent it), which
+    # are no failure. With none failed, the run ended as a stop on request.
+    user_ended: tuple[int, ...] = ()
     # The Python the ranks run when it is not ranktop's own (PYTHON_EXEC, or the active virtualenv
     # or conda env when ranktop runs from an install of its own): said where it could surprise.
     interpreter: str | None = None

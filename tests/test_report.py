@@ -54,9 +54,14 @@ def test_a_time_no_clock_shows_and_a_signal_that_names_none_are_said_so():
         assert "exited with code 1 at an unknown time" in format_root_cause(cause, name="t.py", attempt=0,
                                                                            max_restarts=0)
         assert "exit code 1 at an unknown time" in root_cause_text(_group(cause)).plain
-    stopped = dataclasses.replace(_group(_cause()), state=GroupState.STOPPED, stop_signal=99999, ended=True)
+    stopped = dataclasses.replace(_group(None), state=GroupState.STOPPED, stop_signal=99999, ended=True)
     assert report_after_tui(stopped) == "ranktop: stopped by signal 99999; logs in /logs/r"
     assert report_after_tui(dataclasses.replace(stopped, stop_signal=15)) == "ranktop: stopped by SIGTERM; logs in /logs/r"
+    # A rank that had failed on its own before the stop is still named, under the stop's words.
+    failed_first = report_after_tui(dataclasses.replace(stopped, root_cause=_cause()))
+    assert failed_first.startswith("ranktop: t.py failed (attempt 1 of 1), then was stopped by signal 99999\n"), failed_first
+    panel = root_cause_text(dataclasses.replace(stopped, root_cause=_cause())).plain  # the TUI's: the evidence too
+    assert "stopped on request after 0:00:01, after rank 1 failed (exit code 1)" in panel and "ValueError: boom" in panel, panel
 
 
 def test_a_failure_without_an_error_file_still_says_where_the_logs_are():

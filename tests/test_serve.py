@@ -1126,7 +1126,8 @@ def edit_final(run_dir: Path, **edits) -> None:
       "ranks__1__cpu_percent": float("nan"), "ranks__0__stdout_log": "SECRET"},
      "exit code 3 at an unknown time",
      "root cause: rank 1 (local rank 1, pid PID) exited with code 3 at an unknown time"),
-    ({"stop_signal": 99999}, "exit code 3", "ranktop: stopped by signal 99999; logs in"),
+    # (a rank had failed on its own before the stop: the report names it under the stop's words)
+    ({"stop_signal": 99999}, "exit code 3", "fail.py failed (attempt 1 of 1), then was stopped by signal 99999"),
 ])
 def test_a_final_view_with_bad_fields_shows_the_rest(tmp_path, runtime, edits, shown, report):
     run_dir = ended_run(tmp_path, runtime)

@@ -884,7 +884,8 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     # The script's name is ours to print (the rank's own words stay raw, as torchrun prints them):
     # a name with escape sequences in it must not retitle the terminal.
     report = format_end_report(result, name=clean(spec.display_name()), attempt=agent.attempt,
-                               max_restarts=spec.max_restarts, run_dir=agent.run_dir) or ""
+                               max_restarts=spec.max_restarts, run_dir=agent.run_dir,
+                               user_restarts=agent.user_restarts) or ""
     if report and ns.sanitize_console:  # it quotes error.json and the rank's last lines
         report = clean(report, sgr=True, newlines=True)
     if agent.console_unshown:

@@ -55,7 +55,7 @@ def details_text(rank: RankSnapshot, group: GroupSnapshot, track: RankTrack | No
     text.append(f"rank {rank.rank}", style="bold")
     text.append(f"  local {rank.local_rank} {pid_text(rank)}  ")
     text.append(state_label(rank), style="bold reverse")
-    text.append(f"\nrestarts {rank.restarts}  attempt_{group.attempt} (of {group.max_restarts + 1})")
+    text.append(f"\nrestarts {rank.restarts}  attempt_{group.attempt} (of {group.max_restarts + 1 + group.user_restarts})")
     if rank.started_at:
         started = datetime.datetime.fromtimestamp(rank.started_at).strftime("%H:%M:%S")
         text.append(f"  started {started}, {human_duration(now - rank.started_at)} ago")

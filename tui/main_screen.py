@@ -673,7 +673,8 @@ class MainScreen(Screen):
             self.notify("no root cause to copy: no rank has failed on its own", severity="warning", timeout=3)
             return
         text = clean(format_root_cause(snap.root_cause, name=snap.name, attempt=snap.attempt,
-                                       max_restarts=snap.max_restarts, run_dir=snap.log_dir), newlines=True)
+                                       max_restarts=snap.max_restarts, run_dir=snap.log_dir,
+                                       user_restarts=snap.user_restarts), newlines=True)
         self.app.copy_to_clipboard(text)
         self.notify(f"root cause copied ({text.count(chr(10)) + 1} lines) to the terminal's clipboard (OSC 52)",
                     timeout=3)

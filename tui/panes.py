@@ -246,10 +246,10 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
         lost = sum(loss.bytes_lost for loss in group.incomplete_logs)
         text.append(f" {len(group.incomplete_logs)} log(s) incomplete: {group.incomplete_logs[0].error}, "
                     f"{human_bytes(lost)} not saved ", style="bold white on red")
-    # Named as its directory is (attempt_<k>); restarts the user asked for may go past the limit.
+    # Named as its directory is (attempt_<k>); restarts the user asked for spend none of the limit.
     text.append(f"  attempt_{group.attempt}")
     if group.max_restarts:
-        left = max(0, group.max_restarts - group.attempt)
+        left = max(0, group.max_restarts - (group.attempt - group.user_restarts))
         text.append(f" ({left} restart{'s' * (left != 1)} left)", style="dim")
     if group.earlier_attempts:  # "all ranks exited 0" must not hide that an earlier attempt failed
         text.append(f"  earlier: {clean(group.earlier_attempts[-1])}", style="bold yellow")

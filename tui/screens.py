@@ -262,9 +262,13 @@ def root_cause_heading(group: GroupSnapshot) -> Text:
         text.append(" FAILED ", style="bold white on red")  # no rank to blame: the rendezvous, a start
         text.append(f"  {clean(group.name)} after {elapsed}")
     elif cause is None or group.state == GroupState.STOPPED:
-        # Stopped on request (a key, a signal to ranktop): the ranks' ends are effects, not a cause.
+        # Stopped on request (a key, a signal to ranktop): the ranks' ends are effects, not a cause,
+        # unless one had failed on its own before the stop (its evidence follows, below).
         text.append(f" {group.state.value.upper()} ", style="bold reverse yellow")  # on request: not a failure
         text.append(f"  {clean(group.name)} stopped on request after {elapsed}")
+        if cause is not None:
+            text.append(f", after rank {cause.rank} failed ({describe_exit(cause.exitcode, cause.signal_name)})",
+                        style="bold red")
     else:
         text.append(" ROOT CAUSE ", style="bold white on red")
         text.append(f"  rank {cause.rank} ", style="bold")
@@ -292,8 +296,11 @@ def root_cause_body(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
         text.append(f"  {clean(group.error or 'its engine went away')}; `ranktop ls` says whether it still runs\n")
     elif _failed_to_start(group):
         text.append(f"  {clean(group.rendezvous_error)}\n")
-    elif cause is not None and group.state != GroupState.STOPPED:
+    elif cause is not None:
         _append_evidence(text, cause, max_traceback=max_traceback, max_tail=max_tail)
+    elif group.user_ended:  # no failure: the user ended them
+        text.append(f"  you ended rank{'s' * (len(group.user_ended) > 1)} {', '.join(map(str, group.user_ended))} "
+                    "(a kill or your signal): no failure\n", style="yellow")
     for rank in group.ranks:
         if rank.local_rank in group.unreapable:
             text.append(f"  rank {rank.rank} (pid {rank.pid}) outlived SIGKILL (stuck in the kernel): "
