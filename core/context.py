@@ -84,6 +84,14 @@ RESPAWN_DRAIN = 0.5
 _SHORTEST_NAP = 0.05
 
 
+def _group_of(pid: int) -> int | None:
+    """The process group of `pid`; None once it is gone."""
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 class Waker:
     """A pipe that wakes a loop sleeping in poll(); `wake()` is safe from any thread and from a
     signal handler. Its descriptors are closed only when the object is garbage-collected: whoever
@@ -611,12 +619,25 @@ class PContext:
             return True
         sig = signal.SIGKILL if now >= self._sweep_deadline else signal.SIGTERM
         fresh = [key for key in found.items() if self._sweep_sent.get(key) != sig]
+        if sig == signal.SIGTERM:
+            # A worker left in a rank's group that a stop has just signalled is within that stop's
+            # grace, whose SIGKILL is on its way: a second SIGTERM would re-enter its handler.
+            stopping = self._groups_stopping()
+            for key in [key for key in fresh if _group_of(key[0]) in stopping]:
+                self._sweep_sent[key] = sig
+                fresh.remove(key)
         if sig == signal.SIGKILL and fresh:
             self._emit_group("strays_killed", pids=sorted(pid for pid, _ in fresh))
         for key in fresh:
             self._sweep_sent[key] = sig
             self._signal_stray(key, sig)
         return False
+
+    def _groups_stopping(self) -> set[int]:
+        """The process groups of ranks sent a stop signal and within its grace (ranks gone, their
+        groups maybe not)."""
+        return {slot.proc.pid for slot in self.slots
+                if slot.proc is not None and slot.stopping_with is not None and slot.kill_at is not None}
 
     def _signal_stray(self, key: tuple[int, int], sig: int) -> None:
         if key not in self._sweep_fds:

@@ -625,3 +625,35 @@ def test_a_shorter_grace_while_the_group_stops_brings_the_sigkill_forward(tmp_pa
     assert result.failures[0].exitcode == -signal.SIGKILL
     log = Path(agent.attempt_dir(0), "0", "stdout.log").read_bytes()
     assert log.count(b"got SIGTERM") == 1, log
+
+
+# The rank dies of SIGTERM at once; the worker it started (in its process group) checkpoints for
+# `CHECKPOINT_S` seconds in its own SIGTERM handler, saying so each time it is entered.
+_WORKER_CHECKPOINTS = """
+    import os, subprocess, sys, time
+    worker = (
+        "import signal, sys, time\\n"
+        "def checkpoint(*_):\\n"
+        "    print('worker got SIGTERM, checkpointing', flush=True)\\n"
+        "    time.sleep(float(sys.argv[1]))\\n"
+        "    sys.exit(0)\\n"
+        "signal.signal(signal.SIGTERM, checkpoint)\\n"
+        "print('worker ready', flush=True)\\n"
+        "time.sleep(60)\\n"
+    )
+    subprocess.Popen([sys.executable, "-c", worker, os.environ["CHECKPOINT_S"]])
+    time.sleep(60)
+"""
+
+
+def test_the_end_sweep_leaves_a_stopping_groups_worker_to_its_grace(tmp_path):
+    """Once the rank itself was gone, the end sweep sent its own SIGTERM to the worker the group's
+    stop had just sent one: the worker's checkpoint handler was entered a second time."""
+    agent = make_agent(tmp_path, shutdown_timeout=10.0, code=_WORKER_CHECKPOINTS, env={"CHECKPOINT_S": "1.5"})
+    run = Running(agent)
+    with run:
+        wait_for(lambda: b"worker ready" in agent.output(0), what="the rank's worker up")
+        agent.stop()
+        run.join(timeout=20)
+    log = Path(agent.attempt_dir(0), "0", "stdout.log").read_bytes()
+    assert log.count(b"worker got SIGTERM") == 1, log
