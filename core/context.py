@@ -938,8 +938,9 @@ class PContext:
             if self._closed:
                 return
             self._closed = True
-            self._stop_all(death_sig or signal.SIGTERM, timeout)
-        try:
+        try:  # the signals sent too: a stop signal that came while they went out left this closed for good
+            with self._lock:
+                self._stop_all(death_sig or signal.SIGTERM, timeout)
             while self.step() is None:
                 if between is not None:
                     between()

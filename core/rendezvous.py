@@ -213,6 +213,12 @@ def create_handler(
     return handler
 
 
+def check_rdzv_conf(text: str, backend: str) -> None:
+    """--rdzv-conf checked as create_handler checks it (UsageError), where no handler is made:
+    ranktop's own static form, without torch."""
+    _ranks_on_rendezvous_store(parse_rdzv_conf(text).get(RANKS_STORE_CONF, "fresh"), backend)
+
+
 def _ranks_on_rendezvous_store(choice: str, backend: str) -> bool:
     """--rdzv-conf ranks_store=fresh|rendezvous: True for the rendezvous's own store. Only c10d's
     store is a TCPStore that every node reaches and whose rounds wait for every node's ranks to end

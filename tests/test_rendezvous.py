@@ -495,6 +495,19 @@ def test_without_torch_a_rendezvous_backend_is_a_one_line_error(tmp_path):
     assert placements(res.stdout)[0]["WORLD_SIZE"] == "1"
 
 
+@pytest.mark.parametrize(("conf", "message"), [
+    ("join_timeout", "bad --rdzv-conf 'join_timeout': expected KEY=VALUE"),
+    ("ranks_store=rendezvous", "--rdzv-conf ranks_store=rendezvous needs --rdzv-backend c10d, not static"),
+])
+def test_without_torch_the_static_forms_bad_rdzv_conf_is_a_one_line_error(tmp_path, conf, message):
+    """ranktop's own static form checks --rdzv-conf as torch's does (it went unread: the run started)."""
+    res = run_ranktop("--headless", "--rdzv-backend", "static", "--rdzv-conf", conf, "--log-dir", str(tmp_path),
+                      RANK, "print", without="torch")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(f"ranktop: error: {message}") and len(res.stderr.splitlines()) == 1, res.stderr
+    assert not list(tmp_path.iterdir())  # nothing started
+
+
 @pytest.mark.parametrize("flags", [
     ("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1"),
     ("--nnodes", "2", "--node-rank", "1"),  # torch's static rendezvous, as torchrun's default

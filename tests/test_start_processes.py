@@ -303,6 +303,37 @@ def test_closing_one_of_two_contexts_keeps_the_signal_exception_for_the_other(tm
     assert (done.returncode, done.stdout.splitlines()) == (0, ["caught SIGTERM", "restored True"]), done.stderr
 
 
+def test_a_close_cut_short_while_it_signals_the_ranks_is_finished_by_the_next_close(tmp_path):
+    """The second SIGTERM can come while close() still signals the ranks (a loaded machine: the
+    rank had its SIGTERM, the caller's came before close() went on): the close was then marked
+    done, the next close() returned at once and left the rank running and the handlers installed.
+    The signal is sent here right after the ranks', from inside close(), where it came by chance."""
+    parent = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from ranktop.core import SignalException, start_processes
+        ctx = start_processes("p", {PY!r}, {{0: ("-c", "import time; time.sleep(60)")}}, {{0: {{}}}}, {str(tmp_path)!r})
+        stop_all = ctx._stop_all
+        def stop_all_then_signalled(sig, grace):
+            ctx._stop_all = stop_all  # once
+            stop_all(sig, grace)
+            os.kill(os.getpid(), signal.SIGTERM)
+        ctx._stop_all = stop_all_then_signalled
+        pid = ctx.pids()[0]
+        try:
+            ctx.close(timeout=2)
+        except SignalException as e:
+            print("cut short", e.sigval.name, flush=True)
+            ctx.close(timeout=2)
+        print("closed", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, pid, flush=True)
+    """)
+    done = subprocess.run([PY, "-c", parent], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "cut short SIGTERM" and lines[1].startswith("closed True "), done.stdout
+    assert not _pid_alive(int(lines[1].split()[2]))
+
+
 def test_a_close_cut_short_by_a_second_signal_is_finished_by_the_next_close(tmp_path):
     """A second SIGTERM while close() waits for the ranks raises SignalException out of it (as
     torch's); calling close() again must finish the job. It returned at once, leaving the rank

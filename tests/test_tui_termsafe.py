@@ -22,12 +22,15 @@ pytestmark = pytest.mark.timeout(60)
 PAYLOAD = "cHduZWQ="  # base64 "pwned": what an OSC 52 clipboard write would carry
 HOSTILE = "\\x1b]52;c;" + PAYLOAD + "\\x07\\x1b]0;EVIL-TITLE\\x07\\x1b[2J[link=http://evil]markup[/link]"
 # Rank 0 prints the hostile text, then fails through @record, so error.json's message and
-# traceback carry it too.
+# traceback carry it too. It is named on a line of its own: Python 3.13's tracebacks show the
+# source lines of `-c` code too, and the line that raised showed the payload's harmless text
+# (`\x1b]52;c;cHduZWQ=`, a backslash and letters), which the checks below cannot tell apart.
 FAILER = (
     "from ranktop.core.errors import record\n"
+    f"HOSTILE = '{HOSTILE}'\n"
     "@record\ndef main():\n"
-    f"    print('out:' + '{HOSTILE}' + '\\x1b[31mred\\x1b[0m', flush=True)\n"
-    f"    raise ValueError('boom:' + '{HOSTILE}')\n"
+    "    print('out:' + HOSTILE + '\\x1b[31mred\\x1b[0m', flush=True)\n"
+    "    raise ValueError('boom:' + HOSTILE)\n"
     "main()\n"
 )
 SCRIPT_NAME = "train\x1b]0;EVIL-TITLE\x07\x1b]52;c;" + PAYLOAD + "\x07[bold]x[/bold].py"

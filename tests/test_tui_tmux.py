@@ -10,8 +10,9 @@ import sys
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
-from conftest import ROOT, marked_processes, read_events, run_ranktop, wait_for
+from conftest import ROOT, marked_processes, ranktop_cmd, read_events, run_ranktop, stop_process, wait_for
 from ranktop.core.stacks import find_py_spy
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
@@ -273,3 +274,53 @@ def test_ctrl_z_suspends_the_tui_to_the_shell_and_fg_brings_it_back_whole(tmp_pa
         term.close()
         if not status.exists():  # (the terminal's end detached the run)
             run_ranktop("stop", "jc")
+
+
+def test_the_tui_does_not_fork_while_a_thread_python_does_not_know_of_runs():
+    """A C/C++ thread (torch's TCPStore server) is not in `threading`: the fork that lets q detach
+    went ahead with it alive, and it stayed behind in the waiting parent (Python 3.12 warns of
+    such a fork). Here `_thread`'s thread, which `threading` does not know of either."""
+    code = ("import _thread, os, time\n"
+            "_thread.start_new_thread(time.sleep, (30,))\n"
+            "from ranktop.tui.detach import hold_terminal\n"
+            "pid = os.getpid()\n"
+            "print(hold_terminal() is None, os.getpid() == pid, flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert (out.returncode, out.stdout) == (0, "True True\n"), out
+
+
+def test_a_c10d_hosts_store_goes_on_serving_after_the_tui_detaches(tmp_path):
+    """Under the TUI the c10d host's store is started after the fork, in the process that runs the
+    engine: it was started before, its server thread stayed in the parent that only holds the
+    terminal, and a detach ended it (a node that came to join then waited for ever)."""
+    pytest.importorskip("torch")
+    from ranktop.core.spec import free_port
+
+    code = ("import os, time\nprint('hello from', os.environ['RANK'], 'world', os.environ['WORLD_SIZE'], flush=True)\n"
+            "while True:\n    time.sleep(0.1)\n")
+    rdzv = ("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+            "--rdzv-id", "detached-host", "--rdzv-conf", "last_call_timeout=1", "--monitor-interval", "0.2")
+    term, _ = _one_rank_tui(tmp_path, code, *rdzv, "--shutdown-timeout", "3")
+    second = None
+    try:
+        term.wait_screen("hello from 0 world 1")
+        engine = next(e["pid"] for e in read_events(tmp_path / "logs" / "detached-host") if e["event"] == "run_started")
+        holder = psutil.Process(engine).ppid()
+        assert psutil.Process(holder).num_threads() == 1  # the store's thread is the engine's
+        term.press("q")
+        term.wait_screen("Detach")
+        term.press("d")
+        wait_for(lambda: not psutil.pid_exists(holder), what="the holder gone on the detach")
+        out = tmp_path / "node1.out"
+        with out.open("w") as sink:
+            second = subprocess.Popen(ranktop_cmd("--headless", *rdzv, "--nproc-per-node", "1", "--run-id", "node1",
+                                                  "--log-dir", str(tmp_path / "node1"), str(tmp_path / "rank.py")),
+                                      cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+        wait_for(lambda: "world 2" in out.read_text(), timeout=40, what="the second node's rank in a world of 2")
+    finally:
+        stopped = run_ranktop("stop", "detached-host")
+        if second is not None:
+            stop_process(second)
+        term.close()
+    assert stopped.returncode == 0, stopped.stderr
+    wait_for(lambda: not marked_processes(), timeout=20, what="both nodes and their ranks gone")

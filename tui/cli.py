@@ -517,7 +517,16 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
     )
     if elastic:  # last: the c10d host starts its store here, once every other value is known good
         spec.rdzv_handler = rendezvous_handler(ns, min_nodes, nnodes, port, check_only=not start_rendezvous)
+    elif ns.rdzv_backend == "static":  # ranktop's own static form (no torch): a bad --rdzv-conf is still one
+        from ranktop.core.rendezvous import check_rdzv_conf
+
+        check_rdzv_conf(ns.rdzv_conf, ns.rdzv_backend)
     return spec
+
+
+def with_rendezvous(spec, ns: argparse.Namespace):
+    """`spec` with its rendezvous started, where build_spec only checked it (built again)."""
+    return build_spec(ns) if uses_rendezvous(ns) else spec
 
 
 def on_a_local_store(ns: argparse.Namespace, nnodes: int) -> bool:
@@ -659,7 +668,10 @@ def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
     try:
         # --detach: checked here, run by the background process; a c10d host's store must be its,
         # not this process's, which ends at once (the child then lost its rendezvous half the time).
-        spec = build_spec(ns, start_rendezvous=not ns.detach)
+        # The TUI's likewise: started after its fork, in the process that runs the engine (the store
+        # serves from a thread of its own, which stayed in the waiting parent and ended on a detach).
+        deferred = ns.detach or want_tui(ns)
+        spec = build_spec(ns, start_rendezvous=not deferred)
         # As torchrun: the ranks (and a launcher nested in one) see which signals the agent handles.
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(
             signal.Signals(sig).name for sig in ns.signals_to_handle)
@@ -674,8 +686,10 @@ def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
             from ranktop.tui.run import run_tui
 
             detacher = hold_terminal()  # a child runs the TUI from here on, so that q can detach
+            spec = with_rendezvous(spec, ns)
             adopt_orphans()
             return run_tui(spec, ns, detacher=detacher)
+        spec = with_rendezvous(spec, ns) if deferred else spec
         adopt_orphans()
         return run_headless(spec, ns)
     except UsageError as exc:

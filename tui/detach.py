@@ -54,7 +54,7 @@ def hold_terminal() -> Detacher | None:
     """Fork: in the child, return its Detacher; the parent never returns (it exits as the child
     does, or with 0 when the child detaches). None, and no fork, where forking is not safe
     (threads already running)."""
-    if threading.active_count() > 1:
+    if _threads() > 1:
         return None
     sys.stdout.flush()
     sys.stderr.flush()
@@ -72,6 +72,16 @@ def hold_terminal() -> Detacher | None:
         print(f"ranktop: the TUI and its engine (pid {pid}) were killed by {signal.Signals(-code).name}; "
               "the orphan guard stops the ranks", file=sys.stderr, flush=True)
     os._exit(128 - code if code < 0 else code)
+
+
+def _threads() -> int:
+    """This process's threads as the kernel counts them: C++ ones too (torch's TCPStore server),
+    which `threading` does not know of. A fork keeps only the forking thread, and the locks the
+    others held (Python 3.12 warns of such a fork: DeprecationWarning, `-W default`)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
 
 
 def _wait_for(child: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from ranktop.core.output import RING_BYTES, RanktopLine, line_length
 from ranktop.core.sanitize import clean
@@ -31,6 +31,8 @@ from textual.selection import Selection
 from textual.strip import Strip
 
 if TYPE_CHECKING:
+    from typing import Self  # Python 3.11's: an import here, where 3.10 never runs it
+
     from ranktop.core.output import LineRing
 
 MAX_CHARS = 10_000  # per line: past this a line is cut with a marker, so a 5 MB line costs no more than 10k

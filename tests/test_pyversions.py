@@ -1,0 +1,54 @@
+"""ranktop runs on Python 3.10 and later (pyproject's requires-python), and CI runs 3.11: what
+3.11 has and 3.10 lacks would pass CI and fail on 3.10. The suite was run on 3.10, 3.12 and 3.13
+by hand (README.md); this catches the one such slip found there, before it ships again."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+# typing's names newer than 3.10 (3.11: Self, Never...; 3.12: override; 3.13: TypeIs...): imported
+# where the module runs, each is an ImportError on 3.10. Under `if TYPE_CHECKING:` they never run.
+NEWER_THAN_310 = {f"typing.{name}" for name in (
+    "Self", "LiteralString", "Never", "assert_never", "assert_type", "reveal_type", "Required", "NotRequired",
+    "TypeVarTuple", "Unpack", "dataclass_transform", "get_overloads", "clear_overloads", "override",
+    "TypeAliasType", "get_protocol_members", "is_protocol", "ReadOnly", "TypeIs", "NoDefault")} | {
+    "tomllib", "wsgiref.types"}
+
+
+class RunTimeImports(ast.NodeVisitor):
+    """Every name a module imports where it runs: `typing.X` for `from typing import X`."""
+
+    def __init__(self) -> None:
+        self.names: list[tuple[int, str]] = []
+
+    def visit_If(self, node: ast.If) -> None:
+        if ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            for statement in node.orelse:
+                self.visit(statement)
+        else:
+            self.generic_visit(node)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self.names += [(node.lineno, alias.name) for alias in node.names]
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        self.names += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+        self.names.append((node.lineno, node.module or ""))
+
+
+def product_modules() -> list[Path]:
+    return [path for folder in ("ranktop", "core", "tui") for path in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def test_no_module_imports_at_run_time_what_python_3_10_lacks():
+    """tui/logview.py imported typing.Self (3.11's): on 3.10 the TUI did not start at all."""
+    newer = []
+    for path in product_modules():
+        imports = RunTimeImports()
+        imports.visit(ast.parse(path.read_text(), str(path)))
+        newer += [f"{path.relative_to(ROOT)}:{line}: {name}" for line, name in imports.names if name in NEWER_THAN_310]
+    assert not newer, newer
+    assert len(product_modules()) > 50  # (the walk found the modules)
