@@ -486,13 +486,13 @@ class EngineServer:
         return bytes(push)
 
     def _last_push(self) -> None:
-        """On the way out: the subscribers get the rest of the output and the end, as far as they
-        take it within SEND_TIMEOUT, all of them together (and the rest is bounded by what the
-        rings hold: 64 pushes each at most)."""
+        """On the way out: the subscribers get the rest of the output and the end, and every
+        client what its outbox holds (a Stop's ack), as far as they take it within SEND_TIMEOUT,
+        all of them together (the rest is bounded by what the rings hold: 64 pushes each at most)."""
         snap = self.engine.snapshot()
         deadline = time.monotonic() + SEND_TIMEOUT
         left = dict.fromkeys(self._subscribers, 64)  # pushes each may still be made
-        while left and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             for conn in list(left):
                 sub, outbox = self._subscribers.get(conn), self._outbox.get(conn)
                 if sub is None or outbox is None or not left[conn] or (sub.ended and not outbox):
@@ -500,7 +500,10 @@ class EngineServer:
                 elif not outbox:
                     left[conn] -= 1
                     self._send(conn, self._make_push(sub, snap))
-            self._wait_for_room([conn for conn in left if self._outbox.get(conn)], deadline)
+            owing = [conn for conn, outbox in self._outbox.items() if outbox]
+            if not (left or owing):
+                return
+            self._wait_for_room(owing, deadline)
 
     def _wait_for_room(self, conns: list[socket.socket], deadline: float) -> None:
         """Until one of `conns` can take more (sending it what it can), or `deadline`."""
