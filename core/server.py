@@ -70,7 +70,7 @@ from ranktop.core import protocol
 from ranktop.core.engine import Engine, OutputCursor
 from ranktop.core.output import RanktopLine
 
-SEND_TIMEOUT = 2.0  # seconds the subscribers have, all together, to take the end of the run on the way out
+SEND_TIMEOUT = 2.0  # seconds the clients have, all together, to take what is left for them on the way out
 PUSH_SECONDS = 0.05  # how often subscribers get what is new
 MAX_PENDING = 16 << 20  # bytes a subscriber may owe before it is dropped
 MAX_REPLY_BYTES = 2 << 20  # output lines per answer: a client asks again for the rest
