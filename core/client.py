@@ -40,7 +40,18 @@ REQUEST_SECONDS = 5.0  # a whole answer, however slowly its bytes come
 
 
 class RunGone(Exception):
-    """The run's engine is not there (any more), or it refused us; the message says which."""
+    """The run's engine is not there (any more); the message says why. Its two kinds say the
+    engine is there, only of no use to this connection: EngineSilent and EngineRefused."""
+
+
+class EngineRefused(RunGone):
+    """The engine is there and said why it will not serve us now (every client slot taken, out of
+    descriptors): the run goes on, and a later try may get in. `word`: its one word for it
+    ("full", "busy"; "refused" where it gave none). `listener`: as EngineSilent's."""
+
+    def __init__(self, message: str, word: str, listener: int | None = None) -> None:
+        super().__init__(message)
+        self.word, self.listener = word, listener
 
 
 class EngineSilent(RunGone):
@@ -81,7 +92,10 @@ class Connection:
         try:
             self._sock.connect(path)
             listener = listener_pid(self._sock)
-            self._sock.sendall(protocol.encode_control(protocol.hello("client")))
+            try:
+                self._sock.sendall(protocol.encode_control(protocol.hello("client")))
+            except (BrokenPipeError, ConnectionResetError):  # refused at once: why is read next
+                pass
             first = self._next(time.monotonic() + max(timeout, REQUEST_SECONDS))
             if not isinstance(first, dict):
                 raise protocol.ProtocolError("the first frame is rank output, not a hello")
@@ -96,7 +110,7 @@ class Connection:
             raise RunGone(f"no engine answers at {path} ({exc.strerror or exc})") from None
         if first.get("type") == "error":
             self._sock.close()
-            raise RunGone(str(first.get("message")))
+            raise _refusal(first, listener)
         try:
             protocol.check_hello(first, "engine")
         except protocol.ProtocolError as exc:
@@ -133,7 +147,7 @@ class Connection:
         except protocol.ProtocolError as exc:
             raise RunGone(f"the run's engine sent what is not ranktop's protocol: {exc}") from None
         if answer.get("type") == "error":
-            raise RunGone(str(answer.get("message")))
+            raise _refusal(answer)
         return answer, outputs
 
     def snapshot(self) -> dict:
@@ -194,6 +208,13 @@ class Connection:
                 raise RunGone(f"the run's engine sent what is not ranktop's protocol: {exc}") from None
             yield message, lines
 
+    @property
+    def short(self) -> str | None:
+        """Why the engine serves this connection for a few seconds only (it has all the clients
+        it serves for long), or None: enough for ls and stop, not for attach or logs -f."""
+        why = self.hello.get("short")
+        return clean(str(why)) if why else None
+
     def close(self) -> None:
         self._sock.close()
 
@@ -204,6 +225,15 @@ class Connection:
         self.close()
 
 
+def _refusal(error: dict, listener: int | None = None) -> RunGone:
+    """What an engine's error frame means: a refusal of a live engine where it gives the one word
+    for it, else the connection's end."""
+    word = error.get("refused")
+    if word is None:
+        return RunGone(str(error.get("message")))
+    return EngineRefused(str(error.get("message")), word if word in ("full", "busy") else "refused", listener)
+
+
 NOT_ANSWERING = "not answering"  # the state `ls` gives a run whose engine took no request in time
 
 
@@ -211,9 +241,13 @@ NOT_ANSWERING = "not answering"  # the state `ls` gives a run whose engine took 
 class ServedRun:
     run_id: str
     path: str
-    snapshot: dict  # {"state": NOT_ANSWERING} alone when its engine did not answer
+    # {"state": NOT_ANSWERING} alone when its engine did not answer; {"state": "full"} (EngineRefused's
+    # word) when it refused us; either way `seen` is False
+    snapshot: dict
     clients: int
     pid: int | None  # the engine's process: of a silent one, the socket's listener as the kernel names it
+    full: bool = False  # it serves all the clients it serves for long: attach and logs -f cannot get in
+    seen: bool = True  # its engine gave its snapshot
 
 
 def _marked(lines: list[bytes], head: dict) -> list[bytes]:
@@ -241,9 +275,13 @@ def served_runs() -> list[ServedRun]:
         path = os.path.join(directory, name)
         try:
             with Connection(path, timeout=1.0) as conn:
-                snap, pid = conn.snapshot(), conn.hello.get("pid")
+                snap, pid, full = conn.snapshot(), conn.hello.get("pid"), bool(conn.short)
         except EngineSilent as silent:  # there, but stopped or swamped: listed, so that it is not taken for gone
-            found.append(ServedRun(name[: -len(".sock")], path, {"state": NOT_ANSWERING}, 0, silent.listener))
+            found.append(ServedRun(name[: -len(".sock")], path, {"state": NOT_ANSWERING}, 0, silent.listener, seen=False))
+            continue
+        except EngineRefused as refused:  # there, and said why not now: listed, with its word for it
+            found.append(ServedRun(name[: -len(".sock")], path, {"state": refused.word}, 0, refused.listener,
+                                   full=refused.word == "full", seen=False))
             continue
         except RunGone:
             try:
@@ -256,7 +294,7 @@ def served_runs() -> list[ServedRun]:
         checked = _listed_snapshot(snap)
         if checked is None:  # not a run's snapshot: no engine of ours, like one that sends garbage
             continue
-        found.append(ServedRun(name[: -len(".sock")], path, checked, checked["clients"] - 1, pid))
+        found.append(ServedRun(name[: -len(".sock")], path, checked, checked["clients"] - 1, pid, full))
     return sorted(found, key=_started_at, reverse=True)
 
 
@@ -313,7 +351,7 @@ def _silent_run_of(target: str, runs: list[ServedRun]) -> list[ServedRun]:
     """The run whose engine does not answer (so nothing says its log_dir) that wrote the run
     directory `target`: the one served under the directory's run id (or its name) by the very
     process its run_started event names."""
-    silent = [r for r in runs if r.snapshot.get("state") == NOT_ANSWERING]
+    silent = [r for r in runs if not r.seen]
     run_dir = run_dir_of(target) if silent else None
     started = run_started(run_dir) if run_dir is not None else None
     if started is None:
@@ -337,6 +375,8 @@ def wait_gone(path: str, timeout: float) -> bool:
             return True
         try:
             Connection(path, timeout=1.0).close()
+        except EngineRefused:  # there still, with a crowd of clients
+            pass
         except RunGone:
             return True
         time.sleep(0.1)
@@ -351,7 +391,7 @@ def wait_ended(path: str, timeout: float) -> bool:
             with Connection(path, timeout=1.0) as conn:
                 if conn.snapshot().get("ended"):
                     return True
-        except EngineSilent:  # busy: ask again
+        except (EngineSilent, EngineRefused):  # busy: ask again
             pass
         except RunGone:
             return True
@@ -406,7 +446,7 @@ class RemoteEngine:
         pane's first request (`ranktop attach` builds this engine while Textual loads)."""
         self.path = path
         self.read_only = read_only  # watch only (ranktop web without --control): acting commands are refused
-        self._conn: Connection | None = Connection(path)
+        self._conn: Connection | None = _long(Connection(path))
         self._retry_at = 0.0
         self._lock = threading.Lock()  # one request at a time (the UI's timer and its workers)
         self.gone = False  # the engine left (its run ended, or it was stopped)
@@ -428,10 +468,10 @@ class RemoteEngine:
                 if time.monotonic() < self._retry_at:
                     raise EngineSilent("the run's engine does not answer")
                 try:
-                    self._conn = Connection(self.path, timeout=1.0)
-                except EngineSilent:
+                    self._conn = _long(Connection(self.path, timeout=1.0))
+                except (EngineSilent, EngineRefused) as exc:  # there, not for us now: asked again later
                     self._retry_at = time.monotonic() + 1.0
-                    raise
+                    raise EngineSilent(str(exc)) from None
             try:
                 return ask(self._conn)
             except EngineSilent:
@@ -522,6 +562,14 @@ class RemoteEngine:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _long(conn: Connection) -> Connection:
+    """`conn`, if the engine serves it for long (as a view needs); else closed, EngineRefused."""
+    if conn.short:
+        conn.close()
+        raise EngineRefused(conn.short, "full")
+    return conn
 
 
 def dump_stacks(path: str, name: str = "DumpStacks", args: dict | None = None) -> cmd.Ack:

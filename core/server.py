@@ -29,13 +29,20 @@ loop's queue like a key press. Requests (after each side's hello):
   nothing more is made for it, and when it catches up it resumes from what the ranks' rings still
   hold (it skips ahead); one that owes more than MAX_PENDING is dropped.
 
+Every byte to a client goes through its outbox: sent as far as the client takes it now, the rest
+when its socket is writable, so a client that reads slowly (or asks and never reads) costs its own
+connection, never the server thread; one that owes more than MAX_PENDING is dropped. Frames that
+arrived before a client closed are read and applied, even where its answers can no longer be sent.
+
 A client that sends anything else (or anything before its hello, or no hello within
-HELLO_SECONDS, or a frame it leaves unfinished for FRAME_SECONDS), that is not ours
-(SO_PEERCRED: another uid), or that does not read its answers within SEND_TIMEOUT is dropped;
-so is one whose request fails to be answered, whatever the reason: it costs its own connection,
-never the server. At most MAX_CLIENTS are served at once, and
-running out of descriptors refuses the newcomer rather than spinning on it. The engine and the
-ranks never wait on a client.
+HELLO_SECONDS, or a frame it leaves unfinished for FRAME_SECONDS), or that is not ours
+(SO_PEERCRED: another uid) is dropped; so is one whose request fails to be answered, whatever
+the reason: it costs its own connection, never the server. At most MAX_CLIENTS are served at
+once; past them SPARE_CLIENTS more are served on short connections (their hello says "short":
+why), each for SHORT_SECONDS and refused a subscription, so that `ranktop ls` and `stop` get in
+however many clients stay. A newcomer past those, or one that finds the engine out of
+descriptors, is refused with an error that says why and a one-word "refused" ("full", "busy"):
+the engine is there, only not for it. The engine and the ranks never wait on a client.
 """
 
 from __future__ import annotations
@@ -63,11 +70,13 @@ from ranktop.core import protocol
 from ranktop.core.engine import Engine, OutputCursor
 from ranktop.core.output import RanktopLine
 
-SEND_TIMEOUT = 2.0  # seconds a client may take to read one answer before it is dropped
+SEND_TIMEOUT = 2.0  # seconds the clients have, all together, to take what is left for them on the way out
 PUSH_SECONDS = 0.05  # how often subscribers get what is new
 MAX_PENDING = 16 << 20  # bytes a subscriber may owe before it is dropped
 MAX_REPLY_BYTES = 2 << 20  # output lines per answer: a client asks again for the rest
 MAX_CLIENTS = 64  # ls, attach, logs -f, browser tabs: far more than anyone opens; each is a descriptor
+SPARE_CLIENTS = 4  # short connections past MAX_CLIENTS: room for a `ranktop stop` however many stay
+SHORT_SECONDS = 10.0  # how long a short connection is served: ls and stop take well under a second
 HELLO_SECONDS = 5.0  # a client that has not said hello by then is dropped (it holds a descriptor)
 FRAME_SECONDS = 5.0  # a client that leaves a frame unfinished this long is dropped (it holds a slot)
 ACCEPT_PAUSE = 0.5  # out of descriptors even for the spare: stop accepting for this long
@@ -197,7 +206,6 @@ class _Subscriber:
 
     ranks: list[int]
     cursors: dict[int, OutputCursor]
-    pending: bytearray = dataclasses.field(default_factory=bytearray)  # pushed, not yet taken
     seen: tuple = ()  # the states last pushed
     events: int = 0  # the run's events so far when last pushed
     ended: bool = False
@@ -232,6 +240,11 @@ class EngineServer:
         self._decoders: dict[socket.socket, protocol.FrameDecoder] = {}
         self._hello_due: dict[socket.socket, float] = {}  # clients yet to say hello: by when
         self._frame_due: dict[socket.socket, float] = {}  # clients in the middle of a frame: by when it must end
+        self._short_due: dict[socket.socket, float] = {}  # clients past MAX_CLIENTS: by when they must have left
+        # What each client has yet to take. A client that can no longer be written to (it closed)
+        # has none: what it sent before its close is still read and applied.
+        self._outbox: dict[socket.socket, bytearray] = {}
+        self._writing: set[socket.socket] = set()  # clients whose socket is watched for room to write
         self._spare_fd = _spare_fd()  # given up for a moment to refuse a client when out of descriptors
         self._accept_paused_until = 0.0
         self._later: list[tuple[socket.socket, bytes]] = []  # slow answers, sent by the server thread
@@ -253,7 +266,7 @@ class EngineServer:
                 last_push = time.monotonic()
                 self._push()
             self._keep_time()
-            for key, _ in self._selector.select(self._select_timeout()):
+            for key, events in self._selector.select(self._select_timeout()):
                 if key.fileobj is self._listener:
                     self._accept()
                 elif key.fileobj == self._wake_r:
@@ -261,16 +274,20 @@ class EngineServer:
                         return
                     self._send_later()
                 else:
-                    self._read(key.fileobj)
+                    if events & selectors.EVENT_WRITE:
+                        self._flush(key.fileobj)
+                    if events & selectors.EVENT_READ and key.fileobj in self._decoders:
+                        self._read(key.fileobj)
 
     def _select_timeout(self) -> float | None:
         waits = [PUSH_SECONDS] if self._subscribers else []
-        if self._hello_due or self._frame_due or self._accept_paused_until:
+        if self._hello_due or self._frame_due or self._short_due or self._accept_paused_until:
             waits.append(ACCEPT_PAUSE)
         return min(waits, default=None)
 
     def _keep_time(self) -> None:
-        """Drop clients that did not say hello, or finish a frame, in time; accept again after a pause."""
+        """Drop clients that did not say hello, or finish a frame, in time, and short ones whose
+        time is over; accept again after a pause."""
         now = time.monotonic()
         for conn, due in list(self._hello_due.items()):
             if now >= due:
@@ -278,6 +295,9 @@ class EngineServer:
         for conn, due in list(self._frame_due.items()):
             if now >= due:
                 self._drop(conn, f"a frame left unfinished for {FRAME_SECONDS:g}s")
+        for conn, due in list(self._short_due.items()):
+            if now >= due:
+                self._drop(conn, _SHORT, refused="full")
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
             self._selector.register(self._listener, selectors.EVENT_READ)
@@ -293,20 +313,22 @@ class EngineServer:
         if uid not in (os.geteuid(), 0):
             self._refuse(conn, f"uid {uid} may not reach this run: it belongs to uid {os.geteuid()}")
             return
-        if len(self._decoders) >= MAX_CLIENTS:
-            self._refuse(conn, f"this run already has {MAX_CLIENTS} clients: try again once one has left")
-            return
-        conn.settimeout(SEND_TIMEOUT)
-        try:
-            conn.sendall(protocol.encode_control(protocol.hello("engine", run_id=self.run_id, pid=os.getpid())))
-        except OSError:
-            conn.close()
+        if len(self._decoders) >= MAX_CLIENTS + SPARE_CLIENTS:
+            self._refuse(conn, f"this run has {MAX_CLIENTS} clients, and {SPARE_CLIENTS} short connections past "
+                               "them: try again in a few seconds", "full")
             return
         conn.setblocking(False)
         self._decoders[conn] = protocol.FrameDecoder()
+        self._outbox[conn] = bytearray()
         self._hello_due[conn] = time.monotonic() + HELLO_SECONDS
         self._selector.register(conn, selectors.EVENT_READ)
         self.clients += 1
+        short = {}
+        if len(self._decoders) > MAX_CLIENTS:
+            self._short_due[conn] = time.monotonic() + SHORT_SECONDS
+            short = {"short": _SHORT}
+        # (a client that has closed already is still read: the frames it sent before are applied)
+        self._send(conn, protocol.encode_control(protocol.hello("engine", run_id=self.run_id, pid=os.getpid(), **short)))
 
     def _refuse_one_for_lack_of_descriptors(self) -> None:
         """accept() failed for want of a descriptor, and the client still waits in the queue, so
@@ -319,7 +341,7 @@ class EngineServer:
             except OSError:
                 conn = None
             if conn is not None:
-                self._refuse(conn, "the run's engine is out of file descriptors: try again later")
+                self._refuse(conn, "the run's engine is out of file descriptors: try again later", "busy")
             self._spare_fd = _spare_fd()
             if conn is not None:
                 return
@@ -339,6 +361,8 @@ class EngineServer:
         try:
             decoder = self._decoders[conn]
             for message in decoder.feed(data):
+                if conn not in self._decoders:  # dropped by an earlier one: the rest is not applied
+                    return
                 self._answer(conn, message)
             if not decoder.pending:
                 self._frame_due.pop(conn, None)
@@ -405,6 +429,9 @@ class EngineServer:
 
     # ----- subscribers --------------------------------------------------------------------------
     def _subscribe(self, conn: socket.socket, message: dict) -> None:
+        if conn in self._short_due:
+            self._drop(conn, _SHORT, refused="full")
+            return
         local_world = len(self.engine.snapshot().ranks)
         ranks, cursors = message.get("ranks"), message.get("cursors") or {}
         if ranks is None:
@@ -428,60 +455,101 @@ class EngineServer:
     def _push(self) -> None:
         snap = self.engine.snapshot()
         for conn, sub in list(self._subscribers.items()):
+            outbox = self._outbox.get(conn)
+            # One that has not taken the last push (or can no longer take any) gets nothing more: it skips ahead.
+            if sub.ended or outbox is None or outbox:
+                continue
             try:
-                if not (sub.pending or sub.ended):  # one that has not taken the last push gets nothing more: it skips ahead
-                    self._make_push(sub, snap)
+                push = self._make_push(sub, snap)
             except Exception as exc:  # as for a request: it costs this subscriber only
                 self._drop(conn, f"push failed: {type(exc).__name__}: {exc}"[:200])
                 continue
-            self._flush(conn)
+            self._send(conn, push)
 
-    def _make_push(self, sub: _Subscriber, snap: Any) -> None:
+    def _make_push(self, sub: _Subscriber, snap: Any) -> bytes:
+        """What is new for `sub` since its last push (its cursors and marks moved on)."""
+        push = bytearray()
         for rank in sub.ranks:
             sub.cursors[rank], frames, new = self._output_since(rank, sub.cursors[rank])
             if new:
-                sub.pending += frames
+                push += frames
         sub.events, events = self.engine.events_since(sub.events)
         for line in events:  # ours, written as JSON: sent as it was written
-            sub.pending += protocol.encode_control({"type": "event", "event": json.loads(line)})
+            push += protocol.encode_control({"type": "event", "event": json.loads(line)})
         states = _states(snap)
         if states != sub.seen:
             sub.seen = states
-            sub.pending += protocol.encode_control({"type": "snapshot", "snapshot": to_json(snap)})
-        if snap.ended and not sub.pending:  # all its output went first
+            push += protocol.encode_control({"type": "snapshot", "snapshot": to_json(snap)})
+        if snap.ended and not push:  # all its output went first
             sub.ended = True
-            sub.pending += protocol.encode_control({"type": "ended", "state": snap.state.value,
-                                                    "exit_status": snap.exit_status})
+            push += protocol.encode_control({"type": "ended", "state": snap.state.value, "exit_status": snap.exit_status})
+        return bytes(push)
 
     def _last_push(self) -> None:
-        """On the way out: each subscriber gets the rest of the output and the end, each send
-        bounded by SEND_TIMEOUT (and the rest by what the rings hold: 64 answers at most)."""
+        """On the way out: the subscribers get the rest of the output and the end, and every
+        client what its outbox holds (a Stop's ack), as far as they take it within SEND_TIMEOUT,
+        all of them together (the rest is bounded by what the rings hold: 64 pushes each at most)."""
         snap = self.engine.snapshot()
-        for conn in list(self._subscribers):
-            for _ in range(64):
-                sub = self._subscribers.get(conn)
-                if sub is None or (sub.ended and not sub.pending):
-                    break
-                if not sub.pending:
-                    self._make_push(sub, snap)
-                    continue
-                conn.settimeout(SEND_TIMEOUT)
-                try:
-                    conn.sendall(sub.pending)
-                    sub.pending.clear()
-                except OSError:
-                    self._drop(conn)
+        deadline = time.monotonic() + SEND_TIMEOUT
+        left = dict.fromkeys(self._subscribers, 64)  # pushes each may still be made
+        while time.monotonic() < deadline:
+            for conn in list(left):
+                sub, outbox = self._subscribers.get(conn), self._outbox.get(conn)
+                if sub is None or outbox is None or not left[conn] or (sub.ended and not outbox):
+                    del left[conn]
+                elif not outbox:
+                    left[conn] -= 1
+                    self._send(conn, self._make_push(sub, snap))
+            owing = [conn for conn, outbox in self._outbox.items() if outbox]
+            if not (left or owing):
+                return
+            self._wait_for_room(owing, deadline)
+
+    def _wait_for_room(self, conns: list[socket.socket], deadline: float) -> None:
+        """Until one of `conns` can take more (sending it what it can), or `deadline`."""
+        if not conns:
+            return
+        with selectors.DefaultSelector() as writable:
+            for conn in conns:
+                writable.register(conn, selectors.EVENT_WRITE)
+            for key, _ in writable.select(max(0.0, deadline - time.monotonic())):
+                self._flush(key.fileobj)
+
+    def _send(self, conn: socket.socket, data: bytes) -> None:
+        """The one way bytes go to a client: behind what it has yet to take (never in the middle
+        of a frame), as far as it takes them now; the rest when its socket has room."""
+        outbox = self._outbox.get(conn)
+        if outbox is None:  # dropped, or it closed: no one reads what would be sent
+            return
+        outbox += data
+        self._flush(conn)
 
     def _flush(self, conn: socket.socket) -> None:
-        sub = self._subscribers[conn]
+        outbox = self._outbox.get(conn)
+        if outbox is None:
+            return
         try:
-            while sub.pending:
-                sub.pending = sub.pending[conn.send(sub.pending):]
+            while outbox:
+                del outbox[:conn.send(outbox)]
         except BlockingIOError:
-            if len(sub.pending) > MAX_PENDING:
-                self._drop(conn, f"too slow: {len(sub.pending)} bytes not taken")
-        except OSError as exc:
-            self._drop(conn, str(exc))
+            if len(outbox) > MAX_PENDING:
+                self._drop(conn, f"too slow: {len(outbox)} bytes not taken")
+                return
+        except OSError:  # it closed (EPIPE): what it sent before is still read, until its end of file
+            del self._outbox[conn]
+            outbox.clear()
+        self._watch_writes(conn, bool(outbox))
+
+    def _watch_writes(self, conn: socket.socket, on: bool) -> None:
+        """Watch `conn` for room to write while its outbox holds anything (only then: an idle
+        socket is always writable, and the loop would spin)."""
+        if on == (conn in self._writing):
+            return
+        if on:
+            self._writing.add(conn)
+        else:
+            self._writing.discard(conn)
+        self._selector.modify(conn, selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0))
 
     def _command(self, conn: socket.socket, message: dict) -> dict | None:
         kind, args = RELAYED.get(str(message.get("command"))), message.get("args") or {}
@@ -523,46 +591,33 @@ class EngineServer:
         with self._later_lock:
             later, self._later = self._later, []
         for conn, data in later:
-            if conn in self._decoders:  # the client may have left while its dump ran
-                try:
-                    self._send(conn, data)
-                except OSError as exc:
-                    self._drop(conn, str(exc))
+            self._send(conn, data)  # (nothing, where the client left while its dump ran)
 
-    def _send(self, conn: socket.socket, data: bytes) -> None:
-        if conn in self._subscribers:  # behind what was pushed to it: never in the middle of a frame
-            self._subscribers[conn].pending += data
-            self._flush(conn)
-            return
-        conn.settimeout(SEND_TIMEOUT)  # a client that does not read is dropped, never waited on long
-        try:
-            conn.sendall(data)
-        finally:
-            conn.setblocking(False)
-
-    def _refuse(self, conn: socket.socket, reason: str) -> None:
+    def _refuse(self, conn: socket.socket, reason: str, word: str | None = None) -> None:
         """Tell a client we do not serve why, in one send that cannot wait (a new connection's
-        buffer is empty), and close it: refusing a crowd never holds up the others."""
+        buffer is empty), and close it: refusing a crowd never holds up the others. `word`: the
+        one word for a refusal of a live engine that may serve later ("full", "busy")."""
         try:
             conn.setblocking(False)
-            conn.send(protocol.encode_control({"type": "error", "message": reason}))
+            conn.send(_error(reason, word))
         except OSError:
             pass
         conn.close()
 
-    def _drop(self, conn: socket.socket, reason: str | None = None) -> None:
+    def _drop(self, conn: socket.socket, reason: str | None = None, *, refused: str | None = None) -> None:
         if conn not in self._decoders:  # dropped already (a failed push, then its request's answer)
             return
-        if reason:
+        outbox = self._outbox.pop(conn, None)
+        if reason and outbox is not None:  # after what it has yet to take, in one send that cannot wait
             try:
-                conn.send(protocol.encode_control({"type": "error", "message": reason}))
+                conn.send(outbox + _error(reason, refused))
             except OSError:
                 pass
         self._selector.unregister(conn)
         del self._decoders[conn]
-        self._hello_due.pop(conn, None)
-        self._frame_due.pop(conn, None)
-        self._subscribers.pop(conn, None)
+        for table in (self._hello_due, self._frame_due, self._short_due, self._subscribers):
+            table.pop(conn, None)
+        self._writing.discard(conn)
         conn.close()
         self.clients -= 1
 
@@ -607,6 +662,17 @@ class EngineServer:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+_SHORT = (f"this run has {MAX_CLIENTS} clients, the most it serves for long: a connection past them is "
+          f"served for {SHORT_SECONDS:g}s, and not for a subscription (ranktop ls shows the clients; "
+          "one that leaves makes room)")
+
+
+def _error(reason: str, refused: str | None) -> bytes:
+    """The frame that tells a client why it is dropped or refused; `refused`: the one word for
+    an engine that is there but would not serve it now ("full", "busy")."""
+    return protocol.encode_control({"type": "error", "message": reason, **({"refused": refused} if refused else {})})
 
 
 _BIG = 1 << 62  # cursors and counts past this are not ours (and would not fit the frames' fields)

@@ -13,6 +13,7 @@ import os
 import random
 import re
 import resource
+import select
 import shlex
 import shutil
 import signal
@@ -585,6 +586,146 @@ def test_a_run_out_of_descriptors_refuses_newcomers_with_a_reason_and_drops_sile
     finally:
         for conn in clients:
             conn.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+def said_hello(path: str, *requests: dict) -> socket.socket:
+    """A raw client that said hello (and sent `requests` after it) and read the engine's hello."""
+    conn = socket.socket(socket.AF_UNIX)
+    conn.settimeout(10)
+    conn.connect(path)
+    conn.sendall(b"".join(protocol.encode_control(m) for m in (protocol.hello("client"), *requests)))
+    assert b'"type":"hello"' in conn.recv(4096)
+    return conn
+
+
+def test_a_run_whose_clients_fill_every_slot_is_listed_and_can_still_be_stopped(tmp_path, runtime, monkeypatch):
+    """64 idle clients: the 65th connection was refused, and ls took the refusal for a dead engine,
+    so the run was not listed and `ranktop stop RUN` said it named no run. A few short connections
+    past the 64 are served (ls, stop); what needs a long one (logs -f, attach) is refused in one
+    line; with the short ones taken too, ls lists the run as `full` and stop says why it cannot."""
+    from ranktop.core.client import EngineRefused, RemoteEngine
+    from ranktop.core.server import MAX_CLIENTS, SPARE_CLIENTS
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
+    proc = start_headless(tmp_path, runtime, "crowd", nproc=1)
+    idle: list[socket.socket] = []
+    try:
+        (run,) = wait_for(lambda: ls(runtime), what="the run listed")
+        idle += [said_hello(run["socket"]) for _ in range(MAX_CLIENTS)]
+        (listed,) = ls(runtime)
+        assert (listed["run_id"], listed["state"], listed["clients"], listed["full"]) == ("crowd", "running", 64, True)
+        row = run_ranktop("ls", env=runtime).stdout.splitlines()[1].split()
+        assert row[0] == "crowd" and row[3] == "running" and row[5] == "full"
+        follow = run_ranktop("logs", "crowd", "-f", env=runtime)
+        assert (follow.returncode, follow.stdout) == (1, "") and follow.stderr.count("\n") == 1, follow.stderr
+        assert follow.stderr.startswith("ranktop: crowd: this run has 64 clients"), follow.stderr
+        with pytest.raises(EngineRefused, match="this run has 64 clients"):
+            RemoteEngine(run["socket"])  # attach's engine: it needs a long connection
+        spare = [said_hello(run["socket"]) for _ in range(SPARE_CLIENTS)]  # the short ones taken too
+        idle += spare
+        listed, stopped = run_each([("ls", "--json"), ("stop", "crowd")], runtime)
+        assert [(r["run_id"], r["state"]) for r in json.loads(listed.stdout)] == [("crowd", "full")]
+        assert (stopped.returncode, stopped.stdout) == (1, "") and stopped.stderr.count("\n") == 1, stopped.stderr
+        assert stopped.stderr.startswith("ranktop: crowd: this run has 64 clients"), stopped.stderr
+        for conn in spare:
+            conn.close()
+        stopped = run_ranktop("stop", "crowd", env=runtime)  # the 64 stay, and a user can still stop the run
+        assert (stopped.returncode, stopped.stdout) == (0, "ranktop: stopped crowd\n"), stopped.stderr
+        assert proc.wait(30) == 130
+    finally:
+        for conn in idle:
+            conn.close()
+        stop_process(proc)
+        proc.stderr.close()
+
+
+def _all_stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is stopped (a SIGSTOP reaches them a moment after kill returns)."""
+    def state(task: str) -> str:
+        with open(f"/proc/{pid}/task/{task}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0]
+
+    return all(state(task) == "T" for task in os.listdir(f"/proc/{pid}/task"))
+
+
+def test_a_command_sent_with_the_hello_by_a_client_that_left_at_once_is_applied(tmp_path, runtime):
+    """A client that sends its hello and a Stop and closes before the engine takes the connection:
+    the engine's hello failed (EPIPE) and it closed the connection unread, so the Stop was lost
+    and the run went on. What arrived before the close is read and applied."""
+    proc = start_headless(tmp_path, runtime, "hasty", nproc=1)
+    try:
+        (run,) = wait_for(lambda: ls(runtime), what="the run listed")
+        proc.send_signal(signal.SIGSTOP)  # the engine takes the connection only after the client has gone
+        wait_for(lambda: _all_stopped(proc.pid), what="every thread of the engine stopped")
+        with socket.socket(socket.AF_UNIX) as hasty:
+            hasty.connect(run["socket"])
+            hasty.sendall(protocol.encode_control(protocol.hello("client"))
+                          + protocol.encode_control({"type": "command", "id": 1, "command": "Stop", "args": {}}))
+        proc.send_signal(signal.SIGCONT)
+        assert proc.wait(30) == 130
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        stop_process(proc)
+        proc.stderr.close()
+    assert [e["signal"] for e in read_events(tmp_path / "logs" / "hasty") if e["event"] == "user_stop"] == ["SIGTERM"]
+
+
+def _answers(conn: socket.socket, most: int) -> list:
+    """The frames the engine sends on `conn` until it closes it (a reset, where it left requests
+    unread), or `most` of them, or 10 s of silence."""
+    decoder, frames = protocol.FrameDecoder(), []
+    with contextlib.suppress(TimeoutError, ConnectionResetError):
+        while len(frames) < most and (data := conn.recv(1 << 16)):
+            frames += decoder.feed(data)
+    return frames
+
+
+def _send_quietly(conn: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # (dropped while it still sends)
+        conn.sendall(data)
+
+
+def test_a_client_that_asks_and_never_reads_costs_only_its_own_connection(tmp_path, runtime):
+    """One client that sent many requests and read none held the single server thread in a
+    blocking send for 2 s (ls said `not answering`, attached views got nothing), and was then
+    dropped. Its answers wait in its own outbox: the others are served meanwhile, and it gets
+    every answer once it reads; only one that owes more than the outbox's bound is dropped."""
+    from ranktop.core.client import Connection
+    from ranktop.core.server import MAX_PENDING
+
+    proc = start_headless(tmp_path, runtime, "piped")
+    lazy = greedy = None
+    try:
+        (run,) = wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
+        ask = protocol.encode_control({"type": "snapshot"})
+        with Connection(run["socket"]) as conn:
+            size = len(protocol.encode_control({"type": "snapshot", "snapshot": conn.snapshot()}))
+        lazy = said_hello(run["socket"])
+        lazy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        lazy.sendall(ask * 1000)  # answers far past what its socket holds
+        follower = subprocess.Popen(ranktop_cmd("logs", "piped", "-f"), cwd=ROOT, env=runtime,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            assert select.select([follower.stdout], [], [], 30)[0], "logs -f printed nothing in 30 s"
+            assert follower.stdout.readline().startswith(b"[")  # pushes go on
+        finally:
+            follower.kill()
+            follower.wait()
+            follower.stdout.close()
+        assert [r["state"] for r in ls(runtime)] == ["running"]
+        assert [f["type"] for f in _answers(lazy, 1000)] == ["snapshot"] * 1000  # every answer, once it reads
+        greedy = said_hello(run["socket"])
+        asks = MAX_PENDING // size * 2  # answers past the bound: this one is dropped
+        threading.Thread(target=_send_quietly, args=(greedy, ask * asks), daemon=True).start()
+        wait_for(lambda: ls(runtime)[0]["clients"] == 1, timeout=30, what="the greedy client dropped")
+        assert len(_answers(greedy, asks)) < asks  # its connection ended before all its answers
+        assert [r["state"] for r in ls(runtime)] == ["running"]
+    finally:
+        for conn in (lazy, greedy):
+            if conn is not None:
+                conn.close()
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
 

@@ -773,10 +773,12 @@ SERVE_WAIT_SECONDS = 30.0  # how long --detach waits for its background run to b
 
 
 def _served_now(path: str) -> bool:
-    from ranktop.core.client import Connection, RunGone
+    from ranktop.core.client import Connection, EngineRefused, RunGone
 
     try:
         Connection(path, timeout=1.0).close()
+    except EngineRefused:  # served, to a crowd already
+        return True
     except RunGone:
         return False
     return True

@@ -16,6 +16,7 @@ from ranktop.core import collector
 from ranktop.core.client import (
     BadFinalFile,
     Connection,
+    EngineRefused,
     EngineSilent,
     FinalEngine,
     RunGone,
@@ -113,19 +114,25 @@ def ls(argv: list[str]) -> int:
     runs = served_runs()
     if ns.json:
         print_out(json.dumps([{"run_id": r.run_id, "pid": r.pid, "socket": r.path, "clients": r.clients,
-                               "log_dir": r.snapshot.get("log_dir"), **_facts(r)} for r in runs]))
+                               "full": r.full, "log_dir": r.snapshot.get("log_dir"), **_facts(r)} for r in runs]))
         return 0
     if not runs:
         print_out("no runs are served on this host")
         return 0
     rows = [("RUN", "SCRIPT", "WORLD", "STATE", "AGE", "CLIENTS", "LOGS")]
-    rows += [(r.run_id, *("?" if v is None else str(v) for v in _facts(r).values()), str(r.clients),
+    rows += [(r.run_id, *("?" if v is None else str(v) for v in _facts(r).values()), _clients(r),
               r.snapshot.get("log_dir") or "") for r in runs]
     rows = [tuple(clean(cell) for cell in row) for row in rows]  # names come from the runs: shown safely
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     print_out("\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
                         for row in rows))
     return 0
+
+
+def _clients(run: ServedRun) -> str:
+    """The CLIENTS cell: how many, `full` once it serves all it serves for long (attach and logs -f
+    cannot get in; ls and stop still can), `?` where its engine did not say."""
+    return "full" if run.full else str(run.clients) if run.seen else "?"
 
 
 def _facts(run: ServedRun) -> dict:
@@ -297,7 +304,7 @@ def logs(argv: list[str]) -> int:
     try:
         with Connection(run.path) as conn:
             return _print_logs(conn, run, ns.rank, ns.follow, ns.events)
-    except EngineSilent as exc:  # stopped or swamped: nothing was printed, and the run is there
+    except (EngineSilent, EngineRefused) as exc:  # stopped, swamped or full: nothing was printed, and the run is there
         print(clean(f"ranktop: {run.run_id}: {exc}"), file=sys.stderr)
         return 1
     except RunGone:
