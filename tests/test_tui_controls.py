@@ -288,6 +288,16 @@ def test_state_words_and_looks_without_colour():
     assert "6m40s ago" in rank_title(alive, now=500.0).plain
 
 
+def test_a_title_too_wide_for_its_pane_drops_its_labels_before_its_facts():
+    """A pane a little wider than the label-free threshold (80 columns, a 2x2 grid at 160) cut its
+    labelled title at the edge: the GPU's memory and the last output's age were gone."""
+    snap = _snap(RankState.RUNNING, last_output_at=100.0, cpu_percent=12.0, rss=15 << 20)
+    wide = rank_title(snap, now=500.0).plain
+    assert "cpu 12%" in wide and "6m40s ago" in wide  # room enough: the labels stay
+    fitted = rank_title(snap, now=500.0, width=cell_len(wide) - 1).plain
+    assert "cpu" not in fitted and "6m40s" in fitted and cell_len(fitted) <= cell_len(wide) - 1
+
+
 def test_a_long_log_path_gives_up_its_start_to_fit_not_the_file_it_names():
     deep = "/mnt/shared/" + "a-long-directory-name/" * 6 + "run42"
     log = f"{deep}/attempt_0/1/stdout.log"

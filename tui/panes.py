@@ -168,8 +168,12 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
     sparklines leave the path its last LOG_KEPT cells, the path gives up its start, and where
     even its file's name would not fit the labels go, so that name stays in view."""
     facts = (snap, now, world_digits, position, hits, metric, outlier)
-    if sparks is None and not log_path:  # not zoomed: one form, cut at the pane's edge (each pane, each tick)
-        return _rank_facts(*facts, narrow=narrow)
+    if sparks is None and not log_path:  # not zoomed: the labelled form, unless it would be cut
+        title = _rank_facts(*facts, narrow=narrow)
+        if not narrow and width and title.cell_len > width:
+            # (a pane just over NARROW_TITLE: the labels cost its GPU memory and its last output's age)
+            title = _rank_facts(*facts, narrow=True)
+        return title
     shown = clean(_short_path(log_path)) if log_path else ""
     least = f"  log {fit_path(shown, 0)}" if shown else ""  # its file's name, at the least
     need = cell_len(least) + (SPARKS_LEAST if sparks is not None else 0)
