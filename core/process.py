@@ -99,10 +99,22 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
             pickle.dump((fn, tuple(args)), f)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise _not_sendable(fn, exc) from exc
-    # The caller's interpreter options (-O, -W, -X dev, -P ...), as multiprocessing's spawn passes
-    # them on: a rank runs under the same ones as torch's would.
-    flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
-    return [sys.executable, *flags, "-c", _BOOTSTRAP, payload_path, result_path]
+    return [sys.executable, *_rank_interpreter_flags(), "-c", _BOOTSTRAP, payload_path, result_path]
+
+
+def _rank_interpreter_flags() -> list[str]:
+    """The caller's interpreter options (-O, -W, -X dev, -P ...), as multiprocessing's spawn passes
+    them on, so a rank runs under the same ones as torch's would; less those that would switch off
+    the environment ranktop gives the rank: -E (and -I's share of it) ignore PYTHONUNBUFFERED and
+    the PYTHONPATH entry of its stack-dump handler, and -S its sitecustomize and ranktop itself.
+    The rank's sys.path is the caller's whatever its flags (the bootstrap sets it)."""
+    flags = []
+    for flag in subprocess._args_from_interpreter_flags():  # type: ignore[attr-defined]
+        if flag == "-I":
+            flags += ["-s", "-P"]  # isolated: the rest of it
+        elif flag not in ("-E", "-S"):
+            flags.append(flag)
+    return flags
 
 
 def refuse_while_loading_main(what: str) -> None:

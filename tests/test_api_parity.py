@@ -491,6 +491,37 @@ def test_a_function_rank_runs_under_the_callers_interpreter_options_as_torchs(tm
     assert shown.get("torch", shown["ranktop"]) == shown["ranktop"]
 
 
+_ENVIRONMENT_SCRIPT = """
+import os, sys
+from ranktop.core.launcher import LaunchConfig, elastic_launch
+
+
+def flags():
+    return [sys.flags.ignore_environment, sys.flags.safe_path, sys.flags.no_user_site,
+            sys.stdout.write_through, "sitecustomize" in sys.modules, os.environ.get("RANKTOP_FAULTHANDLER")]
+
+
+if __name__ == "__main__":
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, max_restarts=0)  # one node: no torch
+    print(elastic_launch(config, flags)()[0])
+"""
+
+
+@pytest.mark.parametrize("flag", ["-E", "-I"])
+def test_a_function_rank_keeps_the_environment_ranktop_gives_it_whatever_the_callers_flags(tmp_path, flag):
+    """`python -E` or `-I` was passed on to the ranks with the rest: they ignored PYTHONUNBUFFERED
+    (output came in blocks, late) and the stack-dump handler's PYTHONPATH entry (SIGUSR1 killed them)."""
+    script = tmp_path / "train.py"
+    script.write_text(_ENVIRONMENT_SCRIPT)
+    done = subprocess.run([PY, flag, str(script)], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT if flag == "-E" else tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ignores_env, safe_path, no_user_site, write_through, boot, faulthandler = ast.literal_eval(
+        done.stdout.splitlines()[-1])
+    assert (ignores_env, write_through, boot, faulthandler) == (0, True, True, "1")
+    assert (safe_path, no_user_site) == ((1, 1) if flag == "-I" else (0, 0))  # the rest of -I still holds
+
+
 def test_local_rank_in_the_args_is_substituted_as_torchs_agent_does(tmp_path):
     """torch's agent (and so torchrun and elastic_launch) puts each rank's local rank in for
     `${local_rank}` in its text arguments; ranktop's passed them through as written."""
