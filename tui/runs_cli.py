@@ -166,7 +166,7 @@ def attach(argv: list[str]) -> int:
         return _show(RanktopApp(run, metric=ns.metric))
     connecting = _Connecting(run.path, ns.read_only)
     connecting.start()
-    from ranktop.tui.app import RanktopApp  # Textual loads while the engine answers
+    from ranktop.tui.app import RanktopApp, tui_exit_status  # Textual loads while the engine answers
     from ranktop.tui.run import print_end_report
 
     connecting.join()
@@ -185,12 +185,14 @@ def attach(argv: list[str]) -> int:
     if not engine.last.ended:  # the last snapshot the TUI took
         print(clean(f"ranktop: left {run.run_id}; it runs on (ranktop attach {run.run_id}, ranktop stop {run.run_id})"),
               file=sys.stderr)
-    elif engine.last.error is not None:  # its engine went away before we saw the end
+        return app.return_code or 0  # 1 when the TUI itself failed: never a clean exit after a traceback
+    if engine.last.error is not None:  # its engine went away before we saw the end
         print(clean(f"ranktop: {run.run_id}: {engine.last.error}; ranktop ls says whether it still runs"),
               file=sys.stderr)
         return app.return_code or 1  # how the run ended is unknown: not a clean exit
     print_end_report(engine.last)
-    return app.return_code or 0  # 1 when the TUI itself failed: never a clean exit after a traceback
+    # The local TUI's rule: 130 for a stop asked for here, else the run's own status.
+    return app.return_code or tui_exit_status(engine.last, app.user_quit)
 
 
 class _Connecting(threading.Thread):
