@@ -421,6 +421,10 @@ def test_version_and_help():
 
 BAD_INPUT = [
     (["missing.py"], "bad script 'missing.py': no such file"),
+    # A byte not in the file system's encoding is quoted as `\xff`, a backslash as typed (repr
+    # wrote 'bad\udcff/x.py' and '2\\1'), an escape as its picture: still one line.
+    (["bad\udcff/x.py"], "bad script 'bad\\xff/x.py': no such file"),
+    (["--nnodes", "2\\1\x1b[2J", "{script}"], "bad --nnodes '2\\1␛[2J': expected N or MIN:MAX"),
     (["--no-python", "{nonexec}"], "not executable"),
     (["--no-python", "no-such-binary-xyz"], "bad binary 'no-such-binary-xyz': not found"),
     (["--nproc-per-node", "0", "{script}"], "bad --nproc-per-node '0'"),
