@@ -91,6 +91,11 @@ def test_ls_and_stop_show_a_run_named_in_utf8_on_an_ascii_console(tmp_path, runt
         table = run_ranktop("ls", env=env)
         assert table.returncode == 0 and table.stderr == "", table.stderr
         assert "caf\\xe9" in table.stdout and "l\\xf6gs" in table.stdout
+        # Each column as wide as it is printed: `caf\xe9` is 7 columns, not café's 4 (the row ran
+        # past the header's SCRIPT, STATE ...).
+        header, row = table.stdout.splitlines()
+        assert [header.index(name) for name in ("SCRIPT", "STATE", "LOGS")] == [
+            row.index("ticker.py"), row.index("running"), row.index("/")], table.stdout  # (the log dir: the first /)
         stopped = run_ranktop("stop", env=env)
         # (the name read from its socket's file name, where the file system's encoding is ASCII: its bytes)
         assert stopped.returncode == 0, stopped.stderr

@@ -121,11 +121,26 @@ def ls(argv: list[str]) -> int:
     rows = [("RUN", "SCRIPT", "WORLD", "STATE", "AGE", "CLIENTS", "LOGS")]
     rows += [(r.run_id, *("?" if v is None else str(v) for v in _facts(r).values()), str(r.clients),
               r.snapshot.get("log_dir") or "") for r in runs]
-    rows = [tuple(clean(cell) for cell in row) for row in rows]  # names come from the runs: shown safely
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    print_out("\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
-                        for row in rows))
+    rows = [tuple(_as_printed(clean(cell)) for cell in row) for row in rows]  # names come from the runs: shown safely
+    print_out(_table(rows))
     return 0
+
+
+def _as_printed(cell: str) -> str:
+    """`cell` as stdout writes it: what its encoding lacks (an é on an ASCII console) as `\\xe9`,
+    so that a column is as wide as what the terminal shows of it."""
+    encoding = sys.stdout.encoding or "utf-8"
+    return cell.encode(encoding, "backslashreplace").decode(encoding)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    """The rows in columns two spaces apart, each as wide as its widest cell on the terminal (a
+    wide character takes two cells); the last column is not padded."""
+    from rich.cells import cell_len
+
+    widths = [max(cell_len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(cell + " " * (w - cell_len(cell)) for cell, w in zip(row, widths, strict=False))
+                     + "  " + row[-1] for row in rows)
 
 
 def _facts(run: ServedRun) -> dict:
