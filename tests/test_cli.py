@@ -536,7 +536,8 @@ def test_a_bad_run_id_says_why_and_what_is_allowed(tmp_path, run_id, why, mode):
     res = run_ranktop(mode, "--run-id", run_id, "--log-dir", str(tmp_path / "logs"), str(script),
                       env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
     assert res.returncode == 2 and res.stdout == ""
-    assert res.stderr == f"ranktop: error: bad --run-id {run_id!r}: {why} {ALLOWED}\n"
+    typed = run_id.replace("\x1b", "␛")  # (quoted as typed, an escape as its picture)
+    assert res.stderr == f"ranktop: error: bad --run-id '{typed}': {why} {ALLOWED}\n"
     assert not (tmp_path / "ran").exists() and not (tmp_path / "logs").exists() and os.listdir(runtime) == []
 
 
