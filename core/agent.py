@@ -51,7 +51,7 @@ from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, co
 from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
 from ranktop.core.prompts import PROMPT_LOOK, PROMPT_QUIET, rank_prompt
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
-from ranktop.core.sanitize import clean, clean_console
+from ranktop.core.sanitize import clean, clean_console, quoted
 from ranktop.core.signals import NOTICE_SIGNALS, OUTSIDE_STOP_WINDOW, StopAction, StopRule, take_early_stops
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_args, rank_env
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
@@ -69,7 +69,7 @@ def _check_prefix_part(what: str, text: str | None) -> None:
     """UsageError for a role or prefix template that a terminal would act on (an escape sequence,
     a newline) or that holds bytes that are not UTF-8: it heads every console line ranktop prints."""
     if text and (clean(text) != text or _not_utf8(text)):
-        raise UsageError(f"bad {what} {text[:80]!r}: control characters (escape sequences, newlines) "
+        raise UsageError(f"bad {what} {quoted(text[:80])}: control characters (escape sequences, newlines) "
                          "or bytes that are not UTF-8 cannot head console lines")
 
 

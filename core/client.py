@@ -27,7 +27,7 @@ from ranktop.core.events import run_started
 from ranktop.core.layout import FINAL_FILE, STACKS, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.output import RanktopLine
-from ranktop.core.sanitize import clean
+from ranktop.core.sanitize import clean, quoted
 from ranktop.core.server import SocketDirError, peer_credentials, remove_if_dead, socket_dir, to_json
 from ranktop.core.state import GroupSnapshot, RankSnapshot, RankState
 
@@ -335,16 +335,16 @@ def find_run(target: str | None, runs: list[ServedRun]) -> ServedRun:
     exact = [r for r in runs if r.run_id == target]
     if not (by_dir or exact) and run_dir_of(target) is not None:
         # the id (or directory) of an ended run, typed in full, is that run, not a prefix of another
-        raise ValueError(f"{target!r} names an ended run, not one served on this host")
+        raise ValueError(f"{quoted(target)} names an ended run, not one served on this host")
     matches = by_dir or exact or [r for r in runs if r.run_id.startswith(target)]
     if len(matches) == 1:
         return matches[0]
     names = ", ".join(r.run_id for r in (matches or runs))
     if matches:
-        raise SeveralRuns(f"{target!r} matches several runs: runs are {names}")
+        raise SeveralRuns(f"{quoted(target)} matches several runs: runs are {names}")
     if not runs:
-        raise ValueError(f"{target!r} names no run: none is served on this host")
-    raise ValueError(f"{target!r} names no run served on this host: runs are {names}")
+        raise ValueError(f"{quoted(target)} names no run: none is served on this host")
+    raise ValueError(f"{quoted(target)} names no run served on this host: runs are {names}")
 
 
 def _silent_run_of(target: str, runs: list[ServedRun]) -> list[ServedRun]:
@@ -945,6 +945,6 @@ def _final_by_prefix(root: str, prefix: str) -> str | None:
         return None
     ended = [name for name in names if os.path.isfile(os.path.join(root, name, FINAL_FILE))]
     if len(ended) > 1:
-        raise AmbiguousRun(f"{prefix!r} matches several ended runs: {', '.join(ended[:10])}"
+        raise AmbiguousRun(f"{quoted(prefix)} matches several ended runs: {', '.join(ended[:10])}"
                            f"{', ...' if len(ended) > 10 else ''}")
     return os.path.join(root, ended[0], FINAL_FILE) if ended else None

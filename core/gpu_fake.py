@@ -22,6 +22,7 @@ from ranktop.core.gpu import (
     GiB,
     MiB,
 )
+from ranktop.core.sanitize import quoted
 
 
 class FakeNvmlError(Exception):
@@ -100,7 +101,7 @@ class FakeNvml:
             n = -1
         if not 0 <= n <= MAX_FAKE_DEVICES:  # (a huge N would build N devices first, for minutes)
             return cls(init_error=FakeNvmlError(NVML_ERROR_LIBRARY_NOT_FOUND,
-                                                f"bad {FAKE_ENV}={text[:40]!r}: 0 to {MAX_FAKE_DEVICES} devices"))
+                                                f"bad {FAKE_ENV}={quoted(text[:40])}: 0 to {MAX_FAKE_DEVICES} devices"))
         fake = cls(n)
         fake.process_source = _LocalRankProcesses(n)
         return fake

@@ -18,6 +18,7 @@ from typing import Any
 
 from ranktop.core.errors import ChildFailedError, SignalException, UsageError
 from ranktop.core.limits import COUNT, MONITOR_SECONDS, NNODES, NPROC, PORT, SECONDS, check_timeout
+from ranktop.core.sanitize import quoted
 
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torch's: the grace when the config names none
 
@@ -191,7 +192,7 @@ def _host_and_port(endpoint: str) -> tuple[str, int]:
     """The static backend's HOST:PORT (IPv6 in brackets); torch asks for both too."""
     host, _, port = endpoint.rpartition(":")
     if not host or not port:
-        raise UsageError(f"bad rdzv_endpoint {endpoint!r}: the static backend needs HOST:PORT (the master's)")
+        raise UsageError(f"bad rdzv_endpoint {quoted(endpoint)}: the static backend needs HOST:PORT (the master's)")
     return host.strip("[]"), PORT.parse("rdzv_endpoint's port", port)
 
 

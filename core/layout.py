@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterator
 
 from ranktop.core.errors import UsageError
+from ranktop.core.sanitize import quoted
 
 EVENTS = "events.jsonl"
 STACKS = "stacks"
@@ -65,7 +66,7 @@ def check_run_id(run_id: str, flag: str = "--run-id") -> str:
     unprintable. `flag`: the option it came from, for the message (a rendezvous id is one too)."""
     why = _run_id_problem(run_id)
     if why is not None:
-        raise UsageError(f"bad {flag} {run_id[:80]!r}: {why} (a run id names its run directory: printable "
+        raise UsageError(f"bad {flag} {quoted(run_id[:80])}: {why} (a run id names its run directory: printable "
                          "characters other than '/', and not '.' or '..'; e.g. exp-1)")
     return run_id
 
@@ -236,7 +237,7 @@ class RunDir(Dir):
         held = open_chosen_dir(path, "log_dir", make=False)
         if os.listdir(held.fd):
             held.close()
-            raise ValueError(f"log_dir {path!r} is not empty; give each run an empty directory")
+            raise ValueError(f"log_dir {quoted(path)} is not empty; give each run an empty directory")
         return cls(held.path, held.fd)
 
     @classmethod
@@ -405,7 +406,7 @@ def open_chosen_dir(path: str, what: str, *, make: bool, shared_ok: bool = True,
     through the held directory (a dump in a run directory, a scheduler's error file), whose
     paths no process opens whole."""
     if "\0" in path:  # (only the Python API can pass one) said here: Python 3.13 words the OS call's refusal anew
-        raise UsageError(f"bad {what} {path!r}: embedded null byte")
+        raise UsageError(f"bad {what} {quoted(path)}: embedded null byte")
     path = os.path.abspath(path)
     if room_below:
         _check_room_below(path, what, room_below)

@@ -29,6 +29,7 @@ from ranktop.core.layout import (
     open_chosen_dir,
     open_dir_below,
 )
+from ranktop.core.sanitize import quoted
 from ranktop.core.spec import Std, per_rank
 
 
@@ -114,7 +115,7 @@ class DefaultLogsSpecs(LogsSpecs):
                 self._run_log_dir = root.path_of(root.fresh(prefix))
             except OSError as exc:  # a run id too long for a file name, a full disk
                 raise UsageError(f"bad log_dir {root.path}: cannot make a run directory there for run id "
-                                 f"{prefix[:-1][:60]!r} ({exc.strerror})") from None
+                                 f"{quoted(prefix[:-1][:60])} ({exc.strerror})") from None
             _made_below(root, os.path.basename(self._run_log_dir), name)
             return os.path.join(self._run_log_dir, name)
         finally:

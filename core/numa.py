@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
+from ranktop.core.sanitize import quoted
+
 MODES = ("node", "socket", "exclusive", "core-complex")
 SPLITS = ("exclusive", "core-complex")  # the modes that share a node between its GPUs
 SYS = "/sys"
@@ -160,7 +162,7 @@ def plan(mode: str, local_world_size: int, gpu_of: Callable[[int], int | None],
     told), `bus_id_of(index)` that device's PCI bus id, `visible` how many cuda:k there are (the
     split modes share a node between all of them; None: as many as ranks). NumaError in one line."""
     if mode not in MODES:
-        raise NumaError(f"bad --numa-binding {mode!r}: expected one of {', '.join(MODES)}")
+        raise NumaError(f"bad --numa-binding {quoted(mode)}: expected one of {', '.join(MODES)}")
 
     def address(cuda: int) -> str:
         gpu = gpu_of(cuda)

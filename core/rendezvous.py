@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from ranktop.core.errors import UsageError
 from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.protocol import is_whole
-from ranktop.core.sanitize import clean
+from ranktop.core.sanitize import clean, quoted
 from ranktop.core.spec import Placement
 
 if TYPE_CHECKING:  # (logging loads only where torch's records are filtered: a one-node start skips it)
@@ -96,7 +96,7 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
     for item in text.split(","):
         key, _, value = item.partition("=")
         if not key.strip() or not value.strip():
-            raise UsageError(f"bad --rdzv-conf {text!r}: expected KEY=VALUE[,KEY=VALUE...], "
+            raise UsageError(f"bad --rdzv-conf {quoted(text)}: expected KEY=VALUE[,KEY=VALUE...], "
                              "e.g. join_timeout=60,last_call_timeout=5")
         conf[key.strip()] = value.strip()
     for key in _COUNTS.intersection(conf):
@@ -164,14 +164,14 @@ def torch_installed() -> bool:
 def check_endpoint(endpoint: str, max_nodes: int, flag: str = "--rdzv-endpoint") -> None:
     """UsageError (one line, naming `flag`) for an endpoint torch would take and then wait on."""
     if len(endpoint) > 300:  # a name no resolver takes: torch printed pages of C++ frames
-        raise UsageError(f"bad {flag} {endpoint[:80]!r}: expected HOST:PORT with a host name of at most "
+        raise UsageError(f"bad {flag} {quoted(endpoint[:80])}: expected HOST:PORT with a host name of at most "
                          "255 characters")
     if endpoint.count(":") > 1 and not endpoint.startswith("["):  # torch reads "::1" as host ":", port 1, and waits
-        raise UsageError(f"bad {flag} {endpoint!r}: write an IPv6 address in brackets, [::1]:29400")
+        raise UsageError(f"bad {flag} {quoted(endpoint)}: write an IPv6 address in brackets, [::1]:29400")
     port = endpoint.rpartition(":")[2].strip() if ":" in endpoint else ""
     if max_nodes > 1 and port.isascii() and port.isdigit() and len(port) <= 5 and int(port) == 0:
         # One node binds a free port for its store (torchtitan's `localhost:0`); more cannot find it
-        raise UsageError(f"bad {flag} {endpoint[:80]!r}: port 0 (a free one) only works on one node: "
+        raise UsageError(f"bad {flag} {quoted(endpoint[:80])}: port 0 (a free one) only works on one node: "
                          f"with up to {max_nodes} nodes the others could not find it; name a port they all reach")
 
 
@@ -244,7 +244,7 @@ def _handler_error(exc: Exception, rdzv: Any, backend: str, endpoint: str) -> Ex
         return RendezvousFailed(f"cannot reach the {backend} rendezvous at {endpoint or '(no endpoint)'}: {why}")
     if isinstance(exc, (ValueError, TypeError, KeyError)):
         known = ", ".join(BUILTIN_BACKENDS)
-        return UsageError(f"bad rendezvous (--rdzv-backend {backend}, --rdzv-endpoint {endpoint!r}, "
+        return UsageError(f"bad rendezvous (--rdzv-backend {backend}, --rdzv-endpoint {quoted(endpoint)}, "
                           f"--rdzv-conf): {_one_line(exc)} (backends: {known} or a torchrun plugin)")
     return exc
 

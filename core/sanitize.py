@@ -25,6 +25,7 @@ sequence split over two lines never becomes a live one on either.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 
@@ -145,6 +146,18 @@ def shown(text: str) -> str:
     nothing dropped: for a message quoting what someone typed, where the sequence itself is the
     news (`clean` drops whole sequences, as rank output's colours are noise)."""
     return text.translate(_VISIBLE) if _UNSAFE.search(text) else text
+
+
+def quoted(value: object) -> str:
+    """`value` as a one-line message quotes what someone typed (a path, a run id, a flag's value):
+    in single quotes, as typed, a byte not in the file system's encoding as `\\xff` and a control
+    character as its picture. (repr wrote `\\udcff`, doubled each backslash and switched quotes.)
+    What is not text (an API caller's None, a number) is quoted as repr does."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        return repr(value)
+    return f"'{shown(value)}'"
 
 
 def clean_bytes(raw: bytes, *, sgr: bool = False, newlines: bool = False) -> str:

@@ -18,6 +18,7 @@ import signal
 from dataclasses import dataclass
 
 from ranktop.core.errors import UsageError
+from ranktop.core.sanitize import quoted
 
 # Repeats of SIGHUP/SIGTERM closer than this to the one acted on are the same event.
 DUPLICATE_WINDOW = 1.0
@@ -118,9 +119,9 @@ def parse_signal_names(text: str, what: str = "--signals-to-handle") -> tuple[in
         number = getattr(signal, name, None)
         if not name.startswith("SIG") or name.startswith("SIG_") or not isinstance(number, signal.Signals) \
                 or name in _UNCATCHABLE:
-            raise UsageError(f"bad {what} {text[:80]!r}: {name[:40]!r} is not a signal ranktop can handle "
+            raise UsageError(f"bad {what} {quoted(text[:80])}: {quoted(name[:40])} is not a signal ranktop can handle "
                              "(names such as SIGTERM,SIGUSR1; SIGKILL and SIGSTOP cannot be caught)")
         if name in _NOT_STOPS:
-            raise UsageError(f"bad {what} {text[:80]!r}: {name} comes each time a rank ends; it cannot stop the run")
+            raise UsageError(f"bad {what} {quoted(text[:80])}: {name} comes each time a rank ends; it cannot stop the run")
         found.append(int(number))
     return tuple(found)

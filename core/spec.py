@@ -16,6 +16,7 @@ from typing import Any
 from ranktop.core.errors import UsageError
 from ranktop.core.layout import check_run_id
 from ranktop.core.limits import COUNT, MONITOR_SECONDS, NNODES, NPROC, PORT
+from ranktop.core.sanitize import quoted
 
 
 class Std(enum.IntFlag):
@@ -34,7 +35,7 @@ class Std(enum.IntFlag):
             pairs = (item.split(":") for item in text.split(","))
             return {int(rank): cls(int(flag)) for rank, flag in pairs}
         raise ValueError(
-            f"bad stream spec {vm!r}: expected 0-3 (0 none, 1 stdout, 2 stderr, 3 both) "
+            f"bad stream spec {quoted(vm)}: expected 0-3 (0 none, 1 stdout, 2 stderr, 3 both) "
             "or a per-rank map like '0:3,1:1'"
         )
 
@@ -55,7 +56,7 @@ def parse_nnodes(j: str) -> tuple[int, int, int, str]:
     """TorchX's -j: '[[MIN:]MAX x]NPROC' -> (min_nnodes, max_nnodes, nproc_per_node, nnodes_repr)."""
     m = re.fullmatch(r"(?:(?:(\d+):)?(\d+)x)?(\d+)", j.strip())
     if not m:
-        raise ValueError(f"bad -j {j!r}: expected {_NNODES_FORMS}")
+        raise ValueError(f"bad -j {quoted(j)}: expected {_NNODES_FORMS}")
     lo, hi, nproc = m.group(1), m.group(2), int(m.group(3))
     if hi is None:
         return 1, 1, nproc, "1"
@@ -72,7 +73,7 @@ def parse_signal(name: str | int) -> signal.Signals:
             return signal.Signals(int(text))
         return signal.Signals[text if text.startswith("SIG") else "SIG" + text]
     except (KeyError, ValueError):
-        raise UsageError(f"unknown signal {name!r}: use a name like TERM, INT, KILL, USR1 or a number") from None
+        raise UsageError(f"unknown signal {quoted(name)}: use a name like TERM, INT, KILL, USR1 or a number") from None
 
 
 def free_port(host: str = "") -> int:
@@ -154,7 +155,7 @@ class WorkerSpec:
         if self.entrypoint is None:
             raise UsageError("WorkerSpec needs an entrypoint: a binary's path or a function")
         if self.event_log_handler not in EVENT_LOG_HANDLERS:
-            raise UsageError(f"bad event_log_handler {self.event_log_handler!r}: expected one of "
+            raise UsageError(f"bad event_log_handler {quoted(self.event_log_handler)}: expected one of "
                              f"{', '.join(EVENT_LOG_HANDLERS)}")
         # The command line checks its flags first; this keeps the Python API from being given
         # nan, a negative count or a million ranks either.
@@ -282,7 +283,7 @@ def visible_device(local_rank: int) -> str:
     devices = visible.split(",")
     if local_rank >= len(devices):
         raise UsageError(f"bad --virtual-local-rank with {local_rank + 1} ranks: CUDA_VISIBLE_DEVICES="
-                         f"{visible!r} lists {len(devices)} device(s), one per rank is needed")
+                         f"{quoted(visible)} lists {len(devices)} device(s), one per rank is needed")
     return devices[local_rank].strip()
 
 

@@ -421,6 +421,10 @@ def test_version_and_help():
 
 BAD_INPUT = [
     (["missing.py"], "bad script 'missing.py': no such file"),
+    # A byte not in the file system's encoding is quoted as `\xff`, a backslash as typed (repr
+    # wrote 'bad\udcff/x.py' and '2\\1'), an escape as its picture: still one line.
+    (["bad\udcff/x.py"], "bad script 'bad\\xff/x.py': no such file"),
+    (["--nnodes", "2\\1\x1b[2J", "{script}"], "bad --nnodes '2\\1␛[2J': expected N or MIN:MAX"),
     (["--no-python", "{nonexec}"], "not executable"),
     (["--no-python", "no-such-binary-xyz"], "bad binary 'no-such-binary-xyz': not found"),
     (["--nproc-per-node", "0", "{script}"], "bad --nproc-per-node '0'"),
@@ -532,7 +536,8 @@ def test_a_bad_run_id_says_why_and_what_is_allowed(tmp_path, run_id, why, mode):
     res = run_ranktop(mode, "--run-id", run_id, "--log-dir", str(tmp_path / "logs"), str(script),
                       env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
     assert res.returncode == 2 and res.stdout == ""
-    assert res.stderr == f"ranktop: error: bad --run-id {run_id!r}: {why} {ALLOWED}\n"
+    typed = run_id.replace("\x1b", "␛")  # (quoted as typed, an escape as its picture)
+    assert res.stderr == f"ranktop: error: bad --run-id '{typed}': {why} {ALLOWED}\n"
     assert not (tmp_path / "ran").exists() and not (tmp_path / "logs").exists() and os.listdir(runtime) == []
 
 

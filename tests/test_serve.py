@@ -92,6 +92,11 @@ def test_ls_and_stop_show_a_run_named_in_utf8_on_an_ascii_console(tmp_path, runt
         table = run_ranktop("ls", env=env)
         assert table.returncode == 0 and table.stderr == "", table.stderr
         assert "caf\\xe9" in table.stdout and "l\\xf6gs" in table.stdout
+        # Each column as wide as it is printed: `caf\xe9` is 7 columns, not café's 4 (the row ran
+        # past the header's SCRIPT, STATE ...).
+        header, row = table.stdout.splitlines()
+        assert [header.index(name) for name in ("SCRIPT", "STATE", "LOGS")] == [
+            row.index("ticker.py"), row.index("running"), row.index("/")], table.stdout  # (the log dir: the first /)
         stopped = run_ranktop("stop", env=env)
         # (the name read from its socket's file name, where the file system's encoding is ASCII: its bytes)
         assert stopped.returncode == 0, stopped.stderr
@@ -2405,3 +2410,41 @@ def test_a_ranks_copy_of_the_restart_separator_is_told_from_the_real_one_everywh
     finally:
         engine.close()
         server.close()
+
+
+def test_attachs_exit_status_is_the_local_tuis(tmp_path, runtime):
+    """`q` then `y` in `ranktop attach` stopped the run and exited 0 (the local TUI, and a headless
+    stop, give 130): attach now exits as the local TUI does: 130 for a stop asked for, 0 for a
+    detach, 1 for a run that failed (with --exit-on-end)."""
+    proc = start_headless(tmp_path, runtime, "qy")
+    term = None
+    try:
+        wait_for(lambda: ls(runtime), what="the run listed")
+        term = ranktop_in_tmux(runtime, "attach qy", "; echo STATUS $?; sleep 30", width=120, height=30)
+        term.wait_screen("hello from 1", "hello from 0")
+        term.press("q")
+        term.wait_screen("Detach (d)")
+        term.press("d")  # the run goes on: a clean exit
+        term.wait_screen("ranktop: left qy; it runs on", "STATUS 0")
+        term.close()
+        term = ranktop_in_tmux(runtime, "attach qy", "; echo STATUS $?; sleep 30", width=120, height=30)
+        term.wait_screen("hello from 1", "hello from 0")
+        term.press("q")
+        term.wait_screen("Stop and quit (y)")
+        term.press("y")
+        term.wait_screen("STATUS 130")
+        assert proc.wait(30) == 130  # (the engine's own status agrees)
+        term.close()
+        fail = "import os, sys, pathlib\nprint('up', flush=True)\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n"
+        failing = start_headless(tmp_path, runtime, "fails", "import time\ntime.sleep(3)\n" + fail, name="fail.py")
+        wait_for(lambda: ls(runtime), what="the failing run listed")
+        term = ranktop_in_tmux(runtime, "attach fails --exit-on-end", "; echo STATUS $?; sleep 30", width=120, height=30)
+        term.wait_screen("STATUS 1")
+        assert failing.wait(30) == 1
+    finally:
+        if term is not None:
+            term.close()
+        for each in (proc, locals().get("failing")):
+            if each is not None and each.poll() is None:
+                each.kill()
+                each.wait(30)

@@ -1023,3 +1023,23 @@ def test_n_twice_shows_the_python_frames_though_the_c_frames_came_last(tmp_path)
         assert "with C frames" not in screen_rows(app)[0]
 
     drive(app, body, size=(80, 24))
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+@pytest.mark.parametrize("size", [(60, 20), (40, 12)], ids=["60x20", "40x12"])
+def test_the_stack_view_shares_a_narrow_terminal_between_groups_and_tree(tmp_path, size):
+    """The groups kept 40 columns whatever the width: at 60 the call tree had 20, at 40 none (off
+    the screen). Under 80 columns the two share the width, the groups at most half."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, DEEP, n=1)))
+    width = size[0]
+
+    async def body(app, pilot):
+        await _open_stack_view(app, pilot)
+        groups, tree = app.screen.query_one(StackGroups), app.screen.query_one(CallTree)
+        await until(pilot, lambda: tree.region.width > 0, what="the call tree laid out")
+        assert groups.region.x == 0 and groups.region.right == tree.region.x and tree.region.right == width
+        assert width * 0.4 <= groups.region.width <= width // 2, (groups.region, tree.region)
+        rows = screen_rows(app)
+        assert any("call tree" in row[tree.region.x:] for row in rows)  # its title, on screen
+
+    drive(app, body, size=size)

@@ -22,6 +22,7 @@ from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
 from ranktop.core.sanitize import clean
 from ranktop.core.signals import NOTICE_SIGNALS
+from ranktop.core.state import GroupSnapshot
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import detach_terminal, terminal_alive
 from ranktop.tui.driver import hangup_aware
@@ -41,6 +42,16 @@ DIALOG_EXTRAS = ("pick", "help", "help_quit", *SCREEN_KEYS)
 # ran the same action under a second name), its Keys panel (? lists every key of every screen),
 # its Maximize / Minimize (z zooms a pane). Its Theme and Screenshot stay: nothing of ours does that.
 TEXTUALS_COVERED = frozenset({"Quit", "Keys", "Maximize", "Minimize"})
+
+
+def tui_exit_status(snap: GroupSnapshot, user_quit: bool) -> int:
+    """The TUI's exit status for a run that ended as `snap` says, local or attached: the headless
+    one, and 130 when the person at this TUI stopped it (not a signal to ranktop)."""
+    if snap.exit_status is None:
+        return 1
+    if user_quit and snap.stop_signal is None:
+        return QUIT_STATUS
+    return snap.exit_status
 
 
 class RanktopApp(App):
@@ -130,12 +141,7 @@ class RanktopApp(App):
 
     @property
     def exit_status(self) -> int:
-        snap = self.engine.snapshot()
-        if snap.exit_status is None:
-            return 1
-        if self.user_quit and snap.stop_signal is None:
-            return QUIT_STATUS
-        return snap.exit_status
+        return tui_exit_status(self.engine.snapshot(), self.user_quit)
 
     def get_driver_class(self) -> type:
         return hangup_aware(super().get_driver_class(), self._terminal_lost)

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from ranktop.core import collector, guard, limits, numa
 from ranktop.core.errors import UsageError
+from ranktop.core.sanitize import quoted
 from ranktop.core.signals import hold_early_stops
 from ranktop.core.stdio import escape_unencodable, reopen_closed_streams, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, usage_error, usage_line
@@ -55,7 +56,7 @@ def _address(flag: str):
 
     def parse(text: str) -> str:
         if len(text) > 255 or not shape.fullmatch(text):
-            raise BadValue(f"bad {flag} {text!r}: expected a host name or an IP address (IPv6 bare or in brackets)")
+            raise BadValue(f"bad {flag} {quoted(text)}: expected a host name or an IP address (IPv6 bare or in brackets)")
         return text
 
     return parse
@@ -99,14 +100,14 @@ def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
             try:
                 action.default = int(text) != 0
             except ValueError:
-                parser.error(f"bad {name}={text!r}: expected 0 or 1")
+                parser.error(f"bad {name}={quoted(text)}: expected 0 or 1")
             continue
         try:
             action.default = action.type(text) if action.type else text
         except (BadValue, ValueError, TypeError) as exc:
-            parser.error(f"bad {name}={text!r}: {exc}")
+            parser.error(f"bad {name}={quoted(text)}: {exc}")
         if action.choices and action.default not in action.choices:
-            parser.error(f"bad {name}={text!r}: expected one of {', '.join(action.choices)}")
+            parser.error(f"bad {name}={quoted(text)}: expected one of {', '.join(action.choices)}")
 
 
 def apply_shutdown_timeout_default(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
@@ -119,7 +120,7 @@ def apply_shutdown_timeout_default(parser: argparse.ArgumentParser, environ: Map
     try:
         action.default = action.type(text)
     except (BadValue, ValueError, TypeError) as exc:
-        parser.error(f"bad TORCH_ELASTIC_SHUTDOWN_TIMEOUT={text!r}: {exc}")
+        parser.error(f"bad TORCH_ELASTIC_SHUTDOWN_TIMEOUT={quoted(text)}: {exc}")
 
 
 SUBCOMMANDS = """subcommands:
@@ -270,7 +271,7 @@ def _nproc_number(value: str) -> int:
     except ValueError:
         n = None
     if n is None or not limits.NPROC.accepts(n):
-        raise BadValue(f"bad --nproc-per-node {value!r}: expected a positive whole number "
+        raise BadValue(f"bad --nproc-per-node {quoted(value)}: expected a positive whole number "
                        f"(at most {limits.MAX_NPROC_PER_NODE}), auto, cpu, gpu or xpu")
     return n
 
@@ -339,7 +340,7 @@ def parse_nnodes_range(value: str) -> tuple[int, int]:
     except ValueError:  # digits int() does not read: superscripts, or thousands of them
         ok = False
     if not ok:
-        raise UsageError(f"bad --nnodes {value!r}: expected N or MIN:MAX with 1 <= MIN <= MAX <= "
+        raise UsageError(f"bad --nnodes {quoted(value)}: expected N or MIN:MAX with 1 <= MIN <= MAX <= "
                          f"{limits.MAX_NNODES} (elastic with --rdzv-backend; static: MAX nodes)")
     return int(lo), int(hi or lo)
 
@@ -353,7 +354,7 @@ def parse_jobs(value: str) -> tuple[int, int, int]:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if not (limits.NPROC.accepts(nproc) and limits.NNODES.accepts(nnodes) and 1 <= lo <= nnodes):
-        raise UsageError(f"bad -j {value!r}: expected 1 <= MIN <= MAX <= {limits.MAX_NNODES} nodes "
+        raise UsageError(f"bad -j {quoted(value)}: expected 1 <= MIN <= MAX <= {limits.MAX_NNODES} nodes "
                          f"and 1 to {limits.MAX_NPROC_PER_NODE} ranks per node")
     return lo, nnodes, nproc
 
@@ -375,7 +376,7 @@ def parse_env(pairs: Sequence[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise UsageError(f"bad --env {pair!r}: expected KEY=VALUE")
+            raise UsageError(f"bad --env {quoted(pair)}: expected KEY=VALUE")
         env[key] = value
     return env
 
@@ -388,7 +389,7 @@ def parse_ranks(value: str | None) -> set[int] | None:
     except ValueError:
         ranks = {-1}
     if not all(0 <= r < limits.MAX_NPROC_PER_NODE for r in ranks):  # (torchrun takes -1: then no rank prints)
-        raise UsageError(f"bad --local-ranks-filter {value[:80]!r}: expected local ranks like 0 or 0,2")
+        raise UsageError(f"bad --local-ranks-filter {quoted(value[:80])}: expected local ranks like 0 or 0,2")
     return ranks
 
 
@@ -406,7 +407,7 @@ def python_for_ranks(environ: Mapping[str, str] | None = None) -> str:
     if chosen:
         path = shutil.which(chosen)
         if path is None:
-            raise UsageError(f"bad PYTHON_EXEC={chosen!r}: no such executable")
+            raise UsageError(f"bad PYTHON_EXEC={quoted(chosen)}: no such executable")
         return path
     for var in ("VIRTUAL_ENV", "CONDA_PREFIX"):
         prefix = environ.get(var)
@@ -427,9 +428,9 @@ def entrypoint_and_args(ns: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
             raise UsageError("--no-python and --module exclude each other")
         path = shutil.which(script) if os.sep not in script else script
         if path is None or not os.path.exists(path):
-            raise UsageError(f"bad binary {script!r}: not found")
+            raise UsageError(f"bad binary {quoted(script)}: not found")
         if os.path.isdir(path) or not os.access(path, os.X_OK):
-            raise UsageError(f"bad binary {script!r}: not executable (chmod +x it, or drop --no-python)")
+            raise UsageError(f"bad binary {quoted(script)}: not executable (chmod +x it, or drop --no-python)")
         return path, rest
     python = python_for_ranks()
     if ns.module:
@@ -442,9 +443,9 @@ def _check_script(script: str) -> None:
     """What `python SCRIPT` runs: a file (a zipapp too), or a directory with a __main__.py."""
     if os.path.isdir(script):
         if not os.path.isfile(os.path.join(script, "__main__.py")):
-            raise UsageError(f"bad script {script!r}: a directory without a __main__.py")
+            raise UsageError(f"bad script {quoted(script)}: a directory without a __main__.py")
     elif not os.path.isfile(script):
-        raise UsageError(f"bad script {script!r}: no such file")
+        raise UsageError(f"bad script {quoted(script)}: no such file")
 
 
 def numa_binding(mode: str, nproc: int) -> dict[int, frozenset[int]]:
@@ -462,7 +463,7 @@ def numa_binding(mode: str, nproc: int) -> dict[int, frozenset[int]]:
 def check_logs_specs(name: str | None) -> None:
     # 'default' is the name torch registers for DefaultLogsSpecs, which is the layout ranktop writes.
     if name not in (None, "default"):
-        raise UsageError(f"bad --logs-specs {name!r}: ranktop writes its own log files (see --log-dir); "
+        raise UsageError(f"bad --logs-specs {quoted(name)}: ranktop writes its own log files (see --log-dir); "
                          "torchrun.logs_specs plugins are not loaded")
 
 

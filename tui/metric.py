@@ -16,7 +16,7 @@ import time
 
 from ranktop.core.engine import Engine, OutputCursor
 from ranktop.core.output import RanktopLine
-from ranktop.core.sanitize import clean
+from ranktop.core.sanitize import clean, quoted
 from ranktop.core.state import GroupSnapshot
 from rich.cells import cell_len
 
@@ -39,7 +39,7 @@ def compile_metric(pattern: str) -> re.Pattern[str]:
     try:
         return compiled_regex(pattern)
     except ValueError as exc:
-        raise BadMetric(f"bad --metric {pattern[:80]!r}: {exc}") from None
+        raise BadMetric(f"bad --metric {quoted(pattern[:80])}: {exc}") from None
 
 
 def metric_name(pattern: re.Pattern[str]) -> str:

@@ -122,10 +122,8 @@ def ls(argv: list[str]) -> int:
     rows = [("RUN", "SCRIPT", "WORLD", "STATE", "AGE", "CLIENTS", "LOGS")]
     rows += [(r.run_id, *("?" if v is None else str(v) for v in _facts(r).values()), _clients(r),
               r.snapshot.get("log_dir") or "") for r in runs]
-    rows = [tuple(clean(cell) for cell in row) for row in rows]  # names come from the runs: shown safely
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    print_out("\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
-                        for row in rows))
+    rows = [tuple(_as_printed(clean(cell)) for cell in row) for row in rows]  # names come from the runs: shown safely
+    print_out(_table(rows))
     return 0
 
 
@@ -133,6 +131,23 @@ def _clients(run: ServedRun) -> str:
     """The CLIENTS cell: how many, `full` once it serves all it serves for long (attach and logs -f
     cannot get in; ls and stop still can), `?` where its engine did not say."""
     return "full" if run.full else str(run.clients) if run.seen else "?"
+
+
+def _as_printed(cell: str) -> str:
+    """`cell` as stdout writes it: what its encoding lacks (an é on an ASCII console) as `\\xe9`,
+    so that a column is as wide as what the terminal shows of it."""
+    encoding = sys.stdout.encoding or "utf-8"
+    return cell.encode(encoding, "backslashreplace").decode(encoding)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    """The rows in columns two spaces apart, each as wide as its widest cell on the terminal (a
+    wide character takes two cells); the last column is not padded."""
+    from rich.cells import cell_len
+
+    widths = [max(cell_len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(cell + " " * (w - cell_len(cell)) for cell, w in zip(row, widths, strict=False))
+                     + "  " + row[-1] for row in rows)
 
 
 def _facts(run: ServedRun) -> dict:
@@ -173,7 +188,7 @@ def attach(argv: list[str]) -> int:
         return _show(RanktopApp(run, metric=ns.metric))
     connecting = _Connecting(run.path, ns.read_only)
     connecting.start()
-    from ranktop.tui.app import RanktopApp  # Textual loads while the engine answers
+    from ranktop.tui.app import RanktopApp, tui_exit_status  # Textual loads while the engine answers
     from ranktop.tui.run import print_end_report
 
     connecting.join()
@@ -192,12 +207,14 @@ def attach(argv: list[str]) -> int:
     if not engine.last.ended:  # the last snapshot the TUI took
         print(clean(f"ranktop: left {run.run_id}; it runs on (ranktop attach {run.run_id}, ranktop stop {run.run_id})"),
               file=sys.stderr)
-    elif engine.last.error is not None:  # its engine went away before we saw the end
+        return app.return_code or 0  # 1 when the TUI itself failed: never a clean exit after a traceback
+    if engine.last.error is not None:  # its engine went away before we saw the end
         print(clean(f"ranktop: {run.run_id}: {engine.last.error}; ranktop ls says whether it still runs"),
               file=sys.stderr)
         return app.return_code or 1  # how the run ended is unknown: not a clean exit
     print_end_report(engine.last)
-    return app.return_code or 0  # 1 when the TUI itself failed: never a clean exit after a traceback
+    # The local TUI's rule: 130 for a stop asked for here, else the run's own status.
+    return app.return_code or tui_exit_status(engine.last, app.user_quit)
 
 
 class _Connecting(threading.Thread):

@@ -18,7 +18,7 @@ import psutil
 from ranktop.core import stacks
 from ranktop.core.errors import UsageError
 from ranktop.core.layout import RunDir, default_log_root, dump_log_path, latest_attempt_path
-from ranktop.core.sanitize import clean
+from ranktop.core.sanitize import clean, quoted
 from ranktop.core.stdio import print_out
 from ranktop.tui.usage import UsageParser, usage_error
 
@@ -76,10 +76,10 @@ def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | N
         # Neither a rank nor a ranktop with ranks: dump the process itself as the one "rank".
         return (pids or {0: pid}), local, run_dir
     if not os.path.isdir(target):
-        raise BadTarget(f"bad target {target!r}: expected a run directory, a log directory or a pid")
+        raise BadTarget(f"bad target {quoted(target)}: expected a run directory, a log directory or a pid")
     run_dir = stacks.find_run_dir(target)
     if run_dir is None:
-        raise BadTarget(f"bad target {target!r}: no events.jsonl there or in its subdirectories (not a ranktop log dir)")
+        raise BadTarget(f"bad target {quoted(target)}: no events.jsonl there or in its subdirectories (not a ranktop log dir)")
     pids, local = stacks.live_ranks_in_run_dir(run_dir)
     return pids, local, run_dir
 

@@ -24,7 +24,7 @@ import time
 import urllib.parse
 
 from ranktop.core.client import FinalEngine
-from ranktop.core.sanitize import clean
+from ranktop.core.sanitize import clean, quoted
 from ranktop.core.strays import children_of_self
 from ranktop.tui.runs_cli import pick_run, run_parser
 from ranktop.tui.usage import BadValue, usage_error
@@ -38,7 +38,7 @@ def port_number(text: str) -> int:
     except ValueError:
         port = -1
     if not 1 <= port <= 65535:
-        raise BadValue(f"bad --port {text!r}: a TCP port number, 1..65535")
+        raise BadValue(f"bad --port {quoted(text)}: a TCP port number, 1..65535")
     return port
 
 
@@ -293,7 +293,7 @@ def _cannot_listen(host: str, port: int) -> str | None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
-        return f"bad --host {host!r}: {getattr(exc, 'strerror', None) or exc}"
+        return f"bad --host {quoted(host)}: {getattr(exc, 'strerror', None) or exc}"
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
