@@ -14,7 +14,7 @@ _EXPORTS = {
     "WorkerSpec": "ranktop.core.spec",
     "parse_nnodes": "ranktop.core.spec",
     "free_port": "ranktop.core.spec",
-    "start_processes": "ranktop.core.context",
+    "start_processes": "ranktop.core.processes_api",
     "PContext": "ranktop.core.context",
     "MultiprocessContext": "ranktop.core.context",
     "SubprocessContext": "ranktop.core.context",

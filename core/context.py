@@ -1,4 +1,5 @@
-"""A group of ranks started together: `start_processes` and the PContext it returns.
+"""A group of ranks started together: the PContext that the agent, the command line and
+`start_processes` (core/processes_api.py, torch's front door) all start and watch.
 
 The context owns the one monitor step (`step`): reap what exited, stop the siblings of a failed
 rank with the shutdown grace (a rank that died of a stop signal we did not send counts as failed
@@ -33,13 +34,14 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from string import Template
-from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from ranktop.core import guard
+from ranktop.core.caller_signals import restore_signals, signals_held
 from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, RankStartError, UsageError, killed_by
 from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, open_pidfd, send_signal
-from ranktop.core.layout import ERROR_FILE, Dir, RunDir, log_name
-from ranktop.core.limits import check_timeout, ensure_fds_for
+from ranktop.core.layout import ERROR_FILE, Dir, log_name
+from ranktop.core.limits import check_timeout
 from ranktop.core.output import (
     STDERR,
     STDOUT,
@@ -59,7 +61,6 @@ from ranktop.core.process import (
     RankProcess,
     kernel_state,
     python_call_argv,
-    refuse_while_loading_main,
     wait_exit,
 )
 from ranktop.core.sanitize import clean_console
@@ -67,9 +68,6 @@ from ranktop.core.signals import OUTSIDE_STOP_SIGNALS
 from ranktop.core.spec import Std, per_rank
 from ranktop.core.state import LogLoss
 from ranktop.core.strays import StrayTracker, forget_own_child, note_own_child
-
-if TYPE_CHECKING:
-    from ranktop.core.logs_specs import LogsSpecs
 
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
 
@@ -248,7 +246,8 @@ def prefix_for(template: str | None, role: str, rank: int, local_rank: int) -> s
 
 
 class PContext:
-    """Ranks started together, watched by one monitor step. Use `start_processes` to make one."""
+    """Ranks started together, watched by one monitor step. An API caller makes one with
+    `start_processes` (core/processes_api.py)."""
 
     def __init__(
         self,
@@ -520,7 +519,7 @@ class PContext:
         """One pass of the monitor: returns the result once every rank is reaped (or given up
         on). It never waits on a rank; only the final collection waits, briefly and with a
         deadline, for the last output to drain, and it does so without holding the lock."""
-        with _signals_held():  # a stop signal mid-pass would leave a rank reaped but not recorded
+        with signals_held():  # a stop signal mid-pass would leave a rank reaped but not recorded
             with self._lock:
                 if self._result is not None:
                     return self._result
@@ -949,13 +948,13 @@ class PContext:
             with self._lock:   # a later close() finishes it, as torch's close() can be called again
                 self._closed = False
             raise
-        with _signals_held():  # bounded; a signal meanwhile is raised once all is let go
+        with signals_held():  # bounded; a signal meanwhile is raised once all is let go
             self._release()
             self._let_go_of_signals()
 
     def _let_go_of_signals(self) -> None:
         holds, self._holds_signals = self._holds_signals, False  # (once: a close may be retried)
-        _restore_signals(holds)
+        restore_signals(holds)
 
     def _release(self) -> None:
         """Let go of everything once the ranks are accounted for. Every wait here has its own
@@ -1016,236 +1015,10 @@ class SubprocessContext(PContext):
     """Ranks that run a binary; arguments are passed as strings."""
 
 
-class RanksMismatch(RuntimeError, ValueError):
-    """args and envs do not name the same local ranks 0..n-1 (torch raises RuntimeError)."""
-
-
-_UNSET: Any = object()  # "not given": tells a keyword apart from one also given by position
-# What follows logs_specs by position in each form: torch 2.13's when the fifth argument is a
-# LogsSpecs, the older log_dir form's otherwise.
-_LOGS_SPECS_FORM = ("log_line_prefixes", "start_method", "numa_options",
-                    "duplicate_stdout_filters", "duplicate_stderr_filters")
-_LOG_DIR_FORM = ("start_method", "redirects", "tee", "log_line_prefixes")
-
-
-def start_processes(
-    name: str,
-    entrypoint: Callable[..., Any] | str,
-    args: Mapping[int, tuple],
-    envs: Mapping[int, dict[str, str]],
-    logs_specs: LogsSpecs | str | None = None,
-    *more: Any,
-    log_dir: str | None = _UNSET,
-    start_method: str = _UNSET,
-    redirects: Std | Mapping[int, Std] = _UNSET,
-    tee: Std | Mapping[int, Std] = _UNSET,
-    log_line_prefixes: Mapping[int, str] | None = _UNSET,
-    numa_options: Any = _UNSET,
-    duplicate_stdout_filters: list[str] | None = _UNSET,
-    duplicate_stderr_filters: list[str] | None = _UNSET,
-) -> PContext:
-    """Start one process per local rank (torch.distributed.elastic's API, same semantics).
-
-    torch 2.13's form: (name, entrypoint, args, envs, logs_specs, log_line_prefixes, start_method,
-    numa_options, duplicate_stdout_filters, duplicate_stderr_filters), the files where the
-    LogsSpecs says. The older form: (name, entrypoint, args, envs, log_dir, start_method,
-    redirects, tee, log_line_prefixes), `log_dir` an existing empty directory. Which form the
-    positions after the fifth follow is decided by whether it is a LogsSpecs."""
-    from ranktop.core.logs_specs import LogsSpecs, adopt_logs_specs
-
-    refuse_while_loading_main("start_processes")
-    options = {"log_dir": log_dir, "start_method": start_method, "redirects": redirects, "tee": tee,
-               "log_line_prefixes": log_line_prefixes, "numa_options": numa_options,
-               "duplicate_stdout_filters": duplicate_stdout_filters,
-               "duplicate_stderr_filters": duplicate_stderr_filters}
-    logs_specs = adopt_logs_specs(logs_specs)  # torch's own DefaultLogsSpecs, as ours
-    new_form = isinstance(logs_specs, LogsSpecs)
-    form = _LOGS_SPECS_FORM if new_form else _LOG_DIR_FORM
-    if len(more) > len(form):
-        raise TypeError(f"start_processes() takes at most {5 + len(form)} positional arguments when the fifth "
-                        f"is {'a LogsSpecs' if new_form else 'a log_dir'} ({5 + len(more)} given)")
-    for key, value in zip(form, more, strict=False):  # more may be shorter: the rest keep their defaults
-        if options[key] is not _UNSET:
-            raise TypeError(f"start_processes() got multiple values for argument {key!r}")
-        options[key] = value
-    if new_form:
-        given = [key for key in ("log_dir", "redirects", "tee") if options[key] is not _UNSET]
-        if given:  # torch has no such parameters; silently preferring the LogsSpecs' would mislead
-            raise TypeError(f"start_processes() got {', '.join(given)} with a LogsSpecs: "
-                            "they belong in the LogsSpecs (DefaultLogsSpecs(log_dir, redirects, tee))")
-    elif logs_specs is not None:
-        if options["log_dir"] is not _UNSET:
-            raise TypeError("start_processes() got multiple values for argument 'log_dir'")
-        options["log_dir"] = logs_specs  # the older positional form: (name, fn, args, envs, log_dir)
-    defaults = {"log_dir": None, "start_method": "spawn", "redirects": Std.NONE, "tee": Std.NONE}
-    opts = {key: defaults.get(key) if value is _UNSET else value for key, value in options.items()}
-
-    _check_start_method(opts["start_method"])
-    nprocs = len(args)
-    ensure_fds_for(nprocs)
-    expected = set(range(nprocs))
-    if set(args) != expected or set(envs) != expected:
-        raise RanksMismatch(
-            f"args and envs must both have exactly the local ranks 0..{nprocs - 1}; "
-            f"got args for {sorted(args)} and envs for {sorted(envs)}"
-        )
-    _check_args(args)
-    _check_envs(envs)
-    from ranktop.core.gpu import numa_options_binding  # NVML only when asked for
-
-    cpu_affinity = numa_options_binding(opts["numa_options"], nprocs)
-    console_ranks, redirects, tee, log_dir = None, opts["redirects"], opts["tee"], opts["log_dir"]
-    if new_form:
-        redirects, tee = logs_specs.redirects, logs_specs.tee
-        console_ranks = logs_specs.local_ranks_filter or None  # torch: an empty filter filters nothing
-    # Every argument is checked before a directory is made or opened: a refused call leaves
-    # nothing behind, on disk or among our descriptors.
-    prefixes = _line_prefixes(opts["log_line_prefixes"], name, nprocs)
-    streams = plan_streams(nprocs, redirects, tee, prefixes=prefixes, console_ranks=console_ranks)
-    filters = {STDOUT: _filter_needles("duplicate_stdout_filters", opts["duplicate_stdout_filters"]),
-               STDERR: _filter_needles("duplicate_stderr_filters", opts["duplicate_stderr_filters"])}
-    if new_form:
-        logs_specs.reify(envs)
-        log_dir = logs_specs.attempt_dir
-    if log_dir is None:
-        raise ValueError("start_processes needs logs_specs (a LogsSpecs) or log_dir")
-    run_dir = RunDir.adopt(log_dir)  # checked empty, then held: see core/layout.py
-    cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
-    caught, ctx = _catch_stop_signals(), None
-    try:
-        ctx = cls(name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters,
-                  cpu_affinity=cpu_affinity)
-        ctx._holds_signals = caught
-        if isinstance(ctx, MultiprocessContext):
-            ctx.start_method = opts["start_method"]
-        return ctx.start()
-    except BaseException:
-        if ctx is None:
-            _restore_signals(caught)
-        else:  # (a start that failed has closed it, and let go already)
-            ctx._let_go_of_signals()
-        run_dir.close()  # a context that failed to start has closed it already: closing twice is a no-op
-        raise
-
-
-_STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-
-
-_held = threading.local()  # .depth: inside a monitor pass; .pending: a stop signal that came meanwhile
-
-
-def _raise_signal_exception(signum: int, _frame: Any) -> None:
-    if getattr(_held, "depth", 0):
-        _held.pending = signum  # raised when the pass is over, with every rank's state recorded
-        return
-    _raise_for(signum)
-
-
-def _raise_for(signum: int) -> None:
-    from ranktop.core.errors import SignalException
-
-    raise SignalException.received(signum)
-
-
-@contextlib.contextmanager
-def _signals_held():
-    _held.depth = getattr(_held, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _held.depth -= 1
-        pending = getattr(_held, "pending", None)
-        if pending is not None and not _held.depth:
-            _held.pending = None
-            # Also when the pass raised: the stop signal is what torch's handler would have raised
-            # mid-pass, and the caller's error stays as its __context__. Kept for a later pass, it
-            # came out of a wait() or close() long after the signal.
-            _raise_for(pending)
-
-
-# What the handlers replaced, and how many open contexts count on them: they are put back when
-# the last of those is closed (closing one of two must not let a SIGTERM kill the other's caller).
-_replaced: dict[int, Any] = {}
-_holders = [0]
-
-
-def _catch_stop_signals() -> bool:
-    """As torch's start_processes: in the main thread, SIGTERM/SIGINT/SIGHUP/SIGQUIT raise
-    SignalException in the caller (in its wait()), which can then close(e.sigval). Unlike torch,
-    a handler the caller set itself (or SIG_IGN, as under nohup) is left alone. Returns whether
-    the new context counts on the handlers (then its close() puts back what they replaced, if it
-    is the last such)."""
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    for name in _STOP_SIGNALS:
-        number = getattr(signal, name)
-        current = signal.getsignal(number)
-        if current in (signal.SIG_DFL, signal.default_int_handler):
-            _replaced[number] = current
-            signal.signal(number, _raise_signal_exception)
-    _holders[0] += 1
-    return True
-
-
-def _restore_signals(holds: bool) -> None:
-    if not holds:
-        return
-    _holders[0] -= 1
-    if _holders[0] == 0 and threading.current_thread() is threading.main_thread():
-        for number, handler in _replaced.items():
-            if signal.getsignal(number) is _raise_signal_exception:  # not changed since by the caller
-                signal.signal(number, handler)
-        _replaced.clear()
-
-
-def _line_prefixes(given: Any, name: str, nprocs: int) -> dict[int, str]:
-    """torch's log_line_prefixes (local rank -> the text before each console line), with
-    "[<name><rank>]:" for a rank it does not name; TypeError (one line) for anything else."""
-    if given is not None and not isinstance(given, Mapping):
-        raise TypeError(f"log_line_prefixes must map local ranks to text, not {type(given).__name__}")
-    prefixes = {r: (given or {}).get(r, f"[{name}{r}]:") for r in range(nprocs)}
-    for r, prefix in prefixes.items():
-        if not isinstance(prefix, str):
-            raise TypeError(f"log_line_prefixes[{r}] must be text, not {type(prefix).__name__}")
-    return prefixes
-
-
-def _check_args(args: Mapping[int, Any]) -> None:
-    """Each rank's arguments, as something to iterate (torch unpacks them): TypeError (one line)
-    naming the first rank whose are not, before anything is made."""
-    for r in sorted(args):
-        try:
-            iter(args[r])
-        except TypeError:
-            raise TypeError(f"args[{r}] must be the rank's arguments (a tuple), "
-                            f"not {type(args[r]).__name__}") from None
-
-
-def _check_envs(envs: Mapping[int, Mapping[Any, Any]]) -> None:
-    """Each rank's variables, names and values, as text: TypeError (one line) naming the first that
-    is not. torch's binary ranks raise Popen's TypeError, which names neither rank nor variable,
-    once directories are made; its function ranks fail at their start instead."""
-    for r in sorted(envs):
-        for key, value in envs[r].items():
-            for what, item in (("name", key), ("value", value)):
-                if not isinstance(item, (str, bytes, os.PathLike)):
-                    raise TypeError(f"envs[{r}][{key!r}]: an environment variable's {what} must be text, "
-                                    f"not {type(item).__name__}")
-
-
-def _filter_needles(what: str, given: Any) -> tuple[bytes, ...]:
-    """A duplicate_*_filters list as the bytes looked for; TypeError (one line) for anything else."""
-    needles = tuple(given or ())
-    for needle in needles:
-        if not isinstance(needle, str):
-            raise TypeError(f"{what} must be a list of text, not one holding {type(needle).__name__}")
-    return tuple(needle.encode() for needle in needles)
-
-
 _START_METHODS = ("spawn", "fork", "forkserver")
 
 
-def _check_start_method(method: str) -> None:
+def check_start_method(method: str) -> None:
     if method not in _START_METHODS:
         raise ValueError(f"unknown start method {method!r}: expected one of {', '.join(_START_METHODS)}")
 
@@ -1254,4 +1027,14 @@ def set_start_method(method: str) -> None:
     """Accepted for parity. Every callable rank runs in a fresh interpreter (spawn semantics):
     forking a parent that holds threads and CUDA state is what makes fork unsafe for training,
     so the method is checked and otherwise ignored."""
-    _check_start_method(method)
+    check_start_method(method)
+
+
+def __getattr__(name: str) -> Any:
+    """`start_processes` moved to core/processes_api.py; `from ranktop.core.context import
+    start_processes` still works (loaded on first use: that module imports this one)."""
+    if name in ("start_processes", "RanksMismatch"):
+        from ranktop.core import processes_api
+
+        return getattr(processes_api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

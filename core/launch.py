@@ -10,8 +10,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ranktop.core.context import PContext, RunProcsResult, start_processes
+from ranktop.core.context import PContext, RunProcsResult
 from ranktop.core.errors import MainProcessError, WorkerError
+from ranktop.core.processes_api import start_processes
 from ranktop.core.signals import StopAction, StopRule
 from ranktop.core.spec import Std, WorkerSpec, free_port, rank_env
 
