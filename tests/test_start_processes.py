@@ -904,7 +904,7 @@ def test_a_run_id_too_long_for_a_file_name_or_a_nul_in_log_dir_is_one_line(tmp_p
     assert str(too_long.value) == (f"bad log_dir {tmp_path}: cannot make a run directory there for run id "
                                    f"{'x' * 60!r} (File name too long)")
     assert os.listdir(tmp_path) == []
-    with pytest.raises(ValueError, match=r"^bad log_dir '/tmp/a\\x00b': embedded null byte$"):
+    with pytest.raises(ValueError, match=r"^bad log_dir '/tmp/a␀b': embedded null byte$"):  # the NUL as its picture
         DefaultLogsSpecs(log_dir="/tmp/a\0b")
 
 
