@@ -107,6 +107,11 @@ def hangup_aware(driver: type, lost: Callable[[], None]) -> type:
                 return
             self._suspended = False
             super().start_application_mode()
+            if not self._drawing():  # it found the job in the background after all (SIGTTOU), and stopped
+                self._suspended = True
+
+        def _drawing(self) -> bool:
+            return self._writer_thread is not None and self._writer_thread.is_alive()
 
         def stop_application_mode(self) -> None:
             if not self._suspended:  # (suspended, the terminal was given back already)
@@ -119,9 +124,8 @@ def hangup_aware(driver: type, lost: Callable[[], None]) -> type:
                 super().disable_input()
 
         def write(self, data: str) -> None:
-            writer = self._writer_thread
-            if writer is not None and writer.is_alive():  # else suspended: a frame would wait forever
-                writer.write(data)
+            if self._drawing():  # (suspended, its writer is gone: a frame would wait forever)
+                super().write(data)
 
         def _watch_for_foreground(self) -> None:
             """`fg` on a job that runs sends no SIGCONT: the terminal's foreground job is watched."""
