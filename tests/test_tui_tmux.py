@@ -276,6 +276,80 @@ def test_ctrl_z_suspends_the_tui_to_the_shell_and_fg_brings_it_back_whole(tmp_pa
             run_ranktop("stop", "jc")
 
 
+TICKER = "import itertools, time\nfor n in itertools.count():\n    print('tick', n, flush=True)\n    time.sleep(0.05)\n"
+
+
+def _suspended_tui(tmp_path: Path) -> tuple[Terminal, int, int, list[int]]:
+    """A two-rank TUI run in a shell with job control, suspended with Ctrl-Z: the terminal, the
+    process the shell waits for, the TUI's, and the ranks'."""
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    term = Terminal("bash --norc --noprofile")
+    term.press(f"cd {ROOT} && {sys.executable} -m ranktop --tui --nproc-per-node 2 --shutdown-timeout 3 "
+               f"--log-dir {tmp_path / 'logs'} {script}", "Enter")
+    term.wait_screen("tick 3", " 1/1 ")
+    (waiter,) = _children(int(term.pane_pid()))
+    (tui,) = _children(waiter)
+    ranks = [e["pid"] for e in read_events(_run_dir(tmp_path)) if e["event"] == "started"]
+    term.press("C-z")
+    term.wait_screen("Stopped")
+    wait_for(lambda: _state(waiter) == "T" and _state(tui) == "T", what="the job stopped")
+    return term, waiter, tui, ranks
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    return next((tmp_path / "logs").iterdir())
+
+
+def _logged(tmp_path: Path) -> int:
+    """Bytes of the ranks' output the engine has written to the run's logs."""
+    return sum(p.stat().st_size for p in _run_dir(tmp_path).rglob("stdout.log"))
+
+
+def _kill_job_and_wait(term: Terminal, tmp_path: Path, waiter: int, tui: int, ranks: list[int]) -> str:
+    """`kill %1` (SIGTERM, and SIGCONT to a stopped job) and the job's status as `wait` gives it."""
+    status = tmp_path / "status"
+    term.press(f"kill %1; wait -f %1; echo $? > {status}", "Enter")  # (-f: till it ends, not just continues)
+    wait_for(lambda: status.exists() and status.read_text().strip(), timeout=20, what="the job's status")
+    assert [(pid, _state(pid)) for pid in (waiter, tui, *ranks) if os.path.exists(f"/proc/{pid}")] == []
+    return status.read_text().strip()
+
+
+def test_kill_of_a_suspended_tui_job_stops_its_run_as_in_the_foreground(tmp_path):
+    """bash's `kill %1` sends SIGTERM and SIGCONT: the TUI, woken in the background, set the
+    terminal's modes back, and SIGTTOU stopped it again, engine and all: `Stopped (tty output)`,
+    both ranks running, and the run ended only at `fg`."""
+    term, waiter, tui, ranks = _suspended_tui(tmp_path)
+    try:
+        assert _kill_job_and_wait(term, tmp_path, waiter, tui, ranks) == "143"
+        assert any(e["event"] == "signal_received" and e["signal"] == "SIGTERM" for e in read_events(_run_dir(tmp_path)))
+    finally:
+        term.close()
+
+
+def test_bg_keeps_a_suspended_tuis_run_going_and_fg_brings_the_tui_back(tmp_path):
+    """`bg` stopped the job again at once (SIGTTOU), its engine with it: the ranks' output went
+    unread until `fg`. Now the TUI stays off the terminal and its engine runs; `fg` (no SIGCONT
+    for a job that runs) brings the screen back, and `kill %1` stops the run."""
+    term, waiter, tui, ranks = _suspended_tui(tmp_path)
+    try:
+        term.press("bg", "Enter")
+        before = _logged(tmp_path)
+        wait_for(lambda: _logged(tmp_path) > before + 2000, timeout=15, what="the engine logging in the background")
+        assert _state(waiter) != "T" and _state(tui) != "T"
+        term.press("clear", "Enter")
+        wait_for(lambda: "tick" not in term.screen(), what="the screen cleared")
+        term.press("fg", "Enter")
+        term.wait_screen("tick", " 0/0 ", " 1/1 ", "running")
+        term.press("C-z")
+        term.wait_screen("Stopped")
+        term.press("bg", "Enter")
+        wait_for(lambda: _state(tui) != "T", what="the TUI running in the background")
+        assert _kill_job_and_wait(term, tmp_path, waiter, tui, ranks) == "143"
+    finally:
+        term.close()
+
+
 def test_the_tui_does_not_fork_while_a_thread_python_does_not_know_of_runs():
     """A C/C++ thread (torch's TCPStore server) is not in `threading`: the fork that lets q detach
     went ahead with it alive, and it stayed behind in the waiting parent (Python 3.12 warns of

@@ -12,11 +12,13 @@ command) the parent is the namespace's init: it reaps orphans, and stays after a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import termios
 import threading
+from collections.abc import Iterator
 
 from ranktop.core.strays import prctl
 
@@ -189,6 +191,29 @@ def terminal_alive() -> bool:
     except (termios.error, OSError):
         return False
     return True
+
+
+def in_foreground(fd: int = 0) -> bool:
+    """Whether this process's job holds terminal `fd` (asking does not stop a job in the background)."""
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def from_the_background() -> Iterator[None]:
+    """Write to the terminal even where another job holds it (a stop came while the TUI was
+    suspended): a terminal set to `stty tostop` stops a background writer with SIGTTOU, and
+    this one would stay stopped. Ignored only for the while: ranks started later inherit it."""
+    if in_foreground():
+        yield
+        return
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTTOU, previous)
 
 
 def detach_terminal(stdin: bool = False) -> None:

@@ -12,15 +12,24 @@ drawn in UTF-8 whatever the locale says (`LC_ALL=C` with `PYTHONUTF8=0`, `PYTHON
 a Latin-1 locale: the frame came out as `\\u2588` escapes, one cell each counted as six), and
 its size is the terminal's, not `COLUMNS`/`LINES` (an exported value drew the TUI in a corner
 and never followed a resize).
+
+And job control: suspended (Ctrl-Z), the TUI stays off the terminal until its job is in the
+foreground again. The engine runs in this process, so a process that job control woke in the
+background (`bg`, or `kill %1`: SIGTERM then SIGCONT) must run on: Textual's own resume touched
+the terminal there, and SIGTTOU stopped the process again, engine and all; its way out (the
+terminal's modes restored once more) did the same, so a stop never ended the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from ranktop.tui.detach import in_foreground
 from textual.drivers.linux_driver import LinuxDriver
 
 
@@ -80,4 +89,63 @@ def hangup_aware(driver: type, lost: Callable[[], None]) -> type:
                 return super()._get_terminal_size()
             return (width or 80, height or 25)
 
+        # ----- job control ----------------------------------------------------------------------
+        _suspended = False  # Ctrl-Z gave the terminal back to the shell, and it is not taken again
+        _leaving = False  # the app shuts down while suspended
+        _watcher: threading.Thread | None = None
+
+        def suspend_application_mode(self) -> None:
+            if not self._suspended:  # (a second SIGTSTP, sent to a job in the background)
+                super().suspend_application_mode()
+                self._suspended = True
+
+        def start_application_mode(self) -> None:
+            if self._suspended and not in_foreground(self.fileno):
+                # Woken in the background (`bg`, a stop's SIGCONT): stay off the terminal and run on
+                # (the engine is here); the screen comes back once the job is in front again.
+                self._watch_for_foreground()
+                return
+            self._suspended = False
+            super().start_application_mode()
+            if not self._drawing():  # it found the job in the background after all (SIGTTOU), and stopped
+                self._suspended = True
+
+        def _drawing(self) -> bool:
+            return self._writer_thread is not None and self._writer_thread.is_alive()
+
+        def stop_application_mode(self) -> None:
+            if not self._suspended:  # (suspended, the terminal was given back already)
+                super().stop_application_mode()
+
+        def disable_input(self) -> None:
+            if self._suspended:  # the app leaves (its input stopped at the suspend; a flush would touch the terminal)
+                self._leaving = True
+            else:
+                super().disable_input()
+
+        def write(self, data: str) -> None:
+            if self._drawing():  # (suspended, its writer is gone: a frame would wait forever)
+                super().write(data)
+
+        def _watch_for_foreground(self) -> None:
+            """`fg` on a job that runs sends no SIGCONT: the terminal's foreground job is watched."""
+            loop = getattr(self._app, "_loop", None)
+            if loop is not None and not (self._watcher is not None and self._watcher.is_alive()):
+                self._watcher = threading.Thread(target=self._wait_for_foreground, args=(loop,), daemon=True,
+                                                 name="ranktop-foreground")
+                self._watcher.start()
+
+        def _wait_for_foreground(self, loop: Any) -> None:
+            while self._suspended and not self._leaving:
+                if in_foreground(self.fileno):
+                    with contextlib.suppress(RuntimeError):  # (the loop closed: the app has left)
+                        loop.call_soon_threadsafe(self._back_in_front)
+                    return
+                time.sleep(0.2)
+
+        def _back_in_front(self) -> None:
+            if self._suspended and not self._leaving:
+                self.resume_application_mode()
+
     return HangupAwareDriver
+

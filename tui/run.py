@@ -20,7 +20,7 @@ from ranktop.core.limits import TUI_STALL_TIMEOUT
 from ranktop.core.sanitize import clean
 from ranktop.core.signals import NOTICE_SIGNALS, take_early_stops
 from ranktop.core.state import GroupSnapshot
-from ranktop.tui.detach import Detacher, detach_terminal, terminal_alive
+from ranktop.tui.detach import Detacher, detach_terminal, from_the_background, terminal_alive
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -109,7 +109,8 @@ def print_end_report(group: GroupSnapshot) -> None:
     if group.ended:
         report = report_after_tui(group)
         if report:
-            print(clean(report, sgr=True, newlines=True), file=sys.stderr)
+            with from_the_background():
+                print(clean(report, sgr=True, newlines=True), file=sys.stderr, flush=True)
 
 
 def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher: Detacher | None) -> None:
@@ -118,8 +119,9 @@ def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher
     run_id = server.run_id if server is not None else engine.agent.run_id  # its name in ranktop ls
     if reason == "key" or terminal_alive():  # (a hang-up where the terminal lives: the parent killed)
         # (q offers detach only where the run is served)
-        print(f"ranktop: run {run_id} goes on in the background (pid {os.getpid()}); ranktop attach {run_id} "
-              f"shows it again, ranktop stop {run_id} ends it", file=sys.stderr, flush=True)
+        with from_the_background():
+            print(f"ranktop: run {run_id} goes on in the background (pid {os.getpid()}); ranktop attach {run_id} "
+                  f"shows it again, ranktop stop {run_id} ends it", file=sys.stderr, flush=True)
     detach_terminal(stdin=True)  # Textual has stopped reading it: the dead terminal is nothing of ours now
     # A later SIGHUP is noted in events.jsonl and the run goes on. (Not SIG_IGN: ranks the run
     # starts from now on would inherit it through exec and be deaf to a hang-up of their own.)
