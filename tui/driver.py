@@ -148,4 +148,3 @@ def hangup_aware(driver: type, lost: Callable[[], None]) -> type:
                 self.resume_application_mode()
 
     return HangupAwareDriver
-
