@@ -81,12 +81,29 @@ def _not_utf8(text: str) -> bool:
     return False
 
 
+# What a command gets when the group has no ranks to act on, by why it has none: (a stop's answer,
+# any other command's). A stop's None: it is applied, as it still has something to end (a round
+# forming, the next attempt about to start); any other command has nothing to act on.
+_NOT_NOW: dict[str, tuple[cmd.Ack | None, cmd.Ack]] = {
+    # the run is over (or ending, before the monitor loop took the command): a stop got what it asked for
+    "run_ended": (cmd.Ack(True, "the run had ended already"),
+                  cmd.Ack(False, "the run has ended: nothing left to act on")),
+    "rendezvous": (None, cmd.Ack(False, "waiting for the rendezvous: no ranks to act on yet")),
+    "between_attempts": (None, cmd.Ack(False, "between two attempts: try again once the next one started")),
+    "group_ended": (cmd.Ack(False, "the group has ended: nothing left to signal or restart"),) * 2,
+}
+
+
+def _refusal(command: cmd.Command, why: str) -> cmd.Ack | None:
+    """The answer to `command` while the group has no ranks to act on (`why`: a key of _NOT_NOW),
+    or None where it is applied all the same."""
+    stop_answer, other_answer = _NOT_NOW[why]
+    return stop_answer if isinstance(command, (cmd.Stop, cmd.KillGroup)) else other_answer
+
+
 def _after_the_end(command: cmd.Command) -> cmd.Ack:
-    """The answer to a command that came once the run had ended (or while it was ending, before
-    the monitor loop took it): a stop got what it asked for; anything else has nothing to act on."""
-    if isinstance(command, (cmd.Stop, cmd.KillGroup)):
-        return cmd.Ack(True, "the run had ended already")
-    return cmd.Ack(False, "the run has ended: nothing left to act on")
+    """The answer to a command that came once the run had ended."""
+    return _refusal(command, "run_ended")
 
 
 class _Reply:
@@ -1036,49 +1053,61 @@ class LocalAgent:
                 reply.answer(_after_the_end(command))
 
     def _apply(self, pc: PContext | None, command: cmd.Command) -> cmd.Ack:
-        if isinstance(command, cmd.Detach):  # whatever the ranks are doing: it is the run that lets go
-            return self._detach(command.reason)
-        stopping = isinstance(command, (cmd.Stop, cmd.KillGroup))
-        waiting = pc is None or self.state == GroupState.RENDEZVOUS  # a round forming, or the exit barrier
-        if waiting or pc.ended:
-            if not (stopping and (waiting or self._between_attempts)):
-                if waiting:
-                    return cmd.Ack(False, "waiting for the rendezvous: no ranks to act on yet")
-                if self._between_attempts:
-                    return cmd.Ack(False, "between two attempts: try again once the next one started")
-                return cmd.Ack(False, "the group has ended: nothing left to signal or restart")
-        if isinstance(command, cmd.SignalRank):
-            return self._signal_ranks(pc, [command.local_rank], command.signal)
-        if isinstance(command, cmd.SignalGroup):
-            return self._signal_ranks(pc, range(self.spec.local_world_size), command.signal)
-        if isinstance(command, cmd.KillRank):
-            return self._signal_ranks(pc, [command.local_rank], signal.SIGKILL)
-        if isinstance(command, cmd.SendInput):
-            return self._send_input(pc, command)
-        if isinstance(command, cmd.RestartRank) and self.rendezvous is not None:
-            command = cmd.RestartGroup()  # one new rank cannot rejoin the other nodes' collectives
-        if isinstance(command, cmd.RestartRank):
-            rank = self.spec.global_rank(command.local_rank)
-            if not pc.restart_rank(command.local_rank):
-                return cmd.Ack(False, f"the group is stopping: rank {rank} is not started again")
-            self.events.write("user_restart_rank", rank=rank, local_rank=command.local_rank)
-            self._note_user_action(f"restarted rank {rank}")
-            return cmd.Ack(True, f"restarting rank {rank}")
-        if isinstance(command, cmd.RestartGroup):
-            self.events.write("user_restart_group", attempt=self.attempt)
-            self._restart_requested = True
-            pc.stop()
-            return cmd.Ack(True, "restarting the group (next attempt)")
-        if isinstance(command, (cmd.Stop, cmd.KillGroup)):
-            sig, grace = (signal.SIGKILL, 0.0) if isinstance(command, cmd.KillGroup) else (command.signal, command.grace)
-            self._user_stop = True
-            self._restart_requested = False
-            self.state = GroupState.STOPPING
-            self.events.write("user_stop", signal=signal.Signals(sig).name)
-            if pc is not None:
-                pc.stop(sig, grace)
-            return cmd.Ack(True, f"{signal.Signals(sig).name} → every rank")
-        return cmd.Ack(False, f"{type(command).__name__} is not applied by the monitor loop")
+        # Detach whatever the ranks are doing: it is the run that lets go of its terminal.
+        if not isinstance(command, cmd.Detach) and (why := self._no_ranks_to_act_on(pc)) is not None:
+            refused = _refusal(command, why)
+            if refused is not None:
+                return refused
+        handler = self._COMMAND_HANDLERS.get(type(command))
+        if handler is None:
+            return cmd.Ack(False, f"{type(command).__name__} is not applied by the monitor loop")
+        return handler(self, pc, command)
+
+    def _no_ranks_to_act_on(self, pc: PContext | None) -> str | None:
+        """Why the group has no ranks a command could act on now (a key of _NOT_NOW), if it has none."""
+        if pc is None or self.state == GroupState.RENDEZVOUS:  # a round forming, or the exit barrier
+            return "rendezvous"
+        if not pc.ended:
+            return None
+        return "between_attempts" if self._between_attempts else "group_ended"
+
+    def _on_detach(self, _pc: PContext | None, command: cmd.Detach) -> cmd.Ack:
+        return self._detach(command.reason)
+
+    def _on_signal_rank(self, pc: PContext, command: cmd.SignalRank) -> cmd.Ack:
+        return self._signal_ranks(pc, [command.local_rank], command.signal)
+
+    def _on_signal_group(self, pc: PContext, command: cmd.SignalGroup) -> cmd.Ack:
+        return self._signal_ranks(pc, range(self.spec.local_world_size), command.signal)
+
+    def _on_kill_rank(self, pc: PContext, command: cmd.KillRank) -> cmd.Ack:
+        return self._signal_ranks(pc, [command.local_rank], signal.SIGKILL)
+
+    def _on_restart_rank(self, pc: PContext, command: cmd.RestartRank) -> cmd.Ack:
+        if self.rendezvous is not None:  # one new rank cannot rejoin the other nodes' collectives
+            return self._on_restart_group(pc, cmd.RestartGroup())
+        rank = self.spec.global_rank(command.local_rank)
+        if not pc.restart_rank(command.local_rank):
+            return cmd.Ack(False, f"the group is stopping: rank {rank} is not started again")
+        self.events.write("user_restart_rank", rank=rank, local_rank=command.local_rank)
+        self._note_user_action(f"restarted rank {rank}")
+        return cmd.Ack(True, f"restarting rank {rank}")
+
+    def _on_restart_group(self, pc: PContext, _command: cmd.RestartGroup) -> cmd.Ack:
+        self.events.write("user_restart_group", attempt=self.attempt)
+        self._restart_requested = True
+        pc.stop()
+        return cmd.Ack(True, "restarting the group (next attempt)")
+
+    def _on_stop(self, pc: PContext | None, command: cmd.Stop | cmd.KillGroup) -> cmd.Ack:
+        sig, grace = (signal.SIGKILL, 0.0) if isinstance(command, cmd.KillGroup) else (command.signal, command.grace)
+        self._user_stop = True
+        self._restart_requested = False
+        self.state = GroupState.STOPPING
+        self.events.write("user_stop", signal=signal.Signals(sig).name)
+        if pc is not None:
+            pc.stop(sig, grace)
+        return cmd.Ack(True, f"{signal.Signals(sig).name} → every rank")
 
     def _note_signal(self, rank: int, sig: int) -> None:
         """The user's signal reached `rank`: noted for a root cause that follows (USR1/USR2 are
@@ -1139,6 +1168,20 @@ class LocalAgent:
             self._note_signal(self.spec.global_rank(r), sig)
         who = "every rank" if len(sent) > 1 else f"rank {self.spec.global_rank(sent[0])}"
         return cmd.Ack(True, f"{name} → {who}")
+
+    # The monitor loop's handler of each command it applies (a command's type is its own: none
+    # subclasses another).
+    _COMMAND_HANDLERS: dict[type, Callable[..., cmd.Ack]] = {
+        cmd.Detach: _on_detach,
+        cmd.SignalRank: _on_signal_rank,
+        cmd.SignalGroup: _on_signal_group,
+        cmd.KillRank: _on_kill_rank,
+        cmd.SendInput: _send_input,
+        cmd.RestartRank: _on_restart_rank,
+        cmd.RestartGroup: _on_restart_group,
+        cmd.Stop: _on_stop,
+        cmd.KillGroup: _on_stop,
+    }
 
     # The calls below are kept for API users and tests; each is one queued command.
     def signal_rank(self, local_rank: int, sig: int) -> bool:
