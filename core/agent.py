@@ -40,7 +40,6 @@ from ranktop.core.errors import (
     RankStartError,
     SignalException,
     UsageError,
-    describe_exit,
     get_error_handler,
     killed_by,
 )
@@ -49,16 +48,17 @@ from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, console_budget, console_name
 from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
-from ranktop.core.prompts import PROMPT_LOOK, PROMPT_QUIET, rank_prompt
+from ranktop.core.prompts import PROMPT_QUIET, rank_prompt
 from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
+from ranktop.core.root_cause import UserActions, find_root_cause, rank_failed
 from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.signals import NOTICE_SIGNALS, OUTSIDE_STOP_WINDOW, StopAction, StopRule, take_early_stops
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_args, rank_env
+from ranktop.core.stalls import StallWatch
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
 from ranktop.core.strays import LOOK_SECONDS, adopting
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-SUSPENDED_GAP = 2.0  # seconds a monitor pass may come late before ranktop counts as having been stopped
 _STORE_CALL_THREAD = "ranktop-rdzv-join"
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
 ACK_TIMEOUT = 5.0  # the loop answers within milliseconds; this only bounds a wedged engine
@@ -289,6 +289,9 @@ class LocalAgent:
         self.duplicate_filters = {stream: tuple(n.encode(errors="surrogateescape") for n in needles)
                                   for stream, needles in duplicate_filters.items()}
         self.events = self._open_events()
+        self._stalls = StallWatch(stall_timeout, self.events, on_stall, sampler)
+        # the actions the user took on single ranks: a root cause that follows one names it
+        self._user_actions = UserActions()
         self.attempt = 0
         self.state = GroupState.INIT
         self.started_at = time.time()
@@ -299,24 +302,10 @@ class LocalAgent:
         self._stop_signal: int | None = None
         self._user_stop = False
         self._restart_requested = False
-        # Local ranks reported stalled -> when to look again whether one waits for input (monotonic;
-        # None once it was said to): a rank may reach its prompt after it was reported stalled.
-        self._stalled: dict[int, float | None] = {}
-        # When the monitor last passed (monotonic), and since when ranks may count as silent (wall
-        # time): a pass far later than its wait means ranktop itself was stopped (Ctrl-Z, SIGSTOP)
-        # or the machine slept, and the ranks' silence meanwhile is not theirs (`_note_gap`).
-        self._last_pass: float | None = None
-        self._silence_from = 0.0
-        # (time, attempt, what) of each action the user took on single ranks: a root cause that
-        # follows one says so (restarting a rank of a collective job makes its peers fail)
-        self._user_actions: list[tuple[float, int, str, float | None]] = []  # (when, attempt, what, SIGCONT's when)
         # "attempt_<k>: why it ended" for each attempt before this one that failed or was restarted
         self._earlier_attempts: list[str] = []
         self._interpreter = other_interpreter(spec)
         self._native_ranks = not callable(spec.entrypoint) and not _is_python(spec)  # py-spy's --native
-        # local rank -> (pid, its last output before a stack dump we asked for, until when the
-        # dump's own lines may come): a dump does not count as the rank speaking
-        self._dump_holds: dict[int, tuple[int, float | None, float]] = {}
         self._started = threading.Event()
         # Called once, when the run first has something to watch: its first ranks started, or it
         # waits for a rendezvous round. The command line serves the run then, not before: what
@@ -469,14 +458,14 @@ class LocalAgent:
     def _attempt_end(self, reason: str) -> str:
         """How the attempt that is being restarted ended, in a few words (the header, the console)."""
         if reason == "user":  # (maybe while the group stopped for a failure: both are said)
-            cause = self._root_cause() if self._own_failure() else None
-            return "restarted by the user" if cause is None else f"{_rank_failed(cause)}, then restarted by the user"
+            cause = self._find_root_cause() if self._own_failure() else None
+            return "restarted by the user" if cause is None else f"{rank_failed(cause)}, then restarted by the user"
         if reason == "nodes_joined":
             return "restarted, nodes joined"
         if self._round_end is not None and self._round_end.kind == "peer_failed":
             return self._round_end.message  # this node's ranks were stopped for it: none of them is to blame
-        cause = self._root_cause()
-        return "failed" if cause is None else _rank_failed(cause)
+        cause = self._find_root_cause()
+        return "failed" if cause is None else rank_failed(cause)
 
     def _restart_reason(self, result: RunProcsResult) -> str | None:
         if self._stop_requested:
@@ -536,7 +525,7 @@ class LocalAgent:
         streams = plan_streams(n, spec.redirects, spec.tee, capture_all=True,
                                console_ranks=spec.local_ranks_filter if self.console else set(),
                                prefixes=prefixes)
-        self._stalled.clear()
+        self._stalls.new_group()
         pty = None
         if spec.pty:
             for env in envs.values():
@@ -596,7 +585,7 @@ class LocalAgent:
             if result is not None:
                 return result
             idle = self.spec.monitor_interval if self.stall_timeout else 1.0
-            self._note_gap(idle)
+            self._stalls.note_gap(idle)
             self._check_stalls()
             pc.wait_activity(min(idle, LOOK_SECONDS) if adopting() else idle)  # orphans come without a word
 
@@ -620,7 +609,7 @@ class LocalAgent:
         peer_stop = self._round_end is not None and (self._round_end.kind in ("peer_gave_up", "store_lost") or
                                                      (self._round_end.kind == "peer_failed" and not own_failure))
         blamed = own_failure or not self._stop_requested
-        self.root_cause = self._root_cause() if failed and blamed and not peer_stop else None
+        self.root_cause = self._find_root_cause() if failed and blamed and not peer_stop else None
         state = self.state
         if self.rendezvous is not None:
             self._leave_rendezvous(state)
@@ -671,30 +660,8 @@ class LocalAgent:
             self.events.write("error_file_copy_failed", error=why)
             self._notice(f"the root cause's error file was not copied for the scheduler: {why}")
 
-    def _root_cause(self) -> RootCause | None:
-        # Never a rank the user ended: their kill or signal is no failure.
-        slots = [s for s in self.pcontext.slots if s.failure is not None and s.ended_by != "user"]
-        if not slots:
-            return None
-        # The first rank that failed on its own is the cause; the ranks we stopped are effects.
-        own = sorted([s for s in slots if s.ended_by == "itself"] or slots, key=lambda s: s.failure.exited_at)
-        slot, f = own[0], own[0].failure
-        tail = _decoded(slot.ring.tail(20))
-        attempt = self._pcontext_attempt
-        before = [(t, what, resumed) for t, at, what, resumed in self._user_actions if at == attempt and t <= f.exited_at]
-        return RootCause(
-            rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
-            signal_name=killed_by(f.exitcode), message=f.message_text,
-            traceback=f.traceback, timestamp=f.exited_at,
-            error_file=f.error_file if f.error_file_read else None, last_lines=tail,
-            # Enough lines to see past the rank's own printed traceback (the report cuts it out).
-            failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
-            user_action=_user_action_text(*before[-1], f.exited_at) if before else None,
-            # (a rank the user stopped is the user action above, not ranktop's doing: not in `slots`)
-            stopped=tuple((s.failure.rank, describe_exit(s.failure.exitcode)) for s in slots
-                          if s.stopped_by_us and s not in own),
-            attempt=attempt,
-        )
+    def _find_root_cause(self) -> RootCause | None:
+        return find_root_cause(self.pcontext.slots, self._pcontext_attempt, self._user_actions)
 
     # ----- rendezvous: the hooks of a multi-node run through torch's rendezvous -----------------
     def _join_round(self) -> bool:
@@ -825,7 +792,7 @@ class LocalAgent:
             cause, spent = self.root_cause, f"no restarts left ({self.restarts_spent} of {self.spec.max_restarts} spent)"
             peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
             what = ("its ranks were stopped for another node's failure" if peer else
-                    _rank_failed(cause) if cause else "its ranks failed")
+                    rank_failed(cause) if cause else "its ranks failed")
             self.rendezvous.give_up(f"{what}, {spent}")
             self.events.write("rendezvous_closed", reason="gave_up")
             if peer:  # no rank of ours to show: the one line says why this node ended
@@ -1090,7 +1057,7 @@ class LocalAgent:
         if not pc.restart_rank(command.local_rank):
             return cmd.Ack(False, f"the group is stopping: rank {rank} is not started again")
         self.events.write("user_restart_rank", rank=rank, local_rank=command.local_rank)
-        self._note_user_action(f"restarted rank {rank}")
+        self._user_actions.note(self.attempt, f"restarted rank {rank}")
         return cmd.Ack(True, f"restarting rank {rank}")
 
     def _on_restart_group(self, pc: PContext, _command: cmd.RestartGroup) -> cmd.Ack:
@@ -1109,40 +1076,13 @@ class LocalAgent:
             pc.stop(sig, grace)
         return cmd.Ack(True, f"{signal.Signals(sig).name} → every rank")
 
-    def _note_signal(self, rank: int, sig: int) -> None:
-        """The user's signal reached `rank`: noted for a root cause that follows (USR1/USR2 are
-        notices, not acts on the rank; SIGCONT ends a pause)."""
-        if sig == signal.SIGCONT:
-            self._note_resumed(rank)
-        elif sig == signal.SIGKILL:
-            self._note_user_action(f"killed rank {rank}")
-        elif sig not in (signal.SIGUSR1, signal.SIGUSR2):
-            self._note_user_action(f"sent {signal.Signals(sig).name} to rank {rank}")
-
-    def _note_user_action(self, what: str) -> None:
-        self._user_actions.append((time.time(), self.attempt, what, None))
-
-    def _note_resumed(self, rank: int) -> None:
-        """A SIGCONT to a rank the user paused in this attempt: the pause's note says when it ended
-        (a failure long after a pause of seconds read as if the rank were paused still)."""
-        paused = f"sent SIGSTOP to rank {rank}"
-        for i in range(len(self._user_actions) - 1, -1, -1):
-            at, attempt, what, resumed = self._user_actions[i]
-            if attempt == self.attempt and what == paused and resumed is None:
-                self._user_actions[i] = (at, attempt, what, time.time())
-                return
-
     def hold_stall_clock(self, local_ranks: Any, seconds: float) -> None:
         """We are about to make these ranks print their stacks (SIGUSR1): output in the next
-        `seconds` is the dump, not the rank speaking, and must not clear a stall."""
+        `seconds` is the dump, not the rank speaking, and must not clear a stall. Called from the
+        thread that dumps, not the monitor loop (core/stalls.py says why that is safe)."""
         pc = self.pcontext
-        if pc is None:
-            return
-        until = time.time() + seconds
-        for r in local_ranks:
-            slot = pc.slots[r]
-            if slot.proc is not None:
-                self._dump_holds[r] = (slot.proc.pid, self._spoke_at(slot), until)
+        if pc is not None:
+            self._stalls.hold(pc.slots, local_ranks, seconds)
 
     def _send_input(self, pc: PContext, command: cmd.SendInput) -> cmd.Ack:
         rank = self.spec.global_rank(command.local_rank)
@@ -1165,7 +1105,7 @@ class LocalAgent:
         if not sent:
             return cmd.Ack(False, f"not running: no {name} sent")
         for r in sent:  # (a refused command did nothing: it is no user action)
-            self._note_signal(self.spec.global_rank(r), sig)
+            self._user_actions.note_signal(self.attempt, self.spec.global_rank(r), sig)
         who = "every rank" if len(sent) > 1 else f"rank {self.spec.global_rank(sent[0])}"
         return cmd.Ack(True, f"{name} → {who}")
 
@@ -1235,75 +1175,8 @@ class LocalAgent:
         return tuple(self._earlier_losses + now)
 
     def _check_stalls(self) -> None:
-        if not self.stall_timeout:
-            return
-        now = time.time()
-        for slot in self.pcontext.slots:
-            r = slot.local_rank
-            silent = self._silent_for(slot, now)
-            if slot.alive and silent >= self.stall_timeout and r not in self._stalled:
-                snap = self._rank_snapshot(slot, now)
-                # A short stall time beat the sampler's second look: "cpu -" tells nothing. (A rank
-                # at a prompt is reported without its cpu: it waits for someone to type.)
-                if snap.cpu_percent is None and not snap.input_prompt and silent < self.stall_timeout + self._cpu_wait():
-                    continue
-                self._stalled[r] = None if snap.input_prompt else time.monotonic() + PROMPT_LOOK
-                self.events.write("stall_detected", rank=snap.rank, local_rank=r, silent_s=round(silent, 1),
-                                  input_prompt=snap.input_prompt, cpu_percent=snap.cpu_percent,
-                                  gpu_util=snap.gpu.util_percent if snap.gpu else None)
-                if self.on_stall:
-                    self.on_stall(snap)
-            elif r in self._stalled and (silent < self.stall_timeout or not slot.alive):
-                del self._stalled[r]
-                if slot.alive:
-                    self.events.write("stall_cleared", rank=self.spec.global_rank(r), local_rank=r)
-            elif (look := self._stalled.get(r)) is not None and time.monotonic() >= look:
-                self._prompt_after_stall(slot, silent, now)
-
-    def _prompt_after_stall(self, slot: Any, silent: float, now: float) -> None:
-        """A rank reported stalled that has come to wait for input since (its own input() after a
-        long silent step): said once, as a stall at a prompt is."""
-        r = slot.local_rank
-        snap = self._rank_snapshot(slot, now)
-        if not snap.input_prompt:
-            self._stalled[r] = time.monotonic() + PROMPT_LOOK
-            return
-        self._stalled[r] = None
-        self.events.write("waits_for_input", rank=snap.rank, local_rank=r, silent_s=round(silent, 1),
-                          input_prompt=snap.input_prompt)
-        if self.on_stall:
-            self.on_stall(snap)
-
-    def _cpu_wait(self) -> float:
-        """How long a stall's report may wait for the rank's cpu% (two samples of the sampler;
-        past that, the sampler cannot read the rank and the report goes without it)."""
-        return 2.5 * self.sampler.interval if self.sampler is not None else 0.0
-
-    def _note_gap(self, idle: float) -> None:
-        """A monitor pass `SUSPENDED_GAP` later than its wait of `idle`: ranktop was stopped (Ctrl-Z
-        on a headless run, or the TUI's; SIGSTOP) or the machine slept. Its ranks ran on, and what
-        they printed meanwhile waited in their pipes: their silence is counted from now, where
-        `fg` used to bring `rank 1 stalled: no output for 6s`."""
-        now = time.monotonic()
-        if self._last_pass is not None and now - self._last_pass > idle + SUSPENDED_GAP:
-            self._silence_from = time.time()
-            self.events.write("ranktop_suspended", seconds=round(now - self._last_pass, 1))
-        self._last_pass = now
-
-    def _silent_for(self, slot: Any, now: float) -> float:
-        """Seconds since the rank last printed (since it started, if it never did, or since it
-        was restarted: the ring holds the previous process's output too; or since ranktop was
-        back from a suspension)."""
-        return now - max(self._spoke_at(slot) or 0.0, slot.proc.started_at, self._silence_from)
-
-    def _spoke_at(self, slot: Any) -> float | None:
-        """When the rank last printed, leaving out the stack dumps we asked it for."""
-        last = slot.ring.last_output_at
-        hold = self._dump_holds.get(slot.local_rank)
-        if hold is None or slot.proc is None or hold[0] != slot.proc.pid:
-            return last
-        _pid, before, until = hold
-        return before if last is not None and last <= until else last
+        if self.stall_timeout:
+            self._stalls.check(self.pcontext.slots, self._rank_snapshot, self.spec.global_rank)
 
     def _rank_state(self, slot: Any, now: float) -> RankState:
         # Stalled is read off the ring each time, not off the monitor's last pass: a rank that
@@ -1317,7 +1190,7 @@ class LocalAgent:
         if code is None:
             if slot.stopped_by_us or slot.restart_pending:
                 return RankState.STOPPING
-            if self.stall_timeout and self._silent_for(slot, now) >= self.stall_timeout:
+            if self.stall_timeout and self._stalls.silent_for(slot, now) >= self.stall_timeout:
                 return RankState.STALLED
             return RankState.RUNNING if slot.ring.last_output_at else RankState.STARTING
         if code == 0:
@@ -1329,7 +1202,7 @@ class LocalAgent:
         # A rank's last sample outlives it in the sampler (and in final.json): an ended rank has none
         stats = self.sampler.latest(r) if self.sampler is not None and slot.alive else None
         state = self._rank_state(slot, now)
-        last = self._spoke_at(slot)  # (as the stall clock: the stacks we made it print are not it speaking)
+        last = self._stalls.spoke_at(slot)  # (as the stall clock: the stacks we made it print are not it speaking)
         code = proc.returncode if proc else None
         logs = self.pcontext.log_files(r)
         return RankSnapshot(
@@ -1339,7 +1212,7 @@ class LocalAgent:
             ended_at=proc.exited_at if proc else None, last_output_at=last, output_version=slot.ring.version,
             cpu_percent=stats.cpu_percent if stats else None, rss=stats.rss if stats else None,
             gpu=stats.gpu if stats else None,
-            stall_seconds=self._silent_for(slot, now) if state == RankState.STALLED else None,
+            stall_seconds=self._stalls.silent_for(slot, now) if state == RankState.STALLED else None,
             input_prompt=self._input_prompt(slot, state, now),
             native=self._native_ranks,
             log_bytes_lost=slot.log_bytes_lost, log_error=slot.log_error,
@@ -1396,13 +1269,6 @@ class LocalAgent:
         return self.pcontext.slots[local_rank].ring
 
 
-def _rank_failed(cause: RootCause) -> str:
-    """`rank 1 failed (exit 3)` or `(signal SIGKILL)`: the words of the restart line and of the
-    reason a node that gives up leaves for the others (which said `exit -9`)."""
-    how = f"signal {cause.signal_name}" if cause.exitcode < 0 else f"exit {cause.exitcode}"
-    return f"rank {cause.rank} failed ({how})"
-
-
 def _wall_clock(monotonic: float | None, now: float) -> float | None:
     """A deadline the engine keeps on the monotonic clock, on time.time()'s (`now`): the clock
     snapshots carry, to views in other processes."""
@@ -1415,19 +1281,6 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError, AttributeError):
         pass
-
-
-def _user_action_text(at: float, what: str, resumed: float | None, failed_at: float) -> str:
-    """'you restarted rank 2 at 12:03:04, 1.2 s before this failure'; a pause `resumed` (SIGCONT)
-    before the failure says when (' (SIGCONT 3.0 s later)'), one resumed after it does not: the
-    rank was paused when the failure came."""
-    when = time.strftime("%H:%M:%S", time.localtime(at))
-    then = f" (SIGCONT {resumed - at:.1f} s later)" if resumed is not None and resumed <= failed_at else ""
-    return f"you {what} at {when}{then}, {max(0.0, failed_at - at):.1f} s before this failure"
-
-
-def _decoded(lines: list[bytes]) -> tuple[str, ...]:
-    return tuple(line.decode(errors="replace") for line in lines)
 
 
 def other_interpreter(spec: WorkerSpec) -> str | None:
