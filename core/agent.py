@@ -65,6 +65,21 @@ ACK_TIMEOUT = 5.0  # the loop answers within milliseconds; this only bounds a we
 KILL_NOW_REAP_TIMEOUT = 1.0  # after a second Ctrl-C, how long a rank may outlive SIGKILL
 
 
+def _check_arguments(spec: WorkerSpec, start_method: str, prefix_template: str | None, *,
+                     shutdown_timeout: float, exit_barrier_timeout: float, stall_timeout: float | None,
+                     ring_lines: int) -> None:
+    """A UsageError in one line for the first bad argument, before anything of the run exists."""
+    set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
+    check_timeout("shutdown_timeout", shutdown_timeout)
+    check_timeout("exit_barrier_timeout", exit_barrier_timeout)  # torch's logs a traceback at the barrier
+    if stall_timeout is not None:
+        POSITIVE_SECONDS.check("stall_timeout", stall_timeout)
+    LINES.check("ring_lines", ring_lines)
+    ensure_fds_for(spec.local_world_size)  # before anything exists: a shortage is one line
+    _check_prefix_part("role", spec.role)
+    _check_prefix_part("log line prefix template", prefix_template)
+
+
 def _check_prefix_part(what: str, text: str | None) -> None:
     """UsageError for a role or prefix template that a terminal would act on (an escape sequence,
     a newline) or that holds bytes that are not UTF-8: it heads every console line ranktop prints."""
@@ -231,17 +246,10 @@ class LocalAgent:
         typed_stdin: bool = False,
     ):
         refuse_while_loading_main(type(self).__name__)
-        set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
         self.start_method = start_method
-        check_timeout("shutdown_timeout", shutdown_timeout)
-        check_timeout("exit_barrier_timeout", exit_barrier_timeout)  # torch's logs a traceback at the barrier
-        if stall_timeout is not None:
-            POSITIVE_SECONDS.check("stall_timeout", stall_timeout)
-        LINES.check("ring_lines", ring_lines)
-        ensure_fds_for(spec.local_world_size)  # before anything exists: a shortage is one line
         self.prefix_template = log_line_prefix_template or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
-        _check_prefix_part("role", spec.role)
-        _check_prefix_part("log line prefix template", self.prefix_template)
+        _check_arguments(spec, start_method, self.prefix_template, shutdown_timeout=shutdown_timeout,
+                         exit_barrier_timeout=exit_barrier_timeout, stall_timeout=stall_timeout, ring_lines=ring_lines)
         spec = _bind_numa(spec)
         self.spec = spec
         self.shutdown_timeout = shutdown_timeout
@@ -255,6 +263,31 @@ class LocalAgent:
         self.ring_lines = ring_lines
         self.sampler = sampler  # core.stats.StatsSampler or None: cpu/rss/GPU per rank
         self.on_stall = on_stall
+        self.reap_timeout = reap_timeout  # how long a SIGKILLed rank may take to go before it is given up on
+        self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
+        # Handled besides SIGINT/TERM/HUP (which ranktop always handles: no rank may outlive it):
+        # a stop signal like those, or a notice (USR1/USR2) passed on to the ranks.
+        self.signals_to_handle = tuple(signals_to_handle)
+        self.on_notice = on_notice  # one-line news for the person watching (rendezvous rounds)
+        self.exit_barrier_timeout = exit_barrier_timeout
+        self._interpreter = other_interpreter(spec)
+        self._native_ranks = not callable(spec.entrypoint) and not _is_python(spec)  # py-spy's --native
+        # Called once, when the run first has something to watch: its first ranks started, or it
+        # waits for a rendezvous round. The command line serves the run then, not before: what
+        # only serves observers must not hold up the ranks' start.
+        self._on_under_way = on_under_way
+        self._place_run(spec, log_dir, numbered_run_dir)
+        self._set_up_output(echo_events, duplicate_filters)
+        self.events = self._open_events()
+        self._stalls = StallWatch(stall_timeout, self.events, on_stall, sampler)
+        # the actions the user took on single ranks: a root cause that follows one names it
+        self._user_actions = UserActions()
+        self._set_up_group_state()
+        self._set_up_command_queue(hangup_stops, signals_to_handle)
+        self._set_up_rendezvous_state()
+
+    def _place_run(self, spec: WorkerSpec, log_dir: str | None, numbered_run_dir: bool) -> None:
+        """The run's rendezvous (if its spec has a handler), its id, its run directory and its master port."""
         self.rendezvous = (Rendezvous(spec.rdzv_handler, spec.role, spec.local_world_size)
                            if spec.rdzv_handler is not None else None)
         if self.rendezvous is not None:
@@ -272,12 +305,16 @@ class LocalAgent:
         self.run_dir = self.layout.path
         self.master_port = spec.master_port or free_port()
         self._asked_spec = spec  # its master_addr/port, where set, beat every round's (placed() replaces them)
+
+    def _set_up_output(self, echo_events: bool, duplicate_filters: dict[int, tuple[str, ...]] | None) -> None:
+        """The console writer (headless), the echo of events to it, and the duplicate-line filters."""
+        spec = self.spec
         # Headless, one console writer serves every attempt: the ranks' tee and our own lines,
         # none of which may wait on a stuck terminal (the monitor loop says things too).
         self._tee = (ConsoleWriter(budget=console_budget(2 * spec.local_world_size),
-                                   clean=clean_console if sanitize_console else None,
+                                   clean=clean_console if self.sanitize_console else None,
                                    on_lost=_weakly(self._console_lost))
-                     if console else None)
+                     if self.console else None)
         self.console_unshown = 0  # bytes of output the console had not taken when the run ended
         self.console_cut_by: int | None = None  # the stop signal that cut the wait for it short, if one did
         # torchrun's --event-log-handler console (or torch's WorkerSpec field of that name)
@@ -288,60 +325,52 @@ class LocalAgent:
         # (surrogateescape: a filter typed with bytes that are not UTF-8 matches those bytes)
         self.duplicate_filters = {stream: tuple(n.encode(errors="surrogateescape") for n in needles)
                                   for stream, needles in duplicate_filters.items()}
-        self.events = self._open_events()
-        self._stalls = StallWatch(stall_timeout, self.events, on_stall, sampler)
-        # the actions the user took on single ranks: a root cause that follows one names it
-        self._user_actions = UserActions()
+
+    def _set_up_group_state(self) -> None:
+        """The group before its first start: attempts, restarts, the ranks' context, the result."""
         self.attempt = 0
         self.state = GroupState.INIT
         self.started_at = time.time()
         self.ended_at: float | None = None
         self.pcontext: PContext | None = None
         self._pcontext_attempt = 0  # the attempt self.pcontext's ranks belong to
+        self._generation = -1  # the group's starts so far, less one: each start's rings are new
+        # Starts of the group since the last restart was spent: nodes joining restart the group
+        # without spending one, and that start logs to attempt_<k>.<n>.
+        self._same_attempt_starts = 0
+        # Attempts the user's RestartGroup started: they advance the attempt and spend no restart.
+        self.user_restarts = 0
+        self._between_attempts = False  # closing one attempt to start the next
+        # "attempt_<k>: why it ended" for each attempt before this one that failed or was restarted
+        self._earlier_attempts: list[str] = []
+        self._earlier_losses: list[LogLoss] = []  # incomplete logs of the attempts before this one
+        self._started = threading.Event()
         self.root_cause: RootCause | None = None
         self._stop_signal: int | None = None
         self._user_stop = False
         self._restart_requested = False
-        # "attempt_<k>: why it ended" for each attempt before this one that failed or was restarted
-        self._earlier_attempts: list[str] = []
-        self._interpreter = other_interpreter(spec)
-        self._native_ranks = not callable(spec.entrypoint) and not _is_python(spec)  # py-spy's --native
-        self._started = threading.Event()
-        # Called once, when the run first has something to watch: its first ranks started, or it
-        # waits for a rendezvous round. The command line serves the run then, not before: what
-        # only serves observers must not hold up the ranks' start.
-        self._on_under_way = on_under_way
+        self._user_ended: tuple[int, ...] = ()  # once the run ended: global ranks the user ended
+        self.result: RunResult | None = None  # once run() returned
+
+    def _set_up_command_queue(self, hangup_stops: bool, signals_to_handle: tuple[int, ...]) -> None:
+        """Where signals to ranktop and commands wait for the monitor loop, and what wakes it."""
         # (signal, monotonic arrival time), appended by signal handlers, drained by the loop.
         self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
         self._stop_rule = StopRule(hangup_stops=hangup_stops, passed_on=NOTICE_SIGNALS & frozenset(signals_to_handle))
-        self._earlier_losses: list[LogLoss] = []  # incomplete logs of the attempts before this one
         # Commands waiting for the monitor loop, each with the slot its Ack goes into.
         self._commands: collections.deque[tuple[cmd.Command, _Reply | None]] = collections.deque()
         self._accepting = True  # False once the run is over: a late command is answered at once
         self._queue_lock = threading.Lock()  # only around the queue: never held while applying
         self._waker = Waker()  # wakes the loop; shared by every attempt's context
-        self.result: RunResult | None = None  # once run() returned
-        self._between_attempts = False  # closing one attempt to start the next
-        self.reap_timeout = reap_timeout  # how long a SIGKILLed rank may take to go before it is given up on
-        self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
-        # Handled besides SIGINT/TERM/HUP (which ranktop always handles: no rank may outlive it):
-        # a stop signal like those, or a notice (USR1/USR2) passed on to the ranks.
-        self.signals_to_handle = tuple(signals_to_handle)
-        self.on_notice = on_notice  # one-line news for the person watching (rendezvous rounds)
-        self.exit_barrier_timeout = exit_barrier_timeout
+
+    def _set_up_rendezvous_state(self) -> None:
+        """What the rendezvous rounds and the exit barrier leave for the snapshot and the result."""
         self._watch: RoundWatch | None = None
         self._round_end = None  # a RoundEnd once the watch saw one for the running group
         self._rdzv_error: str | None = None
         self._end_note: str | None = None  # the exit barrier's end without every node, in words
         self._start_error: RankStartError | None = None  # why a rank could not be started, if one could not
         self._waiting: str | None = None  # while a rendezvous round forms: what for (Rendezvous.waiting_words)
-        # Starts of the group since the last restart was spent: nodes joining restart the group
-        # without spending one, and that start logs to attempt_<k>.<n>.
-        self._same_attempt_starts = 0
-        # Attempts the user's RestartGroup started: they advance the attempt and spend no restart.
-        self.user_restarts = 0
-        self._user_ended: tuple[int, ...] = ()  # once the run ended: global ranks the user ended
-        self._generation = -1  # the group's starts so far, less one: each start's rings are new
 
     def _open_events(self) -> EventLog:
         """The run directory and its event log, with the first event written: a disk that is full
