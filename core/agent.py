@@ -2,7 +2,10 @@
 event log, and is what the CLI and the TUI drive (snapshots out, commands in).
 
 There is one monitor loop (`_monitor`), running in whichever thread called `run()`, and it is the
-only thread that changes the group's state. Every command (core/commands.py), from a UI, an API
+only thread that changes the group's state. (Other threads read it, for snapshots; one writes
+beside it: `hold_stall_clock`, from the thread about to have ranks print their stacks, marks those
+ranks' coming output as no speech of theirs, which only the stall clock reads: core/stalls.py
+says why that is safe.) Every command (core/commands.py), from a UI, an API
 caller or a signal to ranktop itself, goes into one queue that the loop drains on each pass, and
 also while it waits for an attempt to close: a stop that arrives between two attempts is applied,
 never recorded and forgotten. Callers wait for the loop's Ack; a signal handler does not.
@@ -149,8 +152,10 @@ class RunResult:
     incomplete_logs: tuple[LogLoss, ...] = ()  # log files a write failed on (disk full)
     # global rank -> pid of each rank that outlived SIGKILL (stuck in the kernel), left to the guard
     unreapable: dict[int, int] = field(default_factory=dict)
-    # why this node's run ended with no rank to blame, if it did: the rendezvous, a rank that
-    # could not be started
+    # Why this node's run ended with no rank of its own to blame, if it did: a rendezvous round
+    # that failed, a node that gave up (the rendezvous closed) or failed while this node had no
+    # restarts left, the store lost, or a rank that could not be started. (Its name is older than
+    # the last of these: it is API, and the protocol's, so it stays.)
     rendezvous_error: str | None = None
     interpreter: str | None = None  # the ranks' Python, when not ranktop's own (see GroupSnapshot)
     end_note: str | None = None  # how its exit barrier ended without every node (see GroupSnapshot)
@@ -367,7 +372,8 @@ class LocalAgent:
         """What the rendezvous rounds and the exit barrier leave for the snapshot and the result."""
         self._watch: RoundWatch | None = None
         self._round_end = None  # a RoundEnd once the watch saw one for the running group
-        self._rdzv_error: str | None = None
+        # Why this node's run ended with no rank of its own to blame (RunResult.rendezvous_error)
+        self._node_error: str | None = None
         self._end_note: str | None = None  # the exit barrier's end without every node, in words
         self._start_error: RankStartError | None = None  # why a rank could not be started, if one could not
         self._waiting: str | None = None  # while a rendezvous round forms: what for (Rendezvous.waiting_words)
@@ -501,7 +507,7 @@ class LocalAgent:
             return None
         if self._restart_requested:
             return "user"
-        failed = self._group_failed(result) and self._rdzv_error is None
+        failed = self._group_failed(result) and self._node_error is None
         if self._nodes_joined(result) or (failed and self._peers_joined()):
             return "nodes_joined"
         if failed and self.restarts_spent < self.spec.max_restarts:
@@ -592,9 +598,9 @@ class LocalAgent:
 
     def _start_failed(self, exc: RankStartError) -> None:
         """A rank's process could not be made: the run ends, failed, saying why (no rank to blame)."""
-        self._rdzv_error = str(exc.strerror)
+        self._node_error = str(exc.strerror)
         self._start_error = exc
-        self.events.write("start_failed", message=self._rdzv_error)
+        self.events.write("start_failed", message=self._node_error)
 
     def _next_generation(self) -> int:
         self._generation += 1
@@ -624,9 +630,9 @@ class LocalAgent:
         failed = self._group_failed(result)
         self._user_ended = tuple(sorted(self.spec.global_rank(r) for r in self._user_ended_ranks(result)))
         # Ranks the user ended, and none that failed: the run ends as a Stop of theirs would.
-        if self._stop_requested or (self._user_ended and not failed and not self._rdzv_error):
+        if self._stop_requested or (self._user_ended and not failed and not self._node_error):
             self.state = GroupState.STOPPED
-        elif failed or self._rdzv_error:
+        elif failed or self._node_error:
             self.state = GroupState.FAILED
         else:
             self.state = GroupState.SUCCEEDED
@@ -647,7 +653,7 @@ class LocalAgent:
         unreapable = {self.spec.global_rank(r): pid for r, pid in result.unreapable.items()}
         run = RunResult(state, values, failures, self.root_cause, self._stop_signal,
                         incomplete_logs=self.incomplete_logs(), unreapable=unreapable,
-                        rendezvous_error=self._rdzv_error, interpreter=self._interpreter, end_note=self._end_note,
+                        rendezvous_error=self._node_error, interpreter=self._interpreter, end_note=self._end_note,
                         user_ended=self._user_ended)
         self.events.write("run_finished", state=state.name, exit_status=run.exit_status,
                           root_cause_rank=self.root_cause.rank if self.root_cause else None,
@@ -707,8 +713,8 @@ class LocalAgent:
         if outcome is None:
             return False
         if isinstance(outcome, RendezvousFailed):
-            self._rdzv_error = str(outcome)
-            self.events.write("rendezvous_failed", message=self._rdzv_error)
+            self._node_error = str(outcome)
+            self.events.write("rendezvous_failed", message=self._node_error)
             return False
         p = self._asked_spec.fixed_master(outcome)
         self.spec = self.spec.placed(p)
@@ -778,7 +784,7 @@ class LocalAgent:
         self.events.write("round_end", kind=end.kind, message=end.message)
         if end.kind in ("peer_gave_up", "store_lost"):
             closed = f"; the {self.rendezvous.describe()} is closed," if end.kind == "peer_gave_up" else ";"
-            self._rdzv_error = f"{end.message}{closed} this node stops"
+            self._node_error = f"{end.message}{closed} this node stops"
             self.state = GroupState.STOPPING
         else:  # a peer's failure gets its one line when the restart is decided, as a rank's failure
             if end.kind == "nodes_joined":
@@ -817,7 +823,7 @@ class LocalAgent:
                 self.rendezvous.leave_round()
                 if end.serves_store:
                     self._serve_the_others(deadline, timeout)
-        elif state == GroupState.FAILED and self._rdzv_error is None:
+        elif state == GroupState.FAILED and self._node_error is None:
             cause, spent = self.root_cause, f"no restarts left ({self.restarts_spent} of {self.spec.max_restarts} spent)"
             peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
             what = ("its ranks were stopped for another node's failure" if peer else
@@ -825,7 +831,7 @@ class LocalAgent:
             self.rendezvous.give_up(f"{what}, {spent}")
             self.events.write("rendezvous_closed", reason="gave_up")
             if peer:  # no rank of ours to show: the one line says why this node ended
-                self._rdzv_error = f"{self._round_end.message}, and this node has {spent}"
+                self._node_error = f"{self._round_end.message}, and this node has {spent}"
 
     def _at_exit_barrier(self, timeout: float) -> Any:
         """The exit barrier, saying what it waits for: the TUI at once, headless once the wait
@@ -1276,7 +1282,7 @@ class LocalAgent:
             root_cause=self.root_cause, incomplete_logs=self.incomplete_logs(), taken_at=now,
             shutdown_timeout=self.shutdown_timeout, output_lines_kept=self.ring_lines,
             stop_signal=self._stop_signal, round=self.spec.placement.round if self.spec.placement else None,
-            generation=pc.generation if pc else 0, rendezvous_error=self._rdzv_error, waiting=self._waiting,
+            generation=pc.generation if pc else 0, rendezvous_error=self._node_error, waiting=self._waiting,
             earlier_attempts=tuple(self._earlier_attempts), interpreter=self._interpreter, end_note=self._end_note,
             user_restarts=self.user_restarts, user_ended=self._user_ended,
             store_lost=self.rendezvous.store_lost if self.rendezvous is not None else None,
