@@ -745,12 +745,6 @@ class LocalAgent(RendezvousHooks):
         first = os.path.basename(self.run_dir)
         return [first] + [name for name in (f"{self.run_id}.{n}" for n in range(1, 100)) if name != first]
 
-    def _detach(self, reason: str) -> cmd.Ack:
-        """The run let go of its terminal: from now on a SIGHUP is noted, not a stop."""
-        self._stop_rule.hangup_stops = False
-        self.events.write("detached", reason=reason)
-        return cmd.Ack(True, "detached: the run goes on without its terminal")
-
     def handle_signal(self, signum: int) -> None:
         """ranktop itself got `signum`: forward it to every rank (grace, then SIGKILL) and end with
         128+N; `StopRule` says what a repeat means. Safe from a signal handler: it only notes the
@@ -862,7 +856,10 @@ class LocalAgent(RendezvousHooks):
         return "between_attempts" if self._between_attempts else "group_ended"
 
     def _on_detach(self, _pc: PContext | None, command: cmd.Detach) -> cmd.Ack:
-        return self._detach(command.reason)
+        """The run let go of its terminal: from now on a SIGHUP is noted, not a stop."""
+        self._stop_rule.hangup_stops = False
+        self.events.write("detached", reason=command.reason)
+        return cmd.Ack(True, "detached: the run goes on without its terminal")
 
     def _on_signal_rank(self, pc: PContext, command: cmd.SignalRank) -> cmd.Ack:
         return self._signal_ranks(pc, [command.local_rank], command.signal)
