@@ -22,7 +22,7 @@ _STORE_CALL_THREAD = "ranktop-rdzv-join"
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
 
 
-class RendezvousHooks:
+class AgentRendezvous:
     """LocalAgent's rendezvous hooks (a part of it, not a class of its own to make)."""
 
     def _set_up_rendezvous_state(self) -> None:
