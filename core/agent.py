@@ -1,11 +1,14 @@
 """The local agent: runs one role's ranks on this node, restarts the group on failure, keeps the
-event log, and is what the CLI and the TUI drive (snapshots out, commands in).
+event log, and is what the CLI and the TUI drive (snapshots out, commands in). Its parts, each in
+a module of its own: the command queue and the signal policy (core/agent_commands.py), the
+rendezvous hooks (core/agent_rendezvous.py), stall detection (core/stalls.py) and the root cause
+of a failure (core/root_cause.py).
 
 There is one monitor loop (`_monitor`), running in whichever thread called `run()`, and it is the
-only thread that changes the group's state. (Other threads read it, for snapshots; one writes
-beside it: `hold_stall_clock`, from the thread about to have ranks print their stacks, marks those
-ranks' coming output as no speech of theirs, which only the stall clock reads: core/stalls.py
-says why that is safe.) Every command (core/commands.py), from a UI, an API
+only thread that changes the group's state. Other threads read it (snapshots), and one writes
+beside it: `hold_stall_clock`, called by the thread about to have ranks print their stacks, marks
+their coming output as the dump, not their speech, which only the stall clock reads
+(core/stalls.py says why that is safe). Every command (core/commands.py), from a UI, an API
 caller or a signal to ranktop itself, goes into one queue that the loop drains on each pass, and
 also while it waits for an attempt to close: a stop that arrives between two attempts is applied,
 never recorded and forgotten. Callers wait for the loop's Ack; a signal handler does not.
