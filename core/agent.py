@@ -1,8 +1,14 @@
 """The local agent: runs one role's ranks on this node, restarts the group on failure, keeps the
-event log, and is what the CLI and the TUI drive (snapshots out, commands in).
+event log, and is what the CLI and the TUI drive (snapshots out, commands in). Its parts, each in
+a module of its own: the command queue and the signal policy (core/agent_commands.py), the
+rendezvous hooks (core/agent_rendezvous.py), stall detection (core/stalls.py) and the root cause
+of a failure (core/root_cause.py).
 
 There is one monitor loop (`_monitor`), running in whichever thread called `run()`, and it is the
-only thread that changes the group's state. Every command (core/commands.py), from a UI, an API
+only thread that changes the group's state. Other threads read it (snapshots), and one writes
+beside it: `hold_stall_clock`, called by the thread about to have ranks print their stacks, marks
+their coming output as the dump, not their speech, which only the stall clock reads
+(core/stalls.py says why that is safe). Every command (core/commands.py), from a UI, an API
 caller or a signal to ranktop itself, goes into one queue that the loop drains on each pass, and
 also while it waits for an attempt to close: a stop that arrives between two attempts is applied,
 never recorded and forgotten. Callers wait for the loop's Ack; a signal handler does not.
@@ -11,7 +17,6 @@ never recorded and forgotten. Callers wait for the loop's Ack; a signal handler 
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import json
 import os
@@ -25,12 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ranktop.core import commands as cmd
+from ranktop.core.agent_commands import AgentCommands
+from ranktop.core.agent_rendezvous import AgentRendezvous, store_call_left_blocked
 from ranktop.core.context import (
     REAP_TIMEOUT,
     PContext,
     RunProcsResult,
-    Waker,
     plan_streams,
     prefix_for,
     set_start_method,
@@ -40,7 +45,6 @@ from ranktop.core.errors import (
     RankStartError,
     SignalException,
     UsageError,
-    describe_exit,
     get_error_handler,
     killed_by,
 )
@@ -49,20 +53,33 @@ from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, console_budget, console_name
 from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
-from ranktop.core.prompts import PROMPT_LOOK, PROMPT_QUIET, rank_prompt
-from ranktop.core.rendezvous import Rendezvous, RendezvousFailed, RoundWatch
+from ranktop.core.prompts import PROMPT_QUIET, rank_prompt
+from ranktop.core.rendezvous import Rendezvous
+from ranktop.core.root_cause import UserActions, find_root_cause, rank_failed
 from ranktop.core.sanitize import clean, clean_console, quoted
-from ranktop.core.signals import NOTICE_SIGNALS, OUTSIDE_STOP_WINDOW, StopAction, StopRule, take_early_stops
+from ranktop.core.signals import OUTSIDE_STOP_WINDOW, StopAction
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_args, rank_env
+from ranktop.core.stalls import StallWatch
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
 from ranktop.core.strays import LOOK_SECONDS, adopting
 
-_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-SUSPENDED_GAP = 2.0  # seconds a monitor pass may come late before ranktop counts as having been stopped
-_STORE_CALL_THREAD = "ranktop-rdzv-join"
-SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
-ACK_TIMEOUT = 5.0  # the loop answers within milliseconds; this only bounds a wedged engine
-KILL_NOW_REAP_TIMEOUT = 1.0  # after a second Ctrl-C, how long a rank may outlive SIGKILL
+__all__ = ["LocalAgent", "LocalElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerState", "new_run_id",
+           "other_interpreter", "store_call_left_blocked"]
+
+
+def _check_arguments(spec: WorkerSpec, start_method: str, prefix_template: str | None, *,
+                     shutdown_timeout: float, exit_barrier_timeout: float, stall_timeout: float | None,
+                     ring_lines: int) -> None:
+    """A UsageError in one line for the first bad argument, before anything of the run exists."""
+    set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
+    check_timeout("shutdown_timeout", shutdown_timeout)
+    check_timeout("exit_barrier_timeout", exit_barrier_timeout)  # torch's logs a traceback at the barrier
+    if stall_timeout is not None:
+        POSITIVE_SECONDS.check("stall_timeout", stall_timeout)
+    LINES.check("ring_lines", ring_lines)
+    ensure_fds_for(spec.local_world_size)  # before anything exists: a shortage is one line
+    _check_prefix_part("role", spec.role)
+    _check_prefix_part("log line prefix template", prefix_template)
 
 
 def _check_prefix_part(what: str, text: str | None) -> None:
@@ -81,26 +98,6 @@ def _not_utf8(text: str) -> bool:
     return False
 
 
-def _after_the_end(command: cmd.Command) -> cmd.Ack:
-    """The answer to a command that came once the run had ended (or while it was ending, before
-    the monitor loop took it): a stop got what it asked for; anything else has nothing to act on."""
-    if isinstance(command, (cmd.Stop, cmd.KillGroup)):
-        return cmd.Ack(True, "the run had ended already")
-    return cmd.Ack(False, "the run has ended: nothing left to act on")
-
-
-class _Reply:
-    """Where the monitor loop puts its answer to one command, and the event its caller waits on."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.ack: cmd.Ack | None = None
-
-    def answer(self, ack: cmd.Ack) -> None:
-        self.ack = ack
-        self.done.set()
-
-
 # torch's name for the group state (`RunResult.state`, the `run_finished` event): the same enum.
 WorkerState = GroupState
 
@@ -117,8 +114,10 @@ class RunResult:
     incomplete_logs: tuple[LogLoss, ...] = ()  # log files a write failed on (disk full)
     # global rank -> pid of each rank that outlived SIGKILL (stuck in the kernel), left to the guard
     unreapable: dict[int, int] = field(default_factory=dict)
-    # why this node's run ended with no rank to blame, if it did: the rendezvous, a rank that
-    # could not be started
+    # Why this node's run ended with no rank of its own to blame, if it did: a rendezvous round
+    # that failed, a node that gave up (the rendezvous closed) or failed while this node had no
+    # restarts left, the store lost, or a rank that could not be started. (Its name is older than
+    # the last of these: it is API, and the protocol's, so it stays.)
     rendezvous_error: str | None = None
     interpreter: str | None = None  # the ranks' Python, when not ranktop's own (see GroupSnapshot)
     end_note: str | None = None  # how its exit barrier ended without every node (see GroupSnapshot)
@@ -183,7 +182,7 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + os.urandom(2).hex()
 
 
-class LocalAgent:
+class LocalAgent(AgentRendezvous, AgentCommands):
     """Runs `spec` on this node: per-rank environment, restarts, events, snapshots, commands."""
 
     def __init__(
@@ -214,17 +213,10 @@ class LocalAgent:
         typed_stdin: bool = False,
     ):
         refuse_while_loading_main(type(self).__name__)
-        set_start_method(start_method)  # checked; every rank starts as a fresh interpreter anyway
         self.start_method = start_method
-        check_timeout("shutdown_timeout", shutdown_timeout)
-        check_timeout("exit_barrier_timeout", exit_barrier_timeout)  # torch's logs a traceback at the barrier
-        if stall_timeout is not None:
-            POSITIVE_SECONDS.check("stall_timeout", stall_timeout)
-        LINES.check("ring_lines", ring_lines)
-        ensure_fds_for(spec.local_world_size)  # before anything exists: a shortage is one line
         self.prefix_template = log_line_prefix_template or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
-        _check_prefix_part("role", spec.role)
-        _check_prefix_part("log line prefix template", self.prefix_template)
+        _check_arguments(spec, start_method, self.prefix_template, shutdown_timeout=shutdown_timeout,
+                         exit_barrier_timeout=exit_barrier_timeout, stall_timeout=stall_timeout, ring_lines=ring_lines)
         spec = _bind_numa(spec)
         self.spec = spec
         self.shutdown_timeout = shutdown_timeout
@@ -238,6 +230,31 @@ class LocalAgent:
         self.ring_lines = ring_lines
         self.sampler = sampler  # core.stats.StatsSampler or None: cpu/rss/GPU per rank
         self.on_stall = on_stall
+        self.reap_timeout = reap_timeout  # how long a SIGKILLed rank may take to go before it is given up on
+        self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
+        # Handled besides SIGINT/TERM/HUP (which ranktop always handles: no rank may outlive it):
+        # a stop signal like those, or a notice (USR1/USR2) passed on to the ranks.
+        self.signals_to_handle = tuple(signals_to_handle)
+        self.on_notice = on_notice  # one-line news for the person watching (rendezvous rounds)
+        self.exit_barrier_timeout = exit_barrier_timeout
+        self._interpreter = other_interpreter(spec)
+        self._native_ranks = not callable(spec.entrypoint) and not _is_python(spec)  # py-spy's --native
+        # Called once, when the run first has something to watch: its first ranks started, or it
+        # waits for a rendezvous round. The command line serves the run then, not before: what
+        # only serves observers must not hold up the ranks' start.
+        self._on_under_way = on_under_way
+        self._place_run(spec, log_dir, numbered_run_dir)
+        self._set_up_output(echo_events, duplicate_filters)
+        self.events = self._open_events()
+        self._stalls = StallWatch(stall_timeout, self.events, on_stall, sampler)
+        # the actions the user took on single ranks: a root cause that follows one names it
+        self._user_actions = UserActions()
+        self._set_up_group_state()
+        self._set_up_command_queue(hangup_stops, signals_to_handle)
+        self._set_up_rendezvous_state()
+
+    def _place_run(self, spec: WorkerSpec, log_dir: str | None, numbered_run_dir: bool) -> None:
+        """The run's rendezvous (if its spec has a handler), its id, its run directory and its master port."""
         self.rendezvous = (Rendezvous(spec.rdzv_handler, spec.role, spec.local_world_size)
                            if spec.rdzv_handler is not None else None)
         if self.rendezvous is not None:
@@ -255,12 +272,16 @@ class LocalAgent:
         self.run_dir = self.layout.path
         self.master_port = spec.master_port or free_port()
         self._asked_spec = spec  # its master_addr/port, where set, beat every round's (placed() replaces them)
+
+    def _set_up_output(self, echo_events: bool, duplicate_filters: dict[int, tuple[str, ...]] | None) -> None:
+        """The console writer (headless), the echo of events to it, and the duplicate-line filters."""
+        spec = self.spec
         # Headless, one console writer serves every attempt: the ranks' tee and our own lines,
         # none of which may wait on a stuck terminal (the monitor loop says things too).
         self._tee = (ConsoleWriter(budget=console_budget(2 * spec.local_world_size),
-                                   clean=clean_console if sanitize_console else None,
+                                   clean=clean_console if self.sanitize_console else None,
                                    on_lost=_weakly(self._console_lost))
-                     if console else None)
+                     if self.console else None)
         self.console_unshown = 0  # bytes of output the console had not taken when the run ended
         self.console_cut_by: int | None = None  # the stop signal that cut the wait for it short, if one did
         # torchrun's --event-log-handler console (or torch's WorkerSpec field of that name)
@@ -271,71 +292,35 @@ class LocalAgent:
         # (surrogateescape: a filter typed with bytes that are not UTF-8 matches those bytes)
         self.duplicate_filters = {stream: tuple(n.encode(errors="surrogateescape") for n in needles)
                                   for stream, needles in duplicate_filters.items()}
-        self.events = self._open_events()
+
+    def _set_up_group_state(self) -> None:
+        """The group before its first start: attempts, restarts, the ranks' context, the result."""
         self.attempt = 0
         self.state = GroupState.INIT
         self.started_at = time.time()
         self.ended_at: float | None = None
         self.pcontext: PContext | None = None
         self._pcontext_attempt = 0  # the attempt self.pcontext's ranks belong to
-        self.root_cause: RootCause | None = None
-        self._stop_signal: int | None = None
-        self._user_stop = False
-        self._restart_requested = False
-        # Local ranks reported stalled -> when to look again whether one waits for input (monotonic;
-        # None once it was said to): a rank may reach its prompt after it was reported stalled.
-        self._stalled: dict[int, float | None] = {}
-        # When the monitor last passed (monotonic), and since when ranks may count as silent (wall
-        # time): a pass far later than its wait means ranktop itself was stopped (Ctrl-Z, SIGSTOP)
-        # or the machine slept, and the ranks' silence meanwhile is not theirs (`_note_gap`).
-        self._last_pass: float | None = None
-        self._silence_from = 0.0
-        # (time, attempt, what) of each action the user took on single ranks: a root cause that
-        # follows one says so (restarting a rank of a collective job makes its peers fail)
-        self._user_actions: list[tuple[float, int, str, float | None]] = []  # (when, attempt, what, SIGCONT's when)
-        # "attempt_<k>: why it ended" for each attempt before this one that failed or was restarted
-        self._earlier_attempts: list[str] = []
-        self._interpreter = other_interpreter(spec)
-        self._native_ranks = not callable(spec.entrypoint) and not _is_python(spec)  # py-spy's --native
-        # local rank -> (pid, its last output before a stack dump we asked for, until when the
-        # dump's own lines may come): a dump does not count as the rank speaking
-        self._dump_holds: dict[int, tuple[int, float | None, float]] = {}
-        self._started = threading.Event()
-        # Called once, when the run first has something to watch: its first ranks started, or it
-        # waits for a rendezvous round. The command line serves the run then, not before: what
-        # only serves observers must not hold up the ranks' start.
-        self._on_under_way = on_under_way
-        # (signal, monotonic arrival time), appended by signal handlers, drained by the loop.
-        self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
-        self._stop_rule = StopRule(hangup_stops=hangup_stops, passed_on=NOTICE_SIGNALS & frozenset(signals_to_handle))
-        self._earlier_losses: list[LogLoss] = []  # incomplete logs of the attempts before this one
-        # Commands waiting for the monitor loop, each with the slot its Ack goes into.
-        self._commands: collections.deque[tuple[cmd.Command, _Reply | None]] = collections.deque()
-        self._accepting = True  # False once the run is over: a late command is answered at once
-        self._queue_lock = threading.Lock()  # only around the queue: never held while applying
-        self._waker = Waker()  # wakes the loop; shared by every attempt's context
-        self.result: RunResult | None = None  # once run() returned
-        self._between_attempts = False  # closing one attempt to start the next
-        self.reap_timeout = reap_timeout  # how long a SIGKILLed rank may take to go before it is given up on
-        self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
-        # Handled besides SIGINT/TERM/HUP (which ranktop always handles: no rank may outlive it):
-        # a stop signal like those, or a notice (USR1/USR2) passed on to the ranks.
-        self.signals_to_handle = tuple(signals_to_handle)
-        self.on_notice = on_notice  # one-line news for the person watching (rendezvous rounds)
-        self.exit_barrier_timeout = exit_barrier_timeout
-        self._watch: RoundWatch | None = None
-        self._round_end = None  # a RoundEnd once the watch saw one for the running group
-        self._rdzv_error: str | None = None
-        self._end_note: str | None = None  # the exit barrier's end without every node, in words
-        self._start_error: RankStartError | None = None  # why a rank could not be started, if one could not
-        self._waiting: str | None = None  # while a rendezvous round forms: what for (Rendezvous.waiting_words)
+        self._generation = -1  # the group's starts so far, less one: each start's rings are new
         # Starts of the group since the last restart was spent: nodes joining restart the group
         # without spending one, and that start logs to attempt_<k>.<n>.
         self._same_attempt_starts = 0
         # Attempts the user's RestartGroup started: they advance the attempt and spend no restart.
         self.user_restarts = 0
+        self._between_attempts = False  # closing one attempt to start the next
+        # "attempt_<k>: why it ended" for each attempt before this one that failed or was restarted
+        self._earlier_attempts: list[str] = []
+        self._earlier_losses: list[LogLoss] = []  # incomplete logs of the attempts before this one
+        self._started = threading.Event()
+        self.root_cause: RootCause | None = None
+        self._stop_signal: int | None = None
+        self._user_stop = False
+        self._restart_requested = False
         self._user_ended: tuple[int, ...] = ()  # once the run ended: global ranks the user ended
-        self._generation = -1  # the group's starts so far, less one: each start's rings are new
+        self.result: RunResult | None = None  # once run() returned
+        # Why this node's run ended with no rank of its own to blame (RunResult.rendezvous_error)
+        self._node_error: str | None = None
+        self._start_error: RankStartError | None = None  # why a rank could not be started, if one could not
 
     def _open_events(self) -> EventLog:
         """The run directory and its event log, with the first event written: a disk that is full
@@ -452,21 +437,21 @@ class LocalAgent:
     def _attempt_end(self, reason: str) -> str:
         """How the attempt that is being restarted ended, in a few words (the header, the console)."""
         if reason == "user":  # (maybe while the group stopped for a failure: both are said)
-            cause = self._root_cause() if self._own_failure() else None
-            return "restarted by the user" if cause is None else f"{_rank_failed(cause)}, then restarted by the user"
+            cause = self._find_root_cause() if self._own_failure() else None
+            return "restarted by the user" if cause is None else f"{rank_failed(cause)}, then restarted by the user"
         if reason == "nodes_joined":
             return "restarted, nodes joined"
         if self._round_end is not None and self._round_end.kind == "peer_failed":
             return self._round_end.message  # this node's ranks were stopped for it: none of them is to blame
-        cause = self._root_cause()
-        return "failed" if cause is None else _rank_failed(cause)
+        cause = self._find_root_cause()
+        return "failed" if cause is None else rank_failed(cause)
 
     def _restart_reason(self, result: RunProcsResult) -> str | None:
         if self._stop_requested:
             return None
         if self._restart_requested:
             return "user"
-        failed = self._group_failed(result) and self._rdzv_error is None
+        failed = self._group_failed(result) and self._node_error is None
         if self._nodes_joined(result) or (failed and self._peers_joined()):
             return "nodes_joined"
         if failed and self.restarts_spent < self.spec.max_restarts:
@@ -519,7 +504,7 @@ class LocalAgent:
         streams = plan_streams(n, spec.redirects, spec.tee, capture_all=True,
                                console_ranks=spec.local_ranks_filter if self.console else set(),
                                prefixes=prefixes)
-        self._stalled.clear()
+        self._stalls.new_group()
         pty = None
         if spec.pty:
             for env in envs.values():
@@ -557,9 +542,9 @@ class LocalAgent:
 
     def _start_failed(self, exc: RankStartError) -> None:
         """A rank's process could not be made: the run ends, failed, saying why (no rank to blame)."""
-        self._rdzv_error = str(exc.strerror)
+        self._node_error = str(exc.strerror)
         self._start_error = exc
-        self.events.write("start_failed", message=self._rdzv_error)
+        self.events.write("start_failed", message=self._node_error)
 
     def _next_generation(self) -> int:
         self._generation += 1
@@ -579,7 +564,7 @@ class LocalAgent:
             if result is not None:
                 return result
             idle = self.spec.monitor_interval if self.stall_timeout else 1.0
-            self._note_gap(idle)
+            self._stalls.note_gap(idle)
             self._check_stalls()
             pc.wait_activity(min(idle, LOOK_SECONDS) if adopting() else idle)  # orphans come without a word
 
@@ -589,9 +574,9 @@ class LocalAgent:
         failed = self._group_failed(result)
         self._user_ended = tuple(sorted(self.spec.global_rank(r) for r in self._user_ended_ranks(result)))
         # Ranks the user ended, and none that failed: the run ends as a Stop of theirs would.
-        if self._stop_requested or (self._user_ended and not failed and not self._rdzv_error):
+        if self._stop_requested or (self._user_ended and not failed and not self._node_error):
             self.state = GroupState.STOPPED
-        elif failed or self._rdzv_error:
+        elif failed or self._node_error:
             self.state = GroupState.FAILED
         else:
             self.state = GroupState.SUCCEEDED
@@ -603,7 +588,7 @@ class LocalAgent:
         peer_stop = self._round_end is not None and (self._round_end.kind in ("peer_gave_up", "store_lost") or
                                                      (self._round_end.kind == "peer_failed" and not own_failure))
         blamed = own_failure or not self._stop_requested
-        self.root_cause = self._root_cause() if failed and blamed and not peer_stop else None
+        self.root_cause = self._find_root_cause() if failed and blamed and not peer_stop else None
         state = self.state
         if self.rendezvous is not None:
             self._leave_rendezvous(state)
@@ -612,7 +597,7 @@ class LocalAgent:
         unreapable = {self.spec.global_rank(r): pid for r, pid in result.unreapable.items()}
         run = RunResult(state, values, failures, self.root_cause, self._stop_signal,
                         incomplete_logs=self.incomplete_logs(), unreapable=unreapable,
-                        rendezvous_error=self._rdzv_error, interpreter=self._interpreter, end_note=self._end_note,
+                        rendezvous_error=self._node_error, interpreter=self._interpreter, end_note=self._end_note,
                         user_ended=self._user_ended)
         self.events.write("run_finished", state=state.name, exit_status=run.exit_status,
                           root_cause_rank=self.root_cause.rank if self.root_cause else None,
@@ -654,236 +639,8 @@ class LocalAgent:
             self.events.write("error_file_copy_failed", error=why)
             self._notice(f"the root cause's error file was not copied for the scheduler: {why}")
 
-    def _root_cause(self) -> RootCause | None:
-        # Never a rank the user ended: their kill or signal is no failure.
-        slots = [s for s in self.pcontext.slots if s.failure is not None and s.ended_by != "user"]
-        if not slots:
-            return None
-        # The first rank that failed on its own is the cause; the ranks we stopped are effects.
-        own = sorted([s for s in slots if s.ended_by == "itself"] or slots, key=lambda s: s.failure.exited_at)
-        slot, f = own[0], own[0].failure
-        tail = _decoded(slot.ring.tail(20))
-        attempt = self._pcontext_attempt
-        before = [(t, what, resumed) for t, at, what, resumed in self._user_actions if at == attempt and t <= f.exited_at]
-        return RootCause(
-            rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
-            signal_name=killed_by(f.exitcode), message=f.message_text,
-            traceback=f.traceback, timestamp=f.exited_at,
-            error_file=f.error_file if f.error_file_read else None, last_lines=tail,
-            # Enough lines to see past the rank's own printed traceback (the report cuts it out).
-            failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
-            user_action=_user_action_text(*before[-1], f.exited_at) if before else None,
-            # (a rank the user stopped is the user action above, not ranktop's doing: not in `slots`)
-            stopped=tuple((s.failure.rank, describe_exit(s.failure.exitcode)) for s in slots
-                          if s.stopped_by_us and s not in own),
-            attempt=attempt,
-        )
-
-    # ----- rendezvous: the hooks of a multi-node run through torch's rendezvous -----------------
-    def _join_round(self) -> bool:
-        """Before each start of the group: the next round decides this node's ranks and master."""
-        self.state = GroupState.RENDEZVOUS
-        self._round_end = None
-        self.events.write("rendezvous_joining", rendezvous=self.rendezvous.describe(), attempt=self.attempt)
-        waiting = self._waiting = self.rendezvous.waiting_words()
-        self._now_under_way()
-        try:  # headless says so once the wait is not a short one (a TUI shows it at once)
-            outcome = self._wait_unless_stopped(self.rendezvous.next_round, slow=lambda: self._notice(waiting))
-        finally:
-            self._waiting = None
-        if outcome is None:
-            return False
-        if isinstance(outcome, RendezvousFailed):
-            self._rdzv_error = str(outcome)
-            self.events.write("rendezvous_failed", message=self._rdzv_error)
-            return False
-        p = self._asked_spec.fixed_master(outcome)
-        self.spec = self.spec.placed(p)
-        self.master_port = p.master_port
-        self.events.write("rendezvous_joined", round=p.round, group_rank=p.group_rank, nodes=p.group_world_size,
-                          base_rank=p.base_rank, world_size=p.world_size, master=f"{p.master_addr}:{p.master_port}")
-        last = p.base_rank + self.spec.local_world_size - 1
-        ranks = f"rank {last}" if last == p.base_rank else f"ranks {p.base_rank}-{last}"
-        self._notice(f"{self.rendezvous.describe()} round {p.round}: this node is group rank {p.group_rank} "
-                     f"of {p.group_world_size}, {ranks} of {p.world_size} "
-                     f"(master {p.master_addr}:{p.master_port})")
-        if odd_size := self.rendezvous.size_not_asked(p.group_world_size):
-            self.events.write("rendezvous_size_not_asked", nodes=p.group_world_size)
-            self._notice(odd_size)
-        return True
-
-    def _wait_unless_stopped(self, call: Callable[[], Any], slow: Callable[[], None] | None = None) -> Any:
-        """`call()`'s value, or the RendezvousFailed it raised; None if a stop came first. It runs
-        in a thread: a store call blocks for as long as its timeout, and a stop must not wait.
-        `slow` is called once if the call takes over SLOW_WAIT seconds."""
-        box: list[Any] = []
-        done = threading.Event()
-        slow_at = time.monotonic() + SLOW_WAIT
-
-        def run() -> None:
-            try:
-                box.append(call())
-            except RendezvousFailed as exc:
-                box.append(exc)
-            finally:
-                done.set()
-
-        threading.Thread(target=run, name=_STORE_CALL_THREAD, daemon=True).start()
-        while not done.wait(0.1):
-            if self._stop_asked():
-                return None
-            if slow is not None and time.monotonic() >= slow_at:
-                slow()
-                slow = None
-        return box[0] if box else RendezvousFailed(f"the {self.rendezvous.describe()} failed")
-
-    def _stop_asked(self) -> bool:
-        """While no ranks run (a rendezvous round, the exit barrier): take in pending signals and
-        commands; stop now?"""
-        self._apply_commands()
-        return self._stop_requested
-
-    def _start_watch(self) -> None:
-        if self.rendezvous is not None:
-            self._watch = RoundWatch(self.rendezvous, max(self.spec.monitor_interval, 0.5), self._wake_monitor)
-
-    def _end_watch(self) -> None:
-        if self._watch is not None:
-            self._watch.stop()
-            self._watch = None
-
-    def _wake_monitor(self) -> None:
-        self._waker.wake()
-
-    def _check_round_end(self, pc: PContext) -> None:
-        """While monitoring: nodes waiting to join, a node that gave up, or the loss of the store the
-        ranks use too, end the running group."""
-        end = self._watch.end if self._watch is not None else None
-        if end is None or self._round_end is not None or self._stop_requested:
-            return
-        self._round_end = end
-        self.events.write("round_end", kind=end.kind, message=end.message)
-        if end.kind in ("peer_gave_up", "store_lost"):
-            closed = f"; the {self.rendezvous.describe()} is closed," if end.kind == "peer_gave_up" else ";"
-            self._rdzv_error = f"{end.message}{closed} this node stops"
-            self.state = GroupState.STOPPING
-        else:  # a peer's failure gets its one line when the restart is decided, as a rank's failure
-            if end.kind == "nodes_joined":
-                self._notice(f"{end.message}: restarting the group (no restart spent)")
-            self.state = GroupState.RESTARTING
-        pc.stop()
-
-    def _nodes_joined(self, result: RunProcsResult) -> bool:
-        """The group ended because nodes joined: stopped by us, not failed on its own, not done."""
-        if self._round_end is None or self._round_end.kind != "nodes_joined" or not result.is_failed():
-            return False
-        return not self._own_failure()
-
-    def _peers_joined(self) -> bool:
-        """This node's ranks failed: was it because another node stopped its own for newcomers
-        (restart free), or a real failure (every node spends a restart: they all agree on it)?"""
-        return self.rendezvous is not None and self.rendezvous.agree_on_end("failure") == "nodes_joined"
-
-    def _leave_rendezvous(self, state: GroupState) -> None:
-        """Success: wait at the exit barrier, then close. Giving up: tell the others, close. A stop
-        (signal, user) leaves the rendezvous open: the other nodes may go on without this one."""
-        if state == GroupState.SUCCEEDED:
-            timeout = self.exit_barrier_timeout
-            deadline = time.monotonic() + timeout
-            self.state = GroupState.RENDEZVOUS
-            end = self._at_exit_barrier(timeout)
-            if end is not None:
-                self._barrier_not_passed(end, timeout)
-            self.state = GroupState.SUCCEEDED
-            if end is None or end.kind != "new_round":
-                self.rendezvous.close()
-            elif not self.rendezvous.elastic():  # the peers' round needs this node: tell them, close
-                self.rendezvous.give_up("its ranks had finished when another node's failed, and the next "
-                                        "round cannot form without it")
-            else:  # left open: the others form their round without this node
-                self.rendezvous.leave_round()
-                if end.serves_store:
-                    self._serve_the_others(deadline, timeout)
-        elif state == GroupState.FAILED and self._rdzv_error is None:
-            cause, spent = self.root_cause, f"no restarts left ({self.restarts_spent} of {self.spec.max_restarts} spent)"
-            peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
-            what = ("its ranks were stopped for another node's failure" if peer else
-                    _rank_failed(cause) if cause else "its ranks failed")
-            self.rendezvous.give_up(f"{what}, {spent}")
-            self.events.write("rendezvous_closed", reason="gave_up")
-            if peer:  # no rank of ours to show: the one line says why this node ended
-                self._rdzv_error = f"{self._round_end.message}, and this node has {spent}"
-
-    def _at_exit_barrier(self, timeout: float) -> Any:
-        """The exit barrier, saying what it waits for: the TUI at once, headless once the wait
-        passes SLOW_WAIT (it showed `rendezvous` and nothing else, for up to `timeout` seconds)."""
-        waiting = self._waiting = (f"waiting at the exit barrier for the other nodes of the "
-                                   f"{self.rendezvous.describe()} (gives up after {timeout:g} s)")
-        slow_at, said = time.monotonic() + SLOW_WAIT, []
-
-        def stopped() -> bool:
-            if not said and time.monotonic() > slow_at:
-                said.append(True)
-                self._notice(waiting)
-            return self._stop_asked()
-
-        try:
-            return self.rendezvous.exit_barrier(timeout, stopped)
-        finally:
-            self._waiting = None
-
-    def _serve_the_others(self, deadline: float, timeout: float) -> None:
-        """An elastic job whose other nodes form a new round in the store this node serves: leaving
-        would take it from under them. Stay until the job ends (the rendezvous closes) or the exit
-        barrier's time runs out, saying why."""
-        self._waiting = (f"serving the store of the {self.rendezvous.describe()} to the other nodes' new round "
-                         f"(gives up after {timeout:g} s)")
-        self.state = GroupState.RENDEZVOUS
-        try:
-            until = self.rendezvous.serve_store(deadline, self._stop_asked)
-        finally:
-            self._waiting, self.state = None, GroupState.SUCCEEDED
-        self.events.write("store_served", until=until)
-        if until in ("timeout", "unreadable"):
-            why = f"after {timeout:g} s" if until == "timeout" else "as the rendezvous state could not be read"
-            self._end_note = (f"exit barrier: stopped serving the {self.rendezvous.describe()}'s store {why}, "
-                              "while the other nodes may still use it")
-            self._notice(self._end_note)
-        elif until == "peers_gone":
-            self._end_note = (f"exit barrier: stopped serving the {self.rendezvous.describe()}'s store: no other "
-                              "node is left (their keep-alive heartbeats stopped: they ended without closing it)")
-            self._notice(self._end_note)
-
-    def _barrier_not_passed(self, end: Any, timeout: float) -> None:
-        """The exit barrier ended without every node (a RoundEnd): the event, and a line unless
-        this node was stopped (the stop says so itself)."""
-        if end.kind == "timeout":
-            self.events.write("exit_barrier_timeout", timeout=timeout)
-        else:
-            self.events.write("exit_barrier_left", kind=end.kind, message=end.message)
-        if end.kind != "stopped":
-            closed = f"; the {self.rendezvous.describe()} is closed" if end.kind == "peer_gave_up" else ""
-            self._end_note = f"exit barrier: {end.message}{closed}"
-            self._notice(self._end_note)
-
-    def _quiet_lost_heartbeats(self) -> Any:
-        return self.rendezvous.quiet_lost_heartbeats() if self.rendezvous is not None else contextlib.nullcontext()
-
-    def _store_changed(self, lost: str | None) -> None:
-        """The rendezvous's store stopped answering while the ranks run (or answers again): said
-        once. torch's keep-alive thread logged a WARNING for each failed heartbeat meanwhile."""
-        if lost is None:
-            self.events.write("rendezvous_store_back", store=self.rendezvous.store_words())
-            self._notice(f"{self.rendezvous.store_words()} answers again: keep-alive heartbeats and new rounds "
-                         "can reach it")
-            return
-        self.events.write("rendezvous_store_lost", store=lost)
-        if self.rendezvous.ranks_lose_the_store():  # theirs too: stopped once its connection is found broken
-            self._notice(f"{self.rendezvous.store_lost_words()}: this node's ranks meet on it too, and are "
-                         "stopped if it is found gone")
-        else:
-            self._notice(f"{self.rendezvous.store_lost_words()}: this node's ranks run on, but no new "
-                         "round can form, so a failure of theirs ends the run")
+    def _find_root_cause(self) -> RootCause | None:
+        return find_root_cause(self.pcontext.slots, self._pcontext_attempt, self._user_actions)
 
     def _notice(self, text: str) -> None:
         if self.on_notice is not None:
@@ -904,29 +661,6 @@ class LocalAgent:
     def _console_lost(self, target, error: str) -> None:
         self._on_rank_event({"event": "console_lost", "stream": console_name(target), "error": error})
 
-    # ----- signals to ranktop itself -----------------------------------------------------------
-    def _install_signal_handlers(self) -> dict:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        # The notices always: unhandled, their default action would end ranktop without a report.
-        handled = dict.fromkeys((*_FORWARDED_SIGNALS, *self.signals_to_handle, *NOTICE_SIGNALS))
-        if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
-            # `nohup ranktop ...`: asked to outlive the terminal. A handler of ours made the
-            # hang-up a stop (exit 129), as it is for torchrun; ignored, it reaches no one (the
-            # ranks inherit the ignoring, as nohup means), and so no rank outlives ranktop.
-            del handled[signal.SIGHUP]
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
-        for sig in take_early_stops(handled):  # (as PID 1: they came before we could act on them)
-            self.handle_signal(sig)
-        return previous
-
-    @staticmethod
-    def _restore_signal_handlers(handlers: dict) -> None:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.handle_signal(signum)
 
     def served_names(self) -> list[str]:
         """The names this run may be served under, for `ranktop ls`/`attach`, in order: its run id.
@@ -937,44 +671,6 @@ class LocalAgent:
             return [self.run_id]
         first = os.path.basename(self.run_dir)
         return [first] + [name for name in (f"{self.run_id}.{n}" for n in range(1, 100)) if name != first]
-
-    def _detach(self, reason: str) -> cmd.Ack:
-        """The run let go of its terminal: from now on a SIGHUP is noted, not a stop."""
-        self._stop_rule.hangup_stops = False
-        self.events.write("detached", reason=reason)
-        return cmd.Ack(True, "detached: the run goes on without its terminal")
-
-    def handle_signal(self, signum: int) -> None:
-        """ranktop itself got `signum`: forward it to every rank (grace, then SIGKILL) and end with
-        128+N; `StopRule` says what a repeat means. Safe from a signal handler: it only notes the
-        signal and when it came, and wakes the loop, which decides and acts outside the
-        interrupted code."""
-        self._pending_signals.append((signum, time.monotonic()))
-        self._waker.wake()
-
-    def _handle_stop_request(self, pc: PContext | None) -> None:
-        """Apply the signals ranktop received (monitor thread only; `pc` None: no ranks yet)."""
-        while self._pending_signals:
-            signum, received_at = self._pending_signals.popleft()
-            action = self._stop_rule.decide(signum, received_at)
-            ignored = action in (StopAction.DUPLICATE, StopAction.IGNORED)
-            self.events.write("signal_received", signal=signal.Signals(signum).name,
-                              forwarded=not ignored, action=action.value)
-            if ignored:
-                continue
-            if action == StopAction.PASS_ON:
-                if pc is not None:
-                    for r in range(self.spec.local_world_size):
-                        pc.signal_rank(r, signum)
-                continue
-            self._stop_signal = self._stop_signal or signum
-            self.state = GroupState.STOPPING
-            if pc is None:  # waiting on the rendezvous: no ranks to stop
-                continue
-            if action == StopAction.KILL_NOW:  # the user wants out now: do not wait long on the kernel
-                pc.stop(signal.SIGKILL, 0, reap_timeout=KILL_NOW_REAP_TIMEOUT)
-            else:
-                pc.stop(signum, self.shutdown_timeout)
 
     def get_worker_group(self, role: str = "default") -> WorkerGroup:
         """torch's ElasticAgent call: this node's group (one role per agent, as torch's local
@@ -987,182 +683,16 @@ class LocalAgent:
         return WorkerGroup(spec, workers, store, spec.node_rank, spec.nnodes, self.state,
                            spec.master_addr or "127.0.0.1", self.master_port)
 
-    # ----- commands (any thread) ---------------------------------------------------------------
     def wait_started(self, timeout: float | None = None) -> bool:
         return self._started.wait(timeout)
 
-    def submit(self, command: cmd.Command, timeout: float = ACK_TIMEOUT) -> cmd.Ack:
-        """Queue `command` for the monitor loop and wait (at most `timeout`) for its answer. A bad
-        command is refused at once and changes nothing. `Interrupt` is answered without waiting
-        (a signal handler submits it)."""
-        problem = cmd.problem(command, self.spec.local_world_size)
-        if problem is not None:
-            return cmd.Ack(False, problem)
-        if isinstance(command, cmd.Interrupt):
-            self.handle_signal(command.signal)
-            return cmd.Ack(True, f"{signal.Signals(command.signal).name} noted")
-        reply = _Reply()
-        with self._queue_lock:
-            if not self._accepting:
-                return _after_the_end(command)
-            self._commands.append((command, reply))
-        self._waker.wake()
-        if not reply.done.wait(timeout):
-            return cmd.Ack(False, f"no answer from the monitor loop within {timeout:g}s; the command stays queued")
-        return reply.ack
-
-    def _apply_commands(self) -> None:
-        """Monitor thread only: apply the signals and commands received since the last pass."""
-        pc = self.pcontext
-        self._handle_stop_request(pc)
-        while True:
-            with self._queue_lock:
-                if not self._commands:
-                    return
-                command, reply = self._commands.popleft()
-            try:
-                ack = self._apply(pc, command)
-            except Exception as exc:  # a command must never take the loop down
-                ack = cmd.Ack(False, f"{type(command).__name__} failed: {exc}")
-            if reply is not None:
-                reply.answer(ack)
-
-    def _stop_accepting(self) -> None:
-        with self._queue_lock:
-            self._accepting = False
-            left, self._commands = list(self._commands), collections.deque()
-        for command, reply in left:
-            if reply is not None:
-                reply.answer(_after_the_end(command))
-
-    def _apply(self, pc: PContext | None, command: cmd.Command) -> cmd.Ack:
-        if isinstance(command, cmd.Detach):  # whatever the ranks are doing: it is the run that lets go
-            return self._detach(command.reason)
-        stopping = isinstance(command, (cmd.Stop, cmd.KillGroup))
-        waiting = pc is None or self.state == GroupState.RENDEZVOUS  # a round forming, or the exit barrier
-        if waiting or pc.ended:
-            if not (stopping and (waiting or self._between_attempts)):
-                if waiting:
-                    return cmd.Ack(False, "waiting for the rendezvous: no ranks to act on yet")
-                if self._between_attempts:
-                    return cmd.Ack(False, "between two attempts: try again once the next one started")
-                return cmd.Ack(False, "the group has ended: nothing left to signal or restart")
-        if isinstance(command, cmd.SignalRank):
-            return self._signal_ranks(pc, [command.local_rank], command.signal)
-        if isinstance(command, cmd.SignalGroup):
-            return self._signal_ranks(pc, range(self.spec.local_world_size), command.signal)
-        if isinstance(command, cmd.KillRank):
-            return self._signal_ranks(pc, [command.local_rank], signal.SIGKILL)
-        if isinstance(command, cmd.SendInput):
-            return self._send_input(pc, command)
-        if isinstance(command, cmd.RestartRank) and self.rendezvous is not None:
-            command = cmd.RestartGroup()  # one new rank cannot rejoin the other nodes' collectives
-        if isinstance(command, cmd.RestartRank):
-            rank = self.spec.global_rank(command.local_rank)
-            if not pc.restart_rank(command.local_rank):
-                return cmd.Ack(False, f"the group is stopping: rank {rank} is not started again")
-            self.events.write("user_restart_rank", rank=rank, local_rank=command.local_rank)
-            self._note_user_action(f"restarted rank {rank}")
-            return cmd.Ack(True, f"restarting rank {rank}")
-        if isinstance(command, cmd.RestartGroup):
-            self.events.write("user_restart_group", attempt=self.attempt)
-            self._restart_requested = True
-            pc.stop()
-            return cmd.Ack(True, "restarting the group (next attempt)")
-        if isinstance(command, (cmd.Stop, cmd.KillGroup)):
-            sig, grace = (signal.SIGKILL, 0.0) if isinstance(command, cmd.KillGroup) else (command.signal, command.grace)
-            self._user_stop = True
-            self._restart_requested = False
-            self.state = GroupState.STOPPING
-            self.events.write("user_stop", signal=signal.Signals(sig).name)
-            if pc is not None:
-                pc.stop(sig, grace)
-            return cmd.Ack(True, f"{signal.Signals(sig).name} → every rank")
-        return cmd.Ack(False, f"{type(command).__name__} is not applied by the monitor loop")
-
-    def _note_signal(self, rank: int, sig: int) -> None:
-        """The user's signal reached `rank`: noted for a root cause that follows (USR1/USR2 are
-        notices, not acts on the rank; SIGCONT ends a pause)."""
-        if sig == signal.SIGCONT:
-            self._note_resumed(rank)
-        elif sig == signal.SIGKILL:
-            self._note_user_action(f"killed rank {rank}")
-        elif sig not in (signal.SIGUSR1, signal.SIGUSR2):
-            self._note_user_action(f"sent {signal.Signals(sig).name} to rank {rank}")
-
-    def _note_user_action(self, what: str) -> None:
-        self._user_actions.append((time.time(), self.attempt, what, None))
-
-    def _note_resumed(self, rank: int) -> None:
-        """A SIGCONT to a rank the user paused in this attempt: the pause's note says when it ended
-        (a failure long after a pause of seconds read as if the rank were paused still)."""
-        paused = f"sent SIGSTOP to rank {rank}"
-        for i in range(len(self._user_actions) - 1, -1, -1):
-            at, attempt, what, resumed = self._user_actions[i]
-            if attempt == self.attempt and what == paused and resumed is None:
-                self._user_actions[i] = (at, attempt, what, time.time())
-                return
-
     def hold_stall_clock(self, local_ranks: Any, seconds: float) -> None:
         """We are about to make these ranks print their stacks (SIGUSR1): output in the next
-        `seconds` is the dump, not the rank speaking, and must not clear a stall."""
+        `seconds` is the dump, not the rank speaking, and must not clear a stall. Called from the
+        thread that dumps, not the monitor loop (core/stalls.py says why that is safe)."""
         pc = self.pcontext
-        if pc is None:
-            return
-        until = time.time() + seconds
-        for r in local_ranks:
-            slot = pc.slots[r]
-            if slot.proc is not None:
-                self._dump_holds[r] = (slot.proc.pid, self._spoke_at(slot), until)
-
-    def _send_input(self, pc: PContext, command: cmd.SendInput) -> cmd.Ack:
-        rank = self.spec.global_rank(command.local_rank)
-        if self.rank_stdin == "inherit":  # an attached TUI's `i` into a headless run
-            return cmd.Ack(False, f"rank {rank} reads the stdin of the headless ranktop that started it, as "
-                                  "under torchrun: type into that terminal")
-        data = command.text.encode()
-        try:
-            taken = pc.send_input(command.local_rank, data)
-        except OSError as exc:
-            return cmd.Ack(False, f"rank {rank}: cannot type into its stdin: {exc.strerror or exc}")
-        if taken < len(data):
-            return cmd.Ack(False, f"rank {rank} is not reading its stdin: {taken} of {len(data)} bytes taken")
-        self.events.write("user_input", rank=rank, local_rank=command.local_rank, bytes=len(data))
-        return cmd.Ack(True, f"typed {len(data)} bytes into rank {rank}")
-
-    def _signal_ranks(self, pc: PContext, local_ranks: Any, sig: int) -> cmd.Ack:
-        name = signal.Signals(sig).name
-        sent = [r for r in local_ranks if pc.signal_rank(r, sig)]
-        if not sent:
-            return cmd.Ack(False, f"not running: no {name} sent")
-        for r in sent:  # (a refused command did nothing: it is no user action)
-            self._note_signal(self.spec.global_rank(r), sig)
-        who = "every rank" if len(sent) > 1 else f"rank {self.spec.global_rank(sent[0])}"
-        return cmd.Ack(True, f"{name} → {who}")
-
-    # The calls below are kept for API users and tests; each is one queued command.
-    def signal_rank(self, local_rank: int, sig: int) -> bool:
-        return self.submit(cmd.SignalRank(local_rank, sig)).ok
-
-    def signal_group(self, sig: int) -> None:
-        self.submit(cmd.SignalGroup(sig))
-
-    def kill_rank(self, local_rank: int) -> bool:
-        return self.submit(cmd.KillRank(local_rank)).ok
-
-    def restart_rank(self, local_rank: int) -> None:
-        self.submit(cmd.RestartRank(local_rank))
-
-    def restart_group(self) -> None:
-        """Stop every rank (with the grace) and start the group again as the next attempt."""
-        self.submit(cmd.RestartGroup())
-
-    def stop(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
-        """Stop the run on the user's behalf: `sig` to every rank, SIGKILL after the grace."""
-        self.submit(cmd.Stop(sig, grace))
-
-    def kill_group(self) -> None:
-        self.submit(cmd.KillGroup())
+        if pc is not None:
+            self._stalls.hold(pc.slots, local_ranks, seconds)
 
     # ----- snapshots ---------------------------------------------------------------------------
     def _on_rank_event(self, event: dict) -> None:
@@ -1192,75 +722,8 @@ class LocalAgent:
         return tuple(self._earlier_losses + now)
 
     def _check_stalls(self) -> None:
-        if not self.stall_timeout:
-            return
-        now = time.time()
-        for slot in self.pcontext.slots:
-            r = slot.local_rank
-            silent = self._silent_for(slot, now)
-            if slot.alive and silent >= self.stall_timeout and r not in self._stalled:
-                snap = self._rank_snapshot(slot, now)
-                # A short stall time beat the sampler's second look: "cpu -" tells nothing. (A rank
-                # at a prompt is reported without its cpu: it waits for someone to type.)
-                if snap.cpu_percent is None and not snap.input_prompt and silent < self.stall_timeout + self._cpu_wait():
-                    continue
-                self._stalled[r] = None if snap.input_prompt else time.monotonic() + PROMPT_LOOK
-                self.events.write("stall_detected", rank=snap.rank, local_rank=r, silent_s=round(silent, 1),
-                                  input_prompt=snap.input_prompt, cpu_percent=snap.cpu_percent,
-                                  gpu_util=snap.gpu.util_percent if snap.gpu else None)
-                if self.on_stall:
-                    self.on_stall(snap)
-            elif r in self._stalled and (silent < self.stall_timeout or not slot.alive):
-                del self._stalled[r]
-                if slot.alive:
-                    self.events.write("stall_cleared", rank=self.spec.global_rank(r), local_rank=r)
-            elif (look := self._stalled.get(r)) is not None and time.monotonic() >= look:
-                self._prompt_after_stall(slot, silent, now)
-
-    def _prompt_after_stall(self, slot: Any, silent: float, now: float) -> None:
-        """A rank reported stalled that has come to wait for input since (its own input() after a
-        long silent step): said once, as a stall at a prompt is."""
-        r = slot.local_rank
-        snap = self._rank_snapshot(slot, now)
-        if not snap.input_prompt:
-            self._stalled[r] = time.monotonic() + PROMPT_LOOK
-            return
-        self._stalled[r] = None
-        self.events.write("waits_for_input", rank=snap.rank, local_rank=r, silent_s=round(silent, 1),
-                          input_prompt=snap.input_prompt)
-        if self.on_stall:
-            self.on_stall(snap)
-
-    def _cpu_wait(self) -> float:
-        """How long a stall's report may wait for the rank's cpu% (two samples of the sampler;
-        past that, the sampler cannot read the rank and the report goes without it)."""
-        return 2.5 * self.sampler.interval if self.sampler is not None else 0.0
-
-    def _note_gap(self, idle: float) -> None:
-        """A monitor pass `SUSPENDED_GAP` later than its wait of `idle`: ranktop was stopped (Ctrl-Z
-        on a headless run, or the TUI's; SIGSTOP) or the machine slept. Its ranks ran on, and what
-        they printed meanwhile waited in their pipes: their silence is counted from now, where
-        `fg` used to bring `rank 1 stalled: no output for 6s`."""
-        now = time.monotonic()
-        if self._last_pass is not None and now - self._last_pass > idle + SUSPENDED_GAP:
-            self._silence_from = time.time()
-            self.events.write("ranktop_suspended", seconds=round(now - self._last_pass, 1))
-        self._last_pass = now
-
-    def _silent_for(self, slot: Any, now: float) -> float:
-        """Seconds since the rank last printed (since it started, if it never did, or since it
-        was restarted: the ring holds the previous process's output too; or since ranktop was
-        back from a suspension)."""
-        return now - max(self._spoke_at(slot) or 0.0, slot.proc.started_at, self._silence_from)
-
-    def _spoke_at(self, slot: Any) -> float | None:
-        """When the rank last printed, leaving out the stack dumps we asked it for."""
-        last = slot.ring.last_output_at
-        hold = self._dump_holds.get(slot.local_rank)
-        if hold is None or slot.proc is None or hold[0] != slot.proc.pid:
-            return last
-        _pid, before, until = hold
-        return before if last is not None and last <= until else last
+        if self.stall_timeout:
+            self._stalls.check(self.pcontext.slots, self._rank_snapshot, self.spec.global_rank)
 
     def _rank_state(self, slot: Any, now: float) -> RankState:
         # Stalled is read off the ring each time, not off the monitor's last pass: a rank that
@@ -1274,7 +737,7 @@ class LocalAgent:
         if code is None:
             if slot.stopped_by_us or slot.restart_pending:
                 return RankState.STOPPING
-            if self.stall_timeout and self._silent_for(slot, now) >= self.stall_timeout:
+            if self.stall_timeout and self._stalls.silent_for(slot, now) >= self.stall_timeout:
                 return RankState.STALLED
             return RankState.RUNNING if slot.ring.last_output_at else RankState.STARTING
         if code == 0:
@@ -1286,7 +749,7 @@ class LocalAgent:
         # A rank's last sample outlives it in the sampler (and in final.json): an ended rank has none
         stats = self.sampler.latest(r) if self.sampler is not None and slot.alive else None
         state = self._rank_state(slot, now)
-        last = self._spoke_at(slot)  # (as the stall clock: the stacks we made it print are not it speaking)
+        last = self._stalls.spoke_at(slot)  # (as the stall clock: the stacks we made it print are not it speaking)
         code = proc.returncode if proc else None
         logs = self.pcontext.log_files(r)
         return RankSnapshot(
@@ -1296,7 +759,7 @@ class LocalAgent:
             ended_at=proc.exited_at if proc else None, last_output_at=last, output_version=slot.ring.version,
             cpu_percent=stats.cpu_percent if stats else None, rss=stats.rss if stats else None,
             gpu=stats.gpu if stats else None,
-            stall_seconds=self._silent_for(slot, now) if state == RankState.STALLED else None,
+            stall_seconds=self._stalls.silent_for(slot, now) if state == RankState.STALLED else None,
             input_prompt=self._input_prompt(slot, state, now),
             native=self._native_ranks,
             log_bytes_lost=slot.log_bytes_lost, log_error=slot.log_error,
@@ -1331,7 +794,7 @@ class LocalAgent:
             root_cause=self.root_cause, incomplete_logs=self.incomplete_logs(), taken_at=now,
             shutdown_timeout=self.shutdown_timeout, output_lines_kept=self.ring_lines,
             stop_signal=self._stop_signal, round=self.spec.placement.round if self.spec.placement else None,
-            generation=pc.generation if pc else 0, rendezvous_error=self._rdzv_error, waiting=self._waiting,
+            generation=pc.generation if pc else 0, rendezvous_error=self._node_error, waiting=self._waiting,
             earlier_attempts=tuple(self._earlier_attempts), interpreter=self._interpreter, end_note=self._end_note,
             user_restarts=self.user_restarts, user_ended=self._user_ended,
             store_lost=self.rendezvous.store_lost if self.rendezvous is not None else None,
@@ -1353,13 +816,6 @@ class LocalAgent:
         return self.pcontext.slots[local_rank].ring
 
 
-def _rank_failed(cause: RootCause) -> str:
-    """`rank 1 failed (exit 3)` or `(signal SIGKILL)`: the words of the restart line and of the
-    reason a node that gives up leaves for the others (which said `exit -9`)."""
-    how = f"signal {cause.signal_name}" if cause.exitcode < 0 else f"exit {cause.exitcode}"
-    return f"rank {cause.rank} failed ({how})"
-
-
 def _wall_clock(monotonic: float | None, now: float) -> float | None:
     """A deadline the engine keeps on the monotonic clock, on time.time()'s (`now`): the clock
     snapshots carry, to views in other processes."""
@@ -1372,19 +828,6 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError, AttributeError):
         pass
-
-
-def _user_action_text(at: float, what: str, resumed: float | None, failed_at: float) -> str:
-    """'you restarted rank 2 at 12:03:04, 1.2 s before this failure'; a pause `resumed` (SIGCONT)
-    before the failure says when (' (SIGCONT 3.0 s later)'), one resumed after it does not: the
-    rank was paused when the failure came."""
-    when = time.strftime("%H:%M:%S", time.localtime(at))
-    then = f" (SIGCONT {resumed - at:.1f} s later)" if resumed is not None and resumed <= failed_at else ""
-    return f"you {what} at {when}{then}, {max(0.0, failed_at - at):.1f} s before this failure"
-
-
-def _decoded(lines: list[bytes]) -> tuple[str, ...]:
-    return tuple(line.decode(errors="replace") for line in lines)
 
 
 def other_interpreter(spec: WorkerSpec) -> str | None:
@@ -1461,10 +904,3 @@ def _adopt_worker_spec(spec: Any) -> WorkerSpec:
     if isinstance(spec, WorkerSpec) or not type(spec).__module__.startswith("torch.distributed.elastic"):
         return spec
     return WorkerSpec(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.init})
-
-
-def store_call_left_blocked() -> bool:
-    """Is a rendezvous call that a stop walked away from still blocked in torch's store? Then
-    finalizing the interpreter aborts the process (std::terminate on a thread still in C++), so a
-    command line leaves with os._exit instead."""
-    return any(t.name == _STORE_CALL_THREAD and t.is_alive() for t in threading.enumerate())

@@ -139,7 +139,10 @@ class GroupSnapshot:
     exit_status: int | None = None  # once ended: 0, 1 or 128+N (the CLI's exit status)
     stop_signal: int | None = None  # the signal to ranktop that ended the run, if one did
     error: str | None = None  # the engine itself failed (a bug, a spawn error): what went wrong
-    rendezvous_error: str | None = None  # why the rendezvous ended this node's run, if it did
+    # why this node's run ended with no rank of its own to blame, if it did: the rendezvous (a round
+    # that failed, a node that gave up or failed, the store lost) or a rank that could not be
+    # started (RunResult's field of that name)
+    rendezvous_error: str | None = None
     # Said of an ended run besides its state: how its exit barrier ended without every node (a
     # success all the same; the line headless printed then, a TUI showed only as a toast).
     end_note: str | None = None

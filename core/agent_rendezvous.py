@@ -1,0 +1,245 @@
+"""The agent's part in a multi-node run through torch's rendezvous: joining each round before the
+group starts, watching the running round for its end (nodes joining, a node giving up, the store
+lost), and, once the ranks are done, the exit barrier, giving up, or serving the store to the
+other nodes. LocalAgent inherits these; they run in its monitor loop, on its state: they read
+and set the agent's `state`, `spec`, `master_port` and `_node_error`, write its `events`, and
+call its `_notice`, `_apply_commands` (a stop while no ranks run) and `_now_under_way`."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ranktop.core.context import PContext, RunProcsResult
+from ranktop.core.rendezvous import RendezvousFailed, RoundWatch
+from ranktop.core.root_cause import rank_failed
+from ranktop.core.state import GroupState
+
+_STORE_CALL_THREAD = "ranktop-rdzv-join"
+SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
+
+
+class AgentRendezvous:
+    """LocalAgent's rendezvous hooks (a part of it, not a class of its own to make)."""
+
+    def _set_up_rendezvous_state(self) -> None:
+        """What the rendezvous rounds and the exit barrier leave for the snapshot and the result."""
+        self._watch: RoundWatch | None = None
+        self._round_end = None  # a RoundEnd once the watch saw one for the running group
+        self._end_note: str | None = None  # the exit barrier's end without every node, in words
+        self._waiting: str | None = None  # while a rendezvous round forms: what for (Rendezvous.waiting_words)
+
+    def _join_round(self) -> bool:
+        """Before each start of the group: the next round decides this node's ranks and master."""
+        self.state = GroupState.RENDEZVOUS
+        self._round_end = None
+        self.events.write("rendezvous_joining", rendezvous=self.rendezvous.describe(), attempt=self.attempt)
+        waiting = self._waiting = self.rendezvous.waiting_words()
+        self._now_under_way()
+        try:  # headless says so once the wait is not a short one (a TUI shows it at once)
+            outcome = self._wait_unless_stopped(self.rendezvous.next_round, slow=lambda: self._notice(waiting))
+        finally:
+            self._waiting = None
+        if outcome is None:
+            return False
+        if isinstance(outcome, RendezvousFailed):
+            self._node_error = str(outcome)
+            self.events.write("rendezvous_failed", message=self._node_error)
+            return False
+        p = self._asked_spec.fixed_master(outcome)
+        self.spec = self.spec.placed(p)
+        self.master_port = p.master_port
+        self.events.write("rendezvous_joined", round=p.round, group_rank=p.group_rank, nodes=p.group_world_size,
+                          base_rank=p.base_rank, world_size=p.world_size, master=f"{p.master_addr}:{p.master_port}")
+        last = p.base_rank + self.spec.local_world_size - 1
+        ranks = f"rank {last}" if last == p.base_rank else f"ranks {p.base_rank}-{last}"
+        self._notice(f"{self.rendezvous.describe()} round {p.round}: this node is group rank {p.group_rank} "
+                     f"of {p.group_world_size}, {ranks} of {p.world_size} "
+                     f"(master {p.master_addr}:{p.master_port})")
+        if odd_size := self.rendezvous.size_not_asked(p.group_world_size):
+            self.events.write("rendezvous_size_not_asked", nodes=p.group_world_size)
+            self._notice(odd_size)
+        return True
+
+    def _wait_unless_stopped(self, call: Callable[[], Any], slow: Callable[[], None] | None = None) -> Any:
+        """`call()`'s value, or the RendezvousFailed it raised; None if a stop came first. It runs
+        in a thread: a store call blocks for as long as its timeout, and a stop must not wait.
+        `slow` is called once if the call takes over SLOW_WAIT seconds."""
+        box: list[Any] = []
+        done = threading.Event()
+        slow_at = time.monotonic() + SLOW_WAIT
+
+        def run() -> None:
+            try:
+                box.append(call())
+            except RendezvousFailed as exc:
+                box.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=_STORE_CALL_THREAD, daemon=True).start()
+        while not done.wait(0.1):
+            if self._stop_asked():
+                return None
+            if slow is not None and time.monotonic() >= slow_at:
+                slow()
+                slow = None
+        return box[0] if box else RendezvousFailed(f"the {self.rendezvous.describe()} failed")
+
+    def _stop_asked(self) -> bool:
+        """While no ranks run (a rendezvous round, the exit barrier): take in pending signals and
+        commands; stop now?"""
+        self._apply_commands()
+        return self._stop_requested
+
+    def _start_watch(self) -> None:
+        if self.rendezvous is not None:
+            self._watch = RoundWatch(self.rendezvous, max(self.spec.monitor_interval, 0.5), self._wake_monitor)
+
+    def _end_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+
+    def _wake_monitor(self) -> None:
+        self._waker.wake()
+
+    def _check_round_end(self, pc: PContext) -> None:
+        """While monitoring: nodes waiting to join, a node that gave up, or the loss of the store the
+        ranks use too, end the running group."""
+        end = self._watch.end if self._watch is not None else None
+        if end is None or self._round_end is not None or self._stop_requested:
+            return
+        self._round_end = end
+        self.events.write("round_end", kind=end.kind, message=end.message)
+        if end.kind in ("peer_gave_up", "store_lost"):
+            closed = f"; the {self.rendezvous.describe()} is closed," if end.kind == "peer_gave_up" else ";"
+            self._node_error = f"{end.message}{closed} this node stops"
+            self.state = GroupState.STOPPING
+        else:  # a peer's failure gets its one line when the restart is decided, as a rank's failure
+            if end.kind == "nodes_joined":
+                self._notice(f"{end.message}: restarting the group (no restart spent)")
+            self.state = GroupState.RESTARTING
+        pc.stop()
+
+    def _nodes_joined(self, result: RunProcsResult) -> bool:
+        """The group ended because nodes joined: stopped by us, not failed on its own, not done."""
+        if self._round_end is None or self._round_end.kind != "nodes_joined" or not result.is_failed():
+            return False
+        return not self._own_failure()
+
+    def _peers_joined(self) -> bool:
+        """This node's ranks failed: was it because another node stopped its own for newcomers
+        (restart free), or a real failure (every node spends a restart: they all agree on it)?"""
+        return self.rendezvous is not None and self.rendezvous.agree_on_end("failure") == "nodes_joined"
+
+    def _leave_rendezvous(self, state: GroupState) -> None:
+        """Success: wait at the exit barrier, then close. Giving up: tell the others, close. A stop
+        (signal, user) leaves the rendezvous open: the other nodes may go on without this one."""
+        if state == GroupState.SUCCEEDED:
+            timeout = self.exit_barrier_timeout
+            deadline = time.monotonic() + timeout
+            self.state = GroupState.RENDEZVOUS
+            end = self._at_exit_barrier(timeout)
+            if end is not None:
+                self._barrier_not_passed(end, timeout)
+            self.state = GroupState.SUCCEEDED
+            if end is None or end.kind != "new_round":
+                self.rendezvous.close()
+            elif not self.rendezvous.elastic():  # the peers' round needs this node: tell them, close
+                self.rendezvous.give_up("its ranks had finished when another node's failed, and the next "
+                                        "round cannot form without it")
+            else:  # left open: the others form their round without this node
+                self.rendezvous.leave_round()
+                if end.serves_store:
+                    self._serve_the_others(deadline, timeout)
+        elif state == GroupState.FAILED and self._node_error is None:
+            cause, spent = self.root_cause, f"no restarts left ({self.restarts_spent} of {self.spec.max_restarts} spent)"
+            peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
+            what = ("its ranks were stopped for another node's failure" if peer else
+                    rank_failed(cause) if cause else "its ranks failed")
+            self.rendezvous.give_up(f"{what}, {spent}")
+            self.events.write("rendezvous_closed", reason="gave_up")
+            if peer:  # no rank of ours to show: the one line says why this node ended
+                self._node_error = f"{self._round_end.message}, and this node has {spent}"
+
+    def _at_exit_barrier(self, timeout: float) -> Any:
+        """The exit barrier, saying what it waits for: the TUI at once, headless once the wait
+        passes SLOW_WAIT (it showed `rendezvous` and nothing else, for up to `timeout` seconds)."""
+        waiting = self._waiting = (f"waiting at the exit barrier for the other nodes of the "
+                                   f"{self.rendezvous.describe()} (gives up after {timeout:g} s)")
+        slow_at, said = time.monotonic() + SLOW_WAIT, []
+
+        def stopped() -> bool:
+            if not said and time.monotonic() > slow_at:
+                said.append(True)
+                self._notice(waiting)
+            return self._stop_asked()
+
+        try:
+            return self.rendezvous.exit_barrier(timeout, stopped)
+        finally:
+            self._waiting = None
+
+    def _serve_the_others(self, deadline: float, timeout: float) -> None:
+        """An elastic job whose other nodes form a new round in the store this node serves: leaving
+        would take it from under them. Stay until the job ends (the rendezvous closes) or the exit
+        barrier's time runs out, saying why."""
+        self._waiting = (f"serving the store of the {self.rendezvous.describe()} to the other nodes' new round "
+                         f"(gives up after {timeout:g} s)")
+        self.state = GroupState.RENDEZVOUS
+        try:
+            until = self.rendezvous.serve_store(deadline, self._stop_asked)
+        finally:
+            self._waiting, self.state = None, GroupState.SUCCEEDED
+        self.events.write("store_served", until=until)
+        if until in ("timeout", "unreadable"):
+            why = f"after {timeout:g} s" if until == "timeout" else "as the rendezvous state could not be read"
+            self._end_note = (f"exit barrier: stopped serving the {self.rendezvous.describe()}'s store {why}, "
+                              "while the other nodes may still use it")
+            self._notice(self._end_note)
+        elif until == "peers_gone":
+            self._end_note = (f"exit barrier: stopped serving the {self.rendezvous.describe()}'s store: no other "
+                              "node is left (their keep-alive heartbeats stopped: they ended without closing it)")
+            self._notice(self._end_note)
+
+    def _barrier_not_passed(self, end: Any, timeout: float) -> None:
+        """The exit barrier ended without every node (a RoundEnd): the event, and a line unless
+        this node was stopped (the stop says so itself)."""
+        if end.kind == "timeout":
+            self.events.write("exit_barrier_timeout", timeout=timeout)
+        else:
+            self.events.write("exit_barrier_left", kind=end.kind, message=end.message)
+        if end.kind != "stopped":
+            closed = f"; the {self.rendezvous.describe()} is closed" if end.kind == "peer_gave_up" else ""
+            self._end_note = f"exit barrier: {end.message}{closed}"
+            self._notice(self._end_note)
+
+    def _quiet_lost_heartbeats(self) -> Any:
+        return self.rendezvous.quiet_lost_heartbeats() if self.rendezvous is not None else contextlib.nullcontext()
+
+    def _store_changed(self, lost: str | None) -> None:
+        """The rendezvous's store stopped answering while the ranks run (or answers again): said
+        once. torch's keep-alive thread logged a WARNING for each failed heartbeat meanwhile."""
+        if lost is None:
+            self.events.write("rendezvous_store_back", store=self.rendezvous.store_words())
+            self._notice(f"{self.rendezvous.store_words()} answers again: keep-alive heartbeats and new rounds "
+                         "can reach it")
+            return
+        self.events.write("rendezvous_store_lost", store=lost)
+        if self.rendezvous.ranks_lose_the_store():  # theirs too: stopped once its connection is found broken
+            self._notice(f"{self.rendezvous.store_lost_words()}: this node's ranks meet on it too, and are "
+                         "stopped if it is found gone")
+        else:
+            self._notice(f"{self.rendezvous.store_lost_words()}: this node's ranks run on, but no new "
+                         "round can form, so a failure of theirs ends the run")
+
+
+def store_call_left_blocked() -> bool:
+    """Is a rendezvous call that a stop walked away from still blocked in torch's store? Then
+    finalizing the interpreter aborts the process (std::terminate on a thread still in C++), so a
+    command line leaves with os._exit instead."""
+    return any(t.name == _STORE_CALL_THREAD and t.is_alive() for t in threading.enumerate())

@@ -1,0 +1,93 @@
+"""Who a failed group's end is blamed on: the rank that failed first on its own (`find_root_cause`),
+and the actions the user took on single ranks before it (`UserActions`), which a root cause that
+follows one names: restarting or signalling one rank of a collective job makes its peers fail."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ranktop.core.errors import describe_exit, killed_by
+from ranktop.core.state import RootCause
+
+
+class UserActions:
+    """Each action the user took on single ranks, as (when, attempt, what, when a SIGCONT resumed
+    it): noted by the monitor loop as it applies the command, read when a root cause is found."""
+
+    def __init__(self) -> None:
+        self._actions: list[tuple[float, int, str, float | None]] = []
+
+    def note(self, attempt: int, what: str) -> None:
+        self._actions.append((time.time(), attempt, what, None))
+
+    def note_signal(self, attempt: int, rank: int, sig: int) -> None:
+        """The user's signal reached `rank` (USR1/USR2 are notices, not acts on the rank; SIGCONT
+        ends a pause)."""
+        if sig == signal.SIGCONT:
+            self._note_resumed(attempt, rank)
+        elif sig == signal.SIGKILL:
+            self.note(attempt, f"killed rank {rank}")
+        elif sig not in (signal.SIGUSR1, signal.SIGUSR2):
+            self.note(attempt, f"sent {signal.Signals(sig).name} to rank {rank}")
+
+    def _note_resumed(self, attempt: int, rank: int) -> None:
+        """A SIGCONT to a rank the user paused in this attempt: the pause's note says when it ended
+        (a failure long after a pause of seconds read as if the rank were paused still)."""
+        paused = f"sent SIGSTOP to rank {rank}"
+        for i in range(len(self._actions) - 1, -1, -1):
+            at, at_attempt, what, resumed = self._actions[i]
+            if at_attempt == attempt and what == paused and resumed is None:
+                self._actions[i] = (at, at_attempt, what, time.time())
+                return
+
+    def last_before(self, attempt: int, failed_at: float) -> str | None:
+        """The user's last action in `attempt` before a failure at `failed_at`, in words."""
+        before = [(t, what, resumed) for t, at, what, resumed in self._actions if at == attempt and t <= failed_at]
+        return _user_action_text(*before[-1], failed_at) if before else None
+
+
+def find_root_cause(slots: Sequence[Any], attempt: int, user_actions: UserActions) -> RootCause | None:
+    """The root cause among an attempt's rank slots (a context's `slots`), None where no rank failed."""
+    # Never a rank the user ended: their kill or signal is no failure.
+    failed = [s for s in slots if s.failure is not None and s.ended_by != "user"]
+    if not failed:
+        return None
+    # The first rank that failed on its own is the cause; the ranks we stopped are effects.
+    own = sorted([s for s in failed if s.ended_by == "itself"] or failed, key=lambda s: s.failure.exited_at)
+    slot, f = own[0], own[0].failure
+    return RootCause(
+        rank=f.rank, local_rank=f.local_rank, pid=f.pid, exitcode=f.exitcode,
+        signal_name=killed_by(f.exitcode), message=f.message_text,
+        traceback=f.traceback, timestamp=f.exited_at,
+        error_file=f.error_file if f.error_file_read else None, last_lines=_decoded(slot.ring.tail(20)),
+        # Enough lines to see past the rank's own printed traceback (the report cuts it out).
+        failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
+        user_action=user_actions.last_before(attempt, f.exited_at),
+        # (a rank the user stopped is the user action above, not ranktop's doing: not in `failed`)
+        stopped=tuple((s.failure.rank, describe_exit(s.failure.exitcode)) for s in failed
+                      if s.stopped_by_us and s not in own),
+        attempt=attempt,
+    )
+
+
+def rank_failed(cause: RootCause) -> str:
+    """`rank 1 failed (exit 3)` or `(signal SIGKILL)`: the words of the restart line and of the
+    reason a node that gives up leaves for the others (which said `exit -9`)."""
+    how = f"signal {cause.signal_name}" if cause.exitcode < 0 else f"exit {cause.exitcode}"
+    return f"rank {cause.rank} failed ({how})"
+
+
+def _user_action_text(at: float, what: str, resumed: float | None, failed_at: float) -> str:
+    """'you restarted rank 2 at 12:03:04, 1.2 s before this failure'; a pause `resumed` (SIGCONT)
+    before the failure says when (' (SIGCONT 3.0 s later)'), one resumed after it does not: the
+    rank was paused when the failure came."""
+    when = time.strftime("%H:%M:%S", time.localtime(at))
+    then = f" (SIGCONT {resumed - at:.1f} s later)" if resumed is not None and resumed <= failed_at else ""
+    return f"you {what} at {when}{then}, {max(0.0, failed_at - at):.1f} s before this failure"
+
+
+def _decoded(lines: list[bytes]) -> tuple[str, ...]:
+    return tuple(line.decode(errors="replace") for line in lines)
