@@ -141,6 +141,34 @@ def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
         proc.wait()
 
 
+def run_side_by_side(runs: dict[str, dict], timeout: float) -> dict[str, subprocess.CompletedProcess]:
+    """Each of `runs` (a name -> subprocess.Popen's keyword arguments, `args` among them) run to
+    the end, all at once, their output captured as text: as subprocess.run each, one after the
+    other, but the waits overlap (a torch launcher and ranktop's on the same work wait on their
+    ranks most of the time). Past `timeout` seconds all are killed and TimeoutExpired raised."""
+    deadline = time.monotonic() + timeout
+    with contextlib.ExitStack() as stack:
+        started = {}
+        try:
+            for name, popen_kwargs in runs.items():
+                # files, not pipes: a process is never held up by a pipe read only after another's end
+                out, err = (stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
+                started[name] = (subprocess.Popen(**popen_kwargs, stdout=out, stderr=err, text=True), out, err)
+            for proc, _, _ in started.values():
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            for proc, _, _ in started.values():  # (only any left after a timeout or a failed start)
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        done = {}
+        for name, (proc, out, err) in started.items():
+            out.seek(0)
+            err.seek(0)
+            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+        return done
+
+
 def ranktop_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "ranktop", *args]
 

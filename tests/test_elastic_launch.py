@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_side_by_side
 from ranktop.core.spec import free_port
 
 PY = sys.executable
@@ -43,23 +43,34 @@ _DRIVER = textwrap.dedent("""
 """)
 
 
-def _run(impl: str, body: str, tmp_path, timeout: float = 120) -> tuple[object, str]:
-    """(what the body reported, its stdout) under `impl`, "torch" or "ranktop"."""
+def _driver(impl: str, body: str, tmp_path) -> dict:
+    """Popen's arguments for the driver under `impl`, "torch" or "ranktop", in `tmp_path`."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), TESTS]), "TMPDIR": str(tmp_path)}
-    done = subprocess.run([PY, "-c", _DRIVER, impl, textwrap.dedent(body)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=tmp_path)
+    return {"args": [PY, "-c", _DRIVER, impl, textwrap.dedent(body)], "env": env, "cwd": tmp_path}
+
+
+def _reported(impl: str, done: subprocess.CompletedProcess) -> tuple[object, str]:
+    """(what the body reported, its stdout)."""
     found = [line[len("RESULT "):] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and found, f"{impl}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     return json.loads(found[-1]), done.stdout
 
 
+def _run(impl: str, body: str, tmp_path, timeout: float = 120) -> tuple[object, str]:
+    """(what the body reported, its stdout) under `impl`."""
+    return _reported(impl, subprocess.run(**_driver(impl, body, tmp_path), capture_output=True, text=True,
+                                          timeout=timeout))
+
+
 def _both(body: str, tmp_path) -> tuple[tuple[object, str], tuple[object, str]]:
+    """torch's and ranktop's, the two drivers side by side (each in a directory of its own)."""
     pytest.importorskip("torch.distributed.launcher.api")
-    results = []
+    runs = {}
     for impl in ("torch", "ranktop"):
         (tmp_path / impl).mkdir()
-        results.append(_run(impl, body, tmp_path / impl))
-    return results[0], results[1]
+        runs[impl] = _driver(impl, body, tmp_path / impl)
+    done = run_side_by_side(runs, timeout=120)
+    return _reported("torch", done["torch"]), _reported("ranktop", done["ranktop"])
 
 
 # One node through the c10d rendezvous on a free port: torch's default backend (etcd) needs a server.
@@ -105,15 +116,17 @@ def test_a_failing_rank_raises_child_failed_error_as_torchs(tmp_path):
 
 
 def test_restarts_are_honoured_as_torchs(tmp_path):
+    """The boundary with one restart allowed: one failed start is restarted (the whole group, the
+    rank that did not fail too), two are not, and the error is the last start's."""
     body = f"""
-        spent = elastic_launch({C10D}, max_restarts=2), rank_fns.rank0_fails_until_restart)(2)
+        spent = elastic_launch({C10D}, max_restarts=1), rank_fns.rank0_fails_until_restart)(1)
         try:
             elastic_launch({C10D}, max_restarts=1), rank_fns.rank0_fails_until_restart)(2)
         except Exception as exc:
             report([sorted(spent.items()), failure(exc)["first"]])
     """
     (theirs, _), (ours, _) = _both(body, tmp_path)
-    assert ours == theirs == [[[0, 2], [1, 2]], [0, 0, 1, "RuntimeError: failing at restart 1"]]
+    assert ours == theirs == [[[0, 1], [1, 1]], [0, 0, 1, "RuntimeError: failing at restart 1"]]
 
 
 def test_a_binary_entrypoint_returns_none_by_rank_and_fails_as_torchs(tmp_path):
