@@ -33,6 +33,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from ranktop.core.agent import LocalAgent, RunResult
@@ -40,6 +41,7 @@ from ranktop.core.spec import WorkerSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+K = TypeVar("K")  # a name for each of several runs
 NOBODY = 65534  # another user, for directories and links that are not ours
 if os.environ.get("PYTEST_XDIST_WORKER"):  # a session of its own: one worker's check must not see the other's
     os.environ["RANKTOP_TEST_ID"] = uuid.uuid4().hex
@@ -141,7 +143,7 @@ def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
         proc.wait()
 
 
-def run_side_by_side(runs: dict[str, dict], timeout: float) -> dict[str, subprocess.CompletedProcess]:
+def run_side_by_side(runs: dict[K, dict], timeout: float) -> dict[K, subprocess.CompletedProcess]:
     """Each of `runs` (a name -> subprocess.Popen's keyword arguments, `args` among them) run to
     the end, all at once, their output captured as text: as subprocess.run each, one after the
     other, but the waits overlap (a torch launcher and ranktop's on the same work wait on their

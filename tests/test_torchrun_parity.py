@@ -390,8 +390,8 @@ def test_the_grace_is_torch_elastic_shutdown_timeout_then_pet_then_the_flag(tmp_
 @pytest.mark.parametrize("by_env", [False, True], ids=["flags", "pet-only"])
 def test_a_static_two_node_line_gives_torchruns_world(tmp_path, by_env):
     """The static multi-node line (no --rdzv-backend), as job scripts give it (flags) and as
-    Kubeflow's PyTorchJob does (PET_* only): both nodes run by torchrun, then both by ranktop; every
-    rank gets the same world. MASTER_PORT is left out: torchrun's static round picks a free one too."""
+    Kubeflow's PyTorchJob does (PET_* only): both nodes run by torchrun and, side by side, both by
+    ranktop; every rank gets the same world. MASTER_PORT is left out: torchrun's static round picks a free one too."""
     runs = {}
     for launcher in ("torchrun", "ranktop"):  # the two jobs side by side, each on a port of its own
         (tmp_path / launcher).mkdir()
