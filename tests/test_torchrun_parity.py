@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, make_agent, ranktop_cmd, run_ranktop, run_side_by_side
+from conftest import ROOT, make_agent, ranktop_cmd, run_ranktop
 from ranktop.core.spec import free_port
 
 pytest.importorskip("torch")
@@ -390,24 +390,34 @@ def test_the_grace_is_torch_elastic_shutdown_timeout_then_pet_then_the_flag(tmp_
 @pytest.mark.parametrize("by_env", [False, True], ids=["flags", "pet-only"])
 def test_a_static_two_node_line_gives_torchruns_world(tmp_path, by_env):
     """The static multi-node line (no --rdzv-backend), as job scripts give it (flags) and as
-    Kubeflow's PyTorchJob does (PET_* only): both nodes run by torchrun and, side by side, both by
-    ranktop; every rank gets the same world. MASTER_PORT is left out: torchrun's static round picks a free one too."""
-    runs = {}
-    for launcher in ("torchrun", "ranktop"):  # the two jobs side by side, each on a port of its own
-        (tmp_path / launcher).mkdir()
+    Kubeflow's PyTorchJob does (PET_* only): both nodes run by torchrun, then both by ranktop; every
+    rank gets the same world. MASTER_PORT is left out: torchrun's static round picks a free one too."""
+    records = {}
+    for launcher in ("torchrun", "ranktop"):
+        dump = tmp_path / launcher
+        dump.mkdir()
         port = str(free_port())
+        nodes = []
         for node_rank in (1, 0):
             line = {"nnodes": "2", "nproc_per_node": "2", "master_addr": "127.0.0.1", "master_port": port,
                     "node_rank": str(node_rank)}
             flags = [] if by_env else [f"--{k.replace('_', '-')}={v}" for k, v in line.items()]
-            env = {**os.environ, "DUMP_TO": str(tmp_path / launcher), "LOGLEVEL": "ERROR", "PYTHONWARNINGS": "ignore",
+            env = {**os.environ, "DUMP_TO": str(dump), "LOGLEVEL": "ERROR", "PYTHONWARNINGS": "ignore",
                    **({f"PET_{k.upper()}": v for k, v in line.items()} if by_env else {})}
             cmd = ([sys.executable, "-m", "torch.distributed.run"] if launcher == "torchrun" else
                    ranktop_cmd("--headless", "--log-dir", str(tmp_path / f"logs{node_rank}")))
-            runs[launcher, node_rank] = {"args": [*cmd, *flags, S, "x"], "cwd": PARITY, "env": env}
-    for (launcher, _), node in run_side_by_side(runs, timeout=120).items():
-        assert node.returncode == 0, (launcher, node.stderr[-3000:])
-    records = {launcher: {rank: {k: v for k, v in rec.items() if k != "MASTER_PORT"}
-                          for rank, rec in _records(tmp_path / launcher).items()} for launcher in ("torchrun", "ranktop")}
+            nodes.append(subprocess.Popen([*cmd, *flags, S, "x"], cwd=PARITY, env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True))
+        try:
+            for node in nodes:
+                assert node.wait(timeout=120) == 0, (launcher, node.stderr.read()[-3000:])
+        finally:
+            for node in nodes:
+                if node.poll() is None:
+                    node.kill()
+                    node.wait()
+                node.stderr.close()
+        records[launcher] = {rank: {k: v for k, v in rec.items() if k != "MASTER_PORT"}
+                             for rank, rec in _records(dump).items()}
     assert sorted(records["torchrun"]) == ["0", "1", "2", "3"]
     assert records["ranktop"] == records["torchrun"], json.dumps(records, indent=1)
