@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import ROOT, run_side_by_side
+from conftest import ROOT
 from ranktop.core.spec import free_port
 
 PY = sys.executable
@@ -43,34 +43,23 @@ _DRIVER = textwrap.dedent("""
 """)
 
 
-def _driver(impl: str, body: str, tmp_path) -> dict:
-    """Popen's arguments for the driver under `impl`, "torch" or "ranktop", in `tmp_path`."""
+def _run(impl: str, body: str, tmp_path, timeout: float = 120) -> tuple[object, str]:
+    """(what the body reported, its stdout) under `impl`, "torch" or "ranktop"."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), TESTS]), "TMPDIR": str(tmp_path)}
-    return {"args": [PY, "-c", _DRIVER, impl, textwrap.dedent(body)], "env": env, "cwd": tmp_path}
-
-
-def _reported(impl: str, done: subprocess.CompletedProcess) -> tuple[object, str]:
-    """(what the body reported, its stdout)."""
+    done = subprocess.run([PY, "-c", _DRIVER, impl, textwrap.dedent(body)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=tmp_path)
     found = [line[len("RESULT "):] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and found, f"{impl}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     return json.loads(found[-1]), done.stdout
 
 
-def _run(impl: str, body: str, tmp_path, timeout: float = 120) -> tuple[object, str]:
-    """(what the body reported, its stdout) under `impl`."""
-    return _reported(impl, subprocess.run(**_driver(impl, body, tmp_path), capture_output=True, text=True,
-                                          timeout=timeout))
-
-
 def _both(body: str, tmp_path) -> tuple[tuple[object, str], tuple[object, str]]:
-    """torch's and ranktop's, the two drivers side by side (each in a directory of its own)."""
     pytest.importorskip("torch.distributed.launcher.api")
-    runs = {}
+    results = []
     for impl in ("torch", "ranktop"):
         (tmp_path / impl).mkdir()
-        runs[impl] = _driver(impl, body, tmp_path / impl)
-    done = run_side_by_side(runs, timeout=120)
-    return _reported("torch", done["torch"]), _reported("ranktop", done["ranktop"])
+        results.append(_run(impl, body, tmp_path / impl))
+    return results[0], results[1]
 
 
 # One node through the c10d rendezvous on a free port: torch's default backend (etcd) needs a server.
