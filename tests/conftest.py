@@ -146,8 +146,9 @@ def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
 def run_side_by_side(runs: dict[K, dict], timeout: float) -> dict[K, subprocess.CompletedProcess]:
     """Each of `runs` (a name -> subprocess.Popen's keyword arguments, `args` among them) run to
     the end, all at once, their output captured as text: as subprocess.run each, one after the
-    other, but the waits overlap (a torch launcher and ranktop's on the same work wait on their
-    ranks most of the time). Past `timeout` seconds all are killed and TimeoutExpired raised."""
+    other, but their waits on their ranks overlap. Worth it only where the runs wait more than they
+    compute: runs that each import torch measured no faster side by side on 2 cores. Past `timeout`
+    seconds all are killed and TimeoutExpired raised."""
     deadline = time.monotonic() + timeout
     with contextlib.ExitStack() as stack:
         started = {}
