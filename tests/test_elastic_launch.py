@@ -105,15 +105,17 @@ def test_a_failing_rank_raises_child_failed_error_as_torchs(tmp_path):
 
 
 def test_restarts_are_honoured_as_torchs(tmp_path):
+    """The boundary with one restart allowed: one failed start is restarted (the whole group, the
+    rank that did not fail too), two are not, and the error is the last start's."""
     body = f"""
-        spent = elastic_launch({C10D}, max_restarts=2), rank_fns.rank0_fails_until_restart)(2)
+        spent = elastic_launch({C10D}, max_restarts=1), rank_fns.rank0_fails_until_restart)(1)
         try:
             elastic_launch({C10D}, max_restarts=1), rank_fns.rank0_fails_until_restart)(2)
         except Exception as exc:
             report([sorted(spent.items()), failure(exc)["first"]])
     """
     (theirs, _), (ours, _) = _both(body, tmp_path)
-    assert ours == theirs == [[[0, 2], [1, 2]], [0, 0, 1, "RuntimeError: failing at restart 1"]]
+    assert ours == theirs == [[[0, 1], [1, 1]], [0, 0, 1, "RuntimeError: failing at restart 1"]]
 
 
 def test_a_binary_entrypoint_returns_none_by_rank_and_fails_as_torchs(tmp_path):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 import rank_fns
-from conftest import NOBODY, ROOT, mode_of, stop_process, wait_for
+from conftest import NOBODY, ROOT, mode_of, run_side_by_side, stop_process, wait_for
 from ranktop.core import ProcessFailure, RunProcsResult, Std, record, start_processes
 from ranktop.core.errors import read_error_file, write_error_file
 from ranktop.core.output import line_length
@@ -613,14 +613,18 @@ print("REPORT " + json.dumps(report), flush=True)
 """
 
 
-def _table(impl: str, tmp_path) -> tuple[dict, str, str]:
-    work = tmp_path / impl
-    work.mkdir()
-    proc = subprocess.run([PY, "-c", _TABLE_SCRIPT, impl, str(work)], capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout
-    report = json.loads(out[out.index("REPORT ") + 7:])
-    return report, out[:out.index("REPORT ")], proc.stderr
+def _tables(tmp_path) -> dict[str, tuple[dict, str, str]]:
+    """torch's and ranktop's (report, console stdout, console stderr), the two run side by side."""
+    runs = {}
+    for impl in ("torch", "ranktop"):
+        (tmp_path / impl).mkdir()
+        runs[impl] = {"args": [PY, "-c", _TABLE_SCRIPT, impl, str(tmp_path / impl)]}
+    tables = {}
+    for impl, proc in run_side_by_side(runs, timeout=240).items():
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = proc.stdout
+        tables[impl] = json.loads(out[out.index("REPORT ") + 7:]), out[:out.index("REPORT ")], proc.stderr
+    return tables
 
 
 def _shown(console: str, token: str, rank: int) -> str:
@@ -633,8 +637,8 @@ def _shown(console: str, token: str, rank: int) -> str:
 
 def test_console_and_files_match_torch_for_every_redirect_tee_and_filter(tmp_path):
     pytest.importorskip("torch.distributed.elastic.multiprocessing")
-    torch_report, torch_out, torch_err = _table("torch", tmp_path)
-    ours, our_out, our_err = _table("ranktop", tmp_path)
+    tables = _tables(tmp_path)
+    (torch_report, torch_out, torch_err), (ours, our_out, our_err) = tables["torch"], tables["ranktop"]
     assert set(ours) == set(torch_report) and len(ours) == 27
     for key in torch_report:
         assert ours[key] == torch_report[key], key  # same paths ("" / os.devnull / file) and file texts
