@@ -184,11 +184,11 @@ BAD = [
     (["--nproc-per-node", "gpu", S], {"RANKTOP_FAKE_GPUS": "2", "CUDA_VISIBLE_DEVICES": "²"},
      "ranktop: error: bad --nproc-per-node gpu: no GPU found"),
     (["--node-rank", "\x1b[31m1\nX", S], {}, "ranktop: error: bad --node-rank ␛[31m1␊X: expected a whole number"),
-    (["--role", "\x1b]0;title\x07", S], {}, "ranktop: error: bad role '\\x1b]0;title\\x07': control characters"),
-    (["--role", "a\udcff", S], {}, "ranktop: error: bad role 'a\\udcff': control characters (escape sequences, "
+    (["--role", "\x1b]0;title\x07", S], {}, "ranktop: error: bad role '␛]0;title␇': control characters"),
+    (["--role", "a\udcff", S], {}, "ranktop: error: bad role 'a\\xff': control characters (escape sequences, "
                                    "newlines) or bytes that are not UTF-8"),
     ([S], {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]\x1b[2J"},
-     "ranktop: error: bad log line prefix template '[${rank}]\\x1b[2J': control characters"),
+     "ranktop: error: bad log line prefix template '[${rank}]␛[2J': control characters"),
     (["--signals-to-handle", "SIGTERM,SIGCHLD", S], {},
      "ranktop: error: bad --signals-to-handle 'SIGTERM,SIGCHLD': SIGCHLD comes each time a rank ends"),
     ([str(PARITY)], {}, "ranktop: error: bad script '" + str(PARITY) + "': a directory without a __main__.py"),
