@@ -430,19 +430,16 @@ import argparse, sys, tempfile
 def train(rank):
     parser = argparse.ArgumentParser()
     parser.add_argument("--lr", type=float)
-    return [rank, sys.argv[1:], parser.parse_known_args()[0].lr]  # the options a user would parse
-
-def flags(rank):
-    return [rank, sys.flags.optimize, sys.warnoptions, sys.flags.dev_mode]
+    lr = parser.parse_known_args()[0].lr  # the options a user would parse
+    return [rank, sys.argv[1:], lr, sys.flags.optimize, sys.warnoptions, sorted(sys._xoptions)]
 
 if __name__ == "__main__":
     if sys.argv[1] == "torch":
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
     else:
         from ranktop.core import DefaultLogsSpecs, start_processes
-    fn = flags if sys.flags.optimize else train
     for method in ("spawn", "fork"):
-        ctx = start_processes("t", fn, {0: (0,), 1: (1,)}, {0: {}, 1: {}},
+        ctx = start_processes("t", train, {0: (0,), 1: (1,)}, {0: {}, 1: {}},
                               DefaultLogsSpecs(log_dir=tempfile.mkdtemp(dir=sys.argv[-1])), start_method=method)
         print(method, ctx.wait(60, 0.05).return_values, flush=True)
         ctx.close()
@@ -473,20 +470,14 @@ def _each_impl(tmp_path, *python_flags: str) -> dict[str, list]:
     return shown
 
 
-def test_a_function_rank_sees_the_callers_command_line_as_torchs(tmp_path):
-    """A rank that parses its options (argparse in the function) reads the caller's sys.argv, as
-    multiprocessing gives it; it read ranktop's own bootstrap's and failed."""
-    shown = _each_impl(tmp_path)
-    expected = {r: [r, ["IMPL", "--lr", "0.5", str(tmp_path)], 0.5] for r in (0, 1)}
-    assert shown["ranktop"] == [("spawn", expected), ("fork", expected)]
-    assert shown.get("torch", shown["ranktop"]) == shown["ranktop"]
-
-
-def test_a_function_rank_runs_under_the_callers_interpreter_options_as_torchs(tmp_path):
-    """`python -O -W ... -X dev train.py`: the ranks run with those, as multiprocessing passes them
-    on; they ran under none (asserts on, no warning filters)."""
-    shown = _each_impl(tmp_path, "-O", "-W", "ignore::UserWarning", "-X", "dev")
-    expected = {r: [r, 1, ["default", "ignore::UserWarning"], True] for r in (0, 1)}
+def test_a_function_rank_sees_the_callers_command_line_and_interpreter_options_as_torchs(tmp_path):
+    """`python -O -W ... -X ... train.py --lr 0.5`: a rank that parses its options (argparse in the
+    function) reads the caller's sys.argv, as multiprocessing gives it (it read ranktop's own
+    bootstrap's and failed), and runs under the caller's interpreter options, as multiprocessing
+    passes them on (it ran under none: asserts on, no warning filters)."""
+    shown = _each_impl(tmp_path, "-O", "-W", "ignore::UserWarning", "-X", "faulthandler")
+    expected = {r: [r, ["IMPL", "--lr", "0.5", str(tmp_path)], 0.5, 1, ["ignore::UserWarning"], ["faulthandler"]]
+                for r in (0, 1)}
     assert shown["ranktop"] == [("spawn", expected), ("fork", expected)]
     assert shown.get("torch", shown["ranktop"]) == shown["ranktop"]
 
