@@ -148,6 +148,19 @@ def _logged(tmp_path, rank: int) -> str:
     return path.read_text() if path.exists() else ""
 
 
+def _ends_on_sigterm(proc: subprocess.Popen) -> None:
+    """A run still going ends on SIGTERM to ranktop, with its status (143)."""
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
+
+
+def _reaped(proc: subprocess.Popen) -> None:
+    """Whatever happened, ranktop gone (killed if it still runs) and its pipes read."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
+
+
 def test_signals_to_handle_passes_sigusr1_on_and_the_run_goes_on(tmp_path):
     proc = _start_usr1(tmp_path, "--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1")
     try:
@@ -155,12 +168,9 @@ def test_signals_to_handle_passes_sigusr1_on_and_the_run_goes_on(tmp_path):
         proc.send_signal(signal.SIGUSR1)
         wait_for(lambda: all("requeue notice" in _logged(tmp_path, r) for r in range(2)), what="notice passed on")
         assert proc.poll() is None  # still running: a notice is not a stop
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 128 + signal.SIGTERM
+        _ends_on_sigterm(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+        _reaped(proc)
 
 
 def test_slurms_sigusr1_to_ranktop_and_every_rank_at_once_is_neither_fatal_nor_doubled(tmp_path):
@@ -326,12 +336,9 @@ def test_under_nohup_a_hangup_stops_nothing(tmp_path):
         assert proc.poll() is None
         assert "SIGHUP" not in events.read_text()
         assert all(os.path.exists(f"/proc/{pid}") for pid in ranks)  # the ranks ignore it too
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 128 + signal.SIGTERM
+        _ends_on_sigterm(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+        _reaped(proc)
 
 
 def test_ranktop_stopped_and_continued_blames_no_rank_for_the_silence(tmp_path):
