@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import ROOT, marked_processes, ranktop_cmd, read_events, run_ranktop, stop_process, wait_for
+from ranktop.core.process import kernel_state
 from ranktop.core.stacks import find_py_spy
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
@@ -226,12 +227,6 @@ def test_a_tui_run_that_cannot_be_served_says_so_on_its_screen(tmp_path):
         term.close()
 
 
-def _state(pid: int) -> str:
-    """The process's state letter (T: stopped)."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return f.read().rsplit(b")", 1)[1].split()[0].decode()
-
-
 def _children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [int(p) for p in f.read().split()]
@@ -256,13 +251,13 @@ def test_ctrl_z_suspends_the_tui_to_the_shell_and_fg_brings_it_back_whole(tmp_pa
         for suspend in (lambda: os.killpg(os.getpgid(waiter), signal.SIGTSTP), lambda: term.press("C-z")):
             suspend()
             term.wait_screen("Stopped")  # the shell has its prompt back
-            assert _state(waiter) == "T" and _state(tui) == "T"
-            assert all(_state(pid) != "T" for pid in ranks)  # the ranks run on, as under torchrun
+            assert kernel_state(waiter) == "T" and kernel_state(tui) == "T"
+            assert all(kernel_state(pid) != "T" for pid in ranks)  # the ranks run on, as under torchrun
             term.press("clear", "Enter")
             wait_for(lambda: "Stopped" not in term.screen(), what="the screen cleared")
             term.press("fg", "Enter")
             term.wait_screen("hello from 1", " 0/0 ", " 1/1 ", "running", "world 2")  # every row redrawn
-            assert _state(waiter) != "T" and _state(tui) != "T"
+            assert kernel_state(waiter) != "T" and kernel_state(tui) != "T"
         term.press("q")
         term.wait_screen("still running")
         term.press("y")
@@ -293,7 +288,7 @@ def _suspended_tui(tmp_path: Path) -> tuple[Terminal, int, int, list[int]]:
     ranks = [e["pid"] for e in read_events(_run_dir(tmp_path)) if e["event"] == "started"]
     term.press("C-z")
     term.wait_screen("Stopped")
-    wait_for(lambda: _state(waiter) == "T" and _state(tui) == "T", what="the job stopped")
+    wait_for(lambda: kernel_state(waiter) == "T" and kernel_state(tui) == "T", what="the job stopped")
     return term, waiter, tui, ranks
 
 
@@ -311,7 +306,7 @@ def _kill_job_and_wait(term: Terminal, tmp_path: Path, waiter: int, tui: int, ra
     status = tmp_path / "status"
     term.press(f"kill %1; wait -f %1; echo $? > {status}", "Enter")  # (-f: till it ends, not just continues)
     wait_for(lambda: status.exists() and status.read_text().strip(), timeout=20, what="the job's status")
-    assert [(pid, _state(pid)) for pid in (waiter, tui, *ranks) if os.path.exists(f"/proc/{pid}")] == []
+    assert [(pid, kernel_state(pid)) for pid in (waiter, tui, *ranks) if os.path.exists(f"/proc/{pid}")] == []
     return status.read_text().strip()
 
 
@@ -336,7 +331,7 @@ def test_bg_keeps_a_suspended_tuis_run_going_and_fg_brings_the_tui_back(tmp_path
         term.press("bg", "Enter")
         before = _logged(tmp_path)
         wait_for(lambda: _logged(tmp_path) > before + 2000, timeout=15, what="the engine logging in the background")
-        assert _state(waiter) != "T" and _state(tui) != "T"
+        assert kernel_state(waiter) != "T" and kernel_state(tui) != "T"
         term.press("clear", "Enter")
         wait_for(lambda: "tick" not in term.screen(), what="the screen cleared")
         term.press("fg", "Enter")
@@ -344,7 +339,7 @@ def test_bg_keeps_a_suspended_tuis_run_going_and_fg_brings_the_tui_back(tmp_path
         term.press("C-z")
         term.wait_screen("Stopped")
         term.press("bg", "Enter")
-        wait_for(lambda: _state(tui) != "T", what="the TUI running in the background")
+        wait_for(lambda: kernel_state(tui) != "T", what="the TUI running in the background")
         assert _kill_job_and_wait(term, tmp_path, waiter, tui, ranks) == "143"
     finally:
         term.close()

@@ -20,6 +20,7 @@ import termios
 import threading
 from collections.abc import Iterator
 
+from ranktop.core.guard import stat_fields
 from ranktop.core.strays import prctl
 
 DETACHED = signal.SIGRTMIN  # child -> parent: "I let go of the terminal"
@@ -123,19 +124,11 @@ def _follow_stop(child: int, init: bool) -> None:
     if init:  # PID 1 cannot stop itself; the container's shell, if any, sees the child
         return
     os.kill(os.getpid(), signal.SIGSTOP)
-    if _stopped(child):
+    if (stat_fields(child) or [b""])[0] == b"T":  # still stopped
         try:
             os.kill(child, signal.SIGCONT)
         except ProcessLookupError:
             pass
-
-
-def _stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"T"
-    except (OSError, IndexError):
-        return False
 
 
 def _reap(child: int, every: bool) -> int | None:
