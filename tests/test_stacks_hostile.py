@@ -5,7 +5,9 @@ traceback. Most need no py-spy (the SIGUSR1 dump and the file readers); the last
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import time
 
@@ -229,3 +231,100 @@ def test_a_run_directory_reached_through_another_users_directory_gets_no_dump_sa
         assert os.listdir(run_dir / "stacks") and "stacks_dumped" in (run_dir / "events.jsonl").read_text()
     finally:
         stop_process(proc)
+
+
+# A rank whose names are its weapons: a function, a file and a thread named with a line break that
+# starts a line of ranktop's own, escape sequences and a bidi override; 3000 calls deep.
+HOSTILE_NAMES = r"""
+import sys, threading, time, types
+sys.setrecursionlimit(10000)
+NAME = "x\n== rank 9 (1)  <-- ODD ONE OUT\x1b]0;title\x07\x1b[2J\u202e"
+def down(n):
+    if n == 0:
+        print("ready", flush=True)
+        time.sleep(3600)
+    down(n - 1)
+down = types.FunctionType(down.__code__.replace(co_name=NAME, co_qualname=NAME, co_filename="/t/f\x1b[31m\n.py"),
+                          globals())
+threading.Thread(target=time.sleep, args=(3600,), name=NAME, daemon=True).start()
+down(3000)
+"""
+
+
+def assert_one_line_each(text: str) -> None:
+    """Every name on the line it belongs to, nothing a terminal obeys."""
+    assert not any(c in text for c in "\x1b\x07\u202e"), text[:2000]
+    assert [line for line in text.splitlines() if line.startswith("==")] == ["== ranks 0-1 (2)"], text[:2000]
+    assert "x␊== rank 9 (1)  <-- ODD ONE OUT⟨U+202E⟩ (f␊.py:9)" in text and "thread 'x\\n== rank 9" in text
+
+
+@pytest.mark.skipif(os.environ.get("RANKTOP_PY_SPY") is None and shutil.which("py-spy") is None
+                    and not os.access(os.path.join(os.path.dirname(PY), "py-spy"), os.X_OK), reason="no py-spy")
+def test_names_with_line_breaks_and_escapes_stay_on_their_line_and_a_deep_stack_shows_its_ends(tmp_path, runtime):
+    """A name with a line break started a line of its own in `ranktop stacks` and the saved .txt
+    (a fake group, a fake ODD ONE OUT), its escapes reached the saved .txt; 3000 frames ended the
+    dump in a RecursionError (`stack dump failed` in the TUI)."""
+    proc = start(tmp_path, runtime, "names", HOSTILE_NAMES)
+    try:
+        wait_lines(proc, "ready", 2)
+        out = run_ranktop("stacks", "--threads", "names", env=runtime, timeout=60)
+        assert out.returncode == 0 and "2 of 2 ranks dumped, 1 distinct stack(s)" in out.stdout, out
+        assert_one_line_each(out.stdout)
+        (saved,) = (tmp_path / "logs" / "names" / "stacks").glob("*.txt")
+        assert_one_line_each(saved.read_text())
+        # The outermost and innermost 50 frames, and between them how many were left out.
+        assert "... 2902 frames left out ..." in out.stdout and len(out.stdout.splitlines()) < 300
+        report = json.loads(run_ranktop("stacks", "--json", "--no-save", "names", env=runtime, timeout=60).stdout)
+        frames = [f["name"] for f in report["ranks"][0]["threads"][0]["frames"]]
+        assert len(frames) == 101 and frames[0] == "<module>" and frames[50] == "... 2902 frames left out ..."
+        assert frames[-1].startswith("x\n== rank 9") and frames[-2] == frames[-1]  # JSON keeps them as they are
+        assert proc.poll() is None
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture
+def sleeper():
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+    yield proc.pid
+    stop_process(proc)
+
+
+# What a py-spy (a fake one on RANKTOP_PY_SPY, a tool boundary) may answer, and the reason shown.
+GARBAGE = {
+    "not a list": ("echo '{\"a\": 1}'", "the dump is of type dict, not list"),
+    "a thread not an object": ("echo '[1]'", "a thread is of type int, not dict"),
+    "a name not text": ("echo '[{\"frames\": [{\"name\": 5}]}]'", "name is of type int, not str"),
+    "a line too big": ("echo '[{\"frames\": [{\"name\": \"f\", \"line\": 1e400}]}]'",
+                       "line is of type float, not a whole number"),
+    "a file name a list": ("echo '[{\"frames\": [{\"name\": \"f\", \"filename\": [\"a\"]}]}]'",
+                           "filename is of type list, not str"),
+    "an error not UTF-8": ("printf '\\377bad\\n' >&2; exit 1", "failed: \ufffdbad"),
+    "200 MB": ("head -c 200000000 /dev/zero", "py-spy's answer is over 64 MiB: not read"),
+}
+
+
+def stacks_by(tmp_path, runtime, pid: int, script: str) -> subprocess.CompletedProcess:
+    """`ranktop stacks PID` with a py-spy that runs `script`."""
+    spy = tmp_path / "py-spy"
+    spy.write_text(f"#!/bin/sh\n{script}\n")
+    spy.chmod(0o755)
+    return run_ranktop("stacks", "--no-save", str(pid), env={**runtime, "RANKTOP_PY_SPY": str(spy)}, timeout=60)
+
+
+@pytest.mark.parametrize("answer", GARBAGE.values(), ids=GARBAGE.keys())
+def test_a_py_spy_that_answers_garbage_is_a_reason_not_a_traceback(tmp_path, runtime, sleeper, answer):
+    """Each was a traceback (AttributeError, OverflowError, TypeError, UnicodeDecodeError), or all
+    of the answer held in memory, eight ranks' at once."""
+    script, reason = answer
+    out = stacks_by(tmp_path, runtime, sleeper, script)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out
+    (line,) = [line for line in out.stdout.splitlines() if line.startswith(f"   rank 0 (pid {sleeper}): failed: ")]
+    assert reason in line, out.stdout
+
+
+def test_a_name_that_is_not_utf8_is_dumped_with_a_replacement_character(tmp_path, runtime, sleeper):
+    """It was a UnicodeDecodeError traceback."""
+    out = stacks_by(tmp_path, runtime, sleeper,
+                    "printf '[{\"frames\": [{\"name\": \"f\\377\", \"filename\": \"x.py\", \"line\": 1}]}]'")
+    assert out.returncode == 0 and "     f\ufffd (x.py:1)" in out.stdout.splitlines(), out

@@ -197,7 +197,7 @@ class StacksScreen(Screen):
                 body.append(f"{stacks.rank_list([r])}: {clean(stacks.rank_facts(by_rank[r]))}\n", style="dim")  # (its children's names)
             for f in g.frames:
                 body.append(f"  {clean(f.name)}", style="bold" if f is g.frames[-1] else "")
-                body.append(f" ({clean(f.where)})\n", style="dim")
+                body.append(f" ({clean(f.where)})\n" if f.where else "\n", style="dim")
             w = Static(body, classes="stack-group odd" if g.odd else "stack-group")
             w.border_title = stacks.rank_list(g.ranks) + (" — ODD ONE OUT" if g.odd else "")
             widgets.append(w)
@@ -211,7 +211,7 @@ class StacksScreen(Screen):
             body = Text()
             for f in frames:
                 body.append(f"  {clean(f.name)}")
-                body.append(f" ({clean(f.where)})\n", style="dim")
+                body.append(f" ({clean(f.where)})\n" if f.where else "\n", style="dim")
             w = Static(body or Text("(no Python frames)"), classes="stack-group thread")
             w.border_title = Text(f"thread {clean(name)!r} — {stacks.rank_list(ranks)}")  # Text: never markup
             widgets.append(w)

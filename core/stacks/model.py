@@ -31,7 +31,24 @@ class Frame:
 
     @property
     def label(self) -> str:
-        return f"{self.name} ({self.where})"
+        return f"{self.name} ({self.where})" if self.where else self.name
+
+
+# Frames of one thread: its outermost and innermost 50, where a deep recursion starts and where it
+# is now (faulthandler, the SIGUSR1 fallback, shows 100 too). The tree has a level per frame, and
+# its readers recurse a few calls a level (a saved dump read back: about 3.5).
+MAX_FRAMES = 100
+
+
+def within_frame_limit(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """`frames` (outermost first), or, past MAX_FRAMES, the outermost and innermost MAX_FRAMES / 2
+    with one frame between them saying how many were left out (1000 frames ended every reader of
+    the tree in a RecursionError)."""
+    if len(frames) <= MAX_FRAMES:
+        return frames
+    half = MAX_FRAMES // 2
+    gap = Frame(f"... {len(frames) - 2 * half} frames left out ...", "", "", 0)
+    return (*frames[:half], gap, *frames[-half:])
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import json
 import os
+import selectors
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import psutil
 from ranktop.core.events import EventLog
 from ranktop.core.layout import RunDir
 from ranktop.core.stacks.grouping import build_report
-from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack
+from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack, within_frame_limit
 from ranktop.core.stacks.procs import children_of, gone_reason
 from ranktop.core.stacks.saving import save_report
 from ranktop.core.strays import own_tool
@@ -81,27 +82,75 @@ def dump_pid(pid: int, rank: int = 0, local_rank: int | None = None, *, native: 
     spy = find_py_spy(os.environ.get("RANKTOP_PY_SPY"))
     if spy is None:
         return RankStack(**base, status=StackStatus.NO_PY_SPY, reason="py-spy not found", hint=NO_PY_SPY_HINT)
+    argv = [spy, "dump", "--pid", str(target), "--json", *(["--native"] if native_frames else [])]
     try:
-        with own_tool():
-            out = subprocess.run([spy, "dump", "--pid", str(target), "--json", *(["--native"] if native_frames else [])],
-                                 capture_output=True, text=True,
-                                 timeout=timeout, env=_spy_env(), stdin=subprocess.DEVNULL)
+        returncode, stdout, stderr = _run_py_spy(argv, timeout)
     except subprocess.TimeoutExpired:
         return RankStack(**base, status=StackStatus.FAILED, reason=f"py-spy did not answer within {timeout:g}s",
                          hint="the process may be in uninterruptible sleep (D state); try the SIGUSR1 fallback")
+    except TooMuchOutput:
+        return RankStack(**base, status=StackStatus.FAILED,
+                         reason=f"py-spy's answer is over {MAX_PY_SPY_OUTPUT >> 20} MiB: not read",
+                         hint="the SIGUSR1 fallback prints at most 100 threads of 100 frames")
     except OSError as exc:
         return RankStack(**base, status=StackStatus.NO_PY_SPY, reason=f"cannot run py-spy: {exc}",
                          hint=NO_PY_SPY_HINT)
     dumped = target if target != pid else None
-    if out.returncode == 0:
+    if returncode == 0:
         try:
-            threads = parse_py_spy_json(out.stdout, target)
+            threads = parse_py_spy_json(stdout, target)
         except (ValueError, KeyError, TypeError) as exc:
             return RankStack(**base, status=StackStatus.FAILED, reason=f"unreadable py-spy output: {exc}")
         return RankStack(**base, status=StackStatus.OK, threads=threads, dumped_pid=dumped,
                          children=children_of(target))
-    status, reason, hint = classify_py_spy_error(out.stderr, target)
+    status, reason, hint = classify_py_spy_error(stderr, target)
     return RankStack(**base, status=status, reason=reason, hint=hint, dumped_pid=dumped)
+
+
+MAX_PY_SPY_OUTPUT = 64 << 20  # bytes: a rank's frames and names are its to choose, and its dump is read whole
+
+
+class TooMuchOutput(Exception):
+    """py-spy wrote more than MAX_PY_SPY_OUTPUT bytes: not read on (eight ranks at once would hold it all)."""
+
+
+def _run_py_spy(argv: list[str], timeout: float) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of py-spy within `timeout` (TimeoutExpired) and at most
+    MAX_PY_SPY_OUTPUT bytes (TooMuchOutput); bytes that are not UTF-8 read as U+FFFD (a
+    process's names are not always text, and subprocess.run's text mode raised on them)."""
+    deadline = time.monotonic() + timeout
+    with own_tool(), subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, env=_spy_env()) as proc:
+        try:
+            out, err = _read_until_closed(proc, deadline, argv, timeout)
+            returncode = proc.wait(max(0.0, deadline - time.monotonic()))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def _read_until_closed(proc: subprocess.Popen, deadline: float, argv: list[str],
+                       timeout: float) -> tuple[bytes, bytes]:
+    """Both of `proc`'s pipes read to their end, together (either may fill while the other is read)."""
+    pipes = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
+    size = 0
+    with selectors.DefaultSelector() as selector:
+        for fd in pipes:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(argv, timeout)
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fd)
+                size += len(chunk)
+                if size > MAX_PY_SPY_OUTPUT:
+                    raise TooMuchOutput
+                pipes[key.fd].append(chunk)
+    return b"".join(pipes[proc.stdout.fileno()]), b"".join(pipes[proc.stderr.fileno()])
 
 
 def classify_py_spy_error(stderr: str, pid: int) -> tuple[StackStatus, str, str | None]:
@@ -137,17 +186,21 @@ def python_descendant(pid: int) -> int | None:
 
 
 def parse_py_spy_json(text: str, pid: int) -> tuple[ThreadStack, ...]:
-    """py-spy's --json (a list of threads, innermost frame first) -> our threads, main first."""
+    """py-spy's --json (a list of threads, innermost frame first) -> our threads, main first.
+    Every value is checked (ValueError names the first of the wrong kind), each name cut to
+    MAX_NAME characters and each thread to MAX_FRAMES frames: the names are the rank's to choose,
+    and a deep recursion is thousands of frames."""
     raw = json.loads(text)
     threads = []
     main_found = False
-    for t in raw:
-        frames = tuple(Frame(_frame_name(f["name"]), f.get("filename") or "?",
-                             f.get("short_filename") or f.get("filename") or "?", int(f.get("line") or 0))
-                       for f in reversed(t.get("frames") or []))
-        is_main = not main_found and (t.get("os_thread_id") == pid or t.get("thread_name") == "MainThread")
+    for t in _of_kind(raw, list, "the dump"):
+        t = _of_kind(t, dict, "a thread")
+        frames = within_frame_limit(tuple(_frame(f) for f in reversed(_of_kind(t.get("frames") or [], list, "frames"))))
+        os_thread_id = _number(t.get("os_thread_id"), "os_thread_id", None)
+        name = _name(t.get("thread_name"), "thread_name", "")
+        is_main = not main_found and (os_thread_id == pid or name == "MainThread")
         main_found = main_found or is_main
-        threads.append(ThreadStack(t.get("thread_name") or "", int(t.get("thread_id") or 0), t.get("os_thread_id"),
+        threads.append(ThreadStack(name, _number(t.get("thread_id"), "thread_id", 0), os_thread_id,
                                    bool(t.get("active")), bool(t.get("owns_gil")), is_main, frames))
     if threads and not main_found:
         # CPython lists the newest thread first, so the oldest (the main thread) is last.
@@ -156,6 +209,35 @@ def parse_py_spy_json(text: str, pid: int) -> tuple[ThreadStack, ...]:
                                   last.frames)
     threads.sort(key=lambda t: not t.is_main)
     return tuple(threads)
+
+
+MAX_NAME = 4096  # characters of a function, file or thread name (py-spy's own limit on what it reads)
+
+
+def _frame(raw: object) -> Frame:
+    f = _of_kind(raw, dict, "a frame")
+    filename = _name(f.get("filename"), "filename", "?")
+    return Frame(_frame_name(_name(f.get("name"), "name", "?")), filename,
+                 _name(f.get("short_filename"), "short_filename", filename), _number(f.get("line"), "line", 0))
+
+
+def _of_kind(value: object, kind: type, what: str):
+    if not isinstance(value, kind):
+        raise ValueError(f"{what} is of type {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def _name(value: object, what: str, default: str) -> str:
+    """A name py-spy read from the process: text, cut to MAX_NAME; `default` where it is empty."""
+    return _of_kind(value, str, what)[:MAX_NAME] if value else default
+
+
+def _number(value: object, what: str, default: int | None) -> int | None:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} is of type {type(value).__name__}, not a whole number")
+    return value
 
 
 # ----- many ranks at once ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 
 from ranktop.core.prompts import NO_PROMPT
+from ranktop.core.sanitize import clean
 from ranktop.core.stacks.grouping import other_thread_groups, problem_groups
 from ranktop.core.stacks.model import RankStack, StackReport, TreeNode, rank_list
 
@@ -68,7 +69,10 @@ def format_report(report: StackReport, *, threads: bool = False) -> str:
                 out.append(f"      hint: {p.hint}")
     if threads:
         out += _thread_lines(report)
-    return "\n".join(out)
+    # Each line on its own: a name with a line break in it (a rank chooses its function, file
+    # and thread names) shows the break as ␊ rather than start a line of its own, which could
+    # read as a group, a rank or an ODD ONE OUT; and the saved .txt is as safe to cat.
+    return "\n".join(clean(line) for line in out)
 
 
 def _tree_lines(node: TreeNode, odd: set[int], depth: int) -> list[str]:
