@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ranktop.core.sanitize import clean
 from ranktop.core.state import GpuSample
 
 FAKE_ENV = "RANKTOP_FAKE_GPUS"
@@ -35,13 +36,28 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 
+MAX_DEVICES = 1024  # a count past this is no node's: its loop of handles would hold the sampler for good
+MAX_ERROR = 200  # characters of an NVML error's text, shown in the header
+
+
 def _describe(exc: BaseException) -> str:
     # pynvml's __str__ asks the library for the text, which can itself fail; never let that escape.
+    # The header shows it as it is: nothing in it may act on the terminal, nor fill the line.
     try:
-        text = str(exc)
+        text = clean(str(exc))[:MAX_ERROR]
     except Exception:
         text = ""
     return text or type(exc).__name__
+
+
+def _percent(value: Any) -> float | None:
+    """A utilisation NVML gave: 0-100, else unknown (not a 300-digit or a negative number in a title)."""
+    return float(value) if isinstance(value, (int, float)) and 0 <= value <= 100 else None
+
+
+def _bytes(value: Any) -> int | None:
+    """An amount of memory NVML gave: a whole number of bytes, 0 or more, else unknown."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -111,6 +127,10 @@ class GpuMonitor:
         except Exception as exc:
             self._shutdown()
             return f"NVML error: {_describe(exc)}"
+        if not 0 <= self._count <= MAX_DEVICES:
+            count, self._count = self._count, 0
+            self._shutdown()
+            return f"NVML error: it counts {count} devices"
         for i in range(self._count):
             try:
                 self._handles[i] = nvml.nvmlDeviceGetHandleByIndex(i)
@@ -175,14 +195,16 @@ class GpuMonitor:
     def _read_device(self, index: int, handle: Any) -> DeviceReading:
         nvml = self._nvml
         mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-        util = _unless_unsupported(lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+        util = _unless_unsupported(lambda: _percent(nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
         procs: dict[int, int | None] = {}
         for info in _unless_unsupported(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle)) or ():
-            used = getattr(info, "usedGpuMemory", None)
+            used, pid = _bytes(getattr(info, "usedGpuMemory", None)), _bytes(getattr(info, "pid", None))
+            if pid is None:
+                continue
             # A process can hold several contexts on one device: add them up.
-            prev = procs.get(info.pid)
-            procs[info.pid] = used if prev is None else prev + (used or 0)
-        return DeviceReading(index, util, int(mem.used), int(mem.total), procs)
+            prev = procs.get(pid)
+            procs[pid] = used if prev is None else prev + (used or 0)
+        return DeviceReading(index, util, _bytes(mem.used), _bytes(mem.total), procs)
 
     def uuid(self, index: int) -> str | None:
         if index not in self._uuids and index in self._handles:

@@ -13,7 +13,7 @@ from ranktop.core.gpu import (
     device_count,
     device_for_local_rank,
 )
-from ranktop.core.gpu_fake import FakeNvml, FakeNvmlError
+from ranktop.core.gpu_fake import FakeDevice, FakeNvml, FakeNvmlError
 from ranktop.core.stats import StatsSampler
 
 SLEEP = "import time; time.sleep(120)"
@@ -252,3 +252,37 @@ def test_fake_gpus_zero_means_no_gpu(monkeypatch):
         wait_for(lambda: sampler.gpu_status() == "no GPU", what="no GPU status")
     finally:
         sampler.close()
+
+
+class CountsTooMany(FakeNvml):
+    """An NVML whose device count no node has."""
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802 - pynvml's name
+        return 10**9
+
+
+def test_an_nvml_that_counts_a_billion_devices_is_an_error_and_cpu_is_still_sampled(tmp_path):
+    """The sampler asked for a handle of each of them before its first tick: no cpu% or rss ever."""
+    sampler = StatsSampler(interval=INTERVAL, gpu=GpuMonitor(CountsTooMany(1)))
+    with Running(make_agent(tmp_path, SLEEP, n=1, sampler=sampler)):
+        wait_for(lambda: stats(sampler, 0, lambda s: s.cpu_percent is not None), timeout=20, what="cpu sampled")
+        assert sampler.gpu_status() == "NVML error: it counts 1000000000 devices"
+        assert sampler.latest(0).gpu is None
+
+
+def test_nvml_values_no_device_has_are_unknown_and_its_error_text_is_cleaned(tmp_path, monkeypatch):
+    """A 300-digit utilisation, negative memory, a process that is no pid, an error with escapes
+    and 10,000 characters: each went as it was to the rank's title and the header."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    lost = FakeNvmlError(FakeNvml.NVML_ERROR_GPU_IS_LOST, "\x1b]0;owned\x07GPU is lost\n" + "y" * 10_000)
+    fake = FakeNvml([FakeDevice(util=1e300, mem_used=-5), FakeDevice(util=-3, mem_total=-1), FakeDevice(error=lost)])
+    sampler = StatsSampler(interval=INTERVAL, gpu=GpuMonitor(fake))
+    with Running(make_agent(tmp_path, SLEEP, n=2, sampler=sampler)) as agent:
+        pid0 = wait_for(lambda: agent.snapshot().ranks[0].pid, what="rank 0's pid")
+        fake.procs[0] = {pid0: -7, "not a pid": 5}
+        wait_for(lambda: all(stats(sampler, r, lambda s: s.gpu is not None) for r in (0, 1)), what="GPUs sampled")
+        g0, g1 = sampler.latest(0).gpu, sampler.latest(1).gpu
+        assert (g0.index, g0.util_percent, g0.mem_used, g0.mem_total, g0.proc_mem) == (0, None, None, 80 * GiB, None)
+        assert (g1.index, g1.util_percent, g1.mem_total) == (1, None, None)
+        status = sampler.gpu_status()
+        assert status.startswith("GPU 2: GPU is lost␊yyy") and len(status) == len("GPU 2: ") + 200, status[:80]
