@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 
 import psutil
@@ -61,9 +62,18 @@ def find_run_dir(path: str) -> str | None:
         runs = [os.path.join(path, d) for d in os.listdir(path)]
     except OSError:
         return None
-    runs = [d for d in runs if os.path.isfile(os.path.join(d, EVENTS))]
-    runs.sort(key=lambda d: os.path.getmtime(os.path.join(d, EVENTS)), reverse=True)
-    return next((d for d in runs if live_ranks_in_run_dir(d)[0]), runs[0] if runs else None)
+    runs = sorted(((when, d) for d in runs if (when := _events_written(d)) is not None), reverse=True)
+    return next((d for _, d in runs if live_ranks_in_run_dir(d)[0]), runs[0][1] if runs else None)
+
+
+def _events_written(run_dir: str) -> float | None:
+    """When `run_dir`'s events.jsonl was last written; None if it is no regular file, or no longer
+    there (a run directory removed while we look: the log root may be shared)."""
+    try:
+        st = os.stat(os.path.join(run_dir, EVENTS))
+    except OSError:
+        return None
+    return st.st_mtime if stat.S_ISREG(st.st_mode) else None
 
 
 def ranks_of_pid(pid: int) -> tuple[dict[int, int], dict[int, int], str | None]:
