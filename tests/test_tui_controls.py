@@ -721,8 +721,8 @@ def test_sort_and_filter_say_where_the_rank_list_shows_when_it_is_not_on_screen(
         await until(pilot, lambda: "rank list sorted by state" in notes(app), what="the sort's note")
         assert notes(app).endswith("rank list sorted by state")  # on screen: nothing to add
         await pilot.press("z", "v")
-        await until(pilot, lambda: "problems" in notes(app), what="the filter's note")
-        assert notes(app).endswith("rank list shows problems ranks (zoomed: esc shows the list)")
+        await until(pilot, lambda: "with a problem" in notes(app), what="the filter's note")
+        assert notes(app).endswith("rank list shows ranks with a problem (zoomed: esc shows the list)")
         await pilot.press("escape")
         await pilot.resize_terminal(160, 48)  # 8 panes fit: a grid, no list
         await until(pilot, lambda: not main.compact, what="the grid")

@@ -266,7 +266,8 @@ class MainScreen(Screen):
 
     def action_cycle_filter(self) -> None:
         self.filter = FILTERS[(FILTERS.index(self.filter) + 1) % len(FILTERS)]
-        self._list_changed(f"rank list shows {self.filter} ranks" if self.filter != "all" else "rank list shows every rank")
+        shown = {"all": "every rank", "problems": "ranks with a problem", "running": "running ranks"}[self.filter]
+        self._list_changed(f"rank list shows {shown}")
 
     def _list_changed(self, what: str) -> None:
         self.notify(what + self._where_the_list_shows(), timeout=2)
