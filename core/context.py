@@ -39,7 +39,7 @@ from typing import Any, BinaryIO, TextIO
 from ranktop.core import guard
 from ranktop.core.caller_signals import restore_signals, signals_held
 from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, RankStartError, UsageError, killed_by
-from ranktop.core.guard import GIVE_UP_SECONDS, MARKER, open_pidfd, send_signal
+from ranktop.core.guard import MARKER
 from ranktop.core.layout import ERROR_FILE, Dir, log_name
 from ranktop.core.limits import check_timeout
 from ranktop.core.output import (
@@ -67,7 +67,15 @@ from ranktop.core.sanitize import clean_console
 from ranktop.core.signals import OUTSIDE_STOP_SIGNALS
 from ranktop.core.spec import Std, per_rank
 from ranktop.core.state import LogLoss
-from ranktop.core.strays import StrayTracker, forget_own_child, note_own_child
+from ranktop.core.strays import (
+    RANK_MARKER,
+    StrayTracker,
+    Sweep,
+    forget_own_child,
+    note_own_child,
+    rank_marker,
+    rank_needle,
+)
 
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
 
@@ -80,14 +88,6 @@ REAP_TIMEOUT = 5.0
 RESPAWN_DRAIN = 0.5
 # Seconds wait(period=0) naps between looks (exits wake it sooner).
 _SHORTEST_NAP = 0.05
-
-
-def _group_of(pid: int) -> int | None:
-    """The process group of `pid`; None once it is gone."""
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
 
 
 class Waker:
@@ -183,6 +183,10 @@ class RankSlot:
     # without a stop of the group (see OUTSIDE_STOP_WINDOW in core/signals.py).
     held_until: float | None = None
     stopped_from_outside: bool = False  # it was: its end is part of the group's stop, not a failure
+    identity: tuple[int, int] | None = None  # its process's (pid, start time): what it left is found by
+    # A restart's sweep of what the replaced process left running (helpers in its group or session,
+    # daemons with its marker): the new process starts once it is done.
+    leftovers: Sweep | None = None
 
     @property
     def ended_by(self) -> str:
@@ -316,10 +320,7 @@ class PContext:
         self.token = os.urandom(8).hex()
         self._strays = StrayTracker(self.token, self._tell_guard, self._emit_group)
         # The end sweep: what the ranks left running gets SIGTERM, then SIGKILL after the grace.
-        self._sweep_grace = shutdown_timeout
-        self._sweep_deadline: float | None = None
-        self._sweep_sent: dict[tuple[int, int], int] = {}  # (pid, start) -> last signal sent
-        self._sweep_fds: dict[tuple[int, int], int] = {}  # pidfds: a stray's exit wakes the monitor
+        self._sweep = Sweep(shutdown_timeout, self._emit_group)
         self._pump: OutputPump | None = None
         # The tee's writer: the caller's (an agent keeps one for all its attempts), else our own.
         self._console: ConsoleWriter | None = console
@@ -430,7 +431,8 @@ class PContext:
             self._held_rank_dir(r).remove(ERROR_FILE)  # a stale one would be taken for this start's
         except OSError:
             pass  # disk full: the log files cannot be opened either, and their sinks report that
-        env = {**self._environ, **self.envs[r], ERROR_FILE_ENV: self.error_file(r), MARKER: self.token}
+        env = {**self._environ, **self.envs[r], ERROR_FILE_ENV: self.error_file(r), MARKER: self.token,
+               RANK_MARKER: rank_marker(self.token, r)}
         if callable(self.entrypoint):
             payload = self._payload_path(r)
             self._remove_stale(self._result_path(r))
@@ -451,7 +453,7 @@ class PContext:
         slot.user_signals.clear()
         slot.failure = None
         slot.paused = slot.unreapable = False
-        self._strays.rank_started(slot.proc.pid)
+        slot.identity = self._strays.rank_started(slot.proc.pid)
         self._emit("started", r, pid=slot.proc.pid, restarts=slot.restarts)
 
     @staticmethod
@@ -548,13 +550,29 @@ class PContext:
         if slot.held_until is not None and now >= slot.held_until:
             self._end_hold(slot, "failure", reason="no stop came within the window")
             self._fail_group("another rank failed")
-        # (the old group is gone or killed first: a worker of the old process must not run, and
-        # print, beside the new one)
-        if slot.restart_pending and not slot.alive and slot.kill_at is None and self._old_output_read(slot, now):
+        # (the old group is gone or killed first, and what the old process left elsewhere swept: a
+        # worker of the old process must not run, and print, beside the new one)
+        if slot.restart_pending and not slot.alive and self._leftovers_swept(slot, now) and slot.kill_at is None \
+                and self._old_output_read(slot, now):
             slot.restart_pending = False
             slot.restarts += 1
             self._mark_restart(slot)
             self._spawn(slot)
+
+    def _leftovers_swept(self, slot: RankSlot, now: float) -> bool:
+        """One pass of the sweep of what the replaced process left running, as the group's end
+        sweep passes over the whole run's; True once it is done."""
+        sweep = slot.leftovers
+        if sweep is None or slot.identity is None:
+            return True
+        needle = rank_needle(self.token, slot.local_rank)
+        found = self._strays.left_by(slot.identity, needle, with_marker=sweep.deadline is None)
+        if not sweep.step(found, now, self._groups_stopping()):
+            return False
+        sweep.close()
+        slot.leftovers = None
+        self._strays.forget_rank(slot.identity)
+        return True
 
     def _old_output_read(self, slot: RankSlot, now: float) -> bool:
         """The replaced process's pipes read to their end, or RESPAWN_DRAIN passed (a grandchild
@@ -605,47 +623,14 @@ class PContext:
     def _swept(self, now: float) -> bool:
         """One pass of the end sweep: True once nothing the ranks left is running (or what is left
         would not die of SIGKILL either: the guard tries again after we exit)."""
-        found = self._strays.find(with_marker=self._sweep_deadline is None)
-        for key in set(self._sweep_fds) - set(found.items()):
-            os.close(self._sweep_fds.pop(key))
-        if not found:
-            return True
-        if self._sweep_deadline is None:
-            self._sweep_deadline = now + self._sweep_grace
-            self._emit_group("strays_stopping", pids=sorted(found), grace=self._sweep_grace)
-        if now > self._sweep_deadline + GIVE_UP_SECONDS:
-            self._emit_group("strays_left", pids=sorted(found))
-            return True
-        sig = signal.SIGKILL if now >= self._sweep_deadline else signal.SIGTERM
-        fresh = [key for key in found.items() if self._sweep_sent.get(key) != sig]
-        if sig == signal.SIGTERM:
-            # A worker left in a rank's group that a stop has just signalled is within that stop's
-            # grace, whose SIGKILL is on its way: a second SIGTERM would re-enter its handler.
-            stopping = self._groups_stopping()
-            for key in [key for key in fresh if _group_of(key[0]) in stopping]:
-                self._sweep_sent[key] = sig
-                fresh.remove(key)
-        if sig == signal.SIGKILL and fresh:
-            self._emit_group("strays_killed", pids=sorted(pid for pid, _ in fresh))
-        for key in fresh:
-            self._sweep_sent[key] = sig
-            self._signal_stray(key, sig)
-        return False
+        found = self._strays.find(with_marker=self._sweep.deadline is None)
+        return self._sweep.step(found, now, self._groups_stopping())
 
     def _groups_stopping(self) -> set[int]:
         """The process groups of ranks sent a stop signal and within its grace (ranks gone, their
         groups maybe not)."""
         return {slot.proc.pid for slot in self.slots
                 if slot.proc is not None and slot.stopping_with is not None and slot.kill_at is not None}
-
-    def _signal_stray(self, key: tuple[int, int], sig: int) -> None:
-        if key not in self._sweep_fds:
-            # None: gone, its pid names another process now, no pidfds, or no descriptor to spare
-            # (hundreds of strays under a low `ulimit -n`): send_signal then goes by pid.
-            fd = open_pidfd(*key)
-            if fd is not None:
-                self._sweep_fds[key] = fd
-        send_signal(*key, sig, self._sweep_fds.get(key))
 
     def _reap(self, slot: RankSlot) -> None:
         proc = slot.proc
@@ -734,7 +719,9 @@ class PContext:
         with self._lock:
             live = [s for s in self.slots if s.alive]
             fds = [s.proc.pidfd for s in live if s.proc.pidfd is not None]
-            fds += self._sweep_fds.values()
+            now = time.monotonic()
+            sweeps = [self._sweep, *(s.leftovers for s in self.slots if s.leftovers is not None)]
+            fds += [fd for sweep in sweeps for fd in sweep.fds()]
             deadlines = [t for s in live for t in (s.kill_at, s.reap_by, s.survived_by) if t is not None]
             # (a reaped rank's group: SIGKILL at the grace's end; a restart waits on it, looked at again soon)
             deadlines += [min(s.kill_at, time.monotonic() + 0.05) if s.restart_pending else s.kill_at
@@ -742,9 +729,7 @@ class PContext:
             deadlines += [s.held_until for s in self.slots if s.held_until is not None]
             # (a restart waiting for the old output: looked at again soon, the pump's EOF wakes nothing)
             deadlines += [min(s.respawn_by, time.monotonic() + 0.02) for s in self.slots if s.respawn_by is not None]
-            if self._sweep_deadline is not None:  # the SIGKILL, then the giving up
-                deadlines.append(self._sweep_deadline if time.monotonic() < self._sweep_deadline
-                                 else self._sweep_deadline + GIVE_UP_SECONDS)
+            deadlines += [t for sweep in sweeps if (t := sweep.wake_at(now)) is not None]
         if deadlines:
             timeout = min(timeout, max(0.0, min(deadlines) - time.monotonic()))
         poller = select.poll()
@@ -785,11 +770,12 @@ class PContext:
                 self._end_hold(slot, "stopped", stop_signal=signal.Signals(sig).name)
         self._stopping = True
         self._strays.note_below_ranks()
-        self._sweep_grace = grace
-        if self._sweep_deadline is not None:
-            self._sweep_deadline = min(self._sweep_deadline, time.monotonic() + grace)
+        self._sweep.hurry(grace, time.monotonic())
         for slot in self.slots:
             slot.restart_pending = False
+            if slot.leftovers is not None:  # the end sweep finds what it swept, and goes on from there
+                self._sweep.take_over(slot.leftovers)
+                slot.leftovers = None
             if slot.alive:
                 self._stop_slot(slot, sig, grace)
             elif slot.kill_at is not None:  # its process is gone, not the rest of its group: a shorter grace holds there too
@@ -866,9 +852,13 @@ class PContext:
             if self._result is not None or self._stopping:
                 return False
             slot = self.slots[local_rank]
+            grace = self.shutdown_timeout if grace is None else grace
+            if not slot.restart_pending:  # (a second restart asked for meanwhile changes nothing)
+                slot.leftovers = Sweep(grace, functools.partial(self._emit_for, local_rank))
             slot.restart_pending = True
             if slot.alive:
-                self._stop_slot(slot, signal.SIGTERM, self.shutdown_timeout if grace is None else grace)
+                self._strays.note_below_ranks([slot.proc.pid])  # its helpers that left its group
+                self._stop_slot(slot, signal.SIGTERM, grace)
             self._emit("restart_requested", local_rank)
         self.wake()
         return True
@@ -973,9 +963,10 @@ class PContext:
             self._console.close()
         self._finish_guard()
         with self._lock:
-            for fd in self._sweep_fds.values():
-                os.close(fd)
-            self._sweep_fds.clear()
+            self._sweep.close()
+            for slot in self.slots:
+                if slot.leftovers is not None:
+                    slot.leftovers.close()
             for held in (*self._rank_dirs.values(), self.dir):
                 held.close()
             for view in (self.filtered_stdout, self.filtered_stderr):
@@ -998,6 +989,9 @@ class PContext:
     # ----- for UIs -----------------------------------------------------------------------------
     def _emit(self, event: str, local_rank: int, **fields: Any) -> None:
         self._emit_group(event, local_rank=local_rank, rank=self.global_ranks[local_rank], **fields)
+
+    def _emit_for(self, local_rank: int, event: str, **fields: Any) -> None:
+        self._emit(event, local_rank, **fields)
 
     def _emit_group(self, event: str, **fields: Any) -> None:
         if self.on_event is not None:

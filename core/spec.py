@@ -15,7 +15,7 @@ from typing import Any
 
 from ranktop.core.errors import UsageError
 from ranktop.core.layout import check_run_id
-from ranktop.core.limits import COUNT, MONITOR_SECONDS, NNODES, NPROC, PORT
+from ranktop.core.limits import COUNT, MAX_NNODES, MAX_NPROC_PER_NODE, MONITOR_SECONDS, NNODES, NPROC, PORT
 from ranktop.core.sanitize import quoted
 
 
@@ -53,16 +53,21 @@ _NNODES_FORMS = "N, NxM or MIN:MAXxM (e.g. 4, 2x8, 1:4x8)"
 
 
 def parse_nnodes(j: str) -> tuple[int, int, int, str]:
-    """TorchX's -j: '[[MIN:]MAX x]NPROC' -> (min_nnodes, max_nnodes, nproc_per_node, nnodes_repr)."""
+    """TorchX's -j: '[[MIN:]MAX x]NPROC' -> (min_nnodes, max_nnodes, nproc_per_node, nnodes_repr).
+    One rule for the API and the command line's -j, torchrun's (0 < MIN <= MAX): TorchX's took 0
+    nodes and MIN above MAX. A UsageError (a ValueError, as TorchX raises) in one line."""
     m = re.fullmatch(r"(?:(?:(\d+):)?(\d+)x)?(\d+)", j.strip())
     if not m:
-        raise ValueError(f"bad -j {quoted(j)}: expected {_NNODES_FORMS}")
-    lo, hi, nproc = m.group(1), m.group(2), int(m.group(3))
-    if hi is None:
-        return 1, 1, nproc, "1"
-    if lo is None:
-        return int(hi), int(hi), nproc, hi
-    return int(lo), int(hi), nproc, f"{lo}:{hi}"
+        raise UsageError(f"bad -j {quoted(j)}: expected {_NNODES_FORMS}")
+    lo, hi, nproc = m.group(1), m.group(2), m.group(3)
+    try:
+        counts = int(lo or hi or 1), int(hi or 1), int(nproc)
+    except ValueError:  # digits int() does not read: thousands of them
+        counts = (0, 0, 0)
+    if not (NPROC.accepts(counts[2]) and NNODES.accepts(counts[1]) and 1 <= counts[0] <= counts[1]):
+        raise UsageError(f"bad -j {quoted(j)}: expected 1 <= MIN <= MAX <= {MAX_NNODES} nodes "
+                         f"and 1 to {MAX_NPROC_PER_NODE} ranks per node")
+    return *counts, f"{lo}:{hi}" if lo is not None else hi or "1"
 
 
 def parse_signal(name: str | int) -> signal.Signals:

@@ -12,30 +12,42 @@ processes a person started with `kubectl exec`: an orphan counts as a rank's onl
 rank's session or carries a group's marker; the rest are only reaped once they exit.
 Each such process is told to the guard by pid and start time (so the guard can sweep it should
 ranktop itself be SIGKILLed), and swept by ranktop at the end of the group with SIGTERM, the
-grace, then SIGKILL, like the ranks.
+grace, then SIGKILL, like the ranks (`Sweep`).
+A restart of one rank sweeps what that rank left the same way, and only that: what was noted from
+it (its group and session as it was reaped, its helpers below it as it was stopped) and what
+carries its own marker (RANK_MARKER: the run's marker names the run, not the rank), with all
+below these. Its group and session ids are not used once it is reaped: once they are empty the
+rank's pid, and with it those ids, may belong to someone else.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from ranktop.core.guard import (
+    GIVE_UP_SECONDS,
     Proc,
     carries_marker,
     descendants,
     find_strays,
     marked_pids,
     marker_needle,
+    open_pidfd,
     process_table,
     read_proc,
+    send_signal,
     spare_pid,
     younger_than,
 )
+
+# Each rank's own marker, beside the run's (guard.MARKER): what a restart of that rank sweeps.
+RANK_MARKER = "RANKTOP_RANK_TOKEN"
 
 _PR_SET_CHILD_SUBREAPER = 36
 # At most this often, a monitor pass looks for newly orphaned helpers, and at least this often
@@ -152,6 +164,16 @@ def _reap(pid: int) -> None:
         pass
 
 
+def rank_marker(token: str, local_rank: int) -> str:
+    """The value of RANK_MARKER for one rank of the group marked `token`."""
+    return f"{token}.{local_rank}"
+
+
+def rank_needle(token: str, local_rank: int) -> bytes:
+    """RANK_MARKER=value as it reads in /proc/PID/environ."""
+    return f"{RANK_MARKER}={rank_marker(token, local_rank)}\0".encode()
+
+
 def command_of(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -174,11 +196,14 @@ class StrayTracker:
         self._not_ours: dict[int, int] = {}  # as PID 1, adopted orphans that came from no rank
         self._reaped: list[int] = []
         self._given_up: set[int] = set()  # ranks that outlived SIGKILL: the guard's, not the sweep's
+        # What each rank (pid, start time) left, noted as it was stopped or reaped, until forgotten
+        self._left: dict[tuple[int, int], dict[int, int]] = {}
         self.since: int | None = None  # the first rank's start (clock ticks since boot)
         self._looked_at = 0.0
         _markers.add(marker_needle(token))
 
-    def rank_started(self, pid: int) -> None:
+    def rank_started(self, pid: int) -> tuple[int, int]:
+        """Take note of a rank just started; its (pid, start time), what it is known by."""
         if pid in self._reaped:  # the pid of a rank reaped a moment ago, reused: settle that one first
             self.look(force=True)
         proc = read_proc(pid)  # our unreaped child: its entry is there even if it already exited
@@ -187,6 +212,7 @@ class StrayTracker:
         self.ranks[pid] = start
         _rank_sessions[pid] = start
         self._tell(f"rank {pid} {start}")
+        return pid, start
 
     def rank_reaped(self, pid: int) -> None:
         self._reaped.append(pid)
@@ -196,18 +222,19 @@ class StrayTracker:
         again and wait as long once more; what it left is still swept."""
         self._given_up.add(pid)
 
-    def note_below_ranks(self) -> None:
-        """Take note of everything below the live ranks now (their helpers that left the group
-        with setsid): they are about to be stopped, and once their rank is gone nothing else
-        leads to them where no subreaper adopts them."""
-        live = [pid for pid in self.ranks if pid not in self._reaped]
+    def note_below_ranks(self, pids: Iterable[int] | None = None) -> None:
+        """Take note of everything below the live ranks now (or those of `pids`): their helpers
+        that left the group with setsid. They are about to be stopped, and once their rank is
+        gone nothing else leads to them where no subreaper adopts them."""
+        live = [pid for pid in (self.ranks if pids is None else pids) if pid in self.ranks and pid not in self._reaped]
         if not live:
             return
         table = process_table()
-        for pid in descendants(table, live):
-            proc = table[pid]
-            if not proc.zombie and proc.pgid not in self.ranks:
-                self._note(pid, proc.start)
+        for rank in live:
+            for pid in descendants(table, [rank]):
+                proc = table[pid]
+                if not proc.zombie and proc.pgid not in self.ranks:
+                    self._note(pid, proc.start, (rank, self.ranks[rank]))
 
     def look(self, force: bool = False) -> dict[int, Proc] | None:
         """Cheap enough for every monitor pass: adopt newly orphaned helpers (reaping those that
@@ -228,8 +255,9 @@ class StrayTracker:
         if self._reaped:
             reaped = {pid: self.ranks[pid] for pid in self._reaped}
             table = process_table()
-            for pid, start in find_strays(table, reaped, {}, skip=(os.getpid(),)).items():
-                self._note(pid, start)
+            for rank in reaped.items():  # (one at a time: what each left is told apart)
+                for pid, start in find_strays(table, dict([rank]), {}, skip=(os.getpid(),)).items():
+                    self._note(pid, start, rank)
             for pid in reaped:  # their ids may be reused from now on: the guard forgets them
                 del self.ranks[pid]
                 self._tell(f"gone {pid}")
@@ -257,7 +285,120 @@ class StrayTracker:
             self._note(pid, start)
         return found
 
-    def _note(self, pid: int, start: int) -> None:
+    def left_by(self, rank: tuple[int, int], needle: bytes, with_marker: bool) -> dict[int, int]:
+        """What the rank (pid, start time), reaped or given up on, left running (pid -> start
+        time): what was noted from it, what carries its own marker `needle`, and everything below
+        these; never another rank. The marker scan reads the environment of every process as
+        young as the rank: the first look of a sweep is enough (what it finds is noted)."""
+        table = self.look(force=True) or process_table()  # (notes what its group and session hold, if just reaped)
+        if with_marker:
+            for pid in younger_than(table, rank[1]):
+                if carries_marker(pid, (needle,)):
+                    self._note(pid, table[pid].start, rank)
+        skip = (os.getpid(), *self.ranks, *self._given_up)
+        return find_strays(table, {}, self._left.get(rank, {}), skip=skip)
+
+    def forget_rank(self, rank: tuple[int, int]) -> None:
+        """What the rank left has been swept: a rank started again and again keeps no trace."""
+        self._left.pop(rank, None)
+
+    def _note(self, pid: int, start: int, rank: tuple[int, int] | None = None) -> None:
+        if rank is not None:
+            self._left.setdefault(rank, {})[pid] = start
         if self.known.get(pid) != start and self.ranks.get(pid) != start:
             self.known[pid] = start
             self._tell(f"stray {pid} {start}")
+
+
+def group_of(pid: int) -> int | None:
+    """The process group of `pid`; None once it is gone."""
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+class Sweep:
+    """Stopping what ranks left running as the ranks themselves are stopped: SIGTERM to each
+    process as it is found, SIGKILL to what is left once the grace is over, and giving up
+    GIVE_UP_SECONDS after that (what outlives SIGKILL is stuck in the kernel: the guard tries
+    again once ranktop exits). Each process is known by pid and start time and signalled through
+    a pidfd opened after checking both (its exit wakes the monitor), so a reused pid is never
+    signalled. One sweeps the group's end; one sweeps each rank a restart replaces. `emit` writes
+    an event (its name, then its fields)."""
+
+    def __init__(self, grace: float, emit: Callable[..., None]):
+        self.grace = grace
+        self.deadline: float | None = None  # set once something is found
+        self._emit = emit
+        self._sent: dict[tuple[int, int], int] = {}  # (pid, start) -> the last signal sent
+        self._fds: dict[tuple[int, int], int] = {}
+
+    def hurry(self, grace: float, now: float) -> None:
+        """A stop with a shorter grace came: it holds here too."""
+        self.grace = grace
+        if self.deadline is not None:
+            self.deadline = min(self.deadline, now + grace)
+
+    def step(self, found: dict[int, int], now: float, groups_stopping: set[int]) -> bool:
+        """One pass over what is `found` now (pid -> start time); True once nothing is left (or
+        what is left would not die of SIGKILL either). A process in one of `groups_stopping` (a
+        rank's group a stop has just signalled) is within that stop's grace, whose SIGKILL is on
+        its way: a second SIGTERM would re-enter its handler."""
+        for key in set(self._fds) - set(found.items()):
+            os.close(self._fds.pop(key))
+        if not found:
+            return True
+        if self.deadline is None:
+            self.deadline = now + self.grace
+            self._emit("strays_stopping", pids=sorted(found), grace=self.grace)
+        if now > self.deadline + GIVE_UP_SECONDS:
+            self._emit("strays_left", pids=sorted(found))
+            return True
+        sig = signal.SIGKILL if now >= self.deadline else signal.SIGTERM
+        fresh = [key for key in found.items() if self._sent.get(key) != sig]
+        if sig == signal.SIGTERM:
+            for key in [key for key in fresh if group_of(key[0]) in groups_stopping]:
+                self._sent[key] = sig
+                fresh.remove(key)
+        if sig == signal.SIGKILL and fresh:
+            self._emit("strays_killed", pids=sorted(pid for pid, _ in fresh))
+        for key in fresh:
+            self._sent[key] = sig
+            self._signal(key, sig)
+        return False
+
+    def _signal(self, key: tuple[int, int], sig: int) -> None:
+        if key not in self._fds:
+            # None: gone, its pid names another process now, no pidfds, or no descriptor to spare
+            # (hundreds of strays under a low `ulimit -n`): send_signal then goes by pid.
+            fd = open_pidfd(*key)
+            if fd is not None:
+                self._fds[key] = fd
+        send_signal(*key, sig, self._fds.get(key))
+
+    def take_over(self, other: Sweep) -> None:
+        """Go on with what `other` began (a rank's, overtaken by the group's stop): what it sent
+        is not sent again, and its descriptors are ours to close."""
+        self._sent.update(other._sent)
+        for key, fd in other._fds.items():
+            if key in self._fds:
+                os.close(fd)
+            else:
+                self._fds[key] = fd
+        other._fds = {}
+
+    def fds(self) -> list[int]:
+        """Descriptors that become readable as a signalled process exits."""
+        return list(self._fds.values())
+
+    def wake_at(self, now: float) -> float | None:
+        """When the next step is due on its own: the SIGKILL, then the giving up."""
+        if self.deadline is None:
+            return None
+        return self.deadline if now < self.deadline else self.deadline + GIVE_UP_SECONDS
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

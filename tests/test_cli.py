@@ -556,6 +556,17 @@ def test_parse_nnodes_forms():
             parse_nnodes(bad)
 
 
+def test_parse_nnodes_refuses_what_the_command_lines_j_refuses():
+    """The Python API's parse_nnodes (TorchX's) took `0x8`, no nodes, which -j refused: one rule
+    for both, torchrun's (0 < MIN <= MAX), in one line (a UsageError, so a ValueError as TorchX's)."""
+    for bad in ("0x8", "0", "0:2x8", "3:2x2", "1x100000000", "600000x1"):
+        expected = f"bad -j '{bad}': expected 1 <= MIN <= MAX <= 524287 nodes and 1 to 4096 ranks per node"
+        with pytest.raises(UsageError) as raised:
+            parse_nnodes(bad)
+        assert str(raised.value) == expected
+        assert run_ranktop("--headless", "-j", bad, "x.py").stderr.strip() == f"ranktop: error: {expected}"
+
+
 def test_console_shows_the_last_state_of_a_progress_bar_but_files_keep_every_byte(tmp_path):
     script = tmp_path / "bar.py"
     script.write_text("import sys\nfor i in (10, 50, 100):\n    sys.stdout.write(f'\\rbar {i}%')\n    sys.stdout.flush()\nprint()\n")

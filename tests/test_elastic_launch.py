@@ -176,7 +176,7 @@ def test_each_rank_sees_torchs_environment(tmp_path):
         report(elastic_launch({C10D}, max_restarts=1, run_id="envjob"), rank_fns.env_changes)(base))
     """
     (theirs, _), (ours, _) = _both(body, tmp_path)
-    ranktop_own = {"RANKTOP_FAULTHANDLER", "RANKTOP_GUARD_TOKEN", "PYTHONPATH", "PYTHONUNBUFFERED"}
+    ranktop_own = {"RANKTOP_FAULTHANDLER", "RANKTOP_GUARD_TOKEN", "RANKTOP_RANK_TOKEN", "PYTHONPATH", "PYTHONUNBUFFERED"}
     for rank in ("0", "1"):
         assert set(theirs[rank]) <= set(ours[rank]) and set(ours[rank]) - set(theirs[rank]) <= ranktop_own
         differ = {k for k in theirs[rank] if theirs[rank][k] != ours[rank][k]}

@@ -5,6 +5,7 @@ here checks their pids itself and kills whatever is left."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -360,3 +361,111 @@ def test_a_rank_given_up_as_unreapable_is_left_out_of_the_sweep_but_not_what_it_
     finally:
         os.killpg(rank.pid, signal.SIGKILL)
         rank.wait()
+
+
+# A rank that starts two helpers, each recording a SIGTERM in DIR/<rank>-<kind>.term: `group` stays
+# in the rank's process group and ignores SIGTERM (only SIGKILL ends it); `session` is a daemon that
+# called setsid (orphaned once its rank exits) and exits on SIGTERM. Ranks listed in EXIT_RANKS then
+# exit 0; the others, and every rank started again, run until stopped. The session helper of a rank
+# that runs on also clears its environment (no marker: only the parent chain leads to it).
+_RANK_LEAVES_HELPERS = """
+    import os, subprocess, sys, time
+    base = os.path.join(os.environ["RANKTOP_TEST_DIR"], os.environ["LOCAL_RANK"] + "-")
+    exits = os.environ["LOCAL_RANK"] in os.environ["EXIT_RANKS"].split(",")
+    if os.path.exists(base + "group.pid"):  # started again: no helpers this time
+        print("again", flush=True)
+        time.sleep(60)
+    for kind, own_session, on_term in (("group", False, ""), ("session", True, "; exit 0")):
+        script = (f"trap 'echo TERM >> {base}{kind}.term{on_term}' TERM; : > {base}{kind}.ready; "
+                  "while :; do /bin/sleep 0.05; done")
+        helper = subprocess.Popen(["/bin/sh", "-c", script], start_new_session=own_session,
+                                  env={} if own_session and not exits else None,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while not os.path.exists(base + kind + ".ready"):  # its trap is set
+            time.sleep(0.01)
+        with open(base + kind + ".pid", "w") as f:
+            f.write(str(helper.pid))
+    print("helpers up", flush=True)
+    if exits:
+        sys.exit(0)
+    time.sleep(60)
+"""
+
+
+@contextlib.contextmanager
+def _killed_at_the_end(folder):
+    """Kill every helper whose pid file is in `folder` and that still runs (those without the
+    test session's marker escape the no_orphans fixture)."""
+    try:
+        yield
+    finally:
+        for path in folder.glob("*.pid"):
+            pid = int(path.read_text())
+            if _running(pid, str(folder)):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _helper_pids(folder, rank):
+    return {kind: int((folder / f"{rank}-{kind}.pid").read_text()) for kind in ("group", "session")}
+
+
+def _got_term(folder, rank, kind):
+    path = folder / f"{rank}-{kind}.term"
+    return path.exists() and "TERM" in path.read_text()
+
+
+@pytest.mark.parametrize("exit_ranks", ["0", ""], ids=["exited_on_its_own", "running"])
+def test_a_rank_restart_stops_what_the_old_rank_left_and_nothing_of_the_others(tmp_path, exit_ranks):
+    """A restart of a rank that had exited on its own started the new process beside what the old
+    one left running (a worker in its process group, a daemon that called setsid); one of a running
+    rank left the daemon. Now both get SIGTERM, the grace, then SIGKILL, as a group stop gives them,
+    before the new process starts; the other rank's helpers are not touched."""
+    from conftest import Running, make_agent
+    from ranktop.core import RankState
+
+    agent = make_agent(tmp_path / "logs", code=_RANK_LEAVES_HELPERS, n=2, shutdown_timeout=1.0,
+                       env={"RANKTOP_TEST_DIR": str(tmp_path), "EXIT_RANKS": exit_ranks})
+    run = Running(agent)
+    with _killed_at_the_end(tmp_path), run:
+        wait_for(lambda: all(b"helpers up" in agent.output(r) for r in (0, 1)), what="both ranks' helpers up")
+        if exit_ranks:
+            wait_for(lambda: run.rank(0).state == RankState.SUCCEEDED, what="rank 0 exited on its own")
+        old, others = _helper_pids(tmp_path, 0), _helper_pids(tmp_path, 1)
+        agent.restart_rank(0)
+        wait_for(lambda: b"again" in agent.output(0), what="rank 0 started again")
+        for kind, pid in old.items():
+            assert _got_term(tmp_path, 0, kind), kind  # SIGTERM first ...
+            assert not _running(pid, str(tmp_path)), kind  # ... and gone before the new process started
+        assert all(_running(pid, str(tmp_path)) for pid in others.values()), "another rank's helper was stopped"
+        assert not any(_got_term(tmp_path, 1, kind) for kind in ("group", "session"))
+    events = read_events(agent.run_dir)
+    restarted_at = [e["ts"] for e in events if e["event"] == "started" and e["local_rank"] == 0][1]
+    stopping = next(e for e in events if e["event"] == "strays_stopping" and e.get("local_rank") == 0)
+    assert set(old.values()) <= set(stopping["pids"]) and not set(others.values()) & set(stopping["pids"])
+    assert stopping["grace"] == 1.0 and restarted_at - stopping["ts"] > 0.8  # the grace, then SIGKILL
+    if exit_ranks:  # (a running rank's worker had its group's SIGTERM and SIGKILL, as a group stop gives it)
+        killed = next(e for e in events if e["event"] == "strays_killed" and e.get("local_rank") == 0)
+        assert old["group"] in killed["pids"] and stopping["ts"] < killed["ts"] < restarted_at
+
+
+def test_a_group_stop_during_a_rank_restarts_sweep_takes_it_over(tmp_path):
+    """A stop of the group while a restart's sweep waits out its grace: the end sweep goes on from
+    there, and a helper that had the restart's SIGTERM gets no second one, only the SIGKILL."""
+    from conftest import Running, make_agent
+    from ranktop.core import RankState
+
+    agent = make_agent(tmp_path / "logs", code=_RANK_LEAVES_HELPERS, n=2, shutdown_timeout=30.0,
+                       env={"RANKTOP_TEST_DIR": str(tmp_path), "EXIT_RANKS": "0"})
+    run = Running(agent)
+    with _killed_at_the_end(tmp_path), run:
+        wait_for(lambda: run.rank(0).state == RankState.SUCCEEDED and b"helpers up" in agent.output(1),
+                 what="rank 0 exited on its own, rank 1 up")
+        old = _helper_pids(tmp_path, 0)
+        agent.restart_rank(0)
+        wait_for(lambda: _got_term(tmp_path, 0, "group"), what="the restart's SIGTERM to rank 0's worker")
+        agent.stop(grace=0.5)
+        run.join(timeout=20)
+    assert (tmp_path / "0-group.term").read_text() == "TERM\n"
+    assert not any(_running(pid, str(tmp_path)) for pid in old.values())
+    starts = [e for e in read_events(agent.run_dir) if e["event"] == "started" and e["local_rank"] == 0]
+    assert len(starts) == 1  # the stop came first: rank 0 was not started again

@@ -346,16 +346,10 @@ def parse_nnodes_range(value: str) -> tuple[int, int]:
 
 
 def parse_jobs(value: str) -> tuple[int, int, int]:
-    """-j [[MIN:]MAX x]NPROC -> (min nodes, nodes, ranks per node), all within their bounds."""
+    """-j [[MIN:]MAX x]NPROC -> (min nodes, nodes, ranks per node): the Python API's rule."""
     from ranktop.core.spec import parse_nnodes
 
-    try:
-        lo, nnodes, nproc, _ = parse_nnodes(value)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if not (limits.NPROC.accepts(nproc) and limits.NNODES.accepts(nnodes) and 1 <= lo <= nnodes):
-        raise UsageError(f"bad -j {quoted(value)}: expected 1 <= MIN <= MAX <= {limits.MAX_NNODES} nodes "
-                         f"and 1 to {limits.MAX_NPROC_PER_NODE} ranks per node")
+    lo, nnodes, nproc, _ = parse_nnodes(value)
     return lo, nnodes, nproc
 
 
