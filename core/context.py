@@ -565,6 +565,8 @@ class PContext:
         sweep = slot.leftovers
         if sweep is None or slot.identity is None:
             return True
+        if not sweep.due(now):
+            return False
         needle = rank_needle(self.token, slot.local_rank)
         found = self._strays.left_by(slot.identity, needle, with_marker=sweep.deadline is None)
         if not sweep.step(found, now, self._groups_stopping()):
@@ -623,6 +625,8 @@ class PContext:
     def _swept(self, now: float) -> bool:
         """One pass of the end sweep: True once nothing the ranks left is running (or what is left
         would not die of SIGKILL either: the guard tries again after we exit)."""
+        if not self._sweep.due(now):
+            return False
         found = self._strays.find(with_marker=self._sweep.deadline is None)
         return self._sweep.step(found, now, self._groups_stopping())
 

@@ -146,16 +146,16 @@ def marked_pids(token: str, pids: Iterable[int] | None = None) -> set[int]:
     return found
 
 
-def _in_rank(proc: Proc, ranks: dict[int, int], table: dict[int, Proc]) -> bool:
-    """In the process group or session of one of `ranks` (pid -> start time)?"""
-    for leader_pid in {proc.pgid, proc.sid}:
+def rank_leading(proc: Proc, ranks: dict[int, int], table: dict[int, Proc]) -> int | None:
+    """The one of `ranks` (pid -> start time) whose process group or session `proc` is in."""
+    for leader_pid in (proc.pgid, proc.sid):
         start = ranks.get(leader_pid)
         if start is None or proc.start < start:
             continue  # not a rank's id, or started before that rank: not from it
         leader = table.get(leader_pid)
         if leader is None or leader.start == start:  # else that pid names someone else now
-            return True
-    return False
+            return leader_pid
+    return None
 
 
 def find_strays(
@@ -173,7 +173,7 @@ def find_strays(
     for proc in table.values():
         if proc.zombie or proc.pid in skipped:
             continue
-        if _in_rank(proc, ranks, table) or strays.get(proc.pid) == proc.start or proc.pid in marked:
+        if rank_leading(proc, ranks, table) is not None or strays.get(proc.pid) == proc.start or proc.pid in marked:
             found[proc.pid] = proc.start
     for pid in descendants(table, list(found)) - skipped:
         if not table[pid].zombie:

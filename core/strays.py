@@ -40,6 +40,7 @@ from ranktop.core.guard import (
     marker_needle,
     open_pidfd,
     process_table,
+    rank_leading,
     read_proc,
     send_signal,
     spare_pid,
@@ -255,9 +256,9 @@ class StrayTracker:
         if self._reaped:
             reaped = {pid: self.ranks[pid] for pid in self._reaped}
             table = process_table()
-            for rank in reaped.items():  # (one at a time: what each left is told apart)
-                for pid, start in find_strays(table, dict([rank]), {}, skip=(os.getpid(),)).items():
-                    self._note(pid, start, rank)
+            found = find_strays(table, reaped, {}, skip=(os.getpid(),))
+            for pid, start in found.items():
+                self._note(pid, start, _left_by_which(pid, table, reaped, found))
             for pid in reaped:  # their ids may be reused from now on: the guard forgets them
                 del self.ranks[pid]
                 self._tell(f"gone {pid}")
@@ -310,6 +311,19 @@ class StrayTracker:
             self._tell(f"stray {pid} {start}")
 
 
+def _left_by_which(pid: int, table: dict[int, Proc], ranks: dict[int, int],
+                   found: dict[int, int]) -> tuple[int, int] | None:
+    """Which of `ranks` (pid -> start time) left `pid`, one of `found` (what they left): the rank
+    whose group or session it, or the nearest of its ancestors among them, is in. One pass over
+    the process table finds what every rank reaped at once left (a group's end reaps them all)."""
+    while pid in found:
+        proc = table[pid]
+        if (leader := rank_leading(proc, ranks, table)) is not None:
+            return leader, ranks[leader]
+        pid = proc.ppid
+    return None
+
+
 def group_of(pid: int) -> int | None:
     """The process group of `pid`; None once it is gone."""
     try:
@@ -333,12 +347,21 @@ class Sweep:
         self._emit = emit
         self._sent: dict[tuple[int, int], int] = {}  # (pid, start) -> the last signal sent
         self._fds: dict[tuple[int, int], int] = {}
+        self._looked_at: float | None = None  # the last step that found something
 
     def hurry(self, grace: float, now: float) -> None:
         """A stop with a shorter grace came: it holds here too."""
         self.grace = grace
         if self.deadline is not None:
             self.deadline = min(self.deadline, now + grace)
+
+    def due(self, now: float) -> bool:
+        """Whether a step should look now. Each look reads every process's /proc entry, and the
+        monitor may pass many times a second while other ranks write: once something is
+        found, at most every LOOK_SECONDS, and at the SIGKILL and the giving up."""
+        if self._looked_at is None:
+            return True
+        return now - self._looked_at >= LOOK_SECONDS or self._next_moment(self._looked_at) <= now
 
     def step(self, found: dict[int, int], now: float, groups_stopping: set[int]) -> bool:
         """One pass over what is `found` now (pid -> start time); True once nothing is left (or
@@ -349,6 +372,7 @@ class Sweep:
             os.close(self._fds.pop(key))
         if not found:
             return True
+        self._looked_at = now
         if self.deadline is None:
             self.deadline = now + self.grace
             self._emit("strays_stopping", pids=sorted(found), grace=self.grace)
@@ -393,10 +417,16 @@ class Sweep:
         return list(self._fds.values())
 
     def wake_at(self, now: float) -> float | None:
-        """When the next step is due on its own: the SIGKILL, then the giving up."""
-        if self.deadline is None:
+        """When the monitor should pass again for this sweep: its next look (a process that exits
+        wakes the monitor through its pidfd, when a look may not be due yet), or sooner the
+        SIGKILL or the giving up."""
+        if self._looked_at is None:
             return None
-        return self.deadline if now < self.deadline else self.deadline + GIVE_UP_SECONDS
+        return min(self._looked_at + LOOK_SECONDS, self._next_moment(now))
+
+    def _next_moment(self, after: float) -> float:
+        """The SIGKILL, or once that is past the giving up (the deadline is set)."""
+        return self.deadline if after < self.deadline else self.deadline + GIVE_UP_SECONDS
 
     def close(self) -> None:
         for fd in self._fds.values():
