@@ -19,7 +19,7 @@ from ranktop.core.errors import UsageError
 from ranktop.core.sanitize import quoted
 from ranktop.core.signals import hold_early_stops
 from ranktop.core.stdio import escape_unencodable, reopen_closed_streams, terminal_problem
-from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, usage_error, usage_line
+from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, run_command, usage_error, usage_line
 
 
 def _number(flag: str, bounds: limits.Bounds):
@@ -760,8 +760,8 @@ def _wait_served(child, run_id: str, path: str | None) -> int:
         if name is None:
             time.sleep(0.05)
             continue
-        print(f"ranktop: started {name} in the background (pid {child.pid}): ranktop attach {name} | "
-              f"ranktop logs {name} -f | ranktop stop {name}")
+        print(f"ranktop: started {name} in the background (pid {child.pid}): {run_command('attach', name)} | "
+              f"{run_command('logs', name, '-f')} | {run_command('stop', name)}")
         return 0
     # Still starting (its rendezvous store not reached yet, say): not served, so not listed yet.
     print(f"ranktop: {run_id} (pid {child.pid}) is not served after {SERVE_WAIT_SECONDS:g} s: it is still "
