@@ -89,12 +89,14 @@ def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, An
     from ranktop.core.agent import LocalAgent
     from ranktop.core.engine import LocalEngine
     from ranktop.core.stats import StatsSampler
+    from ranktop.tui.cli import shared_run_id
 
     sampler = StatsSampler()
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout or TUI_STALL_TIMEOUT,
                        console=False, color=color, sampler=sampler,
                        faulthandler=not getattr(ns, "no_faulthandler", False),
+                       numbered_run_dir=shared_run_id(ns) is not None,  # job42.1 beside a node's job42
                        duplicate_filters={1: tuple(getattr(ns, "duplicate_stdout_filters", ())),
                                           2: tuple(getattr(ns, "duplicate_stderr_filters", ()))})
     engine = LocalEngine(agent)
