@@ -279,6 +279,9 @@ class PContext:
         console: ConsoleWriter | None = None,
         outside_stop_window: float = 0.0,
     ):
+        if not isinstance(log_dir, Dir):  # torch's constructor: (..., start_method, logs_specs)
+            raise TypeError(f"{type(self).__name__} is made by start_processes(), which checks and opens "
+                            "its run directory first: call it instead")
         check_timeout("shutdown_timeout", shutdown_timeout)
         self.name = name
         self.entrypoint = entrypoint

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ranktop.core.errors import ChildFailedError, SignalException, UsageError
-from ranktop.core.limits import COUNT, MONITOR_SECONDS, NNODES, NPROC, PORT, SECONDS, check_timeout
-from ranktop.core.sanitize import quoted
+from ranktop.core.limits import COUNT, MONITOR_SECONDS, NNODES, NPROC, SECONDS, check_timeout
 
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torch's: the grace when the config names none
 
@@ -174,7 +173,7 @@ def _worker_spec(config: LaunchConfig, entrypoint: Any, args: list[Any]) -> Any:
 def _static_placement(config: LaunchConfig) -> dict[str, Any]:
     """WorkerSpec's fields for a run without torch's rendezvous: one node with no endpoint, or the
     static backend where torch is not installed. Empty: torch's rendezvous places the ranks."""
-    from ranktop.core.rendezvous import check_endpoint, torch_installed
+    from ranktop.core.rendezvous import check_endpoint, static_master, torch_installed
 
     endpoint = config.rdzv_endpoint.strip()
     if config.max_nodes == 1 and not endpoint:
@@ -182,18 +181,10 @@ def _static_placement(config: LaunchConfig) -> dict[str, Any]:
     check_endpoint(endpoint, config.max_nodes, "rdzv_endpoint")
     if config.rdzv_backend != "static" or torch_installed():
         return {}
-    host, port = _host_and_port(endpoint)
+    host, port = static_master(endpoint, "rdzv_endpoint")
     node_rank = COUNT.parse("rdzv_configs['rank']", str(config.rdzv_configs.get("rank", "")))
     return {"nnodes": config.max_nodes, "node_rank": node_rank, "master_addr": host, "master_port": port,
             "run_id": config.run_id}
-
-
-def _host_and_port(endpoint: str) -> tuple[str, int]:
-    """The static backend's HOST:PORT (IPv6 in brackets); torch asks for both too."""
-    host, _, port = endpoint.rpartition(":")
-    if not host or not port:
-        raise UsageError(f"bad rdzv_endpoint {quoted(endpoint)}: the static backend needs HOST:PORT (the master's)")
-    return host.strip("[]"), PORT.parse("rdzv_endpoint's port", port)
 
 
 def _rendezvous_handler(config: LaunchConfig) -> Any:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ranktop.core.errors import UsageError
-from ranktop.core.limits import MAX_NPROC_PER_NODE
+from ranktop.core.limits import MAX_NPROC_PER_NODE, PORT
 from ranktop.core.protocol import is_whole
 from ranktop.core.sanitize import clean, quoted
 from ranktop.core.spec import Placement
@@ -173,6 +173,15 @@ def check_endpoint(endpoint: str, max_nodes: int, flag: str = "--rdzv-endpoint")
         # One node binds a free port for its store (torchtitan's `localhost:0`); more cannot find it
         raise UsageError(f"bad {flag} {quoted(endpoint[:80])}: port 0 (a free one) only works on one node: "
                          f"with up to {max_nodes} nodes the others could not find it; name a port they all reach")
+
+
+def static_master(endpoint: str, flag: str = "--rdzv-endpoint") -> tuple[str, int]:
+    """The static backend's HOST:PORT (IPv6 in brackets), where the ranks meet when ranktop's own
+    static form (no torch) runs it; torch's static backend asks for both too."""
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port:
+        raise UsageError(f"bad {flag} {quoted(endpoint)}: the static backend needs HOST:PORT (the master's)")
+    return host.strip("[]"), PORT.parse(f"{flag}'s port", port)
 
 
 # torchrun's launcher gives every backend this `timeout` unless --rdzv-conf names one (the static

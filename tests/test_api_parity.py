@@ -17,8 +17,10 @@ from ranktop.core import (
     DefaultLogsSpecs,
     LocalAgent,
     LocalElasticAgent,
+    MultiprocessContext,
     ProcessFailure,
     Std,
+    SubprocessContext,
     WorkerSpec,
     get_error_handler,
     set_start_method,
@@ -331,6 +333,22 @@ def test_a_function_context_keeps_its_start_method_as_torchs(tmp_path):
         assert ctx.start_method == "forkserver" and ctx.wait(timeout=60).return_values == {0: 4}
     finally:
         ctx.close()
+
+
+def test_a_context_built_with_torchs_constructor_is_a_type_error_naming_start_processes(tmp_path):
+    """README: built directly with torch's constructor, the contexts raise TypeError. Positionally,
+    torch's (name, entrypoint, args, envs, start_method, logs_specs) filled ranktop's (..., log_dir,
+    streams) and failed deep inside with AttributeError ('str' object has no attribute 'path')."""
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path))
+    why = r"^MultiprocessContext is made by start_processes\(\), which checks and opens its run directory first: call it instead$"
+    with pytest.raises(TypeError, match=why):
+        MultiprocessContext("sq", square, {0: (2,)}, {0: {}}, "spawn", specs)
+    with pytest.raises(TypeError, match=why.replace("Multiprocess", "Subprocess")):
+        SubprocessContext("t", "/bin/true", {0: ()}, {0: {}}, specs, None)
+    with pytest.raises(TypeError):  # torch's keywords: not ranktop's
+        MultiprocessContext(name="sq", entrypoint=square, args={0: (2,)}, envs={0: {}}, start_method="spawn",
+                            logs_specs=specs)
+    assert list(tmp_path.iterdir()) == []  # nothing made
 
 
 def test_local_agent_takes_a_start_method_as_the_spec_gives_it(tmp_path):

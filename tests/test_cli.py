@@ -98,6 +98,40 @@ def test_static_multi_node_without_torch_ranks_and_user_omp_threads(tmp_path):
     assert "[default5]:ENV" in res.stdout and "[default4]:ENV" in res.stdout
 
 
+def test_static_backend_without_torch_gives_the_ranks_its_endpoint_as_the_master(tmp_path):
+    """`--rdzv-backend static --rdzv-endpoint HOST:PORT` without torch is ranktop's own static form,
+    as the API's static backend without torch is: the ranks meet at the endpoint. The endpoint went
+    unused, and every node's ranks got 127.0.0.1:29500 (on two hosts, a wait for ever)."""
+    res = run_ranktop("--headless", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--rdzv-backend",
+                      "static", "--rdzv-endpoint", "10.0.0.5:29555", "--log-dir", str(tmp_path), "--run-id", "ep",
+                      str(RANKS / "env_dump.py"), without="torch")
+    assert res.returncode == 0, res.stderr
+    env = _env_of(tmp_path / "ep", 1)
+    assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("3", "4", "10.0.0.5", "29555")
+    no_port = run_ranktop("--headless", "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "static",
+                          "--rdzv-endpoint", "10.0.0.5", "--log-dir", str(tmp_path), str(RANKS / "env_dump.py"),
+                          without="torch")
+    assert (no_port.returncode, no_port.stderr) == (2, "ranktop: error: bad --rdzv-endpoint '10.0.0.5': the static "
+                                                       "backend needs HOST:PORT (the master's)\n")
+
+
+def test_rdzv_id_without_torch_names_the_run_on_every_node(tmp_path):
+    """README: --rdzv-id is the same on every node, TORCHELASTIC_RUN_ID and the run directory's
+    name, numbered where nodes share a log directory. ranktop's own static form (no torch) gave
+    each node an id of its own instead (a timestamp), so the nodes' ranks disagreed on it."""
+    for node in ("0", "1"):
+        res = run_ranktop("--headless", "--nnodes", "2", "--node-rank", node, "--master-addr", "10.0.0.5",
+                          "--master-port", "29555", "--rdzv-id", "job42", "--log-dir", str(tmp_path),
+                          str(RANKS / "env_dump.py"), without="torch")
+        assert res.returncode == 0, res.stderr
+    assert sorted(os.listdir(tmp_path)) == ["job42", "job42.1"]
+    assert _env_of(tmp_path / "job42", 0)["TORCHELASTIC_RUN_ID"] == "job42"
+    assert _env_of(tmp_path / "job42.1", 0)["TORCHELASTIC_RUN_ID"] == "job42"
+    bad = run_ranktop("--headless", "--nnodes", "2", "--node-rank", "1", "--rdzv-id", "a/b", "--log-dir",
+                      str(tmp_path), str(RANKS / "env_dump.py"), without="torch")
+    assert bad.returncode == 2 and bad.stderr.startswith("ranktop: error: bad --rdzv-id 'a/b': it contains '/'")
+
+
 def test_j_with_flags_that_agree_or_pet_defaults_runs_as_j_says(tmp_path):
     """A typed --nnodes/--nproc-per-node that says what -j says is fine; a PET_* default is not
     typed, and -j beats it as any flag beats its PET_* default."""

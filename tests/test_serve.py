@@ -1098,6 +1098,38 @@ def test_detach_starts_the_run_in_the_background_and_returns(tmp_path, runtime):
     assert bad.returncode == 2 and bad.stderr.startswith("ranktop: error: ") and ls(runtime) == []
 
 
+def test_the_commands_a_detached_run_prints_reach_a_run_whose_id_starts_with_a_dash(tmp_path, runtime):
+    """README: `--run-id=-x` reaches the background run as the same id. The started line then said
+    `ranktop attach -x | ranktop logs -x -f | ranktop stop -x`, and each was an unknown option to
+    the shell that typed it (exit 2). The id comes after `--`, quoted for the shell (it may hold a
+    space), so each command works as printed; so does the one `attach` names without a terminal."""
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    done = run_ranktop("--detach", "--run-id=-my run", "--log-dir", str(tmp_path / "logs"), str(script), env=runtime)
+    assert done.returncode == 0, done.stderr
+    (run,) = ls(runtime)
+    try:
+        attach, logs, stop = done.stdout.rstrip("\n").split("): ", 1)[1].split(" | ")
+        assert (attach, logs, stop) == ("ranktop attach -- '-my run'", "ranktop logs -f -- '-my run'",
+                                        "ranktop stop -- '-my run'")
+        no_terminal = run_ranktop(*shlex.split(attach)[1:], stdin=subprocess.DEVNULL, env=runtime)
+        assert no_terminal.returncode == 2 and no_terminal.stderr.endswith(
+            f"(stdin is not a terminal): {logs} prints a run's output instead\n"), no_terminal.stderr
+        follow = subprocess.Popen(ranktop_cmd(*shlex.split(logs)[1:]), stdout=subprocess.PIPE, text=True,
+                                  cwd=ROOT, env=runtime)
+        try:
+            assert follow.stdout.readline() == "[0]:hello from 0\n"
+            stopped = run_ranktop(*shlex.split(stop)[1:], env=runtime)
+            assert (stopped.returncode, stopped.stdout) == (0, "ranktop: stopped -my run\n"), stopped.stderr
+            assert follow.wait(timeout=30) == 0
+        finally:
+            stop_process(follow)
+            follow.stdout.close()
+    finally:
+        run_ranktop("stop", "--", "-my run", env=runtime)
+        wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")
+
+
 @pytest.mark.parametrize("named", [("--run-id", "mine"), ("--run-id=mine",), ()], ids=["two-words", "one-word", "chosen"])
 def test_a_detached_runs_command_line_names_its_run_once(tmp_path, runtime, named):
     """`ps` showed `--run-id` twice in a --detach run's command line (the user's, and the one

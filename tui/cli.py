@@ -19,7 +19,7 @@ from ranktop.core.errors import UsageError
 from ranktop.core.sanitize import quoted
 from ranktop.core.signals import hold_early_stops
 from ranktop.core.stdio import escape_unencodable, reopen_closed_streams, terminal_problem
-from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, usage_error, usage_line
+from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, run_command, usage_error, usage_line
 
 
 def _number(flag: str, bounds: limits.Bounds):
@@ -497,6 +497,9 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
     if on_a_local_store(ns, nnodes):
         addr, port = "127.0.0.1", None  # (None: a free port)
     elastic = uses_rendezvous(ns)
+    own_static = ns.rdzv_backend == "static" and not elastic  # ranktop's own static form (no torch)
+    if own_static and ns.rdzv_endpoint:
+        addr, port = own_static_master(ns.rdzv_endpoint, nnodes)
     spec = WorkerSpec(
         role=ns.role, local_world_size=nproc, entrypoint=entrypoint, args=args,
         max_restarts=ns.max_restarts, monitor_interval=ns.monitor_interval, nnodes=nnodes,
@@ -506,7 +509,8 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
         master_addr=None if elastic else addr, master_port=None if elastic else port,
         env=env,
         redirects=redirects, tee=tee, local_ranks_filter=parse_ranks(ns.local_ranks_filter),
-        run_id=ns.run_id,
+        # Under torch's rendezvous the agent takes the shared id from the round; here, from the line.
+        run_id=own_static_run_id(ns) if own_static else ns.run_id,
         name=os.path.basename(ns.training_script), pty=ns.pty,
         virtual_local_rank=ns.virtual_local_rank, cpu_affinity=cpus,
     )
@@ -517,6 +521,33 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
 
         check_rdzv_conf(ns.rdzv_conf, ns.rdzv_backend)
     return spec
+
+
+def shared_run_id(ns: argparse.Namespace) -> str | None:
+    """The run's id where every node of the job shares it: the --rdzv-id (not its default, none)
+    of a line with a rendezvous backend (static, set for several nodes, included) and no --run-id."""
+    if ns.run_id is not None or ns.rdzv_backend is None or ns.standalone or ns.rdzv_id == "none":
+        return None
+    return ns.rdzv_id
+
+
+def own_static_run_id(ns: argparse.Namespace) -> str | None:
+    """The run id of ranktop's own static form (no torch): --run-id, else the --rdzv-id every node
+    shares, as under torch's static rendezvous (each node took an id of its own)."""
+    from ranktop.core.layout import check_run_id
+
+    shared = shared_run_id(ns)
+    return check_run_id(shared, "--rdzv-id") if shared is not None else ns.run_id
+
+
+def own_static_master(endpoint: str, nnodes: int) -> tuple[str, int]:
+    """Where the ranks of ranktop's own static form (no torch) meet when the line names the static
+    backend's endpoint: there, as under torch's static backend and the API's own form (it went
+    unused, and the ranks of every node met at --master-addr's 127.0.0.1:29500)."""
+    from ranktop.core.rendezvous import check_endpoint, static_master
+
+    check_endpoint(endpoint, nnodes)
+    return static_master(endpoint)
 
 
 def with_rendezvous(spec, ns: argparse.Namespace):
@@ -705,7 +736,7 @@ def start_detached(argv: list[str], ns: argparse.Namespace) -> int:
 
     # The run's id, as the child will take it: a multi-node run's is the rendezvous id, the same on
     # every node, so the child derives it itself; any other is fixed here, so we know its socket.
-    shared = ns.rdzv_id if ns.run_id is None and uses_rendezvous(ns) and ns.rdzv_id != "none" else None
+    shared = shared_run_id(ns)
     run_id = check_run_id(ns.run_id or shared or new_run_id())
     try:
         path = socket_path(run_id)  # a detached run nobody can reach is refused before it starts
@@ -754,8 +785,8 @@ def _wait_served(child, run_id: str, path: str | None) -> int:
         if name is None:
             time.sleep(0.05)
             continue
-        print(f"ranktop: started {name} in the background (pid {child.pid}): ranktop attach {name} | "
-              f"ranktop logs {name} -f | ranktop stop {name}")
+        print(f"ranktop: started {name} in the background (pid {child.pid}): {run_command('attach', name)} | "
+              f"{run_command('logs', name, '-f')} | {run_command('stop', name)}")
         return 0
     # Still starting (its rendezvous store not reached yet, say): not served, so not listed yet.
     print(f"ranktop: {run_id} (pid {child.pid}) is not served after {SERVE_WAIT_SECONDS:g} s: it is still "
@@ -875,7 +906,8 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
                        duplicate_filters={1: tuple(ns.duplicate_stdout_filters), 2: tuple(ns.duplicate_stderr_filters)},
                        color=sys.stdout.isatty() and "NO_COLOR" not in os.environ and not dumb_terminal(),
                        on_under_way=None if ns.detached_child else under_way,
-                       typed_stdin=ns.detached_child)  # its stdin is /dev/null: attach's `i` types instead
+                       typed_stdin=ns.detached_child,  # its stdin is /dev/null: attach's `i` types instead
+                       numbered_run_dir=shared_run_id(ns) is not None)  # job42.1 beside a node's job42
     if sampler is not None:
         sampler.attach(agent)
     engine = LocalEngine(agent)

@@ -21,6 +21,7 @@ from ranktop.core.sanitize import clean
 from ranktop.core.signals import NOTICE_SIGNALS, take_early_stops
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.detach import Detacher, detach_terminal, from_the_background, terminal_alive
+from ranktop.tui.usage import run_command
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -88,12 +89,14 @@ def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, An
     from ranktop.core.agent import LocalAgent
     from ranktop.core.engine import LocalEngine
     from ranktop.core.stats import StatsSampler
+    from ranktop.tui.cli import shared_run_id
 
     sampler = StatsSampler()
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=ns.stall_timeout or TUI_STALL_TIMEOUT,
                        console=False, color=color, sampler=sampler,
                        faulthandler=not getattr(ns, "no_faulthandler", False),
+                       numbered_run_dir=shared_run_id(ns) is not None,  # job42.1 beside a node's job42
                        duplicate_filters={1: tuple(getattr(ns, "duplicate_stdout_filters", ())),
                                           2: tuple(getattr(ns, "duplicate_stderr_filters", ()))})
     engine = LocalEngine(agent)
@@ -120,8 +123,9 @@ def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher
     if reason == "key" or terminal_alive():  # (a hang-up where the terminal lives: the parent killed)
         # (q offers detach only where the run is served)
         with from_the_background():
-            print(f"ranktop: run {run_id} goes on in the background (pid {os.getpid()}); ranktop attach {run_id} "
-                  f"shows it again, ranktop stop {run_id} ends it", file=sys.stderr, flush=True)
+            print(f"ranktop: run {run_id} goes on in the background (pid {os.getpid()}); "
+                  f"{run_command('attach', run_id)} shows it again, {run_command('stop', run_id)} ends it",
+                  file=sys.stderr, flush=True)
     detach_terminal(stdin=True)  # Textual has stopped reading it: the dead terminal is nothing of ours now
     # A later SIGHUP is noted in events.jsonl and the run goes on. (Not SIG_IGN: ranks the run
     # starts from now on would inherit it through exec and be deaf to a hang-up of their own.)

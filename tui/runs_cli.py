@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shlex
 import sys
 import threading
 import time
@@ -33,7 +32,7 @@ from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.state import world_undecided
 from ranktop.core.stdio import print_out, terminal_problem
-from ranktop.tui.usage import UsageParser, metric_pattern, usage_error
+from ranktop.tui.usage import UsageParser, metric_pattern, run_command, usage_error
 
 INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C ended the command, as a shell reports it
 _RUN_HELP = "a run id, a unique prefix of one, or its run directory (default: the newest running run)"
@@ -180,8 +179,8 @@ def attach(argv: list[str]) -> int:
     if problem is not None:  # Textual would draw into a pipe, and wait for keys that never come
         if isinstance(run, FinalEngine):
             run.close()
-        return usage_error(f"ranktop attach needs a terminal ({problem}): ranktop logs "
-                           f"{shlex.quote(ns.run) + ' ' if ns.run else ''}-f prints a run's output instead")
+        follow = run_command("logs", ns.run, "-f") if ns.run else "ranktop logs -f"
+        return usage_error(f"ranktop attach needs a terminal ({problem}): {follow} prints a run's output instead")
     if isinstance(run, FinalEngine):  # an ended run whose engine has gone: its final view
         from ranktop.tui.app import RanktopApp
 
@@ -205,7 +204,8 @@ def attach(argv: list[str]) -> int:
     finally:
         engine.close()
     if not engine.last.ended:  # the last snapshot the TUI took
-        print(clean(f"ranktop: left {run.run_id}; it runs on (ranktop attach {run.run_id}, ranktop stop {run.run_id})"),
+        print(clean(f"ranktop: left {run.run_id}; it runs on ({run_command('attach', run.run_id)}, "
+                    f"{run_command('stop', run.run_id)})"),
               file=sys.stderr)
         return app.return_code or 0  # 1 when the TUI itself failed: never a clean exit after a traceback
     if engine.last.error is not None:  # its engine went away before we saw the end

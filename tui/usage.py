@@ -8,10 +8,21 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
 from typing import NoReturn
 
 USAGE_EXIT = 2
+
+
+def run_command(subcommand: str, run_id: str, *options: str) -> str:
+    """The `ranktop` subcommand that reaches a run, as a user types it into a shell: the id quoted
+    (it may hold a space), and after the options and `--` where it starts with '-' (`--run-id=-x`),
+    which argparse would take for an option of its own."""
+    run = shlex.quote(run_id)
+    if run_id.startswith("-"):
+        return " ".join(("ranktop", subcommand, *options, "--", run))
+    return " ".join(("ranktop", subcommand, run, *options))
 
 
 class BadValue(Exception):
