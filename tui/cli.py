@@ -154,7 +154,7 @@ RANKTOP_ONLY = frozenset({
     "--debug", "--detach", "--detached-child", "--env", "--exit-on-end", "--headless", "--linger",
     "--log-line-prefix-template", "--log_line_prefix_template", "--metric", "--no-faulthandler",
     "--no_faulthandler", "--pty", "--run-id", "--sanitize-console", "--stall-timeout", "--stall_timeout",
-    "--tui", "--version", "-j",
+    "--tui", "--use-env", "--use_env", "--version", "-j",
 })
 
 
@@ -190,6 +190,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="this node's address in the rendezvous (default: its fully qualified host name)")
     add("-m", "--module", action="store_true", help="run the script as a module (python -m)")
     add(*_both("no-python"), action="store_true", help="run the script as a binary, not with python")
+    add(*_both("use-env"), action="store_true",
+        help="torch.distributed.launch's: LOCAL_RANK in the environment, as every rank gets it anyway "
+             "(no --local-rank argument is added, as in torchrun)")
     add(*_both("max-restarts"), type=_number("--max-restarts", limits.COUNT), default=0, help="group restarts on failure (default 0)")
     add(*_both("monitor-interval"), type=_number("--monitor-interval", limits.MONITOR_SECONDS), default=0.1, help="seconds between monitor passes")
     add(*_both("log-dir"), default=None, help="where run directories go (default $TMPDIR/ranktop-UID)")
@@ -562,19 +565,23 @@ def uses_rendezvous(ns: argparse.Namespace) -> bool:
 
 def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, master_port: int | None, *,
                        check_only: bool = False):
+    from ranktop.core.agent import new_run_id
     from ranktop.core.layout import check_run_id
     from ranktop.core.rendezvous import check_endpoint, create_handler, parse_rdzv_conf
     from ranktop.core.spec import free_port
 
     conf: dict = parse_rdzv_conf(ns.rdzv_conf)
     endpoint = ns.rdzv_endpoint
-    if ns.rdzv_id != "none":  # it becomes the run's id, and its directory's name, on every node
-        check_run_id(ns.rdzv_id, "--rdzv-id")
+    # Empty (`--rdzv-id "$SLURM_ARRAY_TASK_ID"` outside an array job): torchrun draws a random id
+    # for this node and runs; it was refused as a bad run id.
+    rdzv_id = ns.rdzv_id or new_run_id()
+    if rdzv_id != "none":  # it becomes the run's id, and its directory's name, on every node
+        check_run_id(rdzv_id, "--rdzv-id")
     check_endpoint(endpoint, max_nodes)
     if ns.rdzv_backend == "static":  # as torchrun: the master's address, and the node rank from the flags
         conf["rank"] = ns.node_rank
         endpoint = endpoint or f"{ns.master_addr}:{master_port or free_port()}"
-    return create_handler(ns.rdzv_backend, endpoint, ns.rdzv_id, min_nodes, max_nodes,
+    return create_handler(ns.rdzv_backend, endpoint, rdzv_id, min_nodes, max_nodes,
                           conf=conf, local_addr=ns.local_addr, check_only=check_only)
 
 
