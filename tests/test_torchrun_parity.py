@@ -98,6 +98,9 @@ LINES = [
     # apex's `torchrun --no_python --nproc_per_node=8 pytest -q -s tests/...`: a binary found on PATH
     ("no-python-on-path", ["--no_python", "--nproc_per_node=2", "dump_bin", "-q", "-s", "tests/t.py"],
      {"PATH": f"{PARITY}{os.pathsep}{os.environ['PATH']}"}),
+    # `--master_addr=$MASTER_ADDR` with the variable unset, on one node: unused, as torchrun leaves it (it was refused)
+    ("master-addr-empty-unused", ["--nproc_per_node=2", "--master_addr=", S], {}),
+    ("master-addr-empty-standalone", ["--standalone", "--nproc_per_node=2", "--master_addr=", S], {}),
     # a `-m` among the module's own arguments is theirs
     ("module-dash-m-in-its-args", ["--nnodes=1", "--nproc_per_node=2", "-m", M, "-m", "src.task", "-dc", "x.yaml"], {}),
     # torch.distributed.launch lines with ranktop in its place (the reference is launch itself, LAUNCH):

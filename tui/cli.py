@@ -49,17 +49,25 @@ def _comma_list(text: str) -> list[str]:
     return [item.replace("\0", ",") for item in text.replace(",,", "\0").split(",") if item]
 
 
-def _address(flag: str):
+def _address(flag: str, *, empty_ok: bool = False):
     """An argparse type: a host name or an IP address (IPv6 bare or in brackets), else one line.
-    torch takes anything and retries it until its time-out (`[::1` waited out a whole round)."""
+    torch takes anything and retries it until its time-out (`[::1` waited out a whole round).
+    `empty_ok`: an empty value (`--master-addr=$MASTER_ADDR`, unset) is left for build_spec,
+    which refuses it only where the line uses it (torchrun runs a line that leaves it unused)."""
     shape = re.compile(r"\[[0-9A-Za-z.:%_-]+\]|[0-9A-Za-z.:%_-]+")
 
     def parse(text: str) -> str:
+        if text == "" and empty_ok:
+            return text
         if len(text) > 255 or not shape.fullmatch(text):
-            raise BadValue(f"bad {flag} {quoted(text)}: expected a host name or an IP address (IPv6 bare or in brackets)")
+            raise BadValue(bad_address(flag, text))
         return text
 
     return parse
+
+
+def bad_address(flag: str, text: str) -> str:
+    return f"bad {flag} {quoted(text)}: expected a host name or an IP address (IPv6 bare or in brackets)"
 
 
 class _Typed(argparse.Action):
@@ -173,7 +181,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="number of nodes, N or MIN:MAX (elastic with --rdzv-backend; static: MAX)")
     p.set_defaults(typed=frozenset())
     add(*_both("node-rank"), type=_number("--node-rank", limits.COUNT), default=0, help="this node's rank (default 0)")
-    add(*_both("master-addr"), type=_address("--master-addr"), default="127.0.0.1",
+    add(*_both("master-addr"), type=_address("--master-addr", empty_ok=True), default="127.0.0.1",
         help="address of node 0 (default 127.0.0.1)")
     add(*_both("master-port"), type=_number("--master-port", limits.PORT), default=None,
         help="port on node 0 (default: a free port on one node, 29500 with several)")
@@ -505,6 +513,8 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
         port = 29500  # like torchrun: every node must agree on it without talking first
     if on_a_local_store(ns, nnodes):
         addr, port = "127.0.0.1", None  # (None: a free port)
+    elif not addr and not (uses_rendezvous(ns) and ns.rdzv_backend != "static"):
+        raise UsageError(bad_address("--master-addr", addr))  # used: torch failed on it, or waited
     elastic = uses_rendezvous(ns)
     spec = WorkerSpec(
         role=ns.role, local_world_size=nproc, entrypoint=entrypoint, args=args,
