@@ -510,7 +510,9 @@ NUMBER_INPUT = [
     (["--master-addr", "[::1", "{script}"],
      "bad --master-addr '[::1': expected a host name or an IP address (IPv6 bare or in brackets)"),
     (["--master-addr", "node 0", "{script}"], "bad --master-addr 'node 0': expected a host name"),
-    (["--master-addr", "", "{script}"], "bad --master-addr '': expected a host name"),
+    # empty where it is used (one node given a port: torch's static rendezvous on ':PORT'); unused, it runs
+    (["--master-addr", "", "--master-port", "29500", "{script}"], "bad --master-addr '': expected a host name"),
+    (["--nnodes", "2", "--master_addr=", "{script}"], "bad --master-addr '': expected a host name"),
     (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1", "--local-addr", "[::1",
       "{script}"], "bad --local-addr '[::1': expected a host name or an IP address"),
     # -j names the nodes and ranks: a typed --nnodes or --nproc-per-node that says otherwise was dropped

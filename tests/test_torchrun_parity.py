@@ -90,10 +90,31 @@ LINES = [
                         "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2", S], {}),
     # torchrun's default backend is static: an endpoint alone on one node is its rendezvous (it went unused)
     ("endpoint-without-backend", ["--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--nproc-per-node", "2", S], {}),
+    # Found in public job scripts and READMEs:
+    # fms_ehrs's `--rdzv-id "$SLURM_ARRAY_TASK_ID"` outside an array job: torchrun draws a random id
+    # (it was refused as an empty run id)
+    ("rdzv-id-empty", ["--nproc_per_node=2", "--rdzv_backend", "c10d", "--rdzv-id", "", "--rdzv-endpoint=localhost:0",
+                       S], {}),
+    # apex's `torchrun --no_python --nproc_per_node=8 pytest -q -s tests/...`: a binary found on PATH
+    ("no-python-on-path", ["--no_python", "--nproc_per_node=2", "dump_bin", "-q", "-s", "tests/t.py"],
+     {"PATH": f"{PARITY}{os.pathsep}{os.environ['PATH']}"}),
+    # `--master_addr=$MASTER_ADDR` with the variable unset, on one node: unused, as torchrun leaves it (it was refused)
+    ("master-addr-empty-unused", ["--nproc_per_node=2", "--master_addr=", S], {}),
+    ("master-addr-empty-standalone", ["--standalone", "--nproc_per_node=2", "--master_addr=", S], {}),
+    # a `-m` among the module's own arguments is theirs
+    ("module-dash-m-in-its-args", ["--nnodes=1", "--nproc_per_node=2", "-m", M, "-m", "src.task", "-dc", "x.yaml"], {}),
+    # torch.distributed.launch lines with ranktop in its place (the reference is launch itself, LAUNCH):
+    # accelerate's examples README, and HumanOmniV2's (--use_env first, a dashed --master-port)
+    ("launch-use-env", ["--nproc_per_node", "2", "--use_env", S, "--data_dir", "path_to_data"], {}),
+    ("launch-use-env-master-port", ["--use_env", "--nproc_per_node", "2", "--master-port", str(free_port()),
+                                    "--nnodes", "1", S, "--model-path", "out"], {}),
 ]
+# Lines whose reference is `python -m torch.distributed.launch` (with --use_env, it gives torchrun's world).
+LAUNCH = {"launch-use-env", "launch-use-env-master-port"}
 # What torchrun derives from its own rendezvous rather than from the line: compared only where the
 # line fixes it.
-FIXED_PORT = {"static-one-node", "master-port-underscore", "pet-kubeflow-one-node", "master-addr-ipv6"}
+FIXED_PORT = {"static-one-node", "master-port-underscore", "pet-kubeflow-one-node", "master-addr-ipv6",
+              "launch-use-env-master-port"}
 # Lines that name a rendezvous: the run id and whether the agent hosts the ranks' store are the round's.
 RENDEZVOUS = {"c10d", "c10d-underscores-conf", "pet-c10d", "static-backend", "endpoint-without-backend"}
 
@@ -124,7 +145,7 @@ def torchrun_results(tmp_path_factory):
     for line_id, argv, env in LINES:
         dump = base / line_id
         dump.mkdir()
-        cases.append({"argv": argv, "env": env, "dump": str(dump)})
+        cases.append({"argv": argv, "env": env, "dump": str(dump), "launch": line_id in LAUNCH})
     (base / "cases.json").write_text(json.dumps(cases))
     env = {**os.environ, "LOGLEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
     res = subprocess.run([sys.executable, str(PARITY / "torchrun_reference.py"), str(base / "cases.json")],

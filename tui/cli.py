@@ -49,17 +49,25 @@ def _comma_list(text: str) -> list[str]:
     return [item.replace("\0", ",") for item in text.replace(",,", "\0").split(",") if item]
 
 
-def _address(flag: str):
+def _address(flag: str, *, empty_ok: bool = False):
     """An argparse type: a host name or an IP address (IPv6 bare or in brackets), else one line.
-    torch takes anything and retries it until its time-out (`[::1` waited out a whole round)."""
+    torch takes anything and retries it until its time-out (`[::1` waited out a whole round).
+    `empty_ok`: an empty value (`--master-addr=$MASTER_ADDR`, unset) is left for build_spec,
+    which refuses it only where the line uses it (torchrun runs a line that leaves it unused)."""
     shape = re.compile(r"\[[0-9A-Za-z.:%_-]+\]|[0-9A-Za-z.:%_-]+")
 
     def parse(text: str) -> str:
+        if text == "" and empty_ok:
+            return text
         if len(text) > 255 or not shape.fullmatch(text):
-            raise BadValue(f"bad {flag} {quoted(text)}: expected a host name or an IP address (IPv6 bare or in brackets)")
+            raise BadValue(bad_address(flag, text))
         return text
 
     return parse
+
+
+def bad_address(flag: str, text: str) -> str:
+    return f"bad {flag} {quoted(text)}: expected a host name or an IP address (IPv6 bare or in brackets)"
 
 
 class _Typed(argparse.Action):
@@ -154,7 +162,7 @@ RANKTOP_ONLY = frozenset({
     "--debug", "--detach", "--detached-child", "--env", "--exit-on-end", "--headless", "--linger",
     "--log-line-prefix-template", "--log_line_prefix_template", "--metric", "--no-faulthandler",
     "--no_faulthandler", "--pty", "--run-id", "--sanitize-console", "--stall-timeout", "--stall_timeout",
-    "--tui", "--version", "-j",
+    "--tui", "--use-env", "--use_env", "--version", "-j",
 })
 
 
@@ -173,7 +181,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="number of nodes, N or MIN:MAX (elastic with --rdzv-backend; static: MAX)")
     p.set_defaults(typed=frozenset())
     add(*_both("node-rank"), type=_number("--node-rank", limits.COUNT), default=0, help="this node's rank (default 0)")
-    add(*_both("master-addr"), type=_address("--master-addr"), default="127.0.0.1",
+    add(*_both("master-addr"), type=_address("--master-addr", empty_ok=True), default="127.0.0.1",
         help="address of node 0 (default 127.0.0.1)")
     add(*_both("master-port"), type=_number("--master-port", limits.PORT), default=None,
         help="port on node 0 (default: a free port on one node, 29500 with several)")
@@ -190,6 +198,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="this node's address in the rendezvous (default: its fully qualified host name)")
     add("-m", "--module", action="store_true", help="run the script as a module (python -m)")
     add(*_both("no-python"), action="store_true", help="run the script as a binary, not with python")
+    add(*_both("use-env"), action="store_true",
+        help="torch.distributed.launch's: LOCAL_RANK in the environment, as every rank gets it anyway "
+             "(no --local-rank argument is added, as in torchrun)")
     add(*_both("max-restarts"), type=_number("--max-restarts", limits.COUNT), default=0, help="group restarts on failure (default 0)")
     add(*_both("monitor-interval"), type=_number("--monitor-interval", limits.MONITOR_SECONDS), default=0.1, help="seconds between monitor passes")
     add(*_both("log-dir"), default=None, help="where run directories go (default $TMPDIR/ranktop-UID)")
@@ -496,6 +507,8 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
         port = 29500  # like torchrun: every node must agree on it without talking first
     if on_a_local_store(ns, nnodes):
         addr, port = "127.0.0.1", None  # (None: a free port)
+    elif not addr and not (uses_rendezvous(ns) and ns.rdzv_backend != "static"):
+        raise UsageError(bad_address("--master-addr", addr))  # used: torch failed on it, or waited
     elastic = uses_rendezvous(ns)
     own_static = ns.rdzv_backend == "static" and not elastic  # ranktop's own static form (no torch)
     if own_static and ns.rdzv_endpoint:
@@ -587,19 +600,23 @@ def uses_rendezvous(ns: argparse.Namespace) -> bool:
 
 def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, master_port: int | None, *,
                        check_only: bool = False):
+    from ranktop.core.agent import new_run_id
     from ranktop.core.layout import check_run_id
     from ranktop.core.rendezvous import check_endpoint, create_handler, parse_rdzv_conf
     from ranktop.core.spec import free_port
 
     conf: dict = parse_rdzv_conf(ns.rdzv_conf)
     endpoint = ns.rdzv_endpoint
-    if ns.rdzv_id != "none":  # it becomes the run's id, and its directory's name, on every node
-        check_run_id(ns.rdzv_id, "--rdzv-id")
+    # Empty (`--rdzv-id "$SLURM_ARRAY_TASK_ID"` outside an array job): torchrun draws a random id
+    # for this node and runs; it was refused as a bad run id.
+    rdzv_id = ns.rdzv_id or new_run_id()
+    if rdzv_id != "none":  # it becomes the run's id, and its directory's name, on every node
+        check_run_id(rdzv_id, "--rdzv-id")
     check_endpoint(endpoint, max_nodes)
     if ns.rdzv_backend == "static":  # as torchrun: the master's address, and the node rank from the flags
         conf["rank"] = ns.node_rank
         endpoint = endpoint or f"{ns.master_addr}:{master_port or free_port()}"
-    return create_handler(ns.rdzv_backend, endpoint, ns.rdzv_id, min_nodes, max_nodes,
+    return create_handler(ns.rdzv_backend, endpoint, rdzv_id, min_nodes, max_nodes,
                           conf=conf, local_addr=ns.local_addr, check_only=check_only)
 
 

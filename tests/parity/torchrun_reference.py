@@ -1,15 +1,17 @@
-"""Runs torchrun (torch.distributed.run) on each command line of a JSON list and prints the exit
-status of each; its ranks record what they were given (dump_rank.py). torch is imported once, and
-each line runs in a fork of this process, so nothing one line changes leaks into the next; two
-lines run at a time (every line has ports of its own), which halves the wait on a 2-core box.
+"""Runs torchrun (torch.distributed.run), or torch.distributed.launch where a case says "launch",
+on each command line of a JSON list and prints the exit status of each; its ranks record what
+they were given (dump_rank.py). torch is imported once, and each line runs in a fork of this
+process, so nothing one line changes leaks into the next; two lines run at a time (every line has
+ports of its own), which halves the wait on a 2-core box.
 
-    python torchrun_reference.py LINES.json   # [{"argv": [...], "env": {...}, "dump": DIR}, ...]
+    python torchrun_reference.py LINES.json   # [{"argv": [...], "env": {...}, "dump": DIR, "launch": false}, ...]
 """
 
 import json
 import os
 import sys
 
+from torch.distributed.launch import main as launch
 from torch.distributed.run import main as torchrun
 
 AT_ONCE = 2
@@ -22,7 +24,7 @@ def start_line(case: dict) -> int:
         os.environ.update(case["env"])
         os.environ["DUMP_TO"] = case["dump"]
         try:
-            torchrun(case["argv"])
+            (launch if case.get("launch") else torchrun)(case["argv"])
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
