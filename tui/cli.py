@@ -538,8 +538,9 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
 
 def shared_run_id(ns: argparse.Namespace) -> str | None:
     """The run's id where every node of the job shares it: the --rdzv-id (not its default, none)
-    of a line with a rendezvous backend (static, set for several nodes, included) and no --run-id."""
-    if ns.run_id is not None or ns.rdzv_backend is None or ns.standalone or ns.rdzv_id == "none":
+    of a line with a rendezvous backend (static, set for several nodes, included) and no --run-id.
+    An empty one is none either: each node draws an id of its own, as torchrun's."""
+    if ns.run_id is not None or ns.rdzv_backend is None or ns.standalone or ns.rdzv_id in ("none", ""):
         return None
     return ns.rdzv_id
 
