@@ -721,7 +721,7 @@ def test_a_plugin_handler_that_says_nothing_or_raises_still_gets_the_waiting_lin
 
 def test_too_few_nodes_time_out_with_a_clear_message(tmp_path, torch_installed):
     job = Job(tmp_path, "alone")
-    job.start("print", extra=("--rdzv-conf", "join_timeout=2,last_call_timeout=1,close_timeout=1"))
+    job.start("print", extra=("--rdzv-conf", "join_timeout=1,last_call_timeout=1,close_timeout=1"))
     ((status, out, err),) = job.finish()
     assert status == 1 and "PLACED" not in out
     assert "ranktop: error: the c10d rendezvous 'alone' timed out: not enough nodes joined" in err
