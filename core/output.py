@@ -17,7 +17,7 @@ import select
 import stat
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import BinaryIO
 
 from ranktop.core.errors import UsageError
@@ -405,11 +405,11 @@ CONSOLE_STALL_ENV = "RANKTOP_CONSOLE_STALL"  # the user's own value for it
 _OWN = "ranktop"  # the key of ranktop's own lines (restarts, notices)
 
 
-def console_stall(environ: Mapping[str, str] | None = None) -> float:
+def console_stall() -> float:
     """Seconds a console may take nothing at the end before what waits for it is given up:
     $RANKTOP_CONSOLE_STALL where set (a link that lags longer, or 0 for a job that must end at
     once), else CONSOLE_STALL. A value that is no number of seconds is a one-line UsageError."""
-    text = (os.environ if environ is None else environ).get(CONSOLE_STALL_ENV)
+    text = os.environ.get(CONSOLE_STALL_ENV)
     if text is None:
         return CONSOLE_STALL
     try:
