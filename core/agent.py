@@ -51,7 +51,7 @@ from ranktop.core.errors import (
 from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
-from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, console_budget, console_name
+from ranktop.core.output import ConsoleWriter, binary_console, console_budget, console_name, console_stall
 from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
 from ranktop.core.prompts import PROMPT_QUIET, rank_prompt
 from ranktop.core.rendezvous import Rendezvous
@@ -222,6 +222,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         self.shutdown_timeout = shutdown_timeout
         self.stall_timeout = stall_timeout
         self.console = console
+        self.console_stall = console_stall()  # (checked with the rest: a bad value is one line, nothing started)
         # Ranks read a pipe that SendInput types into (the TUI's `i`, also attached): always
         # without a console, and with one where ours is nobody's keyboard (--detach: /dev/null)
         self.rank_stdin = "pipe" if typed_stdin or not console else "inherit"
@@ -367,10 +368,10 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         """Let the console take what waits for it, for as long as it keeps taking it, or until a
         stop signal comes (Ctrl-C at a stuck terminal: the run is over, nothing is left to wait for)."""
         if self._tee is not None:
-            self.console_unshown = self._tee.close(cut_short=self._stopped_at_the_end)
+            self.console_unshown = self._tee.close(self.console_stall, cut_short=self._stopped_at_the_end)
             if self.console_unshown:
                 cut_by = None if self.console_cut_by is None else signal.Signals(self.console_cut_by).name
-                self.events.write("console_behind", bytes=self.console_unshown, stall_seconds=CONSOLE_STALL,
+                self.events.write("console_behind", bytes=self.console_unshown, stall_seconds=self.console_stall,
                                   cut_short_by=cut_by)
 
     def _stopped_at_the_end(self) -> bool:

@@ -20,7 +20,9 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ranktop.core.sanitize import unfinished_tail
+from ranktop.core.errors import UsageError
+from ranktop.core.limits import SECONDS
+from ranktop.core.sanitize import quoted, unfinished_tail
 
 Buffer = bytes | memoryview  # what a console write takes: a memoryview spares a copy
 
@@ -399,7 +401,21 @@ CONSOLE_BUDGET = 16 << 20  # bytes one rank's tee may have waiting for a slow co
 _ITEM_COST = 128
 CONSOLE_TOTAL = 128 << 20  # all ranks together: a stuck terminal must not cost gigabytes
 CONSOLE_STALL = 5.0  # at the end, seconds a console may take no output at all before what waits is given up
+CONSOLE_STALL_ENV = "RANKTOP_CONSOLE_STALL"  # the user's own value for it
 _OWN = "ranktop"  # the key of ranktop's own lines (restarts, notices)
+
+
+def console_stall() -> float:
+    """Seconds a console may take nothing at the end before what waits for it is given up:
+    $RANKTOP_CONSOLE_STALL where set (a link that lags longer, or 0 for a job that must end at
+    once), else CONSOLE_STALL. A value that is no number of seconds is a one-line UsageError."""
+    text = os.environ.get(CONSOLE_STALL_ENV)
+    if text is None:
+        return CONSOLE_STALL
+    try:
+        return float(SECONDS.parse(CONSOLE_STALL_ENV, text))
+    except UsageError:
+        raise UsageError(f"bad {CONSOLE_STALL_ENV}={quoted(text)}: expected {SECONDS.describe()}") from None
 
 
 def console_budget(ranks: int) -> int:

@@ -17,11 +17,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Running, make_agent, ranktop_cmd, read_events, wait_for
+from conftest import ROOT, Running, make_agent, ranktop_cmd, read_events, run_ranktop, wait_for
 from ranktop.core import start_processes
+from ranktop.core.errors import UsageError
 from ranktop.core.spec import Std
 
 pytestmark = pytest.mark.timeout(120)
+
+# The end's wait for a console that takes nothing (5 s unless RANKTOP_CONSOLE_STALL says): the
+# stuck consoles here are given up on after 1 s; what they check is that they are, not when.
+STALL = "1"
 
 
 @contextlib.contextmanager
@@ -68,14 +73,15 @@ def test_a_stuck_console_is_given_up_at_the_end_with_a_word_and_ranktop_ends(tmp
         done = subprocess.run(ranktop_cmd("--headless", "--nproc-per-node", "2", "--max-restarts", "2",
                                           "--log-dir", str(tmp_path / "logs"), "--run-id", "stuck", str(script)),
                               cwd=ROOT, stdout=console, stderr=subprocess.PIPE, timeout=90,
-                              env={**os.environ, "FLOOD_MARKS": str(tmp_path)})
+                              env={**os.environ, "FLOOD_MARKS": str(tmp_path), "RANKTOP_CONSOLE_STALL": STALL})
     stderr = done.stderr.decode()
     assert done.returncode == 1, stderr
     events = read_events(tmp_path / "logs" / "stuck")
     assert [e["attempt"] for e in events if e["event"] == "group_restart"] == [1, 2]
     (behind,) = [e for e in events if e["event"] == "console_behind"]
+    assert behind["stall_seconds"] == float(STALL)
     assert 0 < behind["bytes"] <= 16 << 20  # what waited: within the run's one budget (4 streams' shares)
-    assert re.search(r"^ranktop: the console took nothing for 5s after the run ended: the last \d+ bytes of rank "
+    assert re.search(rf"^ranktop: the console took nothing for {STALL}s after the run ended: the last \d+ bytes of rank "
                      r"output were not shown; the log files have them$", stderr, re.M), stderr
     assert "restarting the group: attempt_1" in stderr  # our own lines still reach a stderr that works
     for rank in (0, 1):  # every byte saved all the same
@@ -83,10 +89,27 @@ def test_a_stuck_console_is_given_up_at_the_end_with_a_word_and_ranktop_ends(tmp
         assert log.read_bytes().count(b"\n") == 4000
 
 
+@pytest.mark.parametrize("value", ["soon", "-1", "nan", "1e9", "1\x1b[2J"])
+def test_a_bad_console_stall_time_is_one_line_and_nothing_starts(tmp_path, monkeypatch, value):
+    """RANKTOP_CONSOLE_STALL, the seconds the end waits for a console that takes nothing: on the
+    command line and in the Python API alike, a value that is no number of seconds is refused."""
+    message = (f"bad RANKTOP_CONSOLE_STALL='{value.replace(chr(27), chr(0x241B))}': "
+               "expected a number of seconds from 0 to 604800")
+    done = run_ranktop("--headless", "--log-dir", str(tmp_path / "cli"), "--no-python", "true",
+                       env={**os.environ, "RANKTOP_CONSOLE_STALL": value})
+    assert (done.returncode, done.stderr) == (2, f"ranktop: error: {message}\n")
+    monkeypatch.setenv("RANKTOP_CONSOLE_STALL", value)
+    with pytest.raises(UsageError) as refused:
+        make_agent(tmp_path / "api", "pass", console=True)
+    assert str(refused.value) == message
+    assert not (tmp_path / "cli").exists() and not (tmp_path / "api").exists()
+
+
 def test_every_attempt_tees_through_the_runs_one_console_writer(tmp_path, monkeypatch):
     """Each attempt used to make a console thread of its own, wait 5 s for it at the attempt's
     end and leave it blocked on a stuck console, still holding what it had queued: memory and
     delay grew with every restart."""
+    monkeypatch.setenv("RANKTOP_CONSOLE_STALL", STALL)
     with stuck_console(tmp_path) as fifo, open(fifo, "w") as console:
         monkeypatch.setattr(sys, "stdout", console)
         monkeypatch.setattr(sys, "stderr", open(tmp_path / "stderr", "w"))  # noqa: SIM115 (closed below)
@@ -115,7 +138,8 @@ def test_a_stuck_stderr_does_not_hang_ranktop_at_the_end(tmp_path):
     with stuck_console(tmp_path) as fifo, open(fifo, "wb") as stuck:
         proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
                                             "--run-id", "err", str(script)),
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stuck)
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stuck,
+                                env={**os.environ, "RANKTOP_CONSOLE_STALL": STALL})
         try:
             assert proc.wait(timeout=60) == 1
         finally:
@@ -161,7 +185,9 @@ def test_ctrl_c_while_ranktop_waits_for_a_stuck_console_ends_it_with_the_runs_st
 
 def test_a_slow_console_gets_everything_as_long_as_it_keeps_reading(tmp_path):
     """At the end, ranktop waits for a console that still takes output, however slowly; it used
-    to give up after 5 s in all, cutting the output mid-line with no word of it."""
+    to give up after 5 s in all, cutting the output mid-line with no word of it. (At the default
+    stall time: progress is counted per queued write, which can hold a rank's whole burst, and
+    with RANKTOP_CONSOLE_STALL=1 one such write at this pace already counted as taking nothing.)"""
     script = tmp_path / "burst.py"
     script.write_text("for i in range(6500):\n    print('line', i, 'z' * 90)\n")  # ~650 KB a rank
     proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),

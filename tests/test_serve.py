@@ -205,12 +205,14 @@ def test_a_served_run_whose_engine_does_not_answer_is_listed_and_said_so(tmp_pat
     try:
         (run,) = wait_for(lambda: [r for r in ls(env) if r["state"] == "running"], what="the run listed")
         proc.send_signal(signal.SIGSTOP)
-        # its pid is the socket's listener, as the kernel names it: the engine, though it cannot say so
-        assert [(r["run_id"], r["state"], r["pid"]) for r in ls(env)] == [("frozen", "not answering", proc.pid)]
-        assert "frozen  ?       ?      not answering" in run_ranktop("ls", env=env).stdout
         silent = f"ranktop: frozen: the engine at {run['socket']} does not answer\n"
         calls = [("logs", "frozen"), ("logs", "-f"), ("stop", "fro")]
-        for args, done in zip(calls, run_each(calls, env), strict=True):
+        listed, listed_json, *said = run_each([("ls",), ("ls", "--json"), *calls], env)
+        # its pid is the socket's listener, as the kernel names it: the engine, though it cannot say so
+        assert [(r["run_id"], r["state"], r["pid"]) for r in json.loads(listed_json.stdout)] == [
+            ("frozen", "not answering", proc.pid)]
+        assert "frozen  ?       ?      not answering" in listed.stdout
+        for args, done in zip(calls, said, strict=True):
             assert (done.returncode, done.stdout, done.stderr) == (1, "", silent), args
         proc.send_signal(signal.SIGCONT)
         assert run_ranktop("stop", "frozen", env=env).returncode == 0
@@ -324,8 +326,8 @@ def test_a_socket_name_with_escapes_is_shown_clean_by_every_command(runtime):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as planted:  # listens, never answers
         planted.bind(str(directory / "\x1b]0;owned\x07\x1b[2Jjob.sock"))
         planted.listen(4)
-        for args in (("logs", "\x1b"), ("stop", "\x1b"), ("stacks", "\x1b")):
-            done = run_ranktop(*args, env=runtime)
+        calls = [("logs", "\x1b"), ("stop", "\x1b"), ("stacks", "\x1b")]
+        for args, done in zip(calls, run_each(calls, runtime), strict=True):
             assert done.returncode == 1 and done.stdout == "", args
             assert "\x1b" not in done.stderr and "\x07" not in done.stderr, (args, done.stderr)
             assert re.fullmatch(r"ranktop( stacks)?: .*job: the engine at .*job\.sock does not answer\n", done.stderr), args

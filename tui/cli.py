@@ -877,7 +877,6 @@ def _stderr_to_devnull() -> None:
 def run_headless(spec, ns: argparse.Namespace) -> int:
     from ranktop.core.agent import LocalAgent, other_interpreter
     from ranktop.core.engine import LocalEngine
-    from ranktop.core.output import CONSOLE_STALL
     from ranktop.core.prompts import NO_PROMPT
     from ranktop.core.report import format_end_report
     from ranktop.core.sanitize import clean
@@ -950,12 +949,12 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     if report and ns.sanitize_console:  # it quotes error.json and the rank's last lines
         report = clean(report, sgr=True, newlines=True)
     if agent.console_unshown:
-        why = (f"the console took nothing for {CONSOLE_STALL:g}s after the run ended" if agent.console_cut_by is None
+        why = (f"the console took nothing for {agent.console_stall:g}s after the run ended" if agent.console_cut_by is None
                else f"{signal.Signals(agent.console_cut_by).name} cut short the wait for the console after the run ended")
         report += (f"\nranktop: {why}: the last {agent.console_unshown} bytes of rank output were not shown; "
                    "the log files have them")
     if report:
-        write_within(sys.stderr, report.lstrip("\n") + "\n", CONSOLE_STALL)  # a stuck stderr must not hang us
+        write_within(sys.stderr, report.lstrip("\n") + "\n", agent.console_stall)  # a stuck stderr must not hang us
     return result.exit_status
 
 
