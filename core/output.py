@@ -402,6 +402,7 @@ _ITEM_COST = 128
 CONSOLE_TOTAL = 128 << 20  # all ranks together: a stuck terminal must not cost gigabytes
 CONSOLE_STALL = 5.0  # at the end, seconds a console may take no output at all before what waits is given up
 CONSOLE_STALL_ENV = "RANKTOP_CONSOLE_STALL"  # the user's own value for it
+_CONSOLE_PIECE = 16 << 10  # bytes per write to a console: ~0.25 s at 64 KB/s, well inside CONSOLE_STALL
 _OWN = "ranktop"  # the key of ranktop's own lines (restarts, notices)
 
 
@@ -461,7 +462,9 @@ class ConsoleWriter:
         # A queue and a thread per screen: a stuck terminal holds up only what goes to it (our
         # stderr lines still reach a log file), and one screen's writes keep their order.
         self._lanes: dict[object, tuple[_Queue, threading.Thread]] = {}
-        self.written = 0  # bytes written so far (how close() sees a slow console still taking them)
+        # Pieces written so far: how close() sees a slow console still taking what waits. Only
+        # ever compared with an earlier value, so the lane threads bump it without the lock.
+        self._progress = 0
 
     def write(self, target: BinaryIO, data: Buffer | tuple[Buffer, ...], key: object = None, *,
               prefix: bytes = b"", line_open: bool = False) -> None:
@@ -564,14 +567,12 @@ class ConsoleWriter:
                 with self._lock:
                     if self._gaps.get(key) is data:
                         del self._gaps[key]  # later drops make a new note
-                data, size, charged = (data.note(),), 0, 0
+                data, charged = (data.note(),), 0
             else:
-                size = sum(map(len, data))
-                charged = size + _ITEM_COST
-            if target not in self._lost and (failed := self._write(target, data, flush=lane.empty())):
+                charged = sum(map(len, data)) + _ITEM_COST
+            if target not in self._lost and (failed := self._write(target, data, lane.empty(), _CONSOLE_PIECE)):
                 self._lose(target, failed)
             with self._lock:
-                self.written += size
                 self._items -= charged > 0
                 if not (left := self._pending[key] - charged):
                     del self._pending[key]  # (a key is a stream: an ended attempt's go with their rings)
@@ -608,19 +609,28 @@ class ConsoleWriter:
         while alive := [thread for _lane, thread in lanes if thread.is_alive()]:
             if cut_short is not None and cut_short():
                 break
-            if self.written != seen:
-                seen, since = self.written, time.monotonic()
+            if self._progress != seen:
+                seen, since = self._progress, time.monotonic()
             elif time.monotonic() - since > stall:
                 break
             alive[0].join(0.05)
         return self.waiting()
 
-    @staticmethod
-    def _write(target: BinaryIO, parts: tuple[Buffer, ...], flush: bool) -> str | None:
-        """Write `parts`; why that failed (a closed pipe, a gone terminal, a full disk), or None."""
+    def _write(self, target: BinaryIO, parts: tuple[Buffer, ...], flush: bool, piece: int | None = None) -> str | None:
+        """Write `parts`; why that failed (a closed pipe, a gone terminal, a full disk), or None.
+        A lane writes in pieces of at most `piece` bytes: one part can be a rank's burst of
+        megabytes, and a console that takes it slowly but surely must not look stuck to close()
+        meanwhile (a console written at once never waits: one write each)."""
         try:
             for part in parts:
-                target.write(part)
+                if piece is None or len(part) <= piece:
+                    target.write(part)
+                else:
+                    view = memoryview(part)
+                    for at in range(0, len(view), piece):
+                        target.write(view[at:at + piece])
+                        self._progress += 1
+                self._progress += 1
             if flush:
                 target.flush()
         except (OSError, ValueError) as exc:
