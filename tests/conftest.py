@@ -341,3 +341,9 @@ def run_in_pty(argv: list[str], cwd: Path, until: bytes, keys: bytes = b"", time
 def mode_of(path) -> int:
     """The permission bits of `path` itself (a link's own, not its target's)."""
     return os.lstat(path).st_mode & 0o7777
+
+
+@pytest.fixture
+def torch_installed():
+    """Skips a test where torch is not importable (its APIs, its rendezvous, parity with torchrun)."""
+    pytest.importorskip("torch")
