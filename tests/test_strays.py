@@ -469,3 +469,85 @@ def test_a_group_stop_during_a_rank_restarts_sweep_takes_it_over(tmp_path):
     assert not any(_running(pid, str(tmp_path)) for pid in old.values())
     starts = [e for e in read_events(agent.run_dir) if e["event"] == "started" and e["local_rank"] == 0]
     assert len(starts) == 1  # the stop came first: rank 0 was not started again
+
+
+# A rank whose helper (its own session, no environment: only the parent chain leads to it) starts a
+# cleanup child on SIGTERM and exits 0.5 s later; the child ignores SIGTERM and records it in
+# DIR/child.term. Started again, the rank only says so.
+_HELPER_LEAVES_A_CHILD = """
+    import os, subprocess, sys, time
+    folder = os.environ["RANKTOP_TEST_DIR"]
+    if os.path.exists(os.path.join(folder, "helper.pid")):
+        print("again", flush=True)
+        time.sleep(60)
+    helper = subprocess.Popen(["/bin/sh", os.path.join(folder, "helper.sh")], start_new_session=True, env={},
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not os.path.exists(os.path.join(folder, "helper.ready")):
+        time.sleep(0.01)
+    with open(os.path.join(folder, "helper.pid"), "w") as f:
+        f.write(str(helper.pid))
+    print("helper up", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_rank_restart_stops_what_its_helper_started_as_it_was_swept(tmp_path):
+    """What a restart's sweep found below what the old rank left (a helper's cleanup child, started
+    on the sweep's SIGTERM) was signalled but not noted: once the helper exited, nothing led to the
+    child any more, the sweep took itself for done, and the new process started beside it (no
+    SIGKILL ever came). Now it is kept, as the end sweep keeps what it finds below its strays."""
+    from conftest import Running, make_agent
+
+    (tmp_path / "child.sh").write_text(f"trap 'echo TERM >> {tmp_path}/child.term' TERM\n"
+                                       f"echo $$ > {tmp_path}/child.tmp && mv {tmp_path}/child.tmp {tmp_path}/child.pid\n"
+                                       "while :; do /bin/sleep 0.05; done\n")
+    (tmp_path / "helper.sh").write_text(f"trap '/bin/sh {tmp_path}/child.sh & /bin/sleep 0.5; exit 0' TERM\n"
+                                        f": > {tmp_path}/helper.ready\n"
+                                        "while :; do /bin/sleep 0.05; done\n")
+    agent = make_agent(tmp_path / "logs", code=_HELPER_LEAVES_A_CHILD, n=1, shutdown_timeout=1.5,
+                       env={"RANKTOP_TEST_DIR": str(tmp_path)})
+    run = Running(agent)
+    with _killed_at_the_end(tmp_path), run:
+        wait_for(lambda: b"helper up" in agent.output(0), what="the rank's helper up")
+        agent.restart_rank(0)
+        wait_for(lambda: b"again" in agent.output(0), what="rank 0 started again")
+        child = int((tmp_path / "child.pid").read_text())
+        assert (tmp_path / "child.term").read_text() == "TERM\n"  # SIGTERM first ...
+        assert not _running(child, str(tmp_path)), "the new process started beside the helper's child"
+    killed = [e for e in read_events(agent.run_dir) if e["event"] == "strays_killed"]
+    assert any(child in e["pids"] for e in killed)  # ... then SIGKILL after the grace
+
+
+def test_the_monitor_sleeps_between_the_end_sweeps_looks_once_a_swept_process_exited(tmp_path):
+    """A stray's pidfd stays readable from its exit on, and a sweep looks (and closes it) at most
+    every 0.1 s: polled meanwhile, it woke the monitor at once, pass after pass, thousands of
+    passes until the next look. (The helper keeps the marker: no_orphans sees it.)"""
+    from ranktop.core import start_processes
+
+    code = textwrap.dedent(f"""
+        import os, subprocess, time
+        subprocess.Popen(["/bin/sh", "-c", "trap 'exit 0' TERM; : > {tmp_path}/ready; while :; do /bin/sleep 0.05; done"],
+                         start_new_session=True)
+        while not os.path.exists("{tmp_path}/ready"):
+            time.sleep(0.01)
+    """)
+    (tmp_path / "logs").mkdir()
+    ctx = start_processes("t", sys.executable, {0: ("-c", code)}, {0: {"LOCAL_RANK": "0"}}, str(tmp_path / "logs"))
+    passes = 0
+    step = ctx.step
+
+    def counted():
+        nonlocal passes
+        passes += 1
+        return step()
+
+    ctx.step = counted
+    events = []
+    ctx.on_event = events.append
+    try:
+        result = ctx.wait(timeout=30)
+    finally:
+        ctx.close()
+    assert result is not None and not result.failures
+    assert [e for e in events if e["event"] == "strays_stopping"], "the helper was not swept"
+    assert passes < 50, f"{passes} monitor passes"
