@@ -728,7 +728,6 @@ class PContext:
             fds = [s.proc.pidfd for s in live if s.proc.pidfd is not None]
             now = time.monotonic()
             sweeps = [self._sweep, *(s.leftovers for s in self.slots if s.leftovers is not None)]
-            fds += [fd for sweep in sweeps for fd in sweep.fds()]
             deadlines = [t for s in live for t in (s.kill_at, s.reap_by, s.survived_by) if t is not None]
             # (a reaped rank's group: SIGKILL at the grace's end; a restart waits on it, looked at again soon)
             deadlines += [min(s.kill_at, time.monotonic() + 0.05) if s.restart_pending else s.kill_at

@@ -337,9 +337,9 @@ class Sweep:
     process as it is found, SIGKILL to what is left once the grace is over, and giving up
     GIVE_UP_SECONDS after that (what outlives SIGKILL is stuck in the kernel: the guard tries
     again once ranktop exits). Each process is known by pid and start time and signalled through
-    a pidfd opened after checking both (its exit wakes the monitor), so a reused pid is never
-    signalled. One sweeps the group's end; one sweeps each rank a restart replaces. `emit` writes
-    an event (its name, then its fields)."""
+    a pidfd opened after checking both, so a reused pid is never signalled. One sweeps the
+    group's end; one sweeps each rank a restart replaces. `emit` writes an event (its name, then
+    its fields)."""
 
     def __init__(self, grace: float, emit: Callable[..., None]):
         self.grace = grace
@@ -412,14 +412,10 @@ class Sweep:
                 self._fds[key] = fd
         other._fds = {}
 
-    def fds(self) -> list[int]:
-        """Descriptors that become readable as a signalled process exits."""
-        return list(self._fds.values())
-
     def wake_at(self, now: float) -> float | None:
-        """When the monitor should pass again for this sweep: its next look (a process that exits
-        wakes the monitor through its pidfd, when a look may not be due yet), or sooner the
-        SIGKILL or the giving up."""
+        """When the monitor should pass again for this sweep: its next look, or sooner the
+        SIGKILL or the giving up. (Its pidfds are not polled: one stays readable from its
+        process's exit until a look closes it, and woke the monitor pass after pass until then.)"""
         if self._looked_at is None:
             return None
         return min(self._looked_at + LOOK_SECONDS, self._next_moment(now))
