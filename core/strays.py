@@ -289,15 +289,19 @@ class StrayTracker:
     def left_by(self, rank: tuple[int, int], needle: bytes, with_marker: bool) -> dict[int, int]:
         """What the rank (pid, start time), reaped or given up on, left running (pid -> start
         time): what was noted from it, what carries its own marker `needle`, and everything below
-        these; never another rank. The marker scan reads the environment of every process as
-        young as the rank: the first look of a sweep is enough (what it finds is noted)."""
+        these; never another rank. All it finds is noted: a helper's child is still found once the
+        helper exits. The marker scan reads the environment of every process as young as the
+        rank: the first look of a sweep is enough."""
         table = self.look(force=True) or process_table()  # (notes what its group and session hold, if just reaped)
         if with_marker:
             for pid in younger_than(table, rank[1]):
                 if carries_marker(pid, (needle,)):
                     self._note(pid, table[pid].start, rank)
         skip = (os.getpid(), *self.ranks, *self._given_up)
-        return find_strays(table, {}, self._left.get(rank, {}), skip=skip)
+        found = find_strays(table, {}, self._left.get(rank, {}), skip=skip)
+        for pid, start in found.items():  # (what is below them too: it outlives them, orphaned)
+            self._note(pid, start, rank)
+        return found
 
     def forget_rank(self, rank: tuple[int, int]) -> None:
         """What the rank left has been swept: a rank started again and again keeps no trace."""
