@@ -115,6 +115,18 @@ def test_static_backend_without_torch_gives_the_ranks_its_endpoint_as_the_master
                                                        "backend needs HOST:PORT (the master's)\n")
 
 
+def test_an_empty_master_addr_beside_a_static_endpoint_is_unused(tmp_path):
+    """`--master-addr=$MASTER_ADDR` (unset) on a line whose static backend names its endpoint:
+    the endpoint is where the ranks meet, under torchrun and ranktop's own static form alike, and
+    torchrun runs the line; ranktop refused it as an empty address in use."""
+    res = run_ranktop("--headless", "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "static",
+                      "--rdzv-endpoint", "10.0.0.5:29555", "--master-addr=", "--log-dir", str(tmp_path), "--run-id",
+                      "ep", str(RANKS / "env_dump.py"), without="torch")
+    assert res.returncode == 0, res.stderr
+    assert (_env_of(tmp_path / "ep", 0)["MASTER_ADDR"], _env_of(tmp_path / "ep", 0)["MASTER_PORT"]) == (
+        "10.0.0.5", "29555")
+
+
 def test_rdzv_id_without_torch_names_the_run_on_every_node(tmp_path):
     """README: --rdzv-id is the same on every node, TORCHELASTIC_RUN_ID and the run directory's
     name, numbered where nodes share a log directory. ranktop's own static form (no torch) gave

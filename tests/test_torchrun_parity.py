@@ -101,6 +101,10 @@ LINES = [
     # `--master_addr=$MASTER_ADDR` with the variable unset, on one node: unused, as torchrun leaves it (it was refused)
     ("master-addr-empty-unused", ["--nproc_per_node=2", "--master_addr=", S], {}),
     ("master-addr-empty-standalone", ["--standalone", "--nproc_per_node=2", "--master_addr=", S], {}),
+    # ... and where the static backend's endpoint names the master (it was refused)
+    ("master-addr-empty-static-endpoint", ["--rdzv-backend", "static", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                                           "--rdzv-id", "st2", "--nnodes", "1", "--master_addr=", "--nproc_per_node=2",
+                                           S], {}),
     # a `-m` among the module's own arguments is theirs
     ("module-dash-m-in-its-args", ["--nnodes=1", "--nproc_per_node=2", "-m", M, "-m", "src.task", "-dc", "x.yaml"], {}),
     # torch.distributed.launch lines with ranktop in its place (the reference is launch itself, LAUNCH):
@@ -116,7 +120,8 @@ LAUNCH = {"launch-use-env", "launch-use-env-master-port"}
 FIXED_PORT = {"static-one-node", "master-port-underscore", "pet-kubeflow-one-node", "master-addr-ipv6",
               "launch-use-env-master-port"}
 # Lines that name a rendezvous: the run id and whether the agent hosts the ranks' store are the round's.
-RENDEZVOUS = {"c10d", "c10d-underscores-conf", "pet-c10d", "static-backend", "endpoint-without-backend"}
+RENDEZVOUS = {"c10d", "c10d-underscores-conf", "pet-c10d", "static-backend", "endpoint-without-backend",
+              "master-addr-empty-static-endpoint"}
 
 
 def _records(dump_dir) -> dict[str, dict]:

@@ -507,7 +507,7 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
         port = 29500  # like torchrun: every node must agree on it without talking first
     if on_a_local_store(ns, nnodes):
         addr, port = "127.0.0.1", None  # (None: a free port)
-    elif not addr and not (uses_rendezvous(ns) and ns.rdzv_backend != "static"):
+    elif not addr and master_addr_used(ns):
         raise UsageError(bad_address("--master-addr", addr))  # used: torch failed on it, or waited
     elastic = uses_rendezvous(ns)
     own_static = ns.rdzv_backend == "static" and not elastic  # ranktop's own static form (no torch)
@@ -534,6 +534,15 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
 
         check_rdzv_conf(ns.rdzv_conf, ns.rdzv_backend)
     return spec
+
+
+def master_addr_used(ns: argparse.Namespace) -> bool:
+    """Whether the line's --master-addr is where the ranks meet (not on a local store): not under
+    a dynamic rendezvous (the round names the master), nor where the static backend's endpoint
+    names it (torchrun, and ranktop's own static form, meet there)."""
+    if ns.rdzv_backend == "static":
+        return not ns.rdzv_endpoint
+    return not uses_rendezvous(ns)
 
 
 def shared_run_id(ns: argparse.Namespace) -> str | None:
