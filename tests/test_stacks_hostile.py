@@ -283,6 +283,36 @@ def test_names_with_line_breaks_and_escapes_stay_on_their_line_and_a_deep_stack_
         stop_process(proc)
 
 
+# A rank that answers SIGUSR1 with a dump of its own making in faulthandler's form: 3000 frames.
+FAKE_DEEP_DUMP = r"""
+import os, signal, sys, time
+def dump(signum, frame):
+    lines = ["Current thread 0x00007f0000000001 (most recent call first):"]
+    lines += [f'  File "/t/deep.py", line {i} in f{i}' for i in range(3000, 0, -1)]
+    os.write(2, ("\n".join(lines) + "\n").encode())
+signal.signal(signal.SIGUSR1, dump)
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_deep_dump_in_faulthandlers_form_shows_its_ends_by_the_signal_too(tmp_path, runtime):
+    """README: a thread deeper than 100 frames shows its outermost and innermost 50. Only py-spy's
+    dumps were cut: one read back after SIGUSR1 is the rank's to write, and 3000 frames of it
+    ended `ranktop stacks --signal` in a RecursionError."""
+    proc = start(tmp_path, runtime, "deep", FAKE_DEEP_DUMP, n=1)
+    try:
+        wait_lines(proc, "ready", 1)
+        out = run_ranktop("stacks", "--signal", "deep", env=runtime, timeout=60)
+        assert (out.returncode, out.stderr) == (0, ""), out
+        assert "1 of 1 ranks dumped" in out.stdout and "... 2900 frames left out ..." in out.stdout, out.stdout
+        lines = out.stdout.splitlines()
+        assert len(lines) < 300 and any("f1 (deep.py:1)" in x for x in lines) and any("f3000 " in x for x in lines)
+        assert proc.poll() is None
+    finally:
+        stop_process(proc)
+
+
 @pytest.fixture
 def sleeper():
     proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])

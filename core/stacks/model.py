@@ -43,12 +43,16 @@ MAX_FRAMES = 100
 def within_frame_limit(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
     """`frames` (outermost first), or, past MAX_FRAMES, the outermost and innermost MAX_FRAMES / 2
     with one frame between them saying how many were left out (1000 frames ended every reader of
-    the tree in a RecursionError)."""
-    if len(frames) <= MAX_FRAMES:
-        return frames
+    the tree in a RecursionError). Frames it cut already are left as they are."""
     half = MAX_FRAMES // 2
+    if len(frames) <= MAX_FRAMES or (len(frames) == MAX_FRAMES + 1 and _is_gap(frames[half])):
+        return frames
     gap = Frame(f"... {len(frames) - 2 * half} frames left out ...", "", "", 0)
     return (*frames[:half], gap, *frames[-half:])
+
+
+def _is_gap(frame: Frame) -> bool:
+    return not frame.filename and not frame.line and frame.name.endswith(" frames left out ...")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,11 @@ class ThreadStack:
     owns_gil: bool
     is_main: bool
     frames: tuple[Frame, ...]
+
+    def __post_init__(self) -> None:
+        # Whatever the source (py-spy, faulthandler's text read back after SIGUSR1, which the rank
+        # writes itself and may make as deep as it likes): the tree's readers recurse per frame.
+        object.__setattr__(self, "frames", within_frame_limit(tuple(self.frames)))
 
     @property
     def key(self) -> tuple:

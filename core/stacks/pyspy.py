@@ -22,7 +22,7 @@ import psutil
 from ranktop.core.events import EventLog
 from ranktop.core.layout import RunDir
 from ranktop.core.stacks.grouping import build_report
-from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack, within_frame_limit
+from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack
 from ranktop.core.stacks.procs import children_of, gone_reason
 from ranktop.core.stacks.saving import save_report
 from ranktop.core.strays import own_tool
@@ -195,7 +195,7 @@ def parse_py_spy_json(text: str, pid: int) -> tuple[ThreadStack, ...]:
     main_found = False
     for t in _of_kind(raw, list, "the dump"):
         t = _of_kind(t, dict, "a thread")
-        frames = within_frame_limit(tuple(_frame(f) for f in reversed(_of_kind(t.get("frames") or [], list, "frames"))))
+        frames = tuple(_frame(f) for f in reversed(_of_kind(t.get("frames") or [], list, "frames")))  # (cut by ThreadStack)
         os_thread_id = _number(t.get("os_thread_id"), "os_thread_id", None)
         name = _name(t.get("thread_name"), "thread_name", "")
         is_main = not main_found and (os_thread_id == pid or name == "MainThread")
