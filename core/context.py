@@ -851,11 +851,13 @@ class PContext:
     def restart_rank(self, local_rank: int, grace: float | None = None) -> bool:
         """Stop one rank (with the grace) and start it again in this context. False once the
         group has ended or is stopping: there is nothing left to restart it into (started during
-        the stop, it was nobody's to stop, and the group waited on it to end on its own)."""
+        the stop, it was nobody's to stop, and the group waited on it to end on its own). Every
+        rank gone and what they left being swept is an end too: a rank's own sweep would signal
+        again what that one had (a second SIGTERM), and the run go on past its SIGKILL."""
         if grace is not None:
             check_timeout("grace", grace)
         with self._lock:
-            if self._result is not None or self._stopping:
+            if self._result is not None or self._stopping or self._sweep.deadline is not None:
                 return False
             slot = self.slots[local_rank]
             grace = self.shutdown_timeout if grace is None else grace

@@ -551,3 +551,22 @@ def test_the_monitor_sleeps_between_the_end_sweeps_looks_once_a_swept_process_ex
     assert result is not None and not result.failures
     assert [e for e in events if e["event"] == "strays_stopping"], "the helper was not swept"
     assert passes < 50, f"{passes} monitor passes"
+
+
+def test_a_rank_restart_during_the_groups_end_sweep_is_refused(tmp_path):
+    """Every rank had ended and the end sweep was in its grace (a worker that ignores SIGTERM): a
+    restart of a rank was taken, and its own sweep sent that worker a second SIGTERM (its handler
+    entered twice); the group has ended, so it is refused as during a stop."""
+    from conftest import Running, make_agent
+    from ranktop.core import commands as cmd
+
+    agent = make_agent(tmp_path / "logs", code=_RANK_LEAVES_HELPERS, n=1, shutdown_timeout=2.0,
+                       env={"RANKTOP_TEST_DIR": str(tmp_path), "EXIT_RANKS": "0"})
+    run = Running(agent)
+    with _killed_at_the_end(tmp_path), run:
+        wait_for(lambda: _got_term(tmp_path, 0, "group"), what="the end sweep's SIGTERM to rank 0's worker")
+        ack = agent.submit(cmd.RestartRank(0))
+        run.join(timeout=20)
+    assert not ack.ok and "not started again" in ack.message
+    assert (tmp_path / "0-group.term").read_text() == "TERM\n"
+    assert b"again" not in agent.output(0)
