@@ -320,7 +320,9 @@ def _left_by_which(pid: int, table: dict[int, Proc], ranks: dict[int, int],
     """Which of `ranks` (pid -> start time) left `pid`, one of `found` (what they left): the rank
     whose group or session it, or the nearest of its ancestors among them, is in. One pass over
     the process table finds what every rank reaped at once left (a group's end reaps them all)."""
-    while pid in found:
+    for _ in range(len(found)):  # (a table read while pids wrapped could hold a cycle)
+        if pid not in found:
+            break
         proc = table[pid]
         if (leader := rank_leading(proc, ranks, table)) is not None:
             return leader, ranks[leader]
