@@ -49,7 +49,7 @@ from ranktop.core.errors import (
     killed_by,
 )
 from ranktop.core.events import EventLog
-from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
+from ranktop.core.layout import ERROR_FILE, FINAL_FILE, Dir, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import CONSOLE_STALL, ConsoleWriter, binary_console, console_budget, console_name
 from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
@@ -488,38 +488,10 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         failed, or a stop came while waiting for it)."""
         if self.rendezvous is not None and not self._join_round():
             return False
-        spec, n = self.spec, self.spec.local_world_size
         # the PContext holds it, and closes it
         log_dir = self.layout.attempt(self.attempt, self._same_attempt_starts)
-        envs = {
-            r: rank_env(spec, r, master_port=self.master_port, restart_count=self.attempt,
-                        run_id=self.run_id, error_file=os.path.join(log_dir.path, str(r), ERROR_FILE),
-                        color=self.color)
-            for r in range(n)
-        }
-        if self.faulthandler and (callable(spec.entrypoint) or _is_python(spec)):
-            for env in envs.values():  # (a ChainMap: os.environ decodes every variable a copy reads)
-                env.update(faulthandler_env(True, collections.ChainMap(env, os.environ)))
-        prefixes = {r: prefix_for(self.prefix_template, spec.role, spec.global_rank(r), r) for r in range(n)}
-        streams = plan_streams(n, spec.redirects, spec.tee, capture_all=True,
-                               console_ranks=spec.local_ranks_filter if self.console else set(),
-                               prefixes=prefixes)
+        context = self._new_context(log_dir)
         self._stalls.new_group()
-        pty = None
-        if spec.pty:
-            for env in envs.values():
-                env.setdefault("TERM", os.environ.get("TERM") or "xterm-256color")
-            pty = pty_size(envs[0])
-        context = PContext(
-            spec.display_name(), spec.entrypoint, {r: rank_args(spec.args, r) for r in range(n)}, envs, log_dir, streams,
-            global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
-            ring_lines=self.ring_lines, on_event=_weakly(self._on_rank_event), passthrough_console=False, pty=pty,
-            sanitize_console=self.sanitize_console,
-            # headless: our stdin, as torchrun gives it (pdb works); a UI types through SendInput
-            rank_stdin=self.rank_stdin, duplicate_filters=self.duplicate_filters,
-            waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
-            cpu_affinity=spec.cpu_affinity, console=self._tee, outside_stop_window=OUTSIDE_STOP_WINDOW,
-        )
         previous = self.pcontext
         try:
             self.pcontext = context.start()  # what did start is stopped if a rank cannot be
@@ -534,6 +506,43 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         self._started.set()
         self._now_under_way()
         return True
+
+    def _rank_envs(self, log_dir: Dir) -> dict[int, dict[str, str]]:
+        """Each rank's variables for this attempt: torchrun's, faulthandler's for a Python rank,
+        and a TERM for a rank on a terminal."""
+        spec = self.spec
+        envs = {
+            r: rank_env(spec, r, master_port=self.master_port, restart_count=self.attempt,
+                        run_id=self.run_id, error_file=os.path.join(log_dir.path, str(r), ERROR_FILE),
+                        color=self.color)
+            for r in range(spec.local_world_size)
+        }
+        if self.faulthandler and (callable(spec.entrypoint) or _is_python(spec)):
+            for env in envs.values():  # (a ChainMap: os.environ decodes every variable a copy reads)
+                env.update(faulthandler_env(True, collections.ChainMap(env, os.environ)))
+        if spec.pty:
+            for env in envs.values():
+                env.setdefault("TERM", os.environ.get("TERM") or "xterm-256color")
+        return envs
+
+    def _new_context(self, log_dir: Dir) -> PContext:
+        """This attempt's ranks, not yet started, writing to `log_dir`."""
+        spec, n = self.spec, self.spec.local_world_size
+        envs = self._rank_envs(log_dir)
+        prefixes = {r: prefix_for(self.prefix_template, spec.role, spec.global_rank(r), r) for r in range(n)}
+        streams = plan_streams(n, spec.redirects, spec.tee, capture_all=True,
+                               console_ranks=spec.local_ranks_filter if self.console else set(),
+                               prefixes=prefixes)
+        return PContext(
+            spec.display_name(), spec.entrypoint, {r: rank_args(spec.args, r) for r in range(n)}, envs, log_dir, streams,
+            global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
+            ring_lines=self.ring_lines, on_event=_weakly(self._on_rank_event), passthrough_console=False,
+            pty=pty_size(envs[0]) if spec.pty else None, sanitize_console=self.sanitize_console,
+            # headless: our stdin, as torchrun gives it (pdb works); a UI types through SendInput
+            rank_stdin=self.rank_stdin, duplicate_filters=self.duplicate_filters,
+            waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
+            cpu_affinity=spec.cpu_affinity, console=self._tee, outside_stop_window=OUTSIDE_STOP_WINDOW,
+        )
 
     def _now_under_way(self) -> None:
         hook, self._on_under_way = self._on_under_way, None
