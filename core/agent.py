@@ -578,17 +578,32 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             pc.wait_activity(min(idle, LOOK_SECONDS) if adopting() else idle)  # orphans come without a word
 
     def _finish(self, result: RunProcsResult) -> RunResult:
-        failures = {self.spec.global_rank(r): f for r, f in result.failures.items()}
-        values = {self.spec.global_rank(r): v for r, v in result.return_values.items()}
         failed = self._group_failed(result)
         self._user_ended = tuple(sorted(self.spec.global_rank(r) for r in self._user_ended_ranks(result)))
+        self.state = self._end_state(failed)
+        self.root_cause = self._find_root_cause() if failed and self._a_rank_to_blame() else None
+        state = self.state
+        if self.rendezvous is not None:
+            self._leave_rendezvous(state)
+        self._pass_error_file_up()
+        self.ended_at = time.time()
+        run = self._run_result(state, result)
+        self.events.write("run_finished", state=state.name, exit_status=run.exit_status,
+                          root_cause_rank=self.root_cause.rank if self.root_cause else None,
+                          user_ended=list(self._user_ended),
+                          incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
+        return run
+
+    def _end_state(self, failed: bool) -> GroupState:
         # Ranks the user ended, and none that failed: the run ends as a Stop of theirs would.
         if self._stop_requested or (self._user_ended and not failed and not self._node_error):
-            self.state = GroupState.STOPPED
-        elif failed or self._node_error:
-            self.state = GroupState.FAILED
-        else:
-            self.state = GroupState.SUCCEEDED
+            return GroupState.STOPPED
+        if failed or self._node_error:
+            return GroupState.FAILED
+        return GroupState.SUCCEEDED
+
+    def _a_rank_to_blame(self) -> bool:
+        """Whether the group's failure is one of this node's ranks' own."""
         # A stop (a signal, the user's) has no culprit among the ranks unless a rank had failed on its
         # own before it (a rank that a stop sent from outside to the whole job reached first did not).
         own_failure = self._own_failure()
@@ -597,22 +612,19 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         peer_stop = self._round_end is not None and (self._round_end.kind in ("peer_gave_up", "store_lost") or
                                                      (self._round_end.kind == "peer_failed" and not own_failure))
         blamed = own_failure or not self._stop_requested
-        self.root_cause = self._find_root_cause() if failed and blamed and not peer_stop else None
-        state = self.state
-        if self.rendezvous is not None:
-            self._leave_rendezvous(state)
-        self._pass_error_file_up()
-        self.ended_at = time.time()
-        unreapable = {self.spec.global_rank(r): pid for r, pid in result.unreapable.items()}
-        run = RunResult(state, values, failures, self.root_cause, self._stop_signal,
-                        incomplete_logs=self.incomplete_logs(), unreapable=unreapable,
-                        rendezvous_error=self._node_error, interpreter=self._interpreter, end_note=self._end_note,
-                        user_ended=self._user_ended)
-        self.events.write("run_finished", state=state.name, exit_status=run.exit_status,
-                          root_cause_rank=self.root_cause.rank if self.root_cause else None,
-                          user_ended=list(self._user_ended),
-                          incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
-        return run
+        return blamed and not peer_stop
+
+    def _run_result(self, state: GroupState, result: RunProcsResult) -> RunResult:
+        """What run() returns: the ended group's result by global rank, and how the run ended
+        (`state`, as decided before the exit barrier)."""
+        global_rank = self.spec.global_rank
+        failures = {global_rank(r): f for r, f in result.failures.items()}
+        values = {global_rank(r): v for r, v in result.return_values.items()}
+        unreapable = {global_rank(r): pid for r, pid in result.unreapable.items()}
+        return RunResult(state, values, failures, self.root_cause, self._stop_signal,
+                         incomplete_logs=self.incomplete_logs(), unreapable=unreapable,
+                         rendezvous_error=self._node_error, interpreter=self._interpreter, end_note=self._end_note,
+                         user_ended=self._user_ended)
 
     def _write_final(self) -> None:
         """final.json: the last snapshot, from which `ranktop attach` shows an ended run once its
