@@ -49,7 +49,7 @@ from ranktop.core.errors import (
     killed_by,
 )
 from ranktop.core.events import EventLog
-from ranktop.core.layout import ERROR_FILE, FINAL_FILE, RunDir, check_run_id
+from ranktop.core.layout import ERROR_FILE, FINAL_FILE, Dir, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import ConsoleWriter, binary_console, console_budget, console_name, console_stall
 from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
@@ -489,38 +489,10 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         failed, or a stop came while waiting for it)."""
         if self.rendezvous is not None and not self._join_round():
             return False
-        spec, n = self.spec, self.spec.local_world_size
         # the PContext holds it, and closes it
         log_dir = self.layout.attempt(self.attempt, self._same_attempt_starts)
-        envs = {
-            r: rank_env(spec, r, master_port=self.master_port, restart_count=self.attempt,
-                        run_id=self.run_id, error_file=os.path.join(log_dir.path, str(r), ERROR_FILE),
-                        color=self.color)
-            for r in range(n)
-        }
-        if self.faulthandler and (callable(spec.entrypoint) or _is_python(spec)):
-            for env in envs.values():  # (a ChainMap: os.environ decodes every variable a copy reads)
-                env.update(faulthandler_env(True, collections.ChainMap(env, os.environ)))
-        prefixes = {r: prefix_for(self.prefix_template, spec.role, spec.global_rank(r), r) for r in range(n)}
-        streams = plan_streams(n, spec.redirects, spec.tee, capture_all=True,
-                               console_ranks=spec.local_ranks_filter if self.console else set(),
-                               prefixes=prefixes)
+        context = self._new_context(log_dir)
         self._stalls.new_group()
-        pty = None
-        if spec.pty:
-            for env in envs.values():
-                env.setdefault("TERM", os.environ.get("TERM") or "xterm-256color")
-            pty = pty_size(envs[0])
-        context = PContext(
-            spec.display_name(), spec.entrypoint, {r: rank_args(spec.args, r) for r in range(n)}, envs, log_dir, streams,
-            global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
-            ring_lines=self.ring_lines, on_event=_weakly(self._on_rank_event), passthrough_console=False, pty=pty,
-            sanitize_console=self.sanitize_console,
-            # headless: our stdin, as torchrun gives it (pdb works); a UI types through SendInput
-            rank_stdin=self.rank_stdin, duplicate_filters=self.duplicate_filters,
-            waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
-            cpu_affinity=spec.cpu_affinity, console=self._tee, outside_stop_window=OUTSIDE_STOP_WINDOW,
-        )
         previous = self.pcontext
         try:
             self.pcontext = context.start()  # what did start is stopped if a rank cannot be
@@ -535,6 +507,43 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         self._started.set()
         self._now_under_way()
         return True
+
+    def _rank_envs(self, log_dir: Dir) -> dict[int, dict[str, str]]:
+        """Each rank's variables for this attempt: torchrun's, faulthandler's for a Python rank,
+        and a TERM for a rank on a terminal."""
+        spec = self.spec
+        envs = {
+            r: rank_env(spec, r, master_port=self.master_port, restart_count=self.attempt,
+                        run_id=self.run_id, error_file=os.path.join(log_dir.path, str(r), ERROR_FILE),
+                        color=self.color)
+            for r in range(spec.local_world_size)
+        }
+        if self.faulthandler and (callable(spec.entrypoint) or _is_python(spec)):
+            for env in envs.values():  # (a ChainMap: os.environ decodes every variable a copy reads)
+                env.update(faulthandler_env(True, collections.ChainMap(env, os.environ)))
+        if spec.pty:
+            for env in envs.values():
+                env.setdefault("TERM", os.environ.get("TERM") or "xterm-256color")
+        return envs
+
+    def _new_context(self, log_dir: Dir) -> PContext:
+        """This attempt's ranks, not yet started, writing to `log_dir`."""
+        spec, n = self.spec, self.spec.local_world_size
+        envs = self._rank_envs(log_dir)
+        prefixes = {r: prefix_for(self.prefix_template, spec.role, spec.global_rank(r), r) for r in range(n)}
+        streams = plan_streams(n, spec.redirects, spec.tee, capture_all=True,
+                               console_ranks=spec.local_ranks_filter if self.console else set(),
+                               prefixes=prefixes)
+        return PContext(
+            spec.display_name(), spec.entrypoint, {r: rank_args(spec.args, r) for r in range(n)}, envs, log_dir, streams,
+            global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
+            ring_lines=self.ring_lines, on_event=_weakly(self._on_rank_event), passthrough_console=False,
+            pty=pty_size(envs[0]) if spec.pty else None, sanitize_console=self.sanitize_console,
+            # headless: our stdin, as torchrun gives it (pdb works); a UI types through SendInput
+            rank_stdin=self.rank_stdin, duplicate_filters=self.duplicate_filters,
+            waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
+            cpu_affinity=spec.cpu_affinity, console=self._tee, outside_stop_window=OUTSIDE_STOP_WINDOW,
+        )
 
     def _now_under_way(self) -> None:
         hook, self._on_under_way = self._on_under_way, None
@@ -570,17 +579,32 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             pc.wait_activity(min(idle, LOOK_SECONDS) if adopting() else idle)  # orphans come without a word
 
     def _finish(self, result: RunProcsResult) -> RunResult:
-        failures = {self.spec.global_rank(r): f for r, f in result.failures.items()}
-        values = {self.spec.global_rank(r): v for r, v in result.return_values.items()}
         failed = self._group_failed(result)
         self._user_ended = tuple(sorted(self.spec.global_rank(r) for r in self._user_ended_ranks(result)))
+        self.state = self._end_state(failed)
+        self.root_cause = self._find_root_cause() if failed and self._a_rank_to_blame() else None
+        state = self.state
+        if self.rendezvous is not None:
+            self._leave_rendezvous(state)
+        self._pass_error_file_up()
+        self.ended_at = time.time()
+        run = self._run_result(state, result)
+        self.events.write("run_finished", state=state.name, exit_status=run.exit_status,
+                          root_cause_rank=self.root_cause.rank if self.root_cause else None,
+                          user_ended=list(self._user_ended),
+                          incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
+        return run
+
+    def _end_state(self, failed: bool) -> GroupState:
         # Ranks the user ended, and none that failed: the run ends as a Stop of theirs would.
         if self._stop_requested or (self._user_ended and not failed and not self._node_error):
-            self.state = GroupState.STOPPED
-        elif failed or self._node_error:
-            self.state = GroupState.FAILED
-        else:
-            self.state = GroupState.SUCCEEDED
+            return GroupState.STOPPED
+        if failed or self._node_error:
+            return GroupState.FAILED
+        return GroupState.SUCCEEDED
+
+    def _a_rank_to_blame(self) -> bool:
+        """Whether the group's failure is one of this node's ranks' own."""
         # A stop (a signal, the user's) has no culprit among the ranks unless a rank had failed on its
         # own before it (a rank that a stop sent from outside to the whole job reached first did not).
         own_failure = self._own_failure()
@@ -589,22 +613,19 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         peer_stop = self._round_end is not None and (self._round_end.kind in ("peer_gave_up", "store_lost") or
                                                      (self._round_end.kind == "peer_failed" and not own_failure))
         blamed = own_failure or not self._stop_requested
-        self.root_cause = self._find_root_cause() if failed and blamed and not peer_stop else None
-        state = self.state
-        if self.rendezvous is not None:
-            self._leave_rendezvous(state)
-        self._pass_error_file_up()
-        self.ended_at = time.time()
-        unreapable = {self.spec.global_rank(r): pid for r, pid in result.unreapable.items()}
-        run = RunResult(state, values, failures, self.root_cause, self._stop_signal,
-                        incomplete_logs=self.incomplete_logs(), unreapable=unreapable,
-                        rendezvous_error=self._node_error, interpreter=self._interpreter, end_note=self._end_note,
-                        user_ended=self._user_ended)
-        self.events.write("run_finished", state=state.name, exit_status=run.exit_status,
-                          root_cause_rank=self.root_cause.rank if self.root_cause else None,
-                          user_ended=list(self._user_ended),
-                          incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
-        return run
+        return blamed and not peer_stop
+
+    def _run_result(self, state: GroupState, result: RunProcsResult) -> RunResult:
+        """What run() returns: the ended group's result by global rank, and how the run ended
+        (`state`, as decided before the exit barrier)."""
+        global_rank = self.spec.global_rank
+        failures = {global_rank(r): f for r, f in result.failures.items()}
+        values = {global_rank(r): v for r, v in result.return_values.items()}
+        unreapable = {global_rank(r): pid for r, pid in result.unreapable.items()}
+        return RunResult(state, values, failures, self.root_cause, self._stop_signal,
+                         incomplete_logs=self.incomplete_logs(), unreapable=unreapable,
+                         rendezvous_error=self._node_error, interpreter=self._interpreter, end_note=self._end_note,
+                         user_ended=self._user_ended)
 
     def _write_final(self) -> None:
         """final.json: the last snapshot, from which `ranktop attach` shows an ended run once its

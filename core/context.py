@@ -300,18 +300,7 @@ class PContext:
         self.pty = pty  # (columns, rows) of the terminal each rank writes to; None: pipes
         self.rank_stdin = rank_stdin  # "null", "inherit" (ours) or "pipe" (send_input): see Launch
         self.cpu_affinity = dict(cpu_affinity or {})  # local rank -> the CPUs it starts on (--numa-binding)
-        # stream -> the attempt's filtered_<stream>.log (torchrun's --duplicate-*-filters)
-        self._filtered: dict[int, FilteredCopy] = {}
-        # torch's names: local rank -> where each stream went ("" the console as is, os.devnull
-        # nowhere), the error file each rank is told of, and the filtered copies as open files.
-        self.stdouts = {r: self._stream_path(r, STDOUT) for r in range(self.nprocs)}
-        self.stderrs = {r: self._stream_path(r, STDERR) for r in range(self.nprocs)}
-        self.error_files = {r: self.error_file(r) for r in range(self.nprocs)}
-        self.filtered_stdout: TextIO | None = None
-        self.filtered_stderr: TextIO | None = None
-        for stream, needles in (duplicate_filters or {}).items():
-            if needles:
-                self._open_filtered(stream, needles)
+        self._set_up_torch_files(duplicate_filters)
         self.generation = generation  # which attempt of a run this is: new rings, new pids
         self.reap_timeout = reap_timeout
         # How long a rank's end by a stop signal we did not send is held before it counts as a
@@ -338,6 +327,20 @@ class PContext:
         # Commands may come from other threads (API users); it is never held across a wait.
         self._lock = threading.RLock()
         self._waker = waker or Waker()  # an agent passes its own, woken by its command queue too
+
+    def _set_up_torch_files(self, duplicate_filters: dict[int, tuple[bytes, ...]] | None) -> None:
+        """torch's names: local rank -> where each stream went ("" the console as is, os.devnull
+        nowhere), the error file each rank is told of, and the filtered copies as open files."""
+        # stream -> the attempt's filtered_<stream>.log (torchrun's --duplicate-*-filters)
+        self._filtered: dict[int, FilteredCopy] = {}
+        self.stdouts = {r: self._stream_path(r, STDOUT) for r in range(self.nprocs)}
+        self.stderrs = {r: self._stream_path(r, STDERR) for r in range(self.nprocs)}
+        self.error_files = {r: self.error_file(r) for r in range(self.nprocs)}
+        self.filtered_stdout: TextIO | None = None
+        self.filtered_stderr: TextIO | None = None
+        for stream, needles in (duplicate_filters or {}).items():
+            if needles:
+                self._open_filtered(stream, needles)
 
     # ----- paths (to tell people and ranks; ranktop itself goes through the held directories) --
     def rank_dir(self, local_rank: int) -> str:

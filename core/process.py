@@ -174,8 +174,21 @@ class RankProcess:
         self.local_rank = launch.local_rank
         self.started_at = time.time()
         self._pump = pump
-        master = slave = None
         self._input_fd: int | None = None
+        master, slave, stdio = self._stdio(launch)
+        self.popen = _spawn(launch, stdio, master, slave)
+        self.pid = self.popen.pid
+        note_own_child(self.pid)  # not an orphan to adopt: we started it, Popen reaps it
+        if launch.stdin == "pipe":
+            self._take_input(master)
+        self._pump_output(master)
+        self.exited_at: float | None = None
+        self.pidfd = _pidfd_open(self.pid)
+
+    def _stdio(self, launch: Launch) -> tuple[int | None, int | None, tuple[Any, Any, Any]]:
+        """(the pty's master, its slave, the rank's stdin, stdout and stderr as Popen takes them);
+        sets the sinks its output goes to."""
+        master = slave = None
         stdin = {"null": subprocess.DEVNULL, "inherit": None, "pipe": subprocess.PIPE}[launch.stdin]
         if launch.pty is not None:
             # A terminal has one output: stderr joins stdout (the rank is not given it as its
@@ -189,40 +202,23 @@ class RankProcess:
             stdout = subprocess.PIPE if STDOUT in launch.sinks else None
             stderr = subprocess.PIPE if STDERR in launch.sinks else None
             self.sinks = launch.sinks
-        try:
-            with _affinity(launch.cpus):
-                self.popen = subprocess.Popen(
-                    launch.argv,
-                    env=launch.env,
-                    cwd=launch.cwd,
-                    stdin=stdin,  # the rank has its own session: a terminal it inherits is not its
-                    stdout=stdout,  # controlling one, so reading it raises no SIGTTIN
-                    stderr=stderr,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-        except BaseException:
-            if master is not None:
-                os.close(master)
-            raise
-        finally:
-            if slave is not None:
-                os.close(slave)  # the rank has it now: its end of file is ours once the rank's tree closes it
-        self.pid = self.popen.pid
-        note_own_child(self.pid)  # not an orphan to adopt: we started it, Popen reaps it
-        if launch.stdin == "pipe":
-            self._input_fd = os.dup(master) if master is not None else os.dup(self.popen.stdin.fileno())
-            os.set_blocking(self._input_fd, False)  # a rank that does not read must never block us
-            if self.popen.stdin is not None:
-                self.popen.stdin.close()
+        return master, slave, (stdin, stdout, stderr)
+
+    def _take_input(self, master: int | None) -> None:
+        """Keep our own end of the rank's stdin (the pty's master, or the pipe), never blocking."""
+        self._input_fd = os.dup(master) if master is not None else os.dup(self.popen.stdin.fileno())
+        os.set_blocking(self._input_fd, False)  # a rank that does not read must never block us
+        if self.popen.stdin is not None:
+            self.popen.stdin.close()
+
+    def _pump_output(self, master: int | None) -> None:
+        """Hand the rank's terminal or pipes to the pump, each to its stream's sink."""
         if master is not None:
-            pump.add(master, self.sinks[STDOUT])  # reading it past the last writer fails with EIO: the end
+            self._pump.add(master, self.sinks[STDOUT])  # reading it past the last writer fails with EIO: the end
         for stream, pipe in ((STDOUT, self.popen.stdout), (STDERR, self.popen.stderr)):
             if pipe is not None:
-                pump.add(os.dup(pipe.fileno()), launch.sinks[stream])
+                self._pump.add(os.dup(pipe.fileno()), self.sinks[stream])
                 pipe.close()
-        self.exited_at: float | None = None
-        self.pidfd = _pidfd_open(self.pid)
 
     def write_input(self, data: bytes) -> int:
         """Write what fits of `data` to the rank's stdin now; the bytes written. OSError when it
@@ -275,6 +271,32 @@ class RankProcess:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
+
+
+def _spawn(launch: Launch, stdio: tuple[Any, Any, Any], master: int | None, slave: int | None) -> subprocess.Popen:
+    """The rank's process, in a session of its own; the pty's master is closed if it cannot be
+    made, its slave either way (the rank has it now: its end of file is ours once the rank's
+    tree closes it)."""
+    stdin, stdout, stderr = stdio
+    try:
+        with _affinity(launch.cpus):
+            return subprocess.Popen(
+                launch.argv,
+                env=launch.env,
+                cwd=launch.cwd,
+                stdin=stdin,  # the rank has its own session: a terminal it inherits is not its
+                stdout=stdout,  # controlling one, so reading it raises no SIGTTIN
+                stderr=stderr,
+                start_new_session=True,
+                close_fds=True,
+            )
+    except BaseException:
+        if master is not None:
+            os.close(master)
+        raise
+    finally:
+        if slave is not None:
+            os.close(slave)
 
 
 def _deliver(send: Callable[[int, int], None], target: int, sig: int) -> bool:

@@ -17,6 +17,7 @@ from ranktop.core.caller_signals import catch_stop_signals, restore_signals
 from ranktop.core.context import (
     MultiprocessContext,
     PContext,
+    StreamPlan,
     SubprocessContext,
     check_start_method,
     plan_streams,
@@ -84,22 +85,13 @@ def start_processes(
     from ranktop.core.gpu import numa_options_binding  # NVML only when asked for
 
     cpu_affinity = numa_options_binding(opts["numa_options"], nprocs)
-    console_ranks, redirects, tee, log_dir = None, opts["redirects"], opts["tee"], opts["log_dir"]
-    if new_form:
-        redirects, tee = logs_specs.redirects, logs_specs.tee
-        console_ranks = logs_specs.local_ranks_filter or None  # torch: an empty filter filters nothing
+    specs = logs_specs if new_form else None
     # Every argument is checked before a directory is made or opened: a refused call leaves
     # nothing behind, on disk or among our descriptors.
-    prefixes = _line_prefixes(opts["log_line_prefixes"], name, nprocs)
-    streams = plan_streams(nprocs, redirects, tee, prefixes=prefixes, console_ranks=console_ranks)
+    streams = _stream_plans(name, nprocs, opts, specs)
     filters = {STDOUT: _filter_needles("duplicate_stdout_filters", opts["duplicate_stdout_filters"]),
                STDERR: _filter_needles("duplicate_stderr_filters", opts["duplicate_stderr_filters"])}
-    if new_form:
-        logs_specs.reify(envs)
-        log_dir = logs_specs.attempt_dir
-    if log_dir is None:
-        raise ValueError("start_processes needs logs_specs (a LogsSpecs) or log_dir")
-    run_dir = RunDir.adopt(log_dir)  # checked empty, then held: see core/layout.py
+    run_dir = _run_dir(opts["log_dir"], specs, envs)
     cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
     make = functools.partial(cls, name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters,
                              cpu_affinity=cpu_affinity)
@@ -129,6 +121,28 @@ def _bind_options(options: dict[str, Any], more: tuple, logs_specs: Any, new_for
         options["log_dir"] = logs_specs  # the older positional form: (name, fn, args, envs, log_dir)
     defaults = {"log_dir": None, "start_method": "spawn", "redirects": Std.NONE, "tee": Std.NONE}
     return {key: defaults.get(key) if value is _UNSET else value for key, value in options.items()}
+
+
+def _stream_plans(name: str, nprocs: int, opts: dict[str, Any], logs_specs: LogsSpecs | None) -> dict[int, StreamPlan]:
+    """How each rank's output is handled: redirects and tee from the LogsSpecs where one was
+    given (and its local_ranks_filter), else from the older form's arguments."""
+    console_ranks, redirects, tee = None, opts["redirects"], opts["tee"]
+    if logs_specs is not None:
+        redirects, tee = logs_specs.redirects, logs_specs.tee
+        console_ranks = logs_specs.local_ranks_filter or None  # torch: an empty filter filters nothing
+    prefixes = _line_prefixes(opts["log_line_prefixes"], name, nprocs)
+    return plan_streams(nprocs, redirects, tee, prefixes=prefixes, console_ranks=console_ranks)
+
+
+def _run_dir(log_dir: str | None, logs_specs: LogsSpecs | None, envs: Mapping[int, dict[str, str]]) -> RunDir:
+    """The directory the ranks' files go to (the LogsSpecs' attempt directory, where one was
+    given: it also sets the ranks' variables), checked empty, then held: see core/layout.py."""
+    if logs_specs is not None:
+        logs_specs.reify(envs)
+        log_dir = logs_specs.attempt_dir
+    if log_dir is None:
+        raise ValueError("start_processes needs logs_specs (a LogsSpecs) or log_dir")
+    return RunDir.adopt(log_dir)
 
 
 def _start_for_caller(make: Callable[[], PContext], run_dir: RunDir, start_method: str) -> PContext:

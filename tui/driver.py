@@ -77,74 +77,79 @@ def hangup_aware(driver: type, lost: Callable[[], None]) -> type:
     if driver is not LinuxDriver:
         return driver
 
-    class HangupAwareDriver(LinuxDriver):
+    class HangupAwareDriver(TerminalDriver):
         def __init__(self, app: Any, **kwargs: Any) -> None:
             super().__init__(app, **kwargs)
             self._file = TerminalFile(self._file, lost)
 
-        def _get_terminal_size(self) -> tuple[int, int]:
-            try:  # the terminal drawn on (stderr), asked directly: COLUMNS/LINES are only for the ranks
-                width, height = os.get_terminal_size(self._file.fileno())
-            except (OSError, ValueError):
-                return super()._get_terminal_size()
-            return (width or 80, height or 25)
-
-        # ----- job control ----------------------------------------------------------------------
-        _suspended = False  # Ctrl-Z gave the terminal back to the shell, and it is not taken again
-        _leaving = False  # the app shuts down while suspended
-        _watcher: threading.Thread | None = None
-
-        def suspend_application_mode(self) -> None:
-            if not self._suspended:  # (a second SIGTSTP, sent to a job in the background)
-                super().suspend_application_mode()
-                self._suspended = True
-
-        def start_application_mode(self) -> None:
-            if self._suspended and not in_foreground(self.fileno):
-                # Woken in the background (`bg`, a stop's SIGCONT): stay off the terminal and run on
-                # (the engine is here); the screen comes back once the job is in front again.
-                self._watch_for_foreground()
-                return
-            self._suspended = False
-            super().start_application_mode()
-            if not self._drawing():  # it found the job in the background after all (SIGTTOU), and stopped
-                self._suspended = True
-
-        def _drawing(self) -> bool:
-            return self._writer_thread is not None and self._writer_thread.is_alive()
-
-        def stop_application_mode(self) -> None:
-            if not self._suspended:  # (suspended, the terminal was given back already)
-                super().stop_application_mode()
-
-        def disable_input(self) -> None:
-            if self._suspended:  # the app leaves (its input stopped at the suspend; a flush would touch the terminal)
-                self._leaving = True
-            else:
-                super().disable_input()
-
-        def write(self, data: str) -> None:
-            if self._drawing():  # (suspended, its writer is gone: a frame would wait forever)
-                super().write(data)
-
-        def _watch_for_foreground(self) -> None:
-            """`fg` on a job that runs sends no SIGCONT: the terminal's foreground job is watched."""
-            loop = getattr(self._app, "_loop", None)
-            if loop is not None and not (self._watcher is not None and self._watcher.is_alive()):
-                self._watcher = threading.Thread(target=self._wait_for_foreground, args=(loop,), daemon=True,
-                                                 name="ranktop-foreground")
-                self._watcher.start()
-
-        def _wait_for_foreground(self, loop: Any) -> None:
-            while self._suspended and not self._leaving:
-                if in_foreground(self.fileno):
-                    with contextlib.suppress(RuntimeError):  # (the loop closed: the app has left)
-                        loop.call_soon_threadsafe(self._back_in_front)
-                    return
-                time.sleep(0.2)
-
-        def _back_in_front(self) -> None:
-            if self._suspended and not self._leaving:
-                self.resume_application_mode()
-
     return HangupAwareDriver
+
+
+class TerminalDriver(LinuxDriver):
+    """Textual's Linux driver, sized by the terminal itself and kept off it while its job is
+    suspended or in the background."""
+
+    def _get_terminal_size(self) -> tuple[int, int]:
+        try:  # the terminal drawn on (stderr), asked directly: COLUMNS/LINES are only for the ranks
+            width, height = os.get_terminal_size(self._file.fileno())
+        except (OSError, ValueError):
+            return super()._get_terminal_size()
+        return (width or 80, height or 25)
+
+    # ----- job control --------------------------------------------------------------------------
+    _suspended = False  # Ctrl-Z gave the terminal back to the shell, and it is not taken again
+    _leaving = False  # the app shuts down while suspended
+    _watcher: threading.Thread | None = None
+
+    def suspend_application_mode(self) -> None:
+        if not self._suspended:  # (a second SIGTSTP, sent to a job in the background)
+            super().suspend_application_mode()
+            self._suspended = True
+
+    def start_application_mode(self) -> None:
+        if self._suspended and not in_foreground(self.fileno):
+            # Woken in the background (`bg`, a stop's SIGCONT): stay off the terminal and run on
+            # (the engine is here); the screen comes back once the job is in front again.
+            self._watch_for_foreground()
+            return
+        self._suspended = False
+        super().start_application_mode()
+        if not self._drawing():  # it found the job in the background after all (SIGTTOU), and stopped
+            self._suspended = True
+
+    def _drawing(self) -> bool:
+        return self._writer_thread is not None and self._writer_thread.is_alive()
+
+    def stop_application_mode(self) -> None:
+        if not self._suspended:  # (suspended, the terminal was given back already)
+            super().stop_application_mode()
+
+    def disable_input(self) -> None:
+        if self._suspended:  # the app leaves (its input stopped at the suspend; a flush would touch the terminal)
+            self._leaving = True
+        else:
+            super().disable_input()
+
+    def write(self, data: str) -> None:
+        if self._drawing():  # (suspended, its writer is gone: a frame would wait forever)
+            super().write(data)
+
+    def _watch_for_foreground(self) -> None:
+        """`fg` on a job that runs sends no SIGCONT: the terminal's foreground job is watched."""
+        loop = getattr(self._app, "_loop", None)
+        if loop is not None and not (self._watcher is not None and self._watcher.is_alive()):
+            self._watcher = threading.Thread(target=self._wait_for_foreground, args=(loop,), daemon=True,
+                                             name="ranktop-foreground")
+            self._watcher.start()
+
+    def _wait_for_foreground(self, loop: Any) -> None:
+        while self._suspended and not self._leaving:
+            if in_foreground(self.fileno):
+                with contextlib.suppress(RuntimeError):  # (the loop closed: the app has left)
+                    loop.call_soon_threadsafe(self._back_in_front)
+                return
+            time.sleep(0.2)
+
+    def _back_in_front(self) -> None:
+        if self._suspended and not self._leaving:
+            self.resume_application_mode()

@@ -24,7 +24,7 @@ from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
 from ranktop.core.report import format_root_cause
 from ranktop.core.sanitize import clean
-from ranktop.core.state import GroupSnapshot, GroupState, RankState
+from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
 from ranktop.core.strays import own_tool
 from ranktop.tui.attempts import FileFeed, attempt_dirs
 from ranktop.tui.metric import Tracker
@@ -737,33 +737,21 @@ class MainScreen(Screen):
             self._header_state = snap.state
         self._show_waiting(snap)
         self._show_store(snap, now)
-        if not snap.ranks:  # none started yet (a rendezvous round forming), or none ever will
-            if snap.ended and not self.ended:
-                self._on_end(snap)
-            return
+        if snap.ranks:  # none started yet (a rendezvous round forming), or none ever will
+            self._show_ranks(snap, now, every_pane)
+        if snap.ended and not self.ended:
+            self._on_end(snap)
+
+    def _show_ranks(self, snap: GroupSnapshot, now: float, every_pane: bool) -> None:
+        """The shown panes (all of them, else the current one and those not filled yet), and the
+        rank list where it is shown."""
         digits = len(str(snap.world_size - 1))
         self.tracker.update(snap)
         outliers = self.tracker.outliers()
         for rank in snap.ranks:
             r = rank.local_rank
-            if r not in self._shown:
-                continue
-            if not (every_pane or r == self.current or r in self._unfilled):
-                continue
-            pane = self.pane(r)
-            viewing = self._viewing.get(r)
-            if viewing is None:
-                feed = self._feed(r, snap)
-                feed.version = rank.output_version
-            position = pane.log.position_text if viewing is None else f"{viewing.name} (log files, ] newer)"
-            pane.set_title(rank_title(rank, now, world_digits=digits, narrow=pane.size.width < NARROW_TITLE,
-                                      position=position, hits=self._hits_of(r),
-                                      metric=self.tracker.title_part(r), outlier=r in outliers,
-                                      sparks=partial(self.tracker.sparks, r) if self.zoomed else None,
-                                      log_path=rank.stdout_log if self.zoomed else None,
-                                      width=pane.title_width))
-            pane.log.poll()
-            self._unfilled.discard(r)
+            if r in self._shown and (every_pane or r == self.current or r in self._unfilled):
+                self._show_pane(snap, rank, now, digits, outlier=r in outliers)
         self._reads += 1
         if self.compact:
             metrics = None if self.tracker.pattern is None else {
@@ -771,8 +759,24 @@ class MainScreen(Screen):
             self.query_one(RankList).show_ranks(snap.ranks, self.current, now, sort=self.sort, filter_=self.filter,
                                                 hits=None if self.everywhere is None else self.everywhere.counts,
                                                 metrics=metrics, outliers=outliers)
-        if snap.ended and not self.ended:
-            self._on_end(snap)
+
+    def _show_pane(self, snap: GroupSnapshot, rank: RankSnapshot, now: float, digits: int, *, outlier: bool) -> None:
+        """One rank's pane: its title, and its output (unless an earlier attempt's log is viewed)."""
+        r = rank.local_rank
+        pane = self.pane(r)
+        viewing = self._viewing.get(r)
+        if viewing is None:
+            feed = self._feed(r, snap)
+            feed.version = rank.output_version
+        position = pane.log.position_text if viewing is None else f"{viewing.name} (log files, ] newer)"
+        pane.set_title(rank_title(rank, now, world_digits=digits, narrow=pane.size.width < NARROW_TITLE,
+                                  position=position, hits=self._hits_of(r),
+                                  metric=self.tracker.title_part(r), outlier=outlier,
+                                  sparks=partial(self.tracker.sparks, r) if self.zoomed else None,
+                                  log_path=rank.stdout_log if self.zoomed else None,
+                                  width=pane.title_width))
+        pane.log.poll()
+        self._unfilled.discard(r)
 
     def _show_waiting(self, snap: GroupSnapshot) -> None:
         """What a forming rendezvous round waits for, above the panes (empty until it completes)."""

@@ -237,6 +237,23 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" ranktop ", style="bold reverse")
     text.append(f" {clean(group.name)} ", style="bold")
+    _append_state(text, group, now, note)
+    _append_attempts(text, group)
+    if group.interpreter:
+        text.append(f"  python {clean(_short_path(group.interpreter))}", style="dim")
+    _append_world(text, group)
+    end = group.ended_at if group.ended_at is not None else now
+    text.append(f"  {human_duration(end - group.started_at)}")
+    _append_alive(text, group)
+    if group.gpu_status:
+        text.append(f"  {group.gpu_status}", style="dim")
+    if group.log_dir:
+        _append_path(text, "  logs ", group.log_dir, width)
+    return text
+
+
+def _append_state(text: Text, group: GroupSnapshot, now: float, note: str | None) -> None:
+    """The group's state, then what is urgent about it: a stop's countdown, the note, lost logs."""
     if group.end_unknown:  # the engine was lost: the state last seen is no longer known
         text.append(" unknown ", style=look(STATE_STYLE[RankState.UNKNOWN]))
     else:
@@ -250,6 +267,10 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
         lost = sum(loss.bytes_lost for loss in group.incomplete_logs)
         text.append(f" {len(group.incomplete_logs)} log(s) incomplete: {group.incomplete_logs[0].error}, "
                     f"{human_bytes(lost)} not saved ", style="bold white on red")
+
+
+def _append_attempts(text: Text, group: GroupSnapshot) -> None:
+    """The attempt, the restarts left and how the last earlier attempt ended."""
     # Named as its directory is (attempt_<k>); restarts the user asked for spend none of the limit.
     text.append(f"  attempt_{group.attempt}")
     if group.max_restarts:
@@ -259,8 +280,10 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
         text.append(f"  earlier: {clean(group.earlier_attempts[-1])}", style="bold yellow")
         if len(group.earlier_attempts) > 1:
             text.append(f" (+{len(group.earlier_attempts) - 1})", style="bold yellow")
-    if group.interpreter:
-        text.append(f"  python {clean(_short_path(group.interpreter))}", style="dim")
+
+
+def _append_world(text: Text, group: GroupSnapshot) -> None:
+    """World size, this node and the rendezvous round, and a lost store."""
     if world_undecided(group.state, group.round):
         text.append("  world ?  node ?")  # the first round decides both: the command line's are guesses
     else:
@@ -268,19 +291,15 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
         text.append(f"  node {group.node_rank}/{group.nnodes}" + (f" round {group.round}" if group.round is not None else ""))
     if group.store_lost:  # the rendezvous's store, gone: the ranks run on, no new round can form
         text.append("  store lost", style="bold yellow")
-    end = group.ended_at if group.ended_at is not None else now
-    text.append(f"  {human_duration(end - group.started_at)}")
+
+
+def _append_alive(text: Text, group: GroupSnapshot) -> None:
     if group.end_unknown:  # (the ranks alive when the engine was lost are of unknown state now)
         seen = sum(1 for r in group.ranks if r.state == RankState.UNKNOWN)
         text.append(f"  engine lost: {seen}/{len(group.ranks)} alive when last seen", style="bold yellow")
     else:
         alive = sum(1 for r in group.ranks if r.state.alive)
         text.append(f"  {alive}/{len(group.ranks)} alive", style="dim")
-    if group.gpu_status:
-        text.append(f"  {group.gpu_status}", style="dim")
-    if group.log_dir:
-        _append_path(text, "  logs ", group.log_dir, width)
-    return text
 
 
 def kill_countdown(group: GroupSnapshot, now: float) -> str | None:

@@ -32,22 +32,8 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
     if no_color:  # Textual consumes NO_COLOR; the ranks must still see it
         spec = dataclasses.replace(spec, env={**spec.env, "NO_COLOR": os.environ["NO_COLOR"]})
     engine, sampler = _tui_engine(spec, ns, color=not no_color)
-    app = None
-    early: list[int] = []  # signals that came while Textual loaded
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        if app is not None:
-            app.stop_on_signal(signum)
-            return
-        early.append(signum)
-        if signum != signal.SIGHUP:  # the ranks get it at once, as from the app (a second Ctrl-C kills)
-            engine.submit(cmd.Interrupt(signum))  # (answered at once: safe from a signal handler)
-
-    # QUIT stops as TERM does; USR1/USR2 always (passed on where listed, else noted: never fatal)
-    handled = dict.fromkeys((*_STOP_SIGNALS, *getattr(ns, "signals_to_handle", ()), *NOTICE_SIGNALS))
-    previous = {sig: signal.signal(sig, on_signal) for sig in handled}
-    for signum in take_early_stops(handled):  # as PID 1: they came before these handlers (the agent's thread takes none)
-        on_signal(signum, None)
+    relay = _SignalRelay(engine)
+    previous = relay.install(getattr(ns, "signals_to_handle", ()))
     server = None
     try:
         engine.start()
@@ -57,11 +43,7 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
         from ranktop.tui.app import RanktopApp  # Textual loads while the ranks start
 
         app = RanktopApp(engine, exit_on_end=getattr(ns, "exit_on_end", False), metric=getattr(ns, "metric", None))
-        for signum in early:  # the ranks have had them: the app leaves, or detaches, as it would have
-            if signum == signal.SIGHUP:
-                app.stop_on_signal(signum)
-            elif signum not in NOTICE_SIGNALS:
-                app.leave_when_ended()
+        relay.hand_to(app)
         app.can_detach = detacher is not None and server is not None
         app.not_served = problem  # (its line on stderr is behind the TUI's screen)
         if server is not None:
@@ -83,6 +65,42 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
         raise engine.error
     print_end_report(engine.snapshot())
     return app.exit_status
+
+
+class _SignalRelay:
+    """The TUI run's handler of stop and notice signals: the app's once it is up; before that
+    (while Textual loads) each is kept for the app, and the ranks get all but a hang-up at once."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.app: Any = None
+        self.early: list[int] = []  # signals that came while Textual loaded
+
+    def __call__(self, signum: int, _frame: Any) -> None:
+        if self.app is not None:
+            self.app.stop_on_signal(signum)
+            return
+        self.early.append(signum)
+        if signum != signal.SIGHUP:  # the ranks get it at once, as from the app (a second Ctrl-C kills)
+            self.engine.submit(cmd.Interrupt(signum))  # (answered at once: safe from a signal handler)
+
+    def install(self, extra: tuple[int, ...]) -> dict[int, Any]:
+        """Handle the stop signals, `extra` and the notices; returns the handlers they had."""
+        # QUIT stops as TERM does; USR1/USR2 always (passed on where listed, else noted: never fatal)
+        handled = dict.fromkeys((*_STOP_SIGNALS, *extra, *NOTICE_SIGNALS))
+        previous = {sig: signal.signal(sig, self) for sig in handled}
+        for signum in take_early_stops(handled):  # as PID 1: they came before these handlers (the agent's thread takes none)
+            self(signum, None)
+        return previous
+
+    def hand_to(self, app: Any) -> None:
+        """The app takes the signals from now on, and acts on those that came before."""
+        self.app = app
+        for signum in self.early:  # the ranks have had them: the app leaves, or detaches, as it would have
+            if signum == signal.SIGHUP:
+                app.stop_on_signal(signum)
+            elif signum not in NOTICE_SIGNALS:
+                app.leave_when_ended()
 
 
 def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, Any]:

@@ -22,6 +22,7 @@ import socket
 import sys
 import time
 import urllib.parse
+from collections.abc import Iterable
 
 from ranktop.core.client import FinalEngine
 from ranktop.core.sanitize import clean, quoted
@@ -198,7 +199,6 @@ def _tab_aware(server: type) -> type:
     browser leaves."""
     import aiohttp_jinja2
     from aiohttp import web
-    from textual_serve.server import to_int
 
     class WebServer(server):
         def __init__(self, *args, gate: Gate, **kwargs) -> None:  # noqa: ANN002, ANN003 (Server's own)
@@ -209,15 +209,7 @@ def _tab_aware(server: type) -> type:
         async def _make_app(self) -> web.Application:
             app = await super()._make_app()
             app.router.add_get("/ws/{token}", self.handle_websocket, name="tab")
-
-            @web.middleware
-            async def guard(request, handler):  # noqa: ANN001, ANN202
-                refusal = self.gate.refusal(request)  # before the handler: no upgrade, no client started
-                if refusal is not None:
-                    return web.Response(status=403, text=f"ranktop web: refused: {refusal}\n")
-                return await handler(request)
-
-            app.middlewares.append(guard)
+            app.middlewares.append(_guarded_by(self.gate))
             return app
 
         def initialize_logging(self) -> None:
@@ -230,14 +222,7 @@ def _tab_aware(server: type) -> type:
             pass  # textual-serve's banner names the address without the token; ranktop printed its own
 
         async def handle_index(self, request):  # noqa: ANN001, ANN201 (aiohttp's)
-            base = f"http://{request.headers['Host']}"  # the Gate has checked it
-            router = request.app.router
-            context = {
-                "font_size": to_int(request.query.get("fontsize", "16"), 16),
-                "app_websocket_url": f"ws://{request.headers['Host']}{router['tab'].url_for(token=self.gate.token)}",
-                "config": {"static": {"url": f"{base}{router['static'].url_for(filename='/')}".rstrip("/") + "/"}},
-                "application": {"name": self.title},
-            }
+            context = _page_context(request, self.title, self.gate.token)
             response = aiohttp_jinja2.render_template("app_index.html", request, context)
             response.headers["Referrer-Policy"] = "no-referrer"  # the token stays in this address bar
             response.headers["Cache-Control"] = "no-store"
@@ -252,19 +237,47 @@ def _tab_aware(server: type) -> type:
                 self.tabs.discard(tab)
 
         async def on_shutdown(self, app) -> None:  # noqa: ANN001
-            for pid in children_of_self():  # the clients leave first, so each tab's handler ends at once
-                _signal(pid, signal.SIGHUP)
+            _hang_up(children_of_self())  # the clients leave first, so each tab's handler ends at once
             for tab in self.tabs:
                 tab.cancel()
 
     return WebServer
 
 
+def _guarded_by(gate: Gate):  # noqa: ANN202 (aiohttp's middleware)
+    """aiohttp middleware that answers what `gate` refuses with a 403 saying why, before its
+    handler runs: no websocket upgrade, no attach client started."""
+    from aiohttp import web
+
+    @web.middleware
+    async def guard(request, handler):  # noqa: ANN001, ANN202
+        refusal = gate.refusal(request)
+        if refusal is not None:
+            return web.Response(status=403, text=f"ranktop web: refused: {refusal}\n")
+        return await handler(request)
+
+    return guard
+
+
+def _page_context(request, title: str, token: str) -> dict:  # noqa: ANN001 (aiohttp's)
+    """textual-serve's page template's values, its addresses built from the Host the page was
+    loaded under (the Gate has checked it) and the websocket's carrying the token."""
+    from textual_serve.server import to_int
+
+    host = request.headers["Host"]
+    router = request.app.router
+    return {
+        "font_size": to_int(request.query.get("fontsize", "16"), 16),
+        "app_websocket_url": f"ws://{host}{router['tab'].url_for(token=token)}",
+        "config": {"static": {"url": f"http://{host}{router['static'].url_for(filename='/')}".rstrip("/") + "/"}},
+        "application": {"name": title},
+    }
+
+
 def end_children(grace: float) -> None:
     """Attach clients textual-serve left running: a hang-up, SIGKILL after `grace`, reaped."""
     pids = sorted(children_of_self())
-    for pid in pids:
-        _signal(pid, signal.SIGHUP)
+    _hang_up(pids)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
         pids = [pid for pid in pids if not _reaped(pid)]
@@ -272,6 +285,11 @@ def end_children(grace: float) -> None:
     for pid in pids:
         _signal(pid, signal.SIGKILL)
         _reaped(pid, wait=True)
+
+
+def _hang_up(pids: Iterable[int]) -> None:
+    for pid in pids:
+        _signal(pid, signal.SIGHUP)
 
 
 def _signal(pid: int, sig: int) -> None:

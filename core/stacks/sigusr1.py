@@ -145,15 +145,34 @@ def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
     A rank's dump is taken as complete once the new part of that log holds a stack and stops growing.
     """
     started, taken_at = time.perf_counter(), time.time()
-    offsets, unreadable = {}, {}  # unreadable: {rank: why its log cannot be read}
+    offsets, unreadable = _log_ends(pids, dump_logs)  # unreadable: {rank: why its log cannot be read}
+    # Signalled all the same: the stacks still reach the rank's stderr, and its pane.
+    outcome = signal_pids(pids)
+    pending = {r for r, what in outcome.items() if what == "sent" and r not in unreadable}
+    texts = _read_dumps(pending, dump_logs, offsets, unreadable, timeout)
+    found = [_rank_stack(r, pids[r], (local_ranks or {}).get(r), outcome[r], texts.get(r, ""),
+                         dump_logs.get(r, ""), unreadable.get(r), timeout)
+             for r in sorted(pids)]
+    report = build_report(found, taken_at, time.perf_counter() - started)
+    return save_report(report, run_dir, events, source) if run_dir else report
+
+
+def _log_ends(pids: Mapping[int, int], dump_logs: Mapping[int, str]) -> tuple[dict[int, int], dict[int, str]]:
+    """Where each rank's log ends before the signal (its dump comes after), and why the logs
+    that cannot be read cannot."""
+    offsets, unreadable = {}, {}
     for r in pids:
         try:
             offsets[r] = _size(dump_logs.get(r, ""))
         except UnreadableLog as exc:
             unreadable[r] = str(exc)
-    # Signalled all the same: the stacks still reach the rank's stderr, and its pane.
-    outcome = signal_pids(pids)
-    pending = {r for r, what in outcome.items() if what == "sent" and r not in unreadable}
+    return offsets, unreadable
+
+
+def _read_dumps(pending: set[int], dump_logs: Mapping[int, str], offsets: Mapping[int, int],
+                unreadable: dict[int, str], timeout: float) -> dict[int, str]:
+    """What the `pending` ranks' logs gained past their offsets, read until each holds a stack
+    that stopped growing or `timeout` passes; a log that turns unreadable joins `unreadable`."""
     texts: dict[int, str] = {}
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
@@ -168,28 +187,28 @@ def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
             if "(most recent call first):" in text and texts.get(r) == text:
                 pending.discard(r)  # unchanged since the last look: the handler is done
             texts[r] = text
-    found = []
-    for r in sorted(pids):
-        base = {"rank": r, "local_rank": (local_ranks or {}).get(r), "pid": pids[r]}
-        threads = parse_faulthandler(texts.get(r, "")) if outcome[r] == "sent" else ()
-        if threads:
-            found.append(RankStack(**base, status=StackStatus.OK, threads=threads))
-        elif outcome[r] == "gone":
-            found.append(RankStack(**base, status=StackStatus.GONE, reason="process gone"))
-        elif outcome[r] == "sent" and r in unreadable:
-            found.append(RankStack(**base, status=StackStatus.FAILED,
-                                   reason=f"its log {dump_logs.get(r, '')} cannot be read: {unreadable[r]}",
-                                   hint="the stacks still went to its stderr (a TUI's pane shows them)"))
-        elif outcome[r] == "sent":
-            found.append(RankStack(**base, status=StackStatus.FAILED,
-                                   reason=f"no stack in its log within {timeout:g}s",
-                                   hint="a Python handler for SIGUSR1 in the program replaces faulthandler's"))
-        else:  # (not known to be no Python: a Python rank run with --no-faulthandler looks the same)
-            found.append(RankStack(**base, status=StackStatus.FAILED, reason=outcome[r],
-                                   hint="a Python rank: py-spy reads it (without --signal); SIGUSR1 needs faulthandler, "
-                                        "which ranktop turns on in its Python ranks unless --no-faulthandler"))
-    report = build_report(found, taken_at, time.perf_counter() - started)
-    return save_report(report, run_dir, events, source) if run_dir else report
+    return texts
+
+
+def _rank_stack(rank: int, pid: int, local_rank: int | None, outcome: str, text: str, log: str,
+                unreadable: str | None, timeout: float) -> RankStack:
+    """One rank's part of the report: its stacks, or why there are none."""
+    base = {"rank": rank, "local_rank": local_rank, "pid": pid}
+    threads = parse_faulthandler(text) if outcome == "sent" else ()
+    if threads:
+        return RankStack(**base, status=StackStatus.OK, threads=threads)
+    if outcome == "gone":
+        return RankStack(**base, status=StackStatus.GONE, reason="process gone")
+    if outcome == "sent" and unreadable is not None:
+        return RankStack(**base, status=StackStatus.FAILED, reason=f"its log {log} cannot be read: {unreadable}",
+                         hint="the stacks still went to its stderr (a TUI's pane shows them)")
+    if outcome == "sent":
+        return RankStack(**base, status=StackStatus.FAILED, reason=f"no stack in its log within {timeout:g}s",
+                         hint="a Python handler for SIGUSR1 in the program replaces faulthandler's")
+    # (not known to be no Python: a Python rank run with --no-faulthandler looks the same)
+    return RankStack(**base, status=StackStatus.FAILED, reason=outcome,
+                     hint="a Python rank: py-spy reads it (without --signal); SIGUSR1 needs faulthandler, "
+                          "which ranktop turns on in its Python ranks unless --no-faulthandler")
 
 
 def signal_agent_report(agent: Any, local_ranks: Iterable[int] | None = None, timeout: float = 3.0, *,
