@@ -153,7 +153,9 @@ def test_orphans_that_exit_are_reaped_while_ranktop_runs(tmp_path):
                 if os.fork() == 0:
                     while os.getppid() == middle_pid:  # until the middle one exited
                         time.sleep(0.01)
-                    print("ORPHAN", os.getpid(), os.getppid(), flush=True)
+                    # one write: the ranks run with -u, where print() writes word by word and the
+                    # three orphans' lines could interleave
+                    os.write(1, f"ORPHAN {os.getpid()} {os.getppid()}\\n".encode())
                     time.sleep(0.3)
                     os._exit(0)
                 os._exit(0)
