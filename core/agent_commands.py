@@ -212,7 +212,7 @@ class AgentCommands:
             return self._on_restart_group(pc, cmd.RestartGroup())
         rank = self.spec.global_rank(command.local_rank)
         if not pc.restart_rank(command.local_rank):
-            return cmd.Ack(False, f"the group is stopping: rank {rank} is not started again")
+            return cmd.Ack(False, f"the group is stopping or has ended: rank {rank} is not started again")
         self.events.write("user_restart_rank", rank=rank, local_rank=command.local_rank)
         self._user_actions.note(self.attempt, f"restarted rank {rank}")
         return cmd.Ack(True, f"restarting rank {rank}")
