@@ -119,15 +119,29 @@ def _run_py_spy(argv: list[str], timeout: float) -> tuple[int, str, str]:
     MAX_PY_SPY_OUTPUT bytes (TooMuchOutput); bytes that are not UTF-8 read as U+FFFD (a
     process's names are not always text, and subprocess.run's text mode raised on them)."""
     deadline = time.monotonic() + timeout
-    with own_tool(), subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, env=_spy_env()) as proc:
+    with own_tool():
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=_spy_env())
         try:
             out, err = _read_until_closed(proc, deadline, argv, timeout)
             returncode = proc.wait(max(0.0, deadline - time.monotonic()))
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            _end(proc)
     return returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """py-spy's pipes closed and py-spy killed if it still runs, waiting a second at most: one
+    that outlives SIGKILL is stuck in the kernel, and the dump must not hang on it (Popen's own
+    context manager waits without a limit)."""
+    proc.stdout.close()
+    proc.stderr.close()
+    if proc.poll() is None:
+        proc.kill()
+        try:
+            proc.wait(1)
+        except subprocess.TimeoutExpired:
+            pass  # (reaped by the subprocess module later, once it dies)
 
 
 def _read_until_closed(proc: subprocess.Popen, deadline: float, argv: list[str],
