@@ -176,7 +176,7 @@ class RankProcess:
         self._pump = pump
         self._input_fd: int | None = None
         master, slave, stdio = self._stdio(launch)
-        self.popen = _spawn(launch, stdio, master, slave)
+        self.popen = _popen(launch, stdio, master, slave)
         self.pid = self.popen.pid
         note_own_child(self.pid)  # not an orphan to adopt: we started it, Popen reaps it
         if launch.stdin == "pipe":
@@ -273,7 +273,7 @@ class RankProcess:
             self.pidfd = None
 
 
-def _spawn(launch: Launch, stdio: tuple[Any, Any, Any], master: int | None, slave: int | None) -> subprocess.Popen:
+def _popen(launch: Launch, stdio: tuple[Any, Any, Any], master: int | None, slave: int | None) -> subprocess.Popen:
     """The rank's process, in a session of its own; the pty's master is closed if it cannot be
     made, its slave either way (the rank has it now: its end of file is ours once the rank's
     tree closes it)."""
