@@ -24,7 +24,7 @@ from dataclasses import InitVar, dataclass, field
 from typing import Any, TypeVar
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
-_NO_TRACE_HINT = "To see the traceback, wrap the rank's main function in @ranktop.core.record (or torch's @record)."
+NO_TRACE_HINT = "To see the traceback, wrap the rank's main function in @ranktop.core.record (or torch's @record)."
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -574,7 +574,7 @@ class ProcessFailure:
         else:
             # A fresh copy each time: a caller may add to one failure's data.
             self.error_file_data = json.loads(json.dumps(NO_ERROR_DATA_EXITED))
-            self.message = f"exited with code {self.exitcode}. {_NO_TRACE_HINT}"
+            self.message = f"exited with code {self.exitcode}. {NO_TRACE_HINT}"
         if problem:
             self.message = f"{self.message.split('. ')[0]}; {problem}"
         elif content is None:

@@ -9,7 +9,7 @@ import signal
 import time
 from typing import Any, NamedTuple
 
-from ranktop.core.errors import describe_exit
+from ranktop.core.errors import NO_TRACE_HINT, describe_exit
 from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankState, RootCause
 
@@ -48,6 +48,16 @@ def _before_traceback(tail: tuple[str, ...], shown: set[str]) -> tuple[str, ...]
             break
         start = earlier
     return tail[:start]
+
+
+def _asks_for_a_traceback_already_printed(cause: RootCause) -> bool:
+    """A message that only says how to get a traceback is left out where the rank printed one
+    (a script's uncaught exception, gloo's error): its tail below shows it, and the headline
+    says the exit code the message repeats."""
+    if not (cause.message or "").endswith(NO_TRACE_HINT):
+        return False
+    tail = dict(cause.failed_tails).get(cause.rank, cause.last_lines)
+    return any(line.rstrip().endswith(_TRACEBACK_HEAD) for line in tail)
 
 
 def failed_at(cause: RootCause) -> str:
@@ -92,7 +102,7 @@ def root_cause_lines(cause: RootCause, *, max_traceback: int | None = None,
     """The evidence for a root cause, the same for every view: the message, the traceback (its
     last `max_traceback` lines), each failed rank's last output, the error file."""
     # (each line of a message its own: the lines after the first kept the indent of none)
-    message = (cause.message or "").rstrip().splitlines()
+    message = [] if _asks_for_a_traceback_already_printed(cause) else (cause.message or "").rstrip().splitlines()
     lines = [CauseLine("message", line) for line in message[:MESSAGE_LINES]]
     if len(message) > MESSAGE_LINES:  # error.json is the rank's to write: up to 1 MiB of lines
         lines.append(CauseLine("more", f"… {len(message) - MESSAGE_LINES} more message lines in error.json"))

@@ -710,6 +710,20 @@ def test_a_console_that_goes_away_is_reported_once_and_the_run_goes_on(tmp_path)
         assert log == "ready\n" + "".join(f"line {i}\n" for i in range(300))
 
 
+def test_a_headless_stall_says_once_how_to_see_where_each_rank_is(tmp_path):
+    """Headless has no `d` key: the stall lines said which ranks were quiet, and nothing of how
+    to see where they wait (`ranktop stacks`, from another terminal)."""
+    script = tmp_path / "quiet.py"
+    script.write_text("import time\ntime.sleep(3)\n")
+    res = run_ranktop("--headless", "--nproc-per-node", "2", "--stall-timeout", "1", "--log-dir", str(tmp_path),
+                      "--run-id", "quiet", str(script))
+    assert res.returncode == 0, res.stderr
+    lines = res.stderr.splitlines()
+    assert sum(" stalled: no output for " in line for line in lines) == 2, res.stderr
+    hint = f"ranktop: where each rank is: ranktop stacks {tmp_path / 'quiet'} (in another terminal)"
+    assert lines.count(hint) == 1, res.stderr
+
+
 def test_a_headless_stall_line_tells_a_busy_rank_from_a_blocked_one(tmp_path):
     """The stall line's cpu% is what tells a rank spinning from one blocked in a collective; with
     a stall time shorter than the sampler needs for two looks it used to say `cpu -`."""

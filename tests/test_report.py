@@ -91,3 +91,20 @@ def test_a_message_of_many_lines_is_shown_in_part_with_how_many_were_left_out():
     report = format_root_cause(cause, name="t.py", attempt=0, max_restarts=0).splitlines()
     assert report.count("  line") == 20 and "  … 99980 more message lines in error.json" in report
     assert len(root_cause_text(_group(cause)).plain.splitlines()) < 40
+
+
+def test_the_hint_to_get_a_traceback_is_left_out_where_the_rank_printed_one():
+    """A script's uncaught exception (gloo's `Connection closed by peer` after a peer was killed)
+    is in the rank's output; the report still said `exited with code 1. To see the traceback,
+    wrap the rank's main function in @ranktop.core.record`, under a headline with the same code."""
+    hint = "exited with code 1. To see the traceback, wrap the rank's main function in @ranktop.core.record (or torch's @record)."
+    printed = ("step 2", "[rank2]: Traceback (most recent call last):", '[rank2]:   File "t.py", line 3, in <module>',
+               "[rank2]: RuntimeError: Connection closed by peer")
+    cause = _cause(message=hint, traceback=None, error_file=None, last_lines=printed[-2:], failed_tails=((1, printed),))
+    report = format_root_cause(cause, name="t.py", attempt=0, max_restarts=0)
+    assert "To see the traceback" not in report and "exited with code 1" in report, report
+    assert "    [rank2]: RuntimeError: Connection closed by peer" in report
+    assert "To see the traceback" not in root_cause_text(_group(cause)).plain
+    # A rank that printed no traceback still gets the hint.
+    quiet = _cause(message=hint, traceback=None, error_file=None, last_lines=("step 2",))
+    assert "  " + hint in format_root_cause(quiet, name="t.py", attempt=0, max_restarts=0).splitlines()

@@ -901,6 +901,11 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         gpu = "-" if snap.gpu is None or snap.gpu.util_percent is None else f"{snap.gpu.util_percent:.0f}%"
         agent.say(f"ranktop: rank {snap.rank} stalled: no output for {snap.stall_seconds or 0:.0f}s "
                   f"(cpu {cpu}, gpu {gpu}, pid {snap.pid})")
+        if not stacks_told:  # once a run: the next step of a hang, which headless has no key for
+            stacks_told.append(True)
+            agent.say(f"ranktop: where each rank is: ranktop stacks {clean(agent.run_dir)} (in another terminal)")
+
+    stacks_told: list[bool] = []
 
     stall_timeout = ns.stall_timeout
     if ns.detached_child and stall_timeout is None:  # watched through `ranktop attach`: the TUI's default

@@ -102,13 +102,15 @@ class MainScreen(Screen):
         Binding("ctrl+f", "search(True)", "Search every rank", show=False),
         Binding("n", "search_step(1)", "Next match (every rank)", show=False, priority=True),
         Binding("N", "search_step(-1)", "Previous match (every rank)", show=False, priority=True),
+        # Stacks before the keys that act on ranks: the footer shows what fits, and at 80 columns
+        # `d`, the way into a hang, was past its end.
+        Binding("d", "stacks(False)", "Stacks"),
+        Binding("D", "stacks(True)", "Stacks (all ranks)", show=False),
         Binding("x", "signal", "Signal…"),
         Binding("k", "kill_rank", "Kill rank"),
         Binding("K", "kill_group", "Stop group"),
         Binding("r", "restart_rank", "Restart rank"),
         Binding("R", "restart_group", "Restart group"),
-        Binding("d", "stacks(False)", "Stacks"),
-        Binding("D", "stacks(True)", "Stacks (all ranks)", show=False),
         Binding("e", "toggle_end_panel", "Show/hide the end report", show=False),
         Binding("E", "end_report", "Scroll the end report from the keyboard (esc: back)", show=False),
         Binding("s", "cycle_sort", "Sort the rank list (rank, state, cpu, quiet)", show=False),
