@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -903,7 +904,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
                   f"(cpu {cpu}, gpu {gpu}, pid {snap.pid})")
         if not stacks_told:  # once a run: the next step of a hang, which headless has no key for
             stacks_told.append(True)
-            agent.say(f"ranktop: where each rank is: ranktop stacks {clean(agent.run_dir)} (in another terminal)")
+            agent.say(f"ranktop: where each rank is: ranktop stacks {shlex.quote(clean(agent.run_dir))} (in another terminal)")
 
     stacks_told: list[bool] = []
 
