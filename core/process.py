@@ -110,8 +110,8 @@ def _rank_interpreter_flags() -> list[str]:
     The rank's sys.path is the caller's whatever its flags (the bootstrap sets it)."""
     flags = []
     for flag in subprocess._args_from_interpreter_flags():  # type: ignore[attr-defined]
-        if flag == "-I":
-            flags += ["-s", "-P"]  # isolated: the rest of it
+        if flag == "-I":  # isolated: the rest of it (-P is 3.11's: 3.10 has no option for it)
+            flags += ["-s", "-P"] if sys.version_info >= (3, 11) else ["-s"]
         elif flag not in ("-E", "-S"):
             flags.append(flag)
     return flags

@@ -52,3 +52,42 @@ def test_no_module_imports_at_run_time_what_python_3_10_lacks():
         newer += [f"{path.relative_to(ROOT)}:{line}: {name}" for line, name in imports.names if name in NEWER_THAN_310]
     assert not newer, newer
     assert len(product_modules()) > 50  # (the walk found the modules)
+
+
+# 3.11's interpreter option -P and what goes with it: passed to 3.10's python, `-P` is a usage
+# error (exit 2); the attributes are AttributeErrors there.
+NEWER_THAN_310_OPTIONS = {"-P", "PYTHONSAFEPATH"}
+NEWER_THAN_310_ATTRIBUTES = {"safe_path", "co_qualname"}
+
+
+class UnguardedUses(ast.NodeVisitor):
+    """Where a module uses 3.11's options or attributes outside a test of sys.version_info."""
+
+    def __init__(self) -> None:
+        self.uses: list[tuple[int, str]] = []
+
+    def visit_If(self, node: ast.If | ast.IfExp) -> None:
+        if "sys.version_info" not in ast.unparse(node.test):
+            self.generic_visit(node)
+
+    visit_IfExp = visit_If
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if node.value in NEWER_THAN_310_OPTIONS:
+            self.uses.append((node.lineno, repr(node.value)))
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if node.attr in NEWER_THAN_310_ATTRIBUTES:
+            self.uses.append((node.lineno, f".{node.attr}"))
+        self.generic_visit(node)
+
+
+def test_no_module_uses_python_3_11s_options_or_attributes_without_a_version_test():
+    """core/process.py passed a function rank started under `python -I` on as `-s -P`: on 3.10
+    each such rank exited 2 (`Unknown option: -P`)."""
+    uses = []
+    for path in product_modules():
+        unguarded = UnguardedUses()
+        unguarded.visit(ast.parse(path.read_text(), str(path)))
+        uses += [f"{path.relative_to(ROOT)}:{line}: {name}" for line, name in unguarded.uses]
+    assert not uses, uses

@@ -244,7 +244,8 @@ def down(n):
         print("ready", flush=True)
         time.sleep(3600)
     down(n - 1)
-down = types.FunctionType(down.__code__.replace(co_name=NAME, co_qualname=NAME, co_filename="/t/f\x1b[31m\n.py"),
+qualname = {"co_qualname": NAME} if sys.version_info >= (3, 11) else {}  # (3.10's code has none)
+down = types.FunctionType(down.__code__.replace(co_name=NAME, co_filename="/t/f\x1b[31m\n.py", **qualname),
                           globals())
 threading.Thread(target=time.sleep, args=(3600,), name=NAME, daemon=True).start()
 down(3000)
