@@ -79,8 +79,10 @@ class Connection:
     (a dict, plus the output frames that came with it)."""
 
     def __init__(self, path: str, timeout: float = CONNECT_TIMEOUT, *, answer_within: float | None = None):
-        """`answer_within`: the time a whole answer may take, however slowly its bytes come
-        (REQUEST_SECONDS unless given: a stack dump's takes longer)."""
+        """`timeout`: for the connection and the engine's hello, and for each silence within an
+        answer. `answer_within`: the time a whole answer may take, however slowly its bytes come
+        (REQUEST_SECONDS unless given: a stack dump's takes longer, and may be silent for seconds
+        before it comes: given, only it bounds an answer's silences)."""
         self.path = path
         self.answer_within = REQUEST_SECONDS if answer_within is None else answer_within
         self._timeout: float | None = timeout
@@ -117,6 +119,8 @@ class Connection:
             self._sock.close()
             raise RunGone(f"{path} does not speak as a ranktop engine: {exc}") from None
         self.hello = first
+        if answer_within is not None:
+            self._timeout = None
 
     def _next(self, deadline: float | None = None) -> Any:
         """The next message or frame; by `deadline` (TimeoutError), if given, however the bytes trickle."""
@@ -578,7 +582,8 @@ def dump_stacks(path: str, name: str = "DumpStacks", args: dict | None = None) -
     wait behind it). RunGone if the engine cannot be reached."""
     from ranktop.core.stacks import StackReport  # with psutil, 20 ms that attach need not wait for
 
-    with Connection(path, timeout=STACKS_TIMEOUT, answer_within=STACKS_TIMEOUT) as conn:
+    # (an engine says hello at once, dumping or not: one that does not is silent, said in seconds)
+    with Connection(path, answer_within=STACKS_TIMEOUT) as conn:
         answer = conn.command(name, **(args or {}))
     report = answer.get("report")
     try:

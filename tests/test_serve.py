@@ -325,7 +325,9 @@ def test_a_socket_name_with_escapes_is_shown_clean_by_every_command(runtime):
     directory.mkdir(mode=0o700)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as planted:  # listens, never answers
         planted.bind(str(directory / "\x1b]0;owned\x07\x1b[2Jjob.sock"))
-        planted.listen(4)
+        # Room for every connection: each is taken, then waits for a hello that never comes (with
+        # a full queue they were refused at once, and `stacks` waited 60 s whenever one had room)
+        planted.listen(16)
         calls = [("logs", "\x1b"), ("stop", "\x1b"), ("stacks", "\x1b")]
         for args, done in zip(calls, run_each(calls, runtime), strict=True):
             assert done.returncode == 1 and done.stdout == "", args
