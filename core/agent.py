@@ -198,7 +198,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         color: bool = False,
         ring_lines: int = 10_000,
         sampler: Any = None,
-        on_stall: Callable[[RankSnapshot], None] | None = None,
+        on_stalls: Callable[[list[RankSnapshot]], None] | None = None,
         faulthandler: bool = True,
         sanitize_console: bool = False,
         reap_timeout: float = REAP_TIMEOUT,
@@ -230,7 +230,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         self.color = color
         self.ring_lines = ring_lines
         self.sampler = sampler  # core.stats.StatsSampler or None: cpu/rss/GPU per rank
-        self.on_stall = on_stall
+        self.on_stalls = on_stalls  # each monitor pass's stall and prompt reports, if any
         self.reap_timeout = reap_timeout  # how long a SIGKILLed rank may take to go before it is given up on
         self.faulthandler = faulthandler  # SIGUSR1 dumps a Python rank's stacks (no ptrace needed)
         # Handled besides SIGINT/TERM/HUP (which ranktop always handles: no rank may outlive it):
@@ -247,7 +247,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         self._place_run(spec, log_dir, numbered_run_dir)
         self._set_up_output(echo_events, duplicate_filters)
         self.events = self._open_events()
-        self._stalls = StallWatch(stall_timeout, self.events, on_stall, sampler)
+        self._stalls = StallWatch(stall_timeout, self.events, on_stalls, sampler)
         # the actions the user took on single ranks: a root cause that follows one names it
         self._user_actions = UserActions()
         self._set_up_group_state()

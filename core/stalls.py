@@ -1,5 +1,5 @@
 """Stall and prompt detection: when a rank last spoke, how long it has been silent, and the
-stall_detected / stall_cleared / waits_for_input events (with the agent's on_stall hook) that the
+stall_detected / stall_cleared / waits_for_input events (with the agent's on_stalls hook) that the
 monitor loop raises from it on each pass.
 
 The monitor loop owns a StallWatch and is the only thread that changes it, with one exception:
@@ -25,11 +25,13 @@ class StallWatch:
     """A rank is stalled once it printed nothing for `timeout` seconds (None: never). It holds no
     reference to its agent: what it needs of the agent's comes with each call."""
 
-    def __init__(self, timeout: float | None, events: EventLog, on_stall: Callable[[RankSnapshot], None] | None,
-                 sampler: Any) -> None:
+    def __init__(self, timeout: float | None, events: EventLog,
+                 on_stalls: Callable[[list[RankSnapshot]], None] | None, sampler: Any) -> None:
         self.timeout = timeout
         self._events = events
-        self._on_stall = on_stall
+        # Called once a pass with what the pass reported (stalls, prompts), so that a caller's
+        # line about all of them comes after the pass's last, not between two ranks' lines.
+        self._on_stalls = on_stalls
         self._sampler = sampler  # core.stats.StatsSampler or None
         # Local ranks reported stalled -> when to look again whether one waits for input (monotonic;
         # None once it was said to): a rank may reach its prompt after it was reported stalled.
@@ -54,6 +56,7 @@ class StallWatch:
         agent's rank snapshot."""
         timeout = self.timeout
         now = time.time()
+        reported: list[RankSnapshot] = []
         for slot in slots:
             r = slot.local_rank
             silent = self.silent_for(slot, now)
@@ -67,27 +70,29 @@ class StallWatch:
                 self._events.write("stall_detected", rank=snap.rank, local_rank=r, silent_s=round(silent, 1),
                                    input_prompt=snap.input_prompt, cpu_percent=snap.cpu_percent,
                                    gpu_util=snap.gpu.util_percent if snap.gpu else None)
-                if self._on_stall:
-                    self._on_stall(snap)
+                reported.append(snap)
             elif r in self._stalled and (silent < timeout or not slot.alive):
                 del self._stalled[r]
                 if slot.alive:
                     self._events.write("stall_cleared", rank=global_rank(r), local_rank=r)
             elif (look := self._stalled.get(r)) is not None and time.monotonic() >= look:
-                self._prompt_after_stall(slot, silent, snapshot(slot, now))
+                snap = snapshot(slot, now)
+                if self._prompt_after_stall(slot, silent, snap):
+                    reported.append(snap)
+        if reported and self._on_stalls:
+            self._on_stalls(reported)
 
-    def _prompt_after_stall(self, slot: Any, silent: float, snap: RankSnapshot) -> None:
+    def _prompt_after_stall(self, slot: Any, silent: float, snap: RankSnapshot) -> bool:
         """A rank reported stalled that has come to wait for input since (its own input() after a
-        long silent step): said once, as a stall at a prompt is."""
+        long silent step): said once, as a stall at a prompt is. True when it is to be said."""
         r = slot.local_rank
         if not snap.input_prompt:
             self._stalled[r] = time.monotonic() + PROMPT_LOOK
-            return
+            return False
         self._stalled[r] = None
         self._events.write("waits_for_input", rank=snap.rank, local_rank=r, silent_s=round(silent, 1),
                            input_prompt=snap.input_prompt)
-        if self._on_stall:
-            self._on_stall(snap)
+        return True
 
     def _cpu_wait(self) -> float:
         """How long a stall's report may wait for the rank's cpu% (two samples of the sampler;

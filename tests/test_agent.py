@@ -197,7 +197,7 @@ def test_stall_detection_marks_silent_rank_and_clears(tmp_path):
         while True:
             print("tick", flush=True)
             time.sleep(0.05)
-    """, stall_timeout=0.4, monitor_interval=0.05, on_stall=stalls.append)
+    """, stall_timeout=0.4, monitor_interval=0.05, on_stalls=stalls.extend)
     run = Running(agent)
     try:
         wait_for(lambda: run.rank(1).state == RankState.STALLED, what="rank 1 stalled")

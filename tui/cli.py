@@ -902,7 +902,12 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         gpu = "-" if snap.gpu is None or snap.gpu.util_percent is None else f"{snap.gpu.util_percent:.0f}%"
         agent.say(f"ranktop: rank {snap.rank} stalled: no output for {snap.stall_seconds or 0:.0f}s "
                   f"(cpu {cpu}, gpu {gpu}, pid {snap.pid})")
-        if not stacks_told:  # once a run: the next step of a hang, which headless has no key for
+
+    def on_stalls(snaps) -> None:
+        for snap in snaps:
+            on_stall(snap)
+        # Once a run, after the first stall lines: the next step of a hang, which headless has no key for
+        if not stacks_told and any(not snap.input_prompt for snap in snaps):
             stacks_told.append(True)
             agent.say(f"ranktop: where each rank is: ranktop stacks {shlex.quote(clean(agent.run_dir))} (in another terminal)")
 
@@ -932,7 +937,7 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
 
     agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
                        shutdown_timeout=ns.shutdown_timeout, stall_timeout=stall_timeout,
-                       sampler=sampler, on_stall=on_stall, faulthandler=not ns.no_faulthandler,
+                       sampler=sampler, on_stalls=on_stalls, faulthandler=not ns.no_faulthandler,
                        sanitize_console=ns.sanitize_console, signals_to_handle=ns.signals_to_handle,
                        echo_events=ns.event_log_handler == "console", hangup_stops=not ns.detached_child,
                        duplicate_filters={1: tuple(ns.duplicate_stdout_filters), 2: tuple(ns.duplicate_stderr_filters)},
