@@ -40,7 +40,7 @@ from ranktop.core import guard
 from ranktop.core.caller_signals import restore_signals, signals_held
 from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, RankStartError, UsageError, killed_by
 from ranktop.core.guard import MARKER
-from ranktop.core.layout import ERROR_FILE, Dir, log_name
+from ranktop.core.layout import ERROR_FILE, Dir, checked_tempdir, log_name
 from ranktop.core.limits import check_timeout
 from ranktop.core.output import (
     STDERR,
@@ -408,7 +408,7 @@ class PContext:
                                           clean=clean_console if self._sanitize_console else None,
                                           on_lost=self._console_lost)
         if callable(self.entrypoint):
-            self._tmp = tempfile.mkdtemp(prefix="ranktop-")
+            self._tmp = tempfile.mkdtemp(prefix="ranktop-", dir=checked_tempdir())
         self._environ = dict(os.environ)  # (os.environ decodes every variable on every read)
         try:
             for slot in self.slots:

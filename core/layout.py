@@ -364,17 +364,47 @@ def open_log_root(log_dir: str | None) -> Dir:
 
 
 def _open_default_root(path: str) -> Dir:
+    """The root `path`, made and opened in its directory ($TMPDIR), which is walked to as a
+    --log-dir is: with $TMPDIR another user's (kept over `sudo -E`), they could swap our private
+    root for a tree of theirs, and the ranks open $TORCHELASTIC_ERROR_FILE by path."""
+    tmp, name = os.path.split(path)
     try:
-        os.mkdir(path, DIR_MODE)
+        parent = _walk_into(tmp)
+    except _Refused as exc:
+        raise UsageError(f"log root {path}: {exc}; {SET_TMPDIR}, or pass --log-dir DIR") from None
+    except OSError as exc:
+        raise UsageError(f"cannot make the log root {path} ({exc.strerror}): pass --log-dir DIR") from None
+    try:
+        return _open_root_in(parent, name, path)
+    finally:
+        os.close(parent)
+
+
+SET_TMPDIR = "set TMPDIR to a directory of your own"
+
+
+def checked_tempdir() -> str:
+    """$TMPDIR (tempfile's choice), where function ranks' pickles go, opened by path: UsageError
+    (one line) if someone else controls the way there, who could swap our directory for theirs
+    and have root unpickle their code."""
+    tmp = tempfile.gettempdir()
+    if problem := path_problem(tmp):
+        raise UsageError(f"bad $TMPDIR {tmp}: {problem}; {SET_TMPDIR}")
+    return tmp
+
+
+def _open_root_in(parent: int, name: str, path: str) -> Dir:
+    try:
+        os.mkdir(name, DIR_MODE, dir_fd=parent)
     except FileExistsError:
         pass
     except OSError as exc:
         raise UsageError(f"cannot make the log root {path} ({exc.strerror}): pass --log-dir DIR") from None
     try:
-        fd = os.open(path, _DIR_FLAGS | os.O_NOFOLLOW)
+        fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
     except OSError as exc:
         # With O_DIRECTORY, a symlink fails as ENOTDIR, not ELOOP: ask what it is.
-        what = "a symlink" if os.path.islink(path) else "not a directory" if exc.errno in _NOT_OURS else None
+        what = "a symlink" if _is_link(name, parent) else "not a directory" if exc.errno in _NOT_OURS else None
         if what is None:
             raise UsageError(f"cannot open the log root {path} ({exc.strerror}): pass --log-dir DIR") from None
         raise UsageError(f"log root {path} is {what}; ranktop will not write through it: "
@@ -449,10 +479,43 @@ _MAX_LINKS = 40  # the kernel's limit on symlinks followed in one lookup
 _LOOKUP_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def _walk(path: str, make: bool) -> int:
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def path_problem(path: str) -> str | None:
+    """Why the directory at the absolute `path` cannot be trusted by path (`_walk`: someone else
+    controls a directory or a link on the way), None if it can (or cannot be reached at all: its
+    use says why). For the socket directory, which a Unix socket reaches by path only."""
+    try:
+        os.close(_walk_into(path))
+    except _Refused as exc:
+        return str(exc)
+    except OSError:
+        return None
+    return None
+
+
+def _walk_into(path: str) -> int:
+    """An O_PATH descriptor of the directory at `path`, walked to (`_walk`), to make and open
+    names in by path later: held to the rule of every directory looked into on the way."""
+    fd = _walk(path, make=False, read=False)
+    try:
+        _check_looked_into(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _walk(path: str, make: bool, read: bool = True) -> int:
     """A held descriptor of the absolute `path`, reached one name at a time from `/`, each
     directory held while the next name is looked up in it; missing ones made (0700) there with
-    `make`, else FileNotFoundError.
+    `make`, else FileNotFoundError. Without `read`, an O_PATH one (to make and open names in:
+    a directory others may write and search but not list, as some /tmp are).
 
     Whoever may rename entries of a directory on the way decides where the rest of the path
     leads, at any moment (a check of the path followed by its use loses that race), so each
@@ -483,7 +546,7 @@ def _walk(path: str, make: bool) -> int:
                 raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), here)
             fd = _swap(fd, os.open(name, _LOOKUP_FLAGS | os.O_NOFOLLOW, dir_fd=fd))
             at = os.path.dirname(at) if name == ".." else here
-        return _swap(fd, os.open(".", _DIR_FLAGS, dir_fd=fd))
+        return _swap(fd, os.open(".", _DIR_FLAGS, dir_fd=fd)) if read else fd
     except BaseException:
         os.close(fd)
         raise

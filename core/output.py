@@ -799,12 +799,12 @@ class StreamSink:
         self.failure: str | None = None  # why this sink went down to its files alone (fail())
         self.failure_trace = ""
         self.log_fd: int | None = None
+        self.console = console  # (before the log is opened: a failed open tells on_log_error, which reads it)
         if log:
             try:
                 self.log_fd = log[1]()
             except OSError as exc:
                 self._log_failed(exc, 0)
-        self.console = console
         # The unfinished line, held for the console until its newline (to prefix it and collapse
         # its '\r's) as pieces, and only up to LINE_CAP: past that it is shown as it comes.
         self._console_open: list[bytes] = []

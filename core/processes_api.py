@@ -22,7 +22,7 @@ from ranktop.core.context import (
     check_start_method,
     plan_streams,
 )
-from ranktop.core.layout import RunDir
+from ranktop.core.layout import RunDir, checked_tempdir
 from ranktop.core.limits import ensure_fds_for
 from ranktop.core.output import STDERR, STDOUT
 from ranktop.core.process import refuse_while_loading_main
@@ -91,6 +91,8 @@ def start_processes(
     streams = _stream_plans(name, nprocs, opts, specs)
     filters = {STDOUT: _filter_needles("duplicate_stdout_filters", opts["duplicate_stdout_filters"]),
                STDERR: _filter_needles("duplicate_stderr_filters", opts["duplicate_stderr_filters"])}
+    if callable(entrypoint):
+        checked_tempdir()  # where its pickles go (PContext.start): before the run directory is made
     run_dir = _run_dir(opts["log_dir"], specs, envs)
     cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
     make = functools.partial(cls, name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters,

@@ -68,6 +68,7 @@ from typing import Any
 from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import Engine, OutputCursor
+from ranktop.core.layout import SET_TMPDIR, path_problem
 from ranktop.core.output import RanktopLine
 
 SEND_TIMEOUT = 2.0  # seconds the clients have, all together, to take what is left for them on the way out
@@ -107,12 +108,18 @@ def socket_dir(create: bool = True) -> str:
     (a planted socket would receive commands). Each directory on the way that ranktop owns is
     checked before anything is made in it: `ranktop-<uid>` under the shared temp directory could
     have been planted as a symlink into someone else's directory (or /etc), and
-    $XDG_RUNTIME_DIR is another user's after `sudo`, so it is used only when it is ours and private."""
+    $XDG_RUNTIME_DIR is another user's after `sudo`, so it is used only when it is ours and private.
+    A socket is reached by path only, so every directory on the way is held to a --log-dir's rule
+    (core/layout.path_problem): one below another user's directory, private or not, is theirs to
+    swap for one whose sockets they answer."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime) and _private(runtime):
+    if runtime and os.path.isabs(runtime) and _private(runtime) and path_problem(runtime) is None:
         parent = runtime
     else:
-        parent = os.path.join(tempfile.gettempdir(), f"ranktop-{os.geteuid()}")
+        tmp = tempfile.gettempdir()
+        parent = os.path.join(tmp, f"ranktop-{os.geteuid()}")
+        if problem := path_problem(tmp):
+            raise SocketDirError(f"{parent}: {problem}; {SET_TMPDIR}")
         if create:
             _make(parent)
         if not _private(parent):

@@ -111,6 +111,23 @@ def test_disk_full_at_start_is_one_line_exit_2(small_disk, tmp_path):
     assert sorted(os.listdir(small_disk)) == ["ballast"]  # no half-made run left behind
 
 
+def test_log_files_that_cannot_be_made_at_a_ranks_start_are_reported_not_a_traceback(tmp_path):
+    """Out of inodes after the run directory and rank 0's logs were made (another user can fill
+    a shared tmpfs so): opening rank 1's log failed before its sink knew whether it had a
+    console, and ranktop ended in an AttributeError traceback with its ranks running."""
+    script = tmp_path / "hello.py"
+    script.write_text("import os; print('hello from', os.environ['LOCAL_RANK'])\n")
+    with tmpfs(tmp_path / "disk", "size=64k,nr_inodes=8") as disk:  # the root, run, events, attempt, 0, 1, 0's two logs
+        done = run_ranktop("--headless", "--nproc-per-node", "2", "--log-dir", str(disk), "--run-id", "r", str(script))
+        log = disk / "r" / "attempt_0" / "1" / "stdout.log"
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert (f"ranktop: rank 1: cannot write {log}: No space left on device; its output is still read and "
+                "shown, but no longer saved there\n") in done.stderr
+        assert "[default1]:hello from 1\n" in done.stdout
+        lost = [e for e in read_events(disk / "r") if e["event"] == "log_write_failed"]
+        assert {(e["rank"], e["path"], e["shown"]) for e in lost} >= {(1, str(log), True)}
+
+
 def test_event_log_holds_lines_back_while_full_and_never_tears_one(small_disk):
     events = EventLog(os.open(small_disk / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
     try:

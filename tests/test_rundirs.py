@@ -84,6 +84,53 @@ def test_default_log_root_is_made_private_and_everything_in_a_run_is_private(tmp
     assert (run / "attempt_0" / "1" / "stdout.log").read_text() == "out\n"
 
 
+def _theirs(tmp_path):
+    """A directory of another user's, where root's $TMPDIR or $XDG_RUNTIME_DIR may point (kept
+    over `sudo -E`, or set by whoever wrote the job script)."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, NOBODY, NOBODY)
+    return theirs
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes another user's directory: needs root")
+def test_a_default_log_root_below_another_users_tmpdir_is_refused(tmp_path):
+    """The default root is $TMPDIR/ranktop-<uid>: with $TMPDIR another user's, they could swap the
+    root (ours, private) for a tree of theirs once it was made, and the ranks, which open
+    $TORCHELASTIC_ERROR_FILE by path, wrote their error file wherever a link of theirs pointed."""
+    theirs = _theirs(tmp_path)
+    env = {**_with_tmpdir(theirs), "XDG_RUNTIME_DIR": ""}
+    res = run_ranktop("--headless", "--no-python", "touch", str(tmp_path / "rank-ran"), env=env)
+    assert _one_error_line(res) == (f"ranktop: error: log root {theirs}/ranktop-0: it goes through {theirs}, "
+                                    f"which belongs to uid {NOBODY}, not to you (uid 0): whoever controls it "
+                                    "decides where the path leads; set TMPDIR to a directory of your own, "
+                                    "or pass --log-dir DIR")
+    assert os.listdir(theirs) == [] and not (tmp_path / "rank-ran").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes another user's directory: needs root")
+@pytest.mark.parametrize("where", ["TMPDIR", "XDG_RUNTIME_DIR"])
+def test_no_socket_is_served_below_another_users_directory(tmp_path, where):
+    """The socket directory is $XDG_RUNTIME_DIR/ranktop, else $TMPDIR/ranktop-<uid>/sock; only
+    its last step was checked, so a private directory of root's inside another user's (made
+    there earlier) was served from, and they could swap it for one whose socket they answer."""
+    theirs = _theirs(tmp_path)
+    runtime = theirs / "rt"
+    runtime.mkdir(mode=0o700)  # root's own, private: it passed
+    env = {**os.environ, "TMPDIR": str(theirs if where == "TMPDIR" else tmp_path),
+           "XDG_RUNTIME_DIR": str(runtime if where == "XDG_RUNTIME_DIR" else "")}
+    logs = tmp_path / "logs"
+    res = run_ranktop("--headless", "--log-dir", str(logs), "--run-id", "r", "--no-python", "true", env=env)
+    assert res.returncode == 0, res.stderr
+    assert os.listdir(theirs) == ["rt"] and os.listdir(runtime) == [], res.stderr
+    if where == "TMPDIR":  # nowhere to serve it: the run goes on, and says why in one line
+        assert (f"ranktop: not serving this run for ranktop ls/stop/logs: {theirs}/ranktop-0: it goes through "
+                f"{theirs}, which belongs to uid {NOBODY}, not to you (uid 0): whoever controls it decides "
+                "where the path leads; set TMPDIR to a directory of your own\n") in res.stderr
+    else:  # $XDG_RUNTIME_DIR is passed over, as one of another user's is: $TMPDIR's is used
+        assert "not serving" not in res.stderr and os.listdir(tmp_path / "ranktop-0") == ["sock"]
+
+
 @pytest.mark.parametrize("mode, chown, ok", [
     (0o1777, None, True),  # like /tmp: no one can rename our run directory there
     (0o777, None, False),

@@ -898,6 +898,26 @@ def test_a_logs_specs_log_dir_below_another_users_directory_is_refused_at_each_c
 
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes another user's directory: needs root")
+def test_function_ranks_pass_nothing_through_another_users_tmpdir(tmp_path, monkeypatch):
+    """A function's arguments and its return value travel as pickles in a directory made under
+    $TMPDIR, which the rank and the caller open by path: with $TMPDIR another user's, they could
+    swap that directory for theirs, and root unpickled what they put there (code of theirs run,
+    in the rank and in the caller). The log_dir being one's own is not enough."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, NOBODY, NOBODY)
+    (tmp_path / "logs").mkdir(mode=0o700)
+    monkeypatch.setattr("tempfile.tempdir", str(theirs))  # what $TMPDIR=theirs makes it
+    with pytest.raises(ValueError) as refused:
+        start_processes("t", rank_fns.double, {0: (1,)}, _envs(1), str(tmp_path / "logs"))
+    assert str(refused.value) == (f"bad $TMPDIR {theirs}: it goes through {theirs}, which belongs to uid {NOBODY}, "
+                                  "not to you (uid 0): whoever controls it decides where the path leads; "
+                                  "set TMPDIR to a directory of your own")
+    assert os.listdir(theirs) == []
+    assert os.listdir(tmp_path / "logs") == []
+
+
 def test_a_run_id_too_long_for_a_file_name_or_a_nul_in_log_dir_is_one_line(tmp_path):
     """Each raised the OS's bare error (File name too long; embedded null byte), naming nothing."""
     from ranktop.core import DefaultLogsSpecs
