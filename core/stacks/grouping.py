@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ranktop.core.stacks.model import Frame, RankStack, StackGroup, StackReport, StackStatus, TreeNode, rank_list
+from ranktop.core.stacks.model import (
+    RankStack,
+    StackGroup,
+    StackReport,
+    StackStatus,
+    ThreadGroup,
+    ThreadStack,
+    TreeNode,
+    rank_list,
+)
 
 
 def build_report(stacks: list[RankStack], taken_at: float, elapsed_s: float) -> StackReport:
@@ -23,25 +33,59 @@ def build_report(stacks: list[RankStack], taken_at: float, elapsed_s: float) -> 
         for members in by_key.values()
     ]
     groups.sort(key=lambda g: (-len(g.ranks), g.ranks))
-    tree = TreeNode(None)
-    for s in stacks:
-        if s.status == StackStatus.OK and s.main is not None:
-            node = tree
-            node.ranks.append(s.rank)
-            for frame in s.main.frames:
-                node = node.child(frame)
-                node.ranks.append(s.rank)
+    tree = merge_tree((s.rank, s.main) for s in stacks if s.status == StackStatus.OK and s.main is not None)
     return StackReport(taken_at, elapsed_s, tuple(stacks), tuple(groups), tree)
 
 
-def other_thread_groups(report: StackReport) -> list[tuple[str, tuple[Frame, ...], list[int]]]:
-    """Non-main threads grouped across ranks by (thread name, stack): [(name, frames, ranks)]."""
-    groups: dict[tuple, tuple[str, tuple[Frame, ...], list[int]]] = {}
-    for s in report.ranks:
+def merge_tree(threads: Iterable[tuple[int, ThreadStack]]) -> TreeNode:
+    """The call tree of these (rank, thread)s: each frame with the ranks whose thread passes
+    through it, once each (a rank may have two threads of one name)."""
+    tree = TreeNode(None)
+    for rank, thread in threads:
+        node = tree
+        _count(node, rank)
+        for frame in thread.frames:
+            node = node.child(frame)
+            _count(node, rank)
+    return tree
+
+
+def _count(node: TreeNode, rank: int) -> None:
+    if rank not in node.ranks:
+        node.ranks.append(rank)
+
+
+def other_thread_groups(report: StackReport) -> list[ThreadGroup]:
+    """Non-main threads grouped across ranks by (thread name, stack), the odd ones first: a
+    thread some dumped ranks lack, or a stack the threads of its name have in fewer ranks than
+    in the rest (against a clear majority, as the main threads' groups)."""
+    by_key: dict[tuple, tuple[str, tuple, list[int]]] = {}
+    for s in _dumped(report):
         for t in s.others:
-            entry = groups.setdefault((t.name, t.key), (t.name, t.frames, []))
-            entry[2].append(s.rank)
-    return sorted(groups.values(), key=lambda g: (g[2][0], g[0]))
+            ranks = by_key.setdefault((t.name, t.key), (t.name, t.frames, []))[2]
+            if s.rank not in ranks:
+                ranks.append(s.rank)
+    dumped = {s.rank for s in _dumped(report)}
+    by_name: dict[str, list[tuple[str, tuple, list[int]]]] = {}
+    for entry in by_key.values():
+        by_name.setdefault(entry[0], []).append(entry)
+    groups = []
+    for name, entries in by_name.items():
+        sizes = sorted((len(ranks) for _, _, ranks in entries), reverse=True)
+        clear = len(sizes) > 1 and sizes[0] > sizes[1]
+        missing = tuple(sorted(dumped - {r for _, _, ranks in entries for r in ranks}))
+        groups += [ThreadGroup(name, frames, tuple(ranks), clear and len(ranks) < sizes[0], missing)
+                   for _, frames, ranks in entries]
+    return sorted(groups, key=lambda g: (not g.odd, g.ranks[0], g.name))
+
+
+def thread_tree(report: StackReport, name: str) -> TreeNode:
+    """The call tree of the threads named `name` in every rank: where the odd one forks off."""
+    return merge_tree((s.rank, t) for s in _dumped(report) for t in s.others if t.name == name)
+
+
+def _dumped(report: StackReport) -> list[RankStack]:
+    return [s for s in report.ranks if s.status == StackStatus.OK]
 
 
 @dataclass(frozen=True)
