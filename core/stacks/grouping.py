@@ -56,27 +56,33 @@ def _count(node: TreeNode, rank: int) -> None:
 
 
 def other_thread_groups(report: StackReport) -> list[ThreadGroup]:
-    """Non-main threads grouped across ranks by (thread name, stack), the odd ones first: a
-    thread some dumped ranks lack, or a stack the threads of its name have in fewer ranks than
-    in the rest (against a clear majority, as the main threads' groups)."""
-    by_key: dict[tuple, tuple[str, tuple, list[int]]] = {}
+    """Non-main threads grouped across ranks by (thread name, stack), the odd ones first: a stack
+    the threads of its name have in fewer ranks than another (against a clear majority, as the
+    main threads' groups), or a thread some dumped ranks lack."""
+    by_key: dict[tuple, tuple[tuple, list[int]]] = {}  # (name, stack): (frames, ranks)
     for s in _dumped(report):
         for t in s.others:
-            ranks = by_key.setdefault((t.name, t.key), (t.name, t.frames, []))[2]
+            ranks = by_key.setdefault((t.name, t.key), (t.frames, []))[1]
             if s.rank not in ranks:
                 ranks.append(s.rank)
     dumped = {s.rank for s in _dumped(report)}
-    by_name: dict[str, list[tuple[str, tuple, list[int]]]] = {}
-    for entry in by_key.values():
-        by_name.setdefault(entry[0], []).append(entry)
-    groups = []
-    for name, entries in by_name.items():
-        sizes = sorted((len(ranks) for _, _, ranks in entries), reverse=True)
-        clear = len(sizes) > 1 and sizes[0] > sizes[1]
-        missing = tuple(sorted(dumped - {r for _, _, ranks in entries for r in ranks}))
-        groups += [ThreadGroup(name, frames, tuple(ranks), clear and len(ranks) < sizes[0], missing)
-                   for _, frames, ranks in entries]
-    return sorted(groups, key=lambda g: (not g.odd, g.ranks[0], g.name))
+    by_name: dict[str, list[tuple[tuple, list[int]]]] = {}
+    for (name, _), entry in by_key.items():
+        by_name.setdefault(name, []).append(entry)
+    groups = [g for name, entries in by_name.items() for g in _of_one_name(name, entries, dumped)]
+    # A thread stopped elsewhere first, then one some ranks lack (rank 0's own logger threads
+    # are common), then the rest; by rank within each.
+    return sorted(groups, key=lambda g: (not g.minority, not g.odd, g.ranks[0], g.name))
+
+
+def _of_one_name(name: str, entries: list[tuple[tuple, list[int]]], dumped: set[int]) -> list[ThreadGroup]:
+    """The groups of the threads named `name`, (frames, ranks) each: odd as the main threads'
+    groups are, and each saying which dumped ranks have no thread of that name."""
+    sizes = sorted((len(ranks) for _, ranks in entries), reverse=True)
+    clear = len(sizes) > 1 and sizes[0] > sizes[1]
+    missing = tuple(sorted(dumped - {r for _, ranks in entries for r in ranks}))
+    return [ThreadGroup(name, frames, tuple(ranks), clear and len(ranks) < sizes[0], missing)
+            for frames, ranks in entries]
 
 
 def thread_tree(report: StackReport, name: str) -> TreeNode:
