@@ -271,6 +271,8 @@ class StacksScreen(Screen):
     @staticmethod
     def _append_frames(body: Text, frames: tuple[stacks.Frame, ...]) -> None:
         """The frames, outermost first, the innermost (where it waits) in bold."""
+        if not frames:
+            body.append("  (no Python frames)\n", style="dim")
         for f in frames:
             body.append(f"  {clean(f.name)}", style="bold" if f is frames[-1] else "")
             body.append(f" ({clean(f.where)})\n" if f.where else "\n", style="dim")
@@ -282,7 +284,7 @@ class StacksScreen(Screen):
             if g.odd:  # (also in the title, which 80 columns cut after the thread's name)
                 body.append(f"{self._why_odd(g, groups)}\n", style="bold")
             self._append_frames(body, g.frames)
-            w = GroupBox(body or Text("(no Python frames)"), min(g.ranks), odd=g.odd, classes="stack-group thread")
+            w = GroupBox(body, min(g.ranks), odd=g.odd, classes="stack-group thread")
             odd = f" — {g.odd_words}" if g.odd else ""
             w.border_title = Text(f"thread {clean(g.name)!r} — {stacks.rank_list(g.ranks)}{odd}")  # Text: never markup
             widgets.append(w)

@@ -38,8 +38,9 @@ def build_report(stacks: list[RankStack], taken_at: float, elapsed_s: float) -> 
 
 
 def merge_tree(threads: Iterable[tuple[int, ThreadStack]]) -> TreeNode:
-    """The call tree of these (rank, thread)s: each frame with the ranks whose thread passes
-    through it, once each (a rank may have two threads of one name)."""
+    """The call tree of these (rank, thread)s, a rank's threads one after another: each frame
+    with the ranks whose thread passes through it, once each (a rank may have two threads of
+    one name)."""
     tree = TreeNode(None)
     for rank, thread in threads:
         node = tree
@@ -51,7 +52,7 @@ def merge_tree(threads: Iterable[tuple[int, ThreadStack]]) -> TreeNode:
 
 
 def _count(node: TreeNode, rank: int) -> None:
-    if rank not in node.ranks:
+    if not node.ranks or node.ranks[-1] != rank:  # (its threads come together: a look at the last will do)
         node.ranks.append(rank)
 
 
@@ -63,7 +64,7 @@ def other_thread_groups(report: StackReport) -> list[ThreadGroup]:
     for s in _dumped(report):
         for t in s.others:
             ranks = by_key.setdefault((t.name, t.key), (t.frames, []))[1]
-            if s.rank not in ranks:
+            if not ranks or ranks[-1] != s.rank:  # (two threads of one name and stack in a rank)
                 ranks.append(s.rank)
     dumped = {s.rank for s in _dumped(report)}
     by_name: dict[str, list[tuple[tuple, list[int]]]] = {}
