@@ -5,7 +5,8 @@
 After a few steps rank 3's prefetch thread stops delivering and its main thread blocks in
 `load_batch` on the queue; everyone else is left waiting for it in `dist.all_reduce`. Press `D`
 (all ranks) in the TUI, or run `ranktop stacks <run dir>` in another terminal: rank 3 is the odd
-one out. HANG_RANK and HANG_STEP change who hangs and when.
+one out. `t` (`--threads`) shows why: rank 3's prefetch thread, marked and first, is stuck in
+`fetch_from_storage`; enter zooms rank 3's pane. HANG_RANK and HANG_STEP change who hangs and when.
 """
 
 from __future__ import annotations

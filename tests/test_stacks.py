@@ -102,12 +102,13 @@ def test_blocked_ranks_group_and_spinning_rank_is_odd_one_out(tmp_path):
         # The merged tree forks at the first frame that differs (<module> calls from two lines).
         assert report.tree.ranks == [0, 1, 2]
         assert sorted(tuple(c.ranks) for c in report.tree.children) == [(0, 1), (2,)]
-        # Other threads are kept: the lock holder in ranks 0 and 1.
-        assert [(name, ranks) for name, _, ranks in stacks.other_thread_groups(report)] == [("holder", [0, 1])]
+        # Other threads are kept: the lock holder in ranks 0 and 1, which the spinner lacks.
+        assert [(g.name, g.ranks, g.odd_words) for g in stacks.other_thread_groups(report)] == [
+            ("holder", (0, 1), "not in rank 2")]
 
         text = stacks.format_report(report, threads=True)
         assert "rank 2 (1)  <-- ODD ONE OUT" in text and "odd one out: rank 2" in text
-        assert "thread 'holder' in ranks 0-1" in text
+        assert "thread 'holder' in ranks 0-1  <-- not in rank 2" in text
         # Saved under the run dir, with an event.
         assert report.saved_txt.startswith(os.path.join(agent.run_dir, "stacks"))
         assert os.path.exists(report.saved_txt) and os.path.exists(report.saved_json)
@@ -494,3 +495,56 @@ def test_a_rank_waiting_for_input_says_so_among_its_facts(tmp_path):
         wait_for(lambda: agent.snapshot().ranks[0].input_prompt, what="the rank at its prompt")
         (rank,) = stacks.dump_agent_stacks(agent, save=False).ranks
         assert rank.status == StackStatus.OK and "waits for input at Continue?" in stacks.rank_facts(rank)
+
+
+STUCK_PREFETCH = str(ROOT / "tests" / "ranks" / "stuck_prefetch.py")
+
+
+def stuck_prefetch_agent(tmp_path, **kw) -> LocalAgent:
+    """Three ranks of tests/ranks/stuck_prefetch.py: rank 2's prefetch thread is the culprit."""
+    return make_agent(tmp_path, n=3, args=("-u", STUCK_PREFETCH), **kw)
+
+
+def test_other_threads_stopped_elsewhere_or_missing_are_odd_and_listed_first(tmp_path):
+    """The other threads were listed by rank, none marked: the prefetch thread stuck in rank 2's
+    storage read (the culprit: rank 2's main thread only waits for it) came after the ranks that
+    were fine; and `ranktop stacks` listed the odd main-thread group after the majority, where the
+    TUI lists it first."""
+    with Running(stuck_prefetch_agent(tmp_path)) as agent:
+        wait_ready(agent, 3)
+        report = stacks.dump_agent_stacks(agent)
+        assert report.odd_ranks == [2] and [g.ranks for g in report.groups_odd_first] == [(2,), (0, 1)]
+        groups = stacks.other_thread_groups(report)
+        assert [(g.name, g.ranks, g.odd_words) for g in groups] == [
+            ("prefetch", (2,), "ODD ONE OUT"),  # stopped elsewhere than in the others
+            ("writer", (0, 1), "not in rank 2"),  # a thread some ranks lack
+            ("prefetch", (0, 1), ""),
+        ]
+        assert "fetch_from_storage" in [f.name for f in groups[0].frames] and not groups[0].missing
+        assert any(f.name.endswith("put") for f in groups[2].frames)  # the others' wait on a full queue
+        # The prefetch threads' call tree forks where rank 2's went elsewhere.
+        tree = stacks.thread_tree(report, "prefetch")
+        assert tree.ranks == [0, 1, 2]
+        forks = _fork(tree)
+        assert sorted(tuple(c.ranks) for c in forks) == [(0, 1), (2,)]
+
+        cli = run_ranktop("stacks", "--threads", "--no-save", agent.run_dir, timeout=30)
+        assert cli.returncode == 0, cli.stderr
+        out = cli.stdout
+        # The odd one out first, in the main threads' groups and the other threads alike.
+        assert out.index("== rank 2 (1)  <-- ODD ONE OUT") < out.index("== ranks 0-1 (2)"), out
+        threads = out[out.index("other threads:"):].splitlines()
+        assert [line for line in threads if line.startswith("--")] == [
+            "-- thread 'prefetch' in rank 2  <-- ODD ONE OUT",
+            "-- thread 'writer' in ranks 0-1  <-- not in rank 2",
+            "-- thread 'prefetch' in ranks 0-1",
+        ]
+        with open(report.saved_txt) as f:  # the saved .txt is the same view
+            assert "-- thread 'prefetch' in rank 2  <-- ODD ONE OUT" in f.read()
+
+
+def _fork(node: stacks.TreeNode) -> list[stacks.TreeNode]:
+    """The children where the tree first branches."""
+    while len(node.children) == 1:
+        node = node.children[0]
+    return node.children

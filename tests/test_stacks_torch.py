@@ -72,6 +72,8 @@ def test_hung_allreduce_names_rank_3_everywhere(tmp_path):
             cli = await asyncio.to_thread(run_ranktop, "stacks", agent.run_dir, timeout=TIMEOUT)
             assert cli.returncode == 0, cli.stderr
             assert "odd one out: rank 3" in cli.stdout and "== rank 3 (1)  <-- ODD ONE OUT" in cli.stdout
+            # listed first, as the TUI lists it (it came after the majority)
+            assert cli.stdout.index("== rank 3 (1)") < cli.stdout.index("== ranks 0-2 (3)")
             assert "all_reduce (torch/distributed/distributed_c10d.py" in cli.stdout
 
             # The TUI: D dumps every rank; the odd group is highlighted, the tree has the frames.
@@ -83,18 +85,16 @@ def test_hung_allreduce_names_rank_3_everywhere(tmp_path):
             assert len(odd_widgets) == 1 and odd_widgets[0].border_title == "rank 3 — ODD ONE OUT"
             # first, above the majority: at 80x24 it was below the fold
             assert [w.border_title for w in screen.query(".stack-group")] == ["rank 3 — ODD ONE OUT", "ranks 0-2"]
-            labels = []
-            stack = [screen.query_one("#stacks-tree").root]
-            while stack:
-                node = stack.pop()
-                labels.append(str(node.label))
-                stack.extend(node.children)
+            labels = [str(node.label) for node in _nodes(screen.query_one("#stacks-tree"))]
             assert any("all_reduce" in label and "[ranks 0-2]" in label for label in labels)
             assert any("load_batch" in label and "[rank 3]" in label for label in labels)
             await pilot.press("t")  # other threads: the prefetch thread, stuck in rank 3's storage read
             await _until(lambda: screen.query(".stack-group.thread"), "the thread view")
-            titles = [w.border_title for w in screen.query(".stack-group.thread")]
-            assert "thread 'prefetch' — rank 3" in titles
+            titles = [str(w.border_title) for w in screen.query(".stack-group.thread")]
+            assert titles == ["thread 'prefetch' — rank 3 — ODD ONE OUT", "thread 'prefetch' — ranks 0-2"]
+            tree = screen.query_one("#stacks-tree")  # the selected thread's, forking at rank 3's storage read
+            assert str(tree.root.label) == "thread 'prefetch': ranks 0-3"
+            assert any(str(node.label).startswith("[rank 3] fetch_from_storage") for node in _nodes(tree))
             # The fallback without ptrace: u sends SIGUSR1; faulthandler's dumps give the same verdict.
             py_spy_report = screen.report
             await pilot.press("u")
@@ -103,8 +103,9 @@ def test_hung_allreduce_names_rank_3_everywhere(tmp_path):
             assert fallback.odd_ranks == [3], stacks.format_report(fallback)
             assert "all_reduce" in [f.name for f in fallback.groups[0].frames]
             assert all(s.main.active is None for s in fallback.ranks)  # faulthandler cannot tell
-            await pilot.press("escape")
+            await pilot.press("enter")  # the odd group's rank, zoomed
             await _until(lambda: not isinstance(app.screen, StacksScreen), "the stacks screen to close")
+            assert app.main.zoomed and app.main.current == 3
             # Leaving the context unmounts the app, which stops the ranks.
 
     asyncio.run(scenario())
@@ -116,3 +117,13 @@ def test_hung_allreduce_names_rank_3_everywhere(tmp_path):
     assert len(dumps) >= 3 and all(d["odd_ranks"] == [3] for d in dumps)
     assert {d["source"] for d in dumps} == {"agent", "cli", "signal"}
     assert len(os.listdir(os.path.join(agent.run_dir, "stacks"))) == 2 * len(dumps)
+
+
+def _nodes(tree) -> list:
+    """Every node of a Textual Tree, its root first."""
+    out, stack = [], [tree.root]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children)
+    return out

@@ -41,6 +41,7 @@ from ranktop.tui.panes import (
 from ranktop.tui.screens import SIDEWAYS, ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
 from ranktop.tui.stacks_view import CallTree, StackGroups, StacksScreen
 from rich.cells import cell_len
+from test_stacks import stuck_prefetch_agent
 from test_tui_app import TICKER, notes, palette_top, rank, ticker_agent
 from test_tui_fake import drive as drive_fake
 from test_tui_tmux import DEEP, Terminal
@@ -1043,3 +1044,78 @@ def test_the_stack_view_shares_a_narrow_terminal_between_groups_and_tree(tmp_pat
         assert any("call tree" in row[tree.region.x:] for row in rows)  # its title, on screen
 
     drive(app, body, size=size)
+
+
+def _tree_labels(tree: CallTree) -> list:
+    """Every label of the call tree (rich Text), the root's first."""
+    out, nodes = [], [tree.root]
+    while nodes:
+        node = nodes.pop(0)
+        out.append(node.label)
+        nodes.extend(node.children)
+    return out
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_the_stack_view_leads_from_the_odd_thread_to_its_ranks_output(tmp_path):
+    """Rank 2's prefetch thread is stuck (its main thread only waits for it). After `t` the
+    threads were listed by rank, none marked, the call tree still the main threads'; and no key
+    went from a group to its rank's output. Now the odd thread is marked and first, the tree is
+    the selected thread's, and enter zooms the selected group's first rank."""
+    app = RanktopApp(LocalEngine(stuck_prefetch_agent(tmp_path, stall_timeout=60.0)))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: all(b"ready" in b"".join(app.engine.agent.output(r)) for r in range(3)),
+                    what="the ranks waiting")
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
+                    what="stack report")
+        screen = app.screen
+        box, tree = screen.query_one(StackGroups), screen.query_one(CallTree)
+
+        def titles() -> list[str]:
+            return [str(w.border_title) for w in box.children]
+
+        def shown() -> str:
+            return " ".join(screen_rows(app))
+
+        await until(pilot, lambda: "enter: rank 2's output" in shown(), what="the selected group's bottom border")
+        assert titles() == ["rank 2 — ODD ONE OUT", "ranks 0-1"] and str(tree.root.label) == "ranks 0-2"
+        assert [w.has_class("selected") for w in box.children] == [True, False]
+        await pilot.press("t")
+        await until(pilot, lambda: titles() and titles()[0].startswith("thread"), what="the other threads")
+        assert titles() == ["thread 'prefetch' — rank 2 — ODD ONE OUT", "thread 'writer' — ranks 0-1 — not in rank 2",
+                            "thread 'prefetch' — ranks 0-1"]
+        assert [w.has_class("odd") for w in box.children] == [True, True, False]
+        # (80 columns cut the title after the thread's name): its first line, which wraps
+        assert box.children[0].content.plain.startswith("ODD ONE OUT: ranks 0-1 are elsewhere\n")
+        assert box.children[1].content.plain.startswith("not in rank 2\n")
+        # The call tree is the selected thread's, in every rank: it forks where rank 2's went.
+        labels = _tree_labels(tree)
+        assert str(labels[0]) == "thread 'prefetch': ranks 0-2"
+        (stuck,) = [label for label in labels if "fetch_from_storage" in str(label)]
+        assert str(stuck).startswith("[rank 2] ") and stuck.style == "bold red"
+        assert any(str(label).startswith("[ranks 0-1] Queue.put") for label in labels)
+        await pilot.click(box.children[1], offset=(2, 1))  # (its top, below the first group)
+        await until(pilot, lambda: str(tree.root.label) == "thread 'writer': ranks 0-1", what="the tree follows")
+        assert [w.has_class("selected") for w in box.children] == [False, True, False]
+        await pilot.press("down", "up", "up")
+        await until(pilot, lambda: str(tree.root.label).startswith("thread 'prefetch': ranks 0-2"), what="up, down")
+        assert [w.has_class("selected") for w in box.children] == [True, False, False]
+        await pilot.press("tab", "enter")  # in the tree enter folds a frame, as before
+        assert app.screen is screen and not tree.cursor_node.is_expanded
+        await pilot.press("shift+tab", "enter")
+        await until(pilot, lambda: app.screen is app.main, what="back on the grid")
+        main = app.main
+        assert main.zoomed and main.current == 2 and app.focused is main.pane(2).log
+        # From the main threads' view too, a group of several: its first rank.
+        await pilot.press("escape", "D")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
+                    what="stack report")
+        box = app.screen.query_one(StackGroups)
+        await until(pilot, lambda: box.children and box.children[0].has_class("selected"), what="the first selected")
+        await pilot.press("end", "enter")
+        await until(pilot, lambda: app.screen is app.main, what="back on the grid")
+        assert main.zoomed and main.current == 0
+
+    drive(app, body, size=(80, 24))

@@ -120,7 +120,9 @@ def test_stack_view_shows_hostile_file_and_thread_names_safely(tmp_path):
             for text, styles in texts:
                 assert_safe(text, styles)
             shown = "".join(text for text, _ in texts)
-            assert "wait_here" in shown and ("w.py" in shown or show_threads)
+            # the other threads' view: the call tree is the selected thread's, titled with its name
+            assert ("Thread.run" in shown and "thread 't" in shown) if show_threads else (
+                "wait_here" in shown and "w.py" in shown)
             assert show_threads or re.search(r"child \d+", shown), shown  # the child named (its name cleaned away)
             titles = [str(widget.border_title or "") for widget in screen.query(".stack-group")]
             assert not any(_CONTROL.findall(title) or PAYLOAD in title for title in titles), titles

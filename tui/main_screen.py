@@ -369,6 +369,22 @@ class MainScreen(Screen):
                 return snap.local_rank
         return rank if not self.last.ranks and 0 <= rank < self.n else None
 
+    def shows_rank(self, rank: int) -> bool:
+        """Whether this node has a pane for global rank `rank`."""
+        return self._local_of(rank) is not None
+
+    def zoom_to_rank(self, rank: int) -> None:
+        """Focus global rank `rank`'s pane and zoom it (esc: back to the grid): the stack view's
+        enter on a group of ranks, from the odd one out to its output."""
+        local = self._local_of(rank)
+        if local is None:
+            return
+        self.focus_rank(local)
+        if not self.zoomed:
+            self.zoomed = True
+            self.relayout()
+            self.pane(local).log.focus()
+
     def _goto_pending(self) -> bool:
         """`g` was pressed but its input has no focus yet (focus moves a moment later): keys typed
         fast after it (g 2 3 enter) are meant for it, not for the grid."""

@@ -16,11 +16,13 @@ from ranktop.core.sanitize import clean
 from ranktop.core.stacks import StackReport, TreeNode
 from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, can_act
 from rich.text import Text
-from textual import work
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.dom import DOMNode
+from textual.events import Click
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Static, Tree
 from textual.widgets.tree import TreeNode as UITreeNode
@@ -51,18 +53,74 @@ class CallTree(Tree):
 
 
 class StackGroups(VerticalScroll):
-    """The groups of ranks with the same stack, the odd one out first. Their lines wrap, so the
-    sideways keys a VerticalScroll has skip to the view, which scrolls the call tree."""
+    """The groups of ranks with the same stack, the odd one out first, one of them selected:
+    enter shows its first rank's output, and in the other threads' view the call tree is its
+    thread's. Their lines wrap, so the sideways keys a VerticalScroll has skip to the view,
+    which scrolls the call tree."""
 
     BINDINGS = [
-        Binding("up", "scroll_up", "Scroll the groups", show=False),
-        Binding("down", "scroll_down", "Scroll the groups", show=False),
+        Binding("up", "select(-1)", "Select the previous / next group", show=False),
+        Binding("down", "select(1)", "Select the previous / next group", show=False),
+        Binding("home", "select_end(False)", "Select the first / last group", show=False),
+        Binding("end", "select_end(True)", "Select the first / last group", show=False),
         Binding("pageup", "page_up", "A page up / down", show=False),
         Binding("pagedown", "page_down", "A page up / down", show=False),
-        Binding("home", "scroll_home", "Top / bottom", show=False),
-        Binding("end", "scroll_end", "Top / bottom", show=False),
     ]
     SIDEWAYS = ("scroll_left", "scroll_right", "page_left", "page_right")  # inherited: left out of the help
+
+    class Selected(Message):
+        """Another group was selected (keys or a click)."""
+
+    selected = 0  # the index of the selected group among the children
+
+    def action_select(self, step: int) -> None:
+        self.select(self.selected + step)
+
+    def action_select_end(self, last: bool) -> None:
+        self.select(len(self.children) - 1 if last else 0)
+
+    def select(self, index: int, *, announce: bool = True) -> None:
+        """Select the group at `index` (kept within the groups) and bring it into sight."""
+        if not self.children:
+            return
+        before, self.selected = self.selected, max(0, min(len(self.children) - 1, index))
+        self._mark()
+        self.scroll_to_widget(self.children[self.selected], animate=False)
+        if announce and before != self.selected:
+            self.post_message(self.Selected())
+
+    def _mark(self) -> None:
+        """The selected group's border is double (NO_COLOR too), and, while enter is the groups'
+        (they have the focus), its bottom border says where enter goes."""
+        for i, group in enumerate(self.children):
+            group.set_class(i == self.selected, "selected")
+            if isinstance(group, GroupBox):
+                group.border_subtitle = group.hint if i == self.selected and self.has_focus else ""
+
+    def on_focus(self) -> None:
+        self._mark()
+
+    def on_blur(self) -> None:
+        self._mark()
+
+    def on_click(self, event: Click) -> None:
+        widget = event.widget
+        while widget is not None and widget.parent is not self:
+            widget = widget.parent
+        if widget is not None:
+            self.select(self.children.index(widget))
+
+
+class GroupBox(Static):
+    """One group of ranks (or of threads) with the same stack; `first_rank` is where enter goes."""
+
+    def __init__(self, body: Text, first_rank: int, *, odd: bool, classes: str = "stack-group") -> None:
+        super().__init__(body, classes=f"{classes} odd" if odd else classes)
+        self.first_rank = first_rank
+
+    @property
+    def hint(self) -> str:
+        return f"enter: {stacks.rank_list([self.first_rank])}'s output"
 
 
 # The groups box's title: which threads it shows (t switches), and what t shows instead.
@@ -83,6 +141,9 @@ class StacksScreen(Screen):
         Binding("t", "show_threads(False)", "Main threads"),
         Binding("t", "show_threads(True)", "Other threads"),
         Binding("g", "dump", "Dump again"),
+        # Out of the footer (at 80 columns it pushed `? Help` out): the selected group's bottom
+        # border says it. The call tree's own enter, with the focus there, folds a frame.
+        Binding("enter", "to_rank", "Zoom the selected group's first rank in the grid", show=False),
         # n as t, but out of the footer (at 80 columns it pushed `? Help` out): the tree's title
         # says what n does next. C frames take py-spy about a second a rank.
         Binding("n", "native_frames(True)", "C frames", show=False),
@@ -105,6 +166,7 @@ class StacksScreen(Screen):
         self.report: StackReport | None = None
         self.show_threads = False
         self.native_frames = False  # n: py-spy --native, the C/C++ frames under the Python ones
+        self._thread_groups: list[stacks.ThreadGroup] = []  # the other threads' view's groups, as listed
         # A final view (its engine gone) has no rank to dump: it shows the last dump saved during
         # the run, so g and n, which would dump again, are not offered.
         self.redumps = getattr(engine, "redumps", True)
@@ -173,7 +235,7 @@ class StacksScreen(Screen):
             summary.append(f"   {clean(report.save_error)}", style="yellow")
         self.query_one("#stacks-summary", Static).update(summary)
         self._render_groups()
-        self._render_tree(report)
+        self._render_tree()
         self._render_problems(report)
         self.refresh_bindings()  # (a final view offers t once there is a dump to show)
 
@@ -184,46 +246,82 @@ class StacksScreen(Screen):
         if self.report is None:
             return
         if self.show_threads:
-            box.mount_all(self._thread_widgets(self.report))
+            self._thread_groups = stacks.other_thread_groups(self.report)
+            box.mount_all(self._thread_widgets(self._thread_groups))
         else:
             box.mount_all(self._group_widgets(self.report))
+        box.selected = 0  # the odd one out, first
+        box.call_after_refresh(box.select, 0, announce=False)
 
     def _group_widgets(self, report: StackReport) -> list[Static]:
         by_rank = {s.rank: s for s in report.ranks}
-        widgets = []
-        for g in sorted(report.groups, key=lambda g: not g.odd):  # the odd one out first (below the fold at 80x24)
+        widgets: list[Static] = []
+        for g in report.groups_odd_first:  # the odd one out first (below the fold at 80x24)
             body = Text()
             for r in g.ranks:
                 body.append(f"{stacks.rank_list([r])}: {clean(stacks.rank_facts(by_rank[r]))}\n", style="dim")  # (its children's names)
-            for f in g.frames:
-                body.append(f"  {clean(f.name)}", style="bold" if f is g.frames[-1] else "")
-                body.append(f" ({clean(f.where)})\n" if f.where else "\n", style="dim")
-            w = Static(body, classes="stack-group odd" if g.odd else "stack-group")
+            self._append_frames(body, g.frames)
+            w = GroupBox(body, min(g.ranks), odd=g.odd)
             w.border_title = stacks.rank_list(g.ranks) + (" — ODD ONE OUT" if g.odd else "")
             widgets.append(w)
         if not widgets:
             widgets.append(Static(Text("no Python stacks (see below)"), classes="stack-group"))
         return widgets
 
-    def _thread_widgets(self, report: StackReport) -> list[Static]:
-        widgets = []
-        for name, frames, ranks in stacks.other_thread_groups(report):
+    @staticmethod
+    def _append_frames(body: Text, frames: tuple[stacks.Frame, ...]) -> None:
+        """The frames, outermost first, the innermost (where it waits) in bold."""
+        if not frames:
+            body.append("  (no Python frames)\n", style="dim")
+        for f in frames:
+            body.append(f"  {clean(f.name)}", style="bold" if f is frames[-1] else "")
+            body.append(f" ({clean(f.where)})\n" if f.where else "\n", style="dim")
+
+    def _thread_widgets(self, groups: list[stacks.ThreadGroup]) -> list[Static]:
+        widgets: list[Static] = []
+        for g in groups:  # the odd ones first, as the main threads' odd one out
             body = Text()
-            for f in frames:
-                body.append(f"  {clean(f.name)}")
-                body.append(f" ({clean(f.where)})\n" if f.where else "\n", style="dim")
-            w = Static(body or Text("(no Python frames)"), classes="stack-group thread")
-            w.border_title = Text(f"thread {clean(name)!r} — {stacks.rank_list(ranks)}")  # Text: never markup
+            if g.odd:  # (also in the title, which 80 columns cut after the thread's name)
+                body.append(f"{self._why_odd(g, groups)}\n", style="bold")
+            self._append_frames(body, g.frames)
+            w = GroupBox(body, min(g.ranks), odd=g.odd, classes="stack-group thread")
+            odd = f" — {g.odd_words}" if g.odd else ""
+            w.border_title = Text(f"thread {clean(g.name)!r} — {stacks.rank_list(g.ranks)}{odd}")  # Text: never markup
             widgets.append(w)
         return widgets or [Static(Text("no other threads"), classes="stack-group thread")]
 
-    def _render_tree(self, report: StackReport) -> None:
+    @staticmethod
+    def _why_odd(group: stacks.ThreadGroup, groups: list[stacks.ThreadGroup]) -> str:
+        """'not in rank 3', or 'ODD ONE OUT: ranks 0-2 are elsewhere' (its name's other threads)."""
+        if group.missing:
+            return group.odd_words
+        rest = {r for g in groups if g.name == group.name and g is not group for r in g.ranks} - set(group.ranks)
+        return f"ODD ONE OUT: {stacks.rank_list(rest)} {'are' if len(rest) > 1 else 'is'} elsewhere"
+
+    def _render_tree(self) -> None:
+        """The main threads' merged tree; in the other threads' view, the tree of the selected
+        group's thread, merged across the ranks that have a thread of its name."""
         tree = self.query_one("#stacks-tree", Tree)
         tree.clear()
-        tree.root.set_label(Text(stacks.rank_list(report.tree.ranks)))
-        odd = set(report.odd_ranks)
-        self._add_nodes(tree.root, report.tree, odd)
+        if self.report is None:
+            return
+        thread = self._selected_thread()
+        if thread is None:
+            node, odd, label = self.report.tree, set(self.report.odd_ranks), ""
+        else:
+            node = stacks.thread_tree(self.report, thread.name)
+            odd = {r for g in self._thread_groups if g.name == thread.name and g.minority for r in g.ranks}
+            label = f"thread {clean(thread.name)!r}: "
+        tree.root.set_label(Text(label + stacks.rank_list(node.ranks)))
+        self._add_nodes(tree.root, node, odd)
         tree.root.expand_all()
+
+    def _selected_thread(self) -> stacks.ThreadGroup | None:
+        """The selected group of the other threads' view; None in the main threads' (or with none)."""
+        if not self.show_threads or not self._thread_groups:
+            return None
+        selected = self.query_one(StackGroups).selected
+        return self._thread_groups[min(selected, len(self._thread_groups) - 1)]
 
     def _add_nodes(self, parent: UITreeNode, node: TreeNode, odd: set[int]) -> None:
         for child in node.children:
@@ -232,6 +330,11 @@ class StacksScreen(Screen):
             label = Text(f"[{stacks.rank_list(child.ranks)}] ", style="bold red" if is_odd else "cyan")
             label.append(clean(child.frame.label))
             self._add_nodes(parent.add(label, expand=True), child, odd)
+
+    @on(StackGroups.Selected)
+    def _selected(self) -> None:
+        if self.show_threads:  # the tree is the selected thread's
+            self._render_tree()
 
     def _render_problems(self, report: StackReport) -> None:
         box = self.query_one("#stacks-problems", Static)
@@ -268,7 +371,23 @@ class StacksScreen(Screen):
     def action_show_threads(self, other: bool) -> None:
         self.show_threads = other
         self._render_groups()
+        self._render_tree()  # it follows the view: the main threads', or the selected thread's
         self.refresh_bindings()
+
+    async def action_to_rank(self) -> None:
+        """Enter on a group: close the view, and focus and zoom the group's first rank in the
+        grid: from the odd one out to its output in one key."""
+        box = self.query_one(StackGroups)
+        group = box.children[box.selected] if box.children else None
+        if not isinstance(group, GroupBox):
+            self.notify("no group of ranks to go to", severity="warning", timeout=3)
+            return
+        main = self.app.main
+        if main is None or not main.shows_rank(group.first_rank):
+            self.notify(f"{stacks.rank_list([group.first_rank])} has no pane here", severity="warning", timeout=3)
+            return
+        await self.app.pop_screen()
+        main.zoom_to_rank(group.first_rank)
 
     def action_signal(self) -> None:
         """No ptrace needed: SIGUSR1 makes each rank print its stacks; group what they printed."""

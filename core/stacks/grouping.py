@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ranktop.core.stacks.model import Frame, RankStack, StackGroup, StackReport, StackStatus, TreeNode, rank_list
+from ranktop.core.stacks.model import (
+    RankStack,
+    StackGroup,
+    StackReport,
+    StackStatus,
+    ThreadGroup,
+    ThreadStack,
+    TreeNode,
+    rank_list,
+)
 
 
 def build_report(stacks: list[RankStack], taken_at: float, elapsed_s: float) -> StackReport:
@@ -23,25 +33,66 @@ def build_report(stacks: list[RankStack], taken_at: float, elapsed_s: float) -> 
         for members in by_key.values()
     ]
     groups.sort(key=lambda g: (-len(g.ranks), g.ranks))
-    tree = TreeNode(None)
-    for s in stacks:
-        if s.status == StackStatus.OK and s.main is not None:
-            node = tree
-            node.ranks.append(s.rank)
-            for frame in s.main.frames:
-                node = node.child(frame)
-                node.ranks.append(s.rank)
+    tree = merge_tree((s.rank, s.main) for s in stacks if s.status == StackStatus.OK and s.main is not None)
     return StackReport(taken_at, elapsed_s, tuple(stacks), tuple(groups), tree)
 
 
-def other_thread_groups(report: StackReport) -> list[tuple[str, tuple[Frame, ...], list[int]]]:
-    """Non-main threads grouped across ranks by (thread name, stack): [(name, frames, ranks)]."""
-    groups: dict[tuple, tuple[str, tuple[Frame, ...], list[int]]] = {}
-    for s in report.ranks:
+def merge_tree(threads: Iterable[tuple[int, ThreadStack]]) -> TreeNode:
+    """The call tree of these (rank, thread)s, a rank's threads one after another: each frame
+    with the ranks whose thread passes through it, once each (a rank may have two threads of
+    one name)."""
+    tree = TreeNode(None)
+    for rank, thread in threads:
+        node = tree
+        _count(node, rank)
+        for frame in thread.frames:
+            node = node.child(frame)
+            _count(node, rank)
+    return tree
+
+
+def _count(node: TreeNode, rank: int) -> None:
+    if not node.ranks or node.ranks[-1] != rank:  # (its threads come together: a look at the last will do)
+        node.ranks.append(rank)
+
+
+def other_thread_groups(report: StackReport) -> list[ThreadGroup]:
+    """Non-main threads grouped across ranks by (thread name, stack), the odd ones first: a stack
+    the threads of its name have in fewer ranks than another (against a clear majority, as the
+    main threads' groups), or a thread some dumped ranks lack."""
+    by_key: dict[tuple, tuple[tuple, list[int]]] = {}  # (name, stack): (frames, ranks)
+    for s in _dumped(report):
         for t in s.others:
-            entry = groups.setdefault((t.name, t.key), (t.name, t.frames, []))
-            entry[2].append(s.rank)
-    return sorted(groups.values(), key=lambda g: (g[2][0], g[0]))
+            ranks = by_key.setdefault((t.name, t.key), (t.frames, []))[1]
+            if not ranks or ranks[-1] != s.rank:  # (two threads of one name and stack in a rank)
+                ranks.append(s.rank)
+    dumped = {s.rank for s in _dumped(report)}
+    by_name: dict[str, list[tuple[tuple, list[int]]]] = {}
+    for (name, _), entry in by_key.items():
+        by_name.setdefault(name, []).append(entry)
+    groups = [g for name, entries in by_name.items() for g in _of_one_name(name, entries, dumped)]
+    # A thread stopped elsewhere first, then one some ranks lack (rank 0's own logger threads
+    # are common), then the rest; by rank within each.
+    return sorted(groups, key=lambda g: (not g.minority, not g.odd, g.ranks[0], g.name))
+
+
+def _of_one_name(name: str, entries: list[tuple[tuple, list[int]]], dumped: set[int]) -> list[ThreadGroup]:
+    """The groups of the threads named `name`, (frames, ranks) each: odd as the main threads'
+    groups are, and each saying which dumped ranks have no thread of that name."""
+    sizes = sorted((len(ranks) for _, ranks in entries), reverse=True)
+    clear = len(sizes) > 1 and sizes[0] > sizes[1]
+    missing = tuple(sorted(dumped - {r for _, ranks in entries for r in ranks}))
+    return [ThreadGroup(name, frames, tuple(ranks), clear and len(ranks) < sizes[0], missing)
+            for frames, ranks in entries]
+
+
+def thread_tree(report: StackReport, name: str) -> TreeNode:
+    """The call tree of the threads named `name` in every rank: where the odd one forks off."""
+    return merge_tree((s.rank, t) for s in _dumped(report) for t in s.others if t.name == name)
+
+
+def _dumped(report: StackReport) -> list[RankStack]:
+    return [s for s in report.ranks if s.status == StackStatus.OK]
 
 
 @dataclass(frozen=True)

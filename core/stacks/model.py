@@ -111,6 +111,30 @@ class StackGroup:
     active: tuple[int, ...] = ()  # ranks whose main thread was on CPU
 
 
+@dataclass(frozen=True)
+class ThreadGroup:
+    """Threads other than the main one with the same name and the identical stack, across ranks."""
+
+    name: str
+    frames: tuple[Frame, ...]
+    ranks: tuple[int, ...]
+    minority: bool  # the threads of this name are elsewhere in most ranks: this stack stands out
+    missing: tuple[int, ...] = ()  # ranks dumped that have no thread of this name at all
+
+    @property
+    def odd(self) -> bool:
+        """Look here first: a thread some ranks lack, or one stopped where the rest are not."""
+        return self.minority or bool(self.missing)
+
+    @property
+    def odd_words(self) -> str:
+        """What makes it odd, for a title: 'not in rank 3' (the ranks that lack it say most),
+        else 'ODD ONE OUT' as for the main threads; '' when it is not."""
+        if self.missing:
+            return f"not in {rank_list(self.missing)}"
+        return "ODD ONE OUT" if self.minority else ""
+
+
 @dataclass
 class TreeNode:
     """The merged call tree: each frame with the ranks whose main thread passes through it."""
@@ -140,6 +164,12 @@ class StackReport:
     saved_json: str | None = None
     save_error: str | None = None  # why the dump was not saved where it should have been
     native_frames: bool = False  # C/C++ frames included (py-spy --native)
+
+    @property
+    def groups_odd_first(self) -> tuple[StackGroup, ...]:
+        """The groups as the TUI and `ranktop stacks` list them: the odd one out first (at 80x24
+        it was below the fold), then the rest largest first."""
+        return tuple(sorted(self.groups, key=lambda g: not g.odd))
 
     @property
     def odd_ranks(self) -> list[int]:

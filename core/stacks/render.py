@@ -44,7 +44,8 @@ def _gil_holder(s: RankStack) -> str | None:
 
 
 def format_report(report: StackReport, *, threads: bool = False) -> str:
-    """The grouped view: groups (odd ones marked), the merged tree, per-rank problems."""
+    """The grouped view: groups (odd ones marked and first, as the TUI lists them), the merged
+    tree, per-rank problems; with `threads`, the other threads (odd ones marked and first)."""
     when = datetime.datetime.fromtimestamp(report.taken_at).strftime("%H:%M:%S")
     with_c = ", with C frames" if report.native_frames else ""
     out = [f"stacks at {when} ({report.elapsed_s:.2f}s{with_c}): {report.summary()}"]
@@ -53,7 +54,7 @@ def format_report(report: StackReport, *, threads: bool = False) -> str:
     elif report.save_error:
         out.append(report.save_error)
     by_rank = {s.rank: s for s in report.ranks}
-    for g in report.groups:
+    for g in report.groups_odd_first:
         mark = "  <-- ODD ONE OUT" if g.odd else ""
         out += ["", f"== {rank_list(g.ranks)} ({len(g.ranks)}){mark}"]
         out += [f"   {rank_list([r])}: {rank_facts(by_rank[r])}" for r in g.ranks if len(g.ranks) <= 8]
@@ -89,7 +90,8 @@ def _thread_lines(report: StackReport) -> list[str]:
     if not groups:
         return ["", "other threads: none"]
     out = ["", "other threads:"]
-    for name, frames, ranks in groups:
-        out.append(f"-- thread {name!r} in {rank_list(ranks)}")
-        out += [f"     {f.label}" for f in frames] or ["     (no Python frames)"]
+    for g in groups:
+        mark = f"  <-- {g.odd_words}" if g.odd else ""
+        out.append(f"-- thread {g.name!r} in {rank_list(g.ranks)}{mark}")
+        out += [f"     {f.label}" for f in g.frames] or ["     (no Python frames)"]
     return out
