@@ -407,6 +407,7 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
             if not answer.get("more") or cursor == before:  # (an engine that says "more" and gives none: no loop)
                 break
     out.flush()
+    unshown.say_totals()  # (a running rank's ring can move on between two answers, too)
     return 0
 
 
