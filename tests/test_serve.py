@@ -2337,6 +2337,42 @@ def test_logs_say_how_many_lines_went_by_unshown_and_where_they_are(tmp_path, ru
         wait_for(lambda: gone(run["pid"]), what="the engine gone")
 
 
+def test_logs_follow_says_how_the_run_ended(tmp_path, runtime):
+    """`logs -f` of a run that failed ended as it does for a run that succeeded, exit 0 and not a
+    word: whoever followed it over SSH learnt nothing of the end. It now says the run's state and
+    exit status on stderr, and where its log files are (its own status stays 0: it printed all)."""
+    failing = "import os, sys, time\nprint('up', flush=True)\ntime.sleep(2)\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n"
+    proc = start_headless(tmp_path, runtime, "fails", failing, name="fail.py")
+    try:
+        wait_for(lambda: ls(runtime), what="the run listed")
+        follow = run_ranktop("logs", "fails", "-f", env=runtime)
+        assert (follow.returncode, follow.stderr) == (
+            0, f"ranktop: fails has ended (failed, exit status 1); its log files are under {tmp_path / 'logs' / 'fails'}\n")
+        assert "[1]:up" in follow.stdout
+        assert proc.wait(30) == 1
+    finally:
+        stop_process(proc)
+
+
+def test_logs_follow_whose_engine_is_killed_says_so_and_exits_1(tmp_path, runtime):
+    """`logs -f` of a run whose engine went away before its end (SIGKILLed) exited 0 without a word,
+    as if the run had ended: like attach, it now says the end is unknown and exits 1."""
+    proc = start_headless(tmp_path, runtime, "lost")
+    try:
+        wait_for(lambda: ls(runtime), what="the run listed")
+        follow = subprocess.Popen(ranktop_cmd("logs", "lost", "-f"), cwd=ROOT, env=runtime, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        assert follow.stdout.readline().startswith("[")  # subscribed
+        proc.kill()  # the engine; its guard then ends the ranks
+        proc.wait(30)
+        _out, err = follow.communicate(timeout=30)
+        assert follow.returncode == 1, err
+        assert err.startswith("ranktop: lost: lost the run's engine before its end (") and err.endswith(
+            f"; its log files are under {tmp_path / 'logs' / 'lost'}\n"), err
+    finally:
+        stop_process(proc)
+
+
 def test_logs_of_an_ended_run_into_a_pipe_closed_early_exits_0(tmp_path, runtime):
     """`ranktop logs RUN | head` of an ended run whose engine has gone: a traceback
     (BrokenPipeError) and exit 1; as for a served run, it stops quietly, exit 0."""

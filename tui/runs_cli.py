@@ -383,9 +383,13 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
     unshown = _Unshown(run, {r["local_rank"]: r["rank"] for r in ranks})
     if follow:  # what the ranks' rings hold, then live, pushed by the engine until the run ends
         conn.subscribe(sorted(prefixes))
+        log_dir = clean(str(run.snapshot.get("log_dir") or "?"))
         try:
             for message, lines in conn.pushed():
-                if message["type"] == "ended":
+                if message["type"] == "ended":  # (over SSH, nothing else would tell how it ended)
+                    unshown.say_totals()
+                    print(clean(f"ranktop: {run.run_id} has ended ({message.get('state')}, exit status "
+                                f"{message.get('exit_status')}); its log files are under {log_dir}"), file=sys.stderr)
                     return 0
                 if events and message["type"] == "event":  # JSON escapes every control character: safe to show
                     out.write(b"[ranktop]:" + json.dumps(message["event"]).encode() + b"\n")
@@ -395,6 +399,10 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
                     out.writelines(_rank_lines(prefix, shown, lines))
                     out.flush()
             return 0  # (not reached: pushes end with "ended", or RunGone when the engine leaves)
+        except RunGone as gone:  # before its "ended": killed, so how the run ended is unknown, as attach says
+            print(clean(f"ranktop: {run.run_id}: lost the run's engine before its end ({gone}); its log files are "
+                        f"under {log_dir}"), file=sys.stderr)
+            return 1
         finally:
             unshown.say_totals()
     for local, prefix in prefixes.items():
