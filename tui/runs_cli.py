@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from ranktop.core import collector
+from ranktop.core import collector, protocol
 from ranktop.core.client import (
     BadFinalFile,
     Connection,
@@ -434,9 +434,11 @@ class _Unshown:
 
     def took(self, head: dict) -> None:
         """Count the hole before the lines of an output answer or push (`rank`: the local rank)."""
-        local, generation, after = head["rank"], head["generation"], head["line"]
+        local, generation, after, count = (head.get(k) for k in ("rank", "generation", "line", "lines"))
+        if not all(protocol.is_whole(n) for n in (generation, after, count)):  # (a push is not checked as an answer is)
+            return
         due_generation, due = self.expected.get(local, (generation, 0))
-        first = after - head["lines"]  # (a new generation, a restart, starts over from its line 0)
+        first = after - count  # (a new generation, a restart, starts over from its line 0)
         hole = first - (due if due_generation == generation else 0)
         self.expected[local] = (generation, after)
         if hole > 0:
