@@ -383,28 +383,7 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
     unshown = _Unshown(run, {r["local_rank"]: r["rank"] for r in ranks})
     if follow:  # what the ranks' rings hold, then live, pushed by the engine until the run ends
         conn.subscribe(sorted(prefixes))
-        log_dir = clean(str(run.snapshot.get("log_dir") or "?"))
-        try:
-            for message, lines in conn.pushed():
-                if message["type"] == "ended":  # (over SSH, nothing else would tell how it ended)
-                    unshown.say_totals()
-                    print(clean(f"ranktop: {run.run_id} has ended ({message.get('state')}, exit status "
-                                f"{message.get('exit_status')}); its log files are under {log_dir}"), file=sys.stderr)
-                    return 0
-                if events and message["type"] == "event":  # JSON escapes every control character: safe to show
-                    out.write(b"[ranktop]:" + json.dumps(message["event"]).encode() + b"\n")
-                    out.flush()
-                if lines and (prefix := prefixes.get(message.get("rank"))) is not None:  # (a rank it was not asked for)
-                    unshown.took(message)
-                    out.writelines(_rank_lines(prefix, shown, lines))
-                    out.flush()
-            return 0  # (not reached: pushes end with "ended", or RunGone when the engine leaves)
-        except RunGone as gone:  # before its "ended": killed, so how the run ended is unknown, as attach says
-            print(clean(f"ranktop: {run.run_id}: lost the run's engine before its end ({gone}); its log files are "
-                        f"under {log_dir}"), file=sys.stderr)
-            return 1
-        finally:
-            unshown.say_totals()
+        return _follow(conn, run, prefixes, events, unshown)
     for local, prefix in prefixes.items():
         cursor = (-1, 0)
         while True:
@@ -417,6 +396,34 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
     out.flush()
     unshown.say_totals()  # (a running rank's ring can move on between two answers, too)
     return 0
+
+
+def _follow(conn: Connection, run: ServedRun, prefixes: dict[int, bytes], events: bool, unshown: _Unshown) -> int:
+    """`logs -f` once subscribed: each push as it comes, then how the run ended, on stderr (over
+    SSH nothing else would tell), or that its engine was lost before the end, exit 1."""
+    out, shown = sys.stdout.buffer, _shown(sys.stdout.isatty())
+    log_dir = clean(str(run.snapshot.get("log_dir") or "?"))
+    try:
+        for message, lines in conn.pushed():
+            if message["type"] == "ended":
+                unshown.say_totals()
+                print(clean(f"ranktop: {run.run_id} has ended ({message.get('state')}, exit status "
+                            f"{message.get('exit_status')}); its log files are under {log_dir}"), file=sys.stderr)
+                return 0
+            if events and message["type"] == "event":  # JSON escapes every control character: safe to show
+                out.write(b"[ranktop]:" + json.dumps(message["event"]).encode() + b"\n")
+                out.flush()
+            if lines and (prefix := prefixes.get(message.get("rank"))) is not None:  # (a rank it was not asked for)
+                unshown.took(message)
+                out.writelines(_rank_lines(prefix, shown, lines))
+                out.flush()
+        return 0  # (not reached: pushes end with "ended", or RunGone when the engine leaves)
+    except RunGone as gone:  # before its "ended": killed, so how the run ended is unknown, as attach says
+        print(clean(f"ranktop: {run.run_id}: lost the run's engine before its end ({gone}); its log files are "
+                    f"under {log_dir}"), file=sys.stderr)
+        return 1
+    finally:
+        unshown.say_totals()
 
 
 class _Unshown:
