@@ -2291,6 +2291,88 @@ def test_logs_after_a_group_restart_say_where_the_earlier_attempts_are(tmp_path,
                            f"are under {run_dir}\n")
 
 
+BURST = """import os, pathlib, sys, time
+print('up', flush=True)
+while not pathlib.Path(os.environ['GO']).exists():
+    time.sleep(0.05)
+sys.stdout.write(''.join(f'burst {i}\\n' for i in range(200000)))  # far more than the 10k lines a rank's ring keeps
+"""
+
+
+def _left_out(stderr: str, run_dir: Path) -> int:
+    """The lines `logs` said it left out of rank 0, checking each such line names where they all are."""
+    said = re.findall(r"ranktop: burst: (\d+) lines of rank 0 (?:in all )?were not shown: .* all of them are in the "
+                      r"log files under (\S+)\n", stderr)
+    assert all(where == str(run_dir) for _n, where in said), stderr
+    return int(said[-1][0]) if said else 0
+
+
+def test_logs_say_how_many_lines_went_by_unshown_and_where_they_are(tmp_path, runtime):
+    """A rank that printed more than its ring keeps: `logs` printed the newest 10k lines and `logs
+    -f` skipped the lines that went by between two pushes, and neither said a word (80k lines
+    printed, 40k shown, the file taken for the whole log). Both now say how many lines of which
+    rank they left out, and where all of them are."""
+    script = tmp_path / "burst.py"
+    script.write_text(BURST)
+    go = tmp_path / "go"
+    run_dir = tmp_path / "logs" / "burst"
+    done = run_ranktop("--detach", "--linger", "60", "--nproc-per-node", "1", "--run-id", "burst",
+                       "--log-dir", str(tmp_path / "logs"), str(script), env={**runtime, "GO": str(go)})
+    assert done.returncode == 0, done.stderr
+    (run,) = ls(runtime)
+    follow = subprocess.Popen(ranktop_cmd("logs", "burst", "-f"), cwd=ROOT, env=runtime, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert follow.stdout.readline() == "[0]:up\n"  # subscribed
+        go.touch()
+        out, err = follow.communicate(timeout=60)
+        assert follow.returncode == 0 and 1 + out.count("[0]:") + _left_out(err, run_dir) == 200001, err  # (up, then the burst)
+        wait_for(lambda: ls(runtime)[0]["state"] == "succeeded", what="the run's end")
+        logs = run_ranktop("logs", "burst", env=runtime)
+        shown = logs.stdout.count("[0]:")
+        assert logs.returncode == 0 and shown < 200001 and shown + _left_out(logs.stderr, run_dir) == 200001, logs.stderr
+    finally:
+        stop_process(follow)
+        run_ranktop("stop", "burst", env=runtime)
+        wait_for(lambda: gone(run["pid"]), what="the engine gone")
+
+
+def test_logs_follow_says_how_the_run_ended(tmp_path, runtime):
+    """`logs -f` of a run that failed ended as it does for a run that succeeded, exit 0 and not a
+    word: whoever followed it over SSH learnt nothing of the end. It now says the run's state and
+    exit status on stderr, and where its log files are (its own status stays 0: it printed all)."""
+    failing = "import os, sys, time\nprint('up', flush=True)\ntime.sleep(2)\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n"
+    proc = start_headless(tmp_path, runtime, "fails", failing, name="fail.py")
+    try:
+        wait_for(lambda: ls(runtime), what="the run listed")
+        follow = run_ranktop("logs", "fails", "-f", env=runtime)
+        assert (follow.returncode, follow.stderr) == (
+            0, f"ranktop: fails has ended (failed, exit status 1); its log files are under {tmp_path / 'logs' / 'fails'}\n")
+        assert "[1]:up" in follow.stdout
+        assert proc.wait(30) == 1
+    finally:
+        stop_process(proc)
+
+
+def test_logs_follow_whose_engine_is_killed_says_so_and_exits_1(tmp_path, runtime):
+    """`logs -f` of a run whose engine went away before its end (SIGKILLed) exited 0 without a word,
+    as if the run had ended: like attach, it now says the end is unknown and exits 1."""
+    proc = start_headless(tmp_path, runtime, "lost")
+    try:
+        wait_for(lambda: ls(runtime), what="the run listed")
+        follow = subprocess.Popen(ranktop_cmd("logs", "lost", "-f"), cwd=ROOT, env=runtime, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        assert follow.stdout.readline().startswith("[")  # subscribed
+        proc.kill()  # the engine; its guard then ends the ranks
+        proc.wait(30)
+        _out, err = follow.communicate(timeout=30)
+        assert follow.returncode == 1, err
+        assert err.startswith("ranktop: lost: lost the run's engine before its end (") and err.endswith(
+            f"; its log files are under {tmp_path / 'logs' / 'lost'}\n"), err
+    finally:
+        stop_process(proc)
+
+
 def test_logs_of_an_ended_run_into_a_pipe_closed_early_exits_0(tmp_path, runtime):
     """`ranktop logs RUN | head` of an ended run whose engine has gone: a traceback
     (BrokenPipeError) and exit 1; as for a served run, it stops quietly, exit 0."""

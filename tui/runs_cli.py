@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from ranktop.core import collector
+from ranktop.core import collector, protocol
 from ranktop.core.client import (
     BadFinalFile,
     Connection,
@@ -380,25 +380,86 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
         print(clean(f"ranktop: {run.run_id} is on attempt_{attempt}: the output of earlier attempts is in their "
                     f"log files under {run.snapshot.get('log_dir')}"), file=sys.stderr, flush=True)
     out, shown = sys.stdout.buffer, _shown(sys.stdout.isatty())
+    unshown = _Unshown(run, {r["local_rank"]: r["rank"] for r in ranks})
     if follow:  # what the ranks' rings hold, then live, pushed by the engine until the run ends
         conn.subscribe(sorted(prefixes))
-        for message, lines in conn.pushed():
-            if message["type"] == "ended":
-                return 0
-            if events and message["type"] == "event":  # JSON escapes every control character: safe to show
-                out.write(b"[ranktop]:" + json.dumps(message["event"]).encode() + b"\n")
-                out.flush()
-            if lines and (prefix := prefixes.get(message.get("rank"))) is not None:  # (a rank it was not asked for)
-                out.writelines(_rank_lines(prefix, shown, lines))
-                out.flush()
-        return 0  # (not reached: pushes end with "ended", or RunGone when the engine leaves)
+        return _follow(conn, run, prefixes, events, unshown)
     for local, prefix in prefixes.items():
         cursor = (-1, 0)
         while True:
             answer, lines, _open = conn.output(local, *cursor)
             cursor, before = (answer["generation"], answer["line"]), cursor
+            unshown.took({**answer, "rank": local})
             out.writelines(_rank_lines(prefix, shown, lines))
             if not answer.get("more") or cursor == before:  # (an engine that says "more" and gives none: no loop)
                 break
     out.flush()
+    unshown.say_totals()  # (a running rank's ring can move on between two answers, too)
     return 0
+
+
+def _follow(conn: Connection, run: ServedRun, prefixes: dict[int, bytes], events: bool, unshown: _Unshown) -> int:
+    """`logs -f` once subscribed: each push as it comes, then how the run ended, on stderr (over
+    SSH nothing else would tell), or that its engine was lost before the end, exit 1."""
+    out, shown = sys.stdout.buffer, _shown(sys.stdout.isatty())
+    log_dir = clean(str(run.snapshot.get("log_dir") or "?"))
+    try:
+        for message, lines in conn.pushed():
+            if message["type"] == "ended":
+                unshown.say_totals()
+                print(clean(f"ranktop: {run.run_id} has ended ({message.get('state')}, exit status "
+                            f"{message.get('exit_status')}); its log files are under {log_dir}"), file=sys.stderr)
+                return 0
+            if events and message["type"] == "event":  # JSON escapes every control character: safe to show
+                out.write(b"[ranktop]:" + json.dumps(message["event"]).encode() + b"\n")
+                out.flush()
+            if lines and (prefix := prefixes.get(message.get("rank"))) is not None:  # (a rank it was not asked for)
+                unshown.took(message)
+                out.writelines(_rank_lines(prefix, shown, lines))
+                out.flush()
+        return 0  # (not reached: pushes end with "ended", or RunGone when the engine leaves)
+    except RunGone as gone:  # before its "ended": killed, so how the run ended is unknown, as attach says
+        print(clean(f"ranktop: {run.run_id}: lost the run's engine before its end ({gone}); its log files are "
+                    f"under {log_dir}"), file=sys.stderr)
+        return 1
+    finally:
+        unshown.say_totals()
+
+
+class _Unshown:
+    """The lines of each rank that `logs` never got: its ring keeps the newest lines only, so
+    those that went by before logs asked (or between two pushes, under a burst) are gone from it.
+    The printed lines alone cannot show the hole, so stderr says how many and where all of them
+    are: at a rank's first hole, and in all at the end where it had more than one."""
+
+    def __init__(self, run: ServedRun, ranks: dict[int, int]) -> None:
+        self.run_id, self.log_dir = clean(run.run_id), clean(str(run.snapshot.get("log_dir") or "?"))
+        self.ranks = ranks  # {local rank: its rank}
+        self.expected: dict[int, tuple[int, int]] = {}  # {local rank: (generation, the line due next)}
+        self.missed: dict[int, int] = {}
+        self.said: dict[int, int] = {}
+
+    def took(self, head: dict) -> None:
+        """Count the hole before the lines of an output answer or push (`rank`: the local rank)."""
+        local, generation, after, count = (head.get(k) for k in ("rank", "generation", "line", "lines"))
+        if not all(protocol.is_whole(n) for n in (generation, after, count)):  # (a push is not checked as an answer is)
+            return
+        due_generation, due = self.expected.get(local, (generation, 0))
+        first = after - count  # (a new generation, a restart, starts over from its line 0)
+        hole = first - (due if due_generation == generation else 0)
+        self.expected[local] = (generation, after)
+        if hole > 0:
+            self.missed[local] = self.missed.get(local, 0) + hole
+            if local not in self.said:
+                self._say(local, "")
+
+    def say_totals(self) -> None:
+        for local, missed in self.missed.items():
+            if missed > self.said.get(local, 0):
+                self._say(local, "in all ")
+
+    def _say(self, local: int, in_all: str) -> None:
+        self.said[local] = missed = self.missed[local]
+        print(f"ranktop: {self.run_id}: {missed} lines of rank {self.ranks.get(local, local)} {in_all}were not "
+              f"shown: the engine keeps each rank's newest lines only, and these went by before logs took them; "
+              f"all of them are in the log files under {self.log_dir}", file=sys.stderr, flush=True)
