@@ -55,7 +55,7 @@ from ranktop.core.output import ConsoleWriter, binary_console, console_budget, c
 from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
 from ranktop.core.prompts import PROMPT_QUIET, rank_prompt
 from ranktop.core.rendezvous import Rendezvous
-from ranktop.core.root_cause import UserActions, find_root_cause, rank_failed
+from ranktop.core.root_cause import UserActions, after_user, find_root_cause, rank_failed
 from ranktop.core.sanitize import clean, clean_console, quoted
 from ranktop.core.signals import OUTSIDE_STOP_WINDOW, StopAction
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_args, rank_env
@@ -445,7 +445,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         if self._round_end is not None and self._round_end.kind == "peer_failed":
             return self._round_end.message  # this node's ranks were stopped for it: none of them is to blame
         cause = self._find_root_cause()
-        return "failed" if cause is None else rank_failed(cause)
+        return "failed" if cause is None else after_user(cause) + rank_failed(cause)
 
     def _restart_reason(self, result: RunProcsResult) -> str | None:
         if self._stop_requested:
@@ -591,6 +591,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         run = self._run_result(state, result)
         self.events.write("run_finished", state=state.name, exit_status=run.exit_status,
                           root_cause_rank=self.root_cause.rank if self.root_cause else None,
+                          # (the user's action the failure followed: "killed rank 3")
+                          root_cause_after=self.root_cause.user_action_what if self.root_cause else None,
                           user_ended=list(self._user_ended),
                           incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
         return run

@@ -261,3 +261,68 @@ def test_a_group_restart_during_a_failures_shutdown_keeps_the_failure(tmp_path):
         engine.close()
     assert snap.earlier_attempts == ("attempt_0: rank 1 failed (exit 3), then restarted by the user",)
     assert snap.user_restarts == 1
+
+
+# ----- a failure that follows the user's action is said as following it -------------------------
+# Rank 0 serves a TCP connection that rank 1 holds, as a collective's peers do: once rank 1 is
+# gone, rank 0 fails with the peer's loss (gloo's "Connection closed by peer"), on its own.
+PEERS = """
+import os, socket, sys, time
+port = int(os.environ["MASTER_PORT"])
+if os.environ["RANK"] == "0":
+    conn, _ = socket.create_server(("127.0.0.1", port)).accept()
+    print("up", flush=True)
+    if not conn.recv(1):
+        print("RuntimeError: Connection closed by peer", flush=True)
+        sys.exit(1)
+else:
+    for _ in range(500):
+        try:
+            peer = socket.create_connection(("127.0.0.1", port))
+            break
+        except OSError:
+            time.sleep(0.02)
+    print("up", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_failure_after_the_users_kill_says_first_that_it_followed_the_kill(tmp_path):
+    """The user kills rank 1; rank 0 then fails of it. The report led with rank 0's failure and
+    gave the kill as a `note:` above it; the TUI's heading named rank 0 alone. Now the headline,
+    the root-cause line and the TUI's heading say first that the failure came after the kill, and
+    final.json and run_finished say which action (new fields: the old ones are unchanged)."""
+    from ranktop.core.client import FinalEngine, RemoteEngine, served_runs
+    from ranktop.core.spec import free_port
+    from ranktop.tui.screens import root_cause_heading
+
+    script = tmp_path / "peers.py"
+    script.write_text(PEERS)
+    run_dir = tmp_path / "logs" / "kill"
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                                        "--log-dir", str(tmp_path / "logs"), "--run-id", "kill", str(script)),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: all(b"up" in _log(run_dir, r) for r in range(2)), timeout=20, what="both ranks up")
+        assert RemoteEngine(served_runs()[0].path).submit(cmd.KillRank(1)).ok
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err
+    assert "ranktop: peers.py failed after you killed rank 1 (attempt 1 of 1)\n" in err, err
+    assert re.search(r"\n  root cause: after you killed rank 1 at \d\d:\d\d:\d\d, \d+\.\d s before this failure: "
+                     r"rank 0 \(local rank 0, pid \d+\) exited with code 1 at ", err), err
+    assert "note:" not in err
+    final = json.loads((run_dir / "final.json").read_text())["root_cause"]
+    assert (final["rank"], final["user_action_what"]) == (0, "killed rank 1")
+    assert final["user_action_at"] <= final["timestamp"] and final["user_action"].startswith("you killed rank 1 at ")
+    (finished,) = [e for e in read_events(run_dir) if e["event"] == "run_finished"]
+    assert (finished["root_cause_rank"], finished["root_cause_after"]) == (0, "killed rank 1")
+    view = FinalEngine(str(run_dir / "final.json"))
+    try:
+        heading = root_cause_heading(view.snapshot()).plain
+    finally:
+        view.close()
+    assert re.search(r"ROOT CAUSE\s+after you killed rank 1:\s+rank 0 exit code 1 at ", heading), heading
