@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ranktop.core.context import PContext, RunProcsResult
-from ranktop.core.rendezvous import RendezvousFailed, RoundWatch
+from ranktop.core.rendezvous import USER_RESTART, RendezvousFailed, RoundWatch
 from ranktop.core.root_cause import rank_failed
 from ranktop.core.state import GroupState
 
@@ -131,10 +131,22 @@ class AgentRendezvous:
             return False
         return not self._own_failure()
 
-    def _peers_joined(self) -> bool:
+    def _peers_word(self) -> str | None:
         """This node's ranks failed: was it because another node stopped its own for newcomers
-        (restart free), or a real failure (every node spends a restart: they all agree on it)?"""
-        return self.rendezvous is not None and self.rendezvous.agree_on_end("failure") == "nodes_joined"
+        ("nodes_joined", restart free) or for its user's `R` (USER_RESTART), or a real failure
+        ("failure": every node spends a restart)? The nodes agree on it; None without a rendezvous."""
+        return self.rendezvous.agree_on_end("failure") if self.rendezvous is not None else None
+
+    def _peer_restarted(self) -> bool:
+        """Another node's user restarted the group (`R`): this node starts the next attempt too."""
+        return self._round_end is not None and self._round_end.kind == "peer_restart"
+
+    def _say_restart_group(self) -> None:
+        """The user's `R` in a multi-node run: the other nodes learn that it was one, so that each
+        starts the next attempt as this one does (TORCHELASTIC_RESTART_COUNT the same on every node),
+        spending no restart; their ranks breaking meanwhile is no failure."""
+        if self.rendezvous is not None:
+            self.rendezvous.agree_on_end(USER_RESTART)
 
     def _leave_rendezvous(self, state: GroupState) -> None:
         """Success: wait at the exit barrier, then close. Giving up: tell the others, close. A stop

@@ -11,6 +11,8 @@
     fail R          global rank R exits 3; the others wait until stopped
     kill R          global rank R dies by SIGKILL; the others wait until stopped
     until-file P    waits until file P exists, then exits 0
+    busy-until-file P  all_reduces over and over (prints BUSY after the first) until rank 0 sees file P:
+                    then every rank exits 0 at the same step
     say-until-file P TEXT  prints TEXT to stderr, then as until-file
     fail-on-file R P  global rank R waits until file P exists, then exits 3; the others exit 0
     fail-on-file-then-until R P Q  as fail-on-file in attempt 0; in later attempts every rank waits
@@ -27,7 +29,7 @@ print("PLACED " + json.dumps({k: os.environ.get(k) for k in NAMES}), flush=True)
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 mode, rest = sys.argv[1], sys.argv[2:]
-arg = int(rest[0]) if rest and mode not in ("until-file", "say-until-file") else 0
+arg = int(rest[0]) if rest and mode not in ("until-file", "say-until-file", "busy-until-file") else 0
 
 
 def wait_until_stopped() -> None:
@@ -52,8 +54,25 @@ def allreduce(until_stopped: bool = False, fails: bool = False) -> None:
     dist.destroy_process_group()
 
 
+def busy_until_file(path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    print("BUSY", flush=True)
+    while True:  # rank 0's look at the file is every rank's: they leave the collective together
+        seen = torch.tensor([float(rank == 0 and os.path.exists(path))])
+        dist.all_reduce(seen)
+        if seen.item():
+            break
+        time.sleep(0.05)
+    dist.destroy_process_group()
+
+
 if mode == "allreduce":
     allreduce()
+elif mode == "busy-until-file":
+    busy_until_file(rest[0])
 elif mode == "wait-world":
     allreduce(until_stopped=world < arg)
 elif mode == "allreduce-busy-fail-first":
