@@ -269,6 +269,8 @@ def test_a_group_restart_during_a_failures_shutdown_keeps_the_failure(tmp_path):
 PEERS = """
 import os, socket, sys, time
 port = int(os.environ["MASTER_PORT"])
+if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
+    sys.exit(0)
 if os.environ["RANK"] == "0":
     conn, _ = socket.create_server(("127.0.0.1", port)).accept()
     print("up", flush=True)
@@ -292,25 +294,11 @@ def test_a_failure_after_the_users_kill_says_first_that_it_followed_the_kill(tmp
     gave the kill as a `note:` above it; the TUI's heading named rank 0 alone. Now the headline,
     the root-cause line and the TUI's heading say first that the failure came after the kill, and
     final.json and run_finished say which action (new fields: the old ones are unchanged)."""
-    from ranktop.core.client import FinalEngine, RemoteEngine, served_runs
-    from ranktop.core.spec import free_port
+    from ranktop.core.client import FinalEngine
     from ranktop.tui.screens import root_cause_heading
 
-    script = tmp_path / "peers.py"
-    script.write_text(PEERS)
-    run_dir = tmp_path / "logs" / "kill"
-    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--master-port", str(free_port()),
-                                        "--log-dir", str(tmp_path / "logs"), "--run-id", "kill", str(script)),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: all(b"up" in _log(run_dir, r) for r in range(2)), timeout=20, what="both ranks up")
-        assert RemoteEngine(served_runs()[0].path).submit(cmd.KillRank(1)).ok
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 1, err
+    status, err, run_dir = _kill_rank_1_of_peers(tmp_path)
+    assert status == 1, err
     assert "ranktop: peers.py failed after you killed rank 1 (attempt 1 of 1)\n" in err, err
     assert re.search(r"\n  root cause: after you killed rank 1 at \d\d:\d\d:\d\d, \d+\.\d s before this failure: "
                      r"rank 0 \(local rank 0, pid \d+\) exited with code 1 at ", err), err
@@ -326,3 +314,34 @@ def test_a_failure_after_the_users_kill_says_first_that_it_followed_the_kill(tmp
     finally:
         view.close()
     assert re.search(r"ROOT CAUSE\s+after you killed rank 1:\s+rank 0 exit code 1 at ", heading), heading
+
+
+def test_a_restart_after_the_users_kill_says_it_followed_the_kill(tmp_path):
+    """The same with a restart left: the restart's line named rank 0's failure alone."""
+    status, err, _ = _kill_rank_1_of_peers(tmp_path, "--max-restarts", "1")
+    assert status == 0, err
+    assert ("ranktop: after you killed rank 1, rank 0 failed (exit 1); restarting the group: attempt_1 "
+            "(1 of 1 restarts spent)\n") in err, err
+
+
+def _kill_rank_1_of_peers(tmp_path, *flags: str) -> tuple[int, str, object]:
+    """PEERS run headless to its end, the user killing rank 1 once both are up (through the served
+    engine, as `ranktop attach`'s k): (exit status, stderr, run directory)."""
+    from ranktop.core.client import RemoteEngine, served_runs
+    from ranktop.core.spec import free_port
+
+    script = tmp_path / "peers.py"
+    script.write_text(PEERS)
+    run_dir = tmp_path / "logs" / "kill"
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                                        "--log-dir", str(tmp_path / "logs"), "--run-id", "kill", *flags, str(script)),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: all(b"up" in _log(run_dir, r) for r in range(2)), timeout=20, what="both ranks up")
+        assert RemoteEngine(served_runs()[0].path).submit(cmd.KillRank(1)).ok
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, err, run_dir
