@@ -172,7 +172,7 @@ class AgentRendezvous:
             cause, spent = self.root_cause, f"no restarts left ({self.restarts_spent} of {self.spec.max_restarts} spent)"
             peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
             what = ("its ranks were stopped for another node's failure" if peer else
-                    rank_failed(cause) if cause else "its ranks failed")
+                    _failed_for_the_others(cause) if cause else "its ranks failed")
             self.rendezvous.give_up(f"{what}, {spent}")
             self.events.write("rendezvous_closed", reason="gave_up")
             if peer:  # no rank of ours to show: the one line says why this node ended
@@ -248,6 +248,13 @@ class AgentRendezvous:
         else:
             self._notice(f"{self.rendezvous.store_lost_words()}: this node's ranks run on, but no new "
                          "round can form, so a failure of theirs ends the run")
+
+
+def _failed_for_the_others(cause: Any) -> str:
+    """The other nodes' words for this node's root cause: `rank 0 failed (exit 1)`, and the user
+    action here it followed (`after its user killed rank 1`): a person there reads it."""
+    after = f" after its user {cause.user_action_what}" if cause.user_action_what else ""
+    return rank_failed(cause) + after
 
 
 def store_call_left_blocked() -> bool:

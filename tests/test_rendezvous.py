@@ -616,9 +616,32 @@ def test_a_plugin_handler_that_says_nothing_or_raises_still_gets_the_waiting_lin
     assert Rendezvous(Raising(), "default", 1).waiting_words() == line
 
 
-def _printed(node: Path, word: bytes) -> bool:
-    """Whether the node's rank printed `word` in attempt 0."""
-    return any(word in log.read_bytes() for log in node.glob("*/attempt_0/0/stdout.log"))
+def _printed(node: Path, word: bytes, local_rank: int = 0) -> bool:
+    """Whether the node's local rank printed `word` in attempt 0."""
+    return any(word in log.read_bytes() for log in node.glob(f"*/attempt_0/{local_rank}/stdout.log"))
+
+
+def test_a_node_that_gives_up_after_its_users_kill_says_so_to_the_others(tmp_path, torch_installed):
+    """The user kills a rank on node0, its peer there fails of it and node0, out of restarts, gives
+    up: node1 read only `gave up: rank 0 failed (exit 1)`, nothing of the kill that came first."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    job = Job(tmp_path, "kill-gives-up")
+    job.start("local-pair", str(free_port()), nproc=2)
+    job.start("until-file", str(tmp_path / "never"))
+    try:
+        wait_for(lambda: all(_printed(tmp_path / "node0", b"UP", r) for r in range(2)), timeout=TIMEOUT,
+                 what="node0's ranks up")
+        (node0,) = [run for run in served_runs() if run.pid == job.nodes[0].pid]
+        assert RemoteEngine(node0.path).submit(cmd.KillRank(1)).ok
+    finally:
+        results = job.finish()
+    (status0, _, err0), (status1, _, err1) = results
+    assert (status0, status1) == (1, 1), results
+    assert "ranktop: rdzv_rank.py failed after you killed rank 1 (attempt 1 of 1)" in err0.splitlines(), err0
+    (line,) = [ln for ln in err1.splitlines() if "gave up:" in ln]
+    assert "gave up: rank 0 failed (exit 1) after its user killed rank 1, no restarts left (0 of 0 spent)" in line, line
 
 
 # How node1 learns of node0's `R`: its watch sees node0 waiting for the next round (ranks in no

@@ -11,6 +11,8 @@
     fail R          global rank R exits 3; the others wait until stopped
     kill R          global rank R dies by SIGKILL; the others wait until stopped
     until-file P    waits until file P exists, then exits 0
+    local-pair PORT local rank 1 holds a connection to local rank 0 on PORT (both print UP); once it is
+                    gone, local rank 0 exits 1, as a collective's peer of a lost rank fails
     busy-until-file P  all_reduces over and over (prints BUSY after the first) until rank 0 sees file P:
                     then every rank exits 0 at the same step
     say-until-file P TEXT  prints TEXT to stderr, then as until-file
@@ -69,8 +71,30 @@ def busy_until_file(path: str) -> None:
     dist.destroy_process_group()
 
 
+def local_pair(port: int) -> None:
+    import socket
+
+    if os.environ["LOCAL_RANK"] == "0":
+        conn, _ = socket.create_server(("127.0.0.1", port)).accept()
+        print("UP", flush=True)
+        if not conn.recv(1):
+            print("RuntimeError: Connection closed by peer", flush=True)
+            sys.exit(1)
+        return
+    for _ in range(500):
+        try:
+            peer = socket.create_connection(("127.0.0.1", port))  # noqa: F841 - held until killed
+            break
+        except OSError:
+            time.sleep(0.02)
+    print("UP", flush=True)
+    wait_until_stopped()
+
+
 if mode == "allreduce":
     allreduce()
+elif mode == "local-pair":
+    local_pair(arg)
 elif mode == "busy-until-file":
     busy_until_file(rest[0])
 elif mode == "wait-world":
