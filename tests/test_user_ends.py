@@ -264,29 +264,10 @@ def test_a_group_restart_during_a_failures_shutdown_keeps_the_failure(tmp_path):
 
 
 # ----- a failure that follows the user's action is said as following it -------------------------
-# Rank 0 serves a TCP connection that rank 1 holds, as a collective's peers do: once rank 1 is
-# gone, rank 0 fails with the peer's loss (gloo's "Connection closed by peer"), on its own.
-PEERS = """
-import os, socket, sys, time
-port = int(os.environ["MASTER_PORT"])
-if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
-    sys.exit(0)
-if os.environ["RANK"] == "0":
-    conn, _ = socket.create_server(("127.0.0.1", port)).accept()
-    print("up", flush=True)
-    if not conn.recv(1):
-        print("RuntimeError: Connection closed by peer", flush=True)
-        sys.exit(1)
-else:
-    for _ in range(500):
-        try:
-            peer = socket.create_connection(("127.0.0.1", port))
-            break
-        except OSError:
-            time.sleep(0.02)
-    print("up", flush=True)
-    time.sleep(60)
-"""
+# tests/ranks/rdzv_rank.py's local-pair: rank 1 holds a connection to rank 0, as a collective's
+# peers do; once rank 1 is gone, rank 0 fails with the peer's loss (gloo's "Connection closed by
+# peer"), on its own.
+PAIR = ROOT / "tests" / "ranks" / "rdzv_rank.py"
 
 
 def test_a_failure_after_the_users_kill_says_first_that_it_followed_the_kill(tmp_path):
@@ -299,7 +280,7 @@ def test_a_failure_after_the_users_kill_says_first_that_it_followed_the_kill(tmp
 
     status, err, run_dir = _kill_rank_1_of_peers(tmp_path)
     assert status == 1, err
-    assert "ranktop: peers.py failed after you killed rank 1 (attempt 1 of 1)\n" in err, err
+    assert "ranktop: rdzv_rank.py failed after you killed rank 1 (attempt 1 of 1)\n" in err, err
     assert re.search(r"\n  root cause: after you killed rank 1 at \d\d:\d\d:\d\d, \d+\.\d s before this failure: "
                      r"rank 0 \(local rank 0, pid \d+\) exited with code 1 at ", err), err
     assert "note:" not in err
@@ -325,19 +306,17 @@ def test_a_restart_after_the_users_kill_says_it_followed_the_kill(tmp_path):
 
 
 def _kill_rank_1_of_peers(tmp_path, *flags: str) -> tuple[int, str, object]:
-    """PEERS run headless to its end, the user killing rank 1 once both are up (through the served
+    """PAIR run headless to its end, the user killing rank 1 once both are up (through the served
     engine, as `ranktop attach`'s k): (exit status, stderr, run directory)."""
     from ranktop.core.client import RemoteEngine, served_runs
     from ranktop.core.spec import free_port
 
-    script = tmp_path / "peers.py"
-    script.write_text(PEERS)
     run_dir = tmp_path / "logs" / "kill"
-    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--master-port", str(free_port()),
-                                        "--log-dir", str(tmp_path / "logs"), "--run-id", "kill", *flags, str(script)),
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
+                                        "--run-id", "kill", *flags, str(PAIR), "local-pair", str(free_port())),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: all(b"up" in _log(run_dir, r) for r in range(2)), timeout=20, what="both ranks up")
+        wait_for(lambda: all(b"UP" in _log(run_dir, r) for r in range(2)), timeout=20, what="both ranks up")
         assert RemoteEngine(served_runs()[0].path).submit(cmd.KillRank(1)).ok
         _, err = proc.communicate(timeout=30)
     finally:

@@ -12,7 +12,8 @@
     kill R          global rank R dies by SIGKILL; the others wait until stopped
     until-file P    waits until file P exists, then exits 0
     local-pair PORT local rank 1 holds a connection to local rank 0 on PORT (both print UP); once it is
-                    gone, local rank 0 exits 1, as a collective's peer of a lost rank fails
+                    gone, local rank 0 exits 1, as a collective's peer of a lost rank fails; in a later
+                    attempt every rank exits 0 at once
     busy-until-file P  all_reduces over and over (prints BUSY after the first) until rank 0 sees file P:
                     then every rank exits 0 at the same step
     say-until-file P TEXT  prints TEXT to stderr, then as until-file
@@ -74,6 +75,8 @@ def busy_until_file(path: str) -> None:
 def local_pair(port: int) -> None:
     import socket
 
+    if attempt > 0:
+        return
     if os.environ["LOCAL_RANK"] == "0":
         conn, _ = socket.create_server(("127.0.0.1", port)).accept()
         print("UP", flush=True)
