@@ -54,8 +54,8 @@ from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_f
 from ranktop.core.output import ConsoleWriter, binary_console, console_budget, console_name, console_stall
 from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
 from ranktop.core.prompts import PROMPT_QUIET, rank_prompt
-from ranktop.core.rendezvous import Rendezvous
-from ranktop.core.root_cause import UserActions, find_root_cause, rank_failed
+from ranktop.core.rendezvous import PEER_RESTART_WORDS, USER_RESTART, Rendezvous
+from ranktop.core.root_cause import UserActions, after_user, find_root_cause, rank_failed
 from ranktop.core.sanitize import clean, clean_console, quoted
 from ranktop.core.signals import OUTSIDE_STOP_WINDOW, StopAction
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_args, rank_env
@@ -411,6 +411,9 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             self._count_restart(reason)
             self.state = GroupState.RESTARTING
             self.events.write("group_restart", attempt=self.attempt, reason=reason)
+            if reason == "peer_user":  # (this node's own `R` said so where it was pressed)
+                self._notice(f"{PEER_RESTART_WORDS}: restarting the group as attempt_{self.attempt} "
+                             "(no restart spent)")
             if reason == "failure":  # one line a restart, as the console contract says
                 self._notice(f"{how_it_ended}; restarting the group: attempt_{self.attempt} "
                              f"({self.restarts_spent} of {self.spec.max_restarts} restarts spent)")
@@ -423,7 +426,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             return
         self.attempt += 1
         self._same_attempt_starts = 0
-        self.user_restarts += reason == "user"
+        self.user_restarts += reason in ("user", "peer_user")
 
     @property
     def restarts_spent(self) -> int:
@@ -442,19 +445,26 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             return "restarted by the user" if cause is None else f"{rank_failed(cause)}, then restarted by the user"
         if reason == "nodes_joined":
             return "restarted, nodes joined"
+        if reason == "peer_user":
+            return f"restarted: {PEER_RESTART_WORDS}"
         if self._round_end is not None and self._round_end.kind == "peer_failed":
             return self._round_end.message  # this node's ranks were stopped for it: none of them is to blame
         cause = self._find_root_cause()
-        return "failed" if cause is None else rank_failed(cause)
+        return "failed" if cause is None else after_user(cause) + rank_failed(cause)
 
     def _restart_reason(self, result: RunProcsResult) -> str | None:
         if self._stop_requested:
             return None
         if self._restart_requested:
             return "user"
+        if self._peer_restarted():  # (its ranks may have broken meanwhile: no failure of theirs)
+            return "peer_user"
         failed = self._group_failed(result) and self._node_error is None
-        if self._nodes_joined(result) or (failed and self._peers_joined()):
+        if self._nodes_joined(result):
             return "nodes_joined"
+        word = self._peers_word() if failed else None
+        if word in ("nodes_joined", USER_RESTART):
+            return "nodes_joined" if word == "nodes_joined" else "peer_user"
         if failed and self.restarts_spent < self.spec.max_restarts:
             return "failure"
         return None
@@ -591,6 +601,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         run = self._run_result(state, result)
         self.events.write("run_finished", state=state.name, exit_status=run.exit_status,
                           root_cause_rank=self.root_cause.rank if self.root_cause else None,
+                          # (the user's action the failure followed: "killed rank 3")
+                          root_cause_after=self.root_cause.user_action_what if self.root_cause else None,
                           user_ended=list(self._user_ended),
                           incomplete_logs=[dataclasses.asdict(loss) for loss in run.incomplete_logs])
         return run

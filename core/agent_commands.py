@@ -220,6 +220,7 @@ class AgentCommands:
     def _on_restart_group(self, pc: PContext, _command: cmd.RestartGroup) -> cmd.Ack:
         self.events.write("user_restart_group", attempt=self.attempt)
         self._restart_requested = True
+        self._say_restart_group()  # before our ranks stop: the others' may break once they do
         pc.stop()
         return cmd.Ack(True, "restarting the group (next attempt)")
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ranktop.core.context import PContext, RunProcsResult
-from ranktop.core.rendezvous import RendezvousFailed, RoundWatch
+from ranktop.core.rendezvous import USER_RESTART, RendezvousFailed, RoundWatch
 from ranktop.core.root_cause import rank_failed
 from ranktop.core.state import GroupState
 
@@ -131,10 +131,22 @@ class AgentRendezvous:
             return False
         return not self._own_failure()
 
-    def _peers_joined(self) -> bool:
+    def _peers_word(self) -> str | None:
         """This node's ranks failed: was it because another node stopped its own for newcomers
-        (restart free), or a real failure (every node spends a restart: they all agree on it)?"""
-        return self.rendezvous is not None and self.rendezvous.agree_on_end("failure") == "nodes_joined"
+        ("nodes_joined", restart free) or for its user's `R` (USER_RESTART), or a real failure
+        ("failure": every node spends a restart)? The nodes agree on it; None without a rendezvous."""
+        return self.rendezvous.agree_on_end("failure") if self.rendezvous is not None else None
+
+    def _peer_restarted(self) -> bool:
+        """Another node's user restarted the group (`R`): this node starts the next attempt too."""
+        return self._round_end is not None and self._round_end.kind == "peer_restart"
+
+    def _say_restart_group(self) -> None:
+        """The user's `R` in a multi-node run: the other nodes learn that it was one, so that each
+        starts the next attempt as this one does (TORCHELASTIC_RESTART_COUNT the same on every node),
+        spending no restart; their ranks breaking meanwhile is no failure."""
+        if self.rendezvous is not None:
+            self.rendezvous.agree_on_end(USER_RESTART)
 
     def _leave_rendezvous(self, state: GroupState) -> None:
         """Success: wait at the exit barrier, then close. Giving up: tell the others, close. A stop
@@ -160,7 +172,7 @@ class AgentRendezvous:
             cause, spent = self.root_cause, f"no restarts left ({self.restarts_spent} of {self.spec.max_restarts} spent)"
             peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
             what = ("its ranks were stopped for another node's failure" if peer else
-                    rank_failed(cause) if cause else "its ranks failed")
+                    _failed_for_the_others(cause) if cause else "its ranks failed")
             self.rendezvous.give_up(f"{what}, {spent}")
             self.events.write("rendezvous_closed", reason="gave_up")
             if peer:  # no rank of ours to show: the one line says why this node ended
@@ -236,6 +248,13 @@ class AgentRendezvous:
         else:
             self._notice(f"{self.rendezvous.store_lost_words()}: this node's ranks run on, but no new "
                          "round can form, so a failure of theirs ends the run")
+
+
+def _failed_for_the_others(cause: Any) -> str:
+    """The other nodes' words for this node's root cause: `rank 0 failed (exit 1)`, and the user
+    action here it followed (`after its user killed rank 1`): a person there reads it."""
+    after = f" after its user {cause.user_action_what}" if cause.user_action_what else ""
+    return rank_failed(cause) + after
 
 
 def store_call_left_blocked() -> bool:

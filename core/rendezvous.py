@@ -63,6 +63,10 @@ _MASTER_ADDR, _MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
 _RANKS_STORE = "ranktop/ranks_store/"
 _RANKTOP_NODE = "ranktop/node/"  # written by each ranktop node before its role info
 _GROUP_END = "ranktop/group_end"
+# The word a node whose user restarted the group (`R`) leaves under _GROUP_END, and what the
+# other nodes say of it.
+USER_RESTART = "user_restart"
+PEER_RESTART_WORDS = "another node's user restarted the group (R)"
 _GAVE_UP = "ranktop/gave_up"
 _GAVE_UP_HEARD = "ranktop/gave_up_heard"
 _BARRIER_LEFT = "ranktop/exit_barrier_left"  # ranktop nodes past the exit barrier (or done waiting at it)
@@ -386,7 +390,8 @@ class RoundEnd:
     """Why the running round must end although the ranks are fine."""
 
     # "nodes_joined": restart the group, no restart spent; "peer_failed": another node's ranks
-    # failed, restart the group as a failure; "peer_gave_up": stop, the rendezvous is closed;
+    # failed, restart the group as a failure; "peer_restart": another node's user restarted the
+    # group (`R`), the next attempt, no restart spent; "peer_gave_up": stop, the rendezvous is closed;
     # "store_lost": stop, the node serving the store the ranks use too has ended
     kind: str
     message: str
@@ -694,9 +699,10 @@ class Rendezvous:
 
     def agree_on_end(self, seen: str) -> str:
         """Why the running group ended, the same on every ranktop node of the round: `seen`
-        ("nodes_joined" or "failure") if this node is the first to say, else the first one's word.
-        A node whose ranks broke because another stopped its own for newcomers spends no restart;
-        after a real failure every node spends one."""
+        ("nodes_joined", "failure" or USER_RESTART) if this node is the first to say, else the
+        first one's word. A node whose ranks broke because another stopped its own for newcomers
+        spends no restart; after a real failure every node spends one; after a user's `R` on one
+        node every node starts the next attempt, spending none."""
         try:
             return self.store.compare_set(_GROUP_END, "", seen).decode()
         except Exception:
@@ -1045,6 +1051,9 @@ class RoundWatch:
             return None  # out of reach for now: the ranks or the next round will tell
         if waiting <= 0:
             return None
-        if self.rdzv.agree_on_end("nodes_joined") == "failure":
+        agreed = self.rdzv.agree_on_end("nodes_joined")
+        if agreed == "failure":
             return RoundEnd("peer_failed", f"another node of the {self.rdzv.describe()} failed")
+        if agreed == USER_RESTART:
+            return RoundEnd("peer_restart", PEER_RESTART_WORDS)
         return RoundEnd("nodes_joined", f"{waiting} node(s) waiting to join the {self.rdzv.describe()}")

@@ -132,13 +132,15 @@ def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts
     if cause.attempt is not None:  # the run may be on a later attempt whose ranks never started
         attempt = cause.attempt
     stopped = f", then was {then}" if then else ""
+    # A user action first: the failure may well be its effect (a peer of a killed rank), and the
+    # person reading this is the one who acted.
+    after = f" after you {clean(cause.user_action_what)}" if cause.user_action_what else ""
+    before = f"after {clean(cause.user_action)}: " if cause.user_action else ""
     lines = [
-        f"ranktop: {name} failed (attempt {attempt + 1} of {max_restarts + 1 + user_restarts}){stopped}",
-        f"  root cause: rank {cause.rank} (local rank {cause.local_rank}, pid {cause.pid}) "
+        f"ranktop: {name} failed{after} (attempt {attempt + 1} of {max_restarts + 1 + user_restarts}){stopped}",
+        f"  root cause: {before}rank {cause.rank} (local rank {cause.local_rank}, pid {cause.pid}) "
         f"{describe_exit(cause.exitcode, cause.signal_name, sentence=True)} at {failed_at(cause)}",
     ]
-    if cause.user_action:  # the failure may be an effect of it: say so before the evidence
-        lines.insert(1, f"  note: {cause.user_action}")
     lines += [line.indent + line.text for line in root_cause_lines(cause)]
     logs = run_dir or (os.path.dirname(cause.error_file) if cause.error_file else None)
     if logs:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ranktop.core.errors import describe_exit, killed_by
 from ranktop.core.state import RootCause
@@ -43,10 +43,22 @@ class UserActions:
                 self._actions[i] = (at, at_attempt, what, time.time())
                 return
 
-    def last_before(self, attempt: int, failed_at: float) -> str | None:
-        """The user's last action in `attempt` before a failure at `failed_at`, in words."""
+    def last_before(self, attempt: int, failed_at: float) -> LastAction | None:
+        """The user's last action in `attempt` before a failure at `failed_at`."""
         before = [(t, what, resumed) for t, at, what, resumed in self._actions if at == attempt and t <= failed_at]
-        return _user_action_text(*before[-1], failed_at) if before else None
+        if not before:
+            return None
+        at, what, resumed = before[-1]
+        return LastAction(what, at, _user_action_text(at, what, resumed, failed_at))
+
+
+class LastAction(NamedTuple):
+    """The user's last action before a failure: `what` ("killed rank 3"), when (epoch seconds),
+    and the sentence the evidence gives (`_user_action_text`)."""
+
+    what: str
+    at: float
+    text: str
 
 
 def find_root_cause(slots: Sequence[Any], attempt: int, user_actions: UserActions) -> RootCause | None:
@@ -65,7 +77,7 @@ def find_root_cause(slots: Sequence[Any], attempt: int, user_actions: UserAction
         error_file=f.error_file if f.error_file_read else None, last_lines=_decoded(slot.ring.tail(20)),
         # Enough lines to see past the rank's own printed traceback (the report cuts it out).
         failed_tails=tuple((s.failure.rank, _decoded(s.ring.tail(60))) for s in own),
-        user_action=user_actions.last_before(attempt, f.exited_at),
+        **_user_action_fields(user_actions.last_before(attempt, f.exited_at)),
         # (a rank the user stopped is the user action above, not ranktop's doing: not in `failed`)
         stopped=tuple((s.failure.rank, describe_exit(s.failure.exitcode)) for s in failed
                       if s.stopped_by_us and s not in own),
@@ -73,11 +85,23 @@ def find_root_cause(slots: Sequence[Any], attempt: int, user_actions: UserAction
     )
 
 
+def _user_action_fields(action: LastAction | None) -> dict[str, Any]:
+    if action is None:
+        return {}
+    return {"user_action": action.text, "user_action_what": action.what, "user_action_at": action.at}
+
+
 def rank_failed(cause: RootCause) -> str:
     """`rank 1 failed (exit 3)` or `(signal SIGKILL)`: the words of the restart line and of the
     reason a node that gives up leaves for the others (which said `exit -9`)."""
     how = f"signal {cause.signal_name}" if cause.exitcode < 0 else f"exit {cause.exitcode}"
     return f"rank {cause.rank} failed ({how})"
+
+
+def after_user(cause: RootCause) -> str:
+    """'after you killed rank 3, ' where a user action came first ('' where none did, or a
+    final.json of an older ranktop does not say which): what this node's person reads first."""
+    return f"after you {cause.user_action_what}, " if cause.user_action_what else ""
 
 
 def _user_action_text(at: float, what: str, resumed: float | None, failed_at: float) -> str:

@@ -227,3 +227,7 @@ class RootCause:
     # The attempt its rank failed in (0 first): a restart spent on it whose next round never
     # formed (a peer node lost) leaves the run on the next attempt, whose ranks never started.
     attempt: int | None = None
+    # The user action above in a few words ("killed rank 2", "restarted rank 1"), which headlines
+    # put before the failure, and when it came (epoch seconds); None where there was none.
+    user_action_what: str | None = None
+    user_action_at: float | None = None

@@ -143,3 +143,15 @@ def exit_order(rank, marks, patience=0.0, then="return"):
     if then == "raise":
         raise ValueError("after rank 0 returned")
     return _Announced(os.path.join(marks, "r1-returned"))
+
+
+def killed_by_hand_once(pid_dir):
+    """In the group's first start each rank leaves its pid in `pid_dir` (pid<rank>) for a caller to
+    kill, and waits to be stopped; in a later start it returns its rank at once."""
+    rank = os.environ["RANK"]
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
+        return int(rank)
+    with open(os.path.join(pid_dir, f".pid{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(os.path.join(pid_dir, f".pid{rank}"), os.path.join(pid_dir, f"pid{rank}"))  # whole, when seen
+    time.sleep(60)

@@ -300,3 +300,34 @@ def test_the_static_backend_without_torch_places_the_ranks_itself(tmp_path):
     values, _ = _run("ranktop", body, tmp_path)
     assert values == {str(r): {"RANK": str(r), "WORLD_SIZE": "4", "GROUP_RANK": "1", "MASTER_ADDR": "127.0.0.1",
                                "MASTER_PORT": str(port)} for r in (2, 3)}
+
+
+def test_a_rank_killed_by_hand_from_outside_is_a_failure_as_under_torch(tmp_path):
+    """A person's `kill -9` of a rank (an elastic_launch run is not served: ranktop's own `k` cannot
+    reach it): a failure, as torch's agent has it, since no launcher can tell it from the kernel's
+    OOM kill. With a restart left the group starts again and the call returns every rank's value;
+    without, ChildFailedError names the killed rank and its signal."""
+    body = f"""
+        import pathlib, signal, threading, time
+
+        def kill_rank_1(pid_dir):
+            pid_file = pathlib.Path(pid_dir, "pid1")
+            while not pid_file.exists():
+                time.sleep(0.01)
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+        seen = []
+        for restarts in (0, 1):
+            pid_dir = os.path.abspath(f"pids{{restarts}}")
+            os.mkdir(pid_dir)
+            threading.Thread(target=kill_rank_1, args=(pid_dir,), daemon=True).start()
+            try:
+                values = elastic_launch({C10D}, max_restarts=restarts), rank_fns.killed_by_hand_once)(pid_dir)
+                seen.append(sorted(values.items()))
+            except Exception as exc:
+                f = failure(exc)
+                seen.append([f["type"], f["ranks"], f["first"][:3], f["first"][3].split(" received by PID")[0]])
+        report(seen)
+    """
+    (theirs, _), (ours, _) = _both(body, tmp_path)
+    assert ours == theirs == [["ChildFailedError", [1], [1, 1, -9], "Signal 9 (SIGKILL)"], [[0, 0], [1, 1]]]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, ranktop_cmd, run_ranktop, stop_process, wait_for
 from ranktop.core.spec import free_port
-from rdzv_job import CONF, RANK, TIMEOUT, Job, events, placements, start_etcd, wait_until_joining
+from rdzv_job import CONF, RANK, TIMEOUT, Job, events, node_events, placements, start_etcd, wait_until_joining
 
 
 def test_two_nodes_allreduce_over_c10d(tmp_path, torch_installed):
@@ -614,3 +614,72 @@ def test_a_plugin_handler_that_says_nothing_or_raises_still_gets_the_waiting_lin
     line = "waiting for nodes to join the mine rendezvous 'job7'"  # no counts or time-out: none said
     assert Rendezvous(Plugin(), "default", 1).waiting_words() == line
     assert Rendezvous(Raising(), "default", 1).waiting_words() == line
+
+
+def _printed(node: Path, word: bytes, local_rank: int = 0) -> bool:
+    """Whether the node's local rank printed `word` in attempt 0."""
+    return any(word in log.read_bytes() for log in node.glob(f"*/attempt_0/{local_rank}/stdout.log"))
+
+
+def test_a_node_that_gives_up_after_its_users_kill_says_so_to_the_others(tmp_path, torch_installed):
+    """The user kills a rank on node0, its peer there fails of it and node0, out of restarts, gives
+    up: node1 read only `gave up: rank 0 failed (exit 1)`, nothing of the kill that came first."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    job = Job(tmp_path, "kill-gives-up")
+    job.start("local-pair", str(free_port()), nproc=2)
+    job.start("until-file", str(tmp_path / "never"))
+    try:
+        wait_for(lambda: all(_printed(tmp_path / "node0", b"UP", r) for r in range(2)), timeout=TIMEOUT,
+                 what="node0's ranks up")
+        (node0,) = [run for run in served_runs() if run.pid == job.nodes[0].pid]
+        assert RemoteEngine(node0.path).submit(cmd.KillRank(1)).ok
+    finally:
+        results = job.finish()
+    (status0, _, err0), (status1, _, err1) = results
+    assert (status0, status1) == (1, 1), results
+    assert "ranktop: rdzv_rank.py failed after you killed rank 1 (attempt 1 of 1)" in err0.splitlines(), err0
+    (line,) = [ln for ln in err1.splitlines() if "gave up:" in ln]
+    assert "gave up: rank 0 failed (exit 1) after its user killed rank 1, no restarts left (0 of 0 spent)" in line, line
+
+
+# How node1 learns of node0's `R`: its watch sees node0 waiting for the next round (ranks in no
+# collective), or its ranks break in their collective first (its watch looks only every 5 s).
+@pytest.mark.parametrize("seen_by", ["watch", "ranks"])
+def test_a_group_restart_on_one_node_is_the_next_attempt_on_every_node(tmp_path, torch_installed, seen_by):
+    """The user's `R` on node0 of a two-node job (no --max-restarts). Node1's ranks broke in their
+    collective when node0 stopped its own, and node1 took it for a failure with no restart left: it
+    gave up and ended the job, for a restart the user asked for (or, where it saw node0 waiting
+    first, it started again as the same attempt: TORCHELASTIC_RESTART_COUNT 1 on node0, 0 on
+    node1). Now every node starts the next attempt, spending no restart, as `R` does on one node."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    done = tmp_path / "done"
+    job = Job(tmp_path, "user-restart")
+    mode = "until-file" if seen_by == "watch" else "busy-until-file"
+    job.start(mode, str(done))
+    job.start(mode, str(done), extra=("--monitor-interval", "5") if seen_by == "ranks" else ())
+    try:
+        up = b"PLACED" if mode == "until-file" else b"BUSY"
+        wait_for(lambda: all(_printed(tmp_path / f"node{i}", up) for i in range(2)), timeout=TIMEOUT,
+                 what="both nodes' ranks up (in their collective)")
+        (node0,) = [run for run in served_runs() if run.pid == job.nodes[0].pid]
+        assert RemoteEngine(node0.path).submit(cmd.RestartGroup()).ok
+        wait_for(lambda: all(len(node_events(tmp_path, f"node{i}", "started")) == 2 or job.nodes[i].poll() is not None
+                             for i in range(2)), timeout=TIMEOUT, what="both nodes' second start")
+    finally:
+        done.touch()
+    results = job.finish()
+    for node, (status, out, err) in enumerate(results):
+        assert status == 0, err
+        assert [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)] == ["0", "1"], out
+        restarts = [(e["reason"], e["attempt"]) for e in events(tmp_path / f"node{node}") if e["event"] == "group_restart"]
+        assert restarts == [("user" if node == 0 else "peer_user", 1)], restarts
+        assert list((tmp_path / f"node{node}").glob("*/attempt_1"))
+    ends = [e["kind"] for e in events(tmp_path / "node1") if e["event"] == "round_end"]
+    assert ends == (["peer_restart"] if seen_by == "watch" else []), ends
+    lines = [[ln for ln in err.splitlines() if "restarting" in ln] for _, _, err in results]
+    assert lines[1] == ["ranktop: another node's user restarted the group (R): restarting the group as "
+                        "attempt_1 (no restart spent)"], lines

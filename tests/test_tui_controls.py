@@ -160,7 +160,7 @@ def test_restart_rank_separator_and_root_cause_names_the_restart(tmp_path):
         cause = app.engine.snapshot().root_cause
         assert cause.rank == 0 and "you restarted rank 1" in cause.user_action
         text = format_root_cause(cause, name="x", attempt=0, max_restarts=0)
-        assert "note: you restarted rank 1 at" in text.splitlines()[1]
+        assert text.splitlines()[1].startswith("  root cause: after you restarted rank 1 at "), text
 
     drive(app, body)
 

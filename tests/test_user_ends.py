@@ -261,3 +261,66 @@ def test_a_group_restart_during_a_failures_shutdown_keeps_the_failure(tmp_path):
         engine.close()
     assert snap.earlier_attempts == ("attempt_0: rank 1 failed (exit 3), then restarted by the user",)
     assert snap.user_restarts == 1
+
+
+# ----- a failure that follows the user's action is said as following it -------------------------
+# tests/ranks/rdzv_rank.py's local-pair: rank 1 holds a connection to rank 0, as a collective's
+# peers do; once rank 1 is gone, rank 0 fails with the peer's loss (gloo's "Connection closed by
+# peer"), on its own.
+PAIR = ROOT / "tests" / "ranks" / "rdzv_rank.py"
+
+
+def test_a_failure_after_the_users_kill_says_first_that_it_followed_the_kill(tmp_path):
+    """The user kills rank 1; rank 0 then fails of it. The report led with rank 0's failure and
+    gave the kill as a `note:` above it; the TUI's heading named rank 0 alone. Now the headline,
+    the root-cause line and the TUI's heading say first that the failure came after the kill, and
+    final.json and run_finished say which action (new fields: the old ones are unchanged)."""
+    from ranktop.core.client import FinalEngine
+    from ranktop.tui.screens import root_cause_heading
+
+    status, err, run_dir = _kill_rank_1_of_peers(tmp_path)
+    assert status == 1, err
+    assert "ranktop: rdzv_rank.py failed after you killed rank 1 (attempt 1 of 1)\n" in err, err
+    assert re.search(r"\n  root cause: after you killed rank 1 at \d\d:\d\d:\d\d, \d+\.\d s before this failure: "
+                     r"rank 0 \(local rank 0, pid \d+\) exited with code 1 at ", err), err
+    assert "note:" not in err
+    final = json.loads((run_dir / "final.json").read_text())["root_cause"]
+    assert (final["rank"], final["user_action_what"]) == (0, "killed rank 1")
+    assert final["user_action_at"] <= final["timestamp"] and final["user_action"].startswith("you killed rank 1 at ")
+    (finished,) = [e for e in read_events(run_dir) if e["event"] == "run_finished"]
+    assert (finished["root_cause_rank"], finished["root_cause_after"]) == (0, "killed rank 1")
+    view = FinalEngine(str(run_dir / "final.json"))
+    try:
+        heading = root_cause_heading(view.snapshot()).plain
+    finally:
+        view.close()
+    assert re.search(r"ROOT CAUSE\s+after you killed rank 1:\s+rank 0 exit code 1 at ", heading), heading
+
+
+def test_a_restart_after_the_users_kill_says_it_followed_the_kill(tmp_path):
+    """The same with a restart left: the restart's line named rank 0's failure alone."""
+    status, err, _ = _kill_rank_1_of_peers(tmp_path, "--max-restarts", "1")
+    assert status == 0, err
+    assert ("ranktop: after you killed rank 1, rank 0 failed (exit 1); restarting the group: attempt_1 "
+            "(1 of 1 restarts spent)\n") in err, err
+
+
+def _kill_rank_1_of_peers(tmp_path, *flags: str) -> tuple[int, str, object]:
+    """PAIR run headless to its end, the user killing rank 1 once both are up (through the served
+    engine, as `ranktop attach`'s k): (exit status, stderr, run directory)."""
+    from ranktop.core.client import RemoteEngine, served_runs
+    from ranktop.core.spec import free_port
+
+    run_dir = tmp_path / "logs" / "kill"
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
+                                        "--run-id", "kill", *flags, str(PAIR), "local-pair", str(free_port())),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: all(b"UP" in _log(run_dir, r) for r in range(2)), timeout=20, what="both ranks up")
+        assert RemoteEngine(served_runs()[0].path).submit(cmd.KillRank(1)).ok
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, err, run_dir

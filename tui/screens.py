@@ -267,10 +267,13 @@ def root_cause_heading(group: GroupSnapshot) -> Text:
         text.append(f" {group.state.value.upper()} ", style="bold reverse yellow")  # on request: not a failure
         text.append(f"  {clean(group.name)} stopped on request after {elapsed}")
         if cause is not None:
-            text.append(f", after rank {cause.rank} failed ({describe_exit(cause.exitcode, cause.signal_name)})",
+            acted = f"you {clean(cause.user_action_what)} and " if cause.user_action_what else ""
+            text.append(f", after {acted}rank {cause.rank} failed ({describe_exit(cause.exitcode, cause.signal_name)})",
                         style="bold red")
     else:
         text.append(" ROOT CAUSE ", style="bold white on red")
+        if cause.user_action_what:  # the person who acted reads first that the failure followed it
+            text.append(f"  after you {clean(cause.user_action_what)}:", style="bold yellow")
         text.append(f"  rank {cause.rank} ", style="bold")
         text.append(describe_exit(cause.exitcode, cause.signal_name), style="bold red")
         where = f"pid {cause.pid}" if cause.local_rank == cause.rank else f"local {cause.local_rank}, pid {cause.pid}"

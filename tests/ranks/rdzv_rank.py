@@ -11,6 +11,11 @@
     fail R          global rank R exits 3; the others wait until stopped
     kill R          global rank R dies by SIGKILL; the others wait until stopped
     until-file P    waits until file P exists, then exits 0
+    local-pair PORT local rank 1 holds a connection to local rank 0 on PORT (both print UP); once it is
+                    gone, local rank 0 exits 1, as a collective's peer of a lost rank fails; in a later
+                    attempt every rank exits 0 at once
+    busy-until-file P  all_reduces over and over (prints BUSY after the first) until rank 0 sees file P:
+                    then every rank exits 0 at the same step
     say-until-file P TEXT  prints TEXT to stderr, then as until-file
     fail-on-file R P  global rank R waits until file P exists, then exits 3; the others exit 0
     fail-on-file-then-until R P Q  as fail-on-file in attempt 0; in later attempts every rank waits
@@ -27,7 +32,7 @@ print("PLACED " + json.dumps({k: os.environ.get(k) for k in NAMES}), flush=True)
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 mode, rest = sys.argv[1], sys.argv[2:]
-arg = int(rest[0]) if rest and mode not in ("until-file", "say-until-file") else 0
+arg = int(rest[0]) if rest and mode not in ("until-file", "say-until-file", "busy-until-file") else 0
 
 
 def wait_until_stopped() -> None:
@@ -52,8 +57,49 @@ def allreduce(until_stopped: bool = False, fails: bool = False) -> None:
     dist.destroy_process_group()
 
 
+def busy_until_file(path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    print("BUSY", flush=True)
+    while True:  # rank 0's look at the file is every rank's: they leave the collective together
+        seen = torch.tensor([float(rank == 0 and os.path.exists(path))])
+        dist.all_reduce(seen)
+        if seen.item():
+            break
+        time.sleep(0.05)
+    dist.destroy_process_group()
+
+
+def local_pair(port: int) -> None:
+    import socket
+
+    if attempt > 0:
+        return
+    if os.environ["LOCAL_RANK"] == "0":
+        conn, _ = socket.create_server(("127.0.0.1", port)).accept()
+        print("UP", flush=True)
+        if not conn.recv(1):
+            print("RuntimeError: Connection closed by peer", flush=True)
+            sys.exit(1)
+        return
+    for _ in range(500):
+        try:
+            peer = socket.create_connection(("127.0.0.1", port))  # noqa: F841 - held until killed
+            break
+        except OSError:
+            time.sleep(0.02)
+    print("UP", flush=True)
+    wait_until_stopped()
+
+
 if mode == "allreduce":
     allreduce()
+elif mode == "local-pair":
+    local_pair(arg)
+elif mode == "busy-until-file":
+    busy_until_file(rest[0])
 elif mode == "wait-world":
     allreduce(until_stopped=world < arg)
 elif mode == "allreduce-busy-fail-first":
