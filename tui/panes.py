@@ -233,7 +233,7 @@ def _rank_facts(snap: RankSnapshot, now: float, world_digits: int, position: str
 # that none is cut mid-word ("no" of "no GPU" at 80 columns), and none for a less useful one.
 # What is urgent (the state, a stop's countdown, a note, lost logs, a failed earlier attempt, a
 # lost engine or store) never goes.
-HEADER_DROPS = ("gpu", "restarts", "python", "node", "world", "logs", "attempt", "elapsed", "alive")
+HEADER_DROPS = ("gpu", "python", "node", "world", "logs", "restarts", "attempt", "elapsed", "alive")
 _LOGS_LABEL = "  logs "
 
 Part = tuple[str | None, Text]  # (its name in HEADER_DROPS; None: kept whatever the width), its text
