@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import heapq
+import itertools
 import os
 import re
 import stat
@@ -381,6 +383,77 @@ def _open_default_root(path: str) -> Dir:
 
 
 SET_TMPDIR = "set TMPDIR to a directory of your own"
+
+MAX_ROOT_ENTRIES = 10_000  # entries of the log root looked at for its ended runs: bounded work for any root
+MAX_RUNS_OPENED = 32  # of those, the directories changed last, opened to look for their final.json
+
+
+def newest_ended_runs(count: int) -> list[tuple[str, float]]:
+    """(name, when its final.json was written) of the `count` runs under the default log root
+    that ended last, newest first, for a user who comes back after the engine left. Read, never
+    made: [] unless the root is there and as ranktop makes it (`_open_default_root`'s rule); only
+    our own directories, none reached through a symlink. An ended run's directory changed last
+    when its final.json was made, so only the MAX_RUNS_OPENED changed last are opened."""
+    root = _read_default_root()
+    if root is None:
+        return []
+    try:
+        ended = [(name, when) for name in _newest_dirs(root, MAX_RUNS_OPENED)
+                 if (when := _final_written(root, name)) is not None]
+    finally:
+        os.close(root)
+    return sorted(ended, key=lambda run: run[1], reverse=True)[:count]
+
+
+def _read_default_root() -> int | None:
+    """A descriptor of the default log root to read, or None: missing, or not ours alone (the way
+    to it, or the root itself, someone else controls), which has no runs of ours to name."""
+    tmp, name = os.path.split(default_log_root())
+    try:
+        parent = _walk_into(tmp)
+    except (_Refused, OSError):
+        return None
+    try:
+        fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+    except OSError:
+        return None
+    finally:
+        os.close(parent)
+    if _root_problem(os.fstat(fd), allow_sticky=False):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _newest_dirs(root: int, count: int) -> list[str]:
+    """The names of our `count` directories in `root` changed last, among its first
+    MAX_ROOT_ENTRIES entries (a symlink is no directory here)."""
+    me, found = os.geteuid(), []
+    with os.scandir(root) as entries:  # (it reads a duplicate of `root`, which stays open)
+        for entry in itertools.islice(entries, MAX_ROOT_ENTRIES):
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:  # removed while we look
+                continue
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == me:
+                found.append((info.st_mtime, entry.name))
+    return [name for _, name in heapq.nlargest(count, found)]
+
+
+def _final_written(root: int, name: str) -> float | None:
+    """When the run directory `name`'s final.json was written: a regular file of ours, reached
+    through no symlink; None if it has none (still running, or its engine was killed)."""
+    try:
+        run = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root)
+    except OSError:  # swapped for a symlink or a file, or removed, since it was listed
+        return None
+    try:
+        info = os.stat(FINAL_FILE, dir_fd=run, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(run)
+    return info.st_mtime if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() else None
 
 
 def checked_tempdir() -> str:

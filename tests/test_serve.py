@@ -281,15 +281,75 @@ def test_a_silent_engine_named_by_its_run_directory_is_said_not_to_answer(tmp_pa
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("stop", "nope"), "ranktop: error: 'nope' names no run: none is served on this host; "
-                       "an ended run is named by its run directory"),
-    (("logs",), "ranktop: error: no runs are served on this host; an ended run is named by its run directory"),
+    (("stop", "nope"), "ranktop: error: 'nope' names no run: none is served on this host; none has ended under "
+                       "{root} either; an ended run elsewhere is named by its run directory"),
+    (("logs",), "ranktop: error: no runs are served on this host; none has ended under {root} either; an ended run "
+                "elsewhere is named by its run directory"),
     (("logs", "--events"), "ranktop: error: --events needs -f: the events so far are in events.jsonl in the run "
                            "directory"),
 ])
-def test_a_run_that_is_not_there_is_one_line(runtime, args, message):
-    done = run_ranktop(*args, env=runtime)
-    assert done.returncode == 2 and done.stderr.strip() == message
+def test_a_run_that_is_not_there_is_one_line(tmp_path, runtime, args, message):
+    done = run_ranktop(*args, env={**runtime, "TMPDIR": str(tmp_path)})  # a default log root with no run in it
+    assert done.returncode == 2 and done.stderr.strip() == message.format(root=tmp_path / f"ranktop-{os.getuid()}")
+
+
+def _ended_copy(root: Path, name: str, final: bytes, when: float) -> Path:
+    """A run directory `name` under `root` holding `final` as its final.json, written at `when`."""
+    run_dir = root / name
+    run_dir.mkdir(mode=0o700)
+    (run_dir / "final.json").write_bytes(final)
+    os.utime(run_dir / "final.json", (when, when))
+    os.utime(run_dir, (when, when))
+    return run_dir
+
+
+def test_a_user_back_after_the_engine_left_is_told_which_runs_ended_and_how_to_reach_them(tmp_path, runtime):
+    """Back after the run's engine left (its --linger passed, or its TUI ended): `attach`, `logs`
+    and `stop` with no RUN said `no runs are served on this host; an ended run is named by its run
+    directory`: no hint which run was theirs, and an id works too. They name the runs that ended
+    last under the default log root, newest first, and the command that reaches the newest, by
+    its directory and by its id, which both work. The root is read as it may have been tampered
+    with: a symlink, another user's directory, a final.json that is a link, a run with none, and
+    a name with escapes are never named as they are (and two hundred older runs cost no more)."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    script = tmp_path / "quick.py"
+    script.write_text("print('done', flush=True)\n")
+    for run_id in ("older", "newest"):
+        done = run_ranktop("--headless", "--run-id", run_id, str(script), env=env)
+        assert done.returncode == 0, done.stderr
+    root = tmp_path / f"ranktop-{os.getuid()}"
+    final, ended_at = (root / "older" / "final.json").read_bytes(), (root / "older" / "final.json").stat().st_mtime
+    for i in range(200):
+        _ended_copy(root, f"old-{i:03d}", final, ended_at - 3600 - i)
+    _ended_copy(root, "\x1b]0;owned\x07third", final, ended_at - 60)
+    later = time.time() + 5  # newer than every run: each would be named first
+    elsewhere = _ended_copy(tmp_path, "elsewhere", final, later)
+    (root / "linked").symlink_to(elsewhere)
+    os.utime(root / "linked", (later, later), follow_symlinks=False)
+    (root / "final-is-a-link").mkdir()
+    (root / "final-is-a-link" / "final.json").symlink_to(root / "newest" / "final.json")
+    (root / "killed").mkdir()  # an engine that died before the end: events.jsonl, no final.json
+    (root / "killed" / "events.jsonl").write_text("{}\n")
+    if os.geteuid() == 0:  # another user's directory, final.json and all
+        theirs = _ended_copy(root, "theirs", final, later)
+        os.chown(theirs / "final.json", 65534, 65534)
+        os.chown(theirs, 65534, 65534)
+    for name in ("final-is-a-link", "killed"):
+        os.utime(root / name, (later, later))
+    named = rf"ended under {re.escape(str(root))}, newest first: newest \(\d+m\d\ds ago\), older \(\d+m\d\ds ago\), third \(\d+m\d\ds ago\); "
+    for command, reach in (("attach", "attach"), ("logs", "logs"), ("stop", "attach")):
+        done = run_ranktop(command, env=env)
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert re.fullmatch(rf"ranktop: error: no runs are served on this host; {named}ranktop {reach} "
+                            rf"{re.escape(str(root / 'newest'))} reaches the newest, as does its id: ranktop {reach} newest\n",
+                            done.stderr), done.stderr
+    wrong = run_ranktop("logs", "nope", env=env)  # a RUN that names nothing gets the same names
+    assert wrong.returncode == 2 and re.search(rf"^ranktop: error: 'nope' names no run: none is served on this host; {named}",
+                                               wrong.stderr), wrong.stderr
+    for target in (str(root / "newest"), "newest"):  # the two commands it names reach that run
+        shown = run_ranktop("logs", target, env=env)
+        assert (shown.returncode, shown.stdout) == (0, "[0]:done\n"), shown.stderr
+        assert "ranktop: newest has ended (succeeded); its engine has left" in shown.stderr
 
 
 def test_a_run_is_named_by_its_id_a_unique_prefix_or_its_directory_else_the_candidates_are_listed():
@@ -1204,6 +1264,60 @@ def test_a_detached_run_lingers_after_its_end_and_attach_shows_its_final_view(tm
         assert str(tmp_path / "logs" / "end") in screen.replace("\n", "")
     finally:
         term.close()
+
+
+def test_ls_says_how_long_ago_a_lingering_run_ended(tmp_path, runtime):
+    """AGE was the time since the start, for an ended run too, its engine lingering: someone back
+    after it could not tell how long ago it ended (nor so how soon its engine leaves). It says
+    `ended 0m03s ago` (`--json`: `ended_ago`, null while the run runs); a running run's AGE is
+    still the time since its start."""
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    for run_id, entry in (("ticking", str(script)), ("ended", "--no-python")):
+        args = ("true",) if entry == "--no-python" else ()
+        done = run_ranktop("--detach", "--linger", "60", "--run-id", run_id, "--log-dir", str(tmp_path / "logs"),
+                           entry, *args, env=runtime)
+        assert done.returncode == 0, done.stderr
+    runs = wait_for(lambda: {r["run_id"]: r for r in ls(runtime) if r["state"] in ("running", "succeeded")}.keys()
+                    == {"ticking", "ended"} and {r["run_id"]: r for r in ls(runtime)}, what="one run running, one ended")
+    try:
+        assert runs["ended"]["ended_ago"] is not None and re.fullmatch(r"\d+m\d\ds", runs["ended"]["ended_ago"])
+        assert runs["ticking"]["ended_ago"] is None and runs["ticking"]["age"] is not None
+        table = run_ranktop("ls", env=runtime).stdout
+        header, *rows = table.splitlines()
+        ages = {row.split()[0]: row[header.index("AGE"):header.index("CLIENTS")].strip() for row in rows}
+        assert re.fullmatch(r"ended \d+m\d\ds ago", ages["ended"]) and re.fullmatch(r"\d+m\d\ds", ages["ticking"]), table
+    finally:
+        for run_id in runs:
+            run_ranktop("stop", run_id, env=runtime)
+    wait_for(lambda: all(gone(run["pid"]) for run in runs.values()), timeout=15, what="both engines gone")
+
+
+def test_the_attached_header_drops_whole_parts_at_80_columns_rather_than_cut_one(tmp_path, runtime):
+    """At 80 columns the header was cut mid-word (`no` of `no GPU`, `4/4` of `4/4 alive`). Its
+    parts that do not fit go whole, least useful first (the GPU status, the node, the world, the
+    log dir before the restarts left, the attempt, the clock, the alive count); at 160 all show."""
+    env = {**runtime, "RANKTOP_FAKE_GPUS": "0"}  # NVML with no device: the engine's `no GPU`
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    done = run_ranktop("--detach", "--nproc-per-node", "2", "--max-restarts", "2", "--run-id", "narrow",
+                       "--log-dir", str(tmp_path / "logs"), str(script), env=env)
+    assert done.returncode == 0, done.stderr
+    (run,) = ls(runtime)
+    term = ranktop_in_tmux(runtime, "attach narrow", width=80, height=24)
+    try:
+        header = wait_for(lambda: re.search(r"2/2 alive", line := term.screen().splitlines()[0]) and line,
+                          what="the header at 80 columns")
+        assert re.fullmatch(r" ranktop  ticker\.py  running   attempt_0 \(2 restarts left\)  \d+:\d\d:\d\d  2/2 alive *",
+                            header), header
+        term.resize(160, 48)
+        wide = wait_for(lambda: "no GPU" in (line := term.screen().splitlines()[0]) and line, what="the header at 160")
+        assert re.fullmatch(r" ranktop  ticker\.py  running   attempt_0 \(2 restarts left\)  world 2  node 0/1  "
+                            r"\d+:\d\d:\d\d  2/2 alive  no GPU  logs \S*/logs/narrow *", wide), wide
+    finally:
+        term.close()
+        run_ranktop("stop", "narrow", env=runtime)
+    wait_for(lambda: gone(run["pid"]), what="the engine gone")
 
 
 def test_a_detached_engine_stopped_by_a_signal_does_not_linger(tmp_path, runtime):

@@ -53,6 +53,9 @@ class Terminal:
     def press(self, *keys: str) -> None:
         self._tmux("send-keys", "-t", "t", *keys)
 
+    def resize(self, width: int, height: int) -> None:
+        self._tmux("resize-window", "-t", "t", "-x", str(width), "-y", str(height))
+
     def wait_screen(self, *texts: str, timeout: float = 15.0) -> str:
         """The screen once it shows every one of `texts` (tmux may be caught halfway through a frame)."""
         return wait_for(lambda: all(t in (s := self.screen()) for t in texts) and s, timeout,

@@ -82,8 +82,7 @@ def attach_clients() -> list[str]:
     (("--port", "0"), "ranktop: error: bad --port '0': a TCP port number, 1..65535"),
     (("--port", "http"), "ranktop: error: bad --port 'http': a TCP port number, 1..65535"),
     (("--host", "no such host.invalid"), "ranktop: error: bad --host 'no such host.invalid': "),
-    (("nope",), "ranktop: error: 'nope' names no run: none is served on this host; "
-                "an ended run is named by its run directory"),
+    (("nope",), "ranktop: error: 'nope' names no run: none is served on this host; "),  # then the runs that ended
 ])
 def test_bad_web_arguments_are_one_line(runtime, args, message):  # noqa: F811
     done = run_ranktop("web", "--port", str(free_port("127.0.0.1")), *args, env=runtime)

@@ -229,31 +229,65 @@ def _rank_facts(snap: RankSnapshot, now: float, world_digits: int, position: str
     return title
 
 
+# The header's parts that give way on a narrow terminal, least useful first: each goes whole, so
+# that none is cut mid-word ("no" of "no GPU" at 80 columns), and none for a less useful one.
+# What is urgent (the state, a stop's countdown, a note, lost logs, a failed earlier attempt, a
+# lost engine or store) never goes.
+HEADER_DROPS = ("gpu", "python", "node", "world", "logs", "restarts", "attempt", "elapsed", "alive")
+_LOGS_LABEL = "  logs "
+
+Part = tuple[str | None, Text]  # (its name in HEADER_DROPS; None: kept whatever the width), its text
+
+
 def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, width: int | None = None) -> Text:
-    """The job line, most important first (a narrow terminal cuts the end): name, state, the
-    seconds left before a stop's SIGKILL, a note ("stopping…"), lost logs, the attempt and how
-    earlier ones ended, world, node, elapsed, alive ranks, GPU status, the log dir (shortened from
-    its start to fit `width`, where known)."""
-    text = Text(no_wrap=True, overflow="ellipsis")
-    text.append(" ranktop ", style="bold reverse")
-    text.append(f" {clean(group.name)} ", style="bold")
-    _append_state(text, group, now, note)
-    _append_attempts(text, group)
-    if group.interpreter:
-        text.append(f"  python {clean(_short_path(group.interpreter))}", style="dim")
-    _append_world(text, group)
-    end = group.ended_at if group.ended_at is not None else now
-    text.append(f"  {human_duration(end - group.started_at)}")
-    _append_alive(text, group)
-    if group.gpu_status:
-        text.append(f"  {group.gpu_status}", style="dim")
-    if group.log_dir:
-        _append_path(text, "  logs ", group.log_dir, width)
+    """The job line, most important first: name, state, the seconds left before a stop's SIGKILL,
+    a note ("stopping…"), lost logs, the attempt and how earlier ones ended, world, node, elapsed,
+    alive ranks, GPU status, the log dir. With `width` known, the parts that do not fit go whole
+    (HEADER_DROPS), and the log dir gives up its start to fit the room left."""
+    parts = _header_parts(group, now, note)
+    logs = bool(group.log_dir)
+    if width:  # (0: not laid out yet)
+        parts, logs = _fitted(parts, clean(_short_path(group.log_dir)) if logs else None, width)
+    text = Text(no_wrap=True, overflow="ellipsis")  # (what is kept whatever the width, on a tiny terminal)
+    for _, part in parts:
+        text.append_text(part)
+    if logs:
+        _append_path(text, _LOGS_LABEL, group.log_dir, width)
     return text
 
 
-def _append_state(text: Text, group: GroupSnapshot, now: float, note: str | None) -> None:
+def _fitted(parts: list[Part], logs: str | None, width: int) -> tuple[list[Part], bool]:
+    """`parts` with those of HEADER_DROPS that fit `width`, most useful first, so that no part
+    goes for a less useful one (the log dir counted as its last name, `…/NAME`, the least it
+    shows); and whether the log dir stays."""
+    room = width - sum(part.cell_len for key, part in parts if key is None)
+    kept = set()
+    for name in reversed(HEADER_DROPS):
+        if name == "logs":
+            need = cell_len(_LOGS_LABEL + fit_path(logs, 0)) if logs is not None else None
+        else:
+            need = sum(part.cell_len for key, part in parts if key == name) or None
+        if need is not None and need <= room and (name != "restarts" or "attempt" in kept):  # (said of the attempt)
+            kept.add(name)
+            room -= need
+    return [(key, part) for key, part in parts if key is None or key in kept], "logs" in kept
+
+
+def _header_parts(group: GroupSnapshot, now: float, note: str | None) -> list[Part]:
+    end = group.ended_at if group.ended_at is not None else now
+    parts: list[Part] = [(None, Text(" ranktop ", style="bold reverse")), (None, Text(f" {clean(group.name)} ", style="bold")),
+                         (None, _state_text(group, now, note)), *_attempt_parts(group)]
+    if group.interpreter:
+        parts.append(("python", Text(f"  python {clean(_short_path(group.interpreter))}", style="dim")))
+    parts += [*_world_parts(group), ("elapsed", Text(f"  {human_duration(end - group.started_at)}")), _alive_part(group)]
+    if group.gpu_status:
+        parts.append(("gpu", Text(f"  {group.gpu_status}", style="dim")))
+    return parts
+
+
+def _state_text(group: GroupSnapshot, now: float, note: str | None) -> Text:
     """The group's state, then what is urgent about it: a stop's countdown, the note, lost logs."""
+    text = Text()
     if group.end_unknown:  # the engine was lost: the state last seen is no longer known
         text.append(" unknown ", style=look(STATE_STYLE[RankState.UNKNOWN]))
     else:
@@ -267,39 +301,42 @@ def _append_state(text: Text, group: GroupSnapshot, now: float, note: str | None
         lost = sum(loss.bytes_lost for loss in group.incomplete_logs)
         text.append(f" {len(group.incomplete_logs)} log(s) incomplete: {group.incomplete_logs[0].error}, "
                     f"{human_bytes(lost)} not saved ", style="bold white on red")
+    return text
 
 
-def _append_attempts(text: Text, group: GroupSnapshot) -> None:
+def _attempt_parts(group: GroupSnapshot) -> list[Part]:
     """The attempt, the restarts left and how the last earlier attempt ended."""
     # Named as its directory is (attempt_<k>); restarts the user asked for spend none of the limit.
-    text.append(f"  attempt_{group.attempt}")
-    if group.max_restarts:
+    parts: list[Part] = [("attempt", Text(f"  attempt_{group.attempt}"))]
+    if group.max_restarts:  # (given up before the attempt it is said of)
         left = max(0, group.max_restarts - (group.attempt - group.user_restarts))
-        text.append(f" ({left} restart{'s' * (left != 1)} left)", style="dim")
+        parts.append(("restarts", Text(f" ({left} restart{'s' * (left != 1)} left)", style="dim")))
     if group.earlier_attempts:  # "all ranks exited 0" must not hide that an earlier attempt failed
-        text.append(f"  earlier: {clean(group.earlier_attempts[-1])}", style="bold yellow")
-        if len(group.earlier_attempts) > 1:
-            text.append(f" (+{len(group.earlier_attempts) - 1})", style="bold yellow")
+        more = len(group.earlier_attempts) - 1
+        parts.append((None, Text(f"  earlier: {clean(group.earlier_attempts[-1])}" + (f" (+{more})" if more else ""),
+                                 style="bold yellow")))
+    return parts
 
 
-def _append_world(text: Text, group: GroupSnapshot) -> None:
+def _world_parts(group: GroupSnapshot) -> list[Part]:
     """World size, this node and the rendezvous round, and a lost store."""
-    if world_undecided(group.state, group.round):
-        text.append("  world ?  node ?")  # the first round decides both: the command line's are guesses
+    if world_undecided(group.state, group.round):  # the first round decides both: the command line's are guesses
+        parts: list[Part] = [("world", Text("  world ?")), ("node", Text("  node ?"))]
     else:
-        text.append(f"  world {group.world_size}")
-        text.append(f"  node {group.node_rank}/{group.nnodes}" + (f" round {group.round}" if group.round is not None else ""))
+        parts = [("world", Text(f"  world {group.world_size}")),
+                 ("node", Text(f"  node {group.node_rank}/{group.nnodes}"
+                               + (f" round {group.round}" if group.round is not None else "")))]
     if group.store_lost:  # the rendezvous's store, gone: the ranks run on, no new round can form
-        text.append("  store lost", style="bold yellow")
+        parts.append((None, Text("  store lost", style="bold yellow")))
+    return parts
 
 
-def _append_alive(text: Text, group: GroupSnapshot) -> None:
+def _alive_part(group: GroupSnapshot) -> Part:
     if group.end_unknown:  # (the ranks alive when the engine was lost are of unknown state now)
         seen = sum(1 for r in group.ranks if r.state == RankState.UNKNOWN)
-        text.append(f"  engine lost: {seen}/{len(group.ranks)} alive when last seen", style="bold yellow")
-    else:
-        alive = sum(1 for r in group.ranks if r.state.alive)
-        text.append(f"  {alive}/{len(group.ranks)} alive", style="dim")
+        return None, Text(f"  engine lost: {seen}/{len(group.ranks)} alive when last seen", style="bold yellow")
+    alive = sum(1 for r in group.ranks if r.state.alive)
+    return "alive", Text(f"  {alive}/{len(group.ranks)} alive", style="dim")
 
 
 def kill_countdown(group: GroupSnapshot, now: float) -> str | None:

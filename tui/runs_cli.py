@@ -28,6 +28,7 @@ from ranktop.core.client import (
     wait_ended,
     wait_gone,
 )
+from ranktop.core.layout import default_log_root, newest_ended_runs
 from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.state import world_undecided
@@ -56,9 +57,10 @@ def run_parser(prog: str, description: str) -> UsageParser:
     return p
 
 
-def pick_run(target: str | None) -> ServedRun | FinalEngine | int:
+def pick_run(target: str | None, command: str = "attach") -> ServedRun | FinalEngine | int:
     """The served run `target` names; else the final view of the ended run it names (its engine
-    has gone: its directory holds final.json); else the one line saying why not, as a status."""
+    has gone: its directory holds final.json); else the one line saying why not, as a status,
+    which names the runs that ended last and how `command` reaches them."""
     try:
         return find_run(target, served_runs())
     except SeveralRuns as exc:  # not an ended run that the prefix names too
@@ -74,7 +76,25 @@ def pick_run(target: str | None) -> ServedRun | FinalEngine | int:
     if (unfinished := unfinished_words(target)) is not None:
         print(unfinished, file=sys.stderr)
         return 1
-    return usage_error(f"{not_served}; an ended run is named by its run directory")
+    return usage_error(f"{not_served}; {ended_runs_words(command)}")
+
+
+NEWEST_ENDED_NAMED = 3  # ended runs a "no run" line names: the newest is most likely the one meant
+
+
+def ended_runs_words(command: str) -> str:
+    """For someone back after their run's engine left: the runs that ended last under the default
+    log root, and the exact command that reaches the newest, by its directory and by its id; or
+    that none ended there, so an ended run is named by its directory."""
+    root = default_log_root()
+    ended = newest_ended_runs(NEWEST_ENDED_NAMED)
+    if not ended:
+        return f"none has ended under {root} either; an ended run elsewhere is named by its run directory"
+    now = time.time()
+    named = ", ".join(f"{name} ({_age(max(0.0, now - when))} ago)" for name, when in ended)
+    newest = ended[0][0]
+    return clean(f"ended under {root}, newest first: {named}; {run_command(command, os.path.join(root, newest))} "
+                 f"reaches the newest, as does its id: {run_command(command, newest)}")
 
 
 def unfinished_words(target: str | None) -> str | None:
@@ -119,8 +139,7 @@ def ls(argv: list[str]) -> int:
         print_out("no runs are served on this host")
         return 0
     rows = [("RUN", "SCRIPT", "WORLD", "STATE", "AGE", "CLIENTS", "LOGS")]
-    rows += [(r.run_id, *("?" if v is None else str(v) for v in _facts(r).values()), _clients(r),
-              r.snapshot.get("log_dir") or "") for r in runs]
+    rows += [_row(r) for r in runs]
     rows = [tuple(_as_printed(clean(cell)) for cell in row) for row in rows]  # names come from the runs: shown safely
     print_out(_table(rows))
     return 0
@@ -154,7 +173,22 @@ def _facts(run: ServedRun) -> dict:
     started = snap.get("started_at")  # NaN where the engine's was no time: unknown, shown as "?"
     undecided = world_undecided(snap.get("state"), snap.get("round"))
     return {"script": snap.get("name"), "world": None if undecided else snap.get("world_size"), "state": snap.get("state"),
-            "age": None if started is None or not math.isfinite(started) else _age(time.time() - started)}
+            "age": _since(started), "ended_ago": _since(snap.get("ended_at")) if snap.get("ended") else None}
+
+
+def _since(when: float | None) -> str | None:
+    """How long ago `when` (a time.time()) was, as `ls` says it; None where unknown (NaN: an
+    engine's time that was no time), 0 for a time ahead of this host's clock."""
+    return None if when is None or not math.isfinite(when) else _age(max(0.0, time.time() - when))
+
+
+def _row(run: ServedRun) -> tuple[str, ...]:
+    """A run's row. AGE: how long it has been running; of an ended run (its engine lingers), how
+    long ago it ended, which is what someone back after it asks (and `--linger` counts from)."""
+    facts = {k: "?" if v is None else str(v) for k, v in _facts(run).items()}
+    age = f"ended {facts['ended_ago']} ago" if run.snapshot.get("ended") else facts["age"]
+    return (run.run_id, facts["script"], facts["world"], facts["state"], age, _clients(run),
+            run.snapshot.get("log_dir") or "")
 
 
 def _age(seconds: float) -> str:
@@ -257,7 +291,7 @@ def _show(app) -> int:
 def stop(argv: list[str]) -> int:
     p = run_parser("ranktop stop", "Stop a run: SIGTERM to every rank, SIGKILL after its grace.")
     ns = p.parse_args(argv)
-    run = pick_run(ns.run)
+    run = pick_run(ns.run, "attach")  # (an ended run has nothing to stop: its final view is what is left)
     if isinstance(run, int):
         return run
     if isinstance(run, FinalEngine):  # nothing left to stop: what it asked for
@@ -308,7 +342,7 @@ def logs(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     if ns.events and not ns.follow:
         return usage_error("--events needs -f: the events so far are in events.jsonl in the run directory")
-    run = pick_run(ns.run)
+    run = pick_run(ns.run, "logs")
     if isinstance(run, int):
         return run
     if isinstance(run, FinalEngine):

@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     problem = _cannot_listen(ns.host, ns.port)
     if problem is not None:
         return usage_error(problem)
-    run = pick_run(ns.run)
+    run = pick_run(ns.run, "web")
     if isinstance(run, int):
         return run
     if isinstance(run, FinalEngine):  # ended, its engine gone: every tab shows its final view
