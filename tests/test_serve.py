@@ -169,7 +169,8 @@ def test_ls_cleans_the_socket_of_an_engine_that_died(tmp_path, runtime):
     assert os.path.exists(run["socket"])  # left behind by the dead engine
     assert ls(runtime) == []
     assert not os.path.exists(run["socket"])
-    assert run_ranktop("ls", env=runtime).stdout.strip() == "no runs are served on this host"
+    alone = {**runtime, "TMPDIR": str(tmp_path)}  # (no ended runs under its default log root to name)
+    assert run_ranktop("ls", env=alone).stdout.strip() == "no runs are served on this host"
 
 
 def test_a_run_whose_engine_died_is_named_with_its_log_directory(tmp_path, runtime):
@@ -306,7 +307,7 @@ def _ended_copy(root: Path, name: str, final: bytes, when: float) -> Path:
 def test_a_user_back_after_the_engine_left_is_told_which_runs_ended_and_how_to_reach_them(tmp_path, runtime):
     """Back after the run's engine left (its --linger passed, or its TUI ended): `attach`, `logs`
     and `stop` with no RUN said `no runs are served on this host; an ended run is named by its run
-    directory`: no hint which run was theirs, and an id works too. They name the runs that ended
+    directory` (`ls`: its first half): no hint which run was theirs, and an id works too. They name the runs that ended
     last under the default log root, newest first, and the command that reaches the newest, by
     its directory and by its id, which both work. The root is read as it may have been tampered
     with: a symlink, another user's directory, a final.json that is a link, a run with none, and
@@ -343,6 +344,10 @@ def test_a_user_back_after_the_engine_left_is_told_which_runs_ended_and_how_to_r
         assert re.fullmatch(rf"ranktop: error: no runs are served on this host; {named}ranktop {reach} "
                             rf"{re.escape(str(root / 'newest'))} reaches the newest, as does its id: ranktop {reach} newest\n",
                             done.stderr), done.stderr
+    listed = run_ranktop("ls", env=env)  # the first command typed on coming back
+    assert listed.returncode == 0 and re.fullmatch(
+        rf"no runs are served on this host; {named}ranktop attach {re.escape(str(root / 'newest'))} reaches the "
+        r"newest, as does its id: ranktop attach newest\n", listed.stdout), listed.stdout
     wrong = run_ranktop("logs", "nope", env=env)  # a RUN that names nothing gets the same names
     assert wrong.returncode == 2 and re.search(rf"^ranktop: error: 'nope' names no run: none is served on this host; {named}",
                                                wrong.stderr), wrong.stderr

@@ -86,11 +86,17 @@ def ended_runs_words(command: str) -> str:
     """For someone back after their run's engine left: the runs that ended last under the default
     log root, and the exact command that reaches the newest, by its directory and by its id; or
     that none ended there, so an ended run is named by its directory."""
-    root = default_log_root()
+    return newest_ended_words(command) or (f"none has ended under {default_log_root()} either; an ended run "
+                                           "elsewhere is named by its run directory")
+
+
+def newest_ended_words(command: str) -> str | None:
+    """The runs that ended last under the default log root and how `command` reaches the newest;
+    None where none did."""
     ended = newest_ended_runs(NEWEST_ENDED_NAMED)
     if not ended:
-        return f"none has ended under {root} either; an ended run elsewhere is named by its run directory"
-    now = time.time()
+        return None
+    root, now = default_log_root(), time.time()
     named = ", ".join(f"{name} ({_age(max(0.0, now - when))} ago)" for name, when in ended)
     newest = ended[0][0]
     return clean(f"ended under {root}, newest first: {named}; {run_command(command, os.path.join(root, newest))} "
@@ -135,8 +141,9 @@ def ls(argv: list[str]) -> int:
         print_out(json.dumps([{"run_id": r.run_id, "pid": r.pid, "socket": r.path, "clients": r.clients,
                                "full": r.full, "log_dir": r.snapshot.get("log_dir"), **_facts(r)} for r in runs]))
         return 0
-    if not runs:
-        print_out("no runs are served on this host")
+    if not runs:  # (the first thing typed by someone back after the engine left: which run was theirs)
+        ended = newest_ended_words("attach")
+        print_out("no runs are served on this host" + (f"; {ended}" if ended else ""))
         return 0
     rows = [("RUN", "SCRIPT", "WORLD", "STATE", "AGE", "CLIENTS", "LOGS")]
     rows += [_row(r) for r in runs]
