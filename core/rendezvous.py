@@ -42,6 +42,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ranktop.core.errors import UsageError
@@ -381,6 +382,25 @@ def _serve_ranks_store(host: str) -> Any:
     return dist.TCPStore(host_name=host, port=0, is_master=True, wait_for_workers=False)
 
 
+_FIRST_WORD_WAIT = timedelta(seconds=10)  # the first caller writes its word right after counting
+
+
+def _first_word(store: Any, key: str, word: str) -> str:
+    """The first word written to `key` by the callers of this, `word` if this call is the first.
+    c10d's stores have compare_set; torch's etcd store (etcd and etcd-v2 rounds) has none, only an
+    atomic add: the callers are counted, the first writes its word, the others read it."""
+    try:
+        return store.compare_set(key, "", word).decode()
+    except RuntimeError as exc:
+        if "Not implemented" not in str(exc):
+            raise
+    if store.add(f"{key}/callers", 1) == 1:
+        store.set(key, word)
+        return word
+    store.wait([key], _FIRST_WORD_WAIT)
+    return store.get(key).decode()
+
+
 @dataclass(frozen=True)
 class RoundEnd:
     """Why the running round must end although the ranks are fine."""
@@ -698,7 +718,7 @@ class Rendezvous:
         A node whose ranks broke because another stopped its own for newcomers spends no restart;
         after a real failure every node spends one."""
         try:
-            return self.store.compare_set(_GROUP_END, "", seen).decode()
+            return _first_word(self.store, _GROUP_END, seen)
         except Exception:
             return seen  # out of reach: this node's own view
 
