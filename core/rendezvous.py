@@ -488,6 +488,19 @@ class Rendezvous:
             parts = []
         return f"waiting for nodes to join the {self.describe()}" + (f" ({'; '.join(parts)})" if parts else "")
 
+    def spare_words(self) -> str | None:
+        """Words for a node that torch's dynamic handler (c10d, etcd-v2) put on its redundancy list,
+        else None: the round is full and running, so the node waits with no time-out until a node
+        of it leaves or the job ends, as a torchrun node does (its waiting line named the join
+        time-out). Read from the state the handler last synced, without a store call."""
+        try:
+            if self.handler._this_node not in self.handler._state_holder.state.redundancy_list:
+                return None
+        except Exception:  # noqa: BLE001 - another handler, or torch's private parts moved
+            return None
+        return (f"the {self.describe()}'s round is full and running: this node waits as a spare, with no "
+                "time-out, until a node of it leaves or the job ends")
+
     def _nodes_asked(self) -> tuple[int, int] | None:
         """(fewest, most) nodes this node's handler asks a round for, where it says."""
         settings = getattr(self.handler, "settings", None)
