@@ -39,8 +39,10 @@ class AgentRendezvous:
         self.events.write("rendezvous_joining", rendezvous=self.rendezvous.describe(), attempt=self.attempt)
         waiting = self._waiting = self.rendezvous.waiting_words()
         self._now_under_way()
-        try:  # headless says so once the wait is not a short one (a TUI shows it at once)
-            outcome = self._wait_unless_stopped(self.rendezvous.next_round, slow=lambda: self._notice(waiting))
+        try:  # headless says so once the wait is not a short one (a TUI shows it at once), unless a spare
+            outcome = self._wait_unless_stopped(
+                self.rendezvous.next_round, slow=lambda: self._waiting == waiting and self._notice(waiting),
+                tick=self._say_if_spare)
         finally:
             self._waiting = None
         if outcome is None:
@@ -64,10 +66,19 @@ class AgentRendezvous:
             self._notice(odd_size)
         return True
 
-    def _wait_unless_stopped(self, call: Callable[[], Any], slow: Callable[[], None] | None = None) -> Any:
+    def _say_if_spare(self) -> None:
+        """Once the round this node joins turns out full and running: say so, in place of the wait."""
+        words = self.rendezvous.spare_words()
+        if words is not None and self._waiting != words:
+            self._waiting = words
+            self.events.write("rendezvous_spare", message=words)
+            self._notice(words)
+
+    def _wait_unless_stopped(self, call: Callable[[], Any], slow: Callable[[], None] | None = None,
+                             tick: Callable[[], None] | None = None) -> Any:
         """`call()`'s value, or the RendezvousFailed it raised; None if a stop came first. It runs
         in a thread: a store call blocks for as long as its timeout, and a stop must not wait.
-        `slow` is called once if the call takes over SLOW_WAIT seconds."""
+        `slow` is called once if the call takes over SLOW_WAIT seconds, `tick` at each look."""
         box: list[Any] = []
         done = threading.Event()
         slow_at = time.monotonic() + SLOW_WAIT
@@ -87,6 +98,8 @@ class AgentRendezvous:
             if slow is not None and time.monotonic() >= slow_at:
                 slow()
                 slow = None
+            if tick is not None:
+                tick()
         return box[0] if box else RendezvousFailed(f"the {self.rendezvous.describe()} failed")
 
     def _stop_asked(self) -> bool:

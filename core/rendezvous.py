@@ -42,6 +42,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ranktop.core.errors import UsageError
@@ -385,6 +386,25 @@ def _serve_ranks_store(host: str) -> Any:
     return dist.TCPStore(host_name=host, port=0, is_master=True, wait_for_workers=False)
 
 
+_FIRST_WORD_WAIT = timedelta(seconds=10)  # the first caller writes its word right after counting
+
+
+def _first_word(store: Any, key: str, word: str) -> str:
+    """The first word written to `key` by the callers of this, `word` if this call is the first.
+    c10d's stores have compare_set; torch's etcd store (etcd and etcd-v2 rounds) has none, only an
+    atomic add: the callers are counted, the first writes its word, the others read it."""
+    try:
+        return store.compare_set(key, "", word).decode()
+    except RuntimeError as exc:
+        if "Not implemented" not in str(exc):
+            raise
+    if store.add(f"{key}/callers", 1) == 1:
+        store.set(key, word)
+        return word
+    store.wait([key], _FIRST_WORD_WAIT)
+    return store.get(key).decode()
+
+
 @dataclass(frozen=True)
 class RoundEnd:
     """Why the running round must end although the ranks are fine."""
@@ -472,6 +492,19 @@ class Rendezvous:
         except Exception:  # noqa: BLE001 - a plugin's property that raises costs the detail, not the run
             parts = []
         return f"waiting for nodes to join the {self.describe()}" + (f" ({'; '.join(parts)})" if parts else "")
+
+    def spare_words(self) -> str | None:
+        """Words for a node that torch's dynamic handler (c10d, etcd-v2) put on its redundancy list,
+        else None: the round is full and running, so the node waits with no time-out until a node
+        of it leaves or the job ends, as a torchrun node does (its waiting line named the join
+        time-out). Read from the state the handler last synced, without a store call."""
+        try:
+            if self.handler._this_node not in self.handler._state_holder.state.redundancy_list:
+                return None
+        except Exception:  # noqa: BLE001 - another handler, or torch's private parts moved
+            return None
+        return (f"the {self.describe()}'s round is full and running: this node waits as a spare, with no "
+                "time-out, until a node of it leaves or the job ends")
 
     def _nodes_asked(self) -> tuple[int, int] | None:
         """(fewest, most) nodes this node's handler asks a round for, where it says."""
@@ -704,7 +737,7 @@ class Rendezvous:
         spends no restart; after a real failure every node spends one; after a user's `R` on one
         node every node starts the next attempt, spending none."""
         try:
-            return self.store.compare_set(_GROUP_END, "", seen).decode()
+            return _first_word(self.store, _GROUP_END, seen)
         except Exception:
             return seen  # out of reach: this node's own view
 

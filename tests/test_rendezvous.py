@@ -533,22 +533,34 @@ def _etcd(tmp_path: Path, *flags: str):
         stop_process(server)
 
 
-@pytest.mark.parametrize(("backend", "rank"), [("etcd", "allreduce"), ("etcd-v2", "print")])
+@pytest.mark.parametrize(("backend", "rank"), [("etcd", ("allreduce",)), ("etcd-v2", ("fail-first", "1"))],
+                         ids=["etcd", "etcd-v2"])
 def test_two_nodes_through_a_real_etcd_server(tmp_path, etcd_server, backend, rank):
     """torch's etcd handler (its own rendezvous protocol over etcd keys) and etcd-v2 (torch's
-    dynamic rendezvous kept in etcd): two ranktop nodes form one world of two."""
+    dynamic rendezvous kept in etcd): two ranktop nodes form one world of two. Over etcd-v2 rank 1
+    fails once: both nodes spend a restart, as over c10d. The peer took the failing node's new
+    round for a node joining (torch's etcd store has no compare_set, where the nodes agree why the
+    group ended) and spent none: its ranks started again as attempt 0."""
+    restarts = rank[0] == "fail-first"
     job = Job(tmp_path, f"over-{backend}", backend=backend, endpoint=etcd_server)
     for _ in range(2):
-        job.start(rank)
+        job.start(*rank, extra=("--max-restarts", "1") if restarts else ())
     results = job.finish()
     for status, out, err in results:
         assert status == 0, err
         assert f"ranktop: {backend} rendezvous 'over-{backend}' round 0: this node is group rank" in out + err
-        if rank == "allreduce":
+        if rank == ("allreduce",):
             assert "SUM 1 world 2" in out, out
     placed = [p for _, out, _ in results for p in placements(out)]
-    assert sorted((p["RANK"], p["WORLD_SIZE"], p["GROUP_RANK"]) for p in placed) == [("0", "2", "0"), ("1", "2", "1")]
+    first = [p for p in placed if p["TORCHELASTIC_RESTART_COUNT"] == "0"]
+    assert sorted((p["RANK"], p["WORLD_SIZE"], p["GROUP_RANK"]) for p in first) == [("0", "2", "0"), ("1", "2", "1")]
     assert {p["TORCHELASTIC_RUN_ID"] for p in placed} == {f"over-{backend}"}
+    if restarts:
+        assert sorted(p["TORCHELASTIC_RESTART_COUNT"] for p in placed) == ["0", "0", "1", "1"], placed
+        lines = sorted(ln for _, _, err in results for ln in err.splitlines() if "restarting the group" in ln)
+        assert lines == [f"ranktop: another node of the {backend} rendezvous 'over-{backend}' failed; restarting "
+                         "the group: attempt_1 (1 of 1 restarts spent)",
+                         "ranktop: rank 1 failed (exit 3); restarting the group: attempt_1 (1 of 1 restarts spent)"], lines
 
 
 def test_etcd_without_its_client_is_a_one_line_error(tmp_path, torch_installed):

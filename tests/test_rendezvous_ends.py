@@ -366,20 +366,31 @@ def test_the_store_host_serving_a_new_round_leaves_once_every_other_node_is_gone
 
 def test_a_node_waiting_at_the_exit_barrier_says_so(tmp_path, torch_installed):
     """Node 0's rank is done, node 1's runs on: node 0 sat at the exit barrier, up to 300 s, as
-    `rendezvous` and nothing more. It says what it waits for once the wait is not a short one."""
+    `rendezvous` and nothing more. It says what it waits for once the wait is not a short one.
+    A third node joining the full, running round is torch's spare (its redundancy list): it waits
+    with no time-out, and says so; its line named the join time-out (40 s here), as if it would
+    give up then."""
     job = Job(tmp_path, "barrier-wait")
     release = tmp_path / "release"
     node = job.start("print", local_addr="127.0.0.1")
     job.start("until-file", str(release), local_addr="127.0.0.2")
     line = "ranktop: waiting at the exit barrier for the other nodes of the c10d rendezvous 'barrier-wait' " \
            "(gives up after 300 s)\n"
+    spare_line = ("ranktop: the c10d rendezvous 'barrier-wait''s round is full and running: this node waits as a "
+                  "spare, with no time-out, until a node of it leaves or the job ends\n")
     try:
         wait_for(lambda: select.select([node.stderr], [], [], 0.1)[0] and node.stderr.readline() == line,
                  timeout=TIMEOUT, what="the line about the exit barrier")
+        spare = job.start("print", local_addr="127.0.0.3")
+        wait_for(lambda: select.select([spare.stderr], [], [], 0.1)[0] and spare.stderr.readline() == spare_line,
+                 timeout=TIMEOUT, what="the spare's line")
     finally:
         release.touch()  # (the job ends either way)
-    for status, _, err in job.finish():
+    *nodes, (spare_status, _, spare_err) = job.finish()
+    for status, _, err in nodes:
         assert status == 0 and "exit barrier:" not in err, err
+    assert spare_status == 1 and "waiting for nodes to join" not in spare_err, spare_err  # the job ended without it
+    assert [e["event"] for e in events(tmp_path / "node2")].count("rendezvous_spare") == 1
 
 
 def test_the_node_serving_the_store_leaves_the_exit_barrier_only_after_the_others(tmp_path, torch_installed):

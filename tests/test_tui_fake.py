@@ -650,18 +650,23 @@ def test_a_read_only_view_leaves_out_the_keys_that_act_on_ranks():
 
 def test_the_root_cause_heading_names_the_attempt_its_rank_failed_in():
     """A restart spent on a failure whose next rendezvous round never formed (a peer node lost):
-    the run ends on attempt_1, whose ranks never started; the heading said attempt_1."""
+    the run ends on attempt_1, whose ranks never started; the heading said attempt_1. Why the run
+    then ended (the round timed out) is in the panel under the evidence: it was a toast only, gone
+    after 30 s, and the panel left the end of attempt_1 unexplained (the report said it)."""
     engine = FakeEngine(2)
     engine.group = dataclasses.replace(engine.group, attempt=1, max_restarts=1)
     cause = RootCause(rank=1, local_rank=1, pid=4967, exitcode=1, signal_name=None, message="", traceback=None,
                       timestamp=time.time(), error_file=None, attempt=0)
+    timed_out = "the c10d rendezvous 'job42' timed out: not enough nodes joined"
 
     async def body(app, pilot):
-        engine.end(GroupState.FAILED, 1, root_cause=cause)
+        engine.end(GroupState.FAILED, 1, root_cause=cause, group_fields={"rendezvous_error": timed_out})
         head = app.main.query_one("#root-cause-head")
         await until(pilot, lambda: head.region.height, what="the end panel")
         await pilot.pause()
-        assert "attempt_0 (pid 4967)" in screen_rows(app)[head.region.y]
+        rows = screen_rows(app)
+        assert "attempt_0 (pid 4967)" in rows[head.region.y]
+        assert f"then: {timed_out}" in [row.strip() for row in rows[head.region.y:]], rows
 
     drive(engine, body)
 

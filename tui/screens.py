@@ -301,6 +301,8 @@ def root_cause_body(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
         text.append(f"  {clean(group.rendezvous_error)}\n")
     elif cause is not None:
         _append_evidence(text, cause, max_traceback=max_traceback, max_tail=max_tail)
+        if group.rendezvous_error and group.stop_signal is None:  # why no later attempt ran: a toast said it once
+            text.append(f"  then: {clean(group.rendezvous_error)}\n", style="bold red")
     elif group.user_ended:  # no failure: the user ended them
         text.append(f"  you ended rank{'s' * (len(group.user_ended) > 1)} {', '.join(map(str, group.user_ended))} "
                     "(a kill or your signal): no failure\n", style="yellow")
