@@ -61,10 +61,14 @@ class GroupState(str, enum.Enum):
         return state in (GroupState.RUNNING, GroupState.RESTARTING)
 
 
-def world_undecided(state: str | None, round_: int | None) -> bool:
+def world_undecided(state: str | None, round_: int | None, ranks_started: bool = True) -> bool:
     """Whether a group's world size and node are still the command line's guesses: a rendezvous
-    run before its first round decides them (`state` as a snapshot's, or its JSON's string)."""
-    return state == GroupState.RENDEZVOUS and round_ is None
+    run before its first round decides them, or one that ended before any did (its round timed
+    out: no rank ever started). `state` as a snapshot's, or its JSON's string."""
+    if round_ is not None:
+        return False
+    ended = state in (GroupState.SUCCEEDED, GroupState.FAILED, GroupState.STOPPED)
+    return state == GroupState.RENDEZVOUS or (ended and not ranks_started)
 
 
 @dataclass(frozen=True)

@@ -102,10 +102,13 @@ def test_tui_shows_the_wait_for_nodes_and_why_the_run_ended(tmp_path, torch_inst
                 await pilot.pause(0.1)
             await pilot.pause(0.3)
             waiting.append(str(box.render()) if box.display else None)
+            headers.append(app.main.query_one("#header", LiveText).render().plain)
 
     asyncio.run(asyncio.wait_for(main(), 40))
-    # (before the first round nothing is decided: it said `world 2  node 0/1`, the command line's guesses)
+    # (before the first round nothing is decided: it said `world 2  node 0/1`, the command line's
+    # guesses; and so again once the round had timed out, in the end view)
     assert any(" rendezvous " in h and "  world ?  node ?  " in h for h in headers), headers
+    assert " failed " in headers[-1] and "  world ?  node ?  " in headers[-1], headers[-1]
     assert not any("node 0/1" in h for h in headers), headers
     # What the node waits for, above the empty panes, until the round gave up
     assert ("waiting for nodes to join the c10d rendezvous 'tui' (2 nodes; gives up after 4 s)\n"

@@ -320,7 +320,7 @@ def _attempt_parts(group: GroupSnapshot) -> list[Part]:
 
 def _world_parts(group: GroupSnapshot) -> list[Part]:
     """World size, this node and the rendezvous round, and a lost store."""
-    if world_undecided(group.state, group.round):  # the first round decides both: the command line's are guesses
+    if world_undecided(group.state, group.round, bool(group.ranks)):  # the first round decides both: the command line's are guesses
         parts: list[Part] = [("world", Text("  world ?")), ("node", Text("  node ?"))]
     else:
         parts = [("world", Text(f"  world {group.world_size}")),

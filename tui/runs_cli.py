@@ -178,7 +178,7 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 def _facts(run: ServedRun) -> dict:
     snap = run.snapshot
     started = snap.get("started_at")  # NaN where the engine's was no time: unknown, shown as "?"
-    undecided = world_undecided(snap.get("state"), snap.get("round"))
+    undecided = world_undecided(snap.get("state"), snap.get("round"), bool(snap.get("ranks")))
     return {"script": snap.get("name"), "world": None if undecided else snap.get("world_size"), "state": snap.get("state"),
             "age": _since(started), "ended_ago": _since(snap.get("ended_at")) if snap.get("ended") else None}
 
