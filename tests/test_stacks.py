@@ -17,7 +17,8 @@ import pytest
 from conftest import PY, ROOT, Running, make_agent, ranktop_cmd, read_events, run_ranktop, wait_for
 from ranktop.core import spec, stacks
 from ranktop.core.agent import LocalAgent
-from ranktop.core.stacks import StackStatus
+from ranktop.core.layout import MAX_RUNS_OPENED
+from ranktop.core.stacks import StackStatus, discovery
 from ranktop.core.stats import StatsSampler
 
 # Rank SPINNER burns CPU in spin(); the others block in wait_for_lock() on a lock that their
@@ -548,3 +549,39 @@ def _fork(node: stacks.TreeNode) -> list[stacks.TreeNode]:
     while len(node.children) == 1:
         node = node.children[0]
     return node.children
+
+
+def _run_with_events(root, name: str, written: float, *events: dict):
+    run = root / name
+    run.mkdir()
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    os.utime(run / "events.jsonl", (written, written))
+    return run
+
+
+def test_stacks_without_a_target_reads_only_the_runs_written_last(tmp_path, monkeypatch):
+    """With no target, the log root's runs were read one by one, each events.jsonl to its end,
+    until one had live ranks: with none live, every run there (a log root used for months holds
+    thousands). Now only the MAX_RUNS_OPENED written last are read, as the no-run line's ended
+    runs are: a live run among them is found, one older than all of them is not."""
+    root = tmp_path / f"ranktop-{os.geteuid()}"
+    root.mkdir(mode=0o700)
+    rank = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], env={**os.environ, "TORCHELASTIC_RUN_ID": "live"})
+    try:
+        live = _run_with_events(root, "live", 1000.0, {"event": "run_started", "run_id": "live", "pid": os.getpid()},
+                                {"event": "started", "rank": 0, "local_rank": 0, "attempt": 0, "pid": rank.pid})
+        for i in range(MAX_RUNS_OPENED):  # ended: their rank's pid is this test's, no rank of theirs
+            _run_with_events(root, f"ended-{i:02d}", 2000.0 + i, {"event": "run_started", "run_id": f"ended-{i}"})
+        newest = root / f"ended-{MAX_RUNS_OPENED - 1:02d}"
+        read = []
+        real = discovery.live_ranks_in_run_dir
+        monkeypatch.setattr(discovery, "live_ranks_in_run_dir", lambda d: read.append(d) or real(d))
+        assert stacks.find_run_dir(str(root)) == str(newest) and len(read) == MAX_RUNS_OPENED
+        assert str(live) not in read
+        out = run_ranktop("stacks", env={**os.environ, "TMPDIR": str(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path / "rt")})
+        assert out.returncode == 1 and out.stderr == f"ranktop stacks: no live ranks in {newest} (the run has ended)\n", out
+        os.utime(live / "events.jsonl", (2010.5, 2010.5))  # among the runs written last: found
+        assert stacks.find_run_dir(str(root)) == str(live)
+    finally:
+        rank.kill()
+        rank.wait()

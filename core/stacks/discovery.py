@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
 import stat
 from collections.abc import Mapping
@@ -9,7 +11,7 @@ from collections.abc import Mapping
 import psutil
 from ranktop.core.errors import ERROR_FILE_ENV
 from ranktop.core.events import read_events, run_started
-from ranktop.core.layout import EVENTS, run_dir_of_error_file
+from ranktop.core.layout import EVENTS, MAX_ROOT_ENTRIES, MAX_RUNS_OPENED, run_dir_of_error_file
 from ranktop.core.protocol import is_whole
 from ranktop.core.stacks.procs import environ, gone_reason
 
@@ -55,15 +57,26 @@ def _is_our_rank(pid: int, run_id: str | None) -> bool:
 
 
 def find_run_dir(path: str) -> str | None:
-    """`path` if it is a run directory, else its newest run directory with live ranks (a log root)."""
+    """`path` if it is a run directory, else (a log root) the newest of its run directories
+    with live ranks, else its newest. Only the MAX_RUNS_OPENED whose events were written last are
+    read, as `newest_ended_runs` bounds its look: each read is an events.jsonl to its end, and a
+    root used for months holds thousands of ended runs, all read when none was live."""
     if os.path.isfile(os.path.join(path, EVENTS)):
         return path
+    runs = _written_last(path, MAX_RUNS_OPENED)
+    return next((d for d in runs if live_ranks_in_run_dir(d)[0]), runs[0] if runs else None)
+
+
+def _written_last(root: str, count: int) -> list[str]:
+    """The `count` run directories of `root` whose events.jsonl was written last, newest first,
+    among its first MAX_ROOT_ENTRIES entries."""
     try:
-        runs = [os.path.join(path, d) for d in os.listdir(path)]
+        with os.scandir(root) as entries:
+            runs = [os.path.join(root, entry.name) for entry in itertools.islice(entries, MAX_ROOT_ENTRIES)]
     except OSError:
-        return None
-    runs = sorted(((when, d) for d in runs if (when := _events_written(d)) is not None), reverse=True)
-    return next((d for _, d in runs if live_ranks_in_run_dir(d)[0]), runs[0][1] if runs else None)
+        return []
+    written = [(when, d) for d in runs if (when := _events_written(d)) is not None]
+    return [d for _, d in heapq.nlargest(count, written)]
 
 
 def _events_written(run_dir: str) -> float | None:
