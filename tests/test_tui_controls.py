@@ -21,7 +21,7 @@ from ranktop.core.engine import LocalEngine
 from ranktop.core.process import kernel_state
 from ranktop.core.report import format_root_cause
 from ranktop.core.spec import WorkerSpec
-from ranktop.core.stacks import find_py_spy
+from ranktop.core.stacks import Frame, RankStack, StackStatus, ThreadStack, build_report, find_py_spy
 from ranktop.core.state import RankSnapshot, RankState
 from ranktop.tui import main_screen
 from ranktop.tui.app import QUIT_STATUS, RanktopApp
@@ -1119,3 +1119,65 @@ def test_the_stack_view_leads_from_the_odd_thread_to_its_ranks_output(tmp_path):
         assert main.zoomed and main.current == 0
 
     drive(app, body, size=(80, 24))
+
+
+class _DumpingEngine(FakeEngine):
+    """A fake engine whose stack dump is `stacks`: a report made to measure."""
+
+    def __init__(self, stacks: list[RankStack]) -> None:
+        super().__init__(len(stacks))
+        self.stacks = stacks
+
+    def submit(self, command: cmd.Command) -> cmd.Ack:
+        if isinstance(command, cmd.DumpStacks):
+            return cmd.Ack(True, "dumped", build_report(self.stacks, time.time(), 0.1))
+        return super().submit(command)
+
+
+def test_a_page_of_the_stack_groups_selects_the_group_it_brings_into_sight():
+    """PgDn scrolled the groups a page and left the selection behind, out of sight: enter then
+    zoomed a rank of a group no longer shown, and ↓ jumped back up to the one after it. Now PgDn
+    and PgUp select the first group in sight after the page, as a list's page keys move its
+    cursor; where the groups fit, the last / the first."""
+    def rank_stack(rank: int) -> RankStack:  # a stack of its own each: twelve groups of one rank
+        frames = (Frame("main", "/t.py", "t.py", 1), Frame(f"step_{rank}", "/t.py", "t.py", 2))
+        return RankStack(rank, rank, 1000 + rank, StackStatus.OK, (ThreadStack("MainThread", 1, None, False, False, True, frames),))
+
+    engine = _DumpingEngine([rank_stack(r) for r in range(12)])
+
+    async def body(app, pilot):
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None, what="the dump")
+        box = app.screen.query_one(StackGroups)
+        await until(pilot, lambda: box.children and box.children[0].has_class("selected"), what="the first selected")
+
+        def in_sight(index: int) -> bool:
+            region = box.children[index].region
+            return region.height > 0 and box.region.y <= region.y < box.region.bottom
+
+        await pilot.press("pagedown")
+        await until(pilot, lambda: box.scroll_y > 0, what="a page down")
+        await pilot.pause()
+        assert box.selected > 0 and in_sight(box.selected), (box.selected, box.scroll_y)
+        first_in_sight = box.selected
+        assert not any(in_sight(i) for i in range(first_in_sight)), box.scroll_y
+        await pilot.press("pageup")
+        await until(pilot, lambda: box.selected == 0 and box.scroll_y == 0, what="a page up")
+        await pilot.press("pagedown", "enter")
+        await until(pilot, lambda: app.screen is app.main, what="back on the grid")
+        assert app.main.zoomed and app.main.current == first_in_sight
+        # A group taller than the page: PgDn reads on through it, still selected.
+        deep = tuple(Frame(f"f{i}", "/t.py", "t.py", i) for i in range(60))
+        engine.stacks[0] = dataclasses.replace(engine.stacks[0], threads=(ThreadStack("MainThread", 1, None, False, False, True, deep),))
+        await pilot.press("escape", "D")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None, what="the dump")
+        box = app.screen.query_one(StackGroups)
+        await until(pilot, lambda: box.children and box.children[0].has_class("selected"), what="the first selected")
+        await pilot.press("pagedown")
+        await until(pilot, lambda: box.scroll_y > 0, what="a page down")
+        assert box.selected == 0 and box.children[0].border_title == "rank 0"
+        await pilot.press("pagedown")
+        await until(pilot, lambda: box.scroll_y > 21, what="another page down")
+        assert box.selected == 0
+
+    drive_fake(engine, body, size=(80, 24))

@@ -63,8 +63,8 @@ class StackGroups(VerticalScroll):
         Binding("down", "select(1)", "Select the previous / next group", show=False),
         Binding("home", "select_end(False)", "Select the first / last group", show=False),
         Binding("end", "select_end(True)", "Select the first / last group", show=False),
-        Binding("pageup", "page_up", "A page up / down", show=False),
-        Binding("pagedown", "page_down", "A page up / down", show=False),
+        Binding("pageup", "select_page(-1)", "A page up / down, its first group selected", show=False),
+        Binding("pagedown", "select_page(1)", "A page up / down, its first group selected", show=False),
     ]
     SIDEWAYS = ("scroll_left", "scroll_right", "page_left", "page_right")  # inherited: left out of the help
 
@@ -79,13 +79,28 @@ class StackGroups(VerticalScroll):
     def action_select_end(self, last: bool) -> None:
         self.select(len(self.children) - 1 if last else 0)
 
-    def select(self, index: int, *, announce: bool = True) -> None:
+    def action_select_page(self, step: int) -> None:
+        """A page up or down, and the first group in sight there selected, as a list's page keys
+        move its cursor (the selection left behind, out of sight, was where enter went); where
+        the groups fit (nothing to page), the first / the last."""
+        top = max(0, min(self.max_scroll_y, round(self.scroll_y) + step * self.scrollable_content_region.height))
+        if top == round(self.scroll_y):
+            self.action_select_end(step > 0)
+            return
+        self.scroll_to(y=top, animate=False, immediate=True)
+        tops = [group.virtual_region.y for group in self.children]
+        shown = [i for i, y in enumerate(tops) if top <= y < top + self.scrollable_content_region.height]
+        # (else a group taller than the page fills it: the one the page is in, where it stays)
+        self.select(shown[0] if shown else max(i for i, y in enumerate(tops) if y <= top), scroll=False)
+
+    def select(self, index: int, *, announce: bool = True, scroll: bool = True) -> None:
         """Select the group at `index` (kept within the groups) and bring it into sight."""
         if not self.children:
             return
         before, self.selected = self.selected, max(0, min(len(self.children) - 1, index))
         self._mark()
-        self.scroll_to_widget(self.children[self.selected], animate=False)
+        if scroll:
+            self.scroll_to_widget(self.children[self.selected], animate=False)
         if announce and before != self.selected:
             self.post_message(self.Selected())
 
