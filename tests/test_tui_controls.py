@@ -22,7 +22,7 @@ from ranktop.core.process import kernel_state
 from ranktop.core.report import format_root_cause
 from ranktop.core.spec import WorkerSpec
 from ranktop.core.stacks import Frame, RankStack, StackStatus, ThreadStack, build_report, find_py_spy
-from ranktop.core.state import RankSnapshot, RankState
+from ranktop.core.state import GroupState, RankSnapshot, RankState
 from ranktop.tui import main_screen
 from ranktop.tui.app import QUIT_STATUS, RanktopApp
 from ranktop.tui.commands import action_name, declared_bindings, help_groups
@@ -1181,3 +1181,28 @@ def test_a_page_of_the_stack_groups_selects_the_group_it_brings_into_sight():
         assert box.selected == 0
 
     drive_fake(engine, body, size=(80, 24))
+
+
+def test_the_header_keeps_its_parts_while_the_countdown_and_the_alive_count_tick_down():
+    """The header's parts are dropped whole to fit; a stop's countdown going from 10s to 9s, or
+    the alive count from 10/10 to 9/10, gave a cell back and a part came in mid-stop (the clock,
+    the GPU status, a longer log dir) at about one width in three: the line jumped under the
+    numbers being watched. Room is kept for them as they were at their widest."""
+    base = dataclasses.replace(FakeEngine(10).snapshot(), log_dir="/tmp/ranktop-0/20261127-061423-e158",
+                               gpu_status="no GPU", max_restarts=3, started_at=0.0, shutdown_timeout=10.0)
+
+    def stopping(left: int):
+        return dataclasses.replace(base, state=GroupState.STOPPING,
+                                   ranks=tuple(dataclasses.replace(r, kill_at=100.0 + left) for r in base.ranks))
+
+    def alive(count: int):
+        return dataclasses.replace(base, ranks=tuple(dataclasses.replace(r, state=RankState.FAILED, exitcode=1)
+                                                     if r.rank >= count else r for r in base.ranks))
+
+    def shape(group, width: int) -> str:  # the header, its ticking numbers aside
+        return re.sub(r"SIGKILL in \d+s|\d+/10 alive", "#", header_text(group, 100.0, width=width).plain).rstrip()
+
+    for width in range(40, 201):
+        assert shape(stopping(10), width) == shape(stopping(9), width) == shape(stopping(0), width), width
+        assert shape(alive(10), width) == shape(alive(9), width), width
+        assert header_text(alive(10), 100.0, width=width).cell_len <= width or width < 60, width

@@ -247,6 +247,7 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
     parts = _header_parts(group, now, note)
     logs = bool(group.log_dir)
     if width:  # (0: not laid out yet)
+        width -= _ticking_room(group, now)
         parts, logs = _fitted(parts, clean(_short_path(group.log_dir)) if logs else None, width)
     text = Text(no_wrap=True, overflow="ellipsis")  # (what is kept whatever the width, on a tiny terminal)
     for _, part in parts:
@@ -254,6 +255,16 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
     if logs:
         _append_path(text, _LOGS_LABEL, group.log_dir, width)
     return text
+
+
+def _ticking_room(group: GroupSnapshot, now: float) -> int:
+    """The cells a stop's countdown and the alive count have given back since they were widest
+    (`SIGKILL in 10s` of a 10 s grace, all ranks alive): kept free, so that no part comes into the
+    line as they tick down, under the eyes of whoever watches them."""
+    due = [r.kill_at for r in group.ranks if r.state.alive and r.kill_at is not None]
+    alive = sum(1 for r in group.ranks if r.state.alive)
+    countdown = len(str(math.ceil(group.shutdown_timeout))) - len(str(math.ceil(max(0.0, min(due) - now)))) if due else 0
+    return max(0, countdown) + len(str(len(group.ranks))) - len(str(alive))
 
 
 def _fitted(parts: list[Part], logs: str | None, width: int) -> tuple[list[Part], bool]:
