@@ -585,3 +585,35 @@ def test_stacks_without_a_target_reads_only_the_runs_written_last(tmp_path, monk
     finally:
         rank.kill()
         rank.wait()
+
+
+NUMBERED_THREADS = """
+import os, threading, time
+def log_sender():
+    time.sleep(3600)
+def worker():
+    time.sleep(3600)
+if os.environ["RANK"] == "0":  # rank 0's own thread, started first: its later threads' numbers shift
+    threading.Thread(target=log_sender, daemon=True).start()
+threading.Thread(target=worker, daemon=True).start()
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_threads_python_numbered_group_across_ranks_whatever_their_number(tmp_path):
+    """Python names a thread it is given no name for by the order of its start ('Thread-2
+    (worker)'): one extra thread of rank 0's, started first, gave the same worker another name
+    there, and it was marked `not in ranks 1-2`, the others' `not in rank 0`, all listed first
+    as odd. The number is left out of the grouping (`Thread-N (worker)`): only rank 0's own thread
+    is odd."""
+    with Running(make_agent(tmp_path, NUMBERED_THREADS, n=3)) as agent:
+        wait_ready(agent, 3)
+        report = stacks.dump_agent_stacks(agent)
+        names = {r.rank: sorted(t.name for t in r.others) for r in report.ranks}
+        assert names == {0: ["Thread-1 (log_sender)", "Thread-2 (worker)"], 1: ["Thread-1 (worker)"],
+                         2: ["Thread-1 (worker)"]}, names
+        groups = stacks.other_thread_groups(report)
+        assert [(g.name, g.ranks, g.odd_words) for g in groups] == [
+            ("Thread-N (log_sender)", (0,), "not in ranks 1-2"), ("Thread-N (worker)", (0, 1, 2), "")]
+        assert stacks.thread_tree(report, "Thread-N (worker)").ranks == [0, 1, 2]

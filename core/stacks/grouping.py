@@ -57,13 +57,13 @@ def _count(node: TreeNode, rank: int) -> None:
 
 
 def other_thread_groups(report: StackReport) -> list[ThreadGroup]:
-    """Non-main threads grouped across ranks by (thread name, stack), the odd ones first: a stack
+    """Non-main threads grouped across ranks by (thread name, its `thread_kind`; stack), the odd ones first: a stack
     the threads of its name have in fewer ranks than another (against a clear majority, as the
     main threads' groups), or a thread some dumped ranks lack."""
     by_key: dict[tuple, tuple[tuple, list[int]]] = {}  # (name, stack): (frames, ranks)
     for s in _dumped(report):
         for t in s.others:
-            ranks = by_key.setdefault((t.name, t.key), (t.frames, []))[1]
+            ranks = by_key.setdefault((thread_kind(t.name), t.key), (t.frames, []))[1]
             if not ranks or ranks[-1] != s.rank:  # (two threads of one name and stack in a rank)
                 ranks.append(s.rank)
     dumped = {s.rank for s in _dumped(report)}
@@ -86,9 +86,22 @@ def _of_one_name(name: str, entries: list[tuple[tuple, list[int]]], dumped: set[
             for frames, ranks in entries]
 
 
+# Python numbers the threads it names itself in the order a process starts them ('Thread-7
+# (worker)', 'ThreadPoolExecutor-1_0', 'Dummy-3'): one thread more in rank 0, started first,
+# gives the same thread another name there than in every other rank.
+_NUMBERED = re.compile(r"^(Thread|ThreadPoolExecutor|Dummy)-\d+")
+
+
+def thread_kind(name: str) -> str:
+    """A thread's name as the other threads are grouped by: Python's own start number left out
+    ('Thread-N (worker)')."""
+    return _NUMBERED.sub(r"\1-N", name)
+
+
 def thread_tree(report: StackReport, name: str) -> TreeNode:
-    """The call tree of the threads named `name` in every rank: where the odd one forks off."""
-    return merge_tree((s.rank, t) for s in _dumped(report) for t in s.others if t.name == name)
+    """The call tree of the threads named `name` (a `thread_kind`) in every rank: where the odd
+    one forks off."""
+    return merge_tree((s.rank, t) for s in _dumped(report) for t in s.others if thread_kind(t.name) == name)
 
 
 def _dumped(report: StackReport) -> list[RankStack]:
