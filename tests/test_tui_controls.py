@@ -1206,3 +1206,28 @@ def test_the_header_keeps_its_parts_while_the_countdown_and_the_alive_count_tick
         assert shape(stopping(10), width) == shape(stopping(9), width) == shape(stopping(0), width), width
         assert shape(alive(10), width) == shape(alive(9), width), width
         assert header_text(alive(10), 100.0, width=width).cell_len <= width or width < 60, width
+
+
+def test_the_selected_stack_group_stays_in_sight_when_the_terminal_shrinks():
+    """At 160x48 every group fits; shrunk to 80x24 the groups kept their scroll at the top and the
+    selected one, where enter goes, was out of sight below. It is brought back into sight."""
+    def rank_stack(rank: int) -> RankStack:
+        frames = (Frame("main", "/t.py", "t.py", 1), Frame(f"step_{rank}", "/t.py", "t.py", 2))
+        return RankStack(rank, rank, 1000 + rank, StackStatus.OK, (ThreadStack("MainThread", 1, None, False, False, True, frames),))
+
+    async def body(app, pilot):
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None, what="the dump")
+        box = app.screen.query_one(StackGroups)
+        await until(pilot, lambda: box.children and box.children[0].has_class("selected"), what="the first selected")
+        await pilot.press("end")
+        await until(pilot, lambda: box.selected == 5, what="the last selected")
+        await pilot.resize_terminal(80, 24)
+
+        def in_sight() -> bool:
+            region = box.children[box.selected].region
+            return region.height > 0 and box.region.y <= region.y and region.bottom <= box.region.bottom
+
+        await until(pilot, in_sight, what="the selected group in sight")
+
+    drive_fake(_DumpingEngine([rank_stack(r) for r in range(6)]), body, size=(160, 48))

@@ -115,6 +115,11 @@ class StackGroups(VerticalScroll):
     def on_focus(self) -> None:
         self._mark()
 
+    def on_resize(self) -> None:
+        """A smaller terminal could leave the selected group, where enter goes, out of sight."""
+        if self.children:
+            self.call_after_refresh(self.select, self.selected, announce=False)
+
     def on_blur(self) -> None:
         self._mark()
 
