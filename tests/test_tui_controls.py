@@ -1134,15 +1134,17 @@ class _DumpingEngine(FakeEngine):
         return super().submit(command)
 
 
+def rank_stack(rank: int) -> RankStack:
+    """Rank `rank` dumped in a stack of its own (`step_<rank>`): one group per rank."""
+    frames = (Frame("main", "/t.py", "t.py", 1), Frame(f"step_{rank}", "/t.py", "t.py", 2))
+    return RankStack(rank, rank, 1000 + rank, StackStatus.OK, (ThreadStack("MainThread", 1, None, False, False, True, frames),))
+
+
 def test_a_page_of_the_stack_groups_selects_the_group_it_brings_into_sight():
     """PgDn scrolled the groups a page and left the selection behind, out of sight: enter then
     zoomed a rank of a group no longer shown, and ↓ jumped back up to the one after it. Now PgDn
     and PgUp select the first group in sight after the page, as a list's page keys move its
     cursor; where the groups fit, the last / the first."""
-    def rank_stack(rank: int) -> RankStack:  # a stack of its own each: twelve groups of one rank
-        frames = (Frame("main", "/t.py", "t.py", 1), Frame(f"step_{rank}", "/t.py", "t.py", 2))
-        return RankStack(rank, rank, 1000 + rank, StackStatus.OK, (ThreadStack("MainThread", 1, None, False, False, True, frames),))
-
     engine = _DumpingEngine([rank_stack(r) for r in range(12)])
 
     async def body(app, pilot):
@@ -1211,10 +1213,6 @@ def test_the_header_keeps_its_parts_while_the_countdown_and_the_alive_count_tick
 def test_the_selected_stack_group_stays_in_sight_when_the_terminal_shrinks():
     """At 160x48 every group fits; shrunk to 80x24 the groups kept their scroll at the top and the
     selected one, where enter goes, was out of sight below. It is brought back into sight."""
-    def rank_stack(rank: int) -> RankStack:
-        frames = (Frame("main", "/t.py", "t.py", 1), Frame(f"step_{rank}", "/t.py", "t.py", 2))
-        return RankStack(rank, rank, 1000 + rank, StackStatus.OK, (ThreadStack("MainThread", 1, None, False, False, True, frames),))
-
     async def body(app, pilot):
         await pilot.press("D")
         await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None, what="the dump")
