@@ -546,8 +546,9 @@ class RemoteEngine:
 
     @property
     def redumps(self) -> bool:
-        """Whether a stack view may ask for a new dump: not once the engine has gone."""
-        return not self.gone
+        """Whether a stack view may ask for a new dump: not once the engine has gone, nor once the
+        run has ended (its engine lingering: no rank is left to dump)."""
+        return not self.gone and not self.last.ended
 
     def _last_dump(self) -> cmd.Ack:
         """The last dump saved in the run directory (the engine's end, if final.json told it, or
@@ -720,8 +721,7 @@ def last_saved_dump(run_fd: int, run_dir: str) -> cmd.Ack:
     `run_fd` a descriptor of that directory), checked as final.json is; the Ack says why there is none."""
     from ranktop.core.stacks import StackReport  # (psutil: not for a view that never dumps)
 
-    none = cmd.Ack(False, "no stacks: the run has ended and its engine has gone, "
-                          "and no stack dump was saved during the run")
+    none = cmd.Ack(False, "no stacks: the run has ended, and no stack dump was saved during it")
     try:
         folder = open_dir_below(run_fd, [STACKS])
     except OSError:

@@ -11,6 +11,7 @@ object: no agent, context, slot, ring or process.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import threading
 from typing import Any, Protocol
@@ -151,12 +152,21 @@ class LocalEngine:
         return self.agent.rank_processes()
 
     # ----- stacks -------------------------------------------------------------------------------
+    @property
+    def redumps(self) -> bool:
+        """Whether a stack view may ask for a new dump: not once the run has ended (no rank is
+        left to dump: `0 of 4 ranks dumped`); it shows the last dump saved during the run."""
+        return not self.ended
+
     def _stacks(self, command: cmd.DumpStacks | cmd.SignalDump) -> cmd.Ack:
         """Stack dumps read the ranks and change nothing in the group: they run in the caller's
         thread (the TUI's worker, the server's dump thread), never in the monitor loop, which must
         not wait on py-spy. Whatever goes wrong is the Ack: a client waits on that server thread
         for its answer."""
         from ranktop.core import stacks
+
+        if self.ended and isinstance(command, cmd.DumpStacks):
+            return self._last_dump()
 
         ranks = list(command.local_ranks) if command.local_ranks is not None else None
         if isinstance(command, cmd.SignalDump):  # the dump's lines are not the ranks speaking
@@ -171,3 +181,17 @@ class LocalEngine:
         except Exception as exc:  # the group may be gone mid-dump: an answer, not a traceback
             return cmd.Ack(False, f"stack dump failed: {exc}")
         return cmd.Ack(True, report.summary(), report=report)
+
+    def _last_dump(self) -> cmd.Ack:
+        """The last dump saved in the run directory, as a final view shows it."""
+        from ranktop.core.client import last_saved_dump
+
+        run_dir = self.agent.run_dir
+        try:
+            run_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            return cmd.Ack(False, f"no stacks: the run has ended, and its run directory cannot be opened ({exc.strerror})")
+        try:
+            return last_saved_dump(run_fd, run_dir)
+        finally:
+            os.close(run_fd)

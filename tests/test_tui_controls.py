@@ -44,6 +44,7 @@ from rich.cells import cell_len
 from test_stacks import stuck_prefetch_agent
 from test_tui_app import TICKER, notes, palette_top, rank, ticker_agent
 from test_tui_fake import drive as drive_fake
+from test_tui_fake import shown_footer_keys
 from test_tui_tmux import DEEP, Terminal
 
 pytestmark = pytest.mark.timeout(60)
@@ -1229,3 +1230,37 @@ def test_the_selected_stack_group_stays_in_sight_when_the_terminal_shrinks():
         await until(pilot, in_sight, what="the selected group in sight")
 
     drive_fake(_DumpingEngine([rank_stack(r) for r in range(6)]), body, size=(160, 48))
+
+
+UNTIL_GO_FILE = ("import os, pathlib, time\nprint('up', flush=True)\n"
+                 "while not pathlib.Path(os.environ['GO']).exists():\n    time.sleep(0.05)\n")
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_the_stack_view_of_a_tui_whose_run_ended_shows_the_last_dump_saved(tmp_path, monkeypatch):
+    """Once its run had ended, the TUI's `d` dumped again ranks that were gone (`0 of 2 ranks
+    dumped`) and offered `g`: it shows the last dump saved during the run, as a final view does."""
+    monkeypatch.setenv("GO", str(tmp_path / "go"))
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, UNTIL_GO_FILE, n=2)))
+
+    def summary() -> str:
+        return str(app.screen.query_one("#stacks-summary").render())
+
+    async def body(app, pilot):
+        await until(pilot, lambda: all(app.main.pane(r).log.line_count for r in (0, 1)), what="the ranks up")
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
+                    what="stack report")
+        assert "2 of 2 ranks dumped" in summary() and "saved: " in summary()
+        await pilot.press("escape")
+        (tmp_path / "go").touch()
+        await until(pilot, lambda: app.engine.ended, what="the run's end")
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and "its last dump" in summary(),
+                    what="the last dump shown")
+        assert "the run has ended: its last dump, taken at" in summary() and "2 of 2 ranks dumped" in summary()
+        await pilot.pause(0.2)  # (the footer settles)
+        footer = {key.description for key in shown_footer_keys(app)}
+        assert "Dump again" not in footer and "Other threads" in footer, footer
+
+    drive(app, body)
