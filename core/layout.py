@@ -347,8 +347,14 @@ def run_dir_of_error_file(path: str) -> str:
 
 
 # ----- the log root ---------------------------------------------------------------------------
+def temp_dir() -> str:
+    """$TMPDIR as tempfile chooses it, made absolute: TMPDIR=. stays '.' there, which a walk from
+    `/` (`_walk`) took for `/` itself, and whose paths meant another directory from another one."""
+    return os.path.abspath(tempfile.gettempdir())
+
+
 def default_log_root() -> str:
-    return os.path.join(tempfile.gettempdir(), f"ranktop-{os.geteuid()}")
+    return os.path.join(temp_dir(), f"ranktop-{os.geteuid()}")
 
 
 def open_log_root(log_dir: str | None) -> Dir:
@@ -492,7 +498,7 @@ def checked_tempdir() -> str:
     """$TMPDIR (tempfile's choice), where function ranks' pickles go, opened by path: UsageError
     (one line) if someone else controls the way there, who could swap our directory for theirs
     and have root unpickle their code."""
-    tmp = tempfile.gettempdir()
+    tmp = temp_dir()
     if problem := path_problem(tmp):
         raise UsageError(f"bad $TMPDIR {tmp}: {problem}; {SET_TMPDIR}")
     return tmp
