@@ -20,6 +20,7 @@ from ranktop.core.state import GroupState
 
 _STORE_CALL_THREAD = "ranktop-rdzv-join"
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
+WORD_WAIT = 2.0  # for the word that tells the other nodes of a user's R (a store answers in milliseconds)
 
 
 class AgentRendezvous:
@@ -157,9 +158,16 @@ class AgentRendezvous:
     def _say_restart_group(self) -> None:
         """The user's `R` in a multi-node run: the other nodes learn that it was one, so that each
         starts the next attempt as this one does (TORCHELASTIC_RESTART_COUNT the same on every node),
-        spending no restart; their ranks breaking meanwhile is no failure."""
-        if self.rendezvous is not None:
-            self.rendezvous.agree_on_end(USER_RESTART)
+        spending no restart; their ranks breaking meanwhile is no failure. A store that does not
+        answer (its host hung) would hold the monitor loop for the store's time-out, `R` unanswered
+        and no stop taken: the word waits WORD_WAIT at most, in a thread (left blocked, if it is,
+        as a stop leaves a round's call: store_call_left_blocked)."""
+        if self.rendezvous is None:
+            return
+        word = threading.Thread(target=self.rendezvous.agree_on_end, args=(USER_RESTART,),
+                                name=_STORE_CALL_THREAD, daemon=True)
+        word.start()
+        word.join(WORD_WAIT)
 
     def _leave_rendezvous(self, state: GroupState) -> None:
         """Success: wait at the exit barrier, then close. Giving up: tell the others, close. A stop

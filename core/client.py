@@ -920,36 +920,41 @@ def snapshot_problem(snap: GroupSnapshot) -> str | None:
 def final_run(target: str | None) -> str | None:
     """final.json of the ended run `target` names (its run directory, or its id under the default
     log root), or None."""
-    from ranktop.core.layout import default_log_root
-
     if not target:
         return None
-    if (run_dir := run_dir_of(target)) is not None:  # named exactly: no prefix of another
-        path = os.path.join(run_dir, FINAL_FILE)
-        return path if os.path.isfile(path) else None
-    return None if os.sep in target else _final_by_prefix(default_log_root(), target)
+    if (found := _run_files(target)) is not None:  # named exactly: no prefix of another
+        run_dir, files = found
+        return os.path.join(run_dir, FINAL_FILE) if FINAL_FILE in files else None
+    return None if os.sep in target else _final_by_prefix(target)
 
 
 def run_dir_of(target: str) -> str | None:
     """The run directory `target` names exactly (itself, or its id under the default log root):
     one that holds the run's final.json or its events.jsonl; None if it names none so."""
-    from ranktop.core.layout import EVENTS, default_log_root
-
-    for run_dir in (target, os.path.join(default_log_root(), target)):
-        if any(os.path.isfile(os.path.join(run_dir, name)) for name in (FINAL_FILE, EVENTS)):
-            return run_dir
-    return None
+    found = _run_files(target)
+    return None if found is None else found[0]
 
 
-def _final_by_prefix(root: str, prefix: str) -> str | None:
-    """final.json of the one ended run under `root` whose id starts with `prefix`, as for served
-    runs; AmbiguousRun naming them when several do."""
-    try:
-        names = sorted(name for name in os.listdir(root) if name.startswith(prefix))
-    except OSError:  # no log root yet
-        return None
-    ended = [name for name in names if os.path.isfile(os.path.join(root, name, FINAL_FILE))]
+def _run_files(target: str) -> tuple[str, frozenset[str]] | None:
+    """The run directory `target` names exactly and which of final.json and events.jsonl it
+    holds, or None. A directory the user named is theirs to choose; a run id is looked for under
+    the default log root only as its ended runs are named (core/layout.default_run_files)."""
+    from ranktop.core.layout import EVENTS, default_log_root, default_run_files
+
+    files = frozenset(name for name in (FINAL_FILE, EVENTS) if os.path.isfile(os.path.join(target, name)))
+    if files:
+        return target, files
+    files = default_run_files(target)
+    return (os.path.join(default_log_root(), target), files) if files else None
+
+
+def _final_by_prefix(prefix: str) -> str | None:
+    """final.json of the one ended run under the default log root whose id starts with `prefix`,
+    as for served runs; AmbiguousRun naming them when several do."""
+    from ranktop.core.layout import default_log_root, ended_runs_starting
+
+    ended = ended_runs_starting(prefix)
     if len(ended) > 1:
         raise AmbiguousRun(f"{quoted(prefix)} matches several ended runs: {', '.join(ended[:10])}"
                            f"{', ...' if len(ended) > 10 else ''}")
-    return os.path.join(root, ended[0], FINAL_FILE) if ended else None
+    return os.path.join(default_log_root(), ended[0], FINAL_FILE) if ended else None

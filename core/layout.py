@@ -347,8 +347,14 @@ def run_dir_of_error_file(path: str) -> str:
 
 
 # ----- the log root ---------------------------------------------------------------------------
+def temp_dir() -> str:
+    """$TMPDIR as tempfile chooses it, made absolute: TMPDIR=. stays '.' there, which a walk from
+    `/` (`_walk`) took for `/` itself, and whose paths meant another directory from another one."""
+    return os.path.abspath(tempfile.gettempdir())
+
+
 def default_log_root() -> str:
-    return os.path.join(tempfile.gettempdir(), f"ranktop-{os.geteuid()}")
+    return os.path.join(temp_dir(), f"ranktop-{os.geteuid()}")
 
 
 def open_log_root(log_dir: str | None) -> Dir:
@@ -399,10 +405,39 @@ def newest_ended_runs(count: int) -> list[tuple[str, float]]:
         return []
     try:
         ended = [(name, when) for name in _newest_dirs(root, MAX_RUNS_OPENED)
-                 if (when := _final_written(root, name)) is not None]
+                 if (when := _own_file_written(root, name, FINAL_FILE)) is not None]
     finally:
         os.close(root)
     return sorted(ended, key=lambda run: run[1], reverse=True)[:count]
+
+
+def default_run_files(name: str) -> frozenset[str]:
+    """Which of final.json and events.jsonl the run `name` under the default log root holds, read
+    as `newest_ended_runs` reads the root (its rule: the root ours and private, the run's
+    directory ours and no symlink, the file a plain one of ours): none where the rule fails, for
+    a root another user made first could hold any tree they like under our run's id."""
+    if "/" in name or name in ("", ".", ".."):
+        return frozenset()
+    root = _read_default_root()
+    if root is None:
+        return frozenset()
+    try:
+        return frozenset(file for file in (FINAL_FILE, EVENTS) if _own_file_written(root, name, file) is not None)
+    finally:
+        os.close(root)
+
+
+def ended_runs_starting(prefix: str) -> list[str]:
+    """The ids of the ended runs under the default log root that start with `prefix`, sorted,
+    read by `newest_ended_runs`' rule ([] where the root fails it)."""
+    root = _read_default_root()
+    if root is None:
+        return []
+    try:
+        names = sorted(name for name in os.listdir(root) if name.startswith(prefix))
+        return [name for name in names if _own_file_written(root, name, FINAL_FILE) is not None]
+    finally:
+        os.close(root)
 
 
 def _read_default_root() -> int | None:
@@ -440,15 +475,18 @@ def _newest_dirs(root: int, count: int) -> list[str]:
     return [name for _, name in heapq.nlargest(count, found)]
 
 
-def _final_written(root: int, name: str) -> float | None:
-    """When the run directory `name`'s final.json was written: a regular file of ours, reached
-    through no symlink; None if it has none (still running, or its engine was killed)."""
+def _own_file_written(root: int, name: str, file: str) -> float | None:
+    """When the run directory `name`'s `file` (final.json: still running, or its engine was
+    killed, without one) was written: a regular file of ours in a directory of ours, reached
+    through no symlink; None otherwise."""
     try:
         run = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root)
     except OSError:  # swapped for a symlink or a file, or removed, since it was listed
         return None
     try:
-        info = os.stat(FINAL_FILE, dir_fd=run, follow_symlinks=False)
+        if os.fstat(run).st_uid != os.geteuid():
+            return None
+        info = os.stat(file, dir_fd=run, follow_symlinks=False)
     except OSError:
         return None
     finally:
@@ -460,7 +498,7 @@ def checked_tempdir() -> str:
     """$TMPDIR (tempfile's choice), where function ranks' pickles go, opened by path: UsageError
     (one line) if someone else controls the way there, who could swap our directory for theirs
     and have root unpickle their code."""
-    tmp = tempfile.gettempdir()
+    tmp = temp_dir()
     if problem := path_problem(tmp):
         raise UsageError(f"bad $TMPDIR {tmp}: {problem}; {SET_TMPDIR}")
     return tmp

@@ -59,7 +59,6 @@ import socket
 import stat
 import struct
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -68,7 +67,7 @@ from typing import Any
 from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import Engine, OutputCursor
-from ranktop.core.layout import SET_TMPDIR, path_problem
+from ranktop.core.layout import SET_TMPDIR, path_problem, temp_dir
 from ranktop.core.output import RanktopLine
 
 SEND_TIMEOUT = 2.0  # seconds the clients have, all together, to take what is left for them on the way out
@@ -116,7 +115,7 @@ def socket_dir(create: bool = True) -> str:
     if runtime and os.path.isabs(runtime) and _private(runtime) and path_problem(runtime) is None:
         parent = runtime
     else:
-        tmp = tempfile.gettempdir()
+        tmp = temp_dir()
         parent = os.path.join(tmp, f"ranktop-{os.geteuid()}")
         if problem := path_problem(tmp):
             raise SocketDirError(f"{parent}: {problem}; {SET_TMPDIR}")

@@ -695,3 +695,33 @@ def test_a_group_restart_on_one_node_is_the_next_attempt_on_every_node(tmp_path,
     lines = [[ln for ln in err.splitlines() if "restarting" in ln] for _, _, err in results]
     assert lines[1] == ["ranktop: another node's user restarted the group (R): restarting the group as "
                         "attempt_1 (no restart spent)"], lines
+
+
+def test_a_group_restart_while_the_store_does_not_answer_is_answered_at_once(tmp_path, torch_installed):
+    """node0 serves the c10d store and hangs (SIGSTOP: a wedged host, a cut network); the user's `R`
+    on node1 tells the other nodes first, through that store, and that call held node1's monitor
+    loop for the store's time-out (60 s): `R` got `no answer from the monitor loop within 5s`, and
+    no other key, nor a stop, was taken meanwhile. The word now waits a moment at most: `R` is
+    answered and node1's ranks stop, as on one node."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    job, release = Job(tmp_path, "restart-store-hangs"), tmp_path / "release"
+    conf = CONF + ",is_host="
+    host = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
+    job.start("until-file", str(release), extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.2")
+    try:
+        wait_for(lambda: all(node_events(tmp_path, node, "started") for node in ("node0", "node1")),
+                 timeout=TIMEOUT, what="both nodes' ranks running")
+        (node1,) = [run for run in served_runs() if run.pid == job.nodes[1].pid]
+        host.send_signal(signal.SIGSTOP)
+        ack = RemoteEngine(node1.path).submit(cmd.RestartGroup())
+        assert ack.ok, ack.message
+        wait_for(lambda: node_events(tmp_path, "node1", "exited"),
+                 timeout=TIMEOUT, what="node1's rank stopped for the restart")
+    finally:
+        host.send_signal(signal.SIGCONT)
+        release.touch()
+        for node in job.nodes:
+            stop_process(node)
+    job.finish()

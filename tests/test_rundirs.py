@@ -108,6 +108,33 @@ def test_a_default_log_root_below_another_users_tmpdir_is_refused(tmp_path):
     assert os.listdir(theirs) == [] and not (tmp_path / "rank-ran").exists()
 
 
+def test_a_tmpdir_of_dot_is_the_current_directory_walked_as_any(tmp_path):
+    """Python keeps TMPDIR=. as '.' (tempfile's one relative answer), and the walk to it began at
+    / and found no name to take: the default log root was made in /, as /ranktop-<uid>, while the
+    run said ./ranktop-<uid>, and the current directory (another user's, maybe) was never looked
+    at. It is the current directory, walked to as any $TMPDIR."""
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    stray = f"/ranktop-{os.geteuid()}"
+    made_stray = not os.path.lexists(stray)
+    try:
+        res = run_ranktop("--headless", "--run-id", "h21-dot-tmpdir", "--no-python", "true",
+                          env=_with_tmpdir("."), cwd=work)
+        assert res.returncode == 0, res.stderr
+        assert not os.path.lexists(f"{stray}/h21-dot-tmpdir")
+        assert (work / f"ranktop-{os.geteuid()}" / "h21-dot-tmpdir" / "events.jsonl").is_file()
+        if os.geteuid() == 0:  # the current directory another user's: refused as their $TMPDIR is
+            theirs = _theirs(tmp_path)
+            res = run_ranktop("--headless", "--no-python", "true", env=_with_tmpdir("."), cwd=theirs)
+            assert _one_error_line(res).startswith(f"ranktop: error: log root {theirs}/ranktop-0: it goes "
+                                                   f"through {theirs}, which belongs to uid {NOBODY}")
+            assert os.listdir(theirs) == []
+    finally:  # (what the walk from / made, before it took '.' for the current directory)
+        shutil.rmtree(f"{stray}/h21-dot-tmpdir", ignore_errors=True)
+        if made_stray and os.path.isdir(stray) and not os.listdir(stray):
+            os.rmdir(stray)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="makes another user's directory: needs root")
 @pytest.mark.parametrize("where", ["TMPDIR", "XDG_RUNTIME_DIR"])
 def test_no_socket_is_served_below_another_users_directory(tmp_path, where):

@@ -2210,6 +2210,47 @@ def test_an_ended_run_whose_engine_has_gone_is_said_so_by_logs_stop_and_stacks(t
     assert run_ranktop("logs", "over", env=env).stdout == "[0]:out of 0\n[1]:out of 1\n"  # the exact id still wins
 
 
+def test_a_run_id_under_a_log_root_that_is_not_ours_alone_names_no_run(tmp_path, runtime):
+    """A run id (or a prefix of one) is looked for under the default log root only as ended runs
+    are named there (`newest_ended_runs`): the root ours and private, the run's directory ours and
+    no symlink, its final.json or events.jsonl a plain file of ours. Another user who made
+    /tmp/ranktop-0 first (or a root others may write) had root's `logs ID` show their tree."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    script = tmp_path / "quick.py"
+    script.write_text("print('ours', flush=True)\n")
+    done = run_ranktop("--headless", "--run-id", "over", str(script), env=env)
+    assert done.returncode == 0, done.stderr
+    root = tmp_path / f"ranktop-{os.geteuid()}"
+    assert run_ranktop("logs", "over", env=env).stdout == "[0]:ours\n"
+    crafted = tmp_path / "crafted"
+    shutil.copytree(root / "over", crafted)
+    (crafted / "attempt_0" / "0" / "stdout.log").write_text("crafted by them\n")
+    (root / "linked").symlink_to(crafted)  # a run directory through a symlink
+
+    def refused(target: str) -> None:
+        for command in ("logs", "stop"):
+            shown = run_ranktop(command, target, env=env)
+            assert shown.returncode == 2 and shown.stdout == "", (command, target, shown.stdout, shown.stderr)
+            assert f"{target!r} names no run: none is served on this host" in shown.stderr, shown.stderr
+
+    refused("linked")
+    refused("lin")  # a prefix
+    shutil.rmtree(root / "over")
+    shutil.copytree(crafted, root / "over")
+    assert run_ranktop("logs", "over", env=env).stdout == "[0]:crafted by them\n"  # ours: shown
+    root.chmod(0o777)  # a root others may write: any of its runs could be theirs
+    refused("over")
+    refused("ov")
+    root.chmod(0o700)
+    if os.geteuid() == 0:
+        os.chown(root / "over", 65534, 65534)  # a run directory of another user's
+        refused("over")
+        os.chown(root / "over", 0, 0)
+        os.chown(root, 65534, 65534)  # another user made the root first
+        refused("over")
+        refused("ov")
+
+
 def test_attach_without_a_terminal_is_one_line(tmp_path, runtime, monkeypatch):
     """Textual drew into the pipe and waited for keys that never came; now one line, exit 2,
     before any connection (the run has no client)."""
