@@ -937,15 +937,15 @@ def run_dir_of(target: str) -> str | None:
 
 def _run_files(target: str) -> tuple[str, frozenset[str]] | None:
     """The run directory `target` names exactly and which of final.json and events.jsonl it
-    holds, or None. A directory the user named is theirs to choose; a run id is looked for under
-    the default log root only as its ended runs are named (core/layout.default_run_files)."""
+    holds, or None. A bare name is a run id first, looked for under the default log root as its
+    ended runs are named (core/layout.default_run_files), and only then a directory here: root's
+    `ranktop logs exp-1` typed in /tmp showed another user's /tmp/exp-1 (`./exp-1` names that)."""
     from ranktop.core.layout import EVENTS, default_log_root, default_run_files
 
+    if os.sep not in target and (files := default_run_files(target)):
+        return os.path.join(default_log_root(), target), files
     files = frozenset(name for name in (FINAL_FILE, EVENTS) if os.path.isfile(os.path.join(target, name)))
-    if files:
-        return target, files
-    files = default_run_files(target)
-    return (os.path.join(default_log_root(), target), files) if files else None
+    return (target, files) if files else None
 
 
 def _final_by_prefix(prefix: str) -> str | None:

@@ -2251,6 +2251,24 @@ def test_a_run_id_under_a_log_root_that_is_not_ours_alone_names_no_run(tmp_path,
         refused("ov")
 
 
+def test_a_bare_name_is_a_run_id_before_a_directory_of_that_name_here(tmp_path, runtime):
+    """A bare name named a directory of that name in the current directory first: root's `ranktop
+    logs exp` typed in /tmp showed another user's /tmp/exp (its own run `exp` never). It is the id
+    first; `./exp` names the directory here."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    here = tmp_path / "here"
+    here.mkdir()
+    for where, words in ((None, "the id's"), (here, "the directory's")):
+        script = tmp_path / "say.py"
+        script.write_text(f"print({words!r}, flush=True)\n")
+        log_dir = () if where is None else ("--log-dir", str(where))
+        done = run_ranktop("--headless", *log_dir, "--run-id", "exp", str(script), env=env)
+        assert done.returncode == 0, done.stderr
+    assert run_ranktop("logs", "exp", env=env, cwd=here).stdout == "[0]:the id's\n"
+    assert run_ranktop("logs", "./exp", env=env, cwd=here).stdout == "[0]:the directory's\n"
+    assert run_ranktop("logs", str(here / "exp"), env=env).stdout == "[0]:the directory's\n"
+
+
 def test_attach_without_a_terminal_is_one_line(tmp_path, runtime, monkeypatch):
     """Textual drew into the pipe and waited for keys that never came; now one line, exit 2,
     before any connection (the run has no client)."""
