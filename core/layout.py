@@ -443,21 +443,39 @@ def ended_runs_starting(prefix: str) -> list[str]:
 def _read_default_root() -> int | None:
     """A descriptor of the default log root to read, or None: missing, or not ours alone (the way
     to it, or the root itself, someone else controls), which has no runs of ours to name."""
+    return _default_root_to_read()[0]
+
+
+def default_root_problem() -> str | None:
+    """Why the default log root is not read for runs of ours (someone else controls it or the
+    way to it), in words that follow its path (`is a symlink`, `: it goes through ...`); None
+    where it is read, or missing."""
+    fd, problem = _default_root_to_read()
+    if fd is not None:
+        os.close(fd)
+    return problem
+
+
+def _default_root_to_read() -> tuple[int | None, str | None]:
+    """(a descriptor of the default log root, None), or (None, why it is not read: None if missing)."""
     tmp, name = os.path.split(default_log_root())
     try:
         parent = _walk_into(tmp)
-    except (_Refused, OSError):
-        return None
+    except _Refused as exc:
+        return None, f": {exc}"
+    except OSError:
+        return None, None
     try:
         fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
-    except OSError:
-        return None
+    except OSError as exc:
+        link = exc.errno != errno.ENOENT and _is_link(name, parent)
+        return None, " is a symlink" if link else None
     finally:
         os.close(parent)
-    if _root_problem(os.fstat(fd), allow_sticky=False):
+    if problem := _root_problem(os.fstat(fd), allow_sticky=False):
         os.close(fd)
-        return None
-    return fd
+        return None, f" {problem}"
+    return fd, None
 
 
 def _newest_dirs(root: int, count: int) -> list[str]:

@@ -2251,6 +2251,29 @@ def test_a_run_id_under_a_log_root_that_is_not_ours_alone_names_no_run(tmp_path,
         refused("ov")
 
 
+@pytest.mark.parametrize("root_is, why", [
+    ("shared", "is writable by group and others (mode 777)"),
+    ("a symlink", "is a symlink"),
+    ("theirs", "belongs to uid 65534, not to you (uid 0)"),
+])
+def test_a_default_log_root_not_ours_alone_is_said_so_not_called_empty(tmp_path, runtime, root_is, why):
+    """The no-run line said `none has ended under ROOT either` of a root it refused to read (one
+    another user made first, or may write): it says why no run is named from it."""
+    if root_is == "theirs" and os.geteuid() != 0:
+        pytest.skip("makes another user's directory: needs root")
+    root = tmp_path / f"ranktop-{os.geteuid()}"
+    if root_is == "a symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        root.symlink_to(tmp_path / "elsewhere")
+    else:
+        root.mkdir(mode=0o700)
+        root.chmod(0o777) if root_is == "shared" else os.chown(root, 65534, 65534)
+    done = run_ranktop("logs", env={**runtime, "TMPDIR": str(tmp_path)})
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr == (f"ranktop: error: no runs are served on this host; the default log root {root} {why}, "
+                           "so no run is named from it; an ended run is named by its run directory\n")
+
+
 def test_a_bare_name_is_a_run_id_before_a_directory_of_that_name_here(tmp_path, runtime):
     """A bare name named a directory of that name in the current directory first: root's `ranktop
     logs exp` typed in /tmp showed another user's /tmp/exp (its own run `exp` never). It is the id

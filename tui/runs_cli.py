@@ -28,7 +28,7 @@ from ranktop.core.client import (
     wait_ended,
     wait_gone,
 )
-from ranktop.core.layout import default_log_root, newest_ended_runs
+from ranktop.core.layout import default_log_root, default_root_problem, newest_ended_runs
 from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.state import world_undecided
@@ -86,8 +86,13 @@ def ended_runs_words(command: str) -> str:
     """For someone back after their run's engine left: the runs that ended last under the default
     log root, and the exact command that reaches the newest, by its directory and by its id; or
     that none ended there, so an ended run is named by its directory."""
-    return newest_ended_words(command) or (f"none has ended under {default_log_root()} either; an ended run "
-                                           "elsewhere is named by its run directory")
+    if (named := newest_ended_words(command)) is not None:
+        return named
+    root = default_log_root()
+    if (problem := default_root_problem()) is not None:  # (not empty: not ours to read)
+        return clean(f"the default log root {root}{problem}, so no run is named from it; an ended run is "
+                     "named by its run directory")
+    return f"none has ended under {root} either; an ended run elsewhere is named by its run directory"
 
 
 def newest_ended_words(command: str) -> str | None:
