@@ -31,6 +31,7 @@ from ranktop.tui.panes import (
     STATE_STYLE,
     GroupHeader,
     RankList,
+    fit_name,
     fit_path,
     header_text,
     list_order,
@@ -1209,6 +1210,53 @@ def test_the_header_keeps_its_parts_while_the_countdown_and_the_alive_count_tick
         assert shape(stopping(10), width) == shape(stopping(9), width) == shape(stopping(0), width), width
         assert shape(alive(10), width) == shape(alive(9), width), width
         assert header_text(alive(10), 100.0, width=width).cell_len <= width or width < 60, width
+
+
+LONG_NAME = "a_training_script_with_a_very_long_descriptive_name_v2_bf16.py"  # 62 cells
+STOP_NOTE = "stopping… (q again: kill now)"
+
+
+def test_a_long_name_gives_up_its_middle_so_the_state_and_a_stops_countdown_show():
+    """A 62-character script name was never shortened: at 40 columns it pushed the state and a
+    stop's countdown past the edge (`SIGKILL in 1…`). It gives up its middle: its start (which
+    script) and its end (which variant) stay; below 8 cells the `ranktop` badge goes first."""
+    base = dataclasses.replace(FakeEngine(4, name=LONG_NAME).snapshot(), gpu_status="no GPU", started_at=0.0,
+                               shutdown_timeout=30.0)
+    stopping = dataclasses.replace(base, state=GroupState.STOPPING,
+                                   ranks=tuple(dataclasses.replace(r, kill_at=107.0) for r in base.ranks))
+    for width in range(40, 201):
+        running = header_text(base, 100.0, width=width).plain
+        assert running.startswith(" ranktop  a_training") and " running " in running, width
+        assert cell_len(running) <= width and "4/4 alive" in running or width < 70, (width, running)
+        shown = header_text(stopping, 100.0, note=STOP_NOTE, width=width).plain[:width]
+        assert " stopping   SIGKILL in 7s" in shown and (STOP_NOTE in shown or width < 67), (width, shown)
+        name = shown.split("  stopping ")[0].removeprefix(" ranktop ").strip()
+        assert name == LONG_NAME or (name.endswith(".py") and "…" in name and 8 <= cell_len(name) < 62), (width, name)
+        assert shown.startswith(" ranktop ") == (width >= 76), (width, shown)  # under: the badge went for the name
+    # Room for it whole: whole, and no part gone for it; 24 cells kept before a part goes.
+    assert LONG_NAME in header_text(base, 100.0, width=160).plain
+    at_80 = " ranktop  a_training_scr…ame_v2_bf16.py  running   attempt_0  0:01:40  4/4 alive"
+    assert header_text(base, 100.0, width=80).plain == at_80
+    assert header_text(dataclasses.replace(base, name="train.py"), 100.0, width=40).plain.startswith(" ranktop  train.py  running ")
+    assert fit_name("训练脚本训练脚本训练脚本.py", 12) == "训练脚…本.py" and fit_name("abc", 1) == "abc"[:0] + "…"
+
+
+def test_the_header_row_shows_a_long_names_state_and_countdown_at_40_columns():
+    """On screen the header wrapped at a word too: behind a long name the state went to a second
+    row, which its one row does not show (`ranktop  a_training_…` and nothing else at 40 columns)."""
+    engine = FakeEngine(2, name=LONG_NAME)
+
+    async def body(app, pilot):
+        await until(pilot, lambda: " running " in screen_rows(app)[0], what="the state in the header row")
+        for r in range(2):
+            engine.set_rank(r, kill_at=time.time() + 30)
+        engine.group = dataclasses.replace(engine.group, state=GroupState.STOPPING)
+        app.main.note = STOP_NOTE
+        await until(pilot, lambda: re.search(r" stopping   SIGKILL in \d+s  s", screen_rows(app)[0]),
+                    what="the state and the countdown in the header row")
+        assert screen_rows(app)[0].startswith(" a_tr….py  stopping"), screen_rows(app)[0]
+
+    drive_fake(engine, body, size=(40, 24))
 
 
 def test_the_selected_stack_group_stays_in_sight_when_the_terminal_shrinks():
