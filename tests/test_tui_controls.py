@@ -1063,7 +1063,8 @@ def test_the_stack_view_leads_from_the_odd_thread_to_its_ranks_output(tmp_path):
     """Rank 2's prefetch thread is stuck (its main thread only waits for it). After `t` the
     threads were listed by rank, none marked, the call tree still the main threads'; and no key
     went from a group to its rank's output. Now the odd thread is marked and first, the tree is
-    the selected thread's, and enter zooms the selected group's first rank."""
+    the selected thread's, and enter zooms the selected group's first rank (of a thread some ranks
+    lack: the first of those)."""
     app = RanktopApp(LocalEngine(stuck_prefetch_agent(tmp_path, stall_timeout=60.0)))
 
     async def body(app, pilot):
@@ -1101,6 +1102,10 @@ def test_the_stack_view_leads_from_the_odd_thread_to_its_ranks_output(tmp_path):
         await pilot.click(box.children[1], offset=(2, 1))  # (its top, below the first group)
         await until(pilot, lambda: str(tree.root.label) == "thread 'writer': ranks 0-1", what="the tree follows")
         assert [w.has_class("selected") for w in box.children] == [False, True, False]
+        # A thread rank 2 lacks: enter goes to rank 2, the odd one there (it went to rank 0, which has it).
+        await until(pilot, lambda: "enter: rank 2 (lacks it)" in shown(), what="the bottom border's rank 2")
+        # No box ends in a blank line (each line of its text ended in a newline, the last too).
+        assert not any(w.content.plain.endswith("\n") for w in box.children)
         await pilot.press("down", "up", "up")
         await until(pilot, lambda: str(tree.root.label).startswith("thread 'prefetch': ranks 0-2"), what="up, down")
         assert [w.has_class("selected") for w in box.children] == [True, False, False]
@@ -1110,6 +1115,15 @@ def test_the_stack_view_leads_from_the_odd_thread_to_its_ranks_output(tmp_path):
         await until(pilot, lambda: app.screen is app.main, what="back on the grid")
         main = app.main
         assert main.zoomed and main.current == 2 and app.focused is main.pane(2).log
+        await pilot.press("z", "D")  # the writer's group (rank 2 lacks it): enter to rank 2
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
+                    what="stack report")
+        await pilot.press("t")
+        box = app.screen.query_one(StackGroups)
+        await until(pilot, lambda: len(box.children) == 3 and box.children[0].has_class("selected"), what="the threads")
+        await pilot.press("down", "enter")
+        await until(pilot, lambda: app.screen is app.main, what="back on the grid")
+        assert main.zoomed and main.current == 2
         # From the main threads' view too, a group of several: its first rank.
         await pilot.press("escape", "D")
         await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
@@ -1142,6 +1156,37 @@ def rank_stack(rank: int) -> RankStack:
     return RankStack(rank, rank, 1000 + rank, StackStatus.OK, (ThreadStack("MainThread", 1, None, False, False, True, frames),))
 
 
+def test_a_box_that_stands_for_no_group_is_not_selected_and_boxes_end_at_their_last_line():
+    """`no other threads` (and `no Python stacks (see below)`) got the selected group's double
+    border, though enter has nowhere to go from it; and every group's box ended in a blank line."""
+    engine = _DumpingEngine([rank_stack(0), rank_stack(1)])
+
+    async def body(app, pilot):
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None, what="the dump")
+        box = app.screen.query_one(StackGroups)
+        await until(pilot, lambda: "enter: rank 0's output" in " ".join(screen_rows(app)), what="the first selected")
+        rows = screen_rows(app)
+        (bottom,) = [i for i, row in enumerate(rows) if "enter: rank 0's output" in row]
+        assert "step_0 (t.py:2)" in rows[bottom - 1], rows[bottom - 1]  # its last frame, then its border
+        await pilot.press("t")
+        await until(pilot, lambda: "no other threads" in " ".join(screen_rows(app)), what="no other threads")
+        await pilot.pause()
+        (none,) = box.children
+        assert not none.has_class("selected") and "enter:" not in " ".join(screen_rows(app))
+        assert not any("═" in row for row in screen_rows(app)), screen_rows(app)  # no double border
+        await pilot.press("enter")
+        await until(pilot, lambda: "no group of ranks to go to" in notes(app), what="enter's answer")
+        assert isinstance(app.screen, StacksScreen)
+        engine.stacks = [dataclasses.replace(s, status=StackStatus.GONE, threads=()) for s in engine.stacks]
+        await pilot.press("t", "g")
+        await until(pilot, lambda: "no Python stacks (see below)" in " ".join(screen_rows(app)), what="no stacks")
+        await pilot.pause()
+        assert not box.children[0].has_class("selected") and not any("═" in row for row in screen_rows(app))
+
+    drive_fake(engine, body, size=(80, 24))
+
+
 def test_a_page_of_the_stack_groups_selects_the_group_it_brings_into_sight():
     """PgDn scrolled the groups a page and left the selection behind, out of sight: enter then
     zoomed a rank of a group no longer shown, and ↓ jumped back up to the one after it. Now PgDn
@@ -1155,9 +1200,9 @@ def test_a_page_of_the_stack_groups_selects_the_group_it_brings_into_sight():
         box = app.screen.query_one(StackGroups)
         await until(pilot, lambda: box.children and box.children[0].has_class("selected"), what="the first selected")
 
-        def in_sight(index: int) -> bool:
-            region = box.children[index].region
-            return region.height > 0 and box.region.y <= region.y < box.region.bottom
+        def in_sight(index: int) -> bool:  # its top: below the title's row, which hides what scrolls under it
+            region, shown = box.children[index].region, box.content_region
+            return region.height > 0 and shown.y <= region.y < shown.bottom
 
         await pilot.press("pagedown")
         await until(pilot, lambda: box.scroll_y > 0, what="a page down")
@@ -1237,8 +1282,9 @@ def test_a_long_name_gives_up_its_middle_so_the_state_and_a_stops_countdown_show
     assert LONG_NAME in header_text(base, 100.0, width=160).plain
     at_80 = " ranktop  a_training_scr…ame_v2_bf16.py  running   attempt_0  0:01:40  4/4 alive"
     assert header_text(base, 100.0, width=80).plain == at_80
-    assert header_text(dataclasses.replace(base, name="train.py"), 100.0, width=40).plain.startswith(" ranktop  train.py  running ")
-    assert fit_name("训练脚本训练脚本训练脚本.py", 12) == "训练脚…本.py" and fit_name("abc", 1) == "abc"[:0] + "…"
+    short = header_text(dataclasses.replace(base, name="train.py"), 100.0, width=40).plain
+    assert short.startswith(" ranktop  train.py  running ")
+    assert fit_name("训练脚本训练脚本训练脚本.py", 12) == "训练脚…本.py" and fit_name("abc", 1) == "…"
 
 
 def test_the_header_row_shows_a_long_names_state_and_countdown_at_40_columns():
