@@ -258,7 +258,7 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
         kept = min(cell_len(name), NAME_KEPT)
         parts, logs, left = _fitted(parts, clean(_short_path(group.log_dir)) if logs else None, room - kept)
         least = min(cell_len(name), NAME_LEAST)
-        if kept + left < least:  # (a terminal narrow for the urgent parts)
+        if kept + left < least:  # (the urgent parts leave it less: the badge goes for it)
             badge, left = False, left + cell_len(BADGE)
         name = fit_name(name, max(least, kept + left))  # (narrower still, the line's ellipsis cuts its end)
     text = Text(no_wrap=True, overflow="ellipsis")  # (what is kept whatever the width, on a tiny terminal)
@@ -273,9 +273,9 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
 
 
 def fit_name(name: str, room: int) -> str:
-    """`name` in `room` cells, its middle given up for "…": its start says which
-    script or binary it is (train_, eval_), its end which of its kind (_v2_bf16.py); a long name
-    piles its details in between."""
+    """`name` in `room` cells, its middle given up for "…": its start says which script or binary
+    it is (train_, eval_), its end which of its kind (_v2_bf16.py); a long name piles its details
+    in between."""
     if cell_len(name) <= room:
         return name
     room = max(0, room - 1)
