@@ -31,6 +31,7 @@ from ranktop.tui.panes import (
     STATE_STYLE,
     GroupHeader,
     RankList,
+    fit_name,
     fit_path,
     header_text,
     list_order,
@@ -1062,7 +1063,8 @@ def test_the_stack_view_leads_from_the_odd_thread_to_its_ranks_output(tmp_path):
     """Rank 2's prefetch thread is stuck (its main thread only waits for it). After `t` the
     threads were listed by rank, none marked, the call tree still the main threads'; and no key
     went from a group to its rank's output. Now the odd thread is marked and first, the tree is
-    the selected thread's, and enter zooms the selected group's first rank."""
+    the selected thread's, and enter zooms the selected group's first rank (of a thread some ranks
+    lack: the first of those)."""
     app = RanktopApp(LocalEngine(stuck_prefetch_agent(tmp_path, stall_timeout=60.0)))
 
     async def body(app, pilot):
@@ -1100,6 +1102,10 @@ def test_the_stack_view_leads_from_the_odd_thread_to_its_ranks_output(tmp_path):
         await pilot.click(box.children[1], offset=(2, 1))  # (its top, below the first group)
         await until(pilot, lambda: str(tree.root.label) == "thread 'writer': ranks 0-1", what="the tree follows")
         assert [w.has_class("selected") for w in box.children] == [False, True, False]
+        # A thread rank 2 lacks: enter goes to rank 2, the odd one there (it went to rank 0, which has it).
+        await until(pilot, lambda: "enter: rank 2 (lacks it)" in shown(), what="the bottom border's rank 2")
+        # No box ends in a blank line (each line of its text ended in a newline, the last too).
+        assert not any(w.content.plain.endswith("\n") for w in box.children)
         await pilot.press("down", "up", "up")
         await until(pilot, lambda: str(tree.root.label).startswith("thread 'prefetch': ranks 0-2"), what="up, down")
         assert [w.has_class("selected") for w in box.children] == [True, False, False]
@@ -1109,6 +1115,15 @@ def test_the_stack_view_leads_from_the_odd_thread_to_its_ranks_output(tmp_path):
         await until(pilot, lambda: app.screen is app.main, what="back on the grid")
         main = app.main
         assert main.zoomed and main.current == 2 and app.focused is main.pane(2).log
+        await pilot.press("z", "D")  # the writer's group (rank 2 lacks it): enter to rank 2
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
+                    what="stack report")
+        await pilot.press("t")
+        box = app.screen.query_one(StackGroups)
+        await until(pilot, lambda: len(box.children) == 3 and box.children[0].has_class("selected"), what="the threads")
+        await pilot.press("down", "enter")
+        await until(pilot, lambda: app.screen is app.main, what="back on the grid")
+        assert main.zoomed and main.current == 2
         # From the main threads' view too, a group of several: its first rank.
         await pilot.press("escape", "D")
         await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
@@ -1141,6 +1156,37 @@ def rank_stack(rank: int) -> RankStack:
     return RankStack(rank, rank, 1000 + rank, StackStatus.OK, (ThreadStack("MainThread", 1, None, False, False, True, frames),))
 
 
+def test_a_box_that_stands_for_no_group_is_not_selected_and_boxes_end_at_their_last_line():
+    """`no other threads` (and `no Python stacks (see below)`) got the selected group's double
+    border, though enter has nowhere to go from it; and every group's box ended in a blank line."""
+    engine = _DumpingEngine([rank_stack(0), rank_stack(1)])
+
+    async def body(app, pilot):
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None, what="the dump")
+        box = app.screen.query_one(StackGroups)
+        await until(pilot, lambda: "enter: rank 0's output" in " ".join(screen_rows(app)), what="the first selected")
+        rows = screen_rows(app)
+        (bottom,) = [i for i, row in enumerate(rows) if "enter: rank 0's output" in row]
+        assert "step_0 (t.py:2)" in rows[bottom - 1], rows[bottom - 1]  # its last frame, then its border
+        await pilot.press("t")
+        await until(pilot, lambda: "no other threads" in " ".join(screen_rows(app)), what="no other threads")
+        await pilot.pause()
+        (none,) = box.children
+        assert not none.has_class("selected") and "enter:" not in " ".join(screen_rows(app))
+        assert not any("═" in row for row in screen_rows(app)), screen_rows(app)  # no double border
+        await pilot.press("enter")
+        await until(pilot, lambda: "no group of ranks to go to" in notes(app), what="enter's answer")
+        assert isinstance(app.screen, StacksScreen)
+        engine.stacks = [dataclasses.replace(s, status=StackStatus.GONE, threads=()) for s in engine.stacks]
+        await pilot.press("t", "g")
+        await until(pilot, lambda: "no Python stacks (see below)" in " ".join(screen_rows(app)), what="no stacks")
+        await pilot.pause()
+        assert not box.children[0].has_class("selected") and not any("═" in row for row in screen_rows(app))
+
+    drive_fake(engine, body, size=(80, 24))
+
+
 def test_a_page_of_the_stack_groups_selects_the_group_it_brings_into_sight():
     """PgDn scrolled the groups a page and left the selection behind, out of sight: enter then
     zoomed a rank of a group no longer shown, and ↓ jumped back up to the one after it. Now PgDn
@@ -1154,9 +1200,9 @@ def test_a_page_of_the_stack_groups_selects_the_group_it_brings_into_sight():
         box = app.screen.query_one(StackGroups)
         await until(pilot, lambda: box.children and box.children[0].has_class("selected"), what="the first selected")
 
-        def in_sight(index: int) -> bool:
-            region = box.children[index].region
-            return region.height > 0 and box.region.y <= region.y < box.region.bottom
+        def in_sight(index: int) -> bool:  # its top: below the title's row, which hides what scrolls under it
+            region, shown = box.children[index].region, box.content_region
+            return region.height > 0 and shown.y <= region.y < shown.bottom
 
         await pilot.press("pagedown")
         await until(pilot, lambda: box.scroll_y > 0, what="a page down")
@@ -1209,6 +1255,54 @@ def test_the_header_keeps_its_parts_while_the_countdown_and_the_alive_count_tick
         assert shape(stopping(10), width) == shape(stopping(9), width) == shape(stopping(0), width), width
         assert shape(alive(10), width) == shape(alive(9), width), width
         assert header_text(alive(10), 100.0, width=width).cell_len <= width or width < 60, width
+
+
+LONG_NAME = "a_training_script_with_a_very_long_descriptive_name_v2_bf16.py"  # 62 cells
+STOP_NOTE = "stopping… (q again: kill now)"
+
+
+def test_a_long_name_gives_up_its_middle_so_the_state_and_a_stops_countdown_show():
+    """A 62-character script name was never shortened: at 40 columns it pushed the state and a
+    stop's countdown past the edge (`SIGKILL in 1…`). It gives up its middle: its start (which
+    script) and its end (which variant) stay; below 8 cells the `ranktop` badge goes first."""
+    base = dataclasses.replace(FakeEngine(4, name=LONG_NAME).snapshot(), gpu_status="no GPU", started_at=0.0,
+                               shutdown_timeout=30.0)
+    stopping = dataclasses.replace(base, state=GroupState.STOPPING,
+                                   ranks=tuple(dataclasses.replace(r, kill_at=107.0) for r in base.ranks))
+    for width in range(40, 201):
+        running = header_text(base, 100.0, width=width).plain
+        assert running.startswith(" ranktop  a_training") and " running " in running, width
+        assert cell_len(running) <= width and "4/4 alive" in running or width < 70, (width, running)
+        shown = header_text(stopping, 100.0, note=STOP_NOTE, width=width).plain[:width]
+        assert " stopping   SIGKILL in 7s" in shown and (STOP_NOTE in shown or width < 67), (width, shown)
+        name = shown.split("  stopping ")[0].removeprefix(" ranktop ").strip()
+        assert name == LONG_NAME or (name.endswith(".py") and "…" in name and 8 <= cell_len(name) < 62), (width, name)
+        assert shown.startswith(" ranktop ") == (width >= 76), (width, shown)  # under: the badge went for the name
+    # Room for it whole: whole, and no part gone for it; 24 cells kept before a part goes.
+    assert LONG_NAME in header_text(base, 100.0, width=160).plain
+    at_80 = " ranktop  a_training_scr…ame_v2_bf16.py  running   attempt_0  0:01:40  4/4 alive"
+    assert header_text(base, 100.0, width=80).plain == at_80
+    short = header_text(dataclasses.replace(base, name="train.py"), 100.0, width=40).plain
+    assert short.startswith(" ranktop  train.py  running ")
+    assert fit_name("训练脚本训练脚本训练脚本.py", 12) == "训练脚…本.py" and fit_name("abc", 1) == "…"
+
+
+def test_the_header_row_shows_a_long_names_state_and_countdown_at_40_columns():
+    """On screen the header wrapped at a word too: behind a long name the state went to a second
+    row, which its one row does not show (`ranktop  a_training_…` and nothing else at 40 columns)."""
+    engine = FakeEngine(2, name=LONG_NAME)
+
+    async def body(app, pilot):
+        await until(pilot, lambda: " running " in screen_rows(app)[0], what="the state in the header row")
+        for r in range(2):
+            engine.set_rank(r, kill_at=time.time() + 30)
+        engine.group = dataclasses.replace(engine.group, state=GroupState.STOPPING)
+        app.main.note = STOP_NOTE
+        await until(pilot, lambda: re.search(r" stopping   SIGKILL in \d+s  s", screen_rows(app)[0]),
+                    what="the state and the countdown in the header row")
+        assert screen_rows(app)[0].startswith(" a_tr….py  stopping"), screen_rows(app)[0]
+
+    drive_fake(engine, body, size=(40, 24))
 
 
 def test_the_selected_stack_group_stays_in_sight_when_the_terminal_shrinks():

@@ -235,6 +235,11 @@ def _rank_facts(snap: RankSnapshot, now: float, world_digits: int, position: str
 # lost engine or store) never goes.
 HEADER_DROPS = ("gpu", "python", "node", "world", "logs", "restarts", "attempt", "elapsed", "alive")
 _LOGS_LABEL = "  logs "
+BADGE = " ranktop "
+# The job's name gives up its middle where the line is short of room, for the urgent parts: it
+# keeps NAME_KEPT cells before a part goes, and NAME_LEAST at the least, the badge going first.
+NAME_KEPT = 24
+NAME_LEAST = 8
 
 Part = tuple[str | None, Text]  # (its name in HEADER_DROPS; None: kept whatever the width), its text
 
@@ -243,17 +248,49 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
     """The job line, most important first: name, state, the seconds left before a stop's SIGKILL,
     a note ("stopping…"), lost logs, the attempt and how earlier ones ended, world, node, elapsed,
     alive ranks, GPU status, the log dir. With `width` known, the parts that do not fit go whole
-    (HEADER_DROPS), and the log dir gives up its start to fit the room left."""
+    (HEADER_DROPS), the log dir gives up its start to fit the room left, and a long name its
+    middle (fit_name), so that the urgent parts stay in sight."""
     parts = _header_parts(group, now, note)
-    logs = bool(group.log_dir)
+    name, badge, logs = clean(group.name), True, bool(group.log_dir)
     if width:  # (0: not laid out yet)
         width -= _ticking_room(group, now)
-        parts, logs = _fitted(parts, clean(_short_path(group.log_dir)) if logs else None, width)
+        room = width - sum(part.cell_len for key, part in parts if key is None) - cell_len(BADGE) - 2  # (" name ")
+        kept = min(cell_len(name), NAME_KEPT)
+        parts, logs, left = _fitted(parts, clean(_short_path(group.log_dir)) if logs else None, room - kept)
+        least = min(cell_len(name), NAME_LEAST)
+        if kept + left < least:  # (the urgent parts leave it less: the badge goes for it)
+            badge, left = False, left + cell_len(BADGE)
+        name = fit_name(name, max(least, kept + left))  # (narrower still, the line's ellipsis cuts its end)
     text = Text(no_wrap=True, overflow="ellipsis")  # (what is kept whatever the width, on a tiny terminal)
+    if badge:
+        text.append(BADGE, style="bold reverse")
+    text.append(f" {name} ", style="bold")
     for _, part in parts:
         text.append_text(part)
     if logs:
         _append_path(text, _LOGS_LABEL, group.log_dir, width)
+    return text
+
+
+def fit_name(name: str, room: int) -> str:
+    """`name` in `room` cells, its middle given up for "…": its start says which script or binary
+    it is (train_, eval_), its end which of its kind (_v2_bf16.py); a long name piles its details
+    in between."""
+    if cell_len(name) <= room:
+        return name
+    room = max(0, room - 1)
+    head = _cells_from_start(name, room - room // 2)
+    tail = _cells_from_start(name[len(head):][::-1], room // 2)[::-1]
+    return f"{head}…{tail}"
+
+
+def _cells_from_start(text: str, cells: int) -> str:
+    """The longest start of `text` in at most `cells` cells."""
+    used = 0
+    for i, char in enumerate(text):
+        used += cell_len(char)
+        if used > cells:
+            return text[:i]
     return text
 
 
@@ -267,11 +304,10 @@ def _ticking_room(group: GroupSnapshot, now: float) -> int:
     return max(0, countdown) + len(str(len(group.ranks))) - len(str(alive))
 
 
-def _fitted(parts: list[Part], logs: str | None, width: int) -> tuple[list[Part], bool]:
-    """`parts` with those of HEADER_DROPS that fit `width`, most useful first, so that no part
-    goes for a less useful one (the log dir counted as its last name, `…/NAME`, the least it
-    shows); and whether the log dir stays."""
-    room = width - sum(part.cell_len for key, part in parts if key is None)
+def _fitted(parts: list[Part], logs: str | None, room: int) -> tuple[list[Part], bool, int]:
+    """`parts` with those of HEADER_DROPS that fit the `room` the others leave, most useful first,
+    so that no part goes for a less useful one (the log dir counted as its last name, `…/NAME`,
+    the least it shows); whether the log dir stays; and the room left (less than none: short of)."""
     kept = set()
     for name in reversed(HEADER_DROPS):
         if name == "logs":
@@ -281,13 +317,12 @@ def _fitted(parts: list[Part], logs: str | None, width: int) -> tuple[list[Part]
         if need is not None and need <= room and (name != "restarts" or "attempt" in kept):  # (said of the attempt)
             kept.add(name)
             room -= need
-    return [(key, part) for key, part in parts if key is None or key in kept], "logs" in kept
+    return [(key, part) for key, part in parts if key is None or key in kept], "logs" in kept, room
 
 
 def _header_parts(group: GroupSnapshot, now: float, note: str | None) -> list[Part]:
     end = group.ended_at if group.ended_at is not None else now
-    parts: list[Part] = [(None, Text(" ranktop ", style="bold reverse")), (None, Text(f" {clean(group.name)} ", style="bold")),
-                         (None, _state_text(group, now, note)), *_attempt_parts(group)]
+    parts: list[Part] = [(None, _state_text(group, now, note)), *_attempt_parts(group)]
     if group.interpreter:
         parts.append(("python", Text(f"  python {clean(_short_path(group.interpreter))}", style="dim")))
     parts += [*_world_parts(group), ("elapsed", Text(f"  {human_duration(end - group.started_at)}")), _alive_part(group)]

@@ -54,7 +54,7 @@ class CallTree(Tree):
 
 class StackGroups(VerticalScroll):
     """The groups of ranks with the same stack, the odd one out first, one of them selected:
-    enter shows its first rank's output, and in the other threads' view the call tree is its
+    enter shows its rank's output (GroupBox), and in the other threads' view the call tree is its
     thread's. Their lines wrap, so the sideways keys a VerticalScroll has skip to the view,
     which scrolls the call tree."""
 
@@ -106,10 +106,11 @@ class StackGroups(VerticalScroll):
 
     def _mark(self) -> None:
         """The selected group's border is double (NO_COLOR too), and, while enter is the groups'
-        (they have the focus), its bottom border says where enter goes."""
+        (they have the focus), its bottom border says where enter goes. A box that stands for
+        none (`no other threads`) has nowhere to go: it is never marked."""
         for i, group in enumerate(self.children):
-            group.set_class(i == self.selected, "selected")
             if isinstance(group, GroupBox):
+                group.set_class(i == self.selected, "selected")
                 group.border_subtitle = group.hint if i == self.selected and self.has_focus else ""
 
     def on_focus(self) -> None:
@@ -132,15 +133,20 @@ class StackGroups(VerticalScroll):
 
 
 class GroupBox(Static):
-    """One group of ranks (or of threads) with the same stack; `first_rank` is where enter goes."""
+    """One group of ranks (or of threads) with the same stack; enter goes to `rank`: its first,
+    or, of a thread some ranks lack (`lacking`), the first of those, the odd one there."""
 
-    def __init__(self, body: Text, first_rank: int, *, odd: bool, classes: str = "stack-group") -> None:
+    def __init__(self, body: Text, rank: int, *, odd: bool, lacking: bool = False,
+                 classes: str = "stack-group") -> None:
+        body.rstrip()  # (each line ends in a newline: the last made a blank line at the box's end)
         super().__init__(body, classes=f"{classes} odd" if odd else classes)
-        self.first_rank = first_rank
+        self.rank = rank
+        self.lacking = lacking
 
     @property
     def hint(self) -> str:
-        return f"enter: {stacks.rank_list([self.first_rank])}'s output"
+        rank = stacks.rank_list([self.rank])  # (a rank that lacks the thread: no room for "'s output" at 80 columns)
+        return f"enter: {rank} (lacks it)" if self.lacking else f"enter: {rank}'s output"
 
 
 # The groups box's title: which threads it shows (t switches), and what t shows instead.
@@ -163,7 +169,7 @@ class StacksScreen(Screen):
         Binding("g", "dump", "Dump again"),
         # Out of the footer (at 80 columns it pushed `? Help` out): the selected group's bottom
         # border says it. The call tree's own enter, with the focus there, folds a frame.
-        Binding("enter", "to_rank", "Zoom the selected group's first rank in the grid", show=False),
+        Binding("enter", "to_rank", "Zoom the selected group's rank in the grid", show=False),
         # n as t, but out of the footer (at 80 columns it pushed `? Help` out): the tree's title
         # says what n does next. C frames take py-spy about a second a rank.
         Binding("n", "native_frames(True)", "C frames", show=False),
@@ -304,7 +310,9 @@ class StacksScreen(Screen):
             if g.odd:  # (also in the title, which 80 columns cut after the thread's name)
                 body.append(f"{self._why_odd(g, groups)}\n", style="bold")
             self._append_frames(body, g.frames)
-            w = GroupBox(body, min(g.ranks), odd=g.odd, classes="stack-group thread")
+            # A thread some ranks lack: enter goes to one of those (why has rank 3 no prefetch thread?).
+            w = GroupBox(body, min(g.missing or g.ranks), odd=g.odd, lacking=bool(g.missing),
+                         classes="stack-group thread")
             odd = f" — {g.odd_words}" if g.odd else ""
             w.border_title = Text(f"thread {clean(g.name)!r} — {stacks.rank_list(g.ranks)}{odd}")  # Text: never markup
             widgets.append(w)
@@ -395,19 +403,19 @@ class StacksScreen(Screen):
         self.refresh_bindings()
 
     async def action_to_rank(self) -> None:
-        """Enter on a group: close the view, and focus and zoom the group's first rank in the
-        grid: from the odd one out to its output in one key."""
+        """Enter on a group: close the view, and focus and zoom the group's rank (GroupBox) in
+        the grid: from the odd one out to its output in one key."""
         box = self.query_one(StackGroups)
         group = box.children[box.selected] if box.children else None
         if not isinstance(group, GroupBox):
             self.notify("no group of ranks to go to", severity="warning", timeout=3)
             return
         main = self.app.main
-        if main is None or not main.shows_rank(group.first_rank):
-            self.notify(f"{stacks.rank_list([group.first_rank])} has no pane here", severity="warning", timeout=3)
+        if main is None or not main.shows_rank(group.rank):
+            self.notify(f"{stacks.rank_list([group.rank])} has no pane here", severity="warning", timeout=3)
             return
         await self.app.pop_screen()
-        main.zoom_to_rank(group.first_rank)
+        main.zoom_to_rank(group.rank)
 
     def action_signal(self) -> None:
         """No ptrace needed: SIGUSR1 makes each rank print its stacks; group what they printed."""
