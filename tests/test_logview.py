@@ -382,26 +382,64 @@ async def test_real_ranks_through_the_engine(tmp_path):
     assert not runner.is_alive()
 
 
+class RestyledHost(Host):
+    CSS = "LogView.hot { background: #0000ff; color: red; }"
+
+
+def same_as_textuals_own(view: LogView) -> bool:
+    """Whether the pane's rows are, cell for cell and meta for meta, what Textual's own styling makes."""
+    from textual.widget import Widget
+
+    crop = view.scrollable_content_region.reset_offset
+    ours = view.render_lines(crop)
+    view._styles_cache.clear()
+    view._frame = view._frame_now()
+    theirs = Widget.render_lines(view, crop)
+    view._frame = None
+    return [list(row) for row in ours] == [list(row) for row in theirs]
+
+
 @sync
 async def test_our_rows_are_what_textuals_own_restyling_would_make(monkeypatch):
     """The bare-box shortcut (no StylesCache pass, no filter on plain rows) changes no cell."""
-    from textual.widget import Widget
-
     ring = LineRing()
     feed_lines(ring, 0, 20)
     ring.feed(STDOUT, b"\x1b[31mred\x1b[0m plain\n")
     async with shown(ring) as (view, pilot):
-        crop = view.scrollable_content_region.reset_offset
-        ours = view.render_lines(crop)
-        view._styles_cache.clear()
-        view._frame = view._frame_now()
-        theirs = Widget.render_lines(view, crop)
-        view._frame = None
-        assert [list(row) for row in ours] == [list(row) for row in theirs]
+        assert same_as_textuals_own(view)
         assert view._bare_box() and view._filters_keep_plain_rows(view.get_line_filters())
         view.styles.padding = (0, 1)  # a box Textual must draw: its own pass again
         await pilot.pause()
         assert not view._bare_box()
+
+
+@sync
+async def test_plain_rows_carry_their_own_offsets_and_the_panes_colours_as_they_change():
+    """A plain row's style (the pane's colours and the row's offset, which mouse selection reads)
+    is kept from frame to frame: the rows still say where they are after the view moves, and take
+    the pane's new colours when they change."""
+    ring = LineRing(maxlen=30)
+    wide = "w" * 70  # wider than the pane: it scrolls sideways too
+    feed_lines(ring, 0, 40, wide)
+    app = RestyledHost(ring)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        view = app.view
+        height = view.scrollable_content_region.height
+        for x, y in ((0, view.max_scroll_y), (3, 2), (0, view.max_scroll_y)):
+            view.scroll_to(x=x, y=y, animate=False, immediate=True)
+            assert view.scroll_offset == (x, y)
+            assert [list(view.render_line(row))[0].style.meta["offset"] for row in range(height)] == [
+                (x, y + row) for row in range(height)]
+        assert same_as_textuals_own(view)
+        bottom = view.max_scroll_y + height - 1
+        feed_lines(ring, 40, 45, wide)  # a full ring: the same row numbers show newer lines
+        assert view.poll() and view.max_scroll_y + height - 1 == bottom and view.row_text(bottom).endswith(" 44")
+        assert same_as_textuals_own(view)
+        view.add_class("hot")  # new colours from the stylesheet, as focus and themes bring them
+        await pilot.pause()
+        assert same_as_textuals_own(view)
+        assert list(view.render_line(0))[0].style.bgcolor.triplet == (0, 0, 255)
 
 
 @sync

@@ -93,6 +93,29 @@ def test_output_titles_and_paused_come_from_the_engine():
     drive(engine, body)
 
 
+def test_a_panes_own_rows_drawn_blank_change_nothing_on_the_screen(monkeypatch):
+    """A rank pane is drawn as blank rows (RankPane.BLANK), not styled row by row under its title
+    and output: the screen is the same, cell for cell and style for style, as with Textual's
+    own drawing of it, the focused pane's included."""
+    from ranktop.tui.panes import RankPane
+
+    engine = FakeEngine(8)
+    for r in range(8):
+        engine.print(r, *(f"rank {r} line {i}" for i in range(30)))
+
+    def frame(app) -> list[list]:
+        return [list(strip) for strip in app.screen._compositor.render_strips()]
+
+    async def body(app, pilot):
+        await until(pilot, lambda: all(app.main.pane(r).log.line_count == 30 for r in range(8)), what="every pane filled")
+        assert RankPane.BLANK and all(app.main.pane(r).region for r in range(8))  # all eight on the screen
+        blank = frame(app)
+        monkeypatch.setattr(RankPane, "BLANK", False)
+        assert frame(app) == blank
+
+    drive(engine, body)
+
+
 def test_the_end_panel_names_an_unreapable_rank():
     engine = FakeEngine(2)
 

@@ -22,6 +22,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
 from textual.cache import LRUCache
+from textual.color import Color
 from textual.events import MouseDown, MouseMove, MouseUp
 from textual.filter import ANSIToTruecolor
 from textual.geometry import Offset, Region, Size
@@ -42,8 +43,9 @@ _BAR = 1  # columns of the scrollbar LogView draws itself: Textual's ScrollBar w
 # apart from the text, which made a second compositor pass over every pane on each tick
 # (measured: more than half the TUI's CPU under a steady flood).
 _CACHE_LINES = 512  # strips kept per pane: a few screens' worth, small even with 64 panes
+_ROW_STYLES = 256  # plain rows' styles kept per pane (a few screens' worth)
 _PLAIN_LINE = re.compile(rb"[\x20-\x7e]{0,%d}" % MAX_CHARS)  # printable ASCII: one cell a byte
-_PLAIN_LINES = re.compile(rb"[\x20-\x7e\n]*")  # such lines joined by newlines
+_PLAIN_BYTES = bytes(range(0x20, 0x7F)) + b"\n"  # such lines joined by newlines: translate() deletes them all
 _PLAIN = Style()  # Textual's colour filters want a style on every segment, even an empty one
 
 
@@ -95,7 +97,7 @@ def line_width(raw: bytes) -> int:
 def line_widths(lines: list[bytes]) -> list[int]:
     """line_width of each line, in one pass over them all when they are all plain (the usual batch)."""
     widths = list(map(len, lines))
-    if widths and max(widths) <= MAX_CHARS and _PLAIN_LINES.fullmatch(b"\n".join(lines)):
+    if widths and max(widths) <= MAX_CHARS and not b"\n".join(lines).translate(None, _PLAIN_BYTES):
         return widths
     return [line_width(line) for line in lines]
 
@@ -196,8 +198,10 @@ class LogView(ScrollView, can_focus=True):
         self._strips: LRUCache[Any, Any] = LRUCache(_CACHE_LINES)
         self._by_me = False  # True while we move the view ourselves (not the user)
         self._base_style: Style | None = None
+        self._base_background: Color | None = None
         self._bar: tuple[Segment, Segment] | None = None
         self._own_style: Style | None = None
+        self._row_styles: dict[tuple[int, int], Style] = {}  # see _row_style
         self._frame: tuple[int, int, int, int, int, Selection | None] | None = None
         # The rows drawn for the frame in `_drawn_for`, by screen row: the compositor redraws every
         # widget under the union of the screen's changes (a title's clock makes that the whole
@@ -390,6 +394,13 @@ class LogView(ScrollView, can_focus=True):
         return self._base_style
 
     @property
+    def _background(self) -> Color:
+        # As _style: background_colors walks every ancestor, once a pane each frame.
+        if self._base_background is None:
+            self._base_background = self.background_colors[1]
+        return self._base_background
+
+    @property
     def text_width(self) -> int:
         """Columns for text: the content width less the scrollbar."""
         return max(1, self.scrollable_content_region.width - _BAR)
@@ -433,7 +444,7 @@ class LogView(ScrollView, can_focus=True):
 
     def _rows(self, crop: Region) -> list[Strip]:
         """`crop` of the rows as render_line makes them, through the app's line filters."""
-        background = self.background_colors[1]
+        background = self._background
         filters = self.get_line_filters()
         frame = (self._frame, background, tuple(filters))
         if frame != self._drawn_for:
@@ -484,9 +495,7 @@ class LogView(ScrollView, can_focus=True):
                 raw = raw[sub * self._wrap_width : (sub + 1) * self._wrap_width]
             visible = raw[scroll_x : scroll_x + width].decode("ascii").ljust(width)
             if selection is None:  # the usual row, in one Strip rather than three (each makes 7 caches)
-                offset = Style.from_meta({"offset": (scroll_x, row)})
-                style = self._style + offset if self._style else offset
-                return Strip([Segment(visible, style), bar], width + _BAR), True
+                return Strip([Segment(visible, self._row_style(scroll_x, row)), bar], width + _BAR), True
             text = Strip([Segment(visible, self._style)], width)
         else:
             strip = self._strip(index, sub)
@@ -497,6 +506,19 @@ class LogView(ScrollView, can_focus=True):
         # Offsets tell Textual which row and column the mouse is over (what selection starts from);
         # the plain row above carries the same meta.
         return Strip([*text.apply_offsets(scroll_x, row), bar], width + _BAR), False
+
+    def _row_style(self, scroll_x: int, row: int) -> Style:
+        """Our style with the offset meta of this row (which Textual's mouse selection reads),
+        kept: once a pane holds all the lines it keeps, a followed tail draws the same row numbers
+        frame after frame (their lines change), and making this style was a fifth of a row's cost."""
+        key = (scroll_x, row)
+        style = self._row_styles.get(key)
+        if style is None:
+            if len(self._row_styles) >= _ROW_STYLES:
+                self._row_styles.clear()
+            offset = Style.from_meta({"offset": key})
+            style = self._row_styles[key] = self._style + offset if self._style else offset
+        return style
 
     def _own_row(self, raw: RanktopLine, row: int, scroll_x: int, width: int) -> Strip:
         """A line of ranktop's own (a restart's separator) as a band across the whole pane, the
@@ -628,7 +650,8 @@ class LogView(ScrollView, can_focus=True):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._base_style = self._bar = self._own_style = None
+        self._base_style = self._base_background = self._bar = self._own_style = None
+        self._row_styles.clear()
         self._strips.clear()
         self._drawn.clear()
 

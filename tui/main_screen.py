@@ -145,6 +145,7 @@ class MainScreen(Screen):
         self.tracker = Tracker(engine, metric)
         self.last: GroupSnapshot = engine.snapshot()
         self.n = self.last.local_world_size
+        self._panes: list[RankPane] = []  # by local rank, made in compose
         self.current = 0
         self.zoomed = False
         self.compact = False
@@ -177,8 +178,8 @@ class MainScreen(Screen):
             with VerticalScroll(id="rank-list-box"):
                 yield RankList(id="rank-list")
             with Container(id="grid"):
-                for r in range(self.n):
-                    yield RankPane(r, id=f"pane-{r}", focused=r == self.current)
+                self._panes = [RankPane(r, id=f"pane-{r}", focused=r == self.current) for r in range(self.n)]
+                yield from self._panes
         yield RootCausePanel(id="root-cause").data_bind(MainScreen.end_panel_hidden)
         yield Input(placeholder="search this rank's output (enter: find, esc: cancel)", id="search")
         yield Input(placeholder="go to rank: type its number, enter (esc: cancel)", id="goto", type="integer")
@@ -194,7 +195,7 @@ class MainScreen(Screen):
         self.set_interval(TICK_SECONDS, self.tick)
 
     def pane(self, local_rank: int) -> RankPane:
-        return self.query_one(f"#pane-{local_rank}", RankPane)
+        return self._panes[local_rank]  # (a query by id walked the DOM: several per pane each tick)
 
     # ----- layout -----------------------------------------------------------------------------
     def on_resize(self, event: Resize) -> None:

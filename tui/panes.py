@@ -605,6 +605,11 @@ class GroupHeader(LiveText):
 class RankPane(Vertical):
     """One rank: a one-line title bar over its output."""
 
+    # Its title and its output cover it whole, so nothing of its own shows: drawn as blank rows,
+    # not through Textual's per-row styling, which it went through on every frame that redrew
+    # the pane (every other tick, for each of its rows: a twentieth of the TUI's frame).
+    BLANK = True
+
     class Picked(Message):
         """The user clicked this pane."""
 
@@ -615,26 +620,29 @@ class RankPane(Vertical):
     def __init__(self, local_rank: int, *, id: str | None = None, focused: bool = False) -> None:
         super().__init__(id=id, classes="pane focused" if focused else "pane")
         self.local_rank = local_rank
+        # Held rather than queried: every tick reads both for each pane shown (a query walks the DOM).
+        self._title = LiveText(classes="title")
+        self._log = LogView(None, id=f"log-{local_rank}")
 
     def compose(self) -> ComposeResult:
-        yield LiveText(classes="title")
-        yield LogView(None, id=f"log-{self.local_rank}")
+        yield self._title
+        yield self._log
 
     @property
     def log(self) -> LogView:
-        return self.query_one(LogView)
+        return self._log
 
     @property
     def title(self) -> str:
         """The title as plain text."""
-        return self.query_one(".title", LiveText).plain
+        return self._title.plain
 
     @property
     def title_width(self) -> int:
-        return self.query_one(".title", LiveText).size.width
+        return self._title.size.width
 
     def set_title(self, text: Text) -> None:
-        self.query_one(".title", LiveText).show(text)
+        self._title.show(text)
 
     def on_click(self, event: Click) -> None:
         self.post_message(self.Picked(self.local_rank))
