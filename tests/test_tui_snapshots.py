@@ -54,6 +54,9 @@ async def all_printed(app, pilot):
     await until(pilot, lambda: all(pane.log.line_count >= len(app.engine.agent.output(pane.local_rank))
                                    for pane in app.main.query(RankPane) if pane.display),
                 what="every pane shown polled its rank's lines")
+    # (a title follows its rank's state at the next tick, which a loaded box can bring after the lines)
+    await until(pilot, lambda: all(" running " in pane.title for pane in app.main.query(RankPane) if pane.display),
+                what="every pane shown titled running")
     await pilot.pause()  # let the pending repaint land before the screenshot
 
 
