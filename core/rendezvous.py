@@ -42,7 +42,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ranktop.core.errors import UsageError
@@ -386,7 +385,7 @@ def _serve_ranks_store(host: str) -> Any:
     return dist.TCPStore(host_name=host, port=0, is_master=True, wait_for_workers=False)
 
 
-_FIRST_WORD_WAIT = timedelta(seconds=10)  # the first caller writes its word right after counting
+_FIRST_WORD_WAIT = 10.0  # seconds: the first caller writes its word right after counting
 
 
 def _first_word(store: Any, key: str, word: str) -> str:
@@ -401,7 +400,9 @@ def _first_word(store: Any, key: str, word: str) -> str:
     if store.add(f"{key}/callers", 1) == 1:
         store.set(key, word)
         return word
-    store.wait([key], _FIRST_WORD_WAIT)
+    from datetime import timedelta  # (here: datetime is not imported at every start for this)
+
+    store.wait([key], timedelta(seconds=_FIRST_WORD_WAIT))
     return store.get(key).decode()
 
 
