@@ -1358,3 +1358,36 @@ def test_the_stack_view_of_a_tui_whose_run_ended_shows_the_last_dump_saved(tmp_p
         assert "Dump again" not in footer and "Other threads" in footer, footer
 
     drive(app, body)
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
+def test_a_stack_view_open_when_the_run_ends_offers_no_new_dump(tmp_path, monkeypatch):
+    """The view read once, as it opened, whether it could dump again: open through the run's end,
+    it went on offering `g` (which dumped ranks that were gone). `g` and the SIGUSR1 fallback go
+    from its footer once the run has ended, and the dump it shows stays."""
+    monkeypatch.setenv("GO", str(tmp_path / "go"))
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, UNTIL_GO_FILE, n=2)))
+
+    def summary() -> str:
+        return str(app.screen.query_one("#stacks-summary").render())
+
+    async def body(app, pilot):
+        await until(pilot, lambda: all(app.main.pane(r).log.line_count for r in (0, 1)), what="the ranks up")
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
+                    what="stack report")
+        assert "Dump again" in {key.description for key in shown_footer_keys(app)}
+        (tmp_path / "go").touch()
+        shown = summary()
+        await until(pilot, lambda: app.engine.ended, what="the run's end")
+
+        def footer_after_the_end() -> bool:  # (an empty footer, mid-refresh, is no answer)
+            footer = {key.description for key in shown_footer_keys(app)}
+            return "Other threads" in footer and not footer & {"Dump again", "SIGUSR1 fallback"}
+
+        await until(pilot, footer_after_the_end, what="g and u gone from the footer, t still there")
+        await pilot.press("g")
+        await pilot.pause(0.3)
+        assert summary() == shown  # (no dump of ranks that are gone)
+
+    drive(app, body)

@@ -149,6 +149,8 @@ class GroupBox(Static):
         return f"enter: {rank} (lacks it)" if self.lacking else f"enter: {rank}'s output"
 
 
+ENDED_LOOK = 0.5  # seconds between the open view's looks for its run's end
+
 # The groups box's title: which threads it shows (t switches), and what t shows instead.
 GROUPS_TITLES = {False: "main threads (t: other threads)", True: "other threads (t: main threads)"}
 # The call tree's, by whether C frames are asked for: what n does next. A border title, as the
@@ -193,9 +195,13 @@ class StacksScreen(Screen):
         self.show_threads = False
         self.native_frames = False  # n: py-spy --native, the C/C++ frames under the Python ones
         self._thread_groups: list[stacks.ThreadGroup] = []  # the other threads' view's groups, as listed
-        # A final view (its engine gone) has no rank to dump: it shows the last dump saved during
-        # the run, so g and n, which would dump again, are not offered.
-        self.redumps = getattr(engine, "redumps", True)
+
+    @property
+    def redumps(self) -> bool:
+        """A final view (its engine gone), or one whose run has ended (since it opened, too), has
+        no rank to dump: it shows the last dump saved during the run, so g and n, which would
+        dump again, are not offered."""
+        return getattr(self.engine, "redumps", True)
 
     def compose(self) -> ComposeResult:
         yield Static("dumping stacks…", id="stacks-summary")
@@ -209,6 +215,13 @@ class StacksScreen(Screen):
         self.query_one("#stacks-problems").display = False
         self.query_one(CallTree).border_title = TREE_TITLES[self.native_frames]
         self.action_dump()
+        if self.redumps:  # the run may end while the view is open: g and n go then
+            self._end_watch = self.set_interval(ENDED_LOOK, self._look_for_the_end)
+
+    def _look_for_the_end(self) -> None:
+        if not self.redumps:
+            self._end_watch.stop()
+            self.refresh_bindings()
 
     # ----- the dump (worker thread) -------------------------------------------------------------
     def action_dump(self) -> None:
