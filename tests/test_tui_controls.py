@@ -1330,31 +1330,47 @@ UNTIL_GO_FILE = ("import os, pathlib, time\nprint('up', flush=True)\n"
                  "while not pathlib.Path(os.environ['GO']).exists():\n    time.sleep(0.05)\n")
 
 
+def until_go_app(tmp_path, monkeypatch) -> RanktopApp:
+    """Two ranks that run until tmp_path/go exists."""
+    monkeypatch.setenv("GO", str(tmp_path / "go"))
+    return RanktopApp(LocalEngine(ticker_agent(tmp_path, UNTIL_GO_FILE, n=2)))
+
+
+def stacks_summary(app: RanktopApp) -> str:
+    return str(app.screen.query_one("#stacks-summary").render())
+
+
+async def dump_all_ranks(app, pilot) -> None:
+    """`D` once both ranks printed, and the stack view with its report."""
+    await until(pilot, lambda: all(app.main.pane(r).log.line_count for r in (0, 1)), what="the ranks up")
+    await pilot.press("D")
+    await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
+                what="stack report")
+
+
+def footer_descriptions(app: RanktopApp) -> set[str]:
+    return {key.description for key in shown_footer_keys(app)}
+
+
 @pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
 def test_the_stack_view_of_a_tui_whose_run_ended_shows_the_last_dump_saved(tmp_path, monkeypatch):
     """Once its run had ended, the TUI's `d` dumped again ranks that were gone (`0 of 2 ranks
     dumped`) and offered `g`: it shows the last dump saved during the run, as a final view does."""
-    monkeypatch.setenv("GO", str(tmp_path / "go"))
-    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, UNTIL_GO_FILE, n=2)))
-
-    def summary() -> str:
-        return str(app.screen.query_one("#stacks-summary").render())
+    app = until_go_app(tmp_path, monkeypatch)
 
     async def body(app, pilot):
-        await until(pilot, lambda: all(app.main.pane(r).log.line_count for r in (0, 1)), what="the ranks up")
-        await pilot.press("D")
-        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
-                    what="stack report")
-        assert "2 of 2 ranks dumped" in summary() and "saved: " in summary()
+        await dump_all_ranks(app, pilot)
+        assert "2 of 2 ranks dumped" in stacks_summary(app) and "saved: " in stacks_summary(app)
         await pilot.press("escape")
         (tmp_path / "go").touch()
         await until(pilot, lambda: app.engine.ended, what="the run's end")
         await pilot.press("d")
-        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and "its last dump" in summary(),
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and "its last dump" in stacks_summary(app),
                     what="the last dump shown")
-        assert "the run has ended: its last dump, taken at" in summary() and "2 of 2 ranks dumped" in summary()
+        summary = stacks_summary(app)
+        assert "the run has ended: its last dump, taken at" in summary and "2 of 2 ranks dumped" in summary
         await pilot.pause(0.2)  # (the footer settles)
-        footer = {key.description for key in shown_footer_keys(app)}
+        footer = footer_descriptions(app)
         assert "Dump again" not in footer and "Other threads" in footer, footer
 
     drive(app, body)
@@ -1365,29 +1381,22 @@ def test_a_stack_view_open_when_the_run_ends_offers_no_new_dump(tmp_path, monkey
     """The view read once, as it opened, whether it could dump again: open through the run's end,
     it went on offering `g` (which dumped ranks that were gone). `g` and the SIGUSR1 fallback go
     from its footer once the run has ended, and the dump it shows stays."""
-    monkeypatch.setenv("GO", str(tmp_path / "go"))
-    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, UNTIL_GO_FILE, n=2)))
-
-    def summary() -> str:
-        return str(app.screen.query_one("#stacks-summary").render())
+    app = until_go_app(tmp_path, monkeypatch)
 
     async def body(app, pilot):
-        await until(pilot, lambda: all(app.main.pane(r).log.line_count for r in (0, 1)), what="the ranks up")
-        await pilot.press("D")
-        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None,
-                    what="stack report")
-        assert "Dump again" in {key.description for key in shown_footer_keys(app)}
+        await dump_all_ranks(app, pilot)
+        assert "Dump again" in footer_descriptions(app)
         (tmp_path / "go").touch()
-        shown = summary()
+        shown = stacks_summary(app)
         await until(pilot, lambda: app.engine.ended, what="the run's end")
 
         def footer_after_the_end() -> bool:  # (an empty footer, mid-refresh, is no answer)
-            footer = {key.description for key in shown_footer_keys(app)}
+            footer = footer_descriptions(app)
             return "Other threads" in footer and not footer & {"Dump again", "SIGUSR1 fallback"}
 
         await until(pilot, footer_after_the_end, what="g and u gone from the footer, t still there")
         await pilot.press("g")
         await pilot.pause(0.3)
-        assert summary() == shown  # (no dump of ranks that are gone)
+        assert stacks_summary(app) == shown  # (no dump of ranks that are gone)
 
     drive(app, body)
