@@ -553,14 +553,7 @@ class RemoteEngine:
     def _last_dump(self) -> cmd.Ack:
         """The last dump saved in the run directory (the engine's end, if final.json told it, or
         as last seen)."""
-        try:
-            run_fd = os.open(self.last.log_dir or "", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            return cmd.Ack(False, "no stacks: the run's engine has gone, and its run directory cannot be opened")
-        try:
-            return last_saved_dump(run_fd, self.last.log_dir)
-        finally:
-            os.close(run_fd)
+        return last_dump_in(self.last.log_dir, "the run's engine has gone")
 
     def close(self) -> None:
         with self._lock:
@@ -714,6 +707,19 @@ def read_regular(dir_fd: int, name: str, limit: int) -> bytes:
 
 
 MAX_DUMP = 16 << 20  # a saved stack report of thousands of ranks fits
+
+
+def last_dump_in(run_dir: str | None, why: str) -> cmd.Ack:
+    """last_saved_dump of the run directory `run_dir`, opened here; `why` no rank is dumped now
+    ("the run has ended"), for the line that says the directory cannot be opened."""
+    try:
+        run_fd = os.open(run_dir or "", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        return cmd.Ack(False, f"no stacks: {why}, and its run directory cannot be opened ({exc.strerror})")
+    try:
+        return last_saved_dump(run_fd, run_dir or "")
+    finally:
+        os.close(run_fd)
 
 
 def last_saved_dump(run_fd: int, run_dir: str) -> cmd.Ack:

@@ -11,7 +11,6 @@ object: no agent, context, slot, ring or process.
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import threading
 from typing import Any, Protocol
@@ -184,14 +183,6 @@ class LocalEngine:
 
     def _last_dump(self) -> cmd.Ack:
         """The last dump saved in the run directory, as a final view shows it."""
-        from ranktop.core.client import last_saved_dump
+        from ranktop.core.client import last_dump_in
 
-        run_dir = self.agent.run_dir
-        try:
-            run_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as exc:
-            return cmd.Ack(False, f"no stacks: the run has ended, and its run directory cannot be opened ({exc.strerror})")
-        try:
-            return last_saved_dump(run_fd, run_dir)
-        finally:
-            os.close(run_fd)
+        return last_dump_in(self.agent.run_dir, "the run has ended")
