@@ -65,11 +65,15 @@ def _both(body: str, tmp_path) -> tuple[tuple[object, str], tuple[object, str]]:
 # One node through the c10d rendezvous on a free port: torch's default backend (etcd) needs a server.
 C10D = ("LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend='c10d', rdzv_endpoint='localhost:0', "
         "monitor_interval=0.05, logs_specs=DefaultLogsSpecs(log_dir='logs')")
+# The same, with ranks forked: a spawned function rank of torch's imports torch afresh (4x the time of
+# the tests below on the 2-core box). What those tests compare (values, failures, restarts) does not
+# depend on the start method; the environment test keeps spawn, the default.
+C10D_FORK = C10D + ", start_method='fork'"
 
 
 def test_returns_the_same_values_by_global_rank_as_torchs(tmp_path):
     body = f"""
-        config = {C10D}, max_restarts=0)
+        config = {C10D_FORK}, max_restarts=0)
         values = elastic_launch(config, rank_fns.rank_and_arg)("x")
         direct = launch_agent(config, rank_fns.rank_and_arg, ["y"])
         report([sorted(values.items()), sorted(direct.items()), bool(config.run_id)])
@@ -92,7 +96,7 @@ def _shape(table: str) -> list[str]:
 def test_a_failing_rank_raises_child_failed_error_as_torchs(tmp_path):
     body = f"""
         try:
-            elastic_launch({C10D}, max_restarts=0), rank_fns.raise_on_rank)(1, "boom")
+            elastic_launch({C10D_FORK}, max_restarts=0), rank_fns.raise_on_rank)(1, "boom")
         except Exception as exc:
             report(failure(exc))
     """
@@ -108,9 +112,9 @@ def test_restarts_are_honoured_as_torchs(tmp_path):
     """The boundary with one restart allowed: one failed start is restarted (the whole group, the
     rank that did not fail too), two are not, and the error is the last start's."""
     body = f"""
-        spent = elastic_launch({C10D}, max_restarts=1), rank_fns.rank0_fails_until_restart)(1)
+        spent = elastic_launch({C10D_FORK}, max_restarts=1), rank_fns.rank0_fails_until_restart)(1)
         try:
-            elastic_launch({C10D}, max_restarts=1), rank_fns.rank0_fails_until_restart)(2)
+            elastic_launch({C10D_FORK}, max_restarts=1), rank_fns.rank0_fails_until_restart)(2)
         except Exception as exc:
             report([sorted(spent.items()), failure(exc)["first"]])
     """
@@ -322,7 +326,7 @@ def test_a_rank_killed_by_hand_from_outside_is_a_failure_as_under_torch(tmp_path
             os.mkdir(pid_dir)
             threading.Thread(target=kill_rank_1, args=(pid_dir,), daemon=True).start()
             try:
-                values = elastic_launch({C10D}, max_restarts=restarts), rank_fns.killed_by_hand_once)(pid_dir)
+                values = elastic_launch({C10D_FORK}, max_restarts=restarts), rank_fns.killed_by_hand_once)(pid_dir)
                 seen.append(sorted(values.items()))
             except Exception as exc:
                 f = failure(exc)
