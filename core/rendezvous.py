@@ -133,14 +133,15 @@ def _torch_rendezvous(backend: str) -> Any:
 
 @contextlib.contextmanager
 def _quiet_cpp_logs() -> Iterator[None]:
-    """torch's C++ warnings in ranktop's own process (a store whose server went away: a page of
-    stack frames per call) are not for ranktop's user, who gets one line that says what happened.
+    """torch's C++ warnings and errors in ranktop's own process (a store whose server went away, or
+    out of reach at the first join: a page of stack frames per call) are not for ranktop's user, who
+    gets one line that says what happened.
     torch reads TORCH_CPP_LOG_LEVEL once, as it loads; the ranks get the environment as it was.
     A level the user set is theirs."""
     if "torch" in sys.modules or "TORCH_CPP_LOG_LEVEL" in os.environ:
         yield
         return
-    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     try:
         yield
     finally:

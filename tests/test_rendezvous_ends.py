@@ -735,6 +735,12 @@ def test_a_detached_run_that_cannot_join_says_why_in_one_line(tmp_path, torch_in
     assert gone.returncode == 1
     assert gone.stderr.startswith("ranktop: error: cannot reach the c10d rendezvous at 127.0.0.1:"), gone.stderr
     assert gone.stderr.count("\n") == 1, gone.stderr
+    # In the foreground too: torch's C++ errors at each connect try (a page of frames) were printed.
+    here = run_ranktop(*common[1:], "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                       "--rdzv-conf", "read_timeout=1,is_host=0", str(script), env=env, timeout=TIMEOUT)
+    assert here.returncode == 1 and here.stdout == ""
+    assert re.fullmatch(r"ranktop: error: cannot reach the c10d rendezvous at 127.0.0.1:\d+: .*\n", here.stderr), \
+        here.stderr
     assert run_ranktop("ls", env=env).stdout.startswith("no runs")
 
 
