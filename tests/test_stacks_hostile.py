@@ -9,7 +9,9 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -426,3 +428,65 @@ def test_an_engine_whose_py_spy_will_not_exit_answers_at_the_bound_and_still_sto
     finally:
         stop_process(proc)
     no_sleep_left(spy)
+
+
+# A "rank" of root's own run: it notes a SIGUSR1 in a file instead of dumping (so the test sees
+# whether one came), and sleeps.
+ROOTS_RANK = """
+import os, signal, sys, time
+signal.signal(signal.SIGUSR1, lambda *_: open(sys.argv[1], "w").close())
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def fake_run_dir(user, where: Path, run_id: str, pid: int) -> Path:
+    """A run directory `user` made, whose events.jsonl names `pid` as rank 0 of `run_id`."""
+    run_dir = where / "run"
+    events = [{"event": "run_started", "run_id": run_id, "pid": 1},
+              {"event": "started", "rank": 0, "local_rank": 0, "pid": pid, "attempt": 0}]
+    text = "".join(json.dumps(e) + "\n" for e in events)
+    made = user.run(["sh", "-c", 'mkdir "$1" && cat > "$1/events.jsonl"', "-", str(run_dir)], input=text)
+    assert made.returncode == 0, made.stderr
+    return run_dir
+
+
+def user_process(user, code: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(["runuser", "-u", user.name, "--", user.python, "-c", code, *args],
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, text=True)
+
+
+def test_another_users_run_directory_steers_root_to_none_but_their_own_processes(tmp_path, runtime, other_user):
+    """Root's `ranktop stacks DIR` of a directory another user made dumped (or with --signal,
+    SIGUSR1ed) any process it named, root's own ranks included (the check that a pid is that run's
+    rank reads its environment, which the user can name too). Only that user's processes are
+    dumped from it now; theirs still are, by root as by themselves."""
+    where = Path(tempfile.mkdtemp(prefix="h22-", dir="/tmp"))
+    where.chmod(0o755)
+    os.chown(where, other_user.uid, other_user.gid)  # their log directory
+    noted = where / "sigusr1"
+    roots = subprocess.Popen([PY, "-c", ROOTS_RANK, str(noted)], env={**os.environ, "TORCHELASTIC_RUN_ID": "roots"},
+                             stdout=subprocess.PIPE, text=True)
+    theirs = user_process(other_user, "import os, time; print(os.getpid(), flush=True); time.sleep(60)",
+                          env={"TORCHELASTIC_RUN_ID": "theirs"})  # (its pid: runuser, its parent, is root's)
+    try:
+        assert roots.stdout.readline() == "up\n"
+        their_pid = int(theirs.stdout.readline())
+        steer = fake_run_dir(other_user, where, "roots", roots.pid)
+        for how in ([str(steer)], ["--signal", str(steer)], [str(where)]):  # (the log directory: its newest run)
+            out = run_ranktop("stacks", "--no-save", *how, env=runtime, timeout=30)
+            assert (out.returncode, out.stdout) == (2, ""), out
+            assert out.stderr == (f"ranktop: error: bad target '{steer}': its events.jsonl is uid {other_user.uid}'s and "
+                                  f"names rank 0, pid {roots.pid}, which runs as uid 0: only uid {other_user.uid}'s "
+                                  "processes are dumped from it\n"), out.stderr
+        assert not noted.exists()  # no SIGUSR1 came
+        shutil.rmtree(steer)
+        own = fake_run_dir(other_user, where, "theirs", their_pid)
+        out = run_ranktop("stacks", "--no-save", str(own), env=runtime, timeout=30)
+        assert (out.returncode, out.stderr) == (0, "") and "1 of 1 ranks dumped" in out.stdout, out
+        assert "time.sleep" in out.stdout or "<module>" in out.stdout, out.stdout
+    finally:
+        for proc in (roots, theirs):
+            stop_process(proc)
+            proc.stdout.close()
+        shutil.rmtree(where, ignore_errors=True)
