@@ -52,7 +52,7 @@ from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, FINAL_FILE, Dir, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import ConsoleWriter, binary_console, console_budget, console_name, console_stall
-from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
+from ranktop.core.process import exit_status_for_signal, kernel_state, refuse_while_loading_main
 from ranktop.core.prompts import PROMPT_QUIET, rank_prompt
 from ranktop.core.rendezvous import PEER_RESTART_WORDS, USER_RESTART, Rendezvous
 from ranktop.core.root_cause import UserActions, after_user, find_root_cause, rank_failed
@@ -786,6 +786,9 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         last = self._stalls.spoke_at(slot)  # (as the stall clock: the stacks we made it print are not it speaking)
         code = proc.returncode if proc else None
         logs = self.pcontext.log_files(r)
+        # Read from the kernel, not counted from the signals ranktop sent: a `kill -STOP` from
+        # elsewhere showed `running`, and a `kill -CONT` from elsewhere left `paused` shown.
+        paused = state.alive and proc is not None and kernel_state(proc.pid) == "T"
         return RankSnapshot(
             rank=self.spec.global_rank(r), local_rank=r, pid=proc.pid if proc else None, state=state,
             exitcode=code, signal_name=killed_by(code),
@@ -794,10 +797,10 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             cpu_percent=stats.cpu_percent if stats else None, rss=stats.rss if stats else None,
             gpu=stats.gpu if stats else None,
             stall_seconds=self._stalls.silent_for(slot, now) if state == RankState.STALLED else None,
-            input_prompt=self._input_prompt(slot, state, now),
+            input_prompt=None if paused else self._input_prompt(slot, state, now),
             native=self._native_ranks,
             log_bytes_lost=slot.log_bytes_lost, log_error=slot.log_error,
-            paused=slot.paused, stdout_log=logs[0], stderr_log=logs[1],
+            paused=paused, stdout_log=logs[0], stderr_log=logs[1],
             kill_at=_wall_clock(slot.kill_at, now) if state.alive else None,
         )
 
@@ -806,7 +809,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         """The prompt a live rank waits at ('(Pdb)', or any while it reads its stdin), once it
         has been quiet a moment: when a snapshot is taken, never per chunk of output."""
         proc = slot.proc
-        if state not in (RankState.STARTING, RankState.RUNNING, RankState.STALLED) or slot.paused or proc is None:
+        if state not in (RankState.STARTING, RankState.RUNNING, RankState.STALLED) or proc is None:
             return None
         # Quiet since it started where it printed nothing yet: its first act may be to read stdin.
         if now - max(slot.ring.last_output_at or 0.0, proc.started_at) < PROMPT_QUIET:

@@ -176,7 +176,6 @@ class RankSlot:
     restart_pending: bool = False
     failure: ProcessFailure | None = None
     sinks: list[StreamSink] = field(default_factory=list)  # its live ones, and earlier ones that lost output
-    paused: bool = False  # the user sent SIGSTOP and no SIGCONT since
     reap_by: float | None = None  # monotonic time after which a SIGKILLed rank counts as unreapable
     unreapable: bool = False  # it outlived SIGKILL by reap_timeout: no longer waited for
     # It died of a stop signal we did not send: not a failure until this monotonic time passes
@@ -458,7 +457,7 @@ class PContext:
         slot.kill_at = slot.reap_by = slot.survived_by = slot.stopping_with = None
         slot.user_signals.clear()
         slot.failure = None
-        slot.paused = slot.unreapable = False
+        slot.unreapable = False
         slot.identity = self._strays.rank_started(slot.proc.pid)
         self._emit("started", r, pid=slot.proc.pid, restarts=slot.restarts)
 
@@ -606,7 +605,7 @@ class PContext:
     def _kill(self, slot: RankSlot, now: float, reap_timeout: float | None = None) -> None:
         """SIGKILL the rank's group and, while the rank itself lives, start the clock on its reaping."""
         slot.proc.signal_group(signal.SIGKILL)
-        slot.kill_at, slot.paused, slot.stopping_with = None, False, None
+        slot.kill_at, slot.stopping_with = None, None
         if not slot.alive:
             return
         deadline = now + (self.reap_timeout if reap_timeout is None else reap_timeout)
@@ -802,7 +801,6 @@ class PContext:
             # only once resumed: without this it would wait out the grace and get SIGKILL.
             slot.proc.signal_group(signal.SIGCONT)
             slot.stopping_with = sig
-        slot.paused = False
         deadline = time.monotonic() + grace
         slot.kill_at = deadline if slot.kill_at is None else min(slot.kill_at, deadline)
 
@@ -846,9 +844,6 @@ class PContext:
                 # resumed: it would count as having survived it by the grace, and die of it
                 # later as a failure of its own. As the group's stop does.
                 slot.proc.signal_group(signal.SIGCONT)
-                slot.paused = False
-            if sent and sig in (signal.SIGSTOP, signal.SIGCONT):
-                slot.paused = sig == signal.SIGSTOP
             return sent
 
     def restart_rank(self, local_rank: int, grace: float | None = None) -> bool:

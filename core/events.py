@@ -90,22 +90,38 @@ def read_events(path: str) -> Iterator[dict]:
     """events.jsonl's events, in order. Whoever could write the run directory could write this
     file, so it is opened as a log is (never through a symlink, never waiting on a FIFO) and a
     line that is not a JSON object (half-written, or planted) is skipped."""
+    fd = open_events_file(path)
+    if fd is None:
+        return
+    try:
+        yield from events_in(fd)
+    finally:
+        os.close(fd)
+
+
+def open_events_file(path: str) -> int | None:
+    """A descriptor of the regular file at `path`, opened as read_events opens one; None if it is
+    not one (gone, a symlink, a FIFO)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return
-        for line in _lines_of_data(fd, MAX_EVENT_LINE):
-            try:
-                event = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(event, dict):
-                yield event
-    finally:
-        os.close(fd)
+        return None
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
+
+
+def events_in(fd: int) -> Iterator[dict]:
+    """The events of the open events.jsonl `fd` (read_events' reading, for a caller that also
+    needs the file's fstat)."""
+    for line in _lines_of_data(fd, MAX_EVENT_LINE):
+        try:
+            event = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(event, dict):
+            yield event
 
 
 def _lines_of_data(fd: int, longest: int, block: int = 1 << 16) -> Iterator[bytes]:

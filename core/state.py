@@ -107,7 +107,7 @@ class RankSnapshot:
     native: bool = False  # a binary rather than a Python rank (stack dumps need to know)
     log_bytes_lost: int = 0  # output read but not saved: a log file write failed (disk full)
     log_error: str | None = None  # why, e.g. "No space left on device"; None while the logs are whole
-    paused: bool = False  # the user sent it SIGSTOP (no SIGCONT since)
+    paused: bool = False  # stopped, as the kernel says (/proc/PID/stat): a SIGSTOP from ranktop or from anywhere
     stdout_log: str | None = None  # where its stdout goes (None: not to a file)
     stderr_log: str | None = None  # None also with --pty, where stderr shares stdout's terminal
     # time.time() when ranktop SIGKILLs it if it is still alive then (a stop's grace running out);
@@ -187,7 +187,7 @@ class GroupSnapshot:
 
     @property
     def paused(self) -> tuple[int, ...]:
-        """Local ranks the user paused with SIGSTOP."""
+        """Local ranks stopped (SIGSTOP, from ranktop or from anywhere), as the kernel says."""
         return tuple(r.local_rank for r in self.ranks if r.paused)
 
     @property

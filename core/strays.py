@@ -320,7 +320,11 @@ def _left_by_which(pid: int, table: dict[int, Proc], ranks: dict[int, int],
     """Which of `ranks` (pid -> start time) left `pid`, one of `found` (what they left): the rank
     whose group or session it, or the nearest of its ancestors among them, is in. One pass over
     the process table finds what every rank reaped at once left (a group's end reaps them all)."""
-    for _ in range(len(found)):  # (a table read while pids wrapped could hold a cycle)
+    # A table read one entry at a time can hold a cycle of parents (A read with parent B; B exits
+    # and its pid goes to a child of A before B is read). A `found` from the same table never
+    # leads into one (each of it is a rank's or below one), but the walk is bounded all the same:
+    # no walk is longer than what it may pass through.
+    for _ in range(len(found)):
         if pid not in found:
             break
         proc = table[pid]

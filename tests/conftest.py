@@ -347,3 +347,50 @@ def mode_of(path) -> int:
 def torch_installed():
     """Skips a test where torch is not importable (its APIs, its rendezvous, parity with torchrun)."""
     pytest.importorskip("torch")
+
+
+# ----- another user -----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class OtherUser:
+    """A real user of the host's other than root (made for the test, removed after it), and how
+    to run ranktop as them: this interpreter is under /root, which they may not enter, so they run
+    the system's Python of the same version with the venv's packages."""
+
+    name: str
+    uid: int
+    gid: int
+    python: str
+
+    def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(["runuser", "-u", self.name, "--", *argv], capture_output=True, text=True, **kwargs)
+
+    def ranktop(self, *args: str) -> list[str]:
+        """The command line that runs `ranktop ARGS` as this user (with runuser)."""
+        start = (f"import runpy, site, sys; site.addsitedir({SITE_PACKAGES!r}); sys.argv[0] = 'ranktop'; "
+                 "runpy.run_module('ranktop', run_name='__main__', alter_sys=True)")
+        return ["runuser", "-u", self.name, "--", self.python, "-c", start, *args]
+
+
+SITE_PACKAGES = os.path.join(sys.prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
+
+
+@pytest.fixture
+def other_user():
+    """OtherUser `h22user`; the test is skipped where it cannot be made (not root, no useradd, or
+    no system Python of this version)."""
+    if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"):
+        pytest.skip("making another user needs root, useradd and runuser")
+    python = f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}"
+    if not os.access(python, os.X_OK):
+        pytest.skip(f"no {python} to run ranktop as another user with")
+    name = "h22user" + os.environ.get("PYTEST_XDIST_WORKER", "")  # (each worker its own)
+    made = subprocess.run(["useradd", "-M", name], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make user {name}: {made.stderr.strip()}")
+    try:
+        import pwd
+
+        entry = pwd.getpwnam(name)
+        yield OtherUser(name, entry.pw_uid, entry.pw_gid, python)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)

@@ -2766,3 +2766,54 @@ def test_attachs_exit_status_is_the_local_tuis(tmp_path, runtime):
             if each is not None and each.poll() is None:
                 each.kill()
                 each.wait(30)
+
+
+def test_a_run_served_from_the_runtime_directory_logind_makes_is_listed_for_its_user_only(other_user):
+    """$XDG_RUNTIME_DIR as logind makes it, /run/user/UID (0700, the user's, under root's /run):
+    the user's run is served from it and listed by their `ranktop ls`; root's, also with the
+    user's $XDG_RUNTIME_DIR kept (`sudo -E`), neither lists it nor serves from there."""
+    runtime = Path(f"/run/user/{other_user.uid}")
+    if not runtime.parent.is_dir() or runtime.exists():
+        pytest.skip(f"{runtime.parent} missing, or {runtime} there already")
+    runtime.mkdir(mode=0o700)
+    os.chown(runtime, other_user.uid, other_user.gid)
+    home = Path(tempfile.mkdtemp(prefix="h22-", dir="/tmp"))  # the user's own: logs and the rank's script
+    os.chown(home, other_user.uid, other_user.gid)
+    (home / "ticker.py").write_text(TICKER)
+    theirs = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "TMPDIR": str(home)}
+    proc = subprocess.Popen(other_user.ranktop("--headless", "--nproc-per-node", "1", "--shutdown-timeout", "3",
+                                               "--run-id", "logind", "--log-dir", str(home / "logs"),
+                                               str(home / "ticker.py")),
+                            cwd=home, env=theirs, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def their_ls() -> list[dict]:
+            done = subprocess.run(other_user.ranktop("ls", "--json"), cwd=home, env=theirs, capture_output=True, text=True)
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)
+
+        (run,) = wait_for(lambda: [r for r in their_ls() if r["state"] == "running"], what="the run listed")
+        assert run["run_id"] == "logind" and run["socket"] == str(runtime / "ranktop" / "logind.sock"), run
+        assert mode_of_dir(runtime / "ranktop") == (0o700, other_user.uid)
+        roots = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
+        try:
+            for env in ({**os.environ, "XDG_RUNTIME_DIR": str(roots), "TMPDIR": str(roots)},
+                        {**theirs, "TMPDIR": str(roots)}):
+                done = run_ranktop("ls", env=env)
+                assert (done.returncode, done.stdout, done.stderr) == (0, "no runs are served on this host\n", ""), done
+        finally:
+            shutil.rmtree(roots, ignore_errors=True)
+        stopped = subprocess.run(other_user.ranktop("stop", "logind"), cwd=home, env=theirs, capture_output=True, text=True)
+        assert stopped.returncode == 0 and stopped.stdout.strip() == "ranktop: stopped logind", stopped
+        assert proc.wait(30) == 130  # stopped on request
+        assert f"ranktop: ticker.py stopped on request; logs in {home / 'logs' / 'logind'}" in proc.stderr.read()
+        assert their_ls() == []
+    finally:
+        stop_process(proc)
+        proc.stderr.close()
+        shutil.rmtree(runtime, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def mode_of_dir(path: Path) -> tuple[int, int]:
+    info = os.lstat(path)
+    return info.st_mode & 0o7777, info.st_uid

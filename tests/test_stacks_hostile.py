@@ -9,8 +9,11 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 from conftest import NOBODY, PY, ROOT, ranktop_cmd, run_ranktop, stop_process
 
@@ -359,3 +362,131 @@ def test_a_name_that_is_not_utf8_is_dumped_with_a_replacement_character(tmp_path
     out = stacks_by(tmp_path, runtime, sleeper,
                     "printf '[{\"frames\": [{\"name\": \"f\\377\", \"filename\": \"x.py\", \"line\": 1}]}]'")
     assert out.returncode == 0 and "     f\ufffd (x.py:1)" in out.stdout.splitlines(), out
+
+
+# A py-spy that will not go when told: it ignores SIGTERM and waits on a child of its own, which
+# holds its pipes open (or closes them and waits: then its exit is what is waited for).
+DEAF_PY_SPY = {
+    "holds its pipes": "trap '' TERM\nsleep 600\n",
+    "closed its pipes": "trap '' TERM\nexec >/dev/null 2>&1\nsleep 600\n",
+}
+
+
+def deaf_py_spy(tmp_path, script: str) -> str:
+    spy = tmp_path / "py-spy"
+    spy.write_text(f"#!/bin/sh\n{script}")
+    spy.chmod(0o755)
+    return str(spy)
+
+
+def no_sleep_left(spy: str) -> None:
+    """The stand-in and its `sleep` are gone (the no_orphans check would wait 8 s, then fail)."""
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] in ([spy], ["sleep", "600"])
+            and p.pid != os.getpid()]
+    assert not [pid for pid in left if _carries_test_mark(pid)], left
+
+
+def _carries_test_mark(pid: int) -> bool:
+    from conftest import MARK
+
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return MARK in f.read() + b"\0"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("script", DEAF_PY_SPY.values(), ids=DEAF_PY_SPY.keys())
+def test_a_py_spy_that_will_not_exit_is_ended_with_what_it_started_at_the_bound(tmp_path, runtime, sleeper, script):
+    """README: a py-spy that does not answer within 5 s is a reason, not a wait. The wait was
+    bounded, but only py-spy itself was killed: a wrapper's child holding its pipes (a script, a
+    version manager's shim) was left running after the dump."""
+    spy = deaf_py_spy(tmp_path, script)
+    out = run_ranktop("stacks", "--no-save", str(sleeper), env={**runtime, "RANKTOP_PY_SPY": spy}, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out
+    assert f"   rank 0 (pid {sleeper}): failed: py-spy did not answer within 5s" in out.stdout.splitlines(), out.stdout
+    no_sleep_left(spy)
+
+
+def test_an_engine_whose_py_spy_will_not_exit_answers_at_the_bound_and_still_stops(tmp_path, runtime):
+    """The engine dumps in a thread of its server, never its monitor loop: a dump held by a py-spy
+    that ignores SIGTERM answers at the bound with each rank's reason, the run goes on and stops
+    as asked, and nothing of py-spy's is left."""
+    spy = deaf_py_spy(tmp_path, DEAF_PY_SPY["holds its pipes"])
+    proc = start(tmp_path, {**runtime, "RANKTOP_PY_SPY": spy}, "deaf", "import time\nprint('up', flush=True)\n"
+                 "time.sleep(3600)\n")
+    try:
+        wait_lines(proc, "up", 2)
+        out = run_ranktop("stacks", "deaf", env=runtime, timeout=60)
+        assert out.returncode == 1 and "0 of 2 ranks dumped" in out.stdout, out
+        (line,) = [line for line in out.stdout.splitlines() if line.startswith("   ranks 0-1 (pids ")]
+        assert line.endswith("): failed: py-spy did not answer within 5s"), out.stdout
+        assert proc.poll() is None  # the run goes on
+        stopped = run_ranktop("stop", "deaf", env=runtime, timeout=30)
+        assert stopped.returncode == 0, stopped
+        proc.wait(30)
+    finally:
+        stop_process(proc)
+    no_sleep_left(spy)
+
+
+# A "rank" of root's own run: it notes a SIGUSR1 in a file instead of dumping (so the test sees
+# whether one came), and sleeps.
+ROOTS_RANK = """
+import os, signal, sys, time
+signal.signal(signal.SIGUSR1, lambda *_: open(sys.argv[1], "w").close())
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def fake_run_dir(user, where: Path, run_id: str, pid: int) -> Path:
+    """A run directory `user` made, whose events.jsonl names `pid` as rank 0 of `run_id`."""
+    run_dir = where / "run"
+    events = [{"event": "run_started", "run_id": run_id, "pid": 1},
+              {"event": "started", "rank": 0, "local_rank": 0, "pid": pid, "attempt": 0}]
+    text = "".join(json.dumps(e) + "\n" for e in events)
+    made = user.run(["sh", "-c", 'mkdir "$1" && cat > "$1/events.jsonl"', "-", str(run_dir)], input=text)
+    assert made.returncode == 0, made.stderr
+    return run_dir
+
+
+def user_process(user, code: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(["runuser", "-u", user.name, "--", user.python, "-c", code, *args],
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, text=True)
+
+
+def test_another_users_run_directory_steers_root_to_none_but_their_own_processes(tmp_path, runtime, other_user):
+    """Root's `ranktop stacks DIR` of a directory another user made dumped (or with --signal,
+    SIGUSR1ed) any process it named, root's own ranks included (the check that a pid is that run's
+    rank reads its environment, which the user can name too). Only that user's processes are
+    dumped from it now; theirs still are, by root as by themselves."""
+    where = Path(tempfile.mkdtemp(prefix="h22-", dir="/tmp"))
+    where.chmod(0o755)
+    os.chown(where, other_user.uid, other_user.gid)  # their log directory
+    noted = where / "sigusr1"
+    roots = subprocess.Popen([PY, "-c", ROOTS_RANK, str(noted)], env={**os.environ, "TORCHELASTIC_RUN_ID": "roots"},
+                             stdout=subprocess.PIPE, text=True)
+    theirs = user_process(other_user, "import os, time; print(os.getpid(), flush=True); time.sleep(60)",
+                          env={"TORCHELASTIC_RUN_ID": "theirs"})  # (its pid: runuser, its parent, is root's)
+    try:
+        assert roots.stdout.readline() == "up\n"
+        their_pid = int(theirs.stdout.readline())
+        steer = fake_run_dir(other_user, where, "roots", roots.pid)
+        for how in ([str(steer)], ["--signal", str(steer)], [str(where)]):  # (the log directory: its newest run)
+            out = run_ranktop("stacks", "--no-save", *how, env=runtime, timeout=30)
+            assert (out.returncode, out.stdout) == (2, ""), out
+            assert out.stderr == (f"ranktop: error: bad target '{steer}': its events.jsonl is uid {other_user.uid}'s and "
+                                  f"names rank 0, pid {roots.pid}, which runs as uid 0: only uid {other_user.uid}'s "
+                                  "processes are dumped from it\n"), out.stderr
+        assert not noted.exists()  # no SIGUSR1 came
+        shutil.rmtree(steer)
+        own = fake_run_dir(other_user, where, "theirs", their_pid)
+        out = run_ranktop("stacks", "--no-save", str(own), env=runtime, timeout=30)
+        assert (out.returncode, out.stderr) == (0, "") and "1 of 1 ranks dumped" in out.stdout, out
+        assert "time.sleep" in out.stdout or "<module>" in out.stdout, out.stdout
+    finally:
+        for proc in (roots, theirs):
+            stop_process(proc)
+            proc.stdout.close()
+        shutil.rmtree(where, ignore_errors=True)

@@ -15,7 +15,17 @@ import threading
 
 import pytest
 from conftest import ROOT, ranktop_cmd, read_events, wait_for
-from ranktop.core.guard import MARKER, Proc, find_strays, marked_pids, read_orders, read_proc, younger_than
+from ranktop.core.guard import (
+    MARKER,
+    Proc,
+    find_strays,
+    marked_pids,
+    process_table,
+    read_orders,
+    read_proc,
+    younger_than,
+)
+from ranktop.core.strays import _left_by_which
 
 HELPERS = str(ROOT / "tests" / "ranks" / "helpers.py")
 KINDS = ("setsid", "setpgid")
@@ -572,3 +582,51 @@ def test_a_rank_restart_during_the_groups_end_sweep_is_refused(tmp_path):
     assert not ack.ok and ack.message == "the group is stopping or has ended: rank 0 is not started again"
     assert (tmp_path / "0-group.term").read_text() == "TERM\n"
     assert b"again" not in agent.output(0)
+
+
+# A rank that starts a helper in a session of its own (setsid), which starts a `sleep`: the rank's
+# leftovers two steps below it, neither in its group or session. It prints their pids.
+RANK_WITH_HELPER = """
+import subprocess, sys, time
+helper = subprocess.Popen([sys.executable, "-c", "import subprocess, time; print(subprocess.Popen(['sleep', '60']).pid, "
+                           "flush=True); time.sleep(60)"], start_new_session=True, stdout=subprocess.PIPE, text=True)
+print(helper.pid, helper.stdout.readline().strip(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_walk_to_a_leftovers_rank_ends_on_a_process_table_whose_parents_form_a_cycle():
+    """What a reaped rank left is matched to it by walking up the parent chain (_left_by_which),
+    bounded against a cycle. A cycle is what a table read one /proc entry at a time can hold: A
+    read with parent B, then B exits and its pid goes to a child of A before B's entry is read.
+    That needs a pid freed and reused between two reads of one pass: not something real
+    processes can be made to do on cue, so the cycle is made in a real snapshot, as such a read
+    would leave it. The walk's `found` comes from the same table (find_strays), which never
+    reaches a cycle; handed one from another read, the bound still ends the walk."""
+    rank = subprocess.Popen([sys.executable, "-c", RANK_WITH_HELPER], start_new_session=True,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        helper, sleeper = map(int, rank.stdout.readline().split())
+        table = process_table()
+        ranks = {rank.pid: table[rank.pid].start}
+        found = find_strays(table, ranks, {})
+        assert {helper, sleeper} <= set(found)
+        assert _left_by_which(sleeper, table, ranks, found) == (rank.pid, ranks[rank.pid])  # two steps up
+
+        torn = dict(table)
+        for pid, parent in ((helper, sleeper), (sleeper, helper)):
+            p = table[pid]
+            torn[pid] = Proc(pid, parent, p.pgid, p.sid, p.start, p.zombie)
+        assert find_strays(torn, ranks, {}) == {rank.pid: ranks[rank.pid]}  # nothing below the rank now
+        walked = []
+        walk = threading.Thread(target=lambda: walked.append(_left_by_which(sleeper, torn, ranks, found)), daemon=True)
+        walk.start()
+        walk.join(10)
+        assert walked == [None], "the walk round the cycle did not end"
+    finally:
+        for pid in (sleeper, helper) if "sleeper" in locals() else ():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        rank.kill()
+        rank.wait()
+        rank.stdout.close()

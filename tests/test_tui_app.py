@@ -4,6 +4,7 @@ on the pane titles, and in events.jsonl."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
@@ -192,6 +193,45 @@ def test_signal_picker_stop_cont_and_group_term(tmp_path):
         sent = [(e["local_rank"], e["signal"]) for e in read_events(app.engine.agent.run_dir) if e["event"] == "signalled"]
         assert sent == [(0, "SIGSTOP"), (0, "SIGCONT"), (0, "SIGTERM"), (1, "SIGTERM")]
         await pilot.press("q")  # nothing runs: no confirmation
+        await until(pilot, lambda: not app.is_running, what="app closed")
+
+    drive(app, body)
+
+
+def test_a_rank_stopped_and_resumed_from_outside_shows_the_kernels_state(tmp_path):
+    """Two SIGSTOPs and one SIGCONT by hand (`kill`, not `x`): the kernel has the rank running
+    again, and so do the engine and its title. The pause is read from the kernel: a stop from
+    outside showed `running` meanwhile, and `x` SIGSTOP then a `kill -CONT` from outside left
+    `paused` shown on a running rank."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, COUNTER)))
+
+    def stopped() -> bool:
+        return kernel_state(rank(app, 0).pid) == "T"
+
+    async def says(pilot, paused: bool) -> None:
+        word, what = (" paused ", "paused") if paused else (" running ", "running")
+        await until(pilot, lambda: rank(app, 0).paused == paused and word in title(app, 0), what=f"title {what}")
+        assert stopped() == paused and rank(app, 0).state == RankState.RUNNING, title(app, 0)
+        assert not rank(app, 1).paused and " running " in title(app, 1)
+
+    async def body(app, pilot):
+        pid = rank(app, 0).pid
+        os.kill(pid, signal.SIGSTOP)
+        os.kill(pid, signal.SIGSTOP)
+        await until(pilot, stopped, what="rank 0 stopped by the kernel")
+        await says(pilot, paused=True)
+        os.kill(pid, signal.SIGCONT)  # one SIGCONT ends any number of stops
+        await until(pilot, lambda: not stopped(), what="rank 0 resumed by the kernel")
+        await says(pilot, paused=False)
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, SignalPicker), what="signal picker")
+        await pilot.press("7")  # SIGSTOP, by ranktop this time
+        await says(pilot, paused=True)
+        os.kill(pid, signal.SIGCONT)  # ... and SIGCONT from outside
+        await says(pilot, paused=False)
+        await pilot.press("x", "g", "2")  # SIGTERM to the whole group
+        await until(pilot, lambda: app.ended, what="group ended")
+        await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="app closed")
 
     drive(app, body)

@@ -80,7 +80,10 @@ def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | N
     run_dir = stacks.find_run_dir(target)
     if run_dir is None:
         raise BadTarget(f"bad target {quoted(target)}: no events.jsonl there or in its subdirectories (not a ranktop log dir)")
-    pids, local = stacks.live_ranks_in_run_dir(run_dir)
+    try:
+        pids, local = stacks.live_ranks_in_run_dir(run_dir)
+    except stacks.ForeignRanks as exc:
+        raise BadTarget(f"bad target {quoted(run_dir)}: {exc}") from None
     return pids, local, run_dir
 
 

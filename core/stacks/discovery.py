@@ -6,11 +6,11 @@ import heapq
 import itertools
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import psutil
 from ranktop.core.errors import ERROR_FILE_ENV
-from ranktop.core.events import read_events, run_started
+from ranktop.core.events import events_in, open_events_file, run_started
 from ranktop.core.layout import EVENTS, MAX_ROOT_ENTRIES, MAX_RUNS_OPENED, run_dir_of_error_file
 from ranktop.core.protocol import is_whole
 from ranktop.core.stacks.procs import environ, gone_reason
@@ -21,11 +21,44 @@ def _count(value: object) -> int | None:
     return value if is_whole(value) and value >= 0 else None
 
 
+class ForeignRanks(Exception):
+    """A run directory's events.jsonl names a live process of another user than the file's own:
+    whoever wrote the file may name only their own processes to dump or signal."""
+
+
 def live_ranks_in_run_dir(run_dir: str) -> tuple[dict[int, int], dict[int, int]]:
     """({rank: pid}, {rank: local_rank}) of the latest attempt's ranks that still run. An event
-    with a field of the wrong kind counts as not written."""
+    with a field of the wrong kind counts as not written. ForeignRanks when one of them runs as
+    another user than the one whose events.jsonl names it: a directory is anyone's to write, and
+    root's `ranktop stacks` of it would ptrace (or SIGUSR1) whichever process its owner chose."""
+    fd = open_events_file(os.path.join(run_dir, EVENTS))
+    if fd is None:
+        return {}, {}
+    try:
+        owner = os.fstat(fd).st_uid
+        pids, local = _live_ranks(events_in(fd))
+    finally:
+        os.close(fd)
+    for rank, pid in sorted(pids.items()):
+        if (uids := _uids_of(pid)) is not None and uids != {owner}:
+            raise ForeignRanks(f"its events.jsonl is uid {owner}'s and names rank {rank}, pid {pid}, which runs as "
+                               f"uid {'/'.join(map(str, sorted(uids)))}: only uid {owner}'s processes are "
+                               "dumped from it")
+    return pids, local
+
+
+def _uids_of(pid: int) -> set[int] | None:
+    """The real and effective uid of `pid`; None once it is gone."""
+    try:
+        uids = psutil.Process(pid).uids()
+    except psutil.Error:
+        return None
+    return {uids.real, uids.effective}
+
+
+def _live_ranks(events: Iterable[dict]) -> tuple[dict[int, int], dict[int, int]]:
     run_id, latest, starts, exited = None, -1, {}, set()
-    for e in read_events(os.path.join(run_dir, EVENTS)):
+    for e in events:
         if e.get("event") == "run_started" and run_id is None and isinstance(e.get("run_id"), str):
             run_id = e["run_id"]
         elif e.get("event") == "started":
@@ -64,7 +97,14 @@ def find_run_dir(path: str) -> str | None:
     if os.path.isfile(os.path.join(path, EVENTS)):
         return path
     runs = _written_last(path, MAX_RUNS_OPENED)
-    return next((d for d in runs if live_ranks_in_run_dir(d)[0]), runs[0] if runs else None)
+    return next((d for d in runs if _has_live_ranks(d)), runs[0] if runs else None)
+
+
+def _has_live_ranks(run_dir: str) -> bool:
+    try:
+        return bool(live_ranks_in_run_dir(run_dir)[0])
+    except ForeignRanks:  # (said when it is named itself)
+        return False
 
 
 def _written_last(root: str, count: int) -> list[str]:

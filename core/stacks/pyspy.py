@@ -11,6 +11,7 @@ import json
 import os
 import selectors
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -120,8 +121,10 @@ def _run_py_spy(argv: list[str], timeout: float) -> tuple[int, str, str]:
     process's names are not always text, and subprocess.run's text mode raised on them)."""
     deadline = time.monotonic() + timeout
     with own_tool():
+        # A group of its own: what it started goes with it (a wrapper script's child held its
+        # pipes, and outlived the dump).
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=_spy_env())
+                                env=_spy_env(), process_group=0)
         try:
             out, err = _read_until_closed(proc, deadline, argv, timeout)
             returncode = proc.wait(max(0.0, deadline - time.monotonic()))
@@ -131,13 +134,17 @@ def _run_py_spy(argv: list[str], timeout: float) -> tuple[int, str, str]:
 
 
 def _end(proc: subprocess.Popen) -> None:
-    """py-spy's pipes closed and py-spy killed if it still runs, waiting a second at most: one
+    """py-spy's pipes closed and, unless it was waited for, its process group killed (py-spy and
+    whatever it started: a script standing in for it, its `sleep`), waiting a second at most: one
     that outlives SIGKILL is stuck in the kernel, and the dump must not hang on it (Popen's own
     context manager waits without a limit)."""
     proc.stdout.close()
     proc.stderr.close()
-    if proc.poll() is None:
-        proc.kill()
+    if proc.returncode is None:  # not reaped yet: its pid, the group's id, is no one else's
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
         try:
             proc.wait(1)
         except subprocess.TimeoutExpired:
