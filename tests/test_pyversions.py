@@ -58,6 +58,8 @@ def test_no_module_imports_at_run_time_what_python_3_10_lacks():
 # error (exit 2); the attributes are AttributeErrors there.
 NEWER_THAN_310_OPTIONS = {"-P", "PYTHONSAFEPATH"}
 NEWER_THAN_310_ATTRIBUTES = {"safe_path", "co_qualname"}
+# and subprocess.Popen's 3.11 keyword (a TypeError on 3.10): start_new_session does the same job
+NEWER_THAN_310_KEYWORDS = {"process_group"}
 
 
 class UnguardedUses(ast.NodeVisitor):
@@ -76,6 +78,11 @@ class UnguardedUses(ast.NodeVisitor):
         if node.value in NEWER_THAN_310_OPTIONS:
             self.uses.append((node.lineno, repr(node.value)))
 
+    def visit_keyword(self, node: ast.keyword) -> None:
+        if node.arg in NEWER_THAN_310_KEYWORDS:
+            self.uses.append((node.lineno, f"{node.arg}="))
+        self.generic_visit(node)
+
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr in NEWER_THAN_310_ATTRIBUTES:
             self.uses.append((node.lineno, f".{node.attr}"))
@@ -84,7 +91,8 @@ class UnguardedUses(ast.NodeVisitor):
 
 def test_no_module_uses_python_3_11s_options_or_attributes_without_a_version_test():
     """core/process.py passed a function rank started under `python -I` on as `-s -P`: on 3.10
-    each such rank exited 2 (`Unknown option: -P`)."""
+    each such rank exited 2 (`Unknown option: -P`); core/stacks/pyspy.py started py-spy with
+    Popen(process_group=0), a TypeError there."""
     uses = []
     for path in product_modules():
         unguarded = UnguardedUses()

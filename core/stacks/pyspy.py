@@ -121,10 +121,10 @@ def _run_py_spy(argv: list[str], timeout: float) -> tuple[int, str, str]:
     process's names are not always text, and subprocess.run's text mode raised on them)."""
     deadline = time.monotonic() + timeout
     with own_tool():
-        # A group of its own: what it started goes with it (a wrapper script's child held its
-        # pipes, and outlived the dump).
+        # A session, so a group, of its own: what it started goes with it (a wrapper script's
+        # child held its pipes, and outlived the dump).
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=_spy_env(), process_group=0)
+                                env=_spy_env(), start_new_session=True)
         try:
             out, err = _read_until_closed(proc, deadline, argv, timeout)
             returncode = proc.wait(max(0.0, deadline - time.monotonic()))
