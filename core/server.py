@@ -33,6 +33,8 @@ Every byte to a client goes through its outbox: sent as far as the client takes 
 when its socket is writable, so a client that reads slowly (or asks and never reads) costs its own
 connection, never the server thread; one that owes more than MAX_PENDING is dropped. Frames that
 arrived before a client closed are read and applied, even where its answers can no longer be sent.
+One that takes nothing for UNREAD_SECONDS, or asks nothing for IDLE_SECONDS and follows nothing,
+is dropped too; on the way out, one that takes nothing for STUCK_SECONDS is not waited for.
 
 A client that sends anything else (or anything before its hello, or no hello within
 HELLO_SECONDS, or a frame it leaves unfinished for FRAME_SECONDS), or that is not ours
