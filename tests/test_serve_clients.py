@@ -342,3 +342,22 @@ def test_logs_follow_ended_by_a_signal_says_the_total_of_lines_not_shown(tmp_pat
     assert len(said) == 2 and " in all were not shown" in said[1], err  # the first hole, then the total
     first, total = (int(line.split(": ")[2].split()[0]) for line in said)
     assert 0 < first < total <= 200_000, err
+
+
+def test_logs_read_slowly_asks_again_on_a_new_connection(served, short_bounds, monkeypatch, runtime):
+    """`ranktop logs RUN | less`, read for longer than a client may stay idle: its next request met
+    the closed connection and it ended, exit 0, as if it had printed everything."""
+    monkeypatch.setattr(short_bounds, "IDLE_SECONDS", 0.3)
+    fake, server = served
+    lines = [f"line {i} " + "x" * 100 for i in range(30_000)]  # more than one answer holds
+    fake.print(0, *lines)
+    reader = subprocess.Popen(ranktop_cmd("logs", "fake"), cwd=ROOT, env=runtime, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, bufsize=0)  # (unbuffered: communicate() reads past a buffer)
+    try:
+        assert reader.stdout.readline() == f"[0]:{lines[0]}\n".encode()  # then read no more for a while
+        wait_for(lambda: server.clients == 0, what="logs dropped as idle")
+        out, err = reader.communicate(timeout=30)
+    finally:
+        stop_process(reader)
+    assert (reader.returncode, err) == (0, b"")
+    assert out.decode().splitlines() == [f"[0]:{line}" for line in lines[1:]]
