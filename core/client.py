@@ -199,6 +199,8 @@ class Connection:
                 message = self._next()
                 if not isinstance(message, dict):
                     raise protocol.ProtocolError("rank output came where a message was due")
+                if message.get("type") == "error":  # dropped by the engine: why
+                    raise Dropped(str(message.get("message"))[:300])
                 if message.get("type") != "output":
                     yield message, []
                     continue
@@ -236,6 +238,23 @@ def _refusal(error: dict, listener: int | None = None) -> RunGone:
     if word is None:
         return RunGone(str(error.get("message")))
     return EngineRefused(str(error.get("message")), word if word in ("full", "busy") else "refused", listener)
+
+
+class Dropped(RunGone):
+    """The engine ended this connection and said why (it was sent more than it took, say): the
+    engine itself, and the run, may well go on."""
+
+
+def engine_answers(path: str) -> bool:
+    """Whether an engine still answers at `path`, however busy or full (it may have ended one of
+    our connections and be there still)."""
+    try:
+        with Connection(path, timeout=1.0):
+            return True
+    except (EngineSilent, EngineRefused):
+        return True
+    except RunGone:
+        return False
 
 
 NOT_ANSWERING = "not answering"  # the state `ls` gives a run whose engine took no request in time
@@ -466,22 +485,33 @@ class RemoteEngine:
 
     def _ask(self, ask: Callable[[Connection], Any]) -> Any:
         """ask(connection)'s answer; EngineSilent while the engine does not answer (the
-        connection is dropped, a new one tried a second later); RunGone once it has gone."""
+        connection is dropped, a new one tried a second later); RunGone once it has gone. A
+        connection the engine closed is not the engine's end: it drops one that asked nothing
+        for long (a view suspended overnight) or took nothing (behind a frozen link), so a new
+        connection is tried at once, and only where none is made has the engine gone."""
         with self._lock:
             if self._conn is None:
                 if time.monotonic() < self._retry_at:
                     raise EngineSilent("the run's engine does not answer")
-                try:
-                    self._conn = _long(Connection(self.path, timeout=1.0))
-                except (EngineSilent, EngineRefused) as exc:  # there, not for us now: asked again later
-                    self._retry_at = time.monotonic() + 1.0
-                    raise EngineSilent(str(exc)) from None
+                self._connect()
             try:
                 return ask(self._conn)
             except EngineSilent:
                 self._conn.close()
                 self._conn, self._retry_at = None, time.monotonic() + 1.0
                 raise
+            except RunGone:
+                self._conn.close()
+                self._conn = None
+                self._connect()
+            return ask(self._conn)  # (as above, on the new connection: gone now is gone)
+
+    def _connect(self) -> None:
+        try:
+            self._conn = _long(Connection(self.path, timeout=1.0))
+        except (EngineSilent, EngineRefused) as exc:  # there, not for us now: asked again later
+            self._retry_at = time.monotonic() + 1.0
+            raise EngineSilent(str(exc)) from None
 
     def snapshot(self) -> GroupSnapshot:
         if self.gone:

@@ -33,6 +33,8 @@ Every byte to a client goes through its outbox: sent as far as the client takes 
 when its socket is writable, so a client that reads slowly (or asks and never reads) costs its own
 connection, never the server thread; one that owes more than MAX_PENDING is dropped. Frames that
 arrived before a client closed are read and applied, even where its answers can no longer be sent.
+One that takes nothing for UNREAD_SECONDS, or asks nothing for IDLE_SECONDS and follows nothing,
+is dropped too; on the way out, one that takes nothing for STUCK_SECONDS is not waited for.
 
 A client that sends anything else (or anything before its hello, or no hello within
 HELLO_SECONDS, or a frame it leaves unfinished for FRAME_SECONDS), or that is not ours
@@ -52,6 +54,7 @@ import enum
 import errno
 import functools
 import json
+import math
 import os
 import selectors
 import signal
@@ -79,6 +82,16 @@ SPARE_CLIENTS = 4  # short connections past MAX_CLIENTS: room for a `ranktop sto
 SHORT_SECONDS = 10.0  # how long a short connection is served: ls and stop take well under a second
 HELLO_SECONDS = 5.0  # a client that has not said hello by then is dropped (it holds a descriptor)
 FRAME_SECONDS = 5.0  # a client that leaves a frame unfinished this long is dropped (it holds a slot)
+# A client that asks nothing this long (and follows nothing) is dropped: it holds one of the
+# MAX_CLIENTS slots. An attached view asks 4 times a second, and asks again on a new connection
+# if it was dropped meanwhile (suspended overnight), so only a leaked connection meets this.
+IDLE_SECONDS = 600.0
+# A client that takes none of what it is owed this long is dropped: `logs -f | less` left unread,
+# an attach behind a frozen SSH link. It costs one push of memory while it stays (it skips ahead).
+UNREAD_SECONDS = 600.0
+CHECK_SECONDS = 1.0  # how often the two above are looked at
+STUCK_SECONDS = 1.0  # on the way out, a client that takes nothing this long is waited for no more
+MAX_PUSH_BYTES = 4 << 20  # output in one push to a subscriber, all its ranks together: well under MAX_PENDING
 ACCEPT_PAUSE = 0.5  # out of descriptors even for the spare: stop accepting for this long
 RELAYED = {c.__name__: c for c in (cmd.SignalRank, cmd.SignalGroup, cmd.KillRank, cmd.KillGroup, cmd.RestartRank,
                                    cmd.RestartGroup, cmd.Stop, cmd.SendInput, cmd.DumpStacks, cmd.SignalDump)}
@@ -251,6 +264,9 @@ class EngineServer:
         # has none: what it sent before its close is still read and applied.
         self._outbox: dict[socket.socket, bytearray] = {}
         self._writing: set[socket.socket] = set()  # clients whose socket is watched for room to write
+        self._asked_at: dict[socket.socket, float] = {}  # when each client last sent a whole frame (inf: a dump runs for it)
+        self._took_at: dict[socket.socket, float] = {}  # when each last took bytes, or began to owe them
+        self._next_check = 0.0  # when idle and unreading clients are looked for next
         self._spare_fd = _spare_fd()  # given up for a moment to refuse a client when out of descriptors
         self._accept_paused_until = 0.0
         self._later: list[tuple[socket.socket, bytes]] = []  # slow answers, sent by the server thread
@@ -287,6 +303,8 @@ class EngineServer:
 
     def _select_timeout(self) -> float | None:
         waits = [PUSH_SECONDS] if self._subscribers else []
+        if self._decoders:
+            waits.append(CHECK_SECONDS)
         if self._hello_due or self._frame_due or self._short_due or self._accept_paused_until:
             waits.append(ACCEPT_PAUSE)
         return min(waits, default=None)
@@ -307,6 +325,21 @@ class EngineServer:
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
             self._selector.register(self._listener, selectors.EVENT_READ)
+        if now >= self._next_check:
+            self._next_check = now + CHECK_SECONDS
+            for conn in list(self._decoders):
+                if why := self._overstayed(conn, now):
+                    self._drop(conn, why)
+
+    def _overstayed(self, conn: socket.socket, now: float) -> str | None:
+        """Why `conn` is kept no longer (it takes nothing of what it is owed, or asks nothing and
+        follows nothing), or None. A subscriber of a quiet run is owed nothing: it stays."""
+        owed = len(self._outbox.get(conn) or b"")
+        if owed and now - self._took_at[conn] >= UNREAD_SECONDS:
+            return f"it took none of the {owed} bytes it was sent for {UNREAD_SECONDS:g}s"
+        if not owed and conn not in self._subscribers and now - self._asked_at[conn] >= IDLE_SECONDS:
+            return f"it asked nothing for {IDLE_SECONDS:g}s"
+        return None
 
     def _accept(self) -> None:
         try:
@@ -327,6 +360,7 @@ class EngineServer:
         self._decoders[conn] = protocol.FrameDecoder()
         self._outbox[conn] = bytearray()
         self._hello_due[conn] = time.monotonic() + HELLO_SECONDS
+        self._asked_at[conn] = self._took_at[conn] = time.monotonic()
         self._selector.register(conn, selectors.EVENT_READ)
         self.clients += 1
         short = {}
@@ -369,6 +403,7 @@ class EngineServer:
             for message in decoder.feed(data):
                 if conn not in self._decoders:  # dropped by an earlier one: the rest is not applied
                     return
+                self._asked_at[conn] = max(self._asked_at[conn], time.monotonic())  # (not while a dump runs for it)
                 self._answer(conn, message)
             if not decoder.pending:
                 self._frame_due.pop(conn, None)
@@ -412,13 +447,15 @@ class EngineServer:
                                          "(-1 or more), a line (0 or more) and, if any, a tail (0 or more)")
         return self._output_since(rank, OutputCursor(generation, line), tail)[1]
 
-    def _output_since(self, rank: int, since: OutputCursor, tail: int | None = None) -> tuple[OutputCursor, bytes, bool]:
-        """(the cursor after what is sent, the answer's frames, whether it holds anything new)."""
+    def _output_since(self, rank: int, since: OutputCursor, tail: int | None = None,
+                      most: int = MAX_REPLY_BYTES) -> tuple[OutputCursor, bytes, bool]:
+        """(the cursor after what is sent, the answer's frames, whether it holds anything new):
+        `most` bytes of lines, or the first line alone where it is longer."""
         cursor, lines, open_lines = self.engine.output_since(rank, since, tail)
         sent, size, own = [], 0, []
         for text in lines:
             size += len(text) + 1
-            if sent and size > MAX_REPLY_BYTES:
+            if sent and size > most:
                 break
             if type(text) is RanktopLine:
                 own.append(len(sent))
@@ -475,8 +512,9 @@ class EngineServer:
     def _make_push(self, sub: _Subscriber, snap: Any) -> bytes:
         """What is new for `sub` since its last push (its cursors and marks moved on)."""
         push = bytearray()
+        share = max(MAX_PUSH_BYTES // max(1, len(sub.ranks)), 1)  # each rank's: the rest comes in the next push
         for rank in sub.ranks:
-            sub.cursors[rank], frames, new = self._output_since(rank, sub.cursors[rank])
+            sub.cursors[rank], frames, new = self._output_since(rank, sub.cursors[rank], most=share)
             if new:
                 push += frames
         sub.events, events = self.engine.events_since(sub.events)
@@ -494,22 +532,29 @@ class EngineServer:
     def _last_push(self) -> None:
         """On the way out: the subscribers get the rest of the output and the end, and every
         client what its outbox holds (a Stop's ack), as far as they take it within SEND_TIMEOUT,
-        all of them together (the rest is bounded by what the rings hold: 64 pushes each at most)."""
+        all of them together (the rest is bounded by what the rings hold: 64 pushes each at most).
+        One that takes nothing for STUCK_SECONDS (a follower that stopped reading long before the
+        end, an attach behind a frozen link) is waited for no more: the end is not held up by it."""
         snap = self.engine.snapshot()
         deadline = time.monotonic() + SEND_TIMEOUT
         left = dict.fromkeys(self._subscribers, 64)  # pushes each may still be made
-        while time.monotonic() < deadline:
+        while (now := time.monotonic()) < deadline:
             for conn in list(left):
                 sub, outbox = self._subscribers.get(conn), self._outbox.get(conn)
-                if sub is None or outbox is None or not left[conn] or (sub.ended and not outbox):
+                if (sub is None or outbox is None or not left[conn] or (sub.ended and not outbox)
+                        or self._stuck(conn, now)):
                     del left[conn]
                 elif not outbox:
                     left[conn] -= 1
                     self._send(conn, self._make_push(sub, snap))
-            owing = [conn for conn, outbox in self._outbox.items() if outbox]
+            owing = [conn for conn, outbox in self._outbox.items() if outbox and not self._stuck(conn, now)]
             if not (left or owing):
                 return
-            self._wait_for_room(owing, deadline)
+            self._wait_for_room(owing, min(deadline, now + STUCK_SECONDS))
+
+    def _stuck(self, conn: socket.socket, now: float) -> bool:
+        """Whether `conn` has taken none of what it is owed for STUCK_SECONDS."""
+        return bool(self._outbox.get(conn)) and now - self._took_at.get(conn, now) >= STUCK_SECONDS
 
     def _wait_for_room(self, conns: list[socket.socket], deadline: float) -> None:
         """Until one of `conns` can take more (sending it what it can), or `deadline`."""
@@ -527,6 +572,8 @@ class EngineServer:
         outbox = self._outbox.get(conn)
         if outbox is None:  # dropped, or it closed: no one reads what would be sent
             return
+        if not outbox:  # it owes nothing until now: its time to take this starts now
+            self._took_at[conn] = time.monotonic()
         outbox += data
         self._flush(conn)
 
@@ -537,6 +584,7 @@ class EngineServer:
         try:
             while outbox:
                 del outbox[:conn.send(outbox)]
+                self._took_at[conn] = time.monotonic()
         except BlockingIOError:
             if len(outbox) > MAX_PENDING:
                 self._drop(conn, f"too slow: {len(outbox)} bytes not taken")
@@ -569,6 +617,7 @@ class EngineServer:
         except TypeError as exc:
             return {"ok": False, "message": f"bad {kind.__name__}: {exc}"}
         if isinstance(command, SLOW):
+            self._asked_at[conn] = math.inf  # waiting for its answer is not idling
             threading.Thread(target=self._dump, args=(conn, message.get("id"), command), name="ranktop-server-dump",
                              daemon=True).start()
             return None
@@ -597,7 +646,9 @@ class EngineServer:
         with self._later_lock:
             later, self._later = self._later, []
         for conn, data in later:
-            self._send(conn, data)  # (nothing, where the client left while its dump ran)
+            if conn in self._asked_at:  # (not where the client left while its dump ran)
+                self._asked_at[conn] = time.monotonic()
+            self._send(conn, data)
 
     def _refuse(self, conn: socket.socket, reason: str, word: str | None = None) -> None:
         """Tell a client we do not serve why, in one send that cannot wait (a new connection's
@@ -621,7 +672,7 @@ class EngineServer:
                 pass
         self._selector.unregister(conn)
         del self._decoders[conn]
-        for table in (self._hello_due, self._frame_due, self._short_due, self._subscribers):
+        for table in (self._hello_due, self._frame_due, self._short_due, self._subscribers, self._asked_at, self._took_at):
             table.pop(conn, None)
         self._writing.discard(conn)
         conn.close()

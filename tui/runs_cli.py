@@ -3,9 +3,11 @@ through the socket its engine serves (core/server.py). Never imports Textual."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -15,12 +17,14 @@ from ranktop.core import collector, protocol
 from ranktop.core.client import (
     BadFinalFile,
     Connection,
+    Dropped,
     EngineRefused,
     EngineSilent,
     FinalEngine,
     RunGone,
     ServedRun,
     SeveralRuns,
+    engine_answers,
     final_run,
     find_run,
     run_dir_of,
@@ -354,6 +358,24 @@ def logs(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     if ns.events and not ns.follow:
         return usage_error("--events needs -f: the events so far are in events.jsonl in the run directory")
+    before = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return _logs(ns)
+    except Terminated:  # as Ctrl-C: the totals of the lines not shown are said on the way (finally)
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+class Terminated(BaseException):  # (not an Exception: no `except Exception` on the way takes it)
+    """SIGTERM came (`kill`, `timeout`, a supervisor): `logs` ends as Ctrl-C ends it."""
+
+
+def _terminated(_signum: int, _frame: object) -> None:
+    raise Terminated
+
+
+def _logs(ns: argparse.Namespace) -> int:
     run = pick_run(ns.run, "logs")
     if isinstance(run, int):
         return run
@@ -430,18 +452,47 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
     if follow:  # what the ranks' rings hold, then live, pushed by the engine until the run ends
         conn.subscribe(sorted(prefixes))
         return _follow(conn, run, prefixes, events, unshown)
-    for local, prefix in prefixes.items():
-        cursor = (-1, 0)
-        while True:
-            answer, lines, _open = conn.output(local, *cursor)
-            cursor, before = (answer["generation"], answer["line"]), cursor
-            unshown.took({**answer, "rank": local})
-            out.writelines(_rank_lines(prefix, shown, lines))
-            if not answer.get("more") or cursor == before:  # (an engine that says "more" and gives none: no loop)
-                break
-    out.flush()
-    unshown.say_totals()  # (a running rank's ring can move on between two answers, too)
+    asking = _Asking(conn, run.path)
+    try:
+        for local, prefix in prefixes.items():
+            cursor = (-1, 0)
+            while True:
+                answer, lines, _open = asking.output(local, *cursor)
+                cursor, before = (answer["generation"], answer["line"]), cursor
+                unshown.took({**answer, "rank": local})
+                out.writelines(_rank_lines(prefix, shown, lines))
+                if not answer.get("more") or cursor == before:  # (an engine that says "more" and gives none: no loop)
+                    break
+        out.flush()
+    finally:
+        asking.close()
+        unshown.say_totals()  # (a running rank's ring can move on between two answers, too)
     return 0
+
+
+class _Asking:
+    """`logs`' requests, on a new connection where the engine ended the one it had but still
+    answers: it drops a client that asked nothing for a while, as `logs | less` does while the
+    person reads (its ring moved on meanwhile: _Unshown counts what went by)."""
+
+    def __init__(self, conn: Connection, path: str) -> None:
+        self.first, self.conn, self.path = conn, conn, path
+
+    def output(self, local: int, generation: int, line: int) -> tuple[dict, list[bytes], list[bytes]]:
+        try:
+            return self.conn.output(local, generation, line)
+        except EngineSilent:
+            raise
+        except RunGone:
+            if not engine_answers(self.path):
+                raise
+        self.close()
+        self.conn = Connection(self.path)
+        return self.conn.output(local, generation, line)
+
+    def close(self) -> None:
+        if self.conn is not self.first:  # (the first is the caller's to close)
+            self.conn.close()
 
 
 def _follow(conn: Connection, run: ServedRun, prefixes: dict[int, bytes], events: bool, unshown: _Unshown) -> int:
@@ -464,7 +515,13 @@ def _follow(conn: Connection, run: ServedRun, prefixes: dict[int, bytes], events
                 out.writelines(_rank_lines(prefix, shown, lines))
                 out.flush()
         return 0  # (not reached: pushes end with "ended", or RunGone when the engine leaves)
-    except RunGone as gone:  # before its "ended": killed, so how the run ended is unknown, as attach says
+    except RunGone as gone:
+        if isinstance(gone, Dropped) or engine_answers(run.path):  # this connection ended, not the engine
+            why = f" ({gone})" if isinstance(gone, Dropped) else ""
+            print(clean(f"ranktop: {run.run_id}: the run's engine ended this connection{why}; the run goes on, and "
+                        f"{run_command('logs', run.run_id, '-f')} follows it again"), file=sys.stderr)
+            return 1
+        # Before its "ended": killed, so how the run ended is unknown, as attach says.
         print(clean(f"ranktop: {run.run_id}: lost the run's engine before its end ({gone}); its log files are "
                     f"under {log_dir}"), file=sys.stderr)
         return 1

@@ -1,0 +1,363 @@
+"""Clients of a run's socket that misbehave: silent, half-spoken, never reading, many at once, or
+arriving as the run ends. None of them may cost the run its output, its end or its exit status;
+each is kept only as long as it is of use; and the clients ranktop ships go on when the engine
+ends one of their connections."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, ranktop_cmd, stop_process, wait_for
+from ranktop.core import protocol
+from ranktop.core.state import GroupState
+
+LINES = 30_000
+# The ranks wait for the test's clients, then print LINES lines each; rank 1 fails.
+FLOOD = f"""import os, sys, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+for i in range({LINES}):
+    sys.stdout.write(f'line {{i}} ' + 'x' * 60 + '\\n')
+sys.exit(3 if os.environ['RANK'] == '1' else 0)
+"""
+
+
+@pytest.fixture
+def runtime(monkeypatch):
+    """A socket directory of this test's own, for the test's ranktop and for this process."""
+    path = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", path)
+    try:
+        yield {**os.environ, "XDG_RUNTIME_DIR": path}
+    finally:
+        subprocess.run(["rm", "-rf", path], check=False)
+
+
+def hello(path: str, *requests: dict, rcvbuf: int | None = None) -> socket.socket:
+    """A raw client that said hello (and sent `requests`) and read the engine's hello."""
+    conn = socket.socket(socket.AF_UNIX)
+    if rcvbuf:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    conn.settimeout(10)
+    conn.connect(path)
+    conn.sendall(b"".join(protocol.encode_control(m) for m in (protocol.hello("client"), *requests)))
+    head = conn.recv(5, socket.MSG_WAITALL)  # the hello's frame alone: a subscriber's pushes stay unread
+    assert head[:1] == protocol.CONTROL and b'"type":"hello"' in conn.recv(int.from_bytes(head[1:]), socket.MSG_WAITALL)
+    return conn
+
+
+def frames_until_closed(conn: socket.socket, timeout: float = 10) -> list:
+    """Every frame the engine sends on `conn` until it closes it; fails after `timeout`."""
+    conn.settimeout(timeout)
+    decoder, frames = protocol.FrameDecoder(), []
+    with contextlib.suppress(ConnectionResetError):
+        while data := conn.recv(1 << 16):
+            frames += decoder.feed(data)
+    return frames
+
+
+class Racer(threading.Thread):
+    """Connects, says hello and asks for a snapshot again and again until stopped: some of its
+    tries meet the run's end. Each must end in an answer or a closed connection, nothing else."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(daemon=True)
+        self.path, self.stop, self.answered, self.problems = path, threading.Event(), 0, []
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                with socket.socket(socket.AF_UNIX) as conn:
+                    conn.settimeout(10)
+                    conn.connect(self.path)
+                    conn.sendall(protocol.encode_control(protocol.hello("client"))
+                                 + protocol.encode_control({"type": "snapshot"}))
+                    types = [f.get("type") for f in frames_until_hello_and(conn)]
+                    self.answered += types == ["hello", "snapshot"]
+            except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, BrokenPipeError):
+                pass  # the engine had gone, or went while we spoke
+            except Exception as exc:  # noqa: BLE001 - a hang (TimeoutError) or garbage: the test says which
+                self.problems.append(repr(exc))
+
+
+def frames_until_hello_and(conn: socket.socket) -> list:
+    """The engine's hello and its answer, or what came before it closed the connection."""
+    decoder, frames = protocol.FrameDecoder(), []
+    while len(frames) < 2 and (data := conn.recv(1 << 16)):
+        frames += decoder.feed(data)
+    return frames
+
+
+def test_clients_that_misbehave_cost_the_run_nothing(tmp_path, runtime):
+    """A client that connects and says nothing, one that subscribes and never reads while the ranks
+    flood, one that sends half a request, one that asks and never reads, thirty idle ones, and one
+    that keeps connecting as the run ends: the run prints every line, ends with its own status,
+    and its engine leaves, closing every connection."""
+    script, go, out = tmp_path / "flood.py", tmp_path / "go", tmp_path / "out"
+    script.write_text(FLOOD)
+    with open(out, "wb") as out_file:
+        proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--run-id", "rude", "--log-dir",
+                                            str(tmp_path / "logs"), str(script), str(go)),
+                                cwd=ROOT, env=runtime, stdout=out_file, stderr=subprocess.PIPE)
+    path = os.path.join(runtime["XDG_RUNTIME_DIR"], "ranktop", "rude.sock")
+    clients: list[socket.socket] = []
+    racer = Racer(path)
+    try:
+        wait_for(lambda: os.path.exists(path), timeout=30, what="the run served")
+        silent = socket.socket(socket.AF_UNIX)
+        silent.connect(path)
+        lazy = hello(path, {"type": "subscribe"}, rcvbuf=4096)
+        half = hello(path)
+        half.sendall(protocol.encode_control({"type": "snapshot"})[:7])
+        asker = hello(path, *[{"type": "snapshot"}] * 500, rcvbuf=4096)
+        clients += [silent, lazy, half, asker] + [hello(path) for _ in range(30)]
+        racer.start()
+        go.touch()
+        assert proc.wait(60) == 1  # rank 1's failure, as if nobody watched
+        stderr = proc.stderr.read().decode()
+    finally:
+        racer.stop.set()
+        stop_process(proc)
+        proc.stderr.close()
+        racer.join(30)
+    assert not racer.is_alive() and racer.problems == []
+    assert "rank 1 (local rank 1, pid " in stderr and "exited with code 3" in stderr and "Traceback" not in stderr, stderr
+    printed = out.read_bytes().splitlines()
+    for rank in (0, 1):  # every line on the console and in the log files
+        assert sum(line.startswith(f"[default{rank}]:line ".encode()) for line in printed) == LINES
+        log = tmp_path / "logs" / "rude" / "attempt_0" / str(rank) / "stdout.log"
+        assert log.read_bytes().count(b"\n") == LINES
+    for conn in clients:  # the engine closed every connection on its way out
+        frames_until_closed(conn)
+        conn.close()
+    assert not os.path.exists(path)
+
+
+# ----- the bounds, on a fake engine served by the real server (constants made short) -------------
+@pytest.fixture
+def served(runtime):
+    """A FakeEngine served on a real socket: (engine, server)."""
+    from fake_engine import FakeEngine
+    from ranktop.core.server import serve
+
+    engine = FakeEngine(2)
+    server, problem = serve(engine, ["fake"])
+    assert problem is None
+    try:
+        yield engine, server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def short_bounds(monkeypatch):
+    from ranktop.core import server
+
+    monkeypatch.setattr(server, "CHECK_SECONDS", 0.05)
+    return server
+
+
+def test_an_idle_client_is_dropped_and_a_follower_of_a_quiet_run_is_kept(served, short_bounds, monkeypatch):
+    """A connection that says hello and then nothing held one of the 64 slots for good. It is
+    dropped after IDLE_SECONDS, and told why; a `logs -f` of a run that prints nothing asks
+    nothing either, and stays."""
+    monkeypatch.setattr(short_bounds, "IDLE_SECONDS", 0.5)
+    fake, server = served
+    follower = hello(server.path, {"type": "subscribe"})
+    idle = hello(server.path)
+    (dropped,) = frames_until_closed(idle)
+    assert dropped == {"type": "error", "message": "it asked nothing for 0.5s"}
+    wait_for(lambda: server.clients == 1, what="the idle client counted out")  # the follower, as quiet, stays
+    fake.print(0, "still here")
+    decoder, frames = protocol.FrameDecoder(), []
+    while not any(isinstance(f, protocol.Output) and b"still here" in f.data for f in frames):
+        frames += decoder.feed(follower.recv(1 << 16))
+    follower.close()
+
+
+def test_a_client_that_takes_nothing_of_what_it_is_sent_is_dropped(served, short_bounds, monkeypatch):
+    """`logs -f | less` nobody reads: kept while it takes nothing, it held its slot and a push's
+    worth of memory for as long as the run lasted."""
+    monkeypatch.setattr(short_bounds, "UNREAD_SECONDS", 0.5)
+    fake, server = served
+    lazy = hello(server.path, {"type": "subscribe"}, rcvbuf=4096)
+    fake.print(0, *(f"line {i} " + "x" * 100 for i in range(20_000)))  # more than its socket holds
+    wait_for(lambda: server.clients == 0, what="the unreading client dropped")
+    frames_until_closed(lazy)  # what its socket held, then the end: no hang
+    lazy.close()
+
+
+def test_an_attached_view_goes_on_after_the_engine_ends_its_connection(served, short_bounds, monkeypatch):
+    """An attach suspended overnight (Ctrl-Z) has its connection dropped as idle: on its return it
+    took the closed connection for the engine's end and showed the run as lost. It connects again."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import RemoteEngine
+
+    monkeypatch.setattr(short_bounds, "IDLE_SECONDS", 0.3)
+    fake, server = served
+    engine = RemoteEngine(server.path)
+    try:
+        wait_for(lambda: server.clients == 0, what="the idle view dropped")
+        fake.group = dataclasses.replace(fake.group, attempt=1)
+        snap = engine.snapshot()
+        assert (snap.attempt, snap.ended, engine.gone) == (1, False, False)
+        wait_for(lambda: server.clients == 0, what="the idle view dropped again")
+        assert engine.submit(cmd.KillRank(0)).ok and fake.commands == [cmd.KillRank(0)]
+    finally:
+        engine.close()
+
+
+def test_the_end_waits_for_a_reading_follower_not_for_one_that_takes_nothing(served, short_bounds, monkeypatch):
+    """On the way out the engine gave every client up to 2 s to take what it was owed: a follower
+    that had stopped reading long before held the run's end for all of it. One that takes nothing
+    for STUCK_SECONDS is given up; one that reads gets the rest and the end."""
+    from ranktop.core.client import Connection
+
+    monkeypatch.setattr(short_bounds, "SEND_TIMEOUT", 60.0)  # what a stuck client would hold the end for
+    monkeypatch.setattr(short_bounds, "STUCK_SECONDS", 0.3)
+    fake, server = served
+    lazy = hello(server.path, {"type": "subscribe"}, rcvbuf=4096)
+    reader = Connection(server.path)
+    reader.subscribe([0])
+    fake.print(0, *(f"line {i} " + "x" * 100 for i in range(20_000)))
+    fake.end(GroupState.SUCCEEDED, 0)
+    began = time.monotonic()
+    closing = threading.Thread(target=server.close)
+    closing.start()
+    got = []
+    for message, _lines in reader.pushed():
+        got += [message] if message["type"] in ("output", "ended") else []
+        if message["type"] == "ended":
+            break
+    closing.join(30)
+    assert not closing.is_alive() and time.monotonic() - began < 30  # not the 60 s the lazy one could have had
+    assert got[-1]["type"] == "ended" and got[-2]["line"] == 20_000
+    reader.close()
+    frames_until_closed(lazy)
+    lazy.close()
+
+
+def test_a_push_holds_a_bounded_share_of_each_ranks_output_and_loses_none(served, short_bounds, monkeypatch):
+    """A push held up to 2 MiB of every subscribed rank's lines: with a few ranks flooding, one push
+    was past the 16 MiB a client may owe, and a follower that was reading was dropped as too slow."""
+    from ranktop.core.client import Connection
+
+    monkeypatch.setattr(short_bounds, "MAX_PUSH_BYTES", 64 << 10)
+    fake, server = served
+    lines = [f"line {i} ".encode() + b"x" * 100 for i in range(3000)]
+    for rank in (0, 1):
+        fake.print(rank, *(line.decode() for line in lines))
+    follower = Connection(server.path)
+    follower.subscribe([0, 1])
+    seen: dict[int, list[bytes]] = {0: [], 1: []}
+    for message, got in follower.pushed():
+        if message["type"] == "output":
+            assert sum(len(line) + 1 for line in got) <= 32 << 10  # its rank's share
+            seen[message["rank"]] += got
+        if seen == {0: lines, 1: lines}:
+            break
+    follower.close()
+
+
+def test_logs_follow_whose_connection_the_engine_ends_says_the_run_goes_on(served, short_bounds, monkeypatch, runtime):
+    """`logs -f` into a pipe nobody read: dropped by the engine, it said the run's engine was lost
+    before its end, exit 1, of a run that went on."""
+    monkeypatch.setattr(short_bounds, "UNREAD_SECONDS", 0.5)
+    fake, server = served
+    # More than its pipe and its socket hold (the kernel takes megabytes of a Unix socket's sends).
+    fake.print(0, *(f"line {i} " + "x" * 100 for i in range(100_000)))
+    follow = subprocess.Popen(ranktop_cmd("logs", "fake", "-f"), cwd=ROOT, env=runtime, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    try:
+        assert follow.stdout.readline() == b"[0]:line 0 " + b"x" * 100 + b"\n"  # following; then read no more
+        wait_for(lambda: server.clients == 0, what="logs -f dropped")
+        out, err = follow.communicate(timeout=30)
+    finally:
+        stop_process(follow)
+    assert follow.returncode == 1 and b"Traceback" not in err and err.count(b"\n") == 1, err
+    assert err.decode().endswith("the run goes on, and ranktop logs fake -f follows it again\n"), err
+    assert err.decode().startswith("ranktop: fake: the run's engine ended this connection"), err
+
+
+# ----- logs -f ended by a signal ------------------------------------------------------------------
+TWO_BURSTS = """import os, pathlib, sys, time
+print('up', flush=True)
+for burst in (1, 2):
+    while not pathlib.Path(os.environ['GO'] + str(burst)).exists():
+        time.sleep(0.02)
+    sys.stdout.write(''.join(f'burst {i}\\n' for i in range(100000)))  # far more than a rank's ring keeps
+    print('done', burst, flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def _read_until(stream, line: bytes) -> None:
+    while (got := stream.readline()) != line:
+        assert got, f"logs -f ended before {line!r}"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_logs_follow_ended_by_a_signal_says_the_total_of_lines_not_shown(tmp_path, runtime, sig):
+    """`logs -f` says how many lines of a rank it could not show at the first hole, and the total
+    at its end: Ctrl-C said it, SIGTERM (kill, timeout) ended it without a word."""
+    script = tmp_path / "bursts.py"
+    script.write_text(TWO_BURSTS)
+    go = tmp_path / "go"
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "1", "--run-id", "bursts", "--log-dir",
+                                        str(tmp_path / "logs"), str(script)),
+                            cwd=ROOT, env={**runtime, "GO": str(go)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    path = os.path.join(runtime["XDG_RUNTIME_DIR"], "ranktop", "bursts.sock")
+    try:
+        wait_for(lambda: os.path.exists(path), timeout=30, what="the run served")
+        follow = subprocess.Popen(ranktop_cmd("logs", "bursts", "-f"), cwd=ROOT, env=runtime,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            _read_until(follow.stdout, b"[0]:up\n")
+            log = tmp_path / "logs" / "bursts" / "attempt_0" / "0" / "stdout.log"
+            for burst in (1, 2):  # each while logs -f waits on its full pipe: the ring moves past it
+                Path(f"{go}{burst}").touch()
+                wait_for(lambda b=burst: f"done {b}\n".encode() in log.read_bytes(), timeout=30,
+                         what=f"burst {burst} written")
+                _read_until(follow.stdout, f"[0]:done {burst}\n".encode())
+            follow.send_signal(sig)
+            _out, err = follow.communicate(timeout=30)
+        finally:
+            stop_process(follow)
+    finally:
+        stop_process(proc)
+    said = [line for line in err.decode().splitlines() if " lines of rank 0 " in line]
+    assert follow.returncode == 128 + sig, err
+    assert len(said) == 2 and " in all were not shown" in said[1], err  # the first hole, then the total
+    first, total = (int(line.split(": ")[2].split()[0]) for line in said)
+    assert 0 < first < total <= 200_000, err
+
+
+def test_logs_read_slowly_asks_again_on_a_new_connection(served, short_bounds, monkeypatch, runtime):
+    """`ranktop logs RUN | less`, read for longer than a client may stay idle: its next request met
+    the closed connection and it ended, exit 0, as if it had printed everything."""
+    monkeypatch.setattr(short_bounds, "IDLE_SECONDS", 0.3)
+    fake, server = served
+    lines = [f"line {i} " + "x" * 100 for i in range(30_000)]  # more than one answer holds
+    fake.print(0, *lines)
+    reader = subprocess.Popen(ranktop_cmd("logs", "fake"), cwd=ROOT, env=runtime, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, bufsize=0)  # (unbuffered: communicate() reads past a buffer)
+    try:
+        assert reader.stdout.readline() == f"[0]:{lines[0]}\n".encode()  # then read no more for a while
+        wait_for(lambda: server.clients == 0, what="logs dropped as idle")
+        out, err = reader.communicate(timeout=30)
+    finally:
+        stop_process(reader)
+    assert (reader.returncode, err) == (0, b"")
+    assert out.decode().splitlines() == [f"[0]:{line}" for line in lines[1:]]
