@@ -168,25 +168,46 @@ RANKTOP_ONLY = frozenset({
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The command line, its options in the order --help lists them; a default that torchrun
+    reads from the environment (`environ`, else os.environ) is read from there."""
     p = UsageParser(
         prog="ranktop",
         description="Launch and watch one process per rank (torchrun-compatible), in a TUI or headless.",
         epilog=SUBCOMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.extra_options = RANKTOP_ONLY
-    add = p.add_argument
+    p.set_defaults(typed=frozenset())
+    for add_options in (_add_world_options, _add_rendezvous_options, _add_script_options, _add_run_options,
+                        _add_view_options, _add_rank_process_options, _add_torchrun_options):
+        add_options(p)
+    p.add_argument("--version", action=_Version, nargs=0, help="show ranktop's version and exit")
+    p.add_argument("training_script", help="the script (or binary with --no-python, module with -m)")
+    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    environ = os.environ if environ is None else environ
+    apply_shutdown_timeout_default(p, environ)
+    apply_pet_defaults(p, environ)  # PET_SHUTDOWN_TIMEOUT, then the flag, win over it, as in torchrun
+    return p
+
+
+def _add_world_options(parser: argparse.ArgumentParser) -> None:
+    """How many nodes and ranks, and where node 0 is."""
+    add = parser.add_argument
     add(*_both("nproc-per-node"), type=_nproc_text, default="1", metavar="N|auto|cpu|gpu|xpu", action=_Typed,
         help="ranks on this node (default 1)")
     add("-j", dest="jobs", metavar="[MIN:]NxM", help="TorchX style: N nodes x M ranks per node")
     add("--nnodes", default="1", action=_Typed,
         help="number of nodes, N or MIN:MAX (elastic with --rdzv-backend; static: MAX)")
-    p.set_defaults(typed=frozenset())
     add(*_both("node-rank"), type=_number("--node-rank", limits.COUNT), default=0, help="this node's rank (default 0)")
     add(*_both("master-addr"), type=_address("--master-addr", empty_ok=True), default="127.0.0.1",
         help="address of node 0 (default 127.0.0.1)")
     add(*_both("master-port"), type=_number("--master-port", limits.PORT), default=None,
         help="port on node 0 (default: a free port on one node, 29500 with several)")
     add("--standalone", action="store_true", help="single node, pick a free port")
+
+
+def _add_rendezvous_options(parser: argparse.ArgumentParser) -> None:
+    """How the nodes find each other through torch's rendezvous."""
+    add = parser.add_argument
     add(*_both("rdzv-backend"), default=None, metavar="NAME",
         help="rendezvous through torch: c10d, etcd, etcd-v2, static or a torchrun plugin "
              "(default: ranktop's static form, no torch needed)")
@@ -197,11 +218,21 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="rendezvous settings, e.g. join_timeout=600,last_call_timeout=30,close_timeout=30,is_host=1")
     add(*_both("local-addr"), type=_address("--local-addr"), default=None, metavar="ADDR",
         help="this node's address in the rendezvous (default: its fully qualified host name)")
+
+
+def _add_script_options(parser: argparse.ArgumentParser) -> None:
+    """How the script is started: as a file, a module or a binary."""
+    add = parser.add_argument
     add("-m", "--module", action="store_true", help="run the script as a module (python -m)")
     add(*_both("no-python"), action="store_true", help="run the script as a binary, not with python")
     add(*_both("use-env"), action="store_true",
         help="torch.distributed.launch's: LOCAL_RANK in the environment, as every rank gets it anyway "
              "(no --local-rank argument is added, as in torchrun)")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The run's restarts, files, console output and its ranks' environment."""
+    add = parser.add_argument
     add(*_both("max-restarts"), type=_number("--max-restarts", limits.COUNT), default=0, help="group restarts on failure (default 0)")
     add(*_both("monitor-interval"), type=_number("--monitor-interval", limits.MONITOR_SECONDS), default=0.1, help="seconds between monitor passes")
     add(*_both("log-dir"), default=None, help="where run directories go (default $TMPDIR/ranktop-UID)")
@@ -218,7 +249,12 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--debug", action="store_true", help="set CUDA/NCCL/torch.distributed debug variables")
     add(*_both("stall-timeout"), type=_number("--stall-timeout", limits.POSITIVE_SECONDS), default=None,
         help="seconds without output before a rank is shown stalled (headless: off; TUI, --detach: 60)")
-    mode = p.add_mutually_exclusive_group()
+
+
+def _add_view_options(parser: argparse.ArgumentParser) -> None:
+    """How the run is shown: a TUI, headless, or detached in the background."""
+    add = parser.add_argument
+    mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--headless", action="store_true", help="no TUI: prefixed output, like torchrun")
     mode.add_argument("--tui", action="store_true", help="the TUI even when stdout is not a terminal")
     add("--sanitize-console", action="store_true",
@@ -233,6 +269,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
              "how to reach it: ranktop attach/logs/stop")
     add("--metric", type=metric_pattern, default=None, metavar="REGEX",
         help="TUI: a number from each rank's output, e.g. 'loss ([0-9.eE+-]+)' (its first group, else the match)")
+
+
+def _add_rank_process_options(parser: argparse.ArgumentParser) -> None:
+    """What each rank's process gets: a terminal, a stack dump, the signals."""
+    add = parser.add_argument
     add("--pty", action="store_true",
         help="give each rank a pseudo-terminal (isatty() true; stderr merged into stdout.log)")
     add(*_both("no-faulthandler"), action="store_true",
@@ -240,6 +281,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add(*_both("signals-to-handle"), type=_signal_list, default="SIGTERM,SIGINT,SIGHUP,SIGQUIT", metavar="SIGS",
         help="signals ranktop handles: SIGINT/TERM/HUP/QUIT stop the run (forwarded, grace, SIGKILL); "
              "SIGUSR1/USR2 are passed on to every rank and the run goes on (Slurm's requeue notice)")
+
+
+def _add_torchrun_options(parser: argparse.ArgumentParser) -> None:
+    """torchrun's options for filtered output copies, its plugins, how ranks start and NUMA binding."""
+    add = parser.add_argument
     for stream in ("stdout", "stderr"):
         add(*_both(f"duplicate-{stream}-filters"), type=_comma_list, default=[], metavar="A,B",
             help=f"{stream} lines of any rank containing one of these also go, prefixed, to "
@@ -257,13 +303,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add(*_both("numa-binding"), default=None, choices=numa.MODES,
         help="bind each rank to CPUs near its GPU, as torchrun: its NUMA node (node), package (socket), "
              "a share of the node's cores (exclusive) or of its cache groups (core-complex); needs NVIDIA GPUs")
-    add("--version", action=_Version, nargs=0, help="show ranktop's version and exit")
-    add("training_script", help="the script (or binary with --no-python, module with -m)")
-    add("training_script_args", nargs=argparse.REMAINDER)
-    environ = os.environ if environ is None else environ
-    apply_shutdown_timeout_default(p, environ)
-    apply_pet_defaults(p, environ)  # PET_SHUTDOWN_TIMEOUT, then the flag, win over it, as in torchrun
-    return p
+
 
 
 _DEVICE_WORDS = ("auto", "cpu", "gpu", "xpu")  # --nproc-per-node counts these once the line is known
