@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from ranktop.core import collector, guard, limits, numa
 from ranktop.core.errors import UsageError
 from ranktop.core.sanitize import clean, quoted
-from ranktop.core.signals import hold_early_stops
+from ranktop.core.signals import hold_early_stops, parse_signal_names
 from ranktop.core.stdio import escape_unencodable, reopen_closed_streams, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, run_command, usage_error, usage_line
 
@@ -37,8 +37,6 @@ def _number(flag: str, bounds: limits.Bounds):
 
 def _signal_list(text: str) -> tuple[int, ...]:
     """An argparse type: torchrun's --signals-to-handle, 'SIGTERM,SIGUSR1', as signal numbers."""
-    from ranktop.core.signals import parse_signal_names
-
     try:
         return parse_signal_names(text)
     except UsageError as exc:
