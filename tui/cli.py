@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 
 from ranktop.core import collector, guard, limits, numa
 from ranktop.core.errors import UsageError
-from ranktop.core.sanitize import quoted
-from ranktop.core.signals import hold_early_stops
+from ranktop.core.sanitize import clean, quoted
+from ranktop.core.signals import hold_early_stops, parse_signal_names
 from ranktop.core.stdio import escape_unencodable, reopen_closed_streams, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, run_command, usage_error, usage_line
 
@@ -37,8 +37,6 @@ def _number(flag: str, bounds: limits.Bounds):
 
 def _signal_list(text: str) -> tuple[int, ...]:
     """An argparse type: torchrun's --signals-to-handle, 'SIGTERM,SIGUSR1', as signal numbers."""
-    from ranktop.core.signals import parse_signal_names
-
     try:
         return parse_signal_names(text)
     except UsageError as exc:
@@ -168,25 +166,46 @@ RANKTOP_ONLY = frozenset({
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The command line, its options in the order --help lists them; a default that torchrun
+    reads from the environment (`environ`, else os.environ) is read from there."""
     p = UsageParser(
         prog="ranktop",
         description="Launch and watch one process per rank (torchrun-compatible), in a TUI or headless.",
         epilog=SUBCOMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.extra_options = RANKTOP_ONLY
-    add = p.add_argument
+    p.set_defaults(typed=frozenset())
+    for add_options in (_add_world_options, _add_rendezvous_options, _add_script_options, _add_run_options,
+                        _add_view_options, _add_rank_process_options, _add_torchrun_options):
+        add_options(p)
+    p.add_argument("--version", action=_Version, nargs=0, help="show ranktop's version and exit")
+    p.add_argument("training_script", help="the script (or binary with --no-python, module with -m)")
+    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    environ = os.environ if environ is None else environ
+    apply_shutdown_timeout_default(p, environ)
+    apply_pet_defaults(p, environ)  # PET_SHUTDOWN_TIMEOUT, then the flag, win over it, as in torchrun
+    return p
+
+
+def _add_world_options(parser: argparse.ArgumentParser) -> None:
+    """How many nodes and ranks, and where node 0 is."""
+    add = parser.add_argument
     add(*_both("nproc-per-node"), type=_nproc_text, default="1", metavar="N|auto|cpu|gpu|xpu", action=_Typed,
         help="ranks on this node (default 1)")
     add("-j", dest="jobs", metavar="[MIN:]NxM", help="TorchX style: N nodes x M ranks per node")
     add("--nnodes", default="1", action=_Typed,
         help="number of nodes, N or MIN:MAX (elastic with --rdzv-backend; static: MAX)")
-    p.set_defaults(typed=frozenset())
     add(*_both("node-rank"), type=_number("--node-rank", limits.COUNT), default=0, help="this node's rank (default 0)")
     add(*_both("master-addr"), type=_address("--master-addr", empty_ok=True), default="127.0.0.1",
         help="address of node 0 (default 127.0.0.1)")
     add(*_both("master-port"), type=_number("--master-port", limits.PORT), default=None,
         help="port on node 0 (default: a free port on one node, 29500 with several)")
     add("--standalone", action="store_true", help="single node, pick a free port")
+
+
+def _add_rendezvous_options(parser: argparse.ArgumentParser) -> None:
+    """How the nodes find each other through torch's rendezvous."""
+    add = parser.add_argument
     add(*_both("rdzv-backend"), default=None, metavar="NAME",
         help="rendezvous through torch: c10d, etcd, etcd-v2, static or a torchrun plugin "
              "(default: ranktop's static form, no torch needed)")
@@ -197,11 +216,21 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="rendezvous settings, e.g. join_timeout=600,last_call_timeout=30,close_timeout=30,is_host=1")
     add(*_both("local-addr"), type=_address("--local-addr"), default=None, metavar="ADDR",
         help="this node's address in the rendezvous (default: its fully qualified host name)")
+
+
+def _add_script_options(parser: argparse.ArgumentParser) -> None:
+    """How the script is started: as a file, a module or a binary."""
+    add = parser.add_argument
     add("-m", "--module", action="store_true", help="run the script as a module (python -m)")
     add(*_both("no-python"), action="store_true", help="run the script as a binary, not with python")
     add(*_both("use-env"), action="store_true",
         help="torch.distributed.launch's: LOCAL_RANK in the environment, as every rank gets it anyway "
              "(no --local-rank argument is added, as in torchrun)")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The run's restarts, files, console output and its ranks' environment."""
+    add = parser.add_argument
     add(*_both("max-restarts"), type=_number("--max-restarts", limits.COUNT), default=0, help="group restarts on failure (default 0)")
     add(*_both("monitor-interval"), type=_number("--monitor-interval", limits.MONITOR_SECONDS), default=0.1, help="seconds between monitor passes")
     add(*_both("log-dir"), default=None, help="where run directories go (default $TMPDIR/ranktop-UID)")
@@ -218,7 +247,12 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add("--debug", action="store_true", help="set CUDA/NCCL/torch.distributed debug variables")
     add(*_both("stall-timeout"), type=_number("--stall-timeout", limits.POSITIVE_SECONDS), default=None,
         help="seconds without output before a rank is shown stalled (headless: off; TUI, --detach: 60)")
-    mode = p.add_mutually_exclusive_group()
+
+
+def _add_view_options(parser: argparse.ArgumentParser) -> None:
+    """How the run is shown: a TUI, headless, or detached in the background."""
+    add = parser.add_argument
+    mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--headless", action="store_true", help="no TUI: prefixed output, like torchrun")
     mode.add_argument("--tui", action="store_true", help="the TUI even when stdout is not a terminal")
     add("--sanitize-console", action="store_true",
@@ -233,6 +267,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
              "how to reach it: ranktop attach/logs/stop")
     add("--metric", type=metric_pattern, default=None, metavar="REGEX",
         help="TUI: a number from each rank's output, e.g. 'loss ([0-9.eE+-]+)' (its first group, else the match)")
+
+
+def _add_rank_process_options(parser: argparse.ArgumentParser) -> None:
+    """What each rank's process gets: a terminal, a stack dump, the signals."""
+    add = parser.add_argument
     add("--pty", action="store_true",
         help="give each rank a pseudo-terminal (isatty() true; stderr merged into stdout.log)")
     add(*_both("no-faulthandler"), action="store_true",
@@ -240,6 +279,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add(*_both("signals-to-handle"), type=_signal_list, default="SIGTERM,SIGINT,SIGHUP,SIGQUIT", metavar="SIGS",
         help="signals ranktop handles: SIGINT/TERM/HUP/QUIT stop the run (forwarded, grace, SIGKILL); "
              "SIGUSR1/USR2 are passed on to every rank and the run goes on (Slurm's requeue notice)")
+
+
+def _add_torchrun_options(parser: argparse.ArgumentParser) -> None:
+    """torchrun's options for filtered output copies, its plugins, how ranks start and NUMA binding."""
+    add = parser.add_argument
     for stream in ("stdout", "stderr"):
         add(*_both(f"duplicate-{stream}-filters"), type=_comma_list, default=[], metavar="A,B",
             help=f"{stream} lines of any rank containing one of these also go, prefixed, to "
@@ -257,13 +301,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add(*_both("numa-binding"), default=None, choices=numa.MODES,
         help="bind each rank to CPUs near its GPU, as torchrun: its NUMA node (node), package (socket), "
              "a share of the node's cores (exclusive) or of its cache groups (core-complex); needs NVIDIA GPUs")
-    add("--version", action=_Version, nargs=0, help="show ranktop's version and exit")
-    add("training_script", help="the script (or binary with --no-python, module with -m)")
-    add("training_script_args", nargs=argparse.REMAINDER)
-    environ = os.environ if environ is None else environ
-    apply_shutdown_timeout_default(p, environ)
-    apply_pet_defaults(p, environ)  # PET_SHUTDOWN_TIMEOUT, then the flag, win over it, as in torchrun
-    return p
+
 
 
 _DEVICE_WORDS = ("auto", "cpu", "gpu", "xpu")  # --nproc-per-node counts these once the line is known
@@ -476,44 +514,22 @@ def check_logs_specs(name: str | None) -> None:
 def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
     """The WorkerSpec of the command line, every value checked. `start_rendezvous` False: the
     rendezvous values are checked but no handler is made (a c10d host would start its store)."""
-    from ranktop.core.spec import DEBUG_ENV, Std, WorkerSpec
+    from ranktop.core.spec import WorkerSpec
 
+    # The checks run in this order, which picks the one line said when several values are bad.
     check_logs_specs(ns.logs_specs)
-
-    if ns.jobs:
-        min_nodes, nnodes, nproc = parse_jobs(ns.jobs)
-        _check_jobs_agree(ns, min_nodes, nnodes, nproc)
-    else:
-        (min_nodes, nnodes), nproc = parse_nnodes_range(ns.nnodes), parse_nproc(ns.nproc_per_node)
-    if ns.standalone and nnodes > 1:
-        if min_nodes > 1:  # torchrun waits for nodes that cannot find its random local store
-            raise UsageError(f"--standalone runs this one node, and --nnodes {ns.nnodes} asks for at least "
-                             f"{min_nodes}: drop --standalone and name a --rdzv-endpoint every node reaches")
-        min_nodes = nnodes = 1  # what torchrun ends with once its wait for more nodes is over
+    min_nodes, nnodes, nproc = _nodes_and_ranks(ns)
     if ns.rdzv_backend is None and (nnodes > 1 or ns.rdzv_endpoint) and not ns.standalone:
         # torchrun's default: its nodes and ranktop's can make one job; on one node an endpoint
         # alone is torchrun's static rendezvous too (it went unused)
         ns.rdzv_backend = "static"
-    try:
-        redirects, tee = Std.from_str(ns.redirects), Std.from_str(ns.tee)
-    except ValueError as exc:
-        raise UsageError(f"bad -r/-t: {exc}") from None
+    redirects, tee = _redirects_and_tee(ns)
     cpus = numa_binding(ns.numa_binding, nproc) if ns.numa_binding else None
     entrypoint, args = entrypoint_and_args(ns)
-    env = {**(DEBUG_ENV if ns.debug else {}), **parse_env(ns.env)}
-    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:  # torchrun's command line sets this, not torch's agent
-        env.setdefault("OMP_NUM_THREADS", "1")
-    addr, port = unbracketed(ns.master_addr), ns.master_port
-    if port is None and nnodes > 1 and not ns.standalone:
-        port = 29500  # like torchrun: every node must agree on it without talking first
-    if on_a_local_store(ns, nnodes):
-        addr, port = "127.0.0.1", None  # (None: a free port)
-    elif not addr and master_addr_used(ns):
-        raise UsageError(bad_address("--master-addr", addr))  # used: torch failed on it, or waited
+    env = _rank_env(ns, nproc)
     elastic = uses_rendezvous(ns)
     own_static = ns.rdzv_backend == "static" and not elastic  # ranktop's own static form (no torch)
-    if own_static and ns.rdzv_endpoint:
-        addr, port = own_static_master(ns.rdzv_endpoint, nnodes)
+    addr, port = _master_address(ns, nnodes, own_static)
     spec = WorkerSpec(
         role=ns.role, local_world_size=nproc, entrypoint=entrypoint, args=args,
         max_restarts=ns.max_restarts, monitor_interval=ns.monitor_interval, nnodes=nnodes,
@@ -535,6 +551,56 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
 
         check_rdzv_conf(ns.rdzv_conf, ns.rdzv_backend)
     return spec
+
+
+def _nodes_and_ranks(ns: argparse.Namespace) -> tuple[int, int, int]:
+    """(min nodes, nodes, ranks per node) from -j, else --nnodes and --nproc-per-node."""
+    if ns.jobs:
+        min_nodes, nnodes, nproc = parse_jobs(ns.jobs)
+        _check_jobs_agree(ns, min_nodes, nnodes, nproc)
+    else:
+        (min_nodes, nnodes), nproc = parse_nnodes_range(ns.nnodes), parse_nproc(ns.nproc_per_node)
+    if ns.standalone and nnodes > 1:
+        if min_nodes > 1:  # torchrun waits for nodes that cannot find its random local store
+            raise UsageError(f"--standalone runs this one node, and --nnodes {ns.nnodes} asks for at least "
+                             f"{min_nodes}: drop --standalone and name a --rdzv-endpoint every node reaches")
+        min_nodes = nnodes = 1  # what torchrun ends with once its wait for more nodes is over
+    return min_nodes, nnodes, nproc
+
+
+def _redirects_and_tee(ns: argparse.Namespace):
+    """-r and -t, read as torchrun reads them."""
+    from ranktop.core.spec import Std
+
+    try:
+        return Std.from_str(ns.redirects), Std.from_str(ns.tee)
+    except ValueError as exc:
+        raise UsageError(f"bad -r/-t: {exc}") from None
+
+
+def _rank_env(ns: argparse.Namespace, nproc: int) -> dict[str, str]:
+    """The variables the line adds to every rank's environment: --debug's, --env's, OMP_NUM_THREADS."""
+    from ranktop.core.spec import DEBUG_ENV
+
+    env = {**(DEBUG_ENV if ns.debug else {}), **parse_env(ns.env)}
+    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:  # torchrun's command line sets this, not torch's agent
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _master_address(ns: argparse.Namespace, nnodes: int, own_static: bool) -> tuple[str, int | None]:
+    """Where the ranks meet when no torch rendezvous names it: (MASTER_ADDR, MASTER_PORT), the port
+    None for a free one."""
+    addr, port = unbracketed(ns.master_addr), ns.master_port
+    if port is None and nnodes > 1 and not ns.standalone:
+        port = 29500  # like torchrun: every node must agree on it without talking first
+    if on_a_local_store(ns, nnodes):
+        addr, port = "127.0.0.1", None  # (None: a free port)
+    elif not addr and master_addr_used(ns):
+        raise UsageError(bad_address("--master-addr", addr))  # used: torch failed on it, or waited
+    if own_static and ns.rdzv_endpoint:
+        addr, port = own_static_master(ns.rdzv_endpoint, nnodes)
+    return addr, port
 
 
 def master_addr_used(ns: argparse.Namespace) -> bool:
@@ -717,40 +783,46 @@ def _subcommand(argv: list[str]) -> int:
 
 
 def _launch(ns: argparse.Namespace, argv: list[str]) -> int:
+    """Run the command line: in the background, in the TUI or headless. A bad value, or a
+    rendezvous that fails, is one line."""
     from ranktop.core.rendezvous import RendezvousFailed
 
     try:
-        # --detach: checked here, run by the background process; a c10d host's store must be its,
-        # not this process's, which ends at once (the child then lost its rendezvous half the time).
-        # The TUI's likewise: started after its fork, in the process that runs the engine (the store
-        # serves from a thread of its own, which stayed in the waiting parent and ended on a detach).
-        deferred = ns.detach or want_tui(ns)
-        spec = build_spec(ns, start_rendezvous=not deferred)
-        # As torchrun: the ranks (and a launcher nested in one) see which signals the agent handles.
-        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(
-            signal.Signals(sig).name for sig in ns.signals_to_handle)
-        # ranktop owns this process: helpers that leave their rank are re-parented to us, not
-        # to init, so they can be reaped, told to the guard and swept.
-        from ranktop.core.strays import adopt_orphans
-
-        if ns.detach:
-            return start_detached(argv, ns)
-        if want_tui(ns) and _terminal_usable():
-            from ranktop.tui.detach import hold_terminal
-            from ranktop.tui.run import run_tui
-
-            detacher = hold_terminal()  # a child runs the TUI from here on, so that q can detach
-            spec = with_rendezvous(spec, ns)
-            adopt_orphans()
-            return run_tui(spec, ns, detacher=detacher)
-        spec = with_rendezvous(spec, ns) if deferred else spec
-        adopt_orphans()
-        return run_headless(spec, ns)
+        return _start_run(ns, argv)
     except UsageError as exc:
         return usage_error(str(exc))
     except RendezvousFailed as exc:  # e.g. the endpoint cannot be reached: not a usage error
         print(usage_line(str(exc)), file=sys.stderr)  # (shown safely: torch's words may quote what was typed)
         return 1
+
+
+def _start_run(ns: argparse.Namespace, argv: list[str]) -> int:
+    # --detach: checked here, run by the background process; a c10d host's store must be its,
+    # not this process's, which ends at once (the child then lost its rendezvous half the time).
+    # The TUI's likewise: started after its fork, in the process that runs the engine (the store
+    # serves from a thread of its own, which stayed in the waiting parent and ended on a detach).
+    deferred = ns.detach or want_tui(ns)
+    spec = build_spec(ns, start_rendezvous=not deferred)
+    # As torchrun: the ranks (and a launcher nested in one) see which signals the agent handles.
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(
+        signal.Signals(sig).name for sig in ns.signals_to_handle)
+    # ranktop owns this process: helpers that leave their rank are re-parented to us, not
+    # to init, so they can be reaped, told to the guard and swept.
+    from ranktop.core.strays import adopt_orphans
+
+    if ns.detach:
+        return start_detached(argv, ns)
+    if want_tui(ns) and _terminal_usable():
+        from ranktop.tui.detach import hold_terminal
+        from ranktop.tui.run import run_tui
+
+        detacher = hold_terminal()  # a child runs the TUI from here on, so that q can detach
+        spec = with_rendezvous(spec, ns)
+        adopt_orphans()
+        return run_tui(spec, ns, detacher=detacher)
+    spec = with_rendezvous(spec, ns) if deferred else spec
+    adopt_orphans()
+    return run_headless(spec, ns)
 
 
 def start_detached(argv: list[str], ns: argparse.Namespace) -> int:
@@ -792,35 +864,43 @@ def _wait_served(child, run_id: str, path: str | None) -> int:
     child took: the run served by its pid."""
     import time
 
-    from ranktop.core.client import served_runs
-
     said = _PipeTail(child.stderr.fileno())
     deadline = time.monotonic() + SERVE_WAIT_SECONDS
     while time.monotonic() < deadline:
         said.drain()  # torch may say a lot (a store out of reach): the pipe must never fill
         if child.poll() is not None:
-            said.drain()
-            if child.returncode == 0:  # over before it was reached (--linger 0): it succeeded, not an error
-                print(f"ranktop: {run_id} ran in the background and has already ended (exit 0)")
-                return 0
-            print(said.verdict() or f"ranktop: error: the run {run_id} ended at once (exit {child.returncode}); "
-                  "run it without --detach to see why", file=sys.stderr)
-            return child.returncode or 1
-        if path is not None:
-            name = run_id if _served_now(path) else None
-        else:
-            name = next((r.run_id for r in served_runs() if r.pid == child.pid), None)
-        if name is None:
-            time.sleep(0.05)
-            continue
-        print(f"ranktop: started {name} in the background (pid {child.pid}): {run_command('attach', name)} | "
-              f"{run_command('logs', name, '-f')} | {run_command('stop', name)}")
-        return 0
+            return _ended_before_served(child, run_id, said)
+        name = _served_name(child, run_id, path)
+        if name is not None:
+            print(f"ranktop: started {name} in the background (pid {child.pid}): {run_command('attach', name)} | "
+                  f"{run_command('logs', name, '-f')} | {run_command('stop', name)}")
+            return 0
+        time.sleep(0.05)
     # Still starting (its rendezvous store not reached yet, say): not served, so not listed yet.
     print(f"ranktop: {run_id} (pid {child.pid}) is not served after {SERVE_WAIT_SECONDS:g} s: it is still "
           f"starting, and ranktop ls lists it once it is (a rendezvous store out of reach is waited for "
           f"until its time-out); kill {child.pid} stops it", file=sys.stderr)
     return 1
+
+
+def _ended_before_served(child, run_id: str, said: _PipeTail) -> int:
+    """The background run ended before it was served: say how, and return its exit status."""
+    said.drain()
+    if child.returncode == 0:  # over before it was reached (--linger 0): it succeeded, not an error
+        print(f"ranktop: {run_id} ran in the background and has already ended (exit 0)")
+        return 0
+    print(said.verdict() or f"ranktop: error: the run {run_id} ended at once (exit {child.returncode}); "
+          "run it without --detach to see why", file=sys.stderr)
+    return child.returncode or 1
+
+
+def _served_name(child, run_id: str, path: str | None) -> str | None:
+    """The name the child serves its run under by now (see _wait_served), else None."""
+    from ranktop.core.client import served_runs
+
+    if path is not None:
+        return run_id if _served_now(path) else None
+    return next((r.run_id for r in served_runs() if r.pid == child.pid), None)
 
 
 SERVE_WAIT_SECONDS = 30.0  # how long --detach waits for its background run to be served
@@ -857,8 +937,6 @@ class _PipeTail:
 
     def verdict(self) -> str:
         """ranktop's own lines of it (why the run could not start), else its last lines."""
-        from ranktop.core.sanitize import clean
-
         lines = clean(self.data.decode(errors="replace"), newlines=True).splitlines()
         ours = [line for line in lines if line.startswith("ranktop: ")]
         return "\n".join(ours or lines[-5:])
@@ -885,82 +963,126 @@ def _stderr_to_devnull() -> None:
 
 
 def run_headless(spec, ns: argparse.Namespace) -> int:
-    from ranktop.core.agent import LocalAgent, other_interpreter
+    """Run `spec` without a TUI, as torchrun does (rank output on the console, prefixed, an end
+    report on stderr), served to ranktop ls/attach/stop once under way; its exit status."""
     from ranktop.core.engine import LocalEngine
-    from ranktop.core.prompts import NO_PROMPT
-    from ranktop.core.report import format_end_report
-    from ranktop.core.sanitize import clean
-    from ranktop.core.stdio import write_within
 
-    def on_stall(snap) -> None:
-        if snap.input_prompt:  # pdb in a rank: not stalled, waiting for someone to type
-            at = "on its stdin" if snap.input_prompt == NO_PROMPT else f"at its {clean(snap.input_prompt)} prompt"
-            agent.say(f"ranktop: rank {snap.rank} waits for input {at}: "
-                      f"no output for {snap.stall_seconds or 0:.0f}s (pid {snap.pid})")
-            return
-        cpu = "-" if snap.cpu_percent is None else f"{snap.cpu_percent:.0f}%"
-        gpu = "-" if snap.gpu is None or snap.gpu.util_percent is None else f"{snap.gpu.util_percent:.0f}%"
-        agent.say(f"ranktop: rank {snap.rank} stalled: no output for {snap.stall_seconds or 0:.0f}s "
-                  f"(cpu {cpu}, gpu {gpu}, pid {snap.pid})")
+    stall_timeout, sampler = _stall_timeout_and_sampler(ns)
+    _say_before_start(spec, ns)
+    stalls, serving = _StallNotices(), _HeadlessServing(ns.detached_child)
+    agent = stalls.agent = _headless_agent(spec, ns, stall_timeout, sampler, stalls, serving)
+    if sampler is not None:
+        sampler.attach(agent)
+    serving.engine = engine = LocalEngine(agent)
+    if ns.detached_child:  # served before any rank speaks: our stderr is the parent's pipe until then
+        serving.start()
+    # Start-up is over (before any attempt exists: an attempt frozen by gc.freeze would never be freed)
+    collector.release()
+    try:
+        result = engine.run_here()  # the monitor loop in this thread, which gets the signals
+        if serving.server is not None and ns.detached_child:
+            serving.server.linger(ns.linger)  # clients still see the end; `ranktop stop` lets it go
+    finally:
+        if serving.server is not None:
+            serving.server.close()
+        if sampler is not None:
+            sampler.close()
+    _print_end_report(result, spec, agent, ns)
+    return result.exit_status
 
-    def on_stalls(snaps) -> None:
-        for snap in snaps:
-            on_stall(snap)
-        # Once a run, after the first stall lines: the next step of a hang, which headless has no key for
-        if not stacks_told and any(not snap.input_prompt for snap in snaps):
-            stacks_told.append(True)
-            agent.say(f"ranktop: where each rank is: ranktop stacks {shlex.quote(clean(agent.run_dir))} (in another terminal)")
 
-    stacks_told: list[bool] = []
-
+def _stall_timeout_and_sampler(ns: argparse.Namespace):
+    """A headless run's stall time-out, and the sampler of each rank's cpu, memory and GPU where
+    it needs one (None where not)."""
     stall_timeout = ns.stall_timeout
     if ns.detached_child and stall_timeout is None:  # watched through `ranktop attach`: the TUI's default
         stall_timeout = limits.TUI_STALL_TIMEOUT
-    sampler = None
-    if stall_timeout or ns.detached_child:  # (attach shows each rank's cpu, memory and GPU)
-        from ranktop.core.stats import StatsSampler
+    if not (stall_timeout or ns.detached_child):  # (attach shows each rank's cpu, memory and GPU)
+        return stall_timeout, None
+    from ranktop.core.stats import StatsSampler
 
-        sampler = StatsSampler()
+    return stall_timeout, StatsSampler()
+
+
+def _say_before_start(spec, ns: argparse.Namespace) -> None:
+    """What a headless run says on stderr before its ranks start: another interpreter, a lost --metric."""
+    from ranktop.core.agent import other_interpreter
+
     interpreter = other_interpreter(spec)
     if interpreter:
         print(f"ranktop: ranks run {clean(interpreter)}", file=sys.stderr)
     if ns.metric is not None and not ns.detached_child:  # (--detach refuses it: it has no TUI at all)
         print("ranktop: --metric ignored: a headless run has no TUI to show it in (ranktop attach RUN "
               "--metric REGEX does)", file=sys.stderr)
-    server = None
 
-    def under_way() -> None:  # serve the run (ls, attach, stop) from now on
-        nonlocal server
-        server, _ = serve_run(engine)
-        if ns.detached_child:  # served: the command that started us stops reading our stderr now
+
+def _headless_agent(spec, ns: argparse.Namespace, stall_timeout: float | None, sampler, stalls: _StallNotices,
+                    serving: _HeadlessServing):
+    """The LocalAgent that runs `spec` headless, as the command line asks."""
+    from ranktop.core.agent import LocalAgent
+
+    return LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
+                      shutdown_timeout=ns.shutdown_timeout, stall_timeout=stall_timeout,
+                      sampler=sampler, on_stalls=stalls, faulthandler=not ns.no_faulthandler,
+                      sanitize_console=ns.sanitize_console, signals_to_handle=ns.signals_to_handle,
+                      echo_events=ns.event_log_handler == "console", hangup_stops=not ns.detached_child,
+                      duplicate_filters={1: tuple(ns.duplicate_stdout_filters), 2: tuple(ns.duplicate_stderr_filters)},
+                      color=sys.stdout.isatty() and "NO_COLOR" not in os.environ and not dumb_terminal(),
+                      on_under_way=None if ns.detached_child else serving.start,
+                      typed_stdin=ns.detached_child,  # its stdin is /dev/null: attach's `i` types instead
+                      numbered_run_dir=shared_run_id(ns) is not None)  # job42.1 beside a node's job42
+
+
+class _StallNotices:
+    """The agent's on_stalls for a headless run: a console line for each stalled rank, or rank
+    waiting for input; once a run, after the first stall, how to see where each rank is."""
+
+    def __init__(self) -> None:
+        self.agent = None  # the agent saying them, made after this (it is given this object)
+        self.stacks_told = False
+
+    def __call__(self, snaps) -> None:
+        for snap in snaps:
+            self.agent.say(_stall_line(snap))
+        # Once a run, after the first stall lines: the next step of a hang, which headless has no key for
+        if not self.stacks_told and any(not snap.input_prompt for snap in snaps):
+            self.stacks_told = True
+            self.agent.say(f"ranktop: where each rank is: ranktop stacks {shlex.quote(clean(self.agent.run_dir))} "
+                           "(in another terminal)")
+
+
+def _stall_line(snap) -> str:
+    from ranktop.core.prompts import NO_PROMPT
+
+    quiet = f"no output for {snap.stall_seconds or 0:.0f}s"
+    if snap.input_prompt:  # pdb in a rank: not stalled, waiting for someone to type
+        at = "on its stdin" if snap.input_prompt == NO_PROMPT else f"at its {clean(snap.input_prompt)} prompt"
+        return f"ranktop: rank {snap.rank} waits for input {at}: {quiet} (pid {snap.pid})"
+    cpu = "-" if snap.cpu_percent is None else f"{snap.cpu_percent:.0f}%"
+    gpu = "-" if snap.gpu is None or snap.gpu.util_percent is None else f"{snap.gpu.util_percent:.0f}%"
+    return f"ranktop: rank {snap.rank} stalled: {quiet} (cpu {cpu}, gpu {gpu}, pid {snap.pid})"
+
+
+class _HeadlessServing:
+    """A headless run's server (ranktop ls, attach, stop), started once the run is under way:
+    `start` is the agent's on_under_way, or called before any rank starts in a detached child."""
+
+    def __init__(self, detached_child: bool) -> None:
+        self.detached_child = detached_child
+        self.engine = None  # the engine served, made after this (its agent is given `start`)
+        self.server = None
+
+    def start(self) -> None:
+        self.server, _ = serve_run(self.engine)
+        if self.detached_child:  # served: the command that started us stops reading our stderr now
             _stderr_to_devnull()
 
-    agent = LocalAgent(spec, log_dir=ns.log_dir, log_line_prefix_template=ns.log_line_prefix_template,
-                       shutdown_timeout=ns.shutdown_timeout, stall_timeout=stall_timeout,
-                       sampler=sampler, on_stalls=on_stalls, faulthandler=not ns.no_faulthandler,
-                       sanitize_console=ns.sanitize_console, signals_to_handle=ns.signals_to_handle,
-                       echo_events=ns.event_log_handler == "console", hangup_stops=not ns.detached_child,
-                       duplicate_filters={1: tuple(ns.duplicate_stdout_filters), 2: tuple(ns.duplicate_stderr_filters)},
-                       color=sys.stdout.isatty() and "NO_COLOR" not in os.environ and not dumb_terminal(),
-                       on_under_way=None if ns.detached_child else under_way,
-                       typed_stdin=ns.detached_child,  # its stdin is /dev/null: attach's `i` types instead
-                       numbered_run_dir=shared_run_id(ns) is not None)  # job42.1 beside a node's job42
-    if sampler is not None:
-        sampler.attach(agent)
-    engine = LocalEngine(agent)
-    if ns.detached_child:  # served before any rank speaks: our stderr is the parent's pipe until then
-        under_way()
-    # Start-up is over (before any attempt exists: an attempt frozen by gc.freeze would never be freed)
-    collector.release()
-    try:
-        result = engine.run_here()  # the monitor loop in this thread, which gets the signals
-        if server is not None and ns.detached_child:
-            server.linger(ns.linger)  # clients still see the end; `ranktop stop` lets it go
-    finally:
-        if server is not None:
-            server.close()
-        if sampler is not None:
-            sampler.close()
+
+def _print_end_report(result, spec, agent, ns: argparse.Namespace) -> None:
+    """The end report on stderr, as torchrun's, with what the console did not show."""
+    from ranktop.core.report import format_end_report
+    from ranktop.core.stdio import write_within
+
     # The script's name is ours to print (the rank's own words stay raw, as torchrun prints them):
     # a name with escape sequences in it must not retitle the terminal.
     report = format_end_report(result, name=clean(spec.display_name()), attempt=agent.attempt,
@@ -969,13 +1091,17 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     if report and ns.sanitize_console:  # it quotes error.json and the rank's last lines
         report = clean(report, sgr=True, newlines=True)
     if agent.console_unshown:
-        why = (f"the console took nothing for {agent.console_stall:g}s after the run ended" if agent.console_cut_by is None
-               else f"{signal.Signals(agent.console_cut_by).name} cut short the wait for the console after the run ended")
-        report += (f"\nranktop: {why}: the last {agent.console_unshown} bytes of rank output were not shown; "
-                   "the log files have them")
+        report += "\n" + _unshown_output_line(agent)
     if report:
         write_within(sys.stderr, report.lstrip("\n") + "\n", agent.console_stall)  # a stuck stderr must not hang us
-    return result.exit_status
+
+
+def _unshown_output_line(agent) -> str:
+    """Why the last of the rank output never reached the console (the log files have it)."""
+    why = (f"the console took nothing for {agent.console_stall:g}s after the run ended" if agent.console_cut_by is None
+           else f"{signal.Signals(agent.console_cut_by).name} cut short the wait for the console after the run ended")
+    return (f"ranktop: {why}: the last {agent.console_unshown} bytes of rank output were not shown; "
+            "the log files have them")
 
 
 if __name__ == "__main__":

@@ -23,12 +23,16 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from ranktop.core.client import FinalEngine
+from ranktop.core.client import FinalEngine, ServedRun
 from ranktop.core.sanitize import clean, quoted
 from ranktop.core.strays import children_of_self
 from ranktop.tui.runs_cli import pick_run, run_parser
-from ranktop.tui.usage import BadValue, usage_error
+from ranktop.tui.usage import BadValue, UsageParser, usage_error
+
+if TYPE_CHECKING:  # (aiohttp comes with textual-serve, which ranktop web imports only when it serves)
+    from aiohttp import web
 
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 
@@ -53,41 +57,57 @@ def is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    p = run_parser("ranktop web", "A run's TUI in browsers (textual-serve): one attach client per tab.")
-    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this host only)")
-    p.add_argument("--port", type=port_number, default=8000, help="the TCP port (default 8000)")
-    p.add_argument("--control", action="store_true",
-                   help="let the browsers act on ranks (signal, kill, restart, stop); read-only without it")
-    ns = p.parse_args(argv)
+    """`ranktop web [RUN]`: serve the run's TUI to browsers until Ctrl-C; the exit status."""
+    ns = _web_parser().parse_args(argv)
     problem = _cannot_listen(ns.host, ns.port)
     if problem is not None:
         return usage_error(problem)
     run = pick_run(ns.run, "web")
     if isinstance(run, int):
         return run
+    run_id, target, how = _what_to_serve(run, ns.control)
+    if not is_loopback(ns.host):
+        print(f"ranktop: warning: serving on {ns.host}: anyone who can reach it can watch this run"
+              + (" and act on its ranks (--control)" if ns.control else ""), file=sys.stderr, flush=True)
+    command = shlex.join([sys.executable, "-m", "ranktop", "attach", target, *([] if ns.control else ["--read-only"])])
+    return _serve(command, ns.host, ns.port, run_id, how)
+
+
+def _web_parser() -> UsageParser:
+    p = run_parser("ranktop web", "A run's TUI in browsers (textual-serve): one attach client per tab.")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this host only)")
+    p.add_argument("--port", type=port_number, default=8000, help="the TCP port (default 8000)")
+    p.add_argument("--control", action="store_true",
+                   help="let the browsers act on ranks (signal, kill, restart, stop); read-only without it")
+    return p
+
+
+def _what_to_serve(run: ServedRun | FinalEngine, control: bool) -> tuple[str, str, str]:
+    """(the run's id, fit to show; what each tab attaches to; how it is served, in words)."""
     if isinstance(run, FinalEngine):  # ended, its engine gone: every tab shows its final view
         ended = run.snapshot()
         run.close()
         run_id, target, how = ended.run_id, ended.log_dir, "its final view; Ctrl-C stops serving"
     else:  # the run directory, not the id: a tab opened after the engine has gone shows the final view
         run_id, target = run.run_id, run.snapshot.get("log_dir") or run.run_id
-        how = f"{'control' if ns.control else 'read-only'}; Ctrl-C stops serving, the run goes on"
-    run_id = clean(run_id)  # a socket's or a final.json's name: shown on the console and as the page's title
-    if not is_loopback(ns.host):
-        print(f"ranktop: warning: serving on {ns.host}: anyone who can reach it can watch this run"
-              + (" and act on its ranks (--control)" if ns.control else ""), file=sys.stderr, flush=True)
-    command = shlex.join([sys.executable, "-m", "ranktop", "attach", target, *([] if ns.control else ["--read-only"])])
+        how = f"{'control' if control else 'read-only'}; Ctrl-C stops serving, the run goes on"
+    # A socket's or a final.json's name: shown on the console and as the page's title
+    return clean(run_id), target, how
+
+
+def _serve(command: str, host: str, port: int, run_id: str, how: str) -> int:
+    """Serve `command`, one per browser tab, until Ctrl-C; then end the attach clients left."""
     try:
         from textual_serve.server import Server
     except ImportError:
         print("ranktop: error: ranktop web needs textual-serve: pip install 'ranktop[web]'", file=sys.stderr)
         return 1
-    gate = Gate(ns.host, secrets.token_urlsafe(18))
-    print(f"ranktop: serving run {run_id} on http://{_url_host(ns.host)}:{ns.port}/?token={gate.token} "
+    gate = Gate(host, secrets.token_urlsafe(18))
+    print(f"ranktop: serving run {run_id} on http://{_url_host(host)}:{port}/?token={gate.token} "
           f"({how})",
           file=sys.stderr, flush=True)
     try:
-        _tab_aware(Server)(command, host=ns.host, port=ns.port, title=f"ranktop {run_id}", gate=gate).serve()
+        _with_gated_tabs(Server)(command, host=host, port=port, title=f"ranktop {run_id}", gate=gate).serve()
     finally:
         end_children(CHILD_GRACE)
     return 0
@@ -191,57 +211,63 @@ def _origin(text: str) -> tuple[str, int] | None:
     return _netloc(rest) if sep and scheme.lower() == "http" else None
 
 
-def _tab_aware(server: type) -> type:
-    """textual-serve's Server, which lets in only what its Gate lets through, builds the page's
-    addresses from the Host it was loaded under (not the bound host, which a remote browser cannot
-    use for 0.0.0.0), and also lets go of open tabs when it stops: aiohttp waits for every
-    running handler on shutdown (up to 60 s), and a tab's websocket handler runs until the
-    browser leaves."""
-    import aiohttp_jinja2
-    from aiohttp import web
+def _with_gated_tabs(server: type) -> type:
+    """textual-serve's Server (`server`), made a _GatedTabs one."""
 
-    class WebServer(server):
-        def __init__(self, *args, gate: Gate, **kwargs) -> None:  # noqa: ANN002, ANN003 (Server's own)
-            super().__init__(*args, **kwargs)
-            self.gate = gate
-            self.tabs: set[asyncio.Task] = set()
-
-        async def _make_app(self) -> web.Application:
-            app = await super()._make_app()
-            app.router.add_get("/ws/{token}", self.handle_websocket, name="tab")
-            app.middlewares.append(_guarded_by(self.gate))
-            return app
-
-        def initialize_logging(self) -> None:
-            # textual-serve logs every request (the page's and the websocket's address, the token
-            # in both) and its tracebacks with their locals: a screenful a tab, on a console that
-            # may be shared or recorded. Warnings and errors only, a plain line each.
-            logging.basicConfig(level=logging.WARNING, format="ranktop web: %(name)s: %(message)s", force=True)
-
-        async def on_startup(self, app) -> None:  # noqa: ANN001
-            pass  # textual-serve's banner names the address without the token; ranktop printed its own
-
-        async def handle_index(self, request):  # noqa: ANN001, ANN201 (aiohttp's)
-            context = _page_context(request, self.title, self.gate.token)
-            response = aiohttp_jinja2.render_template("app_index.html", request, context)
-            response.headers["Referrer-Policy"] = "no-referrer"  # the token stays in this address bar
-            response.headers["Cache-Control"] = "no-store"
-            return response
-
-        async def handle_websocket(self, request):  # noqa: ANN001, ANN201 (aiohttp's)
-            tab = asyncio.current_task()
-            self.tabs.add(tab)
-            try:
-                return await super().handle_websocket(request)
-            finally:
-                self.tabs.discard(tab)
-
-        async def on_shutdown(self, app) -> None:  # noqa: ANN001
-            _hang_up(children_of_self())  # the clients leave first, so each tab's handler ends at once
-            for tab in self.tabs:
-                tab.cancel()
+    class WebServer(_GatedTabs, server):
+        pass
 
     return WebServer
+
+
+class _GatedTabs:
+    """What ranktop web changes in textual-serve's Server (this mixin goes before it): it lets in
+    only what its Gate lets through, builds the page's addresses from the Host it was loaded under
+    (not the bound host, which a remote browser cannot use for 0.0.0.0), and also lets go of open
+    tabs when it stops: aiohttp waits for every running handler on shutdown (up to 60 s), and a
+    tab's websocket handler runs until the browser leaves."""
+
+    def __init__(self, *args, gate: Gate, **kwargs) -> None:  # noqa: ANN002, ANN003 (Server's own)
+        super().__init__(*args, **kwargs)
+        self.gate = gate
+        self.tabs: set[asyncio.Task] = set()
+
+    async def _make_app(self) -> web.Application:
+        app = await super()._make_app()
+        app.router.add_get("/ws/{token}", self.handle_websocket, name="tab")
+        app.middlewares.append(_guarded_by(self.gate))
+        return app
+
+    def initialize_logging(self) -> None:
+        # textual-serve logs every request (the page's and the websocket's address, the token
+        # in both) and its tracebacks with their locals: a screenful a tab, on a console that
+        # may be shared or recorded. Warnings and errors only, a plain line each.
+        logging.basicConfig(level=logging.WARNING, format="ranktop web: %(name)s: %(message)s", force=True)
+
+    async def on_startup(self, app) -> None:  # noqa: ANN001
+        pass  # textual-serve's banner names the address without the token; ranktop printed its own
+
+    async def handle_index(self, request):  # noqa: ANN001, ANN201 (aiohttp's)
+        import aiohttp_jinja2
+
+        context = _page_context(request, self.title, self.gate.token)
+        response = aiohttp_jinja2.render_template("app_index.html", request, context)
+        response.headers["Referrer-Policy"] = "no-referrer"  # the token stays in this address bar
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    async def handle_websocket(self, request):  # noqa: ANN001, ANN201 (aiohttp's)
+        tab = asyncio.current_task()
+        self.tabs.add(tab)
+        try:
+            return await super().handle_websocket(request)
+        finally:
+            self.tabs.discard(tab)
+
+    async def on_shutdown(self, app) -> None:  # noqa: ANN001
+        _hang_up(children_of_self())  # the clients leave first, so each tab's handler ends at once
+        for tab in self.tabs:
+            tab.cancel()
 
 
 def _guarded_by(gate: Gate):  # noqa: ANN202 (aiohttp's middleware)
