@@ -303,7 +303,6 @@ def _add_torchrun_options(parser: argparse.ArgumentParser) -> None:
              "a share of the node's cores (exclusive) or of its cache groups (core-complex); needs NVIDIA GPUs")
 
 
-
 _DEVICE_WORDS = ("auto", "cpu", "gpu", "xpu")  # --nproc-per-node counts these once the line is known
 
 
