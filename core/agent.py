@@ -466,7 +466,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         if word in ("nodes_joined", USER_RESTART):
             return "nodes_joined" if word == "nodes_joined" else "peer_user"
         if failed and self.restarts_spent < self.spec.max_restarts:
-            return "failure"
+            return None if self._no_round_can_form() else "failure"
         return None
 
     def _user_ended_ranks(self, result: RunProcsResult) -> list[int]:

@@ -254,9 +254,28 @@ class AgentRendezvous:
     def _quiet_lost_heartbeats(self) -> Any:
         return self.rendezvous.quiet_lost_heartbeats() if self.rendezvous is not None else contextlib.nullcontext()
 
+    def _no_round_can_form(self) -> bool:
+        """The ranks failed with restarts left: can the next round form? Not once the connection to
+        the rendezvous's store is broken (its host node gone): torch's TCPStore client never connects
+        again, so the round would only fail, and the restart line would promise a restart that cannot
+        come. The store is looked at now (the watch may not have looked since it went); a store that
+        is only slow, or an etcd server that may come back, gets its round tried. A stop meanwhile
+        ends the run anyway."""
+        if self.rendezvous is None or self._wait_unless_stopped(self.rendezvous.connection_broken) is not True:
+            return False
+        left = self.spec.max_restarts - self.restarts_spent
+        self._node_error = (f"not restarted, with {left} restart{'s' * (left != 1)} left: "
+                            f"{self.rendezvous.store_lost_words()}, and no new round can form without it")
+        self.events.write("group_not_restarted", reason="store_lost", store=self.rendezvous.store_lost)
+        return True
+
     def _store_changed(self, lost: str | None) -> None:
         """The rendezvous's store stopped answering while the ranks run (or answers again): said
-        once. torch's keep-alive thread logged a WARNING for each failed heartbeat meanwhile."""
+        once. torch's keep-alive thread logged a WARNING for each failed heartbeat meanwhile. Found
+        lost once the ranks ended (_no_round_can_form's look): the run's end says it."""
+        if lost is not None and self._watch is None:
+            self.events.write("rendezvous_store_lost", store=lost)
+            return
         if lost is None:
             self.events.write("rendezvous_store_back", store=self.rendezvous.store_words())
             self._notice(f"{self.rendezvous.store_words()} answers again: keep-alive heartbeats and new rounds "

@@ -691,6 +691,12 @@ class Rendezvous:
         self._store_answers(True)
         return True
 
+    def connection_broken(self) -> bool:
+        """Look at the round's store now: is its connection broken (not a slow answer)? A TCPStore
+        client (c10d's, the static backend's) never connects again, even to a new server at the
+        same address: no round of this handler can form through it. Blocks like any store call."""
+        return not self.look_at_store() and self._lost_looks > 0
+
     def store_gone(self) -> bool:
         """Whether the last STORE_LOST_LOOKS looks found the store's connection broken (not a
         slow answer, nor one passing fault): the node serving it has ended."""
