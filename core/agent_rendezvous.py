@@ -8,6 +8,7 @@ call its `_notice`, `_apply_commands` (a stop while no ranks run) and `_now_unde
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 from ranktop.core.context import PContext, RunProcsResult
 from ranktop.core.rendezvous import USER_RESTART, RendezvousFailed, RoundWatch
 from ranktop.core.root_cause import rank_failed
-from ranktop.core.state import GroupState
+from ranktop.core.state import GroupState, RoundForming
 
 _STORE_CALL_THREAD = "ranktop-rdzv-join"
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
@@ -32,6 +33,8 @@ class AgentRendezvous:
         self._round_end = None  # a RoundEnd once the watch saw one for the running group
         self._end_note: str | None = None  # the exit barrier's end without every node, in words
         self._waiting: str | None = None  # while a rendezvous round forms: what for (Rendezvous.waiting_words)
+        self._joining = False  # a round forms, and this node waits for it: the snapshot reads it live
+        self._not_formed: RoundForming | None = None  # the round the run ended waiting for, if it did
 
     def _join_round(self) -> bool:
         """Before each start of the group: the next round decides this node's ranks and master."""
@@ -39,6 +42,7 @@ class AgentRendezvous:
         self._round_end = None
         self.events.write("rendezvous_joining", rendezvous=self.rendezvous.describe(), attempt=self.attempt)
         waiting = self._waiting = self.rendezvous.waiting_words()
+        self._joining = True
         self._now_under_way()
         try:  # headless says so once the wait is not a short one (a TUI shows it at once), unless a spare
             outcome = self._wait_unless_stopped(
@@ -46,6 +50,10 @@ class AgentRendezvous:
                 tick=self._say_if_spare)
         finally:
             self._waiting = None
+        if outcome is None or isinstance(outcome, RendezvousFailed):  # the end view says which round it was
+            # (without its count: a round that timed out has had its nodes step out of it, this one too)
+            self._not_formed = dataclasses.replace(self.round_forming(), joined=None)
+        self._joining = False
         if outcome is None:
             return False
         if isinstance(outcome, RendezvousFailed):
@@ -66,6 +74,14 @@ class AgentRendezvous:
             self.events.write("rendezvous_size_not_asked", nodes=p.group_world_size)
             self._notice(odd_size)
         return True
+
+    def round_forming(self) -> RoundForming | None:
+        """What is known of the round this node is joining (None while it joins none): for the
+        snapshot, from any thread, without a store call."""
+        if not self._joining:
+            return self._not_formed
+        number, joined = self.rendezvous.forming()
+        return RoundForming(number, joined, self.rendezvous.nodes_needed())
 
     def _say_if_spare(self) -> None:
         """Once the round this node joins turns out full and running: say so, in place of the wait."""

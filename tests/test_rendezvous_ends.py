@@ -106,10 +106,11 @@ def test_tui_shows_the_wait_for_nodes_and_why_the_run_ended(tmp_path, torch_inst
 
     asyncio.run(asyncio.wait_for(main(), 40))
     # (before the first round nothing is decided: it said `world 2  node 0/1`, the command line's
-    # guesses; and so again once the round had timed out, in the end view)
-    assert any(" rendezvous " in h and "  world ?  node ?  " in h for h in headers), headers
-    assert " failed " in headers[-1] and "  world ?  node ?  " in headers[-1], headers[-1]
-    assert not any("node 0/1" in h for h in headers), headers
+    # guesses, and so again once the round had timed out, in the end view; then `world ?  node ?`:
+    # now the round it waits for, as far as it got, and in the end view the round that never formed)
+    assert any(" rendezvous " in h and "  round 0 forming: 1 of 2 nodes  " in h for h in headers), headers
+    assert " failed " in headers[-1] and "  round 0 not formed  " in headers[-1], headers[-1]
+    assert not any("node 0/1" in h or "world" in h for h in headers), headers
     # What the node waits for, above the empty panes, until the round gave up
     assert ("waiting for nodes to join the c10d rendezvous 'tui' (2 nodes; gives up after 4 s)\n"
             "this node's 2 ranks start once the round is complete") in waiting, waiting
