@@ -21,7 +21,7 @@ from ranktop.core.state import GroupState, RoundForming
 
 _STORE_CALL_THREAD = "ranktop-rdzv-join"
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
-WORD_WAIT = 2.0  # for the word that tells the other nodes of a user's R (a store answers in milliseconds)
+WORD_WAIT = 2.0  # for a store call the monitor loop makes itself: the word of a user's R, a look (a store answers in milliseconds)
 
 
 class AgentRendezvous:
@@ -174,16 +174,22 @@ class AgentRendezvous:
     def _say_restart_group(self) -> None:
         """The user's `R` in a multi-node run: the other nodes learn that it was one, so that each
         starts the next attempt as this one does (TORCHELASTIC_RESTART_COUNT the same on every node),
-        spending no restart; their ranks breaking meanwhile is no failure. A store that does not
-        answer (its host hung) would hold the monitor loop for the store's time-out, `R` unanswered
-        and no stop taken: the word waits WORD_WAIT at most, in a thread (left blocked, if it is,
-        as a stop leaves a round's call: store_call_left_blocked)."""
-        if self.rendezvous is None:
-            return
-        word = threading.Thread(target=self.rendezvous.agree_on_end, args=(USER_RESTART,),
-                                name=_STORE_CALL_THREAD, daemon=True)
-        word.start()
-        word.join(WORD_WAIT)
+        spending no restart; their ranks breaking meanwhile is no failure. The word waits WORD_WAIT
+        at most: a store that does not answer left `R` unanswered and no stop taken."""
+        if self.rendezvous is not None:
+            self._store_call_within(lambda: self.rendezvous.agree_on_end(USER_RESTART), WORD_WAIT)
+
+    @staticmethod
+    def _store_call_within(call: Callable[[], Any], seconds: float) -> Any:
+        """`call()`'s value (a store call that catches its own errors) if it returns within
+        `seconds`, else None: a store that does not answer (its host hung) would hold the monitor
+        loop for the store's time-out. The thread is left blocked, if it is, as a stop leaves a
+        round's call (store_call_left_blocked)."""
+        box: list[Any] = []
+        thread = threading.Thread(target=lambda: box.append(call()), name=_STORE_CALL_THREAD, daemon=True)
+        thread.start()
+        thread.join(seconds)
+        return box[0] if box else None
 
     def _leave_rendezvous(self, state: GroupState) -> None:
         """Success: wait at the exit barrier, then close. Giving up: tell the others, close. A stop
@@ -274,10 +280,10 @@ class AgentRendezvous:
         """The ranks failed with restarts left: can the next round form? Not once the connection to
         the rendezvous's store is broken (its host node gone): torch's TCPStore client never connects
         again, so the round would only fail, and the restart line would promise a restart that cannot
-        come. The store is looked at now (the watch may not have looked since it went); a store that
-        is only slow, or an etcd server that may come back, gets its round tried. A stop meanwhile
-        ends the run anyway."""
-        if self.rendezvous is None or self._wait_unless_stopped(self.rendezvous.connection_broken) is not True:
+        come. The store is looked at now (the watch may not have looked since it went): a broken
+        connection says so at once, while a store that is slow to answer (its host hung), or an
+        etcd server that may come back, gets its round tried, as before, after WORD_WAIT at most."""
+        if self.rendezvous is None or self._store_call_within(self.rendezvous.connection_broken, WORD_WAIT) is not True:
             return False
         left = self.spec.max_restarts - self.restarts_spent
         self._node_error = (f"not restarted, with {left} restart{'s' * (left != 1)} left: "
