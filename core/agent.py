@@ -466,7 +466,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         if word in ("nodes_joined", USER_RESTART):
             return "nodes_joined" if word == "nodes_joined" else "peer_user"
         if failed and self.restarts_spent < self.spec.max_restarts:
-            return "failure"
+            return None if self._no_round_can_form() else "failure"
         return None
 
     def _user_ended_ranks(self, result: RunProcsResult) -> list[int]:
@@ -835,6 +835,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             earlier_attempts=tuple(self._earlier_attempts), interpreter=self._interpreter, end_note=self._end_note,
             user_restarts=self.user_restarts, user_ended=self._user_ended,
             store_lost=self.rendezvous.store_lost if self.rendezvous is not None else None,
+            forming=self.round_forming(),
         )
 
     def rank_processes(self) -> dict[int, tuple[int, dict[str, str]]]:

@@ -8,6 +8,7 @@ call its `_notice`, `_apply_commands` (a stop while no ranks run) and `_now_unde
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -16,11 +17,11 @@ from typing import Any
 from ranktop.core.context import PContext, RunProcsResult
 from ranktop.core.rendezvous import USER_RESTART, RendezvousFailed, RoundWatch
 from ranktop.core.root_cause import rank_failed
-from ranktop.core.state import GroupState
+from ranktop.core.state import GroupState, RoundForming
 
 _STORE_CALL_THREAD = "ranktop-rdzv-join"
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
-WORD_WAIT = 2.0  # for the word that tells the other nodes of a user's R (a store answers in milliseconds)
+WORD_WAIT = 2.0  # for a store call the monitor loop makes itself: the word of a user's R, a look (a store answers in milliseconds)
 
 
 class AgentRendezvous:
@@ -32,6 +33,8 @@ class AgentRendezvous:
         self._round_end = None  # a RoundEnd once the watch saw one for the running group
         self._end_note: str | None = None  # the exit barrier's end without every node, in words
         self._waiting: str | None = None  # while a rendezvous round forms: what for (Rendezvous.waiting_words)
+        self._joining = False  # a round forms, and this node waits for it: the snapshot reads it live
+        self._not_formed: RoundForming | None = None  # the round the run ended waiting for, if it did
 
     def _join_round(self) -> bool:
         """Before each start of the group: the next round decides this node's ranks and master."""
@@ -39,6 +42,7 @@ class AgentRendezvous:
         self._round_end = None
         self.events.write("rendezvous_joining", rendezvous=self.rendezvous.describe(), attempt=self.attempt)
         waiting = self._waiting = self.rendezvous.waiting_words()
+        self._joining = True
         self._now_under_way()
         try:  # headless says so once the wait is not a short one (a TUI shows it at once), unless a spare
             outcome = self._wait_unless_stopped(
@@ -46,6 +50,10 @@ class AgentRendezvous:
                 tick=self._say_if_spare)
         finally:
             self._waiting = None
+        if outcome is None or isinstance(outcome, RendezvousFailed):  # the end view says which round it was
+            # (without its count: a round that timed out has had its nodes step out of it, this one too)
+            self._not_formed = dataclasses.replace(self.round_forming(), joined=None)
+        self._joining = False
         if outcome is None:
             return False
         if isinstance(outcome, RendezvousFailed):
@@ -66,6 +74,14 @@ class AgentRendezvous:
             self.events.write("rendezvous_size_not_asked", nodes=p.group_world_size)
             self._notice(odd_size)
         return True
+
+    def round_forming(self) -> RoundForming | None:
+        """What is known of the round this node is joining (None while it joins none): for the
+        snapshot, from any thread, without a store call."""
+        if not self._joining:
+            return self._not_formed
+        number, joined = self.rendezvous.forming()
+        return RoundForming(number, joined, self.rendezvous.nodes_needed())
 
     def _say_if_spare(self) -> None:
         """Once the round this node joins turns out full and running: say so, in place of the wait."""
@@ -158,16 +174,22 @@ class AgentRendezvous:
     def _say_restart_group(self) -> None:
         """The user's `R` in a multi-node run: the other nodes learn that it was one, so that each
         starts the next attempt as this one does (TORCHELASTIC_RESTART_COUNT the same on every node),
-        spending no restart; their ranks breaking meanwhile is no failure. A store that does not
-        answer (its host hung) would hold the monitor loop for the store's time-out, `R` unanswered
-        and no stop taken: the word waits WORD_WAIT at most, in a thread (left blocked, if it is,
-        as a stop leaves a round's call: store_call_left_blocked)."""
-        if self.rendezvous is None:
-            return
-        word = threading.Thread(target=self.rendezvous.agree_on_end, args=(USER_RESTART,),
-                                name=_STORE_CALL_THREAD, daemon=True)
-        word.start()
-        word.join(WORD_WAIT)
+        spending no restart; their ranks breaking meanwhile is no failure. The word waits WORD_WAIT
+        at most: a store that does not answer left `R` unanswered and no stop taken."""
+        if self.rendezvous is not None:
+            self._store_call_within(lambda: self.rendezvous.agree_on_end(USER_RESTART), WORD_WAIT)
+
+    @staticmethod
+    def _store_call_within(call: Callable[[], Any], seconds: float) -> Any:
+        """`call()`'s value (a store call that catches its own errors) if it returns within
+        `seconds`, else None: a store that does not answer (its host hung) would hold the monitor
+        loop for the store's time-out. The thread is left blocked, if it is, as a stop leaves a
+        round's call (store_call_left_blocked)."""
+        box: list[Any] = []
+        thread = threading.Thread(target=lambda: box.append(call()), name=_STORE_CALL_THREAD, daemon=True)
+        thread.start()
+        thread.join(seconds)
+        return box[0] if box else None
 
     def _leave_rendezvous(self, state: GroupState) -> None:
         """Success: wait at the exit barrier, then close. Giving up: tell the others, close. A stop
@@ -254,9 +276,28 @@ class AgentRendezvous:
     def _quiet_lost_heartbeats(self) -> Any:
         return self.rendezvous.quiet_lost_heartbeats() if self.rendezvous is not None else contextlib.nullcontext()
 
+    def _no_round_can_form(self) -> bool:
+        """The ranks failed with restarts left: can the next round form? Not once the connection to
+        the rendezvous's store is broken (its host node gone): torch's TCPStore client never connects
+        again, so the round would only fail, and the restart line would promise a restart that cannot
+        come. The store is looked at now (the watch may not have looked since it went): a broken
+        connection says so at once, while a store that is slow to answer (its host hung), or an
+        etcd server that may come back, gets its round tried, as before, after WORD_WAIT at most."""
+        if self.rendezvous is None or self._store_call_within(self.rendezvous.connection_broken, WORD_WAIT) is not True:
+            return False
+        left = self.spec.max_restarts - self.restarts_spent
+        self._node_error = (f"not restarted, with {left} restart{'s' * (left != 1)} left: "
+                            f"{self.rendezvous.store_lost_words()}, and no new round can form without it")
+        self.events.write("group_not_restarted", reason="store_lost", store=self.rendezvous.store_lost)
+        return True
+
     def _store_changed(self, lost: str | None) -> None:
         """The rendezvous's store stopped answering while the ranks run (or answers again): said
-        once. torch's keep-alive thread logged a WARNING for each failed heartbeat meanwhile."""
+        once. torch's keep-alive thread logged a WARNING for each failed heartbeat meanwhile. Found
+        lost once the ranks ended (_no_round_can_form's look): the run's end says it."""
+        if lost is not None and self._watch is None:
+            self.events.write("rendezvous_store_lost", store=lost)
+            return
         if lost is None:
             self.events.write("rendezvous_store_back", store=self.rendezvous.store_words())
             self._notice(f"{self.rendezvous.store_words()} answers again: keep-alive heartbeats and new rounds "

@@ -537,14 +537,39 @@ class Rendezvous:
         return (f"warning: the round has {nodes} node{'s' * (nodes != 1)}, not this node's --nnodes {mine}: "
                 "another node's --nnodes decided it (give every node the same)")
 
+    def forming(self) -> tuple[int | None, int | None]:
+        """(number, nodes joined so far) of the round this node is joining, as torch's dynamic handler
+        (c10d, etcd-v2) last synced its state: no store call, as a snapshot reads it several times a
+        second. While a round is complete, the nodes on its wait list wait for the next one; the round
+        this node last ran in is complete until it has stepped out of it. Other handlers: the number
+        this node's rounds give it, and no count."""
+        try:
+            state = self.handler._state_holder.state
+            number, complete, this = state.round, state.complete, self.handler._this_node
+            placed = self.placement.round if self.placement is not None else None
+            if complete and this in state.participants and number != placed:  # formed: its ranks being placed
+                return number, len(state.participants)
+            return (number + 1, len(state.wait_list)) if complete else (number, len(state.participants))
+        except Exception:  # noqa: BLE001 - another handler, or torch's private parts moved
+            return self._rounds, None
+
+    def nodes_needed(self) -> str | None:
+        """The nodes a round needs as this node's handler says: "2", "2 to 4"; None where it does not."""
+        try:
+            asked = self._nodes_asked()
+        except Exception:  # noqa: BLE001 - a plugin's property that raises
+            return None
+        if asked is None:
+            return None
+        return str(asked[0]) if asked[0] == asked[1] else f"{asked[0]} to {asked[1]}"
+
     def _round_needs(self) -> list[str]:
         settings = getattr(self.handler, "settings", None)
-        asked = self._nodes_asked()
+        needed = self.nodes_needed()
         join = getattr(getattr(settings, "timeout", None), "join", None) or getattr(self.handler, "timeout", None)
         parts = []
-        if asked is not None:
-            low, high = asked
-            parts.append(f"{low} node{'s' * (low != 1)}" if low == high else f"{low} to {high} nodes")
+        if needed is not None:
+            parts.append(f"{needed} node{'s' * (needed != '1')}")
         if hasattr(join, "total_seconds"):
             parts.append(f"gives up after {join.total_seconds():.0f} s")
         return parts
@@ -691,6 +716,12 @@ class Rendezvous:
         self._lost_looks = 0
         self._store_answers(True)
         return True
+
+    def connection_broken(self) -> bool:
+        """Look at the round's store now: is its connection broken (not a slow answer)? A TCPStore
+        client (c10d's, the static backend's) never connects again, even to a new server at the
+        same address: no round of this handler can form through it. Blocks like any store call."""
+        return not self.look_at_store() and self._lost_looks > 0
 
     def store_gone(self) -> bool:
         """Whether the last STORE_LOST_LOOKS looks found the store's connection broken (not a

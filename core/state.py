@@ -169,6 +169,10 @@ class GroupSnapshot:
     # While this node's own looks find the rendezvous's store gone (the node serving it ended):
     # "the c10d rendezvous 'job42''s store at HOST:PORT"; None while it answers.
     store_lost: str | None = None
+    # While this node joins a rendezvous round (and, once ended, the round it was joining when the
+    # run ended before that round formed): what is known of it. world_size, node_rank, nnodes and
+    # round are then the last round's (of none before the first: the command line's guesses).
+    forming: RoundForming | None = None
 
     @property
     def end_unknown(self) -> bool:
@@ -194,6 +198,16 @@ class GroupSnapshot:
     def unreapable(self) -> tuple[int, ...]:
         """Local ranks that outlived SIGKILL and were left to the orphan guard."""
         return tuple(r.local_rank for r in self.ranks if r.state == RankState.UNREAPABLE)
+
+
+@dataclass(frozen=True)
+class RoundForming:
+    """A rendezvous round this node joins, as far as its handler says (torch's dynamic handlers,
+    c10d and etcd-v2, say all of it; others the number this node's rounds give it)."""
+
+    number: int | None = None  # the round's number, the same on every node under c10d and etcd-v2
+    joined: int | None = None  # the nodes in it so far
+    nodes: str | None = None  # the nodes it needs, as this node's --nnodes says: "2", "2 to 4"
 
 
 @dataclass(frozen=True)

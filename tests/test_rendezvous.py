@@ -347,6 +347,9 @@ def test_a_lost_node_ends_the_other_after_one_round_naming_the_attempt_that_fail
     (final,) = tmp_path.glob("node0/*/final.json")
     ended = json.loads(final.read_text())
     assert ended["root_cause"]["attempt"] == 0 and ended["attempt"] == 1
+    # the round it waited for, never formed; the world, node and round of the last one that did
+    assert ended["forming"] == {"number": 1, "joined": None, "nodes": "2"}, ended["forming"]
+    assert (ended["round"], ended["world_size"], ended["node_rank"]) == (0, 2, 0)
     # (the ranks shown are attempt 0's: restarted none; they said ⟳1, the restart that never started)
     assert [r["restarts"] for r in ended["ranks"]] == [0], ended["ranks"]
 
@@ -626,6 +629,10 @@ def test_a_plugin_handler_that_says_nothing_or_raises_still_gets_the_waiting_lin
     line = "waiting for nodes to join the mine rendezvous 'job7'"  # no counts or time-out: none said
     assert Rendezvous(Plugin(), "default", 1).waiting_words() == line
     assert Rendezvous(Raising(), "default", 1).waiting_words() == line
+    # the header's forming round: the number its rounds give it, no count, no nodes
+    for handler in (Plugin(), Raising()):
+        assert (Rendezvous(handler, "default", 1).forming(), Rendezvous(handler, "default", 1).nodes_needed()) == \
+            ((0, None), None)
 
 
 def _printed(node: Path, word: bytes, local_rank: int = 0) -> bool:
@@ -720,9 +727,31 @@ def test_a_group_restart_while_the_store_does_not_answer_is_answered_at_once(tmp
         assert ack.ok, ack.message
         wait_for(lambda: node_events(tmp_path, "node1", "exited"),
                  timeout=TIMEOUT, what="node1's rank stopped for the restart")
+        # Its next round cannot form while the store's host hangs (join_timeout is 40 s): what a
+        # person reads meanwhile is that round, and the last one's world marked as the last
+        wait_for(lambda: len(node_events(tmp_path, "node1", "rendezvous_joining")) == 2, timeout=TIMEOUT,
+                 what="node1 joining its next round")
+        _shows_the_round_forming(RemoteEngine(node1.path).snapshot())
+        (listed,) = [run for run in json.loads(run_ranktop("ls", "--json").stdout) if run["pid"] == job.nodes[1].pid]
+        assert (listed["state"], listed["world"], listed["last_world"]) == ("rendezvous", None, 2), listed
     finally:
         host.send_signal(signal.SIGCONT)
         release.touch()
         for node in job.nodes:
             stop_process(node)
     job.finish()
+
+
+def _shows_the_round_forming(snap) -> None:
+    """The header of a node joining round 1 of a two-node job while the store does not answer (it
+    has not got into the round yet), having run as group rank 1 in round 0: it said `world 2  node
+    1/2 round 0` beside `rendezvous`, as if that still held. Narrower, the last round gives way
+    first, the forming one last (at 80 columns the earlier attempt's end leaves room for neither)."""
+    from ranktop.tui.panes import header_text
+
+    assert snap.forming is not None and (snap.forming.number, snap.forming.nodes) == (1, "2"), snap.forming
+    wide = header_text(snap, snap.taken_at, width=200).plain
+    assert "  round 1 forming: 0 of 2 nodes  last round 0: world 2 node 1/2  " in wide, wide
+    narrow = header_text(snap, snap.taken_at, width=120).plain
+    assert "  round 1 forming: 0 of 2 nodes  " in narrow and "world" not in narrow, narrow
+    assert "world" not in header_text(snap, snap.taken_at, width=80).plain

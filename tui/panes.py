@@ -233,7 +233,9 @@ def _rank_facts(snap: RankSnapshot, now: float, world_digits: int, position: str
 # that none is cut mid-word ("no" of "no GPU" at 80 columns), and none for a less useful one.
 # What is urgent (the state, a stop's countdown, a note, lost logs, a failed earlier attempt, a
 # lost engine or store) never goes.
-HEADER_DROPS = ("gpu", "python", "node", "world", "logs", "restarts", "attempt", "elapsed", "alive")
+# A forming round's part goes last: while a round forms, how far it got is the news (the ranks
+# alive and the time are the last round's).
+HEADER_DROPS = ("gpu", "python", "last", "node", "world", "logs", "restarts", "attempt", "elapsed", "alive", "forming")
 _LOGS_LABEL = "  logs "
 BADGE = " ranktop "
 # The job's name gives up its middle where the line is short of room, for the urgent parts: it
@@ -366,14 +368,33 @@ def _attempt_parts(group: GroupSnapshot) -> list[Part]:
 
 def _world_parts(group: GroupSnapshot) -> list[Part]:
     """World size, this node and the rendezvous round, and a lost store."""
-    if world_undecided(group.state, group.round, bool(group.ranks)):  # the first round decides both: the command line's are guesses
-        parts: list[Part] = [("world", Text("  world ?")), ("node", Text("  node ?"))]
+    parts: list[Part]
+    if group.forming is not None:
+        parts = _forming_parts(group)
+    elif world_undecided(group.state, group.round, bool(group.ranks)):  # the first round decides both: the command line's are guesses
+        parts = [("world", Text("  world ?")), ("node", Text("  node ?"))]
     else:
         parts = [("world", Text(f"  world {group.world_size}")),
                  ("node", Text(f"  node {group.node_rank}/{group.nnodes}"
                                + (f" round {group.round}" if group.round is not None else "")))]
     if group.store_lost:  # the rendezvous's store, gone: the ranks run on, no new round can form
         parts.append((None, Text("  store lost", style="bold yellow")))
+    return parts
+
+
+def _forming_parts(group: GroupSnapshot) -> list[Part]:
+    """The round this node joins and what is known of it (`round 3 forming: 1 of 2 nodes`, `not
+    formed` once the run ended without it), and the last round's world, node and round, marked as
+    the last: they held while its ranks ran, and the new round may decide others."""
+    forming = group.forming
+    what = "round" if forming.number is None else f"round {forming.number}"
+    how = "forming" if not group.state.finished else "not formed"
+    if forming.joined is not None:  # (live only: a round that timed out has had its nodes step out)
+        how += f": {forming.joined} of {clean(forming.nodes)} nodes" if forming.nodes else f": {forming.joined} joined"
+    parts: list[Part] = [("forming", Text(f"  {what} {how}", style="yellow"))]
+    if group.round is not None:
+        parts.append(("last", Text(f"  last round {group.round}: world {group.world_size} "
+                                   f"node {group.node_rank}/{group.nnodes}", style="dim")))
     return parts
 
 

@@ -187,9 +187,13 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 def _facts(run: ServedRun) -> dict:
     snap = run.snapshot
     started = snap.get("started_at")  # NaN where the engine's was no time: unknown, shown as "?"
-    undecided = world_undecided(snap.get("state"), snap.get("round"), bool(snap.get("ranks")))
-    return {"script": snap.get("name"), "world": None if undecided else snap.get("world_size"), "state": snap.get("state"),
-            "age": _since(started), "ended_ago": _since(snap.get("ended_at")) if snap.get("ended") else None}
+    # A round that forms (or never formed) decides the world: the one in the snapshot is the last round's
+    forming = snap.get("forming") is not None
+    undecided = forming or world_undecided(snap.get("state"), snap.get("round"), bool(snap.get("ranks")))
+    last = snap.get("world_size") if forming and snap.get("round") is not None else None
+    return {"script": snap.get("name"), "world": None if undecided else snap.get("world_size"), "last_world": last,
+            "state": snap.get("state"), "age": _since(started),
+            "ended_ago": _since(snap.get("ended_at")) if snap.get("ended") else None}
 
 
 def _since(when: float | None) -> str | None:
@@ -203,7 +207,8 @@ def _row(run: ServedRun) -> tuple[str, ...]:
     long ago it ended, which is what someone back after it asks (and `--linger` counts from)."""
     facts = {k: "?" if v is None else str(v) for k, v in _facts(run).items()}
     age = f"ended {facts['ended_ago']} ago" if run.snapshot.get("ended") else facts["age"]
-    return (run.run_id, facts["script"], facts["world"], facts["state"], age, _clients(run),
+    world = facts["world"] if facts["last_world"] == "?" else f"? (last {facts['last_world']})"
+    return (run.run_id, facts["script"], world, facts["state"], age, _clients(run),
             run.snapshot.get("log_dir") or "")
 
 
