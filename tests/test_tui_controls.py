@@ -510,6 +510,33 @@ def test_search_every_rank_counts_and_steps_across_ranks():
     drive_fake(engine, body)
 
 
+def test_n_and_n_say_which_match_they_are_on_and_where_they_wrap():
+    """n / N with every match on screen moved only its colour: each step says which match it is
+    on, a wrap round says so, and n with no search says how to start one (it did nothing; the
+    palette's `Next match` too)."""
+    engine = FakeEngine(2)
+    engine.print(0, "a needle", "hay", "needle two", "hay", "needle three")
+
+    async def body(app, pilot):
+        main = app.main
+        await until(pilot, lambda: main.pane(0).log.line_count == 5, what="lines in")
+        await pilot.press("n")
+        assert "no search in rank 0: / searches it, ctrl+f every rank" in notes(app)
+        await pilot.press("slash", *"needle", "enter")  # on the newest, the third
+        app.clear_notifications()
+        await pilot.press("n")
+        assert "match 1 of 3 in rank 0  (wrapped round to the oldest)" in notes(app)
+        await pilot.press("n")
+        assert "match 2 of 3 in rank 0" in notes(app) and "wrapped" not in notes(app).splitlines()[-1]
+        await pilot.press("N", "N")
+        assert notes(app).splitlines()[-1] == "match 3 of 3 in rank 0  (wrapped round to the newest)"
+        app.clear_notifications()
+        await pilot.press("ctrl+f", *"needle", "enter", "n")  # every rank: rank 1 has none, round to rank 0's first
+        assert notes(app).splitlines()[-1] == "match 1 of 3 in rank 0"
+
+    drive_fake(engine, body)
+
+
 ATTEMPTS = ("import os, sys, time\nk = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
             "print('rank', os.environ['RANK'], 'in attempt', k, flush=True)\n"
             "if k == '0' and os.environ['RANK'] == '1':\n    print('dying', file=sys.stderr, flush=True); sys.exit(5)\n"
