@@ -537,6 +537,32 @@ def test_n_and_n_say_which_match_they_are_on_and_where_they_wrap():
     drive_fake(engine, body)
 
 
+def test_a_paused_wrapped_pane_keeps_its_place_when_zoomed_in_and_out():
+    """A pane scrolled back, with long lines wrapped, shows the same lines after a zoom and back
+    (its rows are re-wrapped at the new width: it kept the row offset, so zooming out of line 140
+    showed line 68)."""
+    engine = FakeEngine(4)
+    engine.print(0, *[f"line {i:03d} " + "x" * 90 for i in range(300)])
+
+    async def body(app, pilot):
+        main = app.main
+        log = main.pane(0).log
+        await until(pilot, lambda: log.line_count == 300, what="lines in")
+        await pilot.press("w")  # wrap on: a line takes two rows in the grid, one zoomed
+        await until(pilot, lambda: log.wrap and log.row_count > 500, what="lines wrapped")
+        await pilot.press("home", *["pagedown"] * 6)
+        paused = log.position_text
+        assert paused.startswith("paused at line ") and paused != "paused at line 1"
+        await pilot.press("z")
+        await until(pilot, lambda: main.zoomed and log.row_count == 300, what="zoomed, one row a line")
+        assert log.position_text == paused
+        await pilot.press("escape")
+        await until(pilot, lambda: not main.zoomed and log.row_count > 500, what="back in the grid")
+        assert log.position_text == paused
+
+    drive_fake(engine, body)
+
+
 ATTEMPTS = ("import os, sys, time\nk = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
             "print('rank', os.environ['RANK'], 'in attempt', k, flush=True)\n"
             "if k == '0' and os.environ['RANK'] == '1':\n    print('dying', file=sys.stderr, flush=True); sys.exit(5)\n"

@@ -689,8 +689,13 @@ class LogView(ScrollView, can_focus=True):
 
     def on_resize(self) -> None:
         if self.wrap and self.text_width != self._wrap_width:
+            # Re-wrapped at the new width, the rows move: keep the top line on top (a zoom-out
+            # kept the row offset, and showed lines about half as far back).
+            top = self._locate(round(self.scroll_offset.y))[0]
             self._rebuild_rows()
             self._update_virtual_size()
+            if not self.follow:
+                self._move_to(self._row_of_line(top))
         if self.follow:
             self.call_after_refresh(self._follow_tail)
 
