@@ -588,6 +588,31 @@ def test_attempt_switcher_reads_earlier_attempts_from_the_logs(tmp_path):
     drive(app, body)
 
 
+BARS = ("import os, sys, time\nk = os.environ['TORCHELASTIC_RESTART_COUNT']\nprint('attempt', k, flush=True)\n"
+        "sys.stderr.write('epoch 1 |#.| 1/2\\repoch 1 |##| 2/2\\n'); sys.stderr.flush()\n"
+        "if k == '0':\n    sys.exit(5)\n"
+        "time.sleep(60)\n")
+
+
+def test_an_earlier_attempts_progress_bar_shows_its_last_state_as_the_live_pane_does(tmp_path):
+    """`[` reads an attempt's stderr.log back: a bar redrawn with '\\r' shows its last state (every
+    redraw showed, in one row, each after a `␍`)."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, BARS, n=1, max_restarts=1)))
+
+    async def body(app, pilot):
+        main = app.main
+        log = main.pane(0).log
+        await until(pilot, lambda: [bytes(line) for line in log._lines] == [b"attempt 1", b"epoch 1 |##| 2/2"],
+                    what="attempt 1's lines in the live pane, its bar as its last state")
+        await pilot.press("left_square_bracket")
+        await until(pilot, lambda: "attempt_0 (log files" in main.pane(0).title, what="viewing attempt_0")
+        assert [bytes(line) for line in log._lines] == [
+            b"attempt 0", "──── attempt_0 stderr.log ────".encode(), b"epoch 1 |##| 2/2"]
+        assert log.row_text(2) == "epoch 1 |##| 2/2"  # (drawn as `epoch 1 |#.| 1/2␍epoch 1 |##| 2/2`)
+
+    drive(app, body)
+
+
 def test_regular_expression_searches_and_a_bad_one():
     engine = FakeEngine(2)
     engine.print(0, "step 1 loss 0.5", "step 2 loss nan", "eval")
