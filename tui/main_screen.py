@@ -100,8 +100,8 @@ class MainScreen(Screen):
         Binding("escape", "unzoom", "Back to the grid", show=False),
         Binding("slash", "search", "Search"),
         Binding("ctrl+f", "search(True)", "Search every rank", show=False),
-        Binding("n", "search_step(1)", "Next match (after ^f: on to the next rank's)", show=False, priority=True),
-        Binding("N", "search_step(-1)", "Previous match (after ^f: the previous rank's)", show=False, priority=True),
+        Binding("n", "search_step(1)", "Next match (^f: on across ranks)", show=False, priority=True),
+        Binding("N", "search_step(-1)", "Previous match (^f: back across ranks)", show=False, priority=True),
         # Stacks before the keys that act on ranks: the footer shows what fits, and at 80 columns
         # `d`, the way into a hang, was past its end.
         Binding("d", "stacks(False)", "Stacks"),
