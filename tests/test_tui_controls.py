@@ -510,6 +510,59 @@ def test_search_every_rank_counts_and_steps_across_ranks():
     drive_fake(engine, body)
 
 
+def test_n_and_n_say_which_match_they_are_on_and_where_they_wrap():
+    """n / N with every match on screen moved only its colour: each step says which match it is
+    on, a wrap round says so, and n with no search says how to start one (it did nothing; the
+    palette's `Next match` too)."""
+    engine = FakeEngine(2)
+    engine.print(0, "a needle", "hay", "needle two", "hay", "needle three")
+
+    async def body(app, pilot):
+        main = app.main
+        await until(pilot, lambda: main.pane(0).log.line_count == 5, what="lines in")
+        await pilot.press("n")
+        assert "no search in rank 0: / searches it, ctrl+f every rank" in notes(app)
+        await pilot.press("slash", *"needle", "enter")  # on the newest, the third
+        app.clear_notifications()
+        await pilot.press("n")
+        assert "match 1 of 3 in rank 0  (wrapped round to the oldest)" in notes(app)
+        await pilot.press("n")
+        assert "match 2 of 3 in rank 0" in notes(app) and "wrapped" not in notes(app).splitlines()[-1]
+        await pilot.press("N", "N")
+        assert notes(app).splitlines()[-1] == "match 3 of 3 in rank 0  (wrapped round to the newest)"
+        app.clear_notifications()
+        await pilot.press("ctrl+f", *"needle", "enter", "n")  # every rank: rank 1 has none, round to rank 0's first
+        assert notes(app).splitlines()[-1] == "match 1 of 3 in rank 0"
+
+    drive_fake(engine, body)
+
+
+def test_a_paused_wrapped_pane_keeps_its_place_when_zoomed_in_and_out():
+    """A pane scrolled back, with long lines wrapped, shows the same lines after a zoom and back
+    (its rows are re-wrapped at the new width: it kept the row offset, so zooming out of line 140
+    showed line 68)."""
+    engine = FakeEngine(4)
+    engine.print(0, *[f"line {i:03d} " + "x" * 90 for i in range(300)])
+
+    async def body(app, pilot):
+        main = app.main
+        log = main.pane(0).log
+        await until(pilot, lambda: log.line_count == 300, what="lines in")
+        await pilot.press("w")  # wrap on: a line takes two rows in the grid, one zoomed
+        await until(pilot, lambda: log.wrap and log.row_count > 500, what="lines wrapped")
+        await pilot.press("home", *["pagedown"] * 6)
+        paused = log.position_text
+        assert paused.startswith("paused at line ") and paused != "paused at line 1"
+        await pilot.press("z")
+        await until(pilot, lambda: main.zoomed and log.row_count == 300, what="zoomed, one row a line")
+        assert log.position_text == paused
+        await pilot.press("escape")
+        await until(pilot, lambda: not main.zoomed and log.row_count > 500, what="back in the grid")
+        assert log.position_text == paused
+
+    drive_fake(engine, body)
+
+
 ATTEMPTS = ("import os, sys, time\nk = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
             "print('rank', os.environ['RANK'], 'in attempt', k, flush=True)\n"
             "if k == '0' and os.environ['RANK'] == '1':\n    print('dying', file=sys.stderr, flush=True); sys.exit(5)\n"
@@ -531,6 +584,31 @@ def test_attempt_switcher_reads_earlier_attempts_from_the_logs(tmp_path):
         await pilot.press("right_square_bracket")  # back to the live attempt
         await until(pilot, lambda: "following" in main.pane(1).title and log.line_count == 1, what="live again")
         assert [bytes(line) for line in log._lines] == [b"rank 1 in attempt 1"]
+
+    drive(app, body)
+
+
+BARS = ("import os, sys, time\nk = os.environ['TORCHELASTIC_RESTART_COUNT']\nprint('attempt', k, flush=True)\n"
+        "sys.stderr.write('epoch 1 |#.| 1/2\\repoch 1 |##| 2/2\\n'); sys.stderr.flush()\n"
+        "if k == '0':\n    sys.exit(5)\n"
+        "time.sleep(60)\n")
+
+
+def test_an_earlier_attempts_progress_bar_shows_its_last_state_as_the_live_pane_does(tmp_path):
+    """`[` reads an attempt's stderr.log back: a bar redrawn with '\\r' shows its last state (every
+    redraw showed, in one row, each after a `␍`)."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, BARS, n=1, max_restarts=1)))
+
+    async def body(app, pilot):
+        main = app.main
+        log = main.pane(0).log
+        await until(pilot, lambda: [bytes(line) for line in log._lines] == [b"attempt 1", b"epoch 1 |##| 2/2"],
+                    what="attempt 1's lines in the live pane, its bar as its last state")
+        await pilot.press("left_square_bracket")
+        await until(pilot, lambda: "attempt_0 (log files" in main.pane(0).title, what="viewing attempt_0")
+        assert [bytes(line) for line in log._lines] == [
+            b"attempt 0", "──── attempt_0 stderr.log ────".encode(), b"epoch 1 |##| 2/2"]
+        assert log.row_text(2) == "epoch 1 |##| 2/2"  # (drawn as `epoch 1 |#.| 1/2␍epoch 1 |##| 2/2`)
 
     drive(app, body)
 

@@ -811,6 +811,28 @@ def test_the_two_column_help_wraps_its_descriptions_whole():
     drive(engine, body)
 
 
+def test_the_help_takes_the_layout_of_the_terminals_new_size():
+    """Opened at 160 columns and narrowed to 80, the help kept its two columns, its words wrapped
+    one or two a row (`Focus previous` over `rank`); widened again, it has two."""
+    engine = FakeEngine(2)
+
+    def columns(app) -> bool:
+        row = next(row for row in screen_rows(app) if "Ranks" in row)
+        return "Pane output" in row  # the second column's first heading beside the first's
+
+    async def body(app, pilot):
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        assert columns(app)
+        await pilot.resize_terminal(80, 24)
+        await until(pilot, lambda: not columns(app), what="one column at 80")
+        assert any("Focus previous rank" in row for row in screen_rows(app))
+        await pilot.resize_terminal(160, 48)
+        await until(pilot, lambda: columns(app), what="two columns again")
+
+    drive(engine, body)
+
+
 @pytest.mark.parametrize("opener,closer", [("m", "Close the details"), ("x", "Cancel"), ("q", "Stay"),
                                            ("question_mark", None)])
 def test_the_palette_over_a_dialog_offers_its_commands_not_the_grids(opener, closer):

@@ -689,8 +689,13 @@ class LogView(ScrollView, can_focus=True):
 
     def on_resize(self) -> None:
         if self.wrap and self.text_width != self._wrap_width:
+            # Re-wrapped at the new width, the rows move: keep the top line on top (a zoom-out
+            # kept the row offset, and showed lines about half as far back).
+            top = self._locate(round(self.scroll_offset.y))[0]
             self._rebuild_rows()
             self._update_virtual_size()
+            if not self.follow:
+                self._move_to(self._row_of_line(top))
         if self.follow:
             self.call_after_refresh(self._follow_tail)
 
@@ -777,22 +782,38 @@ class LogView(ScrollView, can_focus=True):
         self.refresh()
         return len(self._hits) + len(open_hits)
 
-    def search_next(self) -> None:
-        """The next match towards the tail (wrapping round to the oldest)."""
-        self._step(+1)
+    def search_next(self) -> bool:
+        """The next match towards the tail (wrapping round to the oldest); whether it wrapped."""
+        return self._step(+1)
 
-    def search_prev(self) -> None:
-        """The previous match towards the oldest line (wrapping round to the newest)."""
-        self._step(-1)
+    def search_prev(self) -> bool:
+        """The previous match towards the oldest line (wrapping round to the newest); whether it wrapped."""
+        return self._step(-1)
 
-    def _step(self, direction: int) -> None:
+    def _step(self, direction: int) -> bool:
         if not self._hits:
-            return
-        if self._current is None:
-            at = len(self._hits) if direction > 0 else -1
+            return False
+        if self._current is None:  # on a match in the unfinished last line, past every complete one
+            at = len(self._hits)
         else:
             at = bisect.bisect_left(self._hits, self._current)
-        self._go_to_hit(self._hits[(at + direction) % len(self._hits)])
+            if direction > 0 and (at == len(self._hits) or self._hits[at] != self._current):
+                at -= 1  # the current match has left the ring: the next is the oldest one kept
+        to = at + direction
+        if 0 <= to < len(self._hits):
+            self._go_to_hit(self._hits[to])
+            return False
+        self._go_to_hit(self._hits[0] if direction > 0 else self._hits[-1])
+        return True
+
+    @property
+    def match_position(self) -> tuple[int, int] | None:
+        """(k, n): the view is on the k-th of the n matching complete lines, oldest first; None
+        when it is on no match of them."""
+        if self._current is None:
+            return None
+        at = bisect.bisect_left(self._hits, self._current)
+        return (at + 1, len(self._hits)) if at < len(self._hits) and self._hits[at] == self._current else None
 
     def _go_to_hit(self, number: int) -> None:
         self._current = number

@@ -100,8 +100,8 @@ class MainScreen(Screen):
         Binding("escape", "unzoom", "Back to the grid", show=False),
         Binding("slash", "search", "Search"),
         Binding("ctrl+f", "search(True)", "Search every rank", show=False),
-        Binding("n", "search_step(1)", "Next match (every rank)", show=False, priority=True),
-        Binding("N", "search_step(-1)", "Previous match (every rank)", show=False, priority=True),
+        Binding("n", "search_step(1)", "Next match (^f: on across ranks)", show=False, priority=True),
+        Binding("N", "search_step(-1)", "Previous match (^f: back across ranks)", show=False, priority=True),
         # Stacks before the keys that act on ranks: the footer shows what fits, and at 80 columns
         # `d`, the way into a hang, was past its end.
         Binding("d", "stacks(False)", "Stacks"),
@@ -307,8 +307,6 @@ class MainScreen(Screen):
             return False
         if action == "search" and not parameters and isinstance(self.focused, Input):
             return False  # `/` types a slash into the box: the footer showed `/ Search` alone there
-        if action == "search_step" and self.everywhere is None:  # n / N: the pane's own search
-            return False
         if action == "move" and self.zoomed and self._line_select is None:  # zoomed: the arrows scroll the pane
             return False
         if action in ("move", "select_lines") and isinstance(self.focused, RootCausePanel):  # its arrows scroll it
@@ -543,17 +541,29 @@ class MainScreen(Screen):
         log.go_to_edge_match(direction)
 
     def action_search_step(self, direction: int) -> None:
-        """n / N after a search of every rank: through this rank's matches, then on to the next rank's."""
+        """n / N: through the focused pane's matches; after a search of every rank, on to the
+        next (previous) rank's. Each step says where it is: a match on screen moved only its colour."""
         log = self.pane(self.current).log
-        if log.search_query and not log.at_edge_match(direction):
-            if direction > 0:
-                log.search_next()
-            else:
-                log.search_prev()
+        if self.everywhere is None and not log.search_query:
+            self.notify(f"no search in rank {self.rank_of(self.current)}: / searches it, ctrl+f every rank",
+                        timeout=3)
+            return
+        if self.everywhere is None or (log.search_query and not log.at_edge_match(direction)):
+            wrapped = log.search_next() if direction > 0 else log.search_prev()
+            self._say_match(direction if wrapped else 0)
             return
         target = self.everywhere.next_rank(self.current, direction)
         if target is not None:
             self._show_matches_of(target, direction)
+            self._say_match(0)
+
+    def _say_match(self, wrapped: int) -> None:
+        """'match 3 of 4 in rank 2', and where it wrapped round (+1: to the oldest, -1: the newest)."""
+        position = self.pane(self.current).log.match_position
+        if position is None:
+            return
+        note = {1: "  (wrapped round to the oldest)", -1: "  (wrapped round to the newest)"}.get(wrapped, "")
+        self.notify(f"match {position[0]} of {position[1]} in rank {self.rank_of(self.current)}{note}", timeout=2)
 
     def on_key(self, event: Any) -> None:
         if event.key == "escape" and isinstance(self.focused, Input):

@@ -61,10 +61,17 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll(id="help-box"):
             yield Static(Text("ranktop keys  (esc to close)", style="bold"), classes="dialog-title")
             groups = [*self.groups, ("Mouse", extra)]
-            if self.app.size.width >= TWO_COLUMN_HELP:
+            self.two_columns = self.app.size.width >= TWO_COLUMN_HELP
+            if self.two_columns:
                 yield Static(_key_table(groups[:self.here], groups[self.here:]))
             else:  # a small terminal: one column, scrolled with the arrows
                 yield Static(_key_table(groups, []))
+
+    def on_resize(self) -> None:
+        # Laid out again where the terminal now takes the other layout: opened at 160 columns
+        # and narrowed to 80, it kept two columns of words wrapped one or two a row.
+        if (self.app.size.width >= TWO_COLUMN_HELP) != self.two_columns:
+            self.refresh(recompose=True)
 
     def action_dismiss(self) -> None:
         self.dismiss(None)
