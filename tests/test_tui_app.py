@@ -215,6 +215,8 @@ def test_a_rank_stopped_and_resumed_from_outside_shows_the_kernels_state(tmp_pat
         assert not rank(app, 1).paused and " running " in title(app, 1)
 
     async def body(app, pilot):
+        # (both running first: under load rank 1's title still said `starting` at the first check)
+        await until(pilot, lambda: all(" running " in title(app, r) for r in (0, 1)), what="both ranks running")
         pid = rank(app, 0).pid
         os.kill(pid, signal.SIGSTOP)
         os.kill(pid, signal.SIGSTOP)
