@@ -439,7 +439,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         return self._stop_signal is not None or self._user_stop
 
     def _attempt_end(self, reason: str) -> str:
-        """How the attempt that is being restarted ended, in a few words (the header, the console)."""
+        """How the attempt that is being restarted ended, in a few words (the header, the console).
+        Where nothing failed, the words begin `restarted` (state.ended_calmly reads them so)."""
         if reason == "user":  # (maybe while the group stopped for a failure: both are said)
             cause = self._find_root_cause() if self._own_failure() else None
             return "restarted by the user" if cause is None else f"{rank_failed(cause)}, then restarted by the user"

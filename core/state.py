@@ -156,6 +156,7 @@ class GroupSnapshot:
     # `attempt` when nodes joining restart the group without spending a restart.
     generation: int = 0
     # "attempt_<k>: rank 1 failed (exit 1)" for each earlier attempt of this run, oldest first
+    # (one that ended in no failure says `restarted...`: see ended_calmly)
     earlier_attempts: tuple[str, ...] = ()
     # Attempts the user's group restart started: each advanced `attempt` and spent no restart, so
     # restarts spent are attempt - user_restarts, and the run may have max_restarts + 1 + this.
@@ -198,6 +199,13 @@ class GroupSnapshot:
     def unreapable(self) -> tuple[int, ...]:
         """Local ranks that outlived SIGKILL and were left to the orphan guard."""
         return tuple(r.local_rank for r in self.ranks if r.state == RankState.UNREAPABLE)
+
+
+def ended_calmly(earlier_attempt: str) -> bool:
+    """Whether an earlier attempt, as GroupSnapshot.earlier_attempts words it, ended in no failure:
+    restarted by the user, by another node's user, or for nodes that joined. Those alone begin
+    `restarted` (LocalAgent._attempt_end); a failure, also one the user then restarted, names it."""
+    return earlier_attempt.partition(": ")[2].startswith("restarted")
 
 
 @dataclass(frozen=True)

@@ -1365,6 +1365,25 @@ def test_a_long_name_gives_up_its_middle_so_the_state_and_a_stops_countdown_show
     assert fit_name("训练脚本训练脚本训练脚本.py", 12) == "训练脚…本.py" and fit_name("abc", 1) == "…"
 
 
+def test_an_earlier_attempt_the_user_restarted_gives_way_where_a_failed_one_stays():
+    """After an `R` the header's `earlier: attempt_0: restarted by the user` was kept whatever the
+    width, as a failure is: at 80 columns it took the room of the attempt, the clock and the live
+    ranks' count. An attempt that ended in no failure is news that gives way before those; one
+    that failed (also one the user then restarted) stays, whatever goes for it."""
+    base = dataclasses.replace(FakeEngine(4).snapshot(), gpu_status="no GPU", started_at=0.0, attempt=1,
+                               log_dir="/tmp/ranktop-0/20261127-061423-e158")
+    calm = dataclasses.replace(base, earlier_attempts=("attempt_0: restarted by the user",), user_restarts=1)
+    failed = dataclasses.replace(base, earlier_attempts=("attempt_0: rank 1 failed (exit 1), then restarted by the user",),
+                                 user_restarts=1)
+    assert "earlier: attempt_0: restarted by the user" in header_text(calm, 100.0, width=160).plain
+    at_80 = header_text(calm, 100.0, width=80).plain
+    assert "earlier" not in at_80 and "attempt_1" in at_80 and "0:01:40" in at_80 and "4/4 alive" in at_80, at_80
+    for width in (80, 60):
+        assert "earlier: attempt_0: rank 1 failed (exit 1)" in header_text(failed, 100.0, width=width).plain, width
+    both = dataclasses.replace(calm, earlier_attempts=("attempt_0: rank 1 failed (exit 1)", "attempt_1: restarted by the user"))
+    assert "earlier: attempt_1: restarted by the user (+1)" in header_text(both, 100.0, width=80).plain
+
+
 def test_the_header_row_shows_a_long_names_state_and_countdown_at_40_columns():
     """On screen the header wrapped at a word too: behind a long name the state went to a second
     row, which its one row does not show (`ranktop  a_training_…` and nothing else at 40 columns)."""

@@ -12,7 +12,15 @@ from collections.abc import Callable, Iterable
 
 from ranktop.core.engine import FIRST_LOOK_LINES, Engine, OutputCursor
 from ranktop.core.sanitize import clean
-from ranktop.core.state import GpuSample, GroupSnapshot, GroupState, RankSnapshot, RankState, world_undecided
+from ranktop.core.state import (
+    GpuSample,
+    GroupSnapshot,
+    GroupState,
+    RankSnapshot,
+    RankState,
+    ended_calmly,
+    world_undecided,
+)
 from ranktop.tui.commands import action_name
 from ranktop.tui.logview import LogView
 from rich.cells import cell_len
@@ -235,7 +243,10 @@ def _rank_facts(snap: RankSnapshot, now: float, world_digits: int, position: str
 # lost engine or store) never goes.
 # A forming round's part goes last: while a round forms, how far it got is the news (the ranks
 # alive and the time are the last round's).
-HEADER_DROPS = ("gpu", "python", "last", "node", "world", "logs", "restarts", "attempt", "elapsed", "alive", "forming")
+# An earlier attempt that ended in no failure (the user's R) is news, not a warning: it goes before
+# the attempt and the clock (at 80 columns it took their room, and the live ranks' count's).
+HEADER_DROPS = ("gpu", "python", "last", "node", "world", "logs", "earlier", "restarts", "attempt", "elapsed",
+                "alive", "forming")
 _LOGS_LABEL = "  logs "
 BADGE = " ranktop "
 # The job's name gives up its middle where the line is short of room, for the urgent parts: it
@@ -361,8 +372,10 @@ def _attempt_parts(group: GroupSnapshot) -> list[Part]:
         parts.append(("restarts", Text(f" ({left} restart{'s' * (left != 1)} left)", style="dim")))
     if group.earlier_attempts:  # "all ranks exited 0" must not hide that an earlier attempt failed
         more = len(group.earlier_attempts) - 1
-        parts.append((None, Text(f"  earlier: {clean(group.earlier_attempts[-1])}" + (f" (+{more})" if more else ""),
-                                 style="bold yellow")))
+        calm = all(ended_calmly(attempt) for attempt in group.earlier_attempts)
+        parts.append(("earlier" if calm else None,
+                      Text(f"  earlier: {clean(group.earlier_attempts[-1])}" + (f" (+{more})" if more else ""),
+                           style="yellow" if calm else "bold yellow")))
     return parts
 
 
