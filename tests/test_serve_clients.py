@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import os
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
+import termios
 import threading
 import time
 from pathlib import Path
@@ -361,3 +364,43 @@ def test_logs_read_slowly_asks_again_on_a_new_connection(served, short_bounds, m
         stop_process(reader)
     assert (reader.returncode, err) == (0, b"")
     assert out.decode().splitlines() == [f"[0]:{line}" for line in lines[1:]]
+
+
+# ----- a client that asks without pause -----------------------------------------------------------
+def _unread(conn: socket.socket) -> int:
+    """Bytes `conn` sent that its peer has not read yet (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+def _acks(conn: socket.socket, count: int) -> list[dict]:
+    decoder, acks = protocol.FrameDecoder(), []
+    while len(acks) < count:
+        acks += [f for f in decoder.feed(conn.recv(1 << 16)) if isinstance(f, dict) and f.get("type") == "ack"]
+    return acks
+
+
+def test_a_client_that_asks_without_pause_is_answered_in_turns_with_the_others(served):
+    """A client that sends requests without waiting for answers had all that one read of its
+    socket held (64 KiB: hundreds) answered before any other client was looked at, and kept the
+    server thread from the engine's threads meanwhile. Each client is answered a few a round: a
+    request from another client is answered in the next round, and the flood's all are, in order."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.server import FRAMES_PER_ROUND
+
+    fake, server = served
+    flooder, other = hello(server.path), hello(server.path)
+    flood = [protocol.encode_control({"type": "command", "id": i, "command": "SendInput",
+                                      "args": {"local_rank": 0, "text": str(i)}}) for i in range(300)]
+    assert len(b"".join(flood)) < 1 << 16  # one read of the server's takes them all
+    wait_for(lambda: _unread(flooder) == _unread(other) == 0, what="the hellos read")
+    with fake._lock:  # the engine held: the server waits in its first answer to the flood
+        flooder.sendall(b"".join(flood))
+        wait_for(lambda: _unread(flooder) == 0, what="the flood read")
+        other.sendall(protocol.encode_control({"type": "command", "id": "other", "command": "KillRank",
+                                               "args": {"local_rank": 1}}))
+    assert _acks(other, 1)[0]["id"] == "other"
+    assert [ack["id"] for ack in _acks(flooder, len(flood))] == list(range(len(flood)))
+    assert fake.commands.index(cmd.KillRank(1)) <= 2 * FRAMES_PER_ROUND  # (it was answered after all 300)
+    assert [c.text for c in fake.commands if isinstance(c, cmd.SendInput)] == [str(i) for i in range(len(flood))]
+    flooder.close()
+    other.close()
