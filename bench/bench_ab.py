@@ -6,11 +6,14 @@ spawn of the same ranks as the reference. For a before/after on a box whose spee
     python bench/bench_ab.py --busy 1000 before=HEAD~3 after=.       # beside 1000 idle processes
     python bench/bench_ab.py --writes 400000 before=HEAD~3 after=.   # the output path's own CPU
     python bench/bench_ab.py --writes 400000 --streams redirects before=HEAD after=.  # no console
+    python bench/bench_ab.py --writes 400000 --flood before=HEAD~1 after=.  # beside a flooding client
 
 With --writes the ranks write that many short lines each (bench_launch's writes scenario, --tee 3
 and log files, the console to /dev/null; --streams redirects: log files only), and what is
 compared is ranktop's own CPU seconds for the job (what it and all it reaped used, less what the
-ranks report for themselves) as well as the wall time.
+ranks report for themselves) as well as the wall time. With --flood each version also runs the
+job with a client that asks its engine for snapshots as fast as it can (bench/flood.py): what
+that client costs the run's output, and how many answers it got a second.
 
 Each version is built into a venv of its own as `pip install` leaves it (bench/compiled.py), so
 neither pays for an editable checkout's finder. Every rank runs this interpreter, whichever
@@ -32,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_launch import WRITER, fresh_dir, launcher_cpu  # noqa: E402
 from compiled import ROOT, installed_python  # noqa: E402
+from flood import Flood  # noqa: E402
 
 sys.path.pop(0)  # (ranktop's own process module is what this bench waits with)
 from ranktop.core.process import wait_exit  # noqa: E402
@@ -62,21 +66,36 @@ def compare_writes(pythons: dict[str, str], ns: argparse.Namespace, base: str) -
     script = os.path.join(base, "writer.py")
     with open(script, "w") as f:
         f.write(WRITER)
-    wall: dict[str, list[float]] = {name: [] for name in pythons}
-    cpu: dict[str, list[float]] = {name: [] for name in pythons}
+    runtime = fresh_dir(base, "runtime")  # the flood finds the run's socket here, and no other run's
+    os.chmod(runtime, 0o700)
+    os.environ["XDG_RUNTIME_DIR"] = runtime  # (launcher_cpu's ranktop takes this environment)
+    cases = [(name, flood) for name in pythons for flood in ((False, True) if ns.flood else (False,))]
+    wall: dict[tuple, list[float]] = {case: [] for case in cases}
+    cpu: dict[tuple, list[float]] = {case: [] for case in cases}
+    answered: dict[tuple, list[float]] = {case: [] for case in cases}
     for round_no in range(ns.rounds + 1):
-        for name, py in pythons.items():
+        for name, flooded in cases:
             logs, cpu_dir = fresh_dir(base, "logs"), fresh_dir(base, "cpu")
-            argv = [py, "-P", "-m", "ranktop", "--headless", "--nproc-per-node", str(ns.ranks), f"--{ns.streams}", "3",
-                    "--log-dir", logs, script, str(ns.writes), cpu_dir]
-            elapsed, own = launcher_cpu(argv, cpu_dir)
+            argv = [pythons[name], "-P", "-m", "ranktop", "--headless", "--nproc-per-node", str(ns.ranks),
+                    f"--{ns.streams}", "3", "--log-dir", logs, "--run-id", "ab", script, str(ns.writes), cpu_dir]
+            flood = Flood(os.path.join(runtime, "ranktop", "ab.sock")).start() if flooded else None
+            try:
+                elapsed, own = launcher_cpu(argv, cpu_dir)
+            finally:
+                if flood is not None:
+                    flood.stop()
             if round_no:
-                wall[name].append(elapsed)
-                cpu[name].append(own)
+                wall[name, flooded].append(elapsed)
+                cpu[name, flooded].append(own)
+                if flood is not None:
+                    answered[name, flooded].append(flood.answers / max(flood.seconds, 1e-9))
     print(f"{ns.ranks} ranks x {ns.writes} write-only lines, --{ns.streams} 3 + logs, medians of {ns.rounds} rounds in turns:")
-    for name in pythons:
-        print(f"  {name:10s} own CPU {statistics.median(cpu[name]):.3f} s   wall {statistics.median(wall[name]):.3f} s"
-              f"   CPU runs {' '.join(f'{v:.3f}' for v in cpu[name])}")
+    for case in cases:
+        label = f"{case[0]}{' +flood' if case[1] else ''}"
+        asked = f"   flood answered {statistics.median(answered[case]):.0f}/s" if case[1] else ""
+        print(f"  {label:16s} own CPU {statistics.median(cpu[case]):.3f} s   wall {statistics.median(wall[case]):.3f} s"
+              f"   ({ns.ranks * ns.writes / statistics.median(wall[case]) / 1e6:.2f} M lines/s){asked}"
+              f"   walls {' '.join(f'{v:.3f}' for v in wall[case])}")
 
 
 def main() -> int:
@@ -92,6 +111,8 @@ def main() -> int:
                         "as a detached run or a TUI reads: the ring counts the lines itself)")
     p.add_argument("--writes", type=int, default=0, metavar="LINES",
                    help="compare the output path instead: each rank writes LINES short lines")
+    p.add_argument("--flood", action="store_true",
+                   help="with --writes: also run each version beside a client that floods its engine with requests")
     ns = p.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHON_EXEC"] = sys.executable

@@ -530,10 +530,8 @@ class RemoteEngine:
         self.gone = True
         if self.last.ended:
             return
-        final = os.path.join(self.last.log_dir or "", FINAL_FILE)
-        try:
-            view = FinalEngine(final)
-        except BadFinalFile:
+        view = final_view_of(self.last.log_dir)
+        if view is None:
             self.last = self.last.engine_lost(why)
             return
         self.last = view.snapshot()
@@ -615,6 +613,19 @@ def dump_stacks(path: str, name: str = "DumpStacks", args: dict | None = None) -
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         return cmd.Ack(False, f"the engine's stack report cannot be read: {exc}")
     return cmd.Ack(bool(answer.get("ok")), str(answer.get("message")), report=report)
+
+
+def final_view_of(run_dir: str | None) -> FinalEngine | None:
+    """The final view of a served run whose engine has gone, from the final.json in `run_dir` (its
+    run directory, as its engine's snapshot gave it); None where there is none that can be shown
+    (the engine was killed before the run's end) or `run_dir` is not an absolute path (a relative
+    one, or none, would be read from whatever directory the client runs in)."""
+    if not run_dir or not os.path.isabs(run_dir):
+        return None
+    try:
+        return FinalEngine(os.path.join(run_dir, FINAL_FILE))
+    except BadFinalFile:
+        return None
 
 
 class BadFinalFile(Exception):

@@ -35,6 +35,10 @@ connection, never the server thread; one that owes more than MAX_PENDING is drop
 arrived before a client closed are read and applied, even where its answers can no longer be sent.
 One that takes nothing for UNREAD_SECONDS, or asks nothing for IDLE_SECONDS and follows nothing,
 is dropped too; on the way out, one that takes nothing for STUCK_SECONDS is not waited for.
+A client is answered FRAMES_PER_ROUND requests per round of the loop: the rest wait, its socket
+read no further, for the next round, after every other client's turn; and while requests wait,
+the thread rests between rounds as long as the round took, so a client that asks without pause
+holds up neither the other clients nor the engine's threads (which need the GIL it would hold).
 
 A client that sends anything else (or anything before its hello, or no hello within
 HELLO_SECONDS, or a frame it leaves unfinished for FRAME_SECONDS), or that is not ours
@@ -49,6 +53,7 @@ the engine is there, only not for it. The engine and the ranks never wait on a c
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import errno
@@ -92,6 +97,10 @@ UNREAD_SECONDS = 600.0
 CHECK_SECONDS = 1.0  # how often the two above are looked at
 STUCK_SECONDS = 1.0  # on the way out, a client that takes nothing this long is waited for no more
 MAX_PUSH_BYTES = 4 << 20  # output in one push to a subscriber, all its ranks together: well under MAX_PENDING
+# Requests answered per client per round of the loop; the rest of what it sent waits (its socket is
+# read no further meanwhile) for the next round, after every other client's turn. A client of
+# ranktop's asks and waits for the answer: only one that sends without waiting meets this.
+FRAMES_PER_ROUND = 8
 ACCEPT_PAUSE = 0.5  # out of descriptors even for the spare: stop accepting for this long
 RELAYED = {c.__name__: c for c in (cmd.SignalRank, cmd.SignalGroup, cmd.KillRank, cmd.KillGroup, cmd.RestartRank,
                                    cmd.RestartGroup, cmd.Stop, cmd.SendInput, cmd.DumpStacks, cmd.SignalDump)}
@@ -257,6 +266,7 @@ class EngineServer:
         self._wake_r, self._wake_w = os.pipe()
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._decoders: dict[socket.socket, protocol.FrameDecoder] = {}
+        self._queued: dict[socket.socket, collections.deque] = {}  # requests read and not yet answered
         self._hello_due: dict[socket.socket, float] = {}  # clients yet to say hello: by when
         self._frame_due: dict[socket.socket, float] = {}  # clients in the middle of a frame: by when it must end
         self._short_due: dict[socket.socket, float] = {}  # clients past MAX_CLIENTS: by when they must have left
@@ -296,12 +306,20 @@ class EngineServer:
                         return
                     self._send_later()
                 else:
+                    conn = key.fileobj
                     if events & selectors.EVENT_WRITE:
-                        self._flush(key.fileobj)
-                    if events & selectors.EVENT_READ and key.fileobj in self._decoders:
-                        self._read(key.fileobj)
+                        self._flush(conn)
+                    # (one with requests still queued is read no further: it waits its turn)
+                    if events & selectors.EVENT_READ and conn in self._decoders and conn not in self._queued:
+                        self._read(conn)
+            began = time.monotonic()
+            self._answer_queued()
+            if self._queued:  # asked faster than answered: the engine's threads get as long, the GIL theirs
+                time.sleep(min(time.monotonic() - began, PUSH_SECONDS))
 
     def _select_timeout(self) -> float | None:
+        if self._queued:  # answers are due: look only for what else is ready
+            return 0.0
         waits = [PUSH_SECONDS] if self._subscribers else []
         if self._decoders:
             waits.append(CHECK_SECONDS)
@@ -317,7 +335,7 @@ class EngineServer:
             if now >= due:
                 self._drop(conn, f"no hello within {HELLO_SECONDS:g}s")
         for conn, due in list(self._frame_due.items()):
-            if now >= due:
+            if now >= due and conn not in self._queued:  # (one whose turn is still to come is not read meanwhile)
                 self._drop(conn, f"a frame left unfinished for {FRAME_SECONDS:g}s")
         for conn, due in list(self._short_due.items()):
             if now >= due:
@@ -389,6 +407,7 @@ class EngineServer:
         self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE
 
     def _read(self, conn: socket.socket) -> None:
+        """Take what `conn` sent: its whole requests are queued, answered from this round on."""
         try:
             data = conn.recv(1 << 16)
         except BlockingIOError:
@@ -398,21 +417,37 @@ class EngineServer:
         if not data:
             self._drop(conn)
             return
+        decoder = self._decoders[conn]
         try:
-            decoder = self._decoders[conn]
-            for message in decoder.feed(data):
+            messages = decoder.feed(data)
+        except Exception as exc:  # what a client sends costs its own connection, never the server
+            self._drop(conn, _why_dropped(exc))
+            return
+        if messages:
+            self._queued[conn] = collections.deque(messages)
+        if not decoder.pending:
+            self._frame_due.pop(conn, None)
+        else:
+            self._frame_due.setdefault(conn, time.monotonic() + FRAME_SECONDS)
+
+    def _answer_queued(self) -> None:
+        """Each client's next FRAMES_PER_ROUND queued requests, a client at a time."""
+        for conn, queue in list(self._queued.items()):
+            for _ in range(min(FRAMES_PER_ROUND, len(queue))):
                 if conn not in self._decoders:  # dropped by an earlier one: the rest is not applied
-                    return
+                    break
                 self._asked_at[conn] = max(self._asked_at[conn], time.monotonic())  # (not while a dump runs for it)
-                self._answer(conn, message)
-            if not decoder.pending:
-                self._frame_due.pop(conn, None)
-            elif conn in self._decoders:
-                self._frame_due.setdefault(conn, time.monotonic() + FRAME_SECONDS)
-        except (protocol.ProtocolError, OSError) as exc:
-            self._drop(conn, str(exc))
+                self._answer_safely(conn, queue.popleft())
+            if not queue or conn not in self._decoders:
+                self._queued.pop(conn, None)
+                if conn in self._frame_due:  # it was not read while it waited: its unfinished frame's time starts now
+                    self._frame_due[conn] = time.monotonic() + FRAME_SECONDS
+
+    def _answer_safely(self, conn: socket.socket, message: Any) -> None:
+        try:
+            self._answer(conn, message)
         except Exception as exc:  # a request we could not answer costs its client, never the server
-            self._drop(conn, f"request failed: {type(exc).__name__}: {exc}"[:200])
+            self._drop(conn, _why_dropped(exc))
 
     def _answer(self, conn: socket.socket, message: Any) -> None:
         if not isinstance(message, dict):
@@ -672,7 +707,8 @@ class EngineServer:
                 pass
         self._selector.unregister(conn)
         del self._decoders[conn]
-        for table in (self._hello_due, self._frame_due, self._short_due, self._subscribers, self._asked_at, self._took_at):
+        for table in (self._hello_due, self._frame_due, self._short_due, self._subscribers, self._asked_at, self._took_at,
+                      self._queued):
             table.pop(conn, None)
         self._writing.discard(conn)
         conn.close()
@@ -724,6 +760,14 @@ class EngineServer:
 _SHORT = (f"this run has {MAX_CLIENTS} clients, the most it serves for long: a connection past them is "
           f"served for {SHORT_SECONDS:g}s, and not for a subscription (ranktop ls shows the clients; "
           "one that leaves makes room)")
+
+
+def _why_dropped(exc: Exception) -> str:
+    """What a client is told when what it sent could not be taken or answered: a bad frame or
+    request says what is wrong with it; anything else is our failure, named."""
+    if isinstance(exc, (protocol.ProtocolError, OSError)):
+        return str(exc)
+    return f"request failed: {type(exc).__name__}: {exc}"[:200]
 
 
 def _error(reason: str, refused: str | None) -> bytes:

@@ -64,8 +64,25 @@ def print_out(text: str) -> None:
     try:
         print(text, flush=True)
     except BrokenPipeError:
+        to_devnull(sys.stdout)
+
+
+def print_err(text: str) -> None:
+    """`text` and a newline on stderr, at once, and never an exception: a stderr that takes no
+    more (a terminal hung up: EIO; a closed pipe) is pointed at /dev/null, it and what waited in
+    its buffer, so that nothing later (another line, the flush at exit) fails on it again."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        to_devnull(sys.stderr)
+
+
+def to_devnull(stream: TextIO) -> None:
+    """Point `stream`'s descriptor at /dev/null, where what is written to it goes from now on
+    (its buffer included), for a stream whose reader has gone."""
+    with contextlib.suppress(OSError, ValueError):
         null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
+        os.dup2(null, stream.fileno())
         os.close(null)
 
 

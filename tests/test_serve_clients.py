@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
+import json
 import os
+import pty
 import signal
 import socket
+import struct
 import subprocess
+import sys
 import tempfile
+import termios
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, ranktop_cmd, stop_process, wait_for
+from conftest import ROOT, ranktop_cmd, run_ranktop, stop_process, wait_for
 from ranktop.core import protocol
 from ranktop.core.state import GroupState
 
@@ -307,10 +313,11 @@ def _read_until(stream, line: bytes) -> None:
         assert got, f"logs -f ended before {line!r}"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_logs_follow_ended_by_a_signal_says_the_total_of_lines_not_shown(tmp_path, runtime, sig):
     """`logs -f` says how many lines of a rank it could not show at the first hole, and the total
-    at its end: Ctrl-C said it, SIGTERM (kill, timeout) ended it without a word."""
+    at its end: Ctrl-C said it, SIGTERM (kill, timeout) and SIGHUP (the SSH link dropped, with
+    stderr kept in a file) ended it without a word."""
     script = tmp_path / "bursts.py"
     script.write_text(TWO_BURSTS)
     go = tmp_path / "go"
@@ -361,3 +368,147 @@ def test_logs_read_slowly_asks_again_on_a_new_connection(served, short_bounds, m
         stop_process(reader)
     assert (reader.returncode, err) == (0, b"")
     assert out.decode().splitlines() == [f"[0]:{line}" for line in lines[1:]]
+
+
+@pytest.mark.parametrize("nohup", [False, True])
+def test_logs_follow_whose_terminal_hangs_up_ends_without_a_traceback(served, runtime, tmp_path, nohup):
+    """The terminal `logs -f` writes to hangs up under it: the kernel sends SIGHUP, and every write
+    to it fails (EIO) from then on. It ends as on SIGTERM, exit 129 (SIGHUP killed it). Started
+    with SIGHUP ignored (nohup, stderr kept in a file), it stays ignored, and the first write
+    that fails ends logs with one line, exit 1: it was a traceback."""
+    fake, _server = served
+    fake.print(0, *(f"line {i} " + "x" * 100 for i in range(100_000)))  # far more than a terminal holds
+    err = tmp_path / "err"
+    pid, master = pty.fork()
+    if pid == 0:  # the child: the pty is its controlling terminal, its stdin, stdout and stderr
+        try:
+            os.chdir(ROOT)
+            if nohup:
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
+                os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT, 0o600), 2)
+            os.execve(sys.executable, ranktop_cmd("logs", "fake", "-f"), {**runtime, "PYTHONPATH": str(ROOT)})
+        finally:
+            os._exit(127)
+    status = None
+    try:
+        shown = b""
+        while b"[0]:line 0 " not in shown:  # following; then nobody reads: its writes wait on the terminal
+            shown += os.read(master, 1 << 16)
+        os.close(master)  # the hang-up
+        master = -1
+        (status,) = wait_for(lambda: _reaped(pid), what="logs -f ended by the hang-up")
+    finally:
+        if master >= 0:
+            os.close(master)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    if not nohup:
+        assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGHUP
+        return
+    assert os.waitstatus_to_exitcode(status) == 1
+    assert err.read_text() == "ranktop: fake: logs cannot write its output (Input/output error)\n"
+
+
+def _reaped(pid: int) -> tuple[int] | None:
+    """(its wait status) once the child `pid` has ended, reaped; None while it runs."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    return (status,) if done else None
+
+
+# ----- logs after its engine left -----------------------------------------------------------------
+def _ended_in(fake, run_dir: Path, lines: list[str]) -> None:
+    """End the fake run, with its final.json and rank 0's stdout.log in `run_dir`, as an engine leaves them."""
+    from ranktop.core.server import to_json
+
+    log = run_dir / "attempt_0" / "0" / "stdout.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(f"{line}\n" for line in lines))
+    fake.set_rank(0, stdout_log=str(log))
+    fake.group = dataclasses.replace(fake.group, log_dir=str(run_dir))
+    fake.end(GroupState.FAILED, 1)
+    (run_dir / "final.json").write_text(json.dumps(to_json(fake.snapshot())))
+
+
+def test_logs_follow_not_waited_for_at_the_end_says_how_the_run_ended(served, short_bounds, monkeypatch, runtime,
+                                                                      tmp_path):
+    """`logs -f` that had taken nothing for a second when the run ended (its reader paused) is not
+    waited for: it missed the "ended" push and said `lost the run's engine before its end`, exit 1,
+    though final.json said how the run ended. It says that, and where the rest is, exit 0."""
+    monkeypatch.setattr(short_bounds, "STUCK_SECONDS", 0.3)
+    fake, server = served
+    fake.group = dataclasses.replace(fake.group, log_dir=str(tmp_path / "run"))
+    lines = [f"line {i} " + "x" * 100 for i in range(100_000)]  # more than its pipe and its socket hold
+    fake.print(0, *lines)
+    follow = subprocess.Popen(ranktop_cmd("logs", "fake", "-f"), cwd=ROOT, env=runtime, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    try:
+        assert follow.stdout.readline() == f"[0]:{lines[0]}\n".encode()  # following; then read no more for now
+        _ended_in(fake, tmp_path / "run", lines)
+        server.close()  # given up on logs -f after 0.3 s
+        out, err = follow.communicate(timeout=30)
+    finally:
+        stop_process(follow)
+    assert follow.returncode == 0 and len(out.splitlines()) < len(lines), err
+    assert err.decode() == (f"ranktop: fake has ended (failed, exit status 1); its engine left before logs took all "
+                            f"of its output: the rest is in its log files under {tmp_path / 'run'}\n")
+
+
+def test_logs_follow_that_comes_as_the_run_ends_prints_its_logs(served, runtime, tmp_path, monkeypatch):
+    """`logs -f` that connects as the run ends, its subscription never answered (the engine was on
+    its way out): it exited 0 having printed nothing. It prints what `logs` of the ended run
+    prints, the end of each rank's log files, and how the run ended."""
+    fake, server = served
+    lines = [f"line {i}" for i in range(3)]
+    fake.group = dataclasses.replace(fake.group, log_dir=str(tmp_path / "run"))  # (as ls tells logs)
+
+    def leave(conn, _message) -> None:  # the engine goes as the subscription comes: its socket first
+        _ended_in(fake, tmp_path / "run", lines)
+        os.unlink(server.path)
+        server._drop(conn)
+
+    monkeypatch.setattr(server, "_subscribe", leave)
+    follow = run_ranktop("logs", "fake", "-f", env=runtime, timeout=30)
+    assert (follow.returncode, follow.stdout) == (0, "".join(f"[0]:{line}\n" for line in lines)), follow.stderr
+    assert follow.stderr == (f"ranktop: fake has ended (failed); its engine has left: that was the last MiB of each "
+                             f"rank's stdout.log and stderr.log; all its log files are under {tmp_path / 'run'}\n")
+
+
+# ----- a client that asks without pause -----------------------------------------------------------
+def _unread(conn: socket.socket) -> int:
+    """Bytes `conn` sent that its peer has not read yet (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+def _acks(conn: socket.socket, count: int) -> list[dict]:
+    decoder, acks = protocol.FrameDecoder(), []
+    while len(acks) < count:
+        acks += [f for f in decoder.feed(conn.recv(1 << 16)) if isinstance(f, dict) and f.get("type") == "ack"]
+    return acks
+
+
+def test_a_client_that_asks_without_pause_is_answered_in_turns_with_the_others(served):
+    """A client that sends requests without waiting for answers had all that one read of its
+    socket held (64 KiB: hundreds) answered before any other client was looked at, and kept the
+    server thread from the engine's threads meanwhile. Each client is answered a few a round: a
+    request from another client is answered in the next round, and the flood's all are, in order."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.server import FRAMES_PER_ROUND
+
+    fake, server = served
+    flooder, other = hello(server.path), hello(server.path)
+    flood = [protocol.encode_control({"type": "command", "id": i, "command": "SendInput",
+                                      "args": {"local_rank": 0, "text": str(i)}}) for i in range(300)]
+    assert len(b"".join(flood)) < 1 << 16  # one read of the server's takes them all
+    wait_for(lambda: _unread(flooder) == _unread(other) == 0, what="the hellos read")
+    with fake._lock:  # the engine held: the server waits in its first answer to the flood
+        flooder.sendall(b"".join(flood))
+        wait_for(lambda: _unread(flooder) == 0, what="the flood read")
+        other.sendall(protocol.encode_control({"type": "command", "id": "other", "command": "KillRank",
+                                               "args": {"local_rank": 1}}))
+    assert _acks(other, 1)[0]["id"] == "other"
+    assert [ack["id"] for ack in _acks(flooder, len(flood))] == list(range(len(flood)))
+    assert fake.commands.index(cmd.KillRank(1)) <= 2 * FRAMES_PER_ROUND  # (it was answered after all 300)
+    assert [c.text for c in fake.commands if isinstance(c, cmd.SendInput)] == [str(i) for i in range(len(flood))]
+    flooder.close()
+    other.close()

@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ranktop.core import collector, protocol
 from ranktop.core.client import (
@@ -26,6 +26,7 @@ from ranktop.core.client import (
     SeveralRuns,
     engine_answers,
     final_run,
+    final_view_of,
     find_run,
     run_dir_of,
     served_runs,
@@ -36,7 +37,7 @@ from ranktop.core.layout import default_log_root, default_root_problem, newest_e
 from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.state import world_undecided
-from ranktop.core.stdio import print_out, terminal_problem
+from ranktop.core.stdio import print_err, print_out, terminal_problem, to_devnull
 from ranktop.tui.usage import UsageParser, metric_pattern, run_command, usage_error
 
 INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C ended the command, as a shell reports it
@@ -363,44 +364,76 @@ def logs(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     if ns.events and not ns.follow:
         return usage_error("--events needs -f: the events so far are in events.jsonl in the run directory")
-    before = signal.signal(signal.SIGTERM, _terminated)
+    # A hang-up that whoever started logs chose to ignore (nohup) stays ignored.
+    before = {sig: signal.signal(sig, _terminated) for sig in (signal.SIGTERM, signal.SIGHUP)
+              if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         return _logs(ns)
-    except Terminated:  # as Ctrl-C: the totals of the lines not shown are said on the way (finally)
-        return 128 + signal.SIGTERM
+    except Terminated as end:  # as Ctrl-C: the totals of the lines not shown are said on the way (finally)
+        return 128 + end.signum
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 class Terminated(BaseException):  # (not an Exception: no `except Exception` on the way takes it)
-    """SIGTERM came (`kill`, `timeout`, a supervisor): `logs` ends as Ctrl-C ends it."""
+    """SIGTERM (`kill`, `timeout`, a supervisor) or SIGHUP (the SSH link or the terminal gone)
+    came: `logs` ends as Ctrl-C ends it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
-def _terminated(_signum: int, _frame: object) -> None:
-    raise Terminated
+def _terminated(signum: int, _frame: object) -> None:
+    raise Terminated(signum)
+
+
+class OutputFailed(Exception):
+    """stdout (or stderr, for an ended run's stderr.log) took no more: a terminal hung up (EIO), a
+    full disk; the message is the system's why. A reader that left (EPIPE) is BrokenPipeError."""
+
+
+def _write(stream, lines: Iterable[bytes]) -> None:
+    """`lines` to the binary `stream`, at once; OutputFailed where it cannot take them."""
+    try:
+        stream.writelines(lines)
+        stream.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputFailed(exc.strerror or str(exc)) from None
 
 
 def _logs(ns: argparse.Namespace) -> int:
     run = pick_run(ns.run, "logs")
     if isinstance(run, int):
         return run
-    if isinstance(run, FinalEngine):
-        try:
-            return _print_final_logs(run, ns.rank)
-        except BrokenPipeError:  # `ranktop logs | head`, as for a served run
-            return 0
-        finally:
-            run.close()
+    try:
+        if isinstance(run, FinalEngine):
+            try:
+                return _print_final_logs(run, ns.rank)
+            finally:
+                run.close()
+        return _served_logs(run, ns)
+    except BrokenPipeError:  # `ranktop logs | head`
+        return 0
+    except OutputFailed as exc:  # (stdout pointed at /dev/null: the flush at exit fails no more)
+        to_devnull(sys.stdout)
+        name = run.run_id if isinstance(run, ServedRun) else run.snapshot().run_id
+        print_err(clean(f"ranktop: {name}: logs cannot write its output ({exc})"))
+        return 1
+
+
+def _served_logs(run: ServedRun, ns: argparse.Namespace) -> int:
     try:
         with Connection(run.path) as conn:
             return _print_logs(conn, run, ns.rank, ns.follow, ns.events)
     except (EngineSilent, EngineRefused) as exc:  # stopped, swamped or full: nothing was printed, and the run is there
         print(clean(f"ranktop: {run.run_id}: {exc}"), file=sys.stderr)
         return 1
-    except RunGone:
-        return 0  # the run ended and its engine left: everything it had was printed
-    except BrokenPipeError:  # `ranktop logs | head`
-        return 0
+    except RunGone as gone:  # before the first answer: the run ended as logs came
+        return _connection_ended(run, ns.rank, gone, printed=False, follow=ns.follow)
 
 
 def _shown(out_is_terminal: bool) -> Callable[[bytes], bytes]:
@@ -436,11 +469,10 @@ def _print_final_logs(view: FinalEngine, only: int | None) -> int:
     for stream, lines_of in ((sys.stdout, lambda r: view.output_since(r, None)[1]), (sys.stderr, view.stderr_tail)):
         out, shown = stream.buffer, _shown(stream.isatty())
         for local, prefix in prefixes.items():
-            out.writelines(prefix + shown(line) + b"\n" for line in lines_of(local))
-        out.flush()
+            _write(out, (prefix + shown(line) + b"\n" for line in lines_of(local)))
     of_attempt = f" of attempt_{snap.attempt}, the last of {snap.attempt + 1} attempts" if snap.attempt else ""
-    print(f"ranktop: {final_words(view)}: that was the last MiB of each rank's stdout.log and stderr.log"
-          f"{of_attempt}; all its log files are under {clean(snap.log_dir or '?')}", file=sys.stderr)
+    print_err(f"ranktop: {final_words(view)}: that was the last MiB of each rank's stdout.log and stderr.log"
+              f"{of_attempt}; all its log files are under {clean(snap.log_dir or '?')}")
     return 0
 
 
@@ -450,13 +482,13 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
     if isinstance(prefixes, int):
         return prefixes
     if attempt := run.snapshot.get("attempt"):  # the rings hold the running attempt's output only
-        print(clean(f"ranktop: {run.run_id} is on attempt_{attempt}: the output of earlier attempts is in their "
-                    f"log files under {run.snapshot.get('log_dir')}"), file=sys.stderr, flush=True)
+        print_err(clean(f"ranktop: {run.run_id} is on attempt_{attempt}: the output of earlier attempts is in their "
+                        f"log files under {run.snapshot.get('log_dir')}"))
     out, shown = sys.stdout.buffer, _shown(sys.stdout.isatty())
     unshown = _Unshown(run, {r["local_rank"]: r["rank"] for r in ranks})
     if follow:  # what the ranks' rings hold, then live, pushed by the engine until the run ends
-        conn.subscribe(sorted(prefixes))
-        return _follow(conn, run, prefixes, events, unshown)
+        conn.subscribe(sorted(prefixes))  # (RunGone here: nothing printed yet, as for the connection's)
+        return _follow(conn, run, only, prefixes, events, unshown)
     asking = _Asking(conn, run.path)
     try:
         for local, prefix in prefixes.items():
@@ -465,10 +497,13 @@ def _print_logs(conn: Connection, run: ServedRun, only: int | None, follow: bool
                 answer, lines, _open = asking.output(local, *cursor)
                 cursor, before = (answer["generation"], answer["line"]), cursor
                 unshown.took({**answer, "rank": local})
-                out.writelines(_rank_lines(prefix, shown, lines))
+                _write(out, _rank_lines(prefix, shown, lines))
                 if not answer.get("more") or cursor == before:  # (an engine that says "more" and gives none: no loop)
                     break
-        out.flush()
+    except RunGone as gone:
+        if isinstance(gone, (EngineSilent, EngineRefused)):
+            raise
+        return _connection_ended(run, only, gone, printed=unshown.took_any, follow=False)
     finally:
         asking.close()
         unshown.say_totals()  # (a running rank's ring can move on between two answers, too)
@@ -500,38 +535,62 @@ class _Asking:
             self.conn.close()
 
 
-def _follow(conn: Connection, run: ServedRun, prefixes: dict[int, bytes], events: bool, unshown: _Unshown) -> int:
+def _follow(conn: Connection, run: ServedRun, only: int | None, prefixes: dict[int, bytes], events: bool,
+            unshown: _Unshown) -> int:
     """`logs -f` once subscribed: each push as it comes, then how the run ended, on stderr (over
     SSH nothing else would tell), or that its engine was lost before the end, exit 1."""
     out, shown = sys.stdout.buffer, _shown(sys.stdout.isatty())
-    log_dir = clean(str(run.snapshot.get("log_dir") or "?"))
     try:
         for message, lines in conn.pushed():
             if message["type"] == "ended":
                 unshown.say_totals()
-                print(clean(f"ranktop: {run.run_id} has ended ({message.get('state')}, exit status "
-                            f"{message.get('exit_status')}); its log files are under {log_dir}"), file=sys.stderr)
+                print_err(clean(f"ranktop: {run.run_id} has ended ({message.get('state')}, exit status "
+                                f"{message.get('exit_status')}); its log files are under {_log_dir(run)}"))
                 return 0
             if events and message["type"] == "event":  # JSON escapes every control character: safe to show
-                out.write(b"[ranktop]:" + json.dumps(message["event"]).encode() + b"\n")
-                out.flush()
+                _write(out, [b"[ranktop]:" + json.dumps(message["event"]).encode() + b"\n"])
             if lines and (prefix := prefixes.get(message.get("rank"))) is not None:  # (a rank it was not asked for)
                 unshown.took(message)
-                out.writelines(_rank_lines(prefix, shown, lines))
-                out.flush()
+                _write(out, _rank_lines(prefix, shown, lines))
         return 0  # (not reached: pushes end with "ended", or RunGone when the engine leaves)
     except RunGone as gone:
-        if isinstance(gone, Dropped) or engine_answers(run.path):  # this connection ended, not the engine
-            why = f" ({gone})" if isinstance(gone, Dropped) else ""
-            print(clean(f"ranktop: {run.run_id}: the run's engine ended this connection{why}; the run goes on, and "
-                        f"{run_command('logs', run.run_id, '-f')} follows it again"), file=sys.stderr)
-            return 1
-        # Before its "ended": killed, so how the run ended is unknown, as attach says.
-        print(clean(f"ranktop: {run.run_id}: lost the run's engine before its end ({gone}); its log files are "
-                    f"under {log_dir}"), file=sys.stderr)
-        return 1
+        unshown.say_totals()  # (before the last line, as at the end)
+        return _connection_ended(run, only, gone, printed=unshown.took_any, follow=True)
     finally:
         unshown.say_totals()
+
+
+def _log_dir(run: ServedRun) -> str:
+    return clean(str(run.snapshot.get("log_dir") or "?"))
+
+
+def _connection_ended(run: ServedRun, only: int | None, gone: RunGone, *, printed: bool, follow: bool) -> int:
+    """What `logs` says where its connection ended before the end of what it was printing: that
+    the engine dropped this client (the run goes on), or how the run ended, from the final.json
+    its engine left (it had ended as logs came, or logs -f took nothing for a while at the end
+    and was not waited for: the "ended" push never came); with nothing printed yet, the ended
+    run's output from its log files, as `logs` of an ended run prints it. Its exit status."""
+    if isinstance(gone, Dropped) or engine_answers(run.path):  # this connection ended, not the engine
+        why = f" ({gone})" if isinstance(gone, Dropped) else ""
+        again = run_command("logs", run.run_id, *(["-f"] if follow else []))
+        print_err(clean(f"ranktop: {run.run_id}: the run's engine ended this connection{why}; the run goes on, and "
+                        f"{again} {'follows' if follow else 'prints'} it again"))
+        return 1
+    view = final_view_of(run.snapshot.get("log_dir"))
+    if view is None:  # killed before the end: how the run ended is unknown, as attach says
+        print_err(clean(f"ranktop: {run.run_id}: lost the run's engine before its end ({gone}); its log files are "
+                        f"under {_log_dir(run)}"))
+        return 1
+    try:
+        if not printed:
+            return _print_final_logs(view, only)
+        snap = view.snapshot()
+        print_err(clean(f"ranktop: {run.run_id} has ended ({snap.state.value}, exit status {snap.exit_status}); its "
+                        f"engine left before logs took all of its output: the rest is in its log files under "
+                        f"{snap.log_dir}"))
+        return 0
+    finally:
+        view.close()
 
 
 class _Unshown:
@@ -546,6 +605,11 @@ class _Unshown:
         self.expected: dict[int, tuple[int, int]] = {}  # {local rank: (generation, the line due next)}
         self.missed: dict[int, int] = {}
         self.said: dict[int, int] = {}
+
+    @property
+    def took_any(self) -> bool:
+        """Whether lines of any rank were taken (and printed)."""
+        return bool(self.expected)
 
     def took(self, head: dict) -> None:
         """Count the hole before the lines of an output answer or push (`rank`: the local rank)."""
@@ -568,6 +632,6 @@ class _Unshown:
 
     def _say(self, local: int, in_all: str) -> None:
         self.said[local] = missed = self.missed[local]
-        print(f"ranktop: {self.run_id}: {missed} lines of rank {self.ranks.get(local, local)} {in_all}were not "
-              f"shown: the engine keeps each rank's newest lines only, and these went by before logs took them; "
-              f"all of them are in the log files under {self.log_dir}", file=sys.stderr, flush=True)
+        print_err(f"ranktop: {self.run_id}: {missed} lines of rank {self.ranks.get(local, local)} {in_all}were not "
+                  f"shown: the engine keeps each rank's newest lines only, and these went by before logs took them; "
+                  f"all of them are in the log files under {self.log_dir}")
