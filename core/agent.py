@@ -52,7 +52,7 @@ from ranktop.core.events import EventLog
 from ranktop.core.layout import ERROR_FILE, FINAL_FILE, Dir, RunDir, check_run_id
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import ConsoleWriter, binary_console, console_budget, console_name, console_stall
-from ranktop.core.process import exit_status_for_signal, kernel_state, refuse_while_loading_main
+from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
 from ranktop.core.prompts import PROMPT_QUIET, rank_prompt
 from ranktop.core.rendezvous import PEER_RESTART_WORDS, USER_RESTART, Rendezvous
 from ranktop.core.root_cause import UserActions, after_user, find_root_cause, rank_failed
@@ -787,9 +787,9 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         last = self._stalls.spoke_at(slot)  # (as the stall clock: the stacks we made it print are not it speaking)
         code = proc.returncode if proc else None
         logs = self.pcontext.log_files(r)
-        # Read from the kernel, not counted from the signals ranktop sent: a `kill -STOP` from
+        # Told by the kernel, not counted from the signals ranktop sent: a `kill -STOP` from
         # elsewhere showed `running`, and a `kill -CONT` from elsewhere left `paused` shown.
-        paused = state.alive and proc is not None and kernel_state(proc.pid) == "T"
+        paused = state.alive and proc is not None and proc.stopped()
         return RankSnapshot(
             rank=self.spec.global_rank(r), local_rank=r, pid=proc.pid if proc else None, state=state,
             exitcode=code, signal_name=killed_by(code),

@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -184,6 +185,8 @@ class RankProcess:
         self._pump_output(master)
         self.exited_at: float | None = None
         self.pidfd = _pidfd_open(self.pid)
+        self._stopped = False  # as the kernel last told us (see stopped)
+        self._stopped_lock = threading.Lock()
 
     def _stdio(self, launch: Launch) -> tuple[int | None, int | None, tuple[Any, Any, Any]]:
         """(the pty's master, its slave, the rank's stdin, stdout and stderr as Popen takes them);
@@ -246,6 +249,21 @@ class RankProcess:
             self.close_pidfd()
             forget_own_child(self.pid)
         return self.popen.returncode
+
+    def stopped(self) -> bool:
+        """Whether the rank is stopped (SIGSTOP, SIGTSTP: `T` in /proc/PID/stat), from any thread.
+        The kernel tells a parent of each stop and resumption of its child (waitid), which costs
+        no /proc read: a snapshot of every rank, several times a second, read each one's stat.
+        While it was last told stopped, its stat has the last word (a stopped rank that was
+        killed tells nothing, and shows `Z` until it is reaped)."""
+        with self._stopped_lock:
+            try:
+                told = os.waitid(os.P_PID, self.pid, os.WSTOPPED | os.WCONTINUED | os.WNOHANG)
+            except ChildProcessError:  # reaped already
+                return False
+            if told is not None:
+                self._stopped = told.si_code == os.CLD_STOPPED
+            return self._stopped and kernel_state(self.pid) == "T"
 
     def signal_group(self, sig: int) -> bool:
         """Signal the rank's whole process group; False when nothing is left to signal."""

@@ -58,6 +58,8 @@ LOOK_SECONDS = 0.1
 
 _adopting = False
 _own_children: set[int] = set()  # the session leaders this process started itself: ranks, guards
+# Our threads (native ids) that an orphan may be given to, besides the first (see orphan_parents).
+_spawners: set[int] = set()
 # Every rank this process started (its pid, which is its session's id -> its start time) and every
 # group's marker: as PID 1, what an orphan came from.
 _rank_sessions: dict[int, int] = {}
@@ -86,7 +88,10 @@ def prctl(option: int, value: int) -> bool:
 
 
 def note_own_child(pid: int) -> None:
+    """`pid` is a child this thread started (a rank, a guard): not an orphan, and this thread
+    may be given the orphans of its tree (see orphan_parents)."""
     _own_children.add(pid)
+    _spawners.add(threading.get_native_id())
 
 
 def forget_own_child(pid: int) -> None:
@@ -119,7 +124,7 @@ def adopted_children() -> dict[int, Proc]:
         return {}
     me, my_session = os.getpid(), os.getsid(0)
     found = {}
-    for pid in children_of_self() - _own_children - {spare_pid()}:
+    for pid in orphan_candidates() - _own_children - {spare_pid()}:
         proc = read_proc(pid)
         # Our own tools run in our session; nothing from a rank can join it. As PID 1 whatever
         # enters the namespace from outside may share it (its id reads 0 where its leader is
@@ -145,17 +150,64 @@ def from_a_rank(pid: int, proc: Proc) -> bool:
 
 def children_of_self() -> set[int]:
     """Every child of this process, whichever of its threads is the parent."""
-    pids: set[int] = set()
     try:
-        for tid in os.listdir("/proc/self/task"):  # an orphan may be given to any of our threads
-            with open(f"/proc/self/task/{tid}/children") as f:
-                pids.update(int(p) for p in f.read().split())
+        return _children_of(os.listdir("/proc/self/task"))
     except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: read the whole table
         me = os.getpid()
         return {p.pid for p in process_table().values() if p.ppid == me}
-    except OSError:
-        pass  # a thread that ended while we listed: the next look sees the rest
+
+
+def orphan_candidates() -> set[int]:
+    """The children of the threads an orphan can be given to, what a monitor pass reads to adopt
+    orphans: our first thread, where Linux gives a subreaper's orphans since 3.19 (and PID 1's,
+    always), and each thread that started a child of ours, where older kernels gave the orphans
+    of that child's tree. Reading every thread's file cost a listing of our threads and a read
+    each, ten times a second. A thread of these that ended gave its children to another of ours:
+    then every thread's are read, and every thread is one of these from then on."""
+    me = os.getpid()
+    spawners = tuple(_spawners)  # (a copy: another thread may start a child meanwhile)
+    try:
+        pids = _read_children(me)
+    except FileNotFoundError:
+        return children_of_self()  # no children files: the process table
+    for tid in spawners:
+        if tid == me:
+            continue
+        try:
+            pids |= _read_children(tid)
+        except FileNotFoundError:  # the thread ended, and its children are elsewhere now
+            _spawners.discard(tid)
+            tids = os.listdir("/proc/self/task")
+            _spawners.update(int(t) for t in tids)
+            return pids | _children_of(tids)
     return pids
+
+
+def _children_of(tids: Iterable[str | int]) -> set[int]:
+    """The children of these threads of ours (a thread that ended has none)."""
+    pids: set[int] = set()
+    for tid in tids:
+        try:
+            pids |= _read_children(int(tid))
+        except FileNotFoundError:
+            if int(tid) == os.getpid():
+                raise  # no children files at all
+        except OSError:
+            pass  # (the next look sees the rest)
+    return pids
+
+
+def _read_children(tid: int) -> set[int]:
+    """The children of our thread `tid`, from its /proc children file (a plain descriptor: a file
+    object cost twice as much, read ten times a second)."""
+    fd = os.open(f"/proc/self/task/{tid}/children", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = chunk = os.read(fd, 1 << 16)
+        while len(chunk) == 1 << 16:  # (a long list comes in pieces)
+            data += (chunk := os.read(fd, 1 << 16))
+    finally:
+        os.close(fd)
+    return {int(pid) for pid in data.split()}
 
 
 def _reap(pid: int) -> None:

@@ -16,8 +16,8 @@ import rank_fns
 from conftest import PY, ROOT, Running, make_agent, read_events, tmpfs, wait_for
 from ranktop.core import GroupState, LocalAgent, RankState, WorkerError, WorkerSpec, WorkerState, free_port, launch
 from ranktop.core import commands as cmd
-from ranktop.core.output import StreamSink
-from ranktop.core.process import kernel_state, wait_exit
+from ranktop.core.output import OutputPump, StreamSink
+from ranktop.core.process import Launch, RankProcess, kernel_state, wait_exit
 
 
 def test_callable_ranks_return_values_by_global_rank(tmp_path):
@@ -212,6 +212,32 @@ def test_stall_detection_marks_silent_rank_and_clears(tmp_path):
     assert [s.rank for s in stalls][:1] == [1]
     kinds = _event_kinds(agent)
     assert ("stall_detected", 1) in kinds and ("stall_cleared", 1) in kinds
+
+
+def test_a_rank_is_paused_as_the_kernel_says_whoever_stopped_it():
+    """`paused` comes from what the kernel tells the rank's parent (waitid), not from a /proc read
+    per snapshot: a SIGSTOP and a SIGCONT from outside ranktop show, and a rank killed while
+    stopped is not paused in the moment before it is reaped (it told nothing of that)."""
+    pump = OutputPump()
+    proc = RankProcess(Launch(0, [PY, "-c", "import time; time.sleep(60)"], dict(os.environ), {}), pump)
+    try:
+        assert not proc.stopped()
+        os.kill(proc.pid, signal.SIGSTOP)  # from elsewhere: ranktop sent nothing
+        wait_for(proc.stopped, what="the rank paused")
+        assert kernel_state(proc.pid) == "T" and proc.stopped()  # (told once, known after)
+        os.kill(proc.pid, signal.SIGCONT)
+        wait_for(lambda: not proc.stopped(), what="the rank resumed")
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(proc.stopped, what="the rank paused again")
+        os.kill(proc.pid, signal.SIGKILL)
+        wait_for(lambda: kernel_state(proc.pid) == "Z", what="the rank dead, not yet reaped")
+        assert not proc.stopped()
+        assert proc.poll() == -signal.SIGKILL and not proc.stopped()
+    finally:
+        if proc.poll() is None:
+            proc.signal_group(signal.SIGKILL)
+            wait_exit(proc.popen, 10)
+        pump.close()
 
 
 def _lines_once_rank_1_printed(agent, more: int) -> int:

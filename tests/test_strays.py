@@ -25,7 +25,7 @@ from ranktop.core.guard import (
     read_proc,
     younger_than,
 )
-from ranktop.core.strays import _left_by_which
+from ranktop.core.strays import _left_by_which, forget_own_child, note_own_child, orphan_candidates
 
 HELPERS = str(ROOT / "tests" / "ranks" / "helpers.py")
 KINDS = ("setsid", "setpgid")
@@ -630,3 +630,33 @@ def test_the_walk_to_a_leftovers_rank_ends_on_a_process_table_whose_parents_form
         rank.kill()
         rank.wait()
         rank.stdout.close()
+
+
+def test_the_children_of_a_thread_that_started_one_are_read_and_still_once_it_ended():
+    """A monitor pass reads the children of our first thread and of each thread that started a
+    child of ours (older kernels gave it the orphans of that child's tree), not every thread's;
+    once such a thread ended, its children (given to another of ours) are still found."""
+    started, leave, box = threading.Event(), threading.Event(), {}
+
+    def spawner():
+        box["child"] = subprocess.Popen(["sleep", "60"])
+        note_own_child(box["child"].pid)
+        started.set()
+        leave.wait(30)
+
+    thread = threading.Thread(target=spawner)
+    thread.start()
+    try:
+        assert started.wait(30)
+        pid = box["child"].pid
+        assert pid in orphan_candidates()  # read from the spawning thread's own children file
+        leave.set()
+        thread.join(30)
+        assert pid in orphan_candidates()  # the thread is gone: its child is ours still
+    finally:
+        leave.set()
+        thread.join(30)
+        if "child" in box:
+            forget_own_child(box["child"].pid)
+            box["child"].kill()
+            box["child"].wait(10)
