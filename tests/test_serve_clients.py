@@ -223,6 +223,38 @@ def test_an_attached_view_goes_on_after_the_engine_ends_its_connection(served, s
         engine.close()
 
 
+def test_an_attached_view_whose_new_connection_is_slow_to_answer_never_takes_a_late_answer(served, short_bounds,
+                                                                                           monkeypatch):
+    """Asked again on a new connection after its old one was dropped, a view whose answer came late
+    (the engine busy) kept that connection: the next request read the late answer, rank 0's lines
+    shown as rank 1's, and every answer after it one behind. The connection is given up, as a slow
+    answer on the first try gives it up."""
+    from ranktop.core.client import RemoteEngine
+
+    monkeypatch.setattr(short_bounds, "IDLE_SECONDS", 0.3)
+    fake, server = served
+    fake.print(0, "zero")
+    fake.print(1, "one")
+    engine = RemoteEngine(server.path)
+    released, answer_of = threading.Event(), fake.output_since
+
+    def slow_for_rank_0(local_rank, *args, **kwargs):
+        if local_rank == 0:
+            released.wait(10)  # past the client's second of silence: it gives this answer up
+        return answer_of(local_rank, *args, **kwargs)
+
+    try:
+        wait_for(lambda: server.clients == 0, what="the idle view dropped")
+        monkeypatch.setattr(fake, "output_since", slow_for_rank_0)
+        assert engine.output_since(0, None)[1] == []  # not answered in time: nothing, for now
+        released.set()
+        assert wait_for(lambda: engine.output_since(1, None)[1], what="rank 1's lines") == [b"one"]
+        assert engine.output_since(0, None)[1] == [b"zero"]
+    finally:
+        released.set()
+        engine.close()
+
+
 def test_the_end_waits_for_a_reading_follower_not_for_one_that_takes_nothing(served, short_bounds, monkeypatch):
     """On the way out the engine gave every client up to 2 s to take what it was owed: a follower
     that had stopped reading long before held the run's end for all of it. One that takes nothing
