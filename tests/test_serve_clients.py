@@ -307,6 +307,37 @@ def test_a_push_holds_a_bounded_share_of_each_ranks_output_and_loses_none(served
     follower.close()
 
 
+def test_a_push_of_many_ranks_with_long_lines_stays_within_its_bound(runtime, short_bounds, monkeypatch):
+    """Each rank's share of a push is at least one whole line: with many ranks each given a long
+    line at once (a line is up to 64 KiB), one push held each rank's, far past the bound, and past
+    what a client may owe, so a follower that was reading was dropped as too slow. A push stops
+    at the bound; the ranks it did not reach come first in the next one."""
+    from fake_engine import FakeEngine
+    from ranktop.core.client import Connection
+    from ranktop.core.server import serve
+
+    monkeypatch.setattr(short_bounds, "MAX_PUSH_BYTES", 64 << 10)
+    monkeypatch.setattr(short_bounds, "MAX_PENDING", 256 << 10)
+    fake = FakeEngine(32)
+    lines = {rank: [f"rank {rank} ".encode() + b"x" * (60 << 10)] for rank in range(32)}
+    for rank, (line,) in lines.items():
+        fake.print(rank, line.decode())
+    server, problem = serve(fake, ["fake"])
+    assert problem is None
+    follower = Connection(server.path)
+    try:
+        follower.subscribe(list(range(32)))
+        seen: dict[int, list[bytes]] = {rank: [] for rank in range(32)}
+        for message, got in follower.pushed():
+            if message["type"] == "output":
+                seen[message["rank"]] += got
+            if seen == lines:
+                break
+    finally:
+        follower.close()
+        server.close()
+
+
 def test_logs_follow_whose_connection_the_engine_ends_says_the_run_goes_on(served, short_bounds, monkeypatch, runtime):
     """`logs -f` into a pipe nobody read: dropped by the engine, it said the run's engine was lost
     before its end, exit 1, of a run that went on."""
