@@ -495,16 +495,25 @@ class RemoteEngine:
                     raise EngineSilent("the run's engine does not answer")
                 self._connect()
             try:
-                return ask(self._conn)
+                return self._ask_on(ask)
             except EngineSilent:
-                self._conn.close()
-                self._conn, self._retry_at = None, time.monotonic() + 1.0
                 raise
             except RunGone:
-                self._conn.close()
-                self._conn = None
                 self._connect()
-            return ask(self._conn)  # (as above, on the new connection: gone now is gone)
+            return self._ask_on(ask)  # (as above, on the new connection: gone now is gone)
+
+    def _ask_on(self, ask: Callable[[Connection], Any]) -> Any:
+        """ask(the connection)'s answer; a connection that fails it is closed: one whose answer
+        did not come in time would give that answer, late, to the next request (rank 0's lines
+        as rank 1's), so a new one is tried a second later."""
+        try:
+            return ask(self._conn)
+        except RunGone as exc:
+            self._conn.close()
+            self._conn = None
+            if isinstance(exc, EngineSilent):
+                self._retry_at = time.monotonic() + 1.0
+            raise
 
     def _connect(self) -> None:
         try:

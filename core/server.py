@@ -96,7 +96,7 @@ IDLE_SECONDS = 600.0
 UNREAD_SECONDS = 600.0
 CHECK_SECONDS = 1.0  # how often the two above are looked at
 STUCK_SECONDS = 1.0  # on the way out, a client that takes nothing this long is waited for no more
-MAX_PUSH_BYTES = 4 << 20  # output in one push to a subscriber, all its ranks together: well under MAX_PENDING
+MAX_PUSH_BYTES = 4 << 20  # output in one push to a subscriber, all its ranks together (past it by one rank's part at most): well under MAX_PENDING
 # Requests answered per client per round of the loop; the rest of what it sent waits (its socket is
 # read no further meanwhile) for the next round, after every other client's turn. A client of
 # ranktop's asks and waits for the answer: only one that sends without waiting meets this.
@@ -237,6 +237,7 @@ class _Subscriber:
     seen: tuple = ()  # the states last pushed
     events: int = 0  # the run's events so far when last pushed
     ended: bool = False
+    first: int = 0  # where in `ranks` the next push begins: after the last rank a full push reached
 
 
 class EngineServer:
@@ -548,7 +549,14 @@ class EngineServer:
         """What is new for `sub` since its last push (its cursors and marks moved on)."""
         push = bytearray()
         share = max(MAX_PUSH_BYTES // max(1, len(sub.ranks)), 1)  # each rank's: the rest comes in the next push
-        for rank in sub.ranks:
+        # A rank's share is one whole line at least (up to LINE_CAP): with many ranks the shares
+        # alone could hold far more than the bound, so the push stops there, and the ranks it did
+        # not reach come first in the next one.
+        order = sub.ranks[sub.first:] + sub.ranks[:sub.first]
+        for reached, rank in enumerate(order):
+            if len(push) >= MAX_PUSH_BYTES:
+                sub.first = (sub.first + reached) % len(sub.ranks)
+                break
             sub.cursors[rank], frames, new = self._output_since(rank, sub.cursors[rank], most=share)
             if new:
                 push += frames

@@ -223,6 +223,38 @@ def test_an_attached_view_goes_on_after_the_engine_ends_its_connection(served, s
         engine.close()
 
 
+def test_an_attached_view_whose_new_connection_is_slow_to_answer_never_takes_a_late_answer(served, short_bounds,
+                                                                                           monkeypatch):
+    """Asked again on a new connection after its old one was dropped, a view whose answer came late
+    (the engine busy) kept that connection: the next request read the late answer, rank 0's lines
+    shown as rank 1's, and every answer after it one behind. The connection is given up, as a slow
+    answer on the first try gives it up."""
+    from ranktop.core.client import RemoteEngine
+
+    monkeypatch.setattr(short_bounds, "IDLE_SECONDS", 0.3)
+    fake, server = served
+    fake.print(0, "zero")
+    fake.print(1, "one")
+    engine = RemoteEngine(server.path)
+    released, answer_of = threading.Event(), fake.output_since
+
+    def slow_for_rank_0(local_rank, *args, **kwargs):
+        if local_rank == 0:
+            released.wait(10)  # past the client's second of silence: it gives this answer up
+        return answer_of(local_rank, *args, **kwargs)
+
+    try:
+        wait_for(lambda: server.clients == 0, what="the idle view dropped")
+        monkeypatch.setattr(fake, "output_since", slow_for_rank_0)
+        assert engine.output_since(0, None)[1] == []  # not answered in time: nothing, for now
+        released.set()
+        assert wait_for(lambda: engine.output_since(1, None)[1], what="rank 1's lines") == [b"one"]
+        assert engine.output_since(0, None)[1] == [b"zero"]
+    finally:
+        released.set()
+        engine.close()
+
+
 def test_the_end_waits_for_a_reading_follower_not_for_one_that_takes_nothing(served, short_bounds, monkeypatch):
     """On the way out the engine gave every client up to 2 s to take what it was owed: a follower
     that had stopped reading long before held the run's end for all of it. One that takes nothing
@@ -273,6 +305,37 @@ def test_a_push_holds_a_bounded_share_of_each_ranks_output_and_loses_none(served
         if seen == {0: lines, 1: lines}:
             break
     follower.close()
+
+
+def test_a_push_of_many_ranks_with_long_lines_stays_within_its_bound(runtime, short_bounds, monkeypatch):
+    """Each rank's share of a push is at least one whole line: with many ranks each given a long
+    line at once (a line is up to 64 KiB), one push held each rank's, far past the bound, and past
+    what a client may owe, so a follower that was reading was dropped as too slow. A push stops
+    at the bound; the ranks it did not reach come first in the next one."""
+    from fake_engine import FakeEngine
+    from ranktop.core.client import Connection
+    from ranktop.core.server import serve
+
+    monkeypatch.setattr(short_bounds, "MAX_PUSH_BYTES", 64 << 10)
+    monkeypatch.setattr(short_bounds, "MAX_PENDING", 256 << 10)
+    fake = FakeEngine(32)
+    lines = {rank: [f"rank {rank} ".encode() + b"x" * (60 << 10)] for rank in range(32)}
+    for rank, (line,) in lines.items():
+        fake.print(rank, line.decode())
+    server, problem = serve(fake, ["fake"])
+    assert problem is None
+    follower = Connection(server.path)
+    try:
+        follower.subscribe(list(range(32)))
+        seen: dict[int, list[bytes]] = {rank: [] for rank in range(32)}
+        for message, got in follower.pushed():
+            if message["type"] == "output":
+                seen[message["rank"]] += got
+            if seen == lines:
+                break
+    finally:
+        follower.close()
+        server.close()
 
 
 def test_logs_follow_whose_connection_the_engine_ends_says_the_run_goes_on(served, short_bounds, monkeypatch, runtime):

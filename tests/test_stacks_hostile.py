@@ -490,3 +490,26 @@ def test_another_users_run_directory_steers_root_to_none_but_their_own_processes
             stop_process(proc)
             proc.stdout.close()
         shutil.rmtree(where, ignore_errors=True)
+
+
+def test_a_process_that_keeps_roots_saved_uid_is_not_the_users_own(tmp_path, runtime, other_user):
+    """A process whose real and effective uid are the user's but whose saved uid is root's (a
+    setuid program that set its euid aside for a while) is not theirs to ptrace: the kernel
+    refuses them. Root's `ranktop stacks DIR` of their directory dumped it."""
+    where = Path(tempfile.mkdtemp(prefix="h22-", dir="/tmp"))
+    where.chmod(0o755)
+    os.chown(where, other_user.uid, other_user.gid)
+    aside = ("import os, sys, time; u = int(sys.argv[1]); os.setresgid(u, u, u); os.setresuid(u, u, 0); "
+             "print('up', flush=True); time.sleep(60)")
+    held = subprocess.Popen([PY, "-c", aside, str(other_user.uid)], env={**os.environ, "TORCHELASTIC_RUN_ID": "aside"},
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert held.stdout.readline() == "up\n"
+        steer = fake_run_dir(other_user, where, "aside", held.pid)
+        out = run_ranktop("stacks", "--no-save", str(steer), env=runtime, timeout=30)
+        assert (out.returncode, out.stdout) == (2, ""), out
+        assert f"names rank 0, pid {held.pid}, which runs as uid 0/{other_user.uid}:" in out.stderr, out.stderr
+    finally:
+        stop_process(held)
+        held.stdout.close()
+        shutil.rmtree(where, ignore_errors=True)

@@ -537,6 +537,27 @@ def test_n_and_n_say_which_match_they_are_on_and_where_they_wrap():
     drive_fake(engine, body)
 
 
+def test_n_held_down_shows_one_toast_of_where_it_is():
+    """Each n / N added a toast of its own: n held down through a long search piled dozens in the
+    corner (over the pane's lines) for their two seconds. A step's toast takes the last one's place;
+    any other toast (a question waiting for its second key) stays."""
+    engine = FakeEngine(2)
+    engine.print(0, *(f"needle {i}" for i in range(30)))
+
+    async def body(app, pilot):
+        main = app.main
+        await until(pilot, lambda: main.pane(0).log.line_count == 30, what="lines in")
+        await pilot.press("slash", *"needle", "enter")
+        await pilot.press("k")  # a question, answered by a second k
+        await pilot.press(*"n" * 12)
+        await pilot.pause()
+        shown = [str(n.message) for n in app._notifications]
+        assert [m for m in shown if m.startswith("match ")] == ["match 12 of 30 in rank 0"], shown
+        assert any("Press k again" in m for m in shown), shown
+
+    drive_fake(engine, body)
+
+
 def test_a_paused_wrapped_pane_keeps_its_place_when_zoomed_in_and_out():
     """A pane scrolled back, with long lines wrapped, shows the same lines after a zoom and back
     (its rows are re-wrapped at the new width: it kept the row offset, so zooming out of line 140

@@ -48,6 +48,7 @@ from textual.binding import Binding
 from textual.containers import Container, Horizontal, VerticalScroll
 from textual.events import DescendantFocus, Resize
 from textual.message import Message
+from textual.notifications import Notification, Notify
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Input, Static
@@ -146,6 +147,7 @@ class MainScreen(Screen):
         self.last: GroupSnapshot = engine.snapshot()
         self.n = self.last.local_world_size
         self._panes: list[RankPane] = []  # by local rank, made in compose
+        self._step_note: Notification | None = None  # n / N's last toast: the next one takes its place
         self.current = 0
         self.zoomed = False
         self.compact = False
@@ -545,8 +547,7 @@ class MainScreen(Screen):
         next (previous) rank's. Each step says where it is: a match on screen moved only its colour."""
         log = self.pane(self.current).log
         if self.everywhere is None and not log.search_query:
-            self.notify(f"no search in rank {self.rank_of(self.current)}: / searches it, ctrl+f every rank",
-                        timeout=3)
+            self._step_toast(f"no search in rank {self.rank_of(self.current)}: / searches it, ctrl+f every rank", 3)
             return
         if self.everywhere is None or (log.search_query and not log.at_edge_match(direction)):
             wrapped = log.search_next() if direction > 0 else log.search_prev()
@@ -563,7 +564,17 @@ class MainScreen(Screen):
         if position is None:
             return
         note = {1: "  (wrapped round to the oldest)", -1: "  (wrapped round to the newest)"}.get(wrapped, "")
-        self.notify(f"match {position[0]} of {position[1]} in rank {self.rank_of(self.current)}{note}", timeout=2)
+        self._step_toast(f"match {position[0]} of {position[1]} in rank {self.rank_of(self.current)}{note}", 2)
+
+    def _step_toast(self, text: str, seconds: float) -> None:
+        """`text` as a toast in the place of n / N's last one: each step's own piled up, n held
+        down, dozens over the pane's lines. (Textual takes a single toast back by a private call
+        only; where it has none, the toasts pile up as they did.)"""
+        unnotify = getattr(self.app, "_unnotify", None)
+        if self._step_note is not None and unnotify is not None:
+            unnotify(self._step_note)
+        self._step_note = Notification(text, timeout=seconds)
+        self.app.post_message(Notify(self._step_note))
 
     def on_key(self, event: Any) -> None:
         if event.key == "escape" and isinstance(self.focused, Input):

@@ -48,12 +48,14 @@ def live_ranks_in_run_dir(run_dir: str) -> tuple[dict[int, int], dict[int, int]]
 
 
 def _uids_of(pid: int) -> set[int] | None:
-    """The real and effective uid of `pid`; None once it is gone."""
+    """The real, effective and saved uid of `pid`; None once it is gone. All three are the user's
+    in a process of theirs: the kernel lets no one else ptrace one that keeps another's saved uid
+    (a setuid program that set its euid aside for a while)."""
     try:
         uids = psutil.Process(pid).uids()
     except psutil.Error:
         return None
-    return {uids.real, uids.effective}
+    return {uids.real, uids.effective, uids.saved}
 
 
 def _live_ranks(events: Iterable[dict]) -> tuple[dict[int, int], dict[int, int]]:
