@@ -58,7 +58,7 @@ def test_no_module_imports_at_run_time_what_python_3_10_lacks():
 # error (exit 2); the attributes are AttributeErrors there.
 NEWER_THAN_310_OPTIONS = {"-P", "PYTHONSAFEPATH"}
 NEWER_THAN_310_ATTRIBUTES = {"safe_path", "co_qualname"}
-# and subprocess.Popen's 3.11 keyword (a TypeError on 3.10): start_new_session does the same job
+# and subprocess.Popen's 3.11 keyword (a TypeError on 3.10): 3.10 needs preexec_fn=os.setpgrp
 NEWER_THAN_310_KEYWORDS = {"process_group"}
 
 

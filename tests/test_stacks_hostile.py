@@ -411,8 +411,9 @@ def test_a_py_spy_that_will_not_exit_is_ended_with_what_it_started_at_the_bound(
 def test_an_engine_whose_py_spy_will_not_exit_answers_at_the_bound_and_still_stops(tmp_path, runtime):
     """The engine dumps in a thread of its server, never its monitor loop: a dump held by a py-spy
     that ignores SIGTERM answers at the bound with each rank's reason, the run goes on and stops
-    as asked, and nothing of py-spy's is left."""
-    spy = deaf_py_spy(tmp_path, DEAF_PY_SPY["holds its pipes"])
+    as asked, and nothing of py-spy's is left. py-spy runs in a group of its own within the
+    engine's session: in a session of its own the engine took it for an orphan and adopted it."""
+    spy = deaf_py_spy(tmp_path, 'cat /proc/$$/stat > "$(dirname "$0")/spy.stat"\n' + DEAF_PY_SPY["holds its pipes"])
     proc = start(tmp_path, {**runtime, "RANKTOP_PY_SPY": spy}, "deaf", "import time\nprint('up', flush=True)\n"
                  "time.sleep(3600)\n")
     try:
@@ -421,6 +422,9 @@ def test_an_engine_whose_py_spy_will_not_exit_answers_at_the_bound_and_still_sto
         assert out.returncode == 1 and "0 of 2 ranks dumped" in out.stdout, out
         (line,) = [line for line in out.stdout.splitlines() if line.startswith("   ranks 0-1 (pids ")]
         assert line.endswith("): failed: py-spy did not answer within 5s"), out.stdout
+        pid, _, rest = (tmp_path / "spy.stat").read_text().partition(" (")
+        pgrp, session = rest.rsplit(") ", 1)[1].split()[2:4]
+        assert (int(pgrp), int(session)) == (int(pid), os.getsid(proc.pid))
         assert proc.poll() is None  # the run goes on
         stopped = run_ranktop("stop", "deaf", env=runtime, timeout=30)
         assert stopped.returncode == 0, stopped

@@ -121,16 +121,24 @@ def _run_py_spy(argv: list[str], timeout: float) -> tuple[int, str, str]:
     process's names are not always text, and subprocess.run's text mode raised on them)."""
     deadline = time.monotonic() + timeout
     with own_tool():
-        # A session, so a group, of its own: what it started goes with it (a wrapper script's
-        # child held its pipes, and outlived the dump).
+        # A group of its own: what it started goes with it (a wrapper script's child held its
+        # pipes, and outlived the dump). In our session still: a child outside it is an orphan
+        # to the engine, which adopted py-spy and could reap it from under Popen.
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=_spy_env(), start_new_session=True)
+                                env=_spy_env(), **_own_group())
         try:
             out, err = _read_until_closed(proc, deadline, argv, timeout)
             returncode = proc.wait(max(0.0, deadline - time.monotonic()))
         finally:
             _end(proc)
     return returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def _own_group() -> dict:
+    """Popen's arguments for a process group of its own (3.11's process_group; 3.10 has none)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}  # (a bare system call in the child: no lock to deadlock on)
 
 
 def _end(proc: subprocess.Popen) -> None:
