@@ -77,8 +77,22 @@ def local_pair(port: int) -> None:
 
     if attempt > 0:
         return
+    # Its pair's word (both are children of the same ranktop): the port is only a free one, and a
+    # rank of another test that picked it too (or a connection to itself, an ephemeral source port
+    # equal to it) is no peer, whose end would never come.
+    word = f"{os.getppid():>12}".encode()
     if os.environ["LOCAL_RANK"] == "0":
-        conn, _ = socket.create_server(("127.0.0.1", port)).accept()
+        server = socket.create_server(("127.0.0.1", port))
+        while True:
+            conn, _ = server.accept()
+            conn.settimeout(10)
+            try:
+                if conn.recv(len(word), socket.MSG_WAITALL) == word:
+                    break
+            except OSError:
+                pass
+            conn.close()
+        conn.settimeout(None)
         print("UP", flush=True)
         if not conn.recv(1):
             print("RuntimeError: Connection closed by peer", flush=True)
@@ -86,10 +100,14 @@ def local_pair(port: int) -> None:
         return
     for _ in range(500):
         try:
-            peer = socket.create_connection(("127.0.0.1", port))  # noqa: F841 - held until killed
-            break
+            peer = socket.create_connection(("127.0.0.1", port))  # held until killed
+            if peer.getsockname() != peer.getpeername():
+                peer.sendall(word)
+                break
+            peer.close()
         except OSError:
-            time.sleep(0.02)
+            pass
+        time.sleep(0.02)
     print("UP", flush=True)
     wait_until_stopped()
 
