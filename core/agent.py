@@ -419,9 +419,10 @@ class LocalAgent(AgentRendezvous, AgentCommands):
                              f"({self.restarts_spent} of {self.spec.max_restarts} restarts spent)")
 
     def _count_restart(self, reason: str) -> None:
-        """Only a failure spends a restart. Newcomers start the group again as the same attempt
-        (attempt_<k>.<n>); the user's restart starts the next attempt, spending none."""
-        if reason == "nodes_joined":
+        """Only a failure spends a restart. Newcomers, or this node dropped from its round, start the
+        group again as the same attempt (attempt_<k>.<n>); the user's restart starts the next
+        attempt, spending none."""
+        if reason in ("nodes_joined", "left_behind"):
             self._same_attempt_starts += 1
             return
         self.attempt += 1
@@ -446,6 +447,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             return "restarted by the user" if cause is None else f"{rank_failed(cause)}, then restarted by the user"
         if reason == "nodes_joined":
             return "restarted, nodes joined"
+        if reason == "left_behind":
+            return "restarted, dropped from the round"
         if reason == "peer_user":
             return f"restarted: {PEER_RESTART_WORDS}"
         if self._round_end is not None and self._round_end.kind == "peer_failed":
@@ -461,6 +464,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         if self._peer_restarted():  # (its ranks may have broken meanwhile: no failure of theirs)
             return "peer_user"
         failed = self._group_failed(result) and self._node_error is None
+        if self._left_behind(failed):
+            return "left_behind"
         if self._nodes_joined(result):
             return "nodes_joined"
         word = self._peers_word() if failed else None

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ranktop.core.context import PContext, RunProcsResult
-from ranktop.core.rendezvous import USER_RESTART, RendezvousFailed, RoundWatch
+from ranktop.core.rendezvous import STORE_SILENT, USER_RESTART, RendezvousFailed, RoundEnd, RoundWatch
 from ranktop.core.root_cause import rank_failed
 from ranktop.core.state import GroupState, RoundForming
 
@@ -140,6 +140,8 @@ class AgentRendezvous:
     def _check_round_end(self, pc: PContext) -> None:
         """While monitoring: nodes waiting to join, a node that gave up, or the loss of the store the
         ranks use too, end the running group."""
+        if self._watch is not None and self.rendezvous.look_waited() > STORE_SILENT:
+            self.rendezvous.store_not_answering()
         end = self._watch.end if self._watch is not None else None
         if end is None or self._round_end is not None or self._stop_requested:
             return
@@ -152,8 +154,28 @@ class AgentRendezvous:
         else:  # a peer's failure gets its one line when the restart is decided, as a rank's failure
             if end.kind == "nodes_joined":
                 self._notice(f"{end.message}: restarting the group (no restart spent)")
+            elif end.kind == "left_behind":
+                self._say_left_behind()
             self.state = GroupState.RESTARTING
         pc.stop()
+
+    def _say_left_behind(self) -> None:
+        self._notice(f"{self._round_end.message}: stopping its ranks and joining the next round (no restart spent)")
+
+    def _left_behind(self, failed: bool) -> bool:
+        """The round went on without this node (its heartbeats lapsed: frozen, cut off): it joins the
+        next round, spending no restart, as a node joining late; its ranks did nothing wrong, and a
+        node out of restarts would close the rendezvous under the job that went on. Seen by the
+        watch, or looked at now where the ranks failed first (their peers gone, as it resumed)."""
+        if self.rendezvous is None:
+            return False
+        if failed and self._round_end is None:
+            words = self._store_call_within(self.rendezvous.left_behind, WORD_WAIT)
+            if words:
+                self._round_end = RoundEnd("left_behind", words)
+                self.events.write("round_end", kind="left_behind", message=words)
+                self._say_left_behind()
+        return self._round_end is not None and self._round_end.kind == "left_behind"
 
     def _nodes_joined(self, result: RunProcsResult) -> bool:
         """The group ended because nodes joined: stopped by us, not failed on its own, not done."""
@@ -299,12 +321,16 @@ class AgentRendezvous:
             self.events.write("rendezvous_store_lost", store=lost)
             return
         if lost is None:
-            self.events.write("rendezvous_store_back", store=self.rendezvous.store_words())
-            self._notice(f"{self.rendezvous.store_words()} answers again: keep-alive heartbeats and new rounds "
-                         "can reach it")
+            dropped = self.rendezvous.every_node_dropped()  # (the store's node was paused past the keep-alive limit)
+            self.events.write("rendezvous_store_back", store=self.rendezvous.store_words(), every_node_dropped=bool(dropped))
+            self._notice(f"{self.rendezvous.store_words()} answers again" + (
+                f", but {dropped}" if dropped else ": keep-alive heartbeats and new rounds can reach it"))
             return
-        self.events.write("rendezvous_store_lost", store=lost)
-        if self.rendezvous.ranks_lose_the_store():  # theirs too: stopped once its connection is found broken
+        self.events.write("rendezvous_store_lost", store=lost, silent=self.rendezvous.store_silent)
+        if self.rendezvous.store_silent:  # its node paused, or hung: it may answer again, and is not acted on
+            self._notice(f"{lost} has not answered for {STORE_SILENT:g} s (the node serving it paused, hung or cut "
+                         "off?): this node's ranks run on, and ranktop says when it answers again")
+        elif self.rendezvous.ranks_lose_the_store():  # theirs too: stopped once its connection is found broken
             self._notice(f"{self.rendezvous.store_lost_words()}: this node's ranks meet on it too, and are "
                          "stopped if it is found gone")
         else:

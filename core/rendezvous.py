@@ -8,7 +8,10 @@ In each round this node
   2. learns where its ranks sit in the job, through the same store, with the keys and JSON that
      torch's agent uses: nodes with different --nproc-per-node or roles get torchrun's ranks;
   3. learns MASTER_ADDR/MASTER_PORT, which group rank 0 publishes before it assigns the ranks.
-While the ranks run, a `RoundWatch` looks for nodes waiting to join and for a node that gave up.
+While the ranks run, a `RoundWatch` looks for nodes waiting to join, for a node that gave up, and,
+under torch's dynamic handler (c10d, etcd-v2), for nodes dropped from the round once their
+keep-alive heartbeats lapsed (killed, frozen): another of the round's nodes, or this one, which the
+job then went on without. torch's handler drops them and tells nobody.
 When the group ends early, the nodes of the round agree on why (nodes joined: no restart spent;
 a failure: one restart spent on every node). At the end the node waits at the exit barrier
 (success), or says it gave up and closes the rendezvous so that no new round starts.
@@ -42,7 +45,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ranktop.core.errors import UsageError
 from ranktop.core.limits import MAX_NPROC_PER_NODE, PORT
@@ -86,6 +89,10 @@ _POLL = 0.1  # seconds between looks at the store while waiting on it
 GAVE_UP_LINGER = 5.0  # at most this long a node that gave up waits for the others to hear it
 NEWCOMERS_LOOK = 1.0  # seconds between looks for nodes waiting for a new round, at the exit barrier
 STORE_LOST_LOOKS = 3  # looks in a row, while the ranks run, that find the store's connection gone
+# seconds a look at the store may wait for its answer before the store is said not to answer: a
+# TCPStore call to a paused node (SIGSTOP, a paused VM) waits as long as it stays paused, whatever
+# the store's time-out
+STORE_SILENT = 5.0
 
 
 class RendezvousFailed(RuntimeError):
@@ -414,11 +421,22 @@ class RoundEnd:
     # "nodes_joined": restart the group, no restart spent; "peer_failed": another node's ranks
     # failed, restart the group as a failure; "peer_restart": another node's user restarted the
     # group (`R`), the next attempt, no restart spent; "peer_gave_up": stop, the rendezvous is closed;
-    # "store_lost": stop, the node serving the store the ranks use too has ended
+    # "store_lost": stop, the node serving the store the ranks use too has ended; "left_behind":
+    # this node was dropped from the round (frozen, cut off) and the job went on, join the next one
+    # with no restart spent ("peer_failed" too for another node dropped, its heartbeats lapsed)
     kind: str
     message: str
     # "new_round" only: this node serves the store the others' new round needs, so it stays
     serves_store: bool = False
+
+
+class _RoundView(NamedTuple):
+    """The running round as torch's dynamic handler sees it (Rendezvous._round_view)."""
+
+    here: bool  # this node is still in it
+    alive: bool  # another node still sends keep-alive heartbeats
+    moved: bool  # the rendezvous is at a later round
+    gone: list[tuple[str, int]]  # the round's nodes dropped from it: (address, group rank)
 
 
 @dataclass(frozen=True)
@@ -476,6 +494,13 @@ class Rendezvous:
         self._store_said = threading.Lock()
         self._ranks_run = False  # a RoundWatch looks (the store's loss is said while the ranks run)
         self._lost_looks = 0  # looks in a row that found the store's connection broken
+        self.store_silent = False  # store_lost holds because a look waits for an answer, not because it failed
+        self._asked_at: float | None = None  # when the look at the store under way asked it
+        # torch's dynamic handler (c10d, etcd-v2): the nodes of the running round, as it formed, by
+        # group rank; and those found out of it (heartbeats lapsed) at the last look
+        self._round_nodes: dict[Any, int] = {}
+        self._gone_seen: list[tuple[str, int]] = []
+        self._stepped_out = False  # out of its round by its own leave_round, not by lapsed heartbeats
 
     @property
     def run_id(self) -> str:
@@ -602,6 +627,7 @@ class Rendezvous:
             raise RendezvousFailed(self._failure_message(exc)) from None
         self.store, self._told_gave_up, self._ranks_on_rendezvous = store, False, on_rendezvous_store
         self._lost_looks = 0  # (a look before this round is none of this store's)
+        self._round_nodes, self._gone_seen, self._stepped_out = self._participants(), [], False
         self._store_answers(True)  # a round formed in it (etcd's server may come back)
         self.placement = Placement(group_rank, nodes, *ranks, master_addr=master_addr, master_port=master_port,
                                    run_id=self.run_id, round=number, use_agent_store=use_agent_store)
@@ -707,12 +733,15 @@ class Rendezvous:
         store = self.store
         if store is None:
             return True
+        self._asked_at = time.monotonic()
         try:
             store.check([_GAVE_UP])
         except Exception as exc:  # noqa: BLE001 - whatever the error, the store did not answer
             self._lost_looks = self._lost_looks + 1 if _connection_lost(exc) else 0
             self._store_answers(False)
             return False
+        finally:
+            self._asked_at = None
         self._lost_looks = 0
         self._store_answers(True)
         return True
@@ -728,13 +757,31 @@ class Rendezvous:
         slow answer, nor one passing fault): the node serving it has ended."""
         return self._lost_looks >= STORE_LOST_LOOKS
 
+    def look_waited(self) -> float:
+        """Seconds the look at the store under way (look_at_store) has waited for its answer, 0 if none."""
+        asked_at = self._asked_at
+        return 0.0 if asked_at is None else time.monotonic() - asked_at
+
+    def store_not_answering(self) -> None:
+        """A look at the store has waited STORE_SILENT seconds for its answer: said once, as a lost
+        store is; the answer, when it comes, says the store is back."""
+        with self._store_said:
+            if self.store_lost is not None:
+                return
+            self.store_silent = True
+        self._store_answers(False)
+
     def _store_answers(self, answers: bool) -> None:
         with self._store_said:  # the watch and a heartbeat's thread may look at once: one says it
             if answers == (self.store_lost is None):
                 return
-            self.store_lost = None if answers else self.store_words()
-            if self.on_store_change is not None:
-                self.on_store_change(self.store_lost)
+            self.store_lost = lost = None if answers else self.store_words()
+        # (told outside the lock: what is said of a store back looks at the round through torch's
+        # handler, whose heartbeat lock a failing heartbeat holds while it looks at the store here)
+        if self.on_store_change is not None:
+            self.on_store_change(lost)
+        if answers:
+            self.store_silent = False
 
     def quiet_lost_heartbeats(self) -> contextlib.AbstractContextManager[None]:
         """While in it, torch's WARNING for each failed keep-alive heartbeat of this rendezvous is
@@ -898,18 +945,102 @@ class Rendezvous:
         keep_alive_max_attempt: 15 s by default) from the state it reads; a node killed outright
         never says it left. None where that cannot be read: another handler, torch's private parts
         moved, the store out of reach (the barrier's own store calls tell of that)."""
-        handler = self.handler
+        handler = self._dynamic()
+        if handler is None:
+            return None
         try:
-            from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
-
-            if not isinstance(handler, dynamic.DynamicRendezvousHandler):
-                return None
             with handler._heartbeat_lock:
                 handler._state_holder.sync()
                 beating = list(handler._state_holder.state.last_heartbeats)
-            return any(node != handler._this_node for node in beating)
         except Exception:  # noqa: BLE001 - torch's private parts moved, or the store is out of reach
             return None
+        if handler._this_node not in beating and not self._stepped_out:
+            return None  # its own heartbeats lapsed too (the store's node paused): no word on the others
+        return any(node != handler._this_node for node in beating)
+
+    def _dynamic(self) -> Any:
+        """torch's dynamic handler (c10d, etcd-v2), whose private state ranktop reads; None for another."""
+        try:
+            from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
+        except ImportError:
+            return None
+        return self.handler if isinstance(self.handler, dynamic.DynamicRendezvousHandler) else None
+
+    def _participants(self) -> dict[Any, int]:
+        """The round just joined: its nodes and their group ranks, as the dynamic handler holds them."""
+        try:
+            return dict(self._dynamic()._state_holder.state.participants)
+        except Exception:  # noqa: BLE001 - another handler, or torch's private parts moved
+            return {}
+
+    def _lapse_words(self) -> str:
+        """"2 s": how long torch's handler waits for a node's heartbeat before it drops the node."""
+        try:
+            settings = self.handler.settings
+            return f"{(settings.keep_alive_interval * settings.keep_alive_max_attempt).total_seconds():g} s"
+        except Exception:  # noqa: BLE001 - torch's settings moved
+            return "the keep-alive limit"
+
+    def _round_view(self) -> _RoundView | None:
+        """The running round as torch's dynamic handler sees it now, None where it cannot be read.
+        The handler drops a node whose keep-alive heartbeats lapsed, and tells nobody."""
+        handler = self._dynamic()
+        placement = self.placement
+        if handler is None or placement is None or not self._round_nodes:
+            return None
+        try:
+            with handler._heartbeat_lock:
+                handler._state_holder.sync()
+                state, this = handler._state_holder.state, handler._this_node
+                gone = sorted((clean(str(node.addr))[:_WORDS_SHOWN], rank if type(rank) is int else -1)
+                              for node, rank in self._round_nodes.items()
+                              if node not in state.participants and node not in state.last_heartbeats)
+                return _RoundView(here=state.round == placement.round and this in state.participants,
+                                  alive=any(node != this for node in state.last_heartbeats),
+                                  moved=state.round != placement.round, gone=gone)
+        except Exception:  # noqa: BLE001 - torch's private parts moved, or the store is out of reach
+            return None
+
+    def left_behind(self) -> str | None:
+        """Words for this node dropped from its running round while the job went on to a later one,
+        else None. A node frozen (SIGSTOP, a paused VM, a debugger) or cut off for longer than the
+        keep-alive limit is dropped by the others, who form a new round without it; resumed, torch's
+        handler sends no more heartbeats and counts no node waiting, so its ranks ran on in the old
+        round. (A node that finds every heartbeat stale, its own too, is at the next round in its
+        own view: the job went on only if another node is alive there.)"""
+        view = self._round_view()
+        if view is None or view.here or not (view.moved and view.alive):
+            return None
+        return (f"this node was dropped from round {self.placement.round} of the {self.describe()}: no keep-alive "
+                f"heartbeat of its for over {self._lapse_words()} (it was frozen or cut off), and the job went "
+                "on without it")
+
+    def every_node_dropped(self) -> str | None:
+        """Words for a round whose every node torch's handler dropped at once (the store's node paused
+        for longer than the keep-alive limit, or every node): none sends a heartbeat from then on,
+        and none is to blame, so the ranks run on. None otherwise."""
+        view = self._round_view()
+        if view is None or view.here or view.alive:
+            return None
+        return (f"every node of round {self.placement.round} was dropped meanwhile (no keep-alive heartbeat reached "
+                f"it for over {self._lapse_words()}): the ranks run on, but torch's handler sends no more heartbeats, "
+                "so a node lost from now on is noticed only when a collective of its ranks breaks")
+
+    def nodes_gone(self) -> str | None:
+        """Words for nodes of the running round that torch's handler dropped (their heartbeats
+        lapsed: killed, frozen or cut off), at two looks in a row, else None. Their ranks are gone
+        from the job, or will be, though ranks in no collective would never learn it. (A node that
+        steps out of the round to join the next is out of every list for a moment.)"""
+        view = self._round_view()
+        gone = view.gone if view is not None and view.here else []
+        seen, self._gone_seen = self._gone_seen, gone
+        if not gone or gone != seen:
+            return None
+        nodes = ", ".join(f"{addr} (group rank {rank})" for addr, rank in gone)
+        one = len(gone) == 1
+        return (f"node{'s' * (not one)} {nodes} of the {self.describe()} {'is' if one else 'are'} gone: no "
+                f"keep-alive heartbeat of {'its' if one else 'theirs'} for over {self._lapse_words()} "
+                "(killed, frozen or cut off)")
 
     def _no_peer_left(self) -> bool:
         """No other node alive in the rendezvous at two looks in a row: a node that goes on to its
@@ -939,14 +1070,15 @@ class Rendezvous:
         """Step out of the round without closing the rendezvous: the others' next round then forms
         at once, not once this node's heartbeats lapse (15 s by default). torch's dynamic handler
         (c10d, etcd-v2) has no public call for it; with any other handler nothing is done."""
-        handler = self.handler
+        handler = self._dynamic()
+        if handler is None:
+            return
+        self._stepped_out = True
         try:
             from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
 
-            if isinstance(handler, dynamic.DynamicRendezvousHandler):
-                handler._stop_heartbeats()
-                handler._op_executor.run(dynamic._RendezvousExitOp(),
-                                         handler._get_deadline(handler.settings.timeout.close))
+            handler._stop_heartbeats()
+            handler._op_executor.run(dynamic._RendezvousExitOp(), handler._get_deadline(handler.settings.timeout.close))
         except Exception:  # noqa: BLE001 - torch's private parts moved, or the store is out of reach
             pass  # the heartbeats lapse instead, and the others go on then
 
@@ -1077,8 +1209,9 @@ def _ports_listened_on_here() -> set[int]:
 
 
 class RoundWatch:
-    """While the ranks run: looks for nodes waiting to join and for a node that gave up, without
-    holding up the monitor loop (a store call can block for as long as the store's timeout)."""
+    """While the ranks run: looks for nodes waiting to join, a node that gave up, and nodes dropped
+    from the round, without holding up the monitor loop (a store call can block for as long as the
+    store's timeout, or its paused node)."""
 
     def __init__(self, rdzv: Rendezvous, interval: float, wake: Callable[[], None]):
         self.rdzv = rdzv
@@ -1111,15 +1244,23 @@ class RoundWatch:
         said = self.rdzv.peer_gave_up()
         if said:
             return RoundEnd("peer_gave_up", said)
+        left = self.rdzv.left_behind()
+        if left:  # the old round's word is no longer this node's to read or write
+            return RoundEnd("left_behind", left)
         try:
             waiting = self.rdzv.nodes_waiting()
         except Exception:
             return None  # out of reach for now: the ranks or the next round will tell
-        if waiting <= 0:
-            return None
-        agreed = self.rdzv.agree_on_end("nodes_joined")
-        if agreed == "failure":
-            return RoundEnd("peer_failed", f"another node of the {self.rdzv.describe()} failed")
+        if waiting > 0:
+            return self._agreed("nodes_joined", f"{waiting} node(s) waiting to join the {self.rdzv.describe()}")
+        gone = self.rdzv.nodes_gone()
+        return self._agreed("failure", gone) if gone else None
+
+    def _agreed(self, seen: str, words: str) -> RoundEnd:
+        """The round's end as its nodes agree on it, `seen` being this node's view, in `words`."""
+        agreed = self.rdzv.agree_on_end(seen)
         if agreed == USER_RESTART:
             return RoundEnd("peer_restart", PEER_RESTART_WORDS)
-        return RoundEnd("nodes_joined", f"{waiting} node(s) waiting to join the {self.rdzv.describe()}")
+        if agreed == "failure":
+            return RoundEnd("peer_failed", words if seen == agreed else f"another node of the {self.rdzv.describe()} failed")
+        return RoundEnd("nodes_joined", words if seen == agreed else f"nodes joined the {self.rdzv.describe()}")

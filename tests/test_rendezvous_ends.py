@@ -313,8 +313,110 @@ def test_the_store_host_serves_a_peers_new_round_no_longer_than_its_exit_barrier
 
 
 # A node killed outright (SIGKILL) never says it left: the others learn it once its keep-alive
-# heartbeats lapse, here after 2 s (torch's default: 3 x 5 s).
-LAPSE = ",keep_alive_interval=1,keep_alive_max_attempt=2"
+# heartbeats lapse, here after 4 s (torch's default: 3 x 5 s). Not 2 x 1 s: torch's handler sends a
+# heartbeat only once its last is an interval old, so a healthy node's ages up to two intervals
+# between sends (three as a round starts), and torch dropped healthy nodes from their round.
+LAPSE = ",keep_alive_interval=1,keep_alive_max_attempt=4"
+
+
+def _freeze(node: subprocess.Popen, sig: int) -> None:
+    """SIGSTOP or SIGCONT a node as a paused VM or a debugger would: its ranktop and every process
+    under it (its ranks, in sessions of their own)."""
+    import psutil
+
+    for pid in [node.pid, *(child.pid for child in psutil.Process(node.pid).children(recursive=True))]:
+        os.kill(pid, sig)
+
+
+def _placed(tmp_path: Path, node: str, attempt: str) -> bool:
+    """Whether the node's rank of that attempt has printed where it was placed (it has started up)."""
+    return any(b"PLACED" in log.read_bytes() for log in tmp_path.glob(f"{node}/*/{attempt}/0/stdout.log"))
+
+
+def test_a_frozen_node_rejoins_and_a_paused_store_host_is_said_and_waited_for(tmp_path, torch_installed):
+    """Node 1 frozen (SIGSTOP) past the keep-alive limit: torch's handler drops it, and nobody
+    noticed; node 0's idle rank ran on in a world of 2, and node 1, resumed, ran on in a round the
+    job had left (torchrun does both). Node 0 now ends the round once node 1 is out of it (a
+    restart spent, as for a failure); node 1, resumed, says it was dropped, stops its rank and joins
+    the next round, spending none. Then node 0, which serves the store, is frozen: node 1's look at
+    the store waited, silent, for as long as it stayed so (a TCPStore call to a paused node ignores
+    its time-out); it now says so, and once it answers, that every node of the round was dropped
+    meanwhile, and runs on. Both end well: the exit barrier takes no node for gone when every
+    node's heartbeats lapsed at once."""
+    job, release = Job(tmp_path, "frozen", nnodes="1:2"), tmp_path / "release"
+    conf = CONF + LAPSE + ",is_host="
+    host = job.start("until-file", str(release), extra=("--max-restarts", "1", "--rdzv-conf", conf + "1"),
+                     local_addr="127.0.0.1")
+    peer = job.start("until-file", str(release), extra=("--max-restarts", "1", "--rdzv-conf", conf + "0"),
+                     local_addr="127.0.0.2")
+    try:
+        wait_for(lambda: _placed(tmp_path, "node1", "attempt_0"), timeout=TIMEOUT, what="node 1's rank")
+        _freeze(peer, signal.SIGSTOP)
+        try:
+            wait_for(lambda: len(node_events(tmp_path, "node0", "started")) == 2, timeout=TIMEOUT,
+                     what="node 0's rank started again without node 1")
+        finally:
+            _freeze(peer, signal.SIGCONT)
+        wait_for(lambda: _placed(tmp_path, "node0", "attempt_1.1") and _placed(tmp_path, "node1", "attempt_0.1"),
+                 timeout=TIMEOUT, what="both nodes' ranks in a new round")
+        _freeze(host, signal.SIGSTOP)
+        try:
+            wait_for(lambda: node_events(tmp_path, "node1", "rendezvous_store_lost"), timeout=TIMEOUT,
+                     what="node 1 saying the store does not answer")
+            time.sleep(1)  # (past the keep-alive limit, 4 s, in all)
+        finally:
+            _freeze(host, signal.SIGCONT)
+        wait_for(lambda: node_events(tmp_path, "node1", "rendezvous_store_back"), timeout=TIMEOUT,
+                 what="node 1 saying the store answers again")
+    finally:
+        release.touch()
+    (status0, out0, err0), (status1, out1, err1) = job.finish()
+    assert (status0, status1) == (0, 0), err0 + err1
+    ours0 = [line for line in err0.splitlines() if line.startswith("ranktop:")]
+    assert ("ranktop: node 127.0.0.2 (group rank 1) of the c10d rendezvous 'frozen' is gone: no keep-alive heartbeat "
+            "of its for over 4 s (killed, frozen or cut off); restarting the group: attempt_1 (1 of 1 restarts "
+            "spent)") in ours0, err0
+    assert [p["WORLD_SIZE"] for p in placements(out0)] == ["2", "1", "2"]
+    assert ("ranktop: this node was dropped from round 0 of the c10d rendezvous 'frozen': no keep-alive heartbeat "
+            "of its for over 4 s (it was frozen or cut off), and the job went on without it: stopping its ranks and "
+            "joining the next round (no restart spent)") in err1.splitlines(), err1
+    assert [(p["WORLD_SIZE"], p["TORCHELASTIC_RESTART_COUNT"]) for p in placements(out1)] == [("2", "0"), ("2", "0")]
+    store = f"ranktop: the c10d rendezvous 'frozen''s store at {job.endpoint}"
+    assert [line for line in err1.splitlines() if line.startswith(store)] == [
+        f"{store} has not answered for 5 s (the node serving it paused, hung or cut off?): this node's ranks run "
+        "on, and ranktop says when it answers again",
+        f"{store} answers again, but every node of round 2 was dropped meanwhile (no keep-alive heartbeat reached "
+        "it for over 4 s): the ranks run on, but torch's handler sends no more heartbeats, so a node lost from now "
+        "on is noticed only when a collective of its ranks breaks"], err1
+    ends = [(e["event"], e.get("kind"), e.get("reason")) for node in ("node0", "node1") for e in
+            events(tmp_path / node) if e["event"] in ("round_end", "group_restart", "exit_barrier_left")]
+    assert ends == [("round_end", "peer_failed", None), ("group_restart", None, "failure"),
+                    ("round_end", "nodes_joined", None), ("group_restart", None, "nodes_joined"),
+                    ("round_end", "left_behind", None), ("group_restart", None, "left_behind")], ends
+    assert [e["silent"] for e in events(tmp_path / "node1") if e["event"] == "rendezvous_store_lost"] == [True]
+
+
+def test_a_node_killed_while_the_others_ranks_sit_idle_ends_their_round(tmp_path, torch_installed):
+    """Node 1, not the store's host, is killed outright while node 0's rank waits in no collective:
+    node 0 ran on, its rank waiting for ever. It now learns once node 1's heartbeats have lapsed,
+    and with no restart left gives up, naming the lost node (torchrun's node never notices)."""
+    job, release = Job(tmp_path, "killed-idle"), tmp_path / "release"
+    conf = CONF + LAPSE + ",is_host="
+    job.start("until-file", str(release), extra=("--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
+    peer = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.2")
+    try:
+        wait_for(lambda: node_events(tmp_path, "node0", "started") and node_events(tmp_path, "node1", "started"),
+                 timeout=TIMEOUT, what="both ranks running")
+        peer.kill()
+        (status0, _, err0), (status1, _, _) = job.finish()
+    finally:
+        release.touch()
+    assert status1 == -signal.SIGKILL
+    assert status0 == 1, err0
+    assert ("ranktop: error: node 127.0.0.2 (group rank 1) of the c10d rendezvous 'killed-idle' is gone: no "
+            "keep-alive heartbeat of its for over 4 s (killed, frozen or cut off), and this node has no restarts "
+            "left (0 of 0 spent)") in err0.splitlines(), err0
+    assert [e["kind"] for e in events(tmp_path / "node0") if e["event"] == "round_end"] == ["peer_failed"]
 
 
 def test_the_store_host_at_the_exit_barrier_leaves_once_every_other_node_is_gone(tmp_path, torch_installed):
