@@ -841,6 +841,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             earlier_attempts=tuple(self._earlier_attempts), interpreter=self._interpreter, end_note=self._end_note,
             user_restarts=self.user_restarts, user_ended=self._user_ended,
             store_lost=self.rendezvous.store_lost if self.rendezvous is not None else None,
+            store_silent=self.rendezvous is not None and self.rendezvous.store_silent,
             forming=self.round_forming(),
         )
 

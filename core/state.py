@@ -170,6 +170,9 @@ class GroupSnapshot:
     # While this node's own looks find the rendezvous's store gone (the node serving it ended):
     # "the c10d rendezvous 'job42''s store at HOST:PORT"; None while it answers.
     store_lost: str | None = None
+    # With store_lost: it is that a look waits for the store's answer (its node paused or hung: it
+    # may answer again), not that its connection broke (its node gone: no new round can form).
+    store_silent: bool = False
     # While this node joins a rendezvous round (and, once ended, the round it was joining when the
     # run ended before that round formed): what is known of it. world_size, node_rank, nnodes and
     # round are then the last round's (of none before the first: the command line's guesses).

@@ -943,3 +943,30 @@ def test_the_quit_questions_help_lists_detach_only_where_it_is_offered(can_detac
         assert ("Detach:" in await whole_help(pilot)) == can_detach
 
     drive(engine, body)
+
+
+def test_a_store_that_does_not_answer_is_said_silent_not_lost():
+    """A look at the rendezvous's store that waits for its answer (the node serving it paused, or
+    hung) is not a broken connection (its node gone): the toast said `no new round can form` and
+    the header `store lost` for a store that may well answer again; a broken one still says so."""
+    engine = FakeEngine(2)
+    store = "the c10d rendezvous 'j''s store at node0:29400"
+
+    async def body(app, pilot):
+        with engine._lock:
+            engine.group = dataclasses.replace(engine.group, store_lost=store, store_silent=True)
+        await until(pilot, lambda: "store silent" in app.main.query_one("#header").render().plain, what="silent")
+        await until(pilot, lambda: "does not answer" in notes(app), what="its toast")
+        assert f"{store} does not answer (the node serving it paused, hung or cut off?): this node's ranks run on" \
+            in notes(app) and "no new round can form" not in notes(app) and "store lost" not in app.main.query_one(
+                "#header").render().plain
+        with engine._lock:
+            engine.group = dataclasses.replace(engine.group, store_lost=None, store_silent=False)
+        await until(pilot, lambda: "answers again" in notes(app), what="back")
+        with engine._lock:
+            engine.group = dataclasses.replace(engine.group, store_lost=store)
+        await until(pilot, lambda: "store lost" in app.main.query_one("#header").render().plain, what="lost")
+        await until(pilot, lambda: f"lost {store}: this node's ranks run on, but no new round can form" in notes(app),
+                    what="the lost store's toast")
+
+    drive(engine, body)

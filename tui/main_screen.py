@@ -838,7 +838,10 @@ class MainScreen(Screen):
         if snap.store_lost == self._store_lost:
             return
         was, self._store_lost = self._store_lost, snap.store_lost
-        if snap.store_lost:
+        if snap.store_lost and snap.store_silent:  # (its node paused or hung: it may answer again)
+            self.notify(clean(f"{snap.store_lost} does not answer (the node serving it paused, hung or cut off?): "
+                              "this node's ranks run on"), severity="warning", timeout=10, markup=False)
+        elif snap.store_lost:
             self.notify(clean(f"lost {snap.store_lost}: this node's ranks run on, but no new round can form"),
                         severity="warning", timeout=10, markup=False)
         elif was:

@@ -390,8 +390,8 @@ def _world_parts(group: GroupSnapshot) -> list[Part]:
         parts = [("world", Text(f"  world {group.world_size}")),
                  ("node", Text(f"  node {group.node_rank}/{group.nnodes}"
                                + (f" round {group.round}" if group.round is not None else "")))]
-    if group.store_lost:  # the rendezvous's store, gone: the ranks run on, no new round can form
-        parts.append((None, Text("  store lost", style="bold yellow")))
+    if group.store_lost:  # the rendezvous's store, gone (no new round can form) or silent: the ranks run on
+        parts.append((None, Text("  store silent" if group.store_silent else "  store lost", style="bold yellow")))
     return parts
 
 
