@@ -58,7 +58,7 @@ def hello(path: str, *requests: dict, rcvbuf: int | None = None) -> socket.socke
     conn.connect(path)
     conn.sendall(b"".join(protocol.encode_control(m) for m in (protocol.hello("client"), *requests)))
     head = conn.recv(5, socket.MSG_WAITALL)  # the hello's frame alone: a subscriber's pushes stay unread
-    assert head[:1] == protocol.CONTROL and b'"type":"hello"' in conn.recv(int.from_bytes(head[1:]), socket.MSG_WAITALL)
+    assert head[:1] == protocol.CONTROL and b'"type":"hello"' in conn.recv(int.from_bytes(head[1:], "big"), socket.MSG_WAITALL)
     return conn
 
 
