@@ -60,8 +60,8 @@ from ranktop.core.sanitize import clean, clean_console, quoted
 from ranktop.core.signals import OUTSIDE_STOP_WINDOW, StopAction
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_args, rank_env
 from ranktop.core.stalls import StallWatch
-from ranktop.core.stdio import lost_told
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
+from ranktop.core.stdio import lost_told
 from ranktop.core.strays import LOOK_SECONDS, adopting
 
 __all__ = ["LocalAgent", "LocalElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerState", "new_run_id",

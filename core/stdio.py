@@ -143,22 +143,24 @@ def _say_on(fd: int, line: str) -> None:
         os.write(fd, (line + "\n").encode("utf-8", "backslashreplace"))
 
 
-def print_out(text: str) -> None:
+def print_out(text: str) -> bool:
     """`text` and a newline on stdout, at once, and never an exception (see `_Guarded`): a reader
-    that has gone (`ranktop ls | head`) drops the rest."""
-    _print(text, "stdout")
+    that has gone (`ranktop ls | head`) drops the rest. Whether stdout still takes what is written."""
+    return _print(text, "stdout")
 
 
-def print_err(text: str) -> None:
-    """`text` and a newline on stderr, at once, and never an exception (see `_Guarded`)."""
-    _print(text, "stderr")
+def print_err(text: str) -> bool:
+    """`text` and a newline on stderr, at once, and never an exception (see `_Guarded`); whether
+    stderr still takes what is written."""
+    return _print(text, "stderr")
 
 
-def _print(text: str, name: str) -> None:
+def _print(text: str, name: str) -> bool:
     try:
         print(text, file=getattr(sys, name), flush=True)
     except OSError as exc:  # (not guarded: called outside the ranktop command, e.g. by a test)
         lose(name, exc)
+    return name not in _lost
 
 
 def to_devnull(stream: TextIO) -> None:
