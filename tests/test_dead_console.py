@@ -136,3 +136,16 @@ def test_a_headless_runs_dead_console_is_said_on_the_other_and_the_run_ends_with
     rank = tmp_path / "logs" / "r" / "attempt_0" / "0"
     assert (rank / "stdout.log").read_text() == "".join(f"out {i}\n" for i in range(200))
     assert (rank / "stderr.log").read_text() == "".join(f"err {i}\n" for i in range(200))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_logs_of_an_ended_run_whose_stderr_takes_nothing_is_one_line_on_stdout(tmp_path, env, kind):
+    """`ranktop logs` of an ended run writes each rank's stderr.log on stderr: a dead one ended
+    it in exit 1 and not a word (its line was said to stdout's /dev/null)."""
+    script = tmp_path / "both.py"
+    script.write_text("import sys\nprint('out')\nprint('err', file=sys.stderr)\n")
+    assert run_ranktop("--headless", "--run-id", "e", "--log-dir", str(tmp_path / "logs"), str(script),
+                       env=env).returncode == 0
+    status, said = run_dead(["logs", str(tmp_path / "logs" / "e")], "stderr", kind, env)
+    end_status, line = command_end("stderr", kind)
+    assert (status, said) == (end_status, "[0]:out\n" + line)
