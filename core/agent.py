@@ -28,7 +28,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 from ranktop.core.agent_commands import AgentCommands
 from ranktop.core.agent_rendezvous import AgentRendezvous, store_call_left_blocked
@@ -61,6 +61,7 @@ from ranktop.core.signals import OUTSIDE_STOP_WINDOW, StopAction
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_args, rank_env
 from ranktop.core.stalls import StallWatch
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
+from ranktop.core.stdio import lost_told
 from ranktop.core.strays import LOOK_SECONDS, adopting
 
 __all__ = ["LocalAgent", "LocalElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerState", "new_run_id",
@@ -688,15 +689,17 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         elif self.console:
             self.say(f"ranktop: {text}")
 
-    def say(self, line: str) -> None:
-        """One line of ours to stderr, from any thread: headless, in order with the ranks' output
-        and never waiting on a stuck console; a closed or broken stderr loses only the line. It is
-        cleaned as one line: it may quote what a peer node wrote to the rendezvous store."""
+    def say(self, line: str, *, on_stdout: bool = False) -> None:
+        """One line of ours to stderr (stdout where stderr is gone), from any thread: headless, in
+        order with the ranks' output and never waiting on a stuck console; a closed or broken stream
+        loses only the line. It is cleaned as one line: it may quote what a peer node wrote to the
+        rendezvous store."""
         line = clean(line.rstrip("\n"))
+        console = sys.stdout if on_stdout else sys.stderr
         if self._tee is not None:
-            self._tee.say(binary_console(sys.stderr), line)
+            self._tee.say(binary_console(console), line)
         else:
-            _say(line)
+            _say(line, console)
 
     def _console_lost(self, target, error: str) -> None:
         self._on_rank_event({"event": "console_lost", "stream": console_name(target), "error": error})
@@ -738,9 +741,11 @@ class LocalAgent(AgentRendezvous, AgentCommands):
     def _on_rank_event(self, event: dict) -> None:
         name = event.pop("event")
         self.events.write(name, attempt=self.attempt, **event)
-        if name == "console_lost":
+        if name == "console_lost":  # said on the other stream, the one that may still be read
+            lost_told(event["stream"])  # (not again at ranktop's end)
             self.say(f"ranktop: the console's {event['stream']} is gone ({event['error']}): rank output is no "
-                     "longer shown there; the ranks go on, and their log files keep their output")
+                     "longer shown there; the ranks go on, and their log files keep their output",
+                     on_stdout=event["stream"] == "stderr")
         if name == "log_write_failed" and self.console:
             still = "read and shown" if event.get("shown") else "read (so that the rank goes on)"
             self.say(f"ranktop: rank {event['rank']}: cannot write {event['path']}: {event['error']}; "
@@ -867,10 +872,10 @@ def _wall_clock(monotonic: float | None, now: float) -> float | None:
     return None if monotonic is None else now + (monotonic - time.monotonic())
 
 
-def _say(line: str) -> None:
-    """One line to our stderr, from any thread; a closed or broken stderr loses only the line."""
+def _say(line: str, console: TextIO) -> None:
+    """One line to our stderr (or stdout), from any thread; a closed or broken one loses only the line."""
     try:
-        print(line, file=sys.stderr, flush=True)
+        print(line, file=console, flush=True)
     except (OSError, ValueError, AttributeError):
         pass
 

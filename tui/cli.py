@@ -19,7 +19,7 @@ from ranktop.core import collector, guard, limits, numa
 from ranktop.core.errors import UsageError
 from ranktop.core.sanitize import clean, quoted
 from ranktop.core.signals import hold_early_stops, parse_signal_names
-from ranktop.core.stdio import escape_unencodable, reopen_closed_streams, terminal_problem
+from ranktop.core.stdio import escape_unencodable, guard_streams, reopen_closed_streams, report_lost, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, run_command, usage_error, usage_line
 
 
@@ -737,10 +737,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_command(argv: Sequence[str] | None) -> int:
     reopen_closed_streams()  # before any file is opened: a closed 0/1/2 would be taken by it
     escape_unencodable()
+    guard_streams()  # a full disk or a hung-up terminal under stdout or stderr: one line at the end, no traceback
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("stacks", "ls", "stop", "logs", "attach", "web"):
-        return _subcommand(argv)
-    ns = build_parser().parse_args(argv)
+    a_run = False  # a run ends with its own status, whatever its console took
+    try:
+        if argv and argv[0] in ("stacks", "ls", "stop", "logs", "attach", "web"):
+            status = _subcommand(argv)
+        else:
+            ns = build_parser().parse_args(argv)
+            a_run = not ns.detach
+            status = _launch_command(ns, argv)
+    except SystemExit as end:  # argparse's, after its words: --help, --version, bad usage
+        status = _exit_status(end)
+    return report_lost(status, keep_status=a_run)
+
+
+def _exit_status(end: SystemExit) -> int:
+    if end.code is None or isinstance(end.code, int):
+        return end.code or 0
+    print(end.code, file=sys.stderr)  # as Python says it at exit
+    return 1
+
+
+def _launch_command(ns: argparse.Namespace, argv: list[str]) -> int:
     refused = _detach_conflict(ns)
     if refused:
         return usage_error(refused)

@@ -37,7 +37,7 @@ from ranktop.core.layout import default_log_root, default_root_problem, newest_e
 from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.state import world_undecided
-from ranktop.core.stdio import print_err, print_out, terminal_problem, to_devnull
+from ranktop.core.stdio import lose, print_err, print_out, terminal_problem, to_devnull
 from ranktop.tui.usage import UsageParser, metric_pattern, run_command, usage_error
 
 INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C ended the command, as a shell reports it
@@ -395,14 +395,17 @@ class OutputFailed(Exception):
 
 
 def _write(stream, lines: Iterable[bytes]) -> None:
-    """`lines` to the binary `stream`, at once; OutputFailed where it cannot take them."""
+    """`lines` to the binary `stream`, at once; OutputFailed where stdout cannot take them. A
+    stderr that cannot is noted (see core/stdio.py), and said on stdout at the end."""
     try:
         stream.writelines(lines)
         stream.flush()
     except BrokenPipeError:
         raise
     except OSError as exc:
-        raise OutputFailed(exc.strerror or str(exc)) from None
+        if stream is sys.stdout.buffer:
+            raise OutputFailed(exc.strerror or str(exc)) from None
+        lose("stderr", exc)
 
 
 def _logs(ns: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from ranktop.core.client import FinalEngine, ServedRun
 from ranktop.core.sanitize import clean, quoted
+from ranktop.core.stdio import print_err
 from ranktop.core.strays import children_of_self
 from ranktop.tui.runs_cli import pick_run, run_parser
 from ranktop.tui.usage import BadValue, UsageParser, usage_error
@@ -103,9 +104,8 @@ def _serve(command: str, host: str, port: int, run_id: str, how: str) -> int:
         print("ranktop: error: ranktop web needs textual-serve: pip install 'ranktop[web]'", file=sys.stderr)
         return 1
     gate = Gate(host, secrets.token_urlsafe(18))
-    print(f"ranktop: serving run {run_id} on http://{_url_host(host)}:{port}/?token={gate.token} "
-          f"({how})",
-          file=sys.stderr, flush=True)
+    if not print_err(f"ranktop: serving run {run_id} on http://{_url_host(host)}:{port}/?token={gate.token} ({how})"):
+        return 1  # (said on stdout at the end) nobody learns the address and its token: nothing is served
     try:
         _with_gated_tabs(Server)(command, host=host, port=port, title=f"ranktop {run_id}", gate=gate).serve()
     finally:
