@@ -148,13 +148,20 @@ def from_a_rank(pid: int, proc: Proc) -> bool:
     return carries_marker(pid, _markers)
 
 
-def children_of_self() -> set[int]:
-    """Every child of this process, whichever of its threads is the parent."""
+def children_of_self(*, note_spawners: bool = False) -> set[int]:
+    """Every child of this process, whichever of its threads is the parent (`note_spawners`: each
+    of them is looked at by orphan_candidates from now on). Out of descriptors (EMFILE), none: a
+    monitor pass must go on, and the next look sees them."""
     try:
-        return _children_of(os.listdir("/proc/self/task"))
+        tids = os.listdir("/proc/self/task")
+        if note_spawners:
+            _spawners.update(int(t) for t in tids)
+        return _children_of(tids)
     except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: read the whole table
         me = os.getpid()
         return {p.pid for p in process_table().values() if p.ppid == me}
+    except OSError:
+        return set()
 
 
 def orphan_candidates() -> set[int]:
@@ -170,6 +177,8 @@ def orphan_candidates() -> set[int]:
         pids = _read_children(me)
     except FileNotFoundError:
         return children_of_self()  # no children files: the process table
+    except OSError:  # out of descriptors (EMFILE): the next look sees them
+        return set()
     for tid in spawners:
         if tid == me:
             continue
@@ -177,9 +186,9 @@ def orphan_candidates() -> set[int]:
             pids |= _read_children(tid)
         except FileNotFoundError:  # the thread ended, and its children are elsewhere now
             _spawners.discard(tid)
-            tids = os.listdir("/proc/self/task")
-            _spawners.update(int(t) for t in tids)
-            return pids | _children_of(tids)
+            return pids | children_of_self(note_spawners=True)
+        except OSError:
+            pass  # (as above)
     return pids
 
 
