@@ -105,6 +105,11 @@ LINES = [
     ("master-addr-empty-static-endpoint", ["--rdzv-backend", "static", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                                            "--rdzv-id", "st2", "--nnodes", "1", "--master_addr=", "--nproc_per_node=2",
                                            S], {}),
+    # torchtitan's run_train.sh with fault tolerance, `--local_addr=${LOCAL_ADDR}` unset: torch takes
+    # an empty address for none (this host's name); it was refused as a bad --local-addr
+    ("local-addr-empty-torchtitan-ft", ["--nproc_per_node=2", "--nnodes=1", "--rdzv_id", "101", "--rdzv_backend",
+                                        "c10d", "--rdzv_endpoint=localhost:0", "--local_addr=", "--rdzv-conf",
+                                        "is_host=true", "--role", "rank", "--tee", "3", "-m", M, "--module", "x"], {}),
     # a `-m` among the module's own arguments is theirs
     ("module-dash-m-in-its-args", ["--nnodes=1", "--nproc_per_node=2", "-m", M, "-m", "src.task", "-dc", "x.yaml"], {}),
     # torch.distributed.launch lines with ranktop in its place (the reference is launch itself, LAUNCH):
@@ -121,7 +126,7 @@ FIXED_PORT = {"static-one-node", "master-port-underscore", "pet-kubeflow-one-nod
               "launch-use-env-master-port"}
 # Lines that name a rendezvous: the run id and whether the agent hosts the ranks' store are the round's.
 RENDEZVOUS = {"c10d", "c10d-underscores-conf", "pet-c10d", "static-backend", "endpoint-without-backend",
-              "master-addr-empty-static-endpoint"}
+              "master-addr-empty-static-endpoint", "local-addr-empty-torchtitan-ft"}
 
 
 def _records(dump_dir) -> dict[str, dict]:

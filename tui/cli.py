@@ -51,8 +51,9 @@ def _comma_list(text: str) -> list[str]:
 def _address(flag: str, *, empty_ok: bool = False):
     """An argparse type: a host name or an IP address (IPv6 bare or in brackets), else one line.
     torch takes anything and retries it until its time-out (`[::1` waited out a whole round).
-    `empty_ok`: an empty value (`--master-addr=$MASTER_ADDR`, unset) is left for build_spec,
-    which refuses it only where the line uses it (torchrun runs a line that leaves it unused)."""
+    `empty_ok`: an empty value (`--master-addr=$MASTER_ADDR`, unset) is kept as it is: build_spec
+    refuses an empty --master-addr only where the line uses it (torchrun runs a line that leaves it
+    unused), and an empty --local-addr is none, as torch reads it."""
     shape = re.compile(r"\[[0-9A-Za-z.:%_-]+\]|[0-9A-Za-z.:%_-]+")
 
     def parse(text: str) -> str:
@@ -214,7 +215,8 @@ def _add_rendezvous_options(parser: argparse.ArgumentParser) -> None:
         help="the job's id, the same on every node (TORCHELASTIC_RUN_ID and the run directory's name)")
     add(*_both("rdzv-conf"), default="", metavar="K=V,...",
         help="rendezvous settings, e.g. join_timeout=600,last_call_timeout=30,close_timeout=30,is_host=1")
-    add(*_both("local-addr"), type=_address("--local-addr"), default=None, metavar="ADDR",
+    # empty_ok: `--local_addr=$LOCAL_IP` unset is no address, as torch reads it (this host's name)
+    add(*_both("local-addr"), type=_address("--local-addr", empty_ok=True), default=None, metavar="ADDR",
         help="this node's address in the rendezvous (default: its fully qualified host name)")
 
 
@@ -693,7 +695,7 @@ def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, m
         conf["rank"] = ns.node_rank
         endpoint = endpoint or f"{ns.master_addr}:{master_port or free_port()}"
     return create_handler(ns.rdzv_backend, endpoint, rdzv_id, min_nodes, max_nodes,
-                          conf=conf, local_addr=ns.local_addr, check_only=check_only)
+                          conf=conf, local_addr=ns.local_addr or None, check_only=check_only)
 
 
 def _terminal_usable() -> bool:
