@@ -273,13 +273,48 @@ def test_the_reader_sleeps_on_descriptors_past_1023():
     try:
         os.write(slave, b"ready\n")
         pump._pressing = [high]
-        assert pump._sleep(10) is False  # woken by the pty within the pause, not by our own pipe
+        assert pump._sleep(10) == [high]  # woken by the pty within the pause, not by our own pipe
+        pump._pressing = []
         pump.wake()
-        assert pump._sleep(10) is True
+        assert pump._sleep(10) == [pump._wake_r]
     finally:
         for fd in (high, slave, master, pump._wake_r, pump._wake_w):
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_reader_makes_no_rounds_while_every_pipe_is_empty_and_reads_what_comes_then():
+    # 8 sleeping ranks cost the output thread a round of reads every 0.1 s; now it waits in poll
+    # until a pipe has something (or ends), and reads it then.
+    import subprocess
+    import sys
+
+    from conftest import wait_for
+    from ranktop.core.output import _IDLE_SECONDS, OutputPump, StreamSink
+
+    read_end, write_end = os.pipe()
+    rank = subprocess.Popen([sys.executable, "-c", "import sys\nsys.stdin.readline()\nprint('late line', flush=True)"
+                             "\nsys.stdin.readline()"], stdin=subprocess.PIPE, stdout=write_end)
+    os.close(write_end)
+    ring = LineRing()
+    sink = StreamSink(STDOUT, ring)
+    pump = OutputPump()
+    pump.add(read_end, sink)
+    try:
+        wait_for(lambda: read_end in pump._pipes, what="the pipe taken")
+        quiet = pump.rounds
+        time.sleep(5 * _IDLE_SECONDS)  # a window of five rounds, were rounds still made while nothing comes
+        assert pump.rounds <= quiet + 1  # (the round that took the pipe may have ended meanwhile)
+        rank.stdin.write(b"go\n")
+        rank.stdin.flush()
+        wait_for(lambda: ring.tail() == [b"late line"], what="the line written after the quiet spell")
+        rank.stdin.close()
+        assert rank.wait(10) == 0
+        assert sink.done.wait(10)  # its end of file woke the reader too
+    finally:
+        rank.kill()
+        rank.wait()
+        pump.close()
 
 
 def test_pipes_are_widened_only_within_our_share_of_the_users_budget():
