@@ -985,7 +985,7 @@ class OutputPump:
     prompt): idle ranks cost no rounds, and the first output after a quiet spell is read at once.
     That poll returns at the first write, so nobody waits on a rank's pipe while output flows;
     what stays is the `poll_usage` mark on a pipe once polled: each later write into it wakes its
-    (empty) list of waiters, ~0.1 us more of the writer's system time per write, +10-25% of the
+    (empty) list of waiters, ~0.1 us more of the writer's system time per write, +25-30% of the
     system time of a rank that writes one short line per call (docs/performance-log.md). Hence
     the quiet second first: a run that starts writing at once and never pauses is never polled.
 
@@ -1050,8 +1050,8 @@ class OutputPump:
 
     def _sleep(self, pause: float, idle: bool = False) -> list[int]:
         """Wait up to `pause` seconds for our own pipe or a pressing pty (never a rank's pipe),
-        or when `idle` (the last round found nothing) for any of our pipes until a held console
-        line is due; the descriptors that are ready. poll, not select: a many-rank run's
+        or when `idle` (no pipe had anything for _QUIET_SECONDS) for any of our pipes until a held
+        console line is due; the descriptors that are ready. poll, not select: a many-rank run's
         descriptors pass 1023."""
         poller = select.poll()
         watched = (*self._pressing, *self._pipes) if idle else self._pressing
