@@ -1,5 +1,6 @@
-"""Per-thread CPU of a running process (ranktop, say), as % of one core over a window, with the
-Python thread names py-spy reports. Run by hand beside a load:
+"""Per-thread CPU of a running process (ranktop, say) over a window, as % of one core and in CPU
+seconds (to the clock tick, 10 ms), with the Python thread names py-spy reports. Run by hand
+beside a load:
 
     python bench/thread_cpu.py PID [SECONDS]
     python bench/thread_cpu.py --run -- COMMAND...   # its whole life, e.g. a headless ranktop
@@ -82,10 +83,10 @@ def main() -> int:
     names = thread_names(pid)
     total = 0.0
     for tid, used in sorted(after.items()):
-        share = 100 * (used - before.get(tid, 0.0)) / wall
-        total += share
-        print(f"{tid:>8} {names.get(tid, ''):<20} {share:5.1f}%")
-    print(f"{'':>8} {'total':<20} {total:5.1f}%")
+        seconds = used - before.get(tid, 0.0)
+        total += seconds
+        print(f"{tid:>8} {names.get(tid, ''):<20} {100 * seconds / wall:5.1f}% {seconds:6.2f} s")
+    print(f"{'':>8} {'total':<20} {100 * total / wall:5.1f}% {total:6.2f} s")
     return 0
 
 

@@ -46,7 +46,7 @@ except ImportError:  # (an interpreter without it)
 TYPE_CHECKING = False  # typing's flag without typing, whose import is ~15 ms of the guard's start-up
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Iterable  # (collections: ~2 ms more)
+    from collections.abc import Callable, Iterable  # (collections: ~2 ms more)
 
 MARKER = "RANKTOP_GUARD_TOKEN"
 RESCAN_SECONDS = 0.05  # how often a sweep looks for what is left (and for new forks)
@@ -95,11 +95,13 @@ def read_proc(pid: int) -> Proc | None:
     return Proc(pid, int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]), fields[0] in (b"Z", b"X"))
 
 
-def process_table() -> dict[int, Proc]:
+def process_table(read: Callable[[int], object] = read_proc) -> dict:
+    """pid -> what `read(pid)` makes of each live process (a Proc by default; the stats sampler
+    keeps its CPU times and memory from the same read of its stat)."""
     table = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and (proc := read_proc(int(entry))) is not None:
-            table[proc.pid] = proc
+        if entry.isdigit() and (proc := read(int(entry))) is not None:
+            table[int(entry)] = proc
     return table
 
 

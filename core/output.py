@@ -35,6 +35,10 @@ _READ_SIZE = 1 << 20  # one buffer, reused: os.read(fd, 1 MiB) would map and unm
 _ROUND_SECONDS = 0.005
 _IDLE_SECONDS = 0.1
 _PRESSING = 0.25  # of a pipe's capacity: doubling the pause keeps such a pipe at most half full
+# Quiet this long (no pipe had anything, none was added), the thread polls the pipes instead of
+# reading them in rounds. A pipe once polled costs each later write into it ~0.1 us of the
+# writer's system time (see OutputPump): a rank that writes without a break never pays it.
+_QUIET_SECONDS = 1.0
 _TTY_ROOM = 16 << 10  # what a pty holds before its writer waits, roughly (the kernel's buffers)
 _TTY_FULL = _TTY_ROOM // 2  # read in one round from a pty: its writer likely waits on us (a raw pty held 11.5 KiB)
 _PIPE_SIZE = 1 << 20  # ask the kernel for 1 MiB pipes: fewer wake-ups, ranks block less
@@ -924,8 +928,16 @@ class StreamSink:
         (`input()`, `(Pdb) `) waits for an answer that cannot come before it is seen. Show the
         line so far; the rest follows on it. (Not a line with a '\r': a progress bar shows its
         last state when its line ends, as always.)"""
-        if now - self.console_held_since >= PROMPT_SECONDS and not self._console_open_cr and self.failure is None:
+        due = self.held_line_due()
+        if due is not None and now >= due:
             self._show_held()
+
+    def held_line_due(self) -> float | None:
+        """When (time.monotonic()) `show_held_if_quiet` shows the line held for the console if
+        nothing more comes; None when it never would (none held, a '\r' in it, a failed sink)."""
+        if not self.console_held_since or self._console_open_cr or self.failure is not None:
+            return None
+        return self.console_held_since + PROMPT_SECONDS
 
     def _show_held(self) -> None:
         writer, target, prefix = self.console
@@ -960,12 +972,22 @@ def _fail(sink: StreamSink, exc: Exception) -> None:
 class OutputPump:
     """One thread that reads every rank's pipes in rounds and hands chunks to their sinks.
 
-    The pipes are never polled (no epoll, select or poll on them): once a pipe has been polled,
-    Linux wakes its poller on every write into it (`pipe->poll_usage`), which made 8 ranks that
-    write a line at a time spend 12x the system time of the same ranks writing into `cat`'s pipes
-    (3.5x their wall time on a 16-core host). Instead each round reads every pipe without
-    blocking, and the thread sleeps between rounds: _ROUND_SECONDS while a pipe fills fast, longer
-    (up to _IDLE_SECONDS) while none does. Adding a pipe or closing wakes it at once.
+    While output flows the pipes are not polled (no epoll, select or poll on them between
+    rounds): once a pipe has been polled, Linux wakes its poller on every write into it
+    (`pipe->poll_usage`), which made 8 ranks that write a line at a time spend 12x the system
+    time of the same ranks writing into `cat`'s pipes (3.5x their wall time on a 16-core host).
+    Instead each round reads every pipe without blocking, and the thread sleeps between rounds:
+    _ROUND_SECONDS while a pipe fills fast, longer (up to _IDLE_SECONDS) while none does. Adding
+    a pipe or closing wakes it at once.
+
+    Once no pipe has had anything for _QUIET_SECONDS (and none was added), the thread polls them
+    all until one has something (or ends), or a line held for the console is due to be shown (a
+    prompt): idle ranks cost no rounds, and the first output after a quiet spell is read at once.
+    That poll returns at the first write, so nobody waits on a rank's pipe while output flows;
+    what stays is the `poll_usage` mark on a pipe once polled: each later write into it wakes its
+    (empty) list of waiters, ~0.1 us more of the writer's system time per write, +25-30% of the
+    system time of a rank that writes one short line per call (docs/performance-log.md). Hence
+    the quiet second first: a run that starts writing at once and never pauses is never polled.
 
     A pty is the exception, while its writer outpaces us: it holds only 12-16 KiB, so a writer
     that filled it would wait out the whole pause. Such a pty is watched between rounds (a tty keeps no
@@ -979,6 +1001,8 @@ class OutputPump:
         self._pipes: dict[int, tuple[StreamSink, bool, int]] = {}  # fd -> (its sink, is it a pty, room)
         self._pressing: list[int] = []  # ptys that were full at the last round: watched until the next
         self._closing = False
+        self.rounds = 0  # read rounds so far; tests look at it
+        self.polling = False  # asleep until a pipe has something (quiet for _QUIET_SECONDS); tests wait on it
         self._thread = threading.Thread(target=self._run, name="ranktop-output", daemon=True)
         self._thread.start()
 
@@ -1001,27 +1025,46 @@ class OutputPump:
         rank would then block on its full pipe and the run would hang. A stream whose handling
         raises goes down to its log file alone (`StreamSink.fail`); anything else that raises
         costs one round."""
-        pause = 0.0
+        pause, idle, last_news = 0.0, False, time.monotonic()
         while True:
-            started = time.monotonic()
+            started, ready = time.monotonic(), []
             try:
-                if self._sleep(pause):
+                ready = self._sleep(pause, idle)
+                if self._wake_r in ready:
                     os.read(self._wake_r, 4096)
-                    self._register_pending()
+                    if self._register_pending():
+                        last_news = started  # a new rank: its first second is read in rounds
                 fill = self._round()
+                self.rounds += 1
             except Exception:
-                fill = 0.0  # nothing better to do than try again after a pause
+                fill = None  # nothing better to do than try again after a pause
             if self._closing and not self._pipes and self._pending.empty():
                 return
-            pause = next_pause(pause, fill, time.monotonic() - started)
+            if fill != 0.0:
+                last_news = time.monotonic()
+            # Every pipe empty for a while: sleep until one is not. (Not when a pipe the poll
+            # found ready gave nothing: a round that fails on it must not come back at once.)
+            idle = time.monotonic() - last_news >= _QUIET_SECONDS and not any(fd != self._wake_r for fd in ready)
+            self.polling = idle
+            pause = _IDLE_SECONDS if idle else next_pause(pause, fill or 0.0, time.monotonic() - started)
 
-    def _sleep(self, pause: float) -> bool:
-        """Wait up to `pause` seconds for our own pipe or a pressing pty (never a rank's pipe);
-        whether our own pipe woke us. poll, not select: a many-rank run's descriptors pass 1023."""
+    def _sleep(self, pause: float, idle: bool = False) -> list[int]:
+        """Wait up to `pause` seconds for our own pipe or a pressing pty (never a rank's pipe),
+        or when `idle` (no pipe had anything for _QUIET_SECONDS) for any of our pipes until a held
+        console line is due; the descriptors that are ready. poll, not select: a many-rank run's
+        descriptors pass 1023."""
         poller = select.poll()
-        for fd in (self._wake_r, *self._pressing):
+        watched = (*self._pressing, *self._pipes) if idle else self._pressing
+        for fd in (self._wake_r, *watched):
             poller.register(fd, select.POLLIN)
-        return any(fd == self._wake_r for fd, _ in poller.poll(pause * 1000))
+        timeout = self._until_a_held_line_is_due() if idle else pause
+        return [fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000)]
+
+    def _until_a_held_line_is_due(self) -> float | None:
+        """Seconds until the first line held for the console is shown, at least _ROUND_SECONDS
+        (a line due now was shown by the last round); None when no line is held."""
+        due = [d for sink, _tty, _room in self._pipes.values() if (d := sink.held_line_due()) is not None]
+        return max(_ROUND_SECONDS, min(due) - time.monotonic()) if due else None
 
     def _round(self) -> float:
         """Read every pipe once; how full the fullest was, as a share of what it holds (1.0 after
@@ -1076,11 +1119,14 @@ class OutputPump:
                 break  # a pipe read short of a full pipe left it empty: no second read to see that
         return self._buffer[:filled].tobytes()
 
-    def _register_pending(self) -> None:
+    def _register_pending(self) -> bool:
+        """Take the pipes added since the last round; whether there were any."""
+        added = not self._pending.empty()
         while not self._pending.empty():
             fd, sink = self._pending.get()
             tty = os.isatty(fd)
             self._pipes[fd] = (sink, tty, _TTY_ROOM if tty else _capacity(fd))
+        return added
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop once every pipe reached end of file (or after `timeout`)."""

@@ -17,11 +17,11 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 from ranktop.core.gpu import GpuMonitor, RankQuery
-from ranktop.core.guard import process_table
+from ranktop.core.guard import process_table, stat_fields
 from ranktop.core.state import GpuSample
 
 _CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -40,46 +40,106 @@ class RankStats:
 # A process is known by (pid, start time in clock ticks) so that a reused pid is a new process.
 ProcKey = tuple[int, int]
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
-def scan_processes() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, start time) for every process, from one pass over /proc (the guard's reading
-    of the table, which ranktop's sweeps share).
+
+class ProcSample(NamedTuple):
+    """One process as one read of its /proc/PID/stat found it."""
+
+    ppid: int
+    start: int  # clock ticks since boot
+    cpu: float  # user + system seconds so far
+    rss: int  # bytes, roughly (resident_bytes has them exactly)
+
+
+def resident_bytes(pid: int) -> int | None:
+    """`pid`'s resident memory from /proc/PID/statm, as psutil's memory_info() reads it; None when
+    it is gone. Not stat's rss field: on recent kernels (6.18 here) that reads the per-CPU memory
+    counters without adding what each CPU holds back (56 pages short here on a 2-core box, up to
+    a batch of pages per CPU on a big node), where statm sums them."""
+    try:
+        fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return int(os.read(fd, 256).split()[1]) * _PAGE
+    except (OSError, IndexError):  # gone between the open and the read
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_sample(pid: int) -> ProcSample | None:
+    """What the sampler needs of `pid` from its stat; None when it is gone. The table's one read
+    of each process holds the CPU times that psutil's cpu_times() read again for each rank's."""
+    fields = stat_fields(pid)
+    if fields is None or len(fields) < 22:
+        return None
+    # Fields 4 (the parent), 14 and 15 (user and system time), 22 (start) and 24 (rss, in pages),
+    # counted from 1 with the pid; stat_fields starts at field 3.
+    cpu = (int(fields[11]) + int(fields[12])) / _TICKS
+    return ProcSample(int(fields[1]), int(fields[19]), cpu, int(fields[21]) * _PAGE)
+
+
+def scan_processes() -> dict[int, ProcSample]:
+    """pid -> ProcSample for every process, from one pass over /proc (the guard's walk of the
+    table, which ranktop's sweeps share).
 
     psutil's children(recursive=True) scans the whole process table once per call; one scan per
     tick shared by all ranks keeps a tick cheap on a busy node with many ranks.
     """
     try:
-        return {proc.pid: (proc.ppid, proc.start) for proc in process_table().values()}
+        return process_table(read_sample)
     except OSError:  # no /proc to list
         return _scan_with_psutil()
 
 
-def _scan_with_psutil() -> dict[int, tuple[int, int]]:
+def _scan_with_psutil() -> dict[int, ProcSample]:
     table = {}
-    for p in psutil.process_iter(["ppid", "create_time"]):
-        table[p.pid] = (p.info["ppid"] or 0, int((p.info["create_time"] or 0) * 100))
+    boot = psutil.boot_time()
+    for p in psutil.process_iter(["ppid", "create_time", "cpu_times", "memory_info"]):
+        times, memory = p.info["cpu_times"], p.info["memory_info"]
+        if times is None or memory is None:
+            continue  # not ours to read
+        start = int(((p.info["create_time"] or boot) - boot) * _TICKS)
+        table[p.pid] = ProcSample(p.info["ppid"] or 0, start, times.user + times.system, memory.rss)
     return table
 
 
-def process_tree(root: int, table: dict[int, tuple[int, int]]) -> list[int]:
-    """`root` and all its descendants present in `table`, root first."""
+def children_of(table: Mapping[int, ProcSample]) -> dict[int, list[int]]:
+    """pid -> its children's pids in `table`: made once per tick, for every rank's tree."""
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _start) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    out, todo = [], [root]
+    for pid, proc in table.items():
+        children.setdefault(proc.ppid, []).append(pid)
+    return children
+
+
+def process_tree(root: int, children: Mapping[int, list[int]]) -> list[int]:
+    """`root` and all its descendants in `children` (children_of's map), root first, each once:
+    a table read while pids are reused can show a cycle of parents."""
+    out, todo, found = [], [root], {root}
     while todo:
         pid = todo.pop()
         out.append(pid)
-        todo.extend(children.get(pid, ()))
+        for child in children.get(pid, ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
     return out
+
+
+def _born_within(start: int, seconds: float) -> bool:
+    """Did a process that started at `start` (clock ticks since boot) start in the last `seconds`?
+    One tick of slack: the start is counted in whole ticks."""
+    return (start + 1) / _TICKS >= time.clock_gettime(time.CLOCK_BOOTTIME) - seconds
 
 
 @dataclass
 class _Counter:
-    """What we keep about one process between ticks: the handle and its last cpu time."""
+    """What we keep about one process between ticks: its cpu time at the last tick."""
 
-    proc: psutil.Process
-    cpu: float | None = None  # user+system seconds at the last tick
+    cpu: float  # user+system seconds
     visible_devices: str | None = None
     env_read: bool = False
 
@@ -154,10 +214,11 @@ class StatsSampler:
         table = scan_processes() if roots else {}
         seen: dict[ProcKey, _Counter] = {}
         found: dict[int, tuple[int, float | None, int, list[int]]] = {}
+        children = children_of(table)
         for r, pid in roots.items():
             if pid not in table:
                 continue  # exited between the slot read and the scan
-            tree = process_tree(pid, table)
+            tree = process_tree(pid, children)
             cpu, rss = self._measure_tree(tree, table, seen, elapsed)
             found[r] = (pid, cpu, rss, tree)
         self._counters = seen  # forget processes that are gone
@@ -170,54 +231,35 @@ class StatsSampler:
         }
 
     def _measure_tree(
-        self, tree: list[int], table: dict[int, tuple[int, int]], seen: dict[ProcKey, _Counter],
+        self, tree: list[int], table: Mapping[int, ProcSample], seen: dict[ProcKey, _Counter],
         elapsed: float | None,
     ) -> tuple[float | None, int]:
         cpu_delta, rss, baseline = 0.0, 0, False
         for i, pid in enumerate(tree):
-            key = (pid, table[pid][1])
-            counter = self._counters.get(key) or self._new_counter(pid)
-            if counter is None:
-                continue
-            try:
-                with counter.proc.oneshot():
-                    times = counter.proc.cpu_times()
-                    mem = counter.proc.memory_info().rss
-            except psutil.Error:
-                continue  # exited, zombie or not ours to read: it simply does not count
-            total = times.user + times.system
-            if counter.cpu is not None:
-                cpu_delta += max(0.0, total - counter.cpu)
+            proc = table[pid]
+            key = (pid, proc.start)
+            counter = self._counters.get(key)
+            if counter is not None:
+                cpu_delta += max(0.0, proc.cpu - counter.cpu)
                 baseline = baseline or i == 0
-            elif key not in self._counters and elapsed is not None and self._born_since_last_tick(counter, elapsed):
-                cpu_delta += total  # all of a newcomer's cpu time falls into this interval
-            counter.cpu = total
-            rss += mem
+                counter.cpu = proc.cpu
+            else:
+                counter = _Counter(proc.cpu)
+                if elapsed is not None and _born_within(proc.start, elapsed):
+                    cpu_delta += proc.cpu  # all of a newcomer's cpu time falls into this interval
+            resident = resident_bytes(pid)
+            rss += proc.rss if resident is None else resident
             seen[key] = counter
         # The rank's own process needs two samples; before that its cpu% would be a guess.
         cpu = round(100.0 * cpu_delta / elapsed, 1) if baseline and elapsed else None
         return cpu, rss
 
-    @staticmethod
-    def _new_counter(pid: int) -> _Counter | None:
-        try:
-            return _Counter(psutil.Process(pid))
-        except psutil.Error:
-            return None
-
-    @staticmethod
-    def _born_since_last_tick(counter: _Counter, elapsed: float) -> bool:
-        try:
-            return counter.proc.create_time() >= time.time() - elapsed
-        except psutil.Error:
-            return False
-
     # ----- GPU ---------------------------------------------------------------------------------
-    def _sample_gpus(self, ranks: dict, found: dict, table: dict[int, tuple[int, int]]) -> dict[int, GpuSample | None]:
+    def _sample_gpus(self, ranks: dict, found: dict, table: Mapping[int, ProcSample]) -> dict[int, GpuSample | None]:
         if not found or not self.gpu.ok:
             return {}
         queries = {
-            r: RankQuery(frozenset(tree), self._visible_devices(ranks[r][1], (pid, table[pid][1])))
+            r: RankQuery(frozenset(tree), self._visible_devices(ranks[r][1], (pid, table[pid].start)))
             for r, (pid, _cpu, _rss, tree) in found.items()
         }
         try:
@@ -232,7 +274,7 @@ class StatsSampler:
         if counter is not None and counter.env_read:
             return counter.visible_devices
         try:
-            value = counter.proc.environ().get(_CUDA_VISIBLE) if counter is not None else None
+            value = psutil.Process(key[0]).environ().get(_CUDA_VISIBLE) if counter is not None else None
         except psutil.Error:
             # Not readable: the environment we gave it says the same unless the rank changed it.
             env = {**os.environ, **started_env}

@@ -273,13 +273,51 @@ def test_the_reader_sleeps_on_descriptors_past_1023():
     try:
         os.write(slave, b"ready\n")
         pump._pressing = [high]
-        assert pump._sleep(10) is False  # woken by the pty within the pause, not by our own pipe
+        assert pump._sleep(10) == [high]  # woken by the pty within the pause, not by our own pipe
+        pump._pressing = []
         pump.wake()
-        assert pump._sleep(10) is True
+        assert pump._sleep(10) == [pump._wake_r]
     finally:
         for fd in (high, slave, master, pump._wake_r, pump._wake_w):
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_reader_makes_no_rounds_while_every_pipe_is_quiet_and_reads_what_comes_then():
+    # 8 sleeping ranks cost the output thread a round of reads every 0.1 s; now, once no pipe
+    # has had anything for a second, it waits in poll until one has something (or ends).
+    import subprocess
+    import sys
+
+    from conftest import wait_for
+    from ranktop.core.output import _IDLE_SECONDS, OutputPump, StreamSink
+
+    read_end, write_end = os.pipe()
+    rank = subprocess.Popen([sys.executable, "-c", "import sys\nfor _ in range(2):\n    sys.stdin.readline()\n"
+                             "    print('late line', flush=True)\nsys.stdin.readline()"],
+                            stdin=subprocess.PIPE, stdout=write_end)
+    os.close(write_end)
+    ring = LineRing()
+    sink = StreamSink(STDOUT, ring)
+    pump = OutputPump()
+    pump.add(read_end, sink)
+    try:
+        for lines in (1, 2):
+            wait_for(lambda: read_end in pump._pipes and pump.polling, what="the reader asleep on the quiet pipe")
+            quiet = pump.rounds
+            time.sleep(5 * _IDLE_SECONDS)  # a window of five rounds, were rounds still made while nothing comes
+            assert pump.rounds == quiet
+            rank.stdin.write(b"go\n")
+            rank.stdin.flush()
+            wait_for(lambda n=lines: ring.tail() == [b"late line"] * n, what="the line written after the quiet spell")
+            wait_for(lambda q=quiet: pump.rounds >= q + 2, what="rounds again, while the rank may write more")
+        rank.stdin.close()
+        assert rank.wait(10) == 0
+        assert sink.done.wait(10)  # its end of file woke the reader too
+    finally:
+        rank.kill()
+        rank.wait()
+        pump.close()
 
 
 def test_pipes_are_widened_only_within_our_share_of_the_users_budget():

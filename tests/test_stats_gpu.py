@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import psutil
 import pytest
 from conftest import Running, make_agent, wait_for
@@ -14,7 +16,7 @@ from ranktop.core.gpu import (
     device_for_local_rank,
 )
 from ranktop.core.gpu_fake import FakeDevice, FakeNvml, FakeNvmlError
-from ranktop.core.stats import StatsSampler
+from ranktop.core.stats import StatsSampler, process_tree
 
 SLEEP = "import time; time.sleep(120)"
 SPIN_RANK0 = "import os, time\nif os.environ['LOCAL_RANK'] == '0':\n    while True: pass\ntime.sleep(120)"
@@ -89,6 +91,59 @@ def test_restarted_rank_is_sampled_under_its_new_pid(tmp_path):
         second = wait_for(lambda: (p := agent.snapshot().ranks[0].pid) != first and p, timeout=15, what="new pid")
         wait_for(lambda: stats(sampler, 0, lambda s: s.pid == second and s.cpu_percent is not None),
                  timeout=10, what="new pid sampled")
+
+
+# The rank sleeps; its child holds ~40 MB and spins, and so does the child's own child.
+BUSY_TREE = (
+    "import subprocess, sys\n"
+    "child = subprocess.Popen([sys.executable, '-c', "
+    "\"import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'while True: pass']); "
+    "held = b'x' * (40 << 20)\\nwhile True: pass\"])\n"
+    "child.wait()"
+)
+
+
+def tree_figures(tree: list[psutil.Process]) -> tuple[list[float], list[int]]:
+    """psutil's own figures for each process: user+system seconds, and rss."""
+    times = [p.cpu_times() for p in tree]
+    return [t.user + t.system for t in times], [p.memory_info().rss for p in tree]
+
+
+def tick_between_figures(sampler: StatsSampler, tree: list[psutil.Process]) -> dict:
+    """One tick of `sampler`, with psutil's figures and the clock read just before and after it."""
+    (cpu_before, rss_before), began = tree_figures(tree), time.monotonic()
+    sampler.tick()
+    ended, (cpu_after, rss_after) = time.monotonic(), tree_figures(tree)
+    return {"began": began, "ended": ended, "cpu_before": cpu_before, "rss_before": rss_before,
+            "cpu_after": cpu_after, "rss_after": rss_after}
+
+
+def test_a_busy_trees_cpu_and_rss_are_psutils_figures_from_one_read_per_process(tmp_path):
+    """The sampler reads each process's stat once per tick for its cpu time and rss; what it
+    reports for a rank's tree lies within psutil's figures read just before and after each tick."""
+    sampler = StatsSampler(interval=3600, gpu=GpuMonitor(FakeNvml(0)))  # ticked by hand after the first
+    with Running(make_agent(tmp_path, BUSY_TREE, n=1, sampler=sampler)) as agent:
+        wait_for(lambda: sampler.ticks >= 1, what="the sampler's own first tick")
+        pid = wait_for(lambda: agent.snapshot().ranks[0].pid, what="rank started")
+        wait_for(lambda: len(child_pids(pid)) == 2, timeout=20, what="the rank's child and grandchild")
+        tree = [psutil.Process(p) for p in (pid, *child_pids(pid))]
+        wait_for(lambda: tree_figures(tree)[1][1] >= 40 * MiB, what="the child's memory")
+        first = tick_between_figures(sampler, tree)
+        wait_for(lambda: sum(tree_figures(tree)[0]) >= sum(first["cpu_after"]) + 0.5, what="some CPU used")
+        second = tick_between_figures(sampler, tree)
+        got = sampler.latest(0)
+        assert (got.pid, got.nprocs) == (pid, 3)
+        rss_before, rss_after = second["rss_before"], second["rss_after"]
+        assert sum(map(min, rss_before, rss_after)) <= got.rss <= sum(map(max, rss_before, rss_after))
+        # Each tick read the counters between psutil's two reads around it, and its clock too.
+        lowest = (sum(second["cpu_before"]) - sum(first["cpu_after"])) / (second["ended"] - first["began"])
+        highest = (sum(second["cpu_after"]) - sum(first["cpu_before"])) / (second["began"] - first["ended"])
+        assert 100 * lowest - 0.1 <= got.cpu_percent <= 100 * highest + 0.1, (lowest, got.cpu_percent, highest)
+
+
+def test_a_cycle_of_parents_in_a_table_read_while_pids_are_reused_ends_the_tree_walk():
+    children = {10: [11], 11: [12], 12: [11, 13]}
+    assert sorted(process_tree(10, children)) == [10, 11, 12, 13]
 
 
 # ----- GPU: matching ranks to devices -----------------------------------------------------------
