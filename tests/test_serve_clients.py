@@ -20,6 +20,7 @@ import tempfile
 import termios
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -376,6 +377,14 @@ def _read_until(stream, line: bytes) -> None:
         assert got, f"logs -f ended before {line!r}"
 
 
+def _at_default(sig: int) -> Callable[[], None]:
+    """A child's preexec_fn: `sig` at its default, whatever this process got. Tests started in the
+    background of a script (SIGINT ignored, as POSIX has it) or under nohup (SIGHUP) pass the
+    ignored signal on, and `logs -f` rightly keeps it ignored: the signal sent did nothing and the
+    test waited out its 30 s."""
+    return lambda: signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_logs_follow_ended_by_a_signal_says_the_total_of_lines_not_shown(tmp_path, runtime, sig):
     """`logs -f` says how many lines of a rank it could not show at the first hole, and the total
@@ -392,7 +401,7 @@ def test_logs_follow_ended_by_a_signal_says_the_total_of_lines_not_shown(tmp_pat
     try:
         wait_for(lambda: os.path.exists(path), timeout=30, what="the run served")
         follow = subprocess.Popen(ranktop_cmd("logs", "bursts", "-f"), cwd=ROOT, env=runtime,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_at_default(sig))
         try:
             _read_until(follow.stdout, b"[0]:up\n")
             log = tmp_path / "logs" / "bursts" / "attempt_0" / "0" / "stdout.log"
