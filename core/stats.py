@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import psutil
 from ranktop.core.gpu import GpuMonitor, RankQuery
-from ranktop.core.guard import process_table, stat_fields
+from ranktop.core.guard import process_table, read_proc_file, stat_fields
 from ranktop.core.state import GpuSample
 
 _CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -59,15 +59,9 @@ def resident_bytes(pid: int) -> int | None:
     counters without adding what each CPU holds back (56 pages short here on a 2-core box, up to
     a batch of pages per CPU on a big node), where statm sums them."""
     try:
-        fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        return int(read_proc_file(f"/proc/{pid}/statm").split()[1]) * _PAGE
+    except (OSError, IndexError):  # gone (also between the open and the read)
         return None
-    try:
-        return int(os.read(fd, 256).split()[1]) * _PAGE
-    except (OSError, IndexError):  # gone between the open and the read
-        return None
-    finally:
-        os.close(fd)
 
 
 def read_sample(pid: int) -> ProcSample | None:
