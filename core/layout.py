@@ -400,14 +400,11 @@ def newest_ended_runs(count: int) -> list[tuple[str, float]]:
     made: [] unless the root is there and as ranktop makes it (`_open_default_root`'s rule); only
     our own directories, none reached through a symlink. An ended run's directory changed last
     when its final.json was made, so only the MAX_RUNS_OPENED changed last are opened."""
-    root = _read_default_root()
-    if root is None:
-        return []
-    try:
+    with _default_root_read() as root:
+        if root is None:
+            return []
         ended = [(name, when) for name in _newest_dirs(root, MAX_RUNS_OPENED)
                  if (when := _own_file_written(root, name, FINAL_FILE)) is not None]
-    finally:
-        os.close(root)
     return sorted(ended, key=lambda run: run[1], reverse=True)[:count]
 
 
@@ -418,32 +415,33 @@ def default_run_files(name: str) -> frozenset[str]:
     a root another user made first could hold any tree they like under our run's id."""
     if "/" in name or name in ("", ".", ".."):
         return frozenset()
-    root = _read_default_root()
-    if root is None:
-        return frozenset()
-    try:
+    with _default_root_read() as root:
+        if root is None:
+            return frozenset()
         return frozenset(file for file in (FINAL_FILE, EVENTS) if _own_file_written(root, name, file) is not None)
-    finally:
-        os.close(root)
 
 
 def ended_runs_starting(prefix: str) -> list[str]:
     """The ids of the ended runs under the default log root that start with `prefix`, sorted,
     read by `newest_ended_runs`' rule ([] where the root fails it)."""
-    root = _read_default_root()
-    if root is None:
-        return []
-    try:
+    with _default_root_read() as root:
+        if root is None:
+            return []
         names = sorted(name for name in os.listdir(root) if name.startswith(prefix))
         return [name for name in names if _own_file_written(root, name, FINAL_FILE) is not None]
+
+
+@contextlib.contextmanager
+def _default_root_read() -> Iterator[int | None]:
+    """A descriptor of the default log root to read, closed on leaving, or None: missing, or not
+    ours alone (the way to it, or the root itself, someone else controls), which has no runs of
+    ours to name."""
+    fd = _default_root_to_read()[0]
+    try:
+        yield fd
     finally:
-        os.close(root)
-
-
-def _read_default_root() -> int | None:
-    """A descriptor of the default log root to read, or None: missing, or not ours alone (the way
-    to it, or the root itself, someone else controls), which has no runs of ours to name."""
-    return _default_root_to_read()[0]
+        if fd is not None:
+            os.close(fd)
 
 
 def default_root_problem() -> str | None:
