@@ -42,6 +42,7 @@ from ranktop.core.guard import (
     process_table,
     rank_leading,
     read_proc,
+    read_proc_file,
     send_signal,
     spare_pid,
     younger_than,
@@ -207,16 +208,9 @@ def _children_of(tids: Iterable[str | int]) -> set[int]:
 
 
 def _read_children(tid: int) -> set[int]:
-    """The children of our thread `tid`, from its /proc children file (a plain descriptor: a file
-    object cost twice as much, read ten times a second)."""
-    fd = os.open(f"/proc/self/task/{tid}/children", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = chunk = os.read(fd, 1 << 16)
-        while len(chunk) == 1 << 16:  # (a long list comes in pieces)
-            data += (chunk := os.read(fd, 1 << 16))
-    finally:
-        os.close(fd)
-    return {int(pid) for pid in data.split()}
+    """The children of our thread `tid`, from its /proc children file (the guard's plain-descriptor
+    read: a file object cost twice as much, read ten times a second)."""
+    return {int(pid) for pid in read_proc_file(f"/proc/self/task/{tid}/children").split()}
 
 
 def _reap(pid: int) -> None:
