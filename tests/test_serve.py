@@ -524,10 +524,11 @@ def test_a_subscriber_naming_a_rank_many_times_is_dropped_and_the_others_are_ser
 
 @contextlib.contextmanager
 def hostile_engine(env, snapshot: object, output: dict | bytes | None = None, clients: object = 1,
-                   hellos: tuple[bytes, ...] = ()) -> Iterator[None]:
+                   hellos: tuple[bytes, ...] = (), pushes: bytes = b"") -> Iterator[None]:
     """A socket in the runtime directory that speaks as an engine (any process of the same user
     could serve one) and answers every snapshot request with `snapshot` and `clients`, every
-    output request with the head `output` and two empty output frames (or with `output`'s bytes).
+    output request with the head `output` and two empty output frames (or with `output`'s bytes),
+    a subscription with `snapshot`, then `pushes`.
     Its k-th connection gets `hellos[k]` as its first bytes where given."""
     connections = iter(hellos)
     directory = Path(env["XDG_RUNTIME_DIR"]) / "ranktop"
@@ -551,6 +552,8 @@ def hostile_engine(env, snapshot: object, output: dict | bytes | None = None, cl
                     elif request["type"] == "output":
                         conn.sendall(protocol.encode_control({"type": "output", **(output or {})})
                                      + protocol.encode_output(0, 0, b"") * 2)
+                    elif request["type"] == "subscribe":
+                        conn.sendall(protocol.encode_control({"type": "subscribe", "snapshot": snapshot}) + pushes)
 
     def serve() -> None:
         with contextlib.suppress(OSError):
@@ -608,6 +611,19 @@ def test_logs_stop_asking_an_engine_that_says_more_and_gives_none(runtime):
         # (it exited 0 in silence, as for an engine that went away, which now says how the run ended)
         assert (done.returncode, done.stdout, done.stderr.count("\n")) == (1, "", 1), done.stderr
         assert done.stderr.startswith("ranktop: evil: the run's engine ended this connection"), done.stderr
+
+
+def test_logs_f_shows_a_push_whose_numbers_are_not_whole_and_counts_no_hole_for_it(runtime):
+    """A pushed output head is not checked as an answer is: one whose generation and line are
+    no numbers ended `logs -f` in a traceback where it counted the lines not shown. Its lines
+    are shown, no hole is said for it, and the run's end is one line."""
+    push = (protocol.encode_control({"type": "output", "rank": 0, "generation": "x", "line": None, "lines": 1})
+            + protocol.encode_output(0, 0, b"hi") + protocol.encode_output(0, 0, b"")
+            + protocol.encode_control({"type": "ended", "state": "succeeded", "exit_status": 0}))
+    with hostile_engine(runtime, _fake_snapshot(), pushes=push):
+        done = run_ranktop("logs", "evil", "-f", env=runtime, timeout=30)
+    assert (done.returncode, done.stdout, done.stderr.count("\n")) == (0, "[0]:hi\n", 1), done.stderr
+    assert done.stderr.startswith("ranktop: evil has ended (succeeded, exit status 0)"), done.stderr
 
 
 @pytest.mark.parametrize(("hellos", "output"), [

@@ -1405,6 +1405,21 @@ def test_an_earlier_attempt_the_user_restarted_gives_way_where_a_failed_one_stay
     assert "earlier: attempt_1: restarted by the user (+1)" in header_text(both, 100.0, width=80).plain
 
 
+def test_a_huge_hostile_name_fits_the_header_safely():
+    """The header's name and earlier attempts come from the run (an attach client reads them off
+    the engine's socket): a name of 100k characters of escape sequences, wide and bidi characters
+    gives up its middle like any long one, with no control character left, and the state stays."""
+    hostile = "\x1b]0;EVIL\x07\x1b[2J\x9b31m训练\u202e" * 8000 + ".py"
+    base = dataclasses.replace(FakeEngine(4, name=hostile).snapshot(), started_at=0.0, attempt=1,
+                               earlier_attempts=("attempt_0: rank 1 failed \x1b[31m(exit 1)\x07",))
+    for width in (40, 80, 200):
+        shown = header_text(base, 100.0, width=width).plain
+        assert " running " in shown[:width] and "…" in shown and (cell_len(shown) <= width or width < 80), (width, shown)
+        assert shown.split("  running ")[0].endswith(".py"), (width, shown)
+        assert not re.search(r"[\x00-\x1f\x7f-\x9f\u202e]", shown), (width, shown)
+    assert "earlier: attempt_0: rank 1 failed" in header_text(base, 100.0, width=200).plain
+
+
 def test_the_header_row_shows_a_long_names_state_and_countdown_at_40_columns():
     """On screen the header wrapped at a word too: behind a long name the state went to a second
     row, which its one row does not show (`ranktop  a_training_…` and nothing else at 40 columns)."""

@@ -796,8 +796,8 @@ class LogView(ScrollView, can_focus=True):
         if self._current is None:  # on a match in the unfinished last line, past every complete one
             at = len(self._hits)
         else:
-            at = bisect.bisect_left(self._hits, self._current)
-            if direction > 0 and (at == len(self._hits) or self._hits[at] != self._current):
+            at, kept = self._current_hit()
+            if direction > 0 and not kept:
                 at -= 1  # the current match has left the ring: the next is the oldest one kept
         to = at + direction
         if 0 <= to < len(self._hits):
@@ -812,8 +812,14 @@ class LogView(ScrollView, can_focus=True):
         when it is on no match of them."""
         if self._current is None:
             return None
+        at, kept = self._current_hit()
+        return (at + 1, len(self._hits)) if kept else None
+
+    def _current_hit(self) -> tuple[int, bool]:
+        """Where the current match stands among the complete lines' matches, and whether it is
+        still one of them (the ring may have dropped its line)."""
         at = bisect.bisect_left(self._hits, self._current)
-        return (at + 1, len(self._hits)) if at < len(self._hits) and self._hits[at] == self._current else None
+        return at, at < len(self._hits) and self._hits[at] == self._current
 
     def _go_to_hit(self, number: int) -> None:
         self._current = number

@@ -311,10 +311,9 @@ def _ticking_room(group: GroupSnapshot, now: float) -> int:
     """The cells a stop's countdown and the alive count have given back since they were widest
     (`SIGKILL in 10s` of a 10 s grace, all ranks alive): kept free, so that no part comes into the
     line as they tick down, under the eyes of whoever watches them."""
-    due = [r.kill_at for r in group.ranks if r.state.alive and r.kill_at is not None]
-    alive = sum(1 for r in group.ranks if r.state.alive)
-    countdown = len(str(math.ceil(group.shutdown_timeout))) - len(str(math.ceil(max(0.0, min(due) - now)))) if due else 0
-    return max(0, countdown) + len(str(len(group.ranks))) - len(str(alive))
+    due = _due_for_kill(group)
+    countdown = len(str(math.ceil(group.shutdown_timeout))) - len(str(_seconds_to_kill(due, now))) if due else 0
+    return max(0, countdown) + len(str(len(group.ranks))) - len(str(alive_count(group)))
 
 
 def _fitted(parts: list[Part], logs: str | None, room: int) -> tuple[list[Part], bool, int]:
@@ -415,22 +414,35 @@ def _alive_part(group: GroupSnapshot) -> Part:
     if group.end_unknown:  # (the ranks alive when the engine was lost are of unknown state now)
         seen = sum(1 for r in group.ranks if r.state == RankState.UNKNOWN)
         return None, Text(f"  engine lost: {seen}/{len(group.ranks)} alive when last seen", style="bold yellow")
-    alive = sum(1 for r in group.ranks if r.state.alive)
-    return "alive", Text(f"  {alive}/{len(group.ranks)} alive", style="dim")
+    return "alive", Text(f"  {alive_count(group)}/{len(group.ranks)} alive", style="dim")
 
 
 def kill_countdown(group: GroupSnapshot, now: float) -> str | None:
     """`SIGKILL in 17s` while a stop's grace runs (the soonest deadline of the live ranks; `rank
     3 SIGKILL in 8s` where only some are being stopped, e.g. one restarted); None when none is."""
-    due = [r for r in group.ranks if r.state.alive and r.kill_at is not None]
+    due = _due_for_kill(group)
     if not due:
         return None
-    left = math.ceil(max(0.0, min(r.kill_at for r in due) - now))
-    alive = sum(1 for r in group.ranks if r.state.alive)
-    if len(due) == alive:
+    left = _seconds_to_kill(due, now)
+    if len(due) == alive_count(group):
         return f"SIGKILL in {left}s"
     names = ",".join(str(r.rank) for r in due[:3]) + ("…" if len(due) > 3 else "")
     return f"rank{'s' if len(due) > 1 else ''} {names} SIGKILL in {left}s"
+
+
+def alive_count(group: GroupSnapshot) -> int:
+    """How many of the group's ranks are alive."""
+    return sum(1 for r in group.ranks if r.state.alive)
+
+
+def _due_for_kill(group: GroupSnapshot) -> list[RankSnapshot]:
+    """The live ranks a stop's SIGKILL is due for (kill_countdown and the room kept for it)."""
+    return [r for r in group.ranks if r.state.alive and r.kill_at is not None]
+
+
+def _seconds_to_kill(due: list[RankSnapshot], now: float) -> int:
+    """Whole seconds left before the soonest SIGKILL of `due` (not empty), 0 once it is past."""
+    return math.ceil(max(0.0, min(r.kill_at for r in due) - now))
 
 
 def _short_path(path: str) -> str:
