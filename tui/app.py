@@ -27,7 +27,7 @@ from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import detach_terminal, terminal_alive
 from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import MainScreen
-from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, LogView, can_act, read_only
+from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, LogView, alive_count, can_act, read_only
 from ranktop.tui.screens import SCREEN_KEYS, SIDEWAYS, ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
 from textual import on
 from textual.app import App, SystemCommand
@@ -201,7 +201,7 @@ class RanktopApp(App):
         if self.user_quit:  # a second q while stopping: do not wait for the grace
             self.engine.submit(cmd.KillGroup())
             return
-        alive = sum(1 for r in snap.ranks if r.state.alive)
+        alive = alive_count(snap)
         if not alive and not self.attached:
             self._stop_and_exit()
             return
