@@ -650,7 +650,7 @@ def test_a_node_that_gives_up_after_its_users_kill_says_so_to_the_others(tmp_pat
     job.start("local-pair", str(free_port()), nproc=2)
     job.start("until-file", str(tmp_path / "never"))
     try:
-        wait_for(lambda: all(_printed(tmp_path / "node0", b"UP", r) for r in range(2)), timeout=TIMEOUT,
+        wait_for(lambda: all(_printed(tmp_path / "node0", b"\nUP\n", r) for r in range(2)), timeout=TIMEOUT,
                  what="node0's ranks up")
         (node0,) = [run for run in served_runs() if run.pid == job.nodes[0].pid]
         assert RemoteEngine(node0.path).submit(cmd.KillRank(1)).ok

@@ -316,7 +316,9 @@ def _kill_rank_1_of_peers(tmp_path, *flags: str) -> tuple[int, str, object]:
                                         "--run-id", "kill", *flags, str(PAIR), "local-pair", str(free_port())),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: all(b"UP" in _log(run_dir, r) for r in range(2)), timeout=20, what="both ranks up")
+        # (the line itself: b"UP" alone is in the PLACED line's GROUP_RANK, and the kill came before
+        # rank 1 had connected, leaving rank 0 in accept() for ever)
+        wait_for(lambda: all(b"\nUP\n" in _log(run_dir, r) for r in range(2)), timeout=20, what="both ranks up")
         assert RemoteEngine(served_runs()[0].path).submit(cmd.KillRank(1)).ok
         _, err = proc.communicate(timeout=30)
     finally:
