@@ -204,8 +204,8 @@ class OpenLine:
         return line
 
 
-def _shown(line: bytes) -> bytes:
-    """A complete line as the ring keeps it: '\r' collapsed, cut at LINE_CAP."""
+def as_shown(line: bytes) -> bytes:
+    """A complete line as the ring keeps it (and a pane shows it): '\r' collapsed, cut at LINE_CAP."""
     return cut_line(collapse_cr(line) if b"\r" in line else line)
 
 
@@ -311,7 +311,7 @@ class LineRing:
         first = open_line.finish(pieces[0])
         open_line.add(pieces.pop())
         if b"\r" in chunk or max(map(len, pieces)) > LINE_CAP:
-            pieces = [_shown(p) for p in pieces]
+            pieces = [as_shown(p) for p in pieces]
         pieces[0] = first
         self._keep(pieces)
 

@@ -639,3 +639,19 @@ def test_a_held_directory_is_not_closed_under_a_thread_that_uses_it(tmp_path):
         assert closed.value.errno == errno.EBADF and not (tmp_path.parent / "stray").exists()
     finally:
         os.close(elsewhere)
+
+
+def test_an_earlier_attempts_view_shows_lines_as_the_live_pane_did(tmp_path):
+    """A progress bar's redraws show as its last state, and a line longer than the ring keeps is
+    cut with the same note (the log file keeps it whole)."""
+    from ranktop.core.output import LINE_CAP
+    from ranktop.tui.attempts import FileFeed
+
+    rank_dir = tmp_path / "run" / "attempt_0" / "0"
+    rank_dir.mkdir(parents=True)
+    long_line = b"x" * (LINE_CAP + 10)
+    (rank_dir / "stdout.log").write_bytes(b"10%\r50%\r100%\n" + long_line + b"\n")
+    lines = FileFeed(str(tmp_path / "run" / "attempt_0"), 0, 100).lines
+    assert lines[0] == b"100%"
+    assert lines[1].startswith(b"x" * LINE_CAP + " \u2026 [ranktop: line cut, 65,546 bytes".encode())
+    assert len(lines) == 2

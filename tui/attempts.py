@@ -9,7 +9,7 @@ import os
 import re
 
 from ranktop.core.layout import tail_lines_below
-from ranktop.core.output import RING_BYTES, RanktopLine, collapse_cr
+from ranktop.core.output import RING_BYTES, RanktopLine, as_shown
 
 _ATTEMPT = re.compile(r"attempt_(\d{1,9})(?:\.(\d{1,9}))?")
 
@@ -48,7 +48,9 @@ class FileFeed:
         half = RING_BYTES // 2
         out = tail_lines_below(run_dir, [self.name, str(local_rank), "stdout.log"], half)
         err = tail_lines_below(run_dir, [self.name, str(local_rank), "stderr.log"], half)
-        out, err = _as_shown(out), _as_shown(err)
+        # A progress bar redrawn with '\r' shows as its last state, as the live pane showed it
+        # (the file keeps every redraw), and a line is cut where the ring cuts it.
+        out, err = [as_shown(line) for line in out], [as_shown(line) for line in err]
         # The marker and the note are ranktop's own lines: the pane draws them as no rank line can be.
         lines = out + ([RanktopLine(f"──── {self.name} stderr.log ────".encode()), *err] if err else [])
         self.lines = lines[-maxlen:] or [RanktopLine(f"({self.name}: no output in its log files)".encode())]
@@ -57,8 +59,3 @@ class FileFeed:
     def since(self, seen: int) -> tuple[int, int, list[bytes], list[bytes]]:
         return self.version, len(self.lines), self.lines[seen:], []
 
-
-def _as_shown(lines: list[bytes]) -> list[bytes]:
-    """A progress bar redrawn with '\r' as its last state, as the live pane shows it (the file
-    keeps every redraw: the pane showed them all in one row, each after a `␍`)."""
-    return [collapse_cr(line) if b"\r" in line else line for line in lines]
