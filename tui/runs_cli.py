@@ -21,6 +21,7 @@ from ranktop.core.client import (
     EngineRefused,
     EngineSilent,
     FinalEngine,
+    NotEnginesFinal,
     RunGone,
     ServedRun,
     SeveralRuns,
@@ -74,6 +75,9 @@ def pick_run(target: str | None, command: str = "attach") -> ServedRun | FinalEn
         not_served = str(exc)
     try:
         view = ended_view(target)
+    except NotEnginesFinal as planted:  # as if there were none: how the run ended is unknown
+        print_err(clean(f"ranktop: {planted}"))
+        view = None
     except BadFinalFile as bad:
         return usage_error(str(bad))
     if view is not None:
@@ -579,7 +583,11 @@ def _connection_ended(run: ServedRun, only: int | None, gone: RunGone, *, printe
         print_err(clean(f"ranktop: {run.run_id}: the run's engine ended this connection{why}; the run goes on, and "
                         f"{again} {'follows' if follow else 'prints'} it again"))
         return 1
-    view = final_view_of(run.snapshot.get("log_dir"))
+    try:
+        view = final_view_of(run.snapshot.get("log_dir"), run.snapshot.get("final_seal"))
+    except NotEnginesFinal as planted:  # as if there were none: how the run ended is unknown
+        print_err(clean(f"ranktop: {run.run_id}: {planted}"))
+        view = None
     if view is None:  # killed before the end: how the run ended is unknown, as attach says
         print_err(clean(f"ranktop: {run.run_id}: lost the run's engine before its end ({gone}); its log files are "
                         f"under {_log_dir(run)}"))
