@@ -49,7 +49,7 @@ from ranktop.core.errors import (
     killed_by,
 )
 from ranktop.core.events import EventLog
-from ranktop.core.layout import ERROR_FILE, FINAL_FILE, Dir, RunDir, check_run_id
+from ranktop.core.layout import ERROR_FILE, FINAL_FILE, FINAL_KEY, Dir, RunDir, check_run_id, final_seal_of
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import ConsoleWriter, binary_console, console_budget, console_name, console_stall
 from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
@@ -247,6 +247,10 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         self._on_under_way = on_under_way
         self._place_run(spec, log_dir, numbered_run_dir)
         self._set_up_output(echo_events, duplicate_filters)
+        # Only final.json gets the key: a client that saw its seal (the snapshot's, run_started's)
+        # knows a final.json the engine wrote from one a rank planted.
+        self._final_key = os.urandom(16).hex()
+        self.final_seal = final_seal_of(self._final_key)
         self.events = self._open_events()
         self._stalls = StallWatch(stall_timeout, self.events, on_stalls, sampler)
         # the actions the user took on single ranks: a root cause that follows one names it
@@ -337,7 +341,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             events.write("run_started", strict=True, run_id=self.run_id, name=self.spec.display_name(),
                          world_size=None if by_round else self.spec.world_size,
                          node_rank=None if by_round else self.spec.node_rank,
-                         master_port=None if by_round else self.master_port, pid=os.getpid())
+                         master_port=None if by_round else self.master_port, pid=os.getpid(),
+                         final_seal=self.final_seal)
             return events
         except OSError as exc:
             if events is not None:
@@ -648,23 +653,23 @@ class LocalAgent(AgentRendezvous, AgentCommands):
 
     def _write_final(self) -> None:
         """final.json: the last snapshot, from which `ranktop attach` shows an ended run once its
-        engine has gone. Written through the held run directory, like every file of the run."""
+        engine has gone, with the key to the run's seal. Written through the held run directory,
+        like every file of the run, under a name of its own and renamed into place whole: a view
+        never reads half of it."""
         from ranktop.core.server import to_json
 
         final = dataclasses.replace(self.snapshot(), ended=True, exit_status=self.result.exit_status)
+        text = json.dumps({**to_json(final), FINAL_KEY: self._final_key})  # (json.dump encodes in Python, dumps in C)
+        writing = f"{FINAL_FILE}.writing-{os.urandom(4).hex()}"
         try:
             # A rank may have planted one (it knows the run directory): kept as evidence, not
             # left to speak for the run, as `attach` and `logs` would take it.
             self.layout.set_aside(FINAL_FILE)
-            fd = self.layout.open_new(FINAL_FILE)
-        except OSError as exc:
-            self.events.write("final_write_failed", error=exc.strerror or str(exc))
-            return
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(to_json(final)))  # (json.dump encodes in Python, dumps in C)
+            with os.fdopen(self.layout.open_new(writing), "w") as f:
+                f.write(text)
+            self.layout.rename(writing, FINAL_FILE)
         except OSError as exc:  # a full disk: no half-written file for a view to stumble on
-            self.layout.remove(FINAL_FILE)
+            self.layout.remove(writing)
             self.events.write("final_write_failed", error=exc.strerror or str(exc))
 
     def _pass_error_file_up(self) -> None:
@@ -847,7 +852,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             user_restarts=self.user_restarts, user_ended=self._user_ended,
             store_lost=self.rendezvous.store_lost if self.rendezvous is not None else None,
             store_silent=self.rendezvous is not None and self.rendezvous.store_silent,
-            forming=self.round_forming(),
+            forming=self.round_forming(), final_seal=self.final_seal,
         )
 
     def rank_processes(self) -> dict[int, tuple[int, dict[str, str]]]:

@@ -23,8 +23,8 @@ from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
 from ranktop.core.errors import read_at_most
-from ranktop.core.events import run_started
-from ranktop.core.layout import FINAL_FILE, STACKS, open_dir_below, tail_lines_below
+from ranktop.core.events import events_in, run_started
+from ranktop.core.layout import EVENTS, FINAL_FILE, FINAL_KEY, STACKS, final_seal_of, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean, quoted
@@ -539,7 +539,11 @@ class RemoteEngine:
         self.gone = True
         if self.last.ended:
             return
-        view = final_view_of(self.last.log_dir)
+        try:
+            view = final_view_of(self.last.log_dir, self.last.final_seal)
+        except NotEnginesFinal as planted:  # said with how the engine was lost; the end stays unknown
+            self.last = self.last.engine_lost(f"{why}; {planted}")
+            return
         if view is None:
             self.last = self.last.engine_lost(why)
             return
@@ -624,21 +628,29 @@ def dump_stacks(path: str, name: str = "DumpStacks", args: dict | None = None) -
     return cmd.Ack(bool(answer.get("ok")), str(answer.get("message")), report=report)
 
 
-def final_view_of(run_dir: str | None) -> FinalEngine | None:
+def final_view_of(run_dir: str | None, seal: Any = None) -> FinalEngine | None:
     """The final view of a served run whose engine has gone, from the final.json in `run_dir` (its
-    run directory, as its engine's snapshot gave it); None where there is none that can be shown
-    (the engine was killed before the run's end) or `run_dir` is not an absolute path (a relative
-    one, or none, would be read from whatever directory the client runs in)."""
+    run directory, as its engine's snapshot gave it) that holds the key to `seal` (the snapshot's
+    final_seal); None where there is none that can be shown (the engine was killed before the
+    run's end) or `run_dir` is not an absolute path (a relative one, or none, would be read from
+    whatever directory the client runs in). NotEnginesFinal if the one there is not the engine's."""
     if not run_dir or not os.path.isabs(run_dir):
         return None
     try:
-        return FinalEngine(os.path.join(run_dir, FINAL_FILE))
+        return FinalEngine(os.path.join(run_dir, FINAL_FILE), seal if isinstance(seal, str) else None)
+    except NotEnginesFinal:
+        raise
     except BadFinalFile:
         return None
 
 
 class BadFinalFile(Exception):
     """final.json cannot be shown (not ours, truncated, another shape); one line says why."""
+
+
+class NotEnginesFinal(BadFinalFile):
+    """A final.json the run's engine did not write (a rank planted it where a killed engine left
+    none, or another user did): ignored, and one line says so and why."""
 
 
 class AmbiguousRun(BadFinalFile):
@@ -660,7 +672,9 @@ class FinalEngine:
 
     MAX_FINAL = 16 << 20  # a snapshot of thousands of ranks fits
 
-    def __init__(self, final_path: str):
+    def __init__(self, final_path: str, seal: str | None = None):
+        """`seal`: the run's final_seal as its live engine served it; without one, the seal its
+        events.jsonl recorded at the start, if any (an older ranktop's run has none)."""
         run_dir = os.path.dirname(os.path.abspath(final_path))
         try:
             self._run_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -668,7 +682,7 @@ class FinalEngine:
             raise BadFinalFile(f"bad final view {final_path}: its directory cannot be opened "
                                f"({exc.strerror})") from None
         try:
-            snap = self._read(final_path)
+            snap = self._read(final_path, seal or _recorded_seal(self._run_fd))
         except BadFinalFile:
             os.close(self._run_fd)
             raise
@@ -680,9 +694,15 @@ class FinalEngine:
         self.last = dataclasses.replace(snap, log_dir=run_dir, ranks=ranks)
         self.gone = True
 
-    def _read(self, final_path: str) -> GroupSnapshot:
+    def _read(self, final_path: str, seal: str | None) -> GroupSnapshot:
+        name = os.path.basename(final_path)
         try:
-            return decode_snapshot(json.loads(read_regular(self._run_fd, os.path.basename(final_path), self.MAX_FINAL)))
+            data = json.loads(read_regular(self._run_fd, name, self.MAX_FINAL, owner=os.fstat(self._run_fd).st_uid))
+            if (why := _unsealed(data, seal)) is not None:
+                raise NotEnginesFinal(f"{final_path} was not written by the run's engine ({why}): ignored")
+            return decode_snapshot(data)
+        except NotOwned as exc:
+            raise NotEnginesFinal(f"{final_path} was not written by the run's engine ({exc}): ignored") from None
         except (NotRegular, BadValue) as exc:
             raise BadFinalFile(f"bad final view {final_path}: {exc}") from None
         except (OSError, ValueError, RecursionError) as exc:
@@ -737,17 +757,50 @@ class FinalEngine:
             self._run_fd = -1
 
 
+def _recorded_seal(run_fd: int) -> str | None:
+    """The final_seal the run_started event of the run directory `run_fd` recorded, or None."""
+    try:
+        fd = os.open(EVENTS, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=run_fd)
+    except OSError:
+        return None
+    try:
+        first = next(events_in(fd), None) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
+    seal = first.get("final_seal") if first is not None and first.get("event") == "run_started" else None
+    return seal if isinstance(seal, str) else None
+
+
+def _unsealed(data: Any, seal: str | None) -> str | None:
+    """Why a final.json's `data` is not the one the engine that served `seal` wrote; None if it is
+    (or there is no seal to hold it to)."""
+    if seal is None:
+        return None
+    key = data.get(FINAL_KEY) if isinstance(data, dict) else None
+    if not isinstance(key, str):
+        return "it holds no key to the run's seal"
+    return None if final_seal_of(key) == seal else "its key does not match the run's seal"
+
+
 class NotRegular(ValueError):
     """A file a view reads that is not a plain file of a bounded size; the message says which."""
 
 
-def read_regular(dir_fd: int, name: str, limit: int) -> bytes:
+class NotOwned(NotRegular):
+    """A file a view reads that belongs to another user than its directory's owner."""
+
+
+def read_regular(dir_fd: int, name: str, limit: int, owner: int | None = None) -> bytes:
     """The file `name` in the directory `dir_fd`, never through a symlink nor from a FIFO (which
-    would block the view), at most `limit` bytes: NotRegular otherwise, OSError if unreadable."""
+    would block the view), at most `limit` bytes: NotRegular otherwise, OSError if unreadable.
+    `owner`: the uid it must belong to (NotOwned if not)."""
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise NotRegular("not a regular file")
+        if owner is not None and info.st_uid != owner:
+            raise NotOwned(f"it belongs to uid {info.st_uid}, its run directory to uid {owner}")
         data = read_at_most(fd, limit + 1)
     finally:
         os.close(fd)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import heapq
 import itertools
 import os
@@ -33,6 +34,12 @@ STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
 ERROR_FILE = "error.json"
 FINAL_FILE = "final.json"  # the run's last snapshot, for `ranktop attach` after its engine left
+FINAL_KEY = "final_key"  # final.json's field holding the secret whose sha256 is the run's final_seal
+
+
+def final_seal_of(key: str) -> str:
+    """The seal (public) of a final.json key (secret): its sha256, in hex."""
+    return hashlib.sha256(key.encode()).hexdigest()
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -177,6 +184,11 @@ class Dir:
                 pass
             except (IsADirectoryError, PermissionError):
                 self.set_aside(name)
+
+    def rename(self, name: str, new_name: str) -> None:
+        """Rename the entry `name` to `new_name`, replacing whatever has that name (at once)."""
+        with self.use() as fd:
+            os.rename(name, new_name, src_dir_fd=fd, dst_dir_fd=fd)
 
     def set_aside(self, name: str) -> None:
         """Move what is called `name` out of the way (kept, renamed), if anything is."""

@@ -15,8 +15,10 @@ import queue
 import re
 import select
 import stat
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -650,8 +652,23 @@ class ConsoleWriter:
         if first and self._on_lost is not None:
             try:
                 self._on_lost(target, why)
-            except Exception:
-                pass  # telling is best effort: the writing threads must go on
+            except (OSError, ValueError):
+                pass  # the other console (or the events' disk) is gone too: the writing threads go on
+            except Exception as exc:  # a bug: seen, once, on the other stream; the writing threads still go on
+                self.say(_other_console(target), _bug_line(f"telling that the console's {console_name(target)} "
+                                                           "is gone", exc))
+
+
+def _other_console(target: BinaryIO) -> BinaryIO:
+    """Our stdout for a lost stderr, else our stderr."""
+    return binary_console(sys.stdout if console_name(target) == "stderr" else sys.stderr)
+
+
+def _bug_line(doing: str, exc: BaseException) -> str:
+    """One line naming a bug of ranktop's met while `doing`, and where it was raised."""
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    return (f"ranktop: a bug while {doing}: {type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}:"
+            f"{where.lineno}); the run goes on, please report it")
 
 
 def _resumed(parts: tuple[Buffer, ...], prefix: bytes) -> tuple[Buffer, ...]:

@@ -177,6 +177,10 @@ class GroupSnapshot:
     # run ended before that round formed): what is known of it. world_size, node_rank, nnodes and
     # round are then the last round's (of none before the first: the command line's guesses).
     forming: RoundForming | None = None
+    # sha256 (hex) of the secret the engine writes into its final.json, and only there: a client
+    # that saw this takes a final.json as the run's end only if it holds that secret (a rank can
+    # plant a final.json where a killed engine left none; it cannot know the secret).
+    final_seal: str | None = None
 
     @property
     def end_unknown(self) -> bool:

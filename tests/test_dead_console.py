@@ -149,3 +149,34 @@ def test_logs_of_an_ended_run_whose_stderr_takes_nothing_is_one_line_on_stdout(t
     status, said = run_dead(["logs", str(tmp_path / "logs" / "e")], "stderr", kind, env)
     end_status, line = command_end("stderr", kind)
     assert (status, said) == (end_status, "[0]:out\n" + line)
+
+
+# A console writer whose telling of a lost console raises `raised`; it writes on to its stdout.
+TELLING_RAISES = """
+import sys
+from ranktop.core.output import ConsoleWriter, binary_console
+def told(target, why):
+    raise {raised}
+writer = ConsoleWriter(on_lost=told)
+for _ in range(3):
+    writer.write(binary_console(sys.stdout), b"a line\\n", "rank 0")
+writer.close()
+print("went on", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("raised", ["nope", "OSError(28, 'No space left on device')"])
+def test_a_bug_telling_that_the_console_is_gone_is_said_once_and_the_writing_goes_on(raised):
+    """Any exception out of the on_lost callback was swallowed as best effort: a NameError there
+    hid that no one was ever told the console was gone. A bug is now one line, once, on the other
+    stream; an OSError (that stream, or the events' disk, is gone too) stays quiet, and either way
+    the writing goes on."""
+    dead = dead_stream("epipe")
+    try:
+        done = subprocess.run(ranktop_cmd()[:1] + ["-c", TELLING_RAISES.format(raised=raised)], cwd=ROOT,
+                              stdout=dead, stderr=subprocess.PIPE, text=True, timeout=30)
+    finally:
+        os.close(dead)
+    bug = ("ranktop: a bug while telling that the console's stdout is gone: NameError: name 'nope' is not defined "
+           "(at <string>:5); the run goes on, please report it\n")
+    assert (done.returncode, done.stderr) == (0, (bug if raised == "nope" else "") + "went on\n")

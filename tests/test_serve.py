@@ -197,6 +197,65 @@ def test_a_run_whose_engine_died_is_named_with_its_log_directory(tmp_path, runti
         assert (done.returncode, done.stdout, done.stderr) == (1, "", said + "\n"), args
 
 
+PLANT_FINAL = """import os, shutil, time
+run_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.environ['TORCHELASTIC_ERROR_FILE'])))
+if os.environ['RANK'] == '0':
+    shutil.copy(os.environ['DONOR_FINAL'], os.path.join(run_dir, 'final.json'))
+print('planted', flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_final_json_a_rank_planted_is_not_the_end_of_a_run_whose_engine_was_killed(tmp_path, runtime):
+    """A rank copied another run's final.json (a success, well formed) into its run directory and
+    the engine was SIGKILLed, so it never set that one aside: `logs -f`, attach's view and `logs`
+    afterwards all showed the run as that success. Only a final.json that holds the key to the
+    seal the engine served (and recorded in run_started) counts; a planted one is one line,
+    ignored, and the run's end is unknown, as for a killed engine that left none."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    (tmp_path / "ok.py").write_text("print('ok')\n")
+    (tmp_path / "plant.py").write_text(PLANT_FINAL)
+    assert run_ranktop("--headless", "--nproc-per-node", "2", "--run-id", "donor", str(tmp_path / "ok.py"),
+                       env=env).returncode == 0
+    root = tmp_path / f"ranktop-{os.geteuid()}"
+    env["DONOR_FINAL"] = str(root / "donor" / "final.json")
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--run-id", "doomed",
+                                        str(tmp_path / "plant.py")),
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    follow = None
+    try:
+        (run,) = wait_for(lambda: [r for r in ls(env) if r["state"] == "running"], what="the run listed")
+        final = Path(run["log_dir"]) / "final.json"
+        wait_for(final.exists, what="the planted final.json")
+        follow = subprocess.Popen(ranktop_cmd("logs", "-f", "doomed"), cwd=ROOT, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert "planted" in follow.stdout.readline()
+        from ranktop.core.client import RemoteEngine
+        view = RemoteEngine(run["socket"])
+    finally:
+        proc.kill()
+        proc.wait()
+    try:
+        said = f"{final} was not written by the run's engine (its key does not match the run's seal): ignored"
+        out, err = follow.communicate(timeout=20)
+        assert follow.returncode == 1, err
+        assert f"ranktop: doomed: {said}\n" in err and "lost the run's engine before its end" in err
+        snap = wait_for(lambda: (s := view.snapshot()).ended and s, what="attach's view lost the engine")
+        assert snap.state.value == "running" and said in snap.error and snap.exit_status is None
+    finally:
+        view.close()
+        if follow.poll() is None:
+            stop_process(follow)
+    ranks = [e["pid"] for e in read_events(run["log_dir"]) if e["event"] == "started"]
+    wait_for(lambda: not any(psutil.pid_exists(pid) for pid in ranks), what="the guard ended the ranks")
+    done = run_ranktop("logs", "doomed", env=env)
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    assert done.stderr.startswith(f"ranktop: {said}\nranktop: doomed is not served and left no final.json")
+    # The engine's own final.json holds the key, and views take it: the donor's, by the seal it recorded.
+    assert run_ranktop("logs", "donor", env=env).returncode == 0
+
+
 def test_a_served_run_whose_engine_does_not_answer_is_listed_and_said_so(tmp_path, runtime):
     """An engine stopped (SIGSTOP) or swamped: ls left its run out, `logs` printed nothing, exit 0,
     and a lingering run's `stop` said it had already ended, its engine gone, exit 0. ls lists it as

@@ -517,3 +517,73 @@ def test_a_process_that_keeps_roots_saved_uid_is_not_the_users_own(tmp_path, run
         stop_process(held)
         held.stdout.close()
         shutil.rmtree(where, ignore_errors=True)
+
+
+# A process of the user's that the kernel would not let them trace, and how it was made so.
+UNTRACEABLE = {
+    "setgid": "whose real, effective and saved gids differ ({gid}/0/0: a setgid program): it is not dumped",
+    "undumpable": "which is not dumpable (prctl PR_SET_DUMPABLE 0, or it changed its ids): it is not dumped",
+}
+UNDUMPABLE = ("import ctypes, os, time; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "  # PR_SET_DUMPABLE
+              "print(os.getpid(), flush=True); time.sleep(60)")
+
+
+def untraceable(user, how: str, where: Path) -> subprocess.Popen:
+    """The user's process, made untraceable by them `how`; its pid is its first line."""
+    env = {"TORCHELASTIC_RUN_ID": how}
+    if how == "undumpable":
+        return user_process(user, UNDUMPABLE, env=env)
+    setgid = where / "sleep"  # a setgid-root copy of a program: the user's real gid, root's effective one
+    shutil.copy("/bin/sleep", setgid)
+    os.chown(setgid, 0, 0)
+    setgid.chmod(0o2755)
+    return subprocess.Popen(["runuser", "-u", user.name, "--", "sh", "-c", 'echo $$; exec "$0" 60', str(setgid)],
+                            env={**os.environ, **env}, stdout=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("how", UNTRACEABLE)
+def test_a_process_of_the_users_they_could_not_trace_is_not_dumped_for_them(tmp_path, runtime, other_user, how):
+    """Their uids were all that was checked: root's `ranktop stacks DIR` of a directory the user
+    made dumped (or SIGUSR1ed) a setgid program of theirs, or one that made itself undumpable,
+    which the kernel lets not even them trace."""
+    where = Path(tempfile.mkdtemp(prefix="h23-", dir="/tmp"))
+    where.chmod(0o755)
+    os.chown(where, other_user.uid, other_user.gid)
+    proc = untraceable(other_user, how, where)
+    try:
+        pid = int(proc.stdout.readline())
+        steer = fake_run_dir(other_user, where, how, pid)
+        for args in ([str(steer)], ["--signal", str(steer)]):
+            out = run_ranktop("stacks", "--no-save", *args, env=runtime, timeout=30)
+            assert (out.returncode, out.stdout) == (2, ""), out
+            assert out.stderr == (f"ranktop: error: bad target '{steer}': its events.jsonl is uid {other_user.uid}'s "
+                                  f"and names rank 0, pid {pid}, {UNTRACEABLE[how].format(gid=other_user.gid)}\n")
+    finally:
+        stop_process(proc)
+        proc.stdout.close()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_a_rank_whose_process_ended_during_the_dump_is_not_shown_as_dumped(tmp_path, runtime):
+    """The pid was checked, then dumped: a process that exited in between left its pid to any
+    other (root's), and that one's stacks were shown and saved as the rank's. The process is
+    held (a pidfd) from its check to the end of its dump; a py-spy that ends it and answers a
+    dump (of whatever took its pid) is not believed."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    victim = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], env={**os.environ, "TORCHELASTIC_RUN_ID": "r"})
+    events = [{"event": "run_started", "run_id": "r", "pid": 1},
+              {"event": "started", "rank": 0, "local_rank": 0, "pid": victim.pid, "attempt": 0}]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    spy = tmp_path / "py-spy"  # it ends the rank and answers a dump all the same
+    spy.write_text("#!/bin/sh\nkill -9 \"$3\"\nwhile kill -0 \"$3\" 2>/dev/null && "
+                   "! grep -q '^State:.*Z' /proc/\"$3\"/status; do :; done\n"
+                   "printf '[{\"frames\": [{\"name\": \"someone_elses\", \"filename\": \"x.py\", \"line\": 1}]}]'\n")
+    spy.chmod(0o755)
+    try:
+        out = run_ranktop("stacks", "--no-save", str(run_dir), env={**runtime, "RANKTOP_PY_SPY": str(spy)}, timeout=30)
+    finally:
+        stop_process(victim)
+    assert out.returncode == 1 and "someone_elses" not in out.stdout, out
+    assert (f"   rank 0 (pid {victim.pid}): gone: process exited during the dump: its pid may have named another "
+            "process by then, so what was dumped is not shown") in out.stdout.splitlines(), out.stdout

@@ -21,6 +21,7 @@ from ranktop.core.client import (
     EngineRefused,
     EngineSilent,
     FinalEngine,
+    NotEnginesFinal,
     RunGone,
     ServedRun,
     SeveralRuns,
@@ -74,6 +75,9 @@ def pick_run(target: str | None, command: str = "attach") -> ServedRun | FinalEn
         not_served = str(exc)
     try:
         view = ended_view(target)
+    except NotEnginesFinal as planted:  # as if there were none: how the run ended is unknown
+        print_err(clean(f"ranktop: {planted}"))
+        view = None
     except BadFinalFile as bad:
         return usage_error(str(bad))
     if view is not None:
@@ -364,16 +368,37 @@ def logs(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     if ns.events and not ns.follow:
         return usage_error("--events needs -f: the events so far are in events.jsonl in the run directory")
-    # A hang-up that whoever started logs chose to ignore (nohup) stays ignored.
-    before = {sig: signal.signal(sig, _terminated) for sig in (signal.SIGTERM, signal.SIGHUP)
-              if signal.getsignal(sig) is not signal.SIG_IGN}
+    # A hang-up that whoever started logs chose to ignore (nohup) stays ignored. The handler is
+    # not put back: the default, back while logs still ended, killed it on the next signal (no
+    # totals, no 128+N), and a second Terminated out of a `finally` on the way was a traceback.
+    ending = _Ending()
+    handled = [sig for sig in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) is not signal.SIG_IGN]
+    for sig in handled:
+        signal.signal(sig, ending)
     try:
-        return _logs(ns)
+        try:
+            return _logs(ns)
+        finally:
+            ending.armed = False  # (a signal before this line still ends logs, caught just below)
     except Terminated as end:  # as Ctrl-C: the totals of the lines not shown are said on the way (finally)
         return 128 + end.signum
     finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+        # Held, pending, from here to the exit: Python puts the defaults back as it exits, and one
+        # coming then would kill logs, its status lost.
+        signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+
+
+class _Ending:
+    """The SIGTERM and SIGHUP handler of `logs`: the first signal while it is armed ends logs
+    (Terminated); any other is ignored, as logs is ending already."""
+
+    def __init__(self) -> None:
+        self.armed = True
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        if self.armed:
+            self.armed = False
+            raise Terminated(signum)
 
 
 class Terminated(BaseException):  # (not an Exception: no `except Exception` on the way takes it)
@@ -383,10 +408,6 @@ class Terminated(BaseException):  # (not an Exception: no `except Exception` on 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
-
-
-def _terminated(signum: int, _frame: object) -> None:
-    raise Terminated(signum)
 
 
 class OutputFailed(Exception):
@@ -579,7 +600,11 @@ def _connection_ended(run: ServedRun, only: int | None, gone: RunGone, *, printe
         print_err(clean(f"ranktop: {run.run_id}: the run's engine ended this connection{why}; the run goes on, and "
                         f"{again} {'follows' if follow else 'prints'} it again"))
         return 1
-    view = final_view_of(run.snapshot.get("log_dir"))
+    try:
+        view = final_view_of(run.snapshot.get("log_dir"), run.snapshot.get("final_seal"))
+    except NotEnginesFinal as planted:  # as if there were none: how the run ended is unknown
+        print_err(clean(f"ranktop: {run.run_id}: {planted}"))
+        view = None
     if view is None:  # killed before the end: how the run ended is unknown, as attach says
         print_err(clean(f"ranktop: {run.run_id}: lost the run's engine before its end ({gone}); its log files are "
                         f"under {_log_dir(run)}"))

@@ -19,6 +19,7 @@ from ranktop.core import stacks
 from ranktop.core.errors import UsageError
 from ranktop.core.layout import RunDir, default_log_root, dump_log_path, latest_attempt_path
 from ranktop.core.sanitize import clean, quoted
+from ranktop.core.stacks.procs import HeldProcess
 from ranktop.core.stdio import print_out
 from ranktop.tui.usage import UsageParser, usage_error
 
@@ -57,8 +58,9 @@ def _is_pid(target: str) -> bool:
     return target.isascii() and target.isdigit()
 
 
-def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | None]:
-    """({rank: pid}, {rank: local_rank}, run_dir or None) for a path or a pid (None: the default
+def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | None, dict[int, HeldProcess]]:
+    """({rank: pid}, {rank: local_rank}, run_dir or None, {rank: its process, held since it was
+    checked: a run directory's, the caller closes them}) for a path or a pid (None: the default
     log directory); BadTarget if neither."""
     if target is None:
         root = default_log_root()
@@ -74,17 +76,17 @@ def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | N
         except psutil.Error as exc:
             raise BadTarget(f"bad target {target}: cannot inspect that process ({exc})") from None
         # Neither a rank nor a ranktop with ranks: dump the process itself as the one "rank".
-        return (pids or {0: pid}), local, run_dir
+        return (pids or {0: pid}), local, run_dir, {}
     if not os.path.isdir(target):
         raise BadTarget(f"bad target {quoted(target)}: expected a run directory, a log directory or a pid")
     run_dir = stacks.find_run_dir(target)
     if run_dir is None:
         raise BadTarget(f"bad target {quoted(target)}: no events.jsonl there or in its subdirectories (not a ranktop log dir)")
     try:
-        pids, local = stacks.live_ranks_in_run_dir(run_dir)
+        pids, local, held = stacks.live_ranks_in_run_dir(run_dir)
     except stacks.ForeignRanks as exc:
         raise BadTarget(f"bad target {quoted(run_dir)}: {exc}") from None
-    return pids, local, run_dir
+    return pids, local, run_dir, held
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,9 +105,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if served is not None:
         return _through_engine(served, ns)
     try:
-        pids, local, run_dir = resolve(ns.target)
+        pids, local, run_dir, held = resolve(ns.target)
     except BadTarget as exc:
         return usage_error(str(exc))
+    try:
+        return _dump_here(pids, local, run_dir, held, ns)
+    finally:
+        stacks.close_all(held)
+
+
+def _dump_here(pids: dict[int, int], local: dict[int, int], run_dir: str | None, held: dict[int, HeldProcess],
+               ns: argparse.Namespace) -> int:
+    """Dump the ranks found from here (py-spy, or SIGUSR1 with --signal); the exit status."""
     if not pids:
         ended = _ended(run_dir)
         print(f"ranktop stacks: {ended + ': no ranks to dump' if ended else f'no live ranks in {run_dir} (the run has ended)'}",
@@ -114,8 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     save_to = None if ns.no_save or not run_dir else _save_dir(run_dir)
     try:
         if ns.signal:
-            return _signal(pids, local, run_dir, save_to, ns)
-        report = stacks.dump_pids(pids, local_ranks=local, run_dir=save_to, source="cli", native_frames=ns.native)
+            return _signal(pids, local, run_dir, save_to, held, ns)
+        report = stacks.dump_pids(pids, local_ranks=local, run_dir=save_to, source="cli", native_frames=ns.native,
+                                  held=held)
     finally:
         if save_to is not None:
             save_to.close()
@@ -195,18 +207,18 @@ def _through_engine(run, ns: argparse.Namespace) -> int:
 
 
 def _signal(pids: dict[int, int], local: dict[int, int], run_dir: str | None, save_to: RunDir | None,
-            ns: argparse.Namespace) -> int:
+            held: dict[int, HeldProcess], ns: argparse.Namespace) -> int:
     """SIGUSR1 to every rank; with the run dir known, read the dumps back from the logs."""
     attempt = latest_attempt_path(run_dir) if run_dir else None
     if attempt is None or set(local) != set(pids):
-        outcome = stacks.signal_pids(pids)
+        outcome = stacks.signal_pids(pids, held=held)
         for rank, what in outcome.items():
             print_out(f"rank {rank} (pid {pids[rank]}): {what}")
         sent = "sent" in outcome.values()
         print_out("the stacks go to each rank's stderr" if sent else "nothing was sent: without --signal, py-spy reads the stacks")
         return 0 if sent else 1  # as a dump of which not one rank's stacks came
     logs = {r: dump_log_path(os.path.join(attempt, str(local[r]))) for r in pids}
-    report = stacks.signal_report(pids, logs, local_ranks=local, run_dir=save_to, source="cli-signal")
+    report = stacks.signal_report(pids, logs, local_ranks=local, run_dir=save_to, source="cli-signal", held=held)
     return _show(report, ns)
 
 

@@ -30,6 +30,7 @@ from ranktop.core.stacks.model import (
     TreeNode,
     rank_list,
 )
+from ranktop.core.stacks.procs import HeldProcess, close_all
 from ranktop.core.stacks.pyspy import (
     DUMP_TIMEOUT,
     NO_PY_SPY_HINT,
@@ -54,8 +55,9 @@ from ranktop.core.stacks.sigusr1 import (
 )
 
 __all__ = [
-    "DUMP_TIMEOUT", "NO_PY_SPY_HINT", "PTRACE_HINT", "Frame", "RankStack", "StackGroup", "StackReport",
+    "DUMP_TIMEOUT", "HeldProcess", "NO_PY_SPY_HINT", "PTRACE_HINT", "Frame", "RankStack", "StackGroup", "StackReport",
     "StackStatus", "ThreadGroup", "ThreadStack", "TreeNode", "build_report", "catches_signal", "classify_py_spy_error",
+    "close_all",
     "dump_agent_stacks", "dump_pid", "dump_pids", "find_py_spy", "find_run_dir", "format_report",
     "ForeignRanks", "live_ranks_in_run_dir", "merge_tree", "other_thread_groups", "ProblemGroup", "problem_groups", "parse_faulthandler", "parse_py_spy_json",
     "python_descendant", "rank_facts", "rank_list", "ranks_of_pid", "report_to_dict", "save_report",

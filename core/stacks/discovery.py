@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import os
@@ -13,7 +14,7 @@ from ranktop.core.errors import ERROR_FILE_ENV
 from ranktop.core.events import events_in, open_events_file, run_started
 from ranktop.core.layout import EVENTS, MAX_ROOT_ENTRIES, MAX_RUNS_OPENED, run_dir_of_error_file
 from ranktop.core.protocol import is_whole
-from ranktop.core.stacks.procs import environ, gone_reason
+from ranktop.core.stacks.procs import HeldProcess, close_all, environ, gone_reason
 
 
 def _count(value: object) -> int | None:
@@ -26,36 +27,64 @@ class ForeignRanks(Exception):
     whoever wrote the file may name only their own processes to dump or signal."""
 
 
-def live_ranks_in_run_dir(run_dir: str) -> tuple[dict[int, int], dict[int, int]]:
-    """({rank: pid}, {rank: local_rank}) of the latest attempt's ranks that still run. An event
-    with a field of the wrong kind counts as not written. ForeignRanks when one of them runs as
-    another user than the one whose events.jsonl names it: a directory is anyone's to write, and
-    root's `ranktop stacks` of it would ptrace (or SIGUSR1) whichever process its owner chose."""
+def live_ranks_in_run_dir(run_dir: str) -> tuple[dict[int, int], dict[int, int], dict[int, HeldProcess]]:
+    """({rank: pid}, {rank: local_rank}, {rank: its process, held}) of the latest attempt's ranks
+    that still run; the caller closes what is held. An event with a field of the wrong kind
+    counts as not written. ForeignRanks when one of them is not the own process of the user
+    whose events.jsonl names it (see dump_refusal): a directory is anyone's to write, and root's
+    `ranktop stacks` of it would ptrace (or SIGUSR1) whichever process its owner chose. Each is
+    checked once held, so a pid that another process took since is not dumped in its name."""
     fd = open_events_file(os.path.join(run_dir, EVENTS))
     if fd is None:
-        return {}, {}
+        return {}, {}, {}
     try:
         owner = os.fstat(fd).st_uid
         pids, local = _live_ranks(events_in(fd))
     finally:
         os.close(fd)
-    for rank, pid in sorted(pids.items()):
-        if (uids := _uids_of(pid)) is not None and uids != {owner}:
-            raise ForeignRanks(f"its events.jsonl is uid {owner}'s and names rank {rank}, pid {pid}, which runs as "
-                               f"uid {'/'.join(map(str, sorted(uids)))}: only uid {owner}'s processes are "
-                               "dumped from it")
-    return pids, local
+    held = _held_and_checked(pids, owner)
+    for rank in [rank for rank, process in held.items() if not process.alive()]:  # gone since: no rank to dump
+        held.pop(rank).close()
+    return {r: pids[r] for r in held}, {r: local[r] for r in held}, held
 
 
-def _uids_of(pid: int) -> set[int] | None:
-    """The real, effective and saved uid of `pid`; None once it is gone. All three are the user's
-    in a process of theirs: the kernel lets no one else ptrace one that keeps another's saved uid
-    (a setuid program that set its euid aside for a while)."""
+def _held_and_checked(pids: dict[int, int], owner: int) -> dict[int, HeldProcess]:
+    """{rank: its process, held} of those of `pids` that still run, each checked once held
+    (dump_refusal): ForeignRanks, nothing held, for the first that is not uid `owner`'s to dump."""
+    held: dict[int, HeldProcess] = {}
     try:
-        uids = psutil.Process(pid).uids()
-    except psutil.Error:
+        for rank, pid in sorted(pids.items()):
+            with contextlib.suppress(ProcessLookupError):
+                held[rank] = HeldProcess(pid)
+            # (what was read of a pid whose process then exited may be another's: that one is gone)
+            if rank in held and (why := dump_refusal(pid, owner)) is not None and held[rank].alive():
+                raise ForeignRanks(f"its events.jsonl is uid {owner}'s and names rank {rank}, pid {pid}, {why}")
+    except BaseException:
+        close_all(held)
+        raise
+    return held
+
+
+def dump_refusal(pid: int, owner: int) -> str | None:
+    """Why `pid` is not uid `owner`'s own to dump, or None: the kernel lets a user trace only a
+    process whose real, effective and saved uids are all theirs (not a setuid program that set
+    its euid aside for a while), whose gids are all one (not a setgid program) and that is
+    dumpable (not one that asked prctl(PR_SET_DUMPABLE, 0), nor one that changed its ids); root
+    must not trace any other for them. None too once it is gone."""
+    try:
+        process = psutil.Process(pid)
+        uids, gids = {*process.uids()}, tuple(process.gids())
+        dumpable = os.stat(f"/proc/{pid}/status").st_uid == owner  # (the kernel gives root the files of one that is not)
+    except (psutil.Error, OSError):
         return None
-    return {uids.real, uids.effective, uids.saved}
+    if uids != {owner}:
+        return f"which runs as uid {'/'.join(map(str, sorted(uids)))}: only uid {owner}'s processes are dumped from it"
+    if len(set(gids)) > 1:
+        return (f"whose real, effective and saved gids differ ({'/'.join(map(str, gids))}: a setgid program): "
+                "it is not dumped")
+    if not dumpable:
+        return "which is not dumpable (prctl PR_SET_DUMPABLE 0, or it changed its ids): it is not dumped"
+    return None
 
 
 def _live_ranks(events: Iterable[dict]) -> tuple[dict[int, int], dict[int, int]]:
@@ -104,9 +133,11 @@ def find_run_dir(path: str) -> str | None:
 
 def _has_live_ranks(run_dir: str) -> bool:
     try:
-        return bool(live_ranks_in_run_dir(run_dir)[0])
+        pids, _, held = live_ranks_in_run_dir(run_dir)
     except ForeignRanks:  # (said when it is named itself)
         return False
+    close_all(held)
+    return bool(pids)
 
 
 def _written_last(root: str, count: int) -> list[str]:

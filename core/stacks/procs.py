@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import select
+import signal
+
 import psutil
 
 
@@ -39,3 +43,32 @@ def environ(proc: psutil.Process) -> dict[str, str]:
         return proc.environ()
     except psutil.Error:
         return {}
+
+
+class HeldProcess:
+    """A process held by a pidfd: while it lives, its pid names no other process, so what is
+    checked of that pid once it is held, and a dump taken while it still lives, are of it (a
+    process that exits lets the kernel give its pid to any other, root's included).
+    ProcessLookupError if `pid` is gone already."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fd = os.pidfd_open(pid)
+
+    def alive(self) -> bool:
+        """Whether the held process still runs (a pidfd reads as ready once it has exited)."""
+        return not select.select([self._fd], [], [], 0)[0]
+
+    def send(self, sig: int) -> None:
+        """`sig` to the held process, never to another that took its pid (ProcessLookupError)."""
+        signal.pidfd_send_signal(self._fd, sig)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def close_all(held: dict[int, HeldProcess]) -> None:
+    for process in held.values():
+        process.close()

@@ -24,7 +24,7 @@ from ranktop.core.events import EventLog
 from ranktop.core.layout import RunDir
 from ranktop.core.stacks.grouping import build_report
 from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack
-from ranktop.core.stacks.procs import children_of, gone_reason
+from ranktop.core.stacks.procs import HeldProcess, children_of, gone_reason
 from ranktop.core.stacks.saving import save_report
 from ranktop.core.strays import own_tool
 
@@ -279,8 +279,10 @@ def _frame_name(name: str) -> str:
 def dump_pids(pids: Mapping[int, int], *, local_ranks: Mapping[int, int] | None = None,
               native: Iterable[int] = (), extra: Mapping[int, dict] | None = None,
               run_dir: RunDir | None = None, events: EventLog | None = None, source: str = "api",
-              native_frames: bool = False) -> StackReport:
+              native_frames: bool = False, held: Mapping[int, HeldProcess] | None = None) -> StackReport:
     """Dump `pids` ({rank: pid}) concurrently, group them, and save the report under `run_dir`.
+    `held`: {rank: its process, held since it was checked}; a rank's whose process exited before
+    its dump was read is not shown (its pid may have named another process by then).
 
     `events` is the run's open EventLog; without one and with a run dir, the event is appended
     to that run's events.jsonl (another process's run, for `ranktop stacks`).
@@ -292,12 +294,23 @@ def dump_pids(pids: Mapping[int, int], *, local_ranks: Mapping[int, int] | None 
         futures = [pool.submit(dump_pid, pids[r], r, local_ranks.get(r), native=r in native,
                                native_frames=native_frames) for r in order]
         stacks = [f.result() for f in futures]
-    stacks = [_with_extra(s, extra.get(s.rank)) for s in stacks]
+    stacks = [_with_extra(_still_held(s, (held or {}).get(s.rank)), extra.get(s.rank)) for s in stacks]
     report = dataclasses.replace(build_report(stacks, taken_at, time.perf_counter() - started),
                                  native_frames=native_frames)
     if run_dir:
         report = save_report(report, run_dir, events, source)
     return report
+
+
+REPLACED = ("process exited during the dump: its pid may have named another process by then, so what was "
+            "dumped is not shown")
+
+
+def _still_held(stack: RankStack, process: HeldProcess | None) -> RankStack:
+    """`stack`, unless the process checked before the dump has exited since (checked after it)."""
+    if process is None or process.alive():
+        return stack
+    return RankStack(stack.rank, stack.local_rank, stack.pid, StackStatus.GONE, reason=REPLACED)
 
 
 def _with_extra(stack: RankStack, fields: dict | None) -> RankStack:

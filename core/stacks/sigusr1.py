@@ -17,7 +17,7 @@ from ranktop.core.events import EventLog
 from ranktop.core.layout import RunDir, dump_log_path
 from ranktop.core.stacks.grouping import build_report
 from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack
-from ranktop.core.stacks.procs import gone_reason
+from ranktop.core.stacks.procs import HeldProcess, gone_reason
 from ranktop.core.stacks.saving import save_report
 
 
@@ -33,12 +33,14 @@ def catches_signal(pid: int, sig: int) -> bool:
     return False
 
 
-def signal_pids(pids: Mapping[int, int], sig: int = signal.SIGUSR1) -> dict[int, str]:
+def signal_pids(pids: Mapping[int, int], sig: int = signal.SIGUSR1,
+                held: Mapping[int, HeldProcess] | None = None) -> dict[int, str]:
     """Send `sig` to each rank process (not its group) that catches it; {rank: what happened}.
 
     Only the rank process: its children (data loader workers, compilers) did not necessarily
     register faulthandler, and SIGUSR1's default action would kill them. A rank that does not
-    catch the signal is skipped for the same reason.
+    catch the signal is skipped for the same reason. `held`: {rank: its process, held since it
+    was checked}, which gets the signal through its pidfd (never a process that took its pid since).
     """
     outcome = {}
     for rank, pid in sorted(pids.items()):
@@ -48,13 +50,20 @@ def signal_pids(pids: Mapping[int, int], sig: int = signal.SIGUSR1) -> dict[int,
             outcome[rank] = "skipped: it does not handle SIGUSR1 (faulthandler off, or not Python)"
         else:
             try:
-                os.kill(pid, sig)
+                _send(pid, sig, (held or {}).get(rank))
                 outcome[rank] = "sent"
             except ProcessLookupError:
                 outcome[rank] = "gone"
             except PermissionError:
                 outcome[rank] = "no permission to signal it"
     return outcome
+
+
+def _send(pid: int, sig: int, process: HeldProcess | None) -> None:
+    if process is None:
+        os.kill(pid, sig)
+    else:
+        process.send(sig)
 
 
 def signal_dump(agent: Any) -> dict[int, str]:
@@ -138,7 +147,7 @@ def _read_from(path: str, offset: int) -> str:
 def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
                   local_ranks: Mapping[int, int] | None = None, timeout: float = 3.0,
                   run_dir: RunDir | None = None, events: EventLog | None = None,
-                  source: str = "signal") -> StackReport:
+                  source: str = "signal", held: Mapping[int, HeldProcess] | None = None) -> StackReport:
     """The grouped view without ptrace: SIGUSR1 to each rank, then read its dump from the log its
     stderr goes to (`layout.dump_log_path`).
 
@@ -147,7 +156,7 @@ def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
     started, taken_at = time.perf_counter(), time.time()
     offsets, unreadable = _log_ends(pids, dump_logs)  # unreadable: {rank: why its log cannot be read}
     # Signalled all the same: the stacks still reach the rank's stderr, and its pane.
-    outcome = signal_pids(pids)
+    outcome = signal_pids(pids, held=held)
     pending = {r for r, what in outcome.items() if what == "sent" and r not in unreadable}
     texts = _read_dumps(pending, dump_logs, offsets, unreadable, timeout)
     found = [_rank_stack(r, pids[r], (local_ranks or {}).get(r), outcome[r], texts.get(r, ""),
