@@ -587,3 +587,27 @@ def test_a_rank_whose_process_ended_during_the_dump_is_not_shown_as_dumped(tmp_p
     assert out.returncode == 1 and "someone_elses" not in out.stdout, out
     assert (f"   rank 0 (pid {victim.pid}): gone: process exited during the dump: its pid may have named another "
             "process by then, so what was dumped is not shown") in out.stdout.splitlines(), out.stdout
+
+
+def test_more_ranks_than_files_it_may_open_is_one_line_and_nothing_dumped(tmp_path, runtime):
+    """Each rank is held by a pidfd from its check to its dump: a run directory naming more ranks
+    than `stacks` may open files (a run of thousands, or a made-up events.jsonl) was a traceback."""
+    import resource
+
+    rank = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], env={**os.environ, "TORCHELASTIC_RUN_ID": "many"})
+    try:
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        events = [{"event": "run_started", "run_id": "many", "pid": 1}]
+        events += [{"event": "started", "rank": r, "local_rank": r, "pid": rank.pid, "attempt": 0} for r in range(200)]
+        (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        few_files = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))  # noqa: E731
+        out = run_ranktop("stacks", "--no-save", str(run_dir), env=runtime, timeout=30, preexec_fn=few_files)
+        assert (out.returncode, out.stdout) == (2, ""), out
+        assert out.stderr.startswith(f"ranktop: error: bad target '{run_dir}': rank "), out.stderr
+        assert f", pid {rank.pid}, cannot be held from its check to its dump (Too many open files): nothing dumped; " \
+               "raise the open-files limit (ulimit -n) or name one rank's pid\n" in out.stderr, out.stderr
+        assert out.stderr.count("\n") == 1
+        assert rank.poll() is None  # nothing sent to it
+    finally:
+        stop_process(rank)

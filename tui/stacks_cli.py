@@ -84,7 +84,7 @@ def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | N
         raise BadTarget(f"bad target {quoted(target)}: no events.jsonl there or in its subdirectories (not a ranktop log dir)")
     try:
         pids, local, held = stacks.live_ranks_in_run_dir(run_dir)
-    except stacks.ForeignRanks as exc:
+    except (stacks.ForeignRanks, stacks.RanksNotHeld) as exc:
         raise BadTarget(f"bad target {quoted(run_dir)}: {exc}") from None
     return pids, local, run_dir, held
 

@@ -10,7 +10,7 @@ faulthandler for it (see `core.spec.faulthandler_env` and core/faulthandler_boot
 rank prints its own stacks to stderr, which lands in its log and its pane.
 """
 
-from ranktop.core.stacks.discovery import ForeignRanks, find_run_dir, live_ranks_in_run_dir, ranks_of_pid
+from ranktop.core.stacks.discovery import ForeignRanks, RanksNotHeld, find_run_dir, live_ranks_in_run_dir, ranks_of_pid
 from ranktop.core.stacks.grouping import (
     ProblemGroup,
     build_report,
@@ -59,7 +59,7 @@ __all__ = [
     "StackStatus", "ThreadGroup", "ThreadStack", "TreeNode", "build_report", "catches_signal", "classify_py_spy_error",
     "close_all",
     "dump_agent_stacks", "dump_pid", "dump_pids", "find_py_spy", "find_run_dir", "format_report",
-    "ForeignRanks", "live_ranks_in_run_dir", "merge_tree", "other_thread_groups", "ProblemGroup", "problem_groups", "parse_faulthandler", "parse_py_spy_json",
+    "ForeignRanks", "RanksNotHeld", "live_ranks_in_run_dir", "merge_tree", "other_thread_groups", "ProblemGroup", "problem_groups", "parse_faulthandler", "parse_py_spy_json",
     "python_descendant", "rank_facts", "rank_list", "ranks_of_pid", "report_to_dict", "save_report",
     "signal_agent_report", "signal_dump", "signal_pids", "signal_report", "thread_tree",
 ]

@@ -13,6 +13,7 @@ import psutil
 from ranktop.core.errors import ERROR_FILE_ENV
 from ranktop.core.events import events_in, open_events_file, run_started
 from ranktop.core.layout import EVENTS, MAX_ROOT_ENTRIES, MAX_RUNS_OPENED, run_dir_of_error_file
+from ranktop.core.limits import raise_fd_limit
 from ranktop.core.protocol import is_whole
 from ranktop.core.stacks.procs import HeldProcess, close_all, environ, gone_reason
 
@@ -20,6 +21,10 @@ from ranktop.core.stacks.procs import HeldProcess, close_all, environ, gone_reas
 def _count(value: object) -> int | None:
     """`value` if it is a whole number, 0 or more (a rank, a pid, an attempt), else None."""
     return value if is_whole(value) and value >= 0 else None
+
+
+class RanksNotHeld(Exception):
+    """A rank's process that could not be held (a pidfd) to be checked and dumped; says why."""
 
 
 class ForeignRanks(Exception):
@@ -42,6 +47,7 @@ def live_ranks_in_run_dir(run_dir: str) -> tuple[dict[int, int], dict[int, int],
         pids, local = _live_ranks(events_in(fd))
     finally:
         os.close(fd)
+    raise_fd_limit()  # a pidfd for each rank
     held = _held_and_checked(pids, owner)
     for rank in [rank for rank, process in held.items() if not process.alive()]:  # gone since: no rank to dump
         held.pop(rank).close()
@@ -55,7 +61,7 @@ def _held_and_checked(pids: dict[int, int], owner: int) -> dict[int, HeldProcess
     try:
         for rank, pid in sorted(pids.items()):
             with contextlib.suppress(ProcessLookupError):
-                held[rank] = HeldProcess(pid)
+                held[rank] = _hold(rank, pid)
             # (what was read of a pid whose process then exited may be another's: that one is gone)
             if rank in held and (why := dump_refusal(pid, owner)) is not None and held[rank].alive():
                 raise ForeignRanks(f"its events.jsonl is uid {owner}'s and names rank {rank}, pid {pid}, {why}")
@@ -63,6 +69,19 @@ def _held_and_checked(pids: dict[int, int], owner: int) -> dict[int, HeldProcess
         close_all(held)
         raise
     return held
+
+
+def _hold(rank: int, pid: int) -> HeldProcess:
+    """Rank `rank`'s process, held; RanksNotHeld where it cannot be (out of file descriptors:
+    thousands of ranks, or an events.jsonl naming as many)."""
+    try:
+        return HeldProcess(pid)
+    except ProcessLookupError:
+        raise
+    except OSError as exc:
+        raise RanksNotHeld(f"rank {rank}, pid {pid}, cannot be held from its check to its dump "
+                           f"({exc.strerror}): nothing dumped; "
+                           "raise the open-files limit (ulimit -n) or name one rank's pid") from None
 
 
 def dump_refusal(pid: int, owner: int) -> str | None:
@@ -134,7 +153,7 @@ def find_run_dir(path: str) -> str | None:
 def _has_live_ranks(run_dir: str) -> bool:
     try:
         pids, _, held = live_ranks_in_run_dir(run_dir)
-    except ForeignRanks:  # (said when it is named itself)
+    except (ForeignRanks, RanksNotHeld):  # (said when it is named itself)
         return False
     close_all(held)
     return bool(pids)
