@@ -460,7 +460,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
     def _restart_reason(self, result: RunProcsResult) -> str | None:
         if self._stop_requested:
             return None
-        if self._restart_requested:
+        if self._restart_requested and not self._restart_overtaken():
             return "user"
         if self._peer_restarted():  # (its ranks may have broken meanwhile: no failure of theirs)
             return "peer_user"

@@ -193,13 +193,29 @@ class AgentRendezvous:
         """Another node's user restarted the group (`R`): this node starts the next attempt too."""
         return self._round_end is not None and self._round_end.kind == "peer_restart"
 
-    def _say_restart_group(self) -> None:
+    def _say_restart_group(self) -> str | None:
         """The user's `R` in a multi-node run: the other nodes learn that it was one, so that each
         starts the next attempt as this one does (TORCHELASTIC_RESTART_COUNT the same on every node),
         spending no restart; their ranks breaking meanwhile is no failure. The word waits WORD_WAIT
-        at most: a store that does not answer left `R` unanswered and no stop taken."""
-        if self.rendezvous is not None:
-            self._store_call_within(lambda: self.rendezvous.agree_on_end(USER_RESTART), WORD_WAIT)
+        at most: a store that does not answer left `R` unanswered and no stop taken.
+        Where another node's word came first (its ranks failed, or it saw nodes join), this node
+        takes that word, as every node does: the same attempt and restarts spent everywhere. Returns
+        the words for the user then, else None."""
+        if self.rendezvous is None:
+            return None
+        agreed = self._store_call_within(lambda: self.rendezvous.agree_on_end(USER_RESTART), WORD_WAIT)
+        if agreed not in ("failure", "nodes_joined") or self._round_end is not None:
+            return None
+        where = self.rendezvous.describe()
+        self._round_end = (RoundEnd("peer_failed", f"another node of the {where} failed") if agreed == "failure"
+                           else RoundEnd("nodes_joined", f"nodes joined the {where}"))
+        self.events.write("round_end", kind=self._round_end.kind, message=self._round_end.message, overtook="user_restart")
+        return (f"{self._round_end.message} just before your R: the group restarts for that, "
+                + ("a restart spent, as on every node" if agreed == "failure" else "no restart spent"))
+
+    def _restart_overtaken(self) -> bool:
+        """The user's `R` came just after another node's failure or newcomers: that decides."""
+        return self._round_end is not None and self._round_end.kind in ("peer_failed", "nodes_joined")
 
     @staticmethod
     def _store_call_within(call: Callable[[], Any], seconds: float) -> Any:

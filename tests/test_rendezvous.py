@@ -705,6 +705,43 @@ def test_a_group_restart_on_one_node_is_the_next_attempt_on_every_node(tmp_path,
                         "attempt_1 (no restart spent)"], lines
 
 
+def test_a_group_restart_just_after_another_nodes_failure_spends_a_restart_as_every_node_does(tmp_path,
+                                                                                              torch_installed):
+    """node1's rank fails and node1 says so in the store; the user's `R` on node0 comes before
+    node0 has heard (its watch looks only every 120 s: the race made certain, no sleep). node0
+    started the next attempt spending no restart while node1 spent one: the same attempt, but
+    node0 had a restart more than the others. Every node now takes the first word: node0 too."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    job, fail, done = Job(tmp_path, "restart-overtaken"), tmp_path / "fail", tmp_path / "done"
+    flags = ("--max-restarts", "2")
+    job.start("until-file", str(done), extra=(*flags, "--monitor-interval", "120"), local_addr="127.0.0.1")
+    job.start("fail-on-file-then-until", "1", str(fail), str(done), extra=flags, local_addr="127.0.0.2")
+    try:
+        wait_for(lambda: all(_printed(tmp_path / f"node{i}", b"PLACED") for i in range(2)), timeout=TIMEOUT,
+                 what="both nodes' ranks up")
+        fail.touch()
+        wait_for(lambda: node_events(tmp_path, "node1", "group_restart"), timeout=TIMEOUT,
+                 what="node1 restarting for its rank's failure (its word in the store)")
+        (node0,) = [run for run in served_runs() if run.pid == job.nodes[0].pid]
+        ack = RemoteEngine(node0.path).submit(cmd.RestartGroup())
+        assert ack.ok and ack.message == ("another node of the c10d rendezvous 'restart-overtaken' failed just before "
+                                          "your R: the group restarts for that, a restart spent, as on every node"), ack
+        wait_for(lambda: all(len(node_events(tmp_path, f"node{i}", "started")) == 2 for i in range(2)),
+                 timeout=TIMEOUT, what="both nodes' second start")
+    finally:
+        done.touch()
+    results = job.finish()
+    for node, (status, out, err) in enumerate(results):
+        assert status == 0, err
+        assert [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)] == ["0", "1"], out
+        restarts = [(e["reason"], e["attempt"]) for e in events(tmp_path / f"node{node}") if e["event"] == "group_restart"]
+        assert restarts == [("failure", 1)], restarts
+    assert ("ranktop: another node of the c10d rendezvous 'restart-overtaken' failed; restarting the group: attempt_1 "
+            "(1 of 2 restarts spent)") in results[0][2].splitlines(), results[0][2]
+
+
 def test_a_group_restart_while_the_store_does_not_answer_is_answered_at_once(tmp_path, torch_installed):
     """node0 serves the c10d store and hangs (SIGSTOP: a wedged host, a cut network); the user's `R`
     on node1 tells the other nodes first, through that store, and that call held node1's monitor
