@@ -261,6 +261,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
                            if spec.rdzv_handler is not None else None)
         if self.rendezvous is not None:
             self.rendezvous.on_store_change = _weakly(self._store_changed)
+            self.rendezvous.on_every_node_dropped = _weakly(self._every_node_dropped)
         shared_id = self.rendezvous.run_id if self.rendezvous is not None else "none"
         if spec.run_id is not None:
             self.run_id = check_run_id(spec.run_id)

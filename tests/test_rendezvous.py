@@ -566,6 +566,18 @@ def test_two_nodes_through_a_real_etcd_server(tmp_path, etcd_server, backend, ra
                          "ranktop: rank 1 failed (exit 3); restarting the group: attempt_1 (1 of 1 restarts spent)"], lines
 
 
+def test_the_waiting_line_over_etcd_v1_names_its_nodes_and_time_out(etcd_server):
+    """torch's legacy etcd handler has no settings to read: the waiting line named neither the nodes
+    a round needs nor when it gives up. Its rendezvous keeps both, and the line says them."""
+    from ranktop.core.rendezvous import Rendezvous, create_handler
+
+    handler = create_handler("etcd", etcd_server, "etcd-v1-words", 2, 3, conf={"timeout": "45"})
+    rdzv = Rendezvous(handler, "default", 1)
+    assert rdzv.waiting_words() == ("waiting for nodes to join the etcd rendezvous 'etcd-v1-words' (2 to 3 nodes; "
+                                    "gives up after 45 s)")
+    assert rdzv.nodes_needed() == "2 to 3"
+
+
 def test_etcd_without_its_client_is_a_one_line_error(tmp_path, torch_installed):
     res = run_ranktop("--headless", "--rdzv-backend", "etcd", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                       "--log-dir", str(tmp_path), RANK, "print", without="etcd")
