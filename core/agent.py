@@ -265,6 +265,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
                            if spec.rdzv_handler is not None else None)
         if self.rendezvous is not None:
             self.rendezvous.on_store_change = _weakly(self._store_changed)
+            self.rendezvous.on_every_node_dropped = _weakly(self._every_node_dropped)
         shared_id = self.rendezvous.run_id if self.rendezvous is not None else "none"
         if spec.run_id is not None:
             self.run_id = check_run_id(spec.run_id)
@@ -465,7 +466,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
     def _restart_reason(self, result: RunProcsResult) -> str | None:
         if self._stop_requested:
             return None
-        if self._restart_requested:
+        if self._restart_requested and not self._restart_overtaken():
             return "user"
         if self._peer_restarted():  # (its ranks may have broken meanwhile: no failure of theirs)
             return "peer_user"

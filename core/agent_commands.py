@@ -220,9 +220,11 @@ class AgentCommands:
     def _on_restart_group(self, pc: PContext, _command: cmd.RestartGroup) -> cmd.Ack:
         self.events.write("user_restart_group", attempt=self.attempt)
         self._restart_requested = True
-        self._say_restart_group()  # before our ranks stop: the others' may break once they do
+        overtaken = self._say_restart_group()  # before our ranks stop: the others' may break once they do
         pc.stop()
-        return cmd.Ack(True, "restarting the group (next attempt)")
+        if overtaken:
+            self._notice(overtaken)
+        return cmd.Ack(True, overtaken or "restarting the group (next attempt)")
 
     def _on_stop(self, pc: PContext | None, command: cmd.Stop | cmd.KillGroup) -> cmd.Ack:
         sig, grace = (signal.SIGKILL, 0.0) if isinstance(command, cmd.KillGroup) else (command.signal, command.grace)

@@ -33,6 +33,7 @@ class AgentRendezvous:
         self._round_end = None  # a RoundEnd once the watch saw one for the running group
         self._end_note: str | None = None  # the exit barrier's end without every node, in words
         self._waiting: str | None = None  # while a rendezvous round forms: what for (Rendezvous.waiting_words)
+        self._was_spare: str | None = None  # the words said while this node waited as a spare
         self._joining = False  # a round forms, and this node waits for it: the snapshot reads it live
         self._not_formed: RoundForming | None = None  # the round the run ended waiting for, if it did
 
@@ -84,12 +85,18 @@ class AgentRendezvous:
         return RoundForming(number, joined, self.rendezvous.nodes_needed())
 
     def _say_if_spare(self) -> None:
-        """Once the round this node joins turns out full and running: say so, in place of the wait."""
+        """Once the round this node joins turns out full and running: say so, in place of the wait;
+        once a spare is taken off the spare list (a node of the round left), the wait is a round's
+        again, with its join time-out (torch starts it again then)."""
         words = self.rendezvous.spare_words()
         if words is not None and self._waiting != words:
-            self._waiting = words
+            self._waiting, self._was_spare = words, words
             self.events.write("rendezvous_spare", message=words)
             self._notice(words)
+        elif words is None and self._waiting is not None and self._waiting == self._was_spare:
+            self._waiting = waiting = self.rendezvous.waiting_words()
+            self.events.write("rendezvous_spare_admitted", message=waiting)
+            self._notice(f"no longer a spare: {waiting}")
 
     def _wait_unless_stopped(self, call: Callable[[], Any], slow: Callable[[], None] | None = None,
                              tick: Callable[[], None] | None = None) -> Any:
@@ -193,13 +200,29 @@ class AgentRendezvous:
         """Another node's user restarted the group (`R`): this node starts the next attempt too."""
         return self._round_end is not None and self._round_end.kind == "peer_restart"
 
-    def _say_restart_group(self) -> None:
+    def _say_restart_group(self) -> str | None:
         """The user's `R` in a multi-node run: the other nodes learn that it was one, so that each
         starts the next attempt as this one does (TORCHELASTIC_RESTART_COUNT the same on every node),
         spending no restart; their ranks breaking meanwhile is no failure. The word waits WORD_WAIT
-        at most: a store that does not answer left `R` unanswered and no stop taken."""
-        if self.rendezvous is not None:
-            self._store_call_within(lambda: self.rendezvous.agree_on_end(USER_RESTART), WORD_WAIT)
+        at most: a store that does not answer left `R` unanswered and no stop taken.
+        Where another node's word came first (its ranks failed, or it saw nodes join), this node
+        takes that word, as every node does: the same attempt and restarts spent everywhere. Returns
+        the words for the user then, else None."""
+        if self.rendezvous is None:
+            return None
+        agreed = self._store_call_within(lambda: self.rendezvous.agree_on_end(USER_RESTART), WORD_WAIT)
+        if agreed not in ("failure", "nodes_joined") or self._round_end is not None:
+            return None
+        where = self.rendezvous.describe()
+        self._round_end = (RoundEnd("peer_failed", f"another node of the {where} failed") if agreed == "failure"
+                           else RoundEnd("nodes_joined", f"nodes joined the {where}"))
+        self.events.write("round_end", kind=self._round_end.kind, message=self._round_end.message, overtook="user_restart")
+        return (f"{self._round_end.message} just before your R: the group restarts for that, "
+                + ("a restart spent, as on every node" if agreed == "failure" else "no restart spent"))
+
+    def _restart_overtaken(self) -> bool:
+        """The user's `R` came just after another node's failure or newcomers: that decides."""
+        return self._round_end is not None and self._round_end.kind in ("peer_failed", "nodes_joined")
 
     @staticmethod
     def _store_call_within(call: Callable[[], Any], seconds: float) -> Any:
@@ -224,7 +247,10 @@ class AgentRendezvous:
             if end is not None:
                 self._barrier_not_passed(end, timeout)
             self.state = GroupState.SUCCEEDED
-            if end is None or end.kind != "new_round":
+            if end is not None and end.kind == "left_behind":  # the job went on: not ours to close
+                if end.serves_store:
+                    self._serve_the_others(deadline, timeout)
+            elif end is None or end.kind != "new_round":
                 self.rendezvous.close()
             elif not self.rendezvous.elastic():  # the peers' round needs this node: tell them, close
                 self.rendezvous.give_up("its ranks had finished when another node's failed, and the next "
@@ -283,6 +309,11 @@ class AgentRendezvous:
                               "node is left (their keep-alive heartbeats stopped: they ended without closing it)")
             self._notice(self._end_note)
 
+    def _every_node_dropped(self, words: str) -> None:
+        """Said by the watch where the store never stopped answering (this node serves it)."""
+        self.events.write("rendezvous_every_node_dropped", message=words)
+        self._notice(f"this node (or every node) was paused or cut off past the keep-alive limit: {words}")
+
     def _barrier_not_passed(self, end: Any, timeout: float) -> None:
         """The exit barrier ended without every node (a RoundEnd): the event, and a line unless
         this node was stopped (the stop says so itself)."""
@@ -321,7 +352,7 @@ class AgentRendezvous:
             self.events.write("rendezvous_store_lost", store=lost)
             return
         if lost is None:
-            dropped = self.rendezvous.every_node_dropped()  # (the store's node was paused past the keep-alive limit)
+            dropped = self.rendezvous.every_node_dropped_unsaid()  # (the store's node was paused past the keep-alive limit)
             self.events.write("rendezvous_store_back", store=self.rendezvous.store_words(), every_node_dropped=bool(dropped))
             self._notice(f"{self.rendezvous.store_words()} answers again" + (
                 f", but {dropped}" if dropped else ": keep-alive heartbeats and new rounds can reach it"))

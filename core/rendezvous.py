@@ -426,7 +426,7 @@ class RoundEnd:
     # with no restart spent ("peer_failed" too for another node dropped, its heartbeats lapsed)
     kind: str
     message: str
-    # "new_round" only: this node serves the store the others' new round needs, so it stays
+    # "new_round" and "left_behind" only: this node serves the store the others' round needs, so it stays
     serves_store: bool = False
 
 
@@ -501,6 +501,8 @@ class Rendezvous:
         self._round_nodes: dict[Any, int] = {}
         self._gone_seen: list[tuple[str, int]] = []
         self._stepped_out = False  # out of its round by its own leave_round, not by lapsed heartbeats
+        self._dropped_said = -1  # the round (self._rounds) whose every node dropped was said
+        self.on_every_node_dropped: Callable[[str], None] | None = None
 
     @property
     def run_id(self) -> str:
@@ -539,7 +541,10 @@ class Rendezvous:
         low, high = getattr(settings, "min_nodes", None), getattr(settings, "max_nodes", None)
         if low is None:
             low = high = getattr(self.handler, "world_size", None)
-        return (low, high) if isinstance(low, int) and isinstance(high, int) else None
+        if low is None:  # torch's legacy etcd handler keeps them on the rendezvous it wraps
+            impl = getattr(self.handler, "_rdzv_impl", None)
+            low, high = getattr(impl, "_num_min_workers", None), getattr(impl, "_num_max_workers", None)
+        return (low, high) if type(low) is int and type(high) is int else None
 
     def elastic(self) -> bool:
         """Whether a round may have fewer nodes than the most it takes (--nnodes MIN:MAX)."""
@@ -591,12 +596,14 @@ class Rendezvous:
     def _round_needs(self) -> list[str]:
         settings = getattr(self.handler, "settings", None)
         needed = self.nodes_needed()
-        join = getattr(getattr(settings, "timeout", None), "join", None) or getattr(self.handler, "timeout", None)
+        join = (getattr(getattr(settings, "timeout", None), "join", None) or getattr(self.handler, "timeout", None)
+                or getattr(getattr(self.handler, "_rdzv_impl", None), "_timeout", None))  # (legacy etcd: seconds)
         parts = []
         if needed is not None:
             parts.append(f"{needed} node{'s' * (needed != '1')}")
-        if hasattr(join, "total_seconds"):
-            parts.append(f"gives up after {join.total_seconds():.0f} s")
+        seconds = join.total_seconds() if hasattr(join, "total_seconds") else join
+        if type(seconds) in (int, float) and seconds > 0:
+            parts.append(f"gives up after {seconds:.0f} s")
         return parts
 
     def next_round(self) -> Placement:
@@ -910,6 +917,10 @@ class Rendezvous:
         if time.monotonic() < self._next_look:  # a look is a round trip through the handler's state
             return self._timed_out(deadline, timeout)
         self._next_look = time.monotonic() + NEWCOMERS_LOOK
+        left = self.left_behind()
+        if left:  # the round's other nodes are in a later one: none of them comes to this barrier
+            return RoundEnd("left_behind", f"{left}; its ranks had finished, so it ends without waiting for the "
+                                           "others, and leaves the rendezvous open for them", serves_store=self.serves_store())
         waiting = self._newcomers()
         if waiting:
             # A peer whose ranks failed re-joined (or a node came late): the round's other nodes
@@ -1014,6 +1025,16 @@ class Rendezvous:
         return (f"this node was dropped from round {self.placement.round} of the {self.describe()}: no keep-alive "
                 f"heartbeat of its for over {self._lapse_words()} (it was frozen or cut off), and the job went "
                 "on without it")
+
+    def every_node_dropped_unsaid(self) -> str | None:
+        """every_node_dropped's words the first time they hold for the running round (whoever
+        looks: the watch, or the line on a store that answers again), else None."""
+        if self._dropped_said == self._rounds:
+            return None
+        words = self.every_node_dropped()
+        if words:
+            self._dropped_said = self._rounds
+        return words
 
     def every_node_dropped(self) -> str | None:
         """Words for a round whose every node torch's handler dropped at once (the store's node paused
@@ -1247,6 +1268,7 @@ class RoundWatch:
         left = self.rdzv.left_behind()
         if left:  # the old round's word is no longer this node's to read or write
             return RoundEnd("left_behind", left)
+        self._say_every_node_dropped()
         try:
             waiting = self.rdzv.nodes_waiting()
         except Exception:
@@ -1255,6 +1277,16 @@ class RoundWatch:
             return self._agreed("nodes_joined", f"{waiting} node(s) waiting to join the {self.rdzv.describe()}")
         gone = self.rdzv.nodes_gone()
         return self._agreed("failure", gone) if gone else None
+
+    def _say_every_node_dropped(self) -> None:
+        """Every node of the round dropped at once, seen on a store that never stopped answering
+        here: this node serves it, and was paused itself (or every node was cut off). The nodes
+        that lost the store say it as it answers again."""
+        told = self.rdzv.on_every_node_dropped
+        if told is not None and self.rdzv.store_lost is None:
+            words = self.rdzv.every_node_dropped_unsaid()
+            if words:
+                told(words)
 
     def _agreed(self, seen: str, words: str) -> RoundEnd:
         """The round's end as its nodes agree on it, `seen` being this node's view, in `words`."""

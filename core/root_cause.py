@@ -44,12 +44,41 @@ class UserActions:
                 return
 
     def last_before(self, attempt: int, failed_at: float) -> LastAction | None:
-        """The user's last action in `attempt` before a failure at `failed_at`."""
+        """The user's last action in `attempt` that a failure at `failed_at` may have followed
+        (`_may_follow`); an action long before it, with nothing of it left, is no cause of it."""
         before = [(t, what, resumed) for t, at, what, resumed in self._actions if at == attempt and t <= failed_at]
-        if not before:
-            return None
-        at, what, resumed = before[-1]
-        return LastAction(what, at, _user_action_text(at, what, resumed, failed_at))
+        for i in range(len(before) - 1, -1, -1):
+            at, what, resumed = before[i]
+            ended = _pause_ended(what, resumed, before[i + 1:])
+            if _may_follow(at, what, ended, failed_at):
+                return LastAction(what, at, _user_action_text(at, what, resumed, failed_at))
+        return None
+
+
+# A failure counts as following the user's action only within this many seconds of it (of the
+# end of a pause): longer than NCCL's default collective time-out (10 min), after which the peers
+# of a rank the user killed or paused fail. A pause still in force when the failure came counts
+# however long it lasted: the peers waited on the paused rank.
+USER_ACTION_BOUND = 900.0
+
+
+def _pause_ended(what: str, resumed: float | None, later: list[tuple[float, str, float | None]]) -> float | None:
+    """When a pause (SIGSTOP) ended: its SIGCONT, or the next action on that rank (a kill or a
+    restart ends it as well); None while it lasts, and for an action that is no pause."""
+    if not what.startswith("sent SIGSTOP to "):
+        return None
+    rank = what.rpartition(" ")[2]
+    ends = [t for t, other, _ in later if other.rpartition(" ")[2] == rank]
+    return min([resumed, *ends]) if resumed is not None else min(ends, default=None)
+
+
+def _may_follow(at: float, what: str, pause_ended: float | None, failed_at: float) -> bool:
+    """Whether a failure at `failed_at` may be the effect of the action: a pause in force then,
+    or an action (or the end of a pause) at most USER_ACTION_BOUND seconds before it."""
+    paused = what.startswith("sent SIGSTOP to ")
+    if paused and (pause_ended is None or pause_ended > failed_at):
+        return True
+    return failed_at - (pause_ended if paused else at) <= USER_ACTION_BOUND
 
 
 class LastAction(NamedTuple):

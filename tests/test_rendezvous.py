@@ -566,6 +566,18 @@ def test_two_nodes_through_a_real_etcd_server(tmp_path, etcd_server, backend, ra
                          "ranktop: rank 1 failed (exit 3); restarting the group: attempt_1 (1 of 1 restarts spent)"], lines
 
 
+def test_the_waiting_line_over_etcd_v1_names_its_nodes_and_time_out(etcd_server):
+    """torch's legacy etcd handler has no settings to read: the waiting line named neither the nodes
+    a round needs nor when it gives up. Its rendezvous keeps both, and the line says them."""
+    from ranktop.core.rendezvous import Rendezvous, create_handler
+
+    handler = create_handler("etcd", etcd_server, "etcd-v1-words", 2, 3, conf={"timeout": "45"})
+    rdzv = Rendezvous(handler, "default", 1)
+    assert rdzv.waiting_words() == ("waiting for nodes to join the etcd rendezvous 'etcd-v1-words' (2 to 3 nodes; "
+                                    "gives up after 45 s)")
+    assert rdzv.nodes_needed() == "2 to 3"
+
+
 def test_etcd_without_its_client_is_a_one_line_error(tmp_path, torch_installed):
     res = run_ranktop("--headless", "--rdzv-backend", "etcd", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                       "--log-dir", str(tmp_path), RANK, "print", without="etcd")
@@ -703,6 +715,43 @@ def test_a_group_restart_on_one_node_is_the_next_attempt_on_every_node(tmp_path,
     lines = [[ln for ln in err.splitlines() if "restarting" in ln] for _, _, err in results]
     assert lines[1] == ["ranktop: another node's user restarted the group (R): restarting the group as "
                         "attempt_1 (no restart spent)"], lines
+
+
+def test_a_group_restart_just_after_another_nodes_failure_spends_a_restart_as_every_node_does(tmp_path,
+                                                                                              torch_installed):
+    """node1's rank fails and node1 says so in the store; the user's `R` on node0 comes before
+    node0 has heard (its watch looks only every 120 s: the race made certain, no sleep). node0
+    started the next attempt spending no restart while node1 spent one: the same attempt, but
+    node0 had a restart more than the others. Every node now takes the first word: node0 too."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    job, fail, done = Job(tmp_path, "restart-overtaken"), tmp_path / "fail", tmp_path / "done"
+    flags = ("--max-restarts", "2")
+    job.start("until-file", str(done), extra=(*flags, "--monitor-interval", "120"), local_addr="127.0.0.1")
+    job.start("fail-on-file-then-until", "1", str(fail), str(done), extra=flags, local_addr="127.0.0.2")
+    try:
+        wait_for(lambda: all(_printed(tmp_path / f"node{i}", b"PLACED") for i in range(2)), timeout=TIMEOUT,
+                 what="both nodes' ranks up")
+        fail.touch()
+        wait_for(lambda: node_events(tmp_path, "node1", "group_restart"), timeout=TIMEOUT,
+                 what="node1 restarting for its rank's failure (its word in the store)")
+        (node0,) = [run for run in served_runs() if run.pid == job.nodes[0].pid]
+        ack = RemoteEngine(node0.path).submit(cmd.RestartGroup())
+        assert ack.ok and ack.message == ("another node of the c10d rendezvous 'restart-overtaken' failed just before "
+                                          "your R: the group restarts for that, a restart spent, as on every node"), ack
+        wait_for(lambda: all(len(node_events(tmp_path, f"node{i}", "started")) == 2 for i in range(2)),
+                 timeout=TIMEOUT, what="both nodes' second start")
+    finally:
+        done.touch()
+    results = job.finish()
+    for node, (status, out, err) in enumerate(results):
+        assert status == 0, err
+        assert [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)] == ["0", "1"], out
+        restarts = [(e["reason"], e["attempt"]) for e in events(tmp_path / f"node{node}") if e["event"] == "group_restart"]
+        assert restarts == [("failure", 1)], restarts
+    assert ("ranktop: another node of the c10d rendezvous 'restart-overtaken' failed; restarting the group: attempt_1 "
+            "(1 of 2 restarts spent)") in results[0][2].splitlines(), results[0][2]
 
 
 def test_a_group_restart_while_the_store_does_not_answer_is_answered_at_once(tmp_path, torch_installed):

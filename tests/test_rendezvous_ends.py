@@ -333,6 +333,19 @@ def _placed(tmp_path: Path, node: str, attempt: str) -> bool:
     return any(b"PLACED" in log.read_bytes() for log in tmp_path.glob(f"{node}/*/{attempt}/0/stdout.log"))
 
 
+def _freeze_node_1_until_node_0_goes_on(tmp_path: Path, peer: subprocess.Popen, then=lambda: None) -> None:
+    """Once node 1's rank is up, freeze node 1 until node 0 has started its rank again without it
+    (node 1's heartbeats lapsed), do `then` while it is still frozen, and resume it."""
+    wait_for(lambda: _placed(tmp_path, "node1", "attempt_0"), timeout=TIMEOUT, what="node 1's rank")
+    _freeze(peer, signal.SIGSTOP)
+    try:
+        wait_for(lambda: len(node_events(tmp_path, "node0", "started")) == 2, timeout=TIMEOUT,
+                 what="node 0's rank started again without node 1")
+        then()
+    finally:
+        _freeze(peer, signal.SIGCONT)
+
+
 def test_a_frozen_node_rejoins_and_a_paused_store_host_is_said_and_waited_for(tmp_path, torch_installed):
     """Node 1 frozen (SIGSTOP) past the keep-alive limit: torch's handler drops it, and nobody
     noticed; node 0's idle rank ran on in a world of 2, and node 1, resumed, ran on in a round the
@@ -350,13 +363,7 @@ def test_a_frozen_node_rejoins_and_a_paused_store_host_is_said_and_waited_for(tm
     peer = job.start("until-file", str(release), extra=("--max-restarts", "1", "--rdzv-conf", conf + "0"),
                      local_addr="127.0.0.2")
     try:
-        wait_for(lambda: _placed(tmp_path, "node1", "attempt_0"), timeout=TIMEOUT, what="node 1's rank")
-        _freeze(peer, signal.SIGSTOP)
-        try:
-            wait_for(lambda: len(node_events(tmp_path, "node0", "started")) == 2, timeout=TIMEOUT,
-                     what="node 0's rank started again without node 1")
-        finally:
-            _freeze(peer, signal.SIGCONT)
+        _freeze_node_1_until_node_0_goes_on(tmp_path, peer)
         wait_for(lambda: _placed(tmp_path, "node0", "attempt_1.1") and _placed(tmp_path, "node1", "attempt_0.1"),
                  timeout=TIMEOUT, what="both nodes' ranks in a new round")
         _freeze(host, signal.SIGSTOP)
@@ -394,6 +401,39 @@ def test_a_frozen_node_rejoins_and_a_paused_store_host_is_said_and_waited_for(tm
                     ("round_end", "nodes_joined", None), ("group_restart", None, "nodes_joined"),
                     ("round_end", "left_behind", None), ("group_restart", None, "left_behind")], ends
     assert [e["silent"] for e in events(tmp_path / "node1") if e["event"] == "rendezvous_store_lost"] == [True]
+    # node 0, resumed, said nothing of it (its own store never stopped answering it): now it does
+    assert ("ranktop: this node (or every node) was paused or cut off past the keep-alive limit: every node of "
+            "round 2 was dropped meanwhile (no keep-alive heartbeat reached it for over 4 s): the ranks run on, but "
+            "torch's handler sends no more heartbeats, so a node lost from now on is noticed only when a collective "
+            "of its ranks breaks") in ours0, err0
+    assert not [line for line in err1.splitlines() if "paused or cut off past" in line], err1
+
+
+def test_a_frozen_node_whose_ranks_had_finished_does_not_wait_at_the_old_rounds_exit_barrier(tmp_path,
+                                                                                              torch_installed):
+    """Node 1 frozen past the keep-alive limit, node 0 going on without it; node 1's rank, resumed,
+    finishes at once (its watch has not looked yet). Node 1 waited at the old round's exit barrier,
+    for nodes that had gone on to a later round, for 300 s. It now ends at its first look there,
+    saying why, and leaves the rendezvous open for the job that went on."""
+    job, release0, release1 = Job(tmp_path, "frozen-done", nnodes="1:2"), tmp_path / "release0", tmp_path / "release1"
+    conf = CONF + LAPSE + ",is_host="
+    job.start("until-file", str(release0), extra=("--max-restarts", "1", "--rdzv-conf", conf + "1"),
+              local_addr="127.0.0.1")
+    peer = job.start("until-file", str(release1), extra=("--rdzv-conf", conf + "0", "--monitor-interval", "120"),
+                     local_addr="127.0.0.2")
+    try:
+        _freeze_node_1_until_node_0_goes_on(tmp_path, peer, then=release1.touch)
+        wait_for(lambda: peer.poll() is not None, timeout=30, what="node 1 ending, not waiting at the barrier")
+    finally:
+        release0.touch()
+        release1.touch()
+    (status0, out0, err0), (status1, _, err1) = job.finish()
+    assert (status0, status1) == (0, 0), err0 + err1
+    assert ("ranktop: exit barrier: this node was dropped from round 0 of the c10d rendezvous 'frozen-done': no "
+            "keep-alive heartbeat of its for over 4 s (it was frozen or cut off), and the job went on without it; its "
+            "ranks had finished, so it ends without waiting for the others, and leaves the rendezvous open for them"
+            ) in err1.splitlines(), err1
+    assert [p["WORLD_SIZE"] for p in placements(out0)] == ["2", "1"], out0
 
 
 def test_a_node_killed_while_the_others_ranks_sit_idle_ends_their_round(tmp_path, torch_installed):
@@ -497,6 +537,37 @@ def test_a_node_waiting_at_the_exit_barrier_says_so(tmp_path, torch_installed):
         assert status == 0 and "exit barrier:" not in err, err
     assert spare_status == 1 and "waiting for nodes to join" not in spare_err, spare_err  # the job ended without it
     assert [e["event"] for e in events(tmp_path / "node2")].count("rendezvous_spare") == 1
+
+
+def test_a_spare_taken_off_the_spare_list_says_it_waits_with_the_join_time_out_again(tmp_path, torch_installed):
+    """A spare of a full round (1:2 nodes) whose node 1 is frozen past the keep-alive limit: torch
+    takes the spare off its spare list and times its join again, but the spare kept saying it
+    waited `with no time-out`. It now says it waits for a round again, with the time-out."""
+    job, release = Job(tmp_path, "spare-admitted", nnodes="1:2", conf=CONF + LAPSE), tmp_path / "release"
+    job.start("until-file", str(release), extra=("--monitor-interval", "120"), local_addr="127.0.0.1")
+    frozen = job.start("until-file", str(release), local_addr="127.0.0.2")
+    spare_line = ("ranktop: the c10d rendezvous 'spare-admitted''s round is full and running: this node waits as a "
+                  "spare, with no time-out, until a node of it leaves or the job ends\n")
+    admitted = ("ranktop: no longer a spare: waiting for nodes to join the c10d rendezvous 'spare-admitted' (1 to 2 "
+                "nodes; gives up after 40 s)\n")
+    try:
+        wait_for(lambda: _placed(tmp_path, "node1", "attempt_0"), timeout=TIMEOUT, what="node 1's rank")
+        spare = job.start("print", local_addr="127.0.0.3")
+        wait_for(lambda: select.select([spare.stderr], [], [], 0.1)[0] and spare.stderr.readline() == spare_line,
+                 timeout=TIMEOUT, what="the spare's line")
+        _freeze(frozen, signal.SIGSTOP)
+        try:
+            wait_for(lambda: select.select([spare.stderr], [], [], 0.1)[0] and spare.stderr.readline() == admitted,
+                     timeout=TIMEOUT, what="the spare's line once taken off the spare list")
+        finally:
+            _freeze(frozen, signal.SIGCONT)
+    finally:
+        release.touch()
+        for node in job.nodes:
+            stop_process(node)
+    job.finish()
+    said = [e["event"] for e in events(tmp_path / "node2") if e["event"].startswith("rendezvous_spare")]
+    assert said == ["rendezvous_spare", "rendezvous_spare_admitted"], said
 
 
 def test_the_node_serving_the_store_leaves_the_exit_barrier_only_after_the_others(tmp_path, torch_installed):
