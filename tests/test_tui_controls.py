@@ -537,6 +537,41 @@ def test_n_and_n_say_which_match_they_are_on_and_where_they_wrap():
     drive_fake(engine, body)
 
 
+PROMPT = ("import sys, time\nprint('a needle', *(f'hay {i}' for i in range(30)), sep='\\n', flush=True)\n"
+          "sys.stdout.write('Continue with the needle? [y/N] '); sys.stdout.flush()\ntime.sleep(3600)\n")
+
+
+def test_n_and_n_step_to_a_match_in_the_unfinished_last_line_and_say_so(tmp_path):
+    """A match in the rank's unfinished last line (a prompt, a progress bar) was shown by the
+    search, but n / N went past it and said nothing, and where it was the only one they did not
+    move there either. It is a match like any other: counted, stepped to, said."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, PROMPT, n=1)))
+
+    async def body(app, pilot):
+        log = app.main.pane(0).log
+        await until(pilot, lambda: log.line_count == 32, what="the lines and the prompt")
+        await pilot.press("slash", *"needle", "enter")
+        assert log.match_position == (2, 2)  # the newest: the prompt
+        app.clear_notifications()
+        await pilot.press("N")
+        assert notes(app).splitlines()[-1] == "match 1 of 2 in rank 0"
+        await pilot.press("n")
+        assert notes(app).splitlines()[-1] == "match 2 of 2 in rank 0"  # it went on past the complete one
+        await pilot.press("n")
+        assert notes(app).splitlines()[-1] == "match 1 of 2 in rank 0  (wrapped round to the oldest)"
+        await pilot.press("slash", *"continue", "enter")  # its only match
+        app.clear_notifications()
+        await pilot.press("home")
+        await until(pilot, lambda: not any("Continue" in row for row in screen_rows(app)), what="scrolled away")
+        await pilot.press("n")  # n brings the prompt back into sight
+        assert notes(app).splitlines()[-1] == "match 1 of 1 in rank 0  (wrapped round to the oldest)"
+        await until(pilot, lambda: any("Continue with the needle?" in row for row in screen_rows(app)), what="shown")
+        await pilot.press("N")
+        assert notes(app).splitlines()[-1] == "match 1 of 1 in rank 0  (wrapped round to the newest)"
+
+    drive(app, body, size=(80, 8))
+
+
 def test_n_held_down_shows_one_toast_of_where_it_is():
     """Each n / N added a toast of its own: n held down through a long search piled dozens in the
     corner (over the pane's lines) for their two seconds. A step's toast takes the last one's place;
