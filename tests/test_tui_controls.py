@@ -1321,6 +1321,50 @@ def test_a_box_that_stands_for_no_group_is_not_selected_and_boxes_end_at_their_l
     drive_fake(engine, body, size=(80, 24))
 
 
+def writer_lacking_stack(rank: int, lacks_writer: bool) -> RankStack:
+    """Rank `rank`'s main thread and, unless it `lacks_writer`, a `writer` thread."""
+    main = rank_stack(rank).threads
+    writer = ThreadStack("writer", 2, None, False, False, False, (Frame("write_logs", "/t.py", "t.py", 9),))
+    return dataclasses.replace(rank_stack(rank), threads=main if lacks_writer else (*main, writer))
+
+
+@pytest.mark.parametrize("size", [(60, 20), (80, 24), (200, 50)])
+def test_the_stack_views_titles_and_enter_hint_are_whole_from_60_to_200_columns(size):
+    """At 60 columns the selected group's bottom border read `enter: rank 2 (lacks …`, and the
+    groups' title `other threads (t: main thre…`: each says as much as its border holds whole."""
+    engine = _DumpingEngine([writer_lacking_stack(r, lacks_writer=r == 12) for r in (10, 11, 12)])
+
+    async def body(app, pilot):
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None, what="the dump")
+        box = app.screen.query_one(StackGroups)
+
+        def hint_and_title() -> tuple[str, str]:
+            return str(box.children[box.selected].border_subtitle), str(box.border_title)
+
+        def whole_on_screen() -> bool:
+            rows = screen_rows(app)
+            return all(any(words in row for row in rows) for words in hint_and_title())
+
+        await until(pilot, lambda: hint_and_title()[0] and whole_on_screen(), what="the selected group's hint")
+        wide = size[0] >= 80
+        # (at 60 columns `enter: rank 10's output` fits where the groups need no scrollbar)
+        assert hint_and_title()[0] in ("enter: rank 10's output", *(() if wide else ("⏎ rank 10's output",)))
+        assert hint_and_title()[1] == ("main threads (t: other threads)" if wide else "main threads (t: others)")
+        await pilot.press("t")
+        await until(pilot, lambda: str(box.children[0].border_title).startswith("thread 'writer'")
+                    and box.children[0].border_subtitle, what="the other threads")
+        assert hint_and_title() == ("enter: rank 12 (lacks it)" if wide else "⏎ rank 12 (lacks it)",
+                                    "other threads (t: main threads)" if wide else "other threads (t: main)")
+        assert whole_on_screen(), screen_rows(app)
+        if not wide:  # the terminal widened: the words come back
+            await pilot.resize_terminal(80, 24)
+            await until(pilot, lambda: hint_and_title() == ("enter: rank 12 (lacks it)", "other threads (t: main threads)"),
+                        what="the long words at 80 columns")
+
+    drive_fake(engine, body, size=size)
+
+
 def test_a_page_of_the_stack_groups_selects_the_group_it_brings_into_sight():
     """PgDn scrolled the groups a page and left the selection behind, out of sight: enter then
     zoomed a rank of a group no longer shown, and ↓ jumped back up to the one after it. Now PgDn
