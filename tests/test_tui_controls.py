@@ -980,6 +980,58 @@ def test_a_graceful_stop_counts_down_to_its_sigkill(tmp_path, keys):
     drive(app, body)
 
 
+def test_the_header_counts_down_to_the_soonest_and_the_last_sigkill_where_they_differ(tmp_path):
+    """Rank 1 restarted (its SIGKILL due at the end of its grace), then the group stopped: the
+    header said `SIGKILL in 17s`, rank 1's deadline, as if the whole group's; rank 0's came 3 s
+    later. Where the deadlines differ it says both ends, `SIGKILL in 17-20s`."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, IGNORES_TERM, shutdown_timeout=20.0)))
+
+    async def body(app, pilot):
+        header = app.main.query_one(GroupHeader)
+
+        def countdown() -> tuple[int, int] | None:
+            found = re.search(r"SIGKILL in (\d+)(?:-(\d+))?s", header.plain)
+            return None if found is None else (int(found[1]), int(found[2] or found[1]))
+
+        await until(pilot, lambda: all(b"up" in b"".join(app.engine.agent.output(r)) for r in (0, 1)), what="ranks up")
+        assert app.engine.submit(cmd.RestartRank(1)).ok
+        await until(pilot, lambda: "rank 1 SIGKILL in" in header.plain, what="rank 1's countdown")
+        await until(pilot, lambda: (left := countdown()) is not None and left[0] <= 18, what="2 s of rank 1's grace gone")
+        assert app.engine.submit(cmd.Stop(signal.SIGTERM)).ok  # rank 0's grace starts now: 20 s
+        soonest, last = await until(pilot, lambda: (left := countdown()) and left[0] < left[1] and left, what="both")
+        snap = app.engine.snapshot()
+        assert last - soonest == round(snap.ranks[0].kill_at - snap.ranks[1].kill_at) and last <= 20
+        assert f"SIGKILL in {soonest}-{last}s" in header.plain and "rank" not in header.plain.split("SIGKILL")[0][-8:]
+        app.engine.submit(cmd.KillGroup())
+        await until(pilot, lambda: app.engine.snapshot().ended, what="ranks killed")
+
+    drive(app, body)
+
+
+def test_a_rank_whose_end_is_held_as_maybe_a_stop_from_outside_says_so(tmp_path, monkeypatch):
+    """A rank that dies of a SIGTERM ranktop did not send is held a second as maybe the first
+    sign of a stop of the whole job (Slurm, systemd signal every process at once): its pane said
+    `failed SIGTERM`, in red, for that second, and then `killed SIGTERM` once the stop came. It
+    says `ended SIGTERM`, as a stopping rank is drawn, until the engine knows which it is."""
+    monkeypatch.setattr("ranktop.core.agent.OUTSIDE_STOP_WINDOW", 60.0)  # (the window held open: no race)
+    dies = ("import os, signal, time\nprint('up', flush=True)\n"
+            "if os.environ['RANK'] == '1':\n    os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(60)\n")
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, dies)))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: "ended SIGTERM" in app.main.pane(1).title, what="rank 1's held end")
+        held = app.engine.snapshot().ranks[1]
+        assert held.state == RankState.FAILED and held.end_held  # (the engine's state: not yet judged)
+        assert state_label(held) == "ended SIGTERM" and state_style(held) == STATE_STYLE[RankState.STOPPING]
+        assert "failed" not in app.main.pane(1).title
+        assert app.engine.submit(cmd.Stop(signal.SIGTERM)).ok  # the stop from outside reaches ranktop
+        await until(pilot, lambda: app.engine.snapshot().ended, what="the group stopped")
+        await until(pilot, lambda: "killed SIGTERM" in app.main.pane(1).title, what="rank 1 part of the stop")
+        assert not app.engine.snapshot().ranks[1].end_held
+
+    drive(app, body)
+
+
 THREADED = ("import threading, time\n"
             "threading.Thread(target=lambda: time.sleep(3600), name='helper', daemon=True).start()\n"
             "print('up', flush=True)\ntime.sleep(3600)\n")
