@@ -1383,7 +1383,8 @@ def writer_lacking_stack(rank: int, lacks_writer: bool) -> RankStack:
 @pytest.mark.parametrize("size", [(60, 20), (80, 24), (200, 50)])
 def test_the_stack_views_titles_and_enter_hint_are_whole_from_60_to_200_columns(size):
     """At 60 columns the selected group's bottom border read `enter: rank 2 (lacks …`, and the
-    groups' title `other threads (t: main thre…`: each says as much as its border holds whole."""
+    groups' title `other threads (t: main thre…`: each says as much as its border holds whole.
+    The help offers what t does now, as the footer does, at every width."""
     engine = _DumpingEngine([writer_lacking_stack(r, lacks_writer=r == 12) for r in (10, 11, 12)])
 
     async def body(app, pilot):
@@ -1409,6 +1410,12 @@ def test_the_stack_views_titles_and_enter_hint_are_whole_from_60_to_200_columns(
         assert hint_and_title() == ("enter: rank 12 (lacks it)" if wide else "⏎ rank 12 (lacks it)",
                                     "other threads (t: main threads)" if wide else "other threads (t: main)")
         assert whole_on_screen(), screen_rows(app)
+        await pilot.press("question_mark")  # the help's t, as the footer's, is what t does now
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
+        helped = " ".join(screen_rows(app))
+        assert re.search(r"\bt +Main threads", helped) and "Other threads" not in helped, helped
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen), what="back in the stack view")
         if not wide:  # the terminal widened: the words come back
             await pilot.resize_terminal(80, 24)
             await until(pilot, lambda: hint_and_title() == ("enter: rank 12 (lacks it)", "other threads (t: main threads)"),
