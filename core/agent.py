@@ -819,6 +819,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             log_bytes_lost=slot.log_bytes_lost, log_error=slot.log_error,
             paused=paused, stdout_log=logs[0], stderr_log=logs[1],
             kill_at=_wall_clock(slot.kill_at, now) if state.alive else None,
+            end_held=slot.held_until is not None and state == RankState.FAILED,
         )
 
     @staticmethod

@@ -113,6 +113,10 @@ class RankSnapshot:
     # time.time() when ranktop SIGKILLs it if it is still alive then (a stop's grace running out);
     # None while no stop of it is under way. A view's countdown is this less `taken_at`.
     kill_at: float | None = None
+    # It died of a stop signal ranktop did not send, maybe the first sign of a stop of the whole
+    # job from outside (core/signals.py's OUTSIDE_STOP_WINDOW): its state says `failed` until the
+    # window has passed, yet it may still turn out `killed`, part of that stop. A view says so.
+    end_held: bool = False
 
 
 @dataclass(frozen=True)

@@ -1337,11 +1337,12 @@ def test_a_detached_run_lingers_after_its_end_and_attach_shows_its_final_view(tm
     wait_for(lambda: gone(run["pid"]), what="the engine gone")
     final = json.loads((tmp_path / "logs" / "end" / "final.json").read_text())
     assert final["ended"] and final["exit_status"] == 0 and final["state"] == "succeeded"
-    term = ranktop_in_tmux(runtime, f"attach {tmp_path / 'logs' / 'end'}", "; sleep 30", width=120, height=30)
+    term = ranktop_in_tmux(runtime, f"attach {tmp_path / 'logs' / 'end'}", "; echo STATUS $?; sleep 30",
+                           width=120, height=30)
     try:
         term.wait_screen("done on 1", "DONE: all ranks exited 0", "quick.py")  # the final view, its panel too
-        term.press("q")  # leaving the final view leaves the end report in the terminal
-        screen = term.wait_screen("ranktop: quick.py succeeded: all ranks exited 0; logs in")
+        term.press("q")  # leaving the final view leaves the end report in the terminal; the run's status
+        screen = term.wait_screen("ranktop: quick.py succeeded: all ranks exited 0; logs in", "STATUS 0")
         assert str(tmp_path / "logs" / "end") in screen.replace("\n", "")
     finally:
         term.close()
@@ -1466,22 +1467,31 @@ def ended_run(tmp_path, env) -> Path:
 
 def test_attach_to_a_failed_run_lingering_after_its_end_shows_the_root_cause(tmp_path, runtime):
     """Served by its lingering engine (not read from final.json): the states, the ROOT CAUSE
-    panel, and on leaving, the end report with the root cause in the terminal."""
+    panel, and on leaving, the end report with the root cause in the terminal. attach exits with
+    the run's status, 1, there and in the final view once the engine has left (that was 0)."""
     script = tmp_path / "fail.py"
     script.write_text(FAIL_ON_1)
     done = run_ranktop("--detach", "--linger", "60", "--nproc-per-node", "2", "--run-id", "broke",
                        "--log-dir", str(tmp_path / "logs"), str(script), env=runtime)
     assert done.returncode == 0, done.stderr
     (run,) = wait_for(lambda: [r for r in ls(runtime) if r["state"] == "failed"], what="the failed run lingering")
-    term = ranktop_in_tmux(runtime, "attach broke", "; sleep 30", width=120, height=30)
+    term = ranktop_in_tmux(runtime, "attach broke", "; echo STATUS $?; sleep 30", width=120, height=30)
     try:
         term.wait_screen("ROOT CAUSE", "rank 1 exit code 3", "out of 1", "fail.py")
         term.press("q")
-        term.wait_screen("root cause: rank 1 (local rank 1, pid")
+        term.wait_screen("root cause: rank 1 (local rank 1, pid", "STATUS 1")
     finally:
         term.close()
     assert run_ranktop("stop", "broke", env=runtime).returncode == 0
     wait_for(lambda: gone(run["pid"]), what="the lingering engine gone")
+    term = ranktop_in_tmux(runtime, f"attach {tmp_path / 'logs' / 'broke'}", "; echo STATUS $?; sleep 30",
+                           width=120, height=30)
+    try:
+        term.wait_screen("ROOT CAUSE", "rank 1 exit code 3", "fail.py")  # the final view, from final.json
+        term.press("q")
+        term.wait_screen("root cause: rank 1 (local rank 1, pid", "STATUS 1")
+    finally:
+        term.close()
 
 
 def edit_final(run_dir: Path, **edits) -> None:

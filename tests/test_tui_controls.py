@@ -537,6 +537,41 @@ def test_n_and_n_say_which_match_they_are_on_and_where_they_wrap():
     drive_fake(engine, body)
 
 
+PROMPT = ("import sys, time\nprint('a needle', *(f'hay {i}' for i in range(30)), sep='\\n', flush=True)\n"
+          "sys.stdout.write('Continue with the needle? [y/N] '); sys.stdout.flush()\ntime.sleep(3600)\n")
+
+
+def test_n_and_n_step_to_a_match_in_the_unfinished_last_line_and_say_so(tmp_path):
+    """A match in the rank's unfinished last line (a prompt, a progress bar) was shown by the
+    search, but n / N went past it and said nothing, and where it was the only one they did not
+    move there either. It is a match like any other: counted, stepped to, said."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, PROMPT, n=1)))
+
+    async def body(app, pilot):
+        log = app.main.pane(0).log
+        await until(pilot, lambda: log.line_count == 32, what="the lines and the prompt")
+        await pilot.press("slash", *"needle", "enter")
+        assert log.match_position == (2, 2)  # the newest: the prompt
+        app.clear_notifications()
+        await pilot.press("N")
+        assert notes(app).splitlines()[-1] == "match 1 of 2 in rank 0"
+        await pilot.press("n")
+        assert notes(app).splitlines()[-1] == "match 2 of 2 in rank 0"  # it went on past the complete one
+        await pilot.press("n")
+        assert notes(app).splitlines()[-1] == "match 1 of 2 in rank 0  (wrapped round to the oldest)"
+        await pilot.press("slash", *"continue", "enter")  # its only match
+        app.clear_notifications()
+        await pilot.press("home")
+        await until(pilot, lambda: not any("Continue" in row for row in screen_rows(app)), what="scrolled away")
+        await pilot.press("n")  # n brings the prompt back into sight
+        assert notes(app).splitlines()[-1] == "match 1 of 1 in rank 0  (wrapped round to the oldest)"
+        await until(pilot, lambda: any("Continue with the needle?" in row for row in screen_rows(app)), what="shown")
+        await pilot.press("N")
+        assert notes(app).splitlines()[-1] == "match 1 of 1 in rank 0  (wrapped round to the newest)"
+
+    drive(app, body, size=(80, 8))
+
+
 def test_n_held_down_shows_one_toast_of_where_it_is():
     """Each n / N added a toast of its own: n held down through a long search piled dozens in the
     corner (over the pane's lines) for their two seconds. A step's toast takes the last one's place;
@@ -945,6 +980,58 @@ def test_a_graceful_stop_counts_down_to_its_sigkill(tmp_path, keys):
     drive(app, body)
 
 
+def test_the_header_counts_down_to_the_soonest_and_the_last_sigkill_where_they_differ(tmp_path):
+    """Rank 1 restarted (its SIGKILL due at the end of its grace), then the group stopped: the
+    header said `SIGKILL in 17s`, rank 1's deadline, as if the whole group's; rank 0's came 3 s
+    later. Where the deadlines differ it says both ends, `SIGKILL in 17-20s`."""
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, IGNORES_TERM, shutdown_timeout=20.0)))
+
+    async def body(app, pilot):
+        header = app.main.query_one(GroupHeader)
+
+        def countdown() -> tuple[int, int] | None:
+            found = re.search(r"SIGKILL in (\d+)(?:-(\d+))?s", header.plain)
+            return None if found is None else (int(found[1]), int(found[2] or found[1]))
+
+        await until(pilot, lambda: all(b"up" in b"".join(app.engine.agent.output(r)) for r in (0, 1)), what="ranks up")
+        assert app.engine.submit(cmd.RestartRank(1)).ok
+        await until(pilot, lambda: "rank 1 SIGKILL in" in header.plain, what="rank 1's countdown")
+        await until(pilot, lambda: (left := countdown()) is not None and left[0] <= 18, what="2 s of rank 1's grace gone")
+        assert app.engine.submit(cmd.Stop(signal.SIGTERM)).ok  # rank 0's grace starts now: 20 s
+        soonest, last = await until(pilot, lambda: (left := countdown()) and left[0] < left[1] and left, what="both")
+        snap = app.engine.snapshot()
+        assert last - soonest == round(snap.ranks[0].kill_at - snap.ranks[1].kill_at) and last <= 20
+        assert f"SIGKILL in {soonest}-{last}s" in header.plain and "rank" not in header.plain.split("SIGKILL")[0][-8:]
+        app.engine.submit(cmd.KillGroup())
+        await until(pilot, lambda: app.engine.snapshot().ended, what="ranks killed")
+
+    drive(app, body)
+
+
+def test_a_rank_whose_end_is_held_as_maybe_a_stop_from_outside_says_so(tmp_path, monkeypatch):
+    """A rank that dies of a SIGTERM ranktop did not send is held a second as maybe the first
+    sign of a stop of the whole job (Slurm, systemd signal every process at once): its pane said
+    `failed SIGTERM`, in red, for that second, and then `killed SIGTERM` once the stop came. It
+    says `ended SIGTERM`, as a stopping rank is drawn, until the engine knows which it is."""
+    monkeypatch.setattr("ranktop.core.agent.OUTSIDE_STOP_WINDOW", 60.0)  # (the window held open: no race)
+    dies = ("import os, signal, time\nprint('up', flush=True)\n"
+            "if os.environ['RANK'] == '1':\n    os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(60)\n")
+    app = RanktopApp(LocalEngine(ticker_agent(tmp_path, dies)))
+
+    async def body(app, pilot):
+        await until(pilot, lambda: "ended SIGTERM" in app.main.pane(1).title, what="rank 1's held end")
+        held = app.engine.snapshot().ranks[1]
+        assert held.state == RankState.FAILED and held.end_held  # (the engine's state: not yet judged)
+        assert state_label(held) == "ended SIGTERM" and state_style(held) == STATE_STYLE[RankState.STOPPING]
+        assert "failed" not in app.main.pane(1).title
+        assert app.engine.submit(cmd.Stop(signal.SIGTERM)).ok  # the stop from outside reaches ranktop
+        await until(pilot, lambda: app.engine.snapshot().ended, what="the group stopped")
+        await until(pilot, lambda: "killed SIGTERM" in app.main.pane(1).title, what="rank 1 part of the stop")
+        assert not app.engine.snapshot().ranks[1].end_held
+
+    drive(app, body)
+
+
 THREADED = ("import threading, time\n"
             "threading.Thread(target=lambda: time.sleep(3600), name='helper', daemon=True).start()\n"
             "print('up', flush=True)\ntime.sleep(3600)\n")
@@ -1284,6 +1371,57 @@ def test_a_box_that_stands_for_no_group_is_not_selected_and_boxes_end_at_their_l
         assert not box.children[0].has_class("selected") and not any("═" in row for row in screen_rows(app))
 
     drive_fake(engine, body, size=(80, 24))
+
+
+def writer_lacking_stack(rank: int, lacks_writer: bool) -> RankStack:
+    """Rank `rank`'s main thread and, unless it `lacks_writer`, a `writer` thread."""
+    main = rank_stack(rank).threads
+    writer = ThreadStack("writer", 2, None, False, False, False, (Frame("write_logs", "/t.py", "t.py", 9),))
+    return dataclasses.replace(rank_stack(rank), threads=main if lacks_writer else (*main, writer))
+
+
+@pytest.mark.parametrize("size", [(60, 20), (80, 24), (200, 50)])
+def test_the_stack_views_titles_and_enter_hint_are_whole_from_60_to_200_columns(size):
+    """At 60 columns the selected group's bottom border read `enter: rank 2 (lacks …`, and the
+    groups' title `other threads (t: main thre…`: each says as much as its border holds whole.
+    The help offers what t does now, as the footer does, at every width."""
+    engine = _DumpingEngine([writer_lacking_stack(r, lacks_writer=r == 12) for r in (10, 11, 12)])
+
+    async def body(app, pilot):
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None, what="the dump")
+        box = app.screen.query_one(StackGroups)
+
+        def hint_and_title() -> tuple[str, str]:
+            return str(box.children[box.selected].border_subtitle), str(box.border_title)
+
+        def whole_on_screen() -> bool:
+            rows = screen_rows(app)
+            return all(any(words in row for row in rows) for words in hint_and_title())
+
+        await until(pilot, lambda: hint_and_title()[0] and whole_on_screen(), what="the selected group's hint")
+        wide = size[0] >= 80
+        # (at 60 columns `enter: rank 10's output` fits where the groups need no scrollbar)
+        assert hint_and_title()[0] in ("enter: rank 10's output", *(() if wide else ("⏎ rank 10's output",)))
+        assert hint_and_title()[1] == ("main threads (t: other threads)" if wide else "main threads (t: others)")
+        await pilot.press("t")
+        await until(pilot, lambda: str(box.children[0].border_title).startswith("thread 'writer'")
+                    and box.children[0].border_subtitle, what="the other threads")
+        assert hint_and_title() == ("enter: rank 12 (lacks it)" if wide else "⏎ rank 12 (lacks it)",
+                                    "other threads (t: main threads)" if wide else "other threads (t: main)")
+        assert whole_on_screen(), screen_rows(app)
+        await pilot.press("question_mark")  # the help's t, as the footer's, is what t does now
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
+        helped = " ".join(screen_rows(app))
+        assert re.search(r"\bt +Main threads", helped) and "Other threads" not in helped, helped
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen), what="back in the stack view")
+        if not wide:  # the terminal widened: the words come back
+            await pilot.resize_terminal(80, 24)
+            await until(pilot, lambda: hint_and_title() == ("enter: rank 12 (lacks it)", "other threads (t: main threads)"),
+                        what="the long words at 80 columns")
+
+    drive_fake(engine, body, size=size)
 
 
 def test_a_page_of_the_stack_groups_selects_the_group_it_brings_into_sight():

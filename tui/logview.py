@@ -627,14 +627,15 @@ class LogView(ScrollView, can_focus=True):
             key = ("open", raw)
         pieces = self._strips.get(key)
         if pieces is None:
-            pieces = self._render_raw(raw, key)
+            pieces = self._render_raw(raw, self._first + index)
             self._strips[key] = pieces
         return pieces[sub] if sub < len(pieces) else None
 
-    def _render_raw(self, raw: bytes, key: Any) -> list[Strip]:
+    def _render_raw(self, raw: bytes, number: int) -> list[Strip]:
+        """The rows of the line numbered `number` (an unfinished one: as it will be once complete)."""
         text = parse_line(raw, self._style, color=not self.app.no_color)
         if self._query:
-            current = key == self._current
+            current = number == self._current
             name = "logview--match-current" if current else "logview--match"
             style = self.get_component_rich_style(name)
             if self._regex is not None:
@@ -773,14 +774,22 @@ class LogView(ScrollView, can_focus=True):
             self.clear_search()
             return 0
         self._hits = [self._first + i for i, line in enumerate(self._lines) if self._hit(line)]
-        open_hits = [i for i, line in enumerate(self._open) if self._hit(line)]
+        hits = self._matches()
         self._current = None
-        if open_hits:
-            self._show_line(len(self._lines) + open_hits[-1])
-        elif self._hits:
-            self._go_to_hit(self._hits[-1])
+        if hits:
+            self._go_to_hit(hits[-1])
         self.refresh()
-        return len(self._hits) + len(open_hits)
+        return len(hits)
+
+    def _matches(self) -> list[int]:
+        """The numbers of every matching line, oldest first: the complete lines', then those of
+        the unfinished last lines (a prompt, a progress bar), numbered as they will be once
+        complete. A match there was shown by the search, but n / N skipped it, and said nothing
+        where it was the only one."""
+        if not self._query:
+            return []
+        after = self._first + len(self._lines)
+        return self._hits + [after + k for k, line in enumerate(self._open) if self._hit(line)]
 
     def search_next(self) -> bool:
         """The next match towards the tail (wrapping round to the oldest); whether it wrapped."""
@@ -791,35 +800,37 @@ class LogView(ScrollView, can_focus=True):
         return self._step(-1)
 
     def _step(self, direction: int) -> bool:
-        if not self._hits:
+        hits = self._matches()
+        if not hits:
             return False
-        if self._current is None:  # on a match in the unfinished last line, past every complete one
-            at = len(self._hits)
+        if self._current is None:
+            at = len(hits)  # (on no match yet: n wraps round to the oldest, N goes to the newest)
         else:
-            at, kept = self._current_hit()
+            at, kept = self._current_hit(hits)
             if direction > 0 and not kept:
                 at -= 1  # the current match has left the ring: the next is the oldest one kept
         to = at + direction
-        if 0 <= to < len(self._hits):
-            self._go_to_hit(self._hits[to])
+        if 0 <= to < len(hits):
+            self._go_to_hit(hits[to])
             return False
-        self._go_to_hit(self._hits[0] if direction > 0 else self._hits[-1])
+        self._go_to_hit(hits[0] if direction > 0 else hits[-1])
         return True
 
     @property
     def match_position(self) -> tuple[int, int] | None:
-        """(k, n): the view is on the k-th of the n matching complete lines, oldest first; None
-        when it is on no match of them."""
+        """(k, n): the view is on the k-th of the n matching lines, oldest first; None when it is
+        on no match of them."""
         if self._current is None:
             return None
-        at, kept = self._current_hit()
-        return (at + 1, len(self._hits)) if kept else None
+        hits = self._matches()
+        at, kept = self._current_hit(hits)
+        return (at + 1, len(hits)) if kept else None
 
-    def _current_hit(self) -> tuple[int, bool]:
-        """Where the current match stands among the complete lines' matches, and whether it is
-        still one of them (the ring may have dropped its line)."""
-        at = bisect.bisect_left(self._hits, self._current)
-        return at, at < len(self._hits) and self._hits[at] == self._current
+    def _current_hit(self, hits: list[int]) -> tuple[int, bool]:
+        """Where the current match stands among `hits`, and whether it is still one of them (the
+        ring may have dropped its line, a progress bar redrawn its unfinished one)."""
+        at = bisect.bisect_left(hits, self._current)
+        return at, at < len(hits) and hits[at] == self._current
 
     def _go_to_hit(self, number: int) -> None:
         self._current = number
@@ -838,14 +849,16 @@ class LogView(ScrollView, can_focus=True):
     def at_edge_match(self, direction: int) -> bool:
         """Whether the view is on the last match (direction +1) or the first (-1), or has none:
         next/previous across ranks go on to another rank from there."""
-        if not self._hits or self._current is None:
+        hits = self._matches()
+        if not hits or self._current is None:
             return True
-        return self._current == (self._hits[-1] if direction > 0 else self._hits[0])
+        return self._current == (hits[-1] if direction > 0 else hits[0])
 
     def go_to_edge_match(self, direction: int) -> None:
         """Go to the first match (direction +1: arriving from an earlier rank) or the last (-1)."""
-        if self._hits:
-            self._go_to_hit(self._hits[0] if direction > 0 else self._hits[-1])
+        hits = self._matches()
+        if hits:
+            self._go_to_hit(hits[0] if direction > 0 else hits[-1])
 
     def clear_search(self) -> None:
         self._query, self._query_bytes, self._regex = "", None, None

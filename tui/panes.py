@@ -97,10 +97,19 @@ def waits(snap: RankSnapshot) -> bool:
     return (snap.paused and snap.state.alive) or snap.input_prompt is not None
 
 
+def end_held(snap: RankSnapshot) -> bool:
+    """Whether the engine holds the rank's end by a signal as maybe part of a stop from outside."""
+    return snap.end_held and snap.signal_name is not None  # (a signal's: what the label names)
+
+
 def state_label(snap: RankSnapshot) -> str:
-    """'running', 'exited 0', 'exit 1', 'failed SIGSEGV', 'killed SIGKILL', 'paused', 'input (i)'."""
+    """'running', 'exited 0', 'exit 1', 'failed SIGSEGV', 'killed SIGKILL', 'paused', 'input (i)';
+    'ended SIGTERM' while the engine holds its end as maybe part of a stop from outside (it said
+    `failed`, in red, for that second, and then often `killed`)."""
     if snap.paused and snap.state.alive:
         return "paused"
+    if end_held(snap):
+        return f"ended {snap.signal_name}"
     if snap.input_prompt:  # (a live rank's: before stalled, which the ranks waiting for it are too)
         return "input (i)"
     if snap.state == RankState.SUCCEEDED:
@@ -127,6 +136,8 @@ def look(style: str) -> str:
 def state_style(snap: RankSnapshot) -> str:
     if snap.paused and snap.state.alive:
         return look(PAUSED_STYLE)
+    if end_held(snap):  # neither a failure yet nor a stop: as a stopping rank
+        return look(STATE_STYLE[RankState.STOPPING])
     return look(INPUT_STYLE if snap.input_prompt else STATE_STYLE[snap.state])
 
 
@@ -418,16 +429,19 @@ def _alive_part(group: GroupSnapshot) -> Part:
 
 
 def kill_countdown(group: GroupSnapshot, now: float) -> str | None:
-    """`SIGKILL in 17s` while a stop's grace runs (the soonest deadline of the live ranks; `rank
-    3 SIGKILL in 8s` where only some are being stopped, e.g. one restarted); None when none is."""
+    """`SIGKILL in 17s` while a stop's grace runs (`rank 3 SIGKILL in 8s` where only some are
+    being stopped, e.g. one restarted); `SIGKILL in 8-17s` where the ranks' deadlines differ (a
+    rank restarted before the group's stop: the soonest alone read as the whole group's); None
+    when no stop is under way."""
     due = _due_for_kill(group)
     if not due:
         return None
-    left = _seconds_to_kill(due, now)
+    soonest, latest = _seconds_to_kill(due, now), _seconds_left(max(r.kill_at for r in due), now)
+    left = f"{soonest}s" if soonest == latest else f"{soonest}-{latest}s"
     if len(due) == alive_count(group):
-        return f"SIGKILL in {left}s"
+        return f"SIGKILL in {left}"
     names = ",".join(str(r.rank) for r in due[:3]) + ("…" if len(due) > 3 else "")
-    return f"rank{'s' if len(due) > 1 else ''} {names} SIGKILL in {left}s"
+    return f"rank{'s' if len(due) > 1 else ''} {names} SIGKILL in {left}"
 
 
 def alive_count(group: GroupSnapshot) -> int:
@@ -442,7 +456,11 @@ def _due_for_kill(group: GroupSnapshot) -> list[RankSnapshot]:
 
 def _seconds_to_kill(due: list[RankSnapshot], now: float) -> int:
     """Whole seconds left before the soonest SIGKILL of `due` (not empty), 0 once it is past."""
-    return math.ceil(max(0.0, min(r.kill_at for r in due) - now))
+    return _seconds_left(min(r.kill_at for r in due), now)
+
+
+def _seconds_left(deadline: float, now: float) -> int:
+    return math.ceil(max(0.0, deadline - now))
 
 
 def _short_path(path: str) -> str:

@@ -305,12 +305,17 @@ def _no_terminal() -> str | None:
 
 
 def _show(app) -> int:
+    """An ended run's final view (its engine gone); its exit status is the run's, as attach's is
+    to a run that ended under it or whose engine lingers after the end (it was 0 here and 1 there
+    for one failed run)."""
+    from ranktop.tui.app import tui_exit_status
     from ranktop.tui.run import print_end_report
 
     app.attached = True
     app.run()
-    print_end_report(app.engine.snapshot())
-    return 0
+    snap = app.engine.snapshot()
+    print_end_report(snap)
+    return app.return_code or tui_exit_status(snap, user_quit=False)  # (nothing runs here for q to stop)
 
 
 # ----- stop -------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from ranktop.core.engine import Engine
 from ranktop.core.sanitize import clean
 from ranktop.core.stacks import StackReport, TreeNode
 from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, can_act
+from rich.cells import cell_len
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -110,14 +111,24 @@ class StackGroups(VerticalScroll):
         none (`no other threads`) has nowhere to go: it is never marked."""
         for i, group in enumerate(self.children):
             if isinstance(group, GroupBox):
-                group.set_class(i == self.selected, "selected")
-                group.border_subtitle = group.hint if i == self.selected and self.has_focus else ""
+                group.mark(selected=i == self.selected, hinted=i == self.selected and self.has_focus)
 
     def on_focus(self) -> None:
         self._mark()
 
+    def set_titles(self, titles: tuple[str, ...]) -> None:
+        """The title: the first of `titles` (longest first) that its top border holds whole."""
+        self._titles = titles
+        self._retitle()
+
+    def _retitle(self) -> None:
+        titles = getattr(self, "_titles", ())
+        if titles:
+            self.border_title = fitting(titles, self.outer_size.width, 2)  # (a line each side)
+
     def on_resize(self) -> None:
         """A smaller terminal could leave the selected group, where enter goes, out of sight."""
+        self._retitle()
         if self.children:
             self.call_after_refresh(self.select, self.selected, announce=False)
 
@@ -142,17 +153,46 @@ class GroupBox(Static):
         super().__init__(body, classes=f"{classes} odd" if odd else classes)
         self.rank = rank
         self.lacking = lacking
+        self.hinted = False  # its bottom border says where enter goes
 
     @property
-    def hint(self) -> str:
-        rank = stacks.rank_list([self.rank])  # (a rank that lacks the thread: no room for "'s output" at 80 columns)
-        return f"enter: {rank} (lacks it)" if self.lacking else f"enter: {rank}'s output"
+    def hints(self) -> tuple[str, ...]:
+        """Where enter goes, longest first: the box's bottom border shows the first it holds whole
+        (60 columns cut `enter: rank 2 (lacks …`). (A rank that lacks the thread: no room for
+        "'s output" at 80 columns.)"""
+        rank = stacks.rank_list([self.rank])
+        where = f"{rank} (lacks it)" if self.lacking else f"{rank}'s output"
+        return f"enter: {where}", f"⏎ {where}", f"⏎ {rank}"
+
+    def mark(self, *, selected: bool, hinted: bool) -> None:
+        self.set_class(selected, "selected")
+        self.hinted = hinted
+        self._show_hint()
+
+    def _show_hint(self) -> None:
+        # (a corner, a line and a space each side)
+        self.border_subtitle = fitting(self.hints, self.outer_size.width, 6) if self.hinted else ""
+
+    def on_resize(self) -> None:
+        """A scrollbar that comes or goes, a resized terminal: the hint that fits now."""
+        self._show_hint()
+
+
+def fitting(texts: tuple[str, ...], width: int, edges: int) -> str:
+    """The first of `texts` (longest first) that a border `width` cells wide holds whole beside its
+    `edges` cells, else the last; the first where nothing is laid out yet (a width of 0)."""
+    if not width:
+        return texts[0]
+    room = width - edges
+    return next((text for text in texts if cell_len(text) <= room), texts[-1])
 
 
 ENDED_LOOK = 0.5  # seconds between the open view's looks for its run's end
 
-# The groups box's title: which threads it shows (t switches), and what t shows instead.
-GROUPS_TITLES = {False: "main threads (t: other threads)", True: "other threads (t: main threads)"}
+# The groups box's title: which threads it shows (t switches), and what t shows instead; longest
+# first, the one that fits is shown (60 columns cut `other threads (t: main thre…`).
+GROUPS_TITLES = {False: ("main threads (t: other threads)", "main threads (t: others)", "main threads"),
+                 True: ("other threads (t: main threads)", "other threads (t: main)", "other threads")}
 # The call tree's, by whether C frames are asked for: what n does next. A border title, as the
 # groups': the root's label was cut at 80 columns and scrolled away with the tree.
 TREE_TITLES = {False: "call tree (n: C frames)", True: "call tree (n: Python only)"}
@@ -280,7 +320,7 @@ class StacksScreen(Screen):
 
     def _render_groups(self) -> None:
         box = self.query_one("#stacks-groups", StackGroups)
-        box.border_title = GROUPS_TITLES[self.show_threads]
+        box.set_titles(GROUPS_TITLES[self.show_threads])
         box.remove_children()
         if self.report is None:
             return
