@@ -89,6 +89,14 @@ def test_bad_web_arguments_are_one_line(runtime, args, message):  # noqa: F811
     assert done.returncode == 2 and done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
 
 
+def test_without_textual_serve_it_is_one_line_and_nothing_is_looked_up(runtime):  # noqa: F811
+    """It said `ranktop: error:`, as a usage error does, yet exited 1, after looking the run up."""
+    done = run_ranktop("web", "nope", without="textual_serve", env=runtime)
+    assert (done.returncode, done.stdout) == (2, ""), done
+    assert done.stderr == ("ranktop: error: ranktop web needs textual-serve, which is not installed: "
+                           "pip install 'ranktop[web]'\n")
+
+
 def test_a_port_in_use_is_one_line(runtime):  # noqa: F811
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

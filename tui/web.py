@@ -60,6 +60,8 @@ def is_loopback(host: str) -> bool:
 def main(argv: list[str]) -> int:
     """`ranktop web [RUN]`: serve the run's TUI to browsers until Ctrl-C; the exit status."""
     ns = _web_parser().parse_args(argv)
+    if not _has_textual_serve():  # (as a missing etcd client is: one line, exit 2, before any run is looked up)
+        return usage_error("ranktop web needs textual-serve, which is not installed: pip install 'ranktop[web]'")
     problem = _cannot_listen(ns.host, ns.port)
     if problem is not None:
         return usage_error(problem)
@@ -72,6 +74,14 @@ def main(argv: list[str]) -> int:
               + (" and act on its ranks (--control)" if ns.control else ""), file=sys.stderr, flush=True)
     command = shlex.join([sys.executable, "-m", "ranktop", "attach", target, *([] if ns.control else ["--read-only"])])
     return _serve(command, ns.host, ns.port, run_id, how)
+
+
+def _has_textual_serve() -> bool:
+    try:
+        import textual_serve.server  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _web_parser() -> UsageParser:
@@ -98,11 +108,8 @@ def _what_to_serve(run: ServedRun | FinalEngine, control: bool) -> tuple[str, st
 
 def _serve(command: str, host: str, port: int, run_id: str, how: str) -> int:
     """Serve `command`, one per browser tab, until Ctrl-C; then end the attach clients left."""
-    try:
-        from textual_serve.server import Server
-    except ImportError:
-        print("ranktop: error: ranktop web needs textual-serve: pip install 'ranktop[web]'", file=sys.stderr)
-        return 1
+    from textual_serve.server import Server
+
     gate = Gate(host, secrets.token_urlsafe(18))
     if not print_err(f"ranktop: serving run {run_id} on http://{_url_host(host)}:{port}/?token={gate.token} ({how})"):
         return 1  # (said on stdout at the end) nobody learns the address and its token: nothing is served
