@@ -42,9 +42,9 @@ from ranktop.core.guard import (
     process_table,
     rank_leading,
     read_proc,
-    read_proc_file,
     send_signal,
     spare_pid,
+    thread_children,
     younger_than,
 )
 
@@ -210,7 +210,7 @@ def _children_of(tids: Iterable[str | int]) -> set[int]:
 def _read_children(tid: int) -> set[int]:
     """The children of our thread `tid`, from its /proc children file (the guard's plain-descriptor
     read: a file object cost twice as much, read ten times a second)."""
-    return {int(pid) for pid in read_proc_file(f"/proc/self/task/{tid}/children").split()}
+    return set(thread_children("self", tid))
 
 
 def _reap(pid: int) -> None:
