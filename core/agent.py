@@ -25,7 +25,6 @@ import signal
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -63,6 +62,7 @@ from ranktop.core.stalls import StallWatch
 from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
 from ranktop.core.stdio import lost_told
 from ranktop.core.strays import LOOK_SECONDS, adopting
+from ranktop.core.weak import weakly
 
 __all__ = ["LocalAgent", "LocalElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerState", "new_run_id",
            "other_interpreter", "store_call_left_blocked"]
@@ -165,20 +165,6 @@ class WorkerGroup:
     master_port: int
 
 
-def _weakly(method: Callable[..., None]) -> Callable[..., None]:
-    """`method` without a strong reference to its agent: what the agent holds (its console writer,
-    each attempt's context) calls back through this, so no cycle keeps a finished agent, and the
-    rendezvous stores it holds (a listening port and a thread each), alive until a garbage collection."""
-    ref = weakref.WeakMethod(method)
-
-    def call(*args: Any) -> None:
-        bound = ref()
-        if bound is not None:
-            bound(*args)
-
-    return call
-
-
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + os.urandom(2).hex()
 
@@ -264,8 +250,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         self.rendezvous = (Rendezvous(spec.rdzv_handler, spec.role, spec.local_world_size)
                            if spec.rdzv_handler is not None else None)
         if self.rendezvous is not None:
-            self.rendezvous.on_store_change = _weakly(self._store_changed)
-            self.rendezvous.on_every_node_dropped = _weakly(self._every_node_dropped)
+            self.rendezvous.on_store_change = weakly(self._store_changed)
+            self.rendezvous.on_every_node_dropped = weakly(self._every_node_dropped)
         shared_id = self.rendezvous.run_id if self.rendezvous is not None else "none"
         if spec.run_id is not None:
             self.run_id = check_run_id(spec.run_id)
@@ -287,7 +273,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         # none of which may wait on a stuck terminal (the monitor loop says things too).
         self._tee = (ConsoleWriter(budget=console_budget(2 * spec.local_world_size),
                                    clean=clean_console if self.sanitize_console else None,
-                                   on_lost=_weakly(self._console_lost))
+                                   on_lost=weakly(self._console_lost))
                      if self.console else None)
         self.console_unshown = 0  # bytes of output the console had not taken when the run ended
         self.console_cut_by: int | None = None  # the stop signal that cut the wait for it short, if one did
@@ -560,7 +546,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         return PContext(
             spec.display_name(), spec.entrypoint, {r: rank_args(spec.args, r) for r in range(n)}, envs, log_dir, streams,
             global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
-            ring_lines=self.ring_lines, on_event=_weakly(self._on_rank_event), passthrough_console=False,
+            ring_lines=self.ring_lines, on_event=weakly(self._on_rank_event), passthrough_console=False,
             pty=pty_size(envs[0]) if spec.pty else None, sanitize_console=self.sanitize_console,
             # headless: our stdin, as torchrun gives it (pdb works); a UI types through SendInput
             rank_stdin=self.rank_stdin, duplicate_filters=self.duplicate_filters,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
 import select
 import shutil
@@ -76,6 +75,7 @@ from ranktop.core.strays import (
     rank_marker,
     rank_needle,
 )
+from ranktop.core.weak import weakly
 
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
 
@@ -309,9 +309,10 @@ class PContext:
         self._sanitize_console = sanitize_console  # filter what the console shows (files stay raw)
         self.slots = [RankSlot(r, LineRing(ring_lines)) for r in range(self.nprocs)]
         self.token = os.urandom(8).hex()
-        self._strays = StrayTracker(self.token, self._tell_guard, self._emit_group)
+        # Their callbacks are weak (as are the sinks'): no cycle keeps an attempt past its last holder.
+        self._strays = StrayTracker(self.token, weakly(self._tell_guard), weakly(self._emit_group))
         # The end sweep: what the ranks left running gets SIGTERM, then SIGKILL after the grace.
-        self._sweep = Sweep(shutdown_timeout, self._emit_group)
+        self._sweep = Sweep(shutdown_timeout, weakly(self._emit_group))
         self._pump: OutputPump | None = None
         # The tee's writer: the caller's (an agent keeps one for all its attempts), else our own.
         self._console: ConsoleWriter | None = console
@@ -405,7 +406,7 @@ class PContext:
         if self._owns_console and any(plan.console for plan in self.streams.values()):
             self._console = ConsoleWriter(budget=console_budget(2 * len(self.slots)),  # a budget per stream
                                           clean=clean_console if self._sanitize_console else None,
-                                          on_lost=self._console_lost)
+                                          on_lost=weakly(self._console_lost))
         if callable(self.entrypoint):
             self._tmp = tempfile.mkdtemp(prefix="ranktop-", dir=checked_tempdir())
         self._environ = dict(os.environ)  # (os.environ decodes every variable on every read)
@@ -480,9 +481,9 @@ class PContext:
             console = (self._console, binary_console(target), plan.prefix) if to_console else None
             sinks[stream] = StreamSink(
                 stream, ring, console=console,
-                log=(self.log_path(r, stream), functools.partial(self._open_log, r, stream)) if to_file else None,
-                on_log_error=functools.partial(self._log_write_failed, r),
-                on_failure=functools.partial(self._output_failed, r),
+                log=(self.log_path(r, stream), weakly(self._open_log, r, stream)) if to_file else None,
+                on_log_error=weakly(self._log_write_failed, r),
+                on_failure=weakly(self._output_failed, r),
                 copy=self._filtered[stream].for_rank(plan.prefix)
                 if stream in self._filtered and (plan.filtered is None or plan.filtered & flag) else None)
         slot = self.slots[r]
@@ -860,7 +861,7 @@ class PContext:
             slot = self.slots[local_rank]
             grace = self.shutdown_timeout if grace is None else grace
             if not slot.restart_pending:  # (a second restart asked for meanwhile changes nothing)
-                slot.leftovers = Sweep(grace, functools.partial(self._emit_for, local_rank))
+                slot.leftovers = Sweep(grace, weakly(self._emit_for, local_rank))
             slot.restart_pending = True
             if slot.alive:
                 self._strays.note_below_ranks([slot.proc.pid])  # its helpers that left its group
@@ -970,6 +971,7 @@ class PContext:
         self._finish_guard()
         with self._lock:
             self._sweep.close()
+            self._strays.close()
             for slot in self.slots:
                 if slot.leftovers is not None:
                     slot.leftovers.close()

@@ -75,6 +75,13 @@ def read_proc_file(path: str) -> bytes:
         os.close(fd)
 
 
+def thread_children(pid: int | str, tid: int) -> list[int]:
+    """The children that thread `tid` of process `pid` ("self" for ours) started, or was given as
+    a subreaper, from its /proc children file (Linux 3.5 with CONFIG_PROC_CHILDREN). OSError once
+    the thread is gone."""
+    return [int(child) for child in read_proc_file(f"/proc/{pid}/task/{tid}/children").split()]
+
+
 def stat_fields(pid: int) -> list[bytes] | None:
     """/proc/PID/stat from field 3 on (the state, the parent, ...), or None when it is gone."""
     try:

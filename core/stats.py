@@ -3,8 +3,10 @@
 The UI never waits on this: `latest()` returns what the last tick found. A tick asks its source
 (the engine, or an agent) for each running rank's pid and start environment with
 `rank_processes()` (a restart brings new pids, so nothing is remembered across ticks but the
-per-process counters), walks each rank's process tree, and asks the GPU monitor about the same
-trees.
+per-process counters), walks each rank's process tree down from the rank through the /proc
+children files of each process's threads (never the whole process table: that grew with the
+node, 2000 idle processes elsewhere made a tick of 8 ranks ~10x dearer), and asks the GPU monitor
+about the same trees.
 
 cpu% is per process tree, 100 = one core busy (like `top`); rss is summed over the tree, so
 memory shared between a rank and its children (fork, shared memory) is counted more than once.
@@ -12,16 +14,17 @@ memory shared between a rank and its children (fork, shared memory) is counted m
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import psutil
 from ranktop.core.gpu import GpuMonitor, RankQuery
-from ranktop.core.guard import process_table, read_proc_file, stat_fields
+from ranktop.core.guard import process_table, read_proc_file, stat_fields, thread_children
 from ranktop.core.state import GpuSample
 
 _CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -51,6 +54,7 @@ class ProcSample(NamedTuple):
     start: int  # clock ticks since boot
     cpu: float  # user + system seconds so far
     rss: int  # bytes, roughly (resident_bytes has them exactly)
+    threads: int = 1
 
 
 def resident_bytes(pid: int) -> int | None:
@@ -70,18 +74,67 @@ def read_sample(pid: int) -> ProcSample | None:
     fields = stat_fields(pid)
     if fields is None or len(fields) < 22:
         return None
-    # Fields 4 (the parent), 14 and 15 (user and system time), 22 (start) and 24 (rss, in pages),
-    # counted from 1 with the pid; stat_fields starts at field 3.
+    # Fields 4 (the parent), 14 and 15 (user and system time), 20 (threads), 22 (start) and 24
+    # (rss, in pages), counted from 1 with the pid; stat_fields starts at field 3.
     cpu = (int(fields[11]) + int(fields[12])) / _TICKS
-    return ProcSample(int(fields[1]), int(fields[19]), cpu, int(fields[21]) * _PAGE)
+    return ProcSample(int(fields[1]), int(fields[19]), cpu, int(fields[21]) * _PAGE, int(fields[17]))
+
+
+@functools.cache
+def children_files() -> bool:
+    """Whether this kernel has /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN); without
+    them a tick reads the whole process table."""
+    return os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children")
+
+
+def scan_trees(roots: Iterable[int]) -> tuple[dict[int, ProcSample], dict[int, list[int]]]:
+    """(pid -> ProcSample, pid -> its children) for `roots` and everything below them, walked
+    down through the children files: a few reads per process of the ranks' trees, where the table
+    read every process of the node. Each process is read once and listed under one parent only:
+    a child re-parented while the walk reads (its parent exited, it went to a subreaper in the
+    tree) can show in both parents' files, and a reused pid can make a cycle."""
+    table: dict[int, ProcSample] = {}
+    children: dict[int, list[int]] = {}
+    todo = list(roots)
+    listed = set(todo)
+    while todo:
+        pid = todo.pop()
+        proc = read_sample(pid)
+        if proc is None:
+            continue  # gone (its children went to a subreaper: ranktop, or one in the tree)
+        table[pid] = proc
+        children[pid] = [child for child in children_of_process(pid, proc.threads) if child not in listed]
+        listed.update(children[pid])
+        todo.extend(children[pid])
+    return table, children
+
+
+def children_of_process(pid: int, threads: int) -> list[int]:
+    """`pid`'s children: each is in the children file of the thread that started it (or, as a
+    subreaper's orphan, that was given it), so a process of several threads has each read
+    (`threads`, as its stat said just before: one file for most processes, no listing)."""
+    tids = [pid] if threads == 1 else _threads_of(pid)
+    found: list[int] = []
+    for tid in tids:
+        try:
+            found += thread_children(pid, tid)
+        except (OSError, ValueError):  # the thread or the process ended meanwhile
+            continue
+    return found
+
+
+def _threads_of(pid: int) -> list[int]:
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
 
 
 def scan_processes() -> dict[int, ProcSample]:
     """pid -> ProcSample for every process, from one pass over /proc (the guard's walk of the
     table, which ranktop's sweeps share).
 
-    psutil's children(recursive=True) scans the whole process table once per call; one scan per
-    tick shared by all ranks keeps a tick cheap on a busy node with many ranks.
+    A tick reads the table only where the kernel has no children files (`children_files`).
     """
     try:
         return process_table(read_sample)
@@ -205,10 +258,9 @@ class StatsSampler:
         now = time.monotonic()
         elapsed = None if self._last_tick is None else now - self._last_tick
         roots = {r: pid for r, (pid, _env) in ranks.items()}
-        table = scan_processes() if roots else {}
+        table, children = _read_trees(roots.values())
         seen: dict[ProcKey, _Counter] = {}
         found: dict[int, tuple[int, float | None, int, list[int]]] = {}
-        children = children_of(table)
         for r, pid in roots.items():
             if pid not in table:
                 continue  # exited between the slot read and the scan
@@ -276,6 +328,18 @@ class StatsSampler:
         if counter is not None:
             counter.visible_devices, counter.env_read = value, True
         return value
+
+
+def _read_trees(roots: Iterable[int]) -> tuple[Mapping[int, ProcSample], Mapping[int, list[int]]]:
+    """What a tick knows of the processes: those of the ranks' trees (scan_trees), or the whole
+    table where the kernel has no children files; nothing without ranks."""
+    roots = list(roots)
+    if not roots:
+        return {}, {}
+    if children_files():
+        return scan_trees(roots)
+    table = scan_processes()
+    return table, children_of(table)
 
 
 def _live_ranks(source: Any) -> dict[int, tuple[int, Mapping[str, str]]]:

@@ -42,9 +42,9 @@ from ranktop.core.guard import (
     process_table,
     rank_leading,
     read_proc,
-    read_proc_file,
     send_signal,
     spare_pid,
+    thread_children,
     younger_than,
 )
 
@@ -210,7 +210,7 @@ def _children_of(tids: Iterable[str | int]) -> set[int]:
 def _read_children(tid: int) -> set[int]:
     """The children of our thread `tid`, from its /proc children file (the guard's plain-descriptor
     read: a file object cost twice as much, read ten times a second)."""
-    return {int(pid) for pid in read_proc_file(f"/proc/self/task/{tid}/children").split()}
+    return set(thread_children("self", tid))
 
 
 def _reap(pid: int) -> None:
@@ -256,6 +256,7 @@ class StrayTracker:
         self._left: dict[tuple[int, int], dict[int, int]] = {}
         self.since: int | None = None  # the first rank's start (clock ticks since boot)
         self._looked_at = 0.0
+        self._sessions: dict[int, int] = {}  # the ranks' sessions (pid -> start) this put in _rank_sessions
         _markers.add(marker_needle(token))
 
     def rank_started(self, pid: int) -> tuple[int, int]:
@@ -266,7 +267,7 @@ class StrayTracker:
         start = proc.start if proc is not None else 0
         self.since = start if self.since is None else min(self.since, start)
         self.ranks[pid] = start
-        _rank_sessions[pid] = start
+        _rank_sessions[pid] = self._sessions[pid] = start
         self._tell(f"rank {pid} {start}")
         return pid, start
 
@@ -361,6 +362,18 @@ class StrayTracker:
     def forget_rank(self, rank: tuple[int, int]) -> None:
         """What the rank left has been swept: a rank started again and again keeps no trace."""
         self._left.pop(rank, None)
+        self._forget_session(*rank)
+
+    def close(self) -> None:
+        """The group is over and swept: its ranks' sessions and its marker no longer tell where an
+        orphan came from (as PID 1). A run restarted thousands of times kept every one of them."""
+        for pid, start in list(self._sessions.items()):
+            self._forget_session(pid, start)
+        _markers.discard(marker_needle(self.token))
+
+    def _forget_session(self, pid: int, start: int) -> None:
+        if self._sessions.pop(pid, None) == start and _rank_sessions.get(pid) == start:
+            del _rank_sessions[pid]  # (unless a later rank of the same pid took the entry)
 
     def _note(self, pid: int, start: int, rank: tuple[int, int] | None = None) -> None:
         if rank is not None:

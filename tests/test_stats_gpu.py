@@ -42,6 +42,14 @@ def child_pids(pid: int) -> list[int]:
         return []
 
 
+def child_names(pid: int) -> list[str]:
+    """The names of `pid`'s children (its direct ones), gone or not."""
+    try:
+        return sorted(c.name() for c in psutil.Process(pid).children())
+    except psutil.Error:
+        return []
+
+
 # ----- cpu and memory --------------------------------------------------------------------------
 def test_spinning_rank_shows_high_cpu_and_sleeping_rank_near_zero(tmp_path):
     sampler = StatsSampler(interval=INTERVAL, gpu=GpuMonitor(FakeNvml(0)))
@@ -139,6 +147,32 @@ def test_a_busy_trees_cpu_and_rss_are_psutils_figures_from_one_read_per_process(
         lowest = (sum(second["cpu_before"]) - sum(first["cpu_after"])) / (second["ended"] - first["began"])
         highest = (sum(second["cpu_after"]) - sum(first["cpu_before"])) / (second["began"] - first["ended"])
         assert 100 * lowest - 0.1 <= got.cpu_percent <= 100 * highest + 0.1, (lowest, got.cpu_percent, highest)
+
+
+# The rank is a subreaper (as a process manager inside a rank is); a thread other than its first
+# starts a child and stays, and a daemon (its parent exits at once) is re-parented to the rank.
+SUBREAPER_RANK = (
+    "import ctypes, subprocess, sys, threading, time\n"
+    "ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n"
+    "threading.Thread(target=lambda: (subprocess.Popen(['sleep', '120']), time.sleep(120)), daemon=True).start()\n"
+    "subprocess.run([sys.executable, '-c', \"import subprocess; subprocess.Popen(['sleep', '120'])\"])\n"
+    "time.sleep(120)"
+)
+
+
+def test_a_ranks_tree_is_walked_through_every_thread_and_what_was_re_parented_to_it(tmp_path):
+    """A tick walks each rank's tree down its processes' children files, not the node's whole
+    process table: a child started by a thread other than the first is in that thread's file
+    only, and a daemon whose parent exited is the child of the subreaper it went to. Each is
+    counted, once."""
+    sampler = StatsSampler(interval=INTERVAL, gpu=GpuMonitor(FakeNvml(0)))
+    with Running(make_agent(tmp_path, SUBREAPER_RANK, n=1, sampler=sampler)) as agent:
+        pid = wait_for(lambda: agent.snapshot().ranks[0].pid, what="rank started")
+        wait_for(lambda: child_names(pid) == ["sleep", "sleep"], timeout=20, what="the thread's child and the daemon")
+        wait_for(lambda: stats(sampler, 0, lambda s: s.nprocs == 3), timeout=10, what="both counted")
+        ticks = sampler.ticks
+        wait_for(lambda: sampler.ticks >= ticks + 3, what="more ticks")
+        assert sampler.latest(0).nprocs == 3
 
 
 def test_a_cycle_of_parents_in_a_table_read_while_pids_are_reused_ends_the_tree_walk():
