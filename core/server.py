@@ -35,6 +35,8 @@ connection, never the server thread; one that owes more than MAX_PENDING is drop
 arrived before a client closed are read and applied, even where its answers can no longer be sent.
 One that takes nothing for UNREAD_SECONDS, or asks nothing for IDLE_SECONDS and follows nothing,
 is dropped too; on the way out, one that takes nothing for STUCK_SECONDS is not waited for.
+A dropped client is told why after the rest of the frame it was in the middle of (what it owed
+past that is let go: sent behind it, the reason was lost), for FAREWELL_SECONDS at most.
 A client is answered FRAMES_PER_ROUND requests per round of the loop: the rest wait, its socket
 read no further, for the next round, after every other client's turn; and while requests wait,
 the thread rests between rounds as long as the round took, so a client that asks without pause
@@ -96,6 +98,10 @@ IDLE_SECONDS = 600.0
 UNREAD_SECONDS = 600.0
 CHECK_SECONDS = 1.0  # how often the two above are looked at
 STUCK_SECONDS = 1.0  # on the way out, a client that takes nothing this long is waited for no more
+# A dropped client is told why after the rest of the frame it is in the middle of (what else it
+# owed is not sent: it is what it was not taking); the connection is closed once that is sent, or
+# after this long. Meanwhile it is no client any more, and nothing of it is read.
+FAREWELL_SECONDS = 5.0
 MAX_PUSH_BYTES = 4 << 20  # output in one push to a subscriber, all its ranks together (past it by one rank's part at most): well under MAX_PENDING
 # Requests answered per client per round of the loop; the rest of what it sent waits (its socket is
 # read no further meanwhile) for the next round, after every other client's turn. A client of
@@ -257,6 +263,10 @@ class _Client:
     queued: collections.deque | None = None  # requests read and not yet answered
     subscriber: _Subscriber | None = None
     writing: bool = False  # its socket is watched for room to write
+    # Bytes at the head of the outbox that end a frame partly sent (0: it begins with a whole frame).
+    frame_end: int = 0
+    farewell: bytearray | None = None  # dropped: the end of its frame and why, to send before the close
+    farewell_by: float = 0.0  # by when that must be taken
 
 
 class EngineServer:
@@ -291,6 +301,7 @@ class EngineServer:
         self._waiting: dict[socket.socket, _Client] = {}
         self._subscribers: dict[socket.socket, _Client] = {}
         self._deadlines = False  # some client has a hello, a frame or a short connection's time running
+        self._leaving: dict[socket.socket, _Client] = {}  # dropped clients, told why as they take it
         self._next_check = 0.0  # when idle and unreading clients are looked for next
         self._spare_fd = _spare_fd()  # given up for a moment to refuse a client when out of descriptors
         self._accept_paused_until = 0.0
@@ -315,6 +326,9 @@ class EngineServer:
             for key, events in self._selector.select(self._select_timeout()):
                 client = key.data
                 if client is not None:
+                    if client.farewell is not None:
+                        self._say_farewell(client)
+                        continue
                     if events & selectors.EVENT_WRITE:
                         self._flush(client)
                     # (one with requests still queued is read no further: it waits its turn)
@@ -337,7 +351,7 @@ class EngineServer:
         waits = [PUSH_SECONDS] if self._subscribers else []
         if self._clients:
             waits.append(CHECK_SECONDS)
-        if self._deadlines or self._accept_paused_until:
+        if self._deadlines or self._accept_paused_until or self._leaving:
             waits.append(ACCEPT_PAUSE)
         return min(waits, default=None)
 
@@ -352,6 +366,9 @@ class EngineServer:
                     self._drop(client.sock, late[0], refused=late[1])
                 else:
                     self._deadlines |= client.hello_due is not None or client.frame_due is not None or client.short_due is not None
+        for client in list(self._leaving.values()) if self._leaving else ():
+            if now >= client.farewell_by:
+                self._close(client)
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
             self._selector.register(self._listener, selectors.EVENT_READ)
@@ -652,7 +669,9 @@ class EngineServer:
         conn = client.sock
         try:
             while outbox:
-                del outbox[:conn.send(outbox)]
+                sent = conn.send(outbox)
+                client.frame_end = 0 if sent == len(outbox) else _frame_end(outbox, client.frame_end, sent)
+                del outbox[:sent]
                 client.took_at = time.monotonic()
         except BlockingIOError:
             if len(outbox) > MAX_PENDING:
@@ -733,15 +752,36 @@ class EngineServer:
             return
         self._waiting.pop(conn, None)
         self._subscribers.pop(conn, None)
-        outbox, client.outbox = client.outbox, None
-        if reason and outbox is not None:  # after what it has yet to take, in one send that cannot wait
-            try:
-                conn.send(outbox + _error(reason, refused))
-            except OSError:
-                pass
-        self._selector.unregister(conn)
-        conn.close()
         self.clients -= 1
+        outbox, client.outbox = client.outbox, None
+        if not reason or outbox is None or len(self._leaving) >= MAX_CLIENTS:
+            self._close(client)
+            return
+        # Why, after the frame it is in the middle of: what it owed beyond it is what it did not
+        # take (sent with all of it, the reason was lost behind it, and `logs -f` said only that
+        # the engine had ended the connection).
+        client.farewell = outbox[:client.frame_end] + _error(reason, refused)
+        client.farewell_by = time.monotonic() + FAREWELL_SECONDS
+        self._leaving[conn] = client
+        self._selector.modify(conn, selectors.EVENT_WRITE, client)
+        self._say_farewell(client)
+
+    def _say_farewell(self, client: _Client) -> None:
+        """Send a dropped client what it is told last, as far as it takes it; closed once it has."""
+        try:
+            while client.farewell:
+                del client.farewell[:client.sock.send(client.farewell)]
+        except BlockingIOError:
+            return
+        except OSError:  # it closed
+            pass
+        self._close(client)
+
+    def _close(self, client: _Client) -> None:
+        client.farewell = None  # (an event of this round that is still to be handled finds it closed)
+        self._leaving.pop(client.sock, None)
+        self._selector.unregister(client.sock)
+        client.sock.close()
 
     def linger(self, seconds: float) -> None:
         """Keep serving the ended run for `seconds`, or until a client sends Stop. Not at all
@@ -774,6 +814,8 @@ class EngineServer:
             self._last_push()
         for conn in list(self._clients):
             self._drop(conn)
+        for client in list(self._leaving.values()):
+            self._close(client)
         self._selector.close()
         self._listener.close()
         os.close(self._wake_r)
@@ -789,6 +831,14 @@ class EngineServer:
 _SHORT = (f"this run has {MAX_CLIENTS} clients, the most it serves for long: a connection past them is "
           f"served for {SHORT_SECONDS:g}s, and not for a subscription (ranktop ls shows the clients; "
           "one that leaves makes room)")
+
+
+def _frame_end(outbox: bytearray, end: int, sent: int) -> int:
+    """Where the frame that the first `sent` bytes of `outbox` end in ends, counted after them;
+    `end`: where the first frame in `outbox` begins (every frame is whole behind it)."""
+    while end < sent:
+        end += 5 + int.from_bytes(outbox[end + 1:end + 5], "big")  # the frame's type and length, then its payload
+    return end - sent
 
 
 def _stuck(client: _Client, now: float) -> bool:
