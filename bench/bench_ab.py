@@ -7,13 +7,15 @@ spawn of the same ranks as the reference. For a before/after on a box whose spee
     python bench/bench_ab.py --writes 400000 before=HEAD~3 after=.   # the output path's own CPU
     python bench/bench_ab.py --writes 400000 --streams redirects before=HEAD after=.  # no console
     python bench/bench_ab.py --writes 400000 --flood before=HEAD~1 after=.  # beside a flooding client
+    python bench/bench_ab.py --writes 400000 --flood --flood-waits before=HEAD~1 after=.  # one that asks and waits
 
 With --writes the ranks write that many short lines each (bench_launch's writes scenario, --tee 3
 and log files, the console to /dev/null; --streams redirects: log files only), and what is
 compared is ranktop's own CPU seconds for the job (what it and all it reaped used, less what the
 ranks report for themselves) as well as the wall time. With --flood each version also runs the
 job with a client that asks its engine for snapshots as fast as it can (bench/flood.py): what
-that client costs the run's output, and how many answers it got a second.
+that client costs the run's output, and how many answers it got a second; with --flood-waits
+that client asks one request at a time, the next as soon as the last is answered.
 
 Each version is built into a venv of its own as `pip install` leaves it (bench/compiled.py), so
 neither pays for an editable checkout's finder. Every rank runs this interpreter, whichever
@@ -78,7 +80,7 @@ def compare_writes(pythons: dict[str, str], ns: argparse.Namespace, base: str) -
             logs, cpu_dir = fresh_dir(base, "logs"), fresh_dir(base, "cpu")
             argv = [pythons[name], "-P", "-m", "ranktop", "--headless", "--nproc-per-node", str(ns.ranks),
                     f"--{ns.streams}", "3", "--log-dir", logs, "--run-id", "ab", script, str(ns.writes), cpu_dir]
-            flood = Flood(os.path.join(runtime, "ranktop", "ab.sock")).start() if flooded else None
+            flood = Flood(os.path.join(runtime, "ranktop", "ab.sock"), ns.flood_waits).start() if flooded else None
             try:
                 elapsed, own = launcher_cpu(argv, cpu_dir)
             finally:
@@ -113,6 +115,8 @@ def main() -> int:
                    help="compare the output path instead: each rank writes LINES short lines")
     p.add_argument("--flood", action="store_true",
                    help="with --writes: also run each version beside a client that floods its engine with requests")
+    p.add_argument("--flood-waits", action="store_true",
+                   help="with --flood: the client asks one request at a time, the next as soon as the last is answered")
     ns = p.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHON_EXEC"] = sys.executable

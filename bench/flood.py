@@ -1,8 +1,11 @@
 """A client that floods a run's engine with requests, for bench_ab.py --flood: it asks for
 snapshots as fast as its socket takes them, never waiting for an answer, and reads the answers
-as they come, only to count them (so the engine never drops it as too slow).
+as they come, only to count them (so the engine never drops it as too slow). With `waits` (the
+--flood-waits of bench_ab.py) it asks one at a time instead, the next as soon as the last is
+answered, as a client of ranktop's does, only without pause: it never meets the engine's bound of
+requests per round.
 
-    python bench/flood.py SOCKET [SECONDS]      # by hand, beside a run: answers per second
+    python bench/flood.py SOCKET [SECONDS] [--waits]   # by hand, beside a run: answers per second
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ ANSWER = b'"type":"snapshot"'  # in every answer's head, and in nothing else the
 class Flood:
     """Floods the engine at `path` once it is served, until stop() or the engine leaves."""
 
-    def __init__(self, path: str) -> None:
-        self.path, self.answers, self.seconds = path, 0, 0.0
+    def __init__(self, path: str, waits: bool = False) -> None:
+        self.path, self.waits, self.answers, self.seconds = path, waits, 0, 0.0
         self._stop = threading.Event()
         self._conn = socket.socket(socket.AF_UNIX)
         self._thread = threading.Thread(target=self._run, name="flood", daemon=True)
@@ -53,6 +56,10 @@ class Flood:
         except OSError:  # the run ended first
             return
         began = time.monotonic()
+        if self.waits:
+            self._ask_and_wait()
+            self.seconds = time.monotonic() - began
+            return
         asking = threading.Thread(target=self._ask, name="flood-ask", daemon=True)
         asking.start()
         tail = b""
@@ -76,9 +83,24 @@ class Flood:
             pass
 
 
+    def _ask_and_wait(self) -> None:
+        """One request at a time, the next as soon as the last is answered (read whole)."""
+        ask, decoder = protocol.encode_control({"type": "snapshot"}), protocol.FrameDecoder()
+        try:
+            self._conn.sendall(protocol.encode_control(protocol.hello("client")) + ask)
+            while not self._stop.is_set() and (data := self._conn.recv(1 << 16)):
+                for frame in decoder.feed(data):
+                    if isinstance(frame, dict) and frame.get("type") == "snapshot":
+                        self.answers += 1
+                        self._conn.sendall(ask)
+        except OSError:  # the engine left, or dropped us, or stop()
+            pass
+
+
 def main() -> int:
-    path, seconds = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
-    flood = Flood(path).start()
+    args = [a for a in sys.argv[1:] if a != "--waits"]
+    path, seconds = args[0], float(args[1]) if len(args) > 1 else 10.0
+    flood = Flood(path, waits="--waits" in sys.argv).start()
     time.sleep(seconds)
     flood.stop()
     print(f"{flood.answers} answers in {flood.seconds or seconds:.1f} s: {flood.answers / (flood.seconds or seconds):.0f}/s")

@@ -143,16 +143,29 @@ class Connection:
             answer = self._next(deadline)
             if not isinstance(answer, dict):
                 raise protocol.ProtocolError("rank output came where an answer was due")
-            outputs = [self._next(deadline) for _ in range(frames if answer.get("type") == message["type"] else 0)]
+            # (dropped within the answer: the engine ends the frame it was in, then says why)
+            outputs = [_unless_error(self._next(deadline)) for _ in range(frames if answer.get("type") == message["type"] else 0)]
         except TimeoutError:
             raise EngineSilent("the run's engine gave no whole answer in time") from None
-        except OSError as exc:
-            raise RunGone(f"the run's engine went away ({exc.strerror or exc})") from None
+        except OSError as exc:  # (the engine may have said why it closed this connection before it did)
+            raise self._told_why() or RunGone(f"the run's engine went away ({exc.strerror or exc})") from None
         except protocol.ProtocolError as exc:
             raise RunGone(f"the run's engine sent what is not ranktop's protocol: {exc}") from None
         if answer.get("type") == "error":
-            raise _refusal(answer)
+            raise _refusal(answer) if "refused" in answer else _dropped(answer)
         return answer, outputs
+
+    def _told_why(self) -> Dropped | None:
+        """Why the engine dropped this connection, where it said so before it closed it (it
+        dropped an idle one, and the next request failed to be sent): what came is read."""
+        try:
+            self._sock.setblocking(False)
+            while data := self._sock.recv(1 << 16):
+                self._frames += self._decoder.feed(data)
+        except (OSError, protocol.ProtocolError):
+            pass
+        errors = [f for f in self._frames if isinstance(f, dict) and f.get("type") == "error"]
+        return _dropped(errors[-1]) if errors else None
 
     def snapshot(self) -> dict:
         answer, _ = self.request({"type": "snapshot"})
@@ -200,11 +213,13 @@ class Connection:
                 if not isinstance(message, dict):
                     raise protocol.ProtocolError("rank output came where a message was due")
                 if message.get("type") == "error":  # dropped by the engine: why
-                    raise Dropped(str(message.get("message"))[:300])
+                    raise _dropped(message)
                 if message.get("type") != "output":
                     yield message, []
                     continue
-                done, _open = self._next(), self._next()
+                # Dropped within a push: the engine ends the frame it was in, then says why.
+                done = _unless_error(self._next())
+                _open = _unless_error(self._next())
                 if not isinstance(done, protocol.Output) or not isinstance(_open, protocol.Output):
                     raise protocol.ProtocolError("an output message came without its two output frames")
                 lines = _marked(done.data.split(b"\n"), message) if message.get("lines") else []
@@ -243,6 +258,17 @@ def _refusal(error: dict, listener: int | None = None) -> RunGone:
 class Dropped(RunGone):
     """The engine ended this connection and said why (it was sent more than it took, say): the
     engine itself, and the run, may well go on."""
+
+
+def _dropped(error: dict) -> Dropped:
+    return Dropped(str(error.get("message"))[:300])
+
+
+def _unless_error(frame: Any) -> Any:
+    """`frame`; Dropped where it is the engine's error frame (it ended the connection, and says why)."""
+    if isinstance(frame, dict) and frame.get("type") == "error":
+        raise _dropped(frame)
+    return frame
 
 
 def engine_answers(path: str) -> bool:
@@ -473,6 +499,7 @@ class RemoteEngine:
         self._retry_at = 0.0
         self._lock = threading.Lock()  # one request at a time (the UI's timer and its workers)
         self.gone = False  # the engine left (its run ended, or it was stopped)
+        self._dropped: str | None = None  # why the engine last ended our connection, until told
         try:
             self.last = served_snapshot(self._conn.snapshot())
         except RunGone:
@@ -498,8 +525,10 @@ class RemoteEngine:
                 return self._ask_on(ask)
             except EngineSilent:
                 raise
-            except RunGone:
+            except RunGone as exc:
                 self._connect()
+                if isinstance(exc, Dropped):
+                    self._dropped = str(exc)
             return self._ask_on(ask)  # (as above, on the new connection: gone now is gone)
 
     def _ask_on(self, ask: Callable[[Connection], Any]) -> Any:
@@ -514,6 +543,11 @@ class RemoteEngine:
             if isinstance(exc, EngineSilent):
                 self._retry_at = time.monotonic() + 1.0
             raise
+
+    def take_dropped(self) -> str | None:
+        """Why the engine ended this view's connection (a new one took its place), once; else None."""
+        why, self._dropped = self._dropped, None
+        return why
 
     def _connect(self) -> None:
         try:

@@ -35,6 +35,8 @@ connection, never the server thread; one that owes more than MAX_PENDING is drop
 arrived before a client closed are read and applied, even where its answers can no longer be sent.
 One that takes nothing for UNREAD_SECONDS, or asks nothing for IDLE_SECONDS and follows nothing,
 is dropped too; on the way out, one that takes nothing for STUCK_SECONDS is not waited for.
+A dropped client is told why after the rest of the frame it was in the middle of (what it owed
+past that is let go: sent behind it, the reason was lost), for FAREWELL_SECONDS at most.
 A client is answered FRAMES_PER_ROUND requests per round of the loop: the rest wait, its socket
 read no further, for the next round, after every other client's turn; and while requests wait,
 the thread rests between rounds as long as the round took, so a client that asks without pause
@@ -96,6 +98,10 @@ IDLE_SECONDS = 600.0
 UNREAD_SECONDS = 600.0
 CHECK_SECONDS = 1.0  # how often the two above are looked at
 STUCK_SECONDS = 1.0  # on the way out, a client that takes nothing this long is waited for no more
+# A dropped client is told why after the rest of the frame it is in the middle of (what else it
+# owed is not sent: it is what it was not taking); the connection is closed once that is sent, or
+# after this long. Meanwhile it is no client any more, and nothing of it is read.
+FAREWELL_SECONDS = 5.0
 MAX_PUSH_BYTES = 4 << 20  # output in one push to a subscriber, all its ranks together (past it by one rank's part at most): well under MAX_PENDING
 # Requests answered per client per round of the loop; the rest of what it sent waits (its socket is
 # read no further meanwhile) for the next round, after every other client's turn. A client of
@@ -240,6 +246,29 @@ class _Subscriber:
     first: int = 0  # where in `ranks` the next push begins: after the last rank a full push reached
 
 
+@dataclasses.dataclass(slots=True, eq=False)
+class _Client:
+    """All the server keeps of one connected client: dropping it forgets it in one place."""
+
+    sock: socket.socket
+    decoder: protocol.FrameDecoder
+    # What it has yet to take. None once it can no longer be written to (it closed): what it
+    # sent before its close is still read and applied.
+    outbox: bytearray | None
+    asked_at: float  # when it last sent a whole frame (inf: a dump runs for it)
+    took_at: float  # when it last took bytes, or began to owe them
+    hello_due: float | None  # by when it must say hello; None once it has
+    frame_due: float | None = None  # in the middle of a frame: by when it must end
+    short_due: float | None = None  # past MAX_CLIENTS: by when it must have left
+    queued: collections.deque | None = None  # requests read and not yet answered
+    subscriber: _Subscriber | None = None
+    writing: bool = False  # its socket is watched for room to write
+    # Bytes at the head of the outbox that end a frame partly sent (0: it begins with a whole frame).
+    frame_end: int = 0
+    farewell: bytearray | None = None  # dropped: the end of its frame and why, to send before the close
+    farewell_by: float = 0.0  # by when that must be taken
+
+
 class EngineServer:
     """Serves `engine` at `path` until close(); see the module's docstring for the requests."""
 
@@ -266,23 +295,18 @@ class EngineServer:
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._wake_r, self._wake_w = os.pipe()
         self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self._decoders: dict[socket.socket, protocol.FrameDecoder] = {}
-        self._queued: dict[socket.socket, collections.deque] = {}  # requests read and not yet answered
-        self._hello_due: dict[socket.socket, float] = {}  # clients yet to say hello: by when
-        self._frame_due: dict[socket.socket, float] = {}  # clients in the middle of a frame: by when it must end
-        self._short_due: dict[socket.socket, float] = {}  # clients past MAX_CLIENTS: by when they must have left
-        # What each client has yet to take. A client that can no longer be written to (it closed)
-        # has none: what it sent before its close is still read and applied.
-        self._outbox: dict[socket.socket, bytearray] = {}
-        self._writing: set[socket.socket] = set()  # clients whose socket is watched for room to write
-        self._asked_at: dict[socket.socket, float] = {}  # when each client last sent a whole frame (inf: a dump runs for it)
-        self._took_at: dict[socket.socket, float] = {}  # when each last took bytes, or began to owe them
+        self._clients: dict[socket.socket, _Client] = {}
+        # Of those, the ones whose read requests wait for their turn, in the order they came, and
+        # the subscribers: each a view of _clients, kept only so the loop need not walk them all.
+        self._waiting: dict[socket.socket, _Client] = {}
+        self._subscribers: dict[socket.socket, _Client] = {}
+        self._deadlines = False  # some client has a hello, a frame or a short connection's time running
+        self._leaving: dict[socket.socket, _Client] = {}  # dropped clients, told why as they take it
         self._next_check = 0.0  # when idle and unreading clients are looked for next
         self._spare_fd = _spare_fd()  # given up for a moment to refuse a client when out of descriptors
         self._accept_paused_until = 0.0
-        self._later: list[tuple[socket.socket, bytes]] = []  # slow answers, sent by the server thread
+        self._later: list[tuple[_Client, bytes]] = []  # slow answers, sent by the server thread
         self._later_lock = threading.Lock()
-        self._subscribers: dict[socket.socket, _Subscriber] = {}
         self._closed = False
         self._leave = threading.Event()  # set by a Stop once the run has ended: stop lingering
         # A TUI on the terminal that started the run holds the engine: after the end it stays
@@ -300,31 +324,34 @@ class EngineServer:
                 self._push()
             self._keep_time()
             for key, events in self._selector.select(self._select_timeout()):
-                if key.fileobj is self._listener:
+                client = key.data
+                if client is not None:
+                    if client.farewell is not None:
+                        self._say_farewell(client)
+                        continue
+                    if events & selectors.EVENT_WRITE:
+                        self._flush(client)
+                    # (one with requests still queued is read no further: it waits its turn)
+                    if events & selectors.EVENT_READ and client.queued is None and client.sock in self._clients:
+                        self._read(client)
+                elif key.fileobj is self._listener:
                     self._accept()
                 elif key.fileobj == self._wake_r:
                     if b"x" in os.read(self._wake_r, 512):
                         return
                     self._send_later()
-                else:
-                    conn = key.fileobj
-                    if events & selectors.EVENT_WRITE:
-                        self._flush(conn)
-                    # (one with requests still queued is read no further: it waits its turn)
-                    if events & selectors.EVENT_READ and conn in self._decoders and conn not in self._queued:
-                        self._read(conn)
             began = time.monotonic()
             self._answer_queued()
-            if self._queued:  # asked faster than answered: the engine's threads get as long, the GIL theirs
+            if self._waiting:  # asked faster than answered: the engine's threads get as long, the GIL theirs
                 time.sleep(min(time.monotonic() - began, PUSH_SECONDS))
 
     def _select_timeout(self) -> float | None:
-        if self._queued:  # answers are due: look only for what else is ready
+        if self._waiting:  # answers are due: look only for what else is ready
             return 0.0
         waits = [PUSH_SECONDS] if self._subscribers else []
-        if self._decoders:
+        if self._clients:
             waits.append(CHECK_SECONDS)
-        if self._hello_due or self._frame_due or self._short_due or self._accept_paused_until:
+        if self._deadlines or self._accept_paused_until or self._leaving:
             waits.append(ACCEPT_PAUSE)
         return min(waits, default=None)
 
@@ -332,31 +359,44 @@ class EngineServer:
         """Drop clients that did not say hello, or finish a frame, in time, and short ones whose
         time is over; accept again after a pause."""
         now = time.monotonic()
-        for conn, due in list(self._hello_due.items()):
-            if now >= due:
-                self._drop(conn, f"no hello within {HELLO_SECONDS:g}s")
-        for conn, due in list(self._frame_due.items()):
-            if now >= due and conn not in self._queued:  # (one whose turn is still to come is not read meanwhile)
-                self._drop(conn, f"a frame left unfinished for {FRAME_SECONDS:g}s")
-        for conn, due in list(self._short_due.items()):
-            if now >= due:
-                self._drop(conn, _SHORT, refused="full")
+        if self._deadlines:
+            self._deadlines = False
+            for client in list(self._clients.values()):
+                if late := self._late(client, now):
+                    self._drop(client.sock, late[0], refused=late[1])
+                else:
+                    self._deadlines |= client.hello_due is not None or client.frame_due is not None or client.short_due is not None
+        for client in list(self._leaving.values()) if self._leaving else ():
+            if now >= client.farewell_by:
+                self._close(client)
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
             self._selector.register(self._listener, selectors.EVENT_READ)
         if now >= self._next_check:
             self._next_check = now + CHECK_SECONDS
-            for conn in list(self._decoders):
-                if why := self._overstayed(conn, now):
-                    self._drop(conn, why)
+            for client in list(self._clients.values()):
+                if why := self._overstayed(client, now):
+                    self._drop(client.sock, why)
 
-    def _overstayed(self, conn: socket.socket, now: float) -> str | None:
-        """Why `conn` is kept no longer (it takes nothing of what it is owed, or asks nothing and
+    @staticmethod
+    def _late(client: _Client, now: float) -> tuple[str, str | None] | None:
+        """(why, refusal word) where `client` is past one of its deadlines, else None."""
+        if client.hello_due is not None and now >= client.hello_due:
+            return f"no hello within {HELLO_SECONDS:g}s", None
+        # (one whose turn is still to come is not read meanwhile)
+        if client.frame_due is not None and now >= client.frame_due and client.queued is None:
+            return f"a frame left unfinished for {FRAME_SECONDS:g}s", None
+        if client.short_due is not None and now >= client.short_due:
+            return _SHORT, "full"
+        return None
+
+    def _overstayed(self, client: _Client, now: float) -> str | None:
+        """Why `client` is kept no longer (it takes nothing of what it is owed, or asks nothing and
         follows nothing), or None. A subscriber of a quiet run is owed nothing: it stays."""
-        owed = len(self._outbox.get(conn) or b"")
-        if owed and now - self._took_at[conn] >= UNREAD_SECONDS:
+        owed = len(client.outbox or b"")
+        if owed and now - client.took_at >= UNREAD_SECONDS:
             return f"it took none of the {owed} bytes it was sent for {UNREAD_SECONDS:g}s"
-        if not owed and conn not in self._subscribers and now - self._asked_at[conn] >= IDLE_SECONDS:
+        if not owed and client.subscriber is None and now - client.asked_at >= IDLE_SECONDS:
             return f"it asked nothing for {IDLE_SECONDS:g}s"
         return None
 
@@ -371,23 +411,23 @@ class EngineServer:
         if uid not in (os.geteuid(), 0):
             self._refuse(conn, f"uid {uid} may not reach this run: it belongs to uid {os.geteuid()}")
             return
-        if len(self._decoders) >= MAX_CLIENTS + SPARE_CLIENTS:
+        if len(self._clients) >= MAX_CLIENTS + SPARE_CLIENTS:
             self._refuse(conn, f"this run has {MAX_CLIENTS} clients, and {SPARE_CLIENTS} short connections past "
                                "them: try again in a few seconds", "full")
             return
         conn.setblocking(False)
-        self._decoders[conn] = protocol.FrameDecoder()
-        self._outbox[conn] = bytearray()
-        self._hello_due[conn] = time.monotonic() + HELLO_SECONDS
-        self._asked_at[conn] = self._took_at[conn] = time.monotonic()
-        self._selector.register(conn, selectors.EVENT_READ)
+        now = time.monotonic()
+        client = _Client(conn, protocol.FrameDecoder(), bytearray(), asked_at=now, took_at=now, hello_due=now + HELLO_SECONDS)
+        self._clients[conn] = client
+        self._deadlines = True
+        self._selector.register(conn, selectors.EVENT_READ, client)
         self.clients += 1
         short = {}
-        if len(self._decoders) > MAX_CLIENTS:
-            self._short_due[conn] = time.monotonic() + SHORT_SECONDS
+        if len(self._clients) > MAX_CLIENTS:
+            client.short_due = now + SHORT_SECONDS
             short = {"short": _SHORT}
         # (a client that has closed already is still read: the frames it sent before are applied)
-        self._send(conn, protocol.encode_control(protocol.hello("engine", run_id=self.run_id, pid=os.getpid(), **short)))
+        self._send(client, protocol.encode_control(protocol.hello("engine", run_id=self.run_id, pid=os.getpid(), **short)))
 
     def _refuse_one_for_lack_of_descriptors(self) -> None:
         """accept() failed for want of a descriptor, and the client still waits in the queue, so
@@ -407,42 +447,45 @@ class EngineServer:
         self._selector.unregister(self._listener)
         self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE
 
-    def _read(self, conn: socket.socket) -> None:
-        """Take what `conn` sent: its whole requests are queued, answered from this round on."""
+    def _read(self, client: _Client) -> None:
+        """Take what `client` sent: its whole requests are queued, answered from this round on."""
         try:
-            data = conn.recv(1 << 16)
+            data = client.sock.recv(1 << 16)
         except BlockingIOError:
             return
         except OSError:
             data = b""
         if not data:
-            self._drop(conn)
+            self._drop(client.sock)
             return
-        decoder = self._decoders[conn]
         try:
-            messages = decoder.feed(data)
+            messages = client.decoder.feed(data)
         except Exception as exc:  # what a client sends costs its own connection, never the server
-            self._drop(conn, _why_dropped(exc))
+            self._drop(client.sock, _why_dropped(exc))
             return
         if messages:
-            self._queued[conn] = collections.deque(messages)
-        if not decoder.pending:
-            self._frame_due.pop(conn, None)
-        else:
-            self._frame_due.setdefault(conn, time.monotonic() + FRAME_SECONDS)
+            client.queued = collections.deque(messages)
+            self._waiting[client.sock] = client
+        if not client.decoder.pending:
+            client.frame_due = None
+        elif client.frame_due is None:
+            client.frame_due = time.monotonic() + FRAME_SECONDS
+            self._deadlines = True
 
     def _answer_queued(self) -> None:
         """Each client's next FRAMES_PER_ROUND queued requests, a client at a time."""
-        for conn, queue in list(self._queued.items()):
+        for conn, client in list(self._waiting.items()):
+            queue = client.queued
             for _ in range(min(FRAMES_PER_ROUND, len(queue))):
-                if conn not in self._decoders:  # dropped by an earlier one: the rest is not applied
+                if conn not in self._clients:  # dropped by an earlier one: the rest is not applied
                     break
-                self._asked_at[conn] = max(self._asked_at[conn], time.monotonic())  # (not while a dump runs for it)
+                client.asked_at = max(client.asked_at, time.monotonic())  # (not while a dump runs for it)
                 self._answer_safely(conn, queue.popleft())
-            if not queue or conn not in self._decoders:
-                self._queued.pop(conn, None)
-                if conn in self._frame_due:  # it was not read while it waited: its unfinished frame's time starts now
-                    self._frame_due[conn] = time.monotonic() + FRAME_SECONDS
+            if not queue or conn not in self._clients:
+                self._waiting.pop(conn, None)
+                client.queued = None
+                if client.frame_due is not None:  # it was not read while it waited: its unfinished frame's time starts now
+                    client.frame_due = time.monotonic() + FRAME_SECONDS
 
     def _answer_safely(self, conn: socket.socket, message: Any) -> None:
         try:
@@ -453,24 +496,25 @@ class EngineServer:
     def _answer(self, conn: socket.socket, message: Any) -> None:
         if not isinstance(message, dict):
             raise protocol.ProtocolError("clients send control messages only")
+        client = self._clients[conn]
         kind = message["type"]
         if kind == "hello":
             protocol.check_hello(message, "client")
-            self._hello_due.pop(conn, None)
+            client.hello_due = None
             return
-        if conn in self._hello_due:
+        if client.hello_due is not None:
             raise protocol.ProtocolError("say hello first")
         if kind == "snapshot":
-            self._send(conn, protocol.encode_control({"type": "snapshot", "snapshot": to_json(self.engine.snapshot()),
-                                                      "clients": self.clients}))
+            self._send(client, protocol.encode_control({"type": "snapshot", "snapshot": to_json(self.engine.snapshot()),
+                                                        "clients": self.clients}))
         elif kind == "output":
-            self._send(conn, self._output(message))
+            self._send(client, self._output(message))
         elif kind == "subscribe":
             self._subscribe(conn, message)
         elif kind == "command":
-            answer = self._command(conn, message)
+            answer = self._command(client, message)
             if answer is not None:
-                self._send(conn, protocol.encode_control({"type": "ack", "id": message.get("id"), **answer}))
+                self._send(client, protocol.encode_control({"type": "ack", "id": message.get("id"), **answer}))
         else:
             raise protocol.ProtocolError(f"unknown request {kind[:40]!r}")
 
@@ -508,7 +552,8 @@ class EngineServer:
 
     # ----- subscribers --------------------------------------------------------------------------
     def _subscribe(self, conn: socket.socket, message: dict) -> None:
-        if conn in self._short_due:
+        client = self._clients[conn]
+        if client.short_due is not None:
             self._drop(conn, _SHORT, refused="full")
             return
         local_world = len(self.engine.snapshot().ranks)
@@ -528,22 +573,23 @@ class EngineServer:
             start[rank] = OutputCursor(at[0], at[1])
         snap = self.engine.snapshot()
         events, _ = self.engine.events_since(sys.maxsize)  # what happened so far is in the snapshot; news follows
-        self._subscribers[conn] = _Subscriber(ranks, start, seen=_states(snap), events=events)
-        self._send(conn, protocol.encode_control({"type": "subscribed", "snapshot": to_json(snap)}))
+        client.subscriber = _Subscriber(ranks, start, seen=_states(snap), events=events)
+        self._subscribers[conn] = client
+        self._send(client, protocol.encode_control({"type": "subscribed", "snapshot": to_json(snap)}))
 
     def _push(self) -> None:
         snap = self.engine.snapshot()
-        for conn, sub in list(self._subscribers.items()):
-            outbox = self._outbox.get(conn)
+        for conn, client in list(self._subscribers.items()):
+            sub = client.subscriber
             # One that has not taken the last push (or can no longer take any) gets nothing more: it skips ahead.
-            if sub.ended or outbox is None or outbox:
+            if sub.ended or client.outbox is None or client.outbox:
                 continue
             try:
                 push = self._make_push(sub, snap)
             except Exception as exc:  # as for a request: it costs this subscriber only
                 self._drop(conn, f"push failed: {type(exc).__name__}: {exc}"[:200])
                 continue
-            self._send(conn, push)
+            self._send(client, push)
 
     def _make_push(self, sub: _Subscriber, snap: Any) -> bytes:
         """What is new for `sub` since its last push (its cursors and marks moved on)."""
@@ -580,75 +626,71 @@ class EngineServer:
         end, an attach behind a frozen link) is waited for no more: the end is not held up by it."""
         snap = self.engine.snapshot()
         deadline = time.monotonic() + SEND_TIMEOUT
-        left = dict.fromkeys(self._subscribers, 64)  # pushes each may still be made
+        left = dict.fromkeys(self._subscribers.values(), 64)  # pushes each may still be made
         while (now := time.monotonic()) < deadline:
-            for conn in list(left):
-                sub, outbox = self._subscribers.get(conn), self._outbox.get(conn)
-                if (sub is None or outbox is None or not left[conn] or (sub.ended and not outbox)
-                        or self._stuck(conn, now)):
-                    del left[conn]
+            for client in list(left):
+                sub, outbox = client.subscriber, client.outbox
+                if (client.sock not in self._clients or outbox is None or not left[client] or (sub.ended and not outbox)
+                        or _stuck(client, now)):
+                    del left[client]
                 elif not outbox:
-                    left[conn] -= 1
-                    self._send(conn, self._make_push(sub, snap))
-            owing = [conn for conn, outbox in self._outbox.items() if outbox and not self._stuck(conn, now)]
+                    left[client] -= 1
+                    self._send(client, self._make_push(sub, snap))
+            owing = [client for client in self._clients.values() if client.outbox and not _stuck(client, now)]
             if not (left or owing):
                 return
             self._wait_for_room(owing, min(deadline, now + STUCK_SECONDS))
 
-    def _stuck(self, conn: socket.socket, now: float) -> bool:
-        """Whether `conn` has taken none of what it is owed for STUCK_SECONDS."""
-        return bool(self._outbox.get(conn)) and now - self._took_at.get(conn, now) >= STUCK_SECONDS
-
-    def _wait_for_room(self, conns: list[socket.socket], deadline: float) -> None:
-        """Until one of `conns` can take more (sending it what it can), or `deadline`."""
-        if not conns:
+    def _wait_for_room(self, clients: list[_Client], deadline: float) -> None:
+        """Until one of `clients` can take more (sending it what it can), or `deadline`."""
+        if not clients:
             return
         with selectors.DefaultSelector() as writable:
-            for conn in conns:
-                writable.register(conn, selectors.EVENT_WRITE)
+            for client in clients:
+                writable.register(client.sock, selectors.EVENT_WRITE, client)
             for key, _ in writable.select(max(0.0, deadline - time.monotonic())):
-                self._flush(key.fileobj)
+                self._flush(key.data)
 
-    def _send(self, conn: socket.socket, data: bytes) -> None:
+    def _send(self, client: _Client, data: bytes) -> None:
         """The one way bytes go to a client: behind what it has yet to take (never in the middle
         of a frame), as far as it takes them now; the rest when its socket has room."""
-        outbox = self._outbox.get(conn)
+        outbox = client.outbox
         if outbox is None:  # dropped, or it closed: no one reads what would be sent
             return
         if not outbox:  # it owes nothing until now: its time to take this starts now
-            self._took_at[conn] = time.monotonic()
+            client.took_at = time.monotonic()
         outbox += data
-        self._flush(conn)
+        self._flush(client)
 
-    def _flush(self, conn: socket.socket) -> None:
-        outbox = self._outbox.get(conn)
+    def _flush(self, client: _Client) -> None:
+        outbox = client.outbox
         if outbox is None:
             return
+        conn = client.sock
         try:
             while outbox:
-                del outbox[:conn.send(outbox)]
-                self._took_at[conn] = time.monotonic()
+                sent = conn.send(outbox)
+                client.frame_end = 0 if sent == len(outbox) else _frame_end(outbox, client.frame_end, sent)
+                del outbox[:sent]
+                client.took_at = time.monotonic()
         except BlockingIOError:
             if len(outbox) > MAX_PENDING:
                 self._drop(conn, f"too slow: {len(outbox)} bytes not taken")
                 return
         except OSError:  # it closed (EPIPE): what it sent before is still read, until its end of file
-            del self._outbox[conn]
+            client.outbox = None
             outbox.clear()
-        self._watch_writes(conn, bool(outbox))
+        self._watch_writes(client, bool(outbox))
 
-    def _watch_writes(self, conn: socket.socket, on: bool) -> None:
-        """Watch `conn` for room to write while its outbox holds anything (only then: an idle
+    def _watch_writes(self, client: _Client, on: bool) -> None:
+        """Watch `client` for room to write while its outbox holds anything (only then: an idle
         socket is always writable, and the loop would spin)."""
-        if on == (conn in self._writing):
+        if on == client.writing or client.sock not in self._clients:
             return
-        if on:
-            self._writing.add(conn)
-        else:
-            self._writing.discard(conn)
-        self._selector.modify(conn, selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0))
+        client.writing = on
+        self._selector.modify(client.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0), client)
 
-    def _command(self, conn: socket.socket, message: dict) -> dict | None:
+    def _command(self, client: _Client, message: dict) -> dict | None:
         kind, args = RELAYED.get(str(message.get("command"))), message.get("args") or {}
         if kind is None:
             return {"ok": False, "message": f"unknown command {str(message.get('command'))[:40]!r}: "
@@ -660,8 +702,8 @@ class EngineServer:
         except TypeError as exc:
             return {"ok": False, "message": f"bad {kind.__name__}: {exc}"}
         if isinstance(command, SLOW):
-            self._asked_at[conn] = math.inf  # waiting for its answer is not idling
-            threading.Thread(target=self._dump, args=(conn, message.get("id"), command), name="ranktop-server-dump",
+            client.asked_at = math.inf  # waiting for its answer is not idling
+            threading.Thread(target=self._dump, args=(client, message.get("id"), command), name="ranktop-server-dump",
                              daemon=True).start()
             return None
         if isinstance(command, cmd.Stop):  # (an ended run's engine says the stop got what it asked for)
@@ -669,7 +711,7 @@ class EngineServer:
         ack = self.engine.submit(command)
         return {"ok": ack.ok, "message": ack.message, **({"stays": True} if self.shown else {})}
 
-    def _dump(self, conn: socket.socket, request_id: Any, command: cmd.DumpStacks | cmd.SignalDump) -> None:
+    def _dump(self, client: _Client, request_id: Any, command: cmd.DumpStacks | cmd.SignalDump) -> None:
         ack = self.engine.submit(command)
         answer = {"type": "ack", "id": request_id, "ok": ack.ok, "message": ack.message}
         try:
@@ -679,7 +721,7 @@ class EngineServer:
             data = protocol.encode_control({**answer, "ok": False, "message": f"{ack.message}; too large to "
                                             f"relay ({exc}); the dump is saved in {saved}"})
         with self._later_lock:
-            self._later.append((conn, data))
+            self._later.append((client, data))
         try:
             os.write(self._wake_w, b"a")
         except OSError:  # closed: the server is gone, and so is the client
@@ -688,10 +730,10 @@ class EngineServer:
     def _send_later(self) -> None:
         with self._later_lock:
             later, self._later = self._later, []
-        for conn, data in later:
-            if conn in self._asked_at:  # (not where the client left while its dump ran)
-                self._asked_at[conn] = time.monotonic()
-            self._send(conn, data)
+        for client, data in later:
+            if client.sock in self._clients:  # (not where the client left while its dump ran)
+                client.asked_at = time.monotonic()
+                self._send(client, data)
 
     def _refuse(self, conn: socket.socket, reason: str, word: str | None = None) -> None:
         """Tell a client we do not serve why, in one send that cannot wait (a new connection's
@@ -705,22 +747,41 @@ class EngineServer:
         conn.close()
 
     def _drop(self, conn: socket.socket, reason: str | None = None, *, refused: str | None = None) -> None:
-        if conn not in self._decoders:  # dropped already (a failed push, then its request's answer)
+        client = self._clients.pop(conn, None)
+        if client is None:  # dropped already (a failed push, then its request's answer)
             return
-        outbox = self._outbox.pop(conn, None)
-        if reason and outbox is not None:  # after what it has yet to take, in one send that cannot wait
-            try:
-                conn.send(outbox + _error(reason, refused))
-            except OSError:
-                pass
-        self._selector.unregister(conn)
-        del self._decoders[conn]
-        for table in (self._hello_due, self._frame_due, self._short_due, self._subscribers, self._asked_at, self._took_at,
-                      self._queued):
-            table.pop(conn, None)
-        self._writing.discard(conn)
-        conn.close()
+        self._waiting.pop(conn, None)
+        self._subscribers.pop(conn, None)
         self.clients -= 1
+        outbox, client.outbox = client.outbox, None
+        if not reason or outbox is None or len(self._leaving) >= MAX_CLIENTS:
+            self._close(client)
+            return
+        # Why, after the frame it is in the middle of: what it owed beyond it is what it did not
+        # take (sent with all of it, the reason was lost behind it, and `logs -f` said only that
+        # the engine had ended the connection).
+        client.farewell = outbox[:client.frame_end] + _error(reason, refused)
+        client.farewell_by = time.monotonic() + FAREWELL_SECONDS
+        self._leaving[conn] = client
+        self._selector.modify(conn, selectors.EVENT_WRITE, client)
+        self._say_farewell(client)
+
+    def _say_farewell(self, client: _Client) -> None:
+        """Send a dropped client what it is told last, as far as it takes it; closed once it has."""
+        try:
+            while client.farewell:
+                del client.farewell[:client.sock.send(client.farewell)]
+        except BlockingIOError:
+            return
+        except OSError:  # it closed
+            pass
+        self._close(client)
+
+    def _close(self, client: _Client) -> None:
+        client.farewell = None  # (an event of this round that is still to be handled finds it closed)
+        self._leaving.pop(client.sock, None)
+        self._selector.unregister(client.sock)
+        client.sock.close()
 
     def linger(self, seconds: float) -> None:
         """Keep serving the ended run for `seconds`, or until a client sends Stop. Not at all
@@ -751,8 +812,10 @@ class EngineServer:
         self._thread.join(5.0)
         if not self._thread.is_alive():
             self._last_push()
-        for conn in list(self._decoders):
+        for conn in list(self._clients):
             self._drop(conn)
+        for client in list(self._leaving.values()):
+            self._close(client)
         self._selector.close()
         self._listener.close()
         os.close(self._wake_r)
@@ -768,6 +831,19 @@ class EngineServer:
 _SHORT = (f"this run has {MAX_CLIENTS} clients, the most it serves for long: a connection past them is "
           f"served for {SHORT_SECONDS:g}s, and not for a subscription (ranktop ls shows the clients; "
           "one that leaves makes room)")
+
+
+def _frame_end(outbox: bytearray, end: int, sent: int) -> int:
+    """Where the frame that the first `sent` bytes of `outbox` end in ends, counted after them;
+    `end`: where the first frame in `outbox` begins (every frame is whole behind it)."""
+    while end < sent:
+        end += 5 + int.from_bytes(outbox[end + 1:end + 5], "big")  # the frame's type and length, then its payload
+    return end - sent
+
+
+def _stuck(client: _Client, now: float) -> bool:
+    """Whether `client` has taken none of what it is owed for STUCK_SECONDS."""
+    return bool(client.outbox) and now - client.took_at >= STUCK_SECONDS
 
 
 def _why_dropped(exc: Exception) -> str:

@@ -597,3 +597,66 @@ def test_a_client_that_asks_without_pause_is_answered_in_turns_with_the_others(s
     assert [c.text for c in fake.commands if isinstance(c, cmd.SendInput)] == [str(i) for i in range(len(flood))]
     flooder.close()
     other.close()
+
+
+# ----- a dropped client is told why -----------------------------------------------------------------
+def test_a_subscriber_dropped_as_unread_is_told_why_after_the_frame_it_was_in(served, short_bounds, monkeypatch):
+    """The reason went out behind all the client had not taken, in one send that could not wait,
+    so it was lost and the client saw only the end. It comes after the frame the client was in
+    the middle of (what it owed past that is let go): once it reads again it gets whole frames,
+    then why."""
+    monkeypatch.setattr(short_bounds, "UNREAD_SECONDS", 0.5)
+    fake, server = served
+    lazy = hello(server.path, {"type": "subscribe"}, rcvbuf=4096)
+    fake.print(0, *(f"line {i} " + "x" * 100 for i in range(20_000)))  # more than its socket holds
+    wait_for(lambda: server.clients == 0, what="the unreading client dropped")
+    frames = frames_until_closed(lazy)  # (a frame cut in two would fail to decode)
+    assert frames[-1]["type"] == "error" and frames[-1]["message"].startswith("it took none of the "), frames[-1]
+    lazy.close()
+
+
+def test_a_client_dropped_as_too_slow_is_told_why(served, short_bounds, monkeypatch):
+    """A client that asks and reads too slowly owes more than MAX_PENDING: once it reads it gets
+    the answers already in its socket, then why it was dropped."""
+    monkeypatch.setattr(short_bounds, "MAX_PENDING", 64 << 10)
+    fake, server = served
+    greedy = hello(server.path, rcvbuf=4096)
+    ask = protocol.encode_control({"type": "snapshot"})
+    with contextlib.suppress(OSError):  # (dropped while it still sends)
+        greedy.sendall(ask * 2000)
+    wait_for(lambda: server.clients == 0, what="the greedy client dropped")
+    frames = frames_until_closed(greedy)
+    assert {f["type"] for f in frames[:-1]} == {"snapshot"} and frames[-1]["type"] == "error", frames[-1]
+    assert frames[-1]["message"].startswith("too slow: "), frames[-1]
+    greedy.close()
+
+
+def test_logs_follow_dropped_within_a_push_says_why(served, short_bounds, monkeypatch, runtime):
+    """`logs -f` dropped in the middle of a push (it took less than the push held) said only that
+    the engine had ended the connection: the reason was lost behind the push, and the push's
+    last frame never came. It says why, and that the run goes on."""
+    monkeypatch.setattr(short_bounds, "MAX_PENDING", 64 << 10)  # one push is past it: dropped on the first
+    fake, server = served
+    fake.print(0, *(f"line {i} " + "x" * 100 for i in range(20_000)))
+    follow = run_ranktop("logs", "fake", "-f", env=runtime, timeout=30)
+    assert follow.returncode == 1 and follow.stderr.count("\n") == 1, follow.stderr
+    assert follow.stderr.startswith("ranktop: fake: the run's engine ended this connection (too slow: "), follow.stderr
+    assert follow.stderr.endswith("; the run goes on, and ranktop logs fake -f follows it again\n"), follow.stderr
+
+
+def test_an_attached_view_whose_connection_is_dropped_says_why(served, short_bounds, monkeypatch):
+    """An attached view dropped as idle (suspended overnight) found the engine's reason unread
+    behind its failed request, and connected again without a word. It can say why."""
+    from ranktop.core.client import RemoteEngine
+
+    monkeypatch.setattr(short_bounds, "IDLE_SECONDS", 0.3)
+    fake, server = served
+    engine = RemoteEngine(server.path)
+    try:
+        assert engine.take_dropped() is None
+        wait_for(lambda: server.clients == 0, what="the idle view dropped")
+        assert not engine.snapshot().ended
+        assert engine.take_dropped() == "it asked nothing for 0.3s"
+        assert engine.take_dropped() is None  # said once
+    finally:
+        engine.close()

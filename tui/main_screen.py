@@ -767,6 +767,7 @@ class MainScreen(Screen):
     def _read_engine(self) -> None:
         snap = self.engine.snapshot()
         self.last = snap
+        self._say_if_dropped()
         now = snap.taken_at or time.time()
         # Every other tick repaints every pane; a change of the group's state (its end, say)
         # shows everywhere at once, and so does an end with none (the engine lost: "unknown").
@@ -781,6 +782,14 @@ class MainScreen(Screen):
             self._show_ranks(snap, now, every_pane)
         if snap.ended and not self.ended:
             self._on_end(snap)
+
+    def _say_if_dropped(self) -> None:
+        """An attached view whose connection the engine ended (it asked nothing while suspended,
+        took nothing behind a frozen link) connects again: it says why, and that it goes on."""
+        take = getattr(self.engine, "take_dropped", None)  # (a RemoteEngine's: a local run has no connection)
+        if take is not None and (why := take()):
+            self.notify(clean(f"the run's engine ended this view's connection ({why}); the view connected again"),
+                        severity="warning", timeout=10, markup=False)
 
     def _show_ranks(self, snap: GroupSnapshot, now: float, every_pane: bool) -> None:
         """The shown panes (all of them, else the current one and those not filled yet), and the
