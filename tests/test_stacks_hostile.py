@@ -611,3 +611,30 @@ def test_more_ranks_than_files_it_may_open_is_one_line_and_nothing_dumped(tmp_pa
         assert rank.poll() is None  # nothing sent to it
     finally:
         stop_process(rank)
+
+
+THREADED = ("import os, sys, threading, time; t = threading.Thread(target=time.sleep, args=(60,), daemon=True); "
+            "t.start(); print(t.native_id, flush=True); sys.stdin.read()")
+
+
+def test_a_threads_id_named_as_a_ranks_pid_is_one_line_that_says_so(tmp_path, runtime):
+    """A pid in events.jsonl that is a thread's id (a made-up events.jsonl) cannot be held by a
+    pidfd: the line said to raise the open-files limit, which is not why."""
+    proc = subprocess.Popen([PY, "-c", THREADED], env={**os.environ, "TORCHELASTIC_RUN_ID": "threads"},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        tid = int(proc.stdout.readline())
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        events = [{"event": "run_started", "run_id": "threads", "pid": 1},
+                  {"event": "started", "rank": 0, "local_rank": 0, "pid": tid, "attempt": 0}]
+        (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        out = run_ranktop("stacks", "--no-save", str(run_dir), env=runtime, timeout=30)
+        assert proc.poll() is None  # nothing sent to it
+    finally:
+        proc.stdin.close()
+        stop_process(proc)
+        proc.stdout.close()
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr == (f"ranktop: error: bad target '{run_dir}': rank 0, pid {tid}, is a thread's id, not a "
+                          "process's: nothing dumped\n"), out.stderr
