@@ -638,3 +638,27 @@ def test_a_threads_id_named_as_a_ranks_pid_is_one_line_that_says_so(tmp_path, ru
     assert (out.returncode, out.stdout) == (2, ""), out
     assert out.stderr == (f"ranktop: error: bad target '{run_dir}': rank 0, pid {tid}, is a thread's id, not a "
                           "process's: nothing dumped\n"), out.stderr
+
+
+def test_ranks_held_past_descriptor_1024_are_checked_and_signalled(tmp_path, runtime):
+    """Thousands of ranks, the open-files limit raised for them: a pidfd numbered past 1023 was
+    looked at with select(), whose sets stop there, and `stacks` ended in a ValueError traceback."""
+    import resource
+
+    rank = subprocess.Popen(["sleep", "60"], env={**os.environ, "TORCHELASTIC_RUN_ID": "past-1024"})
+    try:
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        events = [{"event": "run_started", "run_id": "past-1024", "pid": 1}]
+        events += [{"event": "started", "rank": r, "local_rank": r, "pid": rank.pid, "attempt": 0} for r in range(1100)]
+        (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        files = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))  # noqa: E731
+        out = run_ranktop("stacks", "--no-save", "--signal", str(run_dir), env=runtime, timeout=60, preexec_fn=files)
+        assert rank.poll() is None  # sleep does not catch SIGUSR1: nothing sent to it
+    finally:
+        stop_process(rank)
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "nothing was sent: without --signal, py-spy reads the stacks", out.stdout
+    assert lines[1099] == (f"rank 1099 (pid {rank.pid}): skipped: it does not handle SIGUSR1 (faulthandler off, "
+                           "or not Python)"), lines[1099]
