@@ -589,6 +589,16 @@ def test_a_rank_whose_process_ended_during_the_dump_is_not_shown_as_dumped(tmp_p
             "process by then, so what was dumped is not shown") in out.stdout.splitlines(), out.stdout
 
 
+def run_dir_naming(tmp_path: Path, run_id: str, pid: int, ranks: int) -> Path:
+    """A run directory of `run_id` whose events.jsonl names `pid` as each of `ranks` live ranks."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    events = [{"event": "run_started", "run_id": run_id, "pid": 1}]
+    events += [{"event": "started", "rank": r, "local_rank": r, "pid": pid, "attempt": 0} for r in range(ranks)]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return run_dir
+
+
 def test_more_ranks_than_files_it_may_open_is_one_line_and_nothing_dumped(tmp_path, runtime):
     """Each rank is held by a pidfd from its check to its dump: a run directory naming more ranks
     than `stacks` may open files (a run of thousands, or a made-up events.jsonl) was a traceback."""
@@ -596,11 +606,7 @@ def test_more_ranks_than_files_it_may_open_is_one_line_and_nothing_dumped(tmp_pa
 
     rank = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], env={**os.environ, "TORCHELASTIC_RUN_ID": "many"})
     try:
-        run_dir = tmp_path / "run"
-        run_dir.mkdir()
-        events = [{"event": "run_started", "run_id": "many", "pid": 1}]
-        events += [{"event": "started", "rank": r, "local_rank": r, "pid": rank.pid, "attempt": 0} for r in range(200)]
-        (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        run_dir = run_dir_naming(tmp_path, "many", rank.pid, 200)
         few_files = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))  # noqa: E731
         out = run_ranktop("stacks", "--no-save", str(run_dir), env=runtime, timeout=30, preexec_fn=few_files)
         assert (out.returncode, out.stdout) == (2, ""), out
@@ -624,11 +630,7 @@ def test_a_threads_id_named_as_a_ranks_pid_is_one_line_that_says_so(tmp_path, ru
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         tid = int(proc.stdout.readline())
-        run_dir = tmp_path / "run"
-        run_dir.mkdir()
-        events = [{"event": "run_started", "run_id": "threads", "pid": 1},
-                  {"event": "started", "rank": 0, "local_rank": 0, "pid": tid, "attempt": 0}]
-        (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        run_dir = run_dir_naming(tmp_path, "threads", tid, 1)
         out = run_ranktop("stacks", "--no-save", str(run_dir), env=runtime, timeout=30)
         assert proc.poll() is None  # nothing sent to it
     finally:
@@ -647,11 +649,7 @@ def test_ranks_held_past_descriptor_1024_are_checked_and_signalled(tmp_path, run
 
     rank = subprocess.Popen(["sleep", "60"], env={**os.environ, "TORCHELASTIC_RUN_ID": "past-1024"})
     try:
-        run_dir = tmp_path / "run"
-        run_dir.mkdir()
-        events = [{"event": "run_started", "run_id": "past-1024", "pid": 1}]
-        events += [{"event": "started", "rank": r, "local_rank": r, "pid": rank.pid, "attempt": 0} for r in range(1100)]
-        (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        run_dir = run_dir_naming(tmp_path, "past-1024", rank.pid, 1100)
         files = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))  # noqa: E731
         out = run_ranktop("stacks", "--no-save", "--signal", str(run_dir), env=runtime, timeout=60, preexec_fn=files)
         assert rank.poll() is None  # sleep does not catch SIGUSR1: nothing sent to it
