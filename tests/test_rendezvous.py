@@ -704,17 +704,26 @@ def test_a_group_restart_on_one_node_is_the_next_attempt_on_every_node(tmp_path,
     finally:
         done.touch()
     results = job.finish()
-    for node, (status, out, err) in enumerate(results):
-        assert status == 0, err
-        assert [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)] == ["0", "1"], out
-        restarts = [(e["reason"], e["attempt"]) for e in events(tmp_path / f"node{node}") if e["event"] == "group_restart"]
-        assert restarts == [("user" if node == 0 else "peer_user", 1)], restarts
+    assert _restarted_once(tmp_path, results) == [[("user", 1)], [("peer_user", 1)]]
+    for node in range(2):
         assert list((tmp_path / f"node{node}").glob("*/attempt_1"))
     ends = [e["kind"] for e in events(tmp_path / "node1") if e["event"] == "round_end"]
     assert ends == (["peer_restart"] if seen_by == "watch" else []), ends
     lines = [[ln for ln in err.splitlines() if "restarting" in ln] for _, _, err in results]
     assert lines[1] == ["ranktop: another node's user restarted the group (R): restarting the group as "
                         "attempt_1 (no restart spent)"], lines
+
+
+def _restarted_once(tmp_path, results: list[tuple[int, str, str]]) -> list[list[tuple[str, int]]]:
+    """Each node's group restarts, (reason, attempt), once every node ended 0 having placed its
+    ranks twice, TORCHELASTIC_RESTART_COUNT 0 then 1."""
+    restarts = []
+    for node, (status, out, err) in enumerate(results):
+        assert status == 0, err
+        assert [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)] == ["0", "1"], out
+        restarts.append([(e["reason"], e["attempt"]) for e in events(tmp_path / f"node{node}")
+                         if e["event"] == "group_restart"])
+    return restarts
 
 
 def test_a_group_restart_just_after_another_nodes_failure_spends_a_restart_as_every_node_does(tmp_path,
@@ -745,11 +754,7 @@ def test_a_group_restart_just_after_another_nodes_failure_spends_a_restart_as_ev
     finally:
         done.touch()
     results = job.finish()
-    for node, (status, out, err) in enumerate(results):
-        assert status == 0, err
-        assert [p["TORCHELASTIC_RESTART_COUNT"] for p in placements(out)] == ["0", "1"], out
-        restarts = [(e["reason"], e["attempt"]) for e in events(tmp_path / f"node{node}") if e["event"] == "group_restart"]
-        assert restarts == [("failure", 1)], restarts
+    assert _restarted_once(tmp_path, results) == [[("failure", 1)], [("failure", 1)]]
     assert ("ranktop: another node of the c10d rendezvous 'restart-overtaken' failed; restarting the group: attempt_1 "
             "(1 of 2 restarts spent)") in results[0][2].splitlines(), results[0][2]
 

@@ -589,6 +589,16 @@ def test_a_rank_whose_process_ended_during_the_dump_is_not_shown_as_dumped(tmp_p
             "process by then, so what was dumped is not shown") in out.stdout.splitlines(), out.stdout
 
 
+def run_dir_naming(tmp_path: Path, run_id: str, pid: int, ranks: int) -> Path:
+    """A run directory of `run_id` whose events.jsonl names `pid` as each of `ranks` live ranks."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    events = [{"event": "run_started", "run_id": run_id, "pid": 1}]
+    events += [{"event": "started", "rank": r, "local_rank": r, "pid": pid, "attempt": 0} for r in range(ranks)]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return run_dir
+
+
 def test_more_ranks_than_files_it_may_open_is_one_line_and_nothing_dumped(tmp_path, runtime):
     """Each rank is held by a pidfd from its check to its dump: a run directory naming more ranks
     than `stacks` may open files (a run of thousands, or a made-up events.jsonl) was a traceback."""
@@ -596,11 +606,7 @@ def test_more_ranks_than_files_it_may_open_is_one_line_and_nothing_dumped(tmp_pa
 
     rank = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], env={**os.environ, "TORCHELASTIC_RUN_ID": "many"})
     try:
-        run_dir = tmp_path / "run"
-        run_dir.mkdir()
-        events = [{"event": "run_started", "run_id": "many", "pid": 1}]
-        events += [{"event": "started", "rank": r, "local_rank": r, "pid": rank.pid, "attempt": 0} for r in range(200)]
-        (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        run_dir = run_dir_naming(tmp_path, "many", rank.pid, 200)
         few_files = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))  # noqa: E731
         out = run_ranktop("stacks", "--no-save", str(run_dir), env=runtime, timeout=30, preexec_fn=few_files)
         assert (out.returncode, out.stdout) == (2, ""), out
@@ -611,3 +617,46 @@ def test_more_ranks_than_files_it_may_open_is_one_line_and_nothing_dumped(tmp_pa
         assert rank.poll() is None  # nothing sent to it
     finally:
         stop_process(rank)
+
+
+THREADED = ("import os, sys, threading, time; t = threading.Thread(target=time.sleep, args=(60,), daemon=True); "
+            "t.start(); print(t.native_id, flush=True); sys.stdin.read()")
+
+
+def test_a_threads_id_named_as_a_ranks_pid_is_one_line_that_says_so(tmp_path, runtime):
+    """A pid in events.jsonl that is a thread's id (a made-up events.jsonl) cannot be held by a
+    pidfd: the line said to raise the open-files limit, which is not why."""
+    proc = subprocess.Popen([PY, "-c", THREADED], env={**os.environ, "TORCHELASTIC_RUN_ID": "threads"},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        tid = int(proc.stdout.readline())
+        run_dir = run_dir_naming(tmp_path, "threads", tid, 1)
+        out = run_ranktop("stacks", "--no-save", str(run_dir), env=runtime, timeout=30)
+        assert proc.poll() is None  # nothing sent to it
+    finally:
+        proc.stdin.close()
+        stop_process(proc)
+        proc.stdout.close()
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr == (f"ranktop: error: bad target '{run_dir}': rank 0, pid {tid}, is a thread's id, not a "
+                          "process's: nothing dumped\n"), out.stderr
+
+
+def test_ranks_held_past_descriptor_1024_are_checked_and_signalled(tmp_path, runtime):
+    """Thousands of ranks, the open-files limit raised for them: a pidfd numbered past 1023 was
+    looked at with select(), whose sets stop there, and `stacks` ended in a ValueError traceback."""
+    import resource
+
+    rank = subprocess.Popen(["sleep", "60"], env={**os.environ, "TORCHELASTIC_RUN_ID": "past-1024"})
+    try:
+        run_dir = run_dir_naming(tmp_path, "past-1024", rank.pid, 1100)
+        files = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))  # noqa: E731
+        out = run_ranktop("stacks", "--no-save", "--signal", str(run_dir), env=runtime, timeout=60, preexec_fn=files)
+        assert rank.poll() is None  # sleep does not catch SIGUSR1: nothing sent to it
+    finally:
+        stop_process(rank)
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "nothing was sent: without --signal, py-spy reads the stacks", out.stdout
+    assert lines[1099] == (f"rank 1099 (pid {rank.pid}): skipped: it does not handle SIGUSR1 (faulthandler off, "
+                           "or not Python)"), lines[1099]

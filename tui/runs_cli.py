@@ -378,9 +378,9 @@ def logs(argv: list[str]) -> int:
     # totals, no 128+N), and a second Terminated out of a `finally` on the way was a traceback.
     ending = _Ending()
     handled = [sig for sig in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) is not signal.SIG_IGN]
-    for sig in handled:
-        signal.signal(sig, ending)
     try:
+        for sig in handled:  # (in the try: a SIGTERM that comes before the try began was a traceback)
+            signal.signal(sig, ending)
         try:
             return _logs(ns)
         finally:

@@ -73,6 +73,7 @@ class StackGroups(VerticalScroll):
         """Another group was selected (keys or a click)."""
 
     selected = 0  # the index of the selected group among the children
+    _titles: tuple[str, ...] = ()  # the box's title in fewer words each, longest first (set_titles)
 
     def action_select(self, step: int) -> None:
         self.select(self.selected + step)
@@ -122,9 +123,8 @@ class StackGroups(VerticalScroll):
         self._retitle()
 
     def _retitle(self) -> None:
-        titles = getattr(self, "_titles", ())
-        if titles:
-            self.border_title = fitting(titles, self.outer_size.width, 2)  # (a line each side)
+        if self._titles:
+            self.border_title = fitting(self._titles, self.outer_size.width, 2)  # (a line each side)
 
     def on_resize(self) -> None:
         """A smaller terminal could leave the selected group, where enter goes, out of sight."""

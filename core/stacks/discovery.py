@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import itertools
 import os
@@ -79,9 +80,17 @@ def _hold(rank: int, pid: int) -> HeldProcess:
     except ProcessLookupError:
         raise
     except OSError as exc:
+        if exc.errno in NOT_A_PROCESS:
+            raise RanksNotHeld(f"rank {rank}, pid {pid}, is a thread's id, not a process's: nothing dumped") from None
+        advice = ("raise the open-files limit (ulimit -n) or name one rank's pid"
+                  if exc.errno in (errno.EMFILE, errno.ENFILE) else "name one rank's pid")
         raise RanksNotHeld(f"rank {rank}, pid {pid}, cannot be held from its check to its dump "
-                           f"({exc.strerror}): nothing dumped; "
-                           "raise the open-files limit (ulimit -n) or name one rank's pid") from None
+                           f"({exc.strerror}): nothing dumped; {advice}") from None
+
+
+# pidfd_open's answer for a thread that leads no process (an events.jsonl may name any id): EINVAL,
+# ENOENT on later kernels.
+NOT_A_PROCESS = (errno.EINVAL, errno.ENOENT)
 
 
 def dump_refusal(pid: int, owner: int) -> str | None:

@@ -56,8 +56,11 @@ class HeldProcess:
         self._fd = os.pidfd_open(pid)
 
     def alive(self) -> bool:
-        """Whether the held process still runs (a pidfd reads as ready once it has exited)."""
-        return not select.select([self._fd], [], [], 0)[0]
+        """Whether the held process still runs (a pidfd reads as ready once it has exited). Polled:
+        select() takes no descriptor past 1023, and thousands of ranks are held at once."""
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        return not poller.poll(0)
 
     def send(self, sig: int) -> None:
         """`sig` to the held process, never to another that took its pid (ProcessLookupError)."""
