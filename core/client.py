@@ -23,7 +23,7 @@ from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
 from ranktop.core.errors import read_at_most
-from ranktop.core.events import events_in, run_started
+from ranktop.core.events import run_started, started_event
 from ranktop.core.layout import EVENTS, FINAL_FILE, FINAL_KEY, STACKS, final_seal_of, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.output import RanktopLine
@@ -798,10 +798,10 @@ def _recorded_seal(run_fd: int) -> str | None:
     except OSError:
         return None
     try:
-        first = next(events_in(fd), None) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        first = started_event(fd) if stat.S_ISREG(os.fstat(fd).st_mode) else None
     finally:
         os.close(fd)
-    seal = first.get("final_seal") if first is not None and first.get("event") == "run_started" else None
+    seal = first.get("final_seal") if first is not None else None
     return seal if isinstance(seal, str) else None
 
 

@@ -164,5 +164,31 @@ def _next_data(fd: int, pos: int) -> int:
 def run_started(run_dir: str) -> dict | None:
     """The run_started event that begins `run_dir`'s events.jsonl (it names the run's id and the
     pid of the ranktop that wrote it), None without one."""
-    first = next(read_events(os.path.join(run_dir, EVENTS)), None)
-    return first if first is not None and first.get("event") == "run_started" else None
+    fd = open_events_file(os.path.join(run_dir, EVENTS))
+    if fd is None:
+        return None
+    try:
+        return started_event(fd)
+    finally:
+        os.close(fd)
+
+
+def started_event(fd: int) -> dict | None:
+    """The run_started event on the first line of the open events.jsonl `fd`, None if that line is
+    not one (or cannot be read). Only the first line is read: a rank can fill the file with lines
+    that are not events, and each look at a run read all of them for the first that parsed."""
+    head = bytearray()
+    try:
+        while b"\n" not in head and len(head) <= MAX_EVENT_LINE:
+            chunk = os.pread(fd, 1 << 16, len(head))
+            if not chunk:
+                break
+            head += chunk
+    except OSError:
+        return None
+    line = bytes(head).partition(b"\n")[0]
+    try:
+        event = json.loads(line) if len(line) <= MAX_EVENT_LINE else None
+    except (ValueError, RecursionError):
+        return None
+    return event if isinstance(event, dict) and event.get("event") == "run_started" else None

@@ -655,3 +655,24 @@ def test_an_earlier_attempts_view_shows_lines_as_the_live_pane_did(tmp_path):
     assert lines[0] == b"100%"
     assert lines[1].startswith(b"x" * LINE_CAP + " \u2026 [ranktop: line cut, 65,546 bytes".encode())
     assert len(lines) == 2
+
+
+def test_a_runs_start_is_read_from_the_first_line_of_its_events_only(tmp_path):
+    """The engine writes run_started first. A file whose first line is none was read through for
+    the first line that parsed (a rank can fill it with lines: `attach` and `logs` of an ended run
+    read all of them); only the first line is read now, and a hole after it is not."""
+    from ranktop.core.events import run_started
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    events = run_dir / "events.jsonl"
+    start = b'{"event": "run_started", "run_id": "x", "final_seal": "s"}\n'
+    events.write_bytes(b"not an event\n" + start)
+    assert run_started(str(run_dir)) is None
+    with open(events, "wb") as f:
+        f.write(start)
+        f.truncate(1 << 40)  # (sparse)
+    assert run_started(str(run_dir)) == {"event": "run_started", "run_id": "x", "final_seal": "s"}
+    with open(events, "wb") as f:
+        f.truncate(1 << 40)  # a first line of zeros, longer than any event
+    assert run_started(str(run_dir)) is None
