@@ -252,6 +252,10 @@ class PContext:
     """Ranks started together, watched by one monitor step. An API caller makes one with
     `start_processes` (core/processes_api.py)."""
 
+    # The method a function rank's multiprocessing identity names (core/mp_identity.py); every
+    # one starts as spawn does whatever it says.
+    start_method = "spawn"
+
     def __init__(
         self,
         name: str,
@@ -443,7 +447,8 @@ class PContext:
             payload = self._payload_path(r)
             self._remove_stale(self._result_path(r))
             self._remove_stale(self._exited_path(r))
-            argv = python_call_argv(self.entrypoint, self.args[r], payload, self._result_path(r), self._peers(r))
+            argv = python_call_argv(self.entrypoint, self.args[r], payload, self._result_path(r), self._peers(r),
+                                    self.start_method)
         else:
             argv = [str(self.entrypoint), *map(str, self.args[r])]
         sinks = self._sinks(r, slot.ring)
@@ -1009,8 +1014,6 @@ class PContext:
 class MultiprocessContext(PContext):
     """Ranks that run a Python callable in a fresh interpreter each; return values come back.
     `start_method` is the one asked for, as torch's keeps it (every rank starts as spawn does)."""
-
-    start_method = "spawn"
 
 
 class SubprocessContext(PContext):
