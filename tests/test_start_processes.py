@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 import rank_fns
 from conftest import NOBODY, ROOT, mode_of, run_side_by_side, stop_process, wait_for
-from ranktop.core import ProcessFailure, RunProcsResult, Std, record, start_processes
+from ranktop.core import DefaultLogsSpecs, ProcessFailure, RunProcsResult, Std, record, start_processes
 from ranktop.core.errors import read_error_file, write_error_file
 from ranktop.core.output import line_length
 
@@ -1017,3 +1017,36 @@ def test_a_script_that_launches_without_a_main_guard_fails_its_rank_as_torchs_sp
     assert done.stdout == "__main__ {0: 1}\n"  # the caller's line alone: rank 0 failed, exit 1
     assert "RuntimeError: " in done.stderr  # the rank's, on the console
     assert 'start ranks only under `if __name__ == "__main__":`' in done.stderr
+
+
+def _closed_then_waited(log_dir, fn, args, ready) -> list[tuple[dict, dict]]:
+    """Start `fn` on len(args) function ranks, wait until `ready(ctx)`, close, then wait() twice:
+    each wait's ({local rank: exit code} of its failures, its return values)."""
+    ctx = start_processes("t", fn, args, _envs(len(args)), DefaultLogsSpecs(log_dir=str(log_dir)))
+    try:
+        wait_for(lambda: ready(ctx), timeout=30, what="the ranks to be where the test closes them")
+    finally:
+        ctx.close(timeout=5)
+    return [({r: f.exitcode for r, f in result.failures.items()}, result.return_values)
+            for result in (ctx.wait(5), ctx.wait(5))]
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether our child `pid` has ended, without reaping it (the context reaps its own ranks)."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def test_wait_after_close_lists_the_ranks_close_cut_short(tmp_path):
+    """wait() after close(): every rank close() ended, with its signal (torch's lists one, a
+    different one on each wait); a rank that had returned is not one of them (torch's, waiting for
+    its launcher, is listed), and a rank that failed on its own before the close is the only one
+    (it was listed beside the ranks the close then stopped: not reaped yet, it counted as stopped)."""
+    returned = _closed_then_waited(tmp_path / "returned", rank_fns.return_only_rank, {r: (0,) for r in range(3)},
+                                   lambda ctx: os.path.exists(ctx._result_path(0)))
+    assert returned == [({1: -signal.SIGTERM, 2: -signal.SIGTERM}, {})] * 2
+    failed = _closed_then_waited(tmp_path / "failed", rank_fns.fail_rank, {r: (1, "boom") for r in range(3)},
+                                 lambda ctx: _has_exited(ctx.pids()[1]))
+    assert failed == [({1: 1}, {})] * 2
+    finished = _closed_then_waited(tmp_path / "finished", rank_fns.double, {r: (r,) for r in range(2)},
+                                   lambda ctx: all(_has_exited(pid) for pid in ctx.pids().values()))
+    assert finished == [({}, {0: 0, 1: 2})] * 2
