@@ -173,3 +173,7 @@ def process_identity(authkey_hex):
     me, parent = multiprocessing.current_process(), multiprocessing.parent_process()
     return [me.name, list(me._identity), parent and [parent.name, parent.pid == os.getppid(), parent.is_alive()],
             me.authkey.hex() == authkey_hex, multiprocessing.get_start_method(allow_none=True)]
+
+
+def read_stdin_line():
+    return sys.stdin.readline()

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 import rank_fns
-from conftest import ROOT, run_ranktop, stop_process, wait_for
+from conftest import ROOT, has_torch_elastic, run_ranktop, stop_process, wait_for
 from ranktop.core import (
     ChildFailedError,
     DefaultLogsSpecs,
@@ -471,7 +471,7 @@ def _each_impl(tmp_path, *python_flags: str) -> dict[str, list]:
     each start, the implementation's name as IMPL."""
     script = tmp_path / "train.py"
     script.write_text(_ARGV_SCRIPT)
-    impls = ["ranktop"] + (["torch"] if _torch_elastic() else [])
+    impls = ["ranktop"] + (["torch"] if has_torch_elastic() else [])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     shown = {}
     for impl in impls:
@@ -576,7 +576,7 @@ def test_a_function_rank_is_named_and_parented_as_torchs_multiprocessing_child(t
     "am I the parent" test, was true in every rank."""
     script = tmp_path / "who.py"
     script.write_text(_IDENTITY_SCRIPT)
-    impls = ["ranktop"] + (["torch"] if _torch_elastic() else [])
+    impls = ["ranktop"] + (["torch"] if has_torch_elastic() else [])
     shown = {}
     for impl in impls:
         done = subprocess.run([PY, str(script), impl, os.path.dirname(__file__), str(tmp_path)], capture_output=True,
@@ -606,11 +606,3 @@ def test_elastic_launch_names_its_function_ranks_by_its_start_method(tmp_path):
     (first, second) = (shown[r][1][-1] for r in (0, 1))
     assert second == first + 1 and multiprocessing.Process().name == f"Process-{first + 2}"
     assert shown[0] == [f"ForkServerProcess-{first}", [first], ["MainProcess", True, True], True, "forkserver"]
-
-
-def _torch_elastic() -> bool:
-    try:
-        import torch.distributed.elastic.multiprocessing  # noqa: F401
-    except ImportError:
-        return False
-    return True

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 import rank_fns
-from conftest import NOBODY, ROOT, mode_of, run_side_by_side, stop_process, wait_for
+from conftest import NOBODY, ROOT, has_torch_elastic, mode_of, run_side_by_side, stop_process, wait_for
 from ranktop.core import DefaultLogsSpecs, ProcessFailure, RunProcsResult, Std, record, start_processes
 from ranktop.core.errors import read_error_file, write_error_file
 from ranktop.core.output import line_length
@@ -1050,3 +1050,46 @@ def test_wait_after_close_lists_the_ranks_close_cut_short(tmp_path):
     finished = _closed_then_waited(tmp_path / "finished", rank_fns.double, {r: (r,) for r in range(2)},
                                    lambda ctx: all(_has_exited(pid) for pid in ctx.pids().values()))
     assert finished == [({}, {0: 0, 1: 2})] * 2
+
+
+_STDIN_SCRIPT = """
+import os, sys, tempfile
+sys.path.insert(0, sys.argv[2])
+import rank_fns
+
+if __name__ == "__main__":
+    if sys.argv[1] == "torch":
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+    else:
+        from ranktop.core import DefaultLogsSpecs, start_processes
+    read = "import sys; print(repr(sys.stdin.readline()))"
+    ctx = start_processes("b", sys.executable, {0: ("-c", read)}, {0: {}}, DefaultLogsSpecs(log_dir=tempfile.mkdtemp()))
+    ctx.wait(60, 0.05)
+    ctx.close()
+    ctx = start_processes("f", rank_fns.read_stdin_line, {0: ()}, {0: {}}, DefaultLogsSpecs(log_dir=tempfile.mkdtemp()),
+                          start_method="fork")
+    print(repr(ctx.wait(60, 0.05).return_values[0]), flush=True)
+    ctx.close()
+"""
+
+
+def test_a_binary_rank_reads_the_callers_stdin_and_a_function_rank_dev_null_as_torchs(tmp_path):
+    """torch's binary ranks inherit the caller's stdin (a `breakpoint()` there reads its terminal);
+    its function ranks read /dev/null, as multiprocessing's children. ranktop's binary ranks read
+    /dev/null. A caller whose stdin is closed gives them /dev/null: its descriptor 0 may be
+    another of its files by then."""
+    script = tmp_path / "stdin.py"
+    script.write_text(_STDIN_SCRIPT)
+    (tmp_path / "typed").write_text("typed line\n")
+    impls = ["ranktop"] + (["torch"] if has_torch_elastic() else [])
+    shown = {}
+    for impl, stdin in [(impl, "typed") for impl in impls] + [("ranktop", None)]:
+        with open(tmp_path / "typed") if stdin else open(os.devnull) as given:
+            done = subprocess.run([PY, str(script), impl, os.path.dirname(__file__)], stdin=given if stdin else None,
+                                  capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                  cwd=tmp_path, **({} if stdin else {"preexec_fn": lambda: os.close(0)}))
+        assert done.returncode == 0, done.stderr[-2000:]
+        shown[impl, stdin] = done.stdout.splitlines()[-2:]
+    assert shown["ranktop", "typed"] == ["'typed line\\n'", "''"]
+    assert shown.get(("torch", "typed"), shown["ranktop", "typed"]) == shown["ranktop", "typed"]
+    assert shown["ranktop", None] == ["''", "''"]
