@@ -104,6 +104,10 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
             pickle.dump((fn, tuple(args)), f)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise _not_sendable(fn, exc) from exc
+    except RuntimeError as exc:  # a multiprocessing Queue, Lock, Pipe: only a multiprocessing start may send one
+        raise RuntimeError(f"cannot send the arguments of {getattr(fn, '__qualname__', fn)!r} to a new process: {exc} "
+                           "(a function rank is started afresh, not by multiprocessing: pass a Manager's instead, "
+                           "manager.Queue())") from None
     return [sys.executable, *_rank_interpreter_flags(), "-c", _BOOTSTRAP, payload_path, result_path]
 
 

@@ -177,3 +177,9 @@ def process_identity(authkey_hex):
 
 def read_stdin_line():
     return sys.stdin.readline()
+
+
+def put_rank_in(queue):
+    """Put this local rank in `queue` (a Manager's, shared with the caller)."""
+    queue.put(int(os.environ["LOCAL_RANK"]))
+    return "put"

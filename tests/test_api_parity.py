@@ -606,3 +606,23 @@ def test_elastic_launch_names_its_function_ranks_by_its_start_method(tmp_path):
     (first, second) = (shown[r][1][-1] for r in (0, 1))
     assert second == first + 1 and multiprocessing.Process().name == f"Process-{first + 2}"
     assert shown[0] == [f"ForkServerProcess-{first}", [first], ["MainProcess", True, True], True, "forkserver"]
+
+
+def test_a_managers_queue_reaches_function_ranks_and_a_plain_queue_is_one_line(tmp_path):
+    """A Manager's proxy (manager.Queue(), .dict()) passed to function ranks connects back with the
+    caller's authkey, which torch's ranks share as multiprocessing children: ranktop's had their
+    own, and failed with `AuthenticationError: digest received was wrong`. A plain
+    multiprocessing.Queue only a multiprocessing start can send (torch's spawn does): a one-line
+    RuntimeError that says what to pass instead."""
+    import multiprocessing
+
+    for name in ("m", "q"):
+        (tmp_path / name).mkdir()
+    with multiprocessing.Manager() as manager:
+        queue = manager.Queue()
+        result = _ended(start_processes("q", rank_fns.put_rank_in, {0: (queue,), 1: (queue,)},
+                                        {r: {"LOCAL_RANK": str(r)} for r in range(2)}, str(tmp_path / "m")))
+        assert result.return_values == {0: "put", 1: "put"} and sorted([queue.get(), queue.get()]) == [0, 1]
+    with pytest.raises(RuntimeError, match=r"^cannot send the arguments of 'put_rank_in' to a new process: "
+                                           r"Queue objects .* pass a Manager's instead, manager.Queue\(\)\)$"):
+        start_processes("q", rank_fns.put_rank_in, {0: (multiprocessing.Queue(),)}, {0: {}}, str(tmp_path / "q"))
