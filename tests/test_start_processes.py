@@ -1036,6 +1036,21 @@ def _has_exited(pid: int) -> bool:
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
+_TORCH_CLOSE_SCRIPT = """
+import sys, tempfile
+sys.path.insert(0, sys.argv[1])
+import rank_fns
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+if __name__ == "__main__":
+    ctx = start_processes("t", rank_fns.return_only_rank, {r: (0,) for r in range(3)},
+                          {r: {"LOCAL_RANK": str(r)} for r in range(3)},
+                          DefaultLogsSpecs(log_dir=tempfile.mkdtemp(dir=sys.argv[2])), start_method="fork")
+    ctx.close()
+    print([sorted(ctx.wait(5).failures) for _ in range(2)])
+"""
+
+
 def test_wait_after_close_lists_the_ranks_close_cut_short(tmp_path):
     """wait() after close(): every rank close() ended, with its signal (torch's lists one, a
     different one on each wait); a rank that had returned is not one of them (torch's, waiting for
@@ -1050,6 +1065,11 @@ def test_wait_after_close_lists_the_ranks_close_cut_short(tmp_path):
     finished = _closed_then_waited(tmp_path / "finished", rank_fns.double, {r: (r,) for r in range(2)},
                                    lambda ctx: all(_has_exited(pid) for pid in ctx.pids().values()))
     assert finished == [({}, {0: 0, 1: 2})] * 2
+    if has_torch_elastic():  # torch's: one rank of the three, whichever its join looked at first
+        done = subprocess.run([PY, "-c", _TORCH_CLOSE_SCRIPT, os.path.dirname(__file__), str(tmp_path)],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert [len(listed) for listed in json.loads(done.stdout.splitlines()[-1])] == [1, 1], done.stdout
 
 
 _STDIN_SCRIPT = """
