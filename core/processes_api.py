@@ -175,7 +175,7 @@ def _callers_stdin() -> str:
     or replaced (pytest's capture). torch's function ranks read /dev/null, as multiprocessing's."""
     try:
         return "inherit" if sys.stdin is not None and not sys.stdin.closed and sys.stdin.fileno() == 0 else "null"
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):  # a stand-in (io.StringIO, pytest's) has no descriptor
         return "null"
 
 
