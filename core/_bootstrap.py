@@ -8,6 +8,8 @@ import runpy
 import sys
 import time
 
+from ranktop.core.mp_identity import assume
+
 # True while the caller's script runs to define the rank's function: a launch from it then is a
 # script without `if __name__ == "__main__":`, and is refused (process.refuse_while_loading_main).
 loading_main = False
@@ -49,6 +51,8 @@ def main() -> None:
         # the caller's command line, as multiprocessing's spawn gives it (before its script loads)
         sys.argv[:] = prep["sys_argv"]
         os.chdir(prep["cwd"])
+        # named as torch's multiprocessing child would be, before the caller's script runs (as spawn's)
+        assume(prep["process"])
         if prep["main_path"]:
             _load_main(prep["main_path"])
         fn, args = pickle.load(f)

@@ -543,7 +543,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         streams = plan_streams(n, spec.redirects, spec.tee, capture_all=True,
                                console_ranks=spec.local_ranks_filter if self.console else set(),
                                prefixes=prefixes)
-        return PContext(
+        pc = PContext(
             spec.display_name(), spec.entrypoint, {r: rank_args(spec.args, r) for r in range(n)}, envs, log_dir, streams,
             global_ranks={r: spec.global_rank(r) for r in range(n)}, shutdown_timeout=self.shutdown_timeout,
             ring_lines=self.ring_lines, on_event=weakly(self._on_rank_event), passthrough_console=False,
@@ -553,6 +553,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             waker=self._waker, generation=self._next_generation(), reap_timeout=self.reap_timeout,
             cpu_affinity=spec.cpu_affinity, console=self._tee, outside_stop_window=OUTSIDE_STOP_WINDOW,
         )
+        pc.start_method = self.start_method  # the multiprocessing child a function rank passes for
+        return pc
 
     def _now_under_way(self) -> None:
         hook, self._on_under_way = self._on_under_way, None

@@ -252,6 +252,10 @@ class PContext:
     """Ranks started together, watched by one monitor step. An API caller makes one with
     `start_processes` (core/processes_api.py)."""
 
+    # The method a function rank's multiprocessing identity names (core/mp_identity.py); every
+    # one starts as spawn does whatever it says.
+    start_method = "spawn"
+
     def __init__(
         self,
         name: str,
@@ -443,7 +447,8 @@ class PContext:
             payload = self._payload_path(r)
             self._remove_stale(self._result_path(r))
             self._remove_stale(self._exited_path(r))
-            argv = python_call_argv(self.entrypoint, self.args[r], payload, self._result_path(r), self._peers(r))
+            argv = python_call_argv(self.entrypoint, self.args[r], payload, self._result_path(r), self._peers(r),
+                                    self.start_method)
         else:
             argv = [str(self.entrypoint), *map(str, self.args[r])]
         sinks = self._sinks(r, slot.ring)
@@ -896,7 +901,7 @@ class PContext:
             result.stdouts[r], result.stderrs[r] = self.stdouts[r], self.stderrs[r]
             if slot.unreapable:
                 result.unreapable[r] = slot.proc.pid
-            if slot.failure is not None:
+            if slot.failure is not None and not self._returned_before_stop(slot):
                 result.failures[r] = slot.failure
             else:  # a binary returns nothing: None, as torch reports it
                 result.return_values[r] = self._read_return_value(r) if callable(self.entrypoint) else None
@@ -908,6 +913,11 @@ class PContext:
         if result.failures:
             result.return_values = {}  # as torch: a failed group has no return values
         return result
+
+    def _returned_before_stop(self, slot: RankSlot) -> bool:
+        """A function rank that had returned, and was waiting for its peers when it was stopped
+        (close(), stop(), a peer's failure): it finished, so its end is no failure."""
+        return callable(self.entrypoint) and slot.stopped_by_us and os.path.exists(self._result_path(slot.local_rank))
 
     def _read_return_value(self, local_rank: int) -> Any:
         import pickle  # function ranks only: a command line's start does not pay for it
@@ -936,6 +946,8 @@ class PContext:
             self._closed = True
         try:  # the signals sent too: a stop signal that came while they went out left this closed for good
             with self._lock:
+                for slot in self.slots:  # a rank that ended on its own before close() failed by itself,
+                    self._reap(slot)     # not by this stop: reaped first, it is reported as it ended
                 self._stop_all(death_sig or signal.SIGTERM, timeout)
             while self.step() is None:
                 if between is not None:
@@ -1009,8 +1021,6 @@ class PContext:
 class MultiprocessContext(PContext):
     """Ranks that run a Python callable in a fresh interpreter each; return values come back.
     `start_method` is the one asked for, as torch's keeps it (every rank starts as spawn does)."""
-
-    start_method = "spawn"
 
 
 class SubprocessContext(PContext):

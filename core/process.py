@@ -74,14 +74,17 @@ def open_pty(columns: int, rows: int, typed: bool = False) -> tuple[int, int]:
 
 
 def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, result_path: str,
-                     peers: list[tuple[str, str]] = ()) -> list[str]:
+                     peers: list[tuple[str, str]] = (), start_method: str = "spawn") -> list[str]:
     """Command line that runs fn(*args) in a fresh interpreter, like multiprocessing's spawn.
 
     The function and its arguments are pickled to `payload_path`; the return value comes back
     through `result_path`, a file rather than a pipe, so a large result can never deadlock.
     `peers`: (result path, exit marker) of each other rank of the group, which the rank waits on
-    after its function returned (see _bootstrap.wait_for_peers).
+    after its function returned (see _bootstrap.wait_for_peers). `start_method` names the
+    multiprocessing child it passes for (see core/mp_identity.py).
     """
+    from ranktop.core.mp_identity import next_identity
+
     main = sys.modules.get("__main__")
     prep = {
         "sys_path": list(sys.path),
@@ -91,6 +94,7 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
         # that script (as __mp_main__, so its `if __name__ == "__main__"` block stays quiet).
         "main_path": getattr(main, "__file__", None) if getattr(fn, "__module__", None) == "__main__" else None,
         "peers": list(peers),
+        "process": next_identity(start_method),
     }
     import pickle  # function ranks only: a command line's start does not pay for it
 
@@ -100,6 +104,10 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
             pickle.dump((fn, tuple(args)), f)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise _not_sendable(fn, exc) from exc
+    except RuntimeError as exc:  # a multiprocessing Queue, Lock, Pipe: only a multiprocessing start may send one
+        raise RuntimeError(f"cannot send the arguments of {getattr(fn, '__qualname__', fn)!r} to a new process: {exc} "
+                           "(a function rank is started afresh, not by multiprocessing: pass a Manager's instead, "
+                           "manager.Queue())") from None
     return [sys.executable, *_rank_interpreter_flags(), "-c", _BOOTSTRAP, payload_path, result_path]
 
 

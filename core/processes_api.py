@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -96,7 +97,7 @@ def start_processes(
     run_dir = _run_dir(opts["log_dir"], specs, envs)
     cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
     make = functools.partial(cls, name, entrypoint, args, envs, run_dir, streams, duplicate_filters=filters,
-                             cpu_affinity=cpu_affinity)
+                             cpu_affinity=cpu_affinity, rank_stdin="null" if callable(entrypoint) else _callers_stdin())
     return _start_for_caller(make, run_dir, opts["start_method"])
 
 
@@ -165,6 +166,17 @@ def _start_for_caller(make: Callable[[], PContext], run_dir: RunDir, start_metho
             ctx._let_go_of_signals()
         run_dir.close()  # a context that failed to start has closed it already: closing twice is a no-op
         raise
+
+
+def _callers_stdin() -> str:
+    """How a binary rank's stdin is given: the caller's, as torch's binary ranks inherit it (a
+    `breakpoint()` there reads the caller's terminal), where descriptor 0 is still the stdin
+    Python opened; /dev/null where it was closed (0 may be another file of the caller's by now),
+    or replaced (pytest's capture). torch's function ranks read /dev/null, as multiprocessing's."""
+    try:
+        return "inherit" if sys.stdin is not None and not sys.stdin.closed and sys.stdin.fileno() == 0 else "null"
+    except (OSError, ValueError, AttributeError):  # a stand-in (io.StringIO, pytest's) has no descriptor
+        return "null"
 
 
 def _check_ranks(args: Mapping[int, Any], envs: Mapping[int, Mapping[Any, Any]]) -> None:

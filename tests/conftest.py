@@ -343,6 +343,15 @@ def mode_of(path) -> int:
     return os.lstat(path).st_mode & 0o7777
 
 
+def has_torch_elastic() -> bool:
+    """Whether torch's elastic API can be run beside ranktop's here."""
+    try:
+        import torch.distributed.elastic.multiprocessing  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @pytest.fixture
 def torch_installed():
     """Skips a test where torch is not importable (its APIs, its rendezvous, parity with torchrun)."""

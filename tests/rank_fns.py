@@ -155,3 +155,31 @@ def killed_by_hand_once(pid_dir):
         f.write(str(os.getpid()))
     os.rename(os.path.join(pid_dir, f".pid{rank}"), os.path.join(pid_dir, f"pid{rank}"))  # whole, when seen
     time.sleep(60)
+
+
+def return_only_rank(rank_to_return):
+    """That local rank returns its rank at once; the others sleep until stopped."""
+    if int(os.environ["LOCAL_RANK"]) == rank_to_return:
+        return rank_to_return
+    time.sleep(60)
+
+
+def process_identity(authkey_hex):
+    """How multiprocessing sees this rank: its name and identity, its parent (name, whether it is
+    this process's parent, whether alive), whether it has `authkey_hex` as its authkey, and the
+    start method its own children would get."""
+    import multiprocessing
+
+    me, parent = multiprocessing.current_process(), multiprocessing.parent_process()
+    return [me.name, list(me._identity), parent and [parent.name, parent.pid == os.getppid(), parent.is_alive()],
+            me.authkey.hex() == authkey_hex, multiprocessing.get_start_method(allow_none=True)]
+
+
+def read_stdin_line():
+    return sys.stdin.readline()
+
+
+def put_rank_in(queue):
+    """Put this local rank in `queue` (a Manager's, shared with the caller)."""
+    queue.put(int(os.environ["LOCAL_RANK"]))
+    return "put"

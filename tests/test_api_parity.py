@@ -11,7 +11,8 @@ import sys
 import textwrap
 
 import pytest
-from conftest import ROOT, run_ranktop, stop_process, wait_for
+import rank_fns
+from conftest import ROOT, has_torch_elastic, run_ranktop, stop_process, wait_for
 from ranktop.core import (
     ChildFailedError,
     DefaultLogsSpecs,
@@ -470,12 +471,7 @@ def _each_impl(tmp_path, *python_flags: str) -> dict[str, list]:
     each start, the implementation's name as IMPL."""
     script = tmp_path / "train.py"
     script.write_text(_ARGV_SCRIPT)
-    impls = ["ranktop"]
-    try:
-        import torch.distributed.elastic.multiprocessing  # noqa: F401
-        impls.append("torch")
-    except ImportError:
-        pass
+    impls = ["ranktop"] + (["torch"] if has_torch_elastic() else [])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     shown = {}
     for impl in impls:
@@ -549,3 +545,84 @@ def test_local_rank_in_the_args_is_substituted_as_torchs_agent_does(tmp_path):
     except ImportError:
         return
     assert [macros.substitute(list(args[2:]), str(r)) for r in (0, 1)] == expected  # torch's own, on the same
+
+
+_IDENTITY_SCRIPT = """
+import multiprocessing, sys, tempfile
+sys.path.insert(0, sys.argv[2])
+import rank_fns
+
+if __name__ == "__main__":
+    if sys.argv[1] == "torch":
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+    else:
+        from ranktop.core import DefaultLogsSpecs, start_processes
+    key = multiprocessing.current_process().authkey.hex()
+    for method, n in (("spawn", 2), ("fork", 1)):
+        ctx = start_processes("t", rank_fns.process_identity, {r: (key,) for r in range(n)},
+                              {r: {"LOCAL_RANK": str(r)} for r in range(n)},
+                              DefaultLogsSpecs(log_dir=tempfile.mkdtemp(dir=sys.argv[3])), start_method=method)
+        print(method, ctx.wait(60, 0.05).return_values, flush=True)
+        ctx.close()
+    print("next", [multiprocessing.current_process().name, multiprocessing.Process().name])
+"""
+
+
+def test_a_function_rank_is_named_and_parented_as_torchs_multiprocessing_child(tmp_path):
+    """torch's function ranks are multiprocessing children: `current_process().name` is
+    SpawnProcess-N (ForkProcess-N for fork), numbered on from the caller's own counter, their
+    parent_process() is the caller, and they share its authkey. ranktop's said MainProcess with no
+    parent: `current_process().name == "MainProcess"` (or `parent_process() is None`), the usual
+    "am I the parent" test, was true in every rank."""
+    script = tmp_path / "who.py"
+    script.write_text(_IDENTITY_SCRIPT)
+    impls = ["ranktop"] + (["torch"] if has_torch_elastic() else [])
+    shown = {}
+    for impl in impls:
+        done = subprocess.run([PY, str(script), impl, os.path.dirname(__file__), str(tmp_path)], capture_output=True,
+                              text=True, timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        shown[impl] = [(line.split(" ", 1)[0], ast.literal_eval(line.split(" ", 1)[1]))
+                       for line in done.stdout.splitlines()]
+    parent = ["MainProcess", True, True]
+    assert shown["ranktop"] == [
+        ("spawn", {0: ["SpawnProcess-1", [1], parent, True, "spawn"], 1: ["SpawnProcess-2", [2], parent, True, "spawn"]}),
+        ("fork", {0: ["ForkProcess-3", [3], parent, True, "fork"]}),
+        ("next", ["MainProcess", "Process-4"]),  # the caller's next child is numbered after the ranks
+    ]
+    assert shown.get("torch", shown["ranktop"]) == shown["ranktop"]
+
+
+def test_elastic_launch_names_its_function_ranks_by_its_start_method(tmp_path):
+    """torch's agent starts its ranks with start_processes: the same names, by the config's method."""
+    import multiprocessing
+
+    from ranktop.core.launcher import LaunchConfig, elastic_launch
+
+    key = multiprocessing.current_process().authkey.hex()
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, max_restarts=0, start_method="forkserver",
+                          logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)))
+    shown = elastic_launch(config, rank_fns.process_identity)(key)
+    (first, second) = (shown[r][1][-1] for r in (0, 1))
+    assert second == first + 1 and multiprocessing.Process().name == f"Process-{first + 2}"
+    assert shown[0] == [f"ForkServerProcess-{first}", [first], ["MainProcess", True, True], True, "forkserver"]
+
+
+def test_a_managers_queue_reaches_function_ranks_and_a_plain_queue_is_one_line(tmp_path):
+    """A Manager's proxy (manager.Queue(), .dict()) passed to function ranks connects back with the
+    caller's authkey, which torch's ranks share as multiprocessing children: ranktop's had their
+    own, and failed with `AuthenticationError: digest received was wrong`. A plain
+    multiprocessing.Queue only a multiprocessing start can send (torch's spawn does): a one-line
+    RuntimeError that says what to pass instead."""
+    import multiprocessing
+
+    for name in ("m", "q"):
+        (tmp_path / name).mkdir()
+    with multiprocessing.Manager() as manager:
+        queue = manager.Queue()
+        result = _ended(start_processes("q", rank_fns.put_rank_in, {0: (queue,), 1: (queue,)},
+                                        {r: {"LOCAL_RANK": str(r)} for r in range(2)}, str(tmp_path / "m")))
+        assert result.return_values == {0: "put", 1: "put"} and sorted([queue.get(), queue.get()]) == [0, 1]
+    with pytest.raises(RuntimeError, match=r"^cannot send the arguments of 'put_rank_in' to a new process: "
+                                           r"Queue objects .* pass a Manager's instead, manager.Queue\(\)\)$"):
+        start_processes("q", rank_fns.put_rank_in, {0: (multiprocessing.Queue(),)}, {0: {}}, str(tmp_path / "q"))

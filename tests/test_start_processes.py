@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import pytest
 import rank_fns
-from conftest import NOBODY, ROOT, mode_of, run_side_by_side, stop_process, wait_for
-from ranktop.core import ProcessFailure, RunProcsResult, Std, record, start_processes
+from conftest import NOBODY, ROOT, has_torch_elastic, mode_of, run_side_by_side, stop_process, wait_for
+from ranktop.core import DefaultLogsSpecs, ProcessFailure, RunProcsResult, Std, record, start_processes
 from ranktop.core.errors import read_error_file, write_error_file
 from ranktop.core.output import line_length
 
@@ -1017,3 +1017,99 @@ def test_a_script_that_launches_without_a_main_guard_fails_its_rank_as_torchs_sp
     assert done.stdout == "__main__ {0: 1}\n"  # the caller's line alone: rank 0 failed, exit 1
     assert "RuntimeError: " in done.stderr  # the rank's, on the console
     assert 'start ranks only under `if __name__ == "__main__":`' in done.stderr
+
+
+def _closed_then_waited(log_dir, fn, args, ready) -> list[tuple[dict, dict]]:
+    """Start `fn` on len(args) function ranks, wait until `ready(ctx)`, close, then wait() twice:
+    each wait's ({local rank: exit code} of its failures, its return values)."""
+    ctx = start_processes("t", fn, args, _envs(len(args)), DefaultLogsSpecs(log_dir=str(log_dir)))
+    try:
+        wait_for(lambda: ready(ctx), timeout=30, what="the ranks to be where the test closes them")
+    finally:
+        ctx.close(timeout=5)
+    return [({r: f.exitcode for r, f in result.failures.items()}, result.return_values)
+            for result in (ctx.wait(5), ctx.wait(5))]
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether our child `pid` has ended, without reaping it (the context reaps its own ranks)."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+_TORCH_CLOSE_SCRIPT = """
+import sys, tempfile
+sys.path.insert(0, sys.argv[1])
+import rank_fns
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+if __name__ == "__main__":
+    ctx = start_processes("t", rank_fns.return_only_rank, {r: (0,) for r in range(3)},
+                          {r: {"LOCAL_RANK": str(r)} for r in range(3)},
+                          DefaultLogsSpecs(log_dir=tempfile.mkdtemp(dir=sys.argv[2])), start_method="fork")
+    ctx.close()
+    print([sorted(ctx.wait(5).failures) for _ in range(2)])
+"""
+
+
+def test_wait_after_close_lists_the_ranks_close_cut_short(tmp_path):
+    """wait() after close(): every rank close() ended, with its signal (torch's lists one, a
+    different one on each wait); a rank that had returned is not one of them (torch's, waiting for
+    its launcher, is listed), and a rank that failed on its own before the close is the only one
+    (it was listed beside the ranks the close then stopped: not reaped yet, it counted as stopped)."""
+    returned = _closed_then_waited(tmp_path / "returned", rank_fns.return_only_rank, {r: (0,) for r in range(3)},
+                                   lambda ctx: os.path.exists(ctx._result_path(0)))
+    assert returned == [({1: -signal.SIGTERM, 2: -signal.SIGTERM}, {})] * 2
+    failed = _closed_then_waited(tmp_path / "failed", rank_fns.fail_rank, {r: (1, "boom") for r in range(3)},
+                                 lambda ctx: _has_exited(ctx.pids()[1]))
+    assert failed == [({1: 1}, {})] * 2
+    finished = _closed_then_waited(tmp_path / "finished", rank_fns.double, {r: (r,) for r in range(2)},
+                                   lambda ctx: all(_has_exited(pid) for pid in ctx.pids().values()))
+    assert finished == [({}, {0: 0, 1: 2})] * 2
+    if has_torch_elastic():  # torch's: one rank of the three, whichever its join looked at first
+        done = subprocess.run([PY, "-c", _TORCH_CLOSE_SCRIPT, os.path.dirname(__file__), str(tmp_path)],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert [len(listed) for listed in json.loads(done.stdout.splitlines()[-1])] == [1, 1], done.stdout
+
+
+_STDIN_SCRIPT = """
+import os, sys, tempfile
+sys.path.insert(0, sys.argv[2])
+import rank_fns
+
+if __name__ == "__main__":
+    if sys.argv[1] == "torch":
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+    else:
+        from ranktop.core import DefaultLogsSpecs, start_processes
+    read = "import sys; print(repr(sys.stdin.readline()))"
+    ctx = start_processes("b", sys.executable, {0: ("-c", read)}, {0: {}}, DefaultLogsSpecs(log_dir=tempfile.mkdtemp()))
+    ctx.wait(60, 0.05)
+    ctx.close()
+    ctx = start_processes("f", rank_fns.read_stdin_line, {0: ()}, {0: {}}, DefaultLogsSpecs(log_dir=tempfile.mkdtemp()),
+                          start_method="fork")
+    print(repr(ctx.wait(60, 0.05).return_values[0]), flush=True)
+    ctx.close()
+"""
+
+
+def test_a_binary_rank_reads_the_callers_stdin_and_a_function_rank_dev_null_as_torchs(tmp_path):
+    """torch's binary ranks inherit the caller's stdin (a `breakpoint()` there reads its terminal);
+    its function ranks read /dev/null, as multiprocessing's children. ranktop's binary ranks read
+    /dev/null. A caller whose stdin is closed gives them /dev/null: its descriptor 0 may be
+    another of its files by then."""
+    script = tmp_path / "stdin.py"
+    script.write_text(_STDIN_SCRIPT)
+    (tmp_path / "typed").write_text("typed line\n")
+    impls = ["ranktop"] + (["torch"] if has_torch_elastic() else [])
+    shown = {}
+    for impl, stdin in [(impl, "typed") for impl in impls] + [("ranktop", None)]:
+        with open(tmp_path / "typed") if stdin else open(os.devnull) as given:
+            done = subprocess.run([PY, str(script), impl, os.path.dirname(__file__)], stdin=given if stdin else None,
+                                  capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                  cwd=tmp_path, **({} if stdin else {"preexec_fn": lambda: os.close(0)}))
+        assert done.returncode == 0, done.stderr[-2000:]
+        shown[impl, stdin] = done.stdout.splitlines()[-2:]
+    assert shown["ranktop", "typed"] == ["'typed line\\n'", "''"]
+    assert shown.get(("torch", "typed"), shown["ranktop", "typed"]) == shown["ranktop", "typed"]
+    assert shown["ranktop", None] == ["''", "''"]
