@@ -18,7 +18,6 @@ from ranktop.core.state import (
     GroupState,
     RankSnapshot,
     RankState,
-    ended_calmly,
     world_undecided,
 )
 from ranktop.tui.commands import action_name
@@ -381,8 +380,8 @@ def _attempt_parts(group: GroupSnapshot) -> list[Part]:
         left = max(0, group.max_restarts - (group.attempt - group.user_restarts))
         parts.append(("restarts", Text(f" ({left} restart{'s' * (left != 1)} left)", style="dim")))
     if group.earlier_attempts:  # "all ranks exited 0" must not hide that an earlier attempt failed
-        more = len(group.earlier_attempts) - 1
-        calm = all(ended_calmly(attempt) for attempt in group.earlier_attempts)
+        more = group.earlier_count - 1
+        calm = group.earlier_calm
         parts.append(("earlier" if calm else None,
                       Text(f"  earlier: {clean(group.earlier_attempts[-1])}" + (f" (+{more})" if more else ""),
                            style="yellow" if calm else "bold yellow")))
