@@ -1494,6 +1494,30 @@ def test_the_header_keeps_its_parts_while_the_countdown_and_the_alive_count_tick
         assert header_text(alive(10), 100.0, width=width).cell_len <= width or width < 60, width
 
 
+def test_the_header_keeps_its_parts_when_a_stops_countdown_turns_into_a_range():
+    """A stop whose ranks' deadlines come to differ (a rank's process gone, the rest of its group
+    given a shorter grace) counts down `SIGKILL in 3-10s`: wider than `SIGKILL in 10s`, it took
+    the place of the parts last in line (the clock, the GPU status) mid-stop, as neither the room
+    kept for the ticking numbers nor anything else had it. The room kept covers the range too."""
+    base = dataclasses.replace(FakeEngine(10).snapshot(), log_dir="/tmp/ranktop-0/20261127-061423-e158",
+                               gpu_status="no GPU", max_restarts=3, started_at=0.0, shutdown_timeout=10.0,
+                               state=GroupState.STOPPING)
+
+    def stopping(*left: int):  # each rank's seconds left, the last repeated
+        lefts = [*left, *[left[-1]] * (len(base.ranks) - len(left))]
+        return dataclasses.replace(base, ranks=tuple(dataclasses.replace(r, kill_at=100.0 + s)
+                                                     for r, s in zip(base.ranks, lefts, strict=True)))
+
+    def shape(group, width: int) -> str:  # the header, its countdown aside
+        return re.sub(r"SIGKILL in \d+(-\d+)?s", "#", header_text(group, 100.0, width=width).plain).rstrip()
+
+    assert "SIGKILL in 3-10s" in header_text(stopping(3, 10), 100.0, width=200).plain
+    for width in range(40, 201):
+        steady = shape(stopping(10), width)
+        assert shape(stopping(3, 10), width) == shape(stopping(9, 10), width) == shape(stopping(0, 1), width) \
+            == steady, width
+
+
 LONG_NAME = "a_training_script_with_a_very_long_descriptive_name_v2_bf16.py"  # 62 cells
 STOP_NOTE = "stopping… (q again: kill now)"
 
@@ -1514,7 +1538,7 @@ def test_a_long_name_gives_up_its_middle_so_the_state_and_a_stops_countdown_show
         assert " stopping   SIGKILL in 7s" in shown and (STOP_NOTE in shown or width < 67), (width, shown)
         name = shown.split("  stopping ")[0].removeprefix(" ranktop ").strip()
         assert name == LONG_NAME or (name.endswith(".py") and "…" in name and 8 <= cell_len(name) < 62), (width, name)
-        assert shown.startswith(" ranktop ") == (width >= 76), (width, shown)  # under: the badge went for the name
+        assert shown.startswith(" ranktop ") == (width >= 79), (width, shown)  # under: the badge went for the name (and the room kept for `SIGKILL in 30-30s`)
     # Room for it whole: whole, and no part gone for it; 24 cells kept before a part goes.
     assert LONG_NAME in header_text(base, 100.0, width=160).plain
     at_80 = " ranktop  a_training_scr…ame_v2_bf16.py  running   attempt_0  0:01:40  4/4 alive"
