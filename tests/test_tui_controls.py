@@ -1382,8 +1382,10 @@ def writer_lacking_stack(rank: int, lacks_writer: bool) -> RankStack:
 
 @pytest.mark.parametrize("size", [(60, 20), (80, 24), (200, 50)])
 def test_the_stack_views_titles_and_enter_hint_are_whole_from_60_to_200_columns(size):
-    """At 60 columns the selected group's bottom border read `enter: rank 2 (lacks …`, and the
-    groups' title `other threads (t: main thre…`: each says as much as its border holds whole.
+    """At 60 columns the selected group's bottom border read `enter: rank 2 (lacks …`, the
+    groups' title `other threads (t: main thre…` and a thread group's `thread 'writer' — ran…`:
+    each says as much as its border holds whole, its least useful words going first (of a thread
+    group's, `thread`, which the groups' title says, then how it is odd, which its first line says).
     The help offers what t does now, as the footer does, at every width."""
     engine = _DumpingEngine([writer_lacking_stack(r, lacks_writer=r == 12) for r in (10, 11, 12)])
 
@@ -1405,11 +1407,14 @@ def test_the_stack_views_titles_and_enter_hint_are_whole_from_60_to_200_columns(
         assert hint_and_title()[0] in ("enter: rank 10's output", *(() if wide else ("⏎ rank 10's output",)))
         assert hint_and_title()[1] == ("main threads (t: other threads)" if wide else "main threads (t: others)")
         await pilot.press("t")
-        await until(pilot, lambda: str(box.children[0].border_title).startswith("thread 'writer'")
+        await until(pilot, lambda: "'writer' — ranks 10-11" in str(box.children[0].border_title)
                     and box.children[0].border_subtitle, what="the other threads")
         assert hint_and_title() == ("enter: rank 12 (lacks it)" if wide else "⏎ rank 12 (lacks it)",
                                     "other threads (t: main threads)" if wide else "other threads (t: main)")
         assert whole_on_screen(), screen_rows(app)
+        thread_title = str(box.children[0].border_title)
+        assert thread_title == {200: "thread 'writer' — ranks 10-11 — not in rank 12"}.get(size[0], "'writer' — ranks 10-11")
+        assert any(thread_title in row for row in screen_rows(app)), screen_rows(app)
         await pilot.press("question_mark")  # the help's t, as the footer's, is what t does now
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
         helped = " ".join(screen_rows(app))
