@@ -59,7 +59,7 @@ from ranktop.core.sanitize import clean, clean_console, quoted
 from ranktop.core.signals import OUTSIDE_STOP_WINDOW, StopAction
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_args, rank_env
 from ranktop.core.stalls import StallWatch
-from ranktop.core.state import GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
+from ranktop.core.state import EarlierAttempts, GroupSnapshot, GroupState, LogLoss, RankSnapshot, RankState, RootCause
 from ranktop.core.stdio import lost_told
 from ranktop.core.strays import LOOK_SECONDS, adopting
 from ranktop.core.weak import weakly
@@ -301,8 +301,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         # Attempts the user's RestartGroup started: they advance the attempt and spend no restart.
         self.user_restarts = 0
         self._between_attempts = False  # closing one attempt to start the next
-        # "attempt_<k>: why it ended" for each attempt before this one that failed or was restarted
-        self._earlier_attempts: list[str] = []
+        # "attempt_<k>: why it ended" for the attempts before this one (the first, the last few)
+        self._earlier_attempts = EarlierAttempts()
         self._earlier_losses: list[LogLoss] = []  # incomplete logs of the attempts before this one
         self._started = threading.Event()
         self.root_cause: RootCause | None = None
@@ -391,7 +391,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             if reason is None:
                 return result
             how_it_ended = self._attempt_end(reason)
-            self._earlier_attempts.append(f"attempt_{self.attempt}: {how_it_ended}")
+            earlier = f"attempt_{self.attempt}: {how_it_ended}"
+            self._earlier_attempts.add(earlier)
             self._between_attempts = True
             try:
                 self._close_attempt()  # commands are applied meanwhile: a stop here ends the run
@@ -403,7 +404,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             self._earlier_losses += self.pcontext.incomplete_logs()
             self._count_restart(reason)
             self.state = GroupState.RESTARTING
-            self.events.write("group_restart", attempt=self.attempt, reason=reason)
+            self.events.write("group_restart", attempt=self.attempt, reason=reason, earlier=earlier)
             if reason == "peer_user":  # (this node's own `R` said so where it was pressed)
                 self._notice(f"{PEER_RESTART_WORDS}: restarting the group as attempt_{self.attempt} "
                              "(no restart spent)")
@@ -838,7 +839,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             shutdown_timeout=self.shutdown_timeout, output_lines_kept=self.ring_lines,
             stop_signal=self._stop_signal, round=self.spec.placement.round if self.spec.placement else None,
             generation=pc.generation if pc else 0, rendezvous_error=self._node_error, waiting=self._waiting,
-            earlier_attempts=tuple(self._earlier_attempts), interpreter=self._interpreter, end_note=self._end_note,
+            earlier_attempts=self._earlier_attempts.kept(), earlier_left_out=self._earlier_attempts.left_out,
+            earlier_left_out_calm=self._earlier_attempts.left_out_calm, interpreter=self._interpreter, end_note=self._end_note,
             user_restarts=self.user_restarts, user_ended=self._user_ended,
             store_lost=self.rendezvous.store_lost if self.rendezvous is not None else None,
             store_silent=self.rendezvous is not None and self.rendezvous.store_silent,

@@ -159,11 +159,12 @@ def format_incomplete_logs(losses: tuple[LogLoss, ...] | list[LogLoss]) -> str:
 
 
 def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int, run_dir: str | None,
-                      success_line: bool = False, earlier_attempts: tuple[str, ...] = (),
+                      success_line: bool = False, earlier_attempts: str = "",
                       user_restarts: int = 0) -> str:
     """Everything said on the terminal once a run is over (headless, and after the TUI closed):
     the root cause and how it was stopped, incomplete logs, ranks left to the guard, a rendezvous
-    error. `success_line`: also say so when it succeeded (the TUI leaves nothing else behind)."""
+    error. `success_line`: also say so when it succeeded (the TUI leaves nothing else behind),
+    with `earlier_attempts` (GroupSnapshot.earlier_words) where there were any."""
     parts = []
     if result.root_cause is not None:  # a rank that failed on its own, maybe before a stop
         parts.append(format_root_cause(result.root_cause, name=name, attempt=attempt, max_restarts=max_restarts,
@@ -177,7 +178,7 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
     elif success_line and result.state == GroupState.SUCCEEDED:
         parts.append(f"ranktop: {name} succeeded: all ranks exited 0; logs in {clean(str(run_dir))}")
     if success_line and earlier_attempts:
-        parts.append("  earlier attempts: " + "; ".join(earlier_attempts))
+        parts.append("  earlier attempts: " + earlier_attempts)
     if success_line and result.end_note:  # (headless said it when it happened)
         parts.append(f"ranktop: note: {clean(result.end_note)}")
     if result.incomplete_logs:
@@ -227,5 +228,5 @@ def report_after_tui(group: GroupSnapshot) -> str:
     seen = _SeenEnd(group.state, group.root_cause, group.stop_signal, group.incomplete_logs, unreapable,
                     group.rendezvous_error, group.interpreter, group.end_note, group.user_ended)
     return format_end_report(seen, name=group.name, attempt=group.attempt, max_restarts=group.max_restarts,
-                             run_dir=group.log_dir, success_line=True, earlier_attempts=group.earlier_attempts,
+                             run_dir=group.log_dir, success_line=True, earlier_attempts=group.earlier_words,
                              user_restarts=group.user_restarts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
+from collections import deque
 from dataclasses import dataclass
 
 
@@ -159,9 +160,12 @@ class GroupSnapshot:
     # Starts of the group so far, from 0: a new one brings new output rings. It differs from
     # `attempt` when nodes joining restart the group without spending a restart.
     generation: int = 0
-    # "attempt_<k>: rank 1 failed (exit 1)" for each earlier attempt of this run, oldest first
-    # (one that ended in no failure says `restarted...`: see ended_calmly)
+    # "attempt_<k>: rank 1 failed (exit 1)" for the earlier attempts of this run, oldest first
+    # (one that ended in no failure says `restarted...`: see ended_calmly): the first and the last
+    # few (EarlierAttempts), with how many came between them and whether each of those ended calmly.
     earlier_attempts: tuple[str, ...] = ()
+    earlier_left_out: int = 0
+    earlier_left_out_calm: bool = True
     # Attempts the user's group restart started: each advanced `attempt` and spent no restart, so
     # restarts spent are attempt - user_restarts, and the run may have max_restarts + 1 + this.
     user_restarts: int = 0
@@ -202,6 +206,26 @@ class GroupSnapshot:
                                    error=f"lost the run's engine before its end ({why})")
 
     @property
+    def earlier_count(self) -> int:
+        """How many earlier attempts there were, those left out of earlier_attempts included."""
+        return len(self.earlier_attempts) + max(0, self.earlier_left_out)
+
+    @property
+    def earlier_calm(self) -> bool:
+        """Whether every earlier attempt ended in no failure (see ended_calmly)."""
+        return self.earlier_left_out_calm and all(ended_calmly(words) for words in self.earlier_attempts)
+
+    @property
+    def earlier_words(self) -> str:
+        """The earlier attempts on one line, `; ` between them, those left out as one count:
+        `attempt_0: ...; ... 290 more (events.jsonl) ...; attempt_291: ...`."""
+        kept = self.earlier_attempts
+        if self.earlier_left_out <= 0:
+            return "; ".join(kept)
+        between = f"... {self.earlier_left_out} more (events.jsonl) ..."
+        return "; ".join((*kept[:EARLIER_FIRST], between, *kept[EARLIER_FIRST:]))
+
+    @property
     def paused(self) -> tuple[int, ...]:
         """Local ranks stopped (SIGSTOP, from ranktop or from anywhere), as the kernel says."""
         return tuple(r.local_rank for r in self.ranks if r.paused)
@@ -217,6 +241,38 @@ def ended_calmly(earlier_attempt: str) -> bool:
     restarted by the user, by another node's user, or for nodes that joined. Those alone begin
     `restarted` (LocalAgent._attempt_end); a failure, also one the user then restarted, names it."""
     return earlier_attempt.partition(": ")[2].startswith("restarted")
+
+
+# Of a run's earlier attempts a snapshot carries the first and the last few, and a count of those
+# between: it went whole into every snapshot (served to each attach client several times a second)
+# and the end report, 27 KB after 300 group restarts. events.jsonl's group_restart events say each.
+EARLIER_FIRST = 1
+EARLIER_LAST = 3
+
+
+class EarlierAttempts:
+    """How the attempts before the running one ended, as a snapshot carries them: the first, the
+    last EARLIER_LAST, how many came between and whether all of those ended in no failure."""
+
+    def __init__(self) -> None:
+        self._first: list[str] = []
+        self._last: deque[str] = deque()
+        self.left_out = 0
+        self.left_out_calm = True
+
+    def add(self, words: str) -> None:
+        """One more attempt's end, "attempt_<k>: how it ended"."""
+        if len(self._first) < EARLIER_FIRST:
+            self._first.append(words)
+            return
+        self._last.append(words)
+        if len(self._last) > EARLIER_LAST:
+            dropped = self._last.popleft()
+            self.left_out += 1
+            self.left_out_calm = self.left_out_calm and ended_calmly(dropped)
+
+    def kept(self) -> tuple[str, ...]:
+        return (*self._first, *self._last)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -170,6 +171,26 @@ def test_a_replaced_attempt_lets_go_of_its_output_and_its_log_files_keep_it(tmp_
     assert agent.pcontext.slots[0].ring.tail() == [b"attempt 1 " + b"x" * 5000]  # the last one keeps its own
     log = Path(agent.run_dir) / "attempt_0" / "0" / "stdout.log"
     assert log.read_bytes() == b"attempt 0 " + b"x" * 5000 + b"\n"
+
+
+def test_the_earlier_attempts_a_snapshot_carries_are_bounded_and_events_say_each(tmp_path):
+    """Each earlier attempt's words went into every snapshot (served to each attach client several
+    times a second), final.json and the end report: 300 group restarts made a 27 KB line. They
+    carry the first, the last three and a count of those between; events.jsonl says each."""
+    from ranktop.core.report import report_after_tui
+
+    agent = make_agent(tmp_path, n=1, max_restarts=8, code="import sys; sys.exit(3)")
+    result = agent.run()
+    assert result.exit_status == 1 and agent.attempt == 8
+    words = [f"attempt_{k}: rank 0 failed (exit 3)" for k in range(8)]
+    snap = agent.snapshot()
+    assert snap.earlier_attempts == (words[0], *words[5:]) and snap.earlier_left_out == 4
+    assert snap.earlier_count == 8 and not snap.earlier_calm
+    final = json.loads((Path(agent.run_dir) / "final.json").read_text())
+    assert (final["earlier_attempts"], final["earlier_left_out"]) == ([words[0], *words[5:]], 4)
+    assert [e["earlier"] for e in read_events(agent.run_dir) if e["event"] == "group_restart"] == words
+    assert f"  earlier attempts: {words[0]}; ... 4 more (events.jsonl) ...; {'; '.join(words[5:])}\n" in \
+        report_after_tui(snap) + "\n"
 
 
 def test_a_replaced_attempt_is_freed_without_a_garbage_collection_and_leaves_no_trace(tmp_path):

@@ -393,13 +393,14 @@ def _send_until_gone(proc: subprocess.Popen, sig: int) -> None:
 
 
 @pytest.mark.parametrize("sig, flood", [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGHUP, False),
-                                        (signal.SIGTERM, True), (signal.SIGHUP, True)])
+                                        (signal.SIGINT, True), (signal.SIGTERM, True), (signal.SIGHUP, True)])
 def test_logs_follow_ended_by_a_signal_says_the_total_of_lines_not_shown(tmp_path, runtime, sig, flood):
     """`logs -f` says how many lines of a rank it could not show at the first hole, and the total
     at its end: Ctrl-C said it, SIGTERM (kill, timeout) and SIGHUP (the SSH link dropped, with
-    stderr kept in a file) ended it without a word. A flood of them (`flood`) ends it the same
-    way: the next one, while logs put its handlers back or ended on the first, killed it (no
-    total, no 143) or escaped as a Terminated traceback."""
+    stderr kept in a file) ended it without a word. A flood of them (`flood`: Ctrl-C held down,
+    `kill` again and again) ends it the same way: the next one, while logs put its handlers back
+    or ended on the first, killed it (no total, no 143) or escaped as a Terminated traceback (a
+    KeyboardInterrupt one, out of the code saying the total)."""
     script = tmp_path / "bursts.py"
     script.write_text(TWO_BURSTS)
     go = tmp_path / "go"

@@ -1274,9 +1274,13 @@ def test_the_stack_view_leads_from_the_odd_thread_to_its_ranks_output(tmp_path):
         assert titles() == ["rank 2 — ODD ONE OUT", "ranks 0-1"] and str(tree.root.label) == "ranks 0-2"
         assert [w.has_class("selected") for w in box.children] == [True, False]
         await pilot.press("t")
-        await until(pilot, lambda: titles() and titles()[0].startswith("thread"), what="the other threads")
-        assert titles() == ["thread 'prefetch' — rank 2 — ODD ONE OUT", "thread 'writer' — ranks 0-1 — not in rank 2",
-                            "thread 'prefetch' — ranks 0-1"]
+        await until(pilot, lambda: box.children and all(w.has_class("thread") for w in box.children),
+                    what="the other threads")
+        # (each title as much of these as its border holds whole: see the test at 60 to 200 columns)
+        assert [w.titles[0] for w in box.children] == [
+            "thread 'prefetch' — rank 2 — ODD ONE OUT", "thread 'writer' — ranks 0-1 — not in rank 2",
+            "thread 'prefetch' — ranks 0-1"]
+        assert all(title in w.titles for title, w in zip(titles(), box.children, strict=True)), titles()
         assert [w.has_class("odd") for w in box.children] == [True, True, False]
         # (80 columns cut the title after the thread's name): its first line, which wraps
         assert box.children[0].content.plain.startswith("ODD ONE OUT: ranks 0-1 are elsewhere\n")
@@ -1384,8 +1388,10 @@ def writer_lacking_stack(rank: int, lacks_writer: bool) -> RankStack:
 
 @pytest.mark.parametrize("size", [(60, 20), (80, 24), (200, 50)])
 def test_the_stack_views_titles_and_enter_hint_are_whole_from_60_to_200_columns(size):
-    """At 60 columns the selected group's bottom border read `enter: rank 2 (lacks …`, and the
-    groups' title `other threads (t: main thre…`: each says as much as its border holds whole.
+    """At 60 columns the selected group's bottom border read `enter: rank 2 (lacks …`, the
+    groups' title `other threads (t: main thre…` and a thread group's `thread 'writer' — ran…`:
+    each says as much as its border holds whole, its least useful words going first (of a thread
+    group's, `thread`, which the groups' title says, then how it is odd, which its first line says).
     The help offers what t does now, as the footer does, at every width."""
     engine = _DumpingEngine([writer_lacking_stack(r, lacks_writer=r == 12) for r in (10, 11, 12)])
 
@@ -1407,11 +1413,14 @@ def test_the_stack_views_titles_and_enter_hint_are_whole_from_60_to_200_columns(
         assert hint_and_title()[0] in ("enter: rank 10's output", *(() if wide else ("⏎ rank 10's output",)))
         assert hint_and_title()[1] == ("main threads (t: other threads)" if wide else "main threads (t: others)")
         await pilot.press("t")
-        await until(pilot, lambda: str(box.children[0].border_title).startswith("thread 'writer'")
+        await until(pilot, lambda: "'writer' — ranks 10-11" in str(box.children[0].border_title)
                     and box.children[0].border_subtitle, what="the other threads")
         assert hint_and_title() == ("enter: rank 12 (lacks it)" if wide else "⏎ rank 12 (lacks it)",
                                     "other threads (t: main threads)" if wide else "other threads (t: main)")
         assert whole_on_screen(), screen_rows(app)
+        thread_title = str(box.children[0].border_title)
+        assert thread_title == {200: "thread 'writer' — ranks 10-11 — not in rank 12"}.get(size[0], "'writer' — ranks 10-11")
+        assert any(thread_title in row for row in screen_rows(app)), screen_rows(app)
         await pilot.press("question_mark")  # the help's t, as the footer's, is what t does now
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
         helped = " ".join(screen_rows(app))
@@ -1496,6 +1505,30 @@ def test_the_header_keeps_its_parts_while_the_countdown_and_the_alive_count_tick
         assert header_text(alive(10), 100.0, width=width).cell_len <= width or width < 60, width
 
 
+def test_the_header_keeps_its_parts_when_a_stops_countdown_turns_into_a_range():
+    """A stop whose ranks' deadlines come to differ (a rank's process gone, the rest of its group
+    given a shorter grace) counts down `SIGKILL in 3-10s`: wider than `SIGKILL in 10s`, it took
+    the place of the parts last in line (the clock, the GPU status) mid-stop, as neither the room
+    kept for the ticking numbers nor anything else had it. The room kept covers the range too."""
+    base = dataclasses.replace(FakeEngine(10).snapshot(), log_dir="/tmp/ranktop-0/20261127-061423-e158",
+                               gpu_status="no GPU", max_restarts=3, started_at=0.0, shutdown_timeout=10.0,
+                               state=GroupState.STOPPING)
+
+    def stopping(*left: int):  # each rank's seconds left, the last repeated
+        lefts = [*left, *[left[-1]] * (len(base.ranks) - len(left))]
+        return dataclasses.replace(base, ranks=tuple(dataclasses.replace(r, kill_at=100.0 + s)
+                                                     for r, s in zip(base.ranks, lefts, strict=True)))
+
+    def shape(group, width: int) -> str:  # the header, its countdown aside
+        return re.sub(r"SIGKILL in \d+(-\d+)?s", "#", header_text(group, 100.0, width=width).plain).rstrip()
+
+    assert "SIGKILL in 3-10s" in header_text(stopping(3, 10), 100.0, width=200).plain
+    for width in range(40, 201):
+        steady = shape(stopping(10), width)
+        assert shape(stopping(3, 10), width) == shape(stopping(9, 10), width) == shape(stopping(0, 1), width) \
+            == steady, width
+
+
 LONG_NAME = "a_training_script_with_a_very_long_descriptive_name_v2_bf16.py"  # 62 cells
 STOP_NOTE = "stopping… (q again: kill now)"
 
@@ -1516,7 +1549,7 @@ def test_a_long_name_gives_up_its_middle_so_the_state_and_a_stops_countdown_show
         assert " stopping   SIGKILL in 7s" in shown and (STOP_NOTE in shown or width < 67), (width, shown)
         name = shown.split("  stopping ")[0].removeprefix(" ranktop ").strip()
         assert name == LONG_NAME or (name.endswith(".py") and "…" in name and 8 <= cell_len(name) < 62), (width, name)
-        assert shown.startswith(" ranktop ") == (width >= 76), (width, shown)  # under: the badge went for the name
+        assert shown.startswith(" ranktop ") == (width >= 79), (width, shown)  # under: the badge went for the name (and the room kept for `SIGKILL in 30-30s`)
     # Room for it whole: whole, and no part gone for it; 24 cells kept before a part goes.
     assert LONG_NAME in header_text(base, 100.0, width=160).plain
     at_80 = " ranktop  a_training_scr…ame_v2_bf16.py  running   attempt_0  0:01:40  4/4 alive"

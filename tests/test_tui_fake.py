@@ -19,6 +19,7 @@ from ranktop.core.state import GroupState, RankState, RootCause
 from ranktop.tui.app import DIALOG_EXTRAS, RanktopApp
 from ranktop.tui.commands import described
 from ranktop.tui.details import RankDetails
+from ranktop.tui.panes import header_text
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker, root_cause_body
 from ranktop.tui.stacks_view import StacksScreen
 from test_tui_app import notes, palette_top
@@ -763,6 +764,23 @@ def test_the_end_panel_of_a_success_lists_the_earlier_starts_as_the_header_does(
     shown = root_cause_body(group).plain
     assert shown.startswith("  earlier: attempt_0: restarted, nodes joined; attempt_0: rank 1 failed (exit 4)\n"), shown
     assert "restart:" not in shown and "restarts:" not in shown
+
+
+def test_hundreds_of_earlier_attempts_keep_the_header_and_the_end_panel_short():
+    """300 group restarts made the end panel's `earlier:` line 27 KB long (and each snapshot carried
+    it): the first, the last three and a count of those between now, as the end report says them.
+    The header counts them all; one that failed among those left out keeps it in sight."""
+    kept = tuple(f"attempt_{k}: restarted by the user" for k in (0, 297, 298, 299))
+    group = dataclasses.replace(FakeEngine(4).group, state=GroupState.SUCCEEDED, ended=True, exit_status=0,
+                                started_at=0.0, attempt=300, user_restarts=300, earlier_attempts=kept,
+                                earlier_left_out=296)
+    assert root_cause_body(group).plain.startswith(
+        "  earlier: attempt_0: restarted by the user; ... 296 more (events.jsonl) ...; attempt_297: restarted by "
+        "the user; attempt_298: restarted by the user; attempt_299: restarted by the user\n")
+    assert "earlier: attempt_299: restarted by the user (+299)" in header_text(group, 100.0, width=200).plain
+    assert "earlier" not in header_text(group, 100.0, width=80).plain  # all calm: it gives way
+    failed = dataclasses.replace(group, earlier_left_out_calm=False)
+    assert "earlier: attempt_299: restarted by the user (+299)" in header_text(failed, 100.0, width=80).plain
 
 
 def test_views_open_across_the_end_drop_the_keys_that_act_on_ranks():

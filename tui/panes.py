@@ -18,7 +18,6 @@ from ranktop.core.state import (
     GroupState,
     RankSnapshot,
     RankState,
-    ended_calmly,
     world_undecided,
 )
 from ranktop.tui.commands import action_name
@@ -319,11 +318,15 @@ def _cells_from_start(text: str, cells: int) -> str:
 
 
 def _ticking_room(group: GroupSnapshot, now: float) -> int:
-    """The cells a stop's countdown and the alive count have given back since they were widest
-    (`SIGKILL in 10s` of a 10 s grace, all ranks alive): kept free, so that no part comes into the
-    line as they tick down, under the eyes of whoever watches them."""
+    """The cells a stop's countdown and the alive count fall short of their widest (`SIGKILL in
+    10-10s` of a 10 s grace, as where the ranks' deadlines come to differ; all ranks alive): kept
+    free, so that no part comes into the line, or goes, as they tick down or the countdown turns
+    into a range, under the eyes of whoever watches them."""
     due = _due_for_kill(group)
-    countdown = len(str(math.ceil(group.shutdown_timeout))) - len(str(_seconds_to_kill(due, now))) if due else 0
+    countdown = 0
+    if due:
+        widest = str(math.ceil(group.shutdown_timeout))
+        countdown = cell_len(_countdown_words(group, due, f"{widest}-{widest}s")) - cell_len(kill_countdown(group, now))
     return max(0, countdown) + len(str(len(group.ranks))) - len(str(alive_count(group)))
 
 
@@ -381,8 +384,8 @@ def _attempt_parts(group: GroupSnapshot) -> list[Part]:
         left = max(0, group.max_restarts - (group.attempt - group.user_restarts))
         parts.append(("restarts", Text(f" ({left} restart{'s' * (left != 1)} left)", style="dim")))
     if group.earlier_attempts:  # "all ranks exited 0" must not hide that an earlier attempt failed
-        more = len(group.earlier_attempts) - 1
-        calm = all(ended_calmly(attempt) for attempt in group.earlier_attempts)
+        more = group.earlier_count - 1
+        calm = group.earlier_calm
         parts.append(("earlier" if calm else None,
                       Text(f"  earlier: {clean(group.earlier_attempts[-1])}" + (f" (+{more})" if more else ""),
                            style="yellow" if calm else "bold yellow")))
@@ -437,7 +440,11 @@ def kill_countdown(group: GroupSnapshot, now: float) -> str | None:
     if not due:
         return None
     soonest, latest = _seconds_to_kill(due, now), _seconds_left(max(r.kill_at for r in due), now)
-    left = f"{soonest}s" if soonest == latest else f"{soonest}-{latest}s"
+    return _countdown_words(group, due, f"{soonest}s" if soonest == latest else f"{soonest}-{latest}s")
+
+
+def _countdown_words(group: GroupSnapshot, due: list[RankSnapshot], left: str) -> str:
+    """kill_countdown's words for the seconds `left` ("8s", "8-17s")."""
     if len(due) == alive_count(group):
         return f"SIGKILL in {left}"
     names = ",".join(str(r.rank) for r in due[:3]) + ("…" if len(due) > 3 else "")

@@ -373,11 +373,13 @@ def logs(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     if ns.events and not ns.follow:
         return usage_error("--events needs -f: the events so far are in events.jsonl in the run directory")
-    # A hang-up that whoever started logs chose to ignore (nohup) stays ignored. The handler is
-    # not put back: the default, back while logs still ended, killed it on the next signal (no
-    # totals, no 128+N), and a second Terminated out of a `finally` on the way was a traceback.
+    # A hang-up that whoever started logs chose to ignore (nohup), or a Ctrl-C (a background job
+    # of a script), stays ignored. The handler is not put back: the default, back while logs still
+    # ended, killed it on the next signal (no totals, no 128+N), and a second Terminated (or
+    # KeyboardInterrupt, Ctrl-C held down) out of a `finally` on the way was a traceback.
     ending = _Ending()
-    handled = [sig for sig in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) is not signal.SIG_IGN]
+    handled = [sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+               if signal.getsignal(sig) is not signal.SIG_IGN]
     try:
         for sig in handled:  # (in the try: a SIGTERM that comes before the try began was a traceback)
             signal.signal(sig, ending)
@@ -385,7 +387,7 @@ def logs(argv: list[str]) -> int:
             return _logs(ns)
         finally:
             ending.armed = False  # (a signal before this line still ends logs, caught just below)
-    except Terminated as end:  # as Ctrl-C: the totals of the lines not shown are said on the way (finally)
+    except Terminated as end:  # the totals of the lines not shown are said on the way (finally)
         return 128 + end.signum
     finally:
         # Held, pending, from here to the exit: Python puts the defaults back as it exits, and one
@@ -394,8 +396,8 @@ def logs(argv: list[str]) -> int:
 
 
 class _Ending:
-    """The SIGTERM and SIGHUP handler of `logs`: the first signal while it is armed ends logs
-    (Terminated); any other is ignored, as logs is ending already."""
+    """The SIGINT, SIGTERM and SIGHUP handler of `logs`: the first signal while it is armed ends
+    logs (Terminated); any other is ignored, as logs is ending already."""
 
     def __init__(self) -> None:
         self.armed = True
@@ -407,8 +409,8 @@ class _Ending:
 
 
 class Terminated(BaseException):  # (not an Exception: no `except Exception` on the way takes it)
-    """SIGTERM (`kill`, `timeout`, a supervisor) or SIGHUP (the SSH link or the terminal gone)
-    came: `logs` ends as Ctrl-C ends it."""
+    """Ctrl-C, SIGTERM (`kill`, `timeout`, a supervisor) or SIGHUP (the SSH link or the terminal
+    gone) came: `logs` ends, exit 128 + the signal's number."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)

@@ -299,7 +299,7 @@ def root_cause_body(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
     cause = group.root_cause
     if group.state == GroupState.SUCCEEDED:
         if group.earlier_attempts:  # (as the header says it: a start for joining nodes spends no restart)
-            text.append("  earlier: " + clean("; ".join(group.earlier_attempts)) + "\n", style="bold yellow")
+            text.append("  earlier: " + clean(group.earlier_words) + "\n", style="bold yellow")
         if group.end_note:  # how the exit barrier ended: a toast said it once
             text.append(f"  {clean(group.end_note)}\n", style="yellow")
     elif group.end_unknown:

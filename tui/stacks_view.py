@@ -148,12 +148,14 @@ class GroupBox(Static):
     or, of a thread some ranks lack (`lacking`), the first of those, the odd one there."""
 
     def __init__(self, body: Text, rank: int, *, odd: bool, lacking: bool = False,
-                 classes: str = "stack-group") -> None:
+                 classes: str = "stack-group", titles: tuple[str, ...] = ()) -> None:
         body.rstrip()  # (each line ends in a newline: the last made a blank line at the box's end)
         super().__init__(body, classes=f"{classes} odd" if odd else classes)
         self.rank = rank
         self.lacking = lacking
         self.hinted = False  # its bottom border says where enter goes
+        self.titles = titles  # its top border's, longest first: the first it holds whole is shown
+        self._show_title()
 
     @property
     def hints(self) -> tuple[str, ...]:
@@ -173,8 +175,13 @@ class GroupBox(Static):
         # (a corner, a line and a space each side)
         self.border_subtitle = fitting(self.hints, self.outer_size.width, 6) if self.hinted else ""
 
+    def _show_title(self) -> None:
+        if self.titles:  # Text: never markup (a thread's name is the rank's)
+            self.border_title = Text(fitting(self.titles, self.outer_size.width, 6))
+
     def on_resize(self) -> None:
-        """A scrollbar that comes or goes, a resized terminal: the hint that fits now."""
+        """A scrollbar that comes or goes, a resized terminal: the title and the hint that fit now."""
+        self._show_title()
         self._show_hint()
 
 
@@ -364,12 +371,17 @@ class StacksScreen(Screen):
                 body.append(f"{self._why_odd(g, groups)}\n", style="bold")
             self._append_frames(body, g.frames)
             # A thread some ranks lack: enter goes to one of those (why has rank 3 no prefetch thread?).
-            w = GroupBox(body, min(g.missing or g.ranks), odd=g.odd, lacking=bool(g.missing),
-                         classes="stack-group thread")
-            odd = f" — {g.odd_words}" if g.odd else ""
-            w.border_title = Text(f"thread {clean(g.name)!r} — {stacks.rank_list(g.ranks)}{odd}")  # Text: never markup
-            widgets.append(w)
+            widgets.append(GroupBox(body, min(g.missing or g.ranks), odd=g.odd, lacking=bool(g.missing),
+                                    classes="stack-group thread", titles=self._thread_titles(g)))
         return widgets or [Static(Text("no other threads"), classes="stack-group thread")]
+
+    @staticmethod
+    def _thread_titles(group: stacks.ThreadGroup) -> tuple[str, ...]:
+        """A thread group's titles, longest first: `thread` goes first (the groups' title says
+        it), then how it is odd (its first line says it), then its ranks; its name stays."""
+        name, ranks = repr(clean(group.name)), stacks.rank_list(group.ranks)
+        odd = f" — {group.odd_words}" if group.odd else ""
+        return f"thread {name} — {ranks}{odd}", f"{name} — {ranks}{odd}", f"{name} — {ranks}", name
 
     @staticmethod
     def _why_odd(group: stacks.ThreadGroup, groups: list[stacks.ThreadGroup]) -> str:
