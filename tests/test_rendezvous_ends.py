@@ -544,15 +544,19 @@ def test_a_spare_taken_off_the_spare_list_says_it_waits_with_the_join_time_out_a
     takes the spare off its spare list and times its join again, but the spare kept saying it
     waited `with no time-out`. It now says it waits for a round again, with the time-out."""
     job, release = Job(tmp_path, "spare-admitted", nnodes="1:2", conf=CONF + LAPSE), tmp_path / "release"
-    job.start("until-file", str(release), extra=("--monitor-interval", "120"), local_addr="127.0.0.1")
-    frozen = job.start("until-file", str(release), local_addr="127.0.0.2")
+    # node 0 serves the store: had the frozen node won the race to serve it, the spare's look at the
+    # store would wait as long as it stayed frozen, and never see it gone
+    conf = CONF + LAPSE + ",is_host="
+    job.start("until-file", str(release), extra=("--monitor-interval", "120", "--rdzv-conf", conf + "1"),
+              local_addr="127.0.0.1")
+    frozen = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.2")
     spare_line = ("ranktop: the c10d rendezvous 'spare-admitted''s round is full and running: this node waits as a "
                   "spare, with no time-out, until a node of it leaves or the job ends\n")
     admitted = ("ranktop: no longer a spare: waiting for nodes to join the c10d rendezvous 'spare-admitted' (1 to 2 "
                 "nodes; gives up after 40 s)\n")
     try:
         wait_for(lambda: _placed(tmp_path, "node1", "attempt_0"), timeout=TIMEOUT, what="node 1's rank")
-        spare = job.start("print", local_addr="127.0.0.3")
+        spare = job.start("print", extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.3")
         wait_for(lambda: select.select([spare.stderr], [], [], 0.1)[0] and spare.stderr.readline() == spare_line,
                  timeout=TIMEOUT, what="the spare's line")
         _freeze(frozen, signal.SIGSTOP)
@@ -812,11 +816,13 @@ from ranktop.core.rendezvous import _torch_rendezvous
 _torch_rendezvous("c10d")
 assert "TORCH_CPP_LOG_LEVEL" not in os.environ  # the ranks get the environment as it was
 import torch.distributed as dist
-server = subprocess.Popen([sys.executable, "-c", "import time, torch.distributed as d; "
+server = subprocess.Popen([sys.executable, "-c", "import sys, torch.distributed as d; "
                            "s = d.TCPStore('127.0.0.1', 0, 2, True, wait_for_workers=False); "
-                           "print(s.port, flush=True); time.sleep(1)"], stdout=subprocess.PIPE, text=True)
+                           "print(s.port, flush=True); sys.stdin.read()"],  # (until told to go)
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 client = dist.TCPStore("127.0.0.1", int(server.stdout.readline()), 2, False)
 client.set("k", "v")
+server.stdin.close()
 server.wait()
 try:
     client.check(["k"])

@@ -28,7 +28,18 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, drive, ranktop_cmd, read_events, run_in_pty, run_ranktop, stop_process, until, wait_for
+from conftest import (
+    ROOT,
+    drive,
+    polls,
+    ranktop_cmd,
+    read_events,
+    run_in_pty,
+    run_ranktop,
+    stop_process,
+    until,
+    wait_for,
+)
 from ranktop.core import protocol
 from test_tui_tmux import Terminal
 
@@ -2627,17 +2638,42 @@ def test_logs_follow_says_how_the_run_ended(tmp_path, runtime):
     """`logs -f` of a run that failed ended as it does for a run that succeeded, exit 0 and not a
     word: whoever followed it over SSH learnt nothing of the end. It now says the run's state and
     exit status on stderr, and where its log files are (its own status stays 0: it printed all)."""
-    failing = "import os, sys, time\nprint('up', flush=True)\ntime.sleep(2)\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n"
+    go = tmp_path / "go"  # the ranks end once `logs -f` follows them (the end is what it must say)
+    failing = (f"import os, sys, time\nprint('up', flush=True)\nwhile not os.path.exists({str(go)!r}):\n"
+               "    time.sleep(0.05)\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
     proc = start_headless(tmp_path, runtime, "fails", failing, name="fail.py")
     try:
         wait_for(lambda: ls(runtime), what="the run listed")
-        follow = run_ranktop("logs", "fails", "-f", env=runtime)
-        assert (follow.returncode, follow.stderr) == (
+        follow, seen = _following(runtime, "fails", "[1]:up")
+        go.touch()
+        out, err = follow.communicate(timeout=60)
+        assert (follow.returncode, err) == (
             0, f"ranktop: fails has ended (failed, exit status 1); its log files are under {tmp_path / 'logs' / 'fails'}\n")
-        assert "[1]:up" in follow.stdout
+        assert "[1]:up" in seen + out
         assert proc.wait(30) == 1
     finally:
+        go.touch()
         stop_process(proc)
+
+
+def _following(env: dict, run: str, line: str) -> tuple[subprocess.Popen, str]:
+    """`ranktop logs RUN -f`, started, once it has printed `line` (so it follows the run live), and
+    what it printed up to there."""
+    follow = subprocess.Popen(ranktop_cmd("logs", run, "-f"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    seen = b""
+    try:
+        for _ in polls(30, f"`logs -f` printing {line!r}"):
+            if select.select([follow.stdout], [], [], 0.1)[0]:
+                chunk = os.read(follow.stdout.fileno(), 1 << 16)  # (unbuffered: select sees all that is left)
+                assert chunk, follow.stderr.read()
+                seen += chunk
+                if line in seen.decode(errors="replace").splitlines():
+                    return follow, seen.decode(errors="replace")
+    except BaseException:
+        follow.kill()
+        follow.communicate()
+        raise
 
 
 def test_logs_follow_whose_engine_is_killed_says_so_and_exits_1(tmp_path, runtime):
@@ -2839,10 +2875,14 @@ def test_attachs_exit_status_is_the_local_tuis(tmp_path, runtime):
         term.wait_screen("STATUS 130")
         assert proc.wait(30) == 130  # (the engine's own status agrees)
         term.close()
-        fail = "import os, sys, pathlib\nprint('up', flush=True)\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n"
-        failing = start_headless(tmp_path, runtime, "fails", "import time\ntime.sleep(3)\n" + fail, name="fail.py")
+        go = tmp_path / "go"  # the ranks end once attach shows them (a headless run's engine leaves at its end)
+        fail = (f"import os, sys, time\nprint('up until go', flush=True)\nwhile not os.path.exists({str(go)!r}):\n"
+                "    time.sleep(0.05)\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+        failing = start_headless(tmp_path, runtime, "fails", fail, name="fail.py")
         wait_for(lambda: ls(runtime), what="the failing run listed")
         term = ranktop_in_tmux(runtime, "attach fails --exit-on-end", "; echo STATUS $?; sleep 30", width=120, height=30)
+        term.wait_screen("up until go")
+        go.touch()
         term.wait_screen("STATUS 1")
         assert failing.wait(30) == 1
     finally:
