@@ -1860,7 +1860,8 @@ def test_commands_with_bad_arguments_through_the_socket_change_nothing(tmp_path,
     try:
         (run,) = wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run running")
         with Connection(run["socket"]) as conn:
-            before = [(r["pid"], r["state"]) for r in conn.snapshot()["ranks"]]
+            # (the run is `running` once a rank is: the other may be `starting` a moment longer)
+            before = wait_for(lambda: _every_rank_running(conn.snapshot()), what="both ranks running")
             answers = [conn.command("SignalRank", local_rank=9, signal=15),
                        conn.command("SignalRank", local_rank=0, signal="TERM"),
                        conn.command("Stop", nonsense=1),
@@ -1879,6 +1880,12 @@ def test_commands_with_bad_arguments_through_the_socket_change_nothing(tmp_path,
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def _every_rank_running(snapshot: dict) -> list[tuple[int, str]] | None:
+    """(pid, state) of each rank once every one is running, else None."""
+    ranks = [(r["pid"], r["state"]) for r in snapshot["ranks"]]
+    return ranks if all(state == "running" for _, state in ranks) else None
 
 
 def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
