@@ -660,3 +660,30 @@ def test_an_attached_view_whose_connection_is_dropped_says_why(served, short_bou
         assert engine.take_dropped() is None  # said once
     finally:
         engine.close()
+
+
+def test_an_attached_view_dropped_then_refused_says_why_once_it_connects_again(served, short_bounds, monkeypatch):
+    """Dropped as idle, an attached view found every slot taken when it connected again: why it
+    had been dropped was lost, and when a later try got in it said nothing. It says why once a
+    new connection has taken the old one's place (not before: it is not connected meanwhile)."""
+    from ranktop.core.client import RemoteEngine
+
+    monkeypatch.setattr(short_bounds, "IDLE_SECONDS", 0.3)
+    monkeypatch.setattr(short_bounds, "MAX_CLIENTS", 1)
+    monkeypatch.setattr(short_bounds, "SPARE_CLIENTS", 0)
+    fake, server = served
+    engine = RemoteEngine(server.path)
+    blocker = None
+    try:
+        wait_for(lambda: server.clients == 0, what="the idle view dropped")
+        blocker = hello(server.path, {"type": "subscribe"})  # a follower, never idle: it holds the one slot
+        assert not engine.snapshot().ended  # asked: dropped, and refused a new connection
+        assert engine.take_dropped() is None
+        blocker.close()
+        wait_for(lambda: server.clients == 0, what="the slot free again")
+        wait_for(lambda: not engine.snapshot().ended and server.clients == 1, what="the view connected again")
+        assert engine.take_dropped() == "it asked nothing for 0.3s"
+    finally:
+        if blocker is not None:
+            blocker.close()
+        engine.close()
