@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, ranktop_cmd, run_ranktop, stop_process, wait_for
+from conftest import ROOT, ranktop_cmd, run_ranktop, screen_rows, stop_process, until, wait_for
 from ranktop.core import protocol
 from ranktop.core.state import GroupState
 
@@ -701,3 +701,23 @@ def test_an_attached_view_dropped_then_refused_says_why_once_it_connects_again(s
         if blocker is not None:
             blocker.close()
         engine.close()
+
+
+def test_an_attached_tui_whose_connection_is_dropped_says_why_and_goes_on(served, short_bounds, monkeypatch):
+    """The TUI's line was documented with the test above, which reads the engine's reason only:
+    nothing showed that the screen says it. Dropped between two of its ticks, it says why, once a
+    new connection took the old one's place, and shows what comes on it."""
+    from ranktop.core.client import RemoteEngine
+    from test_tui_app import notes
+    from test_tui_fake import drive
+
+    monkeypatch.setattr(short_bounds, "IDLE_SECONDS", 0.05)  # shorter than a tick: dropped between two
+    fake, server = served
+    said = "the run's engine ended this view's connection (it asked nothing for 0.05s); the view connected again"
+
+    async def body(app, pilot):
+        await until(pilot, lambda: said in notes(app), what="why it was dropped")
+        fake.print(0, "still here")
+        await until(pilot, lambda: any("still here" in row for row in screen_rows(app)), what="the view going on")
+
+    drive(RemoteEngine(server.path), body)
