@@ -579,17 +579,20 @@ class EngineServer:
 
     def _push(self) -> None:
         snap = self.engine.snapshot()
-        for conn, client in list(self._subscribers.items()):
+        for client in list(self._subscribers.values()):
             sub = client.subscriber
             # One that has not taken the last push (or can no longer take any) gets nothing more: it skips ahead.
-            if sub.ended or client.outbox is None or client.outbox:
-                continue
-            try:
-                push = self._make_push(sub, snap)
-            except Exception as exc:  # as for a request: it costs this subscriber only
-                self._drop(conn, f"push failed: {type(exc).__name__}: {exc}"[:200])
-                continue
-            self._send(client, push)
+            if not (sub.ended or client.outbox is None or client.outbox):
+                self._push_to(client, snap)
+
+    def _push_to(self, client: _Client, snap: Any) -> None:
+        """What is new for the subscriber `client`, sent; a push that fails costs it alone."""
+        try:
+            push = self._make_push(client.subscriber, snap)
+        except Exception as exc:  # as for a request: it costs this subscriber only (on the way out too)
+            self._drop(client.sock, f"push failed: {type(exc).__name__}: {exc}"[:200])
+            return
+        self._send(client, push)
 
     def _make_push(self, sub: _Subscriber, snap: Any) -> bytes:
         """What is new for `sub` since its last push (its cursors and marks moved on)."""
@@ -635,7 +638,7 @@ class EngineServer:
                     del left[client]
                 elif not outbox:
                     left[client] -= 1
-                    self._send(client, self._make_push(sub, snap))
+                    self._push_to(client, snap)
             owing = [client for client in self._clients.values() if client.outbox and not _stuck(client, now)]
             if not (left or owing):
                 return

@@ -721,3 +721,26 @@ def test_an_attached_tui_whose_connection_is_dropped_says_why_and_goes_on(served
         await until(pilot, lambda: any("still here" in row for row in screen_rows(app)), what="the view going on")
 
     drive(RemoteEngine(server.path), body)
+
+
+def test_a_push_that_fails_on_the_way_out_costs_its_subscriber_not_the_end(served):
+    """A push that raised while the server ran cost its subscriber only; the same push made on
+    the way out (the rest of the output and the end) raised out of close(): the socket stayed,
+    and a headless run ended in a traceback instead of its end report and exit status."""
+    fake, server = served
+    follower = hello(server.path, {"type": "subscribe"})
+    decoder, frames = protocol.FrameDecoder(), []
+    while not any(isinstance(f, dict) and f.get("type") == "subscribed" for f in frames):
+        frames += decoder.feed(follower.recv(1 << 16))
+    answer_of, closing = fake.output_since, threading.current_thread()
+
+    def failing_on_the_way_out(*args, **kwargs):
+        if threading.current_thread() is closing:  # (the server's thread pushes on unharmed)
+            raise RuntimeError("a bug")
+        return answer_of(*args, **kwargs)
+
+    fake.output_since = failing_on_the_way_out
+    server.close()
+    assert not os.path.exists(server.path)
+    assert frames_until_closed(follower)[-1] == {"type": "error", "message": "push failed: RuntimeError: a bug"}
+    follower.close()
