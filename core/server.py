@@ -32,7 +32,9 @@ loop's queue like a key press. Requests (after each side's hello):
 Every byte to a client goes through its outbox: sent as far as the client takes it now, the rest
 when its socket is writable, so a client that reads slowly (or asks and never reads) costs its own
 connection, never the server thread; one that owes more than MAX_PENDING is dropped. Frames that
-arrived before a client closed are read and applied, even where its answers can no longer be sent.
+arrived before a client closed are read and applied, even where its answers can no longer be sent;
+one that closed only its sending side (shutdown) is sent what it is owed, for FAREWELL_SECONDS at
+most, before its connection is closed.
 One that takes nothing for UNREAD_SECONDS, or asks nothing for IDLE_SECONDS and follows nothing,
 is dropped too; on the way out, one that takes nothing for STUCK_SECONDS is not waited for.
 A dropped client is told why after the rest of the frame it was in the middle of (what it owed
@@ -100,7 +102,8 @@ CHECK_SECONDS = 1.0  # how often the two above are looked at
 STUCK_SECONDS = 1.0  # on the way out, a client that takes nothing this long is waited for no more
 # A dropped client is told why after the rest of the frame it is in the middle of (what else it
 # owed is not sent: it is what it was not taking); the connection is closed once that is sent, or
-# after this long. Meanwhile it is no client any more, and nothing of it is read.
+# after this long. Meanwhile it is no client any more, and nothing of it is read. One that sent its
+# end of file is sent all it is owed, as long.
 FAREWELL_SECONDS = 5.0
 MAX_PUSH_BYTES = 4 << 20  # output in one push to a subscriber, all its ranks together (past it by one rank's part at most): well under MAX_PENDING
 # Requests answered per client per round of the loop; the rest of what it sent waits (its socket is
@@ -455,8 +458,8 @@ class EngineServer:
             return
         except OSError:
             data = b""
-        if not data:
-            self._drop(client.sock)
+        if not data:  # its end of file: a client that closed only its sending side reads what it asked for
+            self._drop(client.sock, owed=True)
             return
         try:
             messages = client.decoder.feed(data)
@@ -749,7 +752,10 @@ class EngineServer:
             pass
         conn.close()
 
-    def _drop(self, conn: socket.socket, reason: str | None = None, *, refused: str | None = None) -> None:
+    def _drop(self, conn: socket.socket, reason: str | None = None, *, refused: str | None = None,
+              owed: bool = False) -> None:
+        """Forget the client of `conn`, telling it `reason` (if any) after the frame it is in the
+        middle of; `owed`: it sent its end of file, and still takes all it is owed."""
         client = self._clients.pop(conn, None)
         if client is None:  # dropped already (a failed push, then its request's answer)
             return
@@ -757,13 +763,13 @@ class EngineServer:
         self._subscribers.pop(conn, None)
         self.clients -= 1
         outbox, client.outbox = client.outbox, None
-        if not reason or outbox is None or len(self._leaving) >= MAX_CLIENTS:
+        if not (reason or owed and outbox) or outbox is None or len(self._leaving) >= MAX_CLIENTS:
             self._close(client)
             return
         # Why, after the frame it is in the middle of: what it owed beyond it is what it did not
         # take (sent with all of it, the reason was lost behind it, and `logs -f` said only that
         # the engine had ended the connection).
-        client.farewell = outbox[:client.frame_end] + _error(reason, refused)
+        client.farewell = outbox if owed else outbox[:client.frame_end] + _error(reason, refused)
         client.farewell_by = time.monotonic() + FAREWELL_SECONDS
         self._leaving[conn] = client
         self._selector.modify(conn, selectors.EVENT_WRITE, client)

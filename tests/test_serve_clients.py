@@ -744,3 +744,18 @@ def test_a_push_that_fails_on_the_way_out_costs_its_subscriber_not_the_end(serve
     assert not os.path.exists(server.path)
     assert frames_until_closed(follower)[-1] == {"type": "error", "message": "push failed: RuntimeError: a bug"}
     follower.close()
+
+
+def test_a_client_that_sends_its_end_of_file_after_asking_gets_its_whole_answer(served):
+    """A client that sends its requests and then its end of file (shutdown(SHUT_WR), as a script
+    through `socat` does) had its connection closed at that end of file: an answer larger than
+    its socket took at once was cut off, without a word. What it is owed goes before the close."""
+    fake, server = served
+    fake.print(0, *(f"{i:04} " + "x" * 1000 for i in range(1500)))  # 1.5 MB: more than a socket holds
+    conn = hello(server.path, {"type": "output", "rank": 0, "generation": -1, "line": 0})
+    conn.shutdown(socket.SHUT_WR)
+    wait_for(lambda: server.clients == 0, what="its end of file read")  # (before it reads any of the answer)
+    head, done, unfinished = frames_until_closed(conn)
+    assert (head["type"], head["lines"], head["more"]) == ("output", 1500, False), head
+    assert done.data.split(b"\n")[-1].startswith(b"1499 ") and unfinished.data == b""
+    conn.close()
