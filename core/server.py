@@ -581,7 +581,12 @@ class EngineServer:
         self._send(client, protocol.encode_control({"type": "subscribed", "snapshot": to_json(snap)}))
 
     def _push(self) -> None:
-        snap = self.engine.snapshot()
+        try:
+            snap = self.engine.snapshot()
+        except Exception as exc:  # as a push that fails: it costs the subscribers, never the server thread
+            for client in list(self._subscribers.values()):
+                self._drop(client.sock, _push_failed(exc))
+            return
         for client in list(self._subscribers.values()):
             sub = client.subscriber
             # One that has not taken the last push (or can no longer take any) gets nothing more: it skips ahead.
@@ -593,7 +598,7 @@ class EngineServer:
         try:
             push = self._make_push(client.subscriber, snap)
         except Exception as exc:  # as for a request: it costs this subscriber only (on the way out too)
-            self._drop(client.sock, f"push failed: {type(exc).__name__}: {exc}"[:200])
+            self._drop(client.sock, _push_failed(exc))
             return
         self._send(client, push)
 
@@ -861,6 +866,10 @@ def _why_dropped(exc: Exception) -> str:
     if isinstance(exc, (protocol.ProtocolError, OSError)):
         return str(exc)
     return f"request failed: {type(exc).__name__}: {exc}"[:200]
+
+
+def _push_failed(exc: Exception) -> str:
+    return f"push failed: {type(exc).__name__}: {exc}"[:200]
 
 
 def _error(reason: str, refused: str | None) -> bytes:

@@ -759,3 +759,29 @@ def test_a_client_that_sends_its_end_of_file_after_asking_gets_its_whole_answer(
     assert (head["type"], head["lines"], head["more"]) == ("output", 1500, False), head
     assert done.data.split(b"\n")[-1].startswith(b"1499 ") and unfinished.data == b""
     conn.close()
+
+
+def test_a_snapshot_that_fails_for_a_push_costs_the_subscribers_not_the_server(served):
+    """A push's snapshot was taken outside the guard that makes a failed push cost its subscriber
+    only: an engine's snapshot that raised there ended the server's thread, and every client
+    after it (`ls`, `stop`) found the engine not answering. The subscribers are told why."""
+    fake, server = served
+    follower = hello(server.path, {"type": "subscribe"})
+    decoder, frames = protocol.FrameDecoder(), []
+    while not any(isinstance(f, dict) and f.get("type") == "subscribed" for f in frames):
+        frames += decoder.feed(follower.recv(1 << 16))
+    snapshot_of, failed = fake.snapshot, threading.Event()
+
+    def failing_once():
+        if threading.current_thread().name == "ranktop-server" and not failed.is_set():
+            failed.set()  # (the server's next snapshot is the next push's: nothing else asks)
+            raise RuntimeError("a bug")
+        return snapshot_of()
+
+    fake.snapshot = failing_once
+    assert frames_until_closed(follower)[-1] == {"type": "error", "message": "push failed: RuntimeError: a bug"}
+    follower.close()
+    asker = hello(server.path, {"type": "snapshot"})
+    (answer,) = protocol.FrameDecoder().feed(asker.recv(1 << 20))
+    assert answer["type"] == "snapshot"  # the server goes on
+    asker.close()
