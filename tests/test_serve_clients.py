@@ -723,15 +723,21 @@ def test_an_attached_tui_whose_connection_is_dropped_says_why_and_goes_on(served
     drive(RemoteEngine(server.path), body)
 
 
+def subscribed(path: str) -> socket.socket:
+    """A raw client that subscribed to all ranks, once the engine said so."""
+    follower = hello(path, {"type": "subscribe"})
+    decoder, frames = protocol.FrameDecoder(), []
+    while not any(isinstance(f, dict) and f.get("type") == "subscribed" for f in frames):
+        frames += decoder.feed(follower.recv(1 << 16))
+    return follower
+
+
 def test_a_push_that_fails_on_the_way_out_costs_its_subscriber_not_the_end(served):
     """A push that raised while the server ran cost its subscriber only; the same push made on
     the way out (the rest of the output and the end) raised out of close(): the socket stayed,
     and a headless run ended in a traceback instead of its end report and exit status."""
     fake, server = served
-    follower = hello(server.path, {"type": "subscribe"})
-    decoder, frames = protocol.FrameDecoder(), []
-    while not any(isinstance(f, dict) and f.get("type") == "subscribed" for f in frames):
-        frames += decoder.feed(follower.recv(1 << 16))
+    follower = subscribed(server.path)
     answer_of, closing = fake.output_since, threading.current_thread()
 
     def failing_on_the_way_out(*args, **kwargs):
@@ -766,10 +772,7 @@ def test_a_snapshot_that_fails_for_a_push_costs_the_subscribers_not_the_server(s
     only: an engine's snapshot that raised there ended the server's thread, and every client
     after it (`ls`, `stop`) found the engine not answering. The subscribers are told why."""
     fake, server = served
-    follower = hello(server.path, {"type": "subscribe"})
-    decoder, frames = protocol.FrameDecoder(), []
-    while not any(isinstance(f, dict) and f.get("type") == "subscribed" for f in frames):
-        frames += decoder.feed(follower.recv(1 << 16))
+    follower = subscribed(server.path)
     snapshot_of, failed = fake.snapshot, threading.Event()
 
     def failing_once():
