@@ -395,11 +395,13 @@ class EngineServer:
 
     def _overstayed(self, client: _Client, now: float) -> str | None:
         """Why `client` is kept no longer (it takes nothing of what it is owed, or asks nothing and
-        follows nothing), or None. A subscriber of a quiet run is owed nothing: it stays."""
+        follows nothing), or None. A subscriber of a quiet run is owed nothing: it stays; one that
+        can take nothing more (it shut its reading side) follows nothing."""
         owed = len(client.outbox or b"")
         if owed and now - client.took_at >= UNREAD_SECONDS:
             return f"it took none of the {owed} bytes it was sent for {UNREAD_SECONDS:g}s"
-        if not owed and client.subscriber is None and now - client.asked_at >= IDLE_SECONDS:
+        follows = client.subscriber is not None and client.outbox is not None
+        if not owed and not follows and now - client.asked_at >= IDLE_SECONDS:
             return f"it asked nothing for {IDLE_SECONDS:g}s"
         return None
 

@@ -788,3 +788,16 @@ def test_a_snapshot_that_fails_for_a_push_costs_the_subscribers_not_the_server(s
     (answer,) = protocol.FrameDecoder().feed(asker.recv(1 << 20))
     assert answer["type"] == "snapshot"  # the server goes on
     asker.close()
+
+
+def test_a_follower_that_can_take_nothing_more_is_dropped_as_idle(served, short_bounds, monkeypatch):
+    """A subscriber that shut its reading side (its pushes fail: EPIPE) follows nothing it can
+    take, yet counted as a follower, never idle: it held one of the slots for as long as the
+    run lasted. It is dropped as one that asks nothing."""
+    monkeypatch.setattr(short_bounds, "IDLE_SECONDS", 0.3)
+    fake, server = served
+    follower = subscribed(server.path)
+    follower.shutdown(socket.SHUT_RD)
+    fake.print(0, "a line it cannot take")
+    wait_for(lambda: server.clients == 0, what="the follower that takes nothing dropped")
+    follower.close()
