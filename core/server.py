@@ -725,20 +725,27 @@ class EngineServer:
         return {"ok": ack.ok, "message": ack.message, **({"stays": True} if self.shown else {})}
 
     def _dump(self, client: _Client, request_id: Any, command: cmd.DumpStacks | cmd.SignalDump) -> None:
-        ack = self.engine.submit(command)
-        answer = {"type": "ack", "id": request_id, "ok": ack.ok, "message": ack.message}
         try:
-            data = protocol.encode_control({**answer, "report": to_json(ack.report)})
-        except protocol.ProtocolError as exc:  # thousands of ranks' stacks: the files have them all
-            saved = ack.report.saved_txt if ack.report is not None else None
-            data = protocol.encode_control({**answer, "ok": False, "message": f"{ack.message}; too large to "
-                                            f"relay ({exc}); the dump is saved in {saved}"})
+            data = self._dump_answer(request_id, command)
+        except Exception as exc:  # answered all the same: a client waits for it, and is never idle meanwhile
+            data = protocol.encode_control({"type": "ack", "id": request_id, "ok": False,
+                                            "message": f"stack dump failed: {type(exc).__name__}: {exc}"[:200]})
         with self._later_lock:
             self._later.append((client, data))
         try:
             os.write(self._wake_w, b"a")
         except OSError:  # closed: the server is gone, and so is the client
             pass
+
+    def _dump_answer(self, request_id: Any, command: cmd.DumpStacks | cmd.SignalDump) -> bytes:
+        ack = self.engine.submit(command)
+        answer = {"type": "ack", "id": request_id, "ok": ack.ok, "message": ack.message}
+        try:
+            return protocol.encode_control({**answer, "report": to_json(ack.report)})
+        except protocol.ProtocolError as exc:  # thousands of ranks' stacks: the files have them all
+            saved = ack.report.saved_txt if ack.report is not None else None
+            return protocol.encode_control({**answer, "ok": False, "message": f"{ack.message}; too large to "
+                                            f"relay ({exc}); the dump is saved in {saved}"})
 
     def _send_later(self) -> None:
         with self._later_lock:

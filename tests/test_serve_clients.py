@@ -801,3 +801,20 @@ def test_a_follower_that_can_take_nothing_more_is_dropped_as_idle(served, short_
     fake.print(0, "a line it cannot take")
     wait_for(lambda: server.clients == 0, what="the follower that takes nothing dropped")
     follower.close()
+
+
+def test_a_stack_dump_that_fails_is_answered_and_its_client_not_left_waiting(served):
+    """A dump is answered from a thread of its own; one whose engine raised ended that thread with
+    no answer: the client waited out its 60 s, and, counted as waiting for a dump, was never
+    dropped as idle. It is answered at once, saying why it failed."""
+    fake, server = served
+
+    def failing(command):
+        raise RuntimeError("a bug")
+
+    fake.submit = failing
+    asker = hello(server.path, {"type": "command", "id": 7, "command": "DumpStacks", "args": {}})
+    asker.settimeout(5)
+    (ack,) = protocol.FrameDecoder().feed(asker.recv(1 << 16))
+    assert ack == {"type": "ack", "id": 7, "ok": False, "message": "stack dump failed: RuntimeError: a bug"}
+    asker.close()
