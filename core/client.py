@@ -499,7 +499,7 @@ class RemoteEngine:
         self._retry_at = 0.0
         self._lock = threading.Lock()  # one request at a time (the UI's timer and its workers)
         self.gone = False  # the engine left (its run ended, or it was stopped)
-        self._dropped: str | None = None  # why the engine last ended our connection, until told
+        self._dropped: str | None = None  # why the engine last ended our connection, until told (take_dropped)
         try:
             self.last = served_snapshot(self._conn.snapshot())
         except RunGone:
@@ -526,9 +526,9 @@ class RemoteEngine:
             except EngineSilent:
                 raise
             except RunGone as exc:
-                self._connect()
-                if isinstance(exc, Dropped):
+                if isinstance(exc, Dropped):  # (kept where no new connection is made now: said once one is)
                     self._dropped = str(exc)
+                self._connect()
             return self._ask_on(ask)  # (as above, on the new connection: gone now is gone)
 
     def _ask_on(self, ask: Callable[[Connection], Any]) -> Any:
@@ -545,9 +545,18 @@ class RemoteEngine:
             raise
 
     def take_dropped(self) -> str | None:
-        """Why the engine ended this view's connection (a new one took its place), once; else None."""
-        why, self._dropped = self._dropped, None
-        return why
+        """Why the engine ended this view's connection, once a new one has taken its place; said
+        once. None meanwhile, and while a request is under way (the caller asks again on its next
+        tick rather than wait for it)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._conn is None:
+                return None
+            why, self._dropped = self._dropped, None
+            return why
+        finally:
+            self._lock.release()
 
     def _connect(self) -> None:
         try:

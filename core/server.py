@@ -32,7 +32,9 @@ loop's queue like a key press. Requests (after each side's hello):
 Every byte to a client goes through its outbox: sent as far as the client takes it now, the rest
 when its socket is writable, so a client that reads slowly (or asks and never reads) costs its own
 connection, never the server thread; one that owes more than MAX_PENDING is dropped. Frames that
-arrived before a client closed are read and applied, even where its answers can no longer be sent.
+arrived before a client closed are read and applied, even where its answers can no longer be sent;
+one that closed only its sending side (shutdown) is sent what it is owed, for FAREWELL_SECONDS at
+most, before its connection is closed.
 One that takes nothing for UNREAD_SECONDS, or asks nothing for IDLE_SECONDS and follows nothing,
 is dropped too; on the way out, one that takes nothing for STUCK_SECONDS is not waited for.
 A dropped client is told why after the rest of the frame it was in the middle of (what it owed
@@ -100,7 +102,8 @@ CHECK_SECONDS = 1.0  # how often the two above are looked at
 STUCK_SECONDS = 1.0  # on the way out, a client that takes nothing this long is waited for no more
 # A dropped client is told why after the rest of the frame it is in the middle of (what else it
 # owed is not sent: it is what it was not taking); the connection is closed once that is sent, or
-# after this long. Meanwhile it is no client any more, and nothing of it is read.
+# after this long. Meanwhile it is no client any more, and nothing of it is read. One that sent its
+# end of file is sent all it is owed, as long.
 FAREWELL_SECONDS = 5.0
 MAX_PUSH_BYTES = 4 << 20  # output in one push to a subscriber, all its ranks together (past it by one rank's part at most): well under MAX_PENDING
 # Requests answered per client per round of the loop; the rest of what it sent waits (its socket is
@@ -392,11 +395,13 @@ class EngineServer:
 
     def _overstayed(self, client: _Client, now: float) -> str | None:
         """Why `client` is kept no longer (it takes nothing of what it is owed, or asks nothing and
-        follows nothing), or None. A subscriber of a quiet run is owed nothing: it stays."""
+        follows nothing), or None. A subscriber of a quiet run is owed nothing: it stays; one that
+        can take nothing more (it shut its reading side) follows nothing."""
         owed = len(client.outbox or b"")
         if owed and now - client.took_at >= UNREAD_SECONDS:
             return f"it took none of the {owed} bytes it was sent for {UNREAD_SECONDS:g}s"
-        if not owed and client.subscriber is None and now - client.asked_at >= IDLE_SECONDS:
+        follows = client.subscriber is not None and client.outbox is not None
+        if not owed and not follows and now - client.asked_at >= IDLE_SECONDS:
             return f"it asked nothing for {IDLE_SECONDS:g}s"
         return None
 
@@ -455,8 +460,8 @@ class EngineServer:
             return
         except OSError:
             data = b""
-        if not data:
-            self._drop(client.sock)
+        if not data:  # its end of file: a client that closed only its sending side reads what it asked for
+            self._drop(client.sock, owed=True)
             return
         try:
             messages = client.decoder.feed(data)
@@ -578,18 +583,26 @@ class EngineServer:
         self._send(client, protocol.encode_control({"type": "subscribed", "snapshot": to_json(snap)}))
 
     def _push(self) -> None:
-        snap = self.engine.snapshot()
-        for conn, client in list(self._subscribers.items()):
+        try:
+            snap = self.engine.snapshot()
+        except Exception as exc:  # as a push that fails: it costs the subscribers, never the server thread
+            for client in list(self._subscribers.values()):
+                self._drop(client.sock, _push_failed(exc))
+            return
+        for client in list(self._subscribers.values()):
             sub = client.subscriber
             # One that has not taken the last push (or can no longer take any) gets nothing more: it skips ahead.
-            if sub.ended or client.outbox is None or client.outbox:
-                continue
-            try:
-                push = self._make_push(sub, snap)
-            except Exception as exc:  # as for a request: it costs this subscriber only
-                self._drop(conn, f"push failed: {type(exc).__name__}: {exc}"[:200])
-                continue
-            self._send(client, push)
+            if not (sub.ended or client.outbox is None or client.outbox):
+                self._push_to(client, snap)
+
+    def _push_to(self, client: _Client, snap: Any) -> None:
+        """What is new for the subscriber `client`, sent; a push that fails costs it alone."""
+        try:
+            push = self._make_push(client.subscriber, snap)
+        except Exception as exc:  # as for a request: it costs this subscriber only (on the way out too)
+            self._drop(client.sock, _push_failed(exc))
+            return
+        self._send(client, push)
 
     def _make_push(self, sub: _Subscriber, snap: Any) -> bytes:
         """What is new for `sub` since its last push (its cursors and marks moved on)."""
@@ -635,7 +648,7 @@ class EngineServer:
                     del left[client]
                 elif not outbox:
                     left[client] -= 1
-                    self._send(client, self._make_push(sub, snap))
+                    self._push_to(client, snap)
             owing = [client for client in self._clients.values() if client.outbox and not _stuck(client, now)]
             if not (left or owing):
                 return
@@ -712,20 +725,27 @@ class EngineServer:
         return {"ok": ack.ok, "message": ack.message, **({"stays": True} if self.shown else {})}
 
     def _dump(self, client: _Client, request_id: Any, command: cmd.DumpStacks | cmd.SignalDump) -> None:
-        ack = self.engine.submit(command)
-        answer = {"type": "ack", "id": request_id, "ok": ack.ok, "message": ack.message}
         try:
-            data = protocol.encode_control({**answer, "report": to_json(ack.report)})
-        except protocol.ProtocolError as exc:  # thousands of ranks' stacks: the files have them all
-            saved = ack.report.saved_txt if ack.report is not None else None
-            data = protocol.encode_control({**answer, "ok": False, "message": f"{ack.message}; too large to "
-                                            f"relay ({exc}); the dump is saved in {saved}"})
+            data = self._dump_answer(request_id, command)
+        except Exception as exc:  # answered all the same: a client waits for it, and is never idle meanwhile
+            data = protocol.encode_control({"type": "ack", "id": request_id, "ok": False,
+                                            "message": f"stack dump failed: {type(exc).__name__}: {exc}"[:200]})
         with self._later_lock:
             self._later.append((client, data))
         try:
             os.write(self._wake_w, b"a")
         except OSError:  # closed: the server is gone, and so is the client
             pass
+
+    def _dump_answer(self, request_id: Any, command: cmd.DumpStacks | cmd.SignalDump) -> bytes:
+        ack = self.engine.submit(command)
+        answer = {"type": "ack", "id": request_id, "ok": ack.ok, "message": ack.message}
+        try:
+            return protocol.encode_control({**answer, "report": to_json(ack.report)})
+        except protocol.ProtocolError as exc:  # thousands of ranks' stacks: the files have them all
+            saved = ack.report.saved_txt if ack.report is not None else None
+            return protocol.encode_control({**answer, "ok": False, "message": f"{ack.message}; too large to "
+                                            f"relay ({exc}); the dump is saved in {saved}"})
 
     def _send_later(self) -> None:
         with self._later_lock:
@@ -746,7 +766,10 @@ class EngineServer:
             pass
         conn.close()
 
-    def _drop(self, conn: socket.socket, reason: str | None = None, *, refused: str | None = None) -> None:
+    def _drop(self, conn: socket.socket, reason: str | None = None, *, refused: str | None = None,
+              owed: bool = False) -> None:
+        """Forget the client of `conn`, telling it `reason` (if any) after the frame it is in the
+        middle of; `owed`: it sent its end of file, and still takes all it is owed."""
         client = self._clients.pop(conn, None)
         if client is None:  # dropped already (a failed push, then its request's answer)
             return
@@ -754,13 +777,13 @@ class EngineServer:
         self._subscribers.pop(conn, None)
         self.clients -= 1
         outbox, client.outbox = client.outbox, None
-        if not reason or outbox is None or len(self._leaving) >= MAX_CLIENTS:
+        if not (reason or owed and outbox) or outbox is None or len(self._leaving) >= MAX_CLIENTS:
             self._close(client)
             return
         # Why, after the frame it is in the middle of: what it owed beyond it is what it did not
         # take (sent with all of it, the reason was lost behind it, and `logs -f` said only that
         # the engine had ended the connection).
-        client.farewell = outbox[:client.frame_end] + _error(reason, refused)
+        client.farewell = outbox if owed else outbox[:client.frame_end] + _error(reason, refused)
         client.farewell_by = time.monotonic() + FAREWELL_SECONDS
         self._leaving[conn] = client
         self._selector.modify(conn, selectors.EVENT_WRITE, client)
@@ -852,6 +875,10 @@ def _why_dropped(exc: Exception) -> str:
     if isinstance(exc, (protocol.ProtocolError, OSError)):
         return str(exc)
     return f"request failed: {type(exc).__name__}: {exc}"[:200]
+
+
+def _push_failed(exc: Exception) -> str:
+    return f"push failed: {type(exc).__name__}: {exc}"[:200]
 
 
 def _error(reason: str, refused: str | None) -> bytes:

@@ -372,8 +372,11 @@ class StrayTracker:
         _markers.discard(marker_needle(self.token))
 
     def _forget_session(self, pid: int, start: int) -> None:
-        if self._sessions.pop(pid, None) == start and _rank_sessions.get(pid) == start:
-            del _rank_sessions[pid]  # (unless a later rank of the same pid took the entry)
+        if self._sessions.get(pid) != start:
+            return  # a later rank of the same pid has the entries now: they go with it
+        del self._sessions[pid]
+        if _rank_sessions.get(pid) == start:
+            del _rank_sessions[pid]
 
     def _note(self, pid: int, start: int, rank: tuple[int, int] | None = None) -> None:
         if rank is not None:

@@ -589,25 +589,36 @@ def test_a_rank_whose_process_ended_during_the_dump_is_not_shown_as_dumped(tmp_p
             "process by then, so what was dumped is not shown") in out.stdout.splitlines(), out.stdout
 
 
-def run_dir_naming(tmp_path: Path, run_id: str, pid: int, ranks: int) -> Path:
-    """A run directory of `run_id` whose events.jsonl names `pid` as each of `ranks` live ranks."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
+def run_dir_naming(run_dir: Path, run_id: str, pid: int, ranks: int) -> Path:
+    """`run_dir`, made, whose events.jsonl names `pid` as each of `ranks` live ranks of `run_id`."""
+    run_dir.mkdir(parents=True)
     events = [{"event": "run_started", "run_id": run_id, "pid": 1}]
     events += [{"event": "started", "rank": r, "local_rank": r, "pid": pid, "attempt": 0} for r in range(ranks)]
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     return run_dir
 
 
+def sleeping_ranks(run_dir: Path, run_id: str, ranks: int) -> subprocess.Popen:
+    """A sleeping process of `run_id`, which `run_dir`'s events.jsonl (made here) names as each of
+    `ranks` ranks."""
+    rank = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], env={**os.environ, "TORCHELASTIC_RUN_ID": run_id})
+    run_dir_naming(run_dir, run_id, rank.pid, ranks)
+    return rank
+
+
+def few_files() -> None:
+    """(a preexec_fn) 64 open files at most, the hard limit too: 200 ranks cannot all be held."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+
 def test_more_ranks_than_files_it_may_open_is_one_line_and_nothing_dumped(tmp_path, runtime):
     """Each rank is held by a pidfd from its check to its dump: a run directory naming more ranks
     than `stacks` may open files (a run of thousands, or a made-up events.jsonl) was a traceback."""
-    import resource
-
-    rank = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], env={**os.environ, "TORCHELASTIC_RUN_ID": "many"})
+    run_dir = tmp_path / "run"
+    rank = sleeping_ranks(run_dir, "many", 200)
     try:
-        run_dir = run_dir_naming(tmp_path, "many", rank.pid, 200)
-        few_files = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))  # noqa: E731
         out = run_ranktop("stacks", "--no-save", str(run_dir), env=runtime, timeout=30, preexec_fn=few_files)
         assert (out.returncode, out.stdout) == (2, ""), out
         assert out.stderr.startswith(f"ranktop: error: bad target '{run_dir}': rank "), out.stderr
@@ -630,7 +641,7 @@ def test_a_threads_id_named_as_a_ranks_pid_is_one_line_that_says_so(tmp_path, ru
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         tid = int(proc.stdout.readline())
-        run_dir = run_dir_naming(tmp_path, "threads", tid, 1)
+        run_dir = run_dir_naming(tmp_path / "run", "threads", tid, 1)
         out = run_ranktop("stacks", "--no-save", str(run_dir), env=runtime, timeout=30)
         assert proc.poll() is None  # nothing sent to it
     finally:
@@ -649,7 +660,7 @@ def test_ranks_held_past_descriptor_1024_are_checked_and_signalled(tmp_path, run
 
     rank = subprocess.Popen(["sleep", "60"], env={**os.environ, "TORCHELASTIC_RUN_ID": "past-1024"})
     try:
-        run_dir = run_dir_naming(tmp_path, "past-1024", rank.pid, 1100)
+        run_dir = run_dir_naming(tmp_path / "run", "past-1024", rank.pid, 1100)
         files = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))  # noqa: E731
         out = run_ranktop("stacks", "--no-save", "--signal", str(run_dir), env=runtime, timeout=60, preexec_fn=files)
         assert rank.poll() is None  # sleep does not catch SIGUSR1: nothing sent to it
@@ -660,3 +671,23 @@ def test_ranks_held_past_descriptor_1024_are_checked_and_signalled(tmp_path, run
     assert lines[-1] == "nothing was sent: without --signal, py-spy reads the stacks", out.stdout
     assert lines[1099] == (f"rank 1099 (pid {rank.pid}): skipped: it does not handle SIGUSR1 (faulthandler off, "
                            "or not Python)"), lines[1099]
+
+
+def test_a_log_roots_newest_live_run_with_more_ranks_than_files_is_named_not_passed_over(tmp_path, runtime):
+    """Named by its log root, the newest run with live ranks, whose ranks could not all be held,
+    was passed over as if it had none: an older live run was dumped instead, and nothing said
+    why the newest was not. It is the run chosen, and the one line says why nothing is dumped."""
+    root = tmp_path / "logs"
+    small = sleeping_ranks(root / "older", "older", 1)
+    try:
+        os.utime(root / "older" / "events.jsonl", (1, 1))  # written long before the other
+        many = sleeping_ranks(root / "newest", "newest", 200)
+        try:
+            out = run_ranktop("stacks", "--no-save", str(root), env=runtime, timeout=30, preexec_fn=few_files)
+            assert (out.returncode, out.stdout) == (2, ""), out
+            assert out.stderr.startswith(f"ranktop: error: bad target '{root / 'newest'}': rank "), out.stderr
+            assert "cannot be held from its check to its dump (Too many open files)" in out.stderr, out.stderr
+        finally:
+            stop_process(many)
+    finally:
+        stop_process(small)

@@ -660,3 +660,23 @@ def test_the_children_of_a_thread_that_started_one_are_read_and_still_once_it_en
             forget_own_child(box["child"].pid)
             box["child"].kill()
             box["child"].wait(10)
+
+
+def test_a_later_rank_with_a_reused_pid_leaves_the_pid_1_tables_with_its_group():
+    """A rank's pid taken again by a later rank of the group while the first rank's leftovers
+    were still being swept: forgetting the first rank took the later one's entry out of the
+    tracker's own list, so the group's end left the later rank's session in the module's table
+    (the one PID 1 reads) for as long as ranktop ran."""
+    from ranktop.core import strays
+
+    rank = subprocess.Popen(["sleep", "30"])
+    try:
+        tracker = strays.StrayTracker("reused", tell=lambda line: None, emit=lambda *a, **k: None)
+        pid, start = tracker.rank_started(rank.pid)
+        tracker.forget_rank((pid, start - 1))  # the earlier rank of that pid: its sweep ends now
+        assert strays._rank_sessions.get(pid) == start  # the later rank's: it runs on
+        tracker.close()
+        assert pid not in strays._rank_sessions
+    finally:
+        rank.kill()
+        rank.wait()

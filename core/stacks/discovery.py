@@ -162,8 +162,10 @@ def find_run_dir(path: str) -> str | None:
 def _has_live_ranks(run_dir: str) -> bool:
     try:
         pids, _, held = live_ranks_in_run_dir(run_dir)
-    except (ForeignRanks, RanksNotHeld):  # (said when it is named itself)
+    except ForeignRanks:  # not its owner's to name: passed over (said when it is named itself)
         return False
+    except RanksNotHeld:  # live, only too many to hold: chosen, and the dump says why it cannot be
+        return True
     close_all(held)
     return bool(pids)
 
