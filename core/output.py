@@ -606,21 +606,35 @@ class ConsoleWriter:
         """Write what waits, for as long as the console keeps taking it, and stop; the bytes
         given up because it took nothing for `stall` seconds, or because `cut_short()` said so
         (0: everything was written)."""
+        ended: set[threading.Thread] = set()
+        # Again while lanes come: one lane's last write may start another's (a lost console's
+        # line on the other stream), which was left unwritten as the process exited.
+        while lanes := self._lanes_but(ended):
+            for lane, _thread in lanes:
+                lane.put(None)
+            if not self._drained(lanes, stall, cut_short):
+                break
+            ended.update(thread for _lane, thread in lanes)
+        return self.waiting()
+
+    def _lanes_but(self, ended: set[threading.Thread]) -> list[tuple[_Queue, threading.Thread]]:
         with self._lock:
-            lanes = list(self._lanes.values())
-        for lane, _thread in lanes:
-            lane.put(None)
+            return [(lane, thread) for lane, thread in self._lanes.values() if thread not in ended]
+
+    def _drained(self, lanes: list[tuple[_Queue, threading.Thread]], stall: float,
+                 cut_short: Callable[[], bool] | None) -> bool:
+        """Wait for `lanes` to write what they hold and end; False if given up (see close)."""
         seen, since = -1, time.monotonic()
         # One list per look: a lane may end between two tests of is_alive().
         while alive := [thread for _lane, thread in lanes if thread.is_alive()]:
             if cut_short is not None and cut_short():
-                break
+                return False
             if self._progress != seen:
                 seen, since = self._progress, time.monotonic()
             elif time.monotonic() - since > stall:
-                break
+                return False
             alive[0].join(0.05)
-        return self.waiting()
+        return True
 
     def _write(self, target: BinaryIO, parts: tuple[Buffer, ...], flush: bool, piece: int | None = None) -> str | None:
         """Write `parts`; why that failed (a closed pipe, a gone terminal, a full disk), or None.
