@@ -457,6 +457,9 @@ def test_a_node_killed_while_the_others_ranks_sit_idle_ends_their_round(tmp_path
             "keep-alive heartbeat of its for over 4 s (killed, frozen or cut off), and this node has no restarts "
             "left (0 of 0 spent)") in err0.splitlines(), err0
     assert [e["kind"] for e in events(tmp_path / "node0") if e["event"] == "round_end"] == ["peer_failed"]
+    # nor did it wait (up to 5 s) for node 1 to read why it gave up: no node was left to read it
+    closed = [e["others"] for e in events(tmp_path / "node0") if e["event"] == "rendezvous_closed"]
+    assert closed == ["none_left"], closed
 
 
 def test_the_store_host_at_the_exit_barrier_leaves_once_every_other_node_is_gone(tmp_path, torch_installed):
