@@ -872,7 +872,7 @@ class Rendezvous:
         self._alone_since = None
         try:
             while store.add(_GAVE_UP_HEARD, 0) < others:
-                # (seen alone twice, a moment apart: a peer moving to its next round is out of the
+                # (alone for NEWCOMERS_LOOK: a peer moving to its next round is out of the
                 # handler's state for an instant, and would find the store gone)
                 if self._no_peer_left():
                     return "none_left"
