@@ -82,7 +82,7 @@ def read_line(pipe, timeout: float, what: str, equal_to: str | None = None) -> s
     the descriptor itself and keeps what it read past the line for the next call on that pipe: the
     pipe's own readline() after select() could take in two lines, and the second then sat in
     Python's buffer, unseen by select(), so a wait for it timed out. Do not mix it with the pipe's
-    own reads (communicate() after it is fine: that reads the descriptor too)."""
+    own reads; communicate() after it reads the descriptor too, but not the bytes kept here."""
     unread = _UNREAD.setdefault(pipe, bytearray())
     for _ in polls(timeout, what):
         while b"\n" in unread:
