@@ -264,8 +264,8 @@ class AgentRendezvous:
             peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
             what = ("its ranks were stopped for another node's failure" if peer else
                     _failed_for_the_others(cause) if cause else "its ranks failed")
-            self.rendezvous.give_up(f"{what}, {spent}")
-            self.events.write("rendezvous_closed", reason="gave_up")
+            others = self.rendezvous.give_up(f"{what}, {spent}")
+            self.events.write("rendezvous_closed", reason="gave_up", others=others)
             if peer:  # no rank of ours to show: the one line says why this node ended
                 self._node_error = f"{self._round_end.message}, and this node has {spent}"
 

@@ -843,7 +843,9 @@ class Rendezvous:
 
     def give_up(self, reason: str) -> str | None:
         """Tell this round's other nodes that this node gave up, then close the rendezvous.
-        Returns what another node said if it had given up first (then this one says nothing)."""
+        Returns how the wait for them to read it ended (`_linger_until_heard`), None where
+        nothing was told: another node had given up first (then this one says nothing), the
+        round is this node alone, or the store is out of reach."""
         placement, store = self.placement, self.store
         first = self.peer_gave_up()
         told = False
@@ -857,19 +859,29 @@ class Rendezvous:
         # Closed before the wait: a node already waiting for its next round hears only that (then
         # reads why), and a node at its exit barrier or with ranks running reads the key.
         self.close()
-        if told:
-            self._linger_until_heard(store, placement.group_world_size - 1)
-        return first
+        return self._linger_until_heard(store, placement.group_world_size - 1) if told else None
 
-    @staticmethod
-    def _linger_until_heard(store: Any, others: int) -> None:
-        """The store may live in this process: give the others a moment to read why first."""
+    def _linger_until_heard(self, store: Any, others: int) -> str:
+        """The store may live in this process: give the others a moment to read why first.
+        "read" once every other node read it; "linger_over" after GAVE_UP_LINGER; "store_lost"
+        where the store went. "none_left" once no other node sends keep-alive heartbeats
+        (killed, or dropped as gone): nobody is left to read it, so waiting helps none. While
+        another node lives, or where the handler cannot say (no heartbeats: the static and etcd
+        backends, a plugin; this node's own lapsed), it waits, as that node may still read it."""
         deadline = time.monotonic() + GAVE_UP_LINGER
+        self._alone_since = None
         try:
-            while store.add(_GAVE_UP_HEARD, 0) < others and time.monotonic() < deadline:
+            while store.add(_GAVE_UP_HEARD, 0) < others:
+                # (alone for NEWCOMERS_LOOK: a peer moving to its next round is out of the
+                # handler's state for an instant, and would find the store gone)
+                if self._no_peer_left():
+                    return "none_left"
+                if time.monotonic() >= deadline:
+                    return "linger_over"
                 time.sleep(_POLL)
         except Exception:
-            pass  # the store went: nobody is left to read it
+            return "store_lost"  # the store went: nobody is left to read it
+        return "read"
 
     def close(self) -> bool:
         """Close the rendezvous: no node can start a new round of it. False if that failed (the

@@ -32,6 +32,7 @@ import textwrap
 import threading
 import time
 import uuid
+import weakref
 from pathlib import Path
 from typing import TypeVar
 
@@ -70,6 +71,31 @@ def wait_for(condition, timeout: float = 10.0, interval: float = 0.02, what: str
         if value := condition():
             return value
         time.sleep(interval)
+
+
+_UNREAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a pipe's bytes read past its last line
+
+
+def read_line(pipe, timeout: float, what: str, equal_to: str | None = None) -> str:
+    """The next line a child's pipe gives (its stdout or stderr, text or not), or with `equal_to`
+    the first line equal to it, the lines before dropped; fails the test after `timeout`. It reads
+    the descriptor itself and keeps what it read past the line for the next call on that pipe: the
+    pipe's own readline() after select() could take in two lines, and the second then sat in
+    Python's buffer, unseen by select(), so a wait for it timed out. Do not mix it with the pipe's
+    own reads; communicate() after it reads the descriptor too, but not the bytes kept here."""
+    unread = _UNREAD.setdefault(pipe, bytearray())
+    for _ in polls(timeout, what):
+        while b"\n" in unread:
+            end = unread.index(b"\n") + 1
+            line = unread[:end].decode(errors="replace")
+            del unread[:end]
+            if equal_to is None or line == equal_to:
+                return line
+        if select.select([pipe.fileno()], [], [], 0.1)[0]:
+            chunk = os.read(pipe.fileno(), 1 << 16)
+            if not chunk:
+                pytest.fail(f"the pipe closed while waiting for {what}: {bytes(unread)!r} left unread")
+            unread += chunk
 
 
 def marked_processes() -> dict[int, str]:

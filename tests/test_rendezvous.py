@@ -372,6 +372,9 @@ def test_a_node_out_of_restarts_for_a_peers_failure_blames_none_of_its_ranks(tmp
                                   "(0 of 0 spent)); this node stops"), err1
     finished = [e for e in events(tmp_path / "node0") if e["event"] == "run_finished"]
     assert finished[0]["root_cause_rank"] is None and finished[0]["exit_status"] == 1
+    # node 1, out of its round for the next one, is alive: node 0 waited until it had read why
+    closed = [e["others"] for e in events(tmp_path / "node0") if e["event"] == "rendezvous_closed"]
+    assert closed == ["read"], closed
 
 
 def test_a_node_placed_in_a_round_its_nnodes_did_not_ask_for_says_so(tmp_path, torch_installed):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, read_events, run_ranktop, stop_process, wait_for
+from conftest import ROOT, read_events, read_line, run_ranktop, stop_process, wait_for
 from ranktop.core.spec import free_port
 from rdzv_job import CONF, RANK, TIMEOUT, Job, events, node_events, placements, start_etcd, wait_until_joining
 
@@ -40,13 +39,27 @@ def test_a_stop_signal_while_waiting_for_nodes_ends_at_once(tmp_path, torch_inst
     wait_for(lambda: list(tmp_path.glob("node0/*/events.jsonl")) and any(
         e["event"] == "rendezvous_joining" for e in events(tmp_path / "node0")), timeout=30,
         what="the node waiting in the rendezvous")
-    said = wait_for(lambda: select.select([node.stderr], [], [], 0.1)[0] and node.stderr.readline(), timeout=30,
-                    what="a line on stderr")
+    said = read_line(node.stderr, 30, "a line on stderr")
     assert said == "ranktop: waiting for nodes to join the c10d rendezvous 'waiting' (2 nodes; gives up after 40 s)\n"
     node.send_signal(signal.SIGTERM)
     ((status, out, err),) = job.finish()
     assert status == 128 + signal.SIGTERM and "PLACED" not in out
     assert "stopped by SIGTERM" in err and "Traceback" not in err
+
+
+def test_read_line_finds_the_second_of_two_lines_one_read_took_in(tmp_path):
+    """The tests' read_line: a child writes two lines at once and waits. The pipe's readline()
+    after select() took both in, returned the first, and a wait for the second timed out."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys\nsys.stderr.write('one\\ntwo\\n')\n"
+                              "sys.stderr.flush()\nsys.stdin.read()"], stdin=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert read_line(child.stderr, 30, "the first line") == "one\n"
+        assert read_line(child.stderr, 30, "the second line", equal_to="two\n") == "two\n"
+    finally:
+        child.stdin.close()  # it ends
+        assert child.wait(30) == 0
+        child.stderr.close()
 
 
 def test_a_node_waiting_for_others_is_served_before_any_rank_starts(tmp_path, torch_installed):
@@ -457,6 +470,9 @@ def test_a_node_killed_while_the_others_ranks_sit_idle_ends_their_round(tmp_path
             "keep-alive heartbeat of its for over 4 s (killed, frozen or cut off), and this node has no restarts "
             "left (0 of 0 spent)") in err0.splitlines(), err0
     assert [e["kind"] for e in events(tmp_path / "node0") if e["event"] == "round_end"] == ["peer_failed"]
+    # nor did it wait (up to 5 s) for node 1 to read why it gave up: no node was left to read it
+    closed = [e["others"] for e in events(tmp_path / "node0") if e["event"] == "rendezvous_closed"]
+    assert closed == ["none_left"], closed
 
 
 def test_the_store_host_at_the_exit_barrier_leaves_once_every_other_node_is_gone(tmp_path, torch_installed):
@@ -525,11 +541,9 @@ def test_a_node_waiting_at_the_exit_barrier_says_so(tmp_path, torch_installed):
     spare_line = ("ranktop: the c10d rendezvous 'barrier-wait''s round is full and running: this node waits as a "
                   "spare, with no time-out, until a node of it leaves or the job ends\n")
     try:
-        wait_for(lambda: select.select([node.stderr], [], [], 0.1)[0] and node.stderr.readline() == line,
-                 timeout=TIMEOUT, what="the line about the exit barrier")
+        read_line(node.stderr, TIMEOUT, "the line about the exit barrier", equal_to=line)
         spare = job.start("print", local_addr="127.0.0.3")
-        wait_for(lambda: select.select([spare.stderr], [], [], 0.1)[0] and spare.stderr.readline() == spare_line,
-                 timeout=TIMEOUT, what="the spare's line")
+        read_line(spare.stderr, TIMEOUT, "the spare's line", equal_to=spare_line)
     finally:
         release.touch()  # (the job ends either way)
     *nodes, (spare_status, _, spare_err) = job.finish()
@@ -557,12 +571,10 @@ def test_a_spare_taken_off_the_spare_list_says_it_waits_with_the_join_time_out_a
     try:
         wait_for(lambda: _placed(tmp_path, "node1", "attempt_0"), timeout=TIMEOUT, what="node 1's rank")
         spare = job.start("print", extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.3")
-        wait_for(lambda: select.select([spare.stderr], [], [], 0.1)[0] and spare.stderr.readline() == spare_line,
-                 timeout=TIMEOUT, what="the spare's line")
+        read_line(spare.stderr, TIMEOUT, "the spare's line", equal_to=spare_line)
         _freeze(frozen, signal.SIGSTOP)
         try:
-            wait_for(lambda: select.select([spare.stderr], [], [], 0.1)[0] and spare.stderr.readline() == admitted,
-                     timeout=TIMEOUT, what="the spare's line once taken off the spare list")
+            read_line(spare.stderr, TIMEOUT, "the spare's line once taken off the spare list", equal_to=admitted)
         finally:
             _freeze(frozen, signal.SIGCONT)
     finally:

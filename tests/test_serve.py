@@ -34,6 +34,7 @@ from conftest import (
     polls,
     ranktop_cmd,
     read_events,
+    read_line,
     run_in_pty,
     run_ranktop,
     stop_process,
@@ -869,8 +870,7 @@ def test_a_client_that_asks_and_never_reads_costs_only_its_own_connection(tmp_pa
         follower = subprocess.Popen(ranktop_cmd("logs", "piped", "-f"), cwd=ROOT, env=runtime,
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         try:
-            assert select.select([follower.stdout], [], [], 30)[0], "logs -f printed nothing in 30 s"
-            assert follower.stdout.readline().startswith(b"[")  # pushes go on
+            assert read_line(follower.stdout, 30, "a line of logs -f").startswith("[")  # pushes go on
         finally:
             follower.kill()
             follower.wait()
