@@ -204,6 +204,8 @@ def test_a_replaced_attempt_is_freed_without_a_garbage_collection_and_leaves_no_
 
     def start_and_watch() -> bool:
         started = start()
+        # the attempt it replaced is gone already, with no collection (its rings with it)
+        assert [ref() is not None for ref in contexts] == [False] * len(contexts)
         contexts.append(weakref.ref(agent.pcontext))
         pids.update(slot.proc.pid for slot in agent.pcontext.slots)
         tokens.add(agent.pcontext.token)
