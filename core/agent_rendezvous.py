@@ -206,19 +206,21 @@ class AgentRendezvous:
         spending no restart; their ranks breaking meanwhile is no failure. The word waits WORD_WAIT
         at most: a store that does not answer left `R` unanswered and no stop taken.
         Where another node's word came first (its ranks failed, or it saw nodes join), this node
-        takes that word, as every node does: the same attempt and restarts spent everywhere. Returns
-        the words for the user then, else None."""
+        takes that word, as every node does: the same attempt and restarts spent everywhere; so
+        where the round watch had seen one already. Returns the words for the user then, else None."""
         if self.rendezvous is None:
             return None
-        agreed = self._store_call_within(lambda: self.rendezvous.agree_on_end(USER_RESTART), WORD_WAIT)
-        if agreed not in ("failure", "nodes_joined") or self._round_end is not None:
-            return None
-        where = self.rendezvous.describe()
-        self._round_end = (RoundEnd("peer_failed", f"another node of the {where} failed") if agreed == "failure"
-                           else RoundEnd("nodes_joined", f"nodes joined the {where}"))
-        self.events.write("round_end", kind=self._round_end.kind, message=self._round_end.message, overtook="user_restart")
+        if not self._restart_overtaken():  # (the round watch may have seen it first: then it decides)
+            agreed = self._store_call_within(lambda: self.rendezvous.agree_on_end(USER_RESTART), WORD_WAIT)
+            if agreed not in ("failure", "nodes_joined") or self._round_end is not None:
+                return None
+            where = self.rendezvous.describe()
+            self._round_end = (RoundEnd("peer_failed", f"another node of the {where} failed") if agreed == "failure"
+                               else RoundEnd("nodes_joined", f"nodes joined the {where}"))
+            self.events.write("round_end", kind=self._round_end.kind, message=self._round_end.message,
+                              overtook="user_restart")
         return (f"{self._round_end.message} just before your R: the group restarts for that, "
-                + ("a restart spent, as on every node" if agreed == "failure" else "no restart spent"))
+                + ("a restart spent, as on every node" if self._round_end.kind == "peer_failed" else "no restart spent"))
 
     def _restart_overtaken(self) -> bool:
         """The user's `R` came just after another node's failure or newcomers: that decides."""

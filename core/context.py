@@ -517,8 +517,9 @@ class PContext:
 
     def let_go_of_output(self) -> None:
         """Another attempt replaced this one: what its rings hold goes now (its log files keep
-        it). The context itself may outlive this in a reference cycle, and in the TUI it is frozen
-        with start-up's objects (core/collector.py), so it would never be collected."""
+        it), whoever still holds the context. The agent lets go of it next, and it is freed then,
+        with no garbage collection: nothing in it refers back to it (its callbacks are weak,
+        core/weak.py), so neither a cycle nor the TUI's freeze of start-up's objects keeps it."""
         for slot in self.slots:
             slot.ring.clear()
 

@@ -567,6 +567,7 @@ class ConsoleWriter:
         return lane[0]
 
     def _run(self, lane: _Queue) -> None:
+        unflushed: set[BinaryIO] = set()  # written since their last flush: a write with more behind it is not flushed
         while (item := lane.get()) is not None:
             target, data, key = item
             if isinstance(data, _Gap):
@@ -576,14 +577,21 @@ class ConsoleWriter:
                 data, charged = (data.note(),), 0
             else:
                 charged = sum(map(len, data)) + _ITEM_COST
-            if target not in self._lost and (failed := self._write(target, data, lane.empty(), _CONSOLE_PIECE)):
-                self._lose(target, failed)
+            if target not in self._lost:
+                flush = lane.empty()
+                (unflushed.discard if flush else unflushed.add)(target)
+                if failed := self._write(target, data, flush, _CONSOLE_PIECE):
+                    self._lose(target, failed)
             with self._lock:
                 self._items -= charged > 0
                 if not (left := self._pending[key] - charged):
                     del self._pending[key]  # (a key is a stream: an ended attempt's go with their rings)
                 else:
                     self._pending[key] = left
+        # Told to end (close) with the last write not flushed: the end was behind it in the queue.
+        for target in unflushed - self._lost:
+            if failed := self._write(target, (), True):
+                self._lose(target, failed)
 
     def _writes_at_once(self, target: BinaryIO) -> bool:
         direct = self._direct.get(target)
@@ -606,20 +614,22 @@ class ConsoleWriter:
         """Write what waits, for as long as the console keeps taking it, and stop; the bytes
         given up because it took nothing for `stall` seconds, or because `cut_short()` said so
         (0: everything was written)."""
-        ended: set[threading.Thread] = set()
         # Again while lanes come: one lane's last write may start another's (a lost console's
-        # line on the other stream), which was left unwritten as the process exited.
-        while lanes := self._lanes_but(ended):
-            for lane, _thread in lanes:
-                lane.put(None)
+        # line on the other stream), which was left unwritten as the process exited. A lane is
+        # taken out as it is told to end, so a write after that starts a new one, waited for too
+        # (one behind the end of a lane that had ended went unread).
+        while lanes := self._take_lanes():
             if not self._drained(lanes, stall, cut_short):
                 break
-            ended.update(thread for _lane, thread in lanes)
         return self.waiting()
 
-    def _lanes_but(self, ended: set[threading.Thread]) -> list[tuple[_Queue, threading.Thread]]:
+    def _take_lanes(self) -> list[tuple[_Queue, threading.Thread]]:
+        """The lanes there are, each told to end once it has written what it holds, and forgotten."""
         with self._lock:
-            return [(lane, thread) for lane, thread in self._lanes.values() if thread not in ended]
+            lanes, self._lanes = list(self._lanes.values()), {}
+            for lane, _thread in lanes:
+                lane.put(None)
+        return lanes
 
     def _drained(self, lanes: list[tuple[_Queue, threading.Thread]], stall: float,
                  cut_short: Callable[[], bool] | None) -> bool:

@@ -308,7 +308,7 @@ class EngineServer:
         self._next_check = 0.0  # when idle and unreading clients are looked for next
         self._spare_fd = _spare_fd()  # given up for a moment to refuse a client when out of descriptors
         self._accept_paused_until = 0.0
-        self._later: list[tuple[_Client, bytes]] = []  # slow answers, sent by the server thread
+        self._later: list[tuple[_Client, bytes | str]] = []  # slow answers (or why not), sent by the server thread
         self._later_lock = threading.Lock()
         self._closed = False
         self._leave = threading.Event()  # set by a Stop once the run has ended: stop lingering
@@ -583,17 +583,22 @@ class EngineServer:
         self._send(client, protocol.encode_control({"type": "subscribed", "snapshot": to_json(snap)}))
 
     def _push(self) -> None:
-        try:
-            snap = self.engine.snapshot()
-        except Exception as exc:  # as a push that fails: it costs the subscribers, never the server thread
-            for client in list(self._subscribers.values()):
-                self._drop(client.sock, _push_failed(exc))
-            return
+        snap = self._snapshot_for_pushes()
         for client in list(self._subscribers.values()):
             sub = client.subscriber
             # One that has not taken the last push (or can no longer take any) gets nothing more: it skips ahead.
             if not (sub.ended or client.outbox is None or client.outbox):
                 self._push_to(client, snap)
+
+    def _snapshot_for_pushes(self) -> Any:
+        """The engine's snapshot for a round of pushes; where taking it fails, the subscribers are
+        dropped, told why (as a push that fails: never the server thread, nor the engine's end)."""
+        try:
+            return self.engine.snapshot()
+        except Exception as exc:
+            for client in list(self._subscribers.values()):
+                self._drop(client.sock, _push_failed(exc))
+            return None
 
     def _push_to(self, client: _Client, snap: Any) -> None:
         """What is new for the subscriber `client`, sent; a push that fails costs it alone."""
@@ -637,9 +642,9 @@ class EngineServer:
         all of them together (the rest is bounded by what the rings hold: 64 pushes each at most).
         One that takes nothing for STUCK_SECONDS (a follower that stopped reading long before the
         end, an attach behind a frozen link) is waited for no more: the end is not held up by it."""
-        snap = self.engine.snapshot()
+        snap = self._snapshot_for_pushes()
         deadline = time.monotonic() + SEND_TIMEOUT
-        left = dict.fromkeys(self._subscribers.values(), 64)  # pushes each may still be made
+        left = dict.fromkeys(self._subscribers.values(), 64)  # pushes each may still be made (none without a snapshot)
         while (now := time.monotonic()) < deadline:
             for client in list(left):
                 sub, outbox = client.subscriber, client.outbox
@@ -725,11 +730,15 @@ class EngineServer:
         return {"ok": ack.ok, "message": ack.message, **({"stays": True} if self.shown else {})}
 
     def _dump(self, client: _Client, request_id: Any, command: cmd.DumpStacks | cmd.SignalDump) -> None:
+        data: bytes | str  # the answer, or why the client is dropped instead (no answer could be framed)
         try:
             data = self._dump_answer(request_id, command)
         except Exception as exc:  # answered all the same: a client waits for it, and is never idle meanwhile
-            data = protocol.encode_control({"type": "ack", "id": request_id, "ok": False,
-                                            "message": f"stack dump failed: {type(exc).__name__}: {exc}"[:200]})
+            why = f"stack dump failed: {type(exc).__name__}: {exc}"[:200]
+            try:
+                data = protocol.encode_control({"type": "ack", "id": request_id, "ok": False, "message": why})
+            except protocol.ProtocolError:  # an id that fills a frame: no ack of it fits one
+                data = why
         with self._later_lock:
             self._later.append((client, data))
         try:
@@ -751,8 +760,12 @@ class EngineServer:
         with self._later_lock:
             later, self._later = self._later, []
         for client, data in later:
-            if client.sock in self._clients:  # (not where the client left while its dump ran)
-                client.asked_at = time.monotonic()
+            if client.sock not in self._clients:  # (the client left while its dump ran)
+                continue
+            client.asked_at = time.monotonic()
+            if isinstance(data, str):
+                self._drop(client.sock, data)
+            else:
                 self._send(client, data)
 
     def _refuse(self, conn: socket.socket, reason: str, word: str | None = None) -> None:

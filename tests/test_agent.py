@@ -204,6 +204,8 @@ def test_a_replaced_attempt_is_freed_without_a_garbage_collection_and_leaves_no_
 
     def start_and_watch() -> bool:
         started = start()
+        # the attempt it replaced is gone already, with no collection (its rings with it)
+        assert [ref() is not None for ref in contexts] == [False] * len(contexts)
         contexts.append(weakref.ref(agent.pcontext))
         pids.update(slot.proc.pid for slot in agent.pcontext.slots)
         tokens.add(agent.pcontext.token)
@@ -750,3 +752,32 @@ def test_the_end_sweep_leaves_a_stopping_groups_worker_to_its_grace(tmp_path):
         run.join(timeout=20)
     log = Path(agent.attempt_dir(0), "0", "stdout.log").read_bytes()
     assert log.count(b"worker got SIGTERM") == 1, log
+
+
+def test_an_r_after_the_round_watch_saw_another_nodes_failure_says_the_group_restarts_for_that(tmp_path):
+    """The round watch had recorded another node's failure (its heartbeats lapsed) when the
+    user's `R` came: `R` was answered `restarting the group (next attempt)`, though the restart
+    is that failure's, a restart spent (the user's R decides nothing then). It says so."""
+    from ranktop.core.rendezvous import RoundEnd
+
+    class Round:  # the rendezvous' part here: its name (the store decided already: not asked)
+        def describe(self) -> str:
+            return "c10d rendezvous 'job'"
+
+        def agree_on_end(self, seen: str) -> str:
+            raise AssertionError("the store asked again")
+
+    class Group:  # the running group's part here: it is stopped
+        stopped = False
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    agent = make_agent(tmp_path, "pass", n=1)
+    agent.rendezvous, group = Round(), Group()
+    gone = "node 127.0.0.2 (group rank 1) of the c10d rendezvous 'job' is gone"
+    agent._round_end = RoundEnd("peer_failed", gone)
+    ack = agent._on_restart_group(group, cmd.RestartGroup())
+    assert (ack.ok, ack.message) == (True, f"{gone} just before your R: the group restarts for that, a restart "
+                                           "spent, as on every node")
+    assert group.stopped

@@ -6,11 +6,13 @@ a run goes on and ends with its own status, its log files whole."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,36 @@ def test_a_bug_telling_that_the_console_is_gone_is_said_once_and_the_writing_goe
     bug = ("ranktop: a bug while telling that the console's stdout is gone: NameError: name 'nope' is not defined "
            "(at <string>:5); the run goes on, please report it\n")
     assert (done.returncode, done.stderr) == (0, (bug if raised == "nope" else "") + "went on\n")
+
+
+def test_a_lost_consoles_line_on_a_stream_whose_lane_had_ended_is_written_before_close_returns():
+    """close() ends each screen's lane; the last write of one (stdout, its reader gone) says on
+    the other stream that it is lost. Where that stream's lane had ended already, the line went
+    into a queue no one read any more: left unwritten as the process exited (close() waited again
+    only for lanes that were new)."""
+    from ranktop.core.output import ConsoleWriter
+
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    out, err = open(out_w, "wb"), open(err_w, "wb")
+    writer = ConsoleWriter(on_lost=lambda target, why: writer.say(err, f"lost: {why}"))
+    before = {t for t in threading.enumerate() if t.name == "ranktop-console"}
+    lanes = lambda: {t for t in threading.enumerate() if t.name == "ranktop-console"} - before  # noqa: E731
+    try:
+        writer.write(err, b"rank 1's line\n", "rank 1")  # the stderr lane, started
+        assert os.read(err_r, 100) == b"rank 1's line\n"
+        writer.write(out, b"x" * (1 << 20), "rank 0")  # more than the pipe holds: its lane waits for a reader
+        left = []
+        closing = threading.Thread(target=lambda: left.append(writer.close(stall=30)))
+        closing.start()
+        wait_for(lambda: len(lanes()) == 1, what="the stderr lane ended, the stdout one writing")
+        os.close(out_r)  # its reader gone: the write fails, and that is said on stderr
+        closing.join(30)
+        os.set_blocking(err_r, False)
+        assert os.read(err_r, 1000).startswith(b"lost: ")
+        assert left == [0]
+    finally:
+        with contextlib.suppress(OSError):
+            out.close()
+        err.close()
+        os.close(err_r)

@@ -737,16 +737,21 @@ def test_a_push_that_fails_on_the_way_out_costs_its_subscriber_not_the_end(serve
     """A push that raised while the server ran cost its subscriber only; the same push made on
     the way out (the rest of the output and the end) raised out of close(): the socket stayed,
     and a headless run ended in a traceback instead of its end report and exit status."""
-    fake, server = served
+    closed_with_a_subscriber_while_failing(*served, "output_since")
+
+
+def closed_with_a_subscriber_while_failing(fake, server, method: str) -> None:
+    """Close `server` with a subscriber while the engine's `method` raises on the closing thread
+    (the server's own thread pushes on unharmed): the socket goes, and the subscriber is told why."""
     follower = subscribed(server.path)
-    answer_of, closing = fake.output_since, threading.current_thread()
+    answer_of, closing = getattr(fake, method), threading.current_thread()
 
     def failing_on_the_way_out(*args, **kwargs):
-        if threading.current_thread() is closing:  # (the server's thread pushes on unharmed)
+        if threading.current_thread() is closing:
             raise RuntimeError("a bug")
         return answer_of(*args, **kwargs)
 
-    fake.output_since = failing_on_the_way_out
+    setattr(fake, method, failing_on_the_way_out)
     server.close()
     assert not os.path.exists(server.path)
     assert frames_until_closed(follower)[-1] == {"type": "error", "message": "push failed: RuntimeError: a bug"}
@@ -819,3 +824,26 @@ def test_a_stack_dump_that_fails_is_answered_and_its_client_not_left_waiting(ser
     (ack,) = protocol.FrameDecoder().feed(asker.recv(1 << 16))
     assert ack == {"type": "ack", "id": 7, "ok": False, "message": "stack dump failed: RuntimeError: a bug"}
     asker.close()
+
+
+def test_a_snapshot_that_fails_on_the_way_out_costs_the_subscribers_not_the_end(served):
+    """The last pushes' snapshot was taken outside the guard a push has while the server runs:
+    one that raised on the way out went out of close() (the socket stayed, and a headless run
+    ended in a traceback). The subscribers are told why, the socket goes."""
+    closed_with_a_subscriber_while_failing(*served, "snapshot")
+
+
+def test_a_stack_dump_whose_answer_cannot_be_framed_drops_its_client(served):
+    """A dump's ack repeats the request's id: an id that filled most of a frame made every answer
+    too large to frame, the failure's too, and the dump's thread ended in a traceback with no
+    answer (the client, counted as waiting for a dump, was never dropped as idle). It is dropped,
+    told why."""
+    fake, server = served
+    request = {"type": "command", "id": "", "command": "DumpStacks", "args": {}}
+    request["id"] = "x" * (protocol.MAX_CONTROL - len(protocol.encode_control(request)) + 5)  # the frame full
+    asker = hello(server.path, request)
+    (error,) = frames_until_closed(asker)
+    assert error["type"] == "error" and error["message"].startswith("stack dump failed: ProtocolError: control "
+                                                                    "message of "), error
+    asker.close()
+    wait_for(lambda: server.clients == 0, what="the client dropped")
