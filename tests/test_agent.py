@@ -447,11 +447,15 @@ def test_a_rank_that_survives_the_users_stop_signal_fails_on_its_own_later(tmp_p
 def test_a_rank_restarted_while_its_group_stops_is_not_started_again(tmp_path):
     """`r` on the failed rank while the group stops for its failure (its siblings have the grace):
     the rank was started again, as nobody's to stop, and the group waited on it to end on its own."""
-    first = tmp_path / "started once"
-    agent = make_agent(tmp_path, shutdown_timeout=3.0, code=f"""
+    first, refused = tmp_path / "started once", tmp_path / "restart refused"
+    agent = make_agent(tmp_path, shutdown_timeout=10.0, code=f"""
         import os, signal, sys, time
         if os.environ["LOCAL_RANK"] == "1":
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's stop takes its whole grace
+            def stay(*_):  # the group stops until the test has had its answer, then rank 1 ends
+                while not os.path.exists({str(refused)!r}):
+                    time.sleep(0.02)
+                sys.exit(0)
+            signal.signal(signal.SIGTERM, stay)
             print("ready", flush=True)
             time.sleep(60)
         if not os.path.exists({str(first)!r}):
@@ -470,6 +474,7 @@ def test_a_rank_restarted_while_its_group_stops_is_not_started_again(tmp_path):
         wait_for(lambda: run.rank(0).state == RankState.FAILED and run.rank(1).state == RankState.STOPPING,
                  what="the group stopping for rank 0's failure")
         ack = agent.submit(cmd.RestartRank(0))
+        refused.touch()
         assert not ack.ok and "stopping" in ack.message
         result = run.join(timeout=15)
     assert result.state == WorkerState.FAILED and result.root_cause.local_rank == 0

@@ -710,17 +710,48 @@ def test_a_console_that_goes_away_is_reported_once_and_the_run_goes_on(tmp_path)
         assert log == "ready\n" + "".join(f"line {i}\n" for i in range(300))
 
 
+# A rank that stays quiet until the file argv[1] exists (its loop's test is the one line a
+# rank's own script adds: `while not done(): ...`).
+UNTIL_TOLD = "import os, sys, time\ndef done():\n    return os.path.exists(sys.argv[1])\n"
+
+
+def _stalled_until_said(tmp_path, script_text: str, *args: str, said) -> subprocess.CompletedProcess:
+    """`ranktop --headless --nproc-per-node 2 --stall-timeout 1 ARGS script RELEASE` to its end,
+    its ranks running `script_text` until RELEASE exists: made once `said(stderr so far)` holds,
+    not after a fixed time; the run's stderr as the test reads it, in a file (no pipe to keep read)."""
+    script, release, err_path = tmp_path / "quiet.py", tmp_path / "release", tmp_path / "stderr"
+    script.write_text(script_text)
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--stall-timeout", "1", *args,
+                                            str(script), str(release)),
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, text=True)
+    try:
+        wait_for(lambda: said(err_path.read_text()) or proc.poll() is not None, timeout=30, what="the stall lines")
+    finally:
+        release.touch()
+        try:
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", err_path.read_text())
+
+
+def _stall_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if " stalled: no output for " in line]
+
+
 def test_a_headless_stall_says_once_how_to_see_where_each_rank_is(tmp_path):
     """Headless has no `d` key: the stall lines said which ranks were quiet, and nothing of how
     to see where they wait (`ranktop stacks`, from another terminal)."""
-    script = tmp_path / "quiet.py"
-    script.write_text("import time\ntime.sleep(3)\n")
-    res = run_ranktop("--headless", "--nproc-per-node", "2", "--stall-timeout", "1", "--log-dir", str(tmp_path),
-                      "--run-id", "quiet", str(script))
+    hint = f"ranktop: where each rank is: ranktop stacks {tmp_path / 'quiet'} (in another terminal)"
+    res = _stalled_until_said(tmp_path, UNTIL_TOLD + "while not done():\n    time.sleep(0.05)\n",
+                              "--log-dir", str(tmp_path), "--run-id", "quiet",
+                              said=lambda err: len(_stall_lines(err)) >= 2 and hint in err)
     assert res.returncode == 0, res.stderr
     lines = res.stderr.splitlines()
     assert sum(" stalled: no output for " in line for line in lines) == 2, res.stderr
-    hint = f"ranktop: where each rank is: ranktop stacks {tmp_path / 'quiet'} (in another terminal)"
     assert lines.count(hint) == 1, res.stderr
     # after the stall lines of the monitor pass that first found one (not between two of them)
     said = [line for line in lines if " stalled: no output for " in line or line == hint]
@@ -730,18 +761,14 @@ def test_a_headless_stall_says_once_how_to_see_where_each_rank_is(tmp_path):
 def test_a_headless_stall_line_tells_a_busy_rank_from_a_blocked_one(tmp_path):
     """The stall line's cpu% is what tells a rank spinning from one blocked in a collective; with
     a stall time shorter than the sampler needs for two looks it used to say `cpu -`."""
-    script = tmp_path / "quiet.py"
-    script.write_text("import os, time\nend = time.time() + 3\n"
-                      "if os.environ['RANK'] == '0':\n    while time.time() < end:\n        pass\n"
-                      "else:\n    time.sleep(3)\n")
-    res = run_ranktop("--headless", "--nproc-per-node", "2", "--stall-timeout", "1", "--log-dir", str(tmp_path),
-                      str(script))
+    res = _stalled_until_said(tmp_path, UNTIL_TOLD + "if os.environ['RANK'] == '0':\n    while not done():\n"
+                              "        pass\nelse:\n    while not done():\n        time.sleep(0.05)\n",
+                              "--log-dir", str(tmp_path), said=lambda err: len(_stall_lines(err)) >= 2)
     assert res.returncode == 0, res.stderr
     cpu = {}
-    for line in res.stderr.splitlines():
-        if " stalled: no output for " in line:
-            rank, percent = line.split("ranktop: rank ")[1].split(" ")[0], line.split("(cpu ")[1].split(",")[0]
-            cpu[rank] = percent
+    for line in _stall_lines(res.stderr):
+        rank, percent = line.split("ranktop: rank ")[1].split(" ")[0], line.split("(cpu ")[1].split(",")[0]
+        cpu[rank] = percent
     assert sorted(cpu) == ["0", "1"], res.stderr
     assert "-" not in cpu.values(), res.stderr
     # (the spinning rank's share depends on what else the machine runs: 38% under a loaded suite)

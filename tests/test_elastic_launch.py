@@ -1,5 +1,7 @@
 """`elastic_launch`/`LaunchConfig`/`launch_agent` side by side with torch 2.13's own
-(`torch.distributed.launcher.api`), each launcher in a subprocess of its own, with real ranks."""
+(`torch.distributed.launcher.api`), each launcher in a subprocess of its own, with real ranks. The
+bodies compared side by side run in one batch per launcher (the `launched` fixture), a fork each.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -17,10 +20,10 @@ from ranktop.core.spec import free_port
 PY = sys.executable
 TESTS = str(ROOT / "tests")
 
-# Runs `body` with one implementation's names imported; the body prints one `RESULT <json>` line.
-_DRIVER = textwrap.dedent("""
+# One implementation's names imported, and what a body reports with; a body prints one `RESULT <json>` line.
+_NAMES = textwrap.dedent("""
     import json, os, sys
-    impl, body = sys.argv[1], sys.argv[2]
+    impl = sys.argv[1]
     if impl == "torch":
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch, launch_agent
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
@@ -38,28 +41,56 @@ _DRIVER = textwrap.dedent("""
         return {"type": type(exc).__name__, "is_child_failed": isinstance(exc, ChildFailedError), "name": exc.name,
                 "ranks": sorted(exc.failures), "first": [first_rank, first.local_rank, first.exitcode, message],
                 "text": str(exc)}
-
-    exec(body)
+""")
+# Runs the body argv[2].
+_DRIVER = _NAMES + "exec(sys.argv[2])\n"
+# Runs each body of the JSON list argv[2] ({"body", "dir", "out", "err"}) one after the other, each in
+# a fork of this process in a directory of its own (its TMPDIR too), its stdout and stderr to files,
+# and prints their exit statuses: torch is imported once here, not once a body (1.6 s of CPU each;
+# ranktop's c10d rendezvous imports it too). Nothing a body changes leaks into the next.
+_BATCH = _NAMES + textwrap.dedent("""
+    import tempfile
+    import torch
+    statuses = []
+    for case in json.load(open(sys.argv[2])):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.chdir(case["dir"])
+            os.environ["TMPDIR"] = case["dir"]
+            tempfile.tempdir = None  # (read from TMPDIR again)
+            for fd, path in ((1, case["out"]), (2, case["err"])):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+            status = 0
+            try:
+                exec(case["body"], dict(globals()))  # (names of its own: a body's `code` is not this loop's)
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+                status = 1
+            sys.exit(status)  # (the interpreter's own exit, atexit handlers and all, as a process of its own)
+        statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    print(json.dumps(statuses))
 """)
 
 
+def _env(tmp_path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), TESTS]), "TMPDIR": str(tmp_path)}
+
+
+def _result(impl: str, returncode: int, stdout: str, stderr: str) -> tuple[object, str]:
+    """(what a body reported, its stdout); the test fails with its output where it reported nothing."""
+    found = [line[len("RESULT "):] for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert returncode == 0 and found, f"{impl}: exit {returncode}\n{stdout}\n{stderr}"
+    return json.loads(found[-1]), stdout
+
+
 def _run(impl: str, body: str, tmp_path, timeout: float = 120) -> tuple[object, str]:
-    """(what the body reported, its stdout) under `impl`, "torch" or "ranktop"."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), TESTS]), "TMPDIR": str(tmp_path)}
+    """(what the body reported, its stdout) under `impl`, "torch" or "ranktop", in a process of its own."""
     done = subprocess.run([PY, "-c", _DRIVER, impl, textwrap.dedent(body)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=tmp_path)
-    found = [line[len("RESULT "):] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and found, f"{impl}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
-    return json.loads(found[-1]), done.stdout
-
-
-def _both(body: str, tmp_path) -> tuple[tuple[object, str], tuple[object, str]]:
-    pytest.importorskip("torch.distributed.launcher.api")
-    results = []
-    for impl in ("torch", "ranktop"):
-        (tmp_path / impl).mkdir()
-        results.append(_run(impl, body, tmp_path / impl))
-    return results[0], results[1]
+                          timeout=timeout, env=_env(tmp_path), cwd=tmp_path)
+    return _result(impl, done.returncode, done.stdout, done.stderr)
 
 
 # One node through the c10d rendezvous on a free port: torch's default backend (etcd) needs a server.
@@ -69,16 +100,51 @@ C10D = ("LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend='
 # the tests below on the 2-core box). What those tests compare (values, failures, restarts) does not
 # depend on the start method; the environment test keeps spawn, the default.
 C10D_FORK = C10D + ", start_method='fork'"
+# The bodies run under both launchers (name -> body), each pair compared by a test below.
+BOTH: dict[str, str] = {}
 
 
-def test_returns_the_same_values_by_global_rank_as_torchs(tmp_path):
-    body = f"""
-        config = {C10D_FORK}, max_restarts=0)
-        values = elastic_launch(config, rank_fns.rank_and_arg)("x")
-        direct = launch_agent(config, rank_fns.rank_and_arg, ["y"])
-        report([sorted(values.items()), sorted(direct.items()), bool(config.run_id)])
-    """
-    (theirs, _), (ours, _) = _both(body, tmp_path)
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> dict[str, dict]:
+    """Every body of BOTH run under torch and then under ranktop, a batch each (_BATCH): a body's
+    name -> each launcher's (exit status, stdout, stderr), and "dir", where the body ran under
+    <dir>/<launcher>."""
+    pytest.importorskip("torch.distributed.launcher.api")
+    base = tmp_path_factory.mktemp("both")
+    found: dict[str, dict] = {name: {"dir": base / f"body{i}"} for i, name in enumerate(BOTH)}
+    for impl in ("torch", "ranktop"):
+        cases = []
+        for name, body in BOTH.items():
+            at = found[name]["dir"]
+            (at / impl).mkdir(parents=True)
+            cases.append({"body": textwrap.dedent(body), "dir": str(at / impl), "out": str(at / f"{impl}.out"),
+                          "err": str(at / f"{impl}.err")})
+        (base / f"{impl}.json").write_text(json.dumps(cases))
+        done = subprocess.run([PY, "-c", _BATCH, impl, str(base / f"{impl}.json")], capture_output=True, text=True,
+                              timeout=120 * len(cases), env=_env(base), cwd=base)
+        assert done.returncode == 0, done.stderr[-3000:]
+        statuses = json.loads(done.stdout.splitlines()[-1])
+        for name, case, status in zip(BOTH, cases, statuses, strict=True):
+            found[name][impl] = (status, Path(case["out"]).read_text(), Path(case["err"]).read_text())
+    return found
+
+
+def _both(launched: dict[str, dict], name: str) -> tuple[tuple[object, str], tuple[object, str]]:
+    """(what body `name` reported, its stdout) under torch, and under ranktop."""
+    theirs, ours = (_result(impl, *launched[name][impl]) for impl in ("torch", "ranktop"))
+    return theirs, ours
+
+
+BOTH["values"] = f"""
+    config = {C10D_FORK}, max_restarts=0)
+    values = elastic_launch(config, rank_fns.rank_and_arg)("x")
+    direct = launch_agent(config, rank_fns.rank_and_arg, ["y"])
+    report([sorted(values.items()), sorted(direct.items()), bool(config.run_id)])
+"""
+
+
+def test_returns_the_same_values_by_global_rank_as_torchs(launched):
+    (theirs, _), (ours, _) = _both(launched, "values")
     assert ours == theirs == [[[0, [0, "x"]], [1, [1, "x"]]], [[0, [0, "y"]], [1, [1, "y"]]], True]
 
 
@@ -93,14 +159,16 @@ def _shape(table: str) -> list[str]:
     return lines
 
 
-def test_a_failing_rank_raises_child_failed_error_as_torchs(tmp_path):
-    body = f"""
-        try:
-            elastic_launch({C10D_FORK}, max_restarts=0), rank_fns.raise_on_rank)(1, "boom")
-        except Exception as exc:
-            report(failure(exc))
-    """
-    (theirs, _), (ours, _) = _both(body, tmp_path)
+BOTH["failing rank"] = f"""
+    try:
+        elastic_launch({C10D_FORK}, max_restarts=0), rank_fns.raise_on_rank)(1, "boom")
+    except Exception as exc:
+        report(failure(exc))
+"""
+
+
+def test_a_failing_rank_raises_child_failed_error_as_torchs(launched):
+    (theirs, _), (ours, _) = _both(launched, "failing rank")
     assert ours["type"] == theirs["type"] == "ChildFailedError" and ours["is_child_failed"]
     assert ours["name"] == theirs["name"] == "raise_on_rank"  # torch's: the function's __name__
     assert ours["ranks"] == theirs["ranks"] == [1]
@@ -108,34 +176,38 @@ def test_a_failing_rank_raises_child_failed_error_as_torchs(tmp_path):
     assert _shape(ours["text"]) == _shape(theirs["text"])
 
 
-def test_restarts_are_honoured_as_torchs(tmp_path):
+BOTH["restarts"] = f"""
+    spent = elastic_launch({C10D_FORK}, max_restarts=1), rank_fns.rank0_fails_until_restart)(1)
+    try:
+        elastic_launch({C10D_FORK}, max_restarts=1), rank_fns.rank0_fails_until_restart)(2)
+    except Exception as exc:
+        report([sorted(spent.items()), failure(exc)["first"]])
+"""
+
+
+def test_restarts_are_honoured_as_torchs(launched):
     """The boundary with one restart allowed: one failed start is restarted (the whole group, the
     rank that did not fail too), two are not, and the error is the last start's."""
-    body = f"""
-        spent = elastic_launch({C10D_FORK}, max_restarts=1), rank_fns.rank0_fails_until_restart)(1)
-        try:
-            elastic_launch({C10D_FORK}, max_restarts=1), rank_fns.rank0_fails_until_restart)(2)
-        except Exception as exc:
-            report([sorted(spent.items()), failure(exc)["first"]])
-    """
-    (theirs, _), (ours, _) = _both(body, tmp_path)
+    (theirs, _), (ours, _) = _both(launched, "restarts")
     assert ours == theirs == [[[0, 1], [1, 1]], [0, 0, 1, "RuntimeError: failing at restart 1"]]
 
 
-def test_a_binary_entrypoint_returns_none_by_rank_and_fails_as_torchs(tmp_path):
+BOTH["binary"] = """
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend='c10d',
+                          rdzv_endpoint='localhost:0', max_restarts=0, logs_specs=DefaultLogsSpecs(log_dir='logs'))
+    values = elastic_launch(config, sys.executable)("-c", "print('hi from', __import__('os').environ['RANK'])")
+    code = "import os, sys, time; time.sleep(int(os.environ['RANK']) * 30); sys.exit(3)"
+    try:
+        elastic_launch(config, sys.executable)("-u", "-c", code)
+    except Exception as exc:
+        report([sorted(values.items()), failure(exc)])
+"""
+
+
+def test_a_binary_entrypoint_returns_none_by_rank_and_fails_as_torchs(launched):
     """Also two documented differences: ranktop's console prefixes each rank's line where torch's
     passes it through (no tee), and a rank that exits without an error file says so in other words."""
-    body = """
-        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend='c10d',
-                              rdzv_endpoint='localhost:0', max_restarts=0, logs_specs=DefaultLogsSpecs(log_dir='logs'))
-        values = elastic_launch(config, sys.executable)("-c", "print('hi from', __import__('os').environ['RANK'])")
-        code = "import os, sys, time; time.sleep(int(os.environ['RANK']) * 30); sys.exit(3)"
-        try:
-            elastic_launch(config, sys.executable)("-u", "-c", code)
-        except Exception as exc:
-            report([sorted(values.items()), failure(exc)])
-    """
-    (theirs, their_out), (ours, our_out) = _both(body, tmp_path)
+    (theirs, their_out), (ours, our_out) = _both(launched, "binary")
     assert ours[0] == theirs[0] == [[0, None], [1, None]]
     assert ours[1]["name"] == theirs[1]["name"] == "import os, sys, time; time.sleep(int(os.environ['RANK']) * 30); sys.exit(3)"
     assert ours[1]["ranks"] == theirs[1]["ranks"] == [0, 1]  # the rank stopped for it too, as torch keeps it
@@ -150,36 +222,41 @@ def test_a_binary_entrypoint_returns_none_by_rank_and_fails_as_torchs(tmp_path):
         "[default_role0]:hi from 0", "[default_role1]:hi from 1"]
 
 
-def test_a_rank_that_cannot_start_closes_the_rendezvous_as_torchs(tmp_path):
+BOTH["cannot start"] = """
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # outlives the launch
+    endpoint = f"127.0.0.1:{store.port}"
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, rdzv_backend="c10d", rdzv_endpoint=endpoint,
+                          run_id="closing", rdzv_configs={"is_host": False}, max_restarts=0,
+                          logs_specs=DefaultLogsSpecs(log_dir="logs"))
+    try:
+        elastic_launch(config, "/nonexistent/binary")()
+        raised = None
+    except Exception as exc:
+        raised = isinstance(exc, FileNotFoundError)
+    look = get_rendezvous_handler(RendezvousParameters("c10d", endpoint, "closing", 1, 1, is_host=False))
+    report([raised, look.is_closed()])
+"""
+
+
+def test_a_rank_that_cannot_start_closes_the_rendezvous_as_torchs(launched):
     """torch's launch_agent shuts the rendezvous down on any error but a stop signal, so the other
     nodes learn at once; ranktop's left it open after a rank's start OSError."""
-    body = """
-        from torch.distributed import TCPStore
-        from torch.distributed.elastic.rendezvous import RendezvousParameters
-        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # outlives the launch
-        endpoint = f"127.0.0.1:{store.port}"
-        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, rdzv_backend="c10d", rdzv_endpoint=endpoint,
-                              run_id="closing", rdzv_configs={"is_host": False}, max_restarts=0,
-                              logs_specs=DefaultLogsSpecs(log_dir="logs"))
-        try:
-            elastic_launch(config, "/nonexistent/binary")()
-            raised = None
-        except Exception as exc:
-            raised = isinstance(exc, FileNotFoundError)
-        look = get_rendezvous_handler(RendezvousParameters("c10d", endpoint, "closing", 1, 1, is_host=False))
-        report([raised, look.is_closed()])
-    """
-    (theirs, _), (ours, _) = _both(body, tmp_path)
+    (theirs, _), (ours, _) = _both(launched, "cannot start")
     assert ours == theirs == [True, True]
 
 
-def test_each_rank_sees_torchs_environment(tmp_path):
-    body = f"""
-        base = dict(os.environ)
-        report(elastic_launch({C10D}, max_restarts=1, run_id="envjob"), rank_fns.env_changes)(base))
-    """
-    (theirs, _), (ours, _) = _both(body, tmp_path)
+BOTH["environment"] = f"""
+    base = dict(os.environ)
+    report(elastic_launch({C10D}, max_restarts=1, run_id="envjob"), rank_fns.env_changes)(base))
+"""
+
+
+def test_each_rank_sees_torchs_environment(launched):
+    (theirs, _), (ours, _) = _both(launched, "environment")
+    ran_in = launched["environment"]["dir"]
     ranktop_own = {"RANKTOP_FAULTHANDLER", "RANKTOP_GUARD_TOKEN", "RANKTOP_RANK_TOKEN", "PYTHONPATH", "PYTHONUNBUFFERED"}
     for rank in ("0", "1"):
         assert set(theirs[rank]) <= set(ours[rank]) and set(ours[rank]) - set(theirs[rank]) <= ranktop_own
@@ -188,22 +265,25 @@ def test_each_rank_sees_torchs_environment(tmp_path):
         assert ours[rank]["TORCHELASTIC_RUN_ID"] == "envjob" and ours[rank]["TORCHELASTIC_RESTART_COUNT"] == "0"
         # torch: <log_dir>/<run_id>_<random>/...; ranktop: <log_dir>/<run_id>/...
         assert re.fullmatch(rf"logs/envjob_\w+/attempt_0/{rank}/error.json", theirs[rank]["TORCHELASTIC_ERROR_FILE"])
-        assert ours[rank]["TORCHELASTIC_ERROR_FILE"] == str(tmp_path / "ranktop" / "logs" / "envjob" / "attempt_0"
+        assert ours[rank]["TORCHELASTIC_ERROR_FILE"] == str(ran_in / "ranktop" / "logs" / "envjob" / "attempt_0"
                                                             / rank / "error.json")
 
 
-def test_role_and_log_line_prefix_template_head_teed_lines_as_torchs(tmp_path):
-    body = """
-        specs = DefaultLogsSpecs(log_dir="logs", tee=Std.ALL)
-        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d", run_id="pre",
-                              rdzv_endpoint="localhost:0", role="trainer", logs_specs=specs,
-                              log_line_prefix_template="${role_name}-${rank}> ")
-        report(elastic_launch(config, sys.executable)("-c", "print('hi')"))
-    """
-    (_, their_out), (_, our_out) = _both(body, tmp_path)
+BOTH["prefix template"] = """
+    specs = DefaultLogsSpecs(log_dir="logs", tee=Std.ALL)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d", run_id="pre",
+                          rdzv_endpoint="localhost:0", role="trainer", logs_specs=specs,
+                          log_line_prefix_template="${role_name}-${rank}> ")
+    report(elastic_launch(config, sys.executable)("-c", "print('hi')"))
+"""
+
+
+def test_role_and_log_line_prefix_template_head_teed_lines_as_torchs(launched):
+    (_, their_out), (_, our_out) = _both(launched, "prefix template")
     for out in (their_out, our_out):
         assert sorted(re.findall(r"^trainer-\d> hi$", out, re.M)) == ["trainer-0> hi", "trainer-1> hi"]
-    assert (tmp_path / "ranktop" / "logs" / "pre" / "attempt_0" / "1" / "stdout.log").read_text() == "hi\n"
+    ran_in = launched["prefix template"]["dir"]
+    assert (ran_in / "ranktop" / "logs" / "pre" / "attempt_0" / "1" / "stdout.log").read_text() == "hi\n"
 
 
 def test_one_node_with_torchs_defaults_runs_without_torch(tmp_path):
@@ -306,32 +386,34 @@ def test_the_static_backend_without_torch_places_the_ranks_itself(tmp_path):
                                "MASTER_PORT": str(port)} for r in (2, 3)}
 
 
-def test_a_rank_killed_by_hand_from_outside_is_a_failure_as_under_torch(tmp_path):
+BOTH["killed by hand"] = f"""
+    import pathlib, signal, threading, time
+
+    def kill_rank_1(pid_dir):
+        pid_file = pathlib.Path(pid_dir, "pid1")
+        while not pid_file.exists():
+            time.sleep(0.01)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+    seen = []
+    for restarts in (0, 1):
+        pid_dir = os.path.abspath(f"pids{{restarts}}")
+        os.mkdir(pid_dir)
+        threading.Thread(target=kill_rank_1, args=(pid_dir,), daemon=True).start()
+        try:
+            values = elastic_launch({C10D_FORK}, max_restarts=restarts), rank_fns.killed_by_hand_once)(pid_dir)
+            seen.append(sorted(values.items()))
+        except Exception as exc:
+            f = failure(exc)
+            seen.append([f["type"], f["ranks"], f["first"][:3], f["first"][3].split(" received by PID")[0]])
+    report(seen)
+"""
+
+
+def test_a_rank_killed_by_hand_from_outside_is_a_failure_as_under_torch(launched):
     """A person's `kill -9` of a rank (an elastic_launch run is not served: ranktop's own `k` cannot
     reach it): a failure, as torch's agent has it, since no launcher can tell it from the kernel's
     OOM kill. With a restart left the group starts again and the call returns every rank's value;
     without, ChildFailedError names the killed rank and its signal."""
-    body = f"""
-        import pathlib, signal, threading, time
-
-        def kill_rank_1(pid_dir):
-            pid_file = pathlib.Path(pid_dir, "pid1")
-            while not pid_file.exists():
-                time.sleep(0.01)
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
-
-        seen = []
-        for restarts in (0, 1):
-            pid_dir = os.path.abspath(f"pids{{restarts}}")
-            os.mkdir(pid_dir)
-            threading.Thread(target=kill_rank_1, args=(pid_dir,), daemon=True).start()
-            try:
-                values = elastic_launch({C10D_FORK}, max_restarts=restarts), rank_fns.killed_by_hand_once)(pid_dir)
-                seen.append(sorted(values.items()))
-            except Exception as exc:
-                f = failure(exc)
-                seen.append([f["type"], f["ranks"], f["first"][:3], f["first"][3].split(" received by PID")[0]])
-        report(seen)
-    """
-    (theirs, _), (ours, _) = _both(body, tmp_path)
+    (theirs, _), (ours, _) = _both(launched, "killed by hand")
     assert ours == theirs == [["ChildFailedError", [1], [1, 1, -9], "Signal 9 (SIGKILL)"], [[0, 0], [1, 1]]]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import NOBODY, PY, ROOT, ranktop_cmd, run_ranktop, stop_process
+from conftest import NOBODY, PY, ROOT, ranktop_cmd, run_ranktop, run_side_by_side, stop_process
 
 # Ranks 0 and 1 put something hostile where their stderr.log was (the rank directory is the
 # error file's): their stderr stays open to the old file, so the dump itself still happens.
@@ -396,16 +396,22 @@ def _carries_test_mark(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("script", DEAF_PY_SPY.values(), ids=DEAF_PY_SPY.keys())
-def test_a_py_spy_that_will_not_exit_is_ended_with_what_it_started_at_the_bound(tmp_path, runtime, sleeper, script):
+def test_a_py_spy_that_will_not_exit_is_ended_with_what_it_started_at_the_bound(tmp_path, runtime, sleeper):
     """README: a py-spy that does not answer within 5 s is a reason, not a wait. The wait was
     bounded, but only py-spy itself was killed: a wrapper's child holding its pipes (a script, a
-    version manager's shim) was left running after the dump."""
-    spy = deaf_py_spy(tmp_path, script)
-    out = run_ranktop("stacks", "--no-save", str(sleeper), env={**runtime, "RANKTOP_PY_SPY": spy}, timeout=60)
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out
-    assert f"   rank 0 (pid {sleeper}): failed: py-spy did not answer within 5s" in out.stdout.splitlines(), out.stdout
-    no_sleep_left(spy)
+    version manager's shim) was left running after the dump. Each stand-in of DEAF_PY_SPY by a
+    `ranktop stacks` of its own, side by side: each waits out the bound."""
+    spies = {}
+    for i, (kind, script) in enumerate(DEAF_PY_SPY.items()):
+        (tmp_path / f"spy{i}").mkdir()
+        spies[kind] = deaf_py_spy(tmp_path / f"spy{i}", script)
+    runs = {kind: {"args": ranktop_cmd("stacks", "--no-save", str(sleeper)), "cwd": ROOT,
+                   "env": {**runtime, "RANKTOP_PY_SPY": spy}} for kind, spy in spies.items()}
+    for kind, out in run_side_by_side(runs, timeout=60).items():
+        assert out.returncode == 1 and "Traceback" not in out.stderr, (kind, out)
+        assert f"   rank 0 (pid {sleeper}): failed: py-spy did not answer within 5s" in out.stdout.splitlines(), (
+            kind, out.stdout)
+        no_sleep_left(spies[kind])
 
 
 def test_an_engine_whose_py_spy_will_not_exit_answers_at_the_bound_and_still_stops(tmp_path, runtime):

@@ -147,22 +147,44 @@ def _comparable(records: dict[str, dict], line_id: str) -> dict[str, dict]:
     return out
 
 
+# The static multi-node line (no --rdzv-backend) of test_a_static_two_node_line_gives_torchruns_world,
+# as job scripts give it (flags) and as Kubeflow's PyTorchJob does (PET_* only): a master port each.
+STATIC_PORTS = {"flags": str(free_port()), "pet-only": str(free_port())}
+
+
+def _static_node(form: str, node_rank: int, port: str) -> tuple[list[str], dict[str, str]]:
+    """Node `node_rank`'s (flags, extra environment) of the static two-node line in `form`."""
+    line = {"nnodes": "2", "nproc_per_node": "2", "master_addr": "127.0.0.1", "master_port": port,
+            "node_rank": str(node_rank)}
+    if form == "pet-only":
+        return [S, "x"], {f"PET_{k.upper()}": v for k, v in line.items()}
+    return [*(f"--{k.replace('_', '-')}={v}" for k, v in line.items()), S, "x"], {}
+
+
 @pytest.fixture(scope="module")
 def torchrun_results(tmp_path_factory):
-    """Every line through torchrun at once (one torch import for all of them)."""
+    """Every line through torchrun at once (one torch import for all of them): a line's id -> (its
+    exit status, its ranks' dump directory). Also each node of the static two-node lines, first (two
+    lines run at a time: both nodes of a form start together), as ("static", form, node rank), the
+    nodes of a form dumping to one directory."""
     base = tmp_path_factory.mktemp("torchrun")
-    cases = []
+    runs = []  # (key, argv, env, dump directory, whether torch.distributed.launch is the reference)
+    for form, port in STATIC_PORTS.items():
+        (base / f"static-{form}").mkdir()
+        for node_rank in (1, 0):
+            runs.append((("static", form, node_rank), *_static_node(form, node_rank, port), base / f"static-{form}",
+                         False))
     for line_id, argv, env in LINES:
-        dump = base / line_id
-        dump.mkdir()
-        cases.append({"argv": argv, "env": env, "dump": str(dump), "launch": line_id in LAUNCH})
+        (base / line_id).mkdir()
+        runs.append((line_id, argv, env, base / line_id, line_id in LAUNCH))
+    cases = [{"argv": argv, "env": env, "dump": str(dump), "launch": launch} for _, argv, env, dump, launch in runs]
     (base / "cases.json").write_text(json.dumps(cases))
     env = {**os.environ, "LOGLEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
     res = subprocess.run([sys.executable, str(PARITY / "torchrun_reference.py"), str(base / "cases.json")],
                          cwd=PARITY, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     statuses = json.loads(res.stdout.strip().splitlines()[-1])
-    return {line_id: (status, base / line_id) for (line_id, _, _), status in zip(LINES, statuses, strict=True)}
+    return {key: (status, dump) for (key, _, _, dump, _), status in zip(runs, statuses, strict=True)}
 
 
 @pytest.mark.parametrize("line_id,argv,env", LINES, ids=[line[0] for line in LINES])
@@ -418,37 +440,32 @@ def test_the_grace_is_torch_elastic_shutdown_timeout_then_pet_then_the_flag(tmp_
         assert json.loads((tmp_path / f"g{i}" / "final.json").read_text())["shutdown_timeout"] == grace, env
 
 
-@pytest.mark.parametrize("by_env", [False, True], ids=["flags", "pet-only"])
-def test_a_static_two_node_line_gives_torchruns_world(tmp_path, by_env):
+@pytest.mark.parametrize("form", list(STATIC_PORTS))
+def test_a_static_two_node_line_gives_torchruns_world(tmp_path, form, torchrun_results):
     """The static multi-node line (no --rdzv-backend), as job scripts give it (flags) and as
-    Kubeflow's PyTorchJob does (PET_* only): both nodes run by torchrun, then both by ranktop; every
-    rank gets the same world. MASTER_PORT is left out: torchrun's static round picks a free one too."""
-    records = {}
-    for launcher in ("torchrun", "ranktop"):
-        dump = tmp_path / launcher
-        dump.mkdir()
-        port = str(free_port())
-        nodes = []
-        for node_rank in (1, 0):
-            line = {"nnodes": "2", "nproc_per_node": "2", "master_addr": "127.0.0.1", "master_port": port,
-                    "node_rank": str(node_rank)}
-            flags = [] if by_env else [f"--{k.replace('_', '-')}={v}" for k, v in line.items()]
-            env = {**os.environ, "DUMP_TO": str(dump), "LOGLEVEL": "ERROR", "PYTHONWARNINGS": "ignore",
-                   **({f"PET_{k.upper()}": v for k, v in line.items()} if by_env else {})}
-            cmd = ([sys.executable, "-m", "torch.distributed.run"] if launcher == "torchrun" else
-                   ranktop_cmd("--headless", "--log-dir", str(tmp_path / f"logs{node_rank}")))
-            nodes.append(subprocess.Popen([*cmd, *flags, S, "x"], cwd=PARITY, env=env, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, text=True))
-        try:
-            for node in nodes:
-                assert node.wait(timeout=120) == 0, (launcher, node.stderr.read()[-3000:])
-        finally:
-            for node in nodes:
-                if node.poll() is None:
-                    node.kill()
-                    node.wait()
-                node.stderr.close()
-        records[launcher] = {rank: {k: v for k, v in rec.items() if k != "MASTER_PORT"}
-                             for rank, rec in _records(dump).items()}
+    Kubeflow's PyTorchJob does (PET_* only): both nodes run by torchrun (in torchrun_results), then
+    both by ranktop; every rank gets the same world. MASTER_PORT is left out: torchrun's static
+    round picks a free one too."""
+    statuses = [torchrun_results["static", form, node_rank][0] for node_rank in (1, 0)]
+    assert statuses == [0, 0], f"torchrun failed on this line's nodes: {statuses}"
+    dump, port = tmp_path / "ranktop", str(free_port())
+    dump.mkdir()
+    nodes = []
+    for node_rank in (1, 0):
+        argv, env = _static_node(form, node_rank, port)
+        env = {**os.environ, "DUMP_TO": str(dump), "LOGLEVEL": "ERROR", "PYTHONWARNINGS": "ignore", **env}
+        nodes.append(subprocess.Popen(ranktop_cmd("--headless", "--log-dir", str(tmp_path / f"logs{node_rank}"), *argv),
+                                      cwd=PARITY, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    try:
+        for node in nodes:
+            assert node.wait(timeout=120) == 0, node.stderr.read()[-3000:]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+            node.stderr.close()
+    records = {launcher: {rank: {k: v for k, v in rec.items() if k != "MASTER_PORT"} for rank, rec in _records(at).items()}
+               for launcher, at in (("torchrun", torchrun_results["static", form, 0][1]), ("ranktop", dump))}
     assert sorted(records["torchrun"]) == ["0", "1", "2", "3"]
     assert records["ranktop"] == records["torchrun"], json.dumps(records, indent=1)

@@ -11,7 +11,7 @@ import signal
 import subprocess
 
 import pytest
-from conftest import ROOT, make_agent, ranktop_cmd, read_events, run_ranktop, wait_for
+from conftest import ROOT, make_agent, ranktop_cmd, read_events, wait_for
 from ranktop.core import commands as cmd
 from ranktop.core.engine import LocalEngine
 from ranktop.core.report import report_after_tui
@@ -34,12 +34,15 @@ def _up(engine: LocalEngine, n: int = 2, line: bytes = b"up") -> None:
 
 # ----- a stop after a rank's own failure (Ctrl-C, SIGTERM, `ranktop stop`) ---------------------
 # Rank 1 fails once rank 0 is up (argv[1] exists); rank 0 saves a checkpoint in its SIGTERM
-# handler for the whole grace.
+# handler until told it is saved (argv[2] exists: the test makes it once ranktop has taken the
+# user's stop, so the checkpoint's end, not the grace, ends the run), or until killed.
 CHECKPOINTS = """
 import os, signal, sys, time
 def checkpoint(*_):
     print("checkpointing", flush=True)
-    time.sleep(60)
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.02)
+    sys.exit(0)
 signal.signal(signal.SIGTERM, checkpoint)
 up = sys.argv[1]
 if os.environ["RANK"] == "0":
@@ -60,21 +63,30 @@ def test_a_stop_during_a_failures_shutdown_still_names_the_failed_rank(tmp_path,
     script = tmp_path / "ckpt.py"
     script.write_text(CHECKPOINTS)
     run_dir = tmp_path / "logs" / "r"
+    saved = tmp_path / "checkpoint saved"
     proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--shutdown-timeout", "4",
                                         "--log-dir", str(tmp_path / "logs"), "--run-id", "r", str(script),
-                                        str(tmp_path / "rank 0 up")),
+                                        str(tmp_path / "rank 0 up"), str(saved)),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopper = None
     try:
         wait_for(lambda: b"checkpointing" in _log(run_dir, 0), timeout=20, what="rank 0 checkpointing")
-        if how == "ranktop stop":
-            assert run_ranktop("stop", "r").returncode == 0
+        if how == "ranktop stop":  # (in the background: it may wait for the run's end)
+            stopper = subprocess.Popen(ranktop_cmd("stop", "r"), cwd=ROOT, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
         else:
             proc.send_signal(getattr(signal, how))
+        taken = "user_stop" if how == "ranktop stop" else "signal_received"
+        wait_for(lambda: any(e["event"] == taken for e in read_events(run_dir)), timeout=20, what="the stop taken")
+        saved.touch()
         _, err = proc.communicate(timeout=30)
+        if stopper is not None:
+            assert stopper.wait(30) == 0, stopper.communicate()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        for started in (proc, stopper):
+            if started is not None and started.poll() is None:
+                started.kill()
+                started.communicate()
     assert proc.returncode == (128 + signal.SIGTERM if how == "SIGTERM" else 130), err
     stop = "stopped on request" if how == "ranktop stop" else f"stopped by {how}"
     assert f"ranktop: ckpt.py failed (attempt 1 of 1), then was {stop}\n" in err, err
