@@ -23,7 +23,7 @@ from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
 from ranktop.core.errors import read_at_most
-from ranktop.core.events import run_started, started_event
+from ranktop.core.events import open_events_file, run_started, started_event
 from ranktop.core.layout import EVENTS, FINAL_FILE, FINAL_KEY, STACKS, final_seal_of, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.output import RanktopLine
@@ -802,12 +802,11 @@ class FinalEngine:
 
 def _recorded_seal(run_fd: int) -> str | None:
     """The final_seal the run_started event of the run directory `run_fd` recorded, or None."""
-    try:
-        fd = os.open(EVENTS, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=run_fd)
-    except OSError:
+    fd = open_events_file(EVENTS, dir_fd=run_fd)
+    if fd is None:
         return None
     try:
-        first = started_event(fd) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        first = started_event(fd)
     finally:
         os.close(fd)
     seal = first.get("final_seal") if first is not None else None

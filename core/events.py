@@ -99,11 +99,11 @@ def read_events(path: str) -> Iterator[dict]:
         os.close(fd)
 
 
-def open_events_file(path: str) -> int | None:
-    """A descriptor of the regular file at `path`, opened as read_events opens one; None if it is
-    not one (gone, a symlink, a FIFO)."""
+def open_events_file(path: str, dir_fd: int | None = None) -> int | None:
+    """A descriptor of the regular file at `path` (in the directory `dir_fd`, if given), opened as
+    read_events opens one; None if it is not one (gone, a symlink, a FIFO)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
     if stat.S_ISREG(os.fstat(fd).st_mode):
