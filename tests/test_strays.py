@@ -314,17 +314,25 @@ def test_library_stop_sweeps_a_setsid_helper_found_by_the_parent_chain(tmp_path)
         thread.join(30)
 
 
+# Each stray says it has left the rank's session before the rank prints them and ends (one still
+# in the rank's group when it ended went with the group's stop, and was missing from the sweep's).
 _MANY_STUBBORN = """
 import os, signal, sys, time
 pids = []
+ready_r, ready_w = os.pipe()
 for _ in range(int(sys.argv[1])):
     pid = os.fork()
     if pid == 0:
         os.setsid()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.write(ready_w, b"x")
         time.sleep(60)
         os._exit(0)
     pids.append(pid)
+os.close(ready_w)
+left = len(pids)
+while left:
+    left -= len(os.read(ready_r, left))
 print(*pids, flush=True)
 """
 
