@@ -74,7 +74,9 @@ def test_header_root_cause_and_pane_show_rank_text_safely(tmp_path):
         text, styles = painted(log)
         assert_safe(text, styles)
         assert "out:[link=http://evil]markup[/link]red" in text
-        (red,) = [s for s in log._render_raw(log._lines[0], 0)[0] if s.text == "red"]
+        # (the rank's stdout line: its traceback on stderr may have been read before it)
+        out_line = next(raw for raw in log._lines if raw.startswith(b"out:"))
+        (red,) = [s for s in log._render_raw(out_line, 0)[0] if s.text == "red"]
         assert red.style.color is not None and red.style.color.name == "color(1)", "the rank's colour is kept"
         await pilot.press("q")
 
