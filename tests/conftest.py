@@ -6,7 +6,7 @@ Test files import this module as `conftest` (pytest puts tests/ first on sys.pat
 
 Every process a test starts inherits RANKTOP_TEST_ID from this session's environment (ranktop
 passes the caller's environment on to ranks, and ranks to their children). After each test no
-process carrying it may be left, apart from pytest itself. Under pytest-xdist (`make test` runs two
+process carrying it may be left, apart from pytest itself. Under pytest-xdist (`make test` runs four
 workers) each worker draws its own, so a worker's check never counts, or kills, the other's ranks.
 """
 

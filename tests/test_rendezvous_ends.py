@@ -5,6 +5,7 @@ the store. (Rounds, restarts and the static form: test_rendezvous.py.)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -338,7 +339,8 @@ def _freeze(node: subprocess.Popen, sig: int) -> None:
     import psutil
 
     for pid in [node.pid, *(child.pid for child in psutil.Process(node.pid).children(recursive=True))]:
-        os.kill(pid, sig)
+        with contextlib.suppress(ProcessLookupError):  # (one that ended since it was listed needs neither)
+            os.kill(pid, sig)
 
 
 def _placed(tmp_path: Path, node: str, attempt: str) -> bool:

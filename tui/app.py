@@ -120,6 +120,8 @@ class RanktopApp(App):
 
     @on(MainScreen.GroupEnded)
     def group_ended(self, event: MainScreen.GroupEnded) -> None:
+        if not self.screen_stack:  # the app is closing (its screens gone): an end reported meanwhile has no view
+            return
         # Nothing is left to act on: every open view's footer drops those keys (a stack view
         # opened while the run went on offered its SIGUSR1 fallback after the end).
         for screen in self.screen_stack:
