@@ -19,6 +19,7 @@ from ranktop.core.state import GroupState, RankState, RootCause
 from ranktop.tui.app import DIALOG_EXTRAS, RanktopApp
 from ranktop.tui.commands import described
 from ranktop.tui.details import RankDetails
+from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import header_text
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker, root_cause_body
 from ranktop.tui.stacks_view import StacksScreen
@@ -201,6 +202,21 @@ def test_the_end_panel_says_why_a_run_ended_with_no_rank_to_blame(state, fields,
         assert "stopped on request" not in end_panel(app)
 
     drive(engine, body)
+
+
+def test_a_run_end_handled_after_the_app_closed_its_screens_is_ignored():
+    """The app handles the main screen's GroupEnded from its own queue: an end that came just as
+    the app closed (q as the run ended) was handled with no screen left, and raised
+    ScreenStackError out of the app's exit."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        pass
+
+    app = drive(engine, body)
+    assert app.screen_stack == []
+    engine.end(GroupState.FAILED, 1)
+    app.group_ended(MainScreen.GroupEnded(engine.snapshot()))  # (raised before)
 
 
 def test_exit_on_end_leaves_with_the_engines_status():
