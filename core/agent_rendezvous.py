@@ -219,8 +219,16 @@ class AgentRendezvous:
                                else RoundEnd("nodes_joined", f"nodes joined the {where}"))
             self.events.write("round_end", kind=self._round_end.kind, message=self._round_end.message,
                               overtook="user_restart")
-        return (f"{self._round_end.message} just before your R: the group restarts for that, "
-                + ("a restart spent, as on every node" if self._round_end.kind == "peer_failed" else "no restart spent"))
+        return f"{self._round_end.message} just before your R: {self._what_follows_the_word()}"
+
+    def _what_follows_the_word(self) -> str:
+        """What the other node's word, taken over the user's `R`, does to this node's run."""
+        if self._round_end.kind == "nodes_joined":
+            return "the group restarts for that, no restart spent"
+        if self.restarts_spent < self.spec.max_restarts:
+            return "the group restarts for that, a restart spent, as on every node"
+        # (a failure with none left ends the run on every node: the R restarts nothing)
+        return f"no restarts are left ({self.restarts_spent} of {self.spec.max_restarts} spent): the run ends for that"
 
     def _restart_overtaken(self) -> bool:
         """The user's `R` came just after another node's failure or newcomers: that decides."""

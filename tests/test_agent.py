@@ -759,10 +759,16 @@ def test_the_end_sweep_leaves_a_stopping_groups_worker_to_its_grace(tmp_path):
     assert log.count(b"worker got SIGTERM") == 1, log
 
 
-def test_an_r_after_the_round_watch_saw_another_nodes_failure_says_the_group_restarts_for_that(tmp_path):
+@pytest.mark.parametrize(("max_restarts", "then"), [
+    (3, "the group restarts for that, a restart spent, as on every node"),
+    (0, "no restarts are left (0 of 0 spent): the run ends for that"),  # (it said the group restarts)
+])
+def test_an_r_after_the_round_watch_saw_another_nodes_failure_says_the_group_restarts_for_that(tmp_path, max_restarts,
+                                                                                               then):
     """The round watch had recorded another node's failure (its heartbeats lapsed) when the
     user's `R` came: `R` was answered `restarting the group (next attempt)`, though the restart
-    is that failure's, a restart spent (the user's R decides nothing then). It says so."""
+    is that failure's, a restart spent (the user's R decides nothing then). It says so; with no
+    restarts left, that the run ends."""
     from ranktop.core.rendezvous import RoundEnd
 
     class Round:  # the rendezvous' part here: its name (the store decided already: not asked)
@@ -778,11 +784,10 @@ def test_an_r_after_the_round_watch_saw_another_nodes_failure_says_the_group_res
         def stop(self) -> None:
             self.stopped = True
 
-    agent = make_agent(tmp_path, "pass", n=1)
+    agent = make_agent(tmp_path, "pass", n=1, max_restarts=max_restarts)
     agent.rendezvous, group = Round(), Group()
     gone = "node 127.0.0.2 (group rank 1) of the c10d rendezvous 'job' is gone"
     agent._round_end = RoundEnd("peer_failed", gone)
     ack = agent._on_restart_group(group, cmd.RestartGroup())
-    assert (ack.ok, ack.message) == (True, f"{gone} just before your R: the group restarts for that, a restart "
-                                           "spent, as on every node")
+    assert (ack.ok, ack.message) == (True, f"{gone} just before your R: {then}")
     assert group.stopped
