@@ -48,6 +48,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # a session of its own: one worker's 
     os.environ["RANKTOP_TEST_ID"] = uuid.uuid4().hex
 TEST_ID = os.environ.setdefault("RANKTOP_TEST_ID", uuid.uuid4().hex)
 MARK = f"RANKTOP_TEST_ID={TEST_ID}\0".encode()
+# A suite run as a background job of a script (`make test &`: SIGINT and SIGQUIT ignored, as POSIX
+# has it) or under nohup (SIGHUP ignored) passed that on to every process a test starts; `logs`,
+# rightly, then kept Ctrl-C ignored, and the Ctrl-C tests waited out their 30 s. Each test's
+# processes start as from a terminal: with these signals at their defaults (Python's for SIGINT).
+for _sig, _default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, signal.SIG_DFL),
+                       (signal.SIGHUP, signal.SIG_DFL)):
+    if signal.getsignal(_sig) is signal.SIG_IGN:
+        signal.signal(_sig, _default)
 # Runs are served from a runtime directory of this session's own (each worker's): two tests that
 # give the same --run-id in two workers, or a developer's own detached runs, never meet there.
 # Tests about that directory itself set XDG_RUNTIME_DIR for their ranktop.
