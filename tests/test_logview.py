@@ -212,6 +212,34 @@ async def test_search_counts_highlights_and_moves_between_matches():
         assert view.search_query == ""
 
 
+@sync
+async def test_the_current_match_colour_stays_on_the_line_n_and_n_are_on_as_the_other_stream_prints():
+    """The unfinished last line's rows were cached by its text: the current-match colour stayed
+    on the prompt after a line of the other stream took its number (n / N had moved on with the
+    number), so two lines were drawn current. The colour goes by the line's number, as n / N do."""
+    ring = LineRing()
+    ring.feed(STDOUT, b"loss 0.5\nstep\nloss? ")  # a complete match, then a prompt that matches
+    async with shown(ring) as (view, pilot):
+        current = view.get_component_rich_style("logview--match-current")
+        other = view.get_component_rich_style("logview--match")
+
+        def looks(y: int) -> list:  # the style of each "loss" on row y, less its offset meta
+            return [style.clear_meta_and_links() for style in styles_of(view, y, "loss")]
+
+        assert view.search("loss") == 2 and view.match_position == (2, 2)
+        view.focus()
+        await pilot.press("N", "n")  # back on the prompt
+        assert screen_rows(view)[2] == "loss?" and looks(2) == [current]
+        ring.feed(STDERR, b"loss spike\n")  # the other stream's line takes the prompt's number
+        view.poll()
+        assert screen_rows(view)[2:4] == ["loss spike", "loss?"]
+        assert view.match_position == (2, 3), "n / N are on the line numbered as the prompt was"
+        assert looks(2) == [current] and looks(3) == [other]
+        await pilot.press("n")
+        assert view.match_position == (3, 3)
+        assert looks(2) == [other] and looks(3) == [current]
+
+
 SEPARATOR = "──── 12:03:04 restart 1 of this rank (ranktop) ────"
 
 

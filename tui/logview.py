@@ -620,14 +620,18 @@ class LogView(ScrollView, can_focus=True):
     def _strip(self, index: int, sub: int) -> Strip | None:
         if index >= self.line_count:
             return None
+        number = self._first + index
         if index < len(self._lines):
-            raw, key = self._lines[index], self._first + index
+            raw, key = self._lines[index], number
         else:
+            # An unfinished line by its text (a progress bar redrawn is new text) and its number:
+            # another stream's line ending before it moves it down one, and the current-match
+            # colour goes by number, as n / N do (by text alone it stayed on the line it had left).
             raw = self._open[index - len(self._lines)]
-            key = ("open", raw)
+            key = ("open", number, raw)
         pieces = self._strips.get(key)
         if pieces is None:
-            pieces = self._render_raw(raw, self._first + index)
+            pieces = self._render_raw(raw, number)
             self._strips[key] = pieces
         return pieces[sub] if sub < len(pieces) else None
 
