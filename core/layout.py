@@ -22,7 +22,7 @@ import re
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ranktop.core.errors import UsageError
 from ranktop.core.sanitize import quoted
@@ -505,19 +505,27 @@ def _default_root_to_read() -> tuple[int | None, str | None]:
     return fd, None
 
 
+def newest_entries(root: int | str, count: int, key: Callable[[os.DirEntry], float | None]) -> list[str]:
+    """The names of the `count` entries of the directory `root` (a descriptor or a path) with the
+    largest `key` (None: passed over), largest first, among its first MAX_ROOT_ENTRIES entries:
+    bounded work however many runs a log root holds. OSError if `root` cannot be listed."""
+    with os.scandir(root) as entries:  # (of a descriptor, it reads a duplicate: `root` stays open)
+        keyed = [(k, entry.name) for entry in itertools.islice(entries, MAX_ROOT_ENTRIES)
+                 if (k := key(entry)) is not None]
+    return [name for _, name in heapq.nlargest(count, keyed)]
+
+
 def _newest_dirs(root: int, count: int) -> list[str]:
-    """The names of our `count` directories in `root` changed last, among its first
-    MAX_ROOT_ENTRIES entries (a symlink is no directory here)."""
-    me, found = os.geteuid(), []
-    with os.scandir(root) as entries:  # (it reads a duplicate of `root`, which stays open)
-        for entry in itertools.islice(entries, MAX_ROOT_ENTRIES):
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:  # removed while we look
-                continue
-            if stat.S_ISDIR(info.st_mode) and info.st_uid == me:
-                found.append((info.st_mtime, entry.name))
-    return [name for _, name in heapq.nlargest(count, found)]
+    """The names of our `count` directories in `root` changed last (a symlink is no directory here)."""
+    return newest_entries(root, count, _own_dir_changed)
+
+
+def _own_dir_changed(entry: os.DirEntry) -> float | None:
+    try:
+        info = entry.stat(follow_symlinks=False)
+    except OSError:  # removed while we look
+        return None
+    return info.st_mtime if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() else None
 
 
 def _own_file_written(root: int, name: str, file: str) -> float | None:
