@@ -649,6 +649,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         from ranktop.core.server import to_json
 
         final = dataclasses.replace(self.snapshot(), ended=True, exit_status=self.result.exit_status)
+        # The key last: `ranktop ls` reads it from the file's tail (layout._final_key_at_end).
         text = json.dumps({**to_json(final), FINAL_KEY: self._final_key})  # (json.dump encodes in Python, dumps in C)
         writing = f"{FINAL_FILE}.writing-{os.urandom(4).hex()}"
         try:

@@ -23,8 +23,8 @@ from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
 from ranktop.core.errors import read_at_most
-from ranktop.core.events import open_events_file, run_started, started_event
-from ranktop.core.layout import EVENTS, FINAL_FILE, FINAL_KEY, STACKS, final_seal_of, open_dir_below, tail_lines_below
+from ranktop.core.events import recorded_seal, run_started
+from ranktop.core.layout import FINAL_FILE, FINAL_KEY, STACKS, final_seal_of, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
 from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean, quoted
@@ -725,7 +725,7 @@ class FinalEngine:
             raise BadFinalFile(f"bad final view {final_path}: its directory cannot be opened "
                                f"({exc.strerror})") from None
         try:
-            snap = self._read(final_path, seal or _recorded_seal(self._run_fd))
+            snap = self._read(final_path, seal or recorded_seal(self._run_fd))
         except BadFinalFile:
             os.close(self._run_fd)
             raise
@@ -798,19 +798,6 @@ class FinalEngine:
         if self._run_fd >= 0:
             os.close(self._run_fd)
             self._run_fd = -1
-
-
-def _recorded_seal(run_fd: int) -> str | None:
-    """The final_seal the run_started event of the run directory `run_fd` recorded, or None."""
-    fd = open_events_file(EVENTS, dir_fd=run_fd)
-    if fd is None:
-        return None
-    try:
-        first = started_event(fd)
-    finally:
-        os.close(fd)
-    seal = first.get("final_seal") if first is not None else None
-    return seal if isinstance(seal, str) else None
 
 
 def _unsealed(data: Any, seal: str | None) -> str | None:

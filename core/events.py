@@ -173,6 +173,21 @@ def run_started(run_dir: str) -> dict | None:
         os.close(fd)
 
 
+def recorded_seal(run_fd: int) -> str | None:
+    """The final_seal that the run_started event of the run directory `run_fd` recorded (the
+    sha256 of the key only the engine's own final.json holds), or None: an older ranktop's run,
+    or no run_started there to read. Only that first line is read."""
+    fd = open_events_file(EVENTS, dir_fd=run_fd)
+    if fd is None:
+        return None
+    try:
+        first = started_event(fd)
+    finally:
+        os.close(fd)
+    seal = first.get("final_seal") if first is not None else None
+    return seal if isinstance(seal, str) else None
+
+
 def started_event(fd: int) -> dict | None:
     """The run_started event on the first line of the open events.jsonl `fd`, None if that line is
     not one (or cannot be read). Only the first line is read: a rank can fill the file with lines

@@ -22,7 +22,7 @@ import re
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ranktop.core.errors import UsageError
 from ranktop.core.sanitize import quoted
@@ -424,13 +424,14 @@ def newest_ended_runs(count: int) -> list[tuple[str, float]]:
     """(name, when its final.json was written) of the `count` runs under the default log root
     that ended last, newest first, for a user who comes back after the engine left. Read, never
     made: [] unless the root is there and as ranktop makes it (`_open_default_root`'s rule); only
-    our own directories, none reached through a symlink. An ended run's directory changed last
-    when its final.json was made, so only the MAX_RUNS_OPENED changed last are opened."""
+    our own directories, none reached through a symlink, whose final.json is the engine's
+    (`_sealed_end`). An ended run's directory changed last when its final.json was made, so only
+    the MAX_RUNS_OPENED changed last are opened."""
     with _default_root_read() as root:
         if root is None:
             return []
         ended = [(name, when) for name in _newest_dirs(root, MAX_RUNS_OPENED)
-                 if (when := _own_file_written(root, name, FINAL_FILE)) is not None]
+                 if (when := _sealed_end(root, name)) is not None]
     return sorted(ended, key=lambda run: run[1], reverse=True)[:count]
 
 
@@ -449,7 +450,9 @@ def default_run_files(name: str) -> frozenset[str]:
 
 def ended_runs_starting(prefix: str) -> list[str]:
     """The ids of the ended runs under the default log root that start with `prefix`, sorted,
-    read by `newest_ended_runs`' rule ([] where the root fails it)."""
+    read by `newest_ended_runs`' rule ([] where the root fails it), its seal aside: the run a
+    prefix names has its final.json opened and checked (`client.FinalEngine`), which says so
+    where the engine did not write it, and a prefix may match any number of runs."""
     with _default_root_read() as root:
         if root is None:
             return []
@@ -502,38 +505,102 @@ def _default_root_to_read() -> tuple[int | None, str | None]:
     return fd, None
 
 
+def newest_entries(root: int | str, count: int, key: Callable[[os.DirEntry], float | None]) -> list[str]:
+    """The names of the `count` entries of the directory `root` (a descriptor or a path) with the
+    largest `key` (None: passed over), largest first, among its first MAX_ROOT_ENTRIES entries:
+    bounded work however many runs a log root holds. OSError if `root` cannot be listed."""
+    with os.scandir(root) as entries:  # (of a descriptor, it reads a duplicate: `root` stays open)
+        keyed = [(k, entry.name) for entry in itertools.islice(entries, MAX_ROOT_ENTRIES)
+                 if (k := key(entry)) is not None]
+    return [name for _, name in heapq.nlargest(count, keyed)]
+
+
 def _newest_dirs(root: int, count: int) -> list[str]:
-    """The names of our `count` directories in `root` changed last, among its first
-    MAX_ROOT_ENTRIES entries (a symlink is no directory here)."""
-    me, found = os.geteuid(), []
-    with os.scandir(root) as entries:  # (it reads a duplicate of `root`, which stays open)
-        for entry in itertools.islice(entries, MAX_ROOT_ENTRIES):
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:  # removed while we look
-                continue
-            if stat.S_ISDIR(info.st_mode) and info.st_uid == me:
-                found.append((info.st_mtime, entry.name))
-    return [name for _, name in heapq.nlargest(count, found)]
+    """The names of our `count` directories in `root` changed last (a symlink is no directory here)."""
+    return newest_entries(root, count, _own_dir_changed)
+
+
+def _own_dir_changed(entry: os.DirEntry) -> float | None:
+    try:
+        info = entry.stat(follow_symlinks=False)
+    except OSError:  # removed while we look
+        return None
+    return info.st_mtime if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() else None
 
 
 def _own_file_written(root: int, name: str, file: str) -> float | None:
     """When the run directory `name`'s `file` (final.json: still running, or its engine was
     killed, without one) was written: a regular file of ours in a directory of ours, reached
     through no symlink; None otherwise."""
-    try:
-        run = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root)
-    except OSError:  # swapped for a symlink or a file, or removed, since it was listed
+    run = _own_run_dir(root, name)
+    if run is None:
         return None
     try:
-        if os.fstat(run).st_uid != os.geteuid():
-            return None
         info = os.stat(file, dir_fd=run, follow_symlinks=False)
     except OSError:
         return None
     finally:
         os.close(run)
     return info.st_mtime if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() else None
+
+
+def _sealed_end(root: int, name: str) -> float | None:
+    """When the run `name` ended: when its engine wrote its final.json (`_own_file_written`'s
+    rule), which holds the key to the seal its run_started recorded. None otherwise: the run goes
+    on, or its engine was killed before the end, and the final.json there, if any, is one a rank
+    planted (a rank of ours can write its run directory). A run with no seal recorded (an older
+    ranktop's) is taken as its final.json says, as `client.FinalEngine` takes it. Cheap however
+    hostile the files: the first line of events.jsonl and the tail of final.json are read."""
+    from ranktop.core.events import recorded_seal  # (events imports this module)
+
+    run = _own_run_dir(root, name)
+    if run is None:
+        return None
+    try:
+        fd = os.open(FINAL_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=run)
+    except OSError:
+        os.close(run)
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            return None
+        key, seal = _final_key_at_end(fd, info.st_size), recorded_seal(run)
+    finally:
+        os.close(fd)
+        os.close(run)
+    return info.st_mtime if seal is None or (key is not None and final_seal_of(key) == seal) else None
+
+
+def _own_run_dir(root: int, name: str) -> int | None:
+    """A descriptor of the directory `name` in `root`, if it is one of ours (no symlink), else None."""
+    try:
+        run = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root)
+    except OSError:  # swapped for a symlink or a file, or removed, since it was listed
+        return None
+    try:
+        if os.fstat(run).st_uid == os.geteuid():
+            return run
+    except OSError:
+        pass
+    os.close(run)
+    return None
+
+
+# The engine writes final.json's key last (core/agent.py, _write_final), as json.dumps lays it out.
+_KEY_AT_END = re.compile(rb'"' + FINAL_KEY.encode() + rb'": "([0-9a-f]{1,128})"\}\Z')
+_KEY_TAIL = 256  # bytes of final.json that hold its key: `, "final_key": "<32 hex digits>"}`
+
+
+def _final_key_at_end(fd: int, size: int) -> str | None:
+    """The key at the end of the open final.json `fd` of `size` bytes, read from its last bytes
+    only (a final.json of thousands of ranks is megabytes, and a rank's can be any size), or None."""
+    try:
+        tail = os.pread(fd, _KEY_TAIL, max(0, size - _KEY_TAIL))
+    except OSError:
+        return None
+    found = _KEY_AT_END.search(tail)
+    return found.group(1).decode() if found else None
 
 
 def checked_tempdir() -> str:

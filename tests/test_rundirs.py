@@ -4,9 +4,12 @@ everything is private, and error.json is read as hostile input (core/layout.py, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -15,6 +18,7 @@ import textwrap
 import threading
 import time
 
+import psutil
 import pytest
 from conftest import NOBODY, ROOT, mode_of, ranktop_cmd, read_events, run_ranktop, stop_process, wait_for
 from ranktop.core import Std, start_processes
@@ -478,6 +482,54 @@ def test_a_final_json_a_rank_planted_is_set_aside_and_the_runs_own_is_written(tm
     (aside,) = run_dir.glob("final.json.set-aside-*")
     assert json.loads(aside.read_text()) == {"forged": True}
     assert "final_write_failed" not in [e["event"] for e in read_events(run_dir)]
+
+
+PLANT_DONORS_FINAL = """import os, shutil, sys, time
+run_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.environ['TORCHELASTIC_ERROR_FILE'])))
+shutil.copy(sys.argv[1], os.path.join(run_dir, 'final.json'))
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_final_json_a_rank_planted_does_not_make_its_run_look_ended(tmp_path):
+    """`ls` and the no-run lines of `logs`/`stop`/`attach` name the runs that ended last under the
+    default log root: any run directory with a final.json of ours counted, so a rank's copy of
+    another run's (a success, well formed) made its run, running, look ended seconds ago, and,
+    its engine killed, look finished. Only a final.json that holds the key to the seal its
+    run_started recorded counts now: the real one of the donor run still does."""
+    sockets = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # (a socket's path must stay short)
+    env = {**os.environ, "TMPDIR": str(tmp_path), "XDG_RUNTIME_DIR": sockets}
+    root = tmp_path / f"ranktop-{os.geteuid()}"
+    (tmp_path / "ok.py").write_text("print('ok')\n")
+    (tmp_path / "plant.py").write_text(PLANT_DONORS_FINAL)
+    engine, ranks = None, []
+    try:
+        assert run_ranktop("--headless", "--run-id", "donor", str(tmp_path / "ok.py"), env=env).returncode == 0
+        done = run_ranktop("--detach", "--run-id", "planted", str(tmp_path / "plant.py"),
+                           str(root / "donor" / "final.json"), env=env)
+        assert done.returncode == 0, done.stderr
+        events = wait_for(lambda: (found := read_events(root / "planted", while_written=True))
+                          and any(e["event"] == "started" for e in found) and found, what="the rank started")
+        engine, ranks = events[0]["pid"], [e["pid"] for e in events if e["event"] == "started"]  # (run_started's pid: the engine)
+        wait_for((root / "planted" / "final.json").exists, what="the planted final.json")
+        ended = (rf"ended under {re.escape(str(root))}, newest first: donor \(\d+m\d\ds ago\); ranktop (\w+) "
+                 rf"{re.escape(str(root / 'donor'))} reaches the newest, as does its id: ranktop \1 donor")
+        running = run_ranktop("logs", "nope", env=env)  # the served run and the runs that ended
+        assert running.returncode == 2 and re.fullmatch(
+            rf"ranktop: error: 'nope' names no run served on this host: runs are planted; {ended}\n",
+            running.stderr), running.stderr
+        os.kill(engine, signal.SIGKILL)  # killed before its end: it never set the planted one aside
+        wait_for(lambda: not any(psutil.pid_exists(pid) for pid in ranks), what="the guard ended the ranks")
+        listed = run_ranktop("ls", env=env)
+        assert listed.returncode == 0 and re.fullmatch(rf"no runs are served on this host; {ended}\n",
+                                                       listed.stdout), listed.stdout
+    finally:
+        if engine is not None:  # (a failed check: the run must not outlive the test)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(engine, signal.SIGKILL)
+            wait_for(lambda: not any(psutil.pid_exists(pid) for pid in [engine, *ranks]), what="the run gone")
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 # ----- error.json is hostile input --------------------------------------------------------------

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import heapq
-import itertools
 import os
 import stat
 from collections.abc import Iterable, Mapping
@@ -13,7 +11,7 @@ from collections.abc import Iterable, Mapping
 import psutil
 from ranktop.core.errors import ERROR_FILE_ENV
 from ranktop.core.events import events_in, open_events_file, run_started
-from ranktop.core.layout import EVENTS, MAX_ROOT_ENTRIES, MAX_RUNS_OPENED, run_dir_of_error_file
+from ranktop.core.layout import EVENTS, MAX_RUNS_OPENED, newest_entries, run_dir_of_error_file
 from ranktop.core.limits import raise_fd_limit
 from ranktop.core.protocol import is_whole
 from ranktop.core.stacks.procs import HeldProcess, close_all, environ, gone_reason
@@ -174,12 +172,10 @@ def _written_last(root: str, count: int) -> list[str]:
     """The `count` run directories of `root` whose events.jsonl was written last, newest first,
     among its first MAX_ROOT_ENTRIES entries."""
     try:
-        with os.scandir(root) as entries:
-            runs = [os.path.join(root, entry.name) for entry in itertools.islice(entries, MAX_ROOT_ENTRIES)]
+        names = newest_entries(root, count, lambda entry: _events_written(os.path.join(root, entry.name)))
     except OSError:
         return []
-    written = [(when, d) for d in runs if (when := _events_written(d)) is not None]
-    return [d for _, d in heapq.nlargest(count, written)]
+    return [os.path.join(root, name) for name in names]
 
 
 def _events_written(run_dir: str) -> float | None:
