@@ -307,6 +307,7 @@ class EngineServer:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)  # a full pipe wakes the thread already
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._clients: dict[socket.socket, _Client] = {}
         # Of those, the ones whose read requests wait for their turn, in the order they came, and
@@ -319,7 +320,7 @@ class EngineServer:
         self._spare_fd = _spare_fd()  # given up for a moment to refuse a client when out of descriptors
         self._accept_paused_until = 0.0
         self._later: list[tuple[_Client, bytes | str]] = []  # slow answers (or why not), sent by the server thread
-        self._later_lock = threading.Lock()
+        self._later_lock = threading.Lock()  # also held by a wake-up's write and by the close of its pipe
         self._closed = False
         self._leave = threading.Event()  # set by a Stop once the run has ended: stop lingering
         # A TUI on the terminal that started the run holds the engine: after the end it stays
@@ -752,10 +753,19 @@ class EngineServer:
                 data = why
         with self._later_lock:
             self._later.append((client, data))
-        try:
-            os.write(self._wake_w, b"a")
-        except OSError:  # closed: the server is gone, and so is the client
-            pass
+        self._wake(b"a")
+
+    def _wake(self, why: bytes) -> None:
+        """Wake the server's thread (b"x": to end). Under the lock that close() closes the pipe in:
+        a dump's thread that ended after the close wrote into whatever file of the process had
+        taken the pipe's descriptor number by then."""
+        with self._later_lock:
+            if self._wake_w < 0:  # closed: the server is gone, and so are its clients
+                return
+            try:
+                os.write(self._wake_w, why)
+            except BlockingIOError:  # full: the thread has wake-ups to read already
+                pass
 
     def _dump_answer(self, request_id: Any, command: cmd.DumpStacks | cmd.SignalDump) -> bytes:
         ack = self.engine.submit(command)
@@ -876,7 +886,7 @@ class EngineServer:
         if self._closed:
             return
         self._closed = True
-        os.write(self._wake_w, b"x")
+        self._wake(b"x")
         self._thread.join(5.0)
         if not self._thread.is_alive():
             self._last_push()
@@ -887,7 +897,9 @@ class EngineServer:
         self._selector.close()
         self._listener.close()
         os.close(self._wake_r)
-        os.close(self._wake_w)
+        with self._later_lock:  # (a dump's thread may be about to write to it)
+            os.close(self._wake_w)
+            self._wake_w = -1
         if self._spare_fd >= 0:
             os.close(self._spare_fd)
         try:

@@ -806,6 +806,49 @@ def test_a_client_that_sends_its_end_of_file_after_asking_gets_its_whole_answer(
     assert dumped["status"] == "ok" and dumped["threads"][0]["frames"], dumped
 
 
+def test_a_stack_dump_that_outlasts_its_client_and_the_server_writes_into_no_file(served, short_bounds, monkeypatch,
+                                                                                   tmp_path):
+    """A client that sent its end of file waits for its dump's answer DUMP_FAREWELL_SECONDS at most:
+    its connection is closed then, the dump still running. A dump's thread wakes the server's
+    thread with a byte in its pipe: one that ended after close() wrote it by the pipe's descriptor
+    number, closed by then, and perhaps taken by another file of the process since: a byte written
+    into someone else's file. It writes nothing."""
+    monkeypatch.setattr(short_bounds, "DUMP_FAREWELL_SECONDS", 0.2)
+    fake, server = served
+    submit, started, release = fake.submit, threading.Event(), threading.Event()
+
+    def held(command):
+        started.set()
+        release.wait(10)
+        return submit(command)
+
+    fake.submit = held
+    before = set(threading.enumerate())
+    asker = hello(server.path, {"type": "command", "id": 1, "command": "DumpStacks", "args": {}})
+    wait_for(started.is_set, what="the dump running")
+    (dumper,) = [t for t in threading.enumerate() if t not in before and t.name == "ranktop-server-dump"]
+    asker.shutdown(socket.SHUT_WR)
+    assert frames_until_closed(asker, timeout=5) == [] and dumper.is_alive()  # not waited for past the bound
+    asker.close()
+    wake = server._wake_w
+    server.close()
+    other = tmp_path / "other"
+    fd = os.open(other, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if fd != wake:  # the pipe's number, free since the close, given to this file
+            with pytest.raises(OSError):
+                os.fstat(wake)
+            os.dup2(fd, wake)
+        release.set()
+        dumper.join(10)
+        assert not dumper.is_alive()
+    finally:
+        os.close(fd)
+        if fd != wake:
+            os.close(wake)
+    assert other.read_bytes() == b""
+
+
 def test_a_snapshot_that_fails_for_a_push_costs_the_subscribers_not_the_server(served):
     """A push's snapshot was taken outside the guard that makes a failed push cost its subscriber
     only: an engine's snapshot that raised there ended the server's thread, and every client
