@@ -34,7 +34,8 @@ when its socket is writable, so a client that reads slowly (or asks and never re
 connection, never the server thread; one that owes more than MAX_PENDING is dropped. Frames that
 arrived before a client closed are read and applied, even where its answers can no longer be sent;
 one that closed only its sending side (shutdown) is sent what it is owed, for FAREWELL_SECONDS at
-most, before its connection is closed.
+most, before its connection is closed; where stack dumps it asked for still run, it stays for their
+answers, DUMP_FAREWELL_SECONDS at most, then FAREWELL_SECONDS to take them.
 One that takes nothing for UNREAD_SECONDS, or asks nothing for IDLE_SECONDS and follows nothing,
 is dropped too; on the way out, one that takes nothing for STUCK_SECONDS is not waited for.
 A dropped client is told why after the rest of the frame it was in the middle of (what it owed
@@ -105,6 +106,11 @@ STUCK_SECONDS = 1.0  # on the way out, a client that takes nothing this long is 
 # after this long. Meanwhile it is no client any more, and nothing of it is read. One that sent its
 # end of file is sent all it is owed, as long.
 FAREWELL_SECONDS = 5.0
+# One that sent its end of file while stack dumps it asked for still ran stays for their answers
+# this long at most after that end of file (each dump has its own bound: py-spy's DUMP_TIMEOUT, or
+# NATIVE_DUMP_TIMEOUT, for each rank), then has FAREWELL_SECONDS to take them. A ranktop client
+# waits as long for a dump (client.STACKS_TIMEOUT).
+DUMP_FAREWELL_SECONDS = 60.0
 MAX_PUSH_BYTES = 4 << 20  # output in one push to a subscriber, all its ranks together (past it by one rank's part at most): well under MAX_PENDING
 # Requests answered per client per round of the loop; the rest of what it sent waits (its socket is
 # read no further meanwhile) for the next round, after every other client's turn. A client of
@@ -270,6 +276,10 @@ class _Client:
     frame_end: int = 0
     farewell: bytearray | None = None  # dropped: the end of its frame and why, to send before the close
     farewell_by: float = 0.0  # by when that must be taken
+    dumps: int = 0  # stack dumps running for it, each answered later from a thread of its own
+    # It sent its end of file while its dumps ran: it stays, to be sent their answers.
+    awaits_dumps: bool = False
+    parked: bool = False  # leaving, all sent, its dumps still running: out of the selector meanwhile
 
 
 class EngineServer:
@@ -297,6 +307,7 @@ class EngineServer:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)  # a full pipe wakes the thread already
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._clients: dict[socket.socket, _Client] = {}
         # Of those, the ones whose read requests wait for their turn, in the order they came, and
@@ -309,7 +320,7 @@ class EngineServer:
         self._spare_fd = _spare_fd()  # given up for a moment to refuse a client when out of descriptors
         self._accept_paused_until = 0.0
         self._later: list[tuple[_Client, bytes | str]] = []  # slow answers (or why not), sent by the server thread
-        self._later_lock = threading.Lock()
+        self._later_lock = threading.Lock()  # also held by a wake-up's write and by the close of its pipe
         self._closed = False
         self._leave = threading.Event()  # set by a Stop once the run has ended: stop lingering
         # A TUI on the terminal that started the run holds the engine: after the end it stays
@@ -721,6 +732,7 @@ class EngineServer:
             return {"ok": False, "message": f"bad {kind.__name__}: {exc}"}
         if isinstance(command, SLOW):
             client.asked_at = math.inf  # waiting for its answer is not idling
+            client.dumps += 1
             threading.Thread(target=self._dump, args=(client, message.get("id"), command), name="ranktop-server-dump",
                              daemon=True).start()
             return None
@@ -741,10 +753,19 @@ class EngineServer:
                 data = why
         with self._later_lock:
             self._later.append((client, data))
-        try:
-            os.write(self._wake_w, b"a")
-        except OSError:  # closed: the server is gone, and so is the client
-            pass
+        self._wake(b"a")
+
+    def _wake(self, why: bytes) -> None:
+        """Wake the server's thread (b"x": to end). Under the lock that close() closes the pipe in:
+        a dump's thread that ended after the close wrote into whatever file of the process had
+        taken the pipe's descriptor number by then."""
+        with self._later_lock:
+            if self._wake_w < 0:  # closed: the server is gone, and so are its clients
+                return
+            try:
+                os.write(self._wake_w, why)
+            except BlockingIOError:  # full: the thread has wake-ups to read already
+                pass
 
     def _dump_answer(self, request_id: Any, command: cmd.DumpStacks | cmd.SignalDump) -> bytes:
         ack = self.engine.submit(command)
@@ -760,13 +781,27 @@ class EngineServer:
         with self._later_lock:
             later, self._later = self._later, []
         for client, data in later:
-            if client.sock not in self._clients:  # (the client left while its dump ran)
-                continue
-            client.asked_at = time.monotonic()
-            if isinstance(data, str):
-                self._drop(client.sock, data)
-            else:
-                self._send(client, data)
+            client.dumps -= 1
+            if client.sock in self._clients:
+                if not client.dumps:
+                    client.asked_at = time.monotonic()
+                if isinstance(data, str):
+                    self._drop(client.sock, data)
+                else:
+                    self._send(client, data)
+            elif client.awaits_dumps and client.farewell is not None:  # it sent its end of file while the dump ran
+                self._answer_leaving(client, data if isinstance(data, bytes) else _error(data, None))
+
+    def _answer_leaving(self, client: _Client, data: bytes) -> None:
+        """A dump's answer to a client that sent its end of file while the dump ran: sent behind
+        what it is still owed; once its last dump has answered, it has FAREWELL_SECONDS to take it."""
+        client.farewell += data
+        if not client.dumps:
+            client.farewell_by = time.monotonic() + FAREWELL_SECONDS
+        if client.parked:
+            client.parked = False
+            self._selector.register(client.sock, selectors.EVENT_WRITE, client)
+        self._say_farewell(client)
 
     def _refuse(self, conn: socket.socket, reason: str, word: str | None = None) -> None:
         """Tell a client we do not serve why, in one send that cannot wait (a new connection's
@@ -790,14 +825,15 @@ class EngineServer:
         self._subscribers.pop(conn, None)
         self.clients -= 1
         outbox, client.outbox = client.outbox, None
-        if not (reason or owed and outbox) or outbox is None or len(self._leaving) >= MAX_CLIENTS:
+        client.awaits_dumps = owed and client.dumps > 0  # (a socket that only sent its end of file still reads)
+        if not (reason or owed and (outbox or client.awaits_dumps)) or outbox is None or len(self._leaving) >= MAX_CLIENTS:
             self._close(client)
             return
         # Why, after the frame it is in the middle of: what it owed beyond it is what it did not
         # take (sent with all of it, the reason was lost behind it, and `logs -f` said only that
         # the engine had ended the connection).
         client.farewell = outbox if owed else outbox[:client.frame_end] + _error(reason, refused)
-        client.farewell_by = time.monotonic() + FAREWELL_SECONDS
+        client.farewell_by = time.monotonic() + (DUMP_FAREWELL_SECONDS if client.awaits_dumps else FAREWELL_SECONDS)
         self._leaving[conn] = client
         self._selector.modify(conn, selectors.EVENT_WRITE, client)
         self._say_farewell(client)
@@ -809,14 +845,20 @@ class EngineServer:
                 del client.farewell[:client.sock.send(client.farewell)]
         except BlockingIOError:
             return
-        except OSError:  # it closed
-            pass
+        except OSError:  # it closed: no answer reaches it
+            client.awaits_dumps = False
+        if client.awaits_dumps and client.dumps:  # all sent so far: it waits for its dumps' answers
+            if not client.parked:  # (its socket is writable all along: watched, the loop would spin)
+                client.parked = True
+                self._selector.unregister(client.sock)
+            return
         self._close(client)
 
     def _close(self, client: _Client) -> None:
         client.farewell = None  # (an event of this round that is still to be handled finds it closed)
         self._leaving.pop(client.sock, None)
-        self._selector.unregister(client.sock)
+        if not client.parked:
+            self._selector.unregister(client.sock)
         client.sock.close()
 
     def linger(self, seconds: float) -> None:
@@ -844,7 +886,7 @@ class EngineServer:
         if self._closed:
             return
         self._closed = True
-        os.write(self._wake_w, b"x")
+        self._wake(b"x")
         self._thread.join(5.0)
         if not self._thread.is_alive():
             self._last_push()
@@ -855,7 +897,9 @@ class EngineServer:
         self._selector.close()
         self._listener.close()
         os.close(self._wake_r)
-        os.close(self._wake_w)
+        with self._later_lock:  # (a dump's thread may be about to write to it)
+            os.close(self._wake_w)
+            self._wake_w = -1
         if self._spare_fd >= 0:
             os.close(self._spare_fd)
         try:

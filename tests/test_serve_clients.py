@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, ranktop_cmd, run_ranktop, screen_rows, stop_process, until, wait_for
+from conftest import ROOT, make_agent, ranktop_cmd, run_ranktop, screen_rows, stop_process, until, wait_for
 from ranktop.core import protocol
 from ranktop.core.state import GroupState
 
@@ -758,19 +758,95 @@ def closed_with_a_subscriber_while_failing(fake, server, method: str) -> None:
     follower.close()
 
 
-def test_a_client_that_sends_its_end_of_file_after_asking_gets_its_whole_answer(served):
+# Prints 1.5 MB (more than a socket holds) and waits to be dumped.
+PRINTS_AND_WAITS = """import time
+for i in range(1500):
+    print(f'{i:04} ' + 'x' * 1000)
+time.sleep(60)
+"""
+
+
+def test_a_client_that_sends_its_end_of_file_after_asking_gets_its_whole_answer(tmp_path, runtime):
     """A client that sends its requests and then its end of file (shutdown(SHUT_WR), as a script
     through `socat` does) had its connection closed at that end of file: an answer larger than
-    its socket took at once was cut off, without a word. What it is owed goes before the close."""
-    fake, server = served
-    fake.print(0, *(f"{i:04} " + "x" * 1000 for i in range(1500)))  # 1.5 MB: more than a socket holds
-    conn = hello(server.path, {"type": "output", "rank": 0, "generation": -1, "line": 0})
-    conn.shutdown(socket.SHUT_WR)
-    wait_for(lambda: server.clients == 0, what="its end of file read")  # (before it reads any of the answer)
-    head, done, unfinished = frames_until_closed(conn)
+    its socket took at once was cut off, without a word, and a stack dump's answer, which comes
+    later from a thread of its own, never came. What it is owed goes before the close, the dump's
+    answer too. A real engine and rank: the dump is py-spy's."""
+    from ranktop.core.engine import LocalEngine
+    from ranktop.core.server import serve
+
+    engine = LocalEngine(make_agent(tmp_path, PRINTS_AND_WAITS, n=1, name="w.py")).start()
+    server = None
+    try:
+        wait_for(lambda: len(engine.output_since(0, None)[1]) == 1500, what="the rank's lines in its ring")
+        server, problem = serve(engine, ["eof"])
+        assert problem is None
+        submit, end_read = engine.submit, threading.Event()
+
+        def after_the_end_of_file(command):  # the dump still runs when the end of file is read
+            end_read.wait(10)
+            return submit(command)
+
+        engine.submit = after_the_end_of_file
+        conn = hello(server.path, {"type": "output", "rank": 0, "generation": -1, "line": 0},
+                     {"type": "command", "id": 1, "command": "DumpStacks", "args": {"save": False}})
+        conn.shutdown(socket.SHUT_WR)
+        wait_for(lambda: server.clients == 0, what="its end of file read")  # (before it reads any of the answer)
+        end_read.set()
+        head, done, unfinished, ack = frames_until_closed(conn, timeout=30)
+        conn.close()
+    finally:
+        if server is not None:
+            server.close()
+        engine.close()
     assert (head["type"], head["lines"], head["more"]) == ("output", 1500, False), head
     assert done.data.split(b"\n")[-1].startswith(b"1499 ") and unfinished.data == b""
-    conn.close()
+    assert (ack["type"], ack["id"], ack["ok"]) == ("ack", 1, True), ack
+    (dumped,) = ack["report"]["ranks"]
+    assert dumped["status"] == "ok" and dumped["threads"][0]["frames"], dumped
+
+
+def test_a_stack_dump_that_outlasts_its_client_and_the_server_writes_into_no_file(served, short_bounds, monkeypatch,
+                                                                                   tmp_path):
+    """A client that sent its end of file waits for its dump's answer DUMP_FAREWELL_SECONDS at most:
+    its connection is closed then, the dump still running. A dump's thread wakes the server's
+    thread with a byte in its pipe: one that ended after close() wrote it by the pipe's descriptor
+    number, closed by then, and perhaps taken by another file of the process since: a byte written
+    into someone else's file. It writes nothing."""
+    monkeypatch.setattr(short_bounds, "DUMP_FAREWELL_SECONDS", 0.2)
+    fake, server = served
+    submit, started, release = fake.submit, threading.Event(), threading.Event()
+
+    def held(command):
+        started.set()
+        release.wait(10)
+        return submit(command)
+
+    fake.submit = held
+    before = set(threading.enumerate())
+    asker = hello(server.path, {"type": "command", "id": 1, "command": "DumpStacks", "args": {}})
+    wait_for(started.is_set, what="the dump running")
+    (dumper,) = [t for t in threading.enumerate() if t not in before and t.name == "ranktop-server-dump"]
+    asker.shutdown(socket.SHUT_WR)
+    assert frames_until_closed(asker, timeout=5) == [] and dumper.is_alive()  # not waited for past the bound
+    asker.close()
+    wake = server._wake_w
+    server.close()
+    other = tmp_path / "other"
+    fd = os.open(other, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if fd != wake:  # the pipe's number, free since the close, given to this file
+            with pytest.raises(OSError):
+                os.fstat(wake)
+            os.dup2(fd, wake)
+        release.set()
+        dumper.join(10)
+        assert not dumper.is_alive()
+    finally:
+        os.close(fd)
+        if fd != wake:
+            os.close(wake)
+    assert other.read_bytes() == b""
 
 
 def test_a_snapshot_that_fails_for_a_push_costs_the_subscribers_not_the_server(served):
