@@ -78,6 +78,35 @@ def test_keys_submit_one_command_each_and_show_the_answer():
     assert engine.closed  # the app let go of its engine on the way out
 
 
+def test_a_digit_that_names_no_rank_says_so(monkeypatch):
+    """7 with ranks 0..3 did nothing, without a word. The start of a rank's number (1 on a node of
+    ranks 8..15) is said only once no digit has come after it: 1 2 is still rank 12."""
+    from ranktop.tui import main_screen
+
+    monkeypatch.setattr(main_screen, "DIGIT_SECONDS", 60.0)  # a loaded box may be slow between two keys
+
+    async def four_ranks(app, pilot):
+        await pilot.press("2", "7")  # 27 is no rank either: 7 alone
+        await until(pilot, lambda: "no rank 7 here: ranks are 0..3" in notes(app), what="the note on 7")
+        assert app.main.current == 2
+
+    drive(FakeEngine(4), four_ranks)
+    second_node = FakeEngine(8, world_size=16)
+    for local in range(8):
+        second_node.set_rank(local, rank=8 + local)
+
+    async def ranks_8_to_15(app, pilot):
+        await pilot.press("1", "2")
+        await until(pilot, lambda: app.main.current == 4, what="rank 12 focused")
+        assert "no rank" not in notes(app)
+        monkeypatch.setattr(main_screen, "DIGIT_SECONDS", 0.2)
+        await pilot.press("1")  # and nothing after it
+        await until(pilot, lambda: "no rank 1 here: ranks are 8..15" in notes(app), what="the note on 1")
+        assert app.main.current == 4
+
+    drive(second_node, ranks_8_to_15)
+
+
 def test_output_titles_and_paused_come_from_the_engine():
     engine = FakeEngine(2)
     engine.print(1, "first line", "second line")

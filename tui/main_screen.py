@@ -362,6 +362,26 @@ class MainScreen(Screen):
         local = self._local_of(int(number))
         if local is not None:
             self.focus_rank(local)
+        elif any(str(rank).startswith(number) for rank in self._ranks_here()):
+            # The start of a rank's number (1 of 12 on a node of ranks 8..15): said only if no digit follows
+            self.set_timer(DIGIT_SECONDS, lambda: self._say_no_rank_if_last((number, now)))
+        else:
+            self._say_no_rank(number)
+
+    def _say_no_rank_if_last(self, typed: tuple[str, float]) -> None:
+        """No digit came after the number `typed` (what self._digits was then): it names no rank."""
+        if self._digits == typed:
+            self._say_no_rank(typed[0])
+
+    def _ranks_here(self) -> list[int]:
+        """The global ranks this node has panes for, in order."""
+        return [snap.rank for snap in self.last.ranks] or list(range(self.n))
+
+    def _say_no_rank(self, text: str) -> None:
+        """A rank number typed (a digit key, or `g`'s box) that this node has no pane for."""
+        ranks = self._ranks_here()
+        self.notify(f"no rank {text} here: ranks are {ranks[0]}..{ranks[-1]}", severity="warning", timeout=3,
+                    markup=False)
 
     def _local_of(self, rank: int) -> int | None:
         """The local rank showing global rank `rank`, or None when this node has no such rank."""
@@ -406,10 +426,7 @@ class MainScreen(Screen):
         local = self._local_of(int(text)) if text.isdigit() else None
         self._close_input("#goto", local)
         if text and local is None:
-            ranks = self.last.ranks
-            span = f"{ranks[0].rank}..{ranks[-1].rank}" if ranks else f"0..{self.n - 1}"
-            self.notify(f"no rank {text} here: ranks are {span}", severity="warning", timeout=3, markup=False)
-            return
+            self._say_no_rank(text)
 
     def action_zoom(self) -> None:
         if self._line_select is not None:  # enter copies what V selected
