@@ -181,7 +181,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         add_options(p)
     p.add_argument("--version", action=_Version, nargs=0, help="show ranktop's version and exit")
     p.add_argument("training_script", help="the script (or binary with --no-python, module with -m)")
-    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    # argparse counts a REMAINDER positional as required: a line without a script was told it
+    # lacked `training_script, training_script_args`, though the script's arguments are optional.
+    p.add_argument("training_script_args", nargs=argparse.REMAINDER).required = False
     environ = os.environ if environ is None else environ
     apply_shutdown_timeout_default(p, environ)
     apply_pet_defaults(p, environ)  # PET_SHUTDOWN_TIMEOUT, then the flag, win over it, as in torchrun
