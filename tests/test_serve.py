@@ -1265,7 +1265,7 @@ def test_the_commands_a_detached_run_prints_reach_a_run_whose_id_starts_with_a_d
     assert done.returncode == 0, done.stderr
     (run,) = ls(runtime)
     try:
-        attach, logs, stop = done.stdout.rstrip("\n").split("): ", 1)[1].split(" | ")
+        attach, logs, stop = [line.split(":", 1)[1].strip() for line in done.stdout.splitlines()[1:]]
         assert (attach, logs, stop) == ("ranktop attach -- '-my run'", "ranktop logs -f -- '-my run'",
                                         "ranktop stop -- '-my run'")
         no_terminal = run_ranktop(*shlex.split(attach)[1:], stdin=subprocess.DEVNULL, env=runtime)

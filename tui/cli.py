@@ -894,8 +894,7 @@ def _wait_served(child, run_id: str, path: str | None) -> int:
             return _ended_before_served(child, run_id, said)
         name = _served_name(child, run_id, path)
         if name is not None:
-            print(f"ranktop: started {name} in the background (pid {child.pid}): {run_command('attach', name)} | "
-                  f"{run_command('logs', name, '-f')} | {run_command('stop', name)}")
+            print(_started_message(name, child.pid))
             return 0
         time.sleep(0.05)
     # Still starting (its rendezvous store not reached yet, say): not served, so not listed yet.
@@ -903,6 +902,15 @@ def _wait_served(child, run_id: str, path: str | None) -> int:
           f"starting, and ranktop ls lists it once it is (a rendezvous store out of reach is waited for "
           f"until its time-out); kill {child.pid} stops it", file=sys.stderr)
     return 1
+
+
+def _started_message(run_id: str, pid: int) -> str:
+    """How --detach says where its run went: each command on a line of its own, after a label (on
+    one line, `attach ... | logs ... -f | stop ...` read as a pipeline, and pasted ran one)."""
+    return (f"ranktop: started {run_id} in the background (pid {pid})\n"
+            f"  attach: {run_command('attach', run_id)}\n"
+            f"  follow: {run_command('logs', run_id, '-f')}\n"
+            f"  stop:   {run_command('stop', run_id)}")
 
 
 def _ended_before_served(child, run_id: str, said: _PipeTail) -> int:
