@@ -577,3 +577,40 @@ def test_row_ends_cut_by_whole_clusters_as_richs_chop_cells_does():
             ends = [0, *row_ends(text, width)]
             rows = [text[a:b] for a, b in itertools.pairwise(ends)]
             assert "".join(rows) == text and rows == (chop_cells(text, width) or [""]), (text, width)
+
+
+def top_line(view: LogView) -> int:
+    """The number in the `step N` line at the top of the pane."""
+    return int(screen_rows(view)[0].split()[1])
+
+
+@sync
+async def test_the_wrap_toggle_keeps_a_paused_panes_top_line_and_its_match_in_view():
+    """`w` read the top row in the new mode's rows (a wrapped row number taken for a line, a line
+    for a wrapped row): paused at line 160 it went to 207, and back to 217; a match `/` had shown
+    went off screen. The top line stays on top, as through a zoom or a resize, and a match on
+    screen stays there."""
+    ring = LineRing()
+    for i in range(300):  # every other line wraps, onto five rows
+        ring.feed(STDOUT, f"step {i} loss 2.{i:03d}{' lr 3.0e-4 grad 1.5' * 8 * (i % 2)}\n".encode())
+    async with shown(ring, size=(40, 12)) as (view, pilot):
+        view.focus()
+        await pilot.press(*["pageup"] * 5)
+        paused, top = view.position_text, top_line(view)
+        assert paused == f"paused at line {top + 1}" and top < 250
+        for wrap in (True, False, True, False):
+            await pilot.press("w")
+            await pilot.pause()
+            assert view.wrap == wrap and (view.position_text, top_line(view)) == (paused, top), f"wrap {wrap}"
+
+        def match_shown() -> bool:
+            return any(row.startswith("step 123 loss 2.123") for row in screen_rows(view))
+
+        assert view.search("loss 2.123") == 1 and match_shown()
+        paused = view.position_text
+        await pilot.press("w")  # the lines above it take more rows: it stays in view
+        await pilot.pause()
+        assert view.wrap and match_shown() and view.position_text != paused
+        await pilot.press("w")
+        await pilot.pause()
+        assert not view.wrap and match_shown()

@@ -344,17 +344,18 @@ class LogView(ScrollView, can_focus=True):
         complete = (self._cum[-1] - self._cum[0]) if self.wrap else len(self._lines)
         return complete + self._open_rows()
 
-    def _row_of_line(self, index: int) -> int:
-        """The first row of the line at `index` (0 = oldest kept)."""
-        if not self.wrap:
+    def _row_of_line(self, index: int, wrapped: bool | None = None) -> int:
+        """The first row of the line at `index` (0 = oldest kept); `wrapped` as in _locate."""
+        if not (self.wrap if wrapped is None else wrapped):
             return index
         if index < len(self._lines):
             return self._cum[index] - self._cum[0]
         return self._cum[-1] - self._cum[0] + sum(self._open_rows_each[: index - len(self._lines)])
 
-    def _locate(self, row: int) -> tuple[int, int]:
-        """(line index, row within that line) for a row of the whole view."""
-        if not self.wrap:
+    def _locate(self, row: int, wrapped: bool | None = None) -> tuple[int, int]:
+        """(line index, row within that line) for a row of the whole view; `wrapped`: as the rows
+        were with wrap on or off (the wrap's watcher asks as they were before it changed)."""
+        if not (self.wrap if wrapped is None else wrapped):
             return row, 0
         complete = self._cum[-1] - self._cum[0]
         if row < complete:
@@ -681,28 +682,43 @@ class LogView(ScrollView, can_focus=True):
         if follow:
             self._move_to(self.max_scroll_y)
 
-    def watch_wrap(self, wrap: bool) -> None:
-        top = self._locate(round(self.scroll_offset.y))[0]
-        if wrap:
+    def watch_wrap(self, was_wrapped: bool, wrap: bool) -> None:
+        self._count_rows_again(was_wrapped)
+        if self.follow:
+            self._move_to(self.max_scroll_y)
+
+    def on_resize(self) -> None:
+        if self.wrap and self.text_width != self._wrap_width:
+            self._count_rows_again(True)
+        if self.follow:
+            self.call_after_refresh(self._follow_tail)
+
+    def _count_rows_again(self, was_wrapped: bool) -> None:
+        """Count the rows anew (the wrap turned on or off, a new width), a view scrolled back
+        keeping its top line on top and the match it shows in view: the rows move (a zoom-out kept
+        the row offset and showed lines about half as far back; `w` took a wrapped row's number
+        for a line's, and the reverse)."""
+        top = self._locate(round(self.scroll_offset.y), was_wrapped)[0]
+        match = self._shown_match(was_wrapped)
+        if self.wrap:
             self._rebuild_rows()
         else:
             self._count_open_rows()
             self._strips.clear()
         self._update_virtual_size()
-        self._move_to(self.max_scroll_y if self.follow else self._row_of_line(top))
+        if not self.follow:
+            self._move_to(self._row_of_line(top))
+            if match is not None:
+                self._show_line(match)
         self.refresh()
 
-    def on_resize(self) -> None:
-        if self.wrap and self.text_width != self._wrap_width:
-            # Re-wrapped at the new width, the rows move: keep the top line on top (a zoom-out
-            # kept the row offset, and showed lines about half as far back).
-            top = self._locate(round(self.scroll_offset.y))[0]
-            self._rebuild_rows()
-            self._update_virtual_size()
-            if not self.follow:
-                self._move_to(self._row_of_line(top))
-        if self.follow:
-            self.call_after_refresh(self._follow_tail)
+    def _shown_match(self, wrapped: bool) -> int | None:
+        """The index of the current match's line where the view shows its first row, else None."""
+        if self._current is None or self._current < self._first:
+            return None
+        top, height = round(self.scroll_offset.y), self.scrollable_content_region.height
+        index = self._current - self._first
+        return index if top <= self._row_of_line(index, wrapped) < top + height else None
 
     # The scrollbar: a press on it jumps there, and dragging keeps moving the view.
     def on_mouse_down(self, event: MouseDown) -> None:
