@@ -614,3 +614,33 @@ async def test_the_wrap_toggle_keeps_a_paused_panes_top_line_and_its_match_in_vi
         await pilot.press("w")
         await pilot.pause()
         assert not view.wrap and match_shown()
+
+
+@sync
+async def test_a_search_step_scrolls_sideways_to_a_match_past_the_right_edge():
+    """Without wrap, `/` and n / N went to the match's line only: a match past the pane's right
+    edge showed nowhere. A step scrolls sideways to the match, and back to column 0 for a match
+    that shows from there."""
+    ring = LineRing()
+    far = "." * 70 + " grad 9.9 then the line goes on " + "-" * 40  # the match at column ~80
+    ring.feed(STDOUT, b"".join(f"step {i} {far if i % 2 else 'grad 0.1 near'}\n".encode() for i in range(40)))
+    async with shown(ring) as (view, pilot):
+        current = view.get_component_rich_style("logview--match-current")
+
+        def current_match() -> str:
+            """The row drawing a match in the current-match colour, as it reads on screen."""
+            rows = [y for y in range(view.scrollable_content_region.height)
+                    if any(style.clear_meta_and_links() == current for style in styles_of(view, y, "grad"))]
+            assert len(rows) == 1, "one current match, in view"
+            return shown_cells(view, rows[0])
+
+        assert view.search("GRAD") == 40 and not view.follow
+        assert view.scroll_offset.x > 0 and "grad 9.9" in current_match()
+        view.focus()
+        await pilot.press("N")
+        assert view.scroll_offset.x == 0 and current_match().startswith("step 38 grad 0.1 near")
+        await pilot.press("n")
+        assert view.scroll_offset.x > 0 and "grad 9.9" in current_match()
+        view.wrap = True  # wrapped, every column shows: a step scrolls only up and down
+        await pilot.press("N", "n")
+        assert view.scroll_offset.x == 0 and view.match_position == (40, 40)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ranktop.core.output import RING_BYTES, RanktopLine, line_length
 from ranktop.core.sanitize import clean
 from ranktop.tui.cells import may_be_wide, row_ends, split_segments
-from rich.cells import set_cell_size
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -146,6 +146,23 @@ def regex_matches(raw: bytes, pattern: re.Pattern[str]) -> bool:
     """Whether one raw output line matches a `re:` search, as the pane shows the line (never a
     line of ranktop's own)."""
     return type(raw) is not RanktopLine and pattern.search(parse_line(raw[:_MAX_BYTES], color=False).plain) is not None
+
+
+def column_showing(start: int, end: int, cells: int, width: int, x: int) -> int:
+    """The column to scroll to (from `x`) so that cells [start, end) of a row `cells` wide show
+    whole in `width` cells, clear of the cut marks (a `‹` over the first cell once scrolled right,
+    a `›` over the last where the row goes on): 0 where they fit from there, else `x` where they
+    show from it, else with about a quarter of the width before them (their start first, for a
+    match wider than the pane)."""
+
+    def clear(column: int) -> bool:
+        return (column == 0 or column < start) and end <= column + width - (cells > column + width)
+
+    if clear(0):
+        return 0
+    if clear(x):
+        return x
+    return max(1, min(start - 1, max(start - width // 4, end - width + 1)))
 
 
 def _kept_lines(source: Any) -> int:
@@ -856,6 +873,21 @@ class LogView(ScrollView, can_focus=True):
         self._current = number
         self._strips.clear()  # the current-match colour moved
         self._show_line(number - self._first)
+        if not self.wrap:  # (wrapped, every column shows)
+            self._show_match_column(number - self._first)
+
+    def _show_match_column(self, index: int) -> None:
+        """Scroll sideways to the first match in the line at `index`: a match past the pane's right
+        edge showed nowhere."""
+        raw = self._raw(index)
+        if raw is None or type(raw) is RanktopLine:
+            return
+        plain = parse_line(raw, color=False).plain  # (tabs expanded: as the pane shows it)
+        found = (self._regex or re.compile(re.escape(self._query), re.IGNORECASE)).search(plain)
+        if found is not None:
+            start, end = cell_len(plain[: found.start()]), cell_len(plain[: found.end()])
+            x = column_showing(start, end, cell_len(plain), self.text_width, round(self.scroll_offset.x))
+            self.scroll_to(x=x, animate=False, immediate=True)
 
     def _show_line(self, index: int) -> None:
         self.follow = False
