@@ -484,7 +484,7 @@ async def test_rows_are_drawn_again_only_when_the_view_changed():
         again = view.render_lines(crop)
         assert again[3].text.startswith("epoch 1 50%") and again[0] is not first[0]
         view.scroll_to(x=2, animate=False, immediate=True)  # a new frame: no row of the old one
-        assert view.render_lines(crop)[0].text.startswith("23456789")
+        assert view.render_lines(crop)[0].text.startswith("‹3456789")  # (the mark over column 2)
 
 
 # Double-width characters (fullwidth digits, CJK, emoji), a combining accent and zero-width-joined
@@ -565,8 +565,11 @@ async def test_without_wrap_a_wide_character_cut_by_the_edge_is_a_blank_cell():
             view.scroll_to(x=scroll_x, animate=False, immediate=True)
             cells = shown_cells(view, 0)
             assert cell_len(cells) == view.text_width and "\ufffd" not in cells
-            assert cells.strip(" ") in line, "whole characters, in order, none lost inside the row"
-            assert cell_len(cells.strip(" ")) >= view.text_width - 2
+            # (the row goes on past the right edge, and past the left once scrolled: a cut mark on each)
+            assert cells.endswith("›") and cells.startswith("‹") == (scroll_x > 0)
+            inside = cells.removeprefix("‹").removesuffix("›")
+            assert inside.strip(" ") in line, "whole characters, in order, none lost inside the row"
+            assert cell_len(inside.strip(" ")) >= view.text_width - 4
 
 
 def test_row_ends_cut_by_whole_clusters_as_richs_chop_cells_does():
@@ -644,3 +647,45 @@ async def test_a_search_step_scrolls_sideways_to_a_match_past_the_right_edge():
         view.wrap = True  # wrapped, every column shows: a step scrolls only up and down
         await pilot.press("N", "n")
         assert view.scroll_offset.x == 0 and view.match_position == (40, 40)
+
+
+@sync
+async def test_without_wrap_a_row_that_goes_on_past_an_edge_is_marked_there():
+    """A row cut by the pane's right edge showed no sign of it: `clipped to 5.` where the log had
+    `5.0`. Its last cell is a dim `›`, and its first a `‹` once scrolled right past text; a row
+    that fits exactly has none, nor has any row wrapped."""
+    width = SIZE[0] - 1  # the text's columns, left of the scrollbar
+    lines = ["a" * width, "b" * (width + 1), "\x1b[31m" + "c" * 70 + "\x1b[0m", "." * 45 + " clipped to 5.0",
+             "short", "", "漢" * 40]
+    ring = LineRing()
+    ring.feed(STDOUT, "".join(line + "\n" for line in lines).encode())
+    async with shown(ring) as (view, pilot):
+        assert view.text_width == width
+        rows = [shown_cells(view, y) for y in range(len(lines))]
+        assert rows[0] == "a" * width and rows[4].rstrip() == "short" and rows[5].strip() == ""
+        assert rows[1] == "b" * (width - 1) + "›" and rows[2] == "c" * (width - 1) + "›"
+        assert rows[3].endswith(" clipped to 5›"), "the cut number does not read as a value"
+        assert rows[6].endswith("›") and cell_len(rows[6]) == width and rows[6][0] == "漢"
+
+        def distance(a, b) -> int:
+            return sum(abs(x - y) for x, y in zip(a.triplet, b.triplet, strict=True))
+
+        # The mark is the pane's colours dimmed: its colour nearer the background than the text's,
+        # in the plain row (the usual one, drawn without the colour filter) and in a parsed one.
+        drawn = view.render_lines(view.scrollable_content_region.reset_offset)
+        (text,) = [seg.style for seg in drawn[1] if seg.text.startswith("b")]
+        for y in (1, 2):
+            (mark,) = [seg.style.clear_meta_and_links() for seg in drawn[y] if seg.text == "›"]
+            assert mark.bgcolor == text.bgcolor and not mark.dim
+            assert distance(mark.color, text.bgcolor) < 0.8 * distance(text.color, text.bgcolor), "dimmer"
+
+        view.scroll_to(x=2, animate=False, immediate=True)
+        rows = [shown_cells(view, y) for y in range(len(lines))]
+        assert rows[0] == "‹" + "a" * (width - 3) + "  " and rows[1] == "‹" + "b" * (width - 2) + " "
+        assert rows[2] == "‹" + "c" * (width - 2) + "›" and rows[4] == "‹" + "rt".ljust(width - 1)
+        assert rows[5].strip() == "" and rows[6].startswith("‹") and rows[6].endswith("›")
+        assert all(cell_len(row) == width for row in rows)
+
+        view.wrap = True
+        await pilot.pause()
+        assert not any("‹" in row or "›" in row for row in screen_rows(view)), "wrapped: no row is cut"

@@ -24,7 +24,7 @@ from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.color import Color
 from textual.events import MouseDown, MouseMove, MouseUp
-from textual.filter import ANSIToTruecolor
+from textual.filter import ANSIToTruecolor, dim_color
 from textual.geometry import Offset, Region, Size
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -47,6 +47,7 @@ _ROW_STYLES = 256  # plain rows' styles kept per pane (a few screens' worth)
 _PLAIN_LINE = re.compile(rb"[\x20-\x7e]{0,%d}" % MAX_CHARS)  # printable ASCII: one cell a byte
 _PLAIN_BYTES = bytes(range(0x20, 0x7F)) + b"\n"  # such lines joined by newlines: translate() deletes them all
 _PLAIN = Style()  # Textual's colour filters want a style on every segment, even an empty one
+CUT_LEFT, CUT_RIGHT = "‹", "›"  # over a row's first / last cell without wrap: its text goes on past that edge
 
 
 def _marker(raw: bytes) -> str:
@@ -174,7 +175,7 @@ class LogView(ScrollView, can_focus=True):
     """Recent output of one rank, newest at the bottom; follows the tail until scrolled up."""
 
     COMPONENT_CLASSES = {"logview--match", "logview--match-current", "logview--bar", "logview--thumb",
-                         "logview--ranktop"}
+                         "logview--ranktop", "logview--cut"}
     # The vertical scrollbar is drawn by render_line in the last column (see _BAR), so Textual's
     # own is sized to nothing; the horizontal one stays Textual's (it rarely changes).
     DEFAULT_CSS = """
@@ -185,6 +186,7 @@ class LogView(ScrollView, can_focus=True):
     LogView > .logview--thumb { background: $scrollbar; }
     LogView:focus > .logview--thumb { background: $scrollbar-active; }
     LogView > .logview--ranktop { background: $accent 30%; color: $text; text-style: bold; }
+    LogView > .logview--cut { text-style: dim; }
     """
     BINDINGS = [
         Binding("end", "scroll_end", "Tail", show=False),
@@ -218,7 +220,8 @@ class LogView(ScrollView, can_focus=True):
         self._base_background: Color | None = None
         self._bar: tuple[Segment, Segment] | None = None
         self._own_style: Style | None = None
-        self._row_styles: dict[tuple[int, int], Style] = {}  # see _row_style
+        self._cut_style: Style | None = None
+        self._row_styles: dict[tuple[int, int, bool], Style] = {}  # see _row_style
         self._frame: tuple[int, int, int, int, int, Selection | None] | None = None
         # The rows drawn for the frame in `_drawn_for`, by screen row: the compositor redraws every
         # widget under the union of the screen's changes (a title's clock makes that the whole
@@ -491,7 +494,7 @@ class LogView(ScrollView, can_focus=True):
         return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
 
     def _filters_keep_plain_rows(self, filters: list) -> bool:
-        styles = (self._style, *(cell.style for cell in self._bar_cells))
+        styles = (self._style, self._mark_style, *(cell.style for cell in self._bar_cells))
         return all(isinstance(f, ANSIToTruecolor) for f in filters) and all(map(_truecolor, styles))
 
     def render_line(self, y: int) -> Strip:
@@ -512,31 +515,83 @@ class LogView(ScrollView, can_focus=True):
             if self.wrap:
                 raw = raw[sub * self._wrap_width : (sub + 1) * self._wrap_width]
             visible = raw[scroll_x : scroll_x + width].decode("ascii").ljust(width)
+            left, right = self._cut_ends(len(raw), scroll_x, width)
             if selection is None:  # the usual row, in one Strip rather than three (each makes 7 caches)
-                return Strip([Segment(visible, self._row_style(scroll_x, row)), bar], width + _BAR), True
+                return Strip([*self._plain_cells(visible, left, right, scroll_x, row), bar], width + _BAR), True
             text = Strip([Segment(visible, self._style)], width)
         else:
             strip = self._strip(index, sub)
-            text = (Strip.blank(width, self._style) if strip is None
-                    else strip.crop_extend(scroll_x, scroll_x + width, self._style))
+            if strip is None:
+                text, left, right = Strip.blank(width, self._style), False, False
+            else:
+                text = strip.crop_extend(scroll_x, scroll_x + width, self._style)
+                left, right = self._cut_ends(strip.cell_length, scroll_x, width)
+        if left or right:
+            text = self._marked(text, left, right, width)
         if selection is not None:
             text = self._selected(text, selection, row, scroll_x, width)
         # Offsets tell Textual which row and column the mouse is over (what selection starts from);
         # the plain row above carries the same meta.
         return Strip([*text.apply_offsets(scroll_x, row), bar], width + _BAR), False
 
-    def _row_style(self, scroll_x: int, row: int) -> Style:
-        """Our style with the offset meta of this row (which Textual's mouse selection reads),
-        kept: once a pane holds all the lines it keeps, a followed tail draws the same row numbers
-        frame after frame (their lines change), and making this style was a fifth of a row's cost."""
-        key = (scroll_x, row)
+    def _row_style(self, scroll_x: int, row: int, cut: bool = False) -> Style:
+        """Our style (`cut`: a cut mark's) with the offset meta of this row (which Textual's mouse
+        selection reads), kept: once a pane holds all the lines it keeps, a followed tail draws the
+        same row numbers frame after frame (their lines change), and making this style was a fifth
+        of a row's cost."""
+        key = (scroll_x, row, cut)
         style = self._row_styles.get(key)
         if style is None:
             if len(self._row_styles) >= _ROW_STYLES:
                 self._row_styles.clear()
-            offset = Style.from_meta({"offset": key})
-            style = self._row_styles[key] = self._style + offset if self._style else offset
+            offset = Style.from_meta({"offset": (scroll_x, row)})
+            base = self._mark_style if cut else self._style
+            style = self._row_styles[key] = base + offset if base else offset
         return style
+
+    # ----- cut marks: without wrap, a `‹` / `›` where a row goes on past the pane's edge -----------
+    def _cut_ends(self, cells: int, scroll_x: int, width: int) -> tuple[bool, bool]:
+        """Whether a row of a line `cells` wide, seen from column `scroll_x` in `width` cells, has
+        text past the pane's left edge, and past its right: a number cut there read as another
+        (`clipped to 5.` for `5.0`). Wrapped, a row ends where the pane does."""
+        if self.wrap or width < 3:
+            return False, False
+        return scroll_x > 0 and cells > 0, cells > scroll_x + width
+
+    @property
+    def _mark_style(self) -> Style:
+        """The cut marks' style: the pane's, dimmed, kept until the styles change. The dim is made
+        the colour Textual's colour filter would make it (where the pane's colours are truecolor):
+        a row with a mark then stays a plain row, which skips the filter (it doubled a frame's cost)."""
+        if self._cut_style is None:
+            style = self._style + self.get_component_rich_style("logview--cut", partial=True)
+            color, background = style.color, style.bgcolor or self._background.rich_color
+            if style.dim and color is not None and color.triplet is not None and background.triplet is not None:
+                style += Style(color=dim_color(background, color), dim=False)
+            self._cut_style = style
+        return self._cut_style
+
+    def _plain_cells(self, visible: str, left: bool, right: bool, scroll_x: int, row: int) -> list[Segment]:
+        """A plain row's text with its offsets, its first / last cell a cut mark where it goes on."""
+        if not (left or right):
+            return [Segment(visible, self._row_style(scroll_x, row))]
+        start, end = int(left), len(visible) - int(right)
+        cells = [Segment(visible[start:end], self._row_style(scroll_x + start, row))]
+        if left:
+            cells.insert(0, Segment(CUT_LEFT, self._row_style(scroll_x, row, cut=True)))
+        if right:
+            cells.append(Segment(CUT_RIGHT, self._row_style(scroll_x + end, row, cut=True)))
+        return cells
+
+    def _marked(self, text: Strip, left: bool, right: bool, width: int) -> Strip:
+        """`text` (`width` cells) with a cut mark over its first cell and / or its last (a wide
+        character under a mark leaves a blank cell beside it)."""
+        mark = Strip([Segment(CUT_LEFT, self._mark_style)], 1)
+        parts = [mark] if left else []
+        parts.append(text.crop(int(left), width - int(right)))
+        if right:
+            parts.append(Strip([Segment(CUT_RIGHT, self._mark_style)], 1))
+        return Strip.join(parts)
 
     def _own_row(self, raw: RanktopLine, row: int, scroll_x: int, width: int) -> Strip:
         """A line of ranktop's own (a restart's separator) as a band across the whole pane, the
@@ -673,7 +728,7 @@ class LogView(ScrollView, can_focus=True):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._base_style = self._base_background = self._bar = self._own_style = None
+        self._base_style = self._base_background = self._bar = self._own_style = self._cut_style = None
         self._row_styles.clear()
         self._strips.clear()
         self._drawn.clear()
