@@ -647,6 +647,9 @@ async def test_a_search_step_scrolls_sideways_to_a_match_past_the_right_edge():
         view.wrap = True  # wrapped, every column shows: a step scrolls only up and down
         await pilot.press("N", "n")
         assert view.scroll_offset.x == 0 and view.match_position == (40, 40)
+        await pilot.press("w")  # unwrapped again, the match it showed stays in view
+        await pilot.pause()
+        assert not view.wrap and view.scroll_offset.x > 0 and "grad 9.9" in current_match()
 
 
 @sync
@@ -689,3 +692,22 @@ async def test_without_wrap_a_row_that_goes_on_past_an_edge_is_marked_there():
         view.wrap = True
         await pilot.pause()
         assert not any("‹" in row or "›" in row for row in screen_rows(view)), "wrapped: no row is cut"
+
+
+@sync
+async def test_a_pane_paused_at_the_bottom_stays_paused_when_it_grows():
+    """Textual moves a view up when it grows past the rows below it (a zoom, a larger terminal, a
+    sideways scrollbar going with `w`): that was taken for the user scrolling to the bottom, and
+    a pane paused there with `f` followed the tail again."""
+    ring = LineRing()
+    feed_lines(ring, 0, 100)
+    async with shown(ring) as (view, pilot):
+        view.focus()
+        await pilot.press("f")
+        assert not view.follow and screen_rows(view)[-1] == "line 99"
+        await pilot.resize_terminal(SIZE[0], SIZE[1] + 6)
+        await settle(pilot, lambda: view.scrollable_content_region.height == SIZE[1] + 6, "the pane grown")
+        feed_lines(ring, 100, 110)
+        view.poll()
+        await pilot.pause()
+        assert not view.follow and "line 99" in screen_rows(view) and "line 109" not in screen_rows(view)

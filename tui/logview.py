@@ -748,7 +748,11 @@ class LogView(ScrollView, can_focus=True):
         if round(old_value) != round(new_value):
             self.refresh()
         if not self._by_me:  # the user scrolled: up leaves the tail, reaching the bottom rejoins it
-            self.follow = round(new_value) >= self.max_scroll_y
+            at_bottom = round(new_value) >= self.max_scroll_y
+            # Textual also moves the view up when the pane grows past the rows below it (a zoom, a
+            # larger terminal, the sideways scrollbar going with `w`): that is no scroll down, and
+            # a pane paused at the bottom (f, or a match shown there) followed the tail again.
+            self.follow = at_bottom and (new_value > old_value or self.follow)
 
     def watch_follow(self, follow: bool) -> None:
         if follow:
@@ -780,9 +784,13 @@ class LogView(ScrollView, can_focus=True):
         self._update_virtual_size()
         if not self.follow:
             self._move_to(self._row_of_line(top))
-            if match is not None:
-                self._show_line(match)
+            if match is not None:  # once laid out: the sideways scrollbar comes or goes with the wrap
+                self.call_after_refresh(self._keep_match_shown, self._first + match)
         self.refresh()
+
+    def _keep_match_shown(self, number: int) -> None:
+        if number == self._current and not self.follow:  # (unless n / N, or End, came first)
+            self._show_match(number)
 
     def _shown_match(self, wrapped: bool) -> int | None:
         """The index of the current match's line where the view shows its first row, else None."""
@@ -927,14 +935,18 @@ class LogView(ScrollView, can_focus=True):
     def _go_to_hit(self, number: int) -> None:
         self._current = number
         self._strips.clear()  # the current-match colour moved
-        self._show_line(number - self._first)
-        if not self.wrap:  # (wrapped, every column shows)
-            self._show_match_column(number - self._first)
+        self._show_match(number)
 
-    def _show_match_column(self, index: int) -> None:
-        """Scroll sideways to the first match in the line at `index`: a match past the pane's right
-        edge showed nowhere."""
-        raw = self._raw(index)
+    def _show_match(self, number: int) -> None:
+        """Bring the match in the line numbered `number` into view, if the ring still has it."""
+        if number >= self._first:
+            self._show_line(number - self._first)
+            self._show_match_column(number)
+
+    def _show_match_column(self, number: int) -> None:
+        """Without wrap, scroll sideways to the first match in the line numbered `number`: a match
+        past the pane's right edge showed nowhere."""
+        raw = None if self.wrap else self._raw(number - self._first)
         if raw is None or type(raw) is RanktopLine:
             return
         plain = parse_line(raw, color=False).plain  # (tabs expanded: as the pane shows it)
