@@ -586,9 +586,9 @@ class LogView(ScrollView, can_focus=True):
     def _marked(self, text: Strip, left: bool, right: bool, width: int) -> Strip:
         """`text` (`width` cells) with a cut mark over its first cell and / or its last (a wide
         character under a mark leaves a blank cell beside it)."""
-        mark = Strip([Segment(CUT_LEFT, self._mark_style)], 1)
-        parts = [mark] if left else []
-        parts.append(text.crop(int(left), width - int(right)))
+        parts = [text.crop(int(left), width - int(right))]
+        if left:
+            parts.insert(0, Strip([Segment(CUT_LEFT, self._mark_style)], 1))
         if right:
             parts.append(Strip([Segment(CUT_RIGHT, self._mark_style)], 1))
         return Strip.join(parts)
