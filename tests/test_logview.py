@@ -484,7 +484,7 @@ async def test_rows_are_drawn_again_only_when_the_view_changed():
         again = view.render_lines(crop)
         assert again[3].text.startswith("epoch 1 50%") and again[0] is not first[0]
         view.scroll_to(x=2, animate=False, immediate=True)  # a new frame: no row of the old one
-        assert view.render_lines(crop)[0].text.startswith("23456789")
+        assert view.render_lines(crop)[0].text.startswith("‹3456789")  # (the mark over column 2)
 
 
 # Double-width characters (fullwidth digits, CJK, emoji), a combining accent and zero-width-joined
@@ -565,8 +565,11 @@ async def test_without_wrap_a_wide_character_cut_by_the_edge_is_a_blank_cell():
             view.scroll_to(x=scroll_x, animate=False, immediate=True)
             cells = shown_cells(view, 0)
             assert cell_len(cells) == view.text_width and "\ufffd" not in cells
-            assert cells.strip(" ") in line, "whole characters, in order, none lost inside the row"
-            assert cell_len(cells.strip(" ")) >= view.text_width - 2
+            # (the row goes on past the right edge, and past the left once scrolled: a cut mark on each)
+            assert cells.endswith("›") and cells.startswith("‹") == (scroll_x > 0)
+            inside = cells.removeprefix("‹").removesuffix("›")
+            assert inside.strip(" ") in line, "whole characters, in order, none lost inside the row"
+            assert cell_len(inside.strip(" ")) >= view.text_width - 4
 
 
 def test_row_ends_cut_by_whole_clusters_as_richs_chop_cells_does():
@@ -577,3 +580,134 @@ def test_row_ends_cut_by_whole_clusters_as_richs_chop_cells_does():
             ends = [0, *row_ends(text, width)]
             rows = [text[a:b] for a, b in itertools.pairwise(ends)]
             assert "".join(rows) == text and rows == (chop_cells(text, width) or [""]), (text, width)
+
+
+def top_line(view: LogView) -> int:
+    """The number in the `step N` line at the top of the pane."""
+    return int(screen_rows(view)[0].split()[1])
+
+
+@sync
+async def test_the_wrap_toggle_keeps_a_paused_panes_top_line_and_its_match_in_view():
+    """`w` read the top row in the new mode's rows (a wrapped row number taken for a line, a line
+    for a wrapped row): paused at line 160 it went to 207, and back to 217; a match `/` had shown
+    went off screen. The top line stays on top, as through a zoom or a resize, and a match on
+    screen stays there."""
+    ring = LineRing()
+    for i in range(300):  # every other line wraps, onto five rows
+        ring.feed(STDOUT, f"step {i} loss 2.{i:03d}{' lr 3.0e-4 grad 1.5' * 8 * (i % 2)}\n".encode())
+    async with shown(ring, size=(40, 12)) as (view, pilot):
+        view.focus()
+        view.scroll_to(y=view.max_scroll_y - 50, animate=False, immediate=True)  # as PgUp x5 (the wheel)
+        paused, top = view.position_text, top_line(view)
+        assert paused == f"paused at line {top + 1}" and top == 300 - 11 - 50
+        for wrap in (True, False, True, False):
+            await pilot.press("w")
+            await pilot.pause()
+            assert view.wrap == wrap and (view.position_text, top_line(view)) == (paused, top), f"wrap {wrap}"
+
+        def match_shown() -> bool:
+            return any(row.startswith("step 123 loss 2.123") for row in screen_rows(view))
+
+        assert view.search("loss 2.123") == 1 and match_shown()
+        paused = view.position_text
+        await pilot.press("w")  # the lines above it take more rows: it stays in view
+        await pilot.pause()
+        assert view.wrap and match_shown() and view.position_text != paused
+        await pilot.press("w")
+        await pilot.pause()
+        assert not view.wrap and match_shown()
+
+
+@sync
+async def test_a_search_step_scrolls_sideways_to_a_match_past_the_right_edge():
+    """Without wrap, `/` and n / N went to the match's line only: a match past the pane's right
+    edge showed nowhere. A step scrolls sideways to the match, and back to column 0 for a match
+    that shows from there."""
+    ring = LineRing()
+    far = "." * 70 + " grad 9.9 then the line goes on " + "-" * 40  # the match at column ~80
+    ring.feed(STDOUT, b"".join(f"step {i} {far if i % 2 else 'grad 0.1 near'}\n".encode() for i in range(40)))
+    async with shown(ring) as (view, pilot):
+        current = view.get_component_rich_style("logview--match-current")
+
+        def current_match() -> str:
+            """The row drawing a match in the current-match colour, as it reads on screen."""
+            rows = [y for y in range(view.scrollable_content_region.height)
+                    if any(style.clear_meta_and_links() == current for style in styles_of(view, y, "grad"))]
+            assert len(rows) == 1, "one current match, in view"
+            return shown_cells(view, rows[0])
+
+        assert view.search("GRAD") == 40 and not view.follow
+        assert view.scroll_offset.x > 0 and "grad 9.9" in current_match()
+        view.focus()
+        await pilot.press("N")
+        assert view.scroll_offset.x == 0 and current_match().startswith("step 38 grad 0.1 near")
+        await pilot.press("n")
+        assert view.scroll_offset.x > 0 and "grad 9.9" in current_match()
+        view.wrap = True  # wrapped, every column shows: a step scrolls only up and down
+        await pilot.press("N", "n")
+        assert view.scroll_offset.x == 0 and view.match_position == (40, 40)
+        await pilot.press("w")  # unwrapped again, the match it showed stays in view
+        await pilot.pause()
+        assert not view.wrap and view.scroll_offset.x > 0 and "grad 9.9" in current_match()
+
+
+@sync
+async def test_without_wrap_a_row_that_goes_on_past_an_edge_is_marked_there():
+    """A row cut by the pane's right edge showed no sign of it: `clipped to 5.` where the log had
+    `5.0`. Its last cell is a dim `›`, and its first a `‹` once scrolled right past text; a row
+    that fits exactly has none, nor has any row wrapped."""
+    width = SIZE[0] - 1  # the text's columns, left of the scrollbar
+    lines = ["a" * width, "b" * (width + 1), "\x1b[31m" + "c" * 70 + "\x1b[0m", "." * 45 + " clipped to 5.0",
+             "short", "", "漢" * 40]
+    ring = LineRing()
+    ring.feed(STDOUT, "".join(line + "\n" for line in lines).encode())
+    async with shown(ring) as (view, pilot):
+        assert view.text_width == width
+        rows = [shown_cells(view, y) for y in range(len(lines))]
+        assert rows[0] == "a" * width and rows[4].rstrip() == "short" and rows[5].strip() == ""
+        assert rows[1] == "b" * (width - 1) + "›" and rows[2] == "c" * (width - 1) + "›"
+        assert rows[3].endswith(" clipped to 5›"), "the cut number does not read as a value"
+        assert rows[6].endswith("›") and cell_len(rows[6]) == width and rows[6][0] == "漢"
+
+        def distance(a, b) -> int:
+            return sum(abs(x - y) for x, y in zip(a.triplet, b.triplet, strict=True))
+
+        # The mark is the pane's colours dimmed: its colour nearer the background than the text's,
+        # in the plain row (the usual one, drawn without the colour filter) and in a parsed one.
+        drawn = view.render_lines(view.scrollable_content_region.reset_offset)
+        (text,) = [seg.style for seg in drawn[1] if seg.text.startswith("b")]
+        for y in (1, 2):
+            (mark,) = [seg.style.clear_meta_and_links() for seg in drawn[y] if seg.text == "›"]
+            assert mark.bgcolor == text.bgcolor and not mark.dim
+            assert distance(mark.color, text.bgcolor) < 0.8 * distance(text.color, text.bgcolor), "dimmer"
+
+        view.scroll_to(x=2, animate=False, immediate=True)
+        rows = [shown_cells(view, y) for y in range(len(lines))]
+        assert rows[0] == "‹" + "a" * (width - 3) + "  " and rows[1] == "‹" + "b" * (width - 2) + " "
+        assert rows[2] == "‹" + "c" * (width - 2) + "›" and rows[4] == "‹" + "rt".ljust(width - 1)
+        assert rows[5].strip() == "" and rows[6].startswith("‹") and rows[6].endswith("›")
+        assert all(cell_len(row) == width for row in rows)
+
+        view.wrap = True
+        await pilot.pause()
+        assert not any("‹" in row or "›" in row for row in screen_rows(view)), "wrapped: no row is cut"
+
+
+@sync
+async def test_a_pane_paused_at_the_bottom_stays_paused_when_it_grows():
+    """Textual moves a view up when it grows past the rows below it (a zoom, a larger terminal, a
+    sideways scrollbar going with `w`): that was taken for the user scrolling to the bottom, and
+    a pane paused there with `f` followed the tail again."""
+    ring = LineRing()
+    feed_lines(ring, 0, 100)
+    async with shown(ring) as (view, pilot):
+        view.focus()
+        await pilot.press("f")
+        assert not view.follow and screen_rows(view)[-1] == "line 99"
+        await pilot.resize_terminal(SIZE[0], SIZE[1] + 6)
+        await settle(pilot, lambda: view.scrollable_content_region.height == SIZE[1] + 6, "the pane grown")
+        feed_lines(ring, 100, 110)
+        view.poll()
+        await pilot.pause()
+        assert not view.follow and "line 99" in screen_rows(view) and "line 109" not in screen_rows(view)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ranktop.core.output import RING_BYTES, RanktopLine, line_length
 from ranktop.core.sanitize import clean
 from ranktop.tui.cells import may_be_wide, row_ends, split_segments
-from rich.cells import set_cell_size
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -24,7 +24,7 @@ from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.color import Color
 from textual.events import MouseDown, MouseMove, MouseUp
-from textual.filter import ANSIToTruecolor
+from textual.filter import ANSIToTruecolor, dim_color
 from textual.geometry import Offset, Region, Size
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -47,6 +47,7 @@ _ROW_STYLES = 256  # plain rows' styles kept per pane (a few screens' worth)
 _PLAIN_LINE = re.compile(rb"[\x20-\x7e]{0,%d}" % MAX_CHARS)  # printable ASCII: one cell a byte
 _PLAIN_BYTES = bytes(range(0x20, 0x7F)) + b"\n"  # such lines joined by newlines: translate() deletes them all
 _PLAIN = Style()  # Textual's colour filters want a style on every segment, even an empty one
+CUT_LEFT, CUT_RIGHT = "‹", "›"  # over a row's first / last cell without wrap: its text goes on past that edge
 
 
 def _marker(raw: bytes) -> str:
@@ -148,6 +149,23 @@ def regex_matches(raw: bytes, pattern: re.Pattern[str]) -> bool:
     return type(raw) is not RanktopLine and pattern.search(parse_line(raw[:_MAX_BYTES], color=False).plain) is not None
 
 
+def column_showing(start: int, end: int, cells: int, width: int, x: int) -> int:
+    """The column to scroll to (from `x`) so that cells [start, end) of a row `cells` wide show
+    whole in `width` cells, clear of the cut marks (a `‹` over the first cell once scrolled right,
+    a `›` over the last where the row goes on): 0 where they fit from there, else `x` where they
+    show from it, else with about a quarter of the width before them (their start first, for a
+    match wider than the pane)."""
+
+    def clear(column: int) -> bool:
+        return (column == 0 or column < start) and end <= column + width - (cells > column + width)
+
+    if clear(0):
+        return 0
+    if clear(x):
+        return x
+    return max(1, min(start - 1, max(start - width // 4, end - width + 1)))
+
+
 def _kept_lines(source: Any) -> int:
     """How many complete lines the source (a LineRing, an engine's RankFeed) keeps."""
     return getattr(source, "maxlen", None) or 10_000
@@ -157,7 +175,7 @@ class LogView(ScrollView, can_focus=True):
     """Recent output of one rank, newest at the bottom; follows the tail until scrolled up."""
 
     COMPONENT_CLASSES = {"logview--match", "logview--match-current", "logview--bar", "logview--thumb",
-                         "logview--ranktop"}
+                         "logview--ranktop", "logview--cut"}
     # The vertical scrollbar is drawn by render_line in the last column (see _BAR), so Textual's
     # own is sized to nothing; the horizontal one stays Textual's (it rarely changes).
     DEFAULT_CSS = """
@@ -168,6 +186,7 @@ class LogView(ScrollView, can_focus=True):
     LogView > .logview--thumb { background: $scrollbar; }
     LogView:focus > .logview--thumb { background: $scrollbar-active; }
     LogView > .logview--ranktop { background: $accent 30%; color: $text; text-style: bold; }
+    LogView > .logview--cut { text-style: dim; }
     """
     BINDINGS = [
         Binding("end", "scroll_end", "Tail", show=False),
@@ -201,7 +220,8 @@ class LogView(ScrollView, can_focus=True):
         self._base_background: Color | None = None
         self._bar: tuple[Segment, Segment] | None = None
         self._own_style: Style | None = None
-        self._row_styles: dict[tuple[int, int], Style] = {}  # see _row_style
+        self._cut_style: Style | None = None
+        self._row_styles: dict[tuple[int, int, bool], Style] = {}  # see _row_style
         self._frame: tuple[int, int, int, int, int, Selection | None] | None = None
         # The rows drawn for the frame in `_drawn_for`, by screen row: the compositor redraws every
         # widget under the union of the screen's changes (a title's clock makes that the whole
@@ -344,17 +364,18 @@ class LogView(ScrollView, can_focus=True):
         complete = (self._cum[-1] - self._cum[0]) if self.wrap else len(self._lines)
         return complete + self._open_rows()
 
-    def _row_of_line(self, index: int) -> int:
-        """The first row of the line at `index` (0 = oldest kept)."""
-        if not self.wrap:
+    def _row_of_line(self, index: int, wrapped: bool | None = None) -> int:
+        """The first row of the line at `index` (0 = oldest kept); `wrapped` as in _locate."""
+        if not (self.wrap if wrapped is None else wrapped):
             return index
         if index < len(self._lines):
             return self._cum[index] - self._cum[0]
         return self._cum[-1] - self._cum[0] + sum(self._open_rows_each[: index - len(self._lines)])
 
-    def _locate(self, row: int) -> tuple[int, int]:
-        """(line index, row within that line) for a row of the whole view."""
-        if not self.wrap:
+    def _locate(self, row: int, wrapped: bool | None = None) -> tuple[int, int]:
+        """(line index, row within that line) for a row of the whole view; `wrapped`: as the rows
+        were with wrap on or off (the wrap's watcher asks as they were before it changed)."""
+        if not (self.wrap if wrapped is None else wrapped):
             return row, 0
         complete = self._cum[-1] - self._cum[0]
         if row < complete:
@@ -473,7 +494,7 @@ class LogView(ScrollView, can_focus=True):
         return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
 
     def _filters_keep_plain_rows(self, filters: list) -> bool:
-        styles = (self._style, *(cell.style for cell in self._bar_cells))
+        styles = (self._style, self._mark_style, *(cell.style for cell in self._bar_cells))
         return all(isinstance(f, ANSIToTruecolor) for f in filters) and all(map(_truecolor, styles))
 
     def render_line(self, y: int) -> Strip:
@@ -494,31 +515,83 @@ class LogView(ScrollView, can_focus=True):
             if self.wrap:
                 raw = raw[sub * self._wrap_width : (sub + 1) * self._wrap_width]
             visible = raw[scroll_x : scroll_x + width].decode("ascii").ljust(width)
+            left, right = self._cut_ends(len(raw), scroll_x, width)
             if selection is None:  # the usual row, in one Strip rather than three (each makes 7 caches)
-                return Strip([Segment(visible, self._row_style(scroll_x, row)), bar], width + _BAR), True
+                return Strip([*self._plain_cells(visible, left, right, scroll_x, row), bar], width + _BAR), True
             text = Strip([Segment(visible, self._style)], width)
         else:
             strip = self._strip(index, sub)
-            text = (Strip.blank(width, self._style) if strip is None
-                    else strip.crop_extend(scroll_x, scroll_x + width, self._style))
+            if strip is None:
+                text, left, right = Strip.blank(width, self._style), False, False
+            else:
+                text = strip.crop_extend(scroll_x, scroll_x + width, self._style)
+                left, right = self._cut_ends(strip.cell_length, scroll_x, width)
+        if left or right:
+            text = self._marked(text, left, right, width)
         if selection is not None:
             text = self._selected(text, selection, row, scroll_x, width)
         # Offsets tell Textual which row and column the mouse is over (what selection starts from);
         # the plain row above carries the same meta.
         return Strip([*text.apply_offsets(scroll_x, row), bar], width + _BAR), False
 
-    def _row_style(self, scroll_x: int, row: int) -> Style:
-        """Our style with the offset meta of this row (which Textual's mouse selection reads),
-        kept: once a pane holds all the lines it keeps, a followed tail draws the same row numbers
-        frame after frame (their lines change), and making this style was a fifth of a row's cost."""
-        key = (scroll_x, row)
+    def _row_style(self, scroll_x: int, row: int, cut: bool = False) -> Style:
+        """Our style (`cut`: a cut mark's) with the offset meta of this row (which Textual's mouse
+        selection reads), kept: once a pane holds all the lines it keeps, a followed tail draws the
+        same row numbers frame after frame (their lines change), and making this style was a fifth
+        of a row's cost."""
+        key = (scroll_x, row, cut)
         style = self._row_styles.get(key)
         if style is None:
             if len(self._row_styles) >= _ROW_STYLES:
                 self._row_styles.clear()
-            offset = Style.from_meta({"offset": key})
-            style = self._row_styles[key] = self._style + offset if self._style else offset
+            offset = Style.from_meta({"offset": (scroll_x, row)})
+            base = self._mark_style if cut else self._style
+            style = self._row_styles[key] = base + offset if base else offset
         return style
+
+    # ----- cut marks: without wrap, a `‹` / `›` where a row goes on past the pane's edge -----------
+    def _cut_ends(self, cells: int, scroll_x: int, width: int) -> tuple[bool, bool]:
+        """Whether a row of a line `cells` wide, seen from column `scroll_x` in `width` cells, has
+        text past the pane's left edge, and past its right: a number cut there read as another
+        (`clipped to 5.` for `5.0`). Wrapped, a row ends where the pane does."""
+        if self.wrap or width < 3:
+            return False, False
+        return scroll_x > 0 and cells > 0, cells > scroll_x + width
+
+    @property
+    def _mark_style(self) -> Style:
+        """The cut marks' style: the pane's, dimmed, kept until the styles change. The dim is made
+        the colour Textual's colour filter would make it (where the pane's colours are truecolor):
+        a row with a mark then stays a plain row, which skips the filter (it doubled a frame's cost)."""
+        if self._cut_style is None:
+            style = self._style + self.get_component_rich_style("logview--cut", partial=True)
+            color, background = style.color, style.bgcolor or self._background.rich_color
+            if style.dim and color is not None and color.triplet is not None and background.triplet is not None:
+                style += Style(color=dim_color(background, color), dim=False)
+            self._cut_style = style
+        return self._cut_style
+
+    def _plain_cells(self, visible: str, left: bool, right: bool, scroll_x: int, row: int) -> list[Segment]:
+        """A plain row's text with its offsets, its first / last cell a cut mark where it goes on."""
+        if not (left or right):
+            return [Segment(visible, self._row_style(scroll_x, row))]
+        start, end = int(left), len(visible) - int(right)
+        cells = [Segment(visible[start:end], self._row_style(scroll_x + start, row))]
+        if left:
+            cells.insert(0, Segment(CUT_LEFT, self._row_style(scroll_x, row, cut=True)))
+        if right:
+            cells.append(Segment(CUT_RIGHT, self._row_style(scroll_x + end, row, cut=True)))
+        return cells
+
+    def _marked(self, text: Strip, left: bool, right: bool, width: int) -> Strip:
+        """`text` (`width` cells) with a cut mark over its first cell and / or its last (a wide
+        character under a mark leaves a blank cell beside it)."""
+        parts = [text.crop(int(left), width - int(right))]
+        if left:
+            parts.insert(0, Strip([Segment(CUT_LEFT, self._mark_style)], 1))
+        if right:
+            parts.append(Strip([Segment(CUT_RIGHT, self._mark_style)], 1))
+        return Strip.join(parts)
 
     def _own_row(self, raw: RanktopLine, row: int, scroll_x: int, width: int) -> Strip:
         """A line of ranktop's own (a restart's separator) as a band across the whole pane, the
@@ -655,7 +728,7 @@ class LogView(ScrollView, can_focus=True):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._base_style = self._base_background = self._bar = self._own_style = None
+        self._base_style = self._base_background = self._bar = self._own_style = self._cut_style = None
         self._row_styles.clear()
         self._strips.clear()
         self._drawn.clear()
@@ -675,34 +748,57 @@ class LogView(ScrollView, can_focus=True):
         if round(old_value) != round(new_value):
             self.refresh()
         if not self._by_me:  # the user scrolled: up leaves the tail, reaching the bottom rejoins it
-            self.follow = round(new_value) >= self.max_scroll_y
+            at_bottom = round(new_value) >= self.max_scroll_y
+            # Textual also moves the view up when the pane grows past the rows below it (a zoom, a
+            # larger terminal, the sideways scrollbar going with `w`): that is no scroll down, and
+            # a pane paused at the bottom (f, or a match shown there) followed the tail again.
+            self.follow = at_bottom and (new_value > old_value or self.follow)
 
     def watch_follow(self, follow: bool) -> None:
         if follow:
             self._move_to(self.max_scroll_y)
 
-    def watch_wrap(self, wrap: bool) -> None:
-        top = self._locate(round(self.scroll_offset.y))[0]
-        if wrap:
+    def watch_wrap(self, was_wrapped: bool, wrap: bool) -> None:
+        self._count_rows_again(was_wrapped)
+        if self.follow:
+            self._move_to(self.max_scroll_y)
+
+    def on_resize(self) -> None:
+        if self.wrap and self.text_width != self._wrap_width:
+            self._count_rows_again(True)
+        if self.follow:
+            self.call_after_refresh(self._follow_tail)
+
+    def _count_rows_again(self, was_wrapped: bool) -> None:
+        """Count the rows anew (the wrap turned on or off, a new width), a view scrolled back
+        keeping its top line on top and the match it shows in view: the rows move (a zoom-out kept
+        the row offset and showed lines about half as far back; `w` took a wrapped row's number
+        for a line's, and the reverse)."""
+        top = self._locate(round(self.scroll_offset.y), was_wrapped)[0]
+        match = self._shown_match(was_wrapped)
+        if self.wrap:
             self._rebuild_rows()
         else:
             self._count_open_rows()
             self._strips.clear()
         self._update_virtual_size()
-        self._move_to(self.max_scroll_y if self.follow else self._row_of_line(top))
+        if not self.follow:
+            self._move_to(self._row_of_line(top))
+            if match is not None:  # once laid out: the sideways scrollbar comes or goes with the wrap
+                self.call_after_refresh(self._keep_match_shown, self._first + match)
         self.refresh()
 
-    def on_resize(self) -> None:
-        if self.wrap and self.text_width != self._wrap_width:
-            # Re-wrapped at the new width, the rows move: keep the top line on top (a zoom-out
-            # kept the row offset, and showed lines about half as far back).
-            top = self._locate(round(self.scroll_offset.y))[0]
-            self._rebuild_rows()
-            self._update_virtual_size()
-            if not self.follow:
-                self._move_to(self._row_of_line(top))
-        if self.follow:
-            self.call_after_refresh(self._follow_tail)
+    def _keep_match_shown(self, number: int) -> None:
+        if number == self._current and not self.follow:  # (unless n / N, or End, came first)
+            self._show_match(number)
+
+    def _shown_match(self, wrapped: bool) -> int | None:
+        """The index of the current match's line where the view shows its first row, else None."""
+        if self._current is None or self._current < self._first:
+            return None
+        top, height = round(self.scroll_offset.y), self.scrollable_content_region.height
+        index = self._current - self._first
+        return index if top <= self._row_of_line(index, wrapped) < top + height else None
 
     # The scrollbar: a press on it jumps there, and dragging keeps moving the view.
     def on_mouse_down(self, event: MouseDown) -> None:
@@ -839,7 +935,26 @@ class LogView(ScrollView, can_focus=True):
     def _go_to_hit(self, number: int) -> None:
         self._current = number
         self._strips.clear()  # the current-match colour moved
-        self._show_line(number - self._first)
+        self._show_match(number)
+
+    def _show_match(self, number: int) -> None:
+        """Bring the match in the line numbered `number` into view, if the ring still has it."""
+        if number >= self._first:
+            self._show_line(number - self._first)
+            self._show_match_column(number)
+
+    def _show_match_column(self, number: int) -> None:
+        """Without wrap, scroll sideways to the first match in the line numbered `number`: a match
+        past the pane's right edge showed nowhere."""
+        raw = None if self.wrap else self._raw(number - self._first)
+        if raw is None or type(raw) is RanktopLine:
+            return
+        plain = parse_line(raw, color=False).plain  # (tabs expanded: as the pane shows it)
+        found = (self._regex or re.compile(re.escape(self._query), re.IGNORECASE)).search(plain)
+        if found is not None:
+            start, end = cell_len(plain[: found.start()]), cell_len(plain[: found.end()])
+            x = column_showing(start, end, cell_len(plain), self.text_width, round(self.scroll_offset.x))
+            self.scroll_to(x=x, animate=False, immediate=True)
 
     def _show_line(self, index: int) -> None:
         self.follow = False
