@@ -635,6 +635,7 @@ def test_a_paused_wrapped_pane_keeps_its_place_when_zoomed_in_and_out():
     engine.print(0, *[f"line {i:03d} " + "x" * 90 for i in range(300)])
 
     async def body(app, pilot):
+        app.animation_level = "none"  # each page lands at once: each page's scroll took ~0.4 s to play
         main = app.main
         log = main.pane(0).log
         await until(pilot, lambda: log.line_count == 300, what="lines in")
@@ -925,6 +926,7 @@ def test_the_end_report_scrolls_from_the_keyboard_and_its_keys_are_in_the_help(t
     """At 80x24 the end report is cut (4 lines of a traceback showed) and only the mouse wheel
     scrolled it. E gives it the focus (its title says its keys), its keys scroll it, esc goes back."""
     app = RanktopApp(LocalEngine(ticker_agent(tmp_path, DEEP_FAILURE, n=4)))
+    app.animation_level = "none"  # end and page scrolls land at once (each took ~1 s to play)
 
     async def body(app, pilot):
         panel = app.main.query_one(RootCausePanel)
