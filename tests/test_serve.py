@@ -66,11 +66,12 @@ def ls(env) -> list[dict]:
 
 
 def gone(pid: int) -> bool:
+    """Whether process `pid` has ended. A zombie has: a detached engine or an orphaned rank is
+    init's to reap, and a container's init may reap only every 2 s (1-2 s of each wait here)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return True
-    return False
 
 
 def start_headless(tmp_path, env, run_id: str, script_text: str = TICKER, nproc: int = 2,
@@ -200,7 +201,7 @@ def test_a_run_whose_engine_died_is_named_with_its_log_directory(tmp_path, runti
         proc.kill()
         proc.wait()
     ranks = [e["pid"] for e in read_events(run["log_dir"]) if e["event"] == "started"]
-    wait_for(lambda: not any(psutil.pid_exists(pid) for pid in ranks), what="the guard ended the ranks")
+    wait_for(lambda: all(gone(pid) for pid in ranks), what="the guard ended the ranks")
     said = (f"ranktop: doomed is not served and left no final.json: its engine went away before the run's end "
             f"(killed?), so how the run ended is unknown; its log files are under {run['log_dir']}")
     for args in (("logs", "doomed"), ("logs", run["log_dir"]), ("stop", "doomed"), ("attach", "doomed"),
@@ -260,7 +261,7 @@ def test_a_final_json_a_rank_planted_is_not_the_end_of_a_run_whose_engine_was_ki
         if follow.poll() is None:
             stop_process(follow)
     ranks = [e["pid"] for e in read_events(run["log_dir"]) if e["event"] == "started"]
-    wait_for(lambda: not any(psutil.pid_exists(pid) for pid in ranks), what="the guard ended the ranks")
+    wait_for(lambda: all(gone(pid) for pid in ranks), what="the guard ended the ranks")
     done = run_ranktop("logs", "doomed", env=env)
     assert (done.returncode, done.stdout) == (1, ""), done.stderr
     assert done.stderr.startswith(f"ranktop: {said}\nranktop: doomed is not served and left no final.json")
@@ -1061,7 +1062,7 @@ def test_a_tui_whose_engine_is_killed_gives_the_terminal_back(tmp_path, runtime)
         assert term._tmux("display", "-p", "-t", "t", flags).split() == ["0", "0", "0", "1", "1"]
         term.wait_screen(f"ranktop: the TUI and its engine (pid {run['pid']}) were killed by SIGKILL; the orphan "
                          "guard stops the ranks")
-        wait_for(lambda: not any(psutil.pid_exists(pid) for pid in ranks), what="the guard ended the ranks")
+        wait_for(lambda: all(gone(pid) for pid in ranks), what="the guard ended the ranks")
     finally:
         term.close()
 

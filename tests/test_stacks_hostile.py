@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -466,6 +467,19 @@ def user_process(user, code: str, *args: str, env: dict | None = None) -> subpro
                             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, text=True)
 
 
+def stop_user_process(runuser: subprocess.Popen, pid: int | None) -> None:
+    """Ends `runuser` and the user's process `pid` it started (None: not known). SIGTERM goes to
+    that process: runuser, signalled itself, ends its child and then sleeps 2 s before it exits."""
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        try:
+            runuser.wait(10)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    stop_process(runuser)
+
+
 def test_another_users_run_directory_steers_root_to_none_but_their_own_processes(tmp_path, runtime, other_user):
     """Root's `ranktop stacks DIR` of a directory another user made dumped (or with --signal,
     SIGUSR1ed) any process it named, root's own ranks included (the check that a pid is that run's
@@ -479,6 +493,7 @@ def test_another_users_run_directory_steers_root_to_none_but_their_own_processes
                              stdout=subprocess.PIPE, text=True)
     theirs = user_process(other_user, "import os, time; print(os.getpid(), flush=True); time.sleep(60)",
                           env={"TORCHELASTIC_RUN_ID": "theirs"})  # (its pid: runuser, its parent, is root's)
+    their_pid = None
     try:
         assert roots.stdout.readline() == "up\n"
         their_pid = int(theirs.stdout.readline())
@@ -496,8 +511,9 @@ def test_another_users_run_directory_steers_root_to_none_but_their_own_processes
         assert (out.returncode, out.stderr) == (0, "") and "1 of 1 ranks dumped" in out.stdout, out
         assert "time.sleep" in out.stdout or "<module>" in out.stdout, out.stdout
     finally:
+        stop_process(roots)
+        stop_user_process(theirs, their_pid)
         for proc in (roots, theirs):
-            stop_process(proc)
             proc.stdout.close()
         shutil.rmtree(where, ignore_errors=True)
 
@@ -556,6 +572,7 @@ def test_a_process_of_the_users_they_could_not_trace_is_not_dumped_for_them(tmp_
     where.chmod(0o755)
     os.chown(where, other_user.uid, other_user.gid)
     proc = untraceable(other_user, how, where)
+    pid = None
     try:
         pid = int(proc.stdout.readline())
         steer = fake_run_dir(other_user, where, how, pid)
@@ -565,7 +582,7 @@ def test_a_process_of_the_users_they_could_not_trace_is_not_dumped_for_them(tmp_
             assert out.stderr == (f"ranktop: error: bad target '{steer}': its events.jsonl is uid {other_user.uid}'s "
                                   f"and names rank 0, pid {pid}, {UNTRACEABLE[how].format(gid=other_user.gid)}\n")
     finally:
-        stop_process(proc)
+        stop_user_process(proc, pid)
         proc.stdout.close()
         shutil.rmtree(where, ignore_errors=True)
 

@@ -4,6 +4,7 @@ follow state in the titles. Real ranks wherever the effect is on ranks."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import os
@@ -12,8 +13,10 @@ import shutil
 import signal
 import sys
 import time
+from unittest import mock
 
 import pytest
+import textual.app
 from conftest import ROOT, drive, make_agent, read_events, screen_rows, until, wait_for
 from fake_engine import FakeEngine
 from ranktop.core import commands as cmd
@@ -50,6 +53,22 @@ from test_tui_fake import shown_footer_keys
 from test_tui_tmux import DEEP, Terminal
 
 pytestmark = pytest.mark.timeout(60)
+
+
+async def type_keys(pilot, *keys: str) -> None:
+    """pilot.press(*keys) without Pilot's two waits for the app to go idle after each key but the
+    last (20 ms or more each: most of what a test that types a search took). Only for keys whose
+    handling is done when their event is (text into the focused input; V's up, which moves the
+    selection and scrolls at once): each key event is sent as press sends it and handled in turn,
+    animations are still waited out after each, and the last key is pressed as press does, so all
+    were handled when it returns. (Page keys scroll later: a quick run of them ended elsewhere.)"""
+
+    async def next_turn(*_args, **_kwargs) -> None:
+        await asyncio.sleep(0)
+
+    with mock.patch.object(textual.app, "wait_for_idle", next_turn):
+        await pilot.press(*keys[:-1])
+    await pilot.press(*keys[-1:])
 
 
 @pytest.fixture(autouse=True)
@@ -491,7 +510,9 @@ def test_search_every_rank_counts_and_steps_across_ranks():
     async def body(app, pilot):
         main = app.main
         await until(pilot, lambda: main.pane(0).log.line_count == 3, what="lines in")
-        await pilot.press("1", "ctrl+f", *"needle", "enter")
+        await pilot.press("1", "ctrl+f")
+        await type_keys(pilot, *"needle")
+        await pilot.press("enter")
         assert "3 matches for 'needle' in 2 ranks: 0 (2), 2 (1)" in notes(app)
         assert main.current == 2  # rank 1 has none: the next rank that has
         await until(pilot, lambda: " 1 hit " in main.pane(2).title and " 0 hits " in main.pane(1).title
@@ -505,7 +526,9 @@ def test_search_every_rank_counts_and_steps_across_ranks():
         await pilot.press("N")  # back: rank 0's last match
         assert main.current == 0
         await pilot.press("slash", "escape")  # an ordinary search, cancelled: the counts stay
-        await pilot.press("slash", *"hay", "enter")  # a search of this rank ends the one of every rank
+        await pilot.press("slash")
+        await type_keys(pilot, *"hay")
+        await pilot.press("enter")  # a search of this rank ends the one of every rank
         await until(pilot, lambda: "hit" not in main.pane(1).title, what="counts gone")
 
     drive_fake(engine, body)
@@ -523,7 +546,9 @@ def test_n_and_n_say_which_match_they_are_on_and_where_they_wrap():
         await until(pilot, lambda: main.pane(0).log.line_count == 5, what="lines in")
         await pilot.press("n")
         assert "no search in rank 0: / searches it, ctrl+f every rank" in notes(app)
-        await pilot.press("slash", *"needle", "enter")  # on the newest, the third
+        await pilot.press("slash")
+        await type_keys(pilot, *"needle")
+        await pilot.press("enter")  # on the newest, the third
         app.clear_notifications()
         await pilot.press("n")
         assert "match 1 of 3 in rank 0  (wrapped round to the oldest)" in notes(app)
@@ -532,7 +557,9 @@ def test_n_and_n_say_which_match_they_are_on_and_where_they_wrap():
         await pilot.press("N", "N")
         assert notes(app).splitlines()[-1] == "match 3 of 3 in rank 0  (wrapped round to the newest)"
         app.clear_notifications()
-        await pilot.press("ctrl+f", *"needle", "enter", "n")  # every rank: rank 1 has none, round to rank 0's first
+        await pilot.press("ctrl+f")
+        await type_keys(pilot, *"needle")
+        await pilot.press("enter", "n")  # every rank: rank 1 has none, round to rank 0's first
         assert notes(app).splitlines()[-1] == "match 1 of 3 in rank 0"
 
     drive_fake(engine, body)
@@ -551,7 +578,9 @@ def test_n_and_n_step_to_a_match_in_the_unfinished_last_line_and_say_so(tmp_path
     async def body(app, pilot):
         log = app.main.pane(0).log
         await until(pilot, lambda: log.line_count == 32, what="the lines and the prompt")
-        await pilot.press("slash", *"needle", "enter")
+        await pilot.press("slash")
+        await type_keys(pilot, *"needle")
+        await pilot.press("enter")
         assert log.match_position == (2, 2)  # the newest: the prompt
         app.clear_notifications()
         await pilot.press("N")
@@ -560,7 +589,9 @@ def test_n_and_n_step_to_a_match_in_the_unfinished_last_line_and_say_so(tmp_path
         assert notes(app).splitlines()[-1] == "match 2 of 2 in rank 0"  # it went on past the complete one
         await pilot.press("n")
         assert notes(app).splitlines()[-1] == "match 1 of 2 in rank 0  (wrapped round to the oldest)"
-        await pilot.press("slash", *"continue", "enter")  # its only match
+        await pilot.press("slash")
+        await type_keys(pilot, *"continue")
+        await pilot.press("enter")  # its only match
         app.clear_notifications()
         await pilot.press("home")
         await until(pilot, lambda: not any("Continue" in row for row in screen_rows(app)), what="scrolled away")
@@ -583,7 +614,9 @@ def test_n_held_down_shows_one_toast_of_where_it_is():
     async def body(app, pilot):
         main = app.main
         await until(pilot, lambda: main.pane(0).log.line_count == 30, what="lines in")
-        await pilot.press("slash", *"needle", "enter")
+        await pilot.press("slash")
+        await type_keys(pilot, *"needle")
+        await pilot.press("enter")
         await pilot.press("k")  # a question, answered by a second k
         await pilot.press(*"n" * 12)
         await pilot.pause()
@@ -602,6 +635,7 @@ def test_a_paused_wrapped_pane_keeps_its_place_when_zoomed_in_and_out():
     engine.print(0, *[f"line {i:03d} " + "x" * 90 for i in range(300)])
 
     async def body(app, pilot):
+        app.animation_level = "none"  # each page lands at once: each page's scroll took ~0.4 s to play
         main = app.main
         log = main.pane(0).log
         await until(pilot, lambda: log.line_count == 300, what="lines in")
@@ -678,13 +712,21 @@ def test_regular_expression_searches_and_a_bad_one():
     async def body(app, pilot):
         main = app.main
         await until(pilot, lambda: main.pane(0).log.line_count == 3, what="lines in")
-        await pilot.press("ctrl+f", *"re:loss [0-9.]+$", "enter")
+        await pilot.press("ctrl+f")
+        await type_keys(pilot, *"re:loss [0-9.]+$")
+        await pilot.press("enter")
         assert "2 matches for 're:loss [0-9.]+$' in 2 ranks: 0 (1), 1 (1)" in notes(app)
-        await pilot.press("slash", *"re:LOSS (nan|inf)", "enter")  # any case
+        await pilot.press("slash")
+        await type_keys(pilot, *"re:LOSS (nan|inf)")
+        await pilot.press("enter")  # any case
         assert "1 match for 're:LOSS (nan|inf)' in rank 0" in notes(app)
-        await pilot.press("slash", *"re:loss [", "enter")
+        await pilot.press("slash")
+        await type_keys(pilot, *"re:loss [")
+        await pilot.press("enter")
         assert "bad regular expression 'loss [': unterminated character set" in notes(app)
-        await pilot.press("slash", *"re:a{99999999999}", "enter")  # OverflowError in re: the app died
+        await pilot.press("slash")
+        await type_keys(pilot, *"re:a{99999999999}")
+        await pilot.press("enter")  # OverflowError in re: the app died
         assert "bad regular expression 'a{99999999999}': too large or too deeply nested" in notes(app)
 
     drive_fake(engine, body)
@@ -703,7 +745,7 @@ def test_v_selects_lines_beyond_the_screen_and_y_copies_them_as_shown():
         await pilot.press("escape")
         await pilot.press("V")
         await until(pilot, lambda: bool(main.selections), what="the bottom line selected")
-        await pilot.press(*["up"] * 60)  # past the top of the pane: the view follows the selection
+        await type_keys(pilot, *["up"] * 60)  # past the top of the pane: the view follows the selection
         log = main.pane(0).log
         marked = main.get_component_rich_style("screen--selection", partial=True).bgcolor
         shown = log.render_line(41 - round(log.scroll_offset.y))  # the selection's first row, in view
@@ -809,7 +851,8 @@ def test_the_stack_views_call_tree_scrolls_sideways_and_its_help_lists_its_keys(
         await pilot.press("escape")
         titles = {c.title for c in app.get_system_commands(app.screen)}
         assert {"Other threads", "Dump again"} <= titles and "Zoom" not in titles  # the grid's acted unseen
-        await pilot.press("ctrl+p", *"other threads")
+        await pilot.press("ctrl+p")
+        await type_keys(pilot, *"other threads")
         await until(pilot, lambda: palette_top(app).startswith("Other threads"), what="the palette's entry")
         await pilot.press("enter")
         await until(pilot, lambda: app.screen_stack[-1].show_threads, what="the other threads shown")
@@ -883,6 +926,7 @@ def test_the_end_report_scrolls_from_the_keyboard_and_its_keys_are_in_the_help(t
     """At 80x24 the end report is cut (4 lines of a traceback showed) and only the mouse wheel
     scrolled it. E gives it the focus (its title says its keys), its keys scroll it, esc goes back."""
     app = RanktopApp(LocalEngine(ticker_agent(tmp_path, DEEP_FAILURE, n=4)))
+    app.animation_level = "none"  # end and page scrolls land at once (each took ~1 s to play)
 
     async def body(app, pilot):
         panel = app.main.query_one(RootCausePanel)

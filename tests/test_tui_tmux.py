@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -274,7 +275,9 @@ def test_ctrl_z_suspends_the_tui_to_the_shell_and_fg_brings_it_back_whole(tmp_pa
             run_ranktop("stop", "jc")
 
 
-TICKER = "import itertools, time\nfor n in itertools.count():\n    print('tick', n, flush=True)\n    time.sleep(0.05)\n"
+# 50 lines a second, each rank: the 2000 bytes the bg test waits to see logged come in 2-3 s (at
+# 20 a second they took 6), still far more than the ranks wrote while the job was stopped.
+TICKER = "import itertools, time\nfor n in itertools.count():\n    print('tick', n, flush=True)\n    time.sleep(0.02)\n"
 
 
 def _suspended_tui(tmp_path: Path) -> tuple[Terminal, int, int, list[int]]:
@@ -365,7 +368,8 @@ def test_a_c10d_hosts_store_goes_on_serving_after_the_tui_detaches(tmp_path):
     """Under the TUI the c10d host's store is started after the fork, in the process that runs the
     engine: it was started before, its server thread stayed in the parent that only holds the
     terminal, and a detach ended it (a node that came to join then waited for ever)."""
-    pytest.importorskip("torch")
+    if importlib.util.find_spec("torch") is None:  # (the nodes import it; importing it here took 3-4 s)
+        pytest.skip("the c10d store needs torch")
     from ranktop.core.spec import free_port
 
     code = ("import os, time\nprint('hello from', os.environ['RANK'], 'world', os.environ['WORLD_SIZE'], flush=True)\n"
