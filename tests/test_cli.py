@@ -742,13 +742,25 @@ def _stall_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if " stalled: no output for " in line]
 
 
-def test_a_headless_stall_says_once_how_to_see_where_each_rank_is(tmp_path):
-    """Headless has no `d` key: the stall lines said which ranks were quiet, and nothing of how
-    to see where they wait (`ranktop stacks`, from another terminal)."""
+@pytest.fixture(scope="module")
+def stalled(tmp_path_factory) -> tuple[subprocess.CompletedProcess, str]:
+    """One headless run of two ranks quiet until told (rank 0 spinning, rank 1 asleep), both
+    stalled (`--stall-timeout 1`, run id `quiet`), released once the stall lines and the hint were
+    said: (the run, the hint it must say). The two tests below look at it, each for its own line;
+    each stalled a run of its own."""
+    tmp_path = tmp_path_factory.mktemp("stalled")
     hint = f"ranktop: where each rank is: ranktop stacks {tmp_path / 'quiet'} (in another terminal)"
-    res = _stalled_until_said(tmp_path, UNTIL_TOLD + "while not done():\n    time.sleep(0.05)\n",
+    res = _stalled_until_said(tmp_path, UNTIL_TOLD + "if os.environ['RANK'] == '0':\n    while not done():\n"
+                              "        pass\nelse:\n    while not done():\n        time.sleep(0.05)\n",
                               "--log-dir", str(tmp_path), "--run-id", "quiet",
                               said=lambda err: len(_stall_lines(err)) >= 2 and hint in err)
+    return res, hint
+
+
+def test_a_headless_stall_says_once_how_to_see_where_each_rank_is(stalled):
+    """Headless has no `d` key: the stall lines said which ranks were quiet, and nothing of how
+    to see where they wait (`ranktop stacks`, from another terminal)."""
+    res, hint = stalled
     assert res.returncode == 0, res.stderr
     lines = res.stderr.splitlines()
     assert sum(" stalled: no output for " in line for line in lines) == 2, res.stderr
@@ -758,12 +770,10 @@ def test_a_headless_stall_says_once_how_to_see_where_each_rank_is(tmp_path):
     assert said.index(hint) in (1, 2), res.stderr
 
 
-def test_a_headless_stall_line_tells_a_busy_rank_from_a_blocked_one(tmp_path):
+def test_a_headless_stall_line_tells_a_busy_rank_from_a_blocked_one(stalled):
     """The stall line's cpu% is what tells a rank spinning from one blocked in a collective; with
     a stall time shorter than the sampler needs for two looks it used to say `cpu -`."""
-    res = _stalled_until_said(tmp_path, UNTIL_TOLD + "if os.environ['RANK'] == '0':\n    while not done():\n"
-                              "        pass\nelse:\n    while not done():\n        time.sleep(0.05)\n",
-                              "--log-dir", str(tmp_path), said=lambda err: len(_stall_lines(err)) >= 2)
+    res, _ = stalled
     assert res.returncode == 0, res.stderr
     cpu = {}
     for line in _stall_lines(res.stderr):

@@ -87,8 +87,13 @@ def start_headless(tmp_path, env, run_id: str, script_text: str = TICKER, nproc:
 def run_each(calls: list[tuple[str, ...]], env: dict) -> list[subprocess.CompletedProcess]:
     """`ranktop ARGS` for each of `calls`, side by side: a silent engine keeps each waiting for its
     connect time-out, not for one another's."""
+    return run_each_in([(env, args) for args in calls])
+
+
+def run_each_in(calls: list[tuple[dict, tuple[str, ...]]]) -> list[subprocess.CompletedProcess]:
+    """run_each with an environment of its own for each call: (env, ARGS)."""
     with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
-        return list(pool.map(lambda args: run_ranktop(*args, env=env), calls))
+        return list(pool.map(lambda call: run_ranktop(*call[1], env=call[0]), calls))
 
 
 @pytest.mark.parametrize("encoding", [{"PYTHONIOENCODING": "ascii"}, {"LC_ALL": "C", "PYTHONUTF8": "0"}],
@@ -269,88 +274,143 @@ def test_a_final_json_a_rank_planted_is_not_the_end_of_a_run_whose_engine_was_ki
     assert run_ranktop("logs", "donor", env=env).returncode == 0
 
 
-def test_a_served_run_whose_engine_does_not_answer_is_listed_and_said_so(tmp_path, runtime):
+@pytest.fixture(scope="module")
+def silent(tmp_path_factory) -> dict[str, dict]:
+    """The engines the four tests below stop (SIGSTOP) or plant, each served from a runtime
+    directory of its own, and what every command of those tests said of them. The commands run in
+    one batch, side by side: each waits out its time-out for an answer that never comes (5 s),
+    and four tests waited one each. Every process is ended before the first of them ends (the
+    no_orphans check); each test asserts on its own part: "frozen", "jammed", "x" and "planted"
+    (its `said` by command; its `run` as `ls --json` listed it while it answered)."""
+    base = tmp_path_factory.mktemp("silent")
+    found: dict[str, dict] = {}
+    with contextlib.ExitStack() as stack:
+        for name in ("frozen", "jammed", "x", "planted"):
+            runtime = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
+            stack.callback(shutil.rmtree, runtime, ignore_errors=True)
+            (base / name).mkdir()
+            env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
+            if name in ("frozen", "x"):  # (a default log root of its own, where an id is looked for)
+                env["TMPDIR"] = str(base / name)
+            found[name] = {"env": env, "dir": base / name, "calls": []}
+        _freeze_a_headless_run(stack, found["frozen"])
+        _jam_a_headless_run(stack, found["jammed"])
+        _freeze_a_detached_run(stack, found["x"])
+        _plant_a_silent_socket(stack, found["planted"])
+        batch = [(name, args) for name, part in found.items() for args in part["calls"]]
+        said = run_each_in([(found[name]["env"], args) for name, args in batch])
+        for (name, args), done in zip(batch, said, strict=True):
+            found[name].setdefault("said", {})[args] = done
+        proc = found["frozen"]["proc"]
+        proc.send_signal(signal.SIGCONT)
+        found["frozen"]["stopped"] = run_ranktop("stop", "frozen", env=found["frozen"]["env"])
+        found["frozen"]["status"] = proc.wait(30)
+    return found
+
+
+def _freeze_a_headless_run(stack: contextlib.ExitStack, part: dict) -> None:
+    proc = part["proc"] = start_headless(part["dir"], part["env"], "frozen")
+    stack.callback(proc.stderr.close)
+    stack.callback(stop_process, proc)
+    stack.callback(proc.send_signal, signal.SIGCONT)
+    (part["run"],) = wait_for(lambda: [r for r in ls(part["env"]) if r["state"] == "running"], what="the run listed")
+    proc.send_signal(signal.SIGSTOP)
+    part["calls"] = [("ls",), ("ls", "--json"), ("logs", "frozen"), ("logs", "-f"), ("stop", "fro")]
+
+
+def _jam_a_headless_run(stack: contextlib.ExitStack, part: dict) -> None:
+    proc = start_headless(part["dir"], part["env"], "jammed")
+    stack.callback(proc.stderr.close)
+    stack.callback(stop_process, proc)
+    stack.callback(proc.send_signal, signal.SIGCONT)
+    (part["run"],) = wait_for(lambda: [r for r in ls(part["env"]) if r["state"] == "running"], what="the run listed")
+    proc.send_signal(signal.SIGSTOP)
+    queued = 0
+    while True:  # what a queue of looks fills: connects until the kernel refuses one at once
+        sock = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        sock.setblocking(False)
+        queued += 1
+        try:
+            sock.connect(part["run"]["socket"])
+        except BlockingIOError:
+            break
+        assert queued < 1000, "the listen queue never filled"
+    part["calls"] = [("ls", "--json"), ("logs", "jammed")]
+
+
+def _freeze_a_detached_run(stack: contextlib.ExitStack, part: dict) -> None:
+    env, at = part["env"], part["dir"]
+    (at / "ticker.py").write_text(TICKER)
+    done = run_ranktop("--detach", "--run-id", "x", str(at / "ticker.py"), env=env)
+    assert done.returncode == 0, done.stderr
+    (run,) = ls(env)
+    part["run"] = run
+    stack.callback(wait_for, lambda: gone(run["pid"]), what="the engine gone")
+    stack.callback(run_ranktop, "stop", "x", env=env)
+    stack.callback(os.kill, run["pid"], signal.SIGCONT)
+    other = part["other"] = at / "elsewhere" / "x"  # another run of that id: written by a pid that serves nothing
+    other.mkdir(parents=True)
+    (other / "events.jsonl").write_text(json.dumps({"event": "run_started", "run_id": "x", "pid": 1}) + "\n")
+    os.kill(run["pid"], signal.SIGSTOP)
+    run_dir = run["log_dir"]
+    part["calls"] = [("logs", "x"), ("logs", run_dir), ("logs", run_dir + "/"), ("stop", run_dir), ("logs", str(other))]
+
+
+def _plant_a_silent_socket(stack: contextlib.ExitStack, part: dict) -> None:
+    directory = Path(part["env"]["XDG_RUNTIME_DIR"]) / "ranktop"
+    directory.mkdir(mode=0o700)
+    planted = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))  # listens, never answers
+    planted.bind(str(directory / "\x1b]0;owned\x07\x1b[2Jjob.sock"))
+    # Room for every connection: each is taken, then waits for a hello that never comes (with
+    # a full queue they were refused at once, and `stacks` waited 60 s whenever one had room)
+    planted.listen(16)
+    part["calls"] = [("logs", "\x1b"), ("stop", "\x1b"), ("stacks", "\x1b")]
+
+
+def test_a_served_run_whose_engine_does_not_answer_is_listed_and_said_so(silent):
     """An engine stopped (SIGSTOP) or swamped: ls left its run out, `logs` printed nothing, exit 0,
     and a lingering run's `stop` said it had already ended, its engine gone, exit 0. ls lists it as
     `not answering`, and the commands that reach it say so, exit 1; nothing is removed."""
-    env = {**runtime, "TMPDIR": str(tmp_path)}
-    proc = start_headless(tmp_path, env, "frozen")
-    try:
-        (run,) = wait_for(lambda: [r for r in ls(env) if r["state"] == "running"], what="the run listed")
-        proc.send_signal(signal.SIGSTOP)
-        silent = f"ranktop: frozen: the engine at {run['socket']} does not answer\n"
-        calls = [("logs", "frozen"), ("logs", "-f"), ("stop", "fro")]
-        listed, listed_json, *said = run_each([("ls",), ("ls", "--json"), *calls], env)
-        # its pid is the socket's listener, as the kernel names it: the engine, though it cannot say so
-        assert [(r["run_id"], r["state"], r["pid"]) for r in json.loads(listed_json.stdout)] == [
-            ("frozen", "not answering", proc.pid)]
-        assert "frozen  ?       ?      not answering" in listed.stdout
-        for args, done in zip(calls, said, strict=True):
-            assert (done.returncode, done.stdout, done.stderr) == (1, "", silent), args
-        proc.send_signal(signal.SIGCONT)
-        assert run_ranktop("stop", "frozen", env=env).returncode == 0
-        assert proc.wait(30) == 130
-    finally:
-        proc.send_signal(signal.SIGCONT)
-        stop_process(proc)
-        proc.stderr.close()
+    part = silent["frozen"]
+    run, said = part["run"], part["said"]
+    silent_line = f"ranktop: frozen: the engine at {run['socket']} does not answer\n"
+    # its pid is the socket's listener, as the kernel names it: the engine, though it cannot say so
+    assert [(r["run_id"], r["state"], r["pid"]) for r in json.loads(said["ls", "--json"].stdout)] == [
+        ("frozen", "not answering", part["proc"].pid)]
+    assert "frozen  ?       ?      not answering" in said["ls",].stdout
+    for args in [("logs", "frozen"), ("logs", "-f"), ("stop", "fro")]:
+        done = said[args]
+        assert (done.returncode, done.stdout, done.stderr) == (1, "", silent_line), args
+    assert part["stopped"].returncode == 0  # once it answers again
+    assert part["status"] == 130
 
 
-def test_a_silent_engine_whose_queue_of_connections_filled_is_still_listed(tmp_path, runtime):
+def test_a_silent_engine_whose_queue_of_connections_filled_is_still_listed(silent):
     """Each look at a stopped engine leaves a connection in its listen queue; once the queue was
     full, a connect failed at once (EAGAIN) and the run was taken for gone: ls left it out and the
     commands said it was not served. It is `not answering` however many looked before."""
-    proc = start_headless(tmp_path, runtime, "jammed")
-    queued = []
-    try:
-        (run,) = wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
-        proc.send_signal(signal.SIGSTOP)
-        while True:  # what a queue of looks fills: connects until the kernel refuses one at once
-            queued.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
-            queued[-1].setblocking(False)
-            try:
-                queued[-1].connect(run["socket"])
-            except BlockingIOError:
-                break
-            assert len(queued) < 1000, "the listen queue never filled"
-        assert [(r["run_id"], r["state"]) for r in ls(runtime)] == [("jammed", "not answering")]
-        done = run_ranktop("logs", "jammed", env=runtime)
-        assert (done.returncode, done.stderr) == (1, f"ranktop: jammed: the engine at {run['socket']} does not answer\n")
-    finally:
-        for sock in queued:
-            sock.close()
-        proc.send_signal(signal.SIGCONT)
-        stop_process(proc)
-        proc.stderr.close()
+    part = silent["jammed"]
+    listed, done = part["said"]["ls", "--json"], part["said"]["logs", "jammed"]
+    assert listed.returncode == 0, listed.stderr
+    assert [(r["run_id"], r["state"]) for r in json.loads(listed.stdout)] == [("jammed", "not answering")]
+    assert (done.returncode, done.stderr) == (1, f"ranktop: jammed: the engine at {part['run']['socket']} does not answer\n")
 
 
-def test_a_silent_engine_named_by_its_run_directory_is_said_not_to_answer(tmp_path, runtime):
+def test_a_silent_engine_named_by_its_run_directory_is_said_not_to_answer(silent):
     """A SIGSTOPped engine's run named by its directory got the dead engine's line (`its engine
     went away before the run's end`), exit 1, though its socket was there. The directory is matched
     to the socket whose listener wrote its run_started event: the line says it does not answer, as
     by id; a directory of the same id that another engine wrote is still said to have no engine."""
-    env = {**runtime, "TMPDIR": str(tmp_path)}
-    (tmp_path / "ticker.py").write_text(TICKER)
-    done = run_ranktop("--detach", "--run-id", "x", str(tmp_path / "ticker.py"), env=env)
-    assert done.returncode == 0, done.stderr
-    (run,) = ls(env)
+    part = silent["x"]
+    run, said = part["run"], part["said"]
     run_dir = run["log_dir"]
-    assert run_dir == str(tmp_path / f"ranktop-{os.getuid()}" / "x")
-    other = tmp_path / "elsewhere" / "x"  # another run of that id: written by a pid that serves nothing
-    other.mkdir(parents=True)
-    (other / "events.jsonl").write_text(json.dumps({"event": "run_started", "run_id": "x", "pid": 1}) + "\n")
-    os.kill(run["pid"], signal.SIGSTOP)
-    try:
-        silent = f"ranktop: x: the engine at {run['socket']} does not answer\n"
-        calls = [("logs", "x"), ("logs", run_dir), ("logs", run_dir + "/"), ("stop", run_dir)]
-        for args, said in zip(calls, run_each(calls, env), strict=True):
-            assert (said.returncode, said.stdout, said.stderr) == (1, "", silent), args
-        elsewhere = run_ranktop("logs", str(other), env=env)
-        assert elsewhere.returncode == 1 and "its engine went away before the run's end" in elsewhere.stderr
-    finally:
-        os.kill(run["pid"], signal.SIGCONT)
-        run_ranktop("stop", "x", env=env)
-        wait_for(lambda: gone(run["pid"]), what="the engine gone")
+    assert run_dir == str(part["dir"] / f"ranktop-{os.getuid()}" / "x")
+    silent_line = f"ranktop: x: the engine at {run['socket']} does not answer\n"
+    for args in [("logs", "x"), ("logs", run_dir), ("logs", run_dir + "/"), ("stop", run_dir)]:
+        done = said[args]
+        assert (done.returncode, done.stdout, done.stderr) == (1, "", silent_line), args
+    elsewhere = said["logs", str(part["other"])]
+    assert elsewhere.returncode == 1 and "its engine went away before the run's end" in elsewhere.stderr
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -454,22 +514,16 @@ def test_a_served_runs_directory_reached_through_a_symlink_names_it(tmp_path):
     assert find_run(str(tmp_path / "link" / "job"), runs) is runs[0]
 
 
-def test_a_socket_name_with_escapes_is_shown_clean_by_every_command(runtime):
+def test_a_socket_name_with_escapes_is_shown_clean_by_every_command(silent):
     """A run id comes from a socket's file name: `ls` cleaned it, but `logs`, `stop` and `stacks`
     of a silent engine printed it (and the socket's path) raw, so an escape sequence in the name
     reached the terminal. Only the user can name those sockets; they are shown safely all the same."""
-    directory = Path(runtime["XDG_RUNTIME_DIR"]) / "ranktop"
-    directory.mkdir(mode=0o700)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as planted:  # listens, never answers
-        planted.bind(str(directory / "\x1b]0;owned\x07\x1b[2Jjob.sock"))
-        # Room for every connection: each is taken, then waits for a hello that never comes (with
-        # a full queue they were refused at once, and `stacks` waited 60 s whenever one had room)
-        planted.listen(16)
-        calls = [("logs", "\x1b"), ("stop", "\x1b"), ("stacks", "\x1b")]
-        for args, done in zip(calls, run_each(calls, runtime), strict=True):
-            assert done.returncode == 1 and done.stdout == "", args
-            assert "\x1b" not in done.stderr and "\x07" not in done.stderr, (args, done.stderr)
-            assert re.fullmatch(r"ranktop( stacks)?: .*job: the engine at .*job\.sock does not answer\n", done.stderr), args
+    said = silent["planted"]["said"]
+    for args in [("logs", "\x1b"), ("stop", "\x1b"), ("stacks", "\x1b")]:
+        done = said[args]
+        assert done.returncode == 1 and done.stdout == "", args
+        assert "\x1b" not in done.stderr and "\x07" not in done.stderr, (args, done.stderr)
+        assert re.fullmatch(r"ranktop( stacks)?: .*job: the engine at .*job\.sock does not answer\n", done.stderr), args
 
 
 def test_a_silent_run_of_unknown_pid_is_not_a_directory_whose_events_name_none(tmp_path):

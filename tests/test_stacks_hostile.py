@@ -380,11 +380,12 @@ def deaf_py_spy(tmp_path, script: str) -> str:
     return str(spy)
 
 
-def no_sleep_left(spy: str) -> None:
-    """The stand-in and its `sleep` are gone (the no_orphans check would wait 8 s, then fail)."""
+def sleeps_left(spy: str) -> list[int]:
+    """What is left of the stand-in `spy` and of its `sleep` (the no_orphans check would wait 8 s
+    for them, then fail)."""
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] in ([spy], ["sleep", "600"])
             and p.pid != os.getpid()]
-    assert not [pid for pid in left if _carries_test_mark(pid)], left
+    return [pid for pid in left if _carries_test_mark(pid)]
 
 
 def _carries_test_mark(pid: int) -> bool:
@@ -397,48 +398,74 @@ def _carries_test_mark(pid: int) -> bool:
         return False
 
 
-def test_a_py_spy_that_will_not_exit_is_ended_with_what_it_started_at_the_bound(tmp_path, runtime, sleeper):
+@pytest.fixture(scope="module")
+def deaf_dumps(tmp_path_factory) -> dict:
+    """The dumps of the two tests below, side by side: each stand-in of DEAF_PY_SPY by a `ranktop
+    stacks PID` of its own (of a sleeping process), and an engine's (run "deaf", two ranks, its
+    py-spy a stand-in that notes its /proc stat first). Each waits out the 5 s bound, and the two
+    tests waited one each. The engine is stopped, and every process ended, before the first of them
+    ends (the no_orphans check). Holds each dump's output by kind ("engine" for the engine's), and
+    what the second test looks at while the engine runs and once it stopped."""
+    base = tmp_path_factory.mktemp("deaf")
+    (base / "rt").mkdir(mode=0o700)
+    runtime = {**os.environ, "XDG_RUNTIME_DIR": str(base / "rt")}
+    spies = {}
+    for i, (kind, script) in enumerate(DEAF_PY_SPY.items()):
+        (base / f"spy{i}").mkdir()
+        spies[kind] = deaf_py_spy(base / f"spy{i}", script)
+    (base / "engine").mkdir()
+    spies["engine"] = deaf_py_spy(base / "engine", 'cat /proc/$$/stat > "$(dirname "$0")/spy.stat"\n'
+                                  + DEAF_PY_SPY["holds its pipes"])
+    found: dict = {"spies": spies}
+    sleeper = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+    proc = start(base / "engine", {**runtime, "RANKTOP_PY_SPY": spies["engine"]}, "deaf",
+                 "import time\nprint('up', flush=True)\ntime.sleep(3600)\n")
+    try:
+        wait_lines(proc, "up", 2)
+        runs = {kind: {"args": ranktop_cmd("stacks", "--no-save", str(sleeper.pid)), "cwd": ROOT,
+                       "env": {**runtime, "RANKTOP_PY_SPY": spy}} for kind, spy in spies.items() if kind != "engine"}
+        runs["engine"] = {"args": ranktop_cmd("stacks", "deaf"), "cwd": ROOT, "env": runtime}
+        found["out"] = run_side_by_side(runs, timeout=60)
+        found["session"], found["running"] = os.getsid(proc.pid), proc.poll() is None
+        found["stopped"] = run_ranktop("stop", "deaf", env=runtime, timeout=30)
+        proc.wait(30)
+    finally:
+        stop_process(proc)
+        stop_process(sleeper)
+    found["sleeper"], found["stat"] = sleeper.pid, (base / "engine" / "spy.stat").read_text()
+    found["left"] = {kind: sleeps_left(spy) for kind, spy in spies.items()}
+    return found
+
+
+def test_a_py_spy_that_will_not_exit_is_ended_with_what_it_started_at_the_bound(deaf_dumps):
     """README: a py-spy that does not answer within 5 s is a reason, not a wait. The wait was
     bounded, but only py-spy itself was killed: a wrapper's child holding its pipes (a script, a
     version manager's shim) was left running after the dump. Each stand-in of DEAF_PY_SPY by a
     `ranktop stacks` of its own, side by side: each waits out the bound."""
-    spies = {}
-    for i, (kind, script) in enumerate(DEAF_PY_SPY.items()):
-        (tmp_path / f"spy{i}").mkdir()
-        spies[kind] = deaf_py_spy(tmp_path / f"spy{i}", script)
-    runs = {kind: {"args": ranktop_cmd("stacks", "--no-save", str(sleeper)), "cwd": ROOT,
-                   "env": {**runtime, "RANKTOP_PY_SPY": spy}} for kind, spy in spies.items()}
-    for kind, out in run_side_by_side(runs, timeout=60).items():
+    sleeper = deaf_dumps["sleeper"]
+    for kind in DEAF_PY_SPY:
+        out = deaf_dumps["out"][kind]
         assert out.returncode == 1 and "Traceback" not in out.stderr, (kind, out)
         assert f"   rank 0 (pid {sleeper}): failed: py-spy did not answer within 5s" in out.stdout.splitlines(), (
             kind, out.stdout)
-        no_sleep_left(spies[kind])
+        assert not deaf_dumps["left"][kind], deaf_dumps["left"]
 
 
-def test_an_engine_whose_py_spy_will_not_exit_answers_at_the_bound_and_still_stops(tmp_path, runtime):
+def test_an_engine_whose_py_spy_will_not_exit_answers_at_the_bound_and_still_stops(deaf_dumps):
     """The engine dumps in a thread of its server, never its monitor loop: a dump held by a py-spy
     that ignores SIGTERM answers at the bound with each rank's reason, the run goes on and stops
     as asked, and nothing of py-spy's is left. py-spy runs in a group of its own within the
     engine's session: in a session of its own the engine took it for an orphan and adopted it."""
-    spy = deaf_py_spy(tmp_path, 'cat /proc/$$/stat > "$(dirname "$0")/spy.stat"\n' + DEAF_PY_SPY["holds its pipes"])
-    proc = start(tmp_path, {**runtime, "RANKTOP_PY_SPY": spy}, "deaf", "import time\nprint('up', flush=True)\n"
-                 "time.sleep(3600)\n")
-    try:
-        wait_lines(proc, "up", 2)
-        out = run_ranktop("stacks", "deaf", env=runtime, timeout=60)
-        assert out.returncode == 1 and "0 of 2 ranks dumped" in out.stdout, out
-        (line,) = [line for line in out.stdout.splitlines() if line.startswith("   ranks 0-1 (pids ")]
-        assert line.endswith("): failed: py-spy did not answer within 5s"), out.stdout
-        pid, _, rest = (tmp_path / "spy.stat").read_text().partition(" (")
-        pgrp, session = rest.rsplit(") ", 1)[1].split()[2:4]
-        assert (int(pgrp), int(session)) == (int(pid), os.getsid(proc.pid))
-        assert proc.poll() is None  # the run goes on
-        stopped = run_ranktop("stop", "deaf", env=runtime, timeout=30)
-        assert stopped.returncode == 0, stopped
-        proc.wait(30)
-    finally:
-        stop_process(proc)
-    no_sleep_left(spy)
+    out = deaf_dumps["out"]["engine"]
+    assert out.returncode == 1 and "0 of 2 ranks dumped" in out.stdout, out
+    (line,) = [line for line in out.stdout.splitlines() if line.startswith("   ranks 0-1 (pids ")]
+    assert line.endswith("): failed: py-spy did not answer within 5s"), out.stdout
+    pid, _, rest = deaf_dumps["stat"].partition(" (")
+    pgrp, session = rest.rsplit(") ", 1)[1].split()[2:4]
+    assert (int(pgrp), int(session)) == (int(pid), deaf_dumps["session"])
+    assert deaf_dumps["running"]  # the run goes on
+    assert deaf_dumps["stopped"].returncode == 0, deaf_dumps["stopped"]
+    assert not deaf_dumps["left"]["engine"], deaf_dumps["left"]
 
 
 # A "rank" of root's own run: it notes a SIGUSR1 in a file instead of dumping (so the test sees
