@@ -19,6 +19,9 @@ from ranktop.core.spec import free_port
 
 PY = sys.executable
 TESTS = str(ROOT / "tests")
+# The first test to ask for the `launched` batch pays for all of it (16 launches, ~25 s alone):
+# on a box loaded past its cores it ran past pytest-timeout's 120 s.
+pytestmark = pytest.mark.timeout(360)
 
 # One implementation's names imported, and what a body reports with; a body prints one `RESULT <json>` line.
 _NAMES = textwrap.dedent("""
