@@ -728,3 +728,34 @@ def test_a_runs_start_is_read_from_the_first_line_of_its_events_only(tmp_path):
     with open(events, "wb") as f:
         f.truncate(1 << 40)  # a first line of zeros, longer than any event
     assert run_started(str(run_dir)) is None
+
+
+def test_the_ended_runs_list_reads_a_hostile_final_json_cheaply_and_counts_only_the_sealed_one(tmp_path, monkeypatch):
+    """`ls`'s list of the runs that ended last reads a final.json's last bytes for its key
+    (layout._sealed_end). A rank can make the file anything: a symlink to a real one, a FIFO (an
+    open for reading waited for a writer), a terabyte with no key at its end, a key that is not
+    the seal's, broken JSON. None counts, none hangs; the engine's own does, and a final.json of a
+    run that recorded no seal (an older ranktop's) counts as before."""
+    from ranktop.core import layout
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (read from TMPDIR again)
+    root = tmp_path / f"ranktop-{os.geteuid()}"
+    root.mkdir(mode=0o700)
+    key = "ab" * 16
+    sealed = json.dumps({"event": "run_started", "final_seal": layout.final_seal_of(key)}) + "\n"
+    real = json.dumps({"run_id": "x", layout.FINAL_KEY: key})
+    runs = {"engines": (sealed, real), "unsealed-old": ("", '{"run_id": "x"}'),
+            "wrong-key": (sealed, json.dumps({"run_id": "x", layout.FINAL_KEY: "cd" * 16})),
+            "broken": (sealed, real[:-1]), "symlink": (sealed, None), "fifo": (sealed, None), "huge": (sealed, None)}
+    for name, (first_event, final) in runs.items():
+        (root / name).mkdir(mode=0o700)
+        (root / name / "events.jsonl").write_text(first_event)
+        if final is not None:
+            (root / name / "final.json").write_text(final)
+    (root / "symlink" / "final.json").symlink_to(root / "engines" / "final.json")
+    os.mkfifo(root / "fifo" / "final.json")
+    with open(root / "huge" / "final.json", "wb") as f:
+        f.truncate(1 << 40)  # sparse: a terabyte of zeros, its key nowhere
+    listed = sorted(name for name, _when in layout.newest_ended_runs(20))  # (a wait on the FIFO: the test's time-out)
+    assert listed == ["engines", "unsealed-old"]
