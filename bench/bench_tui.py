@@ -9,7 +9,8 @@ beside a Textual app built on Textual's own Log widget and a bare grid of rankto
 
 Per case and app: the app process's own CPU (user+system of that one process, not its ranks) as %
 of one core over the time the ranks were writing (and, `from exec`, all it used from its start to
-their last line, over the same time), its peak RSS (VmHWM), and whether every rank's
+their last line, over the same time), its peak RSS (VmHWM), the RSS of the waiting parent that
+ranktop's TUI is forked from (`parent MB`: it stays to detach on q), and whether every rank's
 stdout.log holds exactly the bytes its generator wrote.
 """
 
@@ -62,6 +63,8 @@ class Result:
     seconds: float | None = None  # first byte in the logs to the last
     peak_mb: float | None = None
     rss_mb: float | None = None  # after the ranks were done and the screen had settled
+    # the waiting parent the TUI was forked from (it stays to detach on q): its RSS at the same time
+    parent_mb: float | None = None
     complete: bool = False
     note: str = ""
 
@@ -148,6 +151,8 @@ def run_case(case: Case, app: str, log_dir: Path) -> Result:
         time.sleep(2.0)  # let the screen catch up with the last lines, then weigh it
         result.rss_mb = proc.memory_info().rss / 2**20
         result.peak_mb = vm_hwm(pid) / 2**20
+        if launcher.pid != proc.pid:
+            result.parent_mb = launcher.memory_info().rss / 2**20
         (log_dir / "screen.txt").write_text(tmux("capture-pane", "-p", "-t", "bench"))
         files = log_files(log_dir)
         result.complete = all(r in files and files[r].read_bytes() == expected(r, case.lines) for r in want)
@@ -197,12 +202,13 @@ def mb(value: float | None) -> str:
 
 
 def table(results: list[Result]) -> str:
-    head = ("case", "app", "CPU % of 1 core", "from exec", "seconds", "peak RSS MB", "RSS after MB", "all bytes", "note")
+    head = ("case", "app", "CPU % of 1 core", "from exec", "seconds", "peak RSS MB", "RSS after MB", "parent MB", "all bytes",
+            "note")
     rows = [head, tuple("-" * len(h) for h in head)]
     for r in results:
         rows.append((r.case, r.app, *("-" if c is None else f"{c:.1f}" for c in (r.cpu_percent, r.cpu_from_exec)),
                      "-" if r.seconds is None else f"{r.seconds:.1f}", mb(r.peak_mb), mb(r.rss_mb),
-                     "yes" if r.complete else "NO", r.note))
+                     mb(r.parent_mb),                     "yes" if r.complete else "NO", r.note))
     return "\n".join("| " + " | ".join(map(str, row)) + " |" for row in rows)
 
 
