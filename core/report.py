@@ -136,8 +136,11 @@ def format_root_cause(cause: RootCause, *, name: str, attempt: int, max_restarts
     # person reading this is the one who acted.
     after = f" after you {clean(cause.user_action_what)}" if cause.user_action_what else ""
     before = f"after {clean(cause.user_action)}: " if cause.user_action else ""
+    # The attempt named as its directory is, as every other view names it ("attempt 1 of 1",
+    # counted from 1, sent a reader looking for an attempt_1/); the count says how many it had.
+    allowed = max_restarts + 1 + user_restarts
     lines = [
-        f"ranktop: {name} failed{after} (attempt {attempt + 1} of {max_restarts + 1 + user_restarts}){stopped}",
+        f"ranktop: {name} failed{after} in attempt_{attempt} ({attempt + 1} of {allowed} attempts){stopped}",
         f"  root cause: {before}rank {cause.rank} (local rank {cause.local_rank}, pid {cause.pid}) "
         f"{describe_exit(cause.exitcode, cause.signal_name, sentence=True)} at {failed_at(cause)}",
     ]

@@ -327,7 +327,7 @@ def test_restarts_exhausted_gives_exit_1(tmp_path):
     res = run_ranktop("--headless", "--max-restarts", "1", "--log-dir", str(tmp_path), "--run-id", "ex",
                       "--no-python", "false")
     assert res.returncode == 1
-    assert "(attempt 2 of 2)" in res.stderr
+    assert "in attempt_1 (2 of 2 attempts)" in res.stderr
     assert sorted(os.listdir(tmp_path / "ex")) == ["attempt_0", "attempt_1", "events.jsonl", "final.json"]
 
 

@@ -152,4 +152,4 @@ def test_the_end_report_names_a_hostile_script_safely(tmp_path):
     done = subprocess.run(ranktop_cmd("--headless", "--log-dir", str(tmp_path / "logs"), str(script)), cwd=ROOT,
                           capture_output=True, timeout=60)
     assert done.returncode == 1
-    assert done.stderr.startswith(b"ranktop: evil.py failed (attempt 1 of 1)\n") and b"\x1b" not in done.stderr
+    assert done.stderr.startswith(b"ranktop: evil.py failed in attempt_0 (1 of 1 attempts)\n") and b"\x1b" not in done.stderr

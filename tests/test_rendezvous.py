@@ -329,8 +329,8 @@ def test_on_the_rendezvous_store_a_node_joining_later_forms_a_working_group(tmp_
 def test_a_lost_node_ends_the_other_after_one_round_naming_the_attempt_that_failed(tmp_path, torch_installed):
     """Node loss: node 1's ranktop is SIGKILLed mid-run (its guard ends its ranks). Node 0's ranks
     lose their collective, it spends a restart and waits for a round that never completes: one
-    line when join_timeout runs out, exit 1. The root cause is the failure of attempt 1 (attempt_0):
-    the headline said `attempt 2 of 2`, an attempt whose ranks never started."""
+    line when join_timeout runs out, exit 1. The root cause is the failure of attempt_0: the headline
+    named the second attempt (attempt_1), whose ranks never started."""
     job = Job(tmp_path, "node-lost")
     conf = "join_timeout=4,last_call_timeout=1,close_timeout=5,is_host="  # (which node serves the store)
     job.start("wait-world", "3", extra=("--max-restarts", "1", "--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
@@ -341,7 +341,7 @@ def test_a_lost_node_ends_the_other_after_one_round_naming_the_attempt_that_fail
     (status0, _, err0), (status1, _, _) = job.finish()
     assert (status0, status1) == (1, -signal.SIGKILL), err0
     assert "ranktop: rank 0 failed (exit 1); restarting the group: attempt_1 (1 of 1 restarts spent)" in err0
-    assert "ranktop: rdzv_rank.py failed (attempt 1 of 2)\n  root cause: rank 0 " in err0, err0
+    assert "ranktop: rdzv_rank.py failed in attempt_0 (1 of 2 attempts)\n  root cause: rank 0 " in err0, err0
     assert err0.rstrip().endswith("ranktop: error: the c10d rendezvous 'node-lost' timed out: not enough nodes joined"), err0
     assert not list(tmp_path.glob("node0/*/attempt_1")), "no rank of the second attempt started"
     (final,) = tmp_path.glob("node0/*/final.json")
@@ -673,7 +673,7 @@ def test_a_node_that_gives_up_after_its_users_kill_says_so_to_the_others(tmp_pat
         results = job.finish()
     (status0, _, err0), (status1, _, err1) = results
     assert (status0, status1) == (1, 1), results
-    assert "ranktop: rdzv_rank.py failed after you killed rank 1 (attempt 1 of 1)" in err0.splitlines(), err0
+    assert "ranktop: rdzv_rank.py failed after you killed rank 1 in attempt_0 (1 of 1 attempts)" in err0.splitlines(), err0
     (line,) = [ln for ln in err1.splitlines() if "gave up:" in ln]
     assert "gave up: rank 0 failed (exit 1) after its user killed rank 1, no restarts left (0 of 0 spent)" in line, line
 

@@ -628,7 +628,7 @@ def test_a_node_that_lost_the_store_ends_at_its_ranks_failure_with_no_restart_pr
     # ranktop's own lines: a rank's are prefixed on the console and indented under the root cause
     ours = [line for line in err1.splitlines() if not line.startswith(("[default", " "))]
     assert status1 == 1 and ours[-2:] == [
-        "ranktop: rdzv_rank.py failed (attempt 1 of 2)",
+        "ranktop: rdzv_rank.py failed in attempt_0 (1 of 2 attempts)",
         f"ranktop: error: not restarted, with 1 restart left: lost the c10d rendezvous 'store-gone''s store at "
         f"{job.endpoint} (the node serving it is gone?), and no new round can form without it"], err1
     assert not any("restarting" in line or "TCPStore" in line or "frame #" in line for line in ours), err1

@@ -59,9 +59,22 @@ def test_a_time_no_clock_shows_and_a_signal_that_names_none_are_said_so():
     assert report_after_tui(dataclasses.replace(stopped, stop_signal=15)) == "ranktop: stopped by SIGTERM; logs in /logs/r"
     # A rank that had failed on its own before the stop is still named, under the stop's words.
     failed_first = report_after_tui(dataclasses.replace(stopped, root_cause=_cause()))
-    assert failed_first.startswith("ranktop: t.py failed (attempt 1 of 1), then was stopped by signal 99999\n"), failed_first
+    assert failed_first.startswith("ranktop: t.py failed in attempt_0 (1 of 1 attempts), then was stopped by signal 99999\n"), failed_first
     panel = root_cause_text(dataclasses.replace(stopped, root_cause=_cause())).plain  # the TUI's: the evidence too
     assert "stopped on request after 0:00:01, after rank 1 failed (exit code 1)" in panel and "ValueError: boom" in panel, panel
+
+
+def test_the_headline_names_the_attempt_as_its_directory_is_named():
+    # It counted from 1 ("attempt 2 of 4") where every other view names attempt_1: a reader looked
+    # for a directory that is not there. Here the run is on attempt_2 (one of them a user's `R`),
+    # whose ranks never started, and the failure was in attempt_1.
+    group = dataclasses.replace(_group(_cause(attempt=1)), attempt=2, max_restarts=2, user_restarts=1, ended=True)
+    headline = report_after_tui(group).splitlines()[0]
+    assert headline == "ranktop: t.py failed in attempt_1 (2 of 4 attempts)", headline
+    assert ", attempt_1 (pid 42)" in root_cause_text(group).plain  # the TUI's heading: the same name
+    acted = _cause(user_action_what="killed rank 3", user_action="you killed rank 3 at 12:03:04")
+    headline = format_root_cause(acted, name="t.py", attempt=0, max_restarts=0, then="stopped by SIGINT").splitlines()[0]
+    assert headline == "ranktop: t.py failed after you killed rank 3 in attempt_0 (1 of 1 attempts), then was stopped by SIGINT"
 
 
 def test_a_failure_without_an_error_file_still_says_where_the_logs_are():

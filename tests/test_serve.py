@@ -1580,7 +1580,7 @@ def edit_final(run_dir: Path, **edits) -> None:
      "exit code 3 at an unknown time",
      "root cause: rank 1 (local rank 1, pid PID) exited with code 3 at an unknown time"),
     # (a rank had failed on its own before the stop: the report names it under the stop's words)
-    ({"stop_signal": 99999}, "exit code 3", "fail.py failed (attempt 1 of 1), then was stopped by signal 99999"),
+    ({"stop_signal": 99999}, "exit code 3", "fail.py failed in attempt_0 (1 of 1 attempts), then was stopped by signal 99999"),
 ])
 def test_a_final_view_with_bad_fields_shows_the_rest(tmp_path, runtime, edits, shown, report):
     run_dir = ended_run(tmp_path, runtime)

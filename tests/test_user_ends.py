@@ -89,7 +89,7 @@ def test_a_stop_during_a_failures_shutdown_still_names_the_failed_rank(tmp_path,
                 started.communicate()
     assert proc.returncode == (128 + signal.SIGTERM if how == "SIGTERM" else 130), err
     stop = "stopped on request" if how == "ranktop stop" else f"stopped by {how}"
-    assert f"ranktop: ckpt.py failed (attempt 1 of 1), then was {stop}\n" in err, err
+    assert f"ranktop: ckpt.py failed in attempt_0 (1 of 1 attempts), then was {stop}\n" in err, err
     assert re.search(r"root cause: rank 1 \(local rank 1, pid \d+\) exited with code 3", err), err
     final = json.loads((run_dir / "final.json").read_text())
     assert final["root_cause"]["rank"] == 1 and final["exit_status"] == proc.returncode
@@ -244,7 +244,7 @@ def test_a_group_restart_the_user_asked_for_spends_no_restart(tmp_path):
     assert snap.earlier_attempts == ("attempt_0: restarted by the user", "attempt_1: rank 1 failed (exit 3)")
     reasons = [e["reason"] for e in read_events(engine.agent.run_dir) if e["event"] == "group_restart"]
     assert reasons == ["user", "failure"]
-    assert "ranktop: t.py failed (attempt 3 of 3)\n" in report_after_tui(snap)
+    assert "ranktop: t.py failed in attempt_2 (3 of 3 attempts)\n" in report_after_tui(snap)
 
 
 def test_a_group_restart_during_a_failures_shutdown_keeps_the_failure(tmp_path):
@@ -292,7 +292,7 @@ def test_a_failure_after_the_users_kill_says_first_that_it_followed_the_kill(tmp
 
     status, err, run_dir = _kill_rank_1_of_peers(tmp_path)
     assert status == 1, err
-    assert "ranktop: rdzv_rank.py failed after you killed rank 1 (attempt 1 of 1)\n" in err, err
+    assert "ranktop: rdzv_rank.py failed after you killed rank 1 in attempt_0 (1 of 1 attempts)\n" in err, err
     assert re.search(r"\n  root cause: after you killed rank 1 at \d\d:\d\d:\d\d, \d+\.\d s before this failure: "
                      r"rank 0 \(local rank 0, pid \d+\) exited with code 1 at ", err), err
     assert "note:" not in err
