@@ -654,6 +654,51 @@ def test_a_paused_wrapped_pane_keeps_its_place_when_zoomed_in_and_out():
     drive_fake(engine, body)
 
 
+def test_a_match_far_into_a_wrapped_line_stays_in_view_through_w_a_resize_and_n():
+    """With wrap on, the view took a match as shown when its line's first row was: a match near
+    the end of a line wrapped onto 40 rows stayed off screen after `w`, a resize or n / N (only the
+    line's first rows showed). The row holding the match comes into view, and a step to a match
+    already shown does not move the view."""
+    engine = FakeEngine(1)
+    # At 2400 columns, a multiple of both text widths (60, then 80): the marker starts a row at
+    # each width, so it reads whole on one row of the screen.
+    engine.print(0, *(f"step {i}" for i in range(5)), "." * 2400 + "MARKER" + "." * 20,
+                 *(f"step {i}" for i in range(6, 16)))
+
+    async def body(app, pilot):
+        def marker_shown() -> bool:
+            return any("MARKER" in row for row in screen_rows(app))
+
+        app.animation_level = "none"
+        log = app.main.pane(0).log
+        await until(pilot, lambda: log.line_count == 16, what="lines in")
+        assert log.text_width == 60
+        await pilot.press("slash")
+        await type_keys(pilot, *"marker")
+        await pilot.press("enter")  # unwrapped: the pane scrolls sideways to it
+        assert not log.follow and marker_shown()
+        await pilot.press("w")  # the line wrapped onto 41 rows, the marker on the 41st; the top line stays
+        await until(pilot, lambda: log.wrap and log.row_count == 15 + 41, what="the line wrapped")
+        await pilot.pause()
+        assert marker_shown()
+        await pilot.resize_terminal(81, 16)  # wrapped anew onto 31 rows, the marker on the 31st
+        await until(pilot, lambda: log.row_count == 15 + 31, what="wrapped anew at 80")
+        await pilot.pause()
+        assert marker_shown()
+        await pilot.press("home")
+        assert not marker_shown()
+        await pilot.press("n")  # its only match: n goes round to it
+        assert marker_shown()
+        log.scroll_to(y=log.scroll_offset.y - 3, animate=False, immediate=True)  # as the wheel: off the middle
+        await pilot.pause()
+        assert marker_shown()
+        shown_at = log.scroll_offset.y
+        await pilot.press("N", "n")  # already in view: the view stays
+        assert marker_shown() and log.scroll_offset.y == shown_at
+
+    drive_fake(engine, body, size=(61, 16))
+
+
 ATTEMPTS = ("import os, sys, time\nk = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
             "print('rank', os.environ['RANK'], 'in attempt', k, flush=True)\n"
             "if k == '0' and os.environ['RANK'] == '1':\n    print('dying', file=sys.stderr, flush=True); sys.exit(5)\n"

@@ -793,12 +793,14 @@ class LogView(ScrollView, can_focus=True):
             self._show_match(number)
 
     def _shown_match(self, wrapped: bool) -> int | None:
-        """The index of the current match's line where the view shows its first row, else None."""
+        """The index of the current match's line where the view shows the match (a row of it,
+        wrapped), else None."""
         if self._current is None or self._current < self._first:
             return None
         top, height = round(self.scroll_offset.y), self.scrollable_content_region.height
         index = self._current - self._first
-        return index if top <= self._row_of_line(index, wrapped) < top + height else None
+        first, last = self._match_rows(index, wrapped)
+        return index if first < top + height and last >= top else None
 
     # The scrollbar: a press on it jumps there, and dragging keeps moving the view.
     def on_mouse_down(self, event: MouseDown) -> None:
@@ -940,29 +942,52 @@ class LogView(ScrollView, can_focus=True):
     def _show_match(self, number: int) -> None:
         """Bring the match in the line numbered `number` into view, if the ring still has it."""
         if number >= self._first:
-            self._show_line(number - self._first)
+            self._show_rows(*self._match_rows(number - self._first))
             self._show_match_column(number)
+
+    def _first_match(self, index: int) -> tuple[str, re.Match[str]] | None:
+        """The line at `index` as the pane shows it (tabs expanded) and the first match of the
+        search in it (the one n / N go to), or None."""
+        raw = self._raw(index)
+        if raw is None or type(raw) is RanktopLine or not self._query:
+            return None
+        plain = parse_line(raw, color=False).plain
+        found = (self._regex or re.compile(re.escape(self._query), re.IGNORECASE)).search(plain)
+        return None if found is None else (plain, found)
+
+    def _match_rows(self, index: int, wrapped: bool | None = None) -> tuple[int, int]:
+        """The first and last rows of the view that show the first match in the line at `index`
+        (`wrapped` as in _locate): its line's row unwrapped; wrapped, the rows its text falls on, as
+        _render_raw cuts them (a long line takes dozens, and a match near its end is far below
+        its first)."""
+        row = self._row_of_line(index, wrapped)
+        match = self._first_match(index) if (self.wrap if wrapped is None else wrapped) else None
+        if match is None:
+            return row, row
+        plain, found = match
+        ends = row_ends(plain, self._wrap_width)
+        start, end = found.start(), max(found.start(), found.end() - 1)  # (its last character)
+        first, last = (min(bisect.bisect_right(ends, at), len(ends) - 1) for at in (start, end))
+        return row + first, row + last
 
     def _show_match_column(self, number: int) -> None:
         """Without wrap, scroll sideways to the first match in the line numbered `number`: a match
         past the pane's right edge showed nowhere."""
-        raw = None if self.wrap else self._raw(number - self._first)
-        if raw is None or type(raw) is RanktopLine:
-            return
-        plain = parse_line(raw, color=False).plain  # (tabs expanded: as the pane shows it)
-        found = (self._regex or re.compile(re.escape(self._query), re.IGNORECASE)).search(plain)
-        if found is not None:
+        match = None if self.wrap else self._first_match(number - self._first)
+        if match is not None:
+            plain, found = match
             start, end = cell_len(plain[: found.start()]), cell_len(plain[: found.end()])
             x = column_showing(start, end, cell_len(plain), self.text_width, round(self.scroll_offset.x))
             self.scroll_to(x=x, animate=False, immediate=True)
 
-    def _show_line(self, index: int) -> None:
+    def _show_rows(self, first: int, last: int) -> None:
+        """Stop following and bring rows `first`..`last` into view: the view stays where they all
+        show, else they go to its middle (`first` on top where they are more than it holds)."""
         self.follow = False
-        row = self._row_of_line(index)
         height = self.scrollable_content_region.height
         top = round(self.scroll_offset.y)
-        if not top <= row < top + height:
-            self._move_to(max(0, row - height // 2))
+        if not (top <= first and last < top + height):
+            self._move_to(max(0, min(first, first - (height - (last - first)) // 2)))
         self.refresh()
 
     def at_edge_match(self, direction: int) -> bool:
