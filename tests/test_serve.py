@@ -1144,6 +1144,36 @@ def test_stop_of_a_run_whose_tui_is_on_screen_returns_once_the_run_has_ended(tmp
     assert ls(runtime) == []
 
 
+def test_a_tui_that_fails_leaves_its_run_going_in_the_background(tmp_path, runtime):
+    """A bug in the TUI (tests/failing_tui.py: `z` raises) ends the TUI, not the training run it
+    showed: it goes on detached, as after q then d, and the shell gets its prompt back with 1
+    (it stopped every rank: a crash of the screen ended the run)."""
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    term = Terminal(f"cd {ROOT} && XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']} {sys.executable} "
+                    f"tests/failing_tui.py --tui --nproc-per-node 2 --run-id bug --log-dir {tmp_path / 'logs'} "
+                    f"{script}; echo PROMPT BACK $?; sleep 60")
+    run_dir = tmp_path / "logs" / "bug"
+    try:
+        term.wait_screen("hello from 1")
+        term.press("z")
+        shown = " ".join(term.wait_screen("PROMPT BACK 1").split())
+        assert "ranktop: the TUI failed (RuntimeError: a bug at z; its traceback is above): the run goes on" in shown
+        assert "run bug goes on in the background" in shown and "ranktop attach bug" in shown
+        assert [e["reason"] for e in read_events(run_dir) if e["event"] == "detached"] == ["failed"]
+        (run,) = ls(runtime)
+        assert run["state"] == "running"
+        ranks = [e["pid"] for e in read_events(run_dir) if e["event"] == "started"]
+        assert len(ranks) == 2 and not [e for e in read_events(run_dir) if e["event"] == "exited"]
+        for pid in ranks:
+            os.kill(pid, 0)
+    finally:
+        term.close()
+    assert run_ranktop("stop", "bug", env=runtime).returncode == 0
+    wait_for(lambda: gone(run["pid"]), what="ranktop gone after the stop")
+    assert [e["event"] for e in read_events(run_dir)][-1] == "run_finished"
+
+
 def _status_field(pid: int, name: str) -> str | None:
     with open(f"/proc/{pid}/status") as status:
         return next((line.split()[1] for line in status if line.startswith(f"{name}:")), None)

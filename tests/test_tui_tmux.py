@@ -231,6 +231,38 @@ def test_a_tui_run_that_cannot_be_served_says_so_on_its_screen(tmp_path):
         term.close()
 
 
+def test_a_tui_that_fails_where_its_run_cannot_detach_carries_it_on_in_the_foreground(tmp_path):
+    """Not served (a socket path too long), the run has no background to go to when its TUI fails
+    (tests/failing_tui.py: `z` raises): it goes on in the terminal without a screen, where Ctrl-C
+    stops it as headless (130); it ended with the TUI."""
+    runtime = tmp_path / ("r" * 100)
+    runtime.mkdir(mode=0o700)
+    script = tmp_path / "rank.py"
+    script.write_text(SCRIPT)
+    status = tmp_path / "status"
+    term = Terminal(f"cd {ROOT} && XDG_RUNTIME_DIR={runtime} {sys.executable} tests/failing_tui.py --tui "
+                    f"--nproc-per-node 1 --log-dir {tmp_path / 'logs'} {script}; echo $? > {status}; sleep 30",
+                    120, 30)
+    try:
+        term.wait_screen("hello from 0", "not served")
+        term.press("z")
+        shown = "".join(term.wait_screen("Ctrl-C stops it").split())  # (lines wrap at 120 columns)
+        run_dir = next((tmp_path / "logs").iterdir())
+        said = ("ranktop: the TUI failed (RuntimeError: a bug at z; its traceback is above): the run goes on here "
+                f"without a screen until its ranks end (Ctrl-C stops it); its output is in the log files under {run_dir}")
+        assert "".join(said.split()) in shown
+        (pid,) = [e["pid"] for e in read_events(run_dir) if e["event"] == "started"]
+        assert not [e for e in read_events(run_dir) if e["event"] == "exited"]
+        os.kill(pid, 0)
+        term.press("C-c")
+        wait_for(lambda: status.exists() and status.read_text().strip(), what="ranktop's exit status")
+        assert status.read_text().strip() == "130"
+        assert "ranktop: stopped by SIGINT" in term.screen()
+        assert not os.path.exists(f"/proc/{pid}")
+    finally:
+        term.close()
+
+
 def _children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [int(p) for p in f.read().split()]

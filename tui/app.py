@@ -78,6 +78,8 @@ class RanktopApp(App):
         self.can_detach = False  # q may leave the run going (run_tui set up a process to hold it)
         self.not_served: str | None = None  # why the run has no socket (ls, attach and detach lack it)
         self.attached = False  # a client of a run served elsewhere (ranktop attach): detaching is leaving
+        # run_tui carries the run on if the app fails (a bug of ours must not end a training run)
+        self.outlives_failure = False
         self._exit_when_ended = exit_on_end
         self.main: MainScreen | None = None
         self._frame_shown = False  # the first frame is up (Ready)
@@ -235,6 +237,14 @@ class RanktopApp(App):
             self.engine.submit(cmd.KillGroup())
             return
         self.action_quit()
+
+    def _handle_exception(self, error: Exception) -> None:
+        # Textual's end for an unhandled exception (its traceback is printed once the screen is
+        # restored). Decided here, before on_unmount would close the engine: where run_tui can
+        # carry the run on, the app leaves it going, as a detach does.
+        if self.outlives_failure and self.detached is None and not self.engine.snapshot().ended:
+            self.detached = "failed"
+        super()._handle_exception(error)
 
     def on_unmount(self) -> None:
         # Whatever ended the app (an exception, a test leaving its context), no rank outlives it;

@@ -24,6 +24,7 @@ from ranktop.core.guard import stat_fields
 from ranktop.core.strays import prctl
 
 DETACHED = signal.SIGRTMIN  # child -> parent: "I let go of the terminal"
+DETACHED_FAILED = signal.SIGRTMIN + 1  # the same after the TUI failed: the parent exits 1, not 0
 # Passed on when another process sends them (kill, a scheduler); Ctrl-C and Ctrl-\ from the
 # terminal (outside the TUI's raw mode) reach the child from the terminal itself, once. A hang-up
 # is always passed on: when we lead the session, the kernel tells only us.
@@ -34,7 +35,7 @@ _PASSED_ON = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, sign
 # (Textual gives the terminal back, then stops), and this process follows it (`_follow_stop`).
 # It is not passed on: sent to the job, the child has it already, and a second one pending would
 # suspend the TUI again right after `fg`.
-_WAITED = _PASSED_ON | {signal.SIGCHLD, DETACHED, signal.SIGTSTP}
+_WAITED = _PASSED_ON | {signal.SIGCHLD, DETACHED, DETACHED_FAILED, signal.SIGTSTP}
 _SI_KERNEL = 0x80  # siginfo's si_code for a signal the kernel raised (the terminal's)
 _PR_SET_PDEATHSIG = 1
 
@@ -45,11 +46,12 @@ class Detacher:
     def __init__(self, parent: int) -> None:
         self._parent: int | None = parent
 
-    def release(self) -> None:
+    def release(self, failed: bool = False) -> None:
+        """`failed`: the TUI failed and the run went on without it; the shell sees 1, not 0."""
         _on_parent_death(0)  # the parent is about to leave, as asked
         # Only to the parent that waits: once it is gone our new parent is a subreaper or init.
         if self._parent is not None and os.getppid() == self._parent:
-            os.kill(self._parent, DETACHED)
+            os.kill(self._parent, DETACHED_FAILED if failed else DETACHED)
         self._parent = None
 
 
@@ -88,7 +90,8 @@ def _threads() -> int:
 
 
 def _wait_for(child: int) -> int:
-    """The child's exit code once it exits (-N: killed by signal N), or 0 once it detaches.
+    """The child's exit code once it exits (-N: killed by signal N), or once it detaches 0 (1
+    where its TUI had failed).
 
     As PID 1 (a container's command: `docker run -it ... ranktop`) this process is the
     namespace's init: it reaps every orphan the namespace gives it, and a detach does not end
@@ -104,9 +107,9 @@ def _wait_for(child: int) -> int:
                 return os.waitstatus_to_exitcode(status)
         elif info.si_signo == signal.SIGTSTP:
             continue
-        elif info.si_signo == DETACHED:
+        elif info.si_signo in (DETACHED, DETACHED_FAILED):
             if info.si_pid == child and not init:
-                return 0
+                return 0 if info.si_signo == DETACHED else 1
             if info.si_pid == child:
                 print("ranktop: as PID 1 this process stays until the run ends: the container would end "
                       "with it", file=sys.stderr, flush=True)

@@ -45,6 +45,7 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
         app = RanktopApp(engine, exit_on_end=getattr(ns, "exit_on_end", False), metric=getattr(ns, "metric", None))
         relay.hand_to(app)
         app.can_detach = detacher is not None and server is not None
+        app.outlives_failure = True
         app.not_served = problem  # (its line on stderr is behind the TUI's screen)
         if server is not None:
             server.shown = True
@@ -52,8 +53,13 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
         if server is not None:
             server.shown = False
         collector.release()  # (if the app never got to its first frame)
-        if app.detached:
+        failed = app.detached == "failed"
+        if failed:
+            _say_the_tui_failed(getattr(app, "_exception", None), engine, app.can_detach)
+        if app.detached and (app.can_detach or not failed):
             _run_detached(engine, server, getattr(ns, "linger", 600.0), app.detached, detacher)
+        elif failed:
+            _run_without_a_screen(engine)
     finally:
         engine.close()
         if server is not None:
@@ -64,7 +70,7 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
     if engine.error is not None:
         raise engine.error
     print_end_report(engine.snapshot())
-    return app.exit_status
+    return app.exit_status if app.detached != "failed" else app.exit_status or 1  # never 0 after a traceback
 
 
 class _SignalRelay:
@@ -155,8 +161,29 @@ def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher
     except OSError:  # a process group leader already (no detacher fork): stdio is gone anyway
         pass
     if detacher is not None:
-        detacher.release()  # the shell gets its prompt back
+        detacher.release(failed=reason == "failed")  # the shell gets its prompt back
     while not engine.ended:
         engine.wait(1.0)  # in slices: the signal handlers run between them
     if server is not None:
         server.linger(linger)  # clients still see the end; `ranktop stop` lets it go
+
+
+def _say_the_tui_failed(error: BaseException | None, engine: Any, detaching: bool) -> None:
+    """Under Textual's traceback: the TUI failed, but the run it showed goes on (a bug of ours
+    must not end a training run)."""
+    what = clean(f"{type(error).__name__}: {error}" if error is not None else "an error")[:200]
+    where = "" if detaching else (f"here without a screen until its ranks end (Ctrl-C stops it); its output "
+                                  f"is in the log files under {clean(str(engine.snapshot().log_dir))}")
+    with from_the_background():
+        print(f"ranktop: the TUI failed ({what}; its traceback is above): the run goes on {where}".rstrip(),
+              file=sys.stderr, flush=True)
+
+
+def _run_without_a_screen(engine: Any) -> None:
+    """The TUI failed where the run cannot be detached (not served, or no waiting parent to give
+    the prompt back): it goes on in the foreground, its output in its log files, until its ranks
+    end or a stop signal stops it as headless (a second Ctrl-C kills)."""
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, lambda signum, _frame: engine.submit(cmd.Interrupt(signum)))
+    while not engine.ended:
+        engine.wait(1.0)  # in slices: the signal handlers run between them
