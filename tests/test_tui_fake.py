@@ -20,7 +20,7 @@ from ranktop.tui.app import DIALOG_EXTRAS, RanktopApp
 from ranktop.tui.commands import described
 from ranktop.tui.details import RankDetails
 from ranktop.tui.main_screen import MainScreen
-from ranktop.tui.panes import header_text
+from ranktop.tui.panes import RankPane, header_text
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker, root_cause_body
 from ranktop.tui.stacks_view import StacksScreen
 from test_tui_app import notes, palette_top
@@ -423,6 +423,46 @@ def test_the_focused_pane_takes_new_lines_every_tick_the_others_every_second(mon
         engine.end(GroupState.SUCCEEDED, 0, state=RankState.SUCCEEDED, exitcode=0)
         screen.tick()  # not the others' turn, but the group's end shows on every pane at once
         assert all("exited 0" in screen.pane(r).title for r in range(3))
+
+    drive(engine, body, size=(160, 48))
+
+
+def test_the_compact_view_mounts_a_ranks_pane_only_once_it_is_shown_and_keeps_it():
+    """Past what fits, a pane is made the first time its rank is shown (a digit, a click in the
+    list, g, a search's jump), with its output, and kept: a rank never shown costs no widgets, and
+    a pane scrolled back is where it was when its rank is shown again."""
+    engine = FakeEngine(40)
+    for r in range(40):
+        engine.print(r, *(f"rank {r} line {i}" for i in range(200)))
+    engine.print(17, "a needle")
+
+    def mounted(main: MainScreen) -> list[int]:
+        return [pane.local_rank for pane in main.query(RankPane)]
+
+    async def body(app, pilot):
+        def on_screen(text: str) -> bool:
+            return any(text in row for row in screen_rows(app))
+
+        main = app.main
+        assert main.compact and mounted(main) == [0]
+        await pilot.press("7")
+        await until(pilot, lambda: on_screen("rank 7 line 199"), what="rank 7's output on the screen")
+        assert mounted(main) == [0, 7] and app.focused is main.pane(7).log
+        await pilot.press("home")  # rank 7's pane, made just now, scrolled back to its top
+        await until(pilot, lambda: "paused at line 1 " in main.pane(7).title, what="rank 7 paused at its top")
+        await pilot.click("#rank-list", offset=(3, 13))  # row 0 is the list's header
+        await until(pilot, lambda: on_screen("rank 12 line 199"), what="rank 12's output on the screen")
+        await pilot.press("g", *"35", "enter")
+        await until(pilot, lambda: on_screen("rank 35 line 199"), what="rank 35's output on the screen")
+        await pilot.press("ctrl+f", *"needle", "enter")  # clears the search of the panes made, no others
+        await until(pilot, lambda: main.current == 17 and main.pane(17).log.search_query == "needle",
+                    what="the search's jump to rank 17")
+        assert mounted(main) == [0, 7, 12, 17, 35]
+        await pilot.press("7")
+        await until(pilot, lambda: on_screen("rank 7 line 0"), what="rank 7 shown again")
+        log = main.pane(7).log
+        assert round(log.scroll_offset.y) == 0 and not log.follow and mounted(main) == [0, 7, 12, 17, 35]
+        assert [r for r in mounted(main) if main.pane(r).display] == [7]
 
     drive(engine, body, size=(160, 48))
 

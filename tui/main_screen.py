@@ -146,14 +146,16 @@ class MainScreen(Screen):
         self.tracker = Tracker(engine, metric)
         self.last: GroupSnapshot = engine.snapshot()
         self.n = self.last.local_world_size
-        self._panes: list[RankPane] = []  # by local rank, made in compose
+        # Local rank -> its pane, made the first time it is to be shown (see pane()): a pane is
+        # ~190 KB of Textual's per-widget machinery, and the compact view shows one of 64.
+        self._panes: dict[int, RankPane] = {}
         self._step_note: Notification | None = None  # n / N's last toast: the next one takes its place
         self.current = 0
         self.zoomed = False
         self.compact = False
         self.cols = 1
         self._feeds: dict[int, RankFeed] = {}  # local rank -> the feed its LogView shows
-        self._shown: set[int] = set(range(self.n))  # every pane starts displayed
+        self._shown: set[int] = set()  # the panes displayed: set in compose
         self._armed: tuple[str, int, float] | None = None  # (action, local rank, when): awaiting its second press
         self._digits = ("", 0.0)  # the rank number being typed, and when its last digit came
         self.sort, self.filter = SORTS[0], FILTERS[0]  # the compact rank list's order and filter
@@ -180,8 +182,8 @@ class MainScreen(Screen):
             with VerticalScroll(id="rank-list-box"):
                 yield RankList(id="rank-list")
             with Container(id="grid"):
-                self._panes = [RankPane(r, id=f"pane-{r}", focused=r == self.current) for r in range(self.n)]
-                yield from self._panes
+                self._shown = set(range(self.n)) if not self.compact else {self.current}
+                yield from (self._new_pane(r) for r in sorted(self._shown))
         yield RootCausePanel(id="root-cause").data_bind(MainScreen.end_panel_hidden)
         yield Input(placeholder="search this rank's output (enter: find, esc: cancel)", id="search")
         yield Input(placeholder="go to rank: type its number, enter (esc: cancel)", id="goto", type="integer")
@@ -197,7 +199,25 @@ class MainScreen(Screen):
         self.set_interval(TICK_SECONDS, self.tick)
 
     def pane(self, local_rank: int) -> RankPane:
-        return self._panes[local_rank]  # (a query by id walked the DOM: several per pane each tick)
+        """The rank's pane, mounted (hidden unless shown) the first time it is asked for: whatever
+        looks a pane up gets one, and a rank never shown costs no widgets."""
+        pane = self._panes.get(local_rank)  # (a query by id walked the DOM: several per pane each tick)
+        return pane if pane is not None else self._mount_pane(local_rank)
+
+    def _new_pane(self, local_rank: int) -> RankPane:
+        pane = RankPane(local_rank, id=f"pane-{local_rank}", focused=local_rank == self.current)
+        pane.display = local_rank in self._shown
+        self._panes[local_rank] = pane
+        return pane
+
+    def _mount_pane(self, local_rank: int) -> RankPane:
+        """Make the rank's pane and mount it in rank order: the grid places its cells in the order
+        of its children."""
+        after = [r for r in self._panes if r > local_rank]
+        pane = self._new_pane(local_rank)
+        self.query_one("#grid").mount(pane, before=self._panes[min(after)] if after else None)
+        pane.mount_parts()
+        return pane
 
     # ----- layout -----------------------------------------------------------------------------
     def on_resize(self, event: Resize) -> None:
@@ -230,15 +250,15 @@ class MainScreen(Screen):
         self.set_class(not single, "-grid")
 
     def _show_panes(self, wanted: set[int]) -> bool:
-        """Show these panes only; whether one of them was hidden."""
+        """Show these panes only (mounting those never shown yet); whether one of them was hidden."""
         # Touch only panes whose visibility changes: with 64 ranks most stay as they were.
-        for r in range(self.n):
-            want = r in wanted
-            if want != (r in self._shown):
-                self.pane(r).display = want
+        for r in self._shown - wanted:
+            self._panes[r].display = False
         newly = wanted - self._shown
-        self._unfilled |= newly
         self._shown = set(wanted)
+        for r in sorted(newly):
+            self.pane(r).display = True
+        self._unfilled |= newly
         return bool(newly)
 
     # ----- focus ------------------------------------------------------------------------------
@@ -535,8 +555,8 @@ class MainScreen(Screen):
                           + ("  (n / N: next / previous)" if hits else "")), timeout=3, markup=False)
 
     def _search_every_rank(self, query: str) -> None:
-        for r in range(self.n):
-            self.pane(r).log.clear_search()
+        for pane in self._panes.values():  # (a pane not made yet has no search to clear)
+            pane.log.clear_search()
         if not query:
             self.tick()
             return

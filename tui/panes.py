@@ -696,8 +696,15 @@ class RankPane(Vertical):
         self._log = LogView(None, id=f"log-{local_rank}")
 
     def compose(self) -> ComposeResult:
-        yield self._title
-        yield self._log
+        if self._log.parent is None:  # (not mounted already by mount_parts)
+            yield self._title
+            yield self._log
+
+    def mount_parts(self) -> None:
+        """Mount the title and the log at once, once this pane is in the DOM, rather than when its
+        own task composes it: a focus asked for in the same breath (a rank shown for the first
+        time) would find its log in no screen, and be lost."""
+        self.mount(self._title, self._log)
 
     @property
     def log(self) -> LogView:
