@@ -450,6 +450,24 @@ def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path)
         term.close()
 
 
+def test_a_pager_that_cannot_be_split_into_words_is_one_line_and_the_tui_goes_on(tmp_path, monkeypatch):
+    """o split $PAGER as a shell would: PAGER='"' raised ValueError (No closing quotation), a
+    traceback that ended the TUI, and the run with it."""
+    log = tmp_path / "stdout.log"
+    log.write_text("rank 0 up\n")
+    engine = FakeEngine(1)
+    engine.set_rank(0, stdout_log=str(log))
+    monkeypatch.setenv("PAGER", 'less "-R')
+
+    async def body(app, pilot):
+        await pilot.press("o")
+        await until(pilot, lambda: "bad $PAGER" in notes(app), what="the line about $PAGER")
+        assert f"""bad $PAGER 'less "-R': No closing quotation; the log: {log}""" in notes(app)
+        assert app.is_running and engine.commands == []
+
+    drive_fake(engine, body)
+
+
 def test_copy_key_without_a_root_cause_says_so():
     async def body(app, pilot):
         await pilot.press("y")

@@ -23,7 +23,7 @@ from typing import Any
 from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
 from ranktop.core.report import format_root_cause
-from ranktop.core.sanitize import clean
+from ranktop.core.sanitize import clean, quoted
 from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
 from ranktop.core.strays import own_tool
 from ranktop.tui.attempts import FileFeed, attempt_dirs
@@ -744,7 +744,12 @@ class MainScreen(Screen):
         if not paths:
             self.notify("this rank has no log file to open", severity="warning", timeout=3)
             return
-        pager = shlex.split(os.environ.get("PAGER") or "less") or ["less"]
+        try:
+            pager = shlex.split(os.environ.get("PAGER") or "less") or ["less"]
+        except ValueError as exc:  # (PAGER='"': a traceback that ended the TUI, and the run with it)
+            self.notify(clean(f"bad $PAGER {quoted(os.environ.get('PAGER'))}: {exc}; the log: {paths[0]}"),
+                        severity="warning", markup=False)
+            return
         try:
             with self.app.suspend(), own_tool():  # its exit is its own, not an orphan's to reap
                 subprocess.run([*pager, *paths], check=False)
