@@ -423,10 +423,12 @@ class MainScreen(Screen):
         self._go_to(event.value.strip())
 
     def _go_to(self, text: str) -> None:
-        local = self._local_of(int(text)) if text.isdigit() else None
+        # No rank's number is 20 digits long, and int() refuses 4300 and more: a long paste
+        # raised ValueError, which ended the TUI and stopped the run.
+        local = self._local_of(int(text)) if text.isdigit() and len(text) < 20 else None
         self._close_input("#goto", local)
         if text and local is None:
-            self._say_no_rank(text)
+            self._say_no_rank(text if len(text) < 20 else text[:19] + "…")
 
     def action_zoom(self) -> None:
         if self._line_select is not None:  # enter copies what V selected
