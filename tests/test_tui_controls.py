@@ -51,6 +51,7 @@ from test_tui_app import TICKER, notes, palette_top, rank, ticker_agent
 from test_tui_fake import drive as drive_fake
 from test_tui_fake import shown_footer_keys
 from test_tui_tmux import DEEP, Terminal
+from textual import events
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -238,6 +239,12 @@ def test_go_to_rank_digits_and_palette(monkeypatch):
         assert main.current == 27 and not main.query_one("#goto").display
         await pilot.press("colon", *"99", "enter")
         assert main.current == 27 and "no rank 99 here: ranks are 0..31" in notes(app)
+        await pilot.press("g")  # a paste too long for int() (4300 digits) ended the TUI in a ValueError
+        main.query_one("#goto").post_message(events.Paste("1" * 5000))
+        await until(pilot, lambda: len(main.query_one("#goto").value) == 5000, what="the pasted digits")
+        await pilot.press("enter")
+        await until(pilot, lambda: f"no rank {'1' * 19}… here" in notes(app), what="the note on the paste")
+        assert main.current == 27 and app.is_running
         titles = [c.title for c in app.get_system_commands(main)]
         assert "Focus rank 31" in titles and "Focus rank 32" not in titles
         assert not any("Focus rank N" in t for t in titles)
@@ -448,6 +455,24 @@ def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path)
         term.wait_screen("ROOT CAUSE")
     finally:
         term.close()
+
+
+def test_a_pager_that_cannot_be_split_into_words_is_one_line_and_the_tui_goes_on(tmp_path, monkeypatch):
+    """o split $PAGER as a shell would: PAGER='"' raised ValueError (No closing quotation), a
+    traceback that ended the TUI, and the run with it."""
+    log = tmp_path / "stdout.log"
+    log.write_text("rank 0 up\n")
+    engine = FakeEngine(1)
+    engine.set_rank(0, stdout_log=str(log))
+    monkeypatch.setenv("PAGER", 'less "-R')
+
+    async def body(app, pilot):
+        await pilot.press("o")
+        await until(pilot, lambda: "bad $PAGER" in notes(app), what="the line about $PAGER")
+        assert f"""bad $PAGER 'less "-R': No closing quotation; the log: {log}""" in notes(app)
+        assert app.is_running and engine.commands == []
+
+    drive_fake(engine, body)
 
 
 def test_copy_key_without_a_root_cause_says_so():

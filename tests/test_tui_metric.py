@@ -110,6 +110,38 @@ def test_metric_in_titles_list_and_zoomed_sparklines():
     drive(engine, body, metric=compile_metric(r"loss ([0-9.]+)"))
 
 
+def test_a_value_that_is_no_finite_number_or_a_group_left_out_of_a_match_ends_nothing():
+    """A rank's `loss 1e999` (infinity) or `loss nan` went into the metric's history: the
+    sparkline it scaled, zoomed or in the details view, raised a ValueError that ended the TUI,
+    and the run with it. A --metric whose group took no part in a match (`acc` for `loss
+    (\\S+)|acc`) made the value None: a TypeError at the next read, the same end."""
+    from ranktop.tui.details import RankDetails
+
+    engine = FakeEngine(3)
+    engine.print(0, "loss 1.5")
+    engine.print(1, "loss 2.0", "acc")  # the group is not in the newest match: the line before counts
+    engine.print(2, "loss 1.0")
+
+    async def body(app, pilot):
+        main = app.main
+        history = lambda: main.tracker.ranks[0].history["metric"]  # noqa: E731
+        await until(pilot, lambda: 0 in main.tracker.ranks and len(history()) >= 1, what="a first sample")
+        assert "loss 2.0 " in main.pane(1).title
+        engine.print(0, "loss 1e999")
+        await until(pilot, lambda: "loss 1e999 " in main.pane(0).title, what="the infinite value in the title")
+        await pilot.press("0", "z")  # the zoomed title draws the histories' sparklines
+        engine.print(0, "loss nan")
+        await until(pilot, lambda: "loss nan " in main.pane(0).title, what="NaN in the title")
+        await until(pilot, lambda: " !" in main.pane(0).title, what="NaN marked as the odd one out")
+        await pilot.press("m")
+        await until(pilot, lambda: isinstance(app.screen, RankDetails), what="the details view")
+        await until(pilot, lambda: "loss" in str(app.screen.query_one("#details-text").render()), what="its histories")
+        await pilot.pause(1.1)  # a second more of samples, drawn
+        assert app.is_running and set(history()) == {1.5}  # what is no finite number is not a sample
+
+    drive(engine, body, metric=compile_metric(r"loss (\S+)|acc"))
+
+
 @pytest.mark.parametrize("size", [(160, 48), (120, 30), (80, 24)])
 def test_the_zoomed_title_keeps_the_log_files_name_in_view(size):
     """Zoomed, the sparklines took the whole title: below about 200 columns its `log …/stdout.log`

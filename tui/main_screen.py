@@ -23,7 +23,7 @@ from typing import Any
 from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
 from ranktop.core.report import format_root_cause
-from ranktop.core.sanitize import clean
+from ranktop.core.sanitize import clean, quoted
 from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
 from ranktop.core.strays import own_tool
 from ranktop.tui.attempts import FileFeed, attempt_dirs
@@ -443,10 +443,12 @@ class MainScreen(Screen):
         self._go_to(event.value.strip())
 
     def _go_to(self, text: str) -> None:
-        local = self._local_of(int(text)) if text.isdigit() else None
+        # No rank's number is 20 digits long, and int() refuses 4300 and more: a long paste
+        # raised ValueError, which ended the TUI and stopped the run.
+        local = self._local_of(int(text)) if text.isdigit() and len(text) < 20 else None
         self._close_input("#goto", local)
         if text and local is None:
-            self._say_no_rank(text)
+            self._say_no_rank(text if len(text) < 20 else text[:19] + "…")
 
     def action_zoom(self) -> None:
         if self._line_select is not None:  # enter copies what V selected
@@ -764,7 +766,12 @@ class MainScreen(Screen):
         if not paths:
             self.notify("this rank has no log file to open", severity="warning", timeout=3)
             return
-        pager = shlex.split(os.environ.get("PAGER") or "less") or ["less"]
+        try:
+            pager = shlex.split(os.environ.get("PAGER") or "less") or ["less"]
+        except ValueError as exc:  # (PAGER='"': a traceback that ended the TUI, and the run with it)
+            self.notify(clean(f"bad $PAGER {quoted(os.environ.get('PAGER'))}: {exc}; the log: {paths[0]}"),
+                        severity="warning", markup=False)
+            return
         try:
             with self.app.suspend(), own_tool():  # its exit is its own, not an orphan's to reap
                 subprocess.run([*pager, *paths], check=False)

@@ -10,6 +10,7 @@ and the histories are the engine's samples only (cpu, rss, GPU).
 from __future__ import annotations
 
 import collections
+import math
 import re
 import statistics
 import time
@@ -70,11 +71,19 @@ class RankTrack:
         self.history: dict[str, collections.deque[float]] = collections.defaultdict(
             lambda: collections.deque(maxlen=HISTORY))
 
-    def number(self) -> float | None:
+    def reading(self) -> float | None:
+        """The value as a number, NaN and the infinities included; None where it reads as none."""
         try:
             return float(self.value) if self.value is not None else None
         except ValueError:
             return None
+
+    def number(self) -> float | None:
+        """The value as a history holds it: None where it is no finite number. A rank's `loss
+        nan` or `loss 1e999` (infinity) went in as read: a sparkline scaled by it drew a NaN bar,
+        a ValueError that ended the TUI, and with it the run."""
+        number = self.reading()
+        return number if number is not None and math.isfinite(number) else None
 
 
 class Tracker:
@@ -114,8 +123,11 @@ class Tracker:
             if type(raw) is RanktopLine:  # a restart's separator is not the rank's output
                 continue
             found = self.pattern.search(raw.decode("utf-8", "replace"))
-            if found:
-                track.value = clean(found.group(1) if found.groups() else found.group(0))[:16]
+            value = (found.group(1) if found.groups() else found.group(0)) if found else None
+            # (a group that took no part in the match, `loss (\S+)|acc` on `acc`, is no value: it
+            # was None, a TypeError at the next read that ended the TUI)
+            if value is not None:
+                track.value = clean(value)[:16]
                 break
 
     @staticmethod
@@ -136,16 +148,21 @@ class Tracker:
             history["metric"].append(number)
 
     def outliers(self) -> set[int]:
-        """Local ranks whose metric is far from the others' (median absolute deviation)."""
-        values = {r: t.number() for r, t in self.ranks.items()}
-        numbers = {r: v for r, v in values.items() if v is not None}
-        if len(numbers) < 3:
+        """Local ranks whose metric is far from the others' (median absolute deviation), and those
+        whose value is NaN or infinite (a loss gone wrong) where others' are numbers."""
+        readings = {r: t.reading() for r, t in self.ranks.items()}
+        diverged = {r for r, v in readings.items() if v is not None and not math.isfinite(v)}
+        numbers = {r: v for r, v in readings.items() if v is not None and r not in diverged}
+        if len(numbers) + len(diverged) < 3:
             return set()
+        marked = diverged if numbers else set()
+        if len(numbers) < 3:
+            return marked
         median = statistics.median(numbers.values())
         mad = statistics.median(abs(v - median) for v in numbers.values())
         if mad == 0:
-            return {r for r, v in numbers.items() if v != median} if len(set(numbers.values())) > 1 else set()
-        return {r for r, v in numbers.items() if abs(v - median) > OUTLIER_MADS * mad}
+            return marked | ({r for r, v in numbers.items() if v != median} if len(set(numbers.values())) > 1 else set())
+        return marked | {r for r, v in numbers.items() if abs(v - median) > OUTLIER_MADS * mad}
 
     def title_part(self, local_rank: int) -> str | None:
         """'loss 0.0123 4.0/s' for a rank's title, or None without a metric."""
