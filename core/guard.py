@@ -68,9 +68,15 @@ def read_proc_file(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         data = os.read(fd, 1 << 16)
-        while len(data) >= 1 << 16 and (more := os.read(fd, 1 << 16)):  # a long environment
-            data += more
-        return data
+        if len(data) < 1 << 16:
+            return data
+        # A long environment: megabytes (a quarter of the stack limit), which any user's process
+        # may have and the stray sweep reads. Joined once: adding each piece to the rest copied
+        # it all again (5.6 MB: 28 ms a read, 1.6 ms joined).
+        parts = [data]
+        while more := os.read(fd, 1 << 20):
+            parts.append(more)
+        return b"".join(parts)
     finally:
         os.close(fd)
 

@@ -219,7 +219,7 @@ def test_only_processes_as_young_as_the_run_are_read_for_the_marker():
 
 
 def test_the_marker_is_found_after_a_long_environment():
-    # /proc/PID/environ is read in 64 KiB pieces: a marker 300 KiB in is still found.
+    # /proc/PID/environ is read in pieces past its first 64 KiB: a marker 300 KiB in is still found.
     env = {**{f"BIG{i}": "x" * (60 << 10) for i in range(5)}, MARKER: "f00d"}  # (one variable: 128 KiB at most)
     proc = subprocess.Popen(["sleep", "30"], env=env)
     try:
