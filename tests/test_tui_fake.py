@@ -467,6 +467,78 @@ def test_the_compact_view_mounts_a_ranks_pane_only_once_it_is_shown_and_keeps_it
     drive(engine, body, size=(160, 48))
 
 
+LINES_EACH = FIRST_LOOK_LINES + 300  # a match at line 150 is older than a new pane's first look
+
+
+def print_with_matches(engine: FakeEngine, ranks: tuple[int, ...], at: int = 150) -> None:
+    """LINES_EACH lines on every rank; on `ranks`, line `at` holds the word 'zebra'."""
+    for r in range(len(engine.lines)):
+        lines = [f"rank {r} line {i}" for i in range(1, LINES_EACH + 1)]
+        if r in ranks:
+            lines[at - 1] += " zebra"
+        engine.print(r, *lines)
+
+
+async def shows_its_match(app: RanktopApp, pilot, rank: int, at: int = 150) -> None:
+    """Rank `rank` is focused, its match's line is on the screen, and its title's position (the
+    top line) is above that line, within the pane's height: not line 1."""
+    main = app.main
+
+    def shown() -> bool:
+        found = re.search(r"paused (?:at line|@) (\d+) ", main.pane(rank).title)
+        height = main.pane(rank).log.scrollable_content_region.height
+        return (main.current == rank and found is not None and 1 < int(found[1]) <= at < int(found[1]) + height
+                and any(f"rank {rank} line {at} zebra" in row for row in screen_rows(app)))
+
+    await until(pilot, shown, what=f"rank {rank}'s match on the screen and in its title's position")
+
+
+def test_a_search_of_every_rank_shows_the_match_in_a_pane_never_shown_or_hidden():
+    """In the compact view a search's jump (and n / N on across ranks) to a rank whose pane was
+    never shown, made for the jump, showed it paused at line 1: the match was asked for before
+    the pane had a size (Textual scrolled nothing) and before it had its whole scrollback (only
+    the first look's newest lines, which a match at line 150 is older than). A pane made before
+    and hidden since shows its match too."""
+    engine = FakeEngine(40)
+    print_with_matches(engine, (7, 23, 31))
+
+    async def body(app, pilot):
+        main = app.main
+        assert main.compact
+        await pilot.press("7")  # rank 7's pane made and filled, then hidden
+        await until(pilot, lambda: main.pane(7).log.line_count == LINES_EACH, what="rank 7's whole output")
+        await pilot.press("0")
+        await until(pilot, lambda: main.current == 0 and not main.pane(7).display, what="rank 7 hidden")
+        await pilot.press("ctrl+f", *"zebra", "enter")  # from rank 0: rank 7's, hidden since
+        await shows_its_match(app, pilot, 7)
+        assert 23 not in main._panes and 31 not in main._panes
+        await pilot.press("n")  # on to rank 23, never shown
+        await shows_its_match(app, pilot, 23)
+        await pilot.press("n")  # and rank 31, never shown
+        await shows_its_match(app, pilot, 31)
+        await pilot.press("N")  # back to rank 23, hidden since
+        await shows_its_match(app, pilot, 23)
+
+    drive(engine, body, size=(160, 48))
+
+
+def test_a_search_of_every_rank_shows_the_match_in_the_grid():
+    """In the grid every pane is laid out and filled: the jump and n / N show the match there too."""
+    engine = FakeEngine(4)
+    print_with_matches(engine, (1, 3))
+
+    async def body(app, pilot):
+        assert not app.main.compact
+        await pilot.press("ctrl+f", *"zebra", "enter")
+        await shows_its_match(app, pilot, 1)
+        await pilot.press("n")
+        await shows_its_match(app, pilot, 3)
+        await pilot.press("N")
+        await shows_its_match(app, pilot, 1)
+
+    drive(engine, body, size=(160, 48))
+
+
 def test_the_footer_is_rebuilt_once_per_burst_and_only_when_its_keys_change():
     from ranktop.tui.panes import CalmFooter
     from textual.widgets._footer import FooterKey

@@ -252,6 +252,7 @@ class LogView(ScrollView, can_focus=True):
         self._regex: re.Pattern[str] | None = None
         self._hits: list[int] = []  # absolute numbers of matching complete lines, ascending
         self._current: int | None = None  # the match the view was moved to
+        self._match_due: int | None = None  # a match to show once laid out (asked for before): on_resize
         self._strips.clear()
 
     def set_ring(self, ring: LineRing | None) -> None:
@@ -766,7 +767,10 @@ class LogView(ScrollView, can_focus=True):
     def on_resize(self) -> None:
         if self.wrap and self.text_width != self._wrap_width:
             self._count_rows_again(True)
-        if self.follow:
+        if self._match_due is not None:  # once laid out: the sideways scrollbar may take a row
+            self.call_after_refresh(self._keep_match_shown, self._match_due)
+            self._match_due = None
+        elif self.follow:
             self.call_after_refresh(self._follow_tail)
 
     def _count_rows_again(self, was_wrapped: bool) -> None:
@@ -940,10 +944,20 @@ class LogView(ScrollView, can_focus=True):
         self._show_match(number)
 
     def _show_match(self, number: int) -> None:
-        """Bring the match in the line numbered `number` into view, if the ring still has it."""
-        if number >= self._first:
-            self._show_rows(*self._match_rows(number - self._first))
-            self._show_match_column(number)
+        """Bring the match in the line numbered `number` into view, if the ring still has it; in
+        a view not in the screen's layout yet, once it is (on_resize: Textual sends one to a view
+        it lays out for the first time, and to one shown again)."""
+        if number < self._first:
+            return
+        if not self.size:
+            # A pane made or shown again for a search's jump has no size till the next layout:
+            # there is no height to centre the match in, and a pane made just now scrolled
+            # nowhere (it showed line 1).
+            self.follow = False
+            self._match_due = number
+            return
+        self._show_rows(*self._match_rows(number - self._first))
+        self._show_match_column(number)
 
     def _first_match(self, index: int) -> tuple[str, re.Match[str]] | None:
         """The line at `index` as the pane shows it (tabs expanded) and the first match of the

@@ -576,10 +576,20 @@ class MainScreen(Screen):
 
     def _show_matches_of(self, local_rank: int, direction: int) -> None:
         """Focus `local_rank` and highlight the search there, at its first (+1) or last (-1) match."""
-        self.focus_rank(local_rank)
+        self.focus_rank(local_rank)  # (its pane shown, made now if need be, and filled)
+        self._take_scrollback(local_rank)
         log = self.pane(local_rank).log
         log.search(self.everywhere.query)
         log.go_to_edge_match(direction)
+
+    def _take_scrollback(self, local_rank: int) -> None:
+        """The rank's whole kept output into its pane now, where its feed's first look brought only
+        the newest lines (a pane made just now): the rest came at the next tick, and a match older
+        than them was found by the search of every rank but not by the pane's, which followed
+        the tail."""
+        feed = self._feeds.get(local_rank)
+        if feed is not None and feed.scrollback_due and local_rank not in self._viewing:
+            self.pane(local_rank).log.poll()
 
     def action_search_step(self, direction: int) -> None:
         """n / N: through the focused pane's matches; after a search of every rank, on to the

@@ -519,6 +519,11 @@ class RankFeed:
         self._asked = False
         self._scrollback_due = False  # the first answer was only the tail: fetch from the start next
 
+    @property
+    def scrollback_due(self) -> bool:
+        """Whether the pane holds only the newest lines so far: its next poll takes the rest."""
+        return self._scrollback_due
+
     def since(self, seen: int) -> tuple[int, int, list[bytes], list[bytes]]:
         first, self._asked = not self._asked, True
         if self._scrollback_due:
