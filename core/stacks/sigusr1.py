@@ -3,6 +3,7 @@ its stderr (its log and its pane); read them back from the log and group them li
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import re
@@ -16,8 +17,8 @@ from ranktop.core.errors import file_kind, read_at_most
 from ranktop.core.events import EventLog
 from ranktop.core.layout import RunDir, dump_log_path
 from ranktop.core.stacks.grouping import build_report
-from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack
-from ranktop.core.stacks.procs import HeldProcess, gone_reason
+from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack, snapshot_facts
+from ranktop.core.stacks.procs import HeldProcess, children_of, gone_reason
 from ranktop.core.stacks.saving import save_report
 
 
@@ -147,9 +148,11 @@ def _read_from(path: str, offset: int) -> str:
 def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
                   local_ranks: Mapping[int, int] | None = None, timeout: float = 3.0,
                   run_dir: RunDir | None = None, events: EventLog | None = None,
-                  source: str = "signal", held: Mapping[int, HeldProcess] | None = None) -> StackReport:
+                  source: str = "signal", held: Mapping[int, HeldProcess] | None = None,
+                  extra: Mapping[int, dict] | None = None) -> StackReport:
     """The grouped view without ptrace: SIGUSR1 to each rank, then read its dump from the log its
-    stderr goes to (`layout.dump_log_path`).
+    stderr goes to (`layout.dump_log_path`). `extra`: {rank: facts the dump cannot tell}, as
+    `snapshot_facts` gives them.
 
     A rank's dump is taken as complete once the new part of that log holds a stack and stops growing.
     """
@@ -159,8 +162,9 @@ def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
     outcome = signal_pids(pids, held=held)
     pending = {r for r, what in outcome.items() if what == "sent" and r not in unreadable}
     texts = _read_dumps(pending, dump_logs, offsets, unreadable, timeout)
-    found = [_rank_stack(r, pids[r], (local_ranks or {}).get(r), outcome[r], texts.get(r, ""),
-                         dump_logs.get(r, ""), unreadable.get(r), timeout)
+    found = [dataclasses.replace(_rank_stack(r, pids[r], (local_ranks or {}).get(r), outcome[r], texts.get(r, ""),
+                                             dump_logs.get(r, ""), unreadable.get(r), timeout),
+                                 **(extra or {}).get(r, {}))
              for r in sorted(pids)]
     report = build_report(found, taken_at, time.perf_counter() - started)
     return save_report(report, run_dir, events, source) if run_dir else report
@@ -204,8 +208,8 @@ def _rank_stack(rank: int, pid: int, local_rank: int | None, outcome: str, text:
     """One rank's part of the report: its stacks, or why there are none."""
     base = {"rank": rank, "local_rank": local_rank, "pid": pid}
     threads = parse_faulthandler(text) if outcome == "sent" else ()
-    if threads:
-        return RankStack(**base, status=StackStatus.OK, threads=threads)
+    if threads:  # (its children, as py-spy's dump names them: what a wait in subprocess waits on)
+        return RankStack(**base, status=StackStatus.OK, threads=threads, children=children_of(pid))
     if outcome == "gone":
         return RankStack(**base, status=StackStatus.GONE, reason="process gone")
     if outcome == "sent" and unreadable is not None:
@@ -230,4 +234,5 @@ def signal_agent_report(agent: Any, local_ranks: Iterable[int] | None = None, ti
     logs = {r.rank: dump_log_path(os.path.join(agent.attempt_dir(), str(r.local_rank))) for r in live}
     return signal_report({r.rank: r.pid for r in live}, logs, local_ranks={r.rank: r.local_rank for r in live},
                          timeout=timeout, run_dir=agent.layout if save else None,
-                         events=agent.events if save else None, source="signal")
+                         events=agent.events if save else None, source="signal",
+                         extra={r.rank: snapshot_facts(r) for r in live})
