@@ -230,6 +230,36 @@ def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
         plain.wait()
 
 
+# A rank paused mid-dump: its handler writes the inner frames, then, 0.15 s later, the outer ones.
+PAUSED_DUMP = r"""
+import os, signal, time
+def dump(signum, frame):
+    os.write(2, b'Current thread 0x00007f0000000001 (most recent call first):\n'
+                b'  File "/t/x.py", line 3 in inner\n')
+    time.sleep(0.15)
+    os.write(2, b'  File "/t/x.py", line 9 in <module>\n')
+signal.signal(signal.SIGUSR1, dump)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_dump_paused_midway_is_read_whole(tmp_path):
+    """faulthandler writes a line at a time, and on a busy box a rank (or the agent that logs its
+    stderr) paused mid-dump for longer than the 30 ms the reader waited: the stack came cut, its
+    outer frames missing, and a rank stopped where the others were read as the odd one out."""
+    log = tmp_path / "stderr.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([PY, "-c", PAUSED_DUMP], stdout=subprocess.PIPE, stderr=err)
+    try:
+        proc.stdout.readline()
+        report = stacks.signal_report({0: proc.pid}, {0: str(log)}, timeout=20)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [f.name for f in report.ranks[0].main.frames] == ["<module>", "inner"], stacks.format_report(report)
+
+
 def test_sigusr1_fallback_with_pty_reads_the_dump_from_stdout_log(tmp_path):
     # With a pseudo-terminal, stderr shares the terminal with stdout: there is no stderr.log.
     env = spec.faulthandler_env(True, os.environ)

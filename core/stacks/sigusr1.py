@@ -154,7 +154,8 @@ def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
     stderr goes to (`layout.dump_log_path`). `extra`: {rank: facts the dump cannot tell}, as
     `snapshot_facts` gives them.
 
-    A rank's dump is taken as complete once the new part of that log holds a stack and stops growing.
+    A rank's dump is taken as complete once the new part of that log holds a stack and has not
+    grown for DUMP_QUIET_SECONDS.
     """
     started, taken_at = time.perf_counter(), time.time()
     offsets, unreadable = _log_ends(pids, dump_logs)  # unreadable: {rank: why its log cannot be read}
@@ -182,14 +183,23 @@ def _log_ends(pids: Mapping[int, int], dump_logs: Mapping[int, str]) -> tuple[di
     return offsets, unreadable
 
 
+# faulthandler writes a dump a line at a time, innermost frame first, and it reaches the log
+# through the agent's reader: a rank or an agent paused mid-dump on a busy box (30 ms, the old
+# quiet time, was seen) left a stack cut, its outer frames missing, so the rank read as odd.
+DUMP_QUIET_SECONDS = 0.25
+
+
 def _read_dumps(pending: set[int], dump_logs: Mapping[int, str], offsets: Mapping[int, int],
                 unreadable: dict[int, str], timeout: float) -> dict[int, str]:
     """What the `pending` ranks' logs gained past their offsets, read until each holds a stack
-    that stopped growing or `timeout` passes; a log that turns unreadable joins `unreadable`."""
+    that has not grown for DUMP_QUIET_SECONDS or `timeout` passes; a log that turns unreadable
+    joins `unreadable`."""
     texts: dict[int, str] = {}
+    grew_at: dict[int, float] = {}
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         time.sleep(0.03)
+        now = time.monotonic()
         for r in list(pending):
             try:
                 text = _read_from(dump_logs.get(r, ""), offsets[r])
@@ -197,9 +207,10 @@ def _read_dumps(pending: set[int], dump_logs: Mapping[int, str], offsets: Mappin
                 unreadable[r] = str(exc)
                 pending.discard(r)
                 continue
-            if "(most recent call first):" in text and texts.get(r) == text:
-                pending.discard(r)  # unchanged since the last look: the handler is done
-            texts[r] = text
+            if texts.get(r) != text:
+                texts[r], grew_at[r] = text, now
+            elif "(most recent call first):" in text and now - grew_at[r] >= DUMP_QUIET_SECONDS:
+                pending.discard(r)  # quiet for long enough: the handler is done
     return texts
 
 
