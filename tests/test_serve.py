@@ -2027,20 +2027,25 @@ def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
 
 def test_stacks_signal_of_ranks_run_without_faulthandler_says_why_and_exits_1(tmp_path, runtime):
     """--no-faulthandler: the ranks do not handle SIGUSR1. `stacks --signal` called them
-    `not-python`, told the user to start them with ranktop (it had), and exited 0 with nothing dumped."""
+    `not-python`, told the user to start them with ranktop (it had), and exited 0 with nothing dumped.
+    A run id's digits that are no process's pid name the run (`20261127` of a run started that
+    day): they were taken for a pid, `no process with that pid`."""
     script = tmp_path / "ticker.py"
     script.write_text(TICKER)
-    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--no-faulthandler", "--run-id", "nofh",
+    proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--no-faulthandler", "--run-id", "99999999-nofh",
                                         "--log-dir", str(tmp_path / "logs"), str(script)),
                             cwd=ROOT, env=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
-        signalled = run_ranktop("stacks", "nofh", "--signal", "--no-save", env=runtime)
+        signalled = run_ranktop("stacks", "99999999-nofh", "--signal", "--no-save", env=runtime)
         assert signalled.returncode == 1, signalled.stdout
         assert "0 of 2 ranks dumped" in signalled.stdout and "not-python" not in signalled.stdout
         assert "does not handle SIGUSR1" in signalled.stdout and "py-spy reads it" in signalled.stdout
-        dumped = run_ranktop("stacks", "nofh", "--no-save", env=runtime)  # py-spy needs no handler
-        assert dumped.returncode == 0 and "2 of 2 ranks dumped" in dumped.stdout, dumped.stdout
+        # py-spy needs no handler; digits above the kernel's pid_max (4194304) are no process's
+        dumped = run_ranktop("stacks", "99999999", "--no-save", env=runtime)
+        assert dumped.returncode == 0 and "2 of 2 ranks dumped" in dumped.stdout, dumped
+        nothing = run_ranktop("stacks", "99999998", env=runtime)  # digits no run has either: a pid still
+        assert (nothing.returncode, nothing.stderr) == (2, "ranktop: error: bad target 99999998: no process with that pid\n")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)

@@ -79,7 +79,8 @@ def py_spy_can_attach():
 
 
 def test_blocked_ranks_group_and_spinning_rank_is_odd_one_out(tmp_path):
-    with Running(make_agent(tmp_path, LOCK_OR_SPIN, n=3, sampler=StatsSampler(interval=0.1))) as agent:
+    env = spec.faulthandler_env(True, os.environ)  # (for the SIGUSR1 fallback's dump below)
+    with Running(make_agent(tmp_path, LOCK_OR_SPIN, n=3, sampler=StatsSampler(interval=0.1), env=env)) as agent:
         wait_ready(agent, 3)
 
         def cpu(r: int) -> float:
@@ -89,6 +90,12 @@ def test_blocked_ranks_group_and_spinning_rank_is_odd_one_out(tmp_path):
         wait_for(lambda: cpu(2) > 20 and cpu(0) < 10 and cpu(1) < 10, 20, what="spinner busy, others idle")
         report = stacks.dump_agent_stacks(agent)
         assert report.ranks[2].cpu_percent > 20 and "cpu " in stacks.rank_facts(report.ranks[2])
+        # So does the SIGUSR1 fallback's dump (`u`), which has no py-spy to say `on CPU` or `idle`:
+        # its ranks' lines had their pids alone.
+        signalled = stacks.signal_agent_report(agent, timeout=20, save=False)
+        assert [s.status for s in signalled.ranks] == [StackStatus.OK] * 3, stacks.format_report(signalled)
+        assert signalled.ranks[2].cpu_percent > 20 and signalled.ranks[0].cpu_percent < 10
+        assert "cpu " in stacks.rank_facts(signalled.ranks[2])
 
         assert [s.status for s in report.ranks] == [StackStatus.OK] * 3
         blocked, spinning = report.groups
@@ -187,7 +194,8 @@ def test_rank_that_exits_during_the_dump_gets_a_clean_status():
 
 def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
     env = spec.faulthandler_env(True, os.environ)
-    with Running(make_agent(tmp_path, WAIT_HERE, n=2, env=env)) as agent:
+    with_child = "import subprocess\nchild = subprocess.Popen(['sleep', '3600'])\n" + WAIT_HERE
+    with Running(make_agent(tmp_path, with_child, n=2, env=env)) as agent:
         wait_ready(agent, 2)
         assert stacks.signal_dump(agent) == {0: "sent", 1: "sent"}
         log = os.path.join(agent.attempt_dir(), "1", "stderr.log")
@@ -206,6 +214,9 @@ def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
         (group,) = report.groups
         assert group.ranks == (0, 1) and group.frames[-1].name == "wait_here" and not report.odd_ranks
         assert os.path.exists(report.saved_txt)
+        # Each rank's line names its child process, as py-spy's dump does (it named none).
+        (child,) = psutil.Process(report.ranks[1].pid).children()
+        assert stacks.rank_facts(report.ranks[1]).endswith(f", child {child.pid} sleep")
 
     # Without faulthandler the signal would kill the process: it is not sent.
     plain = subprocess.Popen([PY, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
@@ -217,6 +228,36 @@ def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
     finally:
         plain.kill()
         plain.wait()
+
+
+# A rank paused mid-dump: its handler writes the inner frames, then, 0.15 s later, the outer ones.
+PAUSED_DUMP = r"""
+import os, signal, time
+def dump(signum, frame):
+    os.write(2, b'Current thread 0x00007f0000000001 (most recent call first):\n'
+                b'  File "/t/x.py", line 3 in inner\n')
+    time.sleep(0.15)
+    os.write(2, b'  File "/t/x.py", line 9 in <module>\n')
+signal.signal(signal.SIGUSR1, dump)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_dump_paused_midway_is_read_whole(tmp_path):
+    """faulthandler writes a line at a time, and on a busy box a rank (or the agent that logs its
+    stderr) paused mid-dump for longer than the 30 ms the reader waited: the stack came cut, its
+    outer frames missing, and a rank stopped where the others were read as the odd one out."""
+    log = tmp_path / "stderr.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([PY, "-c", PAUSED_DUMP], stdout=subprocess.PIPE, stderr=err)
+    try:
+        proc.stdout.readline()
+        report = stacks.signal_report({0: proc.pid}, {0: str(log)}, timeout=20)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [f.name for f in report.ranks[0].main.frames] == ["<module>", "inner"], stacks.format_report(report)
 
 
 def test_sigusr1_fallback_with_pty_reads_the_dump_from_stdout_log(tmp_path):

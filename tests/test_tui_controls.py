@@ -1792,6 +1792,8 @@ def test_the_stack_view_of_a_tui_whose_run_ended_shows_the_last_dump_saved(tmp_p
         await pilot.pause(0.2)  # (the footer settles)
         footer = footer_descriptions(app)
         assert "Dump again" not in footer and "Other threads" in footer, footer
+        # Nor does the tree's title offer n (`call tree (n: C frames)`): it would dump again too.
+        assert app.screen.query_one(CallTree).border_title == "call tree"
 
     drive(app, body)
 
@@ -1815,6 +1817,8 @@ def test_a_stack_view_open_when_the_run_ends_offers_no_new_dump(tmp_path, monkey
             return "Other threads" in footer and not footer & {"Dump again", "SIGUSR1 fallback"}
 
         await until(pilot, footer_after_the_end, what="g and u gone from the footer, t still there")
+        await until(pilot, lambda: app.screen.query_one(CallTree).border_title == "call tree", 5,
+                    what="n gone from the tree's title too (`call tree (n: C frames)`)")
         await pilot.press("g")
         await pilot.pause(0.3)
         assert stacks_summary(app) == shown  # (no dump of ranks that are gone)

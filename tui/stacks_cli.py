@@ -58,6 +58,12 @@ def _is_pid(target: str) -> bool:
     return target.isascii() and target.isdigit()
 
 
+def _live_pid(target: str) -> bool:
+    """Whether the digits `target` are the pid of a running process."""
+    # (length first: int() refuses 4300+ digits)
+    return len(target) <= len(str(PID_MAX)) and int(target) <= PID_MAX and psutil.pid_exists(int(target))
+
+
 def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | None, dict[int, HeldProcess]]:
     """({rank: pid}, {rank: local_rank}, run_dir or None, {rank: its process, held since it was
     checked: a run directory's, the caller closes them}) for a path or a pid (None: the default
@@ -68,9 +74,9 @@ def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | N
             raise BadTarget(f"no target given and no runs in {root}: give a run directory, a log directory or a pid")
         target = root
     if _is_pid(target):
-        pid = int(target) if len(target) <= len(str(PID_MAX)) else None  # (int() refuses 4300+ digits)
-        if pid is None or pid > PID_MAX or not psutil.pid_exists(pid):
+        if not _live_pid(target):
             raise BadTarget(f"bad target {target[:40]}: no process with that pid")
+        pid = int(target)
         try:
             pids, local, run_dir = stacks.ranks_of_pid(pid)
         except psutil.Error as exc:
@@ -148,16 +154,18 @@ def _save_dir(run_dir: str) -> RunDir | None:
 def _served(target: str | None):
     """The served run `target` names (run id, prefix, run directory; None: the newest running
     one), or None: then it is a path or a pid, read from the files and /proc as before.
-    BadTarget listing the served runs for a name that is neither a run nor a path."""
-    if target is not None and _is_pid(target):
+    BadTarget listing the served runs for a name that is neither a run nor a path. Digits are a
+    pid where a process has them, else a run id's (a prefix of 20261127-154636-ea7d, say); they
+    were taken for a pid, and named no process."""
+    if target is not None and _is_pid(target) and _live_pid(target):
         return None
     from ranktop.core.client import SeveralRuns, find_run, served_runs
 
     try:
         return find_run(target, served_runs())
     except ValueError as exc:
-        if target is None or os.path.exists(target):
-            return None
+        if target is None or os.path.exists(target) or (_is_pid(target) and not isinstance(exc, SeveralRuns)):
+            return None  # (digits that name no run either: the pid's line says so)
         kind = SeveralTargets if isinstance(exc, SeveralRuns) else BadTarget
         raise kind(f"{exc} (or give a run directory, a log directory or a pid)") from None
 

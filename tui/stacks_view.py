@@ -203,6 +203,7 @@ GROUPS_TITLES = {False: ("main threads (t: other threads)", "main threads (t: ot
 # The call tree's, by whether C frames are asked for: what n does next. A border title, as the
 # groups': the root's label was cut at 80 columns and scrolled away with the tree.
 TREE_TITLES = {False: "call tree (n: C frames)", True: "call tree (n: Python only)"}
+TREE_TITLE_AFTER_THE_END = "call tree"  # n would dump again: not offered
 
 
 class StacksScreen(Screen):
@@ -260,7 +261,7 @@ class StacksScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#stacks-problems").display = False
-        self.query_one(CallTree).border_title = TREE_TITLES[self.native_frames]
+        self._title_tree()
         self.action_dump()
         if self.redumps:  # the run may end while the view is open: g and n go then
             self._end_watch = self.set_interval(ENDED_LOOK, self._look_for_the_end)
@@ -268,7 +269,14 @@ class StacksScreen(Screen):
     def _look_for_the_end(self) -> None:
         if not self.redumps:
             self._end_watch.stop()
+            self._title_tree()
             self.refresh_bindings()
+
+    def _title_tree(self) -> None:
+        """What n does next, in the tree's title; nothing once there is no rank to dump (the
+        title went on offering n after the footer, the help and the palette had dropped it)."""
+        self.query_one(CallTree).border_title = TREE_TITLES[self.native_frames] if self.redumps \
+            else TREE_TITLE_AFTER_THE_END
 
     # ----- the dump (worker thread) -------------------------------------------------------------
     def action_dump(self) -> None:
@@ -458,7 +466,7 @@ class StacksScreen(Screen):
     def _ask_native(self, native: bool) -> None:
         """Whether the next dump has the C frames: n's meaning in the footer, help, palette and title."""
         self.native_frames = native
-        self.query_one(CallTree).border_title = TREE_TITLES[native]
+        self._title_tree()
         self.refresh_bindings()
 
     def action_show_threads(self, other: bool) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class StackStatus(str, enum.Enum):
@@ -75,6 +76,13 @@ class ThreadStack:
     @property
     def key(self) -> tuple:
         return tuple((f.name, f.filename, f.line) for f in self.frames)
+
+
+def snapshot_facts(rank: Any) -> dict:
+    """The facts of a rank's dump that come from the agent's snapshot (a RankSnapshot), not from
+    the dump: its cpu%, how long it has been silent, the prompt it waits at. Both ways of dumping
+    show them; the SIGUSR1 fallback, which has no py-spy to say on CPU or idle, needs cpu% most."""
+    return {"cpu_percent": rank.cpu_percent, "stall_seconds": rank.stall_seconds, "input_prompt": rank.input_prompt}
 
 
 @dataclass(frozen=True)

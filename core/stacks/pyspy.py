@@ -23,7 +23,7 @@ import psutil
 from ranktop.core.events import EventLog
 from ranktop.core.layout import RunDir
 from ranktop.core.stacks.grouping import build_report
-from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack
+from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack, snapshot_facts
 from ranktop.core.stacks.procs import HeldProcess, children_of, gone_reason
 from ranktop.core.stacks.saving import save_report
 from ranktop.core.strays import own_tool
@@ -329,7 +329,7 @@ def dump_agent_stacks(agent: Any, local_ranks: Iterable[int] | None = None, *, s
         if wanted is not None and r.local_rank not in wanted:
             continue
         local[r.rank] = r.local_rank
-        extra[r.rank] = {"cpu_percent": r.cpu_percent, "stall_seconds": r.stall_seconds, "input_prompt": r.input_prompt}
+        extra[r.rank] = snapshot_facts(r)
         if r.pid is None or not r.state.alive:
             absent.append(RankStack(r.rank, r.local_rank, r.pid or 0, StackStatus.GONE,
                                     reason=f"not running ({r.state.value})"))

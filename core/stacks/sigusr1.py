@@ -3,6 +3,7 @@ its stderr (its log and its pane); read them back from the log and group them li
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import re
@@ -16,8 +17,8 @@ from ranktop.core.errors import file_kind, read_at_most
 from ranktop.core.events import EventLog
 from ranktop.core.layout import RunDir, dump_log_path
 from ranktop.core.stacks.grouping import build_report
-from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack
-from ranktop.core.stacks.procs import HeldProcess, gone_reason
+from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack, snapshot_facts
+from ranktop.core.stacks.procs import HeldProcess, children_of, gone_reason
 from ranktop.core.stacks.saving import save_report
 
 
@@ -147,11 +148,14 @@ def _read_from(path: str, offset: int) -> str:
 def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
                   local_ranks: Mapping[int, int] | None = None, timeout: float = 3.0,
                   run_dir: RunDir | None = None, events: EventLog | None = None,
-                  source: str = "signal", held: Mapping[int, HeldProcess] | None = None) -> StackReport:
+                  source: str = "signal", held: Mapping[int, HeldProcess] | None = None,
+                  extra: Mapping[int, dict] | None = None) -> StackReport:
     """The grouped view without ptrace: SIGUSR1 to each rank, then read its dump from the log its
-    stderr goes to (`layout.dump_log_path`).
+    stderr goes to (`layout.dump_log_path`). `extra`: {rank: facts the dump cannot tell}, as
+    `snapshot_facts` gives them.
 
-    A rank's dump is taken as complete once the new part of that log holds a stack and stops growing.
+    A rank's dump is taken as complete once the new part of that log holds a stack and has not
+    grown for DUMP_QUIET_SECONDS.
     """
     started, taken_at = time.perf_counter(), time.time()
     offsets, unreadable = _log_ends(pids, dump_logs)  # unreadable: {rank: why its log cannot be read}
@@ -159,8 +163,9 @@ def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
     outcome = signal_pids(pids, held=held)
     pending = {r for r, what in outcome.items() if what == "sent" and r not in unreadable}
     texts = _read_dumps(pending, dump_logs, offsets, unreadable, timeout)
-    found = [_rank_stack(r, pids[r], (local_ranks or {}).get(r), outcome[r], texts.get(r, ""),
-                         dump_logs.get(r, ""), unreadable.get(r), timeout)
+    found = [dataclasses.replace(_rank_stack(r, pids[r], (local_ranks or {}).get(r), outcome[r], texts.get(r, ""),
+                                             dump_logs.get(r, ""), unreadable.get(r), timeout),
+                                 **(extra or {}).get(r, {}))
              for r in sorted(pids)]
     report = build_report(found, taken_at, time.perf_counter() - started)
     return save_report(report, run_dir, events, source) if run_dir else report
@@ -178,14 +183,23 @@ def _log_ends(pids: Mapping[int, int], dump_logs: Mapping[int, str]) -> tuple[di
     return offsets, unreadable
 
 
+# faulthandler writes a dump a line at a time, innermost frame first, and it reaches the log
+# through the agent's reader: a rank or an agent paused mid-dump on a busy box (30 ms, the old
+# quiet time, was seen) left a stack cut, its outer frames missing, so the rank read as odd.
+DUMP_QUIET_SECONDS = 0.25
+
+
 def _read_dumps(pending: set[int], dump_logs: Mapping[int, str], offsets: Mapping[int, int],
                 unreadable: dict[int, str], timeout: float) -> dict[int, str]:
     """What the `pending` ranks' logs gained past their offsets, read until each holds a stack
-    that stopped growing or `timeout` passes; a log that turns unreadable joins `unreadable`."""
+    that has not grown for DUMP_QUIET_SECONDS or `timeout` passes; a log that turns unreadable
+    joins `unreadable`."""
     texts: dict[int, str] = {}
+    grew_at: dict[int, float] = {}
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         time.sleep(0.03)
+        now = time.monotonic()
         for r in list(pending):
             try:
                 text = _read_from(dump_logs.get(r, ""), offsets[r])
@@ -193,9 +207,10 @@ def _read_dumps(pending: set[int], dump_logs: Mapping[int, str], offsets: Mappin
                 unreadable[r] = str(exc)
                 pending.discard(r)
                 continue
-            if "(most recent call first):" in text and texts.get(r) == text:
-                pending.discard(r)  # unchanged since the last look: the handler is done
-            texts[r] = text
+            if texts.get(r) != text:
+                texts[r], grew_at[r] = text, now
+            elif "(most recent call first):" in text and now - grew_at[r] >= DUMP_QUIET_SECONDS:
+                pending.discard(r)  # quiet for long enough: the handler is done
     return texts
 
 
@@ -204,8 +219,8 @@ def _rank_stack(rank: int, pid: int, local_rank: int | None, outcome: str, text:
     """One rank's part of the report: its stacks, or why there are none."""
     base = {"rank": rank, "local_rank": local_rank, "pid": pid}
     threads = parse_faulthandler(text) if outcome == "sent" else ()
-    if threads:
-        return RankStack(**base, status=StackStatus.OK, threads=threads)
+    if threads:  # (its children, as py-spy's dump names them: what a wait in subprocess waits on)
+        return RankStack(**base, status=StackStatus.OK, threads=threads, children=children_of(pid))
     if outcome == "gone":
         return RankStack(**base, status=StackStatus.GONE, reason="process gone")
     if outcome == "sent" and unreadable is not None:
@@ -230,4 +245,5 @@ def signal_agent_report(agent: Any, local_ranks: Iterable[int] | None = None, ti
     logs = {r.rank: dump_log_path(os.path.join(agent.attempt_dir(), str(r.local_rank))) for r in live}
     return signal_report({r.rank: r.pid for r in live}, logs, local_ranks={r.rank: r.local_rank for r in live},
                          timeout=timeout, run_dir=agent.layout if save else None,
-                         events=agent.events if save else None, source="signal")
+                         events=agent.events if save else None, source="signal",
+                         extra={r.rank: snapshot_facts(r) for r in live})
