@@ -1329,12 +1329,16 @@ def test_detach_starts_the_run_in_the_background_and_returns(tmp_path, runtime):
         assert run_ranktop("stop", "bg", env=runtime).returncode == 0
         wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")
     # A run over before it could be reached (no lingering) succeeded: said so, exit 0, not an error.
+    # Its ranks get the colour hints, as a TUI run's do: attach shows their output (it came plain).
+    plain_env = {k: v for k, v in runtime.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS")}
     quick = run_ranktop("--detach", "--linger", "0", "--run-id", "quick", "--log-dir", str(tmp_path / "logs"),
-                        "--no-python", "true", env=runtime)
+                        "--no-python", "env", env={**plain_env, "TERM": "xterm"})
     assert (quick.returncode, quick.stderr) == (0, ""), quick.stderr
     assert quick.stdout.startswith("ranktop: started quick in the background") or quick.stdout == (
         "ranktop: quick ran in the background and has already ended (exit 0)\n")
     wait_for(lambda: ls(runtime) == [], what="the quick run's engine gone")
+    rank_env = (tmp_path / "logs" / "quick" / "attempt_0" / "0" / "stdout.log").read_text().splitlines()
+    assert "FORCE_COLOR=1" in rank_env and "COLUMNS=120" in rank_env
     bad = run_ranktop("--detach", "--nproc-per-node", "0", "x.py", env=runtime)
     assert bad.returncode == 2 and bad.stderr.startswith("ranktop: error: ") and ls(runtime) == []
 

@@ -829,6 +829,29 @@ def test_a_read_only_view_leaves_out_the_keys_that_act_on_ranks():
     drive(engine, body)
 
 
+def test_keys_that_act_on_a_rank_before_any_started_say_so_at_once():
+    """While the first rendezvous round forms no rank has started: k asked `Kill rank 0 (SIGKILL)?
+    Press k again to confirm.` of a rank that did not exist (r, R the same; x opened the picker,
+    i the input box), and only then did the engine answer that there was nothing to act on. They
+    say so at once; K, a stop, which ends the wait, still asks and is sent."""
+    engine = FakeEngine(0)
+    engine.group = dataclasses.replace(engine.group, state=GroupState.RENDEZVOUS, local_world_size=2)
+
+    async def body(app, pilot):
+        for key in ("k", "r", "R", "x", "i"):
+            app.clear_notifications()
+            await pilot.press(key)
+            await until(pilot, lambda: "no ranks to act on yet" in notes(app), what=f"{key}'s answer")
+            assert "again to confirm" not in notes(app) and app.screen is app.main, key
+            assert not app.main.query_one("#stdin").display and engine.commands == [], key
+        await pilot.press("K")
+        await until(pilot, lambda: "Press K again to confirm" in notes(app), what="the stop's question")
+        await pilot.press("K")
+        await until(pilot, lambda: engine.commands == [cmd.Stop(signal.SIGTERM)], what="the stop")
+
+    drive(engine, body)
+
+
 def test_the_root_cause_heading_names_the_attempt_its_rank_failed_in():
     """A restart spent on a failure whose next rendezvous round never formed (a peer node lost):
     the run ends on attempt_1, whose ranks never started; the heading said attempt_1. Why the run

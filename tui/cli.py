@@ -1057,10 +1057,18 @@ def _headless_agent(spec, ns: argparse.Namespace, stall_timeout: float | None, s
                       sanitize_console=ns.sanitize_console, signals_to_handle=ns.signals_to_handle,
                       echo_events=ns.event_log_handler == "console", hangup_stops=not ns.detached_child,
                       duplicate_filters={1: tuple(ns.duplicate_stdout_filters), 2: tuple(ns.duplicate_stderr_filters)},
-                      color=sys.stdout.isatty() and "NO_COLOR" not in os.environ and not dumb_terminal(),
-                      on_under_way=None if ns.detached_child else serving.start,
+                      color=_shown_in_colour(ns), on_under_way=None if ns.detached_child else serving.start,
                       typed_stdin=ns.detached_child,  # its stdin is /dev/null: attach's `i` types instead
                       numbered_run_dir=shared_run_id(ns) is not None)  # job42.1 beside a node's job42
+
+
+def _shown_in_colour(ns: argparse.Namespace) -> bool:
+    """Whether a headless run's rank output is shown in colour, so that its ranks get the colour
+    hints: on a console that is a terminal, or, with --detach, in `ranktop attach`'s TUI (its
+    ranks printed plain, while those of a TUI run detached with `q` kept their colours); never
+    with NO_COLOR or TERM=dumb."""
+    shown = ns.detached_child or sys.stdout.isatty()
+    return shown and "NO_COLOR" not in os.environ and not dumb_terminal()
 
 
 class _StallNotices:

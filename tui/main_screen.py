@@ -648,17 +648,22 @@ class MainScreen(Screen):
         ranks = self.last.ranks
         return ranks[local_rank].rank if local_rank < len(ranks) else local_rank
 
-    def _cannot_act(self) -> bool:
+    def _cannot_act(self, stop: bool = False) -> bool:
         """Whether a key that acts on ranks must do nothing here, said at once: in a read-only
-        view (before any question, picker or input box that would only end in a refusal), or
-        once the group has ended."""
-        if self.engine.snapshot().ended:  # (first: an ended run's final view is read-only too)
+        view (before any question, picker or input box that would only end in a refusal), once
+        the group has ended, or, but for a `stop` (it ends the wait), before any rank started."""
+        snap = self.engine.snapshot()
+        if snap.ended:  # (first: an ended run's final view is read-only too)
             self.notify("the group has ended: no rank left to signal, restart or type into (q quits)", severity="warning")
             return True
         if read_only(self.app):
             from ranktop.core.client import READ_ONLY  # (a read-only engine is a client's)
 
             self.notify(READ_ONLY, severity="warning", timeout=3, markup=False)
+            return True
+        if not snap.ranks and not stop:  # the first round forming: the question named a rank 0 not started
+            self.notify("waiting for the rendezvous: no ranks to act on yet (K stops the run)", severity="warning",
+                        timeout=3)
             return True
         return False
 
@@ -701,7 +706,7 @@ class MainScreen(Screen):
 
     def action_kill_group(self) -> None:
         grace = self.last.shutdown_timeout
-        if not self._cannot_act() and self._confirmed(
+        if not self._cannot_act(stop=True) and self._confirmed(
                 "kill_group", "K", f"Stop every rank (SIGTERM, SIGKILL after {grace:g} s)?"):
             self._submit(cmd.Stop(signal.SIGTERM))
 

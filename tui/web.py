@@ -72,8 +72,11 @@ def main(argv: list[str]) -> int:
     if not is_loopback(ns.host):
         print(f"ranktop: warning: serving on {ns.host}: anyone who can reach it can watch this run"
               + (" and act on its ranks (--control)" if ns.control else ""), file=sys.stderr, flush=True)
-    command = shlex.join([sys.executable, "-m", "ranktop", "attach", target, *([] if ns.control else ["--read-only"])])
-    return _serve(command, ns.host, ns.port, run_id, how)
+    # textual-serve runs each tab's command through `sh -c`: exec'd, the attach client is the very
+    # process it started, whose exit and hang-up it sees (sh took the hang-up and left the client,
+    # which went only once ranktop web had gone and its stdin closed)
+    attach = [sys.executable, "-m", "ranktop", "attach", target, *([] if ns.control else ["--read-only"])]
+    return _serve(f"exec {shlex.join(attach)}", ns.host, ns.port, run_id, how)
 
 
 def _has_textual_serve() -> bool:
@@ -275,6 +278,22 @@ class _GatedTabs:
         _hang_up(children_of_self())  # the clients leave first, so each tab's handler ends at once
         for tab in self.tabs:
             tab.cancel()
+        await _clients_gone(CHILD_GRACE)
+
+
+async def _clients_gone(grace: float) -> None:
+    """Wait, the loop still running, until the attach clients have left (SIGKILL after `grace`):
+    asyncio started each, and learns of its exit and of its pipes' end in this loop. One that left
+    after the loop had closed (a tab closed just before Ctrl-C: its client was still on its way
+    out) ended ranktop web in a traceback, `Event loop is closed`, from its transport's finalizer."""
+    deadline = time.monotonic() + grace
+    while (left := children_of_self()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    for pid in left:
+        _signal(pid, signal.SIGKILL)
+    while children_of_self() and time.monotonic() < deadline + grace:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # (their exits and their pipes' ends, reported to this loop, handled)
 
 
 def _guarded_by(gate: Gate):  # noqa: ANN202 (aiohttp's middleware)
