@@ -167,7 +167,7 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
     """Everything said on the terminal once a run is over (headless, and after the TUI closed):
     the root cause and how it was stopped, incomplete logs, ranks left to the guard, a rendezvous
     error. `success_line`: also say so when it succeeded (the TUI leaves nothing else behind),
-    with `earlier_attempts` (GroupSnapshot.earlier_words) where there were any."""
+    with `earlier_attempts` (GroupSnapshot.earlier_words_before_cause) where there were any."""
     parts = []
     if result.root_cause is not None:  # a rank that failed on its own, maybe before a stop
         parts.append(format_root_cause(result.root_cause, name=name, attempt=attempt, max_restarts=max_restarts,
@@ -231,5 +231,6 @@ def report_after_tui(group: GroupSnapshot) -> str:
     seen = _SeenEnd(group.state, group.root_cause, group.stop_signal, group.incomplete_logs, unreapable,
                     group.rendezvous_error, group.interpreter, group.end_note, group.user_ended)
     return format_end_report(seen, name=group.name, attempt=group.attempt, max_restarts=group.max_restarts,
-                             run_dir=group.log_dir, success_line=True, earlier_attempts=group.earlier_words,
+                             run_dir=group.log_dir, success_line=True,
+                             earlier_attempts=group.earlier_words_before_cause,
                              user_restarts=group.user_restarts)

@@ -219,7 +219,22 @@ class GroupSnapshot:
     def earlier_words(self) -> str:
         """The earlier attempts on one line, `; ` between them, those left out as one count:
         `attempt_0: ...; ... 290 more (events.jsonl) ...; attempt_291: ...`."""
-        kept = self.earlier_attempts
+        return self._earlier_words_of(self.earlier_attempts)
+
+    @property
+    def earlier_words_before_cause(self) -> str:
+        """earlier_words less the root cause's own attempt, which the end report's headline names:
+        a restart spent on its failure whose next round never formed (a node lost) left the run on
+        a later attempt, the failure among the earlier ones, and the report said it twice. Starts
+        of that attempt that ended calmly (restarted for nodes that joined) came before it and stay."""
+        cause = self.root_cause
+        if cause is None:
+            return self.earlier_words
+        failed_in = self.attempt if cause.attempt is None else cause.attempt  # (as the headline names it)
+        return self._earlier_words_of(tuple(words for words in self.earlier_attempts
+                                            if _came_before(words, failed_in)))
+
+    def _earlier_words_of(self, kept: tuple[str, ...]) -> str:
         if self.earlier_left_out <= 0:
             return "; ".join(kept)
         between = f"... {self.earlier_left_out} more (events.jsonl) ..."
@@ -241,6 +256,16 @@ def ended_calmly(earlier_attempt: str) -> bool:
     restarted by the user, by another node's user, or for nodes that joined. Those alone begin
     `restarted` (LocalAgent._attempt_end); a failure, also one the user then restarted, names it."""
     return earlier_attempt.partition(": ")[2].startswith("restarted")
+
+
+def _came_before(earlier_attempt: str, attempt: int) -> bool:
+    """Whether an earlier attempt's words (`attempt_<k>: how it ended`) tell of one before
+    `attempt`, or of a start of it that ended calmly; words that name no attempt are kept."""
+    number, _, _ = earlier_attempt.partition(": ")
+    digits = number.removeprefix("attempt_")
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 9:
+        return True
+    return int(digits) < attempt or (int(digits) == attempt and ended_calmly(earlier_attempt))
 
 
 # Of a run's earlier attempts a snapshot carries the first and the last few, and a count of those

@@ -352,6 +352,19 @@ def test_a_lost_node_ends_the_other_after_one_round_naming_the_attempt_that_fail
     assert (ended["round"], ended["world_size"], ended["node_rank"]) == (0, 2, 0)
     # (the ranks shown are attempt 0's: restarted none; they said ⟳1, the restart that never started)
     assert [r["restarts"] for r in ended["ranks"]] == [0], ended["ranks"]
+    # What its TUI (or `ranktop attach` of it) leaves in the terminal named the failure twice, the
+    # headline's attempt_0 again as `earlier attempts: attempt_0: rank 0 failed (exit 1)`.
+    from ranktop.core.client import FinalEngine
+    from ranktop.core.report import report_after_tui
+    from ranktop.tui.screens import root_cause_text
+
+    snap = FinalEngine(str(final)).snapshot()
+    assert snap.earlier_attempts == ("attempt_0: rank 0 failed (exit 1)",), snap.earlier_attempts
+    after_tui = report_after_tui(snap)
+    assert after_tui.startswith("ranktop: rdzv_rank.py failed in attempt_0 (1 of 2 attempts)\n"), after_tui
+    assert "earlier attempts" not in after_tui and "attempt_0: " not in after_tui, after_tui
+    panel = root_cause_text(snap).plain  # the TUI's end panel: the attempt in its heading, no earlier line
+    assert ", attempt_0 (pid " in panel and "earlier" not in panel and panel.count("attempt_0 ") == 1, panel
 
 
 def test_a_node_out_of_restarts_for_a_peers_failure_blames_none_of_its_ranks(tmp_path, torch_installed):

@@ -8,7 +8,8 @@ import signal
 
 from ranktop.core.errors import describe_exit, killed_by
 from ranktop.core.report import format_root_cause, report_after_tui, root_cause_lines
-from ranktop.core.state import GroupSnapshot, GroupState, RootCause
+from ranktop.core.root_cause import rank_failed
+from ranktop.core.state import EarlierAttempts, GroupSnapshot, GroupState, RootCause
 from ranktop.tui.screens import root_cause_text
 
 TRACEBACK = "Traceback (most recent call last):\n" + "".join(f'  File "t.py", line {i}, in f{i}\n' for i in range(12)) \
@@ -75,6 +76,38 @@ def test_the_headline_names_the_attempt_as_its_directory_is_named():
     acted = _cause(user_action_what="killed rank 3", user_action="you killed rank 3 at 12:03:04")
     headline = format_root_cause(acted, name="t.py", attempt=0, max_restarts=0, then="stopped by SIGINT").splitlines()[0]
     assert headline == "ranktop: t.py failed after you killed rank 3 in attempt_0 (1 of 1 attempts), then was stopped by SIGINT"
+
+
+def test_the_earlier_attempts_line_leaves_out_the_attempt_the_root_cause_names():
+    """A restart spent on a failure whose next round never formed (the other node lost, the
+    rendezvous timed out) leaves the run on an attempt no rank started, the failed one among its
+    earlier attempts: the report named it twice, `failed in attempt_0 (1 of 2 attempts)` and
+    `earlier attempts: attempt_0: rank 1 failed (exit 1)`. Only the attempts before it are listed,
+    and starts of it that ended calmly (restarted for nodes that joined), as the engine words them."""
+
+    def ended_on_a_round_never_formed(cause: RootCause, *before: str) -> GroupSnapshot:
+        earlier = EarlierAttempts()
+        for words in (*before, f"attempt_{cause.attempt}: {rank_failed(cause)}"):  # (LocalAgent._attempts)
+            earlier.add(words)
+        return dataclasses.replace(_group(cause), attempt=cause.attempt + 1, max_restarts=cause.attempt + 1, ended=True,
+                                   rendezvous_error="the c10d rendezvous 'j' timed out: not enough nodes joined",
+                                   earlier_attempts=earlier.kept(), earlier_left_out=earlier.left_out)
+
+    first = report_after_tui(ended_on_a_round_never_formed(_cause(attempt=0)))
+    assert first.startswith("ranktop: t.py failed in attempt_0 (1 of 2 attempts)\n"), first
+    assert "earlier attempts" not in first and "attempt_0: " not in first, first
+    assert first.endswith("\n  logs: /logs/r\nranktop: error: the c10d rendezvous 'j' timed out: not enough nodes joined")
+    joined = report_after_tui(ended_on_a_round_never_formed(_cause(attempt=0), "attempt_0: restarted, nodes joined"))
+    assert "\n  earlier attempts: attempt_0: restarted, nodes joined\n" in joined, joined
+    before = [f"attempt_{k}: rank 0 failed (exit 3)" for k in range(5)]
+    later = report_after_tui(ended_on_a_round_never_formed(_cause(attempt=5), *before))
+    assert later.startswith("ranktop: t.py failed in attempt_5 (6 of 7 attempts)\n"), later
+    assert ("\n  earlier attempts: attempt_0: rank 0 failed (exit 3); ... 2 more (events.jsonl) ...; attempt_3: rank 0 "
+            "failed (exit 3); attempt_4: rank 0 failed (exit 3)\n") in later, later
+    # A run that ends in the attempt that failed lists every earlier one, as it did.
+    ended_there = dataclasses.replace(_group(_cause(attempt=1)), attempt=1, max_restarts=1, ended=True,
+                                      earlier_attempts=("attempt_0: rank 1 failed (exit 1)",))
+    assert report_after_tui(ended_there).endswith("\n  logs: /logs/r\n  earlier attempts: attempt_0: rank 1 failed (exit 1)")
 
 
 def test_a_failure_without_an_error_file_still_says_where_the_logs_are():
