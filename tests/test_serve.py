@@ -489,6 +489,33 @@ def test_a_user_back_after_the_engine_left_is_told_which_runs_ended_and_how_to_r
         assert "ranktop: newest has ended (succeeded); its engine has left" in shown.stderr
 
 
+def test_an_ended_run_still_served_is_named_once_by_the_line_for_an_unknown_run(tmp_path, runtime):
+    """A run that has ended whose engine still serves it (its TUI shows the end panel, or it
+    lingers after --detach) has its final.json written: the line for an unknown RUN named it twice,
+    `runs are shown; ended under ROOT, newest first: shown (0m09s ago), gone ...`, and offered
+    `ranktop attach ROOT/shown` as the newest ended. It is named once, as served: it still answers."""
+    env = {**runtime, "TMPDIR": str(tmp_path)}
+    root = tmp_path / f"ranktop-{os.getuid()}"
+    done = run_ranktop("--detach", "--linger", "60", "--run-id", "shown", "--no-python", "true", env=env)
+    assert done.returncode == 0, done.stderr
+    (run,) = wait_for(lambda: [r for r in ls(env) if r["state"] == "succeeded"], what="the ended run lingering")
+    try:
+        assert (root / "shown" / "final.json").exists()
+        alone = run_ranktop("attach", "nosuch", env=env)
+        assert (alone.returncode, alone.stderr) == (2, (
+            f"ranktop: error: 'nosuch' names no run served on this host: runs are shown; no other run has ended "
+            f"under {root}; an ended run elsewhere is named by its run directory\n")), alone.stderr
+        assert run_ranktop("--headless", "--run-id", "gone", "--no-python", "true", env=env).returncode == 0
+        both = run_ranktop("attach", "nosuch", env=env)
+        assert both.returncode == 2 and re.fullmatch(
+            rf"ranktop: error: 'nosuch' names no run served on this host: runs are shown; ended under "
+            rf"{re.escape(str(root))}, newest first: gone \(\d+m\d\ds ago\); ranktop attach {re.escape(str(root / 'gone'))} "
+            r"reaches the newest, as does its id: ranktop attach gone\n", both.stderr), both.stderr
+    finally:
+        run_ranktop("stop", "shown", env=env)
+        wait_for(lambda: gone(run["pid"]), what="the engine gone")
+
+
 def test_a_run_is_named_by_its_id_a_unique_prefix_or_its_directory_else_the_candidates_are_listed():
     from ranktop.core.client import ServedRun, find_run
 

@@ -67,8 +67,9 @@ def pick_run(target: str | None, command: str = "attach") -> ServedRun | FinalEn
     """The served run `target` names; else the final view of the ended run it names (its engine
     has gone: its directory holds final.json); else the one line saying why not, as a status,
     which names the runs that ended last and how `command` reaches them."""
+    runs = served_runs()
     try:
-        return find_run(target, served_runs())
+        return find_run(target, runs)
     except SeveralRuns as exc:  # not an ended run that the prefix names too
         return usage_error(str(exc))
     except ValueError as exc:
@@ -85,29 +86,33 @@ def pick_run(target: str | None, command: str = "attach") -> ServedRun | FinalEn
     if (unfinished := unfinished_words(target)) is not None:
         print(unfinished, file=sys.stderr)
         return 1
-    return usage_error(f"{not_served}; {ended_runs_words(command)}")
+    return usage_error(f"{not_served}; {ended_runs_words(command, runs)}")
 
 
 NEWEST_ENDED_NAMED = 3  # ended runs a "no run" line names: the newest is most likely the one meant
 
 
-def ended_runs_words(command: str) -> str:
+def ended_runs_words(command: str, served: Sequence[ServedRun] = ()) -> str:
     """For someone back after their run's engine left: the runs that ended last under the default
     log root, and the exact command that reaches the newest, by its directory and by its id; or
-    that none ended there, so an ended run is named by its directory."""
-    if (named := newest_ended_words(command)) is not None:
+    that none ended there, so an ended run is named by its directory. Runs `served` (listed
+    before these words) are left out."""
+    if (named := newest_ended_words(command, served)) is not None:
         return named
     root = default_log_root()
     if (problem := default_root_problem()) is not None:  # (not empty: not ours to read)
         return clean(f"the default log root {root}{problem}, so no run is named from it; an ended run is "
                      "named by its run directory")
+    if newest_ended_runs(1):  # only runs still served ended there (a TUI showing the end)
+        return f"no other run has ended under {root}; an ended run elsewhere is named by its run directory"
     return f"none has ended under {root} either; an ended run elsewhere is named by its run directory"
 
 
-def newest_ended_words(command: str) -> str | None:
+def newest_ended_words(command: str, served: Sequence[ServedRun] = ()) -> str | None:
     """The runs that ended last under the default log root and how `command` reaches the newest;
-    None where none did."""
-    ended = newest_ended_runs(NEWEST_ENDED_NAMED)
+    None where none did. Those still served are left out: an ended run whose TUI shows its end, or
+    whose engine lingers, still answers, and the served runs the line lists named it already."""
+    ended = _ended_not_served(served)
     if not ended:
         return None
     root, now = default_log_root(), time.time()
@@ -115,6 +120,15 @@ def newest_ended_words(command: str) -> str | None:
     newest = ended[0][0]
     return clean(f"ended under {root}, newest first: {named}; {run_command(command, os.path.join(root, newest))} "
                  f"reaches the newest, as does its id: {run_command(command, newest)}")
+
+
+def _ended_not_served(served: Sequence[ServedRun]) -> list[tuple[str, float]]:
+    """newest_ended_runs' NEWEST_ENDED_NAMED, less the runs `served` from those directories."""
+    root = default_log_root()
+    dirs = {os.path.realpath(log_dir) for run in served if isinstance(log_dir := run.snapshot.get("log_dir"), str)}
+    ended = newest_ended_runs(NEWEST_ENDED_NAMED + len(dirs))
+    return [(name, when) for name, when in ended if os.path.realpath(os.path.join(root, name)) not in dirs][
+        :NEWEST_ENDED_NAMED]
 
 
 def unfinished_words(target: str | None) -> str | None:
