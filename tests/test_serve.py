@@ -480,9 +480,11 @@ def test_a_user_back_after_the_engine_left_is_told_which_runs_ended_and_how_to_r
     assert listed.returncode == 0 and re.fullmatch(
         rf"no runs are served on this host; {named}ranktop attach {re.escape(str(root / 'newest'))} reaches the "
         r"newest, as does its id: ranktop attach newest\n", listed.stdout), listed.stdout
-    wrong = run_ranktop("logs", "nope", env=env)  # a RUN that names nothing gets the same names
-    assert wrong.returncode == 2 and re.search(rf"^ranktop: error: 'nope' names no run: none is served on this host; {named}",
-                                               wrong.stderr), wrong.stderr
+    for command in ("logs", "stacks"):  # a RUN that names nothing gets the same names
+        wrong = run_ranktop(command, "nope", env=env)
+        assert wrong.returncode == 2 and re.search(
+            rf"^ranktop: error: 'nope' names no run: none is served on this host; {named}ranktop {command} ",
+            wrong.stderr), wrong.stderr
     for target in (str(root / "newest"), "newest"):  # the two commands it names reach that run
         shown = run_ranktop("logs", target, env=env)
         assert (shown.returncode, shown.stdout) == (0, "[0]:done\n"), shown.stderr
@@ -2006,9 +2008,11 @@ def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
                                   stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
             os.close(write_end)
             assert gone.returncode == 0 and gone.stderr == "", (how, gone.stderr)
-        unknown = run_ranktop("stacks", "nope", env=runtime)  # neither a served run nor a path: the runs there are
+        # neither a served run nor a path: the runs there are, and the ended ones, as attach and logs say
+        unknown = run_ranktop("stacks", "nope", env={**runtime, "TMPDIR": str(tmp_path)})
         assert unknown.returncode == 2 and unknown.stderr.strip() == (
-            "ranktop: error: 'nope' names no run served on this host: runs are stk "
+            f"ranktop: error: 'nope' names no run served on this host: runs are stk; none has ended under "
+            f"{tmp_path}/ranktop-{os.geteuid()} either; an ended run elsewhere is named by its run directory "
             "(or give a run directory, a log directory or a pid)")
         monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
         (run,) = served_runs()
@@ -2398,9 +2402,10 @@ def test_an_ended_run_whose_engine_has_gone_is_said_so_by_logs_stop_and_stacks(t
     assert bad.returncode == 2 and bad.stderr == "ranktop: error: bad --rank 2: local ranks of over are 0..1\n"
     again = run_ranktop("--headless", "--run-id", "overt", str(script), env=env)
     assert again.returncode == 0, again.stderr
-    both = run_ranktop("logs", "ov", env=env)  # a prefix of two ended runs: both named, nothing shown
-    assert both.returncode == 2 and both.stdout == ""
-    assert both.stderr == "ranktop: error: 'ov' matches several ended runs: over, overt\n"
+    for command in ("logs", "stacks"):  # a prefix of two ended runs: both named, nothing shown
+        both = run_ranktop(command, "ov", env=env)  # (stacks said 'ov' names no run: none is served)
+        assert both.returncode == 2 and both.stdout == ""
+        assert both.stderr == "ranktop: error: 'ov' matches several ended runs: over, overt\n", command
     assert run_ranktop("logs", "over", env=env).stdout == "[0]:out of 0\n[1]:out of 1\n"  # the exact id still wins
 
 
