@@ -75,11 +75,12 @@ def gone(pid: int) -> bool:
 
 
 def start_headless(tmp_path, env, run_id: str, script_text: str = TICKER, nproc: int = 2,
-                   name: str = "ticker.py", grace: float = 3) -> subprocess.Popen:
+                   name: str = "ticker.py", grace: float = 3, options: tuple[str, ...] = ()) -> subprocess.Popen:
     """A headless run of `script_text` (by default the 2-rank ticker), served for ls/attach/logs."""
     script = tmp_path / name
     script.write_text(script_text)
     return subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", str(nproc), "--shutdown-timeout", f"{grace:g}",
+                                        *options,
                                         "--run-id", run_id, "--log-dir", str(tmp_path / "logs"), str(script)),
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -1977,11 +1978,14 @@ def _every_rank_running(snapshot: dict) -> list[tuple[int, str]] | None:
 
 def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
     """`ranktop stacks RUN` and an attached TUI's stack view ask the run's engine, which dumps
-    its own ranks (py-spy, or SIGUSR1) from a thread of its own while other clients go on."""
+    its own ranks (py-spy, or SIGUSR1) from a thread of its own while other clients go on. So
+    does `ranktop stacks` given a rank's pid, the ranktop pid or the log directory of a served
+    run: they were dumped from /proc, and each rank's line lacked what only the engine knows,
+    its cpu% and how long it has been silent (`rank 1: pid N, idle`)."""
     from ranktop.core import commands as cmd
     from ranktop.core.client import RemoteEngine, served_runs
 
-    proc = start_headless(tmp_path, runtime, "stk")
+    proc = start_headless(tmp_path, runtime, "stk", options=("--stall-timeout", "1"))  # (a sampler: cpu%)
     try:
         wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
         dumped = run_ranktop("stacks", env=runtime)  # no RUN: the newest running one, by its engine
@@ -2024,6 +2028,16 @@ def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
             assert engine.snapshot().state.value == "running"  # the same client goes on
         finally:
             engine.close()
+        while "where each rank is" not in read_line(proc.stderr, 20, "the stall lines"):
+            pass  # (both ranks stalled, their cpu% sampled)
+        rank_pids = {e["rank"]: e["pid"] for e in read_events(run_dir) if e["event"] == "started"}
+        one = run_ranktop("stacks", "--no-save", str(rank_pids[1]), env=runtime)  # that rank alone, as before
+        assert one.returncode == 0 and "1 of 1 ranks dumped" in one.stdout, one
+        assert re.search(rf"^   rank 1: pid {rank_pids[1]}, cpu \d+%, silent \d+s, idle$", one.stdout, re.M), one.stdout
+        for how, target in ((("--signal",), str(proc.pid)), ((), str(tmp_path / "logs"))):  # every rank, by the engine
+            every = run_ranktop("stacks", "--no-save", *how, target, env=runtime)
+            assert every.returncode == 0 and "2 of 2 ranks dumped" in every.stdout, every
+            assert re.search(rf"^   rank 0: pid {rank_pids[0]}, cpu \d+%, silent \d+s(, idle)?$", every.stdout, re.M), every.stdout
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)

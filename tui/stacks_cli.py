@@ -1,6 +1,7 @@
 """`ranktop stacks [RUN | run dir | log dir | pid]`: the grouped stack view of a running group, from
-another terminal. A run served on this host (see `ranktop ls`) is dumped by its own engine;
-otherwise the ranks are found from the files and /proc. Run ids are looked up as attach and logs look them up (tui/runs_cli.py), ended runs
+another terminal. A run served on this host (see `ranktop ls`) is dumped by its own engine, also
+where a pid or a directory leads to its ranks; otherwise the ranks are found from the files and
+/proc. Run ids are looked up as attach and logs look them up (tui/runs_cli.py), ended runs
 included. No Textual here: it must start fast and work over any SSH session.
 
 Exit status: 0 dumped (even when some ranks could not be), 1 nothing running to dump,
@@ -35,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
                     description="Dump and group the Python stacks of a running group's ranks (py-spy).")
     p.add_argument("target", nargs="?", default=None,
                    help="a run (its id, a prefix of it; a served run is dumped by its engine), a run directory, "
-                        "a log directory (newest live run), a ranktop pid or a rank pid (default: the newest "
-                        "running served run, else the newest live run in $TMPDIR/ranktop-UID)")
+                        "a log directory (newest live run), a ranktop pid or a rank pid (those of a served run are "
+                        "dumped by its engine too; default: the newest running served run, else the newest live run "
+                        "in $TMPDIR/ranktop-UID)")
     p.add_argument("--threads", action="store_true", help="also show threads other than the main thread")
     p.add_argument("--json", action="store_true", help="print the raw report as JSON")
     p.add_argument("--signal", action="store_true",
@@ -156,16 +158,39 @@ def _named_run(target: str | None) -> ServedRun | FinalEngine | _Unfinished | st
 
 
 def _dump_found(target: str | None, ns: argparse.Namespace, nothing: str | None = None) -> int:
-    """Dump the ranks a pid or a directory leads to, read from /proc and the run's files.
-    `nothing`: the line where no rank of it runs (by default, how its final.json says the run ended)."""
+    """Dump the ranks a pid or a directory leads to: through their engine where a served run has
+    them, as `ranktop stacks RUN` does (only it knows their cpu%, how long each has been silent,
+    the prompt each waits at); else from here, read from /proc and the run's files. `nothing`:
+    the line where no rank of it runs (by default, how its final.json says the run ended)."""
     try:
         pids, local, run_dir, held = resolve(target)
     except BadTarget as exc:
         return usage_error(str(exc))
     try:
+        served = _served_ranks(pids)
+        if served is not None:
+            run, local_ranks = served
+            return _through_engine(run, ns, local_ranks)
         return _dump_here(pids, local, run_dir, held, ns, nothing)
     finally:
         stacks.close_all(held)
+
+
+def _served_ranks(pids: dict[int, int]) -> tuple[ServedRun, tuple[int, ...] | None] | None:
+    """The served run whose engine names some of `pids` ({rank: pid}) among its ranks, with their
+    local ranks (None: all its ranks), or None. Only an engine that answered counts: one that
+    does not (stopped, swamped) would not dump them either, and /proc still can."""
+    from ranktop.core.client import served_runs
+
+    if not pids:
+        return None
+    wanted = set(pids.values())
+    for run in served_runs():
+        ranks = run.snapshot.get("ranks") or []
+        local = tuple(r["local_rank"] for r in ranks if r.get("pid") in wanted)
+        if local:
+            return run, (None if len(local) == len(ranks) else local)
+    return None
 
 
 def _dump_here(pids: dict[int, int], local: dict[int, int], run_dir: str | None, held: dict[int, HeldProcess],
@@ -218,11 +243,13 @@ def _ended(target: str | None) -> str | None:
         view.close()
 
 
-def _through_engine(run: ServedRun, ns: argparse.Namespace) -> int:
-    """The run's own engine dumps (it knows its ranks, their logs and the run directory)."""
+def _through_engine(run: ServedRun, ns: argparse.Namespace, local_ranks: tuple[int, ...] | None = None) -> int:
+    """The run's own engine dumps (it knows its ranks, their logs and the run directory): all its
+    ranks, or `local_ranks`."""
     from ranktop.core.client import RunGone, dump_stacks
 
-    args = {**({"save": False} if ns.no_save else {}), **({"native_frames": True} if ns.native else {})}
+    args = {**({"save": False} if ns.no_save else {}), **({"native_frames": True} if ns.native else {}),
+            **({"local_ranks": list(local_ranks)} if local_ranks is not None else {})}
     try:
         ack = dump_stacks(run.path, "SignalDump" if ns.signal else "DumpStacks", args)
     except RunGone as exc:
