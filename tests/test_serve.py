@@ -75,11 +75,12 @@ def gone(pid: int) -> bool:
 
 
 def start_headless(tmp_path, env, run_id: str, script_text: str = TICKER, nproc: int = 2,
-                   name: str = "ticker.py", grace: float = 3) -> subprocess.Popen:
+                   name: str = "ticker.py", grace: float = 3, options: tuple[str, ...] = ()) -> subprocess.Popen:
     """A headless run of `script_text` (by default the 2-rank ticker), served for ls/attach/logs."""
     script = tmp_path / name
     script.write_text(script_text)
     return subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", str(nproc), "--shutdown-timeout", f"{grace:g}",
+                                        *options,
                                         "--run-id", run_id, "--log-dir", str(tmp_path / "logs"), str(script)),
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -480,9 +481,11 @@ def test_a_user_back_after_the_engine_left_is_told_which_runs_ended_and_how_to_r
     assert listed.returncode == 0 and re.fullmatch(
         rf"no runs are served on this host; {named}ranktop attach {re.escape(str(root / 'newest'))} reaches the "
         r"newest, as does its id: ranktop attach newest\n", listed.stdout), listed.stdout
-    wrong = run_ranktop("logs", "nope", env=env)  # a RUN that names nothing gets the same names
-    assert wrong.returncode == 2 and re.search(rf"^ranktop: error: 'nope' names no run: none is served on this host; {named}",
-                                               wrong.stderr), wrong.stderr
+    for command in ("logs", "stacks"):  # a RUN that names nothing gets the same names
+        wrong = run_ranktop(command, "nope", env=env)
+        assert wrong.returncode == 2 and re.search(
+            rf"^ranktop: error: 'nope' names no run: none is served on this host; {named}ranktop {command} ",
+            wrong.stderr), wrong.stderr
     for target in (str(root / "newest"), "newest"):  # the two commands it names reach that run
         shown = run_ranktop("logs", target, env=env)
         assert (shown.returncode, shown.stdout) == (0, "[0]:done\n"), shown.stderr
@@ -2006,11 +2009,14 @@ def _every_rank_running(snapshot: dict) -> list[tuple[int, str]] | None:
 
 def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
     """`ranktop stacks RUN` and an attached TUI's stack view ask the run's engine, which dumps
-    its own ranks (py-spy, or SIGUSR1) from a thread of its own while other clients go on."""
+    its own ranks (py-spy, or SIGUSR1) from a thread of its own while other clients go on. So
+    does `ranktop stacks` given a rank's pid, the ranktop pid or the log directory of a served
+    run: they were dumped from /proc, and each rank's line lacked what only the engine knows,
+    its cpu% and how long it has been silent (`rank 1: pid N, idle`)."""
     from ranktop.core import commands as cmd
     from ranktop.core.client import RemoteEngine, served_runs
 
-    proc = start_headless(tmp_path, runtime, "stk")
+    proc = start_headless(tmp_path, runtime, "stk", options=("--stall-timeout", "1"))  # (a sampler: cpu%)
     try:
         wait_for(lambda: [r for r in ls(runtime) if r["state"] == "running"], what="the run listed")
         dumped = run_ranktop("stacks", env=runtime)  # no RUN: the newest running one, by its engine
@@ -2037,9 +2043,11 @@ def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
                                   stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
             os.close(write_end)
             assert gone.returncode == 0 and gone.stderr == "", (how, gone.stderr)
-        unknown = run_ranktop("stacks", "nope", env=runtime)  # neither a served run nor a path: the runs there are
+        # neither a served run nor a path: the runs there are, and the ended ones, as attach and logs say
+        unknown = run_ranktop("stacks", "nope", env={**runtime, "TMPDIR": str(tmp_path)})
         assert unknown.returncode == 2 and unknown.stderr.strip() == (
-            "ranktop: error: 'nope' names no run served on this host: runs are stk "
+            f"ranktop: error: 'nope' names no run served on this host: runs are stk; none has ended under "
+            f"{tmp_path}/ranktop-{os.geteuid()} either; an ended run elsewhere is named by its run directory "
             "(or give a run directory, a log directory or a pid)")
         monkeypatch.setenv("XDG_RUNTIME_DIR", runtime["XDG_RUNTIME_DIR"])
         (run,) = served_runs()
@@ -2051,6 +2059,16 @@ def test_stack_dumps_go_through_the_engine(tmp_path, runtime, monkeypatch):
             assert engine.snapshot().state.value == "running"  # the same client goes on
         finally:
             engine.close()
+        while "where each rank is" not in read_line(proc.stderr, 20, "the stall lines"):
+            pass  # (both ranks stalled, their cpu% sampled)
+        rank_pids = {e["rank"]: e["pid"] for e in read_events(run_dir) if e["event"] == "started"}
+        one = run_ranktop("stacks", "--no-save", str(rank_pids[1]), env=runtime)  # that rank alone, as before
+        assert one.returncode == 0 and "1 of 1 ranks dumped" in one.stdout, one
+        assert re.search(rf"^   rank 1: pid {rank_pids[1]}, cpu \d+%, silent \d+s, idle$", one.stdout, re.M), one.stdout
+        for how, target in ((("--signal",), str(proc.pid)), ((), str(tmp_path / "logs"))):  # every rank, by the engine
+            every = run_ranktop("stacks", "--no-save", *how, target, env=runtime)
+            assert every.returncode == 0 and "2 of 2 ranks dumped" in every.stdout, every
+            assert re.search(rf"^   rank 0: pid {rank_pids[0]}, cpu \d+%, silent \d+s(, idle)?$", every.stdout, re.M), every.stdout
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
@@ -2429,9 +2447,10 @@ def test_an_ended_run_whose_engine_has_gone_is_said_so_by_logs_stop_and_stacks(t
     assert bad.returncode == 2 and bad.stderr == "ranktop: error: bad --rank 2: local ranks of over are 0..1\n"
     again = run_ranktop("--headless", "--run-id", "overt", str(script), env=env)
     assert again.returncode == 0, again.stderr
-    both = run_ranktop("logs", "ov", env=env)  # a prefix of two ended runs: both named, nothing shown
-    assert both.returncode == 2 and both.stdout == ""
-    assert both.stderr == "ranktop: error: 'ov' matches several ended runs: over, overt\n"
+    for command in ("logs", "stacks"):  # a prefix of two ended runs: both named, nothing shown
+        both = run_ranktop(command, "ov", env=env)  # (stacks said 'ov' names no run: none is served)
+        assert both.returncode == 2 and both.stdout == ""
+        assert both.stderr == "ranktop: error: 'ov' matches several ended runs: over, overt\n", command
     assert run_ranktop("logs", "over", env=env).stdout == "[0]:out of 0\n[1]:out of 1\n"  # the exact id still wins
 
 

@@ -74,6 +74,18 @@ def pick_run(target: str | None, command: str = "attach") -> ServedRun | FinalEn
         return usage_error(str(exc))
     except ValueError as exc:
         not_served = str(exc)
+    ended = pick_ended_run(target)
+    if isinstance(ended, str):
+        print(unfinished_words(target), file=sys.stderr)
+        return 1
+    return usage_error(no_run_words(not_served, command, runs)) if ended is None else ended
+
+
+def pick_ended_run(target: str | None) -> FinalEngine | str | int | None:
+    """The ended run `target` names (its run directory, or its id or a unique prefix of one among
+    the ended runs under the default log root): its final view; its run directory where it left
+    no final.json (its engine went away before the run's end); None where it names none; else the
+    status of the one line printed (a prefix of several ended runs, a final.json not to be shown)."""
     try:
         view = ended_view(target)
     except NotEnginesFinal as planted:  # as if there were none: how the run ended is unknown
@@ -83,10 +95,13 @@ def pick_run(target: str | None, command: str = "attach") -> ServedRun | FinalEn
         return usage_error(str(bad))
     if view is not None:
         return view
-    if (unfinished := unfinished_words(target)) is not None:
-        print(unfinished, file=sys.stderr)
-        return 1
-    return usage_error(f"{not_served}; {ended_runs_words(command, runs)}")
+    return run_dir_of(target) if target else None
+
+
+def no_run_words(not_served: str, command: str, served: Sequence[ServedRun] = ()) -> str:
+    """The line for a name that no run has, served or ended (find_run's `not_served` first, which
+    lists the `served` runs: they are left out of the ended ones)."""
+    return f"{not_served}; {ended_runs_words(command, served)}"
 
 
 NEWEST_ENDED_NAMED = 3  # ended runs a "no run" line names: the newest is most likely the one meant

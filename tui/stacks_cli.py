@@ -1,6 +1,8 @@
 """`ranktop stacks [RUN | run dir | log dir | pid]`: the grouped stack view of a running group, from
-another terminal. A run served on this host (see `ranktop ls`) is dumped by its own engine;
-otherwise the ranks are found from the files and /proc. No Textual here: it must start fast and work over any SSH session.
+another terminal. A run served on this host (see `ranktop ls`) is dumped by its own engine, also
+where a pid or a directory leads to its ranks; otherwise the ranks are found from the files and
+/proc. Run ids are looked up as attach and logs look them up (tui/runs_cli.py), ended runs
+included. No Textual here: it must start fast and work over any SSH session.
 
 Exit status: 0 dumped (even when some ranks could not be), 1 nothing running to dump,
 2 bad input (one line).
@@ -13,6 +15,8 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psutil
 from ranktop.core import stacks
@@ -23,14 +27,18 @@ from ranktop.core.stacks.procs import HeldProcess
 from ranktop.core.stdio import print_out
 from ranktop.tui.usage import UsageParser, usage_error
 
+if TYPE_CHECKING:  # (for the annotations: imported where used, as this module imports the client)
+    from ranktop.core.client import FinalEngine, ServedRun
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = UsageParser(prog="ranktop stacks", allow_abbrev=False,
                     description="Dump and group the Python stacks of a running group's ranks (py-spy).")
     p.add_argument("target", nargs="?", default=None,
-                   help="a run served on this host (its id, a prefix of it; dumped by its engine), a run directory, "
-                        "a log directory (newest live run), a ranktop pid or a rank pid (default: the newest "
-                        "running served run, else the newest live run in $TMPDIR/ranktop-UID)")
+                   help="a run (its id, a prefix of it; a served run is dumped by its engine), a run directory, "
+                        "a log directory (newest live run), a ranktop pid or a rank pid (those of a served run are "
+                        "dumped by its engine too; default: the newest running served run, else the newest live run "
+                        "in $TMPDIR/ranktop-UID)")
     p.add_argument("--threads", action="store_true", help="also show threads other than the main thread")
     p.add_argument("--json", action="store_true", help="print the raw report as JSON")
     p.add_argument("--signal", action="store_true",
@@ -44,10 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 class BadTarget(Exception):
     pass
-
-
-class SeveralTargets(BadTarget):
-    """A prefix of several served runs: not taken for an ended run that it prefixes too."""
 
 
 PID_MAX = 2**31 - 1  # what kill(2) takes; Linux's own pid_max is at most 4194304
@@ -99,34 +103,105 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if ns.native and ns.signal:
         return usage_error("--native needs py-spy: --signal's faulthandler prints Python frames only")
-    try:
-        served = _served(ns.target)
-    except BadTarget as exc:
-        # a run id under the default log root whose engine has gone
-        ended = None if isinstance(exc, SeveralTargets) else _ended(ns.target)
-        if ended is None:
-            return _unfinished(ns.target, exc)
-        print(f"ranktop stacks: {ended}: no ranks to dump", file=sys.stderr)
+    from ranktop.core.client import FinalEngine, ServedRun
+    from ranktop.tui.runs_cli import final_words, unfinished_words
+
+    if ns.target is not None and _is_pid(ns.target) and _live_pid(ns.target):
+        return _dump_found(ns.target, ns)  # (a pid wins over a run id that starts with its digits)
+    named = _named_run(ns.target)
+    if isinstance(named, int):
+        return named
+    if isinstance(named, FinalEngine):  # its ranks have all ended: final.json is written after them
+        try:
+            print(f"ranktop stacks: {final_words(named)}: no ranks to dump", file=sys.stderr)
+        finally:
+            named.close()
         return 1
-    if served is not None:
-        return _through_engine(served, ns)
+    if isinstance(named, ServedRun):
+        return _through_engine(named, ns)
+    if isinstance(named, _Unfinished):  # read as its directory is (a rank may outlive its engine); none: as attach says
+        return _dump_found(named.run_dir, ns, nothing=unfinished_words(named.run_dir))
+    return _dump_found(named, ns)
+
+
+@dataclass(frozen=True)
+class _Unfinished:
+    """A run that is not served and left no final.json: its engine went away before the run's end."""
+
+    run_dir: str
+
+
+def _named_run(target: str | None) -> ServedRun | FinalEngine | _Unfinished | str | None | int:
+    """What `target` names, as attach and logs look it up (runs_cli.pick_run): the served run (a
+    run id, a prefix of one, its directory; None: the newest running one), else the final view of
+    the ended run it names, or the run that left no final.json; a path (a run directory, a log
+    directory) or None (no run served) to read from the files and /proc, as before; else
+    the status of the one line printed. Digits that no process has are a run id's (a prefix of
+    20261127-154636-ea7d, say), and, where they name no run either, the pid's line says so."""
+    from ranktop.core.client import SeveralRuns, find_run, run_dir_of, served_runs
+    from ranktop.tui.runs_cli import no_run_words, pick_ended_run
+
+    runs = served_runs()
     try:
-        pids, local, run_dir, held = resolve(ns.target)
+        return find_run(target, runs)
+    except ValueError as exc:
+        not_served = exc
+    if target is None or (os.path.exists(target) and run_dir_of(target) in (None, target)):
+        return target  # (a bare name is a run id under the default log root first, as for attach)
+    if isinstance(not_served, SeveralRuns):
+        return usage_error(str(not_served))
+    ended = pick_ended_run(target)
+    if ended is not None:
+        return _Unfinished(ended) if isinstance(ended, str) else ended
+    if _is_pid(target):
+        return usage_error(f"bad target {target[:40]}: no process with that pid")
+    return usage_error(f"{no_run_words(str(not_served), 'stacks', runs)} (or give a run directory, a log directory or a pid)")
+
+
+def _dump_found(target: str | None, ns: argparse.Namespace, nothing: str | None = None) -> int:
+    """Dump the ranks a pid or a directory leads to: through their engine where a served run has
+    them, as `ranktop stacks RUN` does (only it knows their cpu%, how long each has been silent,
+    the prompt each waits at); else from here, read from /proc and the run's files. `nothing`:
+    the line where no rank of it runs (by default, how its final.json says the run ended)."""
+    try:
+        pids, local, run_dir, held = resolve(target)
     except BadTarget as exc:
         return usage_error(str(exc))
     try:
-        return _dump_here(pids, local, run_dir, held, ns)
+        served = _served_ranks(pids)
+        if served is not None:
+            run, local_ranks = served
+            return _through_engine(run, ns, local_ranks)
+        return _dump_here(pids, local, run_dir, held, ns, nothing)
     finally:
         stacks.close_all(held)
 
 
+def _served_ranks(pids: dict[int, int]) -> tuple[ServedRun, tuple[int, ...] | None] | None:
+    """The served run whose engine names some of `pids` ({rank: pid}) among its ranks, with their
+    local ranks (None: all its ranks), or None. Only an engine that answered counts: one that
+    does not (stopped, swamped) would not dump them either, and /proc still can."""
+    from ranktop.core.client import served_runs
+
+    if not pids:
+        return None
+    wanted = set(pids.values())
+    for run in served_runs():
+        ranks = run.snapshot.get("ranks") or []
+        local = tuple(r["local_rank"] for r in ranks if r.get("pid") in wanted)
+        if local:
+            return run, (None if len(local) == len(ranks) else local)
+    return None
+
+
 def _dump_here(pids: dict[int, int], local: dict[int, int], run_dir: str | None, held: dict[int, HeldProcess],
-               ns: argparse.Namespace) -> int:
+               ns: argparse.Namespace, nothing: str | None = None) -> int:
     """Dump the ranks found from here (py-spy, or SIGUSR1 with --signal); the exit status."""
     if not pids:
-        ended = _ended(run_dir)
-        print(f"ranktop stacks: {ended + ': no ranks to dump' if ended else f'no live ranks in {run_dir} (the run has ended)'}",
-              file=sys.stderr)
+        if nothing is None:
+            ended = _ended(run_dir)
+            nothing = f"ranktop stacks: {ended + ': no ranks to dump' if ended else f'no live ranks in {run_dir} (the run has ended)'}"
+        print(nothing, file=sys.stderr)
         return 1
     save_to = None if ns.no_save or not run_dir else _save_dir(run_dir)
     try:
@@ -151,25 +226,6 @@ def _save_dir(run_dir: str) -> RunDir | None:
         return None
 
 
-def _served(target: str | None):
-    """The served run `target` names (run id, prefix, run directory; None: the newest running
-    one), or None: then it is a path or a pid, read from the files and /proc as before.
-    BadTarget listing the served runs for a name that is neither a run nor a path. Digits are a
-    pid where a process has them, else a run id's (a prefix of 20261127-154636-ea7d, say); they
-    were taken for a pid, and named no process."""
-    if target is not None and _is_pid(target) and _live_pid(target):
-        return None
-    from ranktop.core.client import SeveralRuns, find_run, served_runs
-
-    try:
-        return find_run(target, served_runs())
-    except ValueError as exc:
-        if target is None or os.path.exists(target) or (_is_pid(target) and not isinstance(exc, SeveralRuns)):
-            return None  # (digits that name no run either: the pid's line says so)
-        kind = SeveralTargets if isinstance(exc, SeveralRuns) else BadTarget
-        raise kind(f"{exc} (or give a run directory, a log directory or a pid)") from None
-
-
 def _ended(target: str | None) -> str | None:
     """'RUN has ended (STATE); ...' for an ended run that `target` names, from its final.json;
     None if it names none (or its final.json cannot be read: the caller's own line stands)."""
@@ -188,21 +244,13 @@ def _ended(target: str | None) -> str | None:
         view.close()
 
 
-def _unfinished(target: str | None, exc: BadTarget) -> int:
-    """A run whose engine went away before its end (no final.json) says so; else the usage line."""
-    from ranktop.tui.runs_cli import unfinished_words
-
-    if isinstance(exc, SeveralTargets) or (words := unfinished_words(target)) is None:
-        return usage_error(str(exc))
-    print(words, file=sys.stderr)
-    return 1
-
-
-def _through_engine(run, ns: argparse.Namespace) -> int:
-    """The run's own engine dumps (it knows its ranks, their logs and the run directory)."""
+def _through_engine(run: ServedRun, ns: argparse.Namespace, local_ranks: tuple[int, ...] | None = None) -> int:
+    """The run's own engine dumps (it knows its ranks, their logs and the run directory): all its
+    ranks, or `local_ranks`."""
     from ranktop.core.client import RunGone, dump_stacks
 
-    args = {**({"save": False} if ns.no_save else {}), **({"native_frames": True} if ns.native else {})}
+    args = {**({"save": False} if ns.no_save else {}), **({"native_frames": True} if ns.native else {}),
+            **({"local_ranks": list(local_ranks)} if local_ranks is not None else {})}
     try:
         ack = dump_stacks(run.path, "SignalDump" if ns.signal else "DumpStacks", args)
     except RunGone as exc:
