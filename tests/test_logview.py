@@ -100,6 +100,28 @@ async def test_follows_the_tail_then_scrolling_up_holds_the_view_and_end_resumes
         assert view.follow and screen_rows(view)[-1] == "line 399"
 
 
+@sync
+async def test_an_animated_scroll_that_reaches_the_bottom_rejoins_the_tail():
+    """↓ and PgDn scroll with Textual's animation. Where its last frame was the first at the bottom
+    (frames late on a busy box), the view began to follow the tail, and the follow's own move
+    there stopped the animation from inside that frame: Textual's animator raised KeyError, which
+    ended the TUI (↑ then ↓ in a zoomed pane)."""
+    ring = LineRing()
+    feed_lines(ring, 0, 100)
+    async with shown(ring) as (view, pilot):
+        view.focus()
+        await pilot.press("pageup")
+        await pilot.wait_for_animation()
+        assert not view.follow
+        # As ↓ or PgDn on a box too slow for the frames between: the view moves on the last one only.
+        view.scroll_to(y=view.max_scroll_y, duration=0.05, easing=lambda done: float(done >= 1.0))
+        await pilot.wait_for_animation()
+        assert view.follow and screen_rows(view)[-1] == "line 99"
+        feed_lines(ring, 100, 110)
+        view.poll()
+        assert screen_rows(view)[-1] == "line 109"
+
+
 def thumb_rows(view: LogView) -> list[int]:
     """Rows whose last cell (the scrollbar the view draws itself) has the thumb's colour."""
     thumb = view.get_component_rich_style("logview--thumb", partial=True)

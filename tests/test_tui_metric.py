@@ -29,6 +29,9 @@ def test_sparkline_scales_between_its_own_extremes():
     assert sparkline([5, 5, 5]) == "▁▁▁"
     assert sparkline(list(range(100)), width=4) == sparkline([96, 97, 98, 99]) == "▁▃▆█"  # the last 4
     assert sparkline([]) == ""
+    # Values far apart (`loss 1e308`, then `loss -1e308`): their span is past the largest float,
+    # and a NaN bar's ValueError ended the TUI, zoomed or in m's details.
+    assert sparkline([1e308, -1e308, 0.0, -1.7976931348623157e308, 1.7976931348623157e308]) == "▇▂▅▁█"
 
 
 def test_last_match_per_rank_and_the_outlier():

@@ -753,7 +753,10 @@ class LogView(ScrollView, can_focus=True):
             # Textual also moves the view up when the pane grows past the rows below it (a zoom, a
             # larger terminal, the sideways scrollbar going with `w`): that is no scroll down, and
             # a pane paused at the bottom (f, or a match shown there) followed the tail again.
-            self.follow = at_bottom and (new_value > old_value or self.follow)
+            # Set without its watcher: the view is at the bottom already, and the watcher's move
+            # there stopped an animated scroll (↓ zoomed, PgDn) from inside the animation's last
+            # step, where Textual's animator raised KeyError: it ended the TUI.
+            self.set_reactive(LogView.follow, at_bottom and (new_value > old_value or self.follow))
 
     def watch_follow(self, follow: bool) -> None:
         if follow:

@@ -56,9 +56,11 @@ def sparkline(values: list[float], width: int = 12) -> str:
     values = values[-width:]
     if not values:
         return ""
-    low, high = min(values), max(values)
+    # Halved: the span of two finite values far apart (`loss 1e308`, then `loss -1e308`) is past
+    # the largest float, and infinity over infinity made a NaN bar, a ValueError that ended the TUI.
+    low, high = min(values) / 2, max(values) / 2
     span = (high - low) or 1.0
-    return "".join(_BARS[min(len(_BARS) - 1, int((v - low) / span * len(_BARS)))] for v in values)
+    return "".join(_BARS[min(len(_BARS) - 1, int((v / 2 - low) / span * len(_BARS)))] for v in values)
 
 
 class RankTrack:
