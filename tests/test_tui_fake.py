@@ -810,12 +810,7 @@ def test_a_read_only_view_leaves_out_the_keys_that_act_on_ranks():
             assert text not in help_text, text
         await pilot.press("escape")
         # Still bound, they say at once that nothing was done: no question first, no picker, no input box.
-        for key in ("k", "x", "i", "R"):
-            app.clear_notifications()
-            await pilot.press(key)
-            await until(pilot, lambda: "read-only view: nothing was done" in notes(app), what=f"{key}'s refusal")
-            assert "again to confirm" not in notes(app) and app.screen is app.main, key
-            assert not app.main.query_one("#stdin").display and engine.commands == [], key
+        await refused_at_once(app, pilot, engine, ("k", "x", "i", "R"), "read-only view: nothing was done")
         await pilot.press("d")
         await until(pilot, lambda: isinstance(app.screen, StacksScreen)
                     and "Dump again" in [key.description for key in shown_footer_keys(app)], what="stacks")
@@ -829,6 +824,16 @@ def test_a_read_only_view_leaves_out_the_keys_that_act_on_ranks():
     drive(engine, body)
 
 
+async def refused_at_once(app, pilot, engine: FakeEngine, keys: tuple[str, ...], words: str) -> None:
+    """Each of `keys` says `words` at once: no question first, no picker, no input box, no command."""
+    for key in keys:
+        app.clear_notifications()
+        await pilot.press(key)
+        await until(pilot, lambda: words in notes(app), what=f"{key}'s answer")
+        assert "again to confirm" not in notes(app) and app.screen is app.main, key
+        assert not app.main.query_one("#stdin").display and engine.commands == [], key
+
+
 def test_keys_that_act_on_a_rank_before_any_started_say_so_at_once():
     """While the first rendezvous round forms no rank has started: k asked `Kill rank 0 (SIGKILL)?
     Press k again to confirm.` of a rank that did not exist (r, R the same; x opened the picker,
@@ -838,12 +843,7 @@ def test_keys_that_act_on_a_rank_before_any_started_say_so_at_once():
     engine.group = dataclasses.replace(engine.group, state=GroupState.RENDEZVOUS, local_world_size=2)
 
     async def body(app, pilot):
-        for key in ("k", "r", "R", "x", "i"):
-            app.clear_notifications()
-            await pilot.press(key)
-            await until(pilot, lambda: "no ranks to act on yet" in notes(app), what=f"{key}'s answer")
-            assert "again to confirm" not in notes(app) and app.screen is app.main, key
-            assert not app.main.query_one("#stdin").display and engine.commands == [], key
+        await refused_at_once(app, pilot, engine, ("k", "r", "R", "x", "i"), "no ranks to act on yet")
         await pilot.press("K")
         await until(pilot, lambda: "Press K again to confirm" in notes(app), what="the stop's question")
         await pilot.press("K")
