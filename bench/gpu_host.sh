@@ -4,7 +4,7 @@
 # package index. Made here first (network):
 #     python -m pip wheel --no-deps -w .whl .      # ranktop itself
 #     python -m pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl \
-#         textual rich markdown-it-py mdit-py-plugins linkify-it-py uc-micro-py platformdirs mdurl pygments py-spy
+#         textual rich markdown-it-py mdit-py-plugins linkify-it-py uc-micro-py platformdirs mdurl pygments py-spy regex
 # Then there, from the checkout's root:  OUT=DIR bash bench/gpu_host.sh [STEP...]
 # Steps, most wanted first: gpu writes launch first tui memory big stacks attach (default: all), each
 # bounded in time; their output also goes to $OUT/steps.txt, gpu_check's captures and SVG to $OUT.

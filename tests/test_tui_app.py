@@ -369,12 +369,19 @@ def test_focus_keys_zoom_and_mouse():
     drive(app, body)
 
 
+@pytest.mark.timeout(30)  # (re held the GIL through `re:(a+)+b`, which never ended)
 def test_search_follow_and_wrap_keys(tmp_path):
-    code = "import time\nfor i in range(300):\n    print(f'line {i}', flush=True)\nprint('needle here')\ntime.sleep(60)\n"
+    """/, n, f, w and esc on a real rank's output; then a `re:` pattern that backtracks without end
+    on the rank's line of 5,000 `a`s: re held the GIL while it matched, so the engine's output
+    thread stopped reading the rank (its log file stopped growing, its pipe filled) and the TUI
+    froze until SIGKILL. The match is given up after 50 ms, and the rank's ticks go on being logged."""
+    code = ("import itertools, time\nfor i in range(300):\n    print(f'line {i}', flush=True)\n"
+            "print('needle here')\nprint('a' * 5000)\n"
+            "for i in itertools.count():\n    print(f'tick {i}', flush=True)\n    time.sleep(0.05)\n")
     app = RanktopApp(LocalEngine(ticker_agent(tmp_path, code, n=1)))
 
     async def body(app, pilot):
-        await until(pilot, lambda: app.main.pane(0).log.line_count >= 301, what="output in the pane")
+        await until(pilot, lambda: app.main.pane(0).log.line_count >= 302, what="output in the pane")
         log = app.main.pane(0).log
         await pilot.press("slash")
         assert app.main.query_one("#search").display
@@ -390,6 +397,13 @@ def test_search_follow_and_wrap_keys(tmp_path):
         assert log.wrap != wrap
         await pilot.press("slash", "escape")
         assert not app.main.query_one("#search").display and app.focused is log
+        logged = Path(app.engine.agent.attempt_dir(0)) / "0" / "stdout.log"
+        await pilot.press("slash")
+        app.main.query_one("#search").value = "re:(a+)+b"  # (typed, each key waits for the app to go idle)
+        await pilot.press("enter")
+        await until(pilot, lambda: "re:(a+)+b' took over 50 ms on one line of rank 0" in notes(app), what="the note")
+        ticks = logged.read_bytes().count(b"tick ")
+        await until(pilot, lambda: logged.read_bytes().count(b"tick ") >= ticks + 5, what="ticks logged after it")
 
     drive(app, body)
 

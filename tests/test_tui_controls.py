@@ -802,6 +802,45 @@ def test_regular_expression_searches_and_a_bad_one():
     drive_fake(engine, body)
 
 
+@pytest.mark.timeout(20)  # (without the time limit the first search never came back)
+def test_a_pattern_that_backtracks_without_end_is_given_up_and_said_once():
+    """`re:(a*)*b` on a line of 5,000 `a`s never ended in re, which held the GIL: the TUI froze,
+    and in a TUI run the engine's output thread too (the ranks blocked on full pipes). The regex
+    package reads it at once; `(a+)+b` backtracks there as well, and its match is given up after
+    50 ms: the pattern matches nothing from there on (a search, new lines, the highlighting), the
+    screen says so once, and the keys work."""
+    engine = FakeEngine(3)
+    engine.print(0, "aab", "a" * 5000, "ab")
+    stopped = "the pattern 're:(a+)+b' took over 50 ms on one line of rank 0: stopped (no more matches counted)"
+
+    async def body(app, pilot):
+        main = app.main
+        await until(pilot, lambda: main.pane(0).log.line_count == 3, what="lines in")
+        await pilot.press("slash")
+        await type_keys(pilot, *"re:(a*)*b")
+        await pilot.press("enter")
+        assert "2 matches for 're:(a*)*b' in rank 0" in notes(app)
+        await pilot.press("slash")
+        await type_keys(pilot, *"re:(a+)+b")
+        await pilot.press("enter")
+        await until(pilot, lambda: stopped in notes(app), timeout=5, what="the note on the pattern given up")
+        assert "1 match for 're:(a+)+b' in rank 0" in notes(app)  # (the line before it)
+        engine.print(0, "aaab")  # a new line: not matched, and nothing more said
+        await pilot.press("2")
+        await until(pilot, lambda: main.current == 2, timeout=5, what="the key after it")
+        await until(pilot, lambda: main.pane(0).log.line_count == 4, what="the new line in")
+        assert main.pane(0).log._matches() == [main.pane(0).log._first]  # "aab" only
+        await pilot.press("ctrl+f")  # every rank: given up in rank 0, the ranks after it not searched
+        await type_keys(pilot, *"re:(a+)+b")
+        await pilot.press("enter")
+        await until(pilot, lambda: notes(app).count(stopped) == 2, timeout=5, what="the note again, for the new search")
+        assert "1 match for 're:(a+)+b' in 1 rank: 0 (1)" in notes(app)
+        await pilot.pause(0.2)
+        assert notes(app).count(stopped) == 2  # once, though rank 0's pane met the line again
+
+    drive_fake(engine, body)
+
+
 def test_v_selects_lines_beyond_the_screen_and_y_copies_them_as_shown():
     engine = FakeEngine(2)
     engine.print(0, *[f"line {i}" for i in range(100)], "bell\x07 and \x1b]52;c;evil\x07 gone", "last")

@@ -10,6 +10,7 @@ import pytest
 from conftest import until
 from fake_engine import FakeEngine
 from ranktop.tui.metric import BadMetric, RankTrack, Tracker, compile_metric, metric_name, sparkline
+from test_tui_app import notes
 from test_tui_fake import drive
 
 pytestmark = pytest.mark.timeout(60)
@@ -22,6 +23,10 @@ def test_metric_names_and_bad_expressions():
     assert metric_name(re.compile(r"([0-9.]+) it/s")) == "metric"
     with pytest.raises(BadMetric, match=r"bad --metric 'loss \(\[': unterminated character set"):
         compile_metric("loss ([")
+    # The regex package writes a repeat out as often as its least count: 275 MB and 0.4 s for this
+    # one, and `a{4294967294}` (re takes it) ran the box out of memory.
+    with pytest.raises(BadMetric, match=r"too large to compile: over 100,000 items with its repeats written out"):
+        compile_metric("(?:a{1000}){1000}")
 
 
 def test_sparkline_scales_between_its_own_extremes():
@@ -221,3 +226,30 @@ def test_the_details_view_shows_who_the_rank_is_and_its_histories():
     text = details_text(engine.snapshot().ranks[0], engine.snapshot(), track, time.time(), width=80,
                         metric_name="loss").plain
     assert "loss" in text and "now     0.25  min     0.25  max        1" in text and "cpu         no samples" in text
+
+
+@pytest.mark.timeout(20)  # (without the time limit the first read never came back)
+def test_a_metric_that_backtracks_without_end_is_given_up_and_the_tui_goes_on():
+    """`--metric 'loss (\\d+)*x'` on a rank's `loss 111…` (5,000 digits) backtracked without end in
+    re, which held the GIL: the TUI froze, and the engine's output thread with it. The match is
+    given up after 50 ms: the screen says so once, the values shown stay the last ones read, and
+    the output rates and the keys go on."""
+    engine = FakeEngine(3)
+    engine.print(0, "loss 12x")
+    engine.print(1, "loss " + "1" * 5000)
+    stopped = ("the --metric pattern 'loss (\\d+)*x' took over 50 ms on one line of rank 1: stopped "
+               "(no more values read)")
+
+    async def body(app, pilot):
+        main = app.main
+        await until(pilot, lambda: stopped in notes(app), timeout=5, what="the note on the pattern given up")
+        assert "loss 12 " in main.pane(0).title
+        read = main.tracker.ranks[0].cursor.line
+        engine.print(0, "loss 34x")
+        await pilot.press("2")
+        await until(pilot, lambda: main.current == 2, timeout=5, what="the key after it")
+        await until(pilot, lambda: main.tracker.ranks[0].cursor.line > read, what="the next read")
+        assert main.tracker.ranks[0].value == "12" and main.tracker.ranks[0].rate > 0
+        assert notes(app).count("--metric pattern") == 1
+
+    drive(engine, body, metric=compile_metric(r"loss (\d+)*x"))

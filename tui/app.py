@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -23,6 +22,7 @@ from ranktop.core.engine import Engine
 from ranktop.core.sanitize import clean
 from ranktop.core.signals import NOTICE_SIGNALS
 from ranktop.core.state import GroupSnapshot
+from ranktop.tui.bounded_regex import BoundedPattern
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import detach_terminal, terminal_alive
 from ranktop.tui.driver import hangup_aware
@@ -68,7 +68,7 @@ class RanktopApp(App):
                 show=False),
     ]
 
-    def __init__(self, engine: Engine, *, exit_on_end: bool = False, metric: re.Pattern[str] | None = None) -> None:
+    def __init__(self, engine: Engine, *, exit_on_end: bool = False, metric: BoundedPattern | None = None) -> None:
         super().__init__()
         self.engine = engine
         self.metric = metric

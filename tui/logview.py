@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ranktop.core.output import RING_BYTES, RanktopLine, line_length
 from ranktop.core.sanitize import clean
+from ranktop.tui.bounded_regex import BoundedPattern
 from ranktop.tui.cells import may_be_wide, row_ends, split_segments
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
@@ -26,6 +27,7 @@ from textual.color import Color
 from textual.events import MouseDown, MouseMove, MouseUp
 from textual.filter import ANSIToTruecolor, dim_color
 from textual.geometry import Offset, Region, Size
+from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.selection import Selection
@@ -129,21 +131,22 @@ def matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
 REGEX_PREFIX = "re:"  # a search query starting so is a regular expression (any case)
 
 
-def search_pattern(query: str) -> re.Pattern[str] | None:
+def search_pattern(query: str) -> BoundedPattern | None:
     """The regular expression of a `re:` query (any case), None for a plain one; ValueError
-    with a one-line reason when it does not compile."""
+    with a one-line reason when it does not compile. Each match of it is bounded in time (see
+    tui/bounded_regex.py)."""
     if not query.startswith(REGEX_PREFIX):
         return None
     from ranktop.tui.usage import compiled_regex
 
     text = query[len(REGEX_PREFIX):]
     try:
-        return compiled_regex(text, re.IGNORECASE)
+        return compiled_regex(text, ignore_case=True)
     except ValueError as exc:
         raise ValueError(f"bad regular expression {text[:80]!r}: {exc}") from None
 
 
-def regex_matches(raw: bytes, pattern: re.Pattern[str]) -> bool:
+def regex_matches(raw: bytes, pattern: BoundedPattern) -> bool:
     """Whether one raw output line matches a `re:` search, as the pane shows the line (never a
     line of ranktop's own)."""
     return type(raw) is not RanktopLine and pattern.search(parse_line(raw[:_MAX_BYTES], color=False).plain) is not None
@@ -201,6 +204,15 @@ class LogView(ScrollView, can_focus=True):
     follow: reactive[bool] = reactive(True)
     wrap: reactive[bool] = reactive(False)
 
+    class SearchStopped(Message):
+        """The `re:` search's pattern took too long on a line and was given up (it matches nothing
+        from then on: the search, new lines, the highlighting); posted once for each search."""
+
+        def __init__(self, log: LogView, query: str) -> None:
+            super().__init__()
+            self.log = log
+            self.query = query
+
     def __init__(
         self,
         ring: LineRing | None = None,
@@ -249,7 +261,8 @@ class LogView(ScrollView, can_focus=True):
         self._cum: list[int] = [0]  # wrap mode: absolute first row of each kept line, then the end
         self._wrap_width = 80  # set from the real width once mounted
         self._query, self._query_bytes = "", None
-        self._regex: re.Pattern[str] | None = None
+        self._regex: BoundedPattern | None = None
+        self._stop_said = False  # SearchStopped was posted for self._regex
         self._hits: list[int] = []  # absolute numbers of matching complete lines, ascending
         self._current: int | None = None  # the match the view was moved to
         self._match_due: int | None = None  # a match to show once laid out (asked for before): on_resize
@@ -718,6 +731,7 @@ class LogView(ScrollView, can_focus=True):
             style = self.get_component_rich_style(name)
             if self._regex is not None:
                 text.highlight_regex(self._regex, style)
+                self._say_if_stopped()
             else:
                 text.highlight_words([self._query], style, case_sensitive=False)
         segments = [seg if seg.style else Segment(seg.text, _PLAIN) for seg in text.render(self.app.console)]
@@ -867,15 +881,24 @@ class LogView(ScrollView, can_focus=True):
     # ----- search --------------------------------------------------------------------------------
     def _hit(self, raw: bytes) -> bool:
         if self._regex is not None:
-            return regex_matches(raw, self._regex)
+            hit = regex_matches(raw, self._regex)
+            self._say_if_stopped()
+            return hit
         return matches(raw, self._query, self._query_bytes)
+
+    def _say_if_stopped(self) -> None:
+        """Tell the screen, once, that the search's pattern was given up (a line took it past its
+        time limit): from then on it matched nothing, without a word."""
+        if self._regex is not None and self._regex.stopped and not self._stop_said:
+            self._stop_said = True
+            self.post_message(self.SearchStopped(self, self._query))
 
     def search(self, query: str) -> int:
         """Highlight `query` (plain text, any case; `re:` then a regular expression) and go to its
         last match; the number of matching lines (0 clears the search when the query is empty).
         ValueError for a regular expression that does not compile (nothing changes then)."""
         regex = search_pattern(query)
-        self._regex = regex
+        self._regex, self._stop_said = regex, False
         self._query = query if regex is not None else query.lower()
         self._query_bytes = self._query.encode() if self._query.isascii() else None
         self._strips.clear()
@@ -962,7 +985,7 @@ class LogView(ScrollView, can_focus=True):
         self._show_rows(*self._match_rows(number - self._first))
         self._show_match_column(number)
 
-    def _first_match(self, index: int) -> tuple[str, re.Match[str]] | None:
+    def _first_match(self, index: int) -> tuple[str, Any] | None:  # (a re.Match, or a regex one for `re:`)
         """The line at `index` as the pane shows it (tabs expanded) and the first match of the
         search in it (the one n / N go to), or None."""
         raw = self._raw(index)
@@ -1022,7 +1045,7 @@ class LogView(ScrollView, can_focus=True):
             self._go_to_hit(hits[0] if direction > 0 else hits[-1])
 
     def clear_search(self) -> None:
-        self._query, self._query_bytes, self._regex = "", None, None
+        self._query, self._query_bytes, self._regex, self._stop_said = "", None, None, False
         self._hits, self._current = [], None
         self._strips.clear()
         self.refresh()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -27,6 +26,8 @@ from ranktop.core.sanitize import clean, quoted
 from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankState
 from ranktop.core.strays import own_tool
 from ranktop.tui.attempts import FileFeed, attempt_dirs
+from ranktop.tui.bounded_regex import BoundedPattern, stopped_line
+from ranktop.tui.logview import LogView
 from ranktop.tui.metric import Tracker
 from ranktop.tui.panes import (
     ACTS_ON_RANKS,
@@ -140,7 +141,7 @@ class MainScreen(Screen):
     ended: reactive[bool] = reactive(False, init=False)  # the group is over: the end panel shows
     end_panel_hidden: reactive[bool] = reactive(False, init=False)  # e hid it
 
-    def __init__(self, engine: Engine, metric: re.Pattern[str] | None = None) -> None:
+    def __init__(self, engine: Engine, metric: BoundedPattern | None = None) -> None:
         super().__init__()
         self.engine = engine
         self.tracker = Tracker(engine, metric)
@@ -169,6 +170,8 @@ class MainScreen(Screen):
         self._unfilled: set[int] = set()  # panes shown since the last read: filled on the next one, whatever its turn
         self._waiting: str | None = None  # what the #waiting line shows
         self._store_lost: str | None = None  # the rendezvous's store, while the engine finds it lost
+        self._stops_said: set[tuple[str, int]] = set()  # (query, local rank): the last search's pattern given up there
+        self._metric_stop_said = False
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -540,6 +543,7 @@ class MainScreen(Screen):
         query = event.value.strip()
         self._close_search()
         self.everywhere = None
+        self._stops_said.clear()
         self.tick()
         if self._search_all:
             self._search_every_rank(query)
@@ -568,11 +572,28 @@ class MainScreen(Screen):
             self.notify(clean(str(exc)), severity="warning", timeout=5, markup=False)
             return
         self.notify(clean(found.summary(self.rank_of)), timeout=5, markup=False)
+        if found.stopped_in is not None:
+            self._say_search_stopped(query, found.stopped_in)
         if not found.counts:
             return
         self.everywhere = found
         first = self.current if self.current in found.counts else found.next_rank(self.current, +1)
         self._show_matches_of(first, -1)
+
+    @on(LogView.SearchStopped)
+    def search_stopped(self, event: LogView.SearchStopped) -> None:
+        local_rank = next((r for r, pane in self._panes.items() if pane.log is event.log), None)
+        if local_rank is not None:
+            self._say_search_stopped(event.query, local_rank)
+
+    def _say_search_stopped(self, query: str, local_rank: int) -> None:
+        """The one line that says the search's pattern was given up in a rank: once a search
+        (a search of every rank, then its pane's own, met the same line)."""
+        if (query, local_rank) in self._stops_said:
+            return
+        self._stops_said.add((query, local_rank))
+        line = stopped_line(f"the pattern {query!r}", self.rank_of(local_rank), "no more matches counted")
+        self.notify(clean(line), severity="warning", timeout=10, markup=False)
 
     def _show_matches_of(self, local_rank: int, direction: int) -> None:
         """Focus `local_rank` and highlight the search there, at its first (+1) or last (-1) match."""
@@ -855,6 +876,7 @@ class MainScreen(Screen):
         rank list where it is shown."""
         digits = len(str(snap.world_size - 1))
         self.tracker.update(snap)
+        self._say_if_metric_stopped()
         outliers = self.tracker.outliers()
         for rank in snap.ranks:
             r = rank.local_rank
@@ -867,6 +889,17 @@ class MainScreen(Screen):
             self.query_one(RankList).show_ranks(snap.ranks, self.current, now, sort=self.sort, filter_=self.filter,
                                                 hits=None if self.everywhere is None else self.everywhere.counts,
                                                 metrics=metrics, outliers=outliers)
+
+    def _say_if_metric_stopped(self) -> None:
+        """Once: the --metric pattern was given up (a line took it past its time limit); the
+        values shown are the last ones read, and the output rates go on."""
+        stopped_in = self.tracker.stopped_in
+        if stopped_in is None or self._metric_stop_said:
+            return
+        self._metric_stop_said = True
+        line = stopped_line(f"the --metric pattern {quoted(self.tracker.pattern.pattern[:80])}",
+                            self.rank_of(stopped_in), "no more values read")
+        self.notify(clean(line), severity="warning", timeout=10, markup=False)
 
     def _show_pane(self, snap: GroupSnapshot, rank: RankSnapshot, now: float, digits: int, *, outlier: bool) -> None:
         """One rank's pane: its title, and its output (unless an earlier attempt's log is viewed)."""

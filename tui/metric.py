@@ -19,6 +19,7 @@ from ranktop.core.engine import Engine, OutputCursor
 from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean, quoted
 from ranktop.core.state import GroupSnapshot
+from ranktop.tui.bounded_regex import BoundedPattern
 from rich.cells import cell_len
 
 HISTORY = 60  # samples kept per series (one a second: the last minute)
@@ -33,8 +34,9 @@ class BadMetric(ValueError):
     """The --metric expression does not compile; the message is the one line to show."""
 
 
-def compile_metric(pattern: str) -> re.Pattern[str]:
-    """The --metric regular expression: its first group (or the whole match) is the value."""
+def compile_metric(pattern: str) -> BoundedPattern:
+    """The --metric regular expression: its first group (or the whole match) is the value. Each
+    match of it is bounded in time (see tui/bounded_regex.py)."""
     from ranktop.tui.usage import compiled_regex
 
     try:
@@ -43,7 +45,7 @@ def compile_metric(pattern: str) -> re.Pattern[str]:
         raise BadMetric(f"bad --metric {quoted(pattern[:80])}: {exc}") from None
 
 
-def metric_name(pattern: re.Pattern[str]) -> str:
+def metric_name(pattern: BoundedPattern | re.Pattern[str]) -> str:
     """A named group's name, else the literal words before the first group ('loss'), else 'metric'."""
     if pattern.groupindex:
         return next(iter(pattern.groupindex))
@@ -91,9 +93,10 @@ class RankTrack:
 class Tracker:
     """Metric, output rate and history for every rank of an engine."""
 
-    def __init__(self, engine: Engine, pattern: re.Pattern[str] | None) -> None:
+    def __init__(self, engine: Engine, pattern: BoundedPattern | None) -> None:
         self.engine = engine
         self.pattern = pattern
+        self.stopped_in: int | None = None  # the local rank whose line took the pattern past its time limit
         self.name = metric_name(pattern) if pattern is not None else None
         self.ranks: dict[int, RankTrack] = {}
         self._last_read = 0.0
@@ -125,6 +128,10 @@ class Tracker:
             if type(raw) is RanktopLine:  # a restart's separator is not the rank's output
                 continue
             found = self.pattern.search(raw.decode("utf-8", "replace"))
+            if self.pattern.stopped:  # given up for good: no value from here on, the last one stays
+                if self.stopped_in is None:
+                    self.stopped_in = local_rank
+                break
             value = (found.group(1) if found.groups() else found.group(0)) if found else None
             # (a group that took no part in the match, `loss (\S+)|acc` on `acc`, is no value: it
             # was None, a TypeError at the next read that ended the TUI)

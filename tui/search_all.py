@@ -2,7 +2,9 @@
 the order in which next/previous go from one rank's matches to the next rank's.
 
 The counts are taken once, when the search is run, over the lines the engine still keeps for each
-rank (output_since from the start); they are not kept up to date as ranks print more.
+rank (output_since from the start); they are not kept up to date as ranks print more. A `re:`
+pattern given up on a line (past its time limit: tui/bounded_regex.py) ends the count there: the
+ranks after it are not searched, and `stopped_in` names the rank.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from ranktop.tui.logview import matches, regex_matches, search_pattern
 class RankSearch:
     """One search over every rank: the query and how many kept lines of each rank match it."""
 
-    def __init__(self, query: str, counts: dict[int, int]) -> None:
+    def __init__(self, query: str, counts: dict[int, int], stopped_in: int | None = None) -> None:
         self.query = query
         self.counts = counts  # local rank -> matching lines (only ranks with at least one)
+        self.stopped_in = stopped_in  # the local rank where the pattern was given up, if it was
 
     @classmethod
     def run(cls, engine: Engine, local_ranks: range, query: str) -> RankSearch:
         """Count the matches of `query` (plain text, any case; `re:` then a regular expression)
-        in every rank; ValueError for a regular expression that does not compile."""
+        in every rank, up to a pattern given up; ValueError for a regular expression that does not
+        compile."""
         pattern = search_pattern(query)
         needle = query.lower()
         needle_bytes = needle.encode() if needle.isascii() else None
@@ -35,6 +39,8 @@ class RankSearch:
             hits = sum(1 for line in (*lines, *open_lines) if hit(line))
             if hits:
                 counts[r] = hits
+            if pattern is not None and pattern.stopped:
+                return cls(query, counts, stopped_in=r)
         return cls(query, counts)
 
     @property

@@ -10,7 +10,10 @@ import argparse
 import re
 import shlex
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from ranktop.tui.bounded_regex import BoundedPattern
 
 USAGE_EXIT = 2
 
@@ -31,7 +34,7 @@ class BadValue(Exception):
     ValueError, TypeError and ArgumentTypeError)."""
 
 
-def metric_pattern(text: str):  # -> re.Pattern[str]
+def metric_pattern(text: str) -> BoundedPattern:
     """An argparse type for --metric (the run's and attach's): the regular expression compiled,
     else one line."""
     from ranktop.tui.metric import BadMetric, compile_metric  # only when the flag is given
@@ -42,11 +45,17 @@ def metric_pattern(text: str):  # -> re.Pattern[str]
         raise BadValue(str(exc)) from None
 
 
-def compiled_regex(text: str, flags: int = 0) -> re.Pattern[str]:
-    """`text` compiled; ValueError saying why not, in words (re's own; or, where re raises
-    OverflowError or RecursionError, as for a{99999999999} or thousands of nested groups, that)."""
+def compiled_regex(text: str, *, ignore_case: bool = False) -> BoundedPattern:
+    """A user's pattern (a `re:` search, --metric): `text` as re reads it, matched by the regex
+    package with a time limit on each match (tui/bounded_regex.py); ValueError saying why not, in
+    words (re's own; or, where re raises OverflowError or RecursionError, as for a{99999999999} or
+    thousands of nested groups, that). re compiles it first so that what is a pattern, and the
+    line for one that is not, stay re's (regex words them differently and counts positions from 1)."""
+    from ranktop.tui.bounded_regex import BoundedPattern  # only a pattern given loads regex
+
     try:
-        return re.compile(text, flags)
+        re.compile(text, re.IGNORECASE if ignore_case else 0)
+        return BoundedPattern.compile(text, ignore_case=ignore_case)
     except re.error as exc:
         raise ValueError(str(exc)) from None
     except (OverflowError, RecursionError):
