@@ -374,7 +374,7 @@ def test_search_follow_and_wrap_keys(tmp_path):
     """/, n, f, w and esc on a real rank's output; then a `re:` pattern that backtracks without end
     on the rank's line of 5,000 `a`s: re held the GIL while it matched, so the engine's output
     thread stopped reading the rank (its log file stopped growing, its pipe filled) and the TUI
-    froze until SIGKILL. The match is given up after 50 ms, and the rank's ticks go on being logged."""
+    froze until SIGKILL. The match is given up after 250 ms, and the rank's ticks go on being logged."""
     code = ("import itertools, time\nfor i in range(300):\n    print(f'line {i}', flush=True)\n"
             "print('needle here')\nprint('a' * 5000)\n"
             "for i in itertools.count():\n    print(f'tick {i}', flush=True)\n    time.sleep(0.05)\n")
@@ -401,7 +401,7 @@ def test_search_follow_and_wrap_keys(tmp_path):
         await pilot.press("slash")
         app.main.query_one("#search").value = "re:(a+)+b"  # (typed, each key waits for the app to go idle)
         await pilot.press("enter")
-        await until(pilot, lambda: "re:(a+)+b' took over 50 ms on one line of rank 0" in notes(app), what="the note")
+        await until(pilot, lambda: "re:(a+)+b' took over 250 ms on one line of rank 0" in notes(app), what="the note")
         ticks = logged.read_bytes().count(b"tick ")
         await until(pilot, lambda: logged.read_bytes().count(b"tick ") >= ticks + 5, what="ticks logged after it")
 

@@ -807,11 +807,11 @@ def test_a_pattern_that_backtracks_without_end_is_given_up_and_said_once():
     """`re:(a*)*b` on a line of 5,000 `a`s never ended in re, which held the GIL: the TUI froze,
     and in a TUI run the engine's output thread too (the ranks blocked on full pipes). The regex
     package reads it at once; `(a+)+b` backtracks there as well, and its match is given up after
-    50 ms: the pattern matches nothing from there on (a search, new lines, the highlighting), the
+    250 ms: the pattern matches nothing from there on (a search, new lines, the highlighting), the
     screen says so once, and the keys work."""
     engine = FakeEngine(3)
     engine.print(0, "aab", "a" * 5000, "ab")
-    stopped = "the pattern 're:(a+)+b' took over 50 ms on one line of rank 0: stopped (no more matches counted)"
+    stopped = "the pattern 're:(a+)+b' took over 250 ms on one line of rank 0: stopped (no more matches counted)"
 
     async def body(app, pilot):
         main = app.main

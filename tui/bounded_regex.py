@@ -25,7 +25,11 @@ try:
 except ImportError:  # 3.10
     import sre_parse as re_parser
 
-MATCH_SECONDS = 0.05  # one match's time limit (regex checks it now and then: ~0.05-0.13 s in all)
+# One match's time limit, wall-clock (regex checks it now and then: it fired 5-80 ms late). Far
+# above any match of a pattern that does not backtrack without end (microseconds on a 10,000-
+# character line), so that a busy box (8 ranks flooding 2 cores) does not give a good one up;
+# a pattern that does is given up once, the GIL released meanwhile (the run goes on).
+MATCH_SECONDS = 0.25
 MAX_ITEMS = 100_000  # items a pattern's repeats may come to once written out (~40 MB, 0.03 s for regex)
 _REPEATS = {getattr(re_parser, name) for name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
             if hasattr(re_parser, name)}
@@ -105,6 +109,6 @@ def _parts(arg: Any) -> Iterator[Any]:
 
 
 def stopped_line(what: str, rank: int, outcome: str) -> str:
-    """The one line that says a pattern was given up: `the pattern 're:(a+)+b' took over 50 ms
+    """The one line that says a pattern was given up: `the pattern 're:(a+)+b' took over 250 ms
     on one line of rank 3: stopped (no more matches counted)`."""
     return f"{what} took over {round(MATCH_SECONDS * 1000)} ms on one line of rank {rank}: stopped ({outcome})"
