@@ -841,6 +841,26 @@ def test_a_pattern_that_backtracks_without_end_is_given_up_and_said_once():
     drive_fake(engine, body)
 
 
+def test_a_pattern_slow_on_every_line_is_given_up_once_its_slow_matches_add_up():
+    """A pattern slow on each line but never past the time limit on one (`(.* ){8}\\d{9}` takes
+    ~0.1 s a training log line) was never given up: a search over a ring of 10,000 lines froze the
+    TUI for minutes. Matches slower than `slow_match` add up, and past `slow_budget` the pattern is
+    given up as a timeout gives it up (the thresholds set to 0 here: every match counts, and the
+    first spends the budget)."""
+    from ranktop.tui.bounded_regex import BoundedPattern, stopped_line
+    from ranktop.tui.usage import compiled_regex
+
+    pattern = BoundedPattern.compile("lo+ss")
+    pattern.slow_match = pattern.slow_budget = 0.0
+    assert pattern.search("a loss").group() == "loss"  # (the match that spent the budget is kept)
+    assert pattern.stopped and pattern.search("a loss") is None and list(pattern.finditer("a loss")) == []
+    assert stopped_line("the pattern 're:lo+ss'", pattern, 3, "no more matches counted") == (
+        "the pattern 're:lo+ss' took over 0 s within 10 s on lines of rank 3: stopped (no more matches counted)")
+    fresh = BoundedPattern.compile("lo+ss")  # the real thresholds: a quick match counts for nothing
+    assert [m.group() for m in fresh.finditer("loss, looss")] == ["loss", "looss"] and not fresh.stopped
+    assert compiled_regex("lo+ss") is compiled_regex("lo+ss")  # one object a text: n / N reuse it
+
+
 def test_v_selects_lines_beyond_the_screen_and_y_copies_them_as_shown():
     engine = FakeEngine(2)
     engine.print(0, *[f"line {i}" for i in range(100)], "bell\x07 and \x1b]52;c;evil\x07 gone", "last")

@@ -16,6 +16,8 @@ repeats come to more than MAX_ITEMS is refused before regex sees it.
 
 from __future__ import annotations
 
+import collections
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +32,12 @@ except ImportError:  # 3.10
 # character line), so that a busy box (8 ranks flooding 2 cores) does not give a good one up;
 # a pattern that does is given up once, the GIL released meanwhile (the run goes on).
 MATCH_SECONDS = 0.25
+# A pattern slow on every line but never past MATCH_SECONDS on one (`(.* ){8}\d{9}`: ~0.1 s a
+# line of a training log) froze the TUI for a ring's worth of lines (10,000: minutes). Matches
+# slower than SLOW_MATCH count against a budget: SLOW_BUDGET of them within SLOW_WINDOW gives the
+# pattern up as a timeout does. A good pattern takes microseconds a line, and reaches SLOW_MATCH
+# only where the box kept the thread waiting: a second of that within ten is a frozen screen anyway.
+SLOW_MATCH, SLOW_BUDGET, SLOW_WINDOW = 0.01, 1.0, 10.0
 MAX_ITEMS = 100_000  # items a pattern's repeats may come to once written out (~40 MB, 0.03 s for regex)
 _REPEATS = {getattr(re_parser, name) for name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
             if hasattr(re_parser, name)}
@@ -46,7 +54,10 @@ class BoundedPattern:
         self.seconds = seconds
         self.pattern: str = compiled.pattern
         self.groupindex: dict[str, int] = dict(compiled.groupindex)
-        self.stopped = False  # a match took longer than `seconds`: given up for good
+        self.stopped = False  # given up for good: see `why`
+        self.why = ""  # how it was given up: "took over 250 ms on one line"
+        self._slow: collections.deque[tuple[float, float]] = collections.deque()  # (when, seconds) of slow matches
+        self.slow_match, self.slow_budget = SLOW_MATCH, SLOW_BUDGET
 
     @classmethod
     def compile(cls, text: str, *, ignore_case: bool = False) -> BoundedPattern:
@@ -66,21 +77,41 @@ class BoundedPattern:
         """The first match in `text`, as re.Pattern.search; None once stopped."""
         if self.stopped:
             return None
+        started = time.monotonic()
         try:
             return self._compiled.search(text, concurrent=True, timeout=self.seconds)
         except TimeoutError:
-            self.stopped = True
+            self._give_up(f"took over {round(self.seconds * 1000)} ms on one line")
             return None
+        finally:
+            self._count(started)
 
     def finditer(self, text: str) -> Iterator[Any]:
         """Every match in `text`, as re.Pattern.finditer, within one time limit for them all;
         those found before a timeout, and none once stopped."""
         if self.stopped:
             return
+        started = time.monotonic()
         try:
             yield from self._compiled.finditer(text, concurrent=True, timeout=self.seconds)
         except TimeoutError:
-            self.stopped = True
+            self._give_up(f"took over {round(self.seconds * 1000)} ms on one line")
+        finally:
+            self._count(started)
+
+    def _count(self, started: float) -> None:
+        """A match that took over SLOW_MATCH counts against the slow budget."""
+        now = time.monotonic()
+        if now - started < self.slow_match or self.stopped:
+            return
+        self._slow.append((now, now - started))
+        while self._slow and self._slow[0][0] < now - SLOW_WINDOW:
+            self._slow.popleft()
+        if sum(seconds for _when, seconds in self._slow) >= self.slow_budget:
+            self._give_up(f"took over {self.slow_budget:g} s within {SLOW_WINDOW:g} s on lines")
+
+    def _give_up(self, why: str) -> None:
+        self.stopped, self.why = True, why
 
     def __repr__(self) -> str:
         return f"BoundedPattern({self.pattern!r}{', stopped' if self.stopped else ''})"
@@ -108,7 +139,7 @@ def _parts(arg: Any) -> Iterator[Any]:
             yield from _parts(value)
 
 
-def stopped_line(what: str, rank: int, outcome: str) -> str:
+def stopped_line(what: str, pattern: BoundedPattern, rank: int, outcome: str) -> str:
     """The one line that says a pattern was given up: `the pattern 're:(a+)+b' took over 250 ms
     on one line of rank 3: stopped (no more matches counted)`."""
-    return f"{what} took over {round(MATCH_SECONDS * 1000)} ms on one line of rank {rank}: stopped ({outcome})"
+    return f"{what} {pattern.why or 'was given up'} of rank {rank}: stopped ({outcome})"

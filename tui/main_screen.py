@@ -27,7 +27,7 @@ from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankStat
 from ranktop.core.strays import own_tool
 from ranktop.tui.attempts import FileFeed, attempt_dirs
 from ranktop.tui.bounded_regex import BoundedPattern, stopped_line
-from ranktop.tui.logview import LogView
+from ranktop.tui.logview import LogView, search_pattern
 from ranktop.tui.metric import Tracker
 from ranktop.tui.panes import (
     ACTS_ON_RANKS,
@@ -43,6 +43,7 @@ from ranktop.tui.panes import (
 )
 from ranktop.tui.screens import RootCausePanel, SignalPicker
 from ranktop.tui.search_all import RankSearch
+from ranktop.tui.usage import compiled_regex
 from textual import on
 from textual.app import ComposeResult, SuspendNotSupported
 from textual.binding import Binding
@@ -544,6 +545,7 @@ class MainScreen(Screen):
         self._close_search()
         self.everywhere = None
         self._stops_said.clear()
+        compiled_regex.cache_clear()  # a new search tries its pattern afresh; its n / N reuse it
         self.tick()
         if self._search_all:
             self._search_every_rank(query)
@@ -592,7 +594,8 @@ class MainScreen(Screen):
         if (query, local_rank) in self._stops_said:
             return
         self._stops_said.add((query, local_rank))
-        line = stopped_line(f"the pattern {query!r}", self.rank_of(local_rank), "no more matches counted")
+        line = stopped_line(f"the pattern {quoted(query[:80])}", search_pattern(query), self.rank_of(local_rank),
+                            "no more matches counted")
         self.notify(clean(line), severity="warning", timeout=10, markup=False)
 
     def _show_matches_of(self, local_rank: int, direction: int) -> None:
@@ -897,7 +900,7 @@ class MainScreen(Screen):
         if stopped_in is None or self._metric_stop_said:
             return
         self._metric_stop_said = True
-        line = stopped_line(f"the --metric pattern {quoted(self.tracker.pattern.pattern[:80])}",
+        line = stopped_line(f"the --metric pattern {quoted(self.tracker.pattern.pattern[:80])}", self.tracker.pattern,
                             self.rank_of(stopped_in), "no more values read")
         self.notify(clean(line), severity="warning", timeout=10, markup=False)
 

@@ -7,6 +7,7 @@ through `usage_error`, so they read the same.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shlex
 import sys
@@ -45,12 +46,15 @@ def metric_pattern(text: str) -> BoundedPattern:
         raise BadValue(str(exc)) from None
 
 
+@functools.lru_cache(maxsize=32)
 def compiled_regex(text: str, *, ignore_case: bool = False) -> BoundedPattern:
     """A user's pattern (a `re:` search, --metric): `text` as re reads it, matched by the regex
     package with a time limit on each match (tui/bounded_regex.py); ValueError saying why not, in
     words (re's own; or, where re raises OverflowError or RecursionError, as for a{99999999999} or
     thousands of nested groups, that). re compiles it first so that what is a pattern, and the
-    line for one that is not, stay re's (regex words them differently and counts positions from 1)."""
+    line for one that is not, stay re's (regex words them differently and counts positions from 1).
+    One object for one text: a pattern given up stays given up (each n / N that searched again
+    compiled it afresh and spent the time limit again on the same line)."""
     from ranktop.tui.bounded_regex import BoundedPattern  # only a pattern given loads regex
 
     try:
