@@ -230,13 +230,14 @@ def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
         plain.wait()
 
 
-# A rank paused mid-dump: its handler writes the inner frames, then, 0.15 s later, the outer ones.
+# A rank paused mid-dump: its handler writes the inner frames, then, 0.1 s later, the outer ones
+# (past the 30 ms the reader used to wait, and short of its 0.25 s with room for a busy box).
 PAUSED_DUMP = r"""
 import os, signal, time
 def dump(signum, frame):
     os.write(2, b'Current thread 0x00007f0000000001 (most recent call first):\n'
                 b'  File "/t/x.py", line 3 in inner\n')
-    time.sleep(0.15)
+    time.sleep(0.1)
     os.write(2, b'  File "/t/x.py", line 9 in <module>\n')
 signal.signal(signal.SIGUSR1, dump)
 print("ready", flush=True)

@@ -144,7 +144,9 @@ def test_a_value_that_is_no_finite_number_or_a_group_left_out_of_a_match_ends_no
         await pilot.press("m")
         await until(pilot, lambda: isinstance(app.screen, RankDetails), what="the details view")
         await until(pilot, lambda: "loss" in str(app.screen.query_one("#details-text").render()), what="its histories")
-        await pilot.pause(1.1)  # a second more of samples, drawn
+        out = main.tracker.ranks[0].history["out"]  # (one sample a second, whatever the metric reads)
+        taken = len(out)
+        await until(pilot, lambda: len(out) > taken, what="a sample taken with NaN read")
         assert app.is_running and set(history()) == {1.5}  # what is no finite number is not a sample
 
     drive(engine, body, metric=compile_metric(r"loss (\S+)|acc"))
