@@ -231,13 +231,16 @@ class GroupSnapshot:
         if cause is None:
             return self.earlier_words
         failed_in = self.attempt if cause.attempt is None else cause.attempt  # (as the headline names it)
-        return self._earlier_words_of(tuple(words for words in self.earlier_attempts
-                                            if _came_before(words, failed_in)))
+        kept = tuple(words for words in self.earlier_attempts if _came_before(words, failed_in))
+        # Where every attempt after the first few was dropped, the cause's attempt may be among
+        # those left out, and so may some after it: their count is not the ones before it.
+        counted = len(kept) > EARLIER_FIRST or len(self.earlier_attempts) <= EARLIER_FIRST
+        return self._earlier_words_of(kept, counted)
 
-    def _earlier_words_of(self, kept: tuple[str, ...]) -> str:
+    def _earlier_words_of(self, kept: tuple[str, ...], counted: bool = True) -> str:
         if self.earlier_left_out <= 0:
             return "; ".join(kept)
-        between = f"... {self.earlier_left_out} more (events.jsonl) ..."
+        between = f"... {self.earlier_left_out if counted else 'some'} more (events.jsonl) ..."
         return "; ".join((*kept[:EARLIER_FIRST], between, *kept[EARLIER_FIRST:]))
 
     @property

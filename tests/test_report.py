@@ -104,6 +104,13 @@ def test_the_earlier_attempts_line_leaves_out_the_attempt_the_root_cause_names()
     assert later.startswith("ranktop: t.py failed in attempt_5 (6 of 7 attempts)\n"), later
     assert ("\n  earlier attempts: attempt_0: rank 0 failed (exit 3); ... 2 more (events.jsonl) ...; attempt_3: rank 0 "
             "failed (exit 3); attempt_4: rank 0 failed (exit 3)\n") in later, later
+    # The cause's attempt among those left out (only the first and the last few are kept), every
+    # kept one after it dropped: the count of those left out is no count of those before it.
+    middle = dataclasses.replace(_group(_cause(attempt=3)), attempt=10, max_restarts=10, ended=True,
+                                 earlier_attempts=tuple(f"attempt_{k}: rank 0 failed (exit 3)" for k in (0, 7, 8, 9)),
+                                 earlier_left_out=6)
+    assert "\n  earlier attempts: attempt_0: rank 0 failed (exit 3); ... some more (events.jsonl) ...\n" in \
+        report_after_tui(middle) + "\n"
     # A run that ends in the attempt that failed lists every earlier one, as it did.
     ended_there = dataclasses.replace(_group(_cause(attempt=1)), attempt=1, max_restarts=1, ended=True,
                                       earlier_attempts=("attempt_0: rank 1 failed (exit 1)",))
