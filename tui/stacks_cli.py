@@ -103,12 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if ns.native and ns.signal:
         return usage_error("--native needs py-spy: --signal's faulthandler prints Python frames only")
-    from ranktop.core.client import FinalEngine, ServedRun
+    from ranktop.core.client import FinalEngine, ServedRun, served_runs
     from ranktop.tui.runs_cli import final_words, unfinished_words
 
+    runs = served_runs()  # (once: each silent engine costs its time-out)
     if ns.target is not None and _is_pid(ns.target) and _live_pid(ns.target):
-        return _dump_found(ns.target, ns)  # (a pid wins over a run id that starts with its digits)
-    named = _named_run(ns.target)
+        return _dump_found(ns.target, ns, runs)  # (a pid wins over a run id that starts with its digits)
+    named = _named_run(ns.target, runs)
     if isinstance(named, int):
         return named
     if isinstance(named, FinalEngine):  # its ranks have all ended: final.json is written after them
@@ -120,8 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(named, ServedRun):
         return _through_engine(named, ns)
     if isinstance(named, _Unfinished):  # read as its directory is (a rank may outlive its engine); none: as attach says
-        return _dump_found(named.run_dir, ns, nothing=unfinished_words(named.run_dir))
-    return _dump_found(named, ns)
+        return _dump_found(named.run_dir, ns, runs, nothing=unfinished_words(named.run_dir))
+    return _dump_found(named, ns, runs)
 
 
 @dataclass(frozen=True)
@@ -131,17 +132,16 @@ class _Unfinished:
     run_dir: str
 
 
-def _named_run(target: str | None) -> ServedRun | FinalEngine | _Unfinished | str | None | int:
+def _named_run(target: str | None, runs: Sequence[ServedRun]) -> ServedRun | FinalEngine | _Unfinished | str | None | int:
     """What `target` names, as attach and logs look it up (runs_cli.pick_run): the served run (a
     run id, a prefix of one, its directory; None: the newest running one), else the final view of
     the ended run it names, or the run that left no final.json; a path (a run directory, a log
     directory) or None (no run served) to read from the files and /proc, as before; else
     the status of the one line printed. Digits that no process has are a run id's (a prefix of
     20261127-154636-ea7d, say), and, where they name no run either, the pid's line says so."""
-    from ranktop.core.client import SeveralRuns, find_run, run_dir_of, served_runs
+    from ranktop.core.client import SeveralRuns, find_run, run_dir_of
     from ranktop.tui.runs_cli import no_run_words, pick_ended_run
 
-    runs = served_runs()
     try:
         return find_run(target, runs)
     except ValueError as exc:
@@ -158,7 +158,8 @@ def _named_run(target: str | None) -> ServedRun | FinalEngine | _Unfinished | st
     return usage_error(f"{no_run_words(str(not_served), 'stacks', runs)} (or give a run directory, a log directory or a pid)")
 
 
-def _dump_found(target: str | None, ns: argparse.Namespace, nothing: str | None = None) -> int:
+def _dump_found(target: str | None, ns: argparse.Namespace, runs: Sequence[ServedRun],
+                nothing: str | None = None) -> int:
     """Dump the ranks a pid or a directory leads to: through their engine where a served run has
     them, as `ranktop stacks RUN` does (only it knows their cpu%, how long each has been silent,
     the prompt each waits at); else from here, read from /proc and the run's files. `nothing`:
@@ -168,7 +169,7 @@ def _dump_found(target: str | None, ns: argparse.Namespace, nothing: str | None 
     except BadTarget as exc:
         return usage_error(str(exc))
     try:
-        served = _served_ranks(pids)
+        served = _served_ranks(pids, runs)
         if served is not None:
             run, local_ranks = served
             return _through_engine(run, ns, local_ranks)
@@ -177,16 +178,14 @@ def _dump_found(target: str | None, ns: argparse.Namespace, nothing: str | None 
         stacks.close_all(held)
 
 
-def _served_ranks(pids: dict[int, int]) -> tuple[ServedRun, tuple[int, ...] | None] | None:
+def _served_ranks(pids: dict[int, int], runs: Sequence[ServedRun]) -> tuple[ServedRun, tuple[int, ...] | None] | None:
     """The served run whose engine names some of `pids` ({rank: pid}) among its ranks, with their
     local ranks (None: all its ranks), or None. Only an engine that answered counts: one that
     does not (stopped, swamped) would not dump them either, and /proc still can."""
-    from ranktop.core.client import served_runs
-
     if not pids:
         return None
     wanted = set(pids.values())
-    for run in served_runs():
+    for run in runs:
         ranks = run.snapshot.get("ranks") or []
         local = tuple(r["local_rank"] for r in ranks if r.get("pid") in wanted)
         if local:
