@@ -72,6 +72,13 @@ async def type_keys(pilot, *keys: str) -> None:
     await pilot.press(*keys[-1:])
 
 
+async def search_for(pilot, key: str, text: str) -> None:
+    """Open a search box with `key` (slash, ctrl+f), type `text` and run it."""
+    await pilot.press(key)
+    await type_keys(pilot, *text)
+    await pilot.press("enter")
+
+
 @pytest.fixture(autouse=True)
 def patient_confirm(monkeypatch):
     """A second press of k/K/r/R confirms within 3 s; a loaded box may take longer between two
@@ -782,21 +789,13 @@ def test_regular_expression_searches_and_a_bad_one():
     async def body(app, pilot):
         main = app.main
         await until(pilot, lambda: main.pane(0).log.line_count == 3, what="lines in")
-        await pilot.press("ctrl+f")
-        await type_keys(pilot, *"re:loss [0-9.]+$")
-        await pilot.press("enter")
+        await search_for(pilot, "ctrl+f", "re:loss [0-9.]+$")
         assert "2 matches for 're:loss [0-9.]+$' in 2 ranks: 0 (1), 1 (1)" in notes(app)
-        await pilot.press("slash")
-        await type_keys(pilot, *"re:LOSS (nan|inf)")
-        await pilot.press("enter")  # any case
+        await search_for(pilot, "slash", "re:LOSS (nan|inf)")  # any case
         assert "1 match for 're:LOSS (nan|inf)' in rank 0" in notes(app)
-        await pilot.press("slash")
-        await type_keys(pilot, *"re:loss [")
-        await pilot.press("enter")
+        await search_for(pilot, "slash", "re:loss [")
         assert "bad regular expression 'loss [': unterminated character set" in notes(app)
-        await pilot.press("slash")
-        await type_keys(pilot, *"re:a{99999999999}")
-        await pilot.press("enter")  # OverflowError in re: the app died
+        await search_for(pilot, "slash", "re:a{99999999999}")  # OverflowError in re: the app died
         assert "bad regular expression 'a{99999999999}': too large or too deeply nested" in notes(app)
 
     drive_fake(engine, body)
@@ -816,13 +815,9 @@ def test_a_pattern_that_backtracks_without_end_is_given_up_and_said_once():
     async def body(app, pilot):
         main = app.main
         await until(pilot, lambda: main.pane(0).log.line_count == 3, what="lines in")
-        await pilot.press("slash")
-        await type_keys(pilot, *"re:(a*)*b")
-        await pilot.press("enter")
+        await search_for(pilot, "slash", "re:(a*)*b")
         assert "2 matches for 're:(a*)*b' in rank 0" in notes(app)
-        await pilot.press("slash")
-        await type_keys(pilot, *"re:(a+)+b")
-        await pilot.press("enter")
+        await search_for(pilot, "slash", "re:(a+)+b")
         await until(pilot, lambda: stopped in notes(app), timeout=5, what="the note on the pattern given up")
         assert "1 match for 're:(a+)+b' in rank 0" in notes(app)  # (the line before it)
         engine.print(0, "aaab")  # a new line: not matched, and nothing more said
