@@ -24,7 +24,7 @@ from ranktop.tui.panes import RankPane, header_text
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker, root_cause_body
 from ranktop.tui.stacks_view import StacksScreen
 from test_tui_app import notes, palette_top
-from textual.command import CommandList
+from textual.command import CommandList, CommandPalette
 from textual.css.query import NoMatches
 from textual.widgets import Button
 from textual.widgets._footer import FooterKey
@@ -670,6 +670,36 @@ def test_the_signal_picker_fits_a_small_terminal_and_still_sends():
         await pilot.press("end", "enter")  # the list's last entry, scrolled to
         await until(pilot, lambda: engine.commands, what="a signal sent")
         assert engine.commands == [cmd.SignalRank(0, signal.SIGCONT)]
+
+    drive(engine, body, size=(80, 24))
+
+
+def test_the_signal_picker_and_the_palette_take_their_keys_in_a_terminal_too_small_for_their_lists():
+    """At 10 columns `x` ended the TUI: laying out the picker's list wrapped its signals to a
+    width of 0 (Textual's OptionList: ValueError). Where a list shows no row at all (the picker's
+    in 5 rows or 12 columns, the palette's in 4 rows), PgDn and PgUp looked up a row that was not
+    there (KeyError), which ended it too. Found by fuzzing the TUI with resize storms. Both keep
+    working, and the picker still sends once the terminal is larger."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.resize_terminal(10, 24)
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, SignalPicker), what="the picker")
+        await pilot.press("pagedown", "end")
+        for size in ((12, 24), (80, 5)):
+            await pilot.resize_terminal(*size)
+            await pilot.press("pagedown", "pageup")
+        await pilot.resize_terminal(80, 24)
+        await pilot.press("home", "enter")
+        await until(pilot, lambda: engine.commands, what="a signal sent")
+        assert engine.commands == [cmd.SignalRank(0, signal.SIGINT)]
+        await pilot.resize_terminal(80, 4)
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: isinstance(app.screen, CommandPalette), what="the palette")
+        await pilot.press("pagedown", "pageup")
+        await pilot.pause()
+        assert isinstance(app.screen, CommandPalette) and app.return_code is None
 
     drive(engine, body, size=(80, 24))
 

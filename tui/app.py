@@ -28,7 +28,7 @@ from ranktop.tui.detach import detach_terminal, terminal_alive
 from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, LogView, alive_count, can_act, read_only
-from ranktop.tui.screens import SCREEN_KEYS, SIDEWAYS, ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker
+from ranktop.tui.screens import SCREEN_KEYS, SIDEWAYS, ConfirmQuit, HelpScreen, Palette, RootCausePanel, SignalPicker
 from textual import on
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -299,6 +299,11 @@ class RanktopApp(App):
 
     def _stack_view_hidden(self) -> tuple[str, ...]:
         return ("copy_text",) if can_act(self) else ("copy_text", *ACTS_ON_RANKS)  # (u, its SIGUSR1 fallback)
+
+    def action_command_palette(self) -> None:
+        """Textual's, with the palette whose page keys survive a terminal too short for its list."""
+        if self.use_command_palette and not Palette.is_open(self):
+            self.push_screen(Palette(id="--command-palette"))
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

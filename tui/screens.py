@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.command import CommandList, CommandPalette
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.dom import DOMNode
 from textual.reactive import reactive
@@ -117,6 +118,13 @@ SCREEN_KEYS = ("focus_next", "focus_previous", "copy_text")
 SIDEWAYS = ("scroll_left", "scroll_right", "page_left", "page_right")
 
 
+def shows_rows(options: OptionList) -> bool:
+    """Whether an option list shows any row: squeezed to nothing (a terminal of 4 rows, or 12
+    columns) it has none laid out, and Textual's page keys look up the highlighted one's row
+    there (KeyError, which ended the TUI). Its other keys need no row."""
+    return bool(options.scrollable_content_region)
+
+
 class SignalList(OptionList):
     """The picker's signals. Its keys are OptionList's, named for what they do here."""
 
@@ -129,6 +137,18 @@ class SignalList(OptionList):
         Binding("pagedown", "page_down", "A page up / down", show=False),
         Binding("enter", "select", "Send the highlighted signal", show=False),
     ]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return shows_rows(self) if action in ("page_up", "page_down") else True
+
+
+class Palette(CommandPalette):
+    """Textual's command palette, whose page keys wait for its list to show a row (shows_rows)."""
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "command_list" and parameters and parameters[0] in ("page_up", "page_down"):
+            return shows_rows(self.query_one(CommandList))
+        return super().check_action(action, parameters)
 
 
 class SignalPicker(ModalScreen[tuple[int, bool] | None]):
