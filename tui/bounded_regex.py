@@ -56,6 +56,7 @@ class BoundedPattern:
         self.groupindex: dict[str, int] = dict(compiled.groupindex)
         self.stopped = False  # given up for good: see `why`
         self.why = ""  # how it was given up: "took over 250 ms on one line"
+        self._told = False  # someone has said on screen that it was given up
         self._slow: collections.deque[tuple[float, float]] = collections.deque()  # (when, seconds) of slow matches
         self.slow_match, self.slow_budget = SLOW_MATCH, SLOW_BUDGET
 
@@ -109,6 +110,14 @@ class BoundedPattern:
             self._slow.popleft()
         if sum(seconds for _when, seconds in self._slow) >= self.slow_budget:
             self._give_up(f"took over {self.slow_budget:g} s within {SLOW_WINDOW:g} s on lines")
+
+    def tell_once(self) -> bool:
+        """Whether it was given up and no one has said so yet: True once, to whoever says it (a
+        search of every rank, a pane, the metric's reader may each meet the line)."""
+        if not self.stopped or self._told:
+            return False
+        self._told = True
+        return True
 
     def _give_up(self, why: str) -> None:
         self.stopped, self.why = True, why

@@ -262,7 +262,6 @@ class LogView(ScrollView, can_focus=True):
         self._wrap_width = 80  # set from the real width once mounted
         self._query, self._query_bytes = "", None
         self._regex: BoundedPattern | None = None
-        self._stop_said = False  # SearchStopped was posted for self._regex
         self._hits: list[int] = []  # absolute numbers of matching complete lines, ascending
         self._current: int | None = None  # the match the view was moved to
         self._match_due: int | None = None  # a match to show once laid out (asked for before): on_resize
@@ -889,8 +888,7 @@ class LogView(ScrollView, can_focus=True):
     def _say_if_stopped(self) -> None:
         """Tell the screen, once, that the search's pattern was given up (a line took it past its
         time limit): from then on it matched nothing, without a word."""
-        if self._regex is not None and self._regex.stopped and not self._stop_said:
-            self._stop_said = True
+        if self._regex is not None and self._regex.tell_once():
             self.post_message(self.SearchStopped(self, self._query))
 
     def search(self, query: str) -> int:
@@ -898,7 +896,7 @@ class LogView(ScrollView, can_focus=True):
         last match; the number of matching lines (0 clears the search when the query is empty).
         ValueError for a regular expression that does not compile (nothing changes then)."""
         regex = search_pattern(query)
-        self._regex, self._stop_said = regex, False
+        self._regex = regex
         self._query = query if regex is not None else query.lower()
         self._query_bytes = self._query.encode() if self._query.isascii() else None
         self._strips.clear()
@@ -1045,7 +1043,7 @@ class LogView(ScrollView, can_focus=True):
             self._go_to_hit(hits[0] if direction > 0 else hits[-1])
 
     def clear_search(self) -> None:
-        self._query, self._query_bytes, self._regex, self._stop_said = "", None, None, False
+        self._query, self._query_bytes, self._regex = "", None, None
         self._hits, self._current = [], None
         self._strips.clear()
         self.refresh()

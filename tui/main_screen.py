@@ -171,8 +171,6 @@ class MainScreen(Screen):
         self._unfilled: set[int] = set()  # panes shown since the last read: filled on the next one, whatever its turn
         self._waiting: str | None = None  # what the #waiting line shows
         self._store_lost: str | None = None  # the rendezvous's store, while the engine finds it lost
-        self._stops_said: set[tuple[str, int]] = set()  # (query, local rank): the last search's pattern given up there
-        self._metric_stop_said = False
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -544,7 +542,6 @@ class MainScreen(Screen):
         query = event.value.strip()
         self._close_search()
         self.everywhere = None
-        self._stops_said.clear()
         compiled_regex.cache_clear()  # a new search tries its pattern afresh; its n / N reuse it
         self.tick()
         if self._search_all:
@@ -574,7 +571,7 @@ class MainScreen(Screen):
             self.notify(clean(str(exc)), severity="warning", timeout=5, markup=False)
             return
         self.notify(clean(found.summary(self.rank_of)), timeout=5, markup=False)
-        if found.stopped_in is not None:
+        if found.stopped_in is not None and search_pattern(query).tell_once():
             self._say_search_stopped(query, found.stopped_in)
         if not found.counts:
             return
@@ -589,11 +586,8 @@ class MainScreen(Screen):
             self._say_search_stopped(event.query, local_rank)
 
     def _say_search_stopped(self, query: str, local_rank: int) -> None:
-        """The one line that says the search's pattern was given up in a rank: once a search
-        (a search of every rank, then its pane's own, met the same line)."""
-        if (query, local_rank) in self._stops_said:
-            return
-        self._stops_said.add((query, local_rank))
+        """The one line that says the search's pattern was given up in a rank (once a search:
+        BoundedPattern.tell_once, as a search of every rank, then its pane's own, meet the line)."""
         line = stopped_line(f"the pattern {quoted(query[:80])}", search_pattern(query), self.rank_of(local_rank),
                             "no more matches counted")
         self.notify(clean(line), severity="warning", timeout=10, markup=False)
@@ -897,9 +891,8 @@ class MainScreen(Screen):
         """Once: the --metric pattern was given up (a line took it past its time limit); the
         values shown are the last ones read, and the output rates go on."""
         stopped_in = self.tracker.stopped_in
-        if stopped_in is None or self._metric_stop_said:
+        if stopped_in is None or not self.tracker.pattern.tell_once():
             return
-        self._metric_stop_said = True
         line = stopped_line(f"the --metric pattern {quoted(self.tracker.pattern.pattern[:80])}", self.tracker.pattern,
                             self.rank_of(stopped_in), "no more values read")
         self.notify(clean(line), severity="warning", timeout=10, markup=False)
