@@ -1068,8 +1068,10 @@ def test_wait_after_close_lists_the_ranks_close_cut_short(tmp_path):
                                    lambda ctx: all(_has_exited(pid) for pid in ctx.pids().values()))
     assert finished == [({}, {0: 0, 1: 2})] * 2
     if has_torch_elastic():  # torch's: one rank of the three, whichever its join looked at first
+        # TMPDIR: torch's spawn leaves a pytorch-errorfile-*.pickle per rank it stopped (never removed)
         done = subprocess.run([PY, "-c", _TORCH_CLOSE_SCRIPT, os.path.dirname(__file__), str(tmp_path)],
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})
         assert done.returncode == 0, done.stderr[-2000:]
         assert [len(listed) for listed in json.loads(done.stdout.splitlines()[-1])] == [1, 1], done.stdout
 
@@ -1108,7 +1110,7 @@ def test_a_binary_rank_reads_the_callers_stdin_and_a_function_rank_dev_null_as_t
     for impl, stdin in [(impl, "typed") for impl in impls] + [("ranktop", None)]:
         with open(tmp_path / "typed") if stdin else open(os.devnull) as given:
             done = subprocess.run([PY, str(script), impl, os.path.dirname(__file__)], stdin=given if stdin else None,
-                                  capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                  capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)},
                                   cwd=tmp_path, **({} if stdin else {"preexec_fn": lambda: os.close(0)}))
         assert done.returncode == 0, done.stderr[-2000:]
         shown[impl, stdin] = done.stdout.splitlines()[-2:]
