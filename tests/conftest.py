@@ -226,6 +226,15 @@ def run_ranktop(*args: str, timeout: float = 60, without: str | None = None, **k
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+def no_ranks_left(run_dir: str | Path) -> str:
+    """What `ranktop stacks` says of the run in `run_dir` (absolute) that left no final.json (its
+    engine killed, or its events.jsonl made by hand) once no rank of it runs, however it is named:
+    attach's and logs' line for that run, then stacks' own ending."""
+    return (f"ranktop stacks: {os.path.basename(run_dir)} is not served and left no final.json: its engine went "
+            f"away before the run's end (killed?), so how the run ended is unknown; its log files are under "
+            f"{run_dir}: no ranks to dump\n")
+
+
 @pytest.fixture
 def examples() -> Path:
     return ROOT / "examples"

@@ -31,6 +31,7 @@ import pytest
 from conftest import (
     ROOT,
     drive,
+    no_ranks_left,
     polls,
     ranktop_cmd,
     read_events,
@@ -195,7 +196,9 @@ def test_ls_cleans_the_socket_of_an_engine_that_died(tmp_path, runtime):
 def test_a_run_whose_engine_died_is_named_with_its_log_directory(tmp_path, runtime):
     """ranktop SIGKILLed (no final.json): `ranktop logs RUN_DIR` said `'RUN_DIR' names no run ...;
     an ended run is named by its run directory`, which it had been given. Each command now says the
-    engine left no final view and where the log files are, exit 1."""
+    engine left no final view and where the log files are, exit 1; `stacks` that line, then that it
+    has no ranks to dump, whether named by the run's id or its directory (which said `no live ranks
+    in DIR (the run has ended)`)."""
     env = {**runtime, "TMPDIR": str(tmp_path)}
     (tmp_path / "ticker.py").write_text(TICKER)
     proc = subprocess.Popen(ranktop_cmd("--headless", "--nproc-per-node", "2", "--run-id", "doomed",
@@ -211,9 +214,14 @@ def test_a_run_whose_engine_died_is_named_with_its_log_directory(tmp_path, runti
     said = (f"ranktop: doomed is not served and left no final.json: its engine went away before the run's end "
             f"(killed?), so how the run ended is unknown; its log files are under {run['log_dir']}")
     for args in (("logs", "doomed"), ("logs", run["log_dir"]), ("stop", "doomed"), ("attach", "doomed"),
-                 ("stacks", "doomed"), ("web", "doomed")):
+                 ("web", "doomed")):
         done = run_ranktop(*args, env=env)
         assert (done.returncode, done.stdout, done.stderr) == (1, "", said + "\n"), args
+    for target in ("doomed", run["log_dir"]):
+        done = run_ranktop("stacks", target, env=env)
+        stacks_said = f"ranktop stacks: {said.removeprefix('ranktop: ')}: no ranks to dump\n"
+        assert (done.returncode, done.stdout, done.stderr) == (1, "", stacks_said), target
+        assert stacks_said == no_ranks_left(run["log_dir"])  # (the line the stacks tests expect)
 
 
 PLANT_FINAL = """import os, shutil, time
@@ -271,6 +279,8 @@ def test_a_final_json_a_rank_planted_is_not_the_end_of_a_run_whose_engine_was_ki
     done = run_ranktop("logs", "doomed", env=env)
     assert (done.returncode, done.stdout) == (1, ""), done.stderr
     assert done.stderr.startswith(f"ranktop: {said}\nranktop: doomed is not served and left no final.json")
+    stacks = run_ranktop("stacks", run["log_dir"], env=env)  # as its id is: it said `no live ranks in DIR`
+    assert (stacks.returncode, stacks.stderr) == (1, f"ranktop: {said}\n{no_ranks_left(run['log_dir'])}"), stacks.stderr
     # The engine's own final.json holds the key, and views take it: the donor's, by the seal it recorded.
     assert run_ranktop("logs", "donor", env=env).returncode == 0
 

@@ -76,7 +76,7 @@ def pick_run(target: str | None, command: str = "attach") -> ServedRun | FinalEn
         not_served = str(exc)
     ended = pick_ended_run(target)
     if isinstance(ended, str):
-        print(unfinished_words(target), file=sys.stderr)
+        print(f"ranktop: {ended_run_words(ended)}", file=sys.stderr)
         return 1
     return usage_error(no_run_words(not_served, command, runs)) if ended is None else ended
 
@@ -146,15 +146,16 @@ def _ended_not_served(served: Sequence[ServedRun]) -> list[tuple[str, float]]:
         :NEWEST_ENDED_NAMED]
 
 
-def unfinished_words(target: str | None) -> str | None:
-    """The line for a run directory `target` names exactly that has no final.json: its engine
-    went away before the run's end (SIGKILL, the OOM killer), so nothing says how it ended."""
-    run_dir = run_dir_of(target) if target else None
-    if run_dir is None:
-        return None
-    name = clean(os.path.basename(os.path.normpath(run_dir)))
-    return (f"ranktop: {name} is not served and left no final.json: its engine went away before the run's end "
-            f"(killed?), so how the run ended is unknown; its log files are under {clean(os.path.abspath(run_dir))}")
+def ended_run_words(ended: FinalEngine | str) -> str:
+    """How attach, logs, stop and stacks say that the run pick_ended_run found has ended, with no
+    `ranktop: ` before it: its final state, from `ended`, its final view; or, for `ended` the run
+    directory of one that left no final.json, that its engine went away before the run's end
+    (SIGKILL, the OOM killer), so nothing says how it ended."""
+    if isinstance(ended, FinalEngine):
+        return final_words(ended)
+    name = clean(os.path.basename(os.path.normpath(ended)))
+    return (f"{name} is not served and left no final.json: its engine went away before the run's end "
+            f"(killed?), so how the run ended is unknown; its log files are under {clean(os.path.abspath(ended))}")
 
 
 def ended_view(target: str | None) -> FinalEngine | None:

@@ -104,7 +104,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.native and ns.signal:
         return usage_error("--native needs py-spy: --signal's faulthandler prints Python frames only")
     from ranktop.core.client import FinalEngine, ServedRun, served_runs
-    from ranktop.tui.runs_cli import final_words, unfinished_words
 
     runs = served_runs()  # (once: each silent engine costs its time-out)
     if ns.target is not None and _is_pid(ns.target) and _live_pid(ns.target):
@@ -113,15 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(named, int):
         return named
     if isinstance(named, FinalEngine):  # its ranks have all ended: final.json is written after them
-        try:
-            print(f"ranktop stacks: {final_words(named)}: no ranks to dump", file=sys.stderr)
-        finally:
-            named.close()
-        return 1
+        return _no_ranks(named)
     if isinstance(named, ServedRun):
         return _through_engine(named, ns)
-    if isinstance(named, _Unfinished):  # read as its directory is (a rank may outlive its engine); none: as attach says
-        return _dump_found(named.run_dir, ns, runs, nothing=unfinished_words(named.run_dir))
+    if isinstance(named, _Unfinished):  # read as its directory is: a rank may outlive its engine
+        return _dump_found(named.run_dir, ns, runs, unfinished=True)
     return _dump_found(named, ns, runs)
 
 
@@ -159,11 +154,11 @@ def _named_run(target: str | None, runs: Sequence[ServedRun]) -> ServedRun | Fin
 
 
 def _dump_found(target: str | None, ns: argparse.Namespace, runs: Sequence[ServedRun],
-                nothing: str | None = None) -> int:
+                unfinished: bool = False) -> int:
     """Dump the ranks a pid or a directory leads to: through their engine where a served run has
     them, as `ranktop stacks RUN` does (only it knows their cpu%, how long each has been silent,
-    the prompt each waits at); else from here, read from /proc and the run's files. `nothing`:
-    the line where no rank of it runs (by default, how its final.json says the run ended)."""
+    the prompt each waits at); else from here, read from /proc and the run's files. `unfinished`:
+    `target` is the run directory of a run already found to have left no final.json."""
     try:
         pids, local, run_dir, held = resolve(target)
     except BadTarget as exc:
@@ -173,7 +168,7 @@ def _dump_found(target: str | None, ns: argparse.Namespace, runs: Sequence[Serve
         if served is not None:
             run, local_ranks = served
             return _through_engine(run, ns, local_ranks)
-        return _dump_here(pids, local, run_dir, held, ns, nothing)
+        return _dump_here(pids, local, run_dir, held, ns, unfinished)
     finally:
         stacks.close_all(held)
 
@@ -194,14 +189,10 @@ def _served_ranks(pids: dict[int, int], runs: Sequence[ServedRun]) -> tuple[Serv
 
 
 def _dump_here(pids: dict[int, int], local: dict[int, int], run_dir: str | None, held: dict[int, HeldProcess],
-               ns: argparse.Namespace, nothing: str | None = None) -> int:
+               ns: argparse.Namespace, unfinished: bool = False) -> int:
     """Dump the ranks found from here (py-spy, or SIGUSR1 with --signal); the exit status."""
-    if not pids:
-        if nothing is None:
-            ended = _ended(run_dir)
-            nothing = f"ranktop stacks: {ended + ': no ranks to dump' if ended else f'no live ranks in {run_dir} (the run has ended)'}"
-        print(nothing, file=sys.stderr)
-        return 1
+    if not pids:  # (only a directory leads to none: a pid is a rank itself at least)
+        return _no_ranks_in(run_dir or "", unfinished)
     save_to = None if ns.no_save or not run_dir else _save_dir(run_dir)
     try:
         if ns.signal:
@@ -225,22 +216,32 @@ def _save_dir(run_dir: str) -> RunDir | None:
         return None
 
 
-def _ended(target: str | None) -> str | None:
-    """'RUN has ended (STATE); ...' for an ended run that `target` names, from its final.json;
-    None if it names none (or its final.json cannot be read: the caller's own line stands)."""
-    from ranktop.core.client import BadFinalFile
-    from ranktop.tui.runs_cli import ended_view, final_words
+def _no_ranks_in(run_dir: str, unfinished: bool) -> int:
+    """The line for a run directory none of whose ranks runs, as for its run named by its id: how
+    attach and logs say the run ended (`unfinished`: it was found already to have left no
+    final.json), so that a run reads the same whichever way it is named; 1, or the status of
+    their line where its final.json is not to be shown."""
+    from ranktop.tui.runs_cli import pick_ended_run
+
+    path = os.path.abspath(run_dir)  # (a path: a bare name is a run id under the default log root first)
+    ended = path if unfinished else pick_ended_run(path)
+    if isinstance(ended, int):
+        return ended
+    return _no_ranks(path if ended is None else ended)  # (None: its events.jsonl went since)
+
+
+def _no_ranks(ended: FinalEngine | str) -> int:
+    """`ranktop stacks: ` and how attach and logs say the run ended (`ended`: its final view,
+    closed here, or the run directory of one that left no final.json), then `: no ranks to
+    dump`; 1."""
+    from ranktop.tui.runs_cli import ended_run_words
 
     try:
-        view = ended_view(target)
-    except BadFinalFile:
-        return None
-    if view is None:
-        return None
-    try:
-        return final_words(view)
+        print(f"ranktop stacks: {ended_run_words(ended)}: no ranks to dump", file=sys.stderr)
     finally:
-        view.close()
+        if not isinstance(ended, str):
+            ended.close()
+    return 1
 
 
 def _through_engine(run: ServedRun, ns: argparse.Namespace, local_ranks: tuple[int, ...] | None = None) -> int:
