@@ -864,16 +864,47 @@ async def refused_at_once(app, pilot, engine: FakeEngine, keys: tuple[str, ...],
         assert not app.main.query_one("#stdin").display and engine.commands == [], key
 
 
-def test_keys_that_act_on_a_rank_before_any_started_say_so_at_once():
+def footer_dimmed(app: RanktopApp) -> dict[str, bool]:
+    """Each key the footer shows, by its description: whether it is dimmed (check_action None)."""
+    return {key.description: key.has_class("-disabled") for key in shown_footer_keys(app)}
+
+
+RANK_KEYS_SHOWN = ("Signal…", "Kill rank", "Restart rank", "Restart group")
+
+
+def test_keys_that_can_act_on_no_rank_now_are_dimmed_and_say_so_at_once():
     """While the first rendezvous round forms no rank has started: k asked `Kill rank 0 (SIGKILL)?
     Press k again to confirm.` of a rank that did not exist (r, R the same; x opened the picker,
     i the input box), and only then did the engine answer that there was nothing to act on. They
-    say so at once; K, a stop, which ends the wait, still asks and is sent."""
-    engine = FakeEngine(0)
-    engine.group = dataclasses.replace(engine.group, state=GroupState.RENDEZVOUS, local_world_size=2)
+    say so at once; K, a stop, which ends the wait, still asks and is sent. The footer dims those
+    keys (it showed them as if they acted) and shows them whole once the ranks run; a rank that is
+    not running dims k and i (nothing to kill or to type into), which say so at once too, and a
+    later round forming dims them all again."""
+    engine = FakeEngine(2)
+    started = engine.group
+    engine.group = dataclasses.replace(started, state=GroupState.RENDEZVOUS, ranks=())
 
     async def body(app, pilot):
+        await until(pilot, lambda: "Stop group" in footer_dimmed(app), what="the footer's keys")
+        dimmed = footer_dimmed(app)
+        assert [dimmed[d] for d in RANK_KEYS_SHOWN] == [True] * 4, dimmed
+        assert not any(dimmed[d] for d in ("Quit", "Help", "Zoom", "Search", "Stacks", "Stop group")), dimmed
+        assert not app.screen.active_bindings["i"].enabled  # (not in the footer: the palette runs it)
         await refused_at_once(app, pilot, engine, ("k", "r", "R", "x", "i"), "no ranks to act on yet")
+        app.clear_notifications()
+        assert await app.run_action("restart_group", app.main)  # as the palette runs it
+        await until(pilot, lambda: "no ranks to act on yet" in notes(app), what="the palette's answer")
+        assert engine.commands == []
+        engine.group = dataclasses.replace(started, ranks=started.ranks)  # the round formed: the ranks run
+        await until(pilot, lambda: not any(footer_dimmed(app).values()), what="the rank keys shown whole")
+        engine.set_rank(1, state=RankState.FAILED, exitcode=1)
+        await pilot.press("1")
+        await until(pilot, lambda: footer_dimmed(app)["Kill rank"], what="k dimmed on a rank not running")
+        assert not any(footer_dimmed(app)[d] for d in ("Signal…", "Restart rank", "Restart group"))
+        await refused_at_once(app, pilot, engine, ("k", "i"), "rank 1 is not running (failed)")
+        engine.group = dataclasses.replace(engine.group, state=GroupState.RENDEZVOUS)  # the next round forms
+        await until(pilot, lambda: all(footer_dimmed(app)[d] for d in RANK_KEYS_SHOWN), what="every rank key dimmed")
+        await refused_at_once(app, pilot, engine, ("R",), "no ranks to act on until it forms")
         await pilot.press("K")
         await until(pilot, lambda: "Press K again to confirm" in notes(app), what="the stop's question")
         await pilot.press("K")

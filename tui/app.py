@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
@@ -30,8 +30,10 @@ from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, LogView, alive_count, can_act, read_only
 from ranktop.tui.screens import SCREEN_KEYS, SIDEWAYS, ConfirmQuit, HelpScreen, Palette, RootCausePanel, SignalPicker
 from textual import on
+from textual.actions import ActionParseResult, parse
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.dom import DOMNode
 from textual.screen import Screen
 
 QUIT_STATUS = 128 + signal.SIGINT  # the user interrupted the run from the TUI
@@ -93,6 +95,19 @@ class RanktopApp(App):
     @property
     def ended(self) -> bool:
         return self.engine.snapshot().ended
+
+    async def run_action(self, action: str | ActionParseResult, default_namespace: DOMNode | None = None,
+                         namespaces: Mapping[str, DOMNode] | None = None) -> bool:
+        """Textual's, but a key the footer shows dimmed (check_action None: not now) still answers,
+        where its node says why (answer_dimmed): Textual runs no disabled action, so the key, or
+        the palette's command, did nothing at all, and said nothing."""
+        if await super().run_action(action, default_namespace, namespaces):
+            return True
+        answer = getattr(default_namespace, "answer_dimmed", None)
+        if answer is None:
+            return False
+        namespace, name, parameters = parse(action) if isinstance(action, str) else action
+        return not namespace and answer(name, parameters)
 
     def get_default_screen(self) -> Screen:
         # The main screen is the bottom of the stack itself, not pushed over Textual's blank

@@ -64,6 +64,8 @@ MIN_PANE_HEIGHT = 6  # title + 5 lines of output: less than that is not worth a 
 NARROW_TITLE = 72  # panes narrower than this get the label-free title
 CONFIRM_SECONDS = 3.0  # a destructive key acts when pressed again within this long
 DIGIT_SECONDS = 1.0  # digits typed within this long of each other make one rank number (1 2 -> 12)
+# The keys that act on ranks, but K: a stop always acts (it ends a forming round's wait too).
+RANK_KEYS = tuple(action for action in ACTS_ON_RANKS if action != "kill_group")
 
 
 def plan_grid(n: int, width: int, height: int) -> tuple[int, int] | None:
@@ -80,6 +82,36 @@ def plan_grid(n: int, width: int, height: int) -> tuple[int, int] | None:
         if score > best_score:
             best, best_score = (cols, rows), score
     return best
+
+
+def keys_not_now(snap: GroupSnapshot, local_rank: int) -> dict[str, str]:
+    """The actions of RANK_KEYS that can do nothing now in a live run, each with the line its key
+    answers at once; the footer shows them dimmed, as keys that will act again. All of them while
+    this node has no running round (none formed yet, a later one forming, the exit barrier: the
+    engine refuses them all); with the focused rank not running, k and i (nothing to kill, nothing
+    reads its stdin); x once no rank here runs (its picker signals the whole group too). An ended
+    run's are another matter: they never act again, and the footer leaves them out."""
+    if snap.ended:
+        return {}
+    if not snap.ranks or snap.state == GroupState.RENDEZVOUS:
+        return dict.fromkeys(RANK_KEYS, _rendezvous_refusal(snap))
+    not_now: dict[str, str] = {}
+    rank = snap.ranks[local_rank] if local_rank < len(snap.ranks) else None
+    if rank is not None and not rank.state.alive:
+        gone = f"rank {rank.rank} is not running ({rank.state.value})"
+        not_now.update(kill_rank=f"{gone}: nothing to kill", type_input=f"{gone}: nothing reads its stdin")
+    if not any(r.state.alive for r in snap.ranks):
+        not_now["signal"] = "no rank of this node is running: nothing to signal"
+    return not_now
+
+
+def _rendezvous_refusal(snap: GroupSnapshot) -> str:
+    """Why no key acts on a rank while the node waits on the rendezvous, in words."""
+    if not snap.ranks:
+        return "waiting for the rendezvous: no ranks to act on yet (K stops the run)"
+    if all(r.state == RankState.SUCCEEDED for r in snap.ranks):
+        return "this node's ranks are done, waiting at the exit barrier: no rank to act on (K stops the run)"
+    return "waiting for the next rendezvous round: no ranks to act on until it forms (K stops the run)"
 
 
 class MainScreen(Screen):
@@ -171,6 +203,8 @@ class MainScreen(Screen):
         self._unfilled: set[int] = set()  # panes shown since the last read: filled on the next one, whatever its turn
         self._waiting: str | None = None  # what the #waiting line shows
         self._store_lost: str | None = None  # the rendezvous's store, while the engine finds it lost
+        # The rank keys the footer dims (keys_not_now at the last read): dimmed from the first frame
+        self._dimmed = frozenset(keys_not_now(self.last, self.current))
 
     # ----- building ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -335,6 +369,17 @@ class MainScreen(Screen):
             return False
         if action in ("move", "select_lines") and isinstance(self.focused, RootCausePanel):  # its arrows scroll it
             return False
+        if action in self._dimmed:
+            return None  # shown, dimmed: the key still answers (answer_dimmed)
+        return True
+
+    def answer_dimmed(self, action: str, parameters: tuple[object, ...]) -> bool:
+        """A dimmed rank key pressed (or run from the palette): Textual runs no disabled action, and
+        the key did nothing at all. Its action runs, and says at once why it does nothing now, or
+        acts, where the run moved on since the last read. Whether it was such a key."""
+        if action not in RANK_KEYS or self.check_action(action, parameters) is not None:
+            return False
+        getattr(self, f"action_{action}")(*parameters)
         return True
 
     def action_move(self, dx: int, dy: int) -> None:
@@ -508,7 +553,7 @@ class MainScreen(Screen):
     def action_type_input(self) -> None:
         """A line for the focused rank's stdin (a breakpoint()'s pdb reads it); it stays open
         for the next line until esc."""
-        if self._cannot_act():
+        if self._cannot_act("type_input"):
             return
         box = self.query_one("#stdin", Input)
         self._typing_to = self.current
@@ -666,10 +711,11 @@ class MainScreen(Screen):
         ranks = self.last.ranks
         return ranks[local_rank].rank if local_rank < len(ranks) else local_rank
 
-    def _cannot_act(self, stop: bool = False) -> bool:
-        """Whether a key that acts on ranks must do nothing here, said at once: in a read-only
-        view (before any question, picker or input box that would only end in a refusal), once
-        the group has ended, or, but for a `stop` (it ends the wait), before any rank started."""
+    def _cannot_act(self, action: str) -> bool:
+        """Whether the key of `action` (one of ACTS_ON_RANKS) must do nothing here, said at once
+        (before any question, picker or input box that would only end in a refusal): in a
+        read-only view, once the group has ended, or where keys_not_now says why not (the first
+        round forming: `k` asked to kill a rank 0 not started)."""
         snap = self.engine.snapshot()
         if snap.ended:  # (first: an ended run's final view is read-only too)
             self.notify("the group has ended: no rank left to signal, restart or type into (q quits)", severity="warning")
@@ -679,9 +725,9 @@ class MainScreen(Screen):
 
             self.notify(READ_ONLY, severity="warning", timeout=3, markup=False)
             return True
-        if not snap.ranks and not stop:  # the first round forming: the question named a rank 0 not started
-            self.notify("waiting for the rendezvous: no ranks to act on yet (K stops the run)", severity="warning",
-                        timeout=3)
+        why = keys_not_now(snap, self.current).get(action)
+        if why is not None:
+            self.notify(why, severity="warning", timeout=3, markup=False)
             return True
         return False
 
@@ -694,11 +740,11 @@ class MainScreen(Screen):
         return ack
 
     def send_signal(self, sig: int, whole_group: bool) -> None:
-        if not self._cannot_act():
+        if not self._cannot_act("signal"):
             self._submit(cmd.SignalGroup(sig) if whole_group else cmd.SignalRank(self.current, sig))
 
     def action_signal(self) -> None:
-        if self._cannot_act():
+        if self._cannot_act("signal"):
             return
         picker = SignalPicker(self.rank_of(self.current), self.current, self.n)
         self.app.push_screen(picker, lambda choice: choice and self.send_signal(*choice))
@@ -719,17 +765,17 @@ class MainScreen(Screen):
 
     def action_kill_rank(self) -> None:
         rank = self.rank_of(self.current)
-        if not self._cannot_act() and self._confirmed("kill_rank", "k", f"Kill rank {rank} (SIGKILL)?"):
+        if not self._cannot_act("kill_rank") and self._confirmed("kill_rank", "k", f"Kill rank {rank} (SIGKILL)?"):
             self._submit(cmd.KillRank(self.current))
 
     def action_kill_group(self) -> None:
         grace = self.last.shutdown_timeout
-        if not self._cannot_act(stop=True) and self._confirmed(
+        if not self._cannot_act("kill_group") and self._confirmed(
                 "kill_group", "K", f"Stop every rank (SIGTERM, SIGKILL after {grace:g} s)?"):
             self._submit(cmd.Stop(signal.SIGTERM))
 
     def action_restart_rank(self) -> None:
-        if self._cannot_act():
+        if self._cannot_act("restart_rank"):
             return
         rank = self.rank_of(self.current)
         question = f"Restart rank {rank}?"
@@ -742,7 +788,7 @@ class MainScreen(Screen):
             self._submit(cmd.RestartRank(self.current))
 
     def action_restart_group(self) -> None:
-        if not self._cannot_act() and self._confirmed(
+        if not self._cannot_act("restart_group") and self._confirmed(
                 "restart_group", "R", f"Restart every rank as attempt_{self.last.attempt + 1}?"):
             self._submit(cmd.RestartGroup())
 
@@ -844,6 +890,7 @@ class MainScreen(Screen):
     def _read_engine(self) -> None:
         snap = self.engine.snapshot()
         self.last = snap
+        self._dim_keys(snap)
         self._say_if_dropped()
         now = snap.taken_at or time.time()
         # Every other tick repaints every pane; a change of the group's state (its end, say)
@@ -859,6 +906,14 @@ class MainScreen(Screen):
             self._show_ranks(snap, now, every_pane)
         if snap.ended and not self.ended:
             self._on_end(snap)
+
+    def _dim_keys(self, snap: GroupSnapshot) -> None:
+        """The footer dims the rank keys that can do nothing now (keys_not_now), and shows them
+        whole again once they can: it asks check_action only when told that the answer changed."""
+        dimmed = frozenset(keys_not_now(snap, self.current))
+        if dimmed != self._dimmed:
+            self._dimmed = dimmed
+            self.refresh_bindings()
 
     def _say_if_dropped(self) -> None:
         """An attached view whose connection the engine ended (it asked nothing while suspended,
