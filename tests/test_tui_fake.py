@@ -931,6 +931,47 @@ def test_the_root_cause_heading_is_one_line_at_80_columns():
     drive(engine, body, size=(80, 24))
 
 
+def test_the_end_panels_wrapped_lines_hang_under_their_text_at_80_columns():
+    """At 80 columns a line of the end panel too long for it (the error's words, a frame of a
+    rank's traceback, the logs line) went on at the panel's left edge, where its rows read as
+    items of their own. Its rows after the first hang under its text; under at most half the
+    width, for a rank's line that starts with 200 spaces."""
+    engine = FakeEngine(2)
+    engine.group = dataclasses.replace(engine.group, log_dir="/tmp/ranktop-0/" + "a-long-run-directory-" * 2 + "e158")
+    message = ("RuntimeError: the loss became NaN at step 133 while the gradient of the attention layer's "
+               "output projection overflowed in bf16")
+    frame = '    raise RuntimeError(f"the loss became NaN at step {n} while the gradient of the attention layer")'
+    cause = RootCause(rank=1, local_rank=1, pid=4967, exitcode=1, signal_name=None, message=message, traceback=None,
+                      timestamp=time.time(), error_file=None, last_lines=("step 132", frame, " " * 200 + "deep"))
+
+    async def body(app, pilot):
+        engine.end(GroupState.FAILED, 1, root_cause=cause)
+        panel = app.main.query_one(RootCausePanel)
+        await until(pilot, lambda: panel.region.height, what="the end panel")
+        await pilot.pause()
+
+        def shown() -> list[str]:  # the rows of its text in view, from their left edge
+            region = panel.content_region.intersection(app.main.query_one("#root-cause-text").region)
+            return [row[region.x:region.right].rstrip() for row in screen_rows(app)[region.y:region.bottom]]
+
+        assert shown()[:2] == ["  RuntimeError: the loss became NaN at step 133 while the gradient of the",
+                               "  attention layer's output projection overflowed in bf16"], shown()
+        await pilot.press("E", "end")  # the rest, as a person scrolls to it
+        await pilot.pause()
+        assert shown() == [
+            "  last output of rank 1:",
+            "    step 132",
+            '        raise RuntimeError(f"the loss became NaN at step {n} while the',
+            '        gradient of the attention layer")',
+            " " * 38 + "deep",  # (half the 76 columns its scrollbar leaves it)
+            "",
+            "  logs /tmp/ranktop-0/a-long-run-directory-a-long-run-directory-e158   q",
+            "  quits, e hides this",
+        ], shown()
+
+    drive(engine, body, size=(80, 24))
+
+
 def test_the_stop_toast_leaves_the_end_panels_state_in_sight():
     engine = FakeEngine(4)
 
