@@ -972,6 +972,33 @@ def test_the_end_panels_wrapped_lines_hang_under_their_text_at_80_columns():
     drive(engine, body, size=(80, 24))
 
 
+def test_the_header_keeps_no_gpu_at_80_columns():
+    """On a laptop or a CPU box the header's `no GPU` says why the panes show no GPU; at 80 columns
+    it was the first part to go (`(1 restart left)` took its room), and the panes' missing GPU
+    facts read as a sampler gone wrong. It stays longer than the world, the node, the log dir and
+    the restarts left, which say `(1 left)` to stay with it; an NVML error keeps its reason for a
+    wider terminal (and the details, m). At 160 columns all show, whole."""
+    engine = FakeEngine(2)
+    engine.group = dataclasses.replace(engine.group, gpu_status="no GPU", max_restarts=1)
+
+    async def body(app, pilot):
+        await until(pilot, lambda: "alive" in screen_rows(app)[0], what="the header")
+        clock = r"\d+:\d\d:\d\d"
+        assert re.fullmatch(rf" ranktop  fake\.py  running   attempt_0 \(1 left\)  {clock}  2/2 alive  no GPU *",
+                            screen_rows(app)[0]), screen_rows(app)[0]
+        why = "NVML error: Driver/library version mismatch"
+        engine.group = dataclasses.replace(engine.group, gpu_status=why)
+        await until(pilot, lambda: "NVML error" in screen_rows(app)[0], what="the NVML error")
+        assert re.fullmatch(rf" ranktop  fake\.py  running   attempt_0 \(1 left\)  {clock}  2/2 alive  NVML error *",
+                            screen_rows(app)[0]), screen_rows(app)[0]
+        await pilot.resize_terminal(160, 48)
+        await until(pilot, lambda: why in screen_rows(app)[0], what="the header at 160 columns")
+        assert re.fullmatch(rf" ranktop  fake\.py  running   attempt_0 \(1 restart left\)  world 2  node 0/1  {clock}"
+                            rf"  2/2 alive  {why}  logs /tmp/fake-run *", screen_rows(app)[0]), screen_rows(app)[0]
+
+    drive(engine, body, size=(80, 24))
+
+
 def test_the_stop_toast_leaves_the_end_panels_state_in_sight():
     engine = FakeEngine(4)
 
