@@ -1517,8 +1517,9 @@ def test_ls_says_how_long_ago_a_lingering_run_ended(tmp_path, runtime):
 
 def test_the_attached_header_drops_whole_parts_at_80_columns_rather_than_cut_one(tmp_path, runtime):
     """At 80 columns the header was cut mid-word (`no` of `no GPU`, `4/4` of `4/4 alive`). Its
-    parts that do not fit go whole, least useful first (the GPU status, the node, the world, the
-    log dir before the restarts left, the attempt, the clock, the alive count); at 160 all show."""
+    parts that do not fit go whole, least useful first (the node, the world, the log dir, the
+    restarts left, which first say `(2 left)`, the GPU status, the attempt, the clock, the alive
+    count); at 160 all show, whole."""
     env = {**runtime, "RANKTOP_FAKE_GPUS": "0"}  # NVML with no device: the engine's `no GPU`
     script = tmp_path / "ticker.py"
     script.write_text(TICKER)
@@ -1530,10 +1531,10 @@ def test_the_attached_header_drops_whole_parts_at_80_columns_rather_than_cut_one
     try:
         header = wait_for(lambda: re.search(r"2/2 alive", line := term.screen().splitlines()[0]) and line,
                           what="the header at 80 columns")
-        assert re.fullmatch(r" ranktop  ticker\.py  running   attempt_0 \(2 restarts left\)  \d+:\d\d:\d\d  2/2 alive *",
+        assert re.fullmatch(r" ranktop  ticker\.py  running   attempt_0 \(2 left\)  \d+:\d\d:\d\d  2/2 alive  no GPU *",
                             header), header
         term.resize(160, 48)
-        wide = wait_for(lambda: "no GPU" in (line := term.screen().splitlines()[0]) and line, what="the header at 160")
+        wide = wait_for(lambda: "logs" in (line := term.screen().splitlines()[0]) and line, what="the header at 160")
         assert re.fullmatch(r" ranktop  ticker\.py  running   attempt_0 \(2 restarts left\)  world 2  node 0/1  "
                             r"\d+:\d\d:\d\d  2/2 alive  no GPU  logs \S*/logs/narrow *", wide), wide
     finally:

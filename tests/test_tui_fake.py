@@ -962,6 +962,74 @@ def test_the_root_cause_heading_is_one_line_at_80_columns():
     drive(engine, body, size=(80, 24))
 
 
+def test_the_end_panels_wrapped_lines_hang_under_their_text_at_80_columns():
+    """At 80 columns a line of the end panel too long for it (the error's words, a frame of a
+    rank's traceback, the logs line) went on at the panel's left edge, where its rows read as
+    items of their own. Its rows after the first hang under its text; under at most half the
+    width, for a rank's line that starts with 200 spaces."""
+    engine = FakeEngine(2)
+    engine.group = dataclasses.replace(engine.group, log_dir="/tmp/ranktop-0/" + "a-long-run-directory-" * 2 + "e158")
+    message = ("RuntimeError: the loss became NaN at step 133 while the gradient of the attention layer's "
+               "output projection overflowed in bf16")
+    frame = '    raise RuntimeError(f"the loss became NaN at step {n} while the gradient of the attention layer")'
+    cause = RootCause(rank=1, local_rank=1, pid=4967, exitcode=1, signal_name=None, message=message, traceback=None,
+                      timestamp=time.time(), error_file=None, last_lines=("step 132", frame, " " * 200 + "deep"))
+
+    async def body(app, pilot):
+        engine.end(GroupState.FAILED, 1, root_cause=cause)
+        panel = app.main.query_one(RootCausePanel)
+        await until(pilot, lambda: panel.region.height, what="the end panel")
+        await pilot.pause()
+
+        def shown() -> list[str]:  # the rows of its text in view, from their left edge
+            region = panel.content_region.intersection(app.main.query_one("#root-cause-text").region)
+            return [row[region.x:region.right].rstrip() for row in screen_rows(app)[region.y:region.bottom]]
+
+        assert shown()[:2] == ["  RuntimeError: the loss became NaN at step 133 while the gradient of the",
+                               "  attention layer's output projection overflowed in bf16"], shown()
+        await pilot.press("E", "end")  # the rest, as a person scrolls to it
+        await pilot.pause()
+        assert shown() == [
+            "  last output of rank 1:",
+            "    step 132",
+            '        raise RuntimeError(f"the loss became NaN at step {n} while the',
+            '        gradient of the attention layer")',
+            " " * 38 + "deep",  # (half the 76 columns its scrollbar leaves it)
+            "",
+            "  logs /tmp/ranktop-0/a-long-run-directory-a-long-run-directory-e158   q",
+            "  quits, e hides this",
+        ], shown()
+
+    drive(engine, body, size=(80, 24))
+
+
+def test_the_header_keeps_no_gpu_at_80_columns():
+    """On a laptop or a CPU box the header's `no GPU` says why the panes show no GPU; at 80 columns
+    it was the first part to go (`(1 restart left)` took its room), and the panes' missing GPU
+    facts read as a sampler gone wrong. It stays longer than the world, the node, the log dir and
+    the restarts left, which say `(1 left)` to stay with it; an NVML error keeps its reason for a
+    wider terminal (and the details, m). At 160 columns all show, whole."""
+    engine = FakeEngine(2)
+    engine.group = dataclasses.replace(engine.group, gpu_status="no GPU", max_restarts=1)
+
+    async def body(app, pilot):
+        await until(pilot, lambda: "alive" in screen_rows(app)[0], what="the header")
+        clock = r"\d+:\d\d:\d\d"
+        assert re.fullmatch(rf" ranktop  fake\.py  running   attempt_0 \(1 left\)  {clock}  2/2 alive  no GPU *",
+                            screen_rows(app)[0]), screen_rows(app)[0]
+        why = "NVML error: Driver/library version mismatch"
+        engine.group = dataclasses.replace(engine.group, gpu_status=why)
+        await until(pilot, lambda: "NVML error" in screen_rows(app)[0], what="the NVML error")
+        assert re.fullmatch(rf" ranktop  fake\.py  running   attempt_0 \(1 left\)  {clock}  2/2 alive  NVML error *",
+                            screen_rows(app)[0]), screen_rows(app)[0]
+        await pilot.resize_terminal(160, 48)
+        await until(pilot, lambda: why in screen_rows(app)[0], what="the header at 160 columns")
+        assert re.fullmatch(rf" ranktop  fake\.py  running   attempt_0 \(1 restart left\)  world 2  node 0/1  {clock}"
+                            rf"  2/2 alive  {why}  logs /tmp/fake-run *", screen_rows(app)[0]), screen_rows(app)[0]
+
+    drive(engine, body, size=(80, 24))
+
+
 def test_the_stop_toast_leaves_the_end_panels_state_in_sight():
     engine = FakeEngine(4)
 

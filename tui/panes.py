@@ -248,14 +248,18 @@ def _rank_facts(snap: RankSnapshot, now: float, world_digits: int, position: str
 
 
 # The header's parts that give way on a narrow terminal, least useful first: each goes whole, so
-# that none is cut mid-word ("no" of "no GPU" at 80 columns), and none for a less useful one.
+# that none is cut mid-word ("no" of "no GPU" at 80 columns), and none for a less useful one; one
+# with shorter words (_short_parts: `(2 left)`, `NVML error`) says them before it goes.
 # What is urgent (the state, a stop's countdown, a note, lost logs, a failed earlier attempt, a
 # lost engine or store) never goes.
 # A forming round's part goes last: while a round forms, how far it got is the news (the ranks
 # alive and the time are the last round's).
 # An earlier attempt that ended in no failure (the user's R) is news, not a warning: it goes before
 # the attempt and the clock (at 80 columns it took their room, and the live ranks' count's).
-HEADER_DROPS = ("gpu", "python", "last", "node", "world", "logs", "earlier", "restarts", "attempt", "elapsed",
+# The GPU status says why the panes show no GPU (a laptop, a CPU box; without it that reads as a
+# sampler gone wrong): it stays longer than the ranks' python, the world, the node, the log dir and
+# the restarts left (at 80 columns it went first, and `(2 restarts left)` took its room).
+HEADER_DROPS = ("python", "last", "node", "world", "logs", "earlier", "restarts", "gpu", "attempt", "elapsed",
                 "alive", "forming")
 _LOGS_LABEL = "  logs "
 BADGE = " ranktop "
@@ -271,15 +275,17 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
     """The job line, most important first: name, state, the seconds left before a stop's SIGKILL,
     a note ("stopping…"), lost logs, the attempt and how earlier ones ended, world, node, elapsed,
     alive ranks, GPU status, the log dir. With `width` known, the parts that do not fit go whole
-    (HEADER_DROPS), the log dir gives up its start to fit the room left, and a long name its
-    middle (fit_name), so that the urgent parts stay in sight."""
+    (HEADER_DROPS), those with shorter words first saying them (`(2 left)`), the log dir gives up
+    its start to fit the room left, and a long name its middle (fit_name), so that the urgent
+    parts stay in sight."""
     parts = _header_parts(group, now, note)
     name, badge, logs = clean(group.name), True, bool(group.log_dir)
     if width:  # (0: not laid out yet)
         width -= _ticking_room(group, now)
         room = width - sum(part.cell_len for key, part in parts if key is None) - cell_len(BADGE) - 2  # (" name ")
         kept = min(cell_len(name), NAME_KEPT)
-        parts, logs, left = _fitted(parts, clean(_short_path(group.log_dir)) if logs else None, room - kept)
+        parts, logs, left = _fitted(parts, _short_parts(group), clean(_short_path(group.log_dir)) if logs else None,
+                                    room - kept)
         least = min(cell_len(name), NAME_LEAST)
         if kept + left < least:  # (the urgent parts leave it less: the badge goes for it)
             badge, left = False, left + cell_len(BADGE)
@@ -330,20 +336,44 @@ def _ticking_room(group: GroupSnapshot, now: float) -> int:
     return max(0, countdown) + len(str(len(group.ranks))) - len(str(alive_count(group)))
 
 
-def _fitted(parts: list[Part], logs: str | None, room: int) -> tuple[list[Part], bool, int]:
+def _fitted(parts: list[Part], shorts: dict[str, Text], logs: str | None, room: int) -> tuple[list[Part], bool, int]:
     """`parts` with those of HEADER_DROPS that fit the `room` the others leave, most useful first,
-    so that no part goes for a less useful one (the log dir counted as its last name, `…/NAME`,
-    the least it shows); whether the log dir stays; and the room left (less than none: short of)."""
-    kept = set()
+    so that no part goes for a less useful one: each whole where it fits, else in its words in
+    `shorts` (the log dir counted as its last name, `…/NAME`, the least it shows); whether the
+    log dir stays; and the room left (less than none: short of)."""
+    shown: dict[str, Text | None] = {}  # the parts kept: None, whole; else in their shorter words
     for name in reversed(HEADER_DROPS):
+        if name == "restarts" and "attempt" not in shown:  # (said of the attempt)
+            continue
         if name == "logs":
-            need = cell_len(_LOGS_LABEL + fit_path(logs, 0)) if logs is not None else None
+            forms = [(None, cell_len(_LOGS_LABEL + fit_path(logs, 0)) if logs is not None else 0)]
         else:
-            need = sum(part.cell_len for key, part in parts if key == name) or None
-        if need is not None and need <= room and (name != "restarts" or "attempt" in kept):  # (said of the attempt)
-            kept.add(name)
-            room -= need
-    return [(key, part) for key, part in parts if key is None or key in kept], "logs" in kept, room
+            forms = [(None, _cells(parts, name)), *([(shorts[name], shorts[name].cell_len)] if name in shorts else [])]
+        for form, need in forms:
+            if 0 < need <= room:
+                shown[name] = form
+                room -= need
+                break
+    kept = [(key, part if key is None or shown[key] is None else shown[key]) for key, part in parts
+            if key is None or key in shown]
+    return kept, "logs" in shown, room
+
+
+def _cells(parts: list[Part], name: str) -> int:
+    return sum(part.cell_len for key, part in parts if key == name)
+
+
+def _short_parts(group: GroupSnapshot) -> dict[str, Text]:
+    """The parts with shorter words, for a narrow line: `(2 left)` for `(2 restarts left)`, and a
+    GPU status without its reason (`NVML error: ...`, `GPU 1: ...`: up to 200 characters each;
+    the details, m, say it whole)."""
+    shorts = {}
+    if group.max_restarts:
+        shorts["restarts"] = Text(f" ({_restarts_left(group)} left)", style="dim")
+    if group.gpu_status and ":" in group.gpu_status:
+        what = "NVML error" if group.gpu_status.startswith("NVML error:") else "GPU error"
+        shorts["gpu"] = Text(f"  {what}", style="dim")
+    return shorts
 
 
 def _header_parts(group: GroupSnapshot, now: float, note: str | None) -> list[Part]:
@@ -353,7 +383,7 @@ def _header_parts(group: GroupSnapshot, now: float, note: str | None) -> list[Pa
         parts.append(("python", Text(f"  python {clean(_short_path(group.interpreter))}", style="dim")))
     parts += [*_world_parts(group), ("elapsed", Text(f"  {human_duration(end - group.started_at)}")), _alive_part(group)]
     if group.gpu_status:
-        parts.append(("gpu", Text(f"  {group.gpu_status}", style="dim")))
+        parts.append(("gpu", Text(f"  {clean(group.gpu_status)}", style="dim")))
     return parts
 
 
@@ -381,7 +411,7 @@ def _attempt_parts(group: GroupSnapshot) -> list[Part]:
     # Named as its directory is (attempt_<k>); restarts the user asked for spend none of the limit.
     parts: list[Part] = [("attempt", Text(f"  attempt_{group.attempt}"))]
     if group.max_restarts:  # (given up before the attempt it is said of)
-        left = max(0, group.max_restarts - (group.attempt - group.user_restarts))
+        left = _restarts_left(group)
         parts.append(("restarts", Text(f" ({left} restart{'s' * (left != 1)} left)", style="dim")))
     if group.earlier_attempts:  # "all ranks exited 0" must not hide that an earlier attempt failed
         more = group.earlier_count - 1
@@ -390,6 +420,10 @@ def _attempt_parts(group: GroupSnapshot) -> list[Part]:
                       Text(f"  earlier: {clean(group.earlier_attempts[-1])}" + (f" (+{more})" if more else ""),
                            style="yellow" if calm else "bold yellow")))
     return parts
+
+
+def _restarts_left(group: GroupSnapshot) -> int:
+    return max(0, group.max_restarts - (group.attempt - group.user_restarts))
 
 
 def _world_parts(group: GroupSnapshot) -> list[Part]:

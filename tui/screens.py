@@ -17,9 +17,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.command import CommandList, CommandPalette
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.dom import DOMNode
+from textual.geometry import Size
 from textual.reactive import reactive
 from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import Button, OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -355,6 +358,50 @@ def _append_evidence(text: Text, cause: RootCause, *, max_traceback: int, max_ta
         text.append("\n")
 
 
+class HangingLines(Widget):
+    """Lines whose rows past the first hang under the line's text, as indented as its first row:
+    Textual and Rich wrap every row from the left edge, where the rows of an indented item (an
+    error's words, a rank's long output line, a path) read as items of their own. The rows are
+    wrapped here, for the width laid out, so that a selection copies what is shown."""
+
+    DEFAULT_CSS = "HangingLines { height: auto; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._lines: list[Content] = []
+        self._rows: tuple[int, list[Content]] | None = None  # the width last wrapped for, and its rows
+
+    def update(self, text: Text) -> None:
+        self._lines = Content.from_rich_text(text, console=self.app.console).split("\n", allow_blank=True)
+        self._rows = None
+        self.refresh(layout=True)
+
+    def rows(self, width: int) -> list[Content]:
+        """The lines in rows of `width` cells (its layout asks for several widths)."""
+        if self._rows is None or self._rows[0] != width:
+            self._rows = (width, [row for line in self._lines for row in hanging_rows(line, width)])
+        return self._rows[1]
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self.rows(width)) if width > 0 else 0
+
+    def render(self) -> Content:
+        return Content("\n").join(self.rows(self.content_size.width))
+
+
+def hanging_rows(line: Content, width: int) -> list[Content]:
+    """`line` in rows of `width` cells, those after the first indented as its first: by at most
+    half the width (a rank's line may start with any number of spaces; those past it go)."""
+    if width <= 0:  # (not laid out yet: as it is)
+        return [line]
+    plain = line.plain
+    indent = len(plain) - len(plain.lstrip(" "))
+    if indent == len(plain):  # (a blank line: a row of its own)
+        return [Content("")]
+    hang = min(indent, width // 2)
+    return [row.pad_left(hang) for row in line[indent:].wrap(width - hang)]
+
+
 class RootCausePanel(VerticalScroll):
     """Docked under the grid once the group ends; stays until the user quits (or hides it with e).
     `end_panel_hidden` is the screen's, bound down to it. `show` sets `ended` at once rather than
@@ -384,7 +431,7 @@ class RootCausePanel(VerticalScroll):
 
     def compose(self) -> ComposeResult:
         yield Static("", id="root-cause-head", markup=False)  # one line, cut with an ellipsis (app.tcss)
-        yield Static("", id="root-cause-text", markup=False)
+        yield HangingLines(id="root-cause-text")
 
     def _say_keys(self, focused: bool | None = None) -> None:
         """Its keys in its title: while it has the focus, or is cut (a report that fits needs none).
@@ -403,7 +450,7 @@ class RootCausePanel(VerticalScroll):
 
     def show(self, group: GroupSnapshot) -> None:
         self.query_one("#root-cause-head", Static).update(root_cause_heading(group))
-        self.query_one("#root-cause-text", Static).update(root_cause_body(group))
+        self.query_one("#root-cause-text", HangingLines).update(root_cause_body(group))
         self.ended = True
         self.call_after_refresh(self._say_keys)  # once laid out: whether it is cut
         self.set_class(group.state not in (GroupState.SUCCEEDED, GroupState.STOPPED), "bad")
