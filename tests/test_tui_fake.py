@@ -879,7 +879,8 @@ def test_keys_that_can_act_on_no_rank_now_are_dimmed_and_say_so_at_once():
     say so at once; K, a stop, which ends the wait, still asks and is sent. The footer dims those
     keys (it showed them as if they acted) and shows them whole once the ranks run; a rank that is
     not running dims k and i (nothing to kill or to type into), which say so at once too, and a
-    later round forming dims them all again."""
+    later round forming dims them all again. Where not every key fits (80 columns), the dimmed
+    ones give way first: they took the room of K, the one key that acts while a round forms."""
     engine = FakeEngine(2)
     started = engine.group
     engine.group = dataclasses.replace(started, state=GroupState.RENDEZVOUS, ranks=())
@@ -890,6 +891,11 @@ def test_keys_that_can_act_on_no_rank_now_are_dimmed_and_say_so_at_once():
         assert [dimmed[d] for d in RANK_KEYS_SHOWN] == [True] * 4, dimmed
         assert not any(dimmed[d] for d in ("Quit", "Help", "Zoom", "Search", "Stacks", "Stop group")), dimmed
         assert not app.screen.active_bindings["i"].enabled  # (not in the footer: the palette runs it)
+        await pilot.resize_terminal(80, 24)  # too narrow for all: the dimmed keys give way to K, which acts
+        await until(pilot, lambda: "Stop group" in footer_dimmed(app), what="K in the footer at 80 columns")
+        assert not any(footer_dimmed(app).values()), footer_dimmed(app)
+        await pilot.resize_terminal(160, 48)
+        await until(pilot, lambda: all(footer_dimmed(app).get(d) for d in RANK_KEYS_SHOWN), what="the dimmed keys back")
         await refused_at_once(app, pilot, engine, ("k", "r", "R", "x", "i"), "no ranks to act on yet")
         app.clear_notifications()
         assert await app.run_action("restart_group", app.main)  # as the palette runs it

@@ -605,6 +605,19 @@ def footer_fit(labels: list[tuple[str, str]], width: int) -> tuple[bool, int]:
     return (fits[1] > fits[0]), max(fits)
 
 
+def footer_keys(keys: list[tuple[str, str, bool]], width: int) -> tuple[bool, tuple[int, ...]]:
+    """(compact, which) of these (key, description, dimmed) the footer shows, as footer_fit, but
+    where not all fit, the dimmed keys (they can do nothing now) give way first: while a round
+    forms, at 80 columns, the dimmed `x` and `k` took the room of `K`, the one that acts then."""
+    labels = [(key, description) for key, description, _ in keys]
+    compact, shown = footer_fit(labels, width)
+    if shown == len(keys) or not any(dimmed for *_, dimmed in keys):
+        return compact, tuple(range(shown))
+    whole = [at for at, (*_, dimmed) in enumerate(keys) if not dimmed]
+    compact, shown = footer_fit([labels[at] for at in whole], width)
+    return compact, tuple(whole[:shown])
+
+
 def _keys_that_fit(labels: list[tuple[str, str]], room: int, pad: int) -> int:
     used = 0
     for shown, (key, description) in enumerate(labels):
@@ -638,7 +651,7 @@ class CalmFooter(Footer):
     and only when the keys it shows did change. Opening the main screen moves the focus five
     times, and moving it from pane to pane changes nothing the footer shows, but each rebuild
     mounts and styles a dozen keys (~80 ms before the first frame of `ranktop attach`).
-    It shows only the keys that fit whole (footer_fit): Textual's would cut the last one mid-word."""
+    It shows only the keys that fit whole (footer_keys): Textual's would cut the last one mid-word."""
 
     SETTLE_SECONDS = 0.05
 
@@ -649,17 +662,17 @@ class CalmFooter(Footer):
         self._hidden = frozenset(hidden)
         self._settling = False
         self._shown: tuple | None = None  # the keys of the last rebuild
-        self._labels: list[tuple[str, str]] = []  # every key the last rebuild had, shown or not
-        self._fit: tuple[bool, int] | None = None  # the last rebuild's footer_fit
+        self._labels: list[tuple[str, str, bool]] = []  # every key the last rebuild had, shown or not
+        self._fit: tuple[bool, tuple[int, ...]] | None = None  # the last rebuild's footer_keys
 
     def compose(self) -> ComposeResult:
         made = list(super().compose())
         hidden = {w for w in made if isinstance(w, FooterKey) and action_name(w.action) in self._hidden}
         keys = [w for w in made if isinstance(w, FooterKey) and not w.has_class("-command-palette") and w not in hidden]
-        self._labels = [(key.key_display, key.description) for key in keys]
-        self._fit = footer_fit(self._labels, self.app.size.width)
+        self._labels = [(key.key_display, key.description, key.has_class("-disabled")) for key in keys]
+        self._fit = footer_keys(self._labels, self.app.size.width)
         self.compact, shown = self._fit
-        left_out = set(keys[shown:]) | hidden
+        left_out = {key for at, key in enumerate(keys) if at not in shown} | hidden
         yield from (w for w in made if w not in left_out)
 
     def hide(self, actions: Iterable[str]) -> None:
@@ -669,7 +682,7 @@ class CalmFooter(Footer):
             self.call_next(self.recompose)  # (in the footer's own context: its keys bind to it)
 
     def on_resize(self) -> None:
-        if self._fit is not None and footer_fit(self._labels, self.app.size.width) != self._fit:
+        if self._fit is not None and footer_keys(self._labels, self.app.size.width) != self._fit:
             self.call_after_refresh(self.recompose)
 
     def bindings_changed(self, screen: Screen) -> None:
