@@ -52,6 +52,7 @@ from ranktop.core.limits import MAX_NPROC_PER_NODE, PORT
 from ranktop.core.protocol import is_whole
 from ranktop.core.sanitize import clean, quoted
 from ranktop.core.spec import Placement
+from ranktop.core.weak import weakly
 
 if TYPE_CHECKING:  # (logging loads only where torch's records are filtered: a one-node start skips it)
     from logging import LogRecord
@@ -473,6 +474,14 @@ class Rendezvous:
 
     def __init__(self, handler: Any, role: str, local_world_size: int):
         self.handler = handler
+        # torch's handler unpickles what the store holds, anyone's bytes (imported here: a run with
+        # no rendezvous loads no pickle machinery)
+        from ranktop.core.rendezvous_state import vet_state_reads
+
+        vet_state_reads(handler, weakly(self._state_refused))  # (weakly: the handler must not hold this alive)
+        # told why, once for each round state refused (a state a peer wrote that torch would unpickle)
+        self.on_state_refused: Callable[[str], None] | None = None
+        self._state_refusals = 0
         self.role = role
         self.local_world_size = local_world_size
         self.store: Any = None  # the current round's store
@@ -795,9 +804,16 @@ class Rendezvous:
         dropped while ranktop says the store is lost (it said so once, in its own words)."""
         return _quiet_torch(self._drops_heartbeat_warning)
 
+    def _state_refused(self, why: str) -> None:
+        self._state_refusals += 1
+        if self.on_state_refused is not None:
+            self.on_state_refused(why)
+
     def _drops_heartbeat_warning(self, _record: LogRecord, text: str) -> bool:
         if f"{_FAILED_HEARTBEAT} '{self.run_id}' " not in text:
             return False
+        if text.endswith(f"{_REFUSED_STATE}.") and self._state_refusals:  # said once, in ranktop's words
+            return True
         # The first failed heartbeat may come before the watch's next look: ranktop looks now (in
         # torch's keep-alive thread, which waits for it), and only its own look decides.
         if self.store_lost is None and self._ranks_run:
@@ -1159,6 +1175,7 @@ class Rendezvous:
 _DYNAMIC_LOGGER = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 _FAILED_CLOSE = "has failed to shutdown the rendezvous"
 _FAILED_HEARTBEAT = "has failed to send a keep-alive heartbeat to the rendezvous"
+_REFUSED_STATE = "due to an error of type RendezvousStateError"  # (the state is not read: rendezvous_state)
 
 
 @contextlib.contextmanager
