@@ -106,6 +106,58 @@ def test_a_round_state_torch_wrote_is_read_as_before():
     assert vetted_state(bits) is bits
 
 
+def test_nodes_gone_are_said_in_one_bounded_line(store):
+    """Every node of the round dropped was named: a round of thousands (or a state a peer padded
+    with nodes) made a line of megabytes for the console, a toast and events.jsonl."""
+    from ranktop.core.spec import Placement
+
+    rdzv = _rendezvous(store, "state-gone")
+    this = rdzv.handler._this_node
+    now = datetime.datetime.now(datetime.timezone.utc)
+    store.set(STATE_KEY + "state-gone", base64.b64encode(
+        _state(round=0, complete=True, participants={this: 0}, last_heartbeats={this: now})))
+    rdzv.placement = Placement(0, 21, 0, 21, 0, 21, "127.0.0.1", 1, "state-gone", 0, False)
+    rdzv._round_nodes = {this: 0, **{_node(f"gone\x1b]0;x\x07-{g}", g): g for g in range(1, 21)}}
+    assert rdzv.nodes_gone() is None  # (said at the second look in a row)
+    said = rdzv.nodes_gone()
+    assert said.startswith("nodes gone-1 (group rank 1), gone-10 (group rank 10), "), said
+    assert "gone-16 (group rank 16) and 12 more of the c10d rendezvous 'state-gone' are gone" in said, said
+    assert "\x1b" not in said and "gone-17" not in said
+
+
+@pytest.mark.parametrize("written, agreed", [
+    (b"user_restart", "user_restart"),  # another node's word comes first
+    (b"x", "failure"),
+    (b"\x1b]52;c;aGk=\x07", "failure"),
+    (b"\xff\xfe", "failure"),
+])
+def test_only_a_word_a_node_writes_decides_why_the_group_ended(store, written, agreed):
+    """The first word under ranktop/group_end decides, on every node, whether a restart is spent:
+    anything else was taken by the round watch for nodes joining, so a node found dropped (a
+    failure) cost no restart, and the words were compared whole whatever their size."""
+    import torch.distributed as dist
+    from ranktop.core.rendezvous import Rendezvous
+
+    rdzv = Rendezvous(None, "default", 1)
+    rdzv.store = dist.PrefixStore(f"end-{written.hex()}/", store)
+    rdzv.store.set("ranktop/group_end", written)
+    assert rdzv.agree_on_end("failure") == agreed
+
+
+@pytest.mark.parametrize("bootstrap", [("evil\x1b]0;x\x07", 29500), ("a\x00b", 29500), ("h" * 256, 29500),
+                                       ("node a", 29500), ("10.0.0.1", 0), ("10.0.0.1", 10**9)])
+def test_torchs_master_address_is_checked_as_ranktops(store, bootstrap):
+    """Where group rank 0 is a torchrun node, the ranks meet at torch's MASTER_ADDR/MASTER_PORT,
+    which its handler reads back from the store for every node: a host with an escape or a NUL,
+    or a port out of range, went to the ranks' environment and the round's line unchecked."""
+    from ranktop.core.rendezvous import published_master
+
+    with pytest.raises(ValueError, match="the ranks' master in the store is no host and port") as failed:
+        published_master(store, 7, bootstrap)
+    assert "\x1b" not in str(failed.value) and "\x00" not in str(failed.value)
+    assert published_master(store, 7, ("10.0.0.1", 29500)) == ("10.0.0.1", 29500, False)
+
+
 def test_a_round_state_a_peer_writes_while_the_ranks_run_runs_no_code(tmp_path, store):
     """A real node: the state turns hostile while its rank runs. torch's keep-alive thread (and
     ranktop's looks at the round) loaded it at once, running its call as root; now it is refused,
