@@ -121,7 +121,9 @@ def _why_no_state(bits: bytes) -> str | None:
         return f"it is {len(bits)} bytes, over {MAX_STATE_BYTES}"
     why = _scan(bits)
     if why is None:
-        why = _state_problem(_StateUnpickler(io.BytesIO(bits)).load())
+        unpickler = _StateUnpickler(io.BytesIO(bits))
+        state = unpickler.load()
+        why = unpickler.changed_class() or _state_problem(state, unpickler)
     return why
 
 
@@ -191,24 +193,39 @@ class _NoStateClass(pickle.UnpicklingError):
 
 
 class _StateUnpickler(pickle.Unpickler):
-    """Loads the classes a state holds, and no other: a pickle's other globals are code."""
+    """Loads the classes a state holds, and no other: a pickle's other globals are code. torch's
+    two classes are loaded as stand-ins of this load's own: a pickle can set a class's attributes
+    (BUILD on the class itself), and it must not change torch's (the state is refused only after
+    the load), nor pass as a state that would change them when torch loads it (changed_class).
+    datetime's classes are built in: setting theirs fails the load."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file)
+        self.stand_ins = {name: type(name, (), {}) for module, name in _CLASSES if module == _DYNAMIC}
+        self._own = {name: set(vars(cls)) for name, cls in self.stand_ins.items()}
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in _CLASSES:
             raise _NoStateClass(f"it names {clean(f'{module}.{name}')[:120]}, which no state holds")
-        return super().find_class(module, name)
+        return self.stand_ins[name] if module == _DYNAMIC else super().find_class(module, name)
+
+    def changed_class(self) -> str | None:
+        """Why the load is no state's, where it set an attribute of a class (None: it set none)."""
+        for name, cls in self.stand_ins.items():
+            if set(vars(cls)) != self._own[name]:
+                return f"it sets attributes of the class {name}"
+        return None
 
 
-def _state_problem(state: Any) -> str | None:
+def _state_problem(state: Any, unpickler: _StateUnpickler) -> str | None:
     """What in a loaded state is not as torch's handler makes it (None: nothing). A field an
     older or newer torch's state lacks is not asked for; one it has must be of its type."""
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
-
-    if type(state) is not _RendezvousState:
+    if type(state) is not unpickler.stand_ins["_RendezvousState"]:
         return "it is no round state"
+    node_class = unpickler.stand_ins["_NodeDesc"]
 
     def nodes(value: Any) -> bool:
-        return all(type(node) is _NodeDesc and _is_node(node) for node in value)
+        return all(type(node) is node_class and _is_node(node) for node in value)
 
     checks = {"round": _is_count, "complete": _is_flag, "closed": _is_flag,
               "deadline": lambda v: v is None or type(v) is datetime,

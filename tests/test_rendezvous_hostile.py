@@ -63,7 +63,21 @@ def _node(addr: str, pid: int):
     return _NodeDesc(addr, pid, 0)
 
 
-@pytest.mark.parametrize("what", ["code", "deep", "huge round", "no node", "negative rank", "too big"])
+def _sets_class_attribute() -> bytes:
+    """A state that sets an attribute of torch's _NodeDesc itself as it loads (BUILD on the class,
+    kept in a field of its own): whatever loads it changes the class for the whole process."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    bits = _state(kept=_NodeDesc)
+    assert bits[2] == pickle.FRAME[0]
+    bits = bits[:2] + bits[11:]  # (no frame: framing is optional, and its length would be wrong)
+    at = bits.index(b"_NodeDesc\x94\x93") + len(b"_NodeDesc\x94\x93")
+    plant = b"N}\x8c\x07plantedK\x05s\x86b"  # (None, {'planted': 5}), BUILD: setattr on the class
+    return bits[:at] + plant + bits[at:]
+
+
+@pytest.mark.parametrize("what", ["code", "deep", "huge round", "no node", "negative rank", "too big",
+                                  "class attribute"])
 def test_a_round_state_a_peer_wrote_runs_no_code_and_fails_the_round_in_one_line(tmp_path, store, what):
     """torch's handler unpickled the state whatever it held: a pickle's call (os.mkdir here, any
     code as root in general) ran in ranktop's process at the first sync; a tuple nested 300,000
@@ -79,6 +93,7 @@ def test_a_round_state_a_peer_wrote_runs_no_code_and_fails_the_round_in_one_line
         "too big": lambda: _state(last_heartbeats=dict.fromkeys(
             (_node(f"node-{i:05d}.a-long-cluster-name.example.com", i) for i in range(20_000)),
             datetime.datetime.now(datetime.timezone.utc))),
+        "class attribute": _sets_class_attribute,
     }[what]()
     run_id = f"state-{what.replace(' ', '-')}"
     rdzv = _rendezvous(store, run_id)
@@ -92,6 +107,9 @@ def test_a_round_state_a_peer_wrote_runs_no_code_and_fails_the_round_in_one_line
            "not one torch wrote: " in said, said
     assert "\n" not in said and len(said) < 400, said
     assert not marker.exists()
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    assert not hasattr(_NodeDesc, "planted")  # (the refused load set it on torch's class, all the same)
 
 
 def test_a_round_state_torch_wrote_is_read_as_before():
