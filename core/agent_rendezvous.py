@@ -324,6 +324,16 @@ class AgentRendezvous:
         self.events.write("rendezvous_every_node_dropped", message=words)
         self._notice(f"this node (or every node) was paused or cut off past the keep-alive limit: {words}")
 
+    def _state_refused(self, why: str) -> None:
+        """torch's handler read a round state that ranktop kept it from loading (a peer's pickle):
+        said once for each such state. While the ranks run it is this line, where torch logged a
+        warning at each keep-alive heartbeat that failed for it; while a round forms, the round's
+        failure says it."""
+        self.events.write("rendezvous_state_refused", message=why)
+        if self._watch is not None:
+            self._notice(f"{self.rendezvous.describe()}: {why}; it is not read, so this node's keep-alive "
+                         "heartbeats and its next round fail while it is there (the ranks run on)")
+
     def _barrier_not_passed(self, end: Any, timeout: float) -> None:
         """The exit barrier ended without every node (a RoundEnd): the event, and a line unless
         this node was stopped (the stop says so itself)."""

@@ -48,10 +48,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ranktop.core.errors import UsageError
-from ranktop.core.limits import MAX_NPROC_PER_NODE, PORT
+from ranktop.core.limits import MAX_NNODES, MAX_NPROC_PER_NODE, PORT
 from ranktop.core.protocol import is_whole
 from ranktop.core.sanitize import clean, quoted
 from ranktop.core.spec import Placement
+from ranktop.core.weak import weakly
 
 if TYPE_CHECKING:  # (logging loads only where torch's records are filtered: a one-node start skips it)
     from logging import LogRecord
@@ -331,9 +332,21 @@ def assign_ranks(store: Any, group_rank: int, nodes: int, role: str, local_world
 # What other nodes write to the store is input: anyone who reaches it can write it (it takes no
 # password). A value of another shape, or ranks that cannot be this node's, is a one-line failure
 # of the round, not a world of absurd ranks for the ranks to fail in.
+_JSON_MAX = 1 << 20  # bytes of a JSON value from the store parsed at most (ranktop's own are under 1 KiB)
+
+
+def _store_json(raw: bytes, what: str) -> Any:
+    """The JSON value another node wrote for `what`; ValueError if it is no JSON, or over _JSON_MAX
+    bytes: torch's client reads a value whole (one grown by `append` past 100 MB too), and parsing
+    100 MB of `[0,0,...` took 400 MB more and 2 s."""
+    if len(raw) > _JSON_MAX:
+        raise ValueError(f"{what} in the store is {len(raw)} bytes, over {_JSON_MAX}")
+    return json.loads(raw)
+
+
 def _role_info(raw: bytes, group_rank: int) -> tuple[str, int]:
     """(role, local world size) that node `group_rank` wrote; ValueError if it is not one."""
-    info = json.loads(raw)
+    info = _store_json(raw, f"node {group_rank}'s role and size")
     role, size = (info.get("role"), info.get("local_world_size")) if isinstance(info, dict) else (None, None)
     if not isinstance(role, str) or not 0 < len(role) <= 256 or not is_whole(size) or not 0 < size <= MAX_NPROC_PER_NODE:
         raise ValueError(f"node {group_rank}'s role and size in the store are not a role and 1 to "
@@ -344,7 +357,7 @@ def _role_info(raw: bytes, group_rank: int) -> tuple[str, int]:
 def _assigned(raw: bytes, nodes: int, local_world_size: int) -> tuple[int, int, int, int]:
     """(base rank, world size, base role rank, role world size) as group rank 0 wrote them for
     this node; ValueError unless they place its `local_world_size` ranks within the world."""
-    ranks = json.loads(raw)
+    ranks = _store_json(raw, "the ranks assigned to this node")
     if isinstance(ranks, list) and len(ranks) == 4 and all(map(is_whole, ranks)):
         base, world, role_base, role_world = ranks
         if (0 <= base and base + local_world_size <= world <= nodes * MAX_NPROC_PER_NODE
@@ -358,22 +371,31 @@ def published_master(store: Any, number: int, bootstrap: tuple[str, int]) -> tup
     """MASTER_ADDR/PORT for this node's ranks, and whether that is the rendezvous's own store: what
     a ranktop group rank 0 published (it does so before it assigns the ranks, so it is there by
     now), else torch's, as on a torchrun node (group rank 0 is one, or TORCH_ELASTIC_WORKER_IDENTICAL
-    skipped the assignment). The rendezvous's store is reached as this node reaches it."""
+    skipped the assignment). The rendezvous's store is reached as this node reaches it. Either is
+    what some node wrote to the store: ValueError unless it is a host and a port."""
     key = f"{_RANKS_STORE}{number}"
     if not store.check([key]):
-        return (*bootstrap, False)  # group rank 0 is a torchrun node
-    published = json.loads(store.get(key))
+        return (*_master(*bootstrap), False)  # group rank 0 is a torchrun node
+    published = _store_json(store.get(key), "the ranks' master")
     if published == _ON_RENDEZVOUS_STORE:
         endpoint = _tcp_endpoint(store)
         if endpoint is None:
             raise ValueError("the ranks are to use the rendezvous's store, and this node's is no TCPStore")
         return (*endpoint, True)
     if isinstance(published, list) and len(published) == 2:
-        addr, port = published
-        if isinstance(addr, str) and 0 < len(addr) <= 255 and addr.isprintable() and " " not in addr \
-                and is_whole(port) and 0 < port < 65536:
-            return addr, port, False
+        return (*_master(*published), False)
     raise ValueError(f"the ranks' master in the store is no host and port: {clean(str(published))[:120]}")
+
+
+def _master(addr: Any, port: Any) -> tuple[str, int]:
+    """(addr, port) if they are a host name or address and a port, as the ranks' MASTER_ADDR and
+    MASTER_PORT must be; ValueError otherwise. torch's own MASTER_ADDR/MASTER_PORT keys, which its
+    handler reads for every node, are no more to be trusted than ranktop's."""
+    if isinstance(addr, str) and 0 < len(addr) <= 255 and addr.isprintable() and " " not in addr \
+            and is_whole(port) and 0 < port < 65536:
+        return addr, port
+    raise ValueError(f"the ranks' master in the store is no host and port: {clean(str(addr))[:120]}:"
+                     f"{clean(str(port))[:20]}")
 
 
 def _clear_ranks_keys(store: Any) -> None:
@@ -414,6 +436,16 @@ def _first_word(store: Any, key: str, word: str) -> str:
     return store.get(key).decode()
 
 
+_END_WORDS = ("nodes_joined", "failure", USER_RESTART)
+
+
+def _end_word(word: str, seen: str) -> str:
+    """The word found under _GROUP_END if it is one a node writes, else this node's own `seen`:
+    anyone can write there, and the round watch took any other word for nodes joining (a node
+    found dropped, a failure, then cost no restart)."""
+    return word if word in _END_WORDS else seen
+
+
 @dataclass(frozen=True)
 class RoundEnd:
     """Why the running round must end although the ranks are fine."""
@@ -447,6 +479,7 @@ class _GaveUp:
 
 
 _WORDS_SHOWN = 300  # characters of a peer's host or reason: one line, whatever the store holds
+_NODES_NAMED = 8  # nodes named in a line about nodes gone; the rest are counted
 
 
 def _gave_up_words(raw: bytes) -> _GaveUp:
@@ -454,7 +487,7 @@ def _gave_up_words(raw: bytes) -> _GaveUp:
     reaches the store (it takes no password) can write there: a value of another shape, or with
     escape sequences or line breaks, must neither stop the watch nor reach the console raw."""
     try:
-        said = json.loads(raw)
+        said = _store_json(raw, "why a node gave up")
     except (ValueError, RecursionError):
         said = None
     if not isinstance(said, dict):
@@ -464,8 +497,8 @@ def _gave_up_words(raw: bytes) -> _GaveUp:
         value = said.get(key)
         return clean(value if isinstance(value, str) else "?")[:_WORDS_SHOWN]
 
-    rank = said.get("group_rank")
-    return _GaveUp(text("host"), rank if type(rank) is int else "?", text("reason"))
+    rank = said.get("group_rank")  # (a whole number of 4,000 digits is JSON too)
+    return _GaveUp(text("host"), rank if is_whole(rank) and 0 <= rank <= MAX_NNODES else "?", text("reason"))
 
 
 class Rendezvous:
@@ -473,6 +506,14 @@ class Rendezvous:
 
     def __init__(self, handler: Any, role: str, local_world_size: int):
         self.handler = handler
+        # torch's handler unpickles what the store holds, anyone's bytes (imported here: a run with
+        # no rendezvous loads no pickle machinery)
+        from ranktop.core.rendezvous_state import vet_state_reads
+
+        vet_state_reads(handler, weakly(self._state_refused))  # (weakly: the handler must not hold this alive)
+        # told why, once for each round state refused (a state a peer wrote that torch would unpickle)
+        self.on_state_refused: Callable[[str], None] | None = None
+        self._state_refusals = 0
         self.role = role
         self.local_world_size = local_world_size
         self.store: Any = None  # the current round's store
@@ -653,7 +694,7 @@ class Rendezvous:
         ranks. When every node is ranktop: a fresh store, or the rendezvous's own, cleared, where
         asked (see the module's docstring for why); torch's own store when a torchrun node is in
         the round, since its ranks can only go there."""
-        addr, port = bootstrap
+        addr, port = _master(*bootstrap)  # (torch's handler read them back from the store)
         published: Any = [addr, port]
         if store.check([f"{_RANKTOP_NODE}{g}" for g in range(nodes)]):
             if self.on_rendezvous_store:
@@ -795,9 +836,16 @@ class Rendezvous:
         dropped while ranktop says the store is lost (it said so once, in its own words)."""
         return _quiet_torch(self._drops_heartbeat_warning)
 
+    def _state_refused(self, why: str) -> None:
+        self._state_refusals += 1
+        if self.on_state_refused is not None:
+            self.on_state_refused(why)
+
     def _drops_heartbeat_warning(self, _record: LogRecord, text: str) -> bool:
         if f"{_FAILED_HEARTBEAT} '{self.run_id}' " not in text:
             return False
+        if text.endswith(f"{_REFUSED_STATE}.") and self._state_refusals:  # said once, in ranktop's words
+            return True
         # The first failed heartbeat may come before the watch's next look: ranktop looks now (in
         # torch's keep-alive thread, which waits for it), and only its own look decides.
         if self.store_lost is None and self._ranks_run:
@@ -824,7 +872,7 @@ class Rendezvous:
         spends no restart; after a real failure every node spends one; after a user's `R` on one
         node every node starts the next attempt, spending none."""
         try:
-            return _first_word(self.store, _GROUP_END, seen)
+            return _end_word(_first_word(self.store, _GROUP_END, seen), seen)
         except Exception:
             return seen  # out of reach: this node's own view
 
@@ -1069,7 +1117,9 @@ class Rendezvous:
         seen, self._gone_seen = self._gone_seen, gone
         if not gone or gone != seen:
             return None
-        nodes = ", ".join(f"{addr} (group rank {rank})" for addr, rank in gone)
+        nodes = ", ".join(f"{addr} (group rank {rank})" for addr, rank in gone[:_NODES_NAMED])
+        if len(gone) > _NODES_NAMED:  # one line, however many went (a round of thousands, a state padded with nodes)
+            nodes += f" and {len(gone) - _NODES_NAMED} more"
         one = len(gone) == 1
         return (f"node{'s' * (not one)} {nodes} of the {self.describe()} {'is' if one else 'are'} gone: no "
                 f"keep-alive heartbeat of {'its' if one else 'theirs'} for over {self._lapse_words()} "
@@ -1159,6 +1209,7 @@ class Rendezvous:
 _DYNAMIC_LOGGER = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 _FAILED_CLOSE = "has failed to shutdown the rendezvous"
 _FAILED_HEARTBEAT = "has failed to send a keep-alive heartbeat to the rendezvous"
+_REFUSED_STATE = "due to an error of type RendezvousStateError"  # (the state is not read: rendezvous_state)
 
 
 @contextlib.contextmanager

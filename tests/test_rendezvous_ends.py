@@ -968,6 +968,10 @@ def test_the_static_and_etcd_backends_wait_torchruns_900_s_unless_the_conf_says_
     (b'\xff{', "node ? (group rank ?) gave up: ?"),
     (json.dumps({"host": "h", "group_rank": "0", "reason": "r" * 100_000}).encode(),
      "node h (group rank ?) gave up: " + "r" * 300),
+    (b'{"host": "h", "group_rank": 1%s, "reason": "r"}' % (b"0" * 4000), "node h (group rank ?) gave up: r"),
+    # over 1 MiB is not parsed (torch's append grows a value past 100 MB; parsing `[0,0,...` took 5 times that)
+    (json.dumps({"host": "h", "group_rank": 1, "reason": "r", "pad": [0] * 400_000}).encode(),
+     "node ? (group rank ?) gave up: ?"),
 ])
 def test_what_a_peer_wrote_to_the_store_when_giving_up_is_shown_as_one_safe_line(torch_installed, written, said):
     """Anyone who reaches the c10d store can write there (it takes no password): the words a node
@@ -1061,6 +1065,7 @@ def test_a_finished_agent_dropped_frees_its_stores_without_a_garbage_collection(
     # node 1's role and size, as group rank 0 reads them to plan every node's ranks
     ({"torchelastic/role_info/1": '{"role": "default", "local_world_size": -5}'}, "node 1's role and size"),
     ({"torchelastic/role_info/1": '["x"]'}, "node 1's role and size"),
+    ({"torchelastic/role_info/1": "[" + "0," * 600_000 + "0]"}, "node 1's role and size in the store is 1200003 bytes, over 1048576"),
     # this node's ranks, as group rank 0 wrote them (group rank 1 reads its own)
     ({"torchelastic/assigned_ranks/1": "[-3, 4, 0, 4]"}, "the ranks assigned to this node"),
     ({"torchelastic/assigned_ranks/1": "[2, 1000000000000, 2, 4]"}, "the ranks assigned to this node"),
