@@ -261,6 +261,43 @@ def test_a_dump_paused_midway_is_read_whole(tmp_path):
     assert [f.name for f in report.ranks[0].main.frames] == ["<module>", "inner"], stacks.format_report(report)
 
 
+# A progress bar redrawn with '\r' (tqdm's, examples/demo_train.py's) ends no line, and it is
+# redrawn ten times a second: one redraw comes between the reader noting where the log ends and
+# the signal. Here always: SIGUSR1 is held back until it is pending, the bar redrawn, then let in.
+BAR_THEN_DUMP = r"""
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+def wait_here():
+    while signal.SIGUSR1 not in signal.sigpending():
+        time.sleep(0.005)
+    sys.stderr.write('\repoch 1 |####....| 5/100 [ 9.9 it/s]')
+    sys.stderr.flush()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})  # faulthandler writes now
+    time.sleep(60)
+print("ready", flush=True)
+wait_here()
+"""
+
+
+def test_a_dump_that_lands_on_a_progress_bars_open_line_is_read(tmp_path):
+    """The dump's first line came after the bar, `...| 5/100 [ 9.9 it/s]Current thread 0x...
+    (most recent call first):`, and only a header at a line's start was read: the SIGUSR1
+    fallback of demo_train's 3 ranks said `no stack in its log within 3s` for 1 to 3 of them."""
+    log = tmp_path / "stderr.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([PY, "-c", BAR_THEN_DUMP], stdout=subprocess.PIPE, stderr=err)
+    try:
+        proc.stdout.readline()
+        report = stacks.signal_report({0: proc.pid}, {0: str(log)}, timeout=20)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "5/100 [ 9.9 it/s]Current thread 0x" in log.read_text()
+    assert report.ranks[0].status == StackStatus.OK, stacks.format_report(report)
+    assert [f.name for f in report.ranks[0].main.frames][:2] == ["<module>", "wait_here"]  # (then signal.py's wrapper)
+
+
 def test_sigusr1_fallback_with_pty_reads_the_dump_from_stdout_log(tmp_path):
     # With a pseudo-terminal, stderr shares the terminal with stdout: there is no stderr.log.
     env = spec.faulthandler_env(True, os.environ)

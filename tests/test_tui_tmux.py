@@ -383,6 +383,27 @@ def test_bg_keeps_a_suspended_tuis_run_going_and_fg_brings_the_tui_back(tmp_path
         term.close()
 
 
+def test_a_suspended_tuis_run_outlives_its_terminal(tmp_path):
+    """Ctrl-Z, then the SSH link drops: bash sends its stopped jobs SIGHUP, then SIGTERM, as its
+    terminal goes, and the SIGTERM stopped the run (exit 143), where a TUI in the foreground
+    detaches. A SIGTERM that finds the terminal hung up is the hang-up's: the run goes on."""
+    term, waiter, tui, ranks = _suspended_tui(tmp_path)
+    run_dir = _run_dir(tmp_path)
+    try:
+        shell = int(term.pane_pid())
+        term.close()  # the terminal goes, and its shell with it
+        wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in (shell, waiter)), timeout=15,
+                 what="the shell gone, and the process it waited for")
+        wait_for(lambda: any(e["event"] == "detached" for e in read_events(run_dir)), what="the run detached")
+        assert all(kernel_state(pid) not in (None, "Z") for pid in (tui, *ranks))
+    finally:
+        stopped = run_ranktop("stop", run_dir.name)
+    assert stopped.returncode == 0, stopped.stderr
+    events = [e for e in read_events(run_dir) if e["event"] in ("signal_received", "detached", "user_stop", "run_finished")]
+    assert [e["event"] for e in events] == ["detached", "user_stop", "run_finished"], events  # (the stop: ours)
+    assert events[0]["reason"] == "SIGHUP"
+
+
 def test_the_tui_does_not_fork_while_a_thread_python_does_not_know_of_runs():
     """A C/C++ thread (torch's TCPStore server) is not in `threading`: the fork that lets q detach
     went ahead with it alive, and it stayed behind in the waiting parent (Python 3.12 warns of

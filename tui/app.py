@@ -24,7 +24,7 @@ from ranktop.core.signals import NOTICE_SIGNALS
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.bounded_regex import BoundedPattern
 from ranktop.tui.commands import help_groups, palette_commands
-from ranktop.tui.detach import detach_terminal, terminal_alive
+from ranktop.tui.detach import detach_terminal, terminal_alive, terminal_hung_up
 from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, LogView, alive_count, can_act, read_only
@@ -86,6 +86,7 @@ class RanktopApp(App):
         self.main: MainScreen | None = None
         self._frame_shown = False  # the first frame is up (Ready)
         self._leave_when_ready: Callable[[], object] | None = None  # a hang-up came before it was
+        self._hung_up = False  # the terminal hung up (its stderr now /dev/null)
 
     @property
     def offers_detach(self) -> bool:
@@ -178,8 +179,14 @@ class RanktopApp(App):
         """SIGTERM/SIGINT to ranktop: the engine's rule, as headless (forwarded with the grace,
         then SIGKILL; only a second SIGINT kills at once), and leave as soon as the ranks are gone.
         SIGHUP (the terminal went away) detaches instead: the TUI leaves, the run goes on."""
+        if signum == signal.SIGTERM and (self._hung_up or terminal_hung_up()):
+            # The terminal has hung up: this SIGTERM is its shell's, which sends its stopped jobs
+            # (a TUI suspended with Ctrl-Z) SIGHUP and SIGTERM as it goes. The SSH link dropped;
+            # nobody asked for a stop.
+            signum = signal.SIGHUP
         if signum == signal.SIGHUP:
             if not terminal_alive():  # else (the waiting parent killed, a kill -HUP) Textual restores it
+                self._hung_up = self._hung_up or terminal_hung_up()  # (stderr is /dev/null from here on)
                 detach_terminal()
             if self.not_served is not None:
                 # Detached, nothing could reach it (no socket): a hang-up stops it, as torchrun's does.

@@ -13,6 +13,7 @@ command) the parent is the namespace's init: it reaps orphans, and stays after a
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -187,6 +188,17 @@ def terminal_alive() -> bool:
     except (termios.error, OSError):
         return False
     return True
+
+
+def terminal_hung_up() -> bool:
+    """Whether our terminal hung up (EIO), not merely absent (stderr no terminal: ENOTTY)."""
+    try:
+        termios.tcgetattr(2)
+    except termios.error as exc:
+        return exc.args[0] == errno.EIO
+    except OSError as exc:
+        return exc.errno == errno.EIO
+    return False
 
 
 def in_foreground(fd: int = 0) -> bool:

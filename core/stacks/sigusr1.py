@@ -76,7 +76,9 @@ def signal_dump(agent: Any) -> dict[int, str]:
     return outcome
 
 
-_FH_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
+# Searched, not matched at the line's start: the dump often lands on a line the rank left open (a
+# progress bar redrawn with '\r' ends no line), `...| 76/100 [10.0 it/s]Current thread 0x...`.
+_FH_HEADER = re.compile(r"(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
 _FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
 
 
@@ -90,7 +92,7 @@ def parse_faulthandler(text: str) -> tuple[ThreadStack, ...]:
     blocks: dict[int, tuple[bool, list[Frame]]] = {}  # by thread id: a second dump replaces the first
     frames: list[Frame] | None = None
     for line in text.splitlines():
-        head = _FH_HEADER.match(line.strip())
+        head = _FH_HEADER.search(line.rstrip())
         if head:
             frames = []
             blocks.pop(int(head.group(2), 16), None)
