@@ -87,6 +87,7 @@ NPROC = Bounds(1, MAX_NPROC_PER_NODE, whole=True)
 NNODES = Bounds(1, MAX_NNODES, whole=True)
 COUNT = Bounds(0, whole=True)  # restarts, a node's rank
 PORT = Bounds(1, 65535, whole=True)
+PORT_OR_FREE = Bounds(0, 65535, whole=True)  # 0: any free port, as a socket's bind reads it
 LINES = Bounds(1, whole=True)
 
 

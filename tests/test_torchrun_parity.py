@@ -117,6 +117,10 @@ LINES = [
     ("launch-use-env", ["--nproc_per_node", "2", "--use_env", S, "--data_dir", "path_to_data"], {}),
     ("launch-use-env-master-port", ["--use_env", "--nproc_per_node", "2", "--master-port", str(free_port()),
                                     "--nnodes", "1", S, "--model-path", "out"], {}),
+    # `torchrun --master_port=0` (advice against port clashes): torchrun takes it and its ranks get
+    # MASTER_PORT=0, which init_process_group waits on; ranktop refused it (1 to 65535). Now a free
+    # port on one node (each rank's MASTER_PORT is a real one: test_same_world_as_torchrun checks)
+    ("master-port-0", ["--master_port=0", "--nproc_per_node=2", S], {}),
 ]
 # Lines whose reference is `python -m torch.distributed.launch` (with --use_env, it gives torchrun's world).
 LAUNCH = {"launch-use-env", "launch-use-env-master-port"}
@@ -196,6 +200,8 @@ def test_same_world_as_torchrun(line_id, argv, env, torchrun_results, tmp_path):
     res = run_ranktop("--headless", "--log-dir", str(tmp_path / "logs"), *argv, cwd=PARITY,
                       env={**os.environ, **env, "DUMP_TO": str(dump)})
     assert res.returncode == 0, res.stderr
+    # where the ranks meet is a port they can reach (torchrun's is 0 on the master-port-0 line)
+    assert all(1 <= int(rec["MASTER_PORT"]) <= 65535 for rec in _records(dump).values())
     theirs, ours = _comparable(_records(torch_dump), line_id), _comparable(_records(dump), line_id)
     assert ours == theirs, json.dumps({"ranktop": ours, "torchrun": theirs}, indent=1)
 

@@ -201,8 +201,8 @@ def _add_world_options(parser: argparse.ArgumentParser) -> None:
     add(*_both("node-rank"), type=_number("--node-rank", limits.COUNT), default=0, help="this node's rank (default 0)")
     add(*_both("master-addr"), type=_address("--master-addr", empty_ok=True), default="127.0.0.1",
         help="address of node 0 (default 127.0.0.1)")
-    add(*_both("master-port"), type=_number("--master-port", limits.PORT), default=None,
-        help="port on node 0 (default: a free port on one node, 29500 with several)")
+    add(*_both("master-port"), type=_number("--master-port", limits.PORT_OR_FREE), default=None,
+        help="port on node 0 (default, or 0: a free port on one node; 29500 with several)")
     add("--standalone", action="store_true", help="single node, pick a free port")
 
 
@@ -594,7 +594,7 @@ def _rank_env(ns: argparse.Namespace, nproc: int) -> dict[str, str]:
 def _master_address(ns: argparse.Namespace, nnodes: int, own_static: bool) -> tuple[str, int | None]:
     """Where the ranks meet when no torch rendezvous names it: (MASTER_ADDR, MASTER_PORT), the port
     None for a free one."""
-    addr, port = unbracketed(ns.master_addr), ns.master_port
+    addr, port = unbracketed(ns.master_addr), free_master_port(ns, nnodes)
     if port is None and nnodes > 1 and not ns.standalone:
         port = 29500  # like torchrun: every node must agree on it without talking first
     if on_a_local_store(ns, nnodes):
@@ -604,6 +604,19 @@ def _master_address(ns: argparse.Namespace, nnodes: int, own_static: bool) -> tu
     if own_static and ns.rdzv_endpoint:
         addr, port = own_static_master(ns.rdzv_endpoint, nnodes)
     return addr, port
+
+
+def free_master_port(ns: argparse.Namespace, nnodes: int) -> int | None:
+    """--master-port, with 0 (`--master_port=0`, written to dodge a busy port) read as a free one
+    (None) on one node. torchrun takes 0 and passes it on: its agent's store takes a free port
+    and its ranks, told MASTER_PORT=0, wait to connect until their time-out. With several nodes
+    the others could not find that port: one line, where the port is used."""
+    if ns.master_port != 0:
+        return ns.master_port
+    if nnodes > 1 and master_addr_used(ns) and not ns.standalone:
+        raise UsageError("bad --master-port 0: port 0 (a free one) only works on one node: with "
+                         f"{nnodes} nodes the others could not find it; name a port they all reach")
+    return None
 
 
 def master_addr_used(ns: argparse.Namespace) -> bool:
