@@ -224,9 +224,9 @@ class _StateStandIn(_StandIn):
 
 
 class _NodeStandIn(_StandIn):
-    """torch's node, a frozen dataclass, is hashed and compared by its fields in the load as
-    torch's is: a node used as a key before it is built fails the load there too (AttributeError),
-    and one whose fields hold it, as deep as Python's recursion limit lets a hash go."""
+    """Hashed and compared by its fields in the load, as torch's node (a frozen dataclass) is: a
+    node used as a key before it is built fails the load here too (AttributeError), and so does
+    one whose fields hold itself through a tuple (RecursionError)."""
 
     of = "_NodeDesc"
 
