@@ -269,6 +269,8 @@ def _state_problem(state: Any) -> str | None:
         return "it has no round"
     for field, value in fields.items():
         fits = _STATE_FIELDS.get(field) if type(field) is str else None
+        if fits is None and field in _torch_fields("_RendezvousState"):  # (a later torch's: of no known kind)
+            fits = _is_plain
         if fits is None:
             return f"it has a field no state has, {clean(repr(field))[:60]}"
         if not fits(value):
@@ -287,10 +289,35 @@ def _is_flag(value: Any) -> bool:
 def _is_node(node: Any) -> bool:
     """A node with torch's fields, and only those: its address (a host name or IP, which ranktop
     shows), pid and id."""
-    if type(node) is not _NodeStandIn or vars(node).keys() != {"addr", "pid", "local_id"}:
+    if type(node) is not _NodeStandIn or not vars(node).keys() <= _torch_fields("_NodeDesc") | _NODE_FIELDS:
         return False
     addr, pid, local_id = _node_fields(node)
-    return type(addr) is str and 0 < len(addr) <= 1024 and _is_count(pid) and _is_count(local_id)
+    others = (value for field, value in vars(node).items() if field not in _NODE_FIELDS)
+    return type(addr) is str and 0 < len(addr) <= 1024 and _is_count(pid) and _is_count(local_id) \
+        and all(map(_is_plain, others))
+
+
+_NODE_FIELDS = frozenset({"addr", "pid", "local_id"})
+
+
+@functools.cache
+def _torch_fields(name: str) -> frozenset[str]:
+    """The fields the installed torch's class `name` gives its objects: a later torch's state or
+    node may have one this module does not know, and its nodes must not be refused for it (its
+    value is taken if plain, _is_plain); a field no torch here has is refused."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    cls = getattr(dynamic_rendezvous, name)
+    try:
+        return frozenset(vars(cls() if name == "_RendezvousState" else cls("", 0, 0)))
+    except Exception:  # noqa: BLE001 - a torch whose classes are made otherwise: only the known fields
+        return frozenset()
+
+
+def _is_plain(value: Any) -> bool:
+    """A value that nests nothing: a number, a flag, a short string, a time, None, a node."""
+    return value is None or type(value) in (bool, int, float) or (type(value) is str and len(value) <= 1024) \
+        or _is_time(value) or _is_node(value)
 
 
 def _is_time(value: Any) -> bool:

@@ -219,6 +219,31 @@ def test_a_round_state_torch_wrote_is_read_as_before():
     assert vetted_state(bits) is bits
 
 
+def test_a_later_torchs_state_with_a_field_of_its_own_is_read(monkeypatch):
+    """A field the installed torch's state has and this vetting does not know (a later torch's)
+    is taken where its value nests nothing: refused, every c10d round of that torch would fail.
+    A field no torch here has is still refused."""
+    from ranktop.core import rendezvous_state
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    made = dynamic_rendezvous._RendezvousState.__init__
+
+    def later_torchs(self):
+        made(self)
+        self.generation = 0
+
+    monkeypatch.setattr(dynamic_rendezvous._RendezvousState, "__init__", later_torchs)
+    rendezvous_state._torch_fields.cache_clear()
+    try:
+        assert rendezvous_state.vetted_state(_state(generation=7))
+        with pytest.raises(Exception, match="it has a field no state has, 'planted'"):
+            rendezvous_state.vetted_state(_state(planted=7))
+        with pytest.raises(Exception, match="its generation is not of its kind"):
+            rendezvous_state.vetted_state(_state(generation=[[7]]))
+    finally:
+        rendezvous_state._torch_fields.cache_clear()
+
+
 def test_nodes_gone_are_said_in_one_bounded_line(store):
     """Every node of the round dropped was named: a round of thousands (or a state a peer padded
     with nodes) made a line of megabytes for the console, a toast and events.jsonl."""
