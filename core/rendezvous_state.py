@@ -14,11 +14,13 @@ Nothing here is imported unless a rendezvous runs; torch's classes are looked up
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import pickletools
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from ranktop.core.sanitize import clean
@@ -97,7 +99,7 @@ def vetted_state(bits: bytes) -> bytes:
     in one line saying what is wrong."""
     try:
         why = _why_no_state(bits)
-    except _NoStateClass as exc:
+    except _NotAState as exc:
         why = str(exc)
     except Exception as exc:  # noqa: BLE001 - whatever the bytes make the scan or the load do
         why = f"it does not load ({type(exc).__name__})"
@@ -121,16 +123,18 @@ def _why_no_state(bits: bytes) -> str | None:
         return f"it is {len(bits)} bytes, over {MAX_STATE_BYTES}"
     why = _scan(bits)
     if why is None:
-        unpickler = _StateUnpickler(io.BytesIO(bits))
-        state = unpickler.load()
-        why = unpickler.changed_class() or _state_problem(state, unpickler)
+        why = _state_problem(_StateUnpickler(io.BytesIO(bits)).load())
     return why
 
 
 def _scan(bits: bytes) -> str | None:
     """Why the pickle is no state, read opcode by opcode without making an object: an opcode a
-    state never uses, or items nested over _MAX_DEPTH deep (the depth of each item on pickle's
-    stack and in its memo is followed, so a memo reference cannot hide one)."""
+    state never uses, or items nested over _MAX_DEPTH deep. The depth of each item on pickle's
+    stack is followed, and the memo keeps the depth an item had when it was memoized: a list or
+    a node filled after that is deeper than its memo says, but neither is hashed as deep (a list
+    not at all, a node through its own __hash__, which Python's recursion limit bounds), and what
+    stays in a state is checked field by field (_state_problem). A tuple, the one that hashes
+    what it holds in C (300,000 deep: SIGSEGV), cannot be filled after it is made."""
     stack: list[int] = []
     marks: list[int] = []
     memo: list[int] = []
@@ -188,55 +192,88 @@ def _effect(op: Any) -> tuple[int, int, int, bool]:
 _EFFECTS = {op.name: _effect(op) for op in pickletools.opcodes if op.name in _OPCODES}
 
 
-class _NoStateClass(pickle.UnpicklingError):
-    """A pickle names a global (a class, a function) that no state holds."""
+class _NotAState(pickle.UnpicklingError):
+    """A pickle does as it loads what no state torch wrote does (its words say what)."""
+
+
+class _StandIn:
+    """An object of one of torch's classes, made as torch's pickle makes it and in no other way:
+    NEWOBJ (no call), then one BUILD with a dict of its fields. In each other way torch's own
+    class may fail the load past torch's `except PickleError` (in its keep-alive thread, which
+    then ends for good, a traceback on the terminal), or be changed by it: its node is a frozen
+    dataclass (a slot state's setattr raises FrozenInstanceError); neither class takes the
+    arguments a call could give; a node built again after it was hashed as a key sits under its
+    first fields' hash (torch's `del last_heartbeats[node]` then raises KeyError); and a BUILD on
+    a class itself sets the class's attributes for the whole process, __qualname__ too (its next
+    pickle of a node then fails, at every sync). A BUILD on a stand-in class fails: its
+    __setstate__ is called without an instance."""
+
+    of = ""  # the name of torch's class
+
+    def __init__(self, *_args: Any, **_kwargs: Any) -> None:
+        raise _NotAState(f"it calls the class {type(self).of}, which torch's pickle of a state does not")
+
+    def __setstate__(self, fields: Any) -> None:
+        if type(fields) is not dict or not fields or vars(self):
+            raise _NotAState(f"it builds a {type(self).of} as torch's pickle does not")
+        vars(self).update(fields)
+
+
+class _StateStandIn(_StandIn):
+    of = "_RendezvousState"
+
+
+class _NodeStandIn(_StandIn):
+    """Hashed and compared by its fields in the load, as torch's node (a frozen dataclass) is: a
+    node used as a key before it is built fails the load here too (AttributeError), and so does
+    one whose fields hold itself through a tuple (RecursionError)."""
+
+    of = "_NodeDesc"
+
+    def __hash__(self) -> int:
+        return hash(_node_fields(self))
+
+    def __eq__(self, other: object) -> bool:
+        return _node_fields(self) == _node_fields(other) if type(other) is _NodeStandIn else NotImplemented
+
+
+def _node_fields(node: Any) -> tuple[Any, Any, Any]:
+    return node.addr, node.pid, node.local_id
+
+
+_STAND_INS = {cls.of: cls for cls in (_StateStandIn, _NodeStandIn)}
 
 
 class _StateUnpickler(pickle.Unpickler):
     """Loads the classes a state holds, and no other: a pickle's other globals are code. torch's
-    two classes are loaded as stand-ins of this load's own: a pickle can set a class's attributes
-    (BUILD on the class itself), and it must not change torch's (the state is refused only after
-    the load), nor pass as a state that would change them when torch loads it (changed_class).
-    datetime's classes are built in: setting theirs fails the load."""
-
-    def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file)
-        self.stand_ins = {name: type(name, (), {}) for module, name in _CLASSES if module == _DYNAMIC}
-        self._own = {name: set(vars(cls)) for name, cls in self.stand_ins.items()}
+    two classes are loaded as stand-ins (_StandIn): a pickle must change nothing of torch's as it
+    is read, nor pass as a state whose load by torch would. datetime's classes are built in: the
+    load does with them what torch's does (setting their attributes fails)."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in _CLASSES:
-            raise _NoStateClass(f"it names {clean(f'{module}.{name}')[:120]}, which no state holds")
-        return self.stand_ins[name] if module == _DYNAMIC else super().find_class(module, name)
-
-    def changed_class(self) -> str | None:
-        """Why the load is no state's, where it set an attribute of a class (None: it set none)."""
-        for name, cls in self.stand_ins.items():
-            if set(vars(cls)) != self._own[name]:
-                return f"it sets attributes of the class {name}"
-        return None
+            raise _NotAState(f"it names {clean(f'{module}.{name}')[:120]}, which no state holds")
+        return _STAND_INS[name] if module == _DYNAMIC else super().find_class(module, name)
 
 
-def _state_problem(state: Any, unpickler: _StateUnpickler) -> str | None:
+def _state_problem(state: Any) -> str | None:
     """What in a loaded state is not as torch's handler makes it (None: nothing). A field an
-    older or newer torch's state lacks is not asked for; one it has must be of its type."""
-    if type(state) is not unpickler.stand_ins["_RendezvousState"]:
+    older or newer torch's state lacks is not asked for; one it has must be of its type, and one
+    no torch's state has is refused: it could hold anything the load makes (a list nested
+    60,000 deep, which torch's next pickle of the state, at the next keep-alive heartbeat, fails
+    on with RecursionError)."""
+    if type(state) is not _StateStandIn:
         return "it is no round state"
-    node_class = unpickler.stand_ins["_NodeDesc"]
-
-    def nodes(value: Any) -> bool:
-        return all(type(node) is node_class and _is_node(node) for node in value)
-
-    checks = {"round": _is_count, "complete": _is_flag, "closed": _is_flag,
-              "deadline": lambda v: v is None or type(v) is datetime,
-              "participants": lambda v: type(v) is dict and nodes(v) and all(map(_is_count, v.values())),
-              "wait_list": lambda v: type(v) is set and nodes(v),
-              "redundancy_list": lambda v: type(v) is set and nodes(v),
-              "last_heartbeats": lambda v: type(v) is dict and nodes(v) and all(type(t) is datetime for t in v.values())}
-    if not hasattr(state, "round"):
+    fields = vars(state)
+    if "round" not in fields:
         return "it has no round"
-    for field, fits in checks.items():
-        if hasattr(state, field) and not fits(getattr(state, field)):
+    for field, value in fields.items():
+        fits = _STATE_FIELDS.get(field) if type(field) is str else None
+        if fits is None and field in _torch_fields("_RendezvousState"):  # (a later torch's: of no known kind)
+            fits = _is_plain
+        if fits is None:
+            return f"it has a field no state has, {clean(repr(field))[:60]}"
+        if not fits(value):
             return f"its {field} is not of its kind"
     return None
 
@@ -250,7 +287,79 @@ def _is_flag(value: Any) -> bool:
 
 
 def _is_node(node: Any) -> bool:
-    """A node's fields as torch's: its address (a host name or IP, which ranktop shows), pid and id."""
-    addr = getattr(node, "addr", None)
-    return (type(addr) is str and 0 < len(addr) <= 1024 and _is_count(getattr(node, "pid", None))
-            and _is_count(getattr(node, "local_id", None)))
+    """A node with torch's fields, and only those: its address (a host name or IP, which ranktop
+    shows), pid and id."""
+    if type(node) is not _NodeStandIn or not vars(node).keys() <= _torch_fields("_NodeDesc") | _NODE_FIELDS:
+        return False
+    addr, pid, local_id = _node_fields(node)
+    others = (value for field, value in vars(node).items() if field not in _NODE_FIELDS)
+    return type(addr) is str and 0 < len(addr) <= 1024 and _is_count(pid) and _is_count(local_id) \
+        and all(map(_is_plain, others))
+
+
+_NODE_FIELDS = frozenset({"addr", "pid", "local_id"})
+
+
+@functools.cache
+def _torch_fields(name: str) -> frozenset[str]:
+    """The fields the installed torch's class `name` gives its objects: a later torch's state or
+    node may have one this module does not know, and its nodes must not be refused for it (its
+    value is taken if plain, _is_plain); a field no torch here has is refused."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    cls = getattr(dynamic_rendezvous, name)
+    try:
+        return frozenset(vars(cls() if name == "_RendezvousState" else cls("", 0, 0)))
+    except Exception:  # noqa: BLE001 - a torch whose classes are made otherwise: only the known fields
+        return frozenset()
+
+
+def _is_plain(value: Any) -> bool:
+    """A value that nests nothing: a number, a flag, a short string, a time, None, a node."""
+    return value is None or type(value) in (bool, int, float) or (type(value) is str and len(value) <= 1024) \
+        or _is_time(value) or _is_node(value)
+
+
+def _is_time(value: Any) -> bool:
+    """A datetime of the kind torch's handler compares it with: one of the other kind (naive
+    where torch's are aware, or the other way) makes that comparison raise TypeError, past
+    torch's `except RendezvousError`, in its keep-alive thread too."""
+    aware = _torch_times_aware()
+    return type(value) is datetime and (aware is None or (value.tzinfo is not None) == aware)
+
+
+@functools.cache
+def _torch_times_aware() -> bool | None:
+    """Whether torch's handler keeps its times aware (`datetime.now(timezone.utc)`, later torch)
+    or naive (`datetime.utcnow()`, earlier), as torch itself answers: its _should_keep_alive
+    compares a node's last heartbeat with its now, here a naive one. None where it cannot be
+    asked (then either kind passes)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    compares = getattr(dynamic_rendezvous, "_should_keep_alive", None)
+    if compares is None:
+        return None
+    node = object()
+    asked = SimpleNamespace(node=node, state=SimpleNamespace(last_heartbeats={node: datetime(2000, 1, 1)}),
+                            settings=SimpleNamespace(keep_alive_interval=timedelta(0)))
+    try:
+        compares(asked)
+    except TypeError:  # (can't compare offset-naive and offset-aware datetimes)
+        return True
+    except Exception:  # noqa: BLE001 - a torch whose function asks for more than it did
+        return None
+    return False
+
+
+def _are_nodes(value: Any) -> bool:
+    return all(map(_is_node, value))
+
+
+_STATE_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "round": _is_count, "complete": _is_flag, "closed": _is_flag,
+    "deadline": lambda v: v is None or _is_time(v),
+    "participants": lambda v: type(v) is dict and _are_nodes(v) and all(map(_is_count, v.values())),
+    "wait_list": lambda v: type(v) is set and _are_nodes(v),
+    "redundancy_list": lambda v: type(v) is set and _are_nodes(v),
+    "last_heartbeats": lambda v: type(v) is dict and _are_nodes(v) and all(map(_is_time, v.values())),
+}

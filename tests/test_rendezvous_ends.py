@@ -79,6 +79,11 @@ def test_a_node_waiting_for_others_is_served_before_any_rank_starts(tmp_path, to
     assert run_ranktop("ls", env=env).stdout.splitlines()[1].split()[1:4] == ["rdzv_rank.py", "?", "rendezvous"]
     assert [e["event"] for e in events(tmp_path / "node0") if e["event"].startswith("rendezvous")] == [
         "rendezvous_joining"]  # still waiting: no round has placed it
+    # `stacks` of its log directory, which has no live rank, asks its engine, as for its id: it said
+    # the run was not served and its engine had gone away (killed?)
+    for target in ("served-wait", str(tmp_path / "node0")):
+        said = run_ranktop("stacks", "--no-save", target, env=env, timeout=TIMEOUT)
+        assert (said.returncode, said.stderr) == (1, "") and ": 0 of 0 ranks dumped" in said.stdout, (target, said)
     stopped = run_ranktop("stop", "served-wait", env=env, timeout=TIMEOUT)
     assert stopped.returncode == 0, stopped.stderr
     ((status, out, err),) = job.finish()

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import base64
 import datetime
+import io
 import os
 import pickle
+import struct
 from pathlib import Path
 
 import pytest
@@ -63,14 +65,18 @@ def _node(addr: str, pid: int):
     return _NodeDesc(addr, pid, 0)
 
 
+def _unframed(bits: bytes) -> bytes:
+    """`bits` without their FRAME: framing is optional, and an edit would make its length wrong."""
+    assert bits[2] == pickle.FRAME[0]
+    return bits[:2] + bits[11:]
+
+
 def _sets_class_attribute() -> bytes:
     """A state that sets an attribute of torch's _NodeDesc itself as it loads (BUILD on the class,
     kept in a field of its own): whatever loads it changes the class for the whole process."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
 
-    bits = _state(kept=_NodeDesc)
-    assert bits[2] == pickle.FRAME[0]
-    bits = bits[:2] + bits[11:]  # (no frame: framing is optional, and its length would be wrong)
+    bits = _unframed(_state(kept=_NodeDesc))
     at = bits.index(b"_NodeDesc\x94\x93") + len(b"_NodeDesc\x94\x93")
     plant = b"N}\x8c\x07plantedK\x05s\x86b"  # (None, {'planted': 5}), BUILD: setattr on the class
     return bits[:at] + plant + bits[at:]
@@ -112,6 +118,95 @@ def test_a_round_state_a_peer_wrote_runs_no_code_and_fails_the_round_in_one_line
     assert not hasattr(_NodeDesc, "planted")  # (the refused load set it on torch's class, all the same)
 
 
+_DYNAMIC = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+
+
+def _text(text: str) -> bytes:
+    return b"\x8c" + bytes([len(text)]) + text.encode()  # SHORT_BINUNICODE
+
+
+def _hand_state(fields: bytes) -> bytes:
+    """A round state written opcode by opcode, as a peer may write one: the items of its dict of
+    fields. Memo 0 is the module's name (NODE makes torch's _NodeDesc class from it), so that the
+    first MEMOIZE in `fields` is memo 1."""
+    return b"\x80\x04" + _text(_DYNAMIC) + b"\x94" + _text("_RendezvousState") + b"\x93)\x81}(" + fields + b"ub."
+
+
+NODE = b"h\x00" + _text("_NodeDesc") + b"\x93"  # BINGET 0, STACK_GLOBAL: the class
+NEW_NODE = NODE + b")\x81"  # NEWOBJ: a node with no fields yet, as torch's pickle makes one
+
+
+def _node_fields(addr: str) -> bytes:
+    """A node's fields, as the dict its BUILD takes."""
+    return b"}(" + _text("addr") + _text(addr) + _text("pid") + b"K\x07" + _text("local_id") + b"K\x00u"
+
+
+def _nested_list(depth: int) -> bytes:
+    """A list nested `depth` deep, each list made empty and memoized first, then filled from the
+    memo: followed by the depth its memo says, it nests 3 deep."""
+    made = b"](" + b"]\x94" * depth  # (memo 1 to depth, on the stack until the outer list takes them)
+    filled = b"".join(b"j" + struct.pack("<I", at) + b"j" + struct.pack("<I", at + 1) + b"a" for at in range(1, depth))
+    return made + filled + b"e"
+
+
+def _a_time(of_torchs_kind: bool) -> datetime.datetime:
+    """A time aware where torch's handler compares aware ones, else naive (or the other way)."""
+    from ranktop.core.rendezvous_state import _torch_times_aware
+
+    aware = _torch_times_aware() == of_torchs_kind
+    return datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc if aware else None)
+
+
+def _memo_free(value) -> bytes:
+    """`value`'s opcodes, as pickle writes them with no memo (so as not to take memo numbers)."""
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, 4)
+    pickler.fast = True
+    pickler.dump(value)
+    return _unframed(out.getvalue())[2:-1]  # (no PROTO, no STOP)
+
+
+@pytest.mark.parametrize("what, why", [
+    ("class renamed", "it does not load (TypeError)"),
+    ("frozen node set", "it builds a _NodeDesc as torch's pickle does not"),
+    ("node built twice", "it builds a _NodeDesc as torch's pickle does not"),
+    ("node hashed unbuilt", "it does not load (AttributeError)"),
+    ("field of no state", "it has a field no state has, 'kept'"),
+    ("times of the other kind", "its last_heartbeats is not of its kind"),
+])
+def test_a_round_state_torchs_own_load_or_sync_fails_on_is_refused(what, why):
+    """States that passed, and that torch then failed on past its `except PickleError` and
+    `except RendezvousError`, in its keep-alive thread too (the thread ended with a traceback on
+    the terminal, and this node's heartbeats with it), or whose load changed torch's own class:
+    __qualname__ set on _NodeDesc (kept out of its __dict__, where the load's check looked; every
+    later pickle of a node failed); a node's field set as a slot (FrozenInstanceError); a node
+    built again after it was a key (KeyError at torch's `del last_heartbeats[node]`); a node
+    hashed before it was built (AttributeError); a list nested 2,000 deep through the memo, in
+    a field of its own (RecursionError as torch pickled the state at the next heartbeat); and
+    naive heartbeats where torch compares aware ones (TypeError)."""
+    from ranktop.core.rendezvous_state import vetted_state
+    from torch.distributed.elastic.rendezvous import RendezvousStateError
+
+    bits = {
+        "class renamed": lambda: _hand_state(_text("round") + b"K\x00" + _text("kept") + NODE + b"N}"
+                                             + _text("__qualname__") + _text("Evil") + b"s\x86b"),
+        "frozen node set": lambda: _hand_state(_text("round") + b"K\x00" + _text("participants") + b"}" + NEW_NODE
+                                               + b"N" + _node_fields("a") + b"\x86bK\x00s"),
+        "node built twice": lambda: _hand_state(
+            _text("round") + b"K\x00" + _text("last_heartbeats") + b"}" + NEW_NODE + b"\x94" + _node_fields("a")
+            + b"b" + _memo_free(_a_time(True)) + b"s" + _text("wait_list") + b"\x8f(h\x01" + _node_fields("b")
+            + b"b\x90"),
+        "node hashed unbuilt": lambda: _hand_state(
+            _text("round") + b"K\x00" + _text("participants") + b"}" + NEW_NODE + b"\x94K\x00s" + _text("wait_list")
+            + b"\x8f(h\x01" + _node_fields("a") + b"b\x90"),
+        "field of no state": lambda: _hand_state(_text("round") + b"K\x00" + _text("kept") + _nested_list(2000)),
+        "times of the other kind": lambda: _state(last_heartbeats={_node("10.0.0.9", 7): _a_time(False)}),
+    }[what]()
+    with pytest.raises(RendezvousStateError) as refused:
+        vetted_state(bits)
+    assert f"not one torch wrote: {why}; anyone" in str(refused.value), refused.value
+
+
 def test_a_round_state_torch_wrote_is_read_as_before():
     """A state of 11,000 nodes (under 1 MiB), as torch's handler writes it, passes (so does every
     round of the multi-node tests, and the real node's below)."""
@@ -122,6 +217,31 @@ def test_a_round_state_torch_wrote_is_read_as_before():
     bits = _state(round=3, complete=True, deadline=now, participants=nodes, wait_list={_node("w", 1)},
                   redundancy_list=set(), last_heartbeats=dict.fromkeys(nodes, now))
     assert vetted_state(bits) is bits
+
+
+def test_a_later_torchs_state_with_a_field_of_its_own_is_read(monkeypatch):
+    """A field the installed torch's state has and this vetting does not know (a later torch's)
+    is taken where its value nests nothing: refused, every c10d round of that torch would fail.
+    A field no torch here has is still refused."""
+    from ranktop.core import rendezvous_state
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    made = dynamic_rendezvous._RendezvousState.__init__
+
+    def later_torchs(self):
+        made(self)
+        self.generation = 0
+
+    monkeypatch.setattr(dynamic_rendezvous._RendezvousState, "__init__", later_torchs)
+    rendezvous_state._torch_fields.cache_clear()
+    try:
+        assert rendezvous_state.vetted_state(_state(generation=7))
+        with pytest.raises(Exception, match="it has a field no state has, 'planted'"):
+            rendezvous_state.vetted_state(_state(planted=7))
+        with pytest.raises(Exception, match="its generation is not of its kind"):
+            rendezvous_state.vetted_state(_state(generation=[[7]]))
+    finally:
+        rendezvous_state._torch_fields.cache_clear()
 
 
 def test_nodes_gone_are_said_in_one_bounded_line(store):

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import tempfile
 import textwrap
+from pathlib import Path
 
 import psutil
 import pytest
@@ -245,19 +246,25 @@ time.sleep(60)
 """
 
 
+def _signal_dump_of(tmp_path, script: str) -> tuple[stacks.StackReport, Path]:
+    """The SIGUSR1 dump of one process running `script` (it prints a line once its handler is
+    set), read back from its stderr log as a rank's is; and that log."""
+    log = tmp_path / "stderr.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([PY, "-c", script], stdout=subprocess.PIPE, stderr=err)
+    try:
+        proc.stdout.readline()
+        return stacks.signal_report({0: proc.pid}, {0: str(log)}, timeout=20), log
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_dump_paused_midway_is_read_whole(tmp_path):
     """faulthandler writes a line at a time, and on a busy box a rank (or the agent that logs its
     stderr) paused mid-dump for longer than the 30 ms the reader waited: the stack came cut, its
     outer frames missing, and a rank stopped where the others were read as the odd one out."""
-    log = tmp_path / "stderr.log"
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([PY, "-c", PAUSED_DUMP], stdout=subprocess.PIPE, stderr=err)
-    try:
-        proc.stdout.readline()
-        report = stacks.signal_report({0: proc.pid}, {0: str(log)}, timeout=20)
-    finally:
-        proc.kill()
-        proc.wait()
+    report, _ = _signal_dump_of(tmp_path, PAUSED_DUMP)
     assert [f.name for f in report.ranks[0].main.frames] == ["<module>", "inner"], stacks.format_report(report)
 
 
@@ -284,15 +291,7 @@ def test_a_dump_that_lands_on_a_progress_bars_open_line_is_read(tmp_path):
     """The dump's first line came after the bar, `...| 5/100 [ 9.9 it/s]Current thread 0x...
     (most recent call first):`, and only a header at a line's start was read: the SIGUSR1
     fallback of demo_train's 3 ranks said `no stack in its log within 3s` for 1 to 3 of them."""
-    log = tmp_path / "stderr.log"
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([PY, "-c", BAR_THEN_DUMP], stdout=subprocess.PIPE, stderr=err)
-    try:
-        proc.stdout.readline()
-        report = stacks.signal_report({0: proc.pid}, {0: str(log)}, timeout=20)
-    finally:
-        proc.kill()
-        proc.wait()
+    report, log = _signal_dump_of(tmp_path, BAR_THEN_DUMP)
     assert "5/100 [ 9.9 it/s]Current thread 0x" in log.read_text()
     assert report.ranks[0].status == StackStatus.OK, stacks.format_report(report)
     assert [f.name for f in report.ranks[0].main.frames][:2] == ["<module>", "wait_here"]  # (then signal.py's wrapper)

@@ -164,7 +164,7 @@ def _dump_found(target: str | None, ns: argparse.Namespace, runs: Sequence[Serve
     except BadTarget as exc:
         return usage_error(str(exc))
     try:
-        served = _served_ranks(pids, runs)
+        served = _served_ranks(pids, runs) if pids else _served_run_dir(run_dir, runs)
         if served is not None:
             run, local_ranks = served
             return _through_engine(run, ns, local_ranks)
@@ -173,12 +173,21 @@ def _dump_found(target: str | None, ns: argparse.Namespace, runs: Sequence[Serve
         stacks.close_all(held)
 
 
+def _served_run_dir(run_dir: str | None, runs: Sequence[ServedRun]) -> tuple[ServedRun, None] | None:
+    """The served run whose engine writes `run_dir`, where none of its ranks runs (a round forming,
+    a restart under way): its engine says so, as for the run named by its id. Without it, the
+    line was that of a run whose engine went away (killed?), of a run being served."""
+    if run_dir is None:
+        return None
+    here = os.path.realpath(run_dir)
+    return next(((run, None) for run in runs if run.seen and run.snapshot.get("log_dir")
+                 and os.path.realpath(run.snapshot["log_dir"]) == here), None)
+
+
 def _served_ranks(pids: dict[int, int], runs: Sequence[ServedRun]) -> tuple[ServedRun, tuple[int, ...] | None] | None:
     """The served run whose engine names some of `pids` ({rank: pid}) among its ranks, with their
     local ranks (None: all its ranks), or None. Only an engine that answered counts: one that
     does not (stopped, swamped) would not dump them either, and /proc still can."""
-    if not pids:
-        return None
     wanted = set(pids.values())
     for run in runs:
         ranks = run.snapshot.get("ranks") or []
