@@ -279,6 +279,14 @@ class AgentRendezvous:
             if peer:  # no rank of ours to show: the one line says why this node ended
                 self._node_error = f"{self._round_end.message}, and this node has {spent}"
 
+    def _stop_heartbeats(self) -> None:
+        """Once the run has ended, however it did: a node that lives on (the TUI on its end screen,
+        a detached engine lingering) kept telling the others it was there, so a peer whose ranks
+        sat in no collective, or waited at the exit barrier, never found it gone, and torch's
+        warning for each heartbeat to a lost store was written over the TUI every 5 s. Bounded: the
+        keep-alive thread may be in a store call to a paused node, which stopping it waits for."""
+        self._store_call_within(self.rendezvous.stop_heartbeats, WORD_WAIT)
+
     def _at_exit_barrier(self, timeout: float) -> Any:
         """The exit barrier, saying what it waits for: the TUI at once, headless once the wait
         passes SLOW_WAIT (it showed `rendezvous` and nothing else, for up to `timeout` seconds)."""

@@ -1061,6 +1061,40 @@ def test_a_finished_agent_dropped_frees_its_stores_without_a_garbage_collection(
         gc.enable()
 
 
+def _in_process_node(tmp_path: Path, rdzv_id: str, endpoint: str, nnodes: int, conf: str):
+    """An agent of this process as a node (its rank sleeps, in no collective), and its handler."""
+    from rank_fns import sleep_forever
+    from ranktop.core import DefaultLogsSpecs, LocalElasticAgent, WorkerSpec
+    from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
+
+    handler = create_handler("c10d", endpoint, rdzv_id, nnodes, nnodes, conf=parse_rdzv_conf(conf),
+                             local_addr="127.0.0.1")
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sleep_forever, args=(), rdzv_handler=handler,
+                      max_restarts=1)
+    return LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path)), console=False, shutdown_timeout=2), handler
+
+
+def test_a_node_whose_run_ended_sends_no_more_heartbeats_while_it_lives_on(tmp_path, torch_installed):
+    """A node's run stopped (K, a signal) while its process lives on (its TUI on the end screen, an
+    API caller holding the agent, a detached engine lingering): torch's handler went on sending
+    keep-alive heartbeats for as long as it lived, so the other nodes never found the node gone (a
+    peer's ranks in no collective ran on; a peer at the exit barrier waited its 300 s), and with the
+    store lost, torch's warning for each failed heartbeat was written over the TUI every 5 s. Its
+    heartbeats now end with the run: it drops out of the rendezvous once they lapse, as if it had exited."""
+    agent, handler = _in_process_node(tmp_path, "ended-lives-on", f"127.0.0.1:{free_port()}", 1, CONF + LAPSE)
+    threading.Thread(target=lambda: agent.wait_started(TIMEOUT) and agent.stop(), daemon=True).start()
+    assert agent.run().state.name == "STOPPED"
+
+    def in_the_rendezvous() -> bool:
+        with handler._heartbeat_lock:
+            handler._state_holder.sync()
+            return handler._this_node in handler._state_holder.state.last_heartbeats
+
+    assert in_the_rendezvous()  # (its last heartbeats are recent)
+    wait_for(lambda: not in_the_rendezvous(), timeout=15, what="the ended node's heartbeats to lapse")  # 4 s
+    handler.shutdown()
+
+
 @pytest.mark.parametrize("bad, error", [
     # node 1's role and size, as group rank 0 reads them to plan every node's ranks
     ({"torchelastic/role_info/1": '{"role": "default", "local_world_size": -5}'}, "node 1's role and size"),
