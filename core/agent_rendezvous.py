@@ -40,7 +40,6 @@ class AgentRendezvous:
     def _join_round(self) -> bool:
         """Before each start of the group: the next round decides this node's ranks and master."""
         self.state = GroupState.RENDEZVOUS
-        self._round_end = None
         self.events.write("rendezvous_joining", rendezvous=self.rendezvous.describe(), attempt=self.attempt)
         waiting = self._waiting = self.rendezvous.waiting_words()
         self._joining = True
@@ -61,6 +60,10 @@ class AgentRendezvous:
             self._node_error = str(outcome)
             self.events.write("rendezvous_failed", message=self._node_error)
             return False
+        # Only now the last group's end is over: a round that fails (or a stop while it forms)
+        # ends the run on that group, whose ranks ranktop stopped for another node's failure are
+        # not to blame (they were, `killed by SIGTERM`, once a lost node's next round timed out).
+        self._round_end = None
         p = self._asked_spec.fixed_master(outcome)
         self.spec = self.spec.placed(p)
         self.master_port = p.master_port
