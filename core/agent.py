@@ -599,6 +599,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         state = self.state
         if self.rendezvous is not None:
             self._leave_rendezvous(state)
+            self._stop_heartbeats()
         self._pass_error_file_up()
         self.ended_at = time.time()
         run = self._run_result(state, result)

@@ -40,7 +40,6 @@ class AgentRendezvous:
     def _join_round(self) -> bool:
         """Before each start of the group: the next round decides this node's ranks and master."""
         self.state = GroupState.RENDEZVOUS
-        self._round_end = None
         self.events.write("rendezvous_joining", rendezvous=self.rendezvous.describe(), attempt=self.attempt)
         waiting = self._waiting = self.rendezvous.waiting_words()
         self._joining = True
@@ -61,6 +60,10 @@ class AgentRendezvous:
             self._node_error = str(outcome)
             self.events.write("rendezvous_failed", message=self._node_error)
             return False
+        # Only now the last group's end is over: a round that fails (or a stop while it forms)
+        # ends the run on that group, whose ranks ranktop stopped for another node's failure are
+        # not to blame (they were, `killed by SIGTERM`, once a lost node's next round timed out).
+        self._round_end = None
         p = self._asked_spec.fixed_master(outcome)
         self.spec = self.spec.placed(p)
         self.master_port = p.master_port
@@ -278,6 +281,14 @@ class AgentRendezvous:
             self.events.write("rendezvous_closed", reason="gave_up", others=others)
             if peer:  # no rank of ours to show: the one line says why this node ended
                 self._node_error = f"{self._round_end.message}, and this node has {spent}"
+
+    def _stop_heartbeats(self) -> None:
+        """Once the run has ended, however it did: a node that lives on (the TUI on its end screen,
+        a detached engine lingering) kept telling the others it was there, so a peer whose ranks
+        sat in no collective, or waited at the exit barrier, never found it gone, and torch's
+        warning for each heartbeat to a lost store was written over the TUI every 5 s. Bounded: the
+        keep-alive thread may be in a store call to a paused node, which stopping it waits for."""
+        self._store_call_within(self.rendezvous.stop_heartbeats, WORD_WAIT)
 
     def _at_exit_barrier(self, timeout: float) -> Any:
         """The exit barrier, saying what it waits for: the TUI at once, headless once the wait

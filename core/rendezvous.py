@@ -1165,6 +1165,20 @@ class Rendezvous:
         except Exception:  # noqa: BLE001 - torch's private parts moved, or the store is out of reach
             pass  # the heartbeats lapse instead, and the others go on then
 
+    def stop_heartbeats(self) -> None:
+        """This node's run has ended: it sends the rendezvous no more keep-alive heartbeats, so the
+        other nodes find it gone once they lapse, as they would had its process ended. torch's
+        dynamic handler (c10d, etcd-v2) sends them from a thread of its own for as long as the
+        handler lives (a TUI showing the end, a detached engine lingering, an API caller holding
+        the agent) unless the rendezvous is closed, which a stop, or a store lost, leaves undone."""
+        handler = self._dynamic()
+        if handler is None:
+            return
+        try:
+            handler._stop_heartbeats()
+        except Exception:  # noqa: BLE001 - torch's private parts moved
+            pass
+
     def serve_store(self, deadline: float, stopped: Callable[[], bool]) -> str:
         """Keep serving the store (this process lives on) until the job ends, the rendezvous closed
         by the node that finished it or gave up ("closed"), or every other node is gone without

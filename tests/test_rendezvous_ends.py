@@ -1066,6 +1066,71 @@ def test_a_finished_agent_dropped_frees_its_stores_without_a_garbage_collection(
         gc.enable()
 
 
+def _in_process_node(tmp_path: Path, rdzv_id: str, endpoint: str, nnodes: int, conf: str):
+    """An agent of this process as a node (its rank sleeps, in no collective), and its handler."""
+    from rank_fns import sleep_forever
+    from ranktop.core import DefaultLogsSpecs, LocalElasticAgent, WorkerSpec
+    from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
+
+    handler = create_handler("c10d", endpoint, rdzv_id, nnodes, nnodes, conf=parse_rdzv_conf(conf),
+                             local_addr="127.0.0.1")
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sleep_forever, args=(), rdzv_handler=handler,
+                      max_restarts=1)
+    return LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path)), console=False, shutdown_timeout=2), handler
+
+
+def test_a_node_whose_run_ended_sends_no_more_heartbeats_while_it_lives_on(tmp_path, torch_installed):
+    """A node's run stopped (K, a signal) while its process lives on (its TUI on the end screen, an
+    API caller holding the agent, a detached engine lingering): torch's handler went on sending
+    keep-alive heartbeats for as long as it lived, so the other nodes never found the node gone (a
+    peer's ranks in no collective ran on; a peer at the exit barrier waited its 300 s), and with the
+    store lost, torch's warning for each failed heartbeat was written over the TUI every 5 s. Its
+    heartbeats now end with the run: it drops out of the rendezvous once they lapse, as if it had exited."""
+    agent, handler = _in_process_node(tmp_path, "ended-lives-on", f"127.0.0.1:{free_port()}", 1, CONF + LAPSE)
+    threading.Thread(target=lambda: agent.wait_started(TIMEOUT) and agent.stop(), daemon=True).start()
+    assert agent.run().state.name == "STOPPED"
+
+    def in_the_rendezvous() -> bool:
+        with handler._heartbeat_lock:
+            handler._state_holder.sync()
+            return handler._this_node in handler._state_holder.state.last_heartbeats
+
+    assert in_the_rendezvous()  # (its last heartbeats are recent)
+    wait_for(lambda: not in_the_rendezvous(), timeout=15, what="the ended node's heartbeats to lapse")  # 4 s
+    handler.shutdown()
+
+
+def test_a_lost_nodes_next_round_timing_out_blames_none_of_this_nodes_ranks(tmp_path, torch_installed):
+    """Node 1 goes silent (its heartbeats stop: killed, frozen) while node 0's rank sits in no
+    collective: node 0 stops its rank for it, spends a restart, and its next round times out. Its
+    end named that rank the root cause, `killed by SIGTERM` (ranktop's own stop, `failed in
+    attempt_0`): the agent forgot why the group had ended as it joined the next round. Now no rank
+    is blamed: the round's time-out ends the run, and attempt_0 ended with the lost node."""
+    from ranktop.core.rendezvous import Rendezvous, create_handler, parse_rdzv_conf
+
+    endpoint, conf = f"127.0.0.1:{free_port()}", CONF.replace("join_timeout=40", "join_timeout=2") + LAPSE
+    agent, handler = _in_process_node(tmp_path, "lost-then-timed-out", endpoint, 2, conf)
+    lost = create_handler("c10d", endpoint, "lost-then-timed-out", 2, 2, conf=parse_rdzv_conf(conf),
+                          local_addr="127.0.0.1")
+
+    def join_then_go_silent() -> None:
+        Rendezvous(lost, "default", 1).next_round()
+        agent.wait_started(TIMEOUT)
+        lost._stop_heartbeats()  # as its process ended
+
+    threading.Thread(target=join_then_go_silent, daemon=True).start()
+    try:
+        result = agent.run()
+    finally:
+        lost.shutdown()
+        handler.shutdown()
+    assert result.rendezvous_error == "the c10d rendezvous 'lost-then-timed-out' timed out: not enough nodes joined"
+    assert result.root_cause is None, result.root_cause
+    (earlier,) = agent.snapshot().earlier_attempts
+    assert re.fullmatch(r"attempt_0: node 127\.0\.0\.1 \(group rank [01]\) of the c10d rendezvous "
+                        r"'lost-then-timed-out' is gone: no keep-alive heartbeat of its for over 4 s .*", earlier), earlier
+
+
 @pytest.mark.parametrize("bad, error", [
     # node 1's role and size, as group rank 0 reads them to plan every node's ranks
     ({"torchelastic/role_info/1": '{"role": "default", "local_world_size": -5}'}, "node 1's role and size"),
