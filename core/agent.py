@@ -53,7 +53,7 @@ from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_f
 from ranktop.core.output import ConsoleWriter, binary_console, console_budget, console_name, console_stall
 from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
 from ranktop.core.prompts import PROMPT_QUIET, rank_prompt
-from ranktop.core.rendezvous import PEER_RESTART_WORDS, USER_RESTART, Rendezvous
+from ranktop.core.rendezvous import PEER_RESTART_WORDS, USER_RESTART, USER_STOP, Rendezvous
 from ranktop.core.root_cause import UserActions, after_user, find_root_cause, rank_failed
 from ranktop.core.sanitize import clean, clean_console, quoted
 from ranktop.core.signals import OUTSIDE_STOP_WINDOW, StopAction
@@ -446,7 +446,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             return "restarted, dropped from the round"
         if reason == "peer_user":
             return f"restarted: {PEER_RESTART_WORDS}"
-        if self._round_end is not None and self._round_end.kind == "peer_failed":
+        if self._round_end is not None and self._round_end.kind in ("peer_failed", "peer_stopped"):
             return self._round_end.message  # this node's ranks were stopped for it: none of them is to blame
         cause = self._find_root_cause()
         return "failed" if cause is None else after_user(cause) + rank_failed(cause)
@@ -466,6 +466,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         word = self._peers_word() if failed else None
         if word in ("nodes_joined", USER_RESTART):
             return "nodes_joined" if word == "nodes_joined" else "peer_user"
+        if word == USER_STOP:  # (a failure's restart, but the words name the node stopped)
+            self._peer_was_stopped()
         if failed and self.restarts_spent < self.spec.max_restarts:
             return None if self._no_round_can_form() else "failure"
         return None
@@ -625,9 +627,10 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         # own before it (a rank that a stop sent from outside to the whole job reached first did not).
         own_failure = self._own_failure()
         # A node that gave up, or one that failed while this node has no restarts left: the ranks
-        # ranktop stopped for it are not to blame (they ended by its SIGTERM).
-        peer_stop = self._round_end is not None and (self._round_end.kind in ("peer_gave_up", "store_lost") or
-                                                     (self._round_end.kind == "peer_failed" and not own_failure))
+        # ranktop stopped for it are not to blame (they ended by its SIGTERM). Nor are ranks whose
+        # collective broke as another node's user stopped that node.
+        peer_stop = self._round_end is not None and (self._round_end.kind in ("peer_gave_up", "store_lost", "peer_stopped")
+                                                     or (self._round_end.kind == "peer_failed" and not own_failure))
         blamed = own_failure or not self._stop_requested
         return blamed and not peer_stop
 

@@ -124,6 +124,7 @@ class AgentCommands:
             self.state = GroupState.STOPPING
             if pc is None:  # waiting on the rendezvous: no ranks to stop
                 continue
+            self._tell_the_round_of_the_stop(signum)  # before our ranks stop: the others' break once they do
             if action == StopAction.KILL_NOW:  # the user wants out now: do not wait long on the kernel
                 pc.stop(signal.SIGKILL, 0, reap_timeout=KILL_NOW_REAP_TIMEOUT)
             else:
@@ -233,6 +234,7 @@ class AgentCommands:
         self.state = GroupState.STOPPING
         self.events.write("user_stop", signal=signal.Signals(sig).name)
         if pc is not None:
+            self._tell_the_round_of_the_stop(None)  # before our ranks stop: the others' break once they do
             pc.stop(sig, grace)
         return cmd.Ack(True, f"{signal.Signals(sig).name} → every rank")
 

@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ranktop.core.context import PContext, RunProcsResult
-from ranktop.core.rendezvous import STORE_SILENT, USER_RESTART, RendezvousFailed, RoundEnd, RoundWatch
+from ranktop.core.rendezvous import (
+    STOP_COMMAND,
+    STORE_SILENT,
+    USER_RESTART,
+    USER_STOP,
+    RendezvousFailed,
+    RoundEnd,
+    RoundWatch,
+)
 from ranktop.core.root_cause import rank_failed
 from ranktop.core.state import GroupState, RoundForming
 
@@ -36,6 +45,7 @@ class AgentRendezvous:
         self._was_spare: str | None = None  # the words said while this node waited as a spare
         self._joining = False  # a round forms, and this node waits for it: the snapshot reads it live
         self._not_formed: RoundForming | None = None  # the round the run ended waiting for, if it did
+        self._stop_told = False  # this node's stop was told to its round (it stepped out of it)
 
     def _join_round(self) -> bool:
         """Before each start of the group: the next round decides this node's ranks and master."""
@@ -215,14 +225,45 @@ class AgentRendezvous:
             return None
         if not self._restart_overtaken():  # (the round watch may have seen it first: then it decides)
             agreed = self._store_call_within(lambda: self.rendezvous.agree_on_end(USER_RESTART), WORD_WAIT)
-            if agreed not in ("failure", "nodes_joined") or self._round_end is not None:
+            if agreed not in ("failure", "nodes_joined", USER_STOP) or self._round_end is not None:
                 return None
             where = self.rendezvous.describe()
-            self._round_end = (RoundEnd("peer_failed", f"another node of the {where} failed") if agreed == "failure"
+            self._round_end = (self._peer_stopped_end() if agreed == USER_STOP else
+                               RoundEnd("peer_failed", f"another node of the {where} failed") if agreed == "failure"
                                else RoundEnd("nodes_joined", f"nodes joined the {where}"))
             self.events.write("round_end", kind=self._round_end.kind, message=self._round_end.message,
                               overtook="user_restart")
         return f"{self._round_end.message} just before your R: {self._what_follows_the_word()}"
+
+    def _tell_the_round_of_the_stop(self, signum: int | None) -> None:
+        """This node's user stopped it (a stop signal `signum`, or a stop command: None) while its
+        ranks run: before they stop, the round's other nodes are told, and it steps out of the
+        round. They saw it only as a lost node once its keep-alive heartbeats lapsed (10-15 s with
+        torch's defaults), and an elastic job's next round waited as long. Once a run, bounded by
+        WORD_WAIT (a store that does not answer must not hold the stop)."""
+        placed = self.spec.placement
+        if self.rendezvous is None or self._watch is None or self._stop_told or placed is None:
+            return
+        self._stop_told = True
+        if placed.group_world_size < 2:  # nobody to tell
+            return
+        how = STOP_COMMAND if signum is None else signal.Signals(signum).name
+        stepped_out = self._store_call_within(lambda: self.rendezvous.step_out_stopped(how), WORD_WAIT)
+        self.events.write("rendezvous_stepped_out", how=how, stepped_out=stepped_out is True)
+
+    def _peer_was_stopped(self) -> None:
+        """The group ended with another node's word that its user stopped it (USER_STOP): this
+        node's ranks broke for that, or were stopped for it. The restart is spent as for a failure,
+        but none of its ranks is to blame, and the words name the node stopped."""
+        if self._round_end is not None and self._round_end.kind == "peer_stopped":
+            return
+        self._round_end = self._peer_stopped_end()
+        self.events.write("round_end", kind="peer_stopped", message=self._round_end.message)
+
+    def _peer_stopped_end(self) -> RoundEnd:
+        words = (self._store_call_within(self.rendezvous.stopped_words, WORD_WAIT)
+                 or f"another node of the {self.rendezvous.describe()} was stopped by its user")
+        return RoundEnd("peer_stopped", words)
 
     def _what_follows_the_word(self) -> str:
         """What the other node's word, taken over the user's `R`, does to this node's run."""
@@ -235,7 +276,7 @@ class AgentRendezvous:
 
     def _restart_overtaken(self) -> bool:
         """The user's `R` came just after another node's failure or newcomers: that decides."""
-        return self._round_end is not None and self._round_end.kind in ("peer_failed", "nodes_joined")
+        return self._round_end is not None and self._round_end.kind in ("peer_failed", "peer_stopped", "nodes_joined")
 
     @staticmethod
     def _store_call_within(call: Callable[[], Any], seconds: float) -> Any:
@@ -274,8 +315,9 @@ class AgentRendezvous:
                     self._serve_the_others(deadline, timeout)
         elif state == GroupState.FAILED and self._node_error is None:
             cause, spent = self.root_cause, f"no restarts left ({self.restarts_spent} of {self.spec.max_restarts} spent)"
-            peer = cause is None and self._round_end is not None and self._round_end.kind == "peer_failed"
-            what = ("its ranks were stopped for another node's failure" if peer else
+            peer = cause is None and self._round_end is not None and self._round_end.kind in ("peer_failed", "peer_stopped")
+            what = ("its ranks were stopped for another node's failure" if peer and self._round_end.kind == "peer_failed"
+                    else "its ranks ended as another node's user stopped that node" if peer else
                     _failed_for_the_others(cause) if cause else "its ranks failed")
             others = self.rendezvous.give_up(f"{what}, {spent}")
             self.events.write("rendezvous_closed", reason="gave_up", others=others)

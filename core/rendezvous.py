@@ -11,10 +11,12 @@ In each round this node
 While the ranks run, a `RoundWatch` looks for nodes waiting to join, for a node that gave up, and,
 under torch's dynamic handler (c10d, etcd-v2), for nodes dropped from the round once their
 keep-alive heartbeats lapsed (killed, frozen): another of the round's nodes, or this one, which the
-job then went on without. torch's handler drops them and tells nobody.
+job then went on without. torch's handler drops them and tells nobody. A node its user stops steps
+out of the round itself, saying so, so that the others go on at once (`step_out_stopped`).
 When the group ends early, the nodes of the round agree on why (nodes joined: no restart spent;
-a failure: one restart spent on every node). At the end the node waits at the exit barrier
-(success), or says it gave up and closes the rendezvous so that no new round starts.
+a failure, or a node stopped by its user: one restart spent on every node). At the end the node
+waits at the exit barrier (success), or says it gave up and closes the rendezvous so that no new
+round starts.
 
 Two things torchrun 2.13 gets wrong with torch's default store sharing, and ranktop avoids:
   - group rank 0 writes the master's address into the first round's store only, so a node joining
@@ -71,6 +73,12 @@ _GROUP_END = "ranktop/group_end"
 # other nodes say of it.
 USER_RESTART = "user_restart"
 PEER_RESTART_WORDS = "another node's user restarted the group (R)"
+# The word a node stopped by its user (K, q, `ranktop stop`, a stop signal) leaves under _GROUP_END
+# as it steps out of its round. Before it, the node counts itself under _STOPPED and says, under
+# _STOPPED/<its count>, its group rank and how: a signal's name, or STOP_COMMAND.
+USER_STOP = "user_stop"
+_STOPPED = "ranktop/stopped"
+STOP_COMMAND = "command"
 _GAVE_UP = "ranktop/gave_up"
 _GAVE_UP_HEARD = "ranktop/gave_up_heard"
 _BARRIER_LEFT = "ranktop/exit_barrier_left"  # ranktop nodes past the exit barrier (or done waiting at it)
@@ -436,7 +444,7 @@ def _first_word(store: Any, key: str, word: str) -> str:
     return store.get(key).decode()
 
 
-_END_WORDS = ("nodes_joined", "failure", USER_RESTART)
+_END_WORDS = ("nodes_joined", "failure", USER_RESTART, USER_STOP)
 
 
 def _end_word(word: str, seen: str) -> str:
@@ -455,11 +463,48 @@ class RoundEnd:
     # group (`R`), the next attempt, no restart spent; "peer_gave_up": stop, the rendezvous is closed;
     # "store_lost": stop, the node serving the store the ranks use too has ended; "left_behind":
     # this node was dropped from the round (frozen, cut off) and the job went on, join the next one
-    # with no restart spent ("peer_failed" too for another node dropped, its heartbeats lapsed)
+    # with no restart spent ("peer_failed" too for another node dropped, its heartbeats lapsed);
+    # "peer_stopped": another node's user stopped it, restart the group as a failure (a restart
+    # spent, as torchrun's agents spend one), none of this node's ranks to blame
     kind: str
     message: str
     # "new_round" and "left_behind" only: this node serves the store the others' round needs, so it stays
     serves_store: bool = False
+
+
+def _named(nodes: list[tuple[str, int]]) -> str:
+    """"HOST (group rank 1), HOST2 (group rank 2)": the first _NODES_NAMED, the rest counted (one
+    line, however many: a round of thousands, a state padded with nodes)."""
+    named = ", ".join(f"{addr} (group rank {rank})" for addr, rank in nodes[:_NODES_NAMED])
+    return named + (f" and {len(nodes) - _NODES_NAMED} more" if len(nodes) > _NODES_NAMED else "")
+
+
+class _Stopped(NamedTuple):
+    """What a node stopped by its user said of itself (_STOPPED), as words safe for a terminal."""
+
+    group_rank: int | None  # None: not read (no whole number in range)
+    how: str  # a signal's name, or the stop commands; "" where it is neither
+    host: str  # its host name ("?" where none): for a handler that keeps no node addresses
+
+
+def _how_stopped(raw: bytes) -> _Stopped:
+    """What a node stopped by its user wrote (_STOPPED). Anyone can write there: a group rank that
+    is no whole number in range is not read, a how that is no signal's name nor the stop commands
+    is "" (the node is still said to be stopped), a host is cleaned and cut to one line's worth."""
+    try:
+        said = _store_json(raw, "how a node was stopped")
+    except (ValueError, RecursionError):
+        said = None
+    if not isinstance(said, dict):
+        return _Stopped(None, "", "?")
+    rank, how, host = said.get("group_rank"), said.get("how"), said.get("host")
+    host = (clean(host)[:_WORDS_SHOWN] or "?") if isinstance(host, str) else "?"
+    if not is_whole(rank) or not 0 <= rank <= MAX_NNODES:
+        return _Stopped(None, "", host)
+    if how == STOP_COMMAND:
+        return _Stopped(rank, "K, q or ranktop stop", host)
+    signal_name = isinstance(how, str) and len(how) <= 12 and how.startswith("SIG") and how[3:].isalpha() and how.isupper()
+    return _Stopped(rank, how if signal_name else "", host)
 
 
 class _RoundView(NamedTuple):
@@ -1101,29 +1146,95 @@ class Rendezvous:
         for longer than the keep-alive limit, or every node): none sends a heartbeat from then on,
         and none is to blame, so the ranks run on. None otherwise."""
         view = self._round_view()
-        if view is None or view.here or view.alive:
+        if view is None or view.here or view.alive or self._stepped_out:
             return None
         return (f"every node of round {self.placement.round} was dropped meanwhile (no keep-alive heartbeat reached "
                 f"it for over {self._lapse_words()}): the ranks run on, but torch's handler sends no more heartbeats, "
                 "so a node lost from now on is noticed only when a collective of its ranks breaks")
 
     def nodes_gone(self) -> str | None:
-        """Words for nodes of the running round that torch's handler dropped (their heartbeats
-        lapsed: killed, frozen or cut off), at two looks in a row, else None. Their ranks are gone
-        from the job, or will be, though ranks in no collective would never learn it. (A node that
-        steps out of the round to join the next is out of every list for a moment.)"""
+        """Words for nodes out of the running round, else None: those that said their user stopped
+        them (they stepped out: step_out_stopped), at the first look; those that torch's handler
+        dropped (their heartbeats lapsed: killed, frozen or cut off), at two looks in a row. Their
+        ranks are gone from the job, or will be, though ranks in no collective would never learn
+        it. (A node that steps out of the round to join the next is out of every list for a moment.)"""
         view = self._round_view()
         gone = view.gone if view is not None and view.here else []
         seen, self._gone_seen = self._gone_seen, gone
-        if not gone or gone != seen:
+        if not gone:
             return None
-        nodes = ", ".join(f"{addr} (group rank {rank})" for addr, rank in gone[:_NODES_NAMED])
-        if len(gone) > _NODES_NAMED:  # one line, however many went (a round of thousands, a state padded with nodes)
-            nodes += f" and {len(gone) - _NODES_NAMED} more"
-        one = len(gone) == 1
-        return (f"node{'s' * (not one)} {nodes} of the {self.describe()} {'is' if one else 'are'} gone: no "
-                f"keep-alive heartbeat of {'its' if one else 'theirs'} for over {self._lapse_words()} "
-                "(killed, frozen or cut off)")
+        stopped = self._stopped_among(gone)
+        if gone != seen and len(stopped) < len(gone):
+            return None
+        lost = [node for node in gone if node not in stopped]
+        words = [self._stopped_words(stopped)] if stopped else []
+        if lost:
+            one = len(lost) == 1
+            words.append(f"node{'s' * (not one)} {_named(lost)} of the {self.describe()} {'is' if one else 'are'} "
+                         f"gone: no keep-alive heartbeat of {'its' if one else 'theirs'} for over {self._lapse_words()} "
+                         "(killed, frozen or cut off)")
+        return "; ".join(words)
+
+    def stopped_words(self) -> str:
+        """Words for the nodes of the running round that said their user stopped them, named as the
+        round formed (the state torch's handler last read may not show them out of it yet: it may
+        be a second old); for another node where none can be read (the store out of reach)."""
+        placement, said = self.placement, self._stopped_said()
+        if placement is not None:
+            addrs = {rank: clean(str(getattr(node, "addr", "?")))[:_WORDS_SHOWN] for node, rank in self._round_nodes.items()}
+            # (the host it said where the handler keeps no addresses: the static and etcd backends)
+            stopped = {(addrs.get(rank, node.host), rank): node.how for rank, node in sorted(said.items())
+                       if rank < placement.group_world_size and rank != placement.group_rank}
+            if stopped:
+                return self._stopped_words(stopped)
+        return f"another node of the {self.describe()} was stopped by its user"
+
+    def _stopped_words(self, stopped: dict[tuple[str, int], str]) -> str:
+        one, hows = len(stopped) == 1, sorted(set(stopped.values()))
+        how = f" ({', '.join(how for how in hows if how)})" if any(hows) else ""
+        return (f"node{'s' * (not one)} {_named(list(stopped))} of the {self.describe()} {'was' if one else 'were'} "
+                f"stopped by {'its user' if one else 'their users'}{how}")
+
+    def _stopped_among(self, gone: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        """Those of the `gone` nodes (address, group rank) that said their user stopped them, with
+        how in words."""
+        said = self._stopped_said()
+        return {node: said[node[1]].how for node in gone if node[1] in said}
+
+    def _stopped_said(self) -> dict[int, _Stopped]:
+        """By group rank, the first _NODES_NAMED nodes that said in the running round's store that
+        their user stopped them (a count anyone can raise costs no more store calls). {} where the
+        store is out of reach: the nodes are then said lost, as they are to torch's handler."""
+        said: dict[int, _Stopped] = {}
+        try:
+            count = int(self.store.add(_STOPPED, 0))
+            for n in range(1, min(count, _NODES_NAMED) + 1):
+                key = f"{_STOPPED}/{n}"
+                if self.store.check([key]):  # (counted, not yet said)
+                    node = _how_stopped(self.store.get(key))
+                    if node.group_rank is not None:
+                        said.setdefault(node.group_rank, node)
+        except Exception:  # noqa: BLE001 - out of reach, or no store (no round)
+            pass
+        return said
+
+    def step_out_stopped(self, how: str) -> bool:
+        """This node's user stopped it while its ranks run: before they stop, tell the round's other
+        nodes how (_STOPPED), take the group's end for it where no other node's word came
+        first (USER_STOP: they restart as for a failure, blaming none of their ranks), and step out
+        of the round, so that they see it gone at once and their next round forms without waiting
+        for its heartbeats to lapse. `how`: a signal's name, or STOP_COMMAND. In a round of this
+        node alone there is nobody to tell. Returns whether it stepped out."""
+        placement, store = self.placement, self.store
+        if placement is None or store is None or placement.group_world_size < 2:
+            return False
+        try:  # (said before the word, which sends its readers here)
+            store.set(f"{_STOPPED}/{store.add(_STOPPED, 1)}",
+                      json.dumps({"group_rank": placement.group_rank, "how": how, "host": socket.gethostname()}))
+            _first_word(store, _GROUP_END, USER_STOP)
+        except Exception:  # noqa: BLE001 - out of reach: the others learn it as they would of a lost node
+            return False
+        return self.leave_round()
 
     def _no_peer_left(self) -> bool:
         """No other node alive in the rendezvous at two looks in a row: a node that goes on to its
@@ -1149,21 +1260,25 @@ class Rendezvous:
         except OSError:
             return True
 
-    def leave_round(self) -> None:
+    def leave_round(self) -> bool:
         """Step out of the round without closing the rendezvous: the others' next round then forms
         at once, not once this node's heartbeats lapse (15 s by default). torch's dynamic handler
-        (c10d, etcd-v2) has no public call for it; with any other handler nothing is done."""
+        (c10d, etcd-v2) has no public call for it; with any other handler nothing is done. Under
+        the heartbeat lock, as the keep-alive thread and the round watch use the same state.
+        Returns whether it stepped out."""
         handler = self._dynamic()
         if handler is None:
-            return
+            return False
         self._stepped_out = True
         try:
             from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
 
             handler._stop_heartbeats()
-            handler._op_executor.run(dynamic._RendezvousExitOp(), handler._get_deadline(handler.settings.timeout.close))
+            with handler._heartbeat_lock:
+                handler._op_executor.run(dynamic._RendezvousExitOp(), handler._get_deadline(handler.settings.timeout.close))
         except Exception:  # noqa: BLE001 - torch's private parts moved, or the store is out of reach
-            pass  # the heartbeats lapse instead, and the others go on then
+            return False  # the heartbeats lapse instead, and the others go on then
+        return True
 
     def stop_heartbeats(self) -> None:
         """This node's run has ended: it sends the rendezvous no more keep-alive heartbeats, so the
@@ -1370,6 +1485,8 @@ class RoundWatch:
         agreed = self.rdzv.agree_on_end(seen)
         if agreed == USER_RESTART:
             return RoundEnd("peer_restart", PEER_RESTART_WORDS)
+        if agreed == USER_STOP:
+            return RoundEnd("peer_stopped", words if seen == "failure" else self.rdzv.stopped_words())
         if agreed == "failure":
             return RoundEnd("peer_failed", words if seen == agreed else f"another node of the {self.rdzv.describe()} failed")
         return RoundEnd("nodes_joined", words if seen == agreed else f"nodes joined the {self.rdzv.describe()}")

@@ -482,6 +482,44 @@ def test_a_node_killed_while_the_others_ranks_sit_idle_ends_their_round(tmp_path
     assert closed == ["none_left"], closed
 
 
+# How node 0 learns that node 1's user stopped it: its watch sees node 1 out of the round (its rank in
+# no collective), or its rank's collective breaks first (its watch looks only every 120 s).
+@pytest.mark.parametrize("seen_by", ["watch", "ranks"])
+def test_a_node_its_user_stops_steps_out_so_an_elastic_peer_goes_on_at_once(tmp_path, torch_installed, seen_by):
+    """Node 1 of an elastic job (1:2) is stopped by its user (SIGTERM to its ranktop): it was a lost
+    node to node 0, which said `rank 0 failed (exit 1)` or, its rank idle, `no keep-alive heartbeat`,
+    and whose next round formed only once node 1's heartbeats had lapsed (6-9 s here). Node 1 now
+    tells the round it was stopped and steps out of it: node 0 names it so, and goes on alone at once."""
+    job, release = Job(tmp_path, "stopped", nnodes="1:2"), tmp_path / "release"
+    conf = CONF + ",keep_alive_interval=3,keep_alive_max_attempt=3,is_host="
+    mode, up = ("until-file", b"PLACED") if seen_by == "watch" else ("busy-until-file", b"BUSY")
+    watch = ("--monitor-interval", "120") if seen_by == "ranks" else ()
+    job.start(mode, str(release), extra=("--max-restarts", "1", "--rdzv-conf", conf + "1", *watch),
+              local_addr="127.0.0.1")
+    stopped = job.start(mode, str(release), extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.2")
+    try:
+        wait_for(lambda: all(any(up in log.read_bytes() for log in tmp_path.glob(f"node{i}/*/attempt_0/0/stdout.log"))
+                             for i in range(2)), timeout=TIMEOUT, what="both nodes' ranks up")
+        stopped.send_signal(signal.SIGTERM)
+        wait_for(lambda: _placed(tmp_path, "node0", "attempt_1"), timeout=TIMEOUT, what="node 0's rank again, alone")
+    finally:
+        release.touch()
+    (status0, out0, err0), (status1, _, err1) = job.finish()
+    assert (status0, status1) == (0, 128 + signal.SIGTERM), err0 + err1
+    said = "node 127.0.0.2 (group rank 1) of the c10d rendezvous 'stopped' was stopped by its user (SIGTERM)"
+    assert f"ranktop: {said}; restarting the group: attempt_1 (1 of 1 restarts spent)" in err0.splitlines(), err0
+    assert [p["WORLD_SIZE"] for p in placements(out0)] == ["2", "1"], out0
+    assert [(e["kind"], e["message"]) for e in node_events(tmp_path, "node0", "round_end")] == [("peer_stopped", said)]
+    (final,) = tmp_path.glob("node0/*/final.json")  # the header's `earlier:`
+    assert json.loads(final.read_text())["earlier_attempts"] == [f"attempt_0: {said}"]
+    assert [(e["how"], e["stepped_out"]) for e in node_events(tmp_path, "node1", "rendezvous_stepped_out")] == [
+        ("SIGTERM", True)]
+    # at once: torch's handler would have dropped node 1 only 6-9 s after its last heartbeat
+    (stop,) = node_events(tmp_path, "node1", "signal_received")
+    formed = node_events(tmp_path, "node0", "rendezvous_joined")[1]["ts"] - stop["ts"]
+    assert formed < 5, formed
+
+
 def test_the_store_host_at_the_exit_barrier_leaves_once_every_other_node_is_gone(tmp_path, torch_installed):
     """Node 0 serves the store and its rank is done (exit barrier); node 1 is then killed outright
     (its guard ends its rank; nobody closes the rendezvous). Node 0 served a store nobody was left
@@ -993,6 +1031,25 @@ def test_what_a_peer_wrote_to_the_store_when_giving_up_is_shown_as_one_safe_line
     rdzv.store, rdzv.placement = store, Placement(1, 2, 1, 2, 1, 2, "127.0.0.1", 1, "r", 1, False)
     store.set(_GAVE_UP, written)
     assert rdzv.peer_gave_up() == said
+
+
+@pytest.mark.parametrize("written, read", [
+    (b'{"group_rank": 2, "how": "SIGTERM", "host": "node2"}', (2, "SIGTERM", "node2")),
+    (b'{"group_rank": 0, "how": "command"}', (0, "K, q or ranktop stop", "?")),
+    (b'{"group_rank": 1, "how": "SIGTERM\\u001b[2J", "host": "h\\u001b]52;c;aGk=\\u0007"}', (1, "", "h")),
+    (b'{"group_rank": 1, "how": "' + b"SIGX" * 1000 + b'", "host": "' + b"h" * 1000 + b'"}', (1, "", "h" * 300)),
+    (b'{"group_rank": "1", "how": "SIGTERM"}', (None, "", "?")),  # not read: no node of the round
+    (b'{"group_rank": 1%s, "how": "SIGTERM"}' % (b"0" * 4000), (None, "", "?")),
+    (b'[1]', (None, "", "?")),
+    (b'\xff{', (None, "", "?")),
+])
+def test_how_a_peer_said_its_user_stopped_it_is_read_as_a_signal_or_the_stop_commands(written, read):
+    """What a node stopped by its user writes to the round's store, as the others read it: anyone
+    can write there, so a group rank is a whole number in range or not read, how is a signal's name
+    or the stop commands, or nothing, and the host one line's worth of safe text."""
+    from ranktop.core.rendezvous import _how_stopped
+
+    assert tuple(_how_stopped(written)) == read
 
 
 @pytest.mark.parametrize("fixed", [{"master_addr": "10.9.8.7", "master_port": 4242}, {"master_port": 4242}, {}])
