@@ -904,6 +904,79 @@ def test_a_mouse_drag_selects_text_in_a_pane_and_y_copies_it():
     assert app.clipboard == "beta gamma\ndelta"
 
 
+def test_a_copy_is_what_the_pane_highlights_over_wide_characters_and_line_separators():
+    """Found by fuzzing selections over hostile output. The selection counts characters and the
+    pane cuts rows by cells: over `日本語` the highlight was the wrong characters, and scrolled
+    sideways past a wide character the mouse started the selection characters away from the one
+    under it. The copy split its rows with str.splitlines, which also breaks at U+2028 / U+2029:
+    the rows after one came out shifted and cut. A drag let go below the last row cut that row
+    at the column let go at, where the highlight took it whole. A row that rich counts a cell
+    shorter than its strip (a zero-width joiner before a wide character, at the pane's edge)
+    ended the TUI once selected (ValueError: not enough values to unpack)."""
+    engine = FakeEngine(1)
+    engine.print(0, "日本語テキスト abc def", "a\u2028b\u2029c second", "third line")
+
+    async def drag(pilot, log, start: tuple[int, int], end: tuple[int, int]) -> None:
+        await pilot.mouse_down(log, offset=start)
+        await pilot.hover(log, offset=end)
+        await pilot.mouse_up(log, offset=end)
+
+    async def copied(app, pilot) -> str:
+        await until(pilot, lambda: bool(app.main.selections), what="a selection")
+        await pilot.press("y")
+        await until(pilot, lambda: not app.main.selections, what="the copy")
+        return app.clipboard
+
+    async def body(app, pilot):
+        log = app.main.pane(0).log
+        await until(pilot, lambda: log.line_count == 3, what="rank 0's lines")
+        top = log.row_count - 3 - round(log.scroll_offset.y)  # the screen row of the first line
+        marked = app.main.get_component_rich_style("screen--selection", partial=True).bgcolor
+        await drag(pilot, log, (4, top), (7, top))  # cells 4-7: 語 and テ
+        await until(pilot, lambda: bool(app.main.selections), what="a selection")
+        lit = "".join(s.text for s in log.render_line(top) if s.style and s.style.bgcolor == marked)
+        assert (lit, await copied(app, pilot)) == ("語テキ", "語テキ")  # it lit 本語
+        await drag(pilot, log, (0, top + 1), (3, top + 2))
+        assert await copied(app, pilot) == "a\u2028b\u2029c second\nthir"  # was 'a\nb'
+        await drag(pilot, log, (4, top + 1), (3, top + 5))  # let go below the last row
+        assert await copied(app, pilot) == "second\nthird line"  # was 'second\nthi'
+        width = log.text_width
+        engine.print(0, "x" * (width - 2) + "\u200dテキスト", "一二三四五六七八九十" * 8)
+        await until(pilot, lambda: log.line_count == 5, what="two more lines")
+        await pilot.press("V", "up", "y")  # the joiner's row selected: it ended the TUI
+        assert app.clipboard.startswith("xxx") and app.clipboard.endswith("九十")
+        log.scroll_to(x=5, animate=False)  # the last row from its 6th cell, the right half of 三
+        await pilot.pause()
+        last = log.row_count - 1 - round(log.scroll_offset.y)
+        await drag(pilot, log, (1, last), (3, last))  # the row's cells 6-8: 四 and 五
+        assert await copied(app, pilot) == "四五"  # it took the 6th character on: 七八
+
+    drive_fake(engine, body, size=(80, 20))
+
+
+def test_a_copy_of_long_wrapped_lines_parses_each_line_once():
+    """Found by fuzzing selections: a copy took each selected row's text by parsing its whole line
+    and cutting it into rows again, so a wrapped line of 10,000 characters (125 rows at 80 columns)
+    was parsed 125 times: a triple click and `y` over a few such lines froze the TUI for seconds.
+    Each line is parsed once now."""
+    from ranktop.tui import logview
+
+    engine = FakeEngine(1)
+    engine.print(0, *[f"{i}" + "日本語 text " * 1000 for i in range(3)])
+
+    async def body(app, pilot):
+        log = app.main.pane(0).log
+        await until(pilot, lambda: log.line_count == 3, what="rank 0's lines")
+        await pilot.press("w")
+        await until(pilot, lambda: log.row_count > 300, what="the lines wrapped")
+        log.select_rows(0, log.row_count - 1)
+        with mock.patch.object(logview, "parse_line", wraps=logview.parse_line) as parse:
+            text = app.main.get_selected_text()
+        assert parse.call_count == 3 and text.replace("\n", "").count("日本語 text ") == 3000
+
+    drive_fake(engine, body, size=(80, 20))
+
+
 def test_a_group_restart_drops_a_selection_of_the_old_attempts_lines():
     import dataclasses
 
