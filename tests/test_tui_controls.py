@@ -428,8 +428,8 @@ def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path)
     script = tmp_path / "failer.py"
     script.write_text(FAILER)
     copied = tmp_path / "copied.log"
-    pager = tmp_path / "pager.sh"  # a pager that keeps what it was given
-    pager.write_text(f"#!/bin/sh\ncat \"$1\" > {copied}\n")
+    pager = tmp_path / "pager.sh"  # a pager that keeps what it was given, and waits (as less does)
+    pager.write_text(f"#!/bin/sh\ncat \"$1\" > {copied}\nsleep 30\n")
     pager.chmod(0o755)
     command = (f"cd {ROOT} && PAGER={pager} {sys.executable} -m ranktop --tui --nproc-per-node 2 "
                f"--log-dir {tmp_path / 'logs'} {script}; sleep 30")
@@ -459,7 +459,12 @@ def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path)
         term.wait_screen("attempt_0/1/stdout.log")
         term.press("o")  # the culprit is focused: its stdout log goes to the pager, then the TUI is back
         wait_for(lambda: copied.exists() and "rank 1 up" in copied.read_text(), what="the pager got the log")
+        # Ctrl-C, the way out of less's F, reaches the pager alone: it reached ranktop too, which
+        # took it for a stop (a run still going was stopped; this one, over, left the TUI).
+        term.press("C-c")
         term.wait_screen("ROOT CAUSE")
+        term.press("?")
+        term.wait_screen("ranktop keys")
     finally:
         term.close()
 
@@ -480,6 +485,30 @@ def test_a_pager_that_cannot_be_split_into_words_is_one_line_and_the_tui_goes_on
         assert app.is_running and engine.commands == []
 
     drive_fake(engine, body)
+
+
+def test_a_pager_that_cannot_be_run_is_one_line_and_the_tui_comes_back(tmp_path, monkeypatch):
+    """Found by fuzzing `o`: a $PAGER not on PATH raised inside Textual's suspend, which resumes
+    the TUI only when its block ends normally: the screen stayed blank and no key was read, for
+    good. (Pilot's driver is told it can suspend, to count the suspends and resumes.)"""
+    from textual.drivers.headless_driver import HeadlessDriver
+
+    log = tmp_path / "stdout.log"
+    log.write_text("rank 0 up\n")
+    engine = FakeEngine(1)
+    engine.set_rank(0, stdout_log=str(log))
+    monkeypatch.setenv("PAGER", "no-such-pager-of-ranktop -R")
+
+    async def body(app, pilot):
+        await pilot.press("o")
+        await until(pilot, lambda: "cannot run" in notes(app), what="the line about the pager")
+        assert suspended.call_count == resumed.call_count == 1 and app.is_running
+        assert notes(app) == f"cannot run 'no-such-pager-of-ranktop': No such file or directory; the log: {log}"
+
+    with (mock.patch.object(HeadlessDriver, "can_suspend", True),
+          mock.patch.object(HeadlessDriver, "suspend_application_mode") as suspended,
+          mock.patch.object(HeadlessDriver, "resume_application_mode") as resumed):
+        drive_fake(engine, body)
 
 
 def test_copy_key_without_a_root_cause_says_so():
