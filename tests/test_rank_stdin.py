@@ -163,6 +163,26 @@ def test_input_to_a_rank_that_ended_or_a_bad_one_is_refused(tmp_path):
     drive(app, body)
 
 
+def test_a_line_the_ranks_pipe_has_no_room_for_is_typed_whole_or_not_at_all(tmp_path):
+    """Found by fuzzing `i` into an attached run: a pasted line of 150 KB (60,000 `é`, under the
+    64k characters a line may have) went into the rank's pipe as far as it had room, 64 KiB, and
+    the refusal said so; the part left in the pipe had no line break, so the rank read it with
+    the next line typed, `c`, as one. A line goes whole or not at all."""
+    engine = LocalEngine(make_agent(tmp_path, "import sys\nfor line in sys.stdin:\n    print('got', len(line), flush=True)\n",
+                                    n=1, name="reader.py"))
+    engine.start()
+    try:
+        wait_for(lambda: engine.snapshot().ranks[0].pid, what="the rank started")
+        ack = engine.submit(cmd.SendInput(0, "é" * 60_000 + "\n"))
+        assert engine.submit(cmd.SendInput(0, "c\n")).ok
+        wait_for(lambda: b"got" in b"".join(engine.agent.output(0)), what="the rank's answer")
+        assert [line for line in engine.agent.output(0) if line.startswith(b"got")] == [b"got 2"]  # was `got 65538`
+        assert not ack.ok and ack.message == ("rank 0's stdin has no room for the line (120001 bytes): it is not "
+                                              "reading, or the line is more than its pipe holds; nothing was typed")
+    finally:
+        engine.close()
+
+
 def test_headless_ranks_read_ranktops_stdin(tmp_path):
     code = "import sys; line = sys.stdin.readline(); print('got', line.strip(), flush=True)"
     done = run_ranktop("--headless", "--no-python", "--log-dir", str(tmp_path), sys.executable, "-c", code,
