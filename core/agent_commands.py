@@ -248,7 +248,10 @@ class AgentCommands:
             taken = pc.send_input(command.local_rank, data)
         except OSError as exc:
             return cmd.Ack(False, f"rank {rank}: cannot type into its stdin: {exc.strerror or exc}")
-        if taken < len(data):
+        if taken == 0:
+            return cmd.Ack(False, f"rank {rank}'s stdin has no room for the line ({len(data)} bytes): it is not "
+                                  "reading, or the line is more than its pipe holds; nothing was typed")
+        if taken < len(data):  # (a terminal's: --pty)
             return cmd.Ack(False, f"rank {rank} is not reading its stdin: {taken} of {len(data)} bytes taken")
         self.events.write("user_input", rank=rank, local_rank=command.local_rank, bytes=len(data))
         return cmd.Ack(True, f"typed {len(data)} bytes into rank {rank}")

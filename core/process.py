@@ -50,6 +50,19 @@ class Launch:
     cpus: frozenset[int] | None = None  # the CPU affinity it starts with (--numa-binding); None: ours
 
 
+def _pipe_room(fd: int) -> float:
+    """Bytes a write to pipe `fd` takes whole now, at least: its size less what is unread, counted
+    in whole pages (the kernel keeps a pipe's bytes in pages, and a page partly read is still
+    taken), and one page less for the last one's unused end. Unbounded where `fd` is no pipe."""
+    try:
+        size = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+        unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+    except OSError:
+        return float("inf")
+    page = os.sysconf("SC_PAGE_SIZE")
+    return max(0, size - -(-unread // page) * page - page)
+
+
 def open_pty(columns: int, rows: int, typed: bool = False) -> tuple[int, int]:
     """A pseudo-terminal (master, slave) of the given size whose output arrives as written: no
     output processing, so a rank's '\n' is not turned into '\r\n' in its log file. `typed`: the
@@ -232,10 +245,15 @@ class RankProcess:
                 pipe.close()
 
     def write_input(self, data: bytes) -> int:
-        """Write what fits of `data` to the rank's stdin now; the bytes written. OSError when it
-        has no stdin of ours or the rank closed it."""
+        """Write `data` to the rank's stdin now; the bytes written. To a pipe that is all of them
+        or none: a line the pipe had room for only in part left that part in it, without its line
+        break, and the rank read it with the next line typed, as one (a pasted line of 150 KB, then
+        `c`). A terminal (--pty) takes what fits. OSError when it has no stdin of ours or the rank
+        closed it."""
         if self._input_fd is None:
             raise OSError(errno.EBADF, "its stdin is not ranktop's to write")
+        if len(data) > select.PIPE_BUF and len(data) > _pipe_room(self._input_fd):
+            return 0  # (PIPE_BUF bytes or fewer go to a pipe whole or not at all anyway)
         try:
             return os.write(self._input_fd, data)
         except BlockingIOError:

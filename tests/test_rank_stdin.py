@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from conftest import drive, make_agent, read_events, run_ranktop, until, wait_for
+from conftest import drive, make_agent, read_events, run_ranktop, screen_rows, until, wait_for
 from ranktop.core import commands as cmd
 from ranktop.core.engine import LocalEngine
 from ranktop.tui.app import RanktopApp
@@ -121,6 +121,35 @@ def test_the_footer_offers_no_search_while_the_stdin_box_is_typed_into(tmp_path)
     drive(app, body)
 
 
+def test_a_paste_is_shown_and_sent_without_its_escape_sequences():
+    """Found by fuzzing `i` into an attached run: a paste went into the box as it came, and
+    Textual drew it raw, so a pasted `ESC ] 52 ; c ; ... ESC \\` wrote the terminal's clipboard
+    and `ESC [ 2 J` cleared the screen; sent, a pasted Ctrl-C or Ctrl-S reached a --pty rank's
+    terminal, whose line discipline acted on it. A paste's sequences are dropped and its controls
+    shown as symbols, in every box, as the panes show a rank's output: the line sent is the one shown."""
+    from fake_engine import FakeEngine
+    from test_tui_fake import drive as drive_fake
+    from textual import events
+
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("i")
+        box = app.main.query_one("#stdin")
+        app.post_message(events.Paste("p x\x1b]52;c;ZXZpbA==\x1b\\ \x1b[2J\x03\x13y\u202e\r\nq"))  # as the driver posts it
+        await until(pilot, lambda: box.value, what="the paste in the box")
+        assert box.value == "p x ␃␓y⟨U+202E⟩"  # its first line
+        assert not [row for row in screen_rows(app) if "\x1b" in row]
+        await pilot.press("enter")
+        await until(pilot, lambda: engine.commands, what="the line sent")
+        assert engine.commands == [cmd.SendInput(0, "p x ␃␓y⟨U+202E⟩\n")]
+        await pilot.press("escape", "slash")
+        app.post_message(events.Paste("loss\x1b[31m 0.5\x1b[0m"))
+        await until(pilot, lambda: app.main.query_one("#search").value == "loss 0.5", what="the search's paste")
+
+    drive_fake(engine, body)
+
+
 def test_input_to_a_rank_that_ended_or_a_bad_one_is_refused(tmp_path):
     app = RanktopApp(LocalEngine(make_agent(tmp_path, "print('done')", n=1)))
 
@@ -132,6 +161,26 @@ def test_input_to_a_rank_that_ended_or_a_bad_one_is_refused(tmp_path):
         await pilot.press("q")
 
     drive(app, body)
+
+
+def test_a_line_the_ranks_pipe_has_no_room_for_is_typed_whole_or_not_at_all(tmp_path):
+    """Found by fuzzing `i` into an attached run: a pasted line of 150 KB (60,000 `é`, under the
+    64k characters a line may have) went into the rank's pipe as far as it had room, 64 KiB, and
+    the refusal said so; the part left in the pipe had no line break, so the rank read it with
+    the next line typed, `c`, as one. A line goes whole or not at all."""
+    engine = LocalEngine(make_agent(tmp_path, "import sys\nfor line in sys.stdin:\n    print('got', len(line), flush=True)\n",
+                                    n=1, name="reader.py"))
+    engine.start()
+    try:
+        wait_for(lambda: engine.snapshot().ranks[0].pid, what="the rank started")
+        ack = engine.submit(cmd.SendInput(0, "é" * 60_000 + "\n"))
+        assert engine.submit(cmd.SendInput(0, "c\n")).ok
+        wait_for(lambda: b"got" in b"".join(engine.agent.output(0)), what="the rank's answer")
+        assert [line for line in engine.agent.output(0) if line.startswith(b"got")] == [b"got 2"]  # was `got 65538`
+        assert not ack.ok and ack.message == ("rank 0's stdin has no room for the line (120001 bytes): it is not "
+                                              "reading, or the line is more than its pipe holds; nothing was typed")
+    finally:
+        engine.close()
 
 
 def test_headless_ranks_read_ranktops_stdin(tmp_path):

@@ -428,8 +428,8 @@ def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path)
     script = tmp_path / "failer.py"
     script.write_text(FAILER)
     copied = tmp_path / "copied.log"
-    pager = tmp_path / "pager.sh"  # a pager that keeps what it was given
-    pager.write_text(f"#!/bin/sh\ncat \"$1\" > {copied}\n")
+    pager = tmp_path / "pager.sh"  # a pager that keeps what it was given, and waits (as less does)
+    pager.write_text(f"#!/bin/sh\ncat \"$1\" > {copied}\nsleep 30\n")
     pager.chmod(0o755)
     command = (f"cd {ROOT} && PAGER={pager} {sys.executable} -m ranktop --tui --nproc-per-node 2 "
                f"--log-dir {tmp_path / 'logs'} {script}; sleep 30")
@@ -459,7 +459,12 @@ def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path)
         term.wait_screen("attempt_0/1/stdout.log")
         term.press("o")  # the culprit is focused: its stdout log goes to the pager, then the TUI is back
         wait_for(lambda: copied.exists() and "rank 1 up" in copied.read_text(), what="the pager got the log")
+        # Ctrl-C, the way out of less's F, reaches the pager alone: it reached ranktop too, which
+        # took it for a stop (a run still going was stopped; this one, over, left the TUI).
+        term.press("C-c")
         term.wait_screen("ROOT CAUSE")
+        term.press("?")
+        term.wait_screen("ranktop keys")
     finally:
         term.close()
 
@@ -480,6 +485,30 @@ def test_a_pager_that_cannot_be_split_into_words_is_one_line_and_the_tui_goes_on
         assert app.is_running and engine.commands == []
 
     drive_fake(engine, body)
+
+
+def test_a_pager_that_cannot_be_run_is_one_line_and_the_tui_comes_back(tmp_path, monkeypatch):
+    """Found by fuzzing `o`: a $PAGER not on PATH raised inside Textual's suspend, which resumes
+    the TUI only when its block ends normally: the screen stayed blank and no key was read, for
+    good. (Pilot's driver is told it can suspend, to count the suspends and resumes.)"""
+    from textual.drivers.headless_driver import HeadlessDriver
+
+    log = tmp_path / "stdout.log"
+    log.write_text("rank 0 up\n")
+    engine = FakeEngine(1)
+    engine.set_rank(0, stdout_log=str(log))
+    monkeypatch.setenv("PAGER", "no-such-pager-of-ranktop -R")
+
+    async def body(app, pilot):
+        await pilot.press("o")
+        await until(pilot, lambda: "cannot run" in notes(app), what="the line about the pager")
+        assert suspended.call_count == resumed.call_count == 1 and app.is_running
+        assert notes(app) == f"cannot run 'no-such-pager-of-ranktop': No such file or directory; the log: {log}"
+
+    with (mock.patch.object(HeadlessDriver, "can_suspend", True),
+          mock.patch.object(HeadlessDriver, "suspend_application_mode") as suspended,
+          mock.patch.object(HeadlessDriver, "resume_application_mode") as resumed):
+        drive_fake(engine, body)
 
 
 def test_copy_key_without_a_root_cause_says_so():
@@ -902,6 +931,79 @@ def test_a_mouse_drag_selects_text_in_a_pane_and_y_copies_it():
 
     app = drive_fake(engine, body)
     assert app.clipboard == "beta gamma\ndelta"
+
+
+def test_a_copy_is_what_the_pane_highlights_over_wide_characters_and_line_separators():
+    """Found by fuzzing selections over hostile output. The selection counts characters and the
+    pane cuts rows by cells: over `日本語` the highlight was the wrong characters, and scrolled
+    sideways past a wide character the mouse started the selection characters away from the one
+    under it. The copy split its rows with str.splitlines, which also breaks at U+2028 / U+2029:
+    the rows after one came out shifted and cut. A drag let go below the last row cut that row
+    at the column let go at, where the highlight took it whole. A row that rich counts a cell
+    shorter than its strip (a zero-width joiner before a wide character, at the pane's edge)
+    ended the TUI once selected (ValueError: not enough values to unpack)."""
+    engine = FakeEngine(1)
+    engine.print(0, "日本語テキスト abc def", "a\u2028b\u2029c second", "third line")
+
+    async def drag(pilot, log, start: tuple[int, int], end: tuple[int, int]) -> None:
+        await pilot.mouse_down(log, offset=start)
+        await pilot.hover(log, offset=end)
+        await pilot.mouse_up(log, offset=end)
+
+    async def copied(app, pilot) -> str:
+        await until(pilot, lambda: bool(app.main.selections), what="a selection")
+        await pilot.press("y")
+        await until(pilot, lambda: not app.main.selections, what="the copy")
+        return app.clipboard
+
+    async def body(app, pilot):
+        log = app.main.pane(0).log
+        await until(pilot, lambda: log.line_count == 3, what="rank 0's lines")
+        top = log.row_count - 3 - round(log.scroll_offset.y)  # the screen row of the first line
+        marked = app.main.get_component_rich_style("screen--selection", partial=True).bgcolor
+        await drag(pilot, log, (4, top), (7, top))  # cells 4-7: 語 and テ
+        await until(pilot, lambda: bool(app.main.selections), what="a selection")
+        lit = "".join(s.text for s in log.render_line(top) if s.style and s.style.bgcolor == marked)
+        assert (lit, await copied(app, pilot)) == ("語テキ", "語テキ")  # it lit 本語
+        await drag(pilot, log, (0, top + 1), (3, top + 2))
+        assert await copied(app, pilot) == "a\u2028b\u2029c second\nthir"  # was 'a\nb'
+        await drag(pilot, log, (4, top + 1), (3, top + 5))  # let go below the last row
+        assert await copied(app, pilot) == "second\nthird line"  # was 'second\nthi'
+        width = log.text_width
+        engine.print(0, "x" * (width - 2) + "\u200dテキスト", "一二三四五六七八九十" * 8)
+        await until(pilot, lambda: log.line_count == 5, what="two more lines")
+        await pilot.press("V", "up", "y")  # the joiner's row selected: it ended the TUI
+        assert app.clipboard.startswith("xxx") and app.clipboard.endswith("九十")
+        log.scroll_to(x=5, animate=False)  # the last row from its 6th cell, the right half of 三
+        await pilot.pause()
+        last = log.row_count - 1 - round(log.scroll_offset.y)
+        await drag(pilot, log, (1, last), (3, last))  # the row's cells 6-8: 四 and 五
+        assert await copied(app, pilot) == "四五"  # it took the 6th character on: 七八
+
+    drive_fake(engine, body, size=(80, 20))
+
+
+def test_a_copy_of_long_wrapped_lines_parses_each_line_once():
+    """Found by fuzzing selections: a copy took each selected row's text by parsing its whole line
+    and cutting it into rows again, so a wrapped line of 10,000 characters (125 rows at 80 columns)
+    was parsed 125 times: a triple click and `y` over a few such lines froze the TUI for seconds.
+    Each line is parsed once now."""
+    from ranktop.tui import logview
+
+    engine = FakeEngine(1)
+    engine.print(0, *[f"{i}" + "日本語 text " * 1000 for i in range(3)])
+
+    async def body(app, pilot):
+        log = app.main.pane(0).log
+        await until(pilot, lambda: log.line_count == 3, what="rank 0's lines")
+        await pilot.press("w")
+        await until(pilot, lambda: log.row_count > 300, what="the lines wrapped")
+        log.select_rows(0, log.row_count - 1)
+        with mock.patch.object(logview, "parse_line", wraps=logview.parse_line) as parse:
+            text = app.main.get_selected_text()
+        assert parse.call_count == 3 and text.replace("\n", "").count("日本語 text ") == 3000
+
+    drive_fake(engine, body, size=(80, 20))
 
 
 def test_a_group_restart_drops_a_selection_of_the_old_attempts_lines():

@@ -75,6 +75,9 @@ def test_tui_in_tmux_keys_and_clean_quit(tmp_path):
     term = Terminal(command)
     try:
         term.wait_screen("hello from 1", "ticker.py", "world 2", "attempt_0", " 0/0 ", " 1/1 ", "running")
+        # Bytes that are not UTF-8 (a Latin-1 paste, a meta key sent as 8 bits): Textual's strict
+        # decoding ended its input thread in a panic, which ended the TUI and stopped the run.
+        term._tmux("send-keys", "-t", "t", "-H", "e9", "ff")
         term.press("1", "z")  # focus rank 1 and zoom it: rank 0's pane goes away
         wait_for(lambda: " 0/0 " not in term.screen(), what="zoomed onto rank 1")
         assert " 1/1 " in term.screen()

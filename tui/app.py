@@ -29,7 +29,7 @@ from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, LogView, alive_count, can_act, read_only
 from ranktop.tui.screens import SCREEN_KEYS, SIDEWAYS, ConfirmQuit, HelpScreen, Palette, RootCausePanel, SignalPicker
-from textual import on
+from textual import events, on
 from textual.actions import ActionParseResult, parse
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -44,6 +44,16 @@ DIALOG_EXTRAS = ("pick", "help", "help_quit", *SCREEN_KEYS)
 # ran the same action under a second name), its Keys panel (? lists every key of every screen),
 # its Maximize / Minimize (z zooms a pane). Its Theme and Screenshot stay: nothing of ours does that.
 TEXTUALS_COVERED = frozenset({"Quit", "Keys", "Maximize", "Minimize"})
+
+
+def pasted_text(text: str) -> str:
+    """A paste (the terminal's bracketed paste, into a box: `i`, `/`, `g`, the palette) as safe text:
+    its line breaks as `\\n`, its escape sequences dropped and its other controls shown as symbols,
+    as the panes show a rank's output. Textual's Input took it as it came and drew it raw: a pasted
+    `ESC ] 52 ; c ; ... ESC \\` wrote the terminal's clipboard, `ESC [ 2 J` cleared the screen, and
+    `i` typed a pasted Ctrl-C or Ctrl-S into a --pty rank's terminal, whose line discipline acted on it
+    (SIGINT to the rank; its output stopped)."""
+    return clean(text.replace("\r\n", "\n").replace("\r", "\n"), newlines=True)
 
 
 def tui_exit_status(snap: GroupSnapshot, user_quit: bool) -> int:
@@ -126,6 +136,11 @@ class RanktopApp(App):
         for widget in self.screen.walk_children():
             widget.refresh()
         self.screen.refresh(layout=True)
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Paste) and not event.is_forwarded:
+            event.text = pasted_text(event.text)
+        await super().on_event(event)
 
     def on_ready(self) -> None:
         self._frame_shown = True

@@ -42,6 +42,26 @@ def clusters(text: str) -> tuple[list[int], list[int]]:
     return starts, [cell_len(text[start:end]) for start, end in zip(starts, ends, strict=True)]
 
 
+def cells_before(text: str, index: int) -> int:
+    """The cells `text[:index]` takes on screen; past the end of `text`, one more for each index
+    beyond it (a row is padded with spaces to the pane's width)."""
+    if index <= len(text):
+        return cell_len(text[:index]) if not text.isascii() else index
+    return cell_len(text) + index - len(text)
+
+
+def index_at(text: str, cell: int) -> int:
+    """The index of the character `text` draws over cell `cell` (of a wide one, either of its
+    cells; of a cluster, its first character); past the end, as cells_before counts."""
+    if text.isascii():
+        return cell
+    starts, sizes = clusters(text)
+    edges = list(itertools.accumulate(sizes, initial=0))
+    if cell >= edges[-1]:
+        return len(text) + cell - edges[-1]
+    return starts[bisect.bisect_right(edges, cell) - 1]
+
+
 def row_ends(text: str, width: int) -> list[int]:
     """Where each row of `text` wrapped at `width` cells ends (character indices, the last its
     length): always one row at least, and a cluster wider than `width` gets a row of its own."""

@@ -96,6 +96,17 @@ class TerminalDriver(LinuxDriver):
             return super()._get_terminal_size()
         return (width or 80, height or 25)
 
+    def run_input_thread(self) -> None:
+        """Textual's, read on past bytes that are not UTF-8 (a Latin-1 paste, a meta key sent as
+        an 8-bit byte, 0xff): Textual decodes strictly, and the UnicodeDecodeError ended its input
+        thread in a panic, which ended the TUI and stopped the run. The keys of that read are lost."""
+        while True:
+            try:
+                super().run_input_thread()
+                return
+            except UnicodeDecodeError:
+                continue
+
     # ----- job control --------------------------------------------------------------------------
     _suspended = False  # Ctrl-Z gave the terminal back to the shell, and it is not taken again
     _leaving = False  # the app shuts down while suspended

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ranktop.core.output import RING_BYTES, RanktopLine, line_length
 from ranktop.core.sanitize import clean
 from ranktop.tui.bounded_regex import BoundedPattern
-from ranktop.tui.cells import may_be_wide, row_ends, split_segments
+from ranktop.tui.cells import cells_before, index_at, may_be_wide, row_ends, split_segments
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
@@ -235,6 +235,7 @@ class LogView(ScrollView, can_focus=True):
         self._cut_style: Style | None = None
         self._row_styles: dict[tuple[int, int, bool], Style] = {}  # see _row_style
         self._frame: tuple[int, int, int, int, int, Selection | None] | None = None
+        self._last_wrapped: tuple[tuple[bytes, int], str, list[int]] | None = None  # see _wrapped
         # The rows drawn for the frame in `_drawn_for`, by screen row: the compositor redraws every
         # widget under the union of the screen's changes (a title's clock makes that the whole
         # screen), so a pane that did not change is asked for its rows again.
@@ -532,20 +533,24 @@ class LogView(ScrollView, can_focus=True):
             if selection is None:  # the usual row, in one Strip rather than three (each makes 7 caches)
                 return Strip([*self._plain_cells(visible, left, right, scroll_x, row), bar], width + _BAR), True
             text = Strip([Segment(visible, self._style)], width)
+            shown = ""  # (one cell a character: cells and indices are the same)
         else:
             strip = self._strip(index, sub)
             if strip is None:
-                text, left, right = Strip.blank(width, self._style), False, False
+                text, left, right, shown = Strip.blank(width, self._style), False, False, ""
             else:
                 text = strip.crop_extend(scroll_x, scroll_x + width, self._style)
                 left, right = self._cut_ends(strip.cell_length, scroll_x, width)
+                shown = strip.text  # the row's text: row_text's, which a copy takes
         if left or right:
             text = self._marked(text, left, right, width)
         if selection is not None:
-            text = self._selected(text, selection, row, scroll_x, width)
-        # Offsets tell Textual which row and column the mouse is over (what selection starts from);
-        # the plain row above carries the same meta.
-        return Strip([*text.apply_offsets(scroll_x, row), bar], width + _BAR), False
+            text = self._selected(text, selection, row, shown, scroll_x, width)
+        # Offsets tell Textual which row and column the mouse is over (what selection starts from),
+        # as the index of the row's character there: scrolled sideways past a wide character, the
+        # column is not the index (the plain row above carries the same meta).
+        first = index_at(shown, scroll_x) if scroll_x else 0
+        return Strip([*text.apply_offsets(first, row), bar], width + _BAR), False
 
     def _row_style(self, scroll_x: int, row: int, cut: bool = False) -> Style:
         """Our style (`cut`: a cut mark's) with the offset meta of this row (which Textual's mouse
@@ -620,16 +625,24 @@ class LogView(ScrollView, can_focus=True):
         return Strip([*Strip([text], width).apply_offsets(scroll_x, row), bar], width + _BAR)
 
     # ----- selection (mouse, or V in the screen), copied through OSC 52 ----------------------------
-    def _selected(self, text: Strip, selection: Selection, row: int, scroll_x: int, width: int) -> Strip:
+    def _selected(self, text: Strip, selection: Selection, row: int, shown: str, scroll_x: int,
+                  width: int) -> Strip:
+        """`text` (row `row` from column `scroll_x`, `width` cells; `shown`: the row's text) with the
+        selected characters in the selection's colours: those a copy takes (the selection counts
+        characters, the row is cut by cells: a wide character is two)."""
         span = selection.get_span(row)
         if span is None:
             return text
-        start, end = span
-        end = width + scroll_x if end == -1 else end
+        first, last = span
+        start = cells_before(shown, first)
+        end = width + scroll_x if last == -1 else cells_before(shown, last)
         start, end = max(0, start - scroll_x), min(width, end - scroll_x)
         if start >= end:
             return text
-        before, chosen, after = text.divide([start, end, width])
+        # By crops, not divide(): rich may count a row's text a cell shorter than its strip says (a
+        # zero-width joiner before a wide character), and divide() then gave two pieces, not three:
+        # a ValueError that ended the TUI.
+        before, chosen, after = text.crop(0, start), text.crop(start, end), text.crop(end, width)
         # After each segment's own style, so the selection's colours win over the text's.
         selected = self.screen.get_component_rich_style("screen--selection", partial=True)
         marked = Segment.apply_style(chosen, post_style=selected)
@@ -642,27 +655,42 @@ class LogView(ScrollView, can_focus=True):
         raw = self._raw(index)
         if raw is None or type(raw) is RanktopLine:
             return ""
-        plain = parse_line(raw, color=False).plain
         if not self.wrap:
-            return plain
-        ends = [0, *row_ends(plain, self._wrap_width)]
+            return parse_line(raw, color=False).plain
+        plain, ends = self._wrapped(raw)
         return plain[ends[sub] : ends[sub + 1]] if sub + 1 < len(ends) else ""
+
+    def _wrapped(self, raw: bytes) -> tuple[str, list[int]]:
+        """A line's text and where its rows start and end, kept for the next row: a copy asks for
+        each row of a line in turn (a line of 10,000 characters, 500 rows in a narrow pane, was
+        parsed and cut 500 times: a copy of a few such lines took seconds, the TUI frozen)."""
+        key = (raw, self._wrap_width)
+        if self._last_wrapped is None or self._last_wrapped[0] != key:
+            plain = parse_line(raw, color=False).plain
+            self._last_wrapped = (key, plain, [0, *row_ends(plain, self._wrap_width)])
+        return self._last_wrapped[1], self._last_wrapped[2]
 
     @property
     def row_count(self) -> int:
         return self._row_count()
 
     def get_selection(self, selection: Selection) -> tuple[str, str] | None:
+        """The selected characters of each selected row, as the pane highlights them (get_span),
+        one row a line. Not Selection.extract: it splits its text with str.splitlines, which also
+        breaks at U+2028, U+2029 (which a row may show), so the rows after one came out shifted and
+        cut; and a drag let go below the last row cut that row at the column let go at, where it
+        is highlighted whole."""
         start = selection.start or Offset(0, 0)
         last = self._row_count() - 1 if selection.end is None else min(selection.end.y, self._row_count() - 1)
-        # Only the selected rows become text; the selection is moved to start at the first of them.
-        rows = [self.row_text(row) for row in range(start.y, last + 1)]
-        end = None if selection.end is None else Offset(selection.end.x, selection.end.y - start.y)
-        text = Selection(Offset(start.x, 0), end).extract("\n".join(rows))
-        own = {row - start.y for row in range(start.y, last + 1) if self._is_own_row(row)}
-        if own:  # ranktop's lines are not the rank's output: a copy, like the log files, has none
-            text = "\n".join(line for i, line in enumerate(text.split("\n")) if i not in own)
-        return text, "\n"
+        rows = []
+        for row in range(start.y, last + 1):
+            span = selection.get_span(row)
+            if span is None or self._is_own_row(row):  # ranktop's lines are not the rank's output: a copy,
+                continue  # like the log files, has none
+            text = self.row_text(row)
+            first, end = span
+            rows.append(text[first:] if end == -1 else text[first:end])
+        return "\n".join(rows), "\n"
 
     def _is_own_row(self, row: int) -> bool:
         return type(self._raw(self._locate(row)[0])) is RanktopLine

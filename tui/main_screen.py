@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-import shlex
 import signal
-import subprocess
 import time
 from functools import partial
 from typing import Any
@@ -29,6 +27,7 @@ from ranktop.tui.attempts import FileFeed, attempt_dirs
 from ranktop.tui.bounded_regex import BoundedPattern, stopped_line
 from ranktop.tui.logview import LogView, search_pattern
 from ranktop.tui.metric import Tracker
+from ranktop.tui.pager import pager_argv, run_in_front
 from ranktop.tui.panes import (
     ACTS_ON_RANKS,
     FILTERS,
@@ -846,19 +845,25 @@ class MainScreen(Screen):
             self.notify("this rank has no log file to open", severity="warning", timeout=3)
             return
         try:
-            pager = shlex.split(os.environ.get("PAGER") or "less") or ["less"]
+            argv = pager_argv(paths)
         except ValueError as exc:  # (PAGER='"': a traceback that ended the TUI, and the run with it)
             self.notify(clean(f"bad $PAGER {quoted(os.environ.get('PAGER'))}: {exc}; the log: {paths[0]}"),
                         severity="warning", markup=False)
             return
         try:
             with self.app.suspend(), own_tool():  # its exit is its own, not an orphan's to reap
-                subprocess.run([*pager, *paths], check=False)
+                # Nothing may leave this block raising: Textual's suspend resumes the TUI only when
+                # it ends normally (a $PAGER not on PATH left the screen blank, no key read, for good).
+                try:
+                    problem = run_in_front(argv)
+                except OSError as exc:
+                    problem = exc.strerror or str(exc)
         except SuspendNotSupported:
+            problem = None
             self.notify(clean(f"cannot hand the terminal over here; the log: {paths[0]}"), severity="warning",
                         markup=False)
-        except OSError as exc:
-            self.notify(clean(f"cannot run {pager[0]}: {exc.strerror or exc}; the log: {paths[0]}"),
+        if problem is not None:
+            self.notify(clean(f"cannot run {quoted(argv[0][:200])}: {problem}; the log: {paths[0]}"),
                         severity="warning", markup=False)
         self.refresh()
 

@@ -1,0 +1,88 @@
+"""`o`: a rank's log files in the user's $PAGER, run as a shell runs a job in the foreground.
+
+The pager gets a process group of its own and the terminal's foreground, for as long as it runs.
+It used to run in ranktop's own group, so the terminal's Ctrl-C (the way out of less's `F`, or
+of a search) reached ranktop too, which took it for the user's stop and stopped the run; Ctrl-\\
+did the same, and Ctrl-Z stopped ranktop, engine and all, with no shell to resume it. Now those
+reach the pager alone. A pager that stops itself (less's Ctrl-Z) is given the terminal back and
+continued: there is no shell here to take it over.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def pager_argv(paths: list[str]) -> list[str]:
+    """$PAGER (`less` if unset or blank) split as a shell would, then `paths`; ValueError where it
+    cannot be split (`PAGER='less "-R'`: No closing quotation)."""
+    return [*(shlex.split(os.environ.get("PAGER") or "less") or ["less"]), *paths]
+
+
+def run_in_front(argv: list[str]) -> str | None:
+    """Run `argv` on our terminal as a job of its own in the foreground, until it exits; None, or
+    why it could not be run (`No such file or directory`). Where we do not hold the terminal's
+    foreground (no terminal), it runs in our group, and is waited for all the same."""
+    fd = _our_terminal()
+    try:
+        # As subprocess starts a child: SIGPIPE and SIGXFSZ, which Python ignores, back to their
+        # defaults (`yes | head` in a pager script would go on writing into a closed pipe), no
+        # signal blocked.
+        pid = os.posix_spawnp(argv[0], argv, os.environ, setpgroup=0, setsigmask=(),
+                              setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if fd is None:
+        os.waitpid(pid, 0)
+        return None
+    try:
+        _give_terminal(fd, pid)
+        while True:
+            _, status = os.waitpid(pid, os.WUNTRACED)
+            if not os.WIFSTOPPED(status):
+                return None
+            _give_terminal(fd, pid)  # it stopped itself (Ctrl-Z): on again, in front
+    finally:
+        with _quiet_from_the_background():  # the pager's group held the terminal: ours is in the background
+            os.tcsetpgrp(fd, os.getpgrp())
+
+
+def _give_terminal(fd: int, pid: int) -> None:
+    """The terminal's foreground to `pid`'s group, which goes on: it may have stopped (SIGTTIN,
+    SIGTTOU) on touching the terminal before it was in front."""
+    with _quiet_from_the_background():
+        try:
+            os.tcsetpgrp(fd, pid)
+        except OSError:  # (its group is gone: it exited already)
+            return
+    try:
+        os.killpg(pid, signal.SIGCONT)
+    except OSError:
+        pass
+
+
+def _our_terminal() -> int | None:
+    """A descriptor of the terminal whose foreground job we are, or None."""
+    for fd in (0, 2, 1):
+        try:
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                return fd
+        except OSError:
+            continue
+    return None
+
+
+@contextmanager
+def _quiet_from_the_background() -> Iterator[None]:
+    """tcsetpgrp from a background group is answered with SIGTTOU, which stops the process,
+    unless the signal is blocked: blocked here, in this thread alone (ignoring it instead would
+    be inherited by a rank started meanwhile)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTTOU})
