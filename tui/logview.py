@@ -541,7 +541,9 @@ class LogView(ScrollView, can_focus=True):
             else:
                 text = strip.crop_extend(scroll_x, scroll_x + width, self._style)
                 left, right = self._cut_ends(strip.cell_length, scroll_x, width)
-                shown = strip.text  # the row's text: row_text's, which a copy takes
+                # The row's text (row_text's, which a copy takes), joined only where it is needed:
+                # a selection, or a pane scrolled sideways (every coloured row is drawn here)
+                shown = strip.text if selection is not None or scroll_x else ""
         if left or right:
             text = self._marked(text, left, right, width)
         if selection is not None:
