@@ -520,6 +520,39 @@ def test_a_node_its_user_stops_steps_out_so_an_elastic_peer_goes_on_at_once(tmp_
     assert formed < 5, formed
 
 
+def test_a_second_ctrl_c_kills_at_once_while_the_step_out_waits_on_a_store_that_does_not_answer(
+        tmp_path, torch_installed):
+    """Node 0 serves the store and hangs (SIGSTOP); node 1 gets Ctrl-C: before its ranks stop it
+    tells the round, waiting up to 2 s for the store. A second Ctrl-C meanwhile waited those 2 s
+    too, where a second Ctrl-C kills at once: it now ends the wait."""
+    job, release = Job(tmp_path, "hung-ctrl-c"), tmp_path / "release"
+    conf = CONF + ",is_host="
+    host = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
+    stopped = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.2")
+    try:
+        wait_for(lambda: all(_placed(tmp_path, f"node{i}", "attempt_0") for i in range(2)), timeout=TIMEOUT,
+                 what="both nodes' ranks up")
+        host.send_signal(signal.SIGSTOP)
+        try:
+            stopped.send_signal(signal.SIGINT)
+            wait_for(lambda: node_events(tmp_path, "node1", "signal_received"), timeout=TIMEOUT,
+                     what="node 1 taking the first Ctrl-C")
+            stopped.send_signal(signal.SIGINT)
+            wait_for(lambda: stopped.poll() is not None, timeout=TIMEOUT, what="node 1 ending")
+        finally:
+            host.send_signal(signal.SIGCONT)
+        host.send_signal(signal.SIGTERM)
+    finally:
+        release.touch()
+    (_, _, err0), (status1, _, err1) = job.finish()
+    assert status1 == 130, err0 + err1
+    first, second = node_events(tmp_path, "node1", "signal_received")
+    assert (first["action"], second["action"]) == ("forward", "kill_now")
+    assert second["ts"] - first["ts"] < 1.5, second["ts"] - first["ts"]  # (it waited out WORD_WAIT, 2 s)
+    (exited,) = node_events(tmp_path, "node1", "exited")
+    assert exited["signal"] == "SIGKILL", exited
+
+
 def test_the_store_host_at_the_exit_barrier_leaves_once_every_other_node_is_gone(tmp_path, torch_installed):
     """Node 0 serves the store and its rank is done (exit barrier); node 1 is then killed outright
     (its guard ends its rank; nobody closes the rendezvous). Node 0 served a store nobody was left
