@@ -503,7 +503,8 @@ def _how_stopped(raw: bytes) -> _Stopped:
         return _Stopped(None, "", host)
     if how == STOP_COMMAND:
         return _Stopped(rank, "K, q or ranktop stop", host)
-    signal_name = isinstance(how, str) and len(how) <= 12 and how.startswith("SIG") and how[3:].isalpha() and how.isupper()
+    signal_name = (isinstance(how, str) and len(how) <= 12 and how.isascii() and how.startswith("SIG")
+                   and how[3:].isalpha() and how.isupper())  # (ASCII: a Greek capital passed as a letter of a name)
     return _Stopped(rank, how if signal_name else "", host)
 
 

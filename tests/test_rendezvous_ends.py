@@ -1071,6 +1071,7 @@ def test_what_a_peer_wrote_to_the_store_when_giving_up_is_shown_as_one_safe_line
     (b'{"group_rank": 0, "how": "command"}', (0, "K, q or ranktop stop", "?")),
     (b'{"group_rank": 1, "how": "SIGTERM\\u001b[2J", "host": "h\\u001b]52;c;aGk=\\u0007"}', (1, "", "h")),
     (b'{"group_rank": 1, "how": "' + b"SIGX" * 1000 + b'", "host": "' + b"h" * 1000 + b'"}', (1, "", "h" * 300)),
+    (b'{"group_rank": 1, "how": "SIGT\\u0395RM"}', (1, "", "?")),  # a Greek capital E: no signal's name
     (b'{"group_rank": "1", "how": "SIGTERM"}', (None, "", "?")),  # not read: no node of the round
     (b'{"group_rank": 1%s, "how": "SIGTERM"}' % (b"0" * 4000), (None, "", "?")),
     (b'[1]', (None, "", "?")),
