@@ -1156,17 +1156,60 @@ def test_a_finished_agent_dropped_frees_its_stores_without_a_garbage_collection(
         gc.enable()
 
 
-def _in_process_node(tmp_path: Path, rdzv_id: str, endpoint: str, nnodes: int, conf: str):
-    """An agent of this process as a node (its rank sleeps, in no collective), and its handler."""
-    from rank_fns import sleep_forever
+def _in_process_node(tmp_path: Path, rdzv_id: str, endpoint: str, nnodes: int, conf: str, done_at_once: bool = False,
+                     **agent_args):
+    """An agent of this process as a node (its rank sleeps, in no collective, or with
+    `done_at_once` returns at once), and its handler."""
+    from rank_fns import double, sleep_forever
     from ranktop.core import DefaultLogsSpecs, LocalElasticAgent, WorkerSpec
     from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
 
     handler = create_handler("c10d", endpoint, rdzv_id, nnodes, nnodes, conf=parse_rdzv_conf(conf),
                              local_addr="127.0.0.1")
-    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sleep_forever, args=(), rdzv_handler=handler,
-                      max_restarts=1)
-    return LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path)), console=False, shutdown_timeout=2), handler
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=double if done_at_once else sleep_forever,
+                      args=(1,) if done_at_once else (), rdzv_handler=handler, max_restarts=1)
+    return LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path)), console=False, shutdown_timeout=2,
+                             **agent_args), handler
+
+
+def test_nodes_at_the_exit_barrier_do_not_wait_for_a_node_its_user_stopped(tmp_path, torch_installed):
+    """Three nodes: this agent's rank and node B's are done (the exit barrier), node C's user stops
+    it while its ranks run. C never comes, but B is alive, so neither found itself alone: both
+    waited out the barrier's time-out (300 s by default). C said it was stopped (its step out): the
+    nodes at the barrier, every other node of the round, now end at their next look."""
+    from ranktop.core.rendezvous import Rendezvous, create_handler, parse_rdzv_conf
+
+    endpoint, rdzv_id = f"127.0.0.1:{free_port()}", "barrier-stopped"
+    agent, handler = _in_process_node(tmp_path, rdzv_id, endpoint, 3, CONF, done_at_once=True, exit_barrier_timeout=15)
+    peers = [Rendezvous(create_handler("c10d", endpoint, rdzv_id, 3, 3, conf=parse_rdzv_conf(CONF),
+                                       local_addr="127.0.0.1"), "default", 1) for _ in range(2)]
+    barrier_b = []
+
+    def node_b() -> None:  # done at once, as this agent's rank
+        peers[0].next_round()
+        barrier_b.append(peers[0].exit_barrier(15, lambda: False))
+
+    def node_c() -> None:  # its user stops it once both others are at the barrier
+        peers[1].next_round()
+        wait_for(lambda: peers[1].store.add("torchelastic/agent/terminal_state/num_members", 0) == 2,
+                 timeout=TIMEOUT, what="two nodes at the exit barrier")
+        peers[1].step_out_stopped("SIGTERM")
+
+    threads = [threading.Thread(target=node, daemon=True) for node in (node_b, node_c)]
+    for thread in threads:
+        thread.start()
+    try:
+        result = agent.run()
+        for thread in threads:
+            thread.join(TIMEOUT)
+    finally:
+        for peer in peers:
+            peer.handler.shutdown()
+        handler.shutdown()
+    said = (f"node 127.0.0.1 (group rank {peers[1].placement.group_rank}) of the c10d rendezvous '{rdzv_id}' was "
+            "stopped by its user (SIGTERM), so this node ends without waiting for it")
+    assert (result.state.name, result.end_note) == ("SUCCEEDED", f"exit barrier: {said}")
+    assert [(end.kind, end.message) for end in barrier_b] == [("peer_stopped", said)]
 
 
 def test_a_node_whose_run_ended_sends_no_more_heartbeats_while_it_lives_on(tmp_path, torch_installed):
