@@ -130,6 +130,12 @@ class AgentCommands:
             else:
                 pc.stop(signum, self.shutdown_timeout)
 
+    def _kill_now_pending(self) -> bool:
+        """Whether a signal waiting for the monitor loop kills every rank at once (a second
+        Ctrl-C): the monitor loop, held by a stop's word to the other nodes, stops waiting for it.
+        (list(): a signal handler may append meanwhile.)"""
+        return any(self._stop_rule.kills_now(signum) for signum, _ in list(self._pending_signals))
+
     def submit(self, command: cmd.Command, timeout: float = ACK_TIMEOUT) -> cmd.Ack:
         """Queue `command` for the monitor loop and wait (at most `timeout`) for its answer. A bad
         command is refused at once and changes nothing. `Interrupt` is answered without waiting

@@ -30,6 +30,7 @@ from ranktop.core.state import GroupState, RoundForming
 
 _STORE_CALL_THREAD = "ranktop-rdzv-join"
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
+_CUT_SHORT_LOOK = 0.05  # seconds between looks at whether a wait for a store call is to end early
 WORD_WAIT = 2.0  # for a store call the monitor loop makes itself: the word of a user's R, a look (a store answers in milliseconds)
 
 
@@ -240,7 +241,7 @@ class AgentRendezvous:
         ranks run: before they stop, the round's other nodes are told, and it steps out of the
         round. They saw it only as a lost node once its keep-alive heartbeats lapsed (10-15 s with
         torch's defaults), and an elastic job's next round waited as long. Once a run, bounded by
-        WORD_WAIT (a store that does not answer must not hold the stop)."""
+        WORD_WAIT (a store that does not answer must not hold the stop), and by a second Ctrl-C."""
         placed = self.spec.placement
         if self.rendezvous is None or self._watch is None or self._stop_told or placed is None:
             return
@@ -248,7 +249,9 @@ class AgentRendezvous:
         if placed.group_world_size < 2:  # nobody to tell
             return
         how = STOP_COMMAND if signum is None else signal.Signals(signum).name
-        stepped_out = self._store_call_within(lambda: self.rendezvous.step_out_stopped(how), WORD_WAIT)
+        # (a second Ctrl-C meanwhile kills at once: it does not wait for a store that does not answer)
+        stepped_out = self._store_call_within(lambda: self.rendezvous.step_out_stopped(how), WORD_WAIT,
+                                              cut_short=self._kill_now_pending)
         self.events.write("rendezvous_stepped_out", how=how, stepped_out=stepped_out is True)
 
     def _peer_was_stopped(self) -> None:
@@ -279,15 +282,20 @@ class AgentRendezvous:
         return self._round_end is not None and self._round_end.kind in ("peer_failed", "peer_stopped", "nodes_joined")
 
     @staticmethod
-    def _store_call_within(call: Callable[[], Any], seconds: float) -> Any:
+    def _store_call_within(call: Callable[[], Any], seconds: float,
+                           cut_short: Callable[[], bool] | None = None) -> Any:
         """`call()`'s value (a store call that catches its own errors) if it returns within
-        `seconds`, else None: a store that does not answer (its host hung) would hold the monitor
-        loop for the store's time-out. The thread is left blocked, if it is, as a stop leaves a
-        round's call (store_call_left_blocked)."""
+        `seconds`, and before `cut_short()` says to stop waiting, else None: a store that does not
+        answer (its host hung) would hold the monitor loop for the store's time-out. The thread is
+        left blocked, if it is, as a stop leaves a round's call (store_call_left_blocked)."""
         box: list[Any] = []
         thread = threading.Thread(target=lambda: box.append(call()), name=_STORE_CALL_THREAD, daemon=True)
         thread.start()
-        thread.join(seconds)
+        deadline = time.monotonic() + seconds
+        while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+            if cut_short is not None and cut_short():
+                break
+            thread.join(left if cut_short is None else min(left, _CUT_SHORT_LOOK))
         return box[0] if box else None
 
     def _leave_rendezvous(self, state: GroupState) -> None:

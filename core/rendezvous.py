@@ -503,7 +503,8 @@ def _how_stopped(raw: bytes) -> _Stopped:
         return _Stopped(None, "", host)
     if how == STOP_COMMAND:
         return _Stopped(rank, "K, q or ranktop stop", host)
-    signal_name = isinstance(how, str) and len(how) <= 12 and how.startswith("SIG") and how[3:].isalpha() and how.isupper()
+    signal_name = (isinstance(how, str) and len(how) <= 12 and how.isascii() and how.startswith("SIG")
+                   and how[3:].isalpha() and how.isupper())  # (ASCII: a Greek capital passed as a letter of a name)
     return _Stopped(rank, how if signal_name else "", host)
 
 
@@ -989,8 +990,9 @@ class Rendezvous:
         """Wait until every node of the round got here (None), else why not: "timeout",
         "stopped", "peer_gave_up" (a node's ranks failed for good meanwhile), "new_round" (nodes
         wait for a round this node cannot join: the round's other nodes will not come; with
-        `serves_store` where their round needs the store this process serves), "peers_gone" (every
-        other node ended without a word: their heartbeats lapsed) or "store_lost"."""
+        `serves_store` where their round needs the store this process serves), "peer_stopped"
+        (every node that has not come said its user stopped it), "peers_gone" (every other node
+        ended without a word: their heartbeats lapsed) or "store_lost"."""
         placement, store = self.placement, self.store
         if store is None or placement is None:
             return None
@@ -1037,11 +1039,25 @@ class Rendezvous:
             return RoundEnd("new_round", f"{waiting} node(s) wait for a new round of the {self.describe()} "
                                          "(a peer's ranks failed, or a node joined late); this node's ranks "
                                          f"finished and it cannot join, {then}", serves_store=serves)
+        stopped = self._stopped_not_come()
+        if stopped:
+            return RoundEnd("peer_stopped", stopped)
         if self._no_peer_left():
             return RoundEnd("peers_gone", f"no other node of the {self.describe()} is left (their keep-alive "
                                           "heartbeats stopped: they ended without closing it), so this node ends "
                                           "without waiting for them")
         return self._timed_out(deadline, timeout)
+
+    def _stopped_not_come(self) -> str | None:
+        """Words for the round's nodes that said their user stopped them, where every node that has
+        not come to the exit barrier is one of them, else None: a node stopped while its ranks ran
+        never comes (its run ended with them), and the nodes here waited out the barrier's time-out
+        (300 s) where another node was still alive to keep them from finding themselves alone."""
+        stopped = self._other_nodes_stopped()
+        if not stopped or self.store.add(f"{_EXIT_BARRIER}/num_members", 0) + len(stopped) < self.placement.group_world_size:
+            return None
+        one = len(stopped) == 1
+        return f"{self._stopped_words(stopped)}, so this node ends without waiting for {'it' if one else 'them'}"
 
     def _timed_out(self, deadline: float, timeout: float) -> RoundEnd | None:
         if time.monotonic() > deadline:
@@ -1179,15 +1195,19 @@ class Rendezvous:
         """Words for the nodes of the running round that said their user stopped them, named as the
         round formed (the state torch's handler last read may not show them out of it yet: it may
         be a second old); for another node where none can be read (the store out of reach)."""
+        stopped = self._other_nodes_stopped()
+        return self._stopped_words(stopped) if stopped else f"another node of the {self.describe()} was stopped by its user"
+
+    def _other_nodes_stopped(self) -> dict[tuple[str, int], str]:
+        """The round's other nodes that said their user stopped them, by (address as the round
+        formed, group rank), with how in words; {} where none did or the store is out of reach."""
         placement, said = self.placement, self._stopped_said()
-        if placement is not None:
-            addrs = {rank: clean(str(getattr(node, "addr", "?")))[:_WORDS_SHOWN] for node, rank in self._round_nodes.items()}
-            # (the host it said where the handler keeps no addresses: the static and etcd backends)
-            stopped = {(addrs.get(rank, node.host), rank): node.how for rank, node in sorted(said.items())
-                       if rank < placement.group_world_size and rank != placement.group_rank}
-            if stopped:
-                return self._stopped_words(stopped)
-        return f"another node of the {self.describe()} was stopped by its user"
+        if placement is None:
+            return {}
+        addrs = {rank: clean(str(getattr(node, "addr", "?")))[:_WORDS_SHOWN] for node, rank in self._round_nodes.items()}
+        # (the host it said where the handler keeps no addresses: the static and etcd backends)
+        return {(addrs.get(rank, node.host), rank): node.how for rank, node in sorted(said.items())
+                if rank < placement.group_world_size and rank != placement.group_rank}
 
     def _stopped_words(self, stopped: dict[tuple[str, int], str]) -> str:
         one, hows = len(stopped) == 1, sorted(set(stopped.values()))

@@ -58,15 +58,20 @@ class StopRule:
     _interrupted: bool = False
     _forwarded_at: float | None = None  # when the last SIGHUP/SIGTERM acted on arrived
 
+    def kills_now(self, signum: int) -> bool:
+        """Whether `signum` kills every rank at once (a person's second Ctrl-C), asked without
+        deciding it: a wait that the stop makes first must not hold that up."""
+        return signum == signal.SIGINT and self._interrupted
+
     def decide(self, signum: int, received_at: float) -> StopAction:
         """`received_at` is a monotonic time taken when the signal arrived."""
         if signum in NOTICE_SIGNALS:
             return StopAction.PASS_ON if signum in self.passed_on else StopAction.IGNORED
         if signum == signal.SIGHUP and not self.hangup_stops:
             return StopAction.IGNORED
+        if self.kills_now(signum):
+            return StopAction.KILL_NOW
         if signum == signal.SIGINT:
-            if self._interrupted:
-                return StopAction.KILL_NOW
             self._interrupted = True
             return StopAction.FORWARD
         if self._forwarded_at is not None and received_at - self._forwarded_at < self.window:

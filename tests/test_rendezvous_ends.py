@@ -520,6 +520,38 @@ def test_a_node_its_user_stops_steps_out_so_an_elastic_peer_goes_on_at_once(tmp_
     assert formed < 5, formed
 
 
+def test_a_second_ctrl_c_kills_at_once_while_the_step_out_waits_on_a_store_that_does_not_answer(
+        tmp_path, torch_installed):
+    """Node 0 serves the store and hangs (SIGSTOP); node 1 gets Ctrl-C: before its ranks stop it
+    tells the round, waiting up to 2 s for the store. A second Ctrl-C meanwhile waited those 2 s
+    too, where a second Ctrl-C kills at once: it now ends the wait."""
+    job, release = Job(tmp_path, "hung-ctrl-c"), tmp_path / "release"
+    conf = CONF + ",is_host="
+    host = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
+    stopped = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.2")
+    try:
+        wait_for(lambda: all(_placed(tmp_path, f"node{i}", "attempt_0") for i in range(2)), timeout=TIMEOUT,
+                 what="both nodes' ranks up")
+        host.send_signal(signal.SIGSTOP)
+        try:
+            stopped.send_signal(signal.SIGINT)
+            wait_for(lambda: node_events(tmp_path, "node1", "signal_received"), timeout=TIMEOUT,
+                     what="node 1 taking the first Ctrl-C")
+            stopped.send_signal(signal.SIGINT)
+            wait_for(lambda: stopped.poll() is not None, timeout=TIMEOUT, what="node 1 ending")
+        finally:
+            host.send_signal(signal.SIGCONT)
+        host.send_signal(signal.SIGTERM)
+    finally:
+        release.touch()
+    (_, _, err0), (status1, _, err1) = job.finish()
+    assert status1 == 130, err0 + err1
+    first, second = node_events(tmp_path, "node1", "signal_received")
+    assert (first["action"], second["action"]) == ("forward", "kill_now")
+    # (it waited out WORD_WAIT, 2 s; the rank may die of the first SIGINT before the SIGKILL reaches it)
+    assert second["ts"] - first["ts"] < 1.5, second["ts"] - first["ts"]
+
+
 def test_the_store_host_at_the_exit_barrier_leaves_once_every_other_node_is_gone(tmp_path, torch_installed):
     """Node 0 serves the store and its rank is done (exit barrier); node 1 is then killed outright
     (its guard ends its rank; nobody closes the rendezvous). Node 0 served a store nobody was left
@@ -1038,6 +1070,7 @@ def test_what_a_peer_wrote_to_the_store_when_giving_up_is_shown_as_one_safe_line
     (b'{"group_rank": 0, "how": "command"}', (0, "K, q or ranktop stop", "?")),
     (b'{"group_rank": 1, "how": "SIGTERM\\u001b[2J", "host": "h\\u001b]52;c;aGk=\\u0007"}', (1, "", "h")),
     (b'{"group_rank": 1, "how": "' + b"SIGX" * 1000 + b'", "host": "' + b"h" * 1000 + b'"}', (1, "", "h" * 300)),
+    (b'{"group_rank": 1, "how": "SIGT\\u0395RM"}', (1, "", "?")),  # a Greek capital E: no signal's name
     (b'{"group_rank": "1", "how": "SIGTERM"}', (None, "", "?")),  # not read: no node of the round
     (b'{"group_rank": 1%s, "how": "SIGTERM"}' % (b"0" * 4000), (None, "", "?")),
     (b'[1]', (None, "", "?")),
@@ -1123,17 +1156,60 @@ def test_a_finished_agent_dropped_frees_its_stores_without_a_garbage_collection(
         gc.enable()
 
 
-def _in_process_node(tmp_path: Path, rdzv_id: str, endpoint: str, nnodes: int, conf: str):
-    """An agent of this process as a node (its rank sleeps, in no collective), and its handler."""
-    from rank_fns import sleep_forever
+def _in_process_node(tmp_path: Path, rdzv_id: str, endpoint: str, nnodes: int, conf: str, done_at_once: bool = False,
+                     **agent_args):
+    """An agent of this process as a node (its rank sleeps, in no collective, or with
+    `done_at_once` returns at once), and its handler."""
+    from rank_fns import double, sleep_forever
     from ranktop.core import DefaultLogsSpecs, LocalElasticAgent, WorkerSpec
     from ranktop.core.rendezvous import create_handler, parse_rdzv_conf
 
     handler = create_handler("c10d", endpoint, rdzv_id, nnodes, nnodes, conf=parse_rdzv_conf(conf),
                              local_addr="127.0.0.1")
-    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=sleep_forever, args=(), rdzv_handler=handler,
-                      max_restarts=1)
-    return LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path)), console=False, shutdown_timeout=2), handler
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=double if done_at_once else sleep_forever,
+                      args=(1,) if done_at_once else (), rdzv_handler=handler, max_restarts=1)
+    return LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path)), console=False, shutdown_timeout=2,
+                             **agent_args), handler
+
+
+def test_nodes_at_the_exit_barrier_do_not_wait_for_a_node_its_user_stopped(tmp_path, torch_installed):
+    """Three nodes: this agent's rank and node B's are done (the exit barrier), node C's user stops
+    it while its ranks run. C never comes, but B is alive, so neither found itself alone: both
+    waited out the barrier's time-out (300 s by default). C said it was stopped (its step out): the
+    nodes at the barrier, every other node of the round, now end at their next look."""
+    from ranktop.core.rendezvous import Rendezvous, create_handler, parse_rdzv_conf
+
+    endpoint, rdzv_id = f"127.0.0.1:{free_port()}", "barrier-stopped"
+    agent, handler = _in_process_node(tmp_path, rdzv_id, endpoint, 3, CONF, done_at_once=True, exit_barrier_timeout=15)
+    peers = [Rendezvous(create_handler("c10d", endpoint, rdzv_id, 3, 3, conf=parse_rdzv_conf(CONF),
+                                       local_addr="127.0.0.1"), "default", 1) for _ in range(2)]
+    barrier_b = []
+
+    def node_b() -> None:  # done at once, as this agent's rank
+        peers[0].next_round()
+        barrier_b.append(peers[0].exit_barrier(15, lambda: False))
+
+    def node_c() -> None:  # its user stops it once both others are at the barrier
+        peers[1].next_round()
+        wait_for(lambda: peers[1].store.add("torchelastic/agent/terminal_state/num_members", 0) == 2,
+                 timeout=TIMEOUT, what="two nodes at the exit barrier")
+        peers[1].step_out_stopped("SIGTERM")
+
+    threads = [threading.Thread(target=node, daemon=True) for node in (node_b, node_c)]
+    for thread in threads:
+        thread.start()
+    try:
+        result = agent.run()
+        for thread in threads:
+            thread.join(TIMEOUT)
+    finally:
+        for peer in peers:
+            peer.handler.shutdown()
+        handler.shutdown()
+    said = (f"node 127.0.0.1 (group rank {peers[1].placement.group_rank}) of the c10d rendezvous '{rdzv_id}' was "
+            "stopped by its user (SIGTERM), so this node ends without waiting for it")
+    assert (result.state.name, result.end_note) == ("SUCCEEDED", f"exit barrier: {said}")
+    assert [(end.kind, end.message) for end in barrier_b] == [("peer_stopped", said)]
 
 
 def test_a_node_whose_run_ended_sends_no_more_heartbeats_while_it_lives_on(tmp_path, torch_installed):
