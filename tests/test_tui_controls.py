@@ -469,13 +469,19 @@ def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path)
         term.close()
 
 
-def test_a_pager_that_cannot_be_split_into_words_is_one_line_and_the_tui_goes_on(tmp_path, monkeypatch):
-    """o split $PAGER as a shell would: PAGER='"' raised ValueError (No closing quotation), a
-    traceback that ended the TUI, and the run with it."""
+def _one_rank_with_a_log(tmp_path) -> tuple[FakeEngine, object]:
+    """A fake engine of one rank whose stdout.log (one line) `o` opens."""
     log = tmp_path / "stdout.log"
     log.write_text("rank 0 up\n")
     engine = FakeEngine(1)
     engine.set_rank(0, stdout_log=str(log))
+    return engine, log
+
+
+def test_a_pager_that_cannot_be_split_into_words_is_one_line_and_the_tui_goes_on(tmp_path, monkeypatch):
+    """o split $PAGER as a shell would: PAGER='"' raised ValueError (No closing quotation), a
+    traceback that ended the TUI, and the run with it."""
+    engine, log = _one_rank_with_a_log(tmp_path)
     monkeypatch.setenv("PAGER", 'less "-R')
 
     async def body(app, pilot):
@@ -493,10 +499,7 @@ def test_a_pager_that_cannot_be_run_is_one_line_and_the_tui_comes_back(tmp_path,
     good. (Pilot's driver is told it can suspend, to count the suspends and resumes.)"""
     from textual.drivers.headless_driver import HeadlessDriver
 
-    log = tmp_path / "stdout.log"
-    log.write_text("rank 0 up\n")
-    engine = FakeEngine(1)
-    engine.set_rank(0, stdout_log=str(log))
+    engine, log = _one_rank_with_a_log(tmp_path)
     monkeypatch.setenv("PAGER", "no-such-pager-of-ranktop -R")
 
     async def body(app, pilot):
