@@ -13,6 +13,7 @@ import shutil
 import signal
 import sys
 import time
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -469,7 +470,7 @@ def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path)
         term.close()
 
 
-def _one_rank_with_a_log(tmp_path) -> tuple[FakeEngine, object]:
+def _one_rank_with_a_log(tmp_path: Path) -> tuple[FakeEngine, Path]:
     """A fake engine of one rank whose stdout.log (one line) `o` opens."""
     log = tmp_path / "stdout.log"
     log.write_text("rank 0 up\n")
