@@ -12,7 +12,7 @@ import threading
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import ROOT, polls, wait_for
+from conftest import ROOT, polls, until, wait_for
 from ranktop.core import LocalAgent, WorkerSpec
 from ranktop.core.output import STDERR, STDOUT, LineRing, RanktopLine
 from ranktop.tui.logview import MAX_CHARS, LogView
@@ -136,7 +136,8 @@ async def test_the_scrollbar_is_drawn_in_the_last_column_and_the_mouse_drags_it(
     async with shown(ring) as (view, pilot):
         height, bar_x = view.scrollable_content_region.height, view.text_width
         assert bar_x == SIZE[0] - 1 and all(view.render_line(y).cell_length == SIZE[0] for y in range(height))
-        assert thumb_rows(view) == [height - 1], "following the tail: a one-row thumb at the bottom"
+        # following the tail: a one-row thumb at the bottom, once the view has moved there
+        await until(pilot, lambda: thumb_rows(view) == [height - 1], what="the thumb at the bottom")
 
         await pilot.mouse_down(view, offset=(bar_x, 0))  # press at the top of the bar: jump to the top
         assert view.scroll_offset.y == 0 and not view.follow
