@@ -22,7 +22,9 @@ terminal's modes restored once more) did the same, so a stop never ended the run
 
 from __future__ import annotations
 
+import codecs
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -30,7 +32,19 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from ranktop.tui.detach import in_foreground
+from textual.drivers import linux_driver
 from textual.drivers.linux_driver import LinuxDriver
+
+
+def _utf8_dropping_bad_bytes(encoding: str) -> Callable[[], codecs.IncrementalDecoder]:
+    """The decoder Textual's input thread reads the terminal with: one that drops a byte that is
+    not UTF-8 (a Latin-1 paste, a meta key sent as an 8-bit byte, 0xff). Textual's decodes
+    strictly, and the UnicodeDecodeError ended its input thread in a panic, which ended the TUI
+    and stopped the run; the keys around such a byte come through."""
+    return functools.partial(codecs.getincrementaldecoder(encoding), errors="ignore")
+
+
+linux_driver.getincrementaldecoder = _utf8_dropping_bad_bytes  # (looked up as its input thread starts)
 
 
 class TerminalFile:
@@ -95,17 +109,6 @@ class TerminalDriver(LinuxDriver):
         except (OSError, ValueError):
             return super()._get_terminal_size()
         return (width or 80, height or 25)
-
-    def run_input_thread(self) -> None:
-        """Textual's, read on past bytes that are not UTF-8 (a Latin-1 paste, a meta key sent as
-        an 8-bit byte, 0xff): Textual decodes strictly, and the UnicodeDecodeError ended its input
-        thread in a panic, which ended the TUI and stopped the run. The keys of that read are lost."""
-        while True:
-            try:
-                super().run_input_thread()
-                return
-            except UnicodeDecodeError:
-                continue
 
     # ----- job control --------------------------------------------------------------------------
     _suspended = False  # Ctrl-Z gave the terminal back to the shell, and it is not taken again
