@@ -559,7 +559,7 @@ class Rendezvous:
         vet_state_reads(handler, weakly(self._state_refused))  # (weakly: the handler must not hold this alive)
         # told why, once for each round state refused (a state a peer wrote that torch would unpickle)
         self.on_state_refused: Callable[[str], None] | None = None
-        self._state_refusals = 0
+        self._a_state_refused = False  # (torch's warnings of it are dropped from then on)
         self.role = role
         self.local_world_size = local_world_size
         self.store: Any = None  # the current round's store
@@ -883,14 +883,14 @@ class Rendezvous:
         return _quiet_torch(self._drops_heartbeat_warning)
 
     def _state_refused(self, why: str) -> None:
-        self._state_refusals += 1
+        self._a_state_refused = True
         if self.on_state_refused is not None:
             self.on_state_refused(why)
 
     def _drops_heartbeat_warning(self, _record: LogRecord, text: str) -> bool:
         if f"{_FAILED_HEARTBEAT} '{self.run_id}' " not in text:
             return False
-        if text.endswith(f"{_REFUSED_STATE}.") and self._state_refusals:  # said once, in ranktop's words
+        if text.endswith(f"{_REFUSED_STATE}.") and self._a_state_refused:  # said once, in ranktop's words
             return True
         # The first failed heartbeat may come before the watch's next look: ranktop looks now (in
         # torch's keep-alive thread, which waits for it), and only its own look decides.

@@ -183,22 +183,23 @@ def _on_parent_death(signum: int) -> None:
 def terminal_alive() -> bool:
     """Whether our terminal still answers: one that hung up fails every call (EIO). A SIGHUP
     may come while it lives: from the waiting parent's death (SIGKILLed), or a kill -HUP."""
-    try:
-        termios.tcgetattr(2)
-    except (termios.error, OSError):
-        return False
-    return True
+    return _terminal_error() is None
 
 
 def terminal_hung_up() -> bool:
     """Whether our terminal hung up (EIO), not merely absent (stderr no terminal: ENOTTY)."""
+    return _terminal_error() == errno.EIO
+
+
+def _terminal_error() -> int | None:
+    """The errno asking stderr's terminal for its modes fails with; None where it answers."""
     try:
         termios.tcgetattr(2)
     except termios.error as exc:
-        return exc.args[0] == errno.EIO
+        return exc.args[0]
     except OSError as exc:
-        return exc.errno == errno.EIO
-    return False
+        return exc.errno
+    return None
 
 
 def in_foreground(fd: int = 0) -> bool:
