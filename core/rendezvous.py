@@ -1113,15 +1113,20 @@ class Rendezvous:
         except Exception:  # noqa: BLE001 - torch's settings moved
             return "the keep-alive limit"
 
-    def _round_view(self) -> _RoundView | None:
+    def _round_view(self, fresh: bool = False) -> _RoundView | None:
         """The running round as torch's dynamic handler sees it now, None where it cannot be read.
-        The handler drops a node whose keep-alive heartbeats lapsed, and tells nobody."""
+        The handler drops a node whose keep-alive heartbeats lapsed, and tells nobody. `fresh`: read
+        the store, not the state the handler read less than its cache time ago (1 s): that state is
+        judged by the clock at its reading, and a node frozen while a read was under way judges the
+        old bytes it then gets by the time it resumed (every heartbeat lapsed, the round moved on)."""
         handler = self._dynamic()
         placement = self.placement
         if handler is None or placement is None or not self._round_nodes:
             return None
         try:
             with handler._heartbeat_lock:
+                if fresh:
+                    handler._state_holder._last_sync_time = -1  # as torch starts it: never read
                 handler._state_holder.sync()
                 state, this = handler._state_holder.state, handler._this_node
                 gone = sorted((clean(str(node.addr))[:_WORDS_SHOWN], rank if type(rank) is int else -1)
@@ -1161,8 +1166,11 @@ class Rendezvous:
         """Words for a round whose every node torch's handler dropped at once (the store's node paused
         for longer than the keep-alive limit, or every node): none sends a heartbeat from then on,
         and none is to blame, so the ranks run on. None otherwise."""
-        view = self._round_view()
-        if view is None or view.here or view.alive or self._stepped_out:
+        def dropped(view: _RoundView | None) -> bool:
+            return view is not None and not (view.here or view.alive or self._stepped_out)
+
+        # the cached state may be an old read judged late: a fresh read has the last word
+        if not (dropped(self._round_view()) and dropped(self._round_view(fresh=True))):
             return None
         return (f"every node of round {self.placement.round} was dropped meanwhile (no keep-alive heartbeat reached "
                 f"it for over {self._lapse_words()}): the ranks run on, but torch's handler sends no more heartbeats, "

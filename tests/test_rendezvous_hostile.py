@@ -263,6 +263,34 @@ def test_nodes_gone_are_said_in_one_bounded_line(store):
     assert "\x1b" not in said and "gone-17" not in said
 
 
+def test_a_read_judged_after_a_freeze_is_not_taken_for_every_node_dropped(store):
+    """A node frozen (SIGSTOP) while its keep-alive heartbeat read the round state got the bytes of
+    before the freeze on resuming, and torch's handler judged them by the clock after it: every
+    heartbeat lapsed, the round moved on with nobody in it, a state it then served from its cache
+    for a second. The watch read that and said every node of the round was dropped (the ranks run
+    on) a look before it found this node dropped while the job went on (seen once in CI). Only a
+    fresh read says every node was dropped."""
+    from ranktop.core.spec import Placement
+
+    rdzv, key = _rendezvous(store, "stale-read"), STATE_KEY + "stale-read"
+    this, other = rdzv.handler._this_node, _node("127.0.0.9", 1)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    long_ago = now - datetime.timedelta(minutes=5)
+    store.set(key, base64.b64encode(_state(round=0, complete=True, participants={other: 0, this: 1},
+                                           last_heartbeats={other: long_ago, this: long_ago})))
+    rdzv.placement = Placement(1, 2, 1, 2, 1, 2, "127.0.0.1", 1, "stale-read", 0, False)
+    rdzv._round_nodes = {other: 0, this: 1}
+    rdzv.handler._state_holder.sync()  # the read the freeze held up, judged after it
+    assert rdzv.handler._state_holder.state.round == 1 and not rdzv.handler._state_holder.state.last_heartbeats
+    store.set(key, base64.b64encode(_state(round=1, complete=True, participants={other: 0},
+                                           last_heartbeats={other: now})))  # where the job is
+    assert rdzv.every_node_dropped() is None
+    assert rdzv.left_behind().startswith("this node was dropped from round 0 of the c10d rendezvous 'stale-read'")
+    store.set(key, base64.b64encode(_state(round=1, participants={}, last_heartbeats={})))  # every node dropped
+    rdzv.handler._state_holder._last_sync_time = -1  # (its cache's second has passed)
+    assert rdzv.every_node_dropped().startswith("every node of round 0 was dropped meanwhile")
+
+
 @pytest.mark.parametrize("written, agreed", [
     (b"user_restart", "user_restart"),  # another node's word comes first
     (b"x", "failure"),
