@@ -150,6 +150,38 @@ def test_a_paste_is_shown_and_sent_without_its_escape_sequences():
     drive_fake(engine, body)
 
 
+def test_the_stdin_box_holds_at_most_the_line_a_rank_may_be_typed_and_says_so_of_a_paste():
+    """Found by fuzzing `i`: the box had no bound, and its keys slowed as a paste of 250,000
+    characters grew it, for a line the engine refuses once sent (cmd.MAX_INPUT, its line break
+    included). A paste past the bound is refused whole, in one line; a key, with the bell."""
+    from fake_engine import FakeEngine
+    from test_tui_app import notes
+    from test_tui_fake import drive as drive_fake
+    from textual import events
+
+    engine = FakeEngine(1)
+    longest = cmd.MAX_INPUT - 1
+
+    async def body(app, pilot):
+        await pilot.press("i")
+        box = app.main.query_one("#stdin")
+        app.post_message(events.Paste("x" * (longest - 5)))
+        await until(pilot, lambda: box.value, what="the paste in the box")
+        app.post_message(events.Paste("y" * 250_000))
+        await until(pilot, lambda: "nothing pasted" in notes(app), what="the paste refused")
+        assert notes(app) == (f"nothing pasted: the line would be {longest + 250_000 - 5:,} characters, and one "
+                              f"typed into a rank is at most {longest:,}")
+        app.post_message(events.Paste("y" * 5))  # what still fits goes in
+        await until(pilot, lambda: len(box.value) == longest, what="the line at its longest")
+        await pilot.press("z")  # a key past the bound: the bell
+        await pilot.press("enter")
+        await until(pilot, lambda: engine.commands, what="the line sent")
+        assert engine.commands == [cmd.SendInput(0, "x" * (longest - 5) + "yyyyy\n")]
+        assert cmd.problem(engine.commands[0], 1) is None  # the longest line the engine takes
+
+    drive_fake(engine, body)
+
+
 def test_input_to_a_rank_that_ended_or_a_bad_one_is_refused(tmp_path):
     app = RanktopApp(LocalEngine(make_agent(tmp_path, "print('done')", n=1)))
 

@@ -155,6 +155,33 @@ def _one_rank_tui(tmp_path: Path, code: str, *flags: str, env: str = "", size=(1
     return Terminal(command, *size), status
 
 
+def test_a_sigterm_while_the_pager_is_open_ends_it_and_stops_the_run(tmp_path):
+    """Found by fuzzing `o`: the TUI waits on its pager (a job of its own, in the terminal's
+    foreground), and a SIGTERM to ranktop meanwhile stopped the ranks but left the TUI, pager and
+    all, until the pager was quit. The pager is ended: the screen is the shell's again, and
+    ranktop exits as a stopped run does."""
+    started = tmp_path / "pager.pid"
+    pager = tmp_path / "pager.sh"  # a pager that waits, as less does
+    pager.write_text(f"#!/bin/sh\necho $$ > {started}.new && mv {started}.new {started}\nexec sleep 30\n")
+    pager.chmod(0o755)
+    term, status = _one_rank_tui(tmp_path, SCRIPT, "--shutdown-timeout 3", env=f"PAGER={pager} ")
+    try:
+        term.wait_screen("hello from 0", " 0/0 ")
+        (ranktop,) = _children(int(term.pane_pid()))  # the process the terminal's shell started
+        term.press("o")
+        wait_for(started.exists, what="the pager started")
+        pager_pid = int(started.read_text())
+        os.kill(ranktop, signal.SIGTERM)
+        wait_for(lambda: status.exists() and status.read_text().strip(), timeout=15, what="ranktop exited")
+        assert status.read_text().strip() == str(128 + signal.SIGTERM)
+        assert kernel_state(pager_pid) is None  # ended, and reaped by ranktop
+        events = read_events(next((tmp_path / "logs").iterdir()))
+        assert [e["signal"] for e in events if e["event"] == "signal_received"] == ["SIGTERM"], events
+        term.wait_screen("ranktop: stopped by SIGTERM; logs in")  # its last line, on the shell's screen again
+    finally:
+        term.close()
+
+
 @pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
 def test_the_stack_views_tree_scrolls_sideways_by_a_real_terminals_keys(tmp_path):
     """ctrl+PgDn and → as a terminal sends them scroll the call tree, where the view opens (the

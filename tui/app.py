@@ -27,6 +27,7 @@ from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import detach_terminal, terminal_alive, terminal_hung_up
 from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import MainScreen
+from ranktop.tui.pager import end_pager
 from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, LogView, alive_count, can_act, read_only
 from ranktop.tui.screens import SCREEN_KEYS, SIDEWAYS, ConfirmQuit, HelpScreen, Palette, RootCausePanel, SignalPicker
 from textual import events, on
@@ -193,7 +194,10 @@ class RanktopApp(App):
     def stop_on_signal(self, signum: int) -> None:
         """SIGTERM/SIGINT to ranktop: the engine's rule, as headless (forwarded with the grace,
         then SIGKILL; only a second SIGINT kills at once), and leave as soon as the ranks are gone.
-        SIGHUP (the terminal went away) detaches instead: the TUI leaves, the run goes on."""
+        SIGHUP (the terminal went away) detaches instead: the TUI leaves, the run goes on. A
+        pager `o` opened is ended first: the TUI waited for it, however long, to act on either."""
+        if signum not in NOTICE_SIGNALS:
+            end_pager()
         if signum == signal.SIGTERM and (self._hung_up or terminal_hung_up()):
             # The terminal has hung up: this SIGTERM is its shell's, which sends its stopped jobs
             # (a TUI suspended with Ctrl-Z) SIGHUP and SIGTERM as it goes. The SSH link dropped;

@@ -678,21 +678,26 @@ class LogView(ScrollView, can_focus=True):
 
     def get_selection(self, selection: Selection) -> tuple[str, str] | None:
         """The selected characters of each selected row, as the pane highlights them (get_span),
-        one row a line. Not Selection.extract: it splits its text with str.splitlines, which also
+        the rows of a wrapped line as one line: a break only where the rank's output had one (a
+        copy of a wrapped line had one at each row's end). Not Selection.extract: it splits its text with str.splitlines, which also
         breaks at U+2028, U+2029 (which a row may show), so the rows after one came out shifted and
         cut; and a drag let go below the last row cut that row at the column let go at, where it
         is highlighted whole."""
         start = selection.start or Offset(0, 0)
         last = self._row_count() - 1 if selection.end is None else min(selection.end.y, self._row_count() - 1)
-        rows = []
+        lines: list[str] = []
         for row in range(start.y, last + 1):
             span = selection.get_span(row)
             if span is None or self._is_own_row(row):  # ranktop's lines are not the rank's output: a copy,
                 continue  # like the log files, has none
             text = self.row_text(row)
             first, end = span
-            rows.append(text[first:] if end == -1 else text[first:end])
-        return "\n".join(rows), "\n"
+            piece = text[first:] if end == -1 else text[first:end]
+            if lines and self._locate(row)[1] > 0:  # a wrapped line's next row: the same line goes on
+                lines[-1] += piece
+            else:
+                lines.append(piece)
+        return "\n".join(lines), "\n"
 
     def _is_own_row(self, row: int) -> bool:
         return type(self._raw(self._locate(row)[0])) is RanktopLine

@@ -5,7 +5,8 @@ It used to run in ranktop's own group, so the terminal's Ctrl-C (the way out of 
 of a search) reached ranktop too, which took it for the user's stop and stopped the run; Ctrl-\\
 did the same, and Ctrl-Z stopped ranktop, engine and all, with no shell to resume it. Now those
 reach the pager alone. A pager that stops itself (less's Ctrl-Z) is given the terminal back and
-continued: there is no shell here to take it over.
+continued: there is no shell here to take it over. A stop of ranktop (SIGTERM to it) ends the pager
+(end_pager), so that the TUI comes back and leaves as the stop says.
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
+class _Pager:
+    """The pager run_in_front waits for, while it runs (one at a time: the TUI waits on it)."""
+
+    pid: int | None = None  # (and its group's id: posix_spawnp's setpgroup=0 gives it one of its own)
+    ended = False  # end_pager sent it SIGTERM already
+
+
 def pager_argv(paths: list[str]) -> list[str]:
     """$PAGER (`less` if unset or blank) split as a shell would, then `paths`; ValueError where it
     cannot be split (`PAGER='less "-R'`: No closing quotation)."""
@@ -26,7 +34,7 @@ def pager_argv(paths: list[str]) -> list[str]:
 def run_in_front(argv: list[str]) -> str | None:
     """Run `argv` on our terminal as a job of its own in the foreground, until it exits; None, or
     why it could not be run (`No such file or directory`). Where we do not hold the terminal's
-    foreground (no terminal), it runs in our group, and is waited for all the same."""
+    foreground (no terminal), it is waited for all the same. end_pager ends it."""
     fd = _our_terminal()
     try:
         # As subprocess starts a child: SIGPIPE and SIGXFSZ, which Python ignores, back to their
@@ -36,15 +44,42 @@ def run_in_front(argv: list[str]) -> str | None:
                               setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
     except OSError as exc:
         return exc.strerror or str(exc)
-    if fd is None:
-        os.waitpid(pid, 0)
+    _Pager.pid, _Pager.ended = pid, False
+    try:
+        if fd is None:
+            os.waitpid(pid, 0)
+            return None
+        _wait_in_front(fd, pid)
         return None
+    finally:
+        _Pager.pid = None
+
+
+def end_pager() -> None:
+    """Ranktop is asked to stop (or leave) while the TUI waits on a pager: SIGTERM to the pager,
+    and SIGCONT for one stopped; a second ask, SIGKILL, for a pager that does not end on SIGTERM.
+    The TUI waited for the pager's exit, however long, the run stopped behind it. Safe from a
+    signal handler (it only sends signals)."""
+    pid = _Pager.pid
+    if pid is None:
+        return
+    sigs = (signal.SIGKILL,) if _Pager.ended else (signal.SIGTERM, signal.SIGCONT)
+    _Pager.ended = True
+    for sig in sigs:
+        try:
+            os.killpg(pid, sig)  # what it started too (a $PAGER script's less)
+        except OSError:  # (it is gone: it exited already)
+            return
+
+
+def _wait_in_front(fd: int, pid: int) -> None:
+    """Wait for `pid`, its group in the terminal's foreground meanwhile, then ours again."""
     try:
         _give_terminal(fd, pid)
         while True:
             _, status = os.waitpid(pid, os.WUNTRACED)
             if not os.WIFSTOPPED(status):
-                return None
+                return
             _give_terminal(fd, pid)  # it stopped itself (Ctrl-Z): on again, in front
     finally:
         with _quiet_from_the_background():  # the pager's group held the terminal: ours is in the background
