@@ -679,10 +679,10 @@ class LogView(ScrollView, can_focus=True):
     def get_selection(self, selection: Selection) -> tuple[str, str] | None:
         """The selected characters of each selected row, as the pane highlights them (get_span),
         the rows of a wrapped line as one line: a break only where the rank's output had one (a
-        copy of a wrapped line had one at each row's end). Not Selection.extract: it splits its text with str.splitlines, which also
-        breaks at U+2028, U+2029 (which a row may show), so the rows after one came out shifted and
-        cut; and a drag let go below the last row cut that row at the column let go at, where it
-        is highlighted whole."""
+        copy of a wrapped line had one at each row's end). Not Selection.extract: it splits its
+        text with str.splitlines, which also breaks at U+2028, U+2029 (which a row may show), so
+        the rows after one came out shifted and cut; and a drag let go below the last row cut that
+        row at the column let go at, where it is highlighted whole."""
         start = selection.start or Offset(0, 0)
         last = self._row_count() - 1 if selection.end is None else min(selection.end.y, self._row_count() - 1)
         lines: list[str] = []
