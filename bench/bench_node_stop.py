@@ -7,7 +7,10 @@ Three nodes on loopback (127.0.0.1-3, one rank each, all-reducing over gloo unti
 c10d round (`--nnodes 2:3 --max-restarts 3`; node 0 serves the store). Once every rank has
 all-reduced in the world of three, node 2 is stopped: SIGTERM to its launcher, `ranktop stop` of
 its run, or SIGKILL. Printed: the seconds from the stop to each other node's next round (ranktop:
-its `rendezvous_joined` event; torchrun: its agent's second `Rendezvous complete` log line). With
+its `rendezvous_joined` event; torchrun: its agent's second `Rendezvous complete` log line), and, for a
+ranktop node 2 stopped by SIGTERM or `ranktop stop`, the seconds from its taking the stop
+(`signal_received`, `user_stop`) to its rank's end (`exited`): what it does before its ranks get
+the signal (its word to the round) counts there. With
 torch's default keep-alive (5 s x 3), a node that stays a member of its round until its heartbeats
 lapse is dropped 10-15 s after its last one. `--launchers` picks each node's launcher (ranktop or
 torchrun; node 2 must be ranktop's for `--how stop`).
@@ -68,6 +71,19 @@ def new_round_at(i: int, launcher: str, work: Path, after: float) -> float | Non
     return None
 
 
+def own_rank_end(work: Path) -> float | None:
+    """Seconds from node 2's taking the stop to its rank's end, from its events; None where it has none."""
+    taken = ended = None
+    for events in (work / "node2").glob("*/events.jsonl"):
+        for line in events.read_text().splitlines():
+            event = json.loads(line)
+            if event["event"] in ("signal_received", "user_stop") and taken is None:
+                taken = event["ts"]
+            elif event["event"] == "exited" and taken is not None and ended is None:
+                ended = event["ts"]
+    return None if taken is None or ended is None else ended - taken
+
+
 def stop_node(node: subprocess.Popen, how: str, work: Path) -> None:
     if how == "stop":
         (run_dir,) = (work / "node2").glob("*/")
@@ -85,7 +101,7 @@ def wait_until(what: str, done) -> None:
         time.sleep(0.05)
 
 
-def one_round(args: argparse.Namespace, launchers: list[str], work: Path) -> list[float | None]:
+def one_round(args: argparse.Namespace, launchers: list[str], work: Path) -> tuple[list[float | None], float | None]:
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = []
     try:
@@ -104,7 +120,8 @@ def one_round(args: argparse.Namespace, launchers: list[str], work: Path) -> lis
                 if i not in seen and (at := new_round_at(i, launchers[i], work, stopped_at)) is not None:
                     seen[i] = at
             time.sleep(0.05)
-        return [seen[i] - stopped_at if i in seen else None for i in (0, 1)]
+        nodes[2].wait(WAIT)
+        return [seen[i] - stopped_at if i in seen else None for i in (0, 1)], own_rank_end(work)
     finally:
         for node in nodes:
             if node.poll() is None:
@@ -132,9 +149,10 @@ def main() -> None:
     compile_ranktop()
     for _ in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="ranktop-bench-stop-") as tmp:
-            times = one_round(args, launchers, Path(tmp))
+            times, own = one_round(args, launchers, Path(tmp))
         shown = ", ".join(f"node {i} {t:.1f} s" if t is not None else f"node {i} none" for i, t in enumerate(times))
-        print(f"{args.how} of node 2 ({launchers[2]}) -> next round: {shown}")
+        ranks = f"; node 2's rank ended {own:.2f} s after it took the stop" if own is not None else ""
+        print(f"{args.how} of node 2 ({launchers[2]}) -> next round: {shown}{ranks}")
         sys.stdout.flush()
 
 

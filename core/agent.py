@@ -594,6 +594,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             pc.wait_activity(min(idle, LOOK_SECONDS) if adopting() else idle)  # orphans come without a word
 
     def _finish(self, result: RunProcsResult) -> RunResult:
+        self._step_out_ended()  # (still stopping, before the end is final: the others' round forms without this node)
         failed = self._group_failed(result)
         self._user_ended = tuple(sorted(self.spec.global_rank(r) for r in self._user_ended_ranks(result)))
         self.state = self._end_state(failed)

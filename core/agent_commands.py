@@ -68,6 +68,7 @@ class AgentCommands:
         # (signal, monotonic arrival time), appended by signal handlers, drained by the loop.
         self._pending_signals: collections.deque[tuple[int, float]] = collections.deque()
         self._stop_rule = StopRule(hangup_stops=hangup_stops, passed_on=NOTICE_SIGNALS & frozenset(signals_to_handle))
+        self._killed_now = False  # a kill now was applied: a second Ctrl-C, or a KillGroup after a stop
         # Commands waiting for the monitor loop, each with the slot its Ack goes into.
         self._commands: collections.deque[tuple[cmd.Command, _Reply | None]] = collections.deque()
         self._accepting = True  # False once the run is over: a late command is answered at once
@@ -126,15 +127,20 @@ class AgentCommands:
                 continue
             self._tell_the_round_of_the_stop(signum)  # before our ranks stop: the others' break once they do
             if action == StopAction.KILL_NOW:  # the user wants out now: do not wait long on the kernel
+                self._killed_now = True
                 pc.stop(signal.SIGKILL, 0, reap_timeout=KILL_NOW_REAP_TIMEOUT)
             else:
                 pc.stop(signum, self.shutdown_timeout)
 
     def _kill_now_pending(self) -> bool:
-        """Whether a signal waiting for the monitor loop kills every rank at once (a second
-        Ctrl-C): the monitor loop, held by a stop's word to the other nodes, stops waiting for it.
-        (list(): a signal handler may append meanwhile.)"""
-        return any(self._stop_rule.kills_now(signum) for signum, _ in list(self._pending_signals))
+        """Whether a signal or command waiting for the monitor loop kills every rank at once (a
+        second Ctrl-C; the TUI's second q or Ctrl-C, a KillGroup): the monitor loop, held by a
+        stop's word to the other nodes, stops waiting for it. (list(): a signal handler may
+        append meanwhile.)"""
+        if any(self._stop_rule.kills_now(signum) for signum, _ in list(self._pending_signals)):
+            return True
+        with self._queue_lock:
+            return any(isinstance(command, cmd.KillGroup) for command, _ in self._commands)
 
     def submit(self, command: cmd.Command, timeout: float = ACK_TIMEOUT) -> cmd.Ack:
         """Queue `command` for the monitor loop and wait (at most `timeout`) for its answer. A bad
@@ -235,6 +241,7 @@ class AgentCommands:
 
     def _on_stop(self, pc: PContext | None, command: cmd.Stop | cmd.KillGroup) -> cmd.Ack:
         sig, grace = (signal.SIGKILL, 0.0) if isinstance(command, cmd.KillGroup) else (command.signal, command.grace)
+        self._killed_now = self._killed_now or (sig == signal.SIGKILL and self._stop_requested)  # (after a stop)
         self._user_stop = True
         self._restart_requested = False
         self.state = GroupState.STOPPING

@@ -32,6 +32,7 @@ _STORE_CALL_THREAD = "ranktop-rdzv-join"
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
 _CUT_SHORT_LOOK = 0.05  # seconds between looks at whether a wait for a store call is to end early
 WORD_WAIT = 2.0  # for a store call the monitor loop makes itself: the word of a user's R, a look (a store answers in milliseconds)
+STOP_WORD_WAIT = 0.5  # for a stopped node's word to its round, which its ranks' signal waits for: a few uncontended store calls
 
 
 class AgentRendezvous:
@@ -47,6 +48,7 @@ class AgentRendezvous:
         self._joining = False  # a round forms, and this node waits for it: the snapshot reads it live
         self._not_formed: RoundForming | None = None  # the round the run ended waiting for, if it did
         self._stop_told = False  # this node's stop was told to its round (it stepped out of it)
+        self._step_out: _StepOut | None = None  # that word and step out, until the run's end waited for it
 
     def _join_round(self) -> bool:
         """Before each start of the group: the next round decides this node's ranks and master."""
@@ -238,10 +240,14 @@ class AgentRendezvous:
 
     def _tell_the_round_of_the_stop(self, signum: int | None) -> None:
         """This node's user stopped it (a stop signal `signum`, or a stop command: None) while its
-        ranks run: before they stop, the round's other nodes are told, and it steps out of the
-        round. They saw it only as a lost node once its keep-alive heartbeats lapsed (10-15 s with
-        torch's defaults), and an elastic job's next round waited as long. Once a run, bounded by
-        WORD_WAIT (a store that does not answer must not hold the stop), and by a second Ctrl-C."""
+        ranks run: before they stop, the round's other nodes are told (they saw it only as a lost
+        node once its keep-alive heartbeats lapsed, 10-15 s with torch's defaults, and an elastic
+        job's next round waited as long), and it steps out of the round. Only the word holds the
+        ranks' signal, and for STOP_WORD_WAIT at most (a store that does not answer must not hold
+        the stop), or until a kill now (a second Ctrl-C): their peers' collectives break once they
+        stop, and those nodes must find the word then. The step out, which contends with every
+        other node stepping out at once (a whole job stopped), goes on in the background, and the
+        run's end waits for it (_step_out_ended). Once a run."""
         placed = self.spec.placement
         if self.rendezvous is None or self._watch is None or self._stop_told or placed is None:
             return
@@ -249,10 +255,20 @@ class AgentRendezvous:
         if placed.group_world_size < 2:  # nobody to tell
             return
         how = STOP_COMMAND if signum is None else signal.Signals(signum).name
-        # (a second Ctrl-C meanwhile kills at once: it does not wait for a store that does not answer)
-        stepped_out = self._store_call_within(lambda: self.rendezvous.step_out_stopped(how), WORD_WAIT,
-                                              cut_short=self._kill_now_pending)
-        self.events.write("rendezvous_stepped_out", how=how, stepped_out=stepped_out is True)
+        step_out = self._step_out = _StepOut(self.rendezvous, how)
+        step_out.said_first = step_out.said.wait_within(STOP_WORD_WAIT, cut_short=self._kill_now_pending)
+
+    def _step_out_ended(self) -> None:
+        """The ranks are gone: wait for the stopped node's step out, until WORD_WAIT after the stop
+        began (as long as the word and the step out were given before the ranks got their signal),
+        and not at all once a kill now came (a second Ctrl-C: the user wants out now). Its event."""
+        step_out, self._step_out = self._step_out, None
+        if step_out is None:
+            return
+        step_out.done.wait_within(WORD_WAIT - step_out.waited(),
+                                  cut_short=lambda: self._kill_now_pending() or self._killed_now)
+        self.events.write("rendezvous_stepped_out", how=step_out.how, said_first=step_out.said_first,
+                          stepped_out=step_out.stepped_out, seconds=round(step_out.waited(), 3))
 
     def _peer_was_stopped(self) -> None:
         """The group ended with another node's word that its user stopped it (USER_STOP): this
@@ -289,13 +305,16 @@ class AgentRendezvous:
         answer (its host hung) would hold the monitor loop for the store's time-out. The thread is
         left blocked, if it is, as a stop leaves a round's call (store_call_left_blocked)."""
         box: list[Any] = []
-        thread = threading.Thread(target=lambda: box.append(call()), name=_STORE_CALL_THREAD, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + seconds
-        while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
-            if cut_short is not None and cut_short():
-                break
-            thread.join(left if cut_short is None else min(left, _CUT_SHORT_LOOK))
+        done = _Done()
+
+        def run() -> None:
+            try:
+                box.append(call())
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=_STORE_CALL_THREAD, daemon=True).start()
+        done.wait_within(seconds, cut_short)
         return box[0] if box else None
 
     def _leave_rendezvous(self, state: GroupState) -> None:
@@ -448,6 +467,48 @@ class AgentRendezvous:
         else:
             self._notice(f"{self.rendezvous.store_lost_words()}: this node's ranks run on, but no new "
                          "round can form, so a failure of theirs ends the run")
+
+
+class _Done(threading.Event):
+    """An event waited for by the monitor loop, for a while at most."""
+
+    def wait_within(self, seconds: float, cut_short: Callable[[], bool] | None = None) -> bool:
+        """Whether it is set within `seconds`, and before `cut_short()` says to stop waiting
+        (looked at every _CUT_SHORT_LOOK seconds)."""
+        deadline = time.monotonic() + seconds
+        while not self.is_set() and (left := deadline - time.monotonic()) > 0:
+            if cut_short is not None and cut_short():
+                break
+            self.wait(left if cut_short is None else min(left, _CUT_SHORT_LOOK))
+        return self.is_set()
+
+
+class _StepOut:
+    """A stopped node's word to its round, then its step out of it, in a thread of their own
+    (named as every store call the monitor loop leaves blocked: store_call_left_blocked): the
+    monitor loop waits for `said` before the ranks get their signal, for `done` once they are gone."""
+
+    def __init__(self, rdzv: Any, how: str) -> None:
+        self.how = how
+        self.said, self.done = _Done(), _Done()
+        self.said_it = self.stepped_out = False
+        self.said_first = False  # said before the ranks got their signal (the monitor loop's wait for it)
+        self._began = time.monotonic()
+        threading.Thread(target=self._run, args=(rdzv,), name=_STORE_CALL_THREAD, daemon=True).start()
+
+    def _run(self, rdzv: Any) -> None:
+        try:
+            self.said_it = rdzv.say_stopped(self.how)
+        finally:
+            self.said.set()
+        try:  # (a word that did not reach the store: neither will the step out)
+            self.stepped_out = self.said_it and rdzv.leave_round()
+        finally:
+            self.done.set()
+
+    def waited(self) -> float:
+        """Seconds since the stop began."""
+        return time.monotonic() - self._began
 
 
 def _failed_for_the_others(cause: Any) -> str:

@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -20,7 +21,7 @@ from ranktop.tui.app import DIALOG_EXTRAS, RanktopApp
 from ranktop.tui.commands import described
 from ranktop.tui.details import RankDetails
 from ranktop.tui.main_screen import MainScreen
-from ranktop.tui.panes import RankPane, header_text
+from ranktop.tui.panes import GroupHeader, RankPane, header_text
 from ranktop.tui.screens import ConfirmQuit, HelpScreen, RootCausePanel, SignalPicker, root_cause_body
 from ranktop.tui.stacks_view import StacksScreen
 from test_tui_app import notes, palette_top
@@ -76,6 +77,55 @@ def test_keys_submit_one_command_each_and_show_the_answer():
     assert engine.commands == [cmd.KillRank(2), cmd.SignalRank(2, signal.SIGSTOP), cmd.SignalGroup(signal.SIGCONT),
                                cmd.RestartRank(0), cmd.RestartGroup(), cmd.Stop(signal.SIGTERM)]
     assert engine.closed  # the app let go of its engine on the way out
+
+
+class HeldStop(FakeEngine):
+    """A multi-node run whose store hangs (its node SIGSTOPped): the engine's monitor loop answers a
+    stop or a group restart only once it has told the other nodes, waiting on the store; here, once
+    the test lets it (or after 5 s)."""
+
+    def __init__(self) -> None:
+        super().__init__(3)
+        self.answer = threading.Event()
+        self.held: list[cmd.Command] = []  # the commands whose answer is held now
+
+    def submit(self, command: cmd.Command) -> cmd.Ack:
+        if not isinstance(command, (cmd.Stop, cmd.KillGroup, cmd.RestartGroup)):
+            return super().submit(command)
+        self.held.append(command)
+        self.answer.wait(5)
+        self.held.remove(command)
+        return super().submit(command)
+
+
+@pytest.mark.parametrize("keys", [("K", "K"), ("q", "y"), ("ctrl+c", "ctrl+c"), ("R", "R")],
+                         ids=["K", "q-then-stop", "ctrl-c-twice", "R"])
+def test_keys_go_on_while_a_stop_waits_on_a_store_that_does_not_answer(keys):
+    """q, K and Ctrl-C sent the stop from the UI's thread and waited for the engine's answer, as R
+    did its group restart: with the rendezvous's store not answering, the engine's monitor loop
+    answered only once its word to the other nodes gave up, and the TUI took no key and drew no
+    frame meanwhile (up to 2 s). The UI now only sends them: it shows the stop at once, goes on
+    taking keys, and shows the answer when it comes; a second Ctrl-C's kill follows the stop."""
+    engine = HeldStop()
+    restart = keys[0] == "R"
+    sent = {"R": [cmd.RestartGroup()], "ctrl+c": [cmd.Stop(signal.SIGTERM), cmd.KillGroup()]}.get(
+        keys[0], [cmd.Stop(signal.SIGTERM)])
+
+    async def body(app, pilot):
+        header = app.main.query_one(GroupHeader)
+        await pilot.press(*keys)
+        await until(pilot, lambda: engine.held, what="the command sent, its answer held")
+        assert restart or "stopping…" in header.render().plain  # at once, before any answer
+        await pilot.press("2")  # a key while the answer is held: taken
+        await until(pilot, lambda: app.main.current == 2, what="rank 2 focused")
+        assert engine.held == [cmd.RestartGroup() if restart else cmd.Stop(signal.SIGTERM)], engine.held
+        engine.answer.set()
+        await until(pilot, lambda: engine.commands == sent, what="every command applied, in order")
+        if keys[0] in ("K", "R"):  # (q and Ctrl-C leave once the run has ended: no answer to show)
+            words = "fake: RestartGroup" if restart else "fake: Stop"
+            await until(pilot, lambda: words in notes(app), what="the answer shown")
+
+    drive(engine, body)
 
 
 def test_a_digit_that_names_no_rank_says_so(monkeypatch):

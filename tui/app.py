@@ -30,6 +30,7 @@ from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.pager import end_pager
 from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, LogView, alive_count, can_act, read_only
 from ranktop.tui.screens import SCREEN_KEYS, SIDEWAYS, ConfirmQuit, HelpScreen, Palette, RootCausePanel, SignalPicker
+from ranktop.tui.sender import Answered, CommandSender
 from textual import events, on
 from textual.actions import ActionParseResult, parse
 from textual.app import App, SystemCommand
@@ -98,6 +99,20 @@ class RanktopApp(App):
         self._frame_shown = False  # the first frame is up (Ready)
         self._leave_when_ready: Callable[[], object] | None = None  # a hang-up came before it was
         self._hung_up = False  # the terminal hung up (its stderr now /dev/null)
+        self._sender = CommandSender(engine.submit, self._deliver)
+
+    def send(self, command: cmd.Command, answered: Answered | None = None) -> None:
+        """Hand `command` to the engine without waiting here for its answer (a stop or a group
+        restart waits on the rendezvous's store: tui/sender.py); `answered(ack)` runs in this
+        thread once it comes."""
+        self._sender.send(command, answered)
+
+    def _deliver(self, answered: Answered, ack: cmd.Ack) -> None:
+        """From the sender's thread: `answered(ack)` in the app's."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the app has left
+                loop.call_soon_threadsafe(answered, ack)
 
     @property
     def offers_detach(self) -> bool:
@@ -244,7 +259,7 @@ class RanktopApp(App):
             self.exit(0)
             return
         if self.user_quit:  # a second q while stopping: do not wait for the grace
-            self.engine.submit(cmd.KillGroup())
+            self.send(cmd.KillGroup())
             return
         alive = alive_count(snap)
         if not alive and not self.attached:
@@ -265,9 +280,9 @@ class RanktopApp(App):
             return
         self.user_quit = True
         self._exit_when_ended = True
-        self.engine.submit(cmd.Stop(signal.SIGTERM))
         if self.main is not None:
             self.main.note = "stopping… (q again: kill now)"
+        self.send(cmd.Stop(signal.SIGTERM))
 
     def action_help_quit(self) -> None:
         """Ctrl-C (Textual's key for it; with text selected it copies instead): what torchrun
@@ -275,7 +290,7 @@ class RanktopApp(App):
         if isinstance(self.screen, ConfirmQuit):  # Ctrl-C twice: stop, and do not wait for the grace
             self.pop_screen()
             self._stop_and_exit()
-            self.engine.submit(cmd.KillGroup())
+            self.send(cmd.KillGroup())  # (after the stop: the sender keeps their order)
             return
         self.action_quit()
 
@@ -290,6 +305,7 @@ class RanktopApp(App):
     def on_unmount(self) -> None:
         # Whatever ended the app (an exception, a test leaving its context), no rank outlives it;
         # only a lost terminal leaves the run going (run_tui serves and waits for it).
+        self._sender.close()
         if not self.detached:
             self.engine.close()
 

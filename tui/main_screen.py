@@ -4,7 +4,9 @@ search bar, the root-cause panel, and every key that acts on a rank or the group
 The screen knows only the Engine interface (core/engine.py): a timer reads `engine.snapshot()` a
 few times a second and repaints what is visible, output comes through `engine.output_since()`,
 and every key is one `engine.submit(command)`, answered by the engine's monitor loop within
-milliseconds (it never waits on a rank), so no key ever blocks the UI. When the group has ended
+milliseconds (it never waits on a rank), so no key ever blocks the UI; a stop or a group restart,
+which the loop answers in a multi-node run only once the rendezvous's store has, is sent without
+waiting for the answer (RanktopApp.send), which shows when it comes. When the group has ended
 the screen posts `GroupEnded`; it never calls into the app.
 """
 
@@ -756,10 +758,20 @@ class MainScreen(Screen):
     def _submit(self, command: cmd.Command) -> cmd.Ack:
         """Hand one command to the engine and show its answer."""
         ack = self.engine.submit(command)
+        self._show_answer(ack)
+        return ack
+
+    def _send(self, command: cmd.Command) -> None:
+        """As _submit, for a command the monitor loop may answer only once the rendezvous's store
+        has (a stop, a group restart): the keys and frames go on meanwhile (RanktopApp.send)."""
+        self.app.send(command, self._show_answer)
+
+    def _show_answer(self, ack: cmd.Ack) -> None:
+        if not self.is_mounted:  # (a sent command's answer, come as the app left)
+            return
         # An attached engine's words: plain, safe text, never markup.
         self.notify(clean(ack.message), severity="information" if ack.ok else "warning", timeout=3, markup=False)
         self.tick()
-        return ack
 
     def send_signal(self, sig: int, whole_group: bool) -> None:
         if not self._cannot_act("signal"):
@@ -794,7 +806,8 @@ class MainScreen(Screen):
         grace = self.last.shutdown_timeout
         if not self._cannot_act("kill_group") and self._confirmed(
                 "kill_group", "K", f"Stop every rank (SIGTERM, SIGKILL after {grace:g} s)?"):
-            self._submit(cmd.Stop(signal.SIGTERM))
+            self.note = "stopping…"  # at once: the engine's answer may wait on the rendezvous's store
+            self._send(cmd.Stop(signal.SIGTERM))
 
     def action_restart_rank(self) -> None:
         if self._cannot_act("restart_rank"):
@@ -807,12 +820,12 @@ class MainScreen(Screen):
             question += (" Its peers share MASTER_ADDR with it: in a collective job (gloo/NCCL) they fail"
                          " when it restarts alone (R restarts the whole group).")
         if self._confirmed("restart_rank", "r", question):
-            self._submit(cmd.RestartRank(self.current))
+            self._send(cmd.RestartRank(self.current))  # (a group restart, in a multi-node run)
 
     def action_restart_group(self) -> None:
         if not self._cannot_act("restart_group") and self._confirmed(
                 "restart_group", "R", f"Restart every rank as attempt_{self.last.attempt + 1}?"):
-            self._submit(cmd.RestartGroup())
+            self._send(cmd.RestartGroup())
 
     def action_stacks(self, all_ranks: bool) -> None:
         from ranktop.tui.stacks_view import StacksScreen

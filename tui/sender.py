@@ -1,0 +1,48 @@
+"""The commands the UI thread must not wait for: a stop (q, K, Ctrl-C) or a group restart (R) in a
+multi-node run has the engine's monitor loop tell the other nodes through the rendezvous's store
+before it answers, and a store that does not answer (the node serving it hung) held the answer, and
+with it every key and every frame of the TUI, for as long as the loop waited for the store.
+`CommandSender` hands them to the engine from a thread of its own, one at a time in the order they
+were sent (a second Ctrl-C's KillGroup after the first's Stop), and gives each answer back to the
+UI's thread."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+from ranktop.core import commands as cmd
+
+Answered = Callable[[cmd.Ack], object]
+
+
+class CommandSender:
+    """`send(command, answered)`: `submit(command)` in the sender's thread; `answered(ack)`, if
+    given, through `deliver` (which runs it in the UI's thread). The thread starts with the first
+    command and ends at `close()`, once what was sent before has been submitted."""
+
+    def __init__(self, submit: Callable[[cmd.Command], cmd.Ack], deliver: Callable[[Answered, cmd.Ack], None]) -> None:
+        self._submit, self._deliver = submit, deliver
+        self._queue: queue.SimpleQueue[tuple[cmd.Command, Answered | None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def send(self, command: cmd.Command, answered: Answered | None = None) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ranktop-tui-commands", daemon=True)
+            self._thread.start()
+        self._queue.put((command, answered))
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            command, answered = item
+            try:
+                ack = self._submit(command)
+            except Exception as exc:  # noqa: BLE001 - the next command must still be sent
+                ack = cmd.Ack(False, f"{type(command).__name__} failed: {exc}")
+            if answered is not None:
+                self._deliver(answered, ack)
