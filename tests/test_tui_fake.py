@@ -81,49 +81,94 @@ def test_keys_submit_one_command_each_and_show_the_answer():
 
 class HeldStop(FakeEngine):
     """A multi-node run whose store hangs (its node SIGSTOPped): the engine's monitor loop answers a
-    stop or a group restart only once it has told the other nodes, waiting on the store; here, once
-    the test lets it (or after 5 s)."""
+    stop or a group restart only once it has told the other nodes, waiting on the store, and
+    answers in order, so a command that comes meanwhile waits too; here, until the test lets them
+    (or for 30 s)."""
 
     def __init__(self) -> None:
         super().__init__(3)
         self.answer = threading.Event()
-        self.held: list[cmd.Command] = []  # the commands whose answer is held now
+        self.held: list[cmd.Command] = []  # the commands whose answer is held now, in the order they came
+        self._turn = threading.Condition()
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
-        if not isinstance(command, (cmd.Stop, cmd.KillGroup, cmd.RestartGroup)):
-            return super().submit(command)
-        self.held.append(command)
-        self.answer.wait(5)
-        self.held.remove(command)
-        return super().submit(command)
+        with self._turn:
+            if not self.held and not isinstance(command, (cmd.Stop, cmd.KillGroup, cmd.RestartGroup)):
+                return super().submit(command)
+            self.held.append(command)
+        self.answer.wait(30)
+        with self._turn:  # answered in the order they came
+            self._turn.wait_for(lambda: self.held[0] is command, timeout=30)
+            ack = super().submit(command)
+            self.held.remove(command)
+            self._turn.notify_all()
+        return ack
 
 
-@pytest.mark.parametrize("keys", [("K", "K"), ("q", "y"), ("ctrl+c", "ctrl+c"), ("R", "R")],
-                         ids=["K", "q-then-stop", "ctrl-c-twice", "R"])
-def test_keys_go_on_while_a_stop_waits_on_a_store_that_does_not_answer(keys):
+@pytest.mark.parametrize("keys, held, sent", [
+    (("K", "K"), [cmd.Stop(signal.SIGTERM)], [cmd.Stop(signal.SIGTERM)]),
+    (("q", "y"), [cmd.Stop(signal.SIGTERM)], [cmd.Stop(signal.SIGTERM)]),
+    # the kill reaches the engine while the stop waits, which cuts its wait for the store short
+    (("ctrl+c", "ctrl+c"), [cmd.Stop(signal.SIGTERM), cmd.KillGroup()], [cmd.Stop(signal.SIGTERM), cmd.KillGroup()]),
+    (("R", "R"), [cmd.RestartGroup()], [cmd.RestartGroup()]),
+    # keys that act after it wait their turn, but not on the UI's thread: k, x, i's line did
+    (("R", "R", "0", "k", "k", "i", "l", "enter", "escape"), [cmd.RestartGroup()],
+     [cmd.RestartGroup(), cmd.KillRank(0), cmd.SendInput(0, "l\n")]),
+], ids=["K", "q-then-stop", "ctrl-c-twice", "R", "R-then-k-and-i"])
+def test_keys_go_on_while_a_stop_waits_on_a_store_that_does_not_answer(keys, held, sent):
     """q, K and Ctrl-C sent the stop from the UI's thread and waited for the engine's answer, as R
     did its group restart: with the rendezvous's store not answering, the engine's monitor loop
     answered only once its word to the other nodes gave up, and the TUI took no key and drew no
-    frame meanwhile (up to 2 s). The UI now only sends them: it shows the stop at once, goes on
-    taking keys, and shows the answer when it comes; a second Ctrl-C's kill follows the stop."""
+    frame meanwhile (up to 2 s); so did any key that acts, pressed after one. The UI now only
+    sends them: it shows the stop at once, goes on taking keys, and shows the answer when it comes."""
     engine = HeldStop()
     restart = keys[0] == "R"
-    sent = {"R": [cmd.RestartGroup()], "ctrl+c": [cmd.Stop(signal.SIGTERM), cmd.KillGroup()]}.get(
-        keys[0], [cmd.Stop(signal.SIGTERM)])
+    # (a kill sent at once may reach the engine before the stop sent a moment earlier: either order)
+    seen = (lambda commands: commands) if keys[0] != "ctrl+c" else (lambda commands: sorted(commands, key=repr))
 
     async def body(app, pilot):
         header = app.main.query_one(GroupHeader)
         await pilot.press(*keys)
-        await until(pilot, lambda: engine.held, what="the command sent, its answer held")
+        await until(pilot, lambda: seen(engine.held) == seen(held), what="the commands sent, their answers held")
         assert restart or "stopping…" in header.render().plain  # at once, before any answer
-        await pilot.press("2")  # a key while the answer is held: taken
+        await pilot.press("2")  # a key while the answers are held: taken
         await until(pilot, lambda: app.main.current == 2, what="rank 2 focused")
-        assert engine.held == [cmd.RestartGroup() if restart else cmd.Stop(signal.SIGTERM)], engine.held
+        assert seen(engine.held) == seen(held) and not engine.commands, engine.held  # (a UI that waited saw them answered)
         engine.answer.set()
-        await until(pilot, lambda: engine.commands == sent, what="every command applied, in order")
+        await until(pilot, lambda: seen(engine.commands) == seen(sent), what="every command applied, in order")
         if keys[0] in ("K", "R"):  # (q and Ctrl-C leave once the run has ended: no answer to show)
             words = "fake: RestartGroup" if restart else "fake: Stop"
             await until(pilot, lambda: words in notes(app), what="the answer shown")
+
+    drive(engine, body)
+
+
+class SilentEngine(FakeEngine):
+    """An attached view's engine that did not answer of late: the client refuses a stop without
+    sending it (RemoteEngine.submit's EngineSilent)."""
+
+    def submit(self, command: cmd.Command) -> cmd.Ack:
+        if isinstance(command, (cmd.Stop, cmd.KillGroup)):
+            return cmd.Ack(False, "the run's engine does not answer")
+        return super().submit(command)
+
+
+@pytest.mark.parametrize("keys", [("q", "y"), ("K", "K")], ids=["q", "K"])
+def test_a_stop_refused_says_so_and_takes_its_stopping_back(keys):
+    """A stop refused was said nowhere after q (its answer was not read), and K's answer left the
+    header's `stopping…`: the ranks ran on under it. The refusal is said, the header takes it back,
+    and q asks again."""
+    engine = SilentEngine(2)
+
+    async def body(app, pilot):
+        header = app.main.query_one(GroupHeader)
+        await pilot.press(*keys)
+        await until(pilot, lambda: "the run's engine does not answer" in notes(app), what="the refusal said")
+        await until(pilot, lambda: "stopping" not in header.render().plain, what="stopping… taken back")
+        assert app.is_running and not app.user_quit and not engine.commands
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="q asking again")
+        await pilot.press("d")
 
     drive(engine, body)
 

@@ -101,11 +101,12 @@ class RanktopApp(App):
         self._hung_up = False  # the terminal hung up (its stderr now /dev/null)
         self._sender = CommandSender(engine.submit, self._deliver)
 
-    def send(self, command: cmd.Command, answered: Answered | None = None) -> None:
+    def send(self, command: cmd.Command, answered: Answered | None = None, at_once: bool = False) -> None:
         """Hand `command` to the engine without waiting here for its answer (a stop or a group
-        restart waits on the rendezvous's store: tui/sender.py); `answered(ack)` runs in this
-        thread once it comes."""
-        self._sender.send(command, answered)
+        restart waits on the rendezvous's store, and what comes after it waits for it:
+        tui/sender.py); `answered(ack)` runs in this thread once it comes. `at_once`: a kill now,
+        past what waits to be sent."""
+        self._sender.send(command, answered, at_once)
 
     def _deliver(self, answered: Answered, ack: cmd.Ack) -> None:
         """From the sender's thread: `answered(ack)` in the app's."""
@@ -259,7 +260,7 @@ class RanktopApp(App):
             self.exit(0)
             return
         if self.user_quit:  # a second q while stopping: do not wait for the grace
-            self.send(cmd.KillGroup())
+            self.send(cmd.KillGroup(), at_once=True)
             return
         alive = alive_count(snap)
         if not alive and not self.attached:
@@ -282,7 +283,14 @@ class RanktopApp(App):
         self._exit_when_ended = True
         if self.main is not None:
             self.main.note = "stopping… (q again: kill now)"
-        self.send(cmd.Stop(signal.SIGTERM))
+        self.send(cmd.Stop(signal.SIGTERM), self._stop_answered)
+
+    def _stop_answered(self, ack: cmd.Ack) -> None:
+        """q's stop refused (an attached view whose engine did not answer of late refuses it
+        without sending it) said so nowhere: the header said `stopping…` while the ranks ran on.
+        It says why (MainScreen.stop_answered), and q asks again."""
+        if self.main is not None and self.main.stop_answered(ack):
+            self.user_quit = self._exit_when_ended = False
 
     def action_help_quit(self) -> None:
         """Ctrl-C (Textual's key for it; with text selected it copies instead): what torchrun
@@ -290,7 +298,7 @@ class RanktopApp(App):
         if isinstance(self.screen, ConfirmQuit):  # Ctrl-C twice: stop, and do not wait for the grace
             self.pop_screen()
             self._stop_and_exit()
-            self.send(cmd.KillGroup())  # (after the stop: the sender keeps their order)
+            self.send(cmd.KillGroup(), at_once=True)
             return
         self.action_quit()
 

@@ -3,11 +3,12 @@ search bar, the root-cause panel, and every key that acts on a rank or the group
 
 The screen knows only the Engine interface (core/engine.py): a timer reads `engine.snapshot()` a
 few times a second and repaints what is visible, output comes through `engine.output_since()`,
-and every key is one `engine.submit(command)`, answered by the engine's monitor loop within
-milliseconds (it never waits on a rank), so no key ever blocks the UI; a stop or a group restart,
-which the loop answers in a multi-node run only once the rendezvous's store has, is sent without
-waiting for the answer (RanktopApp.send), which shows when it comes. When the group has ended
-the screen posts `GroupEnded`; it never calls into the app.
+and every key that acts is one command, sent to the engine without waiting for its answer
+(RanktopApp.send), which shows when it comes: the monitor loop answers within milliseconds (it
+never waits on a rank), but a stop or a group restart of a multi-node run only once the
+rendezvous's store has, and the commands after one wait for it. When the group has ended
+the screen posts `GroupEnded`; it calls into the app only to send (the app's sender keeps the
+screen's commands in order with the app's own: q's stop).
 """
 
 from __future__ import annotations
@@ -592,8 +593,10 @@ class MainScreen(Screen):
     def send_input(self, event: Input.Submitted) -> None:
         event.input.value = ""
         # To the rank the box names, which a click on another pane while it is open does not change
-        ack = self.engine.submit(cmd.SendInput(self._typing_to, event.value + "\n"))
-        if not ack.ok:  # a typed line shows in the pane itself; only a refusal needs words
+        self.app.send(cmd.SendInput(self._typing_to, event.value + "\n"), self._input_refused)
+
+    def _input_refused(self, ack: cmd.Ack) -> None:
+        if not ack.ok and self.is_mounted:  # a typed line shows in the pane itself; only a refusal needs words
             self.notify(clean(ack.message), severity="warning", timeout=4, markup=False)
 
     # ----- search -----------------------------------------------------------------------------
@@ -755,15 +758,11 @@ class MainScreen(Screen):
             return True
         return False
 
-    def _submit(self, command: cmd.Command) -> cmd.Ack:
-        """Hand one command to the engine and show its answer."""
-        ack = self.engine.submit(command)
-        self._show_answer(ack)
-        return ack
-
     def _send(self, command: cmd.Command) -> None:
-        """As _submit, for a command the monitor loop may answer only once the rendezvous's store
-        has (a stop, a group restart): the keys and frames go on meanwhile (RanktopApp.send)."""
+        """Hand one command to the engine, and show its answer when it comes: the keys and frames
+        go on meanwhile (RanktopApp.send). The monitor loop answers in order, and a stop or a group
+        restart of a multi-node run only once the rendezvous's store has: a key that waited for
+        its answer here waited behind those too."""
         self.app.send(command, self._show_answer)
 
     def _show_answer(self, ack: cmd.Ack) -> None:
@@ -775,7 +774,7 @@ class MainScreen(Screen):
 
     def send_signal(self, sig: int, whole_group: bool) -> None:
         if not self._cannot_act("signal"):
-            self._submit(cmd.SignalGroup(sig) if whole_group else cmd.SignalRank(self.current, sig))
+            self._send(cmd.SignalGroup(sig) if whole_group else cmd.SignalRank(self.current, sig))
 
     def action_signal(self) -> None:
         if self._cannot_act("signal"):
@@ -800,14 +799,24 @@ class MainScreen(Screen):
     def action_kill_rank(self) -> None:
         rank = self.rank_of(self.current)
         if not self._cannot_act("kill_rank") and self._confirmed("kill_rank", "k", f"Kill rank {rank} (SIGKILL)?"):
-            self._submit(cmd.KillRank(self.current))
+            self._send(cmd.KillRank(self.current))
 
     def action_kill_group(self) -> None:
         grace = self.last.shutdown_timeout
         if not self._cannot_act("kill_group") and self._confirmed(
                 "kill_group", "K", f"Stop every rank (SIGTERM, SIGKILL after {grace:g} s)?"):
             self.note = "stopping…"  # at once: the engine's answer may wait on the rendezvous's store
-            self._send(cmd.Stop(signal.SIGTERM))
+            self.app.send(cmd.Stop(signal.SIGTERM), lambda ack: self.stop_answered(ack) or self._show_answer(ack))
+
+    def stop_answered(self, ack: cmd.Ack) -> bool:
+        """The answer to a stop (K's, q's): shown where it was refused, and the header's
+        `stopping…` taken back while the run goes on (it stayed, the ranks running). Whether it
+        was refused so."""
+        if ack.ok or not self.is_mounted or self.ended:
+            return False
+        self.note = None
+        self.notify(clean(ack.message), severity="error", timeout=8, markup=False)
+        return True
 
     def action_restart_rank(self) -> None:
         if self._cannot_act("restart_rank"):

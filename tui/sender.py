@@ -3,8 +3,8 @@ multi-node run has the engine's monitor loop tell the other nodes through the re
 before it answers, and a store that does not answer (the node serving it hung) held the answer, and
 with it every key and every frame of the TUI, for as long as the loop waited for the store.
 `CommandSender` hands them to the engine from a thread of its own, one at a time in the order they
-were sent (a second Ctrl-C's KillGroup after the first's Stop), and gives each answer back to the
-UI's thread."""
+were sent, and gives each answer back to the UI's thread; a kill now (a second q or Ctrl-C) goes
+at once, past what waits."""
 
 from __future__ import annotations
 
@@ -27,7 +27,14 @@ class CommandSender:
         self._queue: queue.SimpleQueue[tuple[cmd.Command, Answered | None] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def send(self, command: cmd.Command, answered: Answered | None = None) -> None:
+    def send(self, command: cmd.Command, answered: Answered | None = None, at_once: bool = False) -> None:
+        """`at_once`: ahead of what waits to be sent, in a thread of its own (a kill now: the engine
+        cuts its wait for a stop's word short when a kill comes behind it, which it never did
+        while the kill waited here for the stop's answer)."""
+        if at_once:
+            threading.Thread(target=self._submit_one, args=(command, answered), name="ranktop-tui-kill",
+                             daemon=True).start()
+            return
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="ranktop-tui-commands", daemon=True)
             self._thread.start()
@@ -39,10 +46,12 @@ class CommandSender:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            command, answered = item
-            try:
-                ack = self._submit(command)
-            except Exception as exc:  # noqa: BLE001 - the next command must still be sent
-                ack = cmd.Ack(False, f"{type(command).__name__} failed: {exc}")
-            if answered is not None:
-                self._deliver(answered, ack)
+            self._submit_one(*item)
+
+    def _submit_one(self, command: cmd.Command, answered: Answered | None) -> None:
+        try:
+            ack = self._submit(command)
+        except Exception as exc:  # noqa: BLE001 - the next command must still be sent
+            ack = cmd.Ack(False, f"{type(command).__name__} failed: {exc}")
+        if answered is not None:
+            self._deliver(answered, ack)
