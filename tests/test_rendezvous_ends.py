@@ -643,9 +643,14 @@ def test_a_spare_taken_off_the_spare_list_says_it_waits_with_the_join_time_out_a
     takes the spare off its spare list and times its join again, but the spare kept saying it
     waited `with no time-out`. It now says it waits for a round again, with the time-out."""
     job, release = Job(tmp_path, "spare-admitted", nnodes="1:2", conf=CONF + LAPSE), tmp_path / "release"
-    # node 0 serves the store: had the frozen node won the race to serve it, the spare's look at the
-    # store would wait as long as it stayed frozen, and never see it gone
-    conf = CONF + LAPSE + ",is_host="
+    # The first round must hold nodes 0 and 1, and node 0's watch looks only every 120 s: a round it
+    # formed alone, its 1 s last call over before node 1 joined, never took node 1 in, and the wait
+    # for node 1's rank timed out (1 full run; node 1 joins a second late when a busy box starts it
+    # late, or starts node 0 late: node 1's tries to reach the store back off up to ~2 s). The first
+    # node to join waits up to 30 s for the other; a round of 2 is complete as the second joins. Node 0
+    # serves the store: had the frozen node won the race to serve it, the spare's look at the store
+    # would wait as long as it stayed frozen, and never see it gone.
+    conf = "join_timeout=40,last_call_timeout=30,close_timeout=5" + LAPSE + ",is_host="
     job.start("until-file", str(release), extra=("--monitor-interval", "120", "--rdzv-conf", conf + "1"),
               local_addr="127.0.0.1")
     frozen = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.2")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, marked_processes, ranktop_cmd, read_events, run_ranktop, stop_process, wait_for
+from conftest import ROOT, marked_processes, ranktop_cmd, read_events, read_line, run_ranktop, stop_process, wait_for
 from ranktop.core.process import kernel_state
 from ranktop.core.stacks import find_py_spy
 
@@ -336,6 +336,50 @@ def test_ctrl_z_suspends_the_tui_to_the_shell_and_fg_brings_it_back_whole(tmp_pa
         term.close()
         if not status.exists():  # (the terminal's end detached the run)
             run_ranktop("stop", "jc")
+
+
+# A TUI's driver in application mode (its writer thread drawing) whose main thread holds the
+# writer's queue lock, as it does midway through a frame's write, when SIGTSTP comes; it prints
+# once the handler has returned, and whether the driver suspended once its loop had a turn.
+SIGTSTP_MID_WRITE = """
+import asyncio, os, signal
+from textual.drivers._writer_thread import WriterThread
+from ranktop.tui.driver import TerminalDriver
+
+class App:  # all the driver asks of its app here
+    _loop = None
+
+async def main():
+    driver = TerminalDriver(App())
+    driver._writer_thread = WriterThread(open(os.devnull, "w"))
+    driver._writer_thread.start()
+    with driver._writer_thread._queue.mutex:
+        signal.raise_signal(signal.SIGTSTP)  # (its Python handler runs here, before this returns)
+    print("handled", flush=True)
+    await asyncio.sleep(0.1)  # the loop's turn: the terminal given back, the stop, and after SIGCONT the resume
+    print("suspended", driver._suspended, "drawing", driver._drawing(), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_sigtstp_midway_through_a_write_suspends_the_tui_on_its_loop(tmp_path):
+    """Textual gave the terminal back from within its SIGTSTP handler, which runs wherever the main
+    thread was: midway through a frame's write (the writer's queue lock held), its own first write
+    waited for that lock for ever. The TUI hung, never stopped, and the shell never had its prompt
+    back (test_ctrl_z_suspends_... timed out waiting for `Stopped`: 5 runs in 85 under load). The
+    handler now leaves that work to the app's event loop; the process stops there."""
+    child = subprocess.Popen([sys.executable, "-c", SIGTSTP_MID_WRITE], cwd=ROOT, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        read_line(child.stdout, 30, "the SIGTSTP handler to return", equal_to="handled\n")
+        wait_for(lambda: kernel_state(child.pid) == "T", what="the process stopped, from its loop")
+        os.kill(child.pid, signal.SIGCONT)
+        assert read_line(child.stdout, 30, "its state") == "suspended True drawing False\n"
+        assert child.wait(30) == 0
+    finally:
+        stop_process(child)
+        child.stdout.close()
 
 
 # 50 lines a second, each rank: the 2000 bytes the bg test waits to see logged come in 2-3 s (at

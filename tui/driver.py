@@ -26,6 +26,7 @@ import codecs
 import contextlib
 import functools
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -114,6 +115,32 @@ class TerminalDriver(LinuxDriver):
     _suspended = False  # Ctrl-Z gave the terminal back to the shell, and it is not taken again
     _leaving = False  # the app shuts down while suspended
     _watcher: threading.Thread | None = None
+
+    def _sigtstp_application(self, *_: Any) -> None:
+        """SIGTSTP (Ctrl-Z, `kill -TSTP`): Textual gave the terminal back and stopped the process
+        from within this handler, which runs wherever the main thread was. Midway through a frame's
+        write it held the writer's queue lock, and the handler's own first write waited for that
+        lock for ever: the TUI hung, never stopped, and the shell never had its prompt back. The
+        app's event loop does it instead, between two of its steps; the process stops there."""
+        if not (self._auto_restart and self._on_loop(super()._sigtstp_application)):
+            # (App.suspend lent the terminal to another program: stopping is all; and once the
+            # app has left, there is no screen to give back)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    def _sigcont_application(self, *_: Any) -> None:
+        """SIGCONT: the screen is taken back on the event loop too, for the same reason."""
+        if self._auto_restart:
+            self._on_loop(super()._sigcont_application)
+
+    def _on_loop(self, work: Callable[[], object]) -> bool:
+        """Whether `work` will run on the app's event loop (safe from a signal handler: it takes no lock)."""
+        if not self._loop.is_running():
+            return False
+        try:
+            self._loop.call_soon_threadsafe(work)
+        except RuntimeError:  # (closed meanwhile: the app has left)
+            return False
+        return True
 
     def suspend_application_mode(self) -> None:
         if not self._suspended:  # (a second SIGTSTP, sent to a job in the background)
