@@ -4,7 +4,7 @@ A frozen @dataclass costs about half a millisecond to make (it compiles six meth
 module is imported), and ranktop imports dozens of classes before it can start a rank. A class
 here is as cheap as any other: it names its fields in `__slots__` and sets them in its own
 `__init__`; this base gives it what a frozen dataclass would: equality and a hash over those
-fields, a repr naming them, and fields that cannot be set again.
+fields, a repr naming them, fields that cannot be set again, and `as_dict`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ class Value:
 
     def _fields(self) -> tuple:
         return tuple(getattr(self, name) for name in self.__slots__)
+
+    def as_dict(self) -> dict[str, object]:
+        """Its fields by name (what a command sends over the socket)."""
+        return dict(zip(self.__slots__, self._fields(), strict=True))
 
     def __setattr__(self, name: str, value: object) -> None:
         if hasattr(self, name):  # (an unset slot raises AttributeError: `__init__` sets it)
