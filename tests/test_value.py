@@ -3,7 +3,10 @@ dataclasses they replaced: equal by their fields, hashed and shown by them, neve
 
 from __future__ import annotations
 
+import signal
+
 import pytest
+from ranktop.core import commands as cmd
 from ranktop.core.engine import OutputCursor
 from ranktop.core.protocol import Output
 from ranktop.core.rendezvous import RoundEnd
@@ -17,6 +20,9 @@ def test_a_value_is_equal_hashed_and_shown_by_its_fields():
     assert len({cursor, OutputCursor(2, 40, 7), OutputCursor()}) == 2
     assert repr(cursor) == "OutputCursor(generation=2, line=40, version=7)"
     assert RoundEnd("new_round", "wait").serves_store is False
+    # A command: its defaults, and the fields a client sends over the socket
+    assert cmd.Stop() == cmd.Stop(signal.SIGTERM, None) and cmd.KillGroup() == cmd.KillGroup()
+    assert cmd.DumpStacks((1,)).as_dict() == {"local_ranks": (1,), "save": True, "native_frames": False}
 
 
 def test_a_value_is_not_changed_once_made():
