@@ -30,6 +30,7 @@ from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean, quoted
 from ranktop.core.server import SocketDirError, peer_credentials, remove_if_dead, socket_dir, to_json
 from ranktop.core.state import GroupSnapshot, RankSnapshot, RankState
+from ranktop.core.value import Value
 
 CONNECT_TIMEOUT = 3.0
 READ_ONLY = "read-only view: nothing was done (ranktop web --control, or ranktop attach, can act on ranks)"
@@ -611,7 +612,7 @@ class RemoteEngine:
         return OutputCursor(answer["generation"], answer["line"], version), lines, open_lines
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
-        args = dataclasses.asdict(command) if dataclasses.is_dataclass(command) else {}
+        args = command.as_dict() if isinstance(command, Value) else {}
         name = type(command).__name__
         if self.read_only and not isinstance(command, cmd.DumpStacks):  # a py-spy dump only reads the ranks
             return cmd.Ack(False, READ_ONLY)

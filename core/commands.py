@@ -1,4 +1,4 @@
-"""What a UI may ask of the engine, and the engine's answer: small frozen dataclasses, plain data.
+"""What a UI may ask of the engine, and the engine's answer: small frozen values, plain data.
 
 Every action a person can take on a running group is one of these, handed to `Engine.submit`.
 They hold only numbers, strings and tuples, so that the same commands can later travel over a
@@ -9,113 +9,130 @@ in the order they came; no other thread changes the engine's state.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ranktop.core.limits import SECONDS
+from ranktop.core.value import Value
 
 if TYPE_CHECKING:  # the stack code loads when a dump is asked for, not at every start
     from ranktop.core.stacks import StackReport
 
 
-@dataclass(frozen=True)
-class SignalRank:
+class SignalRank(Value):
     """Send `signal` to one rank: its whole process group (USR1/USR2: the rank process alone)."""
 
-    local_rank: int
-    signal: int
+    __slots__ = ("local_rank", "signal")
+
+    def __init__(self, local_rank: int, signal: int) -> None:
+        self.local_rank, self.signal = local_rank, signal
 
 
-@dataclass(frozen=True)
-class SignalGroup:
+class SignalGroup(Value):
     """Send `signal` to every rank, as SignalRank does to one."""
 
-    signal: int
+    __slots__ = ("signal",)
+
+    def __init__(self, signal: int) -> None:
+        self.signal = signal
 
 
-@dataclass(frozen=True)
-class KillRank:
+class KillRank(Value):
     """SIGKILL to one rank's process group. The others go on: a user kill is not a failure (nor is
     a death by the signal a SignalRank or SignalGroup sent): no restart, never the root cause."""
 
-    local_rank: int
+    __slots__ = ("local_rank",)
+
+    def __init__(self, local_rank: int) -> None:
+        self.local_rank = local_rank
 
 
-@dataclass(frozen=True)
-class KillGroup:
+class KillGroup(Value):
     """End the run now: SIGKILL to every rank, no grace."""
 
+    __slots__ = ()
 
-@dataclass(frozen=True)
-class RestartRank:
+
+class RestartRank(Value):
     """Stop one rank (the shutdown grace, then SIGKILL) and start it again in this attempt."""
 
-    local_rank: int
+    __slots__ = ("local_rank",)
+
+    def __init__(self, local_rank: int) -> None:
+        self.local_rank = local_rank
 
 
-@dataclass(frozen=True)
-class RestartGroup:
+class RestartGroup(Value):
     """Stop every rank (with the grace) and start the group again as the next attempt, spending
     none of --max-restarts."""
 
+    __slots__ = ()
 
-@dataclass(frozen=True)
-class Stop:
+
+class Stop(Value):
     """End the run on the user's behalf: `signal` to every rank, SIGKILL after `grace` seconds
     (None: the engine's shutdown grace)."""
 
-    signal: int = signal.SIGTERM
-    grace: float | None = None
+    __slots__ = ("signal", "grace")
+
+    def __init__(self, signal: int = signal.SIGTERM, grace: float | None = None) -> None:
+        self.signal, self.grace = signal, grace
 
 
-@dataclass(frozen=True)
-class Interrupt:
+class Interrupt(Value):
     """ranktop itself received `signal` (Ctrl-C, SIGTERM, a hang-up): forward it to every rank
     with the grace and end with 128+N; a repeated one kills at once. Answered without waiting,
     so that a signal handler may submit it."""
 
-    signal: int
+    __slots__ = ("signal",)
+
+    def __init__(self, signal: int) -> None:
+        self.signal = signal
 
 
-@dataclass(frozen=True)
-class DumpStacks:
+class DumpStacks(Value):
     """py-spy every live rank (or these local ranks) and group the stacks; the Ack carries the
     report, which is also saved in the run directory and logged, unless not `save`; with
     `native_frames`, the C/C++ frames too (py-spy --native: about a second a rank)."""
 
-    local_ranks: tuple[int, ...] | None = None
-    save: bool = True
-    native_frames: bool = False
+    __slots__ = ("local_ranks", "save", "native_frames")
+
+    def __init__(self, local_ranks: tuple[int, ...] | None = None, save: bool = True,
+                 native_frames: bool = False) -> None:
+        self.local_ranks, self.save, self.native_frames = local_ranks, save, native_frames
 
 
-@dataclass(frozen=True)
-class SignalDump:
+class SignalDump(Value):
     """No ptrace needed: SIGUSR1 makes each Python rank print its stacks (faulthandler); the
     engine reads them back from the rank's log and the Ack carries the grouped report (saved
     as DumpStacks saves it)."""
 
-    local_ranks: tuple[int, ...] | None = None
-    save: bool = True
+    __slots__ = ("local_ranks", "save")
+
+    def __init__(self, local_ranks: tuple[int, ...] | None = None, save: bool = True) -> None:
+        self.local_ranks, self.save = local_ranks, save
 
 
-@dataclass(frozen=True)
-class SendInput:
+class SendInput(Value):
     """Type `text` into one rank's standard input (a pipe, or its terminal with --pty): a
     `breakpoint()` in a rank gets its commands this way."""
 
-    local_rank: int
-    text: str
+    __slots__ = ("local_rank", "text")
+
+    def __init__(self, local_rank: int, text: str) -> None:
+        self.local_rank, self.text = local_rank, text
 
 
 MAX_INPUT = 64 << 10  # characters one SendInput may carry: a typed line, not a file
 
 
-@dataclass(frozen=True)
-class Detach:
+class Detach(Value):
     """The TUI that started the run lets go of it (`reason`: "key", or its terminal's "SIGHUP"):
     the run goes on without a terminal, and a hang-up from now on is noted, not a stop."""
 
-    reason: str
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
 MAX_DETACH_REASON = 40  # characters: a word for events.jsonl
@@ -124,14 +141,14 @@ Command = (SignalRank | SignalGroup | KillRank | KillGroup | RestartRank | Resta
            | DumpStacks | SignalDump | SendInput | Detach)
 
 
-@dataclass(frozen=True)
-class Ack:
+class Ack(Value):
     """The engine's answer to one command: whether it was applied, and one line saying what
     happened (or why not). Stack commands also carry their report."""
 
-    ok: bool
-    message: str
-    report: StackReport | None = None
+    __slots__ = ("ok", "message", "report")
+
+    def __init__(self, ok: bool, message: str, report: StackReport | None = None) -> None:
+        self.ok, self.message, self.report = ok, message, report
 
 
 def problem(command: object, local_world_size: int) -> str | None:

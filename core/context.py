@@ -75,6 +75,7 @@ from ranktop.core.strays import (
     rank_marker,
     rank_needle,
 )
+from ranktop.core.value import Value
 from ranktop.core.weak import weakly
 
 DEFAULT_PREFIX_TEMPLATE = "[${role_name}${rank}]:"
@@ -138,54 +139,60 @@ class RunProcsResult:
         return bool(self.failures)
 
 
-@dataclass
-class StreamPlan:
+class StreamPlan(Value):
     """How one rank's output is handled; built once per context by `plan_streams`."""
 
-    files: Std  # streams written to <log_dir>/<rank>/std{out,err}.log
-    console: Std  # streams shown on our stdout/stderr, prefixed
-    prefix: bytes = b""
-    # Streams shown nowhere (torch's os.devnull: a rank local_ranks_filter leaves out, unredirected).
-    discard: Std = Std.NONE
-    # Streams whose lines feed the filtered_std*.log copies; None: every stream with a sink (the
-    # agent). start_processes: the teed ones only, as torch tails only those into the copies.
-    filtered: Std | None = None
+    __slots__ = ("files", "console", "prefix", "discard", "filtered")
+
+    def __init__(self, files: Std, console: Std, prefix: bytes = b"", discard: Std = Std.NONE,
+                 filtered: Std | None = None) -> None:
+        self.files = files  # streams written to <log_dir>/<rank>/std{out,err}.log
+        self.console = console  # streams shown on our stdout/stderr, prefixed
+        self.prefix = prefix
+        # Streams shown nowhere (torch's os.devnull: a rank local_ranks_filter leaves out, unredirected).
+        self.discard = discard
+        # Streams whose lines feed the filtered_std*.log copies; None: every stream with a sink (the
+        # agent). start_processes: the teed ones only, as torch tails only those into the copies.
+        self.filtered = filtered
 
 
-@dataclass
 class RankSlot:
     """Bookkeeping for one local rank across single-rank restarts within this context."""
 
-    local_rank: int
-    ring: LineRing
-    proc: RankProcess | None = None
-    restarts: int = 0
-    stopped_by_us: bool = False  # its end was asked for (group stop, user kill): not a failure cause
-    stopped_by_user: bool = False  # of those, by the user's own signal to it (k, x), not the group's stop
-    # Monotonic time after which the group gets SIGKILL; kept after its leader is reaped, for what
-    # else is in the group (a worker that ignores the stop signal), until the group is gone.
-    kill_at: float | None = None
-    stopping_with: int | None = None  # the stop signal it was sent and is within its grace for
-    # A stop signal the user sent it alone (the signal picker): still alive at this monotonic
-    # time, it survived the signal (pdb takes SIGINT as a break) and its end is no longer ours.
-    survived_by: float | None = None
-    # A restart waits at most until this monotonic time for the replaced process's output to be
-    # read to its end, so that its last lines come before the separator, not after it.
-    respawn_by: float | None = None
-    user_signals: set[int] = field(default_factory=set)  # stop signals the user sent its process
-    restart_pending: bool = False
-    failure: ProcessFailure | None = None
-    sinks: list[StreamSink] = field(default_factory=list)  # its live ones, and earlier ones that lost output
-    reap_by: float | None = None  # monotonic time after which a SIGKILLed rank counts as unreapable
-    unreapable: bool = False  # it outlived SIGKILL by reap_timeout: no longer waited for
-    # It died of a stop signal we did not send: not a failure until this monotonic time passes
-    # without a stop of the group (see OUTSIDE_STOP_WINDOW in core/signals.py).
-    held_until: float | None = None
-    stopped_from_outside: bool = False  # it was: its end is part of the group's stop, not a failure
-    identity: tuple[int, int] | None = None  # its process's (pid, start time): what it left is found by
-    # A restart's sweep of what the replaced process left running (helpers in its group or session,
-    # daemons with its marker): the new process starts once it is done.
-    leftovers: Sweep | None = None
+    __slots__ = ("local_rank", "ring", "proc", "restarts", "stopped_by_us", "stopped_by_user", "kill_at",
+                 "stopping_with", "survived_by", "respawn_by", "user_signals", "restart_pending", "failure",
+                 "sinks", "reap_by", "unreapable", "held_until", "stopped_from_outside", "identity", "leftovers")
+
+    def __init__(self, local_rank: int, ring: LineRing) -> None:
+        self.local_rank, self.ring = local_rank, ring
+        self.proc: RankProcess | None = None
+        self.restarts = 0
+        self.stopped_by_us = False  # its end was asked for (group stop, user kill): not a failure cause
+        self.stopped_by_user = False  # of those, by the user's own signal to it (k, x), not the group's stop
+        # Monotonic time after which the group gets SIGKILL; kept after its leader is reaped, for what
+        # else is in the group (a worker that ignores the stop signal), until the group is gone.
+        self.kill_at: float | None = None
+        self.stopping_with: int | None = None  # the stop signal it was sent and is within its grace for
+        # A stop signal the user sent it alone (the signal picker): still alive at this monotonic
+        # time, it survived the signal (pdb takes SIGINT as a break) and its end is no longer ours.
+        self.survived_by: float | None = None
+        # A restart waits at most until this monotonic time for the replaced process's output to be
+        # read to its end, so that its last lines come before the separator, not after it.
+        self.respawn_by: float | None = None
+        self.user_signals: set[int] = set()  # stop signals the user sent its process
+        self.restart_pending = False
+        self.failure: ProcessFailure | None = None
+        self.sinks: list[StreamSink] = []  # its live ones, and earlier ones that lost output
+        self.reap_by: float | None = None  # monotonic time after which a SIGKILLed rank counts as unreapable
+        self.unreapable = False  # it outlived SIGKILL by reap_timeout: no longer waited for
+        # It died of a stop signal we did not send: not a failure until this monotonic time passes
+        # without a stop of the group (see OUTSIDE_STOP_WINDOW in core/signals.py).
+        self.held_until: float | None = None
+        self.stopped_from_outside = False  # it was: its end is part of the group's stop, not a failure
+        self.identity: tuple[int, int] | None = None  # its process's (pid, start time): what it left is found by
+        # A restart's sweep of what the replaced process left running (helpers in its group or session,
+        # daemons with its marker): the new process starts once it is done.
+        self.leftovers: Sweep | None = None
 
     @property
     def ended_by(self) -> str:

@@ -3,7 +3,7 @@ implementation over a LocalAgent.
 
 A UI reads `snapshot()` (a frozen GroupSnapshot) at its own pace, pulls a rank's output with
 `output_since()`, and acts with `submit(command)` (core/commands.py). Everything that crosses the
-interface is plain data (dataclasses of numbers, strings, bytes and tuples), so the same calls
+interface is plain data (values of numbers, strings, bytes and tuples), so the same calls
 can be served over a local socket to a UI in another process. Nothing here hands out a live
 object: no agent, context, slot, ring or process.
 """
@@ -17,19 +17,20 @@ from typing import Any, Protocol
 
 from ranktop.core import commands as cmd
 from ranktop.core.state import GroupSnapshot
+from ranktop.core.value import Value
 
 SIGNAL_DUMP_SECONDS = 3.0  # how long a SIGUSR1 dump is waited for in the ranks' logs
 FIRST_LOOK_LINES = 300  # a new pane first asks for this many newest lines: more than the tallest pane shows
 
 
-@dataclasses.dataclass(frozen=True)
-class OutputCursor:
+class OutputCursor(Value):
     """Where a reader of one rank's output is: `line` complete lines of attempt `generation` seen
     (line k is the k-th complete line the rank printed in that attempt), at ring `version`."""
 
-    generation: int = -1
-    line: int = 0
-    version: int = -1
+    __slots__ = ("generation", "line", "version")
+
+    def __init__(self, generation: int = -1, line: int = 0, version: int = -1) -> None:
+        self.generation, self.line, self.version = generation, line, version
 
 
 class Engine(Protocol):

@@ -17,7 +17,6 @@ import os
 import signal
 import stat
 import time
-import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
@@ -304,6 +303,8 @@ def describe_exit(exitcode: int, signal: str | None = None, *, sentence: bool = 
 
 def write_error_file(path: str | os.PathLike, exc: BaseException) -> None:
     """Write `exc` (with its traceback) in torch's error-file format."""
+    import traceback  # (only for a failure: not loaded before the first rank starts, nor in every rank)
+
     data = {
         "message": {
             "message": f"{type(exc).__name__}: {exc}",

@@ -12,9 +12,9 @@ import math
 import numbers
 import os
 import resource
-from dataclasses import dataclass
 
 from ranktop.core.errors import UsageError
+from ranktop.core.value import Value
 
 # The longest time ranktop waits on anything (a grace, an interval, a stall). Beyond a week it is a
 # typo; the bound also keeps every wait far under poll()'s limit of 2**31 ms (about 24.8 days).
@@ -28,15 +28,16 @@ MAX_NPROC_PER_NODE = 4096
 MAX_NNODES = 2**31 // MAX_NPROC_PER_NODE - 1
 
 
-@dataclass(frozen=True)
-class Bounds:
+class Bounds(Value):
     """The values a number may take: lo..hi (hi None: no upper bound), whole or any finite."""
 
-    lo: float
-    hi: float | None = None
-    whole: bool = False
-    above: bool = False  # lo itself is excluded
-    unit: str = ""  # "seconds", "ranks"... for the message
+    __slots__ = ("lo", "hi", "whole", "above", "unit")
+
+    def __init__(self, lo: float, hi: float | None = None, whole: bool = False, above: bool = False,
+                 unit: str = "") -> None:
+        self.lo, self.hi, self.whole = lo, hi, whole
+        self.above = above  # lo itself is excluded
+        self.unit = unit  # "seconds", "ranks"... for the message
 
     def describe(self) -> str:
         kind = ("a whole number" if self.whole else "a number") + (f" of {self.unit}" if self.unit else "")

@@ -18,7 +18,6 @@ import stat
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -690,6 +689,8 @@ def _other_console(target: BinaryIO) -> BinaryIO:
 
 def _bug_line(doing: str, exc: BaseException) -> str:
     """One line naming a bug of ranktop's met while `doing`, and where it was raised."""
+    import traceback  # (only for a bug: not loaded before the first rank starts)
+
     where = traceback.extract_tb(exc.__traceback__)[-1]
     return (f"ranktop: a bug while {doing}: {type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}:"
             f"{where.lineno}); the run goes on, please report it")

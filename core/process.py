@@ -21,12 +21,12 @@ import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from ranktop.core.guard import stat_fields
 from ranktop.core.output import STDERR, STDOUT, OutputPump, StreamSink
 from ranktop.core.strays import forget_own_child, note_own_child
+from ranktop.core.value import Value
 
 # `-c` puts the working directory first on sys.path (unless -P or -I, which the caller's flags may
 # pass on); drop it so that nothing there can stand in for ranktop (the bootstrap restores the
@@ -35,19 +35,19 @@ _BOOTSTRAP = ("import sys; sys.path[:1] == [''] and sys.path.pop(0); "
               "from ranktop.core._bootstrap import main; main()")
 
 
-@dataclass
-class Launch:
+class Launch(Value):
     """Everything needed to start one rank. `argv` is the full command line."""
 
-    local_rank: int
-    argv: list[str]
-    env: dict[str, str]
-    sinks: dict[int, StreamSink]  # stream -> sink; a stream without one is inherited from us
-    cwd: str | None = None
-    pty: tuple[int, int] | None = None  # (columns, rows): stdout and stderr go to one terminal,
-    # read into sinks[STDOUT]
-    stdin: str = "null"  # "null": /dev/null; "inherit": ours (as torchrun); "pipe": typed through write_input
-    cpus: frozenset[int] | None = None  # the CPU affinity it starts with (--numa-binding); None: ours
+    __slots__ = ("local_rank", "argv", "env", "sinks", "cwd", "pty", "stdin", "cpus")
+
+    def __init__(self, local_rank: int, argv: list[str], env: dict[str, str], sinks: dict[int, StreamSink],
+                 cwd: str | None = None, pty: tuple[int, int] | None = None, stdin: str = "null",
+                 cpus: frozenset[int] | None = None) -> None:
+        self.local_rank, self.argv, self.env, self.cwd = local_rank, argv, env, cwd
+        self.sinks = sinks  # stream -> sink; a stream without one is inherited from us
+        self.pty = pty  # (columns, rows): stdout and stderr go to one terminal, read into sinks[STDOUT]
+        self.stdin = stdin  # "null": /dev/null; "inherit": ours (as torchrun); "pipe": typed through write_input
+        self.cpus = cpus  # the CPU affinity it starts with (--numa-binding); None: ours
 
 
 def _pipe_room(fd: int) -> float:

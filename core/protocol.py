@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
 from typing import Any
+
+from ranktop.core.value import Value
 
 VERSION = 1
 
@@ -40,13 +41,15 @@ def is_whole(value: Any) -> bool:
     """A JSON whole number another process sent: an int, not a bool (which Python counts as one)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
-@dataclass(frozen=True)
-class Output:
+class Output(Value):
     """One rank's output in one binary frame, with the position it ends at."""
 
-    local_rank: int
-    cursor: int  # the rank's output position after `data`: a client resumes from here
-    data: bytes
+    __slots__ = ("local_rank", "cursor", "data")
+
+    def __init__(self, local_rank: int, cursor: int, data: bytes) -> None:
+        self.local_rank = local_rank
+        self.cursor = cursor  # the rank's output position after `data`: a client resumes from here
+        self.data = data
 
 
 def encode_control(message: dict[str, Any]) -> bytes:

@@ -47,7 +47,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ranktop.core.errors import UsageError
@@ -55,6 +54,7 @@ from ranktop.core.limits import MAX_NNODES, MAX_NPROC_PER_NODE, PORT
 from ranktop.core.protocol import is_whole
 from ranktop.core.sanitize import clean, quoted
 from ranktop.core.spec import Placement
+from ranktop.core.value import Value
 from ranktop.core.weak import weakly
 
 if TYPE_CHECKING:  # (logging loads only where torch's records are filtered: a one-node start skips it)
@@ -455,22 +455,23 @@ def _end_word(word: str, seen: str) -> str:
     return word if word in _END_WORDS else seen
 
 
-@dataclass(frozen=True)
-class RoundEnd:
+class RoundEnd(Value):
     """Why the running round must end although the ranks are fine."""
 
-    # "nodes_joined": restart the group, no restart spent; "peer_failed": another node's ranks
+    __slots__ = ("kind", "message", "serves_store")
+
+    # `kind`: "nodes_joined": restart the group, no restart spent; "peer_failed": another node's ranks
     # failed, restart the group as a failure; "peer_restart": another node's user restarted the
     # group (`R`), the next attempt, no restart spent; "peer_gave_up": stop, the rendezvous is closed;
     # "store_lost": stop, the node serving the store the ranks use too has ended; "left_behind":
     # this node was dropped from the round (frozen, cut off) and the job went on, join the next one
     # with no restart spent ("peer_failed" too for another node dropped, its heartbeats lapsed);
     # "peer_stopped": another node's user stopped it, restart the group as a failure (a restart
-    # spent, as torchrun's agents spend one), none of this node's ranks to blame
-    kind: str
-    message: str
-    # "new_round" and "left_behind" only: this node serves the store the others' round needs, so it stays
-    serves_store: bool = False
+    # spent, as torchrun's agents spend one), none of this node's ranks to blame.
+    # `serves_store`: "new_round" and "left_behind" only: this node serves the store the others'
+    # round needs, so it stays
+    def __init__(self, kind: str, message: str, serves_store: bool = False) -> None:
+        self.kind, self.message, self.serves_store = kind, message, serves_store
 
 
 def _named(nodes: list[tuple[str, int]]) -> str:
@@ -518,11 +519,11 @@ class _RoundView(NamedTuple):
     gone: list[tuple[str, int]]  # the round's nodes dropped from it: (address, group rank)
 
 
-@dataclass(frozen=True)
-class _GaveUp:
-    host: str
-    group_rank: int | str
-    reason: str
+class _GaveUp(Value):
+    __slots__ = ("host", "group_rank", "reason")
+
+    def __init__(self, host: str, group_rank: int | str, reason: str) -> None:
+        self.host, self.group_rank, self.reason = host, group_rank, reason
 
 
 _WORDS_SHOWN = 300  # characters of a peer's host or reason: one line, whatever the store holds

@@ -15,7 +15,6 @@ from __future__ import annotations
 import enum
 import os
 import signal
-from dataclasses import dataclass
 
 from ranktop.core.errors import UsageError
 from ranktop.core.sanitize import quoted
@@ -48,15 +47,18 @@ OUTSIDE_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, 
 OUTSIDE_STOP_WINDOW = 1.0
 
 
-@dataclass
 class StopRule:
     """Decides, signal by signal, what ranktop does with the stop signals it receives."""
 
-    window: float = DUPLICATE_WINDOW
-    hangup_stops: bool = True  # False once the run is detached: it was started to outlive a hang-up
-    passed_on: frozenset[int] = NOTICE_SIGNALS  # the notices given to the ranks; the others are only noted
-    _interrupted: bool = False
-    _forwarded_at: float | None = None  # when the last SIGHUP/SIGTERM acted on arrived
+    __slots__ = ("window", "hangup_stops", "passed_on", "_interrupted", "_forwarded_at")
+
+    def __init__(self, window: float = DUPLICATE_WINDOW, hangup_stops: bool = True,
+                 passed_on: frozenset[int] = NOTICE_SIGNALS) -> None:
+        self.window = window
+        self.hangup_stops = hangup_stops  # False once the run is detached: it was started to outlive a hang-up
+        self.passed_on = passed_on  # the notices given to the ranks; the others are only noted
+        self._interrupted = False
+        self._forwarded_at: float | None = None  # when the last SIGHUP/SIGTERM acted on arrived
 
     def kills_now(self, signum: int) -> bool:
         """Whether `signum` kills every rank at once (a person's second Ctrl-C), asked without
