@@ -299,10 +299,16 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in f.read().split()]
 
 
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
 def test_ctrl_z_suspends_the_tui_to_the_shell_and_fg_brings_it_back_whole(tmp_path):
     """In a shell with job control: Ctrl-Z (a key in the TUI's raw mode) did nothing, and a
     SIGTSTP to the job (`kill -TSTP -PGID`) stopped the process the shell waits for before the
-    TUI had given the terminal back, so `fg` left the TUI stopped for good on a blank screen."""
+    TUI had given the terminal back, so `fg` left the TUI stopped for good on a blank screen.
+    A SIGCONT that follows no Ctrl-Z (alone, or after `kill -STOP`) started the screen over as it
+    ran: a second input thread, and at the exit the process waited on the first till a key came."""
     script = tmp_path / "ticker.py"
     script.write_text(SCRIPT)
     status = tmp_path / "status"
@@ -315,7 +321,16 @@ def test_ctrl_z_suspends_the_tui_to_the_shell_and_fg_brings_it_back_whole(tmp_pa
         (waiter,) = _children(shell)  # the process the shell started and waits for
         (tui,) = _children(waiter)  # the TUI and its engine
         ranks = [e["pid"] for e in read_events(next((tmp_path / "logs").iterdir())) if e["event"] == "started"]
-        for suspend in (lambda: os.killpg(os.getpgid(waiter), signal.SIGTSTP), lambda: term.press("C-z")):
+        threads = _threads(tui)
+        os.kill(tui, signal.SIGCONT)  # (its handler's work is on the loop before the key's)
+        term.press("z")
+        wait_for(lambda: " 1/1 " not in term.screen(), what="zoomed onto rank 0")
+        assert _threads(tui) == threads
+        term.press("z")
+        term.wait_screen(" 1/1 ")
+        # ... and `kill -STOP` of the TUI: the shell takes the terminal (its modes too) till `fg`
+        for suspend in (lambda: os.killpg(os.getpgid(waiter), signal.SIGTSTP), lambda: term.press("C-z"),
+                        lambda: os.kill(tui, signal.SIGSTOP)):
             suspend()
             term.wait_screen("Stopped")  # the shell has its prompt back
             assert kernel_state(waiter) == "T" and kernel_state(tui) == "T"
@@ -325,7 +340,8 @@ def test_ctrl_z_suspends_the_tui_to_the_shell_and_fg_brings_it_back_whole(tmp_pa
             term.press("fg", "Enter")
             term.wait_screen("hello from 1", " 0/0 ", " 1/1 ", "running", "world 2")  # every row redrawn
             assert kernel_state(waiter) != "T" and kernel_state(tui) != "T"
-        term.press("q")
+        assert _threads(tui) == threads
+        term.press("q")  # (a key, not a line: the TUI's modes are back)
         term.wait_screen("still running")
         term.press("y")
         wait_for(lambda: not os.path.exists(f"/proc/{waiter}"), timeout=15, what="ranktop exited")
@@ -438,7 +454,8 @@ def test_kill_of_a_suspended_tui_job_stops_its_run_as_in_the_foreground(tmp_path
 def test_bg_keeps_a_suspended_tuis_run_going_and_fg_brings_the_tui_back(tmp_path):
     """`bg` stopped the job again at once (SIGTTOU), its engine with it: the ranks' output went
     unread until `fg`. Now the TUI stays off the terminal and its engine runs; `fg` (no SIGCONT
-    for a job that runs) brings the screen back, and `kill %1` stops the run."""
+    for a job that runs) brings the screen back, and `kill %1` stops the run. The same for a TUI
+    stopped by `kill -STOP` and continued alone while the shell holds the terminal."""
     term, waiter, tui, ranks = _suspended_tui(tmp_path)
     try:
         term.press("bg", "Enter")
@@ -446,6 +463,17 @@ def test_bg_keeps_a_suspended_tuis_run_going_and_fg_brings_the_tui_back(tmp_path
         wait_for(lambda: _logged(tmp_path) > before + 2000, timeout=15, what="the engine logging in the background")
         assert kernel_state(waiter) != "T" and kernel_state(tui) != "T"
         term.press("clear", "Enter")
+        wait_for(lambda: "tick" not in term.screen(), what="the screen cleared")
+        term.press("fg", "Enter")
+        term.wait_screen("tick", " 0/0 ", " 1/1 ", "running")
+        # `kill -STOP` of the TUI (the shell takes the terminal), then `kill -CONT` of it alone: it
+        # set the terminal's modes from the background, and SIGTTOU stopped it again, engine and all
+        os.kill(tui, signal.SIGSTOP)
+        term.wait_screen("Stopped")
+        os.kill(tui, signal.SIGCONT)
+        before = _logged(tmp_path)
+        wait_for(lambda: _logged(tmp_path) > before + 2000, timeout=15, what="the engine logging off the screen")
+        term.press("clear", "Enter")  # (the shell wrote over the TUI's last frame: that is still there)
         wait_for(lambda: "tick" not in term.screen(), what="the screen cleared")
         term.press("fg", "Enter")
         term.wait_screen("tick", " 0/0 ", " 1/1 ", "running")

@@ -27,12 +27,13 @@ import contextlib
 import functools
 import os
 import signal
+import termios
 import threading
 import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from ranktop.tui.detach import in_foreground
+from ranktop.tui.detach import from_the_background, in_foreground
 from textual.drivers import linux_driver
 from textual.drivers.linux_driver import LinuxDriver
 
@@ -115,6 +116,7 @@ class TerminalDriver(LinuxDriver):
     _suspended = False  # Ctrl-Z gave the terminal back to the shell, and it is not taken again
     _leaving = False  # the app shuts down while suspended
     _watcher: threading.Thread | None = None
+    _modes: list[Any] | None = None  # the terminal's modes as the TUI set them
 
     def _sigtstp_application(self, *_: Any) -> None:
         """SIGTSTP (Ctrl-Z, `kill -TSTP`): Textual gave the terminal back and stopped the process
@@ -130,7 +132,44 @@ class TerminalDriver(LinuxDriver):
     def _sigcont_application(self, *_: Any) -> None:
         """SIGCONT: the screen is taken back on the event loop too, for the same reason."""
         if self._auto_restart:
-            self._on_loop(super()._sigcont_application)
+            self._on_loop(self._continued)
+
+    def _continued(self) -> None:
+        """Back from a stop: the screen is started again only if Ctrl-Z took it away. A SIGCONT that
+        followed no suspend (`kill -STOP` then `kill -CONT`, or a CONT alone) started it all over as
+        it ran: a second input thread read the keyboard, the modes kept for the exit were the TUI's
+        own raw ones (the shell was left without echo), and at the exit the process waited for the
+        first input thread until a key came, and lost that key."""
+        if not self._auto_restart:  # (App.suspend began meanwhile: it starts the screen itself)
+            return
+        if self._suspended:
+            super()._sigcont_application()
+        elif self._drawing() and self._terminal_taken():
+            # Stopped (SIGSTOP) while drawing, and a shell took the terminal meanwhile: as after a
+            # Ctrl-Z, the screen goes and comes back once the job is in front (now, after `fg`).
+            self._let_go()
+            self.start_application_mode()
+
+    def _terminal_taken(self) -> bool:
+        """Whether another job holds the terminal, or has set its modes (the shell, at the stop)."""
+        try:
+            modes = termios.tcgetattr(self.fileno)
+        except termios.error:  # (no terminal to take)
+            return False
+        return modes != self._modes or not in_foreground(self.fileno)
+
+    def _let_go(self) -> None:
+        """Off the terminal as a suspend leaves it, without a word to it: it is the shell's (modes set
+        from the background would stop the process, SIGTTOU)."""
+        signal.signal(signal.SIGWINCH, signal.SIG_DFL)
+        self.exit_event.set()
+        if self._key_thread is not None:
+            self._key_thread.join()
+        self.exit_event.clear()
+        with from_the_background():  # (what the writer still holds: `stty tostop` would stop it)
+            self.close()
+        self._suspended = True
+        self._must_signal_resume = True  # (the app redraws every row once back)
 
     def _on_loop(self, work: Callable[[], object]) -> bool:
         """Whether `work` will run on the app's event loop (safe from a signal handler: it takes no lock)."""
@@ -157,6 +196,8 @@ class TerminalDriver(LinuxDriver):
         super().start_application_mode()
         if not self._drawing():  # it found the job in the background after all (SIGTTOU), and stopped
             self._suspended = True
+        with contextlib.suppress(termios.error):  # (the TUI's own modes: a stop's SIGCONT compares)
+            self._modes = termios.tcgetattr(self.fileno)
 
     def _drawing(self) -> bool:
         return self._writer_thread is not None and self._writer_thread.is_alive()
