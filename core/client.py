@@ -38,6 +38,10 @@ STACKS_TIMEOUT = 60.0  # py-spy on many ranks takes seconds; a dump that never a
 
 
 REQUEST_SECONDS = 5.0  # a whole answer, however slowly its bytes come
+# A command's whole answer: the engine's monitor loop answers within 5 s, or says it did not
+# (agent_commands.ACK_TIMEOUT), and a stop or a group restart in a multi-node run takes up to 2 s of
+# that when the rendezvous's store hangs; its answer may be silent all that while.
+COMMAND_SECONDS = 8.0
 
 
 class RunGone(Exception):
@@ -79,11 +83,13 @@ class Connection:
     """One connection to a run's engine: request() sends a control message and returns the answer
     (a dict, plus the output frames that came with it)."""
 
-    def __init__(self, path: str, timeout: float = CONNECT_TIMEOUT, *, answer_within: float | None = None):
+    def __init__(self, path: str, timeout: float = CONNECT_TIMEOUT, *, answer_within: float | None = None,
+                 commands: bool = False):
         """`timeout`: for the connection and the engine's hello, and for each silence within an
         answer. `answer_within`: the time a whole answer may take, however slowly its bytes come
         (REQUEST_SECONDS unless given: a stack dump's takes longer, and may be silent for seconds
-        before it comes: given, only it bounds an answer's silences)."""
+        before it comes: given, only it bounds an answer's silences). `commands`: the connection
+        carries the commands of a view that has one of its own (the engine counts the view once)."""
         self.path = path
         self.answer_within = REQUEST_SECONDS if answer_within is None else answer_within
         self._timeout: float | None = timeout
@@ -96,7 +102,7 @@ class Connection:
             self._sock.connect(path)
             listener = listener_pid(self._sock)
             try:
-                self._sock.sendall(protocol.encode_control(protocol.hello("client")))
+                self._sock.sendall(protocol.encode_control(protocol.hello("client", **({"commands": True} if commands else {}))))
             except (BrokenPipeError, ConnectionResetError):  # refused at once: why is read next
                 pass
             first = self._next(time.monotonic() + max(timeout, REQUEST_SECONDS))
@@ -483,64 +489,81 @@ def _init_fields(kind: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(kind) if f.init}
 
 
+@dataclass(eq=False)
+class _Channel:
+    """One of a RemoteEngine's connections to its engine, asked one request at a time (`lock`),
+    made again by `connect` when lost."""
+
+    connect: Callable[[], Connection]
+    conn: Connection | None = None
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    dropped: str | None = None  # why the engine last ended this connection, until told (take_dropped)
+
+
 class RemoteEngine:
     """The Engine interface of a run served elsewhere on this host: what `ranktop attach` hands
     the TUI. close() only disconnects: the run goes on.
 
-    An engine that does not answer in time (stopped, swamped) is asked again on a new connection
-    a second later; the view keeps what it last saw meanwhile. An engine that has gone leaves the
-    last snapshot as the end, or better, the run's final.json when it wrote one."""
+    The view's requests (snapshots, the panes' output) and the commands go on two connections:
+    the engine may take seconds to answer a command (a stop's word to a hung store), and the view
+    waited behind it, frozen. An engine that does not answer in time (stopped, swamped) is asked
+    again, on either, on a new connection a second later; the view keeps what it last saw
+    meanwhile. An engine that has gone leaves the last snapshot as the end, or better, the run's
+    final.json when it wrote one."""
 
     def __init__(self, path: str, *, read_only: bool = False, look_ahead: bool = False):
         """`look_ahead`: also fetch every rank's newest FIRST_LOOK_LINES now, which answer each
         pane's first request (`ranktop attach` builds this engine while Textual loads)."""
         self.path = path
         self.read_only = read_only  # watch only (ranktop web without --control): acting commands are refused
-        self._conn: Connection | None = _long(Connection(path))
-        self._retry_at = 0.0
-        self._lock = threading.Lock()  # one request at a time (the UI's timer and its workers)
+        # The view's connection (the UI's timer and its workers, one request at a time)...
+        self._view = _Channel(lambda: _long(Connection(path, timeout=1.0)), _long(Connection(path)))
+        # ... and the commands', made at the first: its answers may be silent for seconds.
+        self._commands = _Channel(lambda: Connection(path, timeout=1.0, answer_within=COMMAND_SECONDS, commands=True))
+        self._retry_at = 0.0  # till when the engine counts as silent: nothing is sent to it
         self.gone = False  # the engine left (its run ended, or it was stopped)
-        self._dropped: str | None = None  # why the engine last ended our connection, until told (take_dropped)
         try:
-            self.last = served_snapshot(self._conn.snapshot())
+            self.last = served_snapshot(self._view.conn.snapshot())
         except RunGone:
-            self._conn.close()
+            self._view.conn.close()
             raise
         self._early: dict[int, tuple[OutputCursor, list[bytes], list[bytes]]] = {}
         if look_ahead:
             for rank in self.last.ranks:
                 self._early[rank.local_rank] = self.output_since(rank.local_rank, None, FIRST_LOOK_LINES)
 
-    def _ask(self, ask: Callable[[Connection], Any]) -> Any:
-        """ask(connection)'s answer; EngineSilent while the engine does not answer (the
-        connection is dropped, a new one tried a second later); RunGone once it has gone. A
-        connection the engine closed is not the engine's end: it drops one that asked nothing
-        for long (a view suspended overnight) or took nothing (behind a frozen link), so a new
-        connection is tried at once, and only where none is made has the engine gone."""
-        with self._lock:
-            if self._conn is None:
-                if time.monotonic() < self._retry_at:
-                    raise EngineSilent("the run's engine does not answer")
-                self._connect()
+    def _ask(self, ask: Callable[[Connection], Any], channel: _Channel | None = None) -> Any:
+        """ask(the view's connection, or `channel`'s)'s answer; EngineSilent while the engine does
+        not answer (the connection is dropped, a new one tried a second later, and until then
+        nothing is sent on either); RunGone once it has gone. A connection the engine closed is
+        not the engine's end: it drops one that asked nothing for long (a view suspended
+        overnight, commands not sent for 10 minutes) or took nothing (behind a frozen link), so a
+        new connection is tried at once, and only where none is made has the engine gone."""
+        channel = channel or self._view
+        with channel.lock:
+            if time.monotonic() < self._retry_at:
+                raise EngineSilent("the run's engine does not answer")
+            if channel.conn is None:
+                self._connect(channel)
             try:
-                return self._ask_on(ask)
+                return self._ask_on(ask, channel)
             except EngineSilent:
                 raise
             except RunGone as exc:
                 if isinstance(exc, Dropped):  # (kept where no new connection is made now: said once one is)
-                    self._dropped = str(exc)
-                self._connect()
-            return self._ask_on(ask)  # (as above, on the new connection: gone now is gone)
+                    channel.dropped = str(exc)
+                self._connect(channel)
+            return self._ask_on(ask, channel)  # (as above, on the new connection: gone now is gone)
 
-    def _ask_on(self, ask: Callable[[Connection], Any]) -> Any:
-        """ask(the connection)'s answer; a connection that fails it is closed: one whose answer
-        did not come in time would give that answer, late, to the next request (rank 0's lines
-        as rank 1's), so a new one is tried a second later."""
+    def _ask_on(self, ask: Callable[[Connection], Any], channel: _Channel) -> Any:
+        """ask(the channel's connection)'s answer; a connection that fails it is closed: one whose
+        answer did not come in time would give that answer, late, to the next request (rank 0's
+        lines as rank 1's), so a new one is tried a second later."""
         try:
-            return ask(self._conn)
+            return ask(channel.conn)
         except RunGone as exc:
-            self._conn.close()
-            self._conn = None
+            channel.conn.close()
+            channel.conn = None
             if isinstance(exc, EngineSilent):
                 self._retry_at = time.monotonic() + 1.0
             raise
@@ -548,20 +571,22 @@ class RemoteEngine:
     def take_dropped(self) -> str | None:
         """Why the engine ended this view's connection, once a new one has taken its place; said
         once. None meanwhile, and while a request is under way (the caller asks again on its next
-        tick rather than wait for it)."""
-        if not self._lock.acquire(blocking=False):
+        tick rather than wait for it). (The commands' connection, dropped when no command came for
+        10 minutes, is made again at the next one without a word.)"""
+        view = self._view
+        if not view.lock.acquire(blocking=False):
             return None
         try:
-            if self._conn is None:
+            if view.conn is None:
                 return None
-            why, self._dropped = self._dropped, None
+            why, view.dropped = view.dropped, None
             return why
         finally:
-            self._lock.release()
+            view.lock.release()
 
-    def _connect(self) -> None:
+    def _connect(self, channel: _Channel) -> None:
         try:
-            self._conn = _long(Connection(self.path, timeout=1.0))
+            channel.conn = channel.connect()
         except (EngineSilent, EngineRefused) as exc:  # there, not for us now: asked again later
             self._retry_at = time.monotonic() + 1.0
             raise EngineSilent(str(exc)) from None
@@ -621,7 +646,7 @@ class RemoteEngine:
         try:
             if isinstance(command, (cmd.DumpStacks, cmd.SignalDump)):
                 return self._stacks(name, args)
-            answer = self._ask(lambda conn: conn.command(name, **args))
+            answer = self._ask(lambda conn: conn.command(name, **args), self._commands)
         except RunGone as exc:
             return cmd.Ack(False, str(exc))
         return cmd.Ack(bool(answer.get("ok")), str(answer.get("message")))
@@ -641,10 +666,11 @@ class RemoteEngine:
         return last_dump_in(self.last.log_dir, "the run's engine has gone")
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        for channel in (self._view, self._commands):
+            with channel.lock:
+                if channel.conn is not None:
+                    channel.conn.close()
+                    channel.conn = None
 
 
 def _long(conn: Connection) -> Connection:

@@ -14,10 +14,12 @@ loop's queue like a key press. Requests (after each side's hello):
   added (a restart's separator): a rank can print the same bytes, so the mark is never in them.
   A client that does not know "own" shows those lines as output, as before it was added
 - {"type": "command", "id": I, "command": NAME, "args": {...}} -> {"type": "ack", "id": I, "ok": B,
-  "message": S}, for the commands in RELAYED; a stack dump's ack also carries "report" (the
-  StackReport as JSON), and comes later, from a thread of its own, so a client waits for it on a
-  connection of its own; "stays": true where the TUI that started the run holds its engine (it
-  stays after the end until that TUI is quit)
+  "message": S}, for the commands in RELAYED, answered from a thread of their own (the engine takes
+  seconds over some: a stop's word to a hung store): meanwhile the other clients are served, and
+  what this one sent after the command waits for its ack. A stack dump's ack also carries "report"
+  (the StackReport as JSON), and comes later, from a thread of its own, while the client's other
+  requests are answered, so a client waits for it on a connection of its own; "stays": true where
+  the TUI that started the run holds its engine (it stays after the end until that TUI is quit)
 
 - {"type": "subscribe", "ranks": [R...] | null, "cursors": {"R": [G, N]}} -> {"type": "subscribed",
   "snapshot": ...}, then, pushed every PUSH_SECONDS: each subscribed rank's new output from its
@@ -54,6 +56,8 @@ why), each for SHORT_SECONDS and refused a subscription, so that `ranktop ls` an
 however many clients stay. A newcomer past those, or one that finds the engine out of
 descriptors, is refused with an error that says why and a one-word "refused" ("full", "busy"):
 the engine is there, only not for it. The engine and the ranks never wait on a client.
+A client whose hello says "commands": true is an attached view's second connection, which carries
+its commands: it is not counted in the "clients" a snapshot gives (`ranktop ls`: one per view).
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ from ranktop.core.layout import SET_TMPDIR, path_problem, temp_dir
 from ranktop.core.output import RanktopLine
 
 SEND_TIMEOUT = 2.0  # seconds the clients have, all together, to take what is left for them on the way out
+LAST_ANSWERS_SECONDS = 2.0  # on the way out, how long the commands still being answered are waited for
 PUSH_SECONDS = 0.05  # how often subscribers get what is new
 MAX_PENDING = 16 << 20  # bytes a subscriber may owe before it is dropped
 MAX_REPLY_BYTES = 2 << 20  # output lines per answer: a client asks again for the rest
@@ -119,7 +124,8 @@ FRAMES_PER_ROUND = 8
 ACCEPT_PAUSE = 0.5  # out of descriptors even for the spare: stop accepting for this long
 RELAYED = {c.__name__: c for c in (cmd.SignalRank, cmd.SignalGroup, cmd.KillRank, cmd.KillGroup, cmd.RestartRank,
                                    cmd.RestartGroup, cmd.Stop, cmd.SendInput, cmd.DumpStacks, cmd.SignalDump)}
-# Answered from a thread of their own (py-spy takes seconds): the other clients are not kept waiting.
+# Answered (as every command) from a thread of their own, py-spy taking seconds, but without holding
+# back their client's later requests meanwhile: a client waits for a dump on a connection of its own.
 SLOW = (cmd.DumpStacks, cmd.SignalDump)
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
@@ -276,10 +282,15 @@ class _Client:
     frame_end: int = 0
     farewell: bytearray | None = None  # dropped: the end of its frame and why, to send before the close
     farewell_by: float = 0.0  # by when that must be taken
-    dumps: int = 0  # stack dumps running for it, each answered later from a thread of its own
-    # It sent its end of file while its dumps ran: it stays, to be sent their answers.
-    awaits_dumps: bool = False
-    parked: bool = False  # leaving, all sent, its dumps still running: out of the selector meanwhile
+    later: int = 0  # its commands and stack dumps being answered, each from a thread of its own
+    # A command of its is being answered: what it sent after it waits, unread, for that answer
+    # (a connection's answers come in the order it asked, its commands are applied in that order).
+    busy: bool = False
+    # It sent its end of file while its dumps ran: it stays, to be sent their answers (one whose
+    # command is being answered is not read meanwhile: its end of file is read after the ack).
+    awaits_later: bool = False
+    parked: bool = False  # out of the selector: busy, owing nothing; or leaving, all sent, awaiting answers
+    counted: bool = True  # in `clients`: not a view's second connection, which carries its commands
 
 
 class EngineServer:
@@ -319,10 +330,11 @@ class EngineServer:
         self._next_check = 0.0  # when idle and unreading clients are looked for next
         self._spare_fd = _spare_fd()  # given up for a moment to refuse a client when out of descriptors
         self._accept_paused_until = 0.0
-        self._later: list[tuple[_Client, bytes | str]] = []  # slow answers (or why not), sent by the server thread
+        self._later: list[tuple[_Client, bytes | str, bool]] = []  # answers made in threads (or why not), sent by the server thread
         self._later_lock = threading.Lock()  # also held by a wake-up's write and by the close of its pipe
         self._closed = False
         self._leave = threading.Event()  # set by a Stop once the run has ended: stop lingering
+        self._relays: list[threading.Thread] = []  # the threads that answer commands (those still running among them)
         # A TUI on the terminal that started the run holds the engine: after the end it stays
         # until that person quits it (a Stop's ack says so: `ranktop stop` waits for the end only).
         self.shown = False
@@ -397,8 +409,8 @@ class EngineServer:
         """(why, refusal word) where `client` is past one of its deadlines, else None."""
         if client.hello_due is not None and now >= client.hello_due:
             return f"no hello within {HELLO_SECONDS:g}s", None
-        # (one whose turn is still to come is not read meanwhile)
-        if client.frame_due is not None and now >= client.frame_due and client.queued is None:
+        # (one whose turn is still to come, or whose command is being answered, is not read meanwhile)
+        if client.frame_due is not None and now >= client.frame_due and client.queued is None and not client.busy:
             return f"a frame left unfinished for {FRAME_SECONDS:g}s", None
         if client.short_due is not None and now >= client.short_due:
             return _SHORT, "full"
@@ -497,7 +509,11 @@ class EngineServer:
                     break
                 client.asked_at = max(client.asked_at, time.monotonic())  # (not while a dump runs for it)
                 self._answer_safely(conn, queue.popleft())
-            if not queue or conn not in self._clients:
+                if client.busy:  # the rest waits for its command's answer (_send_later)
+                    break
+            if client.busy and queue and conn in self._clients:
+                self._waiting.pop(conn, None)
+            elif not queue or conn not in self._clients:
                 self._waiting.pop(conn, None)
                 client.queued = None
                 if client.frame_due is not None:  # it was not read while it waited: its unfinished frame's time starts now
@@ -517,6 +533,9 @@ class EngineServer:
         if kind == "hello":
             protocol.check_hello(message, "client")
             client.hello_due = None
+            if message.get("commands") is True:  # an attached view's second connection: the view is counted once
+                client.counted = False
+                self.clients -= 1
             return
         if client.hello_due is not None:
             raise protocol.ProtocolError("say hello first")
@@ -717,7 +736,19 @@ class EngineServer:
         if on == client.writing or client.sock not in self._clients:
             return
         client.writing = on
-        self._selector.modify(client.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0), client)
+        self._watch(client, (0 if client.busy else selectors.EVENT_READ) | (selectors.EVENT_WRITE if on else 0))
+
+    def _watch(self, client: _Client, events: int) -> None:
+        """Watch `client`'s socket for `events`; for none, take it out of the selector (parked)."""
+        if not events:
+            if not client.parked:
+                client.parked = True
+                self._selector.unregister(client.sock)
+        elif client.parked:
+            client.parked = False
+            self._selector.register(client.sock, events, client)
+        else:
+            self._selector.modify(client.sock, events, client)
 
     def _command(self, client: _Client, message: dict) -> dict | None:
         kind, args = RELAYED.get(str(message.get("command"))), message.get("args") or {}
@@ -730,16 +761,41 @@ class EngineServer:
             command = kind(**args)
         except TypeError as exc:
             return {"ok": False, "message": f"bad {kind.__name__}: {exc}"}
-        if isinstance(command, SLOW):
-            client.asked_at = math.inf  # waiting for its answer is not idling
-            client.dumps += 1
-            threading.Thread(target=self._dump, args=(client, message.get("id"), command), name="ranktop-server-dump",
-                             daemon=True).start()
-            return None
+        self._answer_later(client, message.get("id"), command)
+        return None
+
+    def _answer_later(self, client: _Client, request_id: Any, command: cmd.Command) -> None:
+        """Answer `command` from a thread of its own. The engine takes seconds to answer some: a
+        stack dump (py-spy), and a stop or a group restart in a multi-node run, whose word waits on
+        the rendezvous's store (up to the monitor loop's 5 s where it hangs). Answered here, the
+        other clients waited for them, and so did the view of the TUI that sent one, on its other
+        connection: its snapshots and panes froze for the command's wait, and `ls` found the engine
+        not answering. A command (not a dump) holds back what its client sent after it until it is
+        answered: a connection's answers come in the order it asked."""
+        slow = isinstance(command, SLOW)
+        client.asked_at = math.inf  # waiting for its answer is not idling
+        client.later += 1
+        if not slow:
+            client.busy = True
+            self._watch(client, selectors.EVENT_WRITE if client.writing else 0)  # (not read meanwhile: not spun on)
+        answer = self._dump if slow else self._relay
+        thread = threading.Thread(target=answer, args=(client, request_id, command),
+                                  name="ranktop-server-dump" if slow else "ranktop-server-command", daemon=True)
+        if not slow:  # (close() sends their answers: a stop's ack, say, which ends a lingering engine)
+            self._relays = [t for t in self._relays if t.is_alive()] + [thread]
+        thread.start()
+
+    def _relay(self, client: _Client, request_id: Any, command: cmd.Command) -> None:
+        data: bytes | str  # the ack, or why the client is dropped instead (a request not answered costs its client)
+        try:
+            ack = self.engine.submit(command)
+            data = protocol.encode_control({"type": "ack", "id": request_id, "ok": ack.ok, "message": ack.message,
+                                            **({"stays": True} if self.shown else {})})
+        except Exception as exc:
+            data = _why_dropped(exc)
+        self._answered(client, data, held=True)
         if isinstance(command, cmd.Stop):  # (an ended run's engine says the stop got what it asked for)
-            self._leave.set()  # whoever stops a run wants it gone: no lingering after this end
-        ack = self.engine.submit(command)
-        return {"ok": ack.ok, "message": ack.message, **({"stays": True} if self.shown else {})}
+            self._leave.set()  # whoever stops a run wants it gone: no lingering after this end (its ack goes first)
 
     def _dump(self, client: _Client, request_id: Any, command: cmd.DumpStacks | cmd.SignalDump) -> None:
         data: bytes | str  # the answer, or why the client is dropped instead (no answer could be framed)
@@ -751,8 +807,13 @@ class EngineServer:
                 data = protocol.encode_control({"type": "ack", "id": request_id, "ok": False, "message": why})
             except protocol.ProtocolError:  # an id that fills a frame: no ack of it fits one
                 data = why
+        self._answered(client, data, held=False)
+
+    def _answered(self, client: _Client, data: bytes | str, held: bool) -> None:
+        """Hand an answer made in a thread to the server's thread, which sends it (`held`: its
+        client's later requests wait for it)."""
         with self._later_lock:
-            self._later.append((client, data))
+            self._later.append((client, data, held))
         self._wake(b"a")
 
     def _wake(self, why: bytes) -> None:
@@ -780,27 +841,37 @@ class EngineServer:
     def _send_later(self) -> None:
         with self._later_lock:
             later, self._later = self._later, []
-        for client, data in later:
-            client.dumps -= 1
+        for client, data, held in later:
+            client.later -= 1
             if client.sock in self._clients:
-                if not client.dumps:
+                if not client.later:
                     client.asked_at = time.monotonic()
                 if isinstance(data, str):
                     self._drop(client.sock, data)
-                else:
-                    self._send(client, data)
-            elif client.awaits_dumps and client.farewell is not None:  # it sent its end of file while the dump ran
+                    continue
+                self._send(client, data)
+                if held:
+                    self._go_on(client)
+            elif client.awaits_later and client.farewell is not None:  # it sent its end of file while the answer was made
                 self._answer_leaving(client, data if isinstance(data, bytes) else _error(data, None))
 
+    def _go_on(self, client: _Client) -> None:
+        """Its command answered, `client` is read again and what it sent after it answered."""
+        client.busy = False
+        self._watch(client, selectors.EVENT_READ | (selectors.EVENT_WRITE if client.writing else 0))
+        if client.queued:
+            self._waiting[client.sock] = client
+        elif client.frame_due is not None:  # it was not read meanwhile: its unfinished frame's time starts now
+            client.frame_due = time.monotonic() + FRAME_SECONDS
+
     def _answer_leaving(self, client: _Client, data: bytes) -> None:
-        """A dump's answer to a client that sent its end of file while the dump ran: sent behind
-        what it is still owed; once its last dump has answered, it has FAREWELL_SECONDS to take it."""
+        """An answer made in a thread (a dump's, a command's) to a client that sent its end of file
+        meanwhile: sent behind what it is still owed; once its last is made, it has FAREWELL_SECONDS
+        to take them."""
         client.farewell += data
-        if not client.dumps:
+        if not client.later:
             client.farewell_by = time.monotonic() + FAREWELL_SECONDS
-        if client.parked:
-            client.parked = False
-            self._selector.register(client.sock, selectors.EVENT_WRITE, client)
+        self._watch(client, selectors.EVENT_WRITE)
         self._say_farewell(client)
 
     def _refuse(self, conn: socket.socket, reason: str, word: str | None = None) -> None:
@@ -823,19 +894,19 @@ class EngineServer:
             return
         self._waiting.pop(conn, None)
         self._subscribers.pop(conn, None)
-        self.clients -= 1
+        self.clients -= client.counted
         outbox, client.outbox = client.outbox, None
-        client.awaits_dumps = owed and client.dumps > 0  # (a socket that only sent its end of file still reads)
-        if not (reason or owed and (outbox or client.awaits_dumps)) or outbox is None or len(self._leaving) >= MAX_CLIENTS:
+        client.awaits_later = owed and client.later > 0  # (a socket that only sent its end of file still reads)
+        if not (reason or owed and (outbox or client.awaits_later)) or outbox is None or len(self._leaving) >= MAX_CLIENTS:
             self._close(client)
             return
         # Why, after the frame it is in the middle of: what it owed beyond it is what it did not
         # take (sent with all of it, the reason was lost behind it, and `logs -f` said only that
         # the engine had ended the connection).
         client.farewell = outbox if owed else outbox[:client.frame_end] + _error(reason, refused)
-        client.farewell_by = time.monotonic() + (DUMP_FAREWELL_SECONDS if client.awaits_dumps else FAREWELL_SECONDS)
+        client.farewell_by = time.monotonic() + (DUMP_FAREWELL_SECONDS if client.awaits_later else FAREWELL_SECONDS)
         self._leaving[conn] = client
-        self._selector.modify(conn, selectors.EVENT_WRITE, client)
+        self._watch(client, selectors.EVENT_WRITE)
         self._say_farewell(client)
 
     def _say_farewell(self, client: _Client) -> None:
@@ -846,11 +917,9 @@ class EngineServer:
         except BlockingIOError:
             return
         except OSError:  # it closed: no answer reaches it
-            client.awaits_dumps = False
-        if client.awaits_dumps and client.dumps:  # all sent so far: it waits for its dumps' answers
-            if not client.parked:  # (its socket is writable all along: watched, the loop would spin)
-                client.parked = True
-                self._selector.unregister(client.sock)
+            client.awaits_later = False
+        if client.awaits_later and client.later:  # all sent so far: it waits for its answers
+            self._watch(client, 0)  # (its socket is writable all along: watched, the loop would spin)
             return
         self._close(client)
 
@@ -881,6 +950,15 @@ class EngineServer:
             for sig, handler in before.items():
                 signal.signal(sig, handler)
 
+    def _last_answers(self) -> None:
+        """On the way out (the server's thread has ended): the answers to the commands still being
+        answered, waited for LAST_ANSWERS_SECONDS at most (an engine that has ended answers at
+        once), into their clients' outboxes, with those made meanwhile."""
+        deadline = time.monotonic() + LAST_ANSWERS_SECONDS
+        for thread in self._relays:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._send_later()
+
     def close(self) -> None:
         """Stop serving and remove the socket: `ranktop ls` no longer lists the run."""
         if self._closed:
@@ -889,6 +967,7 @@ class EngineServer:
         self._wake(b"x")
         self._thread.join(5.0)
         if not self._thread.is_alive():
+            self._last_answers()
             self._last_push()
         for conn in list(self._clients):
             self._drop(conn)

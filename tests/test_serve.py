@@ -2158,8 +2158,8 @@ def test_attach_look_ahead_answers_the_first_screen_and_goes_on_with_no_gap(tmp_
         engine = RemoteEngine(run.path, look_ahead=True)
         try:
             asked = []
-            real_output = engine._conn.output
-            monkeypatch.setattr(engine._conn, "output", lambda *a: asked.append(a) or real_output(*a))
+            real_output = engine._view.conn.output
+            monkeypatch.setattr(engine._view.conn, "output", lambda *a: asked.append(a) or real_output(*a))
             cursor, lines, _ = engine.output_since(0, OutputCursor(engine.last.generation, 0), FIRST_LOOK_LINES)
             assert asked == [] and len(lines) == FIRST_LOOK_LINES  # answered by the look-ahead
             seen = [int(x) for x in lines]
@@ -2361,6 +2361,54 @@ def test_an_engine_that_stops_answering_is_waited_for_not_taken_for_the_runs_end
         assert not engine.gone
     finally:
         hold.set()
+        engine.close()
+
+
+def test_an_attached_view_does_not_wait_behind_a_command_the_engine_answers_slowly(served_fake):
+    """A stop or an R in a multi-node run is answered once the store took the node's word: up to
+    2 s where it hangs. The attached TUI's snapshots and panes waited behind it (one connection,
+    one lock, and the engine's one server thread), its view frozen. They are answered meanwhile,
+    `ls` too, which counts the view once (its commands have a connection of their own); the
+    command's slow answer is its answer, not a silent engine's."""
+    from ranktop.core import commands as cmd
+    from ranktop.core.client import RemoteEngine, served_runs
+
+    fake, path = served_fake
+    held, viewed, submit = threading.Event(), threading.Event(), fake.submit
+
+    def slow_stop(command):
+        if isinstance(command, cmd.Stop):
+            began = time.monotonic()
+            held.set()
+            viewed.wait(10)
+            # past a second's silence: what a command's connection made again after a drop allowed
+            time.sleep(max(0.0, began + 1.5 - time.monotonic()))
+        return submit(command)
+
+    fake.submit = slow_stop
+    fake.print(0, "before the stop")
+    engine = RemoteEngine(path)
+    seen = {}
+
+    def view():  # the UI's tick and a pane's worker
+        seen["lines"] = engine.output_since(0, None)[1]
+        seen["state"] = engine.snapshot().state.value
+        seen["clients"] = [(run.snapshot["state"], run.clients) for run in served_runs()]
+        viewed.set()
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            stop = pool.submit(engine.submit, cmd.Stop(signal.SIGTERM))  # the TUI's sender
+            assert held.wait(10)
+            pool.submit(view)
+            assert viewed.wait(5), "the view waited behind the stop"
+            assert not stop.done()
+            assert seen == {"lines": [b"before the stop"], "state": "running", "clients": [("running", 1)]}
+            ack = stop.result(10)
+        assert (ack.ok, ack.message) == (True, "fake: Stop")
+        assert engine.snapshot().state.value == "running" and engine.take_dropped() is None and not engine.gone
+    finally:
+        viewed.set()
         engine.close()
 
 
