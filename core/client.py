@@ -646,10 +646,24 @@ class RemoteEngine:
         try:
             if isinstance(command, (cmd.DumpStacks, cmd.SignalDump)):
                 return self._stacks(name, args)
-            answer = self._ask(lambda conn: conn.command(name, **args), self._commands)
+            channel = self._channel_for(command)
+            try:
+                answer = self._ask(lambda conn: conn.command(name, **args), channel)
+            finally:
+                if channel is not self._commands and channel.conn is not None:  # (the kill's own)
+                    channel.conn.close()
         except RunGone as exc:
             return cmd.Ack(False, str(exc))
         return cmd.Ack(bool(answer.get("ok")), str(answer.get("message")))
+
+    def _channel_for(self, command: cmd.Command) -> _Channel:
+        """The commands' connection; for a kill now (a second q or Ctrl-C) that finds a command
+        still being answered there (a stop waiting on a hung store), one of its own, for the kill
+        alone: it reaches the engine at once, and ends the stop's wait, where behind the stop it
+        waited for it."""
+        if isinstance(command, cmd.KillGroup) and self._commands.lock.locked():
+            return _Channel(self._commands.connect)
+        return self._commands
 
     def _stacks(self, name: str, args: dict) -> cmd.Ack:
         return dump_stacks(self.path, name, args)

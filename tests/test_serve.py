@@ -2369,18 +2369,22 @@ def test_an_attached_view_does_not_wait_behind_a_command_the_engine_answers_slow
     2 s where it hangs. The attached TUI's snapshots and panes waited behind it (one connection,
     one lock, and the engine's one server thread), its view frozen. They are answered meanwhile,
     `ls` too, which counts the view once (its commands have a connection of their own); the
-    command's slow answer is its answer, not a silent engine's."""
+    command's slow answer is its answer, not a silent engine's; and a kill now sent meanwhile
+    reaches the engine at once."""
     from ranktop.core import commands as cmd
     from ranktop.core.client import RemoteEngine, served_runs
 
     fake, path = served_fake
-    held, viewed, submit = threading.Event(), threading.Event(), fake.submit
+    held, viewed, killed, submit = threading.Event(), threading.Event(), threading.Event(), fake.submit
 
     def slow_stop(command):
+        if isinstance(command, cmd.KillGroup):
+            killed.set()
         if isinstance(command, cmd.Stop):
             began = time.monotonic()
             held.set()
             viewed.wait(10)
+            killed.wait(10)  # (a kill behind the stop ends its wait for the store)
             # past a second's silence: what a command's connection made again after a drop allowed
             time.sleep(max(0.0, began + 1.5 - time.monotonic()))
         return submit(command)
@@ -2404,7 +2408,11 @@ def test_an_attached_view_does_not_wait_behind_a_command_the_engine_answers_slow
             assert viewed.wait(5), "the view waited behind the stop"
             assert not stop.done()
             assert seen == {"lines": [b"before the stop"], "state": "running", "clients": [("running", 1)]}
+            # a second q: the kill goes at once, on a connection of its own (it waited behind the stop)
+            kill = pool.submit(engine.submit, cmd.KillGroup())
+            assert killed.wait(5) and not stop.done(), "the kill waited behind the stop"
             ack = stop.result(10)
+            assert kill.result(10).ok
         assert (ack.ok, ack.message) == (True, "fake: Stop")
         assert engine.snapshot().state.value == "running" and engine.take_dropped() is None and not engine.gone
     finally:
