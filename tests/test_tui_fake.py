@@ -324,6 +324,13 @@ def test_the_end_panel_says_why_a_run_ended_with_no_rank_to_blame(state, fields,
         await until(pilot, lambda: shown in re.sub(r"after \d+:\d\d:\d\d", "after 0:00:00", end_panel(app)),
                     what="why, in the end panel")
         assert "stopped on request" not in end_panel(app)
+        # The app has handled the end (its footer left out the keys that act), and no toast says
+        # the panel's words again: a 30 s one of the rendezvous's error sat on the panel, its
+        # text cut under it (a peer node's K, tmux at 160 columns).
+        await until(pilot, lambda: "k" not in [key.key for key in shown_footer_keys(app)],
+                    what="the end handled by the app")
+        await pilot.pause()
+        assert fields.get("rendezvous_error", "no rendezvous error") not in notes(app), notes(app)
 
     drive(engine, body)
 
@@ -1035,6 +1042,10 @@ def test_the_root_cause_heading_names_the_attempt_its_rank_failed_in():
         rows = screen_rows(app)
         assert "attempt_0 (pid 4967)" in rows[head.region.y]
         assert f"then: {timed_out}" in [row.strip() for row in rows[head.region.y:]], rows
+        await until(pilot, lambda: "k" not in [key.key for key in shown_footer_keys(app)],
+                    what="the end handled by the app")
+        await pilot.pause()
+        assert timed_out not in notes(app), notes(app)  # (a toast of it covered the panel's text)
 
     drive(engine, body)
 

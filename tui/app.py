@@ -29,7 +29,16 @@ from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.pager import end_pager
 from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, LogView, alive_count, can_act, read_only
-from ranktop.tui.screens import SCREEN_KEYS, SIDEWAYS, ConfirmQuit, HelpScreen, Palette, RootCausePanel, SignalPicker
+from ranktop.tui.screens import (
+    SCREEN_KEYS,
+    SIDEWAYS,
+    ConfirmQuit,
+    HelpScreen,
+    Palette,
+    RootCausePanel,
+    SignalPicker,
+    panel_says_rendezvous_error,
+)
 from ranktop.tui.sender import Answered, CommandSender
 from textual import events, on
 from textual.actions import ActionParseResult, parse
@@ -186,7 +195,8 @@ class RanktopApp(App):
             # The error may quote rank-supplied text: shown as plain, safe text, never as markup.
             self.notify(clean(f"ranktop failed: {event.snapshot.error}"), severity="error", timeout=30,
                         markup=False)
-        elif event.snapshot.rendezvous_error:
+        elif event.snapshot.rendezvous_error and not panel_says_rendezvous_error(event.snapshot):
+            # (where the end panel says it, a toast of the same words covered the panel's text for 30 s)
             self.notify(clean(event.snapshot.rendezvous_error), severity="error", timeout=30, markup=False)
         if self._exit_when_ended:
             self.exit(self.exit_status)
