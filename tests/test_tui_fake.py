@@ -361,6 +361,30 @@ def test_exit_on_end_leaves_with_the_engines_status():
     assert app.exit_status == 1 and app.main.ended
 
 
+def test_q_after_k_asks_nothing_and_leaves_once_the_group_has_stopped():
+    """q while K's stop ran asked `2 rank(s) still running. Stop them (SIGTERM, SIGKILL after 3 s)
+    and quit?` of ranks already stopping (tmux, ranks that ignore SIGTERM). It leaves once the stop
+    is over, as after q's own `y`, and q again kills now."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("K", "K")
+        await until(pilot, lambda: "fake: Stop" in notes(app), what="K's stop taken")
+        engine.group = dataclasses.replace(engine.group, state=GroupState.STOPPING)
+        await pilot.press("q")
+        header = app.main.query_one(GroupHeader)
+        await until(pilot, lambda: "q again: kill now" in header.render().plain, what="q's note")
+        assert app.screen is app.main and app.user_quit  # no question
+        await pilot.press("q")
+        await until(pilot, lambda: cmd.KillGroup() in engine.commands, what="the kill")
+        assert engine.commands == [cmd.Stop(signal.SIGTERM), cmd.KillGroup()]  # (no second stop)
+        engine.end(GroupState.STOPPED, 130)
+        await until(pilot, lambda: not app.is_running, what="app closed once stopped")
+
+    app = drive(engine, body)
+    assert app.exit_status == 130
+
+
 def test_quit_confirmation_names_the_engines_grace_and_stops_through_it():
     engine = FakeEngine(2)
 
