@@ -169,6 +169,7 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
     error. `success_line`: also say so when it succeeded (the TUI leaves nothing else behind),
     with `earlier_attempts` (GroupSnapshot.earlier_words_before_cause) where there were any."""
     parts = []
+    rendezvous_error = result.rendezvous_error if result.stop_signal is None else None
     if result.root_cause is not None:  # a rank that failed on its own, maybe before a stop
         parts.append(format_root_cause(result.root_cause, name=name, attempt=attempt, max_restarts=max_restarts,
                                        run_dir=run_dir, user_restarts=user_restarts, then=_how_stopped(result)))
@@ -180,6 +181,13 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
                      f"logs in {clean(str(run_dir))}")
     elif success_line and result.state == GroupState.SUCCEEDED:
         parts.append(f"ranktop: {name} succeeded: all ranks exited 0; logs in {clean(str(run_dir))}")
+    if rendezvous_error and not parts:
+        # Why no rank ran (a peer's stop with no restart left, a round that never formed) heads the
+        # report, and the lines under it are its: `  earlier attempts: ...` came first, alone.
+        parts.append(f"ranktop: error: {rendezvous_error}")
+        if success_line and run_dir:  # (the TUI's closing words name the run's directory)
+            parts.append(f"  logs: {clean(str(run_dir))}")
+        rendezvous_error = None
     if success_line and earlier_attempts:
         parts.append("  earlier attempts: " + earlier_attempts)
     if success_line and result.end_note:  # (headless said it when it happened)
@@ -189,8 +197,8 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
     for rank, pid in sorted(result.unreapable.items()):
         parts.append(f"ranktop: rank {rank} (pid {pid}) outlived SIGKILL (stuck in the kernel); "
                      "left to the orphan guard")
-    if result.rendezvous_error and result.stop_signal is None:
-        parts.append(f"ranktop: error: {result.rendezvous_error}")
+    if rendezvous_error:  # after the root cause: why no later attempt ran
+        parts.append(f"ranktop: error: {rendezvous_error}")
     if parts and result.interpreter:  # PYTHON_EXEC or another env's python: which one ran matters
         parts.append(f"  the ranks ran {clean(result.interpreter)}")
     return "\n".join(parts)

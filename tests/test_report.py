@@ -117,6 +117,18 @@ def test_the_earlier_attempts_line_leaves_out_the_attempt_the_root_cause_names()
     assert report_after_tui(ended_there).endswith("\n  logs: /logs/r\n  earlier attempts: attempt_0: rank 1 failed (exit 1)")
 
 
+def test_a_rendezvous_error_with_no_rank_to_blame_heads_the_report_a_tui_leaves():
+    """A node whose peer was stopped by its user (K) after an R, no restart left: the TUI left
+    `  earlier attempts: attempt_0: restarted by the user` first, indented under nothing, then
+    the error, and no word of where the logs are."""
+    peer_stopped = ("node localhost (group rank 0) of the c10d rendezvous 'j' was stopped by its user (K, q or "
+                    "ranktop stop), and this node has no restarts left (0 of 0 spent)")
+    group = dataclasses.replace(_group(None), attempt=1, ended=True, rendezvous_error=peer_stopped,
+                                earlier_attempts=("attempt_0: restarted by the user",))
+    assert report_after_tui(group).splitlines() == [
+        f"ranktop: error: {peer_stopped}", "  logs: /logs/r", "  earlier attempts: attempt_0: restarted by the user"]
+
+
 def test_a_failure_without_an_error_file_still_says_where_the_logs_are():
     killed = _cause(exitcode=-9, signal_name="SIGKILL", message="", traceback="", error_file=None)
     after_tui = report_after_tui(dataclasses.replace(_group(killed), ended=True))

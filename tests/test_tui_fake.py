@@ -324,6 +324,13 @@ def test_the_end_panel_says_why_a_run_ended_with_no_rank_to_blame(state, fields,
         await until(pilot, lambda: shown in re.sub(r"after \d+:\d\d:\d\d", "after 0:00:00", end_panel(app)),
                     what="why, in the end panel")
         assert "stopped on request" not in end_panel(app)
+        # The app has handled the end (its footer left out the keys that act), and no toast says
+        # the panel's words again: a 30 s one of the rendezvous's error sat on the panel, its
+        # text cut under it (a peer node's K, tmux at 160 columns).
+        await until(pilot, lambda: "k" not in [key.key for key in shown_footer_keys(app)],
+                    what="the end handled by the app")
+        await pilot.pause()
+        assert fields.get("rendezvous_error", "no rendezvous error") not in notes(app), notes(app)
 
     drive(engine, body)
 
@@ -352,6 +359,30 @@ def test_exit_on_end_leaves_with_the_engines_status():
 
     app = drive(engine, body, exit_on_end=True)
     assert app.exit_status == 1 and app.main.ended
+
+
+def test_q_after_k_asks_nothing_and_leaves_once_the_group_has_stopped():
+    """q while K's stop ran asked `2 rank(s) still running. Stop them (SIGTERM, SIGKILL after 3 s)
+    and quit?` of ranks already stopping (tmux, ranks that ignore SIGTERM). It leaves once the stop
+    is over, as after q's own `y`, and q again kills now."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("K", "K")
+        await until(pilot, lambda: "fake: Stop" in notes(app), what="K's stop taken")
+        engine.group = dataclasses.replace(engine.group, state=GroupState.STOPPING)
+        await pilot.press("q")
+        header = app.main.query_one(GroupHeader)
+        await until(pilot, lambda: "q again: kill now" in header.render().plain, what="q's note")
+        assert app.screen is app.main and app.user_quit  # no question
+        await pilot.press("q")
+        await until(pilot, lambda: cmd.KillGroup() in engine.commands, what="the kill")
+        assert engine.commands == [cmd.Stop(signal.SIGTERM), cmd.KillGroup()]  # (no second stop)
+        engine.end(GroupState.STOPPED, 130)
+        await until(pilot, lambda: not app.is_running, what="app closed once stopped")
+
+    app = drive(engine, body)
+    assert app.exit_status == 130
 
 
 def test_quit_confirmation_names_the_engines_grace_and_stops_through_it():
@@ -1035,6 +1066,10 @@ def test_the_root_cause_heading_names_the_attempt_its_rank_failed_in():
         rows = screen_rows(app)
         assert "attempt_0 (pid 4967)" in rows[head.region.y]
         assert f"then: {timed_out}" in [row.strip() for row in rows[head.region.y:]], rows
+        await until(pilot, lambda: "k" not in [key.key for key in shown_footer_keys(app)],
+                    what="the end handled by the app")
+        await pilot.pause()
+        assert timed_out not in notes(app), notes(app)  # (a toast of it covered the panel's text)
 
     drive(engine, body)
 

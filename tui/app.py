@@ -21,7 +21,7 @@ from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
 from ranktop.core.sanitize import clean
 from ranktop.core.signals import NOTICE_SIGNALS
-from ranktop.core.state import GroupSnapshot
+from ranktop.core.state import GroupSnapshot, GroupState
 from ranktop.tui.bounded_regex import BoundedPattern
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import detach_terminal, terminal_alive, terminal_hung_up
@@ -29,7 +29,16 @@ from ranktop.tui.driver import hangup_aware
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.pager import end_pager
 from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, LogView, alive_count, can_act, read_only
-from ranktop.tui.screens import SCREEN_KEYS, SIDEWAYS, ConfirmQuit, HelpScreen, Palette, RootCausePanel, SignalPicker
+from ranktop.tui.screens import (
+    SCREEN_KEYS,
+    SIDEWAYS,
+    ConfirmQuit,
+    HelpScreen,
+    Palette,
+    RootCausePanel,
+    SignalPicker,
+    panel_says_rendezvous_error,
+)
 from ranktop.tui.sender import Answered, CommandSender
 from textual import events, on
 from textual.actions import ActionParseResult, parse
@@ -186,7 +195,8 @@ class RanktopApp(App):
             # The error may quote rank-supplied text: shown as plain, safe text, never as markup.
             self.notify(clean(f"ranktop failed: {event.snapshot.error}"), severity="error", timeout=30,
                         markup=False)
-        elif event.snapshot.rendezvous_error:
+        elif event.snapshot.rendezvous_error and not panel_says_rendezvous_error(event.snapshot):
+            # (where the end panel says it, a toast of the same words covered the panel's text for 30 s)
             self.notify(clean(event.snapshot.rendezvous_error), severity="error", timeout=30, markup=False)
         if self._exit_when_ended:
             self.exit(self.exit_status)
@@ -262,6 +272,11 @@ class RanktopApp(App):
         if self.user_quit:  # a second q while stopping: do not wait for the grace
             self.send(cmd.KillGroup(), at_once=True)
             return
+        if self.main is not None and self.main.group_stop_taken and snap.state == GroupState.STOPPING:
+            # K's stop is under way: q leaves once it is over (q again kills now). It asked `Stop
+            # them (SIGTERM, SIGKILL after 10 s) and quit?` of ranks stopping, their SIGKILL nearer.
+            self._quit_once_stopped()
+            return
         alive = alive_count(snap)
         if not alive and not self.attached:
             self._stop_and_exit()
@@ -279,11 +294,14 @@ class RanktopApp(App):
         if self.main is not None and self.main.ended:  # over meanwhile: nothing to stop, no end to wait for
             self.exit(self.exit_status)
             return
+        self._quit_once_stopped()
+        self.send(cmd.Stop(signal.SIGTERM), self._stop_answered)
+
+    def _quit_once_stopped(self) -> None:
         self.user_quit = True
         self._exit_when_ended = True
         if self.main is not None:
             self.main.note = "stopping… (q again: kill now)"
-        self.send(cmd.Stop(signal.SIGTERM), self._stop_answered)
 
     def _stop_answered(self, ack: cmd.Ack) -> None:
         """q's stop refused (an attached view whose engine did not answer of late refuses it

@@ -197,6 +197,7 @@ class MainScreen(Screen):
     # State bound down to the widgets that show it (data_bind in compose).
     note: reactive[str | None] = reactive(None, init=False)  # shown in the header, e.g. "stopping…"
     ended: reactive[bool] = reactive(False, init=False)  # the group is over: the end panel shows
+    group_stop_taken = False  # the engine took K's stop (q then asks nothing: see RanktopApp.action_quit)
     end_panel_hidden: reactive[bool] = reactive(False, init=False)  # e hid it
 
     def __init__(self, engine: Engine, metric: BoundedPattern | None = None) -> None:
@@ -806,7 +807,12 @@ class MainScreen(Screen):
         if not self._cannot_act("kill_group") and self._confirmed(
                 "kill_group", "K", f"Stop every rank (SIGTERM, SIGKILL after {grace:g} s)?"):
             self.note = "stopping…"  # at once: the engine's answer may wait on the rendezvous's store
-            self.app.send(cmd.Stop(signal.SIGTERM), lambda ack: self.stop_answered(ack) or self._show_answer(ack))
+            self.app.send(cmd.Stop(signal.SIGTERM), self._group_stop_answered)
+
+    def _group_stop_answered(self, ack: cmd.Ack) -> None:
+        if not self.stop_answered(ack):
+            self.group_stop_taken = self.group_stop_taken or ack.ok
+            self._show_answer(ack)
 
     def stop_answered(self, ack: cmd.Ack) -> bool:
         """The answer to a stop (K's, q's): shown where it was refused, and the header's

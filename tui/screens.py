@@ -316,6 +316,15 @@ def _failed_to_start(group: GroupSnapshot) -> bool:
     return group.root_cause is None and group.state == GroupState.FAILED and bool(group.rendezvous_error)
 
 
+def panel_says_rendezvous_error(group: GroupSnapshot) -> bool:
+    """Whether the end panel says the rendezvous's error: why no rank started, or why no attempt
+    ran after the failure it names (root_cause_body)."""
+    if group.state == GroupState.SUCCEEDED or group.end_unknown:
+        return False
+    return _failed_to_start(group) or (group.root_cause is not None and bool(group.rendezvous_error)
+                                       and group.stop_signal is None)
+
+
 def root_cause_body(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: int = 6) -> Text:
     """The lines under the heading: why, the evidence, what was left behind."""
     text = Text()
@@ -331,7 +340,7 @@ def root_cause_body(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
         text.append(f"  {clean(group.rendezvous_error)}\n")
     elif cause is not None:
         _append_evidence(text, cause, max_traceback=max_traceback, max_tail=max_tail)
-        if group.rendezvous_error and group.stop_signal is None:  # why no later attempt ran: a toast said it once
+        if panel_says_rendezvous_error(group):  # why no later attempt ran
             text.append(f"  then: {clean(group.rendezvous_error)}\n", style="bold red")
     elif group.user_ended:  # no failure: the user ended them
         text.append(f"  you ended rank{'s' * (len(group.user_ended) > 1)} {', '.join(map(str, group.user_ended))} "
