@@ -335,6 +335,26 @@ def test_the_end_panel_says_why_a_run_ended_with_no_rank_to_blame(state, fields,
     drive(engine, body)
 
 
+def test_the_same_words_again_are_one_toast_not_a_stack():
+    """Each key that acts, pressed after the end, said `the group has ended: ...`: six keys, six
+    toasts of the same words, over most of an 80x24 screen. One toast, its time anew."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        engine.end(GroupState.STOPPED, 143)
+        await until(pilot, lambda: app.main.ended, what="the end noticed")
+        await pilot.press("k", "r", "R", "K", "x")
+        words = "the group has ended: no rank left to signal, restart or type into (q quits)"
+        await until(pilot, lambda: words in notes(app), what="the refusal said")
+        await pilot.pause()
+        assert [n.message for n in app._notifications].count(words) == 1, notes(app)
+        app.notify("another", severity="warning")
+        await until(pilot, lambda: "another" in notes(app), what="other words")
+        assert [n.message for n in app._notifications].count(words) == 1  # (others stay beside it)
+
+    drive(engine, body, size=(80, 24))
+
+
 def test_a_run_end_handled_after_the_app_closed_its_screens_is_ignored():
     """The app handles the main screen's GroupEnded from its own queue: an end that came just as
     the app closed (q as the run ended) was handled with no screen left, and raised

@@ -45,6 +45,7 @@ from textual.actions import ActionParseResult, parse
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.dom import DOMNode
+from textual.notifications import Notify
 from textual.screen import Screen
 
 QUIT_STATUS = 128 + signal.SIGINT  # the user interrupted the run from the TUI
@@ -327,6 +328,19 @@ class RanktopApp(App):
         if self.outlives_failure and self.detached is None and not self.engine.snapshot().ended:
             self.detached = "failed"
         super()._handle_exception(error)
+
+    def on_notify(self, event: Notify) -> None:
+        """One toast for the same words: an earlier one still shown goes, the new one has the full
+        time. Keys pressed after the end (x k r R K i) each said `the group has ended: ...`, and at
+        80x24 six of them stacked over most of the screen."""
+        new = event.notification
+        unnotify = getattr(self, "_unnotify", None)  # (Textual's own, private: without it, they stack as before)
+        if unnotify is None:
+            return
+        for shown in list(self._notifications):
+            if shown is not new and (shown.message, shown.title, shown.severity) == (new.message, new.title,
+                                                                                        new.severity):
+                unnotify(shown)
 
     def on_unmount(self) -> None:
         # Whatever ended the app (an exception, a test leaving its context), no rank outlives it;
