@@ -54,9 +54,31 @@ wait_for_lock()
 WAIT_HERE = """
 import time
 def wait_here():
+    print("ready", flush=True)  # (from in here: a dump that follows finds the rank in wait_here)
     time.sleep(3600)
-print("ready", flush=True)
 wait_here()
+"""
+
+# A thread that writes a line to stderr every millisecond, as a progress or logging thread does
+# while the main thread waits in a collective: the rank's log never rests. It holds its line
+# while the main thread writes a dump (SIGUSR1 blocked in it: faulthandler's handler runs), and
+# shares one CPU with it: faulthandler writes a line in nine pieces, and a line of the chatter's
+# landing amid them would be read as part of a frame (`step 7<module>`, its rank an odd one out).
+# test_a_dump_held_up_halfway_... has lines amid a dump.
+CHATTER = """
+import os, sys, threading, time
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+def dumping():
+    with open(f"/proc/self/task/{os.getpid()}/status") as f:
+        return any(line.startswith("SigBlk:") and int(line[7:], 16) & 1 << 9 for line in f)
+def chatter():
+    n = 0
+    while True:
+        n += 1
+        if not dumping():
+            sys.stderr.write(f"step {n}\\n")
+        time.sleep(0.001)
+threading.Thread(target=chatter, daemon=True).start()
 """
 
 
@@ -195,7 +217,7 @@ def test_rank_that_exits_during_the_dump_gets_a_clean_status():
 
 def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
     env = spec.faulthandler_env(True, os.environ)
-    with_child = "import subprocess\nchild = subprocess.Popen(['sleep', '3600'])\n" + WAIT_HERE
+    with_child = "import subprocess\nchild = subprocess.Popen(['sleep', '3600'])\n" + CHATTER + WAIT_HERE
     with Running(make_agent(tmp_path, with_child, n=2, env=env)) as agent:
         wait_ready(agent, 2)
         assert stacks.signal_dump(agent) == {0: "sent", 1: "sent"}
@@ -209,8 +231,12 @@ def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
         wait_for(dumped, 10, what="faulthandler's stack in stderr.log")
         assert all(r.state.alive for r in agent.snapshot().ranks)  # a dump, not a death
         assert any(e["event"] == "stacks_signalled" for e in read_events(agent.run_dir))
-        # The same dumps, read back and grouped: the view without ptrace.
-        report = stacks.signal_agent_report(agent, timeout=20)  # (ends at the dumps: a loaded box is slow)
+        # The same dumps, read back and grouped: the view without ptrace. The ranks never stop
+        # writing, so their logs never rest for 0.25 s: each dump was taken when the timeout came
+        # (3 s; here 30 s). It is taken once faulthandler's handler has returned and the agent
+        # has read past it.
+        report = stacks.signal_agent_report(agent, timeout=30)
+        assert report.elapsed_s < 10, report.elapsed_s
         assert [s.status for s in report.ranks] == [StackStatus.OK] * 2, stacks.format_report(report)
         (group,) = report.groups
         assert group.ranks == (0, 1) and group.frames[-1].name == "wait_here" and not report.odd_ranks
@@ -218,6 +244,10 @@ def test_sigusr1_fallback_writes_the_stack_into_stderr_log(tmp_path):
         # Each rank's line names its child process, as py-spy's dump does (it named none).
         (child,) = psutil.Process(report.ranks[1].pid).children()
         assert stacks.rank_facts(report.ranks[1]).endswith(f", child {child.pid} sleep")
+    # Nothing of the dump came after it was taken: the whole log, read once the agent has read the
+    # ranks' pipes to their end, holds the same stacks (a later block of a thread replaces its earlier).
+    with open(log) as f:
+        assert stacks.parse_faulthandler(f.read()) == report.ranks[1].threads
 
     # Without faulthandler the signal would kill the process: it is not sent.
     plain = subprocess.Popen([PY, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
@@ -246,7 +276,7 @@ time.sleep(60)
 """
 
 
-def _signal_dump_of(tmp_path, script: str) -> tuple[stacks.StackReport, Path]:
+def _signal_dump_of(tmp_path, script: str, timeout: float = 20) -> tuple[stacks.StackReport, Path]:
     """The SIGUSR1 dump of one process running `script` (it prints a line once its handler is
     set), read back from its stderr log as a rank's is; and that log."""
     log = tmp_path / "stderr.log"
@@ -254,7 +284,7 @@ def _signal_dump_of(tmp_path, script: str) -> tuple[stacks.StackReport, Path]:
         proc = subprocess.Popen([PY, "-c", script], stdout=subprocess.PIPE, stderr=err)
     try:
         proc.stdout.readline()
-        return stacks.signal_report({0: proc.pid}, {0: str(log)}, timeout=20), log
+        return stacks.signal_report({0: proc.pid}, {0: str(log)}, timeout=timeout), log
     finally:
         proc.kill()
         proc.wait()
@@ -266,6 +296,77 @@ def test_a_dump_paused_midway_is_read_whole(tmp_path):
     outer frames missing, and a rank stopped where the others were read as the odd one out."""
     report, _ = _signal_dump_of(tmp_path, PAUSED_DUMP)
     assert [f.name for f in report.ranks[0].main.frames] == ["<module>", "inner"], stacks.format_report(report)
+
+
+# A rank whose log never rests and whose dump is held up halfway: its chatter thread appends a
+# line to the log every millisecond, while faulthandler writes into a one-page pipe that the
+# rank's relay thread copies into the log a line at a time, holding still for 0.5 s once the dump
+# has begun (as a slow reader of the rank's pipe, or a busy box, leaves a dump half-written).
+# Eight threads wait 30 calls deep (a dump of ~20 KiB: the handler waits on the pipe), and a
+# helper thread blocks every signal, as native libraries start theirs.
+HELD_UP_DUMP = r"""
+import faulthandler, os, signal, sys, threading, time
+log = os.dup(2)
+r, w = os.pipe()
+os.set_blocking(r, True)
+import fcntl; fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ
+os.dup2(w, 2)
+faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+up = threading.Semaphore(0)
+
+def relay():
+    held, rest = False, b""
+    while chunk := os.read(r, 65536):
+        lines, _, rest = (rest + chunk).rpartition(b"\n")
+        if lines:
+            os.write(log, lines + b"\n")
+        if not held and b"(most recent call first):" in lines:
+            held = True
+            time.sleep(0.5)
+
+def chatter():
+    for n in range(10**9):
+        os.write(log, b"step %d\n" % n)
+        time.sleep(0.001)
+
+def helper():
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    up.release()
+    time.sleep(3600)
+
+def deep(n):
+    if n:
+        return deep(n - 1)
+    up.release()
+    time.sleep(3600)
+
+for target, args in [(relay, ()), (chatter, ()), (helper, ())] + [(deep, (30,))] * 8:
+    threading.Thread(target=target, args=args, daemon=True).start()
+for _ in range(9):
+    up.acquire()
+
+def wait_here():
+    print("ready", flush=True)
+    time.sleep(3600)
+wait_here()
+"""
+
+
+def test_a_dump_held_up_halfway_in_a_log_that_never_rests_is_read_whole_at_its_end(tmp_path):
+    """A rank that writes without a pause never left its log unchanged for 0.25 s, so its dump
+    was taken when the timeout came (3 s; here 30 s). It is taken once faulthandler's handler has
+    returned, and not before: lines that are not the dump's keep coming while the dump is held
+    up, and the dump comes out whole (the main thread, written last, included)."""
+    report, log = _signal_dump_of(tmp_path, HELD_UP_DUMP, timeout=30)
+    (rank,) = report.ranks
+    assert rank.status == StackStatus.OK, stacks.format_report(report)
+    assert report.elapsed_s < 10, report.elapsed_s  # (the quiet rule alone: 30 s)
+    assert [f.name for f in rank.main.frames] == ["<module>", "wait_here"]
+    assert len(rank.threads) == 12  # main, relay, chatter, helper and the eight deep ones
+    assert sorted(len(t.frames) for t in rank.threads)[-8:] == [34] * 8  # 31 deep(), 3 of threading's
+    text = log.read_text()
+    dump = text[text.index("Thread 0x"):text.index(" in wait_here\n")]
+    assert re.search(r"^step \d+$", dump, re.M)  # the chatter's lines came amid the dump
 
 
 # A progress bar redrawn with '\r' (tqdm's, examples/demo_train.py's) ends no line, and it is
@@ -300,9 +401,10 @@ def test_a_dump_that_lands_on_a_progress_bars_open_line_is_read(tmp_path):
 def test_sigusr1_fallback_with_pty_reads_the_dump_from_stdout_log(tmp_path):
     # With a pseudo-terminal, stderr shares the terminal with stdout: there is no stderr.log.
     env = spec.faulthandler_env(True, os.environ)
-    with Running(make_agent(tmp_path, WAIT_HERE, n=2, env=env, pty=True)) as agent:
+    with Running(make_agent(tmp_path, CHATTER + WAIT_HERE, n=2, env=env, pty=True)) as agent:
         wait_ready(agent, 2)
-        report = stacks.signal_agent_report(agent, timeout=20)  # (ends at the dumps: a loaded box is slow)
+        report = stacks.signal_agent_report(agent, timeout=30)  # (ranks that never stop writing: ends at the dumps)
+        assert report.elapsed_s < 10, report.elapsed_s
         assert [s.status for s in report.ranks] == [StackStatus.OK] * 2, stacks.format_report(report)
         assert report.groups[0].frames[-1].name == "wait_here"
         assert not os.path.exists(os.path.join(agent.attempt_dir(), "0", "stderr.log"))

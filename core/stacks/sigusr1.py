@@ -34,6 +34,47 @@ def catches_signal(pid: int, sig: int) -> bool:
     return False
 
 
+_MASK_FIELDS = ("SigPnd", "ShdPnd", "SigBlk")
+
+
+def thread_signal_masks(pid: int) -> dict[int, tuple[int, int, int]]:
+    """Each thread's (pending to it, pending to the process, blocked) signal masks, as
+    /proc/PID/task/TID/status shows them to anyone (no ptrace needed); threads that end while
+    read are left out, and a process that is gone has none."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    masks = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if line.startswith(_MASK_FIELDS))
+            masks[int(tid)] = tuple(int(fields[name], 16) for name in _MASK_FIELDS)
+        except (OSError, ValueError, KeyError):
+            continue
+    return masks
+
+
+def threads_blocking(pid: int, sig: int) -> frozenset[int]:
+    """The threads of `pid` that block `sig` now (helper threads that block every signal, as
+    some native libraries start theirs): they take no part in its delivery."""
+    bit = 1 << (int(sig) - 1)
+    return frozenset(tid for tid, (_own, _shared, blocked) in thread_signal_masks(pid).items() if blocked & bit)
+
+
+def handler_returned(pid: int, sig: int, blockers: frozenset[int]) -> bool:
+    """Whether no handler of `sig` runs in `pid` and none is due: `sig` pending neither to the
+    process nor to a thread, and blocked by no thread but `blockers` (those that blocked it
+    before it was sent). The kernel blocks a signal in the thread that runs its handler until
+    the handler returns (faulthandler asks for no SA_NODEFER), so a dump seen begun in the log
+    and this true after means faulthandler has written all of it."""
+    bit = 1 << (int(sig) - 1)
+    masks = thread_signal_masks(pid)
+    return bool(masks) and not any(own & bit or shared & bit or (blocked & bit and tid not in blockers)
+                                   for tid, (own, shared, blocked) in masks.items())
+
+
 def signal_pids(pids: Mapping[int, int], sig: int = signal.SIGUSR1,
                 held: Mapping[int, HeldProcess] | None = None) -> dict[int, str]:
     """Send `sig` to each rank process (not its group) that catches it; {rank: what happened}.
@@ -137,12 +178,14 @@ def _size(path: str) -> int:
         os.close(fd)
 
 
-def _read_from(path: str, offset: int) -> str:
-    """What the log holds past `offset`, at most MAX_DUMP_BYTES of it (the rank may write without end)."""
+def _read_from(path: str, offset: int) -> tuple[str, int]:
+    """What the log holds past `offset`, at most MAX_DUMP_BYTES of it (the rank may write without
+    end), and its size when opened (all of that text was written by then)."""
     fd = _open_log(path)
     try:
+        size = os.fstat(fd).st_size
         os.lseek(fd, offset, os.SEEK_SET)
-        return read_at_most(fd, MAX_DUMP_BYTES).decode(errors="replace")
+        return read_at_most(fd, MAX_DUMP_BYTES).decode(errors="replace"), size
     finally:
         os.close(fd)
 
@@ -156,15 +199,18 @@ def signal_report(pids: Mapping[int, int], dump_logs: Mapping[int, str], *,
     stderr goes to (`layout.dump_log_path`). `extra`: {rank: facts the dump cannot tell}, as
     `snapshot_facts` gives them.
 
-    A rank's dump is taken as complete once the new part of that log holds a stack and has not
-    grown for DUMP_QUIET_SECONDS.
+    A rank's dump is taken as complete once the new part of that log holds a stack and either
+    has not grown for DUMP_QUIET_SECONDS or, after its handler was seen to have returned, has
+    grown twice (see `_DumpReading`): a rank that writes without a pause never goes quiet.
     """
     started, taken_at = time.perf_counter(), time.time()
     offsets, unreadable = _log_ends(pids, dump_logs)  # unreadable: {rank: why its log cannot be read}
+    blockers = {r: threads_blocking(pid, signal.SIGUSR1) for r, pid in pids.items()}
     # Signalled all the same: the stacks still reach the rank's stderr, and its pane.
     outcome = signal_pids(pids, held=held)
     pending = {r for r, what in outcome.items() if what == "sent" and r not in unreadable}
-    texts = _read_dumps(pending, dump_logs, offsets, unreadable, timeout)
+    readings = {r: _DumpReading(dump_logs.get(r, ""), offsets[r], pids[r], blockers[r]) for r in pending}
+    texts = _read_dumps(readings, unreadable, timeout)
     found = [dataclasses.replace(_rank_stack(r, pids[r], (local_ranks or {}).get(r), outcome[r], texts.get(r, ""),
                                              dump_logs.get(r, ""), unreadable.get(r), timeout),
                                  **(extra or {}).get(r, {}))
@@ -189,31 +235,74 @@ def _log_ends(pids: Mapping[int, int], dump_logs: Mapping[int, str]) -> tuple[di
 # through the agent's reader: a rank or an agent paused mid-dump on a busy box (30 ms, the old
 # quiet time, was seen) left a stack cut, its outer frames missing, so the rank read as odd.
 DUMP_QUIET_SECONDS = 0.25
+_POLL_SECONDS = 0.03
+_HEADER_END = "(most recent call first):"
 
 
-def _read_dumps(pending: set[int], dump_logs: Mapping[int, str], offsets: Mapping[int, int],
-                unreadable: dict[int, str], timeout: float) -> dict[int, str]:
-    """What the `pending` ranks' logs gained past their offsets, read until each holds a stack
-    that has not grown for DUMP_QUIET_SECONDS or `timeout` passes; a log that turns unreadable
-    joins `unreadable`."""
-    texts: dict[int, str] = {}
-    grew_at: dict[int, float] = {}
+class _DumpReading:
+    """One rank's log read back after SIGUSR1, until its dump is complete.
+
+    A rank that writes without a pause (a progress thread, a logging loop while its main thread
+    waits in a collective) never goes quiet, and faulthandler's dump has no end to see: the last
+    thread's block ends in a frame like any other, and the dump is written from a signal handler,
+    nine write(2)s a frame, while the rank's other threads write on, so the line after a block
+    may be theirs, written mid-dump. The kernel tells the end: it blocks SIGUSR1 in the thread
+    that runs the handler until the handler returns (`handler_returned`). Seen returned after the
+    dump began in the log, all of the dump is in the log or in the pipe, ahead of whatever the
+    rank writes next. The agent's reader empties a pipe each time it reads it (a pty: reads it
+    until it has nothing), and writes what it read to the log before it reads again: once the log
+    has grown twice past its size at that moment, a read that came after the handler's end has
+    been written. (Not so for a handler in Python, which runs after the kernel's part returned: a
+    dump it wrote slowly while other threads write could be taken before its end. faulthandler's
+    is in C, and it is the one ranktop registers.)
+
+    `blockers`: the rank's threads that blocked SIGUSR1 when it was sent (native helper threads
+    that block every signal); they take no part. The main thread among them (a rank holding the
+    signal off a moment) is its likely taker once it lets it in, and its handler would look like
+    its own blocking: then no end is told, and the quiet rule alone holds.
+    """
+
+    def __init__(self, path: str, offset: int, pid: int, blockers: frozenset[int]) -> None:
+        self.path, self.offset, self.pid = path, offset, pid
+        self.blockers = None if pid in blockers else blockers
+        self.text, self.grew_at = "", time.monotonic()
+        self.returned = False  # its handler was seen to have returned (with the dump begun)
+        self.size = -1  # the log's size at the last read since then
+        self.growths = 0  # reads since then that found it grown
+
+    def poll(self, now: float) -> bool:
+        """Read the log once more; whether the dump is complete (UnreadableLog if it cannot be read)."""
+        if not self.returned and self.blockers is not None and _HEADER_END in self.text:
+            # (the text was read before this: the handler had begun, its mask set, by then)
+            self.returned = handler_returned(self.pid, signal.SIGUSR1, self.blockers)
+        text, size = _read_from(self.path, self.offset)
+        if text != self.text:
+            self.text, self.grew_at = text, now
+        if self.returned:
+            if 0 <= self.size < size:  # (the first size, read just after the check, is where it counts from)
+                self.growths += 1
+            self.size = size
+        if _HEADER_END not in text:
+            return False
+        return self.growths >= 2 or now - self.grew_at >= DUMP_QUIET_SECONDS
+
+
+def _read_dumps(readings: Mapping[int, _DumpReading], unreadable: dict[int, str], timeout: float) -> dict[int, str]:
+    """What each rank's log gained past its offset, read until its dump is complete or `timeout`
+    passes; a log that turns unreadable joins `unreadable`."""
+    pending = set(readings)
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
-        time.sleep(0.03)
+        time.sleep(_POLL_SECONDS)
         now = time.monotonic()
-        for r in list(pending):
+        for r in sorted(pending):
             try:
-                text = _read_from(dump_logs.get(r, ""), offsets[r])
+                if readings[r].poll(now):
+                    pending.discard(r)
             except UnreadableLog as exc:  # replaced since: what was read so far stands
                 unreadable[r] = str(exc)
                 pending.discard(r)
-                continue
-            if texts.get(r) != text:
-                texts[r], grew_at[r] = text, now
-            elif "(most recent call first):" in text and now - grew_at[r] >= DUMP_QUIET_SECONDS:
-                pending.discard(r)  # quiet for long enough: the handler is done
-    return texts
+    return {r: reading.text for r, reading in readings.items()}
 
 
 def _rank_stack(rank: int, pid: int, local_rank: int | None, outcome: str, text: str, log: str,
