@@ -1,10 +1,10 @@
-"""The commands the UI thread must not wait for: a stop (q, K, Ctrl-C) or a group restart (R) in a
-multi-node run has the engine's monitor loop tell the other nodes through the rendezvous's store
-before it answers, and a store that does not answer (the node serving it hung) held the answer, and
-with it every key and every frame of the TUI, for as long as the loop waited for the store.
-`CommandSender` hands them to the engine from a thread of its own, one at a time in the order they
-were sent, and gives each answer back to the UI's thread; a kill now (a second q or Ctrl-C) goes
-at once, past what waits."""
+"""The commands of the keys that act (x, k, r, R, K, q, Ctrl-C, `i`'s line), which the UI thread
+must not wait for: a stop or a group restart in a multi-node run has the engine's monitor loop tell
+the other nodes through the rendezvous's store before it answers, the loop answers in order, and a
+store that does not answer (the node serving it hung) held the answer, and with it every key and
+every frame of the TUI. `CommandSender` hands them to the engine from a thread of its own, one at a
+time in the order they were sent, and gives each answer back to the UI's thread; a kill now (a
+second q or Ctrl-C) goes at once, past what waits."""
 
 from __future__ import annotations
 
