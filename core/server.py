@@ -533,7 +533,9 @@ class EngineServer:
         if kind == "hello":
             protocol.check_hello(message, "client")
             client.hello_due = None
-            if message.get("commands") is True:  # an attached view's second connection: the view is counted once
+            # An attached view's second connection: the view is counted once. (Once: a hello said
+            # again took one more off `clients` each time, and `ls` showed a run with -4 clients.)
+            if message.get("commands") is True and client.counted:
                 client.counted = False
                 self.clients -= 1
             return

@@ -192,6 +192,22 @@ def test_an_idle_client_is_dropped_and_a_follower_of_a_quiet_run_is_kept(served,
     follower.close()
 
 
+def test_a_commands_connection_saying_hello_again_is_counted_out_once(served):
+    """An attached view's commands connection is not counted in `clients` (`ls`: one per view).
+    Each hello that said so took one more off the count: a client saying it five times left a
+    run listed with -4 clients, for good."""
+    _, server = served
+    view = hello(server.path)
+    commands = hello(server.path, *[protocol.hello("client", commands=True)] * 5, {"type": "snapshot"})
+    decoder, frames = protocol.FrameDecoder(), []
+    while not any(isinstance(f, dict) and f.get("type") == "snapshot" for f in frames):
+        frames += decoder.feed(commands.recv(1 << 16))
+    assert [f["clients"] for f in frames if isinstance(f, dict) and f.get("type") == "snapshot"] == [1]
+    commands.close()
+    view.close()
+    wait_for(lambda: server.clients == 0, what="both connections counted out")
+
+
 def test_a_client_that_takes_nothing_of_what_it_is_sent_is_dropped(served, short_bounds, monkeypatch):
     """`logs -f | less` nobody reads: kept while it takes nothing, it held its slot and a push's
     worth of memory for as long as the run lasted."""
