@@ -918,6 +918,26 @@ def test_a_stack_dump_that_fails_is_answered_and_its_client_not_left_waiting(ser
     asker.close()
 
 
+def test_stack_dumps_asked_without_waiting_run_a_few_at_a_time_and_the_rest_are_refused(served):
+    """Each stack dump asked for started a thread (and py-spy on every rank) at once: one client
+    that sent 400 without waiting had 400 running. MAX_DUMPS run at once; one asked past them is
+    refused at once, saying why, and one asked once they are done runs."""
+    from ranktop.core.server import MAX_DUMPS
+
+    fake, server = served
+    dump = [{"type": "command", "id": i, "command": "DumpStacks", "args": {}} for i in range(MAX_DUMPS + 2)]
+    with fake._lock:  # the engine slow to answer: the dumps are all under way
+        asker = hello(server.path, *dump)
+        refused = _acks(asker, 2)
+    assert [(a["id"], a["ok"]) for a in refused] == [(MAX_DUMPS, False), (MAX_DUMPS + 1, False)], refused
+    assert refused[0]["message"] == f"{MAX_DUMPS} stack dumps are under way already: ask again once they are done"
+    assert sorted((a["id"], a["ok"]) for a in _acks(asker, MAX_DUMPS)) == [(i, True) for i in range(MAX_DUMPS)]
+    asker.sendall(protocol.encode_control({**dump[0], "id": "again"}))
+    assert _acks(asker, 1)[0] | {"message": ""} == {"type": "ack", "id": "again", "ok": True, "message": "",
+                                                    "report": None}
+    asker.close()
+
+
 def test_a_snapshot_that_fails_on_the_way_out_costs_the_subscribers_not_the_end(served):
     """The last pushes' snapshot was taken outside the guard a push has while the server runs:
     one that raised on the way out went out of close() (the socket stayed, and a headless run
