@@ -127,6 +127,10 @@ RELAYED = {c.__name__: c for c in (cmd.SignalRank, cmd.SignalGroup, cmd.KillRank
 # Answered (as every command) from a thread of their own, py-spy taking seconds, but without holding
 # back their client's later requests meanwhile: a client waits for a dump on a connection of its own.
 SLOW = (cmd.DumpStacks, cmd.SignalDump)
+# Stack dumps under way at once, all clients together; past them a dump is refused at once. Each
+# runs py-spy on every rank (or signals them all), and a client that asks without waiting had a
+# thread and a dump started for each request: 400 from one connection's one read.
+MAX_DUMPS = 4
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -335,6 +339,7 @@ class EngineServer:
         self._closed = False
         self._leave = threading.Event()  # set by a Stop once the run has ended: stop lingering
         self._relays: list[threading.Thread] = []  # the threads that answer commands (those still running among them)
+        self._dumps = 0  # stack dumps under way (MAX_DUMPS at most)
         # A TUI on the terminal that started the run holds the engine: after the end it stays
         # until that person quits it (a Stop's ack says so: `ranktop stop` waits for the end only).
         self.shown = False
@@ -533,7 +538,9 @@ class EngineServer:
         if kind == "hello":
             protocol.check_hello(message, "client")
             client.hello_due = None
-            if message.get("commands") is True:  # an attached view's second connection: the view is counted once
+            # An attached view's second connection: the view is counted once. (Once: a hello said
+            # again took one more off `clients` each time, and `ls` showed a run with -4 clients.)
+            if message.get("commands") is True and client.counted:
                 client.counted = False
                 self.clients -= 1
             return
@@ -761,6 +768,8 @@ class EngineServer:
             command = kind(**args)
         except TypeError as exc:
             return {"ok": False, "message": f"bad {kind.__name__}: {exc}"}
+        if isinstance(command, SLOW) and self._dumps >= MAX_DUMPS:
+            return {"ok": False, "message": f"{MAX_DUMPS} stack dumps are under way already: ask again once they are done"}
         self._answer_later(client, message.get("id"), command)
         return None
 
@@ -775,6 +784,7 @@ class EngineServer:
         slow = isinstance(command, SLOW)
         client.asked_at = math.inf  # waiting for its answer is not idling
         client.later += 1
+        self._dumps += slow
         if not slow:
             client.busy = True
             self._watch(client, selectors.EVENT_WRITE if client.writing else 0)  # (not read meanwhile: not spun on)
@@ -843,6 +853,7 @@ class EngineServer:
             later, self._later = self._later, []
         for client, data, held in later:
             client.later -= 1
+            self._dumps -= not held  # (a dump's answer: the one kind not held)
             if client.sock in self._clients:
                 if not client.later:
                     client.asked_at = time.monotonic()

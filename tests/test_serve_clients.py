@@ -192,6 +192,22 @@ def test_an_idle_client_is_dropped_and_a_follower_of_a_quiet_run_is_kept(served,
     follower.close()
 
 
+def test_a_commands_connection_saying_hello_again_is_counted_out_once(served):
+    """An attached view's commands connection is not counted in `clients` (`ls`: one per view).
+    Each hello that said so took one more off the count: a client saying it five times left a
+    run listed with -4 clients, for good."""
+    _, server = served
+    view = hello(server.path)
+    commands = hello(server.path, *[protocol.hello("client", commands=True)] * 5, {"type": "snapshot"})
+    decoder, frames = protocol.FrameDecoder(), []
+    while not any(isinstance(f, dict) and f.get("type") == "snapshot" for f in frames):
+        frames += decoder.feed(commands.recv(1 << 16))
+    assert [f["clients"] for f in frames if isinstance(f, dict) and f.get("type") == "snapshot"] == [1]
+    commands.close()
+    view.close()
+    wait_for(lambda: server.clients == 0, what="both connections counted out")
+
+
 def test_a_client_that_takes_nothing_of_what_it_is_sent_is_dropped(served, short_bounds, monkeypatch):
     """`logs -f | less` nobody reads: kept while it takes nothing, it held its slot and a push's
     worth of memory for as long as the run lasted."""
@@ -899,6 +915,26 @@ def test_a_stack_dump_that_fails_is_answered_and_its_client_not_left_waiting(ser
     asker.settimeout(5)
     (ack,) = protocol.FrameDecoder().feed(asker.recv(1 << 16))
     assert ack == {"type": "ack", "id": 7, "ok": False, "message": "stack dump failed: RuntimeError: a bug"}
+    asker.close()
+
+
+def test_stack_dumps_asked_without_waiting_run_a_few_at_a_time_and_the_rest_are_refused(served):
+    """Each stack dump asked for started a thread (and py-spy on every rank) at once: one client
+    that sent 400 without waiting had 400 running. MAX_DUMPS run at once; one asked past them is
+    refused at once, saying why, and one asked once they are done runs."""
+    from ranktop.core.server import MAX_DUMPS
+
+    fake, server = served
+    dump = [{"type": "command", "id": i, "command": "DumpStacks", "args": {}} for i in range(MAX_DUMPS + 2)]
+    with fake._lock:  # the engine slow to answer: the dumps are all under way
+        asker = hello(server.path, *dump)
+        refused = _acks(asker, 2)
+    assert [(a["id"], a["ok"]) for a in refused] == [(MAX_DUMPS, False), (MAX_DUMPS + 1, False)], refused
+    assert refused[0]["message"] == f"{MAX_DUMPS} stack dumps are under way already: ask again once they are done"
+    assert sorted((a["id"], a["ok"]) for a in _acks(asker, MAX_DUMPS)) == [(i, True) for i in range(MAX_DUMPS)]
+    asker.sendall(protocol.encode_control({**dump[0], "id": "again"}))
+    assert _acks(asker, 1)[0] | {"message": ""} == {"type": "ack", "id": "again", "ok": True, "message": "",
+                                                    "report": None}
     asker.close()
 
 
