@@ -334,8 +334,8 @@ class AgentRendezvous:
             elif end is None or end.kind != "new_round":
                 self.rendezvous.close()
             elif not self.rendezvous.elastic():  # the peers' round needs this node: tell them, close
-                self.rendezvous.give_up("its ranks had finished when another node's failed, and the next "
-                                        "round cannot form without it")
+                self._give_up("its ranks had finished when another node's failed, and the next round cannot "
+                              "form without it")
             else:  # left open: the others form their round without this node
                 self.rendezvous.leave_round()
                 if end.serves_store:
@@ -346,10 +346,17 @@ class AgentRendezvous:
             what = ("its ranks were stopped for another node's failure" if peer and self._round_end.kind == "peer_failed"
                     else "its ranks ended as another node's user stopped that node" if peer else
                     _failed_for_the_others(cause) if cause else "its ranks failed")
-            others = self.rendezvous.give_up(f"{what}, {spent}")
+            others = self._give_up(f"{what}, {spent}")
             self.events.write("rendezvous_closed", reason="gave_up", others=others)
             if peer:  # no rank of ours to show: the one line says why this node ended
                 self._node_error = f"{self._round_end.message}, and this node has {spent}"
+
+    def _give_up(self, why: str) -> str | None:
+        """rendezvous.give_up, its wait for the others to read why (up to GAVE_UP_LINGER) ended by
+        a stop signal. The group has ended: a command meanwhile is answered at once, as after the
+        run's end (`ranktop stop` waited 5 s for its answer, and took the engine for silent)."""
+        self._stop_accepting()
+        return self.rendezvous.give_up(why, stopped=lambda: bool(self._pending_signals))
 
     def _stop_heartbeats(self) -> None:
         """Once the run has ended, however it did: a node that lives on (the TUI on its end screen,

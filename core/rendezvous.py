@@ -937,11 +937,11 @@ class Rendezvous:
             return None  # the store is out of reach: the ranks or the next round will tell
         return f"node {said.host} (group rank {said.group_rank}) gave up: {said.reason}"
 
-    def give_up(self, reason: str) -> str | None:
+    def give_up(self, reason: str, stopped: Callable[[], bool] | None = None) -> str | None:
         """Tell this round's other nodes that this node gave up, then close the rendezvous.
-        Returns how the wait for them to read it ended (`_linger_until_heard`), None where
-        nothing was told: another node had given up first (then this one says nothing), the
-        round is this node alone, or the store is out of reach."""
+        Returns how the wait for them to read it ended (`_linger_until_heard`, which `stopped()`
+        ends: "stopped"), None where nothing was told: another node had given up first (then this
+        one says nothing), the round is this node alone, or the store is out of reach."""
         placement, store = self.placement, self.store
         first = self.peer_gave_up()
         told = False
@@ -955,12 +955,12 @@ class Rendezvous:
         # Closed before the wait: a node already waiting for its next round hears only that (then
         # reads why), and a node at its exit barrier or with ranks running reads the key.
         self.close()
-        return self._linger_until_heard(store, placement.group_world_size - 1) if told else None
+        return self._linger_until_heard(store, placement.group_world_size - 1, stopped) if told else None
 
-    def _linger_until_heard(self, store: Any, others: int) -> str:
+    def _linger_until_heard(self, store: Any, others: int, stopped: Callable[[], bool] | None = None) -> str:
         """The store may live in this process: give the others a moment to read why first.
         "read" once every other node read it; "linger_over" after GAVE_UP_LINGER; "store_lost"
-        where the store went. "none_left" once no other node sends keep-alive heartbeats
+        where the store went; "stopped" once `stopped()` says so. "none_left" once no other node sends keep-alive heartbeats
         (killed, or dropped as gone): nobody is left to read it, so waiting helps none. While
         another node lives, or where the handler cannot say (no heartbeats: the static and etcd
         backends, a plugin; this node's own lapsed), it waits, as that node may still read it."""
@@ -974,6 +974,8 @@ class Rendezvous:
                     return "none_left"
                 if time.monotonic() >= deadline:
                     return "linger_over"
+                if stopped is not None and stopped():  # (its user's stop: answered, and out now)
+                    return "stopped"
                 time.sleep(_POLL)
         except Exception:
             return "store_lost"  # the store went: nobody is left to read it

@@ -13,6 +13,7 @@ import io
 import os
 import pickle
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -289,6 +290,24 @@ def test_a_read_judged_after_a_freeze_is_not_taken_for_every_node_dropped(store)
     store.set(key, base64.b64encode(_state(round=1, participants={}, last_heartbeats={})))  # every node dropped
     rdzv.handler._state_holder._last_sync_time = -1  # (its cache's second has passed)
     assert rdzv.every_node_dropped().startswith("every node of round 0 was dropped meanwhile")
+
+
+def test_a_node_that_gave_up_stops_waiting_for_the_others_to_read_why_at_a_stop(store):
+    """A node whose group ended with no restarts left tells the others why and waits up to 5 s for
+    them to read it; a stop meanwhile (`ranktop stop`, Ctrl-C) waited those 5 s too, and `ranktop
+    stop` took the engine for silent (seen once in a full run). The wait ends at a stop."""
+    from ranktop.core.rendezvous import GAVE_UP_LINGER
+    from ranktop.core.spec import Placement
+
+    rdzv = _rendezvous(store, "gave-up-stopped")
+    import torch.distributed as dist
+
+    rdzv.store = dist.PrefixStore("gave-up-stopped/", store)  # the round's store (its keys its own)
+    rdzv.placement = Placement(0, 2, 0, 2, 0, 2, "127.0.0.1", 1, "gave-up-stopped", 0, False)
+    looks = []
+    began = time.monotonic()
+    assert rdzv.give_up("its ranks failed", stopped=lambda: looks.append(1) or len(looks) > 2) == "stopped"
+    assert time.monotonic() - began < GAVE_UP_LINGER and len(looks) == 3
 
 
 @pytest.mark.parametrize("written, agreed", [
