@@ -183,9 +183,11 @@ def format_end_report(result: Any, *, name: str, attempt: int, max_restarts: int
         parts.append(f"ranktop: {name} succeeded: all ranks exited 0; logs in {clean(str(run_dir))}")
     if rendezvous_error and not parts:
         # Why no rank ran (a peer's stop with no restart left, a round that never formed) heads the
-        # report, and the lines under it are its: `  earlier attempts: ...` came first, alone.
+        # report, and the lines under it are its: `  earlier attempts: ...` came first, alone. The
+        # run's directory is named under it as under a failed rank's headline (headless named none:
+        # its events.jsonl says what the rendezvous did, and any rank that ran left its logs there).
         parts.append(f"ranktop: error: {rendezvous_error}")
-        if success_line and run_dir:  # (the TUI's closing words name the run's directory)
+        if run_dir:
             parts.append(f"  logs: {clean(str(run_dir))}")
         rendezvous_error = None
     if success_line and earlier_attempts:

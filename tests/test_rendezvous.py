@@ -215,9 +215,11 @@ def test_ranks_that_lose_their_store_with_its_node_are_stopped_at_once(tmp_path,
         for node in (host, other):
             stop_process(node)
     assert status == 1, err[-3000:]
-    last = err.rstrip().splitlines()[-1]
+    (run_dir,) = tmp_path.glob("node1/*/events.jsonl")
+    last, logs = err.rstrip().splitlines()[-2:]  # (the run's directory under the error, as under a root cause)
     assert last.startswith(lost) and last.endswith("(the node serving it is gone?), and this node's ranks' "
                                                    "store with it; this node stops"), err[-3000:]
+    assert logs == f"  logs: {run_dir.parent}", err[-3000:]
     assert "this node's ranks run on" not in err, err[-3000:]  # (they are stopped: not said where they are not)
     assert sum("this node's ranks meet on it too, and are stopped if it is found gone" in line
                for line in err.splitlines()) == 1, err[-3000:]
@@ -378,8 +380,9 @@ def test_a_node_out_of_restarts_for_a_peers_failure_blames_none_of_its_ranks(tmp
     (status0, _, err0), (status1, _, err1) = job.finish()
     assert (status0, status1) == (1, 1), (err0, err1)
     assert "root cause" not in err0, err0
+    (run_dir,) = tmp_path.glob("node0/*/events.jsonl")
     assert err0.rstrip().endswith("ranktop: error: another node of the c10d rendezvous 'peer-failed' failed, "
-                                  "and this node has no restarts left (0 of 0 spent)"), err0
+                                  f"and this node has no restarts left (0 of 0 spent)\n  logs: {run_dir.parent}"), err0
     assert "root cause: rank 1 (local rank 0" in err1 and "exited with code 3" in err1, err1
     assert err1.rstrip().endswith("gave up: its ranks were stopped for another node's failure, no restarts left "
                                   "(0 of 0 spent)); this node stops"), err1

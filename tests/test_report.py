@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 import signal
 
+from ranktop.core.agent import RunResult
 from ranktop.core.errors import describe_exit, killed_by
-from ranktop.core.report import format_root_cause, report_after_tui, root_cause_lines
+from ranktop.core.report import format_end_report, format_root_cause, report_after_tui, root_cause_lines
 from ranktop.core.root_cause import rank_failed
 from ranktop.core.state import EarlierAttempts, GroupSnapshot, GroupState, RootCause
 from ranktop.tui.screens import root_cause_text
@@ -120,13 +121,17 @@ def test_the_earlier_attempts_line_leaves_out_the_attempt_the_root_cause_names()
 def test_a_rendezvous_error_with_no_rank_to_blame_heads_the_report_a_tui_leaves():
     """A node whose peer was stopped by its user (K) after an R, no restart left: the TUI left
     `  earlier attempts: attempt_0: restarted by the user` first, indented under nothing, then
-    the error, and no word of where the logs are."""
+    the error, and no word of where the logs are. Headless's report names the directory under
+    the error too, as under a failed rank's headline (it ended on the error alone)."""
     peer_stopped = ("node localhost (group rank 0) of the c10d rendezvous 'j' was stopped by its user (K, q or "
                     "ranktop stop), and this node has no restarts left (0 of 0 spent)")
     group = dataclasses.replace(_group(None), attempt=1, ended=True, rendezvous_error=peer_stopped,
                                 earlier_attempts=("attempt_0: restarted by the user",))
     assert report_after_tui(group).splitlines() == [
         f"ranktop: error: {peer_stopped}", "  logs: /logs/r", "  earlier attempts: attempt_0: restarted by the user"]
+    headless = format_end_report(RunResult(GroupState.FAILED, rendezvous_error=peer_stopped), name="t.py",
+                                 attempt=1, max_restarts=0, run_dir="/logs/r")
+    assert headless.splitlines() == [f"ranktop: error: {peer_stopped}", "  logs: /logs/r"], headless
 
 
 def test_a_failure_without_an_error_file_still_says_where_the_logs_are():

@@ -1848,7 +1848,8 @@ def test_an_earlier_attempt_the_user_restarted_gives_way_where_a_failed_one_stay
     """After an `R` the header's `earlier: attempt_0: restarted by the user` was kept whatever the
     width, as a failure is: at 80 columns it took the room of the attempt, the clock and the live
     ranks' count. An attempt that ended in no failure is news that gives way before those; one
-    that failed (also one the user then restarted) stays, whatever goes for it."""
+    that failed (also one the user then restarted) stays, whatever goes for it, its words giving
+    up their end for the room of the line (the line's own ellipsis cut them there)."""
     base = dataclasses.replace(FakeEngine(4).snapshot(), gpu_status="no GPU", started_at=0.0, attempt=1,
                                log_dir="/tmp/ranktop-0/20261127-061423-e158")
     calm = dataclasses.replace(base, earlier_attempts=("attempt_0: restarted by the user",), user_restarts=1)
@@ -1857,8 +1858,8 @@ def test_an_earlier_attempt_the_user_restarted_gives_way_where_a_failed_one_stay
     assert "earlier: attempt_0: restarted by the user" in header_text(calm, 100.0, width=160).plain
     at_80 = header_text(calm, 100.0, width=80).plain
     assert "earlier" not in at_80 and "attempt_1" in at_80 and "0:01:40" in at_80 and "4/4 alive" in at_80, at_80
-    for width in (80, 60):
-        assert "earlier: attempt_0: rank 1 failed (exit 1)" in header_text(failed, 100.0, width=width).plain, width
+    assert "earlier: attempt_0: rank 1 failed (exit 1), then r…" in header_text(failed, 100.0, width=80).plain
+    assert header_text(failed, 100.0, width=60).plain == " fake.py  running   earlier: attempt_0: rank 1 failed (exit…"
     both = dataclasses.replace(calm, earlier_attempts=("attempt_0: rank 1 failed (exit 1)", "attempt_1: restarted by the user"))
     assert "earlier: attempt_1: restarted by the user (+1)" in header_text(both, 100.0, width=80).plain
 

@@ -16,7 +16,7 @@ from conftest import screen_rows, until
 from fake_engine import FakeEngine
 from ranktop.core import commands as cmd
 from ranktop.core.engine import FIRST_LOOK_LINES
-from ranktop.core.state import GroupState, RankState, RootCause
+from ranktop.core.state import GroupState, RankState, RootCause, RoundForming
 from ranktop.tui.app import DIALOG_EXTRAS, RanktopApp
 from ranktop.tui.commands import described
 from ranktop.tui.details import RankDetails
@@ -1186,6 +1186,37 @@ def test_the_header_keeps_no_gpu_at_80_columns():
                             rf"  2/2 alive  {why}  logs /tmp/fake-run *", screen_rows(app)[0]), screen_rows(app)[0]
 
     drive(engine, body, size=(80, 24))
+
+
+def test_a_peers_stop_in_the_header_gives_up_its_words_before_the_attempt_the_clock_and_the_round():
+    """A fixed-size c10d job, --max-restarts 1: a peer's K made this node restart and wait for the
+    next round. The header kept the 120 cells of `earlier: attempt_0: node localhost ... was stopped
+    by its user (K, q or ranktop stop)` whole, and at 160 columns that pushed out the badge, the
+    attempt, the clock and `round 1 forming: 1 of 2 nodes`. Its words give up their end now; at 80
+    columns the badge goes for the forming round, which goes last."""
+    engine = FakeEngine(2, name="train.py")
+    stopped = ("attempt_0: node localhost (group rank 1) of the c10d rendezvous 'job42' was stopped by its user "
+               "(K, q or ranktop stop)")
+    for r in range(2):
+        engine.set_rank(r, state=RankState.KILLED, exitcode=-15, signal_name="SIGTERM")
+    engine.group = dataclasses.replace(engine.group, state=GroupState.RENDEZVOUS, attempt=1, max_restarts=1,
+                                       nnodes=2, world_size=4, round=0, forming=RoundForming(1, 1, "2"),
+                                       earlier_attempts=(stopped,), gpu_status="no GPU")
+    clock = r"\d+:\d\d:\d\d"
+
+    async def body(app, pilot):
+        await until(pilot, lambda: "forming" in screen_rows(app)[0], what="the forming round in the header")
+        row = screen_rows(app)[0]
+        assert re.fullmatch(r" ranktop  train\.py  rendezvous   attempt_1 \(0 left\)  earlier: attempt_0: node "
+                            rf"localhost [^…]*…  round 1 forming: 1 of 2 nodes  {clock}  0/2 alive  no GPU *", row), row
+        await pilot.resize_terminal(80, 24)
+        await until(pilot, lambda: "train.py" in screen_rows(app)[0] and "ranktop" not in screen_rows(app)[0],
+                    what="the header at 80 columns")
+        row = screen_rows(app)[0]
+        assert re.fullmatch(r" train\.py  rendezvous   earlier: attempt_0: node…  round 1 forming: 1 of 2 nodes *",
+                            row), row
+
+    drive(engine, body, size=(160, 48))
 
 
 def test_the_stop_toast_leaves_the_end_panels_state_in_sight():

@@ -252,15 +252,22 @@ def _rank_facts(snap: RankSnapshot, now: float, world_digits: int, position: str
 # with shorter words (_short_parts: `(2 left)`, `NVML error`) says them before it goes.
 # What is urgent (the state, a stop's countdown, a note, lost logs, a failed earlier attempt, a
 # lost engine or store) never goes.
-# A forming round's part goes last: while a round forms, how far it got is the news (the ranks
-# alive and the time are the last round's).
+# A forming round's part goes last, after the badge: while a round forms, how far it got is the
+# news (the ranks alive and the time are the last round's).
 # An earlier attempt that ended in no failure (the user's R) is news, not a warning: it goes before
-# the attempt and the clock (at 80 columns it took their room, and the live ranks' count's).
+# the attempt and the clock (at 80 columns it took their room, and the live ranks' count's). One
+# that failed (or was ended by another node: a peer's stop, a lost node) stays, but its words give
+# up their end (_earlier_text): their first EARLIER_KEPT cells ("failed": only the forming round
+# comes before them, and the badge goes for them, so `rank 1 failed (exit 4)` stays at 80
+# columns), the rest where a calm one's place is ("earlier", after `(0 left)`), at the least
+# `attempt_0: …`. A peer's stop is 120 cells of words: at 160 columns they pushed out the badge,
+# the attempt, the clock and the forming round.
 # The GPU status says why the panes show no GPU (a laptop, a CPU box; without it that reads as a
 # sampler gone wrong): it stays longer than the ranks' python, the world, the node, the log dir and
 # the restarts left (at 80 columns it went first, and `(2 restarts left)` took its room).
 HEADER_DROPS = ("python", "last", "node", "world", "logs", "earlier", "restarts", "gpu", "attempt", "elapsed",
-                "alive", "forming")
+                "alive", "badge", "failed", "forming")
+EARLIER_KEPT = 24
 _LOGS_LABEL = "  logs "
 BADGE = " ranktop "
 # The job's name gives up its middle where the line is short of room, for the urgent parts: it
@@ -282,13 +289,14 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
     name, badge, logs = clean(group.name), True, bool(group.log_dir)
     if width:  # (0: not laid out yet)
         width -= _ticking_room(group, now)
-        room = width - sum(part.cell_len for key, part in parts if key is None) - cell_len(BADGE) - 2  # (" name ")
-        kept = min(cell_len(name), NAME_KEPT)
-        parts, logs, left = _fitted(parts, _short_parts(group), clean(_short_path(group.log_dir)) if logs else None,
-                                    room - kept)
-        least = min(cell_len(name), NAME_LEAST)
-        if kept + left < least:  # (the urgent parts leave it less: the badge goes for it)
-            badge, left = False, left + cell_len(BADGE)
+        failed = group.earlier_attempts and not group.earlier_calm  # (its least stays, whatever the width)
+        squeeze = (lambda extra: _earlier_text(group, extra)) if failed else None
+        room = width - sum(part.cell_len for key, part in parts if key is None) - 2  # (" name ")
+        room -= squeeze(0).cell_len if squeeze else 0
+        kept, least = min(cell_len(name), NAME_KEPT), min(cell_len(name), NAME_LEAST)
+        parts, shown, left = _fitted(parts, _short_parts(group), clean(_short_path(group.log_dir)) if logs else None,
+                                     squeeze, room - kept, kept - least)
+        badge, logs = "badge" in shown, "logs" in shown
         name = fit_name(name, max(least, kept + left))  # (narrower still, the line's ellipsis cuts its end)
     text = Text(no_wrap=True, overflow="ellipsis")  # (what is kept whatever the width, on a tiny terminal)
     if badge:
@@ -336,19 +344,37 @@ def _ticking_room(group: GroupSnapshot, now: float) -> int:
     return max(0, countdown) + len(str(len(group.ranks))) - len(str(alive_count(group)))
 
 
-def _fitted(parts: list[Part], shorts: dict[str, Text], logs: str | None, room: int) -> tuple[list[Part], bool, int]:
+def _fitted(parts: list[Part], shorts: dict[str, Text], logs: str | None, squeeze: Callable[[int], Text] | None,
+            room: int, spare: int) -> tuple[list[Part], set[str], int]:
     """`parts` with those of HEADER_DROPS that fit the `room` the others leave, most useful first,
     so that no part goes for a less useful one: each whole where it fits, else in its words in
-    `shorts` (the log dir counted as its last name, `…/NAME`, the least it shows); whether the
-    log dir stays; and the room left (less than none: short of)."""
+    `shorts` (the log dir counted as its last name, `…/NAME`, the least it shows); a failed
+    earlier attempt, whose least `squeeze(0)` the room is without, in `squeeze(cells)`, the cells
+    left, where it does not fit whole; the badge where the room and the name's `spare` cells (its
+    kept ones past its least) hold it, the name's going first; the names of those kept (the
+    badge's and the log dir's among them); and the room left (less than none: short of)."""
     shown: dict[str, Text | None] = {}  # the parts kept: None, whole; else in their shorter words
+    extra = 0  # the cells of a failed earlier attempt's words shown past its least
     for name in reversed(HEADER_DROPS):
         if name == "restarts" and "attempt" not in shown:  # (said of the attempt)
+            continue
+        if name in ("failed", "earlier") and squeeze is not None:  # (it stays: only its words past its least go)
+            more = _cells(parts, "earlier") - squeeze(0).cell_len - extra
+            taken = min(more, max(0, room), EARLIER_KEPT if name == "failed" else more)
+            extra, room = extra + taken, room - taken
+            shown["earlier"] = None if taken == more else squeeze(extra)
+            continue
+        if name == "badge":  # (the urgent parts leave the name less than it keeps: the badge goes for it)
+            if cell_len(BADGE) <= room + spare:
+                shown[name], room = None, room - cell_len(BADGE)
             continue
         if name == "logs":
             forms = [(None, cell_len(_LOGS_LABEL + fit_path(logs, 0)) if logs is not None else 0)]
         else:
             forms = [(None, _cells(parts, name)), *([(shorts[name], shorts[name].cell_len)] if name in shorts else [])]
+            if name == "restarts" and squeeze is not None:  # (`(0 left)` before a failed earlier attempt's words go)
+                whole = _cells(parts, "earlier") - squeeze(0).cell_len - extra
+                forms = [(form, need) for form, need in forms if form is not None or need + whole <= room] or forms
         for form, need in forms:
             if 0 < need <= room:
                 shown[name] = form
@@ -356,7 +382,7 @@ def _fitted(parts: list[Part], shorts: dict[str, Text], logs: str | None, room: 
                 break
     kept = [(key, part if key is None or shown[key] is None else shown[key]) for key, part in parts
             if key is None or key in shown]
-    return kept, "logs" in shown, room
+    return kept, set(shown), room
 
 
 def _cells(parts: list[Part], name: str) -> int:
@@ -414,12 +440,23 @@ def _attempt_parts(group: GroupSnapshot) -> list[Part]:
         left = _restarts_left(group)
         parts.append(("restarts", Text(f" ({left} restart{'s' * (left != 1)} left)", style="dim")))
     if group.earlier_attempts:  # "all ranks exited 0" must not hide that an earlier attempt failed
-        more = group.earlier_count - 1
-        calm = group.earlier_calm
-        parts.append(("earlier" if calm else None,
-                      Text(f"  earlier: {clean(group.earlier_attempts[-1])}" + (f" (+{more})" if more else ""),
-                           style="yellow" if calm else "bold yellow")))
+        parts.append(("earlier", _earlier_text(group)))  # (a failed one stays: header_text's squeeze)
     return parts
+
+
+def _earlier_text(group: GroupSnapshot, extra: int | None = None) -> Text:
+    """How the last earlier attempt ended (`(+N)`: those before it), whole, or with `extra` cells
+    of its words past `attempt_0: …`, the least a failed one shows: its words give up their end,
+    so that what failed, `rank 1 failed (exit 4)`, is what stays."""
+    more = group.earlier_count - 1
+    words = clean(group.earlier_attempts[-1])
+    if extra is not None:
+        attempt, sep, _ = words.partition(": ")
+        head = attempt + sep if sep and cell_len(attempt) <= 20 else ""  # (`attempt_<k>: `, kept)
+        how = words[len(head):]
+        words = head + (how if cell_len(how) <= 1 + extra else _cells_from_start(how, extra) + "…")
+    return Text(f"  earlier: {words}" + (f" (+{more})" if more else ""),
+                style="yellow" if group.earlier_calm else "bold yellow")
 
 
 def _restarts_left(group: GroupSnapshot) -> int:
