@@ -54,6 +54,15 @@ def build(name: str, rev: str, base: str) -> str:
     return installed_python(os.path.join(base, name), source)
 
 
+def build_versions(specs: list[str], base: str) -> dict[str, str]:
+    """{name: its installed copy's Python} for each NAME=REV of `specs` (REV "." or none: the checkout)."""
+    pythons = {}
+    for spec in specs:
+        name, _, rev = spec.partition("=")
+        pythons[name] = build(name, rev or ".", base)
+    return pythons
+
+
 def run(argv: list[str], env: dict[str, str], count: int = 1) -> float:
     start = time.perf_counter()
     procs = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -123,10 +132,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ranktop-ab-") as base:
         script = os.path.join(base, "trivial.py")
         open(script, "w").close()
-        pythons = {}
-        for spec in ns.versions:
-            name, _, rev = spec.partition("=")
-            pythons[name] = build(name, rev or ".", base)
+        pythons = build_versions(ns.versions, base)
         if ns.writes:
             compare_writes(pythons, ns, base)
             return 0

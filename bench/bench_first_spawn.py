@@ -20,7 +20,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_ab import build  # noqa: E402
+from bench_ab import build_versions  # noqa: E402
 
 WRAPPER = """\
 import sys, time
@@ -59,10 +59,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ranktop-first-spawn-") as base:
         script = os.path.join(base, "trivial.py")
         open(script, "w").close()
-        pythons = {}
-        for spec in ns.versions:
-            name, _, rev = spec.partition("=")
-            pythons[name] = build(name, rev or ".", base)
+        pythons = build_versions(ns.versions, base)
         rows: dict[str, list[list[str]]] = {name: [] for name in pythons}
         for round_no in range(ns.rounds + 1):
             for name, python in pythons.items():
