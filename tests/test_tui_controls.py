@@ -425,12 +425,19 @@ FAILER = ("import os, sys, time\nprint('rank', os.environ['RANK'], 'up', flush=T
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def _in_front(pid: int) -> bool:
+    """Whether `pid`'s process group is its terminal's foreground group (/proc/PID/stat's pgrp, tpgid)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return fields[2] == fields[5]
+
+
 def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path):
     script = tmp_path / "failer.py"
     script.write_text(FAILER)
     copied = tmp_path / "copied.log"
     pager = tmp_path / "pager.sh"  # a pager that keeps what it was given, and waits (as less does)
-    pager.write_text(f"#!/bin/sh\ncat \"$1\" > {copied}\nsleep 30\n")
+    pager_pid = tmp_path / "pager.pid"
+    pager.write_text(f"#!/bin/sh\necho $$ > {pager_pid}\ncat \"$1\" > {copied}\nsleep 30\n")
     pager.chmod(0o755)
     command = (f"cd {ROOT} && PAGER={pager} {sys.executable} -m ranktop --tui --nproc-per-node 2 "
                f"--log-dir {tmp_path / 'logs'} {script}; sleep 30")
@@ -460,6 +467,8 @@ def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path)
         term.wait_screen("attempt_0/1/stdout.log")
         term.press("o")  # the culprit is focused: its stdout log goes to the pager, then the TUI is back
         wait_for(lambda: copied.exists() and "rank 1 up" in copied.read_text(), what="the pager got the log")
+        # (the pager may run before ranktop has given it the terminal: a Ctrl-C then is ranktop's)
+        wait_for(lambda: _in_front(int(pager_pid.read_text())), what="the pager in the terminal's foreground")
         # Ctrl-C, the way out of less's F, reaches the pager alone: it reached ranktop too, which
         # took it for a stop (a run still going was stopped; this one, over, left the TUI).
         term.press("C-c")
