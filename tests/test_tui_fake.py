@@ -1032,7 +1032,8 @@ def test_keys_that_can_act_on_no_rank_now_are_dimmed_and_say_so_at_once():
     engine.group = dataclasses.replace(started, state=GroupState.RENDEZVOUS, ranks=())
 
     async def body(app, pilot):
-        await until(pilot, lambda: "Stop group" in footer_dimmed(app), what="the footer's keys")
+        # (the footer is rebuilt a moment after a change: read once every key is in it)
+        await until(pilot, lambda: {*RANK_KEYS_SHOWN, "Stop group"} <= set(footer_dimmed(app)), what="the footer's keys")
         dimmed = footer_dimmed(app)
         assert [dimmed[d] for d in RANK_KEYS_SHOWN] == [True] * 4, dimmed
         assert not any(dimmed[d] for d in ("Quit", "Help", "Zoom", "Search", "Stacks", "Stop group")), dimmed
@@ -1057,7 +1058,7 @@ def test_keys_that_can_act_on_no_rank_now_are_dimmed_and_say_so_at_once():
             what="k dimmed on a rank not running, x r R whole")
         await refused_at_once(app, pilot, engine, ("k", "i"), "rank 1 is not running (failed)")
         engine.group = dataclasses.replace(engine.group, state=GroupState.RENDEZVOUS)  # the next round forms
-        await until(pilot, lambda: all(footer_dimmed(app)[d] for d in RANK_KEYS_SHOWN), what="every rank key dimmed")
+        await until(pilot, lambda: all(footer_dimmed(app).get(d) for d in RANK_KEYS_SHOWN), what="every rank key dimmed")
         await refused_at_once(app, pilot, engine, ("R",), "no ranks to act on until it forms")
         await pilot.press("K")
         await until(pilot, lambda: "Press K again to confirm" in notes(app), what="the stop's question")
