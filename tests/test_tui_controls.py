@@ -427,8 +427,10 @@ FAILER = ("import os, sys, time\nprint('rank', os.environ['RANK'], 'up', flush=T
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 def _in_front(pid: int) -> bool:
     """Whether `pid`'s process group is its terminal's foreground group (/proc/PID/stat's pgrp, tpgid)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return fields[2] == fields[5]
+    from ranktop.core.guard import stat_fields
+
+    fields = stat_fields(pid)
+    return fields is not None and fields[2] == fields[5]
 
 
 def test_copy_the_root_cause_through_osc52_and_open_the_log_in_a_pager(tmp_path):

@@ -15,6 +15,7 @@ from typing import Any
 
 from ranktop.core.errors import file_kind, read_at_most
 from ranktop.core.events import EventLog
+from ranktop.core.guard import read_proc_file
 from ranktop.core.layout import RunDir, dump_log_path
 from ranktop.core.stacks.grouping import build_report
 from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack, snapshot_facts
@@ -22,16 +23,25 @@ from ranktop.core.stacks.procs import HeldProcess, children_of, gone_reason
 from ranktop.core.stacks.saving import save_report
 
 
+def _signal_bit(sig: int) -> int:
+    return 1 << (int(sig) - 1)
+
+
+def _status_masks(path: str, names: tuple[str, ...]) -> tuple[int, ...] | None:
+    """The signal masks `names` (SigCgt, SigBlk...) of a /proc status file, None where it cannot be
+    read (the process or thread is gone) or lacks one."""
+    try:
+        fields = dict(line.split(":", 1) for line in read_proc_file(path).decode().splitlines()
+                      if line.startswith(names))
+        return tuple(int(fields[name], 16) for name in names)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def catches_signal(pid: int, sig: int) -> bool:
     """Whether the process has a handler for `sig` (SigCgt in /proc), i.e. it will not die of it."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        return False
-    return False
+    caught = _status_masks(f"/proc/{pid}/status", ("SigCgt",))
+    return caught is not None and bool(caught[0] & _signal_bit(sig))
 
 
 _MASK_FIELDS = ("SigPnd", "ShdPnd", "SigBlk")
@@ -45,21 +55,14 @@ def thread_signal_masks(pid: int) -> dict[int, tuple[int, int, int]]:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return {}
-    masks = {}
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if line.startswith(_MASK_FIELDS))
-            masks[int(tid)] = tuple(int(fields[name], 16) for name in _MASK_FIELDS)
-        except (OSError, ValueError, KeyError):
-            continue
-    return masks
+    masks = {int(tid): _status_masks(f"/proc/{pid}/task/{tid}/status", _MASK_FIELDS) for tid in tids}
+    return {tid: mask for tid, mask in masks.items() if mask is not None}
 
 
 def threads_blocking(pid: int, sig: int) -> frozenset[int]:
     """The threads of `pid` that block `sig` now (helper threads that block every signal, as
     some native libraries start theirs): they take no part in its delivery."""
-    bit = 1 << (int(sig) - 1)
+    bit = _signal_bit(sig)
     return frozenset(tid for tid, (_own, _shared, blocked) in thread_signal_masks(pid).items() if blocked & bit)
 
 
@@ -69,7 +72,7 @@ def handler_returned(pid: int, sig: int, blockers: frozenset[int]) -> bool:
     before it was sent). The kernel blocks a signal in the thread that runs its handler until
     the handler returns (faulthandler asks for no SA_NODEFER), so a dump seen begun in the log
     and this true after means faulthandler has written all of it."""
-    bit = 1 << (int(sig) - 1)
+    bit = _signal_bit(sig)
     masks = thread_signal_masks(pid)
     return bool(masks) and not any(own & bit or shared & bit or (blocked & bit and tid not in blockers)
                                    for tid, (own, shared, blocked) in masks.items())
