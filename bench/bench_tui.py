@@ -50,6 +50,9 @@ class Case:
     lines: int
     rate: float  # lines/s per rank; 0 = as fast as possible
     timeout: float
+    # seconds each rank stays after its last line, as a training rank does after a burst of output:
+    # the TUI is weighed while its ranks are alive and quiet, which is when it looks for prompts
+    linger: float = 0
 
 
 @dataclass
@@ -88,7 +91,7 @@ def grid_argv(widget: str, case: Case, log_dir: str) -> list[str]:
 
 
 def gen_args(case: Case) -> list[str]:
-    return ["--lines", str(case.lines), "--rate", str(case.rate)]
+    return ["--lines", str(case.lines), "--rate", str(case.rate), *(["--linger", str(case.linger)] if case.linger else [])]
 
 
 def own_cpu(proc: psutil.Process) -> float:
@@ -238,7 +241,7 @@ def main() -> int:
     cases = {
         "steady": Case("steady 8 x 1000 lines/s", 8, int(1000 * ns.seconds), 1000, ns.seconds + 60),
         "burst": Case("burst 8 x 200k lines", 8, 200_000, 0, 300),
-        "memory": Case(f"memory 64 x {ns.memory_lines:,} lines", 64, ns.memory_lines, 0, 300),
+        "memory": Case(f"memory 64 x {ns.memory_lines:,} lines", 64, ns.memory_lines, 0, 300, linger=6),
     }
     # Textual's Log only runs the steady case: it is the widget LogView replaces, compared at the
     # rate the CPU target is set for.

@@ -362,9 +362,20 @@ class LineRing:
 
     def open_line(self) -> bytes | None:
         """The unfinished line of the stream that wrote last, '\\r' collapsed; None when that
-        stream's output ended a line. It makes the waiting chunks into lines, as `tail` does: ask
-        it of a rank gone quiet (a prompt), not per chunk."""
+        stream's output ended a line. Asked of every quiet rank at each snapshot, so it reads the
+        newest chunk alone where that settles it: making all the waiting chunks into lines (as
+        `tail` does) turned every line of a quiet rank nobody watched into a Python object, 1.6x
+        its bytes (64 quiet ranks of 10k lines: a TUI of 160 MB against 97)."""
         with self._lock:
+            if self._chunks:
+                chunk = self._chunks[-1][1]
+                end = chunk.rfind(b"\n") + 1
+                if end == len(chunk):
+                    return None
+                if end and len(chunk) - end <= LINE_CAP:
+                    line = OpenLine()  # the line after the chunk's last newline, as making it would leave it
+                    line.add(bytes(chunk[end:]))
+                    return line.state() or None
             self._make_lines()
             return self.partial[self._last_stream].state() or None
 

@@ -313,6 +313,31 @@ def test_the_input_prompt_goes_through_local_agent_and_a_progress_bar_is_no_prom
         assert agent.snapshot().ranks[1].input_prompt is None
 
 
+def test_the_snapshots_of_quiet_ranks_leave_their_output_as_it_came(tmp_path):
+    """A live rank gone quiet after a burst of lines is looked at for a prompt in every snapshot.
+    That look made all its waiting output into lines, one Python object each: 64 such ranks of
+    10k lines held a TUI of 160 MB where 97 MB holds them as read (`bench/bench_tui.py --cases
+    memory`). Its lines are all still there when a view asks, and a prompt is still seen."""
+    from conftest import Running
+
+    code = (
+        "import os, sys, time\n"
+        "sys.stdout.write(''.join(f'step {i} loss 0.5\\n' for i in range(20000))); sys.stdout.flush()\n"
+        "if os.environ['LOCAL_RANK'] == '1':\n"
+        "    sys.stdout.write('(Pdb) '); sys.stdout.flush(); sys.stdin.readline()\n"
+        "time.sleep(60)\n"
+    )
+    agent = make_agent(tmp_path, code, n=2)
+    with Running(agent) as agent:
+        for _ in range(3):  # quiet past PROMPT_QUIET, then a few more snapshots look again
+            ranks = wait_for(lambda: quiet_ranks(agent, lambda now: now[1].input_prompt), what="both ranks quiet")
+        assert (ranks[0].input_prompt, ranks[1].input_prompt) == (None, "(Pdb)")
+        ring = agent.pcontext.slots[0].ring
+        assert not ring.lines and ring.held_bytes >= sum(len(f"step {i} loss 0.5\n") for i in range(10_000, 20_000))
+        lines = agent.output(0)
+        assert len(lines) == 10_000 and lines[-1] == b"step 19999 loss 0.5"  # the ring's newest 10k, made now
+
+
 READS_STDIN = (
     "import os, sys, time\n"
     "r = os.environ['LOCAL_RANK']\n"
