@@ -353,22 +353,35 @@ def _freeze(node: subprocess.Popen, sig: int) -> None:
             os.kill(pid, sig)
 
 
-def _placed(tmp_path: Path, node: str, attempt: str) -> bool:
-    """Whether the node's rank of that attempt has printed where it was placed (it has started up)."""
-    return any(b"PLACED" in log.read_bytes() for log in tmp_path.glob(f"{node}/*/{attempt}/0/stdout.log"))
+def _placed(tmp_path: Path, node: str, attempt: str, says: bytes = b"PLACED") -> bool:
+    """Whether the node's rank of that attempt has printed where it was placed (it has started up),
+    or `says` (BUSY: in its collective)."""
+    return any(says in log.read_bytes() for log in tmp_path.glob(f"{node}/*/{attempt}/0/stdout.log"))
 
 
-def _freeze_node_1_until_node_0_goes_on(tmp_path: Path, peer: subprocess.Popen, then=lambda: None) -> None:
-    """Once node 1's rank is up, freeze node 1 until node 0 has started its rank again without it
-    (node 1's heartbeats lapsed), do `then` while it is still frozen, and resume it."""
-    wait_for(lambda: _placed(tmp_path, "node1", "attempt_0"), timeout=TIMEOUT, what="node 1's rank")
-    _freeze(peer, signal.SIGSTOP)
-    try:
-        wait_for(lambda: len(node_events(tmp_path, "node0", "started")) == 2, timeout=TIMEOUT,
-                 what="node 0's rank started again without node 1")
-        then()
-    finally:
-        _freeze(peer, signal.SIGCONT)
+# torch's last call: once a round has --nnodes MIN nodes (1 here), the node whose join made it so
+# (the first: node 0, which serves the store) waits that long for more. Where every round of the job
+# must hold both nodes, it waits up to 30 s: a round of 2 forms as the second joins, so that costs
+# nothing. With 1 s, a round formed without node 1 where it came a second late: a busy box starts it
+# late, its tries to reach node 0's store back off up to ~2 s, and a node that waits for a new round
+# looks at the store once a second.
+BOTH = "join_timeout=40,last_call_timeout=30,close_timeout=5"
+
+
+def _wait_for_a_round_of_both(tmp_path: Path, says: bytes = b"PLACED") -> int:
+    """Until node 0's and node 1's ranks are up (`says`) in node 1's first round; returns how many
+    rounds node 0 formed alone before it: none, unless node 1 came past node 0's last call of 1 s,
+    which a test keeps where node 0's next round is to form alone (see BOTH). Node 0's watch then
+    took node 1 in, restarting its group (`nodes_joined`, no restart spent; logs in attempt_0.N)."""
+    def both_up() -> tuple[int] | None:
+        joined = node_events(tmp_path, "node1", "rendezvous_joined")
+        if not joined or not _placed(tmp_path, "node1", "attempt_0", says):
+            return None
+        alone = joined[0]["round"]
+        return (alone,) if _placed(tmp_path, "node0", "attempt_0" + (f".{alone}" if alone else ""), says) else None
+
+    (alone,) = wait_for(both_up, timeout=TIMEOUT, what="node 0's and node 1's ranks up in one round")
+    return alone
 
 
 def test_a_frozen_node_rejoins_and_a_paused_store_host_is_said_and_waited_for(tmp_path, torch_installed):
@@ -382,14 +395,24 @@ def test_a_frozen_node_rejoins_and_a_paused_store_host_is_said_and_waited_for(tm
     meanwhile, and runs on. Both end well: the exit barrier takes no node for gone when every
     node's heartbeats lapsed at once."""
     job, release = Job(tmp_path, "frozen", nnodes="1:2"), tmp_path / "release"
-    conf = CONF + LAPSE + ",is_host="
+    # Both rounds hold both nodes (BOTH): node 1, resumed once node 0 has restarted without it,
+    # joins the round node 0 waits in. (With a 1 s last call, node 0's first round formed alone
+    # where node 1 came late; and node 1, resumed once node 0's rank ran alone, joined a third
+    # round, which held it only where its look at the store, once a second, came in time.)
+    conf = BOTH + LAPSE + ",is_host="
     host = job.start("until-file", str(release), extra=("--max-restarts", "1", "--rdzv-conf", conf + "1"),
                      local_addr="127.0.0.1")
     peer = job.start("until-file", str(release), extra=("--max-restarts", "1", "--rdzv-conf", conf + "0"),
                      local_addr="127.0.0.2")
     try:
-        _freeze_node_1_until_node_0_goes_on(tmp_path, peer)
-        wait_for(lambda: _placed(tmp_path, "node0", "attempt_1.1") and _placed(tmp_path, "node1", "attempt_0.1"),
+        wait_for(lambda: _placed(tmp_path, "node1", "attempt_0"), timeout=TIMEOUT, what="node 1's rank")
+        _freeze(peer, signal.SIGSTOP)
+        try:
+            wait_for(lambda: node_events(tmp_path, "node0", "group_restart"), timeout=TIMEOUT,
+                     what="node 0 restarting its group without node 1")
+        finally:
+            _freeze(peer, signal.SIGCONT)
+        wait_for(lambda: _placed(tmp_path, "node0", "attempt_1") and _placed(tmp_path, "node1", "attempt_0.1"),
                  timeout=TIMEOUT, what="both nodes' ranks in a new round")
         _freeze(host, signal.SIGSTOP)
         try:
@@ -408,7 +431,7 @@ def test_a_frozen_node_rejoins_and_a_paused_store_host_is_said_and_waited_for(tm
     assert ("ranktop: node 127.0.0.2 (group rank 1) of the c10d rendezvous 'frozen' is gone: no keep-alive heartbeat "
             "of its for over 4 s (killed, frozen or cut off); restarting the group: attempt_1 (1 of 1 restarts "
             "spent)") in ours0, err0
-    assert [p["WORLD_SIZE"] for p in placements(out0)] == ["2", "1", "2"]
+    assert [p["WORLD_SIZE"] for p in placements(out0)] == ["2", "2"]
     assert ("ranktop: this node was dropped from round 0 of the c10d rendezvous 'frozen': no keep-alive heartbeat "
             "of its for over 4 s (it was frozen or cut off), and the job went on without it: stopping its ranks and "
             "joining the next round (no restart spent)") in err1.splitlines(), err1
@@ -417,18 +440,17 @@ def test_a_frozen_node_rejoins_and_a_paused_store_host_is_said_and_waited_for(tm
     assert [line for line in err1.splitlines() if line.startswith(store)] == [
         f"{store} has not answered for 5 s (the node serving it paused, hung or cut off?): this node's ranks run "
         "on, and ranktop says when it answers again",
-        f"{store} answers again, but every node of round 2 was dropped meanwhile (no keep-alive heartbeat reached "
+        f"{store} answers again, but every node of round 1 was dropped meanwhile (no keep-alive heartbeat reached "
         "it for over 4 s): the ranks run on, but torch's handler sends no more heartbeats, so a node lost from now "
         "on is noticed only when a collective of its ranks breaks"], err1
     ends = [(e["event"], e.get("kind"), e.get("reason")) for node in ("node0", "node1") for e in
             events(tmp_path / node) if e["event"] in ("round_end", "group_restart", "exit_barrier_left")]
     assert ends == [("round_end", "peer_failed", None), ("group_restart", None, "failure"),
-                    ("round_end", "nodes_joined", None), ("group_restart", None, "nodes_joined"),
                     ("round_end", "left_behind", None), ("group_restart", None, "left_behind")], ends
     assert [e["silent"] for e in events(tmp_path / "node1") if e["event"] == "rendezvous_store_lost"] == [True]
     # node 0, resumed, said nothing of it (its own store never stopped answering it): now it does
     assert ("ranktop: this node (or every node) was paused or cut off past the keep-alive limit: every node of "
-            "round 2 was dropped meanwhile (no keep-alive heartbeat reached it for over 4 s): the ranks run on, but "
+            "round 1 was dropped meanwhile (no keep-alive heartbeat reached it for over 4 s): the ranks run on, but "
             "torch's handler sends no more heartbeats, so a node lost from now on is noticed only when a collective "
             "of its ranks breaks") in ours0, err0
     assert not [line for line in err1.splitlines() if "paused or cut off past" in line], err1
@@ -441,24 +463,31 @@ def test_a_frozen_node_whose_ranks_had_finished_does_not_wait_at_the_old_rounds_
     for nodes that had gone on to a later round, for 300 s. It now ends at its first look there,
     saying why, and leaves the rendezvous open for the job that went on."""
     job, release0, release1 = Job(tmp_path, "frozen-done", nnodes="1:2"), tmp_path / "release0", tmp_path / "release1"
-    conf = CONF + LAPSE + ",is_host="
+    conf = CONF + LAPSE + ",is_host="  # (a 1 s last call: node 0 goes on alone while node 1 is frozen)
     job.start("until-file", str(release0), extra=("--max-restarts", "1", "--rdzv-conf", conf + "1"),
               local_addr="127.0.0.1")
     peer = job.start("until-file", str(release1), extra=("--rdzv-conf", conf + "0", "--monitor-interval", "120"),
                      local_addr="127.0.0.2")
     try:
-        _freeze_node_1_until_node_0_goes_on(tmp_path, peer, then=release1.touch)
+        alone = _wait_for_a_round_of_both(tmp_path)
+        _freeze(peer, signal.SIGSTOP)
+        try:
+            wait_for(lambda: len(node_events(tmp_path, "node0", "started")) == alone + 2, timeout=TIMEOUT,
+                     what="node 0's rank started again without node 1")
+            release1.touch()
+        finally:
+            _freeze(peer, signal.SIGCONT)
         wait_for(lambda: peer.poll() is not None, timeout=30, what="node 1 ending, not waiting at the barrier")
     finally:
         release0.touch()
         release1.touch()
     (status0, out0, err0), (status1, _, err1) = job.finish()
     assert (status0, status1) == (0, 0), err0 + err1
-    assert ("ranktop: exit barrier: this node was dropped from round 0 of the c10d rendezvous 'frozen-done': no "
-            "keep-alive heartbeat of its for over 4 s (it was frozen or cut off), and the job went on without it; its "
-            "ranks had finished, so it ends without waiting for the others, and leaves the rendezvous open for them"
-            ) in err1.splitlines(), err1
-    assert [p["WORLD_SIZE"] for p in placements(out0)] == ["2", "1"], out0
+    assert (f"ranktop: exit barrier: this node was dropped from round {alone} of the c10d rendezvous 'frozen-done': "
+            "no keep-alive heartbeat of its for over 4 s (it was frozen or cut off), and the job went on without it; "
+            "its ranks had finished, so it ends without waiting for the others, and leaves the rendezvous open for "
+            "them") in err1.splitlines(), err1
+    assert [p["WORLD_SIZE"] for p in placements(out0)] == ["1"] * alone + ["2", "1"], out0
 
 
 def test_a_node_killed_while_the_others_ranks_sit_idle_ends_their_round(tmp_path, torch_installed):
@@ -488,7 +517,9 @@ def test_a_node_killed_while_the_others_ranks_sit_idle_ends_their_round(tmp_path
 
 
 # How node 0 learns that node 1's user stopped it: its watch sees node 1 out of the round (its rank in
-# no collective), or its rank's collective breaks first (its watch looks only every 120 s).
+# no collective), or its rank's collective breaks first (its watch's first look is 10 s after its rank
+# started: long after; not never, as a node 1 that joined late waits for that look, see
+# _wait_for_a_round_of_both).
 @pytest.mark.parametrize("seen_by", ["watch", "ranks"])
 def test_a_node_its_user_stops_steps_out_so_an_elastic_peer_goes_on_at_once(tmp_path, torch_installed, seen_by):
     """Node 1 of an elastic job (1:2) is stopped by its user (SIGTERM to its ranktop): it was a lost
@@ -496,15 +527,15 @@ def test_a_node_its_user_stops_steps_out_so_an_elastic_peer_goes_on_at_once(tmp_
     and whose next round formed only once node 1's heartbeats had lapsed (6-9 s here). Node 1 now
     tells the round it was stopped and steps out of it: node 0 names it so, and goes on alone at once."""
     job, release = Job(tmp_path, "stopped", nnodes="1:2"), tmp_path / "release"
+    # (a 1 s last call: node 0's next round forms alone 1 s after it joins)
     conf = CONF + ",keep_alive_interval=3,keep_alive_max_attempt=3,is_host="
     mode, up = ("until-file", b"PLACED") if seen_by == "watch" else ("busy-until-file", b"BUSY")
-    watch = ("--monitor-interval", "120") if seen_by == "ranks" else ()
+    watch = ("--monitor-interval", "10") if seen_by == "ranks" else ()
     job.start(mode, str(release), extra=("--max-restarts", "1", "--rdzv-conf", conf + "1", *watch),
               local_addr="127.0.0.1")
     stopped = job.start(mode, str(release), extra=("--rdzv-conf", conf + "0"), local_addr="127.0.0.2")
     try:
-        wait_for(lambda: all(any(up in log.read_bytes() for log in tmp_path.glob(f"node{i}/*/attempt_0/0/stdout.log"))
-                             for i in range(2)), timeout=TIMEOUT, what="both nodes' ranks up")
+        alone = _wait_for_a_round_of_both(tmp_path, up)
         stopped.send_signal(signal.SIGTERM)
         wait_for(lambda: _placed(tmp_path, "node0", "attempt_1"), timeout=TIMEOUT, what="node 0's rank again, alone")
     finally:
@@ -513,16 +544,19 @@ def test_a_node_its_user_stops_steps_out_so_an_elastic_peer_goes_on_at_once(tmp_
     assert (status0, status1) == (0, 128 + signal.SIGTERM), err0 + err1
     said = "node 127.0.0.2 (group rank 1) of the c10d rendezvous 'stopped' was stopped by its user (SIGTERM)"
     assert f"ranktop: {said}; restarting the group: attempt_1 (1 of 1 restarts spent)" in err0.splitlines(), err0
-    assert [p["WORLD_SIZE"] for p in placements(out0)] == ["2", "1"], out0
-    assert [(e["kind"], e["message"]) for e in node_events(tmp_path, "node0", "round_end")] == [("peer_stopped", said)]
+    assert [p["WORLD_SIZE"] for p in placements(out0)] == ["1"] * alone + ["2", "1"], out0
+    ends = [(e["kind"], e["message"]) for e in node_events(tmp_path, "node0", "round_end")]
+    assert ends == [("nodes_joined", "1 node(s) waiting to join the c10d rendezvous 'stopped'")] * alone + [
+        ("peer_stopped", said)], ends
     (final,) = tmp_path.glob("node0/*/final.json")  # the header's `earlier:`
-    assert json.loads(final.read_text())["earlier_attempts"] == [f"attempt_0: {said}"]
+    assert json.loads(final.read_text())["earlier_attempts"] == ["attempt_0: restarted, nodes joined"] * alone + [
+        f"attempt_0: {said}"]
     # its word was in the store before its rank got the signal (their collective broke then), and it stepped out
     assert [(e["how"], e["said_first"], e["stepped_out"]) for e in node_events(
         tmp_path, "node1", "rendezvous_stepped_out")] == [("SIGTERM", True, True)]
     # at once: torch's handler would have dropped node 1 only 6-9 s after its last heartbeat
     (stop,) = node_events(tmp_path, "node1", "signal_received")
-    formed = node_events(tmp_path, "node0", "rendezvous_joined")[1]["ts"] - stop["ts"]
+    formed = node_events(tmp_path, "node0", "rendezvous_joined")[alone + 1]["ts"] - stop["ts"]
     assert formed < 5, formed
 
 
