@@ -317,7 +317,9 @@ def test_the_snapshots_of_quiet_ranks_leave_their_output_as_it_came(tmp_path):
     """A live rank gone quiet after a burst of lines is looked at for a prompt in every snapshot.
     That look made all its waiting output into lines, one Python object each: 64 such ranks of
     10k lines held a TUI of 160 MB where 97 MB holds them as read (`bench/bench_tui.py --cases
-    memory`). Its lines are all still there when a view asks, and a prompt is still seen."""
+    memory`), and so did 64 whose last write held no newline (a progress bar on stderr) until
+    that was read from the waiting chunks too. Its lines are all still there when a view asks,
+    and a prompt is still seen."""
     from conftest import Running
 
     code = (
@@ -325,6 +327,7 @@ def test_the_snapshots_of_quiet_ranks_leave_their_output_as_it_came(tmp_path):
         "sys.stdout.write(''.join(f'step {i} loss 0.5\\n' for i in range(20000))); sys.stdout.flush()\n"
         "if os.environ['LOCAL_RANK'] == '1':\n"
         "    sys.stdout.write('(Pdb) '); sys.stdout.flush(); sys.stdin.readline()\n"
+        "time.sleep(0.2); sys.stderr.write('\\reval:  10%|#  | 1/10'); sys.stderr.flush()\n"
         "time.sleep(60)\n"
     )
     agent = make_agent(tmp_path, code, n=2)
@@ -334,8 +337,8 @@ def test_the_snapshots_of_quiet_ranks_leave_their_output_as_it_came(tmp_path):
         assert (ranks[0].input_prompt, ranks[1].input_prompt) == (None, "(Pdb)")
         ring = agent.pcontext.slots[0].ring
         assert not ring.lines and ring.held_bytes >= sum(len(f"step {i} loss 0.5\n") for i in range(10_000, 20_000))
-        lines = agent.output(0)
-        assert len(lines) == 10_000 and lines[-1] == b"step 19999 loss 0.5"  # the ring's newest 10k, made now
+        lines = agent.output(0)  # the ring's newest 10k, made now, and the bar
+        assert len(lines) == 10_001 and lines[-2:] == [b"step 19999 loss 0.5", b"eval:  10%|#  | 1/10"]
 
 
 READS_STDIN = (
