@@ -428,6 +428,8 @@ class LineRing:
         making them all kept every line of a rank looked at once as a Python object, 1.6x its
         bytes (`ranktop attach` to 64 quiet ranks of 10k lines: an engine of 148 MB against 72)."""
         with self._lock:
+            if self.total_lines <= seen:  # nothing new (a quiet rank's next look): nothing made for it
+                return self.version, self.total_lines, [], self._open_lines_aside()
             if tail is not None and (newest := self._newest_made_aside(seen, tail)) is not None:
                 return newest
             self._make_lines()
@@ -439,12 +441,17 @@ class LineRing:
         new.reverse()
         return version, total, new, open_lines
 
+    def _open_lines_aside(self) -> list[bytes]:
+        """The open lines since() gives, made aside (none of the waiting chunks made). Lock held."""
+        ends = [self._open_before(stream, len(self._chunks)).state() for stream in self.partial]
+        return [line for line in ends if line]
+
     def _newest_made_aside(self, seen: int, tail: int) -> tuple[int, int, list[bytes], list[bytes]] | None:
         """since(seen, tail)'s answer, made by a ring of its own from the newest chunks that hold
         `tail` lines, each stream's line before them as making the rest would leave it; this
         ring's lines and chunks as they were. None where fewer lines wait (making them costs
         little). Lock held."""
-        want = min(tail, self.maxlen)
+        want = min(tail, self.maxlen, self.total_lines - seen)  # (the newest `want`: all since() returns)
         if not want or self._chunk_newlines < want:
             return None
         first, newlines = len(self._chunks), 0

@@ -320,8 +320,10 @@ def test_the_snapshots_of_quiet_ranks_leave_their_output_as_it_came(tmp_path):
     memory`), and so did 64 whose last write held no newline (a progress bar on stderr) until
     that was read from the waiting chunks too. Its lines are all still there when a view asks,
     and a prompt is still seen. A look at its newest lines (a pane's first) makes none of the
-    ring's own either: `ranktop attach` looks ahead at every rank, and an engine of 72 MB held 148."""
+    ring's own either: `ranktop attach` looks ahead at every rank, and an engine of 72 MB held 148;
+    nor do --metric's looks at every rank (a TUI of 156 MB against 96)."""
     from conftest import Running
+    from ranktop.tui.metric import Tracker, compile_metric
 
     code = (
         "import os, sys, time\n"
@@ -342,6 +344,11 @@ def test_the_snapshots_of_quiet_ranks_leave_their_output_as_it_came(tmp_path):
         _cursor, first_look, open_lines = LocalEngine(agent).output_since(0, None, FIRST_LOOK_LINES)
         assert first_look == [f"step {i} loss 0.5".encode() for i in range(20_000 - FIRST_LOOK_LINES, 20_000)]
         assert open_lines == [b"eval:  10%|#  | 1/10"] and not ring.lines
+        # --metric reads every rank once a second, shown or not: the first look, then nothing new
+        tracker = Tracker(LocalEngine(agent), compile_metric(r"step (\d+)"))
+        for now in (1.0, 2.0, 3.0):
+            assert tracker.update(agent.snapshot(), now=now)
+        assert tracker.ranks[0].value == "19999" and tracker.ranks[0].rate == 0.0 and not ring.lines
         lines = agent.output(0)  # the ring's newest 10k, made now, and the bar
         assert len(lines) == 10_001 and lines[-2:] == [b"step 19999 loss 0.5", b"eval:  10%|#  | 1/10"]
 
