@@ -122,6 +122,32 @@ def test_a_first_look_makes_only_the_lines_kept_and_they_are_the_newest():
     assert sum(chunk.count(b"\n") for chunk in made) < 50 + 5  # only chunks that hold kept lines were split
 
 
+def test_a_look_at_the_newest_lines_makes_none_of_the_rings_own():
+    """A pane's first look, and an attached view's look ahead at every rank, ask for the newest
+    lines: they are made aside from the chunks that hold them, as a ring that made every line
+    gives them, and the ring's own output waits on as it came. Making it all kept every line of
+    a rank looked at once as a Python object: `ranktop attach` to 64 quiet ranks of 10k lines
+    took their engine from 72 MB to 148. A look that finds nothing new makes nothing either
+    (--metric reads every rank each second)."""
+    rng = random.Random(5)
+    ring, made = LineRing(maxlen=1000), LineRing(maxlen=1000)
+    for n in range(6000):
+        stream = rng.choice((STDOUT, STDOUT, STDERR))
+        chunk = rng.choice([b"o%d" % n, b"\n", b"step %d\r" % n, b"line %d\n" % n, b"a\nb%d\nc" % n,
+                            b"".join(b"block %d.%d\n" % (n, k) for k in range(rng.randint(1, 300)))])
+        for r in (ring, made):
+            r.feed(stream, chunk)
+    ring.feed(STDERR, b"\r 5%|#  |")
+    made.feed(STDERR, b"\r 5%|#  |")
+    made.tail()  # the lines as a ring that made every one gives them
+    waiting, total = ring.held_bytes, ring.total_lines
+    for seen, tail in ((0, 300), (total - 20, 300), (total, 300), (0, 1), (0, 5000), (total, None)):
+        assert ring.since(seen, tail) == made.since(seen, tail)
+        assert not ring.lines and ring.held_bytes == waiting  # nothing made: the chunks wait as they came
+    assert ring.since(0, 300)[3][-1] == b" 5%|#  |"  # the open lines too, stderr's last
+    assert ring.tail() == made.tail()
+
+
 SEPARATOR = "──── 12:03:04 restart 1 of this rank (ranktop) ────"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from conftest import drive, make_agent, read_events, run_ranktop, screen_rows, until, wait_for
 from ranktop.core import commands as cmd
-from ranktop.core.engine import LocalEngine
+from ranktop.core.engine import FIRST_LOOK_LINES, LocalEngine
 from ranktop.tui.app import RanktopApp
 
 PDB_RANK = (
@@ -317,14 +317,20 @@ def test_the_snapshots_of_quiet_ranks_leave_their_output_as_it_came(tmp_path):
     """A live rank gone quiet after a burst of lines is looked at for a prompt in every snapshot.
     That look made all its waiting output into lines, one Python object each: 64 such ranks of
     10k lines held a TUI of 160 MB where 97 MB holds them as read (`bench/bench_tui.py --cases
-    memory`). Its lines are all still there when a view asks, and a prompt is still seen."""
+    memory`), and so did 64 whose last write held no newline (a progress bar on stderr) until
+    that was read from the waiting chunks too. Its lines are all still there when a view asks,
+    and a prompt is still seen. A look at its newest lines (a pane's first) makes none of the
+    ring's own either: `ranktop attach` looks ahead at every rank, and an engine of 72 MB held 148;
+    nor do --metric's looks at every rank (a TUI of 156 MB against 96)."""
     from conftest import Running
+    from ranktop.tui.metric import Tracker, compile_metric
 
     code = (
         "import os, sys, time\n"
         "sys.stdout.write(''.join(f'step {i} loss 0.5\\n' for i in range(20000))); sys.stdout.flush()\n"
         "if os.environ['LOCAL_RANK'] == '1':\n"
         "    sys.stdout.write('(Pdb) '); sys.stdout.flush(); sys.stdin.readline()\n"
+        "time.sleep(0.2); sys.stderr.write('\\reval:  10%|#  | 1/10'); sys.stderr.flush()\n"
         "time.sleep(60)\n"
     )
     agent = make_agent(tmp_path, code, n=2)
@@ -334,8 +340,17 @@ def test_the_snapshots_of_quiet_ranks_leave_their_output_as_it_came(tmp_path):
         assert (ranks[0].input_prompt, ranks[1].input_prompt) == (None, "(Pdb)")
         ring = agent.pcontext.slots[0].ring
         assert not ring.lines and ring.held_bytes >= sum(len(f"step {i} loss 0.5\n") for i in range(10_000, 20_000))
-        lines = agent.output(0)
-        assert len(lines) == 10_000 and lines[-1] == b"step 19999 loss 0.5"  # the ring's newest 10k, made now
+        # A pane's first look (an attached view's look ahead at every rank): its lines made aside
+        _cursor, first_look, open_lines = LocalEngine(agent).output_since(0, None, FIRST_LOOK_LINES)
+        assert first_look == [f"step {i} loss 0.5".encode() for i in range(20_000 - FIRST_LOOK_LINES, 20_000)]
+        assert open_lines == [b"eval:  10%|#  | 1/10"] and not ring.lines
+        # --metric reads every rank once a second, shown or not: the first look, then nothing new
+        tracker = Tracker(LocalEngine(agent), compile_metric(r"step (\d+)"))
+        for now in (1.0, 2.0, 3.0):
+            assert tracker.update(agent.snapshot(), now=now)
+        assert tracker.ranks[0].value == "19999" and tracker.ranks[0].rate == 0.0 and not ring.lines
+        lines = agent.output(0)  # the ring's newest 10k, made now, and the bar
+        assert len(lines) == 10_001 and lines[-2:] == [b"step 19999 loss 0.5", b"eval:  10%|#  | 1/10"]
 
 
 READS_STDIN = (

@@ -3,8 +3,9 @@ a short history of both and of the engine's samples, for the titles, the rank li
 
 With a metric, every rank is read, shown or not, through its own cursor on `engine.output_since`,
 once a second: only the lines printed since the last look are copied (which also gives the output
-rate). Without one no output is read here: a run nobody asked a metric of pays nothing per line,
-and the histories are the engine's samples only (cpu, rss, GPU).
+rate), made for the look, the rank's output left in the engine as it waits. Without one no output
+is read here: a run nobody asked a metric of pays nothing per line, and the histories are the
+engine's samples only (cpu, rss, GPU).
 """
 
 from __future__ import annotations
@@ -115,13 +116,17 @@ class Tracker:
         for rank in snap.ranks:
             track = self.ranks.setdefault(rank.local_rank, RankTrack())
             if self.pattern is not None:
-                self._read(rank.local_rank, track, elapsed)
+                self._read(rank.local_rank, track, elapsed, snap.output_lines_kept)
             self._sample(track, rank, rate=self.pattern is not None)
         return True
 
-    def _read(self, local_rank: int, track: RankTrack, elapsed: float) -> None:
+    def _read(self, local_rank: int, track: RankTrack, elapsed: float, kept: int) -> None:
         before = track.cursor.line if track.cursor is not None else None
-        cursor, lines, open_lines = self.engine.output_since(local_rank, track.cursor)
+        # All it keeps, asked as the newest `kept`: the engine makes them aside from the output as
+        # it waits, and a quiet rank's next look makes none. Read as all new lines, every rank's
+        # whole ring became lines for good, one Python object each (64 quiet ranks of 10k lines:
+        # a TUI of 156 MB against 96 with a metric).
+        cursor, lines, open_lines = self.engine.output_since(local_rank, track.cursor, tail=kept)
         track.cursor = cursor
         track.rate = 0.0 if before is None else max(0, cursor.line - before) / elapsed
         for raw in (*reversed(open_lines), *reversed(lines)):  # the newest match is the one wanted
