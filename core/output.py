@@ -429,6 +429,12 @@ class LineRing:
         bytes (`ranktop attach` to 64 quiet ranks of 10k lines: an engine of 148 MB against 72)."""
         with self._lock:
             if self.total_lines <= seen:  # nothing new (a quiet rank's next look): nothing made for it
+                if not self._chunk_newlines:
+                    # What waits only goes on the open lines (a progress bar redrawn without a
+                    # newline): made, it makes no line, and the next look does not read it again
+                    # from where the line began (up to the byte budget, at every frame of a pane).
+                    self._make_lines()
+                    return self.version, self.total_lines, [], self._open_lines()
                 return self.version, self.total_lines, [], self._open_lines_aside()
             if tail is not None and (newest := self._newest_made_aside(seen, tail)) is not None:
                 return newest

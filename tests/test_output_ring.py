@@ -148,6 +148,23 @@ def test_a_look_at_the_newest_lines_makes_none_of_the_rings_own():
     assert ring.tail() == made.tail()
 
 
+def test_a_look_that_finds_only_more_of_the_open_line_takes_it_in():
+    """A pane looks at its rank at every frame. Where only more of an open line came since (a
+    progress bar redrawn without a newline), the look makes it, which makes no line: read aside,
+    each look read the whole bar again from where its line began, up to the byte budget."""
+    ring, made = LineRing(), LineRing()
+    for r in (ring, made):
+        r.feed(STDOUT, b"epoch 1\n")
+    seen = ring.since(0)[1]
+    for n in range(200):
+        for r in (ring, made):
+            r.feed(STDERR, b"\r%3d%%|" % n + b"#" * 500)
+        made.tail()
+        assert ring.since(seen) == made.since(seen)
+        assert not ring.held_bytes - ring.bytes  # taken in: nothing waits to be read again
+    assert ring.since(seen)[3] == [b"199%|" + b"#" * 500]
+
+
 SEPARATOR = "──── 12:03:04 restart 1 of this rank (ranktop) ────"
 
 
