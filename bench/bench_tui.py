@@ -53,6 +53,7 @@ class Case:
     # seconds each rank stays after its last line, as a training rank does after a burst of output:
     # the TUI is weighed while its ranks are alive and quiet, which is when it looks for prompts
     linger: float = 0
+    settle: float = 2.0  # seconds from the ranks' last line to the weighing
 
 
 @dataclass
@@ -151,7 +152,7 @@ def run_case(case: Case, app: str, log_dir: Path) -> Result:
             if launcher.pid != proc.pid:  # the waiting parent parsed the command line before it forked
                 used += own_cpu(launcher)
             result.cpu_from_exec = 100 * used / max(result.seconds, 1e-9)
-        time.sleep(2.0)  # let the screen catch up with the last lines, then weigh it
+        time.sleep(case.settle)  # let the screen catch up with the last lines (and look at quiet ranks), then weigh it
         result.rss_mb = proc.memory_info().rss / 2**20
         result.peak_mb = vm_hwm(pid) / 2**20
         if launcher.pid != proc.pid:
@@ -241,7 +242,7 @@ def main() -> int:
     cases = {
         "steady": Case("steady 8 x 1000 lines/s", 8, int(1000 * ns.seconds), 1000, ns.seconds + 60),
         "burst": Case("burst 8 x 200k lines", 8, 200_000, 0, 300),
-        "memory": Case(f"memory 64 x {ns.memory_lines:,} lines", 64, ns.memory_lines, 0, 300, linger=6),
+        "memory": Case(f"memory 64 x {ns.memory_lines:,} lines", 64, ns.memory_lines, 0, 300, linger=9, settle=5),
     }
     # Textual's Log only runs the steady case: it is the widget LogView replaces, compared at the
     # rate the CPU target is set for.
