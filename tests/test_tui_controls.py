@@ -326,6 +326,17 @@ def test_state_words_and_looks_without_colour():
     assert "6m40s ago" in rank_title(alive, now=500.0).plain
 
 
+def test_the_ages_of_quiet_ranks_turn_together_as_the_clock_turns_a_second():
+    """Each rank's age was counted from its own moment: 64 quiet ranks turned at 64 moments a
+    second, and the rank list changed, so was drawn anew, at every 4 Hz tick. Counted in the
+    clock's whole seconds, all turn at once, once a second."""
+    from ranktop.tui.panes import human_age, last_output_age
+
+    ranks = [_snap(RankState.RUNNING, rank=r, last_output_at=100.0 + r / 10) for r in range(10)]
+    shown = {now: {human_age(last_output_age(s, now)) for s in ranks} for now in (100.95, 101.05, 101.55, 102.0)}
+    assert shown == {100.95: {"0s"}, 101.05: {"1s"}, 101.55: {"1s"}, 102.0: {"2s"}}
+
+
 def test_a_title_too_wide_for_its_pane_drops_its_labels_before_its_facts():
     """A pane a little wider than the label-free threshold (80 columns, a 2x2 grid at 160) cut its
     labelled title at the edge: the GPU's memory and the last output's age were gone."""

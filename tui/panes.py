@@ -141,11 +141,13 @@ def state_style(snap: RankSnapshot) -> str:
 
 
 def last_output_age(snap: RankSnapshot, now: float) -> float | None:
-    """Seconds since the rank last printed; None once it is gone (a dead rank's "0s ago" would
-    read as if it were still talking)."""
+    """Whole seconds since the rank last printed, counted as the clock's seconds turn, so that
+    every rank's age turns at once; None once it is gone (a dead rank's "0s ago" would read as if
+    it were still talking). Counted from each rank's own moment, the ages of 64 quiet ranks turned
+    at 64 moments a second, and the rank list was drawn anew at every tick (6-10% of a core)."""
     if snap.last_output_at is None or not snap.state.alive:
         return None
-    return now - snap.last_output_at
+    return float(math.floor(now) - math.floor(snap.last_output_at))
 
 
 def pid_text(snap: RankSnapshot, *, narrow: bool = False) -> str:
