@@ -300,12 +300,8 @@ def test_the_input_prompt_goes_through_local_agent_and_a_progress_bar_is_no_prom
     )
     agent = make_agent(tmp_path, code, n=2)
     with Running(agent) as agent:
-        def quiet_prompt():
-            snap = agent.snapshot()
-            quiet = all(r.last_output_at and r.last_output_at + 0.6 < snap.taken_at for r in snap.ranks)
-            return snap.ranks if quiet and snap.ranks[1].input_prompt else None
-
-        ranks = wait_for(quiet_prompt, what="both ranks quiet, rank 1 at its prompt")
+        ranks = wait_for(lambda: quiet_ranks(agent, lambda now: now[1].input_prompt),
+                         what="both ranks quiet, rank 1 at its prompt")
         assert (ranks[0].input_prompt, ranks[1].input_prompt) == (None, "(Pdb)")
         assert ranks[1].state.value == "running"
         assert agent.submit(cmd.SendInput(1, "c\n")).ok
