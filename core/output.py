@@ -397,9 +397,8 @@ class LineRing:
 
     def _open_line_now(self) -> bytes | None:
         """open_line's answer, from the chunks still waiting (none made into lines). Lock held."""
-        if not self._chunks:
-            return self.partial[self._last_stream].state() or None
-        return self._open_before(self._chunks[-1][0], len(self._chunks)).state() or None
+        stream = self._chunks[-1][0] if self._chunks else self._last_stream
+        return self._open_before(stream, len(self._chunks)).state() or None
 
     def _open_before(self, stream: int, end: int) -> OpenLine:
         """The open line of `stream` as making the chunks before the `end`-th that wait would leave
