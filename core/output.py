@@ -23,6 +23,7 @@ from typing import BinaryIO
 
 from ranktop.core.errors import UsageError
 from ranktop.core.limits import SECONDS
+from ranktop.core.packing import PackedChunk, pack, packer, tail_after_newline, unpacked
 from ranktop.core.sanitize import quoted, unfinished_tail
 
 Buffer = bytes | memoryview  # what a console write takes: a memoryview spares a copy
@@ -135,6 +136,7 @@ _BLOCK = 64 << 10
 # that alternate between stdout and stderr cannot be gathered, and each costs ~100 bytes of
 # Python objects that the byte budget does not see (1-byte chunks would reach ~1 GB in 8 MiB).
 _MAX_CHUNKS = 4096
+_TURNOVER = 4  # output packed lives at least about this many of the packer's looks (core/packing.py)
 
 
 def count_newlines(data: bytes) -> int:
@@ -242,12 +244,17 @@ class LineRing:
     def __init__(self, maxlen: int = 10_000, max_bytes: int = RING_BYTES):
         self.maxlen = maxlen
         self.max_bytes = max_bytes
+        self._next_seq = 0  # the number of the next entry of _chunks: each counts once, as it comes
         self._empty()
         self._block = min(_BLOCK, max_bytes // 8)  # a block is dropped whole: a small part of the budget
         self.version = 0  # bumped per chunk: UIs repaint only when it moved
         self.total_lines = 0  # newlines ever fed: line k is the k-th complete line
         self.last_output_at: float | None = None
         self._open_asked: tuple[int, bytes | None] = (-1, None)  # (version, open_line()'s answer then)
+        self._pack_due = False  # the packer will look: output came since it last found nothing to pack
+        self._pack_from = 0  # the entries numbered below were packed, or found not worth it
+        self._looked = (0, 0)  # (_next_seq, version) at the packer's previous look
+        self._fed_since_look = 0  # bytes fed since the packer's previous look
         self._lock = threading.Lock()
 
     def _empty(self) -> None:
@@ -259,6 +266,7 @@ class LineRing:
         self._chunks: collections.deque[list] = collections.deque()
         self._chunk_bytes = 0
         self._chunk_newlines = 0
+        self._first_seq = self._next_seq  # the number of _chunks[0]
         self._last_stream = STDOUT  # of the chunk last made into lines (the newest waits in _chunks)
 
     def feed(self, stream: int, chunk: bytes, newlines: int | None = None) -> None:
@@ -267,19 +275,26 @@ class LineRing:
             newlines = count_newlines(chunk)
         with self._lock:
             last = self._chunks[-1] if self._chunks else None
-            if last is not None and last[0] == stream and len(last[1]) + len(chunk) <= self._block:
+            if (last is not None and last[0] == stream and len(last[1]) + len(chunk) <= self._block
+                    and not isinstance(last[1], PackedChunk)):
                 if not isinstance(last[1], bytearray):
                     last[1] = bytearray(last[1])
                 last[1] += chunk
                 last[2] += newlines
+                self._pack_from = min(self._pack_from, self._next_seq - 1)  # (found not worth packing, it grew)
             else:
                 self._chunks.append([stream, chunk, newlines])
+                self._next_seq += 1
             self._chunk_bytes += len(chunk)
             self._chunk_newlines += newlines
+            self._fed_since_look += len(chunk)
             self.total_lines += newlines
             self._fit()
             self.version += 1
             self.last_output_at = time.time()
+            wake, self._pack_due = not self._pack_due, True
+        if wake:
+            packer().wake(self)
 
     def _fit(self) -> None:
         """Back within `max_bytes` and `maxlen`. A chunk goes, unsplit, as soon as the newer ones
@@ -301,22 +316,23 @@ class LineRing:
         while self._chunk_bytes + self.bytes > self.max_bytes and self.lines:
             self.bytes -= len(self.lines.popleft())
 
-    def _pop_chunk(self) -> tuple[int, bytes | bytearray, int]:
+    def _pop_chunk(self) -> tuple[int, bytes | bytearray | PackedChunk, int]:
         stream, chunk, newlines = self._chunks.popleft()
+        self._first_seq += 1
         self._chunk_bytes -= len(chunk)
         self._chunk_newlines -= newlines
         return stream, chunk, newlines
 
-    def _skip(self, stream: int, chunk: bytes | bytearray) -> None:
+    def _skip(self, stream: int, chunk: bytes | bytearray | PackedChunk) -> None:
         """Drop a chunk that waited too long to be made into lines: its lines would have left
         the ring by now, and so did every line before it. Only the open line carries over."""
         self.lines.clear()
         self.bytes = 0
-        end = chunk.rfind(b"\n") + 1  # 0: no newline (the whole chunk is more of the open line)
+        ends_line, tail = tail_after_newline(chunk)
         open_line = self.partial[stream]
-        if end:
+        if ends_line:
             open_line.__init__()
-        open_line.add(chunk[end:] if end else chunk)
+        open_line.add(tail)
 
     def _make_lines(self) -> None:
         while self._chunks:
@@ -324,7 +340,8 @@ class LineRing:
             self._make(stream, chunk)
             self._last_stream = stream
 
-    def _make(self, stream: int, chunk: bytes | bytearray) -> None:
+    def _make(self, stream: int, chunk: bytes | bytearray | PackedChunk) -> None:
+        chunk = unpacked(chunk)
         pieces = bytes(chunk).split(b"\n")  # a gathered block is a bytearray: lines are bytes
         open_line = self.partial[stream]
         if len(pieces) == 1:
@@ -358,6 +375,57 @@ class LineRing:
     def touch(self) -> None:
         """The rank wrote, though its output is no longer kept here (its sink failed)."""
         self.last_output_at = time.time()
+
+    def pack(self) -> tuple[bool, int]:
+        """Compress the waiting chunks that were here at the previous call and did not change
+        since (core/packing.py: the packer's thread calls this every PACK_SECONDS while output
+        comes); whether any are left for a later call, and the bytes of memory it saved. zlib
+        works outside the lock: only a chunk that nothing can add to any more is packed there
+        (the newest is copied first), and it replaces the chunk only if that is still where it was."""
+        with self._lock:
+            chosen = [] if self._turning_over() else self._chunks_to_pack()
+            looked_seq, _ = self._looked = (self._next_seq, self.version)
+            self._fed_since_look = 0
+            self._pack_due = self._pack_from < looked_seq
+            more = self._pack_due
+        packed = [(entry, raw, pack(raw)) for entry, raw in chosen]
+        saved = 0
+        with self._lock:
+            for entry, raw, done in packed:
+                if done is not None and entry[1] is raw:
+                    entry[1] = done
+                    saved += len(raw) - len(done.data)
+        return more, saved
+
+    def _turning_over(self) -> bool:
+        """Whether more came since the previous look than a quarter of what the ring holds: what
+        it holds leaves within a few looks, so packing it would be mostly wasted (a rank writing
+        MBs a second of long lines would have every byte packed, then dropped). Lock held."""
+        return self._fed_since_look * _TURNOVER > self.held_bytes
+
+    def _chunks_to_pack(self) -> list[tuple[list, bytes | bytearray]]:
+        """The entries pack() compresses now, each with its chunk as it is; the rest of them are
+        not looked at again. Lock held."""
+        looked_seq, looked_version = self._looked
+        end = looked_seq if looked_version == self.version else min(looked_seq, self._next_seq - 1)
+        start = self._pack_from = max(self._pack_from, self._first_seq)  # (those gone count as done)
+        if end <= start:
+            return []
+        self._pack_from = end
+        chosen = []
+        for seq, entry in enumerate(itertools.islice(self._chunks, start - self._first_seq, end - self._first_seq), start):
+            if isinstance(entry[1], PackedChunk):
+                continue
+            if seq == self._next_seq - 1 and isinstance(entry[1], bytearray):
+                entry[1] = bytes(entry[1])  # the newest: feed() would add to it while zlib reads it
+            chosen.append((entry, entry[1]))
+        return chosen
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of memory the ring's output takes: its lines, its waiting chunks as they are kept."""
+        with self._lock:
+            return self.bytes + sum(len(c.data) if isinstance(c, PackedChunk) else len(c) for _, c, _ in self._chunks)
 
     @property
     def held_bytes(self) -> int:
@@ -408,9 +476,9 @@ class LineRing:
         for chunk_stream, chunk, _ in itertools.islice(reversed(self._chunks), len(self._chunks) - end, None):
             if chunk_stream != stream:
                 continue
-            at = chunk.rfind(b"\n") + 1  # 0: none (the whole chunk is more of the open line)
-            since_newline.append(chunk[at:])
-            if at:
+            ends_line, tail = tail_after_newline(chunk)
+            since_newline.append(tail)
+            if ends_line:
                 line = OpenLine()
                 break
         if line is None:

@@ -1,0 +1,186 @@
+"""A ring's older output waits compressed (core/packing.py), and every look at it gives what a
+ring that never packed gives: lines, open lines, the newest lines made aside, the line count."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import pytest
+from ranktop.core.output import LINE_CAP, STDERR, STDOUT, LineRing
+from ranktop.core.packing import PackedChunk, RingPacker, packer
+
+
+def log_lines(first: int, count: int) -> bytes:
+    return b"".join(b"[rank 3] step %7d loss %.5f lr 3.0e-04 tok/s %d\n" % (i, 2.5 / (1 + i * 1e-3), 41000 + i % 900)
+                    for i in range(first, first + count))
+
+
+def packed_chunks(ring: LineRing) -> int:
+    return sum(isinstance(chunk, PackedChunk) for _, chunk, _ in ring._chunks)
+
+
+def random_chunk(rng: random.Random, n: int) -> bytes:
+    return rng.choice([
+        b"o%d" % n, b"\n", b"step %d\r" % n, b"a\nb%d\nc" % n,
+        log_lines(n, rng.randint(1, 400)),
+        b"".join(b"\r%3d%%|" % k + b"#" * 40 for k in range(rng.randint(1, 200))),
+        b"x" * rng.randint(LINE_CAP - 100, LINE_CAP + 5000),  # a line past the cap, across chunks
+        os.urandom(rng.randint(100, 20_000)),  # (incompressible: waits as it came)
+    ])
+
+
+@pytest.mark.parametrize("maxlen, max_bytes", [(1_000_000, 64 << 20), (300, 8 << 20), (5000, 256 << 10)])
+def test_every_look_at_a_packed_ring_gives_what_an_unpacked_one_gives(maxlen, max_bytes):
+    """Two rings fed the same chunks, both streams, '\\r' redraws, lines past the cap, random
+    bytes, with the byte budget and the line count dropping old chunks, one packing at random
+    moments (its looks made aside, as a pane's first look and `--metric` make them)."""
+    rng = random.Random(maxlen)
+    ring, plain = LineRing(maxlen, max_bytes), LineRing(maxlen, max_bytes)
+    packed_at_some_point = 0
+    for n in range(1500):
+        stream, chunk = rng.choice((STDOUT, STDOUT, STDERR)), random_chunk(rng, n)
+        for r in (ring, plain):
+            r.feed(stream, chunk)
+        if rng.random() < 0.2:
+            ring.pack()
+            packed_at_some_point = max(packed_at_some_point, packed_chunks(ring))
+        if rng.random() < 0.05:
+            assert ring.open_line() == plain.open_line()
+            seen = rng.randint(0, ring.total_lines)
+            for tail in (1, 300):
+                assert ring.since(seen, tail) == plain.since(seen, tail)
+    assert packed_at_some_point
+    assert ring.total_lines == plain.total_lines and ring.held_bytes == plain.held_bytes
+    assert ring.open_line() == plain.open_line()
+    assert ring.tail() == plain.tail()
+
+
+def test_a_quiet_ranks_output_is_packed_on_the_second_look_and_reads_the_same():
+    ring, plain = LineRing(), LineRing()
+    for start in range(0, 10_000, 250):  # 10k training-log lines, read in rounds, then quiet
+        for r in (ring, plain):
+            r.feed(STDOUT, log_lines(start, 250))
+    held = ring.held_bytes
+    assert ring.pack() == (True, 0)  # the first look only marks what is there, and says more is coming
+    assert not packed_chunks(ring)
+    more, saved = ring.pack()  # the second packs all of it, the newest chunk too: nothing left
+    assert not more and packed_chunks(ring) == len(ring._chunks)
+    assert ring.stored_bytes < held / 4 and saved == held - ring.stored_bytes
+    assert ring.held_bytes == held  # (the byte budget counts output as it came)
+    assert ring.since(0, 300) == plain.since(0, 300)
+    assert ring.tail() == plain.tail()
+
+
+def test_output_that_keeps_coming_is_packed_once_it_stayed_a_look():
+    ring = LineRing()
+    for start in range(0, 8000, 1000):  # eight chunks (a block holds up to 64 KiB)
+        ring.feed(STDOUT, log_lines(start, 1000))
+    ring.pack()
+    ring.feed(STDOUT, log_lines(8000, 1000))  # a new chunk: the one before it will not change
+    assert ring.pack()[0]
+    assert packed_chunks(ring) == 8 and not isinstance(ring._chunks[-1][1], PackedChunk)
+    ring.feed(STDOUT, b"more of the newest")  # (gathered onto it: it changed since the look)
+    assert ring.pack() == (True, 0) and packed_chunks(ring) == 8
+    assert not ring.pack()[0] and packed_chunks(ring) == 9  # quiet a whole look: packed too
+    ring.feed(STDOUT, b" and after it\n")  # a packed chunk is never added to
+    assert isinstance(ring._chunks[-2][1], PackedChunk) and ring._chunks[-1][1] == b" and after it\n"
+    assert ring.tail()[-1].endswith(b"more of the newest and after it")
+
+
+def test_output_that_turns_over_within_a_few_looks_is_not_packed_until_it_stays():
+    """A rank writing its whole scrollback again between two looks (MBs a second of long lines,
+    say) would have every byte packed and then dropped: its ring is packed once it slows."""
+    ring, plain = LineRing(maxlen=2000), LineRing(maxlen=2000)
+    for start in range(0, 12_000, 1000):
+        for r in (ring, plain):
+            r.feed(STDOUT, log_lines(start, 1000))
+        assert ring.pack() == (True, 0) and not packed_chunks(ring)
+    assert not ring.pack()[0] and packed_chunks(ring) == len(ring._chunks)
+    assert ring.tail() == plain.tail()
+
+
+def test_a_newest_chunk_too_small_to_pack_is_looked_at_again_once_it_grew():
+    ring = LineRing()
+    ring.feed(STDOUT, b"epoch 1\n")
+    ring.pack()
+    assert ring.pack() == (False, 0) and not packed_chunks(ring)  # quiet a look, but too small to be worth it
+    ring.feed(STDOUT, log_lines(0, 500))  # gathered onto it
+    ring.pack()
+    more, saved = ring.pack()
+    assert not more and saved > 0 and packed_chunks(ring) == 1 == len(ring._chunks)
+    assert ring.tail() == [b"epoch 1", *log_lines(0, 500).split(b"\n")[:-1]]
+
+
+def test_a_ring_whose_chunks_a_view_made_into_lines_has_nothing_left_to_pack():
+    """A shown pane makes its rank's lines at each repaint: the packer, finding nothing waiting,
+    must not keep coming back for that ring."""
+    ring = LineRing()
+    ring.feed(STDOUT, log_lines(0, 1000))
+    ring.pack()
+    ring.feed(STDOUT, log_lines(1000, 10))
+    ring.tail()
+    assert ring.pack() == (False, 0) and not ring._pack_due
+
+
+def test_output_that_does_not_compress_waits_as_it_came():
+    ring = LineRing()
+    noise = os.urandom(210_000).replace(b"\n", b"").replace(b"\r", b"")[:200_000]  # one line
+    ring.feed(STDOUT, noise)
+    ring.feed(STDOUT, b"\n")
+    ring.pack()
+    assert ring.pack() == (False, 0)
+    assert not packed_chunks(ring) and ring.stored_bytes == ring.held_bytes
+    assert ring.tail() == [noise[:LINE_CAP] + b" \xe2\x80\xa6 [ranktop: line cut, 200,000 bytes; the log file has it all]"]
+
+
+def test_feeding_while_another_thread_packs_loses_and_reorders_nothing():
+    """The reader thread feeds (gathering small reads onto the newest chunk) while the packer's
+    thread packs: zlib reads a chunk outside the ring's lock, so nothing may add to it then."""
+    ring, plain = LineRing(maxlen=100_000, max_bytes=64 << 20), LineRing(maxlen=100_000, max_bytes=64 << 20)
+    done = threading.Event()
+
+    def keep_packing() -> None:
+        while not done.is_set():
+            ring.pack()
+
+    packing = threading.Thread(target=keep_packing)
+    packing.start()
+    try:
+        rng = random.Random(3)
+        for n in range(20_000):
+            chunk = log_lines(n, rng.randint(1, 3)) if rng.random() < 0.9 else b"partial %d " % n
+            ring.feed(STDOUT, chunk)
+            plain.feed(STDOUT, chunk)
+    finally:
+        done.set()
+        packing.join(10)
+    assert not packing.is_alive()
+    ring.pack(), ring.pack()
+    assert packed_chunks(ring) > 10
+    assert ring.tail() == plain.tail()
+
+
+def test_the_packer_thread_packs_what_stayed_and_then_sleeps():
+    ring = LineRing()
+    ring.feed(STDOUT, log_lines(0, 5000))
+    own = RingPacker(every=0.02)
+    own.wake(ring)
+    deadline = time.monotonic() + 10
+    while (packed_chunks(ring) < len(ring._chunks) or ring._pack_due) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert packed_chunks(ring) == len(ring._chunks) and not ring._pack_due
+    assert not own._due.is_set() and not own._rings  # nothing more coming: it waits to be woken
+
+
+def test_a_rings_output_is_packed_by_the_process_packer_after_it_stayed_a_while(monkeypatch):
+    monkeypatch.setattr(packer(), "every", 0.05)
+    ring = LineRing()
+    ring.feed(STDOUT, log_lines(0, 5000))  # wakes the packer: no call to pack() here
+    deadline = time.monotonic() + 15
+    while packed_chunks(ring) < len(ring._chunks) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert packed_chunks(ring) == len(ring._chunks)
+    assert ring.tail()[-1] == log_lines(4999, 1)[:-1]
