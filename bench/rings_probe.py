@@ -1,6 +1,7 @@
 """What a TUI's rings hold once its ranks have gone quiet: run ranktop's TUI through this script,
 and some seconds into the TUI's process (a fork of the one started) it appends one line to
-$RINGS_OUT: the rings, their lines made into Python objects, the chunks still waiting, its RSS.
+$RINGS_OUT: the rings, their lines made into Python objects, the chunks still waiting (and how
+many wait packed, core/packing.py), the bytes of output they keep and the memory that takes, its RSS.
 
     RINGS_OUT=FILE [RINGS_AFTER=4] python bench/rings_probe.py --tui --nproc-per-node 64 \\
         bench/gen_lines.py --lines 10000 --rate 0 --linger 9        # in a terminal (tmux)
@@ -24,10 +25,13 @@ def look() -> None:
     rings = [o for o in gc.get_objects() if type(o).__name__ == "LineRing"]
     made = sum(len(r.lines) for r in rings)
     waiting = sum(len(r._chunks) for r in rings)
+    packed = sum(type(c).__name__ == "PackedChunk" for r in rings for _, c, _ in r._chunks)  # (since the 29th session)
+    held = sum(r.held_bytes for r in rings) / 2**20
+    stored = sum(getattr(r, "stored_bytes", r.held_bytes) for r in rings) / 2**20
     rss = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmRSS"))
     with open(os.environ["RINGS_OUT"], "a") as f:
         f.write(f"python {sys.version.split()[0]}: {len(rings)} rings, {made} lines made, {waiting} chunks "
-                f"waiting, RSS {int(rss) // 1024} MB\n")
+                f"waiting ({packed} packed), {held:.1f} MB of output kept in {stored:.1f} MB, RSS {int(rss) // 1024} MB\n")
 
 
 if __name__ == "__main__":
