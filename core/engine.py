@@ -21,6 +21,9 @@ from ranktop.core.value import Value
 
 SIGNAL_DUMP_SECONDS = 3.0  # how long a SIGUSR1 dump is waited for in the ranks' logs
 FIRST_LOOK_LINES = 300  # a new pane first asks for this many newest lines: more than the tallest pane shows
+# A tail that asks for every line kept. Asked with it, a rank's lines are made for this look alone
+# (a search of every rank), not in its ring, whose output stays as it waits (packed, core/packing.py).
+EVERY_KEPT_LINE = 1 << 40
 
 
 class OutputCursor(Value):

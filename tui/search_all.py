@@ -9,7 +9,7 @@ ranks after it are not searched, and `stopped_in` names the rank.
 
 from __future__ import annotations
 
-from ranktop.core.engine import Engine
+from ranktop.core.engine import EVERY_KEPT_LINE, Engine
 from ranktop.tui.logview import matches, regex_matches, search_pattern
 
 
@@ -35,7 +35,7 @@ class RankSearch:
 
         counts = {}
         for r in local_ranks:
-            _cursor, lines, open_lines = engine.output_since(r, None)
+            _cursor, lines, open_lines = engine.output_since(r, None, EVERY_KEPT_LINE)  # (made for this count alone)
             hits = sum(1 for line in (*lines, *open_lines) if hit(line))
             if hits:
                 counts[r] = hits
