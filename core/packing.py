@@ -40,6 +40,11 @@ class PackedChunk:
     def __len__(self) -> int:
         return self.size
 
+    @property
+    def stored(self) -> int:
+        """Bytes of memory it takes: its packed data, and the tail kept beside it."""
+        return len(self.data) + (len(self._tail) if self._tail is not None else 0)
+
     def unpacked(self) -> bytes:
         import zlib  # (here, not at start-up: nothing is packed before the packer's second look)
 
@@ -59,7 +64,10 @@ def pack(raw: bytes | bytearray) -> PackedChunk | None:
     if len(raw) > 4 * _SAMPLE and len(zlib.compress(raw[:_SAMPLE], 1)) > _SAMPLE * _WORTH:
         return None  # (binary output, say: its head tells, and the rest is not tried in vain)
     data = zlib.compress(raw, 1)  # (the GIL is let go while zlib works)
-    return PackedChunk(raw, data) if len(data) <= len(raw) * _WORTH else None
+    if len(data) > len(raw) * _WORTH:
+        return None
+    packed = PackedChunk(raw, data)  # its kept tail counts too: a chunk of no newline would be kept twice
+    return packed if packed.stored <= len(raw) * _WORTH else None
 
 
 def unpacked(chunk: bytes | bytearray | PackedChunk) -> bytes | bytearray:

@@ -184,3 +184,22 @@ def test_a_rings_output_is_packed_by_the_process_packer_after_it_stayed_a_while(
         time.sleep(0.02)
     assert packed_chunks(ring) == len(ring._chunks)
     assert ring.tail()[-1] == log_lines(4999, 1)[:-1]
+
+
+def test_a_chunk_mostly_after_its_last_newline_waits_as_it_came_and_a_kept_tail_counts():
+    """A packed chunk keeps its text after the last newline beside it (up to 4 KiB): where that
+    is most of the chunk (a progress bar left drawn), packed it would take more than it came in;
+    where packing pays even so, the tail is part of the memory it takes."""
+    bar = b"".join(b"\r%3d%%|" % k + b"#" * (k // 4) + b" " * (25 - k // 4) for k in range(101))
+    ring = LineRing()
+    ring.feed(STDOUT, b"epoch 1\n" + bar)  # 3.1 KB, all but 8 bytes after the newline
+    ring.pack()
+    assert ring.pack() == (False, 0) and not packed_chunks(ring)
+    assert ring.stored_bytes == ring.held_bytes
+    other = LineRing()
+    other.feed(STDOUT, log_lines(0, 100) + bar)  # 5.8 KB of lines, the bar after them
+    other.pack()
+    more, saved = other.pack()
+    assert not more and packed_chunks(other) == 1 and other.stored_bytes > len(bar)
+    assert saved == other.held_bytes - other.stored_bytes
+    assert other.open_line() == bar.rsplit(b"\r", 1)[1] and other.tail()[-1] == bar.rsplit(b"\r", 1)[1]
