@@ -130,8 +130,8 @@ class RingPacker:
     def _pack(ring: Packable) -> tuple[bool, int]:
         try:
             return ring.pack()
-        except Exception:  # (no memory for zlib's work, say) its output waits as it is
-            return False, 0
+        except Exception:  # (no memory for zlib's work, say) what it chose waits as it is; the ring
+            return True, 0  # is looked at again: it may have said more was coming, and then never wakes us
 
 
 def give_back_free_memory() -> None:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from ranktop.core.output import LINE_CAP, STDERR, STDOUT, LineRing
-from ranktop.core.packing import PackedChunk, RingPacker, packer
+from ranktop.core.packing import PackedChunk, RingPacker, pack, packer
 
 
 def log_lines(first: int, count: int) -> bytes:
@@ -203,3 +203,41 @@ def test_a_chunk_mostly_after_its_last_newline_waits_as_it_came_and_a_kept_tail_
     assert not more and packed_chunks(other) == 1 and other.stored_bytes > len(bar)
     assert saved == other.held_bytes - other.stored_bytes
     assert other.open_line() == bar.rsplit(b"\r", 1)[1] and other.tail()[-1] == bar.rsplit(b"\r", 1)[1]
+
+
+def test_a_look_that_failed_leaves_the_ring_to_the_packer(monkeypatch):
+    """A look whose packing raised (no memory for zlib's work) while output kept coming: what it
+    chose waits as it came, and the packer still packs the ring's later output. (The ring had
+    said more was coming, so its feed does not wake the packer again: dropped, it never was.)"""
+    from ranktop.core import output
+
+    monkeypatch.setattr(packer(), "every", 0.05)
+    failed = []
+
+    def pack_once_failing(raw):
+        if not failed:
+            failed.append(len(raw))
+            raise MemoryError
+        return pack(raw)
+
+    monkeypatch.setattr(output, "pack", pack_once_failing)
+    ring = LineRing()
+    looks = []
+
+    def look() -> tuple[bool, int]:
+        looks.append(LineRing.pack(ring))
+        if len(looks) == 1:  # more comes between the first look and the second, which fails
+            ring.feed(STDERR, log_lines(0, 300))
+        return looks[-1]
+
+    ring.pack = look
+    ring.feed(STDOUT, log_lines(0, 3000))  # wakes the process packer
+    deadline = time.monotonic() + 10
+    while not failed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert failed
+    ring.feed(STDOUT, log_lines(3000, 300))
+    while packed_chunks(ring) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert packed_chunks(ring) == 2 and not isinstance(ring._chunks[0][1], PackedChunk)  # (the one that failed)
+
