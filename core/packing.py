@@ -104,8 +104,12 @@ class RingPacker:
         with self._lock:
             self._rings.add(ring)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ranktop-packer", daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="ranktop-packer", daemon=True)
+                try:
+                    thread.start()
+                except (RuntimeError, MemoryError):  # (no thread to be had: a pids limit) the reader's feed
+                    return  # must not fail; the ring stays listed for the thread a later wake starts
+                self._thread = thread
         self._due.set()
 
     def _run(self) -> None:

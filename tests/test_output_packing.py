@@ -241,3 +241,30 @@ def test_a_look_that_failed_leaves_the_ring_to_the_packer(monkeypatch):
         time.sleep(0.01)
     assert packed_chunks(ring) == 2 and not isinstance(ring._chunks[0][1], PackedChunk)  # (the one that failed)
 
+
+def test_a_packer_thread_that_cannot_start_fails_no_feed(monkeypatch):
+    """Starting the packer's thread can fail (a container's pids limit): the reader's feed must
+    not raise, which would fail the rank's sink (its console and ring would get no more), and a
+    later wake starts the thread, which packs the rings listed before too."""
+    from ranktop.core import packing
+
+    own = RingPacker(every=0.02)
+    monkeypatch.setattr(packing, "_packer", own)
+    start = threading.Thread.start
+
+    def refused(thread: threading.Thread) -> None:
+        if thread.name == "ranktop-packer":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    ring = LineRing()
+    ring.feed(STDOUT, log_lines(0, 5000))
+    monkeypatch.setattr(threading.Thread, "start", start)
+    other = LineRing()
+    other.feed(STDOUT, log_lines(0, 5000))
+    deadline = time.monotonic() + 10
+    while (packed_chunks(ring) < len(ring._chunks) or packed_chunks(other) < len(other._chunks)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert packed_chunks(ring) == len(ring._chunks) and packed_chunks(other) == len(other._chunks)
