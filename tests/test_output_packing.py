@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from ranktop.core import output
 from ranktop.core.output import LINE_CAP, STDERR, STDOUT, LineRing
 from ranktop.core.packing import PackedChunk, RingPacker, pack, packer
 
@@ -32,11 +33,15 @@ def random_chunk(rng: random.Random, n: int) -> bytes:
     ])
 
 
-@pytest.mark.parametrize("maxlen, max_bytes", [(1_000_000, 64 << 20), (300, 8 << 20), (5000, 256 << 10)])
-def test_every_look_at_a_packed_ring_gives_what_an_unpacked_one_gives(maxlen, max_bytes):
+@pytest.mark.parametrize("maxlen, max_bytes, max_chunks",
+                         [(1_000_000, 64 << 20, None), (300, 8 << 20, None), (5000, 256 << 10, None), (2000, 1 << 20, 40)])
+def test_every_look_at_a_packed_ring_gives_what_an_unpacked_one_gives(maxlen, max_bytes, max_chunks, monkeypatch):
     """Two rings fed the same chunks, both streams, '\\r' redraws, lines past the cap, random
-    bytes, with the byte budget and the line count dropping old chunks, one packing at random
-    moments (its looks made aside, as a pane's first look and `--metric` make them)."""
+    bytes, with the byte budget, the line count and the chunk count dropping old chunks, ranktop's
+    own lines and a new attempt's clear() among them, one packing at random moments (its looks
+    made aside, as a pane's first look and `--metric` make them, or all of it made, as a pane's)."""
+    if max_chunks is not None:
+        monkeypatch.setattr(output, "_MAX_CHUNKS", max_chunks)
     rng = random.Random(maxlen)
     ring, plain = LineRing(maxlen, max_bytes), LineRing(maxlen, max_bytes)
     packed_at_some_point = 0
@@ -47,13 +52,18 @@ def test_every_look_at_a_packed_ring_gives_what_an_unpacked_one_gives(maxlen, ma
         if rng.random() < 0.2:
             ring.pack()
             packed_at_some_point = max(packed_at_some_point, packed_chunks(ring))
+        if rng.random() < 0.01:
+            restarted = rng.random() < 0.8  # (else the attempt is replaced: its output goes)
+            for r in (ring, plain):
+                r.add_own_line(f"ranktop: restart {n}") if restarted else r.clear()
         if rng.random() < 0.05:
             assert ring.open_line() == plain.open_line()
             seen = rng.randint(0, ring.total_lines)
-            for tail in (1, 300):
+            for tail in (1, 300, None):
                 assert ring.since(seen, tail) == plain.since(seen, tail)
     assert packed_at_some_point
     assert ring.total_lines == plain.total_lines and ring.held_bytes == plain.held_bytes
+    assert ring.stored_bytes <= ring.held_bytes  # (a chunk is packed only where that saves)
     assert ring.open_line() == plain.open_line()
     assert ring.tail() == plain.tail()
 
@@ -209,8 +219,6 @@ def test_a_look_that_failed_leaves_the_ring_to_the_packer(monkeypatch):
     """A look whose packing raised (no memory for zlib's work) while output kept coming: what it
     chose waits as it came, and the packer still packs the ring's later output. (The ring had
     said more was coming, so its feed does not wake the packer again: dropped, it never was.)"""
-    from ranktop.core import output
-
     monkeypatch.setattr(packer(), "every", 0.05)
     failed = []
 
