@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from ranktop.core import output
+from ranktop.core import output, packing
 from ranktop.core.output import LINE_CAP, STDERR, STDOUT, LineRing
 from ranktop.core.packing import PackedChunk, RingPacker, pack, packer
 
@@ -219,7 +219,7 @@ def test_a_look_that_failed_leaves_the_ring_to_the_packer(monkeypatch):
     """A look whose packing raised (no memory for zlib's work) while output kept coming: what it
     chose waits as it came, and the packer still packs the ring's later output. (The ring had
     said more was coming, so its feed does not wake the packer again: dropped, it never was.)"""
-    monkeypatch.setattr(packer(), "every", 0.05)
+    monkeypatch.setattr(packing, "_packer", RingPacker(every=0.05))  # (the process's may be asleep for 2 s)
     failed = []
 
     def pack_once_failing(raw):
@@ -254,8 +254,6 @@ def test_a_packer_thread_that_cannot_start_fails_no_feed(monkeypatch):
     """Starting the packer's thread can fail (a container's pids limit): the reader's feed must
     not raise, which would fail the rank's sink (its console and ring would get no more), and a
     later wake starts the thread, which packs the rings listed before too."""
-    from ranktop.core import packing
-
     own = RingPacker(every=0.02)
     monkeypatch.setattr(packing, "_packer", own)
     start = threading.Thread.start
