@@ -41,7 +41,7 @@ def rate(blocks: list[bytes], work, repeats: int) -> tuple[float, float]:
 
 def packed_size(block: bytes) -> int:
     done = pack(block)
-    return len(block) if done is None else len(done.data)
+    return len(block) if done is None else done.stored
 
 
 def main() -> None:

@@ -394,7 +394,7 @@ class LineRing:
             for entry, raw, done in packed:
                 if done is not None and entry[1] is raw:
                     entry[1] = done
-                    saved += len(raw) - len(done.data)
+                    saved += len(raw) - done.stored
         return more, saved
 
     def _turning_over(self) -> bool:
@@ -425,7 +425,7 @@ class LineRing:
     def stored_bytes(self) -> int:
         """Bytes of memory the ring's output takes: its lines, its waiting chunks as they are kept."""
         with self._lock:
-            return self.bytes + sum(len(c.data) if isinstance(c, PackedChunk) else len(c) for _, c, _ in self._chunks)
+            return self.bytes + sum(c.stored if isinstance(c, PackedChunk) else len(c) for _, c, _ in self._chunks)
 
     @property
     def held_bytes(self) -> int:

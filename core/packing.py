@@ -40,6 +40,11 @@ class PackedChunk:
     def __len__(self) -> int:
         return self.size
 
+    @property
+    def stored(self) -> int:
+        """Bytes of memory it takes: its packed data, and the tail kept beside it."""
+        return len(self.data) + (len(self._tail) if self._tail is not None else 0)
+
     def unpacked(self) -> bytes:
         import zlib  # (here, not at start-up: nothing is packed before the packer's second look)
 
@@ -59,7 +64,10 @@ def pack(raw: bytes | bytearray) -> PackedChunk | None:
     if len(raw) > 4 * _SAMPLE and len(zlib.compress(raw[:_SAMPLE], 1)) > _SAMPLE * _WORTH:
         return None  # (binary output, say: its head tells, and the rest is not tried in vain)
     data = zlib.compress(raw, 1)  # (the GIL is let go while zlib works)
-    return PackedChunk(raw, data) if len(data) <= len(raw) * _WORTH else None
+    if len(data) > len(raw) * _WORTH:
+        return None
+    packed = PackedChunk(raw, data)  # its kept tail counts too: a chunk of no newline would be kept twice
+    return packed if packed.stored <= len(raw) * _WORTH else None
 
 
 def unpacked(chunk: bytes | bytearray | PackedChunk) -> bytes | bytearray:
@@ -96,8 +104,12 @@ class RingPacker:
         with self._lock:
             self._rings.add(ring)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ranktop-packer", daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="ranktop-packer", daemon=True)
+                try:
+                    thread.start()
+                except (RuntimeError, MemoryError):  # (no thread to be had: a pids limit) the reader's feed
+                    return  # must not fail; the ring stays listed for the thread a later wake starts
+                self._thread = thread
         self._due.set()
 
     def _run(self) -> None:
@@ -122,8 +134,8 @@ class RingPacker:
     def _pack(ring: Packable) -> tuple[bool, int]:
         try:
             return ring.pack()
-        except Exception:  # (no memory for zlib's work, say) its output waits as it is
-            return False, 0
+        except Exception:  # (no memory for zlib's work, say) what it chose waits as it is; the ring
+            return True, 0  # is looked at again: it may have said more was coming, and then never wakes us
 
 
 def give_back_free_memory() -> None:

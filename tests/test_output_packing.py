@@ -9,8 +9,9 @@ import threading
 import time
 
 import pytest
+from ranktop.core import output, packing
 from ranktop.core.output import LINE_CAP, STDERR, STDOUT, LineRing
-from ranktop.core.packing import PackedChunk, RingPacker, packer
+from ranktop.core.packing import PackedChunk, RingPacker, pack, packer
 
 
 def log_lines(first: int, count: int) -> bytes:
@@ -32,11 +33,15 @@ def random_chunk(rng: random.Random, n: int) -> bytes:
     ])
 
 
-@pytest.mark.parametrize("maxlen, max_bytes", [(1_000_000, 64 << 20), (300, 8 << 20), (5000, 256 << 10)])
-def test_every_look_at_a_packed_ring_gives_what_an_unpacked_one_gives(maxlen, max_bytes):
+@pytest.mark.parametrize("maxlen, max_bytes, max_chunks",
+                         [(1_000_000, 64 << 20, None), (300, 8 << 20, None), (5000, 256 << 10, None), (2000, 1 << 20, 40)])
+def test_every_look_at_a_packed_ring_gives_what_an_unpacked_one_gives(maxlen, max_bytes, max_chunks, monkeypatch):
     """Two rings fed the same chunks, both streams, '\\r' redraws, lines past the cap, random
-    bytes, with the byte budget and the line count dropping old chunks, one packing at random
-    moments (its looks made aside, as a pane's first look and `--metric` make them)."""
+    bytes, with the byte budget, the line count and the chunk count dropping old chunks, ranktop's
+    own lines and a new attempt's clear() among them, one packing at random moments (its looks
+    made aside, as a pane's first look and `--metric` make them, or all of it made, as a pane's)."""
+    if max_chunks is not None:
+        monkeypatch.setattr(output, "_MAX_CHUNKS", max_chunks)
     rng = random.Random(maxlen)
     ring, plain = LineRing(maxlen, max_bytes), LineRing(maxlen, max_bytes)
     packed_at_some_point = 0
@@ -47,13 +52,18 @@ def test_every_look_at_a_packed_ring_gives_what_an_unpacked_one_gives(maxlen, ma
         if rng.random() < 0.2:
             ring.pack()
             packed_at_some_point = max(packed_at_some_point, packed_chunks(ring))
+        if rng.random() < 0.01:
+            restarted = rng.random() < 0.8  # (else the attempt is replaced: its output goes)
+            for r in (ring, plain):
+                r.add_own_line(f"ranktop: restart {n}") if restarted else r.clear()
         if rng.random() < 0.05:
             assert ring.open_line() == plain.open_line()
             seen = rng.randint(0, ring.total_lines)
-            for tail in (1, 300):
+            for tail in (1, 300, None):
                 assert ring.since(seen, tail) == plain.since(seen, tail)
     assert packed_at_some_point
     assert ring.total_lines == plain.total_lines and ring.held_bytes == plain.held_bytes
+    assert ring.stored_bytes <= ring.held_bytes  # (a chunk is packed only where that saves)
     assert ring.open_line() == plain.open_line()
     assert ring.tail() == plain.tail()
 
@@ -184,3 +194,83 @@ def test_a_rings_output_is_packed_by_the_process_packer_after_it_stayed_a_while(
         time.sleep(0.02)
     assert packed_chunks(ring) == len(ring._chunks)
     assert ring.tail()[-1] == log_lines(4999, 1)[:-1]
+
+
+def test_a_chunk_mostly_after_its_last_newline_waits_as_it_came_and_a_kept_tail_counts():
+    """A packed chunk keeps its text after the last newline beside it (up to 4 KiB): where that
+    is most of the chunk (a progress bar left drawn), packed it would take more than it came in;
+    where packing pays even so, the tail is part of the memory it takes."""
+    bar = b"".join(b"\r%3d%%|" % k + b"#" * (k // 4) + b" " * (25 - k // 4) for k in range(101))
+    ring = LineRing()
+    ring.feed(STDOUT, b"epoch 1\n" + bar)  # 3.1 KB, all but 8 bytes after the newline
+    ring.pack()
+    assert ring.pack() == (False, 0) and not packed_chunks(ring)
+    assert ring.stored_bytes == ring.held_bytes
+    other = LineRing()
+    other.feed(STDOUT, log_lines(0, 100) + bar)  # 5.8 KB of lines, the bar after them
+    other.pack()
+    more, saved = other.pack()
+    assert not more and packed_chunks(other) == 1 and other.stored_bytes > len(bar)
+    assert saved == other.held_bytes - other.stored_bytes
+    assert other.open_line() == bar.rsplit(b"\r", 1)[1] and other.tail()[-1] == bar.rsplit(b"\r", 1)[1]
+
+
+def test_a_look_that_failed_leaves_the_ring_to_the_packer(monkeypatch):
+    """A look whose packing raised (no memory for zlib's work) while output kept coming: what it
+    chose waits as it came, and the packer still packs the ring's later output. (The ring had
+    said more was coming, so its feed does not wake the packer again: dropped, it never was.)"""
+    monkeypatch.setattr(packing, "_packer", RingPacker(every=0.05))  # (the process's may be asleep for 2 s)
+    failed = []
+
+    def pack_once_failing(raw):
+        if not failed:
+            failed.append(len(raw))
+            raise MemoryError
+        return pack(raw)
+
+    monkeypatch.setattr(output, "pack", pack_once_failing)
+    ring = LineRing()
+    looks = []
+
+    def look() -> tuple[bool, int]:
+        looks.append(LineRing.pack(ring))
+        if len(looks) == 1:  # more comes between the first look and the second, which fails
+            ring.feed(STDERR, log_lines(0, 300))
+        return looks[-1]
+
+    ring.pack = look
+    ring.feed(STDOUT, log_lines(0, 3000))  # wakes the process packer
+    deadline = time.monotonic() + 10
+    while not failed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert failed
+    ring.feed(STDOUT, log_lines(3000, 300))
+    while packed_chunks(ring) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert packed_chunks(ring) == 2 and not isinstance(ring._chunks[0][1], PackedChunk)  # (the one that failed)
+
+
+def test_a_packer_thread_that_cannot_start_fails_no_feed(monkeypatch):
+    """Starting the packer's thread can fail (a container's pids limit): the reader's feed must
+    not raise, which would fail the rank's sink (its console and ring would get no more), and a
+    later wake starts the thread, which packs the rings listed before too."""
+    own = RingPacker(every=0.02)
+    monkeypatch.setattr(packing, "_packer", own)
+    start = threading.Thread.start
+
+    def refused(thread: threading.Thread) -> None:
+        if thread.name == "ranktop-packer":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    ring = LineRing()
+    ring.feed(STDOUT, log_lines(0, 5000))
+    monkeypatch.setattr(threading.Thread, "start", start)
+    other = LineRing()
+    other.feed(STDOUT, log_lines(0, 5000))
+    deadline = time.monotonic() + 10
+    while (packed_chunks(ring) < len(ring._chunks) or packed_chunks(other) < len(other._chunks)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert packed_chunks(ring) == len(ring._chunks) and packed_chunks(other) == len(other._chunks)
