@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import fcntl
+import functools
 import itertools
 import os
 import queue
@@ -49,6 +50,7 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 
 STDOUT, STDERR = 1, 2
+MADE = 0  # a ring's entry of lines it had made, packed again: complete lines of either stream
 
 
 class RanktopLine(bytes):
@@ -227,6 +229,25 @@ class OpenLine:
         return line
 
 
+def _held_elsewhere(lines: collections.deque[bytes]) -> bool:
+    """Whether something besides `lines` holds its newest line (the pane a TUI shows it in).
+    The interpreter shares b"" and one-byte objects; a line longer than that is counted."""
+    for line in itertools.islice(reversed(lines), 8):
+        if len(line) > 1:
+            return sys.getrefcount(line) > _refs_when_held_once()
+    return True
+
+
+@functools.cache
+def _refs_when_held_once() -> int:
+    """sys.getrefcount of an object held by one deque alone, seen as _held_elsewhere sees it
+    (the count differs between Python versions)."""
+    held = collections.deque([os.urandom(8) + b"held"])
+    for line in held:
+        return sys.getrefcount(line)
+    return 0
+
+
 def as_shown(line: bytes) -> bytes:
     """A complete line as the ring keeps it (and a pane shows it): '\r' collapsed, cut at LINE_CAP."""
     return cut_line(collapse_cr(line) if b"\r" in line else line)
@@ -255,12 +276,15 @@ class LineRing:
         self._pack_from = 0  # the entries numbered below were packed, or found not worth it
         self._looked = (0, 0)  # (_next_seq, version) at the packer's previous look
         self._fed_since_look = 0  # bytes fed since the packer's previous look
+        self._lines_stamp = 0  # bumped whenever self.lines changes
+        self._lines_seen = self._lines_done = 0  # its stamp at the packer's previous look / when it last judged them
         self._lock = threading.Lock()
 
     def _empty(self) -> None:
         """Nothing kept: no lines, no chunks, no open lines."""
         self.lines: collections.deque[bytes] = collections.deque()
         self.bytes = 0  # of the complete lines made so far and kept
+        self._lines_stamp = getattr(self, "_lines_stamp", 0) + 1
         self.partial = {STDOUT: OpenLine(), STDERR: OpenLine()}
         # Not made into lines yet: [stream, chunk or gathered block, its newlines], counted once as it came.
         self._chunks: collections.deque[list] = collections.deque()
@@ -309,12 +333,13 @@ class LineRing:
             self._skip(stream, chunk)
         while (self._chunk_bytes > self.max_bytes or len(self._chunks) > _MAX_CHUNKS) and len(self._chunks) > 1:
             stream, chunk, newlines = self._pop_chunk()
-            if newlines <= _FEW_LINES:
+            if newlines <= _FEW_LINES or stream == MADE:  # (made lines go one by one, as they did made)
                 self._make(stream, chunk)
             else:
                 self._skip(stream, chunk)
         while self._chunk_bytes + self.bytes > self.max_bytes and self.lines:
             self.bytes -= len(self.lines.popleft())
+            self._lines_stamp += 1
 
     def _pop_chunk(self) -> tuple[int, bytes | bytearray | PackedChunk, int]:
         stream, chunk, newlines = self._chunks.popleft()
@@ -328,6 +353,9 @@ class LineRing:
         the ring by now, and so did every line before it. Only the open line carries over."""
         self.lines.clear()
         self.bytes = 0
+        self._lines_stamp += 1
+        if stream == MADE:
+            return
         ends_line, tail = tail_after_newline(chunk)
         open_line = self.partial[stream]
         if ends_line:
@@ -335,13 +363,20 @@ class LineRing:
         open_line.add(tail)
 
     def _make_lines(self) -> None:
+        if self._chunks and not self._pack_due:  # lines made for a look: the packer sees whether they stay
+            self._pack_due = True
+            packer().wake(self)  # (the packer never waits on a ring's lock while it holds its own)
         while self._chunks:
             stream, chunk, _ = self._pop_chunk()
             self._make(stream, chunk)
-            self._last_stream = stream
+            if stream != MADE:
+                self._last_stream = stream
 
     def _make(self, stream: int, chunk: bytes | bytearray | PackedChunk) -> None:
         chunk = unpacked(chunk)
+        if stream == MADE:  # lines as they were made: nothing of an open line in them
+            self._keep(chunk.split(b"\n")[:-1])
+            return
         pieces = bytes(chunk).split(b"\n")  # a gathered block is a bytearray: lines are bytes
         open_line = self.partial[stream]
         if len(pieces) == 1:
@@ -355,6 +390,7 @@ class LineRing:
         self._keep(pieces)
 
     def _keep(self, lines: list[bytes]) -> None:
+        self._lines_stamp += 1
         self.lines.extend(lines)
         self.bytes += sum(map(len, lines))
         while len(self.lines) > self.maxlen or self.bytes > self.max_bytes:
@@ -384,9 +420,10 @@ class LineRing:
         (the newest is copied first), and it replaces the chunk only if that is still where it was."""
         with self._lock:
             chosen = [] if self._turning_over() else self._chunks_to_pack()
+            made = self._made_lines_to_pack()
             looked_seq, _ = self._looked = (self._next_seq, self.version)
             self._fed_since_look = 0
-            self._pack_due = self._pack_from < looked_seq
+            self._pack_due = self._pack_from < looked_seq or (bool(self.lines) and self._lines_done != self._lines_stamp)
             more = self._pack_due
         packed = [(entry, raw, pack(raw)) for entry, raw in chosen]
         saved = 0
@@ -395,7 +432,46 @@ class LineRing:
                 if done is not None and entry[1] is raw:
                     entry[1] = done
                     saved += len(raw) - done.stored
+        if made is not None:
+            saved += self._pack_made_lines(*made)
         return more, saved
+
+    def _made_lines_to_pack(self) -> tuple[int, list[bytes]] | None:
+        """The lines made so far, to pack again (as one MADE entry before the waiting chunks),
+        with their stamp: where they stayed as they are for a whole look and no view holds them.
+        A client's look at a served run made them, and they stayed as objects after it left
+        (walking 64 quiet ranks took their engine from 31 to 99 MB for good); a TUI's pane keeps
+        the very objects it was given, and packed they would be kept twice. A line of ranktop's own
+        (RanktopLine) would lose its type: only the lines after the last are packed. Lock held."""
+        stamp = self._lines_stamp
+        steady, self._lines_seen = self._lines_seen == stamp, stamp
+        if not self.lines or self._lines_done == stamp or not steady:
+            return None
+        self._lines_done = stamp
+        if _held_elsewhere(self.lines):
+            return None
+        after_own = next((len(self.lines) - k for k, line in enumerate(reversed(self.lines)) if type(line) is RanktopLine), 0)
+        return (stamp, list(itertools.islice(self.lines, after_own, None))) if after_own < len(self.lines) else None
+
+    def _pack_made_lines(self, stamp: int, lines: list[bytes]) -> int:
+        """Pack `lines` (made at `stamp`) outside the lock; in their place if none changed since.
+        The bytes of memory it saved."""
+        count, size = len(lines), sum(map(len, lines))
+        done = pack(b"\n".join(lines) + b"\n", size)  # (sized as the lines were counted, newlines left out)
+        del lines
+        with self._lock:
+            if done is None or self._lines_stamp != stamp:
+                return 0
+            self._chunks.appendleft([MADE, done, count])
+            self._first_seq -= 1
+            self._chunk_bytes += size
+            self._chunk_newlines += count
+            for _ in range(count):  # (the newest: those before a line of ranktop's own stay)
+                self.lines.pop()
+            self.bytes -= size
+            self._lines_stamp += 1
+            self._lines_done = self._lines_stamp
+        return size - done.stored
 
     def _turning_over(self) -> bool:
         """Whether more came since the previous look than a quarter of what the ring holds: what
@@ -465,7 +541,9 @@ class LineRing:
 
     def _open_line_now(self) -> bytes | None:
         """open_line's answer, from the chunks still waiting (none made into lines). Lock held."""
-        stream = self._chunks[-1][0] if self._chunks else self._last_stream
+        stream = self._chunks[-1][0] if self._chunks else MADE
+        if stream == MADE:  # (made lines packed again come first: then only they wait)
+            stream = self._last_stream
         return self._open_before(stream, len(self._chunks)).state() or None
 
     def _open_before(self, stream: int, end: int) -> OpenLine:

@@ -31,8 +31,8 @@ class PackedChunk:
 
     __slots__ = ("data", "size", "line_end", "_tail")
 
-    def __init__(self, raw: bytes | bytearray, data: bytes):
-        self.data, self.size = data, len(raw)
+    def __init__(self, raw: bytes | bytearray, data: bytes, size: int | None = None):
+        self.data, self.size = data, len(raw) if size is None else size
         self.line_end = raw.rfind(b"\n") + 1  # 0: it holds no newline
         tail = raw[self.line_end :]
         self._tail = bytes(tail) if len(tail) <= _TAIL else None
@@ -55,8 +55,9 @@ class PackedChunk:
         return self._tail if self._tail is not None else self.unpacked()[self.line_end :]
 
 
-def pack(raw: bytes | bytearray) -> PackedChunk | None:
-    """`raw` packed, or None where that would not save enough to be worth unpacking it later."""
+def pack(raw: bytes | bytearray, size: int | None = None) -> PackedChunk | None:
+    """`raw` packed, or None where that would not save enough to be worth unpacking it later.
+    `size`: the length it counts as, where not its own (made lines, counted without newlines)."""
     if len(raw) < _SMALLEST:
         return None
     import zlib
@@ -66,7 +67,7 @@ def pack(raw: bytes | bytearray) -> PackedChunk | None:
     data = zlib.compress(raw, 1)  # (the GIL is let go while zlib works)
     if len(data) > len(raw) * _WORTH:
         return None
-    packed = PackedChunk(raw, data)  # its kept tail counts too: a chunk of no newline would be kept twice
+    packed = PackedChunk(raw, data, size)  # its kept tail counts too: a chunk of no newline would be kept twice
     return packed if packed.stored <= len(raw) * _WORTH else None
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from ranktop.core import output, packing
-from ranktop.core.output import LINE_CAP, STDERR, STDOUT, LineRing
+from ranktop.core.output import LINE_CAP, MADE, STDERR, STDOUT, LineRing, RanktopLine
 from ranktop.core.packing import PackedChunk, RingPacker, pack, packer
 
 
@@ -44,7 +44,7 @@ def test_every_look_at_a_packed_ring_gives_what_an_unpacked_one_gives(maxlen, ma
         monkeypatch.setattr(output, "_MAX_CHUNKS", max_chunks)
     rng = random.Random(maxlen)
     ring, plain = LineRing(maxlen, max_bytes), LineRing(maxlen, max_bytes)
-    packed_at_some_point = 0
+    packed_at_some_point, made_packed_at_some_point = 0, False
     for n in range(1500):
         stream, chunk = rng.choice((STDOUT, STDOUT, STDERR)), random_chunk(rng, n)
         for r in (ring, plain):
@@ -52,6 +52,7 @@ def test_every_look_at_a_packed_ring_gives_what_an_unpacked_one_gives(maxlen, ma
         if rng.random() < 0.2:
             ring.pack()
             packed_at_some_point = max(packed_at_some_point, packed_chunks(ring))
+            made_packed_at_some_point = made_packed_at_some_point or any(s == MADE for s, _, _ in ring._chunks)
         if rng.random() < 0.01:
             restarted = rng.random() < 0.8  # (else the attempt is replaced: its output goes)
             for r in (ring, plain):
@@ -61,7 +62,7 @@ def test_every_look_at_a_packed_ring_gives_what_an_unpacked_one_gives(maxlen, ma
             seen = rng.randint(0, ring.total_lines)
             for tail in (1, 300, None):
                 assert ring.since(seen, tail) == plain.since(seen, tail)
-    assert packed_at_some_point
+    assert packed_at_some_point and made_packed_at_some_point
     assert ring.total_lines == plain.total_lines and ring.held_bytes == plain.held_bytes
     assert ring.stored_bytes <= ring.held_bytes  # (a chunk is packed only where that saves)
     assert ring.open_line() == plain.open_line()
@@ -131,8 +132,64 @@ def test_a_ring_whose_chunks_a_view_made_into_lines_has_nothing_left_to_pack():
     ring.feed(STDOUT, log_lines(0, 1000))
     ring.pack()
     ring.feed(STDOUT, log_lines(1000, 10))
-    ring.tail()
-    assert ring.pack() == (False, 0) and not ring._pack_due
+    shown = ring.tail()  # (a pane keeps the lines it was given)
+    assert ring.pack() == (True, 0)  # the lines made: left a look to see whether they stay as they are
+    assert ring.pack() == (False, 0) and not ring._pack_due  # held by the pane: not packed twice
+    assert len(ring.lines) == len(shown) == 1010 and not ring._chunks
+
+
+def test_lines_made_for_a_look_that_is_gone_wait_packed_again():
+    """A client's look at a served run (`ranktop attach`, a pane's whole scrollback) makes its
+    rank's lines; once they stayed a look as they are, and nothing but the ring holds them, they
+    are packed again, and every later look gives what a ring that kept them made gives. (Walking
+    64 quiet ranks from an attached TUI took their engine from 31 to 99 MB for good.)"""
+    ring, plain = LineRing(), LineRing()
+    for start in range(0, 10_000, 500):
+        for r in (ring, plain):
+            r.feed(STDOUT, log_lines(start, 500))
+    for r in (ring, plain):
+        r.feed(STDERR, b"Epoch 3:  40%|####      | 2/5")
+        assert len(r.since(0)[2]) == 10_000  # the look: every line made (and let go of: sent away)
+    held = ring.held_bytes
+    assert ring.pack() == (True, 0)
+    more, saved = ring.pack()
+    assert not more and not ring.lines and [s for s, _, _ in ring._chunks] == [MADE]
+    assert ring.stored_bytes < held / 4 and saved == held - ring.stored_bytes and ring.held_bytes == held
+    assert ring.open_line() == plain.open_line() == b"Epoch 3:  40%|####      | 2/5"
+    for seen, tail in ((0, 300), (9_990, None), (10_000, None)):
+        assert ring.since(seen, tail) == plain.since(seen, tail)
+    for r in (ring, plain):  # (its stream that wrote last is the rank's, never the packed lines')
+        r.add_own_line("──── 12:03:04 restart 1 of this rank (ranktop) ────")
+    assert ring.open_line() is plain.open_line() is None
+    for r in (ring, plain):
+        r.feed(STDOUT, log_lines(10_000, 100))
+    assert ring.since(9_000) == plain.since(9_000)
+    assert ring.tail() == plain.tail()
+
+
+def test_made_lines_up_to_ranktops_own_or_with_a_view_that_holds_them_stay_made():
+    own, plain = LineRing(), LineRing()
+    for r in (own, plain):
+        r.feed(STDOUT, log_lines(0, 2000))
+        r.add_own_line("──── 12:03:04 restart 1 of this rank (ranktop) ────")  # (a RanktopLine: its type is its mark)
+    own.pack()
+    assert own.pack() == (False, 0) and len(own.lines) == 2001 and not own._chunks
+    for r in (own, plain):
+        r.feed(STDOUT, log_lines(2000, 2000))
+        r.since(2001)
+    own.pack()
+    assert own.pack()[1] > 0 and len(own.lines) == 2001 and [s for s, _, _ in own._chunks] == [MADE]  # the lines after it
+    assert own.tail() == plain.tail() and type(own.tail()[2000]) is RanktopLine
+    shown = LineRing()
+    shown.feed(STDOUT, log_lines(0, 2000))
+    pane = shown.since(0)[2]  # a TUI's pane keeps the lines it is given: packed, they would be kept twice
+    shown.pack()
+    assert shown.pack() == (False, 0) and len(shown.lines) == len(pane) == 2000
+    del pane
+    shown.feed(STDOUT, log_lines(2000, 10))
+    shown.since(2000)  # (the pane gone; more made)
+    shown.pack()
+    assert shown.pack()[1] > 0 and not shown.lines
 
 
 def test_output_that_does_not_compress_waits_as_it_came():
