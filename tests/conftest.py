@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from ranktop.core import packing
 from ranktop.core.agent import LocalAgent, RunResult
 from ranktop.core.spec import WorkerSpec
 
@@ -130,6 +131,17 @@ def _reap_children() -> None:
             pass
     except ChildProcessError:
         pass
+
+
+# The rings a test makes in this process are packed only when the test asks (LineRing.pack, or a
+# RingPacker of its own): the process's packer looking at them on its own clock would make what a
+# test sees of a ring's chunks depend on timing. (ranktop processes a test starts pack as ever.)
+_PACKS_NOTHING = packing.RingPacker(every=24 * 3600)
+
+
+@pytest.fixture(autouse=True)
+def rings_packed_only_when_asked(monkeypatch):
+    monkeypatch.setattr(packing, "_packer", _PACKS_NOTHING)
 
 
 @pytest.fixture(autouse=True)
