@@ -229,18 +229,28 @@ class OpenLine:
         return line
 
 
-def _held_elsewhere(lines: collections.deque[bytes]) -> bool:
-    """Whether something besides `lines` holds its newest line (the pane a TUI shows it in).
-    The interpreter shares b"" and one-byte objects; a line longer than that is counted."""
-    for line in itertools.islice(reversed(lines), 8):
+def _unheld_after_own(lines: collections.deque[bytes]) -> int:
+    """How many of the newest `lines`, those after the last of ranktop's own (a RanktopLine), may
+    be packed again: all of them where nothing besides `lines` holds any, else none. A TUI's pane
+    keeps every line it is given; a hidden one asks for no more, and holds only the older lines
+    where another view's look made newer ones. Walked from the newest: a shown pane holds that one.
+    The interpreter shares b"" and one-byte objects: a line longer than that is counted, and
+    where there is none, they count as held."""
+    once, count, counted = _refs_when_held_once(), 0, False
+    for line in reversed(lines):
+        if type(line) is RanktopLine:
+            break
         if len(line) > 1:
-            return sys.getrefcount(line) > _refs_when_held_once()
-    return True
+            if sys.getrefcount(line) > once:
+                return 0
+            counted = True
+        count += 1
+    return count if counted else 0
 
 
 @functools.cache
 def _refs_when_held_once() -> int:
-    """sys.getrefcount of an object held by one deque alone, seen as _held_elsewhere sees it
+    """sys.getrefcount of an object held by one deque alone, seen as _unheld_after_own sees it
     (the count differs between Python versions)."""
     held = collections.deque([os.urandom(8) + b"held"])
     for line in held:
@@ -448,10 +458,8 @@ class LineRing:
         if not self.lines or self._lines_done == stamp or not steady:
             return None
         self._lines_done = stamp
-        if _held_elsewhere(self.lines):
-            return None
-        after_own = next((len(self.lines) - k for k, line in enumerate(reversed(self.lines)) if type(line) is RanktopLine), 0)
-        return (stamp, list(itertools.islice(self.lines, after_own, None))) if after_own < len(self.lines) else None
+        count = _unheld_after_own(self.lines)
+        return (stamp, list(itertools.islice(self.lines, len(self.lines) - count, None))) if count else None
 
     def _pack_made_lines(self, stamp: int, lines: list[bytes]) -> int:
         """Pack `lines` (made at `stamp`) outside the lock; in their place if none changed since.

@@ -45,14 +45,32 @@ def test_every_look_at_a_packed_ring_gives_what_an_unpacked_one_gives(maxlen, ma
     rng = random.Random(maxlen)
     ring, plain = LineRing(maxlen, max_bytes), LineRing(maxlen, max_bytes)
     packed_at_some_point, made_packed_at_some_point = 0, False
+    pane, pane_first, pane_shown = [], 0, True  # a TUI's pane of the ring: it keeps the lines it is given
     for n in range(1500):
         stream, chunk = rng.choice((STDOUT, STDOUT, STDERR)), random_chunk(rng, n)
         for r in (ring, plain):
             r.feed(stream, chunk)
         if rng.random() < 0.2:
+            made = {id(line) for line in ring.lines if len(line) > 1}  # (b"" and one byte are shared objects)
             ring.pack()
+            packed = made - {id(line) for line in ring.lines}
+            assert not any(id(line) in packed for line in pane)  # (a pane's lines are never kept twice)
             packed_at_some_point = max(packed_at_some_point, packed_chunks(ring))
             made_packed_at_some_point = made_packed_at_some_point or any(s == MADE for s, _, _ in ring._chunks)
+        if rng.random() < 0.03:  # hidden (it keeps its lines and asks for none), shown again, or let go of
+            pane_shown = not pane_shown
+            if rng.random() < 0.3:
+                pane, pane_first = [], ring.total_lines
+        if pane_shown and rng.random() < 0.1:  # its poll, as a LogView's
+            answer = ring.since(pane_first + len(pane))
+            assert answer == plain.since(pane_first + len(pane))
+            _, total, new, _ = answer
+            if total - len(new) != pane_first + len(pane):  # lines went by unseen: it starts from the ring's window
+                pane, pane_first = [], total - len(new)
+            pane += new
+            pane_first += max(0, len(pane) - maxlen)
+            del pane[:-maxlen]
+            del answer, new
         if rng.random() < 0.01:
             restarted = rng.random() < 0.8  # (else the attempt is replaced: its output goes)
             for r in (ring, plain):
@@ -190,6 +208,23 @@ def test_made_lines_up_to_ranktops_own_or_with_a_view_that_holds_them_stay_made(
     shown.since(2000)  # (the pane gone; more made)
     shown.pack()
     assert shown.pack()[1] > 0 and not shown.lines
+
+
+
+def test_lines_a_hidden_pane_holds_stay_made_where_a_look_made_newer_ones():
+    """A hidden pane keeps the lines it was given and asks for no more (the compact view's panes
+    of the ranks walked past); another view's look (a failed rank's root cause, a search of every
+    rank) made the lines that came since, which nothing keeps. Packed, the pane's would be kept
+    twice, and made again, apart from the pane's, once it is shown: twice as objects, for good."""
+    ring = LineRing()
+    ring.feed(STDOUT, log_lines(0, 2000))
+    pane = ring.since(0)[2]  # then hidden
+    ring.feed(STDOUT, log_lines(2000, 10))
+    ring.tail(60)
+    ring.pack()
+    assert ring.pack() == (False, 0) and len(ring.lines) == 2010 and not ring._chunks
+    pane += ring.since(2000)[2]  # shown again
+    assert len(pane) == 2010 and all(mine is kept for mine, kept in zip(pane, ring.lines, strict=True))
 
 
 def test_output_that_does_not_compress_waits_as_it_came():
