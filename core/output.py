@@ -286,7 +286,7 @@ class LineRing:
         self._pack_from = 0  # the entries numbered below were packed, or found not worth it
         self._looked = (0, 0)  # (_next_seq, version) at the packer's previous look
         self._fed_since_look = 0  # bytes fed since the packer's previous look
-        self._lines_stamp = 0  # bumped whenever self.lines changes
+        self._lines_stamp = 0  # bumped whenever self.lines changes, or a look hands them out (its view may keep them)
         self._lines_seen = self._lines_done = 0  # its stamp at the packer's previous look / when it last judged them
         self._lock = threading.Lock()
 
@@ -443,7 +443,9 @@ class LineRing:
                     entry[1] = done
                     saved += len(raw) - done.stored
         if made is not None:
-            saved += self._pack_made_lines(*made)
+            saved_made = self._pack_made_lines(*made)
+            more = more or saved_made is None
+            saved += saved_made or 0
         return more, saved
 
     def _made_lines_to_pack(self) -> tuple[int, list[bytes]] | None:
@@ -461,14 +463,16 @@ class LineRing:
         count = _unheld_after_own(self.lines)
         return (stamp, list(itertools.islice(self.lines, len(self.lines) - count, None))) if count else None
 
-    def _pack_made_lines(self, stamp: int, lines: list[bytes]) -> int:
-        """Pack `lines` (made at `stamp`) outside the lock; in their place if none changed since.
-        The bytes of memory it saved."""
+    def _pack_made_lines(self, stamp: int, lines: list[bytes]) -> int | None:
+        """Pack `lines` (made at `stamp`) outside the lock; in their place if none changed since,
+        nor was handed out (None where one was: they are judged again). The bytes of memory it saved."""
         count, size = len(lines), sum(map(len, lines))
         done = pack(b"\n".join(lines) + b"\n", size)  # (sized as the lines were counted, newlines left out)
         del lines
         with self._lock:
-            if done is None or self._lines_stamp != stamp:
+            if self._lines_stamp != stamp:
+                return None
+            if done is None:
                 return 0
             self._chunks.appendleft([MADE, done, count])
             self._first_seq -= 1
@@ -530,6 +534,7 @@ class LineRing:
         with self._lock:
             self._make_lines()
             lines = list(self.lines)
+            self._lines_stamp += 1  # (handed out: not packed again before the packer sees whether they are kept)
             lines.extend(self._open_lines())
         return lines if n is None else lines[-n:]
 
@@ -595,6 +600,7 @@ class LineRing:
             kept = len(self.lines) if tail is None else min(tail, len(self.lines))
             count = max(0, min(self.total_lines - seen, kept))
             new = list(itertools.islice(reversed(self.lines), count))
+            self._lines_stamp += bool(count)  # (handed out, as in tail())
             open_lines = self._open_lines()
             version, total = self.version, self.total_lines
         new.reverse()

@@ -227,6 +227,27 @@ def test_lines_a_hidden_pane_holds_stay_made_where_a_look_made_newer_ones():
     assert len(pane) == 2010 and all(mine is kept for mine, kept in zip(pane, ring.lines, strict=True))
 
 
+def test_lines_a_look_takes_while_they_are_packed_again_stay_made(monkeypatch):
+    """zlib packs the made lines outside the ring's lock: a pane opened on the rank meanwhile (a
+    search's jump to it, say) takes those very lines, which must then stay as they are."""
+    ring = LineRing()
+    ring.feed(STDOUT, log_lines(0, 2000))
+    ring.tail()  # (a look that is gone)
+    pane = []
+
+    def pack_while_a_pane_opens(raw, size=None):
+        pane.extend(ring.since(0)[2])
+        return pack(raw, size)
+
+    assert ring.pack() == (True, 0)
+    monkeypatch.setattr(output, "pack", pack_while_a_pane_opens)
+    assert ring.pack() == (True, 0)  # (taken meanwhile: they are looked at again)
+    monkeypatch.setattr(output, "pack", pack)
+    ring.pack()
+    assert ring.pack() == (False, 0) and not ring._chunks
+    assert len(pane) == 2000 and all(mine is kept for mine, kept in zip(pane, ring.lines, strict=True))
+
+
 def test_output_that_does_not_compress_waits_as_it_came():
     ring = LineRing()
     noise = os.urandom(210_000).replace(b"\n", b"").replace(b"\r", b"")[:200_000]  # one line
