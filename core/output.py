@@ -474,16 +474,32 @@ class LineRing:
                 return None
             if done is None:
                 return 0
-            self._chunks.appendleft([MADE, done, count])
-            self._first_seq -= 1
-            self._chunk_bytes += size
-            self._chunk_newlines += count
+            self._put_made_first(done, count)
             for _ in range(count):  # (the newest: those before a line of ranktop's own stay)
                 self.lines.pop()
             self.bytes -= size
             self._lines_stamp += 1
             self._lines_done = self._lines_stamp
         return size - done.stored
+
+    def _put_made_first(self, made: PackedChunk, count: int) -> None:
+        """`made`, `count` lines made and packed again, to wait first, before the chunks. Lock held."""
+        self._chunks.appendleft([MADE, made, count])
+        self._first_seq -= 1
+        self._chunk_bytes += len(made)
+        self._chunk_newlines += count
+
+    def _made_newlines(self) -> int:
+        """The lines of the made lines packed again that wait (first, where any do). Lock held."""
+        return self._chunks[0][2] if self._chunks and self._chunks[0][0] == MADE else 0
+
+    def _make_open_lines(self) -> None:
+        """Make the waiting chunks where they hold no newline (they only go on the open lines)
+        but for made lines packed again, first: those stay as they wait. Lock held."""
+        made = self._pop_chunk() if self._made_newlines() else None
+        self._make_lines()
+        if made is not None:
+            self._put_made_first(made[1], made[2])
 
     def _turning_over(self) -> bool:
         """Whether more came since the previous look than a quarter of what the ring holds: what
@@ -587,11 +603,11 @@ class LineRing:
         bytes (`ranktop attach` to 64 quiet ranks of 10k lines: an engine of 148 MB against 72)."""
         with self._lock:
             if self.total_lines <= seen:  # nothing new (a quiet rank's next look): nothing made for it
-                if not self._chunk_newlines:
+                if self._chunk_newlines == self._made_newlines():
                     # What waits only goes on the open lines (a progress bar redrawn without a
                     # newline): made, it makes no line, and the next look does not read it again
                     # from where the line began (up to the byte budget, at every frame of a pane).
-                    self._make_lines()
+                    self._make_open_lines()
                     return self.version, self.total_lines, [], self._open_lines()
                 return self.version, self.total_lines, [], self._open_lines_aside()
             if tail is not None and (newest := self._newest_made_aside(seen, tail)) is not None:
