@@ -139,6 +139,10 @@ _BLOCK = 64 << 10
 # Python objects that the byte budget does not see (1-byte chunks would reach ~1 GB in 8 MiB).
 _MAX_CHUNKS = 4096
 _TURNOVER = 4  # output packed lives at least about this many of the packer's looks (core/packing.py)
+# The packer's looks that lines a look made again from the packed lines wait, at most, before they
+# are packed again: they wait twice as long each time (a client following a rank that prints a line
+# every few seconds had them all made again at each line, and packed again before the next).
+_MADE_AGAIN_WAIT = 32
 
 
 def count_newlines(data: bytes) -> int:
@@ -288,6 +292,8 @@ class LineRing:
         self._fed_since_look = 0  # bytes fed since the packer's previous look
         self._lines_stamp = 0  # bumped whenever self.lines changes, or a look hands them out (its view may keep them)
         self._lines_seen = self._lines_done = 0  # its stamp at the packer's previous look / when it last judged them
+        self._steady_looks = 0  # the packer's looks in a row that found the stamp as it was
+        self._made_wait = 1  # steady looks made lines wait before they are packed again (doubled when made again)
         self._lock = threading.Lock()
 
     def _empty(self) -> None:
@@ -381,6 +387,8 @@ class LineRing:
             self._make(stream, chunk)
             if stream != MADE:
                 self._last_stream = stream
+            else:  # (a view that follows the rank wants them again at its next line: wait longer)
+                self._made_wait = min(2 * self._made_wait, _MADE_AGAIN_WAIT)
 
     def _make(self, stream: int, chunk: bytes | bytearray | PackedChunk) -> None:
         chunk = unpacked(chunk)
@@ -456,8 +464,9 @@ class LineRing:
         the very objects it was given, and packed they would be kept twice. A line of ranktop's own
         (RanktopLine) would lose its type: only the lines after the last are packed. Lock held."""
         stamp = self._lines_stamp
-        steady, self._lines_seen = self._lines_seen == stamp, stamp
-        if not self.lines or self._lines_done == stamp or not steady:
+        self._steady_looks = self._steady_looks + 1 if self._lines_seen == stamp else 0
+        self._lines_seen = stamp
+        if not self.lines or self._lines_done == stamp or self._steady_looks < self._made_wait:
             return None
         self._lines_done = stamp
         count = _unheld_after_own(self.lines)

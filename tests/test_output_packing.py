@@ -267,6 +267,38 @@ def test_a_progress_bar_after_lines_packed_again_is_made_at_each_look_and_they_s
     assert ring.open_line() == plain.open_line() and ring.tail() == plain.tail()
 
 
+def test_lines_a_follower_makes_again_at_each_new_line_are_not_packed_again_each_time(monkeypatch):
+    """A served run's rank that prints a line every few seconds, followed by a client (`ranktop
+    attach`'s pane, `ranktop follow`): each new line's look made all of its lines again, and the
+    packer packed them again before the next (6 ms a line for 10k lines, against 0.01). Lines a
+    look made again wait twice as long each time before they are packed again."""
+    packed_made = []
+
+    def counting_pack(raw, size=None):
+        if size is not None:
+            packed_made.append(size)
+        return pack(raw, size)
+
+    monkeypatch.setattr(output, "pack", counting_pack)
+    ring, plain = LineRing(), LineRing()
+    for r in (ring, plain):
+        r.feed(STDOUT, log_lines(0, 2000))
+    seen = ring.since(0)[1]
+    for k in range(30):
+        ring.pack(), ring.pack()  # a quiet look
+        for r in (ring, plain):
+            r.feed(STDOUT, log_lines(2000 + k, 1))
+        answer = ring.since(seen)
+        assert answer == plain.since(seen)
+        seen = answer[1]
+        del answer
+    again = len(packed_made)
+    assert 1 <= again <= 2
+    for _ in range(2 * output._MADE_AGAIN_WAIT):  # the client gone: packed again all the same, a minute on
+        ring.pack()
+    assert len(packed_made) == again + 1 and not ring.lines and ring.tail() == plain.tail()
+
+
 def test_output_that_does_not_compress_waits_as_it_came():
     ring = LineRing()
     noise = os.urandom(210_000).replace(b"\n", b"").replace(b"\r", b"")[:200_000]  # one line
