@@ -139,6 +139,10 @@ _BLOCK = 64 << 10
 # Python objects that the byte budget does not see (1-byte chunks would reach ~1 GB in 8 MiB).
 _MAX_CHUNKS = 4096
 _TURNOVER = 4  # output packed lives at least about this many of the packer's looks (core/packing.py)
+# The packer's looks that lines a look made again from the packed lines wait, at most, before they
+# are packed again: they wait twice as long each time (a client following a rank that prints a line
+# every few seconds had them all made again at each line, and packed again before the next).
+_MADE_AGAIN_WAIT = 32
 
 
 def count_newlines(data: bytes) -> int:
@@ -229,18 +233,28 @@ class OpenLine:
         return line
 
 
-def _held_elsewhere(lines: collections.deque[bytes]) -> bool:
-    """Whether something besides `lines` holds its newest line (the pane a TUI shows it in).
-    The interpreter shares b"" and one-byte objects; a line longer than that is counted."""
-    for line in itertools.islice(reversed(lines), 8):
+def _unheld_after_own(lines: collections.deque[bytes]) -> int:
+    """How many of the newest `lines`, those after the last of ranktop's own (a RanktopLine), may
+    be packed again: all of them where nothing besides `lines` holds any, else none. A TUI's pane
+    keeps every line it is given; a hidden one asks for no more, and holds only the older lines
+    where another view's look made newer ones. Walked from the newest: a shown pane holds that one.
+    The interpreter shares b"" and one-byte objects: a line longer than that is counted, and
+    where there is none, they count as held."""
+    once, count, counted = _refs_when_held_once(), 0, False
+    for line in reversed(lines):
+        if type(line) is RanktopLine:
+            break
         if len(line) > 1:
-            return sys.getrefcount(line) > _refs_when_held_once()
-    return True
+            if sys.getrefcount(line) > once:
+                return 0
+            counted = True
+        count += 1
+    return count if counted else 0
 
 
 @functools.cache
 def _refs_when_held_once() -> int:
-    """sys.getrefcount of an object held by one deque alone, seen as _held_elsewhere sees it
+    """sys.getrefcount of an object held by one deque alone, seen as _unheld_after_own sees it
     (the count differs between Python versions)."""
     held = collections.deque([os.urandom(8) + b"held"])
     for line in held:
@@ -276,8 +290,10 @@ class LineRing:
         self._pack_from = 0  # the entries numbered below were packed, or found not worth it
         self._looked = (0, 0)  # (_next_seq, version) at the packer's previous look
         self._fed_since_look = 0  # bytes fed since the packer's previous look
-        self._lines_stamp = 0  # bumped whenever self.lines changes
+        self._lines_stamp = 0  # bumped whenever self.lines changes, or a look hands them out (its view may keep them)
         self._lines_seen = self._lines_done = 0  # its stamp at the packer's previous look / when it last judged them
+        self._steady_looks = 0  # the packer's looks in a row that found the stamp as it was
+        self._made_wait = 1  # steady looks made lines wait before they are packed again (doubled when made again)
         self._lock = threading.Lock()
 
     def _empty(self) -> None:
@@ -371,6 +387,8 @@ class LineRing:
             self._make(stream, chunk)
             if stream != MADE:
                 self._last_stream = stream
+            else:  # (a view that follows the rank wants them again at its next line: wait longer)
+                self._made_wait = min(2 * self._made_wait, _MADE_AGAIN_WAIT)
 
     def _make(self, stream: int, chunk: bytes | bytearray | PackedChunk) -> None:
         chunk = unpacked(chunk)
@@ -433,7 +451,9 @@ class LineRing:
                     entry[1] = done
                     saved += len(raw) - done.stored
         if made is not None:
-            saved += self._pack_made_lines(*made)
+            saved_made = self._pack_made_lines(*made)
+            more = more or saved_made is None
+            saved += saved_made or 0
         return more, saved
 
     def _made_lines_to_pack(self) -> tuple[int, list[bytes]] | None:
@@ -444,34 +464,51 @@ class LineRing:
         the very objects it was given, and packed they would be kept twice. A line of ranktop's own
         (RanktopLine) would lose its type: only the lines after the last are packed. Lock held."""
         stamp = self._lines_stamp
-        steady, self._lines_seen = self._lines_seen == stamp, stamp
-        if not self.lines or self._lines_done == stamp or not steady:
+        self._steady_looks = self._steady_looks + 1 if self._lines_seen == stamp else 0
+        self._lines_seen = stamp
+        if not self.lines or self._lines_done == stamp or self._steady_looks < self._made_wait:
             return None
         self._lines_done = stamp
-        if _held_elsewhere(self.lines):
-            return None
-        after_own = next((len(self.lines) - k for k, line in enumerate(reversed(self.lines)) if type(line) is RanktopLine), 0)
-        return (stamp, list(itertools.islice(self.lines, after_own, None))) if after_own < len(self.lines) else None
+        count = _unheld_after_own(self.lines)
+        return (stamp, list(itertools.islice(self.lines, len(self.lines) - count, None))) if count else None
 
-    def _pack_made_lines(self, stamp: int, lines: list[bytes]) -> int:
-        """Pack `lines` (made at `stamp`) outside the lock; in their place if none changed since.
-        The bytes of memory it saved."""
+    def _pack_made_lines(self, stamp: int, lines: list[bytes]) -> int | None:
+        """Pack `lines` (made at `stamp`) outside the lock; in their place if none changed since,
+        nor was handed out (None where one was: they are judged again). The bytes of memory it saved."""
         count, size = len(lines), sum(map(len, lines))
         done = pack(b"\n".join(lines) + b"\n", size)  # (sized as the lines were counted, newlines left out)
         del lines
         with self._lock:
-            if done is None or self._lines_stamp != stamp:
+            if self._lines_stamp != stamp:
+                return None
+            if done is None:
                 return 0
-            self._chunks.appendleft([MADE, done, count])
-            self._first_seq -= 1
-            self._chunk_bytes += size
-            self._chunk_newlines += count
+            self._put_made_first(done, count)
             for _ in range(count):  # (the newest: those before a line of ranktop's own stay)
                 self.lines.pop()
             self.bytes -= size
             self._lines_stamp += 1
             self._lines_done = self._lines_stamp
         return size - done.stored
+
+    def _put_made_first(self, made: PackedChunk, count: int) -> None:
+        """`made`, `count` lines made and packed again, to wait first, before the chunks. Lock held."""
+        self._chunks.appendleft([MADE, made, count])
+        self._first_seq -= 1
+        self._chunk_bytes += len(made)
+        self._chunk_newlines += count
+
+    def _made_newlines(self) -> int:
+        """The lines of the made lines packed again that wait (first, where any do). Lock held."""
+        return self._chunks[0][2] if self._chunks and self._chunks[0][0] == MADE else 0
+
+    def _make_open_lines(self) -> None:
+        """Make the waiting chunks where they hold no newline (they only go on the open lines)
+        but for made lines packed again, first: those stay as they wait. Lock held."""
+        made = self._pop_chunk() if self._made_newlines() else None
+        self._make_lines()
+        if made is not None:
+            self._put_made_first(made[1], made[2])
 
     def _turning_over(self) -> bool:
         """Whether more came since the previous look than a quarter of what the ring holds: what
@@ -522,6 +559,7 @@ class LineRing:
         with self._lock:
             self._make_lines()
             lines = list(self.lines)
+            self._lines_stamp += 1  # (handed out: not packed again before the packer sees whether they are kept)
             lines.extend(self._open_lines())
         return lines if n is None else lines[-n:]
 
@@ -574,11 +612,11 @@ class LineRing:
         bytes (`ranktop attach` to 64 quiet ranks of 10k lines: an engine of 148 MB against 72)."""
         with self._lock:
             if self.total_lines <= seen:  # nothing new (a quiet rank's next look): nothing made for it
-                if not self._chunk_newlines:
+                if self._chunk_newlines == self._made_newlines():
                     # What waits only goes on the open lines (a progress bar redrawn without a
                     # newline): made, it makes no line, and the next look does not read it again
                     # from where the line began (up to the byte budget, at every frame of a pane).
-                    self._make_lines()
+                    self._make_open_lines()
                     return self.version, self.total_lines, [], self._open_lines()
                 return self.version, self.total_lines, [], self._open_lines_aside()
             if tail is not None and (newest := self._newest_made_aside(seen, tail)) is not None:
@@ -587,6 +625,7 @@ class LineRing:
             kept = len(self.lines) if tail is None else min(tail, len(self.lines))
             count = max(0, min(self.total_lines - seen, kept))
             new = list(itertools.islice(reversed(self.lines), count))
+            self._lines_stamp += bool(count)  # (handed out, as in tail())
             open_lines = self._open_lines()
             version, total = self.version, self.total_lines
         new.reverse()
