@@ -280,17 +280,17 @@ class LineRing:
         self.maxlen = maxlen
         self.max_bytes = max_bytes
         self._next_seq = 0  # the number of the next entry of _chunks: each counts once, as it comes
+        self._lines_stamp = 0  # bumped whenever self.lines changes, or a look hands them out (its view may keep them)
         self._empty()
         self._block = min(_BLOCK, max_bytes // 8)  # a block is dropped whole: a small part of the budget
         self.version = 0  # bumped per chunk: UIs repaint only when it moved
         self.total_lines = 0  # newlines ever fed: line k is the k-th complete line
         self.last_output_at: float | None = None
         self._open_asked: tuple[int, bytes | None] = (-1, None)  # (version, open_line()'s answer then)
-        self._pack_due = False  # the packer will look: output came since it last found nothing to pack
+        self._pack_due = False  # the packer will look: output came, or lines were made, since it found nothing to pack
         self._pack_from = 0  # the entries numbered below were packed, or found not worth it
         self._looked = (0, 0)  # (_next_seq, version) at the packer's previous look
         self._fed_since_look = 0  # bytes fed since the packer's previous look
-        self._lines_stamp = 0  # bumped whenever self.lines changes, or a look hands them out (its view may keep them)
         self._lines_seen = self._lines_done = 0  # its stamp at the packer's previous look / when it last judged them
         self._steady_looks = 0  # the packer's looks in a row that found the stamp as it was
         self._made_wait = 1  # steady looks made lines wait before they are packed again (doubled when made again)
@@ -300,7 +300,7 @@ class LineRing:
         """Nothing kept: no lines, no chunks, no open lines."""
         self.lines: collections.deque[bytes] = collections.deque()
         self.bytes = 0  # of the complete lines made so far and kept
-        self._lines_stamp = getattr(self, "_lines_stamp", 0) + 1
+        self._lines_stamp += 1
         self.partial = {STDOUT: OpenLine(), STDERR: OpenLine()}
         # Not made into lines yet: [stream, chunk or gathered block, its newlines], counted once as it came.
         self._chunks: collections.deque[list] = collections.deque()
@@ -432,10 +432,11 @@ class LineRing:
 
     def pack(self) -> tuple[bool, int]:
         """Compress the waiting chunks that were here at the previous call and did not change
-        since (core/packing.py: the packer's thread calls this every PACK_SECONDS while output
-        comes); whether any are left for a later call, and the bytes of memory it saved. zlib
-        works outside the lock: only a chunk that nothing can add to any more is packed there
-        (the newest is copied first), and it replaces the chunk only if that is still where it was."""
+        since, and the lines made for a look that nothing else keeps (_made_lines_to_pack);
+        core/packing.py's thread calls this every PACK_SECONDS while output comes or lines are
+        made. Whether any are left for a later call, and the bytes of memory it saved. zlib works
+        outside the lock: only a chunk that nothing can add to any more is packed there (the
+        newest is copied first), and it replaces the chunk only if that is still where it was."""
         with self._lock:
             chosen = [] if self._turning_over() else self._chunks_to_pack()
             made = self._made_lines_to_pack()

@@ -5,7 +5,9 @@ A rank's scrollback is mostly output nobody looks at again: 64 ranks of 10k trai
 are ~48 MB of bytes in the rings, most of a TUI's memory, and zlib's fastest level keeps such
 lines in a sixth of that. Only output that stayed a while is packed (it was already there at the
 packer's previous look, `PACK_SECONDS` before): a flood leaves the ring before it would be, so
-the hot path never pays for it, and a trickle (8 ranks x 1000 lines/s) costs ~0.3% of a core.
+the hot path never pays for it, and what is packed is what stays (a TUI's 8 ranks at 1000 lines/s:
+no CPU the packer thread could be seen to use, the panes making those lines first). Lines a ring
+made for a look that nothing keeps are packed again the same way (LineRing.pack).
 """
 
 from __future__ import annotations
