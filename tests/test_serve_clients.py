@@ -610,7 +610,9 @@ def test_a_client_that_asks_without_pause_is_answered_in_turns_with_the_others(s
                                                "args": {"local_rank": 1}}))
     assert _acks(other, 1)[0]["id"] == "other"
     assert [ack["id"] for ack in _acks(flooder, len(flood))] == list(range(len(flood)))
-    assert fake.commands.index(cmd.KillRank(1)) <= 2 * FRAMES_PER_ROUND  # (it was answered after all 300)
+    # A round or two, not after all 300 (as it was): the command threads the rounds start may reach
+    # the engine out of turn on a loaded box (26th once, in a full suite of four workers on 2 cores).
+    assert fake.commands.index(cmd.KillRank(1)) <= 4 * FRAMES_PER_ROUND
     assert [c.text for c in fake.commands if isinstance(c, cmd.SendInput)] == [str(i) for i in range(len(flood))]
     flooder.close()
     other.close()
