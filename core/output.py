@@ -306,7 +306,6 @@ class LineRing:
         self._chunks: collections.deque[list] = collections.deque()
         self._chunk_bytes = 0
         self._chunk_newlines = 0
-        self._first_seq = self._next_seq  # the number of _chunks[0]
         self._last_stream = STDOUT  # of the chunk last made into lines (the newest waits in _chunks)
 
     def feed(self, stream: int, chunk: bytes, newlines: int | None = None) -> None:
@@ -359,7 +358,6 @@ class LineRing:
 
     def _pop_chunk(self) -> tuple[int, bytes | bytearray | PackedChunk, int]:
         stream, chunk, newlines = self._chunks.popleft()
-        self._first_seq += 1
         self._chunk_bytes -= len(chunk)
         self._chunk_newlines -= newlines
         return stream, chunk, newlines
@@ -495,7 +493,6 @@ class LineRing:
     def _put_made_first(self, made: PackedChunk, count: int) -> None:
         """`made`, `count` lines made and packed again, to wait first, before the chunks. Lock held."""
         self._chunks.appendleft([MADE, made, count])
-        self._first_seq -= 1
         self._chunk_bytes += len(made)
         self._chunk_newlines += count
 
@@ -522,12 +519,13 @@ class LineRing:
         not looked at again. Lock held."""
         looked_seq, looked_version = self._looked
         end = looked_seq if looked_version == self.version else min(looked_seq, self._next_seq - 1)
-        start = self._pack_from = max(self._pack_from, self._first_seq)  # (those gone count as done)
+        first = self._next_seq - len(self._chunks)  # the number of _chunks[0] (made lines packed again take the one before)
+        start = self._pack_from = max(self._pack_from, first)  # (those gone count as done)
         if end <= start:
             return []
         self._pack_from = end
         chosen = []
-        for seq, entry in enumerate(itertools.islice(self._chunks, start - self._first_seq, end - self._first_seq), start):
+        for seq, entry in enumerate(itertools.islice(self._chunks, start - first, end - first), start):
             if isinstance(entry[1], PackedChunk):
                 continue
             if seq == self._next_seq - 1 and isinstance(entry[1], bytearray):
