@@ -19,23 +19,19 @@ import threading
 import time
 
 
-def _stored(ring) -> int:  # noqa: ANN001 (LineRing.stored_bytes, whose lock is held here)
-    return ring.bytes + sum(c.stored if hasattr(c, "stored") else len(c) for _, c, _ in ring._chunks)
-
-
 def look() -> None:
     time.sleep(float(os.environ.get("RINGS_AFTER", "4")))
     gc.unfreeze()  # ranktop freezes what its start-up made, and get_objects leaves the frozen out
     rings = [o for o in gc.get_objects() if type(o).__name__ == "LineRing"]
-    for ring in rings:  # (its chunks, read as one while no thread changes them)
-        ring._lock.acquire()
-    made = sum(len(r.lines) for r in rings)
-    waiting = sum(len(r._chunks) for r in rings)
-    packed = sum(type(c).__name__ == "PackedChunk" for r in rings for _, c, _ in r._chunks)  # (since the 29th session)
+    views = []
+    for ring in rings:  # (each read under its lock: the reader and the packer change them)
+        with ring._lock:
+            views.append((len(ring.lines), [chunk for _, chunk, _ in ring._chunks]))
+    made = sum(lines for lines, _ in views)
+    waiting = sum(len(chunks) for _, chunks in views)
+    packed = sum(type(c).__name__ == "PackedChunk" for _, chunks in views for c in chunks)  # (since the 29th session)
     held = sum(r.held_bytes for r in rings) / 2**20
-    stored = sum(_stored(r) for r in rings) / 2**20
-    for ring in rings:
-        ring._lock.release()
+    stored = sum(getattr(r, "stored_bytes", r.held_bytes) for r in rings) / 2**20
     rss = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmRSS"))
     with open(os.environ["RINGS_OUT"], "a") as f:
         f.write(f"python {sys.version.split()[0]}: {len(rings)} rings, {made} lines made, {waiting} chunks "
