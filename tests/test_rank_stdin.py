@@ -85,7 +85,12 @@ def test_the_stdin_box_types_into_the_rank_it_names_and_closes_at_the_end(tmp_pa
         await pilot.press("0", "i")
         await pilot.click("#pane-1", offset=(5, 3))
         assert app.main.current == 1
-        app.main.query_one("#stdin").focus()  # a click back into the box: it still says rank 0
+        # A click back into the box: it still says rank 0. (A focus() here raced the click on
+        # pane 1: its Picked, still queued, focused that pane's log after the box, and "zero"
+        # went to the screen's keys. The click's pauses let the Picked land first.)
+        box = app.main.query_one("#stdin")
+        await pilot.click("#stdin")
+        await until(pilot, lambda: app.focused is box, what="the box focused")
         await pilot.press(*"zero", "enter")
         await until(pilot, lambda: "got zero" in pane_text(app, 0), what="rank 0's answer")
         assert "got" not in pane_text(app, 1)
