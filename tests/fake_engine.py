@@ -19,7 +19,8 @@ class FakeEngine:
     def __init__(self, n: int = 2, *, name: str = "fake.py", world_size: int | None = None) -> None:
         now = time.time()
         self.lines: dict[int, list[bytes]] = {r: [] for r in range(n)}
-        self.commands: list[cmd.Command] = []
+        self.commands: list[cmd.Command] = []  # in the order they were applied
+        self.asked: list[cmd.Command] = []  # in the order they reached submit(), before its lock
         self.events: list[str] = []  # events.jsonl lines, as a test adds them
         self.closed = False
         self._lock = threading.Lock()
@@ -81,6 +82,7 @@ class FakeEngine:
         problem = cmd.problem(command, self.group.local_world_size)
         if problem is not None:
             return cmd.Ack(False, problem)
+        self.asked.append(command)
         with self._lock:
             self.commands.append(command)
             if isinstance(command, cmd.SignalRank) and command.signal in (signal.SIGSTOP, signal.SIGCONT):
