@@ -120,7 +120,8 @@ def test_enter_in_the_quit_question_stays_and_stops_nothing(tmp_path):
     async def body(app, pilot):
         pids = [r.pid for r in app.engine.snapshot().ranks]
         await pilot.press("q")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="quit confirmation")
+        # (the question is on the stack at once; its focus is set once it has composed, a moment later)
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit) and app.screen.focused, what="quit confirmation")
         assert app.screen.focused.id == "quit-stay"
         await pilot.press("enter")
         await until(pilot, lambda: app.screen is app.main, what="back on the grid")
@@ -364,7 +365,9 @@ def test_focus_keys_zoom_and_mouse():
         assert main.zoomed
         await pilot.press("z")
         await pilot.click("#pane-3", offset=(5, 3))
-        assert main.current == 3 and isinstance(app.focused.parent, RankPane)
+        # (the rank is the focused one once the click's DescendantFocus or Picked reaches the screen:
+        # on a loaded worker both can still be queued when the click returns)
+        await until(pilot, lambda: main.current == 3 and isinstance(app.focused.parent, RankPane), what="rank 3 clicked")
 
     drive(app, body)
 
@@ -445,7 +448,7 @@ def test_compact_list_past_what_fits():
         await pilot.press("down", "down")
         assert main.current == 2 and [r for r in range(32) if main.pane(r).display] == [2]
         await pilot.click("#rank-list", offset=(3, 6))  # row 0 is the list's header
-        assert main.current == 5
+        await until(pilot, lambda: main.current == 5, what="rank 5 picked")  # (its Picked may still be queued)
 
     drive(app, body)
 

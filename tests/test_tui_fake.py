@@ -739,6 +739,7 @@ def test_the_quit_question_shows_its_answers_on_one_row_within_80_columns():
         row = screen_rows(app)[regions[0].y]
         for button in buttons:
             assert str(button.label) in row  # each label whole, nothing over it
+        await until(pilot, lambda: app.screen.focused, what="the question's focus")  # (set once it has composed)
         assert app.screen.focused is buttons[2]  # the harmless answer: Enter stays
         await pilot.press("left", "left")
         assert app.screen.focused is buttons[0]
@@ -789,7 +790,9 @@ def test_the_quit_question_keeps_its_answers_on_screen_in_a_short_terminal():
         await until(pilot, lambda: all(b.region.bottom <= 10 and b.region.height for b in buttons),
                     what="every answer within the 10 rows")
         rows = screen_rows(app)
-        assert all(str(b.label) in rows[b.region.y] for b in buttons) and app.screen.focused is buttons[2]
+        assert all(str(b.label) in rows[b.region.y] for b in buttons)
+        await until(pilot, lambda: app.screen.focused, what="the question's focus")  # (set once it has composed)
+        assert app.screen.focused is buttons[2]
         why = app.screen.query_one("#confirm-detach-why")
         assert not why.display
         await pilot.resize_terminal(80, 24)  # room again: the explanation is back
