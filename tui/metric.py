@@ -16,7 +16,7 @@ import re
 import statistics
 import time
 
-from ranktop.core.engine import Engine, OutputCursor
+from ranktop.core.engine import EVERY_KEPT_LINE, Engine, OutputCursor
 from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean, quoted
 from ranktop.core.state import GroupSnapshot
@@ -116,17 +116,17 @@ class Tracker:
         for rank in snap.ranks:
             track = self.ranks.setdefault(rank.local_rank, RankTrack())
             if self.pattern is not None:
-                self._read(rank.local_rank, track, elapsed, snap.output_lines_kept)
+                self._read(rank.local_rank, track, elapsed)
             self._sample(track, rank, rate=self.pattern is not None)
         return True
 
-    def _read(self, local_rank: int, track: RankTrack, elapsed: float, kept: int) -> None:
+    def _read(self, local_rank: int, track: RankTrack, elapsed: float) -> None:
         before = track.cursor.line if track.cursor is not None else None
-        # All it keeps, asked as the newest `kept`: the engine makes them aside from the output as
-        # it waits, and a quiet rank's next look makes none. Read as all new lines, every rank's
+        # All it keeps, asked as its newest: the engine makes them aside from the output as it
+        # waits, and a quiet rank's next look makes none. Read as all new lines, every rank's
         # whole ring became lines for good, one Python object each (64 quiet ranks of 10k lines:
         # a TUI of 156 MB against 96 with a metric).
-        cursor, lines, open_lines = self.engine.output_since(local_rank, track.cursor, tail=kept)
+        cursor, lines, open_lines = self.engine.output_since(local_rank, track.cursor, tail=EVERY_KEPT_LINE)
         track.cursor = cursor
         track.rate = 0.0 if before is None else max(0, cursor.line - before) / elapsed
         for raw in (*reversed(open_lines), *reversed(lines)):  # the newest match is the one wanted
