@@ -283,12 +283,15 @@ def test_library_stop_sweeps_a_setsid_helper_found_by_the_parent_chain(tmp_path)
     environment and called setsid is still found below its rank when the group is stopped."""
     from ranktop.core import LocalAgent, WorkerSpec
 
-    term = tmp_path / "helper.term"
+    term, ready = tmp_path / "helper.term", tmp_path / "helper.ready"
+    # (its pid is told once its trap is set: a stop before that killed it with no TERM written, once in a full run)
     code = textwrap.dedent(f"""
-        import subprocess, sys, time
+        import os, subprocess, sys, time
         helper = subprocess.Popen(["env", "-i", "setsid", "/bin/sh", "-c",
-                                   "trap 'echo TERM >> {term}; exit 0' TERM; while :; do /bin/sleep 0.05; done"],
+                                   "trap 'echo TERM >> {term}; exit 0' TERM; : > {ready}; while :; do /bin/sleep 0.05; done"],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while not os.path.exists("{ready}"):
+            time.sleep(0.01)
         sys.stdout.write(f"HELPER {{helper.pid}}\\n")
         while True:
             time.sleep(1)
