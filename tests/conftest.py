@@ -189,6 +189,32 @@ def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
         proc.wait()
 
 
+def freeze(pid: int) -> None:
+    """SIGSTOP `pid`, and return once every thread of it has stopped. kill() returns once the stop
+    is sent, not done: the one thread the kernel tells stops the others only when it next runs, and
+    until then another thread (a store's or a socket's server) can still answer a call (38 calls of
+    50 made at once, here). A process that ended meanwhile needs no wait."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: all_threads_stopped(pid), what=f"every thread of process {pid} stopped")
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Whether no thread of `pid` can run: each stopped (T, t), or dead (Z, X), or gone."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    for tid in threads:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # (a thread that ended)
+        if stat.rpartition(b")")[2].split()[0] not in (b"T", b"t", b"Z", b"X"):
+            return False
+    return True
+
+
 def run_side_by_side(runs: dict[K, dict], timeout: float) -> dict[K, subprocess.CompletedProcess]:
     """Each of `runs` (a name -> subprocess.Popen's keyword arguments, `args` among them) run to
     the end, all at once, their output captured as text: as subprocess.run each, one after the

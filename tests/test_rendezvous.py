@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, ranktop_cmd, run_ranktop, stop_process, wait_for
+from conftest import ROOT, freeze, ranktop_cmd, run_ranktop, stop_process, wait_for
 from ranktop.core.spec import free_port
 from rdzv_job import CONF, RANK, TIMEOUT, Job, events, node_events, placements, start_etcd, wait_until_joining
 
@@ -795,7 +795,7 @@ def test_a_group_restart_while_the_store_does_not_answer_is_answered_at_once(tmp
         wait_for(lambda: all(node_events(tmp_path, node, "started") for node in ("node0", "node1")),
                  timeout=TIMEOUT, what="both nodes' ranks running")
         (node1,) = [run for run in served_runs() if run.pid == job.nodes[1].pid]
-        host.send_signal(signal.SIGSTOP)
+        freeze(host.pid)
         ack = RemoteEngine(node1.path).submit(cmd.RestartGroup())
         assert ack.ok, ack.message
         wait_for(lambda: node_events(tmp_path, "node1", "exited"),

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, read_events, read_line, run_ranktop, stop_process, wait_for
+from conftest import ROOT, freeze, read_events, read_line, run_ranktop, stop_process, wait_for
 from ranktop.core.spec import free_port
 from rdzv_job import CONF, RANK, TIMEOUT, Job, events, node_events, placements, start_etcd, wait_until_joining
 
@@ -349,6 +349,9 @@ def _freeze(node: subprocess.Popen, sig: int) -> None:
     import psutil
 
     for pid in [node.pid, *(child.pid for child in psutil.Process(node.pid).children(recursive=True))]:
+        if sig == signal.SIGSTOP:
+            freeze(pid)  # (frozen once every thread is: the store's server answered until then)
+            continue
         with contextlib.suppress(ProcessLookupError):  # (one that ended since it was listed needs neither)
             os.kill(pid, sig)
 
@@ -576,7 +579,7 @@ def test_a_stopped_nodes_ranks_get_the_signal_before_its_step_out_and_a_second_c
     try:
         wait_for(lambda: all(_placed(tmp_path, f"node{i}", "attempt_0") for i in range(2)), timeout=TIMEOUT,
                  what="both nodes' ranks up")
-        host.send_signal(signal.SIGSTOP)
+        freeze(host.pid)  # (its store's server could answer the word until its every thread stopped)
         try:
             stopped.send_signal(signal.SIGINT)
             wait_for(lambda: node_events(tmp_path, "node1", "exited"), timeout=TIMEOUT, what="node 1's rank ended")

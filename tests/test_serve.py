@@ -31,6 +31,7 @@ import pytest
 from conftest import (
     ROOT,
     drive,
+    freeze,
     no_ranks_left,
     polls,
     ranktop_cmd,
@@ -325,7 +326,7 @@ def _freeze_a_headless_run(stack: contextlib.ExitStack, part: dict) -> None:
     stack.callback(stop_process, proc)
     stack.callback(proc.send_signal, signal.SIGCONT)
     (part["run"],) = wait_for(lambda: [r for r in ls(part["env"]) if r["state"] == "running"], what="the run listed")
-    proc.send_signal(signal.SIGSTOP)
+    freeze(proc.pid)
     part["calls"] = [("ls",), ("ls", "--json"), ("logs", "frozen"), ("logs", "-f"), ("stop", "fro")]
 
 
@@ -335,7 +336,7 @@ def _jam_a_headless_run(stack: contextlib.ExitStack, part: dict) -> None:
     stack.callback(stop_process, proc)
     stack.callback(proc.send_signal, signal.SIGCONT)
     (part["run"],) = wait_for(lambda: [r for r in ls(part["env"]) if r["state"] == "running"], what="the run listed")
-    proc.send_signal(signal.SIGSTOP)
+    freeze(proc.pid)
     queued = 0
     while True:  # what a queue of looks fills: connects until the kernel refuses one at once
         sock = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
@@ -362,7 +363,7 @@ def _freeze_a_detached_run(stack: contextlib.ExitStack, part: dict) -> None:
     other = part["other"] = at / "elsewhere" / "x"  # another run of that id: written by a pid that serves nothing
     other.mkdir(parents=True)
     (other / "events.jsonl").write_text(json.dumps({"event": "run_started", "run_id": "x", "pid": 1}) + "\n")
-    os.kill(run["pid"], signal.SIGSTOP)
+    freeze(run["pid"])
     run_dir = run["log_dir"]
     part["calls"] = [("logs", "x"), ("logs", run_dir), ("logs", run_dir + "/"), ("stop", run_dir), ("logs", str(other))]
 
