@@ -256,7 +256,8 @@ class AgentRendezvous:
             return
         how = STOP_COMMAND if signum is None else signal.Signals(signum).name
         step_out = self._step_out = _StepOut(self.rendezvous, how)
-        step_out.said_first = step_out.said.wait_within(STOP_WORD_WAIT, cut_short=self._kill_now_pending)
+        in_time = step_out.said.wait_within(STOP_WORD_WAIT, cut_short=self._kill_now_pending)
+        step_out.said_first = in_time and step_out.said_it  # (a word the store refused ends the wait too)
 
     def _step_out_ended(self) -> None:
         """The ranks are gone: wait for the stopped node's step out, until WORD_WAIT after the stop

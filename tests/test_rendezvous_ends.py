@@ -602,6 +602,30 @@ def test_a_stopped_nodes_ranks_get_the_signal_before_its_step_out_and_a_second_c
     assert step_out["seconds"] - (second["ts"] - first["ts"]) < 0.5, (step_out, second["ts"] - first["ts"])
 
 
+def test_a_word_the_store_refused_is_not_taken_for_said_before_the_ranks_signal(tmp_path, torch_installed):
+    """Node 0 serves the store and is killed outright; node 1 then gets Ctrl-C. Its word to the
+    round failed at once (the store's connection reset), and the event said it was in the store
+    before the ranks got their signal (`said_first`), as it took the word's end for its saying."""
+    job, release = Job(tmp_path, "store-killed"), tmp_path / "release"
+    conf = CONF + ",is_host="
+    host = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
+    stopped = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "0", "--monitor-interval", "120"),
+                        local_addr="127.0.0.2")
+    try:
+        wait_for(lambda: all(_placed(tmp_path, f"node{i}", "attempt_0") for i in range(2)), timeout=TIMEOUT,
+                 what="both nodes' ranks up")
+        host.kill()
+        host.wait()
+        stopped.send_signal(signal.SIGINT)
+        wait_for(lambda: stopped.poll() is not None, timeout=TIMEOUT, what="node 1 ending")
+    finally:
+        release.touch()
+    (status0, _, _), (status1, _, err1) = job.finish()
+    assert (status0, status1) == (-signal.SIGKILL, 130), err1
+    (step_out,) = node_events(tmp_path, "node1", "rendezvous_stepped_out")
+    assert (step_out["said_first"], step_out["stepped_out"]) == (False, False), step_out
+
+
 def test_the_store_host_at_the_exit_barrier_leaves_once_every_other_node_is_gone(tmp_path, torch_installed):
     """Node 0 serves the store and its rank is done (exit barrier); node 1 is then killed outright
     (its guard ends its rank; nobody closes the rendezvous). Node 0 served a store nobody was left
