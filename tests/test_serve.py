@@ -899,15 +899,6 @@ def test_a_run_whose_clients_fill_every_slot_is_listed_and_can_still_be_stopped(
         proc.stderr.close()
 
 
-def _all_stopped(pid: int) -> bool:
-    """Whether every thread of `pid` is stopped (a SIGSTOP reaches them a moment after kill returns)."""
-    def state(task: str) -> str:
-        with open(f"/proc/{pid}/task/{task}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0]
-
-    return all(state(task) == "T" for task in os.listdir(f"/proc/{pid}/task"))
-
-
 def test_a_command_sent_with_the_hello_by_a_client_that_left_at_once_is_applied(tmp_path, runtime):
     """A client that sends its hello and a Stop and closes before the engine takes the connection:
     the engine's hello failed (EPIPE) and it closed the connection unread, so the Stop was lost
@@ -915,8 +906,7 @@ def test_a_command_sent_with_the_hello_by_a_client_that_left_at_once_is_applied(
     proc = start_headless(tmp_path, runtime, "hasty", nproc=1)
     try:
         (run,) = wait_for(lambda: ls(runtime), what="the run listed")
-        proc.send_signal(signal.SIGSTOP)  # the engine takes the connection only after the client has gone
-        wait_for(lambda: _all_stopped(proc.pid), what="every thread of the engine stopped")
+        freeze(proc.pid)  # the engine takes the connection only after the client has gone
         with socket.socket(socket.AF_UNIX) as hasty:
             hasty.connect(run["socket"])
             hasty.sendall(protocol.encode_control(protocol.hello("client"))
