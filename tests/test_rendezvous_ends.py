@@ -563,6 +563,24 @@ def test_a_node_its_user_stops_steps_out_so_an_elastic_peer_goes_on_at_once(tmp_
     assert formed < 5, formed
 
 
+def _a_store_host_and_a_node_to_stop(tmp_path: Path, rdzv_id: str):
+    """Node 0, which serves the store, and node 1 (its round watch looking only every 120 s), each
+    with a rank up that waits for `release`: (job, release, node 0, node 1)."""
+    job, release = Job(tmp_path, rdzv_id), tmp_path / "release"
+    conf = CONF + ",is_host="
+    host = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
+    stopped = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "0", "--monitor-interval", "120"),
+                        local_addr="127.0.0.2")
+    try:
+        wait_for(lambda: all(_placed(tmp_path, f"node{i}", "attempt_0") for i in range(2)), timeout=TIMEOUT,
+                 what="both nodes' ranks up")
+    except BaseException:
+        release.touch()
+        job.finish()
+        raise
+    return job, release, host, stopped
+
+
 def test_a_stopped_nodes_ranks_get_the_signal_before_its_step_out_and_a_second_ctrl_c_ends_the_step_out(
         tmp_path, torch_installed):
     """Node 0 serves the store and hangs (SIGSTOP); node 1 gets Ctrl-C. Before its ranks got the
@@ -571,14 +589,8 @@ def test_a_stopped_nodes_ranks_get_the_signal_before_its_step_out_and_a_second_c
     kills at once, waited those 2 s too: it now ends the wait for the step out at once. (Its
     round watch looks only every 120 s: a look on a store that does not answer holds the end of
     the watch a second.)"""
-    job, release = Job(tmp_path, "hung-ctrl-c"), tmp_path / "release"
-    conf = CONF + ",is_host="
-    host = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
-    stopped = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "0", "--monitor-interval", "120"),
-                        local_addr="127.0.0.2")
+    job, release, host, stopped = _a_store_host_and_a_node_to_stop(tmp_path, "hung-ctrl-c")
     try:
-        wait_for(lambda: all(_placed(tmp_path, f"node{i}", "attempt_0") for i in range(2)), timeout=TIMEOUT,
-                 what="both nodes' ranks up")
         freeze(host.pid)  # (its store's server could answer the word until its every thread stopped)
         try:
             stopped.send_signal(signal.SIGINT)
@@ -606,14 +618,8 @@ def test_a_word_the_store_refused_is_not_taken_for_said_before_the_ranks_signal(
     """Node 0 serves the store and is killed outright; node 1 then gets Ctrl-C. Its word to the
     round failed at once (the store's connection reset), and the event said it was in the store
     before the ranks got their signal (`said_first`), as it took the word's end for its saying."""
-    job, release = Job(tmp_path, "store-killed"), tmp_path / "release"
-    conf = CONF + ",is_host="
-    host = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "1"), local_addr="127.0.0.1")
-    stopped = job.start("until-file", str(release), extra=("--rdzv-conf", conf + "0", "--monitor-interval", "120"),
-                        local_addr="127.0.0.2")
+    job, release, host, stopped = _a_store_host_and_a_node_to_stop(tmp_path, "store-killed")
     try:
-        wait_for(lambda: all(_placed(tmp_path, f"node{i}", "attempt_0") for i in range(2)), timeout=TIMEOUT,
-                 what="both nodes' ranks up")
         host.kill()
         host.wait()
         stopped.send_signal(signal.SIGINT)
