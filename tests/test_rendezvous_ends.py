@@ -617,7 +617,8 @@ def test_a_stopped_nodes_ranks_get_the_signal_before_its_step_out_and_a_second_c
 def test_a_word_the_store_refused_is_not_taken_for_said_before_the_ranks_signal(tmp_path, torch_installed):
     """Node 0 serves the store and is killed outright; node 1 then gets Ctrl-C. Its word to the
     round failed at once (the store's connection reset), and the event said it was in the store
-    before the ranks got their signal (`said_first`), as it took the word's end for its saying."""
+    before the ranks got their signal (`said_first`), as it took the word's end for its saying. It
+    says so now only where the word reached the store."""
     job, release, host, stopped = _a_store_host_and_a_node_to_stop(tmp_path, "store-killed")
     try:
         host.kill()
