@@ -11,7 +11,8 @@ copy   Pilot over a FakeEngine whose ranks print hostile lines (escape sequences
        ctrl+c, enter), wrap, zoom, sideways and page scrolls, resizes, group restarts. After each
        drag: the pane highlights the characters the selection holds. After each copy: the
        clipboard holds no control character but the line break, the OSC 52 sequence Textual
-       writes is base64 of exactly that text, and each copied line is its row's selected part.
+       writes is base64 of exactly that text, and each copied line is its selected part (the
+       rows of a wrapped line are one line).
 pager  `ranktop --tui` in tmux, one rank printing hostile lines; `o` with a $PAGER script whose
        mode changes each time: it exits at once, fails, dies of SIGKILL, signals its own process
        group (as the terminal's Ctrl-C, Ctrl-\\ and Ctrl-Z do), writes 3 MB of the log or of
@@ -155,12 +156,13 @@ def check_copy(app, clip: Clipboard, expected: list[str] | None) -> list[str]:
         elif base64.b64decode(m.group(1)).decode("utf-8", "surrogatepass") != text:
             wrong.append("the OSC 52 sequence carries other text than the clipboard")
     if expected is not None and text != "\n".join(expected).rstrip("\n"):
-        wrong.append(f"copied {text[:80]!r}, the rows' selected text is {chr(10).join(expected)[:80]!r}")
+        wrong.append(f"copied {text[:80]!r}, the selected lines are {chr(10).join(expected)[:80]!r}")
     return wrong
 
 
-def selected_rows(log, selection) -> list[str]:
-    """Each selected row's selected characters, from the rows' text (what a copy should be)."""
+def selected_lines(log, selection) -> list[str]:
+    """Each selected line's selected characters, from the rows' text (what a copy should be): the
+    rows a wrapped line fills are one line, as the rank wrote it."""
     from textual.geometry import Offset
 
     start = selection.start or Offset(0, 0)
@@ -174,7 +176,11 @@ def selected_rows(log, selection) -> list[str]:
         if span is None:
             continue
         first, end = span
-        rows.append(text[first:] if end == -1 else text[first:end])
+        piece = text[first:] if end == -1 else text[first:end]
+        if rows and log._locate(row)[1] > 0:  # the next row of a wrapped line
+            rows[-1] += piece
+        else:
+            rows.append(piece)
     return rows
 
 
@@ -284,7 +290,7 @@ async def copy_session(seed: int, actions: int, tally: Tally) -> None:
                     expected = None
                     sel = main.selections.get(log) if len(main.selections) == 1 else None
                     if sel is not None:
-                        expected = selected_rows(log, sel)
+                        expected = selected_lines(log, sel)
                         before = (sel, log.row_count, log.line_count, log.wrap, log._first)
                     await pilot.press(rng.choice(["y", "y", "ctrl+c", "enter"]))
                     await pilot.pause(0.02)
