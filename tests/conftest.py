@@ -39,6 +39,7 @@ from typing import TypeVar
 import pytest
 from ranktop.core import packing
 from ranktop.core.agent import LocalAgent, RunResult
+from ranktop.core.process import kernel_state
 from ranktop.core.spec import WorkerSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,14 +206,8 @@ def all_threads_stopped(pid: int) -> bool:
         threads = os.listdir(f"/proc/{pid}/task")
     except FileNotFoundError:
         return True
-    for tid in threads:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_bytes()
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # (a thread that ended)
-        if stat.rpartition(b")")[2].split()[0] not in (b"T", b"t", b"Z", b"X"):
-            return False
-    return True
+    # (/proc/TID/stat holds a thread's own state: read with the engine's own parser; None once it ended)
+    return all(kernel_state(int(tid)) in (None, "T", "t", "Z", "X") for tid in threads)
 
 
 def run_side_by_side(runs: dict[K, dict], timeout: float) -> dict[K, subprocess.CompletedProcess]:
