@@ -282,8 +282,9 @@ def _handler_error(exc: Exception, rdzv: Any, backend: str, endpoint: str) -> Ex
 
 def _one_line(exc: BaseException) -> str:
     """The exception's message and its cause's, on one line."""
-    parts = []
+    parts, last = [], exc
     while exc is not None and len(parts) < 3:
+        last = exc
         text = " ".join(str(exc).split())
         inner = exc.__cause__ or exc.__context__
         if inner is not None:  # torch's pointer to the cause, which follows here anyway
@@ -291,7 +292,25 @@ def _one_line(exc: BaseException) -> str:
         if text and text not in parts:
             parts.append(text)
         exc = inner
-    return "; ".join(parts) or "unknown error"
+    return "; ".join(parts) or _raised_where(last)
+
+
+def _raised_where(exc: BaseException) -> str:
+    """Where an exception that says nothing was raised: something a user can look up (torch 2.11's
+    c10d handler fails a bare `assert` when a node becomes group rank 0 in a later round)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return "no message"
+    code, path = tb.tb_frame.f_code, tb.tb_frame.f_code.co_filename
+    for packages in ("/site-packages/", "/dist-packages/"):  # torch/... rather than the venv's path
+        path = path.rpartition(packages)[2]
+    where = f"no message, raised at {path}:{tb.tb_lineno} in {code.co_name}"
+    torch = sys.modules.get("torch")
+    if path.startswith("torch/") and torch is not None:
+        where += f" (torch {getattr(torch, '__version__', 'of no version')})"
+    return where
 
 
 def plan_ranks(nodes: list[tuple[str, int]]) -> list[tuple[int, int, int, int]]:

@@ -666,6 +666,60 @@ def test_a_plugin_handler_that_says_nothing_or_raises_still_gets_the_waiting_lin
             ((0, None), None)
 
 
+def test_a_handler_error_that_says_nothing_is_named_by_where_it_was_raised(torch_installed):
+    """torch 2.11's c10d handler fails a bare `assert` when a node becomes group rank 0 in a later
+    round (pytorch/pytorch#182221): the round failed with `AssertionError: unknown error`, nothing
+    to look up. It names the file, line and function now, and torch's version where it is torch's."""
+    import torch
+    from ranktop.core.rendezvous import Rendezvous, RendezvousFailed
+    from torch.distributed.elastic.rendezvous import RendezvousHandler
+
+    torch_file = "/venv/lib/python3.12/site-packages/torch/distributed/elastic/rendezvous/dynamic_rendezvous.py"
+    torch_check = compile("\n" * 1169 + "def next_rendezvous():\n    assert False\n", torch_file, "exec")
+    as_torch: dict = {}
+    exec(torch_check, as_torch)  # code whose frames say they are torch's, as an installed torch's do
+
+    class Asserting(RendezvousHandler):
+        def __init__(self, raises):
+            self.raises = raises
+
+        def get_backend(self) -> str:
+            return "mine"
+
+        def get_run_id(self) -> str:
+            return "job7"
+
+        def next_rendezvous(self):
+            self.raises()
+
+        def is_closed(self) -> bool:
+            return False
+
+        def set_closed(self) -> None:
+            pass
+
+        def num_nodes_waiting(self) -> int:
+            return 0
+
+        def shutdown(self) -> bool:
+            return True
+
+    def bare() -> None:
+        raise AssertionError
+
+    failures = []
+    for raises in (bare, as_torch["next_rendezvous"]):
+        with pytest.raises(RendezvousFailed) as failed:
+            Rendezvous(Asserting(raises), "default", 1).next_round()
+        failures.append(str(failed.value))
+    line = bare.__code__.co_firstlineno + 1
+    assert failures == [
+        f"the mine rendezvous 'job7' failed: AssertionError: no message, raised at {__file__}:{line} in bare",
+        "the mine rendezvous 'job7' failed: AssertionError: no message, raised at "
+        f"torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:1171 in next_rendezvous (torch {torch.__version__})",
+    ]
+
+
 def _printed(node: Path, word: bytes, local_rank: int = 0) -> bool:
     """Whether the node's local rank printed `word` in attempt 0."""
     return any(word in log.read_bytes() for log in node.glob(f"*/attempt_0/{local_rank}/stdout.log"))
