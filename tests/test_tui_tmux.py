@@ -58,9 +58,19 @@ class Terminal:
         self._tmux("resize-window", "-t", "t", "-x", str(width), "-y", str(height))
 
     def wait_screen(self, *texts: str, timeout: float = 15.0) -> str:
-        """The screen once it shows every one of `texts` (tmux may be caught halfway through a frame)."""
-        return wait_for(lambda: all(t in (s := self.screen()) for t in texts) and s, timeout,
-                        what=f"{' and '.join(map(repr, texts))} on screen")
+        """The screen once it shows every one of `texts` (tmux may be caught halfway through a frame).
+        A time-out shows the last screen: what was there instead is how a failure in CI is read."""
+        last = ""
+
+        def shown() -> str | bool:
+            nonlocal last
+            last = self.screen()
+            return all(t in last for t in texts) and last
+
+        try:
+            return wait_for(shown, timeout, what=f"{' and '.join(map(repr, texts))} on screen")
+        except pytest.fail.Exception as failed:
+            raise pytest.fail.Exception(f"{failed.msg}; the screen then:\n{last.rstrip()}") from None
 
     def close(self) -> None:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
