@@ -1017,6 +1017,37 @@ def test_a_copy_is_what_the_pane_highlights_over_wide_characters_and_line_separa
     drive_fake(engine, body, size=(80, 20))
 
 
+def test_a_row_scrolled_past_an_emoji_sequence_shows_and_highlights_what_a_copy_takes():
+    """Found by fuzzing selections: rich's crop splits a row character by character, so it cut
+    👨‍👩‍👧 (one cluster of two cells) after 👨. A coloured row scrolled sideways past it showed its
+    text a cell off, and a selection lit other cells than the ones it copies (`loss 0.123␈l` where
+    the copy took `oss 0.123␈loss`). Rows are cut between whole clusters now."""
+    engine = FakeEngine(1)
+    line = "👨\u200d👩\u200d👧loss 0.123\x08loss 0.123 end " + "x" * 100
+    engine.print(0, f"\x1b[32m{line}\x1b[0m", "second line")
+
+    async def body(app, pilot):
+        log = app.main.pane(0).log
+        await until(pilot, lambda: log.line_count == 2, what="rank 0's lines")
+        log.scroll_to(x=2, animate=False)  # the family is cells 0-1: the row from its first `l`
+        await pilot.pause()
+        row = log.row_count - 2 - round(log.scroll_offset.y)
+        cells = list(log.render_line(row))[:-1]  # (not the scrollbar's column)
+        shown = "".join(s.text for s in cells)
+        assert shown.startswith("‹oss 0.123␈loss 0.123 end xxx")  # (the cut mark over the `l`)
+        assert (len(shown), shown[-1]) == (log.text_width, "›")  # it took the 👩‍👧 for two more cells
+        await pilot.press("V", "up")  # both lines selected, the emoji's row whole
+        await until(pilot, lambda: bool(app.main.selections), what="a selection")
+        marked = app.main.get_component_rich_style("screen--selection", partial=True).bgcolor
+        lit = "".join(s.text for s in log.render_line(row) if s.style and s.style.bgcolor == marked)
+        assert lit == shown  # every cell of the row, none past it
+        await pilot.press("y")
+        await until(pilot, lambda: not app.main.selections, what="the copy")
+        assert app.clipboard == line.replace("\x08", "␈") + "\nsecond line"
+
+    drive_fake(engine, body, size=(80, 20))
+
+
 def test_a_copy_of_long_wrapped_lines_parses_each_line_once():
     """Found by fuzzing selections: a copy took each selected row's text by parsing its whole line
     and cutting it into rows again, so a wrapped line of 10,000 characters (125 rows at 80 columns)

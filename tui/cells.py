@@ -14,6 +14,7 @@ import itertools
 
 from rich.cells import cell_len
 from rich.segment import Segment
+from rich.style import Style
 
 _ZWJ = "\u200d"
 _FIRST_WIDE = "\u1100"  # no character below this takes two cells
@@ -95,3 +96,49 @@ def split_segments(segments: list[Segment], ends: list[int]) -> list[list[Segmen
             rows[-1].append(Segment(text, style))
         pos += len(text)
     return rows
+
+
+def crop_cells(segments: list[Segment], start: int, end: int, pad: Style | None = None) -> list[Segment]:
+    """Cells `start`..`end` of a row's segments, `end - start` cells exactly: cut between the
+    clusters of the row's whole text, as its cells are counted everywhere else (Strip.crop splits
+    a segment character by character: it cut 👨‍👩‍👧 after 👨, and a row scrolled sideways then
+    showed its text a cell off, its highlight too). A cluster the cut goes through is spaces in
+    its segment's style; past the text, spaces in `pad`."""
+    text = "".join(segment.text for segment in segments)
+    starts, sizes = clusters(text)
+    starts.append(len(text))
+    edges = list(itertools.accumulate(sizes, initial=0))  # cells before each cluster; the last: all
+    left, right = min(start, edges[-1]), min(end, edges[-1])  # the cells the text covers
+    first = bisect.bisect_left(edges, left)  # the first cluster whole in the cut
+    after = bisect.bisect_right(edges, right) - 1  # the cluster that ends past it (or the text's end)
+    cut: list[Segment] = []
+    if lead := min(edges[first], right) - left:  # a cluster cut by `start` (or holding the whole cut)
+        cut.append(Segment(" " * lead, _style_at(segments, starts[first] - 1)))
+    if after >= first:
+        cut.extend(_characters(segments, starts[first], starts[after]))
+        if tail := right - edges[after]:  # a cluster cut by `end`
+            cut.append(Segment(" " * tail, _style_at(segments, starts[after])))
+    if end - start > right - left:
+        cut.append(Segment(" " * (end - start - (right - left)), pad))
+    return cut
+
+
+def _characters(segments: list[Segment], begin: int, end: int) -> list[Segment]:
+    """The segments' characters `begin`..`end`, each piece in its segment's style."""
+    pieces, pos = [], 0
+    for segment in segments:
+        size = len(segment.text)
+        if pos + size > begin and pos < end:
+            pieces.append(Segment(segment.text[max(0, begin - pos) : end - pos], segment.style))
+        pos += size
+    return pieces
+
+
+def _style_at(segments: list[Segment], index: int) -> Style | None:
+    """The style of the segment that holds character `index`."""
+    pos = 0
+    for segment in segments:
+        pos += len(segment.text)
+        if index < pos:
+            return segment.style
+    return None

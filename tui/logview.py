@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ranktop.core.output import RING_BYTES, RanktopLine, line_length
 from ranktop.core.sanitize import clean
 from ranktop.tui.bounded_regex import BoundedPattern
-from ranktop.tui.cells import cells_before, index_at, may_be_wide, row_ends, split_segments
+from ranktop.tui.cells import cells_before, crop_cells, index_at, may_be_wide, row_ends, split_segments
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
@@ -167,6 +167,20 @@ def column_showing(start: int, end: int, cells: int, width: int, x: int) -> int:
     if clear(x):
         return x
     return max(1, min(start - 1, max(start - width // 4, end - width + 1)))
+
+
+def cropped(strip: Strip, start: int, end: int, pad: Style | None = None) -> Strip:
+    """Cells `start`..`end` of `strip`, `end - start` of them, cut between whole clusters
+    (cells.crop_cells): rich's crop split 👨‍👩‍👧 after 👨. Where rich counts the cut's cells
+    otherwise (a cluster across two segments, a row that begins zero-width), rich's own crop: the
+    compositor lays a row out by rich's count."""
+    segments = list(strip)
+    if all(segment.text.isascii() for segment in segments):  # one cell a character: rich's crop is exact
+        return strip.crop_extend(start, end, pad)
+    cut = crop_cells(segments, start, end, pad)
+    if sum(cell_len(segment.text) for segment in cut) != end - start:
+        return strip.crop_extend(start, end, pad)
+    return Strip(cut, end - start)
 
 
 def _kept_lines(source: Any) -> int:
@@ -498,7 +512,7 @@ class LogView(ScrollView, can_focus=True):
                 for line_filter in plain_filters if plain else filters:
                     row = row.apply_filter(line_filter, background)
                 self._drawn[y] = row
-            rows.append(row if (x1, x2) == (0, row.cell_length) else row.crop(x1, x2))
+            rows.append(row if (x1, x2) == (0, row.cell_length) else cropped(row, x1, x2))
         return rows
 
     def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False,
@@ -539,7 +553,7 @@ class LogView(ScrollView, can_focus=True):
             if strip is None:
                 text, left, right, shown = Strip.blank(width, self._style), False, False, ""
             else:
-                text = strip.crop_extend(scroll_x, scroll_x + width, self._style)
+                text = cropped(strip, scroll_x, scroll_x + width, self._style)
                 left, right = self._cut_ends(strip.cell_length, scroll_x, width)
                 # The row's text (row_text's, which a copy takes), joined only where it is needed:
                 # a selection, or a pane scrolled sideways (every coloured row is drawn here)
@@ -606,7 +620,7 @@ class LogView(ScrollView, can_focus=True):
     def _marked(self, text: Strip, left: bool, right: bool, width: int) -> Strip:
         """`text` (`width` cells) with a cut mark over its first cell and / or its last (a wide
         character under a mark leaves a blank cell beside it)."""
-        parts = [text.crop(int(left), width - int(right))]
+        parts = [cropped(text, int(left), width - int(right))]
         if left:
             parts.insert(0, Strip([Segment(CUT_LEFT, self._mark_style)], 1))
         if right:
@@ -644,7 +658,7 @@ class LogView(ScrollView, can_focus=True):
         # By crops, not divide(): rich may count a row's text a cell shorter than its strip says (a
         # zero-width joiner before a wide character), and divide() then gave two pieces, not three:
         # a ValueError that ended the TUI.
-        before, chosen, after = text.crop(0, start), text.crop(start, end), text.crop(end, width)
+        before, chosen, after = cropped(text, 0, start), cropped(text, start, end), cropped(text, end, width)
         # After each segment's own style, so the selection's colours win over the text's.
         selected = self.screen.get_component_rich_style("screen--selection", partial=True)
         marked = Segment.apply_style(chosen, post_style=selected)
