@@ -126,8 +126,12 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
         except ValueError:  # not a number at all: torch's own words, when it reads it
             continue
         if number <= 0:  # torch takes these, then waits out the round (600 s by default)
-            raise UsageError(f"bad --rdzv-conf {key}={conf[key]}: expected a positive whole number")
+            raise _not_a_count(key, conf[key])
     return conf
+
+
+def _not_a_count(key: str, value: str) -> UsageError:
+    return UsageError(f"bad --rdzv-conf {key}={value}: expected a positive whole number")
 
 
 # --rdzv-conf keys torch reads as whole numbers that must be positive: seconds, or attempts.
@@ -245,9 +249,16 @@ def create_handler(
 
 
 def check_rdzv_conf(text: str, backend: str) -> None:
-    """--rdzv-conf checked as create_handler checks it (UsageError), where no handler is made:
-    ranktop's own static form, without torch."""
-    _ranks_on_rendezvous_store(parse_rdzv_conf(text).get(RANKS_STORE_CONF, "fresh"), backend)
+    """--rdzv-conf checked as create_handler checks it (UsageError), where no handler is made: one
+    node without a backend, --standalone, ranktop's own static form. torchrun refuses a bad one
+    there too; no torch handler reads its counts, so one that is no number is said here."""
+    conf = parse_rdzv_conf(text)
+    for key in sorted(_COUNTS.intersection(conf)):
+        try:
+            int(conf[key])
+        except ValueError:
+            raise _not_a_count(key, conf[key]) from None
+    _ranks_on_rendezvous_store(conf.get(RANKS_STORE_CONF, "fresh"), backend)
 
 
 def _ranks_on_rendezvous_store(choice: str, backend: str) -> bool:

@@ -541,6 +541,11 @@ NUMBER_INPUT = [
     (["--nnodes", "2", "--master_port=0", "{script}"], "bad --master-port 0: port 0 (a free one) only works on one "
                                                         "node: with 2 nodes the others could not find it"),
     (["--master-port", "nan", "{script}"], "bad --master-port nan: expected a whole number from 0 to 65535"),
+    # read by no handler (one node, --standalone): it ran as if not given, where torchrun refuses it
+    (["--rdzv-conf", "foo", "{script}"], "bad --rdzv-conf 'foo': expected KEY=VALUE[,KEY=VALUE...]"),
+    (["--standalone", "--rdzv-conf", "join_timeout=abc", "{script}"],
+     "bad --rdzv-conf join_timeout=abc: expected a positive whole number"),
+    (["--rdzv_conf=ranks_store=mine", "{script}"], "bad --rdzv-conf ranks_store=mine: expected fresh or rendezvous"),
 ]
 
 

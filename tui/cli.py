@@ -549,10 +549,10 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
     )
     if elastic:  # last: the c10d host starts its store here, once every other value is known good
         spec.rdzv_handler = rendezvous_handler(ns, min_nodes, nnodes, port, check_only=not start_rendezvous)
-    elif ns.rdzv_backend == "static":  # ranktop's own static form (no torch): a bad --rdzv-conf is still one
+    elif ns.rdzv_conf:  # no handler reads it (one node, --standalone, ranktop's own static form): still one line
         from ranktop.core.rendezvous import check_rdzv_conf
 
-        check_rdzv_conf(ns.rdzv_conf, ns.rdzv_backend)
+        check_rdzv_conf(ns.rdzv_conf, ns.rdzv_backend or "static")
     return spec
 
 
