@@ -2503,7 +2503,19 @@ def test_an_ended_run_whose_engine_has_gone_is_said_so_by_logs_stop_and_stacks(t
     one = run_ranktop("logs", "over", "--rank", "1", env=env)
     assert one.returncode == 0 and one.stdout == "[1]:out of 1\n" and one.stderr.startswith("[1]:err of 1\nranktop: ")
     bad = run_ranktop("logs", "over", "--rank", "2", env=env)
-    assert bad.returncode == 2 and bad.stderr == "ranktop: error: bad --rank 2: local ranks of over are 0..1\n"
+    assert bad.returncode == 2 and bad.stderr == "ranktop: error: bad --rank 2: the ranks of over are 0..1\n"
+    # The second node of two (ranktop's own static form): --rank is the rank its lines are
+    # prefixed with, 2 or 3 there; it took the local rank (`--rank 1` printed `[3]:`, `--rank 3` was refused).
+    says_rank = tmp_path / "says_rank.py"
+    says_rank.write_text('import os\nprint("rank", os.environ["RANK"])\n')
+    second = run_ranktop("--headless", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr",
+                         "10.0.0.5", "--master-port", "29555", "--run-id", "node1", str(says_rank), env=env,
+                         without="torch")
+    assert second.returncode == 0, second.stderr
+    three = run_ranktop("logs", "node1", "--rank", "3", env=env)
+    assert (three.returncode, three.stdout) == (0, "[3]:rank 3\n"), three.stderr
+    local = run_ranktop("logs", "node1", "--rank", "1", env=env)
+    assert (local.returncode, local.stderr) == (2, "ranktop: error: bad --rank 1: the ranks of node1 are 2..3\n")
     again = run_ranktop("--headless", "--run-id", "overt", str(script), env=env)
     assert again.returncode == 0, again.stderr
     for command in ("logs", "stacks"):  # a prefix of two ended runs: both named, nothing shown

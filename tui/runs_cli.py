@@ -395,7 +395,8 @@ def stop(argv: list[str]) -> int:
 # ----- logs -------------------------------------------------------------------------------------
 def logs(argv: list[str]) -> int:
     p = run_parser("ranktop logs", "A run's output, prefixed with each rank, from its engine.")
-    p.add_argument("--rank", type=int, default=None, help="only this local rank")
+    p.add_argument("--rank", type=int, default=None,
+                   help="only this rank, as its lines are prefixed (on a node of several, its global rank)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the run ends")
     p.add_argument("--events", action="store_true",
                    help="with -f: also print the run's events as they happen (restarts, signals, exits), each as "
@@ -511,11 +512,15 @@ def _rank_lines(prefix: bytes, shown: Callable[[bytes], bytes], lines: list[byte
 
 
 def _prefixes(run_id: str, ranks: list[tuple[int, int]], only: int | None) -> dict[int, bytes] | int:
-    """{local rank: its `[rank]:` prefix} for the (local rank, rank) pairs `--rank` keeps; the usage
-    error's status for a --rank the run does not have."""
-    if only is not None and not 0 <= only < len(ranks):
-        return usage_error(f"bad --rank {only}: local ranks of {run_id} are 0..{len(ranks) - 1}")
-    return {local: f"[{rank}]:".encode() for local, rank in ranks if only is None or local == only}
+    """{local rank: its `[rank]:` prefix} for the (local rank, rank) pairs `--rank` keeps: the rank
+    its lines are prefixed with (a node of several has ranks 8-15, say, whose `[12]:` lines took
+    --rank 4); the usage error's status for a --rank the run does not have."""
+    kept = {local: f"[{rank}]:".encode() for local, rank in ranks if only is None or rank == only}
+    if only is not None and not kept:
+        numbers = sorted(rank for _, rank in ranks)
+        has = f"the ranks of {run_id} are {numbers[0]}..{numbers[-1]}" if numbers else f"{run_id} has no ranks"
+        return usage_error(f"bad --rank {only}: {has}")
+    return kept
 
 
 def _print_final_logs(view: FinalEngine, only: int | None) -> int:
