@@ -10,6 +10,7 @@ row is as wide here as on screen.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 
 from rich.cells import cell_len
@@ -105,9 +106,7 @@ def crop_cells(segments: list[Segment], start: int, end: int, pad: Style | None 
     showed its text a cell off, its highlight too). A cluster the cut goes through is spaces in
     its segment's style; past the text, spaces in `pad`."""
     text = "".join(segment.text for segment in segments)
-    starts, sizes = clusters(text)
-    starts.append(len(text))
-    edges = list(itertools.accumulate(sizes, initial=0))  # cells before each cluster; the last: all
+    starts, edges = _cluster_edges(text)
     left, right = min(start, edges[-1]), min(end, edges[-1])  # the cells the text covers
     first = bisect.bisect_left(edges, left)  # the first cluster whole in the cut
     after = bisect.bisect_right(edges, right) - 1  # the cluster that ends past it (or the text's end)
@@ -121,6 +120,14 @@ def crop_cells(segments: list[Segment], start: int, end: int, pad: Style | None 
     if end - start > right - left:
         cut.append(Segment(" " * (end - start - (right - left)), pad))
     return cut
+
+
+@functools.lru_cache(maxsize=1024)  # a pane's rows are cut again at every frame: a screenful or two of them
+def _cluster_edges(text: str) -> tuple[list[int], list[int]]:
+    """Where each cluster of `text` starts (its length last) and the cells before each (all of
+    them last)."""
+    starts, sizes = clusters(text)
+    return [*starts, len(text)], list(itertools.accumulate(sizes, initial=0))
 
 
 def _characters(segments: list[Segment], begin: int, end: int) -> list[Segment]:

@@ -174,6 +174,8 @@ def cropped(strip: Strip, start: int, end: int, pad: Style | None = None) -> Str
     (cells.crop_cells): rich's crop split 👨‍👩‍👧 after 👨. Where rich counts the cut's cells
     otherwise (a cluster across two segments, a row that begins zero-width), rich's own crop: the
     compositor lays a row out by rich's count."""
+    if start == 0 and strip.cell_length <= end:  # nothing cut: the usual row, from its start, shorter than the pane
+        return strip.extend_cell_length(end, pad)
     segments = list(strip)
     if all(segment.text.isascii() for segment in segments):  # one cell a character: rich's crop is exact
         return strip.crop_extend(start, end, pad)
