@@ -734,3 +734,31 @@ async def test_a_pane_paused_at_the_bottom_stays_paused_when_it_grows():
         view.poll()
         await pilot.pause()
         assert not view.follow and "line 99" in screen_rows(view) and "line 109" not in screen_rows(view)
+
+
+def test_rows_cut_between_clusters_keep_little_whatever_the_rows():
+    """A row is cut between whole clusters (rich's crop split 👨‍👩‍👧 after 👨), and the clusters of
+    the rows cut are kept for the next frame: bounded, however many rows, however long, a rank
+    prints (a list's ints kept 18 MB for 256 rows of 1024 wide characters)."""
+    import tracemalloc
+
+    from ranktop.tui import cells
+    from ranktop.tui.logview import cropped
+    from rich.segment import Segment
+    from textual.strip import Strip
+
+    family = Strip([Segment("👨\u200d👩\u200d👧loss 0.123")])
+    assert [cropped(family, k, k + 6).text for k in range(4)] == \
+        ["👨\u200d👩\u200d👧loss", " loss ", "loss 0", "oss 0."]  # (from cell 1: the family's right half)
+    cells._kept_edges.cache_clear()
+    tracemalloc.start()
+    try:
+        for i in range(600):  # distinct rows of wide characters, each cut from its 4th cell
+            wide = Strip([Segment("日" * 1023 + chr(0x4E00 + i))])
+            assert cropped(wide, 3, 83).text == " " + "日" * 39 + " "  # (cut through 日 at either end)
+        for i in range(20):  # and longer ones, which are not kept
+            cropped(Strip([Segment("日" * 20_000 + str(i))]), 3, 83)
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert kept < 8 * 2**20, kept

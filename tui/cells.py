@@ -9,6 +9,7 @@ row is as wide here as on screen.
 
 from __future__ import annotations
 
+import array
 import bisect
 import functools
 import itertools
@@ -106,7 +107,7 @@ def crop_cells(segments: list[Segment], start: int, end: int, pad: Style | None 
     showed its text a cell off, its highlight too). A cluster the cut goes through is spaces in
     its segment's style; past the text, spaces in `pad`."""
     text = "".join(segment.text for segment in segments)
-    starts, edges = _cluster_edges(text)
+    starts, edges = (_kept_edges if len(text) <= _KEPT_TEXT else _cluster_edges)(text)
     left, right = min(start, edges[-1]), min(end, edges[-1])  # the cells the text covers
     first = bisect.bisect_left(edges, left)  # the first cluster whole in the cut
     after = bisect.bisect_right(edges, right) - 1  # the cluster that ends past it (or the text's end)
@@ -122,12 +123,17 @@ def crop_cells(segments: list[Segment], start: int, end: int, pad: Style | None 
     return cut
 
 
-@functools.lru_cache(maxsize=1024)  # a pane's rows are cut again at every frame: a screenful or two of them
-def _cluster_edges(text: str) -> tuple[list[int], list[int]]:
+def _cluster_edges(text: str) -> tuple[array.array, array.array]:
     """Where each cluster of `text` starts (its length last) and the cells before each (all of
-    them last)."""
+    them last), as arrays (a list's int objects took 36 bytes a character)."""
     starts, sizes = clusters(text)
-    return [*starts, len(text)], list(itertools.accumulate(sizes, initial=0))
+    return array.array("l", [*starts, len(text)]), array.array("l", itertools.accumulate(sizes, initial=0))
+
+
+# A pane's rows are cut again at every frame: the edges of a few screens of rows are kept, those of
+# rows up to _KEPT_TEXT characters only (~5 MB at most, whatever the ranks print).
+_KEPT_TEXT = 1024
+_kept_edges = functools.lru_cache(maxsize=256)(_cluster_edges)
 
 
 def _characters(segments: list[Segment], begin: int, end: int) -> list[Segment]:
