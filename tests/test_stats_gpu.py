@@ -233,6 +233,24 @@ def test_device_for_local_rank_rules():
     assert device_for_local_rank(0, "MIG-1234", 2, uuids) is None
 
 
+def test_the_sampler_as_ranktop_makes_it_reads_nvml_at_most_once_a_second(tmp_path):
+    """SPEC 2.6: stats and NVML are sampled at most once a second. The sampler as the command line
+    and the TUI make it (no interval given): three reads of a device's utilisation are at least
+    two seconds apart, however fast or slow the box (the other tests tick every 0.1 s)."""
+    fake = FakeNvml(1)
+    sampler = StatsSampler(gpu=GpuMonitor(fake))
+    seen: list[float] = []  # when each read was first seen, polled every 20 ms
+
+    def reads() -> bool:
+        while len(seen) < fake.calls["nvmlDeviceGetUtilizationRates"]:
+            seen.append(time.monotonic())
+        return len(seen) >= 3
+
+    with Running(make_agent(tmp_path, SLEEP, n=1, sampler=sampler)):
+        wait_for(reads, timeout=20, what="three reads of the device")
+    assert seen[2] - seen[0] >= 2 - 0.05, seen  # (a read seen up to one poll late: 20 ms, and a margin)
+
+
 # ----- GPU: failures ----------------------------------------------------------------------------
 def test_no_nvml_says_no_gpu_once_and_keeps_sampling_cpu(tmp_path):
     fake = FakeNvml(init_error=FakeNvmlError(FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library Not Found"))
