@@ -141,7 +141,7 @@ def _characters(segments: list[Segment], begin: int, end: int) -> list[Segment]:
     pieces, pos = [], 0
     for segment in segments:
         size = len(segment.text)
-        if pos + size > begin and pos < end:
+        if pos + size > begin and pos < end and begin < end:
             pieces.append(Segment(segment.text[max(0, begin - pos) : end - pos], segment.style))
         pos += size
     return pieces
