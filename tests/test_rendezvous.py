@@ -626,11 +626,15 @@ def _cannot_reach(log_dir: Path, backend: str, endpoint: str) -> str:
     return res.stderr
 
 
-def test_a_plugin_handler_that_says_nothing_or_raises_still_gets_the_waiting_line(torch_installed):
-    from ranktop.core.rendezvous import Rendezvous
+def _plugin_handler_class() -> type:
+    """A torchrun plugin's handler, as torch asks it for these only: backend `mine`, run `job7`;
+    its next_rendezvous calls the function it was made with (none: NotImplementedError)."""
     from torch.distributed.elastic.rendezvous import RendezvousHandler
 
-    class Plugin(RendezvousHandler):  # a torchrun plugin's handler: torch asks it for these only
+    class Plugin(RendezvousHandler):
+        def __init__(self, next_round=None):
+            self.next_round = next_round
+
         def get_backend(self) -> str:
             return "mine"
 
@@ -638,7 +642,9 @@ def test_a_plugin_handler_that_says_nothing_or_raises_still_gets_the_waiting_lin
             return "job7"
 
         def next_rendezvous(self):
-            raise NotImplementedError
+            if self.next_round is None:
+                raise NotImplementedError
+            return self.next_round()
 
         def is_closed(self) -> bool:
             return False
@@ -651,6 +657,14 @@ def test_a_plugin_handler_that_says_nothing_or_raises_still_gets_the_waiting_lin
 
         def shutdown(self) -> bool:
             return True
+
+    return Plugin
+
+
+def test_a_plugin_handler_that_says_nothing_or_raises_still_gets_the_waiting_line(torch_installed):
+    from ranktop.core.rendezvous import Rendezvous
+
+    Plugin = _plugin_handler_class()  # noqa: N806 - a class
 
     class Raising(Plugin):
         @property
@@ -672,37 +686,11 @@ def test_a_handler_error_that_says_nothing_is_named_by_where_it_was_raised(torch
     to look up. It names the file, line and function now, and torch's version where it is torch's."""
     import torch
     from ranktop.core.rendezvous import Rendezvous, RendezvousFailed
-    from torch.distributed.elastic.rendezvous import RendezvousHandler
 
     torch_file = "/venv/lib/python3.12/site-packages/torch/distributed/elastic/rendezvous/dynamic_rendezvous.py"
     torch_check = compile("\n" * 1169 + "def next_rendezvous():\n    assert False\n", torch_file, "exec")
     as_torch: dict = {}
     exec(torch_check, as_torch)  # code whose frames say they are torch's, as an installed torch's do
-
-    class Asserting(RendezvousHandler):
-        def __init__(self, raises):
-            self.raises = raises
-
-        def get_backend(self) -> str:
-            return "mine"
-
-        def get_run_id(self) -> str:
-            return "job7"
-
-        def next_rendezvous(self):
-            self.raises()
-
-        def is_closed(self) -> bool:
-            return False
-
-        def set_closed(self) -> None:
-            pass
-
-        def num_nodes_waiting(self) -> int:
-            return 0
-
-        def shutdown(self) -> bool:
-            return True
 
     def bare() -> None:
         raise AssertionError
@@ -710,7 +698,7 @@ def test_a_handler_error_that_says_nothing_is_named_by_where_it_was_raised(torch
     failures = []
     for raises in (bare, as_torch["next_rendezvous"]):
         with pytest.raises(RendezvousFailed) as failed:
-            Rendezvous(Asserting(raises), "default", 1).next_round()
+            Rendezvous(_plugin_handler_class()(raises), "default", 1).next_round()
         failures.append(str(failed.value))
     line = bare.__code__.co_firstlineno + 1
     assert failures == [
