@@ -943,14 +943,14 @@ class EngineServer:
 
     def linger(self, seconds: float) -> None:
         """Keep serving the ended run for `seconds`, or until a client sends Stop. Not at all
-        when a signal stopped the run, and no longer once SIGTERM or SIGINT comes: whoever
-        stops a run, or kills its engine, wants it gone (it used to stay 10 minutes, as if it
-        ignored them)."""
+        when a signal stopped the run, and no longer once SIGTERM, SIGINT or SIGQUIT comes:
+        whoever stops a run, or kills its engine, wants it gone (it used to stay 10 minutes, as
+        if it ignored them; a SIGQUIT killed it with its default action, its socket left behind)."""
         if self.engine.snapshot().stop_signal is not None:
             return
         before = {}
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
                 before[sig] = signal.signal(sig, lambda _signum, _frame: self._leave.set())
         try:
             deadline = time.monotonic() + seconds

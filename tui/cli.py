@@ -1017,8 +1017,13 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
     if sampler is not None:
         sampler.attach(agent)
     serving.engine = engine = LocalEngine(agent)
-    if ns.detached_child:  # served before any rank speaks: our stderr is the parent's pipe until then
-        serving.start()
+    if ns.detached_child:
+        # Started to outlive its terminal: the run notes a hang-up and goes on, and the engine that
+        # lingers after it stays on one too. (The run puts this handler back at its end; with the
+        # default there, a SIGHUP killed the lingering engine, its socket left behind. Not SIG_IGN,
+        # which a rank would inherit through exec.)
+        signal.signal(signal.SIGHUP, lambda _signum, _frame: None)
+        serving.start()  # served before any rank speaks: our stderr is the parent's pipe until then
     # Start-up is over (before any attempt exists: an attempt frozen by gc.freeze would never be freed)
     collector.release()
     try:
