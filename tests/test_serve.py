@@ -1339,6 +1339,34 @@ def test_detach_says_how_to_stop_a_run_that_is_not_served_in_time(tmp_path, monk
         "stops it\n")
 
 
+def test_ctrl_c_while_detach_waits_ends_the_wait_with_a_line_and_130(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while --detach waits for its background run to be served (a store out of reach,
+    say) ends the wait, not the run, which is in a session of its own: the line says so and how
+    to stop it. It was a KeyboardInterrupt traceback, and the run went on unnamed."""
+    from ranktop.tui import cli
+
+    def ctrl_c(*_args):  # the wait is under way: a real SIGINT lands in it
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(cli, "_served_name", ctrl_c)
+    child = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    try:
+        try:
+            status = cli._wait_served(child, "slow", str(tmp_path / "slow.sock"))
+        except KeyboardInterrupt:
+            pytest.fail("Ctrl-C while --detach waited was a traceback")
+        assert child.poll() is None  # the background run goes on
+    finally:
+        child.kill()
+        child.wait()
+        child.stderr.close()
+    assert status == 130
+    assert capsys.readouterr().err == (
+        f"\nranktop: slow (pid {child.pid}) goes on starting in the background, as Ctrl-C ended only the wait "
+        f"for it: ranktop ls lists it once it is served; kill {child.pid} stops it\n")
+
+
 def test_detach_starts_the_run_in_the_background_and_returns(tmp_path, runtime):
     script = tmp_path / "ticker.py"
     script.write_text(TICKER)

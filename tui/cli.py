@@ -901,15 +901,20 @@ def _wait_served(child, run_id: str, path: str | None) -> int:
 
     said = _PipeTail(child.stderr.fileno())
     deadline = time.monotonic() + SERVE_WAIT_SECONDS
-    while time.monotonic() < deadline:
-        said.drain()  # torch may say a lot (a store out of reach): the pipe must never fill
-        if child.poll() is not None:
-            return _ended_before_served(child, run_id, said)
-        name = _served_name(child, run_id, path)
-        if name is not None:
-            print(_started_message(name, child.pid))
-            return 0
-        time.sleep(0.05)
+    try:
+        while time.monotonic() < deadline:
+            said.drain()  # torch may say a lot (a store out of reach): the pipe must never fill
+            if child.poll() is not None:
+                return _ended_before_served(child, run_id, said)
+            name = _served_name(child, run_id, path)
+            if name is not None:
+                print(_started_message(name, child.pid))
+                return 0
+            time.sleep(0.05)
+    except KeyboardInterrupt:  # only the wait ends (the run is in a session of its own): it was a traceback
+        print(f"\nranktop: {run_id} (pid {child.pid}) goes on starting in the background, as Ctrl-C ended only "
+              f"the wait for it: ranktop ls lists it once it is served; kill {child.pid} stops it", file=sys.stderr)
+        return 128 + signal.SIGINT
     # Still starting (its rendezvous store not reached yet, say): not served, so not listed yet.
     print(f"ranktop: {run_id} (pid {child.pid}) is not served after {SERVE_WAIT_SECONDS:g} s: it is still "
           f"starting, and ranktop ls lists it once it is (a rendezvous store out of reach is waited for "
