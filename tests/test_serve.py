@@ -1384,6 +1384,17 @@ def test_detach_starts_the_run_in_the_background_and_returns(tmp_path, runtime):
         wait_for(lambda: [e["action"] for e in read_events(run_dir) if e["event"] == "signal_received"] == ["ignored"],
                  what="the hang-up noted")
         assert [r["state"] for r in ls(runtime)] == ["running"]
+        # The same id again (its run directory elsewhere) is refused, nothing started: this run
+        # answered on its socket and was said to be the new one, started (`stop bg` stopped it).
+        again = run_ranktop("--detach", "--run-id", "bg", "--log-dir", str(tmp_path / "again"), str(script),
+                            env=runtime)
+        assert (again.returncode, again.stdout) == (2, "")
+        assert again.stderr == (f"ranktop: error: cannot serve a detached run: {run['socket']} is in use: another run "
+                                "has this run id; pick another --run-id\n")
+        assert not (tmp_path / "again").exists() and [r["pid"] for r in ls(runtime)] == [run["pid"]]
+        # What --detach waits for is its own child serving the socket, not any engine there.
+        from ranktop.tui import cli
+        assert cli._served_now(run["socket"], run["pid"]) and not cli._served_now(run["socket"], run["pid"] + 1)
     finally:
         assert run_ranktop("stop", "bg", env=runtime).returncode == 0
         wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")

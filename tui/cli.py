@@ -867,7 +867,7 @@ def start_detached(argv: list[str], ns: argparse.Namespace) -> int:
 
     from ranktop.core.agent import new_run_id
     from ranktop.core.layout import check_run_id
-    from ranktop.core.server import SocketDirError, socket_path
+    from ranktop.core.server import SocketDirError, remove_if_dead, socket_path
 
     # The run's id, as the child will take it: a multi-node run's is the rendezvous id, the same on
     # every node, so the child derives it itself; any other is fixed here, so we know its socket.
@@ -875,6 +875,10 @@ def start_detached(argv: list[str], ns: argparse.Namespace) -> int:
     run_id = check_run_id(ns.run_id or shared or new_run_id())
     try:
         path = socket_path(run_id)  # a detached run nobody can reach is refused before it starts
+        # So is one whose id a served run has: its socket is taken (the other run answered there,
+        # and was said to be this one, started: `ranktop stop ID` would have stopped it).
+        if shared is None and remove_if_dead(path):
+            raise SocketDirError(f"{path} is in use: another run has this run id; pick another --run-id")
     except (SocketDirError, OSError) as exc:
         return usage_error(f"cannot serve a detached run: {exc}")
     script_at = argv.index(ns.training_script)  # what follows is the script's own arguments
@@ -947,23 +951,25 @@ def _served_name(child, run_id: str, path: str | None) -> str | None:
     from ranktop.core.client import served_runs
 
     if path is not None:
-        return run_id if _served_now(path) else None
+        return run_id if _served_now(path, child.pid) else None
     return next((r.run_id for r in served_runs() if r.pid == child.pid), None)
 
 
 SERVE_WAIT_SECONDS = 30.0  # how long --detach waits for its background run to be served
 
 
-def _served_now(path: str) -> bool:
+def _served_now(path: str, pid: int) -> bool:
+    """Whether the process `pid` serves the socket at `path` (another engine that took it
+    meanwhile does not: the child cannot serve there)."""
     from ranktop.core.client import Connection, EngineRefused, RunGone
 
     try:
-        Connection(path, timeout=1.0).close()
-    except EngineRefused:  # served, to a crowd already
-        return True
+        with Connection(path, timeout=1.0) as conn:
+            return conn.hello.get("pid") == pid
+    except EngineRefused as refused:  # served, to a crowd already
+        return refused.listener == pid
     except RunGone:
         return False
-    return True
 
 
 class _PipeTail:
