@@ -3120,7 +3120,7 @@ def test_a_ranks_copy_of_the_restart_separator_is_told_from_the_real_one_everywh
 def test_attachs_exit_status_is_the_local_tuis(tmp_path, runtime):
     """`q` then `y` in `ranktop attach` stopped the run and exited 0 (the local TUI, and a headless
     stop, give 130): attach now exits as the local TUI does: 130 for a stop asked for, 0 for a
-    detach, 1 for a run that failed (with --exit-on-end)."""
+    detach, 1 for a run that failed (with --exit-on-end); a SIGTERM leaves as a detach, 143."""
     proc = start_headless(tmp_path, runtime, "qy")
     term = None
     try:
@@ -3131,6 +3131,16 @@ def test_attachs_exit_status_is_the_local_tuis(tmp_path, runtime):
         term.wait_screen("Detach (d)")
         term.press("d")  # the run goes on: a clean exit
         term.wait_screen("ranktop: left qy; it runs on", "STATUS 0")
+        term.close()
+        # SIGTERM (`kill`, `timeout`) leaves as `d` does, 143, and gives the terminal back: it died of
+        # its default action in the TUI's alternate screen, mouse reporting on and the cursor hidden.
+        term = ranktop_in_tmux(runtime, "attach qy", "; echo STATUS $?; sleep 30", width=120, height=30)
+        term.wait_screen("hello from 1", "hello from 0")
+        (client,) = psutil.Process(int(term.pane_pid())).children(recursive=True)
+        client.send_signal(signal.SIGTERM)
+        term.wait_screen("ranktop: left qy; it runs on", "STATUS 143")
+        flags = "#{alternate_on} #{mouse_any_flag} #{cursor_flag}"
+        assert term._tmux("display", "-p", "-t", "t", flags).split() == ["0", "0", "1"]
         term.close()
         term = ranktop_in_tmux(runtime, "attach qy", "; echo STATUS $?; sleep 30", width=120, height=30)
         term.wait_screen("hello from 1", "hello from 0")

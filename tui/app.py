@@ -254,6 +254,23 @@ class RanktopApp(App):
         self.engine.submit(cmd.Interrupt(signum))  # answered at once: safe from a signal handler
         self.leave_when_ended()
 
+    def leave_on_signal(self, signum: int) -> None:
+        """SIGTERM, SIGQUIT or a SIGHUP whose terminal lives (a kill -HUP) to a view that holds no
+        run (`ranktop attach`, an ended run's final view): it leaves as `d` does, the run going on
+        (a client stops a run only when asked), and gives the terminal back, exit 128+N. With
+        their default actions it died in the TUI's alternate screen, mouse reporting on and the
+        cursor hidden. A hang-up of a terminal that is gone ends it as before: nothing is left to
+        give back, and writing there could only fail."""
+        if signum == signal.SIGHUP and not terminal_alive():
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        leave = partial(self.exit, None, 128 + signum)
+        if self._frame_shown:
+            self.call_later(leave)
+        else:  # leaving while the first screen mounts broke its layout (as for a hang-up above)
+            self._leave_when_ready = leave
+
     def leave_when_ended(self) -> None:
         """A stop was asked for: leave once the group has ended. (No snapshot here: this runs in
         signal handlers, and it may take locks the interrupted code holds. If the screen already

@@ -4,6 +4,7 @@ through the socket its engine serves (core/server.py). Never imports Textual."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -290,7 +291,8 @@ def attach(argv: list[str]) -> int:
     app = RanktopApp(engine, exit_on_end=ns.exit_on_end, metric=ns.metric)
     app.attached = True
     try:
-        app.run()
+        with _leaving_on_signals(app):
+            app.run()
     finally:
         engine.close()
     if not engine.last.ended:  # the last snapshot the TUI took
@@ -334,6 +336,18 @@ def _no_terminal() -> str | None:
     return terminal_problem() or (None if os.isatty(1) else "stdout is not a terminal")
 
 
+@contextlib.contextmanager
+def _leaving_on_signals(app) -> Iterator[None]:
+    """While `app` runs, SIGTERM, SIGQUIT and SIGHUP make it leave (RanktopApp.leave_on_signal)."""
+    stops = (signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda signum, _frame: app.leave_on_signal(signum)) for sig in stops}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _show(app) -> int:
     """An ended run's final view (its engine gone); its exit status is the run's, as attach's is
     to a run that ended under it or whose engine lingers after the end (it was 0 here and 1 there
@@ -342,7 +356,8 @@ def _show(app) -> int:
     from ranktop.tui.run import print_end_report
 
     app.attached = True
-    app.run()
+    with _leaving_on_signals(app):
+        app.run()
     snap = app.engine.snapshot()
     print_end_report(snap)
     return app.return_code or tui_exit_status(snap, user_quit=False)  # (nothing runs here for q to stop)
