@@ -514,12 +514,19 @@ def test_stacks_signal_to_a_pid_with_no_run_to_read_back_exits_1_unless_one_was_
 
 
 def test_stacks_cli_without_a_target_uses_the_default_log_directory(tmp_path):
+    root = tmp_path / f"ranktop-{os.geteuid()}"
+    none_there = (f"ranktop: error: no target given and no runs in {root}: "
+                  "give a run directory, a log directory or a pid")
     empty = run_ranktop("stacks", env={**os.environ, "TMPDIR": str(tmp_path)})
     assert empty.returncode == 2 and empty.stdout == ""
-    assert empty.stderr.strip() == (f"ranktop: error: no target given and no runs in {tmp_path}/ranktop-{os.geteuid()}: "
-                                    "give a run directory, a log directory or a pid")
-    run = tmp_path / f"ranktop-{os.geteuid()}" / "r1"
-    run.mkdir(parents=True)
+    assert empty.stderr.strip() == none_there
+    # The root an earlier run made, emptied since: no runs either (it was `bad target 'ROOT'`, a
+    # target the user never gave)
+    root.mkdir()
+    emptied = run_ranktop("stacks", env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert emptied.returncode == 2 and emptied.stderr.strip() == none_there, emptied.stderr
+    run = root / "r1"
+    run.mkdir()
     (run / "events.jsonl").write_text("")
     ended = run_ranktop("stacks", env={**os.environ, "TMPDIR": str(tmp_path)})
     assert ended.returncode == 1 and ended.stderr == no_ranks_left(run), ended.stderr

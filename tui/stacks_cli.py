@@ -72,11 +72,11 @@ def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | N
     """({rank: pid}, {rank: local_rank}, run_dir or None, {rank: its process, held since it was
     checked: a run directory's, the caller closes them}) for a path or a pid (None: the default
     log directory); BadTarget if neither."""
+    defaulted = target is None
     if target is None:
-        root = default_log_root()
-        if not os.path.isdir(root):
-            raise BadTarget(f"no target given and no runs in {root}: give a run directory, a log directory or a pid")
-        target = root
+        target = default_log_root()
+        if not os.path.isdir(target):
+            raise BadTarget(_no_runs_in(target))
     if _is_pid(target):
         if not _live_pid(target):
             raise BadTarget(f"bad target {target[:40]}: no process with that pid")
@@ -90,6 +90,8 @@ def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | N
     if not os.path.isdir(target):
         raise BadTarget(f"bad target {quoted(target)}: expected a run directory, a log directory or a pid")
     run_dir = stacks.find_run_dir(target)
+    if run_dir is None and defaulted:  # (the default root, made by an earlier run, emptied since)
+        raise BadTarget(_no_runs_in(target))
     if run_dir is None:
         raise BadTarget(f"bad target {quoted(target)}: no events.jsonl there or in its subdirectories (not a ranktop log dir)")
     try:
@@ -97,6 +99,10 @@ def resolve(target: str | None) -> tuple[dict[int, int], dict[int, int], str | N
     except (stacks.ForeignRanks, stacks.RanksNotHeld) as exc:
         raise BadTarget(f"bad target {quoted(run_dir)}: {exc}") from None
     return pids, local, run_dir, held
+
+
+def _no_runs_in(root: str) -> str:
+    return f"no target given and no runs in {root}: give a run directory, a log directory or a pid"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
