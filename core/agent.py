@@ -782,7 +782,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             return RankState.UNREAPABLE
         code = proc.returncode
         if code is None:
-            if slot.stopped_by_us or slot.restart_pending:
+            if slot.being_stopped:
                 return RankState.STOPPING
             if self.stall_timeout and self._stalls.silent_for(slot, now) >= self.stall_timeout:
                 return RankState.STALLED

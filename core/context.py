@@ -218,6 +218,12 @@ class RankSlot:
         """Running, or at least not given up on: the context still waits for its exit."""
         return self.proc is not None and self.proc.returncode is None and not self.unreapable
 
+    @property
+    def being_stopped(self) -> bool:
+        """Its end was asked for (the group's stop, a restart, the user's stop signal within its
+        grace): shown `stopping`, and quiet for that reason, not stalled."""
+        return self.stopped_by_us or self.restart_pending
+
 
 def plan_streams(
     nprocs: int,

@@ -60,7 +60,9 @@ class StallWatch:
         for slot in slots:
             r = slot.local_rank
             silent = self.silent_for(slot, now)
-            if slot.alive and silent >= timeout and r not in self._stalled:
+            # (a rank being stopped is quiet because of that: a stall said then, its line `no output
+            # for 0s`, came for every rank that took its grace to end, and at a pdb prompt)
+            if slot.alive and silent >= timeout and r not in self._stalled and not slot.being_stopped:
                 snap = snapshot(slot, now)
                 # A short stall time beat the sampler's second look: "cpu -" tells nothing. (A rank
                 # at a prompt is reported without its cpu: it waits for someone to type.)
