@@ -590,6 +590,34 @@ def test_a_c_call_holding_the_gil_and_a_wait_on_a_child_process_are_named():
     assert f"child {child.pid} sleep" in stacks.format_report(stacks.build_report([waiting], 0, 0))
 
 
+def test_a_paused_rank_is_dumped_as_it_stands_and_said_to_be_paused():
+    """A rank stopped by a signal (`x` STOP, kill -STOP, SIGTTIN) was `failed: Failed to get stack
+    traces` (py-spy cannot suspend a stopped process), and `--signal` waited 3 s for a dump it could
+    not write, then blamed a Python handler for SIGUSR1."""
+    code = "import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1)\n" + WAIT_HERE
+    proc = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE)
+    try:
+        proc.stdout.readline()
+        _dumped_in(proc, "wait_here")
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED, what="stopped")
+        (paused,) = stacks.dump_pids({0: proc.pid}).ranks
+        (native,) = stacks.dump_pids({0: proc.pid}, native_frames=True).ranks
+        signalled = stacks.signal_pids({0: proc.pid})
+        pending = int(re.search(r"ShdPnd:\s*(\w+)", Path(f"/proc/{proc.pid}/status").read_text())[1], 16)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert paused.status == StackStatus.OK and paused.paused, paused
+    assert [f.name for f in paused.main.frames][-1:] == ["wait_here"]
+    assert stacks.rank_facts(paused) == f"pid {proc.pid}, paused (stopped by a signal)"
+    assert (native.status, native.reason) == (StackStatus.FAILED, "paused (stopped by a signal): py-spy reads "
+                                              "no C frames of a stopped process"), native
+    # Not signalled: its handler would write the dump once it is continued, long after the read
+    assert signalled == {0: "skipped: paused (stopped by a signal): it runs no handler until it is continued"}
+    assert not pending & 1 << (signal.SIGUSR1 - 1)
+
+
 def test_ranks_not_dumped_for_one_reason_share_one_line_and_one_hint(monkeypatch):
     """Eight ranks without py-spy (or ptrace) were eight copies of the same three-line hint."""
     sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]

@@ -99,6 +99,7 @@ class RankStack:
     stall_seconds: float | None = None
     children: tuple[str, ...] = ()  # "PID NAME" of the dumped process's children: what a wait waits on
     input_prompt: str | None = None  # the prompt it waits at for input, as the agent's snapshot says
+    paused: bool = False  # stopped by a signal when dumped: neither on CPU nor blocked in its own code
 
     @property
     def main(self) -> ThreadStack | None:

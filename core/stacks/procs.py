@@ -22,6 +22,15 @@ def gone_reason(pid: int) -> str | None:
     return None
 
 
+def is_paused(pid: int) -> bool:
+    """Whether `pid` is stopped by a signal (SIGSTOP, the TUI's `x` STOP, SIGTSTP, SIGTTIN at a read
+    of its terminal): it runs nothing, a signal handler included, until SIGCONT."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
+
+
 def children_of(pid: int, most: int = 64) -> tuple[str, ...]:
     """'PID NAME' of `pid`'s child processes, at most `most`: a rank whose stack waits in
     `subprocess` or `os.wait` is waiting on one of them, and py-spy shows only the rank itself."""

@@ -24,12 +24,13 @@ from ranktop.core.events import EventLog
 from ranktop.core.layout import RunDir
 from ranktop.core.stacks.grouping import build_report
 from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack, snapshot_facts
-from ranktop.core.stacks.procs import HeldProcess, children_of, gone_reason
+from ranktop.core.stacks.procs import HeldProcess, children_of, gone_reason, is_paused
 from ranktop.core.stacks.saving import save_report
 from ranktop.core.strays import own_tool
 
 DUMP_TIMEOUT = 5.0  # seconds one py-spy may take; a process in uninterruptible sleep can hold it
 NATIVE_DUMP_TIMEOUT = 20.0  # with --native py-spy unwinds and symbolises libtorch: about 1 s a rank alone
+PAUSED_NATIVE = "paused (stopped by a signal): py-spy reads no C frames of a stopped process"
 UNNAMED_NATIVE = "??"  # a C frame py-spy found no symbol for: its name is its address, which differs per process
 
 PTRACE_HINT = (
@@ -83,7 +84,15 @@ def dump_pid(pid: int, rank: int = 0, local_rank: int | None = None, *, native: 
     spy = find_py_spy(os.environ.get("RANKTOP_PY_SPY"))
     if spy is None:
         return RankStack(**base, status=StackStatus.NO_PY_SPY, reason="py-spy not found", hint=NO_PY_SPY_HINT)
-    argv = [spy, "dump", "--pid", str(target), "--json", *(["--native"] if native_frames else [])]
+    # A stopped process cannot be suspended as py-spy suspends one (`Failed to suspend process`):
+    # it is read as it stands, which it does while stopped. Its C frames need the suspension.
+    paused = is_paused(target)
+    if paused and native_frames:
+        return RankStack(**base, status=StackStatus.FAILED, paused=True, reason=PAUSED_NATIVE,
+                         hint=f"its Python frames are read without --native (n again in the stack view); "
+                              f"kill -CONT {target} lets it run on")
+    argv = [spy, "dump", "--pid", str(target), "--json", *(["--native"] if native_frames else []),
+            *(["--nonblocking"] if paused else [])]
     try:
         returncode, stdout, stderr = _run_py_spy(argv, timeout)
     except subprocess.TimeoutExpired:
@@ -103,7 +112,7 @@ def dump_pid(pid: int, rank: int = 0, local_rank: int | None = None, *, native: 
         except (ValueError, KeyError, TypeError) as exc:
             return RankStack(**base, status=StackStatus.FAILED, reason=f"unreadable py-spy output: {exc}")
         return RankStack(**base, status=StackStatus.OK, threads=threads, dumped_pid=dumped,
-                         children=children_of(target))
+                         children=children_of(target), paused=paused)
     status, reason, hint = classify_py_spy_error(stderr, target)
     return RankStack(**base, status=status, reason=reason, hint=hint, dumped_pid=dumped)
 

@@ -19,7 +19,9 @@ def rank_facts(s: RankStack) -> str:
         facts.append(f"cpu {s.cpu_percent:.0f}%")
     if s.stall_seconds is not None:
         facts.append(f"silent {s.stall_seconds:.0f}s")
-    if s.main is not None and s.main.active is not None:
+    if s.paused:  # (py-spy's "idle" would hide why it is quiet)
+        facts.append("paused (stopped by a signal)")
+    elif s.main is not None and s.main.active is not None:
         facts.append("on CPU" if s.main.active else "idle")
     if s.input_prompt:  # idle, and why: someone is to type (the grid's `input (i)`)
         facts.append("waits for input" + ("" if s.input_prompt == NO_PROMPT else f" at {s.input_prompt}"))

@@ -19,7 +19,7 @@ from ranktop.core.guard import read_proc_file
 from ranktop.core.layout import RunDir, dump_log_path
 from ranktop.core.stacks.grouping import build_report
 from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack, snapshot_facts
-from ranktop.core.stacks.procs import HeldProcess, children_of, gone_reason
+from ranktop.core.stacks.procs import HeldProcess, children_of, gone_reason, is_paused
 from ranktop.core.stacks.saving import save_report
 
 
@@ -78,6 +78,9 @@ def handler_returned(pid: int, sig: int, blockers: frozenset[int]) -> bool:
                                    for tid, (own, shared, blocked) in masks.items())
 
 
+PAUSED = "skipped: paused (stopped by a signal): it runs no handler until it is continued"
+
+
 def signal_pids(pids: Mapping[int, int], sig: int = signal.SIGUSR1,
                 held: Mapping[int, HeldProcess] | None = None) -> dict[int, str]:
     """Send `sig` to each rank process (not its group) that catches it; {rank: what happened}.
@@ -91,6 +94,8 @@ def signal_pids(pids: Mapping[int, int], sig: int = signal.SIGUSR1,
     for rank, pid in sorted(pids.items()):
         if gone_reason(pid):
             outcome[rank] = "gone"
+        elif is_paused(pid):  # its handler would run only once it is continued, long after the read
+            outcome[rank] = PAUSED
         elif not catches_signal(pid, sig):
             outcome[rank] = "skipped: it does not handle SIGUSR1 (faulthandler off, or not Python)"
         else:
@@ -323,6 +328,9 @@ def _rank_stack(rank: int, pid: int, local_rank: int | None, outcome: str, text:
     if outcome == "sent":
         return RankStack(**base, status=StackStatus.FAILED, reason=f"no stack in its log within {timeout:g}s",
                          hint="a Python handler for SIGUSR1 in the program replaces faulthandler's")
+    if outcome == PAUSED:
+        return RankStack(**base, status=StackStatus.FAILED, reason=outcome, paused=True,
+                         hint=f"py-spy (without --signal) reads a stopped rank; kill -CONT {pid} lets it run on")
     # (not known to be no Python: a Python rank run with --no-faulthandler looks the same)
     return RankStack(**base, status=StackStatus.FAILED, reason=outcome,
                      hint="a Python rank: py-spy reads it (without --signal); SIGUSR1 needs faulthandler, "
