@@ -313,6 +313,7 @@ def silent(tmp_path_factory) -> dict[str, dict]:
         said = run_each_in([(found[name]["env"], args) for name, args in batch])
         for (name, args), done in zip(batch, said, strict=True):
             found[name].setdefault("said", {})[args] = done
+        found["x"]["said"]["stacks", "--no-save", "x"] = run_ranktop("stacks", "--no-save", "x", env=found["x"]["env"])
         proc = found["frozen"]["proc"]
         proc.send_signal(signal.SIGCONT)
         found["frozen"]["stopped"] = run_ranktop("stop", "frozen", env=found["frozen"]["env"])
@@ -365,7 +366,9 @@ def _freeze_a_detached_run(stack: contextlib.ExitStack, part: dict) -> None:
     (other / "events.jsonl").write_text(json.dumps({"event": "run_started", "run_id": "x", "pid": 1}) + "\n")
     freeze(run["pid"])
     run_dir = run["log_dir"]
-    part["calls"] = [("logs", "x"), ("logs", run_dir), ("logs", run_dir + "/"), ("stop", run_dir), ("logs", str(other))]
+    # (`stacks` by its id runs after the batch: two py-spy at once on one rank, one is refused)
+    part["calls"] = [("logs", "x"), ("logs", run_dir), ("logs", run_dir + "/"), ("stop", run_dir), ("logs", str(other)),
+                     ("stacks", "--no-save", run_dir)]
 
 
 def _plant_a_silent_socket(stack: contextlib.ExitStack, part: dict) -> None:
@@ -423,6 +426,13 @@ def test_a_silent_engine_named_by_its_run_directory_is_said_not_to_answer(silent
         assert (done.returncode, done.stdout, done.stderr) == (1, "", silent_line), args
     elsewhere = said["logs", str(part["other"])]
     assert elsewhere.returncode == 1 and "its engine went away before the run's end" in elsewhere.stderr
+    # `stacks` of it dumps its ranks from here, as given a pid: the hang may be the engine's own
+    # (it said only that the engine does not answer, exit 1)
+    for target in (run_dir, "x"):
+        done = said["stacks", "--no-save", target]
+        assert done.stderr == silent_line.replace("ranktop:", "ranktop stacks:").replace(
+            "answer\n", "answer: its ranks are dumped from here\n"), done.stderr
+        assert done.returncode == 0 and "1 of 1 ranks dumped" in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -119,11 +119,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return named
     if isinstance(named, FinalEngine):  # its ranks have all ended: final.json is written after them
         return _no_ranks(named)
+    if isinstance(named, ServedRun) and not ns.signal and (run_dir := _silent_runs_dir(named, ns.target)):
+        # Its ranks are dumped from here, as given a pid: a hang may be its engine's own (stopped,
+        # swamped), and it was only said not to answer, where py-spy could still read its ranks.
+        # (Not --signal's dumps: they reach the ranks' logs through that engine.)
+        print(clean(f"ranktop stacks: {named.run_id}: the engine at {named.path} does not answer: "
+                    "its ranks are dumped from here"), file=sys.stderr)
+        return _dump_found(run_dir, ns, runs)
     if isinstance(named, ServedRun):
         return _through_engine(named, ns)
     if isinstance(named, _Unfinished):  # read as its directory is: a rank may outlive its engine
         return _dump_found(named.run_dir, ns, runs, unfinished=True)
     return _dump_found(named, ns, runs)
+
+
+def _silent_runs_dir(run: ServedRun, target: str | None) -> str | None:
+    """The run directory of `run`, whose engine does not answer, where `target` names it (that
+    directory, or its id under the default log root) and its engine wrote it (its run_started
+    names the engine's pid); else None."""
+    from ranktop.core.client import NOT_ANSWERING, run_dir_of
+    from ranktop.core.events import run_started
+
+    if run.snapshot.get("state") != NOT_ANSWERING or target is None or run.pid is None:
+        return None
+    run_dir = run_dir_of(target)
+    started = run_started(run_dir) if run_dir is not None else None
+    return run_dir if started is not None and started.get("pid") == run.pid else None
 
 
 @dataclass(frozen=True)
