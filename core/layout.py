@@ -391,8 +391,9 @@ def open_log_root(log_dir: str | None) -> Dir:
     paths elsewhere). A --log-dir the user named is followed through symlinks (they chose it) and
     may be shared the way /tmp is (writable by all with the sticky bit: no one can rename our
     run directory there), but not writable by others without the sticky bit, nor owned by another
-    user (root aside)."""
-    if log_dir is None:
+    user (root aside). An empty one (`--log_dir=$LOG_DIR`, unset) is none, as torch reads it: as a
+    path it named the current directory."""
+    if not log_dir:
         return _open_default_root(default_log_root())
     return open_chosen_dir(log_dir, "--log-dir", make=True)
 

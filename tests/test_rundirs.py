@@ -88,6 +88,19 @@ def test_default_log_root_is_made_private_and_everything_in_a_run_is_private(tmp
     assert (run / "attempt_0" / "1" / "stdout.log").read_text() == "out\n"
 
 
+def test_an_empty_log_dir_is_the_default_root_not_the_current_directory(tmp_path):
+    """`--log_dir=$LOG_DIR` with LOG_DIR unset is no --log-dir, as torchrun reads it (a temporary
+    directory): it was the current directory, and the run directory landed wherever the job was
+    started (a checkout, /)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    res = run_ranktop("--headless", "--log_dir=", "--run-id", "no-dir", "--no-python", "true",
+                      env=_with_tmpdir(tmp_path), cwd=work)
+    assert res.returncode == 0, res.stderr
+    assert os.listdir(work) == []
+    assert (tmp_path / f"ranktop-{os.geteuid()}" / "no-dir" / "final.json").is_file()
+
+
 def _theirs(tmp_path):
     """A directory of another user's, where root's $TMPDIR or $XDG_RUNTIME_DIR may point (kept
     over `sudo -E`, or set by whoever wrote the job script)."""
