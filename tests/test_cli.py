@@ -253,6 +253,30 @@ def test_module_and_no_python_modes(tmp_path):
     assert res.returncode == 0 and res.stdout == "[default0]:a 1\n"
 
 
+def test_with_a_venv_and_a_conda_env_both_active_the_one_first_on_path_runs_the_ranks(tmp_path):
+    """conda activates its base env in every shell, and a venv activated over it leaves both
+    CONDA_PREFIX and VIRTUAL_ENV set: `python` is the venv's, the one first on PATH. With ranktop
+    installed in that venv the ranks ran conda's base python, without the venv's packages."""
+    from ranktop.tui.cli import python_for_ranks
+
+    def env_at(name: str) -> str:
+        (tmp_path / name / "bin").mkdir(parents=True)
+        os.symlink(sys.executable, tmp_path / name / "bin" / "python")
+        return str(tmp_path / name)
+
+    conda, venv = env_at("conda"), env_at("venv")
+    ours = os.path.join(sys.prefix, "bin")
+    both = {"CONDA_PREFIX": conda, "VIRTUAL_ENV": sys.prefix, "PATH": f"{ours}:{conda}/bin:/usr/bin"}
+    assert python_for_ranks(both) == sys.executable  # ranktop's own venv, over conda's base
+    # Another venv over conda's base (ranktop from pipx): that venv's
+    assert python_for_ranks({**both, "VIRTUAL_ENV": venv, "PATH": f"{venv}/bin:{conda}/bin"}) == f"{venv}/bin/python"
+    # A conda env activated inside a venv: conda's, first on PATH
+    assert python_for_ranks({**both, "VIRTUAL_ENV": venv, "PATH": f"{conda}/bin:{venv}/bin"}) == f"{conda}/bin/python"
+    # Neither on PATH (sudo's secure_path): VIRTUAL_ENV first, as before
+    assert python_for_ranks({**both, "VIRTUAL_ENV": venv, "PATH": "/usr/bin"}) == f"{venv}/bin/python"
+    assert python_for_ranks({**both, "PATH": "/usr/bin"}) == sys.executable
+
+
 def test_root_cause_tail_skips_a_chained_printed_traceback(tmp_path):
     script = tmp_path / "chain.py"
     script.write_text(

@@ -456,13 +456,29 @@ def python_for_ranks(environ: Mapping[str, str] | None = None) -> str:
         if path is None:
             raise UsageError(f"bad PYTHON_EXEC={quoted(chosen)}: no such executable")
         return path
-    for var in ("VIRTUAL_ENV", "CONDA_PREFIX"):
-        prefix = environ.get(var)
-        if prefix and os.path.realpath(prefix) != os.path.realpath(sys.prefix):
-            python = os.path.join(prefix, "bin", "python")
-            if os.access(python, os.X_OK):
-                return python
+    for prefix in _active_envs(environ):
+        if os.path.realpath(prefix) == os.path.realpath(sys.prefix):
+            break  # the env `python` names is ranktop's own
+        python = os.path.join(prefix, "bin", "python")
+        if os.access(python, os.X_OK):
+            return python
     return sys.executable
+
+
+def _active_envs(environ: Mapping[str, str]) -> list[str]:
+    """$VIRTUAL_ENV and $CONDA_PREFIX, where set, the one whose bin/ comes first on PATH first:
+    a venv activated over conda's base env (which conda activates in every shell) leaves both
+    set, and `python` is the venv's. Where PATH names neither (sudo's secure_path), VIRTUAL_ENV
+    first."""
+    prefixes = [p for p in (environ.get("VIRTUAL_ENV"), environ.get("CONDA_PREFIX")) if p]
+    if len(prefixes) < 2:
+        return prefixes
+    path = [os.path.realpath(d) for d in environ.get("PATH", "").split(os.pathsep) if d]
+
+    def place(prefix: str) -> int:
+        bin_dir = os.path.realpath(os.path.join(prefix, "bin"))
+        return path.index(bin_dir) if bin_dir in path else len(path)
+    return sorted(prefixes, key=place)
 
 
 def entrypoint_and_args(ns: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
