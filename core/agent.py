@@ -55,7 +55,7 @@ from ranktop.core.process import exit_status_for_signal, refuse_while_loading_ma
 from ranktop.core.prompts import PROMPT_QUIET, rank_prompt
 from ranktop.core.rendezvous import PEER_RESTART_WORDS, USER_RESTART, USER_STOP, Rendezvous
 from ranktop.core.root_cause import UserActions, after_user, find_root_cause, rank_failed
-from ranktop.core.sanitize import clean, clean_console, quoted
+from ranktop.core.sanitize import check_console_prefix, clean, clean_console
 from ranktop.core.signals import OUTSIDE_STOP_WINDOW, StopAction
 from ranktop.core.spec import WorkerSpec, faulthandler_env, free_port, pty_size, rank_args, rank_env
 from ranktop.core.stalls import StallWatch
@@ -79,24 +79,8 @@ def _check_arguments(spec: WorkerSpec, start_method: str, prefix_template: str |
         POSITIVE_SECONDS.check("stall_timeout", stall_timeout)
     LINES.check("ring_lines", ring_lines)
     ensure_fds_for(spec.local_world_size)  # before anything exists: a shortage is one line
-    _check_prefix_part("role", spec.role)
-    _check_prefix_part("log line prefix template", prefix_template)
-
-
-def _check_prefix_part(what: str, text: str | None) -> None:
-    """UsageError for a role or prefix template that a terminal would act on (an escape sequence,
-    a newline) or that holds bytes that are not UTF-8: it heads every console line ranktop prints."""
-    if text and (clean(text) != text or _not_utf8(text)):
-        raise UsageError(f"bad {what} {quoted(text[:80])}: control characters (escape sequences, newlines) "
-                         "or bytes that are not UTF-8 cannot head console lines")
-
-
-def _not_utf8(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:  # a command line's or the environment's undecodable bytes
-        return True
-    return False
+    check_console_prefix("role", spec.role)
+    check_console_prefix("log line prefix template", prefix_template)
 
 
 # torch's name for the group state (`RunResult.state`, the `run_finished` event): the same enum.

@@ -29,6 +29,8 @@ import os
 import re
 from collections.abc import Callable
 
+from ranktop.core.errors import UsageError
+
 # 7-bit (ESC x) or 8-bit (one C1 character) introducers of the string sequences: DCS P, SOS X,
 # OSC ], PM ^, APC _. They end at ST (ESC \ or U+009C) or, for OSC as xterm allows, BEL; here
 # also at a line break (left in place), so an unterminated one hides no more than its own line.
@@ -158,6 +160,22 @@ def quoted(value: object) -> str:
     if not isinstance(value, str):
         return repr(value)
     return f"'{shown(value)}'"
+
+
+def check_console_prefix(what: str, text: str | None) -> None:
+    """UsageError for a role or prefix template that a terminal would act on (an escape sequence,
+    a newline) or that holds bytes that are not UTF-8: it heads every console line ranktop prints."""
+    if text and (clean(text) != text or _not_utf8(text)):
+        raise UsageError(f"bad {what} {quoted(text[:80])}: control characters (escape sequences, newlines) "
+                         "or bytes that are not UTF-8 cannot head console lines")
+
+
+def _not_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a command line's or the environment's undecodable bytes
+        return True
+    return False
 
 
 def clean_bytes(raw: bytes, *, sgr: bool = False, newlines: bool = False) -> str:

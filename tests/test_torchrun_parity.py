@@ -212,6 +212,11 @@ BAD = [
     ([S], {"PET_STANDALONE": "yes"}, "ranktop: error: bad PET_STANDALONE='yes': expected 0 or 1"),
     ([S], {"PET_START_METHOD": "thread"}, "ranktop: error: bad PET_START_METHOD='thread': expected one of spawn"),
     ([S], {"PET_NPROC_PER_NODE": "x"}, "ranktop: error: bad PET_NPROC_PER_NODE='x': bad --nproc-per-node 'x': "),
+    # flags read once the line is parsed: these were named as the flag, which the line does not hold
+    ([S], {"PET_NNODES": ""}, "ranktop: error: bad PET_NNODES='': bad --nnodes '': expected N or MIN:MAX"),
+    ([S], {"PET_TEE": "9"}, "ranktop: error: bad PET_TEE='9': bad stream spec '9': expected 0-3"),
+    ([S], {"PET_LOCAL_RANKS_FILTER": "0,"}, "ranktop: error: bad PET_LOCAL_RANKS_FILTER='0,': bad --local-ranks"),
+    ([S], {"PET_ROLE": "w\x1b[2J"}, "ranktop: error: bad PET_ROLE='w␛[2J': bad role 'w␛[2J': control characters"),
     (["--nproc", "2", S], {}, "ranktop: error: ambiguous option: --nproc could match"),
     (["--nproc-per-node", "xpu", S], {}, "ranktop: error: bad --nproc-per-node xpu: no XPU found"),
     (["--numa-binding", "node", S], {}, "ranktop: error: --numa-binding node: it binds each rank to its GPU's "

@@ -13,11 +13,11 @@ import shlex
 import shutil
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ranktop.core import collector, guard, limits, numa
 from ranktop.core.errors import UsageError
-from ranktop.core.sanitize import clean, quoted
+from ranktop.core.sanitize import check_console_prefix, clean, quoted
 from ranktop.core.signals import NOTICE_SIGNALS, hold_early_stops, parse_signal_names
 from ranktop.core.stdio import escape_unencodable, guard_streams, reopen_closed_streams, report_lost, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, run_command, usage_error, usage_line
@@ -112,6 +112,7 @@ def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
             continue
         try:
             action.default = action.type(text) if action.type else text
+            _PET_CHECKS.get(action.dest, _no_check)(action.default)
         except (BadValue, ValueError, TypeError) as exc:
             parser.error(f"bad {name}={quoted(text)}: {exc}")
         if action.choices and action.default not in action.choices:
@@ -438,6 +439,25 @@ def parse_ranks(value: str | None) -> set[int] | None:
     if not all(0 <= r < limits.MAX_NPROC_PER_NODE for r in ranks):  # (torchrun takes -1: then no rank prints)
         raise UsageError(f"bad --local-ranks-filter {quoted(value[:80])}: expected local ranks like 0 or 0,2")
     return ranks
+
+
+def _no_check(value: object) -> None:
+    pass
+
+
+def _check_streams(text: str) -> None:
+    """-r/-t's value as Std reads it (ValueError: one line)."""
+    from ranktop.core.spec import Std
+
+    Std.from_str(text)
+
+
+# PET_* values of flags read only once the line is parsed, checked as they are taken: a bad one
+# was named as its flag (`bad --nnodes ''`), which no line of a Kubeflow job holds.
+_PET_CHECKS: dict[str, Callable[[str], object]] = {
+    "nnodes": parse_nnodes_range, "redirects": _check_streams, "tee": _check_streams,
+    "local_ranks_filter": parse_ranks, "role": lambda text: check_console_prefix("role", text),
+}
 
 
 # --run-path: the script runs inside the rank's interpreter through runpy, as torchrun's
