@@ -20,6 +20,7 @@ import itertools
 import os
 import re
 import stat
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -101,11 +102,26 @@ def _run_id_problem(run_id: str) -> str | None:
         return "it contains '/'"
     if run_id in (".", ".."):
         return "it is the name of the current or parent directory"
-    if not run_id.isprintable():
-        return "it contains a control character"
+    odd = next((char for char in run_id if not char.isprintable()), None)
+    if odd is not None:
+        return f"it contains {_unprintable(odd)}"
     if len(run_id.encode(errors="surrogateescape")) > MAX_RUN_ID_BYTES:
         return f"it is longer than {MAX_RUN_ID_BYTES} bytes"
     return None
+
+
+def _unprintable(char: str) -> str:
+    """A character a run id may not hold, told apart: quoted, a no-break space looks like a space
+    and a zero-width one like nothing, and a byte the file system's encoding does not read is no
+    control character (each was 'a control character')."""
+    import unicodedata  # (only for this message)
+
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # such a byte of the command line, as Python holds it (surrogateescape)
+        return f"the byte \\x{code - 0xDC00:02x}, which is not {sys.getfilesystemencoding()} text"
+    if unicodedata.category(char) == "Cc":
+        return f"a control character (U+{code:04X})"
+    return f"U+{code:04X} ({unicodedata.name(char, 'unassigned')}), which is not printable"
 
 
 MAX_RUN_ID_BYTES = 200  # a file name holds 255, and nodes sharing a log dir add '.N' to it

@@ -13,6 +13,7 @@ import sys
 import pytest
 from conftest import ROOT, ranktop_cmd, read_events, run_in_pty, run_ranktop, wait_for
 from ranktop.core.errors import UsageError
+from ranktop.core.sanitize import quoted
 from ranktop.core.spec import parse_nnodes, parse_signal
 
 RANKS = ROOT / "tests" / "ranks"
@@ -601,7 +602,7 @@ ALLOWED = "(a run id names its run directory: printable characters other than '/
 @pytest.mark.parametrize(("run_id", "why"), [
     ("a/b", "it contains '/'"),
     ("..", "it is the name of the current or parent directory"),
-    ("a\x1bb", "it contains a control character"),
+    ("a\x1bb", "it contains a control character (U+001B)"),
     ("", "it is empty"),
 ])
 @pytest.mark.parametrize("mode", ["--headless", "--detach"])
@@ -618,6 +619,21 @@ def test_a_bad_run_id_says_why_and_what_is_allowed(tmp_path, run_id, why, mode):
     typed = run_id.replace("\x1b", "␛")  # (quoted as typed, an escape as its picture)
     assert res.stderr == f"ranktop: error: bad --run-id '{typed}': {why} {ALLOWED}\n"
     assert not (tmp_path / "ran").exists() and not (tmp_path / "logs").exists() and os.listdir(runtime) == []
+
+
+@pytest.mark.parametrize(("run_id", "why"), [
+    ("a\u00a0b", "it contains U+00A0 (NO-BREAK SPACE), which is not printable"),  # quoted, 'a b'
+    ("a\u200bb", "it contains U+200B (ZERO WIDTH SPACE), which is not printable"),  # quoted, 'ab'
+    ("a\udcffb", f"it contains the byte \\xff, which is not {sys.getfilesystemencoding()} text"),
+])
+def test_a_run_id_names_the_character_it_may_not_hold(run_id, why):
+    """Each of these was 'it contains a control character': none is one, and the first two look,
+    quoted, like a space and like nothing."""
+    from ranktop.core.layout import check_run_id
+
+    with pytest.raises(UsageError) as refused:
+        check_run_id(run_id)
+    assert str(refused.value).startswith(f"bad --run-id {quoted(run_id)}: {why} (a run id names")
 
 
 def test_unknown_signal_name_is_refused():
