@@ -192,6 +192,32 @@ def test_a_sigterm_while_the_pager_is_open_ends_it_and_stops_the_run(tmp_path):
         term.close()
 
 
+def test_a_pager_that_leaves_the_terminal_raw_has_it_put_back(tmp_path):
+    """Found by fuzzing `o`: a pager that exits with the terminal's modes raw (killed, or a
+    script's `stty raw`) had the TUI take those for the modes to give back. Every later pager ran
+    raw (Enter ended no line, Ctrl-C sent no signal: one that read a line waited for ever), and
+    so did the shell after ranktop. The modes from before the pager are put back, as a shell does."""
+    done = tmp_path / "pager.done"
+    pager = tmp_path / "pager.sh"
+    pager.write_text(f"#!/bin/sh\nstty raw -echo\ntouch {done}\n")
+    pager.chmod(0o755)
+    term, status = _one_rank_tui(tmp_path, SCRIPT, "--shutdown-timeout 3", env=f"PAGER={pager} ")
+    try:
+        term.wait_screen("hello from 0", " 0/0 ")
+        term.press("o")
+        wait_for(done.exists, what="the pager ran")
+        term.wait_screen("hello from 0", " 0/0 ")  # the TUI back
+        term.press("q")
+        term.wait_screen("still running")
+        term.press("y")
+        wait_for(lambda: status.exists() and status.read_text().strip(), timeout=15, what="ranktop exited")
+        tty = term._tmux("display-message", "-p", "-t", "t", "#{pane_tty}").strip()
+        modes = subprocess.run(["stty", "-F", tty, "-a"], capture_output=True, text=True, check=True).stdout.split()
+        assert "icanon" in modes and "isig" in modes and "echo" in modes, modes  # (raw: -icanon -isig -echo)
+    finally:
+        term.close()
+
+
 @pytest.mark.skipif(find_py_spy() is None, reason="needs py-spy")
 def test_the_stack_views_tree_scrolls_sideways_by_a_real_terminals_keys(tmp_path):
     """ctrl+PgDn and → as a terminal sends them scroll the call tree, where the view opens (the

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import termios
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -36,6 +37,7 @@ def run_in_front(argv: list[str]) -> str | None:
     why it could not be run (`No such file or directory`). Where we do not hold the terminal's
     foreground (no terminal), it is waited for all the same. end_pager ends it."""
     fd = _our_terminal()
+    modes = _modes_of(fd)  # as the TUI left them for the pager: the shell's, from before ranktop
     try:
         # As subprocess starts a child: SIGPIPE and SIGXFSZ, which Python ignores, back to their
         # defaults (`yes | head` in a pager script would go on writing into a closed pipe), no
@@ -49,7 +51,7 @@ def run_in_front(argv: list[str]) -> str | None:
         if fd is None:
             os.waitpid(pid, 0)
             return None
-        _wait_in_front(fd, pid)
+        _wait_in_front(fd, pid, modes)
         return None
     finally:
         _Pager.pid = None
@@ -72,8 +74,12 @@ def end_pager() -> None:
             return
 
 
-def _wait_in_front(fd: int, pid: int) -> None:
-    """Wait for `pid`, its group in the terminal's foreground meanwhile, then ours again."""
+def _wait_in_front(fd: int, pid: int, modes: list | None) -> None:
+    """Wait for `pid`, its group in the terminal's foreground meanwhile, then ours again, and the
+    terminal's `modes` as they were before it, as a shell puts them back after a job. A pager
+    that left them raw (killed, or a script's `stty raw`) had the TUI take raw modes for the
+    ones to give back: every later pager ran raw, where Enter ends no line and Ctrl-C sends
+    no signal (one that read a line waited for ever), and so did the shell after ranktop."""
     try:
         _give_terminal(fd, pid)
         while True:
@@ -84,6 +90,11 @@ def _wait_in_front(fd: int, pid: int) -> None:
     finally:
         with _quiet_from_the_background():  # the pager's group held the terminal: ours is in the background
             os.tcsetpgrp(fd, os.getpgrp())
+            if modes is not None:
+                try:
+                    termios.tcsetattr(fd, termios.TCSADRAIN, modes)
+                except termios.error:  # (the terminal hung up meanwhile)
+                    pass
 
 
 def _give_terminal(fd: int, pid: int) -> None:
@@ -98,6 +109,15 @@ def _give_terminal(fd: int, pid: int) -> None:
         os.killpg(pid, signal.SIGCONT)
     except OSError:
         pass
+
+
+def _modes_of(fd: int | None) -> list | None:
+    if fd is None:
+        return None
+    try:
+        return termios.tcgetattr(fd)
+    except termios.error:
+        return None
 
 
 def _our_terminal() -> int | None:
