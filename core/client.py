@@ -354,6 +354,22 @@ def served_runs() -> list[ServedRun]:
     return sorted(found, key=_started_at, reverse=True)
 
 
+def unlisted_why() -> str | None:
+    """Why no run served on this host can be looked for, where served_runs() finds none for it:
+    the socket directory is not safe (a symlink, someone else's, open to others, below another
+    user's directory), and served_runs() will not connect to a socket there, as no run serves
+    one there; None where it is safe, or none was made yet."""
+    try:
+        socket_dir(create=False)
+    except SocketDirError as exc:
+        return str(exc)
+    except FileNotFoundError:  # no run served yet
+        return None
+    except OSError as exc:
+        return f"its socket directory cannot be read ({exc.strerror})"
+    return None
+
+
 def _started_at(run: ServedRun) -> float:
     started = run.snapshot.get("started_at")
     return started if isinstance(started, (int, float)) and math.isfinite(started) else 0.0  # (NaN: unknown)

@@ -1016,6 +1016,14 @@ def test_a_detached_run_is_refused_before_it_starts_when_its_socket_would_be_uns
         f"ranktop: error: cannot serve a detached run: {root} is a symlink; ranktop will not make or serve sockets "
         "through it")
     assert list(victim.iterdir()) == [] and not (tmp_path / "logs" / "planted").exists()  # nothing made, nothing run
+    # Nor are runs looked for there, and ls says why rather than that none is served.
+    unlisted = f"ranktop: error: cannot list the runs served on this host: {root} is a symlink; ranktop will not"
+    for args in (["ls"], ["ls", "--json"]):
+        done = run_ranktop(*args, env=env)
+        assert (done.returncode, done.stdout) == (2, "") and done.stderr.startswith(unlisted), done.stderr
+        assert len(done.stderr.splitlines()) == 1
+    done = run_ranktop("stop", "planted", env=env)
+    assert done.returncode == 2 and f"(ranktop cannot look for them: {root} is a symlink;" in done.stderr
     root.unlink()
     done = detach("--run-id", "x" * 120)
     assert done.returncode == 2 and "a Unix socket allows: use a shorter --run-id" in done.stderr
@@ -1027,6 +1035,10 @@ def test_a_detached_run_is_refused_before_it_starts_when_its_socket_would_be_uns
     assert run["run_id"] == "-dash"
     assert run_ranktop("stop", env=env).returncode == 0
     wait_for(lambda: gone(run["pid"]), what="the background ranktop gone")
+    (root / "sock").chmod(0o777)
+    done = run_ranktop("ls", env=env)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"ranktop: error: cannot list the runs served on this host: {root / 'sock'} is open to others (mode 777)")
 
 
 def test_a_runtime_directory_that_is_not_ours_is_not_used(tmp_path, monkeypatch):

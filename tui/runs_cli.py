@@ -32,6 +32,7 @@ from ranktop.core.client import (
     find_run,
     run_dir_of,
     served_runs,
+    unlisted_why,
     wait_ended,
     wait_gone,
 )
@@ -102,6 +103,8 @@ def pick_ended_run(target: str | None) -> FinalEngine | str | int | None:
 def no_run_words(not_served: str, command: str, served: Sequence[ServedRun] = ()) -> str:
     """The line for a name that no run has, served or ended (find_run's `not_served` first, which
     lists the `served` runs: they are left out of the ended ones)."""
+    if not served and (why := unlisted_why()) is not None:  # (none can be found, whatever serves)
+        not_served = f"{not_served} (ranktop cannot look for them: {why})"
     return f"{not_served}; {ended_runs_words(command, served)}"
 
 
@@ -182,6 +185,8 @@ def ls(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     ns = p.parse_args(argv)
     runs = served_runs()
+    if not runs and (why := unlisted_why()) is not None:  # ("no runs are served" would hide why)
+        return usage_error(f"cannot list the runs served on this host: {why}")
     if ns.json:
         print_out(json.dumps([{"run_id": r.run_id, "pid": r.pid, "socket": r.path, "clients": r.clients,
                                "full": r.full, "log_dir": r.snapshot.get("log_dir"), **_facts(r)} for r in runs]))
