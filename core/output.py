@@ -67,10 +67,29 @@ _widened_lock = threading.Lock()
 _widened: set[int] = set()  # our descriptors of pipes we asked 1 MiB for (each counts _PIPE_SIZE)
 
 
+# The kernel exempts a process from the per-user pipe limits for CAP_SYS_RESOURCE or CAP_SYS_ADMIN
+# (pipe_is_unprivileged_user), not for being root: root in a container (Docker's, a pod's) has
+# neither, and its pipes count against a budget every root process on the host shares.
+_PIPE_EXEMPTING_CAPS = (1 << 24) | (1 << 21)  # CAP_SYS_RESOURCE, CAP_SYS_ADMIN
+
+
+def exempt_from_pipe_limits() -> bool:
+    """Whether our effective capabilities free us from the per-user pipe limits."""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next((line.split()[1] for line in f if line.startswith("CapEff:")), None)
+        if caps is not None:
+            return bool(int(caps, 16) & _PIPE_EXEMPTING_CAPS)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0  # nothing says: root usually holds them
+
+
 def pipe_budget() -> int | None:
-    """Bytes of pipe buffers this user may hold before the kernel shrinks new pipes to one page
-    (/proc/sys/fs/pipe-user-pages-soft); None when there is no such limit for us (root)."""
-    if os.geteuid() == 0:  # CAP_SYS_RESOURCE: exempt from the per-user pipe limits
+    """Bytes of pipe buffers this user may hold before the kernel shrinks new pipes to two pages
+    (/proc/sys/fs/pipe-user-pages-soft); None when there is no such limit for us (see
+    exempt_from_pipe_limits: root without those capabilities has one)."""
+    if exempt_from_pipe_limits():
         return None
     try:
         with open("/proc/sys/fs/pipe-user-pages-soft") as f:
