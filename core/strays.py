@@ -57,6 +57,10 @@ _PR_SET_CHILD_SUBREAPER = 36
 # is known to nobody, and would outlive a SIGKILLed ranktop.
 LOOK_SECONDS = 0.1
 
+# Looks in a row the end sweep takes while they find nothing but an orphan of the ranks is our child
+# (StrayTracker.find); past them, that orphan is what it found, and its next pass looks again.
+_SETTLE_LOOKS = 20
+
 _adopting = False
 _own_children: set[int] = set()  # the session leaders this process started itself: ranks, guards
 # Our threads (native ids) that an orphan may be given to, besides the first (see orphan_parents).
@@ -333,7 +337,20 @@ class StrayTracker:
     def find(self, with_marker: bool) -> dict[int, int]:
         """Every live process of the group (pid -> start time), for the end sweep. The marker
         scan reads the environment of every process as young as the run: the first look of a
-        sweep is enough."""
+        sweep is enough. Nothing found is taken as nothing left only where no orphan from the
+        ranks is our child either: a helper that forks its successor and exits, again and again
+        (a new pid each time, SIGTERM ignored), was often read alive by one look, gone from the
+        table read after it, and its successor, already ours, in neither; the sweep then ended
+        and it ran on for good. Every moment such a line has a child of ours, alive or not yet
+        reaped, as an orphan's children are given to us before it is a zombie."""
+        for _ in range(_SETTLE_LOOKS):
+            found = self._find_once(with_marker)
+            coming = {pid: proc.start for pid, proc in adopted_children().items() if from_a_rank(pid, proc)}
+            if found or not coming:
+                return found
+        return coming  # not over: the sweep's next pass looks again
+
+    def _find_once(self, with_marker: bool) -> dict[int, int]:
         table = self.look(force=True) or process_table()  # one read for both: on a busy host each is long
         # Only what started with or after the first rank can carry the marker.
         marked = marked_pids(self.token, younger_than(table, self.since or 0)) if with_marker else set()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 from conftest import ROOT, ranktop_cmd, read_events, wait_for
@@ -126,6 +127,33 @@ def test_a_helper_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, helpe
     killed = next(e for e in events if e["event"] == "strays_killed")
     assert set(pids.values()) <= set(stopping["pids"]) and set(pids.values()) <= set(killed["pids"])
     assert killed["ts"] - stopping["ts"] > 1.4  # they had their grace (the clock is read just before the event)
+
+
+def test_a_helper_that_forks_its_successor_and_exits_again_and_again_is_swept(tmp_path):
+    # Each generation lives ~1 ms: one look of the end sweep read it alive, the process table read
+    # next had it gone, and its successor (ours already) was in neither; the sweep ended with
+    # nothing found, and the line ran on after ranktop, re-parented to init.
+    sid_file = tmp_path / "runaway.sid"
+    done = subprocess.run(
+        ranktop_cmd("--headless", "--nproc-per-node", "1", "--shutdown-timeout", "1", "--log-dir",
+                    str(tmp_path / "logs"), "--run-id", "r", str(ROOT / "tests" / "ranks" / "runaway.py"),
+                    str(sid_file), "0.001"),
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    sid = int(sid_file.read_text())  # every generation's session (and process group)
+
+    def left():
+        return [p.pid for p in process_table().values() if p.sid == sid and not p.zombie and _running(p.pid, "runaway.py")]
+
+    try:
+        assert done.returncode == 0 and "RUNAWAY STARTED" in done.stdout, done.stderr
+        for _ in range(10):  # (a line that escaped has a live member at every moment, but a read of the
+            assert left() == []  # table, one entry at a time, may miss the one of that moment)
+            time.sleep(0.02)
+        events = [e["event"] for e in read_events(tmp_path / "logs" / "r", while_written=True)]
+        assert "strays_killed" in events and "strays_left" not in events  # SIGTERM is ignored: SIGKILL ended it
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(sid, signal.SIGKILL)
 
 
 def test_sigkilled_ranktop_leaves_no_escaped_helper(tmp_path, helpers):
