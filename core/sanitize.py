@@ -8,7 +8,8 @@ string goes through `clean` before it reaches a widget (or, with --sanitize-cons
 - OSC, DCS, SOS, PM and APC strings are dropped whole, OSC 8 hyperlinks included: their link text,
   which sits outside the sequence, stays, followed by the target as plain text (`docs <https://x>`)
   unless the text already is the target, so a link still says where it goes but cannot be clicked;
-- CSI sequences are dropped, except SGR (colours, bold) when the caller keeps colours;
+- CSI sequences are dropped, except SGR (colours, bold) when the caller keeps colours and each of
+  its parameters has at most 8 digits;
 - other escape sequences (ESC 7, ESC c, ESC ( B ...) are dropped;
 - remaining C0 and C1 control characters are shown as visible symbols (U+2400 block: ␛ for a lone
   ESC, ␇ for BEL; a C1 character as ␛ and its 7-bit letter), so nothing invisible is lost;
@@ -38,7 +39,10 @@ _STRING = r"(?:\x1b[P\]X^_]|[\x90\x98\x9d\x9e\x9f])(?:[^\x07\x1b\x9c\n]|\x1b(?!\
 _CSI = r"(?:\x1b\[|\x9b)([\x30-\x3f]*)([\x20-\x2f]*)([\x40-\x7e]|\Z)"
 _OTHER_ESC = r"\x1b[\x20-\x2f]*[\x30-\x7e]"  # nF (ESC ( B), Fp/Fe/Fs (ESC 7, ESC M, ESC c)
 _SEQUENCE = re.compile(f"{_STRING}|{_CSI}|{_OTHER_ESC}")
-_SGR_PARAMS = re.compile(r"[0-9;:]*")
+# Parameters of at most 8 digits each: no terminal reads one longer (xterm stops at 65535), and
+# Rich, which reads the kept ones for the panes, raised on one of over 4300 digits (int()'s limit),
+# so that a rank's `ESC [ 9999...9 m` ended the TUI.
+_SGR_PARAMS = re.compile(r"(?:[0-9]{0,8}[;:])*[0-9]{0,8}")
 
 _TAB, _NEWLINE = 0x09, 0x0A
 

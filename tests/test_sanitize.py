@@ -110,6 +110,10 @@ def test_sgr_colours_are_kept_only_when_asked():
     assert clean(raw) == "red rgb"
     assert clean(f"{ESC}[31$mno", sgr=True) == "no"  # an intermediate byte: not an SGR
     assert clean("\x9b31mc1", sgr=True) == f"{ESC}[31mc1"  # 8-bit CSI rewritten to the 7-bit form
+    assert clean(f"{ESC}[38;5;00000196mx", sgr=True) == f"{ESC}[38;5;00000196mx"  # (8 digits)
+    # A parameter no terminal reads: Rich's int() of its 5000 digits raised, and the TUI ended.
+    assert clean(f"{ESC}[{'9' * 5000}mx{ESC}[1;{'2' * 9}my", sgr=True) == "xy"
+    assert parse_line(f"{ESC}[{'9' * 5000}mbig{ESC}[31m red".encode()).plain == "big red"
 
 
 def test_an_unterminated_sequence_is_dropped_to_the_end_of_its_line():
