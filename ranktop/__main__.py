@@ -2,6 +2,6 @@
 
 import sys
 
-from ranktop.tui.cli import main
+from ranktop.command import main
 
 sys.exit(main())

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT, ranktop_cmd, read_events, run_ranktop, wait_for
+from conftest import ROOT, marked_processes, ranktop_cmd, read_events, run_ranktop, wait_for
 from ranktop.core import LocalAgent, WorkerSpec
 from ranktop.core.signals import OUTSIDE_STOP_WINDOW, StopAction, StopRule
 
@@ -209,6 +209,39 @@ def test_sigquit_stops_the_run_like_sigterm_by_default(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+# Ranktop run with a SIGINT that is pending (sent, blocked) from the start and comes when `module`
+# is first looked for: a Ctrl-C at that moment of the start, whatever the machine's speed.
+_INTERRUPTED_AT = """\
+import os, signal, sys, runpy
+module = sys.argv.pop(1)
+class Unblock:
+    def find_spec(self, name, path=None, target=None):
+        if name == module:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+sys.meta_path.insert(0, Unblock())
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+os.kill(os.getpid(), signal.SIGINT)
+runpy.run_module("ranktop", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("module", [
+    "ranktop.tui.cli",  # the command line loading
+    "ranktop.core.context",  # the run being set up, before it handles signals
+])
+def test_a_ctrl_c_as_ranktop_starts_is_one_line(tmp_path, module):
+    """A SIGINT while ranktop loads, or before its run handles it, was a KeyboardInterrupt
+    traceback (an import's, or the command line's). It is one line now, exit 130, nothing left.
+    (Later the run's own handlers take it: `stopped by SIGINT`.)"""
+    done = subprocess.run([sys.executable, "-c", _INTERRUPTED_AT, module, "--headless", "--nproc-per-node", "2",
+                           "--log-dir", str(tmp_path), "--no-python", "sleep", "30"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+    assert "ranktop: interrupted (SIGINT)" in done.stderr, done.stderr
+    wait_for(lambda: not marked_processes(), what="nothing left running")
 
 
 @pytest.mark.parametrize("value", ["SIGKILL", "SIGNOPE", "SIG_IGN", "TERM"])

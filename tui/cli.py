@@ -22,6 +22,8 @@ from ranktop.core.signals import NOTICE_SIGNALS, hold_early_stops, parse_signal_
 from ranktop.core.stdio import escape_unencodable, guard_streams, reopen_closed_streams, report_lost, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, run_command, usage_error, usage_line
 
+from ranktop.command import interrupted
+
 
 def _number(flag: str, bounds: limits.Bounds):
     """An argparse type: the number in the text, within `bounds`, else one line naming `flag`."""
@@ -774,6 +776,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     collector.hold()  # released where start-up ends: the first frame, or the ranks started
     try:
         status = _run_command(argv)
+    except KeyboardInterrupt:  # a Ctrl-C before the command's own handling of it
+        status = interrupted()
     finally:
         collector.release()
     if "ranktop.core.agent" in sys.modules:
