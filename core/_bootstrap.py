@@ -15,15 +15,20 @@ from ranktop.core.mp_identity import assume
 loading_main = False
 
 
-def _load_main(path: str) -> None:
+def _load_main(path: str | None, name: str | None) -> None:
     # What multiprocessing's spawn does: the caller's script becomes __mp_main__ and stands in for
-    # __main__ so that pickled references like __main__.train resolve.
+    # __main__ so that pickled references like __main__.train resolve. A script the caller ran as
+    # `python -m pkg.mod` is run by that name, so that its relative imports find its package.
     global loading_main
     module = type(sys)("__mp_main__")
     sys.modules["__mp_main__"] = module
     loading_main = True
     try:
-        module.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
+        if name:
+            found = runpy.run_module(name, run_name="__mp_main__", alter_sys=True)
+        else:
+            found = runpy.run_path(path, run_name="__mp_main__")
+        module.__dict__.update(found)
     finally:
         loading_main = False
     sys.modules["__main__"] = module
@@ -53,8 +58,8 @@ def main() -> None:
         os.chdir(prep["cwd"])
         # named as torch's multiprocessing child would be, before the caller's script runs (as spawn's)
         assume(prep["process"])
-        if prep["main_path"]:
-            _load_main(prep["main_path"])
+        if prep["main_path"] or prep.get("main_name"):
+            _load_main(prep["main_path"], prep.get("main_name"))
         fn, args = pickle.load(f)
     peers = prep.get("peers", [])
 

@@ -99,13 +99,16 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
     from ranktop.core.mp_identity import next_identity
 
     main = sys.modules.get("__main__")
+    from_main = getattr(fn, "__module__", None) == "__main__"
     prep = {
         "sys_path": list(sys.path),
         "sys_argv": list(sys.argv),  # spawn's and fork's ranks see the caller's: argparse in fn reads it
         "cwd": os.getcwd(),
         # A function defined in the caller's script pickles as __main__.fn: the child must load
-        # that script (as __mp_main__, so its `if __name__ == "__main__"` block stays quiet).
-        "main_path": getattr(main, "__file__", None) if getattr(fn, "__module__", None) == "__main__" else None,
+        # that script (as __mp_main__, so its `if __name__ == "__main__"` block stays quiet), by
+        # its module name where it was run as `python -m pkg.mod`, as spawn loads it.
+        "main_path": getattr(main, "__file__", None) if from_main else None,
+        "main_name": _main_module_name(main) if from_main else None,
         "peers": list(peers),
         "process": next_identity(start_method),
     }
@@ -122,6 +125,15 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
                            "(a function rank is started afresh, not by multiprocessing: pass a Manager's instead, "
                            "manager.Queue())") from None
     return [sys.executable, *_rank_interpreter_flags(), "-c", _BOOTSTRAP, payload_path, result_path]
+
+
+def _main_module_name(main: Any) -> str | None:
+    """The module name the caller's script runs under when started as `python -m pkg.mod` (its
+    spec's), which a rank must import it by for its relative imports (`from . import x`) to
+    resolve: loaded by path, it has no package. None for a script run by path, and for a zip or
+    directory run as one (its spec is named __main__ itself)."""
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    return name if isinstance(name, str) and name != "__main__" else None
 
 
 def _rank_interpreter_flags() -> list[str]:

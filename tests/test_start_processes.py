@@ -1019,6 +1019,37 @@ def test_a_script_that_launches_without_a_main_guard_fails_its_rank_as_torchs_sp
     assert 'start ranks only under `if __name__ == "__main__":`' in done.stderr
 
 
+_PACKAGE_MAIN = """
+import sys
+from . import helper  # resolves only in a module run with its package: python -m pkg.train
+
+def train(x):
+    return helper.BASE + x
+
+if __name__ == "__main__":
+    from ranktop.core import start_processes
+    ctx = start_processes("t", train, {0: (1,)}, {0: {}}, sys.argv[1])
+    result = ctx.wait(60)
+    ctx.close()
+    print(result.return_values, {r: f.exitcode for r, f in result.failures.items()})
+"""
+
+
+def test_a_function_of_a_script_run_as_python_m_finds_its_package_as_torchs_spawn(tmp_path):
+    """A rank loads the caller's script by its module name where it was run as `python -m
+    pkg.train`, as multiprocessing's spawn (torch's ranks) loads it: loaded by path, its relative
+    import had no package, and the rank failed (ImportError) where torch's returned."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "helper.py").write_text("BASE = 41\n")
+    (tmp_path / "pkg" / "train.py").write_text(_PACKAGE_MAIN)
+    (tmp_path / "logs").mkdir()
+    done = subprocess.run([PY, "-m", "pkg.train", str(tmp_path / "logs")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "{0: 42} {}\n", done.stderr[-2000:]
+
+
 def _closed_then_waited(log_dir, fn, args, ready) -> list[tuple[dict, dict]]:
     """Start `fn` on len(args) function ranks, wait until `ready(ctx)`, close, then wait() twice:
     each wait's ({local rank: exit code} of its failures, its return values)."""
