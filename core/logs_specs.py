@@ -105,7 +105,7 @@ class DefaultLogsSpecs(LogsSpecs):
         call; where this restart count's directory is there already (the spec serves another
         call), a fresh run dir takes it. torch empties and reuses that directory instead: here the
         earlier call's files are kept, and nothing a rank left there is written into."""
-        name = f"attempt_{int(first.get('TORCHELASTIC_RESTART_COUNT', '0'))}"
+        name = f"attempt_{_restart_count(first)}"
         root = open_chosen_dir(str(self._root_log_dir), "log_dir", make=True)
         try:
             if self._run_log_dir is not None and _made_below(root, os.path.basename(self._run_log_dir), name):
@@ -146,6 +146,17 @@ class DefaultLogsSpecs(LogsSpecs):
             # In place, as torch does: the caller's envs are what the ranks get.
             envs[r]["TORCHELASTIC_ERROR_FILE"] = dest.error_files[r]
         return dest
+
+
+def _restart_count(env: Mapping[str, str]) -> int:
+    """Rank 0's TORCHELASTIC_RESTART_COUNT, which names the attempt's directory: UsageError (a
+    ValueError, one line naming it) for what is not a whole number (int()'s error named neither)."""
+    count = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    try:
+        return int(count)
+    except (TypeError, ValueError):
+        raise UsageError(f"envs[0]['TORCHELASTIC_RESTART_COUNT'] {quoted(str(count)[:40])}: expected the "
+                         "restart count, a whole number") from None
 
 
 def _made_below(root: Dir, run: str, name: str) -> bool:

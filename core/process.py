@@ -20,7 +20,7 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ranktop.core.guard import stat_fields
@@ -114,17 +114,36 @@ def python_call_argv(fn: Callable[..., Any], args: tuple, payload_path: str, res
     }
     import pickle  # function ranks only: a command line's start does not pay for it
 
+    with open(payload_path, "wb") as f:
+        pickle.dump(prep, f)
+        _dump_call(fn, args, f)
+    return [sys.executable, *_rank_interpreter_flags(), "-c", _BOOTSTRAP, payload_path, result_path]
+
+
+def check_sendable(fn: Callable[..., Any], args: Mapping[int, Any]) -> None:
+    """Raise, as a rank's start would, where `fn` or a rank's arguments cannot be sent to a new
+    process, before its caller makes anything: pickled into nothing (one more pass, no copy kept)."""
+
+    class Discard:
+        def write(self, data: bytes) -> int:
+            return len(data)
+
+    for r in sorted(args):
+        _dump_call(fn, args[r], Discard())
+
+
+def _dump_call(fn: Callable[..., Any], args: Any, f: Any) -> None:
+    """Pickle (fn, args) into `f`; what cannot be sent is one line naming the function or its arguments."""
+    import pickle
+
     try:
-        with open(payload_path, "wb") as f:
-            pickle.dump(prep, f)
-            pickle.dump((fn, tuple(args)), f)
+        pickle.dump((fn, tuple(args)), f)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise _not_sendable(fn, exc) from exc
     except RuntimeError as exc:  # a multiprocessing Queue, Lock, Pipe: only a multiprocessing start may send one
         raise RuntimeError(f"cannot send the arguments of {getattr(fn, '__qualname__', fn)!r} to a new process: {exc} "
                            "(a function rank is started afresh, not by multiprocessing: pass a Manager's instead, "
                            "manager.Queue())") from None
-    return [sys.executable, *_rank_interpreter_flags(), "-c", _BOOTSTRAP, payload_path, result_path]
 
 
 def _main_module_name(main: Any) -> str | None:

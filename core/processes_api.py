@@ -26,7 +26,7 @@ from ranktop.core.context import (
 from ranktop.core.layout import RunDir, checked_tempdir
 from ranktop.core.limits import ensure_fds_for
 from ranktop.core.output import STDERR, STDOUT
-from ranktop.core.process import refuse_while_loading_main
+from ranktop.core.process import check_sendable, refuse_while_loading_main
 from ranktop.core.spec import Std
 
 if TYPE_CHECKING:
@@ -83,6 +83,8 @@ def start_processes(
     nprocs = len(args)
     ensure_fds_for(nprocs)
     _check_ranks(args, envs)
+    if not callable(entrypoint):
+        _check_command(entrypoint, args)
     from ranktop.core.gpu import numa_options_binding  # NVML only when asked for
 
     cpu_affinity = numa_options_binding(opts["numa_options"], nprocs)
@@ -93,6 +95,7 @@ def start_processes(
     filters = {STDOUT: _filter_needles("duplicate_stdout_filters", opts["duplicate_stdout_filters"]),
                STDERR: _filter_needles("duplicate_stderr_filters", opts["duplicate_stderr_filters"])}
     if callable(entrypoint):
+        check_sendable(entrypoint, args)  # as each rank's start would, before anything is made
         checked_tempdir()  # where its pickles go (PContext.start): before the run directory is made
     run_dir = _run_dir(opts["log_dir"], specs, envs)
     cls = MultiprocessContext if callable(entrypoint) else SubprocessContext
@@ -218,15 +221,34 @@ def _check_args(args: Mapping[int, Any]) -> None:
 
 
 def _check_envs(envs: Mapping[int, Mapping[Any, Any]]) -> None:
-    """Each rank's variables, names and values, as text: TypeError (one line) naming the first that
-    is not. torch's binary ranks raise Popen's TypeError, which names neither rank nor variable,
-    once directories are made; its function ranks fail at their start instead."""
+    """Each rank's variables, names and values, as text Popen takes: TypeError (one line) naming
+    the first that is not text, ValueError (Popen's) for a NUL byte, or '=' in a name. torch's
+    binary ranks raise Popen's errors, which name neither rank nor variable, once directories are
+    made; its function ranks fail at their start instead."""
     for r in sorted(envs):
+        if not isinstance(envs[r], Mapping):
+            raise TypeError(f"envs[{r}] must map variable names to values, not {type(envs[r]).__name__}")
         for key, value in envs[r].items():
             for what, item in (("name", key), ("value", value)):
                 if not isinstance(item, (str, bytes, os.PathLike)):
                     raise TypeError(f"envs[{r}][{key!r}]: an environment variable's {what} must be text, "
                                     f"not {type(item).__name__}")
+                text = os.fsencode(item)
+                if b"\0" in text or (what == "name" and b"=" in text):
+                    held = "a NUL byte" if b"\0" in text else "'='"
+                    raise ValueError(f"envs[{r}][{key!r}]: an environment variable's {what} cannot hold {held}")
+
+
+def _check_command(binary: Any, args: Mapping[int, Any]) -> None:
+    """A binary rank's command line as the exec takes it: ValueError (one line) for a NUL byte in
+    the binary or in an argument (cast to str, as each rank's are), naming which, before anything
+    is made (Popen's "embedded null byte" named neither, its directories made)."""
+    if "\0" in str(binary):
+        raise ValueError(f"entrypoint {str(binary)!r}: a binary's path cannot hold a NUL byte")
+    for r in sorted(args):
+        for i, arg in enumerate(args[r]):
+            if "\0" in str(arg):
+                raise ValueError(f"args[{r}][{i}]: an argument cannot hold a NUL byte")
 
 
 def _filter_needles(what: str, given: Any) -> tuple[bytes, ...]:

@@ -470,6 +470,34 @@ def test_args_that_are_not_arguments_are_one_line_before_anything_is_made(tmp_pa
         assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("entrypoint, args, envs, error, message", [
+    (PY, {0: ("-c", "pass")}, {0: {"A": "x\0y"}}, ValueError,
+     r"envs\[0\]\['A'\]: an environment variable's value cannot hold a NUL byte"),
+    (rank_fns.double, {0: (1,)}, {0: {"A=B": "1"}}, ValueError,
+     r"envs\[0\]\['A=B'\]: an environment variable's name cannot hold '='"),
+    (PY, {0: ("-c", "pass")}, {0: None}, TypeError, r"envs\[0\] must map variable names to values, not NoneType"),
+    (PY, {0: ("-c", "pass"), 1: ("-c", "pa\0ss")}, {0: {}, 1: {}}, ValueError,
+     r"args\[1\]\[1\]: an argument cannot hold a NUL byte"),
+    (rank_fns.double, {0: (1,), 1: (threading.Lock(),)}, {0: {}, 1: {}}, ValueError,
+     r"cannot send the arguments of 'double' to a new process"),
+], ids=["nul-in-value", "equals-in-name", "envs-not-a-mapping", "nul-in-argument", "unpicklable-argument"])
+def test_what_the_ranks_start_would_refuse_is_one_line_before_anything_is_made(tmp_path, entrypoint, args, envs,
+                                                                              error, message):
+    """Popen's refusals ('embedded null byte', 'illegal environment variable name', naming neither
+    rank nor variable) and pickle's came at the rank's start, its directory made: the older form's
+    log_dir was then no longer empty, so the corrected call was refused too."""
+    with pytest.raises(error, match=f"^{message}"):
+        start_processes("t", entrypoint, args, envs, str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_restart_count_that_names_no_attempt_is_one_line_naming_it(tmp_path):
+    specs = DefaultLogsSpecs(log_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"^envs\[0\]\['TORCHELASTIC_RESTART_COUNT'\] 'x': expected the restart "):
+        start_processes("t", PY, {0: ("-c", "pass")}, {0: {"TORCHELASTIC_RESTART_COUNT": "x"}}, specs)
+    assert os.listdir(tmp_path) == []
+
+
 def test_bytes_in_envs_reach_the_rank_as_popen_takes_them(tmp_path):
     ctx = start_processes("t", PY, {0: ("-c", "import os; print(os.environ['A'])")}, {0: {b"A": b"bytes"}},
                           str(tmp_path), redirects=Std.OUT)
