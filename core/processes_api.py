@@ -233,7 +233,11 @@ def _check_envs(envs: Mapping[int, Mapping[Any, Any]]) -> None:
                 if not isinstance(item, (str, bytes, os.PathLike)):
                     raise TypeError(f"envs[{r}][{key!r}]: an environment variable's {what} must be text, "
                                     f"not {type(item).__name__}")
-                text = os.fsencode(item)
+                try:
+                    text = os.fsencode(item)
+                except UnicodeEncodeError:  # a lone surrogate: no bytes stand for it
+                    raise ValueError(f"envs[{r}][{key!r}]: an environment variable's {what} cannot be "
+                                     "encoded for the ranks") from None
                 if b"\0" in text or (what == "name" and b"=" in text):
                     held = "a NUL byte" if b"\0" in text else "'='"
                     raise ValueError(f"envs[{r}][{key!r}]: an environment variable's {what} cannot hold {held}")
