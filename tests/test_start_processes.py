@@ -475,12 +475,14 @@ def test_args_that_are_not_arguments_are_one_line_before_anything_is_made(tmp_pa
      r"envs\[0\]\['A'\]: an environment variable's value cannot hold a NUL byte"),
     (rank_fns.double, {0: (1,)}, {0: {"A=B": "1"}}, ValueError,
      r"envs\[0\]\['A=B'\]: an environment variable's name cannot hold '='"),
+    (PY, {0: ("-c", "pass")}, {0: {"A": "\ud800"}}, ValueError,
+     r"envs\[0\]\['A'\]: an environment variable's value cannot be encoded for the ranks"),
     (PY, {0: ("-c", "pass")}, {0: None}, TypeError, r"envs\[0\] must map variable names to values, not NoneType"),
     (PY, {0: ("-c", "pass"), 1: ("-c", "pa\0ss")}, {0: {}, 1: {}}, ValueError,
      r"args\[1\]\[1\]: an argument cannot hold a NUL byte"),
     (rank_fns.double, {0: (1,), 1: (threading.Lock(),)}, {0: {}, 1: {}}, ValueError,
      r"cannot send the arguments of 'double' to a new process"),
-], ids=["nul-in-value", "equals-in-name", "envs-not-a-mapping", "nul-in-argument", "unpicklable-argument"])
+], ids=["nul-in-value", "equals-in-name", "unencodable-value", "envs-not-a-mapping", "nul-in-argument", "unpicklable-argument"])
 def test_what_the_ranks_start_would_refuse_is_one_line_before_anything_is_made(tmp_path, entrypoint, args, envs,
                                                                               error, message):
     """Popen's refusals ('embedded null byte', 'illegal environment variable name', naming neither
