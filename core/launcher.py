@@ -18,6 +18,7 @@ from typing import Any
 
 from ranktop.core.errors import ChildFailedError, SignalException, UsageError
 from ranktop.core.limits import COUNT, MONITOR_SECONDS, NNODES, NPROC, SECONDS, check_timeout
+from ranktop.core.sanitize import quoted
 
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torch's: the grace when the config names none
 
@@ -64,9 +65,19 @@ class LaunchConfig:
 
             self.logs_specs = DefaultLogsSpecs()
         if self.shutdown_timeout is None:
-            self.shutdown_timeout = SECONDS.parse(SHUTDOWN_TIMEOUT_ENV, os.environ.get(SHUTDOWN_TIMEOUT_ENV, "30"))
+            self.shutdown_timeout = _shutdown_timeout_from_env()
         else:
             check_timeout("shutdown_timeout", self.shutdown_timeout)
+
+
+def _shutdown_timeout_from_env() -> float:
+    """torch's grace where the config names none; a bad value is named as the variable, as the
+    command line names it."""
+    text = os.environ.get(SHUTDOWN_TIMEOUT_ENV, "30")
+    try:
+        return float(SECONDS.parse(SHUTDOWN_TIMEOUT_ENV, text))
+    except UsageError:
+        raise UsageError(f"bad {SHUTDOWN_TIMEOUT_ENV}={quoted(text)}: expected {SECONDS.describe()}") from None
 
 
 class elastic_launch:  # noqa: N801 - torch's name

@@ -14,6 +14,7 @@ import os
 import resource
 
 from ranktop.core.errors import UsageError
+from ranktop.core.sanitize import quoted
 from ranktop.core.value import Value
 
 # The longest time ranktop waits on anything (a grace, an interval, a stall). Beyond a week it is a
@@ -67,12 +68,13 @@ class Bounds(Value):
         return value
 
     def parse(self, name: str, text: str) -> int | float:
-        """The number written in `text` (as a user typed it), checked; UsageError otherwise."""
+        """The number written in `text` (as a user typed it), checked; UsageError otherwise, the
+        text quoted as typed (an empty one, `--linger=`, would vanish from the line unquoted)."""
         try:
             value: int | float = int(text) if self.whole else float(text)
-        except ValueError:
-            raise UsageError(f"bad {name} {text}: expected {self.describe()}") from None
-        self.check(name, value, shown=text)
+        except ValueError:  # not a number, or more digits than int() reads (4300)
+            raise UsageError(f"bad {name} {quoted(text)}: expected {self.describe()}") from None
+        self.check(name, value, shown=quoted(text))
         return value
 
 

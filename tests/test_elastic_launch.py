@@ -340,7 +340,7 @@ def test_bad_config_values_are_one_line_errors(tmp_path, changes, message):
 
 @pytest.mark.parametrize(("env", "message"), [
     ({"shutdown_timeout": -1}, "bad shutdown_timeout -1: expected a number of seconds from 0"),
-    ({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "soon"}, "bad TORCH_ELASTIC_SHUTDOWN_TIMEOUT soon: expected a number"),
+    ({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "soon"}, "bad TORCH_ELASTIC_SHUTDOWN_TIMEOUT='soon': expected a number"),
     ({"rdzv_configs": "timeout=5"}, "bad rdzv_configs 'timeout=5': expected a dict"),
 ])
 def test_bad_values_are_refused_as_the_config_is_made(tmp_path, monkeypatch, env, message):

@@ -247,7 +247,7 @@ BAD = [
     (["--metric", "(" * 5000, S], {}, "ranktop: error: bad --metric '((((("),  # RecursionError
     (["--nproc-per-node", "gpu", S], {"RANKTOP_FAKE_GPUS": "2", "CUDA_VISIBLE_DEVICES": "²"},
      "ranktop: error: bad --nproc-per-node gpu: no GPU found"),
-    (["--node-rank", "\x1b[31m1\nX", S], {}, "ranktop: error: bad --node-rank ␛[31m1␊X: expected a whole number"),
+    (["--node-rank", "\x1b[31m1\nX", S], {}, "ranktop: error: bad --node-rank '␛[31m1␊X': expected a whole number"),
     (["--role", "\x1b]0;title\x07", S], {}, "ranktop: error: bad role '␛]0;title␇': control characters"),
     (["--role", "a\udcff", S], {}, "ranktop: error: bad role 'a\\xff': control characters (escape sequences, "
                                    "newlines) or bytes that are not UTF-8"),
