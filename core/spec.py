@@ -33,7 +33,10 @@ class Std(enum.IntFlag):
             return cls(int(text))
         if re.fullmatch(r"\d+:[0-3](,\d+:[0-3])*", text):
             pairs = (item.split(":") for item in text.split(","))
-            return {int(rank): cls(int(flag)) for rank, flag in pairs}
+            try:
+                return {int(rank): cls(int(flag)) for rank, flag in pairs}
+            except ValueError:  # a rank of more digits than int() reads (4300): Python's words said only that
+                pass
         raise ValueError(
             f"bad stream spec {quoted(vm)}: expected 0-3 (0 none, 1 stdout, 2 stderr, 3 both) "
             "or a per-rank map like '0:3,1:1'"

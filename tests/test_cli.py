@@ -505,7 +505,10 @@ BAD_INPUT = [
     (["-j", "x4", "{script}"], "bad -j 'x4'"),
     (["-j", "1:2:3x4", "{script}"], "bad -j '1:2:3x4': expected N, NxM or MIN:MAXxM"),
     (["--redirects", "0:5", "{script}"], "bad -r/-t: bad stream spec '0:5'"),
+    # a rank of more digits than int() reads (4300): this was Python's 'Exceeds the limit' words
+    (["-t", "1" * 5000 + ":3", "{script}"], "bad -r/-t: bad stream spec '11111"),
     (["--local-ranks-filter", "a", "{script}"], "bad --local-ranks-filter 'a'"),
+    (["--local-ranks-filter", "0," + "1" * 5000, "{script}"], "bad --local-ranks-filter '0,111"),
     (["--log-dir", "{file}", "{script}"], "it is not a directory"),
     (["--log-dir", "/proc/ranktop-test", "{script}"], "cannot write there"),
     (["--master-port", "70000", "{script}"], "bad --master-port '70000': expected a whole number from 0 to 65535"),

@@ -215,6 +215,11 @@ BAD = [
     # flags read once the line is parsed: these were named as the flag, which the line does not hold
     ([S], {"PET_NNODES": ""}, "ranktop: error: bad PET_NNODES='': bad --nnodes '': expected N or MIN:MAX"),
     ([S], {"PET_TEE": "9"}, "ranktop: error: bad PET_TEE='9': bad stream spec '9': expected 0-3"),
+    # a rank or a count of more digits than int() reads (4300): the map's was Python's 'Exceeds the limit'
+    ([S], {"PET_TEE": f"{'1' * 5000}:3"},
+     f"ranktop: error: bad PET_TEE='{'1' * 5000}:3': bad stream spec '{'1' * 5000}:3': expected 0-3"),
+    ([S], {"PET_NNODES": "1" * 5000},
+     f"ranktop: error: bad PET_NNODES='{'1' * 5000}': bad --nnodes '{'1' * 5000}': expected N or MIN:MAX"),
     ([S], {"PET_LOCAL_RANKS_FILTER": "0,"}, "ranktop: error: bad PET_LOCAL_RANKS_FILTER='0,': bad --local-ranks"),
     ([S], {"PET_ROLE": "w\x1b[2J"}, "ranktop: error: bad PET_ROLE='w␛[2J': bad role 'w␛[2J': control characters"),
     (["--nproc", "2", S], {}, "ranktop: error: ambiguous option: --nproc could match"),
