@@ -726,6 +726,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
     # ----- snapshots ---------------------------------------------------------------------------
     def _on_rank_event(self, event: dict) -> None:
         name = event.pop("event")
+        if name == "exited":  # (a stall it ended in is answered first: stall_cleared, or `stalled` here)
+            event["stalled"] = self._ended_stalled(event["local_rank"], event["rank"])
         self.events.write(name, attempt=self.attempt, **event)
         if name == "console_lost":  # said on the other stream, the one that may still be read
             lost_told(event["stream"])  # (not again at ranktop's end)
@@ -755,6 +757,12 @@ class LocalAgent(AgentRendezvous, AgentCommands):
     def _check_stalls(self) -> None:
         if self.stall_timeout:
             self._stalls.check(self.pcontext.slots, self._rank_snapshot, self.spec.global_rank)
+
+    def _ended_stalled(self, local_rank: int, rank: int) -> bool:
+        """Whether the rank that just ended was stalled still (reported, silent since). Called as
+        its process is reaped, by the thread that runs the monitor loop, which owns the StallWatch."""
+        pc = self.pcontext
+        return pc is not None and self._stalls.rank_ended(pc.slots, local_rank, rank)
 
     def _rank_state(self, slot: Any, now: float) -> RankState:
         # Stalled is read off the ring each time, not off the monitor's last pass: a rank that

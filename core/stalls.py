@@ -19,6 +19,10 @@ from ranktop.core.prompts import PROMPT_LOOK
 from ranktop.core.state import RankSnapshot
 
 SUSPENDED_GAP = 2.0  # seconds a monitor pass may come late before ranktop counts as having been stopped
+# Seconds a rank reported stalled that ends on its own may take to have its pipes read to their
+# end: its last lines tell whether it spoke again before it ended (a helper that holds them open
+# costs this wait once).
+END_DRAIN = 0.2
 
 
 class StallWatch:
@@ -36,6 +40,9 @@ class StallWatch:
         # Local ranks reported stalled -> when to look again whether one waits for input (monotonic;
         # None once it was said to): a rank may reach its prompt after it was reported stalled.
         self._stalled: dict[int, float | None] = {}
+        # Local ranks reported stalled -> when each had last spoken as it was (None: never): one
+        # that ends has spoken again if it printed after that.
+        self._quiet_since: dict[int, float | None] = {}
         # When the monitor last passed (monotonic), and since when ranks may count as silent (wall
         # time): a pass far later than its wait means ranktop itself was stopped (Ctrl-Z, SIGSTOP)
         # or the machine slept, and the ranks' silence meanwhile is not theirs (`note_gap`).
@@ -48,6 +55,7 @@ class StallWatch:
     def new_group(self) -> None:
         """The group starts (again): no rank of it was reported stalled."""
         self._stalled.clear()
+        self._quiet_since.clear()
 
     def check(self, slots: Sequence[Any], snapshot: Callable[[Any, float], RankSnapshot],
               global_rank: Callable[[int], int]) -> None:
@@ -69,13 +77,15 @@ class StallWatch:
                 if snap.cpu_percent is None and not snap.input_prompt and silent < timeout + self._cpu_wait():
                     continue
                 self._stalled[r] = None if snap.input_prompt else time.monotonic() + PROMPT_LOOK
+                self._quiet_since[r] = self.spoke_at(slot)
                 self._events.write("stall_detected", rank=snap.rank, local_rank=r, silent_s=round(silent, 1),
                                    input_prompt=snap.input_prompt, cpu_percent=snap.cpu_percent,
                                    gpu_util=snap.gpu.util_percent if snap.gpu else None)
                 reported.append(snap)
             elif r in self._stalled and (silent < timeout or not slot.alive):
                 del self._stalled[r]
-                if slot.alive:
+                self._quiet_since.pop(r, None)
+                if slot.alive:  # (an ended rank's stall was answered as it ended: rank_ended)
                     self._events.write("stall_cleared", rank=global_rank(r), local_rank=r)
             elif (look := self._stalled.get(r)) is not None and time.monotonic() >= look:
                 snap = snapshot(slot, now)
@@ -83,6 +93,24 @@ class StallWatch:
                     reported.append(snap)
         if reported and self._on_stalls:
             self._on_stalls(reported)
+
+    def rank_ended(self, slots: Sequence[Any], local_rank: int, rank: int) -> bool:
+        """A rank's process ended; its `exited` event is written next. A rank reported stalled
+        that printed since is cleared first (`stall_cleared`), as the next pass would have done
+        had it lived to it; True when it ended still stalled, which its `exited` event says. So
+        each stall_detected is answered: a rank that printed and ended within one monitor pass of
+        its report left its stall open."""
+        if local_rank not in self._stalled:
+            return False
+        del self._stalled[local_rank]
+        quiet_since = self._quiet_since.pop(local_rank, None)
+        slot = slots[local_rank]
+        if not slot.stopped_by_us:  # (ranks we stop end by the dozen: none waits on another's pipes)
+            slot.proc.output_drained(END_DRAIN)
+        if (self.spoke_at(slot) or 0.0) > (quiet_since or 0.0):
+            self._events.write("stall_cleared", rank=rank, local_rank=local_rank)
+            return False
+        return True
 
     def _prompt_after_stall(self, slot: Any, silent: float, snap: RankSnapshot) -> bool:
         """A rank reported stalled that has come to wait for input since (its own input() after a

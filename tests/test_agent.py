@@ -252,14 +252,25 @@ def test_a_rank_the_user_killed_is_the_user_action_not_one_ranktop_stopped(tmp_p
 
 
 def test_stall_detection_marks_silent_rank_and_clears(tmp_path):
+    """Each stall_detected is answered: by stall_cleared once the rank prints again, also when it
+    prints and ends within one monitor pass (rank 2: nothing answered it), else by its `exited`
+    saying it ended stalled (rank 3)."""
     stalls = []
-    agent = make_agent(tmp_path, shutdown_timeout=5, code="""
+    agent = make_agent(tmp_path, n=4, shutdown_timeout=5, code=f"""
         import os, time
-        if os.environ["RANK"] == "1":
+        rank = os.environ["RANK"]
+        if rank == "1":
             print("quiet now", flush=True)
             time.sleep(1.0)
             print("back", flush=True)
             time.sleep(60)
+        if rank in ("2", "3"):
+            print("quiet now", flush=True)
+            while not os.path.exists({str(tmp_path / "go")!r} + rank):  # the test saw its stall
+                time.sleep(0.01)
+            if rank == "2":
+                os.write(1, b"back\\n")  # and at once gone: no monitor pass in between
+            os._exit(0)
         while True:
             print("tick", flush=True)
             time.sleep(0.05)
@@ -272,12 +283,23 @@ def test_stall_detection_marks_silent_rank_and_clears(tmp_path):
         wait_for(lambda: run.rank(1).state == RankState.RUNNING, what="rank 1 back")
         # The state is read off the output at once; the monitor logs the change on its next pass.
         wait_for(lambda: ("stall_cleared", 1) in _event_kinds(agent), what="the stall_cleared event")
+        wait_for(lambda: {("stall_detected", 2), ("stall_detected", 3)} <= set(_event_kinds(agent)),
+                 what="ranks 2 and 3 reported stalled")
+        for rank in (2, 3):
+            (tmp_path / f"go{rank}").touch()
+        wait_for(lambda: run.rank(2).state == run.rank(3).state == RankState.SUCCEEDED, what="ranks 2 and 3 ended")
     finally:
         agent.stop()
         run.join()
     assert [s.rank for s in stalls][:1] == [1]
     kinds = _event_kinds(agent)
     assert ("stall_detected", 1) in kinds and ("stall_cleared", 1) in kinds
+    ends = [(e["event"], e.get("stalled")) for e in read_events(agent.run_dir)
+            if e.get("rank") == 2 and e["event"] in ("stall_detected", "stall_cleared", "exited")]
+    assert ends == [("stall_detected", None), ("stall_cleared", None), ("exited", False)], ends
+    ends = [(e["event"], e.get("stalled")) for e in read_events(agent.run_dir)
+            if e.get("rank") == 3 and e["event"] in ("stall_detected", "stall_cleared", "exited")]
+    assert ends == [("stall_detected", None), ("exited", True)], ends
 
 
 def test_a_rank_is_paused_as_the_kernel_says_whoever_stopped_it():
