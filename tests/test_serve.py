@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import psutil
 import pytest
@@ -313,7 +314,8 @@ def silent(tmp_path_factory) -> dict[str, dict]:
         said = run_each_in([(found[name]["env"], args) for name, args in batch])
         for (name, args), done in zip(batch, said, strict=True):
             found[name].setdefault("said", {})[args] = done
-        found["x"]["said"]["stacks", "--no-save", "x"] = run_ranktop("stacks", "--no-save", "x", env=found["x"]["env"])
+        for args in (("stacks", "--no-save", "x"), ("stacks", "--no-save")):
+            found["x"]["said"][args] = run_ranktop(*args, env=found["x"]["env"])
         proc = found["frozen"]["proc"]
         proc.send_signal(signal.SIGCONT)
         found["frozen"]["stopped"] = run_ranktop("stop", "frozen", env=found["frozen"]["env"])
@@ -354,9 +356,17 @@ def _jam_a_headless_run(stack: contextlib.ExitStack, part: dict) -> None:
 def _freeze_a_detached_run(stack: contextlib.ExitStack, part: dict) -> None:
     env, at = part["env"], part["dir"]
     (at / "ticker.py").write_text(TICKER)
+    # An older run that answers, which `stacks` with no target took: x, started last, is the newest
+    from fake_engine import FakeEngine
+    from ranktop.core.server import serve
+
+    with mock.patch.dict(os.environ, {"XDG_RUNTIME_DIR": env["XDG_RUNTIME_DIR"]}):
+        server, problem = serve(FakeEngine(1), ["older"])
+    assert problem is None
+    stack.callback(server.close)
     done = run_ranktop("--detach", "--run-id", "x", str(at / "ticker.py"), env=env)
     assert done.returncode == 0, done.stderr
-    (run,) = ls(env)
+    (run,) = [r for r in ls(env) if r["run_id"] == "x"]
     part["run"] = run
     stack.callback(wait_for, lambda: gone(run["pid"]), what="the engine gone")
     stack.callback(run_ranktop, "stop", "x", env=env)
@@ -428,8 +438,9 @@ def test_a_silent_engine_named_by_its_run_directory_is_said_not_to_answer(silent
     assert elsewhere.returncode == 1 and "its engine went away before the run's end" in elsewhere.stderr
     # `stacks` of it dumps its ranks from here, as given a pid: the hang may be the engine's own
     # (it said only that the engine does not answer, exit 1)
-    for target in (run_dir, "x"):
-        done = said["stacks", "--no-save", target]
+    # so is it with no target, the newest run, not an older one that answers (dumped with no word)
+    for args in (("stacks", "--no-save", run_dir), ("stacks", "--no-save", "x"), ("stacks", "--no-save")):
+        done = said[args]
         assert done.stderr == silent_line.replace("ranktop:", "ranktop stacks:").replace(
             "answer\n", "answer: its ranks are dumped from here\n"), done.stderr
         assert done.returncode == 0 and "1 of 1 ranks dumped" in done.stdout, done.stdout

@@ -114,12 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = served_runs()  # (once: each silent engine costs its time-out)
     if ns.target is not None and _is_pid(ns.target) and _live_pid(ns.target):
         return _dump_found(ns.target, ns, runs)  # (a pid wins over a run id that starts with its digits)
-    named = _named_run(ns.target, runs)
+    named = _newest_run(runs, ns) if ns.target is None else _named_run(ns.target, runs)
     if isinstance(named, int):
         return named
     if isinstance(named, FinalEngine):  # its ranks have all ended: final.json is written after them
         return _no_ranks(named)
-    if isinstance(named, ServedRun) and not ns.signal and (run_dir := _silent_runs_dir(named, ns.target)):
+    if isinstance(named, ServedRun) and not ns.signal and (run_dir := _silent_runs_dir(named, ns.target or named.run_id)):
         # Its ranks are dumped from here, as given a pid: a hang may be its engine's own (stopped,
         # swamped), and it was only said not to answer, where py-spy could still read its ranks.
         # (Not --signal's dumps: they reach the ranks' logs through that engine.)
@@ -131,6 +131,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(named, _Unfinished):  # read as its directory is: a rank may outlive its engine
         return _dump_found(named.run_dir, ns, runs, unfinished=True)
     return _dump_found(named, ns, runs)
+
+
+def _newest_run(runs: Sequence[ServedRun], ns: argparse.Namespace) -> ServedRun | str | None | int:
+    """No target: the newest running served run, as `_named_run` finds it, where a run whose
+    engine does not answer counts by when that engine started, as against the engine of the run
+    found (it cannot say when its run did, and `ls` lists it last): the newest run is likely the
+    hung one. One newer than the run found is dumped instead (from here) where its id names its
+    directory in the default log directory; else the run found is, after one line that names
+    both: it was dumped with nothing said but its `saved:` path."""
+    from ranktop.core.client import NOT_ANSWERING, ServedRun
+
+    named = _named_run(None, runs)
+    answering = isinstance(named, ServedRun) and named.seen
+    # (both by their engines' starts, as the kernel tells them: its clock and time.time() differ
+    # by up to a second, its boot time's fraction)
+    started = _engine_started(named) if answering else None
+    if answering and started is None:
+        return named
+    silent = [(when, run) for run in runs if run.snapshot.get("state") == NOT_ANSWERING
+              and (when := _engine_started(run)) is not None and (started is None or when > started)]
+    if not silent:
+        return named
+    newer = max(silent, key=lambda found: found[0])[1]
+    if not answering or (not ns.signal and _silent_runs_dir(newer, newer.run_id)):
+        return newer
+    print(clean(f"ranktop stacks: {newer.run_id}, the newest run, does not answer (the engine at {newer.path}): "
+                f"dumping {named.run_id}, the newest that does"
+                + ("" if ns.signal else f"; give {newer.run_id}'s run directory to dump its ranks from here")),
+          file=sys.stderr)
+    return named
+
+
+def _engine_started(run: ServedRun) -> float | None:
+    """When the engine serving `run` started (its socket's listener), or None where unknown."""
+    if run.pid is None:
+        return None
+    try:
+        return psutil.Process(run.pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def _silent_runs_dir(run: ServedRun, target: str | None) -> str | None:
