@@ -452,6 +452,45 @@ def test_no_ptrace_permission_says_how_to_get_it(monkeypatch):
     assert "SYS_PTRACE" in s.hint and "ptrace_scope" in s.hint
 
 
+@pytest.mark.skipif(not shutil.which("strace") or not shutil.which("timeout"), reason="needs strace and timeout")
+def test_a_rank_another_tracer_holds_is_said_so_and_another_dumps_hold_is_waited_out(tmp_path):
+    """Two dumps of one rank at once (two `ranktop stacks`): py-spy cannot suspend a process that
+    another tracer holds and says only EPERM, which read `no-permission` with the ptrace hint. A
+    tracer that stays (strace here, a debugger) is named; another py-spy's hold is waited out, within
+    the dump's time, and the dump made."""
+    from ranktop.core.stacks.procs import tracer_of
+
+    strace = shutil.which("strace")
+    fake_spy = tmp_path / "py-spy"  # another dump's py-spy, as its tracer's name says: strace by that name
+    fake_spy.symlink_to(strace)
+    proc = subprocess.Popen([PY, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE)
+    tracers = []
+    try:
+        proc.stdout.readline()
+        tracers.append(subprocess.Popen([strace, "-p", str(proc.pid), "-o", os.devnull], stderr=subprocess.DEVNULL))
+        wait_for(lambda: tracer_of(proc.pid) == (tracers[0].pid, "strace"), what="strace attached")
+        (traced,) = stacks.dump_pids({0: proc.pid}).ranks
+        tracers[0].terminate()  # (strace lets go on SIGTERM)
+        tracers[0].wait(10)
+        # it lets go of its own 0.7 s after it starts: py-spy's first try meets it
+        tracers.append(subprocess.Popen(["timeout", "0.7", str(fake_spy), "-p", str(proc.pid), "-o", os.devnull],
+                                        stderr=subprocess.DEVNULL))
+        wait_for(lambda: (tracer_of(proc.pid) or (0, ""))[1] == "py-spy" or tracers[1].poll() is not None,
+                 what="the other py-spy attached")
+        (waited,) = stacks.dump_pids({0: proc.pid}).ranks
+    finally:
+        for tracer in tracers:
+            tracer.terminate()  # (timeout passes it on to its strace)
+            tracer.wait(10)
+        proc.kill()
+        proc.wait()
+    assert (traced.status, traced.reason) == (StackStatus.FAILED, f"traced by another process, strace (pid "
+                                              f"{tracers[0].pid}): py-spy cannot suspend it while it is"), traced
+    assert "strace's Ctrl-C" in traced.hint
+    assert waited.status == StackStatus.OK, waited
+
+
 @pytest.mark.parametrize("args", [
     ("stacks", "/no/such/dir"), ("stacks", "999999999"), ("stacks", "--bogus", "1"),
     ("stacks", "not a pid"), ("stacks", "/"),

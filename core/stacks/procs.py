@@ -22,6 +22,25 @@ def gone_reason(pid: int) -> str | None:
     return None
 
 
+def tracer_of(pid: int) -> tuple[int, str] | None:
+    """(pid, name) of the process that ptraces `pid` (a debugger, strace, another py-spy's dump),
+    or None when none does (or it cannot be read). py-spy cannot suspend a process another tracer
+    holds, and says only EPERM."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            field = next((line for line in f if line.startswith(b"TracerPid:")), b"TracerPid:\t0")
+        tracer = int(field.split(b":", 1)[1])
+    except (OSError, ValueError):
+        return None
+    if tracer <= 0:
+        return None
+    try:
+        name = psutil.Process(tracer).name()
+    except psutil.Error:
+        name = "?"
+    return tracer, name
+
+
 def is_paused(pid: int) -> bool:
     """Whether `pid` is stopped by a signal (SIGSTOP, the TUI's `x` STOP, SIGTSTP, SIGTTIN at a read
     of its terminal): it runs nothing, a signal handler included, until SIGCONT."""

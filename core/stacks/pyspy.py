@@ -22,9 +22,10 @@ from typing import Any
 import psutil
 from ranktop.core.events import EventLog
 from ranktop.core.layout import RunDir
+from ranktop.core.sanitize import clean
 from ranktop.core.stacks.grouping import build_report
 from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack, snapshot_facts
-from ranktop.core.stacks.procs import HeldProcess, children_of, gone_reason, is_paused
+from ranktop.core.stacks.procs import HeldProcess, children_of, gone_reason, is_paused, tracer_of
 from ranktop.core.stacks.saving import save_report
 from ranktop.core.strays import own_tool
 
@@ -39,6 +40,9 @@ PTRACE_HINT = (
     "`--cap-add SYS_PTRACE`; the SIGUSR1 fallback needs no ptrace (`u` in the stack view, "
     "`ranktop stacks --signal`)"
 )
+# Another py-spy's dump holds a process for a moment (two `ranktop stacks` at once): waited for at
+# most this share of what is left of the dump's time, then py-spy is run once more.
+TRACER_WAIT_SHARE = 0.5
 NO_PY_SPY_HINT = ("install py-spy (`pip install py-spy`) or use the SIGUSR1 fallback (`u` in the stack view, "
                   "`ranktop stacks --signal`)")
 
@@ -94,7 +98,7 @@ def dump_pid(pid: int, rank: int = 0, local_rank: int | None = None, *, native: 
     argv = [spy, "dump", "--pid", str(target), "--json", *(["--native"] if native_frames else []),
             *(["--nonblocking"] if paused else [])]
     try:
-        returncode, stdout, stderr = _run_py_spy(argv, timeout)
+        returncode, stdout, stderr = _run_py_spy_once_more_if_held(argv, target, timeout)
     except subprocess.TimeoutExpired:
         return RankStack(**base, status=StackStatus.FAILED, reason=f"py-spy did not answer within {timeout:g}s",
                          hint="the process may be in uninterruptible sleep (D state); try the SIGUSR1 fallback")
@@ -122,6 +126,35 @@ MAX_PY_SPY_OUTPUT = 64 << 20  # bytes: a rank's frames and names are its to choo
 
 class TooMuchOutput(Exception):
     """py-spy wrote more than MAX_PY_SPY_OUTPUT bytes: not read on (eight ranks at once would hold it all)."""
+
+
+def _run_py_spy_once_more_if_held(argv: list[str], pid: int, timeout: float) -> tuple[int, str, str]:
+    """_run_py_spy, run once more where it could not suspend `pid` because another py-spy held it
+    (another dump of it at that moment), once that one has let go: within `timeout` in all."""
+    deadline = time.monotonic() + timeout
+    returncode, stdout, stderr = _run_py_spy(argv, timeout)
+    if returncode != 0 and _suspend_refused(stderr) and _let_go(pid, deadline):
+        returncode, stdout, stderr = _run_py_spy(argv, max(0.0, deadline - time.monotonic()))
+    return returncode, stdout, stderr
+
+
+def _suspend_refused(stderr: str) -> bool:
+    """py-spy's error where the kernel refused to let it attach (EPERM): a process another tracer
+    holds, or one it may not trace at all. (Where it may not even read the process, it says
+    `Permission Denied: Try running again with elevated permissions`.)"""
+    lowered = stderr.lower()
+    return "failed to suspend process" in lowered or "operation not permitted" in lowered
+
+
+def _let_go(pid: int, deadline: float) -> bool:
+    """Whether `pid` has no tracer, or only another py-spy that lets go of it within its share of
+    the time to `deadline` (a debugger or strace holds it for as long as a person wants)."""
+    wait_until = time.monotonic() + TRACER_WAIT_SHARE * max(0.0, deadline - time.monotonic())
+    while (tracer := tracer_of(pid)) is not None:
+        if tracer[1] != "py-spy" or time.monotonic() >= wait_until:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _run_py_spy(argv: list[str], timeout: float) -> tuple[int, str, str]:
@@ -199,6 +232,11 @@ def classify_py_spy_error(stderr: str, pid: int) -> tuple[StackStatus, str, str 
     gone = gone_reason(pid)
     if gone:
         return StackStatus.GONE, gone, None
+    if _suspend_refused(text) and (tracer := tracer_of(pid)) is not None:
+        tracer_pid, name = tracer
+        return (StackStatus.FAILED, f"traced by another process, {clean(name)} (pid {tracer_pid}): py-spy cannot "
+                "suspend it while it is", f"dump it once {clean(name)} lets go of it (a debugger's `detach`, "
+                "strace's Ctrl-C)")
     if "permission denied" in lowered or "operation not permitted" in lowered:
         return StackStatus.NO_PERMISSION, "no permission to read the process (ptrace)", PTRACE_HINT
     if "python version" in lowered or "python interpreter" in lowered or "find python" in lowered:
