@@ -73,6 +73,7 @@ _widened: set[int] = set()  # our descriptors of pipes we asked 1 MiB for (each 
 _PIPE_EXEMPTING_CAPS = (1 << 24) | (1 << 21)  # CAP_SYS_RESOURCE, CAP_SYS_ADMIN
 
 
+@functools.cache  # (read once: a launch of 128 ranks asks for 256 pipes)
 def exempt_from_pipe_limits() -> bool:
     """Whether our effective capabilities free us from the per-user pipe limits."""
     try:
