@@ -22,7 +22,7 @@ from typing import Any
 from ranktop.core import commands as cmd
 from ranktop.core import protocol
 from ranktop.core.engine import FIRST_LOOK_LINES, OutputCursor
-from ranktop.core.errors import read_at_most
+from ranktop.core.errors import file_kind, read_at_most
 from ranktop.core.events import recorded_seal, run_started
 from ranktop.core.layout import FINAL_FILE, FINAL_KEY, STACKS, final_seal_of, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
@@ -789,6 +789,8 @@ class FinalEngine:
         # local rank -> names from the run directory to its stdout.log, its stderr.log
         self._stdout_logs: dict[int, list[str]] = {}
         self._stderr_logs: dict[int, list[str]] = {}
+        # (local rank, file name, why) of log files found but not read: not a plain file below the run
+        self.left_out: list[tuple[int, str, str]] = []
         ranks = tuple(self._logs_below(rank, snap.log_dir, run_dir) for rank in snap.ranks)
         # The directory it was found in: the one it recorded may have moved, or be anyone's.
         self.last = dataclasses.replace(snap, log_dir=run_dir, ranks=ranks)
@@ -814,8 +816,12 @@ class FinalEngine:
         found = {}
         for field in ("stdout_log", "stderr_log"):
             names = names_below(getattr(rank, field), recorded_dir)
-            if names is None or not _regular_below(self._run_fd, names):
+            why = ("its path in final.json is not below the run directory" if names is None
+                   else _not_regular_below(self._run_fd, names))
+            if why is not None:
                 found[field] = None
+                if why and getattr(rank, field):  # (a log never made, or gone, is nothing to say)
+                    self.left_out.append((rank.local_rank, os.path.basename(getattr(rank, field)), why))
                 continue
             found[field] = os.path.join(run_dir, *names)
             (self._stdout_logs if field == "stdout_log" else self._stderr_logs)[rank.local_rank] = names
@@ -950,17 +956,26 @@ def names_below(path: str | None, recorded_dir: str | None) -> list[str] | None:
     return names if all(name not in ("", ".", "..") and "\0" not in name for name in names) else None
 
 
-def _regular_below(dir_fd: int, names: list[str]) -> bool:
+def _not_regular_below(dir_fd: int, names: list[str]) -> str | None:
+    """Why the file `names` lead to from `dir_fd` is not read as a log (`it is a FIFO, not a plain
+    file`); "" where it is not there; None for a plain file."""
     try:
         parent = open_dir_below(dir_fd, names[:-1])
-    except OSError:
-        return False
+    except FileNotFoundError:
+        return ""
+    except OSError:  # (ELOOP, ENOTDIR: a directory on the way swapped for a symlink or a file)
+        return "a directory on its way is not a plain directory"
     try:
-        return stat.S_ISREG(os.stat(names[-1], dir_fd=parent, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
+        mode = os.stat(names[-1], dir_fd=parent, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        return f"it cannot be looked at ({exc.strerror})"
     finally:
         os.close(parent)
+    if stat.S_ISREG(mode):
+        return None
+    return f"it is {'a symlink' if stat.S_ISLNK(mode) else file_kind(mode)}, not a plain file"
 
 
 # ----- final.json, checked (anyone who could write the run directory could have written it) -------

@@ -556,6 +556,10 @@ def _print_final_logs(view: FinalEngine, only: int | None) -> int:
         out, shown = stream.buffer, _shown(stream.isatty())
         for local, prefix in prefixes.items():
             _write(out, (prefix + shown(line) + b"\n" for line in lines_of(local)))
+    for local, name, why in view.left_out:  # (a rank may have swapped its own log for a FIFO, a link)
+        if local in prefixes:
+            rank = next((r.rank for r in snap.ranks if r.local_rank == local), local)
+            print_err(clean(f"ranktop: {snap.run_id}: rank {rank}'s {name} was left out: {why}"))
     of_attempt = f" of attempt_{snap.attempt}, the last of {snap.attempt + 1} attempts" if snap.attempt else ""
     print_err(f"ranktop: {final_words(view)}: that was the last MiB of each rank's stdout.log and stderr.log"
               f"{of_attempt}; all its log files are under {clean(snap.log_dir or '?')}")
