@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ranktop.core.errors import UsageError
-from ranktop.core.limits import MAX_NNODES, MAX_NPROC_PER_NODE, PORT
+from ranktop.core.limits import MAX_NNODES, MAX_NPROC_PER_NODE, MAX_SECONDS, PORT
 from ranktop.core.protocol import is_whole
 from ranktop.core.sanitize import clean, quoted
 from ranktop.core.spec import Placement
@@ -125,18 +125,38 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
             number = int(conf[key])
         except ValueError:  # not a number at all: torch's own words, when it reads it
             continue
-        if number <= 0:  # torch takes these, then waits out the round (600 s by default)
+        # torch takes 0 or less, then waits out the round (600 s by default). Past a week it is a typo,
+        # as ranktop's own waits; far past it, torch's timedelta or the store's C int overflowed (a
+        # traceback), or a deadline past year 9999 failed the round as it formed
+        if not 0 < number <= MAX_SECONDS:
             raise _not_a_count(key, conf[key])
+    _check_keep_alive_limit(conf)
     return conf
 
 
 def _not_a_count(key: str, value: str) -> UsageError:
-    return UsageError(f"bad --rdzv-conf {key}={value}: expected a positive whole number")
+    return UsageError(f"bad --rdzv-conf {key}={value}: expected a positive whole number, at most {MAX_SECONDS}")
+
+
+def _check_keep_alive_limit(conf: dict[str, str]) -> None:
+    """torch drops a node whose heartbeats are older than keep_alive_interval x keep_alive_max_attempt,
+    reckoned back from now: at most a week, as each of them (a limit of thousands of years failed the
+    round as it formed, on a date before year 1)."""
+    try:
+        interval = int(conf.get("keep_alive_interval", _KEEP_ALIVE_DEFAULTS[0]))
+        attempts = int(conf.get("keep_alive_max_attempt", _KEEP_ALIVE_DEFAULTS[1]))
+    except ValueError:  # torch's own words, when it reads it
+        return
+    if interval * attempts > MAX_SECONDS:
+        typed = ",".join(f"{key}={conf[key]}" for key in ("keep_alive_interval", "keep_alive_max_attempt") if key in conf)
+        raise UsageError(f"bad --rdzv-conf {typed}: keep_alive_interval x keep_alive_max_attempt, the keep-alive "
+                         f"limit ({interval} x {attempts} s), must be at most {MAX_SECONDS} s")
 
 
 # --rdzv-conf keys torch reads as whole numbers that must be positive: seconds, or attempts.
 _COUNTS = frozenset({"join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
                      "keep_alive_max_attempt", "read_timeout", "timeout"})
+_KEEP_ALIVE_DEFAULTS = (5, 3)  # torch's keep_alive_interval (seconds) and keep_alive_max_attempt
 
 
 def _torch_rendezvous(backend: str) -> Any:
@@ -284,7 +304,7 @@ def _handler_error(exc: Exception, rdzv: Any, backend: str, endpoint: str) -> Ex
         if backend.startswith("etcd") and "404" in why:  # an etcd 3.x serving only its v3 API
             why += " (torch's etcd backends need etcd's v2 API: etcd 3.4/3.5 with --enable-v2)"
         return RendezvousFailed(f"cannot reach the {backend} rendezvous at {endpoint or '(no endpoint)'}: {why}")
-    if isinstance(exc, (ValueError, TypeError, KeyError)):
+    if isinstance(exc, (ValueError, TypeError, KeyError, OverflowError)):  # (a number too large for torch)
         known = ", ".join(BUILTIN_BACKENDS)
         return UsageError(f"bad rendezvous (--rdzv-backend {backend}, --rdzv-endpoint {quoted(endpoint)}, "
                           f"--rdzv-conf): {_one_line(exc)} (backends: {known} or a torchrun plugin)")

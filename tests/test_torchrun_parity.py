@@ -266,6 +266,14 @@ BAD = [
      "up to 2 nodes the others could not find it; name a port they all reach"),
     (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-conf", "keep_alive_interval=-1", S],
      {}, "ranktop: error: bad --rdzv-conf keep_alive_interval=-1: expected a positive whole number"),  # it waited
+    # a traceback (torch's timedelta overflowed), or a round failed on a date past year 9999 or before year 1
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-conf", "last_call_timeout=99999999999999",
+      S], {}, "ranktop: error: bad --rdzv-conf last_call_timeout=99999999999999: expected a positive whole number, "
+              "at most 604800"),
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-conf",
+      "keep_alive_interval=600000,keep_alive_max_attempt=600000", S], {},
+     "ranktop: error: bad --rdzv-conf keep_alive_interval=600000,keep_alive_max_attempt=600000: keep_alive_interval x "
+     "keep_alive_max_attempt, the keep-alive limit (600000 x 600000 s), must be at most 604800 s"),
     (["--run-id", "x" * 300, S], {},  # it blamed --log-dir
      f"ranktop: error: bad --run-id '{'x' * 80}': it is longer than 200 bytes"),
 ]
