@@ -158,8 +158,10 @@ def _check(config: LaunchConfig) -> None:
         raise UsageError("bad rdzv_backend '': expected c10d, etcd, etcd-v2, static or a torchrun plugin's name")
     if config.run_id:
         from ranktop.core.layout import check_run_id
+        from ranktop.core.rendezvous import check_rdzv_id
 
         check_run_id(config.run_id, "run_id")
+        check_rdzv_id(config.run_id, config.rdzv_backend, "run_id")
 
 
 def _worker_spec(config: LaunchConfig, entrypoint: Any, args: list[Any]) -> Any:

@@ -221,6 +221,24 @@ def check_endpoint(endpoint: str, max_nodes: int, flag: str = "--rdzv-endpoint")
                          f"with up to {max_nodes} nodes the others could not find it; name a port they all reach")
 
 
+# What python-etcd, under torch's etcd backends, does not escape as it puts the run id into the key's
+# URL: the server reads the key cut at '?' or '#', and '%XX' as the character it stands for.
+_ETCD_URL_CUTS = {"?": "ends the key: 'a?1' and 'a?2' met in one rendezvous, 'a'",
+                  "#": "ends the key: 'a#1' and 'a#2' met in one rendezvous, 'a'",
+                  "%": "starts an escape: 'a%20b' met 'a b', and 'a%2Fb' was the key 'a/b'"}
+
+
+def check_rdzv_id(run_id: str, backend: str, flag: str = "--rdzv-id") -> None:
+    """UsageError (one line, naming `flag`) for a run id that torch's etcd backends would store under
+    another job's key: two jobs met in one rendezvous, or a job found another's closed."""
+    if backend not in ("etcd", "etcd-v2"):
+        return
+    for char, what in _ETCD_URL_CUTS.items():
+        if char in run_id:
+            raise UsageError(f"bad {flag} {quoted(run_id)}: the {backend} backend puts it into a URL unescaped, "
+                             f"where {char!r} {what}; use an id without '?', '#' or '%'")
+
+
 def static_master(endpoint: str, flag: str = "--rdzv-endpoint") -> tuple[str, int]:
     """The static backend's HOST:PORT (IPv6 in brackets), where the ranks meet when ranktop's own
     static form (no torch) runs it; torch's static backend asks for both too."""

@@ -314,6 +314,8 @@ def test_one_node_with_torchs_defaults_runs_without_torch(tmp_path):
     ({"max_restarts": -1}, "bad max_restarts -1: expected a whole number, 0 or more"),
     ({"monitor_interval": float("nan")}, "bad monitor_interval nan: expected a number of seconds from 0.001"),
     ({"run_id": "a/b"}, "bad run_id 'a/b': it contains '/'"),
+    ({"run_id": "a%2Fb", "rdzv_backend": "etcd", "rdzv_endpoint": "127.0.0.1:2379", "max_nodes": 2},
+     "bad run_id 'a%2Fb': the etcd backend puts it into a URL unescaped, where '%' starts an escape"),
     ({"role": 7}, "bad role 7: expected a str"),
     ({"rdzv_backend": ""}, "bad rdzv_backend '': expected c10d, etcd, etcd-v2, static or a torchrun plugin's name"),
     ({"signals_to_handle": "SIGTERM,SIGFOO"}, "bad signals_to_handle 'SIGTERM,SIGFOO': 'SIGFOO' is not a signal"),

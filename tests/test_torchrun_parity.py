@@ -274,6 +274,10 @@ BAD = [
       "keep_alive_interval=600000,keep_alive_max_attempt=600000", S], {},
      "ranktop: error: bad --rdzv-conf keep_alive_interval=600000,keep_alive_max_attempt=600000: keep_alive_interval x "
      "keep_alive_max_attempt, the keep-alive limit (600000 x 600000 s), must be at most 604800 s"),
+    # python-etcd puts it into the key's URL as it is: 'exp?1' and 'exp?2' met in one rendezvous ('exp')
+    (["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "127.0.0.1:2379", "--nnodes", "2", "--rdzv-id", "exp?1", S], {},
+     "ranktop: error: bad --rdzv-id 'exp?1': the etcd-v2 backend puts it into a URL unescaped, where '?' ends the "
+     "key: 'a?1' and 'a?2' met in one rendezvous, 'a'; use an id without '?', '#' or '%'"),
     (["--run-id", "x" * 300, S], {},  # it blamed --log-dir
      f"ranktop: error: bad --run-id '{'x' * 80}': it is longer than 200 bytes"),
 ]

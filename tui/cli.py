@@ -733,7 +733,7 @@ def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, m
                        check_only: bool = False):
     from ranktop.core.agent import new_run_id
     from ranktop.core.layout import check_run_id
-    from ranktop.core.rendezvous import check_endpoint, create_handler, parse_rdzv_conf
+    from ranktop.core.rendezvous import check_endpoint, check_rdzv_id, create_handler, parse_rdzv_conf
     from ranktop.core.spec import free_port
 
     conf: dict = parse_rdzv_conf(ns.rdzv_conf)
@@ -743,6 +743,7 @@ def rendezvous_handler(ns: argparse.Namespace, min_nodes: int, max_nodes: int, m
     rdzv_id = ns.rdzv_id or new_run_id()
     if rdzv_id != "none":  # it becomes the run's id, and its directory's name, on every node
         check_run_id(rdzv_id, "--rdzv-id")
+    check_rdzv_id(rdzv_id, ns.rdzv_backend)  # and part of the rendezvous's key in the store
     check_endpoint(endpoint, max_nodes)
     if ns.rdzv_backend == "static":  # as torchrun: the master's address, and the node rank from the flags
         conf["rank"] = ns.node_rank
