@@ -18,6 +18,7 @@ from typing import Any
 from ranktop.core.context import PContext, RunProcsResult
 from ranktop.core.rendezvous import (
     STOP_COMMAND,
+    STORE_CALL_THREAD,
     STORE_SILENT,
     USER_RESTART,
     USER_STOP,
@@ -28,7 +29,6 @@ from ranktop.core.rendezvous import (
 from ranktop.core.root_cause import rank_failed
 from ranktop.core.state import GroupState, RoundForming
 
-_STORE_CALL_THREAD = "ranktop-rdzv-join"
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
 _CUT_SHORT_LOOK = 0.05  # seconds between looks at whether a wait for a store call is to end early
 WORD_WAIT = 2.0  # for a store call the monitor loop makes itself: the word of a user's R, a look (a store answers in milliseconds)
@@ -131,7 +131,7 @@ class AgentRendezvous:
             finally:
                 done.set()
 
-        threading.Thread(target=run, name=_STORE_CALL_THREAD, daemon=True).start()
+        threading.Thread(target=run, name=STORE_CALL_THREAD, daemon=True).start()
         while not done.wait(0.1):
             if self._stop_asked():
                 return None
@@ -314,7 +314,7 @@ class AgentRendezvous:
             finally:
                 done.set()
 
-        threading.Thread(target=run, name=_STORE_CALL_THREAD, daemon=True).start()
+        threading.Thread(target=run, name=STORE_CALL_THREAD, daemon=True).start()
         done.wait_within(seconds, cut_short)
         return box[0] if box else None
 
@@ -502,7 +502,7 @@ class _StepOut:
         self.said_it = self.stepped_out = False
         self.said_first = False  # said before the ranks got their signal (the monitor loop's wait for it)
         self._began = time.monotonic()
-        threading.Thread(target=self._run, args=(rdzv,), name=_STORE_CALL_THREAD, daemon=True).start()
+        threading.Thread(target=self._run, args=(rdzv,), name=STORE_CALL_THREAD, daemon=True).start()
 
     def _run(self, rdzv: Any) -> None:
         try:
@@ -530,4 +530,4 @@ def store_call_left_blocked() -> bool:
     """Is a rendezvous call that a stop walked away from still blocked in torch's store? Then
     finalizing the interpreter aborts the process (std::terminate on a thread still in C++), so a
     command line leaves with os._exit instead."""
-    return any(t.name == _STORE_CALL_THREAD and t.is_alive() for t in threading.enumerate())
+    return any(t.name == STORE_CALL_THREAD and t.is_alive() for t in threading.enumerate())

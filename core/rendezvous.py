@@ -251,6 +251,9 @@ def static_master(endpoint: str, flag: str = "--rdzv-endpoint") -> tuple[str, in
 # torchrun's launcher gives every backend this `timeout` unless --rdzv-conf names one (the static
 # and etcd backends wait that long for the other nodes; their own default is 600 s).
 RDZV_TIMEOUT = 900
+_C10D_READ_TIMEOUT = 60  # torch's c10d backend's read_timeout unless --rdzv-conf names one
+# The name of a thread that runs a store call ranktop may walk away from, blocked in torch's C++
+STORE_CALL_THREAD = "ranktop-rdzv-join"
 
 
 def create_handler(
@@ -278,12 +281,45 @@ def create_handler(
         params = rdzv.RendezvousParameters(backend=backend, endpoint=endpoint, run_id=run_id,
                                            min_nodes=min_nodes, max_nodes=max_nodes, local_addr=local_addr,
                                            **{"timeout": RDZV_TIMEOUT, **conf})
-        handler = None if check_only else registry.get_rendezvous_handler(params)
+        handler = None if check_only else _handler_in_time(registry.get_rendezvous_handler, params, conf)
     except Exception as exc:
         raise _handler_error(exc, rdzv, backend, endpoint) from None
     if handler is not None and one_store:
         setattr(handler, _ONE_STORE_ATTR, True)
     return handler
+
+
+def _handler_in_time(make: Callable[[Any], Any], params: Any, conf: dict[str, str]) -> Any:
+    """`make(params)`, torch's handler, made in a thread of its own: a c10d node that connects to an
+    endpoint where something else listens (a mistyped port, etcd's) waits in torch's C++ for an
+    answer that never comes, whatever its read_timeout, and took no Ctrl-C there. Past twice that
+    time-out and 5 s, RendezvousFailed; the thread is left blocked, as a stop leaves a round's call
+    (agent_rendezvous.store_call_left_blocked). With nothing listening, torch's own tries to connect
+    overrun the time-out too (9.5 s for 5, 142 s for 60) before they fail: the line covers both."""
+    if params.backend != "c10d":
+        return make(params)
+    try:
+        limit = 2 * int(conf.get("read_timeout", _C10D_READ_TIMEOUT)) + 5
+    except ValueError:  # torch's own words, at once
+        return make(params)
+    box: list[Any] = []
+    made = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append(make(params))
+        except Exception as exc:
+            box.append(exc)
+        finally:
+            made.set()
+
+    threading.Thread(target=run, name=STORE_CALL_THREAD, daemon=True).start()
+    if not made.wait(limit):  # (a Ctrl-C ends the wait: KeyboardInterrupt)
+        raise RendezvousFailed(f"cannot reach the c10d rendezvous at {params.endpoint}: no c10d store answered "
+                               f"there within {limit} s (none serves it, or another service listens on that port)")
+    if isinstance(box[0], Exception):
+        raise box[0]
+    return box[0]
 
 
 def check_rdzv_conf(text: str, backend: str) -> None:

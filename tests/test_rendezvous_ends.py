@@ -1108,6 +1108,25 @@ def test_a_detached_run_that_cannot_join_says_why_in_one_line(tmp_path, torch_in
     assert run_ranktop("ls", env=env).stdout.startswith("no runs")
 
 
+def test_an_endpoint_where_no_c10d_store_answers_is_one_line_not_a_hang(tmp_path, torch_installed):
+    """Something else listens at the endpoint (a mistyped port, etcd's): torch's store client waits
+    for its answer whatever its read_timeout, and ranktop printed nothing, for ever, deaf to Ctrl-C.
+    It gives up after twice that time-out and 5 s (torch's own connect tries overrun it)."""
+    import socket
+
+    with socket.socket() as silent:  # takes connections (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        endpoint = f"127.0.0.1:{silent.getsockname()[1]}"
+        res = run_ranktop("--headless", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                          "--rdzv-conf", "read_timeout=1,is_host=0", "--log-dir", str(tmp_path / "logs"), RANK,
+                          "print", timeout=TIMEOUT)
+    assert (res.returncode, res.stdout) == (1, "")
+    assert res.stderr == (f"ranktop: error: cannot reach the c10d rendezvous at {endpoint}: no c10d store answered "
+                          "there within 7 s (none serves it, or another service listens on that port)\n")
+    assert not (tmp_path / "logs").exists()
+
+
 def test_the_static_and_etcd_backends_wait_torchruns_900_s_unless_the_conf_says_otherwise():
     """torchrun's launcher hands every backend timeout=900; the static backend's own default is 600."""
     pytest.importorskip("torch")
