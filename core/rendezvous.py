@@ -212,6 +212,8 @@ def check_endpoint(endpoint: str, max_nodes: int, flag: str = "--rdzv-endpoint")
     if len(endpoint) > 300:  # a name no resolver takes: torch printed pages of C++ frames
         raise UsageError(f"bad {flag} {quoted(endpoint[:80])}: expected HOST:PORT with a host name of at most "
                          "255 characters")
+    if "://" in endpoint:  # etcd's own URLs, http://HOST:PORT: it was taken for an IPv6 address without brackets
+        raise UsageError(f"bad {flag} {quoted(endpoint[:80])}: expected HOST:PORT, without a scheme such as http://")
     if endpoint.count(":") > 1 and not endpoint.startswith("["):  # torch reads "::1" as host ":", port 1, and waits
         raise UsageError(f"bad {flag} {quoted(endpoint)}: write an IPv6 address in brackets, [::1]:29400")
     port = endpoint.rpartition(":")[2].strip() if ":" in endpoint else ""

@@ -274,6 +274,10 @@ BAD = [
       "keep_alive_interval=600000,keep_alive_max_attempt=600000", S], {},
      "ranktop: error: bad --rdzv-conf keep_alive_interval=600000,keep_alive_max_attempt=600000: keep_alive_interval x "
      "keep_alive_max_attempt, the keep-alive limit (600000 x 600000 s), must be at most 604800 s"),
+    # etcd's own URL form: it was said to be an IPv6 address without brackets
+    (["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "http://127.0.0.1:2379", "--nnodes", "2", S], {},
+     "ranktop: error: bad --rdzv-endpoint 'http://127.0.0.1:2379': expected HOST:PORT, without a scheme such as "
+     "http://\n"),
     # python-etcd puts it into the key's URL as it is: 'exp?1' and 'exp?2' met in one rendezvous ('exp')
     (["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "127.0.0.1:2379", "--nnodes", "2", "--rdzv-id", "exp?1", S], {},
      "ranktop: error: bad --rdzv-id 'exp?1': the etcd-v2 backend puts it into a URL unescaped, where '?' ends the "
