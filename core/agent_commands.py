@@ -231,6 +231,10 @@ class AgentCommands:
         return cmd.Ack(True, f"restarting rank {rank}")
 
     def _on_restart_group(self, pc: PContext, _command: cmd.RestartGroup) -> cmd.Ack:
+        # A stop asked for (K, q's y, ranktop stop, a stop signal) wins over any restart: `R` during
+        # it was answered `restarting the group`, logged as done, and never done.
+        if self._stop_requested:
+            return cmd.Ack(False, "the run is stopping (a stop was asked for): the group is not started again")
         self.events.write("user_restart_group", attempt=self.attempt)
         self._restart_requested = True
         overtaken = self._say_restart_group()  # before our ranks stop: the others' may break once they do

@@ -742,14 +742,20 @@ def test_a_stop_while_the_group_stops_does_not_signal_a_stopping_rank_again(tmp_
 
 
 def test_a_shorter_grace_while_the_group_stops_brings_the_sigkill_forward(tmp_path):
+    """Also: once a stop was asked for, `R` is refused. It was answered `restarting the group`
+    and logged as `user_restart_group`, and the run stopped all the same."""
     agent = make_agent(tmp_path, shutdown_timeout=60.0, code=_CHECKPOINT_THEN_FAIL,
                        env={"RANKTOP_TEST_DIR": str(tmp_path), "CHECKPOINT_S": "60"})
     run = Running(agent)
     with run:
         wait_for(lambda: b"got SIGTERM, checkpointing" in agent.output(0), what="rank 0 checkpointing")
+        assert agent.submit(cmd.Stop(signal.SIGTERM)).ok  # the user's stop, its grace no shorter
+        restart = agent.submit(cmd.RestartGroup())
+        assert not restart.ok and "the group is not started again" in restart.message, restart
         assert agent.submit(cmd.Stop(signal.SIGTERM, grace=0.2)).ok
         result = run.join(timeout=20)
     assert result.failures[0].exitcode == -signal.SIGKILL
+    assert not [e for e in read_events(agent.run_dir) if e["event"] == "user_restart_group"]
     log = Path(agent.attempt_dir(0), "0", "stdout.log").read_bytes()
     assert log.count(b"got SIGTERM") == 1, log
 
