@@ -894,6 +894,15 @@ def test_the_details_lines_fit_beside_the_scrollbar_of_a_short_terminal():
         await pilot.resize_terminal(120, 10)  # wider: its lines follow the new width
         await until(pilot, lambda: any(whole.search(row) and len(row.rstrip()) > 105 for row in screen_rows(app)),
                     what="the lines redrawn for the new width")
+        # A resize's redraw is no sample of the output rate: each took one, over the few ms since
+        # the last (1 line in 0.1 s: 9.0/s for a rank printing 2 a second, or 0/s).
+        out = app.main.tracker.ranks[0].history["out"]
+        taken, started = len(out), time.monotonic()
+        for width in (110, 100, 90) * 4:
+            engine.print(0, "a line")
+            await pilot.resize_terminal(width, 10)
+            await pilot.pause()
+        assert len(out) - taken <= time.monotonic() - started + 1, list(out)
 
     drive(engine, body, size=(100, 10))
 

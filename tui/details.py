@@ -123,15 +123,19 @@ class RankDetails(ModalScreen[None]):
                 ("Scrolling the details", VerticalScroll(), SIDEWAYS)]
 
     def on_mount(self) -> None:
-        self.redraw()
-        self.set_interval(REFRESH_SECONDS, self.redraw)
+        self.redraw(measure=True)
+        self.set_interval(REFRESH_SECONDS, lambda: self.redraw(measure=True))
 
     def on_resize(self) -> None:
         # At once, for the new width (its lines wrapped, or left room, until the next second);
         # after the layout, which gives the box its new size and a scrollbar or none.
         self.call_after_refresh(self.redraw)
 
-    def redraw(self) -> None:
+    def redraw(self, measure: bool = False) -> None:
+        """The view as it stands; `measure`: the once-a-second redraw, which also takes the output
+        rate's sample (a resize's redraw took one too, over the few ms since the last: the view's
+        own first resize made every history start with 0/s or a spike, 9.0/s for a rank printing
+        2 lines a second, and each resize while it was open added another)."""
         group = self.engine.snapshot()
         rank = next((r for r in group.ranks if r.local_rank == self.local_rank), None)
         box = self.query_one("#details-text", Static)
@@ -139,7 +143,7 @@ class RankDetails(ModalScreen[None]):
             box.update(Text(f"local rank {self.local_rank} has not started (yet)"))
             return
         track = self.tracker.ranks.get(self.local_rank)
-        if track is not None and self.tracker.pattern is None:
+        if measure and track is not None and self.tracker.pattern is None:
             self._measure_rate(track)
         # Inside its scrollbar, where a short terminal shows one: the lines wrapped under it.
         width = self.query_one("#details-box").scrollable_content_region.width or 76
