@@ -1423,9 +1423,11 @@ def test_the_palette_lists_no_second_quit_or_keys_panel_of_textuals():
 
 
 def test_the_palettes_screenshot_is_saved_in_the_runs_directory(tmp_path, monkeypatch):
-    """Textual saved it in ~/Downloads, which a training box seldom has: `Failed to save screenshot`."""
+    """Textual saved it in ~/Downloads, which a training box seldom has: `Failed to save screenshot`.
+    Its toast read the path as markup: a run id `exp[lr=3e-4]` raised a MarkupError that ended the
+    TUI and stopped the run."""
     monkeypatch.setenv("HOME", str(tmp_path / "home-without-downloads"))
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / "exp[lr=3e-4]"
     run_dir.mkdir()
     engine = FakeEngine(2)
     engine.group = dataclasses.replace(engine.group, log_dir=str(run_dir))
@@ -1438,9 +1440,12 @@ def test_the_palettes_screenshot_is_saved_in_the_runs_directory(tmp_path, monkey
         await pilot.press("enter")
         saved = await until(pilot, lambda: list(run_dir.glob("*.svg")), what="an SVG in the run's directory")
         await until(pilot, lambda: "Saved screenshot to" in notes(app), what="where it went, said")
+        await until(pilot, lambda: any("Saved screenshot to" in row for row in screen_rows(app)),
+                    what="the toast drawn")
         assert str(saved[0]) in notes(app) and "<svg" in saved[0].read_text()
+        assert app.is_running and app.return_code is None
 
-    drive(engine, body)
+    drive(engine, body, toasts=True)
 
 
 @pytest.mark.parametrize("can_detach", [False, True])

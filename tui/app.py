@@ -346,6 +346,16 @@ class RanktopApp(App):
             self.detached = "failed"
         super()._handle_exception(error)
 
+    def on_delivery_complete(self, event: events.DeliveryComplete) -> None:
+        """The palette's Screenshot, saved: where, said as plain text. Textual's own toast read
+        the path as markup: a run id such as `exp[lr=3e-4]` raised a MarkupError that ended the
+        TUI and stopped the run, and one such as `x[b]` lost `[b]` from the path it named."""
+        if event.name != "screenshot":
+            return
+        event.prevent_default()  # (Textual's handler, App's, comes after ours: it is not run)
+        where = f" to {str(event.path)!r}" if event.path is not None else ""
+        self.notify(clean(f"Saved screenshot{where}"), title="Screenshot", markup=False)
+
     def on_notify(self, event: Notify) -> None:
         """One toast for the same words: an earlier one still shown goes, the new one has the full
         time. Keys pressed after the end (x k r R K i) each said `the group has ended: ...`, and at
