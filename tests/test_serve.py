@@ -1208,13 +1208,17 @@ def test_stop_of_a_run_whose_tui_is_on_screen_returns_once_the_run_has_ended(tmp
     assert ls(runtime) == []
 
 
-def test_a_tui_that_fails_leaves_its_run_going_in_the_background(tmp_path, runtime):
+@pytest.mark.parametrize("twice", [False, True])
+def test_a_tui_that_fails_leaves_its_run_going_in_the_background(tmp_path, runtime, twice):
     """A bug in the TUI (tests/failing_tui.py: `z` raises) ends the TUI, not the training run it
     showed: it goes on detached, as after q then d, and the shell gets its prompt back with 1
-    (it stopped every rank: a crash of the screen ended the run)."""
+    (it stopped every rank: a crash of the screen ended the run). So does a second error, as
+    Textual closes, that comes out of its `App.run()` (`twice`): it was a raw traceback, and the
+    run stopped by the exit."""
     script = tmp_path / "ticker.py"
     script.write_text(TICKER)
-    term = Terminal(f"cd {ROOT} && XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']} {sys.executable} "
+    fail = "RANKTOP_TEST_FAIL_AS_IT_CLOSES=1 " if twice else ""
+    term = Terminal(f"cd {ROOT} && XDG_RUNTIME_DIR={runtime['XDG_RUNTIME_DIR']} {fail}{sys.executable} "
                     f"tests/failing_tui.py --tui --nproc-per-node 2 --run-id bug --log-dir {tmp_path / 'logs'} "
                     f"{script}; echo PROMPT BACK $?; sleep 60")
     run_dir = tmp_path / "logs" / "bug"
@@ -1224,6 +1228,7 @@ def test_a_tui_that_fails_leaves_its_run_going_in_the_background(tmp_path, runti
         shown = " ".join(term.wait_screen("PROMPT BACK 1").split())
         assert "ranktop: the TUI failed (RuntimeError: a bug at z; its traceback is above): the run goes on" in shown
         assert "run bug goes on in the background" in shown and "ranktop attach bug" in shown
+        assert ("RuntimeError: a bug as it closed" in shown) == twice
         assert [e["reason"] for e in read_events(run_dir) if e["event"] == "detached"] == ["failed"]
         (run,) = ls(runtime)
         assert run["state"] == "running"

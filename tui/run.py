@@ -49,7 +49,10 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
         app.not_served = problem  # (its line on stderr is behind the TUI's screen)
         if server is not None:
             server.shown = True
-        app.run()
+        try:
+            app.run()
+        except Exception as error:  # (whatever Textual let out: the run goes on)
+            _escaped(app, error)
         if server is not None:
             server.shown = False
         collector.release()  # (if the app never got to its first frame)
@@ -166,6 +169,20 @@ def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher
         engine.wait(1.0)  # in slices: the signal handlers run between them
     if server is not None:
         server.linger(linger)  # clients still see the end; `ranktop stop` lets it go
+
+
+def _escaped(app: Any, error: Exception) -> None:
+    """An error that came out of app.run() (Textual met another as it closed, after the first it
+    handled): printed as Textual prints one, and the app taken as failed, as for that first, so
+    that its run goes on (it was a raw traceback, and the run stopped by the exit)."""
+    import traceback
+
+    with from_the_background():
+        traceback.print_exception(error, file=sys.stderr)
+    if app.detached is None and app.outlives_failure and not app.engine.snapshot().ended:
+        app.detached = "failed"
+    if getattr(app, "_exception", None) is None:
+        app._exception = error  # (named in the line that says the TUI failed)
 
 
 def _say_the_tui_failed(error: BaseException | None, engine: Any, detaching: bool) -> None:
