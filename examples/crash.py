@@ -7,7 +7,8 @@
 
 The failing rank prints a few lines first and raises from a function wrapped with `record`, so
 its error.json holds the traceback. The others sleep until they are stopped (SIGTERM from the
-launcher when the crash stops the group), or finish after a few lines when nothing crashes.
+launcher when the crash stops the group), or finish after a few lines when nothing crashes (a
+restart with --first-attempt-only, or a --rank the group does not have).
 """
 
 from __future__ import annotations
@@ -38,17 +39,19 @@ def parse_args() -> argparse.Namespace:
 @record
 def main() -> int:
     args = parse_args()
-    rank = int(os.environ.get("RANK", "0"))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    crashing = rank == args.rank and not (args.first_attempt_only and attempt > 0)
+    # A --rank the group does not have crashes nowhere: waiting for a crash would be 300 s of nothing.
+    crashes = 0 <= args.rank < world and not (args.first_attempt_only and attempt > 0)
     print(f"rank {rank}: attempt {attempt}, pid {os.getpid()}", flush=True)
-    if crashing:
+    if crashes and rank == args.rank:
         for i in range(args.lines):
             print(f"rank {rank}: working ({i + 1}/{args.lines})", flush=True)
             time.sleep(0.05)
         raise ValueError(f"rank {rank} hit a bad batch (attempt {attempt})")
-    if args.first_attempt_only and attempt > 0:
-        print(f"rank {rank}: attempt {attempt} runs clean, done", flush=True)
+    if not crashes:
+        nowhere = "" if 0 <= args.rank < world else f" (no rank {args.rank}: the ranks are 0..{world - 1})"
+        print(f"rank {rank}: attempt {attempt} runs clean{nowhere}, done", flush=True)
         return 0
     print(f"rank {rank}: waiting up to {args.sleep:.0f}s", flush=True)
     time.sleep(args.sleep)

@@ -1,0 +1,18 @@
+"""The examples README's Examples section runs, where no other test runs them: those that need no
+torch (the torch ones are in tests/test_torch_e2e.py and tests/test_stacks_torch.py)."""
+
+from __future__ import annotations
+
+from conftest import run_ranktop
+
+
+def test_crash_with_a_rank_the_group_does_not_have_runs_clean(tmp_path, examples):
+    """crash.py's docstring says the ranks finish when nothing crashes: with a --rank the group does
+    not have (`--rank 3` on 2 ranks, or the default rank 1 on one) they waited out their sleep,
+    300 s of nothing (found by a README audit)."""
+    done = run_ranktop("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path),
+                       str(examples / "crash.py"), "--rank", "3", "--sleep", "20", timeout=60)
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        assert f"[default{rank}]:rank {rank}: attempt 0 runs clean (no rank 3: the ranks are 0..1), done" \
+            in done.stdout.splitlines(), done.stdout
