@@ -158,7 +158,9 @@ def to_png(svg: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "screenshots"))
-    parser.add_argument("--only", default=None, help="one scene name")
+    # a name no scene has is refused: it retook nothing, said nothing and exited 0
+    parser.add_argument("--only", default=None, choices=[scene[0] for scene in SCENES], metavar="NAME",
+                        help="retake this scene only: %(choices)s")
     parser.add_argument("--png-of", metavar="SVG", help="only copy this SVG (one made elsewhere, such as "
                         "scripts/gpu_check.py's real-gpu.svg) into --out and render its PNG")
     ns = parser.parse_args(argv)

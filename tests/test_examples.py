@@ -1,9 +1,13 @@
 """The examples README's Examples section runs, where no other test runs them: those that need no
-torch (the torch ones are in tests/test_torch_e2e.py and tests/test_stacks_torch.py)."""
+torch (the torch ones are in tests/test_torch_e2e.py and tests/test_stacks_torch.py); and the
+developer scripts README's Development section gives, where they can go wrong before they start."""
 
 from __future__ import annotations
 
-from conftest import run_ranktop
+import subprocess
+import sys
+
+from conftest import ROOT, run_ranktop
 
 
 def test_crash_with_a_rank_the_group_does_not_have_runs_clean(tmp_path, examples):
@@ -16,3 +20,13 @@ def test_crash_with_a_rank_the_group_does_not_have_runs_clean(tmp_path, examples
     for rank in (0, 1):
         assert f"[default{rank}]:rank {rank}: attempt 0 runs clean (no rank 3: the ranks are 0..1), done" \
             in done.stdout.splitlines(), done.stdout
+
+
+def test_screenshots_only_refuses_a_scene_it_does_not_have(tmp_path):
+    """`--only NAME` retakes one scene: a mistyped name retook none, said nothing and exited 0."""
+    out = tmp_path / "shots"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "screenshots.py"), "--only", "training",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    assert "argument --only: invalid choice: 'training' (choose from 'training-4-ranks', " in done.stderr, done.stderr
+    assert not out.exists()
