@@ -29,12 +29,14 @@ FIRST_BYTE = "document.body.classList.contains('-first-byte')"
 
 def served_address(web: subprocess.Popen, timeout: float = 20.0) -> str:
     """The address `ranktop web` printed (it carries the launch's token), once its page answers."""
+    said = []  # what it printed instead, where it failed: why (a port in use, a run not found)
     for line in web.stderr:  # the address is its first line; EOF if it failed
         if found := re.search(r" on (http://\S+/\?token=\S+) ", line):
             url = found.group(1)
             break
+        said.append(line.rstrip("\n"))
     else:
-        raise SystemExit("ranktop web printed no address")
+        raise SystemExit("ranktop web printed no address" + "".join(f"\n  {line}" for line in said))
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -51,7 +53,12 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "screenshots" / "web-view.png"))
     ap.add_argument("--port", type=int, default=8731)
     ns = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="ranktop-web-shot-"))
+    with tempfile.TemporaryDirectory(prefix="ranktop-web-shot-") as work:  # the run's logs, its socket
+        shoot(Path(work), ns.out, ns.port)
+
+
+def shoot(work: Path, out: str, port: int) -> None:
+    """The demo run and `ranktop web` of it, their files under `work`; the page's picture to `out`."""
     (work / "runtime").mkdir(mode=0o700)
     env = {**os.environ, "XDG_RUNTIME_DIR": str(work / "runtime"), "RANKTOP_FAKE_GPUS": "4"}
     ranktop = [sys.executable, "-m", "ranktop"]
@@ -61,12 +68,12 @@ def main() -> None:
     web = None
     try:
         time.sleep(3)  # a few steps of training in every pane
-        web = subprocess.Popen([*ranktop, "web", "demo", "--port", str(ns.port)], cwd=ROOT, env=env,
+        web = subprocess.Popen([*ranktop, "web", "demo", "--port", str(port)], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         url = served_address(web)
-        if not screenshot(url, ns.out, FIRST_BYTE, settle=3.0, size=(1400, 820)):
+        if not screenshot(url, out, FIRST_BYTE, settle=3.0, size=(1400, 820)):
             raise SystemExit("the page never drew the app")
-        print(f"wrote {ns.out}")
+        print(f"wrote {out}")
     finally:
         if web is not None:
             web.send_signal(signal.SIGINT)

@@ -4,10 +4,13 @@ developer scripts README's Development section gives, where they can go wrong be
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
 
-from conftest import ROOT, run_ranktop
+import pytest
+from conftest import ROOT, ranktop_cmd, run_ranktop
 
 
 def test_crash_with_a_rank_the_group_does_not_have_runs_clean(tmp_path, examples):
@@ -30,3 +33,20 @@ def test_screenshots_only_refuses_a_scene_it_does_not_have(tmp_path):
     assert done.returncode == 2, done
     assert "argument --only: invalid choice: 'training' (choose from 'training-4-ranks', " in done.stderr, done.stderr
     assert not out.exists()
+
+
+def test_web_screenshot_says_why_ranktop_web_gave_no_address(tmp_path):
+    """Where `ranktop web` failed (its port in use, say), web_screenshot.py said only `ranktop web
+    printed no address`, and threw away the line that said why."""
+    spec = importlib.util.spec_from_file_location("web_screenshot", ROOT / "scripts" / "web_screenshot.py")
+    web_screenshot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(web_screenshot)
+    (tmp_path / "runtime").mkdir(mode=0o700)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "runtime")}
+    web = subprocess.Popen(ranktop_cmd("web", "nosuch"), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    with pytest.raises(SystemExit) as failed:
+        web_screenshot.served_address(web)
+    assert web.wait(30) == 2
+    assert str(failed.value).startswith("ranktop web printed no address\n  ranktop: error: 'nosuch' names no run: "), \
+        failed.value
