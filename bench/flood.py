@@ -99,6 +99,9 @@ class Flood:
 
 def main() -> int:
     args = [a for a in sys.argv[1:] if a != "--waits"]
+    if not args or args[0] in ("-h", "--help"):  # (it flooded a socket named --help for 10 s)
+        print(__doc__)
+        return 0 if args else 2
     path, seconds = args[0], float(args[1]) if len(args) > 1 else 10.0
     flood = Flood(path, waits="--waits" in sys.argv).start()
     time.sleep(seconds)

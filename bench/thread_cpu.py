@@ -71,6 +71,9 @@ def run_whole(cmd: list[str]) -> int:
 
 
 def main() -> int:
+    if sys.argv[1:2] in (["-h"], ["--help"]):  # (it was a ValueError: taken for a pid)
+        print(__doc__)
+        return 0
     if len(sys.argv) > 2 and sys.argv[1] == "--run":
         return run_whole(sys.argv[3:] if sys.argv[2] == "--" else sys.argv[2:])
     if len(sys.argv) < 2:
