@@ -265,6 +265,9 @@ class RanktopApp(App):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
+        # A pager `o` opened is ended first, as stop_on_signal ends it: the TUI waits on it, and
+        # the signal was acted on only once the user quit the pager.
+        end_pager()
         leave = partial(self.exit, None, 128 + signum)
         if self._frame_shown:
             self.call_later(leave)
