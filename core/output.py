@@ -71,11 +71,17 @@ _widened: set[int] = set()  # our descriptors of pipes we asked 1 MiB for (each 
 # (pipe_is_unprivileged_user), not for being root: root in a container (Docker's, a pod's) has
 # neither, and its pipes count against a budget every root process on the host shares.
 _PIPE_EXEMPTING_CAPS = (1 << 24) | (1 << 21)  # CAP_SYS_RESOURCE, CAP_SYS_ADMIN
+# The kernel asks for them in the initial user namespace (capable()), whose /proc/PID/ns/user has
+# this inode (PROC_USER_INIT_INO). CapEff says what we hold in our own: root of a user namespace
+# (rootless podman, a pod with hostUsers: false, apptainer --fakeroot) holds every capability there.
+_INITIAL_USER_NS_INODE = 0xEFFFFFFD
 
 
 @functools.cache  # (read once: a launch of 128 ranks asks for 256 pipes)
 def exempt_from_pipe_limits() -> bool:
     """Whether our effective capabilities free us from the per-user pipe limits."""
+    if not _in_initial_user_namespace():  # (whatever CapEff says: the kernel counts none of it)
+        return False
     try:
         with open("/proc/self/status") as f:
             caps = next((line.split()[1] for line in f if line.startswith("CapEff:")), None)
@@ -84,6 +90,13 @@ def exempt_from_pipe_limits() -> bool:
     except (OSError, ValueError, IndexError):
         pass
     return os.geteuid() == 0  # nothing says: root usually holds them
+
+
+def _in_initial_user_namespace() -> bool:
+    try:
+        return os.stat("/proc/self/ns/user").st_ino == _INITIAL_USER_NS_INODE
+    except OSError:  # a kernel without user namespaces (or no /proc): there is only the one
+        return True
 
 
 def pipe_budget() -> int | None:
