@@ -43,6 +43,7 @@ class StallWatch:
         # Local ranks reported stalled -> when each had last spoken as it was (None: never): one
         # that ends has spoken again if it printed after that.
         self._quiet_since: dict[int, float | None] = {}
+        self._drain_until: float | None = None  # (monotonic) the end of this pass's wait for ended ranks' pipes
         # When the monitor last passed (monotonic), and since when ranks may count as silent (wall
         # time): a pass far later than its wait means ranktop itself was stopped (Ctrl-Z, SIGSTOP)
         # or the machine slept, and the ranks' silence meanwhile is not theirs (`note_gap`).
@@ -62,6 +63,7 @@ class StallWatch:
         """One monitor pass: report the ranks that went silent, clear those that spoke again, and
         look whether a stalled rank has come to wait for input. `snapshot(slot, now)` is the
         agent's rank snapshot."""
+        self._drain_until = None  # (a new pass: rank_ended's wait starts again)
         timeout = self.timeout
         now = time.time()
         reported: list[RankSnapshot] = []
@@ -106,11 +108,21 @@ class StallWatch:
         quiet_since = self._quiet_since.pop(local_rank, None)
         slot = slots[local_rank]
         if not slot.stopped_by_us:  # (ranks we stop end by the dozen: none waits on another's pipes)
-            slot.proc.output_drained(END_DRAIN)
+            slot.proc.output_drained(self._drain_left())
         if (self.spoke_at(slot) or 0.0) > (quiet_since or 0.0):
             self._events.write("stall_cleared", rank=rank, local_rank=local_rank)
             return False
         return True
+
+    def _drain_left(self) -> float:
+        """What is left of END_DRAIN for this monitor pass: one wait for all the ranks that end in
+        it, whose pipes the output thread reads meanwhile. It was END_DRAIN for each, in turn, in
+        the pass that reaps them (the context's lock held): where a child held a rank's pipes
+        open, 64 stalled ranks ending at once held commands and a stop 12.8 s."""
+        now = time.monotonic()
+        if self._drain_until is None:
+            self._drain_until = now + END_DRAIN
+        return max(0.0, self._drain_until - now)
 
     def _prompt_after_stall(self, slot: Any, silent: float, snap: RankSnapshot) -> bool:
         """A rank reported stalled that has come to wait for input since (its own input() after a
