@@ -3193,6 +3193,8 @@ def test_attachs_exit_status_is_the_local_tuis(tmp_path, runtime, monkeypatch):
         term = ranktop_in_tmux(runtime, "attach qy", "; echo STATUS $?; sleep 30", width=120, height=30)
         term.wait_screen("hello from 1", "hello from 0")
         (client,) = psutil.Process(int(term.pane_pid())).children(recursive=True)
+        for notice in (signal.SIGUSR1, signal.SIGUSR2):  # (Slurm's warnings: their default action killed it)
+            client.send_signal(notice)
         term.press("o")
         wait_for(started.exists, what="the pager started")
         client.send_signal(signal.SIGTERM)
