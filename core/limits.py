@@ -139,8 +139,8 @@ def ensure_fds_for(nranks: int) -> None:
     need = fds_needed(nranks)
     if soft != resource.RLIM_INFINITY and need > soft:
         raise UsageError(
-            f"too few file descriptors for {nranks} ranks: about {need} are needed and the limit is "
-            f"{soft} (hard limit {'unlimited' if hard == resource.RLIM_INFINITY else hard}); raise it "
+            f"too few file descriptors for {nranks} rank{'' if nranks == 1 else 's'}: about {need} are needed "
+            f"and the limit is {soft} (hard limit {'unlimited' if hard == resource.RLIM_INFINITY else hard}); raise it "
             f"(ulimit -Hn {need}, or LimitNOFILE= for a service) or start fewer ranks per node"
         )
 
