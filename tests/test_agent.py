@@ -291,7 +291,7 @@ def test_stall_detection_marks_silent_rank_and_clears(tmp_path):
     finally:
         agent.stop()
         run.join()
-    assert [s.rank for s in stalls][:1] == [1]
+    assert sorted(s.rank for s in stalls) == [1, 2, 3]  # each once, in whatever order they went quiet
     kinds = _event_kinds(agent)
     assert ("stall_detected", 1) in kinds and ("stall_cleared", 1) in kinds
     ends = [(e["event"], e.get("stalled")) for e in read_events(agent.run_dir)
