@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import drive, make_agent, read_events, until, wait_for
+from conftest import drive, make_agent, read_events, screen_rows, until, wait_for
 from fake_engine import FakeEngine
 from ranktop.core.agent import LocalAgent
 from ranktop.core.engine import LocalEngine
@@ -445,6 +445,8 @@ def test_help_screen_and_palette_list_every_key(tmp_path):
 
 
 def test_compact_list_past_what_fits():
+    """At 80x24 the 32 ranks' list scrolls: its header row (order and filter) stays on top. It
+    was the list's first row, and a rank far down (31, or one sorted there) scrolled it away."""
     app = RanktopApp(FakeEngine(32))
 
     async def body(app, pilot):
@@ -455,10 +457,18 @@ def test_compact_list_past_what_fits():
         await until(pilot, lambda: "31" in main.query_one(RankList).plain, what="all ranks listed")
         await pilot.press("down", "down")
         assert main.current == 2 and [r for r in range(32) if main.pane(r).display] == [2]
-        await pilot.click("#rank-list", offset=(3, 6))  # row 0 is the list's header
+        await pilot.click("#rank-list", offset=(3, 5))  # row 0 is rank 0's: the header is above the list
         await until(pilot, lambda: main.current == 5, what="rank 5 picked")  # (its Picked may still be queued)
+        await pilot.press("s", "s", "s", "3", "1")  # by quiet, then rank 31: the last row
+        await until(pilot, lambda: screen_rows(app)[-2].startswith("▶31 running"), what="the list scrolled to 31")
+        assert screen_rows(app)[1].startswith(" 32/32 by quiet  (s sort")
+        first = int(screen_rows(app)[2].split()[0])  # the top rank row on screen, under the header
+        assert first > 0  # scrolled
+        await pilot.click(offset=(3, 2))
+        await until(pilot, lambda: main.current == first, what="the clicked rank picked")
+        assert screen_rows(app)[1].startswith(" 32/32 by quiet")
 
-    drive(app, body)
+    drive(app, body, size=(80, 24))
 
 
 @pytest.mark.parametrize(("n", "expected"), [(1, (1, 1)), (4, (2, 2)), (8, (4, 2)), (16, (4, 4)), (32, None),

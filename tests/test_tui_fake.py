@@ -596,7 +596,7 @@ def test_the_compact_view_mounts_a_ranks_pane_only_once_it_is_shown_and_keeps_it
         assert mounted(main) == [0, 7] and app.focused is main.pane(7).log
         await pilot.press("home")  # rank 7's pane, made just now, scrolled back to its top
         await until(pilot, lambda: "paused at line 1 " in main.pane(7).title, what="rank 7 paused at its top")
-        await pilot.click("#rank-list", offset=(3, 13))  # row 0 is the list's header
+        await pilot.click("#rank-list", offset=(3, 12))  # row 0 is rank 0's (the header is above it)
         await until(pilot, lambda: on_screen("rank 12 line 199"), what="rank 12's output on the screen")
         await pilot.press("g", *"35", "enter")
         await until(pilot, lambda: on_screen("rank 35 line 199"), what="rank 35's output on the screen")

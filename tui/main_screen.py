@@ -37,9 +37,11 @@ from ranktop.tui.panes import (
     SORTS,
     CalmFooter,
     GroupHeader,
+    LiveText,
     RankFeed,
     RankList,
     RankPane,
+    list_head,
     rank_title,
     read_only,
 )
@@ -242,6 +244,7 @@ class MainScreen(Screen):
         yield Static(id="waiting", markup=False)  # while a rendezvous round forms
         with Horizontal(id="body"):
             with VerticalScroll(id="rank-list-box"):
+                yield LiveText(id="rank-list-head")  # docked: it stays on screen as the rows scroll
                 yield RankList(id="rank-list")
             with Container(id="grid"):
                 self._shown = set(range(self.n)) if not self.compact else {self.current}
@@ -340,10 +343,10 @@ class MainScreen(Screen):
             self.call_after_refresh(self._list_shows, local_rank)
 
     def _list_shows(self, local_rank: int) -> None:
-        """Scroll the rank list so that the focused rank's row is on screen."""
-        box = self.query_one("#rank-list-box")
-        row = self.query_one(RankList).row_of(local_rank)
-        top, height = round(box.scroll_y), box.scrollable_content_region.height
+        """Scroll the rank list so that the focused rank's row is on screen (below its header)."""
+        box, listing = self.query_one("#rank-list-box"), self.query_one(RankList)
+        row = listing.row_of(local_rank)
+        top, height = round(box.scroll_y), box.scrollable_content_region.height - listing.dock_gutter.height
         if row is not None and not top <= row < top + height:
             box.scroll_to(y=max(0, row - height // 2), animate=False, immediate=True)
 
@@ -994,9 +997,12 @@ class MainScreen(Screen):
         if self.compact:
             metrics = None if self.tracker.pattern is None else {
                 r: track.value or "-" for r, track in self.tracker.ranks.items()}
-            self.query_one(RankList).show_ranks(snap.ranks, self.current, now, sort=self.sort, filter_=self.filter,
-                                                hits=None if self.everywhere is None else self.everywhere.counts,
-                                                metrics=metrics, outliers=outliers)
+            listing = self.query_one(RankList)
+            listing.show_ranks(snap.ranks, self.current, now, sort=self.sort, filter_=self.filter,
+                               hits=None if self.everywhere is None else self.everywhere.counts,
+                               metrics=metrics, outliers=outliers)
+            self.query_one("#rank-list-head", LiveText).show(
+                list_head(len(listing.order), len(snap.ranks), self.sort, self.filter))
 
     def _say_if_metric_stopped(self) -> None:
         """Once: the --metric pattern was given up (a line took it past its time limit); the

@@ -873,9 +873,16 @@ def list_columns(room: int, hits: bool, metric: bool) -> set[str]:
     return kept
 
 
+def list_head(shown: int, total: int, sort: str, filter_: str) -> Text:
+    """The rank list's header row: how many ranks it shows, its order and its filter."""
+    head = f"{shown}/{total} by {sort}" + ("" if filter_ == "all" else f", {filter_}")
+    return Text(f" {head}  (s sort, v filter)", style="dim", no_wrap=True, overflow="ellipsis")
+
+
 class RankList(LiveText):
-    """The compact view: a header row (order and filter), then one row per rank (state, cpu,
-    last output age), for many ranks."""
+    """The compact view: one row per rank (state, cpu, last output age), for many ranks. Its
+    header row (list_head) is a widget of its own, docked above it, so that it stays on screen
+    however far the list is scrolled."""
 
     class Picked(Message):
         def __init__(self, local_rank: int) -> None:
@@ -884,15 +891,13 @@ class RankList(LiveText):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.order: list[int] = []  # local ranks, one per row after the header
+        self.order: list[int] = []  # local ranks, one per row
 
     def show_ranks(self, ranks: tuple[RankSnapshot, ...], focused: int, now: float, *, sort: str = "rank",
                    filter_: str = "all", hits: dict[int, int] | None = None,
                    metrics: dict[int, str] | None = None, outliers: set[int] | frozenset[int] = frozenset()) -> None:
         shown = list_order(ranks, sort, filter_, now)
         text = Text(no_wrap=True, overflow="ellipsis")
-        head = f"{len(shown)}/{len(ranks)} by {sort}" + ("" if filter_ == "all" else f", {filter_}")
-        text.append(f" {head}  (s sort, v filter)\n", style="dim")
         digits = len(str(max((r.rank for r in ranks), default=0)))
         self.order = [r.local_rank for r in shown]
         columns = list_columns(self.size.width - (2 + digits + STATE_CELLS), hits is not None, metrics is not None)
@@ -917,10 +922,10 @@ class RankList(LiveText):
         self.show(text)
 
     def row_of(self, local_rank: int) -> int | None:
-        """The list row (0: the header) showing `local_rank`, None when filtered out."""
-        return self.order.index(local_rank) + 1 if local_rank in self.order else None
+        """The list row (0: the first rank's) showing `local_rank`, None when filtered out."""
+        return self.order.index(local_rank) if local_rank in self.order else None
 
     def on_click(self, event: Click) -> None:
-        row = event.y - 1
+        row = event.y
         if 0 <= row < len(self.order):
             self.post_message(self.Picked(self.order[row]))
