@@ -22,15 +22,16 @@ from ranktop.core.rendezvous import (
     STORE_SILENT,
     USER_RESTART,
     USER_STOP,
+    Done,
     RendezvousFailed,
     RoundEnd,
     RoundWatch,
+    StoreCall,
 )
 from ranktop.core.root_cause import rank_failed
 from ranktop.core.state import GroupState, RoundForming
 
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
-_CUT_SHORT_LOOK = 0.05  # seconds between looks at whether a wait for a store call is to end early
 WORD_WAIT = 2.0  # for a store call the monitor loop makes itself: the word of a user's R, a look (a store answers in milliseconds)
 STOP_WORD_WAIT = 0.5  # for a stopped node's word to its round, which its ranks' signal waits for: a few uncontended store calls
 
@@ -119,20 +120,9 @@ class AgentRendezvous:
         """`call()`'s value, or the RendezvousFailed it raised; None if a stop came first. It runs
         in a thread: a store call blocks for as long as its timeout, and a stop must not wait.
         `slow` is called once if the call takes over SLOW_WAIT seconds, `tick` at each look."""
-        box: list[Any] = []
-        done = threading.Event()
+        store_call = StoreCall(call, RendezvousFailed)
         slow_at = time.monotonic() + SLOW_WAIT
-
-        def run() -> None:
-            try:
-                box.append(call())
-            except RendezvousFailed as exc:
-                box.append(exc)
-            finally:
-                done.set()
-
-        threading.Thread(target=run, name=STORE_CALL_THREAD, daemon=True).start()
-        while not done.wait(0.1):
+        while not store_call.done.wait(0.1):
             if self._stop_asked():
                 return None
             if slow is not None and time.monotonic() >= slow_at:
@@ -140,7 +130,7 @@ class AgentRendezvous:
                 slow = None
             if tick is not None:
                 tick()
-        return box[0] if box else RendezvousFailed(f"the {self.rendezvous.describe()} failed")
+        return store_call.outcome(RendezvousFailed(f"the {self.rendezvous.describe()} failed"))
 
     def _stop_asked(self) -> bool:
         """While no ranks run (a rendezvous round, the exit barrier): take in pending signals and
@@ -305,18 +295,9 @@ class AgentRendezvous:
         `seconds`, and before `cut_short()` says to stop waiting, else None: a store that does not
         answer (its host hung) would hold the monitor loop for the store's time-out. The thread is
         left blocked, if it is, as a stop leaves a round's call (store_call_left_blocked)."""
-        box: list[Any] = []
-        done = _Done()
-
-        def run() -> None:
-            try:
-                box.append(call())
-            finally:
-                done.set()
-
-        threading.Thread(target=run, name=STORE_CALL_THREAD, daemon=True).start()
-        done.wait_within(seconds, cut_short)
-        return box[0] if box else None
+        store_call = StoreCall(call)
+        store_call.done.wait_within(seconds, cut_short)
+        return store_call.outcome()
 
     def _leave_rendezvous(self, state: GroupState) -> None:
         """Success: wait at the exit barrier, then close. Giving up: tell the others, close. A stop
@@ -477,20 +458,6 @@ class AgentRendezvous:
                          "round can form, so a failure of theirs ends the run")
 
 
-class _Done(threading.Event):
-    """An event waited for by the monitor loop, for a while at most."""
-
-    def wait_within(self, seconds: float, cut_short: Callable[[], bool] | None = None) -> bool:
-        """Whether it is set within `seconds`, and before `cut_short()` says to stop waiting
-        (looked at every _CUT_SHORT_LOOK seconds)."""
-        deadline = time.monotonic() + seconds
-        while not self.is_set() and (left := deadline - time.monotonic()) > 0:
-            if cut_short is not None and cut_short():
-                break
-            self.wait(left if cut_short is None else min(left, _CUT_SHORT_LOOK))
-        return self.is_set()
-
-
 class _StepOut:
     """A stopped node's word to its round, then its step out of it, in a thread of their own
     (named as every store call the monitor loop leaves blocked: store_call_left_blocked): the
@@ -498,7 +465,7 @@ class _StepOut:
 
     def __init__(self, rdzv: Any, how: str) -> None:
         self.how = how
-        self.said, self.done = _Done(), _Done()
+        self.said, self.done = Done(), Done()
         self.said_it = self.stepped_out = False
         self.said_first = False  # said before the ranks got their signal (the monitor loop's wait for it)
         self._began = time.monotonic()

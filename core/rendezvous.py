@@ -256,6 +256,47 @@ RDZV_TIMEOUT = 900
 _C10D_READ_TIMEOUT = 60  # torch's c10d backend's read_timeout unless --rdzv-conf names one
 # The name of a thread that runs a store call ranktop may walk away from, blocked in torch's C++
 STORE_CALL_THREAD = "ranktop-rdzv-join"
+_CUT_SHORT_LOOK = 0.05  # seconds between looks at whether a wait for a store call is to end early
+
+
+class Done(threading.Event):
+    """An event waited for by the monitor loop, for a while at most."""
+
+    def wait_within(self, seconds: float, cut_short: Callable[[], bool] | None = None) -> bool:
+        """Whether it is set within `seconds`, and before `cut_short()` says to stop waiting
+        (looked at every _CUT_SHORT_LOOK seconds)."""
+        deadline = time.monotonic() + seconds
+        while not self.is_set() and (left := deadline - time.monotonic()) > 0:
+            if cut_short is not None and cut_short():
+                break
+            self.wait(left if cut_short is None else min(left, _CUT_SHORT_LOOK))
+        return self.is_set()
+
+
+class StoreCall:
+    """`call()` run in a daemon thread named STORE_CALL_THREAD: a store call may block for its
+    whole time-out, or for ever in torch's C++, and whoever waits for it must be free to walk
+    away (the thread is left blocked: agent_rendezvous.store_call_left_blocked). `done` is set
+    once it has returned or raised; an exception among `caught` is kept as its outcome, any
+    other ends the thread."""
+
+    def __init__(self, call: Callable[[], Any], caught: type[Exception] | tuple[type[Exception], ...] = ()) -> None:
+        self.done = Done()
+        self._outcome: list[Any] = []
+        threading.Thread(target=self._run, args=(call, caught), name=STORE_CALL_THREAD, daemon=True).start()
+
+    def _run(self, call: Callable[[], Any], caught: Any) -> None:
+        try:
+            self._outcome.append(call())
+        except caught as exc:
+            self._outcome.append(exc)
+        finally:
+            self.done.set()
+
+    def outcome(self, default: Any = None) -> Any:
+        """What the call returned, or the caught exception it raised; `default` while it runs, or
+        where it raised another."""
+        return self._outcome[0] if self._outcome else default
 
 
 def create_handler(
@@ -304,24 +345,13 @@ def _handler_in_time(make: Callable[[Any], Any], params: Any, conf: dict[str, st
         limit = 2 * int(conf.get("read_timeout", _C10D_READ_TIMEOUT)) + 5
     except ValueError:  # torch's own words, at once
         return make(params)
-    box: list[Any] = []
-    made = threading.Event()
-
-    def run() -> None:
-        try:
-            box.append(make(params))
-        except Exception as exc:
-            box.append(exc)
-        finally:
-            made.set()
-
-    threading.Thread(target=run, name=STORE_CALL_THREAD, daemon=True).start()
-    if not made.wait(limit):  # (a Ctrl-C ends the wait: KeyboardInterrupt)
+    call = StoreCall(lambda: make(params), Exception)
+    if not call.done.wait(limit):  # (a Ctrl-C ends the wait: KeyboardInterrupt)
         raise RendezvousFailed(f"cannot reach the c10d rendezvous at {params.endpoint}: no c10d store answered "
                                f"there within {limit} s (none serves it, or another service listens on that port)")
-    if isinstance(box[0], Exception):
-        raise box[0]
-    return box[0]
+    if isinstance(handler := call.outcome(), Exception):
+        raise handler
+    return handler
 
 
 def check_rdzv_conf(text: str, backend: str) -> None:
