@@ -62,6 +62,14 @@ class Proc:
         self.pid, self.ppid, self.pgid, self.sid, self.start, self.zombie = pid, ppid, pgid, sid, start, zombie
 
 
+def status_fields(path: str, names: tuple[str, ...]) -> dict[str, str]:
+    """The fields `names` of a /proc status file (`SigCgt`, `TracerPid`, `CapEff`) that it holds,
+    as text; OSError where it cannot be read (the process is gone)."""
+    return {name: value.strip() for name, value in
+            (line.split(":", 1) for line in read_proc_file(path).decode(errors="replace").splitlines()
+             if line.startswith(names)) if name in names}
+
+
 def read_proc_file(path: str) -> bytes:
     """The whole of a /proc file. A process table is read at every end of a run, file by file:
     plain descriptors cost ~40% less than file objects there."""

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from ranktop.core.errors import UsageError
+from ranktop.core.guard import status_fields
 from ranktop.core.limits import SECONDS
 from ranktop.core.packing import PackedChunk, pack, packer, tail_after_newline, unpacked
 from ranktop.core.sanitize import quoted, unfinished_tail
@@ -83,11 +84,10 @@ def exempt_from_pipe_limits() -> bool:
     if not _in_initial_user_namespace():  # (whatever CapEff says: the kernel counts none of it)
         return False
     try:
-        with open("/proc/self/status") as f:
-            caps = next((line.split()[1] for line in f if line.startswith("CapEff:")), None)
+        caps = status_fields("/proc/self/status", ("CapEff",)).get("CapEff")
         if caps is not None:
             return bool(int(caps, 16) & _PIPE_EXEMPTING_CAPS)
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError):
         pass
     return os.geteuid() == 0  # nothing says: root usually holds them
 

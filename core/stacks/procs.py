@@ -7,6 +7,7 @@ import select
 import signal
 
 import psutil
+from ranktop.core.guard import status_fields
 
 
 def gone_reason(pid: int) -> str | None:
@@ -27,9 +28,7 @@ def tracer_of(pid: int) -> tuple[int, str] | None:
     or None when none does (or it cannot be read). py-spy cannot suspend a process another tracer
     holds, and says only EPERM."""
     try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            field = next((line for line in f if line.startswith(b"TracerPid:")), b"TracerPid:\t0")
-        tracer = int(field.split(b":", 1)[1])
+        tracer = int(status_fields(f"/proc/{pid}/status", ("TracerPid",)).get("TracerPid", "0"))
     except (OSError, ValueError):
         return None
     if tracer <= 0:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ranktop.core.errors import file_kind, read_at_most
 from ranktop.core.events import EventLog
-from ranktop.core.guard import read_proc_file
+from ranktop.core.guard import status_fields
 from ranktop.core.layout import RunDir, dump_log_path
 from ranktop.core.stacks.grouping import build_report
 from ranktop.core.stacks.model import Frame, RankStack, StackReport, StackStatus, ThreadStack, snapshot_facts
@@ -31,8 +31,7 @@ def _status_masks(path: str, names: tuple[str, ...]) -> tuple[int, ...] | None:
     """The signal masks `names` (SigCgt, SigBlk...) of a /proc status file, None where it cannot be
     read (the process or thread is gone) or lacks one."""
     try:
-        fields = dict(line.split(":", 1) for line in read_proc_file(path).decode().splitlines()
-                      if line.startswith(names))
+        fields = status_fields(path, names)
         return tuple(int(fields[name], 16) for name in names)
     except (OSError, ValueError, KeyError):
         return None
