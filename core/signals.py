@@ -89,6 +89,17 @@ _EARLY_STOPS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _early: list[int] = []
 
 
+def deaf_to(signals: tuple[int, ...] | frozenset[int]) -> dict[int, object]:
+    """`signals` change nothing in this process from now on (a hang-up, Slurm's SIGUSR1/2 warnings
+    where their default action would kill it); the handlers they had. A handler that does nothing,
+    not SIG_IGN, which a rank started later would inherit through exec."""
+    return {sig: signal.signal(sig, _unheard) for sig in signals}
+
+
+def _unheard(_signum: int, _frame: object) -> None:
+    pass
+
+
 def _note_early(signum: int, _frame: object) -> None:
     _early.append(signum)
 

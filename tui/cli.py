@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ranktop.core import collector, guard, limits, numa
 from ranktop.core.errors import UsageError
 from ranktop.core.sanitize import check_console_prefix, clean, quoted
-from ranktop.core.signals import NOTICE_SIGNALS, hold_early_stops, parse_signal_names
+from ranktop.core.signals import NOTICE_SIGNALS, deaf_to, hold_early_stops, parse_signal_names
 from ranktop.core.stdio import escape_unencodable, guard_streams, reopen_closed_streams, report_lost, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, run_command, usage_error, usage_line
 
@@ -1073,9 +1073,8 @@ def run_headless(spec, ns: argparse.Namespace) -> int:
         # Started to outlive its terminal: the run notes a hang-up (and SIGUSR1/2, Slurm's warnings)
         # and goes on, and the engine that lingers after it stays on them too. (The run puts these
         # handlers back at its end; with the defaults there, each killed the lingering engine, its
-        # socket left behind. Not SIG_IGN, which a rank would inherit through exec.)
-        for sig in (signal.SIGHUP, *NOTICE_SIGNALS):
-            signal.signal(sig, lambda _signum, _frame: None)
+        # socket left behind.)
+        deaf_to((signal.SIGHUP, *NOTICE_SIGNALS))
         serving.start()  # served before any rank speaks: our stderr is the parent's pipe until then
     # Start-up is over (before any attempt exists: an attempt frozen by gc.freeze would never be freed)
     collector.release()

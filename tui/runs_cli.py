@@ -39,7 +39,7 @@ from ranktop.core.client import (
 from ranktop.core.layout import default_log_root, default_root_problem, newest_ended_runs
 from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean, clean_console
-from ranktop.core.signals import NOTICE_SIGNALS
+from ranktop.core.signals import NOTICE_SIGNALS, deaf_to
 from ranktop.core.state import world_undecided
 from ranktop.core.stdio import lose, print_err, print_out, terminal_problem, to_devnull
 from ranktop.tui.usage import UsageParser, metric_pattern, run_command, usage_error
@@ -349,7 +349,7 @@ def _leaving_on_signals(app) -> Iterator[None]:
     killed it in the TUI's alternate screen."""
     stops = (signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP)
     previous = {sig: signal.signal(sig, lambda signum, _frame: app.leave_on_signal(signum)) for sig in stops}
-    previous.update({sig: signal.signal(sig, lambda _signum, _frame: None) for sig in NOTICE_SIGNALS})
+    previous.update(deaf_to(NOTICE_SIGNALS))
     try:
         yield
     finally:
