@@ -824,12 +824,15 @@ class ConsoleWriter:
         """`parts` as they must go out on `screen`: after the end of another stream's open line,
         and with `key`'s prefix again when its own open line was ended meanwhile. Lock held."""
         owner = self._open_line.get(screen)
-        if owner is not None and owner != key:
-            parts = (b"\n", *parts)
-            self._cut.add(owner)
         if key in self._cut:
             self._cut.discard(key)
             parts = _resumed(parts, prefix)
+        # The other stream's line ends after `parts` are resumed: _resumed takes a leading newline
+        # for the end of `key`'s own line, and dropped this one with the prefix, so that the rest
+        # of a line cut twice (two ranks' prompts in turns) went on the other rank's line.
+        if owner is not None and owner != key:
+            parts = (b"\n", *parts)
+            self._cut.add(owner)
         if line_open:
             self._open_line[screen] = key
         else:

@@ -460,6 +460,30 @@ def test_the_console_tee_of_an_endless_line_holds_little_and_loses_nothing():
     assert console.getvalue() == b"[r0]:" + piece * 160 + b"b\n[r0]:next\n[r0]:open\n"
 
 
+def test_two_ranks_open_lines_that_cut_each_other_keep_their_prefixes():
+    """Two ranks each leave a line open (two `(Pdb) ` prompts, two lines past 64 KiB shown as
+    they come), in turns: the rest of the first one's line went on the second one's, without
+    its prefix (`[r1]:r1 asks r0 goes on`), where it must start a line of its own."""
+    import io
+
+    from ranktop.core.output import StreamSink
+
+    console = io.BytesIO()
+    writer = ConsoleWriter()
+    sinks = [StreamSink(STDOUT, LineRing(), (writer, console, b"[r%d]:" % rank)) for rank in (0, 1)]
+    for rank, sink in enumerate(sinks):  # a prompt each, shown once left PROMPT_SECONDS
+        sink.feed(b"r%d asks " % rank)
+        sink.show_held_if_quiet(time.monotonic() + 1)
+    long = b"x" * (LINE_CAP + 1)  # past what is held: shown as it comes
+    for rank, sink in enumerate(sinks):
+        sink.feed(b"r%d goes on " % rank + long)
+    for rank, sink in enumerate(sinks):
+        sink.feed(b" r%d ends\n" % rank)
+    writer.close()
+    assert console.getvalue() == (b"[r0]:r0 asks \n[r1]:r1 asks \n[r0]:r0 goes on " + long + b"\n[r1]:r1 goes on "
+                                  + long + b"\n[r0]: r0 ends\n[r1]: r1 ends\n")
+
+
 def _tee_model(text: bytes, prefix: bytes) -> bytes:
     """What the console should show of `text` (every line shorter than LINE_CAP): each line
     prefixed, '\\r' collapsed to its last state, the unfinished last line ended at the finish."""
