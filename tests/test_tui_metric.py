@@ -55,6 +55,18 @@ def test_last_match_per_rank_and_the_outlier():
     assert tracker.ranks[0].value == "0.30" and tracker.ranks[0].rate == 2.0  # two lines in that second
 
 
+def test_the_value_is_read_from_the_line_as_the_pane_shows_it():
+    """The ranks get FORCE_COLOR, and Rich's log handler colours numbers: such a value gave none.
+    A value inside an escape sequence the pane drops (a title) was read where the pane shows none."""
+    engine = FakeEngine(3)
+    engine.print(0, "step 1 loss \x1b[1;36m0.50\x1b[0m")
+    engine.print(1, "\x1b]0;loss 9.99\x07step 1 loss 0.40")
+    engine.print(2, "step 1 loss \x1b]0;9.99\x07\x1b[2K0.30")
+    tracker = Tracker(engine, compile_metric(r"loss ([0-9.]+)"))
+    assert tracker.update(engine.snapshot(), now=100.0)
+    assert [tracker.ranks[r].value for r in range(3)] == ["0.50", "0.40", "0.30"]
+
+
 def test_ranktops_own_lines_are_no_metric_and_no_search_match():
     """A restart's separator is ranktop's line, not output: `--metric 'restart ([0-9]+)'` read it as
     the rank's value, and ctrl+f counted it as the rank's match."""

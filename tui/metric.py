@@ -132,7 +132,10 @@ class Tracker:
         for raw in (*reversed(open_lines), *reversed(lines)):  # the newest match is the one wanted
             if type(raw) is RanktopLine:  # a restart's separator is not the rank's output
                 continue
-            found = self.pattern.search(raw.decode("utf-8", "replace"))
+            # As the pane shows the line, as a search reads it: a value in colours (Rich's log
+            # handler colours numbers, and the ranks get FORCE_COLOR) gave none, and a value in an
+            # escape sequence the pane drops (`ESC ] 0 ; loss 9 BEL`) was read where none shows.
+            found = self.pattern.search(clean(raw.decode("utf-8", "replace")))
             if self.pattern.stopped:  # given up for good: no value from here on, the last one stays
                 if self.stopped_in is None:
                     self.stopped_in = local_rank
@@ -141,7 +144,7 @@ class Tracker:
             # (a group that took no part in the match, `loss (\S+)|acc` on `acc`, is no value: it
             # was None, a TypeError at the next read that ended the TUI)
             if value is not None:
-                track.value = clean(value)[:16]
+                track.value = value[:16]
                 break
 
     @staticmethod
