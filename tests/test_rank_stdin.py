@@ -126,30 +126,47 @@ def test_the_footer_offers_no_search_while_the_stdin_box_is_typed_into(tmp_path)
     drive(app, body)
 
 
+def _pasted(text: str) -> list:
+    """What the driver posts for `text` pasted in a terminal: its bracketed paste read through
+    the decoder Textual's input thread uses and Textual's parser, in four reads."""
+    import ranktop.tui.driver  # noqa: F401 (it sets the driver's decoder)
+    from textual._xterm_parser import XTermParser
+    from textual.drivers import linux_driver
+
+    decode, parser = linux_driver.getincrementaldecoder("utf-8")().decode, XTermParser()
+    data = f"\x1b[200~{text}\x1b[201~".encode()
+    reads = (data[:3], data[3:len(data) // 2], data[len(data) // 2 : -3], data[-3:])
+    return [event for piece in reads if (shown := decode(piece)) for event in parser.feed(shown)]
+
+
 def test_a_paste_is_shown_and_sent_without_its_escape_sequences():
     """Found by fuzzing `i` into an attached run: a paste went into the box as it came, and
     Textual drew it raw, so a pasted `ESC ] 52 ; c ; ... ESC \\` wrote the terminal's clipboard
     and `ESC [ 2 J` cleared the screen; sent, a pasted Ctrl-C or Ctrl-S reached a --pty rank's
     terminal, whose line discipline acted on it. A paste's sequences are dropped and its controls
-    shown as symbols, in every box, as the panes show a rank's output: the line sent is the one shown."""
+    shown as symbols, in every box, as the panes show a rank's output: the line sent is the one shown.
+    And a paste is one: Textual's parser ended it at its first ESC, and the rest came as keys
+    (`^]52;c;...`, Ctrl-C, an enter that sent a line of it to the rank)."""
     from fake_engine import FakeEngine
     from test_tui_fake import drive as drive_fake
-    from textual import events
 
     engine = FakeEngine(2)
 
     async def body(app, pilot):
         await pilot.press("i")
         box = app.main.query_one("#stdin")
-        app.post_message(events.Paste("p x\x1b]52;c;ZXZpbA==\x1b\\ \x1b[2J\x03\x13y\u202e\r\nq"))  # as the driver posts it
+        for event in _pasted("p x\x1b]52;c;ZXZpbA==\x1b\\ \x1b[2J\x03\x13y\u202e\r\nq"):
+            app.post_message(event)
         await until(pilot, lambda: box.value, what="the paste in the box")
+        await pilot.pause()
         assert box.value == "p x ␃␓y⟨U+202E⟩"  # its first line
         assert not [row for row in screen_rows(app) if "\x1b" in row]
         await pilot.press("enter")
         await until(pilot, lambda: engine.commands, what="the line sent")
         assert engine.commands == [cmd.SendInput(0, "p x ␃␓y⟨U+202E⟩\n")]
         await pilot.press("escape", "slash")
-        app.post_message(events.Paste("loss\x1b[31m 0.5\x1b[0m"))
+        for event in _pasted("loss\x1b[31m 0.5\x1b[0m"):
+            app.post_message(event)
         await until(pilot, lambda: app.main.query_one("#search").value == "loss 0.5", what="the search's paste")
 
     drive_fake(engine, body)

@@ -25,7 +25,7 @@ from ranktop.core.state import GroupSnapshot, GroupState
 from ranktop.tui.bounded_regex import BoundedPattern
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import detach_terminal, terminal_alive, terminal_hung_up
-from ranktop.tui.driver import hangup_aware
+from ranktop.tui.driver import PASTED_ESC, hangup_aware
 from ranktop.tui.main_screen import MainScreen
 from ranktop.tui.pager import end_pager
 from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, LogView, alive_count, can_act, read_only
@@ -64,8 +64,8 @@ def pasted_text(text: str) -> str:
     as the panes show a rank's output. Textual's Input took it as it came and drew it raw: a pasted
     `ESC ] 52 ; c ; ... ESC \\` wrote the terminal's clipboard, `ESC [ 2 J` cleared the screen, and
     `i` typed a pasted Ctrl-C or Ctrl-S into a --pty rank's terminal, whose line discipline acted on it
-    (SIGINT to the rank; its output stopped)."""
-    return clean(text.replace("\r\n", "\n").replace("\r", "\n"), newlines=True)
+    (SIGINT to the rank; its output stopped). An ESC in it comes as PASTED_ESC (see TerminalInput)."""
+    return clean(text.replace(PASTED_ESC, "\x1b").replace("\r\n", "\n").replace("\r", "\n"), newlines=True)
 
 
 def tui_exit_status(snap: GroupSnapshot, user_quit: bool) -> int:

@@ -13,6 +13,9 @@ a Latin-1 locale: the frame came out as `\\u2588` escapes, one cell each counted
 its size is the terminal's, not `COLUMNS`/`LINES` (an exported value drew the TUI in a corner
 and never followed a resize).
 
+A bracketed paste reaches the app as one paste, whatever it holds (TerminalInput): Textual's
+parser ended it at an ESC in it, and took the rest for keys.
+
 And job control: suspended (Ctrl-Z), the TUI stays off the terminal until its job is in the
 foreground again. The engine runs in this process, so a process that job control woke in the
 background (`bg`, or `kill %1`: SIGTERM then SIGCONT) must run on: Textual's own resume touched
@@ -37,16 +40,68 @@ from ranktop.tui.detach import from_the_background, in_foreground
 from textual.drivers import linux_driver
 from textual.drivers.linux_driver import LinuxDriver
 
-
-def _utf8_dropping_bad_bytes(encoding: str) -> Callable[[], codecs.IncrementalDecoder]:
-    """The decoder Textual's input thread reads the terminal with: one that drops a byte that is
-    not UTF-8 (a Latin-1 paste, a meta key sent as an 8-bit byte, 0xff). Textual's decodes
-    strictly, and the UnicodeDecodeError ended its input thread in a panic, which ended the TUI
-    and stopped the run; the keys around such a byte come through."""
-    return functools.partial(codecs.getincrementaldecoder(encoding), errors="ignore")
+_PASTE_START, _PASTE_END = "\x1b[200~", "\x1b[201~"  # a bracketed paste's marks, as the terminal sends them
+PASTED_ESC = "\ufdd0"  # an ESC inside a bracketed paste, as Textual's parser is given it (a noncharacter)
 
 
-linux_driver.getincrementaldecoder = _utf8_dropping_bad_bytes  # (looked up as its input thread starts)
+class TerminalInput:
+    """The decoder Textual's input thread reads the terminal with (`decode` is all it calls).
+
+    It drops a byte that is not UTF-8 (a Latin-1 paste, a meta key sent as an 8-bit byte, 0xff):
+    Textual's decodes strictly, and the UnicodeDecodeError ended its input thread in a panic,
+    which ended the TUI and stopped the run; the keys around such a byte come through.
+
+    And it hands each ESC inside a bracketed paste on as PASTED_ESC, which the app's paste
+    handler (tui/app.py, pasted_text) takes back to ESC and drops with its sequence. Textual's
+    parser took such an ESC for the start of a key sequence: the paste ended there, and the rest
+    of it came as keys, an enter among them (`i`'s box sent each pasted line to the rank, unseen)
+    and Ctrl-C (the stop question). An ESC at the end of a read that may begin the paste's end
+    waits for the next read."""
+
+    def __init__(self, encoding: str) -> None:
+        self._decode = codecs.getincrementaldecoder(encoding)(errors="ignore").decode
+        self._in_paste = False
+        self._held = ""  # inside a paste, the start of its end mark that the read ended in
+        self._seen = ""  # the last characters handed on outside a paste (a paste's start mark can be cut)
+
+    def decode(self, data: bytes, final: bool = False) -> str:
+        text, self._held = self._held + self._decode(data, final), ""
+        out, at = [], 0
+        while at < len(text):
+            if not self._in_paste:
+                found = (self._seen + text[at:]).find(_PASTE_START)
+                if found < 0:
+                    out.append(text[at:])
+                    break
+                end = at + found - len(self._seen) + len(_PASTE_START)
+                out.append(text[at:end])
+                at, self._in_paste, self._seen = end, True, ""
+                continue
+            escape = text.find("\x1b", at)
+            if escape < 0:
+                out.append(text[at:])
+                break
+            out.append(text[at:escape])
+            if text.startswith(_PASTE_END, escape):
+                out.append(_PASTE_END)
+                at, self._in_paste = escape + len(_PASTE_END), False
+            elif _PASTE_END.startswith(text[escape:]) and not final:
+                self._held = text[escape:]
+                break
+            else:
+                out.append(PASTED_ESC)
+                at = escape + 1
+        shown = "".join(out)
+        if not self._in_paste:
+            self._seen = (self._seen + shown)[-len(_PASTE_START) :]
+        return shown
+
+
+def _terminal_input(encoding: str) -> Callable[[], TerminalInput]:
+    return functools.partial(TerminalInput, encoding)
+
+
+linux_driver.getincrementaldecoder = _terminal_input  # (looked up as its input thread starts)
 
 
 class TerminalFile:
