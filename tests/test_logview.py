@@ -235,6 +235,26 @@ async def test_search_counts_highlights_and_moves_between_matches():
         assert view.search_query == ""
 
 
+def test_a_search_counts_only_what_the_pane_shows():
+    """A needle inside an 8-bit sequence (UTF-8 C1: an OSC the pane drops) or past a long line's
+    cut at MAX_CHARS was counted, in a pane's search and in ctrl+f's, from the raw bytes: a rank
+    could make a match no pane showed, and n went to a line without it."""
+    from fake_engine import FakeEngine
+    from ranktop.tui.logview import matches, parse_line
+    from ranktop.tui.search_all import RankSearch
+
+    hidden = ["step 1 \u009d0;NaN\u009c ok", "step 2 \u009b31m ok", "a" * MAX_CHARS + " NaN"]
+    shown = ["loss ± NaN", "b" * (MAX_CHARS - 4) + " NaN"]
+    for line in hidden + shown:
+        raw = line.encode()
+        assert matches(raw, "nan", b"nan") == ("nan" in parse_line(raw, color=False).plain.lower()), line
+    assert not matches(hidden[1].encode(), "31m", b"31m")
+    engine = FakeEngine(2)
+    engine.print(0, *hidden)
+    engine.print(1, *hidden, *shown)
+    assert RankSearch.run(engine, range(2), "nan").counts == {1: 2}
+
+
 @sync
 async def test_the_current_match_colour_stays_on_the_line_n_and_n_are_on_as_the_other_stream_prints():
     """The unfinished last line's rows were cached by its text: the current-match colour stayed

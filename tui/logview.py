@@ -49,6 +49,7 @@ _ROW_STYLES = 256  # plain rows' styles kept per pane (a few screens' worth)
 _PLAIN_LINE = re.compile(rb"[\x20-\x7e]{0,%d}" % MAX_CHARS)  # printable ASCII: one cell a byte
 _PLAIN_BYTES = bytes(range(0x20, 0x7F)) + b"\n"  # such lines joined by newlines: translate() deletes them all
 _PLAIN = Style()  # Textual's colour filters want a style on every segment, even an empty one
+_C1 = re.compile(rb"\xc2[\x80-\x9f]")  # a C1 control in UTF-8: 8-bit CSI, OSC, ST... (the pane drops its sequence)
 CUT_LEFT, CUT_RIGHT = "‹", "›"  # over a row's first / last cell without wrap: its text goes on past that edge
 
 
@@ -122,10 +123,13 @@ def matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
     own never matches: search is of what the rank printed."""
     if type(raw) is RanktopLine:
         return False
-    raw = raw[:_MAX_BYTES]
-    if needle_bytes is not None and b"\x1b" not in raw:
-        return needle_bytes in raw.lower()  # ASCII needle: bytes.lower is enough and fast
-    return needle in parse_line(raw, color=False).plain.lower()
+    # An ASCII needle is in the bytes where the pane shows it when the line is whole there (at most
+    # MAX_CHARS bytes) and holds no sequence the pane drops, 7-bit or 8-bit: a search counted what
+    # no pane showed, a needle in an 8-bit OSC or past a long line's cut.
+    if (needle_bytes is not None and len(raw) <= MAX_CHARS and b"\x1b" not in raw
+            and (raw.isascii() or not _C1.search(raw))):
+        return needle_bytes in raw.lower()  # bytes.lower is enough and fast
+    return needle in parse_line(raw[:_MAX_BYTES], color=False).plain.lower()
 
 
 REGEX_PREFIX = "re:"  # a search query starting so is a regular expression (any case)
