@@ -26,7 +26,7 @@ from ranktop.core.errors import file_kind, read_at_most
 from ranktop.core.events import recorded_seal, run_started
 from ranktop.core.layout import FINAL_FILE, FINAL_KEY, STACKS, final_seal_of, open_dir_below, tail_lines_below
 from ranktop.core.limits import MAX_NPROC_PER_NODE
-from ranktop.core.output import RanktopLine
+from ranktop.core.output import RanktopLine, as_shown
 from ranktop.core.sanitize import clean, quoted
 from ranktop.core.server import SocketDirError, peer_credentials, remove_if_dead, socket_dir, to_json
 from ranktop.core.state import GroupSnapshot, RankSnapshot, RankState
@@ -845,7 +845,9 @@ class FinalEngine:
         return self._tail(names) if names else []
 
     def _tail(self, names: list[str]) -> list[bytes]:
-        return tail_lines_below(self._run_fd, names, self.TAIL_BYTES)
+        # As a served run's ring holds them: a progress bar redrawn with '\r' is its last state, a
+        # line is cut where the ring cuts it (the file keeps every byte).
+        return [as_shown(line) for line in tail_lines_below(self._run_fd, names, self.TAIL_BYTES)]
 
     def submit(self, command: cmd.Command) -> cmd.Ack:
         if isinstance(command, cmd.DumpStacks):  # no rank is left to dump: the last dump taken, if any

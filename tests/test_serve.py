@@ -2608,15 +2608,20 @@ def test_an_ended_run_whose_engine_has_gone_is_said_so_by_logs_stop_and_stacks(t
         assert both.returncode == 2 and both.stdout == ""
         assert both.stderr == "ranktop: error: 'ov' matches several ended runs: over, overt\n", command
     assert run_ranktop("logs", "over", env=env).stdout == "[0]:out of 0\n[1]:out of 1\n"  # the exact id still wins
+    # A progress bar redrawn with '\r' prints as its last state, as a served run's logs and the panes
+    # show it (the file keeps every redraw): it printed every redraw, and to a terminal as 10%␍50%␍...
+    attempt = run_dir / "attempt_0"
+    log = attempt / "0" / "stdout.log"
+    log.write_bytes(log.read_bytes() + b"10%\r50%\r100%\n")
+    assert run_ranktop("logs", "over", env=env).stdout == "[0]:out of 0\n[0]:100%\n[1]:out of 1\n"
     # A log a rank swapped for a FIFO or a link is not read (nothing hangs, nothing is followed),
     # and is said to be left out: it was left out without a word.
-    attempt = run_dir / "attempt_0"
     (attempt / "1" / "stdout.log").unlink()
     os.mkfifo(attempt / "1" / "stdout.log")
     (attempt / "0" / "stderr.log").unlink()
     (attempt / "0" / "stderr.log").symlink_to("/etc/passwd")
     swapped = run_ranktop("logs", "over", env=env, timeout=30)
-    assert (swapped.returncode, swapped.stdout) == (0, "[0]:out of 0\n"), swapped.stderr
+    assert (swapped.returncode, swapped.stdout) == (0, "[0]:out of 0\n[0]:100%\n"), swapped.stderr
     assert swapped.stderr.startswith("[1]:err of 1\nranktop: over: rank 0's stderr.log was left out: it is a symlink, "
                                      "not a plain file\nranktop: over: rank 1's stdout.log was left out: it is a FIFO, "
                                      "not a plain file\nranktop: over has ended"), swapped.stderr
