@@ -7,9 +7,25 @@ import sys
 def main() -> int:
     try:
         from ranktop.tui.cli import main as run_command_line
-    except KeyboardInterrupt:
-        return interrupted()
-    return run_command_line()
+    except BaseException as exc:
+        if not is_interrupt(exc):
+            raise
+        status = interrupted()
+    else:
+        status = run_command_line()
+    _forget_caught_interrupts()
+    return status
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether `exc` is a Ctrl-C: a KeyboardInterrupt, or one Python 3.11 wrapped on its way out of
+    a class's `__set_name__` (a RuntimeError, 'Error calling __set_name__', whose cause it is), as
+    an import that defines such a class meets it."""
+    while exc is not None:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def interrupted() -> int:
@@ -20,3 +36,12 @@ def interrupted() -> int:
     except (OSError, ValueError):  # (a console gone as well)
         pass
     return 130
+
+
+def _forget_caught_interrupts() -> None:
+    """A KeyboardInterrupt raised in code made from a string (a dataclass's generated `__init__`, run
+    by `exec` as its module is imported) marks the interpreter as interrupted even once it was
+    caught, and `python -m ranktop` then ends by SIGINT itself, not with the status returned (-2
+    where 130 was said). Every status here is one ranktop chose: a string run that ends normally
+    clears that mark."""
+    exec("")

@@ -212,14 +212,29 @@ def test_sigquit_stops_the_run_like_sigterm_by_default(tmp_path):
 
 
 # Ranktop run with a SIGINT that is pending (sent, blocked) from the start and comes when `module`
-# is first looked for: a Ctrl-C at that moment of the start, whatever the machine's speed.
+# is first looked for: a Ctrl-C at that moment of the start, whatever the machine's speed. `how` it
+# comes: in plain code; in code made from a string (`exec`), as a dataclass's generated __init__ is
+# run while its module is imported; in a class's __set_name__, which Python 3.11 wraps in a
+# RuntimeError. Run as `python -m`, as `python -m ranktop` is: only then does Python end by SIGINT
+# itself when a KeyboardInterrupt was raised in string code, caught or not.
 _INTERRUPTED_AT = """\
 import os, signal, sys, runpy
-module = sys.argv.pop(1)
+module, how = sys.argv.pop(1), sys.argv.pop(1)
+def unblock():
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    for _ in range(10 ** 7):  # the KeyboardInterrupt is raised here, at the loop's first check
+        pass
+class Field:
+    def __set_name__(self, owner, name):
+        unblock()
 class Unblock:
     def find_spec(self, name, path=None, target=None):
-        if name == module:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if name == module and how == "plain":
+            unblock()
+        elif name == module and how == "exec":
+            exec("unblock()")
+        elif name == module and how == "set_name":
+            type("Holder", (), {"field": Field()})
 sys.meta_path.insert(0, Unblock())
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 os.kill(os.getpid(), signal.SIGINT)
@@ -227,17 +242,21 @@ runpy.run_module("ranktop", run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.mark.parametrize("module", [
-    "ranktop.tui.cli",  # the command line loading
-    "ranktop.core.context",  # the run being set up, before it handles signals
+@pytest.mark.parametrize("module, how", [
+    ("ranktop.tui.cli", "plain"),  # the command line loading
+    ("ranktop.core.context", "plain"),  # the run being set up, before it handles signals
+    ("ranktop.tui.cli", "exec"),  # it ended by SIGINT (-2), not with 130
+    ("ranktop.core.context", "set_name"),  # it was a RuntimeError traceback, exit 1
 ])
-def test_a_ctrl_c_as_ranktop_starts_is_one_line(tmp_path, module):
+def test_a_ctrl_c_as_ranktop_starts_is_one_line(tmp_path, module, how):
     """A SIGINT while ranktop loads, or before its run handles it, was a KeyboardInterrupt
     traceback (an import's, or the command line's). It is one line now, exit 130, nothing left.
     (Later the run's own handlers take it: `stopped by SIGINT`.)"""
-    done = subprocess.run([sys.executable, "-c", _INTERRUPTED_AT, module, "--headless", "--nproc-per-node", "2",
-                           "--log-dir", str(tmp_path), "--no-python", "sleep", "30"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    (tmp_path / "interrupted_at.py").write_text(_INTERRUPTED_AT)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "interrupted_at", module, how, "--headless", "--nproc-per-node", "2",
+                           "--log-dir", str(tmp_path / "logs"), "--no-python", "sleep", "30"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 130, done
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
     assert "ranktop: interrupted (SIGINT)" in done.stderr, done.stderr

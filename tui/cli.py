@@ -22,7 +22,7 @@ from ranktop.core.signals import NOTICE_SIGNALS, deaf_to, hold_early_stops, pars
 from ranktop.core.stdio import escape_unencodable, guard_streams, reopen_closed_streams, report_lost, terminal_problem
 from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, run_command, usage_error, usage_line
 
-from ranktop.command import interrupted
+from ranktop.command import interrupted, is_interrupt
 
 
 def _number(flag: str, bounds: limits.Bounds):
@@ -777,7 +777,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     collector.hold()  # released where start-up ends: the first frame, or the ranks started
     try:
         status = _run_command(argv)
-    except KeyboardInterrupt:  # a Ctrl-C before the command's own handling of it
+    except BaseException as exc:  # a Ctrl-C before the command's own handling of it
+        if not is_interrupt(exc):
+            raise
         status = interrupted()
     finally:
         collector.release()
