@@ -82,6 +82,31 @@ class StopRule:
         return StopAction.FORWARD
 
 
+class InterruptPairs:
+    """A SIGINT sent to every process of a TUI's job at once (`kill -INT %1`, `pkill -INT
+    ranktop`, a scheduler's or systemd's signal to each process) reaches the TUI's process twice:
+    itself, and through the waiting parent the shell started, which passes its own on. A second
+    interrupt means "now" (SIGKILL, no grace), so the parent passes a SIGINT on as a signal of
+    its own, and one of each kind within `window` of the other are one interrupt. Two of one
+    kind are still two: a SIGINT sent twice to either process, or a second Ctrl-C."""
+
+    __slots__ = ("window", "_unpaired")
+
+    def __init__(self, window: float = DUPLICATE_WINDOW) -> None:
+        self.window = window
+        self._unpaired: tuple[bool, float] | None = None  # (passed on by the parent, monotonic arrival)
+
+    def is_other_half(self, passed_on: bool, received_at: float) -> bool:
+        """Whether this SIGINT (`passed_on` by the parent, or not) is the other half of the last
+        one, which was acted on: then it is nothing more."""
+        last = self._unpaired
+        if last is not None and last[0] != passed_on and received_at - last[1] < self.window:
+            self._unpaired = None
+            return True
+        self._unpaired = (passed_on, received_at)
+        return False
+
+
 # As PID 1 of a PID namespace (a container's command), a signal with no handler is dropped by the
 # kernel, not acted on: a SIGTERM from kubelet before the run has its handlers would be lost, and the
 # ranks would run until the SIGKILL a grace period later. Until then such a signal is only noted.

@@ -14,7 +14,7 @@ import time
 import pytest
 from conftest import ROOT, marked_processes, ranktop_cmd, read_events, run_ranktop, wait_for
 from ranktop.core import LocalAgent, WorkerSpec
-from ranktop.core.signals import OUTSIDE_STOP_WINDOW, StopAction, StopRule
+from ranktop.core.signals import OUTSIDE_STOP_WINDOW, InterruptPairs, StopAction, StopRule
 
 RANK = str(ROOT / "tests" / "ranks" / "checkpoint_on_signal.py")
 HUP, TERM, INT = signal.SIGHUP, signal.SIGTERM, signal.SIGINT
@@ -57,6 +57,19 @@ def _signal_twice(proc, sig):
     assert f"GOT {int(sig)}" in line, line
     proc.send_signal(sig)
     return proc.communicate(timeout=40)
+
+
+@pytest.mark.parametrize("arrivals, acted_on", [
+    ([(False, 0.0), (True, 0.001)], [True, False]),  # a SIGINT to both processes of the TUI's job: one
+    ([(True, 0.0), (False, 0.002)], [True, False]),  # (the parent's may come first)
+    ([(False, 0.0), (False, 0.01)], [True, True]),  # two to the TUI's process: two
+    ([(True, 0.0), (True, 0.3)], [True, True]),  # two to the pid the shell sees: two
+    ([(False, 0.0), (True, 0.001), (False, 0.3)], [True, False, True]),  # a pair, then a second interrupt
+    ([(False, 0.0), (True, 1.5)], [True, True]),  # a second apart: not one
+])
+def test_interrupt_pairs(arrivals, acted_on):
+    pairs = InterruptPairs()
+    assert [not pairs.is_other_half(passed_on, at) for passed_on, at in arrivals] == acted_on
 
 
 @pytest.mark.parametrize("sig", [HUP, TERM])

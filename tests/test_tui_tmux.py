@@ -165,6 +165,36 @@ def _one_rank_tui(tmp_path: Path, code: str, *flags: str, env: str = "", size=(1
     return Terminal(command, *size), status
 
 
+def test_a_sigint_to_every_process_of_the_tuis_job_is_one_interrupt(tmp_path):
+    """`kill -INT %1`, `pkill -INT ranktop`, a scheduler's SIGINT to each process of the job: it
+    reaches the TUI's process itself and through the waiting parent the shell started, which
+    passes its own on. The two were a second interrupt, which kills at once: the rank, saving
+    its checkpoint on SIGINT, was SIGKILLed 1 ms later, its grace never given."""
+    code = ("import signal, sys, time\n"
+            "def save(*_):\n    time.sleep(0.5)\n    print('saved', flush=True)\n    sys.exit(0)\n"
+            "signal.signal(signal.SIGINT, save)\nprint('rank is up', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+    term, status = _one_rank_tui(tmp_path, code, "--shutdown-timeout", "10")
+    try:
+        term.wait_screen("rank is up", " 0/0 ")
+        (waiter,) = _children(int(term.pane_pid()))
+        (tui,) = _children(waiter)
+        run_dir = _run_dir(tmp_path)
+        os.kill(tui, signal.SIGINT)
+        # The other half once the first is taken: the two, a millisecond apart, are often taken as
+        # one anyway, Python running a handler once for what came while its main thread was busy.
+        wait_for(lambda: any(e["event"] == "signal_received" for e in read_events(run_dir)), what="the SIGINT taken")
+        os.kill(waiter, signal.SIGINT)
+        wait_for(lambda: status.exists() and status.read_text().strip(), timeout=20, what="ranktop exited")
+        assert status.read_text().strip() == str(128 + signal.SIGINT)
+        events = read_events(run_dir)
+        received = [(e["signal"], e["action"]) for e in events if e["event"] == "signal_received"]
+        assert received == [("SIGINT", "forward")], received
+        (exited,) = [e for e in events if e["event"] == "exited"]
+        assert exited["exitcode"] == 0, exited  # it saved and ended: not SIGKILLed
+    finally:
+        term.close()
+
+
 def test_a_sigterm_while_the_pager_is_open_ends_it_and_stops_the_run(tmp_path):
     """Found by fuzzing `o`: the TUI waits on its pager (a job of its own, in the terminal's
     foreground), and a SIGTERM to ranktop meanwhile stopped the ranks but left the TUI, pager and

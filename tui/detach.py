@@ -26,6 +26,10 @@ from ranktop.core.strays import prctl
 
 DETACHED = signal.SIGRTMIN  # child -> parent: "I let go of the terminal"
 DETACHED_FAILED = signal.SIGRTMIN + 1  # the same after the TUI failed: the parent exits 1, not 0
+# parent -> child: a SIGINT the parent got, passed on. Not as SIGINT: one sent to both processes at
+# once (the whole job) would reach the child twice, a second interrupt, which kills without the
+# grace; the child takes one of each kind as one (core.signals.InterruptPairs).
+PASSED_ON_INTERRUPT = signal.SIGRTMIN + 2
 # Passed on when another process sends them (kill, a scheduler); Ctrl-C and Ctrl-\ from the
 # terminal (outside the TUI's raw mode) reach the child from the terminal itself, once. A hang-up
 # is always passed on: when we lead the session, the kernel tells only us.
@@ -66,9 +70,12 @@ def hold_terminal() -> Detacher | None:
     sys.stderr.flush()
     parent = os.getpid()
     modes = _terminal_modes()
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)  # before the fork: nothing is missed
+    # Before the fork: nothing is missed, and the child has its handler for what is passed on
+    # before one can come (its default action would end it).
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED | {PASSED_ON_INTERRUPT})
     pid = os.fork()
     if pid == 0:
+        signal.signal(PASSED_ON_INTERRUPT, _interrupted_through_the_parent)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         _on_parent_death(signal.SIGHUP)  # the parent killed (SIGKILL): detach, as on a hang-up
         return Detacher(parent)
@@ -78,6 +85,12 @@ def hold_terminal() -> Detacher | None:
         print(f"ranktop: the TUI and its engine (pid {pid}) were killed by {signal.Signals(-code).name}; "
               "the orphan guard stops the ranks", file=sys.stderr, flush=True)
     os._exit(128 - code if code < 0 else code)
+
+
+def _interrupted_through_the_parent(_signum: int, _frame: object) -> None:
+    """Until the run handles them: a SIGINT passed on is a SIGINT, as this process takes one now
+    (a KeyboardInterrupt while ranktop loads; nothing where it is ignored)."""
+    signal.raise_signal(signal.SIGINT)
 
 
 def _threads() -> int:
@@ -116,7 +129,7 @@ def _wait_for(child: int) -> int:
                       "with it", file=sys.stderr, flush=True)
         elif info.si_pid != child and (info.si_code != _SI_KERNEL or info.si_signo == signal.SIGHUP):
             try:
-                os.kill(child, info.si_signo)
+                os.kill(child, PASSED_ON_INTERRUPT if info.si_signo == signal.SIGINT else info.si_signo)
             except ProcessLookupError:
                 pass
 

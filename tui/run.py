@@ -12,15 +12,16 @@ import dataclasses
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 from ranktop.core import collector
 from ranktop.core import commands as cmd
 from ranktop.core.limits import TUI_STALL_TIMEOUT
 from ranktop.core.sanitize import clean
-from ranktop.core.signals import NOTICE_SIGNALS, take_early_stops
+from ranktop.core.signals import NOTICE_SIGNALS, InterruptPairs, take_early_stops
 from ranktop.core.state import GroupSnapshot
-from ranktop.tui.detach import Detacher, detach_terminal, from_the_background, terminal_alive
+from ranktop.tui.detach import PASSED_ON_INTERRUPT, Detacher, detach_terminal, from_the_background, terminal_alive
 from ranktop.tui.usage import run_command
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -60,9 +61,9 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
         if failed:
             _say_the_tui_failed(getattr(app, "_exception", None), engine, app.can_detach)
         if app.detached and (app.can_detach or not failed):
-            _run_detached(engine, server, getattr(ns, "linger", 600.0), app.detached, detacher)
+            _run_detached(engine, server, getattr(ns, "linger", 600.0), app.detached, detacher, relay)
         elif failed:
-            _run_without_a_screen(engine)
+            _run_without_a_screen(engine, relay)
     finally:
         engine.close()
         if server is not None:
@@ -78,14 +79,25 @@ def run_tui(spec: Any, ns: argparse.Namespace, detacher: Detacher | None = None)
 
 class _SignalRelay:
     """The TUI run's handler of stop and notice signals: the app's once it is up; before that
-    (while Textual loads) each is kept for the app, and the ranks get all but a hang-up at once."""
+    (while Textual loads) each is kept for the app, and the ranks get all but a hang-up at once;
+    once the app has gone (detached, or failed), the engine's. A SIGINT that reached this process
+    both itself and through the waiting parent is one."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.app: Any = None
         self.early: list[int] = []  # signals that came while Textual loaded
+        self.to_engine = False  # the app has gone: each signal is the engine's alone
+        self.interrupts = InterruptPairs()
 
     def __call__(self, signum: int, _frame: Any) -> None:
+        if signum in (signal.SIGINT, PASSED_ON_INTERRUPT):
+            if self.interrupts.is_other_half(signum == PASSED_ON_INTERRUPT, time.monotonic()):
+                return
+            signum = signal.SIGINT
+        if self.to_engine:
+            self.engine.submit(cmd.Interrupt(signum))  # (answered at once: safe from a signal handler)
+            return
         if self.app is not None:
             self.app.stop_on_signal(signum)
             return
@@ -96,7 +108,7 @@ class _SignalRelay:
     def install(self, extra: tuple[int, ...]) -> dict[int, Any]:
         """Handle the stop signals, `extra` and the notices; returns the handlers they had."""
         # QUIT stops as TERM does; USR1/USR2 always (passed on where listed, else noted: never fatal)
-        handled = dict.fromkeys((*_STOP_SIGNALS, *extra, *NOTICE_SIGNALS))
+        handled = dict.fromkeys((*_STOP_SIGNALS, PASSED_ON_INTERRUPT, *extra, *NOTICE_SIGNALS))
         previous = {sig: signal.signal(sig, self) for sig in handled}
         for signum in take_early_stops(handled):  # as PID 1: they came before these handlers (the agent's thread takes none)
             self(signum, None)
@@ -143,7 +155,8 @@ def print_end_report(group: GroupSnapshot) -> None:
                 print(clean(report, sgr=True, newlines=True), file=sys.stderr, flush=True)
 
 
-def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher: Detacher | None) -> None:
+def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher: Detacher | None,
+                  relay: _SignalRelay) -> None:
     """The TUI is gone (its terminal hung up, or the user detached); the ranks run on until they
     end or a stop comes (`ranktop stop`, SIGTERM), and the terminal is let go."""
     run_id = server.run_id if server is not None else engine.agent.run_id  # its name in ranktop ls
@@ -154,11 +167,11 @@ def _run_detached(engine: Any, server: Any, linger: float, reason: str, detacher
                   f"{run_command('attach', run_id)} shows it again, {run_command('stop', run_id)} ends it",
                   file=sys.stderr, flush=True)
     detach_terminal(stdin=True)  # Textual has stopped reading it: the dead terminal is nothing of ours now
-    # A later SIGHUP is noted in events.jsonl and the run goes on. (Not SIG_IGN: ranks the run
-    # starts from now on would inherit it through exec and be deaf to a hang-up of their own.)
+    # Each signal is the engine's from now on: a later SIGHUP is noted in events.jsonl and the run
+    # goes on. (Not SIG_IGN: ranks the run starts from now on would inherit it through exec and be
+    # deaf to a hang-up of their own.)
     engine.submit(cmd.Detach(reason))
-    for sig in _STOP_SIGNALS:
-        signal.signal(sig, lambda signum, _frame: engine.submit(cmd.Interrupt(signum)))
+    relay.to_engine = True
     try:
         os.setsid()  # out of the terminal's session: its later hang-ups and job control are not ours
     except OSError:  # a process group leader already (no detacher fork): stdio is gone anyway
@@ -196,11 +209,10 @@ def _say_the_tui_failed(error: BaseException | None, engine: Any, detaching: boo
               file=sys.stderr, flush=True)
 
 
-def _run_without_a_screen(engine: Any) -> None:
+def _run_without_a_screen(engine: Any, relay: _SignalRelay) -> None:
     """The TUI failed where the run cannot be detached (not served, or no waiting parent to give
     the prompt back): it goes on in the foreground, its output in its log files, until its ranks
     end or a stop signal stops it as headless (a second Ctrl-C kills)."""
-    for sig in _STOP_SIGNALS:
-        signal.signal(sig, lambda signum, _frame: engine.submit(cmd.Interrupt(signum)))
+    relay.to_engine = True
     while not engine.ended:
         engine.wait(1.0)  # in slices: the signal handlers run between them
