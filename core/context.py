@@ -468,6 +468,7 @@ class PContext:
         pty = self.pty if STDOUT in sinks else None  # no sink: the rank inherits our own stdout
         launch = Launch(r, argv, env, sinks, cwd=self.cwd, pty=pty, stdin=self.rank_stdin,
                         cpus=self.cpu_affinity.get(r))
+        self._tell_guard("spawning")  # should we die before its `rank` line, it still finds the rank
         try:
             slot.proc = RankProcess(launch, self._pump)
         except OSError as exc:

@@ -6,6 +6,7 @@ and PR_SET_PDEATHSIG would only cover the rank itself, not what the rank started
 starts this guard with a pipe on its stdin and tells it, while it runs:
 
     run TOKEN GRACE   first: the run's marker value and the grace between SIGTERM and SIGKILL
+    spawning          a rank is being started (its `rank` line follows once it runs)
     rank PID START    a rank started; it leads its own session and process group
     gone PID          that rank was reaped, and ranktop took note of what was left in its
                       group and session (as `stray` lines)
@@ -18,7 +19,10 @@ When the pipe reaches end of file (ranktop exited, normally or by SIGKILL), the 
 every process in a live rank's group or session, every stray it was told about, every process
 that still carries the run's marker variable, and everything below any of these in the parent
 chain (a helper that cleared its environment and called setsid while its rank lives). Each gets
-SIGTERM (and SIGCONT, should it be stopped), then SIGKILL after the grace. A process is known by
+SIGTERM (and SIGCONT, should it be stopped), then SIGKILL after the grace. A rank ranktop was
+starting as it died is not yet any of these: in a session of its own already, it closed its copy of
+our pipe before its exec, which gives it the marker; after `spawning` without its `rank` line the
+guard looks for the marker again until that exec is done (SPAWN_SETTLE_SECONDS at most). A process is known by
 its pid AND its start time, and signalled through a pidfd opened after checking both, so a pid
 reused by someone else is never signalled.
 
@@ -51,6 +55,7 @@ if TYPE_CHECKING:
 MARKER = "RANKTOP_GUARD_TOKEN"
 RESCAN_SECONDS = 0.05  # how often a sweep looks for what is left (and for new forks)
 GIVE_UP_SECONDS = 5.0  # after SIGKILL: a process in uninterruptible sleep may never go
+SPAWN_SETTLE_SECONDS = 1.0  # how long a rank ranktop died starting is looked for (its exec takes ~1 ms)
 
 
 class Proc:
@@ -254,38 +259,45 @@ def send_signal(pid: int, start: int, sig: int, fd: int | None = None) -> bool:
             os.close(fd)
 
 
-def sweep(token: str, ranks: dict[int, int], strays: dict[int, int], grace: float) -> None:
-    """SIGTERM everything that belongs to the run, SIGKILL what is left after `grace` seconds."""
+def sweep(token: str, ranks: dict[int, int], strays: dict[int, int], grace: float,
+          spawn_in_flight: bool = False) -> None:
+    """SIGTERM everything that belongs to the run, SIGKILL what is left after `grace` seconds.
+    `spawn_in_flight`: ranktop died starting a rank, which takes the marker only at its exec."""
     table = process_table()
-    # Once: what they start later is below them in the parent chain. Only processes younger than
-    # this guard can carry the marker (the ranks start after it): a busy host's other processes
-    # are not read.
+    # Once (but for a rank still starting): what they start later is below them in the parent
+    # chain. Only processes younger than this guard can carry the marker (the ranks start after
+    # it): a busy host's other processes are not read.
     me = table.get(os.getpid())
-    marked = marked_pids(token, younger_than(table, me.start if me is not None else 0))
+    born = me.start if me is not None else 0
+    marked = marked_pids(token, younger_than(table, born))
+    settled = time.monotonic() + (SPAWN_SETTLE_SECONDS if spawn_in_flight else 0.0)
     signalled: dict[int, int] = {}
     deadline = None
     while True:
         found = find_strays(table, ranks, strays, marked, skip=(os.getpid(),))
         strays.update(found)  # known by identity from now on, wherever it moves
-        if not found:
-            return
         now = time.monotonic()
-        deadline = now + grace if deadline is None else deadline
-        if now > deadline + GIVE_UP_SECONDS:
+        if not found and now >= settled:
             return
-        sig = signal.SIGKILL if now >= deadline else signal.SIGTERM
-        for pid, start in found.items():
-            if signalled.get(pid) != sig and send_signal(pid, start, sig):
-                signalled[pid] = sig
+        if found:
+            deadline = now + grace if deadline is None else deadline
+            if now > deadline + GIVE_UP_SECONDS:
+                return
+            sig = signal.SIGKILL if now >= deadline else signal.SIGTERM
+            for pid, start in found.items():
+                if signalled.get(pid) != sig and send_signal(pid, start, sig):
+                    signalled[pid] = sig
         time.sleep(RESCAN_SECONDS)
         table = process_table()
+        if time.monotonic() < settled:  # the rank still starting may have its marker now
+            marked |= marked_pids(token, [pid for pid in younger_than(table, born) if pid not in marked])
 
 
 class Orders:
     """What ranktop told the guard, read to the end of the pipe. (A plain class: a NamedTuple's
     string annotations cost the guard's start-up a compile each.)"""
 
-    __slots__ = ("token", "grace", "ranks", "strays", "normal_exit")
+    __slots__ = ("token", "grace", "ranks", "strays", "normal_exit", "spawning")
 
     def __init__(self) -> None:
         self.token: str | None = None  # None: never given a run
@@ -293,6 +305,7 @@ class Orders:
         self.ranks: dict[int, int] = {}  # pid -> start time
         self.strays: dict[int, int] = {}
         self.normal_exit = False
+        self.spawning = False  # a rank was being started, and its `rank` line has not come
 
 
 def read_orders(lines: Iterable[bytes]) -> Orders:
@@ -307,8 +320,11 @@ def read_orders(lines: Iterable[bytes]) -> Orders:
                 orders.grace, orders.token = float(words[2]), words[1].decode("ascii")
             except ValueError:
                 pass
+        elif words == [b"spawning"]:
+            orders.spawning = True
         elif len(words) == 3 and words[0] == b"rank":
             orders.ranks[int(words[1])] = int(words[2])
+            orders.spawning = False
         elif len(words) == 2 and words[0] == b"gone":
             orders.ranks.pop(int(words[1]), None)
         elif len(words) == 3 and words[0] == b"stray":
@@ -326,7 +342,8 @@ def main() -> None:
         return  # a spare that no run took: nothing carries a marker of ours
     # After a normal exit ranktop has reaped its ranks and swept with the grace already; only
     # what appeared meanwhile can be left.
-    sweep(orders.token, orders.ranks, orders.strays, 0.5 if orders.normal_exit else orders.grace)
+    sweep(orders.token, orders.ranks, orders.strays, 0.5 if orders.normal_exit else orders.grace,
+          spawn_in_flight=orders.spawning and not orders.normal_exit)
 
 
 # ----- ranktop's side ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ here checks their pids itself and kills whatever is left."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 
 import pytest
 from conftest import ROOT, ranktop_cmd, read_events, wait_for
@@ -304,6 +306,52 @@ def test_guard_reads_what_ranktop_told_it():
     assert told(lines) == ("0a1b", 2.5, {11: 6}, {12: 7}, True)  # the first run line only
     assert told([b"rank 10 5\n"]) == (None, 0.0, {10: 5}, {}, False)  # a spare no run took
     assert told([b"run x y\n"])[:2] == (None, 0.0)  # a bad grace: no run
+    # A rank being started: until its `rank` line has come
+    assert read_orders([b"run 0a1b 2.5\n", b"spawning\n"]).spawning
+    assert not read_orders([b"run 0a1b 2.5\n", b"spawning\n", b"rank 10 5\n"]).spawning
+
+
+def test_a_rank_ranktop_died_starting_is_swept_once_its_exec_gives_it_the_marker(monkeypatch):
+    """ranktop SIGKILLed as it started a rank: the rank, in a session of its own already, closed
+    its copy of the guard's pipe before its exec, so the guard swept at that end of file and
+    found nothing of the run; the exec then gave it the marker, and it ran on, an orphan (2 of 60
+    ranktops SIGKILLed as their ranks started). Here the guard (its main, in this process) is
+    told of the start and then of nothing more, and the rank's exec is let go once the guard has
+    looked for the marker."""
+    from ranktop.core import guard
+
+    looked = threading.Event()
+    first_look = guard.marked_pids
+
+    def look(*args, **kwargs):
+        found = first_look(*args, **kwargs)
+        looked.set()
+        return found
+
+    monkeypatch.setattr(guard, "marked_pids", look)
+    monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(b"run 5a1e 1.0\nspawning\n")))
+    rank = subprocess.Popen(["sh", "-c", f"read go; exec env -i {MARKER}=5a1e sleep 30"], stdin=subprocess.PIPE,
+                            start_new_session=True)
+
+    def exec_once_looked_for():
+        if looked.wait(10):
+            rank.stdin.write(b"go\n")
+            rank.stdin.close()
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)}
+    releaser = threading.Thread(target=exec_once_looked_for)
+    releaser.start()
+    try:
+        guard.main()  # (it ignores stop signals: only end of file on stdin ends it)
+        releaser.join(10)
+        assert rank.wait(10) == -signal.SIGTERM
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        looked.set()
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait()
 
 
 def test_library_stop_sweeps_a_setsid_helper_found_by_the_parent_chain(tmp_path):
