@@ -3176,7 +3176,7 @@ def test_attachs_exit_status_is_the_local_tuis(tmp_path, runtime, monkeypatch):
     """`q` then `y` in `ranktop attach` stopped the run and exited 0 (the local TUI, and a headless
     stop, give 130): attach now exits as the local TUI does: 130 for a stop asked for, 0 for a
     detach, 1 for a run that failed (with --exit-on-end); a SIGTERM leaves as a detach, 143, also
-    while `o`'s pager is open (it is ended: attach waited for it, however long)."""
+    while `o`'s pager is open (it is ended: attach waited for it, however long); a SIGINT, 130."""
     started = tmp_path / "pager.pid"
     pager = tmp_path / "pager.sh"  # a pager that waits, as less does
     pager.write_text(f"#!/bin/sh\necho $$ > {started}.new && mv {started}.new {started}\nexec sleep 60\n")
@@ -3207,6 +3207,14 @@ def test_attachs_exit_status_is_the_local_tuis(tmp_path, runtime, monkeypatch):
         assert not psutil.pid_exists(int(started.read_text()))  # ended, and reaped
         flags = "#{alternate_on} #{mouse_any_flag} #{cursor_flag}"
         assert term._tmux("display", "-p", "-t", "t", flags).split() == ["0", "0", "1"]
+        term.close()
+        # SIGINT (`kill -INT`, `timeout -s INT`, a Ctrl-C before the TUI reads keys) too, 130: it was
+        # a KeyboardInterrupt in Textual's loop, which left as `d` does, exit 0
+        term = ranktop_in_tmux(runtime, "attach qy", "; echo STATUS $?; sleep 30", width=120, height=30)
+        term.wait_screen("hello from 1", "hello from 0")
+        (client,) = psutil.Process(int(term.pane_pid())).children(recursive=True)
+        client.send_signal(signal.SIGINT)
+        term.wait_screen("ranktop: left qy; it runs on", "STATUS 130")
         term.close()
         term = ranktop_in_tmux(runtime, "attach qy", "; echo STATUS $?; sleep 30", width=120, height=30)
         term.wait_screen("hello from 1", "hello from 0")

@@ -344,10 +344,11 @@ def _no_terminal() -> str | None:
 
 @contextlib.contextmanager
 def _leaving_on_signals(app) -> Iterator[None]:
-    """While `app` runs, SIGTERM, SIGQUIT and SIGHUP make it leave (RanktopApp.leave_on_signal),
+    """While `app` runs, SIGTERM, SIGINT, SIGQUIT and SIGHUP make it leave (RanktopApp.leave_on_signal),
     and SIGUSR1/SIGUSR2 (Slurm's warning to a whole step) change nothing: their default action
-    killed it in the TUI's alternate screen."""
-    stops = (signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP)
+    killed it in the TUI's alternate screen. (A SIGINT, `kill -INT` or a Ctrl-C before the TUI
+    reads keys, was a KeyboardInterrupt in Textual's loop, which left as `d` does, exit 0.)"""
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
     previous = {sig: signal.signal(sig, lambda signum, _frame: app.leave_on_signal(signum)) for sig in stops}
     previous.update(deaf_to(NOTICE_SIGNALS))
     try:
