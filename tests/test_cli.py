@@ -334,6 +334,24 @@ def test_signal_death_is_named_and_the_report_says_where_the_logs_are(tmp_path):
     assert "error file:" not in res.stderr and f"  logs: {tmp_path / 'sg'}\n" in res.stderr
 
 
+def test_run_path_records_an_uncaught_exception_in_the_error_file_as_torchrun(tmp_path):
+    """torchrun's --run-path runs the script in a recorded function, so an exception it lets out
+    leaves error.json and the report quotes it; ranktop's left no file. A SystemExit leaves none."""
+    script = tmp_path / "boom.py"
+    script.write_text("import sys\nif sys.argv[1:] == ['exit']:\n    sys.exit(3)\nraise ValueError('boom in the script')\n")
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--run-id", "rp", "--run-path", str(script))
+    assert res.returncode == 1
+    error_file = tmp_path / "rp" / "attempt_0" / "0" / "error.json"
+    message = json.loads(error_file.read_text())["message"]
+    assert message["message"] == "ValueError: boom in the script"
+    assert "raise ValueError('boom in the script')" in message["extraInfo"]["py_callstack"]
+    assert int(message["extraInfo"]["timestamp"]) > 0
+    assert f"  error file: {error_file}\n" in res.stderr
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--run-id", "rx", "--run-path", str(script), "exit")
+    assert res.returncode == 1 and "exited with code 3" in res.stderr
+    assert not (tmp_path / "rx" / "attempt_0" / "0" / "error.json").exists()
+
+
 def test_restart_after_crash_picks_up_attempt_1(tmp_path):
     res = run_ranktop("--headless", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", str(tmp_path),
                       "--run-id", "re", "--shutdown-timeout", "5", str(RANKS / "crash_first_attempt.py"))

@@ -463,8 +463,30 @@ _PET_CHECKS: dict[str, Callable[[str], object]] = {
 
 
 # --run-path: the script runs inside the rank's interpreter through runpy, as torchrun's
-# run_script_path does, instead of as `python script`.
-RUN_PATH_CODE = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+# run_script_path does, instead of as `python script`. As there (a recorded function), an exception
+# the script lets out is written to $TORCHELASTIC_ERROR_FILE in torch's format, so the report quotes
+# it; a SystemExit is not. Inline rather than imported: the ranks' Python may be an install without
+# ranktop. A file already there (the script's own @record wrote it) is kept; none is written through.
+RUN_PATH_CODE = """\
+import runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name='__main__')
+except SystemExit:
+    raise
+except BaseException as exc:
+    import json, os, time, traceback
+    try:
+        data = {'message': {'message': f'{type(exc).__name__}: {exc}', 'extraInfo': {
+            'py_callstack': traceback.format_exc(), 'timestamp': str(int(time.time()))}}}
+        fd = os.open(os.environ['TORCHELASTIC_ERROR_FILE'], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                     0o600)
+        with os.fdopen(fd, 'w') as f:
+            json.dump(data, f)
+    except Exception:
+        pass  # no file, or one already there: the traceback still goes to stderr
+    raise
+"""
 
 
 def python_for_ranks(environ: Mapping[str, str] | None = None) -> str:
