@@ -158,6 +158,24 @@ def test_j_with_flags_that_agree_or_pet_defaults_runs_as_j_says(tmp_path):
     assert (_env_of(tmp_path / "pet", 1)["WORLD_SIZE"], _env_of(tmp_path / "pet", 1)["GROUP_WORLD_SIZE"]) == ("2", "1")
 
 
+def test_a_flag_on_the_line_overrides_a_bad_pet_default_as_in_torchrun(tmp_path):
+    """The command line wins over PET_*: a bad value the line overrides is never used, and torchrun
+    runs the line (argparse reads a default only for a flag not given); ranktop refused it. Where
+    the line leaves the flag out, the bad value is still one line naming the variable, and --help
+    still helps."""
+    env = {**os.environ, "PET_MAX_RESTARTS": "lots", "PET_NNODES": "", "PET_START_METHOD": "thread",
+           "PET_MONITOR_INTERVAL": "0"}
+    res = run_ranktop("--headless", "--max-restarts", "1", "--nnodes=1", "--start_method", "spawn",
+                      "--monitor-interval", "0.5", "--log-dir", str(tmp_path), "--no-python", "true", env=env)
+    assert res.returncode == 0, res.stderr
+    assert run_ranktop("--help", env=env).returncode == 0
+    res = run_ranktop("--headless", "--max-restarts", "1", "--nnodes=1", "--monitor-interval", "0.5",
+                      "--log-dir", str(tmp_path / "no"), "--no-python", "true", env=env)
+    assert (res.returncode, res.stderr) == (2, "ranktop: error: bad PET_START_METHOD='thread': expected one of "
+                                               "spawn, fork, forkserver\n")
+    assert not (tmp_path / "no").exists()
+
+
 def test_standalone_picks_a_free_port(tmp_path):
     res = run_ranktop("--headless", "--standalone", "--log-dir", str(tmp_path), "--run-id", "s",
                       str(RANKS / "env_dump.py"))

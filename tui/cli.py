@@ -20,7 +20,15 @@ from ranktop.core.errors import UsageError
 from ranktop.core.sanitize import check_console_prefix, clean, quoted
 from ranktop.core.signals import NOTICE_SIGNALS, deaf_to, hold_early_stops, parse_signal_names
 from ranktop.core.stdio import escape_unencodable, guard_streams, reopen_closed_streams, report_lost, terminal_problem
-from ranktop.tui.usage import BadValue, UsageParser, metric_pattern, run_command, usage_error, usage_line
+from ranktop.tui.usage import (
+    BadValue,
+    UnusableDefault,
+    UsageParser,
+    metric_pattern,
+    run_command,
+    usage_error,
+    usage_line,
+)
 
 from ranktop.command import interrupted, is_interrupt
 
@@ -99,8 +107,9 @@ PET_FLAGS = frozenset({
 
 
 def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    """Take each torchrun flag's default from PET_<DEST> when set; a bad value is one line naming
-    the variable. A flag given on the command line still wins."""
+    """Take each torchrun flag's default from PET_<DEST> when set. A flag given on the command line
+    still wins, a bad value included; one the line leaves out is one line naming the variable once
+    the line is parsed (it was said at once, so the flag could not override it as in torchrun)."""
     for action in parser._actions:
         name = f"PET_{action.dest.upper()}"
         if action.dest not in PET_FLAGS or name not in environ:
@@ -109,16 +118,22 @@ def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
         if action.nargs == 0:  # a switch: torchrun reads it as an integer, non-zero means on
             try:
                 action.default = int(text) != 0
-            except ValueError:
+            except ValueError:  # (torchrun fails on it too, whatever the line says)
                 parser.error(f"bad {name}={quoted(text)}: expected 0 or 1")
             continue
-        try:
-            action.default = action.type(text) if action.type else text
-            _PET_CHECKS.get(action.dest, _no_check)(action.default)
-        except (BadValue, ValueError, TypeError) as exc:
-            parser.error(f"bad {name}={quoted(text)}: {exc}")
-        if action.choices and action.default not in action.choices:
-            parser.error(f"bad {name}={quoted(text)}: expected one of {', '.join(action.choices)}")
+        action.default = _pet_default(action, name, text)
+
+
+def _pet_default(action: argparse.Action, name: str, text: str) -> object:
+    """PET_* `text` as the default of `action`, or an UnusableDefault saying why it is bad."""
+    try:
+        value = action.type(text) if action.type else text
+        _PET_CHECKS.get(action.dest, _no_check)(value)
+    except (BadValue, ValueError, TypeError) as exc:
+        return UnusableDefault(f"bad {name}={quoted(text)}: {exc}")
+    if action.choices and value not in action.choices:
+        return UnusableDefault(f"bad {name}={quoted(text)}: expected one of {', '.join(action.choices)}")
+    return value
 
 
 def apply_shutdown_timeout_default(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:

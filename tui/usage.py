@@ -35,6 +35,15 @@ class BadValue(Exception):
     ValueError, TypeError and ArgumentTypeError)."""
 
 
+class UnusableDefault:
+    """A default that is an error only if it is used: a bad value in the environment (PET_*) for
+    a flag the line may still give, which then wins and leaves the value unread, as torchrun's
+    argparse reads a default only for a flag not given. `message` is the line said otherwise."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
 def metric_pattern(text: str) -> BoundedPattern:
     """An argparse type for --metric (the run's and attach's): the regular expression compiled,
     else one line."""
@@ -98,6 +107,10 @@ class UsageParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001 (argparse's signature)
         try:
-            return super().parse_known_args(args, namespace)
+            namespace, extras = super().parse_known_args(args, namespace)
         except BadValue as exc:
             self.error(str(exc))
+        for value in vars(namespace).values():
+            if isinstance(value, UnusableDefault):  # the line left its flag out: the value is used
+                self.error(value.message)
+        return namespace, extras
