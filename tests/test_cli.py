@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT, ranktop_cmd, read_events, run_in_pty, run_ranktop, wait_for
 from ranktop.core.errors import UsageError
 from ranktop.core.sanitize import quoted
-from ranktop.core.spec import parse_nnodes, parse_signal
+from ranktop.core.spec import free_port, parse_nnodes, parse_signal
 
 RANKS = ROOT / "tests" / "ranks"
 
@@ -143,6 +143,22 @@ def test_rdzv_id_without_torch_names_the_run_on_every_node(tmp_path):
     bad = run_ranktop("--headless", "--nnodes", "2", "--node-rank", "1", "--rdzv-id", "a/b", "--log-dir",
                       str(tmp_path), str(RANKS / "env_dump.py"), without="torch")
     assert bad.returncode == 2 and bad.stderr.startswith("ranktop: error: bad --rdzv-id 'a/b': it contains '/'")
+
+
+def test_rdzv_id_names_a_one_node_run_given_a_master_port_as_torchruns_static_round(tmp_path):
+    """torchrun runs one node given a --master-port through its static rendezvous, and its ranks
+    get a typed --rdzv-id as TORCHELASTIC_RUN_ID; ranktop dropped it for a timestamp of its own.
+    Without a port torchrun runs on a store of its own and leaves the id unused (a random one)."""
+    port = str(free_port())
+    for _ in range(2):
+        res = run_ranktop("--headless", "--master-port", port, "--rdzv_id=job7", "--log-dir", str(tmp_path),
+                          str(RANKS / "env_dump.py"))
+        assert res.returncode == 0, res.stderr
+    assert sorted(os.listdir(tmp_path)) == ["job7", "job7.1"]
+    assert _env_of(tmp_path / "job7.1", 0)["TORCHELASTIC_RUN_ID"] == "job7"
+    res = run_ranktop("--headless", "--rdzv-id", "job8", "--log-dir", str(tmp_path / "unused"),
+                      str(RANKS / "env_dump.py"))
+    assert res.returncode == 0 and os.listdir(tmp_path / "unused") != ["job8"]
 
 
 def test_j_with_flags_that_agree_or_pet_defaults_runs_as_j_says(tmp_path):

@@ -618,7 +618,7 @@ def build_spec(ns: argparse.Namespace, *, start_rendezvous: bool = True):
         env=env,
         redirects=redirects, tee=tee, local_ranks_filter=parse_ranks(ns.local_ranks_filter),
         # Under torch's rendezvous the agent takes the shared id from the round; here, from the line.
-        run_id=own_static_run_id(ns) if own_static else ns.run_id,
+        run_id=ns.run_id if elastic else static_run_id(ns),
         name=os.path.basename(ns.training_script), pty=ns.pty,
         virtual_local_rank=ns.virtual_local_rank, cpu_affinity=cpus,
     )
@@ -705,16 +705,21 @@ def master_addr_used(ns: argparse.Namespace) -> bool:
 
 def shared_run_id(ns: argparse.Namespace) -> str | None:
     """The run's id where every node of the job shares it: the --rdzv-id (not its default, none)
-    of a line with a rendezvous backend (static, set for several nodes, included) and no --run-id.
-    An empty one is none either: each node draws an id of its own, as torchrun's."""
-    if ns.run_id is not None or ns.rdzv_backend is None or ns.standalone or ns.rdzv_id in ("none", ""):
+    of a line with a rendezvous backend (static, set for several nodes, included), or on one node
+    with a --master-port, and no --run-id. torchrun runs that one node through its static
+    rendezvous, whose id its ranks get; without a port, on a store of its own, it leaves the id
+    unused. An empty one is none either: each node draws an id of its own, as torchrun's."""
+    if ns.run_id is not None or ns.standalone or ns.rdzv_id in ("none", ""):
+        return None
+    if ns.rdzv_backend is None and ns.master_port is None:
         return None
     return ns.rdzv_id
 
 
-def own_static_run_id(ns: argparse.Namespace) -> str | None:
-    """The run id of ranktop's own static form (no torch): --run-id, else the --rdzv-id every node
-    shares, as under torch's static rendezvous (each node took an id of its own)."""
+def static_run_id(ns: argparse.Namespace) -> str | None:
+    """The run id of a line that no torch rendezvous runs (ranktop's own static form, one node):
+    --run-id, else the --rdzv-id every node shares, as under torch's static rendezvous (each node
+    took an id of its own, and a one-node line's typed id was dropped)."""
     from ranktop.core.layout import check_run_id
 
     shared = shared_run_id(ns)
