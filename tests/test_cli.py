@@ -386,6 +386,18 @@ def test_run_path_records_an_uncaught_exception_in_the_error_file_as_torchrun(tm
     assert not (tmp_path / "rx" / "attempt_0" / "0" / "error.json").exists()
 
 
+def test_a_file_timer_asked_for_says_in_one_line_that_no_watchdog_runs(tmp_path):
+    """TORCHELASTIC_ENABLE_FILE_TIMER=1 has torch's agent run a file-timer watchdog and give its
+    ranks TORCHELASTIC_TIMER_FILE; ranktop runs none, and said nothing of it (a rank's timers were
+    never enforced, or it failed on the missing variable)."""
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--no-python", "true",
+                      env={**os.environ, "TORCHELASTIC_ENABLE_FILE_TIMER": "1"})
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ("ranktop: TORCHELASTIC_ENABLE_FILE_TIMER=1 ignored: ranktop runs no file-timer watchdog, "
+                          "so the ranks get no TORCHELASTIC_TIMER_FILE and their torch.distributed.elastic.timer "
+                          "timers are not enforced\n")
+
+
 def test_restart_after_crash_picks_up_attempt_1(tmp_path):
     res = run_ranktop("--headless", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", str(tmp_path),
                       "--run-id", "re", "--shutdown-timeout", "5", str(RANKS / "crash_first_attempt.py"))

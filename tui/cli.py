@@ -1149,12 +1149,19 @@ def _stall_timeout_and_sampler(ns: argparse.Namespace):
 
 
 def _say_before_start(spec, ns: argparse.Namespace) -> None:
-    """What a headless run says on stderr before its ranks start: another interpreter, a lost --metric."""
+    """What a headless run says on stderr before its ranks start: another interpreter, a lost
+    --metric, a file-timer watchdog asked for."""
     from ranktop.core.agent import other_interpreter
 
     interpreter = other_interpreter(spec)
     if interpreter:
         print(f"ranktop: ranks run {clean(interpreter)}", file=sys.stderr)
+    # torch's agent runs a watchdog then, which SIGKILLs a rank whose timer expired (and then
+    # itself, leaving the other ranks running); ranktop runs none, and must not be silent about it
+    if os.environ.get("TORCHELASTIC_ENABLE_FILE_TIMER") == "1":
+        print("ranktop: TORCHELASTIC_ENABLE_FILE_TIMER=1 ignored: ranktop runs no file-timer watchdog, so the "
+              "ranks get no TORCHELASTIC_TIMER_FILE and their torch.distributed.elastic.timer timers are not "
+              "enforced", file=sys.stderr)
     if ns.metric is not None and not ns.detached_child:  # (--detach refuses it: it has no TUI at all)
         print("ranktop: --metric ignored: a headless run has no TUI to show it in (ranktop attach RUN "
               "--metric REGEX does)", file=sys.stderr)
