@@ -3,6 +3,7 @@ fallback, missing ptrace permission, and `ranktop stacks` (core/stacks/, tui/sta
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -18,9 +19,11 @@ import pytest
 from conftest import PY, ROOT, Running, make_agent, no_ranks_left, ranktop_cmd, read_events, run_ranktop, wait_for
 from ranktop.core import spec, stacks
 from ranktop.core.agent import LocalAgent
+from ranktop.core.client import served_runs
 from ranktop.core.layout import MAX_RUNS_OPENED
 from ranktop.core.stacks import StackStatus, discovery
 from ranktop.core.stats import StatsSampler
+from ranktop.tui import stacks_cli
 
 # Rank SPINNER burns CPU in spin(); the others block in wait_for_lock() on a lock that their
 # "holder" thread keeps: two different stacks, one of them on CPU.
@@ -503,7 +506,7 @@ def test_stacks_cli_bad_input_is_one_line_and_exit_2(args):
     assert out.stderr.startswith("ranktop: error: "), out.stderr
 
 
-def test_stacks_cli_against_a_ranktop_process_and_the_signal_fallback(tmp_path):
+def test_stacks_cli_against_a_ranktop_process_and_the_signal_fallback(tmp_path, capsys):
     script = tmp_path / "wait.py"
     script.write_text(WAIT_HERE)
     cmd = ranktop_cmd("--headless", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"), "--run-id", "r1",
@@ -512,6 +515,7 @@ def test_stacks_cli_against_a_ranktop_process_and_the_signal_fallback(tmp_path):
     try:
         for _ in range(2):
             assert "ready" in ranktop.stdout.readline()
+        served = next(run for run in served_runs() if run.run_id == "r1")
         out = run_ranktop("stacks", str(ranktop.pid), timeout=30)
         assert out.returncode == 0 and "ranks 0-1 (2)" in out.stdout and "wait_here" in out.stdout, out
         # The dump is saved in the run dir found from the ranks' environment.
@@ -529,6 +533,12 @@ def test_stacks_cli_against_a_ranktop_process_and_the_signal_fallback(tmp_path):
     # (its final.json says how it ended: stopped, by the SIGTERM above)
     assert ended.returncode == 1 and ended.stderr == ("ranktop stacks: r1 has ended (stopped); its engine has left: "
                                                       "no ranks to dump\n")
+    # A stacks that asked as the run ended (its engine gone before it answered) says the same, from
+    # the final.json that engine left: it said "the run's engine went away", as for one killed.
+    capsys.readouterr()
+    asked = argparse.Namespace(no_save=False, native=False, signal=False, json=False)
+    assert stacks_cli._through_engine(served, asked) == 1
+    assert capsys.readouterr().err == ended.stderr
 
 
 @pytest.mark.parametrize("catches,status", [(False, 1), (True, 0)])

@@ -330,12 +330,26 @@ def _through_engine(run: ServedRun, ns: argparse.Namespace, local_ranks: tuple[i
     try:
         ack = dump_stacks(run.path, "SignalDump" if ns.signal else "DumpStacks", args)
     except RunGone as exc:
+        ended = _ended_meanwhile(run)
+        if ended is not None:  # it ended as we asked (a stop came first): say how, as for an ended run
+            return _no_ranks(ended)
         print(clean(f"ranktop stacks: {run.run_id}: {exc}"), file=sys.stderr)
         return 1
     if ack.report is None:
         print(clean(f"ranktop stacks: {run.run_id}: {ack.message}"), file=sys.stderr)
         return 1
     return _show(ack.report, ns)
+
+
+def _ended_meanwhile(run: ServedRun) -> FinalEngine | None:
+    """The final view of a served run whose engine left as its stacks were asked for, where that
+    engine wrote one (the run ended); None where it did not (killed), or a rank planted it."""
+    from ranktop.core.client import NotEnginesFinal, final_view_of
+
+    try:
+        return final_view_of(run.snapshot.get("log_dir"), run.snapshot.get("final_seal"))
+    except NotEnginesFinal:
+        return None
 
 
 def _signal(pids: dict[int, int], local: dict[int, int], run_dir: str | None, save_to: RunDir | None,
