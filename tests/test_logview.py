@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import functools
 import itertools
 import sys
@@ -238,21 +239,25 @@ async def test_search_counts_highlights_and_moves_between_matches():
 def test_a_search_counts_only_what_the_pane_shows():
     """A needle inside an 8-bit sequence (UTF-8 C1: an OSC the pane drops) or past a long line's
     cut at MAX_CHARS was counted, in a pane's search and in ctrl+f's, from the raw bytes: a rank
-    could make a match no pane showed, and n went to a line without it."""
+    could make a match no pane showed, and n went to a line without it. One across a joiner the
+    pane drops (cells.agreed_widths) is counted where it shows."""
     from fake_engine import FakeEngine
     from ranktop.tui.logview import matches, parse_line
     from ranktop.tui.search_all import RankSearch
 
     hidden = ["step 1 \u009d0;NaN\u009c ok", "step 2 \u009b31m ok", "a" * MAX_CHARS + " NaN"]
-    shown = ["loss ± NaN", "b" * (MAX_CHARS - 4) + " NaN"]
-    for line in hidden + shown:
+    # (the pane drops a joiner and a skin tone: `NaN` and `Na👍N` on screen; `N\u3164aN` is `N�aN`)
+    shown = ["loss ± NaN", "b" * (MAX_CHARS - 4) + " NaN", "Na\u200dN", "Na👍🏽N"]
+    for line in [*hidden, *shown, "N\u3164aN"]:
         raw = line.encode()
         assert matches(raw, "nan", b"nan") == ("nan" in parse_line(raw, color=False).plain.lower()), line
     assert not matches(hidden[1].encode(), "31m", b"31m")
     engine = FakeEngine(2)
     engine.print(0, *hidden)
     engine.print(1, *hidden, *shown)
-    assert RankSearch.run(engine, range(2), "nan").counts == {1: 2}
+    assert RankSearch.run(engine, range(2), "nan").counts == {1: 3}
+    # A query pasted with what the pane drops finds the line as the pane shows it.
+    assert RankSearch.run(engine, range(2), "a👍🏽N").counts == {1: 1}
 
 
 @sync
@@ -530,19 +535,49 @@ async def test_rows_are_drawn_again_only_when_the_view_changed():
         assert view.render_lines(crop)[0].text.startswith("‹3456789")  # (the mark over column 2)
 
 
-# Double-width characters (fullwidth digits, CJK, emoji), a combining accent and zero-width-joined
-# emoji, each line placed so that a wide character or a cluster falls across the wrap column.
+# Double-width characters (fullwidth digits, CJK, emoji), a combining accent, zero-width-joined
+# emoji and characters Rich and the terminal count apart, each line placed so that a wide character
+# or a cluster falls across the wrap column.
 WIDE_LINES = [
     "W:" + "".join(chr(0xFF10 + i % 10) for i in range(200)),  # the reviewer's line: ８ was lost at 80x24
     "\x1b[31m" + "红色" * 30 + "\x1b[0mx\x1b[32m" + "绿" * 40 + "\x1b[0m",  # colours across the wrap
     "a" + "漢字🙂" * 40,
     "x" * 78 + "e\u0301y" * 3,  # the accent stays on its e
-    "x" * 78 + "👩\u200d💻z" + "👩\u200d💻" * 40,  # a joined emoji moves whole
+    "x" * 78 + "👩\u200d💻z" + "👩\u200d💻" * 40,  # a joined emoji: its parts, each moved whole
+    # 0 cells to Rich and 2 or 1 to tmux (U+3164 drew this text over the next rank's pane), 2 to Rich
+    # and 1 to glibc 2.36 (☺️, ☰), 0 against 1 (ा, U+2028), unassigned (U+0378)
+    "\u3164" * 30 + "SPOOF\uffa0" + "ना👍🏽☺️\u2630\u2028\u0378" * 12,
 ]
 
 
 def plain_of(line: str) -> str:
     return "".join(part.split("m", 1)[-1] for part in line.split("\x1b["))
+
+
+def shown_of(line: str) -> str:
+    """`line` as a pane shows it: without its colours, at widths Rich and the terminal agree on."""
+    from ranktop.tui.cells import agreed_widths
+
+    return agreed_widths(plain_of(line))
+
+
+@functools.cache
+def _wcswidth():
+    wcswidth = ctypes.CDLL(None).wcswidth
+    wcswidth.argtypes, wcswidth.restype = [ctypes.c_wchar_p, ctypes.c_size_t], ctypes.c_int
+    return wcswidth if wcswidth("a一", 2) == 3 else None
+
+
+def terminal_cells(text: str) -> int | None:
+    """The cells the C library's wcswidth gives `text`, as tmux places its characters (-1: one it
+    cannot print); None where it does not count as a UTF-8 locale does."""
+    wcswidth = _wcswidth()
+    return None if wcswidth is None else wcswidth(text, len(text))
+
+
+def check_as_wide_to_both(cells: str, width: int) -> None:
+    """A row's text is `width` cells to Rich, which pads and crops it, and to the terminal."""
+    assert cell_len(cells) == width and terminal_cells(cells) in (None, width), cells
 
 
 def shown_cells(view: LogView, y: int) -> str:
@@ -556,15 +591,15 @@ def check_wrapped(view: LogView, lines: list[str]) -> None:
     """Every row on screen is each line cut by whole cells, as rich's chop_cells cuts it: nothing lost
     or doubled, a wide character or cluster never split, each row padded to the pane's width."""
     width = view.text_width
-    expected = [row for line in lines for row in chop_cells(plain_of(line), width)]
+    expected = [row for line in lines for row in chop_cells(shown_of(line), width)]
     assert view.row_count == len(expected) == view.virtual_size.height <= view.scrollable_content_region.height
     for y, want in enumerate(expected):
         cells = shown_cells(view, y)
         assert view.row_text(y) == want and cells == want + " " * (width - cell_len(want)), f"row {y}"
-        assert "\ufffd" not in cells and cell_len(cells) == width
+        check_as_wide_to_both(cells, width)
     for line in lines:
-        rows = chop_cells(plain_of(line), width)
-        assert "".join(rows) == plain_of(line)
+        rows = chop_cells(shown_of(line), width)
+        assert "".join(rows) == shown_of(line)
         for row, after in itertools.pairwise(rows):  # a row ends short only for a wide character
             assert cell_len(row) == width or (cell_len(row) == width - 1 and cell_len(after[0]) == 2), row
 
@@ -578,10 +613,16 @@ async def settle(pilot: Pilot, condition, what: str, timeout: float = 5.0) -> No
 
 @sync
 async def test_wrap_moves_wide_characters_whole_and_keeps_clusters_and_colours():
+    """Every row is as wide as the pane to Rich and to the terminal, wrapped or not. Found by an
+    audit: a character they count apart (U+3164: 0 cells to Rich, 2 to tmux) made a row wider on
+    screen than Textual laid it out, and the rest of it was drawn over the next pane."""
     ring = LineRing()
     ring.feed(STDOUT, "".join(line + "\n" for line in WIDE_LINES[:-1]).encode())
     ring.feed(STDOUT, WIDE_LINES[-1].encode())  # the open last line wraps the same way
     async with shown(ring, size=(80, 24)) as (view, pilot):
+        assert view.row_count == len(WIDE_LINES)
+        for y in range(len(WIDE_LINES)):  # unwrapped: each line's row cut at the pane's edge
+            check_as_wide_to_both(shown_cells(view, y), view.text_width)
         view.focus()
         await pilot.press("w")
         assert view.wrap and view.text_width == 79
@@ -594,7 +635,7 @@ async def test_wrap_moves_wide_characters_whole_and_keeps_clusters_and_colours()
 
         await pilot.resize_terminal(71, 24)  # rows are cut again for the new width
         await settle(pilot, lambda: view.text_width == 70 and view.row_count == sum(
-            len(chop_cells(plain_of(line), 70)) for line in WIDE_LINES), "rows for the new width")
+            len(chop_cells(shown_of(line), 70)) for line in WIDE_LINES), "rows for the new width")
         check_wrapped(view, WIDE_LINES)
 
 
@@ -623,6 +664,38 @@ def test_row_ends_cut_by_whole_clusters_as_richs_chop_cells_does():
             ends = [0, *row_ends(text, width)]
             rows = [text[a:b] for a, b in itertools.pairwise(ends)]
             assert "".join(rows) == text and rows == (chop_cells(text, width) or [""]), (text, width)
+
+
+def test_characters_rich_and_the_terminal_count_apart_are_drawn_at_widths_both_give_them():
+    """Found by an audit: Rich, which pads and crops every row, and the terminal (tmux, glibc's
+    wcwidth) count some characters' cells apart, so a row was drawn wider or narrower than its pane.
+    Each such character is drawn as `�`, or dropped where it only asks for a presentation; every
+    other one, and an ASCII line (the same object, untouched), is kept."""
+    from ranktop.tui.cells import PLACEHOLDER, agreed_widths, drawable
+
+    table = {
+        "\u3164\uffa0\u115f\u1160": PLACEHOLDER * 4,  # the Hangul fillers: 0 cells to Rich, 2 or 1 to tmux
+        "नाम": "न" + PLACEHOLDER + "म",  # a spacing combining mark (Mc): 0 to Rich, 1 to wcwidth
+        "\u0378x\U000e0080": PLACEHOLDER + "x" + PLACEHOLDER,  # unassigned (Cn): either way
+        "👍🏽 👍🏿": "👍 👍",  # the skin tones (0 to Rich, 2 to wcwidth) are dropped
+        "☺️ ✌︎": "☺ ✌",  # VS16 (☺️ is 2 to Rich, 1 to wcwidth) and VS15 are dropped
+        "👨\u200d👩\u200d👧": "👨👩👧",  # ZWJ: 2 cells to Rich, 6 to wcwidth; each part is 2 to both
+        "日本語 é e\u0301 🙂 ␛ ⟨U+202E⟩ \ufffd": "日本語 é e\u0301 🙂 ␛ ⟨U+202E⟩ \ufffd",
+    }
+    for text, drawn in table.items():
+        assert agreed_widths(text) == drawn, text
+    line = "step 12 loss 0.5 \x1b[31mred\x1b[0m\t"
+    assert agreed_widths(line) is line
+    assert drawable("\x1b[31m\u3164x\x1b]0;t\x07\x1b[0m", sgr=True) == "\x1b[31m" + PLACEHOLDER + "x\x1b[0m"
+    if terminal_cells("x") is None:
+        return  # no C library to ask: the table above is all there is
+    # Where it is asked: what Rich 15 and glibc 2.36 count apart (☰: 2 against 1; U+2028: 0 against
+    # none), and every character of the BMP and of the emoji planes drawn as wide to both.
+    assert agreed_widths("\u2630\u2028") == "".join(
+        PLACEHOLDER if cell_len(c) != terminal_cells(c) else c for c in "\u2630\u2028")
+    for code in (*range(0x80, 0xD800), *range(0xE000, 0x10000), *range(0x1F000, 0x1FB00)):
+        drawn = agreed_widths(chr(code))
+        assert cell_len(drawn) == terminal_cells(drawn), hex(code)
 
 
 def top_line(view: LogView) -> int:

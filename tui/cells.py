@@ -1,7 +1,30 @@
-"""Cutting a line into rows by whole terminal cells, for the wrap mode of the output pane.
+"""Text a rank supplies, drawn at widths Rich and the terminal agree on; and cut into rows by whole
+terminal cells, for the wrap mode of the output pane.
 
-A row may end only between clusters: a character with the zero-width ones after it (combining
-marks, variation selectors) and, through a zero-width joiner, the character after that too. A
+Textual crops and pads every row by Rich's count of each character's cells, and the terminal
+places the characters by its own (tmux, like most emulators, by the C library's wcwidth). Where
+they count a character apart, a row is drawn wider or narrower than its pane, and what follows it
+lands in the neighbouring pane (a rank printing U+3164, 0 cells to Rich and 2 to tmux, wrote its
+text over the next rank's pane). So every piece of rank text goes through `drawable` (`clean`,
+then `agreed_widths`) before it reaches a widget:
+
+- a presentation hint is dropped: the zero-width joiner U+200D, the variation selectors VS15 and
+  VS16 (U+FE0E, U+FE0F), the emoji skin tones U+1F3FB-1F3FF. Rich counts `☺` + VS16 as 2 cells and
+  a ZWJ sequence as one emoji of 2, where tmux and wcwidth count each character by itself; without
+  them an emoji sequence shows as its parts (👨‍👩‍👧 as 👨👩👧), each as wide to both;
+- a character whose width is disputed is drawn as PLACEHOLDER (U+FFFD, `�`, one cell to both, as
+  invalid UTF-8 already shows): an unassigned code point (category Cn: the Unicode versions of Rich,
+  of Python and of the terminal differ), a spacing combining mark (Mc, Devanagari's `ा`: 0 cells to
+  Rich, 1 to wcwidth), a Hangul filler (U+115F, U+1160, U+3164, U+FFA0), and, where the C library's
+  wcwidth works in this process's locale, any character it counts otherwise than Rich (U+2630's
+  trigrams: 2 to Rich, 1 to glibc 2.36).
+
+Only characters are looked at, never their neighbours, so the widths also agree across any cut of
+the text. The terminal is taken to count as this process's C library does: one elsewhere (ssh from
+another system) may still count a character otherwise.
+
+A row of the wrap mode may end only between clusters: a character with the zero-width ones after
+it (combining marks) and, through a zero-width joiner, the character after that too. A
 double-width cluster that does not fit in the last cell of a row starts the next one, and that row
 ends a cell short. Cells are counted with rich's `cell_len`, as Textual's Strip counts them, so a
 row is as wide here as on screen.
@@ -11,15 +34,78 @@ from __future__ import annotations
 
 import array
 import bisect
+import ctypes
 import functools
 import itertools
+import unicodedata
+from collections.abc import Callable
 
+from ranktop.core.sanitize import clean
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 
 _ZWJ = "\u200d"
 _FIRST_WIDE = "\u1100"  # no character below this takes two cells
+
+PLACEHOLDER = "\ufffd"  # what a character of disputed width is drawn as
+_HINTS = frozenset({0x200D, 0xFE0E, 0xFE0F, *range(0x1F3FB, 0x1F400)})  # dropped
+_FILLERS = frozenset({0x115F, 0x1160, 0x3164, 0xFFA0})
+_DISPUTED_CATEGORIES = frozenset({"Cn", "Mc"})
+_KEPT_CODES = 1 << 16  # code points whose drawing is kept (~6 MB): past that the table starts over
+
+
+@functools.cache
+def c_wcwidth() -> Callable[[int], int] | None:
+    """The C library's wcwidth, where it counts as a UTF-8 locale does (1 for `a`, 2 for `一`);
+    else None. Python sets LC_CTYPE from the environment at start-up, which is the locale the
+    terminal's user chose; setlocale is never called here (it is process-wide)."""
+    try:
+        wcwidth = ctypes.CDLL(None).wcwidth
+    except (OSError, AttributeError):
+        return None
+    wcwidth.argtypes, wcwidth.restype = [ctypes.c_int32], ctypes.c_int  # (wchar_t: 32 bits on Linux and macOS)
+    return wcwidth if wcwidth(ord("a")) == 1 and wcwidth(0x4E00) == 2 else None
+
+
+def _drawn_as(code: int) -> int | str | None:
+    """How code point `code` is drawn: as itself (its code), as PLACEHOLDER, or not at all (None)."""
+    if code < 0x80:
+        return code
+    if code in _HINTS:
+        return None
+    char = chr(code)
+    if code in _FILLERS or unicodedata.category(char) in _DISPUTED_CATEGORIES:
+        return PLACEHOLDER
+    wcwidth = c_wcwidth()
+    if wcwidth is not None and wcwidth(code) != cell_len(char):
+        return PLACEHOLDER
+    return code
+
+
+class _Drawn(dict):
+    """str.translate's table for agreed_widths: each code point's drawing, worked out the first
+    time it is met (a dict lookup after that, in C)."""
+
+    def __missing__(self, code: int) -> int | str | None:
+        if len(self) >= _KEPT_CODES:  # a rank printing every code point keeps no 100 MB table
+            self.clear()
+        drawn = self[code] = _drawn_as(code)
+        return drawn
+
+
+_DRAWN = _Drawn()
+
+
+def agreed_widths(text: str) -> str:
+    """`text` with every character drawn at a width Rich and the terminal agree on: see the module
+    docstring. ASCII text is returned as it is, at once."""
+    return text if text.isascii() else text.translate(_DRAWN)
+
+
+def drawable(text: str, *, sgr: bool = False, newlines: bool = False) -> str:
+    """Rank-supplied `text` fit for a widget: `clean` (sgr, newlines: as there), then agreed_widths."""
+    return agreed_widths(clean(text, sgr=sgr, newlines=newlines))
 
 
 def may_be_wide(text: str) -> bool:

@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Any
 from ranktop.core.output import RING_BYTES, RanktopLine, line_length
 from ranktop.core.sanitize import clean
 from ranktop.tui.bounded_regex import BoundedPattern
-from ranktop.tui.cells import cells_before, crop_cells, index_at, may_be_wide, row_ends, split_segments
+from ranktop.tui.cells import (
+    agreed_widths,
+    cells_before,
+    crop_cells,
+    drawable,
+    index_at,
+    may_be_wide,
+    row_ends,
+    split_segments,
+)
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
@@ -49,7 +58,9 @@ _ROW_STYLES = 256  # plain rows' styles kept per pane (a few screens' worth)
 _PLAIN_LINE = re.compile(rb"[\x20-\x7e]{0,%d}" % MAX_CHARS)  # printable ASCII: one cell a byte
 _PLAIN_BYTES = bytes(range(0x20, 0x7F)) + b"\n"  # such lines joined by newlines: translate() deletes them all
 _PLAIN = Style()  # Textual's colour filters want a style on every segment, even an empty one
-_C1 = re.compile(rb"\xc2[\x80-\x9f]")  # a C1 control in UTF-8: 8-bit CSI, OSC, ST... (the pane drops its sequence)
+# In UTF-8, a C1 control (8-bit CSI, OSC, ST...: the pane drops its sequence) or a presentation hint the pane
+# drops (ZWJ, VS15 / VS16, a skin tone: cells.agreed_widths): the characters either side of it meet on screen.
+_DROPPED = re.compile(rb"\xc2[\x80-\x9f]|\xe2\x80\x8d|\xef\xb8[\x8e\x8f]|\xf0\x9f\x8f[\xbb-\xbf]")
 CUT_LEFT, CUT_RIGHT = "‹", "›"  # over a row's first / last cell without wrap: its text goes on past that edge
 
 
@@ -59,11 +70,12 @@ def _marker(raw: bytes) -> str:
 
 def parse_line(raw: bytes, style: Style | None = None, color: bool = True) -> Text:
     """One ring line as Rich text: through the sanitiser (UTF-8 with replacement, SGR colours kept
-    or dropped without colour, every other sequence dropped, controls shown as symbols), tabs
-    expanded, and cut at MAX_CHARS with a marker."""
+    or dropped without colour, every other sequence dropped, controls shown as symbols) and at
+    widths Rich and the terminal agree on (cells.drawable), tabs expanded, and cut at MAX_CHARS
+    with a marker."""
     text = raw[:_MAX_BYTES].decode("utf-8", "replace")
     cut = len(raw) > _MAX_BYTES or len(text) > MAX_CHARS
-    text = clean(text[:MAX_CHARS], sgr=color)
+    text = drawable(text[:MAX_CHARS], sgr=color)
     base = style if style is not None else ""
     if "\x1b" in text:  # only kept SGR sequences are left
         parsed = Text.from_ansi(text, no_wrap=True, end="")
@@ -124,15 +136,24 @@ def matches(raw: bytes, needle: str, needle_bytes: bytes | None) -> bool:
     if type(raw) is RanktopLine:
         return False
     # An ASCII needle is in the bytes where the pane shows it when the line is whole there (at most
-    # MAX_CHARS bytes) and holds no sequence the pane drops, 7-bit or 8-bit: a search counted what
-    # no pane showed, a needle in an 8-bit OSC or past a long line's cut.
+    # MAX_CHARS bytes) and holds nothing the pane drops, a sequence (7-bit or 8-bit) or a joiner: a
+    # search counted what no pane showed, a needle in an 8-bit OSC or past a long line's cut, and
+    # missed one the pane showed across a dropped joiner. (A character the pane draws as a
+    # placeholder is non-ASCII either way.)
     if (needle_bytes is not None and len(raw) <= MAX_CHARS and b"\x1b" not in raw
-            and (raw.isascii() or not _C1.search(raw))):
+            and (raw.isascii() or not _DROPPED.search(raw))):
         return needle_bytes in raw.lower()  # bytes.lower is enough and fast
     return needle in parse_line(raw[:_MAX_BYTES], color=False).plain.lower()
 
 
 REGEX_PREFIX = "re:"  # a search query starting so is a regular expression (any case)
+
+
+def plain_needle(query: str) -> str:
+    """A plain query as `matches` takes it: in lower case, and drawn as the panes draw a line
+    (cells.agreed_widths), so that a query typed or pasted with a skin tone or a joiner finds the
+    emoji a pane shows without it."""
+    return agreed_widths(query).lower()
 
 
 def search_pattern(query: str) -> BoundedPattern | None:
@@ -641,7 +662,7 @@ class LogView(ScrollView, can_focus=True):
         if self._own_style is None:
             self._own_style = self.get_component_rich_style("logview--ranktop")
         # Cleaned: a client takes which lines are ranktop's from the engine's answer ("own").
-        words = clean(raw[:_MAX_BYTES].decode("utf-8", "replace")[:MAX_CHARS])
+        words = drawable(raw[:_MAX_BYTES].decode("utf-8", "replace")[:MAX_CHARS])
         band = set_cell_size(words + " " + "─" * (width + _BAR), width + _BAR)
         text, bar = Segment(band, self._own_style).split_cells(width)  # (by cells: a wide character)
         return Strip([*Strip([text], width).apply_offsets(scroll_x, row), bar], width + _BAR)
@@ -952,7 +973,7 @@ class LogView(ScrollView, can_focus=True):
         ValueError for a regular expression that does not compile (nothing changes then)."""
         regex = search_pattern(query)
         self._regex = regex
-        self._query = query if regex is not None else query.lower()
+        self._query = query if regex is not None else plain_needle(query)
         self._query_bytes = self._query.encode() if self._query.isascii() else None
         self._strips.clear()
         if not self._query:

@@ -10,7 +10,7 @@ ranks after it are not searched, and `stopped_in` names the rank.
 from __future__ import annotations
 
 from ranktop.core.engine import EVERY_KEPT_LINE, Engine
-from ranktop.tui.logview import matches, regex_matches, search_pattern
+from ranktop.tui.logview import matches, plain_needle, regex_matches, search_pattern
 
 
 class RankSearch:
@@ -27,7 +27,7 @@ class RankSearch:
         in every rank, up to a pattern given up; ValueError for a regular expression that does not
         compile."""
         pattern = search_pattern(query)
-        needle = query.lower()
+        needle = plain_needle(query)
         needle_bytes = needle.encode() if needle.isascii() else None
 
         def hit(line: bytes) -> bool:
