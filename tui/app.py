@@ -19,10 +19,10 @@ from typing import Any
 from ranktop.core import collector
 from ranktop.core import commands as cmd
 from ranktop.core.engine import Engine
-from ranktop.core.sanitize import clean
 from ranktop.core.signals import NOTICE_SIGNALS
 from ranktop.core.state import GroupSnapshot, GroupState
 from ranktop.tui.bounded_regex import BoundedPattern
+from ranktop.tui.cells import drawable
 from ranktop.tui.commands import help_groups, palette_commands
 from ranktop.tui.detach import detach_terminal, terminal_alive, terminal_hung_up
 from ranktop.tui.driver import PASTED_ESC, hangup_aware
@@ -65,7 +65,7 @@ def pasted_text(text: str) -> str:
     `ESC ] 52 ; c ; ... ESC \\` wrote the terminal's clipboard, `ESC [ 2 J` cleared the screen, and
     `i` typed a pasted Ctrl-C or Ctrl-S into a --pty rank's terminal, whose line discipline acted on it
     (SIGINT to the rank; its output stopped). An ESC in it comes as PASTED_ESC (see TerminalInput)."""
-    return clean(text.replace(PASTED_ESC, "\x1b").replace("\r\n", "\n").replace("\r", "\n"), newlines=True)
+    return drawable(text.replace(PASTED_ESC, "\x1b").replace("\r\n", "\n").replace("\r", "\n"), newlines=True)
 
 
 def tui_exit_status(snap: GroupSnapshot, user_quit: bool) -> int:
@@ -173,7 +173,7 @@ class RanktopApp(App):
         self._frame_shown = True
         if self.not_served:
             # It quotes an OS error, and a path in it (XDG_RUNTIME_DIR): plain, safe text, never markup.
-            self.notify(clean(f"{self.not_served}; q cannot detach it"), title="not served", severity="warning",
+            self.notify(drawable(f"{self.not_served}; q cannot detach it"), title="not served", severity="warning",
                         timeout=15, markup=False)
         if self._leave_when_ready is not None:
             self._leave_when_ready()
@@ -194,11 +194,11 @@ class RanktopApp(App):
             self.screen.dismiss(None)
         if event.snapshot.error is not None:
             # The error may quote rank-supplied text: shown as plain, safe text, never as markup.
-            self.notify(clean(f"ranktop failed: {event.snapshot.error}"), severity="error", timeout=30,
+            self.notify(drawable(f"ranktop failed: {event.snapshot.error}"), severity="error", timeout=30,
                         markup=False)
         elif event.snapshot.rendezvous_error and not panel_says_rendezvous_error(event.snapshot):
             # (where the end panel says it, a toast of the same words covered the panel's text for 30 s)
-            self.notify(clean(event.snapshot.rendezvous_error), severity="error", timeout=30, markup=False)
+            self.notify(drawable(event.snapshot.rendezvous_error), severity="error", timeout=30, markup=False)
         if self._exit_when_ended:
             self.exit(self.exit_status)
 
@@ -357,7 +357,7 @@ class RanktopApp(App):
             return
         event.prevent_default()  # (Textual's handler, App's, comes after ours: it is not run)
         where = f" to {str(event.path)!r}" if event.path is not None else ""
-        self.notify(clean(f"Saved screenshot{where}"), title="Screenshot", markup=False)
+        self.notify(drawable(f"Saved screenshot{where}"), title="Screenshot", markup=False)
 
     def on_notify(self, event: Notify) -> None:
         """One toast for the same words: an earlier one still shown goes, the new one has the full

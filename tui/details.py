@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 
 from ranktop.core.engine import Engine, OutputCursor
-from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, RankSnapshot
+from ranktop.tui.cells import drawable
 from ranktop.tui.metric import RankTrack, Tracker, sparkline
 from ranktop.tui.panes import gpu_util_text, human_bytes, human_duration, pid_text, state_label
 from ranktop.tui.screens import MODAL_HELP, SIDEWAYS
@@ -63,7 +63,7 @@ def details_text(rank: RankSnapshot, group: GroupSnapshot, track: RankTrack | No
         text.append(f"\nlast output {human_duration(now - rank.last_output_at)} ago")
     for stream, path in (("stdout", rank.stdout_log), ("stderr", rank.stderr_log)):
         if path:
-            text.append(f"\n{stream}  {clean(path)}", style="dim")
+            text.append(f"\n{stream}  {drawable(path)}", style="dim")
     gpu = rank.gpu
     if gpu is not None and gpu.index is not None:  # the title has room for the rank's own memory only
         text.append(f"\ngpu{gpu.index}  util {gpu_util_text(gpu)}  this rank {human_bytes(gpu.proc_mem)}  "
@@ -74,7 +74,7 @@ def details_text(rank: RankSnapshot, group: GroupSnapshot, track: RankTrack | No
         if key == "metric":
             if metric_name is None:
                 continue
-            label = clean(metric_name)[:12]
+            label = drawable(metric_name)[:12]
         values = list(track.history[key]) if track is not None and key in track.history else []
         text.append(f"\n{label:<12}")
         if not values:
@@ -89,7 +89,7 @@ def _why_no_values(key: str, rank: RankSnapshot, group: GroupSnapshot, track: Ra
     """What an empty history means: not sampled yet, or nothing to sample (no GPU: it never fills)."""
     if key in ("gpu", "gmem"):
         if group.gpu_status:  # "no GPU" (no NVML, no driver, no device), "NVML error: ..."
-            return clean(group.gpu_status)
+            return drawable(group.gpu_status)
         if rank.gpu is None and track is not None and track.history.get("cpu"):  # sampled: no device is the rank's
             return "no GPU seen for this rank"
     if key == "out":

@@ -28,6 +28,7 @@ from ranktop.core.state import GroupSnapshot, GroupState, RankSnapshot, RankStat
 from ranktop.core.strays import own_tool
 from ranktop.tui.attempts import FileFeed, attempt_dirs
 from ranktop.tui.bounded_regex import BoundedPattern, stopped_line
+from ranktop.tui.cells import drawable
 from ranktop.tui.logview import LogView, search_pattern
 from ranktop.tui.metric import Tracker
 from ranktop.tui.pager import pager_argv, run_in_front
@@ -601,7 +602,7 @@ class MainScreen(Screen):
 
     def _input_refused(self, ack: cmd.Ack) -> None:
         if not ack.ok and self.is_mounted:  # a typed line shows in the pane itself; only a refusal needs words
-            self.notify(clean(ack.message), severity="warning", timeout=4, markup=False)
+            self.notify(drawable(ack.message), severity="warning", timeout=4, markup=False)
 
     # ----- search -----------------------------------------------------------------------------
     def action_search(self, every_rank: bool = False) -> None:
@@ -629,10 +630,10 @@ class MainScreen(Screen):
         try:
             hits = log.search(query)
         except ValueError as exc:  # a bad regular expression: say why, change nothing
-            self.notify(clean(str(exc)), severity="warning", timeout=5, markup=False)
+            self.notify(drawable(str(exc)), severity="warning", timeout=5, markup=False)
             return
         # The query is often pasted from rank output: plain, safe text, never markup.
-        self.notify(clean(f"{hits} match{'es' if hits != 1 else ''} for {query!r} in rank {self.rank_of(self.current)}"
+        self.notify(drawable(f"{hits} match{'es' if hits != 1 else ''} for {query!r} in rank {self.rank_of(self.current)}"
                           + ("  (n / N: next / previous)" if hits else "")), timeout=3, markup=False)
 
     def _search_every_rank(self, query: str) -> None:
@@ -644,9 +645,9 @@ class MainScreen(Screen):
         try:
             found = RankSearch.run(self.engine, range(self.n), query)
         except ValueError as exc:
-            self.notify(clean(str(exc)), severity="warning", timeout=5, markup=False)
+            self.notify(drawable(str(exc)), severity="warning", timeout=5, markup=False)
             return
-        self.notify(clean(found.summary(self.rank_of)), timeout=5, markup=False)
+        self.notify(drawable(found.summary(self.rank_of)), timeout=5, markup=False)
         if found.stopped_in is not None and search_pattern(query).tell_once():
             self._say_search_stopped(query, found.stopped_in)
         if not found.counts:
@@ -666,7 +667,7 @@ class MainScreen(Screen):
         BoundedPattern.tell_once, as a search of every rank, then its pane's own, meet the line)."""
         line = stopped_line(f"the pattern {quoted(query[:80])}", search_pattern(query), self.rank_of(local_rank),
                             "no more matches counted")
-        self.notify(clean(line), severity="warning", timeout=10, markup=False)
+        self.notify(drawable(line), severity="warning", timeout=10, markup=False)
 
     def _show_matches_of(self, local_rank: int, direction: int) -> None:
         """Focus `local_rank` and highlight the search there, at its first (+1) or last (-1) match."""
@@ -773,7 +774,7 @@ class MainScreen(Screen):
         if not self.is_mounted:  # (a sent command's answer, come as the app left)
             return
         # An attached engine's words: plain, safe text, never markup.
-        self.notify(clean(ack.message), severity="information" if ack.ok else "warning", timeout=3, markup=False)
+        self.notify(drawable(ack.message), severity="information" if ack.ok else "warning", timeout=3, markup=False)
         self.tick()
 
     def send_signal(self, sig: int, whole_group: bool) -> None:
@@ -824,7 +825,7 @@ class MainScreen(Screen):
         if ack.ok or not self.is_mounted or self.ended:
             return False
         self.note = None
-        self.notify(clean(ack.message), severity="error", timeout=8, markup=False)
+        self.notify(drawable(ack.message), severity="error", timeout=8, markup=False)
         return True
 
     def action_restart_rank(self) -> None:
@@ -901,7 +902,7 @@ class MainScreen(Screen):
         try:
             argv = pager_argv(paths)
         except ValueError as exc:  # (PAGER='"': a traceback that ended the TUI, and the run with it)
-            self.notify(clean(f"bad $PAGER {quoted(os.environ.get('PAGER'))}: {exc}; the log: {paths[0]}"),
+            self.notify(drawable(f"bad $PAGER {quoted(os.environ.get('PAGER'))}: {exc}; the log: {paths[0]}"),
                         severity="warning", markup=False)
             return
         try:
@@ -914,10 +915,10 @@ class MainScreen(Screen):
                     problem = exc.strerror or str(exc)
         except SuspendNotSupported:
             problem = None
-            self.notify(clean(f"cannot hand the terminal over here; the log: {paths[0]}"), severity="warning",
+            self.notify(drawable(f"cannot hand the terminal over here; the log: {paths[0]}"), severity="warning",
                         markup=False)
         if problem is not None:
-            self.notify(clean(f"cannot run {quoted(argv[0][:200])}: {problem}; the log: {paths[0]}"),
+            self.notify(drawable(f"cannot run {quoted(argv[0][:200])}: {problem}; the log: {paths[0]}"),
                         severity="warning", markup=False)
         self.refresh()
 
@@ -979,7 +980,7 @@ class MainScreen(Screen):
         took nothing behind a frozen link) connects again: it says why, and that it goes on."""
         take = getattr(self.engine, "take_dropped", None)  # (a RemoteEngine's: a local run has no connection)
         if take is not None and (why := take()):
-            self.notify(clean(f"the run's engine ended this view's connection ({why}); the view connected again"),
+            self.notify(drawable(f"the run's engine ended this view's connection ({why}); the view connected again"),
                         severity="warning", timeout=10, markup=False)
 
     def _show_ranks(self, snap: GroupSnapshot, now: float, every_pane: bool) -> None:
@@ -1012,7 +1013,7 @@ class MainScreen(Screen):
             return
         line = stopped_line(f"the --metric pattern {quoted(self.tracker.pattern.pattern[:80])}", self.tracker.pattern,
                             self.rank_of(stopped_in), "no more values read")
-        self.notify(clean(line), severity="warning", timeout=10, markup=False)
+        self.notify(drawable(line), severity="warning", timeout=10, markup=False)
 
     def _show_pane(self, snap: GroupSnapshot, rank: RankSnapshot, now: float, digits: int, *, outlier: bool) -> None:
         """One rank's pane: its title, and its output (unless an earlier attempt's log is viewed)."""
@@ -1034,7 +1035,7 @@ class MainScreen(Screen):
 
     def _show_waiting(self, snap: GroupSnapshot) -> None:
         """What a forming rendezvous round waits for, above the panes (empty until it completes)."""
-        waiting = None if snap.ended or not snap.waiting else clean(snap.waiting)
+        waiting = None if snap.ended or not snap.waiting else drawable(snap.waiting)
         if waiting != self._waiting:
             self._waiting = waiting
             box = self.query_one("#waiting", Static)
@@ -1053,13 +1054,13 @@ class MainScreen(Screen):
             return
         was, self._store_lost = self._store_lost, snap.store_lost
         if snap.store_lost and snap.store_silent:  # (its node paused or hung: it may answer again)
-            self.notify(clean(f"{snap.store_lost} does not answer (the node serving it paused, hung or cut off?): "
+            self.notify(drawable(f"{snap.store_lost} does not answer (the node serving it paused, hung or cut off?): "
                               "this node's ranks run on"), severity="warning", timeout=10, markup=False)
         elif snap.store_lost:
-            self.notify(clean(f"lost {snap.store_lost}: this node's ranks run on, but no new round can form"),
+            self.notify(drawable(f"lost {snap.store_lost}: this node's ranks run on, but no new round can form"),
                         severity="warning", timeout=10, markup=False)
         elif was:
-            self.notify(clean(f"{was} answers again"), timeout=5, markup=False)
+            self.notify(drawable(f"{was} answers again"), timeout=5, markup=False)
         self.query_one(GroupHeader).show_group(snap, now)
 
     def _hits_of(self, local_rank: int) -> int | None:

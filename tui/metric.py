@@ -18,9 +18,10 @@ import time
 
 from ranktop.core.engine import EVERY_KEPT_LINE, Engine, OutputCursor
 from ranktop.core.output import RanktopLine
-from ranktop.core.sanitize import clean, quoted
+from ranktop.core.sanitize import quoted
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.bounded_regex import BoundedPattern
+from ranktop.tui.cells import drawable
 from rich.cells import cell_len
 
 HISTORY = 60  # samples kept per series (one a second: the last minute)
@@ -135,7 +136,7 @@ class Tracker:
             # As the pane shows the line, as a search reads it: a value in colours (Rich's log
             # handler colours numbers, and the ranks get FORCE_COLOR) gave none, and a value in an
             # escape sequence the pane drops (`ESC ] 0 ; loss 9 BEL`) was read where none shows.
-            found = self.pattern.search(clean(raw.decode("utf-8", "replace")))
+            found = self.pattern.search(drawable(raw.decode("utf-8", "replace")))
             if self.pattern.stopped:  # given up for good: no value from here on, the last one stays
                 if self.stopped_in is None:
                     self.stopped_in = local_rank

@@ -11,7 +11,6 @@ import os
 from collections.abc import Callable, Iterable
 
 from ranktop.core.engine import FIRST_LOOK_LINES, Engine, OutputCursor
-from ranktop.core.sanitize import clean
 from ranktop.core.state import (
     GpuSample,
     GroupSnapshot,
@@ -20,6 +19,7 @@ from ranktop.core.state import (
     RankState,
     world_undecided,
 )
+from ranktop.tui.cells import drawable
 from ranktop.tui.commands import action_name
 from ranktop.tui.logview import LogView
 from rich.cells import cell_len
@@ -194,7 +194,7 @@ def rank_title(snap: RankSnapshot, now: float, *, world_digits: int = 1,
             # (a pane just over NARROW_TITLE: the labels cost its GPU memory and its last output's age)
             title = _rank_facts(*facts, narrow=True)
         return title
-    shown = clean(_short_path(log_path)) if log_path else ""
+    shown = drawable(_short_path(log_path)) if log_path else ""
     least = f"  log {fit_path(shown, 0)}" if shown else ""  # its file's name, at the least
     need = cell_len(least) + (SPARKS_LEAST if sparks is not None else 0)
     for form in ({"narrow": narrow}, {"narrow": True}, {"narrow": True, "tight": True}):
@@ -288,7 +288,7 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
     its start to fit the room left, and a long name its middle (fit_name), so that the urgent
     parts stay in sight."""
     parts = _header_parts(group, now, note)
-    name, badge, logs = clean(group.name), True, bool(group.log_dir)
+    name, badge, logs = drawable(group.name), True, bool(group.log_dir)
     if width:  # (0: not laid out yet)
         width -= _ticking_room(group, now)
         failed = group.earlier_attempts and not group.earlier_calm  # (its least stays, whatever the width)
@@ -296,7 +296,7 @@ def header_text(group: GroupSnapshot, now: float, *, note: str | None = None, wi
         room = width - sum(part.cell_len for key, part in parts if key is None) - 2  # (" name ")
         room -= squeeze(0).cell_len if squeeze else 0
         kept, least = min(cell_len(name), NAME_KEPT), min(cell_len(name), NAME_LEAST)
-        parts, shown, left = _fitted(parts, _short_parts(group), clean(_short_path(group.log_dir)) if logs else None,
+        parts, shown, left = _fitted(parts, _short_parts(group), drawable(_short_path(group.log_dir)) if logs else None,
                                      squeeze, room - kept, kept - least)
         badge, logs = "badge" in shown, "logs" in shown
         name = fit_name(name, max(least, kept + left))  # (narrower still, the line's ellipsis cuts its end)
@@ -408,10 +408,10 @@ def _header_parts(group: GroupSnapshot, now: float, note: str | None) -> list[Pa
     end = group.ended_at if group.ended_at is not None else now
     parts: list[Part] = [(None, _state_text(group, now, note)), *_attempt_parts(group)]
     if group.interpreter:
-        parts.append(("python", Text(f"  python {clean(_short_path(group.interpreter))}", style="dim")))
+        parts.append(("python", Text(f"  python {drawable(_short_path(group.interpreter))}", style="dim")))
     parts += [*_world_parts(group), ("elapsed", Text(f"  {human_duration(end - group.started_at)}")), _alive_part(group)]
     if group.gpu_status:
-        parts.append(("gpu", Text(f"  {clean(group.gpu_status)}", style="dim")))
+        parts.append(("gpu", Text(f"  {drawable(group.gpu_status)}", style="dim")))
     return parts
 
 
@@ -451,7 +451,7 @@ def _earlier_text(group: GroupSnapshot, extra: int | None = None) -> Text:
     of its words past `attempt_0: …`, the least a failed one shows: its words give up their end,
     so that what failed, `rank 1 failed (exit 4)`, is what stays."""
     more = group.earlier_count - 1
-    words = clean(group.earlier_attempts[-1])
+    words = drawable(group.earlier_attempts[-1])
     if extra is not None:
         attempt, sep, _ = words.partition(": ")
         head = attempt + sep if sep and cell_len(attempt) <= 20 else ""  # (`attempt_<k>: `, kept)
@@ -489,7 +489,7 @@ def _forming_parts(group: GroupSnapshot) -> list[Part]:
     what = "round" if forming.number is None else f"round {forming.number}"
     how = "forming" if not group.state.finished else "not formed"
     if forming.joined is not None:  # (live only: a round that timed out has had its nodes step out)
-        how += f": {forming.joined} of {clean(forming.nodes)} nodes" if forming.nodes else f": {forming.joined} joined"
+        how += f": {forming.joined} of {drawable(forming.nodes)} nodes" if forming.nodes else f": {forming.joined} joined"
     parts: list[Part] = [("forming", Text(f"  {what} {how}", style="yellow"))]
     if group.round is not None:
         parts.append(("last", Text(f"  last round {group.round}: world {group.world_size} "
@@ -552,7 +552,7 @@ def _append_path(line: Text, label: str, path: str, width: int | None) -> None:
     """`label` and `path` at the end of `line`, dimmed. A path longer than the room left gives up
     its start ("…/attempt_0/1/stdout.log"), not its end as the line's own ellipsis would: the end
     says which run and file it is."""
-    shown = clean(_short_path(path))
+    shown = drawable(_short_path(path))
     if width:  # (0: not laid out yet)
         shown = fit_path(shown, width - line.cell_len - cell_len(label))
     line.append(label + shown, style="dim")

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 
 from ranktop.core.errors import describe_exit
 from ranktop.core.report import failed_at, root_cause_lines
-from ranktop.core.sanitize import clean
 from ranktop.core.state import GroupSnapshot, GroupState, RootCause
+from ranktop.tui.cells import drawable
 from ranktop.tui.panes import can_act, human_duration
 from rich.table import Table
 from rich.text import Text
@@ -284,26 +284,26 @@ def root_cause_heading(group: GroupSnapshot) -> Text:
     cause = group.root_cause
     if group.state == GroupState.SUCCEEDED:
         text.append(" DONE: all ranks exited 0 ", style="bold reverse blue")
-        text.append(f"  {clean(group.name)} finished in {elapsed}")
+        text.append(f"  {drawable(group.name)} finished in {elapsed}")
     elif group.end_unknown:
         text.append(" END UNKNOWN ", style="bold reverse yellow")
-        text.append(f"  {clean(group.name)}")
+        text.append(f"  {drawable(group.name)}")
     elif _failed_to_start(group):
         text.append(" FAILED ", style="bold white on red")  # no rank to blame: the rendezvous, a start
-        text.append(f"  {clean(group.name)} after {elapsed}")
+        text.append(f"  {drawable(group.name)} after {elapsed}")
     elif cause is None or group.state == GroupState.STOPPED:
         # Stopped on request (a key, a signal to ranktop): the ranks' ends are effects, not a cause,
         # unless one had failed on its own before the stop (its evidence follows, below).
         text.append(f" {group.state.value.upper()} ", style="bold reverse yellow")  # on request: not a failure
-        text.append(f"  {clean(group.name)} stopped on request after {elapsed}")
+        text.append(f"  {drawable(group.name)} stopped on request after {elapsed}")
         if cause is not None:
-            acted = f"you {clean(cause.user_action_what)} and " if cause.user_action_what else ""
+            acted = f"you {drawable(cause.user_action_what)} and " if cause.user_action_what else ""
             text.append(f", after {acted}rank {cause.rank} failed ({describe_exit(cause.exitcode, cause.signal_name)})",
                         style="bold red")
     else:
         text.append(" ROOT CAUSE ", style="bold white on red")
         if cause.user_action_what:  # the person who acted reads first that the failure followed it
-            text.append(f"  after you {clean(cause.user_action_what)}:", style="bold yellow")
+            text.append(f"  after you {drawable(cause.user_action_what)}:", style="bold yellow")
         text.append(f"  rank {cause.rank} ", style="bold")
         text.append(describe_exit(cause.exitcode, cause.signal_name), style="bold red")
         where = f"pid {cause.pid}" if cause.local_rank == cause.rank else f"local {cause.local_rank}, pid {cause.pid}"
@@ -331,17 +331,17 @@ def root_cause_body(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
     cause = group.root_cause
     if group.state == GroupState.SUCCEEDED:
         if group.earlier_attempts:  # (as the header says it: a start for joining nodes spends no restart)
-            text.append("  earlier: " + clean(group.earlier_words) + "\n", style="bold yellow")
+            text.append("  earlier: " + drawable(group.earlier_words) + "\n", style="bold yellow")
         if group.end_note:  # how the exit barrier ended: a toast said it once
-            text.append(f"  {clean(group.end_note)}\n", style="yellow")
+            text.append(f"  {drawable(group.end_note)}\n", style="yellow")
     elif group.end_unknown:
-        text.append(f"  {clean(group.error or 'its engine went away')}; `ranktop ls` says whether it still runs\n")
+        text.append(f"  {drawable(group.error or 'its engine went away')}; `ranktop ls` says whether it still runs\n")
     elif _failed_to_start(group):
-        text.append(f"  {clean(group.rendezvous_error)}\n")
+        text.append(f"  {drawable(group.rendezvous_error)}\n")
     elif cause is not None:
         _append_evidence(text, cause, max_traceback=max_traceback, max_tail=max_tail)
         if panel_says_rendezvous_error(group):  # why no later attempt ran
-            text.append(f"  then: {clean(group.rendezvous_error)}\n", style="bold red")
+            text.append(f"  then: {drawable(group.rendezvous_error)}\n", style="bold red")
     elif group.user_ended:  # no failure: the user ended them
         text.append(f"  you ended rank{'s' * (len(group.user_ended) > 1)} {', '.join(map(str, group.user_ended))} "
                     "(a kill or your signal): no failure\n", style="yellow")
@@ -350,20 +350,20 @@ def root_cause_body(group: GroupSnapshot, *, max_traceback: int = 10, max_tail: 
             text.append(f"  rank {rank.rank} (pid {rank.pid}) outlived SIGKILL (stuck in the kernel): "
                         "left to the orphan guard\n", style="bold magenta")
     if group.log_dir:
-        text.append(f"\n  logs {clean(group.log_dir)}   ", style="dim")
+        text.append(f"\n  logs {drawable(group.log_dir)}   ", style="dim")
     text.append("q quits, e hides this", style="dim")
     return text
 
 
 def _append_evidence(text: Text, cause: RootCause, *, max_traceback: int, max_tail: int) -> None:
     if cause.user_action:  # the failure may be its effect: first, before the evidence
-        text.append(f"  after a user action: {clean(cause.user_action)}\n", style="bold yellow")
+        text.append(f"  after a user action: {drawable(cause.user_action)}\n", style="bold yellow")
     for line in root_cause_lines(cause, max_traceback=max_traceback, max_tail=max_tail):
         text.append(line.indent)
         if line.kind == "tail":
-            text.append(Text.from_ansi(clean(line.text, sgr=True)))
+            text.append(Text.from_ansi(drawable(line.text, sgr=True)))
         else:
-            text.append(clean(line.text, newlines=True), style=_CAUSE_STYLES.get(line.kind, ""))
+            text.append(drawable(line.text, newlines=True), style=_CAUSE_STYLES.get(line.kind, ""))
         text.append("\n")
 
 

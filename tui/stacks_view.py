@@ -12,8 +12,8 @@ import time
 from ranktop.core import commands as cmd
 from ranktop.core import stacks
 from ranktop.core.engine import Engine
-from ranktop.core.sanitize import clean
 from ranktop.core.stacks import StackReport, TreeNode
+from ranktop.tui.cells import drawable
 from ranktop.tui.panes import ACTS_ON_RANKS, CalmFooter, can_act
 from rich.cells import cell_len
 from rich.text import Text
@@ -294,7 +294,7 @@ class StacksScreen(Screen):
 
     def _fetch(self, status: str, command: type[cmd.DumpStacks] | type[cmd.SignalDump]) -> None:
         """Show `status`, then the report the engine answers `command` with, off the UI thread."""
-        self.query_one("#stacks-summary", Static).update(Text(clean(status)))
+        self.query_one("#stacks-summary", Static).update(Text(drawable(status)))
         ranks = tuple(self.local_ranks) if self.local_ranks is not None else None
         native = {"native_frames": True} if command is cmd.DumpStacks and self.native_frames else {}
         self._report_in_thread(command(ranks, **native))
@@ -310,7 +310,7 @@ class StacksScreen(Screen):
         self.app.call_from_thread(self.show_report, ack.report)
 
     def _failed(self, message: str) -> None:
-        self.query_one("#stacks-summary", Static).update(Text(clean(message), style="bold red"))
+        self.query_one("#stacks-summary", Static).update(Text(drawable(message), style="bold red"))
         if not self.redumps:  # no stacks at all, nor any to come: the one line says why
             self.query_one("#stacks-body").display = False
             self.refresh_bindings()
@@ -324,9 +324,9 @@ class StacksScreen(Screen):
             summary = Text.assemble(("the run has ended: its last dump, taken at ", "bold"), (taken, "bold"),
                                     (": ", "bold"), summary)
         if report.saved_txt:
-            summary.append(f"   saved: {clean(report.saved_txt)}", style="dim")
+            summary.append(f"   saved: {drawable(report.saved_txt)}", style="dim")
         elif report.save_error:
-            summary.append(f"   {clean(report.save_error)}", style="yellow")
+            summary.append(f"   {drawable(report.save_error)}", style="yellow")
         self.query_one("#stacks-summary", Static).update(summary)
         self._render_groups()
         self._render_tree()
@@ -353,7 +353,7 @@ class StacksScreen(Screen):
         for g in report.groups_odd_first:  # the odd one out first (below the fold at 80x24)
             body = Text()
             for r in g.ranks:
-                body.append(f"{stacks.rank_list([r])}: {clean(stacks.rank_facts(by_rank[r]))}\n", style="dim")  # (its children's names)
+                body.append(f"{stacks.rank_list([r])}: {drawable(stacks.rank_facts(by_rank[r]))}\n", style="dim")  # (its children's names)
             self._append_frames(body, g.frames)
             w = GroupBox(body, min(g.ranks), odd=g.odd)
             w.border_title = stacks.rank_list(g.ranks) + (" — ODD ONE OUT" if g.odd else "")
@@ -368,8 +368,8 @@ class StacksScreen(Screen):
         if not frames:
             body.append("  (no Python frames)\n", style="dim")
         for f in frames:
-            body.append(f"  {clean(f.name)}", style="bold" if f is frames[-1] else "")
-            body.append(f" ({clean(f.where)})\n" if f.where else "\n", style="dim")
+            body.append(f"  {drawable(f.name)}", style="bold" if f is frames[-1] else "")
+            body.append(f" ({drawable(f.where)})\n" if f.where else "\n", style="dim")
 
     def _thread_widgets(self, groups: list[stacks.ThreadGroup]) -> list[Static]:
         widgets: list[Static] = []
@@ -387,7 +387,7 @@ class StacksScreen(Screen):
     def _thread_titles(group: stacks.ThreadGroup) -> tuple[str, ...]:
         """A thread group's titles, longest first: `thread` goes first (the groups' title says
         it), then how it is odd (its first line says it), then its ranks; its name stays."""
-        name, ranks = repr(clean(group.name)), stacks.rank_list(group.ranks)
+        name, ranks = repr(drawable(group.name)), stacks.rank_list(group.ranks)
         odd = f" — {group.odd_words}" if group.odd else ""
         return f"thread {name} — {ranks}{odd}", f"{name} — {ranks}{odd}", f"{name} — {ranks}", name
 
@@ -412,7 +412,7 @@ class StacksScreen(Screen):
         else:
             node = stacks.thread_tree(self.report, thread.name)
             odd = {r for g in self._thread_groups if g.name == thread.name and g.minority for r in g.ranks}
-            label = f"thread {clean(thread.name)!r}: "
+            label = f"thread {drawable(thread.name)!r}: "
         tree.root.set_label(Text(label + stacks.rank_list(node.ranks)))
         self._add_nodes(tree.root, node, odd)
         tree.root.expand_all()
@@ -429,7 +429,7 @@ class StacksScreen(Screen):
             # The ranks first: a narrow tree cuts the end of a label, and the ranks are the point.
             is_odd = bool(odd) and set(child.ranks) <= odd
             label = Text(f"[{stacks.rank_list(child.ranks)}] ", style="bold red" if is_odd else "cyan")
-            label.append(clean(child.frame.label))
+            label.append(drawable(child.frame.label))
             self._add_nodes(parent.add(label, expand=True), child, odd)
 
     @on(StackGroups.Selected)
@@ -443,9 +443,9 @@ class StacksScreen(Screen):
         text = Text()
         for p in stacks.problem_groups(report):
             text.append(f"{p.who}: ", style="bold")
-            text.append(f"{p.status.value}: {clean(p.reason or '', newlines=True)}\n")
+            text.append(f"{p.status.value}: {drawable(p.reason or '', newlines=True)}\n")
             if p.hint:
-                text.append(f"    {clean(p.hint)}\n", style="yellow")
+                text.append(f"    {drawable(p.hint)}\n", style="yellow")
         box.update(text)
 
     # ----- keys ---------------------------------------------------------------------------------
