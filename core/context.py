@@ -426,6 +426,8 @@ class PContext:
                                           on_lost=weakly(self._console_lost))
         if callable(self.entrypoint):
             self._tmp = tempfile.mkdtemp(prefix="ranktop-", dir=checked_tempdir())
+            # Removed by close(); the guard removes it if we die (or exit) without one.
+            self._tell_guard(f"tmp {os.fsencode(self._tmp).hex()}")
         self._environ = dict(os.environ)  # (os.environ decodes every variable on every read)
         try:
             for slot in self.slots:

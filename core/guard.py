@@ -13,6 +13,9 @@ starts this guard with a pipe on its stdin and tells it, while it runs:
     stray PID START   a process that left its rank's group: a helper that called setsid or
                       setpgid and was orphaned (ranktop, their subreaper, adopted it), or one
                       left behind when its rank ended
+    tmp HEXPATH       the run's own directory under $TMPDIR where function ranks' arguments
+                      and results travel as pickles (its path's bytes in hex: a path may hold
+                      spaces); removed once the sweep is over
     done              ranktop is ending normally and has swept its strays itself
 
 When the pipe reaches end of file (ranktop exited, normally or by SIGKILL), the guard sweeps:
@@ -22,7 +25,9 @@ chain (a helper that cleared its environment and called setsid while its rank li
 SIGTERM (and SIGCONT, should it be stopped), then SIGKILL after the grace. A rank ranktop was
 starting as it died is not yet any of these: in a session of its own already, it closed its copy of
 our pipe before its exec, which gives it the marker; after `spawning` without its `rank` line the
-guard looks for the marker again until that exec is done (SPAWN_SETTLE_SECONDS at most). A process is known by
+guard looks for the marker again until that exec is done (SPAWN_SETTLE_SECONDS at most). Then it removes the
+`tmp` directories: a caller killed (or ended by an exception it never caught) before close()
+left them, the pickled arguments of its ranks in them, in $TMPDIR for good. A process is known by
 its pid AND its start time, and signalled through a pidfd opened after checking both, so a pid
 reused by someone else is never signalled.
 
@@ -297,13 +302,14 @@ class Orders:
     """What ranktop told the guard, read to the end of the pipe. (A plain class: a NamedTuple's
     string annotations cost the guard's start-up a compile each.)"""
 
-    __slots__ = ("token", "grace", "ranks", "strays", "normal_exit", "spawning")
+    __slots__ = ("token", "grace", "ranks", "strays", "tmp_dirs", "normal_exit", "spawning")
 
     def __init__(self) -> None:
         self.token: str | None = None  # None: never given a run
         self.grace = 0.0
         self.ranks: dict[int, int] = {}  # pid -> start time
         self.strays: dict[int, int] = {}
+        self.tmp_dirs: list[bytes] = []
         self.normal_exit = False
         self.spawning = False  # a rank was being started, and its `rank` line has not come
 
@@ -329,7 +335,34 @@ def read_orders(lines: Iterable[bytes]) -> Orders:
             orders.ranks.pop(int(words[1]), None)
         elif len(words) == 3 and words[0] == b"stray":
             orders.strays[int(words[1])] = int(words[2])
+        elif len(words) == 2 and words[0] == b"tmp":
+            try:
+                orders.tmp_dirs.append(bytes.fromhex(words[1].decode("ascii")))
+            except ValueError:
+                pass
     return orders
+
+
+def remove_tmp_dir(path: bytes) -> None:
+    """Remove one of the run's `tmp` directories: the files in it, then itself. It is flat (a
+    rank's payload, result and exit marker), so nothing below is walked; never through a
+    symlink at its name; whatever cannot go is left as it is (ranktop removed it already)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for name in os.listdir(fd):
+            try:
+                os.unlink(name, dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def main() -> None:
@@ -344,6 +377,8 @@ def main() -> None:
     # what appeared meanwhile can be left.
     sweep(orders.token, orders.ranks, orders.strays, 0.5 if orders.normal_exit else orders.grace,
           spawn_in_flight=orders.spawning and not orders.normal_exit)
+    for path in orders.tmp_dirs:  # only once no rank is left to read or write there
+        remove_tmp_dir(path)
 
 
 # ----- ranktop's side ----------------------------------------------------------------------------

@@ -238,6 +238,33 @@ def test_nothing_left_after_the_parent_is_signalled(tmp_path, sig):
     wait_for(lambda: not any(_pid_alive(p) for p in pids), timeout=10, what="ranks and grandchildren to be gone")
 
 
+def test_a_killed_callers_function_ranks_leave_no_pickles_in_tmpdir(tmp_path):
+    """Function ranks take their arguments (and give their results) as pickles in a directory of
+    the context's under $TMPDIR, which close() removes. A caller killed before it (SIGKILL, or an
+    exception it never caught) had its ranks swept by the guard, and that directory left for good:
+    torch's spawn leaves nothing outside its log_dir."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(mode=0o700)
+    parent = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        import rank_fns
+        from ranktop.core import start_processes
+        ctx = start_processes("p", rank_fns.sleep_forever, {{0: ()}}, {{0: {{}}}}, {str(tmp_path / "logs")!r})
+        print(*ctx.pids().values(), flush=True)
+        ctx.wait()
+    """)
+    (tmp_path / "logs").mkdir()
+    proc = subprocess.Popen([PY, "-c", parent], stdout=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp)})
+    rank = int(proc.stdout.readline())
+    assert [p.name.startswith("ranktop-") for p in tmp.iterdir()] == [True]  # its pickles' directory
+    proc.kill()
+    proc.wait(timeout=10)
+    proc.stdout.close()
+    wait_for(lambda: not _pid_alive(rank), timeout=10, what="the rank to be swept")
+    wait_for(lambda: not list(tmp.iterdir()), timeout=10, what="the pickles' directory to be removed")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT])
 def test_a_stop_signal_raises_signal_exception_in_the_caller_as_torch(tmp_path, sig):
     """torch's start_processes makes SIGTERM/SIGINT/SIGHUP/SIGQUIT raise SignalException in the

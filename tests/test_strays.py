@@ -298,13 +298,13 @@ def test_a_spare_guard_that_died_is_replaced_when_taken():
 
 def test_guard_reads_what_ranktop_told_it():
     lines = [b"run 0a1b 2.5\n", b"rank 10 5\n", b"rank 11 6\n", b"stray 12 7\n", b"gone 10\n", b"garbage\n",
-             b"run ffff 9\n", b"done\n"]
+             b"run ffff 9\n", b"tmp " + b"/t/a b".hex().encode() + b"\n", b"tmp zz\n", b"done\n"]
     def told(lines):
         orders = read_orders(lines)
-        return orders.token, orders.grace, orders.ranks, orders.strays, orders.normal_exit
+        return orders.token, orders.grace, orders.ranks, orders.strays, orders.tmp_dirs, orders.normal_exit
 
-    assert told(lines) == ("0a1b", 2.5, {11: 6}, {12: 7}, True)  # the first run line only
-    assert told([b"rank 10 5\n"]) == (None, 0.0, {10: 5}, {}, False)  # a spare no run took
+    assert told(lines) == ("0a1b", 2.5, {11: 6}, {12: 7}, [b"/t/a b"], True)  # the first run line only
+    assert told([b"rank 10 5\n"]) == (None, 0.0, {10: 5}, {}, [], False)  # a spare no run took
     assert told([b"run x y\n"])[:2] == (None, 0.0)  # a bad grace: no run
     # A rank being started: until its `rank` line has come
     assert read_orders([b"run 0a1b 2.5\n", b"spawning\n"]).spawning
