@@ -233,8 +233,21 @@ def _replace_file(path: str | os.PathLike, text: str, dir_fd: int | None = None)
     random name next to it (made exclusively, 0600, never through a symlink, so a file planted
     under a guessable name cannot take the write), then a rename, which replaces a symlink at
     `path` rather than writing through it and never truncates a file that another name (a hard
-    link) shares. The temporary file is removed on any failure."""
+    link) shares. The temporary file is removed on any failure. An OSError names `path`, as
+    torch's plain write names it: the temporary name is ours, never seen by the caller."""
     path = os.fspath(path)
+    try:
+        return _write_then_rename(path, text, dir_fd)
+    except OSError as exc:
+        if exc.filename is None:  # (a full disk names no file)
+            raise
+        failed = exc  # named '.error.json.1a2b3c4d.tmp', or that -> 'error.json'
+    # Raised out here, not in the handler, so that its context stays the caller's (in `record`,
+    # the function's own exception), not the OSError it stands for.
+    raise OSError(failed.errno, failed.strerror, path).with_traceback(failed.__traceback__)
+
+
+def _write_then_rename(path: str, text: str, dir_fd: int | None) -> None:
     name = os.path.basename(path) if dir_fd is not None else path
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(100):

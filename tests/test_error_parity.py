@@ -186,8 +186,15 @@ def test_a_failed_error_file_write_leaves_no_temporary_file(tmp_path, monkeypatc
         with pytest.raises(IsADirectoryError) as raised:
             record(_raise_sentinel)()
         assert isinstance(raised.value.__context__, SentinelError)
-    with pytest.warns(UserWarning, match="IsADirectoryError"):
+        # naming the file asked for, as torch's: ours named its temporary file, '.dest.1a2b3c4d.tmp' -> 'dest'
+        assert str(raised.value) == f"[Errno 21] Is a directory: {str(dest)!r}"
+    with pytest.warns(UserWarning, match=f"IsADirectoryError: \\[Errno 21\\] Is a directory: '{dest}'$"):
         R.ErrorHandler().dump_error_file(str(src), 3)
+    monkeypatch.setenv(ENV, str(tmp_path / "missing" / "error.json"))
+    for record in (T.record, R.record):
+        with pytest.raises(FileNotFoundError) as raised:
+            record(_raise_sentinel)()
+        assert str(raised.value) == f"[Errno 2] No such file or directory: {str(tmp_path / 'missing' / 'error.json')!r}"
     assert sorted(os.listdir(tmp_path)) == ["dest", "src.json"] and os.listdir(dest) == []
     # and the copy that does land is private
     monkeypatch.setenv(ENV, str(tmp_path / "copy.json"))
