@@ -296,6 +296,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         self._restart_requested = False
         self._user_ended: tuple[int, ...] = ()  # once the run ended: global ranks the user ended
         self.result: RunResult | None = None  # once run() returned
+        self._ran = False  # run() was called: its run directory and event log go with that one run
         # Why this node's run ended with no rank of its own to blame (RunResult.rendezvous_error)
         self._node_error: str | None = None
         self._start_error: RankStartError | None = None  # why a rank could not be started, if one could not
@@ -325,7 +326,12 @@ class LocalAgent(AgentRendezvous, AgentCommands):
 
     # ----- the run -----------------------------------------------------------------------------
     def run(self) -> RunResult:
-        """Run to the end (restarting as allowed); the calling thread becomes the monitor loop."""
+        """Run to the end (restarting as allowed); the calling thread becomes the monitor loop.
+        Once per agent: a second call raises RuntimeError (torch's would run the group again)."""
+        if self._ran:  # its run directory, made with the agent, is closed at the end of the first
+            raise RuntimeError(f"this agent has run already (its run: {self.run_dir}); "
+                               "make a new agent for another run")
+        self._ran = True
         handlers = self._install_signal_handlers()
         try:
             with self._quiet_lost_heartbeats():

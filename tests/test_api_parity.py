@@ -133,6 +133,10 @@ def test_local_elastic_agent_shape_and_entrypoint_name(tmp_path):
     result = agent.run()
     assert result.return_values == {0: 25, 1: 25}
     assert os.path.dirname(agent.run_dir) == str(tmp_path)
+    # once: a second run() was an OSError '[Errno 9] <run dir> is closed' (torch's runs the group again)
+    with pytest.raises(RuntimeError, match=f"^this agent has run already \\(its run: {agent.run_dir}\\); make a new agent"):
+        agent.run()
+    assert agent.result is result
 
 
 def test_record_exits_zero_normally_and_the_root_cause_error_file_is_passed_up(tmp_path):
