@@ -343,6 +343,9 @@ class PContext:
         self._holds_signals = False  # start_processes' stop-signal handlers count this context
         # Commands may come from other threads (API users); it is never held across a wait.
         self._lock = threading.RLock()
+        # Held while the result is collected, which waits for the last output without `_lock`:
+        # one thread collects, and close() lets go of the pump and the pickles only after it.
+        self._collecting = threading.RLock()
         self._waker = waker or Waker()  # an agent passes its own, woken by its command queue too
 
     def _set_up_torch_files(self, duplicate_filters: dict[int, tuple[bytes, ...]] | None) -> None:
@@ -560,10 +563,16 @@ class PContext:
                 if any(s.alive or s.restart_pending or s.held_until is not None for s in self.slots) \
                         or not self._swept(now):
                     return None
-            result = self._collect()
-            with self._lock:
-                self._result = self._result or result
-                return self._result
+            # Once, by one thread: a close() from another thread while wait() collected let go of
+            # the pump (OSError EBADF out of wait()) and removed the return values being read.
+            with self._collecting:
+                with self._lock:
+                    if self._result is not None:
+                        return self._result
+                result = self._collect()
+                with self._lock:
+                    self._result = result
+                    return result
 
     def _advance(self, slot: RankSlot, now: float) -> None:
         self._reap(slot)

@@ -1164,6 +1164,34 @@ def test_wait_after_close_lists_the_ranks_close_cut_short(tmp_path):
         assert [len(listed) for listed in json.loads(done.stdout.splitlines()[-1])] == [1, 1], done.stdout
 
 
+def test_a_close_from_another_thread_while_wait_collects_leaves_wait_its_values(tmp_path):
+    """A watchdog thread's close() while wait() collects the result (it reads the ranks' last
+    output and their return values without the context's lock): close() let go of the output
+    pump and removed the return values' directory under it, and wait() raised OSError EBADF (or
+    gave None for a value). torch's wait() then returns its result. Here wait()'s collection is
+    held until the close() is over, or for 1 s: the close must wait for it."""
+    ctx = start_processes("trainer", rank_fns.double, {0: (1,), 1: (2,)}, _envs(2), str(tmp_path))
+    collecting, closed = threading.Event(), threading.Event()
+    collect = ctx._collect
+
+    def held_collect():
+        if threading.current_thread() is threading.main_thread():
+            collecting.set()
+            closed.wait(1.0)
+        return collect()
+
+    ctx._collect = held_collect
+    watchdog = threading.Thread(target=lambda: (collecting.wait(30), ctx.close(), closed.set()))
+    watchdog.start()
+    try:
+        result = ctx.wait(timeout=60)
+    finally:
+        watchdog.join(30)
+        ctx.close()
+    assert collecting.is_set() and closed.is_set()
+    assert result.return_values == {0: 2, 1: 4} and not result.failures
+
+
 _STDIN_SCRIPT = """
 import os, sys, tempfile
 sys.path.insert(0, sys.argv[2])
