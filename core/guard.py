@@ -23,13 +23,13 @@ every process in a live rank's group or session, every stray it was told about, 
 that still carries the run's marker variable, and everything below any of these in the parent
 chain (a helper that cleared its environment and called setsid while its rank lives). Each gets
 SIGTERM (and SIGCONT, should it be stopped), then SIGKILL after the grace. A rank ranktop was
-starting as it died is not yet any of these: in a session of its own already, it closed its copy of
-our pipe before its exec, which gives it the marker; after `spawning` without its `rank` line the
-guard looks for the marker again until that exec is done (SPAWN_SETTLE_SECONDS at most). Then it removes the
-`tmp` directories: a caller killed (or ended by an exception it never caught) before close()
-left them, the pickled arguments of its ranks in them, in $TMPDIR for good. A process is known by
-its pid AND its start time, and signalled through a pidfd opened after checking both, so a pid
-reused by someone else is never signalled.
+starting as it died is not yet any of these: in a session of its own already, it closed its copy
+of our pipe before its exec, which gives it the marker; after `spawning` without its `rank` line
+the guard looks for the marker again until that exec is done (SPAWN_SETTLE_SECONDS at most).
+Then it removes the `tmp` directories: a caller killed (or ended by an exception it never
+caught) before close() left them, the pickled arguments of its ranks in them, in $TMPDIR for
+good. A process is known by its pid AND its start time, and signalled through a pidfd opened
+after checking both, so a pid reused by someone else is never signalled.
 
 Runs as `python -I -S -c "...; import guard; guard.main()"` and imports only the standard library
 (not even typing), so it starts fast: imported rather than run as a script, it starts from its
