@@ -48,7 +48,16 @@ from ranktop.core.errors import (
     killed_by,
 )
 from ranktop.core.events import EventLog
-from ranktop.core.layout import ERROR_FILE, FINAL_FILE, FINAL_KEY, Dir, RunDir, check_run_id, final_seal_of
+from ranktop.core.layout import (
+    ERROR_FILE,
+    FINAL_FILE,
+    FINAL_KEY,
+    Dir,
+    RunDir,
+    UnmadeDir,
+    check_run_id,
+    final_seal_of,
+)
 from ranktop.core.limits import LINES, POSITIVE_SECONDS, check_timeout, ensure_fds_for
 from ranktop.core.output import ConsoleWriter, binary_console, console_budget, console_name, console_stall
 from ranktop.core.process import exit_status_for_signal, refuse_while_loading_main
@@ -492,9 +501,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         failed, or a stop came while waiting for it)."""
         if self.rendezvous is not None and not self._join_round():
             return False
-        # the PContext holds it, and closes it
-        log_dir = self.layout.attempt(self.attempt, self._same_attempt_starts)
-        context = self._new_context(log_dir)
+        context = self._new_context(self._held_attempt_dir())
         self._stalls.new_group()
         previous = self.pcontext
         try:
@@ -510,6 +517,15 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         self._started.set()
         self._now_under_way()
         return True
+
+    def _held_attempt_dir(self) -> Dir:
+        """This attempt's directory, made and held (the PContext closes it). One that cannot be
+        made (out of inodes, the run directory removed under the run) is an UnmadeDir: the
+        ranks run, and each log file that cannot be made is reported as a disk full midway."""
+        try:
+            return self.layout.attempt(self.attempt, self._same_attempt_starts)
+        except OSError as exc:
+            return UnmadeDir(self.attempt_dir(), exc)
 
     def _rank_envs(self, log_dir: Dir) -> dict[int, dict[str, str]]:
         """Each rank's variables for this attempt: torchrun's, faulthandler's for a Python rank,

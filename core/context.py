@@ -395,7 +395,10 @@ class PContext:
 
     def _open_filtered(self, stream: int, needles: tuple[bytes, ...]) -> None:
         name = f"filtered_{log_name(stream)}"
-        fd = self.dir.open_append(name)
+        try:
+            fd = self.dir.open_append(name)
+        except OSError:  # the attempt's directory could not be made: its ranks' log lines say so
+            return
         self._filtered[stream] = FilteredCopy(fd, needles)
         # torch hands out the open file; the copy owns the descriptor (it closes it), so this
         # view of it never does, and carries the path as its name, as torch's file does.

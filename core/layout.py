@@ -242,6 +242,21 @@ class Dir:
                 self._fd = -1
 
 
+class UnmadeDir(Dir):
+    """A directory that could not be made (a full disk, out of inodes; its parent removed under
+    the run): every use fails with that error, so each file meant for it is a write that failed,
+    reported as a full disk midway is, rather than an exception out of the run."""
+
+    def __init__(self, path: str, error: OSError):
+        super().__init__(path, -1)
+        self._error = error
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[int]:
+        raise OSError(self._error.errno, self._error.strerror)
+        yield -1  # (a generator, as Dir.use is)
+
+
 class RunDir(Dir):
     """One run's directory, created fresh (never reused) and held from the moment the run begins."""
 

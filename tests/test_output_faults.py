@@ -128,6 +128,28 @@ def test_log_files_that_cannot_be_made_at_a_ranks_start_are_reported_not_a_trace
         assert {(e["rank"], e["path"], e["shown"]) for e in lost} >= {(1, str(log), True)}
 
 
+def test_an_attempt_directory_that_cannot_be_made_at_a_restart_is_reported_not_a_traceback(tmp_path):
+    """Out of inodes once the first attempt's files were made (or the run directory removed
+    under the run): making attempt_1 for the restart raised out of the agent, a traceback, the
+    run left without run_finished or an end report. Its ranks run as those whose log files
+    cannot be made do: shown, not saved, one line each, exit status 1."""
+    script = tmp_path / "again.py"
+    script.write_text("import os, sys\nprint('try', os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+                      "sys.exit(3 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' else 0)\n")
+    # the root, run, events, attempt_0, 0 and its two logs: no inode left for attempt_1
+    with tmpfs(tmp_path / "disk", "size=64k,nr_inodes=7") as disk:
+        done = run_ranktop("--headless", "--nproc-per-node", "1", "--max-restarts", "1", "--log-dir", str(disk),
+                           "--run-id", "r", str(script))
+        log = disk / "r" / "attempt_1" / "0" / "stdout.log"
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert (f"ranktop: rank 0: cannot write {log}: No space left on device; its output is still read and "
+                "shown, but no longer saved there\n") in done.stderr
+        assert "[default0]:try 1\n" in done.stdout
+        events = read_events(disk / "r")
+        assert events[-2]["event"] == "run_finished" and events[-2]["state"] == "SUCCEEDED", events[-2:]
+        assert events[-1]["event"] == "final_write_failed"  # no inode for it either
+
+
 def test_event_log_holds_lines_back_while_full_and_never_tears_one(small_disk):
     events = EventLog(os.open(small_disk / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
     try:
