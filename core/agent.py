@@ -44,6 +44,7 @@ from ranktop.core.errors import (
     RankStartError,
     SignalException,
     UsageError,
+    describe_exit,
     get_error_handler,
     killed_by,
 )
@@ -756,6 +757,12 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             self.say(f"ranktop: the console's {event['stream']} is gone ({event['error']}): rank output is no "
                      "longer shown there; the ranks go on, and their log files keep their output",
                      on_stdout=event["stream"] == "stderr")
+        if name == "guard_replaced" and self.console:
+            now = (f"a new one (pid {event['new_pid']}) guards the ranks" if event["new_pid"] else
+                   f"no new one could be started ({event['error']}): should ranktop be killed, its ranks "
+                   "and what they started are left running")
+            self.say(f"ranktop: the orphan guard (pid {event['pid']}) ended under the run "
+                     f"({describe_exit(event['status'])}); {now}")
         if name == "log_write_failed" and self.console:
             still = "read and shown" if event.get("shown") else "read (so that the rank goes on)"
             self.say(f"ranktop: rank {event['rank']}: cannot write {event['path']}: {event['error']}; "

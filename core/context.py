@@ -447,6 +447,29 @@ class PContext:
         self._guard = guard.take(self.token, self.shutdown_timeout)
         note_own_child(self._guard.pid)
 
+    def _keep_guard(self) -> None:
+        """A guard killed under the run (a `kill` of the wrong pid, a sweep of python processes)
+        left the ranks unguarded, without a word: ranktop SIGKILLed later left them and their
+        helpers running. A new one is started and told all the old one knew."""
+        dead = self._guard
+        if dead is None or dead.poll() is None:
+            return
+        forget_own_child(dead.pid)
+        try:
+            self._start_guard()
+        except OSError as exc:  # no process or descriptor left for one: said, and not tried again
+            self._guard = None
+            self._emit_group("guard_replaced", pid=dead.pid, status=dead.returncode, new_pid=None,
+                             error=exc.strerror or str(exc))
+            return
+        if self._tmp:
+            self._tell_guard(f"tmp {os.fsencode(self._tmp).hex()}")
+        for pid, start in self._strays.ranks.items():
+            self._tell_guard(f"rank {pid} {start}")
+        for pid, start in self._strays.known.items():
+            self._tell_guard(f"stray {pid} {start}")
+        self._emit_group("guard_replaced", pid=dead.pid, status=dead.returncode, new_pid=self._guard.pid)
+
     def _tell_guard(self, line: str) -> None:
         try:
             self._guard.stdin.write(line.encode() + b"\n")
@@ -563,6 +586,7 @@ class PContext:
                 for slot in self.slots:
                     self._advance(slot, now)
                 self._strays.look()
+                self._keep_guard()
                 if any(s.alive or s.restart_pending or s.held_until is not None for s in self.slots) \
                         or not self._swept(now):
                     return None

@@ -158,20 +158,41 @@ def test_a_helper_that_forks_its_successor_and_exits_again_and_again_is_swept(tm
             os.killpg(sid, signal.SIGKILL)
 
 
+def _guard_of(pid):
+    """The pid of the orphan guard ranktop `pid` started."""
+    table = process_table()
+    for child, entry in table.items():
+        with contextlib.suppress(OSError), open(f"/proc/{child}/cmdline", "rb") as f:
+            if entry.ppid == pid and b"guard.main()" in f.read():
+                return child
+    return None
+
+
 def test_sigkilled_ranktop_leaves_no_escaped_helper(tmp_path, helpers):
     # Rank 0 exits (its helpers are orphaned to ranktop), rank 1 lives on (its setsid helper is
-    # still its child; its double-forked one is orphaned to ranktop).
+    # still its child; its double-forked one is orphaned to ranktop). The guard is killed first:
+    # ranktop went on without one, and its SIGKILL then left every helper and rank 1 running.
     h = helpers([0, 1])
     proc = _ranktop(tmp_path, 2, "0", grace="5")
     try:
         wait_for(lambda: len(h.pids()) == 4, timeout=20, what="four helpers started")
         pids = h.pids()
         orphans = {pids[(0, "setsid")], pids[(0, "setpgid")], pids[(1, "setpgid")]}
-        wait_for(lambda: orphans <= {e["pid"] for e in read_events(tmp_path / "logs" / "h", while_written=True)
-                                     if e["event"] == "stray_adopted"},
+
+        def events():
+            return read_events(tmp_path / "logs" / "h", while_written=True)
+
+        wait_for(lambda: orphans <= {e["pid"] for e in events() if e["event"] == "stray_adopted"},
                  timeout=20, what="ranktop adopted the orphans (and told the guard)")
+        first = wait_for(lambda: _guard_of(proc.pid), timeout=10, what="the guard")
+        os.kill(first, signal.SIGKILL)
+        replaced = wait_for(lambda: [e for e in events() if e["event"] == "guard_replaced"], timeout=10,
+                            what="a new guard, told what the first knew")
+        assert replaced[0]["pid"] == first and replaced[0]["status"] == -signal.SIGKILL
         proc.kill()
-        proc.communicate(timeout=10)
+        _, stderr = proc.communicate(timeout=10)
+        assert (f"ranktop: the orphan guard (pid {first}) ended under the run (killed by SIGKILL); a new one "
+                f"(pid {replaced[0]['new_pid']}) guards the ranks\n") in stderr
         wait_for(lambda: not any(h.running(p) for p in pids.values()), timeout=15, what="the guard swept every helper")
         for rank, kind in pids:
             assert h.got_term(rank, kind), (rank, kind)  # SIGTERM, with the grace, not SIGKILL at once
