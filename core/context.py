@@ -424,8 +424,17 @@ class PContext:
 
     # ----- starting ----------------------------------------------------------------------------
     def start(self) -> PContext:
-        self._start_guard()
-        self._pump = OutputPump()
+        # A process limit met by ranktop's own process or thread for the group is said as a
+        # rank's start that met it (a cgroup's pids.max counts threads): it was a traceback.
+        try:
+            self._start_guard()
+        except OSError as exc:
+            raise RankStartError.starting("the orphan guard", exc) from None
+        try:
+            self._pump = OutputPump()
+        except (OSError, RuntimeError) as exc:
+            self.close(signal.SIGKILL, 0)  # lets the guard go
+            raise RankStartError.starting("ranktop's output thread", exc) from None
         if self._owns_console and any(plan.console for plan in self.streams.values()):
             self._console = ConsoleWriter(budget=console_budget(2 * len(self.slots)),  # a budget per stream
                                           clean=clean_console if self._sanitize_console else None,

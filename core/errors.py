@@ -40,11 +40,19 @@ class RankStartError(OSError):
 
     @classmethod
     def of(cls, local_rank: int, exc: OSError) -> RankStartError:
-        why = exc.strerror or str(exc)
-        if exc.errno == errno.EAGAIN:
+        return cls.starting(f"local rank {local_rank}", exc)
+
+    @classmethod
+    def starting(cls, what: str, exc: OSError | RuntimeError) -> RankStartError:
+        """`what` (a rank, or ranktop's own process or thread for the group) could not be made.
+        A thread that cannot be started is Python's RuntimeError; it meets the same process
+        limit a fork does (a cgroup's pids.max counts threads)."""
+        code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EAGAIN
+        why = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+        if code == errno.EAGAIN:
             why += " (a process limit: ulimit -u, or the container's pids.max)"
-        kind = _RANK_START_KINDS.get(type(OSError(exc.errno, why)), RankStartError)
-        return kind(exc.errno, f"cannot start local rank {local_rank}: {why}", exc.filename)
+        kind = _RANK_START_KINDS.get(type(OSError(code, why)), RankStartError)
+        return kind(code, f"cannot start {what}: {why}", getattr(exc, "filename", None))
 
 
 # RankStartError as the OSError subclass of the errno an exec or fork fails with most

@@ -796,13 +796,15 @@ class ConsoleWriter:
                 self._drop(target, screen, sum(map(len, parts)), key, prefix, line_open)
                 return
             parts = self._place(screen, key, parts, prefix, line_open)
-            if direct:  # under the lock: another thread's line cannot land between placing and writing
+            # (no lane: no thread to be had, a process limit; written at once, as a file console is)
+            if direct or (lane := self._lane(screen)) is None:
+                # under the lock: another thread's line cannot land between placing and writing
                 failed = self._write(target, parts, flush=True)
             else:
                 self._pending[key] += sum(map(len, parts)) + _ITEM_COST
                 self._items += 1
                 self._gaps.pop(key, None)  # what comes next goes after the note
-                self._lane(screen).put((target, parts, key))
+                lane.put((target, parts, key))
         if failed is not None:
             self._lose(target, failed)
 
@@ -848,7 +850,8 @@ class ConsoleWriter:
             if owner is not None and owner != key:
                 self._cut.add(owner)
             gap = self._gaps[key] = _Gap(prefix, ends_line=owner is not None)
-            self._lane(screen).put((target, gap, key))
+            if (lane := self._lane(screen)) is not None:  # (one there: what is over budget waits in it)
+                lane.put((target, gap, key))
         gap.dropped += size
         if line_open:
             self._cut.add(key)  # the stream goes on with a line whose start is not on the screen
@@ -865,13 +868,19 @@ class ConsoleWriter:
             for screen in [screen for screen, owner in self._open_line.items() if owner == key]:
                 del self._open_line[screen]
 
-    def _lane(self, screen: object) -> _Queue:
-        """The queue of `screen`, and its thread started on first use. Lock held."""
+    def _lane(self, screen: object) -> _Queue | None:
+        """The queue of `screen`, and its thread started on first use; None while no thread can
+        be started (a process limit: a cgroup's pids.max counts threads). Lock held. That ended
+        the reader's handling of the stream, and what was queued for the thread never came,
+        said at the end as a console that took nothing."""
         lane = self._lanes.get(screen)
         if lane is None:
             lanes: _Queue = queue.SimpleQueue()
             thread = threading.Thread(target=self._run, args=(lanes,), name="ranktop-console", daemon=True)
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError:
+                return None
             lane = self._lanes[screen] = (lanes, thread)
         return lane[0]
 
@@ -1356,7 +1365,12 @@ class OutputPump:
         self.rounds = 0  # read rounds so far; tests look at it
         self.polling = False  # asleep until a pipe has something (quiet for _QUIET_SECONDS); tests wait on it
         self._thread = threading.Thread(target=self._run, name="ranktop-output", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError:  # a process limit: the caller says so; nothing of ours is left open
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            raise
 
     def add(self, fd: int, sink: StreamSink) -> None:
         """Start reading `fd` (ours to close) into `sink`."""

@@ -344,7 +344,12 @@ class EngineServer:
         # until that person quits it (a Stop's ack says so: `ranktop stop` waits for the end only).
         self.shown = False
         self._thread = threading.Thread(target=self._serve, name="ranktop-server", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError:  # a process limit (pids.max counts threads): not served, no socket left
+            self._closed = True
+            self._let_go()
+            raise
 
     # ----- the loop -----------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -984,6 +989,10 @@ class EngineServer:
             self._drop(conn)
         for client in list(self._leaving.values()):
             self._close(client)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Close the socket, the selector and the wake-up pipe, and remove the socket's file."""
         self._selector.close()
         self._listener.close()
         os.close(self._wake_r)
@@ -1086,7 +1095,7 @@ def serve(engine: Engine, names: Iterable[str]) -> tuple[EngineServer | None, st
     None), or (None, why not) - a run without its socket still runs, it only cannot be reached
     from another terminal. `names` holds the run's id, and more for a multi-node job's shared
     rendezvous id, where several of its nodes may run on this host."""
-    problem: Exception | None = None
+    problem: Exception | str | None = None
     for name in names:
         try:
             return EngineServer(engine, socket_path(name), name), None
@@ -1094,5 +1103,8 @@ def serve(engine: Engine, names: Iterable[str]) -> tuple[EngineServer | None, st
             problem = exc
         except (SocketDirError, OSError) as exc:
             problem = exc
+            break
+        except RuntimeError as exc:  # its thread: "can't start new thread"
+            problem = f"{exc} (a process limit: ulimit -u, or the container's pids.max)"
             break
     return None, f"not serving this run for ranktop ls/stop/logs: {problem}"

@@ -180,6 +180,32 @@ def tmpfs(path: Path, options: str):
             subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
+@contextlib.contextmanager
+def pids_cgroup(limit: int):
+    """A pids cgroup of its own (v1's pids hierarchy, or v2's) allowing `limit` processes and
+    threads, its path yielded: a command joins it with `sh -c 'echo $$ > DIR/cgroup.procs && exec
+    ...'`. Removed afterwards, once empty; the test is skipped where none can be made."""
+    name = f"ranktop-test-{uuid.uuid4().hex[:8]}"
+    for base in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
+        group = os.path.join(base, name)
+        try:
+            os.mkdir(group)
+        except OSError:
+            continue
+        if os.path.exists(os.path.join(group, "pids.max")):
+            break
+        os.rmdir(group)
+    else:
+        pytest.skip("no pids cgroup can be made here")
+    try:
+        with open(os.path.join(group, "pids.max"), "w") as f:
+            f.write(str(limit))
+        yield group
+    finally:
+        wait_for(lambda: not Path(group, "cgroup.procs").read_text().strip(), timeout=10, what="the cgroup empty")
+        os.rmdir(group)
+
+
 def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM a helper process a test started (a server, a browser), SIGKILL after `grace`; reaped."""
     proc.terminate()

@@ -421,3 +421,44 @@ def test_a_group_that_cannot_be_restarted_ends_the_run_in_one_line(tmp_path):
     events = read_events(tmp_path / "logs" / "r")
     assert [e["event"] for e in events if e["event"] in ("group_restart", "start_failed", "run_finished")] == [
         "group_restart", "start_failed", "run_finished"]
+
+
+_LIMIT = "(a process limit: ulimit -u, or the container's pids.max)"
+
+
+@pytest.mark.parametrize(("limit", "said"), [
+    (1, f"ranktop: error: cannot start the orphan guard: Resource temporarily unavailable {_LIMIT}\n"),
+    (2, f"ranktop: error: cannot start ranktop's output thread: can't start new thread {_LIMIT}\n"),
+    (4, f"ranktop: not serving this run for ranktop ls/stop/logs: can't start new thread {_LIMIT}\n"),
+    (5, ""),
+])
+def test_a_process_limit_met_by_ranktops_own_process_or_thread_is_one_line(tmp_path, limit, said):
+    """A cgroup's pids.max counts threads: one rank's headless run is ranktop, its guard, its
+    output thread, the rank, the server's thread, then the console's (stdout a pipe). The
+    guard's fork and each thread's start ended ranktop in a traceback (the server's after the
+    ranks had started: exit 1, no end report, its socket left bound); without the console's,
+    the rank's output was lost, said as a console that took nothing for 5s. The first two fail
+    the run as a rank's start does; the run goes on unserved with the third; the console is
+    written at once without the fourth."""
+    from conftest import pids_cgroup, ranktop_cmd
+
+    script = tmp_path / "up.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(0.5)  # holding its pid while its line is shown\n")
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    with pids_cgroup(limit) as group:
+        done = subprocess.run(
+            ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh",
+             *ranktop_cmd("--headless", "--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"), "--run-id", "r",
+                          str(script))],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+            cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr == said or done.returncode == 1 and said in done.stderr, done.stderr
+    events = [e["event"] for e in read_events(tmp_path / "logs" / "r")]
+    if limit < 4:
+        assert done.returncode == 1 and done.stdout == "" and "start_failed" in events
+    else:
+        assert done.returncode == 0 and done.stdout == "[default0]:up\n"
+        assert os.listdir(runtime / "ranktop") == []  # no socket left behind
+    assert events[-1] == "run_finished"
