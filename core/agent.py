@@ -17,6 +17,7 @@ never recorded and forgotten. Callers wait for the loop's Ack; a signal handler 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -673,8 +674,13 @@ class LocalAgent(AgentRendezvous, AgentCommands):
                 f.write(text)
             self.layout.rename(writing, FINAL_FILE)
         except OSError as exc:  # a full disk: no half-written file for a view to stumble on
-            self.layout.remove(writing)
-            self.events.write("final_write_failed", error=exc.strerror or str(exc))
+            with contextlib.suppress(OSError):  # (a read-only file system refuses this too)
+                self.layout.remove(writing)
+            why = exc.strerror or str(exc)
+            self.events.write("final_write_failed", error=why)
+            if self.console:  # it went without a word, and `logs` later took the run for one whose engine was killed
+                self.say(f"ranktop: {self.layout.path_of(FINAL_FILE)} was not written ({why}): once this ranktop "
+                         "has exited, attach and logs cannot show how the run ended")
 
     def _pass_error_file_up(self) -> None:
         """A scheduler that gave ranktop itself a TORCHELASTIC_ERROR_FILE gets the root cause's,

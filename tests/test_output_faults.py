@@ -148,6 +148,14 @@ def test_an_attempt_directory_that_cannot_be_made_at_a_restart_is_reported_not_a
         events = read_events(disk / "r")
         assert events[-2]["event"] == "run_finished" and events[-2]["state"] == "SUCCEEDED", events[-2:]
         assert events[-1]["event"] == "final_write_failed"  # no inode for it either
+        # That went without a word, and logs took the run for one whose engine was killed.
+        assert (f"ranktop: {disk / 'r' / 'final.json'} was not written (No space left on device): once this "
+                "ranktop has exited, attach and logs cannot show how the run ended\n") in done.stderr
+        logs = run_ranktop("logs", str(disk / "r"))
+        assert logs.returncode == 1 and logs.stderr == (
+            "ranktop: r is not served and left no final.json: its engine could not write it (No space left on "
+            "device), so no view of its end can be shown; events.jsonl says it ended SUCCEEDED; its log files are "
+            f"under {disk / 'r'}\n"), logs.stderr
 
 
 def test_event_log_holds_lines_back_while_full_and_never_tears_one(small_disk):

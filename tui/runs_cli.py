@@ -36,7 +36,7 @@ from ranktop.core.client import (
     wait_ended,
     wait_gone,
 )
-from ranktop.core.layout import default_log_root, default_root_problem, newest_ended_runs
+from ranktop.core.layout import EVENTS, default_log_root, default_root_problem, newest_ended_runs, tail_lines_below
 from ranktop.core.output import RanktopLine
 from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.signals import NOTICE_SIGNALS, deaf_to
@@ -159,8 +159,27 @@ def ended_run_words(ended: FinalEngine | str) -> str:
     if isinstance(ended, FinalEngine):
         return final_words(ended)
     name = clean(os.path.basename(os.path.normpath(ended)))
+    logs = f"its log files are under {clean(os.path.abspath(ended))}"
+    if (unwritten := _final_write_failed(ended)) is not None:
+        state, why = unwritten
+        return clean(f"{name} is not served and left no final.json: its engine could not write it ({why}), "
+                     f"so no view of its end can be shown; events.jsonl says it ended {state}; {logs}")
     return (f"{name} is not served and left no final.json: its engine went away before the run's end "
-            f"(killed?), so how the run ended is unknown; its log files are under {clean(os.path.abspath(ended))}")
+            f"(killed?), so how the run ended is unknown; {logs}")
+
+
+def _final_write_failed(run_dir: str) -> tuple[str, str] | None:
+    """(the state run_finished gives, why) where events.jsonl ends in the engine's own word that
+    final.json could not be written (a full disk): the engine did reach the run's end. The file
+    is the run's, read as a log is: its last 64 KiB, nothing followed."""
+    events = []
+    for line in tail_lines_below(run_dir, [EVENTS], 64 << 10)[-2:]:
+        with contextlib.suppress(ValueError, RecursionError):
+            events.append(json.loads(line))
+    if len(events) == 2 and all(isinstance(e, dict) for e in events) \
+            and [e.get("event") for e in events] == ["run_finished", "final_write_failed"]:
+        return str(events[0].get("state", "?")), str(events[1].get("error", "?"))
+    return None
 
 
 def ended_view(target: str | None) -> FinalEngine | None:
