@@ -17,7 +17,7 @@ import time
 import types
 
 import pytest
-from conftest import ROOT, ranktop_cmd, read_events, wait_for
+from conftest import ROOT, ranktop_cmd, read_events, read_line, wait_for
 from ranktop.core.guard import (
     MARKER,
     Proc,
@@ -189,10 +189,12 @@ def test_sigkilled_ranktop_leaves_no_escaped_helper(tmp_path, helpers):
         replaced = wait_for(lambda: [e for e in events() if e["event"] == "guard_replaced"], timeout=10,
                             what="a new guard, told what the first knew")
         assert replaced[0]["pid"] == first and replaced[0]["status"] == -signal.SIGKILL
+        # (said on stderr just after the event is written: waited for, not taken from a kill's leftovers)
+        read_line(proc.stderr, 10, "ranktop's line on the new guard",
+                  equal_to=f"ranktop: the orphan guard (pid {first}) ended under the run (killed by SIGKILL); a new one "
+                           f"(pid {replaced[0]['new_pid']}) guards the ranks\n")
         proc.kill()
-        _, stderr = proc.communicate(timeout=10)
-        assert (f"ranktop: the orphan guard (pid {first}) ended under the run (killed by SIGKILL); a new one "
-                f"(pid {replaced[0]['new_pid']}) guards the ranks\n") in stderr
+        proc.communicate(timeout=10)
         wait_for(lambda: not any(h.running(p) for p in pids.values()), timeout=15, what="the guard swept every helper")
         for rank, kind in pids:
             assert h.got_term(rank, kind), (rank, kind)  # SIGTERM, with the grace, not SIGKILL at once
