@@ -248,6 +248,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
             self.rendezvous.on_store_change = weakly(self._store_changed)
             self.rendezvous.on_every_node_dropped = weakly(self._every_node_dropped)
             self.rendezvous.on_state_refused = weakly(self._state_refused)
+            self.rendezvous.on_peers_done = weakly(self._peers_done)
         shared_id = self.rendezvous.run_id if self.rendezvous is not None else "none"
         if spec.run_id is not None:
             self.run_id = check_run_id(spec.run_id)

@@ -393,6 +393,12 @@ class AgentRendezvous:
         self.events.write("rendezvous_every_node_dropped", message=words)
         self._notice(f"this node (or every node) was paused or cut off past the keep-alive limit: {words}")
 
+    def _peers_done(self, words: str) -> None:
+        """Said by the watch: torchrun nodes of the round whose heartbeats stopped at their exit
+        barrier, not taken for lost (Rendezvous._at_torchruns_exit_barrier)."""
+        self.events.write("rendezvous_peers_at_exit_barrier", message=words)
+        self._notice(words)
+
     def _state_refused(self, why: str) -> None:
         """torch's handler read a round state that ranktop kept it from loading (a peer's pickle):
         said once for each such state. While the ranks run it is this line, where torch logged a

@@ -83,6 +83,7 @@ STOP_COMMAND = "command"
 _GAVE_UP = "ranktop/gave_up"
 _GAVE_UP_HEARD = "ranktop/gave_up_heard"
 _BARRIER_LEFT = "ranktop/exit_barrier_left"  # ranktop nodes past the exit barrier (or done waiting at it)
+_BARRIER_CAME = "ranktop/exit_barrier_came"  # ranktop nodes that came to it (torch's count has torchrun's too)
 # The static backend has no rounds: one store for the whole job. ranktop's k-th start of the group
 # (k > 0) meets there, at `ranktop/start/<k>/`, and keeps that start's keys under that prefix.
 _START = "ranktop/start/"
@@ -725,6 +726,8 @@ class Rendezvous:
         # group rank; and those found out of it (heartbeats lapsed) at the last look
         self._round_nodes: dict[Any, int] = {}
         self._gone_seen: list[tuple[str, int]] = []
+        self._done_said: list[tuple[str, int]] = []  # torchrun nodes said to be at the exit barrier, not gone
+        self.on_peers_done: Callable[[str], None] | None = None
         self._stepped_out = False  # out of its round by its own leave_round, not by lapsed heartbeats
         self._dropped_said = -1  # the round (self._rounds) whose every node dropped was said
         self.on_every_node_dropped: Callable[[str], None] | None = None
@@ -860,6 +863,7 @@ class Rendezvous:
         self.store, self._told_gave_up, self._ranks_on_rendezvous = store, False, on_rendezvous_store
         self._lost_looks = 0  # (a look before this round is none of this store's)
         self._round_nodes, self._gone_seen, self._stepped_out = self._participants(), [], False
+        self._done_said = []
         self._store_answers(True)  # a round formed in it (etcd's server may come back)
         self.placement = Placement(group_rank, nodes, *ranks, master_addr=master_addr, master_port=master_port,
                                    run_id=self.run_id, round=number, use_agent_store=use_agent_store)
@@ -1142,6 +1146,7 @@ class Rendezvous:
         try:
             if store.add(f"{_EXIT_BARRIER}/num_members", 1) >= placement.group_world_size:
                 store.set(last, "<val_ignored>")
+            store.add(_BARRIER_CAME, 1)  # (after torch's count: a reader of both counts none too few)
             while not store.check([last]):
                 end = self._done_waiting(deadline, timeout, stopped)
                 if end is not None:
@@ -1324,6 +1329,8 @@ class Rendezvous:
         it. (A node that steps out of the round to join the next is out of every list for a moment.)"""
         view = self._round_view()
         gone = view.gone if view is not None and view.here else []
+        done = self._at_torchruns_exit_barrier(gone)
+        gone = [node for node in gone if node not in done]
         seen, self._gone_seen = self._gone_seen, gone
         if not gone:
             return None
@@ -1338,6 +1345,33 @@ class Rendezvous:
                          f"gone: no keep-alive heartbeat of {'its' if one else 'theirs'} for over {self._lapse_words()} "
                          "(killed, frozen or cut off)")
         return "; ".join(words)
+
+    def _at_torchruns_exit_barrier(self, gone: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Those of the `gone` nodes that are torchrun's and waiting at the exit barrier, their ranks
+        done: torch's agent waits there in one store call (TCPStore.wait), which holds its store
+        client, so its keep-alive heartbeats stop and torch's handler drops it. Taken for lost, it
+        had a ranktop node whose ranks still ran stop them and restart, or end the job. Nodes that
+        never marked themselves ranktop, where as many torchrun nodes came to the barrier (torch's
+        count less ranktop's); said once (`on_peers_done`). [] where none, or the store is out of reach."""
+        try:
+            torchrun = [node for node in gone if not self.store.check([f"{_RANKTOP_NODE}{node[1]}"])]
+            if not torchrun:
+                return []
+            ranktop_came = int(self.store.add(_BARRIER_CAME, 0))  # (read first: see exit_barrier)
+            came = int(self.store.add(f"{_EXIT_BARRIER}/num_members", 0)) - ranktop_came
+        except Exception:  # noqa: BLE001 - out of reach: the watch's own look at the store says so
+            return []
+        if came < len(torchrun):  # not all of them: which ones is not for ranktop to guess
+            return []
+        new = [node for node in torchrun if node not in self._done_said]
+        if new and self.on_peers_done is not None:
+            one = len(new) == 1
+            self.on_peers_done(f"node{'s' * (not one)} {_named(new)} of the {self.describe()} "
+                               f"{'waits' if one else 'wait'} at the exit barrier, {'its' if one else 'their'} "
+                               "ranks done: torchrun's agent sends no keep-alive heartbeats there, so "
+                               f"{'it is' if one else 'they are'} not taken for gone")
+        self._done_said += new
+        return torchrun
 
     def stopped_words(self) -> str:
         """Words for the nodes of the running round that said their user stopped them, named as the

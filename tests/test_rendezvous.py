@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, freeze, ranktop_cmd, run_ranktop, stop_process, wait_for
+from conftest import ROOT, freeze, ranktop_cmd, read_line, run_ranktop, stop_process, wait_for
 from ranktop.core.spec import free_port
 from rdzv_job import CONF, RANK, TIMEOUT, Job, events, node_events, placements, start_etcd, wait_until_joining
 
@@ -70,14 +70,29 @@ def test_a_ranktop_node_and_a_torchrun_node_make_one_job(tmp_path, torch_install
     """The same c10d line on two nodes, one launched by ranktop and one by torchrun: one world of
     four ranks whose gloo all-reduce meets, whichever launcher is group rank 0. With torch's
     TORCH_ELASTIC_WORKER_IDENTICAL=1 neither node writes its role to the store (a ranktop node that
-    waited for the torchrun node's would wait for ever)."""
+    waited for the torchrun node's would wait for ever). torchrun-first: the ranktop node's ranks
+    run on once the torchrun node's are done, and the torchrun agent at its exit barrier, whose
+    keep-alive heartbeats stop there, is not taken for a lost node (the ranktop node stopped its
+    ranks and ended the job, exit 1)."""
     job = Job(tmp_path, f"with-torchrun-{group_rank_0}")
     if identical:
         job.env["TORCH_ELASTIC_WORKER_IDENTICAL"] = "1"
+    ours_last = group_rank_0 == "torchrun"
+    if ours_last:  # a heartbeat lapses after 3 s
+        job.conf = f"{CONF},keep_alive_interval=1,keep_alive_max_attempt=3"
+    release = tmp_path / "release"
+    modes = {"ranktop": ("allreduce-until-file", str(release)) if ours_last else ("allreduce",),
+             "torchrun": ("allreduce",)}
     starts = {"ranktop": job.start, "torchrun": job.start_torchrun}
     other = "torchrun" if group_rank_0 == "ranktop" else "ranktop"
-    starts[group_rank_0]("allreduce", nproc=2, local_addr="127.0.0.1")
-    starts[other]("allreduce", nproc=2, local_addr="127.0.0.2")
+    starts[group_rank_0](*modes[group_rank_0], nproc=2, local_addr="127.0.0.1")
+    starts[other](*modes[other], nproc=2, local_addr="127.0.0.2")
+    if ours_last:
+        line = (f"ranktop: node 127.0.0.1 (group rank 0) of the c10d rendezvous '{job.rdzv_id}' waits at the exit "
+                "barrier, its ranks done: torchrun's agent sends no keep-alive heartbeats there, so it is not "
+                "taken for gone\n")
+        read_line(job.nodes[1].stderr, TIMEOUT, "the line about the torchrun node at its exit barrier", equal_to=line)
+        release.touch()
     results = dict(zip((group_rank_0, other), job.finish(), strict=True))
     for launcher, (status, out, err) in results.items():
         assert status == 0, (launcher, err[-3000:])

@@ -6,6 +6,7 @@
                     stopped breaks the collective); with N ranks, one all_reduce
     fail-first R    global rank R exits 3 in attempt 0; the others wait until stopped in attempt 0
     allreduce-fail-first R  allreduce, then as fail-first (every attempt all-reduces, in a group of its own)
+    allreduce-until-file P  allreduce, then as until-file
     allreduce-busy-fail-first R  as allreduce-fail-first, but in attempt 0 the others all_reduce over and
                     over (in a collective when R fails) until the collective breaks or they are stopped
     fail R          global rank R exits 3; the others wait until stopped
@@ -32,7 +33,7 @@ print("PLACED " + json.dumps({k: os.environ.get(k) for k in NAMES}), flush=True)
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 mode, rest = sys.argv[1], sys.argv[2:]
-arg = int(rest[0]) if rest and mode not in ("until-file", "say-until-file", "busy-until-file") else 0
+arg = int(rest[0]) if rest and mode not in ("until-file", "say-until-file", "busy-until-file", "allreduce-until-file") else 0
 
 
 def wait_until_stopped() -> None:
@@ -144,7 +145,9 @@ elif mode in ("fail-on-file", "fail-on-file-then-until"):
     while rank == arg and not os.path.exists(rest[1]):
         time.sleep(0.05)
     sys.exit(3 if rank == arg else 0)
-elif mode in ("until-file", "say-until-file"):
+elif mode in ("until-file", "say-until-file", "allreduce-until-file"):
+    if mode == "allreduce-until-file":
+        allreduce()
     if mode == "say-until-file":
         print(rest[1], file=sys.stderr, flush=True)
     while not os.path.exists(rest[0]):
