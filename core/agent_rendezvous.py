@@ -33,6 +33,7 @@ from ranktop.core.state import GroupState, RoundForming
 
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
 WORD_WAIT = 2.0  # for a store call the monitor loop makes itself: the word of a user's R, a look (a store answers in milliseconds)
+_OWN_PAUSE = 1.0  # a gap between the monitor loop's looks (0.1 s apart) this long: this node itself was paused
 STOP_WORD_WAIT = 0.5  # for a stopped node's word to its round, which its ranks' signal waits for: a few uncontended store calls
 
 
@@ -46,6 +47,9 @@ class AgentRendezvous:
         self._end_note: str | None = None  # the exit barrier's end without every node, in words
         self._waiting: str | None = None  # while a rendezvous round forms: what for (Rendezvous.waiting_words)
         self._was_spare: str | None = None  # the words said while this node waited as a spare
+        self._silent_said = False  # while a round forms: its store's silence was said
+        self._silent_was: str | None = None  # the wait's words before that
+        self._joining_looked = self._silent_from = 0.0  # the last look while a round forms; this node's own resumption
         self._joining = False  # a round forms, and this node waits for it: the snapshot reads it live
         self._not_formed: RoundForming | None = None  # the round the run ended waiting for, if it did
         self._stop_told = False  # this node's stop was told to its round (it stepped out of it)
@@ -61,9 +65,9 @@ class AgentRendezvous:
         try:  # headless says so once the wait is not a short one (a TUI shows it at once), unless a spare
             outcome = self._wait_unless_stopped(
                 self.rendezvous.next_round, slow=lambda: self._waiting == waiting and self._notice(waiting),
-                tick=self._say_if_spare)
+                tick=self._joining_tick)
         finally:
-            self._waiting = None
+            self._waiting, self._silent_said = None, False
         if outcome is None or isinstance(outcome, RendezvousFailed):  # the end view says which round it was
             # (without its count: a round that timed out has had its nodes step out of it, this one too)
             self._not_formed = dataclasses.replace(self.round_forming(), joined=None)
@@ -101,6 +105,43 @@ class AgentRendezvous:
         number, joined = self.rendezvous.forming()
         return RoundForming(number, joined, self.rendezvous.nodes_needed())
 
+    def _joining_tick(self) -> RendezvousFailed | None:
+        """At each look while a round forms: a spare's words, and the store's silence (which the
+        spare's words, read from the last state the store gave, do not replace)."""
+        if not self._silent_said:
+            self._say_if_spare()
+        return self._store_silent_while_joining()
+
+    def _store_silent_while_joining(self) -> RendezvousFailed | None:
+        """A store that has not answered for STORE_SILENT seconds while the round forms (its node
+        paused, hung or cut off) is said once, and after the join time-out of silence the node gives
+        up, as the round would have timed out: torch's handler waited in its store call for as long
+        as the store's node stayed paused, saying nothing, past its join time-out."""
+        now = time.monotonic()
+        if now - self._joining_looked > _OWN_PAUSE:  # paused itself: its handler's last read says nothing of the store
+            self._silent_from = now
+        self._joining_looked = now
+        silent = min(self.rendezvous.join_silent_for(), now - self._silent_from)
+        if silent < STORE_SILENT:
+            if self._silent_said:  # it answers again: the wait is the round's again
+                self._silent_said, self._waiting = False, self._silent_was
+                self._notice(f"the {self.rendezvous.describe()}'s store{self.rendezvous.endpoint_words()} answers "
+                             f"again: {self._waiting}")
+            return None
+        limit = max(self.rendezvous.join_timeout() or 0.0, STORE_SILENT)
+        rdzv, where = self.rendezvous.describe(), self.rendezvous.endpoint_words()
+        if silent >= limit:
+            return RendezvousFailed(f"the {rdzv} timed out: its store{where} has not answered for {limit:g} s, the "
+                                    "join time-out (the node serving it paused, hung or cut off?)")
+        if not self._silent_said:
+            self._silent_said, self._silent_was = True, self._waiting
+            self._waiting = (f"the {rdzv}'s store{where} has not answered for {STORE_SILENT:g} s (the node serving "
+                             f"it paused, hung or cut off?): this node waits for it, and gives up after {limit:g} s "
+                             "without an answer")
+            self.events.write("rendezvous_store_lost", store=f"the {rdzv}'s store{where}", silent=True)
+            self._notice(self._waiting)
+        return None
+
     def _say_if_spare(self) -> None:
         """Once the round this node joins turns out full and running: say so, in place of the wait;
         once a spare is taken off the spare list (a node of the round left), the wait is a round's
@@ -116,10 +157,11 @@ class AgentRendezvous:
             self._notice(f"no longer a spare: {waiting}")
 
     def _wait_unless_stopped(self, call: Callable[[], Any], slow: Callable[[], None] | None = None,
-                             tick: Callable[[], None] | None = None) -> Any:
+                             tick: Callable[[], RendezvousFailed | None] | None = None) -> Any:
         """`call()`'s value, or the RendezvousFailed it raised; None if a stop came first. It runs
         in a thread: a store call blocks for as long as its timeout, and a stop must not wait.
-        `slow` is called once if the call takes over SLOW_WAIT seconds, `tick` at each look."""
+        `slow` is called once if the call takes over SLOW_WAIT seconds, `tick` at each look: a
+        RendezvousFailed it returns ends the wait with that failure."""
         store_call = StoreCall(call, RendezvousFailed)
         slow_at = time.monotonic() + SLOW_WAIT
         while not store_call.done.wait(0.1):
@@ -128,8 +170,8 @@ class AgentRendezvous:
             if slow is not None and time.monotonic() >= slow_at:
                 slow()
                 slow = None
-            if tick is not None:
-                tick()
+            if tick is not None and (failed := tick()) is not None:
+                return failed  # (the call is left blocked: store_call_left_blocked)
         return store_call.outcome(RendezvousFailed(f"the {self.rendezvous.describe()} failed"))
 
     def _stop_asked(self) -> bool:

@@ -730,6 +730,7 @@ class Rendezvous:
         self.on_peers_done: Callable[[str], None] | None = None
         self._stepped_out = False  # out of its round by its own leave_round, not by lapsed heartbeats
         self._dropped_said = -1  # the round (self._rounds) whose every node dropped was said
+        self._join_began: float | None = None  # while torch's handler joins a round: since when
         self.on_every_node_dropped: Callable[[str], None] | None = None
 
     @property
@@ -838,7 +839,11 @@ class Rendezvous:
         """Join the next round (blocks until it completes) and place this node's ranks in it.
         RendezvousFailed when the rendezvous is closed, times out or cannot be reached."""
         try:
-            info = self.handler.next_rendezvous()
+            self._join_began = time.monotonic()
+            try:
+                info = self.handler.next_rendezvous()
+            finally:
+                self._join_began = None
             self._rounds += 1
             store, group_rank, nodes, number = info.store, info.rank, info.world_size, self._round_number()
             if self.handler.get_backend() == "static":
@@ -868,6 +873,33 @@ class Rendezvous:
         self.placement = Placement(group_rank, nodes, *ranks, master_addr=master_addr, master_port=master_port,
                                    run_id=self.run_id, round=number, use_agent_store=use_agent_store)
         return self.placement
+
+    def join_silent_for(self) -> float:
+        """Seconds the store has not answered torch's dynamic handler (c10d, etcd-v2) while it joins
+        a round: it reads the round's state about once a second as it waits, and a TCPStore call to
+        a paused node (SIGSTOP, a paused VM) waits as long as the node stays paused, the join
+        time-out and the store's own notwithstanding. 0 while no round is joined, or under another handler."""
+        began = self._join_began
+        holder = getattr(self._dynamic(), "_state_holder", None)
+        last = getattr(holder, "_last_sync_time", None)
+        if began is None or type(last) not in (int, float):
+            return 0.0
+        return time.monotonic() - max(began, last)
+
+    def join_timeout(self) -> float | None:
+        """torch's dynamic handler's join time-out in seconds, None where it has none to read."""
+        join = getattr(getattr(getattr(self._dynamic(), "settings", None), "timeout", None), "join", None)
+        return join.total_seconds() if hasattr(join, "total_seconds") else None
+
+    def endpoint_words(self) -> str:
+        """" at HOST:PORT": where the rendezvous's own store is (c10d: its TCPStore), also before any
+        round formed; "" where it is no TCPStore."""
+        store = self.store
+        if store is None:
+            backend = getattr(getattr(self._dynamic(), "_state_holder", None), "_backend", None)
+            store = getattr(getattr(backend, "_inner", backend), "_store", None)  # (rendezvous_state's wrapper)
+        where = _tcp_endpoint(store) if store is not None else None
+        return f" at {where[0]}:{where[1]}" if where else ""
 
     def _round_number(self) -> int:
         # torch's dynamic handler (c10d, etcd-v2) numbers its rounds the same on every node, but

@@ -48,6 +48,38 @@ def test_a_stop_signal_while_waiting_for_nodes_ends_at_once(tmp_path, torch_inst
     assert "stopped by SIGTERM" in err and "Traceback" not in err
 
 
+def test_a_node_whose_store_host_is_frozen_while_its_round_forms_gives_up_at_its_join_time_out(tmp_path,
+                                                                                          torch_installed):
+    """The node serving the store frozen (SIGSTOP, a paused VM) while a round forms: torch's
+    handler on the other node waited in its store call for as long as it stayed so, silent and past
+    its join time-out (a TCPStore call to a paused node ignores its time-out). It now says after 5 s
+    that the store does not answer, and gives up once it has not for its join time-out, exit 1."""
+    job = Job(tmp_path, "host-frozen", nnodes="3")
+    conf = "last_call_timeout=1,close_timeout=5,join_timeout="
+    host = job.start("print", extra=("--rdzv-conf", conf + "60,is_host=1"), local_addr="127.0.0.1")
+    wait_until_joining(tmp_path, "node0")
+    node = job.start("print", extra=("--rdzv-conf", conf + "6,is_host=0"), local_addr="127.0.0.2")
+    store = f"the c10d rendezvous 'host-frozen''s store at {job.endpoint}"
+    try:
+        read_line(node.stderr, TIMEOUT, "the node's wait for a round", equal_to=(
+            "ranktop: waiting for nodes to join the c10d rendezvous 'host-frozen' (3 nodes; gives up after 6 s)\n"))
+        freeze(host.pid)
+        read_line(node.stderr, TIMEOUT, "the line that the store does not answer", equal_to=(
+            f"ranktop: {store} has not answered for 5 s (the node serving it paused, hung or cut off?): this node "
+            "waits for it, and gives up after 6 s without an answer\n"))
+        status = node.wait(TIMEOUT)
+    finally:
+        os.kill(host.pid, signal.SIGCONT)
+        host.terminate()
+    (_, _, host_err), (_, out, err) = job.finish()
+    assert status == 1 and "PLACED" not in out, err
+    assert err.splitlines()[0] == (f"ranktop: error: the c10d rendezvous 'host-frozen' timed out: its store at "
+                                   f"{job.endpoint} has not answered for 6 s, the join time-out (the node serving it "
+                                   "paused, hung or cut off?)"), err
+    said = [(e["event"], e.get("silent")) for e in events(tmp_path / "node1") if e["event"].startswith("rendezvous_")]
+    assert said == [("rendezvous_joining", None), ("rendezvous_store_lost", True), ("rendezvous_failed", None)], said
+
+
 def test_read_line_finds_the_second_of_two_lines_one_read_took_in(tmp_path):
     """The tests' read_line: a child writes two lines at once and waits. The pipe's readline()
     after select() took both in, returned the first, and a wait for the second timed out."""
