@@ -34,6 +34,7 @@ from ranktop.core.state import GroupState, RoundForming
 SLOW_WAIT = 2.0  # a rendezvous round that takes longer is said to be waited for (headless)
 WORD_WAIT = 2.0  # for a store call the monitor loop makes itself: the word of a user's R, a look (a store answers in milliseconds)
 _OWN_PAUSE = 1.0  # a gap between the monitor loop's looks (0.1 s apart) this long: this node itself was paused
+_BARRIER_GRACE = 1.0  # past the exit barrier's time-out, the wait for a store call of it that does not return
 STOP_WORD_WAIT = 0.5  # for a stopped node's word to its round, which its ranks' signal waits for: a few uncontended store calls
 
 
@@ -49,6 +50,7 @@ class AgentRendezvous:
         self._was_spare: str | None = None  # the words said while this node waited as a spare
         self._silent_said = False  # while a round forms: its store's silence was said
         self._silent_was: str | None = None  # the wait's words before that
+        self._barrier_blocked = False  # the exit barrier was left with its store call still blocked
         self._joining_looked = self._silent_from = 0.0  # the last look while a round forms; this node's own resumption
         self._joining = False  # a round forms, and this node waits for it: the snapshot reads it live
         self._not_formed: RoundForming | None = None  # the round the run ended waiting for, if it did
@@ -355,6 +357,8 @@ class AgentRendezvous:
             if end is not None and end.kind == "left_behind":  # the job went on: not ours to close
                 if end.serves_store:
                     self._serve_the_others(deadline, timeout)
+            elif self._barrier_blocked:  # its call holds the store's client: a close would wait behind it
+                pass
             elif end is None or end.kind != "new_round":
                 self.rendezvous.close()
             elif not self.rendezvous.elastic():  # the peers' round needs this node: tell them, close
@@ -392,21 +396,37 @@ class AgentRendezvous:
 
     def _at_exit_barrier(self, timeout: float) -> Any:
         """The exit barrier, saying what it waits for: the TUI at once, headless once the wait
-        passes SLOW_WAIT (it showed `rendezvous` and nothing else, for up to `timeout` seconds)."""
+        passes SLOW_WAIT (it showed `rendezvous` and nothing else, for up to `timeout` seconds). Its
+        store calls run in a thread: one to a paused store's node (SIGSTOP, a paused VM) waits as
+        long as it stays paused, and the monitor loop, waiting in it, took no stop signal, no
+        command, and met no time-out. A stop now ends the wait within STOP_WORD_WAIT, and the
+        time-out within _BARRIER_GRACE of it, the call left blocked (`_barrier_blocked`)."""
         waiting = self._waiting = (f"waiting at the exit barrier for the other nodes of the "
                                    f"{self.rendezvous.describe()} (gives up after {timeout:g} s)")
-        slow_at, said = time.monotonic() + SLOW_WAIT, []
-
-        def stopped() -> bool:
-            if not said and time.monotonic() > slow_at:
-                said.append(True)
-                self._notice(waiting)
-            return self._stop_asked()
-
+        began, stop = time.monotonic(), threading.Event()
+        barrier = StoreCall(lambda: self.rendezvous.exit_barrier(timeout, stop.is_set), Exception)
+        said, stopped_at = False, None
         try:
-            return self.rendezvous.exit_barrier(timeout, stopped)
+            while not barrier.done.wait(0.1):
+                now = time.monotonic()
+                if not said and now > began + SLOW_WAIT:
+                    said = True
+                    self._notice(waiting)
+                if stopped_at is None and self._stop_asked():
+                    stop.set()
+                    stopped_at = now
+                if stopped_at is not None and now > stopped_at + STOP_WORD_WAIT:
+                    self._barrier_blocked = True
+                    return RoundEnd("stopped", "stopped while waiting")
+                if now > began + timeout + _BARRIER_GRACE:
+                    self._barrier_blocked = True
+                    return self.rendezvous.barrier_timed_out(timeout)
         finally:
             self._waiting = None
+        outcome = barrier.outcome()
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def _serve_the_others(self, deadline: float, timeout: float) -> None:
         """An elastic job whose other nodes form a new round in the store this node serves: leaving

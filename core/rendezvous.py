@@ -1237,9 +1237,11 @@ class Rendezvous:
         return f"{self._stopped_words(stopped)}, so this node ends without waiting for {'it' if one else 'them'}"
 
     def _timed_out(self, deadline: float, timeout: float) -> RoundEnd | None:
-        if time.monotonic() > deadline:
-            return RoundEnd("timeout", f"not every node of the {self.describe()} finished within {timeout:g}s")
-        return None
+        return self.barrier_timed_out(timeout) if time.monotonic() > deadline else None
+
+    def barrier_timed_out(self, timeout: float) -> RoundEnd:
+        """The exit barrier's end once its `timeout` has run out."""
+        return RoundEnd("timeout", f"not every node of the {self.describe()} finished within {timeout:g}s")
 
     def _newcomers(self) -> int:
         """Nodes waiting for the next round; 0 where the handler cannot say."""

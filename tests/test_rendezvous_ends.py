@@ -743,6 +743,30 @@ def test_a_node_waiting_at_the_exit_barrier_says_so(tmp_path, torch_installed):
     assert [e["event"] for e in events(tmp_path / "node2")].count("rendezvous_spare") == 1
 
 
+def test_a_stop_ends_the_exit_barrier_while_the_store_host_is_frozen(tmp_path, torch_installed):
+    """Node 1's rank is done, and the node serving the store (node 0) is frozen (SIGSTOP, a paused
+    VM): node 1's exit barrier waited in a store call for as long as node 0 stayed so, its stop
+    signals, commands and 300 s time-out not looked at. A SIGTERM now ends it, 128+15."""
+    job, release = Job(tmp_path, "barrier-frozen"), tmp_path / "release"
+    host = job.start("until-file", str(release), extra=("--rdzv-conf", CONF + ",is_host=1"), local_addr="127.0.0.1")
+    node = job.start("print", extra=("--rdzv-conf", CONF + ",is_host=0"), local_addr="127.0.0.2")
+    try:
+        read_line(node.stderr, TIMEOUT, "the line about the exit barrier", equal_to=(
+            "ranktop: waiting at the exit barrier for the other nodes of the c10d rendezvous 'barrier-frozen' "
+            "(gives up after 300 s)\n"))
+        freeze(host.pid)
+        node.send_signal(signal.SIGTERM)
+        status = node.wait(TIMEOUT)  # (before node 0 is thawed)
+    finally:
+        os.kill(host.pid, signal.SIGCONT)
+        release.touch()
+        host.terminate()
+    _, (_, _, err) = job.finish()
+    assert status == 128 + signal.SIGTERM and "stopped by SIGTERM" in err and "Traceback" not in err, err
+    left = [(e["event"], e.get("kind")) for e in events(tmp_path / "node1") if e["event"].startswith("exit_barrier")]
+    assert left == [("exit_barrier_left", "stopped")], left
+
+
 def test_a_spare_taken_off_the_spare_list_says_it_waits_with_the_join_time_out_again(tmp_path, torch_installed):
     """A spare of a full round (1:2 nodes) whose node 1 is frozen past the keep-alive limit: torch
     takes the spare off its spare list and times its join again, but the spare kept saying it
