@@ -17,6 +17,7 @@ from typing import Any
 
 from ranktop.core.context import PContext, RunProcsResult
 from ranktop.core.rendezvous import (
+    GAVE_UP_LINGER,
     STOP_COMMAND,
     STORE_CALL_THREAD,
     STORE_SILENT,
@@ -243,8 +244,12 @@ class AgentRendezvous:
     def _peers_word(self) -> str | None:
         """This node's ranks failed: was it because another node stopped its own for newcomers
         ("nodes_joined", restart free) or for its user's `R` (USER_RESTART), or a real failure
-        ("failure": every node spends a restart)? The nodes agree on it; None without a rendezvous."""
-        return self.rendezvous.agree_on_end("failure") if self.rendezvous is not None else None
+        ("failure": every node spends a restart)? The nodes agree on it; None without a rendezvous,
+        or where the store gave no answer within WORD_WAIT (its node paused: the call waited as long
+        as it stayed so, and the failure's end, stop signals too, with it)."""
+        if self.rendezvous is None:
+            return None
+        return self._store_call_within(lambda: self.rendezvous.agree_on_end("failure"), WORD_WAIT)
 
     def _peer_restarted(self) -> bool:
         """Another node's user restarted the group (`R`): this node starts the next attempt too."""
@@ -382,9 +387,29 @@ class AgentRendezvous:
     def _give_up(self, why: str) -> str | None:
         """rendezvous.give_up, its wait for the others to read why (up to GAVE_UP_LINGER) ended by
         a stop signal. The group has ended: a command meanwhile is answered at once, as after the
-        run's end (`ranktop stop` waited 5 s for its answer, and took the engine for silent)."""
+        run's end (`ranktop stop` waited 5 s for its answer, and took the engine for silent). Its
+        store calls run in a thread: with the node serving the store paused (SIGSTOP, a paused VM),
+        one waited as long as it stayed so, the stop signals not taken, and the run's end not
+        said. A stop now ends the wait within STOP_WORD_WAIT ("stopped"), and it ends once the
+        close's time-out and the linger are over ("store_silent"), the call left blocked."""
         self._stop_accepting()
-        return self.rendezvous.give_up(why, stopped=lambda: bool(self._pending_signals))
+        stop = threading.Event()
+        gave_up = StoreCall(lambda: self.rendezvous.give_up(why, stopped=stop.is_set), Exception)
+        bound = time.monotonic() + self.rendezvous.close_timeout() + GAVE_UP_LINGER + WORD_WAIT
+        stopped_at = None
+        while not gave_up.done.wait(0.1):
+            now = time.monotonic()
+            if stopped_at is None and self._pending_signals:
+                stop.set()
+                stopped_at = now
+            if stopped_at is not None and now > stopped_at + STOP_WORD_WAIT:
+                return "stopped"
+            if now > bound:
+                return "store_silent"
+        outcome = gave_up.outcome()
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def _stop_heartbeats(self) -> None:
         """Once the run has ended, however it did: a node that lives on (the TUI on its end screen,

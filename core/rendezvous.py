@@ -888,8 +888,17 @@ class Rendezvous:
 
     def join_timeout(self) -> float | None:
         """torch's dynamic handler's join time-out in seconds, None where it has none to read."""
-        join = getattr(getattr(getattr(self._dynamic(), "settings", None), "timeout", None), "join", None)
-        return join.total_seconds() if hasattr(join, "total_seconds") else None
+        return self._dynamic_timeout("join")
+
+    def close_timeout(self) -> float:
+        """How long torch's dynamic handler tries to close the rendezvous while its store answers
+        (its close time-out, 30 s unless --rdzv-conf says), in seconds; 30 where it does not say."""
+        close = self._dynamic_timeout("close")
+        return 30.0 if close is None else close
+
+    def _dynamic_timeout(self, name: str) -> float | None:
+        timeout = getattr(getattr(getattr(self._dynamic(), "settings", None), "timeout", None), name, None)
+        return timeout.total_seconds() if hasattr(timeout, "total_seconds") else None
 
     def endpoint_words(self) -> str:
         """" at HOST:PORT": where the rendezvous's own store is (c10d: its TCPStore), also before any

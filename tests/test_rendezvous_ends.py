@@ -767,6 +767,31 @@ def test_a_stop_ends_the_exit_barrier_while_the_store_host_is_frozen(tmp_path, t
     assert left == [("exit_barrier_left", "stopped")], left
 
 
+def test_a_node_whose_rank_fails_while_the_store_host_is_frozen_ends_and_says_why(tmp_path, torch_installed):
+    """Node 1's rank fails, no restarts left, while the node serving the store (node 0) is frozen:
+    node 1's look for the others' word on why the group ended, then its word that it gave up,
+    waited as long as node 0 stayed so, the failure unsaid and its stop signals not taken. It now
+    gives the word 2 s, and its giving up the close's time-out and the linger (1 + 5 s here), and
+    ends with its rank's failure, exit 1."""
+    job, release, fail = Job(tmp_path, "fail-frozen"), tmp_path / "release", tmp_path / "fail"
+    host = job.start("until-file", str(release), extra=("--rdzv-conf", CONF + ",is_host=1"), local_addr="127.0.0.1")
+    node = job.start("fail-on-file", "1", str(fail), extra=("--rdzv-conf", "join_timeout=40,last_call_timeout=1,close_timeout=1,is_host=0"),
+                     local_addr="127.0.0.2")
+    try:
+        wait_for(lambda: _placed(tmp_path, "node1", "attempt_0"), timeout=TIMEOUT, what="node 1's rank")
+        freeze(host.pid)
+        fail.touch()
+        status = node.wait(TIMEOUT)  # (before node 0 is thawed)
+    finally:
+        os.kill(host.pid, signal.SIGCONT)
+        release.touch()
+        host.terminate()
+    _, (_, _, err) = job.finish()
+    assert status == 1 and "root cause: rank 1 (local rank 0" in err and "Traceback" not in err, err
+    closed = [e.get("others") for e in events(tmp_path / "node1") if e["event"] == "rendezvous_closed"]
+    assert closed == ["store_silent"], closed
+
+
 def test_a_spare_taken_off_the_spare_list_says_it_waits_with_the_join_time_out_again(tmp_path, torch_installed):
     """A spare of a full round (1:2 nodes) whose node 1 is frozen past the keep-alive limit: torch
     takes the spare off its spare list and times its join again, but the spare kept saying it
