@@ -620,6 +620,35 @@ def test_a_client_that_asks_without_pause_is_answered_in_turns_with_the_others(s
     other.close()
 
 
+
+def test_a_burst_of_clients_while_the_server_is_busy_waits_in_the_queue_and_is_served(served):
+    """Connections wait in the listen queue while the server thread answers a request. It held 16,
+    and the server took one a round, so past them a connect failed at once (EAGAIN), whatever its
+    time-out: of 20 `ranktop ls` started at once on an idle run, 3 said the engine did not answer.
+    A burst of as many clients as it serves waits, and each is answered once the server is back."""
+    fake, server = served
+    asker = hello(server.path)
+    wait_for(lambda: _unread(asker) == 0, what="the hello read")
+    burst = []
+    with fake._lock:  # the engine held: the server thread waits in the snapshot asked for
+        asker.sendall(protocol.encode_control({"type": "snapshot"}))
+        wait_for(lambda: _unread(asker) == 0, what="the snapshot asked")
+        for _ in range(40):
+            conn = socket.socket(socket.AF_UNIX)
+            burst.append(conn)
+            conn.setblocking(False)
+            conn.connect(server.path)  # (BlockingIOError: the queue was full)
+            conn.setblocking(True)
+            conn.settimeout(10)
+            conn.sendall(protocol.encode_control(protocol.hello("client")) + protocol.encode_control({"type": "snapshot"}))
+    for conn in [asker, *burst]:
+        decoder, frames = protocol.FrameDecoder(), []
+        while not any(isinstance(f, dict) and f.get("type") == "snapshot" for f in frames):
+            frames += decoder.feed(conn.recv(1 << 16))
+        conn.close()
+    wait_for(lambda: server.clients == 0, what="every client counted out")
+
+
 # ----- a dropped client is told why -----------------------------------------------------------------
 def test_a_subscriber_dropped_as_unread_is_told_why_after_the_frame_it_was_in(served, short_bounds, monkeypatch):
     """The reason went out behind all the client had not taken, in one send that could not wait,
