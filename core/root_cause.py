@@ -12,16 +12,24 @@ from typing import Any, NamedTuple
 from ranktop.core.errors import describe_exit, killed_by
 from ranktop.core.state import RootCause
 
+# The user's actions kept, the newest: a client of the run's socket may send thousands of signals
+# a second, and each was kept for the run's life (24 MB of the engine's after 120k SIGWINCH sent
+# through the socket in a minute), every SIGCONT looking through them all (120 answered a second).
+MAX_USER_ACTIONS = 1000
+
 
 class UserActions:
     """Each action the user took on single ranks, as (when, attempt, what, when a SIGCONT resumed
-    it): noted by the monitor loop as it applies the command, read when a root cause is found."""
+    it), the newest MAX_USER_ACTIONS: noted by the monitor loop as it applies the command, read
+    when a root cause is found."""
 
     def __init__(self) -> None:
         self._actions: list[tuple[float, int, str, float | None]] = []
 
     def note(self, attempt: int, what: str) -> None:
         self._actions.append((time.time(), attempt, what, None))
+        if len(self._actions) > MAX_USER_ACTIONS:
+            del self._actions[0]
 
     def note_signal(self, attempt: int, rank: int, sig: int) -> None:
         """The user's signal reached `rank` (USR1/USR2 are notices, not acts on the rank; SIGCONT

@@ -9,6 +9,8 @@ import json
 import re
 import signal
 import subprocess
+import time
+import tracemalloc
 
 import pytest
 from conftest import ROOT, make_agent, ranktop_cmd, read_events, wait_for
@@ -180,6 +182,25 @@ def test_a_group_signal_is_noted_per_rank_as_a_user_action(tmp_path):
     assert re.fullmatch(r"you sent SIGINT to rank 1 at \d\d:\d\d:\d\d, \d+\.\d s before this failure",
                         snap.root_cause.user_action or ""), snap.root_cause.user_action
 
+
+
+def test_the_users_actions_kept_are_bounded_and_the_newest_is_named():
+    """Every signal the user sent a rank was kept for the run's life: a client of the socket
+    sending them without pause grew the engine by 200 bytes each (24 MB after 120k). The newest
+    are kept, and the last still leads a root cause."""
+    from ranktop.core.root_cause import UserActions
+
+    tracemalloc.start()
+    try:
+        actions = UserActions()
+        for _ in range(50_000):
+            actions.note_signal(0, 0, signal.SIGWINCH)
+        actions.note_signal(0, 1, signal.SIGTERM)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 1 << 20, held
+    assert actions.last_before(0, time.time()).what == "sent SIGTERM to rank 1"
 
 def test_a_refused_command_is_no_user_action(tmp_path):
     """exp9: a KillRank and a SignalRank to a rank that had already exited were refused (nothing
