@@ -126,6 +126,10 @@ ACCEPT_PAUSE = 0.5  # out of descriptors even for the spare: stop accepting for 
 # queue a connect fails at once (EAGAIN), however long its time-out, and ranktop said the engine
 # did not answer: with a queue of 16, taken one a round, 3 of 20 `ls` started at once were told so.
 LISTEN_QUEUE = MAX_CLIENTS + SPARE_CLIENTS
+# Connections taken from the queue a round: a few, so that those that closed at once are read (and
+# let go) before more are taken. All that waited, taken at once, would fill every slot with closed
+# ones under a client that connects and closes without pause, and live ones were refused as `full`.
+ACCEPTS_PER_ROUND = 8
 RELAYED = {c.__name__: c for c in (cmd.SignalRank, cmd.SignalGroup, cmd.KillRank, cmd.KillGroup, cmd.RestartRank,
                                    cmd.RestartGroup, cmd.Stop, cmd.SendInput, cmd.DumpStacks, cmd.SignalDump)}
 # Answered (as every command) from a thread of their own, py-spy taking seconds, but without holding
@@ -443,9 +447,9 @@ class EngineServer:
         return None
 
     def _accept(self) -> None:
-        """Take the connections waiting in the queue, LISTEN_QUEUE at most: each is served or told
-        why not, so the queue empties every round, however slow the round."""
-        for _ in range(LISTEN_QUEUE):
+        """Take the connections waiting in the queue, ACCEPTS_PER_ROUND at most: each is served or
+        told why not."""
+        for _ in range(ACCEPTS_PER_ROUND):
             try:
                 conn, _ = self._listener.accept()
             except BlockingIOError:
