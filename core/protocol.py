@@ -33,7 +33,12 @@ MAX_OUTPUT = 4 << 20  # the engine sends output in slices of at most this much
 
 
 class ProtocolError(Exception):
-    """The peer sent something that is not this protocol; the connection is dropped with this."""
+    """The peer sent something that is not this protocol; the connection is dropped with this.
+    `before`: the whole frames that came ahead of the bad one in what was fed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.before: list[dict[str, Any] | Output] = []
 
 
 
@@ -87,17 +92,23 @@ class FrameDecoder:
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> list[dict[str, Any] | Output]:
+        """The whole frames in what came so far; ProtocolError at the first bad one, with those
+        before it (the same bytes read in two parts gave the first part's frames)."""
         self._buffer += data
-        frames = []
-        while len(self._buffer) >= _HEAD.size:
-            kind, length = _HEAD.unpack_from(self._buffer)
-            _check_head(kind, length)
-            end = _HEAD.size + length
-            if len(self._buffer) < end:
-                break
-            payload = bytes(self._buffer[_HEAD.size:end])
-            del self._buffer[:end]
-            frames.append(_decode_control(payload) if kind == CONTROL else _decode_output(payload))
+        frames: list[dict[str, Any] | Output] = []
+        try:
+            while len(self._buffer) >= _HEAD.size:
+                kind, length = _HEAD.unpack_from(self._buffer)
+                _check_head(kind, length)
+                end = _HEAD.size + length
+                if len(self._buffer) < end:
+                    break
+                payload = bytes(self._buffer[_HEAD.size:end])
+                del self._buffer[:end]
+                frames.append(_decode_control(payload) if kind == CONTROL else _decode_output(payload))
+        except ProtocolError as exc:
+            exc.before = frames
+            raise
         return frames
 
     @property

@@ -514,6 +514,13 @@ class EngineServer:
             return
         try:
             messages = client.decoder.feed(data)
+        except protocol.ProtocolError as exc:
+            if not exc.before:
+                self._drop(client.sock, _why_dropped(exc))
+                return
+            # The requests ahead of the bad frame are answered, then it drops the client, as when
+            # they came in a read of their own: in the same read they were lost (a Stop not applied).
+            messages = [*exc.before, exc]
         except Exception as exc:  # what a client sends costs its own connection, never the server
             self._drop(client.sock, _why_dropped(exc))
             return
@@ -552,6 +559,8 @@ class EngineServer:
             self._drop(conn, _why_dropped(exc))
 
     def _answer(self, conn: socket.socket, message: Any) -> None:
+        if isinstance(message, protocol.ProtocolError):  # the bad frame after its requests (_read)
+            raise message
         if not isinstance(message, dict):
             raise protocol.ProtocolError("clients send control messages only")
         client = self._clients[conn]

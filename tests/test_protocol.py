@@ -72,6 +72,15 @@ def test_bad_input_is_one_protocol_error(wire, message):
     assert str(err.value).startswith(message)
 
 
+
+def test_a_bad_frame_carries_the_whole_frames_ahead_of_it():
+    """Fed in one part with the bad frame behind them, the good frames were lost with the error;
+    fed apart, they were returned: the server applies them either way."""
+    good = encode_control({"type": "snapshot"}) + encode_output(1, 5, b"out")
+    with pytest.raises(ProtocolError) as err:
+        FrameDecoder().feed(good + b"X\0\0\0\0")
+    assert err.value.before == FrameDecoder().feed(good) == [{"type": "snapshot"}, Output(1, 5, b"out")]
+
 def test_a_huge_length_prefix_is_refused_before_anything_is_buffered():
     decoder = FrameDecoder()
     with pytest.raises(ProtocolError):

@@ -649,6 +649,29 @@ def test_a_burst_of_clients_while_the_server_is_busy_waits_in_the_queue_and_is_s
     wait_for(lambda: server.clients == 0, what="every client counted out")
 
 
+
+def test_the_requests_ahead_of_a_bad_frame_are_answered_however_they_were_read(served):
+    """A command and a bad frame behind it, in one read of the server's: the frames decoded ahead
+    of the bad one were lost with it, so the command was not applied, though sent in two parts it
+    was, and answered. Same bytes, either way: the command is applied and answered, then the
+    client is dropped with why."""
+    from ranktop.core import commands as cmd
+
+    fake, server = served
+    conn = socket.socket(socket.AF_UNIX)
+    conn.settimeout(10)
+    conn.connect(server.path)
+    conn.sendall(protocol.encode_control(protocol.hello("client"))
+                 + protocol.encode_control({"type": "command", "id": 7, "command": "KillRank", "args": {"local_rank": 1}})
+                 + b"X\0\0\0\0")
+    frames = frames_until_closed(conn)
+    conn.close()
+    assert [(f["type"], f.get("id"), f.get("message")) for f in frames] == [
+        ("hello", None, None), ("ack", 7, "fake: KillRank"),
+        ("error", None, "unknown frame type b'X': not a ranktop connection")]
+    assert fake.commands == [cmd.KillRank(1)]
+
+
 # ----- a dropped client is told why -----------------------------------------------------------------
 def test_a_subscriber_dropped_as_unread_is_told_why_after_the_frame_it_was_in(served, short_bounds, monkeypatch):
     """The reason went out behind all the client had not taken, in one send that could not wait,
