@@ -44,7 +44,8 @@ A dropped client is told why after the rest of the frame it was in the middle of
 past that is let go: sent behind it, the reason was lost), for FAREWELL_SECONDS at most.
 A client is answered FRAMES_PER_ROUND requests per round of the loop: the rest wait, its socket
 read no further, for the next round, after every other client's turn; and while requests wait,
-the thread rests between rounds as long as the round took, so a client that asks without pause
+the thread rests between rounds as long as the round took (PUSH_SECONDS at most: the
+subscribers are pushed to on), so a client that asks without pause
 holds up neither the other clients nor the engine's threads (which need the GIL it would hold).
 
 A client that sends anything else (or anything before its hello, or no hello within
