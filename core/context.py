@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import numbers
 import os
 import select
 import shutil
@@ -37,7 +38,7 @@ from typing import Any, BinaryIO, TextIO
 
 from ranktop.core import guard
 from ranktop.core.caller_signals import restore_signals, signals_held
-from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, RankStartError, UsageError, killed_by
+from ranktop.core.errors import ERROR_FILE_ENV, ProcessFailure, RankStartError, UsageError, killed_by, signal_name
 from ranktop.core.guard import MARKER
 from ranktop.core.layout import ERROR_FILE, Dir, checked_tempdir, log_name
 from ranktop.core.limits import check_timeout
@@ -843,7 +844,7 @@ class PContext:
     def _stop_all(self, sig: int, grace: float) -> None:
         for slot in self.slots:  # (a failure has ended the holds already, as failures)
             if slot.held_until is not None:
-                self._end_hold(slot, "stopped", stop_signal=signal.Signals(sig).name)
+                self._end_hold(slot, "stopped", stop_signal=signal_name(-sig))  # SIG40 for a real-time one
         self._stopping = True
         self._strays.note_below_ranks()
         self._sweep.hurry(grace, time.monotonic())
@@ -998,10 +999,13 @@ class PContext:
     def close(self, death_sig: int | None = None, timeout: float = 30,
               between: Callable[[], None] | None = None) -> None:
         """Stop every rank's whole group (`death_sig`, then SIGKILL after `timeout`) and clean up.
-        No `death_sig` (None, or 0 as torch tests it) is SIGTERM, torch's default. Bounded: a rank
-        that outlives SIGKILL by `reap_timeout` is left to the guard. `between` runs on each pass
-        of the wait (the agent applies its commands there: a second Ctrl-C still acts while closing)."""
-        check_timeout("timeout", timeout)
+        No `death_sig` (None, or 0 as torch tests it) is SIGTERM, torch's default; a negative
+        `timeout` is 0, as torch's (SIGKILL at once). Both are checked before any rank is
+        signalled. Bounded: a rank that outlives SIGKILL by `reap_timeout` is left to the guard.
+        `between` runs on each pass of the wait (the agent applies its commands there: a second
+        Ctrl-C still acts while closing)."""
+        death_sig = check_death_sig(death_sig)
+        timeout = check_timeout("timeout", 0 if _negative(timeout) else timeout)
         with self._lock:
             if self._closed:
                 return
@@ -1010,7 +1014,7 @@ class PContext:
             with self._lock:
                 for slot in self.slots:  # a rank that ended on its own before close() failed by itself,
                     self._reap(slot)     # not by this stop: reaped first, it is reported as it ended
-                self._stop_all(death_sig or signal.SIGTERM, timeout)
+                self._stop_all(death_sig, timeout)
             while self.step() is None:
                 if between is not None:
                     between()
@@ -1087,6 +1091,27 @@ class MultiprocessContext(PContext):
 
 class SubprocessContext(PContext):
     """Ranks that run a binary; arguments are passed as strings."""
+
+
+def check_death_sig(death_sig: object) -> int:
+    """close()'s signal, checked before any rank is signalled: none (None, 0: torch's `not
+    death_sig`) is SIGTERM; else a signal this system has. A number it lacks was os.killpg's
+    bare `[Errno 22] Invalid argument`, naming neither the argument nor the value (torch's close
+    raises AttributeError for any plain number)."""
+    if not death_sig:
+        return signal.SIGTERM
+    if isinstance(death_sig, bool) or not isinstance(death_sig, int):
+        raise TypeError(f"death_sig must be a signal (signal.SIGTERM, or its number), "
+                        f"not {type(death_sig).__name__} {repr(death_sig)[:80]}")
+    if death_sig not in signal.valid_signals():
+        shown = int(death_sig) if abs(death_sig) < 1 << 64 else "(a number of 20 digits or more)"  # str() refuses 4300
+        raise UsageError(f"bad death_sig {shown}: expected a signal of this system, "
+                         f"1 to {max(signal.valid_signals())} (signal.SIGTERM, signal.SIGKILL, ...)")
+    return death_sig
+
+
+def _negative(timeout: object) -> bool:
+    return isinstance(timeout, numbers.Real) and not isinstance(timeout, bool) and timeout < 0
 
 
 _START_METHODS = ("spawn", "fork", "forkserver")

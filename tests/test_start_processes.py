@@ -1035,6 +1035,28 @@ def test_close_sends_sigterm_without_a_death_sig_as_torch(tmp_path, death_sig):
     assert got.read_text() == str(int(death_sig or signal.SIGTERM))
 
 
+def test_close_checks_death_sig_before_signalling_and_a_negative_timeout_kills_at_once(tmp_path):
+    """close(death_sig=99) was os.killpg's bare `OSError: [Errno 22] Invalid argument`, and
+    close(timeout=-1) was refused while the ranks ran on; torch's closes SIGKILL at once there."""
+    ready = tmp_path / "ready"
+    (tmp_path / "run").mkdir()
+    ctx = start_processes("t", "/bin/sh", {0: ("-c", f'trap "" TERM; : > {ready}; exec sleep 30')}, _envs(1),
+                          str(tmp_path / "run"))
+    try:
+        wait_for(ready.exists, what="the rank ignoring SIGTERM")
+        for bad, error, message in ((99, ValueError, "bad death_sig 99: expected a signal of this system, 1 to "),
+                                    (-1, ValueError, "bad death_sig -1: "),
+                                    ("SIGTERM", TypeError, "death_sig must be a signal .*, not str 'SIGTERM'$")):
+            with pytest.raises(error, match=f"^{message}"):
+                ctx.close(death_sig=bad)
+        assert _pid_alive(ctx.pids()[0])  # refused before anything was signalled
+        started = time.monotonic()
+    finally:
+        ctx.close(timeout=-1)
+    assert time.monotonic() - started < 10  # no grace (the default is 30 s) for a rank that ignores SIGTERM
+    assert ctx.wait().failures[0].exitcode == -signal.SIGKILL
+
+
 _UNGUARDED_SCRIPT = """
 import os, sys
 if sys.argv[1] == "torch":
