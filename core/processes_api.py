@@ -27,7 +27,7 @@ from ranktop.core.layout import RunDir, checked_tempdir
 from ranktop.core.limits import ensure_fds_for
 from ranktop.core.output import STDERR, STDOUT
 from ranktop.core.process import check_sendable, refuse_while_loading_main
-from ranktop.core.spec import Std
+from ranktop.core.spec import Std, checked_entrypoint
 
 if TYPE_CHECKING:
     from ranktop.core.logs_specs import LogsSpecs
@@ -47,7 +47,7 @@ _LOG_DIR_FORM = ("start_method", "redirects", "tee", "log_line_prefixes")
 
 def start_processes(
     name: str,
-    entrypoint: Callable[..., Any] | str,
+    entrypoint: Callable[..., Any] | str | bytes | os.PathLike,
     args: Mapping[int, tuple],
     envs: Mapping[int, dict[str, str]],
     logs_specs: LogsSpecs | str | None = None,
@@ -83,6 +83,7 @@ def start_processes(
     nprocs = len(args)
     ensure_fds_for(nprocs)
     _check_ranks(args, envs)
+    entrypoint = checked_entrypoint(entrypoint)  # a bytes path too, as Popen takes it
     if not callable(entrypoint):
         _check_command(entrypoint, args)
     from ranktop.core.gpu import numa_options_binding  # NVML only when asked for

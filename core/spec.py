@@ -97,6 +97,18 @@ def check_port(port: int) -> int:
 
 
 Entrypoint = Callable[..., Any] | str
+
+
+def checked_entrypoint(entrypoint: object) -> Entrypoint:
+    """A function as given, or a binary's path as text: bytes and os.PathLike decoded as Popen
+    decodes them (str() made b"/bin/echo" of bytes, a path no exec finds); anything else is a
+    one-line TypeError before anything starts."""
+    if callable(entrypoint) or isinstance(entrypoint, str):
+        return entrypoint  # type: ignore[return-value]
+    if isinstance(entrypoint, (bytes, os.PathLike)):
+        return os.fsdecode(entrypoint)
+    raise TypeError(f"entrypoint must be a function or a binary's path (str, bytes or os.PathLike), "
+                    f"not {type(entrypoint).__name__} {repr(entrypoint)[:80]}")
 EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")  # the names torch registers
 
 
@@ -162,6 +174,7 @@ class WorkerSpec:
             self.entrypoint = self.fn
         if self.entrypoint is None:
             raise UsageError("WorkerSpec needs an entrypoint: a binary's path or a function")
+        self.entrypoint = checked_entrypoint(self.entrypoint)
         if self.event_log_handler not in EVENT_LOG_HANDLERS:
             raise UsageError(f"bad event_log_handler {quoted(self.event_log_handler)}: expected one of "
                              f"{', '.join(EVENT_LOG_HANDLERS)}")

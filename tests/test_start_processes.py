@@ -188,6 +188,19 @@ def test_binaries_get_str_cast_args(tmp_path):
         assert f.read() == "1 2.5 None\n"
 
 
+def test_a_binary_given_as_bytes_runs_and_an_entrypoint_of_no_kind_is_one_line(tmp_path):
+    """A bytes path was cast to str as the arguments are, and failed as `No such file or
+    directory: "b'/bin/echo'"` (torch's takes it for a function and fails in the rank)."""
+    (tmp_path / "run").mkdir()
+    with pytest.raises(TypeError, match=r"^entrypoint must be a function or a binary's path \(str, bytes or "
+                                        r"os.PathLike\), not int 5$"):
+        start_processes("t", 5, {0: ()}, _envs(1), str(tmp_path / "run"))
+    assert os.listdir(tmp_path / "run") == []
+    result = _run(os.fsencode("/bin/echo"), {0: ("hi",)}, tmp_path / "run", redirects=Std.OUT)
+    with open(result.stdouts[0]) as f:
+        assert f.read() == "hi\n"
+
+
 def test_wait_returns_none_while_running_and_close_leaves_nothing(tmp_path):
     ctx = start_processes("t", PY, {0: (os.path.join(RANKS, "family.py"),)}, _envs(1), str(tmp_path),
                           redirects=Std.OUT)
