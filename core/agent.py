@@ -193,6 +193,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         on_under_way: Callable[[], None] | None = None,
         numbered_run_dir: bool = False,
         typed_stdin: bool = False,
+        log_dir_name: str = "log_dir",
     ):
         refuse_while_loading_main(type(self).__name__)
         self.start_method = start_method
@@ -226,7 +227,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         # waits for a rendezvous round. The command line serves the run then, not before: what
         # only serves observers must not hold up the ranks' start.
         self._on_under_way = on_under_way
-        self._place_run(spec, log_dir, numbered_run_dir)
+        # `log_dir_name`: the command line's is --log-dir; an API caller never used that flag
+        self._place_run(spec, log_dir, numbered_run_dir, log_dir_name)
         self._set_up_output(echo_events, duplicate_filters)
         # Only final.json gets the key: a client that saw its seal (the snapshot's, run_started's)
         # knows a final.json the engine wrote from one a rank planted.
@@ -240,7 +242,7 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         self._set_up_command_queue(hangup_stops, signals_to_handle)
         self._set_up_rendezvous_state()
 
-    def _place_run(self, spec: WorkerSpec, log_dir: str | None, numbered_run_dir: bool) -> None:
+    def _place_run(self, spec: WorkerSpec, log_dir: str | None, numbered_run_dir: bool, log_dir_name: str) -> None:
         """The run's rendezvous (if its spec has a handler), its id, its run directory and its master port."""
         self.rendezvous = (Rendezvous(spec.rdzv_handler, spec.role, spec.local_world_size)
                            if spec.rdzv_handler is not None else None)
@@ -258,7 +260,8 @@ class LocalAgent(AgentRendezvous, AgentCommands):
         # rendezvous id is the same on every node: nodes sharing a file system get <id>.1, <id>.2...
         self._shared_id = spec.run_id is None and shared_id != "none"
         # `numbered_run_dir`: elastic_launch's, whose run id may serve several calls, as torch's does
-        self.layout = RunDir.create(log_dir, self.run_id, numbered=self._shared_id or numbered_run_dir)
+        self.layout = RunDir.create(log_dir, self.run_id, numbered=self._shared_id or numbered_run_dir,
+                                    log_dir_name=log_dir_name)
         self.run_dir = self.layout.path
         self.master_port = spec.master_port or free_port()
         self._asked_spec = spec  # its master_addr/port, where set, beat every round's (placed() replaces them)

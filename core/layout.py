@@ -261,19 +261,21 @@ class RunDir(Dir):
     """One run's directory, created fresh (never reused) and held from the moment the run begins."""
 
     @classmethod
-    def create(cls, log_dir: str | None, run_id: str, numbered: bool = False) -> RunDir:
+    def create(cls, log_dir: str | None, run_id: str, numbered: bool = False, *,
+               log_dir_name: str = "--log-dir") -> RunDir:
         """<log root>/<run_id>, made private and exclusively; UsageError (one line) if it cannot be.
         `numbered`: when taken, <run_id>.1, <run_id>.2, ... instead (a rendezvous id, the same on
-        every node, where nodes share a file system or the job runs again)."""
+        every node, where nodes share a file system or the job runs again). `log_dir_name`: what
+        the caller calls `log_dir` (the Python API's `log_dir`), for the message."""
         check_run_id(run_id)
-        root = open_log_root(log_dir)
+        root = open_log_root(log_dir, log_dir_name)
         try:
             name = cls._make(root, run_id, numbered)
             fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root.fd)
         except FileExistsError:
             raise UsageError(f"run directory {root.path_of(run_id)} already exists: pick another --run-id") from None
         except OSError as exc:
-            raise UsageError(f"bad --log-dir {root.path}: cannot write there ({exc.strerror})") from None
+            raise UsageError(f"bad {log_dir_name} {root.path}: cannot write there ({exc.strerror})") from None
         finally:
             root.close()
         return cls(root.path_of(name), fd)
@@ -414,7 +416,7 @@ def default_log_root() -> str:
     return os.path.join(temp_dir(), f"ranktop-{os.geteuid()}")
 
 
-def open_log_root(log_dir: str | None) -> Dir:
+def open_log_root(log_dir: str | None, log_dir_name: str = "--log-dir") -> Dir:
     """The directory that holds run directories, opened and checked; UsageError says why not.
 
     The default root under the shared temp directory must be ours alone: not a symlink, owned by
@@ -426,7 +428,7 @@ def open_log_root(log_dir: str | None) -> Dir:
     path it named the current directory."""
     if not log_dir:
         return _open_default_root(default_log_root())
-    return open_chosen_dir(log_dir, "--log-dir", make=True)
+    return open_chosen_dir(log_dir, log_dir_name, make=True)
 
 
 def _open_default_root(path: str) -> Dir:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,6 +84,14 @@ def test_errors_are_torchs(tmp_path):
         start_processes("t", PY, {0: ()}, {0: {}}, str(tmp_path / "file"))
     assert to_map(Std.OUT, 2) == {0: Std.OUT, 1: Std.OUT}
     assert to_map({1: Std.ERR}, 2) == {0: Std.NONE, 1: Std.ERR}
+
+
+def test_local_agent_names_its_log_dir_argument_not_the_command_lines_flag(tmp_path):
+    """It said `bad --log-dir ...`, a flag an API caller never used (the command line keeps it:
+    tests/test_rundirs.py)."""
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match=f"^bad log_dir {re.escape(str(tmp_path / 'file'))}: it is not a directory$"):
+        LocalAgent(WorkerSpec("r", 1, "/bin/true"), log_dir=str(tmp_path / "file"))
 
 
 def test_child_failed_error_error_file_data_and_the_error_handler(tmp_path, monkeypatch):

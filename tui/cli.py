@@ -1180,7 +1180,8 @@ def _headless_agent(spec, ns: argparse.Namespace, stall_timeout: float | None, s
                       duplicate_filters={1: tuple(ns.duplicate_stdout_filters), 2: tuple(ns.duplicate_stderr_filters)},
                       color=_shown_in_colour(ns), on_under_way=None if ns.detached_child else serving.start,
                       typed_stdin=ns.detached_child,  # its stdin is /dev/null: attach's `i` types instead
-                      numbered_run_dir=shared_run_id(ns) is not None)  # job42.1 beside a node's job42
+                      numbered_run_dir=shared_run_id(ns) is not None,  # job42.1 beside a node's job42
+                      log_dir_name="--log-dir")
 
 
 def _shown_in_colour(ns: argparse.Namespace) -> bool:

@@ -136,6 +136,7 @@ def _tui_engine(spec: Any, ns: argparse.Namespace, color: bool) -> tuple[Any, An
                        console=False, color=color, sampler=sampler,
                        faulthandler=not getattr(ns, "no_faulthandler", False),
                        numbered_run_dir=shared_run_id(ns) is not None,  # job42.1 beside a node's job42
+                       log_dir_name="--log-dir",
                        duplicate_filters={1: tuple(getattr(ns, "duplicate_stdout_filters", ())),
                                           2: tuple(getattr(ns, "duplicate_stderr_filters", ()))})
     engine = LocalEngine(agent)
