@@ -385,6 +385,11 @@ class ErrorFileWithoutMessage(BadErrorFile, KeyError):
     """A JSON object with no "message" key: torch raises KeyError('message') here."""
 
 
+class ErrorFileNotRegular(BadErrorFile):
+    """Something other than a regular file at the error file's path (a directory, a FIFO):
+    torch's ProcessFailure takes it for no error file (its test is os.path.isfile)."""
+
+
 _MISSING = object()  # _read_json's answer for a file that is not there
 
 
@@ -417,7 +422,7 @@ def _read_json(path: str | os.PathLike, dir_fd: int | None = None) -> Any:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise BadErrorFile(f"is not a regular file ({file_kind(info.st_mode)})")
+            raise ErrorFileNotRegular(f"is not a regular file ({file_kind(info.st_mode)})")
         data = read_at_most(fd, ERROR_FILE_LIMIT + 1)
     finally:
         os.close(fd)
@@ -557,8 +562,9 @@ class ProcessFailure:
     {"message": ..., "extraInfo": {...}} object for a file @record wrote, text for a plain one,
     and ranktop's own sentence when there is no file; `message_text` is always the one line.
     A malformed error file raises BadErrorFile (ErrorFileNotJSON, also json's JSONDecodeError;
-    ErrorFileWithoutMessage, also a KeyError), as torch raises; the engine, which reads files its
-    ranks control, passes `raise_bad_file=False` and the problem is named in `message` instead."""
+    ErrorFileWithoutMessage, also a KeyError), as torch raises; a path that is not a regular file
+    (a directory, a FIFO) is no error file, as torch's. The engine, which reads files its ranks
+    control, passes `raise_bad_file=False` and the problem is named in `message` instead."""
 
     local_rank: int
     pid: int
@@ -582,9 +588,10 @@ class ProcessFailure:
         try:
             content = load_error_file(self.error_file, self.error_dir_fd) if self.error_file else None
         except BadErrorFile as exc:
-            if raise_bad_file:
+            if not raise_bad_file:  # the engine's: a rank controls the file, and the problem is named
+                problem = f"error file {self.error_file} {exc}; ignored"
+            elif not isinstance(exc, ErrorFileNotRegular):  # that one is none, as torch's isfile test has it
                 raise exc.about(self.error_file) from None
-            problem = f"error file {self.error_file} {exc}; ignored"
         stamp = None
         if content is not None:
             self.message, self.traceback, stamp = content.data["message"], content.traceback, content.timestamp

@@ -94,6 +94,18 @@ def test_local_agent_names_its_log_dir_argument_not_the_command_lines_flag(tmp_p
         LocalAgent(WorkerSpec("r", 1, "/bin/true"), log_dir=str(tmp_path / "file"))
 
 
+def test_an_error_file_that_is_no_regular_file_is_none_as_torchs(tmp_path):
+    """A directory or FIFO at the error file's path raised BadErrorFile; torch's ProcessFailure
+    reads only what os.path.isfile accepts and takes the rest for no file at all."""
+    os.mkfifo(tmp_path / "fifo")
+    for path, kind in ((str(tmp_path), "a directory"), (str(tmp_path / "fifo"), "a FIFO")):
+        failure = ProcessFailure(0, 1, -9, path)
+        assert failure.message == "Signal 9 (SIGKILL) received by PID 1"
+        assert (failure.error_file, failure.error_file_data) == ("<N/A>", {"message": "<NONE>"})
+        named = ProcessFailure(0, 1, -9, path, raise_bad_file=False)  # the engine's way still says why
+        assert named.message.endswith(f"error file {path} is not a regular file ({kind}); ignored")
+
+
 def test_child_failed_error_error_file_data_and_the_error_handler(tmp_path, monkeypatch):
     rank_file = tmp_path / "rank_error.json"
     try:
