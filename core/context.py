@@ -180,7 +180,7 @@ class RankSlot:
         # A restart waits at most until this monotonic time for the replaced process's output to be
         # read to its end, so that its last lines come before the separator, not after it.
         self.respawn_by: float | None = None
-        self.user_signals: set[int] = set()  # stop signals the user sent its process
+        self.user_signals: set[int] = set()  # signals the user sent its process (of which its death is theirs)
         self.restart_pending = False
         self.failure: ProcessFailure | None = None
         self.sinks: list[StreamSink] = []  # its live ones, and earlier ones that lost output
@@ -895,9 +895,9 @@ class PContext:
             slot = self.slots[local_rank]
             if not slot.alive:
                 return False
+            slot.user_signals.add(sig)  # should it die of it (USR2 unhandled, say), that is the user's doing
             if sig in STOP_SIGNALS:
                 slot.stopped_by_us = slot.stopped_by_user = True
-                slot.user_signals.add(sig)
                 if sig != signal.SIGKILL and slot.kill_at is None:
                     slot.survived_by = time.monotonic() + self.shutdown_timeout
             self._emit("signalled", local_rank, pid=slot.proc.pid, signal=signal.Signals(sig).name)

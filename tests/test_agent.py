@@ -562,6 +562,28 @@ def test_a_rank_that_dies_of_the_users_signal_after_the_grace_is_still_the_users
         assert run.rank(1).state == RankState.RUNNING and agent.snapshot().state == GroupState.RUNNING
 
 
+@pytest.mark.parametrize("sig", [signal.SIGUSR2, signal.SIGALRM])
+def test_a_rank_that_dies_of_any_signal_the_user_sent_it_is_no_failure(tmp_path, sig):
+    """The picker's USR1/USR2 (to the rank alone) and any other signal a client of the socket sends:
+    a rank with no handler for it dies of it, the user's doing, as for TERM. It was a failure, the
+    root cause, and its sibling was stopped (found by a protocol audit: SignalRank 12)."""
+    agent = make_agent(tmp_path, code="""
+        import time
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    run = Running(agent)
+    with run:
+        wait_for(lambda: all(agent.output(r)[:1] == [b"ready"] for r in (0, 1)), what="both ranks ready")
+        agent.signal_rank(0, sig)
+        exited = wait_for(lambda: [(e["signal"], e["by_us"]) for e in read_events(agent.run_dir, while_written=True)
+                                   if e["event"] == "exited"], what="rank 0 dead of the user's signal")
+        assert exited == [(sig.name, True)] and run.rank(0).state == RankState.KILLED
+        events = read_events(agent.run_dir, while_written=True)
+        assert not [e for e in events if e["event"] in ("exit_held", "group_failed")]
+        assert run.rank(1).state == RankState.RUNNING and agent.snapshot().state == GroupState.RUNNING
+
+
 def test_a_restarted_ranks_last_lines_come_before_the_separator(tmp_path):
     """The separator went into the ring as soon as the old process was reaped; its last lines,
     still in its pipe for the output thread's next round, were read after it and shown as the
