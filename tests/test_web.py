@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import signal
 import socket
@@ -149,7 +150,14 @@ def test_an_ended_runs_directory_is_served_as_its_final_view(tmp_path, runtime):
     try:
         printed = wait_for(lambda: ADDRESS.search((tmp_path / "web.err").read_text()), what="the address", timeout=20)
         wait_for(lambda: "textual" in page(port, printed.group(1)).lower(), what="the page served", timeout=20)
-        assert asyncio.run(_handshake(f"http://127.0.0.1:{port}/ws/{printed.group(1)}", {})) == 101  # then closed
+        tab = f"http://127.0.0.1:{port}/ws/{printed.group(1)}"
+        assert asyncio.run(_handshake(tab, {})) == 101  # then closed
+        # what a page may send besides keys: each was a traceback that ended the tab, or taken at any size
+        drawn = asyncio.run(_drawn_until_help(f"{tab}?width=100000&height=x", [
+            "not json", "{}", "[]", "[5]", '["stdin", 5]', '["stdin", "\\ud800"]', "[" * 100_000 + "]" * 100_000,
+            '["resize", {"width": "x", "height": 3}]', '["resize", {"width": -5, "height": 0}]',
+            '["resize", [80, 24]]', '["resize", {"width": 5000, "height": 2000}]'], rows=500))
+        assert drawn[0] == 500 and drawn[1] <= 1000  # 1000x500 at most: 10000x10000 cost its client 840 MB and each frame 100 MB
     finally:
         err = stop_web(web, tmp_path / "web.err")
     assert "ranktop: serving run over on http://127.0.0.1:" in err and "(its final view; Ctrl-C stops serving)" in err
@@ -191,6 +199,30 @@ async def _handshake(url: str, headers: dict[str, str]) -> int:
                 return 101
         except aiohttp.WSServerHandshakeError as refused:
             return refused.status
+
+
+async def _drawn_until_help(url: str, said: list[str], rows: int) -> tuple[int, int]:
+    """A tab that sends `said` once its app has drawn, then `?`: the furthest row and column its
+    frames draw at (their cursor moves) once it has drawn row `rows` and the help; an assertion
+    error if the tab is closed first."""
+    import aiohttp
+
+    furthest = (0, 0)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async with session.ws_connect(url, max_msg_size=0) as ws:
+            while (await ws.receive(timeout=20)).type != aiohttp.WSMsgType.BINARY:
+                pass
+            for text in [*said, json.dumps(["stdin", "?"])]:
+                await ws.send_str(text)
+            helped = False
+            while not (helped and furthest[0] >= rows):
+                message = await ws.receive(timeout=20)
+                assert message.type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT), message
+                if message.type == aiohttp.WSMsgType.BINARY:
+                    helped = helped or b"ranktop keys" in message.data
+                    for y, x in re.findall(rb"\x1b\[(\d+);(\d+)H", message.data):
+                        furthest = (max(furthest[0], int(y)), max(furthest[1], int(x)))
+    return furthest
 
 
 async def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import json
 import logging
 import os
 import secrets
@@ -23,7 +24,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ranktop.core.client import FinalEngine, ServedRun
 from ranktop.core.sanitize import clean, quoted
@@ -233,8 +234,8 @@ def _with_gated_tabs(server: type) -> type:
 class _GatedTabs:
     """What ranktop web changes in textual-serve's Server (this mixin goes before it): it lets in
     only what its Gate lets through, builds the page's addresses from the Host it was loaded under
-    (not the bound host, which a remote browser cannot use for 0.0.0.0), and also lets go of open
-    tabs when it stops: aiohttp waits for every running handler on shutdown (up to 60 s), and a
+    (not the bound host, which a remote browser cannot use for 0.0.0.0), checks what each page
+    sends (tab_message), and also lets go of open tabs when it stops: aiohttp waits for every running handler on shutdown (up to 60 s), and a
     tab's websocket handler runs until the browser leaves."""
 
     def __init__(self, *args, gate: Gate, **kwargs) -> None:  # noqa: ANN002, ANN003 (Server's own)
@@ -269,16 +270,84 @@ class _GatedTabs:
     async def handle_websocket(self, request):  # noqa: ANN001, ANN201 (aiohttp's)
         tab = asyncio.current_task()
         self.tabs.add(tab)
-        try:
-            return await super().handle_websocket(request)
+        try:  # (textual-serve took the size the address asked for, whatever it was)
+            return await super().handle_websocket(request.clone(rel_url=_sized(request.rel_url)))
         finally:
             self.tabs.discard(tab)
+
+    async def _process_messages(self, websocket, app_service) -> None:  # noqa: ANN001 (textual-serve's)
+        """What the tab's page sends, checked (tab_message) and passed on; the rest dropped."""
+        from aiohttp import WSMsgType
+
+        async for message in websocket:
+            said = tab_message(message.data) if message.type == WSMsgType.TEXT else None
+            if said is None:
+                continue
+            kind, value = said
+            if kind == "stdin":
+                await app_service.send_bytes(value)
+            elif kind == "resize":
+                await app_service.set_terminal_size(*value)
+            elif kind == "ping":
+                await websocket.send_json(["pong", value])
+            else:
+                await (app_service.focus() if kind == "focus" else app_service.blur())
 
     async def on_shutdown(self, app) -> None:  # noqa: ANN001
         _hang_up(children_of_self())  # the clients leave first, so each tab's handler ends at once
         for tab in self.tabs:
             tab.cancel()
         await _clients_gone(CHILD_GRACE)
+
+
+MAX_COLUMNS, MAX_ROWS = 1000, 500  # a tab's terminal: 10000x10000 cost its client 840 MB and each frame 100 MB
+
+
+def tab_size(width: object, height: object) -> tuple[int, int] | None:
+    """(columns, rows) a tab's page asked for, each brought within 1..MAX_COLUMNS, 1..MAX_ROWS; None
+    unless both are whole numbers (a negative, a zero or text crashed its client)."""
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (width, height)):
+        return None
+    return min(max(1, width), MAX_COLUMNS), min(max(1, height), MAX_ROWS)
+
+
+def tab_message(text: str) -> tuple[str, Any] | None:
+    """A tab's message, checked: ("stdin", its bytes), ("resize", (columns, rows)) within bounds,
+    ("ping", what to answer), ("focus" or "blur", None); None for anything else, which is dropped.
+    textual-serve took any JSON as it came: each malformed message was a traceback on the
+    console and ended the tab, and a resize to any size was passed on."""
+    try:
+        envelope = json.loads(text)
+    except (ValueError, RecursionError):  # (RecursionError: [[[[...]]]] nested deeper than Python recurses)
+        return None
+    if not isinstance(envelope, list) or not envelope or not isinstance(envelope[0], str):
+        return None
+    kind, value = envelope[0], envelope[1] if len(envelope) > 1 else None
+    if kind == "stdin" and isinstance(value, str):
+        return kind, value.encode("utf-8", "replace")  # (a lone surrogate, "\ud800", cannot be encoded)
+    if kind == "resize" and isinstance(value, dict):
+        size = tab_size(value.get("width"), value.get("height"))
+        return None if size is None else (kind, size)
+    if kind == "ping":
+        return kind, value
+    if kind in ("focus", "blur"):
+        return kind, None
+    return None
+
+
+def _sized(url):  # noqa: ANN001, ANN202 (yarl's URL)
+    """A tab's address with the size it asks for (?width=&height=, 80x24 where either is left out
+    or not a number) brought within bounds, as tab_size does."""
+    asked = [_whole(url.query.get(name), default) for name, default in (("width", 80), ("height", 24))]
+    width, height = tab_size(*asked)
+    return url.update_query(width=width, height=height)
+
+
+def _whole(text: str | None, default: int) -> int:
+    try:
+        return int(text) if text is not None else default
+    except ValueError:
+        return default
 
 
 async def _clients_gone(grace: float) -> None:
