@@ -82,6 +82,7 @@ def attach_clients() -> list[str]:
 @pytest.mark.parametrize(("args", "message"), [
     (("--port", "0"), "ranktop: error: bad --port '0': a TCP port number, 1..65535"),
     (("--port", "http"), "ranktop: error: bad --port 'http': a TCP port number, 1..65535"),
+    (("--max-tabs", "65"), "ranktop: error: bad --max-tabs '65': a number of tabs, 1..64 (the clients a run serves)"),
     (("--host", "no such host.invalid"), "ranktop: error: bad --host 'no such host.invalid': "),
     (("nope",), "ranktop: error: 'nope' names no run: none is served on this host; "),  # then the runs that ended
 ])
@@ -225,6 +226,34 @@ async def _drawn_until_help(url: str, said: list[str], rows: int) -> tuple[int, 
     return furthest
 
 
+async def _past_the_tabs_held(url: str, held: int) -> tuple[int, int]:
+    """`held` tabs opened and drawn, then one more: its handshake's status, and how many attach
+    clients ran meanwhile."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        tabs = []
+        deadline = time.monotonic() + 20
+        while len(tabs) < held:
+            try:
+                tabs.append(await session.ws_connect(url))
+            except aiohttp.WSServerHandshakeError:  # a closed tab's handler, not quite done
+                assert time.monotonic() < deadline, "the tabs held were refused"
+                await asyncio.sleep(0.1)
+        for tab in tabs:
+            while (await tab.receive(timeout=20)).type != aiohttp.WSMsgType.BINARY:
+                pass
+        try:
+            async with session.ws_connect(url):
+                status = 101
+        except aiohttp.WSServerHandshakeError as refused:
+            status = refused.status
+        clients = len([line for line in attach_clients() if line.split()[0].endswith("python")])
+        for tab in tabs:
+            await tab.close()
+        return status, clients
+
+
 async def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
     import aiohttp
 
@@ -234,7 +263,7 @@ async def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, st
 
 
 def test_other_sites_other_names_and_no_token_are_refused_before_a_client_starts(tmp_path, runtime):  # noqa: F811
-    with serving(tmp_path, runtime, "guard", "--control") as (web, port, token):
+    with serving(tmp_path, runtime, "guard", "--control", "--max-tabs", "2") as (web, port, token):
         here = f"127.0.0.1:{port}"
         tab, own = f"http://{here}/ws/{token}", {"Origin": f"http://{here}"}
         rebound = {"Host": f"attacker.example:{port}"}  # DNS rebinding: the attacker's name, this address
@@ -265,6 +294,9 @@ def test_other_sites_other_names_and_no_token_are_refused_before_a_client_starts
                                                                      "Host": f"localhost:{port}"})) == 101
         assert asyncio.run(_handshake(tab, {})) == 101
         wait_for(lambda: not attach_clients(), what="the closed tabs' clients gone", timeout=20)
+        # --max-tabs 2: a third tab open at once is refused before its client starts (each started one)
+        assert asyncio.run(_past_the_tabs_held(tab, 2)) == (503, 2)
+        wait_for(lambda: not attach_clients(), what="the held tabs' clients gone", timeout=20)
         err = stop_web(web, tmp_path / "web.err")
     # Only the address names the token: textual-serve logged each request, address and all.
     assert err.count(token) == 1 and "GET /" not in err, err

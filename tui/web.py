@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ranktop.core.client import FinalEngine, ServedRun
 from ranktop.core.sanitize import clean, quoted
+from ranktop.core.server import MAX_CLIENTS
 from ranktop.core.stdio import print_err
 from ranktop.core.strays import children_of_self
 from ranktop.tui.runs_cli import pick_run, run_parser
@@ -47,6 +48,16 @@ def port_number(text: str) -> int:
     if not 1 <= port <= 65535:
         raise BadValue(f"bad --port {quoted(text)}: a TCP port number, 1..65535")
     return port
+
+
+def tab_count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_CLIENTS:
+        raise BadValue(f"bad --max-tabs {quoted(text)}: a number of tabs, 1..{MAX_CLIENTS} (the clients a run serves)")
+    return count
 
 
 def is_loopback(host: str) -> bool:
@@ -77,7 +88,7 @@ def main(argv: list[str]) -> int:
     # process it started, whose exit and hang-up it sees (sh took the hang-up and left the client,
     # which went only once ranktop web had gone and its stdin closed)
     attach = [sys.executable, "-m", "ranktop", "attach", target, *([] if ns.control else ["--read-only"])]
-    return _serve(f"exec {shlex.join(attach)}", ns.host, ns.port, run_id, how)
+    return _serve(f"exec {shlex.join(attach)}", ns.host, ns.port, run_id, how, ns.max_tabs)
 
 
 def _has_textual_serve() -> bool:
@@ -94,6 +105,8 @@ def _web_parser() -> UsageParser:
     p.add_argument("--port", type=port_number, default=8000, help="the TCP port (default 8000)")
     p.add_argument("--control", action="store_true",
                    help="let the browsers act on ranks (signal, kill, restart, stop); read-only without it")
+    p.add_argument("--max-tabs", type=tab_count, default=MAX_TABS, metavar="N",
+                   help=f"the most tabs open at once, each an attach client of the run (default {MAX_TABS})")
     return p
 
 
@@ -110,7 +123,7 @@ def _what_to_serve(run: ServedRun | FinalEngine, control: bool) -> tuple[str, st
     return clean(run_id), target, how
 
 
-def _serve(command: str, host: str, port: int, run_id: str, how: str) -> int:
+def _serve(command: str, host: str, port: int, run_id: str, how: str, max_tabs: int) -> int:
     """Serve `command`, one per browser tab, until Ctrl-C; then end the attach clients left."""
     from textual_serve.server import Server
 
@@ -118,13 +131,15 @@ def _serve(command: str, host: str, port: int, run_id: str, how: str) -> int:
     if not print_err(f"ranktop: serving run {run_id} on http://{_url_host(host)}:{port}/?token={gate.token} ({how})"):
         return 1  # (said on stdout at the end) nobody learns the address and its token: nothing is served
     try:
-        _with_gated_tabs(Server)(command, host=host, port=port, title=f"ranktop {run_id}", gate=gate).serve()
+        _with_gated_tabs(Server)(command, host=host, port=port, title=f"ranktop {run_id}", gate=gate,
+                                 max_tabs=max_tabs).serve()
     finally:
         end_children(CHILD_GRACE)
     return 0
 
 
 CHILD_GRACE = 5.0  # seconds an attach client has to leave after its hang-up, before SIGKILL
+MAX_TABS = 16  # tabs open at once: each is a process (40-60 MB) and one of the 64 clients the run serves
 
 
 LOOPBACK_HOSTS = frozenset({*LOOPBACK_NAMES, "127.0.0.1", "::1"})
@@ -238,9 +253,10 @@ class _GatedTabs:
     sends (tab_message), and also lets go of open tabs when it stops: aiohttp waits for every running handler on shutdown (up to 60 s), and a
     tab's websocket handler runs until the browser leaves."""
 
-    def __init__(self, *args, gate: Gate, **kwargs) -> None:  # noqa: ANN002, ANN003 (Server's own)
+    def __init__(self, *args, gate: Gate, max_tabs: int = MAX_TABS, **kwargs) -> None:  # noqa: ANN002, ANN003
         super().__init__(*args, **kwargs)
         self.gate = gate
+        self.max_tabs = max_tabs
         self.tabs: set[asyncio.Task] = set()
 
     async def _make_app(self) -> web.Application:
@@ -268,6 +284,11 @@ class _GatedTabs:
         return response
 
     async def handle_websocket(self, request):  # noqa: ANN001, ANN201 (aiohttp's)
+        from aiohttp import web
+
+        if len(self.tabs) >= self.max_tabs:  # (textual-serve started a client for every tab, without end)
+            return web.Response(status=503, text=f"ranktop web: refused: {self.max_tabs} tabs are open, the most "
+                                                 "it serves at once (--max-tabs): close one\n")
         tab = asyncio.current_task()
         self.tabs.add(tab)
         try:  # (textual-serve took the size the address asked for, whatever it was)
