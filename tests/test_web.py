@@ -165,6 +165,17 @@ def test_an_ended_runs_directory_is_served_as_its_final_view(tmp_path, runtime):
     assert "Traceback" not in err and "asyncio" not in err and web.returncode == 0, err
     assert attach_clients() == []
 
+    # ranktop web SIGKILLed under an open tab: its client leaves too (it ran on, orphaned, for good)
+    web = start_web(runtime, tmp_path / "web.err", str(tmp_path / "logs" / "over"), "--port", str(port))
+    try:
+        printed = wait_for(lambda: ADDRESS.search((tmp_path / "web.err").read_text()), what="the address", timeout=20)
+        wait_for(lambda: "textual" in page(port, printed.group(1)).lower(), what="the page served", timeout=20)
+        asyncio.run(_killed_under_a_tab(f"http://127.0.0.1:{port}/ws/{printed.group(1)}", web))
+    finally:
+        web.kill()
+        web.wait()
+    wait_for(lambda: attach_clients() == [], what="the tab's client gone with its server", timeout=10)
+
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
 def test_the_web_view_shows_the_ranks_in_a_real_browser(tmp_path, runtime):  # noqa: F811
@@ -252,6 +263,19 @@ async def _past_the_tabs_held(url: str, held: int) -> tuple[int, int]:
         for tab in tabs:
             await tab.close()
         return status, clients
+
+
+async def _killed_under_a_tab(url: str, server: subprocess.Popen) -> None:
+    """A tab drawn, then `server` SIGKILLed while it is open."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        async with session.ws_connect(url) as tab:
+            while (await tab.receive(timeout=20)).type != aiohttp.WSMsgType.BINARY:
+                pass
+            assert attach_clients()
+            server.kill()
+            server.wait()
 
 
 async def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:

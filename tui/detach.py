@@ -193,6 +193,21 @@ def _on_parent_death(signum: int) -> None:
     prctl(_PR_SET_PDEATHSIG, int(signum))
 
 
+WEB_SERVER = "RANKTOP_WEB_SERVER"  # in a `ranktop web` tab's attach client: the pid of the server that started it
+
+
+def leave_with_the_web_server() -> None:
+    """In a `ranktop web` tab's attach client: a hang-up (leave as `d` does) when the server dies
+    (SIGKILLed, OOM-killed), as its stop hangs up each client. Textual's web driver does not end at
+    its input's end: the client ran on, orphaned, for good, one of the run's clients."""
+    server = os.environ.pop(WEB_SERVER, None)
+    if server is None:
+        return
+    _on_parent_death(signal.SIGHUP)
+    if str(os.getppid()) != server:  # it died before we asked
+        os.kill(os.getpid(), signal.SIGHUP)
+
+
 def terminal_alive() -> bool:
     """Whether our terminal still answers: one that hung up fails every call (EIO). A SIGHUP
     may come while it lives: from the waiting parent's death (SIGKILLed), or a kill -HUP."""

@@ -42,6 +42,7 @@ from ranktop.core.sanitize import clean, clean_console
 from ranktop.core.signals import NOTICE_SIGNALS, deaf_to
 from ranktop.core.state import world_undecided
 from ranktop.core.stdio import lose, print_err, print_out, terminal_problem, to_devnull
+from ranktop.tui.detach import leave_with_the_web_server
 from ranktop.tui.usage import UsageParser, metric_pattern, run_command, usage_error
 
 INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C ended the command, as a shell reports it
@@ -288,6 +289,7 @@ def attach(argv: list[str]) -> int:
                    help="a number from each rank's output, as the run's own --metric")
     p.add_argument("--exit-on-end", action="store_true", help="leave as soon as the run ends")
     ns = p.parse_args(argv)
+    leave_with_the_web_server()
     run = pick_run(ns.run)
     if isinstance(run, int):
         return run

@@ -31,6 +31,7 @@ from ranktop.core.sanitize import clean, quoted
 from ranktop.core.server import MAX_CLIENTS
 from ranktop.core.stdio import print_err
 from ranktop.core.strays import children_of_self
+from ranktop.tui.detach import WEB_SERVER
 from ranktop.tui.runs_cli import pick_run, run_parser
 from ranktop.tui.usage import BadValue, UsageParser, usage_error
 
@@ -128,6 +129,7 @@ def _serve(command: str, host: str, port: int, run_id: str, how: str, max_tabs: 
     from textual_serve.server import Server
 
     gate = Gate(host, secrets.token_urlsafe(18))
+    os.environ[WEB_SERVER] = str(os.getpid())  # each tab's client leaves when this process dies (SIGKILL)
     if not print_err(f"ranktop: serving run {run_id} on http://{_url_host(host)}:{port}/?token={gate.token} ({how})"):
         return 1  # (said on stdout at the end) nobody learns the address and its token: nothing is served
     try:
