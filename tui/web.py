@@ -347,7 +347,7 @@ def tab_message(text: str) -> tuple[str, Any] | None:
         return None
     kind, value = envelope[0], envelope[1] if len(envelope) > 1 else None
     if kind == "stdin" and isinstance(value, str):
-        return kind, value.encode("utf-8", "replace")  # (a lone surrogate, "\ud800", cannot be encoded)
+        return kind, value.encode("utf-8", "ignore")  # (a lone surrogate, "\ud800", is no key: dropped, not a "?")
     if kind == "resize" and isinstance(value, dict):
         size = tab_size(value.get("width"), value.get("height"))
         return None if size is None else (kind, size)
