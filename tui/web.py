@@ -347,7 +347,10 @@ def tab_message(text: str) -> tuple[str, Any] | None:
         return None
     kind, value = envelope[0], envelope[1] if len(envelope) > 1 else None
     if kind == "stdin" and isinstance(value, str):
-        return kind, value.encode("utf-8", "ignore")  # (a lone surrogate, "\ud800", is no key: dropped, not a "?")
+        keys = value.encode("utf-8", "ignore")  # (a lone surrogate, "\ud800", is no key: dropped, not a "?")
+        # Textual's web driver takes no keys for the end of its input: every key after it broke its
+        # input thread, and with it the quit a closed tab sends, so the client stayed for good
+        return (kind, keys) if keys else None
     if kind == "resize" and isinstance(value, dict):
         size = tab_size(value.get("width"), value.get("height"))
         return None if size is None else (kind, size)
