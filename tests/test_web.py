@@ -152,29 +152,45 @@ def test_an_ended_runs_directory_is_served_as_its_final_view(tmp_path, runtime):
         printed = wait_for(lambda: ADDRESS.search((tmp_path / "web.err").read_text()), what="the address", timeout=20)
         wait_for(lambda: "textual" in page(port, printed.group(1)).lower(), what="the page served", timeout=20)
         tab = f"http://127.0.0.1:{port}/ws/{printed.group(1)}"
-        assert asyncio.run(_handshake(tab, {})) == 101  # then closed
-        # what a page may send besides keys: each was a traceback that ended the tab, or taken at any size
+        # what a page may send besides keys: each was a traceback that ended the tab, or taken at any size;
+        # empty keys broke the client's input: it took no more keys, nor the quit once the tab closed
         drawn = asyncio.run(_drawn_until_help(f"{tab}?width=100000&height=x", [
-            "not json", "{}", "[]", "[5]", '["stdin", 5]', '["stdin", "\\ud800"]', "[" * 100_000 + "]" * 100_000,
+            "not json", "{}", "[]", "[5]", '["stdin", 5]', '["stdin", ""]', '["stdin", "\\ud800"]', "[" * 100_000 + "]" * 100_000,
             '["resize", {"width": "x", "height": 3}]', '["resize", {"width": -5, "height": 0}]',
-            '["resize", [80, 24]]', '["resize", {"width": 5000, "height": 2000}]'], rows=500))
+            '["resize", [80, 24]]', '["resize", {"width": 100, "height": 30}]'], resize=(5000, 2000), rows=500))
         assert drawn[0] == 500 and drawn[1] <= 1000  # 1000x500 at most: 10000x10000 cost its client 840 MB and each frame 100 MB
+        wait_for(lambda: not attach_clients(), what="the closed tab's client gone", timeout=10)
+        assert asyncio.run(_handshake(tab, {})) == 101  # then closed, just before the Ctrl-C
     finally:
         err = stop_web(web, tmp_path / "web.err")
     assert "ranktop: serving run over on http://127.0.0.1:" in err and "(its final view; Ctrl-C stops serving)" in err
     assert "Traceback" not in err and "asyncio" not in err and web.returncode == 0, err
     assert attach_clients() == []
 
+    # Ctrl-C under a tab that answers nothing (a frozen browser, a laptop asleep), and Ctrl-C again as
+    # it stops: aiohttp waited 10 s for the tab to answer its close, and the second was a traceback, exit 1
+    web = start_web(runtime, tmp_path / "web.err", str(tmp_path / "logs" / "over"), "--port", str(port))
+    try:
+        took = asyncio.run(_stopped_under_a_silent_tab(_tab_address(tmp_path, port), web))
+    finally:
+        err = stop_web(web, tmp_path / "web.err")
+    assert took < 4 and web.returncode == 0 and "Traceback" not in err, (took, err)
+
     # ranktop web SIGKILLed under an open tab: its client leaves too (it ran on, orphaned, for good)
     web = start_web(runtime, tmp_path / "web.err", str(tmp_path / "logs" / "over"), "--port", str(port))
     try:
-        printed = wait_for(lambda: ADDRESS.search((tmp_path / "web.err").read_text()), what="the address", timeout=20)
-        wait_for(lambda: "textual" in page(port, printed.group(1)).lower(), what="the page served", timeout=20)
-        asyncio.run(_killed_under_a_tab(f"http://127.0.0.1:{port}/ws/{printed.group(1)}", web))
+        asyncio.run(_killed_under_a_tab(_tab_address(tmp_path, port), web))
     finally:
         web.kill()
         web.wait()
     wait_for(lambda: attach_clients() == [], what="the tab's client gone with its server", timeout=10)
+
+
+def _tab_address(tmp_path: Path, port: int) -> str:
+    """The websocket address of a `ranktop web` just started on `port`, once its page answers."""
+    printed = wait_for(lambda: ADDRESS.search((tmp_path / "web.err").read_text()), what="the address", timeout=20)
+    wait_for(lambda: "textual" in page(port, printed.group(1)).lower(), what="the page served", timeout=20)
+    return f"http://127.0.0.1:{port}/ws/{printed.group(1)}"
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
@@ -213,10 +229,12 @@ async def _handshake(url: str, headers: dict[str, str]) -> int:
             return refused.status
 
 
-async def _drawn_until_help(url: str, said: list[str], rows: int) -> tuple[int, int]:
-    """A tab that sends `said` once its app has drawn, then `?`: the furthest row and column its
-    frames draw at (their cursor moves) once it has drawn row `rows` and the help; an assertion
-    error if the tab is closed first."""
+async def _drawn_until_help(url: str, said: list[str], resize: tuple[int, int], rows: int) -> tuple[int, int]:
+    """A tab that sends `said` once its app has drawn, then `?`, and once the help shows, a resize
+    to `resize`: the furthest row and column its frames draw at (their cursor moves) once they
+    reach row `rows`; an assertion error if the tab is closed first. (A resize sent as the app
+    starts may be lost in Textual: the page's address carries its first size. At 1x1 the help
+    shows nothing of itself: `said` must leave a size it can be seen at.)"""
     import aiohttp
 
     furthest = (0, 0)
@@ -226,14 +244,20 @@ async def _drawn_until_help(url: str, said: list[str], rows: int) -> tuple[int, 
                 pass
             for text in [*said, json.dumps(["stdin", "?"])]:
                 await ws.send_str(text)
-            helped = False
-            while not (helped and furthest[0] >= rows):
-                message = await ws.receive(timeout=20)
+            helped, tail = False, b""
+            deadline = time.monotonic() + 30
+            while furthest[0] < rows:
+                assert time.monotonic() < deadline, (helped, furthest)
+                message = await asyncio.wait_for(ws.receive(), max(0.1, deadline - time.monotonic()))
                 assert message.type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT), message
-                if message.type == aiohttp.WSMsgType.BINARY:
-                    helped = helped or b"ranktop keys" in message.data
-                    for y, x in re.findall(rb"\x1b\[(\d+);(\d+)H", message.data):
-                        furthest = (max(furthest[0], int(y)), max(furthest[1], int(x)))
+                if message.type != aiohttp.WSMsgType.BINARY:
+                    continue
+                for y, x in re.findall(rb"\x1b\[(\d+);(\d+)H", message.data):
+                    furthest = (max(furthest[0], int(y)), max(furthest[1], int(x)))
+                if not helped and b"ranktop keys" in tail + message.data:  # (a frame may come in several messages)
+                    helped = True
+                    await ws.send_str(json.dumps(["resize", {"width": resize[0], "height": resize[1]}]))
+                tail = message.data[-20:]
     return furthest
 
 
@@ -263,6 +287,23 @@ async def _past_the_tabs_held(url: str, held: int) -> tuple[int, int]:
         for tab in tabs:
             await tab.close()
         return status, clients
+
+
+async def _stopped_under_a_silent_tab(url: str, server: subprocess.Popen) -> float:
+    """A tab drawn that then takes nothing (nor answers a close); `server` sent SIGINT and, once the
+    tab's client has gone, SIGINT again: the seconds until it has exited."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async with session.ws_connect(url) as tab:
+            while (await tab.receive(timeout=20)).type != aiohttp.WSMsgType.BINARY:
+                pass
+            start = time.monotonic()
+            server.send_signal(signal.SIGINT)
+            wait_for(lambda: not attach_clients(), what="the silent tab's client gone", timeout=10)
+            server.send_signal(signal.SIGINT)  # (none once it has exited)
+            server.wait(timeout=30)
+            return time.monotonic() - start
 
 
 async def _killed_under_a_tab(url: str, server: subprocess.Popen) -> None:

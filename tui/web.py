@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ranktop.core.client import FinalEngine, ServedRun
 from ranktop.core.sanitize import clean, quoted
 from ranktop.core.server import MAX_CLIENTS
+from ranktop.core.signals import deaf_to
 from ranktop.core.stdio import print_err
 from ranktop.core.strays import children_of_self
 from ranktop.tui.detach import WEB_SERVER
@@ -137,6 +138,8 @@ def _serve(command: str, host: str, port: int, run_id: str, how: str, max_tabs: 
                                  max_tabs=max_tabs).serve()
     finally:
         end_children(CHILD_GRACE)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # no child is started from here on: none inherits SIG_IGN
+            signal.signal(sig, signal.SIG_IGN)  # (Python's exit puts back the default action of a handler of its own)
     return 0
 
 
@@ -259,7 +262,7 @@ class _GatedTabs:
         super().__init__(*args, **kwargs)
         self.gate = gate
         self.max_tabs = max_tabs
-        self.tabs: set[asyncio.Task] = set()
+        self.tabs: dict[asyncio.Task, asyncio.BaseTransport | None] = {}  # each tab's handler, and its connection
 
     async def _make_app(self) -> web.Application:
         app = await super()._make_app()
@@ -292,11 +295,11 @@ class _GatedTabs:
             return web.Response(status=503, text=f"ranktop web: refused: {self.max_tabs} tabs are open, the most "
                                                  "it serves at once (--max-tabs): close one\n")
         tab = asyncio.current_task()
-        self.tabs.add(tab)
+        self.tabs[tab] = request.transport
         try:  # (textual-serve took the size the address asked for, whatever it was)
             return await super().handle_websocket(request.clone(rel_url=_sized(request.rel_url)))
         finally:
-            self.tabs.discard(tab)
+            del self.tabs[tab]
 
     async def _process_messages(self, websocket, app_service) -> None:  # noqa: ANN001 (textual-serve's)
         """What the tab's page sends, checked (tab_message) and passed on; the rest dropped."""
@@ -316,9 +319,21 @@ class _GatedTabs:
             else:
                 await (app_service.focus() if kind == "focus" else app_service.blur())
 
+    def request_exit(self) -> None:
+        # The first Ctrl-C or SIGTERM stops; the next ones, while the tabs are let go, change nothing:
+        # each raised aiohttp's GracefulExit again inside its clean-up, a traceback and exit 1. (Taken
+        # from the loop, which would give SIGINT back to KeyboardInterrupt as it closes.)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        deaf_to((signal.SIGINT, signal.SIGTERM))
+        super().request_exit()
+
     async def on_shutdown(self, app) -> None:  # noqa: ANN001
         _hang_up(children_of_self())  # the clients leave first, so each tab's handler ends at once
-        for tab in self.tabs:
+        for tab, connection in self.tabs.items():
+            if connection is not None:  # dropped, not closed: a tab that did not answer the close held the stop 10 s
+                connection.abort()
             tab.cancel()
         await _clients_gone(CHILD_GRACE)
 
