@@ -160,6 +160,37 @@ def test_kill_key_confirms_only_on_the_same_rank(tmp_path):
     drive(app, body)
 
 
+def test_keys_typed_in_one_go_act_in_the_order_they_were_typed():
+    """Keys that come together (typed fast, or while the TUI is busy drawing) are read back to
+    back, and Textual acts on the grid's priority keys (arrows, n) as they come, on the others
+    only after a trip through the focused pane: `x ↓ enter` moved the focus to rank 2 before x
+    opened the picker, which sent SIGINT to rank 2 (in tmux too); `q n` left the question up;
+    `/need` ran n, e, e and d (a stack dump) on the grid, and `i n enter` typed an empty line."""
+    engine = FakeEngine(4)
+    engine.print(0, "what we need")
+
+    def typed_at_once(app, *keys: str) -> None:
+        for key in keys:
+            app.post_message(events.Key(key, key if len(key) == 1 else None))
+
+    async def body(app, pilot):
+        typed_at_once(app, "x", "down", "enter")
+        await until(pilot, lambda: engine.commands, what="the signal")
+        assert engine.commands == [cmd.SignalRank(0, signal.SIGTERM)] and app.main.current == 0
+        typed_at_once(app, "q", "n")
+        await pilot.pause()  # (both handled: the question asked and answered)
+        await until(pilot, lambda: app.screen is app.main, what="the question answered")
+        assert "no search in rank" not in notes(app)  # (n went to the grid, and the question stayed)
+        typed_at_once(app, "slash", "n", "e", "e", "d", "enter")
+        await until(pilot, lambda: app.main.pane(0).log.search_query, what="the search")
+        assert app.main.pane(0).log.search_query == "need" and app.screen is app.main
+        typed_at_once(app, "i", "n", "enter")
+        await until(pilot, lambda: len(engine.commands) > 1, what="the line")
+        assert engine.commands[1:] == [cmd.SendInput(0, "n\n")]
+
+    drive_fake(engine, body)
+
+
 def test_ctrl_c_asks_like_q_and_twice_kills(tmp_path):
     app = RanktopApp(LocalEngine(ticker_agent(tmp_path, TRAP_TERM.replace("sys.exit(0)", "time.sleep(60)"))))
 

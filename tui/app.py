@@ -167,7 +167,24 @@ class RanktopApp(App):
     async def on_event(self, event: events.Event) -> None:
         if isinstance(event, events.Paste) and not event.is_forwarded:
             event.text = pasted_text(event.text)
+        if isinstance(event, events.Key) and not event.is_forwarded and await self._grid_key(event):
+            return
         await super().on_event(event)
+
+    async def _grid_key(self, event: events.Key) -> bool:
+        """A key typed at a rank's pane, acted on now, in the order the keys came: whether one of
+        its bindings took it. Textual acts on a priority binding (the grid's arrows, n, N, V) as
+        its key arrives, but on any other only once the key has gone to the focused pane and
+        back, after the keys queued behind it: `x ↓ enter` typed in one go (or while the TUI was
+        busy drawing) moved the focus to the rank below before x opened the picker, and sent
+        SIGINT to that rank; `q n` left the quit question up, and `/` then `need` opened the
+        stack view. A pane has no keys of its own but its bindings (no key_ methods, no typing),
+        so nothing is lost by not sending the key through it."""
+        main = self.main
+        if main is None or self.screen is not main or not isinstance(self.focused, LogView):
+            return False
+        self.app_focus = True  # (as Textual's own handling of a key does)
+        return await self._check_bindings(event.key, priority=True) or await self._check_bindings(event.key)
 
     def on_ready(self) -> None:
         self._frame_shown = True

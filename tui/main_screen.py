@@ -58,6 +58,7 @@ from textual.message import Message
 from textual.notifications import Notification, Notify
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Input, Static
 
 TICK_SECONDS = 0.25  # snapshot + repaint rate: 4 Hz is live to the eye and cheap under floods
@@ -503,6 +504,12 @@ class MainScreen(Screen):
             self.relayout()
             self.pane(local).log.focus()
 
+    def focus_now(self, widget: Widget) -> None:
+        """Give `widget` the focus at once, not after the keys already typed (Widget.focus waits
+        for them): `/` then `need` typed in one go went n to the grid's next match, e and e to
+        the end report and d to a stack dump, and the box got nothing (see RanktopApp._grid_key)."""
+        self.set_focus(widget)
+
     def _goto_pending(self) -> bool:
         """`g` was pressed but its input has no focus yet (focus moves a moment later): keys typed
         fast after it (g 2 3 enter) are meant for it, not for the grid."""
@@ -513,7 +520,7 @@ class MainScreen(Screen):
         box = self.query_one("#goto", Input)
         box.value = ""
         box.display = True
-        box.focus()
+        self.focus_now(box)
 
     @on(Input.Submitted, "#goto")
     def go_to(self, event: Input.Submitted) -> None:
@@ -592,7 +599,7 @@ class MainScreen(Screen):
         box.border_title = f"rank {self.rank_of(self.current)} stdin"
         box.value = ""
         box.display = True
-        box.focus()
+        self.focus_now(box)
 
     @on(Input.Submitted, "#stdin")
     def send_input(self, event: Input.Submitted) -> None:
@@ -611,7 +618,7 @@ class MainScreen(Screen):
         box.placeholder = ("search every rank's output (enter: find, esc: cancel)" if every_rank
                            else "search this rank's output (enter: find, esc: cancel)")
         box.display = True
-        box.focus()
+        self.focus_now(box)
 
     @on(Input.Submitted, "#search")
     def run_search(self, event: Input.Submitted) -> None:
@@ -936,7 +943,7 @@ class MainScreen(Screen):
             self.notify("the run has not ended: E scrolls its end report once it has", timeout=3)
             return
         self.end_panel_hidden = False
-        self.query_one(RootCausePanel).focus()
+        self.focus_now(self.query_one(RootCausePanel))
 
     def action_focus_pane(self) -> None:
         self.pane(self.current).log.focus()
