@@ -160,6 +160,35 @@ def test_kill_key_confirms_only_on_the_same_rank(tmp_path):
     drive(app, body)
 
 
+def test_a_second_press_confirms_only_the_attempt_or_process_its_question_named():
+    """R asked `Restart every rank as attempt_1?`; the group then restarted for a failure, and the
+    second R made attempt_2 of the attempt just begun (in tmux: a rank failing 2 s after the
+    first R). A k asked of a process since replaced killed the new one. Each asks again."""
+    engine = FakeEngine(2)
+
+    def group_restarted(attempt: int) -> None:  # the next attempt's ranks, as the engine shows them
+        ranks = tuple(dataclasses.replace(r, pid=r.pid + 100 * attempt) for r in engine.group.ranks)
+        engine.group = dataclasses.replace(engine.group, attempt=attempt, generation=attempt, ranks=ranks)
+
+    async def body(app, pilot):
+        await pilot.press("R")
+        group_restarted(1)
+        await pilot.press("R")
+        await until(pilot, lambda: "Restart every rank as attempt_2?" in notes(app), what="asked again")
+        assert engine.commands == []
+        await pilot.press("R")
+        await until(pilot, lambda: engine.commands == [cmd.RestartGroup()], what="the restart asked about")
+        await pilot.press("1", "k")
+        engine.set_rank(1, pid=4242)  # rank 1 started again (another view's r)
+        await pilot.press("k")
+        assert engine.commands == [cmd.RestartGroup()]  # (the question only, again)
+        await pilot.press("k")
+        await until(pilot, lambda: engine.commands[-1:] == [cmd.KillRank(1)], what="the kill asked about")
+        assert len(engine.commands) == 2
+
+    drive_fake(engine, body)
+
+
 def test_keys_typed_in_one_go_act_in_the_order_they_were_typed():
     """Keys that come together (typed fast, or while the TUI is busy drawing) are read back to
     back, and Textual acts on the grid's priority keys (arrows, n) as they come, on the others

@@ -220,7 +220,8 @@ class MainScreen(Screen):
         self.cols = 1
         self._feeds: dict[int, RankFeed] = {}  # local rank -> the feed its LogView shows
         self._shown: set[int] = set()  # the panes displayed: set in compose
-        self._armed: tuple[str, int, float] | None = None  # (action, local rank, when): awaiting its second press
+        # (action, local rank, what it is about, when): awaiting its second press (_confirmed)
+        self._armed: tuple[str, int, tuple, float] | None = None
         self._digits = ("", 0.0)  # the rank number being typed, and when its last digit came
         self.sort, self.filter = SORTS[0], FILTERS[0]  # the compact rank list's order and filter
         self.everywhere: RankSearch | None = None  # the last search of every rank, while it stands
@@ -796,17 +797,32 @@ class MainScreen(Screen):
 
     def _confirmed(self, action: str, key: str, question: str) -> bool:
         """Destructive keys act on a second press within CONFIRM_SECONDS (of the same key, on
-        the same rank); the first one says what the second will do."""
+        the same rank, about the same process or attempt); the first one says what the second
+        will do."""
         now = time.monotonic()
-        armed = self._armed
-        if armed is not None and armed[:2] == (action, self.current) and now - armed[2] <= CONFIRM_SECONDS:
+        armed, about = self._armed, self._asked_about(action)
+        if armed is not None and armed[:3] == (action, self.current, about) and now - armed[3] <= CONFIRM_SECONDS:
             self._armed = None
             self.app.clear_notifications()  # the question is answered: the outcome replaces it
             return True
-        self._armed = (action, self.current, now)
+        self._armed = (action, self.current, about, now)
         self.notify(f"{question}  Press {key} again to confirm.", title="Confirm", severity="warning",
                     timeout=CONFIRM_SECONDS, markup=False)
         return False
+
+    def _asked_about(self, action: str) -> tuple:
+        """What a destructive key's question is about, beyond its rank: a second press answers
+        it only while that still stands. The group restarted between the two presses (a failure
+        with restarts left, another view's R) and the second R, asked about `attempt_1`, made
+        attempt_2 of the attempt just begun; a k or an r, asked of a process since replaced,
+        ended its new one. K stops whatever runs, and so asks about the run alone."""
+        if action == "kill_group":
+            return ()
+        snap = self.engine.snapshot()
+        if action == "restart_group":
+            return (snap.generation,)
+        rank = snap.ranks[self.current] if self.current < len(snap.ranks) else None
+        return (snap.generation, rank.pid if rank is not None else None)
 
     def action_kill_rank(self) -> None:
         rank = self.rank_of(self.current)
@@ -850,7 +866,7 @@ class MainScreen(Screen):
 
     def action_restart_group(self) -> None:
         if not self._cannot_act("restart_group") and self._confirmed(
-                "restart_group", "R", f"Restart every rank as attempt_{self.last.attempt + 1}?"):
+                "restart_group", "R", f"Restart every rank as attempt_{self.engine.snapshot().attempt + 1}?"):
             self._send(cmd.RestartGroup())
 
     def action_stacks(self, all_ranks: bool) -> None:
