@@ -220,6 +220,33 @@ def test_keys_typed_in_one_go_act_in_the_order_they_were_typed():
     drive_fake(engine, body)
 
 
+def test_a_dialogs_late_answer_closes_no_other_screen():
+    """An enter in the picker or on the quit question's `Cancel` answers a moment later, as a
+    message; an esc or a ? typed with it came first. Textual's dismiss closed whatever was on top:
+    the grid (ScreenStackError, the TUI ended), or the help, leaving the question up and answered,
+    whose next answer ended the TUI (InvalidStateError). Found by mashing keys in tmux."""
+    engine = FakeEngine(2)
+
+    async def body(app, pilot):
+        await pilot.press("x")
+        for key in ("enter", "escape"):  # together: the picker's selection comes after the esc
+            app.post_message(events.Key(key, None))
+        await pilot.pause()
+        await until(pilot, lambda: app.screen is app.main and len(app.screen_stack) == 1, what="the grid")
+        await pilot.press("q")
+        for key, char in (("enter", None), ("question_mark", "?")):  # Cancel's press comes after the help opened
+            app.post_message(events.Key(key, char))
+        await pilot.pause()
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what="the question under it")
+        await pilot.press("n")
+        await until(pilot, lambda: app.screen is app.main and len(app.screen_stack) == 1, what="the grid again")
+        assert engine.commands == [] and app.is_running
+
+    drive_fake(engine, body)
+
+
 def test_ctrl_c_asks_like_q_and_twice_kills(tmp_path):
     app = RanktopApp(LocalEngine(ticker_agent(tmp_path, TRAP_TERM.replace("sys.exit(0)", "time.sleep(60)"))))
 

@@ -13,7 +13,7 @@ from ranktop.core.state import GroupSnapshot, RankSnapshot
 from ranktop.tui.cells import drawable
 from ranktop.tui.metric import RankTrack, Tracker, sparkline
 from ranktop.tui.panes import gpu_util_text, human_bytes, human_duration, pid_text, state_label
-from ranktop.tui.screens import MODAL_HELP, SIDEWAYS
+from ranktop.tui.screens import MODAL_HELP, SIDEWAYS, ClosesOnTop
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -97,7 +97,7 @@ def _why_no_values(key: str, rank: RankSnapshot, group: GroupSnapshot, track: Ra
     return "no samples yet"
 
 
-class RankDetails(ModalScreen[None]):
+class RankDetails(ClosesOnTop, ModalScreen[None]):
     """One rank's details and histories; Esc (or m) closes it."""
 
     BINDINGS = [Binding("escape,m", "dismiss", "Close the details"), MODAL_HELP]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterable
+from typing import Any
 
 from ranktop.core.errors import describe_exit
 from ranktop.core.report import failed_at, root_cause_lines
@@ -14,6 +15,7 @@ from ranktop.tui.panes import can_act, human_duration
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.await_complete import AwaitComplete
 from textual.binding import Binding
 from textual.command import CommandList, CommandPalette
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -39,10 +41,25 @@ _SIGNAL_HELP = {
 }
 
 
+class ClosesOnTop:
+    """A screen of ours on top of another: it closes only while it is the one on top. Textual's
+    dismiss closes whatever screen is on top, and an answer can come a moment after its key, as
+    a message (a button's press, a list's selection, the palette's choice): an Enter on the quit
+    question's `Cancel` whose press came after the question had been answered (n) and asked
+    again (q) closed the new question, and the next answer then closed the grid below it
+    (ScreenStackError) or answered a question a second time (InvalidStateError), each a
+    traceback that ended the TUI (found by mashing keys in tmux). Such a late answer is dropped."""
+
+    def dismiss(self, result: Any = None) -> AwaitComplete:
+        if not self.is_active:  # (another screen is on top, or this one has closed already)
+            return AwaitComplete.nothing()
+        return super().dismiss(result)
+
+
 TWO_COLUMN_HELP = 116  # terminal columns the two-column key table needs
 
 
-class HelpScreen(ModalScreen[None]):
+class HelpScreen(ClosesOnTop, ModalScreen[None]):
     """Every key, grouped by the widget that owns it (the same bindings the palette lists)."""
 
     BINDINGS = [
@@ -145,7 +162,7 @@ class SignalList(OptionList):
         return shows_rows(self) if action in ("page_up", "page_down") else True
 
 
-class Palette(CommandPalette):
+class Palette(ClosesOnTop, CommandPalette):
     """Textual's command palette, whose page keys wait for its list to show a row (shows_rows)."""
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -154,7 +171,7 @@ class Palette(CommandPalette):
         return super().check_action(action, parameters)
 
 
-class SignalPicker(ModalScreen[tuple[int, bool] | None]):
+class SignalPicker(ClosesOnTop, ModalScreen[tuple[int, bool] | None]):
     """Pick a signal for the focused rank, or (g) for the whole group. Dismisses (signum, whole_group)."""
 
     BINDINGS = [
@@ -207,7 +224,7 @@ class SignalPicker(ModalScreen[tuple[int, bool] | None]):
         self.dismiss(None)
 
 
-class ConfirmQuit(ModalScreen[str | None]):
+class ConfirmQuit(ClosesOnTop, ModalScreen[str | None]):
     """Quitting stops running ranks: say so and ask. Where the run can go on without this
     terminal, detaching is offered too. Answers "stop", "detach" or None (stay). The focus starts
     on the harmless answer: an Enter typed by habit (or meant for the screen below) stops nothing."""
