@@ -247,6 +247,31 @@ def test_a_dialogs_late_answer_closes_no_other_screen():
     drive_fake(engine, body)
 
 
+def test_q_between_two_attempts_asks_as_while_ranks_run():
+    """q with no rank alive stopped the run at once, without a word: between two attempts (in
+    tmux: a failure with restarts left, its sweep waiting on a helper that ignored SIGTERM) the
+    restart never came, exit 130, where the question offers to stay or detach; likewise while a
+    rendezvous round forms. It asks, saying that no rank runs but the run goes on."""
+    engine = FakeEngine(2)
+    engine.set_rank(0, state=RankState.KILLED, exitcode=-15, signal_name="SIGTERM")
+    engine.set_rank(1, state=RankState.FAILED, exitcode=3)
+
+    async def body(app, pilot):
+        for state, ranks in ((GroupState.RUNNING, engine.group.ranks), (GroupState.RENDEZVOUS, ())):
+            engine.group = dataclasses.replace(engine.group, state=state, ranks=ranks)
+            await pilot.press("q")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), what=f"the question ({state.value})")
+            shown = " ".join(str(w.render()) for w in app.screen.query("Static"))
+            assert "No rank is running now, but the run has not ended" in shown, shown
+            await pilot.press("n")
+            await until(pilot, lambda: app.screen is app.main, what="stayed")
+        assert engine.commands == []
+        await pilot.press("q", "y")
+        await until(pilot, lambda: engine.commands == [cmd.Stop(signal.SIGTERM)], what="the stop asked for")
+
+    drive_fake(engine, body)
+
+
 def test_ctrl_c_asks_like_q_and_twice_kills(tmp_path):
     app = RanktopApp(LocalEngine(ticker_agent(tmp_path, TRAP_TERM.replace("sys.exit(0)", "time.sleep(60)"))))
 

@@ -316,7 +316,11 @@ class RanktopApp(App):
             self._quit_once_stopped()
             return
         alive = alive_count(snap)
-        if not alive and not self.attached:
+        if not alive and not self.attached and snap.state == GroupState.STOPPING:
+            # Nothing runs and a stop is under way: there is nothing left to ask about. No rank
+            # running is not enough: between two attempts (a failure's restart, an R) and while a
+            # rendezvous round forms the run goes on, and q stopped it without a word, its restart
+            # with it, where the question would have offered to detach.
             self._stop_and_exit()
             return
         self.push_screen(ConfirmQuit(alive, snap.shutdown_timeout, can_detach=self.offers_detach), self._quit_answer)

@@ -250,8 +250,12 @@ class ConfirmQuit(ClosesOnTop, ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-box"):
-            yield Static(Text(f"{self.alive} rank(s) still running.", style="bold"))
-            yield Static(f"Stop them (SIGTERM, SIGKILL after {self.grace:g} s) and quit?")
+            if self.alive:
+                yield Static(Text(f"{self.alive} rank(s) still running.", style="bold"))
+                yield Static(f"Stop them (SIGTERM, SIGKILL after {self.grace:g} s) and quit?")
+            else:  # between two attempts, or waiting for a rendezvous round
+                yield Static(Text("No rank is running now, but the run has not ended:", style="bold"))
+                yield Static("a restart or the next rendezvous round may start its ranks again. Stop the run and quit?")
             if self.can_detach:
                 yield Static("Or detach: this screen goes, the run goes on (ranktop attach shows it again).",
                              id="confirm-detach-why")
