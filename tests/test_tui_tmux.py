@@ -565,11 +565,21 @@ def test_a_suspended_tuis_run_outlives_its_terminal(tmp_path):
                  what="the shell gone, and the process it waited for")
         wait_for(lambda: any(e["event"] == "detached" for e in read_events(run_dir)), what="the run detached")
         assert all(kernel_state(pid) not in (None, "Z") for pid in (tui, *ranks))
+        # The copies the waiting parent passes on can come after the app has gone, on a busy box:
+        # that SIGTERM stopped the run the hang-up had detached (once in a loaded full run).
+        os.kill(tui, signal.SIGHUP)
+        os.kill(tui, signal.SIGTERM)
+        noted = wait_for(lambda: [e for e in read_events(run_dir) if e["event"] == "signal_received"][1:],
+                         what="both copies noted")
+        assert [e["signal"] for e in read_events(run_dir) if e["event"] == "signal_received"] == ["SIGHUP", "SIGHUP"]
+        assert noted[0]["action"] == "ignored" and not [e for e in read_events(run_dir) if e["event"] == "user_stop"]
+        assert all(kernel_state(pid) not in (None, "Z") for pid in (tui, *ranks))
     finally:
         stopped = run_ranktop("stop", run_dir.name)
     assert stopped.returncode == 0, stopped.stderr
     events = [e for e in read_events(run_dir) if e["event"] in ("signal_received", "detached", "user_stop", "run_finished")]
-    assert [e["event"] for e in events] == ["detached", "user_stop", "run_finished"], events  # (the stop: ours)
+    assert [e["event"] for e in events] == ["detached", "signal_received", "signal_received", "user_stop",
+                                            "run_finished"], events  # (the stop: ours)
     assert events[0]["reason"] == "SIGHUP"
 
 

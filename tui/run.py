@@ -19,7 +19,7 @@ from ranktop.core import collector
 from ranktop.core import commands as cmd
 from ranktop.core.limits import TUI_STALL_TIMEOUT
 from ranktop.core.sanitize import clean
-from ranktop.core.signals import NOTICE_SIGNALS, InterruptPairs, take_early_stops
+from ranktop.core.signals import DUPLICATE_WINDOW, NOTICE_SIGNALS, InterruptPairs, take_early_stops
 from ranktop.core.state import GroupSnapshot
 from ranktop.tui.detach import PASSED_ON_INTERRUPT, Detacher, detach_terminal, from_the_background, terminal_alive
 from ranktop.tui.usage import run_command
@@ -81,7 +81,8 @@ class _SignalRelay:
     """The TUI run's handler of stop and notice signals: the app's once it is up; before that
     (while Textual loads) each is kept for the app, and the ranks get all but a hang-up at once;
     once the app has gone (detached, or failed), the engine's. A SIGINT that reached this process
-    both itself and through the waiting parent is one."""
+    both itself and through the waiting parent is one, and so is a hang-up's SIGTERM that comes
+    after the app has gone."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -89,13 +90,22 @@ class _SignalRelay:
         self.early: list[int] = []  # signals that came while Textual loaded
         self.to_engine = False  # the app has gone: each signal is the engine's alone
         self.interrupts = InterruptPairs()
+        self.hangup_at: float | None = None  # when the last SIGHUP came (monotonic)
 
     def __call__(self, signum: int, _frame: Any) -> None:
+        now = time.monotonic()
         if signum in (signal.SIGINT, PASSED_ON_INTERRUPT):
-            if self.interrupts.is_other_half(signum == PASSED_ON_INTERRUPT, time.monotonic()):
+            if self.interrupts.is_other_half(signum == PASSED_ON_INTERRUPT, now):
                 return
             signum = signal.SIGINT
+        if signum == signal.SIGHUP:
+            self.hangup_at = now
         if self.to_engine:
+            if signum == signal.SIGTERM and self.hangup_at is not None and now - self.hangup_at < DUPLICATE_WINDOW:
+                # The SIGTERM a shell sends its stopped jobs with the SIGHUP as its terminal goes,
+                # passed on by the waiting parent after the app, which took the first for the
+                # hang-up's, had gone: it stopped the run that the hang-up had detached.
+                signum = signal.SIGHUP
             self.engine.submit(cmd.Interrupt(signum))  # (answered at once: safe from a signal handler)
             return
         if self.app is not None:
