@@ -30,10 +30,10 @@ ADDRESS = re.compile(r"ranktop: serving run \S+ on http://\S+/\?token=([\w-]+) "
 
 
 def start_web(env, err: Path, *args: str) -> subprocess.Popen:
-    """`ranktop web`, its stderr in the file `err` (read while it runs: the address it prints)."""
+    """`ranktop web`, its stdout and stderr in the file `err` (read while it runs: the address it prints)."""
     with open(err, "w") as f:
-        return subprocess.Popen(ranktop_cmd("web", *args), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                stderr=f, start_new_session=True)
+        return subprocess.Popen(ranktop_cmd("web", *args), cwd=ROOT, env=env, stdout=f, stderr=f,
+                                start_new_session=True)
 
 
 def stop_web(web: subprocess.Popen, err: Path) -> str:
@@ -97,6 +97,20 @@ def test_without_textual_serve_it_is_one_line_and_nothing_is_looked_up(runtime):
     assert (done.returncode, done.stdout) == (2, ""), done
     assert done.stderr == ("ranktop: error: ranktop web needs textual-serve, which is not installed: "
                            "pip install 'ranktop[web]'\n")
+
+
+def test_a_tabs_client_output_is_kept_to_its_tail_and_its_last_line_shown_clean():
+    """A tab's client's stderr: textual-serve kept all of it in memory (a client writing without end
+    grew ranktop web without end); now its last bytes only, its last line the reason shown."""
+    from ranktop.tui.web import StderrTail
+
+    tail = StderrTail(64)
+    for _ in range(1000):
+        tail.add(b"x" * 1000 + b"\n")
+    tail.add(b"ValueError: \x1b[2J\x1b[31mboom" + b"!" * 500 + b"\n\n")
+    assert len(tail.data) == 64 and tail.reason() == "!" * 62
+    tail.add(b"ValueError: \x1b[2J\x1b[31mboom\n")
+    assert tail.reason() == "ValueError: boom" and StderrTail().reason() == ""
 
 
 def test_a_port_in_use_is_one_line(runtime):  # noqa: F811
@@ -365,3 +379,6 @@ def test_other_sites_other_names_and_no_token_are_refused_before_a_client_starts
         err = stop_web(web, tmp_path / "web.err")
     # Only the address names the token: textual-serve logged each request, address and all.
     assert err.count(token) == 1 and "GET /" not in err, err
+    # nor does a closed tab's client say anything there (textual-serve wrote its stderr, `ranktop: left guard;
+    # it runs on...`, every crash's traceback, on ranktop web's stdout, and held all of it in memory)
+    assert "ranktop: left" not in err and "Traceback" not in err, err

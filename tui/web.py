@@ -23,7 +23,7 @@ import socket
 import sys
 import time
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ranktop.core.client import FinalEngine, ServedRun
@@ -263,6 +263,7 @@ class _GatedTabs:
         self.gate = gate
         self.max_tabs = max_tabs
         self.tabs: dict[asyncio.Task, asyncio.BaseTransport | None] = {}  # each tab's handler, and its connection
+        self.stopping = False  # (a client that leaves as ranktop web stops has not failed)
 
     async def _make_app(self) -> web.Application:
         app = await super()._make_app()
@@ -275,6 +276,8 @@ class _GatedTabs:
         # in both) and its tracebacks with their locals: a screenful a tab, on a console that
         # may be shared or recorded. Warnings and errors only, a plain line each.
         logging.basicConfig(level=logging.WARNING, format="ranktop web: %(name)s: %(message)s", force=True)
+        # (a client that did not start: its TabClient says why, once)
+        logging.getLogger("textual-serve").addFilter(lambda record: record.msg != "Application failed to start")
 
     async def on_startup(self, app) -> None:  # noqa: ANN001
         pass  # textual-serve's banner names the address without the token; ranktop printed its own
@@ -296,10 +299,32 @@ class _GatedTabs:
                                                  "it serves at once (--max-tabs): close one\n")
         tab = asyncio.current_task()
         self.tabs[tab] = request.transport
-        try:  # (textual-serve took the size the address asked for, whatever it was)
-            return await super().handle_websocket(request.clone(rel_url=_sized(request.rel_url)))
+        try:
+            return await self._tab(request)
         finally:
             del self.tabs[tab]
+
+    async def _tab(self, request):  # noqa: ANN001, ANN202 (aiohttp's)
+        """A tab's websocket, driven by its own attach client (a TabClient) until either leaves.
+        (textual-serve's own handler, with the client's output kept bounded and quiet.)"""
+        from aiohttp import web
+
+        websocket = web.WebSocketResponse(heartbeat=15)
+        await websocket.prepare(request)
+        client = _tab_client()(self.command, write_bytes=websocket.send_bytes, write_str=websocket.send_str,
+                               close=websocket.close, download_manager=self.download_manager, debug=self.debug)
+        client.stopping = lambda: self.stopping
+        try:  # (textual-serve took the size the address asked for, whatever it was)
+            await client.start(*_size_asked(request.rel_url))
+            await self._process_messages(websocket, client)
+        except asyncio.CancelledError:  # ranktop web stops: on_shutdown dropped the connection
+            pass
+        except Exception as error:  # (a client that could not be started: out of processes, of files)
+            print_err(f"ranktop web: a tab failed: {type(error).__name__}: {clean(str(error))}")
+            await websocket.close()
+        finally:
+            await client.stop()
+        return websocket
 
     async def _process_messages(self, websocket, app_service) -> None:  # noqa: ANN001 (textual-serve's)
         """What the tab's page sends, checked (tab_message) and passed on; the rest dropped."""
@@ -330,12 +355,76 @@ class _GatedTabs:
         super().request_exit()
 
     async def on_shutdown(self, app) -> None:  # noqa: ANN001
+        self.stopping = True
         _hang_up(children_of_self())  # the clients leave first, so each tab's handler ends at once
         for tab, connection in self.tabs.items():
             if connection is not None:  # dropped, not closed: a tab that did not answer the close held the stop 10 s
                 connection.abort()
             tab.cancel()
         await _clients_gone(CHILD_GRACE)
+
+
+TAIL_BYTES = 4096  # of a tab's client's stderr, kept: enough for the last line, which says why it failed
+REASON_CHARS = 300  # of that line, shown on the console
+
+
+class StderrTail:
+    """The last `size` bytes a tab's client wrote on its stderr; the rest is dropped as it comes.
+    textual-serve kept all of it, in memory, and wrote it on ranktop web's stdout: every closed
+    tab's `ranktop: left RUN; it runs on...`, every crash's traceback with its locals."""
+
+    def __init__(self, size: int = TAIL_BYTES) -> None:
+        self.size = size
+        self.data = bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        del self.data[:-self.size]
+
+    async def drain(self, stream: asyncio.StreamReader) -> None:
+        """Keep the tail of `stream` until its end (or the task's cancel)."""
+        while chunk := await stream.read(65536):
+            self.add(chunk)
+
+    def reason(self) -> str:
+        """The last line written, fit to show (the client's output is not to be trusted); "" if none."""
+        lines = [line for line in bytes(self.data).decode("utf-8", "replace").splitlines() if line.strip()]
+        return clean(lines[-1].strip())[:REASON_CHARS] if lines else ""
+
+
+def _tab_client() -> type:
+    """textual-serve's AppService made a tab's client whose stderr is kept in a StderrTail, not
+    written out (imported only when ranktop web serves)."""
+    from textual_serve.app_service import AppService
+
+    class TabClient(AppService):
+        stopping: Callable[[], bool] = staticmethod(lambda: False)  # ranktop web stops: no failure to say
+
+        async def _open_app_process(self, width: int = 80, height: int = 24):  # noqa: ANN202 (asyncio's Process)
+            process = await super()._open_app_process(width, height)
+            self.stderr_tail = StderrTail()
+            self.stderr_drain = asyncio.create_task(self.stderr_tail.drain(process.stderr))
+            process.stderr = _ended_stream()  # what textual-serve reads: nothing
+            return process
+
+        async def run(self) -> None:
+            await super().run()  # until the client's output ends
+            status = await self._process.wait()
+            try:
+                await asyncio.wait_for(self.stderr_drain, 1.0)  # (a grandchild could hold it open)
+            except asyncio.TimeoutError:
+                pass
+            if status != 0 and not self.stopping():
+                why = self.stderr_tail.reason() or "it said nothing"
+                print_err(f"ranktop web: a tab's client failed (exit {status}): {why}")
+
+    return TabClient
+
+
+def _ended_stream() -> asyncio.StreamReader:
+    stream = asyncio.StreamReader()
+    stream.feed_eof()
+    return stream
 
 
 MAX_COLUMNS, MAX_ROWS = 1000, 500  # a tab's terminal: 10000x10000 cost its client 840 MB and each frame 100 MB
@@ -376,12 +465,13 @@ def tab_message(text: str) -> tuple[str, Any] | None:
     return None
 
 
-def _sized(url):  # noqa: ANN001, ANN202 (yarl's URL)
-    """A tab's address with the size it asks for (?width=&height=, 80x24 where either is left out
-    or not a number) brought within bounds, as tab_size does."""
+def _size_asked(url) -> tuple[int, int]:  # noqa: ANN001 (yarl's URL)
+    """(columns, rows) a tab's address asks for (?width=&height=, 80x24 where either is left out
+    or not a number), brought within bounds as tab_size does."""
     asked = [_whole(url.query.get(name), default) for name, default in (("width", 80), ("height", 24))]
-    width, height = tab_size(*asked)
-    return url.update_query(width=width, height=height)
+    size = tab_size(*asked)
+    assert size is not None  # (both whole numbers)
+    return size
 
 
 def _whole(text: str | None, default: int) -> int:
