@@ -174,10 +174,21 @@ def test_an_ended_runs_directory_is_served_as_its_final_view(tmp_path, runtime):
             '["resize", [80, 24]]', '["resize", {"width": 100, "height": 30}]'], resize=(5000, 2000), rows=500))
         assert drawn[0] == 500 and drawn[1] <= 1000  # 1000x500 at most: 10000x10000 cost its client 840 MB and each frame 100 MB
         wait_for(lambda: not attach_clients(), what="the closed tab's client gone", timeout=10)
+        # a moved run directory: the tab's client cannot start; its tab is ended (it stayed on the splash
+        # for ever, its socket open) and the console says why once (textual-serve wrote it twice)
+        (tmp_path / "logs" / "over").rename(tmp_path / "logs" / "moved")
+        try:
+            assert asyncio.run(_ended_undrawn(tab)) == "CLOSE"
+        finally:
+            (tmp_path / "logs" / "moved").rename(tmp_path / "logs" / "over")
         assert asyncio.run(_handshake(tab, {})) == 101  # then closed, just before the Ctrl-C
     finally:
         err = stop_web(web, tmp_path / "web.err")
     assert "ranktop: serving run over on http://127.0.0.1:" in err and "(its final view; Ctrl-C stops serving)" in err
+    failed = [line for line in err.splitlines() if "names no run" in line]
+    assert len(failed) == 1 and failed[0].startswith("ranktop web: a tab's client failed (exit 2), its tab closed: "
+                                                     "ranktop: error: "), err
+    assert "Application failed to start" not in err, err
     assert "Traceback" not in err and "asyncio" not in err and web.returncode == 0, err
     assert attach_clients() == []
 
@@ -241,6 +252,26 @@ async def _handshake(url: str, headers: dict[str, str]) -> int:
                 return 101
         except aiohttp.WSServerHandshakeError as refused:
             return refused.status
+
+
+async def _ended_undrawn(url: str) -> str:
+    """A tab whose client never draws: how its websocket ended, the name of its last message, or
+    "open" if it had not ended after 20 s."""
+    import aiohttp
+
+    async def ended(ws: aiohttp.ClientWebSocketResponse) -> str:
+        while (message := await ws.receive()).type == aiohttp.WSMsgType.TEXT:
+            pass  # textual-serve's own messages
+        return message.type.name
+
+    async with aiohttp.ClientSession() as session:
+        ws = await session.ws_connect(url)
+        try:
+            return await asyncio.wait_for(ended(ws), 20)
+        except asyncio.TimeoutError:
+            return "open"
+        finally:
+            ws._response.close()  # (dropped: a close waits for the other end's answer)
 
 
 async def _drawn_until_help(url: str, said: list[str], resize: tuple[int, int], rows: int) -> tuple[int, int]:

@@ -394,7 +394,7 @@ class StderrTail:
 
 def _tab_client() -> type:
     """textual-serve's AppService made a tab's client whose stderr is kept in a StderrTail, not
-    written out (imported only when ranktop web serves)."""
+    written out, and whose tab is ended once it has gone (imported only when ranktop web serves)."""
     from textual_serve.app_service import AppService
 
     class TabClient(AppService):
@@ -416,7 +416,8 @@ def _tab_client() -> type:
                 pass
             if status != 0 and not self.stopping():
                 why = self.stderr_tail.reason() or "it said nothing"
-                print_err(f"ranktop web: a tab's client failed (exit {status}): {why}")
+                print_err(f"ranktop web: a tab's client failed (exit {status}), its tab closed: {why}")
+            await self.remote_close()  # (the tab stayed on textual-serve's splash for ever, its socket open)
 
     return TabClient
 
