@@ -69,8 +69,7 @@ def test_a_node_whose_store_host_is_frozen_while_its_round_forms_gives_up_at_its
             "waits for it, and gives up after 6 s without an answer\n"))
         status = node.wait(TIMEOUT)
     finally:
-        os.kill(host.pid, signal.SIGCONT)
-        host.terminate()
+        _thaw(host)
     (_, _, host_err), (_, out, err) = job.finish()
     assert status == 1 and "PLACED" not in out, err
     assert err.splitlines()[0] == (f"ranktop: error: the c10d rendezvous 'host-frozen' timed out: its store at "
@@ -373,6 +372,15 @@ def test_the_store_host_serves_a_peers_new_round_no_longer_than_its_exit_barrier
 # heartbeat only once its last is an interval old, so a healthy node's ages up to two intervals
 # between sends (three as a round starts), and torch dropped healthy nodes from their round.
 LAPSE = ",keep_alive_interval=1,keep_alive_max_attempt=4"
+
+
+def _thaw(host: subprocess.Popen, release: Path | None = None) -> None:
+    """The frozen node serving the store, let go at a test's end whatever happened: resumed, its
+    `until-file` rank released, and stopped."""
+    os.kill(host.pid, signal.SIGCONT)
+    if release is not None:
+        release.touch()
+    host.terminate()
 
 
 def _freeze(node: subprocess.Popen, sig: int) -> None:
@@ -758,9 +766,7 @@ def test_a_stop_ends_the_exit_barrier_while_the_store_host_is_frozen(tmp_path, t
         node.send_signal(signal.SIGTERM)
         status = node.wait(TIMEOUT)  # (before node 0 is thawed)
     finally:
-        os.kill(host.pid, signal.SIGCONT)
-        release.touch()
-        host.terminate()
+        _thaw(host, release)
     _, (_, _, err) = job.finish()
     assert status == 128 + signal.SIGTERM and "stopped by SIGTERM" in err and "Traceback" not in err, err
     left = [(e["event"], e.get("kind")) for e in events(tmp_path / "node1") if e["event"].startswith("exit_barrier")]
@@ -783,9 +789,7 @@ def test_a_node_whose_rank_fails_while_the_store_host_is_frozen_ends_and_says_wh
         fail.touch()
         status = node.wait(TIMEOUT)  # (before node 0 is thawed)
     finally:
-        os.kill(host.pid, signal.SIGCONT)
-        release.touch()
-        host.terminate()
+        _thaw(host, release)
     _, (_, _, err) = job.finish()
     assert status == 1 and "root cause: rank 1 (local rank 0" in err and "Traceback" not in err, err
     closed = [e.get("others") for e in events(tmp_path / "node1") if e["event"] == "rendezvous_closed"]
