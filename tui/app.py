@@ -181,10 +181,11 @@ class RanktopApp(App):
         stack view. A pane has no keys of its own but its bindings (no key_ methods, no typing),
         so nothing is lost by not sending the key through it."""
         main = self.main
-        if main is None or self.screen is not main or not isinstance(self.focused, LogView):
+        check = getattr(self, "_check_bindings", None)  # (Textual's own; without it, its usual way)
+        if check is None or main is None or self.screen is not main or not isinstance(self.focused, LogView):
             return False
         self.app_focus = True  # (as Textual's own handling of a key does)
-        return await self._check_bindings(event.key, priority=True) or await self._check_bindings(event.key)
+        return await check(event.key, priority=True) or await check(event.key)
 
     def on_ready(self) -> None:
         self._frame_shown = True
