@@ -189,6 +189,30 @@ def test_a_second_press_confirms_only_the_attempt_or_process_its_question_named(
     drive_fake(engine, body)
 
 
+def test_rs_question_and_what_its_second_press_confirms_come_from_one_picture():
+    """The engine runs on while R is asked: a restart that came after the question was worded
+    (`attempt_1`) and before its answer was armed (a second snapshot) armed the attempt just
+    begun, and the second R made attempt_2 of it, the mistake the question exists to prevent."""
+    class RestartsAfterTheQuestion(FakeEngine):
+        def snapshot(self):
+            snap = super().snapshot()
+            if sys._getframe(1).f_code.co_name == "action_restart_group" and self.group.attempt == 0:
+                ranks = tuple(dataclasses.replace(r, pid=r.pid + 100) for r in self.group.ranks)
+                self.group = dataclasses.replace(self.group, attempt=1, generation=1, ranks=ranks)
+            return snap
+
+    engine = RestartsAfterTheQuestion(2)
+
+    async def body(app, pilot):
+        await pilot.press("R")
+        await until(pilot, lambda: "Restart every rank as attempt_1?" in notes(app), what="the question")
+        await pilot.press("R")
+        await until(pilot, lambda: "Restart every rank as attempt_2?" in notes(app), what="asked again")
+        assert engine.commands == []
+
+    drive_fake(engine, body)
+
+
 def test_keys_typed_in_one_go_act_in_the_order_they_were_typed():
     """Keys that come together (typed fast, or while the TUI is busy drawing) are read back to
     back, and Textual acts on the grid's priority keys (arrows, n) as they come, on the others

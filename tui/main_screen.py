@@ -795,12 +795,12 @@ class MainScreen(Screen):
         picker = SignalPicker(self.rank_of(self.current), self.current, self.n)
         self.app.push_screen(picker, lambda choice: choice and self.send_signal(*choice))
 
-    def _confirmed(self, action: str, key: str, question: str) -> bool:
+    def _confirmed(self, action: str, key: str, question: str, snap: GroupSnapshot | None = None) -> bool:
         """Destructive keys act on a second press within CONFIRM_SECONDS (of the same key, on
         the same rank, about the same process or attempt); the first one says what the second
-        will do."""
+        will do. `snap`: the picture `question` was worded from, if it names what it is about."""
         now = time.monotonic()
-        armed, about = self._armed, self._asked_about(action)
+        armed, about = self._armed, self._asked_about(action, snap)
         if armed is not None and armed[:3] == (action, self.current, about) and now - armed[3] <= CONFIRM_SECONDS:
             self._armed = None
             self.app.clear_notifications()  # the question is answered: the outcome replaces it
@@ -810,7 +810,7 @@ class MainScreen(Screen):
                     timeout=CONFIRM_SECONDS, markup=False)
         return False
 
-    def _asked_about(self, action: str) -> tuple:
+    def _asked_about(self, action: str, snap: GroupSnapshot | None = None) -> tuple:
         """What a destructive key's question is about, beyond its rank: a second press answers
         it only while that still stands. The group restarted between the two presses (a failure
         with restarts left, another view's R) and the second R, asked about `attempt_1`, made
@@ -818,7 +818,7 @@ class MainScreen(Screen):
         ended its new one. K stops whatever runs, and so asks about the run alone."""
         if action == "kill_group":
             return ()
-        snap = self.engine.snapshot()
+        snap = snap if snap is not None else self.engine.snapshot()
         if action == "restart_group":
             return (snap.generation,)
         rank = snap.ranks[self.current] if self.current < len(snap.ranks) else None
@@ -865,8 +865,12 @@ class MainScreen(Screen):
             self._send(cmd.RestartRank(self.current))  # (a group restart, in a multi-node run)
 
     def action_restart_group(self) -> None:
-        if not self._cannot_act("restart_group") and self._confirmed(
-                "restart_group", "R", f"Restart every rank as attempt_{self.engine.snapshot().attempt + 1}?"):
+        if self._cannot_act("restart_group"):
+            return
+        # One picture for the question's words and what its answer is armed for: a restart that
+        # came between two (the engine runs on meanwhile) armed the attempt after the one named.
+        snap = self.engine.snapshot()
+        if self._confirmed("restart_group", "R", f"Restart every rank as attempt_{snap.attempt + 1}?", snap):
             self._send(cmd.RestartGroup())
 
     def action_stacks(self, all_ranks: bool) -> None:
