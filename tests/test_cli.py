@@ -370,9 +370,12 @@ def test_signal_death_is_named_and_the_report_says_where_the_logs_are(tmp_path):
 
 def test_run_path_records_an_uncaught_exception_in_the_error_file_as_torchrun(tmp_path):
     """torchrun's --run-path runs the script in a recorded function, so an exception it lets out
-    leaves error.json and the report quotes it; ranktop's left no file. A SystemExit leaves none."""
+    leaves error.json and the report quotes it; ranktop's left no file. A SystemExit leaves none,
+    nor does a KeyboardInterrupt (torch's record takes an Exception only): a Ctrl-C passed on to
+    the ranks left an error.json in each rank's directory."""
     script = tmp_path / "boom.py"
-    script.write_text("import sys\nif sys.argv[1:] == ['exit']:\n    sys.exit(3)\nraise ValueError('boom in the script')\n")
+    script.write_text("import sys\nif sys.argv[1:] == ['exit']:\n    sys.exit(3)\nif sys.argv[1:] == ['interrupt']:\n"
+                      "    raise KeyboardInterrupt\nraise ValueError('boom in the script')\n")
     res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--run-id", "rp", "--run-path", str(script))
     assert res.returncode == 1
     error_file = tmp_path / "rp" / "attempt_0" / "0" / "error.json"
@@ -384,6 +387,9 @@ def test_run_path_records_an_uncaught_exception_in_the_error_file_as_torchrun(tm
     res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--run-id", "rx", "--run-path", str(script), "exit")
     assert res.returncode == 1 and "exited with code 3" in res.stderr
     assert not (tmp_path / "rx" / "attempt_0" / "0" / "error.json").exists()
+    res = run_ranktop("--headless", "--log-dir", str(tmp_path), "--run-id", "ri", "--run-path", str(script), "interrupt")
+    assert res.returncode == 1 and "Signal 2 (SIGINT)" in res.stderr, res.stderr
+    assert not (tmp_path / "ri" / "attempt_0" / "0" / "error.json").exists()
 
 
 def test_a_file_timer_asked_for_says_in_one_line_that_no_watchdog_runs(tmp_path):

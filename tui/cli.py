@@ -480,16 +480,16 @@ _PET_CHECKS: dict[str, Callable[[str], object]] = {
 # --run-path: the script runs inside the rank's interpreter through runpy, as torchrun's
 # run_script_path does, instead of as `python script`. As there (a recorded function), an exception
 # the script lets out is written to $TORCHELASTIC_ERROR_FILE in torch's format, so the report quotes
-# it; a SystemExit is not. Inline rather than imported: the ranks' Python may be an install without
-# ranktop. A file already there (the script's own @record wrote it) is kept; none is written through.
+# it; as there, only an Exception: not a SystemExit, nor a KeyboardInterrupt (a Ctrl-C passed on to
+# the ranks left an error.json in every rank's directory of a run the user stopped). Inline rather
+# than imported: the ranks' Python may be an install without ranktop. A file already there (the
+# script's own @record wrote it) is kept; none is written through.
 RUN_PATH_CODE = """\
 import runpy, sys
 sys.argv = sys.argv[1:]
 try:
     runpy.run_path(sys.argv[0], run_name='__main__')
-except SystemExit:
-    raise
-except BaseException as exc:
+except Exception as exc:
     import json, os, time, traceback
     try:
         data = {'message': {'message': f'{type(exc).__name__}: {exc}', 'extraInfo': {
