@@ -22,6 +22,12 @@ RANK = str(ROOT / "tests" / "ranks" / "rdzv_rank.py")
 CONF = "join_timeout=40,last_call_timeout=1,close_timeout=5"
 TIMEOUT = 90
 
+# A node killed outright (SIGKILL) never says it left: the others learn it once its keep-alive
+# heartbeats lapse, here after 4 s (torch's default: 3 x 5 s). Not 2 x 1 s: torch's handler sends a
+# heartbeat only once its last is an interval old, so a healthy node's ages up to two intervals
+# between sends (three as a round starts), and torch dropped healthy nodes from their round.
+LAPSE = ",keep_alive_interval=1,keep_alive_max_attempt=4"
+
 
 class Job:
     """ranktop processes that meet at one c10d endpoint, one per node."""
