@@ -49,7 +49,7 @@ _ZWJ = "\u200d"
 _FIRST_WIDE = "\u1100"  # no character below this takes two cells
 
 PLACEHOLDER = "\ufffd"  # what a character of disputed width is drawn as
-_HINTS = frozenset({0x200D, 0xFE0E, 0xFE0F, *range(0x1F3FB, 0x1F400)})  # dropped
+HINTS = frozenset({0x200D, 0xFE0E, 0xFE0F, *range(0x1F3FB, 0x1F400)})  # dropped
 _FILLERS = frozenset({0x115F, 0x1160, 0x3164, 0xFFA0})
 _DISPUTED_CATEGORIES = frozenset({"Cn", "Mc"})
 _KEPT_CODES = 1 << 16  # code points whose drawing is kept (~6 MB): past that the table starts over
@@ -72,7 +72,7 @@ def _drawn_as(code: int) -> int | str | None:
     """How code point `code` is drawn: as itself (its code), as PLACEHOLDER, or not at all (None)."""
     if code < 0x80:
         return code
-    if code in _HINTS:
+    if code in HINTS:
         return None
     char = chr(code)
     if code in _FILLERS or unicodedata.category(char) in _DISPUTED_CATEGORIES:

@@ -17,6 +17,7 @@ from ranktop.core.output import RING_BYTES, RanktopLine, line_length
 from ranktop.core.sanitize import clean
 from ranktop.tui.bounded_regex import BoundedPattern
 from ranktop.tui.cells import (
+    HINTS,
     agreed_widths,
     cells_before,
     crop_cells,
@@ -60,7 +61,7 @@ _PLAIN_BYTES = bytes(range(0x20, 0x7F)) + b"\n"  # such lines joined by newlines
 _PLAIN = Style()  # Textual's colour filters want a style on every segment, even an empty one
 # In UTF-8, a C1 control (8-bit CSI, OSC, ST...: the pane drops its sequence) or a presentation hint the pane
 # drops (ZWJ, VS15 / VS16, a skin tone: cells.agreed_widths): the characters either side of it meet on screen.
-_DROPPED = re.compile(rb"\xc2[\x80-\x9f]|\xe2\x80\x8d|\xef\xb8[\x8e\x8f]|\xf0\x9f\x8f[\xbb-\xbf]")
+_DROPPED = re.compile(b"|".join([rb"\xc2[\x80-\x9f]", *(re.escape(chr(code).encode()) for code in sorted(HINTS))]))
 CUT_LEFT, CUT_RIGHT = "‹", "›"  # over a row's first / last cell without wrap: its text goes on past that edge
 
 
